@@ -1,0 +1,117 @@
+//! The KV cost model: bytes of K/V a policy keeps for a sequence.
+
+use serde::{Deserialize, Serialize};
+
+use crate::phases::Phase;
+use crate::policy::Policy;
+
+/// What one token's K/V costs at one layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvShape {
+    /// Depth of the model.
+    pub num_layers: usize,
+    /// Number of key/value heads.
+    pub num_kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// Bytes of one element of the cache dtype.
+    pub dtype_bytes: usize,
+}
+
+impl KvShape {
+    /// Bytes of one token's K and V at one layer: 2 * n_kv_heads * head_dim * bytes.
+    pub fn bytes_per_token_layer(&self) -> usize {
+        2 * self.num_kv_heads * self.head_dim * self.dtype_bytes
+    }
+}
+
+/// Token counts of one sequence by phase, and what the policy keeps of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvCost {
+    /// Anchor tokens |A|.
+    pub anchors: usize,
+    /// Non-anchor prompt tokens before the decode start, P.
+    pub prefill: usize,
+    /// Decode-phase tokens held, D (generation prompt and generated tokens).
+    pub decode: usize,
+}
+
+impl KvCost {
+    /// Token-layer slots the policy keeps, summed over layers.
+    ///
+    /// For SPEED this is `L_cut * P + L * (|A| + D)`; for the full model
+    /// `L * (|A| + P + D)`.
+    pub fn token_layers(&self, policy: &Policy) -> usize {
+        (0..policy.num_layers())
+            .map(|layer| {
+                [
+                    (Phase::Anchor, self.anchors),
+                    (Phase::Prefill, self.prefill),
+                    (Phase::Decode, self.decode),
+                ]
+                .iter()
+                .filter(|(phase, _)| policy.retains_phase(layer, *phase))
+                .map(|(_, n)| n)
+                .sum::<usize>()
+            })
+            .sum()
+    }
+
+    /// Bytes of K/V the policy keeps for this sequence.
+    pub fn bytes(&self, policy: &Policy, shape: &KvShape) -> u64 {
+        self.token_layers(policy) as u64 * shape.bytes_per_token_layer() as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{Anchors, PolicyKind};
+
+    #[test]
+    fn speed_cost_is_the_paper_formula() {
+        let shape = KvShape {
+            num_layers: 32,
+            num_kv_heads: 8,
+            head_dim: 128,
+            dtype_bytes: 2,
+        };
+        let b = shape.bytes_per_token_layer() as u64;
+        for (p, a, d, cut) in [
+            (1023, 1, 128, 24),
+            (100, 0, 5, 1),
+            (7, 3, 0, 31),
+            (4096, 1, 1, 32),
+        ] {
+            let cost = KvCost {
+                anchors: a,
+                prefill: p,
+                decode: d,
+            };
+            let speed = Policy::new(PolicyKind::Speed, cut, 32, Anchors::Bos).unwrap();
+            let full = Policy::full(32);
+            let formula = b * (cut as u64 * p as u64 + 32 * (a + d) as u64);
+            assert_eq!(cost.bytes(&speed, &shape), formula);
+            assert_eq!(cost.bytes(&full, &shape), b * 32 * (a + p + d) as u64);
+        }
+    }
+
+    #[test]
+    fn paper_memory_example() {
+        // 1,024-token prompt (BoS + 1,023) + 128 new tokens at 24/32, bf16: ~0.109 GiB
+        let shape = KvShape {
+            num_layers: 32,
+            num_kv_heads: 8,
+            head_dim: 128,
+            dtype_bytes: 2,
+        };
+        let cost = KvCost {
+            anchors: 1,
+            prefill: 1023,
+            decode: 128,
+        };
+        let speed = Policy::new(PolicyKind::Speed, 24, 32, Anchors::Bos).unwrap();
+        let gib = cost.bytes(&speed, &shape) as f64 / (1u64 << 30) as f64;
+        assert!((gib - 0.109).abs() < 0.002, "{gib}");
+    }
+}
