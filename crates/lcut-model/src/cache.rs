@@ -1,0 +1,151 @@
+//! Layer-asymmetric KV cache: each layer holds only the tokens the policy
+//! keeps there, at their original positions.
+
+use candle_core::{DType, Tensor};
+
+use crate::error::Result;
+
+/// Keys and values of one layer, in position order.
+#[derive(Debug, Clone)]
+pub struct LayerCache {
+    k: Option<Tensor>,
+    v: Option<Tensor>,
+    len: usize,
+    reserved: usize,
+    positions: Vec<usize>,
+}
+
+impl Default for LayerCache {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LayerCache {
+    /// An empty cache.
+    pub fn new() -> Self {
+        Self {
+            k: None,
+            v: None,
+            len: 0,
+            reserved: 0,
+            positions: Vec::new(),
+        }
+    }
+
+    /// Number of tokens held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Positions of the held tokens, ascending.
+    pub fn positions(&self) -> &[usize] {
+        &self.positions
+    }
+
+    /// Ask for room for `extra` more tokens so that appending does not grow
+    /// the buffers again (the engine knows prompt length and token budget).
+    pub fn reserve(&mut self, extra: usize) {
+        self.reserved = self.reserved.max(self.len + extra);
+    }
+
+    /// Keys and values held, [kv_heads, len, head_dim] each, or None if empty.
+    pub fn kv(&self) -> Result<Option<(Tensor, Tensor)>> {
+        match (&self.k, &self.v) {
+            (Some(k), Some(v)) if self.len > 0 => {
+                Ok(Some((k.narrow(1, 0, self.len)?, v.narrow(1, 0, self.len)?)))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Bytes of K and V held (tokens held, not buffer capacity).
+    pub fn bytes_held(&self) -> usize {
+        match &self.k {
+            Some(k) => {
+                let (heads, _, dim) = k.dims3().unwrap_or((0, 0, 0));
+                2 * heads * dim * self.len * k.dtype().size_in_bytes()
+            }
+            None => 0,
+        }
+    }
+
+    /// Bytes of the buffers allocated (at least `bytes_held`).
+    pub fn bytes_allocated(&self) -> usize {
+        match &self.k {
+            Some(k) => 2 * k.elem_count() * k.dtype().size_in_bytes(),
+            None => 0,
+        }
+    }
+
+    /// Append `k`, `v` [kv_heads, n, head_dim] for tokens at `positions`
+    /// (ascending and after every held position).
+    pub fn append(&mut self, k: &Tensor, v: &Tensor, positions: &[usize]) -> Result<()> {
+        let n = positions.len();
+        if n == 0 {
+            return Ok(());
+        }
+        debug_assert!(self.positions.last().is_none_or(|&p| p < positions[0]));
+        let needed = self.len + n;
+        let capacity = self.k.as_ref().map_or(0, |k| k.dim(1).unwrap_or(0));
+        if needed > capacity {
+            let new_cap = needed.max(self.reserved).max(capacity * 2);
+            self.k = Some(grow(self.k.as_ref(), k, self.len, new_cap)?);
+            self.v = Some(grow(self.v.as_ref(), v, self.len, new_cap)?);
+        }
+        if let (Some(kb), Some(vb)) = (&self.k, &self.v) {
+            kb.slice_set(&k.contiguous()?, 1, self.len)?;
+            vb.slice_set(&v.contiguous()?, 1, self.len)?;
+        }
+        self.len = needed;
+        self.positions.extend_from_slice(positions);
+        Ok(())
+    }
+}
+
+/// A buffer of `cap` tokens holding the first `len` tokens of `old`.
+fn grow(old: Option<&Tensor>, like: &Tensor, len: usize, cap: usize) -> Result<Tensor> {
+    let (heads, _, dim) = like.dims3()?;
+    let dtype: DType = like.dtype();
+    let buf = Tensor::zeros((heads, cap, dim), dtype, like.device())?;
+    if let Some(old) = old
+        && len > 0
+    {
+        buf.slice_set(&old.narrow(1, 0, len)?.contiguous()?, 1, 0)?;
+    }
+    Ok(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn appends_in_order_and_counts_bytes() -> anyhow::Result<()> {
+        let dev = Device::Cpu;
+        let mut c = LayerCache::new();
+        c.reserve(3);
+        let a = Tensor::arange(0f32, 8., &dev)?.reshape((2, 2, 2))?;
+        c.append(&a, &a, &[0, 1])?;
+        let b = Tensor::arange(8f32, 12., &dev)?.reshape((2, 1, 2))?;
+        c.append(&b, &b, &[5])?;
+        c.append(&b, &b, &[6])?; // past the reservation: grows
+        assert_eq!(c.positions(), &[0, 1, 5, 6]);
+        assert_eq!(c.bytes_held(), 2 * 2 * 2 * 4 * 4);
+        assert!(c.bytes_allocated() >= c.bytes_held());
+        let (k, _) = c.kv()?.expect("non-empty");
+        let k: Vec<Vec<Vec<f32>>> = k.to_vec3()?;
+        assert_eq!(
+            k[0],
+            vec![vec![0., 1.], vec![2., 3.], vec![8., 9.], vec![8., 9.]]
+        );
+        assert_eq!(k[1][2], vec![10., 11.]);
+        Ok(())
+    }
+}

@@ -1,0 +1,595 @@
+//! `config.json` of a Hugging Face model folder, read into one description
+//! with per-architecture switches.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::error::{ModelError, Result};
+
+/// The architectures lcut implements, by their `model_type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Arch {
+    /// Llama 1/2/3 (`llama`).
+    Llama,
+    /// Mistral (`mistral`): sliding window on every layer.
+    Mistral,
+    /// Qwen2 / Qwen2.5 (`qwen2`): q/k/v bias.
+    Qwen2,
+    /// Qwen3 (`qwen3`): per-head RMSNorm on q and k.
+    Qwen3,
+    /// Gemma-2 (`gemma2`): scaled embeddings, (1+w) norms, sandwich norms, GeGLU, softcaps.
+    Gemma2,
+    /// Phi-3 (`phi3`): fused qkv and gate_up projections.
+    Phi3,
+}
+
+impl Arch {
+    const ALL: [(&'static str, Arch); 6] = [
+        ("llama", Arch::Llama),
+        ("mistral", Arch::Mistral),
+        ("qwen2", Arch::Qwen2),
+        ("qwen3", Arch::Qwen3),
+        ("gemma2", Arch::Gemma2),
+        ("phi3", Arch::Phi3),
+    ];
+
+    /// The `model_type` string of this architecture.
+    pub fn model_type(&self) -> &'static str {
+        Self::ALL
+            .iter()
+            .find(|(_, a)| a == self)
+            .map(|(n, _)| *n)
+            .unwrap_or("llama")
+    }
+
+    fn from_model_type(s: &str) -> Option<Arch> {
+        Self::ALL.iter().find(|(n, _)| *n == s).map(|(_, a)| *a)
+    }
+
+    fn supported() -> String {
+        Self::ALL
+            .iter()
+            .map(|(n, _)| *n)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// The MLP's activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Activation {
+    /// SiLU (SwiGLU).
+    Silu,
+    /// GELU, tanh approximation (GeGLU).
+    GeluTanh,
+}
+
+/// RoPE frequency scaling.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub enum RopeScaling {
+    /// No scaling.
+    None,
+    /// Position interpolation: frequencies divided by `factor`.
+    Linear {
+        /// Scaling factor.
+        factor: f64,
+    },
+    /// Llama 3.1 frequency-band scaling.
+    Llama3 {
+        /// Scaling factor for low frequencies.
+        factor: f64,
+        /// Low-frequency band boundary factor.
+        low_freq_factor: f64,
+        /// High-frequency band boundary factor.
+        high_freq_factor: f64,
+        /// Context length the model was pre-trained with.
+        original_max_position_embeddings: f64,
+    },
+}
+
+/// Rotary position embedding settings.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct RopeConfig {
+    /// Base of the frequencies.
+    pub theta: f64,
+    /// Frequency scaling.
+    pub scaling: RopeScaling,
+    /// Number of leading head dimensions that rotate (even).
+    pub rotary_dim: usize,
+}
+
+/// Everything the decoder needs to know about one model.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelConfig {
+    /// Architecture.
+    pub arch: Arch,
+    /// Vocabulary size V.
+    pub vocab_size: usize,
+    /// Residual width d.
+    pub hidden_size: usize,
+    /// MLP inner width.
+    pub intermediate_size: usize,
+    /// Number of decoder layers L.
+    pub num_layers: usize,
+    /// Query heads H.
+    pub num_heads: usize,
+    /// Key/value heads.
+    pub num_kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f64,
+    /// RoPE settings.
+    pub rope: RopeConfig,
+    /// Longest sequence the model allows.
+    pub max_position_embeddings: usize,
+    /// The LM head shares the embedding matrix.
+    pub tie_word_embeddings: bool,
+    /// BoS token id, when the config names one.
+    pub bos_token_id: Option<u32>,
+    /// End-of-sequence token ids.
+    pub eos_token_ids: Vec<u32>,
+    /// Sliding window per layer (a query at i reads keys j with i - j < w).
+    pub sliding_window: Vec<Option<usize>>,
+    /// q/k/v projections have biases.
+    pub qkv_bias: bool,
+    /// Per-head RMSNorm on q and k before RoPE.
+    pub qk_norm: bool,
+    /// Norm weights are offsets from one: x * (1 + w).
+    pub norm_weight_offset: bool,
+    /// Four norms per layer (norm after attention and after the MLP too).
+    pub sandwich_norms: bool,
+    /// Embeddings are multiplied by this before layer 0.
+    pub embedding_scale: Option<f64>,
+    /// Attention scores are soft-capped: c * tanh(s / c).
+    pub attn_softcap: Option<f64>,
+    /// Final logits are soft-capped: c * tanh(z / c).
+    pub final_softcap: Option<f64>,
+    /// Scale of attention scores (usually head_dim^-0.5).
+    pub attn_scale: f64,
+    /// q, k and v come from one `qkv_proj`.
+    pub fused_qkv: bool,
+    /// gate and up come from one `gate_up_proj`.
+    pub fused_gate_up: bool,
+    /// MLP activation.
+    pub activation: Activation,
+}
+
+/// Reads typed fields out of a config object, naming the file and field in errors.
+struct Fields<'a> {
+    path: &'a Path,
+    map: &'a Map<String, Value>,
+}
+
+impl<'a> Fields<'a> {
+    fn err(&self, field: &str, expected: &str, found: Option<&Value>) -> ModelError {
+        ModelError::ConfigField {
+            path: self.path.to_path_buf(),
+            field: field.to_string(),
+            expected: expected.to_string(),
+            found: found.map_or("nothing (field missing)".to_string(), |v| v.to_string()),
+        }
+    }
+
+    fn get(&self, field: &str) -> Option<&'a Value> {
+        self.map.get(field).filter(|v| !v.is_null())
+    }
+
+    fn opt_usize(&self, field: &str) -> Result<Option<usize>> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(v) => match v.as_u64() {
+                Some(n) => Ok(Some(n as usize)),
+                None => Err(self.err(field, "a non-negative integer", Some(v))),
+            },
+        }
+    }
+
+    fn positive(&self, field: &str) -> Result<usize> {
+        match self.opt_usize(field)? {
+            Some(n) if n > 0 => Ok(n),
+            _ => Err(self.err(field, "a positive integer", self.get(field))),
+        }
+    }
+
+    fn opt_f64(&self, field: &str) -> Result<Option<f64>> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(v) => match v.as_f64() {
+                Some(x) if x.is_finite() => Ok(Some(x)),
+                _ => Err(self.err(field, "a finite number", Some(v))),
+            },
+        }
+    }
+
+    fn opt_bool(&self, field: &str) -> Result<Option<bool>> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(v) => v
+                .as_bool()
+                .map(Some)
+                .ok_or_else(|| self.err(field, "true or false", Some(v))),
+        }
+    }
+
+    fn opt_str(&self, field: &str) -> Result<Option<&'a str>> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(v) => v
+                .as_str()
+                .map(Some)
+                .ok_or_else(|| self.err(field, "a string", Some(v))),
+        }
+    }
+
+    fn token_ids(&self, field: &str) -> Result<Vec<u32>> {
+        match self.get(field) {
+            None => Ok(vec![]),
+            Some(Value::Array(xs)) => xs
+                .iter()
+                .map(|x| {
+                    x.as_u64()
+                        .map(|n| n as u32)
+                        .ok_or_else(|| self.err(field, "token ids", Some(x)))
+                })
+                .collect(),
+            Some(v) => v
+                .as_u64()
+                .map(|n| vec![n as u32])
+                .ok_or_else(|| self.err(field, "a token id or a list of them", Some(v))),
+        }
+    }
+}
+
+impl ModelConfig {
+    /// Read `config.json` from a model folder.
+    pub fn from_folder(folder: &Path) -> Result<Self> {
+        let path = folder.join("config.json");
+        if !path.exists() {
+            return Err(ModelError::MissingFile {
+                path,
+                what: "every Hugging Face model folder has a config.json".into(),
+            });
+        }
+        let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        Self::from_json_str(&text, &path)
+    }
+
+    /// Parse the text of a `config.json`; `path` is used in error messages.
+    pub fn from_json_str(text: &str, path: &Path) -> Result<Self> {
+        let value: Value = serde_json::from_str(text).map_err(|source| ModelError::Json {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let Value::Object(map) = &value else {
+            return Err(ModelError::ConfigField {
+                path: path.to_path_buf(),
+                field: "(top level)".into(),
+                expected: "a JSON object".into(),
+                found: value.to_string(),
+            });
+        };
+        let f = Fields { path, map };
+        let model_type = f
+            .opt_str("model_type")?
+            .ok_or_else(|| f.err("model_type", "an architecture name", None))?;
+        let arch =
+            Arch::from_model_type(model_type).ok_or_else(|| ModelError::UnknownArchitecture {
+                path: PathBuf::from(path),
+                model_type: model_type.to_string(),
+                supported: Arch::supported(),
+            })?;
+        Self::build(&f, arch)
+    }
+
+    fn build(f: &Fields<'_>, arch: Arch) -> Result<Self> {
+        let hidden_size = f.positive("hidden_size")?;
+        let num_heads = f.positive("num_attention_heads")?;
+        let num_layers = f.positive("num_hidden_layers")?;
+        let num_kv_heads = f.opt_usize("num_key_value_heads")?.unwrap_or(num_heads);
+        if num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
+            return Err(f.err(
+                "num_key_value_heads",
+                &format!("a positive divisor of num_attention_heads ({num_heads})"),
+                f.get("num_key_value_heads"),
+            ));
+        }
+        let head_dim = match f.opt_usize("head_dim")? {
+            Some(h) if h > 0 => h,
+            Some(_) => return Err(f.err("head_dim", "a positive integer", f.get("head_dim"))),
+            None if hidden_size % num_heads == 0 => hidden_size / num_heads,
+            None => {
+                return Err(f.err(
+                    "head_dim",
+                    "a head width (hidden_size is not divisible by num_attention_heads)",
+                    None,
+                ));
+            }
+        };
+        let rope = read_rope(f, head_dim)?;
+        let is_gemma = arch == Arch::Gemma2;
+        let activation = read_activation(f, arch)?;
+        let attn_scale = match f.opt_f64("query_pre_attn_scalar")? {
+            Some(s) if is_gemma && s > 0.0 => s.powf(-0.5),
+            _ => (head_dim as f64).powf(-0.5),
+        };
+        let default_tie = is_gemma;
+        Ok(Self {
+            arch,
+            vocab_size: f.positive("vocab_size")?,
+            hidden_size,
+            intermediate_size: f.positive("intermediate_size")?,
+            num_layers,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            rms_norm_eps: f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6),
+            rope,
+            max_position_embeddings: f.opt_usize("max_position_embeddings")?.unwrap_or(4096),
+            tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(default_tie),
+            bos_token_id: f.token_ids("bos_token_id")?.first().copied(),
+            eos_token_ids: f.token_ids("eos_token_id")?,
+            sliding_window: read_sliding_window(f, arch, num_layers)?,
+            qkv_bias: match arch {
+                Arch::Qwen2 => true,
+                _ => f.opt_bool("attention_bias")?.unwrap_or(false),
+            },
+            qk_norm: arch == Arch::Qwen3,
+            norm_weight_offset: is_gemma,
+            sandwich_norms: is_gemma,
+            embedding_scale: is_gemma.then(|| (hidden_size as f64).sqrt()),
+            attn_softcap: if is_gemma {
+                f.opt_f64("attn_logit_softcapping")?
+            } else {
+                None
+            },
+            final_softcap: if is_gemma {
+                f.opt_f64("final_logit_softcapping")?
+            } else {
+                None
+            },
+            attn_scale,
+            fused_qkv: arch == Arch::Phi3,
+            fused_gate_up: arch == Arch::Phi3,
+            activation,
+        })
+    }
+
+    /// Number of query heads sharing one key/value head.
+    pub fn group_size(&self) -> usize {
+        self.num_heads / self.num_kv_heads
+    }
+}
+
+fn read_activation(f: &Fields<'_>, arch: Arch) -> Result<Activation> {
+    let (field, default) = if arch == Arch::Gemma2 {
+        ("hidden_activation", "gelu_pytorch_tanh")
+    } else {
+        ("hidden_act", "silu")
+    };
+    match f.opt_str(field)?.unwrap_or(default) {
+        "silu" | "swish" => Ok(Activation::Silu),
+        "gelu_pytorch_tanh" | "gelu_new" | "gelu_fast" => Ok(Activation::GeluTanh),
+        _ => Err(f.err(field, "one of silu, gelu_pytorch_tanh", f.get(field))),
+    }
+}
+
+/// RoPE settings from either style: `rope_parameters`, or top-level
+/// `rope_theta` with an optional `rope_scaling` object.
+fn read_rope(f: &Fields<'_>, head_dim: usize) -> Result<RopeConfig> {
+    let (params_field, params) = match (f.get("rope_parameters"), f.get("rope_scaling")) {
+        (Some(p), _) => ("rope_parameters", Some(p)),
+        (None, Some(p)) => ("rope_scaling", Some(p)),
+        (None, None) => ("rope_scaling", None),
+    };
+    let params = match params {
+        None => None,
+        Some(Value::Object(m)) => Some(m),
+        Some(v) => return Err(f.err(params_field, "an object", Some(v))),
+    };
+    let sub = params.map(|map| Fields { path: f.path, map });
+    let theta = match sub
+        .as_ref()
+        .map(|s| s.opt_f64("rope_theta"))
+        .transpose()?
+        .flatten()
+    {
+        Some(t) => t,
+        None => f.opt_f64("rope_theta")?.unwrap_or(10_000.0),
+    };
+    if theta <= 0.0 {
+        return Err(f.err("rope_theta", "a positive number", f.get("rope_theta")));
+    }
+    let partial = match sub
+        .as_ref()
+        .map(|s| s.opt_f64("partial_rotary_factor"))
+        .transpose()?
+        .flatten()
+    {
+        Some(p) => Some(p),
+        None => f.opt_f64("partial_rotary_factor")?,
+    }
+    .unwrap_or(1.0);
+    let rotary_dim = ((head_dim as f64 * partial) as usize) & !1;
+    if rotary_dim == 0 || rotary_dim > head_dim {
+        return Err(f.err("partial_rotary_factor", "a fraction in (0, 1]", None));
+    }
+    let scaling = match sub {
+        None => RopeScaling::None,
+        Some(s) => {
+            let kind = match s.opt_str("rope_type")? {
+                Some(k) => Some(k),
+                None => s.opt_str("type")?,
+            };
+            let need = |name: &str| -> Result<f64> {
+                s.opt_f64(name)?
+                    .ok_or_else(|| f.err(&format!("{params_field}.{name}"), "a number", None))
+            };
+            match kind.unwrap_or("default") {
+                "default" => RopeScaling::None,
+                "linear" => RopeScaling::Linear {
+                    factor: need("factor")?,
+                },
+                "llama3" => RopeScaling::Llama3 {
+                    factor: need("factor")?,
+                    low_freq_factor: need("low_freq_factor")?,
+                    high_freq_factor: need("high_freq_factor")?,
+                    original_max_position_embeddings: need("original_max_position_embeddings")?,
+                },
+                other => {
+                    return Err(f.err(
+                        &format!("{params_field}.rope_type"),
+                        "one of default, linear, llama3",
+                        Some(&Value::String(other.to_string())),
+                    ));
+                }
+            }
+        }
+    };
+    Ok(RopeConfig {
+        theta,
+        scaling,
+        rotary_dim,
+    })
+}
+
+/// Sliding window per layer: `layer_types` when the config lists them,
+/// otherwise each architecture's rule.
+fn read_sliding_window(
+    f: &Fields<'_>,
+    arch: Arch,
+    num_layers: usize,
+) -> Result<Vec<Option<usize>>> {
+    let window = f.opt_usize("sliding_window")?;
+    if let Some(types) = f.get("layer_types") {
+        let Value::Array(types) = types else {
+            return Err(f.err("layer_types", "a list of layer types", Some(types)));
+        };
+        if types.len() != num_layers {
+            return Err(f.err(
+                "layer_types",
+                &format!("{num_layers} entries (num_hidden_layers)"),
+                Some(&Value::from(types.len())),
+            ));
+        }
+        return types
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("full_attention") => Ok(None),
+                Some("sliding_attention") => window.map(Some).ok_or_else(|| {
+                    f.err(
+                        "sliding_window",
+                        "a window size for sliding_attention layers",
+                        None,
+                    )
+                }),
+                _ => Err(f.err(
+                    "layer_types",
+                    "full_attention or sliding_attention",
+                    Some(t),
+                )),
+            })
+            .collect();
+    }
+    let per_layer = |l: usize| -> Option<usize> {
+        match arch {
+            Arch::Mistral | Arch::Phi3 => window,
+            Arch::Gemma2 => window.filter(|_| l % 2 == 0),
+            Arch::Qwen2 | Arch::Qwen3 => {
+                let used = f
+                    .opt_bool("use_sliding_window")
+                    .ok()
+                    .flatten()
+                    .unwrap_or(false);
+                let from = f.opt_usize("max_window_layers").ok().flatten().unwrap_or(0);
+                window.filter(|_| used && l >= from)
+            }
+            Arch::Llama => None,
+        }
+    };
+    Ok((0..num_layers).map(per_layer).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> Result<ModelConfig> {
+        ModelConfig::from_json_str(json, Path::new("m/config.json"))
+    }
+
+    const BASE: &str = r#""vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+        "num_hidden_layers": 2, "num_attention_heads": 2"#;
+
+    #[test]
+    fn reads_both_rope_styles() {
+        let old = parse(&format!(
+            r#"{{"model_type":"llama", {BASE}, "rope_theta": 500000.0,
+            "rope_scaling": {{"rope_type":"llama3","factor":8.0,"low_freq_factor":1.0,
+            "high_freq_factor":4.0,"original_max_position_embeddings":64}}}}"#
+        ))
+        .unwrap();
+        let new = parse(&format!(
+            r#"{{"model_type":"llama", {BASE}, "rope_parameters": {{"rope_theta": 500000.0,
+            "rope_type":"llama3","factor":8.0,"low_freq_factor":1.0,
+            "high_freq_factor":4.0,"original_max_position_embeddings":64}}}}"#
+        ))
+        .unwrap();
+        assert_eq!(old.rope, new.rope);
+        assert_eq!(old.rope.theta, 500000.0);
+        assert!(matches!(old.rope.scaling, RopeScaling::Llama3 { .. }));
+    }
+
+    #[test]
+    fn unknown_model_type_is_named() {
+        let err = parse(&format!(r#"{{"model_type":"gpt2", {BASE}}}"#)).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("gpt2") && msg.contains("m/config.json"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn missing_and_wrong_fields_are_named() {
+        let err = parse(r#"{"model_type":"llama", "vocab_size": 10}"#).unwrap_err();
+        assert!(err.to_string().contains("hidden_size"), "{err}");
+        let err = parse(&format!(
+            r#"{{"model_type":"llama", {BASE}, "num_key_value_heads": 3}}"#
+        ))
+        .unwrap_err();
+        assert!(err.to_string().contains("num_key_value_heads"), "{err}");
+        let err = parse(&format!(
+            r#"{{"model_type":"llama", {BASE}, "rms_norm_eps": "x"}}"#
+        ))
+        .unwrap_err();
+        assert!(err.to_string().contains("rms_norm_eps"), "{err}");
+        let err = parse("{not json").unwrap_err();
+        assert!(matches!(err, ModelError::Json { .. }), "{err}");
+    }
+
+    #[test]
+    fn unsupported_rope_type_is_named() {
+        let err = parse(&format!(
+            r#"{{"model_type":"phi3", {BASE}, "rope_scaling": {{"type":"longrope"}}}}"#
+        ))
+        .unwrap_err();
+        assert!(err.to_string().contains("longrope"), "{err}");
+    }
+
+    #[test]
+    fn gemma_defaults_alternate_windows() {
+        let c = parse(&format!(
+            r#"{{"model_type":"gemma2", {BASE}, "sliding_window": 4, "query_pre_attn_scalar": 16}}"#
+        ))
+        .unwrap();
+        assert_eq!(c.sliding_window, vec![Some(4), None]);
+        assert!(c.norm_weight_offset && c.sandwich_norms && c.tie_word_embeddings);
+        assert_eq!(c.attn_scale, 0.25);
+    }
+}

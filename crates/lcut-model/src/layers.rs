@@ -1,0 +1,227 @@
+//! The building blocks of one decoder layer: RMSNorm, the gated MLP and the
+//! attention projections, each loaded with the architecture's switches.
+
+use candle_core::{D, DType, Device, Tensor};
+use candle_nn::{Linear, Module};
+
+use crate::config::{Activation, ModelConfig};
+use crate::error::Result;
+use crate::rope::Rope;
+use crate::weights::WeightFiles;
+
+/// Loads tensors of one model with the config's dtype and device.
+pub(crate) struct Loader<'a> {
+    pub files: &'a WeightFiles,
+    pub cfg: &'a ModelConfig,
+    pub dtype: DType,
+    pub device: &'a Device,
+}
+
+impl Loader<'_> {
+    pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        self.files.load(name, shape, self.dtype, self.device)
+    }
+
+    pub fn linear(&self, prefix: &str, out: usize, inp: usize, bias: bool) -> Result<Linear> {
+        let w = self.tensor(&format!("{prefix}.weight"), &[out, inp])?;
+        let b = if bias {
+            Some(self.tensor(&format!("{prefix}.bias"), &[out])?)
+        } else {
+            None
+        };
+        Ok(Linear::new(w, b))
+    }
+
+    pub fn norm(&self, name: &str, width: usize) -> Result<RmsNorm> {
+        let w = self.tensor(&format!("{name}.weight"), &[width])?;
+        let w = if self.cfg.norm_weight_offset {
+            (w + 1.0)?
+        } else {
+            w
+        };
+        Ok(RmsNorm {
+            weight: w,
+            eps: self.cfg.rms_norm_eps as f32,
+        })
+    }
+}
+
+/// RMSNorm over the last dimension (weights already offset for (1 + w) norms).
+#[derive(Debug, Clone)]
+pub struct RmsNorm {
+    weight: Tensor,
+    eps: f32,
+}
+
+impl RmsNorm {
+    /// Normalise `x` over its last dimension.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(candle_nn::ops::rms_norm(
+            &x.contiguous()?,
+            &self.weight,
+            self.eps,
+        )?)
+    }
+}
+
+/// The gated MLP: down(act(gate(x)) * up(x)), gate/up possibly fused.
+#[derive(Debug, Clone)]
+pub struct Mlp {
+    gate_up: GateUp,
+    down: Linear,
+    activation: Activation,
+}
+
+#[derive(Debug, Clone)]
+enum GateUp {
+    Separate { gate: Linear, up: Linear },
+    Fused { gate_up: Linear, inner: usize },
+}
+
+impl Mlp {
+    pub(crate) fn load(ld: &Loader<'_>, prefix: &str) -> Result<Self> {
+        let (d, i) = (ld.cfg.hidden_size, ld.cfg.intermediate_size);
+        let gate_up = if ld.cfg.fused_gate_up {
+            GateUp::Fused {
+                gate_up: ld.linear(&format!("{prefix}.gate_up_proj"), 2 * i, d, false)?,
+                inner: i,
+            }
+        } else {
+            GateUp::Separate {
+                gate: ld.linear(&format!("{prefix}.gate_proj"), i, d, false)?,
+                up: ld.linear(&format!("{prefix}.up_proj"), i, d, false)?,
+            }
+        };
+        Ok(Self {
+            gate_up,
+            down: ld.linear(&format!("{prefix}.down_proj"), d, i, false)?,
+            activation: ld.cfg.activation,
+        })
+    }
+
+    /// Apply the MLP to `x` [n, hidden].
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (gate, up) = match &self.gate_up {
+            GateUp::Separate { gate, up } => (gate.forward(x)?, up.forward(x)?),
+            GateUp::Fused { gate_up, inner } => {
+                let gu = gate_up.forward(x)?;
+                (
+                    gu.narrow(D::Minus1, 0, *inner)?,
+                    gu.narrow(D::Minus1, *inner, *inner)?,
+                )
+            }
+        };
+        let act = match self.activation {
+            Activation::Silu => candle_nn::ops::silu(&gate)?,
+            Activation::GeluTanh => gate.gelu()?,
+        };
+        Ok(self.down.forward(&(act * up)?)?)
+    }
+}
+
+/// Query, key and value of a chunk, [heads, n, head_dim] each, after the
+/// q/k norms and RoPE.
+pub struct Qkv {
+    /// Queries [heads, n, head_dim].
+    pub q: Tensor,
+    /// Keys [kv_heads, n, head_dim].
+    pub k: Tensor,
+    /// Values [kv_heads, n, head_dim].
+    pub v: Tensor,
+}
+
+/// The attention projections of one layer.
+#[derive(Debug, Clone)]
+pub struct AttentionProj {
+    qkv: QkvProj,
+    o: Linear,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    num_heads: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+}
+
+#[derive(Debug, Clone)]
+enum QkvProj {
+    Separate { q: Linear, k: Linear, v: Linear },
+    Fused(Linear),
+}
+
+impl AttentionProj {
+    pub(crate) fn load(ld: &Loader<'_>, prefix: &str) -> Result<Self> {
+        let c = ld.cfg;
+        let (h, kv, hd, d) = (c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size);
+        let qkv = if c.fused_qkv {
+            QkvProj::Fused(ld.linear(
+                &format!("{prefix}.qkv_proj"),
+                (h + 2 * kv) * hd,
+                d,
+                c.qkv_bias,
+            )?)
+        } else {
+            QkvProj::Separate {
+                q: ld.linear(&format!("{prefix}.q_proj"), h * hd, d, c.qkv_bias)?,
+                k: ld.linear(&format!("{prefix}.k_proj"), kv * hd, d, c.qkv_bias)?,
+                v: ld.linear(&format!("{prefix}.v_proj"), kv * hd, d, c.qkv_bias)?,
+            }
+        };
+        let o_bias = ld.files.contains(&format!("{prefix}.o_proj.bias"));
+        let (q_norm, k_norm) = if c.qk_norm {
+            (
+                Some(ld.norm(&format!("{prefix}.q_norm"), hd)?),
+                Some(ld.norm(&format!("{prefix}.k_norm"), hd)?),
+            )
+        } else {
+            (None, None)
+        };
+        Ok(Self {
+            qkv,
+            o: ld.linear(&format!("{prefix}.o_proj"), d, h * hd, o_bias)?,
+            q_norm,
+            k_norm,
+            num_heads: h,
+            num_kv_heads: kv,
+            head_dim: hd,
+        })
+    }
+
+    /// Project `x` [n, hidden] to q, k, v with norms and RoPE at `cos`/`sin`.
+    pub fn qkv(&self, x: &Tensor, rope: &Rope, cos: &Tensor, sin: &Tensor) -> Result<Qkv> {
+        let n = x.dim(0)?;
+        let (h, kv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let (q, k, v) = match &self.qkv {
+            QkvProj::Separate { q, k, v } => (q.forward(x)?, k.forward(x)?, v.forward(x)?),
+            QkvProj::Fused(lin) => {
+                let all = lin.forward(x)?;
+                (
+                    all.narrow(1, 0, h * hd)?,
+                    all.narrow(1, h * hd, kv * hd)?,
+                    all.narrow(1, (h + kv) * hd, kv * hd)?,
+                )
+            }
+        };
+        let heads = |t: Tensor, count: usize, norm: Option<&RmsNorm>| -> Result<Tensor> {
+            let t = t.contiguous()?.reshape((n, count, hd))?;
+            let t = match norm {
+                Some(nm) => nm.forward(&t)?,
+                None => t,
+            };
+            Ok(t.transpose(0, 1)?.contiguous()?)
+        };
+        let q = rope.apply(&heads(q, h, self.q_norm.as_ref())?, cos, sin)?;
+        let k = rope.apply(&heads(k, kv, self.k_norm.as_ref())?, cos, sin)?;
+        let v = heads(v, kv, None)?;
+        Ok(Qkv { q, k, v })
+    }
+
+    /// Output projection of the attention result [heads, n, head_dim].
+    pub fn output(&self, attn: &Tensor) -> Result<Tensor> {
+        let (_, n, _) = attn.dims3()?;
+        let merged = attn
+            .transpose(0, 1)?
+            .contiguous()?
+            .reshape((n, self.num_heads * self.head_dim))?;
+        Ok(self.o.forward(&merged)?)
+    }
+}

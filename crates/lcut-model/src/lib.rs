@@ -1,0 +1,26 @@
+//! The lcut decoder: loads Hugging Face model folders (Llama, Mistral, Qwen2,
+//! Qwen3, Gemma-2, Phi-3) and runs them with probes and a layer-asymmetric KV
+//! cache on candle.
+
+mod cache;
+pub mod config;
+mod decoder;
+mod error;
+mod layers;
+mod mask;
+pub mod probe;
+pub mod probes;
+mod rope;
+pub mod synth;
+mod weights;
+
+pub use cache::LayerCache;
+pub use config::{Activation, Arch, ModelConfig, RopeConfig, RopeScaling};
+pub use decoder::{ChunkOutput, Decoder, LogitRows, Sequence, argmax_rows};
+pub use error::{ModelError, Result};
+pub use mask::additive_mask;
+pub use probe::{AttentionView, Probe, ResidualSite};
+pub use rope::{Rope, inverse_frequencies};
+pub use weights::WeightFiles;
+
+pub use candle_core::{DType, Device, Tensor};

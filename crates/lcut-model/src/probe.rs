@@ -1,0 +1,63 @@
+//! Probes: a caller's window onto attention and the residual stream.
+//!
+//! The decoder calls a probe only when one is attached, and hands it device
+//! tensors: a probe that needs per-layer sums reduces them where they are and
+//! copies out only the small result.
+
+use candle_core::Tensor;
+
+use crate::error::Result;
+
+/// Where a residual-stream snapshot is taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResidualSite {
+    /// The (scaled) embeddings entering layer 0.
+    Embeddings,
+    /// The residual stream after decoder layer `l`.
+    Layer(usize),
+}
+
+/// Post-softmax attention of some queries at one layer.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionView<'a> {
+    /// Layer index.
+    pub layer: usize,
+    /// Positions of the queries (rows), ascending.
+    pub query_positions: &'a [usize],
+    /// Positions of the keys (columns), ascending; under a layer-asymmetric
+    /// policy these skip the tokens that do not exist at this layer.
+    pub key_positions: &'a [usize],
+    /// Probabilities [heads, queries, keys] on the model's device; masked keys are 0.
+    pub probs: &'a Tensor,
+}
+
+/// Receives what the decoder computes, layer by layer.
+pub trait Probe {
+    /// The smallest query position whose attention the probe wants at
+    /// `layer`; `None` (the default) asks for none. Later queries of a chunk
+    /// are always included, so asking from the decode start gets every
+    /// decode-phase query.
+    fn attention_from(&self, _layer: usize) -> Option<usize> {
+        None
+    }
+
+    /// Attention of the selected queries.
+    fn on_attention(&mut self, _view: AttentionView<'_>) -> Result<()> {
+        Ok(())
+    }
+
+    /// Whether the probe wants the residual stream at `site`.
+    fn wants_residual(&self, _site: ResidualSite) -> bool {
+        false
+    }
+
+    /// Residual stream [tokens, hidden] of the tokens at `positions`.
+    fn on_residual(
+        &mut self,
+        _site: ResidualSite,
+        _positions: &[usize],
+        _hidden: &Tensor,
+    ) -> Result<()> {
+        Ok(())
+    }
+}

@@ -1,0 +1,196 @@
+//! Ready-made probes: a full recorder for small reference runs and a
+//! phase-mass probe that reduces attention on the device.
+
+use candle_core::{DType, Tensor};
+use lcut_policy::TokenPhases;
+
+use crate::error::Result;
+use crate::probe::{AttentionView, Probe, ResidualSite};
+
+/// Records every layer's full attention [heads, T, T] and residual stream
+/// [T, hidden] on the host. Meant for short sequences (parity checks,
+/// `lcut forward`): its memory grows with T^2.
+#[derive(Debug, Clone)]
+pub struct RecordingProbe {
+    total_len: usize,
+    num_heads: usize,
+    hidden_size: usize,
+    /// Per layer, attention [heads, T, T] row-major; rows of queries never seen stay 0.
+    pub attention: Vec<Vec<f32>>,
+    /// The embeddings entering layer 0 [T, hidden].
+    pub embeddings: Vec<f32>,
+    /// Per layer, the residual stream after it [T, hidden].
+    pub layer_out: Vec<Vec<f32>>,
+}
+
+impl RecordingProbe {
+    /// A recorder for a sequence of `total_len` tokens.
+    pub fn new(num_layers: usize, num_heads: usize, hidden_size: usize, total_len: usize) -> Self {
+        Self {
+            total_len,
+            num_heads,
+            hidden_size,
+            attention: vec![vec![0.0; num_heads * total_len * total_len]; num_layers],
+            embeddings: vec![0.0; total_len * hidden_size],
+            layer_out: vec![vec![0.0; total_len * hidden_size]; num_layers],
+        }
+    }
+}
+
+impl Probe for RecordingProbe {
+    fn attention_from(&self, _layer: usize) -> Option<usize> {
+        Some(0)
+    }
+
+    fn on_attention(&mut self, view: AttentionView<'_>) -> Result<()> {
+        let probs: Vec<Vec<Vec<f32>>> = view.probs.to_dtype(DType::F32)?.to_vec3()?;
+        let t = self.total_len;
+        let buf = &mut self.attention[view.layer];
+        for (h, rows) in probs.iter().enumerate().take(self.num_heads) {
+            for (row, &q) in rows.iter().zip(view.query_positions) {
+                for (&p, &k) in row.iter().zip(view.key_positions) {
+                    if q < t && k < t {
+                        buf[h * t * t + q * t + k] = p;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn wants_residual(&self, _site: ResidualSite) -> bool {
+        true
+    }
+
+    fn on_residual(
+        &mut self,
+        site: ResidualSite,
+        positions: &[usize],
+        hidden: &Tensor,
+    ) -> Result<()> {
+        let rows: Vec<Vec<f32>> = hidden.to_dtype(DType::F32)?.to_vec2()?;
+        let d = self.hidden_size;
+        let buf = match site {
+            ResidualSite::Embeddings => &mut self.embeddings,
+            ResidualSite::Layer(l) => &mut self.layer_out[l],
+        };
+        for (row, &p) in rows.iter().zip(positions) {
+            if p < self.total_len {
+                buf[p * d..(p + 1) * d].copy_from_slice(row);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Attention of one decode-phase query at one layer, split by the phase of
+/// the keys, one value per head.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueryMasses {
+    /// Layer index.
+    pub layer: usize,
+    /// Position of the query.
+    pub position: usize,
+    /// Mass on the BoS token (position 0).
+    pub bos: Vec<f32>,
+    /// Mass on anchors other than BoS.
+    pub anchor: Vec<f32>,
+    /// Mass on non-anchor prompt tokens.
+    pub prefill: Vec<f32>,
+    /// Mass on decode-phase tokens before the query.
+    pub decode: Vec<f32>,
+    /// Mass on the query itself.
+    pub self_mass: Vec<f32>,
+    /// Entropy of the attention over prefill tokens, conditional on reading
+    /// them (nats, not normalised); NaN where the prefill mass is 0.
+    pub prefill_entropy: Vec<f32>,
+}
+
+/// Reduces each decode-phase query's attention to phase masses and the
+/// conditional prompt entropy on the device; only [6, heads, queries]
+/// numbers per layer and chunk reach the host.
+#[derive(Debug, Clone)]
+pub struct PhaseMassProbe {
+    phases: TokenPhases,
+    /// One record per (layer, decode-phase query), in the order computed.
+    pub records: Vec<QueryMasses>,
+}
+
+impl PhaseMassProbe {
+    /// A probe for a sequence with these phases.
+    pub fn new(phases: TokenPhases) -> Self {
+        Self {
+            phases,
+            records: Vec::new(),
+        }
+    }
+}
+
+fn column_sum(probs: &Tensor, from: usize, to: usize) -> Result<Tensor> {
+    let (h, q, _) = probs.dims3()?;
+    if to <= from {
+        return Ok(Tensor::zeros((h, q), DType::F32, probs.device())?);
+    }
+    Ok(probs.narrow(2, from, to - from)?.sum(2)?)
+}
+
+impl Probe for PhaseMassProbe {
+    fn attention_from(&self, _layer: usize) -> Option<usize> {
+        Some(self.phases.decode_start())
+    }
+
+    fn on_attention(&mut self, view: AttentionView<'_>) -> Result<()> {
+        let probs = view.probs.to_dtype(DType::F32)?;
+        let (heads, nq, _) = probs.dims3()?;
+        let keys = view.key_positions;
+        let col = |pos: usize| keys.partition_point(|&k| k < pos);
+        let (a_end, s) = (self.phases.anchor_len().max(1), self.phases.decode_start());
+        let bos = column_sum(&probs, col(0), col(1))?;
+        let anchor = column_sum(&probs, col(1), col(a_end))?;
+        let (p0, p1) = (col(a_end), col(s));
+        let prefill = column_sum(&probs, p0, p1)?;
+        let decode_incl_self = column_sum(&probs, p1, keys.len())?;
+        let self_idx: Vec<u32> = view
+            .query_positions
+            .iter()
+            .map(|&q| col(q) as u32)
+            .collect();
+        let self_idx = Tensor::new(self_idx.as_slice(), probs.device())?
+            .reshape((1, nq, 1))?
+            .broadcast_as((heads, nq, 1))?
+            .contiguous()?;
+        let self_mass = probs.gather(&self_idx, 2)?.squeeze(2)?;
+        let decode = (decode_incl_self - &self_mass)?;
+        let x_ln_x = if p1 > p0 {
+            let x = probs.narrow(2, p0, p1 - p0)?;
+            (&x * (&x + 1e-30)?.log()?)?.sum(2)?
+        } else {
+            Tensor::zeros((heads, nq), DType::F32, probs.device())?
+        };
+        // H(p) with p = x / m: ln m - sum(x ln x) / m
+        let entropy = (prefill.log()? - x_ln_x.div(&prefill)?)?;
+        let all: Vec<Vec<Vec<f32>>> =
+            Tensor::stack(&[&bos, &anchor, &prefill, &decode, &self_mass, &entropy], 0)?
+                .to_vec3()?;
+        for (qi, &position) in view.query_positions.iter().enumerate() {
+            let pick = |k: usize| -> Vec<f32> { (0..heads).map(|h| all[k][h][qi]).collect() };
+            let prefill_mass = pick(2);
+            let entropy = pick(5)
+                .into_iter()
+                .zip(&prefill_mass)
+                .map(|(e, &m)| if m > 0.0 { e.max(0.0) } else { f32::NAN })
+                .collect();
+            self.records.push(QueryMasses {
+                layer: view.layer,
+                position,
+                bos: pick(0),
+                anchor: pick(1),
+                prefill: prefill_mass,
+                decode: pick(3),
+                self_mass: pick(4),
+                prefill_entropy: entropy,
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,109 @@
+//! Rotary position embeddings at explicit (never renumbered) positions.
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::config::{RopeConfig, RopeScaling};
+use crate::error::Result;
+
+/// Inverse frequencies of one model, ready to turn positions into cos/sin.
+#[derive(Debug, Clone)]
+pub struct Rope {
+    inv_freq: Tensor,
+    rotary_dim: usize,
+}
+
+/// Inverse frequencies 1 / theta^(2i/d), with the config's scaling applied.
+pub fn inverse_frequencies(cfg: &RopeConfig) -> Vec<f64> {
+    let d = cfg.rotary_dim as f64;
+    let base: Vec<f64> = (0..cfg.rotary_dim / 2)
+        .map(|i| 1.0 / cfg.theta.powf(2.0 * i as f64 / d))
+        .collect();
+    match cfg.scaling {
+        RopeScaling::None => base,
+        RopeScaling::Linear { factor } => base.iter().map(|f| f / factor).collect(),
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings: old_ctx,
+        } => {
+            let low_wavelen = old_ctx / low_freq_factor;
+            let high_wavelen = old_ctx / high_freq_factor;
+            base.iter()
+                .map(|&f| {
+                    let wavelen = 2.0 * std::f64::consts::PI / f;
+                    if wavelen < high_wavelen {
+                        f
+                    } else if wavelen > low_wavelen {
+                        f / factor
+                    } else {
+                        let smooth = (old_ctx / wavelen - low_freq_factor)
+                            / (high_freq_factor - low_freq_factor);
+                        (1.0 - smooth) * f / factor + smooth * f
+                    }
+                })
+                .collect()
+        }
+    }
+}
+
+impl Rope {
+    /// Prepare the frequencies of `cfg` on `device`.
+    pub fn new(cfg: &RopeConfig, device: &Device) -> Result<Self> {
+        let inv: Vec<f32> = inverse_frequencies(cfg).iter().map(|&f| f as f32).collect();
+        let n = inv.len();
+        Ok(Self {
+            inv_freq: Tensor::from_vec(inv, (1, n), device)?,
+            rotary_dim: cfg.rotary_dim,
+        })
+    }
+
+    /// cos and sin tables [n, rotary_dim / 2] for the given positions.
+    pub fn tables(&self, positions: &[usize], dtype: DType) -> Result<(Tensor, Tensor)> {
+        let pos: Vec<f32> = positions.iter().map(|&p| p as f32).collect();
+        let pos = Tensor::from_vec(pos, (positions.len(), 1), self.inv_freq.device())?;
+        let freqs = pos.broadcast_mul(&self.inv_freq)?;
+        Ok((freqs.cos()?.to_dtype(dtype)?, freqs.sin()?.to_dtype(dtype)?))
+    }
+
+    /// Rotate `x` [heads, n, head_dim] (half-split layout) by the tables.
+    pub fn apply(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+        let head_dim = x.dim(2)?;
+        let x4 = x.unsqueeze(0)?;
+        if self.rotary_dim == head_dim {
+            let out = candle_nn::rotary_emb::rope(&x4.contiguous()?, cos, sin)?;
+            return Ok(out.squeeze(0)?);
+        }
+        let rot = x4.narrow(3, 0, self.rotary_dim)?.contiguous()?;
+        let pass = x4.narrow(3, self.rotary_dim, head_dim - self.rotary_dim)?;
+        let rot = candle_nn::rotary_emb::rope(&rot, cos, sin)?;
+        Ok(Tensor::cat(&[&rot, &pass], 3)?.squeeze(0)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llama3_scaling_keeps_high_and_divides_low_frequencies() {
+        let cfg = RopeConfig {
+            theta: 500000.0,
+            scaling: RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 8192.0,
+            },
+            rotary_dim: 128,
+        };
+        let plain = inverse_frequencies(&RopeConfig {
+            scaling: RopeScaling::None,
+            ..cfg
+        });
+        let scaled = inverse_frequencies(&cfg);
+        assert_eq!(scaled[0], plain[0]);
+        let last = plain.len() - 1;
+        assert!((scaled[last] - plain[last] / 8.0).abs() < 1e-15);
+    }
+}

@@ -1,0 +1,239 @@
+//! Parity with Hugging Face transformers on the reference cases in
+//! `fixtures/oracle`: logits, every layer's residual stream, every layer's
+//! attention, SPEED-policy logits, KV-cached decoding and greedy decoding.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, ensure};
+use lcut_model::probes::RecordingProbe;
+use lcut_model::{DType, Decoder, Device, LogitRows, Tensor, argmax_rows};
+use lcut_policy::{Anchors, Policy, PolicyKind, TokenPhases};
+
+const TOL: f32 = 1e-4;
+const CASES: [&str; 7] = [
+    "llama-gqa",
+    "llama31-rope-scaled",
+    "qwen2-bias",
+    "qwen3-qknorm",
+    "mistral-window",
+    "gemma2-softcap",
+    "phi3-fused",
+];
+
+fn case_dir(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/oracle")
+        .join(name)
+}
+
+struct Case {
+    name: &'static str,
+    model: Decoder,
+    reference: HashMap<String, Tensor>,
+    meta: serde_json::Value,
+    ids: Vec<u32>,
+}
+
+fn load(name: &'static str) -> Result<Case> {
+    let dir = case_dir(name);
+    let model = Decoder::load(&dir, DType::F32, &Device::Cpu)?;
+    let reference =
+        candle_core::safetensors::load(dir.join("reference.safetensors"), &Device::Cpu)?;
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("case.json"))?)?;
+    let ids = reference["input_ids"]
+        .to_dtype(DType::U32)?
+        .to_vec1::<u32>()?;
+    Ok(Case {
+        name,
+        model,
+        reference,
+        meta,
+        ids,
+    })
+}
+
+fn max_abs_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
+    ensure!(
+        a.dims() == b.dims(),
+        "shape {:?} vs {:?}",
+        a.dims(),
+        b.dims()
+    );
+    Ok((a - b)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?)
+}
+
+fn assert_close(case: &str, what: &str, ours: &Tensor, reference: &Tensor) -> Result<()> {
+    let diff = max_abs_diff(ours, reference).with_context(|| format!("{case}: {what}"))?;
+    ensure!(
+        diff <= TOL,
+        "{case}: {what} differs from transformers by {diff:e} (> {TOL:e})"
+    );
+    Ok(())
+}
+
+#[test]
+fn full_depth_matches_transformers() -> Result<()> {
+    for name in CASES {
+        let c = load(name)?;
+        let cfg = c.model.config();
+        let t = c.ids.len();
+        let mut probe = RecordingProbe::new(cfg.num_layers, cfg.num_heads, cfg.hidden_size, t);
+        let logits = c.model.teacher_forced_logits(&c.ids, Some(&mut probe))?;
+        assert_close(name, "logits", &logits, &c.reference["logits"])?;
+        for l in 0..cfg.num_layers {
+            let ours = Tensor::from_vec(
+                probe.layer_out[l].clone(),
+                (t, cfg.hidden_size),
+                &Device::Cpu,
+            )?;
+            assert_close(
+                name,
+                &format!("layer_out.{l}"),
+                &ours,
+                &c.reference[&format!("layer_out.{l}")],
+            )?;
+            let ours = Tensor::from_vec(
+                probe.attention[l].clone(),
+                (cfg.num_heads, t, t),
+                &Device::Cpu,
+            )?;
+            assert_close(
+                name,
+                &format!("attn.{l}"),
+                &ours,
+                &c.reference[&format!("attn.{l}")],
+            )?;
+        }
+        if cfg.embedding_scale.is_none() {
+            let ours =
+                Tensor::from_vec(probe.embeddings.clone(), (t, cfg.hidden_size), &Device::Cpu)?;
+            assert_close(name, "embeddings", &ours, &c.reference["embeddings"])?;
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn kv_cached_decoding_equals_teacher_forcing() -> Result<()> {
+    for name in CASES {
+        let c = load(name)?;
+        let full = c.model.teacher_forced_logits(&c.ids, None)?;
+        let mut seq = c.model.new_full_sequence();
+        // a prefill chunk, then token by token
+        let s = 28;
+        let out = c
+            .model
+            .forward(&mut seq, &c.ids[..s], LogitRows::All, None)?;
+        let prefill = out.logits.context("prefill logits")?;
+        assert_close(
+            name,
+            "chunked prefill logits",
+            &prefill,
+            &full.narrow(0, 0, s)?,
+        )?;
+        for (i, &tok) in c.ids.iter().enumerate().skip(s) {
+            let out = c.model.forward(&mut seq, &[tok], LogitRows::Last, None)?;
+            ensure!(out.positions == vec![i]);
+            let row = out.logits.context("decode logits")?;
+            assert_close(
+                name,
+                &format!("decode step at {i}"),
+                &row,
+                &full.narrow(0, i, 1)?,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn greedy_continuation_matches_transformers() -> Result<()> {
+    for name in CASES {
+        let c = load(name)?;
+        let prompt_len = c.reference["greedy_full.prompt_len"].to_vec1::<i64>()?[0] as usize;
+        let expected: Vec<u32> = c.reference["greedy_full.tokens"]
+            .to_dtype(DType::U32)?
+            .to_vec1()?;
+        let mut seq = c.model.new_full_sequence();
+        let mut next = c.ids[..prompt_len].to_vec();
+        let mut produced = Vec::new();
+        for _ in 0..expected.len() {
+            let out = c.model.forward(&mut seq, &next, LogitRows::Last, None)?;
+            let tok = argmax_rows(&out.logits.context("logits")?)?[0];
+            produced.push(tok);
+            next = vec![tok];
+        }
+        ensure!(
+            produced == expected,
+            "{name}: greedy {produced:?} != transformers {expected:?}"
+        );
+    }
+    Ok(())
+}
+
+fn policy_of(c: &Case, entry: &serde_json::Value) -> Result<(Policy, TokenPhases)> {
+    let l_cut = entry["l_cut"].as_u64().context("l_cut")? as usize;
+    let anchors = entry["anchors"].as_array().context("anchors")?;
+    let self_only = entry["self_only"].as_bool().context("self_only")?;
+    let s = entry["decode_start"].as_u64().context("decode_start")? as usize;
+    let kind = if self_only {
+        PolicyKind::SelfOnly
+    } else {
+        PolicyKind::Speed
+    };
+    let anchors_kept = if anchors.is_empty() {
+        Anchors::None
+    } else {
+        Anchors::Bos
+    };
+    let policy = Policy::new(kind, l_cut, c.model.config().num_layers, anchors_kept)?;
+    let phases = TokenPhases::new(c.ids.len(), s, anchors_kept.len(None)?)?;
+    Ok((policy, phases))
+}
+
+#[test]
+fn speed_policies_match_transformers_teacher_forced_and_incremental() -> Result<()> {
+    for name in CASES {
+        let c = load(name)?;
+        for entry in c.meta["policies"].as_array().context("policies")? {
+            let key = entry["key"].as_str().context("key")?;
+            let (policy, phases) = policy_of(&c, entry)?;
+            let s = phases.decode_start();
+            let reference = &c.reference[key];
+
+            // teacher forced: the whole sequence as one chunk
+            let mut seq = c.model.new_sequence(policy, phases)?;
+            let out = c.model.forward(&mut seq, &c.ids, LogitRows::All, None)?;
+            let first = out
+                .positions
+                .iter()
+                .position(|&p| p == s)
+                .context("decode rows")?;
+            let rows = out
+                .logits
+                .context("logits")?
+                .narrow(0, first, c.ids.len() - s)?;
+            assert_close(c.name, &format!("{key} teacher-forced"), &rows, reference)?;
+
+            // incremental: prefill 0..s-1, then s..T-1 one at a time
+            let mut seq = c.model.new_sequence(policy, phases)?;
+            c.model
+                .forward(&mut seq, &c.ids[..s], LogitRows::None, None)?;
+            for i in s..c.ids.len() {
+                let out = c
+                    .model
+                    .forward(&mut seq, &c.ids[i..=i], LogitRows::Last, None)?;
+                let row = out.logits.context("decode logits")?;
+                assert_close(
+                    c.name,
+                    &format!("{key} incremental at {i}"),
+                    &row,
+                    &reference.narrow(0, i - s, 1)?,
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
