@@ -1,0 +1,90 @@
+//! Which model a trace or report was made with.
+
+use serde::{Deserialize, Serialize};
+
+/// The model a run used: where it was loaded from, a hash of its config, and
+/// the shape numbers the diagnostics and cost models need.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelIdentity {
+    /// The model folder as given by the user (not compared when merging shards,
+    /// since machines mount models at different paths).
+    pub path: String,
+    /// [`hash_bytes`] of the bytes of `config.json`.
+    pub config_hash: String,
+    /// Architecture name (for example `llama`, `qwen2`).
+    pub arch: String,
+    /// Dtype the model ran in (for example `f32`, `bf16`).
+    pub dtype: String,
+    /// Number of decoder layers L.
+    pub num_layers: usize,
+    /// Number of query heads.
+    pub num_heads: usize,
+    /// Number of key/value heads.
+    pub num_kv_heads: usize,
+    /// Width of one attention head.
+    pub head_dim: usize,
+    /// Width of the residual stream d.
+    pub hidden_size: usize,
+    /// Width of the MLP's hidden layer (0 when unknown).
+    #[serde(default)]
+    pub intermediate_size: usize,
+    /// Vocabulary size (0 when unknown).
+    #[serde(default)]
+    pub vocab_size: usize,
+}
+
+impl ModelIdentity {
+    /// True when `other` is the same model: every field equal except `path`.
+    pub fn same_model(&self, other: &Self) -> bool {
+        let mut other = other.clone();
+        other.path.clone_from(&self.path);
+        *self == other
+    }
+}
+
+/// FNV-1a 64-bit hash of `bytes`, as 16 lowercase hex digits.
+///
+/// Not cryptographic: it tells configs apart, nothing more.
+pub fn hash_bytes(bytes: &[u8]) -> String {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let h = bytes
+        .iter()
+        .fold(OFFSET, |h, &b| (h ^ u64::from(b)).wrapping_mul(PRIME));
+    format!("{h:016x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fnv1a_known_vectors() {
+        // Reference values of FNV-1a 64.
+        assert_eq!(hash_bytes(b""), "cbf29ce484222325");
+        assert_eq!(hash_bytes(b"a"), "af63dc4c8601ec8c");
+        assert_eq!(hash_bytes(b"foobar"), "85944171f73967e8");
+    }
+
+    #[test]
+    fn same_model_ignores_only_the_path() {
+        let a = ModelIdentity {
+            path: "/a".into(),
+            config_hash: "00".into(),
+            arch: "llama".into(),
+            dtype: "f32".into(),
+            num_layers: 2,
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 8,
+            hidden_size: 32,
+            intermediate_size: 64,
+            vocab_size: 100,
+        };
+        let mut b = a.clone();
+        b.path = "/b".into();
+        assert!(a.same_model(&b));
+        b.num_layers = 3;
+        assert!(!a.same_model(&b));
+    }
+}

@@ -1,0 +1,41 @@
+//! The lcut trace and report schema, and its JSON files.
+//!
+//! A [`PromptTrace`] holds what a full-depth greedy run recorded for one prompt:
+//! per-(layer, decode step, head) phase masses and prefill entropy, a binned
+//! layer × prompt-position attention map, and per-layer curvature. A [`Report`]
+//! gathers the traces of a run with the model's identity, the settings, the
+//! aggregated per-layer curves, the recommended L_cut and an optional sweep.
+//!
+//! Files are written atomically ([`write_atomic`]); reading checks
+//! [`SCHEMA_VERSION`] and every shape, and errors name the file and field.
+//! Trace size is bounded independently of prompt length (see [`trace_size_bound`]).
+//!
+//! This crate does not depend on candle.
+
+// Tests unwrap freely; the library itself is still linted (clippy builds both).
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
+mod bins;
+mod error;
+pub mod floats;
+mod identity;
+mod io;
+mod report;
+mod settings;
+mod size;
+mod tensor;
+mod trace;
+
+pub use bins::{bin_edges, bin_of, bin_sums};
+pub use error::TraceError;
+pub use floats::Series;
+pub use identity::{ModelIdentity, hash_bytes};
+pub use io::{read_json, read_report_json, write_atomic, write_json, write_report_json};
+pub use report::{LayerCurves, Recommendation, Report, SCHEMA_VERSION, Sweep, SweepPoint, Votes};
+pub use settings::{RunSettings, Thresholds};
+pub use size::trace_size_bound;
+pub use tensor::{Tensor2, Tensor3};
+pub use trace::{PromptTrace, TraceHeader, normalised_entropy};
+
+/// The version of this crate, for [`Report::tool_version`] when no other is given.
+pub const CRATE_VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,218 @@
+//! The report of a diagnostic run: identity, settings, traces, curves,
+//! recommendation and an optional sweep.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::TraceError;
+use crate::floats::Series;
+use crate::identity::ModelIdentity;
+use crate::settings::RunSettings;
+use crate::tensor::Tensor2;
+use crate::trace::PromptTrace;
+
+/// Version of the JSON schema of [`Report`]; bumped on any incompatible change.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Per-layer curves aggregated over prompts, decode steps and heads.
+///
+/// Masses and the head-mean entropy are means over prompts of per-prompt means
+/// over steps and heads (every prompt counts equally). Per-layer series have
+/// `num_layers` entries; tail mass and curvature series have `num_layers + 1`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LayerCurves {
+    /// Number of layers L.
+    pub num_layers: usize,
+    /// Number of query heads H.
+    pub num_heads: usize,
+    /// Mean attention on BoS per layer.
+    pub bos: Series,
+    /// Mean attention on non-BoS anchors per layer.
+    pub anchor: Series,
+    /// Mean attention on prefill tokens per layer.
+    pub prefill: Series,
+    /// Mean attention on earlier decode-phase tokens per layer.
+    pub decode: Series,
+    /// Mean attention of queries on themselves per layer.
+    pub self_mass: Series,
+    /// Normalised conditional prefill entropy, mean over heads, steps, prompts
+    /// (NaN entries skipped).
+    pub entropy_head_mean: Series,
+    /// Normalised conditional prefill entropy weighted by prefill mass:
+    /// `Σ m_prefill · H / Σ m_prefill` pooled over prompts, steps and heads.
+    pub entropy_weighted: Series,
+    /// Tail mass R(c) for c in `0..=L`: share of prefill mass at layers `>= c`.
+    pub tail_mass: Series,
+    /// Mean curvature of the prompt span (index 0 = embeddings), radians.
+    pub curvature_prompt: Series,
+    /// Mean curvature of the generated span (index 0 = embeddings), radians.
+    pub curvature_generated: Series,
+    /// `C_l - C_0` of the prompt span (negative = straighter than the embeddings).
+    pub straightening_prompt: Series,
+    /// `C_l - C_0` of the generated span.
+    pub straightening_generated: Series,
+    /// `[L, H]`: mean prefill mass per layer and head.
+    pub prefill_by_head: Tensor2,
+    /// `[L, max steps]`: mean over heads and over the prompts that reached step k
+    /// of the prefill mass (the mean layer × decode-step heatmap).
+    pub prefill_by_step: Tensor2,
+}
+
+/// The vote each signal casts for L_cut (`None`: the signal could not vote).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Votes {
+    /// Smallest c with tail mass R(c) at most `tail_mass_max`.
+    pub tail_mass: Option<usize>,
+    /// One past the last layer of selective reading (low entropy, high mass).
+    pub selective_band: Option<usize>,
+    /// First layer from which the prompt curvature stops changing.
+    pub curvature_plateau: Option<usize>,
+}
+
+/// The recommended cutoff and its evidence.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Recommendation {
+    /// The chosen L_cut in `1..=L`.
+    pub l_cut: usize,
+    /// Number of layers L.
+    pub num_layers: usize,
+    /// Each signal's vote.
+    pub votes: Votes,
+    /// Tail mass R(l_cut): the share of decode-to-prefill attention SPEED drops.
+    #[serde(with = "crate::floats::scalar")]
+    pub tail_mass_dropped: f32,
+    /// Plain-words explanation: each vote, the thresholds, and the rule.
+    pub explanation: String,
+}
+
+/// One point of the empirical sweep: SPEED at `l_cut` against the full model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SweepPoint {
+    /// The cutoff.
+    pub l_cut: usize,
+    /// Anchors kept: `"bos"` or `"none"`.
+    pub anchors: String,
+    /// Teacher-forced top-1 agreement with the full model's greedy tokens.
+    #[serde(with = "crate::floats::scalar")]
+    pub top1_agreement: f32,
+    /// Mean KL(full ‖ SPEED) of the next-token distributions, nats.
+    #[serde(with = "crate::floats::scalar")]
+    pub mean_kl: f32,
+    /// Mean negative log-likelihood of the full model's continuation, nats/token.
+    #[serde(with = "crate::floats::scalar")]
+    pub nll: f32,
+    /// KV bytes at the sweep's context length.
+    pub kv_bytes: u64,
+    /// `kv_bytes` over the full model's.
+    #[serde(with = "crate::floats::scalar")]
+    pub kv_ratio: f32,
+    /// Prefill FLOPs at the sweep's context length.
+    pub prefill_flops: f64,
+    /// `prefill_flops` over the full model's.
+    #[serde(with = "crate::floats::scalar")]
+    pub prefill_ratio: f32,
+}
+
+/// The empirical sweep over cutoffs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Sweep {
+    /// The context length the costs are computed at.
+    pub context_len: usize,
+    /// The measured points.
+    pub points: Vec<SweepPoint>,
+    /// The knee of quality against cost (see `lcut_diag::knee`).
+    pub knee: Option<usize>,
+}
+
+/// A complete diagnostic report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// [`SCHEMA_VERSION`] of the writer.
+    pub schema_version: u32,
+    /// Version of the tool that made the report.
+    pub tool_version: String,
+    /// The model.
+    pub model: ModelIdentity,
+    /// The run settings.
+    pub settings: RunSettings,
+    /// One trace per prompt, ordered by `index`; enough to recompute every aggregate.
+    pub traces: Vec<PromptTrace>,
+    /// Aggregated per-layer curves.
+    pub curves: LayerCurves,
+    /// The recommended cutoff.
+    pub recommendation: Recommendation,
+    /// The empirical sweep, when one was run.
+    pub sweep: Option<Sweep>,
+}
+
+impl Report {
+    /// Checks the traces and curves against the model's shape; `context` names
+    /// the file for the message.
+    pub fn validate(&self, context: &str) -> Result<(), TraceError> {
+        let (l, h) = (self.model.num_layers, self.model.num_heads);
+        for t in &self.traces {
+            t.validate(context)?;
+            if t.num_layers != l || t.num_heads != h {
+                return Err(TraceError::invalid(
+                    context,
+                    format!(
+                        "prompt {:?} has {} layers × {} heads, the model has {l} × {h}",
+                        t.id, t.num_layers, t.num_heads
+                    ),
+                ));
+            }
+        }
+        if self.traces.windows(2).any(|w| w[0].index >= w[1].index) {
+            return Err(TraceError::invalid(
+                context,
+                "`traces` must be ordered by strictly increasing `index`",
+            ));
+        }
+        let c = &self.curves;
+        let per_layer = [
+            ("bos", &c.bos),
+            ("anchor", &c.anchor),
+            ("prefill", &c.prefill),
+            ("decode", &c.decode),
+            ("self_mass", &c.self_mass),
+            ("entropy_head_mean", &c.entropy_head_mean),
+            ("entropy_weighted", &c.entropy_weighted),
+        ];
+        let per_boundary = [
+            ("tail_mass", &c.tail_mass),
+            ("curvature_prompt", &c.curvature_prompt),
+            ("curvature_generated", &c.curvature_generated),
+            ("straightening_prompt", &c.straightening_prompt),
+            ("straightening_generated", &c.straightening_generated),
+        ];
+        let lengths = per_layer
+            .iter()
+            .map(|(n, s)| (n, s.len(), l))
+            .chain(per_boundary.iter().map(|(n, s)| (n, s.len(), l + 1)));
+        for (name, got, want) in lengths {
+            if got != want {
+                return Err(TraceError::invalid(
+                    context,
+                    format!("`curves.{name}` has {got} entries, expected {want}"),
+                ));
+            }
+        }
+        if c.num_layers != l
+            || c.num_heads != h
+            || c.prefill_by_head.shape() != [l, h]
+            || c.prefill_by_step.shape()[0] != l
+        {
+            return Err(TraceError::invalid(
+                context,
+                format!("`curves` do not match the model's {l} layers × {h} heads"),
+            ));
+        }
+        let r = &self.recommendation;
+        if r.l_cut == 0 || r.l_cut > l {
+            return Err(TraceError::invalid(
+                context,
+                format!("`recommendation.l_cut` is {}, expected 1..={l}", r.l_cut),
+            ));
+        }
+        Ok(())
+    }
+}

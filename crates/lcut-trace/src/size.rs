@@ -1,0 +1,135 @@
+//! An upper bound on the JSON size of a [`PromptTrace`].
+//!
+//! With L layers, H heads, T decode steps, B prompt bins, and strings (the id,
+//! the prompt tokens, the generated tokens) of S bytes in all, N of them:
+//!
+//! ```text
+//! bytes <= 2048 + 17 * (6*L*T*H + L*B + 2*(L + 1)) + 32*T + 21*(B + 1) + 6*S + 3*N
+//! ```
+//!
+//! 17 bytes per float (at most 16 characters for an `f32`, or `null`, and a comma),
+//! 32 per step for its token id and query position, 21 per bin edge, at most 6
+//! bytes per string byte after JSON escaping plus quotes and a comma, and 2048
+//! for keys, punctuation, shapes and the scalar fields. Prompt length enters
+//! only through B (at most `max_prompt_bins`) and the prompt token strings.
+
+use crate::trace::PromptTrace;
+
+/// The bound above, for the given sizes.
+pub fn trace_size_bound(
+    num_layers: usize,
+    num_heads: usize,
+    num_steps: usize,
+    num_bins: usize,
+    string_bytes: usize,
+    num_strings: usize,
+) -> usize {
+    let (l, h, t, b) = (num_layers, num_heads, num_steps, num_bins);
+    2048 + 17 * (6 * l * t * h + l * b + 2 * (l + 1))
+        + 32 * t
+        + 21 * (b + 1)
+        + 6 * string_bytes
+        + 3 * num_strings
+}
+
+impl PromptTrace {
+    /// [`trace_size_bound`] for this trace's sizes and strings.
+    pub fn size_bound(&self) -> usize {
+        let strings = std::iter::once(&self.id)
+            .chain(&self.prompt_tokens)
+            .chain(&self.generated);
+        let (bytes, count) = strings.fold((0, 0), |(b, n), s| (b + s.len(), n + 1));
+        trace_size_bound(
+            self.num_layers,
+            self.num_heads,
+            self.num_steps(),
+            self.num_bins(),
+            bytes,
+            count,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::tensor::Tensor3;
+    use crate::trace::{PromptTrace, TraceHeader};
+
+    /// The longest f32 text serde_json writes (14 characters).
+    const WIDE: f32 = -1.175_494_4e-38;
+
+    fn worst_case(
+        prompt_len: usize,
+        tokens: bool,
+        l: usize,
+        h: usize,
+        t: usize,
+        b: usize,
+    ) -> PromptTrace {
+        let header = TraceHeader {
+            index: usize::MAX,
+            id: "\u{1}\"x\\".repeat(4),
+            prompt_tokens: if tokens {
+                (0..prompt_len).map(|i| format!("\n tok{i}\u{7}")).collect()
+            } else {
+                vec![]
+            },
+            prompt_len,
+            decode_start: prompt_len - 1,
+            anchor_len: 1,
+        };
+        let mut tr = PromptTrace::zeroed(header, l, h, t, b);
+        for tensor in [
+            &mut tr.bos,
+            &mut tr.anchor,
+            &mut tr.prefill,
+            &mut tr.decode,
+            &mut tr.self_mass,
+            &mut tr.prefill_entropy,
+        ] {
+            *tensor = Tensor3::filled([l, t, h], WIDE);
+        }
+        tr.prompt_attention.view_mut().fill(WIDE);
+        tr.curvature_prompt.fill(WIDE);
+        tr.curvature_generated.fill(WIDE);
+        tr.generated = (0..t).map(|_| "\u{0}\u{0}".to_string()).collect();
+        tr.generated_ids = vec![u32::MAX; t];
+        tr.query_positions = (0..t).map(|k| usize::MAX - t + k).collect();
+        tr
+    }
+
+    #[test]
+    fn serialized_size_is_within_the_bound() {
+        for (p, tokens, l, h, t, b) in [
+            (10, true, 2, 2, 3, 64),
+            (5000, true, 8, 4, 16, 64),
+            (200_000, false, 32, 32, 8, 128),
+            (2, true, 1, 1, 0, 2),
+        ] {
+            let tr = worst_case(p, tokens, l, h, t, b);
+            let size = serde_json::to_vec(&tr).unwrap().len();
+            let bound = tr.size_bound();
+            assert!(
+                size <= bound,
+                "size {size} > bound {bound} for {:?}",
+                (p, l, h, t, b)
+            );
+            if l * t * h >= 1000 {
+                // The bound is not vacuous: within 25% of a worst-case trace.
+                assert!(bound * 4 <= size * 5, "bound {bound} far above {size}");
+            }
+        }
+    }
+
+    #[test]
+    fn size_does_not_grow_with_prompt_length_without_tokens() {
+        let short = serde_json::to_vec(&worst_case(100, false, 4, 4, 8, 32))
+            .unwrap()
+            .len();
+        let long = serde_json::to_vec(&worst_case(1_000_000, false, 4, 4, 8, 32))
+            .unwrap()
+            .len();
+        // Only the digits of a few numbers (prompt length, bin edges) differ.
+        assert!(long.abs_diff(short) < 32 * 8, "{short} vs {long}");
+    }
+}
