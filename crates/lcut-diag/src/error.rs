@@ -1,0 +1,45 @@
+//! Errors of the diagnostics.
+
+use lcut_trace::TraceError;
+
+/// What can go wrong when computing diagnostics or merging reports.
+#[derive(Debug, thiserror::Error)]
+pub enum DiagError {
+    /// An attention row and the positions given for it do not fit together.
+    #[error("attention row: {0}")]
+    Row(String),
+    /// Hidden states of different widths were pushed into one curvature trajectory.
+    #[error("curvature: hidden state has width {got}, earlier states had {expected}")]
+    Width {
+        /// Width of the earlier states.
+        expected: usize,
+        /// Width of the new state.
+        got: usize,
+    },
+    /// Nothing to aggregate or merge.
+    #[error("{0}: nothing to work on")]
+    Empty(&'static str),
+    /// Traces or shards that must agree do not.
+    #[error("{what} differ: {detail}")]
+    Mismatch {
+        /// What differs (for example `model identity`).
+        what: &'static str,
+        /// Which values, in plain words.
+        detail: String,
+    },
+    /// Two traces claim the same prompt index.
+    #[error(
+        "prompt index {index} appears twice (ids {first:?} and {second:?}); shards must not overlap"
+    )]
+    DuplicatePrompt {
+        /// The repeated index.
+        index: usize,
+        /// Id of the first trace with it.
+        first: String,
+        /// Id of the second.
+        second: String,
+    },
+    /// A trace failed its schema checks.
+    #[error(transparent)]
+    Trace(#[from] TraceError),
+}

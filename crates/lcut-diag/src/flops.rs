@@ -1,0 +1,195 @@
+//! A matmul FLOP model of prefill, full depth against SPEED.
+//!
+//! One multiply-add is 2 FLOPs. With width `d`, `H` query heads, `H_kv` KV
+//! heads, head width `h`, MLP width `I`:
+//!
+//! - projections per token per layer:
+//!   `W = 2·d·(H·h) [q] + 2·2·d·(H_kv·h) [k, v] + 2·(H·h)·d [o] + 3·2·d·I [gated MLP]`;
+//! - attention per query per layer that sees `n` keys: `2·2·H·h·n` (scores and
+//!   the weighted sum of values); a causal query at position `i` sees `i + 1`;
+//! - the LM head once, for the last prompt token: `2·d·V`.
+//!
+//! The prompt splits into `A` anchors, `P` prefill tokens and `D` decode-phase
+//! prompt tokens (`D >= 1`: the last prompt token starts the decode phase for a
+//! raw prompt). With `N = A + P + D`:
+//!
+//! - full: `L · (N·W + 2·H·h·N·(N + 1)) + 2·d·V`;
+//! - SPEED at `L_cut`: the lower `L_cut` layers as full; each upper layer runs
+//!   only the `A + D` anchor and decode-phase tokens, `(A + D)·W` plus attention
+//!   `2·2·H·h·(A(A + 1)/2 + D·A + D(D + 1)/2)` (anchors see earlier anchors,
+//!   decode-phase tokens see the anchors and earlier decode-phase tokens).
+//!
+//! Norms, RoPE, softmax and embeddings are left out (linear in `N`, small).
+
+use lcut_trace::ModelIdentity;
+
+/// The model dimensions the FLOP model needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlopShape {
+    /// Number of layers L.
+    pub num_layers: usize,
+    /// Residual width d.
+    pub hidden_size: usize,
+    /// Query heads H.
+    pub num_heads: usize,
+    /// Key/value heads.
+    pub num_kv_heads: usize,
+    /// Head width.
+    pub head_dim: usize,
+    /// MLP width I (gated MLP: three d × I matrices).
+    pub intermediate_size: usize,
+    /// Vocabulary size V.
+    pub vocab_size: usize,
+}
+
+impl From<&ModelIdentity> for FlopShape {
+    fn from(m: &ModelIdentity) -> Self {
+        Self {
+            num_layers: m.num_layers,
+            hidden_size: m.hidden_size,
+            num_heads: m.num_heads,
+            num_kv_heads: m.num_kv_heads,
+            head_dim: m.head_dim,
+            intermediate_size: m.intermediate_size,
+            vocab_size: m.vocab_size,
+        }
+    }
+}
+
+/// The prompt's tokens by phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PromptSplit {
+    /// Anchor tokens A (kept at every layer).
+    pub anchors: usize,
+    /// Prefill tokens P (only the lower `L_cut` layers under SPEED).
+    pub prefill: usize,
+    /// Decode-phase prompt tokens D (every layer).
+    pub decode: usize,
+}
+
+impl PromptSplit {
+    /// A raw prompt of `prompt_len` tokens: `anchors` anchors, the last token
+    /// decode-phase, the rest prefill.
+    pub fn raw(prompt_len: usize, anchors: usize) -> Self {
+        let decode = usize::from(prompt_len > anchors);
+        Self {
+            anchors: anchors.min(prompt_len),
+            prefill: prompt_len.saturating_sub(anchors + decode),
+            decode,
+        }
+    }
+}
+
+impl FlopShape {
+    /// Projection and MLP FLOPs of one token through one layer (`W` above).
+    pub fn token_layer_flops(&self) -> f64 {
+        let (d, q, kv, i) = (
+            self.hidden_size as f64,
+            (self.num_heads * self.head_dim) as f64,
+            (self.num_kv_heads * self.head_dim) as f64,
+            self.intermediate_size as f64,
+        );
+        2.0 * d * q + 4.0 * d * kv + 2.0 * q * d + 6.0 * d * i
+    }
+
+    fn attention(&self, key_visits: f64) -> f64 {
+        4.0 * (self.num_heads * self.head_dim) as f64 * key_visits
+    }
+}
+
+/// Prefill FLOPs of a prompt under SPEED at `l_cut` (`l_cut >= L` is the full
+/// model); see the module doc for the formula.
+pub fn prefill_flops(shape: &FlopShape, l_cut: usize, split: PromptSplit) -> f64 {
+    let l = shape.num_layers;
+    let cut = l_cut.min(l) as f64;
+    let upper = (l - l_cut.min(l)) as f64;
+    let (a, p, d) = (
+        split.anchors as f64,
+        split.prefill as f64,
+        split.decode as f64,
+    );
+    let n = a + p + d;
+    let w = shape.token_layer_flops();
+    let full_layer = n * w + shape.attention(n * (n + 1.0) / 2.0);
+    let upper_layer =
+        (a + d) * w + shape.attention(a * (a + 1.0) / 2.0 + d * a + d * (d + 1.0) / 2.0);
+    let lm_head = 2.0 * shape.hidden_size as f64 * shape.vocab_size as f64;
+    cut * full_layer + upper * upper_layer + lm_head
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny() -> FlopShape {
+        FlopShape {
+            num_layers: 4,
+            hidden_size: 8,
+            num_heads: 2,
+            num_kv_heads: 1,
+            head_dim: 4,
+            intermediate_size: 16,
+            vocab_size: 10,
+        }
+    }
+
+    #[test]
+    fn hand_counted_full_prefill() {
+        let s = tiny();
+        // W = 2·8·8 + 4·8·4 + 2·8·8 + 6·8·16 = 128 + 128 + 128 + 768 = 1152
+        assert_eq!(s.token_layer_flops(), 1152.0);
+        // 3 tokens: 3·W + 4·8·(1+2+3) = 3456 + 192 per layer; 4 layers; head 160
+        let split = PromptSplit {
+            anchors: 1,
+            prefill: 1,
+            decode: 1,
+        };
+        assert_eq!(prefill_flops(&s, 4, split), 4.0 * (3456.0 + 192.0) + 160.0);
+    }
+
+    #[test]
+    fn speed_upper_layers_skip_prefill_tokens() {
+        let s = tiny();
+        let split = PromptSplit {
+            anchors: 1,
+            prefill: 1,
+            decode: 1,
+        };
+        // Upper layer: tokens A + D = 2 → 2·W; keys: anchor sees 1, decode token sees 1 + 1.
+        let upper = 2.0 * 1152.0 + 4.0 * 8.0 * 3.0;
+        let lower = 3456.0 + 192.0;
+        assert_eq!(prefill_flops(&s, 1, split), lower + 3.0 * upper + 160.0);
+    }
+
+    #[test]
+    fn ratio_falls_with_the_cut_and_approaches_cut_over_depth() {
+        let s = FlopShape {
+            num_layers: 32,
+            hidden_size: 4096,
+            num_heads: 32,
+            num_kv_heads: 8,
+            head_dim: 128,
+            intermediate_size: 14336,
+            vocab_size: 128_256,
+        };
+        let split = PromptSplit::raw(131_072, 1);
+        let full = prefill_flops(&s, 32, split);
+        let mut last = full;
+        for cut in (1..32).rev() {
+            let f = prefill_flops(&s, cut, split);
+            assert!(f < last, "cut {cut}");
+            last = f;
+        }
+        let ratio = prefill_flops(&s, 24, split) / full;
+        assert!((ratio - 0.75).abs() < 0.01, "{ratio}");
+        assert_eq!(prefill_flops(&s, 40, split), full);
+    }
+
+    #[test]
+    fn raw_split_counts_every_token_once() {
+        let p = PromptSplit::raw(10, 1);
+        assert_eq!((p.anchors, p.prefill, p.decode), (1, 8, 1));
+        let p = PromptSplit::raw(1, 1);
+        assert_eq!((p.anchors, p.prefill, p.decode), (1, 0, 0));
+    }
+}

@@ -1,0 +1,35 @@
+//! Layer-wise diagnostics of decoder-only LMs for SPEED (Shallow Prefill,
+//! Deep Decode), on traces recorded by the engine:
+//!
+//! - [`phase_masses`] and [`prefill_entropy`] of one attention row;
+//! - [`curvature`] and the streaming [`CurvatureAccumulator`];
+//! - [`aggregate`] traces into per-layer curves, and [`tail_mass`];
+//! - [`recommend`] an L_cut from three signals' votes;
+//! - the sweep's [`knee`], and the prefill [`prefill_flops`] model;
+//! - [`build_report`] from traces and [`merge`] shard reports.
+//!
+//! Pure Rust on ndarray; no candle.
+
+// Tests unwrap freely; the library itself is still linted (clippy builds both).
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
+mod aggregate;
+mod curvature;
+mod error;
+mod flops;
+mod knee;
+mod masses;
+mod merge;
+mod recommend;
+pub mod synthetic;
+mod tail;
+
+pub use aggregate::aggregate;
+pub use curvature::{CurvatureAccumulator, curvature};
+pub use error::DiagError;
+pub use flops::{FlopShape, PromptSplit, prefill_flops};
+pub use knee::{finish_sweep, knee};
+pub use masses::{PhaseMasses, PrefillEntropy, phase_masses, prefill_entropy};
+pub use merge::{build_report, merge};
+pub use recommend::{recommend, vote_curvature_plateau, vote_selective_band, vote_tail_mass};
+pub use tail::tail_mass;

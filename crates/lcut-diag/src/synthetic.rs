@@ -1,0 +1,193 @@
+//! Deterministic synthetic traces and reports, shaped like real ones: prefill
+//! mass falling with depth, entropy rising, curvature settling. For tests, docs
+//! and the viewer's demo mode; not measurements of any model.
+
+use lcut_trace::{
+    ModelIdentity, PromptTrace, Report, RunSettings, SweepPoint, Thresholds, TraceHeader, bin_sums,
+    hash_bytes,
+};
+
+use crate::error::DiagError;
+use crate::flops::{FlopShape, PromptSplit, prefill_flops};
+use crate::knee::finish_sweep;
+use crate::merge::build_report;
+
+/// A small model identity with `num_layers` layers and `num_heads` heads.
+pub fn synthetic_model(num_layers: usize, num_heads: usize) -> ModelIdentity {
+    ModelIdentity {
+        path: "synthetic".into(),
+        config_hash: hash_bytes(format!("synthetic {num_layers} {num_heads}").as_bytes()),
+        arch: "llama".into(),
+        dtype: "f32".into(),
+        num_layers,
+        num_heads,
+        num_kv_heads: num_heads.div_ceil(2),
+        head_dim: 16,
+        hidden_size: 16 * num_heads,
+        intermediate_size: 48 * num_heads,
+        vocab_size: 1000,
+    }
+}
+
+/// Default-looking run settings (8 new tokens, 16 prompt bins, default thresholds).
+pub fn synthetic_settings() -> RunSettings {
+    RunSettings {
+        max_new_tokens: 8,
+        prompts_file: Some("prompts.jsonl".into()),
+        shard: None,
+        thresholds: Thresholds::default(),
+        chat_template_used: true,
+        max_prompt_bins: 16,
+    }
+}
+
+/// A valid trace for prompt `index` with the given sizes (`prompt_len >= 3`
+/// is raised to 3). BoS is the only anchor; the last prompt token starts the
+/// decode phase. Generated-span curvature is NaN below three steps, as a real
+/// run's would be.
+pub fn synthetic_trace(
+    index: usize,
+    num_layers: usize,
+    num_heads: usize,
+    num_steps: usize,
+    prompt_len: usize,
+) -> PromptTrace {
+    let prompt_len = prompt_len.max(3);
+    let s = prompt_len - 1;
+    let header = TraceHeader {
+        index,
+        id: format!("prompt-{index}"),
+        prompt_tokens: (0..prompt_len).map(|j| format!("t{j}")).collect(),
+        prompt_len,
+        decode_start: s,
+        anchor_len: 1,
+    };
+    let mut tr = PromptTrace::zeroed(header, num_layers, num_heads, num_steps, 16);
+    tr.generated = (0..num_steps).map(|k| format!("g{k}")).collect();
+    tr.generated_ids = (0..num_steps as u32).collect();
+    let n_prefill = tr.prefill_len();
+    let depth = |l: usize| l as f32 / (num_layers.max(2) - 1) as f32;
+    for l in 0..num_layers {
+        let x = depth(l);
+        for k in 0..num_steps {
+            for h in 0..num_heads {
+                let wiggle = ((index + 3 * k + 7 * h + l) as f32).sin();
+                let p = (0.5 * (-4.0 * x).exp() * (1.0 + 0.2 * wiggle)).clamp(0.0, 0.9);
+                let rest = 1.0 - p;
+                let (bos, decode, own) = if k == 0 {
+                    (0.85 * rest, 0.0, 0.15 * rest)
+                } else {
+                    (0.6 * rest, 0.25 * rest, 0.15 * rest)
+                };
+                let idx = [l, k, h];
+                tr.prefill.view_mut()[idx] = p;
+                tr.bos.view_mut()[idx] = bos;
+                tr.decode.view_mut()[idx] = decode;
+                tr.self_mass.view_mut()[idx] = own;
+                let e = (0.3 + 0.6 * x + 0.05 * wiggle).clamp(0.0, 1.0);
+                tr.prefill_entropy.view_mut()[idx] = e * (n_prefill as f32).ln();
+            }
+        }
+        let mean = |t: &lcut_trace::Tensor3| {
+            let v = t.view();
+            let lane = v.index_axis(ndarray::Axis(0), l);
+            if lane.is_empty() {
+                0.0
+            } else {
+                lane.sum() / lane.len() as f32
+            }
+        };
+        let mut per_pos = vec![0.0f32; prompt_len];
+        per_pos[0] = mean(&tr.bos);
+        for v in &mut per_pos[1..s] {
+            *v = mean(&tr.prefill) / n_prefill as f32;
+        }
+        per_pos[s] = mean(&tr.decode) + mean(&tr.self_mass);
+        let binned = bin_sums(&per_pos, &tr.bin_edges);
+        tr.prompt_attention
+            .view_mut()
+            .row_mut(l)
+            .assign(&ndarray::Array1::from(binned));
+    }
+    for i in 0..=num_layers {
+        let y = 6.0 * i as f32 / num_layers.max(1) as f32;
+        tr.curvature_prompt[i] = 1.6 - 0.5 * (1.0 - (-y).exp()) + 0.002 * (index as f32).sin();
+        tr.curvature_generated[i] = if num_steps >= 3 {
+            1.4 - 0.3 * (1.0 - (-y).exp())
+        } else {
+            f32::NAN
+        };
+    }
+    tr
+}
+
+/// A complete report over `num_prompts` synthetic prompts, with a synthetic
+/// sweep over every cut (anchors `bos` and `none`) when `with_sweep`.
+pub fn synthetic_report(
+    num_prompts: usize,
+    num_layers: usize,
+    num_heads: usize,
+    with_sweep: bool,
+) -> Result<Report, DiagError> {
+    let model = synthetic_model(num_layers, num_heads);
+    let settings = synthetic_settings();
+    let traces = (0..num_prompts)
+        .map(|i| synthetic_trace(i, num_layers, num_heads, 1 + (i * 5) % 8, 12 + 9 * i))
+        .collect();
+    let sweep = with_sweep.then(|| {
+        let context_len = 4096;
+        let shape = FlopShape::from(&model);
+        let b = 2 * model.num_kv_heads * model.head_dim * 4;
+        let full_flops = prefill_flops(&shape, num_layers, PromptSplit::raw(context_len, 1));
+        let full_kv = (b * num_layers * context_len) as u64;
+        let points = ["bos", "none"]
+            .into_iter()
+            .flat_map(|anchors| (1..=num_layers).map(move |c| (anchors, c)))
+            .map(|(anchors, c)| {
+                let a = usize::from(anchors == "bos");
+                let split = PromptSplit::raw(context_len, a);
+                let x = c as f32 / num_layers as f32;
+                let loss = if a == 1 { 0.6 } else { 0.8 };
+                let kv = (b * (c * split.prefill + num_layers * (a + split.decode))) as u64;
+                let flops = prefill_flops(&shape, c, split);
+                SweepPoint {
+                    l_cut: c,
+                    anchors: anchors.into(),
+                    top1_agreement: 1.0 - loss * (1.0 - x).powi(2),
+                    mean_kl: 2.0 * (1.0 - x).powi(2),
+                    nll: 1.5 + (1.0 - x),
+                    kv_bytes: kv,
+                    kv_ratio: kv as f32 / full_kv as f32,
+                    prefill_flops: flops,
+                    prefill_ratio: (flops / full_flops) as f32,
+                }
+            })
+            .collect();
+        finish_sweep(context_len, points, &settings.thresholds)
+    });
+    build_report("synthetic", model, settings, traces, sweep)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn synthetic_traces_are_valid_and_masses_sum_to_one() {
+        for (l, h, t, p) in [(4, 2, 0, 3), (6, 3, 5, 40), (1, 1, 2, 100)] {
+            let tr = synthetic_trace(2, l, h, t, p);
+            tr.validate("synthetic").unwrap();
+            assert!(tr.mass_totals().iter().all(|x| (x - 1.0).abs() < 1e-5));
+        }
+    }
+
+    #[test]
+    fn synthetic_report_is_valid() {
+        let r = synthetic_report(5, 8, 4, true).unwrap();
+        r.validate("synthetic").unwrap();
+        assert_eq!(r.traces.len(), 5);
+        let sweep = r.sweep.unwrap();
+        assert_eq!(sweep.points.len(), 16);
+        assert!(sweep.knee.is_some());
+    }
+}
