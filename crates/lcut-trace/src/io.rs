@@ -23,8 +23,13 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), TraceError> {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".lcut-tmp-")
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(".lcut-tmp-");
+    // Temporary files are private (0600) by default; the result should get the
+    // usual mode of a new file (0666 less the umask).
+    #[cfg(unix)]
+    builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666));
+    let mut tmp = builder
         .tempfile_in(dir)
         .map_err(|e| io("creating a temporary file next to", e))?;
     tmp.write_all(bytes).map_err(|e| io("writing", e))?;
@@ -117,6 +122,17 @@ mod tests {
         assert_eq!(std::fs::read(&path).unwrap(), b"second");
         let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
         assert_eq!(names.len(), 1);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn written_files_are_not_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.json");
+        write_atomic(&path, b"{}").unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_ne!(mode & 0o044, 0, "group/other can read (mode {mode:o})");
     }
 
     #[test]
