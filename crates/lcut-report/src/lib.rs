@@ -1,0 +1,212 @@
+//! Export of lcut reports: one self-contained HTML file (inline SVG figures,
+//! no external assets), Markdown, CSV of the per-layer curves, and the JSON
+//! report itself. Every file is written atomically (temporary file + rename).
+//!
+//! No candle, no plotting library: the SVG is written by hand.
+
+// Tests unwrap freely; the library itself is still linted (clippy builds both).
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
+mod csv;
+mod error;
+mod figures;
+mod heatmap;
+mod html;
+mod lines;
+mod markdown;
+mod svg;
+mod tables;
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use lcut_trace::{Report, write_atomic};
+
+pub use csv::{COLUMNS as CSV_COLUMNS, render_csv};
+pub use error::ReportError;
+pub use figures::{Figure, default_prompt, figures};
+pub use heatmap::Heatmap;
+pub use html::{HtmlOptions, render_html};
+pub use lines::{Line, LineChart};
+pub use markdown::render_markdown;
+
+/// An export format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Format {
+    /// One self-contained HTML file with inline SVG figures.
+    Html,
+    /// Markdown tables and the recommendation.
+    Md,
+    /// Per-layer curves, one row per layer.
+    Csv,
+    /// The [`Report`] itself.
+    Json,
+}
+
+impl Format {
+    /// Every format.
+    pub const ALL: [Format; 4] = [Format::Html, Format::Md, Format::Csv, Format::Json];
+
+    /// The file extension (also the name accepted by [`FromStr`]).
+    pub fn extension(self) -> &'static str {
+        match self {
+            Format::Html => "html",
+            Format::Md => "md",
+            Format::Csv => "csv",
+            Format::Json => "json",
+        }
+    }
+}
+
+impl FromStr for Format {
+    type Err = ReportError;
+    fn from_str(s: &str) -> Result<Self, ReportError> {
+        match s.to_ascii_lowercase().as_str() {
+            "html" => Ok(Format::Html),
+            "md" | "markdown" => Ok(Format::Md),
+            "csv" => Ok(Format::Csv),
+            "json" => Ok(Format::Json),
+            _ => Err(ReportError::UnknownFormat(s.to_string())),
+        }
+    }
+}
+
+impl std::fmt::Display for Format {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.extension())
+    }
+}
+
+/// The report in `format` as text (HTML with default [`HtmlOptions`]; JSON compact).
+pub fn render(report: &Report, format: Format) -> Result<String, ReportError> {
+    Ok(match format {
+        Format::Html => render_html(report, &HtmlOptions::default()),
+        Format::Md => render_markdown(report),
+        Format::Csv => render_csv(report),
+        Format::Json => serde_json::to_string(report)?,
+    })
+}
+
+/// Writes `dir/report.{html,md,csv,json}` atomically, creating `dir` if needed,
+/// and returns the file's path.
+pub fn write_report(report: &Report, dir: &Path, format: Format) -> Result<PathBuf, ReportError> {
+    std::fs::create_dir_all(dir).map_err(|source| ReportError::CreateDir {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let path = dir.join(format!("report.{}", format.extension()));
+    let text = render(report, format)?;
+    write_atomic(&path, text.as_bytes())?;
+    Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lcut_diag::synthetic::synthetic_report;
+
+    fn report() -> Report {
+        synthetic_report(4, 6, 3, true).unwrap()
+    }
+
+    #[test]
+    fn every_format_writes_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = report();
+        for f in Format::ALL {
+            let path = write_report(&r, &dir.path().join("out"), f).unwrap();
+            assert_eq!(
+                path.file_name().unwrap().to_str().unwrap(),
+                format!("report.{f}")
+            );
+            let text = std::fs::read_to_string(&path).unwrap();
+            assert!(text.len() > 200, "{f}: {} bytes", text.len());
+        }
+        let names = std::fs::read_dir(dir.path().join("out")).unwrap().count();
+        assert_eq!(names, 4, "no temporary files left behind");
+    }
+
+    #[test]
+    fn json_loads_back_equal() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = report();
+        assert!(
+            r.traces
+                .iter()
+                .any(|t| t.curvature_generated.iter().any(|c| c.is_nan())),
+            "the synthetic report exercises NaN"
+        );
+        let path = write_report(&r, dir.path(), Format::Json).unwrap();
+        let back = lcut_trace::read_report_json(&path).unwrap();
+        assert_eq!(back, r);
+    }
+
+    #[test]
+    fn html_has_one_svg_per_figure_and_no_external_references() {
+        let r = report();
+        let html = render(&r, Format::Html).unwrap();
+        let n_fig = figures(&r, None).len();
+        assert_eq!(n_fig, 9, "8 figures plus the sweep");
+        assert_eq!(html.matches("<figure>").count(), n_fig);
+        assert_eq!(html.matches("<svg").count(), n_fig);
+        assert_eq!(html.matches("</svg>").count(), n_fig);
+        assert!(!html.contains("http://") && !html.contains("https://"));
+        assert!(!html.contains("<script") && !html.contains(" src=") && !html.contains("<link"));
+        assert!(html.contains(&format!(
+            "Recommended L_cut = <b>{}</b>",
+            r.recommendation.l_cut
+        )));
+        assert!(html.contains("Quality against KV cost"));
+
+        let mut no_sweep = r.clone();
+        no_sweep.sweep = None;
+        let html = render(&no_sweep, Format::Html).unwrap();
+        assert_eq!(html.matches("<svg").count(), n_fig - 1);
+    }
+
+    #[test]
+    fn html_escapes_user_text() {
+        let mut r = report();
+        r.model.path = "<script>alert(1)</script>".into();
+        r.traces[0].id = "a&b".into();
+        let html = render_html(&r, &HtmlOptions { prompt: Some(0) });
+        assert!(!html.contains("<script>"));
+        assert!(html.contains("&lt;script&gt;") && html.contains("a&amp;b"));
+    }
+
+    #[test]
+    fn csv_has_one_row_per_layer() {
+        let r = report();
+        let csv = render(&r, Format::Csv).unwrap();
+        let lines: Vec<&str> = csv.lines().collect();
+        assert_eq!(lines.len(), 1 + r.model.num_layers);
+        assert_eq!(lines[0], CSV_COLUMNS.join(","));
+        assert!(
+            lines
+                .iter()
+                .all(|l| l.split(',').count() == CSV_COLUMNS.len())
+        );
+        let prefill0: f32 = lines[1].split(',').nth(3).unwrap().parse().unwrap();
+        assert_eq!(prefill0, r.curves.prefill[0]);
+    }
+
+    #[test]
+    fn markdown_has_the_recommendation_and_tables() {
+        let r = report();
+        let md = render(&r, Format::Md).unwrap();
+        assert!(md.contains(&format!(
+            "Recommended L_cut = {} of 6",
+            r.recommendation.l_cut
+        )));
+        assert!(md.contains("| layer | BoS |"));
+        assert!(md.contains("## Sweep at 4096 tokens"));
+    }
+
+    #[test]
+    fn formats_parse_by_name() {
+        assert_eq!("HTML".parse::<Format>().unwrap(), Format::Html);
+        assert_eq!("markdown".parse::<Format>().unwrap(), Format::Md);
+        let err = "pdf".parse::<Format>().unwrap_err().to_string();
+        assert!(err.contains("pdf") && err.contains("html"), "{err}");
+    }
+}

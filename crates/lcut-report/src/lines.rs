@@ -1,0 +1,268 @@
+//! Line charts as SVG, with reference lines, point labels and a legend.
+
+use std::fmt::Write;
+
+use crate::svg::{MARKER, PALETTE, escape, open, tick_label, ticks};
+
+/// One named series of `(x, y)` points; non-finite points break the line.
+pub struct Line {
+    /// Legend name.
+    pub name: String,
+    /// The points.
+    pub points: Vec<(f64, f64)>,
+}
+
+/// A line chart.
+#[derive(Default)]
+pub struct LineChart {
+    /// Figure title.
+    pub title: String,
+    /// X axis label.
+    pub x_label: String,
+    /// Y axis label.
+    pub y_label: String,
+    /// The series.
+    pub lines: Vec<Line>,
+    /// Vertical marker lines `(x, label)` (for example the recommended L_cut).
+    pub vlines: Vec<(f64, String)>,
+    /// Horizontal reference lines `(y, label)` (for example a threshold).
+    pub hlines: Vec<(f64, String)>,
+    /// Draw a dot with a hover title at every point.
+    pub dots: bool,
+    /// Text labels at points `(x, y, text)`.
+    pub labels: Vec<(f64, f64, String)>,
+    /// Label only whole numbers on the x axis (layers, cuts).
+    pub integer_x: bool,
+}
+
+const W: f64 = 560.0;
+const H: f64 = 260.0;
+const LEFT: f64 = 60.0;
+const TOP: f64 = 28.0;
+const BOTTOM: f64 = 42.0;
+const LEGEND: f64 = 170.0;
+/// A white outline behind marker labels, so lines do not cross them.
+const HALO: &str = "paint-order=\"stroke\" stroke=\"#fff\" stroke-width=\"3\"";
+
+fn range(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
+    let (lo, hi) = values
+        .filter(|v| v.is_finite())
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| {
+            (a.min(v), b.max(v))
+        });
+    if lo > hi {
+        return None;
+    }
+    let pad = if hi > lo { 0.05 * (hi - lo) } else { 0.5 };
+    Some((lo - pad, hi + pad))
+}
+
+impl LineChart {
+    /// The figure as one `<svg>` element.
+    pub fn to_svg(&self) -> String {
+        let mut s = open(LEFT + W + LEGEND, TOP + H + BOTTOM, &self.title);
+        let xs = self.lines.iter().flat_map(|l| l.points.iter().map(|p| p.0));
+        let ys = self.lines.iter().flat_map(|l| l.points.iter().map(|p| p.1));
+        let finite_pt = |p: &&(f64, f64)| p.0.is_finite() && p.1.is_finite();
+        let has_data = self
+            .lines
+            .iter()
+            .any(|l| l.points.iter().any(|p| finite_pt(&p)));
+        let x_range = range(xs.chain(self.vlines.iter().map(|v| v.0)));
+        let y_range = range(ys.chain(self.hlines.iter().map(|h| h.0)));
+        let (Some((x0, x1)), Some((y0, y1)), true) = (x_range, y_range, has_data) else {
+            let _ = write!(
+                s,
+                "<text x=\"{LEFT}\" y=\"{}\">no data</text></svg>",
+                TOP + 20.0
+            );
+            return s;
+        };
+        let px = |x: f64| LEFT + (x - x0) / (x1 - x0) * W;
+        let py = |y: f64| TOP + H - (y - y0) / (y1 - y0) * H;
+        let _ = write!(
+            s,
+            "<rect x=\"{LEFT}\" y=\"{TOP}\" width=\"{W}\" height=\"{H}\" fill=\"none\" stroke=\"#999\"/>"
+        );
+        let x_ticks = ticks(x0, x1, 8)
+            .into_iter()
+            .filter(|t| !self.integer_x || t.fract() == 0.0);
+        for t in x_ticks {
+            let _ = write!(
+                s,
+                "<line x1=\"{x:.2}\" x2=\"{x:.2}\" y1=\"{TOP}\" y2=\"{b}\" stroke=\"#eee\"/>\
+                 <text x=\"{x:.2}\" y=\"{ty}\" text-anchor=\"middle\">{}</text>",
+                tick_label(t),
+                x = px(t),
+                b = TOP + H,
+                ty = TOP + H + 13.0
+            );
+        }
+        for t in ticks(y0, y1, 6) {
+            let _ = write!(
+                s,
+                "<line x1=\"{LEFT}\" x2=\"{r}\" y1=\"{y:.2}\" y2=\"{y:.2}\" stroke=\"#eee\"/>\
+                 <text x=\"{tx}\" y=\"{ly:.2}\" text-anchor=\"end\">{}</text>",
+                tick_label(t),
+                r = LEFT + W,
+                y = py(t),
+                tx = LEFT - 4.0,
+                ly = py(t) + 4.0
+            );
+        }
+        for (y, label) in &self.hlines {
+            let _ = write!(
+                s,
+                "<line x1=\"{LEFT}\" x2=\"{r}\" y1=\"{yy:.2}\" y2=\"{yy:.2}\" stroke=\"#666\" \
+                 stroke-dasharray=\"2,3\"/><text x=\"{tx}\" y=\"{ly:.2}\" text-anchor=\"end\" fill=\"#444\" {HALO}>{}</text>",
+                escape(label),
+                r = LEFT + W,
+                yy = py(*y),
+                tx = LEFT + W - 4.0,
+                ly = py(*y) - 3.0
+            );
+        }
+        for (i, line) in self.lines.iter().enumerate() {
+            let colour = PALETTE[i % PALETTE.len()];
+            let mut d = String::new();
+            let mut pen_down = false;
+            for &(x, y) in &line.points {
+                if x.is_finite() && y.is_finite() {
+                    let _ = write!(
+                        d,
+                        "{}{:.2} {:.2} ",
+                        if pen_down { "L" } else { "M" },
+                        px(x),
+                        py(y)
+                    );
+                    pen_down = true;
+                } else {
+                    pen_down = false;
+                }
+            }
+            let _ = write!(
+                s,
+                "<path d=\"{}\" fill=\"none\" stroke=\"{colour}\" stroke-width=\"1.8\"/>",
+                d.trim_end()
+            );
+            if self.dots {
+                for &(x, y) in line.points.iter().filter(|p| finite_pt(p)) {
+                    let _ = write!(
+                        s,
+                        "<circle cx=\"{:.2}\" cy=\"{:.2}\" r=\"3\" fill=\"{colour}\"><title>{}: ({}, {})</title></circle>",
+                        px(x),
+                        py(y),
+                        escape(&line.name),
+                        tick_label(x),
+                        tick_label(y)
+                    );
+                }
+            }
+            let ly = TOP + 10.0 + 16.0 * i as f64;
+            let lx = LEFT + W + 12.0;
+            let _ = write!(
+                s,
+                "<line x1=\"{lx}\" x2=\"{}\" y1=\"{ly}\" y2=\"{ly}\" stroke=\"{colour}\" stroke-width=\"3\"/>\
+                 <text x=\"{}\" y=\"{}\">{}</text>",
+                lx + 18.0,
+                lx + 24.0,
+                ly + 4.0,
+                escape(&line.name)
+            );
+        }
+        for (x, y, text) in &self.labels {
+            if x.is_finite() && y.is_finite() {
+                let _ = write!(
+                    s,
+                    "<text x=\"{:.2}\" y=\"{:.2}\" font-size=\"9\" fill=\"#333\">{}</text>",
+                    px(*x) + 4.0,
+                    py(*y) - 4.0,
+                    escape(text)
+                );
+            }
+        }
+        for (i, (x, label)) in self.vlines.iter().enumerate() {
+            let _ = write!(
+                s,
+                "<line x1=\"{xx:.2}\" x2=\"{xx:.2}\" y1=\"{TOP}\" y2=\"{b}\" stroke=\"{MARKER}\" \
+                 stroke-width=\"2\" stroke-dasharray=\"5,3\"/>\
+                 <text x=\"{tx:.2}\" y=\"{ty}\" fill=\"{MARKER}\" {HALO}>{}</text>",
+                escape(label),
+                xx = px(*x),
+                b = TOP + H,
+                tx = px(*x) + 4.0,
+                ty = TOP + H - 6.0 - 13.0 * i as f64
+            );
+        }
+        let _ = write!(
+            s,
+            "<text x=\"{:.2}\" y=\"{}\" text-anchor=\"middle\">{}</text>\
+             <text transform=\"translate(14 {:.2}) rotate(-90)\" text-anchor=\"middle\">{}</text></svg>",
+            LEFT + W / 2.0,
+            TOP + H + 32.0,
+            escape(&self.x_label),
+            TOP + H / 2.0,
+            escape(&self.y_label)
+        );
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nan_breaks_the_line_into_two_subpaths() {
+        let chart = LineChart {
+            title: "t".into(),
+            lines: vec![Line {
+                name: "a".into(),
+                points: vec![
+                    (0.0, 1.0),
+                    (1.0, 2.0),
+                    (2.0, f64::NAN),
+                    (3.0, 1.0),
+                    (4.0, 0.0),
+                ],
+            }],
+            vlines: vec![(2.5, "L_cut = 3".into())],
+            hlines: vec![(0.5, "threshold".into())],
+            dots: true,
+            integer_x: true,
+            ..LineChart::default()
+        };
+        let svg = chart.to_svg();
+        // x runs from -0.2 to 4.2: whole-number ticks only
+        for t in ["0", "1", "2", "3", "4"] {
+            assert!(
+                svg.contains(&format!("text-anchor=\"middle\">{t}</text>")),
+                "tick {t}"
+            );
+        }
+        assert!(!svg.contains("\"middle\">0.5</text>") && !svg.contains("\"middle\">2.5</text>"));
+        let path = svg
+            .split("<path d=\"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap();
+        assert_eq!(path.matches('M').count(), 2, "{path}");
+        assert_eq!(path.matches('L').count(), 2, "{path}");
+        assert_eq!(svg.matches("<circle").count(), 4);
+        assert!(svg.contains("L_cut = 3") && svg.contains("threshold"));
+    }
+
+    #[test]
+    fn no_finite_points_says_no_data() {
+        let chart = LineChart {
+            lines: vec![Line {
+                name: "a".into(),
+                points: vec![(0.0, f64::NAN)],
+            }],
+            ..LineChart::default()
+        };
+        assert!(chart.to_svg().contains("no data"));
+    }
+}

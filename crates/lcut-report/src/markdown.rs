@@ -1,0 +1,69 @@
+//! Markdown export: the recommendation and every table (no figures).
+
+use std::fmt::Write;
+
+use lcut_trace::Report;
+
+use crate::svg::num;
+use crate::tables::{Table, layer_table, model_table, prompt_table, sweep_table, votes_table};
+
+fn cell(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('|', "\\|")
+        .replace('\n', " ")
+}
+
+fn table(out: &mut String, t: &Table) {
+    let row = |cells: &[String]| {
+        format!(
+            "| {} |\n",
+            cells
+                .iter()
+                .map(|c| cell(c))
+                .collect::<Vec<_>>()
+                .join(" | ")
+        )
+    };
+    out.push_str(&row(&t.headers));
+    out.push_str(&format!("|{}\n", "---|".repeat(t.headers.len())));
+    for r in &t.rows {
+        out.push_str(&row(r));
+    }
+    out.push('\n');
+}
+
+/// Renders the report as Markdown.
+pub fn render_markdown(r: &Report) -> String {
+    let rec = &r.recommendation;
+    let mut out = format!("# lcut report: {}\n\n", cell(&r.model.path));
+    let _ = writeln!(
+        out,
+        "**Recommended L_cut = {} of {} layers** (SPEED drops {}% of decode-to-prefill attention).\n",
+        rec.l_cut,
+        rec.num_layers,
+        num(100.0 * rec.tail_mass_dropped, 2)
+    );
+    out.push_str("## Recommendation\n\n");
+    for line in rec.explanation.lines() {
+        let _ = writeln!(out, "{line}");
+    }
+    out.push('\n');
+    table(&mut out, &votes_table(r));
+    out.push_str("## Per-layer curves\n\n");
+    table(&mut out, &layer_table(r));
+    if let Some(s) = &r.sweep {
+        let _ = writeln!(
+            out,
+            "## Sweep at {} tokens\n\nKnee: {}.\n",
+            s.context_len,
+            s.knee
+                .map_or_else(|| "none".to_string(), |k| format!("L_cut = {k}"))
+        );
+        table(&mut out, &sweep_table(s));
+    }
+    out.push_str("## Prompts\n\n");
+    table(&mut out, &prompt_table(r));
+    out.push_str("## Model and settings\n\n");
+    table(&mut out, &model_table(r));
+    out
+}

@@ -1,0 +1,242 @@
+//! The report's tables as rows of text, shared by the HTML and Markdown writers.
+
+use lcut_trace::{PromptTrace, Report, Sweep};
+
+use crate::svg::num;
+
+/// A table: header cells and rows of cells.
+pub struct Table {
+    /// Column headers.
+    pub headers: Vec<String>,
+    /// Rows, each as long as `headers`.
+    pub rows: Vec<Vec<String>>,
+}
+
+fn strings<const N: usize>(cells: [&str; N]) -> Vec<String> {
+    cells.iter().map(|s| s.to_string()).collect()
+}
+
+/// Model identity and run settings, one field per row.
+pub fn model_table(r: &Report) -> Table {
+    let m = &r.model;
+    let s = &r.settings;
+    let rows = [
+        ("model path", m.path.clone()),
+        ("architecture", m.arch.clone()),
+        ("dtype", m.dtype.clone()),
+        ("config hash", m.config_hash.clone()),
+        ("layers", m.num_layers.to_string()),
+        (
+            "heads (query / KV)",
+            format!("{} / {}", m.num_heads, m.num_kv_heads),
+        ),
+        (
+            "head dim / hidden",
+            format!("{} / {}", m.head_dim, m.hidden_size),
+        ),
+        ("prompts", r.traces.len().to_string()),
+        (
+            "prompts file",
+            s.prompts_file.clone().unwrap_or_else(|| "–".into()),
+        ),
+        ("max new tokens", s.max_new_tokens.to_string()),
+        ("chat template", s.chat_template_used.to_string()),
+        ("tool version", r.tool_version.clone()),
+        ("schema version", r.schema_version.to_string()),
+    ];
+    Table {
+        headers: strings(["field", "value"]),
+        rows: rows
+            .into_iter()
+            .map(|(k, v)| vec![k.to_string(), v])
+            .collect(),
+    }
+}
+
+/// Each signal's vote and its threshold.
+pub fn votes_table(r: &Report) -> Table {
+    let v = &r.recommendation.votes;
+    let t = &r.settings.thresholds;
+    let vote = |x: Option<usize>| x.map_or_else(|| "no vote".to_string(), |c| c.to_string());
+    Table {
+        headers: strings(["signal", "vote", "threshold"]),
+        rows: vec![
+            vec![
+                "tail mass R(c)".into(),
+                vote(v.tail_mass),
+                format!("R(c) ≤ {}", t.tail_mass_max),
+            ],
+            vec![
+                "selective reading band".into(),
+                vote(v.selective_band),
+                format!("entropy ≤ {}, prefill mass ≥ {}", t.entropy_max, t.mass_min),
+            ],
+            vec![
+                "curvature plateau".into(),
+                vote(v.curvature_plateau),
+                format!("|ΔC| < {} rad", t.plateau_eps),
+            ],
+            vec![
+                "chosen L_cut".into(),
+                r.recommendation.l_cut.to_string(),
+                format!(
+                    "drops {}% of prefill mass",
+                    num(100.0 * r.recommendation.tail_mass_dropped, 2)
+                ),
+            ],
+        ],
+    }
+}
+
+/// The per-layer curves, one row per layer; curvature is that of the layer's output.
+pub fn layer_table(r: &Report) -> Table {
+    let c = &r.curves;
+    let headers = strings([
+        "layer",
+        "BoS",
+        "anchor",
+        "prefill",
+        "decode",
+        "self",
+        "H head-mean",
+        "H weighted",
+        "R(layer)",
+        "C prompt",
+        "C generated",
+    ]);
+    let rows = (0..c.num_layers)
+        .map(|l| {
+            let mut row = vec![l.to_string()];
+            row.extend(
+                [
+                    c.bos[l],
+                    c.anchor[l],
+                    c.prefill[l],
+                    c.decode[l],
+                    c.self_mass[l],
+                    c.entropy_head_mean[l],
+                    c.entropy_weighted[l],
+                    c.tail_mass[l],
+                    c.curvature_prompt[l + 1],
+                    c.curvature_generated[l + 1],
+                ]
+                .iter()
+                .map(|&x| num(x, 4)),
+            );
+            row
+        })
+        .collect();
+    Table { headers, rows }
+}
+
+/// The sweep's points, sorted by anchors and cut.
+pub fn sweep_table(s: &Sweep) -> Table {
+    let mut pts: Vec<_> = s.points.iter().collect();
+    pts.sort_by(|a, b| (&a.anchors, a.l_cut).cmp(&(&b.anchors, b.l_cut)));
+    Table {
+        headers: strings([
+            "anchors",
+            "L_cut",
+            "top-1 agreement",
+            "mean KL",
+            "NLL",
+            "KV ratio",
+            "prefill FLOPs ratio",
+            "KV bytes",
+        ]),
+        rows: pts
+            .iter()
+            .map(|p| {
+                vec![
+                    p.anchors.clone(),
+                    p.l_cut.to_string(),
+                    num(p.top1_agreement, 4),
+                    num(p.mean_kl, 4),
+                    num(p.nll, 4),
+                    num(p.kv_ratio, 4),
+                    num(p.prefill_ratio, 4),
+                    p.kv_bytes.to_string(),
+                ]
+            })
+            .collect(),
+    }
+}
+
+/// Mean prefill mass of one trace over layers, steps and heads.
+pub fn mean_prefill(t: &PromptTrace) -> f32 {
+    let d = t.prefill.data();
+    if d.is_empty() {
+        f32::NAN
+    } else {
+        d.iter().sum::<f32>() / d.len() as f32
+    }
+}
+
+/// Shortens `s` to at most `max` characters, marking the cut with `…`.
+pub fn shorten(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        s.to_string()
+    } else {
+        let mut out: String = s.chars().take(max.saturating_sub(1)).collect();
+        out.push('…');
+        out
+    }
+}
+
+/// One row per prompt.
+pub fn prompt_table(r: &Report) -> Table {
+    Table {
+        headers: strings([
+            "index",
+            "id",
+            "prompt tokens",
+            "decode start",
+            "steps",
+            "mean prefill mass",
+            "generated",
+        ]),
+        rows: r
+            .traces
+            .iter()
+            .map(|t| {
+                vec![
+                    t.index.to_string(),
+                    t.id.clone(),
+                    t.prompt_len.to_string(),
+                    t.decode_start.to_string(),
+                    t.num_steps().to_string(),
+                    num(mean_prefill(t), 4),
+                    shorten(&t.generated.concat(), 60),
+                ]
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shorten_counts_characters() {
+        assert_eq!(shorten("héllo", 10), "héllo");
+        assert_eq!(shorten("héllo wörld", 6), "héllo…");
+    }
+
+    #[test]
+    fn tables_have_rectangular_rows() {
+        let r = lcut_diag::synthetic::synthetic_report(3, 5, 2, true).unwrap();
+        let sweep = r.sweep.as_ref().unwrap();
+        for t in [
+            model_table(&r),
+            votes_table(&r),
+            layer_table(&r),
+            sweep_table(sweep),
+            prompt_table(&r),
+        ] {
+            assert!(t.rows.iter().all(|row| row.len() == t.headers.len()));
+        }
+        assert_eq!(layer_table(&r).rows.len(), 5);
+        assert_eq!(prompt_table(&r).rows.len(), 3);
+    }
+}
