@@ -1,1 +1,49 @@
-fn main() {}
+//! `lcut`: look inside a decoder-only language model layer by layer and
+//! decide how shallow its prompt can be (SPEED: shallow prefill, deep decode).
+
+mod cmd_bench;
+mod cmd_forward;
+mod cmd_generate;
+mod common;
+
+use clap::{Parser, Subcommand};
+
+/// Layer-wise diagnostics and SPEED generation for decoder-only LMs.
+#[derive(Debug, Parser)]
+#[command(name = "lcut", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run one sequence and write logits, residuals and attention to safetensors.
+    Forward(cmd_forward::ForwardArgs),
+    /// Generate under a policy, optionally side by side with another.
+    Generate(cmd_generate::GenerateArgs),
+    /// TTFT, TPOT and KV bytes per policy and prompt length, as ratios to full.
+    Bench(cmd_bench::BenchArgs),
+}
+
+/// candle asks for its thread count on every CPU matmul, and without
+/// `RAYON_NUM_THREADS` that reads /proc/cpuinfo each time (tens of times per
+/// decode step). Fix the count once, before any thread starts.
+#[allow(unsafe_code)]
+fn pin_thread_count() {
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        let n = num_cpus::get_physical().max(1);
+        // SAFETY: called first thing in main, before any other thread exists.
+        unsafe { std::env::set_var("RAYON_NUM_THREADS", n.to_string()) };
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    pin_thread_count();
+    let cli = Cli::parse();
+    match &cli.command {
+        Command::Forward(a) => cmd_forward::run(a),
+        Command::Generate(a) => cmd_generate::run(a),
+        Command::Bench(a) => cmd_bench::run(a),
+    }
+}

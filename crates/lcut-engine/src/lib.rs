@@ -1,1 +1,21 @@
-//! placeholder
+//! The lcut engine: model folders with tokenizer and chat template, prompts
+//! with their decode-phase start, generation under any visibility policy
+//! with timing and KV accounting, and side-by-side runs of two policies.
+
+mod compare;
+mod error;
+mod generate;
+mod prompt;
+mod session;
+mod template;
+mod tokenizer;
+
+pub use compare::{CompareStep, Comparison, compare, kl_divergence};
+pub use error::{EngineError, Result};
+pub use generate::{
+    Generation, GenerationConfig, GenerationOutput, Sampling, Step, StopReason, Timing,
+};
+pub use prompt::PreparedPrompt;
+pub use session::Session;
+pub use template::{ChatTemplate, Message};
+pub use tokenizer::TextTokenizer;

@@ -499,7 +499,7 @@ fn read_sliding_window(
     let per_layer = |l: usize| -> Option<usize> {
         match arch {
             Arch::Mistral | Arch::Phi3 => window,
-            Arch::Gemma2 => window.filter(|_| l % 2 == 0),
+            Arch::Gemma2 => window.filter(|_| l.is_multiple_of(2)),
             Arch::Qwen2 | Arch::Qwen3 => {
                 let used = f
                     .opt_bool("use_sliding_window")

@@ -249,7 +249,7 @@ impl Decoder {
         seq: &mut Sequence,
         tokens: &[u32],
         rows: LogitRows,
-        mut probe: Option<&mut dyn Probe>,
+        mut probe: Option<&mut (dyn Probe + '_)>,
     ) -> Result<ChunkOutput> {
         let n = tokens.len();
         if n == 0 {
@@ -349,7 +349,7 @@ impl Decoder {
         present: &[usize],
         (cos, sin): &(Tensor, Tensor),
         seq: &mut Sequence,
-        probe: &mut Option<&mut dyn Probe>,
+        probe: &mut Option<&mut (dyn Probe + '_)>,
     ) -> Result<Tensor> {
         let x = layer.input_norm.forward(hidden)?;
         let qkv = layer.attn.qkv(&x, &self.rope, cos, sin)?;
@@ -453,7 +453,7 @@ impl Decoder {
     pub fn teacher_forced_logits(
         &self,
         tokens: &[u32],
-        probe: Option<&mut dyn Probe>,
+        probe: Option<&mut (dyn Probe + '_)>,
     ) -> Result<Tensor> {
         let mut seq = self.new_full_sequence();
         let out = self.forward(&mut seq, tokens, LogitRows::All, probe)?;

@@ -9,7 +9,8 @@ use crate::probe::{AttentionView, Probe, ResidualSite};
 
 /// Records every layer's full attention [heads, T, T] and residual stream
 /// [T, hidden] on the host. Meant for short sequences (parity checks,
-/// `lcut forward`): its memory grows with T^2.
+/// `lcut forward`): its memory grows with T^2. With `num_heads == 0` it
+/// records residuals only.
 #[derive(Debug, Clone)]
 pub struct RecordingProbe {
     total_len: usize,
@@ -39,7 +40,7 @@ impl RecordingProbe {
 
 impl Probe for RecordingProbe {
     fn attention_from(&self, _layer: usize) -> Option<usize> {
-        Some(0)
+        (self.num_heads > 0).then_some(0)
     }
 
     fn on_attention(&mut self, view: AttentionView<'_>) -> Result<()> {

@@ -1,0 +1,402 @@
+//! `lcut bench`: TTFT, TPOT and KV bytes per policy and prompt length as
+//! ratios against the full model measured in the same run; and, with
+//! `--vs-candle`, plain decode speed against candle-transformers' Llama.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use candle_core::{DType, Device, Tensor};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use lcut_engine::{Generation, GenerationConfig, PreparedPrompt};
+use lcut_model::probes::PhaseMassProbe;
+use lcut_model::synth::RandomLlama;
+use lcut_model::{Decoder, LogitRows, argmax_rows};
+use lcut_policy::{PolicySpec, TokenPhases};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use serde::Serialize;
+
+use crate::common::{parse_device, parse_dtype, parse_len, write_atomic};
+
+/// Arguments of `lcut bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Model folder; a random-weight Llama of the shape below by default.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Policies to compare, comma-separated; `full` is always measured too.
+    #[arg(long, default_value = "full,speed:3/4+bos")]
+    policies: String,
+    /// Prompt lengths, comma-separated (256, 1k, 4k, ...).
+    #[arg(long, default_value = "256,1k,2k")]
+    prompt_lengths: String,
+    /// New tokens per run.
+    #[arg(long, default_value_t = 32)]
+    new_tokens: usize,
+    /// Runs per (policy, length); the median is reported.
+    #[arg(long, default_value_t = 1)]
+    repeats: usize,
+    /// Prompt tokens per prefill chunk.
+    #[arg(long, default_value_t = 512)]
+    prefill_chunk: usize,
+    /// Random model: layers.
+    #[arg(long, default_value_t = 12)]
+    layers: usize,
+    /// Random model: hidden size.
+    #[arg(long, default_value_t = 512)]
+    hidden: usize,
+    /// Random model: query heads.
+    #[arg(long, default_value_t = 8)]
+    heads: usize,
+    /// Random model: key/value heads.
+    #[arg(long, default_value_t = 2)]
+    kv_heads: usize,
+    /// Random model: MLP width.
+    #[arg(long, default_value_t = 1408)]
+    intermediate: usize,
+    /// Random model: vocabulary.
+    #[arg(long, default_value_t = 32000)]
+    vocab: usize,
+    /// dtype: f32, bf16, f16.
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Compare plain decoding with candle-transformers' Llama instead.
+    #[arg(long)]
+    vs_candle: bool,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// One measured (policy, prompt length).
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchRow {
+    /// Policy as written.
+    pub policy: String,
+    /// Prompt tokens.
+    pub prompt_len: usize,
+    /// New tokens.
+    pub new_tokens: usize,
+    /// Time to first token, s (median).
+    pub ttft_s: f64,
+    /// Time per output token, s (median).
+    pub tpot_s: f64,
+    /// K/V bytes held at the end.
+    pub kv_bytes: u64,
+    /// K/V bytes by the cost formula.
+    pub kv_bytes_formula: u64,
+    /// TTFT / TTFT(full) at this length.
+    pub ttft_ratio: f64,
+    /// TPOT / TPOT(full).
+    pub tpot_ratio: f64,
+    /// KV / KV(full).
+    pub kv_ratio: f64,
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(|a, b| a.total_cmp(b));
+    xs[xs.len() / 2]
+}
+
+fn random_prompt(len: usize, vocab: usize, bos: u32, seed: u64) -> Vec<u32> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut ids: Vec<u32> = (0..len)
+        .map(|_| rng.random_range(3..vocab as u32))
+        .collect();
+    ids[0] = bos;
+    ids
+}
+
+fn model_folder(args: &BenchArgs, tmp: &tempfile::TempDir) -> Result<PathBuf> {
+    if let Some(m) = &args.model {
+        return Ok(m.clone());
+    }
+    let shape = RandomLlama {
+        vocab_size: args.vocab,
+        hidden_size: args.hidden,
+        intermediate_size: args.intermediate,
+        num_layers: args.layers,
+        num_heads: args.heads,
+        num_kv_heads: args.kv_heads,
+        max_position_embeddings: 1 << 18,
+        seed: 7,
+    };
+    let dir = tmp.path().join("random-llama");
+    shape.write(&dir)?;
+    eprintln!(
+        "random-weight llama: {} layers, hidden {}, {} heads, {} KV heads, vocab {}",
+        args.layers, args.hidden, args.heads, args.kv_heads, args.vocab
+    );
+    Ok(dir)
+}
+
+/// Run `lcut bench`.
+pub fn run(args: &BenchArgs) -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let folder = model_folder(args, &tmp)?;
+    let dtype = parse_dtype(&args.dtype)?;
+    let device = parse_device(&args.device)?;
+    if args.vs_candle {
+        return vs_candle(args, &folder, dtype, &device);
+    }
+    let model = Decoder::load(&folder, dtype, &device)
+        .with_context(|| format!("loading {}", folder.display()))?;
+    let num_layers = model.config().num_layers;
+    let mut specs: Vec<PolicySpec> = vec![PolicySpec::full()];
+    for p in args.policies.split(',').filter(|p| !p.trim().is_empty()) {
+        let spec: PolicySpec = p.parse()?;
+        if !specs.contains(&spec) {
+            specs.push(spec);
+        }
+    }
+    let policies = specs
+        .iter()
+        .map(|s| s.resolve(num_layers))
+        .collect::<Result<Vec<_>, _>>()?;
+    let lengths = args
+        .prompt_lengths
+        .split(',')
+        .map(parse_len)
+        .collect::<Result<Vec<_>>>()?;
+    let bos = model.config().bos_token_id.unwrap_or(1);
+    let total = (lengths.len() * policies.len() * args.repeats.max(1)) as u64;
+    let bar = ProgressBar::new(total).with_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let mut rows = Vec::new();
+    for &len in &lengths {
+        let ids = random_prompt(len, model.config().vocab_size, bos, len as u64);
+        let prompt = PreparedPrompt::from_ids(ids, None)?;
+        let mut at_len: Vec<BenchRow> = Vec::new();
+        for policy in &policies {
+            let (mut ttft, mut tpot) = (Vec::new(), Vec::new());
+            let mut last = None;
+            for _ in 0..args.repeats.max(1) {
+                bar.set_message(format!("{policy} @ {len}"));
+                let config = GenerationConfig {
+                    max_new_tokens: args.new_tokens,
+                    prefill_chunk: args.prefill_chunk,
+                    ..GenerationConfig::default()
+                };
+                let out =
+                    Generation::new(&model, prompt.clone(), *policy, config)?.run(|_| true)?;
+                ttft.push(out.timing.ttft_s);
+                tpot.push(out.timing.tpot_s);
+                last = Some(out);
+                bar.inc(1);
+            }
+            let out = last.context("no run")?;
+            if out.kv_bytes_held != out.kv_bytes_formula {
+                bail!(
+                    "{policy}: caches hold {} bytes but the cost formula says {}",
+                    out.kv_bytes_held,
+                    out.kv_bytes_formula
+                );
+            }
+            at_len.push(BenchRow {
+                policy: policy.to_string(),
+                prompt_len: len,
+                new_tokens: out.tokens.len(),
+                ttft_s: median(ttft),
+                tpot_s: median(tpot),
+                kv_bytes: out.kv_bytes_held,
+                kv_bytes_formula: out.kv_bytes_formula,
+                ttft_ratio: 1.0,
+                tpot_ratio: 1.0,
+                kv_ratio: 1.0,
+            });
+        }
+        let full = at_len[0].clone();
+        for r in &mut at_len {
+            r.ttft_ratio = r.ttft_s / full.ttft_s;
+            r.tpot_ratio = r.tpot_s / full.tpot_s;
+            r.kv_ratio = r.kv_bytes as f64 / full.kv_bytes as f64;
+        }
+        rows.extend(at_len);
+    }
+    bar.finish_and_clear();
+    println!(
+        "{:<18} {:>7} {:>10} {:>10} {:>12} {:>7} {:>7} {:>7}",
+        "policy", "prompt", "TTFT ms", "TPOT ms", "KV bytes", "TTFT x", "TPOT x", "KV x"
+    );
+    for r in &rows {
+        println!(
+            "{:<18} {:>7} {:>10.1} {:>10.2} {:>12} {:>7.3} {:>7.3} {:>7.3}",
+            r.policy,
+            r.prompt_len,
+            r.ttft_s * 1e3,
+            r.tpot_s * 1e3,
+            r.kv_bytes,
+            r.ttft_ratio,
+            r.tpot_ratio,
+            r.kv_ratio
+        );
+    }
+    if let Some(path) = &args.json {
+        write_atomic(path, serde_json::to_string_pretty(&rows)?.as_bytes())?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// Decode timing of one engine: prefill seconds and decode tokens/s.
+#[derive(Debug, Clone, Copy, Serialize)]
+struct DecodeSpeed {
+    prefill_s: f64,
+    decode_tok_s: f64,
+}
+
+fn time_lcut(
+    model: &Decoder,
+    ids: &[u32],
+    steps: usize,
+    with_probe: bool,
+) -> Result<(DecodeSpeed, Vec<u32>)> {
+    let mut seq = model.new_full_sequence();
+    seq.reserve(ids.len() + steps);
+    let phases = TokenPhases::raw_prompt(ids.len(), 1)?;
+    let mut probe = PhaseMassProbe::new(phases);
+    let t0 = Instant::now();
+    let out = model.forward(&mut seq, ids, LogitRows::Last, None)?;
+    let mut next = argmax_rows(&out.logits.context("logits")?)?[0];
+    let prefill_s = t0.elapsed().as_secs_f64();
+    let mut tokens = vec![next];
+    let t1 = Instant::now();
+    for _ in 1..steps {
+        let p: Option<&mut dyn lcut_model::Probe> =
+            if with_probe { Some(&mut probe) } else { None };
+        let out = model.forward(&mut seq, &[next], LogitRows::Last, p)?;
+        next = argmax_rows(&out.logits.context("logits")?)?[0];
+        tokens.push(next);
+    }
+    let decode_s = t1.elapsed().as_secs_f64();
+    Ok((
+        DecodeSpeed {
+            prefill_s,
+            decode_tok_s: (steps - 1) as f64 / decode_s,
+        },
+        tokens,
+    ))
+}
+
+#[allow(unsafe_code)]
+fn load_candle_llama(
+    folder: &std::path::Path,
+    dtype: DType,
+    device: &Device,
+) -> Result<(
+    candle_transformers::models::llama::Llama,
+    candle_transformers::models::llama::Config,
+)> {
+    use candle_transformers::models::llama::{Llama, LlamaConfig};
+    let cfg: LlamaConfig =
+        serde_json::from_str(&std::fs::read_to_string(folder.join("config.json"))?)?;
+    let cfg = cfg.into_config(false);
+    // SAFETY: the benchmark's own freshly written weights, mapped read-only.
+    let vb = unsafe {
+        candle_nn::VarBuilder::from_mmaped_safetensors(
+            &[folder.join("model.safetensors")],
+            dtype,
+            device,
+        )?
+    };
+    Ok((Llama::load(vb, &cfg)?, cfg))
+}
+
+fn time_candle(
+    folder: &std::path::Path,
+    dtype: DType,
+    device: &Device,
+    ids: &[u32],
+    steps: usize,
+) -> Result<(DecodeSpeed, Vec<u32>)> {
+    use candle_transformers::models::llama::Cache;
+    let (llama, cfg) = load_candle_llama(folder, dtype, device)?;
+    let mut cache = Cache::new(true, dtype, &cfg, device)?;
+    let t0 = Instant::now();
+    let input = Tensor::new(ids, device)?.unsqueeze(0)?;
+    let logits = llama.forward(&input, 0, &mut cache)?;
+    let mut next = argmax_rows(&logits.to_dtype(DType::F32)?)?[0];
+    let prefill_s = t0.elapsed().as_secs_f64();
+    let mut tokens = vec![next];
+    let t1 = Instant::now();
+    for i in 1..steps {
+        let input = Tensor::new(&[next], device)?.unsqueeze(0)?;
+        let logits = llama.forward(&input, ids.len() + i - 1, &mut cache)?;
+        next = argmax_rows(&logits.to_dtype(DType::F32)?)?[0];
+        tokens.push(next);
+    }
+    let decode_s = t1.elapsed().as_secs_f64();
+    Ok((
+        DecodeSpeed {
+            prefill_s,
+            decode_tok_s: (steps - 1) as f64 / decode_s,
+        },
+        tokens,
+    ))
+}
+
+fn vs_candle(
+    args: &BenchArgs,
+    folder: &std::path::Path,
+    dtype: DType,
+    device: &Device,
+) -> Result<()> {
+    let model = Decoder::load(folder, dtype, device)?;
+    let len = args
+        .prompt_lengths
+        .split(',')
+        .next()
+        .map(parse_len)
+        .transpose()?
+        .unwrap_or(256);
+    let ids = random_prompt(len, model.config().vocab_size, 1, 11);
+    let steps = args.new_tokens.max(2);
+    let repeats = args.repeats.max(1);
+    let (mut candle, mut plain, mut probed) = (Vec::new(), Vec::new(), Vec::new());
+    for r in 0..repeats {
+        eprintln!(
+            "round {}/{repeats}: prompt {len}, {steps} decode steps",
+            r + 1
+        );
+        let (c, ct) = time_candle(folder, dtype, device, &ids, steps)?;
+        let (p, pt) = time_lcut(&model, &ids, steps, false)?;
+        let (q, qt) = time_lcut(&model, &ids, steps, true)?;
+        if pt != qt {
+            bail!("the probe changed the tokens: {pt:?} vs {qt:?}");
+        }
+        let agree = ct.iter().zip(&pt).filter(|(a, b)| a == b).count();
+        eprintln!(
+            "  greedy tokens equal to candle-transformers': {agree}/{}",
+            ct.len()
+        );
+        candle.push(c.decode_tok_s);
+        plain.push(p.decode_tok_s);
+        probed.push(q.decode_tok_s);
+    }
+    let (c, p, q) = (median(candle), median(plain), median(probed));
+    println!("decode tokens/s (median of {repeats}):");
+    println!("  candle-transformers llama  {c:>8.1}");
+    println!(
+        "  lcut, probes off           {p:>8.1}   speed ratio vs candle {:.3}",
+        p / c
+    );
+    println!(
+        "  lcut, phase-mass probe on  {q:>8.1}   time ratio vs probes off {:.3}",
+        p / q
+    );
+    if let Some(path) = &args.json {
+        let json = serde_json::json!({
+            "prompt_len": len, "decode_steps": steps, "repeats": repeats,
+            "candle_tok_s": c, "lcut_tok_s": p, "lcut_probe_tok_s": q,
+            "speed_ratio_vs_candle": p / c, "probe_time_ratio": p / q,
+        });
+        write_atomic(path, serde_json::to_string_pretty(&json)?.as_bytes())?;
+    }
+    Ok(())
+}

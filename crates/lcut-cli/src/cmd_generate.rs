@@ -1,0 +1,187 @@
+//! `lcut generate`: stream a generation under a policy, optionally side by
+//! side with a reference policy (per-step agreement and KL).
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use lcut_engine::{
+    Generation, GenerationConfig, GenerationOutput, PreparedPrompt, Sampling, Session, compare,
+};
+use lcut_policy::PolicySpec;
+
+use crate::common::{model_or_bundled, parse_device, parse_dtype, parse_ids, write_atomic};
+
+/// Arguments of `lcut generate`.
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    /// The user prompt (through the chat template when the model has one).
+    prompt: Option<String>,
+    /// Model folder; the bundled model by default.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Policy to generate under.
+    #[arg(long, default_value = "speed:3/4+bos")]
+    policy: String,
+    /// Also run this policy in lockstep and compare (e.g. full).
+    #[arg(long)]
+    compare: Option<String>,
+    /// System message (for `+system` anchors).
+    #[arg(long)]
+    system: Option<String>,
+    /// Do not apply the chat template; the last prompt token starts decoding.
+    #[arg(long)]
+    raw: bool,
+    /// Prompt as token ids instead of text.
+    #[arg(long, conflicts_with = "prompt")]
+    ids: Option<String>,
+    /// Decode start for --ids (default: last token).
+    #[arg(long, requires = "ids")]
+    decode_start: Option<usize>,
+    /// Most new tokens.
+    #[arg(long, default_value_t = 64)]
+    max_new_tokens: usize,
+    /// Sampling temperature; greedy when absent.
+    #[arg(long)]
+    temperature: Option<f64>,
+    /// Top-k sampling.
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Top-p sampling.
+    #[arg(long)]
+    top_p: Option<f64>,
+    /// Sampling seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// dtype: f32, bf16, f16.
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Write the result as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+fn sampling(args: &GenerateArgs) -> Sampling {
+    match args.temperature {
+        Some(t) if t > 0.0 => Sampling::Sample {
+            temperature: t,
+            top_k: args.top_k,
+            top_p: args.top_p,
+            seed: args.seed,
+        },
+        _ => Sampling::Greedy,
+    }
+}
+
+fn summary(label: &str, out: &GenerationOutput) -> String {
+    format!(
+        "{label:<20} TTFT {:>8.1} ms  TPOT {:>7.2} ms  {:>7.1} tok/s  KV {:>10} B ({:.3} of full)",
+        out.timing.ttft_s * 1e3,
+        out.timing.tpot_s * 1e3,
+        out.timing.tokens_per_s,
+        out.kv_bytes_held,
+        out.kv_bytes_held as f64 / out.kv_bytes_full.max(1) as f64
+    )
+}
+
+/// Run `lcut generate`.
+pub fn run(args: &GenerateArgs) -> Result<()> {
+    let folder = model_or_bundled(&args.model);
+    let session = Session::load(
+        &folder,
+        parse_dtype(&args.dtype)?,
+        &parse_device(&args.device)?,
+    )
+    .with_context(|| format!("loading {}", folder.display()))?;
+    let prompt = match (&args.ids, &args.prompt) {
+        (Some(ids), _) => PreparedPrompt::from_ids(parse_ids(ids)?, args.decode_start)?,
+        (None, Some(text)) => session.prepare_text(text, args.system.as_deref(), !args.raw)?,
+        (None, None) => anyhow::bail!("give a prompt: lcut generate \"...\" (or --ids 1,5,9)"),
+    };
+    let layers = session.model.config().num_layers;
+    let policy = args.policy.parse::<PolicySpec>()?.resolve(layers)?;
+    let config = GenerationConfig {
+        max_new_tokens: args.max_new_tokens,
+        sampling: sampling(args),
+        stop_tokens: session.stop_tokens(),
+        ..GenerationConfig::default()
+    };
+    let text = |ids: &[u32]| -> String {
+        match &session.tokenizer {
+            Some(t) => t.decode(ids),
+            None => format!("{ids:?}"),
+        }
+    };
+    let piece = |id: u32| -> String {
+        match &session.tokenizer {
+            Some(t) => t.token_strings(&[id]).remove(0),
+            None => id.to_string(),
+        }
+    };
+    eprintln!(
+        "prompt: {} tokens, decode start {} ({})",
+        prompt.len(),
+        prompt.decode_start,
+        if prompt.chat_template_used {
+            "chat template"
+        } else {
+            "raw"
+        }
+    );
+    let json = if let Some(reference) = &args.compare {
+        let reference = reference.parse::<PolicySpec>()?.resolve(layers)?;
+        println!(
+            "{:>4}  {:<16} {:<16} {:>5} {:>9}",
+            "step",
+            reference.to_string(),
+            policy.to_string(),
+            "same",
+            "KL"
+        );
+        let cmp = compare(&session.model, &prompt, reference, policy, &config, |s| {
+            let show = |t: Option<u32>| t.map(piece).unwrap_or_else(|| "-".into());
+            println!(
+                "{:>4}  {:<16} {:<16} {:>5} {:>9}",
+                s.index,
+                show(s.reference),
+                show(s.other),
+                if s.agree { "yes" } else { "NO" },
+                s.kl.map(|k| format!("{k:.2e}")).unwrap_or_default()
+            );
+            true
+        })?;
+        let agree = cmp.steps.iter().filter(|s| s.agree).count();
+        println!("\n[{reference}] {}", text(&cmp.reference.tokens));
+        println!("[{policy}] {}", text(&cmp.other.tokens));
+        println!("agreement {agree}/{} steps", cmp.steps.len());
+        println!("{}", summary(&reference.to_string(), &cmp.reference));
+        println!("{}", summary(&policy.to_string(), &cmp.other));
+        serde_json::to_value(&cmp)?
+    } else {
+        let generation = Generation::new(&session.model, prompt, policy, config)?;
+        let mut produced = Vec::new();
+        let mut printed = 0;
+        let mut stdout = std::io::stdout();
+        let out = generation.run(|step| {
+            produced.push(step.token);
+            let t = text(&produced);
+            if t.len() > printed && t.is_char_boundary(printed) {
+                let _ = write!(stdout, "{}", &t[printed..]);
+                let _ = stdout.flush();
+                printed = t.len();
+            }
+            true
+        })?;
+        println!();
+        println!("{}", summary(&policy.to_string(), &out));
+        serde_json::to_value(&out)?
+    };
+    if let Some(path) = &args.json {
+        write_atomic(path, serde_json::to_string_pretty(&json)?.as_bytes())?;
+    }
+    Ok(())
+}

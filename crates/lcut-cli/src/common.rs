@@ -1,0 +1,99 @@
+//! Options shared by several subcommands: model folder, dtype, device.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use candle_core::{DType, Device};
+
+/// Folder of the bundled full-depth model, relative to the repository root.
+pub const BUNDLED_MODEL: &str = "fixtures/models/copy-full";
+
+/// Where to find the bundled model: the working directory's copy, or the one
+/// next to the sources this binary was built from.
+pub fn bundled_model() -> PathBuf {
+    let here = PathBuf::from(BUNDLED_MODEL);
+    if here.exists() {
+        return here;
+    }
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(BUNDLED_MODEL)
+}
+
+/// The model folder given, or the bundled one.
+pub fn model_or_bundled(model: &Option<PathBuf>) -> PathBuf {
+    model.clone().unwrap_or_else(bundled_model)
+}
+
+/// Parse `f32`, `bf16` or `f16`.
+pub fn parse_dtype(s: &str) -> Result<DType> {
+    match s.to_ascii_lowercase().as_str() {
+        "f32" | "float32" => Ok(DType::F32),
+        "bf16" | "bfloat16" => Ok(DType::BF16),
+        "f16" | "float16" => Ok(DType::F16),
+        other => bail!("unknown dtype {other:?}: expected f32, bf16 or f16"),
+    }
+}
+
+/// Parse `cpu` or `cuda[:N]`.
+pub fn parse_device(s: &str) -> Result<Device> {
+    match s.split_once(':') {
+        None if s == "cpu" => Ok(Device::Cpu),
+        None if s == "cuda" => Device::new_cuda(0)
+            .context("opening CUDA device 0 (was lcut built with --features cuda?)"),
+        Some(("cuda", n)) => {
+            let n: usize = n.parse().with_context(|| format!("CUDA ordinal {n:?}"))?;
+            Device::new_cuda(n).with_context(|| {
+                format!("opening CUDA device {n} (was lcut built with --features cuda?)")
+            })
+        }
+        _ => bail!("unknown device {s:?}: expected cpu, cuda or cuda:N"),
+    }
+}
+
+/// Parse `1,5,9` into token ids.
+pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
+    s.split(',')
+        .filter(|t| !t.trim().is_empty())
+        .map(|t| {
+            t.trim()
+                .parse::<u32>()
+                .with_context(|| format!("token id {t:?} in --ids is not a non-negative integer"))
+        })
+        .collect()
+}
+
+/// Parse a length such as `256`, `1k`, `4K`, `128k`.
+pub fn parse_len(s: &str) -> Result<usize> {
+    let t = s.trim().to_ascii_lowercase();
+    let (num, mul) = match t.strip_suffix('k') {
+        Some(n) => (n, 1024),
+        None => (t.as_str(), 1),
+    };
+    let n: usize = num
+        .parse()
+        .with_context(|| format!("length {s:?} is not a count like 256, 1k or 128k"))?;
+    Ok(n * mul)
+}
+
+/// Write `bytes` to `path` atomically (temporary file, then rename).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    lcut_model::synth::write_atomic(path, bytes)
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lengths_and_ids_parse() {
+        assert_eq!(parse_len("1k").unwrap(), 1024);
+        assert_eq!(parse_len("256").unwrap(), 256);
+        assert!(parse_len("x").is_err());
+        assert_eq!(parse_ids("1, 5,9").unwrap(), vec![1, 5, 9]);
+        assert!(parse_ids("1,-2").is_err());
+        assert!(parse_dtype("f64").is_err());
+        assert!(parse_device("tpu").is_err());
+    }
+}

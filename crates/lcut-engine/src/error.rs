@@ -1,0 +1,62 @@
+//! Errors of the engine: model, tokenizer, template and prompt problems,
+//! each naming what was wrong and where.
+
+use std::path::PathBuf;
+
+/// Errors raised by sessions and generation.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// Loading or running the model failed.
+    #[error(transparent)]
+    Model(#[from] lcut_model::ModelError),
+    /// The tokenizer files are missing or unreadable.
+    #[error("tokenizer {path}: {reason}")]
+    Tokenizer {
+        /// The file at fault.
+        path: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The chat template does not compile or render.
+    #[error("chat template in {path}: {reason}")]
+    Template {
+        /// The tokenizer_config.json holding the template.
+        path: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The prompt has no tokens.
+    #[error("the prompt is empty: give some text or token ids")]
+    EmptyPrompt,
+    /// Prompt plus the new-token budget does not fit the model.
+    #[error(
+        "the prompt has {prompt_len} tokens and {max_new_tokens} new tokens are asked for, \
+         but the model allows {max_positions} positions (max_position_embeddings)"
+    )]
+    PromptTooLong {
+        /// Tokens in the prompt.
+        prompt_len: usize,
+        /// Budget of new tokens.
+        max_new_tokens: usize,
+        /// The model's limit.
+        max_positions: usize,
+    },
+    /// The text needs a tokenizer, but the model folder has none.
+    #[error("{folder} has no tokenizer.json: pass token ids instead of text")]
+    NoTokenizer {
+        /// The model folder.
+        folder: PathBuf,
+    },
+    /// A policy problem (malformed, cutoff out of range, ...).
+    #[error(transparent)]
+    Policy(#[from] lcut_policy::PolicyError),
+    /// Phases that do not fit the prompt.
+    #[error(transparent)]
+    Phase(#[from] lcut_policy::PhaseError),
+    /// Tensor backend error outside the model (sampling).
+    #[error("tensor backend: {0}")]
+    Candle(#[from] candle_core::Error),
+}
+
+/// Result alias for this crate.
+pub type Result<T> = std::result::Result<T, EngineError>;

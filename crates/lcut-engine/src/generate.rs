@@ -1,0 +1,328 @@
+//! Generation under a visibility policy, one step at a time, with timing and
+//! KV accounting.
+
+use std::time::Instant;
+
+use candle_core::{DType, Tensor};
+use candle_transformers::generation::{LogitsProcessor, Sampling as CandleSampling};
+use lcut_model::{Decoder, LogitRows, Probe, Sequence};
+use lcut_policy::{KvCost, Policy, TokenPhases};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{EngineError, Result};
+use crate::prompt::PreparedPrompt;
+
+/// How the next token is chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum Sampling {
+    /// The most likely token.
+    Greedy,
+    /// Sample at `temperature`, optionally restricted to the top-k and/or top-p.
+    Sample {
+        /// Softmax temperature (> 0).
+        temperature: f64,
+        /// Keep only the k most likely tokens.
+        top_k: Option<usize>,
+        /// Keep the smallest set of tokens whose mass reaches p.
+        top_p: Option<f64>,
+        /// Seed of the sampler.
+        seed: u64,
+    },
+}
+
+impl Sampling {
+    fn processor(&self) -> LogitsProcessor {
+        match *self {
+            Sampling::Greedy => LogitsProcessor::from_sampling(0, CandleSampling::ArgMax),
+            Sampling::Sample {
+                temperature,
+                top_k,
+                top_p,
+                seed,
+            } => {
+                let sampling = match (top_k, top_p) {
+                    (None, None) => CandleSampling::All { temperature },
+                    (Some(k), None) => CandleSampling::TopK { k, temperature },
+                    (None, Some(p)) => CandleSampling::TopP { p, temperature },
+                    (Some(k), Some(p)) => CandleSampling::TopKThenTopP { k, p, temperature },
+                };
+                LogitsProcessor::from_sampling(seed, sampling)
+            }
+        }
+    }
+}
+
+/// Settings of one generation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GenerationConfig {
+    /// Most tokens to produce.
+    pub max_new_tokens: usize,
+    /// Token choice.
+    pub sampling: Sampling,
+    /// Tokens that end the generation (produced, then stop).
+    pub stop_tokens: Vec<u32>,
+    /// Prompt tokens per prefill chunk: bounds the attention scores held at
+    /// once to chunk x context.
+    pub prefill_chunk: usize,
+}
+
+impl Default for GenerationConfig {
+    fn default() -> Self {
+        Self {
+            max_new_tokens: 64,
+            sampling: Sampling::Greedy,
+            stop_tokens: Vec::new(),
+            prefill_chunk: 512,
+        }
+    }
+}
+
+/// Wall-clock figures of one generation.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Timing {
+    /// Time to first token: prefill plus the first sampling, seconds.
+    pub ttft_s: f64,
+    /// Mean time per output token after the first, seconds (0 with one token).
+    pub tpot_s: f64,
+    /// Total time, seconds.
+    pub total_s: f64,
+    /// Output tokens per second over the whole run.
+    pub tokens_per_s: f64,
+}
+
+/// Why a generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StopReason {
+    /// A stop token was produced.
+    StopToken,
+    /// The new-token budget was used up.
+    MaxTokens,
+}
+
+/// One produced token.
+#[derive(Debug, Clone)]
+pub struct Step {
+    /// Index of the output token (0 = first).
+    pub index: usize,
+    /// The token.
+    pub token: u32,
+    /// The logits it was chosen from [vocab], f32.
+    pub logits: Tensor,
+}
+
+/// The result of a finished generation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GenerationOutput {
+    /// The policy, written out.
+    pub policy: String,
+    /// Output tokens (a final stop token included).
+    pub tokens: Vec<u32>,
+    /// Why it ended.
+    pub stop: StopReason,
+    /// Timing.
+    pub timing: Timing,
+    /// K/V bytes the caches hold at the end.
+    pub kv_bytes_held: u64,
+    /// K/V bytes by the cost formula for the same tokens.
+    pub kv_bytes_formula: u64,
+    /// K/V bytes the full model would hold for the same tokens.
+    pub kv_bytes_full: u64,
+}
+
+/// A generation in progress: call [`Generation::step`] until it returns `None`.
+pub struct Generation<'m> {
+    model: &'m Decoder,
+    seq: Sequence,
+    prompt: PreparedPrompt,
+    config: GenerationConfig,
+    sampler: LogitsProcessor,
+    produced: Vec<u32>,
+    stop: Option<StopReason>,
+    started: Option<Instant>,
+    first_token_at: Option<f64>,
+    finished_at: Option<f64>,
+}
+
+impl<'m> Generation<'m> {
+    /// Prepare a generation of `prompt` under `policy`; checks that the
+    /// prompt and the token budget fit the model.
+    pub fn new(
+        model: &'m Decoder,
+        prompt: PreparedPrompt,
+        policy: Policy,
+        config: GenerationConfig,
+    ) -> Result<Self> {
+        if prompt.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        let max_positions = model.config().max_position_embeddings;
+        if prompt.len() + config.max_new_tokens > max_positions {
+            return Err(EngineError::PromptTooLong {
+                prompt_len: prompt.len(),
+                max_new_tokens: config.max_new_tokens,
+                max_positions,
+            });
+        }
+        let phases = prompt.phases(&policy)?;
+        let mut seq = model.new_sequence(policy, phases)?;
+        seq.reserve(prompt.len() + config.max_new_tokens);
+        Ok(Self {
+            model,
+            seq,
+            sampler: config.sampling.processor(),
+            prompt,
+            config,
+            produced: Vec::new(),
+            stop: None,
+            started: None,
+            first_token_at: None,
+            finished_at: None,
+        })
+    }
+
+    /// Token phases of the prompt under this generation's policy.
+    pub fn phases(&self) -> &TokenPhases {
+        self.seq.phases()
+    }
+
+    /// The sequence state (caches, policy).
+    pub fn sequence(&self) -> &Sequence {
+        &self.seq
+    }
+
+    /// Tokens produced so far.
+    pub fn produced(&self) -> &[u32] {
+        &self.produced
+    }
+
+    /// The prompt.
+    pub fn prompt(&self) -> &PreparedPrompt {
+        &self.prompt
+    }
+
+    /// Produce the next token (the first call runs the prefill), or `None`
+    /// once a stop token or the budget ended the generation. The probe, if
+    /// any, sees the layers computed in this step.
+    pub fn step(&mut self, probe: Option<&mut (dyn Probe + '_)>) -> Result<Option<Step>> {
+        if self.stop.is_some() {
+            return Ok(None);
+        }
+        if self.produced.len() >= self.config.max_new_tokens {
+            self.finish(StopReason::MaxTokens);
+            return Ok(None);
+        }
+        let started = *self.started.get_or_insert_with(Instant::now);
+        let logits = match self.produced.last() {
+            None => self.prefill(probe)?,
+            Some(&last) => self.decode_one(last, probe)?,
+        };
+        let token = self.sampler.sample(&logits)?;
+        self.produced.push(token);
+        let now = started.elapsed().as_secs_f64();
+        self.first_token_at.get_or_insert(now);
+        if self.config.stop_tokens.contains(&token) {
+            self.finish(StopReason::StopToken);
+        } else if self.produced.len() >= self.config.max_new_tokens {
+            self.finish(StopReason::MaxTokens);
+        }
+        Ok(Some(Step {
+            index: self.produced.len() - 1,
+            token,
+            logits,
+        }))
+    }
+
+    fn finish(&mut self, reason: StopReason) {
+        self.stop = Some(reason);
+        if let Some(started) = self.started {
+            self.finished_at = Some(started.elapsed().as_secs_f64());
+        }
+    }
+
+    /// Run the prompt: tokens before the decode start (in chunks), then the
+    /// decode-phase prompt tokens; returns the logits of the last one.
+    fn prefill(&mut self, mut probe: Option<&mut (dyn Probe + '_)>) -> Result<Tensor> {
+        let s = self.prompt.decode_start;
+        let chunk = self.config.prefill_chunk.max(1);
+        let ids = self.prompt.ids.clone();
+        for piece in ids[..s].chunks(chunk) {
+            self.model
+                .forward(&mut self.seq, piece, LogitRows::None, probe.as_deref_mut())?;
+        }
+        let mut last = None;
+        for piece in ids[s..].chunks(chunk) {
+            last = self
+                .model
+                .forward(&mut self.seq, piece, LogitRows::Last, probe.as_deref_mut())?
+                .logits;
+        }
+        let logits = last.ok_or(EngineError::EmptyPrompt)?;
+        Ok(logits.squeeze(0)?)
+    }
+
+    fn decode_one(&mut self, token: u32, probe: Option<&mut (dyn Probe + '_)>) -> Result<Tensor> {
+        let out = self
+            .model
+            .forward(&mut self.seq, &[token], LogitRows::Last, probe)?;
+        let logits = out.logits.ok_or(EngineError::EmptyPrompt)?;
+        Ok(logits.squeeze(0)?.to_dtype(DType::F32)?)
+    }
+
+    /// K/V token counts by phase for what the caches have processed.
+    pub fn kv_cost(&self) -> KvCost {
+        let phases = self.seq.phases();
+        KvCost {
+            anchors: phases.anchor_len(),
+            prefill: phases.prefill_len(),
+            decode: self.seq.len().saturating_sub(phases.decode_start()),
+        }
+    }
+
+    /// Run to the end, calling `on_step` for each token; `on_step` returns
+    /// false to stop early (cancel).
+    pub fn run(mut self, mut on_step: impl FnMut(&Step) -> bool) -> Result<GenerationOutput> {
+        while let Some(step) = self.step(None)? {
+            if !on_step(&step) {
+                self.finish(StopReason::MaxTokens);
+                break;
+            }
+        }
+        Ok(self.output())
+    }
+
+    /// The result so far (timing covers the steps taken).
+    pub fn output(&self) -> GenerationOutput {
+        let n = self.produced.len();
+        let total_s = self
+            .finished_at
+            .or_else(|| self.started.map(|s| s.elapsed().as_secs_f64()))
+            .unwrap_or(0.0);
+        let ttft_s = self.first_token_at.unwrap_or(0.0);
+        let tpot_s = if n > 1 {
+            (total_s - ttft_s) / (n - 1) as f64
+        } else {
+            0.0
+        };
+        let policy = *self.seq.policy();
+        let shape = self.model.kv_shape();
+        let cost = self.kv_cost();
+        GenerationOutput {
+            policy: policy.to_string(),
+            tokens: self.produced.clone(),
+            stop: self.stop.unwrap_or(StopReason::MaxTokens),
+            timing: Timing {
+                ttft_s,
+                tpot_s,
+                total_s,
+                tokens_per_s: if total_s > 0.0 {
+                    n as f64 / total_s
+                } else {
+                    0.0
+                },
+            },
+            kv_bytes_held: self.seq.kv_bytes_held(),
+            kv_bytes_formula: cost.bytes(&policy, &shape),
+            kv_bytes_full: cost.bytes(&Policy::full(policy.num_layers()), &shape),
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! A loaded model folder: decoder, tokenizer and chat template together.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device};
+use lcut_model::Decoder;
+
+use crate::error::{EngineError, Result};
+use crate::prompt::{PreparedPrompt, common_prefix};
+use crate::template::{ChatTemplate, Message};
+use crate::tokenizer::TextTokenizer;
+
+/// A model folder loaded for use.
+pub struct Session {
+    /// The decoder.
+    pub model: Decoder,
+    /// The tokenizer, when the folder has one.
+    pub tokenizer: Option<TextTokenizer>,
+    template: Option<ChatTemplate>,
+    folder: PathBuf,
+}
+
+impl Session {
+    /// Load model, tokenizer and chat template from `folder`.
+    pub fn load(folder: &Path, dtype: DType, device: &Device) -> Result<Self> {
+        let model = Decoder::load(folder, dtype, device)?;
+        let tokenizer = TextTokenizer::from_folder(folder)?;
+        let template = match &tokenizer {
+            Some(tok) => match &tok.chat_template {
+                Some(src) => Some(
+                    ChatTemplate::new(src, tok.bos_token.as_deref(), tok.eos_token.as_deref())
+                        .map_err(|reason| EngineError::Template {
+                            path: tok.config_path().to_path_buf(),
+                            reason,
+                        })?,
+                ),
+                None => None,
+            },
+            None => None,
+        };
+        Ok(Self {
+            model,
+            tokenizer,
+            template,
+            folder: folder.to_path_buf(),
+        })
+    }
+
+    /// The model folder.
+    pub fn folder(&self) -> &Path {
+        &self.folder
+    }
+
+    /// Whether the model has a chat template.
+    pub fn has_chat_template(&self) -> bool {
+        self.template.is_some()
+    }
+
+    fn tokenizer(&self) -> Result<&TextTokenizer> {
+        self.tokenizer
+            .as_ref()
+            .ok_or_else(|| EngineError::NoTokenizer {
+                folder: self.folder.clone(),
+            })
+    }
+
+    /// Tokens that end a generation: the config's EoS ids and the tokenizer's EoS.
+    pub fn stop_tokens(&self) -> Vec<u32> {
+        let mut stops = self.model.config().eos_token_ids.clone();
+        if let Some(tok) = &self.tokenizer
+            && let Some(id) = tok.eos_token.as_deref().and_then(|t| tok.token_id(t))
+            && !stops.contains(&id)
+        {
+            stops.push(id);
+        }
+        stops
+    }
+
+    /// Prepare a text prompt: through the chat template when the model has
+    /// one and `use_template` is set (decode start = first token of the
+    /// generation prompt), otherwise raw with BoS prepended when the model
+    /// names one (decode start = last token).
+    pub fn prepare_text(
+        &self,
+        user: &str,
+        system: Option<&str>,
+        use_template: bool,
+    ) -> Result<PreparedPrompt> {
+        let tok = self.tokenizer()?;
+        if user.trim().is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        match (&self.template, use_template) {
+            (Some(tmpl), true) => {
+                let template_err = |reason: String| EngineError::Template {
+                    path: tok.config_path().to_path_buf(),
+                    reason,
+                };
+                let mut messages = Vec::new();
+                if let Some(sys) = system {
+                    messages.push(Message::new("system", sys));
+                }
+                messages.push(Message::new("user", user));
+                let with = tok.encode(&tmpl.render(&messages, true).map_err(template_err)?)?;
+                let without = tok.encode(&tmpl.render(&messages, false).map_err(template_err)?)?;
+                let mut decode_start = common_prefix(&with, &without);
+                if decode_start >= with.len() {
+                    decode_start = with.len().saturating_sub(1);
+                }
+                let system_len = match system {
+                    Some(sys) => {
+                        let sys_ids = tok.encode(
+                            &tmpl
+                                .render(&[Message::new("system", sys)], false)
+                                .map_err(template_err)?,
+                        )?;
+                        (common_prefix(&sys_ids, &with) == sys_ids.len()).then_some(sys_ids.len())
+                    }
+                    None => None,
+                };
+                Ok(PreparedPrompt {
+                    system_len,
+                    chat_template_used: true,
+                    ..PreparedPrompt::from_ids(with, Some(decode_start))?
+                })
+            }
+            _ => {
+                let mut ids = tok.encode(user)?;
+                if let Some(bos) = self.model.config().bos_token_id
+                    && ids.first() != Some(&bos)
+                {
+                    ids.insert(0, bos);
+                }
+                PreparedPrompt::from_ids(ids, None)
+            }
+        }
+    }
+}

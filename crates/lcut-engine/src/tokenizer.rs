@@ -1,0 +1,112 @@
+//! The model folder's tokenizer (`tokenizer.json`) and its settings from
+//! `tokenizer_config.json` (special tokens, chat template).
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use tokenizers::Tokenizer;
+
+use crate::error::{EngineError, Result};
+
+/// A tokenizer with the special tokens and chat template of its model.
+pub struct TextTokenizer {
+    inner: Tokenizer,
+    config_path: PathBuf,
+    /// Jinja chat template, if the model has one.
+    pub chat_template: Option<String>,
+    /// Text of the BoS token, if any.
+    pub bos_token: Option<String>,
+    /// Text of the EoS token, if any.
+    pub eos_token: Option<String>,
+}
+
+fn special_token(config: &Value, key: &str) -> Option<String> {
+    match config.get(key)? {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(o) => o.get("content")?.as_str().map(str::to_string),
+        _ => None,
+    }
+}
+
+impl TextTokenizer {
+    /// Load `tokenizer.json` (required) and `tokenizer_config.json`
+    /// (optional) from a model folder; `Ok(None)` when there is no tokenizer.
+    pub fn from_folder(folder: &Path) -> Result<Option<Self>> {
+        let path = folder.join("tokenizer.json");
+        if !path.exists() {
+            return Ok(None);
+        }
+        let inner = Tokenizer::from_file(&path).map_err(|e| EngineError::Tokenizer {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        let config_path = folder.join("tokenizer_config.json");
+        let config: Value = if config_path.exists() {
+            let text =
+                std::fs::read_to_string(&config_path).map_err(|e| EngineError::Tokenizer {
+                    path: config_path.clone(),
+                    reason: e.to_string(),
+                })?;
+            serde_json::from_str(&text).map_err(|e| EngineError::Tokenizer {
+                path: config_path.clone(),
+                reason: format!("not valid JSON: {e}"),
+            })?
+        } else {
+            Value::Null
+        };
+        let chat_template = match config.get("chat_template") {
+            Some(Value::String(t)) => Some(t.clone()),
+            // a list of named templates: take the default one
+            Some(Value::Array(list)) => list
+                .iter()
+                .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+                .and_then(|t| t.get("template")?.as_str().map(str::to_string)),
+            _ => None,
+        };
+        Ok(Some(Self {
+            inner,
+            config_path,
+            chat_template,
+            bos_token: special_token(&config, "bos_token"),
+            eos_token: special_token(&config, "eos_token"),
+        }))
+    }
+
+    /// Path of `tokenizer_config.json` (for messages about the template).
+    pub fn config_path(&self) -> &Path {
+        &self.config_path
+    }
+
+    /// Token ids of `text`, without adding special tokens.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| EngineError::Tokenizer {
+                path: self.config_path.with_file_name("tokenizer.json"),
+                reason: e.to_string(),
+            })?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Text of a token sequence.
+    pub fn decode(&self, ids: &[u32]) -> String {
+        self.inner.decode(ids, false).unwrap_or_default()
+    }
+
+    /// The token string of each id (for hover labels).
+    pub fn token_strings(&self, ids: &[u32]) -> Vec<String> {
+        ids.iter()
+            .map(|&id| {
+                self.inner
+                    .id_to_token(id)
+                    .unwrap_or_else(|| format!("<{id}>"))
+            })
+            .collect()
+    }
+
+    /// The id of a token string, if in the vocabulary.
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+}
