@@ -39,17 +39,18 @@ pub struct Comparison {
 
 /// KL(p || q) between the softmax distributions of two logit vectors.
 pub fn kl_divergence(p_logits: &Tensor, q_logits: &Tensor) -> Result<f32> {
-    let lp = candle_nn_log_softmax(p_logits)?;
-    let lq = candle_nn_log_softmax(q_logits)?;
+    let lp = log_softmax_rows(&p_logits.flatten_all()?.unsqueeze(0)?)?;
+    let lq = log_softmax_rows(&q_logits.flatten_all()?.unsqueeze(0)?)?;
     let p = lp.exp()?;
     Ok((p * (lp - lq)?)?.sum_all()?.to_scalar::<f32>()?.max(0.0))
 }
 
-fn candle_nn_log_softmax(x: &Tensor) -> Result<Tensor> {
-    let x = x.to_dtype(candle_core::DType::F32)?.flatten_all()?;
-    let max = x.max(0)?;
+/// Row-wise log-softmax of logits [rows, vocab], in f32.
+pub(crate) fn log_softmax_rows(x: &Tensor) -> Result<Tensor> {
+    let x = x.to_dtype(candle_core::DType::F32)?;
+    let max = x.max_keepdim(1)?;
     let shifted = x.broadcast_sub(&max)?;
-    let lse = shifted.exp()?.sum(0)?.log()?;
+    let lse = shifted.exp()?.sum_keepdim(1)?.log()?;
     Ok(shifted.broadcast_sub(&lse)?)
 }
 

@@ -53,6 +53,36 @@ pub enum EngineError {
     /// Phases that do not fit the prompt.
     #[error(transparent)]
     Phase(#[from] lcut_policy::PhaseError),
+    /// The caller cancelled the run.
+    #[error("cancelled")]
+    Cancelled,
+    /// A prompt-set file is unreadable or has a bad line.
+    #[error("prompt set {path}, line {line}: {reason}")]
+    PromptSet {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line (0 for the whole file).
+        line: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A shard spec outside 0..n.
+    #[error("shard {index}/{count} is out of range: expected I/N with 0 <= I < N")]
+    Shard {
+        /// Shard index.
+        index: usize,
+        /// Number of shards.
+        count: usize,
+    },
+    /// The diagnostic probe met inconsistent data.
+    #[error("diagnostic probe: {0}")]
+    Probe(String),
+    /// Building or checking a trace or report failed.
+    #[error(transparent)]
+    Trace(#[from] lcut_trace::TraceError),
+    /// The diagnostics failed.
+    #[error(transparent)]
+    Diag(#[from] lcut_diag::DiagError),
     /// Tensor backend error outside the model (sampling).
     #[error("tensor backend: {0}")]
     Candle(#[from] candle_core::Error),

@@ -3,6 +3,7 @@
 //! with timing and KV accounting, and side-by-side runs of two policies.
 
 mod compare;
+pub mod diagnose;
 mod error;
 mod generate;
 mod prompt;

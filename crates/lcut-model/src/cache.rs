@@ -83,6 +83,21 @@ impl LayerCache {
         }
     }
 
+    /// A copy holding only the tokens whose position satisfies `keep`.
+    pub fn filtered(&self, keep: impl Fn(usize) -> bool) -> Result<Self> {
+        let idx: Vec<u32> = (0..self.len as u32)
+            .filter(|&i| keep(self.positions[i as usize]))
+            .collect();
+        let mut out = Self::new();
+        out.reserved = self.reserved.saturating_sub(self.len - idx.len());
+        if let (Some((k, v)), false) = (self.kv()?, idx.is_empty()) {
+            let index = Tensor::new(idx.as_slice(), k.device())?;
+            let positions: Vec<usize> = idx.iter().map(|&i| self.positions[i as usize]).collect();
+            out.append(&k.index_select(&index, 1)?, &v.index_select(&index, 1)?, &positions)?;
+        }
+        Ok(out)
+    }
+
     /// Append `k`, `v` [kv_heads, n, head_dim] for tokens at `positions`
     /// (ascending and after every held position).
     pub fn append(&mut self, k: &Tensor, v: &Tensor, positions: &[usize]) -> Result<()> {

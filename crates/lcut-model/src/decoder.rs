@@ -108,6 +108,42 @@ impl Sequence {
         self.caches.iter().map(|c| c.bytes_allocated() as u64).sum()
     }
 
+    /// The state this prompt prefix would have under another policy, without
+    /// recomputing it: lower layers are shared, upper layers keep only the
+    /// tokens the new policy keeps there.
+    ///
+    /// Valid while every processed token is before the decode start of
+    /// `phases` and the sequence ran at full depth: anchors are a prefix, so
+    /// in both runs an anchor reads only anchors, and a layer's keys below
+    /// the cutoff are the full model's. Used by sweeps over cutoffs to reuse
+    /// one prefill.
+    pub fn restricted(&self, policy: Policy, phases: TokenPhases) -> Result<Sequence> {
+        if !self.policy.is_full_depth() || self.next_pos > phases.decode_start() {
+            return Err(ModelError::Phase(lcut_policy::PhaseError::DecodeStartOutsidePrompt {
+                decode_start: phases.decode_start(),
+                prompt_len: self.next_pos,
+            }));
+        }
+        if policy.num_layers() != self.caches.len() {
+            return Err(ModelError::Policy(lcut_policy::PolicyError::CutOutOfRange {
+                l_cut: policy.l_cut(),
+                num_layers: self.caches.len(),
+            }));
+        }
+        let caches = self
+            .caches
+            .iter()
+            .enumerate()
+            .map(|(l, c)| c.filtered(|p| policy.retains_kv(l, p, &phases)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Sequence {
+            policy,
+            phases,
+            caches,
+            next_pos: self.next_pos,
+        })
+    }
+
     /// Reserve cache room for `total_len` tokens in all, each layer only for
     /// the tokens the policy keeps there.
     pub fn reserve(&mut self, total_len: usize) {

@@ -113,17 +113,27 @@ pub struct QueryMasses {
 #[derive(Debug, Clone)]
 pub struct PhaseMassProbe {
     phases: TokenPhases,
+    from: usize,
     /// One record per (layer, decode-phase query), in the order computed.
     pub records: Vec<QueryMasses>,
 }
 
 impl PhaseMassProbe {
-    /// A probe for a sequence with these phases.
+    /// A probe for a sequence with these phases, recording every
+    /// decode-phase query.
     pub fn new(phases: TokenPhases) -> Self {
         Self {
             phases,
+            from: phases.decode_start(),
             records: Vec::new(),
         }
+    }
+
+    /// Record only queries at `position` and later (e.g. the last prompt
+    /// token, whose output is the first generated token).
+    pub fn starting_at(mut self, position: usize) -> Self {
+        self.from = position.max(self.phases.decode_start());
+        self
     }
 }
 
@@ -137,7 +147,7 @@ fn column_sum(probs: &Tensor, from: usize, to: usize) -> Result<Tensor> {
 
 impl Probe for PhaseMassProbe {
     fn attention_from(&self, _layer: usize) -> Option<usize> {
-        Some(self.phases.decode_start())
+        Some(self.from)
     }
 
     fn on_attention(&mut self, view: AttentionView<'_>) -> Result<()> {

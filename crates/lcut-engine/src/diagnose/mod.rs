@@ -1,0 +1,270 @@
+//! The diagnostic run: full-depth greedy generation over a prompt set with
+//! the diagnostic probe attached, turned into per-prompt traces and a report.
+
+mod probe;
+mod prompts;
+mod sweep;
+
+use lcut_model::Decoder;
+use lcut_policy::{Policy, TokenPhases};
+use lcut_trace::{ModelIdentity, PromptTrace, Report, RunSettings, Series, Thresholds, TraceHeader};
+
+pub use probe::DiagnosticProbe;
+pub use prompts::{BUNDLED_PROMPTS, PromptSpec, read_prompt_set, shard_indices};
+pub use sweep::{SweepOptions, sweep};
+
+use crate::error::{EngineError, Result};
+use crate::generate::{Generation, GenerationConfig, Sampling};
+use crate::prompt::PreparedPrompt;
+use crate::session::Session;
+
+/// Settings of a diagnostic run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DiagnoseOptions {
+    /// Greedy tokens per prompt (EoS may stop earlier).
+    pub max_new_tokens: usize,
+    /// Thresholds of the recommender.
+    pub thresholds: Thresholds,
+    /// Most columns of the layer x prompt-position map.
+    pub max_prompt_bins: usize,
+    /// Run only shard `(i, n)`: prompts i, i+n, i+2n, ...
+    pub shard: Option<(usize, usize)>,
+    /// Wrap prompts in the model's chat template when it has one.
+    pub use_chat_template: bool,
+    /// The prompts file, recorded in the report.
+    pub prompts_file: Option<String>,
+}
+
+impl Default for DiagnoseOptions {
+    fn default() -> Self {
+        Self {
+            max_new_tokens: 16,
+            thresholds: Thresholds::default(),
+            max_prompt_bins: 128,
+            shard: None,
+            use_chat_template: true,
+            prompts_file: None,
+        }
+    }
+}
+
+/// Progress of a diagnostic run or sweep.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DiagnoseEvent {
+    /// Prompt `index` (of `total` in this run) has started.
+    PromptStarted {
+        /// Index within this run (0-based).
+        index: usize,
+        /// Prompts in this run.
+        total: usize,
+        /// The prompt's id.
+        id: String,
+    },
+    /// A decode step of the current prompt is done.
+    Step {
+        /// Index of the prompt within this run.
+        index: usize,
+        /// Steps done.
+        step: usize,
+        /// Most steps.
+        max_steps: usize,
+    },
+    /// Prompt `index` is finished.
+    PromptDone {
+        /// Index within this run.
+        index: usize,
+        /// Prompts in this run.
+        total: usize,
+    },
+}
+
+/// A prepared prompt with its place in the prompt set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LabelledPrompt {
+    /// Position in the prompt set (orders merged shards).
+    pub index: usize,
+    /// The prompt's id.
+    pub id: String,
+    /// Token ids and phase boundaries.
+    pub prompt: PreparedPrompt,
+}
+
+/// Tokenise the prompts of `opts.shard` (all when unsharded).
+pub fn prepare_prompts(session: &Session, prompts: &[PromptSpec], opts: &DiagnoseOptions) -> Result<Vec<LabelledPrompt>> {
+    shard_indices(prompts.len(), opts.shard)?
+        .into_iter()
+        .map(|index| {
+            let p = &prompts[index];
+            Ok(LabelledPrompt {
+                index,
+                id: p.id.clone(),
+                prompt: session.prepare_text(&p.user, p.system.as_deref(), opts.use_chat_template)?,
+            })
+        })
+        .collect()
+}
+
+/// The identity of the session's model for reports.
+pub fn model_identity(session: &Session) -> Result<ModelIdentity> {
+    let path = session.folder().join("config.json");
+    let bytes = std::fs::read(&path).map_err(|source| lcut_model::ModelError::Io { path, source })?;
+    let cfg = session.model.config();
+    Ok(ModelIdentity {
+        path: session.folder().display().to_string(),
+        config_hash: lcut_trace::hash_bytes(&bytes),
+        arch: cfg.arch.model_type().to_string(),
+        dtype: format!("{:?}", session.model.dtype()).to_lowercase(),
+        num_layers: cfg.num_layers,
+        num_heads: cfg.num_heads,
+        num_kv_heads: cfg.num_kv_heads,
+        head_dim: cfg.head_dim,
+        hidden_size: cfg.hidden_size,
+        intermediate_size: cfg.intermediate_size,
+        vocab_size: cfg.vocab_size,
+    })
+}
+
+/// The version written into reports.
+pub fn tool_version() -> String {
+    format!("lcut {}", env!("CARGO_PKG_VERSION"))
+}
+
+/// Run the diagnostics over a prompt set (the shard in `opts`) and build the report.
+pub fn diagnose(
+    session: &Session,
+    prompts: &[PromptSpec],
+    opts: &DiagnoseOptions,
+    on_event: &mut dyn FnMut(&DiagnoseEvent) -> bool,
+) -> Result<Report> {
+    let prepared = prepare_prompts(session, prompts, opts)?;
+    diagnose_prepared(session, &prepared, opts, on_event)
+}
+
+/// Run the diagnostics over already tokenised prompts and build the report.
+pub fn diagnose_prepared(
+    session: &Session,
+    prompts: &[LabelledPrompt],
+    opts: &DiagnoseOptions,
+    on_event: &mut dyn FnMut(&DiagnoseEvent) -> bool,
+) -> Result<Report> {
+    let total = prompts.len();
+    let mut traces = Vec::with_capacity(total);
+    for (i, lp) in prompts.iter().enumerate() {
+        if !on_event(&DiagnoseEvent::PromptStarted {
+            index: i,
+            total,
+            id: lp.id.clone(),
+        }) {
+            return Err(EngineError::Cancelled);
+        }
+        let stops = session.stop_tokens();
+        let tokens = |ids: &[u32]| match &session.tokenizer {
+            Some(t) => t.token_strings(ids),
+            None => ids.iter().map(u32::to_string).collect(),
+        };
+        let trace = trace_prompt(&session.model, lp, opts, &stops, &tokens, &mut |step| {
+            on_event(&DiagnoseEvent::Step {
+                index: i,
+                step,
+                max_steps: opts.max_new_tokens,
+            })
+        })?;
+        traces.push(trace);
+        if !on_event(&DiagnoseEvent::PromptDone { index: i, total }) {
+            return Err(EngineError::Cancelled);
+        }
+    }
+    let settings = RunSettings {
+        max_new_tokens: opts.max_new_tokens,
+        prompts_file: opts.prompts_file.clone(),
+        shard: opts.shard,
+        thresholds: opts.thresholds,
+        chat_template_used: opts.use_chat_template && session.has_chat_template(),
+        max_prompt_bins: opts.max_prompt_bins,
+    };
+    Ok(lcut_diag::build_report(
+        &tool_version(),
+        model_identity(session)?,
+        settings,
+        traces,
+        None,
+    )?)
+}
+
+/// Full-depth greedy generation of one prompt with the diagnostic probe;
+/// `on_step` returns false to cancel.
+pub fn trace_prompt(
+    model: &Decoder,
+    lp: &LabelledPrompt,
+    opts: &DiagnoseOptions,
+    stop_tokens: &[u32],
+    token_strings: &dyn Fn(&[u32]) -> Vec<String>,
+    on_step: &mut dyn FnMut(usize) -> bool,
+) -> Result<PromptTrace> {
+    let cfg = model.config();
+    let prompt = &lp.prompt;
+    let (p, s) = (prompt.len(), prompt.decode_start);
+    // BoS is the anchor the diagnostics report apart (m_bos = a[0]).
+    let phases = TokenPhases::new(p, s, usize::from(s > 0))?;
+    let config = GenerationConfig {
+        max_new_tokens: opts.max_new_tokens,
+        sampling: Sampling::Greedy,
+        stop_tokens: stop_tokens.to_vec(),
+        ..GenerationConfig::default()
+    };
+    let mut generation = Generation::new(model, prompt.clone(), Policy::full(cfg.num_layers), config)?;
+    let mut probe = DiagnosticProbe::new(phases, p, cfg.num_layers);
+    let mut ids = Vec::new();
+    while let Some(step) = generation.step(Some(&mut probe))? {
+        ids.push(step.token);
+        if !on_step(ids.len()) {
+            return Err(EngineError::Cancelled);
+        }
+    }
+    if let Some(e) = probe.error() {
+        return Err(EngineError::Probe(e.to_string()));
+    }
+    let header = TraceHeader {
+        index: lp.index,
+        id: lp.id.clone(),
+        prompt_tokens: token_strings(&prompt.ids),
+        prompt_len: p,
+        decode_start: s,
+        anchor_len: phases.anchor_len(),
+    };
+    let n = ids.len();
+    let heads = cfg.num_heads;
+    let mut trace = PromptTrace::zeroed(header, cfg.num_layers, heads, n, opts.max_prompt_bins);
+    trace.query_positions = (0..n).map(|k| probe.first_step() + k).collect();
+    trace.generated = token_strings(&ids);
+    trace.generated_ids = ids;
+    for rec in probe.records() {
+        let k = rec.position - probe.first_step();
+        if k >= n {
+            continue;
+        }
+        for h in 0..heads {
+            let at = [rec.layer, k, h];
+            trace.bos.view_mut()[at] = rec.bos[h];
+            trace.anchor.view_mut()[at] = rec.anchor[h];
+            trace.prefill.view_mut()[at] = rec.prefill[h];
+            trace.decode.view_mut()[at] = rec.decode[h];
+            trace.self_mass.view_mut()[at] = rec.self_mass[h];
+            trace.prefill_entropy.view_mut()[at] = rec.prefill_entropy[h];
+        }
+    }
+    let sums = probe.prompt_bin_sums(&trace.bin_edges)?;
+    let scale = 1.0 / (heads * n.max(1)) as f32;
+    for (l, row) in sums.iter().enumerate() {
+        for (b, v) in row.iter().enumerate() {
+            trace.prompt_attention.view_mut()[[l, b]] = v * scale;
+        }
+    }
+    let curve = |accs: &[lcut_diag::CurvatureAccumulator]| {
+        Series(accs.iter().map(|a| a.mean().unwrap_or(f32::NAN)).collect())
+    };
+    trace.curvature_prompt = curve(&probe.curvature_prompt);
+    trace.curvature_generated = curve(&probe.curvature_generated);
+    trace.validate(&format!("trace of prompt {:?}", lp.id))?;
+    Ok(trace)
+}

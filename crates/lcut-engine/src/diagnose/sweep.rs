@@ -1,0 +1,187 @@
+//! The empirical sweep: for each cutoff, SPEED teacher-forced on the full
+//! model's greedy continuation (top-1 agreement, KL, NLL), with KV bytes and
+//! prefill FLOPs at a chosen context length. One full prefill per prompt is
+//! reused for every cutoff.
+
+use candle_core::{D, Tensor};
+use lcut_diag::{FlopShape, PromptSplit, finish_sweep, prefill_flops};
+use lcut_model::{Decoder, LogitRows, Sequence};
+use lcut_policy::{Anchors, KvCost, Policy, PolicyKind};
+use lcut_trace::{Sweep, SweepPoint, Thresholds};
+
+use super::{DiagnoseEvent, LabelledPrompt, model_identity};
+use crate::compare::log_softmax_rows;
+use crate::error::{EngineError, Result};
+use crate::generate::{Generation, GenerationConfig};
+use crate::session::Session;
+
+/// Settings of a sweep.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SweepOptions {
+    /// Cutoffs to try; every cutoff 1..=L when `None`.
+    pub cuts: Option<Vec<usize>>,
+    /// Also sweep anchor-free SPEED.
+    pub anchor_free: bool,
+    /// Context length for the cost columns.
+    pub context_len: usize,
+    /// Greedy continuation length per prompt.
+    pub max_new_tokens: usize,
+}
+
+impl Default for SweepOptions {
+    fn default() -> Self {
+        Self {
+            cuts: None,
+            anchor_free: false,
+            context_len: 128 * 1024,
+            max_new_tokens: 16,
+        }
+    }
+}
+
+/// Sums of the quality metrics over continuation tokens.
+#[derive(Debug, Clone, Copy, Default)]
+struct Totals {
+    agree: f64,
+    kl: f64,
+    nll: f64,
+    tokens: usize,
+}
+
+/// Logits [n, V] of the decode-phase tokens `tokens` fed after `prefix`.
+fn decode_logits(model: &Decoder, mut seq: Sequence, tokens: &[u32]) -> Result<Tensor> {
+    let out = model.forward(&mut seq, tokens, LogitRows::All, None)?;
+    out.logits.ok_or(EngineError::EmptyPrompt)
+}
+
+/// Agreement, KL(ref || other) and NLL of `targets` under `other`.
+fn score(reference: &Tensor, other: &Tensor, targets: &[u32]) -> Result<Totals> {
+    let lp = log_softmax_rows(reference)?;
+    let lq = log_softmax_rows(other)?;
+    let kl: f32 = (lp.exp()? * (&lp - &lq)?)?.sum_all()?.to_scalar()?;
+    let idx = Tensor::new(targets, other.device())?.unsqueeze(1)?;
+    let nll: f32 = lq.gather(&idx, 1)?.sum_all()?.neg()?.to_scalar()?;
+    let top: Vec<u32> = other.argmax(D::Minus1)?.to_vec1()?;
+    let agree = top.iter().zip(targets).filter(|(a, b)| a == b).count();
+    Ok(Totals {
+        agree: agree as f64,
+        kl: f64::from(kl.max(0.0)),
+        nll: f64::from(nll),
+        tokens: targets.len(),
+    })
+}
+
+/// The policies a sweep measures, in order.
+fn sweep_policies(num_layers: usize, opts: &SweepOptions) -> Result<Vec<Policy>> {
+    let cuts = opts.cuts.clone().unwrap_or_else(|| (1..=num_layers).collect());
+    let mut anchors = vec![Anchors::Bos];
+    if opts.anchor_free {
+        anchors.push(Anchors::None);
+    }
+    let mut out = Vec::new();
+    for a in anchors {
+        for &c in &cuts {
+            out.push(Policy::new(PolicyKind::Speed, c, num_layers, a)?);
+        }
+    }
+    Ok(out)
+}
+
+/// Run the sweep over `prompts`; `on_event` returns false to cancel.
+pub fn sweep(
+    session: &Session,
+    prompts: &[LabelledPrompt],
+    opts: &SweepOptions,
+    thresholds: &Thresholds,
+    on_event: &mut dyn FnMut(&DiagnoseEvent) -> bool,
+) -> Result<Sweep> {
+    let model = &session.model;
+    let layers = model.config().num_layers;
+    let policies = sweep_policies(layers, opts)?;
+    let mut totals = vec![Totals::default(); policies.len()];
+    let total = prompts.len();
+    for (i, lp) in prompts.iter().enumerate() {
+        if !on_event(&DiagnoseEvent::PromptStarted {
+            index: i,
+            total,
+            id: lp.id.clone(),
+        }) {
+            return Err(EngineError::Cancelled);
+        }
+        let prompt = &lp.prompt;
+        let config = GenerationConfig {
+            max_new_tokens: opts.max_new_tokens,
+            stop_tokens: session.stop_tokens(),
+            ..GenerationConfig::default()
+        };
+        let continuation = Generation::new(model, prompt.clone(), Policy::full(layers), config)?
+            .run(|_| true)?
+            .tokens;
+        let s = prompt.decode_start;
+        let mut fed: Vec<u32> = prompt.ids[s..].to_vec();
+        fed.extend_from_slice(&continuation[..continuation.len().saturating_sub(1)]);
+        // rows of `fed` that predict the continuation: positions P-1 .. P+n-2
+        let first_row = prompt.len() - 1 - s;
+        let mut prefix = model.new_full_sequence();
+        if s > 0 {
+            model.forward(&mut prefix, &prompt.ids[..s], LogitRows::None, None)?;
+        }
+        let rows = |t: Tensor| -> Result<Tensor> { Ok(t.narrow(0, first_row, continuation.len())?) };
+        let reference = rows(decode_logits(model, prefix.clone(), &fed)?)?;
+        for (k, policy) in policies.iter().enumerate() {
+            let phases = prompt.phases(policy)?;
+            let seq = prefix.restricted(*policy, phases)?;
+            let logits = rows(decode_logits(model, seq, &fed)?)?;
+            let t = score(&reference, &logits, &continuation)?;
+            let acc = &mut totals[k];
+            acc.agree += t.agree;
+            acc.kl += t.kl;
+            acc.nll += t.nll;
+            acc.tokens += t.tokens;
+            if !on_event(&DiagnoseEvent::Step {
+                index: i,
+                step: k + 1,
+                max_steps: policies.len(),
+            }) {
+                return Err(EngineError::Cancelled);
+            }
+        }
+        if !on_event(&DiagnoseEvent::PromptDone { index: i, total }) {
+            return Err(EngineError::Cancelled);
+        }
+    }
+    let shape = FlopShape::from(&model_identity(session)?);
+    let kv_shape = model.kv_shape();
+    let full = Policy::full(layers);
+    let points = policies
+        .iter()
+        .zip(&totals)
+        .map(|(policy, t)| {
+            let anchors = policy.anchors().len(None).unwrap_or(0);
+            let ctx = opts.context_len.max(anchors + 1);
+            let cost = KvCost {
+                anchors,
+                prefill: ctx - anchors - 1,
+                decode: 1 + opts.max_new_tokens,
+            };
+            let kv = cost.bytes(policy, &kv_shape);
+            let kv_full = cost.bytes(&full, &kv_shape);
+            let split = PromptSplit::raw(ctx, anchors);
+            let flops = prefill_flops(&shape, policy.l_cut(), split);
+            let flops_full = prefill_flops(&shape, layers, split);
+            let n = t.tokens.max(1) as f64;
+            SweepPoint {
+                l_cut: policy.l_cut(),
+                anchors: if anchors == 0 { "none" } else { "bos" }.to_string(),
+                top1_agreement: (t.agree / n) as f32,
+                mean_kl: (t.kl / n) as f32,
+                nll: (t.nll / n) as f32,
+                kv_bytes: kv,
+                kv_ratio: kv as f32 / kv_full.max(1) as f32,
+                prefill_flops: flops,
+                prefill_ratio: (flops / flops_full.max(1.0)) as f32,
+            }
+        })
+        .collect();
+    Ok(finish_sweep(opts.context_len, points, thresholds))
+}
