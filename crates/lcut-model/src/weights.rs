@@ -148,6 +148,52 @@ fn open_mmaped(path: &Path) -> Result<MmapedSafetensors> {
     // another process is the one case memory mapping cannot guard against.
     unsafe { MmapedSafetensors::new(path) }.map_err(|e| ModelError::Safetensors {
         path: path.to_path_buf(),
-        reason: e.to_string(),
+        reason: truncation(path).unwrap_or_else(|| match e {
+            // the path is already in our message
+            candle_core::Error::WithPath { inner, .. } => inner.to_string(),
+            e => e.to_string(),
+        }),
+    })
+}
+
+/// Why `path` cannot be a whole safetensors file, when its length shows it:
+/// empty, shorter than its header, or shorter than the tensors its header
+/// lists. The parser's own words for these ("header too small", "incomplete
+/// metadata") do not say that the file is cut short.
+fn truncation(path: &Path) -> Option<String> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path).ok()?;
+    let len = file.metadata().ok()?.len();
+    if len == 0 {
+        return Some("the file is empty (0 bytes)".into());
+    }
+    if len < 8 {
+        return Some(format!(
+            "the file is only {len} bytes long, too short for the 8-byte header size: \
+             it is truncated or not a safetensors file"
+        ));
+    }
+    let mut size = [0u8; 8];
+    file.read_exact(&mut size).ok()?;
+    let header_len = u64::from_le_bytes(size);
+    if header_len > len - 8 {
+        return Some(format!(
+            "the file is {len} bytes long but its header alone needs {} bytes: \
+             it is truncated or not a safetensors file",
+            header_len.saturating_add(8)
+        ));
+    }
+    let mut header = vec![0u8; usize::try_from(header_len).ok()?];
+    file.read_exact(&mut header).ok()?;
+    let header: Value = serde_json::from_slice(&header).ok()?;
+    let data_end = header
+        .as_object()?
+        .values()
+        .filter_map(|t| t.get("data_offsets")?.get(1)?.as_u64())
+        .max()
+        .unwrap_or(0);
+    let needed = data_end.saturating_add(8 + header_len);
+    (needed > len).then(|| {
+        format!("the file is {len} bytes long but its tensors need {needed} bytes: it is truncated")
     })
 }
