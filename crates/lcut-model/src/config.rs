@@ -188,8 +188,10 @@ impl<'a> Fields<'a> {
     }
 
     fn positive(&self, field: &str) -> Result<usize> {
-        match self.opt_usize(field)? {
-            Some(n) if n > 0 => Ok(n),
+        // one expectation for every wrong value: "a non-negative integer"
+        // for a string, then "a positive integer" for 0, would be two
+        match self.get(field).and_then(Value::as_u64) {
+            Some(n) if n > 0 => Ok(n as usize),
             _ => Err(self.err(field, "a positive integer", self.get(field))),
         }
     }
