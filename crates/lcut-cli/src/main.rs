@@ -2,8 +2,11 @@
 //! decide how shallow its prompt can be (SPEED: shallow prefill, deep decode).
 
 mod cmd_bench;
+mod cmd_diagnose;
 mod cmd_forward;
 mod cmd_generate;
+mod cmd_report;
+mod cmd_sweep;
 mod common;
 
 use clap::{Parser, Subcommand};
@@ -18,6 +21,14 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Diagnose where generated tokens still read the prompt; recommend L_cut.
+    Diagnose(cmd_diagnose::DiagnoseArgs),
+    /// Teacher-forced quality and cost of SPEED at every cutoff.
+    Sweep(cmd_sweep::SweepArgs),
+    /// Render a run's report as html, md, csv or json.
+    Report(cmd_report::ReportArgs),
+    /// Merge shard runs into the report of the whole prompt set.
+    Merge(cmd_report::MergeArgs),
     /// Run one sequence and write logits, residuals and attention to safetensors.
     Forward(cmd_forward::ForwardArgs),
     /// Generate under a policy, optionally side by side with another.
@@ -42,6 +53,10 @@ fn main() -> anyhow::Result<()> {
     pin_thread_count();
     let cli = Cli::parse();
     match &cli.command {
+        Command::Diagnose(a) => cmd_diagnose::run(a),
+        Command::Sweep(a) => cmd_sweep::run(a),
+        Command::Report(a) => cmd_report::run(a),
+        Command::Merge(a) => cmd_report::merge(a),
         Command::Forward(a) => cmd_forward::run(a),
         Command::Generate(a) => cmd_generate::run(a),
         Command::Bench(a) => cmd_bench::run(a),

@@ -151,7 +151,8 @@ impl Probe for PhaseMassProbe {
     }
 
     fn on_attention(&mut self, view: AttentionView<'_>) -> Result<()> {
-        let probs = view.probs.to_dtype(DType::F32)?;
+        // gather needs a contiguous source; decode steps already are
+        let probs = view.probs.to_dtype(DType::F32)?.contiguous()?;
         let (heads, nq, _) = probs.dims3()?;
         let keys = view.key_positions;
         let col = |pos: usize| keys.partition_point(|&k| k < pos);

@@ -1,0 +1,245 @@
+//! The diagnostic pipeline: probe masses against the reference attention,
+//! shard merging, and a bounded trace for a long prompt.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, ensure};
+use lcut_engine::PreparedPrompt;
+use lcut_engine::Session;
+use lcut_engine::diagnose::{
+    DiagnoseOptions, DiagnosticProbe, LabelledPrompt, diagnose_prepared, shard_indices,
+};
+use lcut_model::synth::RandomLlama;
+use lcut_model::{DType, Decoder, Device, LogitRows};
+use lcut_policy::TokenPhases;
+use ndarray::s;
+
+fn oracle(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/oracle")
+        .join(name)
+}
+
+#[test]
+fn probe_masses_equal_those_of_the_reference_attention() -> Result<()> {
+    let dir = oracle("llama-gqa");
+    let model = Decoder::load(&dir, DType::F32, &Device::Cpu)?;
+    let reference =
+        candle_core::safetensors::load(dir.join("reference.safetensors"), &Device::Cpu)?;
+    let ids: Vec<u32> = reference["input_ids"].to_dtype(DType::U32)?.to_vec1()?;
+    let (p, s) = (28, 20); // a prompt of 28 tokens whose decode phase starts at 20
+    let phases = TokenPhases::new(p, s, 1)?;
+    let cfg = model.config().clone();
+    let mut probe = DiagnosticProbe::new(phases, p, cfg.num_layers);
+    let mut seq = model.new_full_sequence();
+    model.forward(&mut seq, &ids[..p], LogitRows::None, Some(&mut probe))?;
+    for &tok in &ids[p..] {
+        model.forward(&mut seq, &[tok], LogitRows::Last, Some(&mut probe))?;
+    }
+    ensure!(probe.records().len() == cfg.num_layers * (ids.len() - (p - 1)));
+    for rec in probe.records() {
+        let attn = reference[&format!("attn.{}", rec.layer)].to_vec3::<f32>()?;
+        for h in 0..cfg.num_heads {
+            let row = ndarray::Array1::from(attn[h][rec.position][..=rec.position].to_vec());
+            let m = lcut_diag::phase_masses(row.view(), rec.position, 1, s)?;
+            let e = lcut_diag::prefill_entropy(row.view(), rec.position, 1, s)?;
+            let pairs = [
+                (rec.bos[h], m.bos),
+                (rec.anchor[h], m.anchor),
+                (rec.prefill[h], m.prefill),
+                (rec.decode[h], m.decode),
+                (rec.self_mass[h], m.self_mass),
+                (rec.prefill_entropy[h], e.raw),
+            ];
+            for (ours, theirs) in pairs {
+                ensure!(
+                    (ours - theirs).abs() < 1e-4,
+                    "layer {} pos {} head {h}: {ours} vs {theirs}",
+                    rec.layer,
+                    rec.position
+                );
+            }
+        }
+    }
+    // attention onto prompt positions: summed over heads and steps
+    let edges: Vec<usize> = (0..=p).collect();
+    let bins = probe.prompt_bin_sums(&edges)?;
+    for (l, row) in bins.iter().enumerate() {
+        let attn = reference[&format!("attn.{l}")].to_vec3::<f32>()?;
+        for (j, &ours) in row.iter().enumerate() {
+            let theirs: f32 = (0..cfg.num_heads)
+                .flat_map(|h| (p - 1..ids.len()).map(move |q| (h, q)))
+                .map(|(h, q)| attn[h][q][j])
+                .sum();
+            ensure!(
+                (ours - theirs).abs() < 1e-3,
+                "layer {l} position {j}: {ours} vs {theirs}"
+            );
+        }
+    }
+    Ok(())
+}
+
+fn id_prompts(count: usize) -> Result<Vec<LabelledPrompt>> {
+    (0..count)
+        .map(|i| {
+            let len = 12 + 5 * i;
+            let ids: Vec<u32> = (0..len as u32)
+                .map(|j| {
+                    if j == 0 {
+                        1
+                    } else {
+                        3 + (j * 31 + i as u32 * 7) % 300
+                    }
+                })
+                .collect();
+            Ok(LabelledPrompt {
+                index: i,
+                id: format!("p{i}"),
+                prompt: PreparedPrompt::from_ids(ids, Some(len - 3))?,
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn merged_shards_equal_the_unsharded_run() -> Result<()> {
+    let session = Session::load(&oracle("qwen2-bias"), DType::F32, &Device::Cpu)?;
+    let prompts = id_prompts(5)?;
+    let opts = DiagnoseOptions {
+        max_new_tokens: 4,
+        ..DiagnoseOptions::default()
+    };
+    let whole = diagnose_prepared(&session, &prompts, &opts, &mut |_| true)?;
+    let mut shards = Vec::new();
+    for i in [1, 0, 2] {
+        let shard = Some((i, 3));
+        let mine: Vec<LabelledPrompt> = shard_indices(prompts.len(), shard)?
+            .into_iter()
+            .map(|k| prompts[k].clone())
+            .collect();
+        shards.push(diagnose_prepared(
+            &session,
+            &mine,
+            &DiagnoseOptions {
+                shard,
+                ..opts.clone()
+            },
+            &mut |_| true,
+        )?);
+    }
+    let merged = lcut_diag::merge(shards)?;
+    ensure!(
+        merged == whole,
+        "merged shards differ from the unsharded report"
+    );
+    ensure!(whole.traces.len() == 5 && whole.traces.iter().all(|t| t.num_steps() == 4));
+    // masses of every step sum to one
+    for t in &whole.traces {
+        let total = t.mass_totals();
+        ensure!(
+            total.iter().all(|&x| (x - 1.0).abs() < 1e-4),
+            "masses do not sum to 1 in {}",
+            t.id
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn cancelling_stops_a_run() -> Result<()> {
+    let session = Session::load(&oracle("llama-gqa"), DType::F32, &Device::Cpu)?;
+    let prompts = id_prompts(3)?;
+    let mut events = 0;
+    let result = diagnose_prepared(&session, &prompts, &DiagnoseOptions::default(), &mut |_| {
+        events += 1;
+        events < 4
+    });
+    ensure!(
+        matches!(result, Err(lcut_engine::EngineError::Cancelled)),
+        "{result:?}"
+    );
+    Ok(())
+}
+
+/// Bound on a trace of a 4K-token prompt: the serialized trace stays under
+/// `PromptTrace::size_bound()`, which depends on layers, heads, steps and
+/// bins but not on the prompt length (the prompt's token strings aside).
+#[test]
+fn a_4k_prompt_gives_a_bounded_trace() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    RandomLlama {
+        vocab_size: 512,
+        hidden_size: 64,
+        intermediate_size: 128,
+        num_layers: 4,
+        num_heads: 4,
+        num_kv_heads: 2,
+        max_position_embeddings: 8192,
+        seed: 5,
+    }
+    .write(dir.path())?;
+    let session = Session::load(dir.path(), DType::F32, &Device::Cpu)?;
+    let p = 4096;
+    let ids: Vec<u32> = (0..p as u32)
+        .map(|j| if j == 0 { 1 } else { 3 + (j * 7919) % 500 })
+        .collect();
+    let prompts = vec![LabelledPrompt {
+        index: 0,
+        id: "long".into(),
+        prompt: PreparedPrompt::from_ids(ids, None)?,
+    }];
+    let opts = DiagnoseOptions {
+        max_new_tokens: 8,
+        max_prompt_bins: 64,
+        ..DiagnoseOptions::default()
+    };
+    let report = diagnose_prepared(&session, &prompts, &opts, &mut |_| true)?;
+    let trace = report.traces.first().context("trace")?;
+    ensure!(
+        trace.prompt_attention.shape() == [4, 64],
+        "{:?}",
+        trace.prompt_attention.shape()
+    );
+    let bytes = serde_json::to_vec(trace)?.len();
+    let bound = trace.size_bound();
+    ensure!(
+        bytes <= bound,
+        "trace of {bytes} bytes over its bound {bound}"
+    );
+    // without the prompt's token strings, the bound does not grow with P
+    let strings: usize = trace.prompt_tokens.iter().map(String::len).sum::<usize>() * 6 + 3 * p;
+    ensure!(
+        bound - strings < 64 * 1024,
+        "bound {bound} grows with the prompt"
+    );
+    // the binned map still sums the attention decode queries pay to the prompt
+    let row_sums = trace.prompt_attention.view().sum_axis(ndarray::Axis(1));
+    let prompt_mass = trace
+        .bos
+        .view()
+        .slice(s![.., .., ..])
+        .mean_axis(ndarray::Axis(2))
+        .context("mean")?;
+    for l in 0..4 {
+        let expected = (prompt_mass.row(l).mean().context("mean")?)
+            + trace
+                .prefill
+                .view()
+                .slice(s![l, .., ..])
+                .mean()
+                .context("mean")?
+            + trace
+                .anchor
+                .view()
+                .slice(s![l, .., ..])
+                .mean()
+                .context("mean")?;
+        ensure!(
+            (row_sums[l] - expected).abs() < 1e-3,
+            "layer {l}: map sums to {} but prompt mass is {expected}",
+            row_sums[l]
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,262 @@
+//! SPEED in the engine: full-depth equivalence, KV bytes equal to the cost
+//! formula, no prefill K/V or hidden state above the cutoff, and the decode
+//! start taken from a chat template.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, ensure};
+use lcut_engine::{Generation, GenerationConfig, PreparedPrompt, Session};
+use lcut_model::synth::RandomLlama;
+use lcut_model::{DType, Decoder, Device, Probe, ResidualSite, Tensor};
+use lcut_policy::{Anchors, Phase, Policy, PolicyKind, PolicySpec};
+
+fn oracle(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/oracle")
+        .join(name)
+}
+
+fn reference_ids(name: &str) -> Result<Vec<u32>> {
+    let r =
+        candle_core::safetensors::load(oracle(name).join("reference.safetensors"), &Device::Cpu)?;
+    Ok(r["input_ids"].to_dtype(DType::U32)?.to_vec1()?)
+}
+
+fn greedy(max_new_tokens: usize) -> GenerationConfig {
+    GenerationConfig {
+        max_new_tokens,
+        ..GenerationConfig::default()
+    }
+}
+
+#[test]
+fn speed_at_full_depth_equals_full_bit_for_bit() -> Result<()> {
+    for case in ["llama-gqa", "gemma2-softcap", "mistral-window"] {
+        let model = Decoder::load(&oracle(case), DType::F32, &Device::Cpu)?;
+        let layers = model.config().num_layers;
+        let prompt = PreparedPrompt::from_ids(reference_ids(case)?[..30].to_vec(), Some(24))?;
+        let mut full = Generation::new(&model, prompt.clone(), Policy::full(layers), greedy(10))?;
+        let spec: PolicySpec = format!("speed:{layers}+bos").parse()?;
+        let mut speed = Generation::new(&model, prompt, spec.resolve(layers)?, greedy(10))?;
+        while let Some(a) = full.step(None)? {
+            let b = speed.step(None)?.context("speed stopped early")?;
+            ensure!(
+                a.token == b.token,
+                "{case}: token {} vs {}",
+                a.token,
+                b.token
+            );
+            let diff: f32 = (&a.logits - &b.logits)?.abs()?.max(0)?.to_scalar()?;
+            ensure!(
+                diff == 0.0,
+                "{case}: logits differ by {diff} at step {}",
+                a.index
+            );
+        }
+        ensure!(speed.step(None)?.is_none());
+    }
+    Ok(())
+}
+
+fn small_random_model(dir: &Path, layers: usize) -> Result<Decoder> {
+    RandomLlama {
+        vocab_size: 256,
+        hidden_size: 64,
+        intermediate_size: 128,
+        num_layers: layers,
+        num_heads: 4,
+        num_kv_heads: 2,
+        max_position_embeddings: 4096,
+        seed: 3,
+    }
+    .write(dir)?;
+    Ok(Decoder::load(dir, DType::F32, &Device::Cpu)?)
+}
+
+#[test]
+fn kv_bytes_held_equal_the_cost_formula() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let layers = 6;
+    let model = small_random_model(dir.path(), layers)?;
+    let b = model.kv_shape().bytes_per_token_layer() as u64;
+    let l = layers as u64;
+    // (prompt length, decode start, new tokens, cutoff, anchors)
+    let cases = [
+        (40, 39, 5, 4, Anchors::Bos),
+        (40, 30, 7, 1, Anchors::Bos),
+        (100, 95, 3, 5, Anchors::None),
+        (64, 50, 9, 3, Anchors::Prefix(6)),
+        (17, 16, 1, 6, Anchors::Bos),
+        (700, 690, 4, 2, Anchors::Bos), // more than one prefill chunk
+    ];
+    for (p, s, new, cut, anchors) in cases {
+        let ids: Vec<u32> = (0..p as u32).map(|i| 3 + (i * 37) % 250).collect();
+        let prompt = PreparedPrompt::from_ids(ids, Some(s))?;
+        let policy = Policy::new(PolicyKind::Speed, cut, layers, anchors)?;
+        let config = GenerationConfig {
+            prefill_chunk: 256,
+            ..greedy(new)
+        };
+        let out = Generation::new(&model, prompt, policy, config)?.run(|_| true)?;
+        let a = anchors.len(None)? as u64;
+        let prefill = s as u64 - a;
+        // decode-phase tokens processed: the prompt's s..p, then every output token but the last
+        let d = (p - s) as u64 + out.tokens.len() as u64 - 1;
+        let formula = b * (cut as u64 * prefill + l * (a + d));
+        ensure!(
+            out.kv_bytes_held == formula,
+            "{policy} P={p}: held {} != {formula}",
+            out.kv_bytes_held
+        );
+        ensure!(out.kv_bytes_formula == formula);
+        ensure!(out.kv_bytes_full == b * l * (a + prefill + d));
+    }
+    Ok(())
+}
+
+/// Records, per layer, the positions that had a hidden state.
+struct Existence(Vec<Vec<usize>>);
+
+impl Probe for Existence {
+    fn wants_residual(&self, site: ResidualSite) -> bool {
+        matches!(site, ResidualSite::Layer(_))
+    }
+    fn on_residual(
+        &mut self,
+        site: ResidualSite,
+        positions: &[usize],
+        _h: &Tensor,
+    ) -> lcut_model::Result<()> {
+        if let ResidualSite::Layer(l) = site {
+            self.0[l].extend_from_slice(positions);
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn prefill_tokens_never_exist_or_keep_kv_above_the_cutoff() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let layers = 6;
+    let model = small_random_model(dir.path(), layers)?;
+    let ids: Vec<u32> = (0..300u32).map(|i| 3 + (i * 11) % 250).collect();
+    let prompt = PreparedPrompt::from_ids(ids, Some(290))?;
+    let policy = Policy::new(PolicyKind::Speed, 2, layers, Anchors::Bos)?;
+    let mut generation = Generation::new(&model, prompt, policy, greedy(6))?;
+    let mut seen = Existence(vec![Vec::new(); layers]);
+    while generation.step(Some(&mut seen))?.is_some() {}
+    let phases = *generation.phases();
+    let b = model.kv_shape().bytes_per_token_layer();
+    for l in 0..layers {
+        let cache = &generation.sequence().caches()[l];
+        let prefill_held = cache
+            .positions()
+            .iter()
+            .filter(|&&p| phases.phase(p) == Phase::Prefill)
+            .count();
+        let prefill_run = seen.0[l]
+            .iter()
+            .filter(|&&p| phases.phase(p) == Phase::Prefill)
+            .count();
+        if l < 2 {
+            ensure!(
+                prefill_held == 289 && prefill_run == 289,
+                "layer {l}: {prefill_held} held, {prefill_run} run"
+            );
+        } else {
+            ensure!(
+                prefill_held == 0,
+                "layer {l} holds {prefill_held} prefill K/V"
+            );
+            ensure!(
+                prefill_run == 0,
+                "layer {l} ran {prefill_run} prefill tokens"
+            );
+            // the buffers were never sized for the prompt either
+            ensure!(
+                cache.bytes_allocated() <= b * (1 + 10 + 6),
+                "layer {l} allocated {}",
+                cache.bytes_allocated()
+            );
+        }
+    }
+    Ok(())
+}
+
+const TEMPLATE: &str = "{{ bos_token }}{% for m in messages %}<|{{ m.role }}|> {{ m.content }} <|end|> {% endfor %}{% if add_generation_prompt %}<|assistant|> {% endif %}";
+
+/// A model folder with a word-level tokenizer and a chat template.
+fn chat_model(dir: &Path) -> Result<()> {
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(oracle("llama-gqa").join(f), dir.join(f))?;
+    }
+    let specials = [
+        "<unk>",
+        "<s>",
+        "</s>",
+        "<|system|>",
+        "<|user|>",
+        "<|assistant|>",
+        "<|end|>",
+    ];
+    let words = ["copy", "a", "b", "c", "d", "be", "brief"];
+    let vocab: serde_json::Map<String, serde_json::Value> = specials
+        .iter()
+        .chain(&words)
+        .enumerate()
+        .map(|(i, t)| (t.to_string(), serde_json::json!(i)))
+        .collect();
+    let added: Vec<_> = specials
+        .iter()
+        .enumerate()
+        .map(|(i, t)| serde_json::json!({"id": i, "content": t, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}))
+        .collect();
+    let tokenizer = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
+    });
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string())?;
+    let config =
+        serde_json::json!({"bos_token": "<s>", "eos_token": "</s>", "chat_template": TEMPLATE});
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string())?;
+    Ok(())
+}
+
+#[test]
+fn decode_start_is_the_first_token_of_the_generation_prompt() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    chat_model(dir.path())?;
+    let session = Session::load(dir.path(), DType::F32, &Device::Cpu)?;
+    let tok = session.tokenizer.as_ref().context("tokenizer")?;
+    let p = session.prepare_text("copy a b c", Some("be brief"), true)?;
+    let strings = tok.token_strings(&p.ids);
+    ensure!(
+        strings
+            == [
+                "<s>",
+                "<|system|>",
+                "be",
+                "brief",
+                "<|end|>",
+                "<|user|>",
+                "copy",
+                "a",
+                "b",
+                "c",
+                "<|end|>",
+                "<|assistant|>"
+            ],
+        "{strings:?}"
+    );
+    ensure!(p.decode_start == 11, "decode start {}", p.decode_start);
+    ensure!(p.system_len == Some(5), "system span {:?}", p.system_len);
+    ensure!(p.chat_template_used);
+    // +system anchors keep the BoS and the system message
+    let policy: PolicySpec = "speed:3+system".parse()?;
+    ensure!(p.phases(&policy.resolve(6)?)?.anchor_len() == 5);
+    // raw prompts: BoS prepended, the last token starts decoding
+    let raw = session.prepare_text("copy a b", None, false)?;
+    ensure!(raw.ids[0] == 1 && raw.decode_start == raw.ids.len() - 1);
+    Ok(())
+}
