@@ -156,7 +156,7 @@ impl<'m> Generation<'m> {
             return Err(EngineError::EmptyPrompt);
         }
         let max_positions = model.config().max_position_embeddings;
-        if prompt.len() + config.max_new_tokens > max_positions {
+        if prompt.len().saturating_add(config.max_new_tokens) > max_positions {
             return Err(EngineError::PromptTooLong {
                 prompt_len: prompt.len(),
                 max_new_tokens: config.max_new_tokens,
@@ -165,7 +165,7 @@ impl<'m> Generation<'m> {
         }
         let phases = prompt.phases(&policy)?;
         let mut seq = model.new_sequence(policy, phases)?;
-        seq.reserve(prompt.len() + config.max_new_tokens);
+        seq.reserve(prompt.len().saturating_add(config.max_new_tokens));
         Ok(Self {
             model,
             seq,

@@ -93,7 +93,11 @@ impl LayerCache {
         if let (Some((k, v)), false) = (self.kv()?, idx.is_empty()) {
             let index = Tensor::new(idx.as_slice(), k.device())?;
             let positions: Vec<usize> = idx.iter().map(|&i| self.positions[i as usize]).collect();
-            out.append(&k.index_select(&index, 1)?, &v.index_select(&index, 1)?, &positions)?;
+            out.append(
+                &k.index_select(&index, 1)?,
+                &v.index_select(&index, 1)?,
+                &positions,
+            )?;
         }
         Ok(out)
     }

@@ -119,16 +119,15 @@ impl Sequence {
     /// one prefill.
     pub fn restricted(&self, policy: Policy, phases: TokenPhases) -> Result<Sequence> {
         if !self.policy.is_full_depth() || self.next_pos > phases.decode_start() {
-            return Err(ModelError::Phase(lcut_policy::PhaseError::DecodeStartOutsidePrompt {
-                decode_start: phases.decode_start(),
-                prompt_len: self.next_pos,
-            }));
+            return Err(ModelError::Phase(
+                lcut_policy::PhaseError::DecodeStartOutsidePrompt {
+                    decode_start: phases.decode_start(),
+                    prompt_len: self.next_pos,
+                },
+            ));
         }
         if policy.num_layers() != self.caches.len() {
-            return Err(ModelError::Policy(lcut_policy::PolicyError::CutOutOfRange {
-                l_cut: policy.l_cut(),
-                num_layers: self.caches.len(),
-            }));
+            return Err(depth_mismatch(&policy, self.caches.len()));
         }
         let caches = self
             .caches
@@ -209,8 +208,12 @@ impl Decoder {
         let final_norm = ld.norm("model.norm", d)?;
         let lm_head = if cfg.tie_word_embeddings {
             Linear::new(embed.clone(), None)
-        } else {
+        } else if files.contains("lm_head.weight") {
             Linear::new(ld.tensor("lm_head.weight", &[v, d])?, None)
+        } else {
+            return Err(ModelError::MissingLmHead {
+                folder: files.folder().to_path_buf(),
+            });
         };
         let rope = Rope::new(&cfg.rope, device)?;
         Ok(Self {
@@ -253,12 +256,7 @@ impl Decoder {
     /// A new, empty sequence under `policy` with the given token phases.
     pub fn new_sequence(&self, policy: Policy, phases: TokenPhases) -> Result<Sequence> {
         if policy.num_layers() != self.cfg.num_layers {
-            return Err(ModelError::Policy(
-                lcut_policy::PolicyError::CutOutOfRange {
-                    l_cut: policy.l_cut(),
-                    num_layers: self.cfg.num_layers,
-                },
-            ));
+            return Err(depth_mismatch(&policy, self.cfg.num_layers));
         }
         Ok(Sequence {
             policy,
@@ -494,6 +492,14 @@ impl Decoder {
         let mut seq = self.new_full_sequence();
         let out = self.forward(&mut seq, tokens, LogitRows::All, probe)?;
         out.logits.ok_or(ModelError::EmptyInput)
+    }
+}
+
+fn depth_mismatch(policy: &Policy, model_layers: usize) -> ModelError {
+    ModelError::PolicyDepth {
+        policy: policy.to_string(),
+        policy_layers: policy.num_layers(),
+        model_layers,
     }
 }
 

@@ -102,6 +102,26 @@ pub enum ModelError {
         /// The model's limit.
         max: usize,
     },
+    /// A policy resolved for another depth than the model's.
+    #[error(
+        "the policy {policy} was resolved for {policy_layers} layers, but the model has {model_layers}"
+    )]
+    PolicyDepth {
+        /// The policy, written out.
+        policy: String,
+        /// Depth the policy was resolved for.
+        policy_layers: usize,
+        /// Depth of the model.
+        model_layers: usize,
+    },
+    /// The LM head is neither in the weights nor tied to the embeddings.
+    #[error(
+        "tensor `lm_head.weight` is missing from the weights in {folder}, and config.json has tie_word_embeddings = false"
+    )]
+    MissingLmHead {
+        /// The model folder.
+        folder: PathBuf,
+    },
     /// Empty input.
     #[error("no tokens given: a forward pass needs at least one token")]
     EmptyInput,

@@ -41,6 +41,11 @@ impl WeightFiles {
         })
     }
 
+    /// The model folder the weights were opened from.
+    pub fn folder(&self) -> &Path {
+        &self.folder
+    }
+
     /// Whether the weights hold a tensor of this name.
     pub fn contains(&self, name: &str) -> bool {
         self.owner.contains_key(name)

@@ -405,11 +405,11 @@ fn untied_embeddings_without_lm_head() {
         t.remove("lm_head.weight").expect("the good file has it");
     });
     let err = load_err(&dir);
-    assert!(
-        matches!(&err, ModelError::MissingTensor { name, .. } if name == "lm_head.weight"),
-        "{err:?}"
+    assert!(matches!(&err, ModelError::MissingLmHead { .. }), "{err:?}");
+    assert_mentions(
+        &err.to_string(),
+        &["`lm_head.weight`", "missing", "tie_word_embeddings = false"],
     );
-    assert_mentions(&err.to_string(), &["`lm_head.weight`", "missing"]);
 }
 
 /// Cut the copied weights file to `len` bytes and return the load error.
@@ -579,4 +579,33 @@ fn decoding_past_max_position_embeddings() {
         250,
         "a refused chunk leaves the sequence as it was"
     );
+}
+
+#[test]
+fn policy_for_another_depth() {
+    let dir = good_copy();
+    let model = Decoder::load(dir.path(), DType::F32, &Device::Cpu).expect("good model");
+    let policy = lcut_policy::Policy::new(
+        lcut_policy::PolicyKind::Speed,
+        3,
+        12,
+        lcut_policy::Anchors::Bos,
+    )
+    .expect("valid for 12 layers");
+    let phases = lcut_policy::TokenPhases::new(10, 9, 1).expect("phases");
+    let err = model
+        .new_sequence(policy, phases)
+        .expect_err("depth differs");
+    assert!(
+        matches!(
+            err,
+            ModelError::PolicyDepth {
+                policy_layers: 12,
+                model_layers: 6,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_mentions(&err.to_string(), &["12 layers", "model has 6"]);
 }
