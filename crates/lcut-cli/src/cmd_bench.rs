@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device, Tensor};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use lcut_engine::{Generation, GenerationConfig, PreparedPrompt};
+use lcut_engine::{Generation, GenerationConfig, GenerationOutput, PreparedPrompt};
 use lcut_model::probes::PhaseMassProbe;
 use lcut_model::synth::RandomLlama;
 use lcut_model::{Decoder, LogitRows, argmax_rows};
@@ -173,24 +173,26 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let ids = random_prompt(len, model.config().vocab_size, bos, len as u64);
         let prompt = PreparedPrompt::from_ids(ids, None)?;
         let mut at_len: Vec<BenchRow> = Vec::new();
-        for policy in &policies {
-            let (mut ttft, mut tpot) = (Vec::new(), Vec::new());
-            let mut last = None;
-            for _ in 0..args.repeats.max(1) {
+        // Rounds interleave the policies so that load changes on the machine
+        // hit every policy alike; the median over rounds is reported.
+        let mut runs: Vec<Vec<GenerationOutput>> = vec![Vec::new(); policies.len()];
+        for _ in 0..args.repeats.max(1) {
+            for (k, policy) in policies.iter().enumerate() {
                 bar.set_message(format!("{policy} @ {len}"));
                 let config = GenerationConfig {
                     max_new_tokens: args.new_tokens,
                     prefill_chunk: args.prefill_chunk,
                     ..GenerationConfig::default()
                 };
-                let out =
-                    Generation::new(&model, prompt.clone(), *policy, config)?.run(|_| true)?;
-                ttft.push(out.timing.ttft_s);
-                tpot.push(out.timing.tpot_s);
-                last = Some(out);
+                runs[k]
+                    .push(Generation::new(&model, prompt.clone(), *policy, config)?.run(|_| true)?);
                 bar.inc(1);
             }
-            let out = last.context("no run")?;
+        }
+        for (policy, outs) in policies.iter().zip(&runs) {
+            let out = outs.last().context("no run")?;
+            let ttft = outs.iter().map(|o| o.timing.ttft_s).collect();
+            let tpot = outs.iter().map(|o| o.timing.tpot_s).collect();
             if out.kv_bytes_held != out.kv_bytes_formula {
                 bail!(
                     "{policy}: caches hold {} bytes but the cost formula says {}",
