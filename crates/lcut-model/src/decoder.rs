@@ -11,7 +11,7 @@ use crate::cache::LayerCache;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{AttentionProj, Loader, Mlp, RmsNorm};
-use crate::mask::additive_mask;
+use crate::mask::{PartialMask, additive_mask};
 use crate::probe::{AttentionView, Probe, ResidualSite};
 use crate::rope::Rope;
 use crate::weights::WeightFiles;
@@ -421,7 +421,7 @@ impl Decoder {
         let mask = additive_mask(present, &key_positions, layer.window, |q, k| {
             policy.key_visible(l, q, k, &phases)
         })
-        .map(|m| Tensor::from_vec(m, (present.len(), key_positions.len()), &self.device))
+        .map(|m| self.mask_tensor(m, present.len(), key_positions.len()))
         .transpose()?;
         let (attn, probs) = self.attend(&qkv.q, &keys, &values, mask.as_ref())?;
         if let Some(p) = probe.as_deref_mut()
@@ -448,6 +448,21 @@ impl Decoder {
             mlp_out = norm.forward(&mlp_out)?;
         }
         Ok((hidden + mlp_out)?)
+    }
+
+    /// The full [queries x keys] mask on the device: zeros for the visible
+    /// prefix are made there, only the rest crosses from the host.
+    fn mask_tensor(&self, mask: PartialMask, queries: usize, keys: usize) -> Result<Tensor> {
+        let rest = Tensor::from_vec(
+            mask.rest,
+            (queries, keys - mask.visible_prefix),
+            &self.device,
+        )?;
+        if mask.visible_prefix == 0 {
+            return Ok(rest);
+        }
+        let prefix = Tensor::zeros((queries, mask.visible_prefix), DType::F32, &self.device)?;
+        Ok(Tensor::cat(&[&prefix, &rest], 1)?)
     }
 
     /// Grouped-query attention without repeating K/V: the query heads that

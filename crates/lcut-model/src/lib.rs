@@ -18,7 +18,7 @@ pub use cache::LayerCache;
 pub use config::{Activation, Arch, ModelConfig, RopeConfig, RopeScaling};
 pub use decoder::{ChunkOutput, Decoder, LogitRows, Sequence, argmax_rows};
 pub use error::{ModelError, Result};
-pub use mask::additive_mask;
+pub use mask::{PartialMask, additive_mask};
 pub use probe::{AttentionView, Probe, ResidualSite};
 pub use rope::{Rope, inverse_frequencies};
 pub use weights::WeightFiles;

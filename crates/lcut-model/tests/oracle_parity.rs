@@ -244,20 +244,39 @@ fn speed_from_a_reused_full_prefill_matches_transformers() -> Result<()> {
         let c = load(name)?;
         let s = 28;
         let mut full = c.model.new_full_sequence();
-        c.model.forward(&mut full, &c.ids[..s], LogitRows::None, None)?;
+        c.model
+            .forward(&mut full, &c.ids[..s], LogitRows::None, None)?;
         for entry in c.meta["policies"].as_array().context("policies")? {
             let key = entry["key"].as_str().context("key")?;
             let (policy, phases) = policy_of(&c, entry)?;
             let mut seq = full.restricted(policy, phases)?;
-            let out = c.model.forward(&mut seq, &c.ids[s..], LogitRows::All, None)?;
-            let first = out.positions.iter().position(|&p| p == s).context("decode rows")?;
-            let rows = out.logits.context("logits")?.narrow(0, first, c.ids.len() - s)?;
-            assert_close(c.name, &format!("{key} from reused prefill"), &rows, &c.reference[key])?;
+            let out = c
+                .model
+                .forward(&mut seq, &c.ids[s..], LogitRows::All, None)?;
+            let first = out
+                .positions
+                .iter()
+                .position(|&p| p == s)
+                .context("decode rows")?;
+            let rows = out
+                .logits
+                .context("logits")?
+                .narrow(0, first, c.ids.len() - s)?;
+            assert_close(
+                c.name,
+                &format!("{key} from reused prefill"),
+                &rows,
+                &c.reference[key],
+            )?;
             // upper layers hold no prefill token
             for (l, cache) in seq.caches().iter().enumerate() {
                 let upper = policy.is_upper(l);
                 ensure!(
-                    !upper || cache.positions().iter().all(|&p| p < phases.anchor_len() || p >= s),
+                    !upper
+                        || cache
+                            .positions()
+                            .iter()
+                            .all(|&p| p < phases.anchor_len() || p >= s),
                     "{name} {key}: layer {l} keeps a prefill token"
                 );
             }
