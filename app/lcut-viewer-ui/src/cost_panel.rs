@@ -1,0 +1,194 @@
+//! The cost panel: for the chosen L_cut and a context length, the K/V bytes
+//! SPEED keeps, the prefill FLOPs it spends, and their ratios to the full
+//! model (cost model of `lcut-policy`, FLOP model of `lcut-diag`).
+
+use egui::{DragValue, Grid, Ui};
+use lcut_diag::{FlopShape, PromptSplit, prefill_flops};
+use lcut_policy::{Anchors, KvCost, KvShape, Policy, PolicyKind};
+use lcut_trace::ModelIdentity;
+
+/// What the cost is computed for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CostSettings {
+    /// Prompt tokens (a raw prompt: the last token starts the decode phase).
+    pub context_len: usize,
+    /// Tokens generated after the prompt.
+    pub new_tokens: usize,
+    /// Bytes of one cached element (2 for bf16/f16, 4 for f32).
+    pub dtype_bytes: usize,
+    /// Keep BoS as an anchor (SPEED+BoS).
+    pub keep_bos: bool,
+}
+
+impl Default for CostSettings {
+    fn default() -> Self {
+        Self {
+            context_len: 131_072,
+            new_tokens: 128,
+            dtype_bytes: 2,
+            keep_bos: true,
+        }
+    }
+}
+
+/// K/V bytes and prefill FLOPs, SPEED against full.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CostNumbers {
+    /// K/V bytes SPEED keeps.
+    pub kv_speed: u64,
+    /// K/V bytes the full model keeps.
+    pub kv_full: u64,
+    /// Prefill FLOPs under SPEED.
+    pub flops_speed: f64,
+    /// Prefill FLOPs of the full model.
+    pub flops_full: f64,
+}
+
+impl CostNumbers {
+    /// `kv_speed / kv_full`.
+    pub fn kv_ratio(&self) -> f64 {
+        self.kv_speed as f64 / (self.kv_full.max(1)) as f64
+    }
+    /// `flops_speed / flops_full`.
+    pub fn flops_ratio(&self) -> f64 {
+        self.flops_speed / self.flops_full.max(1.0)
+    }
+}
+
+/// The cost of SPEED at `l_cut` for `model` under `s` (`l_cut` clamped to `1..=L`).
+pub fn cost_numbers(model: &ModelIdentity, l_cut: usize, s: &CostSettings) -> CostNumbers {
+    let layers = model.num_layers.max(1);
+    let l_cut = l_cut.clamp(1, layers);
+    let anchors = usize::from(s.keep_bos);
+    let split = PromptSplit::raw(s.context_len.max(1), anchors);
+    let kv = KvCost {
+        anchors: split.anchors,
+        prefill: split.prefill,
+        decode: split.decode + s.new_tokens,
+    };
+    let shape = KvShape {
+        num_layers: layers,
+        num_kv_heads: model.num_kv_heads,
+        head_dim: model.head_dim,
+        dtype_bytes: s.dtype_bytes,
+    };
+    let anchors_kind = if s.keep_bos {
+        Anchors::Bos
+    } else {
+        Anchors::None
+    };
+    let full = Policy::full(layers);
+    let speed = Policy::new(PolicyKind::Speed, l_cut, layers, anchors_kind).unwrap_or(full);
+    let flop_shape = FlopShape::from(model);
+    CostNumbers {
+        kv_speed: kv.bytes(&speed, &shape),
+        kv_full: kv.bytes(&full, &shape),
+        flops_speed: prefill_flops(&flop_shape, l_cut, split),
+        flops_full: prefill_flops(&flop_shape, layers, split),
+    }
+}
+
+/// Bytes in binary units, e.g. `1.25 GiB`.
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.3} {}", UNITS[u])
+    }
+}
+
+/// FLOPs with an SI prefix, e.g. `3.1 TFLOP`.
+pub fn human_flops(f: f64) -> String {
+    const UNITS: [&str; 6] = ["", "k", "M", "G", "T", "P"];
+    let mut v = f;
+    let mut u = 0;
+    while v >= 1000.0 && u < UNITS.len() - 1 {
+        v /= 1000.0;
+        u += 1;
+    }
+    format!("{v:.3} {}FLOP", UNITS[u])
+}
+
+/// The cost inputs and numbers for `l_cut`.
+pub fn show_cost_panel(ui: &mut Ui, model: &ModelIdentity, l_cut: usize, s: &mut CostSettings) {
+    ui.heading("Cost");
+    Grid::new("cost_inputs").num_columns(2).show(ui, |ui| {
+        let l = ui.label("Context length");
+        ui.add(
+            DragValue::new(&mut s.context_len)
+                .range(2..=10_000_000)
+                .speed(256.0),
+        )
+        .labelled_by(l.id);
+        ui.end_row();
+        let l = ui.label("New tokens");
+        ui.add(DragValue::new(&mut s.new_tokens).range(0..=1_000_000))
+            .labelled_by(l.id);
+        ui.end_row();
+        ui.label("KV dtype");
+        ui.horizontal(|ui| {
+            ui.radio_value(&mut s.dtype_bytes, 2, "bf16");
+            ui.radio_value(&mut s.dtype_bytes, 4, "f32");
+        });
+        ui.end_row();
+        ui.label("Anchors");
+        ui.checkbox(&mut s.keep_bos, "keep BoS");
+        ui.end_row();
+    });
+    let c = cost_numbers(model, l_cut, s);
+    ui.separator();
+    ui.label(format!(
+        "SPEED at L_cut {} of {}:",
+        l_cut.clamp(1, model.num_layers.max(1)),
+        model.num_layers
+    ));
+    ui.label(format!("KV bytes (SPEED): {}", human_bytes(c.kv_speed)));
+    ui.label(format!("KV bytes (full): {}", human_bytes(c.kv_full)));
+    ui.label(format!("KV ratio: {:.4}", c.kv_ratio()));
+    ui.label(format!(
+        "Prefill FLOPs (SPEED): {}",
+        human_flops(c.flops_speed)
+    ));
+    ui.label(format!(
+        "Prefill FLOPs (full): {}",
+        human_flops(c.flops_full)
+    ));
+    ui.label(format!("Prefill ratio: {:.4}", c.flops_ratio()));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paper_setting_saves_a_quarter_of_kv() {
+        // Llama-3.1-8B shape, L_cut 24 of 32, 128K prompt, 128 new tokens, bf16.
+        let model = ModelIdentity {
+            path: "x".into(),
+            config_hash: "0".into(),
+            arch: "llama".into(),
+            dtype: "bf16".into(),
+            num_layers: 32,
+            num_heads: 32,
+            num_kv_heads: 8,
+            head_dim: 128,
+            hidden_size: 4096,
+            intermediate_size: 14336,
+            vocab_size: 128_256,
+        };
+        let c = cost_numbers(&model, 24, &CostSettings::default());
+        assert!((c.kv_ratio() - 0.75).abs() < 0.01, "{}", c.kv_ratio());
+        assert!(c.flops_ratio() < 0.8 && c.flops_ratio() > 0.7);
+        let full = cost_numbers(&model, 32, &CostSettings::default());
+        assert_eq!(full.kv_speed, full.kv_full);
+        assert_eq!(human_bytes(1536), "1.500 KiB");
+        assert_eq!(human_flops(2.5e12), "2.500 TFLOP");
+    }
+}

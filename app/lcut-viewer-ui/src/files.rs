@@ -1,0 +1,102 @@
+//! Opening files: a pure-egui file dialog (`egui_file`, no GTK or portal) for
+//! model folders, prompt files, reports and export folders, and reports or
+//! model folders dropped onto the window.
+
+use std::path::{Path, PathBuf};
+
+use egui_file::{FileDialog, State};
+
+use crate::state::{PromptChoice, ViewerState};
+
+/// What the open dialog is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DialogPurpose {
+    /// Pick a model folder.
+    ModelDir,
+    /// Pick a JSONL prompt file.
+    PromptFile,
+    /// Pick a report (`report.json`).
+    Report,
+    /// Pick the export folder.
+    ExportDir,
+}
+
+/// An open file dialog and what its answer is for.
+pub struct FileDialogState {
+    /// The purpose.
+    pub purpose: DialogPurpose,
+    dialog: FileDialog,
+}
+
+/// Opens a file dialog for `purpose`, starting in `start` when it exists.
+pub fn open_dialog(state: &mut ViewerState, purpose: DialogPurpose, start: Option<&Path>) {
+    let dialog = match purpose {
+        DialogPurpose::ModelDir | DialogPurpose::ExportDir => FileDialog::select_folder(),
+        DialogPurpose::PromptFile | DialogPurpose::Report => FileDialog::open_file(),
+    };
+    let mut dialog = match start.filter(|p| p.exists()) {
+        Some(p) => dialog.initial_path(p),
+        None => dialog,
+    }
+    .id(egui::Id::unique(("lcut_file_dialog", purpose as u8)));
+    dialog.open();
+    state.dialog = Some(FileDialogState { purpose, dialog });
+}
+
+/// Shows the open dialog, if any, and acts on a selection.
+pub fn show_dialog(ctx: &egui::Context, state: &mut ViewerState) {
+    let Some(d) = state.dialog.as_mut() else {
+        return;
+    };
+    let picked: Option<PathBuf> = match d.dialog.show(ctx).state() {
+        State::Selected => d.dialog.path().map(Path::to_path_buf),
+        State::Open => return,
+        State::Closed | State::Cancelled => None,
+    };
+    let purpose = d.purpose;
+    state.dialog = None;
+    if let Some(path) = picked {
+        apply_pick(state, purpose, path);
+    }
+}
+
+/// Acts on a path picked for `purpose`.
+pub fn apply_pick(state: &mut ViewerState, purpose: DialogPurpose, path: PathBuf) {
+    match purpose {
+        DialogPurpose::ModelDir => {
+            state.open_model(path);
+        }
+        DialogPurpose::PromptFile => {
+            state.inputs.prompts_file = path.display().to_string();
+            state.inputs.prompts = PromptChoice::File;
+        }
+        DialogPurpose::Report => {
+            state.open_report(path);
+        }
+        DialogPurpose::ExportDir => state.export.dir = path.display().to_string(),
+    }
+}
+
+/// True for a folder that looks like a model (has `config.json`).
+pub fn is_model_dir(path: &Path) -> bool {
+    path.is_dir() && path.join("config.json").is_file()
+}
+
+/// Opens what was dropped on the window: a model folder loads the model;
+/// anything else is read as a report (a `report.json` or a run folder).
+pub fn handle_dropped(ctx: &egui::Context, state: &mut ViewerState) {
+    let dropped: Vec<PathBuf> = ctx.input(|i| {
+        i.raw
+            .dropped_files
+            .iter()
+            .map(|f| f.path().to_path_buf())
+            .collect()
+    });
+    if let Some(path) = dropped.into_iter().next() {
+        if is_model_dir(&path) {
+            state.open_model(path);
+        } else {
+            state.open_report(path);
+        }
+    }
+}

@@ -1,0 +1,38 @@
+//! The UI of the lcut desktop viewer, as plain state structs and functions
+//! that draw them with egui and egui_plot. No candle: the engine lives behind
+//! the [`backend`] seam (commands out, events in), served by the
+//! `lcut-viewer` binary's worker thread or by [`fake`] in tests.
+//!
+//! Entry point: [`show_viewer`] over a [`ViewerState`], once per frame.
+//!
+//! - [`heatmap_view`]: layer × decode step, layer × prompt position (binned to
+//!   the screen, tokens on hover), layer × head, BoS apart; linear or log scale.
+//! - [`curves`]: per-layer masses, entropy, curvature, the cut lines (drag).
+//! - [`recommend_panel`], [`cost_panel`], [`sweep_panel`], [`live`].
+
+// Tests unwrap freely; the library itself is still linted (clippy builds both).
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
+pub mod backend;
+pub mod colormap;
+pub mod controls;
+pub mod cost_panel;
+pub mod curves;
+pub mod fake;
+pub mod files;
+pub mod frames;
+pub mod grid;
+pub mod heatmap;
+pub mod heatmap_view;
+pub mod jobs;
+pub mod large;
+pub mod live;
+pub mod loaded;
+pub mod recommend_panel;
+pub mod state;
+pub mod sweep_panel;
+pub mod viewer;
+
+pub use backend::{Backend, Command, Event, WorkerPort, channel};
+pub use state::{Tab, ViewerState};
+pub use viewer::show_viewer;

@@ -1,0 +1,497 @@
+//! The viewer's plain state, and how backend events change it.
+//!
+//! Nothing here draws: the `show_*` functions in the other modules read and
+//! edit these structs, and [`ViewerState::apply_event`] folds in what the
+//! worker reports.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use lcut_report::Format;
+use lcut_trace::Report;
+
+use crate::backend::{Backend, Command, Event, JobId, ModelSummary, PromptSource};
+use crate::colormap::ColorScale;
+use crate::cost_panel::CostSettings;
+use crate::files::FileDialogState;
+use crate::frames::FrameStats;
+use crate::live::LiveState;
+use crate::loaded::LoadedReport;
+use crate::sweep_panel::SweepAxis;
+
+/// The views of the central area.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Tab {
+    /// Layer × step, layer × position, layer × head, BoS apart.
+    #[default]
+    Heatmaps,
+    /// Per-layer curves with the cut lines.
+    Curves,
+    /// The votes and the explanation.
+    Recommendation,
+    /// Quality against cost across cuts.
+    Sweep,
+    /// Full and SPEED generating side by side.
+    Live,
+}
+
+impl Tab {
+    /// Every tab, in display order.
+    pub const ALL: [Tab; 5] = [
+        Tab::Heatmaps,
+        Tab::Curves,
+        Tab::Recommendation,
+        Tab::Sweep,
+        Tab::Live,
+    ];
+
+    /// The tab's label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Tab::Heatmaps => "Heatmaps",
+            Tab::Curves => "Curves",
+            Tab::Recommendation => "Recommendation",
+            Tab::Sweep => "Sweep",
+            Tab::Live => "Live",
+        }
+    }
+}
+
+/// Where the prompts of the next run come from, as chosen in the UI.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PromptChoice {
+    /// The bundled prompt set.
+    #[default]
+    Bundled,
+    /// A JSONL file.
+    File,
+    /// The typed prompt.
+    Typed,
+}
+
+/// The inputs of a diagnostic run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunInputs {
+    /// Model folder as typed or picked.
+    pub model_dir: String,
+    /// The bundled model's folder.
+    pub bundled_model: PathBuf,
+    /// Prompt source.
+    pub prompts: PromptChoice,
+    /// Prompt file path.
+    pub prompts_file: String,
+    /// Typed prompt.
+    pub typed_prompt: String,
+    /// Greedy tokens per prompt.
+    pub max_new_tokens: usize,
+    /// Use the chat template when the model has one.
+    pub use_chat_template: bool,
+    /// Also run the sweep (quality against cost for every cut).
+    pub with_sweep: bool,
+}
+
+impl Default for RunInputs {
+    fn default() -> Self {
+        Self {
+            model_dir: String::new(),
+            bundled_model: PathBuf::from("fixtures/models/copy-full"),
+            prompts: PromptChoice::Bundled,
+            prompts_file: String::new(),
+            typed_prompt: "Copy this: the quick brown fox jumps over the lazy dog.".into(),
+            max_new_tokens: 16,
+            use_chat_template: true,
+            with_sweep: true,
+        }
+    }
+}
+
+/// What kind of job is running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobKind {
+    /// Loading a model folder.
+    OpenModel,
+    /// Reading a report file.
+    OpenReport,
+    /// A diagnostic run.
+    Diagnose,
+    /// A live generation.
+    Generate,
+    /// Writing an export.
+    Export,
+}
+
+impl JobKind {
+    /// Whether the Cancel button applies.
+    pub fn cancellable(self) -> bool {
+        matches!(self, JobKind::Diagnose | JobKind::Generate)
+    }
+}
+
+/// The running job and its progress.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Job {
+    /// Its id.
+    pub id: JobId,
+    /// Its kind.
+    pub kind: JobKind,
+    /// Units done.
+    pub done: usize,
+    /// Units in all (0 = unknown).
+    pub total: usize,
+    /// The latest message.
+    pub message: String,
+    /// Cancel was pressed; waiting for the worker to stop.
+    pub cancelling: bool,
+}
+
+impl Job {
+    /// Progress in `[0, 1]`.
+    pub fn fraction(&self) -> f32 {
+        if self.total == 0 {
+            0.0
+        } else {
+            (self.done as f32 / self.total as f32).clamp(0.0, 1.0)
+        }
+    }
+}
+
+/// Settings of the views that do not depend on the report.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ViewSettings {
+    /// The visible tab.
+    pub tab: Tab,
+    /// Heatmap colour scale.
+    pub scale: ColorScale,
+    /// The chosen cutoff (clamped to `1..=L` when a report is loaded).
+    pub l_cut: usize,
+    /// The sweep plot's cost axis.
+    pub sweep_axis: SweepAxis,
+}
+
+impl Default for ViewSettings {
+    fn default() -> Self {
+        Self {
+            tab: Tab::Heatmaps,
+            scale: ColorScale::Log,
+            l_cut: 1,
+            sweep_axis: SweepAxis::default(),
+        }
+    }
+}
+
+/// Where and how to export.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExportSettings {
+    /// The folder.
+    pub dir: String,
+    /// The format.
+    pub format: Format,
+    /// The last file written.
+    pub last: Option<PathBuf>,
+}
+
+impl Default for ExportSettings {
+    fn default() -> Self {
+        Self {
+            dir: "lcut-export".into(),
+            format: Format::Html,
+            last: None,
+        }
+    }
+}
+
+/// Everything the viewer shows and edits.
+#[derive(Default)]
+pub struct ViewerState {
+    /// The worker, when one is connected.
+    pub backend: Option<Backend>,
+    /// Run inputs.
+    pub inputs: RunInputs,
+    /// The open model.
+    pub model: Option<ModelSummary>,
+    /// The running job.
+    pub job: Option<Job>,
+    /// The report on display.
+    pub loaded: Option<LoadedReport>,
+    /// View settings.
+    pub view: ViewSettings,
+    /// Cost panel settings.
+    pub cost: CostSettings,
+    /// Live generation.
+    pub live: LiveState,
+    /// Export settings.
+    pub export: ExportSettings,
+    /// Messages, newest last.
+    pub log: Vec<String>,
+    /// The latest error, shown until the next job starts.
+    pub error: Option<String>,
+    /// The open file dialog.
+    pub dialog: Option<FileDialogState>,
+    /// Frame times.
+    pub frames: FrameStats,
+}
+
+/// Most messages kept in [`ViewerState::log`].
+const LOG_LEN: usize = 200;
+
+impl ViewerState {
+    /// A state wired to `backend`.
+    pub fn new(backend: Backend) -> Self {
+        Self {
+            backend: Some(backend),
+            ..Self::default()
+        }
+    }
+
+    /// Adds a message to the log.
+    pub fn note(&mut self, msg: impl Into<String>) {
+        self.log.push(msg.into());
+        if self.log.len() > LOG_LEN {
+            let extra = self.log.len() - LOG_LEN;
+            self.log.drain(..extra);
+        }
+    }
+
+    fn fail(&mut self, msg: String) {
+        self.note(format!("error: {msg}"));
+        self.error = Some(msg);
+    }
+
+    /// Whether a job is running (run buttons are disabled meanwhile).
+    pub fn busy(&self) -> bool {
+        self.job.is_some()
+    }
+
+    /// Starts a job with the command `make(job)`; false (and an error) when
+    /// no worker is connected or one is busy.
+    pub fn start(&mut self, kind: JobKind, make: impl FnOnce(JobId) -> Command) -> bool {
+        if self.busy() {
+            return false;
+        }
+        let Some(backend) = self.backend.as_mut() else {
+            self.fail("no worker is connected".into());
+            return false;
+        };
+        let id = backend.new_job();
+        if !backend.send(make(id)) {
+            self.fail("the worker thread has stopped".into());
+            return false;
+        }
+        self.error = None;
+        self.job = Some(Job {
+            id,
+            kind,
+            done: 0,
+            total: 0,
+            message: "starting".into(),
+            cancelling: false,
+        });
+        true
+    }
+
+    /// Asks the worker to load `dir`.
+    pub fn open_model(&mut self, dir: PathBuf) -> bool {
+        self.inputs.model_dir = dir.display().to_string();
+        self.start(JobKind::OpenModel, |_| Command::OpenModel(dir))
+    }
+
+    /// Asks the worker to read a report file (or a run folder).
+    pub fn open_report(&mut self, path: PathBuf) -> bool {
+        self.start(JobKind::OpenReport, |job| Command::OpenReport { job, path })
+    }
+
+    /// Starts a diagnostic run with the current inputs.
+    pub fn run_diagnose(&mut self) -> bool {
+        let prompts = match self.inputs.prompts {
+            PromptChoice::Bundled => PromptSource::Bundled,
+            PromptChoice::File => PromptSource::File(PathBuf::from(&self.inputs.prompts_file)),
+            PromptChoice::Typed => PromptSource::Typed(self.inputs.typed_prompt.clone()),
+        };
+        let (max_new_tokens, use_chat_template) =
+            (self.inputs.max_new_tokens, self.inputs.use_chat_template);
+        let sweep_context_len = self.inputs.with_sweep.then_some(self.cost.context_len);
+        self.start(JobKind::Diagnose, |job| Command::RunDiagnose {
+            job,
+            prompts,
+            max_new_tokens,
+            use_chat_template,
+            sweep_context_len,
+        })
+    }
+
+    /// Starts a live generation at the chosen cutoff.
+    pub fn run_generate(&mut self) -> bool {
+        let l_cut = self.view.l_cut;
+        let (prompt, keep_bos, max_new_tokens) = (
+            self.live.prompt.clone(),
+            self.live.keep_bos,
+            self.live.max_new_tokens,
+        );
+        let use_chat_template = self.inputs.use_chat_template;
+        let ok = self.start(JobKind::Generate, |job| Command::RunGenerate {
+            job,
+            prompt,
+            l_cut,
+            keep_bos,
+            max_new_tokens,
+            use_chat_template,
+        });
+        if ok {
+            self.live.begin(l_cut);
+        }
+        ok
+    }
+
+    /// Exports the report on display.
+    pub fn export(&mut self) -> bool {
+        let Some(report) = self.loaded.as_ref().map(|l| Arc::clone(&l.report)) else {
+            self.fail("nothing to export: open or run a report first".into());
+            return false;
+        };
+        let (format, dir) = (self.export.format, PathBuf::from(&self.export.dir));
+        self.start(JobKind::Export, |job| Command::Export {
+            job,
+            report,
+            format,
+            dir,
+        })
+    }
+
+    /// Cancels the running job.
+    pub fn cancel(&mut self) {
+        if let (Some(job), Some(backend)) = (self.job.as_mut(), self.backend.as_mut())
+            && job.kind.cancellable()
+            && !job.cancelling
+        {
+            job.cancelling = true;
+            job.message = "cancelling…".into();
+            backend.cancel(job.id);
+        }
+    }
+
+    /// Shows `report` (from `source`), with the chosen cut at its recommendation.
+    pub fn set_report(&mut self, report: Report, source: String) {
+        self.note(format!(
+            "report: {} prompts, {} layers × {} heads, from {source}",
+            report.traces.len(),
+            report.model.num_layers,
+            report.model.num_heads
+        ));
+        self.view.l_cut = report.recommendation.l_cut;
+        self.loaded = Some(LoadedReport::new(Arc::new(report), source));
+    }
+
+    /// Polls the backend and applies every event; returns how many arrived.
+    pub fn poll(&mut self) -> usize {
+        let events = match self.backend.as_mut() {
+            Some(b) => b.poll(),
+            None => return 0,
+        };
+        let n = events.len();
+        for e in events {
+            self.apply_event(e);
+        }
+        if self.backend.as_ref().is_some_and(Backend::is_disconnected) && self.job.is_some() {
+            self.job = None;
+            self.fail("the worker thread has stopped".into());
+        }
+        n
+    }
+
+    /// Folds one event into the state.
+    pub fn apply_event(&mut self, event: Event) {
+        match event {
+            Event::ModelOpened(summary) => {
+                self.note(format!(
+                    "model: {} ({}, {} layers, {} heads, {} KV heads)",
+                    summary.path,
+                    summary.arch,
+                    summary.num_layers,
+                    summary.num_heads,
+                    summary.num_kv_heads
+                ));
+                self.inputs.model_dir.clone_from(&summary.path);
+                self.model = Some(summary);
+                self.job = None;
+            }
+            Event::ModelFailed(e) => {
+                self.job = None;
+                self.fail(e);
+            }
+            Event::Progress {
+                done,
+                total,
+                message,
+            } => {
+                if let Some(job) = self.job.as_mut() {
+                    job.done = done;
+                    job.total = total;
+                    if !job.cancelling {
+                        job.message = message;
+                    }
+                }
+            }
+            Event::ReportReady { report, source } => {
+                self.job = None;
+                self.set_report(*report, source);
+            }
+            Event::DiagnoseFailed(e) => {
+                self.job = None;
+                self.fail(e);
+            }
+            Event::Cancelled => {
+                if self
+                    .job
+                    .as_ref()
+                    .is_some_and(|j| j.kind == JobKind::Generate)
+                {
+                    self.live.cancelled();
+                }
+                self.job = None;
+                self.note("cancelled");
+            }
+            Event::GenerationStarted {
+                full_policy,
+                speed_policy,
+                prompt_len,
+            } => self.live.started(full_policy, speed_policy, prompt_len),
+            Event::GenerationStep {
+                index: _,
+                full,
+                speed,
+                agree,
+                kl,
+                full_metrics,
+                speed_metrics,
+            } => self
+                .live
+                .step(full, speed, agree, kl, full_metrics, speed_metrics),
+            Event::GenerationDone {
+                full_metrics,
+                speed_metrics,
+            } => {
+                self.job = None;
+                self.live.done(full_metrics, speed_metrics);
+                self.note(format!(
+                    "generation done: {} tokens, agreement {:.0}%",
+                    self.live.full.len(),
+                    100.0 * self.live.agreement()
+                ));
+            }
+            Event::GenerationFailed(e) => {
+                self.job = None;
+                self.live.failed(e.clone());
+                self.fail(e);
+            }
+            Event::Exported(path) => {
+                self.job = None;
+                self.note(format!("exported {}", path.display()));
+                self.export.last = Some(path);
+            }
+            Event::ExportFailed(e) => {
+                self.job = None;
+                self.fail(e);
+            }
+        }
+    }
+}

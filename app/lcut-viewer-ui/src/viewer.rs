@@ -1,0 +1,145 @@
+//! The whole window: control bar on top, status bar below, the cutoff panel
+//! (slider, recommendation, cost) on the right, and the tabbed views.
+
+use std::time::Duration;
+
+use egui::{CentralPanel, Panel, RichText, ScrollArea, Slider, Ui};
+
+use crate::controls::{show_controls, show_status};
+use crate::cost_panel::show_cost_panel;
+use crate::curves::show_curves;
+use crate::files::{handle_dropped, show_dialog};
+use crate::heatmap_view::show_heatmaps;
+use crate::live::show_live;
+use crate::recommend_panel::{show_recommendation, show_votes};
+use crate::state::{JobKind, Tab, ViewerState};
+use crate::sweep_panel::show_sweep;
+
+/// The right-hand panel: the chosen L_cut, the votes and the cost panel.
+pub fn show_cutoff_panel(ui: &mut Ui, state: &mut ViewerState) {
+    let Some(loaded) = state.loaded.as_ref() else {
+        return;
+    };
+    let report = std::sync::Arc::clone(&loaded.report);
+    let layers = report.model.num_layers.max(1);
+    state.view.l_cut = state.view.l_cut.clamp(1, layers);
+    ui.heading("Cutoff");
+    ui.add(Slider::new(&mut state.view.l_cut, 1..=layers).text("L_cut"));
+    ui.label(format!(
+        "Layers 0..{} keep the prompt; {}..{} see only BoS and decode-phase tokens.",
+        state.view.l_cut.saturating_sub(1),
+        state.view.l_cut,
+        layers - 1
+    ));
+    ui.separator();
+    show_votes(ui, &report.recommendation, &mut state.view.l_cut);
+    ui.separator();
+    show_cost_panel(ui, &report.model, state.view.l_cut, &mut state.cost);
+}
+
+fn show_empty(ui: &mut Ui) {
+    ui.vertical_centered(|ui| {
+        ui.add_space(60.0);
+        ui.label(RichText::new("No report open").heading());
+        ui.label(
+            "Open a model (Bundled model) and press Run diagnostics, or open a saved report \
+             (Open report…, or drop a report.json or a run folder on this window).",
+        );
+    });
+}
+
+fn show_tabs(ui: &mut Ui, state: &mut ViewerState) {
+    ui.horizontal(|ui| {
+        for t in Tab::ALL {
+            ui.selectable_value(&mut state.view.tab, t, t.label());
+        }
+    });
+    ui.separator();
+}
+
+fn show_live_tab(ui: &mut Ui, state: &mut ViewerState) {
+    let why_not = match &state.model {
+        None => "open a model to generate",
+        Some(m) if !m.has_tokenizer => "the model has no tokenizer",
+        Some(_) if state.busy() => "a job is running",
+        Some(_) => "",
+    };
+    let can_run = why_not.is_empty();
+    if show_live(ui, &mut state.live, state.view.l_cut, can_run, why_not) {
+        state.run_generate();
+    }
+    if state
+        .job
+        .as_ref()
+        .is_some_and(|j| j.kind == JobKind::Generate)
+        && ui.button("Cancel generation").clicked()
+    {
+        state.cancel();
+    }
+}
+
+/// The central area: tabs and the selected view.
+pub fn show_central(ui: &mut Ui, state: &mut ViewerState) {
+    show_tabs(ui, state);
+    if state.view.tab == Tab::Live {
+        show_live_tab(ui, state);
+        return;
+    }
+    let Some(loaded) = state.loaded.as_mut() else {
+        show_empty(ui);
+        return;
+    };
+    let view = &mut state.view;
+    match view.tab {
+        Tab::Heatmaps => show_heatmaps(ui, loaded, view),
+        Tab::Curves => {
+            crate::heatmap_view::show_selectors(ui, loaded, view);
+            let th = loaded.report.settings.thresholds;
+            let rec = loaded.report.recommendation.l_cut;
+            show_curves(ui, &loaded.curves, &mut view.l_cut, rec, th.entropy_max);
+        }
+        Tab::Recommendation => {
+            let report = std::sync::Arc::clone(&loaded.report);
+            ScrollArea::vertical().show(ui, |ui| {
+                show_recommendation(
+                    ui,
+                    &report.recommendation,
+                    &report.settings.thresholds,
+                    &mut view.l_cut,
+                );
+            });
+        }
+        Tab::Sweep => show_sweep(
+            ui,
+            loaded.report.sweep.as_ref(),
+            &mut view.l_cut,
+            &mut view.sweep_axis,
+        ),
+        Tab::Live => {}
+    }
+}
+
+/// Draws the viewer for one frame: polls the backend, handles dropped files,
+/// lays out the panels and the file dialog, and records the frame time.
+pub fn show_viewer(ui: &mut Ui, state: &mut ViewerState) {
+    let start = state.frames.begin();
+    state.poll();
+    let ctx = ui.ctx().clone();
+    handle_dropped(&ctx, state);
+    Panel::top("controls").show(ui, |ui| show_controls(ui, state));
+    Panel::bottom("status").show(ui, |ui| show_status(ui, state));
+    if state.loaded.is_some() {
+        Panel::right("cutoff").default_size(300.0).show(ui, |ui| {
+            ScrollArea::vertical()
+                .id_salt("cutoff_scroll")
+                .show(ui, |ui| show_cutoff_panel(ui, state));
+        });
+    }
+    CentralPanel::default().show(ui, |ui| show_central(ui, state));
+    show_dialog(&ctx, state);
+    if state.busy() {
+        // Events also wake the UI; this keeps the progress bar animating.
+        ctx.request_repaint_after(Duration::from_millis(100));
+    }
+    state.frames.end(start);
+}

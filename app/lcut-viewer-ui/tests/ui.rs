@@ -1,0 +1,307 @@
+//! The viewer driven through its labels with egui_kittest (headless, no GPU),
+//! against the fake worker: open a model, run diagnostics, move the L_cut
+//! slider and watch the cost panel, cancel, export, toggle the colour scale,
+//! drop a report, generate live.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use egui::accesskit::Role;
+use egui_kittest::Harness;
+use egui_kittest::kittest::{NodeT, Queryable};
+use lcut_viewer_ui::colormap::ColorScale;
+use lcut_viewer_ui::fake::{self, FakeOptions};
+use lcut_viewer_ui::live::LiveStatus;
+use lcut_viewer_ui::{Tab, ViewerState, channel, show_viewer};
+
+fn harness(o: FakeOptions) -> Harness<'static, ViewerState> {
+    let (backend, port) = channel(None);
+    fake::spawn(port, o);
+    let state = ViewerState::new(backend);
+    Harness::builder()
+        .with_size([1400.0, 900.0])
+        .build_ui_state(show_viewer, state)
+}
+
+/// Steps until `done` holds (the worker runs on its own thread), at most 20 s.
+fn step_until(h: &mut Harness<'_, ViewerState>, what: &str, done: impl Fn(&ViewerState) -> bool) {
+    let start = Instant::now();
+    while !done(h.state()) {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "timed out waiting for {what}; log: {:?}",
+            h.state().log
+        );
+        std::thread::sleep(Duration::from_millis(2));
+        h.step();
+    }
+    h.step();
+}
+
+/// The text of the one label that starts with `prefix` (labels keep their
+/// text in the AccessKit value).
+fn label_starting(h: &Harness<'_, ViewerState>, prefix: &str) -> String {
+    let node =
+        h.get_by(|n| n.role() == Role::Label && n.value().is_some_and(|v| v.starts_with(prefix)));
+    node.accesskit_node().value().unwrap_or_default()
+}
+
+fn open_model_and_run(h: &mut Harness<'_, ViewerState>) {
+    h.get_by_label("Bundled model").click();
+    h.step();
+    step_until(h, "the model", |s| s.model.is_some());
+    h.get_by_label("Run diagnostics").click();
+    h.step();
+    step_until(h, "the report", |s| s.loaded.is_some() && s.job.is_none());
+}
+
+#[test]
+fn open_bundled_model_and_run_diagnostics() {
+    let mut h = harness(FakeOptions::default());
+    assert!(h.query_by_label("No report open").is_some());
+    open_model_and_run(&mut h);
+    assert!(h.query_by_label("No report open").is_none());
+    let rec = h
+        .state()
+        .loaded
+        .as_ref()
+        .unwrap()
+        .report
+        .recommendation
+        .l_cut;
+    assert!(
+        h.query_by_label(&format!("Recommended L_cut: {rec} of 16"))
+            .is_some()
+    );
+    // Every heatmap of the default view drew a texture.
+    let caches = &h.state().loaded.as_ref().unwrap().caches;
+    for c in [
+        &caches.by_step,
+        &caches.by_position,
+        &caches.by_head,
+        &caches.bos,
+    ] {
+        assert!(c.rebuilds >= 1 && c.texture_size().is_some());
+    }
+    // The other views open and show their content.
+    h.get_by_label("Recommendation").click();
+    h.step();
+    assert!(
+        h.query_by_label_contains("Tail mass: smallest cut")
+            .is_some()
+    );
+    h.get_by_label("Sweep").click();
+    h.step();
+    assert!(h.query_by_label_contains("Quality vs cost").is_some());
+    h.get_by_label("Curves").click();
+    h.step();
+    assert_eq!(h.state().view.tab, Tab::Curves);
+    assert!(
+        h.query_by_label_contains("Drag or click in a plot")
+            .is_some()
+    );
+}
+
+#[test]
+fn moving_the_l_cut_slider_changes_the_cost_panel() {
+    let mut h = harness(FakeOptions::default());
+    open_model_and_run(&mut h);
+    let before_kv = label_starting(&h, "KV bytes (SPEED):");
+    let before_ratio = label_starting(&h, "KV ratio:");
+    let before_flops = label_starting(&h, "Prefill FLOPs (SPEED):");
+    let full = label_starting(&h, "KV bytes (full):");
+    let l0 = h.state().view.l_cut;
+    let target = if l0 > 4 { 2 } else { 12 };
+    h.get_by_role_and_label(Role::Slider, "L_cut")
+        .set_value_accesskit(target as f64);
+    h.step();
+    h.step();
+    assert_eq!(h.state().view.l_cut, target);
+    let after_kv = label_starting(&h, "KV bytes (SPEED):");
+    assert_ne!(before_kv, after_kv);
+    assert_ne!(before_ratio, label_starting(&h, "KV ratio:"));
+    assert_ne!(before_flops, label_starting(&h, "Prefill FLOPs (SPEED):"));
+    // The full model's cost does not depend on the cut.
+    assert_eq!(full, label_starting(&h, "KV bytes (full):"));
+    // The slider at the top: SPEED costs what the full model costs.
+    h.get_by_role_and_label(Role::Slider, "L_cut")
+        .set_value_accesskit(16.0);
+    h.step();
+    h.step();
+    assert_eq!(label_starting(&h, "KV ratio:"), "KV ratio: 1.0000");
+    // Back to the recommendation with its button.
+    h.get_by_label("Use recommended L_cut").click();
+    h.step();
+    assert_eq!(h.state().view.l_cut, l0);
+}
+
+#[test]
+fn cancel_stops_a_diagnostic_run() {
+    let mut h = harness(FakeOptions {
+        diagnose_steps: 10_000,
+        step_delay: Duration::from_millis(10),
+        ..FakeOptions::default()
+    });
+    h.get_by_label("Bundled model").click();
+    h.step();
+    step_until(&mut h, "the model", |s| s.model.is_some());
+    h.get_by_label("Run diagnostics").click();
+    h.step();
+    step_until(&mut h, "progress", |s| {
+        s.job.as_ref().is_some_and(|j| j.done > 0)
+    });
+    // While it runs: a progress bar, Run disabled, Cancel offered.
+    assert!(h.query_by_role(Role::ProgressIndicator).is_some());
+    assert!(
+        h.get_by_label("Run diagnostics")
+            .accesskit_node()
+            .is_disabled()
+    );
+    h.get_by_label("Cancel").click();
+    h.step();
+    step_until(&mut h, "the cancel", |s| s.job.is_none());
+    assert!(h.state().loaded.is_none());
+    assert_eq!(h.state().log.last().map(String::as_str), Some("cancelled"));
+    assert!(h.query_by_label("Cancel").is_none());
+    assert!(
+        !h.get_by_label("Run diagnostics")
+            .accesskit_node()
+            .is_disabled()
+    );
+}
+
+#[test]
+fn export_writes_the_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let mut h = harness(FakeOptions::default());
+    open_model_and_run(&mut h);
+    h.state_mut().export.dir = out.display().to_string();
+    for (format, ext) in [("md", "md"), ("html", "html")] {
+        h.get_by_role_and_label(Role::ComboBox, "Export as").click();
+        h.run_steps(3);
+        h.get_by_label(format).click();
+        h.step();
+        h.get_by_label("Export").click();
+        h.step();
+        step_until(&mut h, "the export", |s| {
+            s.job.is_none()
+                && s.export
+                    .last
+                    .as_ref()
+                    .is_some_and(|p| p.extension().is_some_and(|e| e == ext))
+        });
+        let path = out.join(format!("report.{ext}"));
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains("L_cut"), "{}", path.display());
+    }
+    assert!(h.query_by_label_contains("wrote ").is_some());
+}
+
+#[test]
+fn colour_scale_toggles_between_log_and_linear() {
+    let mut h = harness(FakeOptions::default());
+    open_model_and_run(&mut h);
+    assert_eq!(h.state().view.scale, ColorScale::Log);
+    let rebuilds = h.state().loaded.as_ref().unwrap().caches.by_step.rebuilds;
+    h.get_by_label("Linear").click();
+    h.step();
+    h.step();
+    assert_eq!(h.state().view.scale, ColorScale::Linear);
+    assert!(
+        h.query_all_by_label_contains("prefill mass (linear)")
+            .count()
+            > 0
+    );
+    let after = h.state().loaded.as_ref().unwrap().caches.by_step.rebuilds;
+    assert!(after > rebuilds, "the texture is recoloured");
+    h.get_by_label("Log").click();
+    h.step();
+    assert_eq!(h.state().view.scale, ColorScale::Log);
+    assert!(h.query_all_by_label_contains("prefill mass (log)").count() > 0);
+}
+
+#[derive(Debug)]
+struct Dropped(PathBuf);
+
+impl egui::DroppedFile for Dropped {
+    fn path(&self) -> &Path {
+        &self.0
+    }
+    fn bytes(&self) -> Result<Vec<u8>, String> {
+        std::fs::read(&self.0).map_err(|e| e.to_string())
+    }
+}
+
+#[test]
+fn a_dropped_report_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = lcut_diag::synthetic::synthetic_report(3, 6, 2, false).unwrap();
+    let path = lcut_report::write_report(&report, dir.path(), lcut_report::Format::Json).unwrap();
+    let mut h = harness(FakeOptions::default());
+    h.input_mut()
+        .dropped_files
+        .push(Arc::new(Dropped(path.clone())));
+    h.step();
+    step_until(&mut h, "the dropped report", |s| s.loaded.is_some());
+    let loaded = h.state().loaded.as_ref().unwrap();
+    assert_eq!(loaded.report.model.num_layers, 6);
+    assert_eq!(loaded.source, path.display().to_string());
+    // A bad file gives a message that names it, not a crash.
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, b"{}").unwrap();
+    h.input_mut().dropped_files.push(Arc::new(Dropped(bad)));
+    h.step();
+    step_until(&mut h, "the error", |s| s.error.is_some());
+    assert!(h.state().error.as_ref().unwrap().contains("bad.json"));
+    assert_eq!(
+        h.state().loaded.as_ref().unwrap().report.model.num_layers,
+        6
+    );
+}
+
+#[test]
+fn live_generation_streams_and_cancels() {
+    let mut h = harness(FakeOptions {
+        step_delay: Duration::from_millis(20),
+        ..FakeOptions::default()
+    });
+    open_model_and_run(&mut h);
+    h.get_by_label("Live").click();
+    h.step();
+    h.state_mut().live.max_new_tokens = 8;
+    h.step();
+    let l_cut = h.state().view.l_cut;
+    h.get_by_label(&format!("Generate at L_cut {l_cut}"))
+        .click();
+    h.step();
+    step_until(&mut h, "the generation", |s| {
+        s.live.status == LiveStatus::Done
+    });
+    let live = &h.state().live;
+    assert_eq!(live.full.len(), 8);
+    assert_eq!(live.speed.len(), 8);
+    assert_eq!(live.first_divergence(), Some(3));
+    assert!(live.speed_metrics.kv_bytes < live.full_metrics.kv_bytes);
+    assert!(
+        h.query_by_label_contains("prompt tokens, agreement 88%")
+            .is_some()
+    );
+    assert_eq!(h.query_all_by_label_contains("TTFT").count(), 2);
+
+    // A long one, cancelled while tokens stream.
+    h.state_mut().live.max_new_tokens = 4000;
+    h.step();
+    h.get_by_label(&format!("Generate at L_cut {l_cut}"))
+        .click();
+    h.step();
+    step_until(&mut h, "tokens", |s| s.live.full.len() >= 2);
+    h.get_by_label("Cancel generation").click();
+    h.step();
+    step_until(&mut h, "the cancel", |s| s.job.is_none());
+    assert_eq!(h.state().live.status, LiveStatus::Cancelled);
+    assert!(h.state().live.full.len() < 4000);
+}
