@@ -1,0 +1,211 @@
+//! The eframe application: the UI state, the worker that serves it, what to
+//! open at start, and an optional scripted pan for frame-time measurements.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use lcut_viewer_ui::backend::Command;
+use lcut_viewer_ui::large::{LargeSpec, large_report};
+use lcut_viewer_ui::{Tab, ViewerState, channel, show_viewer};
+
+use crate::paths;
+use crate::worker::{WorkerConfig, spawn};
+
+/// What to open and show when the window appears.
+#[derive(Debug, Clone, Default)]
+pub struct StartOptions {
+    /// A model folder to load (the bundled one when `None` and it exists).
+    pub model: Option<PathBuf>,
+    /// Do not load any model at start.
+    pub no_model: bool,
+    /// A report (or run folder) to open.
+    pub report: Option<PathBuf>,
+    /// Open the large synthetic report (32 × 32 × 128 steps × 128K positions).
+    pub demo_large: bool,
+    /// The tab to show first.
+    pub tab: Option<Tab>,
+    /// Run diagnostics once the model is loaded.
+    pub run: bool,
+    /// Drag-pan the prompt-position heatmap for this many frames, print the
+    /// frame times and quit.
+    pub bench_pan_frames: Option<usize>,
+}
+
+/// Parses a tab name (case-insensitive label).
+pub fn parse_tab(name: &str) -> Option<Tab> {
+    Tab::ALL
+        .into_iter()
+        .find(|t| t.label().eq_ignore_ascii_case(name))
+}
+
+/// The scripted pan.
+struct PanBench {
+    frames: usize,
+    done: usize,
+    pressed: bool,
+}
+
+/// The viewer application.
+pub struct ViewerApp {
+    /// The UI state.
+    pub state: ViewerState,
+    worker: Option<JoinHandle<()>>,
+    pending_run: bool,
+    bench: Option<PanBench>,
+}
+
+impl ViewerApp {
+    /// Starts the worker (waking `ctx` on each event) and applies `opts`.
+    pub fn new(ctx: &egui::Context, opts: &StartOptions) -> std::io::Result<Self> {
+        let ctx2 = ctx.clone();
+        let (backend, port) = channel(Some(Arc::new(move || ctx2.request_repaint())));
+        let worker = spawn(port, WorkerConfig::default())?;
+        let mut state = ViewerState::new(backend);
+        state.inputs.bundled_model = paths::resolve(paths::BUNDLED_MODEL);
+        state.inputs.model_dir = state.inputs.bundled_model.display().to_string();
+        let mut app = Self {
+            state,
+            worker: Some(worker),
+            pending_run: opts.run,
+            bench: opts.bench_pan_frames.map(|frames| PanBench {
+                frames,
+                done: 0,
+                pressed: false,
+            }),
+        };
+        app.apply(opts);
+        Ok(app)
+    }
+
+    fn apply(&mut self, opts: &StartOptions) {
+        let s = &mut self.state;
+        if opts.demo_large {
+            match large_report(LargeSpec::default()) {
+                Ok(r) => s.set_report(r, "synthetic large trace".into()),
+                Err(e) => s.note(format!("error: {e}")),
+            }
+        }
+        let model = opts.model.clone().or_else(|| {
+            (!opts.no_model && s.inputs.bundled_model.exists())
+                .then(|| s.inputs.bundled_model.clone())
+        });
+        if let Some(m) = model {
+            s.open_model(m);
+        }
+        if let Some(r) = &opts.report {
+            if s.busy() {
+                // One job at a time: queue the report behind the model.
+                if let Some(b) = s.backend.as_mut() {
+                    let job = b.new_job();
+                    b.send(Command::OpenReport {
+                        job,
+                        path: r.clone(),
+                    });
+                }
+            } else {
+                s.open_report(r.clone());
+            }
+        }
+        if let Some(t) = opts.tab {
+            s.view.tab = t;
+        }
+    }
+
+    fn bench_input(&mut self, raw: &mut egui::RawInput) {
+        let Some(b) = self.bench.as_mut() else {
+            return;
+        };
+        let Some(rect) = self
+            .state
+            .loaded
+            .as_ref()
+            .and_then(|l| l.caches.by_position.last_rect)
+        else {
+            return;
+        };
+        // Back and forth over the middle of the heatmap, 8 px per frame.
+        let span = rect.width() * 0.6;
+        let phase = (b.done as f32 * 8.0) % (2.0 * span);
+        let dx = if phase < span {
+            phase
+        } else {
+            2.0 * span - phase
+        };
+        let pos = egui::pos2(rect.left() + rect.width() * 0.8 - dx, rect.center().y);
+        if !b.pressed {
+            raw.events.push(egui::Event::PointerMoved(pos));
+            raw.events.push(egui::Event::PointerButton {
+                pos,
+                button: egui::PointerButton::Primary,
+                pressed: true,
+                modifiers: egui::Modifiers::NONE,
+            });
+            b.pressed = true;
+            self.state.frames.reset();
+        } else {
+            raw.events.push(egui::Event::PointerMoved(pos));
+        }
+        b.done += 1;
+    }
+
+    fn bench_finish(&mut self, ctx: &egui::Context) {
+        let Some(b) = &self.bench else {
+            return;
+        };
+        if b.done < b.frames {
+            ctx.request_repaint();
+            return;
+        }
+        let f = &self.state.frames;
+        if let (Some(build), Some(interval)) = (f.build(), f.interval()) {
+            let tex = self.state.loaded.as_ref().map(|l| {
+                (
+                    l.caches.by_position.texture_size(),
+                    l.caches.by_position.rebuilds,
+                )
+            });
+            println!(
+                "pan bench: {} frames; UI build mean {:.2} ms, p95 {:.2} ms, max {:.2} ms; \
+                 frame interval mean {:.2} ms, p95 {:.2} ms, max {:.2} ms; position texture {:?}",
+                interval.frames,
+                build.mean_ms,
+                build.p95_ms,
+                build.max_ms,
+                interval.mean_ms,
+                interval.p95_ms,
+                interval.max_ms,
+                tex
+            );
+        }
+        ctx.send_viewport_cmd(egui::ViewportCommand::Close);
+        self.bench = None;
+    }
+}
+
+impl eframe::App for ViewerApp {
+    fn raw_input_hook(&mut self, _ctx: &egui::Context, raw: &mut egui::RawInput) {
+        self.bench_input(raw);
+    }
+
+    fn ui(&mut self, ui: &mut egui::Ui, _frame: &mut eframe::Frame) {
+        show_viewer(ui, &mut self.state);
+        if self.pending_run && self.state.model.is_some() && !self.state.busy() {
+            self.pending_run = false;
+            self.state.run_diagnose();
+        }
+        self.bench_finish(ui.ctx());
+    }
+
+    fn on_exit(&mut self, _gl: Option<&eframe::glow::Context>) {
+        if let Some(b) = self.state.backend.as_mut() {
+            let running = self.state.job.as_ref().map(|j| j.id);
+            if let Some(job) = running {
+                b.cancel(job);
+            }
+            b.send(Command::Shutdown);
+        }
+        // The worker stops at its next step; do not wait on a long prefill.
+        drop(self.worker.take());
+    }
+}

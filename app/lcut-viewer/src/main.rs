@@ -1,0 +1,84 @@
+//! `lcut-viewer`: inspect heatmaps, pick a cutoff, run SPEED live, export.
+
+use std::path::PathBuf;
+
+use anyhow::{Context as _, anyhow};
+use clap::Parser;
+use lcut_viewer::app::{StartOptions, ViewerApp, parse_tab};
+
+/// The lcut desktop viewer.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// Model folder to open at start (default: the bundled model, if present).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Do not open any model at start.
+    #[arg(long, conflicts_with = "model")]
+    no_model: bool,
+    /// A report.json (or a run folder holding one) to open at start.
+    #[arg(long)]
+    report: Option<PathBuf>,
+    /// Open the large synthetic report (32 layers × 32 heads × 128 steps × 128K positions).
+    #[arg(long)]
+    demo_large: bool,
+    /// Run diagnostics on the model as soon as it is loaded.
+    #[arg(long)]
+    run: bool,
+    /// The view to show first: heatmaps, curves, recommendation, sweep or live.
+    #[arg(long, value_name = "NAME")]
+    screenshot_view: Option<String>,
+    /// Drag-pan the prompt-position heatmap for N frames, print frame times, quit.
+    #[arg(long, value_name = "N")]
+    bench_pan: Option<usize>,
+    /// Window size, WIDTHxHEIGHT.
+    #[arg(long, default_value = "1280x800")]
+    size: String,
+}
+
+fn parse_size(s: &str) -> anyhow::Result<[f32; 2]> {
+    let (w, h) = s
+        .split_once('x')
+        .ok_or_else(|| anyhow!("--size {s:?}: expected WIDTHxHEIGHT, e.g. 1280x800"))?;
+    let num = |v: &str| {
+        v.trim()
+            .parse::<f32>()
+            .with_context(|| format!("--size {s:?}: {v:?} is not a number"))
+    };
+    Ok([num(w)?, num(h)?])
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let tab = match &args.screenshot_view {
+        Some(name) => Some(parse_tab(name).ok_or_else(|| {
+            anyhow!(
+                "--screenshot-view {name:?}: expected heatmaps, curves, recommendation, sweep or live"
+            )
+        })?),
+        None => None,
+    };
+    let opts = StartOptions {
+        model: args.model,
+        no_model: args.no_model,
+        report: args.report,
+        demo_large: args.demo_large,
+        tab,
+        run: args.run,
+        bench_pan_frames: args.bench_pan,
+    };
+    let mut native = eframe::NativeOptions {
+        viewport: egui::ViewportBuilder::default()
+            .with_inner_size(parse_size(&args.size)?)
+            .with_title("lcut viewer"),
+        ..Default::default()
+    };
+    // The pan benchmark measures frames, not the display's refresh rate.
+    native.glow_options.vsync = args.bench_pan.is_none();
+    eframe::run_native(
+        "lcut viewer",
+        native,
+        Box::new(move |cc| Ok(Box::new(ViewerApp::new(&cc.egui_ctx, &opts)?))),
+    )
+    .map_err(|e| anyhow!("the window failed: {e}"))
+}
