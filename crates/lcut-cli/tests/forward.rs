@@ -1,0 +1,124 @@
+//! `lcut forward` end to end: the user's "run with cache" to safetensors
+//! gives the reference tensors of Hugging Face transformers.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use candle_core::{DType, Device, Tensor};
+
+fn case(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/oracle")
+        .join(name)
+}
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+    assert_eq!(a.dims(), b.dims());
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar()
+        .unwrap()
+}
+
+fn run_forward(model: &Path, ids: &[u32], extra: &[&str], out: &Path) {
+    let ids: Vec<String> = ids.iter().map(u32::to_string).collect();
+    let status = Command::new(env!("CARGO_BIN_EXE_lcut"))
+        .arg("forward")
+        .arg("--model")
+        .arg(model)
+        .arg("--ids")
+        .arg(ids.join(","))
+        .args(extra)
+        .arg("--out")
+        .arg(out)
+        .output()
+        .expect("lcut runs");
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+}
+
+#[test]
+fn forward_writes_the_reference_layout() {
+    let dir = case("qwen3-qknorm");
+    let reference =
+        candle_core::safetensors::load(dir.join("reference.safetensors"), &Device::Cpu).unwrap();
+    let ids: Vec<u32> = reference["input_ids"]
+        .to_dtype(DType::U32)
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("full.safetensors");
+    run_forward(&dir, &ids, &[], &out);
+    let ours = candle_core::safetensors::load(&out, &Device::Cpu).unwrap();
+    assert!(max_diff(&ours["logits"], &reference["logits"]) <= 1e-4);
+    for l in 0..6 {
+        for key in [format!("layer_out.{l}"), format!("attn.{l}")] {
+            assert!(max_diff(&ours[&key], &reference[&key]) <= 1e-4, "{key}");
+        }
+    }
+    assert!(
+        !tmp.path().join("full.partial").exists(),
+        "temporary file left behind"
+    );
+}
+
+#[test]
+fn forward_under_a_policy_gives_the_policy_logits() {
+    let dir = case("llama-gqa");
+    let reference =
+        candle_core::safetensors::load(dir.join("reference.safetensors"), &Device::Cpu).unwrap();
+    let ids: Vec<u32> = reference["input_ids"]
+        .to_dtype(DType::U32)
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("speed.safetensors");
+    run_forward(
+        &dir,
+        &ids,
+        &["--policy", "speed:2+bos", "--decode-start", "28"],
+        &out,
+    );
+    let ours = candle_core::safetensors::load(&out, &Device::Cpu).unwrap();
+    assert!(max_diff(&ours["logits"], &reference["logits.speed.l2.bos"]) <= 1e-4);
+}
+
+#[test]
+fn bad_requests_fail_with_a_message() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("x.safetensors");
+    for (args, expected) in [
+        (vec!["--policy", "speed:9+bos"], "out of range"),
+        (vec!["--policy", "fast:2"], "malformed policy"),
+        (
+            vec!["--policy", "speed:2+bos", "--decode-start", "50"],
+            "decode start 50",
+        ),
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_lcut"))
+            .args(["forward", "--model"])
+            .arg(case("llama-gqa"))
+            .args(["--ids", "1,5,9,11"])
+            .args(&args)
+            .arg("--out")
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert!(!output.status.success());
+        let err = String::from_utf8_lossy(&output.stderr);
+        assert!(err.contains(expected), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    assert!(!out.exists());
+}
