@@ -7,7 +7,9 @@ mod sweep;
 
 use lcut_model::Decoder;
 use lcut_policy::{Policy, TokenPhases};
-use lcut_trace::{ModelIdentity, PromptTrace, Report, RunSettings, Series, Thresholds, TraceHeader};
+use lcut_trace::{
+    ModelIdentity, PromptTrace, Report, RunSettings, Series, Thresholds, TraceHeader,
+};
 
 pub use probe::DiagnosticProbe;
 pub use prompts::{BUNDLED_PROMPTS, PromptSpec, read_prompt_set, shard_indices};
@@ -90,7 +92,11 @@ pub struct LabelledPrompt {
 }
 
 /// Tokenise the prompts of `opts.shard` (all when unsharded).
-pub fn prepare_prompts(session: &Session, prompts: &[PromptSpec], opts: &DiagnoseOptions) -> Result<Vec<LabelledPrompt>> {
+pub fn prepare_prompts(
+    session: &Session,
+    prompts: &[PromptSpec],
+    opts: &DiagnoseOptions,
+) -> Result<Vec<LabelledPrompt>> {
     shard_indices(prompts.len(), opts.shard)?
         .into_iter()
         .map(|index| {
@@ -98,7 +104,11 @@ pub fn prepare_prompts(session: &Session, prompts: &[PromptSpec], opts: &Diagnos
             Ok(LabelledPrompt {
                 index,
                 id: p.id.clone(),
-                prompt: session.prepare_text(&p.user, p.system.as_deref(), opts.use_chat_template)?,
+                prompt: session.prepare_text(
+                    &p.user,
+                    p.system.as_deref(),
+                    opts.use_chat_template,
+                )?,
             })
         })
         .collect()
@@ -107,7 +117,8 @@ pub fn prepare_prompts(session: &Session, prompts: &[PromptSpec], opts: &Diagnos
 /// The identity of the session's model for reports.
 pub fn model_identity(session: &Session) -> Result<ModelIdentity> {
     let path = session.folder().join("config.json");
-    let bytes = std::fs::read(&path).map_err(|source| lcut_model::ModelError::Io { path, source })?;
+    let bytes =
+        std::fs::read(&path).map_err(|source| lcut_model::ModelError::Io { path, source })?;
     let cfg = session.model.config();
     Ok(ModelIdentity {
         path: session.folder().display().to_string(),
@@ -212,7 +223,8 @@ pub fn trace_prompt(
         stop_tokens: stop_tokens.to_vec(),
         ..GenerationConfig::default()
     };
-    let mut generation = Generation::new(model, prompt.clone(), Policy::full(cfg.num_layers), config)?;
+    let mut generation =
+        Generation::new(model, prompt.clone(), Policy::full(cfg.num_layers), config)?;
     let mut probe = DiagnosticProbe::new(phases, p, cfg.num_layers);
     let mut ids = Vec::new();
     while let Some(step) = generation.step(Some(&mut probe))? {

@@ -106,7 +106,12 @@ impl Probe for DiagnosticProbe {
         true
     }
 
-    fn on_residual(&mut self, site: ResidualSite, positions: &[usize], hidden: &Tensor) -> ProbeResult<()> {
+    fn on_residual(
+        &mut self,
+        site: ResidualSite,
+        positions: &[usize],
+        hidden: &Tensor,
+    ) -> ProbeResult<()> {
         let index = match site {
             ResidualSite::Embeddings => 0,
             ResidualSite::Layer(l) => l + 1,

@@ -109,7 +109,11 @@ mod tests {
     fn reads_jsonl_and_names_bad_lines() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("p.jsonl");
-        std::fs::write(&path, "{\"id\":\"a\",\"prompt\":\"x y\"}\n\n{\"prompt\":\"z\",\"system\":\"s\"}\n").unwrap();
+        std::fs::write(
+            &path,
+            "{\"id\":\"a\",\"prompt\":\"x y\"}\n\n{\"prompt\":\"z\",\"system\":\"s\"}\n",
+        )
+        .unwrap();
         let p = read_prompt_set(&path).unwrap();
         assert_eq!(p.len(), 2);
         assert_eq!(p[1].id, "line3");

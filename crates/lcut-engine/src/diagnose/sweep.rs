@@ -73,7 +73,10 @@ fn score(reference: &Tensor, other: &Tensor, targets: &[u32]) -> Result<Totals> 
 
 /// The policies a sweep measures, in order.
 fn sweep_policies(num_layers: usize, opts: &SweepOptions) -> Result<Vec<Policy>> {
-    let cuts = opts.cuts.clone().unwrap_or_else(|| (1..=num_layers).collect());
+    let cuts = opts
+        .cuts
+        .clone()
+        .unwrap_or_else(|| (1..=num_layers).collect());
     let mut anchors = vec![Anchors::Bos];
     if opts.anchor_free {
         anchors.push(Anchors::None);
@@ -126,7 +129,8 @@ pub fn sweep(
         if s > 0 {
             model.forward(&mut prefix, &prompt.ids[..s], LogitRows::None, None)?;
         }
-        let rows = |t: Tensor| -> Result<Tensor> { Ok(t.narrow(0, first_row, continuation.len())?) };
+        let rows =
+            |t: Tensor| -> Result<Tensor> { Ok(t.narrow(0, first_row, continuation.len())?) };
         let reference = rows(decode_logits(model, prefix.clone(), &fed)?)?;
         for (k, policy) in policies.iter().enumerate() {
             let phases = prompt.phases(policy)?;
