@@ -167,8 +167,10 @@ pub fn show_legend(ui: &mut Ui, title: &str, range: &ValueRange) {
             );
             painter.rect_filled(r, 0.0, palette((t0 + t1) / 2.0));
         }
-        ui.label(short_number(range.value_at(0.5)));
-        ui.label(format!("... {}", short_number(range.hi)));
+        ui.label(short_number(range.hi));
+        ui.label(
+            egui::RichText::new(format!("(middle {})", short_number(range.value_at(0.5)))).weak(),
+        );
     });
 }
 

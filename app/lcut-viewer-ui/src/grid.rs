@@ -145,21 +145,25 @@ pub struct PositionIndex {
     edges: Vec<usize>,
     /// `layers × (bins + 1)`: mass in positions `0..edges[k]` at layer `l`.
     cum: Vec<f64>,
-    /// Highest per-token density outside position 0 (BoS, shown apart).
+    /// Highest per-token density over the prefill positions.
     max_density: f32,
-    /// Lowest positive per-token density outside position 0.
+    /// Lowest positive per-token density over the prefill positions.
     min_positive_density: f32,
 }
 
 impl PositionIndex {
     /// Builds the index of `trace.prompt_attention` (one pass over the bins).
+    /// The colour range comes from the prefill bins (BoS and the decode-phase
+    /// tokens, which take most of the mass, would wash the prompt out), or
+    /// from every bin but BoS when no bin is purely prefill.
     pub fn new(trace: &PromptTrace) -> Self {
         let [layers, bins] = trace.prompt_attention.shape();
         let edges = trace.bin_edges.clone();
         let data = trace.prompt_attention.data();
+        let (p0, s) = (trace.prefill_start(), trace.decode_start);
         let mut cum = Vec::with_capacity(layers * (bins + 1));
-        let mut max_density = 0.0f32;
-        let mut min_pos = f32::INFINITY;
+        let mut prefill_bounds = (f32::INFINITY, 0.0f32);
+        let mut other_bounds = (f32::INFINITY, 0.0f32);
         for l in 0..layers {
             let mut acc = 0.0f64;
             cum.push(0.0);
@@ -168,16 +172,27 @@ impl PositionIndex {
                 let m = if m.is_finite() { m } else { 0.0 };
                 acc += f64::from(m);
                 cum.push(acc);
-                if edges[k] >= 1 {
-                    let w = (edges[k + 1] - edges[k]).max(1) as f32;
-                    let d = m / w;
-                    max_density = max_density.max(d);
-                    if d > 0.0 {
-                        min_pos = min_pos.min(d);
-                    }
+                if edges[k] == 0 {
+                    continue;
+                }
+                let w = (edges[k + 1] - edges[k]).max(1) as f32;
+                let d = m / w;
+                let b = if edges[k] >= p0 && edges[k + 1] <= s {
+                    &mut prefill_bounds
+                } else {
+                    &mut other_bounds
+                };
+                b.1 = b.1.max(d);
+                if d > 0.0 {
+                    b.0 = b.0.min(d);
                 }
             }
         }
+        let (min_pos, max_density) = if prefill_bounds.1 > 0.0 {
+            prefill_bounds
+        } else {
+            (prefill_bounds.0.min(other_bounds.0), other_bounds.1)
+        };
         Self {
             layers,
             edges,
@@ -197,7 +212,8 @@ impl PositionIndex {
         self.layers
     }
 
-    /// The finite densities that bound the colour range (BoS left out).
+    /// The densities that bound the colour range: lowest positive and highest
+    /// over the prefill positions.
     pub fn density_bounds(&self) -> [f32; 2] {
         [self.min_positive_density, self.max_density]
     }
