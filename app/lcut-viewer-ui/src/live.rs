@@ -184,10 +184,12 @@ fn show_column(ui: &mut Ui, title: &str, tokens: &[LiveToken], agree: &[bool], m
 
 /// The live panel. Returns true when Generate was clicked (the caller starts
 /// the job); `can_run` is false without a model or while a job runs.
+/// `layers` (the open model's depth) bounds the SPEED L_cut slider.
 pub fn show_live(
     ui: &mut Ui,
     live: &mut LiveState,
-    l_cut: usize,
+    l_cut: &mut usize,
+    layers: usize,
     can_run: bool,
     why_not: &str,
 ) -> bool {
@@ -206,6 +208,11 @@ pub fn show_live(
         ui.add(DragValue::new(&mut live.max_new_tokens).range(1..=4096))
             .labelled_by(l.id);
         ui.checkbox(&mut live.keep_bos, "SPEED keeps BoS");
+        if layers > 0 {
+            *l_cut = (*l_cut).clamp(1, layers);
+            ui.add(egui::Slider::new(l_cut, 1..=layers).text("SPEED L_cut"));
+        }
+        let l_cut = *l_cut;
         go = ui
             .add_enabled(
                 can_run,

@@ -411,6 +411,14 @@ impl ViewerState {
                     summary.num_kv_heads
                 ));
                 self.inputs.model_dir.clone_from(&summary.path);
+                // Without a report to recommend one, start SPEED at 3/4 depth.
+                let matches_report = self
+                    .loaded
+                    .as_ref()
+                    .is_some_and(|l| l.num_layers() == summary.num_layers);
+                if !matches_report {
+                    self.view.l_cut = (summary.num_layers * 3).div_ceil(4).max(1);
+                }
                 self.model = Some(summary);
                 self.job = None;
             }

@@ -65,7 +65,15 @@ fn show_live_tab(ui: &mut Ui, state: &mut ViewerState) {
         Some(_) => "",
     };
     let can_run = why_not.is_empty();
-    if show_live(ui, &mut state.live, state.view.l_cut, can_run, why_not) {
+    let layers = state.model.as_ref().map_or(0, |m| m.num_layers);
+    if show_live(
+        ui,
+        &mut state.live,
+        &mut state.view.l_cut,
+        layers,
+        can_run,
+        why_not,
+    ) {
         state.run_generate();
     }
     if state

@@ -10,7 +10,9 @@ use lcut_engine::diagnose::{
     BUNDLED_PROMPTS, DiagnoseEvent, DiagnoseOptions, PromptSpec, SweepOptions, diagnose_prepared,
     prepare_prompts, read_prompt_set, sweep,
 };
-use lcut_engine::{EngineError, Generation, GenerationConfig, Sampling, Session, kl_divergence};
+use lcut_engine::{
+    EngineError, Generation, GenerationConfig, Sampling, Session, TextTokenizer, kl_divergence,
+};
 use lcut_model::{DType, Device};
 use lcut_policy::{Anchors, Policy, PolicyKind};
 use lcut_viewer_ui::backend::{
@@ -98,6 +100,48 @@ pub fn summarise(session: &Session) -> ModelSummary {
         head_dim: c.head_dim,
         has_tokenizer: session.tokenizer.is_some(),
         has_chat_template: session.has_chat_template(),
+    }
+}
+
+/// Text of each new token as it extends the decoded output (so spaces and
+/// multi-token characters come out right), or `[id]` when it adds nothing.
+struct Detokenizer<'a> {
+    tokenizer: Option<&'a TextTokenizer>,
+    ids: Vec<u32>,
+    text: String,
+}
+
+impl<'a> Detokenizer<'a> {
+    fn new(tokenizer: Option<&'a TextTokenizer>) -> Self {
+        Self {
+            tokenizer,
+            ids: Vec::new(),
+            text: String::new(),
+        }
+    }
+
+    fn push(&mut self, id: u32) -> LiveToken {
+        let piece = match self.tokenizer {
+            None => String::new(),
+            Some(t) => {
+                self.ids.push(id);
+                let text = t.decode(&self.ids);
+                let piece = match text.strip_prefix(self.text.as_str()) {
+                    Some(rest) => rest.to_string(),
+                    None => t.decode(&[id]),
+                };
+                self.text = text;
+                piece
+            }
+        };
+        LiveToken {
+            id,
+            text: if piece.is_empty() {
+                format!("[{id}]")
+            } else {
+                piece
+            },
+        }
     }
 }
 
@@ -328,13 +372,10 @@ impl EngineWorker {
             speed_policy: speed.to_string(),
             prompt_len: prompt.len(),
         });
-        let text_of = |id: u32| LiveToken {
-            id,
-            text: session
-                .tokenizer
-                .as_ref()
-                .map_or_else(|| format!("[{id}]"), |t| t.decode(&[id])),
-        };
+        let (mut da, mut db) = (
+            Detokenizer::new(session.tokenizer.as_ref()),
+            Detokenizer::new(session.tokenizer.as_ref()),
+        );
         let (mut ca, mut cb) = (Clock::default(), Clock::default());
         let mut same_prefix = true;
         let mut index = 0;
@@ -365,8 +406,8 @@ impl EngineWorker {
             same_prefix &= agree;
             port.send(Event::GenerationStep {
                 index,
-                full: sa.map(|s| text_of(s.token)),
-                speed: sb.map(|s| text_of(s.token)),
+                full: sa.map(|s| da.push(s.token)),
+                speed: sb.map(|s| db.push(s.token)),
                 agree,
                 kl,
                 full_metrics: ca.metrics(a.sequence().kv_bytes_held()),
