@@ -139,6 +139,52 @@ fn moving_the_l_cut_slider_changes_the_cost_panel() {
 }
 
 #[test]
+fn clicking_and_dragging_in_the_curves_moves_the_chosen_cut() {
+    let mut h = harness(FakeOptions::default());
+    open_model_and_run(&mut h);
+    h.get_by_label("Curves").click();
+    h.run_steps(2);
+    let hint = h.get_by_label_contains("Drag or click in a plot").rect();
+    // Inside the first plot, below its legend (top right).
+    let y = hint.bottom() + 100.0;
+    // The plots span the central panel, which ends where the cutoff panel
+    // begins. Far right of the first plot: the deepest cut.
+    let panel_left = h.get_by_label("Cutoff").rect().left();
+    let plot_right = egui::pos2(panel_left - 40.0, y);
+    h.hover_at(plot_right);
+    h.drag_at(plot_right);
+    h.step();
+    h.drop_at(plot_right);
+    h.step();
+    assert_eq!(h.state().view.l_cut, 16, "a click at the right end picks L");
+    // Drag from there to the left end: the cut follows down to 1.
+    let left = egui::pos2(hint.left() + 70.0, y);
+    h.hover_at(plot_right);
+    h.drag_at(plot_right);
+    h.step();
+    let mut seen = Vec::new();
+    for i in 1..=10 {
+        let t = i as f32 / 10.0;
+        h.hover_at(plot_right + (left - plot_right) * t);
+        h.step();
+        seen.push(h.state().view.l_cut);
+    }
+    h.drop_at(left);
+    h.step();
+    assert_eq!(h.state().view.l_cut, 1, "dragged to the left end: {seen:?}");
+    assert!(seen.windows(2).all(|w| w[0] >= w[1]), "monotone: {seen:?}");
+    assert!(
+        seen.iter().any(|&c| c > 1 && c < 16),
+        "passes through: {seen:?}"
+    );
+    // The cost panel follows.
+    assert_eq!(
+        label_starting(&h, "SPEED at L_cut"),
+        "SPEED at L_cut 1 of 16:"
+    );
+}
+
+#[test]
 fn cancel_stops_a_diagnostic_run() {
     let mut h = harness(FakeOptions {
         diagnose_steps: 10_000,
