@@ -25,6 +25,8 @@ pub struct StartOptions {
     pub demo_large: bool,
     /// The tab to show first.
     pub tab: Option<Tab>,
+    /// A JSONL prompt file to use instead of the bundled prompt set.
+    pub prompts: Option<PathBuf>,
     /// Run diagnostics once the model is loaded.
     pub run: bool,
     /// Drag-pan the prompt-position heatmap for this many frames, print the
@@ -44,6 +46,7 @@ struct PanBench {
     frames: usize,
     done: usize,
     pressed: bool,
+    idle: String,
 }
 
 /// The viewer application.
@@ -72,6 +75,7 @@ impl ViewerApp {
                 frames,
                 done: 0,
                 pressed: false,
+                idle: String::new(),
             }),
         };
         app.apply(opts);
@@ -110,6 +114,10 @@ impl ViewerApp {
         if let Some(t) = opts.tab {
             s.view.tab = t;
         }
+        if let Some(p) = &opts.prompts {
+            s.inputs.prompts_file = p.display().to_string();
+            s.inputs.prompts = lcut_viewer_ui::state::PromptChoice::File;
+        }
     }
 
     fn bench_input(&mut self, raw: &mut egui::RawInput) {
@@ -124,17 +132,26 @@ impl ViewerApp {
         else {
             return;
         };
-        // Back and forth over the middle of the heatmap, 8 px per frame.
+        b.done += 1;
+        // First `frames` idle frames (the renderer's baseline), then `frames`
+        // frames dragging back and forth over the heatmap, 8 px per frame.
+        if b.done <= b.frames {
+            if b.done == 1 {
+                self.state.frames.reset();
+            }
+            return;
+        }
+        let k = b.done - b.frames;
         let span = rect.width() * 0.6;
-        let phase = (b.done as f32 * 8.0) % (2.0 * span);
+        let phase = (k as f32 * 8.0) % (2.0 * span);
         let dx = if phase < span {
             phase
         } else {
             2.0 * span - phase
         };
         let pos = egui::pos2(rect.left() + rect.width() * 0.8 - dx, rect.center().y);
+        raw.events.push(egui::Event::PointerMoved(pos));
         if !b.pressed {
-            raw.events.push(egui::Event::PointerMoved(pos));
             raw.events.push(egui::Event::PointerButton {
                 pos,
                 button: egui::PointerButton::Primary,
@@ -142,45 +159,51 @@ impl ViewerApp {
                 modifiers: egui::Modifiers::NONE,
             });
             b.pressed = true;
+            b.idle = summary_line(&self.state);
             self.state.frames.reset();
-        } else {
-            raw.events.push(egui::Event::PointerMoved(pos));
         }
-        b.done += 1;
     }
 
     fn bench_finish(&mut self, ctx: &egui::Context) {
         let Some(b) = &self.bench else {
             return;
         };
-        if b.done < b.frames {
+        if b.done < 2 * b.frames {
             ctx.request_repaint();
             return;
         }
-        let f = &self.state.frames;
-        if let (Some(build), Some(interval)) = (f.build(), f.interval()) {
-            let tex = self.state.loaded.as_ref().map(|l| {
-                (
-                    l.caches.by_position.texture_size(),
-                    l.caches.by_position.rebuilds,
-                )
-            });
-            println!(
-                "pan bench: {} frames; UI build mean {:.2} ms, p95 {:.2} ms, max {:.2} ms; \
-                 frame interval mean {:.2} ms, p95 {:.2} ms, max {:.2} ms; position texture {:?}",
-                interval.frames,
-                build.mean_ms,
-                build.p95_ms,
-                build.max_ms,
-                interval.mean_ms,
-                interval.p95_ms,
-                interval.max_ms,
-                tex
-            );
-        }
+        println!("idle: {}", b.idle);
+        println!("pan:  {}", summary_line(&self.state));
         ctx.send_viewport_cmd(egui::ViewportCommand::Close);
         self.bench = None;
     }
+}
+
+/// Frame-time summary of the frames recorded so far, for the bench output.
+fn summary_line(state: &ViewerState) -> String {
+    let f = &state.frames;
+    let (Some(build), Some(interval)) = (f.build(), f.interval()) else {
+        return "no frames".into();
+    };
+    let tex = state.loaded.as_ref().map(|l| {
+        (
+            l.caches.by_position.texture_size(),
+            l.caches.by_position.rebuilds,
+        )
+    });
+    format!(
+        "{} frames; UI build mean {:.2} ms, p95 {:.2} ms, max {:.2} ms; \
+         frame interval mean {:.2} ms, p95 {:.2} ms, max {:.2} ms; \
+         position texture (size, builds so far) {:?}",
+        interval.frames,
+        build.mean_ms,
+        build.p95_ms,
+        build.max_ms,
+        interval.mean_ms,
+        interval.p95_ms,
+        interval.max_ms,
+        tex
+    )
 }
 
 impl eframe::App for ViewerApp {

@@ -22,6 +22,9 @@ struct Args {
     /// Open the large synthetic report (32 layers × 32 heads × 128 steps × 128K positions).
     #[arg(long)]
     demo_large: bool,
+    /// A JSONL prompt file ({"id", "prompt", "system"?} per line) instead of the bundled set.
+    #[arg(long, value_name = "FILE")]
+    prompts: Option<PathBuf>,
     /// Run diagnostics on the model as soon as it is loaded.
     #[arg(long)]
     run: bool,
@@ -64,6 +67,7 @@ fn main() -> anyhow::Result<()> {
         report: args.report,
         demo_large: args.demo_large,
         tab,
+        prompts: args.prompts,
         run: args.run,
         bench_pan_frames: args.bench_pan,
     };

@@ -9,7 +9,8 @@ pub const BUNDLED_MODEL: &str = "fixtures/models/copy-full";
 
 /// The workspace root this crate was built in.
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    std::fs::canonicalize(&root).unwrap_or(root)
 }
 
 /// `rel` under the working folder if it exists there, else under the
@@ -19,6 +20,5 @@ pub fn resolve(rel: &str) -> PathBuf {
     if here.exists() {
         return here;
     }
-    let there = workspace_root().join(rel);
-    std::fs::canonicalize(&there).unwrap_or(there)
+    workspace_root().join(rel)
 }
