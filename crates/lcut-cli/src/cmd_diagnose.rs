@@ -1,7 +1,7 @@
 //! `lcut diagnose`: full-depth greedy runs over a prompt set with the
 //! diagnostic probe; writes `OUT/report.json` and prints the recommendation.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
@@ -12,7 +12,7 @@ use lcut_engine::diagnose::{
 };
 use lcut_trace::{Report, write_report_json};
 
-use crate::common::{model_or_bundled, parse_device, parse_dtype};
+use crate::common::{bundled, model_or_bundled, parse_device, parse_dtype};
 
 /// Arguments of `lcut diagnose`.
 #[derive(Debug, Args)]
@@ -72,17 +72,6 @@ pub fn parse_shard(s: &str) -> Result<(usize, usize)> {
     Ok((i, n))
 }
 
-/// The bundled prompt set, found like the bundled model.
-fn bundled_prompts() -> PathBuf {
-    let here = PathBuf::from(BUNDLED_PROMPTS);
-    if here.exists() {
-        return here;
-    }
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .join(BUNDLED_PROMPTS)
-}
-
 /// A progress bar over prompts, with the current prompt's step.
 pub fn progress_bar() -> ProgressBar {
     ProgressBar::new(0).with_style(
@@ -123,7 +112,7 @@ pub fn load_inputs(args: &DiagnoseArgs) -> Result<(Session, Vec<PromptSpec>, Opt
         (Some(p), _) => (vec![PromptSpec::text("prompt", p)], None),
         (None, Some(f)) => (read_prompt_set(f)?, Some(f.display().to_string())),
         (None, None) => {
-            let f = bundled_prompts();
+            let f = bundled(BUNDLED_PROMPTS);
             (read_prompt_set(&f)?, Some(BUNDLED_PROMPTS.to_string()))
         }
     };
