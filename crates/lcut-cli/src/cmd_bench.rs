@@ -111,11 +111,9 @@ fn random_prompt(len: usize, vocab: usize, bos: u32, seed: u64) -> Vec<u32> {
     ids
 }
 
-fn model_folder(args: &BenchArgs, tmp: &tempfile::TempDir) -> Result<PathBuf> {
-    if let Some(m) = &args.model {
-        return Ok(m.clone());
-    }
-    let shape = RandomLlama {
+/// The random-weight model of the shape in the arguments.
+fn random_shape(args: &BenchArgs) -> RandomLlama {
+    RandomLlama {
         vocab_size: args.vocab,
         hidden_size: args.hidden,
         intermediate_size: args.intermediate,
@@ -124,27 +122,41 @@ fn model_folder(args: &BenchArgs, tmp: &tempfile::TempDir) -> Result<PathBuf> {
         num_kv_heads: args.kv_heads,
         max_position_embeddings: 1 << 18,
         seed: 7,
-    };
-    let dir = tmp.path().join("random-llama");
-    shape.write(&dir)?;
+    }
+}
+
+fn describe(args: &BenchArgs) {
     eprintln!(
-        "random-weight llama: {} layers, hidden {}, {} heads, {} KV heads, vocab {}",
-        args.layers, args.hidden, args.heads, args.kv_heads, args.vocab
+        "random-weight llama: {} layers, hidden {}, {} heads, {} KV heads, MLP {}, vocab {}",
+        args.layers, args.hidden, args.heads, args.kv_heads, args.intermediate, args.vocab
     );
-    Ok(dir)
 }
 
 /// Run `lcut bench`.
 pub fn run(args: &BenchArgs) -> Result<()> {
-    let tmp = tempfile::tempdir()?;
-    let folder = model_folder(args, &tmp)?;
     let dtype = parse_dtype(&args.dtype)?;
     let device = parse_device(&args.device)?;
     if args.vs_candle {
+        let tmp = tempfile::tempdir()?;
+        let folder = match &args.model {
+            Some(m) => m.clone(),
+            None => {
+                describe(args);
+                let dir = tmp.path().join("random-llama");
+                random_shape(args).write(&dir)?;
+                dir
+            }
+        };
         return vs_candle(args, &folder, dtype, &device);
     }
-    let model = Decoder::load(&folder, dtype, &device)
-        .with_context(|| format!("loading {}", folder.display()))?;
+    let model = match &args.model {
+        Some(folder) => Decoder::load(folder, dtype, &device)
+            .with_context(|| format!("loading {}", folder.display()))?,
+        None => {
+            describe(args);
+            random_shape(args).build(dtype, &device)?
+        }
+    };
     let num_layers = model.config().num_layers;
     let mut specs: Vec<PolicySpec> = vec![PolicySpec::full()];
     for p in args.policies.split(',').filter(|p| !p.trim().is_empty()) {

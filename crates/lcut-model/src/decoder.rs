@@ -14,7 +14,7 @@ use crate::layers::{AttentionProj, Loader, Mlp, RmsNorm};
 use crate::mask::{PartialMask, additive_mask};
 use crate::probe::{AttentionView, Probe, ResidualSite};
 use crate::rope::Rope;
-use crate::weights::WeightFiles;
+use crate::weights::{WeightFiles, WeightSource};
 
 /// One decoder layer.
 #[derive(Debug, Clone)]
@@ -163,10 +163,10 @@ impl Decoder {
         Self::from_weights(cfg, &files, dtype, device)
     }
 
-    /// Build the decoder from a parsed config and opened weight files.
+    /// Build the decoder from a parsed config and a source of weights.
     pub fn from_weights(
         cfg: ModelConfig,
-        files: &WeightFiles,
+        files: &dyn WeightSource,
         dtype: DType,
         device: &Device,
     ) -> Result<Self> {

@@ -7,11 +7,11 @@ use candle_nn::{Linear, Module};
 use crate::config::{Activation, ModelConfig};
 use crate::error::Result;
 use crate::rope::Rope;
-use crate::weights::WeightFiles;
+use crate::weights::WeightSource;
 
 /// Loads tensors of one model with the config's dtype and device.
 pub(crate) struct Loader<'a> {
-    pub files: &'a WeightFiles,
+    pub files: &'a dyn WeightSource,
     pub cfg: &'a ModelConfig,
     pub dtype: DType,
     pub device: &'a Device,

@@ -21,6 +21,6 @@ pub use error::{ModelError, Result};
 pub use mask::{PartialMask, additive_mask};
 pub use probe::{AttentionView, Probe, ResidualSite};
 pub use rope::{Rope, inverse_frequencies};
-pub use weights::WeightFiles;
+pub use weights::{WeightFiles, WeightSource};
 
 pub use candle_core::{DType, Device, Tensor};

@@ -4,11 +4,14 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde_json::json;
 
+use crate::config::ModelConfig;
+use crate::decoder::Decoder;
 use crate::error::{ModelError, Result};
+use crate::weights::WeightSource;
 
 /// The shape of a random Llama-architecture model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +71,23 @@ impl RandomLlama {
         })
     }
 
+    /// The decoder of this shape with weights drawn on `device` in `dtype`,
+    /// nothing written to disk: how a benchmark gets a model of the
+    /// Llama-3.1-8B shape without a 32 GB file. On the CPU the draw is
+    /// seeded by `seed`; CUDA draws are seeded through the device.
+    pub fn build(&self, dtype: DType, device: &Device) -> Result<Decoder> {
+        let text = serde_json::to_string(&self.config_json()).unwrap_or_default();
+        let cfg = ModelConfig::from_json_str(&text, Path::new("(random llama)/config.json"))?;
+        if device.is_cuda() {
+            device.set_seed(self.seed)?;
+        }
+        let source = RandomWeights {
+            folder: std::path::PathBuf::from("(random llama)"),
+            rng: std::cell::RefCell::new(StdRng::seed_from_u64(self.seed)),
+        };
+        Decoder::from_weights(cfg, &source, dtype, device)
+    }
+
     /// Write `config.json` and `model.safetensors` (f32) into `folder`.
     pub fn write(&self, folder: &Path) -> Result<()> {
         std::fs::create_dir_all(folder).map_err(|source| ModelError::Io {
@@ -117,6 +137,45 @@ impl RandomLlama {
         let tmp = folder.join("model.safetensors.partial");
         candle_core::safetensors::save(&tensors, &tmp)?;
         rename(&tmp, &folder.join("model.safetensors"))
+    }
+}
+
+/// Weights generated on request: norms are ones, every other matrix is
+/// drawn with standard deviation 0.02; no biases.
+struct RandomWeights {
+    folder: std::path::PathBuf,
+    rng: std::cell::RefCell<StdRng>,
+}
+
+impl WeightSource for RandomWeights {
+    fn folder(&self) -> &Path {
+        &self.folder
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        name.ends_with(".weight")
+    }
+
+    fn load(
+        &self,
+        name: &str,
+        expected: &[usize],
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
+        if name.ends_with("norm.weight") {
+            return Ok(Tensor::ones(expected, dtype, device)?);
+        }
+        let t = if device.is_cuda() {
+            Tensor::randn(0f32, 0.02, expected, device)?
+        } else {
+            let n: usize = expected.iter().product();
+            let a = 0.02 * 3f32.sqrt();
+            let mut rng = self.rng.borrow_mut();
+            let data: Vec<f32> = (0..n).map(|_| rng.random_range(-a..a)).collect();
+            Tensor::from_vec(data, expected, device)?
+        };
+        Ok(t.to_dtype(dtype)?)
     }
 }
 

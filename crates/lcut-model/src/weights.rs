@@ -10,6 +10,18 @@ use serde_json::Value;
 
 use crate::error::{ModelError, Result};
 
+/// Where a decoder's tensors come from: files of a model folder, or
+/// generated ones (random-weight benchmarks).
+pub trait WeightSource {
+    /// The folder named in error messages.
+    fn folder(&self) -> &Path;
+    /// Whether a tensor of this name exists.
+    fn contains(&self, name: &str) -> bool;
+    /// Tensor `name`, checked to have shape `expected`, in `dtype` on `device`.
+    fn load(&self, name: &str, expected: &[usize], dtype: DType, device: &Device)
+    -> Result<Tensor>;
+}
+
 /// The weight files of one model folder.
 pub struct WeightFiles {
     folder: PathBuf,
@@ -41,16 +53,6 @@ impl WeightFiles {
         })
     }
 
-    /// The model folder the weights were opened from.
-    pub fn folder(&self) -> &Path {
-        &self.folder
-    }
-
-    /// Whether the weights hold a tensor of this name.
-    pub fn contains(&self, name: &str) -> bool {
-        self.owner.contains_key(name)
-    }
-
     /// The shape of a tensor as stored.
     pub fn shape(&self, name: &str) -> Result<Vec<usize>> {
         let file = self.file_of(name)?;
@@ -58,9 +60,31 @@ impl WeightFiles {
         Ok(view.shape().to_vec())
     }
 
+    fn file_of(&self, name: &str) -> Result<&MmapedSafetensors> {
+        self.owner
+            .get(name)
+            .map(|&i| &self.files[i])
+            .ok_or_else(|| ModelError::MissingTensor {
+                folder: self.folder.clone(),
+                name: name.to_string(),
+            })
+    }
+}
+
+impl WeightSource for WeightFiles {
+    /// The model folder the weights were opened from.
+    fn folder(&self) -> &Path {
+        &self.folder
+    }
+
+    /// Whether the weights hold a tensor of this name.
+    fn contains(&self, name: &str) -> bool {
+        self.owner.contains_key(name)
+    }
+
     /// Load tensor `name`, check that its shape is `expected`, convert it to
     /// `dtype` and place it on `device`.
-    pub fn load(
+    fn load(
         &self,
         name: &str,
         expected: &[usize],
@@ -78,16 +102,6 @@ impl WeightFiles {
         }
         let tensor = self.file_of(name)?.load(name, device)?;
         Ok(tensor.to_dtype(dtype)?)
-    }
-
-    fn file_of(&self, name: &str) -> Result<&MmapedSafetensors> {
-        self.owner
-            .get(name)
-            .map(|&i| &self.files[i])
-            .ok_or_else(|| ModelError::MissingTensor {
-                folder: self.folder.clone(),
-                name: name.to_string(),
-            })
     }
 }
 
