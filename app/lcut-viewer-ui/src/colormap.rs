@@ -130,12 +130,54 @@ impl ValueRange {
         }
     }
 
+    /// A fast colour mapper for many cells: the scale folded into one
+    /// multiply-add (after `ln` for the log scale) and a 256-entry palette.
+    pub fn colorizer(&self) -> Colorizer {
+        let mut lut = [Color32::BLACK; 256];
+        for (i, c) in lut.iter_mut().enumerate() {
+            *c = palette(i as f32 / 255.0);
+        }
+        let (x0, x1) = match self.scale {
+            ColorScale::Linear => (self.lo, self.hi),
+            ColorScale::Log => (self.lo.ln(), self.hi.ln()),
+        };
+        let a = 1.0 / (x1 - x0);
+        Colorizer {
+            lut,
+            lo: self.lo,
+            log: self.scale == ColorScale::Log,
+            a,
+            b: -x0 * a,
+        }
+    }
+
     /// The value at `t` in `[0, 1]` (the inverse of [`ValueRange::unit`]).
     pub fn value_at(&self, t: f32) -> f32 {
         match self.scale {
             ColorScale::Linear => self.lo + t * (self.hi - self.lo),
             ColorScale::Log => self.lo * (self.hi / self.lo).powf(t),
         }
+    }
+}
+
+/// Maps values to colours like [`ValueRange::color`], quantised to 256 levels.
+pub struct Colorizer {
+    lut: [Color32; 256],
+    lo: f32,
+    log: bool,
+    a: f32,
+    b: f32,
+}
+
+impl Colorizer {
+    /// The colour of `v` ([`MISSING`] for NaN).
+    pub fn color(&self, v: f32) -> Color32 {
+        if v.is_nan() {
+            return MISSING;
+        }
+        let x = if self.log { v.max(self.lo).ln() } else { v };
+        let t = (x * self.a + self.b).clamp(0.0, 1.0);
+        self.lut[(t * 255.0 + 0.5) as usize]
     }
 }
 
@@ -198,6 +240,23 @@ mod tests {
         assert_eq!(log.unit(0.0), 0.0);
         assert!(log.unit(f32::NAN).is_nan());
         assert!((log.value_at(log.unit(0.1)) - 0.1).abs() < 1e-6);
+    }
+
+    #[test]
+    fn the_colorizer_agrees_with_the_exact_mapping() {
+        for scale in [ColorScale::Linear, ColorScale::Log] {
+            let r = ValueRange::of([1e-4, 0.3, 1.0], scale);
+            let c = r.colorizer();
+            for v in [0.0, 1e-5, 1e-4, 3e-3, 0.05, 0.3, 0.99, 1.0, 2.0] {
+                let (a, b) = (c.color(v), r.color(v));
+                let close = |x: u8, y: u8| x.abs_diff(y) <= 3;
+                assert!(
+                    close(a.r(), b.r()) && close(a.g(), b.g()) && close(a.b(), b.b()),
+                    "{scale:?} {v}: {a:?} vs {b:?}"
+                );
+            }
+            assert_eq!(c.color(f32::NAN), MISSING);
+        }
     }
 
     #[test]

@@ -161,37 +161,42 @@ impl PositionIndex {
         let edges = trace.bin_edges.clone();
         let data = trace.prompt_attention.data();
         let (p0, s) = (trace.prefill_start(), trace.decode_start);
+        // Per bin, once: 1 / width, and whether it is BoS (0), purely prefill
+        // (1) or anything else (2).
+        let inv_width: Vec<f32> = edges
+            .windows(2)
+            .map(|w| 1.0 / (w[1] - w[0]).max(1) as f32)
+            .collect();
+        let kind: Vec<u8> = edges
+            .windows(2)
+            .map(|w| match (w[0], w[1]) {
+                (0, _) => 0,
+                (a, b) if a >= p0 && b <= s => 1,
+                _ => 2,
+            })
+            .collect();
         let mut cum = Vec::with_capacity(layers * (bins + 1));
-        let mut prefill_bounds = (f32::INFINITY, 0.0f32);
-        let mut other_bounds = (f32::INFINITY, 0.0f32);
-        for l in 0..layers {
+        // (lowest positive, highest) density of prefill bins and of the others.
+        let mut bounds = [(f32::INFINITY, 0.0f32); 3];
+        for row in data.chunks_exact(bins.max(1)).take(layers) {
             let mut acc = 0.0f64;
             cum.push(0.0);
-            for k in 0..bins {
-                let m = data[l * bins + k];
+            for ((&m, &iw), &k) in row.iter().zip(&inv_width).zip(&kind) {
                 let m = if m.is_finite() { m } else { 0.0 };
                 acc += f64::from(m);
                 cum.push(acc);
-                if edges[k] == 0 {
-                    continue;
-                }
-                let w = (edges[k + 1] - edges[k]).max(1) as f32;
-                let d = m / w;
-                let b = if edges[k] >= p0 && edges[k + 1] <= s {
-                    &mut prefill_bounds
-                } else {
-                    &mut other_bounds
-                };
+                let d = m * iw;
+                let b = &mut bounds[usize::from(k)];
                 b.1 = b.1.max(d);
-                if d > 0.0 {
-                    b.0 = b.0.min(d);
+                if d > 0.0 && d < b.0 {
+                    b.0 = d;
                 }
             }
         }
-        let (min_pos, max_density) = if prefill_bounds.1 > 0.0 {
-            prefill_bounds
+        let (min_pos, max_density) = if bounds[1].1 > 0.0 {
+            bounds[1]
         } else {
-            (prefill_bounds.0.min(other_bounds.0), other_bounds.1)
+            (bounds[1].0.min(bounds[2].0), bounds[2].1)
         };
         Self {
             layers,

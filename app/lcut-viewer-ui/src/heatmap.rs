@@ -206,11 +206,12 @@ fn still_good(p: &Placed, bounds: [f64; 2], extent: (f64, f64), width_px: f32) -
 
 fn to_image(grid: &Grid, range: &ValueRange) -> ColorImage {
     let (w, h) = (grid.cols.max(1), grid.rows.max(1));
+    let colorizer = range.colorizer();
     let mut pixels = Vec::with_capacity(w * h);
     // Image row 0 is the top: the last layer.
     for r in (0..h).rev() {
         for c in 0..w {
-            pixels.push(range.color(grid.get(r, c)));
+            pixels.push(colorizer.color(grid.get(r, c)));
         }
     }
     ColorImage::new([w, h], pixels)
