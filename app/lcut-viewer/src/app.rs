@@ -29,8 +29,8 @@ pub struct StartOptions {
     pub prompts: Option<PathBuf>,
     /// Run diagnostics once the model is loaded.
     pub run: bool,
-    /// Drag-pan the prompt-position heatmap for this many frames, print the
-    /// frame times and quit.
+    /// Record this many idle frames, then drag-pan the prompt-position
+    /// heatmap for as many more, print both frame-time summaries and quit.
     pub bench_pan_frames: Option<usize>,
 }
 

@@ -31,7 +31,7 @@ struct Args {
     /// The view to show first: heatmaps, curves, recommendation, sweep or live.
     #[arg(long, value_name = "NAME")]
     screenshot_view: Option<String>,
-    /// Drag-pan the prompt-position heatmap for N frames, print frame times, quit.
+    /// Time N idle frames, then N frames drag-panning the prompt-position heatmap; print both, quit.
     #[arg(long, value_name = "N")]
     bench_pan: Option<usize>,
     /// Window size, WIDTHxHEIGHT.
