@@ -1,6 +1,8 @@
 //! `lcut forward` end to end: the user's "run with cache" to safetensors
 //! gives the reference tensors of Hugging Face transformers.
 
+#![allow(clippy::unwrap_used)] // test helpers unwrap like the tests do
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

@@ -39,8 +39,8 @@ fn probe_masses_equal_those_of_the_reference_attention() -> Result<()> {
     ensure!(probe.records().len() == cfg.num_layers * (ids.len() - (p - 1)));
     for rec in probe.records() {
         let attn = reference[&format!("attn.{}", rec.layer)].to_vec3::<f32>()?;
-        for h in 0..cfg.num_heads {
-            let row = ndarray::Array1::from(attn[h][rec.position][..=rec.position].to_vec());
+        for (h, head) in attn.iter().enumerate() {
+            let row = ndarray::Array1::from(head[rec.position][..=rec.position].to_vec());
             let m = lcut_diag::phase_masses(row.view(), rec.position, 1, s)?;
             let e = lcut_diag::prefill_entropy(row.view(), rec.position, 1, s)?;
             let pairs = [
