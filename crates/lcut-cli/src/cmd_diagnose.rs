@@ -12,7 +12,7 @@ use lcut_engine::diagnose::{
 };
 use lcut_trace::{Report, write_report_json};
 
-use crate::common::{bundled, model_or_bundled, parse_device, parse_dtype};
+use crate::common::{model_or_bundled, parse_device, parse_dtype};
 
 /// Arguments of `lcut diagnose`.
 #[derive(Debug, Args)]
@@ -112,7 +112,7 @@ pub fn load_inputs(args: &DiagnoseArgs) -> Result<(Session, Vec<PromptSpec>, Opt
         (Some(p), _) => (vec![PromptSpec::text("prompt", p)], None),
         (None, Some(f)) => (read_prompt_set(f)?, Some(f.display().to_string())),
         (None, None) => {
-            let f = bundled(BUNDLED_PROMPTS);
+            let f = lcut_engine::bundled(BUNDLED_PROMPTS);
             (read_prompt_set(&f)?, Some(BUNDLED_PROMPTS.to_string()))
         }
     };

@@ -5,24 +5,11 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device};
 
-/// Folder of the bundled full-depth model, relative to the repository root.
-pub const BUNDLED_MODEL: &str = "fixtures/models/copy-full";
-
-/// Where to find a bundled file: the working directory's copy, or the one
-/// next to the sources this binary was built from.
-pub fn bundled(relative: &str) -> PathBuf {
-    let here = PathBuf::from(relative);
-    if here.exists() {
-        return here;
-    }
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .join(relative)
-}
-
 /// The model folder given, or the bundled one.
 pub fn model_or_bundled(model: &Option<PathBuf>) -> PathBuf {
-    model.clone().unwrap_or_else(|| bundled(BUNDLED_MODEL))
+    model
+        .clone()
+        .unwrap_or_else(|| lcut_engine::bundled(lcut_engine::BUNDLED_MODEL))
 }
 
 /// Parse `f32`, `bf16` or `f16`.

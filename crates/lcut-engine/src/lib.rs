@@ -2,6 +2,7 @@
 //! with their decode-phase start, generation under any visibility policy
 //! with timing and KV accounting, and side-by-side runs of two policies.
 
+mod bundled;
 mod compare;
 pub mod diagnose;
 mod error;
@@ -11,6 +12,7 @@ mod session;
 mod template;
 mod tokenizer;
 
+pub use bundled::{BUNDLED_MODEL, bundled, workspace_root};
 pub use compare::{CompareStep, Comparison, compare, kl_divergence};
 pub use error::{EngineError, Result};
 pub use generate::{
