@@ -1,0 +1,868 @@
+//! A batched, differentiable Llama forward built from basic candle ops
+//! (lcut-model's inference kernels have no backward), with the attention
+//! mask taken from an `lcut_policy::Policy`, so SPEED-aware training and
+//! SPEED inference share one definition of visibility.
+//!
+//! Weights live in a `candle_nn::VarMap` under the Hugging Face names, so
+//! saving the map writes a checkpoint that `lcut_model::Decoder` loads.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use candle_core::{D, DType, Device, Tensor, Var};
+use candle_nn::VarMap;
+use lcut_policy::{Policy, TokenPhases};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::error::{Result, TrainError};
+use crate::vocab::{self, id};
+
+/// The shape of a Llama-architecture model.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ModelShape {
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// Residual width.
+    pub hidden_size: usize,
+    /// MLP inner width.
+    pub intermediate_size: usize,
+    /// Decoder layers.
+    pub num_layers: usize,
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads (divides `num_heads`).
+    pub num_kv_heads: usize,
+    /// RoPE base.
+    pub rope_theta: f64,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f64,
+    /// Longest sequence the saved config allows.
+    pub max_position_embeddings: usize,
+}
+
+impl ModelShape {
+    /// Width of one head.
+    pub fn head_dim(&self) -> usize {
+        self.hidden_size / self.num_heads
+    }
+
+    /// Check divisibility and non-zero sizes.
+    pub fn validate(&self) -> Result<()> {
+        let ok = self.vocab_size > 0
+            && self.num_layers > 0
+            && self.num_heads > 0
+            && self.num_kv_heads > 0
+            && self.intermediate_size > 0
+            && self.hidden_size.is_multiple_of(self.num_heads)
+            && self.num_heads.is_multiple_of(self.num_kv_heads)
+            && self.head_dim().is_multiple_of(2);
+        if ok {
+            Ok(())
+        } else {
+            Err(TrainError::Shape {
+                reason: format!(
+                    "hidden {} / heads {} / kv heads {} / layers {} / intermediate {}: \
+                     expected non-zero sizes, heads dividing hidden into an even head \
+                     width, and kv heads dividing heads",
+                    self.hidden_size,
+                    self.num_heads,
+                    self.num_kv_heads,
+                    self.num_layers,
+                    self.intermediate_size
+                ),
+            })
+        }
+    }
+
+    /// The shape stored in a Hugging Face `config.json`.
+    pub fn from_config(cfg: &lcut_model::ModelConfig) -> Self {
+        Self {
+            vocab_size: cfg.vocab_size,
+            hidden_size: cfg.hidden_size,
+            intermediate_size: cfg.intermediate_size,
+            num_layers: cfg.num_layers,
+            num_heads: cfg.num_heads,
+            num_kv_heads: cfg.num_kv_heads,
+            rope_theta: cfg.rope.theta,
+            rms_norm_eps: cfg.rms_norm_eps,
+            max_position_embeddings: cfg.max_position_embeddings,
+        }
+    }
+
+    /// The `config.json` of a model of this shape (Llama, untied head, f32).
+    pub fn config_json(&self) -> Value {
+        json!({
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim(),
+            "max_position_embeddings": self.max_position_embeddings,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "hidden_act": "silu",
+            "attention_bias": false,
+            "mlp_bias": false,
+            "tie_word_embeddings": false,
+            "bos_token_id": id::BOS,
+            "eos_token_id": id::EOT,
+            "pad_token_id": id::PAD,
+            "torch_dtype": "float32"
+        })
+    }
+
+    /// Every weight's Hugging Face name and shape.
+    pub fn weight_shapes(&self) -> Vec<(String, Vec<usize>)> {
+        let (v, d, i) = (self.vocab_size, self.hidden_size, self.intermediate_size);
+        let (h, kv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim());
+        let mut out = vec![
+            ("model.embed_tokens.weight".to_string(), vec![v, d]),
+            ("model.norm.weight".to_string(), vec![d]),
+            ("lm_head.weight".to_string(), vec![v, d]),
+        ];
+        for l in 0..self.num_layers {
+            let p = format!("model.layers.{l}");
+            out.extend([
+                (format!("{p}.self_attn.q_proj.weight"), vec![h * hd, d]),
+                (format!("{p}.self_attn.k_proj.weight"), vec![kv * hd, d]),
+                (format!("{p}.self_attn.v_proj.weight"), vec![kv * hd, d]),
+                (format!("{p}.self_attn.o_proj.weight"), vec![d, h * hd]),
+                (format!("{p}.mlp.gate_proj.weight"), vec![i, d]),
+                (format!("{p}.mlp.up_proj.weight"), vec![i, d]),
+                (format!("{p}.mlp.down_proj.weight"), vec![d, i]),
+                (format!("{p}.input_layernorm.weight"), vec![d]),
+                (format!("{p}.post_attention_layernorm.weight"), vec![d]),
+            ]);
+        }
+        out
+    }
+}
+
+/// A fresh `VarMap` of a model of `shape`, initialised from `seed`:
+/// norms at one, matrices uniform with standard deviation `std` (output
+/// projections scaled by 1/sqrt(2L), as in GPT-2). About 1/sqrt(hidden)
+/// (0.1 for hidden 128) shortens the plateau before the copy circuit forms;
+/// the customary 0.02 stalls these small models for hundreds of steps.
+pub fn init_varmap(shape: &ModelShape, std: f32, seed: u64, device: &Device) -> Result<VarMap> {
+    shape.validate()?;
+    let mut rng = StdRng::seed_from_u64(seed);
+    let varmap = VarMap::new();
+    let residual_std = std / (2.0 * shape.num_layers as f32).sqrt();
+    {
+        let mut data = varmap.data().lock().map_err(|_| TrainError::Shape {
+            reason: "the weight map's lock is poisoned".into(),
+        })?;
+        for (name, dims) in shape.weight_shapes() {
+            let n: usize = dims.iter().product();
+            let t = if dims.len() == 1 {
+                Tensor::ones(dims.as_slice(), DType::F32, device)?
+            } else {
+                let std = if name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight") {
+                    residual_std
+                } else {
+                    std
+                };
+                let a = std * 3f32.sqrt();
+                let vals: Vec<f32> = (0..n).map(|_| rng.random_range(-a..a)).collect();
+                Tensor::from_vec(vals, dims.as_slice(), device)?
+            };
+            data.insert(name, Var::from_tensor(&t)?);
+        }
+    }
+    Ok(varmap)
+}
+
+/// The weights of one layer.
+#[derive(Debug, Clone)]
+struct LayerWeights {
+    input_norm: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    post_norm: Tensor,
+    gate: Tensor,
+    up: Tensor,
+    down: Tensor,
+}
+
+/// The differentiable model: tensors shared with a `VarMap`'s variables, so
+/// gradients reach them.
+#[derive(Debug, Clone)]
+pub struct TrainModel {
+    shape: ModelShape,
+    embed: Tensor,
+    layers: Vec<LayerWeights>,
+    norm: Tensor,
+    lm_head: Tensor,
+    inv_freq: Tensor,
+    device: Device,
+    fused: bool,
+}
+
+impl TrainModel {
+    /// Bind the model to the variables of `varmap` (created by
+    /// [`init_varmap`] or loaded from a checkpoint).
+    pub fn new(shape: ModelShape, varmap: &VarMap, device: &Device) -> Result<Self> {
+        shape.validate()?;
+        let data = varmap.data().lock().map_err(|_| TrainError::Shape {
+            reason: "the weight map's lock is poisoned".into(),
+        })?;
+        let mut vars: HashMap<String, Tensor> = HashMap::new();
+        for (name, dims) in shape.weight_shapes() {
+            let var = data.get(&name).ok_or_else(|| TrainError::Shape {
+                reason: format!("weight {name} is missing"),
+            })?;
+            if var.dims() != dims.as_slice() {
+                return Err(TrainError::Shape {
+                    reason: format!(
+                        "weight {name} has shape {:?}, expected {dims:?}",
+                        var.dims()
+                    ),
+                });
+            }
+            vars.insert(name, var.as_tensor().clone());
+        }
+        let mut take = |name: String| -> Result<Tensor> {
+            vars.remove(&name).ok_or_else(|| TrainError::Shape {
+                reason: format!("weight {name} is missing"),
+            })
+        };
+        let mut layers = Vec::with_capacity(shape.num_layers);
+        for l in 0..shape.num_layers {
+            let p = format!("model.layers.{l}");
+            layers.push(LayerWeights {
+                input_norm: take(format!("{p}.input_layernorm.weight"))?,
+                q: take(format!("{p}.self_attn.q_proj.weight"))?,
+                k: take(format!("{p}.self_attn.k_proj.weight"))?,
+                v: take(format!("{p}.self_attn.v_proj.weight"))?,
+                o: take(format!("{p}.self_attn.o_proj.weight"))?,
+                post_norm: take(format!("{p}.post_attention_layernorm.weight"))?,
+                gate: take(format!("{p}.mlp.gate_proj.weight"))?,
+                up: take(format!("{p}.mlp.up_proj.weight"))?,
+                down: take(format!("{p}.mlp.down_proj.weight"))?,
+            });
+        }
+        let rope = lcut_model::RopeConfig {
+            theta: shape.rope_theta,
+            scaling: lcut_model::RopeScaling::None,
+            rotary_dim: shape.head_dim(),
+        };
+        let inv: Vec<f32> = lcut_model::inverse_frequencies(&rope)
+            .iter()
+            .map(|&f| f as f32)
+            .collect();
+        let n = inv.len();
+        Ok(Self {
+            shape,
+            embed: take("model.embed_tokens.weight".into())?,
+            layers,
+            norm: take("model.norm.weight".into())?,
+            lm_head: take("lm_head.weight".into())?,
+            inv_freq: Tensor::from_vec(inv, (1, n), device)?,
+            device: device.clone(),
+            fused: true,
+        })
+    }
+
+    /// Use the fused CPU kernels (RMSNorm, RoPE, masked softmax, each with
+    /// its own backward; the default) or composed candle ops (slower; the
+    /// reference the fused kernels are tested against).
+    pub fn set_fused(&mut self, fused: bool) {
+        self.fused = fused;
+    }
+
+    /// The model's shape.
+    pub fn shape(&self) -> &ModelShape {
+        &self.shape
+    }
+
+    /// RoPE for positions 0..t, the tables computed as lcut-model computes them.
+    fn rope(&self, t: usize) -> Result<Rope> {
+        let pos: Vec<f32> = (0..t).map(|p| p as f32).collect();
+        let pos = Tensor::from_vec(pos, (t, 1), &self.device)?;
+        let freqs = pos.broadcast_mul(&self.inv_freq)?;
+        Ok(Rope {
+            cos: freqs.cos()?,
+            sin: freqs.sin()?,
+        })
+    }
+
+    /// Final hidden states [b, t, hidden] (before the final norm) of the
+    /// token batch `ids` [b, t] under `masks`.
+    pub fn hidden(&self, ids: &Tensor, masks: &BatchMasks) -> Result<Tensor> {
+        let (b, t) = ids.dims2()?;
+        let s = &self.shape;
+        let (d, h, kv, hd) = (s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim());
+        let group = h / kv;
+        let eps = s.rms_norm_eps as f32;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let rope = self.rope(t)?;
+        let mut x = self
+            .embed
+            .index_select(&ids.flatten_all()?, 0)?
+            .reshape((b * t, d))?;
+        for (l, w) in self.layers.iter().enumerate() {
+            let n = rms_norm(&x, &w.input_norm, eps, self.fused)?;
+            let heads = |proj: &Tensor, count: usize| -> Result<Tensor> {
+                Ok(n.matmul(&proj.t()?)?
+                    .reshape((b, t, count, hd))?
+                    .transpose(1, 2)?
+                    .contiguous()?)
+            };
+            let q = rope.apply(&heads(&w.q, h)?, self.fused)?;
+            let k = rope.apply(&heads(&w.k, kv)?, self.fused)?;
+            let v = heads(&w.v, kv)?;
+            // The query heads that share a KV head are stacked: [b, kv, group * t, hd].
+            let q = (q * scale)?.reshape((b, kv, group * t, hd))?;
+            let scores = q.matmul(&k.t()?)?.reshape((b, kv, group, t, t))?;
+            let probs = masks
+                .softmax(&scores, l, self.fused)?
+                .reshape((b, kv, group * t, t))?;
+            let attn = probs
+                .matmul(&v)?
+                .reshape((b, h, t, hd))?
+                .transpose(1, 2)?
+                .reshape((b * t, h * hd))?;
+            x = (x + attn.matmul(&w.o.t()?)?)?;
+            let n = rms_norm(&x, &w.post_norm, eps, self.fused)?;
+            let gate = candle_nn::ops::silu(&n.matmul(&w.gate.t()?)?)?;
+            let up = n.matmul(&w.up.t()?)?;
+            x = (x + (gate * up)?.matmul(&w.down.t()?)?)?;
+        }
+        Ok(x.reshape((b, t, d))?)
+    }
+
+    /// Logits [rows, vocab] of the given rows of flattened hidden states
+    /// [b * t, hidden] (row `b_i * t + pos`).
+    pub fn logits_at(&self, hidden: &Tensor, rows: &[u32]) -> Result<Tensor> {
+        let (b, t, d) = hidden.dims3()?;
+        let flat = hidden.reshape((b * t, d))?;
+        let idx = Tensor::new(rows, &self.device)?;
+        let picked = flat.index_select(&idx, 0)?;
+        let normed = rms_norm(
+            &picked,
+            &self.norm,
+            self.shape.rms_norm_eps as f32,
+            self.fused,
+        )?;
+        Ok(normed.matmul(&self.lm_head.t()?)?)
+    }
+}
+
+/// Which keys each query of a batch reads, below and at/above the cutoff.
+#[derive(Debug, Clone)]
+pub struct BatchMasks {
+    l_cut: usize,
+    lower: MaskedSoftmax,
+    upper: MaskedSoftmax,
+}
+
+impl BatchMasks {
+    /// Visibility for `phases.len()` sequences padded to `t` tokens under
+    /// `policy`. A query reads key `k` at layer `l` when `k <= q` and
+    /// `policy.key_visible(l, q, k)`; a query whose token does not exist at
+    /// that layer (a prefill token above the cutoff) reads only itself, so
+    /// its row stays finite and feeds nothing.
+    pub fn new(policy: &Policy, phases: &[TokenPhases], t: usize) -> Self {
+        let l_cut = if policy.is_full_depth() {
+            policy.num_layers()
+        } else {
+            policy.l_cut()
+        };
+        let build = |layer: usize| -> MaskedSoftmax {
+            let mut m = Vec::with_capacity(phases.len() * t * t);
+            for ph in phases {
+                for q in 0..t {
+                    let exists = policy.token_exists(layer, q, ph);
+                    for k in 0..t {
+                        m.push(if exists {
+                            k <= q && policy.key_visible(layer, q, k, ph)
+                        } else {
+                            k == q
+                        });
+                    }
+                }
+            }
+            MaskedSoftmax {
+                visible: Arc::new(m),
+                batch: phases.len(),
+                t,
+            }
+        };
+        let lower = build(0);
+        let upper = if l_cut < policy.num_layers() {
+            build(l_cut)
+        } else {
+            lower.clone()
+        };
+        Self {
+            l_cut,
+            lower,
+            upper,
+        }
+    }
+
+    /// The visibility of layer `l`.
+    fn for_layer(&self, l: usize) -> &MaskedSoftmax {
+        if l < self.l_cut {
+            &self.lower
+        } else {
+            &self.upper
+        }
+    }
+
+    /// Attention probabilities at layer `l` from scores [b, kv, group, t, t]:
+    /// softmax over the visible keys, zero elsewhere (`fused`: one op with
+    /// its own backward; otherwise composed candle ops).
+    pub fn softmax(&self, scores: &Tensor, l: usize, fused: bool) -> Result<Tensor> {
+        self.for_layer(l).apply(scores, fused)
+    }
+
+    /// The additive mask [b, 1, 1, t, t] of layer `l` (0 visible, -1e9 hidden).
+    pub fn additive(&self, l: usize, device: &Device) -> Result<Tensor> {
+        let m = self.for_layer(l);
+        let v: Vec<f32> = m
+            .visible
+            .iter()
+            .map(|&v| if v { 0.0 } else { HIDDEN })
+            .collect();
+        Ok(Tensor::from_vec(v, (m.batch, 1, 1, m.t, m.t), device)?)
+    }
+}
+
+/// The value of a hidden key in the additive mask of the non-CPU path.
+/// Finite, so a masked score never turns into NaN in the backward pass.
+const HIDDEN: f32 = -1e9;
+
+/// Softmax over the last dimension restricted to the visible keys, fused
+/// into one op with its own backward (the composed candle ops allocate a
+/// dozen score-sized tensors per layer, which dominated a training step).
+#[derive(Debug, Clone)]
+struct MaskedSoftmax {
+    /// [batch, t (query), t (key)]: whether the key is read.
+    visible: Arc<Vec<bool>>,
+    batch: usize,
+    t: usize,
+}
+
+impl MaskedSoftmax {
+    fn apply(&self, scores: &Tensor, fused: bool) -> Result<Tensor> {
+        if fused && scores.device().is_cpu() {
+            return Ok(scores.apply_op1(self.clone())?);
+        }
+        // Devices without the fused kernel: compose basic ops.
+        let v: Vec<f32> = self
+            .visible
+            .iter()
+            .map(|&v| if v { 0.0 } else { HIDDEN })
+            .collect();
+        let mask = Tensor::from_vec(v, (self.batch, 1, 1, self.t, self.t), scores.device())?;
+        Ok(candle_nn::ops::softmax(
+            &scores.broadcast_add(&mask)?,
+            D::Minus1,
+        )?)
+    }
+
+    /// The visibility row of flattened score row `r` (rows are ordered
+    /// batch, heads..., query).
+    fn row(&self, r: usize, rows: usize) -> &[bool] {
+        let per_seq = rows / self.batch;
+        let (b, q) = (r / per_seq, r % self.t);
+        &self.visible[(b * self.t + q) * self.t..(b * self.t + q + 1) * self.t]
+    }
+}
+
+impl candle_core::CustomOp1 for MaskedSoftmax {
+    fn name(&self) -> &'static str {
+        "lcut-masked-softmax"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &candle_core::CpuStorage,
+        layout: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        let candle_core::CpuStorage::F32(data) = storage else {
+            candle_core::bail!("{}: expected f32 scores", self.name());
+        };
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            candle_core::bail!("{}: expected contiguous scores", self.name());
+        };
+        let x = &data[start..end];
+        let t = self.t;
+        if t == 0 || !x.len().is_multiple_of(t * t * self.batch) {
+            candle_core::bail!(
+                "{}: {} scores do not fit batch {} of length {t}",
+                self.name(),
+                x.len(),
+                self.batch
+            );
+        }
+        let rows = x.len() / t;
+        let mut out = vec![0f32; x.len()];
+        for (r, (xr, or)) in x.chunks_exact(t).zip(out.chunks_exact_mut(t)).enumerate() {
+            let vis = self.row(r, rows);
+            let max = xr
+                .iter()
+                .zip(vis)
+                .filter(|(_, v)| **v)
+                .map(|(x, _)| *x)
+                .fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0f32;
+            for ((o, &x), &v) in or.iter_mut().zip(xr).zip(vis) {
+                if v {
+                    *o = (x - max).exp();
+                    sum += *o;
+                }
+            }
+            if sum > 0.0 {
+                let inv = 1.0 / sum;
+                or.iter_mut().for_each(|o| *o *= inv);
+            }
+        }
+        Ok((candle_core::CpuStorage::F32(out), layout.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        _arg: &Tensor,
+        res: &Tensor,
+        grad_res: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        // d score_j = p_j (g_j - sum_k g_k p_k); hidden keys have p = 0.
+        let p = res.flatten_all()?.to_vec1::<f32>()?;
+        let g = grad_res.flatten_all()?.to_vec1::<f32>()?;
+        let t = self.t;
+        let mut d = vec![0f32; p.len()];
+        for ((pr, gr), dr) in p
+            .chunks_exact(t)
+            .zip(g.chunks_exact(t))
+            .zip(d.chunks_exact_mut(t))
+        {
+            let dot: f32 = pr.iter().zip(gr).map(|(p, g)| p * g).sum();
+            for ((d, &p), &g) in dr.iter_mut().zip(pr).zip(gr) {
+                *d = p * (g - dot);
+            }
+        }
+        Ok(Some(Tensor::from_vec(d, res.shape(), res.device())?))
+    }
+}
+
+/// Flat f32 data of a CPU tensor given as storage and layout.
+fn f32_slice<'a>(
+    name: &str,
+    storage: &'a candle_core::CpuStorage,
+    layout: &candle_core::Layout,
+) -> candle_core::Result<&'a [f32]> {
+    let candle_core::CpuStorage::F32(data) = storage else {
+        candle_core::bail!("{name}: expected f32 data");
+    };
+    let Some((start, end)) = layout.contiguous_offsets() else {
+        candle_core::bail!("{name}: expected contiguous data");
+    };
+    Ok(&data[start..end])
+}
+
+/// RMSNorm over the last dimension: x / sqrt(mean(x^2) + eps) * w, fused
+/// with its backward when `fused` and on the CPU; composed ops otherwise.
+pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32, fused: bool) -> Result<Tensor> {
+    if fused && x.device().is_cpu() {
+        Ok(x.contiguous()?
+            .apply_op2(&w.contiguous()?, RmsNorm { eps })?)
+    } else {
+        Ok(candle_nn::ops::rms_norm_slow(x, w, eps)?)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct RmsNorm {
+    eps: f32,
+}
+
+impl candle_core::CustomOp2 for RmsNorm {
+    fn name(&self) -> &'static str {
+        "lcut-rms-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &candle_core::CpuStorage,
+        l1: &candle_core::Layout,
+        s2: &candle_core::CpuStorage,
+        l2: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        let x = f32_slice(self.name(), s1, l1)?;
+        let w = f32_slice(self.name(), s2, l2)?;
+        let d = w.len();
+        if d == 0 || !x.len().is_multiple_of(d) {
+            candle_core::bail!("{}: width {d} does not divide {}", self.name(), x.len());
+        }
+        let mut out = vec![0f32; x.len()];
+        for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+            let ms = xr.iter().map(|v| v * v).sum::<f32>() / d as f32;
+            let inv = 1.0 / (ms + self.eps).sqrt();
+            for ((o, &xv), &wv) in or.iter_mut().zip(xr).zip(w) {
+                *o = xv * inv * wv;
+            }
+        }
+        Ok((candle_core::CpuStorage::F32(out), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let xs = x.flatten_all()?.to_vec1::<f32>()?;
+        let ws = w.to_vec1::<f32>()?;
+        let gs = grad.flatten_all()?.to_vec1::<f32>()?;
+        let d = ws.len();
+        let mut dx = vec![0f32; xs.len()];
+        let mut dw = vec![0f32; d];
+        for ((xr, gr), dxr) in xs
+            .chunks_exact(d)
+            .zip(gs.chunks_exact(d))
+            .zip(dx.chunks_exact_mut(d))
+        {
+            let ms = xr.iter().map(|v| v * v).sum::<f32>() / d as f32;
+            let inv = 1.0 / (ms + self.eps).sqrt();
+            // y = xhat * w with xhat = x * inv; dxhat = g * w;
+            // dx = inv * (dxhat - xhat * mean(dxhat * xhat)).
+            let mut dot = 0f32;
+            for i in 0..d {
+                let xhat = xr[i] * inv;
+                dw[i] += gr[i] * xhat;
+                dot += gr[i] * ws[i] * xhat;
+            }
+            let mean = dot / d as f32;
+            for i in 0..d {
+                let xhat = xr[i] * inv;
+                dxr[i] = inv * (gr[i] * ws[i] - xhat * mean);
+            }
+        }
+        Ok((
+            Some(Tensor::from_vec(dx, x.shape(), x.device())?),
+            Some(Tensor::from_vec(dw, w.shape(), w.device())?),
+        ))
+    }
+}
+
+/// Half-split (NeoX) rotary embedding at positions 0..t of tensors
+/// [b, heads, t, head_dim], fused with its backward on the CPU.
+#[derive(Debug, Clone)]
+struct Rope {
+    /// [t, head_dim / 2].
+    cos: Tensor,
+    /// [t, head_dim / 2].
+    sin: Tensor,
+}
+
+impl Rope {
+    fn apply(&self, x: &Tensor, fused: bool) -> Result<Tensor> {
+        if !fused || !x.device().is_cpu() {
+            return Ok(candle_nn::rotary_emb::rope_slow(x, &self.cos, &self.sin)?);
+        }
+        let op = RopeOp {
+            cos: Arc::new(self.cos.flatten_all()?.to_vec1::<f32>()?),
+            sin: Arc::new(self.sin.flatten_all()?.to_vec1::<f32>()?),
+            t: self.cos.dim(0)?,
+        };
+        Ok(x.contiguous()?.apply_op1(op)?)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct RopeOp {
+    cos: Arc<Vec<f32>>,
+    sin: Arc<Vec<f32>>,
+    t: usize,
+}
+
+impl RopeOp {
+    /// Rotate every head_dim-row of `x` (rows ordered ..., position); with
+    /// `inverse` the rotation runs backwards (the backward pass).
+    fn rotate(&self, x: &[f32], inverse: bool) -> candle_core::Result<Vec<f32>> {
+        let half = self.cos.len() / self.t.max(1);
+        let hd = 2 * half;
+        if hd == 0 || !x.len().is_multiple_of(hd * self.t) {
+            candle_core::bail!(
+                "lcut-rope: {} values do not fit t {} x {hd}",
+                x.len(),
+                self.t
+            );
+        }
+        let sign = if inverse { -1.0 } else { 1.0 };
+        let mut out = vec![0f32; x.len()];
+        for (r, (xr, or)) in x.chunks_exact(hd).zip(out.chunks_exact_mut(hd)).enumerate() {
+            let p = r % self.t;
+            let (c, s) = (
+                &self.cos[p * half..(p + 1) * half],
+                &self.sin[p * half..(p + 1) * half],
+            );
+            for i in 0..half {
+                let (x1, x2) = (xr[i], xr[i + half]);
+                let si = sign * s[i];
+                or[i] = x1 * c[i] - x2 * si;
+                or[i + half] = x2 * c[i] + x1 * si;
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl candle_core::CustomOp1 for RopeOp {
+    fn name(&self) -> &'static str {
+        "lcut-rope"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &candle_core::CpuStorage,
+        layout: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        let x = f32_slice(self.name(), storage, layout)?;
+        let out = self.rotate(x, false)?;
+        Ok((candle_core::CpuStorage::F32(out), layout.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        _arg: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        let g = grad.flatten_all()?.to_vec1::<f32>()?;
+        let d = self.rotate(&g, true)?;
+        Ok(Some(Tensor::from_vec(d, res.shape(), res.device())?))
+    }
+}
+
+/// Write `config.json`, `model.safetensors`, `tokenizer.json` and
+/// `tokenizer_config.json` of a model into `folder` (each atomically).
+pub fn save_checkpoint(folder: &Path, shape: &ModelShape, varmap: &VarMap) -> Result<()> {
+    std::fs::create_dir_all(folder).map_err(|source| TrainError::Io {
+        path: folder.to_path_buf(),
+        source,
+    })?;
+    let write_json = |name: &str, value: &Value| -> Result<()> {
+        let text = serde_json::to_string_pretty(value).map_err(|e| TrainError::Json {
+            path: folder.join(name),
+            reason: e.to_string(),
+        })?;
+        lcut_model::synth::write_atomic(&folder.join(name), format!("{text}\n").as_bytes())?;
+        Ok(())
+    };
+    write_json("config.json", &shape.config_json())?;
+    write_json("tokenizer.json", &vocab::tokenizer_json())?;
+    write_json("tokenizer_config.json", &vocab::tokenizer_config_json())?;
+    let tmp = folder.join("model.safetensors.partial");
+    varmap.save(&tmp)?;
+    let dst = folder.join("model.safetensors");
+    std::fs::rename(&tmp, &dst).map_err(|source| TrainError::Io { path: dst, source })
+}
+
+/// Load the weights of a saved checkpoint into a `VarMap` of `shape`.
+pub fn load_varmap(folder: &Path, shape: &ModelShape, device: &Device) -> Result<VarMap> {
+    let mut varmap = init_varmap(shape, 0.02, 0, device)?;
+    let path = folder.join("model.safetensors");
+    if !path.is_file() {
+        return Err(TrainError::Io {
+            path,
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no model.safetensors"),
+        });
+    }
+    varmap.load(&path)?;
+    Ok(varmap)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::backprop::GradStore;
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+        (a - b)
+            .and_then(|d| d.abs())
+            .and_then(|d| d.flatten_all())
+            .and_then(|d| d.max(0))
+            .and_then(|d| d.to_scalar::<f32>())
+            .unwrap_or(f32::INFINITY)
+    }
+
+    /// Value and gradients of sum(f(vars) * probe) for the fused and the
+    /// composed version of an op.
+    fn grads(out: &Tensor, probe: &Tensor) -> candle_core::Result<GradStore> {
+        (out * probe)?.sum_all()?.backward()
+    }
+
+    #[test]
+    fn fused_ops_match_composed_ops_and_their_gradients() -> candle_core::Result<()> {
+        let dev = Device::Cpu;
+        // RMSNorm
+        let x = Var::from_tensor(&Tensor::randn(0f32, 2.0, (6, 16), &dev)?)?;
+        let w = Var::from_tensor(&Tensor::randn(1f32, 0.3, 16, &dev)?)?;
+        let probe = Tensor::randn(0f32, 1.0, (6, 16), &dev)?;
+        let fused = rms_norm(&x, &w, 1e-5, true).map_err(candle_core::Error::wrap)?;
+        let slow = candle_nn::ops::rms_norm_slow(&x, &w, 1e-5)?;
+        assert!(max_diff(&fused, &slow) < 1e-5);
+        let (gf, gs) = (grads(&fused, &probe)?, grads(&slow, &probe)?);
+        for v in [&x, &w] {
+            let (a, b) = (
+                gf.get(v).expect("fused grad"),
+                gs.get(v).expect("slow grad"),
+            );
+            assert!(max_diff(a, b) < 1e-4, "rms-norm grad {}", max_diff(a, b));
+        }
+        // RoPE
+        let x = Var::from_tensor(&Tensor::randn(0f32, 1.0, (2, 3, 5, 8), &dev)?)?;
+        let freqs = Tensor::randn(0f32, 1.0, (5, 4), &dev)?;
+        let rope = Rope {
+            cos: freqs.cos()?,
+            sin: freqs.sin()?,
+        };
+        let probe = Tensor::randn(0f32, 1.0, (2, 3, 5, 8), &dev)?;
+        let fused = rope.apply(&x, true).map_err(candle_core::Error::wrap)?;
+        let slow = candle_nn::rotary_emb::rope_slow(&x, &rope.cos, &rope.sin)?;
+        assert!(max_diff(&fused, &slow) < 1e-5);
+        let (gf, gs) = (grads(&fused, &probe)?, grads(&slow, &probe)?);
+        let (a, b) = (
+            gf.get(&x).expect("fused grad"),
+            gs.get(&x).expect("slow grad"),
+        );
+        assert!(max_diff(a, b) < 1e-5);
+        // Masked softmax: a causal mask over two sequences, scores [2, 1, 2, 4, 4].
+        let visible: Vec<bool> = (0..2 * 16).map(|i| (i % 16) % 4 <= (i % 16) / 4).collect();
+        let sm = MaskedSoftmax {
+            visible: Arc::new(visible.clone()),
+            batch: 2,
+            t: 4,
+        };
+        let s = Var::from_tensor(&Tensor::randn(0f32, 3.0, (2, 1, 2, 4, 4), &dev)?)?;
+        let add: Vec<f32> = visible
+            .iter()
+            .map(|&v| if v { 0.0 } else { HIDDEN })
+            .collect();
+        let add = Tensor::from_vec(add, (2, 1, 1, 4, 4), &dev)?;
+        let probe = Tensor::randn(0f32, 1.0, (2, 1, 2, 4, 4), &dev)?;
+        let fused = sm.apply(&s, true).map_err(candle_core::Error::wrap)?;
+        let slow = candle_nn::ops::softmax(&s.broadcast_add(&add)?, D::Minus1)?;
+        assert!(max_diff(&fused, &slow) < 1e-6);
+        let (gf, gs) = (grads(&fused, &probe)?, grads(&slow, &probe)?);
+        let (a, b) = (
+            gf.get(&s).expect("fused grad"),
+            gs.get(&s).expect("slow grad"),
+        );
+        assert!(max_diff(a, b) < 1e-5);
+        Ok(())
+    }
+}

@@ -1,0 +1,131 @@
+//! The training forward and `lcut_model::Decoder` give the same logits
+//! (within 1e-4) on saved checkpoints, teacher-forced, under the full policy
+//! and under SPEED, so the saved layout and the two implementations of the
+//! visibility rule cannot drift apart.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, ensure};
+use candle_core::{DType, Device, Tensor};
+use lcut_model::{Decoder, LogitRows};
+use lcut_policy::TokenPhases;
+use lcut_train::eval::resolve_policy;
+use lcut_train::net::{init_varmap, load_varmap, save_checkpoint};
+use lcut_train::task::{Instance, Stream, TaskSpec};
+use lcut_train::train::Batch;
+use lcut_train::{ModelShape, TrainModel};
+
+const TOL: f32 = 1e-4;
+
+fn models_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models")
+}
+
+/// Compare every logit row that reaches the top layer, for a padded batch of
+/// three instances of different lengths.
+fn check(folder: &Path, policy_text: &str) -> Result<f32> {
+    let dev = Device::Cpu;
+    let decoder = Decoder::load(folder, DType::F32, &dev)?;
+    let shape = ModelShape::from_config(decoder.config());
+    let varmap = load_varmap(folder, &shape, &dev)?;
+    let model = TrainModel::new(shape, &varmap, &dev)?;
+    let (policy, anchor_len) = resolve_policy(policy_text, shape.num_layers)?;
+    let spec = TaskSpec::default();
+    let instances: Vec<Instance> = (0..3)
+        .map(|i| Instance::generate(&spec, 11, Stream::Eval, i))
+        .collect();
+    let batch = Batch::new(&instances, &policy, anchor_len, &dev)?;
+    let (b, t) = batch.ids.dims2()?;
+    ensure!(b == 3);
+    let hidden = model.hidden(&batch.ids, &batch.masks)?;
+    let mut worst = 0f32;
+    for (bi, inst) in instances.iter().enumerate() {
+        let tokens = inst.sequence();
+        let phases = TokenPhases::new(inst.prompt.len(), inst.decode_start(), anchor_len)?;
+        let mut seq = decoder.new_sequence(policy, phases)?;
+        let out = decoder.forward(&mut seq, &tokens, LogitRows::All, None)?;
+        let reference = out.logits.context("no logits")?;
+        if policy.is_full_depth() {
+            ensure!(out.positions.len() == tokens.len());
+        } else {
+            // Prefill tokens never reach the top layer.
+            ensure!(out.positions.len() == anchor_len + tokens.len() - inst.decode_start());
+        }
+        let rows: Vec<u32> = out.positions.iter().map(|&p| (bi * t + p) as u32).collect();
+        let ours = model.logits_at(&hidden, &rows)?;
+        let diff = (ours - &reference)?
+            .abs()?
+            .flatten_all()?
+            .max(0)?
+            .to_scalar::<f32>()?;
+        let scale = reference.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?;
+        ensure!(
+            diff <= TOL,
+            "{}: {policy_text}: sequence {bi}: max |diff| {diff} (logits up to {scale})",
+            folder.display()
+        );
+        worst = worst.max(diff);
+    }
+    Ok(worst)
+}
+
+#[test]
+fn random_checkpoint_matches_the_decoder() -> Result<()> {
+    let dev = Device::Cpu;
+    let shape = ModelShape {
+        vocab_size: lcut_train::vocab::VOCAB_SIZE,
+        hidden_size: 64,
+        intermediate_size: 96,
+        num_layers: 4,
+        num_heads: 4,
+        num_kv_heads: 2,
+        rope_theta: 10000.0,
+        rms_norm_eps: 1e-5,
+        max_position_embeddings: 512,
+    };
+    let varmap = init_varmap(&shape, 0.02, 7, &dev)?;
+    // Sharpen the weights so that attention is far from uniform and the
+    // logits far from zero: a layout or mask slip then shows.
+    for var in varmap.all_vars() {
+        if var.rank() == 2 {
+            let sharper = (var.as_tensor() * 12.0)?;
+            var.set(&sharper)?;
+        } else {
+            let w = Tensor::rand(0.5f32, 1.5, var.dims(), &dev)?;
+            var.set(&w)?;
+        }
+    }
+    let dir = tempfile::tempdir()?;
+    save_checkpoint(dir.path(), &shape, &varmap)?;
+    for policy in [
+        "full",
+        "speed:3+bos",
+        "speed:3",
+        "speed:1+bos",
+        "selfonly:2+bos",
+    ] {
+        check(dir.path(), policy)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn shipped_checkpoints_match_the_decoder() -> Result<()> {
+    let mut checked = 0;
+    for entry in std::fs::read_dir(models_dir())? {
+        let folder = entry?.path();
+        if !folder.join("model.safetensors").is_file() {
+            continue;
+        }
+        for policy in ["full", "speed:3/4+bos", "speed:3/4", "speed:1+bos"] {
+            let worst = check(&folder, policy)?;
+            eprintln!("{} {policy}: max |diff| {worst:.2e}", folder.display());
+        }
+        checked += 1;
+    }
+    ensure!(
+        checked >= 1,
+        "expected the shipped variants, found {checked}"
+    );
+    Ok(())
+}
