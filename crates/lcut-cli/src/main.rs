@@ -7,6 +7,7 @@ mod cmd_forward;
 mod cmd_generate;
 mod cmd_report;
 mod cmd_sweep;
+mod cmd_train;
 mod common;
 
 use clap::{Parser, Subcommand};
@@ -29,6 +30,10 @@ enum Command {
     Report(cmd_report::ReportArgs),
     /// Merge shard runs into the report of the whole prompt set.
     Merge(cmd_report::MergeArgs),
+    /// Train a bundled task model (full depth or SPEED-aware).
+    Train(lcut_train::TrainArgs),
+    /// Exact match of a task model under a policy; the last line is `exact_match=...`.
+    Eval(lcut_train::EvalArgs),
     /// Run one sequence and write logits, residuals and attention to safetensors.
     Forward(cmd_forward::ForwardArgs),
     /// Generate under a policy, optionally side by side with another.
@@ -57,6 +62,8 @@ fn main() -> anyhow::Result<()> {
         Command::Sweep(a) => cmd_sweep::run(a),
         Command::Report(a) => cmd_report::run(a),
         Command::Merge(a) => cmd_report::merge(a),
+        Command::Train(a) => cmd_train::train(a),
+        Command::Eval(a) => cmd_train::eval(a),
         Command::Forward(a) => cmd_forward::run(a),
         Command::Generate(a) => cmd_generate::run(a),
         Command::Bench(a) => cmd_bench::run(a),

@@ -1,0 +1,111 @@
+//! The main job end to end on the bundled model: `lcut diagnose` with no
+//! model or prompt arguments, then `lcut report` in every format, and the
+//! report loads back into the same values.
+
+#![allow(clippy::unwrap_used)] // test helpers unwrap like the tests do
+
+use std::path::Path;
+use std::process::Command;
+
+fn lcut(args: &[&str], cwd: &Path) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_lcut"))
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .expect("lcut runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "lcut {args:?} failed: {stderr}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn diagnose_then_report_in_every_format() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let run_s = run.to_str().unwrap();
+    let stdout = lcut(
+        &["diagnose", "--max-new-tokens", "6", "--out", run_s],
+        &repo,
+    );
+    assert!(stdout.contains("recommended L_cut = "), "{stdout}");
+
+    let report = lcut_trace::read_report_json(&run.join("report.json")).unwrap();
+    assert!(!report.traces.is_empty());
+    assert!(
+        report.settings.chat_template_used,
+        "the bundled model has a chat template"
+    );
+    let l = report.model.num_layers;
+    assert!((1..=l).contains(&report.recommendation.l_cut));
+    // the bundled model really reads its prompt: generated tokens attend to it
+    let prefill: f32 = report
+        .curves
+        .prefill
+        .as_slice()
+        .iter()
+        .filter(|x| x.is_finite())
+        .sum();
+    assert!(
+        prefill > 0.05 * l as f32 / 4.0,
+        "prefill mass {prefill} too small"
+    );
+
+    lcut(&["report", run_s, "--format", "html,md,csv,json"], &repo);
+    for ext in ["html", "md", "csv", "json"] {
+        let text = std::fs::read_to_string(run.join(format!("report.{ext}"))).unwrap();
+        assert!(text.len() > 100, "report.{ext} is nearly empty");
+    }
+    let html = std::fs::read_to_string(run.join("report.html")).unwrap();
+    assert!(html.contains("<svg") && !html.contains("http://") && !html.contains("https://"));
+    let again = lcut_trace::read_report_json(&run.join("report.json")).unwrap();
+    assert_eq!(again, report, "the report changed on a round trip");
+    let csv = std::fs::read_to_string(run.join("report.csv")).unwrap();
+    assert_eq!(
+        csv.lines().count(),
+        l + 1,
+        "one CSV row per layer plus the header"
+    );
+}
+
+#[test]
+fn sharded_diagnose_merges_into_the_whole() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = |name: &str| tmp.path().join(name).to_str().unwrap().to_string();
+    lcut(
+        &["diagnose", "--max-new-tokens", "4", "--out", &dir("whole")],
+        &repo,
+    );
+    lcut(
+        &[
+            "diagnose",
+            "--max-new-tokens",
+            "4",
+            "--shard",
+            "0/2",
+            "--out",
+            &dir("s0"),
+        ],
+        &repo,
+    );
+    lcut(
+        &[
+            "diagnose",
+            "--max-new-tokens",
+            "4",
+            "--shard",
+            "1/2",
+            "--out",
+            &dir("s1"),
+        ],
+        &repo,
+    );
+    lcut(
+        &["merge", &dir("s1"), &dir("s0"), "--out", &dir("merged")],
+        &repo,
+    );
+    let whole = lcut_trace::read_report_json(&tmp.path().join("whole/report.json")).unwrap();
+    let merged = lcut_trace::read_report_json(&tmp.path().join("merged/report.json")).unwrap();
+    assert_eq!(merged, whole);
+}
