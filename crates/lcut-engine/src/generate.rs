@@ -80,7 +80,8 @@ impl Default for GenerationConfig {
 /// Wall-clock figures of one generation.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct Timing {
-    /// Time to first token: prefill plus the first sampling, seconds.
+    /// Time to first token: prefill plus the first sampling, seconds (time
+    /// inside the generation's own steps; see `Generation::step`).
     pub ttft_s: f64,
     /// Mean time per output token after the first, seconds (0 with one token).
     pub tpot_s: f64,
@@ -138,9 +139,11 @@ pub struct Generation<'m> {
     sampler: LogitsProcessor,
     produced: Vec<u32>,
     stop: Option<StopReason>,
-    started: Option<Instant>,
+    /// Seconds spent inside `step` (model, sampling), so that a caller's
+    /// own work between steps, or another generation run in lockstep, does
+    /// not count against this one.
+    busy_s: f64,
     first_token_at: Option<f64>,
-    finished_at: Option<f64>,
 }
 
 impl<'m> Generation<'m> {
@@ -174,9 +177,8 @@ impl<'m> Generation<'m> {
             config,
             produced: Vec::new(),
             stop: None,
-            started: None,
+            busy_s: 0.0,
             first_token_at: None,
-            finished_at: None,
         })
     }
 
@@ -211,15 +213,15 @@ impl<'m> Generation<'m> {
             self.finish(StopReason::MaxTokens);
             return Ok(None);
         }
-        let started = *self.started.get_or_insert_with(Instant::now);
+        let started = Instant::now();
         let logits = match self.produced.last() {
             None => self.prefill(probe)?,
             Some(&last) => self.decode_one(last, probe)?,
         };
         let token = self.sampler.sample(&logits)?;
         self.produced.push(token);
-        let now = started.elapsed().as_secs_f64();
-        self.first_token_at.get_or_insert(now);
+        self.busy_s += started.elapsed().as_secs_f64();
+        self.first_token_at.get_or_insert(self.busy_s);
         if self.config.stop_tokens.contains(&token) {
             self.finish(StopReason::StopToken);
         } else if self.produced.len() >= self.config.max_new_tokens {
@@ -234,9 +236,6 @@ impl<'m> Generation<'m> {
 
     fn finish(&mut self, reason: StopReason) {
         self.stop = Some(reason);
-        if let Some(started) = self.started {
-            self.finished_at = Some(started.elapsed().as_secs_f64());
-        }
     }
 
     /// Run the prompt: tokens before the decode start (in chunks), then the
@@ -293,10 +292,7 @@ impl<'m> Generation<'m> {
     /// The result so far (timing covers the steps taken).
     pub fn output(&self) -> GenerationOutput {
         let n = self.produced.len();
-        let total_s = self
-            .finished_at
-            .or_else(|| self.started.map(|s| s.elapsed().as_secs_f64()))
-            .unwrap_or(0.0);
+        let total_s = self.busy_s;
         let ttft_s = self.first_token_at.unwrap_or(0.0);
         let tpot_s = if n > 1 {
             (total_s - ttft_s) / (n - 1) as f64
