@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used)] // test helpers unwrap like the tests do
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -48,16 +49,22 @@ fn run_forward(model: &Path, ids: &[u32], extra: &[&str], out: &Path) {
     );
 }
 
-#[test]
-fn forward_writes_the_reference_layout() {
-    let dir = case("qwen3-qknorm");
+/// The reference tensors of a case and its token ids.
+fn reference(dir: &Path) -> (HashMap<String, Tensor>, Vec<u32>) {
     let reference =
         candle_core::safetensors::load(dir.join("reference.safetensors"), &Device::Cpu).unwrap();
-    let ids: Vec<u32> = reference["input_ids"]
+    let ids = reference["input_ids"]
         .to_dtype(DType::U32)
         .unwrap()
         .to_vec1()
         .unwrap();
+    (reference, ids)
+}
+
+#[test]
+fn forward_writes_the_reference_layout() {
+    let dir = case("qwen3-qknorm");
+    let (reference, ids) = reference(&dir);
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("full.safetensors");
     run_forward(&dir, &ids, &[], &out);
@@ -77,13 +84,7 @@ fn forward_writes_the_reference_layout() {
 #[test]
 fn forward_under_a_policy_gives_the_policy_logits() {
     let dir = case("llama-gqa");
-    let reference =
-        candle_core::safetensors::load(dir.join("reference.safetensors"), &Device::Cpu).unwrap();
-    let ids: Vec<u32> = reference["input_ids"]
-        .to_dtype(DType::U32)
-        .unwrap()
-        .to_vec1()
-        .unwrap();
+    let (reference, ids) = reference(&dir);
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("speed.safetensors");
     run_forward(
