@@ -1,6 +1,7 @@
 //! The decoder: one implementation for every supported architecture, run
 //! chunk by chunk over a [`Sequence`] whose cache follows a visibility policy.
 
+use std::borrow::Cow;
 use std::path::Path;
 
 use candle_core::{D, DType, Device, Tensor};
@@ -41,6 +42,31 @@ pub struct Decoder {
     final_norm: RmsNorm,
     lm_head: Linear,
     rope: Rope,
+    /// Most score elements (heads x queries x keys) one attention block holds.
+    attention_block_elems: usize,
+}
+
+/// Default bound on one attention block's scores on the CPU (1 GiB in f32).
+pub const CPU_ATTENTION_BLOCK_ELEMS: usize = 1 << 28;
+
+/// Default bound on one attention block's scores on a GPU (4 GiB in f32).
+/// It must stay below 2^31: candle's CUDA softmax indexes with 32-bit ints.
+pub const GPU_ATTENTION_BLOCK_ELEMS: usize = 1 << 30;
+
+/// The mask built for the previous layer of the same chunk, reused while
+/// the next layer sees the same queries, keys, window and visibility rule.
+#[derive(Default)]
+struct MaskMemo {
+    key: Option<MaskKey>,
+    mask: Option<Tensor>,
+}
+
+/// What a layer's mask depends on.
+struct MaskKey {
+    upper: bool,
+    window: Option<usize>,
+    queries: Vec<usize>,
+    keys: Vec<usize>,
 }
 
 /// Which rows of a chunk get logits.
@@ -216,6 +242,11 @@ impl Decoder {
             });
         };
         let rope = Rope::new(&cfg.rope, device)?;
+        let attention_block_elems = if device.is_cpu() {
+            CPU_ATTENTION_BLOCK_ELEMS
+        } else {
+            GPU_ATTENTION_BLOCK_ELEMS
+        };
         Ok(Self {
             cfg,
             dtype,
@@ -225,7 +256,17 @@ impl Decoder {
             final_norm,
             lm_head,
             rope,
+            attention_block_elems,
         })
+    }
+
+    /// Bound the scores of one attention block to `elems` elements (heads x
+    /// queries x keys): a chunk whose scores would be larger is attended in
+    /// blocks of query rows, so a long prompt's prefill never materialises
+    /// [chunk x context] scores for all heads at once. Results do not depend
+    /// on it; at least one query row is attended per block.
+    pub fn set_attention_block_elems(&mut self, elems: usize) {
+        self.attention_block_elems = elems.clamp(1, GPU_ATTENTION_BLOCK_ELEMS);
     }
 
     /// The model's config.
@@ -319,6 +360,7 @@ impl Decoder {
             p.on_residual(ResidualSite::Embeddings, &present, &hidden)?;
         }
         let mut tables = self.rope.tables(&present, self.dtype)?;
+        let mut masks = MaskMemo::default();
         for (l, layer) in self.layers.iter().enumerate() {
             let keep: Vec<u32> = (0..present.len() as u32)
                 .filter(|&i| seq.policy.token_exists(l, present[i as usize], &seq.phases))
@@ -333,7 +375,9 @@ impl Decoder {
                 present = keep.iter().map(|&i| present[i as usize]).collect();
                 tables = self.rope.tables(&present, self.dtype)?;
             }
-            hidden = self.layer_forward(l, layer, &hidden, &present, &tables, seq, &mut probe)?;
+            hidden = self.layer_forward(
+                l, layer, &hidden, &present, &tables, seq, &mut masks, &mut probe,
+            )?;
             if let Some(p) = probe.as_deref_mut()
                 && p.wants_residual(ResidualSite::Layer(l))
             {
@@ -383,6 +427,7 @@ impl Decoder {
         present: &[usize],
         (cos, sin): &(Tensor, Tensor),
         seq: &mut Sequence,
+        masks: &mut MaskMemo,
         probe: &mut Option<&mut (dyn Probe + '_)>,
     ) -> Result<Tensor> {
         let x = layer.input_norm.forward(hidden)?;
@@ -395,7 +440,7 @@ impl Decoder {
         let (keys, values, key_positions) = if retained.len() == present.len() {
             cache.append(&qkv.k, &qkv.v, present)?;
             let (k, v) = cache.kv()?.ok_or(ModelError::EmptyInput)?;
-            (k, v, cache.positions().to_vec())
+            (k, v, Cow::Borrowed(cache.positions()))
         } else {
             // Keys this chunk reads but the cache will not keep (SelfOnly).
             let (k, v) = match cache.kv()? {
@@ -416,27 +461,29 @@ impl Decoder {
                     &pos,
                 )?;
             }
-            (k, v, key_positions)
+            (k, v, Cow::Owned(key_positions))
         };
-        let mask = additive_mask(present, &key_positions, layer.window, |q, k| {
-            policy.key_visible(l, q, k, &phases)
-        })
-        .map(|m| self.mask_tensor(m, present.len(), key_positions.len()))
-        .transpose()?;
-        let (attn, probs) = self.attend(&qkv.q, &keys, &values, mask.as_ref())?;
-        if let Some(p) = probe.as_deref_mut()
-            && let Some(from) = p.attention_from(l)
-        {
-            let first = present.partition_point(|&q| q < from);
-            if first < present.len() {
-                let probs = probs.narrow(1, first, present.len() - first)?;
-                p.on_attention(AttentionView {
-                    layer: l,
-                    query_positions: &present[first..],
-                    key_positions: &key_positions,
-                    probs: &probs,
-                })?;
-            }
+        let mask = self.layer_mask(
+            l,
+            layer.window,
+            (&policy, &phases),
+            present,
+            &key_positions,
+            masks,
+        )?;
+        let probs_from = probe
+            .as_deref()
+            .and_then(|p| p.attention_from(l))
+            .map(|from| present.partition_point(|&q| q < from))
+            .filter(|&first| first < present.len());
+        let (attn, probs) = self.attend(&qkv.q, &keys, &values, mask.as_ref(), probs_from)?;
+        if let (Some(p), Some(first), Some(probs)) = (probe.as_deref_mut(), probs_from, probs) {
+            p.on_attention(AttentionView {
+                layer: l,
+                query_positions: &present[first..],
+                key_positions: &key_positions,
+                probs: &probs,
+            })?;
         }
         let mut attn_out = layer.attn.output(&attn)?;
         if let Some(norm) = &layer.attn_out_norm {
@@ -448,6 +495,48 @@ impl Decoder {
             mlp_out = norm.forward(&mlp_out)?;
         }
         Ok((hidden + mlp_out)?)
+    }
+
+    /// The additive mask of layer `l` for these queries and keys, or `None`
+    /// when every key is visible to every query. A decode step over a
+    /// cache the policy hides nothing of costs O(1) here, whatever the
+    /// context length; a prefill chunk's mask is built once and reused by
+    /// the following layers that see the same keys under the same rule.
+    fn layer_mask(
+        &self,
+        l: usize,
+        window: Option<usize>,
+        (policy, phases): (&Policy, &TokenPhases),
+        queries: &[usize],
+        keys: &[usize],
+        memo: &mut MaskMemo,
+    ) -> Result<Option<Tensor>> {
+        // `Policy::key_visible` depends on the layer only through `is_upper`.
+        let upper = policy.is_upper(l);
+        if !upper && window.is_none() && keys.last() <= queries.first() {
+            return Ok(None);
+        }
+        if let Some(key) = &memo.key
+            && key.upper == upper
+            && key.window == window
+            && key.queries == queries
+            && key.keys == keys
+        {
+            return Ok(memo.mask.clone());
+        }
+        let mask = additive_mask(queries, keys, window, |q, k| {
+            policy.key_visible(l, q, k, phases)
+        })
+        .map(|m| self.mask_tensor(m, queries.len(), keys.len()))
+        .transpose()?;
+        memo.key = Some(MaskKey {
+            upper,
+            window,
+            queries: queries.to_vec(),
+            keys: keys.to_vec(),
+        });
+        memo.mask = mask.clone();
+        Ok(mask)
     }
 
     /// The full [queries x keys] mask on the device: zeros for the visible
@@ -466,9 +555,52 @@ impl Decoder {
     }
 
     /// Grouped-query attention without repeating K/V: the query heads that
-    /// share a KV head are stacked into one matrix per KV head.
-    /// Returns the output [heads, n, head_dim] and probabilities [heads, n, keys] (f32).
+    /// share a KV head are stacked into one matrix per KV head. Query rows
+    /// are taken in blocks whose scores stay within the block bound.
+    /// Returns the output [heads, n, head_dim] and, when `probs_from` is
+    /// given, the probabilities of rows `probs_from..n` [heads, rows, keys] (f32).
     fn attend(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: Option<&Tensor>,
+        probs_from: Option<usize>,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        let (heads, n, _) = q.dims3()?;
+        let keys = k.dim(1)?;
+        let rows_per_block = (self.attention_block_elems / (heads * keys).max(1)).max(1);
+        if rows_per_block >= n {
+            let (out, probs) = self.attend_block(q, k, v, mask)?;
+            let probs = probs_from
+                .map(|first| probs.narrow(1, first, n - first))
+                .transpose()?;
+            return Ok((out, probs));
+        }
+        let (mut outs, mut kept) = (Vec::new(), Vec::new());
+        for start in (0..n).step_by(rows_per_block) {
+            let rows = rows_per_block.min(n - start);
+            let q_block = q.narrow(1, start, rows)?.contiguous()?;
+            let mask_block = mask.map(|m| m.narrow(0, start, rows)).transpose()?;
+            let (out, probs) = self.attend_block(&q_block, k, v, mask_block.as_ref())?;
+            outs.push(out);
+            if let Some(first) = probs_from
+                && start + rows > first
+            {
+                let skip = first.saturating_sub(start);
+                kept.push(probs.narrow(1, skip, rows - skip)?);
+            }
+        }
+        let probs = if kept.is_empty() {
+            None
+        } else {
+            Some(Tensor::cat(&kept, 1)?)
+        };
+        Ok((Tensor::cat(&outs, 1)?, probs))
+    }
+
+    /// [`Self::attend`] for one block of query rows, all at once.
+    fn attend_block(
         &self,
         q: &Tensor,
         k: &Tensor,

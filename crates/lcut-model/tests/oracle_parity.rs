@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, ensure};
-use lcut_model::probes::RecordingProbe;
+use lcut_model::probes::{PhaseMassProbe, RecordingProbe};
 use lcut_model::{DType, Decoder, Device, LogitRows, Tensor, argmax_rows};
 use lcut_policy::{Anchors, Policy, PolicyKind, TokenPhases};
 
@@ -280,6 +280,77 @@ fn speed_from_a_reused_full_prefill_matches_transformers() -> Result<()> {
                     "{name} {key}: layer {l} keeps a prefill token"
                 );
             }
+        }
+    }
+    Ok(())
+}
+
+/// A chunk attended in blocks of a few query rows (what bounds the scores
+/// of a long prompt's prefill) gives transformers' logits, residuals and
+/// attention, and a probe that starts mid-block sees the same rows.
+#[test]
+fn attention_in_query_blocks_matches_transformers() -> Result<()> {
+    for name in CASES {
+        let mut c = load(name)?;
+        let cfg = c.model.config().clone();
+        let t = c.ids.len();
+        // 5 query rows per block at full length: blocks end mid-chunk and
+        // the last one is short.
+        c.model.set_attention_block_elems(5 * cfg.num_heads * t);
+        let mut probe = RecordingProbe::new(cfg.num_layers, cfg.num_heads, cfg.hidden_size, t);
+        let logits = c.model.teacher_forced_logits(&c.ids, Some(&mut probe))?;
+        assert_close(name, "blocked logits", &logits, &c.reference["logits"])?;
+        for l in 0..cfg.num_layers {
+            let attn = Tensor::from_vec(
+                probe.attention[l].clone(),
+                (cfg.num_heads, t, t),
+                &Device::Cpu,
+            )?;
+            assert_close(
+                name,
+                &format!("blocked attn.{l}"),
+                &attn,
+                &c.reference[&format!("attn.{l}")],
+            )?;
+        }
+        for entry in c.meta["policies"].as_array().context("policies")? {
+            let key = entry["key"].as_str().context("key")?;
+            let (policy, phases) = policy_of(&c, entry)?;
+            let s = phases.decode_start();
+            let mut seq = c.model.new_sequence(policy, phases)?;
+            let out = c.model.forward(&mut seq, &c.ids, LogitRows::All, None)?;
+            let first = out
+                .positions
+                .iter()
+                .position(|&p| p == s)
+                .context("decode rows")?;
+            let rows = out.logits.context("logits")?.narrow(0, first, t - s)?;
+            assert_close(name, &format!("{key} blocked"), &rows, &c.reference[key])?;
+        }
+
+        // a probe asking from position 27 (inside the sixth block) gets the
+        // same masses as from one unblocked chunk
+        let phases = TokenPhases::new(t, 27, 1)?;
+        let mut blocked = PhaseMassProbe::new(phases);
+        c.model.teacher_forced_logits(&c.ids, Some(&mut blocked))?;
+        c.model.set_attention_block_elems(usize::MAX);
+        let mut whole = PhaseMassProbe::new(phases);
+        c.model.teacher_forced_logits(&c.ids, Some(&mut whole))?;
+        ensure!(blocked.records.len() == whole.records.len());
+        for (a, b) in blocked.records.iter().zip(&whole.records) {
+            ensure!((a.layer, a.position) == (b.layer, b.position));
+            let diff = a
+                .prefill
+                .iter()
+                .zip(&b.prefill)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0f32, f32::max);
+            ensure!(
+                diff <= 1e-6,
+                "{name}: prefill mass at layer {} position {} moved by {diff:e}",
+                a.layer,
+                a.position
+            );
         }
     }
     Ok(())

@@ -341,7 +341,8 @@ impl Policy {
     }
 
     /// Whether a query at `q` reads the key at `k` (k <= q) at `layer`, before
-    /// the model's own sliding window is applied.
+    /// the model's own sliding window is applied. Depends on `layer` only
+    /// through [`Policy::is_upper`] (the decoder reuses masks on that basis).
     pub fn key_visible(&self, layer: usize, q: usize, k: usize, phases: &TokenPhases) -> bool {
         if !self.is_upper(layer) {
             return true;
