@@ -9,7 +9,9 @@ use ndarray::{ArrayView1, ArrayView2, Axis, s};
 
 use crate::error::DiagError;
 
-fn angle(dot: f64, norm_a: f64, norm_b: f64) -> Option<f64> {
+/// The angle between two steps from their dot product and lengths, in
+/// radians; `None` when either step has zero length (such angles are skipped).
+pub fn turning_angle(dot: f64, norm_a: f64, norm_b: f64) -> Option<f64> {
     (norm_a > 0.0 && norm_b > 0.0).then(|| (dot / (norm_a * norm_b)).clamp(-1.0, 1.0).acos())
 }
 
@@ -24,7 +26,7 @@ pub fn curvature(x: ArrayView2<f32>) -> Option<f32> {
     let v = &x.slice(s![1.., ..]) - &x.slice(s![..-1, ..]);
     let norms: Vec<f64> = v.axis_iter(Axis(0)).map(|r| r.dot(&r).sqrt()).collect();
     let (sum, count) = (0..v.nrows() - 1)
-        .filter_map(|t| angle(v.row(t).dot(&v.row(t + 1)), norms[t], norms[t + 1]))
+        .filter_map(|t| turning_angle(v.row(t).dot(&v.row(t + 1)), norms[t], norms[t + 1]))
         .fold((0.0, 0usize), |(s, n), c| (s + c, n + 1));
     (count > 0).then(|| (sum / count as f64) as f32)
 }
@@ -59,7 +61,7 @@ impl CurvatureAccumulator {
             let norm = v.iter().map(|a| a * a).sum::<f64>().sqrt();
             if let Some((pv, pnorm)) = &self.prev_v {
                 let dot: f64 = v.iter().zip(pv).map(|(a, b)| a * b).sum();
-                if let Some(c) = angle(dot, *pnorm, norm) {
+                if let Some(c) = turning_angle(dot, *pnorm, norm) {
                     self.sum += c;
                     self.count += 1;
                 }

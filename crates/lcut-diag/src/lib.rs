@@ -25,7 +25,7 @@ pub mod synthetic;
 mod tail;
 
 pub use aggregate::aggregate;
-pub use curvature::{CurvatureAccumulator, curvature};
+pub use curvature::{CurvatureAccumulator, curvature, turning_angle};
 pub use error::DiagError;
 pub use flops::{FlopShape, PromptSplit, prefill_flops};
 pub use knee::{finish_sweep, knee};

@@ -74,9 +74,6 @@ pub enum EngineError {
         /// Number of shards.
         count: usize,
     },
-    /// The diagnostic probe met inconsistent data.
-    #[error("diagnostic probe: {0}")]
-    Probe(String),
     /// Building or checking a trace or report failed.
     #[error(transparent)]
     Trace(#[from] lcut_trace::TraceError),

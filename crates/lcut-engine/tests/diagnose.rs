@@ -1,5 +1,6 @@
-//! The diagnostic pipeline: probe masses against the reference attention,
-//! shard merging, and a bounded trace for a long prompt.
+//! The diagnostic pipeline: probe masses and curvature against the reference
+//! attention and residual stream, shard merging, and a bounded trace for a
+//! long prompt.
 
 use std::path::{Path, PathBuf};
 
@@ -74,6 +75,28 @@ fn probe_masses_equal_those_of_the_reference_attention() -> Result<()> {
             ensure!(
                 (ours - theirs).abs() < 1e-3,
                 "layer {l} position {j}: {ours} vs {theirs}"
+            );
+        }
+    }
+    // curvature of the prompt span (BoS left out) and of the generated span,
+    // reduced on the device, against the reference residual stream
+    for (site, name) in std::iter::once("embeddings".to_string())
+        .chain((0..cfg.num_layers).map(|l| format!("layer_out.{l}")))
+        .enumerate()
+    {
+        let states = reference[&name].to_vec2::<f32>()?;
+        let states =
+            ndarray::Array2::from_shape_vec((states.len(), cfg.hidden_size), states.concat())?;
+        let spans = [
+            (&probe.curvature_prompt[site], s![1..p, ..]),
+            (&probe.curvature_generated[site], s![p.., ..]),
+        ];
+        for (acc, span) in spans {
+            let theirs = lcut_diag::curvature(states.slice(span)).context("reference curvature")?;
+            let ours = acc.finish()?.0.context("probe curvature")?;
+            ensure!(
+                (ours - theirs).abs() < 1e-4,
+                "{name}: curvature {ours} vs {theirs} from the reference states"
             );
         }
     }

@@ -1,6 +1,7 @@
 //! The diagnostic run: full-depth greedy generation over a prompt set with
 //! the diagnostic probe attached, turned into per-prompt traces and a report.
 
+mod curvature;
 mod probe;
 mod prompts;
 mod sweep;
@@ -11,6 +12,7 @@ use lcut_trace::{
     ModelIdentity, PromptTrace, Report, RunSettings, Series, Thresholds, TraceHeader,
 };
 
+pub use curvature::DeviceCurvature;
 pub use probe::DiagnosticProbe;
 pub use prompts::{BUNDLED_PROMPTS, PromptSpec, read_prompt_set, shard_indices};
 pub use sweep::{SweepOptions, sweep};
@@ -233,9 +235,6 @@ pub fn trace_prompt(
             return Err(EngineError::Cancelled);
         }
     }
-    if let Some(e) = probe.error() {
-        return Err(EngineError::Probe(e.to_string()));
-    }
     let header = TraceHeader {
         index: lp.index,
         id: lp.id.clone(),
@@ -272,11 +271,15 @@ pub fn trace_prompt(
             trace.prompt_attention.view_mut()[[l, b]] = v * scale;
         }
     }
-    let curve = |accs: &[lcut_diag::CurvatureAccumulator]| {
-        Series(accs.iter().map(|a| a.mean().unwrap_or(f32::NAN)).collect())
+    let curve = |accs: &[DeviceCurvature]| -> Result<Series> {
+        let means = accs
+            .iter()
+            .map(|a| Ok(a.finish()?.0.unwrap_or(f32::NAN)))
+            .collect::<Result<Vec<f32>>>()?;
+        Ok(Series(means))
     };
-    trace.curvature_prompt = curve(&probe.curvature_prompt);
-    trace.curvature_generated = curve(&probe.curvature_generated);
+    trace.curvature_prompt = curve(&probe.curvature_prompt)?;
+    trace.curvature_generated = curve(&probe.curvature_generated)?;
     trace.validate(&format!("trace of prompt {:?}", lp.id))?;
     Ok(trace)
 }

@@ -3,11 +3,11 @@
 //! prompt and generated spans, all reduced as they are computed.
 
 use candle_core::{DType, Tensor};
-use lcut_diag::CurvatureAccumulator;
 use lcut_model::probes::{PhaseMassProbe, QueryMasses};
 use lcut_model::{AttentionView, ModelError, Probe, ResidualSite};
 use lcut_policy::TokenPhases;
-use ndarray::ArrayView1;
+
+use super::curvature::DeviceCurvature;
 
 type ProbeResult<T> = std::result::Result<T, ModelError>;
 
@@ -19,10 +19,9 @@ pub struct DiagnosticProbe {
     anchor_len: usize,
     prompt_acc: Vec<Option<Tensor>>,
     /// `[layer + 1]` accumulators of the prompt span (index 0: embeddings).
-    pub curvature_prompt: Vec<CurvatureAccumulator>,
+    pub curvature_prompt: Vec<DeviceCurvature>,
     /// `[layer + 1]` accumulators of the generated span.
-    pub curvature_generated: Vec<CurvatureAccumulator>,
-    width_error: Option<String>,
+    pub curvature_generated: Vec<DeviceCurvature>,
 }
 
 impl DiagnosticProbe {
@@ -35,9 +34,8 @@ impl DiagnosticProbe {
             prompt_len,
             anchor_len: phases.anchor_len(),
             prompt_acc: vec![None; num_layers],
-            curvature_prompt: vec![CurvatureAccumulator::new(); num_layers + 1],
-            curvature_generated: vec![CurvatureAccumulator::new(); num_layers + 1],
-            width_error: None,
+            curvature_prompt: vec![DeviceCurvature::new(); num_layers + 1],
+            curvature_generated: vec![DeviceCurvature::new(); num_layers + 1],
         }
     }
 
@@ -49,11 +47,6 @@ impl DiagnosticProbe {
     /// Position of the first decode step's query (the last prompt token).
     pub fn first_step(&self) -> usize {
         self.first_step
-    }
-
-    /// An inconsistency met while recording, if any.
-    pub fn error(&self) -> Option<&str> {
-        self.width_error.as_deref()
     }
 
     /// Attention onto each prompt position, summed over heads and this
@@ -116,17 +109,24 @@ impl Probe for DiagnosticProbe {
             ResidualSite::Embeddings => 0,
             ResidualSite::Layer(l) => l + 1,
         };
-        let rows: Vec<Vec<f32>> = hidden.to_dtype(DType::F32)?.to_vec2()?;
-        for (row, &pos) in rows.iter().zip(positions) {
-            let acc = if pos < self.anchor_len {
-                continue;
-            } else if pos < self.prompt_len {
-                &mut self.curvature_prompt[index]
-            } else {
-                &mut self.curvature_generated[index]
-            };
-            if let Err(e) = acc.push(ArrayView1::from(row.as_slice())) {
-                self.width_error.get_or_insert(e.to_string());
+        // positions ascend: anchors, then the prompt span, then generated tokens
+        let prompt_from = positions.partition_point(|&p| p < self.anchor_len);
+        let generated_from = positions.partition_point(|&p| p < self.prompt_len);
+        let spans = [
+            (
+                &mut self.curvature_prompt[index],
+                prompt_from,
+                generated_from,
+            ),
+            (
+                &mut self.curvature_generated[index],
+                generated_from,
+                positions.len(),
+            ),
+        ];
+        for (acc, from, to) in spans {
+            if to > from {
+                acc.push_rows(&hidden.narrow(0, from, to - from)?)?;
             }
         }
         Ok(())
