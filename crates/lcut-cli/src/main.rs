@@ -5,6 +5,7 @@ mod cmd_bench;
 mod cmd_diagnose;
 mod cmd_forward;
 mod cmd_generate;
+mod cmd_parity;
 mod cmd_report;
 mod cmd_sweep;
 mod cmd_train;
@@ -40,6 +41,8 @@ enum Command {
     Generate(cmd_generate::GenerateArgs),
     /// TTFT, TPOT and KV bytes per policy and prompt length, as ratios to full.
     Bench(cmd_bench::BenchArgs),
+    /// Check logits on a device and dtype against the transformers reference cases.
+    Parity(cmd_parity::ParityArgs),
 }
 
 /// candle asks for its thread count on every CPU matmul, and without
@@ -67,5 +70,6 @@ fn main() -> anyhow::Result<()> {
         Command::Forward(a) => cmd_forward::run(a),
         Command::Generate(a) => cmd_generate::run(a),
         Command::Bench(a) => cmd_bench::run(a),
+        Command::Parity(a) => cmd_parity::run(a),
     }
 }

@@ -10,6 +10,7 @@ mod layers;
 mod mask;
 pub mod probe;
 pub mod probes;
+pub mod reference;
 mod rope;
 pub mod synth;
 mod weights;

@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, ensure};
 use lcut_model::probes::{PhaseMassProbe, RecordingProbe};
+use lcut_model::reference::{ReferenceCase, ReferencePolicy};
 use lcut_model::{DType, Decoder, Device, LogitRows, Tensor, argmax_rows};
-use lcut_policy::{Anchors, Policy, PolicyKind, TokenPhases};
+use lcut_policy::{Policy, TokenPhases};
 
 const TOL: f32 = 1e-4;
 const CASES: [&str; 7] = [
@@ -31,26 +32,18 @@ struct Case {
     name: &'static str,
     model: Decoder,
     reference: HashMap<String, Tensor>,
-    meta: serde_json::Value,
+    case: ReferenceCase,
     ids: Vec<u32>,
 }
 
 fn load(name: &'static str) -> Result<Case> {
-    let dir = case_dir(name);
-    let model = Decoder::load(&dir, DType::F32, &Device::Cpu)?;
-    let reference =
-        candle_core::safetensors::load(dir.join("reference.safetensors"), &Device::Cpu)?;
-    let meta: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("case.json"))?)?;
-    let ids = reference["input_ids"]
-        .to_dtype(DType::U32)?
-        .to_vec1::<u32>()?;
+    let case = ReferenceCase::load(&case_dir(name))?;
     Ok(Case {
         name,
-        model,
-        reference,
-        meta,
-        ids,
+        model: case.model(DType::F32, &Device::Cpu)?,
+        reference: case.tensors.clone(),
+        ids: case.ids.clone(),
+        case,
     })
 }
 
@@ -173,32 +166,16 @@ fn greedy_continuation_matches_transformers() -> Result<()> {
     Ok(())
 }
 
-fn policy_of(c: &Case, entry: &serde_json::Value) -> Result<(Policy, TokenPhases)> {
-    let l_cut = entry["l_cut"].as_u64().context("l_cut")? as usize;
-    let anchors = entry["anchors"].as_array().context("anchors")?;
-    let self_only = entry["self_only"].as_bool().context("self_only")?;
-    let s = entry["decode_start"].as_u64().context("decode_start")? as usize;
-    let kind = if self_only {
-        PolicyKind::SelfOnly
-    } else {
-        PolicyKind::Speed
-    };
-    let anchors_kept = if anchors.is_empty() {
-        Anchors::None
-    } else {
-        Anchors::Bos
-    };
-    let policy = Policy::new(kind, l_cut, c.model.config().num_layers, anchors_kept)?;
-    let phases = TokenPhases::new(c.ids.len(), s, anchors_kept.len(None)?)?;
-    Ok((policy, phases))
+fn policy_of(c: &Case, entry: &ReferencePolicy) -> Result<(Policy, TokenPhases)> {
+    Ok(c.case.resolve(entry, c.model.config().num_layers)?)
 }
 
 #[test]
 fn speed_policies_match_transformers_teacher_forced_and_incremental() -> Result<()> {
     for name in CASES {
         let c = load(name)?;
-        for entry in c.meta["policies"].as_array().context("policies")? {
-            let key = entry["key"].as_str().context("key")?;
+        for entry in &c.case.policies {
+            let key = entry.key.as_str();
             let (policy, phases) = policy_of(&c, entry)?;
             let s = phases.decode_start();
             let reference = &c.reference[key];
@@ -246,8 +223,8 @@ fn speed_from_a_reused_full_prefill_matches_transformers() -> Result<()> {
         let mut full = c.model.new_full_sequence();
         c.model
             .forward(&mut full, &c.ids[..s], LogitRows::None, None)?;
-        for entry in c.meta["policies"].as_array().context("policies")? {
-            let key = entry["key"].as_str().context("key")?;
+        for entry in &c.case.policies {
+            let key = entry.key.as_str();
             let (policy, phases) = policy_of(&c, entry)?;
             let mut seq = full.restricted(policy, phases)?;
             let out = c
@@ -313,8 +290,8 @@ fn attention_in_query_blocks_matches_transformers() -> Result<()> {
                 &c.reference[&format!("attn.{l}")],
             )?;
         }
-        for entry in c.meta["policies"].as_array().context("policies")? {
-            let key = entry["key"].as_str().context("key")?;
+        for entry in &c.case.policies {
+            let key = entry.key.as_str();
             let (policy, phases) = policy_of(&c, entry)?;
             let s = phases.decode_start();
             let mut seq = c.model.new_sequence(policy, phases)?;
