@@ -13,7 +13,7 @@ use lcut_engine::{Generation, GenerationConfig, GenerationOutput, PreparedPrompt
 use lcut_model::probes::PhaseMassProbe;
 use lcut_model::synth::RandomLlama;
 use lcut_model::{Decoder, LogitRows, argmax_rows};
-use lcut_policy::{PolicySpec, TokenPhases};
+use lcut_policy::{Policy, PolicySpec, TokenPhases};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde::Serialize;
 
@@ -132,6 +132,30 @@ fn describe(args: &BenchArgs) {
     );
 }
 
+/// One short untimed generation per policy before measuring: the first use
+/// of each kernel loads it (and on a GPU compiles its PTX for the device),
+/// which would otherwise land in the first measured TTFT.
+fn warm_up(
+    model: &Decoder,
+    policies: &[Policy],
+    lengths: &[usize],
+    prefill_chunk: usize,
+    bos: u32,
+) -> Result<()> {
+    let len = lengths.iter().copied().min().unwrap_or(64).clamp(8, 256);
+    let prompt =
+        PreparedPrompt::from_ids(random_prompt(len, model.config().vocab_size, bos, 0), None)?;
+    for policy in policies {
+        let config = GenerationConfig {
+            max_new_tokens: 2,
+            prefill_chunk,
+            ..GenerationConfig::default()
+        };
+        Generation::new(model, prompt.clone(), *policy, config)?.run(|_| true)?;
+    }
+    Ok(())
+}
+
 /// Run `lcut bench`.
 pub fn run(args: &BenchArgs) -> Result<()> {
     let dtype = parse_dtype(&args.dtype)?;
@@ -180,6 +204,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
+    warm_up(&model, &policies, &lengths, args.prefill_chunk, bos)?;
     let mut rows = Vec::new();
     for &len in &lengths {
         let ids = random_prompt(len, model.config().vocab_size, bos, len as u64);

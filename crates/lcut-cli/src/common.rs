@@ -24,18 +24,18 @@ pub fn parse_dtype(s: &str) -> Result<DType> {
 
 /// Parse `cpu` or `cuda[:N]`.
 pub fn parse_device(s: &str) -> Result<Device> {
-    match s.split_once(':') {
-        None if s == "cpu" => Ok(Device::Cpu),
-        None if s == "cuda" => Device::new_cuda(0)
-            .context("opening CUDA device 0 (was lcut built with --features cuda?)"),
-        Some(("cuda", n)) => {
-            let n: usize = n.parse().with_context(|| format!("CUDA ordinal {n:?}"))?;
-            Device::new_cuda(n).with_context(|| {
-                format!("opening CUDA device {n} (was lcut built with --features cuda?)")
-            })
-        }
+    let ordinal = match s.split_once(':') {
+        None if s == "cpu" => return Ok(Device::Cpu),
+        None if s == "cuda" => 0,
+        Some(("cuda", n)) => n
+            .parse()
+            .with_context(|| format!("CUDA ordinal {n:?} in --device {s}"))?,
         _ => bail!("unknown device {s:?}: expected cpu, cuda or cuda:N"),
+    };
+    if !cfg!(feature = "cuda") {
+        bail!("--device {s}: this lcut was built without CUDA (build with --features cuda)");
     }
+    Device::new_cuda(ordinal).with_context(|| format!("opening CUDA device {ordinal}"))
 }
 
 /// Parse `1,5,9` into token ids.

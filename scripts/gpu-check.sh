@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# On a GPU machine, from the repository root, with dist/lcut-cuda.xz from
+# scripts/build-cuda.sh: GPU parity against the transformers reference
+# cases (f32 and bf16), then the long-context benchmark of a random-weight
+# Llama-3.1-8B-shaped model, full vs SPEED (L_cut 24 of 32, BoS anchor).
+#
+#   scripts/gpu-check.sh [OUT_DIR] [PROMPT_LENGTHS]
+#
+# OUT_DIR (default gpu-results) receives nvidia-smi.txt, parity-{f32,bf16}.{txt,json}
+# and bench.{txt,json}. PROMPT_LENGTHS defaults to 1k,8k,32k,128k.
+set -uo pipefail
+out=${1:-gpu-results}
+lengths=${2:-1k,8k,32k,128k}
+mkdir -p "$out"
+
+bin=dist/lcut-cuda
+if [ ! -x "$bin" ]; then
+  if command -v xz >/dev/null; then
+    xz -dc dist/lcut-cuda.xz > "$bin"
+  else
+    python3 -c 'import lzma, shutil; shutil.copyfileobj(lzma.open("dist/lcut-cuda.xz"), open("dist/lcut-cuda", "wb"))'
+  fi
+  chmod +x "$bin"
+fi
+
+# Where this machine keeps libcudart.so.13, libcublas.so.13, libcublasLt.so.13
+# and libcurand.so.10: a CUDA toolkit, or NVIDIA's wheels in Python's site-packages.
+candidates=("${CUDA_HOME:-/usr/local/cuda}/lib64" "${CUDA_HOME:-/usr/local/cuda}/lib" /usr/local/cuda/targets/x86_64-linux/lib)
+site=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2>/dev/null || true)
+if [ -n "$site" ]; then candidates+=("$site"/nvidia/cu13/lib "$site"/nvidia/*/lib); fi
+libdirs=""
+for so in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcurand.so.10; do
+  found=""
+  for d in "${candidates[@]}"; do
+    if [ -e "$d/$so" ]; then found=$d; break; fi
+  done
+  if [ -z "$found" ]; then
+    found=$(dirname "$(find / -xdev -name "$so" -print -quit 2>/dev/null)" 2>/dev/null || true)
+  fi
+  if [ -z "$found" ] || [ "$found" = . ]; then
+    echo "no $so on this machine: lcut-cuda needs the CUDA 13 runtime libraries" >&2
+    exit 1
+  fi
+  case ":$libdirs:" in *":$found:"*) ;; *) libdirs="${libdirs:+$libdirs:}$found" ;; esac
+done
+export LD_LIBRARY_PATH="$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+echo "CUDA libraries from: $libdirs"
+if ldd "$bin" | grep 'not found'; then exit 1; fi
+
+nvidia-smi > "$out/nvidia-smi.txt" 2>&1
+status=0
+for dtype in f32 bf16; do
+  echo "== parity on cuda in $dtype"
+  "$bin" parity --device cuda --dtype "$dtype" --json "$out/parity-$dtype.json" \
+    2>&1 | tee "$out/parity-$dtype.txt" || status=1
+done
+
+echo "== bench at $lengths"
+"$bin" bench --device cuda --dtype bf16 \
+  --layers 32 --hidden 4096 --heads 32 --kv-heads 8 --intermediate 14336 --vocab 128256 \
+  --policies full,speed:24+bos --prompt-lengths "$lengths" --new-tokens 128 \
+  --prefill-chunk 2048 --json "$out/bench.json" 2>&1 | tee "$out/bench.txt" || status=1
+exit $status
