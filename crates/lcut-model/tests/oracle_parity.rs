@@ -66,44 +66,65 @@ fn assert_close(case: &str, what: &str, ours: &Tensor, reference: &Tensor) -> Re
     Ok(())
 }
 
+/// Logits, every layer's residual stream and attention, and the embeddings
+/// (where unscaled) of a teacher-forced run against transformers'.
+fn check_full_depth(c: &Case, label: &str) -> Result<()> {
+    let (name, cfg, t) = (c.name, c.model.config(), c.ids.len());
+    let mut probe = RecordingProbe::new(cfg.num_layers, cfg.num_heads, cfg.hidden_size, t);
+    let logits = c.model.teacher_forced_logits(&c.ids, Some(&mut probe))?;
+    assert_close(
+        name,
+        &format!("{label}logits"),
+        &logits,
+        &c.reference["logits"],
+    )?;
+    for l in 0..cfg.num_layers {
+        let recorded = [
+            (
+                format!("layer_out.{l}"),
+                &probe.layer_out[l],
+                vec![t, cfg.hidden_size],
+            ),
+            (
+                format!("attn.{l}"),
+                &probe.attention[l],
+                vec![cfg.num_heads, t, t],
+            ),
+        ];
+        for (key, values, shape) in recorded {
+            let ours = Tensor::from_vec(values.clone(), shape, &Device::Cpu)?;
+            assert_close(name, &format!("{label}{key}"), &ours, &c.reference[&key])?;
+        }
+    }
+    if cfg.embedding_scale.is_none() {
+        let ours = Tensor::from_vec(probe.embeddings.clone(), (t, cfg.hidden_size), &Device::Cpu)?;
+        assert_close(
+            name,
+            &format!("{label}embeddings"),
+            &ours,
+            &c.reference["embeddings"],
+        )?;
+    }
+    Ok(())
+}
+
+/// Teacher-forced logits at full depth and under every reference policy.
+fn check_teacher_forced_policies(c: &Case, label: &str) -> Result<()> {
+    for pair in c.case.logit_pairs(&c.model)? {
+        assert_close(
+            c.name,
+            &format!("{label}{}", pair.key),
+            &pair.ours,
+            &pair.reference,
+        )?;
+    }
+    Ok(())
+}
+
 #[test]
 fn full_depth_matches_transformers() -> Result<()> {
     for name in CASES {
-        let c = load(name)?;
-        let cfg = c.model.config();
-        let t = c.ids.len();
-        let mut probe = RecordingProbe::new(cfg.num_layers, cfg.num_heads, cfg.hidden_size, t);
-        let logits = c.model.teacher_forced_logits(&c.ids, Some(&mut probe))?;
-        assert_close(name, "logits", &logits, &c.reference["logits"])?;
-        for l in 0..cfg.num_layers {
-            let ours = Tensor::from_vec(
-                probe.layer_out[l].clone(),
-                (t, cfg.hidden_size),
-                &Device::Cpu,
-            )?;
-            assert_close(
-                name,
-                &format!("layer_out.{l}"),
-                &ours,
-                &c.reference[&format!("layer_out.{l}")],
-            )?;
-            let ours = Tensor::from_vec(
-                probe.attention[l].clone(),
-                (cfg.num_heads, t, t),
-                &Device::Cpu,
-            )?;
-            assert_close(
-                name,
-                &format!("attn.{l}"),
-                &ours,
-                &c.reference[&format!("attn.{l}")],
-            )?;
-        }
-        if cfg.embedding_scale.is_none() {
-            let ours =
-                Tensor::from_vec(probe.embeddings.clone(), (t, cfg.hidden_size), &Device::Cpu)?;
-            assert_close(name, "embeddings", &ours, &c.reference["embeddings"])?;
-        }
+        check_full_depth(&load(name)?, "")?;
     }
     Ok(())
 }
@@ -174,25 +195,12 @@ fn policy_of(c: &Case, entry: &ReferencePolicy) -> Result<(Policy, TokenPhases)>
 fn speed_policies_match_transformers_teacher_forced_and_incremental() -> Result<()> {
     for name in CASES {
         let c = load(name)?;
+        check_teacher_forced_policies(&c, "teacher-forced ")?;
         for entry in &c.case.policies {
             let key = entry.key.as_str();
             let (policy, phases) = policy_of(&c, entry)?;
             let s = phases.decode_start();
             let reference = &c.reference[key];
-
-            // teacher forced: the whole sequence as one chunk
-            let mut seq = c.model.new_sequence(policy, phases)?;
-            let out = c.model.forward(&mut seq, &c.ids, LogitRows::All, None)?;
-            let first = out
-                .positions
-                .iter()
-                .position(|&p| p == s)
-                .context("decode rows")?;
-            let rows = out
-                .logits
-                .context("logits")?
-                .narrow(0, first, c.ids.len() - s)?;
-            assert_close(c.name, &format!("{key} teacher-forced"), &rows, reference)?;
 
             // incremental: prefill 0..s-1, then s..T-1 one at a time
             let mut seq = c.model.new_sequence(policy, phases)?;
@@ -274,36 +282,8 @@ fn attention_in_query_blocks_matches_transformers() -> Result<()> {
         // 5 query rows per block at full length: blocks end mid-chunk and
         // the last one is short.
         c.model.set_attention_block_elems(5 * cfg.num_heads * t);
-        let mut probe = RecordingProbe::new(cfg.num_layers, cfg.num_heads, cfg.hidden_size, t);
-        let logits = c.model.teacher_forced_logits(&c.ids, Some(&mut probe))?;
-        assert_close(name, "blocked logits", &logits, &c.reference["logits"])?;
-        for l in 0..cfg.num_layers {
-            let attn = Tensor::from_vec(
-                probe.attention[l].clone(),
-                (cfg.num_heads, t, t),
-                &Device::Cpu,
-            )?;
-            assert_close(
-                name,
-                &format!("blocked attn.{l}"),
-                &attn,
-                &c.reference[&format!("attn.{l}")],
-            )?;
-        }
-        for entry in &c.case.policies {
-            let key = entry.key.as_str();
-            let (policy, phases) = policy_of(&c, entry)?;
-            let s = phases.decode_start();
-            let mut seq = c.model.new_sequence(policy, phases)?;
-            let out = c.model.forward(&mut seq, &c.ids, LogitRows::All, None)?;
-            let first = out
-                .positions
-                .iter()
-                .position(|&p| p == s)
-                .context("decode rows")?;
-            let rows = out.logits.context("logits")?.narrow(0, first, t - s)?;
-            assert_close(name, &format!("{key} blocked"), &rows, &c.reference[key])?;
-        }
+        check_full_depth(&c, "blocked ")?;
+        check_teacher_forced_policies(&c, "blocked ")?;
 
         // a probe asking from position 27 (inside the sixth block) gets the
         // same masses as from one unblocked chunk
