@@ -109,18 +109,8 @@ const WORDS: [&str; 12] = [
 
 /// A valid report with one large trace (see the module doc).
 pub fn large_report(spec: LargeSpec) -> Result<Report, DiagError> {
-    // `synthetic_trace` recomputes a layer mean per prompt position, which is
-    // minutes at 128K positions: build the masses on a short prompt and
-    // stretch it (only the entropy's normalisation depends on the length).
-    const SHORT: usize = 64;
-    let mut tr = synthetic_trace(0, spec.layers, spec.heads, spec.steps, SHORT);
-    let p = spec.prompt_len.max(SHORT);
-    let (n_short, n_long) = (tr.prefill_len() as f32, (p - 2) as f32);
-    let rescale = n_long.ln() / n_short.ln();
-    tr.prefill_entropy.view_mut().mapv_inplace(|h| h * rescale);
-    tr.prompt_len = p;
-    tr.decode_start = p - 1;
-    tr.query_positions = (p - 1..p - 1 + spec.steps).collect();
+    let mut tr = synthetic_trace(0, spec.layers, spec.heads, spec.steps, spec.prompt_len);
+    let p = tr.prompt_len;
     tr.id = format!("synthetic-{}k", p / 1024);
     tr.prompt_tokens = (0..tr.prompt_len)
         .map(|j| {

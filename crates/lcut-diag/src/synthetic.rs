@@ -99,9 +99,7 @@ pub fn synthetic_trace(
         };
         let mut per_pos = vec![0.0f32; prompt_len];
         per_pos[0] = mean(&tr.bos);
-        for v in &mut per_pos[1..s] {
-            *v = mean(&tr.prefill) / n_prefill as f32;
-        }
+        per_pos[1..s].fill(mean(&tr.prefill) / n_prefill as f32);
         per_pos[s] = mean(&tr.decode) + mean(&tr.self_mass);
         let binned = bin_sums(&per_pos, &tr.bin_edges);
         tr.prompt_attention
