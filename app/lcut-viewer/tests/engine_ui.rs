@@ -6,7 +6,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use egui::accesskit::Role;
@@ -18,54 +18,11 @@ use lcut_viewer_ui::live::LiveStatus;
 use lcut_viewer_ui::state::PromptChoice;
 use lcut_viewer_ui::{ViewerState, channel, show_viewer};
 
-const TEMPLATE: &str = "{{ bos_token }}{% for m in messages %}<|{{ m.role }}|> {{ m.content }} <|end|> {% endfor %}{% if add_generation_prompt %}<|assistant|> {% endif %}";
-
 /// A model folder with a tokenizer and a chat template, and a prompt set.
 struct Fixture {
     _dir: tempfile::TempDir,
     model: PathBuf,
     prompts: PathBuf,
-}
-
-fn oracle_chat_model(dir: &Path) {
-    let oracle = paths::workspace_root().join("fixtures/oracle/llama-gqa");
-    for f in ["config.json", "model.safetensors"] {
-        std::fs::copy(oracle.join(f), dir.join(f)).unwrap();
-    }
-    let specials = [
-        "<unk>",
-        "<s>",
-        "</s>",
-        "<|system|>",
-        "<|user|>",
-        "<|assistant|>",
-        "<|end|>",
-    ];
-    let words = [
-        "copy", "this", "the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "a", "b",
-        "c",
-    ];
-    let vocab: serde_json::Map<String, serde_json::Value> = specials
-        .iter()
-        .chain(&words)
-        .enumerate()
-        .map(|(i, t)| (t.to_string(), serde_json::json!(i)))
-        .collect();
-    let added: Vec<_> = specials
-        .iter()
-        .enumerate()
-        .map(|(i, t)| serde_json::json!({"id": i, "content": t, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}))
-        .collect();
-    let tokenizer = serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
-        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
-        "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": false},
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
-    });
-    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
-    let config =
-        serde_json::json!({"bos_token": "<s>", "eos_token": "</s>", "chat_template": TEMPLATE});
-    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
 }
 
 fn fixture() -> Fixture {
@@ -76,7 +33,11 @@ fn fixture() -> Fixture {
     } else {
         let m = dir.path().join("model");
         std::fs::create_dir_all(&m).unwrap();
-        oracle_chat_model(&m);
+        let words = [
+            "copy", "this", "the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "a",
+            "b", "c",
+        ];
+        lcut_testkit::chat_model("llama-gqa", &m, &words).unwrap();
         m
     };
     let bundled_prompts = paths::resolve(lcut_engine::diagnose::BUNDLED_PROMPTS);

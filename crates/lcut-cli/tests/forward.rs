@@ -4,16 +4,12 @@
 #![allow(clippy::unwrap_used)] // test helpers unwrap like the tests do
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use candle_core::{DType, Device, Tensor};
 
-fn case(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures/oracle")
-        .join(name)
-}
+use lcut_testkit::oracle_case as case;
 
 fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
     assert_eq!(a.dims(), b.dims());

@@ -10,7 +10,7 @@ use std::process::{Command, Output};
 use candle_core::{Device, Tensor};
 
 fn oracle() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/oracle")
+    lcut_testkit::workspace_root().join("fixtures/oracle")
 }
 
 fn parity(cases: &Path, dtype: &str, json: &Path) -> Output {

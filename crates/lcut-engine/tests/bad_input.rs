@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use lcut_engine::{EngineError, Generation, GenerationConfig, PreparedPrompt, Session};
 use lcut_model::{DType, Device, ModelError, Tensor};
 use lcut_policy::{PhaseError, Policy, PolicyError, PolicySpec};
+use lcut_testkit::shown;
 use tempfile::TempDir;
 
 const CONFIG: &str = "config.json";
@@ -37,21 +38,12 @@ const TINY_TOKENIZER: &str = r#"{
 }"#;
 
 fn good_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/oracle/llama-gqa")
+    lcut_testkit::oracle_case("llama-gqa")
 }
 
 /// A temporary copy of the good model folder (config and weights only).
 fn good_copy() -> TempDir {
-    let dir = tempfile::tempdir().expect("temp dir");
-    for name in [CONFIG, WEIGHTS] {
-        std::fs::copy(good_dir().join(name), dir.path().join(name)).expect("copy fixture");
-    }
-    dir
-}
-
-/// Path of `name` in `dir`, as it appears in messages.
-fn shown(dir: &TempDir, name: &str) -> String {
-    dir.path().join(name).display().to_string()
+    lcut_testkit::model_copy("llama-gqa").expect("copy fixture")
 }
 
 fn write(dir: &TempDir, name: &str, text: &str) {

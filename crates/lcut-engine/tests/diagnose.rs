@@ -2,8 +2,6 @@
 //! attention and residual stream, shard merging, and a bounded trace for a
 //! long prompt.
 
-use std::path::{Path, PathBuf};
-
 use anyhow::{Context, Result, ensure};
 use lcut_engine::PreparedPrompt;
 use lcut_engine::Session;
@@ -15,11 +13,7 @@ use lcut_model::{DType, Decoder, Device, LogitRows};
 use lcut_policy::TokenPhases;
 use ndarray::s;
 
-fn oracle(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures/oracle")
-        .join(name)
-}
+use lcut_testkit::oracle_case as oracle;
 
 #[test]
 fn probe_masses_equal_those_of_the_reference_attention() -> Result<()> {

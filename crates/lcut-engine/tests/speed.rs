@@ -2,7 +2,7 @@
 //! formula, no prefill K/V or hidden state above the cutoff, and the decode
 //! start taken from a chat template.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, Result, ensure};
 use lcut_engine::{Generation, GenerationConfig, PreparedPrompt, Session};
@@ -10,11 +10,7 @@ use lcut_model::synth::RandomLlama;
 use lcut_model::{DType, Decoder, Device, Probe, ResidualSite, Tensor};
 use lcut_policy::{Anchors, Phase, Policy, PolicyKind, PolicySpec};
 
-fn oracle(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures/oracle")
-        .join(name)
-}
+use lcut_testkit::oracle_case as oracle;
 
 fn reference_ids(name: &str) -> Result<Vec<u32>> {
     let r =
@@ -183,50 +179,14 @@ fn prefill_tokens_never_exist_or_keep_kv_above_the_cutoff() -> Result<()> {
     Ok(())
 }
 
-const TEMPLATE: &str = "{{ bos_token }}{% for m in messages %}<|{{ m.role }}|> {{ m.content }} <|end|> {% endfor %}{% if add_generation_prompt %}<|assistant|> {% endif %}";
-
-/// A model folder with a word-level tokenizer and a chat template.
-fn chat_model(dir: &Path) -> Result<()> {
-    for f in ["config.json", "model.safetensors"] {
-        std::fs::copy(oracle("llama-gqa").join(f), dir.join(f))?;
-    }
-    let specials = [
-        "<unk>",
-        "<s>",
-        "</s>",
-        "<|system|>",
-        "<|user|>",
-        "<|assistant|>",
-        "<|end|>",
-    ];
-    let words = ["copy", "a", "b", "c", "d", "be", "brief"];
-    let vocab: serde_json::Map<String, serde_json::Value> = specials
-        .iter()
-        .chain(&words)
-        .enumerate()
-        .map(|(i, t)| (t.to_string(), serde_json::json!(i)))
-        .collect();
-    let added: Vec<_> = specials
-        .iter()
-        .enumerate()
-        .map(|(i, t)| serde_json::json!({"id": i, "content": t, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}))
-        .collect();
-    let tokenizer = serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
-        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
-    });
-    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string())?;
-    let config =
-        serde_json::json!({"bos_token": "<s>", "eos_token": "</s>", "chat_template": TEMPLATE});
-    std::fs::write(dir.join("tokenizer_config.json"), config.to_string())?;
-    Ok(())
-}
-
 #[test]
 fn decode_start_is_the_first_token_of_the_generation_prompt() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    chat_model(dir.path())?;
+    lcut_testkit::chat_model(
+        "llama-gqa",
+        dir.path(),
+        &["copy", "a", "b", "c", "d", "be", "brief"],
+    )?;
     let session = Session::load(dir.path(), DType::F32, &Device::Cpu)?;
     let tok = session.tokenizer.as_ref().context("tokenizer")?;
     let p = session.prepare_text("copy a b c", Some("be brief"), true)?;

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use lcut_model::{DType, Decoder, Device, ModelError, Tensor};
+use lcut_testkit::shown;
 use serde_json::{Map, Value};
 use tempfile::TempDir;
 
@@ -18,21 +19,12 @@ const WEIGHTS: &str = "model.safetensors";
 const INDEX: &str = "model.safetensors.index.json";
 
 fn good_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/oracle/llama-gqa")
+    lcut_testkit::oracle_case("llama-gqa")
 }
 
 /// A temporary copy of the good model folder (config and weights only).
 fn good_copy() -> TempDir {
-    let dir = tempfile::tempdir().expect("temp dir");
-    for name in [CONFIG, WEIGHTS] {
-        std::fs::copy(good_dir().join(name), dir.path().join(name)).expect("copy fixture");
-    }
-    dir
-}
-
-/// Path of `name` in `dir`, as it appears in messages.
-fn shown(dir: &TempDir, name: &str) -> String {
-    dir.path().join(name).display().to_string()
+    lcut_testkit::model_copy("llama-gqa").expect("copy fixture")
 }
 
 fn load(dir: &Path) -> lcut_model::Result<Decoder> {

@@ -3,7 +3,6 @@
 //! attention, SPEED-policy logits, KV-cached decoding and greedy decoding.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, ensure};
 use lcut_model::probes::{PhaseMassProbe, RecordingProbe};
@@ -22,11 +21,7 @@ const CASES: [&str; 7] = [
     "phi3-fused",
 ];
 
-fn case_dir(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures/oracle")
-        .join(name)
-}
+use lcut_testkit::oracle_case as case_dir;
 
 struct Case {
     name: &'static str,

@@ -1,0 +1,93 @@
+//! Fixtures shared by lcut's tests: the transformers reference cases in
+//! `fixtures/oracle`, temporary model folders copied from them, and a
+//! word-level tokenizer with a chat template, so that engine and viewer
+//! tests can run the real pipeline on a tiny model.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use serde_json::json;
+use tempfile::TempDir;
+
+/// The repository root.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The folder of reference case `name` (e.g. `llama-gqa`): a model folder
+/// (config.json, model.safetensors) with case.json and reference.safetensors.
+pub fn oracle_case(name: &str) -> PathBuf {
+    workspace_root().join("fixtures/oracle").join(name)
+}
+
+/// Copy the model of reference case `case` (config and weights only) into `dir`.
+pub fn copy_model(case: &str, dir: &Path) -> io::Result<()> {
+    for name in ["config.json", "model.safetensors"] {
+        std::fs::copy(oracle_case(case).join(name), dir.join(name))?;
+    }
+    Ok(())
+}
+
+/// A temporary folder holding the model of reference case `case`, for tests
+/// that break it.
+pub fn model_copy(case: &str) -> io::Result<TempDir> {
+    let dir = tempfile::tempdir()?;
+    copy_model(case, dir.path())?;
+    Ok(dir)
+}
+
+/// Path of `name` in `dir` as error messages show it.
+pub fn shown(dir: impl AsRef<Path>, name: &str) -> String {
+    dir.as_ref().join(name).display().to_string()
+}
+
+/// The chat template of [`write_chat_tokenizer`]: BoS, then
+/// `<|role|> content <|end|>` per message, then `<|assistant|>`.
+pub const CHAT_TEMPLATE: &str = "{{ bos_token }}{% for m in messages %}<|{{ m.role }}|> {{ m.content }} <|end|> {% endfor %}{% if add_generation_prompt %}<|assistant|> {% endif %}";
+
+/// The special tokens of [`write_chat_tokenizer`], ids 0 to 6.
+pub const CHAT_SPECIALS: [&str; 7] = [
+    "<unk>",
+    "<s>",
+    "</s>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|end|>",
+];
+
+/// Write tokenizer.json (word level: [`CHAT_SPECIALS`] then `words`, ids in
+/// that order) and tokenizer_config.json (BoS `<s>`, EoS `</s>`,
+/// [`CHAT_TEMPLATE`]) into `dir`.
+pub fn write_chat_tokenizer(dir: &Path, words: &[&str]) -> io::Result<()> {
+    let vocab: serde_json::Map<String, serde_json::Value> = CHAT_SPECIALS
+        .iter()
+        .chain(words)
+        .enumerate()
+        .map(|(i, t)| (t.to_string(), json!(i)))
+        .collect();
+    let added: Vec<_> = CHAT_SPECIALS
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            json!({"id": i, "content": t, "single_word": false, "lstrip": false,
+                   "rstrip": false, "normalized": false, "special": true})
+        })
+        .collect();
+    let tokenizer = json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
+        "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": false},
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
+    });
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string())?;
+    let config = json!({"bos_token": "<s>", "eos_token": "</s>", "chat_template": CHAT_TEMPLATE});
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string())
+}
+
+/// A chat-ready model folder in `dir`: the model of reference case `case`
+/// and the tokenizer of [`write_chat_tokenizer`] over `words`.
+pub fn chat_model(case: &str, dir: &Path, words: &[&str]) -> io::Result<()> {
+    copy_model(case, dir)?;
+    write_chat_tokenizer(dir, words)
+}
