@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
 # On a GPU machine, from the repository root, with dist/lcut-cuda.xz from
-# scripts/build-cuda.sh: GPU parity against the transformers reference
-# cases (f32 and bf16), then the long-context benchmark of a random-weight
-# Llama-3.1-8B-shaped model, full vs SPEED (L_cut 24 of 32, BoS anchor).
+# scripts/build-cuda.sh: GPU parity against the transformers reference cases
+# (f32, and bf16 next to transformers' own bf16 logits), then the
+# long-context benchmark of a random-weight Llama-3.1-8B-shaped model, full
+# vs SPEED (L_cut 24 of 32, BoS anchor).
 #
-#   scripts/gpu-check.sh [OUT_DIR] [PROMPT_LENGTHS]
+#   scripts/gpu-check.sh [OUT_DIR] [STEP...]
 #
-# OUT_DIR (default gpu-results) receives nvidia-smi.txt, parity-{f32,bf16}.{txt,json}
-# and bench.{txt,json}. PROMPT_LENGTHS defaults to 1k,8k,32k,128k.
+# STEP is `parity` or `bench:LENGTHS` (e.g. bench:1k,8k,32k); the default is
+# `parity bench:1k,8k,32k,128k`. OUT_DIR (default gpu-results) receives
+# log.txt, nvidia-smi.txt, parity-f32.json, parity-bf16.json and
+# bench-<lengths>.json.
 set -uo pipefail
 out=${1:-gpu-results}
-lengths=${2:-1k,8k,32k,128k}
+shift || true
+steps=("$@")
+if [ ${#steps[@]} -eq 0 ]; then steps=(parity bench:1k,8k,32k,128k); fi
 mkdir -p "$out"
+exec > >(tee -a "$out/log.txt") 2>&1
 
 bin=dist/lcut-cuda
 if [ ! -x "$bin" ]; then
@@ -49,15 +55,38 @@ if ldd "$bin" | grep 'not found'; then exit 1; fi
 
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1
 status=0
-for dtype in f32 bf16; do
-  echo "== parity on cuda in $dtype"
-  "$bin" parity --device cuda --dtype "$dtype" --json "$out/parity-$dtype.json" \
-    2>&1 | tee "$out/parity-$dtype.txt" || status=1
-done
 
-echo "== bench at $lengths"
-"$bin" bench --device cuda --dtype bf16 \
-  --layers 32 --hidden 4096 --heads 32 --kv-heads 8 --intermediate 14336 --vocab 128256 \
-  --policies full,speed:24+bos --prompt-lengths "$lengths" --new-tokens 128 \
-  --prefill-chunk 2048 --json "$out/bench.json" 2>&1 | tee "$out/bench.txt" || status=1
+parity() {
+  echo "== parity on cuda in f32"
+  "$bin" parity --device cuda --dtype f32 --json "$out/parity-f32.json" || status=1
+  # transformers' own bf16 logits on this GPU when python3 has torch and
+  # transformers; else the ones made on the CPU (fixtures/oracle/bf16)
+  local hf=fixtures/oracle/bf16
+  if python3 -c 'import torch, transformers' 2>/dev/null &&
+     python3 fixtures/oracle/hf_dtype_logits.py fixtures/oracle /tmp/lcut-hf-bf16 bfloat16 cuda \
+       > /tmp/lcut-hf-bf16.log 2>&1; then
+    hf=/tmp/lcut-hf-bf16
+  else
+    echo "(transformers in bf16 on the GPU did not run; see /tmp/lcut-hf-bf16.log)"
+  fi
+  echo "== parity on cuda in bf16, next to transformers' bf16 logits from $hf"
+  "$bin" parity --device cuda --dtype bf16 --transformers-logits "$hf" \
+    --json "$out/parity-bf16.json" || status=1
+}
+
+bench() {
+  echo "== bench at $1"
+  "$bin" bench --device cuda --dtype bf16 \
+    --layers 32 --hidden 4096 --heads 32 --kv-heads 8 --intermediate 14336 --vocab 128256 \
+    --policies full,speed:24+bos --prompt-lengths "$1" --new-tokens 128 \
+    --prefill-chunk 2048 --json "$out/bench-${1//,/_}.json" || status=1
+}
+
+for step in "${steps[@]}"; do
+  case $step in
+    parity) parity ;;
+    bench:*) bench "${step#bench:}" ;;
+    *) echo "unknown step $step (parity, bench:LENGTHS)"; status=1 ;;
+  esac
+done
 exit $status

@@ -1,5 +1,6 @@
 //! `lcut parity`: the check a user runs on a new device passes on the
-//! reference cases, and fails, naming the case, when logits are off.
+//! reference cases (in bf16 also next to transformers' own bf16 logits),
+//! and fails, naming the case, when logits are off.
 
 #![allow(clippy::unwrap_used)] // test helpers unwrap like the tests do
 
@@ -14,13 +15,16 @@ fn oracle() -> PathBuf {
 }
 
 fn parity(cases: &Path, dtype: &str, json: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_lcut"))
-        .args(["parity", "--dtype", dtype, "--cases"])
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lcut"));
+    cmd.args(["parity", "--dtype", dtype, "--cases"])
         .arg(cases)
         .arg("--json")
-        .arg(json)
-        .output()
-        .expect("lcut runs")
+        .arg(json);
+    if dtype == "bf16" {
+        // transformers' own bf16 logits: lcut's rounding error must stay near theirs
+        cmd.arg("--transformers-logits").arg(oracle().join("bf16"));
+    }
+    cmd.output().expect("lcut runs")
 }
 
 fn report(json: &Path) -> serde_json::Value {
@@ -48,8 +52,14 @@ fn every_reference_case_passes_in_f32_and_bf16() {
         assert_eq!(cases.len(), 7, "{cases:?}");
         assert!(rows.len() > 7 * 4);
         if dtype == "bf16" {
-            // bf16 is also compared with lcut itself on the CPU in f32
+            // bf16 is also compared with lcut itself on the CPU in f32, and
+            // with how far transformers in bf16 is from its f32 logits
             assert!(rows.iter().all(|r| r["vs_cpu_f32"]["max_abs"].is_number()));
+            assert!(rows.iter().all(|r| {
+                let ours = r["vs_transformers"]["mean_abs"].as_f64().unwrap();
+                let theirs = r["transformers_same_dtype"]["mean_abs"].as_f64().unwrap();
+                ours <= 1.5 * theirs
+            }));
         }
     }
 }
