@@ -7,15 +7,16 @@
 #
 #   scripts/gpu-check.sh [OUT_DIR] [STEP...]
 #
-# STEP is `parity` or `bench:LENGTHS` (e.g. bench:1k,8k,32k); the default is
-# `parity bench:1k,8k,32k,128k`. OUT_DIR (default gpu-results) receives
+# STEP is `parity`, `diagnose` (the bundled model's diagnostics on the GPU
+# against the CPU, f32, scripts/compare_reports.py) or `bench:LENGTHS` (e.g.
+# bench:1k,8k,32k); the default is `parity diagnose bench:1k,8k,32k,128k`. OUT_DIR (default gpu-results) receives
 # log.txt, nvidia-smi.txt, parity-f32.json, parity-bf16.json and
 # bench-<lengths>.json.
 set -uo pipefail
 out=${1:-gpu-results}
 shift || true
 steps=("$@")
-if [ ${#steps[@]} -eq 0 ]; then steps=(parity bench:1k,8k,32k,128k); fi
+if [ ${#steps[@]} -eq 0 ]; then steps=(parity diagnose bench:1k,8k,32k,128k); fi
 mkdir -p "$out"
 exec > >(tee -a "$out/log.txt") 2>&1
 
@@ -74,6 +75,14 @@ parity() {
     --json "$out/parity-bf16.json" || status=1
 }
 
+diagnose() {
+  echo "== diagnose the bundled model on cuda and on the cpu (f32), then compare"
+  "$bin" diagnose --device cpu --max-new-tokens 16 --out /tmp/lcut-diag-cpu >/dev/null &&
+    "$bin" diagnose --device cuda --max-new-tokens 16 --out /tmp/lcut-diag-cuda &&
+    python3 scripts/compare_reports.py /tmp/lcut-diag-cpu/report.json \
+      /tmp/lcut-diag-cuda/report.json 1e-3 || status=1
+}
+
 bench() {
   echo "== bench at $1"
   "$bin" bench --device cuda --dtype bf16 \
@@ -85,8 +94,9 @@ bench() {
 for step in "${steps[@]}"; do
   case $step in
     parity) parity ;;
+    diagnose) diagnose ;;
     bench:*) bench "${step#bench:}" ;;
-    *) echo "unknown step $step (parity, bench:LENGTHS)"; status=1 ;;
+    *) echo "unknown step $step (parity, diagnose, bench:LENGTHS)"; status=1 ;;
   esac
 done
 exit $status
