@@ -1,7 +1,7 @@
 //! The report's figures, each one self-contained `<svg>`.
 
 use lcut_trace::{PromptTrace, Report, Sweep};
-use ndarray::{Array2, Axis, s};
+use ndarray::{Array2, ArrayView2, Axis, s};
 
 use crate::heatmap::Heatmap;
 use crate::lines::{Line, LineChart};
@@ -43,6 +43,40 @@ fn cut_line(r: &Report, offset: f64) -> Vec<(f64, String)> {
     vec![(c as f64 + offset, format!("L_cut = {c}"))]
 }
 
+/// A heatmap with one row per layer and the recommended cut drawn.
+fn layer_heatmap(
+    r: &Report,
+    title: String,
+    x_label: &str,
+    values: ArrayView2<'_, f32>,
+    col_names: Vec<String>,
+    caption: String,
+) -> Figure {
+    let svg = Heatmap {
+        title: &title,
+        x_label,
+        y_label: "layer",
+        values,
+        col_names,
+        cut: Some(r.recommendation.l_cut),
+    }
+    .to_svg();
+    Figure {
+        title,
+        svg,
+        caption,
+    }
+}
+
+/// A line chart as a figure.
+fn chart_figure(chart: LineChart, caption: &str) -> Figure {
+    Figure {
+        title: chart.title.clone(),
+        svg: chart.to_svg(),
+        caption: caption.to_string(),
+    }
+}
+
 fn step_heatmap(r: &Report, t: &PromptTrace) -> Figure {
     let values = t
         .prefill
@@ -61,38 +95,19 @@ fn step_heatmap(r: &Report, t: &PromptTrace) -> Figure {
         "Prefill mass by layer and decode step: prompt {}",
         shorten(&t.id, 40)
     );
-    let svg = Heatmap {
-        title: &title,
-        x_label: "decode step",
-        y_label: "layer",
-        values: values.view(),
-        col_names: names,
-        cut: Some(r.recommendation.l_cut),
-    }
-    .to_svg();
-    Figure {
-        title,
-        svg,
-        caption: "Attention mass that each generated token's query pays to the non-anchor prompt, mean over heads.".into(),
-    }
+    layer_heatmap(r, title, "decode step", values.view(), names, "Attention mass that each generated token's query pays to the non-anchor prompt, mean over heads.".to_string())
 }
 
 fn mean_step_heatmap(r: &Report) -> Figure {
     let title = "Prefill mass by layer and decode step: mean over prompts".to_string();
-    let svg = Heatmap {
-        title: &title,
-        x_label: "decode step",
-        y_label: "layer",
-        values: r.curves.prefill_by_step.view(),
-        col_names: vec![],
-        cut: Some(r.recommendation.l_cut),
-    }
-    .to_svg();
-    Figure {
+    layer_heatmap(
+        r,
         title,
-        svg,
-        caption: "Mean over heads and over the prompts that reached each step.".into(),
-    }
+        "decode step",
+        r.curves.prefill_by_step.view(),
+        vec![],
+        "Mean over heads and over the prompts that reached each step.".to_string(),
+    )
 }
 
 fn position_heatmap(r: &Report, t: &PromptTrace) -> Figure {
@@ -121,45 +136,33 @@ fn position_heatmap(r: &Report, t: &PromptTrace) -> Figure {
         "Attention to prompt positions by layer: prompt {}",
         shorten(&t.id, 40)
     );
-    let svg = Heatmap {
-        title: &title,
-        x_label: "prompt bin (BoS left out)",
-        y_label: "layer",
-        values: values.view(),
-        col_names: names,
-        cut: Some(r.recommendation.l_cut),
-    }
-    .to_svg();
-    Figure {
+    layer_heatmap(
+        r,
         title,
-        svg,
-        caption: format!(
+        "prompt bin (BoS left out)",
+        values.view(),
+        names,
+        format!(
             "Mass that decode queries pay to each prompt bin ({} bins over {} tokens), mean over heads and steps. \
              BoS is left out here (it is an attention sink); see its curve below.",
             t.num_bins(),
             t.prompt_len
         ),
-    }
+    )
 }
 
 fn head_heatmap(r: &Report) -> Figure {
     let title = "Prefill mass by layer and head".to_string();
-    let svg = Heatmap {
-        title: &title,
-        x_label: "head",
-        y_label: "layer",
-        values: r.curves.prefill_by_head.view(),
-        col_names: (0..r.curves.num_heads)
+    layer_heatmap(
+        r,
+        title,
+        "head",
+        r.curves.prefill_by_head.view(),
+        (0..r.curves.num_heads)
             .map(|h| format!("head {h}"))
             .collect(),
-        cut: Some(r.recommendation.l_cut),
-    }
-    .to_svg();
-    Figure {
-        title,
-        svg,
-        caption: "Mean over prompts and decode steps.".into(),
-    }
+        "Mean over prompts and decode steps.".to_string(),
+    )
 }
 
 fn mass_curves(r: &Report) -> Figure {
@@ -180,11 +183,10 @@ fn mass_curves(r: &Report) -> Figure {
         integer_x: true,
         ..LineChart::default()
     };
-    Figure {
-        title: chart.title.clone(),
-        svg: chart.to_svg(),
-        caption: "Mean phase masses over prompts, steps and heads; SPEED keeps the layers left of the L_cut line.".into(),
-    }
+    chart_figure(
+        chart,
+        "Mean phase masses over prompts, steps and heads; SPEED keeps the layers left of the L_cut line.",
+    )
 }
 
 fn tail_curve(r: &Report) -> Figure {
@@ -203,11 +205,7 @@ fn tail_curve(r: &Report) -> Figure {
         integer_x: true,
         ..LineChart::default()
     };
-    Figure {
-        title: chart.title.clone(),
-        svg: chart.to_svg(),
-        caption: "Share of decode-to-prefill attention at layers ≥ c.".into(),
-    }
+    chart_figure(chart, "Share of decode-to-prefill attention at layers ≥ c.")
 }
 
 fn entropy_curves(r: &Report) -> Figure {
@@ -229,11 +227,10 @@ fn entropy_curves(r: &Report) -> Figure {
         integer_x: true,
         ..LineChart::default()
     };
-    Figure {
-        title: chart.title.clone(),
-        svg: chart.to_svg(),
-        caption: "Low = selective reading of the prompt; 1 = uniform over the prompt.".into(),
-    }
+    chart_figure(
+        chart,
+        "Low = selective reading of the prompt; 1 = uniform over the prompt.",
+    )
 }
 
 fn curvature_curves(r: &Report) -> Figure {
@@ -257,11 +254,10 @@ fn curvature_curves(r: &Report) -> Figure {
         integer_x: true,
         ..LineChart::default()
     };
-    Figure {
-        title: chart.title.clone(),
-        svg: chart.to_svg(),
-        caption: "Mean turning angle of consecutive hidden states; straightening = C_l − C_0 (negative = straighter).".into(),
-    }
+    chart_figure(
+        chart,
+        "Mean turning angle of consecutive hidden states; straightening = C_l − C_0 (negative = straighter).",
+    )
 }
 
 fn sweep_curve(r: &Report, sweep: &Sweep) -> Figure {
@@ -318,11 +314,10 @@ fn sweep_curve(r: &Report, sweep: &Sweep) -> Figure {
         labels,
         ..LineChart::default()
     };
-    Figure {
-        title: chart.title.clone(),
-        svg: chart.to_svg(),
-        caption: "Each point is a SPEED cut (labelled with L_cut), teacher-forced on the full model's greedy continuation.".into(),
-    }
+    chart_figure(
+        chart,
+        "Each point is a SPEED cut (labelled with L_cut), teacher-forced on the full model's greedy continuation.",
+    )
 }
 
 /// Every figure of the report; per-prompt figures show trace `prompt`
