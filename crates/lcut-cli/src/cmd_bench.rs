@@ -17,7 +17,7 @@ use lcut_policy::{Policy, PolicySpec, TokenPhases};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde::Serialize;
 
-use crate::common::{parse_device, parse_dtype, parse_len, write_atomic};
+use crate::common::{ensure_fits, parse_device, parse_dtype, parse_len, write_atomic};
 
 /// Arguments of `lcut bench`.
 #[derive(Debug, Args)]
@@ -173,12 +173,32 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         };
         return vs_candle(args, &folder, dtype, &device);
     }
+    let lengths = args
+        .prompt_lengths
+        .split(',')
+        .map(parse_len)
+        .collect::<Result<Vec<_>>>()?;
+    let longest = lengths.iter().max().copied().unwrap_or(0) + args.new_tokens;
     let model = match &args.model {
-        Some(folder) => Decoder::load(folder, dtype, &device)
-            .with_context(|| format!("loading {}", folder.display()))?,
+        Some(folder) => {
+            let model = Decoder::load(folder, dtype, &device)
+                .with_context(|| format!("loading {}", folder.display()))?;
+            let cfg = model.config();
+            ensure_fits(cfg, dtype, &device, longest, args.prefill_chunk, true)?;
+            model
+        }
         None => {
             describe(args);
-            random_shape(args).build(dtype, &device)?
+            let shape = random_shape(args);
+            ensure_fits(
+                &shape.config()?,
+                dtype,
+                &device,
+                longest,
+                args.prefill_chunk,
+                false,
+            )?;
+            shape.build(dtype, &device)?
         }
     };
     let num_layers = model.config().num_layers;
@@ -193,11 +213,6 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         .iter()
         .map(|s| s.resolve(num_layers))
         .collect::<Result<Vec<_>, _>>()?;
-    let lengths = args
-        .prompt_lengths
-        .split(',')
-        .map(parse_len)
-        .collect::<Result<Vec<_>>>()?;
     let bos = model.config().bos_token_id.unwrap_or(1);
     let total = (lengths.len() * policies.len() * args.repeats.max(1)) as u64;
     let bar = ProgressBar::new(total).with_style(

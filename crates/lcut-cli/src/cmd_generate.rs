@@ -11,7 +11,9 @@ use lcut_engine::{
 };
 use lcut_policy::PolicySpec;
 
-use crate::common::{model_or_bundled, parse_device, parse_dtype, parse_ids, write_atomic};
+use crate::common::{
+    ensure_fits, model_or_bundled, parse_device, parse_dtype, parse_ids, write_atomic,
+};
 
 /// Arguments of `lcut generate`.
 #[derive(Debug, Args)]
@@ -104,6 +106,14 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     };
     let layers = session.model.config().num_layers;
     let policy = args.policy.parse::<PolicySpec>()?.resolve(layers)?;
+    ensure_fits(
+        session.model.config(),
+        session.model.dtype(),
+        session.model.device(),
+        prompt.len() + args.max_new_tokens,
+        GenerationConfig::default().prefill_chunk,
+        true,
+    )?;
     let config = GenerationConfig {
         max_new_tokens: args.max_new_tokens,
         sampling: sampling(args),

@@ -63,6 +63,47 @@ pub fn parse_len(s: &str) -> Result<usize> {
     Ok(n * mul)
 }
 
+/// Refuse a run of `total_len` tokens (the full model's K/V for all of them,
+/// prefill in chunks of `chunk`) whose estimated peak memory is more than
+/// `device` has free. `weights_loaded`: the weights are already resident
+/// (a loaded model) and so are not counted again.
+pub fn ensure_fits(
+    cfg: &lcut_model::ModelConfig,
+    dtype: DType,
+    device: &Device,
+    total_len: usize,
+    chunk: usize,
+    weights_loaded: bool,
+) -> Result<()> {
+    let kv_per_token = 2 * cfg.num_kv_heads * cfg.head_dim * dtype.size_in_bytes();
+    let kv = (cfg.num_layers * kv_per_token * total_len) as u64;
+    let block = lcut_model::default_attention_block_elems(device);
+    let mut need = lcut_model::memory::estimate(cfg, dtype, kv, total_len, chunk, block);
+    if weights_loaded {
+        need = need.without_weights();
+    }
+    let where_ = if device.is_cpu() {
+        "this machine"
+    } else {
+        "the GPU"
+    };
+    let smaller = if dtype == DType::F32 {
+        ", or --dtype bf16"
+    } else {
+        ""
+    };
+    if let Some(free) = lcut_model::memory::available_bytes(device)
+        && need.total() > free
+    {
+        bail!(
+            "{total_len} tokens need about {need}, more than {where_} has free ({:.1} GiB); \
+             use shorter prompts, a smaller --prefill-chunk{smaller}",
+            free as f64 / f64::from(1u32 << 30)
+        );
+    }
+    Ok(())
+}
+
 /// Write `bytes` to `path` atomically (temporary file, then rename).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     lcut_model::synth::write_atomic(path, bytes)

@@ -53,6 +53,15 @@ pub const CPU_ATTENTION_BLOCK_ELEMS: usize = 1 << 28;
 /// It must stay below 2^31: candle's CUDA softmax indexes with 32-bit ints.
 pub const GPU_ATTENTION_BLOCK_ELEMS: usize = 1 << 30;
 
+/// The bound on one attention block's scores a new decoder on `device` uses.
+pub fn default_attention_block_elems(device: &Device) -> usize {
+    if device.is_cpu() {
+        CPU_ATTENTION_BLOCK_ELEMS
+    } else {
+        GPU_ATTENTION_BLOCK_ELEMS
+    }
+}
+
 /// The mask built for the previous layer of the same chunk, reused while
 /// the next layer sees the same queries, keys, window and visibility rule.
 #[derive(Default)]
@@ -242,11 +251,7 @@ impl Decoder {
             });
         };
         let rope = Rope::new(&cfg.rope, device)?;
-        let attention_block_elems = if device.is_cpu() {
-            CPU_ATTENTION_BLOCK_ELEMS
-        } else {
-            GPU_ATTENTION_BLOCK_ELEMS
-        };
+        let attention_block_elems = default_attention_block_elems(device);
         Ok(Self {
             cfg,
             dtype,
@@ -267,6 +272,11 @@ impl Decoder {
     /// on it; at least one query row is attended per block.
     pub fn set_attention_block_elems(&mut self, elems: usize) {
         self.attention_block_elems = elems.clamp(1, GPU_ATTENTION_BLOCK_ELEMS);
+    }
+
+    /// The bound on one attention block's scores (elements).
+    pub fn attention_block_elems(&self) -> usize {
+        self.attention_block_elems
     }
 
     /// The model's config.

@@ -8,6 +8,7 @@ mod decoder;
 mod error;
 mod layers;
 mod mask;
+pub mod memory;
 pub mod probe;
 pub mod probes;
 pub mod reference;
@@ -17,7 +18,9 @@ mod weights;
 
 pub use cache::LayerCache;
 pub use config::{Activation, Arch, ModelConfig, RopeConfig, RopeScaling};
-pub use decoder::{ChunkOutput, Decoder, LogitRows, Sequence, argmax_rows};
+pub use decoder::{
+    ChunkOutput, Decoder, LogitRows, Sequence, argmax_rows, default_attention_block_elems,
+};
 pub use error::{ModelError, Result};
 pub use mask::{PartialMask, additive_mask};
 pub use probe::{AttentionView, Probe, ResidualSite};

@@ -71,13 +71,18 @@ impl RandomLlama {
         })
     }
 
+    /// The parsed config of this model.
+    pub fn config(&self) -> Result<ModelConfig> {
+        let text = serde_json::to_string(&self.config_json()).unwrap_or_default();
+        ModelConfig::from_json_str(&text, Path::new("(random llama)/config.json"))
+    }
+
     /// The decoder of this shape with weights drawn on `device` in `dtype`,
     /// nothing written to disk: how a benchmark gets a model of the
     /// Llama-3.1-8B shape without a 32 GB file. On the CPU the draw is
     /// seeded by `seed`; CUDA draws are seeded through the device.
     pub fn build(&self, dtype: DType, device: &Device) -> Result<Decoder> {
-        let text = serde_json::to_string(&self.config_json()).unwrap_or_default();
-        let cfg = ModelConfig::from_json_str(&text, Path::new("(random llama)/config.json"))?;
+        let cfg = self.config()?;
         if device.is_cuda() {
             device.set_seed(self.seed)?;
         }
