@@ -31,6 +31,8 @@ pub mod loaded;
 pub mod recommend_panel;
 pub mod state;
 pub mod sweep_panel;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod viewer;
 
 pub use backend::{Backend, Command, Event, WorkerPort, channel};

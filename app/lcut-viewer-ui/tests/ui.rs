@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use egui::accesskit::Role;
 use egui_kittest::Harness;
@@ -15,30 +15,17 @@ use egui_kittest::kittest::{NodeT, Queryable};
 use lcut_viewer_ui::colormap::ColorScale;
 use lcut_viewer_ui::fake::{self, FakeOptions};
 use lcut_viewer_ui::live::LiveStatus;
-use lcut_viewer_ui::{Tab, ViewerState, channel, show_viewer};
+use lcut_viewer_ui::{Tab, ViewerState, channel, testing};
 
 fn harness(o: FakeOptions) -> Harness<'static, ViewerState> {
     let (backend, port) = channel(None);
     fake::spawn(port, o);
-    let state = ViewerState::new(backend);
-    Harness::builder()
-        .with_size([1400.0, 900.0])
-        .build_ui_state(show_viewer, state)
+    testing::harness(ViewerState::new(backend), false)
 }
 
 /// Steps until `done` holds (the worker runs on its own thread), at most 20 s.
 fn step_until(h: &mut Harness<'_, ViewerState>, what: &str, done: impl Fn(&ViewerState) -> bool) {
-    let start = Instant::now();
-    while !done(h.state()) {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "timed out waiting for {what}; log: {:?}",
-            h.state().log
-        );
-        std::thread::sleep(Duration::from_millis(2));
-        h.step();
-    }
-    h.step();
+    testing::step_until(h, what, Duration::from_secs(20), done);
 }
 
 /// The text of the one label that starts with `prefix` (labels keep their

@@ -7,7 +7,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use egui::accesskit::Role;
 use egui_kittest::Harness;
@@ -16,7 +16,7 @@ use lcut_viewer::paths;
 use lcut_viewer::worker::{WorkerConfig, spawn};
 use lcut_viewer_ui::live::LiveStatus;
 use lcut_viewer_ui::state::PromptChoice;
-use lcut_viewer_ui::{ViewerState, channel, show_viewer};
+use lcut_viewer_ui::{ViewerState, channel, testing};
 
 /// A model folder with a tokenizer and a chat template, and a prompt set.
 struct Fixture {
@@ -73,26 +73,12 @@ fn harness(f: &Fixture) -> Harness<'static, ViewerState> {
     state.inputs.bundled_model = f.model.clone();
     state.inputs.max_new_tokens = 4;
     state.inputs.with_sweep = false;
-    Harness::builder()
-        .with_size([1400.0, 900.0])
-        // Real tokens may hold characters the bundled fonts lack.
-        .allow_missing_glyphs()
-        .build_ui_state(show_viewer, state)
+    testing::harness(state, true)
 }
 
 /// Steps until `done` holds, at most two minutes (a debug build on a busy machine).
 fn step_until(h: &mut Harness<'_, ViewerState>, what: &str, done: impl Fn(&ViewerState) -> bool) {
-    let start = Instant::now();
-    while !done(h.state()) {
-        assert!(
-            start.elapsed() < Duration::from_secs(120),
-            "timed out waiting for {what}; log: {:?}",
-            h.state().log
-        );
-        std::thread::sleep(Duration::from_millis(5));
-        h.step();
-    }
-    h.step();
+    testing::step_until(h, what, Duration::from_secs(120), done);
 }
 
 fn open_bundled(h: &mut Harness<'_, ViewerState>) {

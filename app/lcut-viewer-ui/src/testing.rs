@@ -1,0 +1,43 @@
+//! Driving the viewer headless in tests (egui_kittest), shared by this
+//! crate's tests against the fake worker and the binary's tests against the
+//! real engine. Only built with the `testing` feature.
+
+use std::time::{Duration, Instant};
+
+use egui_kittest::Harness;
+
+use crate::{ViewerState, show_viewer};
+
+/// A headless viewer over `state`, 1400 x 900. `real_tokens`: the run
+/// shows a real model's tokens, which may hold characters the bundled fonts
+/// lack (with the fake worker every glyph must exist).
+pub fn harness(state: ViewerState, real_tokens: bool) -> Harness<'static, ViewerState> {
+    let builder = Harness::builder().with_size([1400.0, 900.0]);
+    let builder = if real_tokens {
+        builder.allow_missing_glyphs()
+    } else {
+        builder
+    };
+    builder.build_ui_state(show_viewer, state)
+}
+
+/// Step the viewer until `done` holds (the worker runs on its own thread),
+/// failing with the viewer's log after `limit`; then one more frame.
+pub fn step_until(
+    h: &mut Harness<'_, ViewerState>,
+    what: &str,
+    limit: Duration,
+    done: impl Fn(&ViewerState) -> bool,
+) {
+    let start = Instant::now();
+    while !done(h.state()) {
+        assert!(
+            start.elapsed() < limit,
+            "timed out waiting for {what}; log: {:?}",
+            h.state().log
+        );
+        std::thread::sleep(Duration::from_millis(2));
+        h.step();
+    }
+    h.step();
+}
