@@ -473,25 +473,42 @@ impl Decoder {
             }
             (k, v, Cow::Owned(key_positions))
         };
-        let mask = self.layer_mask(
-            l,
-            layer.window,
-            (&policy, &phases),
-            present,
-            &key_positions,
-            masks,
-        )?;
         let probs_from = probe
             .as_deref()
             .and_then(|p| p.attention_from(l))
             .map(|from| present.partition_point(|&q| q < from))
             .filter(|&first| first < present.len());
+        // Keys older than the window of the chunk's first query are read by
+        // none of its queries: a windowed layer reads `window` keys, not the
+        // whole context (kept when a probe wants the attention rows whole).
+        let skip = match (layer.window, probs_from) {
+            (Some(w), None) => key_positions.partition_point(|&k| k + w <= present[0]),
+            _ => 0,
+        };
+        let (keys, values, key_positions) = if skip > 0 {
+            let n = key_positions.len() - skip;
+            (
+                keys.narrow(1, skip, n)?,
+                values.narrow(1, skip, n)?,
+                &key_positions[skip..],
+            )
+        } else {
+            (keys, values, &key_positions[..])
+        };
+        let mask = self.layer_mask(
+            l,
+            layer.window,
+            (&policy, &phases),
+            present,
+            key_positions,
+            masks,
+        )?;
         let (attn, probs) = self.attend(&qkv.q, &keys, &values, mask.as_ref(), probs_from)?;
         if let (Some(p), Some(first), Some(probs)) = (probe.as_deref_mut(), probs_from, probs) {
             p.on_attention(AttentionView {
                 layer: l,
                 query_positions: &present[first..],
-                key_positions: &key_positions,
+                key_positions,
                 probs: &probs,
             })?;
         }
