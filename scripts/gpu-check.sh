@@ -30,62 +30,71 @@ if [ ! -x "$bin" ]; then
   chmod +x "$bin"
 fi
 
-# Where this machine keeps libcudart.so.13, libcublas.so.13, libcublasLt.so.13
-# and libcurand.so.10: a CUDA toolkit, or NVIDIA's wheels in Python's site-packages.
-candidates=("${CUDA_HOME:-/usr/local/cuda}/lib64" "${CUDA_HOME:-/usr/local/cuda}/lib" /usr/local/cuda/targets/x86_64-linux/lib)
+# Where this machine keeps libcuda.so.1 (the driver's), libcudart.so.13,
+# libcublas.so.13, libcublasLt.so.13 and libcurand.so.10: a CUDA toolkit, the
+# driver's folder, or NVIDIA's wheels in Python's site-packages (beside PyTorch).
+cuda_root=${CUDA_HOME:-/usr/local/cuda}
+candidates=("$cuda_root/lib64" "$cuda_root/lib" /usr/local/cuda/targets/x86_64-linux/lib
+            /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu)
 site=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2>/dev/null || true)
 if [ -n "$site" ]; then candidates+=("$site"/nvidia/cu13/lib "$site"/nvidia/*/lib); fi
 libdirs=""
-for so in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcurand.so.10; do
+for so in libcuda.so.1 libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcurand.so.10; do
   found=""
   for d in "${candidates[@]}"; do
     if [ -e "$d/$so" ]; then found=$d; break; fi
   done
   if [ -z "$found" ]; then
-    found=$(dirname "$(find / -xdev -name "$so" -print -quit 2>/dev/null)" 2>/dev/null || true)
+    hit=$(find / -xdev -name "$so" -print -quit 2>/dev/null)
+    if [ -n "$hit" ]; then found=$(dirname "$hit"); fi
   fi
-  if [ -z "$found" ] || [ "$found" = . ]; then
-    echo "no $so on this machine: lcut-cuda needs the CUDA 13 runtime libraries" >&2
+  if [ -z "$found" ]; then
+    echo "no $so on this machine: lcut-cuda needs the NVIDIA driver and the CUDA 13 runtime libraries" >&2
     exit 1
   fi
   case ":$libdirs:" in *":$found:"*) ;; *) libdirs="${libdirs:+$libdirs:}$found" ;; esac
 done
-export LD_LIBRARY_PATH="$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 echo "CUDA libraries from: $libdirs"
-if ldd "$bin" | grep 'not found'; then exit 1; fi
+# only lcut gets them: python3 (used below) must keep its own libraries
+lcut() { LD_LIBRARY_PATH="$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$bin" "$@"; }
+if LD_LIBRARY_PATH="$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ldd "$bin" | grep 'not found'; then
+  exit 1
+fi
 
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1
 status=0
 
 parity() {
   echo "== parity on cuda in f32"
-  "$bin" parity --device cuda --dtype f32 --json "$out/parity-f32.json" || status=1
+  lcut parity --device cuda --dtype f32 --json "$out/parity-f32.json" || status=1
   # transformers' own bf16 logits on this GPU when python3 has torch and
   # transformers; else the ones made on the CPU (fixtures/oracle/bf16)
   local hf=fixtures/oracle/bf16
-  if python3 -c 'import torch, transformers' 2>/dev/null &&
-     python3 fixtures/oracle/hf_dtype_logits.py fixtures/oracle /tmp/lcut-hf-bf16 bfloat16 cuda \
+  if ! python3 -c 'import torch, transformers' 2>/dev/null; then
+    echo "(python3 has no torch and transformers: using the CPU's bf16 logits)"
+  elif python3 fixtures/oracle/hf_dtype_logits.py fixtures/oracle /tmp/lcut-hf-bf16 bfloat16 cuda \
        > /tmp/lcut-hf-bf16.log 2>&1; then
     hf=/tmp/lcut-hf-bf16
   else
-    echo "(transformers in bf16 on the GPU did not run; see /tmp/lcut-hf-bf16.log)"
+    tail -5 /tmp/lcut-hf-bf16.log
+    echo "(transformers in bf16 on the GPU failed, above: using the CPU's bf16 logits)"
   fi
   echo "== parity on cuda in bf16, next to transformers' bf16 logits from $hf"
-  "$bin" parity --device cuda --dtype bf16 --transformers-logits "$hf" \
+  lcut parity --device cuda --dtype bf16 --transformers-logits "$hf" \
     --json "$out/parity-bf16.json" || status=1
 }
 
 diagnose() {
   echo "== diagnose the bundled model on cuda and on the cpu (f32), then compare"
-  "$bin" diagnose --device cpu --max-new-tokens 16 --out /tmp/lcut-diag-cpu >/dev/null &&
-    "$bin" diagnose --device cuda --max-new-tokens 16 --out /tmp/lcut-diag-cuda &&
+  lcut diagnose --device cpu --max-new-tokens 16 --out /tmp/lcut-diag-cpu >/dev/null &&
+    lcut diagnose --device cuda --max-new-tokens 16 --out /tmp/lcut-diag-cuda &&
     python3 scripts/compare_reports.py /tmp/lcut-diag-cpu/report.json \
       /tmp/lcut-diag-cuda/report.json 1e-3 || status=1
 }
 
 bench() {
   echo "== bench at $1"
-  "$bin" bench --device cuda --dtype bf16 \
+  lcut bench --device cuda --dtype bf16 \
     --layers 32 --hidden 4096 --heads 32 --kv-heads 8 --intermediate 14336 --vocab 128256 \
     --policies full,speed:24+bos --prompt-lengths "$1" --new-tokens 128 \
     --prefill-chunk 2048 --json "$out/bench-${1//,/_}.json" || status=1
