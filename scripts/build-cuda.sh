@@ -22,6 +22,7 @@ target=${CARGO_TARGET_DIR:-$root/target/cuda}
 if ! command -v nvcc >/dev/null; then
   echo "== installing nvcc (Debian non-free nvidia-cuda-toolkit)"
   if [ ! -e /etc/apt/sources.list.d/nonfree.sources ]; then
+    # shellcheck source=/dev/null
     . /etc/os-release
     cat >/etc/apt/sources.list.d/nonfree.sources <<SRC
 Types: deb

@@ -16,7 +16,7 @@ set -uo pipefail
 out=${1:-gpu-results}
 shift || true
 steps=("$@")
-if [ ${#steps[@]} -eq 0 ]; then steps=(parity diagnose bench:1k,8k,32k,128k); fi
+if [ ${#steps[@]} -eq 0 ]; then steps=(parity diagnose "bench:1k,8k,32k,128k"); fi
 mkdir -p "$out"
 exec > >(tee -a "$out/log.txt") 2>&1
 
