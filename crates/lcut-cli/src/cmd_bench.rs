@@ -12,7 +12,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use lcut_engine::{Generation, GenerationConfig, GenerationOutput, PreparedPrompt};
 use lcut_model::probes::PhaseMassProbe;
 use lcut_model::synth::RandomLlama;
-use lcut_model::{Decoder, LogitRows, argmax_rows};
+use lcut_model::{Decoder, LogitRows, argmax_rows, default_attention_block_elems};
 use lcut_policy::{Policy, PolicySpec, TokenPhases};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde::Serialize;
@@ -40,6 +40,10 @@ pub struct BenchArgs {
     /// Prompt tokens per prefill chunk.
     #[arg(long, default_value_t = 512)]
     prefill_chunk: usize,
+    /// Most attention scores (heads x queries x keys) computed at once;
+    /// the device's default when not given (2^30 on a GPU, 2^28 on the CPU).
+    #[arg(long)]
+    attention_block: Option<usize>,
     /// Random model: layers.
     #[arg(long, default_value_t = 12)]
     layers: usize,
@@ -89,6 +93,9 @@ pub struct BenchRow {
     pub kv_bytes: u64,
     /// K/V bytes by the cost formula.
     pub kv_bytes_formula: u64,
+    /// Estimated peak memory of the run (weights, K/V, one attention block,
+    /// activations), bytes.
+    pub peak_bytes_estimate: u64,
     /// TTFT / TTFT(full) at this length.
     pub ttft_ratio: f64,
     /// TPOT / TPOT(full).
@@ -179,28 +186,25 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         .map(parse_len)
         .collect::<Result<Vec<_>>>()?;
     let longest = lengths.iter().max().copied().unwrap_or(0) + args.new_tokens;
-    let model = match &args.model {
+    let block = args
+        .attention_block
+        .unwrap_or_else(|| default_attention_block_elems(&device));
+    let sizes = (longest, args.prefill_chunk, block);
+    let mut model = match &args.model {
         Some(folder) => {
             let model = Decoder::load(folder, dtype, &device)
                 .with_context(|| format!("loading {}", folder.display()))?;
-            let cfg = model.config();
-            ensure_fits(cfg, dtype, &device, longest, args.prefill_chunk, true)?;
+            ensure_fits(model.config(), dtype, &device, sizes, true)?;
             model
         }
         None => {
             describe(args);
             let shape = random_shape(args);
-            ensure_fits(
-                &shape.config()?,
-                dtype,
-                &device,
-                longest,
-                args.prefill_chunk,
-                false,
-            )?;
+            ensure_fits(&shape.config()?, dtype, &device, sizes, false)?;
             shape.build(dtype, &device)?
         }
     };
+    model.set_attention_block_elems(block);
     let num_layers = model.config().num_layers;
     let mut specs: Vec<PolicySpec> = vec![PolicySpec::full()];
     for p in args.policies.split(',').filter(|p| !p.trim().is_empty()) {
@@ -252,10 +256,19 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     out.kv_bytes_formula
                 );
             }
+            let peak = lcut_model::memory::estimate(
+                model.config(),
+                dtype,
+                out.kv_bytes_formula,
+                len + args.new_tokens,
+                args.prefill_chunk,
+                block,
+            );
             at_len.push(BenchRow {
                 policy: policy.to_string(),
                 prompt_len: len,
                 new_tokens: out.tokens.len(),
+                peak_bytes_estimate: peak.total(),
                 ttft_s: median(ttft),
                 tpot_s: median(tpot),
                 kv_bytes: out.kv_bytes_held,
@@ -275,12 +288,20 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     bar.finish_and_clear();
     println!(
-        "{:<18} {:>7} {:>10} {:>10} {:>12} {:>7} {:>7} {:>7}",
-        "policy", "prompt", "TTFT ms", "TPOT ms", "KV bytes", "TTFT x", "TPOT x", "KV x"
+        "{:<18} {:>7} {:>10} {:>10} {:>12} {:>7} {:>7} {:>7} {:>9}",
+        "policy",
+        "prompt",
+        "TTFT ms",
+        "TPOT ms",
+        "KV bytes",
+        "TTFT x",
+        "TPOT x",
+        "KV x",
+        "peak GiB"
     );
     for r in &rows {
         println!(
-            "{:<18} {:>7} {:>10.1} {:>10.2} {:>12} {:>7.3} {:>7.3} {:>7.3}",
+            "{:<18} {:>7} {:>10.1} {:>10.2} {:>12} {:>7.3} {:>7.3} {:>7.3} {:>9.1}",
             r.policy,
             r.prompt_len,
             r.ttft_s * 1e3,
@@ -288,7 +309,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             r.kv_bytes,
             r.ttft_ratio,
             r.tpot_ratio,
-            r.kv_ratio
+            r.kv_ratio,
+            r.peak_bytes_estimate as f64 / f64::from(1u32 << 30)
         );
     }
     if let Some(path) = &args.json {

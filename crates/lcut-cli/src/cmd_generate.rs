@@ -110,8 +110,11 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         session.model.config(),
         session.model.dtype(),
         session.model.device(),
-        prompt.len() + args.max_new_tokens,
-        GenerationConfig::default().prefill_chunk,
+        (
+            prompt.len() + args.max_new_tokens,
+            GenerationConfig::default().prefill_chunk,
+            session.model.attention_block_elems(),
+        ),
         true,
     )?;
     let config = GenerationConfig {

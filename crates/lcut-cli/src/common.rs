@@ -64,20 +64,19 @@ pub fn parse_len(s: &str) -> Result<usize> {
 }
 
 /// Refuse a run of `total_len` tokens (the full model's K/V for all of them,
-/// prefill in chunks of `chunk`) whose estimated peak memory is more than
-/// `device` has free. `weights_loaded`: the weights are already resident
-/// (a loaded model) and so are not counted again.
+/// prefill in chunks of `chunk`, attention blocks of `block` scores) whose
+/// estimated peak memory is more than `device` has free. `weights_loaded`:
+/// the weights are already resident (a loaded model) and so are not counted
+/// again.
 pub fn ensure_fits(
     cfg: &lcut_model::ModelConfig,
     dtype: DType,
     device: &Device,
-    total_len: usize,
-    chunk: usize,
+    (total_len, chunk, block): (usize, usize, usize),
     weights_loaded: bool,
 ) -> Result<()> {
     let kv_per_token = 2 * cfg.num_kv_heads * cfg.head_dim * dtype.size_in_bytes();
     let kv = (cfg.num_layers * kv_per_token * total_len) as u64;
-    let block = lcut_model::default_attention_block_elems(device);
     let mut need = lcut_model::memory::estimate(cfg, dtype, kv, total_len, chunk, block);
     if weights_loaded {
         need = need.without_weights();
