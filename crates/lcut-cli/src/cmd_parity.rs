@@ -121,30 +121,11 @@ struct ParityRow {
     case: String,
     logits: String,
     rows: usize,
-    vs_transformers: DeviationJson,
-    vs_cpu_f32: Option<DeviationJson>,
+    vs_transformers: Deviation,
+    vs_cpu_f32: Option<Deviation>,
     /// transformers' own deviation from its f32 logits, in lcut's dtype.
-    transformers_same_dtype: Option<DeviationJson>,
+    transformers_same_dtype: Option<Deviation>,
     pass: bool,
-}
-
-#[derive(Debug, Serialize)]
-struct DeviationJson {
-    max_abs: f32,
-    mean_abs: f32,
-    scale: f32,
-    top1_agreement: f32,
-}
-
-impl From<Deviation> for DeviationJson {
-    fn from(d: Deviation) -> Self {
-        Self {
-            max_abs: d.max_abs,
-            mean_abs: d.mean_abs,
-            scale: d.scale,
-            top1_agreement: d.top1_agreement,
-        }
-    }
 }
 
 #[derive(Debug, Serialize)]
@@ -168,16 +149,12 @@ pub fn run(args: &ParityArgs) -> Result<()> {
     let compare_with_cpu = !(device.is_cpu() && dtype == DType::F32);
     let mut rows = Vec::new();
     for dir in ReferenceCase::list(&root)? {
-        let same_dtype = args
-            .transformers_logits
-            .as_ref()
-            .map(|d| d.join(format!("{}.safetensors", dir_name(&dir))));
         rows.extend(check_case(
             &dir,
             dtype,
             &device,
             compare_with_cpu,
-            same_dtype.as_deref(),
+            args.transformers_logits.as_deref(),
             &tolerance,
         )?);
     }
@@ -204,18 +181,12 @@ pub fn run(args: &ParityArgs) -> Result<()> {
     Ok(())
 }
 
-fn dir_name(dir: &Path) -> String {
-    dir.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default()
-}
-
 fn check_case(
     dir: &Path,
     dtype: DType,
     device: &Device,
     compare_with_cpu: bool,
-    same_dtype_file: Option<&Path>,
+    transformers_logits: Option<&Path>,
     tolerance: &Tolerance,
 ) -> Result<Vec<ParityRow>> {
     let case = ReferenceCase::load(dir).with_context(|| format!("reading {}", dir.display()))?;
@@ -231,7 +202,9 @@ fn check_case(
     } else {
         None
     };
+    let same_dtype_file = transformers_logits.map(|d| d.join(format!("{}.safetensors", case.name)));
     let same_dtype = same_dtype_file
+        .as_deref()
         .map(|path| {
             candle_core::safetensors::load(path, &Device::Cpu)
                 .with_context(|| format!("reading transformers' logits {}", path.display()))
@@ -264,9 +237,9 @@ fn check_case(
                 logits: pair.key.clone(),
                 rows: pair.ours.dim(0)?,
                 pass: tolerance.holds(&vs_ref) && within_theirs,
-                vs_transformers: vs_ref.into(),
-                vs_cpu_f32: vs_cpu.map(Into::into),
-                transformers_same_dtype: theirs.map(Into::into),
+                vs_transformers: vs_ref,
+                vs_cpu_f32: vs_cpu,
+                transformers_same_dtype: theirs,
             })
         })
         .collect()

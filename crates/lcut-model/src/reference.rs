@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 use lcut_policy::{Anchors, Policy, PolicyKind, TokenPhases};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::decoder::{Decoder, LogitRows};
 use crate::error::{ModelError, Result};
@@ -63,7 +63,7 @@ pub struct LogitPair {
 }
 
 /// How far one logits tensor is from another.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Deviation {
     /// Largest absolute difference.
     pub max_abs: f32,
