@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use lcut_engine::{EngineError, Generation, GenerationConfig, PreparedPrompt, Session};
 use lcut_model::{DType, Device, ModelError, Tensor};
 use lcut_policy::{PhaseError, Policy, PolicyError, PolicySpec};
-use lcut_testkit::shown;
+use lcut_testkit::{assert_mentions, shown};
 use tempfile::TempDir;
 
 const CONFIG: &str = "config.json";
@@ -63,16 +63,6 @@ fn err_of<T>(result: lcut_engine::Result<T>) -> EngineError {
     match result {
         Ok(_) => panic!("succeeded on bad input"),
         Err(e) => e,
-    }
-}
-
-/// Assert that `msg` mentions every one of `parts`.
-fn assert_mentions(msg: &str, parts: &[&str]) {
-    for part in parts {
-        assert!(
-            msg.contains(part),
-            "message does not mention {part:?}: {msg}"
-        );
     }
 }
 

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use lcut_model::{DType, Decoder, Device, ModelError, Tensor};
-use lcut_testkit::shown;
+use lcut_testkit::{assert_mentions, shown};
 use serde_json::{Map, Value};
 use tempfile::TempDir;
 
@@ -36,16 +36,6 @@ fn load_err(dir: &TempDir) -> ModelError {
     match load(dir.path()) {
         Ok(_) => panic!("{} loaded, but it is broken", dir.path().display()),
         Err(e) => e,
-    }
-}
-
-/// Assert that `msg` mentions every one of `parts`.
-fn assert_mentions(msg: &str, parts: &[&str]) {
-    for part in parts {
-        assert!(
-            msg.contains(part),
-            "message does not mention {part:?}: {msg}"
-        );
     }
 }
 

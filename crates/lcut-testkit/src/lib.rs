@@ -41,6 +41,17 @@ pub fn shown(dir: impl AsRef<Path>, name: &str) -> String {
     dir.as_ref().join(name).display().to_string()
 }
 
+/// Assert that the error message `msg` mentions every one of `parts` (the
+/// file, field or value a user needs to see).
+pub fn assert_mentions(msg: &str, parts: &[&str]) {
+    for part in parts {
+        assert!(
+            msg.contains(part),
+            "message does not mention {part:?}: {msg}"
+        );
+    }
+}
+
 /// The chat template of [`write_chat_tokenizer`]: BoS, then
 /// `<|role|> content <|end|>` per message, then `<|assistant|>`.
 pub const CHAT_TEMPLATE: &str = "{{ bos_token }}{% for m in messages %}<|{{ m.role }}|> {{ m.content }} <|end|> {% endfor %}{% if add_generation_prompt %}<|assistant|> {% endif %}";
