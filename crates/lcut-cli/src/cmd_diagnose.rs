@@ -12,7 +12,7 @@ use lcut_engine::diagnose::{
 };
 use lcut_trace::{Report, write_report_json};
 
-use crate::common::{model_or_bundled, parse_device, parse_dtype};
+use crate::common::load_session;
 
 /// Arguments of `lcut diagnose`.
 #[derive(Debug, Args)]
@@ -101,13 +101,7 @@ pub fn on_event(bar: &ProgressBar) -> impl FnMut(&DiagnoseEvent) -> bool + '_ {
 
 /// Load the session and prompts of a diagnose or sweep run.
 pub fn load_inputs(args: &DiagnoseArgs) -> Result<(Session, Vec<PromptSpec>, Option<String>)> {
-    let folder = model_or_bundled(&args.model);
-    let session = Session::load(
-        &folder,
-        parse_dtype(&args.dtype)?,
-        &parse_device(&args.device)?,
-    )
-    .with_context(|| format!("loading model {}", folder.display()))?;
+    let session = load_session(&args.model, &args.dtype, &args.device)?;
     let (prompts, file) = match (&args.prompt, &args.prompts) {
         (Some(p), _) => (vec![PromptSpec::text("prompt", p)], None),
         (None, Some(f)) => (read_prompt_set(f)?, Some(f.display().to_string())),

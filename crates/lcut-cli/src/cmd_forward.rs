@@ -7,12 +7,12 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use candle_core::Tensor;
 use clap::Args;
-use lcut_engine::{PreparedPrompt, Session};
+use lcut_engine::PreparedPrompt;
 use lcut_model::LogitRows;
 use lcut_model::probes::RecordingProbe;
 use lcut_policy::PolicySpec;
 
-use crate::common::{model_or_bundled, parse_device, parse_dtype, parse_ids};
+use crate::common::{load_session, parse_ids};
 
 /// Longest sequence for which attention [H, T, T] is recorded by default.
 const MAX_RECORDED_ATTENTION: usize = 2048;
@@ -51,13 +51,7 @@ pub struct ForwardArgs {
 
 /// Run `lcut forward`.
 pub fn run(args: &ForwardArgs) -> Result<()> {
-    let folder = model_or_bundled(&args.model);
-    let session = Session::load(
-        &folder,
-        parse_dtype(&args.dtype)?,
-        &parse_device(&args.device)?,
-    )
-    .with_context(|| format!("loading {}", folder.display()))?;
+    let session = load_session(&args.model, &args.dtype, &args.device)?;
     let prompt = match (&args.ids, &args.text) {
         (Some(ids), _) => PreparedPrompt::from_ids(parse_ids(ids)?, args.decode_start)?,
         (None, Some(text)) => {

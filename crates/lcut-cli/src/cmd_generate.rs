@@ -4,16 +4,14 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
 use lcut_engine::{
-    Generation, GenerationConfig, GenerationOutput, PreparedPrompt, Sampling, Session, compare,
+    Generation, GenerationConfig, GenerationOutput, PreparedPrompt, Sampling, compare,
 };
 use lcut_policy::PolicySpec;
 
-use crate::common::{
-    ensure_fits, model_or_bundled, parse_device, parse_dtype, parse_ids, write_atomic,
-};
+use crate::common::{ensure_fits, load_session, parse_ids, write_atomic};
 
 /// Arguments of `lcut generate`.
 #[derive(Debug, Args)]
@@ -92,13 +90,7 @@ fn summary(label: &str, out: &GenerationOutput) -> String {
 
 /// Run `lcut generate`.
 pub fn run(args: &GenerateArgs) -> Result<()> {
-    let folder = model_or_bundled(&args.model);
-    let session = Session::load(
-        &folder,
-        parse_dtype(&args.dtype)?,
-        &parse_device(&args.device)?,
-    )
-    .with_context(|| format!("loading {}", folder.display()))?;
+    let session = load_session(&args.model, &args.dtype, &args.device)?;
     let prompt = match (&args.ids, &args.prompt) {
         (Some(ids), _) => PreparedPrompt::from_ids(parse_ids(ids)?, args.decode_start)?,
         (None, Some(text)) => session.prepare_text(text, args.system.as_deref(), !args.raw)?,

@@ -12,6 +12,18 @@ pub fn model_or_bundled(model: &Option<PathBuf>) -> PathBuf {
         .unwrap_or_else(|| lcut_engine::bundled(lcut_engine::BUNDLED_MODEL))
 }
 
+/// Load the model folder given (or the bundled one) with its tokenizer, in
+/// `dtype` on `device` as written on the command line.
+pub fn load_session(
+    model: &Option<PathBuf>,
+    dtype: &str,
+    device: &str,
+) -> Result<lcut_engine::Session> {
+    let folder = model_or_bundled(model);
+    lcut_engine::Session::load(&folder, parse_dtype(dtype)?, &parse_device(device)?)
+        .with_context(|| format!("loading model {}", folder.display()))
+}
+
 /// Parse `f32`, `bf16` or `f16`.
 pub fn parse_dtype(s: &str) -> Result<DType> {
     match s.to_ascii_lowercase().as_str() {
