@@ -58,6 +58,13 @@ fn progress_callback<'a>(
                     format!("{phase}: prompt {id} ({}/{total})", index + 1),
                 );
             }
+            DiagnoseEvent::Prefill { index, done, total } => {
+                port.progress(
+                    index * steps_hint,
+                    total_prompts * steps_hint,
+                    format!("{phase}: prompt {current}, prefill {done}/{total} tokens"),
+                );
+            }
             DiagnoseEvent::Step {
                 index,
                 step,

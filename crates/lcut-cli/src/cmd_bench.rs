@@ -240,8 +240,17 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     prefill_chunk: args.prefill_chunk,
                     ..GenerationConfig::default()
                 };
-                runs[k]
-                    .push(Generation::new(&model, prompt.clone(), *policy, config)?.run(|_| true)?);
+                let mut generation = Generation::new(&model, prompt.clone(), *policy, config)?;
+                // chunk by chunk, so that a long prefill shows where it is
+                loop {
+                    let p = generation.advance_prefill(None)?;
+                    bar.set_message(format!("{policy} @ {len}: prefill {}/{}", p.done, p.total));
+                    if p.finished() {
+                        break;
+                    }
+                }
+                bar.set_message(format!("{policy} @ {len}: decode"));
+                runs[k].push(generation.run(|_| true)?);
                 bar.inc(1);
             }
         }

@@ -88,6 +88,9 @@ pub fn on_event(bar: &ProgressBar) -> impl FnMut(&DiagnoseEvent) -> bool + '_ {
                 bar.set_length(*total as u64);
                 bar.set_message(id.clone());
             }
+            DiagnoseEvent::Prefill { done, total, .. } => {
+                bar.set_message(format!("prefill {done}/{total} tokens"));
+            }
             DiagnoseEvent::Step {
                 step, max_steps, ..
             } => {

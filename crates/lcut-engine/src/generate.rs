@@ -130,11 +130,34 @@ pub struct GenerationOutput {
     pub kv_bytes_full: u64,
 }
 
-/// A generation in progress: call [`Generation::step`] until it returns `None`.
+/// How far the prompt's prefill has got, in prompt tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefillProgress {
+    /// Prompt tokens processed.
+    pub done: usize,
+    /// Prompt tokens in all.
+    pub total: usize,
+}
+
+impl PrefillProgress {
+    /// True once the whole prompt has been processed.
+    pub fn finished(&self) -> bool {
+        self.done >= self.total
+    }
+}
+
+/// A generation in progress: call [`Generation::step`] until it returns
+/// `None`. The first step runs the prompt; a caller that wants progress or
+/// a chance to cancel during a long prompt calls
+/// [`Generation::advance_prefill`] first, one chunk at a time.
 pub struct Generation<'m> {
     model: &'m Decoder,
     seq: Sequence,
     prompt: PreparedPrompt,
+    /// Prompt tokens processed so far.
+    prefilled: usize,
+    /// Logits of the prompt's last token, once the prefill has reached it.
+    prompt_logits: Option<Tensor>,
     config: GenerationConfig,
     sampler: LogitsProcessor,
     produced: Vec<u32>,
@@ -174,6 +197,8 @@ impl<'m> Generation<'m> {
             seq,
             sampler: config.sampling.processor(),
             prompt,
+            prefilled: 0,
+            prompt_logits: None,
             config,
             produced: Vec::new(),
             stop: None,
@@ -213,11 +238,11 @@ impl<'m> Generation<'m> {
             self.finish(StopReason::MaxTokens);
             return Ok(None);
         }
-        let started = Instant::now();
         let logits = match self.produced.last() {
             None => self.prefill(probe)?,
             Some(&last) => self.decode_one(last, probe)?,
         };
+        let started = Instant::now();
         let token = self.sampler.sample(&logits)?;
         self.produced.push(token);
         self.busy_s += started.elapsed().as_secs_f64();
@@ -238,33 +263,63 @@ impl<'m> Generation<'m> {
         self.stop = Some(reason);
     }
 
-    /// Run the prompt: tokens before the decode start (in chunks), then the
-    /// decode-phase prompt tokens; returns the logits of the last one.
+    /// Run the next chunk of the prompt: tokens before the decode start in
+    /// chunks of `prefill_chunk`, then the decode-phase prompt tokens, the
+    /// last chunk giving the logits of the first output token. The first
+    /// [`Generation::step`] runs whatever is left, so calling this is only
+    /// needed to report progress or cancel within a long prompt. A no-op
+    /// once the prompt is done. Its time counts toward TTFT.
+    pub fn advance_prefill(
+        &mut self,
+        probe: Option<&mut (dyn Probe + '_)>,
+    ) -> Result<PrefillProgress> {
+        let (p, s) = (self.prompt.len(), self.prompt.decode_start);
+        if self.prefilled < p {
+            let started = Instant::now();
+            let chunk = self.config.prefill_chunk.max(1);
+            let start = self.prefilled;
+            let (end, rows) = if start < s {
+                ((start + chunk).min(s), LogitRows::None)
+            } else {
+                ((start + chunk).min(p), LogitRows::Last)
+            };
+            let out =
+                self.model
+                    .forward(&mut self.seq, &self.prompt.ids[start..end], rows, probe)?;
+            if rows == LogitRows::Last {
+                self.prompt_logits = out.logits;
+            }
+            self.prefilled = end;
+            self.busy_s += started.elapsed().as_secs_f64();
+        }
+        Ok(PrefillProgress {
+            done: self.prefilled,
+            total: p,
+        })
+    }
+
+    /// Finish the prompt; returns the logits of its last token.
     fn prefill(&mut self, mut probe: Option<&mut (dyn Probe + '_)>) -> Result<Tensor> {
-        let s = self.prompt.decode_start;
-        let chunk = self.config.prefill_chunk.max(1);
-        let ids = self.prompt.ids.clone();
-        for piece in ids[..s].chunks(chunk) {
-            self.model
-                .forward(&mut self.seq, piece, LogitRows::None, probe.as_deref_mut())?;
-        }
-        let mut last = None;
-        for piece in ids[s..].chunks(chunk) {
-            last = self
-                .model
-                .forward(&mut self.seq, piece, LogitRows::Last, probe.as_deref_mut())?
-                .logits;
-        }
-        let logits = last.ok_or(EngineError::EmptyPrompt)?;
-        Ok(logits.squeeze(0)?)
+        while !self.advance_prefill(probe.as_deref_mut())?.finished() {}
+        let started = Instant::now();
+        let logits = self
+            .prompt_logits
+            .take()
+            .ok_or(EngineError::EmptyPrompt)?
+            .squeeze(0)?;
+        self.busy_s += started.elapsed().as_secs_f64();
+        Ok(logits)
     }
 
     fn decode_one(&mut self, token: u32, probe: Option<&mut (dyn Probe + '_)>) -> Result<Tensor> {
+        let started = Instant::now();
         let out = self
             .model
             .forward(&mut self.seq, &[token], LogitRows::Last, probe)?;
         let logits = out.logits.ok_or(EngineError::EmptyPrompt)?;
-        Ok(logits.squeeze(0)?.to_dtype(DType::F32)?)
+        let logits = logits.squeeze(0)?.to_dtype(DType::F32)?;
+        self.busy_s += started.elapsed().as_secs_f64();
+        Ok(logits)
     }
 
     /// K/V token counts by phase for what the caches have processed.

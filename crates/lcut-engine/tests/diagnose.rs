@@ -6,7 +6,8 @@ use anyhow::{Context, Result, ensure};
 use lcut_engine::PreparedPrompt;
 use lcut_engine::Session;
 use lcut_engine::diagnose::{
-    DiagnoseOptions, DiagnosticProbe, LabelledPrompt, diagnose_prepared, shard_indices,
+    DiagnoseEvent, DiagnoseOptions, DiagnosticProbe, LabelledPrompt, diagnose_prepared,
+    shard_indices,
 };
 use lcut_model::synth::RandomLlama;
 use lcut_model::{DType, Decoder, Device, LogitRows};
@@ -179,11 +180,9 @@ fn cancelling_stops_a_run() -> Result<()> {
     Ok(())
 }
 
-/// Bound on a trace of a 4K-token prompt: the serialized trace stays under
-/// `PromptTrace::size_bound()`, which depends on layers, heads, steps and
-/// bins but not on the prompt length (the prompt's token strings aside).
-#[test]
-fn a_4k_prompt_gives_a_bounded_trace() -> Result<()> {
+/// A random 4-layer model and one 4K-token raw prompt (decode start at its
+/// last token).
+fn long_prompt_run() -> Result<(tempfile::TempDir, Session, Vec<LabelledPrompt>)> {
     let dir = tempfile::tempdir()?;
     RandomLlama {
         vocab_size: 512,
@@ -197,8 +196,7 @@ fn a_4k_prompt_gives_a_bounded_trace() -> Result<()> {
     }
     .write(dir.path())?;
     let session = Session::load(dir.path(), DType::F32, &Device::Cpu)?;
-    let p = 4096;
-    let ids: Vec<u32> = (0..p as u32)
+    let ids: Vec<u32> = (0..4096u32)
         .map(|j| if j == 0 { 1 } else { 3 + (j * 7919) % 500 })
         .collect();
     let prompts = vec![LabelledPrompt {
@@ -206,12 +204,54 @@ fn a_4k_prompt_gives_a_bounded_trace() -> Result<()> {
         id: "long".into(),
         prompt: PreparedPrompt::from_ids(ids, None)?,
     }];
+    Ok((dir, session, prompts))
+}
+
+/// Cancelling during a long prompt's prefill stops it there, not after the
+/// whole prompt.
+#[test]
+fn a_long_prefill_can_be_cancelled_between_chunks() -> Result<()> {
+    let (_dir, session, prompts) = long_prompt_run()?;
+    let mut chunks = 0;
+    let result = diagnose_prepared(&session, &prompts, &DiagnoseOptions::default(), &mut |e| {
+        if matches!(e, DiagnoseEvent::Prefill { .. }) {
+            chunks += 1;
+            return chunks < 2;
+        }
+        true
+    });
+    ensure!(
+        matches!(result, Err(lcut_engine::EngineError::Cancelled)),
+        "{result:?}"
+    );
+    ensure!(chunks == 2, "{chunks} chunks ran before the cancel took");
+    Ok(())
+}
+
+/// Bound on a trace of a 4K-token prompt: the serialized trace stays under
+/// `PromptTrace::size_bound()`, which depends on layers, heads, steps and
+/// bins but not on the prompt length (the prompt's token strings aside).
+/// The prefill reports each chunk as it goes.
+#[test]
+fn a_4k_prompt_gives_a_bounded_trace() -> Result<()> {
+    let (_dir, session, prompts) = long_prompt_run()?;
+    let p = 4096;
     let opts = DiagnoseOptions {
         max_new_tokens: 8,
         max_prompt_bins: 64,
         ..DiagnoseOptions::default()
     };
-    let report = diagnose_prepared(&session, &prompts, &opts, &mut |_| true)?;
+    let mut prefill = Vec::new();
+    let report = diagnose_prepared(&session, &prompts, &opts, &mut |e| {
+        if let DiagnoseEvent::Prefill { done, total, .. } = e {
+            prefill.push((*done, *total));
+        }
+        true
+    })?;
+    // chunks of 512 up to the decode start (the last token), then that token
+    let mut expected: Vec<(usize, usize)> = (1..=7).map(|c| (512 * c, p)).collect();
+    expected.extend([(p - 1, p), (p, p)]);
+    ensure!(prefill == expected, "prefill events {prefill:?}");
     let trace = report.traces.first().context("trace")?;
     ensure!(
         trace.prompt_attention.shape() == [4, 64],

@@ -18,7 +18,7 @@ pub use prompts::{BUNDLED_PROMPTS, PromptSpec, read_prompt_set, shard_indices};
 pub use sweep::{SweepOptions, sweep};
 
 use crate::error::{EngineError, Result};
-use crate::generate::{Generation, GenerationConfig, Sampling};
+use crate::generate::{Generation, GenerationConfig, PrefillProgress, Sampling};
 use crate::prompt::PreparedPrompt;
 use crate::session::Session;
 
@@ -63,6 +63,16 @@ pub enum DiagnoseEvent {
         total: usize,
         /// The prompt's id.
         id: String,
+    },
+    /// The current prompt's prefill has processed `done` of its `total`
+    /// tokens (one event per chunk, the last with `done == total`).
+    Prefill {
+        /// Index of the prompt within this run.
+        index: usize,
+        /// Prompt tokens processed.
+        done: usize,
+        /// Prompt tokens in all.
+        total: usize,
     },
     /// A decode step of the current prompt is done.
     Step {
@@ -175,11 +185,18 @@ pub fn diagnose_prepared(
             Some(t) => t.token_strings(ids),
             None => ids.iter().map(u32::to_string).collect(),
         };
-        let trace = trace_prompt(&session.model, lp, opts, &stops, &tokens, &mut |step| {
-            on_event(&DiagnoseEvent::Step {
-                index: i,
-                step,
-                max_steps: opts.max_new_tokens,
+        let trace = trace_prompt(&session.model, lp, opts, &stops, &tokens, &mut |progress| {
+            on_event(&match progress {
+                PromptProgress::Prefill(p) => DiagnoseEvent::Prefill {
+                    index: i,
+                    done: p.done,
+                    total: p.total,
+                },
+                PromptProgress::Step(step) => DiagnoseEvent::Step {
+                    index: i,
+                    step,
+                    max_steps: opts.max_new_tokens,
+                },
             })
         })?;
         traces.push(trace);
@@ -204,15 +221,25 @@ pub fn diagnose_prepared(
     )?)
 }
 
+/// Progress within one prompt's diagnostic run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PromptProgress {
+    /// A prefill chunk is done.
+    Prefill(PrefillProgress),
+    /// This many decode steps are done.
+    Step(usize),
+}
+
 /// Full-depth greedy generation of one prompt with the diagnostic probe;
-/// `on_step` returns false to cancel.
+/// `on_progress` hears of every prefill chunk and decode step and returns
+/// false to cancel.
 pub fn trace_prompt(
     model: &Decoder,
     lp: &LabelledPrompt,
     opts: &DiagnoseOptions,
     stop_tokens: &[u32],
     token_strings: &dyn Fn(&[u32]) -> Vec<String>,
-    on_step: &mut dyn FnMut(usize) -> bool,
+    on_progress: &mut dyn FnMut(PromptProgress) -> bool,
 ) -> Result<PromptTrace> {
     let cfg = model.config();
     let prompt = &lp.prompt;
@@ -228,10 +255,19 @@ pub fn trace_prompt(
     let mut generation =
         Generation::new(model, prompt.clone(), Policy::full(cfg.num_layers), config)?;
     let mut probe = DiagnosticProbe::new(phases, p, cfg.num_layers);
+    loop {
+        let prefill = generation.advance_prefill(Some(&mut probe))?;
+        if !on_progress(PromptProgress::Prefill(prefill)) {
+            return Err(EngineError::Cancelled);
+        }
+        if prefill.finished() {
+            break;
+        }
+    }
     let mut ids = Vec::new();
     while let Some(step) = generation.step(Some(&mut probe))? {
         ids.push(step.token);
-        if !on_step(ids.len()) {
+        if !on_progress(PromptProgress::Step(ids.len())) {
             return Err(EngineError::Cancelled);
         }
     }
