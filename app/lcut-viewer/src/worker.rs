@@ -384,6 +384,31 @@ impl EngineWorker {
             Detokenizer::new(session.tokenizer.as_ref()),
         );
         let (mut ca, mut cb) = (Clock::default(), Clock::default());
+        // Both prompts chunk by chunk first, so that Cancel takes within a
+        // long prompt; the time counts toward each policy's first token.
+        let mut prefill_s = [0.0f64; 2];
+        for (k, (g, name)) in [(&mut a, "full"), (&mut b, "SPEED")]
+            .into_iter()
+            .enumerate()
+        {
+            loop {
+                if port.is_cancelled(job) {
+                    port.send(Event::Cancelled);
+                    return Ok(());
+                }
+                let t = Instant::now();
+                let p = g.advance_prefill(None)?;
+                prefill_s[k] += t.elapsed().as_secs_f64();
+                port.progress(
+                    p.done,
+                    p.total,
+                    format!("{name} prefill: {}/{} prompt tokens", p.done, p.total),
+                );
+                if p.finished() {
+                    break;
+                }
+            }
+        }
         let mut same_prefix = true;
         let mut index = 0;
         loop {
@@ -395,12 +420,12 @@ impl EngineWorker {
             let t = Instant::now();
             let sa = a.step(None)?;
             if sa.is_some() {
-                ca.add(t.elapsed().as_secs_f64());
+                ca.add(t.elapsed().as_secs_f64() + std::mem::take(&mut prefill_s[0]));
             }
             let t = Instant::now();
             let sb = b.step(None)?;
             if sb.is_some() {
-                cb.add(t.elapsed().as_secs_f64());
+                cb.add(t.elapsed().as_secs_f64() + std::mem::take(&mut prefill_s[1]));
             }
             if sa.is_none() && sb.is_none() {
                 break;
