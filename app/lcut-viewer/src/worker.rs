@@ -314,6 +314,7 @@ impl EngineWorker {
                     anchor_free: true,
                     context_len,
                     max_new_tokens: opts.max_new_tokens,
+                    ..SweepOptions::default()
                 };
                 let mut cb = progress_callback(port, job, "sweep", 1);
                 report.sweep = Some(sweep(

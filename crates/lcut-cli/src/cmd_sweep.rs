@@ -50,6 +50,7 @@ pub fn run(args: &SweepArgs) -> Result<()> {
         anchor_free: args.anchor_free,
         context_len: parse_len(&args.context_len)?,
         max_new_tokens: args.run.max_new_tokens,
+        ..SweepOptions::default()
     };
     let prepared = prepare_prompts(&session, &prompts, &diag)?;
     let bar = progress_bar();

@@ -6,12 +6,13 @@ use anyhow::{Context, Result, ensure};
 use lcut_engine::PreparedPrompt;
 use lcut_engine::Session;
 use lcut_engine::diagnose::{
-    DiagnoseEvent, DiagnoseOptions, DiagnosticProbe, LabelledPrompt, diagnose_prepared,
-    shard_indices,
+    DiagnoseEvent, DiagnoseOptions, DiagnosticProbe, LabelledPrompt, SweepOptions,
+    diagnose_prepared, shard_indices, sweep,
 };
 use lcut_model::synth::RandomLlama;
 use lcut_model::{DType, Decoder, Device, LogitRows};
 use lcut_policy::TokenPhases;
+use lcut_trace::Thresholds;
 use ndarray::s;
 
 use lcut_testkit::oracle_case as oracle;
@@ -205,6 +206,51 @@ fn long_prompt_run() -> Result<(tempfile::TempDir, Session, Vec<LabelledPrompt>)
         prompt: PreparedPrompt::from_ids(ids, None)?,
     }];
     Ok((dir, session, prompts))
+}
+
+/// The sweep at full depth reproduces the full model (agreement 1, KL 0,
+/// full KV), and a shallow cut keeps less K/V. Its shared prefix is filled
+/// in chunks and forked per cutoff.
+#[test]
+fn the_sweep_at_full_depth_agrees_with_the_full_model() -> Result<()> {
+    let session = Session::load(&oracle("llama-gqa"), DType::F32, &Device::Cpu)?;
+    let mut prompts = id_prompts(3)?;
+    // a prompt whose prefix takes three chunks
+    let ids: Vec<u32> = (0..240u32)
+        .map(|j| if j == 0 { 1 } else { 3 + (j * 13) % 300 })
+        .collect();
+    prompts.push(LabelledPrompt {
+        index: 3,
+        id: "three-chunks".into(),
+        prompt: PreparedPrompt::from_ids(ids, Some(230))?,
+    });
+    let opts = SweepOptions {
+        cuts: Some(vec![2, 6]),
+        max_new_tokens: 6,
+        prefill_chunk: 100,
+        ..SweepOptions::default()
+    };
+    let result = sweep(
+        &session,
+        &prompts,
+        &opts,
+        &Thresholds::default(),
+        &mut |_| true,
+    )?;
+    let at = |c: usize| {
+        result
+            .points
+            .iter()
+            .find(|p| p.l_cut == c && p.anchors == "bos")
+            .context("sweep point")
+    };
+    let (full, shallow) = (at(6)?, at(2)?);
+    ensure!(
+        full.top1_agreement == 1.0 && full.mean_kl.abs() < 1e-5 && full.kv_ratio == 1.0,
+        "{full:?}"
+    );
+    ensure!(shallow.kv_ratio < 0.5, "{shallow:?}");
+    Ok(())
 }
 
 /// Cancelling during a long prompt's prefill stops it there, not after the

@@ -6,7 +6,7 @@ use candle_core::{DType, Tensor};
 use crate::error::Result;
 
 /// Keys and values of one layer, in position order.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct LayerCache {
     k: Option<Tensor>,
     v: Option<Tensor>,
@@ -54,6 +54,26 @@ impl LayerCache {
         self.reserved = self.reserved.max(self.len + extra);
     }
 
+    /// An independent copy: the tokens held are copied into buffers of its
+    /// own (the spare room is not), so appending to the copy or to the
+    /// original never writes into a buffer the other one reads. (Sharing a
+    /// buffer with spare room, both would append into the same free slots.)
+    pub fn fork(&self) -> Result<Self> {
+        let held = |t: &Option<Tensor>| -> Result<Option<Tensor>> {
+            match t {
+                Some(t) if self.len > 0 => Ok(Some(t.narrow(1, 0, self.len)?.copy()?)),
+                _ => Ok(None),
+            }
+        };
+        Ok(Self {
+            k: held(&self.k)?,
+            v: held(&self.v)?,
+            len: self.len,
+            reserved: self.reserved,
+            positions: self.positions.clone(),
+        })
+    }
+
     /// Keys and values held, [kv_heads, len, head_dim] each, or None if empty.
     pub fn kv(&self) -> Result<Option<(Tensor, Tensor)>> {
         match (&self.k, &self.v) {
@@ -90,7 +110,10 @@ impl LayerCache {
             .collect();
         let mut out = Self::new();
         out.reserved = self.reserved.saturating_sub(self.len - idx.len());
-        if let (Some((k, v)), false) = (self.kv()?, idx.is_empty()) {
+        // select from the whole buffers (contiguous; the indices are below
+        // `len`): a view of the held part is not contiguous when the buffer
+        // has spare room, and index_select needs contiguous input
+        if let (Some(k), Some(v), false) = (&self.k, &self.v, idx.is_empty()) {
             let index = Tensor::new(idx.as_slice(), k.device())?;
             let positions: Vec<usize> = idx.iter().map(|&i| self.positions[i as usize]).collect();
             out.append(
@@ -165,6 +188,41 @@ mod tests {
             vec![vec![0., 1.], vec![2., 3.], vec![8., 9.], vec![8., 9.]]
         );
         assert_eq!(k[1][2], vec![10., 11.]);
+        Ok(())
+    }
+
+    #[test]
+    fn filtering_a_cache_with_spare_room_keeps_the_chosen_tokens() -> anyhow::Result<()> {
+        let dev = Device::Cpu;
+        let mut c = LayerCache::new();
+        c.reserve(8); // buffers of 8 tokens, 3 held, 2 heads
+        let x = Tensor::arange(0f32, 12., &dev)?.reshape((2, 3, 2))?;
+        c.append(&x, &x, &[0, 4, 9])?;
+        let f = c.filtered(|p| p != 4)?;
+        assert_eq!(f.positions(), &[0, 9]);
+        let (k, _) = f.kv()?.expect("non-empty");
+        let k = k.to_vec3::<f32>()?;
+        assert_eq!(k[0], vec![vec![0., 1.], vec![4., 5.]]);
+        assert_eq!(k[1], vec![vec![6., 7.], vec![10., 11.]]);
+        Ok(())
+    }
+
+    #[test]
+    fn a_fork_and_its_original_append_independently() -> anyhow::Result<()> {
+        let dev = Device::Cpu;
+        let mut a = LayerCache::new();
+        a.reserve(4); // room left after the first token: the buffer has spare capacity
+        let x = Tensor::arange(0f32, 2., &dev)?.reshape((1, 1, 2))?;
+        a.append(&x, &x, &[0])?;
+        let mut b = a.fork()?;
+        let ya = Tensor::new(&[[[10f32, 11.]]], &dev)?;
+        let yb = Tensor::new(&[[[20f32, 21.]]], &dev)?;
+        a.append(&ya, &ya, &[1])?;
+        b.append(&yb, &yb, &[1])?;
+        let (ka, _) = a.kv()?.expect("non-empty");
+        let (kb, _) = b.kv()?.expect("non-empty");
+        assert_eq!(ka.to_vec3::<f32>()?[0], vec![vec![0., 1.], vec![10., 11.]]);
+        assert_eq!(kb.to_vec3::<f32>()?[0], vec![vec![0., 1.], vec![20., 21.]]);
         Ok(())
     }
 }

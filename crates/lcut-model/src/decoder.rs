@@ -99,7 +99,9 @@ pub struct ChunkOutput {
 }
 
 /// The state of one sequence: its policy, token phases and layer caches.
-#[derive(Debug, Clone)]
+/// Not `Clone`: [`Sequence::fork`] copies the caches so that the copies
+/// never append into a shared buffer.
+#[derive(Debug)]
 pub struct Sequence {
     policy: Policy,
     phases: TokenPhases,
@@ -174,6 +176,21 @@ impl Sequence {
             policy,
             phases,
             caches,
+            next_pos: self.next_pos,
+        })
+    }
+
+    /// An independent copy of this state (the caches' tokens copied), to
+    /// continue it in two ways.
+    pub fn fork(&self) -> Result<Sequence> {
+        Ok(Sequence {
+            policy: self.policy,
+            phases: self.phases,
+            caches: self
+                .caches
+                .iter()
+                .map(LayerCache::fork)
+                .collect::<Result<Vec<_>>>()?,
             next_pos: self.next_pos,
         })
     }
@@ -312,7 +329,9 @@ impl Decoder {
         Ok(Sequence {
             policy,
             phases,
-            caches: vec![LayerCache::new(); self.cfg.num_layers],
+            caches: (0..self.cfg.num_layers)
+                .map(|_| LayerCache::new())
+                .collect(),
             next_pos: 0,
         })
     }
@@ -322,7 +341,9 @@ impl Decoder {
         Sequence {
             policy: Policy::full(self.cfg.num_layers),
             phases: TokenPhases::all_decode(),
-            caches: vec![LayerCache::new(); self.cfg.num_layers],
+            caches: (0..self.cfg.num_layers)
+                .map(|_| LayerCache::new())
+                .collect(),
             next_pos: 0,
         }
     }

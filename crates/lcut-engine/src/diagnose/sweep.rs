@@ -26,6 +26,8 @@ pub struct SweepOptions {
     pub context_len: usize,
     /// Greedy continuation length per prompt.
     pub max_new_tokens: usize,
+    /// Prompt tokens per prefill chunk.
+    pub prefill_chunk: usize,
 }
 
 impl Default for SweepOptions {
@@ -35,6 +37,7 @@ impl Default for SweepOptions {
             anchor_free: false,
             context_len: 128 * 1024,
             max_new_tokens: 16,
+            prefill_chunk: GenerationConfig::default().prefill_chunk,
         }
     }
 }
@@ -115,23 +118,48 @@ pub fn sweep(
         let config = GenerationConfig {
             max_new_tokens: opts.max_new_tokens,
             stop_tokens: session.stop_tokens(),
+            prefill_chunk: opts.prefill_chunk,
             ..GenerationConfig::default()
         };
-        let continuation = Generation::new(model, prompt.clone(), Policy::full(layers), config)?
-            .run(|_| true)?
-            .tokens;
+        let chunk = opts.prefill_chunk.max(1);
+        let mut generation = Generation::new(model, prompt.clone(), Policy::full(layers), config)?;
+        loop {
+            let p = generation.advance_prefill(None)?;
+            if !on_event(&DiagnoseEvent::Prefill {
+                index: i,
+                done: p.done,
+                total: p.total,
+            }) {
+                return Err(EngineError::Cancelled);
+            }
+            if p.finished() {
+                break;
+            }
+        }
+        let continuation = generation.run(|_| true)?.tokens;
         let s = prompt.decode_start;
         let mut fed: Vec<u32> = prompt.ids[s..].to_vec();
         fed.extend_from_slice(&continuation[..continuation.len().saturating_sub(1)]);
         // rows of `fed` that predict the continuation: positions P-1 .. P+n-2
         let first_row = prompt.len() - 1 - s;
+        // the prompt up to the decode start, shared by every cutoff; in
+        // chunks, so that a long prompt's mask and progress stay per chunk
         let mut prefix = model.new_full_sequence();
-        if s > 0 {
-            model.forward(&mut prefix, &prompt.ids[..s], LogitRows::None, None)?;
+        prefix.reserve(s);
+        for start in (0..s).step_by(chunk) {
+            let end = (start + chunk).min(s);
+            model.forward(&mut prefix, &prompt.ids[start..end], LogitRows::None, None)?;
+            if !on_event(&DiagnoseEvent::Prefill {
+                index: i,
+                done: end,
+                total: s,
+            }) {
+                return Err(EngineError::Cancelled);
+            }
         }
         let rows =
             |t: Tensor| -> Result<Tensor> { Ok(t.narrow(0, first_row, continuation.len())?) };
-        let reference = rows(decode_logits(model, prefix.clone(), &fed)?)?;
+        let reference = rows(decode_logits(model, prefix.fork()?, &fed)?)?;
         for (k, policy) in policies.iter().enumerate() {
             let phases = prompt.phases(policy)?;
             let seq = prefix.restricted(*policy, phases)?;
