@@ -392,22 +392,20 @@ impl EngineWorker {
             .into_iter()
             .enumerate()
         {
-            loop {
-                if port.is_cancelled(job) {
-                    port.send(Event::Cancelled);
-                    return Ok(());
-                }
-                let t = Instant::now();
-                let p = g.advance_prefill(None)?;
-                prefill_s[k] += t.elapsed().as_secs_f64();
-                port.progress(
-                    p.done,
-                    p.total,
-                    format!("{name} prefill: {}/{} prompt tokens", p.done, p.total),
-                );
-                if p.finished() {
-                    break;
-                }
+            let t = Instant::now();
+            let done = !port.is_cancelled(job)
+                && g.prefill_with(None, |p| {
+                    port.progress(
+                        p.done,
+                        p.total,
+                        format!("{name} prefill: {}/{} prompt tokens", p.done, p.total),
+                    );
+                    !port.is_cancelled(job)
+                })?;
+            prefill_s[k] = t.elapsed().as_secs_f64();
+            if !done {
+                port.send(Event::Cancelled);
+                return Ok(());
             }
         }
         let mut same_prefix = true;

@@ -242,13 +242,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 };
                 let mut generation = Generation::new(&model, prompt.clone(), *policy, config)?;
                 // chunk by chunk, so that a long prefill shows where it is
-                loop {
-                    let p = generation.advance_prefill(None)?;
+                generation.prefill_with(None, |p| {
                     bar.set_message(format!("{policy} @ {len}: prefill {}/{}", p.done, p.total));
-                    if p.finished() {
-                        break;
-                    }
-                }
+                    true
+                })?;
                 bar.set_message(format!("{policy} @ {len}: decode"));
                 runs[k].push(generation.run(|_| true)?);
                 bar.inc(1);

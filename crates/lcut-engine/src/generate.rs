@@ -298,9 +298,28 @@ impl<'m> Generation<'m> {
         })
     }
 
+    /// Run the rest of the prompt chunk by chunk, telling `on_chunk` after
+    /// each; stops, with the prompt unfinished, as soon as `on_chunk` returns
+    /// false. Returns whether the prompt is done.
+    pub fn prefill_with(
+        &mut self,
+        mut probe: Option<&mut (dyn Probe + '_)>,
+        mut on_chunk: impl FnMut(PrefillProgress) -> bool,
+    ) -> Result<bool> {
+        loop {
+            let progress = self.advance_prefill(probe.as_deref_mut())?;
+            if !on_chunk(progress) {
+                return Ok(false);
+            }
+            if progress.finished() {
+                return Ok(true);
+            }
+        }
+    }
+
     /// Finish the prompt; returns the logits of its last token.
-    fn prefill(&mut self, mut probe: Option<&mut (dyn Probe + '_)>) -> Result<Tensor> {
-        while !self.advance_prefill(probe.as_deref_mut())?.finished() {}
+    fn prefill(&mut self, probe: Option<&mut (dyn Probe + '_)>) -> Result<Tensor> {
+        self.prefill_with(probe, |_| true)?;
         let started = Instant::now();
         let logits = self
             .prompt_logits

@@ -255,14 +255,10 @@ pub fn trace_prompt(
     let mut generation =
         Generation::new(model, prompt.clone(), Policy::full(cfg.num_layers), config)?;
     let mut probe = DiagnosticProbe::new(phases, p, cfg.num_layers);
-    loop {
-        let prefill = generation.advance_prefill(Some(&mut probe))?;
-        if !on_progress(PromptProgress::Prefill(prefill)) {
-            return Err(EngineError::Cancelled);
-        }
-        if prefill.finished() {
-            break;
-        }
+    if !generation.prefill_with(Some(&mut probe), |p| {
+        on_progress(PromptProgress::Prefill(p))
+    })? {
+        return Err(EngineError::Cancelled);
     }
     let mut ids = Vec::new();
     while let Some(step) = generation.step(Some(&mut probe))? {

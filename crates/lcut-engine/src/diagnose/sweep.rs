@@ -123,18 +123,15 @@ pub fn sweep(
         };
         let chunk = opts.prefill_chunk.max(1);
         let mut generation = Generation::new(model, prompt.clone(), Policy::full(layers), config)?;
-        loop {
-            let p = generation.advance_prefill(None)?;
-            if !on_event(&DiagnoseEvent::Prefill {
+        let prefilled = generation.prefill_with(None, |p| {
+            on_event(&DiagnoseEvent::Prefill {
                 index: i,
                 done: p.done,
                 total: p.total,
-            }) {
-                return Err(EngineError::Cancelled);
-            }
-            if p.finished() {
-                break;
-            }
+            })
+        })?;
+        if !prefilled {
+            return Err(EngineError::Cancelled);
         }
         let continuation = generation.run(|_| true)?.tokens;
         let s = prompt.decode_start;
