@@ -87,8 +87,8 @@ pub fn ensure_fits(
     (total_len, chunk, block): (usize, usize, usize),
     weights_loaded: bool,
 ) -> Result<()> {
-    let kv_per_token = 2 * cfg.num_kv_heads * cfg.head_dim * dtype.size_in_bytes();
-    let kv = (cfg.num_layers * kv_per_token * total_len) as u64;
+    let shape = cfg.kv_shape(dtype);
+    let kv = (shape.num_layers * shape.bytes_per_token_layer() * total_len) as u64;
     let mut need = lcut_model::memory::estimate(cfg, dtype, kv, total_len, chunk, block);
     if weights_loaded {
         need = need.without_weights();

@@ -3,11 +3,11 @@
 //! For states `x_1..x_T`, `v_t = x_{t+1} - x_t` and
 //! `c_t = arccos(v_t · v_{t+1} / (|v_t| |v_{t+1}|))`; the curvature is the mean of
 //! `c_t` in radians: 0 for a straight line, π for going straight back. Angles
-//! whose step has zero length are skipped. Sums are kept in `f64`.
+//! whose step has zero length are skipped. Sums are kept in `f64`. (The
+//! engine computes the same streaming, on the device, with
+//! [`turning_angle`].)
 
-use ndarray::{ArrayView1, ArrayView2, Axis, s};
-
-use crate::error::DiagError;
+use ndarray::{ArrayView2, Axis, s};
 
 /// The angle between two steps from their dot product and lengths, in
 /// radians; `None` when either step has zero length (such angles are skipped).
@@ -31,71 +31,11 @@ pub fn curvature(x: ArrayView2<f32>) -> Option<f32> {
     (count > 0).then(|| (sum / count as f64) as f32)
 }
 
-/// Streaming [`curvature`]: push hidden states one at a time, keeping only the
-/// previous state and the previous step (O(d) memory).
-#[derive(Debug, Clone, Default)]
-pub struct CurvatureAccumulator {
-    prev_x: Option<Vec<f64>>,
-    prev_v: Option<(Vec<f64>, f64)>,
-    sum: f64,
-    count: usize,
-}
-
-impl CurvatureAccumulator {
-    /// An empty accumulator.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Adds the next hidden state. Fails when its width differs from earlier states.
-    pub fn push(&mut self, x: ArrayView1<f32>) -> Result<(), DiagError> {
-        let x: Vec<f64> = x.iter().map(|&a| f64::from(a)).collect();
-        if let Some(prev) = &self.prev_x {
-            if prev.len() != x.len() {
-                return Err(DiagError::Width {
-                    expected: prev.len(),
-                    got: x.len(),
-                });
-            }
-            let v: Vec<f64> = x.iter().zip(prev).map(|(a, b)| a - b).collect();
-            let norm = v.iter().map(|a| a * a).sum::<f64>().sqrt();
-            if let Some((pv, pnorm)) = &self.prev_v {
-                let dot: f64 = v.iter().zip(pv).map(|(a, b)| a * b).sum();
-                if let Some(c) = turning_angle(dot, *pnorm, norm) {
-                    self.sum += c;
-                    self.count += 1;
-                }
-            }
-            self.prev_v = Some((v, norm));
-        }
-        self.prev_x = Some(x);
-        Ok(())
-    }
-
-    /// Number of angles measured so far.
-    pub fn angles(&self) -> usize {
-        self.count
-    }
-
-    /// The mean angle so far, `None` before the first measured angle.
-    pub fn mean(&self) -> Option<f32> {
-        (self.count > 0).then(|| (self.sum / self.count as f64) as f32)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use ndarray::{Array2, array};
     use std::f32::consts::{FRAC_PI_2, FRAC_PI_4, PI};
-
-    fn streamed(x: &Array2<f32>) -> Option<f32> {
-        let mut acc = CurvatureAccumulator::new();
-        for row in x.rows() {
-            acc.push(row).unwrap();
-        }
-        acc.mean()
-    }
 
     #[test]
     fn straight_line_has_zero_curvature() {
@@ -141,24 +81,5 @@ mod tests {
         // step, and there is no other pair, so nothing is measured.
         let x = array![[0.0f32, 0.0], [1.0, 0.0], [1.0, 0.0], [1.0, 1.0]];
         assert_eq!(curvature(x.view()), None);
-        assert_eq!(streamed(&x), None);
-    }
-
-    #[test]
-    fn streaming_equals_batch() {
-        let x = Array2::from_shape_fn((17, 9), |(t, j)| {
-            ((t * 31 + j * 7) as f32).sin() * (1.0 + t as f32)
-        });
-        let batch = curvature(x.view()).unwrap();
-        let stream = streamed(&x).unwrap();
-        assert!((batch - stream).abs() < 1e-6, "{batch} vs {stream}");
-        assert!(batch > 0.1, "a wiggly path must curve: {batch}");
-    }
-
-    #[test]
-    fn width_change_is_an_error() {
-        let mut acc = CurvatureAccumulator::new();
-        acc.push(array![1.0f32, 2.0].view()).unwrap();
-        assert!(acc.push(array![1.0f32].view()).is_err());
     }
 }

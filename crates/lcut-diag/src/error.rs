@@ -8,14 +8,6 @@ pub enum DiagError {
     /// An attention row and the positions given for it do not fit together.
     #[error("attention row: {0}")]
     Row(String),
-    /// Hidden states of different widths were pushed into one curvature trajectory.
-    #[error("curvature: hidden state has width {got}, earlier states had {expected}")]
-    Width {
-        /// Width of the earlier states.
-        expected: usize,
-        /// Width of the new state.
-        got: usize,
-    },
     /// Nothing to aggregate or merge.
     #[error("{0}: nothing to work on")]
     Empty(&'static str),

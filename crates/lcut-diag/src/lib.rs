@@ -2,7 +2,7 @@
 //! Deep Decode), on traces recorded by the engine:
 //!
 //! - [`phase_masses`] and [`prefill_entropy`] of one attention row;
-//! - [`curvature`] and the streaming [`CurvatureAccumulator`];
+//! - [`curvature`] of a trajectory and the [`turning_angle`] it averages;
 //! - [`aggregate`] traces into per-layer curves, and [`tail_mass`];
 //! - [`recommend`] an L_cut from three signals' votes;
 //! - the sweep's [`knee`], and the prefill [`prefill_flops`] model;
@@ -25,7 +25,7 @@ pub mod synthetic;
 mod tail;
 
 pub use aggregate::aggregate;
-pub use curvature::{CurvatureAccumulator, curvature, turning_angle};
+pub use curvature::{curvature, turning_angle};
 pub use error::DiagError;
 pub use flops::{FlopShape, PromptSplit, prefill_flops};
 pub use knee::{finish_sweep, knee};

@@ -362,6 +362,17 @@ impl ModelConfig {
         })
     }
 
+    /// Shape of one token's K/V at one layer, for the cost model, with the
+    /// cache in `dtype`.
+    pub fn kv_shape(&self, dtype: candle_core::DType) -> lcut_policy::KvShape {
+        lcut_policy::KvShape {
+            num_layers: self.num_layers,
+            num_kv_heads: self.num_kv_heads,
+            head_dim: self.head_dim,
+            dtype_bytes: dtype.size_in_bytes(),
+        }
+    }
+
     /// Number of query heads sharing one key/value head.
     pub fn group_size(&self) -> usize {
         self.num_heads / self.num_kv_heads

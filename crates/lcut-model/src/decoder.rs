@@ -313,12 +313,7 @@ impl Decoder {
 
     /// Shape of one token's K/V, for the cost model.
     pub fn kv_shape(&self) -> KvShape {
-        KvShape {
-            num_layers: self.cfg.num_layers,
-            num_kv_heads: self.cfg.num_kv_heads,
-            head_dim: self.cfg.head_dim,
-            dtype_bytes: self.dtype.size_in_bytes(),
-        }
+        self.cfg.kv_shape(self.dtype)
     }
 
     /// A new, empty sequence under `policy` with the given token phases.
