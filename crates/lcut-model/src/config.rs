@@ -268,7 +268,13 @@ impl ModelConfig {
             path: path.to_path_buf(),
             source,
         })?;
-        let Value::Object(map) = &value else {
+        Self::from_json_value(&value, path)
+    }
+
+    /// Read a config from its JSON value (Hugging Face field names); `path`
+    /// is used in error messages.
+    pub(crate) fn from_json_value(value: &Value, path: &Path) -> Result<Self> {
+        let Value::Object(map) = value else {
             return Err(ModelError::ConfigField {
                 path: path.to_path_buf(),
                 field: "(top level)".into(),

@@ -5,13 +5,14 @@ use std::borrow::Cow;
 use std::path::Path;
 
 use candle_core::{D, DType, Device, Tensor};
-use candle_nn::Linear;
 use lcut_policy::{KvShape, Policy, TokenPhases};
 
 use crate::cache::LayerCache;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
+use crate::gguf::{GgufFile, GgufWeights, is_gguf_path};
 use crate::layers::{AttentionProj, Loader, Mlp, RmsNorm};
+use crate::linear::{Embedding, Linear};
 use crate::mask::{PartialMask, additive_mask};
 use crate::probe::{AttentionView, Probe, ResidualSite};
 use crate::rope::Rope;
@@ -36,14 +37,46 @@ struct Layer {
 pub struct Decoder {
     cfg: ModelConfig,
     dtype: DType,
+    mode: WeightMode,
     device: Device,
-    embed: Tensor,
+    embed: Embedding,
     layers: Vec<Layer>,
     final_norm: RmsNorm,
     lm_head: Linear,
     rope: Rope,
     /// Most score elements (heads x queries x keys) one attention block holds.
     attention_block_elems: usize,
+}
+
+/// The tensor in which llama.cpp stores per-frequency RoPE divisors.
+const ROPE_FACTORS: &str = "rope_freqs.weight";
+
+/// How a model's weights are held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightMode {
+    /// Every tensor converted to this float dtype (the exact path).
+    Dense(DType),
+    /// Matrices kept in their stored ggml type (GGUF), run by candle's
+    /// quantized matrix products; activations and the cache in f32.
+    Quantized,
+}
+
+impl WeightMode {
+    /// How reports and tables name the mode: the dtype (`f32`, `bf16`), or `q`.
+    pub fn name(&self) -> String {
+        match self {
+            WeightMode::Dense(dt) => format!("{dt:?}").to_lowercase(),
+            WeightMode::Quantized => "q".into(),
+        }
+    }
+
+    /// The dtype of activations and the K/V cache.
+    pub fn activation_dtype(&self) -> DType {
+        match self {
+            WeightMode::Dense(dt) => *dt,
+            WeightMode::Quantized => DType::F32,
+        }
+    }
 }
 
 /// Default bound on one attention block's scores on the CPU (1 GiB in f32).
@@ -208,11 +241,30 @@ impl Sequence {
 }
 
 impl Decoder {
-    /// Load a Hugging Face model folder with weights converted to `dtype`.
-    pub fn load(folder: &Path, dtype: DType, device: &Device) -> Result<Self> {
-        let cfg = ModelConfig::from_folder(folder)?;
-        let files = WeightFiles::open(folder)?;
-        Self::from_weights(cfg, &files, dtype, device)
+    /// Load a Hugging Face model folder or a `.gguf` file with weights
+    /// converted to `dtype`.
+    pub fn load(path: &Path, dtype: DType, device: &Device) -> Result<Self> {
+        Self::load_as(path, WeightMode::Dense(dtype), device)
+    }
+
+    /// Load a Hugging Face model folder or a `.gguf` file, dense in a dtype
+    /// or with a GGUF's matrices kept quantized.
+    pub fn load_as(path: &Path, mode: WeightMode, device: &Device) -> Result<Self> {
+        if is_gguf_path(path) {
+            let file = GgufFile::open(path)?;
+            let cfg = file.config()?;
+            let weights = GgufWeights::new(file)?;
+            return Self::build(cfg, &weights, mode, device);
+        }
+        if path.is_file() {
+            return Err(ModelError::MissingFile {
+                path: path.to_path_buf(),
+                what: "a model is a Hugging Face folder (config.json, model.safetensors) or a file ending in .gguf".into(),
+            });
+        }
+        let cfg = ModelConfig::from_folder(path)?;
+        let files = WeightFiles::open(path)?;
+        Self::build(cfg, &files, mode, device)
     }
 
     /// Build the decoder from a parsed config and a source of weights.
@@ -222,14 +274,26 @@ impl Decoder {
         dtype: DType,
         device: &Device,
     ) -> Result<Self> {
+        Self::build(cfg, files, WeightMode::Dense(dtype), device)
+    }
+
+    /// Build the decoder from a parsed config and a source of weights in a mode.
+    pub fn build(
+        cfg: ModelConfig,
+        files: &dyn WeightSource,
+        mode: WeightMode,
+        device: &Device,
+    ) -> Result<Self> {
+        let dtype = mode.activation_dtype();
         let ld = Loader {
             files,
             cfg: &cfg,
             dtype,
             device,
+            quantized: mode == WeightMode::Quantized,
         };
         let (v, d) = (cfg.vocab_size, cfg.hidden_size);
-        let embed = ld.tensor("model.embed_tokens.weight", &[v, d])?;
+        let embed = ld.embedding("model.embed_tokens.weight", v, d)?;
         let layers = (0..cfg.num_layers)
             .map(|l| {
                 let p = format!("model.layers.{l}");
@@ -259,19 +323,35 @@ impl Decoder {
             .collect::<Result<Vec<_>>>()?;
         let final_norm = ld.norm("model.norm", d)?;
         let lm_head = if cfg.tie_word_embeddings {
-            Linear::new(embed.clone(), None)
+            embed.tied_head()?
         } else if files.contains("lm_head.weight") {
-            Linear::new(ld.tensor("lm_head.weight", &[v, d])?, None)
+            ld.linear("lm_head", v, d, false)?
         } else {
             return Err(ModelError::MissingLmHead {
                 folder: files.folder().to_path_buf(),
             });
         };
-        let rope = Rope::new(&cfg.rope, device)?;
+        let rope = match files.contains(ROPE_FACTORS) {
+            // llama.cpp stores Llama 3.1's frequency scaling as per-frequency divisors
+            true => Rope::with_factors(
+                &cfg.rope,
+                &files
+                    .load(
+                        ROPE_FACTORS,
+                        &[cfg.rope.rotary_dim / 2],
+                        DType::F32,
+                        &Device::Cpu,
+                    )?
+                    .to_vec1::<f32>()?,
+                device,
+            )?,
+            false => Rope::new(&cfg.rope, device)?,
+        };
         let attention_block_elems = default_attention_block_elems(device);
         Ok(Self {
             cfg,
             dtype,
+            mode,
             device: device.clone(),
             embed,
             layers,
@@ -294,6 +374,23 @@ impl Decoder {
     /// The bound on one attention block's scores (elements).
     pub fn attention_block_elems(&self) -> usize {
         self.attention_block_elems
+    }
+
+    /// How many matrices (projections and LM head) are held quantized.
+    pub fn quantized_matrices(&self) -> usize {
+        let layers = self
+            .layers
+            .iter()
+            .flat_map(|l| l.attn.linears().into_iter().chain(l.mlp.linears()));
+        layers
+            .chain(std::iter::once(&self.lm_head))
+            .filter(|lin| lin.is_quantized())
+            .count()
+    }
+
+    /// How the weights are held (dense in a dtype, or quantized).
+    pub fn weight_mode(&self) -> WeightMode {
+        self.mode
     }
 
     /// The model's config.
@@ -375,7 +472,7 @@ impl Decoder {
             });
         }
         let ids = Tensor::new(tokens, &self.device)?;
-        let mut hidden = self.embed.index_select(&ids, 0)?;
+        let mut hidden = self.embed.lookup(&ids)?;
         if let Some(scale) = self.cfg.embedding_scale {
             hidden = (hidden * scale)?;
         }
@@ -433,7 +530,9 @@ impl Decoder {
         let logits = match h {
             None => None,
             Some(h) => {
-                let z = candle_nn::Module::forward(&self.lm_head, &self.final_norm.forward(&h)?)?
+                let z = self
+                    .lm_head
+                    .forward(&self.final_norm.forward(&h)?)?
                     .to_dtype(DType::F32)?;
                 Some(match self.cfg.final_softcap {
                     Some(c) => ((z / c)?.tanh()? * c)?,

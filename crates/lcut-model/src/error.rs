@@ -60,6 +60,72 @@ pub enum ModelError {
         /// What went wrong.
         reason: String,
     },
+    /// A file given as a GGUF model does not start with the GGUF magic.
+    #[error("{path} is not a GGUF file: it starts with {found:?}, not \"GGUF\"")]
+    NotGguf {
+        /// The file.
+        path: PathBuf,
+        /// The first four bytes.
+        found: [u8; 4],
+    },
+    /// A GGUF version lcut does not read.
+    #[error("{path}: GGUF version {version} is not supported (lcut reads versions 2 and 3)")]
+    GgufVersion {
+        /// The file.
+        path: PathBuf,
+        /// The version found.
+        version: u32,
+    },
+    /// A GGUF file ends before something its header promises.
+    #[error(
+        "{path} is truncated: {what} needs {needed} bytes from offset {offset}, but the file has {file_len} bytes"
+    )]
+    GgufTruncated {
+        /// The file.
+        path: PathBuf,
+        /// What was being read.
+        what: String,
+        /// Where it starts.
+        offset: usize,
+        /// How many bytes it needs.
+        needed: usize,
+        /// The file's length.
+        file_len: usize,
+    },
+    /// A GGUF header that cannot be right (impossible counts, bad types).
+    #[error("{path} is not a valid GGUF file (at byte {offset}): {reason}")]
+    GgufMalformed {
+        /// The file.
+        path: PathBuf,
+        /// Byte offset where the problem was found.
+        offset: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A GGUF metadata key is absent or of the wrong kind.
+    #[error("{path}: metadata `{key}`: expected {expected}, found {found}")]
+    GgufMetadata {
+        /// The file.
+        path: PathBuf,
+        /// The metadata key.
+        key: String,
+        /// What a valid value looks like.
+        expected: String,
+        /// What the file holds.
+        found: String,
+    },
+    /// A tensor stored in a type candle cannot run.
+    #[error(
+        "{path}: tensor `{tensor}` is stored as {type_name}, which lcut cannot load (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)"
+    )]
+    UnsupportedQuantization {
+        /// The file.
+        path: PathBuf,
+        /// Tensor name in the file.
+        tensor: String,
+        /// ggml's name of the type.
+        type_name: String,
+    },
     /// A tensor the architecture needs is not in the weights.
     #[error("tensor `{name}` is missing from the weights in {folder}")]
     MissingTensor {
@@ -70,7 +136,7 @@ pub enum ModelError {
     },
     /// A tensor has a shape that does not match the config.
     #[error(
-        "tensor `{name}` in {folder} has shape {found:?}, expected {expected:?} from config.json"
+        "tensor `{name}` in {folder} has shape {found:?}, expected {expected:?} from the model's config"
     )]
     TensorShape {
         /// The model folder.

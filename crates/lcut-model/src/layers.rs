@@ -1,11 +1,13 @@
 //! The building blocks of one decoder layer: RMSNorm, the gated MLP and the
 //! attention projections, each loaded with the architecture's switches.
 
+use std::sync::Arc;
+
 use candle_core::{D, DType, Device, Tensor};
-use candle_nn::{Linear, Module};
 
 use crate::config::{Activation, ModelConfig};
 use crate::error::Result;
+use crate::linear::{Embedding, Linear};
 use crate::rope::Rope;
 use crate::weights::WeightSource;
 
@@ -15,6 +17,8 @@ pub(crate) struct Loader<'a> {
     pub cfg: &'a ModelConfig,
     pub dtype: DType,
     pub device: &'a Device,
+    /// Keep matrices in their stored (ggml) type where the source has one.
+    pub quantized: bool,
 }
 
 impl Loader<'_> {
@@ -22,14 +26,37 @@ impl Loader<'_> {
         self.files.load(name, shape, self.dtype, self.device)
     }
 
+    /// A matrix [out, in] and its bias: quantized when asked and stored so.
     pub fn linear(&self, prefix: &str, out: usize, inp: usize, bias: bool) -> Result<Linear> {
-        let w = self.tensor(&format!("{prefix}.weight"), &[out, inp])?;
+        let name = format!("{prefix}.weight");
         let b = if bias {
             Some(self.tensor(&format!("{prefix}.bias"), &[out])?)
         } else {
             None
         };
-        Ok(Linear::new(w, b))
+        if let Some(q) = self.quantized_tensor(&name, &[out, inp])? {
+            return Linear::quantized(Arc::new(q), b);
+        }
+        Ok(Linear::dense(self.tensor(&name, &[out, inp])?, b))
+    }
+
+    /// The token embeddings [vocab, hidden]: quantized when asked and stored so.
+    pub fn embedding(&self, name: &str, vocab: usize, hidden: usize) -> Result<Embedding> {
+        if let Some(q) = self.quantized_tensor(name, &[vocab, hidden])? {
+            return Ok(Embedding::Quantized(Arc::new(q)));
+        }
+        Ok(Embedding::Dense(self.tensor(name, &[vocab, hidden])?))
+    }
+
+    fn quantized_tensor(
+        &self,
+        name: &str,
+        shape: &[usize],
+    ) -> Result<Option<candle_core::quantized::QTensor>> {
+        if !self.quantized {
+            return Ok(None);
+        }
+        self.files.load_quantized(name, shape, self.device)
     }
 
     pub fn norm(&self, name: &str, width: usize) -> Result<RmsNorm> {
@@ -97,6 +124,16 @@ impl Mlp {
             down: ld.linear(&format!("{prefix}.down_proj"), d, i, false)?,
             activation: ld.cfg.activation,
         })
+    }
+
+    /// The MLP's linear layers.
+    pub fn linears(&self) -> Vec<&Linear> {
+        let mut out = match &self.gate_up {
+            GateUp::Separate { gate, up } => vec![gate, up],
+            GateUp::Fused { gate_up, .. } => vec![gate_up],
+        };
+        out.push(&self.down);
+        out
     }
 
     /// Apply the MLP to `x` [n, hidden].
@@ -184,6 +221,16 @@ impl AttentionProj {
             num_kv_heads: kv,
             head_dim: hd,
         })
+    }
+
+    /// The attention's linear layers.
+    pub fn linears(&self) -> Vec<&Linear> {
+        let mut out = match &self.qkv {
+            QkvProj::Separate { q, k, v } => vec![q, k, v],
+            QkvProj::Fused(lin) => vec![lin],
+        };
+        out.push(&self.o);
+        out
     }
 
     /// Project `x` [n, hidden] to q, k, v with norms and RoPE at `cos`/`sin`.

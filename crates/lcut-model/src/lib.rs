@@ -6,7 +6,9 @@ mod cache;
 pub mod config;
 mod decoder;
 mod error;
+pub mod gguf;
 mod layers;
+mod linear;
 mod mask;
 pub mod memory;
 pub mod probe;
@@ -19,9 +21,11 @@ mod weights;
 pub use cache::LayerCache;
 pub use config::{Activation, Arch, ModelConfig, RopeConfig, RopeScaling};
 pub use decoder::{
-    ChunkOutput, Decoder, LogitRows, Sequence, argmax_rows, default_attention_block_elems,
+    ChunkOutput, Decoder, LogitRows, Sequence, WeightMode, argmax_rows,
+    default_attention_block_elems,
 };
 pub use error::{ModelError, Result};
+pub use linear::{Embedding, Linear};
 pub use mask::{PartialMask, additive_mask};
 pub use probe::{AttentionView, Probe, ResidualSite};
 pub use rope::{Rope, inverse_frequencies};

@@ -58,6 +58,21 @@ impl Rope {
         })
     }
 
+    /// Prepare the frequencies of `cfg` each divided by its factor (llama.cpp's
+    /// `rope_freqs`, one per rotated pair).
+    pub fn with_factors(cfg: &RopeConfig, factors: &[f32], device: &Device) -> Result<Self> {
+        let inv: Vec<f32> = inverse_frequencies(cfg)
+            .iter()
+            .zip(factors)
+            .map(|(&f, &k)| (f / f64::from(k)) as f32)
+            .collect();
+        let n = inv.len();
+        Ok(Self {
+            inv_freq: Tensor::from_vec(inv, (1, n), device)?,
+            rotary_dim: cfg.rotary_dim,
+        })
+    }
+
     /// cos and sin tables [n, rotary_dim / 2] for the given positions.
     pub fn tables(&self, positions: &[usize], dtype: DType) -> Result<(Tensor, Tensor)> {
         let pos: Vec<f32> = positions.iter().map(|&p| p as f32).collect();

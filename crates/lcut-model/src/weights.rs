@@ -20,6 +20,17 @@ pub trait WeightSource {
     /// Tensor `name`, checked to have shape `expected`, in `dtype` on `device`.
     fn load(&self, name: &str, expected: &[usize], dtype: DType, device: &Device)
     -> Result<Tensor>;
+    /// Tensor `name` in the quantized type it is stored in, shape checked;
+    /// `None` for sources that hold only dense tensors.
+    fn load_quantized(
+        &self,
+        name: &str,
+        expected: &[usize],
+        device: &Device,
+    ) -> Result<Option<candle_core::quantized::QTensor>> {
+        let _ = (name, expected, device);
+        Ok(None)
+    }
 }
 
 /// The weight files of one model folder.

@@ -20,6 +20,34 @@ pub fn oracle_case(name: &str) -> PathBuf {
     workspace_root().join("fixtures/oracle").join(name)
 }
 
+/// File name of the real model that `scripts/fetch-model.sh` puts in `models/`.
+pub const REAL_MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// The real model (SmolLM2-135M-Instruct, GGUF), when it has been fetched.
+/// Without it a test skips with a message, except in CI (`CI=true`), where
+/// a missing model is a failure: CI fetches it first.
+pub fn real_model() -> Option<PathBuf> {
+    let path = workspace_root().join("models").join(REAL_MODEL);
+    if path.is_file() {
+        return Some(path);
+    }
+    let message = format!(
+        "{} is missing: run scripts/fetch-model.sh to fetch the real model",
+        path.display()
+    );
+    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+        panic!("{message} (CI must run the real-model tests)");
+    }
+    eprintln!("skipping: {message}");
+    None
+}
+
+/// The reference data made by transformers for the real model
+/// (`fixtures/real/smollm2`).
+pub fn real_reference() -> PathBuf {
+    workspace_root().join("fixtures/real/smollm2")
+}
+
 /// Copy the model of reference case `case` (config and weights only) into `dir`.
 pub fn copy_model(case: &str, dir: &Path) -> io::Result<()> {
     for name in ["config.json", "model.safetensors"] {

@@ -1,0 +1,285 @@
+//! A model's configuration from GGUF metadata (`general.architecture`,
+//! `{arch}.block_count`, ...), put in Hugging Face terms so that one set of
+//! architecture rules ([`ModelConfig`]) serves both formats.
+
+use std::path::Path;
+
+use serde_json::{Map, Value, json};
+
+use crate::config::{Arch, ModelConfig};
+use crate::error::{ModelError, Result};
+use crate::gguf::header::{GgufHeader, MetaValue};
+
+/// GGUF architecture names lcut reads, and the architecture each runs as.
+/// llama.cpp writes Mistral checkpoints as `llama`.
+const ARCHITECTURES: [(&str, Arch); 6] = [
+    ("llama", Arch::Llama),
+    ("mistral", Arch::Mistral),
+    ("qwen2", Arch::Qwen2),
+    ("qwen3", Arch::Qwen3),
+    ("gemma2", Arch::Gemma2),
+    ("phi3", Arch::Phi3),
+];
+
+/// The GGUF metadata key each Hugging Face field is read from (`{a}` is the
+/// architecture), so that errors name the key the file actually has.
+const KEYS: [(&str, &str); 14] = [
+    ("num_hidden_layers", "{a}.block_count"),
+    ("hidden_size", "{a}.embedding_length"),
+    ("intermediate_size", "{a}.feed_forward_length"),
+    ("num_attention_heads", "{a}.attention.head_count"),
+    ("num_key_value_heads", "{a}.attention.head_count_kv"),
+    ("head_dim", "{a}.attention.key_length"),
+    ("rms_norm_eps", "{a}.attention.layer_norm_rms_epsilon"),
+    ("rope_theta", "{a}.rope.freq_base"),
+    ("partial_rotary_factor", "{a}.rope.dimension_count"),
+    ("max_position_embeddings", "{a}.context_length"),
+    ("sliding_window", "{a}.attention.sliding_window"),
+    ("attn_logit_softcapping", "{a}.attn_logit_softcapping"),
+    ("final_logit_softcapping", "{a}.final_logit_softcapping"),
+    ("vocab_size", "token_embd.weight (rows)"),
+];
+
+/// Reads typed metadata, naming the file and key in errors.
+struct Meta<'a> {
+    header: &'a GgufHeader,
+    path: &'a Path,
+    arch: &'a str,
+}
+
+impl Meta<'_> {
+    fn key(&self, suffix: &str) -> String {
+        format!("{}.{suffix}", self.arch)
+    }
+
+    fn err(&self, key: &str, expected: &str, found: Option<&MetaValue>) -> ModelError {
+        ModelError::GgufMetadata {
+            path: self.path.to_path_buf(),
+            key: key.to_string(),
+            expected: expected.to_string(),
+            found: found.map_or("nothing (key missing)".into(), MetaValue::describe),
+        }
+    }
+
+    fn get(&self, key: &str) -> Option<&MetaValue> {
+        self.header.metadata.get(key)
+    }
+
+    /// A count that may be stored per layer (an array); lcut needs one value.
+    fn opt_count(&self, key: &str) -> Result<Option<u64>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(MetaValue::Array(xs)) => {
+                let first = xs.first().and_then(MetaValue::as_u64);
+                match first {
+                    Some(n) if xs.iter().all(|x| x.as_u64() == Some(n)) => Ok(Some(n)),
+                    _ => {
+                        Err(self.err(key, "one integer (the same for every layer)", self.get(key)))
+                    }
+                }
+            }
+            Some(v) => v
+                .as_u64()
+                .map(Some)
+                .ok_or_else(|| self.err(key, "a non-negative integer", Some(v))),
+        }
+    }
+
+    fn count(&self, key: &str) -> Result<u64> {
+        self.opt_count(key)?
+            .filter(|&n| n > 0)
+            .ok_or_else(|| self.err(key, "a positive integer", self.get(key)))
+    }
+
+    fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => match v.as_f64() {
+                Some(x) if x.is_finite() => Ok(Some(x)),
+                _ => Err(self.err(key, "a finite number", Some(v))),
+            },
+        }
+    }
+
+    fn opt_str(&self, key: &str) -> Result<Option<&str>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_str()
+                .map(Some)
+                .ok_or_else(|| self.err(key, "a string", Some(v))),
+        }
+    }
+}
+
+/// The architecture a GGUF file declares, checked against what lcut runs.
+pub fn architecture(header: &GgufHeader, path: &Path) -> Result<(String, Arch)> {
+    let meta = Meta {
+        header,
+        path,
+        arch: "",
+    };
+    let name = meta
+        .opt_str("general.architecture")?
+        .ok_or_else(|| meta.err("general.architecture", "an architecture name", None))?;
+    ARCHITECTURES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(n, a)| (n.to_string(), *a))
+        .ok_or_else(|| ModelError::UnknownArchitecture {
+            path: path.to_path_buf(),
+            model_type: name.to_string(),
+            supported: ARCHITECTURES.map(|(n, _)| n).join(", "),
+        })
+}
+
+/// The model configuration a GGUF file describes.
+pub fn model_config(header: &GgufHeader, path: &Path) -> Result<ModelConfig> {
+    let (arch_name, arch) = architecture(header, path)?;
+    let meta = Meta {
+        header,
+        path,
+        arch: &arch_name,
+    };
+    let json = hf_config(&meta, arch)?;
+    let mut cfg =
+        ModelConfig::from_json_value(&json, path).map_err(|e| name_gguf_key(e, &arch_name))?;
+    // llama.cpp's converter stores Gemma's (1 + w) norm weights already offset
+    cfg.norm_weight_offset = false;
+    Ok(cfg)
+}
+
+/// The Hugging Face `config.json` equivalent of the metadata.
+fn hf_config(m: &Meta<'_>, arch: Arch) -> Result<Value> {
+    let mut c = Map::new();
+    c.insert("model_type".into(), json!(arch.model_type()));
+    let layers = m.count(&m.key("block_count"))?;
+    let hidden = m.count(&m.key("embedding_length"))?;
+    let heads = m.count(&m.key("attention.head_count"))?;
+    c.insert("num_hidden_layers".into(), json!(layers));
+    c.insert("hidden_size".into(), json!(hidden));
+    c.insert(
+        "intermediate_size".into(),
+        json!(m.count(&m.key("feed_forward_length"))?),
+    );
+    c.insert("num_attention_heads".into(), json!(heads));
+    if let Some(kv) = m.opt_count(&m.key("attention.head_count_kv"))? {
+        c.insert("num_key_value_heads".into(), json!(kv));
+    }
+    let head_dim = match m.opt_count(&m.key("attention.key_length"))? {
+        Some(h) => h,
+        None => hidden / heads,
+    };
+    c.insert("head_dim".into(), json!(head_dim));
+    if let Some(rotary) = m.opt_count(&m.key("rope.dimension_count"))? {
+        c.insert(
+            "partial_rotary_factor".into(),
+            json!(rotary as f64 / head_dim as f64),
+        );
+    }
+    if let Some(eps) = m.opt_f64(&m.key("attention.layer_norm_rms_epsilon"))? {
+        c.insert("rms_norm_eps".into(), json!(eps));
+    }
+    if let Some(theta) = m.opt_f64(&m.key("rope.freq_base"))? {
+        c.insert("rope_theta".into(), json!(theta));
+    }
+    if let Some(scaling) = rope_scaling(m)? {
+        c.insert("rope_scaling".into(), scaling);
+    }
+    if let Some(ctx) = m.opt_count(&m.key("context_length"))? {
+        c.insert("max_position_embeddings".into(), json!(ctx));
+    }
+    if let Some(window) = m.opt_count(&m.key("attention.sliding_window"))? {
+        c.insert("sliding_window".into(), json!(window));
+        if arch == Arch::Llama {
+            // a Mistral checkpoint written as `llama`: the window is on every layer
+            c.insert(
+                "layer_types".into(),
+                json!(vec!["sliding_attention"; layers as usize]),
+            );
+        }
+    }
+    for key in ["attn_logit_softcapping", "final_logit_softcapping"] {
+        if let Some(cap) = m.opt_f64(&m.key(key))? {
+            c.insert(key.into(), json!(cap));
+        }
+    }
+    let tensors = &m.header.tensors;
+    let vocab = match tensors.get("token_embd.weight") {
+        Some(t) if t.shape.len() == 2 => t.shape[0] as u64,
+        _ => match m.opt_count(&m.key("vocab_size"))? {
+            Some(v) => v,
+            None => {
+                return Err(ModelError::MissingTensor {
+                    folder: m.path.to_path_buf(),
+                    name: "token_embd.weight".into(),
+                });
+            }
+        },
+    };
+    c.insert("vocab_size".into(), json!(vocab));
+    c.insert(
+        "tie_word_embeddings".into(),
+        json!(!tensors.contains_key("output.weight")),
+    );
+    c.insert(
+        "attention_bias".into(),
+        json!(tensors.contains_key("blk.0.attn_q.bias")),
+    );
+    if let Some(bos) = m.opt_count("tokenizer.ggml.bos_token_id")? {
+        c.insert("bos_token_id".into(), json!(bos));
+    }
+    let eos: Vec<u64> = ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"]
+        .iter()
+        .filter_map(|k| m.opt_count(k).transpose())
+        .collect::<Result<Vec<_>>>()?;
+    let mut eos_unique = Vec::new();
+    for id in eos {
+        if !eos_unique.contains(&id) {
+            eos_unique.push(id);
+        }
+    }
+    c.insert("eos_token_id".into(), json!(eos_unique));
+    Ok(Value::Object(c))
+}
+
+/// `{arch}.rope.scaling.*` as a Hugging Face `rope_scaling` object.
+fn rope_scaling(m: &Meta<'_>) -> Result<Option<Value>> {
+    let key = m.key("rope.scaling.type");
+    match m.opt_str(&key)? {
+        None | Some("none") => Ok(None),
+        Some("linear") => {
+            let factor_key = m.key("rope.scaling.factor");
+            let factor = m
+                .opt_f64(&factor_key)?
+                .filter(|f| *f > 0.0)
+                .ok_or_else(|| m.err(&factor_key, "a positive number", m.get(&factor_key)))?;
+            Ok(Some(json!({"rope_type": "linear", "factor": factor})))
+        }
+        Some(_) => Err(m.err(&key, "none or linear", m.get(&key))),
+    }
+}
+
+/// Rename a Hugging Face field in a config error to the GGUF key it came from.
+fn name_gguf_key(err: ModelError, arch: &str) -> ModelError {
+    match err {
+        ModelError::ConfigField {
+            path,
+            field,
+            expected,
+            found,
+        } => {
+            let key = KEYS
+                .iter()
+                .find(|(hf, _)| field == *hf)
+                .map_or(field.clone(), |(_, k)| k.replace("{a}", arch));
+            ModelError::GgufMetadata {
+                path,
+                key,
+                expected,
+                found,
+            }
+        }
+        other => other,
+    }
+}

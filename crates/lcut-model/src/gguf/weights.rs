@@ -1,0 +1,344 @@
+//! Tensors of a memory-mapped GGUF file under the Hugging Face names the
+//! decoder asks for, dequantized to a dtype or kept in their ggml type.
+
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::{GgmlDType, QTensor, ggml_file::qtensor_from_ggml};
+use candle_core::{DType, Device, Tensor};
+use memmap2::Mmap;
+
+use crate::config::{Arch, ModelConfig};
+use crate::error::{ModelError, Result};
+use crate::gguf::config::{architecture, model_config};
+use crate::gguf::header::{GgufHeader, TensorEntry, ggml_type_name};
+use crate::weights::WeightSource;
+
+/// A GGUF model file, memory-mapped, with its parsed header.
+pub struct GgufFile {
+    path: PathBuf,
+    map: Mmap,
+    header: GgufHeader,
+    /// Query/key heads whose projection rows llama.cpp permuted for its
+    /// interleaved RoPE (llama-family files); `None` when not permuted.
+    permuted_heads: Option<(usize, usize)>,
+}
+
+/// Whether `path` names a GGUF file (by its extension).
+pub fn is_gguf_path(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+}
+
+impl GgufFile {
+    /// Open and memory-map `path`, parse and check its header.
+    pub fn open(path: &Path) -> Result<Self> {
+        let file = std::fs::File::open(path).map_err(|source| match source.kind() {
+            std::io::ErrorKind::NotFound => ModelError::MissingFile {
+                path: path.to_path_buf(),
+                what: "the GGUF model file".into(),
+            },
+            _ => ModelError::Io {
+                path: path.to_path_buf(),
+                source,
+            },
+        })?;
+        let map = map_file(&file, path)?;
+        let header = GgufHeader::parse(&map, path)?;
+        let (_, arch) = architecture(&header, path)?;
+        let mut out = Self {
+            path: path.to_path_buf(),
+            map,
+            header,
+            permuted_heads: None,
+        };
+        if arch == Arch::Llama || arch == Arch::Mistral {
+            let cfg = out.config()?;
+            out.permuted_heads = Some((cfg.num_heads, cfg.num_kv_heads));
+        }
+        Ok(out)
+    }
+
+    /// The parsed header (metadata and tensor directory).
+    pub fn header(&self) -> &GgufHeader {
+        &self.header
+    }
+
+    /// The header's bytes (metadata and tensor directory), which identify
+    /// the model without its tensor data.
+    pub fn header_bytes(&self) -> &[u8] {
+        &self.map[..self.header.header_len]
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The model configuration the metadata describes.
+    pub fn config(&self) -> Result<ModelConfig> {
+        model_config(&self.header, &self.path)
+    }
+
+    /// The file's entry for a Hugging Face tensor name.
+    fn entry(&self, hf_name: &str) -> Result<(String, &TensorEntry)> {
+        let name = gguf_name(hf_name);
+        match self.header.tensors.get(&name) {
+            Some(e) => Ok((name, e)),
+            None => Err(ModelError::MissingTensor {
+                folder: self.path.clone(),
+                name: format!("{name} (for {hf_name})"),
+            }),
+        }
+    }
+
+    /// The raw bytes of a tensor in its ggml type, checked against the
+    /// expected shape, with llama.cpp's Q/K row permutation undone.
+    fn raw(&self, hf_name: &str, expected: &[usize]) -> Result<(GgmlDType, Cow<'_, [u8]>)> {
+        let (name, e) = self.entry(hf_name)?;
+        let dtype = e.dtype.ok_or_else(|| ModelError::UnsupportedQuantization {
+            path: self.path.clone(),
+            tensor: name.clone(),
+            type_name: ggml_type_name(e.type_id),
+        })?;
+        if e.shape != expected {
+            return Err(ModelError::TensorShape {
+                folder: self.path.clone(),
+                name,
+                expected: expected.to_vec(),
+                found: e.shape.clone(),
+            });
+        }
+        let bytes = &self.map[e.start..e.start + e.len];
+        let heads = match (self.permuted_heads, projection_of(hf_name)) {
+            (Some((q, _)), Some(Projection::Query)) => Some(q),
+            (Some((_, kv)), Some(Projection::Key)) => Some(kv),
+            _ => None,
+        };
+        Ok(match heads {
+            Some(n_heads) => (
+                dtype,
+                Cow::Owned(unpermute_rows(bytes, e.shape[0], n_heads)),
+            ),
+            None => (dtype, Cow::Borrowed(bytes)),
+        })
+    }
+}
+
+#[allow(unsafe_code)]
+fn map_file(file: &std::fs::File, path: &Path) -> Result<Mmap> {
+    // SAFETY: the file is mapped read-only; lcut never writes to a model file
+    // while a model from it is loaded. A file changed underneath by another
+    // process is the one case memory mapping cannot guard against.
+    unsafe { Mmap::map(file) }.map_err(|source| ModelError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+enum Projection {
+    Query,
+    Key,
+}
+
+fn projection_of(hf_name: &str) -> Option<Projection> {
+    if hf_name.contains(".self_attn.q_proj.") {
+        Some(Projection::Query)
+    } else if hf_name.contains(".self_attn.k_proj.") {
+        Some(Projection::Key)
+    } else {
+        None
+    }
+}
+
+/// Undo llama.cpp's `permute` of a Q or K projection: within each head of
+/// `hd` rows it stored Hugging Face row `half * hd/2 + i` at row `2 i + half`.
+/// Rows are independent in every ggml type, so this works on the raw bytes
+/// of a quantized matrix as well (a bias is a matrix of one-value rows).
+fn unpermute_rows(bytes: &[u8], rows: usize, n_heads: usize) -> Vec<u8> {
+    let row_bytes = bytes.len() / rows;
+    let hd = rows / n_heads;
+    let half = hd / 2;
+    let mut out = vec![0u8; bytes.len()];
+    for r in 0..rows {
+        let (h, within) = (r / hd, r % hd);
+        let (part, i) = (within / half, within % half);
+        let g = h * hd + 2 * i + part;
+        out[r * row_bytes..(r + 1) * row_bytes]
+            .copy_from_slice(&bytes[g * row_bytes..(g + 1) * row_bytes]);
+    }
+    out
+}
+
+/// llama.cpp's name of a Hugging Face tensor name.
+pub fn gguf_name(hf_name: &str) -> String {
+    const TOP: [(&str, &str); 3] = [
+        ("model.embed_tokens.weight", "token_embd.weight"),
+        ("model.norm.weight", "output_norm.weight"),
+        ("lm_head.weight", "output.weight"),
+    ];
+    const LAYER: [(&str, &str); 15] = [
+        ("input_layernorm", "attn_norm"),
+        ("self_attn.q_proj", "attn_q"),
+        ("self_attn.k_proj", "attn_k"),
+        ("self_attn.v_proj", "attn_v"),
+        ("self_attn.o_proj", "attn_output"),
+        ("self_attn.qkv_proj", "attn_qkv"),
+        ("self_attn.q_norm", "attn_q_norm"),
+        ("self_attn.k_norm", "attn_k_norm"),
+        ("pre_feedforward_layernorm", "ffn_norm"),
+        ("post_feedforward_layernorm", "post_ffw_norm"),
+        ("mlp.gate_proj", "ffn_gate"),
+        ("mlp.up_proj", "ffn_up"),
+        ("mlp.down_proj", "ffn_down"),
+        ("mlp.gate_up_proj", "ffn_up"),
+        ("post_attention_layernorm", "ffn_norm"),
+    ];
+    if let Some((_, g)) = TOP.iter().find(|(hf, _)| *hf == hf_name) {
+        return g.to_string();
+    }
+    let Some(rest) = hf_name.strip_prefix("model.layers.") else {
+        return hf_name.to_string();
+    };
+    let Some((layer, rest)) = rest.split_once('.') else {
+        return hf_name.to_string();
+    };
+    let Some((module, param)) = rest.rsplit_once('.') else {
+        return hf_name.to_string();
+    };
+    let module = LAYER
+        .iter()
+        .find(|(hf, _)| *hf == module)
+        .map_or(module, |(_, g)| g);
+    format!("blk.{layer}.{module}.{param}")
+}
+
+/// A GGUF file as a source of Hugging Face-named tensors. Gemma-2 files
+/// name the norm after attention `post_attention_norm`; the decoder asks for
+/// it as `post_attention_layernorm`, which other architectures use for the
+/// norm before the MLP (`ffn_norm`).
+pub struct GgufWeights {
+    file: GgufFile,
+    gemma: bool,
+}
+
+impl GgufWeights {
+    /// Wrap an opened file.
+    pub fn new(file: GgufFile) -> Result<Self> {
+        let gemma = file.config()?.arch == Arch::Gemma2;
+        Ok(Self { file, gemma })
+    }
+
+    /// The underlying file.
+    pub fn file(&self) -> &GgufFile {
+        &self.file
+    }
+
+    fn name<'a>(&self, hf_name: &'a str) -> Cow<'a, str> {
+        if self.gemma && hf_name.ends_with(".post_attention_layernorm.weight") {
+            let layer = hf_name
+                .trim_start_matches("model.layers.")
+                .split('.')
+                .next()
+                .unwrap_or_default();
+            // mapped verbatim by gguf_name (not a known module)
+            return Cow::Owned(format!("blk.{layer}.post_attention_norm.weight"));
+        }
+        Cow::Borrowed(hf_name)
+    }
+}
+
+impl WeightSource for GgufWeights {
+    /// The GGUF file (named in error messages).
+    fn folder(&self) -> &Path {
+        self.file.path()
+    }
+
+    /// Whether the file holds the tensor of this Hugging Face name.
+    fn contains(&self, name: &str) -> bool {
+        let name = self.name(name);
+        self.file.header.tensors.contains_key(&gguf_name(&name))
+    }
+
+    /// Dequantize tensor `name` (shape checked) to `dtype` on `device`.
+    fn load(
+        &self,
+        name: &str,
+        expected: &[usize],
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
+        let q = self.quantized(name, expected, device)?;
+        Ok(q.dequantize(device)?.to_dtype(dtype)?)
+    }
+
+    /// The tensor in its ggml type, for quantized matrix products.
+    fn load_quantized(
+        &self,
+        name: &str,
+        expected: &[usize],
+        device: &Device,
+    ) -> Result<Option<QTensor>> {
+        self.quantized(name, expected, device).map(Some)
+    }
+}
+
+impl GgufWeights {
+    fn quantized(&self, name: &str, expected: &[usize], device: &Device) -> Result<QTensor> {
+        let name = self.name(name);
+        let (dtype, bytes) = self.file.raw(&name, expected)?;
+        Ok(qtensor_from_ggml(dtype, &bytes, expected.to_vec(), device)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_llama_cpp() {
+        assert_eq!(gguf_name("model.embed_tokens.weight"), "token_embd.weight");
+        assert_eq!(
+            gguf_name("model.layers.3.self_attn.o_proj.weight"),
+            "blk.3.attn_output.weight"
+        );
+        assert_eq!(
+            gguf_name("model.layers.0.self_attn.q_proj.bias"),
+            "blk.0.attn_q.bias"
+        );
+        assert_eq!(
+            gguf_name("model.layers.12.post_attention_layernorm.weight"),
+            "blk.12.ffn_norm.weight"
+        );
+        assert_eq!(gguf_name("rope_freqs.weight"), "rope_freqs.weight");
+    }
+
+    /// llama.cpp's permute: reshape(n_head, 2, hd/2, ...).swapaxes(1, 2).
+    fn llama_cpp_permute(rows: &[u32], n_heads: usize) -> Vec<u32> {
+        let hd = rows.len() / n_heads;
+        let mut out = Vec::with_capacity(rows.len());
+        for h in 0..n_heads {
+            for i in 0..hd / 2 {
+                for part in 0..2 {
+                    out.push(rows[h * hd + part * hd / 2 + i]);
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn unpermute_inverts_llama_cpp_permute() {
+        let rows: Vec<u32> = (0..24).collect();
+        for heads in [1, 2, 3] {
+            let permuted = llama_cpp_permute(&rows, heads);
+            let bytes: Vec<u8> = permuted.iter().flat_map(|r| r.to_le_bytes()).collect();
+            let back = unpermute_rows(&bytes, rows.len(), heads);
+            let back: Vec<u32> = back
+                .chunks(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            assert_eq!(back, rows, "{heads} heads");
+        }
+    }
+}

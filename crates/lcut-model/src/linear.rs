@@ -1,0 +1,91 @@
+//! A linear layer whose matrix is dense (any float dtype) or quantized
+//! (a ggml type run by candle's `QMatMul`), so the decoder does not care
+//! where its weights came from; and the embedding table it may share.
+
+use std::sync::Arc;
+
+use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::{Module, Tensor};
+
+use crate::error::Result;
+
+/// y = x W^T (+ b), with W dense or quantized.
+#[derive(Debug, Clone)]
+pub enum Linear {
+    /// A dense weight matrix [out, in].
+    Dense(candle_nn::Linear),
+    /// A quantized weight matrix [out, in] and an optional dense bias [out].
+    Quantized {
+        /// The matrix, kept in its ggml type.
+        matmul: QMatMul,
+        /// The bias.
+        bias: Option<Tensor>,
+    },
+}
+
+impl Linear {
+    /// A dense layer.
+    pub fn dense(weight: Tensor, bias: Option<Tensor>) -> Self {
+        Self::Dense(candle_nn::Linear::new(weight, bias))
+    }
+
+    /// A layer over a quantized matrix (F32/F16 matrices become dense).
+    pub fn quantized(weight: Arc<QTensor>, bias: Option<Tensor>) -> Result<Self> {
+        Ok(Self::Quantized {
+            matmul: QMatMul::from_arc(weight)?,
+            bias,
+        })
+    }
+
+    /// Whether the matrix is held in a quantized ggml type.
+    pub fn is_quantized(&self) -> bool {
+        matches!(
+            self,
+            Self::Quantized {
+                matmul: QMatMul::QTensor(_),
+                ..
+            }
+        )
+    }
+
+    /// Apply the layer to `x` [.., in].
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(match self {
+            Self::Dense(lin) => lin.forward(x)?,
+            Self::Quantized { matmul, bias } => {
+                let y = matmul.forward(x)?;
+                match bias {
+                    Some(b) => y.broadcast_add(b)?,
+                    None => y,
+                }
+            }
+        })
+    }
+}
+
+/// The token embedding table, dense or quantized.
+#[derive(Debug, Clone)]
+pub enum Embedding {
+    /// A dense table [vocab, hidden].
+    Dense(Tensor),
+    /// A quantized table, looked up row by row without dequantizing the rest.
+    Quantized(Arc<QTensor>),
+}
+
+impl Embedding {
+    /// Rows of `ids` [n] as [n, hidden].
+    pub fn lookup(&self, ids: &Tensor) -> Result<Tensor> {
+        Ok(match self {
+            Self::Dense(table) => table.index_select(ids, 0)?,
+            Self::Quantized(table) => table.embedding(ids)?,
+        })
+    }
+
+    /// The LM head that shares this table (tied embeddings).
+    pub fn tied_head(&self) -> Result<Linear> {
+        match self {
+            Self::Dense(table) => Ok(Linear::dense(table.clone(), None)),
+            Self::Quantized(table) => Linear::quantized(table.clone(), None),
+        }
+    }
+}

@@ -1,0 +1,222 @@
+//! Damaged GGUF files: each is refused with a named error that says what is
+//! wrong and where, never a panic, and a length that claims more than the
+//! file holds is refused before anything is allocated for it. The damage is
+//! done to a real GGUF (the llama-gqa reference case as llama.cpp's
+//! converter wrote it).
+
+use std::path::{Path, PathBuf};
+
+use lcut_model::gguf::GgufFile;
+use lcut_model::{DType, Decoder, Device, ModelError, WeightMode};
+use lcut_testkit::{assert_mentions, oracle_case};
+
+fn good() -> Vec<u8> {
+    std::fs::read(oracle_case("llama-gqa").join("model.f32.gguf")).expect("fixture GGUF")
+}
+
+fn write(bytes: &[u8]) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("model.gguf");
+    std::fs::write(&path, bytes).expect("write");
+    (dir, path)
+}
+
+fn load(bytes: &[u8]) -> (PathBuf, ModelError, tempfile::TempDir) {
+    let (dir, path) = write(bytes);
+    let err = Decoder::load_as(&path, WeightMode::Dense(DType::F32), &Device::Cpu)
+        .expect_err("a damaged file must be refused");
+    (path, err, dir)
+}
+
+/// Byte offset just after the length-prefixed string `s` in the header.
+fn after_string(bytes: &[u8], s: &str) -> usize {
+    let mut needle = (s.len() as u64).to_le_bytes().to_vec();
+    needle.extend_from_slice(s.as_bytes());
+    bytes
+        .windows(needle.len())
+        .position(|w| w == needle.as_slice())
+        .map(|at| at + needle.len())
+        .unwrap_or_else(|| panic!("{s} not in the fixture"))
+}
+
+fn put_u64(bytes: &mut [u8], at: usize, v: u64) {
+    bytes[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+fn put_u32(bytes: &mut [u8], at: usize, v: u32) {
+    bytes[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+fn shown(path: &Path) -> String {
+    path.display().to_string()
+}
+
+#[test]
+fn the_fixture_itself_loads() {
+    let file = GgufFile::open(&oracle_case("llama-gqa").join("model.f32.gguf")).expect("valid");
+    assert_eq!(file.config().expect("config").num_layers, 6);
+}
+
+#[test]
+fn missing_file_is_named() {
+    let path = std::env::temp_dir().join("lcut-no-such-model.gguf");
+    let err = Decoder::load(&path, DType::F32, &Device::Cpu).expect_err("missing");
+    assert!(matches!(err, ModelError::MissingFile { .. }), "{err}");
+    assert_mentions(&err.to_string(), &[&shown(&path)]);
+}
+
+#[test]
+fn wrong_magic_is_not_gguf() {
+    let mut b = good();
+    b[..4].copy_from_slice(b"GGML");
+    let (path, err, _d) = load(&b);
+    assert!(matches!(err, ModelError::NotGguf { .. }), "{err}");
+    assert_mentions(&err.to_string(), &[&shown(&path), "not a GGUF file"]);
+}
+
+#[test]
+fn unsupported_versions_are_named() {
+    for version in [1u32, 4, 0xFFFF_FFFF] {
+        let mut b = good();
+        put_u32(&mut b, 4, version);
+        let (_, err, _d) = load(&b);
+        assert!(matches!(err, ModelError::GgufVersion { .. }), "{err}");
+        assert_mentions(&err.to_string(), &[&format!("version {version}")]);
+    }
+}
+
+#[test]
+fn truncated_header_is_named_at_every_cut() {
+    let b = good();
+    let header_len = lcut_model::gguf::GgufHeader::parse(&b, Path::new("x"))
+        .expect("valid")
+        .header_len;
+    for cut in (0..header_len).step_by(97).chain([header_len - 1]) {
+        let (path, err, _d) = load(&b[..cut]);
+        assert!(
+            matches!(
+                err,
+                ModelError::GgufTruncated { .. } | ModelError::GgufMalformed { .. }
+            ),
+            "cut at {cut}: {err}"
+        );
+        let msg = err.to_string();
+        assert!(msg.contains(&shown(&path)), "{msg}");
+        assert!(
+            msg.contains("truncated") || msg.contains("remain"),
+            "cut at {cut}: {msg}"
+        );
+    }
+}
+
+#[test]
+fn truncated_tensor_data_is_named() {
+    let b = good();
+    let (path, err, _d) = load(&b[..b.len() - 100]);
+    assert!(matches!(err, ModelError::GgufTruncated { .. }), "{err}");
+    assert_mentions(&err.to_string(), &[&shown(&path), "truncated", "tensor"]);
+}
+
+#[test]
+fn a_huge_string_length_is_refused_without_allocating_it() {
+    let mut b = good();
+    // the length of the first metadata key, right after the two counts
+    put_u64(&mut b, 24, 1 << 40);
+    let (_, err, _d) = load(&b);
+    assert!(matches!(err, ModelError::GgufMalformed { .. }), "{err}");
+    assert_mentions(&err.to_string(), &["1099511627776", "remain"]);
+}
+
+#[test]
+fn a_huge_array_count_is_refused_without_allocating_it() {
+    let mut b = good();
+    // tokenizer.ggml.tokens: type (9 = array), element type, then the count
+    let at = after_string(&b, "tokenizer.ggml.tokens") + 4 + 4;
+    put_u64(&mut b, at, 1 << 50);
+    let (_, err, _d) = load(&b);
+    assert!(matches!(err, ModelError::GgufMalformed { .. }), "{err}");
+    assert_mentions(
+        &err.to_string(),
+        &["tokenizer.ggml.tokens", "1125899906842624"],
+    );
+}
+
+#[test]
+fn a_huge_tensor_count_is_refused() {
+    let mut b = good();
+    put_u64(&mut b, 8, u64::MAX);
+    let (_, err, _d) = load(&b);
+    assert!(matches!(err, ModelError::GgufMalformed { .. }), "{err}");
+    assert_mentions(&err.to_string(), &["tensor count"]);
+}
+
+#[test]
+fn unknown_architecture_is_named() {
+    let mut b = good();
+    let at = after_string(&b, "general.architecture") + 4 + 8;
+    assert_eq!(&b[at..at + 5], b"llama");
+    b[at..at + 5].copy_from_slice(b"gpt99");
+    let (path, err, _d) = load(&b);
+    assert!(
+        matches!(err, ModelError::UnknownArchitecture { .. }),
+        "{err}"
+    );
+    assert_mentions(&err.to_string(), &[&shown(&path), "gpt99", "qwen2"]);
+}
+
+#[test]
+fn missing_tensor_is_named() {
+    let mut b = good();
+    let at = after_string(&b, "blk.0.attn_q.weight") - "attn_q.weight".len();
+    b[at..at + 6].copy_from_slice(b"attn_x");
+    let (path, err, _d) = load(&b);
+    assert!(matches!(err, ModelError::MissingTensor { .. }), "{err}");
+    assert_mentions(&err.to_string(), &[&shown(&path), "blk.0.attn_q.weight"]);
+}
+
+#[test]
+fn wrong_tensor_shape_is_named() {
+    let mut b = good();
+    // output_norm.weight: rank 1, dims [64] -> [32] (its data still fits)
+    let at = after_string(&b, "output_norm.weight");
+    put_u64(&mut b, at + 4, 32);
+    let (path, err, _d) = load(&b);
+    assert!(matches!(err, ModelError::TensorShape { .. }), "{err}");
+    assert_mentions(
+        &err.to_string(),
+        &[&shown(&path), "output_norm.weight", "[32]", "[64]"],
+    );
+}
+
+#[test]
+fn unsupported_quantization_type_is_named() {
+    let mut b = good();
+    // blk.0.attn_v.weight: rank 2, two dims, then the type: IQ2_XXS (16)
+    let at = after_string(&b, "blk.0.attn_v.weight") + 4 + 16;
+    put_u32(&mut b, at, 16);
+    let (path, err, _d) = load(&b);
+    assert!(
+        matches!(err, ModelError::UnsupportedQuantization { .. }),
+        "{err}"
+    );
+    assert_mentions(
+        &err.to_string(),
+        &[&shown(&path), "blk.0.attn_v.weight", "IQ2_XXS"],
+    );
+}
+
+#[test]
+fn a_file_that_is_not_a_model_is_named() {
+    let (_d, path) = write(b"{}");
+    let err = Decoder::load(
+        path.parent().expect("dir").join("model.gguf").as_path(),
+        DType::F32,
+        &Device::Cpu,
+    )
+    .expect_err("not a GGUF");
+    assert_mentions(&err.to_string(), &[&shown(&path)]);
+    let txt = path.with_extension("txt");
+    std::fs::write(&txt, b"hello").expect("write");
+    let err = Decoder::load(&txt, DType::F32, &Device::Cpu).expect_err("not a model");
+    assert_mentions(&err.to_string(), &[&shown(&txt), ".gguf"]);
+}
