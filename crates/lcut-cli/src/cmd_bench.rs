@@ -10,19 +10,20 @@ use candle_core::{DType, Device, Tensor};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use lcut_engine::{Generation, GenerationConfig, GenerationOutput, PreparedPrompt};
+use lcut_model::gguf::is_gguf_path;
 use lcut_model::probes::PhaseMassProbe;
 use lcut_model::synth::RandomLlama;
-use lcut_model::{Decoder, LogitRows, argmax_rows, default_attention_block_elems};
+use lcut_model::{Decoder, LogitRows, WeightMode, argmax_rows, default_attention_block_elems};
 use lcut_policy::{Policy, PolicySpec, TokenPhases};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde::Serialize;
 
-use crate::common::{ensure_fits, parse_device, parse_dtype, parse_len, write_atomic};
+use crate::common::{ensure_fits, parse_device, parse_len, parse_weight_mode, write_atomic};
 
 /// Arguments of `lcut bench`.
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// Model folder; a random-weight Llama of the shape below by default.
+    /// Model folder or `.gguf` file; a random-weight Llama of the shape below by default.
     #[arg(long)]
     model: Option<PathBuf>,
     /// Policies to compare, comma-separated; `full` is always measured too.
@@ -62,7 +63,7 @@ pub struct BenchArgs {
     /// Random model: vocabulary.
     #[arg(long, default_value_t = 32000)]
     vocab: usize,
-    /// dtype: f32, bf16, f16.
+    /// dtype: f32, bf16, f16, or q (a GGUF's weights kept quantized).
     #[arg(long, default_value = "f32")]
     dtype: String,
     /// cpu, cuda or cuda:N.
@@ -165,9 +166,16 @@ fn warm_up(
 
 /// Run `lcut bench`.
 pub fn run(args: &BenchArgs) -> Result<()> {
-    let dtype = parse_dtype(&args.dtype)?;
+    let mode = parse_weight_mode(&args.dtype)?;
+    let dtype = mode.activation_dtype();
     let device = parse_device(&args.device)?;
+    if mode == WeightMode::Quantized && !args.model.as_deref().is_some_and(is_gguf_path) {
+        bail!("--dtype q runs a GGUF file's quantized weights: give one with --model FILE.gguf");
+    }
     if args.vs_candle {
+        if mode == WeightMode::Quantized {
+            bail!("--vs-candle compares dense f32/bf16/f16 models; drop --dtype q");
+        }
         let tmp = tempfile::tempdir()?;
         let folder = match &args.model {
             Some(m) => m.clone(),
@@ -192,7 +200,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let sizes = (longest, args.prefill_chunk, block);
     let mut model = match &args.model {
         Some(folder) => {
-            let model = Decoder::load(folder, dtype, &device)
+            let model = Decoder::load_as(folder, mode, &device)
                 .with_context(|| format!("loading {}", folder.display()))?;
             ensure_fits(model.config(), dtype, &device, sizes, true)?;
             model

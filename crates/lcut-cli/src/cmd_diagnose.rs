@@ -17,7 +17,7 @@ use crate::common::load_session;
 /// Arguments of `lcut diagnose`.
 #[derive(Debug, Args)]
 pub struct DiagnoseArgs {
-    /// Model folder; the bundled model by default.
+    /// Model folder or `.gguf` file; the bundled model by default.
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Prompt set (JSON Lines: {"id", "prompt", "system"?}); the bundled set by default.
@@ -45,7 +45,7 @@ pub struct DiagnoseArgs {
     /// entropy_max, mass_min, plateau_eps, agreement_drop_max).
     #[arg(long)]
     pub thresholds: Option<String>,
-    /// dtype: f32, bf16, f16.
+    /// dtype: f32, bf16, f16, or q (a GGUF's weights kept quantized).
     #[arg(long, default_value = "f32")]
     pub dtype: String,
     /// cpu, cuda or cuda:N.

@@ -20,7 +20,7 @@ const MAX_RECORDED_ATTENTION: usize = 2048;
 /// Arguments of `lcut forward`.
 #[derive(Debug, Args)]
 pub struct ForwardArgs {
-    /// Model folder (Hugging Face layout); the bundled model by default.
+    /// Model folder (Hugging Face layout) or `.gguf` file; the bundled model by default.
     #[arg(long)]
     model: Option<PathBuf>,
     /// Token ids, comma-separated.
@@ -35,7 +35,7 @@ pub struct ForwardArgs {
     /// First decode-phase position S (policies other than full); default: last token.
     #[arg(long)]
     decode_start: Option<usize>,
-    /// Weights and cache dtype: f32, bf16, f16.
+    /// Weights and cache dtype: f32, bf16, f16, or q (a GGUF's weights kept quantized).
     #[arg(long, default_value = "f32")]
     dtype: String,
     /// cpu, cuda or cuda:N.

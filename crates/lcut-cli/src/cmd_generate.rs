@@ -18,7 +18,7 @@ use crate::common::{ensure_fits, load_session, parse_ids, write_atomic};
 pub struct GenerateArgs {
     /// The user prompt (through the chat template when the model has one).
     prompt: Option<String>,
-    /// Model folder; the bundled model by default.
+    /// Model folder or `.gguf` file; the bundled model by default.
     #[arg(long)]
     model: Option<PathBuf>,
     /// Policy to generate under.
@@ -54,7 +54,7 @@ pub struct GenerateArgs {
     /// Sampling seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// dtype: f32, bf16, f16.
+    /// dtype: f32, bf16, f16, or q (a GGUF's weights kept quantized).
     #[arg(long, default_value = "f32")]
     dtype: String,
     /// cpu, cuda or cuda:N.

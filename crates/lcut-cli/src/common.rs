@@ -1,9 +1,10 @@
-//! Options shared by several subcommands: model folder, dtype, device.
+//! Options shared by several subcommands: model (folder or GGUF), dtype, device.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device};
+use lcut_model::WeightMode;
 
 /// The model folder given, or the bundled one.
 pub fn model_or_bundled(model: &Option<PathBuf>) -> PathBuf {
@@ -20,8 +21,19 @@ pub fn load_session(
     device: &str,
 ) -> Result<lcut_engine::Session> {
     let folder = model_or_bundled(model);
-    lcut_engine::Session::load(&folder, parse_dtype(dtype)?, &parse_device(device)?)
+    lcut_engine::Session::load_as(&folder, parse_weight_mode(dtype)?, &parse_device(device)?)
         .with_context(|| format!("loading model {}", folder.display()))
+}
+
+/// Parse `--dtype`: `f32`, `bf16`, `f16` (weights converted to it), or `q`
+/// (a GGUF's matrices kept in their quantized type, activations in f32).
+pub fn parse_weight_mode(s: &str) -> Result<WeightMode> {
+    match s.to_ascii_lowercase().as_str() {
+        "q" | "quantized" => Ok(WeightMode::Quantized),
+        _ => parse_dtype(s).map(WeightMode::Dense).map_err(|_| {
+            anyhow::anyhow!("unknown dtype {s:?}: expected f32, bf16, f16 or q (quantized GGUF)")
+        }),
+    }
 }
 
 /// Parse `f32`, `bf16` or `f16`.
@@ -133,6 +145,12 @@ mod tests {
         assert_eq!(parse_ids("1, 5,9").unwrap(), vec![1, 5, 9]);
         assert!(parse_ids("1,-2").is_err());
         assert!(parse_dtype("f64").is_err());
+        assert_eq!(parse_weight_mode("q").unwrap(), WeightMode::Quantized);
+        assert_eq!(
+            parse_weight_mode("bf16").unwrap(),
+            WeightMode::Dense(DType::BF16)
+        );
+        assert!(parse_weight_mode("q5").is_err());
         assert!(parse_device("tpu").is_err());
     }
 }

@@ -8,6 +8,7 @@ mod cmd_generate;
 mod cmd_parity;
 mod cmd_report;
 mod cmd_sweep;
+mod cmd_tokenize;
 mod cmd_train;
 mod common;
 
@@ -43,6 +44,8 @@ enum Command {
     Bench(cmd_bench::BenchArgs),
     /// Check logits on a device and dtype against the transformers reference cases.
     Parity(cmd_parity::ParityArgs),
+    /// Token ids of a text (comma-separated on the last line); --chat renders it as a user message.
+    Tokenize(cmd_tokenize::TokenizeArgs),
 }
 
 /// candle asks for its thread count on every CPU matmul, and without
@@ -71,5 +74,6 @@ fn main() -> anyhow::Result<()> {
         Command::Generate(a) => cmd_generate::run(a),
         Command::Bench(a) => cmd_bench::run(a),
         Command::Parity(a) => cmd_parity::run(a),
+        Command::Tokenize(a) => cmd_tokenize::run(a),
     }
 }

@@ -7,6 +7,7 @@ mod compare;
 pub mod diagnose;
 mod error;
 mod generate;
+pub mod gguf_tokenizer;
 mod prompt;
 mod session;
 mod template;

@@ -3,7 +3,8 @@
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device};
-use lcut_model::Decoder;
+use lcut_model::gguf::{GgufFile, is_gguf_path};
+use lcut_model::{Decoder, WeightMode};
 
 use crate::error::{EngineError, Result};
 use crate::prompt::{PreparedPrompt, common_prefix};
@@ -18,13 +19,36 @@ pub struct Session {
     pub tokenizer: Option<TextTokenizer>,
     template: Option<ChatTemplate>,
     folder: PathBuf,
+    config_hash: String,
 }
 
 impl Session {
-    /// Load model, tokenizer and chat template from `folder`.
-    pub fn load(folder: &Path, dtype: DType, device: &Device) -> Result<Self> {
-        let model = Decoder::load(folder, dtype, device)?;
-        let tokenizer = TextTokenizer::from_folder(folder)?;
+    /// Load model, tokenizer and chat template from a model folder or a
+    /// `.gguf` file, with weights converted to `dtype`.
+    pub fn load(path: &Path, dtype: DType, device: &Device) -> Result<Self> {
+        Self::load_as(path, WeightMode::Dense(dtype), device)
+    }
+
+    /// Load model, tokenizer and chat template from a model folder or a
+    /// `.gguf` file, dense or with a GGUF's matrices kept quantized.
+    pub fn load_as(path: &Path, mode: WeightMode, device: &Device) -> Result<Self> {
+        let model = Decoder::load_as(path, mode, device)?;
+        let (tokenizer, config_hash) = if is_gguf_path(path) {
+            let file = GgufFile::open(path)?;
+            let tokenizer = TextTokenizer::from_gguf(file.header(), path)?;
+            (Some(tokenizer), lcut_trace::hash_bytes(file.header_bytes()))
+        } else {
+            let config = path.join("config.json");
+            let bytes = std::fs::read(&config).map_err(|source| lcut_model::ModelError::Io {
+                path: config,
+                source,
+            })?;
+            (
+                TextTokenizer::from_folder(path)?,
+                lcut_trace::hash_bytes(&bytes),
+            )
+        };
+        let folder = path;
         let template = match &tokenizer {
             Some(tok) => match &tok.chat_template {
                 Some(src) => Some(
@@ -43,10 +67,17 @@ impl Session {
             tokenizer,
             template,
             folder: folder.to_path_buf(),
+            config_hash,
         })
     }
 
-    /// The model folder.
+    /// Hash of what describes the model: `config.json`'s bytes, or a GGUF
+    /// file's header (metadata and tensor directory).
+    pub fn config_hash(&self) -> &str {
+        &self.config_hash
+    }
+
+    /// The model folder or GGUF file.
     pub fn folder(&self) -> &Path {
         &self.folder
     }

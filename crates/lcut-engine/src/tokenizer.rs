@@ -6,12 +6,16 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 use tokenizers::Tokenizer;
 
+use lcut_model::gguf::GgufHeader;
+
 use crate::error::{EngineError, Result};
+use crate::gguf_tokenizer::tokenizer_from_gguf;
 
 /// A tokenizer with the special tokens and chat template of its model.
 pub struct TextTokenizer {
     inner: Tokenizer,
     config_path: PathBuf,
+    tokenizer_path: PathBuf,
     /// Jinja chat template, if the model has one.
     pub chat_template: Option<String>,
     /// Text of the BoS token, if any.
@@ -66,10 +70,24 @@ impl TextTokenizer {
         Ok(Some(Self {
             inner,
             config_path,
+            tokenizer_path: path,
             chat_template,
             bos_token: special_token(&config, "bos_token"),
             eos_token: special_token(&config, "eos_token"),
         }))
+    }
+
+    /// The tokenizer a GGUF file describes in its `tokenizer.ggml.*` metadata.
+    pub fn from_gguf(header: &GgufHeader, path: &Path) -> Result<Self> {
+        let t = tokenizer_from_gguf(header, path)?;
+        Ok(Self {
+            inner: t.tokenizer,
+            config_path: path.to_path_buf(),
+            tokenizer_path: path.to_path_buf(),
+            chat_template: t.chat_template,
+            bos_token: t.bos_token,
+            eos_token: t.eos_token,
+        })
     }
 
     /// Path of `tokenizer_config.json` (for messages about the template).
@@ -83,7 +101,21 @@ impl TextTokenizer {
             .inner
             .encode(text, false)
             .map_err(|e| EngineError::Tokenizer {
-                path: self.config_path.with_file_name("tokenizer.json"),
+                path: self.tokenizer_path.clone(),
+                reason: e.to_string(),
+            })?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Token ids of `text` with the special tokens the tokenizer adds by
+    /// itself (a BoS where the model asks for one), as transformers'
+    /// `tokenizer(text)` gives them.
+    pub fn encode_with_special_tokens(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode(text, true)
+            .map_err(|e| EngineError::Tokenizer {
+                path: self.tokenizer_path.clone(),
                 reason: e.to_string(),
             })?;
         Ok(enc.get_ids().to_vec())

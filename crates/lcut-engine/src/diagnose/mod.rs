@@ -128,15 +128,12 @@ pub fn prepare_prompts(
 
 /// The identity of the session's model for reports.
 pub fn model_identity(session: &Session) -> Result<ModelIdentity> {
-    let path = session.folder().join("config.json");
-    let bytes =
-        std::fs::read(&path).map_err(|source| lcut_model::ModelError::Io { path, source })?;
     let cfg = session.model.config();
     Ok(ModelIdentity {
         path: session.folder().display().to_string(),
-        config_hash: lcut_trace::hash_bytes(&bytes),
+        config_hash: session.config_hash().to_string(),
         arch: cfg.arch.model_type().to_string(),
-        dtype: format!("{:?}", session.model.dtype()).to_lowercase(),
+        dtype: session.model.weight_mode().name(),
         num_layers: cfg.num_layers,
         num_heads: cfg.num_heads,
         num_kv_heads: cfg.num_kv_heads,

@@ -1,0 +1,50 @@
+//! `lcut tokenize`: the ids a model's tokenizer gives a text, optionally
+//! as one user message through the model's chat template.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use crate::common::load_session;
+
+/// Arguments of `lcut tokenize`.
+#[derive(Debug, Args)]
+pub struct TokenizeArgs {
+    /// Model folder or `.gguf` file (default: the bundled model).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// TEXT is one user message, rendered with the model's chat template and
+    /// its generation prompt.
+    #[arg(long)]
+    pub chat: bool,
+    /// Show each token's string before the id list.
+    #[arg(long)]
+    pub verbose: bool,
+    /// The text to tokenize.
+    pub text: String,
+}
+
+/// Print the ids, comma-separated, on the last line.
+pub fn run(args: &TokenizeArgs) -> Result<()> {
+    let session = load_session(&args.model, "f32", "cpu")?;
+    let ids = if args.chat {
+        session.prepare_text(&args.text, None, true)?.ids
+    } else {
+        session
+            .tokenizer
+            .as_ref()
+            .with_context(|| format!("{} has no tokenizer", session.folder().display()))?
+            .encode_with_special_tokens(&args.text)?
+    };
+    if args.verbose
+        && let Some(tok) = &session.tokenizer
+    {
+        for (id, piece) in ids.iter().zip(tok.token_strings(&ids)) {
+            println!("{id}\t{piece:?}");
+        }
+    }
+    let list: Vec<String> = ids.iter().map(u32::to_string).collect();
+    println!("{}", list.join(","));
+    Ok(())
+}
