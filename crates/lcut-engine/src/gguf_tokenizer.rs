@@ -218,7 +218,7 @@ fn byte_level_bpe(m: &Meta<'_>, tokens: &[&str]) -> Result<Tokenizer> {
             let t = if t.chars().all(|c| alphabet.contains_key(&c)) {
                 t.to_string()
             } else {
-                t.bytes().map(|b| byte_char(b)).collect()
+                t.bytes().map(byte_char).collect()
             };
             (t, i as u32)
         })

@@ -152,7 +152,7 @@ impl Mlp {
             Activation::Silu => candle_nn::ops::silu(&gate)?,
             Activation::GeluTanh => gate.gelu()?,
         };
-        Ok(self.down.forward(&(act * up)?)?)
+        self.down.forward(&(act * up)?)
     }
 }
 
@@ -269,6 +269,6 @@ impl AttentionProj {
             .transpose(0, 1)?
             .contiguous()?
             .reshape((n, self.num_heads * self.head_dim))?;
-        Ok(self.o.forward(&merged)?)
+        self.o.forward(&merged)
     }
 }

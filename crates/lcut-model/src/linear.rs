@@ -9,6 +9,16 @@ use candle_core::{Module, Tensor};
 
 use crate::error::Result;
 
+/// From this many input rows on, a quantized matrix is dequantized for the
+/// product (one dense product instead of a row-by-row quantized one).
+const DEQUANTIZE_ROWS: usize = 32;
+
+/// Rows of `x` [.., in]: the product of every dimension but the last.
+fn rows(x: &Tensor) -> usize {
+    let dims = x.dims();
+    dims[..dims.len().saturating_sub(1)].iter().product()
+}
+
 /// y = x W^T (+ b), with W dense or quantized.
 #[derive(Debug, Clone)]
 pub enum Linear {
@@ -53,7 +63,16 @@ impl Linear {
         Ok(match self {
             Self::Dense(lin) => lin.forward(x)?,
             Self::Quantized { matmul, bias } => {
-                let y = matmul.forward(x)?;
+                let y = match matmul {
+                    // candle's CPU kernels for several ggml types are scalar;
+                    // a prefill chunk is faster through the dense product of
+                    // the weights dequantized for this call
+                    QMatMul::QTensor(q) if rows(x) >= DEQUANTIZE_ROWS => {
+                        let w = q.dequantize(x.device())?;
+                        candle_nn::Linear::new(w, None).forward(x)?
+                    }
+                    _ => matmul.forward(x)?,
+                };
                 match bias {
                     Some(b) => y.broadcast_add(b)?,
                     None => y,

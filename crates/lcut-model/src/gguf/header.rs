@@ -452,7 +452,7 @@ fn tensor_entry(
         None => 0,
         Some(dt) => {
             let block = dt.block_size() as u64;
-            if dims[0] % block != 0 {
+            if !dims[0].is_multiple_of(block) {
                 return Err(bad(format!(
                     "its rows of {} values are not whole blocks of {block} ({dt:?})",
                     dims[0]

@@ -1,0 +1,67 @@
+//! A SentencePiece-style GGUF vocabulary (`tokenizer.ggml.model = llama`:
+//! pieces with scores, no merges, byte fallback), as llama.cpp's converter
+//! writes it, tokenized as transformers' GGUF tokenizer does
+//! (`fixtures/oracle/llama-gqa/tokenize.jsonl`, made by
+//! `fixtures/oracle/hf_gguf_tokenize.py`). The byte-level BPE path is checked
+//! on the real model (tests/real_model.rs).
+
+use anyhow::{Context, Result, ensure};
+use lcut_engine::TextTokenizer;
+use lcut_model::gguf::GgufFile;
+use lcut_testkit::oracle_case;
+use serde_json::Value;
+
+#[test]
+fn sentencepiece_vocabulary_tokenizes_as_transformers() -> Result<()> {
+    let dir = oracle_case("llama-gqa");
+    let path = dir.join("model.f32.gguf");
+    let file = GgufFile::open(&path)?;
+    let tok = TextTokenizer::from_gguf(file.header(), &path)?;
+    let text = std::fs::read_to_string(dir.join("tokenize.jsonl"))?;
+    let mut wrong = Vec::new();
+    let mut count = 0;
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let item: Value = serde_json::from_str(line)?;
+        let s = item["text"].as_str().context("text")?;
+        let expected: Vec<u32> = item["ids"]
+            .as_array()
+            .context("ids")?
+            .iter()
+            .filter_map(|x| x.as_u64().map(|n| n as u32))
+            .collect();
+        let ours = tok.encode_with_special_tokens(s)?;
+        if ours != expected {
+            wrong.push(format!("{s:?}: lcut {ours:?}, transformers {expected:?}"));
+        }
+        count += 1;
+    }
+    ensure!(count >= 30, "only {count} strings");
+    ensure!(wrong.is_empty(), "{}", wrong.join("\n"));
+    ensure!(tok.bos_token.as_deref() == Some("<s>"), "BoS {:?}", tok.bos_token);
+    Ok(())
+}
+
+#[test]
+fn a_gguf_without_tokenizer_metadata_is_named() -> Result<()> {
+    let mut bytes = std::fs::read(oracle_case("llama-gqa").join("model.f32.gguf"))?;
+    // rename the vocabulary key so that the file has none
+    let key = b"tokenizer.ggml.tokens";
+    let at = bytes
+        .windows(key.len())
+        .position(|w| w == key)
+        .context("key in fixture")?;
+    bytes[at + key.len() - 1] = b'z';
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("m.gguf");
+    std::fs::write(&path, &bytes)?;
+    let file = GgufFile::open(&path)?;
+    let err = TextTokenizer::from_gguf(file.header(), &path)
+        .err()
+        .context("a GGUF without a vocabulary must be refused")?;
+    let msg = err.to_string();
+    ensure!(
+        msg.contains("tokenizer.ggml.tokens") && msg.contains(&path.display().to_string()),
+        "{msg}"
+    );
+    Ok(())
+}
