@@ -13,6 +13,7 @@ mod mask;
 pub mod memory;
 pub mod probe;
 pub mod probes;
+pub mod qdot;
 pub mod reference;
 mod rope;
 pub mod synth;

@@ -5,9 +5,10 @@
 use std::sync::Arc;
 
 use candle_core::quantized::{QMatMul, QTensor};
-use candle_core::{Module, Tensor};
+use candle_core::{DType, Module, Tensor};
 
 use crate::error::Result;
+use crate::qdot;
 
 /// From this many input rows on, a quantized matrix is dequantized for the
 /// product (one dense product instead of a row-by-row quantized one).
@@ -70,6 +71,22 @@ impl Linear {
                     QMatMul::QTensor(q) if rows(x) >= DEQUANTIZE_ROWS => {
                         let w = q.dequantize(x.device())?;
                         candle_nn::Linear::new(w, None).forward(x)?
+                    }
+                    // decoding on the CPU: candle's kernels for these types
+                    // are scalar in a portable build
+                    QMatMul::QTensor(q)
+                        if x.device().is_cpu()
+                            && x.dtype() == DType::F32
+                            && qdot::supports(q.dtype()) =>
+                    {
+                        let (n, k) = q.shape().dims2()?;
+                        let mut dims = x.dims().to_vec();
+                        let xs = x.flatten_all()?.to_vec1::<f32>()?;
+                        let y = qdot::matmul(q.dtype(), &q.data()?, n, k, &xs);
+                        if let Some(last) = dims.last_mut() {
+                            *last = n;
+                        }
+                        Tensor::from_vec(y, dims, x.device())?
                     }
                     _ => matmul.forward(x)?,
                 };

@@ -21,12 +21,19 @@ const CASES: [&str; 7] = [
     "phi3-fused",
 ];
 
-/// Q8_0 stores each weight with 8 bits and one f16 scale per 32 values; on
-/// these random tiny models that moves logits by at most this fraction of
-/// the largest reference logit (measured: see the README).
-const Q8_MAX_REL: f32 = 0.03;
-/// ... and by at most this on average.
-const Q8_MEAN_REL: f32 = 0.006;
+/// Q8_0 stores each weight with 8 bits and one f16 scale per 32 values. On
+/// these random tiny models (weights drawn with std 0.15) that moves logits
+/// from transformers' float32 ones by at most this fraction of the largest
+/// logit, on average by at most the second (measured 0.10 and 0.015).
+const Q8_MAX_REL: f32 = 0.15;
+const Q8_MEAN_REL: f32 = 0.025;
+/// candle's quantized matrix product also quantizes the activations (Q8_0
+/// weights meet Q8_0 activations); against the same weights dequantized
+/// (measured 0.05 and 0.008 of the logit scale).
+const QMATMUL_MAX_REL: f32 = 0.1;
+const QMATMUL_MEAN_REL: f32 = 0.015;
+/// The cases whose Q8_0 file transformers' GGUF loader runs faithfully.
+const HF_GGUF_CASES: [&str; 3] = ["llama-gqa", "qwen2-bias", "phi3-fused"];
 
 fn load(case: &str, file: &str, mode: WeightMode) -> Result<(ReferenceCase, Decoder)> {
     let dir = oracle_case(case);
@@ -81,24 +88,65 @@ fn gguf_greedy_continuation_equals_transformers() -> Result<()> {
     Ok(())
 }
 
+/// The exact check of the quantized file: lcut dequantizing Q8_0 gives the
+/// logits transformers gives from the same file (`reference.q8_0.safetensors`,
+/// made by `fixtures/oracle/hf_gguf_logits.py`).
 #[test]
-fn q8_0_gguf_stays_within_its_quantization_error() -> Result<()> {
+fn q8_0_dequantized_equals_transformers_on_the_same_file() -> Result<()> {
+    for case in HF_GGUF_CASES {
+        let (reference, model) = load(case, "model.q8_0.gguf", WeightMode::Dense(DType::F32))?;
+        let path = oracle_case(case).join("reference.q8_0.safetensors");
+        let hf = candle_core::safetensors::load(&path, &Device::Cpu)?;
+        let ours = model.teacher_forced_logits(&reference.ids, None)?;
+        let d = deviation(&ours, &hf["logits"])?;
+        ensure!(
+            d.max_abs <= 1e-4,
+            "{case} (Q8_0 dequantized): logits differ from transformers' by {:e}",
+            d.max_abs
+        );
+    }
+    Ok(())
+}
+
+/// Q8_0 against transformers' float32 logits of the original weights, every
+/// policy, and candle's quantized products against the dequantized path.
+#[test]
+fn q8_0_stays_within_its_quantization_error() -> Result<()> {
+    let mut failures = Vec::new();
+    let mut worst = [0f32; 4];
     for case in CASES {
-        for mode in [WeightMode::Dense(DType::F32), WeightMode::Quantized] {
-            let (reference, model) = load(case, "model.q8_0.gguf", mode)?;
-            for pair in reference.logit_pairs(&model)? {
-                let d = deviation(&pair.ours, &pair.reference)?;
-                ensure!(
-                    d.max_abs <= Q8_MAX_REL * d.scale && d.mean_abs <= Q8_MEAN_REL * d.scale,
-                    "{case} (Q8_0, {mode:?}): {}: max |d| {:e}, mean {:e}, scale {}",
-                    pair.key,
-                    d.max_abs,
-                    d.mean_abs,
-                    d.scale
-                );
+        let (reference, dense) = load(case, "model.q8_0.gguf", WeightMode::Dense(DType::F32))?;
+        let (_, quant) = load(case, "model.q8_0.gguf", WeightMode::Quantized)?;
+        let dense_pairs = reference.logit_pairs(&dense)?;
+        let quant_pairs = reference.logit_pairs(&quant)?;
+        for (dp, qp) in dense_pairs.iter().zip(&quant_pairs) {
+            let vs_f32 = deviation(&dp.ours, &dp.reference)?;
+            let vs_dense = deviation(&qp.ours, &dp.ours)?;
+            let rel = [
+                vs_f32.max_abs / vs_f32.scale,
+                vs_f32.mean_abs / vs_f32.scale,
+                vs_dense.max_abs / vs_dense.scale,
+                vs_dense.mean_abs / vs_dense.scale,
+            ];
+            for (w, r) in worst.iter_mut().zip(rel) {
+                *w = w.max(r);
+            }
+            if rel[0] > Q8_MAX_REL || rel[1] > Q8_MEAN_REL {
+                failures.push(format!("{case} {}: vs f32 {rel:?}", dp.key));
+            }
+            if rel[2] > QMATMUL_MAX_REL || rel[3] > QMATMUL_MEAN_REL {
+                failures.push(format!(
+                    "{case} {}: quantized vs dequantized {rel:?}",
+                    dp.key
+                ));
             }
         }
     }
+    eprintln!(
+        "Q8_0 vs transformers f32: max {:.4}, mean {:.4}; quantized vs dequantized: max {:.4}, mean {:.4} (of the logit scale)",
+        worst[0], worst[1], worst[2], worst[3]
+    );
+    ensure!(failures.is_empty(), "{}", failures.join("\n"));
     Ok(())
 }
 

@@ -190,7 +190,9 @@ fn hf_config(m: &Meta<'_>, arch: Arch) -> Result<Value> {
         c.insert("max_position_embeddings".into(), json!(ctx));
     }
     // llama.cpp writes 0 for "no window" (Phi-3 without one)
-    let window = m.opt_count(&m.key("attention.sliding_window"))?.filter(|&w| w > 0);
+    let window = m
+        .opt_count(&m.key("attention.sliding_window"))?
+        .filter(|&w| w > 0);
     if let Some(window) = window {
         c.insert("sliding_window".into(), json!(window));
         if arch == Arch::Llama {

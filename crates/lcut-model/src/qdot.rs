@@ -1,0 +1,248 @@
+//! Quantized matrix products for a few rows (decoding) on the CPU, for the
+//! ggml types whose candle kernels are scalar in a portable build (Q4_0,
+//! Q4_1, Q8_0): the activations are quantized to 8 bits per block of 32
+//! (as ggml's Q8_1: a scale and the scaled sum), each output row is one
+//! integer dot product per block, and output rows run in parallel. The
+//! block loops are compiled twice, for the baseline CPU and for AVX2, and
+//! the AVX2 copy is chosen at run time.
+
+use candle_core::quantized::GgmlDType;
+use half::f16;
+use rayon::prelude::*;
+
+/// Values per block in every type handled here.
+const BLOCK: usize = 32;
+/// Output rows per parallel task.
+const ROWS_PER_TASK: usize = 64;
+
+/// Whether [`matmul`] handles this type.
+pub fn supports(dtype: GgmlDType) -> bool {
+    matches!(dtype, GgmlDType::Q4_0 | GgmlDType::Q4_1 | GgmlDType::Q8_0)
+}
+
+/// Bytes of one block of a supported type.
+fn block_bytes(dtype: GgmlDType) -> usize {
+    match dtype {
+        GgmlDType::Q4_0 => Q4_0::BYTES,
+        GgmlDType::Q4_1 => Q4_1::BYTES,
+        _ => Q8_0::BYTES,
+    }
+}
+
+/// One row of activations quantized to 8 bits per block of 32.
+struct QuantizedRow {
+    /// Quantized values, block by block.
+    q: Vec<[i8; BLOCK]>,
+    /// Scale of each block.
+    d: Vec<f32>,
+    /// Scale times the sum of the block's quantized values.
+    s: Vec<f32>,
+}
+
+fn quantize_row(x: &[f32]) -> QuantizedRow {
+    let blocks = x.len() / BLOCK;
+    let mut out = QuantizedRow {
+        q: Vec::with_capacity(blocks),
+        d: Vec::with_capacity(blocks),
+        s: Vec::with_capacity(blocks),
+    };
+    for xs in x.chunks_exact(BLOCK) {
+        let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+        let mut q = [0i8; BLOCK];
+        let mut sum = 0i32;
+        for (q, v) in q.iter_mut().zip(xs) {
+            *q = (v * inv).round() as i8;
+            sum += i32::from(*q);
+        }
+        out.q.push(q);
+        out.d.push(d);
+        out.s.push(d * sum as f32);
+    }
+    out
+}
+
+/// Sum of products of two blocks of 32 small integers (vectorizes).
+#[inline(always)]
+fn idot(w: &[i8; BLOCK], a: &[i8; BLOCK]) -> i32 {
+    w.iter()
+        .zip(a)
+        .map(|(&x, &y)| i32::from(x) * i32::from(y))
+        .sum()
+}
+
+/// The 32 4-bit values of a Q4 block (low nibbles first), minus `offset`.
+#[inline(always)]
+fn nibbles(qs: &[u8], offset: i8) -> [i8; BLOCK] {
+    let mut w = [0i8; BLOCK];
+    for (j, &b) in qs.iter().take(16).enumerate() {
+        w[j] = (b & 0x0F) as i8 - offset;
+        w[j + 16] = (b >> 4) as i8 - offset;
+    }
+    w
+}
+
+/// The f16 scale at `at`, converted with a few integer operations for
+/// normal numbers (every real scale) and the exact routine otherwise.
+#[inline(always)]
+fn scale(bytes: &[u8], at: usize) -> f32 {
+    let h = u32::from(u16::from_le_bytes([bytes[at], bytes[at + 1]]));
+    let exp = h & 0x7C00;
+    if exp == 0 || exp == 0x7C00 {
+        return f16::from_bits(h as u16).to_f32_const();
+    }
+    // rebias the exponent from 15 to 127 and widen the mantissa from 10 to 23 bits
+    f32::from_bits(((h & 0x8000) << 16) | (((h & 0x7FFF) << 13) + (112 << 23)))
+}
+
+/// One ggml block type: its size and its dot product with 32 quantized
+/// activations (`d`: their scale, `s`: scale times their sum).
+trait Kind {
+    const BYTES: usize;
+    fn dot(blk: &[u8], qa: &[i8; BLOCK], d: f32, s: f32) -> f32;
+}
+
+/// Q4_0: scale, 32 4-bit values v (weight = scale * (v - 8)).
+struct Q4_0;
+/// Q4_1: scale, minimum, 32 4-bit values v (weight = scale * v + minimum).
+struct Q4_1;
+/// Q8_0: scale, 32 signed bytes (weight = scale * v).
+struct Q8_0;
+
+impl Kind for Q4_0 {
+    const BYTES: usize = 18;
+    #[inline(always)]
+    fn dot(blk: &[u8], qa: &[i8; BLOCK], d: f32, _s: f32) -> f32 {
+        scale(blk, 0) * d * idot(&nibbles(&blk[2..18], 8), qa) as f32
+    }
+}
+
+impl Kind for Q4_1 {
+    const BYTES: usize = 20;
+    #[inline(always)]
+    fn dot(blk: &[u8], qa: &[i8; BLOCK], d: f32, s: f32) -> f32 {
+        let (dw, mw) = (scale(blk, 0), scale(blk, 2));
+        let w = nibbles(&blk[4..20], 0);
+        dw * d * idot(&w, qa) as f32 + mw * s
+    }
+}
+
+impl Kind for Q8_0 {
+    const BYTES: usize = 34;
+    #[inline(always)]
+    fn dot(blk: &[u8], qa: &[i8; BLOCK], d: f32, _s: f32) -> f32 {
+        let mut w = [0i8; BLOCK];
+        for (w, &b) in w.iter_mut().zip(&blk[2..34]) {
+            *w = b as i8;
+        }
+        scale(blk, 0) * d * idot(&w, qa) as f32
+    }
+}
+
+/// One task: `out[i]` = row i of `w` dot `a`, for a run of output rows.
+#[inline(always)]
+fn rows_body<K: Kind>(w: &[u8], row_bytes: usize, a: &QuantizedRow, out: &mut [f32]) {
+    for (o, row) in out.iter_mut().zip(w.chunks_exact(row_bytes)) {
+        let mut sum = 0f32;
+        let blocks = row.chunks_exact(K::BYTES).zip(&a.q);
+        for ((blk, qa), (d, s)) in blocks.zip(a.d.iter().zip(&a.s)) {
+            sum += K::dot(blk, qa, *d, *s);
+        }
+        *o = sum;
+    }
+}
+
+fn rows_portable(dtype: GgmlDType, w: &[u8], row_bytes: usize, a: &QuantizedRow, out: &mut [f32]) {
+    match dtype {
+        GgmlDType::Q4_0 => rows_body::<Q4_0>(w, row_bytes, a, out),
+        GgmlDType::Q4_1 => rows_body::<Q4_1>(w, row_bytes, a, out),
+        _ => rows_body::<Q8_0>(w, row_bytes, a, out),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn rows_avx2(dtype: GgmlDType, w: &[u8], row_bytes: usize, a: &QuantizedRow, out: &mut [f32]) {
+    match dtype {
+        GgmlDType::Q4_0 => rows_body::<Q4_0>(w, row_bytes, a, out),
+        GgmlDType::Q4_1 => rows_body::<Q4_1>(w, row_bytes, a, out),
+        _ => rows_body::<Q8_0>(w, row_bytes, a, out),
+    }
+}
+
+#[allow(unsafe_code)]
+fn rows(dtype: GgmlDType, w: &[u8], row_bytes: usize, a: &QuantizedRow, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c")
+    {
+        // SAFETY: the CPU has just been checked to support AVX2, FMA and
+        // F16C, the only requirement of `rows_avx2` (its body is safe code).
+        unsafe { rows_avx2(dtype, w, row_bytes, a, out) };
+        return;
+    }
+    rows_portable(dtype, w, row_bytes, a, out);
+}
+
+/// `x W^T` for `x` [m, k] (row-major f32) and `W` [n, k] given as the raw
+/// ggml blocks of a supported type; returns [m, n] row-major. `k` must be a
+/// multiple of 32 and `w` exactly `n` rows of `k / 32` blocks.
+pub fn matmul(dtype: GgmlDType, w: &[u8], n: usize, k: usize, x: &[f32]) -> Vec<f32> {
+    let row_bytes = k / BLOCK * block_bytes(dtype);
+    debug_assert_eq!(w.len(), n * row_bytes);
+    let m = x.len() / k;
+    let mut out = vec![0f32; m * n];
+    for (xr, yr) in x.chunks_exact(k).zip(out.chunks_exact_mut(n)) {
+        let a = quantize_row(xr);
+        yr.par_chunks_mut(ROWS_PER_TASK)
+            .zip(w.par_chunks(ROWS_PER_TASK * row_bytes))
+            .for_each(|(o, wc)| rows(dtype, wc, row_bytes, &a, o));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::quantized::{QMatMul, QTensor};
+    use candle_core::{Device, Module, Tensor};
+
+    /// Against candle's own quantized product (the same activation
+    /// quantization) and against the dequantized weights in f32.
+    #[test]
+    fn scales_convert_exactly() {
+        for bits in [
+            0u16, 1, 0x03FF, 0x0400, 0x3C00, 0x3555, 0x7BFF, 0x7C00, 0x8001, 0xBC00, 0xFBFF,
+        ] {
+            let b = bits.to_le_bytes();
+            let want = f16::from_bits(bits).to_f32();
+            assert_eq!(scale(&b, 0).to_bits(), want.to_bits(), "{bits:#06x}");
+        }
+    }
+
+    #[test]
+    fn matches_candle_and_the_dequantized_product() -> candle_core::Result<()> {
+        let dev = Device::Cpu;
+        let (n, k) = (70, 128);
+        let w = Tensor::randn(0f32, 0.2, (n, k), &dev)?;
+        let x = Tensor::randn(0f32, 1.0, (3, k), &dev)?;
+        for dtype in [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q8_0] {
+            let q = std::sync::Arc::new(QTensor::quantize(&w, dtype)?);
+            let ours = matmul(dtype, &q.data()?, n, k, &x.flatten_all()?.to_vec1()?);
+            let ours = Tensor::from_vec(ours, (3, n), &dev)?;
+            let candle = QMatMul::from_arc(q.clone())?.forward(&x)?;
+            let dense = x.matmul(&q.dequantize(&dev)?.t()?)?;
+            let scale = dense.abs()?.max_all()?.to_scalar::<f32>()?;
+            let vs_candle = (&ours - &candle)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            let vs_dense = (&ours - &dense)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            assert!(
+                vs_candle <= 1e-3 * scale,
+                "{dtype:?}: vs candle {vs_candle}"
+            );
+            assert!(vs_dense <= 2e-2 * scale, "{dtype:?}: vs dense {vs_dense}");
+        }
+        Ok(())
+    }
+}
