@@ -35,7 +35,7 @@ pub enum PromptSource {
 /// What the UI asks the worker to do.
 #[derive(Debug, Clone)]
 pub enum Command {
-    /// Load a model folder (replacing the current one).
+    /// Load a model folder or a `.gguf` file (replacing the current model).
     OpenModel(PathBuf),
     /// Read a saved report (a `report.json`, or a folder holding one).
     OpenReport {
@@ -90,10 +90,10 @@ pub enum Command {
     Shutdown,
 }
 
-/// What a model folder holds, as the UI shows it.
+/// What a model (folder or `.gguf` file) holds, as the UI shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelSummary {
-    /// The folder.
+    /// The model folder or `.gguf` file.
     pub path: String,
     /// Architecture name.
     pub arch: String,
@@ -136,9 +136,9 @@ pub struct LiveToken {
 /// What the worker tells the UI.
 #[derive(Debug, Clone)]
 pub enum Event {
-    /// A model folder is loaded.
+    /// A model (folder or `.gguf` file) is loaded.
     ModelOpened(ModelSummary),
-    /// Loading a model folder failed.
+    /// Loading a model failed.
     ModelFailed(String),
     /// Progress of the running job.
     Progress {

@@ -1,33 +1,46 @@
-//! The control bar: model folder, prompts, run / cancel with progress, open a
-//! report, export; and the status bar.
+//! The control bar: model (folder or `.gguf`), prompts, run / cancel with
+//! progress, open a report, export; and the status bar.
 
 use std::path::{Path, PathBuf};
 
 use egui::{Color32, ComboBox, DragValue, ProgressBar, RichText, TextEdit, Ui};
 use lcut_report::Format;
 
-use crate::files::{DialogPurpose, open_dialog};
+use crate::files::{DialogPurpose, dialog_start, open_dialog};
 use crate::state::{PromptChoice, ViewerState};
 
 fn model_row(ui: &mut Ui, state: &mut ViewerState) {
     let idle = !state.busy();
     ui.horizontal(|ui| {
-        let l = ui.label("Model folder:");
-        ui.add(TextEdit::singleline(&mut state.inputs.model_dir).desired_width(320.0))
-            .labelled_by(l.id);
+        let l = ui.label("Model (folder or .gguf):");
+        ui.add(
+            TextEdit::singleline(&mut state.inputs.model_path)
+                .desired_width(320.0)
+                .hint_text("a model folder or a .gguf file"),
+        )
+        .labelled_by(l.id);
         if ui
-            .add_enabled(idle, egui::Button::new("Browse model…"))
+            .add_enabled(idle, egui::Button::new("Browse folder…"))
+            .on_hover_text("pick a model folder (config.json, safetensors, tokenizer)")
             .clicked()
         {
-            let start = PathBuf::from(&state.inputs.model_dir);
-            open_dialog(state, DialogPurpose::ModelDir, Some(&start));
+            let start = dialog_start(&state.inputs.model_path);
+            open_dialog(state, DialogPurpose::ModelDir, start.as_deref());
+        }
+        if ui
+            .add_enabled(idle, egui::Button::new("Browse .gguf…"))
+            .on_hover_text("pick a GGUF model file (tokenizer and chat template inside)")
+            .clicked()
+        {
+            let start = dialog_start(&state.inputs.model_path);
+            open_dialog(state, DialogPurpose::ModelFile, start.as_deref());
         }
         if ui
             .add_enabled(idle, egui::Button::new("Open model"))
             .clicked()
         {
-            let dir = PathBuf::from(state.inputs.model_dir.trim());
-            state.open_model(dir);
+            let path = PathBuf::from(state.inputs.model_path.trim());
+            state.open_model(path);
         }
         if ui
             .add_enabled(idle, egui::Button::new("Bundled model"))

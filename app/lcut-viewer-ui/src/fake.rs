@@ -36,7 +36,7 @@ impl Default for FakeOptions {
     }
 }
 
-/// The summary the fake worker reports for any model folder.
+/// The summary the fake worker reports for any model path (folder or `.gguf`).
 pub fn fake_model(path: &str, o: &FakeOptions) -> ModelSummary {
     ModelSummary {
         path: path.to_string(),
@@ -122,7 +122,9 @@ pub fn serve(port: WorkerPort, o: FakeOptions) {
             Command::OpenModel(path) => {
                 let p = path.display().to_string();
                 if p.trim().is_empty() {
-                    port.send(Event::ModelFailed("no model folder given".into()));
+                    port.send(Event::ModelFailed(
+                        "no model folder or .gguf file given".into(),
+                    ));
                 } else {
                     port.send(Event::ModelOpened(fake_model(&p, &o)));
                 }

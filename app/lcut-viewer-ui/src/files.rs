@@ -1,6 +1,6 @@
 //! Opening files: a pure-egui file dialog (`egui_file`, no GTK or portal) for
-//! model folders, prompt files, reports and export folders, and reports or
-//! model folders dropped onto the window.
+//! model folders, GGUF model files, prompt files, reports and export folders,
+//! and reports or models dropped onto the window.
 
 use std::path::{Path, PathBuf};
 
@@ -11,8 +11,10 @@ use crate::state::{PromptChoice, ViewerState};
 /// What the open dialog is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DialogPurpose {
-    /// Pick a model folder.
+    /// Pick a model folder (Hugging Face layout, with `config.json`).
     ModelDir,
+    /// Pick a GGUF model file (`.gguf`).
+    ModelFile,
     /// Pick a JSONL prompt file.
     PromptFile,
     /// Pick a report (`report.json`).
@@ -32,6 +34,11 @@ pub struct FileDialogState {
 pub fn open_dialog(state: &mut ViewerState, purpose: DialogPurpose, start: Option<&Path>) {
     let dialog = match purpose {
         DialogPurpose::ModelDir | DialogPurpose::ExportDir => FileDialog::select_folder(),
+        // Folders (to browse into) and `.gguf` files only.
+        DialogPurpose::ModelFile => FileDialog::open_file()
+            .title("Open a .gguf model")
+            .show_files_filter(Box::new(is_gguf_path))
+            .filename_filter(Box::new(|name: &str| is_gguf_path(Path::new(name)))),
         DialogPurpose::PromptFile | DialogPurpose::Report => FileDialog::open_file(),
     };
     let mut dialog = match start.filter(|p| p.exists()) {
@@ -63,7 +70,7 @@ pub fn show_dialog(ctx: &egui::Context, state: &mut ViewerState) {
 /// Acts on a path picked for `purpose`.
 pub fn apply_pick(state: &mut ViewerState, purpose: DialogPurpose, path: PathBuf) {
     match purpose {
-        DialogPurpose::ModelDir => {
+        DialogPurpose::ModelDir | DialogPurpose::ModelFile => {
             state.open_model(path);
         }
         DialogPurpose::PromptFile => {
@@ -77,13 +84,41 @@ pub fn apply_pick(state: &mut ViewerState, purpose: DialogPurpose, path: PathBuf
     }
 }
 
+/// True for a path named like a GGUF model file (extension `.gguf`, any
+/// case), whether or not it exists. The same rule as
+/// `lcut_model::gguf::is_gguf_path`, which this crate does not depend on.
+pub fn is_gguf_path(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+}
+
 /// True for a folder that looks like a model (has `config.json`).
 pub fn is_model_dir(path: &Path) -> bool {
     path.is_dir() && path.join("config.json").is_file()
 }
 
-/// Opens what was dropped on the window: a model folder loads the model;
-/// anything else is read as a report (a `report.json` or a run folder).
+/// True for what the viewer opens as a model: a model folder or a `.gguf`
+/// file (a missing or damaged `.gguf` too, so that loading it reports why).
+pub fn is_model_path(path: &Path) -> bool {
+    is_model_dir(path) || is_gguf_path(path)
+}
+
+/// Where a dialog starts, given the path typed for it: the path itself when
+/// it is a folder, else the folder holding it (a `.gguf` file's folder).
+pub fn dialog_start(typed: &str) -> Option<PathBuf> {
+    let p = PathBuf::from(typed.trim());
+    if p.is_dir() {
+        Some(p)
+    } else {
+        p.parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .map(Path::to_path_buf)
+    }
+}
+
+/// Opens what was dropped on the window: a model folder or a `.gguf` file
+/// loads the model; anything else is read as a report (a `report.json` or a
+/// run folder).
 pub fn handle_dropped(ctx: &egui::Context, state: &mut ViewerState) {
     let dropped: Vec<PathBuf> = ctx.input(|i| {
         i.raw
@@ -93,7 +128,7 @@ pub fn handle_dropped(ctx: &egui::Context, state: &mut ViewerState) {
             .collect()
     });
     if let Some(path) = dropped.into_iter().next() {
-        if is_model_dir(&path) {
+        if is_model_path(&path) {
             state.open_model(path);
         } else {
             state.open_report(path);

@@ -169,14 +169,30 @@ fn show_column(ui: &mut Ui, title: &str, tokens: &[LiveToken], agree: &[bool], m
             ui.horizontal_wrapped(|ui| {
                 ui.spacing_mut().item_spacing.x = 0.0;
                 for (i, t) in tokens.iter().enumerate() {
-                    let text = RichText::new(t.text.replace('\n', "\\n")).monospace();
-                    let text = if agree.get(i).copied().unwrap_or(true) {
-                        text
-                    } else {
-                        text.background_color(DISAGREE).color(Color32::WHITE)
-                    };
-                    ui.label(text)
-                        .on_hover_text(format!("step {i}, token id {}", t.id));
+                    let disagree = !agree.get(i).copied().unwrap_or(true);
+                    // A newline shows as `\n` and breaks the line.
+                    let pieces: Vec<&str> = t.text.split('\n').collect();
+                    for (k, piece) in pieces.iter().enumerate() {
+                        let last = k + 1 == pieces.len();
+                        let shown = if last {
+                            (*piece).to_string()
+                        } else {
+                            format!("{piece}\\n")
+                        };
+                        if !shown.is_empty() {
+                            let text = RichText::new(shown).monospace();
+                            let text = if disagree {
+                                text.background_color(DISAGREE).color(Color32::WHITE)
+                            } else {
+                                text
+                            };
+                            ui.label(text)
+                                .on_hover_text(format!("step {i}, token id {}", t.id));
+                        }
+                        if !last {
+                            ui.end_row();
+                        }
+                    }
                 }
             });
         });

@@ -72,8 +72,8 @@ pub enum PromptChoice {
 /// The inputs of a diagnostic run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunInputs {
-    /// Model folder as typed or picked.
-    pub model_dir: String,
+    /// The model as typed or picked: a model folder or a `.gguf` file.
+    pub model_path: String,
     /// The bundled model's folder.
     pub bundled_model: PathBuf,
     /// Prompt source.
@@ -93,7 +93,7 @@ pub struct RunInputs {
 impl Default for RunInputs {
     fn default() -> Self {
         Self {
-            model_dir: String::new(),
+            model_path: String::new(),
             bundled_model: PathBuf::from("fixtures/models/copy-full"),
             prompts: PromptChoice::Bundled,
             prompts_file: String::new(),
@@ -108,7 +108,7 @@ impl Default for RunInputs {
 /// What kind of job is running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum JobKind {
-    /// Loading a model folder.
+    /// Loading a model (folder or `.gguf` file).
     OpenModel,
     /// Reading a report file.
     OpenReport,
@@ -289,10 +289,11 @@ impl ViewerState {
         true
     }
 
-    /// Asks the worker to load `dir`.
-    pub fn open_model(&mut self, dir: PathBuf) -> bool {
-        self.inputs.model_dir = dir.display().to_string();
-        self.start(JobKind::OpenModel, |_| Command::OpenModel(dir))
+    /// Asks the worker to load the model at `path` (a model folder or a
+    /// `.gguf` file).
+    pub fn open_model(&mut self, path: PathBuf) -> bool {
+        self.inputs.model_path = path.display().to_string();
+        self.start(JobKind::OpenModel, |_| Command::OpenModel(path))
     }
 
     /// Asks the worker to read a report file (or a run folder).
@@ -410,7 +411,7 @@ impl ViewerState {
                     summary.num_heads,
                     summary.num_kv_heads
                 ));
-                self.inputs.model_dir.clone_from(&summary.path);
+                self.inputs.model_path.clone_from(&summary.path);
                 // Without a report to recommend one, start SPEED at 3/4 depth.
                 let matches_report = self
                     .loaded

@@ -15,6 +15,24 @@ use crate::recommend_panel::{show_recommendation, show_votes};
 use crate::state::{JobKind, Tab, ViewerState};
 use crate::sweep_panel::show_sweep;
 
+/// What cutting at `l_cut` of `layers` means, in words.
+pub fn cut_sentence(l_cut: usize, layers: usize) -> String {
+    if l_cut >= layers {
+        format!("Every layer (0..{}) keeps the prompt: no cut.", layers - 1)
+    } else if l_cut + 1 == layers {
+        format!(
+            "Layers 0..{} keep the prompt; layer {l_cut} sees only BoS and decode-phase tokens.",
+            l_cut - 1
+        )
+    } else {
+        format!(
+            "Layers 0..{} keep the prompt; {l_cut}..{} see only BoS and decode-phase tokens.",
+            l_cut - 1,
+            layers - 1
+        )
+    }
+}
+
 /// The right-hand panel: the chosen L_cut, the votes and the cost panel.
 pub fn show_cutoff_panel(ui: &mut Ui, state: &mut ViewerState) {
     let Some(loaded) = state.loaded.as_ref() else {
@@ -25,12 +43,7 @@ pub fn show_cutoff_panel(ui: &mut Ui, state: &mut ViewerState) {
     state.view.l_cut = state.view.l_cut.clamp(1, layers);
     ui.heading("Cutoff");
     ui.add(Slider::new(&mut state.view.l_cut, 1..=layers).text("L_cut"));
-    ui.label(format!(
-        "Layers 0..{} keep the prompt; {}..{} see only BoS and decode-phase tokens.",
-        state.view.l_cut.saturating_sub(1),
-        state.view.l_cut,
-        layers - 1
-    ));
+    ui.label(cut_sentence(state.view.l_cut, layers));
     ui.separator();
     show_votes(ui, &report.recommendation, &mut state.view.l_cut);
     ui.separator();
@@ -42,8 +55,9 @@ fn show_empty(ui: &mut Ui) {
         ui.add_space(60.0);
         ui.label(RichText::new("No report open").heading());
         ui.label(
-            "Open a model (Bundled model) and press Run diagnostics, or open a saved report \
-             (Open report…, or drop a report.json or a run folder on this window).",
+            "Open a model (a folder or a .gguf file; drop either on this window) and press \
+             Run diagnostics, or open a saved report (Open report…, or drop a report.json or \
+             a run folder on this window).",
         );
     });
 }
@@ -150,4 +164,25 @@ pub fn show_viewer(ui: &mut Ui, state: &mut ViewerState) {
         ctx.request_repaint_after(Duration::from_millis(100));
     }
     state.frames.end(start);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cut_sentence;
+
+    #[test]
+    fn the_cut_in_words() {
+        assert_eq!(
+            cut_sentence(3, 30),
+            "Layers 0..2 keep the prompt; 3..29 see only BoS and decode-phase tokens."
+        );
+        assert_eq!(
+            cut_sentence(29, 30),
+            "Layers 0..28 keep the prompt; layer 29 sees only BoS and decode-phase tokens."
+        );
+        assert_eq!(
+            cut_sentence(30, 30),
+            "Every layer (0..29) keeps the prompt: no cut."
+        );
+    }
 }

@@ -1,7 +1,8 @@
 //! The viewer driven through its labels with egui_kittest (headless, no GPU),
 //! against the fake worker: open a model, run diagnostics, move the L_cut
 //! slider and watch the cost panel, cancel, export, toggle the colour scale,
-//! drop a report, generate live.
+//! drop a report or a `.gguf` model, pick a `.gguf` in the file dialog,
+//! generate live.
 
 #![allow(clippy::unwrap_used)]
 
@@ -14,6 +15,7 @@ use egui_kittest::Harness;
 use egui_kittest::kittest::{NodeT, Queryable};
 use lcut_viewer_ui::colormap::ColorScale;
 use lcut_viewer_ui::fake::{self, FakeOptions};
+use lcut_viewer_ui::files::{DialogPurpose, dialog_start, is_gguf_path, is_model_path};
 use lcut_viewer_ui::live::LiveStatus;
 use lcut_viewer_ui::{Tab, ViewerState, channel, testing};
 
@@ -337,4 +339,146 @@ fn live_generation_streams_and_cancels() {
     step_until(&mut h, "the cancel", |s| s.job.is_none());
     assert_eq!(h.state().live.status, LiveStatus::Cancelled);
     assert!(h.state().live.full.len() < 4000);
+}
+
+#[test]
+fn a_dropped_gguf_file_opens_as_a_model() {
+    let dir = tempfile::tempdir().unwrap();
+    // The fake worker does not read it: the name alone makes it a model.
+    let gguf = dir.path().join("tiny.Q4_1.GGUF");
+    std::fs::write(&gguf, b"GGUF").unwrap();
+    let mut h = harness(FakeOptions::default());
+    assert!(h.query_by_label("Model (folder or .gguf):").is_some());
+    h.input_mut()
+        .dropped_files
+        .push(Arc::new(Dropped(gguf.clone())));
+    h.step();
+    step_until(&mut h, "the dropped model", |s| {
+        s.model.is_some() || s.error.is_some()
+    });
+    assert!(h.state().error.is_none(), "{:?}", h.state().error);
+    assert!(
+        h.state().loaded.is_none(),
+        "opened as a model, not a report"
+    );
+    let shown = gguf.display().to_string();
+    assert_eq!(h.state().model.as_ref().unwrap().path, shown);
+    assert_eq!(h.state().inputs.model_path, shown);
+    assert!(h.query_by_label_contains("llama: 16 layers").is_some());
+    // Run diagnostics on it: the model is usable.
+    h.get_by_label("Run diagnostics").click();
+    h.step();
+    step_until(&mut h, "the report", |s| {
+        s.loaded.is_some() && s.job.is_none()
+    });
+
+    // A dropped model folder opens as a model too, a run folder as a report.
+    let folder = dir.path().join("model");
+    std::fs::create_dir(&folder).unwrap();
+    std::fs::write(folder.join("config.json"), b"{}").unwrap();
+    h.input_mut()
+        .dropped_files
+        .push(Arc::new(Dropped(folder.clone())));
+    h.step();
+    step_until(&mut h, "the dropped folder", |s| {
+        s.job.is_none() && s.model.as_ref().is_some_and(|m| m.path.ends_with("model"))
+    });
+    assert_eq!(h.state().inputs.model_path, folder.display().to_string());
+}
+
+#[test]
+fn the_gguf_picker_lists_gguf_files_and_opens_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("small.gguf");
+    std::fs::write(&gguf, b"GGUF").unwrap();
+    std::fs::write(dir.path().join("notes.txt"), b"not a model").unwrap();
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+    let mut h = harness(FakeOptions::default());
+    // The typed path is a file: the dialog starts in its folder.
+    h.state_mut().inputs.model_path = dir.path().join("other.gguf").display().to_string();
+    h.step();
+    h.get_by_label("Browse .gguf…").click();
+    h.run_steps(3);
+    let purpose = h.state().dialog.as_ref().map(|d| d.purpose);
+    assert_eq!(purpose, Some(DialogPurpose::ModelFile));
+    assert!(h.query_by_label_contains("small.gguf").is_some());
+    assert!(
+        h.query_by_label_contains("sub").is_some(),
+        "folders to browse"
+    );
+    assert!(h.query_by_label_contains("notes.txt").is_none());
+    h.get_by_label_contains("small.gguf").click();
+    h.run_steps(2);
+    h.get_by_label("Open").click();
+    h.run_steps(2);
+    step_until(&mut h, "the picked model", |s| {
+        s.model.is_some() && s.job.is_none()
+    });
+    assert!(h.state().dialog.is_none());
+    assert_eq!(
+        h.state().model.as_ref().unwrap().path,
+        gguf.display().to_string()
+    );
+}
+
+#[test]
+fn model_paths_are_folders_or_gguf_files() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(is_gguf_path(Path::new("m.gguf")));
+    assert!(is_gguf_path(Path::new("a/b/M.Q8_0.GGUF")));
+    assert!(!is_gguf_path(Path::new("m.gguf.json")));
+    assert!(!is_gguf_path(Path::new("gguf")));
+    // A missing .gguf is still a model path, so loading it names the file.
+    assert!(is_model_path(&dir.path().join("missing.gguf")));
+    assert!(!is_model_path(dir.path()), "a folder without config.json");
+    std::fs::write(dir.path().join("config.json"), b"{}").unwrap();
+    assert!(is_model_path(dir.path()));
+    assert!(!is_model_path(&dir.path().join("config.json")));
+    // Dialogs start in the folder of a typed file, or in a typed folder.
+    let f = dir.path().join("x.gguf");
+    assert_eq!(
+        dialog_start(&f.display().to_string()),
+        Some(dir.path().into())
+    );
+    assert_eq!(
+        dialog_start(&dir.path().display().to_string()),
+        Some(dir.path().into())
+    );
+    assert_eq!(dialog_start(""), None);
+    assert_eq!(dialog_start("model.gguf"), None);
+}
+
+#[test]
+fn a_newline_in_live_text_shows_as_an_escape_and_breaks_the_line() {
+    use lcut_viewer_ui::backend::{LiveMetrics, LiveToken};
+    use lcut_viewer_ui::live::{LiveState, show_live};
+    let mut live = LiveState::default();
+    live.begin(2);
+    let tok = |id: u32, text: &str| {
+        Some(LiveToken {
+            id,
+            text: text.into(),
+        })
+    };
+    let m = LiveMetrics::default();
+    live.step(tok(1, "Dear"), tok(1, "Dear"), true, None, m, m);
+    live.step(tok(2, " Sam,\n"), tok(3, " Kim,\n"), false, None, m, m);
+    live.step(tok(4, "Thanks"), tok(4, "Thanks"), true, None, m, m);
+    let mut h = Harness::builder().with_size([900.0, 400.0]).build_ui_state(
+        |ui, live: &mut LiveState| {
+            let mut l_cut = 2;
+            show_live(ui, live, &mut l_cut, 4, true, "");
+        },
+        live,
+    );
+    h.run();
+    for text in [" Sam,\\n", " Kim,\\n"] {
+        assert_eq!(h.query_all_by_label(text).count(), 1, "{text}");
+    }
+    assert_eq!(h.query_all_by_label("Thanks").count(), 2);
+    // The token after the newline starts a new line, below "Dear".
+    let dear = h.query_all_by_label("Dear").next().unwrap().rect();
+    let thanks = h.query_all_by_label("Thanks").next().unwrap().rect();
+    assert!(thanks.top() >= dear.bottom(), "{dear:?} {thanks:?}");
+    assert!(thanks.left() <= dear.left() + 1.0, "{dear:?} {thanks:?}");
 }

@@ -1,12 +1,14 @@
 //! The eframe application: the UI state, the worker that serves it, what to
 //! open at start, and an optional scripted pan for frame-time measurements.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use lcut_model::gguf::is_gguf_path;
 use lcut_viewer_ui::backend::Command;
 use lcut_viewer_ui::large::{LargeSpec, large_report};
+use lcut_viewer_ui::live::LiveStatus;
 use lcut_viewer_ui::{Tab, ViewerState, channel, show_viewer};
 
 use crate::paths;
@@ -15,7 +17,8 @@ use crate::worker::{WorkerConfig, spawn};
 /// What to open and show when the window appears.
 #[derive(Debug, Clone, Default)]
 pub struct StartOptions {
-    /// A model folder to load (the bundled one when `None` and it exists).
+    /// A model to load, a folder or a `.gguf` file (the bundled one when
+    /// `None` and it exists).
     pub model: Option<PathBuf>,
     /// Do not load any model at start.
     pub no_model: bool,
@@ -29,9 +32,35 @@ pub struct StartOptions {
     pub prompts: Option<PathBuf>,
     /// Run diagnostics once the model is loaded.
     pub run: bool,
+    /// The live view's prompt.
+    pub live_prompt: Option<String>,
+    /// The live view's most new tokens.
+    pub live_max_new_tokens: Option<usize>,
+    /// Generate in the live view once the model is loaded (after the
+    /// diagnostic run of `run`, if any).
+    pub generate: bool,
+    /// The chosen L_cut for `generate` (default: the recommendation of the
+    /// run, or 3/4 of the depth).
+    pub l_cut: Option<usize>,
     /// Record this many idle frames, then drag-pan the prompt-position
     /// heatmap for as many more, print both frame-time summaries and quit.
     pub bench_pan_frames: Option<usize>,
+}
+
+/// Checks a model path given on the command line: an existing folder (the
+/// worker reports what it lacks) or an existing `.gguf` file (the worker
+/// reports a damaged one).
+pub fn check_model_path(path: &Path) -> Result<(), String> {
+    if path.is_dir() || (path.is_file() && is_gguf_path(path)) {
+        Ok(())
+    } else if !path.exists() {
+        Err(format!("{}: no such file or folder", path.display()))
+    } else {
+        Err(format!(
+            "{}: expected a model folder or a .gguf file",
+            path.display()
+        ))
+    }
 }
 
 /// Parses a tab name (case-insensitive label).
@@ -39,6 +68,14 @@ pub fn parse_tab(name: &str) -> Option<Tab> {
     Tab::ALL
         .into_iter()
         .find(|t| t.label().eq_ignore_ascii_case(name))
+}
+
+/// A job started from the command line, whose end is announced on stdout
+/// (so that scripts, such as `app/screenshots.sh`, know when to look).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Watched {
+    Run,
+    Generate,
 }
 
 /// The scripted pan.
@@ -55,6 +92,9 @@ pub struct ViewerApp {
     pub state: ViewerState,
     worker: Option<JoinHandle<()>>,
     pending_run: bool,
+    pending_generate: bool,
+    l_cut: Option<usize>,
+    watched: Option<Watched>,
     bench: Option<PanBench>,
 }
 
@@ -66,11 +106,14 @@ impl ViewerApp {
         let worker = spawn(port, WorkerConfig::default())?;
         let mut state = ViewerState::new(backend);
         state.inputs.bundled_model = paths::resolve(paths::BUNDLED_MODEL);
-        state.inputs.model_dir = state.inputs.bundled_model.display().to_string();
+        state.inputs.model_path = state.inputs.bundled_model.display().to_string();
         let mut app = Self {
             state,
             worker: Some(worker),
             pending_run: opts.run,
+            pending_generate: opts.generate,
+            l_cut: opts.l_cut,
+            watched: None,
             bench: opts.bench_pan_frames.map(|frames| PanBench {
                 frames,
                 done: 0,
@@ -114,9 +157,74 @@ impl ViewerApp {
         if let Some(t) = opts.tab {
             s.view.tab = t;
         }
+        if let Some(p) = &opts.live_prompt {
+            s.live.prompt.clone_from(p);
+        }
+        if let Some(n) = opts.live_max_new_tokens {
+            s.live.max_new_tokens = n;
+        }
         if let Some(p) = &opts.prompts {
             s.inputs.prompts_file = p.display().to_string();
             s.inputs.prompts = lcut_viewer_ui::state::PromptChoice::File;
+        }
+    }
+
+    /// Starts what the command line asked for once the model is there: the
+    /// diagnostic run, then the live generation; announces their ends.
+    fn start_pending(&mut self) {
+        let s = &mut self.state;
+        if let Some(w) = self.watched {
+            if s.busy() {
+                return;
+            }
+            self.watched = None;
+            match (w, &s.error) {
+                (_, Some(e)) => println!("failed: {e}"),
+                (Watched::Run, None) => match &s.loaded {
+                    Some(l) => println!(
+                        "run done: {} prompts, recommended L_cut {} of {}",
+                        l.report.traces.len(),
+                        l.report.recommendation.l_cut,
+                        l.report.model.num_layers
+                    ),
+                    None => println!("run stopped"),
+                },
+                (Watched::Generate, None) if s.live.status != LiveStatus::Done => {
+                    println!("generation stopped");
+                }
+                (Watched::Generate, None) => println!(
+                    "generation done: {} tokens, agreement {:.0}%",
+                    s.live.full.len(),
+                    100.0 * s.live.agreement()
+                ),
+            }
+        }
+        if !(self.pending_run || self.pending_generate) || s.busy() {
+            return;
+        }
+        if s.model.is_none() {
+            // The model failed to load (or none was asked for): say so once.
+            println!(
+                "failed: {}",
+                s.error.as_deref().unwrap_or("no model is open")
+            );
+            self.pending_run = false;
+            self.pending_generate = false;
+            return;
+        }
+        if self.pending_run {
+            self.pending_run = false;
+            if s.run_diagnose() {
+                self.watched = Some(Watched::Run);
+            }
+        } else {
+            self.pending_generate = false;
+            if let Some(c) = self.l_cut {
+                s.view.l_cut = c;
+            }
+            if s.run_generate() {
+                self.watched = Some(Watched::Generate);
+            }
         }
     }
 
@@ -213,10 +321,7 @@ impl eframe::App for ViewerApp {
 
     fn ui(&mut self, ui: &mut egui::Ui, _frame: &mut eframe::Frame) {
         show_viewer(ui, &mut self.state);
-        if self.pending_run && self.state.model.is_some() && !self.state.busy() {
-            self.pending_run = false;
-            self.state.run_diagnose();
-        }
+        self.start_pending();
         self.bench_finish(ui.ctx());
     }
 
@@ -230,5 +335,25 @@ impl eframe::App for ViewerApp {
         }
         // The worker stops at its next step; do not wait on a long prefill.
         drop(self.worker.take());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_paths_on_the_command_line() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(check_model_path(dir.path()).is_ok());
+        let gguf = dir.path().join("m.Q4_1.gguf");
+        std::fs::write(&gguf, b"GGUF").unwrap();
+        assert!(check_model_path(&gguf).is_ok());
+        let txt = dir.path().join("m.txt");
+        std::fs::write(&txt, b"").unwrap();
+        let e = check_model_path(&txt).unwrap_err();
+        assert!(e.contains("m.txt") && e.contains("a .gguf file"), "{e}");
+        let e = check_model_path(&dir.path().join("gone.gguf")).unwrap_err();
+        assert!(e.contains("gone.gguf") && e.contains("no such"), "{e}");
     }
 }

@@ -4,14 +4,14 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, anyhow};
 use clap::Parser;
-use lcut_viewer::app::{StartOptions, ViewerApp, parse_tab};
+use lcut_viewer::app::{StartOptions, ViewerApp, check_model_path, parse_tab};
 
 /// The lcut desktop viewer.
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Args {
-    /// Model folder to open at start (default: the bundled model, if present).
-    #[arg(long)]
+    /// Model to open at start: a model folder or a .gguf file (default: the bundled model, if present).
+    #[arg(long, value_name = "DIR|FILE.gguf")]
     model: Option<PathBuf>,
     /// Do not open any model at start.
     #[arg(long, conflicts_with = "model")]
@@ -25,9 +25,21 @@ struct Args {
     /// A JSONL prompt file ({"id", "prompt", "system"?} per line) instead of the bundled set.
     #[arg(long, value_name = "FILE")]
     prompts: Option<PathBuf>,
-    /// Run diagnostics on the model as soon as it is loaded.
+    /// Run diagnostics on the model as soon as it is loaded; print a line when done.
     #[arg(long)]
     run: bool,
+    /// The live view's prompt.
+    #[arg(long, value_name = "TEXT")]
+    live_prompt: Option<String>,
+    /// The live view's most new tokens.
+    #[arg(long, value_name = "N")]
+    live_max_new_tokens: Option<usize>,
+    /// Generate in the live view as soon as the model is loaded (after --run); print a line when done.
+    #[arg(long)]
+    generate: bool,
+    /// The SPEED L_cut for --generate (default: the recommendation of --run, else 3/4 of the depth).
+    #[arg(long, value_name = "N", requires = "generate")]
+    l_cut: Option<usize>,
     /// The view to show first: heatmaps, curves, recommendation, sweep or live.
     #[arg(long, value_name = "NAME")]
     screenshot_view: Option<String>,
@@ -61,6 +73,9 @@ fn main() -> anyhow::Result<()> {
         })?),
         None => None,
     };
+    if let Some(m) = &args.model {
+        check_model_path(m).map_err(|e| anyhow!("--model: {e}"))?;
+    }
     let opts = StartOptions {
         model: args.model,
         no_model: args.no_model,
@@ -69,6 +84,10 @@ fn main() -> anyhow::Result<()> {
         tab,
         prompts: args.prompts,
         run: args.run,
+        live_prompt: args.live_prompt,
+        live_max_new_tokens: args.live_max_new_tokens,
+        generate: args.generate,
+        l_cut: args.l_cut,
         bench_pan_frames: args.bench_pan,
     };
     let mut native = eframe::NativeOptions {

@@ -1,6 +1,7 @@
-//! The worker thread that owns the engine: it loads model folders, runs the
-//! diagnostics and live generations, and answers with events. Reports and
-//! exports need no model and go through `lcut_viewer_ui::jobs`.
+//! The worker thread that owns the engine: it loads models (folders or GGUF
+//! files), runs the diagnostics and live generations, and answers with
+//! events. Reports and exports need no model and go through
+//! `lcut_viewer_ui::jobs`.
 
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
@@ -13,6 +14,7 @@ use lcut_engine::diagnose::{
 use lcut_engine::{
     EngineError, Generation, GenerationConfig, Sampling, Session, TextTokenizer, kl_divergence,
 };
+use lcut_model::gguf::is_gguf_path;
 use lcut_model::{DType, Device};
 use lcut_policy::{Anchors, Policy, PolicyKind};
 use lcut_viewer_ui::backend::{
@@ -85,6 +87,15 @@ fn progress_callback<'a>(
             }
         }
         !port.is_cancelled(job)
+    }
+}
+
+/// What `path` names as a model, for messages: a GGUF file or a model folder.
+pub fn model_kind(path: &Path) -> &'static str {
+    if is_gguf_path(path) {
+        "GGUF file"
+    } else {
+        "model folder"
     }
 }
 
@@ -252,7 +263,8 @@ impl EngineWorker {
             }
             Err(e) => {
                 self.port.send(Event::ModelFailed(format!(
-                    "loading the model folder {}: {e}",
+                    "loading the {} {}: {e}",
+                    model_kind(path),
                     path.display()
                 )));
             }

@@ -2,11 +2,13 @@
 //! REAL engine worker: the bundled model when it is there (else a small
 //! model folder made from the llama-gqa oracle with a word-level tokenizer),
 //! diagnostics with a few new tokens, a cancelled run, live generation and
-//! export.
+//! export; GGUF files as models (the llama-gqa oracle's, damaged ones, and
+//! the real SmolLM2 model when it has been fetched).
 
 #![allow(clippy::unwrap_used)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use egui::accesskit::Role;
@@ -254,7 +256,7 @@ fn live_generation_side_by_side_and_export() {
 fn a_missing_model_folder_is_named_in_the_error() {
     let f = fixture();
     let mut h = harness(&f);
-    h.state_mut().inputs.model_dir = "/nonexistent/model-folder".into();
+    h.state_mut().inputs.model_path = "/nonexistent/model-folder".into();
     h.step();
     h.get_by_label("Open model").click();
     h.step();
@@ -266,4 +268,161 @@ fn a_missing_model_folder_is_named_in_the_error() {
             .count()
             >= 1
     );
+}
+
+/// The llama-gqa oracle as a GGUF file (f32 weights, SentencePiece vocab, no
+/// chat template): 6 layers, 4 heads, 2 KV heads.
+fn oracle_gguf() -> PathBuf {
+    lcut_testkit::oracle_case("llama-gqa").join("model.f32.gguf")
+}
+
+#[derive(Debug)]
+struct Dropped(PathBuf);
+
+impl egui::DroppedFile for Dropped {
+    fn path(&self) -> &Path {
+        &self.0
+    }
+    fn bytes(&self) -> Result<Vec<u8>, String> {
+        std::fs::read(&self.0).map_err(|e| e.to_string())
+    }
+}
+
+/// Types `path` into the model field and presses Open model; steps until
+/// the worker answers.
+fn open_typed_model(h: &mut Harness<'_, ViewerState>, path: &Path) {
+    h.state_mut().inputs.model_path = path.display().to_string();
+    h.step();
+    h.get_by_label("Open model").click();
+    h.step();
+    step_until(h, "the model", |s| s.job.is_none());
+}
+
+#[test]
+fn a_gguf_file_opens_as_a_model_and_runs() {
+    let f = fixture();
+    let mut h = harness(&f);
+    let gguf = oracle_gguf();
+    open_typed_model(&mut h, &gguf);
+    assert!(h.state().error.is_none(), "{:?}", h.state().error);
+    let m = h.state().model.clone().unwrap();
+    assert_eq!(m.path, gguf.display().to_string());
+    assert_eq!(
+        (m.arch.as_str(), m.num_layers, m.num_heads, m.num_kv_heads),
+        ("llama", 6, 4, 2)
+    );
+    assert!(m.has_tokenizer, "the tokenizer comes from the GGUF");
+    assert!(!m.has_chat_template);
+    assert!(
+        h.query_by_label("llama: 6 layers × 4 heads (2 KV)")
+            .is_some()
+    );
+    // Diagnostics on a typed prompt, tokenized by the GGUF's vocabulary.
+    h.state_mut().inputs.prompts = PromptChoice::Typed;
+    h.state_mut().inputs.typed_prompt = "the quick brown fox jumps over the lazy dog".into();
+    h.state_mut().inputs.max_new_tokens = 3;
+    h.step();
+    h.get_by_label("Run diagnostics").click();
+    h.step();
+    step_until(&mut h, "the report", |s| {
+        s.job.is_none() && (s.loaded.is_some() || s.error.is_some())
+    });
+    assert!(h.state().error.is_none(), "{:?}", h.state().error);
+    let report = h.state().loaded.as_ref().unwrap().report.clone();
+    assert_eq!(report.model.num_layers, 6);
+    assert_eq!(report.traces.len(), 1);
+    let tokens = report.traces[0].prompt_tokens.concat();
+    assert!(tokens.contains("fox"), "prompt tokens: {tokens:?}");
+    let rec = report.recommendation.l_cut;
+    assert!(
+        h.query_by_label(&format!("Recommended L_cut: {rec} of 6"))
+            .is_some()
+    );
+
+    // Dropped on the window, a .gguf loads as a model again (not a report).
+    h.state_mut().model = None;
+    h.input_mut()
+        .dropped_files
+        .push(Arc::new(Dropped(gguf.clone())));
+    h.step();
+    step_until(&mut h, "the dropped model", |s| {
+        s.job.is_none() && (s.model.is_some() || s.error.is_some())
+    });
+    assert!(h.state().error.is_none(), "{:?}", h.state().error);
+    assert_eq!(h.state().model.as_ref().unwrap().num_layers, 6);
+    assert_eq!(h.state().loaded.as_ref().unwrap().report, report);
+}
+
+#[test]
+fn a_damaged_gguf_is_named_in_the_error() {
+    let f = fixture();
+    let mut h = harness(&f);
+    let dir = tempfile::tempdir().unwrap();
+    // Wrong magic.
+    let bad = dir.path().join("wrong-magic.gguf");
+    let mut bytes = b"NOPE".to_vec();
+    bytes.extend_from_slice(&[0u8; 60]);
+    std::fs::write(&bad, &bytes).unwrap();
+    // The real header, cut short.
+    let cut = dir.path().join("truncated.gguf");
+    let whole = std::fs::read(oracle_gguf()).unwrap();
+    std::fs::write(&cut, &whole[..200]).unwrap();
+    // Not there at all.
+    let missing = dir.path().join("missing.gguf");
+    for (path, name) in [
+        (&bad, "wrong-magic.gguf"),
+        (&cut, "truncated.gguf"),
+        (&missing, "missing.gguf"),
+    ] {
+        // Dropped: still read as a model, so the error is the model's.
+        h.input_mut()
+            .dropped_files
+            .push(Arc::new(Dropped(path.clone())));
+        h.step();
+        step_until(&mut h, "the error", |s| s.job.is_none());
+        let e = h.state().error.clone().expect("an error");
+        assert!(e.contains(name) && e.contains("GGUF file"), "{e}");
+        assert!(h.state().model.is_none());
+        assert!(h.state().loaded.is_none(), "not read as a report: {e}");
+        assert!(h.query_all_by_label_contains(name).count() >= 1);
+    }
+    // The worker is still there: a good file loads after the bad ones.
+    open_typed_model(&mut h, &oracle_gguf());
+    assert!(h.state().error.is_none(), "{:?}", h.state().error);
+    assert_eq!(h.state().model.as_ref().unwrap().num_layers, 6);
+}
+
+#[test]
+fn the_real_gguf_model_opens_and_generates_text() {
+    let Some(model) = lcut_testkit::real_model() else {
+        return;
+    };
+    let f = fixture();
+    let mut h = harness(&f);
+    open_typed_model(&mut h, &model);
+    assert!(h.state().error.is_none(), "{:?}", h.state().error);
+    let m = h.state().model.clone().unwrap();
+    assert_eq!((m.num_layers, m.num_heads, m.num_kv_heads), (30, 9, 3));
+    assert!(m.has_tokenizer && m.has_chat_template);
+    assert!(
+        h.query_by_label("llama: 30 layers × 9 heads (3 KV)")
+            .is_some()
+    );
+    // Full model and SPEED at L_cut 24, side by side, in English.
+    h.state_mut().view.l_cut = 24;
+    h.get_by_label("Live").click();
+    h.step();
+    h.state_mut().live.prompt = "What is the capital of France?".into();
+    h.state_mut().live.max_new_tokens = 8;
+    h.step();
+    h.get_by_label("Generate at L_cut 24").click();
+    h.step();
+    step_until(&mut h, "the generation", |s| {
+        matches!(s.live.status, LiveStatus::Done | LiveStatus::Failed(_))
+    });
+    let live = &h.state().live;
+    assert_eq!(live.status, LiveStatus::Done, "{:?}", h.state().log);
+    let text: String = live.full.iter().map(|t| t.text.as_str()).collect();
+    assert!(text.contains("Paris"), "full model: {text:?}");
+    assert!(live.speed_metrics.kv_bytes < live.full_metrics.kv_bytes);
 }

@@ -18,7 +18,7 @@ pub struct TokenizeArgs {
     /// its generation prompt.
     #[arg(long)]
     pub chat: bool,
-    /// Show each token's string before the id list.
+    /// Show each token (id, vocabulary piece, text) before the id list.
     #[arg(long)]
     pub verbose: bool,
     /// The text to tokenize.
@@ -40,8 +40,9 @@ pub fn run(args: &TokenizeArgs) -> Result<()> {
     if args.verbose
         && let Some(tok) = &session.tokenizer
     {
-        for (id, piece) in ids.iter().zip(tok.token_strings(&ids)) {
-            println!("{id}\t{piece:?}");
+        let pieces = tok.token_pieces(&ids);
+        for ((id, piece), text) in ids.iter().zip(pieces).zip(tok.token_strings(&ids)) {
+            println!("{id}\t{piece:?}\t{text:?}");
         }
     }
     let list: Vec<String> = ids.iter().map(u32::to_string).collect();

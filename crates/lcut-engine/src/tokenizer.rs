@@ -126,8 +126,21 @@ impl TextTokenizer {
         self.inner.decode(ids, false).unwrap_or_default()
     }
 
-    /// The token string of each id (for hover labels).
+    /// The text of each id on its own (for hover labels and streamed
+    /// output): a byte-level piece such as `Ġrarely` reads ` rarely`; a
+    /// piece that decodes to nothing shows as the piece itself.
     pub fn token_strings(&self, ids: &[u32]) -> Vec<String> {
+        ids.iter()
+            .zip(self.token_pieces(ids))
+            .map(|(&id, piece)| match self.inner.decode(&[id], false) {
+                Ok(text) if !text.is_empty() => text,
+                _ => piece,
+            })
+            .collect()
+    }
+
+    /// The vocabulary entry of each id, as the tokenizer spells it.
+    pub fn token_pieces(&self, ids: &[u32]) -> Vec<String> {
         ids.iter()
             .map(|&id| {
                 self.inner
