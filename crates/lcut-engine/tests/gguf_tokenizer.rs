@@ -37,7 +37,11 @@ fn sentencepiece_vocabulary_tokenizes_as_transformers() -> Result<()> {
     }
     ensure!(count >= 30, "only {count} strings");
     ensure!(wrong.is_empty(), "{}", wrong.join("\n"));
-    ensure!(tok.bos_token.as_deref() == Some("<s>"), "BoS {:?}", tok.bos_token);
+    ensure!(
+        tok.bos_token.as_deref() == Some("<s>"),
+        "BoS {:?}",
+        tok.bos_token
+    );
     Ok(())
 }
 

@@ -24,14 +24,13 @@ const CASES: [&str; 7] = [
 /// Q8_0 stores each weight with 8 bits and one f16 scale per 32 values. On
 /// these random tiny models (weights drawn with std 0.15) that moves logits
 /// from transformers' float32 ones by at most this fraction of the largest
-/// logit, on average by at most the second (measured 0.10 and 0.015).
+/// logit, and on average by at most the second (measured 0.114 and 0.015).
 const Q8_MAX_REL: f32 = 0.15;
 const Q8_MEAN_REL: f32 = 0.025;
-/// candle's quantized matrix product also quantizes the activations (Q8_0
-/// weights meet Q8_0 activations); against the same weights dequantized
-/// (measured 0.05 and 0.008 of the logit scale).
-const QMATMUL_MAX_REL: f32 = 0.1;
-const QMATMUL_MEAN_REL: f32 = 0.015;
+/// Quantized products also quantize the activations (8 bits per block of
+/// 32); against the same weights dequantized (measured 0.022 and 0.004).
+const QMATMUL_MAX_REL: f32 = 0.05;
+const QMATMUL_MEAN_REL: f32 = 0.01;
 /// The cases whose Q8_0 file transformers' GGUF loader runs faithfully.
 const HF_GGUF_CASES: [&str; 3] = ["llama-gqa", "qwen2-bias", "phi3-fused"];
 
