@@ -135,12 +135,12 @@ pub enum ModelError {
         name: String,
     },
     /// A tensor has a shape that does not match the config.
-    #[error(
-        "tensor `{name}` in {folder} has shape {found:?}, expected {expected:?} from the model's config"
-    )]
+    #[error("tensor `{name}` in {folder} has shape {found:?}, expected {expected:?} from {config}")]
     TensorShape {
         /// The model folder.
         folder: PathBuf,
+        /// What the expected shape comes from (`config.json`, the GGUF metadata).
+        config: &'static str,
         /// Tensor name.
         name: String,
         /// Shape implied by the config.

@@ -72,15 +72,20 @@ fn idot(w: &[i8; BLOCK], a: &[i8; BLOCK]) -> i32 {
         .sum()
 }
 
-/// The 32 4-bit values of a Q4 block (low nibbles first), minus `offset`.
+/// Sum over a block of its 32 4-bit values (16 bytes, low nibbles first)
+/// times 32 quantized activations, in 16-bit lanes (vectorizes).
 #[inline(always)]
-fn nibbles(qs: &[u8], offset: i8) -> [i8; BLOCK] {
-    let mut w = [0i8; BLOCK];
+fn idot_u4(qs: &[u8], a: &[i8; BLOCK]) -> i32 {
+    let mut w = [0i16; BLOCK];
     for (j, &b) in qs.iter().take(16).enumerate() {
-        w[j] = (b & 0x0F) as i8 - offset;
-        w[j + 16] = (b >> 4) as i8 - offset;
+        w[j] = i16::from(b & 0x0F);
+        w[j + 16] = i16::from(b >> 4);
     }
-    w
+    let mut sum = 0i32;
+    for j in 0..BLOCK {
+        sum += i32::from(w[j] * i16::from(a[j]));
+    }
+    sum
 }
 
 /// The f16 scale at `at`, converted with a few integer operations for
@@ -113,8 +118,9 @@ struct Q8_0;
 impl Kind for Q4_0 {
     const BYTES: usize = 18;
     #[inline(always)]
-    fn dot(blk: &[u8], qa: &[i8; BLOCK], d: f32, _s: f32) -> f32 {
-        scale(blk, 0) * d * idot(&nibbles(&blk[2..18], 8), qa) as f32
+    fn dot(blk: &[u8], qa: &[i8; BLOCK], d: f32, s: f32) -> f32 {
+        // (v - 8) a summed = v a summed - 8 (a summed), and s = d (a summed)
+        scale(blk, 0) * (d * idot_u4(&blk[2..18], qa) as f32 - 8.0 * s)
     }
 }
 
@@ -123,8 +129,7 @@ impl Kind for Q4_1 {
     #[inline(always)]
     fn dot(blk: &[u8], qa: &[i8; BLOCK], d: f32, s: f32) -> f32 {
         let (dw, mw) = (scale(blk, 0), scale(blk, 2));
-        let w = nibbles(&blk[4..20], 0);
-        dw * d * idot(&w, qa) as f32 + mw * s
+        dw * d * idot_u4(&blk[4..20], qa) as f32 + mw * s
     }
 }
 

@@ -106,6 +106,7 @@ impl WeightSource for WeightFiles {
         if found != expected {
             return Err(ModelError::TensorShape {
                 folder: self.folder.clone(),
+                config: "config.json",
                 name: name.to_string(),
                 expected: expected.to_vec(),
                 found,

@@ -104,6 +104,7 @@ impl GgufFile {
         if e.shape != expected {
             return Err(ModelError::TensorShape {
                 folder: self.path.clone(),
+                config: "the file's metadata",
                 name,
                 expected: expected.to_vec(),
                 found: e.shape.clone(),
