@@ -44,11 +44,13 @@ impl Arch {
             .unwrap_or("llama")
     }
 
-    fn from_model_type(s: &str) -> Option<Arch> {
+    /// The architecture of a `model_type` (also GGUF's `general.architecture`).
+    pub(crate) fn from_model_type(s: &str) -> Option<Arch> {
         Self::ALL.iter().find(|(n, _)| *n == s).map(|(_, a)| *a)
     }
 
-    fn supported() -> String {
+    /// The `model_type`s lcut implements, comma-separated.
+    pub(crate) fn supported() -> String {
         Self::ALL
             .iter()
             .map(|(n, _)| *n)

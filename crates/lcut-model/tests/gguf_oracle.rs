@@ -11,15 +11,7 @@ use lcut_model::reference::{ReferenceCase, deviation};
 use lcut_model::{DType, Decoder, Device, WeightMode, argmax_rows};
 use lcut_testkit::oracle_case;
 
-const CASES: [&str; 7] = [
-    "llama-gqa",
-    "llama31-rope-scaled",
-    "qwen2-bias",
-    "qwen3-qknorm",
-    "mistral-window",
-    "gemma2-softcap",
-    "phi3-fused",
-];
+const CASES: [&str; 7] = lcut_testkit::ORACLE_CASES;
 
 /// Q8_0 stores each weight with 8 bits and one f16 scale per 32 values. On
 /// these random tiny models (weights drawn with std 0.15) that moves logits

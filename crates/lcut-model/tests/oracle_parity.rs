@@ -11,15 +11,7 @@ use lcut_model::{DType, Decoder, Device, LogitRows, Tensor, argmax_rows};
 use lcut_policy::{Policy, TokenPhases};
 
 const TOL: f32 = 1e-4;
-const CASES: [&str; 7] = [
-    "llama-gqa",
-    "llama31-rope-scaled",
-    "qwen2-bias",
-    "qwen3-qknorm",
-    "mistral-window",
-    "gemma2-softcap",
-    "phi3-fused",
-];
+const CASES: [&str; 7] = lcut_testkit::ORACLE_CASES;
 
 use lcut_testkit::oracle_case as case_dir;
 

@@ -14,6 +14,17 @@ pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// The seven transformers reference cases in `fixtures/oracle`.
+pub const ORACLE_CASES: [&str; 7] = [
+    "llama-gqa",
+    "llama31-rope-scaled",
+    "qwen2-bias",
+    "qwen3-qknorm",
+    "mistral-window",
+    "gemma2-softcap",
+    "phi3-fused",
+];
+
 /// The folder of reference case `name` (e.g. `llama-gqa`): a model folder
 /// (config.json, model.safetensors) with case.json and reference.safetensors.
 pub fn oracle_case(name: &str) -> PathBuf {

@@ -10,17 +10,6 @@ use crate::config::{Arch, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::gguf::header::{GgufHeader, MetaValue};
 
-/// GGUF architecture names lcut reads, and the architecture each runs as.
-/// llama.cpp writes Mistral checkpoints as `llama`.
-const ARCHITECTURES: [(&str, Arch); 6] = [
-    ("llama", Arch::Llama),
-    ("mistral", Arch::Mistral),
-    ("qwen2", Arch::Qwen2),
-    ("qwen3", Arch::Qwen3),
-    ("gemma2", Arch::Gemma2),
-    ("phi3", Arch::Phi3),
-];
-
 /// The GGUF metadata key each Hugging Face field is read from (`{a}` is the
 /// architecture), so that errors name the key the file actually has.
 const KEYS: [(&str, &str); 14] = [
@@ -122,14 +111,14 @@ pub fn architecture(header: &GgufHeader, path: &Path) -> Result<(String, Arch)> 
     let name = meta
         .opt_str("general.architecture")?
         .ok_or_else(|| meta.err("general.architecture", "an architecture name", None))?;
-    ARCHITECTURES
-        .iter()
-        .find(|(n, _)| *n == name)
-        .map(|(n, a)| (n.to_string(), *a))
+    // GGUF names the six architectures as Hugging Face's model_type does
+    // (llama.cpp writes Mistral checkpoints as `llama`)
+    Arch::from_model_type(name)
+        .map(|a| (name.to_string(), a))
         .ok_or_else(|| ModelError::UnknownArchitecture {
             path: path.to_path_buf(),
             model_type: name.to_string(),
-            supported: ARCHITECTURES.map(|(n, _)| n).join(", "),
+            supported: Arch::supported(),
         })
 }
 

@@ -2,9 +2,12 @@
 //! ggml types whose candle kernels are scalar in a portable build (Q4_0,
 //! Q4_1, Q8_0): the activations are quantized to 8 bits per block of 32
 //! (as ggml's Q8_1: a scale and the scaled sum), each output row is one
-//! integer dot product per block, and output rows run in parallel. The
-//! block loops are compiled twice, for the baseline CPU and for AVX2, and
-//! the AVX2 copy is chosen at run time.
+//! integer dot product per block, and output rows run in parallel. On a CPU
+//! with AVX2 the blocks are multiplied with AVX2 integer instructions
+//! (`avx2`, chosen at run time); elsewhere by portable code.
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 
 use candle_core::quantized::GgmlDType;
 use half::f16;
@@ -12,8 +15,10 @@ use rayon::prelude::*;
 
 /// Values per block in every type handled here.
 const BLOCK: usize = 32;
-/// Output rows per parallel task.
+/// Fewest output rows per parallel task.
 const ROWS_PER_TASK: usize = 64;
+/// Products smaller than this (multiply-adds) run on the calling thread.
+const PARALLEL_MACS: usize = 256 << 10;
 
 /// Whether [`matmul`] handles this type.
 pub fn supports(dtype: GgmlDType) -> bool {
@@ -168,11 +173,17 @@ fn rows_portable(dtype: GgmlDType, w: &[u8], row_bytes: usize, a: &QuantizedRow,
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
+#[allow(unsafe_code)]
 fn rows_avx2(dtype: GgmlDType, w: &[u8], row_bytes: usize, a: &QuantizedRow, out: &mut [f32]) {
-    match dtype {
-        GgmlDType::Q4_0 => rows_body::<Q4_0>(w, row_bytes, a, out),
-        GgmlDType::Q4_1 => rows_body::<Q4_1>(w, row_bytes, a, out),
-        _ => rows_body::<Q8_0>(w, row_bytes, a, out),
+    let row: unsafe fn(&[u8], &QuantizedRow) -> f32 = match dtype {
+        GgmlDType::Q4_0 => avx2::row_q4_0,
+        GgmlDType::Q4_1 => avx2::row_q4_1,
+        _ => avx2::row_q8_0,
+    };
+    for (o, r) in out.iter_mut().zip(w.chunks_exact(row_bytes)) {
+        // SAFETY: this function only runs where AVX2, FMA and F16C are
+        // present, which is all the row functions require.
+        *o = unsafe { row(r, a) };
     }
 }
 
@@ -184,7 +195,7 @@ fn rows(dtype: GgmlDType, w: &[u8], row_bytes: usize, a: &QuantizedRow, out: &mu
         && std::arch::is_x86_feature_detected!("f16c")
     {
         // SAFETY: the CPU has just been checked to support AVX2, FMA and
-        // F16C, the only requirement of `rows_avx2` (its body is safe code).
+        // F16C, the only requirement of `rows_avx2`.
         unsafe { rows_avx2(dtype, w, row_bytes, a, out) };
         return;
     }
@@ -201,8 +212,17 @@ pub fn matmul(dtype: GgmlDType, w: &[u8], n: usize, k: usize, x: &[f32]) -> Vec<
     let mut out = vec![0f32; m * n];
     for (xr, yr) in x.chunks_exact(k).zip(out.chunks_exact_mut(n)) {
         let a = quantize_row(xr);
-        yr.par_chunks_mut(ROWS_PER_TASK)
-            .zip(w.par_chunks(ROWS_PER_TASK * row_bytes))
+        if n * k < PARALLEL_MACS {
+            // waking the thread pool costs more than the product itself
+            rows(dtype, w, row_bytes, &a, yr);
+            continue;
+        }
+        // one task per thread: fewer hand-offs to the pool
+        let per_task = n
+            .div_ceil(rayon::current_num_threads().max(1))
+            .max(ROWS_PER_TASK);
+        yr.par_chunks_mut(per_task)
+            .zip(w.par_chunks(per_task * row_bytes))
             .for_each(|(o, wc)| rows(dtype, wc, row_bytes, &a, o));
     }
     out
