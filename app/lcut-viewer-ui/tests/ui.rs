@@ -6,7 +6,9 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+use lcut_viewer_ui::testing::Dropped;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -257,18 +259,6 @@ fn colour_scale_toggles_between_log_and_linear() {
     h.step();
     assert_eq!(h.state().view.scale, ColorScale::Log);
     assert!(h.query_all_by_label_contains("prefill mass (log)").count() > 0);
-}
-
-#[derive(Debug)]
-struct Dropped(PathBuf);
-
-impl egui::DroppedFile for Dropped {
-    fn path(&self) -> &Path {
-        &self.0
-    }
-    fn bytes(&self) -> Result<Vec<u8>, String> {
-        std::fs::read(&self.0).map_err(|e| e.to_string())
-    }
 }
 
 #[test]

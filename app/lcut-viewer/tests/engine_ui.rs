@@ -8,6 +8,8 @@
 #![allow(clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
+
+use lcut_viewer_ui::testing::Dropped;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -274,18 +276,6 @@ fn a_missing_model_folder_is_named_in_the_error() {
 /// chat template): 6 layers, 4 heads, 2 KV heads.
 fn oracle_gguf() -> PathBuf {
     lcut_testkit::oracle_case("llama-gqa").join("model.f32.gguf")
-}
-
-#[derive(Debug)]
-struct Dropped(PathBuf);
-
-impl egui::DroppedFile for Dropped {
-    fn path(&self) -> &Path {
-        &self.0
-    }
-    fn bytes(&self) -> Result<Vec<u8>, String> {
-        std::fs::read(&self.0).map_err(|e| e.to_string())
-    }
 }
 
 /// Types `path` into the model field and presses Open model; steps until

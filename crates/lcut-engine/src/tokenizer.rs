@@ -97,23 +97,20 @@ impl TextTokenizer {
 
     /// Token ids of `text`, without adding special tokens.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self
-            .inner
-            .encode(text, false)
-            .map_err(|e| EngineError::Tokenizer {
-                path: self.tokenizer_path.clone(),
-                reason: e.to_string(),
-            })?;
-        Ok(enc.get_ids().to_vec())
+        self.encode_as(text, false)
     }
 
     /// Token ids of `text` with the special tokens the tokenizer adds by
     /// itself (a BoS where the model asks for one), as transformers'
     /// `tokenizer(text)` gives them.
     pub fn encode_with_special_tokens(&self, text: &str) -> Result<Vec<u32>> {
+        self.encode_as(text, true)
+    }
+
+    fn encode_as(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
         let enc = self
             .inner
-            .encode(text, true)
+            .encode(text, add_special)
             .map_err(|e| EngineError::Tokenizer {
                 path: self.tokenizer_path.clone(),
                 reason: e.to_string(),
