@@ -23,6 +23,13 @@ impl Message {
     }
 }
 
+/// Most template instructions one rendering may execute: a chat template
+/// spends tens per message, so this allows conversations of thousands of
+/// messages and stops a runaway loop within a fraction of a second.
+pub const TEMPLATE_FUEL: u64 = 2_000_000;
+/// Deepest nesting of macro calls and includes a template may reach.
+pub const TEMPLATE_RECURSION: usize = 64;
+
 /// A compiled Hugging Face chat template.
 pub struct ChatTemplate {
     env: Environment<'static>,
@@ -45,6 +52,10 @@ impl ChatTemplate {
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
+        // a template comes with the model (a GGUF carries its own): bound the
+        // work one rendering may do, so an endless loop is an error, not a hang
+        env.set_fuel(Some(TEMPLATE_FUEL));
+        env.set_recursion_limit(TEMPLATE_RECURSION);
         env.add_template_owned("chat", source.to_string())
             .map_err(|e| e.to_string())?;
         Ok(Self {
@@ -89,6 +100,40 @@ mod tests {
             "<|start_header_id|>assistant<|end_header_id|>\n\n"
         );
         assert!(without.starts_with("<|begin_of_text|>"));
+    }
+
+    #[test]
+    fn runaway_templates_stop_with_a_named_error() {
+        let msgs = [Message::new("user", "hi")];
+        let loops =
+            "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}";
+        let start = std::time::Instant::now();
+        let err = ChatTemplate::new(loops, None, None)
+            .unwrap()
+            .render(&msgs, true)
+            .unwrap_err();
+        assert!(err.contains("fuel"), "{err}");
+        assert!(start.elapsed().as_secs() < 10, "took {:?}", start.elapsed());
+        let recursive = "{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}";
+        let err = ChatTemplate::new(recursive, None, None)
+            .unwrap()
+            .render(&msgs, true)
+            .unwrap_err();
+        assert!(err.contains("recursion"), "{err}");
+    }
+
+    #[test]
+    fn long_conversations_fit_in_the_fuel() {
+        let t = ChatTemplate::new(LLAMA3, Some("<s>"), None).unwrap();
+        let msgs: Vec<Message> = (0..2000)
+            .map(|i| {
+                Message::new(
+                    if i % 2 == 0 { "user" } else { "assistant" },
+                    "some words here",
+                )
+            })
+            .collect();
+        assert!(t.render(&msgs, true).unwrap().ends_with("\n\n"));
     }
 
     #[test]
