@@ -65,15 +65,15 @@ impl Linear {
             Self::Dense(lin) => lin.forward(x)?,
             Self::Quantized { matmul, bias } => {
                 let y = match matmul {
-                    // candle's CPU kernels for several ggml types are scalar;
                     // a prefill chunk is faster through the dense product of
-                    // the weights dequantized for this call
+                    // the weights dequantized for this call (candle's CPU
+                    // kernels go row by row, and its Q4_1 one is scalar)
                     QMatMul::QTensor(q) if rows(x) >= DEQUANTIZE_ROWS => {
                         let w = q.dequantize(x.device())?;
                         candle_nn::Linear::new(w, None).forward(x)?
                     }
-                    // decoding on the CPU: candle's kernels for these types
-                    // are scalar in a portable build
+                    // decoding on the CPU: lcut's kernel (candle's Q4_1 one is
+                    // scalar)
                     QMatMul::QTensor(q)
                         if x.device().is_cpu()
                             && x.dtype() == DType::F32
