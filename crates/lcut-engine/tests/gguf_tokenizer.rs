@@ -7,7 +7,7 @@
 
 use anyhow::{Context, Result, ensure};
 use lcut_engine::TextTokenizer;
-use lcut_model::gguf::GgufFile;
+use lcut_model::gguf::{GgufFile, GgufHeader};
 use lcut_testkit::oracle_case;
 use serde_json::Value;
 
@@ -67,5 +67,35 @@ fn a_gguf_without_tokenizer_metadata_is_named() -> Result<()> {
         msg.contains("tokenizer.ggml.tokens") && msg.contains(&path.display().to_string()),
         "{msg}"
     );
+    Ok(())
+}
+
+/// Damaged GGUF metadata never makes the tokenizer builder panic: every
+/// mutant whose header parses is turned into a tokenizer or refused.
+#[test]
+fn mutated_tokenizer_metadata_never_panics() -> Result<()> {
+    let path = oracle_case("llama-gqa").join("model.f32.gguf");
+    let good = std::fs::read(&path)?;
+    let header_len = GgufHeader::parse(&good, &path)?.header_len;
+    let (mut built, mut tried) = (0, 0);
+    for (i, bytes) in lcut_testkit::mutants(&good, header_len, 7)
+        .take(3000)
+        .enumerate()
+    {
+        let Ok(header) = GgufHeader::parse(&bytes, &path) else {
+            continue;
+        };
+        tried += 1;
+        let result = std::panic::catch_unwind(|| {
+            TextTokenizer::from_gguf(&header, &path).map(|t| t.encode("hello world 42").is_ok())
+        });
+        match result {
+            Ok(Ok(true)) => built += 1,
+            Ok(_) => {}
+            Err(_) => anyhow::bail!("mutant {i} made the tokenizer builder panic"),
+        }
+    }
+    eprintln!("{tried} parsed mutants: {built} built a working tokenizer, the rest were refused");
+    ensure!(tried > 100);
     Ok(())
 }

@@ -324,3 +324,41 @@ fn quantized_path_stays_close_to_the_dequantized_one() -> Result<()> {
     ensure!(agree * 10 >= rows * 9, "top-1 agreement {agree}/{rows}");
     Ok(())
 }
+
+/// Damaged byte-level BPE metadata (SmolLM2's 49,152 tokens and 48,900
+/// merges, pre-tokenizer, special tokens) never makes the tokenizer builder
+/// panic: each mutant whose header parses is built or refused.
+#[test]
+fn mutated_byte_level_tokenizer_metadata_never_panics() -> Result<()> {
+    let Some(path) = real_model() else {
+        return Ok(());
+    };
+    let good = std::fs::read(&path)?;
+    let header_len = lcut_model::gguf::GgufHeader::parse(&good, &path)?.header_len;
+    let head = &good[..header_len];
+    let mut tried = 0;
+    for (i, mutant) in lcut_testkit::mutants(head, header_len, 11)
+        .take(200)
+        .enumerate()
+    {
+        if mutant.len() != head.len() {
+            continue; // truncations are covered on the small files
+        }
+        let mut bytes = mutant;
+        bytes.extend_from_slice(&good[header_len..]);
+        let Ok(header) = lcut_model::gguf::GgufHeader::parse(&bytes, &path) else {
+            continue;
+        };
+        tried += 1;
+        let result = std::panic::catch_unwind(|| {
+            lcut_engine::TextTokenizer::from_gguf(&header, &path)
+                .map(|t| t.encode("Hello 1234 world").is_ok())
+        });
+        ensure!(
+            result.is_ok(),
+            "mutant {i} made the tokenizer builder panic"
+        );
+    }
+    ensure!(tried > 20, "only {tried} mutants parsed");
+    Ok(())
+}

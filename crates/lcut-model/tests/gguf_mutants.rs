@@ -1,0 +1,62 @@
+//! Damaged GGUF files by the thousand: deterministic mutants of a real GGUF
+//! (bit flips, truncations, lengths and counts replaced by huge values,
+//! runs of 0xFF) must each be refused with an error or load, never panic.
+//! Every mutant's header goes through the parser and, when that succeeds,
+//! the configuration; every tenth is loaded as a whole model from a file.
+//! `LCUT_MUTANTS=N` runs more.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::Path;
+
+use lcut_model::gguf::{GgufHeader, model_config};
+use lcut_model::{DType, Decoder, Device, WeightMode};
+use lcut_testkit::{mutants, oracle_case};
+
+const DEFAULT_MUTANTS: usize = 10_000;
+
+#[test]
+fn mutated_gguf_files_never_panic() {
+    let path = oracle_case("llama-gqa").join("model.q8_0.gguf");
+    let good = std::fs::read(&path).expect("fixture");
+    let header_len = GgufHeader::parse(&good, &path).expect("valid").header_len;
+    let count = std::env::var("LCUT_MUTANTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(DEFAULT_MUTANTS);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("mutant.gguf");
+    let (mut parsed, mut loaded, mut refused) = (0, 0, 0);
+    for (i, bytes) in mutants(&good, header_len, 20261122).take(count).enumerate() {
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            let Ok(header) = GgufHeader::parse(&bytes, Path::new("mutant.gguf")) else {
+                return (false, false);
+            };
+            let config_ok = model_config(&header, Path::new("mutant.gguf")).is_ok();
+            let mut model_ok = false;
+            if i % 10 == 0 {
+                std::fs::write(&file, &bytes).expect("write mutant");
+                for mode in [WeightMode::Dense(DType::F32), WeightMode::Quantized] {
+                    if let Ok(model) = Decoder::load_as(&file, mode, &Device::Cpu) {
+                        model_ok = model.teacher_forced_logits(&[1, 5, 9], None).is_ok();
+                    }
+                }
+            }
+            (config_ok, model_ok)
+        }));
+        match outcome {
+            Ok((config_ok, model_ok)) => {
+                parsed += usize::from(config_ok);
+                loaded += usize::from(model_ok);
+                refused += usize::from(!config_ok);
+            }
+            Err(_) => panic!("mutant {i} (seed 20261122) panicked"),
+        }
+    }
+    eprintln!(
+        "{count} mutants: {parsed} parsed to a configuration, {loaded} of the loaded tenth ran, {refused} refused"
+    );
+    assert!(
+        refused > count / 10,
+        "the mutations should damage most files"
+    );
+}
