@@ -32,23 +32,26 @@ impl Session {
     /// Load model, tokenizer and chat template from a model folder or a
     /// `.gguf` file, dense or with a GGUF's matrices kept quantized.
     pub fn load_as(path: &Path, mode: WeightMode, device: &Device) -> Result<Self> {
-        let model = Decoder::load_as(path, mode, device)?;
-        let (tokenizer, config_hash) = if is_gguf_path(path) {
+        let (model, tokenizer, config_hash) = if is_gguf_path(path) {
+            // one parse of the file serves the tokenizer, the hash and the model
             let file = GgufFile::open(path)?;
             let tokenizer = TextTokenizer::from_gguf(file.header(), path)?;
-            (Some(tokenizer), lcut_trace::hash_bytes(file.header_bytes()))
+            let hash = lcut_trace::hash_bytes(file.header_bytes());
+            (
+                Decoder::from_gguf(file, mode, device)?,
+                Some(tokenizer),
+                hash,
+            )
         } else {
+            let model = Decoder::load_as(path, mode, device)?;
             let config = path.join("config.json");
             let bytes = std::fs::read(&config).map_err(|source| lcut_model::ModelError::Io {
                 path: config,
                 source,
             })?;
-            (
-                TextTokenizer::from_folder(path)?,
-                lcut_trace::hash_bytes(&bytes),
-            )
+            let hash = lcut_trace::hash_bytes(&bytes);
+            (model, TextTokenizer::from_folder(path)?, hash)
         };
-        let folder = path;
         let template = match &tokenizer {
             Some(tok) => match &tok.chat_template {
                 Some(src) => Some(
@@ -66,7 +69,7 @@ impl Session {
             model,
             tokenizer,
             template,
-            folder: folder.to_path_buf(),
+            folder: path.to_path_buf(),
             config_hash,
         })
     }

@@ -251,10 +251,7 @@ impl Decoder {
     /// or with a GGUF's matrices kept quantized.
     pub fn load_as(path: &Path, mode: WeightMode, device: &Device) -> Result<Self> {
         if is_gguf_path(path) {
-            let file = GgufFile::open(path)?;
-            let cfg = file.config()?;
-            let weights = GgufWeights::new(file)?;
-            return Self::build(cfg, &weights, mode, device);
+            return Self::from_gguf(GgufFile::open(path)?, mode, device);
         }
         if path.is_file() {
             return Err(ModelError::MissingFile {
@@ -265,6 +262,13 @@ impl Decoder {
         let cfg = ModelConfig::from_folder(path)?;
         let files = WeightFiles::open(path)?;
         Self::build(cfg, &files, mode, device)
+    }
+
+    /// Build the decoder from an opened GGUF file (for callers that also
+    /// read its tokenizer, so the file is parsed once).
+    pub fn from_gguf(file: GgufFile, mode: WeightMode, device: &Device) -> Result<Self> {
+        let cfg = file.config().clone();
+        Self::build(cfg, &GgufWeights::new(file), mode, device)
     }
 
     /// Build the decoder from a parsed config and a source of weights.

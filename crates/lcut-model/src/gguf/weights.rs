@@ -10,7 +10,7 @@ use memmap2::Mmap;
 
 use crate::config::{Arch, ModelConfig};
 use crate::error::{ModelError, Result};
-use crate::gguf::config::{architecture, model_config};
+use crate::gguf::config::model_config;
 use crate::gguf::header::{GgufHeader, TensorEntry, ggml_type_name};
 use crate::weights::WeightSource;
 
@@ -19,6 +19,8 @@ pub struct GgufFile {
     path: PathBuf,
     map: Mmap,
     header: GgufHeader,
+    /// The model configuration the metadata describes.
+    config: ModelConfig,
     /// Query/key heads whose projection rows llama.cpp permuted for its
     /// interleaved RoPE (llama-family files); `None` when not permuted.
     permuted_heads: Option<(usize, usize)>,
@@ -45,18 +47,16 @@ impl GgufFile {
         })?;
         let map = map_file(&file, path)?;
         let header = GgufHeader::parse(&map, path)?;
-        let (_, arch) = architecture(&header, path)?;
-        let mut out = Self {
+        let config = model_config(&header, path)?;
+        let permuted_heads = matches!(config.arch, Arch::Llama | Arch::Mistral)
+            .then_some((config.num_heads, config.num_kv_heads));
+        Ok(Self {
             path: path.to_path_buf(),
             map,
             header,
-            permuted_heads: None,
-        };
-        if arch == Arch::Llama || arch == Arch::Mistral {
-            let cfg = out.config()?;
-            out.permuted_heads = Some((cfg.num_heads, cfg.num_kv_heads));
-        }
-        Ok(out)
+            config,
+            permuted_heads,
+        })
     }
 
     /// The parsed header (metadata and tensor directory).
@@ -76,8 +76,8 @@ impl GgufFile {
     }
 
     /// The model configuration the metadata describes.
-    pub fn config(&self) -> Result<ModelConfig> {
-        model_config(&self.header, &self.path)
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
     }
 
     /// The file's entry for a Hugging Face tensor name.
@@ -225,9 +225,9 @@ pub struct GgufWeights {
 
 impl GgufWeights {
     /// Wrap an opened file.
-    pub fn new(file: GgufFile) -> Result<Self> {
-        let gemma = file.config()?.arch == Arch::Gemma2;
-        Ok(Self { file, gemma })
+    pub fn new(file: GgufFile) -> Self {
+        let gemma = file.config.arch == Arch::Gemma2;
+        Self { file, gemma }
     }
 
     /// The underlying file.
