@@ -50,22 +50,22 @@ pub fn inverse_frequencies(cfg: &RopeConfig) -> Vec<f64> {
 impl Rope {
     /// Prepare the frequencies of `cfg` on `device`.
     pub fn new(cfg: &RopeConfig, device: &Device) -> Result<Self> {
-        let inv: Vec<f32> = inverse_frequencies(cfg).iter().map(|&f| f as f32).collect();
-        let n = inv.len();
-        Ok(Self {
-            inv_freq: Tensor::from_vec(inv, (1, n), device)?,
-            rotary_dim: cfg.rotary_dim,
-        })
+        Self::from_inverse(cfg, inverse_frequencies(cfg), device)
     }
 
     /// Prepare the frequencies of `cfg` each divided by its factor (llama.cpp's
     /// `rope_freqs`, one per rotated pair).
     pub fn with_factors(cfg: &RopeConfig, factors: &[f32], device: &Device) -> Result<Self> {
-        let inv: Vec<f32> = inverse_frequencies(cfg)
+        let inv = inverse_frequencies(cfg)
             .iter()
             .zip(factors)
-            .map(|(&f, &k)| (f / f64::from(k)) as f32)
+            .map(|(&f, &k)| f / f64::from(k))
             .collect();
+        Self::from_inverse(cfg, inv, device)
+    }
+
+    fn from_inverse(cfg: &RopeConfig, inv: Vec<f64>, device: &Device) -> Result<Self> {
+        let inv: Vec<f32> = inv.iter().map(|&f| f as f32).collect();
         let n = inv.len();
         Ok(Self {
             inv_freq: Tensor::from_vec(inv, (1, n), device)?,
