@@ -368,6 +368,7 @@ impl GgufHeader {
         }
         let mut raw = Vec::with_capacity(n_tensors);
         for i in 0..n_tensors {
+            let at = c.pos;
             let name = c.string(&format!("the name of tensor #{i}"))?;
             let rank = c.u32(&format!("the rank of `{name}`"))?;
             if rank == 0 || rank > MAX_DIMS {
@@ -381,7 +382,13 @@ impl GgufHeader {
             }
             let type_id = c.u32(&format!("the type of `{name}`"))?;
             let offset = c.u64(&format!("the data offset of `{name}`"))?;
-            raw.push((name, dims, type_id, offset));
+            raw.push(RawTensor {
+                at,
+                name,
+                dims,
+                type_id,
+                offset,
+            });
         }
         let alignment = match metadata.get("general.alignment") {
             None => DEFAULT_ALIGNMENT,
@@ -400,13 +407,13 @@ impl GgufHeader {
         let header_len = c.pos;
         let data_start = (header_len as u64).div_ceil(alignment) * alignment;
         let mut tensors = BTreeMap::new();
-        for (name, dims, type_id, offset) in raw {
-            let entry = tensor_entry(path, bytes.len(), data_start, &name, &dims, type_id, offset)?;
-            if tensors.insert(name.clone(), entry).is_some() {
+        for t in raw {
+            let entry = tensor_entry(path, bytes.len(), data_start, &t)?;
+            if tensors.insert(t.name.clone(), entry).is_some() {
                 return Err(ModelError::GgufMalformed {
                     path: path.to_path_buf(),
-                    offset: c.pos,
-                    reason: format!("tensor `{name}` appears twice"),
+                    offset: t.at,
+                    reason: format!("tensor `{}` appears twice", t.name),
                 });
             }
         }
@@ -419,19 +426,29 @@ impl GgufHeader {
     }
 }
 
+/// One entry of the tensor directory as the file states it.
+struct RawTensor {
+    /// Byte offset of the entry in the file.
+    at: usize,
+    name: String,
+    /// Dimensions, innermost first.
+    dims: Vec<u64>,
+    type_id: u32,
+    /// Offset of the data from the start of the data section.
+    offset: u64,
+}
+
 /// Check one tensor's dimensions, type and data range against the file.
 fn tensor_entry(
     path: &Path,
     file_len: usize,
     data_start: u64,
-    name: &str,
-    dims: &[u64],
-    type_id: u32,
-    offset: u64,
+    t: &RawTensor,
 ) -> Result<TensorEntry> {
+    let (name, dims, type_id, offset) = (&t.name, &t.dims, t.type_id, t.offset);
     let bad = |reason: String| ModelError::GgufMalformed {
         path: PathBuf::from(path),
-        offset: 0,
+        offset: t.at,
         reason: format!("tensor `{name}`: {reason}"),
     };
     if dims.contains(&0) {
