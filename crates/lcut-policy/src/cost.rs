@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::phases::Phase;
 use crate::policy::Policy;
+use crate::slim::SlimParams;
 
 /// What one token's K/V costs at one layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,6 +64,29 @@ impl KvCost {
     }
 }
 
+impl KvCost {
+    /// Token-layer slots SlimInfer holds when cut i keeps `kept[i]` prunable
+    /// tokens (sink excluded): `c_1·P + Σ_i (c_{i+1} − c_i)·P_i + L·(A + D)`.
+    pub fn slim_token_layers(&self, params: &SlimParams, num_layers: usize, kept: &[usize]) -> usize {
+        let cuts = params.cuts();
+        let upper: usize = kept
+            .iter()
+            .enumerate()
+            .take(cuts.len())
+            .map(|(i, p_i)| (cuts.get(i + 1).copied().unwrap_or(num_layers) - cuts[i]) * p_i)
+            .sum();
+        cuts[0] * self.prefill + upper + num_layers * (self.anchors + self.decode)
+    }
+
+    /// SlimInfer's held K/V predicted with whole kept blocks
+    /// ([`SlimParams::predicted_kept_tokens`]), in bytes.
+    pub fn slim_predicted_bytes(&self, params: &SlimParams, shape: &KvShape) -> u64 {
+        let kept = params.predicted_kept_tokens(self.prefill, self.anchors + self.prefill);
+        self.slim_token_layers(params, shape.num_layers, &kept) as u64
+            * shape.bytes_per_token_layer() as u64
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,5 +137,56 @@ mod tests {
         let speed = Policy::new(PolicyKind::Speed, 24, 32, Anchors::Bos).unwrap();
         let gib = cost.bytes(&speed, &shape) as f64 / (1u64 << 30) as f64;
         assert!((gib - 0.109).abs() < 0.002, "{gib}");
+    }
+
+    #[test]
+    fn slim_cost_model_reproduces_the_papers_table_2() {
+        // LLaMA-3.1-8B in bf16 (b·L = 128 KiB), slim:paper = 10/20/30 keeping
+        // 8K/4K/2K with a 64-token sink, no decode tokens
+        let shape = KvShape {
+            num_layers: 32,
+            num_kv_heads: 8,
+            head_dim: 128,
+            dtype_bytes: 2,
+        };
+        assert_eq!(shape.bytes_per_token_layer() * 32, 128 * 1024);
+        let spec: crate::PolicySpec = "slim:paper".parse().unwrap();
+        let policy = spec.resolve(32).unwrap();
+        let params = policy.slim().unwrap();
+        let full = Policy::full(32);
+        for (k, expected) in [(8, 0.797), (16, 0.555), (24, 0.474), (32, 0.434)] {
+            let cost = KvCost {
+                anchors: 64,
+                prefill: k * 1024 - 64,
+                decode: 0,
+            };
+            let ratio = cost.slim_predicted_bytes(params, &shape) as f64
+                / cost.bytes(&full, &shape) as f64;
+            assert!((ratio - expected).abs() < 5e-4, "{k}K: {ratio}");
+        }
+    }
+
+    #[test]
+    fn slim_that_keeps_nothing_costs_what_speed_costs() {
+        let shape = KvShape {
+            num_layers: 12,
+            num_kv_heads: 2,
+            head_dim: 16,
+            dtype_bytes: 4,
+        };
+        let spec: crate::PolicySpec = "slim:5@1+block:1+unit:1".parse().unwrap();
+        let params = *spec.resolve(12).unwrap().slim().unwrap();
+        let speed = Policy::new(PolicyKind::Speed, 5, 12, Anchors::Bos).unwrap();
+        let cost = KvCost {
+            anchors: 1,
+            prefill: 300,
+            decode: 9,
+        };
+        assert_eq!(
+            cost.slim_predicted_bytes(&params, &shape),
+            cost.bytes(&speed, &shape)
+        );
+        assert_eq!(params.equal_kv_cutoff(12, 300, &[0]), 5.0);
+        assert_eq!(params.equal_kv_cutoff(12, 300, &[300]), 12.0);
     }
 }

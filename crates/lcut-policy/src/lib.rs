@@ -7,7 +7,11 @@
 mod cost;
 mod phases;
 mod policy;
+mod selection;
+mod slim;
 
 pub use cost::{KvCost, KvShape};
 pub use phases::{Phase, PhaseError, TokenPhases};
 pub use policy::{Anchors, CutSpec, Policy, PolicyError, PolicyKind, PolicySpec};
+pub use selection::{SlimSelection, StepTraffic};
+pub use slim::{Budget, MAX_SLIM_CUTS, ScoreMode, SlimOptions, SlimParams, SlimSpec};

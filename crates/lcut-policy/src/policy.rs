@@ -7,6 +7,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use crate::phases::{Phase, TokenPhases};
+use crate::slim::{SlimParams, SlimSpec};
 
 /// The family of a policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -19,6 +20,11 @@ pub enum PolicyKind {
     /// Ablation: above the cutoff a query reads only itself (and the anchors
     /// when kept).
     SelfOnly,
+    /// SlimInfer: at a few cut layers only the prompt blocks the latest
+    /// queries score highest continue; the policy's static rule is SPEED's
+    /// above the first cut (sink and decode phase), and the blocks a run
+    /// keeps come from the sequence's selection.
+    Slim,
 }
 
 /// Which prompt tokens stay visible at every layer.
@@ -86,8 +92,10 @@ pub enum PolicyError {
     /// The policy string does not follow the grammar.
     #[error(
         "malformed policy {text:?}: {reason}; expected `full`, `speed:C`, `speed:C+bos`, \
-         `speed:C+prefix:N`, `speed:C+system`, `selfonly:C` or `selfonly:C+bos`, where C is a \
-         layer count (24), a fraction of depth (3/4) or a decimal (0.75)"
+         `speed:C+prefix:N`, `speed:C+system`, `selfonly:C`, `selfonly:C+bos`, \
+         `slim:C1@K1[,C2@K2...][+block:B][+unit:u][+window:w][+swap:g][+sink:n][+score:unit|avg|max]` \
+         or `slim:paper`, where C is a layer count (24), a fraction of depth (3/4) or a decimal \
+         (0.75) and K a token count (8192, 8k) or a share of the prompt (25%)"
     )]
     Malformed {
         /// The text given.
@@ -105,6 +113,19 @@ pub enum PolicyError {
         /// Depth of the model.
         num_layers: usize,
     },
+    /// A SlimInfer cut layer is outside 1..L-1 or not after the previous one.
+    #[error(
+        "SlimInfer cut layer {cut} is out of range for a model of {num_layers} layers (expected \
+         {previous} < cut < {num_layers}: each cut after the previous one and below the depth)"
+    )]
+    SlimCutOutOfRange {
+        /// The cut layer as resolved.
+        cut: usize,
+        /// The previous cut (0 for the first).
+        previous: usize,
+        /// Depth of the model.
+        num_layers: usize,
+    },
     /// `+system` anchors were asked for but the prompt has no system part.
     #[error(
         "the policy keeps the system prompt as anchors, but the prompt's system span is unknown (no chat template or no system message)"
@@ -119,8 +140,10 @@ pub struct PolicySpec {
     pub kind: PolicyKind,
     /// Cutoff (ignored for `Full`).
     pub cut: CutSpec,
-    /// Anchors kept at every layer (ignored for `Full`).
+    /// Anchors kept at every layer (ignored for `Full` and `Slim`).
     pub anchors: Anchors,
+    /// Cuts, budgets and options of a SlimInfer policy (`Slim` only).
+    pub slim: Option<SlimSpec>,
 }
 
 impl PolicySpec {
@@ -130,6 +153,17 @@ impl PolicySpec {
             kind: PolicyKind::Full,
             cut: CutSpec::Fraction(1.0),
             anchors: Anchors::None,
+            slim: None,
+        }
+    }
+
+    /// A SlimInfer policy.
+    pub fn slim(spec: SlimSpec) -> Self {
+        Self {
+            kind: PolicyKind::Slim,
+            cut: spec.cuts()[0],
+            anchors: Anchors::None,
+            slim: Some(spec),
         }
     }
 
@@ -141,6 +175,17 @@ impl PolicySpec {
                 num_layers,
             });
         }
+        if let (PolicyKind::Slim, Some(spec)) = (self.kind, &self.slim) {
+            let params = spec.resolve(num_layers)?;
+            let o = params.options;
+            return Ok(Policy {
+                kind: PolicyKind::Slim,
+                l_cut: params.cuts()[0],
+                num_layers,
+                anchors: Anchors::Prefix(o.sink * o.block),
+                slim: Some(params),
+            });
+        }
         let l_cut = match self.kind {
             PolicyKind::Full => num_layers,
             _ => self.cut.resolve(num_layers)?,
@@ -150,6 +195,7 @@ impl PolicySpec {
             l_cut,
             num_layers,
             anchors: self.anchors,
+            slim: None,
         })
     }
 }
@@ -161,7 +207,7 @@ fn malformed(text: &str, reason: impl Into<String>) -> PolicyError {
     }
 }
 
-fn parse_cut(text: &str, cut: &str) -> Result<CutSpec, PolicyError> {
+pub(crate) fn parse_cut(text: &str, cut: &str) -> Result<CutSpec, PolicyError> {
     if let Some((num, den)) = cut.split_once('/') {
         let num: f64 = num
             .trim()
@@ -226,6 +272,7 @@ impl FromStr for PolicySpec {
             .split_once(':')
             .ok_or_else(|| malformed(text, "no `:` after the policy name"))?;
         let kind = match head {
+            "slim" => return Ok(Self::slim(SlimSpec::parse(text, rest)?)),
             "speed" => PolicyKind::Speed,
             "selfonly" => PolicyKind::SelfOnly,
             other => return Err(malformed(text, format!("unknown policy {other:?}"))),
@@ -241,6 +288,7 @@ impl FromStr for PolicySpec {
             kind,
             cut: parse_cut(text, cut)?,
             anchors: parse_anchors(text, kind, suffix)?,
+            slim: None,
         })
     }
 }
@@ -253,6 +301,10 @@ impl fmt::Display for PolicySpec {
             PolicyKind::SelfOnly => {
                 write!(f, "selfonly:{}{}", self.cut, AnchorSuffix(self.anchors))
             }
+            PolicyKind::Slim => match &self.slim {
+                Some(spec) => spec.fmt(f),
+                None => write!(f, "slim:?"),
+            },
         }
     }
 }
@@ -277,6 +329,7 @@ pub struct Policy {
     l_cut: usize,
     num_layers: usize,
     anchors: Anchors,
+    slim: Option<SlimParams>,
 }
 
 impl Policy {
@@ -287,6 +340,7 @@ impl Policy {
             l_cut: num_layers,
             num_layers,
             anchors: Anchors::None,
+            slim: None,
         }
     }
 
@@ -301,8 +355,29 @@ impl Policy {
             kind,
             cut: CutSpec::Layers(l_cut),
             anchors,
+            slim: None,
         }
         .resolve(num_layers)
+    }
+
+    /// SlimInfer's cuts, budgets and options (`None` for other policies).
+    pub fn slim(&self) -> Option<&SlimParams> {
+        self.slim.as_ref()
+    }
+
+    /// Number of anchor tokens for a prompt whose decode phase starts at
+    /// `decode_start` and whose system part spans `system_len` tokens: the
+    /// anchors as written, except that SlimInfer's sink is clamped to the
+    /// decode start (a prompt shorter than the sink still runs).
+    pub fn anchor_len(
+        &self,
+        system_len: Option<usize>,
+        decode_start: usize,
+    ) -> Result<usize, PolicyError> {
+        match &self.slim {
+            Some(slim) => Ok(slim.sink_len(decode_start)),
+            None => self.anchors.len(system_len),
+        }
     }
 
     /// Policy family.
@@ -349,7 +424,7 @@ impl Policy {
         }
         match self.kind {
             PolicyKind::Full => true,
-            PolicyKind::Speed => phases.phase(k) != Phase::Prefill,
+            PolicyKind::Speed | PolicyKind::Slim => phases.phase(k) != Phase::Prefill,
             PolicyKind::SelfOnly => k == q || phases.phase(k) == Phase::Anchor,
         }
     }
@@ -367,17 +442,21 @@ impl Policy {
         }
         match self.kind {
             PolicyKind::Full => true,
-            PolicyKind::Speed => phase != Phase::Prefill,
+            PolicyKind::Speed | PolicyKind::Slim => phase != Phase::Prefill,
             PolicyKind::SelfOnly => phase == Phase::Anchor,
         }
     }
 
     /// Back to the written form with the cutoff as a layer count.
     pub fn spec(&self) -> PolicySpec {
+        if let Some(slim) = &self.slim {
+            return PolicySpec::slim(slim.spec());
+        }
         PolicySpec {
             kind: self.kind,
             cut: CutSpec::Layers(self.l_cut),
             anchors: self.anchors,
+            slim: None,
         }
     }
 }
