@@ -6,10 +6,13 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use rand::Rng;
-use rand::rngs::StdRng;
 use serde_json::json;
 use tempfile::TempDir;
+
+pub mod alloc;
+pub mod mutate;
+
+pub use mutate::{JsonMutants, MutantRun, json_mutants, mutant_count, mutants, truncations};
 
 /// The repository root.
 pub fn workspace_root() -> PathBuf {
@@ -142,64 +145,4 @@ pub fn write_chat_tokenizer(dir: &Path, words: &[&str]) -> io::Result<()> {
 pub fn chat_model(case: &str, dir: &Path, words: &[&str]) -> io::Result<()> {
     copy_model(case, dir)?;
     write_chat_tokenizer(dir, words)
-}
-
-/// One mutation of a file's `bytes` for the damaged-file tests: bit flips, a truncation, a 64-bit length or count replaced by a
-/// huge value, a run of 0xFF, or a 32-bit field replaced; 85% of the
-/// positions fall in the first `header_len` bytes.
-fn mutate(bytes: &[u8], header_len: usize, rng: &mut StdRng) -> Vec<u8> {
-    let mut b = bytes.to_vec();
-    let at = |rng: &mut StdRng, len: usize| {
-        if rng.random_bool(0.85) {
-            rng.random_range(0..header_len.min(len).max(1))
-        } else {
-            rng.random_range(0..len.max(1))
-        }
-    };
-    match rng.random_range(0..5) {
-        0 => {
-            // flip one to eight bits
-            for _ in 0..rng.random_range(1..=8) {
-                let i = at(rng, b.len());
-                b[i] ^= 1 << rng.random_range(0..8);
-            }
-        }
-        1 => {
-            let cut = rng.random_range(0..b.len());
-            b.truncate(cut);
-        }
-        2 => {
-            // a length or count replaced by a huge value
-            let i = at(rng, b.len() - 8) & !7;
-            let huge = [
-                u64::MAX,
-                1 << 40,
-                1 << 32,
-                u64::from(u32::MAX),
-                rng.random(),
-            ];
-            let v = huge[rng.random_range(0..huge.len())];
-            b[i..i + 8].copy_from_slice(&v.to_le_bytes());
-        }
-        3 => {
-            let i = at(rng, b.len());
-            let end = (i + rng.random_range(1..64)).min(b.len());
-            b[i..end].fill(0xFF);
-        }
-        _ => {
-            // a 32-bit field (type, rank, version) replaced
-            let i = at(rng, b.len() - 4) & !3;
-            let v: u32 = [0, 7, 13, 16, 31, 255, u32::MAX][rng.random_range(0..7)];
-            b[i..i + 4].copy_from_slice(&v.to_le_bytes());
-        }
-    }
-    b
-}
-
-/// An endless, deterministic stream of mutants of `bytes` (see [`mutate`]),
-/// the same for the same `seed`.
-pub fn mutants(bytes: &[u8], header_len: usize, seed: u64) -> impl Iterator<Item = Vec<u8>> + '_ {
-    use rand::SeedableRng;
-    let mut rng = StdRng::seed_from_u64(seed);
-    std::iter::repeat_with(move || mutate(bytes, header_len, &mut rng))
 }
