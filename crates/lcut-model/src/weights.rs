@@ -36,6 +36,7 @@ pub trait WeightSource {
 /// The weight files of one model folder.
 pub struct WeightFiles {
     folder: PathBuf,
+    paths: Vec<PathBuf>,
     files: Vec<MmapedSafetensors>,
     owner: HashMap<String, usize>,
 }
@@ -47,18 +48,39 @@ impl WeightFiles {
     /// Open `model.safetensors`, or every shard named by
     /// `model.safetensors.index.json`, memory-mapped.
     pub fn open(folder: &Path) -> Result<Self> {
-        let paths = shard_paths(folder)?;
-        let mut files = Vec::with_capacity(paths.len());
-        let mut owner = HashMap::new();
-        for (i, path) in paths.iter().enumerate() {
+        let shards = shard_paths(folder)?;
+        let mut files = Vec::with_capacity(shards.paths.len());
+        let mut owner: HashMap<String, usize> = HashMap::new();
+        for (i, path) in shards.paths.iter().enumerate() {
             let st = open_mmaped(path)?;
             for (name, _) in st.tensors() {
+                if let Some(&first) = owner.get(&name) {
+                    return Err(ModelError::Safetensors {
+                        path: path.clone(),
+                        reason: format!(
+                            "tensor `{name}` is also in {}: a tensor must be in one shard only",
+                            shards.paths[first].display()
+                        ),
+                    });
+                }
                 owner.insert(name, i);
             }
             files.push(st);
         }
+        for (tensor, path) in &shards.named {
+            let i = shards.paths.iter().position(|p| p == path);
+            if i.is_none() || i != owner.get(tensor).copied() {
+                return Err(ModelError::ConfigField {
+                    path: folder.join(INDEX),
+                    field: format!("weight_map.{tensor}"),
+                    expected: "the shard that holds the tensor".into(),
+                    found: format!("{}, which does not hold it", path.display()),
+                });
+            }
+        }
         Ok(Self {
             folder: folder.to_path_buf(),
+            paths: shards.paths,
             files,
             owner,
         })
@@ -72,13 +94,36 @@ impl WeightFiles {
     }
 
     fn file_of(&self, name: &str) -> Result<&MmapedSafetensors> {
+        Ok(&self.files[self.index_of(name)?])
+    }
+
+    fn index_of(&self, name: &str) -> Result<usize> {
         self.owner
             .get(name)
-            .map(|&i| &self.files[i])
+            .copied()
             .ok_or_else(|| ModelError::MissingTensor {
                 folder: self.folder.clone(),
                 name: name.to_string(),
             })
+    }
+
+    /// Refuse a tensor stored in a type that is not floating point: an
+    /// integer tensor of the right size would otherwise be converted to
+    /// floats and load as silently wrong weights.
+    fn check_float(&self, name: &str) -> Result<()> {
+        use safetensors::Dtype;
+        let i = self.index_of(name)?;
+        let stored = self.files[i].get(name)?.dtype();
+        match stored {
+            Dtype::F16 | Dtype::BF16 | Dtype::F32 | Dtype::F64 => Ok(()),
+            other => Err(ModelError::Safetensors {
+                path: self.paths[i].clone(),
+                reason: format!(
+                    "tensor `{name}` is stored as {other:?}; model weights must be \
+                     floating point (F32, F16, BF16 or F64)"
+                ),
+            }),
+        }
     }
 }
 
@@ -112,15 +157,26 @@ impl WeightSource for WeightFiles {
                 found,
             });
         }
+        self.check_float(name)?;
         let tensor = self.file_of(name)?.load(name, device)?;
         Ok(tensor.to_dtype(dtype)?)
     }
 }
 
-fn shard_paths(folder: &Path) -> Result<Vec<PathBuf>> {
+/// The weight files of a folder, and which shard the index names for each
+/// tensor (empty for a single file).
+struct Shards {
+    paths: Vec<PathBuf>,
+    named: Vec<(String, PathBuf)>,
+}
+
+fn shard_paths(folder: &Path) -> Result<Shards> {
     let single = folder.join(SINGLE);
     if single.exists() {
-        return Ok(vec![single]);
+        return Ok(Shards {
+            paths: vec![single],
+            named: vec![],
+        });
     }
     let index = folder.join(INDEX);
     if !index.exists() {
@@ -146,22 +202,26 @@ fn shard_paths(folder: &Path) -> Result<Vec<PathBuf>> {
         });
     };
     let mut shards: Vec<PathBuf> = Vec::new();
+    let mut named = Vec::with_capacity(map.len());
     for (tensor, file) in map {
-        let Some(file) = file.as_str() else {
+        let Some(file) = file.as_str().filter(|f| is_plain_file_name(f)) else {
             return Err(ModelError::ConfigField {
                 path: index,
                 field: format!("weight_map.{tensor}"),
-                expected: "a shard file name".into(),
+                expected: "the file name of a shard in the model folder".into(),
                 found: file.to_string(),
             });
         };
         let path = folder.join(file);
         if !shards.contains(&path) {
-            shards.push(path);
+            shards.push(path.clone());
         }
+        named.push((tensor.clone(), path));
     }
     for path in &shards {
-        if !path.exists() {
+        // a regular file only: a folder, a device or a pipe named by a
+        // damaged index would fail late or block the open
+        if !path.is_file() {
             return Err(ModelError::MissingFile {
                 path: path.clone(),
                 what: format!("a shard named in {INDEX}"),
@@ -169,7 +229,19 @@ fn shard_paths(folder: &Path) -> Result<Vec<PathBuf>> {
         }
     }
     shards.sort();
-    Ok(shards)
+    Ok(Shards {
+        paths: shards,
+        named,
+    })
+}
+
+/// A shard is named by its file name alone: no folder, no `..`, not absolute.
+fn is_plain_file_name(name: &str) -> bool {
+    let mut parts = Path::new(name).components();
+    matches!(
+        (parts.next(), parts.next()),
+        (Some(std::path::Component::Normal(_)), None)
+    )
 }
 
 #[allow(unsafe_code)]
