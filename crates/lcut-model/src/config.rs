@@ -159,6 +159,16 @@ pub struct ModelConfig {
     pub activation: Activation,
 }
 
+/// Largest width, head count, head width or vocabulary a config may claim
+/// (2^24, far above any real model's): no product of two such sizes
+/// overflows, and a damaged config cannot make the loader size anything by
+/// a number the weights have not confirmed.
+pub const MAX_SIZE: usize = 1 << 24;
+
+/// Most decoder layers a config may claim (2^16): per-layer settings are
+/// allocated from the config before the weights are read.
+pub const MAX_LAYERS: usize = 1 << 16;
+
 /// Reads typed fields out of a config object, naming the file and field in errors.
 struct Fields<'a> {
     path: &'a Path,
@@ -190,11 +200,28 @@ impl<'a> Fields<'a> {
     }
 
     fn positive(&self, field: &str) -> Result<usize> {
+        self.positive_at_most(field, MAX_SIZE)
+    }
+
+    /// A positive integer no larger than `max`.
+    fn positive_at_most(&self, field: &str, max: usize) -> Result<usize> {
         // one expectation for every wrong value: "a non-negative integer"
         // for a string, then "a positive integer" for 0, would be two
         match self.get(field).and_then(Value::as_u64) {
-            Some(n) if n > 0 => Ok(n as usize),
-            _ => Err(self.err(field, "a positive integer", self.get(field))),
+            Some(n) if n > 0 && n <= max as u64 => Ok(n as usize),
+            _ => Err(self.err(
+                field,
+                &format!("a positive integer up to {max}"),
+                self.get(field),
+            )),
+        }
+    }
+
+    /// A positive float, when present.
+    fn opt_positive_f64(&self, field: &str) -> Result<Option<f64>> {
+        match self.opt_f64(field)? {
+            Some(x) if x <= 0.0 => Err(self.err(field, "a positive number", self.get(field))),
+            x => Ok(x),
         }
     }
 
@@ -234,17 +261,20 @@ impl<'a> Fields<'a> {
             Some(Value::Array(xs)) => xs
                 .iter()
                 .map(|x| {
-                    x.as_u64()
-                        .map(|n| n as u32)
-                        .ok_or_else(|| self.err(field, "token ids", Some(x)))
+                    token_id(x).ok_or_else(|| self.err(field, "token ids (below 2^32)", Some(x)))
                 })
                 .collect(),
-            Some(v) => v
-                .as_u64()
-                .map(|n| vec![n as u32])
-                .ok_or_else(|| self.err(field, "a token id or a list of them", Some(v))),
+            Some(v) => token_id(v).map(|n| vec![n]).ok_or_else(|| {
+                self.err(field, "a token id (below 2^32) or a list of them", Some(v))
+            }),
         }
     }
+}
+
+/// A token id: an integer that fits in 32 bits (a larger one must not wrap
+/// around to another token).
+fn token_id(v: &Value) -> Option<u32> {
+    v.as_u64().and_then(|n| u32::try_from(n).ok())
 }
 
 impl ModelConfig {
@@ -300,7 +330,7 @@ impl ModelConfig {
     fn build(f: &Fields<'_>, arch: Arch) -> Result<Self> {
         let hidden_size = f.positive("hidden_size")?;
         let num_heads = f.positive("num_attention_heads")?;
-        let num_layers = f.positive("num_hidden_layers")?;
+        let num_layers = f.positive_at_most("num_hidden_layers", MAX_LAYERS)?;
         let num_kv_heads = f.opt_usize("num_key_value_heads")?.unwrap_or(num_heads);
         if num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
             return Err(f.err(
@@ -310,8 +340,14 @@ impl ModelConfig {
             ));
         }
         let head_dim = match f.opt_usize("head_dim")? {
-            Some(h) if h > 0 => h,
-            Some(_) => return Err(f.err("head_dim", "a positive integer", f.get("head_dim"))),
+            Some(h) if h > 0 && h <= MAX_SIZE => h,
+            Some(_) => {
+                return Err(f.err(
+                    "head_dim",
+                    &format!("a positive integer up to {MAX_SIZE}"),
+                    f.get("head_dim"),
+                ));
+            }
             None if hidden_size % num_heads == 0 => hidden_size / num_heads,
             None => {
                 return Err(f.err(
@@ -353,13 +389,14 @@ impl ModelConfig {
             norm_weight_offset: is_gemma,
             sandwich_norms: is_gemma,
             embedding_scale: is_gemma.then(|| (hidden_size as f64).sqrt()),
+            // a cap of 0 would turn every score into NaN
             attn_softcap: if is_gemma {
-                f.opt_f64("attn_logit_softcapping")?
+                f.opt_positive_f64("attn_logit_softcapping")?
             } else {
                 None
             },
             final_softcap: if is_gemma {
-                f.opt_f64("final_logit_softcapping")?
+                f.opt_positive_f64("final_logit_softcapping")?
             } else {
                 None
             },
@@ -447,9 +484,11 @@ fn read_rope(f: &Fields<'_>, head_dim: usize) -> Result<RopeConfig> {
                 Some(k) => Some(k),
                 None => s.opt_str("type")?,
             };
+            // a factor of 0 or below would make the frequencies infinite or negative
             let need = |name: &str| -> Result<f64> {
-                s.opt_f64(name)?
-                    .ok_or_else(|| f.err(&format!("{params_field}.{name}"), "a number", None))
+                s.opt_positive_f64(name)?.ok_or_else(|| {
+                    f.err(&format!("{params_field}.{name}"), "a positive number", None)
+                })
             };
             match kind.unwrap_or("default") {
                 "default" => RopeScaling::None,

@@ -143,6 +143,15 @@ fn hf_config(m: &Meta<'_>, arch: Arch) -> Result<Value> {
     let mut c = Map::new();
     c.insert("model_type".into(), json!(arch.model_type()));
     let layers = m.count(&m.key("block_count"))?;
+    if layers > crate::config::MAX_LAYERS as u64 {
+        // refused here: per-layer settings below are sized by it
+        let key = m.key("block_count");
+        return Err(m.err(
+            &key,
+            &format!("at most {} layers", crate::config::MAX_LAYERS),
+            m.get(&key),
+        ));
+    }
     let hidden = m.count(&m.key("embedding_length"))?;
     let heads = m.count(&m.key("attention.head_count"))?;
     c.insert("num_hidden_layers".into(), json!(layers));

@@ -1,0 +1,152 @@
+//! Damaged `config.json` files by the thousand: JSON-aware mutants (wrong
+//! types, huge, negative and non-finite numbers, duplicated, missing and
+//! renamed keys, invalid UTF-8, deep nesting, truncation at every token) of
+//! the seven reference configs, each read from a model folder. Each must be
+//! refused with an error naming config.json, or read into a configuration
+//! that says what the file says and keeps lcut's invariants; every tenth
+//! that reads is loaded with the reference weights and run. No single
+//! allocation may pass [`ALLOC_BOUND`]. `LCUT_MUTANTS=N` runs more.
+
+use std::time::Duration;
+
+use lcut_model::config::{MAX_LAYERS, MAX_SIZE};
+use lcut_model::{DType, Decoder, Device, ModelConfig};
+use lcut_testkit::alloc::{LargestAlloc, largest_allocation};
+use lcut_testkit::{MutantRun, ORACLE_CASES, json_mutants, mutant_count, oracle_case};
+use serde_json::Value;
+
+#[global_allocator]
+static ALLOC: LargestAlloc = LargestAlloc;
+
+/// No single allocation may be larger (the reference weights are 1.2 MB).
+const ALLOC_BOUND: usize = 64 << 20;
+const DEFAULT_MUTANTS: usize = 10_000;
+const SEED: u64 = 20261124;
+
+/// The configuration keeps the invariants the decoder relies on, and its
+/// sizes and token ids are the file's own (none wrapped or clamped).
+fn assert_consistent(cfg: &ModelConfig, doc: Option<&Value>) {
+    assert!(cfg.num_layers > 0 && cfg.num_layers <= MAX_LAYERS);
+    for n in [
+        cfg.vocab_size,
+        cfg.hidden_size,
+        cfg.intermediate_size,
+        cfg.num_heads,
+        cfg.head_dim,
+    ] {
+        assert!(n > 0 && n <= MAX_SIZE, "size {n}");
+    }
+    assert!(cfg.num_kv_heads > 0 && cfg.num_heads.is_multiple_of(cfg.num_kv_heads));
+    assert_eq!(cfg.sliding_window.len(), cfg.num_layers);
+    let rope = &cfg.rope;
+    assert!(
+        rope.rotary_dim > 0 && rope.rotary_dim <= cfg.head_dim && rope.rotary_dim.is_multiple_of(2)
+    );
+    assert!(rope.theta.is_finite() && rope.theta > 0.0);
+    assert!(cfg.rms_norm_eps.is_finite());
+    assert!(cfg.attn_scale.is_finite() && cfg.attn_scale > 0.0);
+    for cap in [cfg.attn_softcap, cfg.final_softcap].into_iter().flatten() {
+        assert!(cap.is_finite() && cap > 0.0, "softcap {cap}");
+    }
+    let Some(doc) = doc else { return };
+    for (field, got) in [
+        ("vocab_size", cfg.vocab_size),
+        ("hidden_size", cfg.hidden_size),
+        ("num_hidden_layers", cfg.num_layers),
+        ("num_attention_heads", cfg.num_heads),
+    ] {
+        assert_eq!(doc[field].as_u64(), Some(got as u64), "`{field}`");
+    }
+    if let Some(bos) = doc.get("bos_token_id").filter(|v| !v.is_null()) {
+        let first = bos.as_array().map_or(Some(bos), |a| a.first());
+        assert_eq!(
+            first.and_then(Value::as_u64),
+            cfg.bos_token_id.map(u64::from),
+            "bos_token_id"
+        );
+    }
+}
+
+#[test]
+fn mutated_configs_never_panic() {
+    let seeds: Vec<Vec<u8>> = ORACLE_CASES
+        .iter()
+        .map(|c| std::fs::read(oracle_case(c).join("config.json")).expect("fixture"))
+        .collect();
+    let count = mutant_count(DEFAULT_MUTANTS);
+    let per_seed = count.div_ceil(seeds.len());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("config.json");
+    let mut run = MutantRun::new("config.json", SEED);
+    let mut i = 0;
+    for (case, seed) in ORACLE_CASES.iter().zip(&seeds) {
+        std::fs::copy(
+            oracle_case(case).join("model.safetensors"),
+            dir.path().join("model.safetensors"),
+        )
+        .expect("weights");
+        for mutant in json_mutants(seed, SEED).take(per_seed) {
+            run.check(i, &mutant, |mutant| {
+                std::fs::write(&path, mutant).expect("write mutant");
+                let read = match ModelConfig::from_folder(dir.path()) {
+                    Ok(cfg) => {
+                        let doc: Option<Value> = serde_json::from_slice(mutant).ok();
+                        assert_consistent(&cfg, doc.as_ref());
+                        if i % 10 == 0
+                            && let Ok(model) = Decoder::load(dir.path(), DType::F32, &Device::Cpu)
+                        {
+                            let _ = model.teacher_forced_logits(&[1, 5, 9], None);
+                        }
+                        true
+                    }
+                    Err(e) => {
+                        let msg = e.to_string();
+                        assert!(msg.contains("config.json"), "{case}: {msg}");
+                        false
+                    }
+                };
+                assert!(largest_allocation() <= ALLOC_BOUND);
+                read
+            });
+            i += 1;
+        }
+    }
+    run.finish(Duration::from_secs(5));
+}
+
+#[test]
+fn token_ids_past_32_bits_are_refused_not_wrapped() {
+    let text = std::fs::read_to_string(oracle_case("llama-gqa").join("config.json")).expect("x");
+    let mut doc: Value = serde_json::from_str(&text).expect("JSON");
+    for field in ["bos_token_id", "eos_token_id"] {
+        let mut bad = doc.clone();
+        bad[field] = Value::from((1u64 << 32) + 1);
+        let err = ModelConfig::from_json_str(&bad.to_string(), "m/config.json".as_ref())
+            .expect_err("a token id of 2^32 + 1 must not read as 1");
+        assert!(err.to_string().contains(field), "{err}");
+    }
+    doc["eos_token_id"] = serde_json::json!([2, 1u64 << 33]);
+    let err = ModelConfig::from_json_str(&doc.to_string(), "m/config.json".as_ref())
+        .expect_err("a list with a token id of 2^33");
+    assert!(err.to_string().contains("eos_token_id"), "{err}");
+}
+
+#[test]
+fn zero_rope_factors_and_softcaps_are_refused() {
+    let base = r#""vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+        "num_hidden_layers": 2, "num_attention_heads": 2"#;
+    for bad in [
+        format!(
+            r#"{{"model_type":"llama", {base}, "rope_scaling": {{"rope_type":"linear","factor":0}}}}"#
+        ),
+        format!(
+            r#"{{"model_type":"llama", {base}, "rope_scaling": {{"rope_type":"llama3","factor":8,"low_freq_factor":-1,"high_freq_factor":4,"original_max_position_embeddings":64}}}}"#
+        ),
+        format!(r#"{{"model_type":"gemma2", {base}, "final_logit_softcapping": 0}}"#),
+        format!(r#"{{"model_type":"gemma2", {base}, "attn_logit_softcapping": -50}}"#),
+        format!(r#"{{"model_type":"llama", {base}, "num_hidden_layers": 1099511627776}}"#),
+    ] {
+        let err = ModelConfig::from_json_str(&bad, "m/config.json".as_ref()).expect_err("refused");
+        assert!(err.to_string().contains("m/config.json"), "{err}");
+    }
+}
