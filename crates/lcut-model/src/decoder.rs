@@ -13,9 +13,10 @@ use crate::error::{ModelError, Result};
 use crate::gguf::{GgufFile, GgufWeights, is_gguf_path};
 use crate::layers::{AttentionProj, Loader, Mlp, RmsNorm};
 use crate::linear::{Embedding, Linear};
-use crate::mask::{PartialMask, additive_mask};
+use crate::mask::{PartialMask, additive_mask, exact_additive_mask};
 use crate::probe::{AttentionView, Probe, ResidualSite};
 use crate::rope::Rope;
+use crate::slim::SlimRun;
 use crate::weights::{WeightFiles, WeightSource};
 
 /// One decoder layer.
@@ -105,7 +106,8 @@ struct MaskMemo {
 
 /// What a layer's mask depends on.
 struct MaskKey {
-    upper: bool,
+    /// The visibility rule in force: [`Sequence::rule_at`].
+    rule: usize,
     window: Option<usize>,
     queries: Vec<usize>,
     keys: Vec<usize>,
@@ -140,6 +142,20 @@ pub struct Sequence {
     phases: TokenPhases,
     caches: Vec<LayerCache>,
     next_pos: usize,
+    /// SlimInfer's selection and decisions (SlimInfer policies only).
+    pub(crate) slim: Option<SlimRun>,
+    /// A caller's visibility rule for a full-depth reference run.
+    mask_rule: Option<MaskRule>,
+}
+
+/// A visibility rule `(layer, query, key) -> visible` given by a caller.
+#[derive(Clone)]
+struct MaskRule(std::sync::Arc<dyn Fn(usize, usize, usize) -> bool + Send + Sync>);
+
+impl std::fmt::Debug for MaskRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MaskRule")
+    }
 }
 
 impl Sequence {
@@ -168,6 +184,53 @@ impl Sequence {
         &self.caches
     }
 
+    /// SlimInfer's state: kept blocks, decisions, traffic (SlimInfer only).
+    pub fn slim(&self) -> Option<&SlimRun> {
+        self.slim.as_ref()
+    }
+
+    /// Whether the token at `pos` has a hidden state (and K/V) at `layer`:
+    /// the policy's rule, and for SlimInfer the blocks the run kept.
+    pub fn token_exists(&self, layer: usize, pos: usize) -> bool {
+        match &self.slim {
+            Some(run) => run.selection().exists(layer, pos),
+            None => self.policy.token_exists(layer, pos, &self.phases),
+        }
+    }
+
+    /// Whether the cache at `layer` keeps the K/V of the token at `pos`.
+    pub fn retains_kv(&self, layer: usize, pos: usize) -> bool {
+        match &self.slim {
+            Some(run) => run.selection().exists(layer, pos),
+            None => self.policy.retains_kv(layer, pos, &self.phases),
+        }
+    }
+
+    /// Whether a query at `q` reads the key at `k` (k <= q) at `layer`,
+    /// before the model's own window: for SlimInfer, keys present there and
+    /// in the cut's active blocks.
+    pub fn key_visible(&self, layer: usize, q: usize, k: usize) -> bool {
+        if let Some(rule) = &self.mask_rule {
+            return k == q || (rule.0)(layer, q, k);
+        }
+        match &self.slim {
+            Some(run) => run.selection().decode_reads(layer, k),
+            None => self.policy.key_visible(layer, q, k, &self.phases),
+        }
+    }
+
+    /// An id of the visibility rule at `layer`: layers with the same id see
+    /// the same keys the same way (0 where everything is visible).
+    fn rule_at(&self, layer: usize) -> usize {
+        if self.mask_rule.is_some() {
+            return layer + 1;
+        }
+        match &self.slim {
+            Some(run) => run.selection().segment(layer),
+            None => usize::from(self.policy.is_upper(layer)),
+        }
+    }
+
     /// Bytes of K/V held over all layers.
     pub fn kv_bytes_held(&self) -> u64 {
         self.caches.iter().map(|c| c.bytes_held() as u64).sum()
@@ -188,6 +251,11 @@ impl Sequence {
     /// the cutoff are the full model's. Used by sweeps over cutoffs to reuse
     /// one prefill.
     pub fn restricted(&self, policy: Policy, phases: TokenPhases) -> Result<Sequence> {
+        if policy.slim().is_some() {
+            return Err(ModelError::SlimNotRestrictable {
+                policy: policy.to_string(),
+            });
+        }
         if !self.policy.is_full_depth() || self.next_pos > phases.decode_start() {
             return Err(ModelError::Phase(
                 lcut_policy::PhaseError::DecodeStartOutsidePrompt {
@@ -210,6 +278,8 @@ impl Sequence {
             phases,
             caches,
             next_pos: self.next_pos,
+            slim: None,
+            mask_rule: None,
         })
     }
 
@@ -225,16 +295,30 @@ impl Sequence {
                 .map(LayerCache::fork)
                 .collect::<Result<Vec<_>>>()?,
             next_pos: self.next_pos,
+            slim: self.slim.clone(),
+            mask_rule: self.mask_rule.clone(),
         })
     }
 
     /// Reserve cache room for `total_len` tokens in all, each layer only for
     /// the tokens the policy keeps there.
+    /// SlimInfer layers above the first cut reserve for the blocks the
+    /// budgets predict, never for the whole prompt.
     pub fn reserve(&mut self, total_len: usize) {
+        let predicted = self.policy.slim().map(|params| {
+            let s = self.phases.decode_start();
+            params.predicted_kept_tokens(self.phases.prefill_len(), s)
+        });
         for (layer, cache) in self.caches.iter_mut().enumerate() {
-            let kept = (self.next_pos..total_len)
+            let mut kept = (self.next_pos..total_len)
                 .filter(|&p| self.policy.retains_kv(layer, p, &self.phases))
                 .count();
+            if let (Some(kept_at), Some(params)) = (&predicted, self.policy.slim()) {
+                let seg = params.segment(layer);
+                if seg > 0 && self.next_pos < self.phases.decode_start() {
+                    kept += kept_at[seg - 1];
+                }
+            }
             cache.reserve(kept);
         }
     }
@@ -422,6 +506,9 @@ impl Decoder {
         if policy.num_layers() != self.cfg.num_layers {
             return Err(depth_mismatch(&policy, self.cfg.num_layers));
         }
+        let slim = policy
+            .slim()
+            .map(|params| SlimRun::new(*params, phases, self.cfg.num_layers));
         Ok(Sequence {
             policy,
             phases,
@@ -429,6 +516,8 @@ impl Decoder {
                 .map(|_| LayerCache::new())
                 .collect(),
             next_pos: 0,
+            slim,
+            mask_rule: None,
         })
     }
 
@@ -441,6 +530,8 @@ impl Decoder {
                 .map(|_| LayerCache::new())
                 .collect(),
             next_pos: 0,
+            slim: None,
+            mask_rule: None,
         }
     }
 
@@ -475,22 +566,61 @@ impl Decoder {
                 vocab_size: self.cfg.vocab_size,
             });
         }
+        let (hidden, present) = self.embed(tokens, start, &mut probe)?;
+        let last = start + n - 1;
+        if seq.slim.as_ref().is_some_and(|run| !run.is_decided()) {
+            let out = self.slim_prefill(seq, hidden, present, last, rows, &mut probe);
+            seq.next_pos = start + n;
+            return out;
+        }
+        let decode_step = seq.slim.is_some();
+        let layers = 0..self.layers.len();
+        let (hidden, present) =
+            self.run_layers(seq, layers, hidden, present, decode_step, &mut probe)?;
+        seq.next_pos = start + n;
+        self.logits(&hidden, &present, last, rows)
+    }
+
+    /// The (scaled) embeddings of a chunk starting at `start`, and its positions.
+    fn embed(
+        &self,
+        tokens: &[u32],
+        start: usize,
+        probe: &mut Option<&mut (dyn Probe + '_)>,
+    ) -> Result<(Tensor, Vec<usize>)> {
         let ids = Tensor::new(tokens, &self.device)?;
         let mut hidden = self.embed.lookup(&ids)?;
         if let Some(scale) = self.cfg.embedding_scale {
             hidden = (hidden * scale)?;
         }
-        let mut present: Vec<usize> = (start..start + n).collect();
+        let present: Vec<usize> = (start..start + tokens.len()).collect();
         if let Some(p) = probe.as_deref_mut()
             && p.wants_residual(ResidualSite::Embeddings)
         {
             p.on_residual(ResidualSite::Embeddings, &present, &hidden)?;
         }
+        Ok((hidden, present))
+    }
+
+    /// Run hidden states at `present` through `layers`, dropping the tokens
+    /// that do not exist at a layer; returns what is left after the last.
+    /// `decode_step`: a SlimInfer decode step, whose decision layers update
+    /// the active blocks.
+    pub(crate) fn run_layers(
+        &self,
+        seq: &mut Sequence,
+        layers: std::ops::Range<usize>,
+        mut hidden: Tensor,
+        mut present: Vec<usize>,
+        decode_step: bool,
+        probe: &mut Option<&mut (dyn Probe + '_)>,
+    ) -> Result<(Tensor, Vec<usize>)> {
         let mut tables = self.rope.tables(&present, self.dtype)?;
         let mut masks = MaskMemo::default();
-        for (l, layer) in self.layers.iter().enumerate() {
+        for l in layers {
+            let layer = &self.layers[l];
             let keep: Vec<u32> = (0..present.len() as u32)
-                .filter(|&i| seq.policy.token_exists(l, present[i as usize], &seq.phases))
+                .filter(|&i| seq.token_exists(l, present[i as usize]))
                 .collect();
             if keep.len() != present.len() {
                 if keep.is_empty() {
@@ -502,20 +632,22 @@ impl Decoder {
                 present = keep.iter().map(|&i| present[i as usize]).collect();
                 tables = self.rope.tables(&present, self.dtype)?;
             }
-            hidden = self.layer_forward(
-                l, layer, &hidden, &present, &tables, seq, &mut masks, &mut probe,
-            )?;
+            hidden =
+                self.layer_forward(l, layer, &hidden, &present, &tables, seq, &mut masks, probe)?;
             if let Some(p) = probe.as_deref_mut()
                 && p.wants_residual(ResidualSite::Layer(l))
             {
                 p.on_residual(ResidualSite::Layer(l), &present, &hidden)?;
             }
+            if decode_step {
+                self.slim_decode_decision(seq, l)?;
+            }
         }
-        seq.next_pos = start + n;
-        self.logits(&hidden, &present, start + n - 1, rows)
+        Ok((hidden, present))
     }
 
-    fn logits(
+    /// Logits of the requested rows of hidden states at `present`.
+    pub(crate) fn logits(
         &self,
         hidden: &Tensor,
         present: &[usize],
@@ -561,16 +693,19 @@ impl Decoder {
     ) -> Result<Tensor> {
         let x = layer.input_norm.forward(hidden)?;
         let qkv = layer.attn.qkv(&x, &self.rope, cos, sin)?;
-        let (policy, phases) = (seq.policy, seq.phases);
-        let cache = &mut seq.caches[l];
+        if let Some(run) = seq.slim.as_mut() {
+            run.observe_queries(l, &qkv.q)?;
+        }
         let retained: Vec<u32> = (0..present.len() as u32)
-            .filter(|&i| policy.retains_kv(l, present[i as usize], &phases))
+            .filter(|&i| seq.retains_kv(l, present[i as usize]))
             .collect();
         let (keys, values, key_positions) = if retained.len() == present.len() {
-            cache.append(&qkv.k, &qkv.v, present)?;
+            seq.caches[l].append(&qkv.k, &qkv.v, present)?;
+            let cache = &seq.caches[l];
             let (k, v) = cache.kv()?.ok_or(ModelError::EmptyInput)?;
             (k, v, Cow::Borrowed(cache.positions()))
         } else {
+            let cache = &mut seq.caches[l];
             // Keys this chunk reads but the cache will not keep (SelfOnly).
             let (k, v) = match cache.kv()? {
                 Some((ck, cv)) => (
@@ -614,14 +749,7 @@ impl Decoder {
         } else {
             (keys, values, &key_positions[..])
         };
-        let mask = self.layer_mask(
-            l,
-            layer.window,
-            (&policy, &phases),
-            present,
-            key_positions,
-            masks,
-        )?;
+        let mask = self.layer_mask(l, layer.window, seq, present, key_positions, masks)?;
         let (attn, probs) = self.attend(&qkv.q, &keys, &values, mask.as_ref(), probs_from)?;
         if let (Some(p), Some(first), Some(probs)) = (probe.as_deref_mut(), probs_from, probs) {
             p.on_attention(AttentionView {
@@ -652,31 +780,33 @@ impl Decoder {
         &self,
         l: usize,
         window: Option<usize>,
-        (policy, phases): (&Policy, &TokenPhases),
+        seq: &Sequence,
         queries: &[usize],
         keys: &[usize],
         memo: &mut MaskMemo,
     ) -> Result<Option<Tensor>> {
-        // `Policy::key_visible` depends on the layer only through `is_upper`.
-        let upper = policy.is_upper(l);
-        if !upper && window.is_none() && keys.last() <= queries.first() {
+        // `Sequence::key_visible` depends on the layer only through `rule_at`.
+        let rule = seq.rule_at(l);
+        if rule == 0 && window.is_none() && keys.last() <= queries.first() {
             return Ok(None);
         }
         if let Some(key) = &memo.key
-            && key.upper == upper
+            && key.rule == rule
             && key.window == window
             && key.queries == queries
             && key.keys == keys
         {
             return Ok(memo.mask.clone());
         }
-        let mask = additive_mask(queries, keys, window, |q, k| {
-            policy.key_visible(l, q, k, phases)
-        })
+        let visible = |q, k| seq.key_visible(l, q, k);
+        let mask = match seq.mask_rule {
+            Some(_) => Some(exact_additive_mask(queries, keys, window, visible)),
+            None => additive_mask(queries, keys, window, visible),
+        }
         .map(|m| self.mask_tensor(m, queries.len(), keys.len()))
         .transpose()?;
         memo.key = Some(MaskKey {
-            upper,
+            rule,
             window,
             queries: queries.to_vec(),
             keys: keys.to_vec(),
@@ -773,6 +903,23 @@ impl Decoder {
             out.reshape((heads, n, head_dim))?,
             probs.reshape((heads, n, keys))?,
         ))
+    }
+
+    /// Teacher forcing at full depth with a caller's visibility rule: every
+    /// token exists at every layer, and a query at `q` reads the key at
+    /// `k <= q` at `layer` when `visible(layer, q, k)` (and always itself,
+    /// so that no row is empty). The reference against which pruned runs
+    /// are checked: hiding a token's key from every later query must give
+    /// what removing the token gives. Logits for every position [T, vocab].
+    pub fn teacher_forced_masked(
+        &self,
+        tokens: &[u32],
+        visible: impl Fn(usize, usize, usize) -> bool + Send + Sync + 'static,
+    ) -> Result<Tensor> {
+        let mut seq = self.new_full_sequence();
+        seq.mask_rule = Some(MaskRule(std::sync::Arc::new(visible)));
+        let out = self.forward(&mut seq, tokens, LogitRows::All, None)?;
+        out.logits.ok_or(ModelError::EmptyInput)
     }
 
     /// Teacher forcing: run `tokens` as one chunk on a fresh full-depth

@@ -191,6 +191,15 @@ pub enum ModelError {
     /// Empty input.
     #[error("no tokens given: a forward pass needs at least one token")]
     EmptyInput,
+    /// A prefill cannot be shared with a SlimInfer run: its selection is
+    /// made from the run's own states above the first cut.
+    #[error(
+        "policy {policy} cannot reuse another run's prefill: SlimInfer scores blocks on its own states (prefill it afresh)"
+    )]
+    SlimNotRestrictable {
+        /// The SlimInfer policy asked for.
+        policy: String,
+    },
     /// A policy error (cutoff out of range, unknown anchors, ...).
     #[error(transparent)]
     Policy(#[from] lcut_policy::PolicyError),

@@ -16,6 +16,7 @@ pub mod probes;
 pub mod qdot;
 pub mod reference;
 mod rope;
+pub mod slim;
 pub mod synth;
 mod weights;
 
@@ -27,7 +28,7 @@ pub use decoder::{
 };
 pub use error::{ModelError, Result};
 pub use linear::{Embedding, Linear};
-pub use mask::{PartialMask, additive_mask};
+pub use mask::{PartialMask, additive_mask, exact_additive_mask};
 pub use probe::{AttentionView, Probe, ResidualSite};
 pub use rope::{Rope, inverse_frequencies};
 pub use weights::{WeightFiles, WeightSource};

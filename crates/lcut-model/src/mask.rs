@@ -32,6 +32,33 @@ pub fn additive_mask(
     let first_hidden = key_positions
         .iter()
         .position(|&k| !(visible(first_q, k) && visible(last_q, k)))?;
+    Some(mask_from(
+        query_positions,
+        key_positions,
+        first_hidden,
+        visible,
+    ))
+}
+
+/// The whole [queries x keys] mask of a rule that need not be monotone in
+/// the query (a reference run whose rows read different keys): no column
+/// is assumed visible to every query.
+pub fn exact_additive_mask(
+    query_positions: &[usize],
+    key_positions: &[usize],
+    window: Option<usize>,
+    rule: impl Fn(usize, usize) -> bool,
+) -> PartialMask {
+    let visible = |q: usize, k: usize| k <= q && window.is_none_or(|w| q - k < w) && rule(q, k);
+    mask_from(query_positions, key_positions, 0, visible)
+}
+
+fn mask_from(
+    query_positions: &[usize],
+    key_positions: &[usize],
+    first_hidden: usize,
+    visible: impl Fn(usize, usize) -> bool,
+) -> PartialMask {
     let keys = &key_positions[first_hidden..];
     let mut rest = Vec::with_capacity(query_positions.len() * keys.len());
     for &q in query_positions {
@@ -43,10 +70,10 @@ pub fn additive_mask(
             }
         }));
     }
-    Some(PartialMask {
+    PartialMask {
         visible_prefix: first_hidden,
         rest,
-    })
+    }
 }
 
 #[cfg(test)]

@@ -67,7 +67,12 @@ impl KvCost {
 impl KvCost {
     /// Token-layer slots SlimInfer holds when cut i keeps `kept[i]` prunable
     /// tokens (sink excluded): `c_1·P + Σ_i (c_{i+1} − c_i)·P_i + L·(A + D)`.
-    pub fn slim_token_layers(&self, params: &SlimParams, num_layers: usize, kept: &[usize]) -> usize {
+    pub fn slim_token_layers(
+        &self,
+        params: &SlimParams,
+        num_layers: usize,
+        kept: &[usize],
+    ) -> usize {
         let cuts = params.cuts();
         let upper: usize = kept
             .iter()
@@ -160,8 +165,8 @@ mod tests {
                 prefill: k * 1024 - 64,
                 decode: 0,
             };
-            let ratio = cost.slim_predicted_bytes(params, &shape) as f64
-                / cost.bytes(&full, &shape) as f64;
+            let ratio =
+                cost.slim_predicted_bytes(params, &shape) as f64 / cost.bytes(&full, &shape) as f64;
             assert!((ratio - expected).abs() < 5e-4, "{k}K: {ratio}");
         }
     }

@@ -48,6 +48,10 @@ pub struct StepTraffic {
     pub fetched_token_layers: usize,
     /// Token-layers copied to the pool (blocks leaving for the first time).
     pub offloaded_token_layers: usize,
+    /// The candidates C_t (ascending).
+    pub candidates: Vec<usize>,
+    /// A_t ∩ S_i after the step: the prunable blocks decode reads (ascending).
+    pub active: Vec<usize>,
 }
 
 impl SlimSelection {
@@ -242,8 +246,11 @@ impl SlimSelection {
             leaving: vec![],
             fetched_token_layers: 0,
             offloaded_token_layers: 0,
+            candidates: chosen,
+            active: vec![],
         };
         if overlap >= gamma {
+            traffic.active = self.active_prunable(i);
             return traffic;
         }
         let layers = self.segment_layers(i);
@@ -266,7 +273,15 @@ impl SlimSelection {
             self.active[i][b] = now;
         }
         traffic.swapped = true;
+        traffic.active = self.active_prunable(i);
         traffic
+    }
+
+    fn active_prunable(&self, i: usize) -> Vec<usize> {
+        let prunable = self.prunable_blocks();
+        let mut blocks = self.active_blocks(i);
+        blocks.retain(|b| prunable.contains(b));
+        blocks
     }
 }
 

@@ -300,9 +300,9 @@ fn parse_budget(text: &str) -> Result<Budget, String> {
         Some(d) => (d, 1024),
         None => (text, 1),
     };
-    let n: usize = digits
-        .parse()
-        .map_err(|_| format!("budget {text:?} is neither a token count (8192, 8k) nor a share (25%)"))?;
+    let n: usize = digits.parse().map_err(|_| {
+        format!("budget {text:?} is neither a token count (8192, 8k) nor a share (25%)")
+    })?;
     n.checked_mul(scale)
         .map(Budget::Tokens)
         .ok_or_else(|| format!("budget {text:?} is too large"))

@@ -1,0 +1,370 @@
+//! SlimInfer in the decoder, on the seven reference architectures: special
+//! cases that must equal SPEED and the full model, a pruned run against a
+//! teacher-forced full run masked to the selection it made, the selection's
+//! independence of chunk sizes, existence and bytes.
+
+use std::collections::HashMap;
+
+use anyhow::{Result, ensure};
+use lcut_model::probe::{Probe, ResidualSite};
+use lcut_model::reference::ReferenceCase;
+use lcut_model::{DType, Decoder, Device, LogitRows, Sequence, Tensor};
+use lcut_policy::{Policy, PolicySpec, TokenPhases};
+use lcut_testkit::{ORACLE_CASES, oracle_case};
+
+struct Case {
+    name: &'static str,
+    model: Decoder,
+    ids: Vec<u32>,
+    decode_start: usize,
+}
+
+fn cases() -> Result<Vec<Case>> {
+    ORACLE_CASES
+        .iter()
+        .map(|&name| {
+            let case = ReferenceCase::load(&oracle_case(name))?;
+            Ok(Case {
+                name,
+                model: case.model(DType::F32, &Device::Cpu)?,
+                decode_start: case.policies[0].decode_start,
+                ids: case.ids,
+            })
+        })
+        .collect()
+}
+
+fn policy(text: &str, layers: usize) -> Result<Policy> {
+    Ok(text.parse::<PolicySpec>()?.resolve(layers)?)
+}
+
+/// The real incremental path: prompt tokens before the decode start in
+/// chunks of `chunk`, then every later token one at a time; logits of the
+/// rows from the decode start on [T - s, vocab].
+fn incremental(c: &Case, policy: Policy, chunk: usize) -> Result<(Tensor, Sequence)> {
+    let s = c.decode_start;
+    let anchors = policy.anchor_len(None, s)?;
+    let phases = TokenPhases::new(c.ids.len(), s, anchors)?;
+    let mut seq = c.model.new_sequence(policy, phases)?;
+    seq.reserve(c.ids.len());
+    for start in (0..s).step_by(chunk) {
+        let end = (start + chunk).min(s);
+        c.model
+            .forward(&mut seq, &c.ids[start..end], LogitRows::None, None)?;
+    }
+    let mut rows = Vec::new();
+    for i in s..c.ids.len() {
+        let out = c
+            .model
+            .forward(&mut seq, &c.ids[i..=i], LogitRows::Last, None)?;
+        rows.push(out.logits.expect("a decode-phase row"));
+    }
+    Ok((Tensor::cat(&rows, 0)?, seq))
+}
+
+fn max_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
+    Ok((a - b)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?)
+}
+
+#[test]
+fn speed_is_the_special_case_of_one_kept_sink_and_nothing_else() -> Result<()> {
+    for c in cases()? {
+        let layers = c.model.config().num_layers;
+        for cut in 1..layers {
+            for (slim, speed) in [
+                (
+                    format!("slim:{cut}@1+block:1+unit:1"),
+                    format!("speed:{cut}+bos"),
+                ),
+                (
+                    format!("slim:{cut}@1+block:1+unit:1+swap:0"),
+                    format!("speed:{cut}+bos"),
+                ),
+                (
+                    format!("slim:{cut}@16+block:16+unit:4"),
+                    format!("speed:{cut}+prefix:16"),
+                ),
+                (
+                    format!("slim:{cut}@16+block:16+unit:4+swap:1"),
+                    format!("speed:{cut}+prefix:16"),
+                ),
+            ] {
+                let (a, sa) = incremental(&c, policy(&slim, layers)?, 7)?;
+                let (b, sb) = incremental(&c, policy(&speed, layers)?, 7)?;
+                let d = max_diff(&a, &b)?;
+                ensure!(d <= 1e-5, "{}: {slim} vs {speed}: {d:e}", c.name);
+                ensure!(
+                    sa.kv_bytes_held() == sb.kv_bytes_held(),
+                    "{}: {slim} holds {} bytes, {speed} {}",
+                    c.name,
+                    sa.kv_bytes_held(),
+                    sb.kv_bytes_held()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn budgets_that_cover_the_prompt_are_the_full_model() -> Result<()> {
+    for c in cases()? {
+        let layers = c.model.config().num_layers;
+        let (full, sf) = incremental(&c, Policy::full(layers), 5)?;
+        for text in [
+            "slim:1@100%+block:4+unit:2",
+            "slim:paper",
+            "slim:1/3@100%,2/3@100%+block:8",
+            // a prompt shorter than the sink: all of it is the sink
+            "slim:1@10%",
+        ] {
+            let (rows, seq) = incremental(&c, policy(text, layers)?, 5)?;
+            let d = max_diff(&rows, &full)?;
+            ensure!(d <= 1e-5, "{}: {text} vs full: {d:e}", c.name);
+            ensure!(
+                seq.kv_bytes_held() == sf.kv_bytes_held(),
+                "{}: {text} holds {} bytes, full {}",
+                c.name,
+                seq.kv_bytes_held(),
+                sf.kv_bytes_held()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The visibility a pruned run had, as a rule for a full-depth run: at a
+/// layer at or above cut i, Prefill-phase keys only in the kept blocks
+/// S_i, and for a decode step's query only in its active blocks A_t ∩ S_i.
+fn selection_rule(seq: &Sequence) -> impl Fn(usize, usize, usize) -> bool + Send + Sync + 'static {
+    let run = seq.slim().expect("a SlimInfer run");
+    let params = *run.selection().params();
+    let (s, sink) = (seq.phases().decode_start(), seq.phases().anchor_len());
+    let kept: Vec<Vec<usize>> = run.cut_records().iter().map(|r| r.kept.clone()).collect();
+    let active: HashMap<usize, Vec<Vec<usize>>> = run
+        .steps()
+        .iter()
+        .map(|st| {
+            (
+                st.position,
+                st.cuts.iter().map(|t| t.active.clone()).collect(),
+            )
+        })
+        .collect();
+    move |layer, q, k| {
+        let seg = params.segment(layer);
+        if seg == 0 || k < sink || k >= s {
+            return true;
+        }
+        let b = k / params.options.block;
+        match active.get(&q) {
+            Some(sets) => sets[seg - 1].contains(&b),
+            None => kept[seg - 1].contains(&b),
+        }
+    }
+}
+
+#[test]
+fn a_pruned_run_equals_a_full_run_masked_to_its_selection() -> Result<()> {
+    let (mut runs, mut changed, mut swaps) = (0, 0, 0);
+    for c in cases()? {
+        let layers = c.model.config().num_layers;
+        let s = c.decode_start;
+        for text in [
+            "slim:1/3@50%,2/3@25%+block:4+unit:2",
+            "slim:1/3@50%,2/3@25%+block:4+unit:2+swap:0",
+            "slim:1/3@50%,2/3@25%+block:4+unit:2+swap:1+window:1",
+            "slim:1/2@40%+block:4+unit:1+score:avg+swap:1",
+            "slim:1/2@40%+block:4+unit:4+score:max+sink:0+swap:1",
+        ] {
+            let (rows, seq) = incremental(&c, policy(text, layers)?, 6)?;
+            let run = seq.slim().expect("slim");
+            ensure!(run.is_decided(), "{}: {text} never decided", c.name);
+            let pruned = run.cut_records()[0].kept.len() < run.selection().prunable_blocks().len();
+            ensure!(pruned, "{}: {text} pruned nothing", c.name);
+            let reference = c
+                .model
+                .teacher_forced_masked(&c.ids, selection_rule(&seq))?;
+            let reference = reference.narrow(0, s, c.ids.len() - s)?;
+            let d = max_diff(&rows, &reference)?;
+            ensure!(d <= 1e-4, "{}: {text}: pruned vs masked {d:e}", c.name);
+            swaps += run
+                .steps()
+                .iter()
+                .flat_map(|st| &st.cuts)
+                .filter(|t| t.swapped)
+                .count();
+            let full = c.model.teacher_forced_logits(&c.ids, None)?;
+            let full = full.narrow(0, s, c.ids.len() - s)?;
+            changed += usize::from(max_diff(&rows, &full)? > 1e-3);
+            runs += 1;
+        }
+    }
+    // the check has teeth: pruning changed the logits, and decode steps swapped
+    eprintln!("{runs} runs: {changed} changed the logits, {swaps} swaps");
+    ensure!(
+        changed == runs,
+        "only {changed} of {runs} pruned runs differ from full"
+    );
+    ensure!(swaps > 0, "no decode step swapped blocks");
+    Ok(())
+}
+
+#[test]
+fn the_selection_and_logits_do_not_depend_on_chunk_or_attention_block_sizes() -> Result<()> {
+    let text = "slim:1/3@50%,2/3@25%+block:4+unit:2";
+    for mut c in cases()? {
+        let layers = c.model.config().num_layers;
+        let (base, seq) = incremental(&c, policy(text, layers)?, c.decode_start)?;
+        let kept: Vec<Vec<usize>> = seq
+            .slim()
+            .unwrap()
+            .cut_records()
+            .iter()
+            .map(|r| r.kept.clone())
+            .collect();
+        for (chunk, block_elems) in [(1, usize::MAX), (5, 64), (11, 1)] {
+            c.model.set_attention_block_elems(block_elems);
+            let (rows, seq) = incremental(&c, policy(text, layers)?, chunk)?;
+            let other: Vec<Vec<usize>> = seq
+                .slim()
+                .unwrap()
+                .cut_records()
+                .iter()
+                .map(|r| r.kept.clone())
+                .collect();
+            ensure!(
+                other == kept,
+                "{}: chunk {chunk}: {other:?} vs {kept:?}",
+                c.name
+            );
+            let d = max_diff(&rows, &base)?;
+            ensure!(d <= 1e-5, "{}: chunk {chunk}: {d:e}", c.name);
+        }
+    }
+    Ok(())
+}
+
+/// Positions whose residual stream a layer produced.
+#[derive(Default)]
+struct Seen(HashMap<usize, Vec<usize>>);
+
+impl Probe for Seen {
+    fn wants_residual(&self, site: ResidualSite) -> bool {
+        matches!(site, ResidualSite::Layer(_))
+    }
+    fn on_residual(
+        &mut self,
+        site: ResidualSite,
+        positions: &[usize],
+        _: &Tensor,
+    ) -> lcut_model::Result<()> {
+        if let ResidualSite::Layer(l) = site {
+            self.0.entry(l).or_default().extend_from_slice(positions);
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn pruned_tokens_have_no_state_and_no_kv_above_their_cut_and_bytes_follow_the_formula() -> Result<()>
+{
+    for c in cases()? {
+        let cfg = c.model.config();
+        let layers = cfg.num_layers;
+        let text = "slim:1/3@50%,2/3@25%+block:4+unit:2+swap:0.5";
+        let p = policy(text, layers)?;
+        let s = c.decode_start;
+        let phases = TokenPhases::new(c.ids.len(), s, p.anchor_len(None, s)?)?;
+        let mut seq = c.model.new_sequence(p, phases)?;
+        seq.reserve(c.ids.len());
+        let mut seen = Seen::default();
+        c.model
+            .forward(&mut seq, &c.ids[..s], LogitRows::None, Some(&mut seen))?;
+        for i in s..c.ids.len() {
+            c.model
+                .forward(&mut seq, &c.ids[i..=i], LogitRows::Last, Some(&mut seen))?;
+        }
+        let run = seq.slim().unwrap();
+        let sel = run.selection();
+        let params = *sel.params();
+        let b = cfg.kv_shape(DType::F32).bytes_per_token_layer();
+        for l in 0..layers {
+            let seg = params.segment(l);
+            let expected: Vec<usize> = (0..c.ids.len())
+                .filter(|&pos| {
+                    seg == 0
+                        || pos < phases.anchor_len()
+                        || pos >= s
+                        || sel
+                            .kept_blocks(seg - 1)
+                            .contains(&(pos / params.options.block))
+                })
+                .collect();
+            ensure!(
+                seq.caches()[l].positions() == expected.as_slice(),
+                "{}: layer {l} caches {:?}",
+                c.name,
+                seq.caches()[l].positions()
+            );
+            let mut states = seen.0[&l].clone();
+            states.sort_unstable();
+            ensure!(
+                states == expected,
+                "{}: layer {l} computed states at {states:?}",
+                c.name
+            );
+            if seg > 0 {
+                let whole_prompt = b * c.ids.len();
+                ensure!(
+                    seq.caches()[l].bytes_allocated() < whole_prompt,
+                    "{}: layer {l} buffer sized for the prompt",
+                    c.name
+                );
+            }
+        }
+        let decode = c.ids.len() - s;
+        ensure!(
+            seq.kv_bytes_held() == (sel.held_token_layers(decode) * b) as u64,
+            "{}: held bytes",
+            c.name
+        );
+        for step in run.steps() {
+            ensure!(
+                step.resident_token_layers <= step.held_token_layers,
+                "{}: resident > held",
+                c.name
+            );
+            ensure!(step.cuts.len() == params.cuts().len());
+        }
+        ensure!(
+            run.steps().len() == decode - 1,
+            "{}: {} steps recorded",
+            c.name,
+            run.steps().len()
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn a_zero_swap_threshold_never_moves_the_active_blocks() -> Result<()> {
+    for c in cases()? {
+        let layers = c.model.config().num_layers;
+        let (_, seq) = incremental(
+            &c,
+            policy("slim:1/3@50%,2/3@25%+block:4+unit:2+swap:0", layers)?,
+            4,
+        )?;
+        let run = seq.slim().unwrap();
+        for step in run.steps() {
+            ensure!(
+                step.cuts
+                    .iter()
+                    .all(|t| !t.swapped && t.fetched_token_layers == 0)
+            );
+            ensure!(step.resident_token_layers == step.held_token_layers);
+        }
+    }
+    Ok(())
+}
