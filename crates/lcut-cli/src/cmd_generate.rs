@@ -78,14 +78,37 @@ fn sampling(args: &GenerateArgs) -> Sampling {
 }
 
 fn summary(label: &str, out: &GenerationOutput) -> String {
-    format!(
+    let full = out.kv_bytes_full.max(1) as f64;
+    let mut line = format!(
         "{label:<20} TTFT {:>8.1} ms  TPOT {:>7.2} ms  {:>7.1} tok/s  KV {:>10} B ({:.3} of full)",
         out.timing.ttft_s * 1e3,
         out.timing.tpot_s * 1e3,
         out.timing.tokens_per_s,
         out.kv_bytes_held,
-        out.kv_bytes_held as f64 / out.kv_bytes_full.max(1) as f64
-    )
+        out.kv_bytes_held as f64 / full
+    );
+    if let Some(slim) = &out.slim {
+        let kept: Vec<String> = slim
+            .cuts
+            .iter()
+            .map(|c| format!("{}:{}/{}", c.layer, c.kept_tokens, slim.prefill_tokens))
+            .collect();
+        let swaps = slim
+            .steps
+            .iter()
+            .flat_map(|s| &s.cuts)
+            .filter(|t| t.swapped)
+            .count();
+        line += &format!(
+            "\n{:<20} resident {} B ({:.3} of full); kept prompt tokens at cuts {}; {swaps} swaps; SPEED at equal K/V: L_cut {:.1}",
+            "",
+            out.kv_bytes_resident,
+            out.kv_bytes_resident as f64 / full,
+            kept.join(", "),
+            slim.equal_kv_cutoff
+        );
+    }
+    line
 }
 
 /// Run `lcut generate`.

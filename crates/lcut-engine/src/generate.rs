@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use candle_core::{DType, Tensor};
 use candle_transformers::generation::{LogitsProcessor, Sampling as CandleSampling};
+use lcut_model::slim::{CutRecord, StepRecord};
 use lcut_model::{Decoder, LogitRows, Probe, Sequence};
 use lcut_policy::{KvCost, Policy, TokenPhases};
 use serde::{Deserialize, Serialize};
@@ -128,6 +129,34 @@ pub struct GenerationOutput {
     pub kv_bytes_formula: u64,
     /// K/V bytes the full model would hold for the same tokens.
     pub kv_bytes_full: u64,
+    /// K/V bytes decode reads (SlimInfer: sink, active blocks and decode
+    /// phase; the rest could sit offloaded); equals `kv_bytes_held` for
+    /// static policies.
+    #[serde(default)]
+    pub kv_bytes_resident: u64,
+    /// SlimInfer's decisions: kept blocks and scores per cut, and per decode
+    /// step the overlap, swaps and traffic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slim: Option<SlimTrace>,
+}
+
+/// What a SlimInfer generation decided, for reports.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SlimTrace {
+    /// Bytes of one token's K/V at one layer (token-layers to bytes).
+    pub bytes_per_token_layer: u64,
+    /// Block size B.
+    pub block: usize,
+    /// Sink tokens (anchors) of this prompt.
+    pub sink_tokens: usize,
+    /// Prunable prompt tokens P.
+    pub prefill_tokens: usize,
+    /// The prefill's decision at each cut.
+    pub cuts: Vec<CutRecord>,
+    /// Each decode step's decisions.
+    pub steps: Vec<StepRecord>,
+    /// The SPEED cutoff that would hold the same prompt K/V (§4.7's L_eq).
+    pub equal_kv_cutoff: f64,
 }
 
 /// How far the prompt's prefill has got, in prompt tokens.
@@ -376,6 +405,37 @@ impl<'m> Generation<'m> {
         let policy = *self.seq.policy();
         let shape = self.model.kv_shape();
         let cost = self.kv_cost();
+        let b = shape.bytes_per_token_layer() as u64;
+        let (formula, resident, slim) = match self.seq.slim() {
+            Some(run) => {
+                let sel = run.selection();
+                let kept: Vec<usize> = (0..sel.params().cuts().len())
+                    .map(|i| sel.kept_tokens(i))
+                    .collect();
+                let trace = SlimTrace {
+                    bytes_per_token_layer: b,
+                    block: sel.params().options.block,
+                    sink_tokens: cost.anchors,
+                    prefill_tokens: cost.prefill,
+                    cuts: run.cut_records().to_vec(),
+                    steps: run.steps().to_vec(),
+                    equal_kv_cutoff: sel.params().equal_kv_cutoff(
+                        policy.num_layers(),
+                        cost.prefill,
+                        &kept,
+                    ),
+                };
+                (
+                    b * sel.held_token_layers(cost.decode) as u64,
+                    b * sel.resident_token_layers(cost.decode) as u64,
+                    Some(trace),
+                )
+            }
+            None => {
+                let bytes = cost.bytes(&policy, &shape);
+                (bytes, bytes, None)
+            }
+        };
         GenerationOutput {
             policy: policy.to_string(),
             tokens: self.produced.clone(),
@@ -391,8 +451,10 @@ impl<'m> Generation<'m> {
                 },
             },
             kv_bytes_held: self.seq.kv_bytes_held(),
-            kv_bytes_formula: cost.bytes(&policy, &shape),
+            kv_bytes_formula: formula,
             kv_bytes_full: cost.bytes(&Policy::full(policy.num_layers()), &shape),
+            kv_bytes_resident: resident,
+            slim,
         }
     }
 }

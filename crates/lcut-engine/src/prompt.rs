@@ -48,7 +48,7 @@ impl PreparedPrompt {
 
     /// The token phases of this prompt under `policy`'s anchors.
     pub fn phases(&self, policy: &Policy) -> Result<TokenPhases> {
-        let anchors = policy.anchors().len(self.system_len)?;
+        let anchors = policy.anchor_len(self.system_len, self.decode_start)?;
         Ok(TokenPhases::new(
             self.ids.len(),
             self.decode_start,
