@@ -12,6 +12,9 @@ use tempfile::TempDir;
 pub mod alloc;
 pub mod mutate;
 
+/// The random number generators the mutators use, for tests' own generators.
+pub use rand;
+
 pub use mutate::{JsonMutants, MutantRun, json_mutants, mutant_count, mutants, truncations};
 
 /// The repository root.

@@ -69,6 +69,33 @@ impl<'de> Deserialize<'de> for Series {
     }
 }
 
+/// A number read from JSON as a 32-bit float: one too large for `f32` is an
+/// error, not an infinity (non-finite values are written as `null`, so an
+/// infinity read from a number would not survive being written back).
+fn narrow<E: serde::de::Error>(x: f64) -> Result<f32, E> {
+    let v = x as f32;
+    if v.is_finite() {
+        Ok(v)
+    } else {
+        Err(E::custom(format!("{x} is out of range for a 32-bit float")))
+    }
+}
+
+/// `#[serde(with = "...")]` helpers for one `f32` that must be finite.
+pub mod finite {
+    use super::*;
+
+    /// Writes the value as a number.
+    pub fn serialize<S: Serializer>(v: &f32, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f32(*v)
+    }
+
+    /// Reads a number that fits in an `f32`.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f32, D::Error> {
+        narrow(f64::deserialize(d)?)
+    }
+}
+
 /// `#[serde(with = "...")]` helpers for one `f32` that may be NaN.
 pub mod scalar {
     use super::*;
@@ -84,7 +111,7 @@ pub mod scalar {
 
     /// Reads a number, or `null` as NaN.
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f32, D::Error> {
-        Ok(Option::<f32>::deserialize(d)?.unwrap_or(f32::NAN))
+        Option::<f64>::deserialize(d)?.map_or(Ok(f32::NAN), narrow)
     }
 }
 
@@ -108,8 +135,10 @@ pub mod vec {
 
     /// Reads numbers, and `null` as NaN.
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f32>, D::Error> {
-        let raw = Vec::<Option<f32>>::deserialize(d)?;
-        Ok(raw.into_iter().map(|x| x.unwrap_or(f32::NAN)).collect())
+        let raw = Vec::<Option<f64>>::deserialize(d)?;
+        raw.into_iter()
+            .map(|x| x.map_or(Ok(f32::NAN), narrow))
+            .collect()
     }
 }
 
@@ -133,6 +162,13 @@ mod tests {
         assert_eq!(Series(vec![f32::NAN, 1.0]), Series(vec![f32::NAN, 1.0]));
         assert_ne!(Series(vec![f32::NAN, 1.0]), Series(vec![0.0, 1.0]));
         assert_ne!(Series(vec![1.0]), Series(vec![1.0, 1.0]));
+    }
+
+    #[test]
+    fn numbers_past_the_f32_range_are_refused() {
+        let err = serde_json::from_str::<Series>("[1, 1e39]").unwrap_err();
+        assert!(err.to_string().contains("out of range"), "{err}");
+        assert!(serde_json::from_str::<Series>("[1, -1e300]").is_err());
     }
 
     #[test]

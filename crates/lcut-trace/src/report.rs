@@ -187,7 +187,12 @@ impl Report {
         let lengths = per_layer
             .iter()
             .map(|(n, s)| (n, s.len(), l))
-            .chain(per_boundary.iter().map(|(n, s)| (n, s.len(), l + 1)));
+            // saturating: `num_layers` is read from the file and may be huge
+            .chain(
+                per_boundary
+                    .iter()
+                    .map(|(n, s)| (n, s.len(), l.saturating_add(1))),
+            );
         for (name, got, want) in lengths {
             if got != want {
                 return Err(TraceError::invalid(

@@ -11,17 +11,22 @@ use serde::{Deserialize, Serialize};
 pub struct Thresholds {
     /// Tail-mass vote: the smallest cut whose dropped prefill mass share
     /// R(c) is at most this. Default 0.05.
+    #[serde(with = "crate::floats::finite")]
     pub tail_mass_max: f32,
     /// Selective-reading band: normalised head-mean prefill entropy at most
     /// this. Default 0.6.
+    #[serde(with = "crate::floats::finite")]
     pub entropy_max: f32,
     /// Selective-reading band: mean prefill mass at least this. Default 0.05.
+    #[serde(with = "crate::floats::finite")]
     pub mass_min: f32,
     /// Curvature plateau: consecutive per-layer curvatures differ by less than
     /// this many radians from here up. Default 0.02.
+    #[serde(with = "crate::floats::finite")]
     pub plateau_eps: f32,
     /// Sweep knee: largest drop of top-1 agreement below the full model's that
     /// still counts as no loss. Default 0.02.
+    #[serde(with = "crate::floats::finite")]
     pub agreement_drop_max: f32,
 }
 

@@ -268,11 +268,12 @@ impl PromptTrace {
             ("curvature_prompt", &self.curvature_prompt),
             ("curvature_generated", &self.curvature_generated),
         ] {
-            if c.len() != l + 1 {
+            // checked: `num_layers` is read from the file and may be huge
+            if l.checked_add(1) != Some(c.len()) {
                 return bad(format!(
                     "`{name}` has {} entries, expected num_layers + 1 = {}",
                     c.len(),
-                    l + 1
+                    l as u128 + 1
                 ));
             }
         }
