@@ -27,7 +27,9 @@ mod tail;
 pub use aggregate::aggregate;
 pub use curvature::{curvature, turning_angle};
 pub use error::DiagError;
-pub use flops::{FlopShape, PromptSplit, prefill_flops};
+pub use flops::{
+    FlopShape, PromptSplit, layered_prefill_flops, prefill_flops, slim_tokens_per_layer,
+};
 pub use knee::{finish_sweep, knee};
 pub use masses::{PhaseMasses, PrefillEntropy, phase_masses, prefill_entropy};
 pub use merge::{build_report, merge};

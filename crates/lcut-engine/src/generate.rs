@@ -5,9 +5,8 @@ use std::time::Instant;
 
 use candle_core::{DType, Tensor};
 use candle_transformers::generation::{LogitsProcessor, Sampling as CandleSampling};
-use lcut_model::slim::{CutRecord, StepRecord};
 use lcut_model::{Decoder, LogitRows, Probe, Sequence};
-use lcut_policy::{KvCost, Policy, TokenPhases};
+use lcut_policy::{KvCost, Policy, SlimTrace, TokenPhases};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, Result};
@@ -138,25 +137,6 @@ pub struct GenerationOutput {
     /// step the overlap, swaps and traffic.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slim: Option<SlimTrace>,
-}
-
-/// What a SlimInfer generation decided, for reports.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SlimTrace {
-    /// Bytes of one token's K/V at one layer (token-layers to bytes).
-    pub bytes_per_token_layer: u64,
-    /// Block size B.
-    pub block: usize,
-    /// Sink tokens (anchors) of this prompt.
-    pub sink_tokens: usize,
-    /// Prunable prompt tokens P.
-    pub prefill_tokens: usize,
-    /// The prefill's decision at each cut.
-    pub cuts: Vec<CutRecord>,
-    /// Each decode step's decisions.
-    pub steps: Vec<StepRecord>,
-    /// The SPEED cutoff that would hold the same prompt K/V (§4.7's L_eq).
-    pub equal_kv_cutoff: f64,
 }
 
 /// How far the prompt's prefill has got, in prompt tokens.

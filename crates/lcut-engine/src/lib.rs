@@ -17,9 +17,10 @@ pub use bundled::{BUNDLED_MODEL, bundled, workspace_root};
 pub use compare::{CompareStep, Comparison, compare, kl_divergence};
 pub use error::{EngineError, Result};
 pub use generate::{
-    Generation, GenerationConfig, GenerationOutput, PrefillProgress, Sampling, SlimTrace, Step,
-    StopReason, Timing,
+    Generation, GenerationConfig, GenerationOutput, PrefillProgress, Sampling, Step, StopReason,
+    Timing,
 };
+pub use lcut_policy::SlimTrace;
 pub use prompt::PreparedPrompt;
 pub use session::Session;
 pub use template::{ChatTemplate, Message};

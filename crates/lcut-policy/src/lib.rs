@@ -7,11 +7,13 @@
 mod cost;
 mod phases;
 mod policy;
+mod record;
 mod selection;
 mod slim;
 
 pub use cost::{KvCost, KvShape};
 pub use phases::{Phase, PhaseError, TokenPhases};
 pub use policy::{Anchors, CutSpec, Policy, PolicyError, PolicyKind, PolicySpec};
+pub use record::{CutRecord, SlimTrace, StepRecord};
 pub use selection::{SlimSelection, StepTraffic};
 pub use slim::{Budget, MAX_SLIM_CUTS, ScoreMode, SlimOptions, SlimParams, SlimSpec};

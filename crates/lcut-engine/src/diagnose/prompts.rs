@@ -1,6 +1,7 @@
 //! Prompt sets: JSON Lines files of `{"id": ..., "prompt": ..., "system"?: ...}`,
 //! and their deterministic shards.
 
+use std::collections::HashSet;
 use std::path::Path;
 
 use serde::Deserialize;
@@ -39,8 +40,8 @@ struct Line {
     system: Option<String>,
 }
 
-/// Read a JSON Lines prompt set; blank lines are skipped, and a prompt
-/// without `id` is named by its line number.
+/// Read a JSON Lines prompt set; blank lines are skipped, a prompt without
+/// `id` is named by its line number, and ids must be unique.
 pub fn read_prompt_set(path: &Path) -> Result<Vec<PromptSpec>> {
     let text = std::fs::read_to_string(path).map_err(|e| EngineError::PromptSet {
         path: path.to_path_buf(),
@@ -48,6 +49,7 @@ pub fn read_prompt_set(path: &Path) -> Result<Vec<PromptSpec>> {
         reason: e.to_string(),
     })?;
     let mut prompts = Vec::new();
+    let mut seen = HashSet::new();
     for (i, raw) in text.lines().enumerate() {
         if raw.trim().is_empty() {
             continue;
@@ -64,8 +66,17 @@ pub fn read_prompt_set(path: &Path) -> Result<Vec<PromptSpec>> {
                 reason: "the prompt is empty".into(),
             });
         }
+        let id = line.id.unwrap_or_else(|| format!("line{}", i + 1));
+        // traces and reports name prompts by id: two with one id would mix
+        if !seen.insert(id.clone()) {
+            return Err(EngineError::PromptSet {
+                path: path.to_path_buf(),
+                line: i + 1,
+                reason: format!("the id {id:?} is used by an earlier prompt; ids must be unique"),
+            });
+        }
         prompts.push(PromptSpec {
-            id: line.id.unwrap_or_else(|| format!("line{}", i + 1)),
+            id,
             user: line.prompt,
             system: line.system,
         });

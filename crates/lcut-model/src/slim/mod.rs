@@ -9,39 +9,11 @@ mod stages;
 use std::collections::VecDeque;
 
 use candle_core::{DType, Tensor};
-use lcut_policy::{SlimParams, SlimSelection, StepTraffic, TokenPhases};
-use serde::{Deserialize, Serialize};
+pub use lcut_policy::{CutRecord, StepRecord};
+use lcut_policy::{SlimParams, SlimSelection, TokenPhases};
 
 use crate::error::Result;
 use score::BlockSummaries;
-
-/// What the prefill decided at one cut.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CutRecord {
-    /// The cut layer c_i (first layer holding only the kept blocks).
-    pub layer: usize,
-    /// The budget in tokens K_i for this prompt (sink included).
-    pub budget_tokens: usize,
-    /// Every candidate block's score r(j), in block order.
-    pub scores: Vec<(usize, f32)>,
-    /// The kept prunable blocks S_i (sink excluded), ascending.
-    pub kept: Vec<usize>,
-    /// Prefill-phase tokens of S_i (P_i).
-    pub kept_tokens: usize,
-}
-
-/// What one decode step's decisions did, over all cuts.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct StepRecord {
-    /// Position of the decoded token.
-    pub position: usize,
-    /// One entry per cut.
-    pub cuts: Vec<StepTraffic>,
-    /// Token-layers of K/V resident after the step (sink, A_t ∩ S_i, decode phase).
-    pub resident_token_layers: usize,
-    /// Token-layers of K/V held after the step.
-    pub held_token_layers: usize,
-}
 
 /// The last `w` queries seen at one decision layer, `[heads * head_dim]` each.
 #[derive(Debug, Clone, Default)]
