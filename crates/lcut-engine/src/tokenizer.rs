@@ -32,6 +32,32 @@ fn special_token(config: &Value, key: &str) -> Option<String> {
     }
 }
 
+/// Parse `tokenizer.json`. The file is checked to be JSON first, and a
+/// panic inside the tokenizers library (it panics on some damaged files,
+/// e.g. a decoder cut short) becomes an error naming the file.
+fn read_tokenizer(path: &Path) -> Result<Tokenizer> {
+    let err = |reason: String| EngineError::Tokenizer {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    serde_json::from_str::<serde::de::IgnoredAny>(&text)
+        .map_err(|e| err(format!("not valid JSON: {e}")))?;
+    let parsed = std::panic::catch_unwind(|| text.parse::<Tokenizer>());
+    match parsed {
+        Ok(Ok(t)) => Ok(t),
+        Ok(Err(e)) => Err(err(e.to_string())),
+        Err(panic) => {
+            let why = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("no message");
+            Err(err(format!("the tokenizers library failed on it ({why})")))
+        }
+    }
+}
+
 impl TextTokenizer {
     /// Load `tokenizer.json` (required) and `tokenizer_config.json`
     /// (optional) from a model folder; `Ok(None)` when there is no tokenizer.
@@ -40,10 +66,7 @@ impl TextTokenizer {
         if !path.exists() {
             return Ok(None);
         }
-        let inner = Tokenizer::from_file(&path).map_err(|e| EngineError::Tokenizer {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
+        let inner = read_tokenizer(&path)?;
         let config_path = folder.join("tokenizer_config.json");
         let config: Value = if config_path.exists() {
             let text =
