@@ -9,6 +9,9 @@ use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device, Tensor};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
+use lcut_diag::{
+    FlopShape, PromptSplit, layered_prefill_flops, prefill_flops, slim_tokens_per_layer,
+};
 use lcut_engine::{Generation, GenerationConfig, GenerationOutput, PreparedPrompt};
 use lcut_model::gguf::is_gguf_path;
 use lcut_model::probes::PhaseMassProbe;
@@ -94,6 +97,12 @@ pub struct BenchRow {
     pub kv_bytes: u64,
     /// K/V bytes by the cost formula.
     pub kv_bytes_formula: u64,
+    /// K/V bytes decode reads at the end (SlimInfer's active blocks; the
+    /// held bytes for static policies).
+    pub kv_bytes_resident: u64,
+    /// Predicted prefill matmul FLOPs over the full model's (the FLOP model
+    /// with the tokens each layer ran): compare with `ttft_ratio`.
+    pub prefill_flops_ratio: f64,
     /// Estimated peak memory of the run (weights, K/V, one attention block,
     /// activations), bytes.
     pub peak_bytes_estimate: u64,
@@ -270,6 +279,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     out.kv_bytes_formula
                 );
             }
+            let flops_ratio = predicted_flops_ratio(&model, policy, out, len);
             let peak = lcut_model::memory::estimate(
                 model.config(),
                 dtype,
@@ -287,6 +297,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 tpot_s: median(tpot),
                 kv_bytes: out.kv_bytes_held,
                 kv_bytes_formula: out.kv_bytes_formula,
+                kv_bytes_resident: out.kv_bytes_resident,
+                prefill_flops_ratio: flops_ratio,
                 ttft_ratio: 1.0,
                 tpot_ratio: 1.0,
                 kv_ratio: 1.0,
@@ -301,37 +313,93 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         rows.extend(at_len);
     }
     bar.finish_and_clear();
+    print_rows(&rows);
+    if let Some(path) = &args.json {
+        write_atomic(path, serde_json::to_string_pretty(&rows)?.as_bytes())?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// The table `lcut bench` prints: ratios against full measured in the
+/// same run, with the FLOP model's prediction beside the TTFT ratio.
+fn print_rows(rows: &[BenchRow]) {
+    let width = rows
+        .iter()
+        .map(|r| r.policy.len())
+        .max()
+        .unwrap_or(6)
+        .max(6);
     println!(
-        "{:<18} {:>7} {:>10} {:>10} {:>12} {:>7} {:>7} {:>7} {:>9}",
+        "{:<width$} {:>7} {:>10} {:>10} {:>12} {:>7} {:>7} {:>7} {:>7} {:>7} {:>9}",
         "policy",
         "prompt",
         "TTFT ms",
         "TPOT ms",
         "KV bytes",
         "TTFT x",
+        "FLOP x",
         "TPOT x",
         "KV x",
+        "res. x",
         "peak GiB"
     );
-    for r in &rows {
+    for r in rows {
+        let full_kv = r.kv_bytes as f64 / r.kv_ratio.max(f64::MIN_POSITIVE);
         println!(
-            "{:<18} {:>7} {:>10.1} {:>10.2} {:>12} {:>7.3} {:>7.3} {:>7.3} {:>9.1}",
+            "{:<width$} {:>7} {:>10.1} {:>10.2} {:>12} {:>7.3} {:>7.3} {:>7.3} {:>7.3} {:>7.3} {:>9.1}",
             r.policy,
             r.prompt_len,
             r.ttft_s * 1e3,
             r.tpot_s * 1e3,
             r.kv_bytes,
             r.ttft_ratio,
+            r.prefill_flops_ratio,
             r.tpot_ratio,
             r.kv_ratio,
+            r.kv_bytes_resident as f64 / full_kv,
             r.peak_bytes_estimate as f64 / f64::from(1u32 << 30)
         );
     }
-    if let Some(path) = &args.json {
-        write_atomic(path, serde_json::to_string_pretty(&rows)?.as_bytes())?;
-        eprintln!("wrote {}", path.display());
-    }
-    Ok(())
+}
+
+/// Predicted prefill FLOPs of `policy` over the full model's for a raw
+/// prompt of `len` tokens, with the tokens each layer actually ran.
+fn predicted_flops_ratio(
+    model: &Decoder,
+    policy: &Policy,
+    out: &GenerationOutput,
+    len: usize,
+) -> f64 {
+    let cfg = model.config();
+    let shape = FlopShape {
+        num_layers: cfg.num_layers,
+        hidden_size: cfg.hidden_size,
+        num_heads: cfg.num_heads,
+        num_kv_heads: cfg.num_kv_heads,
+        head_dim: cfg.head_dim,
+        intermediate_size: cfg.intermediate_size,
+        vocab_size: cfg.vocab_size,
+    };
+    let full = layered_prefill_flops(&shape, &vec![len; cfg.num_layers]);
+    let flops = match (&out.slim, policy.slim()) {
+        (Some(trace), Some(params)) => {
+            let kept: Vec<usize> = trace.cuts.iter().map(|c| c.kept_tokens).collect();
+            let tokens = slim_tokens_per_layer(
+                cfg.num_layers,
+                params.cuts(),
+                len,
+                trace.prefill_tokens,
+                &kept,
+            );
+            layered_prefill_flops(&shape, &tokens)
+        }
+        _ => {
+            let anchors = policy.anchor_len(None, len.saturating_sub(1)).unwrap_or(0);
+            prefill_flops(&shape, policy.l_cut(), PromptSplit::raw(len, anchors))
+        }
+    };
+    flops / full
 }
 
 /// Decode timing of one engine: prefill seconds and decode tokens/s.

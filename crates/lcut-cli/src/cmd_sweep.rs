@@ -3,8 +3,9 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use lcut_engine::diagnose::{SweepOptions, prepare_prompts, sweep};
-use lcut_trace::{read_report_json, write_json, write_report_json};
+use lcut_engine::diagnose::{AxisPolicy, SweepOptions, equal_kv_pairs, prepare_prompts, sweep};
+use lcut_policy::PolicySpec;
+use lcut_trace::{PolicyPoint, read_report_json, write_json, write_report_json};
 
 use crate::cmd_diagnose::{
     DiagnoseArgs, load_inputs, on_event, options, print_summary, progress_bar,
@@ -25,6 +26,83 @@ pub struct SweepArgs {
     /// Context length for KV bytes and prefill FLOPs (e.g. 128k).
     #[arg(long, default_value = "128k")]
     context_len: String,
+    /// Other policies to measure on the same prompts and continuations,
+    /// separated by `;` (e.g. "slim:paper;slim:9@50%,19@25%+block:16").
+    #[arg(long)]
+    policies: Option<String>,
+    /// Pair each SPEED+BoS cutoff C with a SlimInfer run at this first cut
+    /// holding the same K/V (keeping (C - c1)/(L - c1) of the prompt).
+    #[arg(long)]
+    equal_kv: Option<usize>,
+    /// SlimInfer options for the --equal-kv pairs (e.g. "+block:16+unit:4").
+    #[arg(long, default_value = "")]
+    slim_options: String,
+}
+
+/// The sweep's comparison axis: `--policies` and the `--equal-kv` pairs.
+fn axis_policies(args: &SweepArgs, num_layers: usize, cuts: &[usize]) -> Result<Vec<AxisPolicy>> {
+    let mut axis = Vec::new();
+    for text in args.policies.iter().flat_map(|p| p.split(';')) {
+        if text.trim().is_empty() {
+            continue;
+        }
+        let spec: PolicySpec = text.parse()?;
+        spec.resolve(num_layers)?;
+        axis.push(AxisPolicy {
+            spec,
+            paired_with: None,
+        });
+    }
+    if let Some(first_cut) = args.equal_kv {
+        let probe: PolicySpec = format!("slim:1@1{}", args.slim_options)
+            .parse()
+            .with_context(|| format!("--slim-options {:?}", args.slim_options))?;
+        let options = probe.slim.map(|s| s.options).unwrap_or_default();
+        axis.extend(equal_kv_pairs(num_layers, cuts, first_cut, options)?);
+    }
+    Ok(axis)
+}
+
+/// The comparison axis as a table (measured on the prompts, not at the
+/// context length).
+fn print_axis(points: &[PolicyPoint]) {
+    if points.is_empty() {
+        return;
+    }
+    let width = points.iter().map(|p| p.policy.len()).max().unwrap_or(6);
+    let pair = points
+        .iter()
+        .filter_map(|p| p.paired_with.as_ref().map(String::len))
+        .max()
+        .unwrap_or(11);
+    println!(
+        "\n{:<width$} {:>pair$} {:>8} {:>9} {:>8} {:>7} {:>7} {:>8} {:>6} {:>6}",
+        "policy (on the prompts)",
+        "paired with",
+        "top-1",
+        "KL",
+        "NLL",
+        "KV x",
+        "res. x",
+        "FLOPs x",
+        "L_eq",
+        "swaps"
+    );
+    for p in points {
+        println!(
+            "{:<width$} {:>pair$} {:>8.3} {:>9.4} {:>8.3} {:>7.3} {:>7.3} {:>8.3} {:>6.1} {:>6.2}",
+            p.policy,
+            p.paired_with.as_deref().unwrap_or("-"),
+            p.top1_agreement,
+            p.mean_kl,
+            p.nll,
+            p.kv_ratio,
+            p.resident_ratio,
+            p.prefill_ratio,
+            p.equal_kv_cutoff,
+            p.swap_rate
+        );
+    }
 }
 
 /// Run `lcut sweep`: adds the sweep to `OUT/report.json` when one exists
@@ -45,7 +123,10 @@ pub fn run(args: &SweepArgs) -> Result<()> {
                 .collect::<Result<Vec<_>>>()
         })
         .transpose()?;
+    let num_layers = session.model.config().num_layers;
+    let all_cuts: Vec<usize> = cuts.clone().unwrap_or_else(|| (1..=num_layers).collect());
     let opts = SweepOptions {
+        axis: axis_policies(args, num_layers, &all_cuts)?,
         cuts,
         anchor_free: args.anchor_free,
         context_len: parse_len(&args.context_len)?,
@@ -72,6 +153,7 @@ pub fn run(args: &SweepArgs) -> Result<()> {
             p.l_cut, p.anchors, p.top1_agreement, p.mean_kl, p.nll, p.kv_ratio, p.prefill_ratio
         );
     }
+    print_axis(&result.policies);
     std::fs::create_dir_all(&args.run.out)
         .with_context(|| format!("creating {}", args.run.out.display()))?;
     let report_path = args.run.out.join("report.json");

@@ -38,6 +38,7 @@ pub fn finish_sweep(context_len: usize, points: Vec<SweepPoint>, th: &Thresholds
         context_len,
         points,
         knee,
+        policies: Vec::new(),
     }
 }
 

@@ -174,7 +174,7 @@ impl SlimSpec {
         if o.block == 0 {
             return Err("block size must be at least 1".into());
         }
-        if o.unit == 0 || o.block % o.unit != 0 {
+        if o.unit == 0 || !o.block.is_multiple_of(o.unit) {
             return Err(format!(
                 "unit {} must divide the block size {}",
                 o.unit, o.block
@@ -261,8 +261,14 @@ impl SlimSpec {
         let mut parts = body.split('+');
         let head = parts.next().unwrap_or_default();
         let mut options = SlimOptions::default();
+        let mut unit_given = false;
         for opt in parts {
+            unit_given |= opt.starts_with("unit:");
             parse_option(opt, &mut options).map_err(bad)?;
+        }
+        // a block smaller than the default unit gets units that divide it
+        if !unit_given && options.block > 0 && options.block % options.unit != 0 {
+            options.unit = gcd(options.block, options.unit);
         }
         if head == "paper" {
             let spec = Self::paper(options);
@@ -284,6 +290,10 @@ impl SlimSpec {
         }
         Self::new(&pairs, options).map_err(bad)
     }
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 fn parse_budget(text: &str) -> Result<Budget, String> {
@@ -448,7 +458,11 @@ impl SlimParams {
     /// The SPEED cutoff holding the same prompt K/V for `prefill` prunable
     /// tokens keeping `kept[i]` at cut i in a model of `num_layers` layers:
     /// `L_eq = c_1 + Σ_i (c_{i+1} − c_i)·P_i / P` (§4.7).
+    /// With no prunable prompt nothing is cut: the depth.
     pub fn equal_kv_cutoff(&self, num_layers: usize, prefill: usize, kept: &[usize]) -> f64 {
+        if prefill == 0 {
+            return num_layers as f64;
+        }
         let cuts = self.cuts();
         let mut l_eq = cuts[0] as f64;
         for (i, &p_i) in kept.iter().enumerate().take(cuts.len()) {
@@ -508,6 +522,13 @@ mod tests {
             (8, 2, 2, 0, 0, ScoreMode::Max)
         );
         assert_eq!(slim("slim:3/4@100").cuts(), &[CutSpec::Fraction(0.75)]);
+        // without `+unit`, a block smaller than 8 gets units that divide it
+        assert_eq!(slim("slim:3@50%+block:4").options.unit, 4);
+        assert_eq!(slim("slim:3@50%+block:12").options.unit, 4);
+        assert_eq!(
+            slim("slim:3@50%+block:12").to_string(),
+            "slim:3@50%+block:12+unit:4"
+        );
     }
 
     #[test]

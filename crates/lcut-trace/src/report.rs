@@ -121,6 +121,44 @@ pub struct Sweep {
     pub points: Vec<SweepPoint>,
     /// The knee of quality against cost (see `lcut_diag::knee`).
     pub knee: Option<usize>,
+    /// Other policies measured on the same prompts and continuations (a
+    /// SlimInfer axis, SPEED at equal K/V), costs measured on the prompts.
+    #[serde(default)]
+    pub policies: Vec<PolicyPoint>,
+}
+
+/// One policy of a sweep's comparison axis, measured on the sweep's prompts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicyPoint {
+    /// The policy as written.
+    pub policy: String,
+    /// The SPEED point this one is paired with at equal held K/V, if any.
+    #[serde(default)]
+    pub paired_with: Option<String>,
+    /// Teacher-forced top-1 agreement with the full model's greedy tokens.
+    #[serde(with = "crate::floats::scalar")]
+    pub top1_agreement: f32,
+    /// Mean KL(full ‖ policy) of the next-token distributions, nats.
+    #[serde(with = "crate::floats::scalar")]
+    pub mean_kl: f32,
+    /// Mean negative log-likelihood of the full model's continuation, nats/token.
+    #[serde(with = "crate::floats::scalar")]
+    pub nll: f32,
+    /// Held K/V over the full model's, summed over the prompts.
+    #[serde(with = "crate::floats::scalar")]
+    pub kv_ratio: f32,
+    /// Resident K/V (what decode reads) over the full model's.
+    #[serde(with = "crate::floats::scalar")]
+    pub resident_ratio: f32,
+    /// Predicted prefill FLOPs over the full model's, on the prompts.
+    #[serde(with = "crate::floats::scalar")]
+    pub prefill_ratio: f32,
+    /// The SPEED cutoff holding the same prompt K/V (mean over prompts).
+    #[serde(with = "crate::floats::scalar")]
+    pub equal_kv_cutoff: f32,
+    /// Share of decode steps whose decisions swapped blocks at some cut.
+    #[serde(with = "crate::floats::scalar")]
+    pub swap_rate: f32,
 }
 
 /// A complete diagnostic report.

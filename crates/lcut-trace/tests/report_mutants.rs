@@ -14,9 +14,9 @@ use lcut_testkit::rand::rngs::StdRng;
 use lcut_testkit::rand::{Rng, SeedableRng};
 use lcut_testkit::{MutantRun, json_mutants, mutant_count};
 use lcut_trace::{
-    LayerCurves, ModelIdentity, PromptTrace, Recommendation, Report, RunSettings, SCHEMA_VERSION,
-    Series, Sweep, SweepPoint, Tensor2, Tensor3, Thresholds, TraceError, TraceHeader, read_json,
-    read_report_json, write_report_json,
+    LayerCurves, ModelIdentity, PolicyPoint, PromptTrace, Recommendation, Report, RunSettings,
+    SCHEMA_VERSION, Series, Sweep, SweepPoint, Tensor2, Tensor3, Thresholds, TraceError,
+    TraceHeader, read_json, read_report_json, write_report_json,
 };
 
 #[global_allocator]
@@ -168,6 +168,20 @@ fn report(rng: &mut StdRng) -> Report {
             })
             .collect(),
         knee: vote(rng),
+        policies: (0..rng.random_range(0..3))
+            .map(|i| PolicyPoint {
+                policy: format!("slim:{i}@25%"),
+                paired_with: rng.random_bool(0.5).then(|| format!("speed:{i}+bos")),
+                top1_agreement: float(rng),
+                mean_kl: float(rng),
+                nll: float(rng),
+                kv_ratio: float(rng),
+                resident_ratio: float(rng),
+                prefill_ratio: float(rng),
+                equal_kv_cutoff: float(rng),
+                swap_rate: float(rng),
+            })
+            .collect(),
     });
     Report {
         schema_version: SCHEMA_VERSION,

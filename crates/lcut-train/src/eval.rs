@@ -158,6 +158,8 @@ pub fn greedy_answer(
     max_new: usize,
 ) -> Result<Vec<u32>> {
     let s = inst.decode_start();
+    // SlimInfer's sink is clamped to the decode start of each prompt
+    let anchor_len = policy.slim().map_or(anchor_len, |p| p.sink_len(s));
     let phases = TokenPhases::new(inst.prompt.len(), s, anchor_len)
         .map_err(|e| TrainError::Tokenizer(format!("bad phases for a task prompt: {e}")))?;
     let mut seq = decoder.new_sequence(policy, phases)?;

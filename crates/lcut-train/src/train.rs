@@ -422,6 +422,13 @@ pub fn run_train(args: &TrainArgs) -> anyhow::Result<()> {
         );
     }
     let (policy, anchor_len) = resolve_policy(&args.policy, shape.num_layers)?;
+    if policy.slim().is_some() {
+        anyhow::bail!(
+            "--policy {}: training runs under a static mask (full, SPEED, SelfOnly); SlimInfer \
+             needs no retraining, evaluate it with `lcut eval --policy slim:...`",
+            args.policy
+        );
+    }
     let model = TrainModel::new(shape, &varmap, &device)?;
     let params = ParamsAdamW {
         lr: args.lr,

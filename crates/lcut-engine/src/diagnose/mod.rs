@@ -2,6 +2,7 @@
 //! the diagnostic probe attached, turned into per-prompt traces and a report.
 
 mod curvature;
+mod policy_axis;
 mod probe;
 mod prompts;
 mod sweep;
@@ -13,6 +14,7 @@ use lcut_trace::{
 };
 
 pub use curvature::DeviceCurvature;
+pub use policy_axis::{AxisPolicy, equal_kv_pairs};
 pub use probe::DiagnosticProbe;
 pub use prompts::{BUNDLED_PROMPTS, PromptSpec, read_prompt_set, shard_indices};
 pub use sweep::{SweepOptions, sweep};

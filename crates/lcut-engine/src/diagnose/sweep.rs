@@ -9,6 +9,7 @@ use lcut_model::{Decoder, LogitRows, Sequence};
 use lcut_policy::{Anchors, KvCost, Policy, PolicyKind};
 use lcut_trace::{Sweep, SweepPoint, Thresholds};
 
+use super::policy_axis::{AxisPolicy, AxisTotals, measure};
 use super::{DiagnoseEvent, LabelledPrompt, model_identity};
 use crate::compare::log_softmax_rows;
 use crate::error::{EngineError, Result};
@@ -16,7 +17,7 @@ use crate::generate::{Generation, GenerationConfig};
 use crate::session::Session;
 
 /// Settings of a sweep.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SweepOptions {
     /// Cutoffs to try; every cutoff 1..=L when `None`.
     pub cuts: Option<Vec<usize>>,
@@ -28,6 +29,9 @@ pub struct SweepOptions {
     pub max_new_tokens: usize,
     /// Prompt tokens per prefill chunk.
     pub prefill_chunk: usize,
+    /// Other policies measured on the same prompts and continuations
+    /// (SlimInfer configurations, pairs at equal K/V), each prefilled afresh.
+    pub axis: Vec<AxisPolicy>,
 }
 
 impl Default for SweepOptions {
@@ -38,17 +42,18 @@ impl Default for SweepOptions {
             context_len: 128 * 1024,
             max_new_tokens: 16,
             prefill_chunk: GenerationConfig::default().prefill_chunk,
+            axis: Vec::new(),
         }
     }
 }
 
 /// Sums of the quality metrics over continuation tokens.
 #[derive(Debug, Clone, Copy, Default)]
-struct Totals {
-    agree: f64,
-    kl: f64,
-    nll: f64,
-    tokens: usize,
+pub(super) struct Totals {
+    pub agree: f64,
+    pub kl: f64,
+    pub nll: f64,
+    pub tokens: usize,
 }
 
 /// Logits [n, V] of the decode-phase tokens `tokens` fed after `prefix`.
@@ -58,7 +63,7 @@ fn decode_logits(model: &Decoder, mut seq: Sequence, tokens: &[u32]) -> Result<T
 }
 
 /// Agreement, KL(ref || other) and NLL of `targets` under `other`.
-fn score(reference: &Tensor, other: &Tensor, targets: &[u32]) -> Result<Totals> {
+pub(super) fn score(reference: &Tensor, other: &Tensor, targets: &[u32]) -> Result<Totals> {
     let lp = log_softmax_rows(reference)?;
     let lq = log_softmax_rows(other)?;
     let kl: f32 = (lp.exp()? * (&lp - &lq)?)?.sum_all()?.to_scalar()?;
@@ -104,6 +109,13 @@ pub fn sweep(
     let model = &session.model;
     let layers = model.config().num_layers;
     let policies = sweep_policies(layers, opts)?;
+    let axis = opts
+        .axis
+        .iter()
+        .map(|a| a.spec.resolve(layers))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let mut axis_totals = vec![AxisTotals::default(); axis.len()];
+    let steps = policies.len() + axis.len();
     let mut totals = vec![Totals::default(); policies.len()];
     let total = prompts.len();
     for (i, lp) in prompts.iter().enumerate() {
@@ -170,7 +182,25 @@ pub fn sweep(
             if !on_event(&DiagnoseEvent::Step {
                 index: i,
                 step: k + 1,
-                max_steps: policies.len(),
+                max_steps: steps,
+            }) {
+                return Err(EngineError::Cancelled);
+            }
+        }
+        for (k, policy) in axis.iter().enumerate() {
+            measure(
+                model,
+                prompt,
+                *policy,
+                &continuation,
+                &reference,
+                chunk,
+                &mut axis_totals[k],
+            )?;
+            if !on_event(&DiagnoseEvent::Step {
+                index: i,
+                step: policies.len() + k + 1,
+                max_steps: steps,
             }) {
                 return Err(EngineError::Cancelled);
             }
@@ -212,5 +242,12 @@ pub fn sweep(
             }
         })
         .collect();
-    Ok(finish_sweep(opts.context_len, points, thresholds))
+    let mut result = finish_sweep(opts.context_len, points, thresholds);
+    result.policies = opts
+        .axis
+        .iter()
+        .zip(&axis_totals)
+        .map(|(a, t)| t.point(a))
+        .collect();
+    Ok(result)
 }

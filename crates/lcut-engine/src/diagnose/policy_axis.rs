@@ -1,0 +1,223 @@
+//! A sweep's comparison axis: any policy (SlimInfer above all) measured on
+//! the same prompts and the same full-model continuations as the SPEED
+//! cutoffs, each with a fresh prefill of its own (a SlimInfer selection is
+//! made from its own states) and its decode steps fed one at a time (its
+//! decisions move with each step). Costs are measured on the prompts.
+
+use candle_core::Tensor;
+use lcut_diag::{
+    FlopShape, PromptSplit, layered_prefill_flops, prefill_flops, slim_tokens_per_layer,
+};
+use lcut_model::{Decoder, LogitRows};
+use lcut_policy::{Budget, CutSpec, KvCost, Policy, PolicySpec, SlimOptions, SlimSpec};
+use lcut_trace::PolicyPoint;
+
+use super::sweep::{Totals, score};
+use crate::error::{EngineError, Result};
+use crate::prompt::PreparedPrompt;
+
+/// A policy on the comparison axis, with the SPEED point it is paired with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AxisPolicy {
+    /// The policy.
+    pub spec: PolicySpec,
+    /// The SPEED policy holding the same K/V, when the pair was generated.
+    pub paired_with: Option<String>,
+}
+
+/// §4.7's pairs at equal held K/V: for each SPEED+BoS cutoff `C` above
+/// `first_cut` (and below the depth), one SlimInfer cut at `first_cut`
+/// keeping the share `x = (C − c_1)/(L − c_1)` of the prompt, so that
+/// `c_1·P + (L − c_1)·x·P = C·P`; `options` apply to every pair. Each
+/// pair is SPEED then SlimInfer, both measured on the prompts.
+pub fn equal_kv_pairs(
+    num_layers: usize,
+    cuts: &[usize],
+    first_cut: usize,
+    options: SlimOptions,
+) -> Result<Vec<AxisPolicy>> {
+    let mut out = Vec::new();
+    for &c in cuts.iter().filter(|&&c| c > first_cut && c < num_layers) {
+        let share = (c - first_cut) as f64 / (num_layers - first_cut) as f64;
+        let basis_points = (share * 10_000.0).round() as u32;
+        let spec = SlimSpec::new(
+            &[(CutSpec::Layers(first_cut), Budget::Share(basis_points))],
+            options,
+        )
+        .map_err(|reason| {
+            EngineError::Policy(lcut_policy::PolicyError::Malformed {
+                text: format!("equal-K/V pair for speed:{c}+bos"),
+                reason,
+            })
+        })?;
+        let speed: PolicySpec = format!("speed:{c}+bos").parse()?;
+        out.push(AxisPolicy {
+            paired_with: Some(spec.to_string()),
+            spec: speed,
+        });
+        out.push(AxisPolicy {
+            spec: PolicySpec::slim(spec),
+            paired_with: Some(format!("speed:{c}+bos")),
+        });
+    }
+    Ok(out)
+}
+
+/// Running sums of one axis policy over prompts.
+#[derive(Debug, Clone, Default)]
+pub(super) struct AxisTotals {
+    quality: Totals,
+    held: f64,
+    resident: f64,
+    full: f64,
+    flops: f64,
+    flops_full: f64,
+    equal_kv_cutoff: f64,
+    prompts: usize,
+    steps: usize,
+    swapped_steps: usize,
+}
+
+impl AxisTotals {
+    /// The point as reported.
+    pub(super) fn point(&self, policy: &AxisPolicy) -> PolicyPoint {
+        let n = self.quality.tokens.max(1) as f64;
+        let ratio = |a: f64, b: f64| (a / b.max(f64::MIN_POSITIVE)) as f32;
+        PolicyPoint {
+            policy: policy.spec.to_string(),
+            paired_with: policy.paired_with.clone(),
+            top1_agreement: (self.quality.agree / n) as f32,
+            mean_kl: (self.quality.kl / n) as f32,
+            nll: (self.quality.nll / n) as f32,
+            kv_ratio: ratio(self.held, self.full),
+            resident_ratio: ratio(self.resident, self.full),
+            prefill_ratio: ratio(self.flops, self.flops_full),
+            equal_kv_cutoff: (self.equal_kv_cutoff / self.prompts.max(1) as f64) as f32,
+            swap_rate: ratio(self.swapped_steps as f64, self.steps.max(1) as f64),
+        }
+    }
+}
+
+/// The FLOP model's shape of a decoder.
+pub(super) fn flop_shape(model: &Decoder) -> FlopShape {
+    let c = model.config();
+    FlopShape {
+        num_layers: c.num_layers,
+        hidden_size: c.hidden_size,
+        num_heads: c.num_heads,
+        num_kv_heads: c.num_kv_heads,
+        head_dim: c.head_dim,
+        intermediate_size: c.intermediate_size,
+        vocab_size: c.vocab_size,
+    }
+}
+
+/// Run `prompt` under `policy` from scratch (prefill in chunks of `chunk`,
+/// the decode-phase prompt tokens as one chunk, then each token of
+/// `continuation` but the last one at a time), score its rows against
+/// `reference` (the full model's rows predicting `continuation`) and add
+/// quality and costs to `totals`.
+pub(super) fn measure(
+    model: &Decoder,
+    prompt: &PreparedPrompt,
+    policy: Policy,
+    continuation: &[u32],
+    reference: &Tensor,
+    chunk: usize,
+    totals: &mut AxisTotals,
+) -> Result<()> {
+    if continuation.is_empty() {
+        return Ok(());
+    }
+    let phases = prompt.phases(&policy)?;
+    let mut seq = model.new_sequence(policy, phases)?;
+    seq.reserve(prompt.len() + continuation.len());
+    let s = prompt.decode_start;
+    for start in (0..s).step_by(chunk.max(1)) {
+        let end = (start + chunk.max(1)).min(s);
+        model.forward(&mut seq, &prompt.ids[start..end], LogitRows::None, None)?;
+    }
+    let mut rows = Vec::with_capacity(continuation.len());
+    let first = model.forward(&mut seq, &prompt.ids[s..], LogitRows::Last, None)?;
+    rows.push(first.logits.ok_or(EngineError::EmptyPrompt)?);
+    for &token in &continuation[..continuation.len().saturating_sub(1)] {
+        let out = model.forward(&mut seq, &[token], LogitRows::Last, None)?;
+        rows.push(out.logits.ok_or(EngineError::EmptyPrompt)?);
+    }
+    let t = score(reference, &Tensor::cat(&rows, 0)?, continuation)?;
+    totals.quality.agree += t.agree;
+    totals.quality.kl += t.kl;
+    totals.quality.nll += t.nll;
+    totals.quality.tokens += t.tokens;
+    let layers = model.config().num_layers;
+    let cost = KvCost {
+        anchors: phases.anchor_len(),
+        prefill: phases.prefill_len(),
+        decode: seq.len() - s,
+    };
+    let b = model.kv_shape().bytes_per_token_layer() as f64;
+    totals.held += seq.kv_bytes_held() as f64;
+    totals.full += cost.bytes(&Policy::full(layers), &model.kv_shape()) as f64;
+    let shape = flop_shape(model);
+    let n = prompt.len();
+    totals.flops_full += layered_prefill_flops(&shape, &vec![n; layers]);
+    match (seq.slim(), policy.slim()) {
+        (Some(run), Some(params)) => {
+            let sel = run.selection();
+            let kept: Vec<usize> = (0..params.cuts().len())
+                .map(|i| sel.kept_tokens(i))
+                .collect();
+            totals.resident += b * sel.resident_token_layers(cost.decode) as f64;
+            let tokens = slim_tokens_per_layer(layers, params.cuts(), n, cost.prefill, &kept);
+            totals.flops += layered_prefill_flops(&shape, &tokens);
+            totals.equal_kv_cutoff += params.equal_kv_cutoff(layers, cost.prefill, &kept);
+            totals.steps += run.steps().len();
+            totals.swapped_steps += run
+                .steps()
+                .iter()
+                .filter(|st| st.cuts.iter().any(|t| t.swapped))
+                .count();
+        }
+        _ => {
+            totals.resident += seq.kv_bytes_held() as f64;
+            let split = PromptSplit {
+                anchors: cost.anchors,
+                prefill: cost.prefill,
+                decode: n - s,
+            };
+            totals.flops += prefill_flops(&shape, policy.l_cut(), split);
+            totals.equal_kv_cutoff += policy.l_cut() as f64;
+        }
+    }
+    totals.prompts += 1;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equal_kv_pairs_hold_what_the_speed_cut_holds() {
+        let o = SlimOptions {
+            block: 8,
+            unit: 2,
+            ..SlimOptions::default()
+        };
+        let pairs = equal_kv_pairs(4, &[1, 2, 3, 4], 1, o).unwrap();
+        let names: Vec<String> = pairs.iter().map(|p| p.spec.to_string()).collect();
+        // bundled 4-layer model: speed:2 <-> slim:1@33.33%, speed:3 <-> slim:1@66.67%
+        assert_eq!(
+            names,
+            vec![
+                "slim:1@33.33%+block:8+unit:2",
+                "slim:1@66.67%+block:8+unit:2"
+            ]
+        );
+        assert_eq!(pairs[1].paired_with.as_deref(), Some("speed:3+bos"));
+        // held K/V: c1·P + (L − c1)·x·P = C·P
+        let p = pairs[1].spec.resolve(4).unwrap();
+        let params = p.slim().unwrap();
+        assert!((params.equal_kv_cutoff(4, 900, &[600]) - 3.0).abs() < 1e-9);
+    }
+}
