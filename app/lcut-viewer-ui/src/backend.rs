@@ -15,8 +15,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, TryRecvError, channel as mpsc_channel};
 
+use lcut_policy::{PolicySpec, SlimTrace, StepRecord};
 use lcut_report::Format;
 use lcut_trace::Report;
+
+use crate::slim_data::SlimRunView;
 
 /// Identifies one run (diagnose, generate, export, open); increasing.
 pub type JobId = u64;
@@ -72,6 +75,10 @@ pub enum Command {
         max_new_tokens: usize,
         /// Wrap the prompt in the model's chat template when it has one.
         use_chat_template: bool,
+        /// A third policy run in lockstep beside the two (a SlimInfer
+        /// policy such as `slim:1/3@50%,2/3@25%+block:16+unit:4`), resolved
+        /// against the model's depth by the worker.
+        extra: Option<Box<PolicySpec>>,
     },
     /// Stop the job (also signalled through the shared watermark).
     Cancel(JobId),
@@ -122,6 +129,37 @@ pub struct LiveMetrics {
     pub tokens: usize,
     /// K/V bytes held now.
     pub kv_bytes: u64,
+    /// K/V bytes decode reads now (SlimInfer: sink, active blocks and the
+    /// decode phase; the rest could sit offloaded); `kv_bytes` for static
+    /// policies.
+    pub kv_bytes_resident: u64,
+}
+
+/// One step of a live generation: each policy's token and figures.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct LiveStep {
+    /// Output index.
+    pub index: usize,
+    /// The full model's token, while it runs.
+    pub full: Option<LiveToken>,
+    /// SPEED's token, while it runs.
+    pub speed: Option<LiveToken>,
+    /// The third policy's token, while it runs (none without one).
+    pub extra: Option<LiveToken>,
+    /// Full and SPEED produced the same token.
+    pub agree: bool,
+    /// Full and the third policy produced the same token.
+    pub extra_agree: bool,
+    /// KL(full ‖ SPEED) while the continuations are identical, nats.
+    pub kl: Option<f32>,
+    /// The full model's figures so far.
+    pub full_metrics: LiveMetrics,
+    /// SPEED's figures so far.
+    pub speed_metrics: LiveMetrics,
+    /// The third policy's figures so far.
+    pub extra_metrics: LiveMetrics,
+    /// SlimInfer's decode-step records added by this step (third policy).
+    pub slim_steps: Vec<StepRecord>,
 }
 
 /// One token of one policy in a live generation.
@@ -166,32 +204,27 @@ pub enum Event {
         full_policy: String,
         /// The SPEED policy, written out.
         speed_policy: String,
+        /// The third policy, written out (resolved), when there is one.
+        extra_policy: Option<String>,
         /// Prompt tokens.
         prompt_len: usize,
     },
+    /// The third policy is SlimInfer and its prefill has decided every
+    /// cut: kept blocks and scores (decode steps follow in
+    /// [`LiveStep::slim_steps`]).
+    SlimDecided(Box<SlimRunView>),
     /// One step of a live generation.
-    GenerationStep {
-        /// Output index.
-        index: usize,
-        /// The full model's token, while it runs.
-        full: Option<LiveToken>,
-        /// SPEED's token, while it runs.
-        speed: Option<LiveToken>,
-        /// Both produced the same token.
-        agree: bool,
-        /// KL(full ‖ SPEED) while the continuations are identical, nats.
-        kl: Option<f32>,
-        /// The full model's figures so far.
-        full_metrics: LiveMetrics,
-        /// SPEED's figures so far.
-        speed_metrics: LiveMetrics,
-    },
+    GenerationStep(Box<LiveStep>),
     /// A live generation ended (not cancelled).
     GenerationDone {
         /// The full model's final figures.
         full_metrics: LiveMetrics,
         /// SPEED's final figures.
         speed_metrics: LiveMetrics,
+        /// The third policy's final figures.
+        extra_metrics: LiveMetrics,
+        /// SlimInfer's whole trace, when the third policy is SlimInfer.
+        slim: Option<Box<SlimTrace>>,
     },
     /// A live generation failed.
     GenerationFailed(String),

@@ -1,16 +1,21 @@
 //! A worker without an engine, for tests and the demo mode: it answers every
 //! [`Command`] the way the real worker does, with progress, cancellation and
-//! synthetic reports from `lcut_diag::synthetic`.
+//! synthetic reports from `lcut_diag::synthetic` and synthetic SlimInfer runs
+//! ([`synthetic_slim_run`], `lcut_policy`'s block selection over made-up
+//! scores).
 
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use lcut_diag::synthetic::synthetic_report;
+use lcut_policy::{CutRecord, PolicySpec, SlimSelection, SlimTrace, StepRecord, TokenPhases};
 
 use crate::backend::{
-    Command, Event, JobId, LiveMetrics, LiveToken, ModelSummary, PromptSource, WorkerPort,
+    Command, Event, JobId, LiveMetrics, LiveStep, LiveToken, ModelSummary, PromptSource, WorkerPort,
 };
 use crate::jobs::{serve_export, serve_open_report};
+use crate::live::DEFAULT_SLIM;
+use crate::slim_data::SlimRunView;
 
 /// How the fake worker behaves.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -72,46 +77,219 @@ fn diagnose(port: &WorkerPort, job: JobId, prompts: &PromptSource, sweep: bool, 
     };
 }
 
-fn generate(port: &WorkerPort, job: JobId, l_cut: usize, max_new_tokens: usize, o: &FakeOptions) {
+/// Prompt tokens of the fake worker's live prompt, and where its decode
+/// phase starts (a chat template's generation prompt of 4 tokens).
+pub const FAKE_PROMPT: (usize, usize) = (100, 96);
+
+/// A deterministic score in [0, 1) for block `b` at cut `i`, step `k`
+/// (`None` = the prefill): a fixed pattern, with every other block lifted
+/// on alternate stretches of 3 steps so that decode sometimes swaps.
+fn fake_score(b: usize, i: usize, k: Option<usize>) -> f32 {
+    let base = ((b * 7919 + i * 104_729) % 1000) as f32 / 1000.0;
+    let lift = matches!(k, Some(k) if (k / 3) % 2 == 1 && b.is_multiple_of(2));
+    if lift { 0.5 + base / 2.0 } else { base / 2.0 }
+}
+
+/// The `k` best of `blocks` by score (ties to the lower block), ascending.
+fn top_k(blocks: &[usize], k: usize, score: impl Fn(usize) -> f32) -> Vec<usize> {
+    let mut by_score: Vec<usize> = blocks.to_vec();
+    by_score.sort_by(|&a, &b| score(b).total_cmp(&score(a)).then(a.cmp(&b)));
+    by_score.truncate(k);
+    by_score.sort_unstable();
+    by_score
+}
+
+/// A SlimInfer run of `spec` on a synthetic prompt (`prompt_len` tokens,
+/// the decode phase from `decode_start`) over `steps` decode steps, made by
+/// `lcut_policy`'s own block selection with synthetic scores: what the
+/// viewer's SlimInfer views draw, without a model. `Ok(None)` when `spec`
+/// is not a SlimInfer policy; an error when it does not fit the depth.
+pub fn synthetic_slim_run(
+    spec: &PolicySpec,
+    num_layers: usize,
+    prompt_len: usize,
+    decode_start: usize,
+    steps: usize,
+) -> Result<Option<SlimRunView>, String> {
+    let policy = spec.resolve(num_layers).map_err(|e| e.to_string())?;
+    let Some(params) = policy.slim().copied() else {
+        return Ok(None);
+    };
+    let anchors = policy
+        .anchor_len(None, decode_start)
+        .map_err(|e| e.to_string())?;
+    let phases = TokenPhases::new(prompt_len, decode_start, anchors).map_err(|e| e.to_string())?;
+    let mut sel = SlimSelection::new(params, phases, num_layers);
+    let mut cuts = Vec::new();
+    for (i, &layer) in params.cuts().iter().enumerate() {
+        let domain = sel.candidate_domain(i);
+        let k = params.kept_blocks(i, decode_start);
+        let kept = top_k(&domain, k, |b| fake_score(b, i, None));
+        sel.decide(i, &kept);
+        cuts.push(CutRecord {
+            layer,
+            budget_tokens: params.budgets()[i].tokens(decode_start),
+            scores: domain
+                .iter()
+                .map(|&b| (b, fake_score(b, i, None)))
+                .collect(),
+            kept,
+            kept_tokens: sel.kept_tokens(i),
+        });
+    }
+    let mut records = Vec::new();
+    for k in 0..steps {
+        let traffic = (0..params.cuts().len())
+            .map(|i| {
+                let domain = sel.candidate_domain(i);
+                let n = params.kept_blocks(i, decode_start);
+                let cand = top_k(&domain, n, |b| fake_score(b, i, Some(k)));
+                sel.step(i, &cand)
+            })
+            .collect();
+        let decode = prompt_len - decode_start + k + 1;
+        records.push(StepRecord {
+            position: prompt_len + k,
+            cuts: traffic,
+            resident_token_layers: sel.resident_token_layers(decode),
+            held_token_layers: sel.held_token_layers(decode),
+        });
+    }
+    let kept_tokens: Vec<usize> = cuts.iter().map(|c| c.kept_tokens).collect();
+    Ok(Some(SlimRunView {
+        policy: policy.to_string(),
+        num_layers,
+        prompt_len,
+        gamma: params.options.gamma(),
+        prompt_tokens: (0..prompt_len).map(|p| format!(" t{p}")).collect(),
+        trace: SlimTrace {
+            bytes_per_token_layer: 256,
+            block: params.options.block,
+            sink_tokens: anchors,
+            prefill_tokens: decode_start - anchors,
+            equal_kv_cutoff: params.equal_kv_cutoff(
+                num_layers,
+                decode_start - anchors,
+                &kept_tokens,
+            ),
+            cuts,
+            steps: records,
+        },
+    }))
+}
+
+/// [`synthetic_slim_run`] of [`DEFAULT_SLIM`]; `None` when it does not fit.
+pub fn synthetic_slim(
+    num_layers: usize,
+    prompt_len: usize,
+    decode_start: usize,
+    steps: usize,
+) -> Option<SlimRunView> {
+    let spec: PolicySpec = DEFAULT_SLIM.parse().ok()?;
+    synthetic_slim_run(&spec, num_layers, prompt_len, decode_start, steps)
+        .ok()
+        .flatten()
+}
+
+/// The live run's inputs the fake worker uses.
+struct FakeRun {
+    job: JobId,
+    l_cut: usize,
+    max_new_tokens: usize,
+    extra: Option<Box<PolicySpec>>,
+}
+
+/// Figures of a fake policy after `k + 1` tokens, holding `prompt_layers`
+/// token-layers of prompt K/V (and `resident` of them resident).
+fn fake_metrics(k: usize, o: &FakeOptions, prompt_layers: u64, resident: u64) -> LiveMetrics {
+    let bytes_per_token = 2 * o.heads.div_ceil(2) as u64 * 16 * 4;
+    let decode = o.layers as u64 * (2 + k as u64);
+    LiveMetrics {
+        ttft_s: Some(0.001),
+        tpot_s: (k > 0).then_some(0.001),
+        tokens: k + 1,
+        kv_bytes: bytes_per_token * (prompt_layers + decode),
+        kv_bytes_resident: bytes_per_token * (resident + decode),
+    }
+}
+
+fn generate(port: &WorkerPort, run: &FakeRun, o: &FakeOptions) {
+    let (prompt_len, decode_start) = FAKE_PROMPT;
+    let slim = match &run.extra {
+        None => None,
+        Some(spec) => {
+            match synthetic_slim_run(spec, o.layers, prompt_len, decode_start, run.max_new_tokens) {
+                Ok(v) => v,
+                Err(e) => {
+                    port.send(Event::GenerationFailed(e));
+                    return;
+                }
+            }
+        }
+    };
     port.send(Event::GenerationStarted {
         full_policy: "full".into(),
-        speed_policy: format!("speed:{l_cut}+bos"),
-        prompt_len: 12,
+        speed_policy: format!("speed:{}+bos", run.l_cut),
+        extra_policy: run.extra.as_ref().map(|s| s.to_string()),
+        prompt_len,
     });
-    let bytes_per_token = 2 * o.heads.div_ceil(2) as u64 * 16 * 4;
-    let mut full_m = LiveMetrics::default();
-    let mut speed_m = LiveMetrics::default();
-    for k in 0..max_new_tokens {
-        if port.is_cancelled(job) {
+    if let Some(v) = &slim {
+        let mut decided = v.clone();
+        decided.trace.steps.clear();
+        port.send(Event::SlimDecided(Box::new(decided)));
+    }
+    let p = prompt_len as u64;
+    let mut last = LiveStep::default();
+    for k in 0..run.max_new_tokens {
+        if port.is_cancelled(run.job) {
             port.send(Event::Cancelled);
             return;
         }
         std::thread::sleep(o.step_delay);
-        let t = (k + 1) as f64 * 0.001;
         let agree = k % 5 != 3;
-        let tok = |id: u32| LiveToken {
-            id,
-            text: format!(" w{id}"),
+        let tok = |id: usize| {
+            Some(LiveToken {
+                id: id as u32,
+                text: format!(" w{id}"),
+            })
         };
-        for (m, cut) in [(&mut full_m, o.layers), (&mut speed_m, l_cut)] {
-            m.tokens = k + 1;
-            m.ttft_s = Some(m.ttft_s.unwrap_or(t));
-            m.tpot_s = (k > 0).then_some(0.001);
-            m.kv_bytes = bytes_per_token * (cut as u64 * 11 + o.layers as u64 * (2 + k as u64));
-        }
-        port.send(Event::GenerationStep {
-            index: k,
-            full: Some(tok(k as u32)),
-            speed: Some(tok(if agree { k as u32 } else { 1000 + k as u32 })),
-            agree,
-            kl: (k < 3).then_some(0.01 * k as f32),
-            full_metrics: full_m,
-            speed_metrics: speed_m,
+        let slim_step = slim.as_ref().and_then(|v| v.trace.steps.get(k).cloned());
+        let (held, resident) = slim_step.as_ref().map_or((0, 0), |s| {
+            let d = o.layers * (prompt_len - decode_start + k + 1);
+            (
+                s.held_token_layers.saturating_sub(d) as u64,
+                s.resident_token_layers.saturating_sub(d) as u64,
+            )
         });
+        let full_layers = o.layers as u64 * p;
+        let speed_layers = run.l_cut as u64 * p;
+        last = LiveStep {
+            index: k,
+            full: tok(k),
+            speed: tok(if agree { k } else { 1000 + k }),
+            extra: run
+                .extra
+                .as_ref()
+                .and(tok(if k % 7 != 5 { k } else { 2000 + k })),
+            agree,
+            extra_agree: run.extra.is_some() && k % 7 != 5,
+            kl: (k < 3).then_some(0.01 * k as f32),
+            full_metrics: fake_metrics(k, o, full_layers, full_layers),
+            speed_metrics: fake_metrics(k, o, speed_layers, speed_layers),
+            extra_metrics: match &run.extra {
+                Some(_) if slim.is_some() => fake_metrics(k, o, held, resident),
+                Some(_) => fake_metrics(k, o, speed_layers, speed_layers),
+                None => LiveMetrics::default(),
+            },
+            slim_steps: slim_step.into_iter().collect(),
+        };
+        port.send(Event::GenerationStep(Box::new(last.clone())));
     }
     port.send(Event::GenerationDone {
-        full_metrics: full_m,
-        speed_metrics: speed_m,
+        full_metrics: last.full_metrics,
+        speed_metrics: last.speed_metrics,
+        extra_metrics: last.extra_metrics,
+        slim: slim.map(|v| Box::new(v.trace)),
     });
 }
 
@@ -140,8 +318,17 @@ pub fn serve(port: WorkerPort, o: FakeOptions) {
                 job,
                 l_cut,
                 max_new_tokens,
+                extra,
                 ..
-            } => generate(&port, job, l_cut, max_new_tokens, &o),
+            } => {
+                let run = FakeRun {
+                    job,
+                    l_cut,
+                    max_new_tokens,
+                    extra,
+                };
+                generate(&port, &run, &o);
+            }
             Command::Export {
                 report,
                 format,

@@ -143,7 +143,13 @@ pub struct HeatmapOptions<'a> {
     pub data_key: u64,
     /// Horizontal lines at cut `c` with colour, name and dashing.
     pub cuts: Vec<(usize, Color32, String, bool)>,
+    /// Regions `[x0, x1, y0, y1]` (data x, layers) shaded over the map,
+    /// with their name (SlimInfer's pruned positions).
+    pub shade: Option<(String, Vec<[f64; 4]>)>,
 }
+
+/// Fill of [`HeatmapOptions::shade`]: dark, see-through.
+pub const SHADE: Color32 = Color32::from_rgba_premultiplied(0, 0, 0, 170);
 
 /// What the colours depend on besides the x range.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -300,6 +306,11 @@ pub fn show_heatmap(
             let center = PlotPoint::new((p.x0 + p.x1) / 2.0, rows as f64 / 2.0);
             let size = egui::vec2((p.x1 - p.x0) as f32, rows as f32);
             pui.image(PlotImage::new(opts.id.to_string(), t.id(), center, size));
+        }
+        if let Some((name, rects)) = &opts.shade {
+            for r in rects {
+                pui.polygon(crate::slim_views::rect_polygon(name, *r, SHADE));
+            }
         }
         for (c, color, name, dashed) in &opts.cuts {
             let style = if *dashed {

@@ -2,12 +2,15 @@
 //! by layer × prompt position (tokens on hover), prefill mass by layer × head,
 //! and the BoS mass in a column of its own (sinks would drown the rest).
 
-use egui::{Color32, ComboBox, Ui};
+use egui::{Color32, ComboBox, RichText, Ui};
+use lcut_trace::PromptTrace;
 
 use crate::colormap::{ColorScale, ValueRange, show_legend};
 use crate::grid::Grid;
 use crate::heatmap::{FixedGrid, HeatmapOptions, PositionGrid, show_heatmap};
 use crate::loaded::LoadedReport;
+use crate::slim_data::SlimRunView;
+use crate::slim_views::{CUT, pruned_rects};
 use crate::state::ViewSettings;
 
 /// Colour of the chosen cut's line.
@@ -73,9 +76,59 @@ fn step_hover(loaded: &LoadedReport) -> impl Fn(usize, usize, f32) -> String + '
     }
 }
 
-/// Draws the heatmap view for `loaded`.
-pub fn show_heatmaps(ui: &mut Ui, loaded: &mut LoadedReport, view: &mut ViewSettings) {
+/// Whether a live SlimInfer run is of the prompt of `trace` (same depth,
+/// length, decode start and, when both are known, tokens), so that its
+/// existence mask can lie over the trace's prompt-position map.
+pub fn overlay_fits(trace: &PromptTrace, v: &SlimRunView) -> bool {
+    let tokens_match = trace.prompt_tokens.is_empty()
+        || v.prompt_tokens.is_empty()
+        || trace.prompt_tokens == v.prompt_tokens;
+    trace.num_layers == v.num_layers
+        && trace.prompt_len == v.prompt_len
+        && trace.decode_start == v.decode_start()
+        && tokens_match
+}
+
+/// The overlay switch for a live SlimInfer run, and whether it fits the
+/// selected prompt.
+fn show_overlay_toggle(
+    ui: &mut Ui,
+    loaded: &LoadedReport,
+    view: &mut ViewSettings,
+    v: &SlimRunView,
+) {
+    ui.horizontal(|ui| {
+        ui.checkbox(
+            &mut view.slim_overlay,
+            format!("Shade what {} prunes (live run)", v.policy),
+        );
+        let fits = loaded.position_trace().is_some_and(|t| overlay_fits(t, v));
+        if view.slim_overlay && !fits {
+            ui.label(
+                RichText::new(format!(
+                    "the live SlimInfer run's prompt ({} tokens) is not the prompt shown here: \
+                     run diagnostics on the live prompt (typed) to compare",
+                    v.prompt_len
+                ))
+                .weak(),
+            );
+        }
+    });
+}
+
+/// Draws the heatmap view for `loaded`; `slim`, the live view's SlimInfer
+/// run, shades what it prunes over the prompt-position map when it ran on
+/// the same prompt.
+pub fn show_heatmaps(
+    ui: &mut Ui,
+    loaded: &mut LoadedReport,
+    view: &mut ViewSettings,
+    slim: Option<&SlimRunView>,
+) {
     show_selectors(ui, loaded, view);
+    if let Some(v) = slim {
+        show_overlay_toggle(ui, loaded, view, v);
+    }
     let recommended = loaded.report.recommendation.l_cut;
     let cuts = cut_lines(view.l_cut, recommended);
     let scale = view.scale;
@@ -108,6 +161,7 @@ pub fn show_heatmaps(ui: &mut Ui, loaded: &mut LoadedReport, view: &mut ViewSett
                 range: bos_range,
                 data_key: key,
                 cuts: cuts.clone(),
+                shade: None,
             };
             show_heatmap(ui, &mut loaded.caches.bos, &src, &opts);
         });
@@ -127,6 +181,7 @@ pub fn show_heatmaps(ui: &mut Ui, loaded: &mut LoadedReport, view: &mut ViewSett
                     range: step_range,
                     data_key: key,
                     cuts: cuts.clone(),
+                    shade: None,
                 };
                 show_heatmap(ui, &mut cache, &src, &opts);
             }
@@ -152,13 +207,26 @@ pub fn show_heatmaps(ui: &mut Ui, loaded: &mut LoadedReport, view: &mut ViewSett
             index,
             tokens: &trace.prompt_tokens,
         };
+        let overlay = slim
+            .filter(|v| view.slim_overlay && overlay_fits(trace, v))
+            .map(|v| (format!("pruned by {}", v.policy), pruned_rects(v)));
+        let mut pos_cuts = cuts.clone();
+        if let Some(v) = slim.filter(|_| overlay.is_some()) {
+            pos_cuts.extend(
+                v.cut_layers()
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, c)| (c, CUT, format!("SlimInfer cut {}: layer {c}", i + 1), true)),
+            );
+        }
         let opts = HeatmapOptions {
             id: "heatmap_position",
             x_label: "prompt position",
             height: h,
             range: pos_range,
             data_key: key ^ 0x5151,
-            cuts: cuts.clone(),
+            cuts: pos_cuts,
+            shade: overlay,
         };
         show_heatmap(ui, &mut pos_cache, &src, &opts);
         show_legend(ui, "attention per token", &pos_range);
@@ -182,6 +250,7 @@ pub fn show_heatmaps(ui: &mut Ui, loaded: &mut LoadedReport, view: &mut ViewSett
         range: head_range,
         data_key: key,
         cuts,
+        shade: None,
     };
     show_heatmap(ui, &mut loaded.caches.by_head, &src, &opts);
     show_legend(ui, "prefill mass", &head_range);

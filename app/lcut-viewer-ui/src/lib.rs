@@ -9,6 +9,8 @@
 //!   the screen, tokens on hover), layer × head, BoS apart; linear or log scale.
 //! - [`curves`]: per-layer masses, entropy, curvature, the cut lines (drag).
 //! - [`recommend_panel`], [`cost_panel`], [`sweep_panel`], [`live`].
+//! - [`slim_data`], [`slim_views`]: a live SlimInfer run: positions that
+//!   exist per layer, score bars per cut, active sets and overlap per step.
 
 // Tests unwrap freely; the library itself is still linted (clippy builds both).
 #![cfg_attr(test, allow(clippy::unwrap_used))]
@@ -29,6 +31,8 @@ pub mod large;
 pub mod live;
 pub mod loaded;
 pub mod recommend_panel;
+pub mod slim_data;
+pub mod slim_views;
 pub mod state;
 pub mod sweep_panel;
 #[cfg(feature = "testing")]

@@ -1,11 +1,16 @@
-//! Live generation: the full model and SPEED at the chosen cut side by side,
-//! tokens streaming in, TTFT / TPOT / K/V bytes updating each step, and the
-//! tokens where the two disagree highlighted.
+//! Live generation: the full model, SPEED at the chosen cut and a third
+//! policy (SlimInfer by default) side by side, tokens streaming in, TTFT /
+//! TPOT / K/V bytes held and resident updating each step, and the tokens
+//! where SPEED or the third policy disagrees with the full model
+//! highlighted. The SlimInfer run's own views are in [`crate::slim_views`].
 
 use egui::{Color32, DragValue, RichText, ScrollArea, Ui};
 
-use crate::backend::{LiveMetrics, LiveToken};
+use lcut_policy::{PolicyError, PolicySpec};
+
+use crate::backend::{LiveMetrics, LiveStep, LiveToken};
 use crate::cost_panel::human_bytes;
+use crate::slim_data::SlimRunView;
 
 /// Background of a token where the two policies disagree.
 pub const DISAGREE: Color32 = Color32::from_rgb(150, 40, 40);
@@ -26,6 +31,12 @@ pub enum LiveStatus {
     Failed(String),
 }
 
+/// The default third policy of the live view: SlimInfer with cuts at a
+/// third and two thirds of the depth keeping half and a quarter of the
+/// prompt, 16-token blocks scored in units of 4 (fits small models and
+/// short prompts; `slim:paper` is the paper's LLaMA-3.1 configuration).
+pub const DEFAULT_SLIM: &str = "slim:1/3@50%,2/3@25%+block:16+unit:4";
+
 /// The live panel's inputs and what has streamed in.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LiveState {
@@ -35,26 +46,38 @@ pub struct LiveState {
     pub max_new_tokens: usize,
     /// SPEED keeps BoS as an anchor.
     pub keep_bos: bool,
+    /// The third policy as typed (empty: none), e.g. a SlimInfer policy.
+    pub extra_text: String,
     /// The cut of the current or last run.
     pub l_cut: Option<usize>,
     /// The reference policy, written out.
     pub full_policy: String,
     /// The SPEED policy, written out.
     pub speed_policy: String,
+    /// The third policy of the current or last run, written out.
+    pub extra_policy: Option<String>,
     /// Prompt tokens.
     pub prompt_len: usize,
     /// Tokens of the full model.
     pub full: Vec<LiveToken>,
     /// Tokens of SPEED.
     pub speed: Vec<LiveToken>,
-    /// Per step: the two agree.
+    /// Tokens of the third policy.
+    pub extra: Vec<LiveToken>,
+    /// Per step: full and SPEED agree.
     pub agree: Vec<bool>,
+    /// Per step: full and the third policy agree.
+    pub extra_agree: Vec<bool>,
     /// Per step: KL(full ‖ SPEED) while the prefixes agree.
     pub kl: Vec<Option<f32>>,
     /// Full model figures.
     pub full_metrics: LiveMetrics,
     /// SPEED figures.
     pub speed_metrics: LiveMetrics,
+    /// Third policy figures.
+    pub extra_metrics: LiveMetrics,
+    /// The SlimInfer run of the third policy, once its prefill decided.
+    pub slim: Option<SlimRunView>,
     /// Status.
     pub status: LiveStatus,
 }
@@ -65,63 +88,95 @@ impl Default for LiveState {
             prompt: "Copy this: the quick brown fox jumps over the lazy dog.".into(),
             max_new_tokens: 32,
             keep_bos: true,
+            extra_text: DEFAULT_SLIM.into(),
             l_cut: None,
             full_policy: String::new(),
             speed_policy: String::new(),
+            extra_policy: None,
             prompt_len: 0,
             full: Vec::new(),
             speed: Vec::new(),
+            extra: Vec::new(),
             agree: Vec::new(),
+            extra_agree: Vec::new(),
             kl: Vec::new(),
             full_metrics: LiveMetrics::default(),
             speed_metrics: LiveMetrics::default(),
+            extra_metrics: LiveMetrics::default(),
+            slim: None,
             status: LiveStatus::Idle,
         }
     }
 }
 
+/// Reads a third policy as typed: `Ok(None)` when empty, the parser's (or,
+/// given the model's depth, the resolver's) named error otherwise.
+pub fn parse_extra(text: &str, layers: Option<usize>) -> Result<Option<PolicySpec>, String> {
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    let spec: PolicySpec = text.parse().map_err(|e: PolicyError| e.to_string())?;
+    if let Some(l) = layers.filter(|&l| l > 0) {
+        spec.resolve(l).map_err(|e| e.to_string())?;
+    }
+    Ok(Some(spec))
+}
+
 impl LiveState {
-    /// Clears the output for a new run at `l_cut`.
+    /// Clears the output for a new run at `l_cut`, keeping the inputs.
     pub fn begin(&mut self, l_cut: usize) {
         *self = Self {
             prompt: std::mem::take(&mut self.prompt),
             max_new_tokens: self.max_new_tokens,
             keep_bos: self.keep_bos,
+            extra_text: std::mem::take(&mut self.extra_text),
             l_cut: Some(l_cut),
             status: LiveStatus::Running,
             ..Self::default()
         };
     }
 
+    /// The third policy as typed, checked against `layers` when known.
+    pub fn extra_spec(&self, layers: Option<usize>) -> Result<Option<PolicySpec>, String> {
+        parse_extra(&self.extra_text, layers)
+    }
+
     /// The worker named the policies.
-    pub fn started(&mut self, full: String, speed: String, prompt_len: usize) {
+    pub fn started(
+        &mut self,
+        full: String,
+        speed: String,
+        extra: Option<String>,
+        prompt_len: usize,
+    ) {
         self.full_policy = full;
         self.speed_policy = speed;
+        self.extra_policy = extra;
         self.prompt_len = prompt_len;
     }
 
     /// One more step.
-    pub fn step(
-        &mut self,
-        full: Option<LiveToken>,
-        speed: Option<LiveToken>,
-        agree: bool,
-        kl: Option<f32>,
-        full_metrics: LiveMetrics,
-        speed_metrics: LiveMetrics,
-    ) {
-        self.full.extend(full);
-        self.speed.extend(speed);
-        self.agree.push(agree);
-        self.kl.push(kl);
-        self.full_metrics = full_metrics;
-        self.speed_metrics = speed_metrics;
+    pub fn step(&mut self, s: LiveStep) {
+        self.full.extend(s.full);
+        self.speed.extend(s.speed);
+        self.extra.extend(s.extra);
+        self.agree.push(s.agree);
+        self.extra_agree.push(s.extra_agree);
+        self.kl.push(s.kl);
+        self.full_metrics = s.full_metrics;
+        self.speed_metrics = s.speed_metrics;
+        self.extra_metrics = s.extra_metrics;
+        if let Some(v) = self.slim.as_mut() {
+            v.extend_steps(s.slim_steps);
+        }
     }
 
-    /// The run finished.
-    pub fn done(&mut self, full: LiveMetrics, speed: LiveMetrics) {
-        self.full_metrics = full;
-        self.speed_metrics = speed;
+    /// The run finished; `slim` is the third policy's whole SlimInfer trace.
+    pub fn done(&mut self, metrics: [LiveMetrics; 3], slim: Option<Box<lcut_policy::SlimTrace>>) {
+        [self.full_metrics, self.speed_metrics, self.extra_metrics] = metrics;
+        if let (Some(v), Some(t)) = (self.slim.as_mut(), slim) {
+            v.trace = *t;
+        }
         self.status = LiveStatus::Done;
     }
 
@@ -135,81 +190,107 @@ impl LiveState {
         self.status = LiveStatus::Failed(msg);
     }
 
-    /// Share of steps where both produced the same token.
+    /// Share of steps where full and SPEED produced the same token.
     pub fn agreement(&self) -> f64 {
-        if self.agree.is_empty() {
-            return 0.0;
-        }
-        self.agree.iter().filter(|&&a| a).count() as f64 / self.agree.len() as f64
+        share(&self.agree)
     }
 
-    /// Index of the first step where the two disagree.
+    /// Share of steps where full and the third policy produced the same token.
+    pub fn extra_agreement(&self) -> f64 {
+        share(&self.extra_agree)
+    }
+
+    /// Index of the first step where full and SPEED disagree.
     pub fn first_divergence(&self) -> Option<usize> {
         self.agree.iter().position(|a| !a)
     }
+}
+
+fn share(v: &[bool]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.iter().filter(|&&a| a).count() as f64 / v.len() as f64
 }
 
 fn ms(v: Option<f64>) -> String {
     v.map_or("–".into(), |s| format!("{:.1} ms", 1000.0 * s))
 }
 
-fn show_column(ui: &mut Ui, title: &str, tokens: &[LiveToken], agree: &[bool], m: &LiveMetrics) {
-    ui.label(RichText::new(title).strong());
-    ui.label(format!(
-        "TTFT {} · TPOT {} · {} tokens · KV {}",
+/// One policy's stream: its title, figures and tokens (those that differ
+/// from the full model's highlighted).
+struct Column<'a> {
+    title: String,
+    tokens: &'a [LiveToken],
+    agree: &'a [bool],
+    metrics: &'a LiveMetrics,
+}
+
+/// The figures line of a column.
+pub fn metrics_line(m: &LiveMetrics) -> String {
+    format!(
+        "TTFT {} · TPOT {} · {} tokens · KV {} held, {} resident",
         ms(m.ttft_s),
         ms(m.tpot_s),
         m.tokens,
-        human_bytes(m.kv_bytes)
-    ));
+        human_bytes(m.kv_bytes),
+        human_bytes(m.kv_bytes_resident)
+    )
+}
+
+fn show_column(ui: &mut Ui, c: &Column<'_>, max_height: f32) {
+    ui.label(RichText::new(&c.title).strong());
+    ui.label(metrics_line(c.metrics));
     ScrollArea::vertical()
-        .id_salt(title)
-        .max_height(320.0)
+        .id_salt(&c.title)
+        .max_height(max_height)
         .show(ui, |ui| {
             ui.horizontal_wrapped(|ui| {
                 ui.spacing_mut().item_spacing.x = 0.0;
-                for (i, t) in tokens.iter().enumerate() {
-                    let disagree = !agree.get(i).copied().unwrap_or(true);
-                    // A newline shows as `\n` and breaks the line.
-                    let pieces: Vec<&str> = t.text.split('\n').collect();
-                    for (k, piece) in pieces.iter().enumerate() {
-                        let last = k + 1 == pieces.len();
-                        let shown = if last {
-                            (*piece).to_string()
-                        } else {
-                            format!("{piece}\\n")
-                        };
-                        if !shown.is_empty() {
-                            let text = RichText::new(shown).monospace();
-                            let text = if disagree {
-                                text.background_color(DISAGREE).color(Color32::WHITE)
-                            } else {
-                                text
-                            };
-                            ui.label(text)
-                                .on_hover_text(format!("step {i}, token id {}", t.id));
-                        }
-                        if !last {
-                            ui.end_row();
-                        }
-                    }
+                for (i, t) in c.tokens.iter().enumerate() {
+                    let disagree = !c.agree.get(i).copied().unwrap_or(true);
+                    show_token(ui, i, t, disagree);
                 }
             });
         });
 }
 
-/// The live panel. Returns true when Generate was clicked (the caller starts
-/// the job); `can_run` is false without a model or while a job runs.
-/// `layers` (the open model's depth) bounds the SPEED L_cut slider.
-pub fn show_live(
+/// One token; a newline shows as `\n` and breaks the line.
+fn show_token(ui: &mut Ui, i: usize, t: &LiveToken, disagree: bool) {
+    let pieces: Vec<&str> = t.text.split('\n').collect();
+    for (k, piece) in pieces.iter().enumerate() {
+        let last = k + 1 == pieces.len();
+        let shown = if last {
+            (*piece).to_string()
+        } else {
+            format!("{piece}\\n")
+        };
+        if !shown.is_empty() {
+            let text = RichText::new(shown).monospace();
+            let text = if disagree {
+                text.background_color(DISAGREE).color(Color32::WHITE)
+            } else {
+                text
+            };
+            ui.label(text)
+                .on_hover_text(format!("step {i}, token id {}", t.id));
+        }
+        if !last {
+            ui.end_row();
+        }
+    }
+}
+
+/// The prompt, the token budget, SPEED's cut, the third policy (checked
+/// as typed, its named error shown) and Generate. Returns true when
+/// Generate was clicked.
+fn show_inputs(
     ui: &mut Ui,
     live: &mut LiveState,
     l_cut: &mut usize,
     layers: usize,
-    can_run: bool,
     why_not: &str,
 ) -> bool {
-    let mut go = false;
     ui.horizontal(|ui| {
         let l = ui.label("Live prompt:");
         ui.add(
@@ -219,6 +300,29 @@ pub fn show_live(
         )
         .labelled_by(l.id);
     });
+    let extra = live.extra_spec((layers > 0).then_some(layers));
+    ui.horizontal(|ui| {
+        let l = ui.label("Third policy (SlimInfer):");
+        ui.add(egui::TextEdit::singleline(&mut live.extra_text).desired_width(360.0))
+            .labelled_by(l.id)
+            .on_hover_text(
+                "slim:C1@K1[,C2@K2...][+block:B][+unit:u][+window:w][+swap:g][+sink:n][+score:unit|avg|max] \
+                 or slim:paper (any policy works; empty: none)",
+            );
+        if ui.button("Default").clicked() {
+            live.extra_text = DEFAULT_SLIM.into();
+        }
+        if ui.button("slim:paper").clicked() {
+            live.extra_text = "slim:paper".into();
+        }
+        if ui.button("None").clicked() {
+            live.extra_text.clear();
+        }
+    });
+    if let Err(e) = &extra {
+        ui.label(RichText::new(format!("third policy: {e}")).color(ui.visuals().error_fg_color));
+    }
+    let mut go = false;
     ui.horizontal(|ui| {
         let l = ui.label("Live max new tokens");
         ui.add(DragValue::new(&mut live.max_new_tokens).range(1..=4096))
@@ -228,65 +332,117 @@ pub fn show_live(
             *l_cut = (*l_cut).clamp(1, layers);
             ui.add(egui::Slider::new(l_cut, 1..=layers).text("SPEED L_cut"));
         }
-        let l_cut = *l_cut;
+        let why_not = match &extra {
+            Err(_) if why_not.is_empty() => "the third policy is malformed",
+            _ => why_not,
+        };
         go = ui
             .add_enabled(
-                can_run,
-                egui::Button::new(format!("Generate at L_cut {l_cut}")),
+                why_not.is_empty(),
+                egui::Button::new(format!("Generate at L_cut {}", *l_cut)),
             )
             .on_disabled_hover_text(why_not)
             .clicked();
-        if !can_run && !why_not.is_empty() {
+        if !why_not.is_empty() {
             ui.label(RichText::new(why_not).weak());
         }
     });
+    go
+}
+
+fn show_summary(ui: &mut Ui, live: &LiveState) {
     let status = match &live.status {
-        LiveStatus::Idle => String::new(),
+        LiveStatus::Idle => return,
         LiveStatus::Running => "running…".into(),
         LiveStatus::Done => "done".into(),
         LiveStatus::Cancelled => "cancelled".into(),
         LiveStatus::Failed(e) => format!("failed: {e}"),
     };
-    if live.status != LiveStatus::Idle {
-        ui.label(format!(
-            "{status} · {} prompt tokens, agreement {:.0}% · first divergence: {} · KL at step 0: {}",
-            live.prompt_len,
-            100.0 * live.agreement(),
-            live.first_divergence()
-                .map_or("none".to_string(), |i| format!("step {i}")),
-            live.kl
-                .first()
-                .copied()
-                .flatten()
-                .map_or("–".to_string(), |k| format!("{k:.4}"))
-        ));
-    }
-    ui.separator();
-    ui.columns(2, |cols| {
-        let full_title = if live.full_policy.is_empty() {
-            "Full".to_string()
+    let extra = match &live.extra_policy {
+        Some(_) => format!(", third policy {:.0}%", 100.0 * live.extra_agreement()),
+        None => String::new(),
+    };
+    ui.label(format!(
+        "{status} · {} prompt tokens, agreement {:.0}%{extra} · first divergence: {} · KL at step 0: {}",
+        live.prompt_len,
+        100.0 * live.agreement(),
+        live.first_divergence()
+            .map_or("none".to_string(), |i| format!("step {i}")),
+        live.kl
+            .first()
+            .copied()
+            .flatten()
+            .map_or("–".to_string(), |k| format!("{k:.4}"))
+    ));
+}
+
+fn columns(live: &LiveState) -> Vec<Column<'_>> {
+    let full_title = if live.full_policy.is_empty() {
+        "Full".to_string()
+    } else {
+        format!("Full ({})", live.full_policy)
+    };
+    let speed_title = match (&live.speed_policy, live.l_cut) {
+        (p, _) if !p.is_empty() => format!("SPEED ({p})"),
+        (_, Some(c)) => format!("SPEED at L_cut {c}"),
+        _ => "SPEED".to_string(),
+    };
+    let mut cols = vec![
+        Column {
+            title: full_title,
+            tokens: &live.full,
+            agree: &live.agree,
+            metrics: &live.full_metrics,
+        },
+        Column {
+            title: speed_title,
+            tokens: &live.speed,
+            agree: &live.agree,
+            metrics: &live.speed_metrics,
+        },
+    ];
+    if let Some(p) = &live.extra_policy {
+        let name = if live.slim.is_some() || p.starts_with("slim:") {
+            "SlimInfer"
         } else {
-            format!("Full ({})", live.full_policy)
+            "Third"
         };
-        let speed_title = match (&live.speed_policy, live.l_cut) {
-            (p, _) if !p.is_empty() => format!("SPEED ({p})"),
-            (_, Some(c)) => format!("SPEED at L_cut {c}"),
-            _ => "SPEED".to_string(),
-        };
-        show_column(
-            &mut cols[0],
-            &full_title,
-            &live.full,
-            &live.agree,
-            &live.full_metrics,
-        );
-        show_column(
-            &mut cols[1],
-            &speed_title,
-            &live.speed,
-            &live.agree,
-            &live.speed_metrics,
-        );
+        cols.push(Column {
+            title: format!("{name} ({p})"),
+            tokens: &live.extra,
+            agree: &live.extra_agree,
+            metrics: &live.extra_metrics,
+        });
+    }
+    cols
+}
+
+/// The live panel. Returns true when Generate was clicked (the caller starts
+/// the job); `can_run` is false without a model or while a job runs, with
+/// `why_not` saying why. `layers` (the open model's depth) bounds the SPEED
+/// L_cut slider and checks the third policy.
+pub fn show_live(
+    ui: &mut Ui,
+    live: &mut LiveState,
+    l_cut: &mut usize,
+    layers: usize,
+    can_run: bool,
+    why_not: &str,
+) -> bool {
+    let why_not = match (can_run, why_not) {
+        (false, "") => "not available now",
+        (false, w) => w,
+        (true, _) => "",
+    };
+    let go = show_inputs(ui, live, l_cut, layers, why_not);
+    show_summary(ui, live);
+    ui.separator();
+    let cols = columns(live);
+    let height = if live.slim.is_some() { 150.0 } else { 320.0 };
+    ui.columns(cols.len(), |uis| {
+        for (ui, c) in uis.iter_mut().zip(&cols) {
+            show_column(ui, c, height);
+        }
     });
     go
 }
@@ -303,6 +459,22 @@ mod tests {
     }
 
     #[test]
+    fn the_third_policy_parses_or_names_its_error() {
+        assert_eq!(parse_extra("  ", Some(16)), Ok(None));
+        let spec = parse_extra(DEFAULT_SLIM, Some(16)).unwrap().unwrap();
+        assert_eq!(spec.kind, lcut_policy::PolicyKind::Slim);
+        let slim = spec.resolve(16).unwrap();
+        assert_eq!(slim.slim().unwrap().cuts(), &[5, 11]);
+        let e = parse_extra("slim:3@50%+unit:5", None).unwrap_err();
+        assert!(e.contains("unit 5 must divide the block size 64"), "{e}");
+        assert!(parse_extra("slim:20@50%", None).is_ok());
+        let e = parse_extra("slim:20@50%", Some(16)).unwrap_err();
+        assert!(e.contains("out of range"), "{e}");
+        let e = parse_extra("slimm:3", Some(16)).unwrap_err();
+        assert!(e.contains("unknown policy"), "{e}");
+    }
+
+    #[test]
     fn steps_accumulate_and_agreement_counts() {
         let mut s = LiveState {
             prompt: "keep me".into(),
@@ -311,9 +483,18 @@ mod tests {
         s.begin(3);
         assert_eq!(s.prompt, "keep me");
         assert_eq!(s.status, LiveStatus::Running);
-        let m = LiveMetrics::default();
-        s.step(tok(1), tok(1), true, Some(0.1), m, m);
-        s.step(tok(2), tok(5), false, None, m, m);
+        s.step(LiveStep {
+            full: tok(1),
+            speed: tok(1),
+            agree: true,
+            kl: Some(0.1),
+            ..LiveStep::default()
+        });
+        s.step(LiveStep {
+            full: tok(2),
+            speed: tok(5),
+            ..LiveStep::default()
+        });
         assert_eq!(s.full.len(), 2);
         assert_eq!(s.agreement(), 0.5);
         assert_eq!(s.first_divergence(), Some(1));

@@ -166,6 +166,9 @@ pub struct ViewSettings {
     pub l_cut: usize,
     /// The sweep plot's cost axis.
     pub sweep_axis: SweepAxis,
+    /// Shade what the live SlimInfer run prunes over the prompt-position
+    /// heatmap (when it ran on the prompt shown).
+    pub slim_overlay: bool,
 }
 
 impl Default for ViewSettings {
@@ -175,6 +178,7 @@ impl Default for ViewSettings {
             scale: ColorScale::Log,
             l_cut: 1,
             sweep_axis: SweepAxis::default(),
+            slim_overlay: true,
         }
     }
 }
@@ -320,9 +324,18 @@ impl ViewerState {
         })
     }
 
-    /// Starts a live generation at the chosen cutoff.
+    /// Starts a live generation at the chosen cutoff, with the third
+    /// policy when one is typed (a malformed one is an error, no job).
     pub fn run_generate(&mut self) -> bool {
         let l_cut = self.view.l_cut;
+        let layers = self.model.as_ref().map(|m| m.num_layers);
+        let extra = match self.live.extra_spec(layers) {
+            Ok(e) => e.map(Box::new),
+            Err(e) => {
+                self.fail(format!("third policy: {e}"));
+                return false;
+            }
+        };
         let (prompt, keep_bos, max_new_tokens) = (
             self.live.prompt.clone(),
             self.live.keep_bos,
@@ -336,6 +349,7 @@ impl ViewerState {
             keep_bos,
             max_new_tokens,
             use_chat_template,
+            extra,
         });
         if ok {
             self.live.begin(l_cut);
@@ -462,25 +476,22 @@ impl ViewerState {
             Event::GenerationStarted {
                 full_policy,
                 speed_policy,
+                extra_policy,
                 prompt_len,
-            } => self.live.started(full_policy, speed_policy, prompt_len),
-            Event::GenerationStep {
-                index: _,
-                full,
-                speed,
-                agree,
-                kl,
-                full_metrics,
-                speed_metrics,
             } => self
                 .live
-                .step(full, speed, agree, kl, full_metrics, speed_metrics),
+                .started(full_policy, speed_policy, extra_policy, prompt_len),
+            Event::SlimDecided(v) => self.live.slim = Some(*v),
+            Event::GenerationStep(step) => self.live.step(*step),
             Event::GenerationDone {
                 full_metrics,
                 speed_metrics,
+                extra_metrics,
+                slim,
             } => {
                 self.job = None;
-                self.live.done(full_metrics, speed_metrics);
+                self.live
+                    .done([full_metrics, speed_metrics, extra_metrics], slim);
                 self.note(format!(
                     "generation done: {} tokens, agreement {:.0}%",
                     self.live.full.len(),

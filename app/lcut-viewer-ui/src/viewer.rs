@@ -12,6 +12,7 @@ use crate::files::{handle_dropped, show_dialog};
 use crate::heatmap_view::show_heatmaps;
 use crate::live::show_live;
 use crate::recommend_panel::{show_recommendation, show_votes};
+use crate::slim_views::show_slim_views;
 use crate::state::{JobKind, Tab, ViewerState};
 use crate::sweep_panel::show_sweep;
 
@@ -80,24 +81,32 @@ fn show_live_tab(ui: &mut Ui, state: &mut ViewerState) {
     };
     let can_run = why_not.is_empty();
     let layers = state.model.as_ref().map_or(0, |m| m.num_layers);
-    if show_live(
-        ui,
-        &mut state.live,
-        &mut state.view.l_cut,
-        layers,
-        can_run,
-        why_not,
-    ) {
-        state.run_generate();
-    }
-    if state
-        .job
-        .as_ref()
-        .is_some_and(|j| j.kind == JobKind::Generate)
-        && ui.button("Cancel generation").clicked()
-    {
-        state.cancel();
-    }
+    ScrollArea::vertical()
+        .id_salt("live_scroll")
+        .show(ui, |ui| {
+            if show_live(
+                ui,
+                &mut state.live,
+                &mut state.view.l_cut,
+                layers,
+                can_run,
+                why_not,
+            ) {
+                state.run_generate();
+            }
+            if state
+                .job
+                .as_ref()
+                .is_some_and(|j| j.kind == JobKind::Generate)
+                && ui.button("Cancel generation").clicked()
+            {
+                state.cancel();
+            }
+            if let Some(v) = &state.live.slim {
+                ui.separator();
+                show_slim_views(ui, v);
+            }
+        });
 }
 
 /// The central area: tabs and the selected view.
@@ -113,7 +122,7 @@ pub fn show_central(ui: &mut Ui, state: &mut ViewerState) {
     };
     let view = &mut state.view;
     match view.tab {
-        Tab::Heatmaps => show_heatmaps(ui, loaded, view),
+        Tab::Heatmaps => show_heatmaps(ui, loaded, view, state.live.slim.as_ref()),
         Tab::Curves => {
             crate::heatmap_view::show_selectors(ui, loaded, view);
             let th = loaded.report.settings.thresholds;

@@ -315,7 +315,8 @@ fn live_generation_streams_and_cancels() {
         h.query_by_label_contains("prompt tokens, agreement 88%")
             .is_some()
     );
-    assert_eq!(h.query_all_by_label_contains("TTFT").count(), 2);
+    // Full, SPEED and the default SlimInfer policy.
+    assert_eq!(h.query_all_by_label_contains("TTFT").count(), 3);
 
     // A long one, cancelled while tokens stream.
     h.state_mut().live.max_new_tokens = 4000;
@@ -440,7 +441,7 @@ fn model_paths_are_folders_or_gguf_files() {
 
 #[test]
 fn a_newline_in_live_text_shows_as_an_escape_and_breaks_the_line() {
-    use lcut_viewer_ui::backend::{LiveMetrics, LiveToken};
+    use lcut_viewer_ui::backend::{LiveStep, LiveToken};
     use lcut_viewer_ui::live::{LiveState, show_live};
     let mut live = LiveState::default();
     live.begin(2);
@@ -450,10 +451,15 @@ fn a_newline_in_live_text_shows_as_an_escape_and_breaks_the_line() {
             text: text.into(),
         })
     };
-    let m = LiveMetrics::default();
-    live.step(tok(1, "Dear"), tok(1, "Dear"), true, None, m, m);
-    live.step(tok(2, " Sam,\n"), tok(3, " Kim,\n"), false, None, m, m);
-    live.step(tok(4, "Thanks"), tok(4, "Thanks"), true, None, m, m);
+    let step = |full, speed, agree| LiveStep {
+        full,
+        speed,
+        agree,
+        ..LiveStep::default()
+    };
+    live.step(step(tok(1, "Dear"), tok(1, "Dear"), true));
+    live.step(step(tok(2, " Sam,\n"), tok(3, " Kim,\n"), false));
+    live.step(step(tok(4, "Thanks"), tok(4, "Thanks"), true));
     let mut h = Harness::builder().with_size([900.0, 400.0]).build_ui_state(
         |ui, live: &mut LiveState| {
             let mut l_cut = 2;

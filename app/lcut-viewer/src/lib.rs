@@ -5,5 +5,6 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod app;
+pub mod live_run;
 pub mod paths;
 pub mod worker;

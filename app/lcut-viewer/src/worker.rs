@@ -5,23 +5,18 @@
 
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
-use std::time::Instant;
 
 use lcut_engine::diagnose::{
     BUNDLED_PROMPTS, DiagnoseEvent, DiagnoseOptions, PromptSpec, SweepOptions, diagnose_prepared,
     prepare_prompts, read_prompt_set, sweep,
 };
-use lcut_engine::{
-    EngineError, Generation, GenerationConfig, Sampling, Session, TextTokenizer, kl_divergence,
-};
+use lcut_engine::{EngineError, Session};
 use lcut_model::gguf::is_gguf_path;
 use lcut_model::{DType, Device};
-use lcut_policy::{Anchors, Policy, PolicyKind};
-use lcut_viewer_ui::backend::{
-    Command, Event, JobId, LiveMetrics, LiveToken, ModelSummary, PromptSource, WorkerPort,
-};
+use lcut_viewer_ui::backend::{Command, Event, JobId, ModelSummary, PromptSource, WorkerPort};
 use lcut_viewer_ui::jobs::{serve_export, serve_open_report};
 
+use crate::live_run::{LiveRequest, run_live};
 use crate::paths;
 
 /// What the worker needs besides its commands.
@@ -121,74 +116,6 @@ pub fn summarise(session: &Session) -> ModelSummary {
     }
 }
 
-/// Text of each new token as it extends the decoded output (so spaces and
-/// multi-token characters come out right), or `[id]` when it adds nothing.
-struct Detokenizer<'a> {
-    tokenizer: Option<&'a TextTokenizer>,
-    ids: Vec<u32>,
-    text: String,
-}
-
-impl<'a> Detokenizer<'a> {
-    fn new(tokenizer: Option<&'a TextTokenizer>) -> Self {
-        Self {
-            tokenizer,
-            ids: Vec::new(),
-            text: String::new(),
-        }
-    }
-
-    fn push(&mut self, id: u32) -> LiveToken {
-        let piece = match self.tokenizer {
-            None => String::new(),
-            Some(t) => {
-                self.ids.push(id);
-                let text = t.decode(&self.ids);
-                let piece = match text.strip_prefix(self.text.as_str()) {
-                    Some(rest) => rest.to_string(),
-                    None => t.decode(&[id]),
-                };
-                self.text = text;
-                piece
-            }
-        };
-        LiveToken {
-            id,
-            text: if piece.is_empty() {
-                format!("[{id}]")
-            } else {
-                piece
-            },
-        }
-    }
-}
-
-/// Per-policy step timing of a live generation.
-#[derive(Default)]
-struct Clock {
-    first: Option<f64>,
-    rest: f64,
-    tokens: usize,
-}
-
-impl Clock {
-    fn add(&mut self, seconds: f64) {
-        match self.first {
-            None => self.first = Some(seconds),
-            Some(_) => self.rest += seconds,
-        }
-        self.tokens += 1;
-    }
-    fn metrics(&self, kv_bytes: u64) -> LiveMetrics {
-        LiveMetrics {
-            ttft_s: self.first,
-            tpot_s: (self.tokens > 1).then(|| self.rest / (self.tokens - 1) as f64),
-            tokens: self.tokens,
-            kv_bytes,
-        }
-    }
-}
-
 impl EngineWorker {
     /// A worker with no model open.
     pub fn new(port: WorkerPort, config: WorkerConfig) -> Self {
@@ -226,19 +153,16 @@ impl EngineWorker {
                     keep_bos,
                     max_new_tokens,
                     use_chat_template,
-                } => {
-                    let r = self.generate(
-                        job,
-                        &prompt,
-                        l_cut,
-                        keep_bos,
-                        max_new_tokens,
-                        use_chat_template,
-                    );
-                    if let Err(e) = r {
-                        self.port.send(Event::GenerationFailed(e.to_string()));
-                    }
-                }
+                    extra,
+                } => self.generate(&LiveRequest {
+                    job,
+                    prompt,
+                    l_cut,
+                    keep_bos,
+                    max_new_tokens,
+                    use_chat_template,
+                    extra,
+                }),
                 Command::Export {
                     report,
                     format,
@@ -268,6 +192,17 @@ impl EngineWorker {
                     path.display()
                 )));
             }
+        }
+    }
+
+    fn generate(&self, req: &LiveRequest) {
+        let Some(session) = &self.session else {
+            self.port
+                .send(Event::GenerationFailed("open a model first".into()));
+            return;
+        };
+        if let Err(e) = run_live(&self.port, session, req) {
+            self.port.send(Event::GenerationFailed(e.to_string()));
         }
     }
 
@@ -353,116 +288,6 @@ impl EngineWorker {
                 port.send(Event::DiagnoseFailed(e.to_string()));
             }
         }
-    }
-
-    fn generate(
-        &self,
-        job: JobId,
-        text: &str,
-        l_cut: usize,
-        keep_bos: bool,
-        max_new_tokens: usize,
-        use_chat_template: bool,
-    ) -> Result<(), EngineError> {
-        let port = &self.port;
-        let Some(session) = &self.session else {
-            port.send(Event::GenerationFailed("open a model first".into()));
-            return Ok(());
-        };
-        let model = &session.model;
-        let layers = model.config().num_layers;
-        let prompt = session.prepare_text(text, None, use_chat_template)?;
-        let anchors = if keep_bos {
-            Anchors::Bos
-        } else {
-            Anchors::None
-        };
-        let full = Policy::full(layers);
-        let speed = Policy::new(PolicyKind::Speed, l_cut.clamp(1, layers), layers, anchors)?;
-        let config = GenerationConfig {
-            max_new_tokens,
-            sampling: Sampling::Greedy,
-            stop_tokens: session.stop_tokens(),
-            ..GenerationConfig::default()
-        };
-        let mut a = Generation::new(model, prompt.clone(), full, config.clone())?;
-        let mut b = Generation::new(model, prompt.clone(), speed, config)?;
-        port.send(Event::GenerationStarted {
-            full_policy: full.to_string(),
-            speed_policy: speed.to_string(),
-            prompt_len: prompt.len(),
-        });
-        let (mut da, mut db) = (
-            Detokenizer::new(session.tokenizer.as_ref()),
-            Detokenizer::new(session.tokenizer.as_ref()),
-        );
-        let (mut ca, mut cb) = (Clock::default(), Clock::default());
-        // Both prompts chunk by chunk first, so that Cancel takes within a
-        // long prompt; the time counts toward each policy's first token.
-        let mut prefill_s = [0.0f64; 2];
-        for (k, (g, name)) in [(&mut a, "full"), (&mut b, "SPEED")]
-            .into_iter()
-            .enumerate()
-        {
-            let t = Instant::now();
-            let done = !port.is_cancelled(job)
-                && g.prefill_with(None, |p| {
-                    port.progress(
-                        p.done,
-                        p.total,
-                        format!("{name} prefill: {}/{} prompt tokens", p.done, p.total),
-                    );
-                    !port.is_cancelled(job)
-                })?;
-            prefill_s[k] = t.elapsed().as_secs_f64();
-            if !done {
-                port.send(Event::Cancelled);
-                return Ok(());
-            }
-        }
-        let mut same_prefix = true;
-        let mut index = 0;
-        loop {
-            if port.is_cancelled(job) {
-                port.send(Event::Cancelled);
-                return Ok(());
-            }
-            // Each policy is timed on its own, so TTFT/TPOT are per policy.
-            let t = Instant::now();
-            let sa = a.step(None)?;
-            if sa.is_some() {
-                ca.add(t.elapsed().as_secs_f64() + std::mem::take(&mut prefill_s[0]));
-            }
-            let t = Instant::now();
-            let sb = b.step(None)?;
-            if sb.is_some() {
-                cb.add(t.elapsed().as_secs_f64() + std::mem::take(&mut prefill_s[1]));
-            }
-            if sa.is_none() && sb.is_none() {
-                break;
-            }
-            let kl = match (&sa, &sb) {
-                (Some(x), Some(y)) if same_prefix => Some(kl_divergence(&x.logits, &y.logits)?),
-                _ => None,
-            };
-            let agree = matches!((&sa, &sb), (Some(x), Some(y)) if x.token == y.token);
-            same_prefix &= agree;
-            port.send(Event::GenerationStep {
-                index,
-                full: sa.map(|s| da.push(s.token)),
-                speed: sb.map(|s| db.push(s.token)),
-                agree,
-                kl,
-                full_metrics: ca.metrics(a.sequence().kv_bytes_held()),
-                speed_metrics: cb.metrics(b.sequence().kv_bytes_held()),
-            });
-            index += 1;
-        }
-        port.send(Event::GenerationDone {
-            full_metrics: ca.metrics(a.sequence().kv_bytes_held()),
-            speed_metrics: cb.metrics(b.sequence().kv_bytes_held()),
-        });
-        Ok(())
     }
 }
 
