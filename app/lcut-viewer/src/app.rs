@@ -36,6 +36,8 @@ pub struct StartOptions {
     pub live_prompt: Option<String>,
     /// The live view's most new tokens.
     pub live_max_new_tokens: Option<usize>,
+    /// The live view's third policy as written (empty: none).
+    pub live_policy: Option<String>,
     /// Generate in the live view once the model is loaded (after the
     /// diagnostic run of `run`, if any).
     pub generate: bool,
@@ -163,6 +165,9 @@ impl ViewerApp {
         if let Some(n) = opts.live_max_new_tokens {
             s.live.max_new_tokens = n;
         }
+        if let Some(p) = &opts.live_policy {
+            s.live.extra_text.clone_from(p);
+        }
         if let Some(p) = &opts.prompts {
             s.inputs.prompts_file = p.display().to_string();
             s.inputs.prompts = lcut_viewer_ui::state::PromptChoice::File;
@@ -193,9 +198,13 @@ impl ViewerApp {
                     println!("generation stopped");
                 }
                 (Watched::Generate, None) => println!(
-                    "generation done: {} tokens, agreement {:.0}%",
+                    "generation done: {} tokens, agreement {:.0}%{}",
                     s.live.full.len(),
-                    100.0 * s.live.agreement()
+                    100.0 * s.live.agreement(),
+                    match &s.live.extra_policy {
+                        Some(p) => format!(", {p} {:.0}%", 100.0 * s.live.extra_agreement()),
+                        None => String::new(),
+                    }
                 ),
             }
         }

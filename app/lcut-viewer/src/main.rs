@@ -34,6 +34,10 @@ struct Args {
     /// The live view's most new tokens.
     #[arg(long, value_name = "N")]
     live_max_new_tokens: Option<usize>,
+    /// The live view's third policy, run beside full and SPEED (default: a SlimInfer policy,
+    /// slim:1/3@50%,2/3@25%+block:16+unit:4; an empty string for none).
+    #[arg(long, value_name = "POLICY")]
+    live_policy: Option<String>,
     /// Generate in the live view as soon as the model is loaded (after --run); print a line when done.
     #[arg(long)]
     generate: bool,
@@ -86,6 +90,7 @@ fn main() -> anyhow::Result<()> {
         run: args.run,
         live_prompt: args.live_prompt,
         live_max_new_tokens: args.live_max_new_tokens,
+        live_policy: args.live_policy,
         generate: args.generate,
         l_cut: args.l_cut,
         bench_pan_frames: args.bench_pan,

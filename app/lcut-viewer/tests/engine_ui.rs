@@ -207,6 +207,10 @@ fn live_generation_side_by_side_and_export() {
     h.step();
     h.state_mut().live.max_new_tokens = 6;
     h.state_mut().live.prompt = "copy this the quick brown fox".into();
+    // SlimInfer as the third policy: one cut at half depth keeping half the
+    // prompt in 4-token blocks.
+    let slim = format!("slim:{}@50%+block:4+unit:2", (layers / 2).max(1));
+    h.state_mut().live.extra_text.clone_from(&slim);
     h.step();
     let l_cut = h.state().view.l_cut;
     h.get_by_label(&format!("Generate at L_cut {l_cut}"))
@@ -222,7 +226,23 @@ fn live_generation_side_by_side_and_export() {
     assert!(live.full_metrics.ttft_s.is_some() && live.speed_metrics.ttft_s.is_some());
     assert!(live.speed_metrics.kv_bytes < live.full_metrics.kv_bytes);
     assert_eq!(live.speed_policy, format!("speed:{l_cut}+bos"));
-    assert_eq!(h.query_all_by_label_contains("TTFT").count(), 2);
+    assert_eq!(h.query_all_by_label_contains("TTFT").count(), 3);
+    // The SlimInfer column and its run: what its prefill kept, per-step
+    // records, and fewer bytes held than the full model.
+    let name = live.extra_policy.clone().unwrap();
+    assert!(name.starts_with(&slim), "{name}");
+    assert_eq!(live.extra_metrics.tokens, live.extra.len());
+    assert!(live.extra_metrics.kv_bytes < live.full_metrics.kv_bytes);
+    assert!(live.extra_metrics.kv_bytes_resident <= live.extra_metrics.kv_bytes);
+    let v = live.slim.as_ref().unwrap();
+    assert_eq!(v.cut_layers(), vec![(layers / 2).max(1)]);
+    assert!(!v.trace.cuts[0].kept.is_empty() && !v.trace.cuts[0].scores.is_empty());
+    assert_eq!(v.prompt_len, live.prompt_len);
+    assert!(!v.pruned_runs().is_empty());
+    assert!(
+        h.query_by_label_contains("Which prompt positions exist")
+            .is_some()
+    );
 
     // A long generation, cancelled.
     h.state_mut().live.max_new_tokens = 200;
