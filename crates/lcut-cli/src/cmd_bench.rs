@@ -21,7 +21,9 @@ use lcut_policy::{Policy, PolicySpec, TokenPhases};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde::Serialize;
 
-use crate::common::{ensure_fits, parse_device, parse_len, parse_weight_mode, write_atomic};
+use crate::common::{
+    ensure_fits, parse_device, parse_len, parse_weight_mode, split_policies, write_atomic,
+};
 
 /// Arguments of `lcut bench`.
 #[derive(Debug, Args)]
@@ -29,7 +31,8 @@ pub struct BenchArgs {
     /// Model folder or `.gguf` file; a random-weight Llama of the shape below by default.
     #[arg(long)]
     model: Option<PathBuf>,
-    /// Policies to compare, comma-separated; `full` is always measured too.
+    /// Policies to compare, separated by `,` or `;` (`slim:4@2k,8@1k` stays
+    /// whole); `full` is always measured too.
     #[arg(long, default_value = "full,speed:3/4+bos")]
     policies: String,
     /// Prompt lengths, comma-separated (256, 1k, 4k, ...).
@@ -224,7 +227,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     model.set_attention_block_elems(block);
     let num_layers = model.config().num_layers;
     let mut specs: Vec<PolicySpec> = vec![PolicySpec::full()];
-    for p in args.policies.split(',').filter(|p| !p.trim().is_empty()) {
+    for p in split_policies(&args.policies) {
         let spec: PolicySpec = p.parse()?;
         if !specs.contains(&spec) {
             specs.push(spec);

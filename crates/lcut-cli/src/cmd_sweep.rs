@@ -10,7 +10,7 @@ use lcut_trace::{PolicyPoint, read_report_json, write_json, write_report_json};
 use crate::cmd_diagnose::{
     DiagnoseArgs, load_inputs, on_event, options, print_summary, progress_bar,
 };
-use crate::common::parse_len;
+use crate::common::{parse_len, split_policies};
 
 /// Arguments of `lcut sweep`.
 #[derive(Debug, Args)]
@@ -27,7 +27,7 @@ pub struct SweepArgs {
     #[arg(long, default_value = "128k")]
     context_len: String,
     /// Other policies to measure on the same prompts and continuations,
-    /// separated by `;` (e.g. "slim:paper;slim:9@50%,19@25%+block:16").
+    /// separated by `,` or `;` (e.g. "slim:paper,slim:9@50%,19@25%+block:16").
     #[arg(long)]
     policies: Option<String>,
     /// Pair each SPEED+BoS cutoff C with a SlimInfer run at this first cut
@@ -42,10 +42,7 @@ pub struct SweepArgs {
 /// The sweep's comparison axis: `--policies` and the `--equal-kv` pairs.
 fn axis_policies(args: &SweepArgs, num_layers: usize, cuts: &[usize]) -> Result<Vec<AxisPolicy>> {
     let mut axis = Vec::new();
-    for text in args.policies.iter().flat_map(|p| p.split(';')) {
-        if text.trim().is_empty() {
-            continue;
-        }
+    for text in args.policies.iter().flat_map(|p| split_policies(p)) {
         let spec: PolicySpec = text.parse()?;
         spec.resolve(num_layers)?;
         axis.push(AxisPolicy {

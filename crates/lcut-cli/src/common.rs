@@ -154,3 +154,52 @@ mod tests {
         assert!(parse_device("tpu").is_err());
     }
 }
+
+/// A list of policies separated by `,` or `;`: a `,` that does not start a
+/// new policy (`full`, `speed:`, `selfonly:`, `slim:`) belongs to the one
+/// before it (SlimInfer's `slim:9@50%,19@25%`).
+pub fn split_policies(text: &str) -> Vec<String> {
+    let starts = |t: &str| {
+        let t = t.trim_start();
+        t == "full"
+            || ["speed:", "selfonly:", "slim:"]
+                .iter()
+                .any(|p| t.starts_with(p))
+    };
+    let mut out: Vec<String> = Vec::new();
+    for group in text.split(';') {
+        let mut first = true;
+        for part in group.split(',') {
+            match out.last_mut() {
+                Some(last) if !first && !starts(part) => {
+                    last.push(',');
+                    last.push_str(part.trim());
+                }
+                _ => out.push(part.trim().to_string()),
+            }
+            first = false;
+        }
+    }
+    out.retain(|p| !p.is_empty());
+    out
+}
+
+#[cfg(test)]
+mod split_tests {
+    use super::split_policies;
+
+    #[test]
+    fn slim_cut_lists_stay_whole() {
+        assert_eq!(
+            split_policies("full,speed:3/4+bos,slim:4@2k,8@1k+block:16;slim:paper, selfonly:2"),
+            vec![
+                "full",
+                "speed:3/4+bos",
+                "slim:4@2k,8@1k+block:16",
+                "slim:paper",
+                "selfonly:2"
+            ]
+        );
+        assert_eq!(split_policies(""), Vec::<String>::new());
+    }
+}

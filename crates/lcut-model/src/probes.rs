@@ -206,3 +206,75 @@ impl Probe for PhaseMassProbe {
         Ok(())
     }
 }
+
+/// Attention mass that decode-phase queries put on each prompt position
+/// before the decode start, summed over heads and queries, per layer: what
+/// SlimInfer's attention recall and scorer precision are read from. Holds
+/// `layers × decode_start` numbers, never a P × P array.
+#[derive(Debug, Clone)]
+pub struct PromptMassProbe {
+    decode_start: usize,
+    /// Per layer, the mass on each position `0..decode_start`.
+    pub mass: Vec<Vec<f64>>,
+}
+
+impl PromptMassProbe {
+    /// A probe for queries from `decode_start` on.
+    pub fn new(num_layers: usize, decode_start: usize) -> Self {
+        Self {
+            decode_start,
+            mass: vec![vec![0.0; decode_start]; num_layers],
+        }
+    }
+
+    /// Per layer, the share of the mass on the positions `in_scope` that
+    /// lands on the positions `kept(layer, pos)`: 1 where nothing is cut.
+    pub fn recall(
+        &self,
+        in_scope: impl Fn(usize) -> bool,
+        kept: impl Fn(usize, usize) -> bool,
+    ) -> Vec<f32> {
+        self.mass
+            .iter()
+            .enumerate()
+            .map(|(l, row)| {
+                let (mut all, mut hit) = (0.0, 0.0);
+                for (pos, &m) in row.iter().enumerate().filter(|(p, _)| in_scope(*p)) {
+                    all += m;
+                    if kept(l, pos) {
+                        hit += m;
+                    }
+                }
+                if all > 0.0 { (hit / all) as f32 } else { 1.0 }
+            })
+            .collect()
+    }
+}
+
+impl Probe for PromptMassProbe {
+    fn attention_from(&self, _layer: usize) -> Option<usize> {
+        Some(self.decode_start)
+    }
+
+    fn on_attention(&mut self, view: AttentionView<'_>) -> Result<()> {
+        let cut = view
+            .key_positions
+            .partition_point(|&k| k < self.decode_start);
+        if cut == 0 {
+            return Ok(());
+        }
+        // sum over heads and queries on the device; only [keys] leaves it
+        let sums: Vec<f32> = view
+            .probs
+            .narrow(2, 0, cut)?
+            .to_dtype(DType::F32)?
+            .sum(0)?
+            .sum(0)?
+            .to_vec1()?;
+        let row = &mut self.mass[view.layer];
+        for (&k, m) in view.key_positions[..cut].iter().zip(sums) {
+            row[k] += f64::from(m);
+        }
+        Ok(())
+    }
+}

@@ -159,6 +159,11 @@ pub struct PolicyPoint {
     /// Share of decode steps whose decisions swapped blocks at some cut.
     #[serde(with = "crate::floats::scalar")]
     pub swap_rate: f32,
+    /// Per layer, the share of the full model's decode attention on the
+    /// policy's prunable prompt tokens that lands on tokens it keeps there
+    /// (1 below a cut; 0 above SPEED's cutoff).
+    #[serde(default)]
+    pub attention_recall: Vec<f32>,
 }
 
 /// A complete diagnostic report.

@@ -180,6 +180,7 @@ fn report(rng: &mut StdRng) -> Report {
                 prefill_ratio: float(rng),
                 equal_kv_cutoff: float(rng),
                 swap_rate: float(rng),
+                attention_recall: (0..l).map(|_| float(rng)).collect(),
             })
             .collect(),
     });

@@ -8,8 +8,9 @@ use candle_core::Tensor;
 use lcut_diag::{
     FlopShape, PromptSplit, layered_prefill_flops, prefill_flops, slim_tokens_per_layer,
 };
+use lcut_model::probes::PromptMassProbe;
 use lcut_model::{Decoder, LogitRows};
-use lcut_policy::{Budget, CutSpec, KvCost, Policy, PolicySpec, SlimOptions, SlimSpec};
+use lcut_policy::{Budget, CutSpec, KvCost, Phase, Policy, PolicySpec, SlimOptions, SlimSpec};
 use lcut_trace::PolicyPoint;
 
 use super::sweep::{Totals, score};
@@ -76,6 +77,7 @@ pub(super) struct AxisTotals {
     prompts: usize,
     steps: usize,
     swapped_steps: usize,
+    recall: Vec<f64>,
 }
 
 impl AxisTotals {
@@ -94,6 +96,11 @@ impl AxisTotals {
             prefill_ratio: ratio(self.flops, self.flops_full),
             equal_kv_cutoff: (self.equal_kv_cutoff / self.prompts.max(1) as f64) as f32,
             swap_rate: ratio(self.swapped_steps as f64, self.steps.max(1) as f64),
+            attention_recall: self
+                .recall
+                .iter()
+                .map(|r| (r / self.prompts.max(1) as f64) as f32)
+                .collect(),
         }
     }
 }
@@ -116,13 +123,15 @@ pub(super) fn flop_shape(model: &Decoder) -> FlopShape {
 /// the decode-phase prompt tokens as one chunk, then each token of
 /// `continuation` but the last one at a time), score its rows against
 /// `reference` (the full model's rows predicting `continuation`) and add
-/// quality and costs to `totals`.
+/// quality, costs and attention recall (the share of the full model's
+/// decode attention on prompt tokens that lands on tokens the policy keeps
+/// at each layer, from `mass`) to `totals`.
 pub(super) fn measure(
     model: &Decoder,
     prompt: &PreparedPrompt,
     policy: Policy,
     continuation: &[u32],
-    reference: &Tensor,
+    (reference, mass): (&Tensor, &PromptMassProbe),
     chunk: usize,
     totals: &mut AxisTotals,
 ) -> Result<()> {
@@ -188,6 +197,14 @@ pub(super) fn measure(
             totals.flops += prefill_flops(&shape, policy.l_cut(), split);
             totals.equal_kv_cutoff += policy.l_cut() as f64;
         }
+    }
+    let recall = mass.recall(
+        |pos| phases.phase(pos) == Phase::Prefill,
+        |layer, pos| seq.token_exists(layer, pos),
+    );
+    totals.recall.resize(recall.len(), 0.0);
+    for (sum, r) in totals.recall.iter_mut().zip(recall) {
+        *sum += f64::from(r);
     }
     totals.prompts += 1;
     Ok(())

@@ -5,7 +5,8 @@
 
 use candle_core::{D, Tensor};
 use lcut_diag::{FlopShape, PromptSplit, finish_sweep, prefill_flops};
-use lcut_model::{Decoder, LogitRows, Sequence};
+use lcut_model::probes::PromptMassProbe;
+use lcut_model::{Decoder, LogitRows, Probe, Sequence};
 use lcut_policy::{Anchors, KvCost, Policy, PolicyKind};
 use lcut_trace::{Sweep, SweepPoint, Thresholds};
 
@@ -57,8 +58,13 @@ pub(super) struct Totals {
 }
 
 /// Logits [n, V] of the decode-phase tokens `tokens` fed after `prefix`.
-fn decode_logits(model: &Decoder, mut seq: Sequence, tokens: &[u32]) -> Result<Tensor> {
-    let out = model.forward(&mut seq, tokens, LogitRows::All, None)?;
+fn decode_logits(
+    model: &Decoder,
+    mut seq: Sequence,
+    tokens: &[u32],
+    probe: Option<&mut (dyn Probe + '_)>,
+) -> Result<Tensor> {
+    let out = model.forward(&mut seq, tokens, LogitRows::All, probe)?;
     out.logits.ok_or(EngineError::EmptyPrompt)
 }
 
@@ -168,11 +174,18 @@ pub fn sweep(
         }
         let rows =
             |t: Tensor| -> Result<Tensor> { Ok(t.narrow(0, first_row, continuation.len())?) };
-        let reference = rows(decode_logits(model, prefix.fork()?, &fed)?)?;
+        // the full model's rows, and where its decode queries read the prompt
+        let mut mass = PromptMassProbe::new(layers, s);
+        let reference = rows(decode_logits(
+            model,
+            prefix.fork()?,
+            &fed,
+            (!axis.is_empty()).then_some(&mut mass as &mut dyn Probe),
+        )?)?;
         for (k, policy) in policies.iter().enumerate() {
             let phases = prompt.phases(policy)?;
             let seq = prefix.restricted(*policy, phases)?;
-            let logits = rows(decode_logits(model, seq, &fed)?)?;
+            let logits = rows(decode_logits(model, seq, &fed, None)?)?;
             let t = score(&reference, &logits, &continuation)?;
             let acc = &mut totals[k];
             acc.agree += t.agree;
@@ -193,7 +206,7 @@ pub fn sweep(
                 prompt,
                 *policy,
                 &continuation,
-                &reference,
+                (&reference, &mass),
                 chunk,
                 &mut axis_totals[k],
             )?;
