@@ -226,21 +226,28 @@ struct Column<'a> {
     metrics: &'a LiveMetrics,
 }
 
-/// The figures line of a column.
-pub fn metrics_line(m: &LiveMetrics) -> String {
-    format!(
-        "TTFT {} · TPOT {} · {} tokens · KV {} held, {} resident",
-        ms(m.ttft_s),
-        ms(m.tpot_s),
-        m.tokens,
-        human_bytes(m.kv_bytes),
-        human_bytes(m.kv_bytes_resident)
-    )
+/// The figures of a column: timing and tokens, then K/V held and resident.
+pub fn metrics_lines(m: &LiveMetrics) -> [String; 2] {
+    [
+        format!(
+            "TTFT {} · TPOT {} · {} tokens",
+            ms(m.ttft_s),
+            ms(m.tpot_s),
+            m.tokens
+        ),
+        format!(
+            "KV {} held · {} resident",
+            human_bytes(m.kv_bytes),
+            human_bytes(m.kv_bytes_resident)
+        ),
+    ]
 }
 
 fn show_column(ui: &mut Ui, c: &Column<'_>, max_height: f32) {
     ui.label(RichText::new(&c.title).strong());
-    ui.label(metrics_line(c.metrics));
+    for line in metrics_lines(c.metrics) {
+        ui.label(line);
+    }
     ScrollArea::vertical()
         .id_salt(&c.title)
         .max_height(max_height)

@@ -5,7 +5,7 @@
 
 use egui::{Color32, ColorImage, RichText, TextureHandle, TextureOptions, Ui};
 use egui_plot::{
-    Bar, BarChart, HLine, Legend, Line, LineStyle, Plot, PlotImage, PlotPoint, PlotPoints,
+    Bar, BarChart, Corner, HLine, Legend, Line, LineStyle, Plot, PlotImage, PlotPoint, PlotPoints,
     PlotTransform, Points, Polygon,
 };
 
@@ -152,9 +152,9 @@ fn existence_hover(v: &SlimRunView, x: f64, y: f64) -> Option<String> {
 /// transform (data to screen), hover text under the pointer.
 pub fn show_existence(ui: &mut Ui, v: &SlimRunView, height: f32) -> PlotTransform {
     ui.label("Which prompt positions exist at each layer (dashed: the cuts)");
+    show_swatches(ui, &EXISTENCE_KEY.map(|s| (state_color(s), s.label())));
     let r = Plot::new("slim_existence")
         .height(height)
-        .legend(Legend::default())
         .allow_boxed_zoom(false)
         .allow_zoom(egui::Vec2b::new(true, false))
         .allow_drag(egui::Vec2b::new(true, false))
@@ -183,6 +183,26 @@ pub fn show_existence(ui: &mut Ui, v: &SlimRunView, height: f32) -> PlotTransfor
     r.transform
 }
 
+/// The states of the existence map, in the order of its key.
+const EXISTENCE_KEY: [PositionState; 5] = [
+    PositionState::Sink,
+    PositionState::BelowFirstCut,
+    PositionState::Kept,
+    PositionState::Pruned,
+    PositionState::DecodePhase,
+];
+
+/// A colour key: a swatch and a name per entry, on one wrapped line.
+pub fn show_swatches(ui: &mut Ui, entries: &[(Color32, &str)]) {
+    ui.horizontal_wrapped(|ui| {
+        for (color, name) in entries {
+            ui.label(RichText::new("■").color(*color));
+            ui.label(RichText::new(*name).small());
+            ui.add_space(6.0);
+        }
+    });
+}
+
 /// One cut's block scores r(j), kept blocks highlighted, with the budget
 /// line at the k-th best score.
 fn show_cut_scores(ui: &mut Ui, v: &SlimRunView, i: usize, height: f32) {
@@ -196,9 +216,10 @@ fn show_cut_scores(ui: &mut Ui, v: &SlimRunView, i: usize, height: f32) {
         c.kept.len(),
         c.scores.len()
     ));
-    let bar = |&(b, s): &(usize, f32)| {
+    let bar = |&(b, s): &(usize, f32), fill: Color32| {
         Bar::new(b as f64, f64::from(s))
             .width(0.8)
+            .fill(fill)
             .name(format!("block {b}"))
     };
     let (kept, pruned): (Vec<_>, Vec<_>) = c
@@ -207,14 +228,13 @@ fn show_cut_scores(ui: &mut Ui, v: &SlimRunView, i: usize, height: f32) {
         .partition(|(b, _)| c.kept.binary_search(b).is_ok());
     Plot::new(("slim_scores", i))
         .height(height)
-        .legend(Legend::default())
         .allow_boxed_zoom(false)
         .include_y(0.0)
         .x_axis_label("block")
         .y_axis_label("score r(j)")
         .show(ui, |pui| {
-            let kept: Vec<Bar> = kept.into_iter().map(bar).collect();
-            let pruned: Vec<Bar> = pruned.into_iter().map(bar).collect();
+            let kept: Vec<Bar> = kept.into_iter().map(|s| bar(s, KEPT)).collect();
+            let pruned: Vec<Bar> = pruned.into_iter().map(|s| bar(s, Color32::GRAY)).collect();
             pui.bar_chart(BarChart::new("kept", kept).color(KEPT));
             pui.bar_chart(BarChart::new("pruned", pruned).color(Color32::GRAY));
             if let Some(line) = v.budget_score(i) {
@@ -235,6 +255,15 @@ pub fn show_scores(ui: &mut Ui, v: &SlimRunView, height: f32) {
         ui.label("no cuts decided");
         return;
     }
+    ui.label("Block scores r(j) at each cut (dashed: the budget's k-th best score)");
+    show_swatches(
+        ui,
+        &[
+            (KEPT, "kept"),
+            (Color32::GRAY, "pruned"),
+            (DECODE, "budget line"),
+        ],
+    );
     ui.columns(n, |cols| {
         for (i, ui) in cols.iter_mut().enumerate() {
             show_cut_scores(ui, v, i, height);
@@ -335,11 +364,17 @@ fn raster_hover(
 
 /// The step × block raster of every cut's active set.
 pub fn show_activity(ui: &mut Ui, v: &SlimRunView, height: f32) {
-    ui.label(format!(
-        "Active blocks by decode step, one band per cut from cut 1 at the bottom (green: active, \
-         yellow: entering, blue-grey: kept but inactive, dark: not kept; γ = {})",
-        v.gamma
-    ));
+    ui.label("Active blocks by decode step, one band of blocks per cut (cut 1 at the bottom)");
+    show_swatches(
+        ui,
+        &[
+            BlockActivity::Active,
+            BlockActivity::Entering,
+            BlockActivity::Inactive,
+            BlockActivity::Absent,
+        ]
+        .map(|a| (activity_color(a), a.label())),
+    );
     let rows = raster_rows(v);
     let steps = v.trace.steps.len();
     if steps == 0 || rows.is_empty() {
@@ -380,7 +415,7 @@ pub fn show_overlap(ui: &mut Ui, v: &SlimRunView, height: f32) {
     ));
     Plot::new("slim_overlap")
         .height(height)
-        .legend(Legend::default())
+        .legend(Legend::default().position(Corner::RightBottom))
         .allow_boxed_zoom(false)
         .include_y(0.0)
         .include_y(1.05)
@@ -446,7 +481,7 @@ pub fn show_slim_views(ui: &mut Ui, v: &SlimRunView) {
     let h = 190.0;
     ui.columns(2, |cols| {
         show_existence(&mut cols[0], v, h);
-        show_scores(&mut cols[1], v, h - 18.0);
+        show_scores(&mut cols[1], v, h - 20.0);
     });
     ui.columns(2, |cols| {
         show_activity(&mut cols[0], v, h);

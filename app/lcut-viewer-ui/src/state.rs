@@ -492,8 +492,12 @@ impl ViewerState {
                 self.job = None;
                 self.live
                     .done([full_metrics, speed_metrics, extra_metrics], slim);
+                let extra = match &self.live.extra_policy {
+                    Some(p) => format!(", {p} {:.0}%", 100.0 * self.live.extra_agreement()),
+                    None => String::new(),
+                };
                 self.note(format!(
-                    "generation done: {} tokens, agreement {:.0}%",
+                    "generation done: {} tokens, agreement {:.0}%{extra}",
                     self.live.full.len(),
                     100.0 * self.live.agreement()
                 ));
