@@ -11,20 +11,26 @@
 #   scripts/fetch-model.sh
 #   app/screenshots.sh models/SmolLM2-135M-Instruct.Q4_1.gguf fixtures/prompts/smollm2.jsonl
 #
-#   (with LIVE_L_CUT=24 HEATMAP_HOVER=270,400 for the README's shots)
+#   (with LIVE_L_CUT=24 HEATMAP_HOVER=270,400 for the README's shots, and
+#   LIVE_POLICY='slim:1/3@50%,2/3@25%+block:4+unit:2' for the live ones)
 #
 # The viewer is built in release. `heatmaps-128k` is the viewer's large
 # synthetic trace. With a model, one diagnostic run (with the sweep) in the
 # viewer gives `heatmaps-run`, `curves` and `sweep` (the tabs are clicked),
-# then a live generation gives `live`; without one, `curves` and `sweep` show
-# `lcut-report`'s demo report. Writes docs/screenshots/*.png (1280x800).
+# then a live generation gives `live` (full, SPEED and the third policy,
+# SlimInfer by default, with the SlimInfer run's existence map and score
+# bars) and, scrolled down, `live-slim` (its active blocks per decode step
+# and overlap curve); without one, `curves` and `sweep` show `lcut-report`'s
+# demo report. Writes docs/screenshots/*.png (1280x800).
 #
-# Environment: LIVE_PROMPT, LIVE_TOKENS (most new tokens) and LIVE_L_CUT
+# Environment: LIVE_PROMPT, LIVE_TOKENS (most new tokens), LIVE_L_CUT
 # (default: the run's recommendation, or the viewer's 3/4 of the depth when
-# that is no cut) for the live shot; RUN_TIMEOUT (seconds, default 3600) for
+# that is no cut) and LIVE_POLICY (the third policy; default the viewer's
+# SlimInfer policy, empty for none) for the live shots; ONLY_LIVE=1 takes
+# the live shots alone (no 128K trace, no diagnostic run); RUN_TIMEOUT (seconds, default 3600) for
 # the run; HEATMAP_HOVER (x,y) where the pointer rests on the run's heatmaps
 # (on SmolLM2, 270,400 is the access code of the first prompt at layer 20);
-# SHOTS_DIR (default docs/screenshots).
+# SHOTS_DIR (default docs/screenshots); CARGO_TARGET_DIR as cargo reads it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,7 +45,7 @@ export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
 export DISPLAY=:97
 
 cargo build -q --release -p lcut-viewer
-viewer=./target/release/lcut-viewer
+viewer="${CARGO_TARGET_DIR:-target}/release/lcut-viewer"
 tmp="$(mktemp -d)"
 
 Xvfb "$DISPLAY" -screen 0 1280x800x24 >/dev/null 2>&1 &
@@ -98,12 +104,37 @@ stop() {
   pid=
 }
 
-start --no-model --demo-large --screenshot-view heatmaps
-sleep 10
-capture heatmaps-128k 600,430
-stop
+only_live="${ONLY_LIVE:-}"
+if [ -z "$only_live" ]; then
+  start --no-model --demo-large --screenshot-view heatmaps
+  sleep 10
+  capture heatmaps-128k 600,430
+  stop
+fi
 
-if [ -d "$model" ] || [ -f "$model" ]; then
+# live_shots [--l-cut N]: generate in the live view, capture `live`, then
+# scroll down to the SlimInfer run's raster and overlap and capture
+# `live-slim` (when there is a third policy).
+live_shots() {
+  local args=(--model "$model" --screenshot-view live --live-prompt "$live_prompt"
+    --live-max-new-tokens "$live_tokens" --generate "$@")
+  [ -n "${LIVE_POLICY+set}" ] && args+=(--live-policy "$LIVE_POLICY")
+  start "${args[@]}"
+  wait_for 1200
+  cat "$tmp/viewer.log"
+  capture live
+  if [ "${LIVE_POLICY-x}" != "" ]; then
+    xdotool mousemove 640 600
+    for _ in 1 2 3 4 5 6 7 8 9 10; do xdotool click 5; done
+    sleep 2
+    capture live-slim 1275,795
+  fi
+  stop
+}
+
+if [ -n "$only_live" ]; then
+  if [ -n "${LIVE_L_CUT:-}" ]; then live_shots --l-cut "$LIVE_L_CUT"; else live_shots; fi
+elif [ -d "$model" ] || [ -f "$model" ]; then
   args=(--model "$model" --run --screenshot-view heatmaps)
   [ -n "$prompts" ] && args+=(--prompts "$prompts")
   start "${args[@]}"
@@ -119,14 +150,7 @@ if [ -d "$model" ] || [ -f "$model" ]; then
   cut=$(sed -n 's/^run done: .*recommended L_cut \([0-9]*\) of \([0-9]*\)$/\1 \2/p' \
     "$tmp/viewer.log" | awk '$1 < $2 { print $1 }')
   cut=${LIVE_L_CUT:-$cut}
-  args=(--model "$model" --screenshot-view live --live-prompt "$live_prompt"
-    --live-max-new-tokens "$live_tokens" --generate)
-  [ -n "$cut" ] && args+=(--l-cut "$cut")
-  start "${args[@]}"
-  wait_for 1200
-  cat "$tmp/viewer.log"
-  capture live
-  stop
+  if [ -n "$cut" ]; then live_shots --l-cut "$cut"; else live_shots; fi
 else
   demo="$tmp/demo"
   cargo run -q --release -p lcut-report --example demo -- "$demo" >/dev/null
