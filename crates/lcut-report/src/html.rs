@@ -6,7 +6,10 @@ use lcut_trace::Report;
 
 use crate::figures::figures;
 use crate::svg::{escape, num};
-use crate::tables::{Table, layer_table, model_table, prompt_table, sweep_table, votes_table};
+use crate::tables::{
+    Table, layer_table, model_table, policy_axis_table, prompt_table, recall_table, sweep_table,
+    votes_table,
+};
 
 /// Options of the HTML export.
 #[derive(Debug, Clone, Default)]
@@ -83,6 +86,14 @@ pub fn render_html(r: &Report, opts: &HtmlOptions) -> String {
     if let Some(s) = &r.sweep {
         out.push_str("<h2>Sweep</h2>");
         table(&mut out, &sweep_table(s));
+        if let Some(t) = policy_axis_table(s) {
+            out.push_str("<h2>Other policies on the same prompts</h2>");
+            table(&mut out, &t);
+        }
+        if let Some(t) = recall_table(s) {
+            out.push_str("<h2>Attention recall per layer</h2>");
+            table(&mut out, &t);
+        }
     }
     out.push_str("<h2>Prompts</h2>");
     table(&mut out, &prompt_table(r));

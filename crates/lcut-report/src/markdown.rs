@@ -5,7 +5,10 @@ use std::fmt::Write;
 use lcut_trace::Report;
 
 use crate::svg::num;
-use crate::tables::{Table, layer_table, model_table, prompt_table, sweep_table, votes_table};
+use crate::tables::{
+    Table, layer_table, model_table, policy_axis_table, prompt_table, recall_table, sweep_table,
+    votes_table,
+};
 
 fn cell(s: &str) -> String {
     s.replace('\\', "\\\\")
@@ -60,6 +63,14 @@ pub fn render_markdown(r: &Report) -> String {
                 .map_or_else(|| "none".to_string(), |k| format!("L_cut = {k}"))
         );
         table(&mut out, &sweep_table(s));
+        if let Some(t) = policy_axis_table(s) {
+            out.push_str("## Other policies on the same prompts\n\n");
+            table(&mut out, &t);
+        }
+        if let Some(t) = recall_table(s) {
+            out.push_str("## Attention recall per layer\n\n");
+            table(&mut out, &t);
+        }
     }
     out.push_str("## Prompts\n\n");
     table(&mut out, &prompt_table(r));

@@ -162,6 +162,70 @@ pub fn sweep_table(s: &Sweep) -> Table {
     }
 }
 
+/// The sweep's comparison axis (SlimInfer, pairs at equal K/V), measured
+/// on the prompts; `None` when the sweep has none.
+pub fn policy_axis_table(s: &Sweep) -> Option<Table> {
+    if s.policies.is_empty() {
+        return None;
+    }
+    Some(Table {
+        headers: strings([
+            "policy",
+            "paired with",
+            "top-1 agreement",
+            "mean KL",
+            "NLL",
+            "held KV ratio",
+            "resident KV ratio",
+            "prefill FLOPs ratio",
+            "L_eq",
+            "swap rate",
+        ]),
+        rows: s
+            .policies
+            .iter()
+            .map(|p| {
+                vec![
+                    p.policy.clone(),
+                    p.paired_with.clone().unwrap_or_default(),
+                    num(p.top1_agreement, 4),
+                    num(p.mean_kl, 4),
+                    num(p.nll, 4),
+                    num(p.kv_ratio, 4),
+                    num(p.resident_ratio, 4),
+                    num(p.prefill_ratio, 4),
+                    num(p.equal_kv_cutoff, 2),
+                    num(p.swap_rate, 3),
+                ]
+            })
+            .collect(),
+    })
+}
+
+/// Attention recall per layer (rows) for each policy of the sweep's axis
+/// (columns): the share of the full model's decode attention on prompt
+/// tokens that lands on tokens the policy keeps there.
+pub fn recall_table(s: &Sweep) -> Option<Table> {
+    let layers = s.policies.iter().map(|p| p.attention_recall.len()).max()?;
+    if layers == 0 {
+        return None;
+    }
+    let mut headers = strings(["layer"]);
+    headers.extend(s.policies.iter().map(|p| p.policy.clone()));
+    let rows = (0..layers)
+        .map(|l| {
+            let mut row = vec![l.to_string()];
+            row.extend(s.policies.iter().map(|p| {
+                p.attention_recall
+                    .get(l)
+                    .map_or_else(String::new, |&r| num(r, 3))
+            }));
+            row
+        })
+        .collect();
+    Some(Table { headers, rows })
+}
+
 /// Mean prefill mass of one trace over layers, steps and heads.
 pub fn mean_prefill(t: &PromptTrace) -> f32 {
     let d = t.prefill.data();
@@ -237,6 +301,25 @@ mod tests {
             assert!(t.rows.iter().all(|row| row.len() == t.headers.len()));
         }
         assert_eq!(layer_table(&r).rows.len(), 5);
+        assert!(policy_axis_table(sweep).is_none() && recall_table(sweep).is_none());
+        let mut with_axis = sweep.clone();
+        with_axis.policies.push(lcut_trace::PolicyPoint {
+            policy: "slim:2@50%".into(),
+            paired_with: Some("speed:3+bos".into()),
+            top1_agreement: 0.5,
+            mean_kl: 0.1,
+            nll: 1.0,
+            kv_ratio: 0.7,
+            resident_ratio: 0.6,
+            prefill_ratio: 0.7,
+            equal_kv_cutoff: 3.0,
+            swap_rate: 0.2,
+            attention_recall: vec![1.0, 1.0, 0.4, 0.3, 0.2],
+        });
+        let axis = policy_axis_table(&with_axis).unwrap();
+        let recall = recall_table(&with_axis).unwrap();
+        assert_eq!((axis.rows.len(), recall.rows.len()), (1, 5));
+        assert_eq!(recall.rows[2], vec!["2", "0.400"]);
         assert_eq!(prompt_table(&r).rows.len(), 3);
     }
 }
