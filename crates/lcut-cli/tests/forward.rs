@@ -94,12 +94,40 @@ fn forward_under_a_policy_gives_the_policy_logits() {
 }
 
 #[test]
+fn forward_under_slim_policies_that_reduce_to_speed_gives_speeds_reference_logits() {
+    // one kept block of one token is SPEED+BoS; transformers' SPEED rows are the reference
+    let dir = case("llama-gqa");
+    let (reference, ids) = reference(&dir);
+    let tmp = tempfile::tempdir().unwrap();
+    for (cut, key) in [(2, "logits.speed.l2.bos"), (4, "logits.speed.l4.bos")] {
+        let out = tmp.path().join(format!("slim{cut}.safetensors"));
+        let policy = format!("slim:{cut}@1+block:1");
+        run_forward(
+            &dir,
+            &ids,
+            &["--policy", &policy, "--decode-start", "28"],
+            &out,
+        );
+        let ours = candle_core::safetensors::load(&out, &Device::Cpu).unwrap();
+        assert!(
+            max_diff(&ours["logits"], &reference[key]) <= 1e-4,
+            "{policy}"
+        );
+    }
+}
+
+#[test]
 fn bad_requests_fail_with_a_message() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("x.safetensors");
     for (args, expected) in [
         (vec!["--policy", "speed:9+bos"], "out of range"),
         (vec!["--policy", "fast:2"], "malformed policy"),
+        (vec!["--policy", "slim:2@50%+unit:3"], "unit 3 must divide"),
+        (
+            vec!["--policy", "slim:6@50%"],
+            "SlimInfer cut layer 6 is out of range",
+        ),
         (
             vec!["--policy", "speed:2+bos", "--decode-start", "50"],
             "decode start 50",
