@@ -87,7 +87,7 @@ fn print_axis(points: &[PolicyPoint]) {
     );
     for p in points {
         println!(
-            "{:<width$} {:>pair$} {:>8.3} {:>9.4} {:>8.3} {:>7.3} {:>7.3} {:>8.3} {:>6.1} {:>6.2}",
+            "{:<width$} {:>pair$} {:>8.3} {:>9.4} {:>8.3} {:>7.3} {:>7.3} {:>8.3} {:>6.1} {:>6.2} {}",
             p.policy,
             p.paired_with.as_deref().unwrap_or("-"),
             p.top1_agreement,
@@ -97,7 +97,12 @@ fn print_axis(points: &[PolicyPoint]) {
             p.resident_ratio,
             p.prefill_ratio,
             p.equal_kv_cutoff,
-            p.swap_rate
+            p.swap_rate,
+            p.scorer_precision
+                .iter()
+                .map(|x| format!("{x:.2}"))
+                .collect::<Vec<_>>()
+                .join("/")
         );
     }
 }

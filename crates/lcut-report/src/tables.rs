@@ -180,6 +180,7 @@ pub fn policy_axis_table(s: &Sweep) -> Option<Table> {
             "prefill FLOPs ratio",
             "L_eq",
             "swap rate",
+            "scorer precision per cut",
         ]),
         rows: s
             .policies
@@ -196,6 +197,11 @@ pub fn policy_axis_table(s: &Sweep) -> Option<Table> {
                     num(p.prefill_ratio, 4),
                     num(p.equal_kv_cutoff, 2),
                     num(p.swap_rate, 3),
+                    p.scorer_precision
+                        .iter()
+                        .map(|&x| num(x, 2))
+                        .collect::<Vec<_>>()
+                        .join(" / "),
                 ]
             })
             .collect(),
@@ -315,6 +321,7 @@ mod tests {
             equal_kv_cutoff: 3.0,
             swap_rate: 0.2,
             attention_recall: vec![1.0, 1.0, 0.4, 0.3, 0.2],
+            scorer_precision: vec![0.5],
         });
         let axis = policy_axis_table(&with_axis).unwrap();
         let recall = recall_table(&with_axis).unwrap();

@@ -164,6 +164,11 @@ pub struct PolicyPoint {
     /// (1 below a cut; 0 above SPEED's cutoff).
     #[serde(default)]
     pub attention_recall: Vec<f32>,
+    /// Per SlimInfer cut, the share of the kept blocks that are also among
+    /// as many blocks the full model's decode queries read most at and above
+    /// the cut (the scorer's precision; empty for static policies).
+    #[serde(default)]
+    pub scorer_precision: Vec<f32>,
 }
 
 /// A complete diagnostic report.

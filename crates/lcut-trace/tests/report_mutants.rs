@@ -181,6 +181,7 @@ fn report(rng: &mut StdRng) -> Report {
                 equal_kv_cutoff: float(rng),
                 swap_rate: float(rng),
                 attention_recall: (0..l).map(|_| float(rng)).collect(),
+                scorer_precision: vec![float(rng)],
             })
             .collect(),
     });

@@ -10,7 +10,9 @@ use lcut_diag::{
 };
 use lcut_model::probes::PromptMassProbe;
 use lcut_model::{Decoder, LogitRows};
-use lcut_policy::{Budget, CutSpec, KvCost, Phase, Policy, PolicySpec, SlimOptions, SlimSpec};
+use lcut_policy::{
+    Budget, CutSpec, KvCost, Phase, Policy, PolicySpec, SlimOptions, SlimSelection, SlimSpec,
+};
 use lcut_trace::PolicyPoint;
 
 use super::sweep::{Totals, score};
@@ -78,6 +80,7 @@ pub(super) struct AxisTotals {
     steps: usize,
     swapped_steps: usize,
     recall: Vec<f64>,
+    precision: Vec<f64>,
 }
 
 impl AxisTotals {
@@ -96,6 +99,11 @@ impl AxisTotals {
             prefill_ratio: ratio(self.flops, self.flops_full),
             equal_kv_cutoff: (self.equal_kv_cutoff / self.prompts.max(1) as f64) as f32,
             swap_rate: ratio(self.swapped_steps as f64, self.steps.max(1) as f64),
+            scorer_precision: self
+                .precision
+                .iter()
+                .map(|p| (p / self.prompts.max(1) as f64) as f32)
+                .collect(),
             attention_recall: self
                 .recall
                 .iter()
@@ -180,6 +188,11 @@ pub(super) fn measure(
             let tokens = slim_tokens_per_layer(layers, params.cuts(), n, cost.prefill, &kept);
             totals.flops += layered_prefill_flops(&shape, &tokens);
             totals.equal_kv_cutoff += params.equal_kv_cutoff(layers, cost.prefill, &kept);
+            let precision = scorer_precision(mass, run.selection());
+            totals.precision.resize(precision.len(), 0.0);
+            for (sum, p) in totals.precision.iter_mut().zip(precision) {
+                *sum += p;
+            }
             totals.steps += run.steps().len();
             totals.swapped_steps += run
                 .steps()
@@ -208,6 +221,41 @@ pub(super) fn measure(
     }
     totals.prompts += 1;
     Ok(())
+}
+
+/// Per cut, the share of the blocks the prefill kept that are also among
+/// the same number of blocks the full model's decode queries read most at
+/// and above the cut (1 when nothing is pruned).
+fn scorer_precision(mass: &PromptMassProbe, sel: &SlimSelection) -> Vec<f64> {
+    let cuts = sel.params().cuts();
+    (0..cuts.len())
+        .map(|i| {
+            let prunable: Vec<usize> = sel.prunable_blocks().collect();
+            let kept: Vec<usize> = sel
+                .kept_blocks(i)
+                .into_iter()
+                .filter(|b| prunable.contains(b))
+                .collect();
+            if kept.is_empty() || kept.len() == prunable.len() {
+                return 1.0;
+            }
+            let block_mass = |b: usize| -> f64 {
+                mass.mass[cuts[i]..]
+                    .iter()
+                    .map(|row| sel.block_positions(b).map(|p| row[p]).sum::<f64>())
+                    .sum()
+            };
+            let mut by_mass: Vec<(usize, f64)> =
+                prunable.iter().map(|&b| (b, block_mass(b))).collect();
+            by_mass.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            let hits = by_mass
+                .iter()
+                .take(kept.len())
+                .filter(|(b, _)| kept.contains(b))
+                .count();
+            hits as f64 / kept.len() as f64
+        })
+        .collect()
 }
 
 #[cfg(test)]
