@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use lcut_engine::Session;
@@ -32,7 +32,8 @@ pub struct DiagnoseArgs {
     /// Output folder (report.json goes there).
     #[arg(long, default_value = "runs/latest")]
     pub out: PathBuf,
-    /// Run shard I of N (0-based), e.g. 0/4.
+    /// Run shard I of N (0-based), e.g. 0/4; auto/N takes I from
+    /// SLURM_ARRAY_TASK_ID or JOB_COMPLETION_INDEX.
     #[arg(long)]
     pub shard: Option<String>,
     /// Most columns of the layer x prompt-position map.
@@ -53,23 +54,10 @@ pub struct DiagnoseArgs {
     pub device: String,
 }
 
-/// Parse `I/N`.
+/// Parse `I/N`, or `auto/N` with the index from a Slurm job array
+/// (`SLURM_ARRAY_TASK_ID`) or a Kubernetes Indexed Job (`JOB_COMPLETION_INDEX`).
 pub fn parse_shard(s: &str) -> Result<(usize, usize)> {
-    let (i, n) = s
-        .split_once('/')
-        .with_context(|| format!("shard {s:?}: expected I/N, e.g. 0/4"))?;
-    let (i, n): (usize, usize) = (
-        i.trim()
-            .parse()
-            .with_context(|| format!("shard index {i:?}"))?,
-        n.trim()
-            .parse()
-            .with_context(|| format!("shard count {n:?}"))?,
-    );
-    if n == 0 || i >= n {
-        bail!("shard {i}/{n}: expected 0 <= I < N");
-    }
-    Ok((i, n))
+    Ok(lcut_engine::shard::parse_shard(s)?)
 }
 
 /// A progress bar over prompts, with the current prompt's step.

@@ -3,10 +3,12 @@
 
 mod cmd_bench;
 mod cmd_diagnose;
+mod cmd_eval;
 mod cmd_forward;
 mod cmd_generate;
 mod cmd_parity;
 mod cmd_report;
+mod cmd_suite;
 mod cmd_sweep;
 mod cmd_tokenize;
 mod cmd_train;
@@ -34,8 +36,13 @@ enum Command {
     Merge(cmd_report::MergeArgs),
     /// Train a bundled task model (full depth or SPEED-aware).
     Train(lcut_train::TrainArgs),
-    /// Exact match of a task model under a policy; the last line is `exact_match=...`.
-    Eval(lcut_train::EvalArgs),
+    /// Exact match of a task model under a policy (the last line is
+    /// `exact_match=...`), or any model on a task suite (`--suite`).
+    Eval(cmd_eval::EvalArgs),
+    /// Merge `lcut eval --suite --shard` results into the whole suite's result.
+    EvalMerge(cmd_eval::EvalMergeArgs),
+    /// Write the project's task suite from a seed.
+    Suite(cmd_suite::SuiteArgs),
     /// Run one sequence and write logits, residuals and attention to safetensors.
     Forward(cmd_forward::ForwardArgs),
     /// Generate under a policy, optionally side by side with another.
@@ -69,7 +76,9 @@ fn main() -> anyhow::Result<()> {
         Command::Report(a) => cmd_report::run(a),
         Command::Merge(a) => cmd_report::merge(a),
         Command::Train(a) => cmd_train::train(a),
-        Command::Eval(a) => cmd_train::eval(a),
+        Command::Eval(a) => cmd_eval::run(a),
+        Command::EvalMerge(a) => cmd_eval::merge(a),
+        Command::Suite(a) => cmd_suite::run(a),
         Command::Forward(a) => cmd_forward::run(a),
         Command::Generate(a) => cmd_generate::run(a),
         Command::Bench(a) => cmd_bench::run(a),

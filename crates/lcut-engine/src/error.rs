@@ -80,6 +80,35 @@ pub enum EngineError {
     /// The diagnostics failed.
     #[error(transparent)]
     Diag(#[from] lcut_diag::DiagError),
+    /// A task suite file is unreadable or has a bad line.
+    #[error(transparent)]
+    Suite(#[from] crate::suite::SuiteError),
+    /// Shard results that do not make one whole run.
+    #[error("merging eval shards: {0}")]
+    Merge(String),
+    /// A shard written other than `I/N` or `auto/N`.
+    #[error("shard {text:?}: expected I/N (e.g. 0/4) or auto/N (index from the job array)")]
+    BadShard {
+        /// The shard as written.
+        text: String,
+    },
+    /// A shard index was to come from the environment, but none is set.
+    #[error(
+        "--shard auto/{count}: neither SLURM_ARRAY_TASK_ID nor JOB_COMPLETION_INDEX is set \
+         (run inside a Slurm job array or a Kubernetes Indexed Job, or give I/N)"
+    )]
+    NoShardIndex {
+        /// Number of shards asked for.
+        count: usize,
+    },
+    /// A shard index variable that is not a number.
+    #[error("{var}={value:?} is not a shard index (a non-negative integer)")]
+    BadShardIndex {
+        /// The environment variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+    },
     /// Tensor backend error outside the model (sampling).
     #[error("tensor backend: {0}")]
     Candle(#[from] candle_core::Error),

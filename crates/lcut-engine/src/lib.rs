@@ -10,6 +10,8 @@ mod generate;
 pub mod gguf_tokenizer;
 mod prompt;
 mod session;
+pub mod shard;
+pub mod suite;
 mod template;
 mod tokenizer;
 

@@ -162,12 +162,12 @@ pub struct PolicyPoint {
     /// Per layer, the share of the full model's decode attention on the
     /// policy's prunable prompt tokens that lands on tokens it keeps there
     /// (1 below a cut; 0 above SPEED's cutoff).
-    #[serde(default)]
+    #[serde(default, with = "crate::floats::vec")]
     pub attention_recall: Vec<f32>,
     /// Per SlimInfer cut, the share of the kept blocks that are also among
     /// as many blocks the full model's decode queries read most at and above
     /// the cut (the scorer's precision; empty for static policies).
-    #[serde(default)]
+    #[serde(default, with = "crate::floats::vec")]
     pub scorer_precision: Vec<f32>,
 }
 

@@ -6,6 +6,7 @@ mod policy_axis;
 mod probe;
 mod prompts;
 mod sweep;
+mod teacher;
 
 use lcut_model::Decoder;
 use lcut_policy::{Policy, TokenPhases};
@@ -18,6 +19,7 @@ pub use policy_axis::{AxisPolicy, equal_kv_pairs};
 pub use probe::DiagnosticProbe;
 pub use prompts::{BUNDLED_PROMPTS, PromptSpec, read_prompt_set, shard_indices};
 pub use sweep::{SweepOptions, sweep};
+pub(crate) use teacher::{ForcedQuality, forced_quality};
 
 use crate::error::{EngineError, Result};
 use crate::generate::{Generation, GenerationConfig, PrefillProgress, Sampling};

@@ -69,10 +69,10 @@ pub fn equal_kv_pairs(
 /// Running sums of one axis policy over prompts.
 #[derive(Debug, Clone, Default)]
 pub(super) struct AxisTotals {
-    quality: Totals,
-    held: f64,
+    pub(super) quality: Totals,
+    pub(super) held: f64,
     resident: f64,
-    full: f64,
+    pub(super) full: f64,
     flops: f64,
     flops_full: f64,
     equal_kv_cutoff: f64,
@@ -275,13 +275,19 @@ mod tests {
         assert_eq!(
             names,
             vec![
+                "speed:2+bos",
                 "slim:1@33.33%+block:8+unit:2",
+                "speed:3+bos",
                 "slim:1@66.67%+block:8+unit:2"
             ]
         );
-        assert_eq!(pairs[1].paired_with.as_deref(), Some("speed:3+bos"));
+        assert_eq!(pairs[3].paired_with.as_deref(), Some("speed:3+bos"));
+        assert_eq!(
+            pairs[2].paired_with.as_deref(),
+            Some("slim:1@66.67%+block:8+unit:2")
+        );
         // held K/V: c1·P + (L − c1)·x·P = C·P
-        let p = pairs[1].spec.resolve(4).unwrap();
+        let p = pairs[3].spec.resolve(4).unwrap();
         let params = p.slim().unwrap();
         assert!((params.equal_kv_cutoff(4, 900, &[600]) - 3.0).abs() < 1e-9);
     }
