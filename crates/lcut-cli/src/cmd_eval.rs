@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use lcut_engine::suite::{self, SuiteEval, SuiteEvalOptions};
 
-use crate::common::{load_session, write_atomic};
+use crate::common::{load_session, split_policies, write_atomic};
 
 /// Arguments of `lcut eval`.
 #[derive(Debug, clap::Args)]
@@ -26,7 +26,9 @@ pub struct EvalArgs {
     /// Most new tokens per generation with --suite.
     #[arg(long, default_value_t = 24)]
     pub max_new_tokens: usize,
-    /// Write the result (scores and every item) as JSON to this file.
+    /// Write the result (scores and every item) as JSON to this file; with
+    /// several policies (`--policy full,speed:22+bos`), one file each, named
+    /// OUT with the policy inserted before the extension.
     #[arg(long)]
     pub json: Option<PathBuf>,
     /// Run shard I of N (items I, I+N, ...), or auto/N to take I from
@@ -48,23 +50,45 @@ pub struct EvalMergeArgs {
 
 /// Run `lcut eval`.
 pub fn run(args: &EvalArgs) -> Result<()> {
-    match &args.suite {
-        None => crate::cmd_train::eval(&args.base),
-        Some(path) => {
-            let result = run_suite(args, path)?;
-            for line in result.summary_lines() {
-                println!("{line}");
-            }
-            if let Some(out) = &args.json {
-                write_json(out, &result)?;
-            }
-            Ok(())
+    let Some(path) = &args.suite else {
+        return crate::cmd_train::eval(&args.base);
+    };
+    let results = run_suite(args, path)?;
+    let several = results.len() > 1;
+    for result in &results {
+        for line in result.summary_lines() {
+            println!("{line}");
+        }
+        if let Some(out) = &args.json {
+            let out = if several {
+                per_policy_path(out, &result.policy)
+            } else {
+                out.clone()
+            };
+            write_json(&out, result)?;
         }
     }
+    Ok(())
 }
 
-/// Run a suite under the policy and collect its result.
-fn run_suite(args: &EvalArgs, path: &Path) -> Result<SuiteEval> {
+/// `runs/eval.json` for `speed:22+bos` -> `runs/eval.speed-22-bos.json`.
+pub fn per_policy_path(out: &Path, policy: &str) -> PathBuf {
+    let slug: String = policy
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    let stem = out
+        .file_stem()
+        .map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+    let name = match out.extension() {
+        Some(ext) => format!("{stem}.{slug}.{}", ext.to_string_lossy()),
+        None => format!("{stem}.{slug}"),
+    };
+    out.with_file_name(name)
+}
+
+/// Run a suite under the policies and collect one result per policy.
+fn run_suite(args: &EvalArgs, path: &Path) -> Result<Vec<SuiteEval>> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let items = suite::read_suite(path)?;
     let session = load_session(&Some(args.base.model.clone()), &args.dtype, "cpu")?;
@@ -74,36 +98,50 @@ fn run_suite(args: &EvalArgs, path: &Path) -> Result<SuiteEval> {
         .map(lcut_engine::shard::parse_shard)
         .transpose()?;
     let opts = SuiteEvalOptions {
-        policy: args.base.policy.clone(),
+        policies: split_policies(&args.base.policy),
         max_new_tokens: args.max_new_tokens,
         shard,
         ..SuiteEvalOptions::default()
     };
-    let policy = suite::resolve_policy(&session, &opts.policy)?;
+    let names = opts
+        .policies
+        .iter()
+        .map(|p| Ok(suite::resolve_policy(&session, p)?.to_string()))
+        .collect::<Result<Vec<_>>>()?;
     let todo = lcut_engine::diagnose::shard_indices(items.len(), shard)?.len();
     let bar = ProgressBar::new(todo as u64).with_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} items {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let start = std::time::Instant::now();
-    let results = suite::evaluate_suite(&session, &items, &opts, &mut |r| {
-        bar.set_message(format!("{} {}", r.id, if r.correct { "ok" } else { "-" }));
+    let lists = suite::evaluate_suite(&session, &items, &opts, &mut |rs| {
+        let marks: String = rs
+            .iter()
+            .map(|r| if r.correct { '+' } else { '-' })
+            .collect();
+        bar.set_message(format!(
+            "{} {marks}",
+            rs.first().map_or("", |r| r.id.as_str())
+        ));
         bar.inc(1);
     })?;
     bar.finish_and_clear();
-    Ok(SuiteEval {
-        model: args.base.model.display().to_string(),
-        suite: path.display().to_string(),
-        suite_items: items.len(),
-        suite_hash: lcut_trace::hash_bytes(&bytes),
-        policy: policy.to_string(),
-        dtype: args.dtype.to_ascii_lowercase(),
-        max_new_tokens: args.max_new_tokens,
-        shard: shard.map(|(i, n)| [i, n]),
-        seconds: start.elapsed().as_secs_f64(),
-        scores: suite::summarize(&results),
-        items: results,
-    })
+    Ok(names
+        .into_iter()
+        .zip(lists)
+        .map(|(policy, results)| SuiteEval {
+            model: args.base.model.display().to_string(),
+            suite: path.display().to_string(),
+            suite_items: items.len(),
+            suite_hash: lcut_trace::hash_bytes(&bytes),
+            policy,
+            dtype: args.dtype.to_ascii_lowercase(),
+            max_new_tokens: args.max_new_tokens,
+            shard: shard.map(|(i, n)| [i, n]),
+            seconds: results.iter().map(|r| r.seconds).sum(),
+            scores: suite::summarize(&results),
+            items: results,
+        })
+        .collect())
 }
 
 /// Write a result as pretty JSON, atomically.
@@ -129,4 +167,17 @@ pub fn merge(args: &EvalMergeArgs) -> Result<()> {
         println!("{line}");
     }
     write_json(&args.out, &merged)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_policy_files_are_named_after_the_policy() {
+        let p = per_policy_path(Path::new("runs/eval.json"), "speed:22+bos");
+        assert_eq!(p, PathBuf::from("runs/eval.speed-22-bos.json"));
+        let p = per_policy_path(Path::new("out"), "full");
+        assert_eq!(p, PathBuf::from("out.full"));
+    }
 }

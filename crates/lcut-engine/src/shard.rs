@@ -15,7 +15,10 @@ pub fn parse_shard(text: &str) -> Result<(usize, usize)> {
 
 /// Parse `I/N` or `auto/N`, reading variables through `env`; the result
 /// is `(i, n)` with `0 <= i < n`.
-pub fn parse_shard_with(text: &str, env: impl Fn(&str) -> Option<String>) -> Result<(usize, usize)> {
+pub fn parse_shard_with(
+    text: &str,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<(usize, usize)> {
     let bad = || EngineError::BadShard {
         text: text.to_string(),
     };
@@ -59,7 +62,11 @@ mod tests {
     use super::*;
 
     fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
-        move |k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        move |k| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
     }
 
     #[test]

@@ -10,7 +10,7 @@ use lcut_policy::{Policy, PolicySpec};
 
 use super::SuiteItem;
 use super::result::ItemResult;
-use crate::diagnose::forced_quality;
+use crate::diagnose::{ForcedQuality, forced_quality};
 use crate::error::Result;
 use crate::generate::{Generation, GenerationConfig, GenerationOutput};
 use crate::prompt::PreparedPrompt;
@@ -19,8 +19,9 @@ use crate::session::Session;
 /// Settings of a suite run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SuiteEvalOptions {
-    /// The policy as written (`full`, `speed:22+bos`, `slim:...`).
-    pub policy: String,
+    /// The policies as written (`full`, `speed:22+bos`, `slim:...`); the
+    /// full model's run of an item is shared by all of them.
+    pub policies: Vec<String>,
     /// Most new tokens per generation.
     pub max_new_tokens: usize,
     /// Run only shard `(i, n)`: items i, i+n, ...
@@ -32,7 +33,7 @@ pub struct SuiteEvalOptions {
 impl Default for SuiteEvalOptions {
     fn default() -> Self {
         Self {
-            policy: "full".into(),
+            policies: vec!["full".into()],
             max_new_tokens: 24,
             shard: None,
             prefill_chunk: GenerationConfig::default().prefill_chunk,
@@ -46,21 +47,28 @@ pub fn resolve_policy(session: &Session, text: &str) -> Result<Policy> {
     Ok(spec.resolve(session.model.config().num_layers)?)
 }
 
-/// Run the items of `opts.shard` (all when unsharded) in suite order;
-/// `on_item` sees each result as it is made.
+/// Run the items of `opts.shard` (all when unsharded) in suite order under
+/// each policy; returns one list of results per policy. `on_item` sees
+/// each item's results (one per policy) as they are made.
 pub fn evaluate_suite(
     session: &Session,
     items: &[SuiteItem],
     opts: &SuiteEvalOptions,
-    on_item: &mut dyn FnMut(&ItemResult),
-) -> Result<Vec<ItemResult>> {
-    let policy = resolve_policy(session, &opts.policy)?;
+    on_item: &mut dyn FnMut(&[ItemResult]),
+) -> Result<Vec<Vec<ItemResult>>> {
+    let policies = opts
+        .policies
+        .iter()
+        .map(|p| resolve_policy(session, p))
+        .collect::<Result<Vec<_>>>()?;
     let indices = crate::diagnose::shard_indices(items.len(), opts.shard)?;
-    let mut out = Vec::with_capacity(indices.len());
+    let mut out = vec![Vec::with_capacity(indices.len()); policies.len()];
     for index in indices {
-        let r = evaluate_item(session, index, &items[index], policy, opts)?;
-        on_item(&r);
-        out.push(r);
+        let results = evaluate_item(session, index, &items[index], &policies, opts)?;
+        on_item(&results);
+        for (list, r) in out.iter_mut().zip(results) {
+            list.push(r);
+        }
     }
     Ok(out)
 }
@@ -104,64 +112,97 @@ fn text_of(session: &Session, tokens: &[u32]) -> String {
         .map_or_else(String::new, |tok| tok.decode(&kept))
 }
 
-/// One item: full greedy, the policy greedy, the policy teacher-forced.
+/// The full model's run of an item: its greedy continuation, the rows
+/// that chose it, and its text.
+struct FullRun {
+    output: GenerationOutput,
+    reference: Tensor,
+    text: String,
+}
+
+/// One item: full greedy once, then per policy its own greedy generation
+/// and the policy teacher-forced on the full continuation.
 fn evaluate_item(
     session: &Session,
     index: usize,
     item: &SuiteItem,
-    policy: Policy,
+    policies: &[Policy],
     opts: &SuiteEvalOptions,
-) -> Result<ItemResult> {
+) -> Result<Vec<ItemResult>> {
     let start = Instant::now();
-    let model = &session.model;
     let prompt = session.prepare_text(&item.prompt, item.system.as_deref(), true)?;
     let mut rows = Vec::new();
-    let full = greedy(
+    let layers = session.model.config().num_layers;
+    let output = greedy(
         session,
         &prompt,
-        Policy::full(model.config().num_layers),
+        Policy::full(layers),
         opts,
         Some(&mut rows),
     )?;
-    let full_generation = text_of(session, &full.tokens);
-    let full_correct = item.is_correct(&full_generation);
-    let continuation = &full.tokens;
+    let full = FullRun {
+        text: text_of(session, &output.tokens),
+        reference: Tensor::stack(&rows, 0)?,
+        output,
+    };
+    let shared_s = start.elapsed().as_secs_f64();
+    policies
+        .iter()
+        .map(|&policy| {
+            let start = Instant::now();
+            let mut r = policy_result(session, &prompt, item, policy, &full, opts)?;
+            r.index = index;
+            r.seconds = shared_s + start.elapsed().as_secs_f64();
+            Ok(r)
+        })
+        .collect()
+}
+
+/// One policy on one item, against the full model's run.
+fn policy_result(
+    session: &Session,
+    prompt: &PreparedPrompt,
+    item: &SuiteItem,
+    policy: Policy,
+    full: &FullRun,
+    opts: &SuiteEvalOptions,
+) -> Result<ItemResult> {
+    let continuation = &full.output.tokens;
     let (generation, q) = if policy.is_full_depth() && policy.slim().is_none() {
-        let q = crate::diagnose::ForcedQuality {
+        let q = ForcedQuality {
             tokens: continuation.len(),
             agree: continuation.len(),
             kl: 0.0,
-            kv_held: full.kv_bytes_held,
-            kv_full: full.kv_bytes_full,
+            kv_held: full.output.kv_bytes_held,
+            kv_full: full.output.kv_bytes_held,
         };
-        (full_generation.clone(), q)
+        (full.text.clone(), q)
     } else {
-        let own = greedy(session, &prompt, policy, opts, None)?;
-        let reference = Tensor::stack(&rows, 0)?;
+        let own = greedy(session, prompt, policy, opts, None)?;
         let q = forced_quality(
-            model,
-            &prompt,
+            &session.model,
+            prompt,
             policy,
             continuation,
-            &reference,
+            &full.reference,
             opts.prefill_chunk.max(1),
         )?;
         (text_of(session, &own.tokens), q)
     };
     Ok(ItemResult {
-        index,
+        index: 0,
         id: item.id.clone(),
         kind: item.kind.clone(),
         length: item.length.clone(),
         correct: item.is_correct(&generation),
-        full_correct,
+        full_correct: item.is_correct(&full.text),
         generation,
-        full_generation,
+        full_generation: full.text.clone(),
         forced_tokens: q.tokens,
         agree: q.agree,
         kl_sum: q.kl,
         kv_bytes_held: q.kv_held,
         kv_bytes_full: q.kv_full,
-        seconds: start.elapsed().as_secs_f64(),
+        seconds: 0.0,
     })
 }

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 pub struct SuiteItem {
     /// Identifier, unique within the suite.
     pub id: String,
-    /// Kind of task (`retrieval`, `copy`, `lookup`, `choice`, `compare`, ...).
+    /// Kind of task (`retrieval`, `copy`, `lookup`, `choice`, `arithmetic`, ...).
     pub kind: String,
     /// Length label (`256`, `512`, `1k`, `2k` prompt tokens, or `short`).
     pub length: String,

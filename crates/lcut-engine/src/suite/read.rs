@@ -38,7 +38,9 @@ pub enum SuiteError {
         field: &'static str,
     },
     /// The scoring rule is not one lcut knows.
-    #[error("suite {path}, line {line}: unknown scoring rule {rule:?} (expected exact, contains or choice)")]
+    #[error(
+        "suite {path}, line {line}: unknown scoring rule {rule:?} (expected exact, contains or choice)"
+    )]
     UnknownScoring {
         /// The file.
         path: PathBuf,
@@ -110,7 +112,8 @@ fn parse_line(raw: &str, line: usize, path: &Path) -> Result<SuiteItem, SuiteErr
         line,
         reason,
     };
-    let value: serde_json::Value = serde_json::from_str(raw).map_err(|e| json_err(e.to_string()))?;
+    let value: serde_json::Value =
+        serde_json::from_str(raw).map_err(|e| json_err(e.to_string()))?;
     let obj = value
         .as_object()
         .ok_or_else(|| json_err("expected an object {\"prompt\": ..., \"answer\": ...}".into()))?;
@@ -193,7 +196,11 @@ mod tests {
     fn bad_lines_are_named_with_their_number() {
         let cases = [
             ("{\"prompt\":\"p\"}", "line 1", "\"answer\""),
-            ("{\"prompt\":\"p\",\"answer\":\"a\",\"scoring\":\"regex\"}", "line 1", "regex"),
+            (
+                "{\"prompt\":\"p\",\"answer\":\"a\",\"scoring\":\"regex\"}",
+                "line 1",
+                "regex",
+            ),
             ("{\"prompt\":\"p\",\"answer\":", "line 1", "malformed JSON"),
             ("[1,2]", "line 1", "expected an object"),
             (
@@ -207,11 +214,16 @@ mod tests {
             let line = line.replace('1', "2");
             assert!(err.contains(&line) && err.contains(what), "{err}");
         }
-        let err = parse("{\"prompt\":\"p\",\"answer\":\"a\",\"scoring\":\"regex\"}")
-            .unwrap_err();
+        let err = parse("{\"prompt\":\"p\",\"answer\":\"a\",\"scoring\":\"regex\"}").unwrap_err();
         assert!(matches!(err, SuiteError::UnknownScoring { line: 1, .. }));
         let err = parse("{\"prompt\":\"p\"}").unwrap_err();
-        assert!(matches!(err, SuiteError::MissingField { field: "answer", .. }));
+        assert!(matches!(
+            err,
+            SuiteError::MissingField {
+                field: "answer",
+                ..
+            }
+        ));
         let dup = "{\"id\":\"a\",\"prompt\":\"p\",\"answer\":\"x\"}\n".repeat(2);
         assert!(parse(&dup).unwrap_err().to_string().contains("line 2"));
         assert!(matches!(parse("\n").unwrap_err(), SuiteError::Empty { .. }));

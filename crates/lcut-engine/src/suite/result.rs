@@ -35,7 +35,8 @@ pub struct ItemResult {
     pub kv_bytes_held: u64,
     /// K/V bytes the full model holds for the same tokens.
     pub kv_bytes_full: u64,
-    /// Wall time of the item, seconds.
+    /// Wall time of the item under this policy, seconds (the full model's
+    /// run, which every policy needs as its reference, included).
     pub seconds: f64,
 }
 
@@ -120,8 +121,11 @@ pub fn summarize(items: &[ItemResult]) -> Vec<GroupScore> {
         }
         if lengths.len() > 1 {
             for len in lengths {
-                let group: Vec<&ItemResult> =
-                    of_kind.iter().copied().filter(|r| r.length == len).collect();
+                let group: Vec<&ItemResult> = of_kind
+                    .iter()
+                    .copied()
+                    .filter(|r| r.length == len)
+                    .collect();
                 out.push(score_group(&format!("{kind} {len}"), &group));
             }
         }
@@ -150,7 +154,7 @@ pub struct SuiteEval {
     /// The shard `[i, n]` run, absent for the whole suite.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<[usize; 2]>,
-    /// Wall time of the items, seconds (summed over merged shards).
+    /// Sum of the items' wall times, seconds (over merged shards too).
     pub seconds: f64,
     /// `all`, each kind, each length of multi-length kinds.
     pub scores: Vec<GroupScore>,
@@ -238,7 +242,10 @@ mod tests {
     fn wilson_matches_known_values() {
         // 8 of 10: 0.490 .. 0.943 (Wilson, z = 1.96)
         let [lo, hi] = wilson(8, 10);
-        assert!((lo - 0.4902).abs() < 1e-3 && (hi - 0.9433).abs() < 1e-3, "{lo} {hi}");
+        assert!(
+            (lo - 0.4902).abs() < 1e-3 && (hi - 0.9433).abs() < 1e-3,
+            "{lo} {hi}"
+        );
         let [lo, hi] = wilson(0, 20);
         assert!(lo == 0.0 && (hi - 0.1611).abs() < 1e-3, "{hi}");
         assert_eq!(wilson(0, 0), [0.0, 1.0]);
@@ -272,7 +279,10 @@ mod tests {
         ];
         let s = summarize(&items);
         let names: Vec<&str> = s.iter().map(|g| g.group.as_str()).collect();
-        assert_eq!(names, ["all", "retrieval", "retrieval 256", "retrieval 1k", "copy"]);
+        assert_eq!(
+            names,
+            ["all", "retrieval", "retrieval 256", "retrieval 1k", "copy"]
+        );
         assert_eq!((s[0].n, s[0].correct), (3, 2));
         assert!((s[0].top1_agreement - 0.75).abs() < 1e-12);
         assert!((s[0].mean_kl - 0.125).abs() < 1e-12);
@@ -300,7 +310,10 @@ mod tests {
         let all: Vec<ItemResult> = (0..3).map(|i| item(i, "copy", "short", i != 1)).collect();
         let a = eval(vec![all[0].clone(), all[2].clone()], Some([0, 2]));
         let b = eval(vec![all[1].clone()], Some([1, 2]));
-        assert_eq!(merge_evals(&[b.clone(), a.clone()]).unwrap(), eval(all, None));
+        assert_eq!(
+            merge_evals(&[b.clone(), a.clone()]).unwrap(),
+            eval(all, None)
+        );
         assert!(merge_evals(&[a.clone()]).is_err());
         assert!(merge_evals(&[a.clone(), a.clone(), b.clone()]).is_err());
         let mut other = b;

@@ -117,8 +117,18 @@ mod tests {
 
     #[test]
     fn contains_matches_whole_words_only() {
-        assert!(is_correct(Scoring::Contains, "6464", &[], "The code is 6464."));
-        assert!(!is_correct(Scoring::Contains, "6464", &[], "The code is 64645."));
+        assert!(is_correct(
+            Scoring::Contains,
+            "6464",
+            &[],
+            "The code is 6464."
+        ));
+        assert!(!is_correct(
+            Scoring::Contains,
+            "6464",
+            &[],
+            "The code is 64645."
+        ));
         assert!(!is_correct(Scoring::Contains, "46", &[], "It is 2046"));
         assert!(is_correct(
             Scoring::Contains,
@@ -133,8 +143,18 @@ mod tests {
     fn choice_takes_the_first_option_named() {
         let c = s(&["dog", "table"]);
         assert!(is_correct(Scoring::Choice, "dog", &c, "Dog."));
-        assert!(is_correct(Scoring::Choice, "dog", &c, "A dog, not a table."));
-        assert!(!is_correct(Scoring::Choice, "dog", &c, "The table; a dog is not"));
+        assert!(is_correct(
+            Scoring::Choice,
+            "dog",
+            &c,
+            "A dog, not a table."
+        ));
+        assert!(!is_correct(
+            Scoring::Choice,
+            "dog",
+            &c,
+            "The table; a dog is not"
+        ));
         assert!(!is_correct(Scoring::Choice, "dog", &c, "A"));
         let n = s(&["47", "472"]);
         assert!(is_correct(Scoring::Choice, "472", &n, "472 is larger"));
