@@ -153,6 +153,17 @@ pub fn slim_tokens_per_layer(
 mod tests {
     use super::*;
 
+    /// Llama-3.1-8B's shape.
+    const LLAMA_31_8B: FlopShape = FlopShape {
+        num_layers: 32,
+        hidden_size: 4096,
+        num_heads: 32,
+        num_kv_heads: 8,
+        head_dim: 128,
+        intermediate_size: 14336,
+        vocab_size: 128_256,
+    };
+
     fn tiny() -> FlopShape {
         FlopShape {
             num_layers: 4,
@@ -195,15 +206,7 @@ mod tests {
 
     #[test]
     fn ratio_falls_with_the_cut_and_approaches_cut_over_depth() {
-        let s = FlopShape {
-            num_layers: 32,
-            hidden_size: 4096,
-            num_heads: 32,
-            num_kv_heads: 8,
-            head_dim: 128,
-            intermediate_size: 14336,
-            vocab_size: 128_256,
-        };
+        let s = LLAMA_31_8B;
         let split = PromptSplit::raw(131_072, 1);
         let full = prefill_flops(&s, 32, split);
         let mut last = full;
@@ -229,15 +232,7 @@ mod tests {
     fn slim_prefill_flops_reproduce_the_predicted_speedups() {
         // LLaMA-3.1-8B, slim:paper (10/20/30 keeping 8K/4K/2K with a 64-token
         // sink): §4.5 predicts 1.27x at 8K and 2.52x at 32K (paper: 2.53x TTFT)
-        let s = FlopShape {
-            num_layers: 32,
-            hidden_size: 4096,
-            num_heads: 32,
-            num_kv_heads: 8,
-            head_dim: 128,
-            intermediate_size: 14336,
-            vocab_size: 128_256,
-        };
+        let s = LLAMA_31_8B;
         for (k, expected) in [(8, 1.27), (16, 1.92), (24, 2.29), (32, 2.52), (128, 3.10)] {
             let n = k * 1024;
             let (sink, decode) = (64, 1);

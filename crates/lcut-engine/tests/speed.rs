@@ -6,8 +6,9 @@ use std::path::Path;
 
 use anyhow::{Context, Result, ensure};
 use lcut_engine::{Generation, GenerationConfig, PreparedPrompt, Session};
+use lcut_model::probes::StatePositionsProbe;
 use lcut_model::synth::RandomLlama;
-use lcut_model::{DType, Decoder, Device, Probe, ResidualSite, Tensor};
+use lcut_model::{DType, Decoder, Device};
 use lcut_policy::{Anchors, Phase, Policy, PolicyKind, PolicySpec};
 
 use lcut_testkit::oracle_case as oracle;
@@ -110,26 +111,6 @@ fn kv_bytes_held_equal_the_cost_formula() -> Result<()> {
     Ok(())
 }
 
-/// Records, per layer, the positions that had a hidden state.
-struct Existence(Vec<Vec<usize>>);
-
-impl Probe for Existence {
-    fn wants_residual(&self, site: ResidualSite) -> bool {
-        matches!(site, ResidualSite::Layer(_))
-    }
-    fn on_residual(
-        &mut self,
-        site: ResidualSite,
-        positions: &[usize],
-        _h: &Tensor,
-    ) -> lcut_model::Result<()> {
-        if let ResidualSite::Layer(l) = site {
-            self.0[l].extend_from_slice(positions);
-        }
-        Ok(())
-    }
-}
-
 #[test]
 fn prefill_tokens_never_exist_or_keep_kv_above_the_cutoff() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -139,7 +120,7 @@ fn prefill_tokens_never_exist_or_keep_kv_above_the_cutoff() -> Result<()> {
     let prompt = PreparedPrompt::from_ids(ids, Some(290))?;
     let policy = Policy::new(PolicyKind::Speed, 2, layers, Anchors::Bos)?;
     let mut generation = Generation::new(&model, prompt, policy, greedy(6))?;
-    let mut seen = Existence(vec![Vec::new(); layers]);
+    let mut seen = StatePositionsProbe::new(layers);
     while generation.step(Some(&mut seen))?.is_some() {}
     let phases = *generation.phases();
     let b = model.kv_shape().bytes_per_token_layer();
@@ -150,7 +131,7 @@ fn prefill_tokens_never_exist_or_keep_kv_above_the_cutoff() -> Result<()> {
             .iter()
             .filter(|&&p| phases.phase(p) == Phase::Prefill)
             .count();
-        let prefill_run = seen.0[l]
+        let prefill_run = seen.positions[l]
             .iter()
             .filter(|&&p| phases.phase(p) == Phase::Prefill)
             .count();

@@ -207,6 +207,45 @@ impl Probe for PhaseMassProbe {
     }
 }
 
+/// Records, per layer, the positions that had a hidden state there: which
+/// tokens a policy let exist at each depth.
+#[derive(Debug, Clone, Default)]
+pub struct StatePositionsProbe {
+    /// Per layer, the positions computed, in the order they were.
+    pub positions: Vec<Vec<usize>>,
+}
+
+impl StatePositionsProbe {
+    /// An empty record for a model of `num_layers` layers.
+    pub fn new(num_layers: usize) -> Self {
+        Self {
+            positions: vec![Vec::new(); num_layers],
+        }
+    }
+
+    /// The positions computed at `layer`, ascending.
+    pub fn sorted(&self, layer: usize) -> Vec<usize> {
+        let mut p = self.positions[layer].clone();
+        p.sort_unstable();
+        p
+    }
+}
+
+impl Probe for StatePositionsProbe {
+    fn wants_residual(&self, site: ResidualSite) -> bool {
+        matches!(site, ResidualSite::Layer(_))
+    }
+
+    fn on_residual(&mut self, site: ResidualSite, positions: &[usize], _: &Tensor) -> Result<()> {
+        if let ResidualSite::Layer(l) = site
+            && let Some(row) = self.positions.get_mut(l)
+        {
+            row.extend_from_slice(positions);
+        }
+        Ok(())
+    }
+}
+
 /// Attention mass that decode-phase queries put on each prompt position
 /// before the decode start, summed over heads and queries, per layer: what
 /// SlimInfer's attention recall and scorer precision are read from. Holds

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use anyhow::{Result, ensure};
-use lcut_model::probe::{Probe, ResidualSite};
+use lcut_model::probes::StatePositionsProbe;
 use lcut_model::reference::ReferenceCase;
 use lcut_model::{DType, Decoder, Device, LogitRows, Sequence, Tensor};
 use lcut_policy::{Policy, PolicySpec, TokenPhases};
@@ -245,27 +245,6 @@ fn the_selection_and_logits_do_not_depend_on_chunk_or_attention_block_sizes() ->
     Ok(())
 }
 
-/// Positions whose residual stream a layer produced.
-#[derive(Default)]
-struct Seen(HashMap<usize, Vec<usize>>);
-
-impl Probe for Seen {
-    fn wants_residual(&self, site: ResidualSite) -> bool {
-        matches!(site, ResidualSite::Layer(_))
-    }
-    fn on_residual(
-        &mut self,
-        site: ResidualSite,
-        positions: &[usize],
-        _: &Tensor,
-    ) -> lcut_model::Result<()> {
-        if let ResidualSite::Layer(l) = site {
-            self.0.entry(l).or_default().extend_from_slice(positions);
-        }
-        Ok(())
-    }
-}
-
 #[test]
 fn pruned_tokens_have_no_state_and_no_kv_above_their_cut_and_bytes_follow_the_formula() -> Result<()>
 {
@@ -278,7 +257,7 @@ fn pruned_tokens_have_no_state_and_no_kv_above_their_cut_and_bytes_follow_the_fo
         let phases = TokenPhases::new(c.ids.len(), s, p.anchor_len(None, s)?)?;
         let mut seq = c.model.new_sequence(p, phases)?;
         seq.reserve(c.ids.len());
-        let mut seen = Seen::default();
+        let mut seen = StatePositionsProbe::new(layers);
         c.model
             .forward(&mut seq, &c.ids[..s], LogitRows::None, Some(&mut seen))?;
         for i in s..c.ids.len() {
@@ -307,8 +286,7 @@ fn pruned_tokens_have_no_state_and_no_kv_above_their_cut_and_bytes_follow_the_fo
                 c.name,
                 seq.caches()[l].positions()
             );
-            let mut states = seen.0[&l].clone();
-            states.sort_unstable();
+            let states = seen.sorted(l);
             ensure!(
                 states == expected,
                 "{}: layer {l} computed states at {states:?}",
