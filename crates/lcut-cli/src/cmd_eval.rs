@@ -2,6 +2,7 @@
 //! any model on a task suite under any policy (`--suite FILE`), and
 //! `lcut eval-merge` of suite shards.
 
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -12,7 +13,7 @@ use crate::common::{load_session, split_policies, write_atomic};
 
 /// Arguments of `lcut eval`.
 #[derive(Debug, clap::Args)]
-pub struct EvalArgs {
+pub struct EvalCommand {
     /// Model, policy and, without `--suite`, the bundled task's `--n` and `--seed`.
     #[command(flatten)]
     pub base: lcut_train::EvalArgs,
@@ -49,7 +50,7 @@ pub struct EvalMergeArgs {
 }
 
 /// Run `lcut eval`.
-pub fn run(args: &EvalArgs) -> Result<()> {
+pub fn run(args: &EvalCommand) -> Result<()> {
     let Some(path) = &args.suite else {
         return crate::cmd_train::eval(&args.base);
     };
@@ -88,7 +89,7 @@ pub fn per_policy_path(out: &Path, policy: &str) -> PathBuf {
 }
 
 /// Run a suite under the policies and collect one result per policy.
-fn run_suite(args: &EvalArgs, path: &Path) -> Result<Vec<SuiteEval>> {
+fn run_suite(args: &EvalCommand, path: &Path) -> Result<Vec<SuiteEval>> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let items = suite::read_suite(path)?;
     let session = load_session(&Some(args.base.model.clone()), &args.dtype, "cpu")?;
@@ -113,15 +114,20 @@ fn run_suite(args: &EvalArgs, path: &Path) -> Result<Vec<SuiteEval>> {
         ProgressStyle::with_template("{bar:30} {pos}/{len} items {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
+    // a job array's log is no terminal: one line per item there instead
+    let log_lines = !std::io::stderr().is_terminal();
+    let mut done = 0;
     let lists = suite::evaluate_suite(&session, &items, &opts, &mut |rs| {
         let marks: String = rs
             .iter()
             .map(|r| if r.correct { '+' } else { '-' })
             .collect();
-        bar.set_message(format!(
-            "{} {marks}",
-            rs.first().map_or("", |r| r.id.as_str())
-        ));
+        let id = rs.first().map_or("", |r| r.id.as_str());
+        done += 1;
+        if log_lines {
+            eprintln!("item {done}/{todo} {id} {marks}");
+        }
+        bar.set_message(format!("{id} {marks}"));
         bar.inc(1);
     })?;
     bar.finish_and_clear();

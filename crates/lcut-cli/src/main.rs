@@ -38,7 +38,7 @@ enum Command {
     Train(lcut_train::TrainArgs),
     /// Exact match of a task model under a policy (the last line is
     /// `exact_match=...`), or any model on a task suite (`--suite`).
-    Eval(cmd_eval::EvalArgs),
+    Eval(cmd_eval::EvalCommand),
     /// Merge `lcut eval --suite --shard` results into the whole suite's result.
     EvalMerge(cmd_eval::EvalMergeArgs),
     /// Write the project's task suite from a seed.

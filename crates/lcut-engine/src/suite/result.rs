@@ -314,7 +314,7 @@ mod tests {
             merge_evals(&[b.clone(), a.clone()]).unwrap(),
             eval(all, None)
         );
-        assert!(merge_evals(&[a.clone()]).is_err());
+        assert!(merge_evals(std::slice::from_ref(&a)).is_err());
         assert!(merge_evals(&[a.clone(), a.clone(), b.clone()]).is_err());
         let mut other = b;
         other.policy = "speed:2+bos".into();

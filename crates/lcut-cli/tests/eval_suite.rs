@@ -1,0 +1,211 @@
+//! `lcut eval --suite` end to end on the bundled model: several policies
+//! in one run, shards (one given as `auto/N` from a job array's variable)
+//! merged by `lcut eval-merge` into exactly the unsharded result, named
+//! errors for bad suite lines and a missing shard index, and the bundled
+//! task evaluation without `--suite` as before.
+
+#![allow(clippy::unwrap_used)] // test helpers unwrap like the tests do
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use lcut_engine::suite::SuiteEval;
+
+fn lcut(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lcut"));
+    cmd.args(args).current_dir(repo);
+    for var in [
+        "SLURM_ARRAY_TASK_ID",
+        "SLURM_ARRAY_TASK_MIN",
+        "JOB_COMPLETION_INDEX",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.envs(env.iter().copied());
+    cmd.output().expect("lcut runs")
+}
+
+fn ok(args: &[&str], env: &[(&str, &str)]) -> String {
+    let out = lcut(args, env);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "lcut {args:?} failed: {stderr}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn read(path: &Path) -> SuiteEval {
+    let mut e: SuiteEval = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    // wall times differ from run to run
+    e.seconds = 0.0;
+    for r in &mut e.items {
+        r.seconds = 0.0;
+    }
+    e
+}
+
+/// A five-item suite in the bundled copy model's vocabulary.
+fn write_suite(dir: &Path) -> String {
+    let prompts = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/prompts/copy.jsonl"),
+    )
+    .unwrap();
+    let mut lines = Vec::new();
+    for (k, line) in prompts.lines().take(5).enumerate() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let prompt = v["prompt"].as_str().unwrap();
+        let span = prompt
+            .split('[')
+            .nth(1)
+            .unwrap()
+            .split(']')
+            .next()
+            .unwrap()
+            .trim();
+        lines.push(
+            serde_json::json!({
+                "id": format!("c{k}"), "kind": if k % 2 == 0 { "even" } else { "odd" },
+                "length": "short", "prompt": prompt, "answer": span, "scoring": "contains",
+            })
+            .to_string(),
+        );
+    }
+    let path = dir.join("suite.jsonl");
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+#[test]
+fn shards_merge_into_the_unsharded_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let suite = write_suite(tmp.path());
+    let out = |name: &str| tmp.path().join(name).to_str().unwrap().to_string();
+    let base = |json: &str| {
+        vec![
+            "eval".to_string(),
+            "--model".into(),
+            "fixtures/models/copy-full".into(),
+            "--suite".into(),
+            suite.clone(),
+            "--policy".into(),
+            "full,speed:2+bos".into(),
+            "--max-new-tokens".into(),
+            "6".into(),
+            "--json".into(),
+            out(json),
+        ]
+    };
+    let whole = base("all.json");
+    let stdout = ok(&strs(&whole), &[]);
+    assert!(
+        stdout.contains("policy=speed:2+bos") && stdout.contains("accuracy="),
+        "{stdout}"
+    );
+    let mut s0 = base("s0.json");
+    s0.extend(["--shard".into(), "0/2".into()]);
+    ok(&strs(&s0), &[]);
+    let mut s1 = base("s1.json");
+    s1.extend(["--shard".into(), "auto/2".into()]);
+    ok(&strs(&s1), &[("JOB_COMPLETION_INDEX", "1")]);
+    for policy in ["full", "speed-2-bos"] {
+        let merged = out(&format!("m.{policy}.json"));
+        ok(
+            &[
+                "eval-merge",
+                &out(&format!("s0.{policy}.json")),
+                &out(&format!("s1.{policy}.json")),
+                "--out",
+                &merged,
+            ],
+            &[],
+        );
+        let whole = read(&tmp.path().join(format!("all.{policy}.json")));
+        assert_eq!(whole.items.len(), 5);
+        let shard = read(&tmp.path().join(format!("s1.{policy}.json")));
+        assert_eq!(shard.shard, Some([1, 2]));
+        assert_eq!(shard.items.len(), 2);
+        assert_eq!(read(Path::new(&merged)), whole, "{policy}");
+    }
+    // one shard alone is not the whole suite
+    let err = lcut(
+        &["eval-merge", &out("s0.full.json"), "--out", &out("x.json")],
+        &[],
+    );
+    assert!(!err.status.success());
+}
+
+#[test]
+fn bad_input_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let suite = write_suite(tmp.path());
+    let run = |suite: &str, extra: &[&str]| {
+        let mut a = vec![
+            "eval",
+            "--model",
+            "fixtures/models/copy-full",
+            "--suite",
+            suite,
+        ];
+        a.extend_from_slice(extra);
+        let out = lcut(&a, &[]);
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = run(&suite, &["--shard", "auto/3"]);
+    assert!(
+        err.contains("SLURM_ARRAY_TASK_ID") && err.contains("JOB_COMPLETION_INDEX"),
+        "{err}"
+    );
+    let bad = tmp.path().join("bad.jsonl");
+    let bad_s = bad.to_str().unwrap();
+    for (line, what) in [
+        ("{\"prompt\": \"copy : [ a ]\"}", "\"answer\""),
+        (
+            "{\"prompt\": \"p\", \"answer\": \"a\", \"scoring\": \"fuzzy\"}",
+            "fuzzy",
+        ),
+        ("{\"prompt\": ", "malformed JSON"),
+    ] {
+        std::fs::write(
+            &bad,
+            format!("{{\"prompt\": \"p\", \"answer\": \"a\"}}\n{line}\n"),
+        )
+        .unwrap();
+        let err = run(bad_s, &[]);
+        assert!(err.contains("line 2") && err.contains(what), "{err}");
+    }
+}
+
+#[test]
+fn without_a_suite_the_bundled_task_is_evaluated() {
+    let stdout = ok(
+        &["eval", "--model", "fixtures/models/copy-full", "--n", "3"],
+        &[],
+    );
+    assert!(
+        stdout
+            .trim_end()
+            .lines()
+            .last()
+            .unwrap()
+            .starts_with("exact_match="),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn suite_command_writes_the_committed_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("s.jsonl");
+    let stdout = ok(&["suite", "--out", out.to_str().unwrap()], &[]);
+    assert!(stdout.contains("208 items"), "{stdout}");
+    let committed =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/suites/smollm2.jsonl");
+    assert_eq!(
+        std::fs::read(out).unwrap(),
+        std::fs::read(committed).unwrap()
+    );
+}

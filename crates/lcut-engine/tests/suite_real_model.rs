@@ -1,0 +1,51 @@
+//! `lcut eval`'s suite run on the real model (SmolLM2-135M-Instruct), on a
+//! handful of short items of the committed suite: the full model answers
+//! them, SPEED at 22 of 30 holds less K/V, and its quality against full is
+//! measured teacher-forced. Skips without the model outside CI.
+
+use lcut_engine::Session;
+use lcut_engine::suite::{self, SMOLLM2_SUITE, SuiteEvalOptions};
+use lcut_model::{DType, Device};
+use lcut_testkit::real_model;
+
+#[test]
+fn a_few_suite_items_under_full_and_speed() {
+    let Some(model) = real_model() else { return };
+    let session = Session::load(&model, DType::F32, &Device::Cpu).unwrap();
+    let all = suite::read_suite(&lcut_engine::workspace_root().join(SMOLLM2_SUITE)).unwrap();
+    let ids = [
+        "retrieval-256-end-00",
+        "copy-00",
+        "choice-00",
+        "arithmetic-00",
+    ];
+    let items: Vec<_> = ids
+        .iter()
+        .map(|id| all.iter().find(|i| i.id == *id).unwrap().clone())
+        .collect();
+    let opts = SuiteEvalOptions {
+        policies: vec!["full".into(), "speed:22+bos".into()],
+        max_new_tokens: 12,
+        ..SuiteEvalOptions::default()
+    };
+    let mut seen = 0;
+    let out = suite::evaluate_suite(&session, &items, &opts, &mut |rs| {
+        assert_eq!(rs.len(), 2);
+        seen += 1;
+    })
+    .unwrap();
+    assert_eq!(seen, items.len());
+    let (full, speed) = (&out[0], &out[1]);
+    // the full model is good at these kinds (fixtures/suites/README.md)
+    assert!(full[0].correct, "{:?}", full[0].full_generation);
+    assert!(full.iter().filter(|r| r.correct).count() >= 2);
+    for (f, s) in full.iter().zip(speed) {
+        assert_eq!((f.agree, f.kl_sum), (f.forced_tokens, 0.0));
+        assert_eq!(s.full_correct, f.correct);
+        assert_eq!(s.forced_tokens, f.forced_tokens);
+        assert!(s.agree <= s.forced_tokens && s.kl_sum >= 0.0);
+        assert!(s.kv_bytes_held < s.kv_bytes_full, "{}", s.id);
+    }
+    let scores = suite::summarize(speed);
+    assert!(scores[0].kv_ratio > 0.5 && scores[0].kv_ratio < 1.0);
+}
