@@ -61,7 +61,15 @@ pub struct GroupScore {
     pub mean_kl: f64,
     /// K/V bytes held over K/V bytes of full.
     pub kv_ratio: f64,
+    /// Mean K/V bytes the policy holds per item (teacher-forced run's end).
+    #[serde(default)]
+    pub kv_bytes_held: f64,
+    /// Mean K/V bytes the full model holds per item.
+    #[serde(default)]
+    pub kv_bytes_full: f64,
 }
+
+const MIB: f64 = 1024.0 * 1024.0;
 
 /// The 95% Wilson score interval of `k` successes in `n` trials.
 pub fn wilson(k: usize, n: usize) -> [f64; 2] {
@@ -96,6 +104,8 @@ pub fn score_group(group: &str, items: &[&ItemResult]) -> GroupScore {
         top1_agreement: per(agree as f64, tokens as f64),
         mean_kl: per(kl, tokens as f64),
         kv_ratio: per(held as f64, full as f64),
+        kv_bytes_held: per(held as f64, n as f64),
+        kv_bytes_full: per(full as f64, n as f64),
     }
 }
 
@@ -177,7 +187,7 @@ impl SuiteEval {
         )];
         for g in &self.scores {
             lines.push(format!(
-                "{:<16} n={:<4} accuracy={:.3} [{:.3}, {:.3}] full={:.3} top1_agreement={:.3} mean_kl={:.3} kv_ratio={:.3}",
+                "{:<16} n={:<4} accuracy={:.3} [{:.3}, {:.3}] full={:.3} top1_agreement={:.3} mean_kl={:.3} kv_held={:.2}/{:.2}MiB kv_ratio={:.3}",
                 g.group,
                 g.n,
                 g.accuracy,
@@ -186,6 +196,8 @@ impl SuiteEval {
                 g.full_correct as f64 / g.n.max(1) as f64,
                 g.top1_agreement,
                 g.mean_kl,
+                g.kv_bytes_held / MIB,
+                g.kv_bytes_full / MIB,
                 g.kv_ratio
             ));
         }
@@ -287,6 +299,9 @@ mod tests {
         assert!((s[0].top1_agreement - 0.75).abs() < 1e-12);
         assert!((s[0].mean_kl - 0.125).abs() < 1e-12);
         assert!((s[0].kv_ratio - 0.5).abs() < 1e-12);
+        assert!(
+            (s[0].kv_bytes_held - 50.0).abs() < 1e-12 && (s[0].kv_bytes_full - 100.0).abs() < 1e-12
+        );
     }
 
     fn eval(items: Vec<ItemResult>, shard: Option<[usize; 2]>) -> SuiteEval {
