@@ -56,6 +56,15 @@ pub enum EngineError {
     /// The caller cancelled the run.
     #[error("cancelled")]
     Cancelled,
+    /// The model returned no logits for a row it must produce (a token the
+    /// policy let fall out before the top layer; a bug if it ever shows).
+    #[error(
+        "the model gave no logits for position {position}: its token did not reach the top layer"
+    )]
+    MissingLogits {
+        /// The position whose logits were asked for.
+        position: usize,
+    },
     /// A prompt-set file is unreadable or has a bad line.
     #[error("prompt set {path}, line {line}: {reason}")]
     PromptSet {

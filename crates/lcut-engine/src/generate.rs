@@ -98,6 +98,8 @@ pub enum StopReason {
     StopToken,
     /// The new-token budget was used up.
     MaxTokens,
+    /// The caller stopped it (`on_step` returned false, or the viewer's cancel).
+    Cancelled,
 }
 
 /// One produced token.
@@ -333,7 +335,9 @@ impl<'m> Generation<'m> {
         let logits = self
             .prompt_logits
             .take()
-            .ok_or(EngineError::EmptyPrompt)?
+            .ok_or(EngineError::MissingLogits {
+                position: self.prompt.len() - 1,
+            })?
             .squeeze(0)?;
         self.busy_s += started.elapsed().as_secs_f64();
         Ok(logits)
@@ -344,7 +348,9 @@ impl<'m> Generation<'m> {
         let out = self
             .model
             .forward(&mut self.seq, &[token], LogitRows::Last, probe)?;
-        let logits = out.logits.ok_or(EngineError::EmptyPrompt)?;
+        let logits = out.logits.ok_or(EngineError::MissingLogits {
+            position: self.seq.len() - 1,
+        })?;
         let logits = logits.squeeze(0)?.to_dtype(DType::F32)?;
         self.busy_s += started.elapsed().as_secs_f64();
         Ok(logits)
@@ -365,7 +371,7 @@ impl<'m> Generation<'m> {
     pub fn run(mut self, mut on_step: impl FnMut(&Step) -> bool) -> Result<GenerationOutput> {
         while let Some(step) = self.step(None)? {
             if !on_step(&step) {
-                self.finish(StopReason::MaxTokens);
+                self.finish(StopReason::Cancelled);
                 break;
             }
         }

@@ -201,3 +201,24 @@ fn decode_start_is_the_first_token_of_the_generation_prompt() -> Result<()> {
     ensure!(raw.ids[0] == 1 && raw.decode_start == raw.ids.len() - 1);
     Ok(())
 }
+
+#[test]
+fn a_cancelled_generation_says_it_was_cancelled() -> Result<()> {
+    let model = Decoder::load(&oracle("llama-gqa"), DType::F32, &Device::Cpu)?;
+    let prompt = PreparedPrompt::from_ids(reference_ids("llama-gqa")?[..20].to_vec(), None)?;
+    let full = Policy::full(model.config().num_layers);
+    let out = Generation::new(&model, prompt.clone(), full, greedy(8))?.run(|s| s.index < 2)?;
+    ensure!(
+        out.stop == lcut_engine::StopReason::Cancelled,
+        "{:?}",
+        out.stop
+    );
+    ensure!(out.tokens.len() == 3);
+    let out = Generation::new(&model, prompt, full, greedy(3))?.run(|_| true)?;
+    ensure!(
+        out.stop == lcut_engine::StopReason::MaxTokens,
+        "{:?}",
+        out.stop
+    );
+    Ok(())
+}

@@ -156,10 +156,14 @@ pub(super) fn measure(
     }
     let mut rows = Vec::with_capacity(continuation.len());
     let first = model.forward(&mut seq, &prompt.ids[s..], LogitRows::Last, None)?;
-    rows.push(first.logits.ok_or(EngineError::EmptyPrompt)?);
+    rows.push(first.logits.ok_or(EngineError::MissingLogits {
+        position: prompt.len() - 1,
+    })?);
     for &token in &continuation[..continuation.len().saturating_sub(1)] {
         let out = model.forward(&mut seq, &[token], LogitRows::Last, None)?;
-        rows.push(out.logits.ok_or(EngineError::EmptyPrompt)?);
+        rows.push(out.logits.ok_or(EngineError::MissingLogits {
+            position: seq.len() - 1,
+        })?);
     }
     let t = score(reference, &Tensor::cat(&rows, 0)?, continuation)?;
     totals.quality.agree += t.agree;

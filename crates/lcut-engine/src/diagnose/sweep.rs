@@ -65,7 +65,9 @@ fn decode_logits(
     probe: Option<&mut (dyn Probe + '_)>,
 ) -> Result<Tensor> {
     let out = model.forward(&mut seq, tokens, LogitRows::All, probe)?;
-    out.logits.ok_or(EngineError::EmptyPrompt)
+    out.logits.ok_or(EngineError::MissingLogits {
+        position: seq.len() - 1,
+    })
 }
 
 /// Agreement, KL(ref || other) and NLL of `targets` under `other`.
