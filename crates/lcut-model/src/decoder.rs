@@ -476,6 +476,27 @@ impl Decoder {
             .count()
     }
 
+    /// Layer `layer`'s linear layers by module path (`self_attn.q_proj`),
+    /// for adapters.
+    pub(crate) fn layer_linears_mut(&mut self, layer: usize) -> Vec<(String, &mut Linear)> {
+        let Some(l) = self.layers.get_mut(layer) else {
+            return vec![];
+        };
+        let attn = l.attn.named_linears_mut().into_iter();
+        let attn = attn.map(|(m, lin)| (format!("self_attn.{m}"), lin));
+        let mlp = l.mlp.named_linears_mut().into_iter();
+        attn.chain(mlp.map(|(m, lin)| (format!("mlp.{m}"), lin)))
+            .collect()
+    }
+
+    /// The final norm's scale, then every layer's input norm's.
+    pub(crate) fn norm_weights(&self) -> Vec<&Tensor> {
+        let layers = self.layers.iter().map(|l| l.input_norm.weight());
+        std::iter::once(self.final_norm.weight())
+            .chain(layers)
+            .collect()
+    }
+
     /// How the weights are held (dense in a dtype, or quantized).
     pub fn weight_mode(&self) -> WeightMode {
         self.mode

@@ -200,6 +200,9 @@ pub enum ModelError {
         /// The SlimInfer policy asked for.
         policy: String,
     },
+    /// A LoRA adapter that cannot be read or does not fit the model.
+    #[error(transparent)]
+    Lora(Box<crate::lora::LoraError>),
     /// A policy error (cutoff out of range, unknown anchors, ...).
     #[error(transparent)]
     Policy(#[from] lcut_policy::PolicyError),

@@ -81,6 +81,11 @@ pub struct RmsNorm {
 }
 
 impl RmsNorm {
+    /// The scale vector (offset already applied).
+    pub(crate) fn weight(&self) -> &Tensor {
+        &self.weight
+    }
+
     /// Normalise `x` over its last dimension.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(candle_nn::ops::rms_norm(
@@ -133,6 +138,16 @@ impl Mlp {
             GateUp::Fused { gate_up, .. } => vec![gate_up],
         };
         out.push(&self.down);
+        out
+    }
+
+    /// The MLP's linear layers by module name, for adapters.
+    pub(crate) fn named_linears_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
+        let mut out = match &mut self.gate_up {
+            GateUp::Separate { gate, up } => vec![("gate_proj", gate), ("up_proj", up)],
+            GateUp::Fused { gate_up, .. } => vec![("gate_up_proj", gate_up)],
+        };
+        out.push(("down_proj", &mut self.down));
         out
     }
 
@@ -230,6 +245,16 @@ impl AttentionProj {
             QkvProj::Fused(lin) => vec![lin],
         };
         out.push(&self.o);
+        out
+    }
+
+    /// The attention's linear layers by module name, for adapters.
+    pub(crate) fn named_linears_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
+        let mut out = match &mut self.qkv {
+            QkvProj::Separate { q, k, v } => vec![("q_proj", q), ("k_proj", k), ("v_proj", v)],
+            QkvProj::Fused(lin) => vec![("qkv_proj", lin)],
+        };
+        out.push(("o_proj", &mut self.o));
         out
     }
 

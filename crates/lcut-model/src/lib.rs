@@ -9,6 +9,7 @@ mod error;
 pub mod gguf;
 mod layers;
 mod linear;
+pub mod lora;
 mod mask;
 pub mod memory;
 pub mod probe;

@@ -32,6 +32,8 @@ pub enum Linear {
         /// The bias.
         bias: Option<Tensor>,
     },
+    /// A layer with a LoRA adapter applied on the fly.
+    Adapted(Box<crate::lora::LoraLinear>),
 }
 
 impl Linear {
@@ -50,19 +52,23 @@ impl Linear {
 
     /// Whether the matrix is held in a quantized ggml type.
     pub fn is_quantized(&self) -> bool {
-        matches!(
-            self,
-            Self::Quantized {
-                matmul: QMatMul::QTensor(_),
-                ..
-            }
-        )
+        match self {
+            Self::Adapted(lora) => lora.base().is_quantized(),
+            _ => matches!(
+                self,
+                Self::Quantized {
+                    matmul: QMatMul::QTensor(_),
+                    ..
+                }
+            ),
+        }
     }
 
     /// Apply the layer to `x` [.., in].
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(match self {
             Self::Dense(lin) => lin.forward(x)?,
+            Self::Adapted(lora) => lora.forward(x)?,
             Self::Quantized { matmul, bias } => {
                 let y = match matmul {
                     // a prefill chunk is faster through the dense product of

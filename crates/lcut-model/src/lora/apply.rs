@@ -1,0 +1,262 @@
+//! Putting an adapter into a loaded decoder: checked against the model's
+//! linear layers, then merged into the weights (W + scale·B·A, quantized
+//! matrices dequantized and kept dense) or applied on the fly.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use candle_core::quantized::QMatMul;
+use candle_core::{DType, Module, Tensor};
+
+use super::adapter::{LoraAdapter, LoraPair, Site, tensor_name};
+use super::config::{Targets, config_path};
+use super::error::LoraError;
+use super::fingerprint;
+use crate::decoder::Decoder;
+use crate::error::Result;
+use crate::linear::Linear;
+
+/// How an adapter is put into the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoraMode {
+    /// W + scale·B·A computed once at load; the layer becomes dense.
+    Merge,
+    /// The base layer kept as is, scale·(x Aᵀ) Bᵀ added at every call.
+    OnTheFly,
+}
+
+/// A linear layer with a LoRA pair applied on the fly.
+#[derive(Debug, Clone)]
+pub struct LoraLinear {
+    base: Linear,
+    /// A [r, in].
+    a: candle_nn::Linear,
+    /// scale·B [out, r].
+    b: candle_nn::Linear,
+}
+
+impl LoraLinear {
+    /// base(x) + scale·(x Aᵀ) Bᵀ.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let low = self.a.forward(x)?;
+        Ok((self.base.forward(x)? + self.b.forward(&low)?)?)
+    }
+
+    /// The layer under the adapter.
+    pub fn base(&self) -> &Linear {
+        &self.base
+    }
+
+    /// scale·B·A [out, in] in f32.
+    fn delta(&self) -> Result<Tensor> {
+        let b = self.b.weight().to_dtype(DType::F32)?;
+        let a = self.a.weight().to_dtype(DType::F32)?;
+        Ok(b.matmul(&a)?)
+    }
+}
+
+/// (out, in) of a linear layer.
+pub(crate) fn linear_dims(lin: &Linear) -> Result<(usize, usize)> {
+    Ok(match lin {
+        Linear::Dense(l) => l.weight().dims2()?,
+        Linear::Quantized { matmul, .. } => match matmul {
+            QMatMul::QTensor(q) => q.shape().dims2()?,
+            QMatMul::Tensor(t) | QMatMul::TensorF16(t) => t.dims2()?,
+        },
+        Linear::Adapted(l) => linear_dims(&l.base)?,
+    })
+}
+
+/// The layer's effective matrix in f32 (quantized ones dequantized, an
+/// on-the-fly adapter added) and its bias.
+pub(crate) fn dense_parts(lin: &Linear) -> Result<(Tensor, Option<Tensor>)> {
+    Ok(match lin {
+        Linear::Dense(l) => (l.weight().to_dtype(DType::F32)?, l.bias().cloned()),
+        Linear::Quantized { matmul, bias } => {
+            let w = match matmul {
+                QMatMul::QTensor(q) => q.dequantize(&q.device())?,
+                QMatMul::Tensor(t) | QMatMul::TensorF16(t) => t.clone(),
+            };
+            (w.to_dtype(DType::F32)?, bias.clone())
+        }
+        Linear::Adapted(l) => {
+            let (w, b) = dense_parts(&l.base)?;
+            ((w + l.delta()?)?, b)
+        }
+    })
+}
+
+/// `lin` with `pair` put in by `mode`, weights in `dtype`.
+fn adapt(
+    lin: &Linear,
+    pair: &LoraPair,
+    scale: f64,
+    mode: LoraMode,
+    dtype: DType,
+) -> Result<Linear> {
+    let device = match lin {
+        Linear::Dense(l) => l.weight().device().clone(),
+        _ => dense_parts(lin)?.0.device().clone(),
+    };
+    let a = pair.a.to_device(&device)?;
+    let b = (pair.b.to_device(&device)? * scale)?;
+    Ok(match mode {
+        LoraMode::Merge => {
+            let (w, bias) = dense_parts(lin)?;
+            let merged = (w + b.matmul(&a)?)?.to_dtype(dtype)?;
+            Linear::dense(merged, bias)
+        }
+        LoraMode::OnTheFly => Linear::Adapted(Box::new(LoraLinear {
+            base: lin.clone(),
+            a: candle_nn::Linear::new(a.to_dtype(dtype)?, None),
+            b: candle_nn::Linear::new(b.to_dtype(dtype)?, None),
+        })),
+    })
+}
+
+impl Decoder {
+    /// This decoder with the adapter in `folder` (PEFT layout) put in by `mode`.
+    pub fn with_lora(mut self, folder: &Path, mode: LoraMode) -> Result<Self> {
+        let adapter = LoraAdapter::read(folder)?;
+        self.apply_lora(&adapter, mode)?;
+        Ok(self)
+    }
+
+    /// Check `adapter` against this model (fingerprint, targets, layers,
+    /// shapes, completeness), then put it in by `mode`. Nothing changes
+    /// when a check fails.
+    pub fn apply_lora(&mut self, adapter: &LoraAdapter, mode: LoraMode) -> Result<()> {
+        if let Some(expected) = &adapter.config.base_fingerprint {
+            fingerprint::check(self, adapter, expected)?;
+        }
+        let sites = self.checked_sites(adapter)?;
+        let (scale, dtype) = (adapter.config.scale(), self.dtype());
+        for ((layer, module), pair) in sites {
+            let lin = self
+                .layer_linears_mut(layer)
+                .into_iter()
+                .find(|(m, _)| *m == module)
+                .map(|(_, lin)| lin);
+            if let Some(lin) = lin {
+                *lin = adapt(lin, pair, scale, mode, dtype)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The adapter's pairs by site, each checked against the model.
+    fn checked_sites<'a>(
+        &mut self,
+        adapter: &'a LoraAdapter,
+    ) -> Result<BTreeMap<Site, &'a LoraPair>> {
+        let layers = self.config().num_layers;
+        let dims: Vec<(String, (usize, usize))> = self
+            .layer_linears_mut(0)
+            .into_iter()
+            .map(|(m, lin)| Ok((m, linear_dims(lin)?)))
+            .collect::<Result<_>>()?;
+        let targets = resolve_targets(adapter, &dims)?;
+        let path = adapter.weights_path();
+        for ((layer, module), pair) in &adapter.pairs {
+            let name = tensor_name(*layer, module, "A");
+            if *layer >= layers {
+                let (path, layer) = (path.clone(), *layer);
+                return Err(LoraError::LayerOutOfRange {
+                    path,
+                    name,
+                    layer,
+                    layers,
+                }
+                .into());
+            }
+            let Some((_, (out, inp))) = targets.iter().find(|(m, _)| m == module) else {
+                let why = match dims.iter().any(|(m, _)| m == module) {
+                    true => format!("`{module}` is not in target_modules"),
+                    false => format!("the model has no linear layer `{module}`"),
+                };
+                return Err(LoraError::UnexpectedTensor { path, name, why }.into());
+            };
+            check_shape(
+                &path,
+                *layer,
+                module,
+                "A",
+                &pair.a,
+                [adapter.config.r, *inp],
+            )?;
+            check_shape(
+                &path,
+                *layer,
+                module,
+                "B",
+                &pair.b,
+                [*out, adapter.config.r],
+            )?;
+        }
+        let mut sites = BTreeMap::new();
+        for l in (0..layers).filter(|&l| adapter.config.adapts_layer(l)) {
+            for (module, _) in &targets {
+                let site = (l, module.clone());
+                let Some(pair) = adapter.pairs.get(&site) else {
+                    return Err(LoraError::MissingTensor {
+                        path,
+                        name: tensor_name(l, module, "A"),
+                        why: format!("target_modules names `{module}` and layer {l} is adapted"),
+                    }
+                    .into());
+                };
+                sites.insert(site, pair);
+            }
+        }
+        Ok(sites)
+    }
+}
+
+/// The model's modules (with (out, in)) that the config's targets name.
+fn resolve_targets(
+    adapter: &LoraAdapter,
+    dims: &[(String, (usize, usize))],
+) -> Result<Vec<(String, (usize, usize))>> {
+    let names = match &adapter.config.targets {
+        Targets::AllLinear => return Ok(dims.to_vec()),
+        Targets::Modules(names) => names,
+    };
+    let last = |m: &str| m.rsplit('.').next().unwrap_or(m).to_string();
+    for name in names {
+        if !dims.iter().any(|(m, _)| last(m) == *name || m == name) {
+            let known: Vec<String> = dims.iter().map(|(m, _)| last(m)).collect();
+            return Err(LoraError::UnknownTarget {
+                path: config_path(&adapter.folder),
+                module: name.clone(),
+                known: known.join(", "),
+            }
+            .into());
+        }
+    }
+    Ok(dims
+        .iter()
+        .filter(|(m, _)| names.iter().any(|n| last(m) == *n || m == n))
+        .cloned()
+        .collect())
+}
+
+fn check_shape(
+    path: &Path,
+    layer: usize,
+    module: &str,
+    which: &str,
+    t: &Tensor,
+    expected: [usize; 2],
+) -> Result<()> {
+    if t.dims() == expected {
+        return Ok(());
+    }
+    Err(LoraError::ShapeMismatch {
+        path: path.to_path_buf(),
+        name: tensor_name(layer, module, which),
+        module: format!("layer {layer} {module}"),
+        expected: expected.to_vec(),
+        found: t.dims().to_vec(),
+    }
+    .into())
+}
