@@ -28,6 +28,9 @@ use crate::common::{
 /// Arguments of `lcut bench`.
 #[derive(Debug, Args)]
 pub struct BenchArgs {
+    /// LoRA adapter options (`--lora DIR`, `--lora-mode`).
+    #[command(flatten)]
+    pub lora: crate::lora_opt::LoraArgs,
     /// Model folder or `.gguf` file; a random-weight Llama of the shape below by default.
     #[arg(long)]
     model: Option<PathBuf>,
@@ -212,8 +215,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let sizes = (longest, args.prefill_chunk, block);
     let mut model = match &args.model {
         Some(folder) => {
-            let model = Decoder::load_as(folder, mode, &device)
+            let mut model = Decoder::load_as(folder, mode, &device)
                 .with_context(|| format!("loading {}", folder.display()))?;
+            args.lora
+                .apply(&mut model, &split_policies(&args.policies))?;
             ensure_fits(model.config(), dtype, &device, sizes, true)?;
             model
         }

@@ -17,6 +17,9 @@ use crate::common::load_session;
 /// Arguments of `lcut diagnose`.
 #[derive(Debug, Args)]
 pub struct DiagnoseArgs {
+    /// LoRA adapter options (`--lora DIR`, `--lora-mode`).
+    #[command(flatten)]
+    pub lora: crate::lora_opt::LoraArgs,
     /// Model folder or `.gguf` file; the bundled model by default.
     #[arg(long)]
     pub model: Option<PathBuf>,
@@ -92,7 +95,8 @@ pub fn on_event(bar: &ProgressBar) -> impl FnMut(&DiagnoseEvent) -> bool + '_ {
 
 /// Load the session and prompts of a diagnose or sweep run.
 pub fn load_inputs(args: &DiagnoseArgs) -> Result<(Session, Vec<PromptSpec>, Option<String>)> {
-    let session = load_session(&args.model, &args.dtype, &args.device)?;
+    let mut session = load_session(&args.model, &args.dtype, &args.device)?;
+    args.lora.apply(&mut session.model, &[])?;
     let (prompts, file) = match (&args.prompt, &args.prompts) {
         (Some(p), _) => (vec![PromptSpec::text("prompt", p)], None),
         (None, Some(f)) => (read_prompt_set(f)?, Some(f.display().to_string())),

@@ -36,6 +36,9 @@ pub struct EvalCommand {
     /// SLURM_ARRAY_TASK_ID or JOB_COMPLETION_INDEX.
     #[arg(long)]
     pub shard: Option<String>,
+    /// LoRA adapter options (`--lora DIR`, `--lora-mode`).
+    #[command(flatten)]
+    pub lora: crate::lora_opt::LoraArgs,
 }
 
 /// Arguments of `lcut eval-merge`.
@@ -52,6 +55,10 @@ pub struct EvalMergeArgs {
 /// Run `lcut eval`.
 pub fn run(args: &EvalCommand) -> Result<()> {
     let Some(path) = &args.suite else {
+        anyhow::ensure!(
+            args.lora.lora.is_none(),
+            "--lora needs --suite (the bundled task's eval runs without adapters)"
+        );
         return crate::cmd_train::eval(&args.base);
     };
     let results = run_suite(args, path)?;
@@ -92,7 +99,9 @@ pub fn per_policy_path(out: &Path, policy: &str) -> PathBuf {
 fn run_suite(args: &EvalCommand, path: &Path) -> Result<Vec<SuiteEval>> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let items = suite::read_suite(path)?;
-    let session = load_session(&Some(args.base.model.clone()), &args.dtype, "cpu")?;
+    let mut session = load_session(&Some(args.base.model.clone()), &args.dtype, "cpu")?;
+    args.lora
+        .apply(&mut session.model, &split_policies(&args.base.policy))?;
     let shard = args
         .shard
         .as_deref()

@@ -20,6 +20,9 @@ const MAX_RECORDED_ATTENTION: usize = 2048;
 /// Arguments of `lcut forward`.
 #[derive(Debug, Args)]
 pub struct ForwardArgs {
+    /// LoRA adapter options (`--lora DIR`, `--lora-mode`).
+    #[command(flatten)]
+    pub lora: crate::lora_opt::LoraArgs,
     /// Model folder (Hugging Face layout) or `.gguf` file; the bundled model by default.
     #[arg(long)]
     model: Option<PathBuf>,
@@ -51,7 +54,9 @@ pub struct ForwardArgs {
 
 /// Run `lcut forward`.
 pub fn run(args: &ForwardArgs) -> Result<()> {
-    let session = load_session(&args.model, &args.dtype, &args.device)?;
+    let mut session = load_session(&args.model, &args.dtype, &args.device)?;
+    args.lora
+        .apply(&mut session.model, std::slice::from_ref(&args.policy))?;
     let prompt = match (&args.ids, &args.text) {
         (Some(ids), _) => PreparedPrompt::from_ids(parse_ids(ids)?, args.decode_start)?,
         (None, Some(text)) => {

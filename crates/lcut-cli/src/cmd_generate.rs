@@ -18,6 +18,9 @@ use crate::common::{ensure_fits, load_session, parse_ids, write_atomic};
 pub struct GenerateArgs {
     /// The user prompt (through the chat template when the model has one).
     prompt: Option<String>,
+    /// LoRA adapter options (`--lora DIR`, `--lora-mode`).
+    #[command(flatten)]
+    pub lora: crate::lora_opt::LoraArgs,
     /// Model folder or `.gguf` file; the bundled model by default.
     #[arg(long)]
     model: Option<PathBuf>,
@@ -113,7 +116,12 @@ fn summary(label: &str, out: &GenerationOutput) -> String {
 
 /// Run `lcut generate`.
 pub fn run(args: &GenerateArgs) -> Result<()> {
-    let session = load_session(&args.model, &args.dtype, &args.device)?;
+    let mut session = load_session(&args.model, &args.dtype, &args.device)?;
+    let run_policies: Vec<String> = std::iter::once(&args.policy)
+        .chain(&args.compare)
+        .cloned()
+        .collect();
+    args.lora.apply(&mut session.model, &run_policies)?;
     let prompt = match (&args.ids, &args.prompt) {
         (Some(ids), _) => PreparedPrompt::from_ids(parse_ids(ids)?, args.decode_start)?,
         (None, Some(text)) => session.prepare_text(text, args.system.as_deref(), !args.raw)?,

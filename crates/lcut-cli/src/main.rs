@@ -13,6 +13,7 @@ mod cmd_sweep;
 mod cmd_tokenize;
 mod cmd_train;
 mod common;
+mod lora_opt;
 
 use clap::{Parser, Subcommand};
 
