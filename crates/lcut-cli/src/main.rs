@@ -12,6 +12,7 @@ mod cmd_suite;
 mod cmd_sweep;
 mod cmd_tokenize;
 mod cmd_train;
+mod cmd_train_lora;
 mod common;
 mod lora_opt;
 
@@ -37,6 +38,9 @@ enum Command {
     Merge(cmd_report::MergeArgs),
     /// Train a bundled task model (full depth or SPEED-aware).
     Train(lcut_train::TrainArgs),
+    /// Train a SPEED-aware LoRA adapter for a model by self-distillation
+    /// (the full model's own greedy continuations as targets).
+    TrainLora(cmd_train_lora::TrainLoraArgs),
     /// Exact match of a task model under a policy (the last line is
     /// `exact_match=...`), or any model on a task suite (`--suite`).
     Eval(cmd_eval::EvalCommand),
@@ -77,6 +81,7 @@ fn main() -> anyhow::Result<()> {
         Command::Report(a) => cmd_report::run(a),
         Command::Merge(a) => cmd_report::merge(a),
         Command::Train(a) => cmd_train::train(a),
+        Command::TrainLora(a) => cmd_train_lora::run(a),
         Command::Eval(a) => cmd_eval::run(a),
         Command::EvalMerge(a) => cmd_eval::merge(a),
         Command::Suite(a) => cmd_suite::run(a),

@@ -10,6 +10,7 @@
 
 mod error;
 pub mod eval;
+pub mod lora_train;
 pub mod net;
 pub mod task;
 pub mod train;

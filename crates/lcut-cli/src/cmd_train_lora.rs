@@ -1,0 +1,348 @@
+//! `lcut train-lora`: a SPEED-aware LoRA adapter by self-distillation. The
+//! full model greedily continues prompts from lcut's own task generators;
+//! the layers below the cut run once per sequence (their output is the same
+//! under both masks); the upper layers learn, with the SPEED mask, to give
+//! the full model's tokens. Writes the adapter (PEFT layout, with
+//! `lcut_policy`), a resumable checkpoint and `training.json`.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use candle_core::Tensor;
+use indicatif::{ProgressBar, ProgressStyle};
+use lcut_engine::{Generation, GenerationConfig, PreparedPrompt, Session};
+use lcut_model::lora::{LoraConfig, Targets, write_adapter};
+use lcut_model::{LogitRows, Probe, ResidualSite};
+use lcut_policy::{Policy, PolicySpec, TokenPhases};
+use lcut_train::lora_train::optim::SplitMix;
+use lcut_train::lora_train::{LoraTrainOptions, TrainSeq, UpperModel, train_lora};
+use serde_json::json;
+
+/// Arguments of `lcut train-lora`.
+#[derive(Debug, clap::Args)]
+pub struct TrainLoraArgs {
+    /// Base model (Hugging Face folder or .gguf file), loaded dense in f32.
+    #[arg(long)]
+    model: PathBuf,
+    /// The SPEED policy to train for (e.g. speed:22+bos).
+    #[arg(long)]
+    policy: String,
+    /// LoRA rank.
+    #[arg(long, default_value_t = 8)]
+    lora: usize,
+    /// LoRA alpha (scale alpha / rank).
+    #[arg(long, default_value_t = 16.0)]
+    alpha: f64,
+    /// Layers to adapt, C..L (end exclusive), all at or above the cut; the cut to the top by default.
+    #[arg(long)]
+    layers: Option<String>,
+    /// Projections to adapt, comma-separated (q,k,v,o,gate,up,down).
+    #[arg(long, default_value = "q,k,v,o")]
+    modules: String,
+    /// Training prompts drawn from lcut's task generators.
+    #[arg(long, default_value_t = 140)]
+    prompts: usize,
+    /// Seed of the task generators (the committed evaluation suite uses 13).
+    #[arg(long, default_value_t = 101)]
+    prompt_seed: u64,
+    /// Skip prompts longer than this many tokens.
+    #[arg(long, default_value_t = 1100)]
+    max_prompt_tokens: usize,
+    /// Tokens the full model continues each prompt with (the targets).
+    #[arg(long, default_value_t = 24)]
+    max_new_tokens: usize,
+    /// Optimizer steps.
+    #[arg(long, default_value_t = 1000)]
+    steps: usize,
+    /// Sequences per step.
+    #[arg(long, default_value_t = 4)]
+    batch: usize,
+    /// Learning rate at the start (decays linearly to --lr-end).
+    #[arg(long, default_value_t = 1e-3)]
+    lr: f64,
+    /// Learning rate at the end.
+    #[arg(long, default_value_t = 2e-4)]
+    lr_end: f64,
+    /// AdamW weight decay.
+    #[arg(long, default_value_t = 0.0)]
+    weight_decay: f64,
+    /// Gradient clipping (global norm).
+    #[arg(long, default_value_t = 1.0)]
+    clip: f64,
+    /// Seed of the adapter's initialisation and of the batch draws.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Steps between checkpoints (a rerun with the same --out resumes).
+    #[arg(long, default_value_t = 50)]
+    checkpoint_every: usize,
+    /// Output folder: the adapter, checkpoint/ and training.json.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+/// Captures the residual stream after one layer.
+struct Capture {
+    site: ResidualSite,
+    rows: Vec<Tensor>,
+}
+
+impl Probe for Capture {
+    fn wants_residual(&self, site: ResidualSite) -> bool {
+        site == self.site
+    }
+    fn on_residual(
+        &mut self,
+        _: ResidualSite,
+        _: &[usize],
+        hidden: &Tensor,
+    ) -> lcut_model::Result<()> {
+        self.rows.push(hidden.clone());
+        Ok(())
+    }
+}
+
+/// `C..L` into layer indices, each at or above `cut` and below `layers`.
+fn parse_layers(text: Option<&str>, cut: usize, layers: usize) -> Result<Vec<usize>> {
+    let Some(text) = text else {
+        return Ok((cut..layers).collect());
+    };
+    let (a, b) = text
+        .split_once("..")
+        .with_context(|| format!("--layers {text:?}: expected C..L"))?;
+    let (a, b): (usize, usize) = (a.trim().parse()?, b.trim().parse()?);
+    if a < cut || b > layers || a >= b {
+        bail!("--layers {text}: expected a range within {cut}..{layers} (the cut to the top)");
+    }
+    Ok((a..b).collect())
+}
+
+fn parse_modules(text: &str) -> Result<Vec<String>> {
+    text.split(',')
+        .map(|m| {
+            let m = m.trim();
+            let full = if m.ends_with("_proj") {
+                m.to_string()
+            } else {
+                format!("{m}_proj")
+            };
+            match lcut_train::lora_train::MODULES
+                .iter()
+                .any(|x| x.ends_with(&full))
+            {
+                true => Ok(full),
+                false => bail!("--modules: unknown projection {m:?} (q, k, v, o, gate, up, down)"),
+            }
+        })
+        .collect()
+}
+
+/// The full model's greedy continuation of `prompt`.
+fn teacher(session: &Session, prompt: &PreparedPrompt, max_new: usize) -> Result<Vec<u32>> {
+    let layers = session.model.config().num_layers;
+    let config = GenerationConfig {
+        max_new_tokens: max_new,
+        stop_tokens: session.stop_tokens(),
+        ..GenerationConfig::default()
+    };
+    let out = Generation::new(&session.model, prompt.clone(), Policy::full(layers), config)?
+        .run(|_| true)?;
+    Ok(out.tokens)
+}
+
+/// A training sequence: the prompt and its continuation, the rows that
+/// exist at the cut under `policy`, their residual stream from the lower
+/// layers, and the continuation as targets.
+fn sequence(
+    session: &Session,
+    policy: &Policy,
+    prompt: &PreparedPrompt,
+    cont: &[u32],
+) -> Result<TrainSeq> {
+    let model = &session.model;
+    let cut = policy.l_cut();
+    let ids: Vec<u32> = prompt.ids.iter().chain(cont).copied().collect();
+    let anchors = policy.anchor_len(prompt.system_len, prompt.decode_start)?;
+    let phases = TokenPhases::new(ids.len(), prompt.decode_start, anchors)?;
+    let mut probe = Capture {
+        site: ResidualSite::Layer(cut - 1),
+        rows: vec![],
+    };
+    let mut seq = model.new_full_sequence();
+    model.forward(&mut seq, &ids, LogitRows::None, Some(&mut probe))?;
+    let hidden = Tensor::cat(&probe.rows, 0)?.to_dtype(candle_core::DType::F32)?;
+    let positions: Vec<usize> = (0..ids.len())
+        .filter(|&p| policy.token_exists(cut, p, &phases))
+        .collect();
+    let idx: Vec<u32> = positions.iter().map(|&p| p as u32).collect();
+    let x = hidden.index_select(&Tensor::new(idx.as_slice(), hidden.device())?, 0)?;
+    let visible = positions
+        .iter()
+        .flat_map(|&q| positions.iter().map(move |&k| (q, k)))
+        .map(|(q, k)| k <= q && policy.key_visible(cut, q, k, &phases))
+        .collect();
+    let first_target = prompt.ids.len();
+    let (mut loss_rows, mut targets) = (vec![], vec![]);
+    for (row, &p) in positions.iter().enumerate() {
+        if p + 1 >= first_target && p + 1 < ids.len() {
+            loss_rows.push(row as u32);
+            targets.push(ids[p + 1]);
+        }
+    }
+    Ok(TrainSeq {
+        x,
+        positions,
+        visible,
+        loss_rows,
+        targets,
+    })
+}
+
+fn bar(len: usize, what: &str) -> ProgressBar {
+    let bar = ProgressBar::new(len as u64);
+    let style = format!("{what} {{bar:30}} {{pos}}/{{len}} {{msg}} [{{elapsed}} < {{eta}}]");
+    if let Ok(s) = ProgressStyle::with_template(&style) {
+        bar.set_style(s);
+    }
+    bar
+}
+
+/// Prompts from the task generators, shuffled by the seed, short enough.
+fn training_data(
+    session: &Session,
+    policy: &Policy,
+    args: &TrainLoraArgs,
+) -> Result<(Vec<TrainSeq>, usize)> {
+    let mut items = lcut_engine::suite::generate(args.prompt_seed);
+    let mut rng = SplitMix(args.prompt_seed);
+    for i in (1..items.len()).rev() {
+        items.swap(i, rng.below(i + 1));
+    }
+    let pb = bar(args.prompts, "prompts");
+    let (mut data, mut tokens) = (vec![], 0);
+    for item in items {
+        if data.len() == args.prompts {
+            break;
+        }
+        let prompt = session.prepare_text(&item.prompt, item.system.as_deref(), true)?;
+        if prompt.ids.len() > args.max_prompt_tokens {
+            continue;
+        }
+        let cont = teacher(session, &prompt, args.max_new_tokens)?;
+        tokens += prompt.ids.len() + cont.len();
+        data.push(sequence(session, policy, &prompt, &cont)?);
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    Ok((data, tokens))
+}
+
+/// Run `lcut train-lora`.
+pub fn run(args: &TrainLoraArgs) -> Result<()> {
+    let started = Instant::now();
+    let session = crate::common::load_session(&Some(args.model.clone()), "f32", "cpu")?;
+    let layers = session.model.config().num_layers;
+    let spec: PolicySpec = args.policy.parse()?;
+    let policy = spec.resolve(layers)?;
+    if policy.is_full_depth() || policy.l_cut() == 0 || spec.slim.is_some() {
+        bail!(
+            "--policy {}: LoRA training here is for a SPEED policy with a cut in 1..{layers}",
+            args.policy
+        );
+    }
+    let adapt = parse_layers(args.layers.as_deref(), policy.l_cut(), layers)?;
+    let modules = parse_modules(&args.modules)?;
+    let upper = load_upper(&args.model, policy.l_cut())?;
+    let (data, tokens) = training_data(&session, &policy, args)?;
+    let prep_s = started.elapsed().as_secs_f64();
+    eprintln!(
+        "{} sequences ({tokens} tokens) ready in {prep_s:.0} s",
+        data.len()
+    );
+    let short: Vec<&str> = modules.iter().map(|m| m.as_str()).collect();
+    let lora = upper.init_lora(&adapt, &short, args.lora, args.alpha, args.seed)?;
+    let mut config = LoraConfig::new(args.lora, args.alpha, &[]);
+    config.targets = Targets::Modules(
+        modules
+            .iter()
+            .map(|m| m.rsplit('.').next().unwrap_or(m).to_string())
+            .collect(),
+    );
+    config.layers = Some(adapt.clone());
+    config.policy = Some(spec.to_string());
+    config.base_model = args
+        .model
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned());
+    config.base_fingerprint = Some(session.model.lora_fingerprint()?);
+    let opts = LoraTrainOptions {
+        steps: args.steps,
+        batch: args.batch,
+        lr: args.lr,
+        lr_end: args.lr_end,
+        weight_decay: args.weight_decay,
+        clip: args.clip,
+        seed: args.seed,
+        checkpoint_every: args.checkpoint_every,
+    };
+    let ckpt = args.out.join("checkpoint");
+    let pb = bar(args.steps, "steps");
+    let state = train_lora(
+        &upper,
+        &lora,
+        &data,
+        &opts,
+        (&ckpt, &config),
+        |step, loss| {
+            pb.set_position(step as u64);
+            pb.set_message(format!("loss {loss:.3}"));
+        },
+    )?;
+    pb.finish_and_clear();
+    write_adapter(&args.out, &config, &lora.pairs())?;
+    let record = json!({
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "seed": args.seed,
+        "prompt_seed": args.prompt_seed,
+        "policy": spec.to_string(),
+        "layers": adapt,
+        "modules": modules,
+        "rank": args.lora,
+        "alpha": args.alpha,
+        "options": opts,
+        "sequences": data.len(),
+        "tokens": tokens,
+        "data_seconds": prep_s,
+        "train_seconds": state.train_seconds,
+        "wall_seconds_this_run": started.elapsed().as_secs_f64(),
+        "loss": state.losses,
+    });
+    let path = args.out.join("training.json");
+    lcut_model::lora::write_atomic(&path, serde_json::to_string_pretty(&record)?.as_bytes())
+        .with_context(|| format!("writing {}", path.display()))?;
+    let last =
+        state.losses.iter().rev().take(50).sum::<f64>() / state.losses.len().clamp(1, 50) as f64;
+    println!(
+        "wrote adapter {} ({} steps, last-50 mean loss {last:.4}, training {:.0} s)",
+        args.out.display(),
+        state.step,
+        state.train_seconds
+    );
+    Ok(())
+}
+
+/// The upper layers of the model, dense f32.
+fn load_upper(path: &Path, cut: usize) -> Result<UpperModel> {
+    use lcut_model::gguf::{GgufFile, GgufWeights, is_gguf_path};
+    if is_gguf_path(path) {
+        let file = GgufFile::open(path)?;
+        let cfg = file.config().clone();
+        return Ok(UpperModel::load(&cfg, &GgufWeights::new(file), cut)?);
+    }
+    let cfg = lcut_model::ModelConfig::from_folder(path)?;
+    Ok(UpperModel::load(
+        &cfg,
+        &lcut_model::WeightFiles::open(path)?,
+        cut,
+    )?)
+}
