@@ -25,7 +25,7 @@ fn a_few_suite_items_under_full_and_speed() {
         .collect();
     let opts = SuiteEvalOptions {
         policies: vec!["full".into(), "speed:22+bos".into()],
-        max_new_tokens: 12,
+        max_new_tokens: 20,
         ..SuiteEvalOptions::default()
     };
     let mut seen = 0;
