@@ -3,9 +3,14 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
+use std::path::PathBuf;
+
 use lcut_engine::diagnose::{AxisPolicy, SweepOptions, equal_kv_pairs, prepare_prompts, sweep};
-use lcut_policy::PolicySpec;
-use lcut_trace::{PolicyPoint, read_report_json, write_json, write_report_json};
+use lcut_engine::suite::{CutoffEvalOptions, accuracy_by_cutoff, read_suite, smallest_cut_within};
+use lcut_policy::{Anchors, PolicySpec};
+use lcut_trace::{
+    CutoffAccuracy, PolicyPoint, Report, read_report_json, write_json, write_report_json,
+};
 
 use crate::cmd_diagnose::{
     DiagnoseArgs, load_inputs, on_event, options, print_summary, progress_bar,
@@ -37,6 +42,86 @@ pub struct SweepArgs {
     /// SlimInfer options for the --equal-kv pairs (e.g. "+block:16+unit:4").
     #[arg(long, default_value = "")]
     slim_options: String,
+    /// Also score SPEED+BoS's own greedy answers at each cutoff on this task
+    /// suite (one full prefill per item reused for every cutoff), and compare
+    /// the recommendation with the smallest cutoff within 2 points of full.
+    #[arg(long)]
+    eval_suite: Option<PathBuf>,
+    /// Most new tokens of each suite answer.
+    #[arg(long, default_value_t = 24)]
+    eval_max_new_tokens: usize,
+}
+
+/// SPEED+BoS's accuracy on `--eval-suite` at each cutoff of the sweep.
+fn suite_accuracy(
+    args: &SweepArgs,
+    session: &lcut_engine::Session,
+    cuts: &[usize],
+) -> Result<Vec<CutoffAccuracy>> {
+    let Some(path) = &args.eval_suite else {
+        return Ok(Vec::new());
+    };
+    let items = read_suite(path)?;
+    let opts = CutoffEvalOptions {
+        cuts: cuts.to_vec(),
+        anchors: Anchors::Bos,
+        max_new_tokens: args.eval_max_new_tokens,
+        prefill_chunk: 512,
+    };
+    let bar = progress_bar();
+    bar.set_length(items.len() as u64);
+    bar.set_message(format!("suite {}", path.display()));
+    let points = accuracy_by_cutoff(session, &items, &opts, &mut |done, _| {
+        bar.set_position(done as u64);
+        true
+    })?;
+    bar.finish_and_clear();
+    println!(
+        "\n{:>5} {:>9} {:>17}   ({} items of {})",
+        "L_cut",
+        "accuracy",
+        "95% interval",
+        items.len(),
+        path.display()
+    );
+    for p in &points {
+        println!(
+            "{:>5} {:>9.3}    [{:.3}, {:.3}]",
+            p.l_cut, p.accuracy, p.interval[0], p.interval[1]
+        );
+    }
+    Ok(points)
+}
+
+/// The recommendation, the knee and the accuracy-based cutoff side by side.
+fn print_calibration(report: &Report) {
+    let Some(sweep) = &report.sweep else { return };
+    if sweep.accuracy.is_empty() {
+        return;
+    }
+    let rec = report.recommendation.l_cut;
+    let target = smallest_cut_within(&sweep.accuracy, 0.02);
+    let knee = sweep.knee.map_or_else(|| "none".into(), |k| k.to_string());
+    match target {
+        Some(t) => println!(
+            "recommended L_cut {rec}, sweep knee {knee}, smallest cutoff within 2 points of full accuracy {t}: the recommendation is {} ({:+} layers)",
+            if rec.abs_diff(t) <= 2 {
+                "within +-2"
+            } else {
+                "OFF by more than 2"
+            },
+            rec as i64 - t as i64
+        ),
+        None => println!("recommended L_cut {rec}, sweep knee {knee}; no accuracy points"),
+    }
+    if let Some(at) = sweep.accuracy.iter().find(|p| p.l_cut == rec)
+        && let Some(full) = sweep.accuracy.iter().max_by_key(|p| p.l_cut)
+    {
+        println!(
+            "expected accuracy at the recommended cut {:.3} [{:.3}, {:.3}] against {:.3} at L_cut {}",
+            at.accuracy, at.interval[0], at.interval[1], full.accuracy, full.l_cut
+        );
+    }
 }
 
 /// The sweep's comparison axis: `--policies` and the `--equal-kv` pairs.
@@ -135,6 +220,7 @@ pub fn run(args: &SweepArgs) -> Result<()> {
         max_new_tokens: args.run.max_new_tokens,
         ..SweepOptions::default()
     };
+    let accuracy = suite_accuracy(args, &session, &all_cuts)?;
     let prepared = prepare_prompts(&session, &prompts, &diag)?;
     let bar = progress_bar();
     let result = sweep(
@@ -155,6 +241,8 @@ pub fn run(args: &SweepArgs) -> Result<()> {
             p.l_cut, p.anchors, p.top1_agreement, p.mean_kl, p.nll, p.kv_ratio, p.prefill_ratio
         );
     }
+    let mut result = result;
+    result.accuracy = accuracy;
     print_axis(&result.policies);
     std::fs::create_dir_all(&args.run.out)
         .with_context(|| format!("creating {}", args.run.out.display()))?;
@@ -164,6 +252,7 @@ pub fn run(args: &SweepArgs) -> Result<()> {
         report.sweep = Some(result);
         write_report_json(&report_path, &report)?;
         print_summary(&report);
+        print_calibration(&report);
         println!("added the sweep to {}", report_path.display());
     } else {
         let path = args.run.out.join("sweep.json");

@@ -39,6 +39,7 @@ pub fn finish_sweep(context_len: usize, points: Vec<SweepPoint>, th: &Thresholds
         points,
         knee,
         policies: Vec::new(),
+        accuracy: Vec::new(),
     }
 }
 

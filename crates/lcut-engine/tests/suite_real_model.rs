@@ -48,4 +48,17 @@ fn a_few_suite_items_under_full_and_speed() {
     }
     let scores = suite::summarize(speed);
     assert!(scores[0].kv_ratio > 0.5 && scores[0].kv_ratio < 1.0);
+    // the calibration's shortcut (one full prefill reused for every cutoff)
+    // answers as the policies' own runs do
+    let cut_opts = suite::CutoffEvalOptions {
+        cuts: vec![22, 30],
+        anchors: lcut_policy::Anchors::Bos,
+        max_new_tokens: 20,
+        prefill_chunk: 512,
+    };
+    let by_cut = suite::accuracy_by_cutoff(&session, &items, &cut_opts, &mut |_, _| true).unwrap();
+    let count = |rs: &[suite::ItemResult]| rs.iter().filter(|r| r.correct).count();
+    assert_eq!((by_cut[0].l_cut, by_cut[0].correct), (22, count(speed)));
+    assert_eq!((by_cut[1].l_cut, by_cut[1].correct), (30, count(full)));
+    assert!(suite::smallest_cut_within(&by_cut, 0.02).is_some());
 }

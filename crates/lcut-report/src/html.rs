@@ -7,8 +7,8 @@ use lcut_trace::Report;
 use crate::figures::figures;
 use crate::svg::{escape, num};
 use crate::tables::{
-    Table, layer_table, model_table, policy_axis_table, prompt_table, recall_table, sweep_table,
-    votes_table,
+    Table, accuracy_table, expected_accuracy_line, layer_table, model_table, policy_axis_table,
+    prompt_table, recall_table, sweep_table, votes_table,
 };
 
 /// Options of the HTML export.
@@ -88,6 +88,13 @@ pub fn render_html(r: &Report, opts: &HtmlOptions) -> String {
         table(&mut out, &sweep_table(s));
         if let Some(t) = policy_axis_table(s) {
             out.push_str("<h2>Other policies on the same prompts</h2>");
+            table(&mut out, &t);
+        }
+        if let Some(t) = accuracy_table(s) {
+            out.push_str("<h2>Accuracy on the task suite</h2>");
+            if let Some(line) = expected_accuracy_line(r) {
+                let _ = write!(out, "<p>{}</p>", escape(&line));
+            }
             table(&mut out, &t);
         }
         if let Some(t) = recall_table(s) {

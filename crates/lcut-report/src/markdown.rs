@@ -6,8 +6,8 @@ use lcut_trace::Report;
 
 use crate::svg::num;
 use crate::tables::{
-    Table, layer_table, model_table, policy_axis_table, prompt_table, recall_table, sweep_table,
-    votes_table,
+    Table, accuracy_table, expected_accuracy_line, layer_table, model_table, policy_axis_table,
+    prompt_table, recall_table, sweep_table, votes_table,
 };
 
 fn cell(s: &str) -> String {
@@ -65,6 +65,13 @@ pub fn render_markdown(r: &Report) -> String {
         table(&mut out, &sweep_table(s));
         if let Some(t) = policy_axis_table(s) {
             out.push_str("## Other policies on the same prompts\n\n");
+            table(&mut out, &t);
+        }
+        if let Some(t) = accuracy_table(s) {
+            out.push_str("## Accuracy on the task suite\n\n");
+            if let Some(line) = expected_accuracy_line(r) {
+                let _ = writeln!(out, "{line}\n");
+            }
             table(&mut out, &t);
         }
         if let Some(t) = recall_table(s) {

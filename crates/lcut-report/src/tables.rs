@@ -208,6 +208,55 @@ pub fn policy_axis_table(s: &Sweep) -> Option<Table> {
     })
 }
 
+/// SPEED's accuracy on a task suite at each cutoff, with its interval.
+pub fn accuracy_table(s: &Sweep) -> Option<Table> {
+    if s.accuracy.is_empty() {
+        return None;
+    }
+    Some(Table {
+        headers: strings([
+            "L_cut",
+            "anchors",
+            "correct",
+            "items",
+            "accuracy",
+            "95% interval",
+        ]),
+        rows: s
+            .accuracy
+            .iter()
+            .map(|p| {
+                vec![
+                    p.l_cut.to_string(),
+                    p.anchors.clone(),
+                    p.correct.to_string(),
+                    p.n.to_string(),
+                    num(p.accuracy, 3),
+                    format!("[{}, {}]", num(p.interval[0], 3), num(p.interval[1], 3)),
+                ]
+            })
+            .collect(),
+    })
+}
+
+/// The accuracy expected at the recommended cutoff against the deepest
+/// cutoff scored, in words (`None` without suite accuracy at that cut).
+pub fn expected_accuracy_line(r: &Report) -> Option<String> {
+    let sweep = r.sweep.as_ref()?;
+    let rec = r.recommendation.l_cut;
+    let at = sweep.accuracy.iter().find(|p| p.l_cut == rec)?;
+    let full = sweep.accuracy.iter().max_by_key(|p| p.l_cut)?;
+    Some(format!(
+        "At the recommended L_cut {rec}, accuracy on the suite is {} [{}, {}] against {} at L_cut {}: an expected loss of {} points.",
+        num(at.accuracy, 3),
+        num(at.interval[0], 3),
+        num(at.interval[1], 3),
+        num(full.accuracy, 3),
+        full.l_cut,
+        num((full.accuracy - at.accuracy) * 100.0, 1)
+    ))
+}
+
 /// Attention recall per layer (rows) for each policy of the sweep's axis
 /// (columns): the share of the full model's decode attention on prompt
 /// tokens that lands on tokens the policy keeps there.

@@ -32,7 +32,8 @@ pub use floats::Series;
 pub use identity::{ModelIdentity, hash_bytes};
 pub use io::{read_json, read_report_json, write_atomic, write_json, write_report_json};
 pub use report::{
-    LayerCurves, PolicyPoint, Recommendation, Report, SCHEMA_VERSION, Sweep, SweepPoint, Votes,
+    CutoffAccuracy, LayerCurves, PolicyPoint, Recommendation, Report, SCHEMA_VERSION, Sweep,
+    SweepPoint, Votes,
 };
 pub use settings::{RunSettings, Thresholds};
 pub use size::trace_size_bound;

@@ -125,6 +125,27 @@ pub struct Sweep {
     /// SlimInfer axis, SPEED at equal K/V), costs measured on the prompts.
     #[serde(default)]
     pub policies: Vec<PolicyPoint>,
+    /// Accuracy on a task suite at each cutoff (`lcut sweep --eval-suite`).
+    #[serde(default)]
+    pub accuracy: Vec<CutoffAccuracy>,
+}
+
+/// Training-free accuracy of SPEED at one cutoff on a task suite.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CutoffAccuracy {
+    /// The cutoff.
+    pub l_cut: usize,
+    /// Anchors kept: `"bos"` or `"none"`.
+    pub anchors: String,
+    /// Items answered correctly.
+    pub correct: usize,
+    /// Items scored.
+    pub n: usize,
+    /// `correct / n`.
+    #[serde(with = "crate::floats::scalar")]
+    pub accuracy: f32,
+    /// 95% Wilson interval of the accuracy.
+    pub interval: [f32; 2],
 }
 
 /// One policy of a sweep's comparison axis, measured on the sweep's prompts.

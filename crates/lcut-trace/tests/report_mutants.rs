@@ -14,9 +14,9 @@ use lcut_testkit::rand::rngs::StdRng;
 use lcut_testkit::rand::{Rng, SeedableRng};
 use lcut_testkit::{MutantRun, json_mutants, mutant_count};
 use lcut_trace::{
-    LayerCurves, ModelIdentity, PolicyPoint, PromptTrace, Recommendation, Report, RunSettings,
-    SCHEMA_VERSION, Series, Sweep, SweepPoint, Tensor2, Tensor3, Thresholds, TraceError,
-    TraceHeader, read_json, read_report_json, write_report_json,
+    CutoffAccuracy, LayerCurves, ModelIdentity, PolicyPoint, PromptTrace, Recommendation, Report,
+    RunSettings, SCHEMA_VERSION, Series, Sweep, SweepPoint, Tensor2, Tensor3, Thresholds,
+    TraceError, TraceHeader, read_json, read_report_json, write_report_json,
 };
 
 #[global_allocator]
@@ -182,6 +182,16 @@ fn report(rng: &mut StdRng) -> Report {
                 swap_rate: float(rng),
                 attention_recall: (0..l).map(|_| float(rng)).collect(),
                 scorer_precision: vec![float(rng)],
+            })
+            .collect(),
+        accuracy: (1..=l)
+            .map(|c| CutoffAccuracy {
+                l_cut: c,
+                anchors: "bos".into(),
+                correct: rng.random_range(0..10),
+                n: 10,
+                accuracy: float(rng),
+                interval: [0.1, 0.9],
             })
             .collect(),
     });

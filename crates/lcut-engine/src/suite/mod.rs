@@ -2,6 +2,7 @@
 //! with its expected answer and scoring rule, read with named errors, and
 //! the project's own suite written from a seed ([`generate`]).
 
+mod cutoffs;
 mod eval;
 mod filler;
 mod generate;
@@ -10,6 +11,7 @@ mod result;
 mod rng;
 mod score;
 
+pub use cutoffs::{CutoffEvalOptions, accuracy_by_cutoff, smallest_cut_within};
 pub use eval::{SuiteEvalOptions, evaluate_suite, resolve_policy};
 pub use generate::{SMOLLM2_SUITE, SMOLLM2_SUITE_SEED, generate, to_jsonl};
 pub use read::{SuiteError, parse_suite, read_suite};

@@ -1,0 +1,155 @@
+//! Training-free accuracy of SPEED at each cutoff on a suite: one full
+//! prefill per item up to the decode start, reused for every cutoff (the
+//! same states SPEED computes there), then each cutoff's own greedy answer,
+//! scored by the item's rule. What calibrates the recommender.
+
+use lcut_model::{LogitRows, argmax_rows};
+use lcut_policy::{Anchors, Policy, PolicyKind};
+use lcut_trace::CutoffAccuracy;
+
+use super::SuiteItem;
+use super::result::wilson;
+use crate::error::{EngineError, Result};
+use crate::prompt::PreparedPrompt;
+use crate::session::Session;
+
+/// Settings of [`accuracy_by_cutoff`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CutoffEvalOptions {
+    /// Cutoffs to score (the depth is the full model).
+    pub cuts: Vec<usize>,
+    /// Anchors of every SPEED cutoff.
+    pub anchors: Anchors,
+    /// Most new tokens of each greedy answer.
+    pub max_new_tokens: usize,
+    /// Prompt tokens per prefill chunk.
+    pub prefill_chunk: usize,
+}
+
+/// Greedy answer of `prompt` from a sequence that holds its tokens before
+/// the decode start; the generated text without stop tokens.
+fn answer_from(
+    session: &Session,
+    mut seq: lcut_model::Sequence,
+    prompt: &PreparedPrompt,
+    max_new: usize,
+) -> Result<String> {
+    let model = &session.model;
+    let stops = session.stop_tokens();
+    let s = prompt.decode_start;
+    let mut out = model.forward(&mut seq, &prompt.ids[s..], LogitRows::Last, None)?;
+    let mut tokens = Vec::with_capacity(max_new);
+    while tokens.len() < max_new {
+        let logits = out.logits.ok_or(EngineError::MissingLogits {
+            position: seq.len() - 1,
+        })?;
+        let next = argmax_rows(&logits)?[0];
+        if stops.contains(&next) {
+            break;
+        }
+        tokens.push(next);
+        if tokens.len() == max_new {
+            break;
+        }
+        out = model.forward(&mut seq, &[next], LogitRows::Last, None)?;
+    }
+    Ok(session
+        .tokenizer
+        .as_ref()
+        .map_or_else(String::new, |t| t.decode(&tokens)))
+}
+
+/// Accuracy of SPEED at each of `opts.cuts` on `items`; `on_item(done,
+/// total)` after each item returns false to cancel.
+pub fn accuracy_by_cutoff(
+    session: &Session,
+    items: &[SuiteItem],
+    opts: &CutoffEvalOptions,
+    on_item: &mut dyn FnMut(usize, usize) -> bool,
+) -> Result<Vec<CutoffAccuracy>> {
+    let model = &session.model;
+    let layers = model.config().num_layers;
+    let policies = opts
+        .cuts
+        .iter()
+        .map(|&c| Policy::new(PolicyKind::Speed, c, layers, opts.anchors))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let mut correct = vec![0usize; policies.len()];
+    let chunk = opts.prefill_chunk.max(1);
+    for (i, item) in items.iter().enumerate() {
+        let prompt = session.prepare_text(&item.prompt, item.system.as_deref(), true)?;
+        let s = prompt.decode_start;
+        let mut prefix = model.new_full_sequence();
+        prefix.reserve(prompt.len() + opts.max_new_tokens);
+        for start in (0..s).step_by(chunk) {
+            let end = (start + chunk).min(s);
+            model.forward(&mut prefix, &prompt.ids[start..end], LogitRows::None, None)?;
+        }
+        for (k, policy) in policies.iter().enumerate() {
+            let seq = prefix.restricted(*policy, prompt.phases(policy)?)?;
+            let text = answer_from(session, seq, &prompt, opts.max_new_tokens)?;
+            correct[k] += usize::from(item.is_correct(&text));
+        }
+        if !on_item(i + 1, items.len()) {
+            return Err(EngineError::Cancelled);
+        }
+    }
+    let n = items.len();
+    Ok(policies
+        .iter()
+        .zip(correct)
+        .map(|(p, k)| CutoffAccuracy {
+            l_cut: p.l_cut(),
+            anchors: if p.anchors() == Anchors::None {
+                "none"
+            } else {
+                "bos"
+            }
+            .into(),
+            correct: k,
+            n,
+            accuracy: k as f32 / n.max(1) as f32,
+            interval: wilson(k, n).map(|x| x as f32),
+        })
+        .collect())
+}
+
+/// The smallest cutoff whose accuracy is within `points` (e.g. 0.02) of the
+/// deepest cutoff's (the full model when the depth is among the cuts).
+pub fn smallest_cut_within(points: &[CutoffAccuracy], tolerance: f32) -> Option<usize> {
+    let full = points.iter().max_by_key(|p| p.l_cut)?;
+    points
+        .iter()
+        .filter(|p| p.accuracy >= full.accuracy - tolerance)
+        .map(|p| p.l_cut)
+        .min()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(l_cut: usize, accuracy: f32) -> CutoffAccuracy {
+        CutoffAccuracy {
+            l_cut,
+            anchors: "bos".into(),
+            correct: 0,
+            n: 100,
+            accuracy,
+            interval: [0.0, 1.0],
+        }
+    }
+
+    #[test]
+    fn the_smallest_cut_within_tolerance_of_full() {
+        let pts = [
+            point(20, 0.1),
+            point(26, 0.7),
+            point(28, 0.725),
+            point(30, 0.74),
+        ];
+        assert_eq!(smallest_cut_within(&pts, 0.02), Some(28));
+        assert_eq!(smallest_cut_within(&pts, 0.05), Some(26));
+        assert_eq!(smallest_cut_within(&[], 0.02), None);
+    }
+}
