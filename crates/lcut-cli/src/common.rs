@@ -129,7 +129,7 @@ pub fn ensure_fits(
 
 /// Write `bytes` to `path` atomically (temporary file, then rename).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    lcut_model::synth::write_atomic(path, bytes)
+    lcut_trace::write_file_atomic(path, bytes)
         .with_context(|| format!("writing {}", path.display()))
 }
 

@@ -194,10 +194,8 @@ fn rename(from: &Path, to: &Path) -> Result<()> {
 /// Write `bytes` to `path` through a temporary file and a rename, so a
 /// reader never sees a half-written file.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("partial");
-    std::fs::write(&tmp, bytes).map_err(|source| ModelError::Io {
-        path: tmp.clone(),
+    lcut_trace::write_file_atomic(path, bytes).map_err(|source| ModelError::Io {
+        path: path.to_path_buf(),
         source,
-    })?;
-    rename(&tmp, path)
+    })
 }

@@ -12,13 +12,12 @@ use crate::report::{Report, SCHEMA_VERSION};
 
 /// Writes `bytes` to `path` atomically: a temporary file in the same folder
 /// is written, flushed to disk and renamed over `path`. On failure the target is
-/// untouched and the temporary file removed.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), TraceError> {
-    let io = |action, source| TraceError::Io {
-        action,
-        path: path.to_path_buf(),
-        source,
-    };
+/// untouched and the temporary file removed. The one implementation every
+/// crate uses; the error says which step failed.
+pub fn write_file_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    fn step(action: &'static str) -> impl Fn(std::io::Error) -> std::io::Error {
+        move |e| std::io::Error::new(e.kind(), format!("{action}: {e}"))
+    }
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -31,12 +30,21 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), TraceError> {
     builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666));
     let mut tmp = builder
         .tempfile_in(dir)
-        .map_err(|e| io("creating a temporary file next to", e))?;
-    tmp.write_all(bytes).map_err(|e| io("writing", e))?;
-    tmp.as_file().sync_all().map_err(|e| io("syncing", e))?;
+        .map_err(step("creating a temporary file beside it"))?;
+    tmp.write_all(bytes).map_err(step("writing"))?;
+    tmp.as_file().sync_all().map_err(step("syncing"))?;
     tmp.persist(path)
-        .map_err(|e| io("renaming the temporary file onto", e.error))?;
+        .map_err(|e| step("renaming the temporary file onto it")(e.error))?;
     Ok(())
+}
+
+/// [`write_file_atomic`] with the trace crate's error.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), TraceError> {
+    write_file_atomic(path, bytes).map_err(|source| TraceError::Io {
+        action: "writing",
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Serialises `value` as compact JSON and writes it atomically to `path`.

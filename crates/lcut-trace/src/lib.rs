@@ -30,7 +30,9 @@ pub use bins::{bin_edges, bin_of, bin_sums};
 pub use error::TraceError;
 pub use floats::Series;
 pub use identity::{ModelIdentity, hash_bytes};
-pub use io::{read_json, read_report_json, write_atomic, write_json, write_report_json};
+pub use io::{
+    read_json, read_report_json, write_atomic, write_file_atomic, write_json, write_report_json,
+};
 pub use report::{
     CutoffAccuracy, LayerCurves, PolicyPoint, Recommendation, Report, SCHEMA_VERSION, Sweep,
     SweepPoint, Votes,
