@@ -56,22 +56,7 @@ pub fn write_adapter(
     write_atomic(&config_path, text.as_bytes()).map_err(io("write", &config_path))
 }
 
-/// Write `bytes` to a temporary file beside `path`, then rename it over `path`.
+/// Write `bytes` to `path` atomically (the project's one implementation).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy())
-        .unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.tmp{}", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    lcut_trace::write_file_atomic(path, bytes)
 }
