@@ -256,7 +256,12 @@ impl Sequence {
                 policy: policy.to_string(),
             });
         }
-        if !self.policy.is_full_depth() || self.next_pos > phases.decode_start() {
+        if !self.policy.is_full_depth() || self.slim.is_some() {
+            return Err(ModelError::NotFullDepthPrefix {
+                policy: self.policy.to_string(),
+            });
+        }
+        if self.next_pos > phases.decode_start() {
             return Err(ModelError::Phase(
                 lcut_policy::PhaseError::DecodeStartOutsidePrompt {
                     decode_start: phases.decode_start(),
@@ -723,7 +728,7 @@ impl Decoder {
         let (keys, values, key_positions) = if retained.len() == present.len() {
             seq.caches[l].append(&qkv.k, &qkv.v, present)?;
             let cache = &seq.caches[l];
-            let (k, v) = cache.kv()?.ok_or(ModelError::EmptyInput)?;
+            let (k, v) = cache.kv()?.ok_or(ModelError::EmptyCache { layer: l })?;
             (k, v, Cow::Borrowed(cache.positions()))
         } else {
             let cache = &mut seq.caches[l];
@@ -940,7 +945,7 @@ impl Decoder {
         let mut seq = self.new_full_sequence();
         seq.mask_rule = Some(MaskRule(std::sync::Arc::new(visible)));
         let out = self.forward(&mut seq, tokens, LogitRows::All, None)?;
-        out.logits.ok_or(ModelError::EmptyInput)
+        out.logits.ok_or(ModelError::MissingLogits)
     }
 
     /// Teacher forcing: run `tokens` as one chunk on a fresh full-depth
@@ -952,7 +957,7 @@ impl Decoder {
     ) -> Result<Tensor> {
         let mut seq = self.new_full_sequence();
         let out = self.forward(&mut seq, tokens, LogitRows::All, probe)?;
-        out.logits.ok_or(ModelError::EmptyInput)
+        out.logits.ok_or(ModelError::MissingLogits)
     }
 }
 

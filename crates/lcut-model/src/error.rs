@@ -191,6 +191,24 @@ pub enum ModelError {
     /// Empty input.
     #[error("no tokens given: a forward pass needs at least one token")]
     EmptyInput,
+    /// A layer's cache was empty right after this chunk's keys were added
+    /// to it (a bug if it ever shows).
+    #[error("the K/V cache of layer {layer} is empty after appending this chunk's keys")]
+    EmptyCache {
+        /// The layer.
+        layer: usize,
+    },
+    /// A teacher-forced run produced no logits (a bug if it ever shows).
+    #[error("the forward pass produced no logits: no token reached the top layer")]
+    MissingLogits,
+    /// Only a full-depth prefix can be restricted to another policy.
+    #[error(
+        "only a full-depth prefill can be reused under another policy; this one ran under {policy}"
+    )]
+    NotFullDepthPrefix {
+        /// The policy the prefix ran under.
+        policy: String,
+    },
     /// A prefill cannot be shared with a SlimInfer run: its selection is
     /// made from the run's own states above the first cut.
     #[error(

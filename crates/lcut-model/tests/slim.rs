@@ -458,3 +458,34 @@ fn recorded_block_scores_equal_a_recomputation_from_the_weights() -> Result<()> 
     }
     Ok(())
 }
+
+#[test]
+fn only_a_full_depth_prefill_is_reused_under_another_policy() -> Result<()> {
+    let c = cases()?.remove(0);
+    let layers = c.model.config().num_layers;
+    let s = c.decode_start;
+    let speed = policy("speed:2+bos", layers)?;
+    let phases = TokenPhases::new(c.ids.len(), s, 1)?;
+    let mut seq = c.model.new_sequence(speed, phases)?;
+    c.model
+        .forward(&mut seq, &c.ids[..s], LogitRows::None, None)?;
+    let err = seq
+        .restricted(policy("speed:3+bos", layers)?, phases)
+        .unwrap_err();
+    ensure!(
+        matches!(err, lcut_model::ModelError::NotFullDepthPrefix { .. }),
+        "{err}"
+    );
+    ensure!(err.to_string().contains("speed:2+bos"), "{err}");
+    let mut full = c.model.new_full_sequence();
+    c.model
+        .forward(&mut full, &c.ids[..s], LogitRows::None, None)?;
+    let slim = policy("slim:2@50%+block:4", layers)?;
+    let err = full.restricted(slim, phases).unwrap_err();
+    ensure!(
+        matches!(err, lcut_model::ModelError::SlimNotRestrictable { .. }),
+        "{err}"
+    );
+    ensure!(full.restricted(speed, phases).is_ok());
+    Ok(())
+}
