@@ -66,6 +66,23 @@ fn max_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
     Ok((a - b)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?)
 }
 
+/// Two runs give the same logits (1e-5) and hold the same K/V bytes.
+fn ensure_same_run(
+    what: &str,
+    (a, sa): &(Tensor, Sequence),
+    (b, sb): &(Tensor, Sequence),
+) -> Result<()> {
+    let d = max_diff(a, b)?;
+    ensure!(d <= 1e-5, "{what}: logits differ by {d:e}");
+    ensure!(
+        sa.kv_bytes_held() == sb.kv_bytes_held(),
+        "{what}: {} bytes held against {}",
+        sa.kv_bytes_held(),
+        sb.kv_bytes_held()
+    );
+    Ok(())
+}
+
 #[test]
 fn speed_is_the_special_case_of_one_kept_sink_and_nothing_else() -> Result<()> {
     for c in cases()? {
@@ -89,17 +106,9 @@ fn speed_is_the_special_case_of_one_kept_sink_and_nothing_else() -> Result<()> {
                     format!("speed:{cut}+prefix:16"),
                 ),
             ] {
-                let (a, sa) = incremental(&c, policy(&slim, layers)?, 7)?;
-                let (b, sb) = incremental(&c, policy(&speed, layers)?, 7)?;
-                let d = max_diff(&a, &b)?;
-                ensure!(d <= 1e-5, "{}: {slim} vs {speed}: {d:e}", c.name);
-                ensure!(
-                    sa.kv_bytes_held() == sb.kv_bytes_held(),
-                    "{}: {slim} holds {} bytes, {speed} {}",
-                    c.name,
-                    sa.kv_bytes_held(),
-                    sb.kv_bytes_held()
-                );
+                let a = incremental(&c, policy(&slim, layers)?, 7)?;
+                let b = incremental(&c, policy(&speed, layers)?, 7)?;
+                ensure_same_run(&format!("{}: {slim} vs {speed}", c.name), &a, &b)?;
             }
         }
     }
@@ -110,7 +119,7 @@ fn speed_is_the_special_case_of_one_kept_sink_and_nothing_else() -> Result<()> {
 fn budgets_that_cover_the_prompt_are_the_full_model() -> Result<()> {
     for c in cases()? {
         let layers = c.model.config().num_layers;
-        let (full, sf) = incremental(&c, Policy::full(layers), 5)?;
+        let full = incremental(&c, Policy::full(layers), 5)?;
         for text in [
             "slim:1@100%+block:4+unit:2",
             "slim:paper",
@@ -118,16 +127,8 @@ fn budgets_that_cover_the_prompt_are_the_full_model() -> Result<()> {
             // a prompt shorter than the sink: all of it is the sink
             "slim:1@10%",
         ] {
-            let (rows, seq) = incremental(&c, policy(text, layers)?, 5)?;
-            let d = max_diff(&rows, &full)?;
-            ensure!(d <= 1e-5, "{}: {text} vs full: {d:e}", c.name);
-            ensure!(
-                seq.kv_bytes_held() == sf.kv_bytes_held(),
-                "{}: {text} holds {} bytes, full {}",
-                c.name,
-                seq.kv_bytes_held(),
-                sf.kv_bytes_held()
-            );
+            let run = incremental(&c, policy(text, layers)?, 5)?;
+            ensure_same_run(&format!("{}: {text} vs full", c.name), &run, &full)?;
         }
     }
     Ok(())
