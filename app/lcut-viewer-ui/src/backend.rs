@@ -61,25 +61,8 @@ pub enum Command {
         /// context length.
         sweep_context_len: Option<usize>,
     },
-    /// Generate with the full model and SPEED side by side.
-    RunGenerate {
-        /// The job.
-        job: JobId,
-        /// The prompt text.
-        prompt: String,
-        /// SPEED's cutoff.
-        l_cut: usize,
-        /// Keep BoS as an anchor (SPEED+BoS); otherwise anchor-free.
-        keep_bos: bool,
-        /// Most new tokens.
-        max_new_tokens: usize,
-        /// Wrap the prompt in the model's chat template when it has one.
-        use_chat_template: bool,
-        /// A third policy run in lockstep beside the two (a SlimInfer
-        /// policy such as `slim:1/3@50%,2/3@25%+block:16+unit:4`), resolved
-        /// against the model's depth by the worker.
-        extra: Option<Box<PolicySpec>>,
-    },
+    /// Generate with the full model and SPEED side by side (and a third policy).
+    RunGenerate(LiveRequest),
     /// Stop the job (also signalled through the shared watermark).
     Cancel(JobId),
     /// Write the report in `format` to `dir`.
@@ -350,6 +333,28 @@ impl WorkerPort {
             message: message.into(),
         })
     }
+}
+
+/// What a live generation is asked for: the viewer's command, and what the
+/// worker runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LiveRequest {
+    /// The job.
+    pub job: JobId,
+    /// The prompt text.
+    pub prompt: String,
+    /// SPEED's cutoff.
+    pub l_cut: usize,
+    /// Keep BoS as an anchor (SPEED+BoS); otherwise anchor-free.
+    pub keep_bos: bool,
+    /// Most new tokens.
+    pub max_new_tokens: usize,
+    /// Wrap the prompt in the model's chat template when it has one.
+    pub use_chat_template: bool,
+    /// A third policy run in lockstep beside the two (a SlimInfer
+    /// policy such as `slim:1/3@50%,2/3@25%+block:16+unit:4`), resolved
+    /// against the model's depth by the worker.
+    pub extra: Option<Box<PolicySpec>>,
 }
 
 #[cfg(test)]

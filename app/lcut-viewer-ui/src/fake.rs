@@ -11,7 +11,8 @@ use lcut_diag::synthetic::synthetic_report;
 use lcut_policy::{CutRecord, PolicySpec, SlimSelection, SlimTrace, StepRecord, TokenPhases};
 
 use crate::backend::{
-    Command, Event, JobId, LiveMetrics, LiveStep, LiveToken, ModelSummary, PromptSource, WorkerPort,
+    Command, Event, JobId, LiveMetrics, LiveRequest, LiveStep, LiveToken, ModelSummary,
+    PromptSource, WorkerPort,
 };
 use crate::jobs::{serve_export, serve_open_report};
 use crate::live::DEFAULT_SLIM;
@@ -314,13 +315,13 @@ pub fn serve(port: WorkerPort, o: FakeOptions) {
                 sweep_context_len,
                 ..
             } => diagnose(&port, job, &prompts, sweep_context_len.is_some(), &o),
-            Command::RunGenerate {
+            Command::RunGenerate(LiveRequest {
                 job,
                 l_cut,
                 max_new_tokens,
                 extra,
                 ..
-            } => {
+            }) => {
                 let run = FakeRun {
                     job,
                     l_cut,

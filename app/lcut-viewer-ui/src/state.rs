@@ -10,7 +10,7 @@ use std::sync::Arc;
 use lcut_report::Format;
 use lcut_trace::Report;
 
-use crate::backend::{Backend, Command, Event, JobId, ModelSummary, PromptSource};
+use crate::backend::{Backend, Command, Event, JobId, LiveRequest, ModelSummary, PromptSource};
 use crate::colormap::ColorScale;
 use crate::cost_panel::CostSettings;
 use crate::files::FileDialogState;
@@ -342,14 +342,16 @@ impl ViewerState {
             self.live.max_new_tokens,
         );
         let use_chat_template = self.inputs.use_chat_template;
-        let ok = self.start(JobKind::Generate, |job| Command::RunGenerate {
-            job,
-            prompt,
-            l_cut,
-            keep_bos,
-            max_new_tokens,
-            use_chat_template,
-            extra,
+        let ok = self.start(JobKind::Generate, |job| {
+            Command::RunGenerate(LiveRequest {
+                job,
+                prompt,
+                l_cut,
+                keep_bos,
+                max_new_tokens,
+                use_chat_template,
+                extra,
+            })
         });
         if ok {
             self.live.begin(l_cut);

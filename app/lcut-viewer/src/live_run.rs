@@ -9,28 +9,11 @@ use lcut_engine::{
     EngineError, Generation, GenerationConfig, PreparedPrompt, Sampling, Session, Step,
     TextTokenizer, kl_divergence,
 };
-use lcut_policy::{Anchors, Policy, PolicyKind, PolicySpec};
-use lcut_viewer_ui::backend::{Event, JobId, LiveMetrics, LiveStep, LiveToken, WorkerPort};
+use lcut_policy::{Anchors, Policy, PolicyKind};
+use lcut_viewer_ui::backend::{
+    Event, JobId, LiveMetrics, LiveRequest, LiveStep, LiveToken, WorkerPort,
+};
 use lcut_viewer_ui::slim_data::SlimRunView;
-
-/// What a live generation was asked for.
-#[derive(Debug, Clone)]
-pub struct LiveRequest {
-    /// The job.
-    pub job: JobId,
-    /// The prompt text.
-    pub prompt: String,
-    /// SPEED's cutoff.
-    pub l_cut: usize,
-    /// SPEED keeps BoS as an anchor.
-    pub keep_bos: bool,
-    /// Most new tokens.
-    pub max_new_tokens: usize,
-    /// Wrap the prompt in the chat template when the model has one.
-    pub use_chat_template: bool,
-    /// The third policy, if any.
-    pub extra: Option<Box<PolicySpec>>,
-}
 
 /// Text of each new token as it extends the decoded output (so spaces and
 /// multi-token characters come out right), or `[id]` when it adds nothing.

@@ -16,8 +16,9 @@ use lcut_model::{DType, Device};
 use lcut_viewer_ui::backend::{Command, Event, JobId, ModelSummary, PromptSource, WorkerPort};
 use lcut_viewer_ui::jobs::{serve_export, serve_open_report};
 
-use crate::live_run::{LiveRequest, run_live};
+use crate::live_run::run_live;
 use crate::paths;
+use lcut_viewer_ui::backend::LiveRequest;
 
 /// What the worker needs besides its commands.
 #[derive(Debug, Clone)]
@@ -146,23 +147,7 @@ impl EngineWorker {
                     };
                     self.diagnose(job, &prompts, opts, sweep_context_len);
                 }
-                Command::RunGenerate {
-                    job,
-                    prompt,
-                    l_cut,
-                    keep_bos,
-                    max_new_tokens,
-                    use_chat_template,
-                    extra,
-                } => self.generate(&LiveRequest {
-                    job,
-                    prompt,
-                    l_cut,
-                    keep_bos,
-                    max_new_tokens,
-                    use_chat_template,
-                    extra,
-                }),
+                Command::RunGenerate(request) => self.generate(&request),
                 Command::Export {
                     report,
                     format,
