@@ -15,6 +15,7 @@ use super::{DiagnoseEvent, LabelledPrompt, model_identity};
 use crate::compare::log_softmax_rows;
 use crate::error::{EngineError, Result};
 use crate::generate::{Generation, GenerationConfig};
+use crate::prompt::PreparedPrompt;
 use crate::session::Session;
 
 /// Settings of a sweep.
@@ -106,6 +107,98 @@ fn sweep_policies(num_layers: usize, opts: &SweepOptions) -> Result<Vec<Policy>>
     Ok(out)
 }
 
+/// The full model's greedy continuation of prompt `index`.
+fn full_continuation(
+    session: &Session,
+    prompt: &PreparedPrompt,
+    opts: &SweepOptions,
+    index: usize,
+    on_event: &mut dyn FnMut(&DiagnoseEvent) -> bool,
+) -> Result<Vec<u32>> {
+    let layers = session.model.config().num_layers;
+    let config = GenerationConfig {
+        max_new_tokens: opts.max_new_tokens,
+        stop_tokens: session.stop_tokens(),
+        prefill_chunk: opts.prefill_chunk,
+        ..GenerationConfig::default()
+    };
+    let mut generation =
+        Generation::new(&session.model, prompt.clone(), Policy::full(layers), config)?;
+    let prefilled = generation.prefill_with(None, |p| {
+        on_event(&DiagnoseEvent::Prefill {
+            index,
+            done: p.done,
+            total: p.total,
+        })
+    })?;
+    if !prefilled {
+        return Err(EngineError::Cancelled);
+    }
+    Ok(generation.run(|_| true)?.tokens)
+}
+
+/// The prompt up to the decode start at full depth, shared by every
+/// cutoff; in chunks, so that a long prompt's mask and progress stay per chunk.
+fn full_prefix(
+    model: &Decoder,
+    prompt: &PreparedPrompt,
+    chunk: usize,
+    index: usize,
+    on_event: &mut dyn FnMut(&DiagnoseEvent) -> bool,
+) -> Result<Sequence> {
+    let s = prompt.decode_start;
+    let mut prefix = model.new_full_sequence();
+    prefix.reserve(s);
+    for start in (0..s).step_by(chunk) {
+        let end = (start + chunk).min(s);
+        model.forward(&mut prefix, &prompt.ids[start..end], LogitRows::None, None)?;
+        if !on_event(&DiagnoseEvent::Prefill {
+            index,
+            done: end,
+            total: s,
+        }) {
+            return Err(EngineError::Cancelled);
+        }
+    }
+    Ok(prefix)
+}
+
+/// A SPEED point: its quality sums and its costs at the context length.
+fn speed_point(
+    policy: &Policy,
+    t: &Totals,
+    opts: &SweepOptions,
+    shape: &FlopShape,
+    kv_shape: &lcut_policy::KvShape,
+) -> SweepPoint {
+    let layers = policy.num_layers();
+    let full = Policy::full(layers);
+    let anchors = policy.anchors().len(None).unwrap_or(0);
+    let ctx = opts.context_len.max(anchors + 1);
+    let cost = KvCost {
+        anchors,
+        prefill: ctx - anchors - 1,
+        decode: 1 + opts.max_new_tokens,
+    };
+    let kv = cost.bytes(policy, kv_shape);
+    let kv_full = cost.bytes(&full, kv_shape);
+    let split = PromptSplit::raw(ctx, anchors);
+    let flops = prefill_flops(shape, policy.l_cut(), split);
+    let flops_full = prefill_flops(shape, layers, split);
+    let n = t.tokens.max(1) as f64;
+    SweepPoint {
+        l_cut: policy.l_cut(),
+        anchors: if anchors == 0 { "none" } else { "bos" }.to_string(),
+        top1_agreement: (t.agree / n) as f32,
+        mean_kl: (t.kl / n) as f32,
+        nll: (t.nll / n) as f32,
+        kv_bytes: kv,
+        kv_ratio: kv as f32 / kv_full.max(1) as f32,
+        prefill_flops: flops,
+        prefill_ratio: (flops / flops_full.max(1.0)) as f32,
+    }
+}
+
 /// Run the sweep over `prompts`; `on_event` returns false to cancel.
 pub fn sweep(
     session: &Session,
@@ -135,45 +228,14 @@ pub fn sweep(
             return Err(EngineError::Cancelled);
         }
         let prompt = &lp.prompt;
-        let config = GenerationConfig {
-            max_new_tokens: opts.max_new_tokens,
-            stop_tokens: session.stop_tokens(),
-            prefill_chunk: opts.prefill_chunk,
-            ..GenerationConfig::default()
-        };
         let chunk = opts.prefill_chunk.max(1);
-        let mut generation = Generation::new(model, prompt.clone(), Policy::full(layers), config)?;
-        let prefilled = generation.prefill_with(None, |p| {
-            on_event(&DiagnoseEvent::Prefill {
-                index: i,
-                done: p.done,
-                total: p.total,
-            })
-        })?;
-        if !prefilled {
-            return Err(EngineError::Cancelled);
-        }
-        let continuation = generation.run(|_| true)?.tokens;
+        let continuation = full_continuation(session, prompt, opts, i, on_event)?;
         let s = prompt.decode_start;
         let mut fed: Vec<u32> = prompt.ids[s..].to_vec();
         fed.extend_from_slice(&continuation[..continuation.len().saturating_sub(1)]);
         // rows of `fed` that predict the continuation: positions P-1 .. P+n-2
         let first_row = prompt.len() - 1 - s;
-        // the prompt up to the decode start, shared by every cutoff; in
-        // chunks, so that a long prompt's mask and progress stay per chunk
-        let mut prefix = model.new_full_sequence();
-        prefix.reserve(s);
-        for start in (0..s).step_by(chunk) {
-            let end = (start + chunk).min(s);
-            model.forward(&mut prefix, &prompt.ids[start..end], LogitRows::None, None)?;
-            if !on_event(&DiagnoseEvent::Prefill {
-                index: i,
-                done: end,
-                total: s,
-            }) {
-                return Err(EngineError::Cancelled);
-            }
-        }
+        let prefix = full_prefix(model, prompt, chunk, i, on_event)?;
         let rows =
             |t: Tensor| -> Result<Tensor> { Ok(t.narrow(0, first_row, continuation.len())?) };
         // the full model's rows, and where its decode queries read the prompt
@@ -226,36 +288,10 @@ pub fn sweep(
     }
     let shape = FlopShape::from(&model_identity(session)?);
     let kv_shape = model.kv_shape();
-    let full = Policy::full(layers);
     let points = policies
         .iter()
         .zip(&totals)
-        .map(|(policy, t)| {
-            let anchors = policy.anchors().len(None).unwrap_or(0);
-            let ctx = opts.context_len.max(anchors + 1);
-            let cost = KvCost {
-                anchors,
-                prefill: ctx - anchors - 1,
-                decode: 1 + opts.max_new_tokens,
-            };
-            let kv = cost.bytes(policy, &kv_shape);
-            let kv_full = cost.bytes(&full, &kv_shape);
-            let split = PromptSplit::raw(ctx, anchors);
-            let flops = prefill_flops(&shape, policy.l_cut(), split);
-            let flops_full = prefill_flops(&shape, layers, split);
-            let n = t.tokens.max(1) as f64;
-            SweepPoint {
-                l_cut: policy.l_cut(),
-                anchors: if anchors == 0 { "none" } else { "bos" }.to_string(),
-                top1_agreement: (t.agree / n) as f32,
-                mean_kl: (t.kl / n) as f32,
-                nll: (t.nll / n) as f32,
-                kv_bytes: kv,
-                kv_ratio: kv as f32 / kv_full.max(1) as f32,
-                prefill_flops: flops,
-                prefill_ratio: (flops / flops_full.max(1.0)) as f32,
-            }
-        })
+        .map(|(policy, t)| speed_point(policy, t, opts, &shape, &kv_shape))
         .collect();
     let mut result = finish_sweep(opts.context_len, points, thresholds);
     result.policies = opts
