@@ -179,6 +179,85 @@ fn warm_up(
     Ok(())
 }
 
+/// Every policy on `prompt`, `args.repeats` rounds; rounds interleave the
+/// policies so that load changes on the machine hit every policy alike.
+fn measure_rounds(
+    model: &Decoder,
+    prompt: &PreparedPrompt,
+    policies: &[Policy],
+    args: &BenchArgs,
+    bar: &ProgressBar,
+) -> Result<Vec<Vec<GenerationOutput>>> {
+    let len = prompt.len();
+    let mut runs: Vec<Vec<GenerationOutput>> = vec![Vec::new(); policies.len()];
+    for _ in 0..args.repeats.max(1) {
+        for (k, policy) in policies.iter().enumerate() {
+            bar.set_message(format!("{policy} @ {len}"));
+            let config = GenerationConfig {
+                max_new_tokens: args.new_tokens,
+                prefill_chunk: args.prefill_chunk,
+                ..GenerationConfig::default()
+            };
+            let mut generation = Generation::new(model, prompt.clone(), *policy, config)?;
+            // chunk by chunk, so that a long prefill shows where it is
+            generation.prefill_with(None, |p| {
+                bar.set_message(format!("{policy} @ {len}: prefill {}/{}", p.done, p.total));
+                true
+            })?;
+            bar.set_message(format!("{policy} @ {len}: decode"));
+            runs[k].push(generation.run(|_| true)?);
+            bar.inc(1);
+        }
+    }
+    Ok(runs)
+}
+
+/// One policy's row at one prompt length: medians over its rounds, K/V
+/// checked against the cost formula, the FLOP prediction and peak memory
+/// (ratios against full are filled in by the caller).
+fn bench_row(
+    model: &Decoder,
+    policy: &Policy,
+    outs: &[GenerationOutput],
+    len: usize,
+    args: &BenchArgs,
+    block: usize,
+) -> Result<BenchRow> {
+    let out = outs.last().context("no run")?;
+    let ttft = outs.iter().map(|o| o.timing.ttft_s).collect();
+    let tpot = outs.iter().map(|o| o.timing.tpot_s).collect();
+    if out.kv_bytes_held != out.kv_bytes_formula {
+        bail!(
+            "{policy}: caches hold {} bytes but the cost formula says {}",
+            out.kv_bytes_held,
+            out.kv_bytes_formula
+        );
+    }
+    let peak = lcut_model::memory::estimate(
+        model.config(),
+        model.dtype(),
+        out.kv_bytes_formula,
+        len + args.new_tokens,
+        args.prefill_chunk,
+        block,
+    );
+    Ok(BenchRow {
+        policy: policy.to_string(),
+        prompt_len: len,
+        new_tokens: out.tokens.len(),
+        peak_bytes_estimate: peak.total(),
+        ttft_s: median(ttft),
+        tpot_s: median(tpot),
+        kv_bytes: out.kv_bytes_held,
+        kv_bytes_formula: out.kv_bytes_formula,
+        kv_bytes_resident: out.kv_bytes_resident,
+        prefill_flops_ratio: predicted_flops_ratio(model, policy, out, len),
+        ttft_ratio: 1.0,
+        tpot_ratio: 1.0,
+        kv_ratio: 1.0,
+    })
+}
+
 /// Run `lcut bench`.
 pub fn run(args: &BenchArgs) -> Result<()> {
     let mode = parse_weight_mode(&args.dtype)?;
@@ -253,64 +332,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     for &len in &lengths {
         let ids = random_prompt(len, model.config().vocab_size, bos, len as u64);
         let prompt = PreparedPrompt::from_ids(ids, None)?;
+        let runs = measure_rounds(&model, &prompt, &policies, args, &bar)?;
         let mut at_len: Vec<BenchRow> = Vec::new();
-        // Rounds interleave the policies so that load changes on the machine
-        // hit every policy alike; the median over rounds is reported.
-        let mut runs: Vec<Vec<GenerationOutput>> = vec![Vec::new(); policies.len()];
-        for _ in 0..args.repeats.max(1) {
-            for (k, policy) in policies.iter().enumerate() {
-                bar.set_message(format!("{policy} @ {len}"));
-                let config = GenerationConfig {
-                    max_new_tokens: args.new_tokens,
-                    prefill_chunk: args.prefill_chunk,
-                    ..GenerationConfig::default()
-                };
-                let mut generation = Generation::new(&model, prompt.clone(), *policy, config)?;
-                // chunk by chunk, so that a long prefill shows where it is
-                generation.prefill_with(None, |p| {
-                    bar.set_message(format!("{policy} @ {len}: prefill {}/{}", p.done, p.total));
-                    true
-                })?;
-                bar.set_message(format!("{policy} @ {len}: decode"));
-                runs[k].push(generation.run(|_| true)?);
-                bar.inc(1);
-            }
-        }
         for (policy, outs) in policies.iter().zip(&runs) {
-            let out = outs.last().context("no run")?;
-            let ttft = outs.iter().map(|o| o.timing.ttft_s).collect();
-            let tpot = outs.iter().map(|o| o.timing.tpot_s).collect();
-            if out.kv_bytes_held != out.kv_bytes_formula {
-                bail!(
-                    "{policy}: caches hold {} bytes but the cost formula says {}",
-                    out.kv_bytes_held,
-                    out.kv_bytes_formula
-                );
-            }
-            let flops_ratio = predicted_flops_ratio(&model, policy, out, len);
-            let peak = lcut_model::memory::estimate(
-                model.config(),
-                dtype,
-                out.kv_bytes_formula,
-                len + args.new_tokens,
-                args.prefill_chunk,
-                block,
-            );
-            at_len.push(BenchRow {
-                policy: policy.to_string(),
-                prompt_len: len,
-                new_tokens: out.tokens.len(),
-                peak_bytes_estimate: peak.total(),
-                ttft_s: median(ttft),
-                tpot_s: median(tpot),
-                kv_bytes: out.kv_bytes_held,
-                kv_bytes_formula: out.kv_bytes_formula,
-                kv_bytes_resident: out.kv_bytes_resident,
-                prefill_flops_ratio: flops_ratio,
-                ttft_ratio: 1.0,
-                tpot_ratio: 1.0,
-                kv_ratio: 1.0,
-            });
+            at_len.push(bench_row(&model, policy, outs, len, args, block)?);
         }
         let full = at_len[0].clone();
         for r in &mut at_len {
