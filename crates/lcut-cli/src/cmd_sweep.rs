@@ -66,7 +66,7 @@ fn suite_accuracy(
         cuts: cuts.to_vec(),
         anchors: Anchors::Bos,
         max_new_tokens: args.eval_max_new_tokens,
-        prefill_chunk: 512,
+        prefill_chunk: lcut_engine::GenerationConfig::default().prefill_chunk,
     };
     let bar = progress_bar();
     bar.set_length(items.len() as u64);

@@ -141,6 +141,28 @@ pub struct GenerationOutput {
     pub slim: Option<SlimTrace>,
 }
 
+/// Run `prompt`'s tokens before its decode start through `seq` in chunks
+/// of `chunk` tokens (no logits); `on_chunk(done)` after each chunk returns
+/// false to stop early, and then this returns `Ok(false)`.
+pub(crate) fn prefill_before_decode_start(
+    model: &Decoder,
+    seq: &mut Sequence,
+    prompt: &PreparedPrompt,
+    chunk: usize,
+    mut on_chunk: impl FnMut(usize) -> bool,
+) -> Result<bool> {
+    let s = prompt.decode_start;
+    let chunk = chunk.max(1);
+    for start in (0..s).step_by(chunk) {
+        let end = (start + chunk).min(s);
+        model.forward(seq, &prompt.ids[start..end], LogitRows::None, None)?;
+        if !on_chunk(end) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 /// How far the prompt's prefill has got, in prompt tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PrefillProgress {

@@ -141,7 +141,7 @@ fn selection_rule(seq: &Sequence) -> impl Fn(usize, usize, usize) -> bool + Send
     let run = seq.slim().expect("a SlimInfer run");
     let params = *run.selection().params();
     let (s, sink) = (seq.phases().decode_start(), seq.phases().anchor_len());
-    let kept: Vec<Vec<usize>> = run.cut_records().iter().map(|r| r.kept.clone()).collect();
+    let kept = kept_sets(seq);
     let active: HashMap<usize, Vec<Vec<usize>>> = run
         .steps()
         .iter()
@@ -211,29 +211,23 @@ fn a_pruned_run_equals_a_full_run_masked_to_its_selection() -> Result<()> {
     Ok(())
 }
 
+/// The blocks the prefill kept at each cut.
+fn kept_sets(seq: &Sequence) -> Vec<Vec<usize>> {
+    let run = seq.slim().expect("a SlimInfer run");
+    run.cut_records().iter().map(|r| r.kept.clone()).collect()
+}
+
 #[test]
 fn the_selection_and_logits_do_not_depend_on_chunk_or_attention_block_sizes() -> Result<()> {
     let text = "slim:1/3@50%,2/3@25%+block:4+unit:2";
     for mut c in cases()? {
         let layers = c.model.config().num_layers;
         let (base, seq) = incremental(&c, policy(text, layers)?, c.decode_start)?;
-        let kept: Vec<Vec<usize>> = seq
-            .slim()
-            .unwrap()
-            .cut_records()
-            .iter()
-            .map(|r| r.kept.clone())
-            .collect();
+        let kept = kept_sets(&seq);
         for (chunk, block_elems) in [(1, usize::MAX), (5, 64), (11, 1)] {
             c.model.set_attention_block_elems(block_elems);
             let (rows, seq) = incremental(&c, policy(text, layers)?, chunk)?;
-            let other: Vec<Vec<usize>> = seq
-                .slim()
-                .unwrap()
-                .cut_records()
-                .iter()
-                .map(|r| r.kept.clone())
-                .collect();
+            let other = kept_sets(&seq);
             ensure!(
                 other == kept,
                 "{}: chunk {chunk}: {other:?} vs {kept:?}",

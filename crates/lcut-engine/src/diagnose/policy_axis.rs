@@ -17,6 +17,7 @@ use lcut_trace::PolicyPoint;
 
 use super::sweep::{Totals, score};
 use crate::error::{EngineError, Result};
+use crate::generate::prefill_before_decode_start;
 use crate::prompt::PreparedPrompt;
 
 /// A policy on the comparison axis, with the SPEED point it is paired with.
@@ -150,10 +151,7 @@ pub(super) fn measure(
     let mut seq = model.new_sequence(policy, phases)?;
     seq.reserve(prompt.len() + continuation.len());
     let s = prompt.decode_start;
-    for start in (0..s).step_by(chunk.max(1)) {
-        let end = (start + chunk.max(1)).min(s);
-        model.forward(&mut seq, &prompt.ids[start..end], LogitRows::None, None)?;
-    }
+    prefill_before_decode_start(model, &mut seq, prompt, chunk, |_| true)?;
     let mut rows = Vec::with_capacity(continuation.len());
     let first = model.forward(&mut seq, &prompt.ids[s..], LogitRows::Last, None)?;
     rows.push(first.logits.ok_or(EngineError::MissingLogits {

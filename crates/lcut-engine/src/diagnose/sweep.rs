@@ -14,7 +14,7 @@ use super::policy_axis::{AxisPolicy, AxisTotals, measure};
 use super::{DiagnoseEvent, LabelledPrompt, model_identity};
 use crate::compare::log_softmax_rows;
 use crate::error::{EngineError, Result};
-use crate::generate::{Generation, GenerationConfig};
+use crate::generate::{Generation, GenerationConfig, prefill_before_decode_start};
 use crate::prompt::PreparedPrompt;
 use crate::session::Session;
 
@@ -149,16 +149,15 @@ fn full_prefix(
     let s = prompt.decode_start;
     let mut prefix = model.new_full_sequence();
     prefix.reserve(s);
-    for start in (0..s).step_by(chunk) {
-        let end = (start + chunk).min(s);
-        model.forward(&mut prefix, &prompt.ids[start..end], LogitRows::None, None)?;
-        if !on_event(&DiagnoseEvent::Prefill {
+    let done = prefill_before_decode_start(model, &mut prefix, prompt, chunk, |end| {
+        on_event(&DiagnoseEvent::Prefill {
             index,
             done: end,
             total: s,
-        }) {
-            return Err(EngineError::Cancelled);
-        }
+        })
+    })?;
+    if !done {
+        return Err(EngineError::Cancelled);
     }
     Ok(prefix)
 }

@@ -10,6 +10,7 @@ use lcut_trace::CutoffAccuracy;
 use super::SuiteItem;
 use super::result::wilson;
 use crate::error::{EngineError, Result};
+use crate::generate::prefill_before_decode_start;
 use crate::prompt::PreparedPrompt;
 use crate::session::Session;
 
@@ -75,16 +76,11 @@ pub fn accuracy_by_cutoff(
         .map(|&c| Policy::new(PolicyKind::Speed, c, layers, opts.anchors))
         .collect::<std::result::Result<Vec<_>, _>>()?;
     let mut correct = vec![0usize; policies.len()];
-    let chunk = opts.prefill_chunk.max(1);
     for (i, item) in items.iter().enumerate() {
         let prompt = session.prepare_text(&item.prompt, item.system.as_deref(), true)?;
-        let s = prompt.decode_start;
         let mut prefix = model.new_full_sequence();
         prefix.reserve(prompt.len() + opts.max_new_tokens);
-        for start in (0..s).step_by(chunk) {
-            let end = (start + chunk).min(s);
-            model.forward(&mut prefix, &prompt.ids[start..end], LogitRows::None, None)?;
-        }
+        prefill_before_decode_start(model, &mut prefix, &prompt, opts.prefill_chunk, |_| true)?;
         for (k, policy) in policies.iter().enumerate() {
             let seq = prefix.restricted(*policy, prompt.phases(policy)?)?;
             let text = answer_from(session, seq, &prompt, opts.max_new_tokens)?;
