@@ -417,9 +417,6 @@ impl<'m> Generation<'m> {
         let (formula, resident, slim) = match self.seq.slim() {
             Some(run) => {
                 let sel = run.selection();
-                let kept: Vec<usize> = (0..sel.params().cuts().len())
-                    .map(|i| sel.kept_tokens(i))
-                    .collect();
                 let trace = SlimTrace {
                     bytes_per_token_layer: b,
                     block: sel.params().options.block,
@@ -427,11 +424,7 @@ impl<'m> Generation<'m> {
                     prefill_tokens: cost.prefill,
                     cuts: run.cut_records().to_vec(),
                     steps: run.steps().to_vec(),
-                    equal_kv_cutoff: sel.params().equal_kv_cutoff(
-                        policy.num_layers(),
-                        cost.prefill,
-                        &kept,
-                    ),
+                    equal_kv_cutoff: sel.equal_kv_cutoff(),
                 };
                 (
                     b * sel.held_token_layers(cost.decode) as u64,

@@ -188,6 +188,21 @@ impl SlimSelection {
         self.block_tokens(&self.kept[i])
     }
 
+    /// P_i for every cut, in cut order.
+    pub fn kept_tokens_per_cut(&self) -> Vec<usize> {
+        (0..self.kept.len()).map(|i| self.kept_tokens(i)).collect()
+    }
+
+    /// The SPEED cutoff holding the same prompt K/V as this selection (§4.7's
+    /// `L_eq`; the depth when there is no prunable prompt).
+    pub fn equal_kv_cutoff(&self) -> f64 {
+        self.params.equal_kv_cutoff(
+            self.num_layers,
+            self.phases.prefill_len(),
+            &self.kept_tokens_per_cut(),
+        )
+    }
+
     /// R_i: Prefill-phase tokens of A_t ∩ S_i (what decode reads at cut `i`).
     pub fn resident_tokens(&self, i: usize) -> usize {
         self.block_tokens(&and(&self.active[i], &self.kept[i]))

@@ -183,14 +183,12 @@ pub(super) fn measure(
     match (seq.slim(), policy.slim()) {
         (Some(run), Some(params)) => {
             let sel = run.selection();
-            let kept: Vec<usize> = (0..params.cuts().len())
-                .map(|i| sel.kept_tokens(i))
-                .collect();
+            let kept = sel.kept_tokens_per_cut();
             totals.resident += b * sel.resident_token_layers(cost.decode) as f64;
             let tokens = slim_tokens_per_layer(layers, params.cuts(), n, cost.prefill, &kept);
             totals.flops += layered_prefill_flops(&shape, &tokens);
-            totals.equal_kv_cutoff += params.equal_kv_cutoff(layers, cost.prefill, &kept);
-            let precision = scorer_precision(mass, run.selection());
+            totals.equal_kv_cutoff += sel.equal_kv_cutoff();
+            let precision = scorer_precision(mass, sel);
             totals.precision.resize(precision.len(), 0.0);
             for (sum, p) in totals.precision.iter_mut().zip(precision) {
                 *sum += p;
