@@ -1,30 +1,28 @@
 //! CSV export of the per-layer curves, one row per layer.
 //!
-//! Columns: `layer, bos, anchor, prefill, decode, self, entropy_head_mean,
-//! entropy_weighted, tail_mass, curvature_prompt, curvature_generated,
-//! straightening_prompt, straightening_generated`. `tail_mass` is R(layer), the
-//! share dropped by a cut at this layer; curvature and straightening are those
-//! of the layer's output (index `layer + 1`; C_0 = curvature − straightening).
-//! Values are written at full `f32` precision; NaN is an empty cell.
+//! Columns: `layer`, then one per entry of [`LAYER_METRICS`], named by it
+//! (`bos, anchor, prefill, decode, self, entropy_head_mean, entropy_weighted,
+//! tail_mass, curvature_prompt, curvature_generated, straightening_prompt,
+//! straightening_generated`). A row reads each series at the table's row index:
+//! `tail_mass` is R(layer), the share dropped by a cut at this layer; curvature
+//! and straightening are those of the layer's output (index `layer + 1`;
+//! C_0 = curvature − straightening). Values are written at full `f32`
+//! precision; NaN is an empty cell.
 
-use lcut_trace::Report;
+use lcut_trace::{LAYER_METRICS, Report};
 
-/// The CSV header line's columns.
-pub const COLUMNS: [&str; 13] = [
-    "layer",
-    "bos",
-    "anchor",
-    "prefill",
-    "decode",
-    "self",
-    "entropy_head_mean",
-    "entropy_weighted",
-    "tail_mass",
-    "curvature_prompt",
-    "curvature_generated",
-    "straightening_prompt",
-    "straightening_generated",
-];
+/// The CSV header line's columns: `layer` and the table's metric names.
+pub const COLUMNS: [&str; 1 + LAYER_METRICS.len()] = columns();
+
+const fn columns() -> [&'static str; 1 + LAYER_METRICS.len()] {
+    let mut out = ["layer"; 1 + LAYER_METRICS.len()];
+    let mut i = 0;
+    while i < LAYER_METRICS.len() {
+        out[i + 1] = LAYER_METRICS[i].name;
+        i += 1;
+    }
+    out
+}
 
 fn value(x: f32) -> String {
     if x.is_finite() {
@@ -40,26 +38,31 @@ pub fn render_csv(r: &Report) -> String {
     let mut out = COLUMNS.join(",");
     out.push('\n');
     for l in 0..c.num_layers {
-        let cells = [
-            c.bos[l],
-            c.anchor[l],
-            c.prefill[l],
-            c.decode[l],
-            c.self_mass[l],
-            c.entropy_head_mean[l],
-            c.entropy_weighted[l],
-            c.tail_mass[l],
-            c.curvature_prompt[l + 1],
-            c.curvature_generated[l + 1],
-            c.straightening_prompt[l + 1],
-            c.straightening_generated[l + 1],
-        ];
         out.push_str(&l.to_string());
-        for x in cells {
+        for m in LAYER_METRICS {
             out.push(',');
-            out.push_str(&value(x));
+            out.push_str(&value(m.row_value(c, l)));
         }
         out.push('\n');
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn columns_are_the_metric_table() {
+        let names: Vec<&str> = LAYER_METRICS.iter().map(|m| m.name).collect();
+        assert_eq!(COLUMNS[0], "layer");
+        assert_eq!(COLUMNS[1..], names[..]);
+        let r = lcut_diag::synthetic::synthetic_report(2, 3, 2, false).unwrap();
+        let csv = render_csv(&r);
+        let row: Vec<&str> = csv.lines().nth(2).unwrap().split(',').collect();
+        for (m, cell) in LAYER_METRICS.iter().zip(&row[1..]) {
+            let want = m.series(&r.curves)[m.indexing.row_index(1)];
+            assert_eq!(*cell, value(want), "{}", m.name);
+        }
+    }
 }

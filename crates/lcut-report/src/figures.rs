@@ -1,6 +1,6 @@
 //! The report's figures, each one self-contained `<svg>`.
 
-use lcut_trace::{PromptTrace, Report, Sweep};
+use lcut_trace::{Indexing, MetricAxis, PromptTrace, Report, Sweep};
 use ndarray::{Array2, ArrayView2, Axis, s};
 
 use crate::heatmap::Heatmap;
@@ -165,99 +165,87 @@ fn head_heatmap(r: &Report) -> Figure {
     )
 }
 
-fn mass_curves(r: &Report) -> Figure {
-    let c = &r.curves;
-    let l = c.num_layers;
-    let chart = LineChart {
-        title: "Where decode queries attend, per layer".into(),
-        x_label: "layer".into(),
-        y_label: "attention mass".into(),
-        lines: vec![
-            series("BoS", layers(l), &c.bos),
-            series("other anchors", layers(l), &c.anchor),
-            series("prefill (prompt)", layers(l), &c.prefill),
-            series("decode phase", layers(l), &c.decode),
-            series("self", layers(l), &c.self_mass),
-        ],
-        vlines: cut_line(r, -0.5),
-        integer_x: true,
-        ..LineChart::default()
-    };
-    chart_figure(
-        chart,
-        "Mean phase masses over prompts, steps and heads; SPEED keeps the layers left of the L_cut line.",
-    )
+/// How the report shows one kind of metric: title, caption, a threshold
+/// line and whether every point gets a dot.
+struct AxisStyle {
+    title: &'static str,
+    caption: &'static str,
+    hline: Option<(f32, &'static str)>,
+    dots: bool,
 }
 
-fn tail_curve(r: &Report) -> Figure {
-    let c = &r.curves;
-    let chart = LineChart {
-        title: "Tail mass R(c): prefill attention a cut at c drops".into(),
-        x_label: "cut c".into(),
-        y_label: "R(c)".into(),
-        lines: vec![series("R(c)", layers(c.num_layers + 1), &c.tail_mass)],
-        vlines: cut_line(r, 0.0),
-        hlines: vec![(
-            f64::from(r.settings.thresholds.tail_mass_max),
-            format!("tail_mass_max = {}", r.settings.thresholds.tail_mass_max),
-        )],
-        dots: true,
-        integer_x: true,
-        ..LineChart::default()
-    };
-    chart_figure(chart, "Share of decode-to-prefill attention at layers ≥ c.")
+fn axis_style(r: &Report, axis: MetricAxis) -> AxisStyle {
+    let t = &r.settings.thresholds;
+    match axis {
+        MetricAxis::Mass => AxisStyle {
+            title: "Where decode queries attend, per layer",
+            caption: "Mean phase masses over prompts, steps and heads; SPEED keeps the layers left of the L_cut line.",
+            hline: None,
+            dots: false,
+        },
+        MetricAxis::TailMass => AxisStyle {
+            title: "Tail mass R(c): prefill attention a cut at c drops",
+            caption: "Share of decode-to-prefill attention at layers ≥ c.",
+            hline: Some((t.tail_mass_max, "tail_mass_max")),
+            dots: true,
+        },
+        MetricAxis::Entropy => AxisStyle {
+            title: "Normalised prefill entropy per layer",
+            caption: "Low = selective reading of the prompt; 1 = uniform over the prompt.",
+            hline: Some((t.entropy_max, "entropy_max")),
+            dots: false,
+        },
+        MetricAxis::Curvature => AxisStyle {
+            title: "Trajectory curvature per layer",
+            caption: "Mean turning angle of consecutive hidden states; straightening = C_l − C_0 (negative = straighter).",
+            hline: None,
+            dots: false,
+        },
+    }
 }
 
-fn entropy_curves(r: &Report) -> Figure {
+/// The chart of one kind of metric: one line per metric of
+/// [`lcut_trace::LAYER_METRICS`] with that axis,
+/// x = the series index, the recommended cut between layers for per-layer
+/// series and on the boundary otherwise.
+fn metric_chart(r: &Report, axis: MetricAxis) -> (LineChart, &'static str) {
     let c = &r.curves;
-    let l = c.num_layers;
+    let style = axis_style(r, axis);
+    let indexing = axis
+        .metrics()
+        .next()
+        .map_or(Indexing::Layer, |m| m.indexing);
+    let lines = axis
+        .metrics()
+        .map(|m| {
+            let n = m.indexing.len(c.num_layers);
+            series(m.label, layers(n), m.series(c))
+        })
+        .collect();
     let chart = LineChart {
-        title: "Normalised prefill entropy per layer".into(),
-        x_label: "layer".into(),
-        y_label: "H / ln(n_prefill)".into(),
-        lines: vec![
-            series("head mean", layers(l), &c.entropy_head_mean),
-            series("prefill-mass weighted", layers(l), &c.entropy_weighted),
-        ],
-        vlines: cut_line(r, -0.5),
-        hlines: vec![(
-            f64::from(r.settings.thresholds.entropy_max),
-            format!("entropy_max = {}", r.settings.thresholds.entropy_max),
-        )],
+        title: style.title.into(),
+        x_label: indexing.x_label().into(),
+        y_label: axis.unit().into(),
+        lines,
+        vlines: cut_line(r, if indexing.half_layer() { -0.5 } else { 0.0 }),
+        hlines: style
+            .hline
+            .map(|(y, name)| (f64::from(y), format!("{name} = {y}")))
+            .into_iter()
+            .collect(),
+        dots: style.dots,
         integer_x: true,
         ..LineChart::default()
     };
-    chart_figure(
-        chart,
-        "Low = selective reading of the prompt; 1 = uniform over the prompt.",
-    )
+    (chart, style.caption)
 }
 
-fn curvature_curves(r: &Report) -> Figure {
-    let c = &r.curves;
-    let n = c.num_layers + 1;
-    let chart = LineChart {
-        title: "Trajectory curvature per layer".into(),
-        x_label: "layer output (0 = embeddings)".into(),
-        y_label: "radians".into(),
-        lines: vec![
-            series("C prompt", layers(n), &c.curvature_prompt),
-            series("C generated", layers(n), &c.curvature_generated),
-            series("straightening prompt", layers(n), &c.straightening_prompt),
-            series(
-                "straightening generated",
-                layers(n),
-                &c.straightening_generated,
-            ),
-        ],
-        vlines: cut_line(r, 0.0),
-        integer_x: true,
-        ..LineChart::default()
-    };
-    chart_figure(
-        chart,
-        "Mean turning angle of consecutive hidden states; straightening = C_l − C_0 (negative = straighter).",
-    )
+/// The per-layer metric charts, one per [`MetricAxis`].
+fn metric_charts(r: &Report) -> Vec<(LineChart, &'static str)> {
+    MetricAxis::ALL
+        .iter()
+        .map(|&axis| metric_chart(r, axis))
+        .collect()
 }
 
 fn sweep_curve(r: &Report, sweep: &Sweep) -> Figure {
@@ -335,12 +323,42 @@ pub fn figures(r: &Report, prompt: Option<usize>) -> Vec<Figure> {
         out.push(position_heatmap(r, t));
     }
     out.push(head_heatmap(r));
-    out.push(mass_curves(r));
-    out.push(tail_curve(r));
-    out.push(entropy_curves(r));
-    out.push(curvature_curves(r));
+    out.extend(
+        metric_charts(r)
+            .into_iter()
+            .map(|(chart, caption)| chart_figure(chart, caption)),
+    );
     if let Some(s) = &r.sweep {
         out.push(sweep_curve(r, s));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lcut_trace::LAYER_METRICS;
+
+    /// The line names of the metric charts, sorted.
+    fn line_names(r: &Report) -> Vec<String> {
+        let mut names: Vec<String> = metric_charts(r)
+            .into_iter()
+            .flat_map(|(chart, _)| chart.lines.into_iter().map(|l| l.name))
+            .collect();
+        names.sort_unstable();
+        names
+    }
+
+    fn sorted<'a>(labels: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
+        let mut v: Vec<&str> = labels.collect();
+        v.sort_unstable();
+        v
+    }
+
+    #[test]
+    fn metric_charts_draw_exactly_the_table() {
+        let r = lcut_diag::synthetic::synthetic_report(2, 4, 2, false).unwrap();
+        let labels = sorted(LAYER_METRICS.iter().map(|m| m.label));
+        assert_eq!(line_names(&r), labels);
+    }
 }

@@ -1,6 +1,6 @@
 //! The report's tables as rows of text, shared by the HTML and Markdown writers.
 
-use lcut_trace::{PromptTrace, Report, Sweep};
+use lcut_trace::{LAYER_METRICS, PromptTrace, Report, Sweep};
 
 use crate::svg::num;
 
@@ -88,41 +88,16 @@ pub fn votes_table(r: &Report) -> Table {
     }
 }
 
-/// The per-layer curves, one row per layer; curvature is that of the layer's output.
+/// The per-layer curves, one row per layer, one column per entry of
+/// [`LAYER_METRICS`]; curvature is that of the layer's output.
 pub fn layer_table(r: &Report) -> Table {
     let c = &r.curves;
-    let headers = strings([
-        "layer",
-        "BoS",
-        "anchor",
-        "prefill",
-        "decode",
-        "self",
-        "H head-mean",
-        "H weighted",
-        "R(layer)",
-        "C prompt",
-        "C generated",
-    ]);
+    let mut headers = strings(["layer"]);
+    headers.extend(LAYER_METRICS.iter().map(|m| m.label.to_string()));
     let rows = (0..c.num_layers)
         .map(|l| {
             let mut row = vec![l.to_string()];
-            row.extend(
-                [
-                    c.bos[l],
-                    c.anchor[l],
-                    c.prefill[l],
-                    c.decode[l],
-                    c.self_mass[l],
-                    c.entropy_head_mean[l],
-                    c.entropy_weighted[l],
-                    c.tail_mass[l],
-                    c.curvature_prompt[l + 1],
-                    c.curvature_generated[l + 1],
-                ]
-                .iter()
-                .map(|&x| num(x, 4)),
-            );
+            row.extend(LAYER_METRICS.iter().map(|m| num(m.row_value(c, l), 4)));
             row
         })
         .collect();
@@ -356,6 +331,9 @@ mod tests {
             assert!(t.rows.iter().all(|row| row.len() == t.headers.len()));
         }
         assert_eq!(layer_table(&r).rows.len(), 5);
+        let mut labels = vec!["layer"];
+        labels.extend(LAYER_METRICS.iter().map(|m| m.label));
+        assert_eq!(layer_table(&r).headers, labels);
         assert!(policy_axis_table(sweep).is_none() && recall_table(sweep).is_none());
         let mut with_axis = sweep.clone();
         with_axis.policies.push(lcut_trace::PolicyPoint {

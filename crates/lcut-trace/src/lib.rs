@@ -8,6 +8,7 @@
 //!
 //! Files are written atomically ([`write_atomic`]); reading checks
 //! [`SCHEMA_VERSION`] and every shape, and errors name the file and field.
+//! The per-layer series of the curves are described once in [`LAYER_METRICS`].
 //! Trace size is bounded independently of prompt length (see [`trace_size_bound`]).
 //!
 //! This crate does not depend on candle.
@@ -20,6 +21,7 @@ mod error;
 pub mod floats;
 mod identity;
 mod io;
+mod metrics;
 mod report;
 mod settings;
 mod size;
@@ -33,6 +35,7 @@ pub use identity::{ModelIdentity, hash_bytes};
 pub use io::{
     read_json, read_report_json, write_atomic, write_file_atomic, write_json, write_report_json,
 };
+pub use metrics::{Indexing, LAYER_METRICS, LayerMetric, MetricAxis};
 pub use report::{
     CutoffAccuracy, LayerCurves, PolicyPoint, Recommendation, Report, SCHEMA_VERSION, Sweep,
     SweepPoint, Votes,

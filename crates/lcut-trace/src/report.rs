@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::TraceError;
 use crate::floats::Series;
 use crate::identity::ModelIdentity;
+use crate::metrics::LAYER_METRICS;
 use crate::settings::RunSettings;
 use crate::tensor::Tensor2;
 use crate::trace::PromptTrace;
@@ -237,36 +238,12 @@ impl Report {
             ));
         }
         let c = &self.curves;
-        let per_layer = [
-            ("bos", &c.bos),
-            ("anchor", &c.anchor),
-            ("prefill", &c.prefill),
-            ("decode", &c.decode),
-            ("self_mass", &c.self_mass),
-            ("entropy_head_mean", &c.entropy_head_mean),
-            ("entropy_weighted", &c.entropy_weighted),
-        ];
-        let per_boundary = [
-            ("tail_mass", &c.tail_mass),
-            ("curvature_prompt", &c.curvature_prompt),
-            ("curvature_generated", &c.curvature_generated),
-            ("straightening_prompt", &c.straightening_prompt),
-            ("straightening_generated", &c.straightening_generated),
-        ];
-        let lengths = per_layer
-            .iter()
-            .map(|(n, s)| (n, s.len(), l))
-            // saturating: `num_layers` is read from the file and may be huge
-            .chain(
-                per_boundary
-                    .iter()
-                    .map(|(n, s)| (n, s.len(), l.saturating_add(1))),
-            );
-        for (name, got, want) in lengths {
+        for m in LAYER_METRICS {
+            let (got, want) = (m.series(c).len(), m.indexing.len(l));
             if got != want {
                 return Err(TraceError::invalid(
                     context,
-                    format!("`curves.{name}` has {got} entries, expected {want}"),
+                    format!("`curves.{}` has {got} entries, expected {want}", m.field),
                 ));
             }
         }

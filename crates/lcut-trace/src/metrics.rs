@@ -1,0 +1,311 @@
+//! The per-layer metrics of [`LayerCurves`], described once.
+//!
+//! [`LAYER_METRICS`] names each series of the aggregated curves (its CSV
+//! column, its JSON field, its label), the quantity it measures (which y axis
+//! and chart it shares) and how it is indexed (per layer, per cut, per hidden
+//! state). The report's CSV, tables and figures, the report check and the
+//! viewer's curves all read this table, so a new metric is one more entry
+//! here (plus the field it reads).
+
+use crate::floats::Series;
+use crate::report::LayerCurves;
+
+/// How a metric's series is indexed over the model's depth.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Indexing {
+    /// One value per layer (`L` entries), drawn half a layer right of the
+    /// boundary before it: layer `l` spans `[l, l + 1)` and sits at `l + 0.5`.
+    Layer,
+    /// One value per cut `c` in `0..=L` (`L + 1` entries), drawn at the
+    /// boundary `c`; the row of layer `l` reads the cut at `l`.
+    Cut,
+    /// One value per hidden state, index 0 = the embeddings (`L + 1`
+    /// entries), drawn at the boundary after the layer; the row of layer `l`
+    /// reads its output, index `l + 1`.
+    Output,
+}
+
+impl Indexing {
+    /// Entries of a series for a model of `num_layers` layers (saturating:
+    /// a layer count read from a file may be huge).
+    pub fn len(self, num_layers: usize) -> usize {
+        match self {
+            Indexing::Layer => num_layers,
+            Indexing::Cut | Indexing::Output => num_layers.saturating_add(1),
+        }
+    }
+
+    /// The index a per-layer row (CSV, tables) reads for layer `layer`.
+    pub fn row_index(self, layer: usize) -> usize {
+        match self {
+            Indexing::Layer | Indexing::Cut => layer,
+            Indexing::Output => layer + 1,
+        }
+    }
+
+    /// Whether values sit half a layer off the layer boundaries (per-layer
+    /// values, between the cuts that enclose the layer).
+    pub fn half_layer(self) -> bool {
+        self == Indexing::Layer
+    }
+
+    /// Where entry `i` sits on an axis of layer boundaries (cut `c` at `c`).
+    pub fn boundary_x(self, i: usize) -> f64 {
+        if self.half_layer() {
+            i as f64 + 0.5
+        } else {
+            i as f64
+        }
+    }
+
+    /// The axis label of an index of this kind.
+    pub fn x_label(self) -> &'static str {
+        match self {
+            Indexing::Layer => "layer",
+            Indexing::Cut => "cut c",
+            Indexing::Output => "layer output (0 = embeddings)",
+        }
+    }
+}
+
+/// The quantity a metric measures: metrics of one kind share a y axis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricAxis {
+    /// Attention mass of decode queries on one kind of token.
+    Mass,
+    /// The share of decode-to-prompt attention a cut drops.
+    TailMass,
+    /// Normalised conditional prompt entropy.
+    Entropy,
+    /// Curvature of the hidden-state trajectory.
+    Curvature,
+}
+
+impl MetricAxis {
+    /// Every kind, in the order charts show them.
+    pub const ALL: [MetricAxis; 4] = [
+        MetricAxis::Mass,
+        MetricAxis::TailMass,
+        MetricAxis::Entropy,
+        MetricAxis::Curvature,
+    ];
+
+    /// The y axis label (the unit).
+    pub fn unit(self) -> &'static str {
+        match self {
+            MetricAxis::Mass => "attention mass",
+            MetricAxis::TailMass => "R(c)",
+            MetricAxis::Entropy => "H / ln(n_prefill)",
+            MetricAxis::Curvature => "radians",
+        }
+    }
+
+    /// The metrics of this kind, in table order.
+    pub fn metrics(self) -> impl Iterator<Item = &'static LayerMetric> {
+        LAYER_METRICS.iter().filter(move |m| m.axis == self)
+    }
+}
+
+/// One per-layer metric of [`LayerCurves`].
+#[derive(Debug, Clone, Copy)]
+pub struct LayerMetric {
+    /// The CSV column and stable key.
+    pub name: &'static str,
+    /// The field of [`LayerCurves`] (and of the report's JSON `curves`).
+    pub field: &'static str,
+    /// The legend and table label.
+    pub label: &'static str,
+    /// The quantity it measures.
+    pub axis: MetricAxis,
+    /// How its series is indexed.
+    pub indexing: Indexing,
+    /// The series in the aggregated curves.
+    pub get: fn(&LayerCurves) -> &Series,
+}
+
+impl LayerMetric {
+    /// The metric's values in `curves`.
+    pub fn series<'a>(&self, curves: &'a LayerCurves) -> &'a [f32] {
+        (self.get)(curves)
+    }
+
+    /// The value the row of `layer` shows (NaN when the series is short).
+    pub fn row_value(&self, curves: &LayerCurves, layer: usize) -> f32 {
+        self.series(curves)
+            .get(self.indexing.row_index(layer))
+            .copied()
+            .unwrap_or(f32::NAN)
+    }
+}
+
+/// Every per-layer metric, in the order of the CSV columns.
+pub const LAYER_METRICS: &[LayerMetric] = &[
+    LayerMetric {
+        name: "bos",
+        field: "bos",
+        label: "BoS",
+        axis: MetricAxis::Mass,
+        indexing: Indexing::Layer,
+        get: |c| &c.bos,
+    },
+    LayerMetric {
+        name: "anchor",
+        field: "anchor",
+        label: "other anchors",
+        axis: MetricAxis::Mass,
+        indexing: Indexing::Layer,
+        get: |c| &c.anchor,
+    },
+    LayerMetric {
+        name: "prefill",
+        field: "prefill",
+        label: "prefill (prompt)",
+        axis: MetricAxis::Mass,
+        indexing: Indexing::Layer,
+        get: |c| &c.prefill,
+    },
+    LayerMetric {
+        name: "decode",
+        field: "decode",
+        label: "decode phase",
+        axis: MetricAxis::Mass,
+        indexing: Indexing::Layer,
+        get: |c| &c.decode,
+    },
+    LayerMetric {
+        name: "self",
+        field: "self_mass",
+        label: "self",
+        axis: MetricAxis::Mass,
+        indexing: Indexing::Layer,
+        get: |c| &c.self_mass,
+    },
+    LayerMetric {
+        name: "entropy_head_mean",
+        field: "entropy_head_mean",
+        label: "entropy (head mean)",
+        axis: MetricAxis::Entropy,
+        indexing: Indexing::Layer,
+        get: |c| &c.entropy_head_mean,
+    },
+    LayerMetric {
+        name: "entropy_weighted",
+        field: "entropy_weighted",
+        label: "entropy (mass-weighted)",
+        axis: MetricAxis::Entropy,
+        indexing: Indexing::Layer,
+        get: |c| &c.entropy_weighted,
+    },
+    LayerMetric {
+        name: "tail_mass",
+        field: "tail_mass",
+        label: "tail mass R(c)",
+        axis: MetricAxis::TailMass,
+        indexing: Indexing::Cut,
+        get: |c| &c.tail_mass,
+    },
+    LayerMetric {
+        name: "curvature_prompt",
+        field: "curvature_prompt",
+        label: "curvature (prompt)",
+        axis: MetricAxis::Curvature,
+        indexing: Indexing::Output,
+        get: |c| &c.curvature_prompt,
+    },
+    LayerMetric {
+        name: "curvature_generated",
+        field: "curvature_generated",
+        label: "curvature (generated)",
+        axis: MetricAxis::Curvature,
+        indexing: Indexing::Output,
+        get: |c| &c.curvature_generated,
+    },
+    LayerMetric {
+        name: "straightening_prompt",
+        field: "straightening_prompt",
+        label: "straightening (prompt)",
+        axis: MetricAxis::Curvature,
+        indexing: Indexing::Output,
+        get: |c| &c.straightening_prompt,
+    },
+    LayerMetric {
+        name: "straightening_generated",
+        field: "straightening_generated",
+        label: "straightening (generated)",
+        axis: MetricAxis::Curvature,
+        indexing: Indexing::Output,
+        get: |c| &c.straightening_generated,
+    },
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_fields_and_labels_are_unique() {
+        for key in [
+            |m: &LayerMetric| m.name,
+            |m: &LayerMetric| m.field,
+            |m: &LayerMetric| m.label,
+        ] {
+            let mut seen: Vec<&str> = LAYER_METRICS.iter().map(key).collect();
+            seen.sort_unstable();
+            seen.dedup();
+            assert_eq!(seen.len(), LAYER_METRICS.len(), "{seen:?}");
+        }
+    }
+
+    #[test]
+    fn every_kind_has_metrics_of_one_indexing() {
+        for axis in MetricAxis::ALL {
+            let kinds: Vec<Indexing> = axis.metrics().map(|m| m.indexing).collect();
+            assert!(!kinds.is_empty(), "{axis:?}");
+            assert!(kinds.iter().all(|&k| k == kinds[0]), "{axis:?}: {kinds:?}");
+        }
+    }
+
+    #[test]
+    fn every_series_of_the_curves_is_in_the_table() {
+        let curves = LayerCurves {
+            num_layers: 0,
+            num_heads: 0,
+            bos: Series::default(),
+            anchor: Series::default(),
+            prefill: Series::default(),
+            decode: Series::default(),
+            self_mass: Series::default(),
+            entropy_head_mean: Series::default(),
+            entropy_weighted: Series::default(),
+            tail_mass: Series::default(),
+            curvature_prompt: Series::default(),
+            curvature_generated: Series::default(),
+            straightening_prompt: Series::default(),
+            straightening_generated: Series::default(),
+            prefill_by_head: crate::Tensor2::zeros([0, 0]),
+            prefill_by_step: crate::Tensor2::zeros([0, 0]),
+        };
+        let json = serde_json::to_value(&curves).unwrap();
+        let mut series: Vec<&str> = json
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(_, v)| v.is_array())
+            .map(|(k, _)| k.as_str())
+            .collect();
+        let mut fields: Vec<&str> = LAYER_METRICS.iter().map(|m| m.field).collect();
+        series.sort_unstable();
+        fields.sort_unstable();
+        assert_eq!(series, fields);
+    }
+
+    #[test]
+    fn rows_read_the_layer_or_its_output() {
+        assert_eq!(Indexing::Layer.row_index(3), 3);
+        assert_eq!(Indexing::Cut.row_index(3), 3);
+        assert_eq!(Indexing::Output.row_index(3), 4);
+        assert_eq!(Indexing::Layer.boundary_x(3), 3.5);
+        assert_eq!(Indexing::Output.boundary_x(3), 3.0);
+        assert_eq!(Indexing::Cut.len(usize::MAX), usize::MAX);
+    }
+}
