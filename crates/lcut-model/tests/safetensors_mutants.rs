@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use lcut_model::{DType, Decoder, Device, ModelError, Tensor};
 use lcut_testkit::alloc::{LargestAlloc, largest_allocation};
-use lcut_testkit::mutate::json_boundaries;
-use lcut_testkit::{MutantRun, json_mutants, mutant_count, mutants, oracle_case, truncations};
+use lcut_testkit::mutate::{safetensors_header_len, with_safetensors_header};
+use lcut_testkit::{MutantRun, json_mutants, mutant_count, oracle_case, safetensors_mutants};
 use safetensors::SafeTensors;
 use serde_json::{Map, Value};
 
@@ -33,10 +33,8 @@ const CASE: &str = "llama-gqa";
 /// No single mutant may take longer than this (a near hang).
 const SLOWEST: Duration = Duration::from_secs(5);
 
-fn seed_weights() -> (Vec<u8>, usize) {
-    let bytes = std::fs::read(oracle_case(CASE).join(WEIGHTS)).expect("fixture");
-    let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"));
-    (bytes, 8 + n as usize)
+fn seed_weights() -> Vec<u8> {
+    std::fs::read(oracle_case(CASE).join(WEIGHTS)).expect("fixture")
 }
 
 /// A model folder with the seed's config and no weights yet.
@@ -78,48 +76,14 @@ fn assert_named(err: &ModelError, dir: &Path) {
     );
 }
 
-/// The file with its JSON header replaced by `header`, length prefix fixed.
-fn with_header(good: &[u8], header_len: usize, header: &[u8]) -> Vec<u8> {
-    let mut out = (header.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(header);
-    out.extend_from_slice(&good[header_len..]);
-    out
-}
-
-/// Every offset where the file's structure changes: the length prefix, each
-/// token of the header, each tensor's start and end.
-fn file_boundaries(good: &[u8], header_len: usize) -> Vec<usize> {
-    let mut cuts: Vec<usize> = (0..=8).collect();
-    cuts.extend(json_boundaries(&good[8..header_len]).iter().map(|c| c + 8));
-    let header: Value = serde_json::from_slice(&good[8..header_len]).expect("seed header");
-    for t in header.as_object().expect("object").values() {
-        if let Some(offsets) = t.get("data_offsets").and_then(Value::as_array) {
-            for o in offsets.iter().filter_map(Value::as_u64) {
-                let at = header_len + o as usize;
-                cuts.extend([at.saturating_sub(1), at, at + 1]);
-            }
-        }
-    }
-    cuts.sort_unstable();
-    cuts.dedup();
-    cuts
-}
-
 #[test]
 fn mutated_safetensors_never_panic() {
-    let (good, header_len) = seed_weights();
+    let good = seed_weights();
     let seed_layout = layout(&good).expect("seed parses");
     let dir = folder();
     let count = mutant_count(DEFAULT_MUTANTS);
-    let cuts = file_boundaries(&good, header_len);
-    let headers = json_mutants(&good[8..header_len], SEED)
-        .skip(json_boundaries(&good[8..header_len]).len().min(2000))
-        .map(|h| with_header(&good, header_len, &h));
-    let bytes = mutants(&good, header_len, SEED);
     // cuts at every boundary first, then byte damage and header damage in turn
-    let stream = truncations(&good, &cuts)
-        .chain(bytes.zip(headers).flat_map(|(a, b)| [a, b]))
-        .take(count);
+    let stream = safetensors_mutants(&good, SEED).take(count);
     let mut run = MutantRun::new("model.safetensors", SEED);
     for (i, mutant) in stream.enumerate() {
         run.check(i, &mutant, |mutant| {
@@ -223,7 +187,7 @@ fn headers_that_claim_huge_sizes_are_refused_unallocated() {
 
 #[test]
 fn a_config_that_claims_huge_sizes_is_refused_unallocated() {
-    let (good, _) = seed_weights();
+    let good = seed_weights();
     let config: Value = serde_json::from_slice(
         &std::fs::read(oracle_case(CASE).join("config.json")).expect("config"),
     )
@@ -257,14 +221,15 @@ fn a_config_that_claims_huge_sizes_is_refused_unallocated() {
 
 #[test]
 fn integer_weights_of_the_right_size_are_refused() {
-    let (good, header_len) = seed_weights();
+    let good = seed_weights();
+    let header_len = safetensors_header_len(&good);
     let header = String::from_utf8(good[8..header_len].to_vec()).expect("UTF-8");
     for stored in ["I32", "U32"] {
         let dir = folder();
         let bad = header.replacen("\"F32\"", &format!("\"{stored}\""), 1);
         std::fs::write(
             dir.path().join(WEIGHTS),
-            with_header(&good, header_len, bad.as_bytes()),
+            with_safetensors_header(&good, bad.as_bytes()),
         )
         .expect("write");
         let err = match load(dir.path()) {

@@ -15,7 +15,9 @@ pub mod mutate;
 /// The random number generators the mutators use, for tests' own generators.
 pub use rand;
 
-pub use mutate::{JsonMutants, MutantRun, json_mutants, mutant_count, mutants, truncations};
+pub use mutate::{
+    JsonMutants, MutantRun, json_mutants, mutant_count, mutants, safetensors_mutants, truncations,
+};
 
 /// The repository root.
 pub fn workspace_root() -> PathBuf {

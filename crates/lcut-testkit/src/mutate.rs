@@ -534,6 +534,66 @@ impl Iterator for JsonMutants {
     }
 }
 
+/// Length of a safetensors file's 8-byte prefix and JSON header together
+/// (the offset of its tensor data). Panics if `bytes` is not a safetensors
+/// file (a seed is a fixture).
+pub fn safetensors_header_len(bytes: &[u8]) -> usize {
+    let prefix: [u8; 8] = bytes[..8].try_into().expect("a safetensors seed");
+    8 + usize::try_from(u64::from_le_bytes(prefix)).expect("a header that fits in memory")
+}
+
+/// The safetensors file `good` with its JSON header replaced by `header`,
+/// the length prefix fixed to match.
+pub fn with_safetensors_header(good: &[u8], header: &[u8]) -> Vec<u8> {
+    let header_len = safetensors_header_len(good);
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(header);
+    out.extend_from_slice(&good[header_len..]);
+    out
+}
+
+/// Every offset where a safetensors file's structure changes: the length
+/// prefix, each token of the header, each tensor's start and end.
+pub fn safetensors_boundaries(good: &[u8]) -> Vec<usize> {
+    let header_len = safetensors_header_len(good);
+    let mut cuts: Vec<usize> = (0..=8).collect();
+    cuts.extend(json_boundaries(&good[8..header_len]).iter().map(|c| c + 8));
+    let header: Value = serde_json::from_slice(&good[8..header_len]).expect("a JSON header");
+    for t in header.as_object().into_iter().flat_map(Map::values) {
+        if let Some(offsets) = t.get("data_offsets").and_then(Value::as_array) {
+            for o in offsets.iter().filter_map(Value::as_u64) {
+                let at = header_len + o as usize;
+                cuts.extend([at.saturating_sub(1), at, at + 1]);
+            }
+        }
+    }
+    cuts.sort_unstable();
+    cuts.dedup();
+    cuts
+}
+
+/// An endless, deterministic stream of mutants of the safetensors file
+/// `good`: first the file cut at every boundary of its structure
+/// ([`safetensors_boundaries`]), then byte-level damage ([`mutants`], 85%
+/// in the header) and JSON-aware damage of the header ([`json_mutants`]
+/// past its truncations, with the length prefix kept consistent) in turn.
+pub fn safetensors_mutants(good: &[u8], seed: u64) -> impl Iterator<Item = Vec<u8>> + '_ {
+    let header_len = safetensors_header_len(good);
+    let header = &good[8..header_len];
+    let headers = json_mutants(header, seed)
+        .skip(json_boundaries(header).len().min(2000))
+        .map(move |h| with_safetensors_header(good, &h));
+    let truncated = safetensors_boundaries(good)
+        .into_iter()
+        .filter(move |&c| c < good.len())
+        .map(move |c| good[..c].to_vec());
+    truncated.chain(
+        mutants(good, header_len, seed)
+            .zip(headers)
+            .flat_map(|(a, b)| [a, b]),
+    )
+}
+
 /// Feeds mutants to a loader, one at a time, under `catch_unwind`; counts
 /// those that loaded and those refused with an error, and the slowest.
 pub struct MutantRun {
