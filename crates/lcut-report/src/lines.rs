@@ -57,20 +57,31 @@ fn range(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
     Some((lo - pad, hi + pad))
 }
 
+/// Data ranges mapped onto the plot area.
+struct Scale {
+    x: (f64, f64),
+    y: (f64, f64),
+}
+
+impl Scale {
+    fn px(&self, x: f64) -> f64 {
+        LEFT + (x - self.x.0) / (self.x.1 - self.x.0) * W
+    }
+
+    fn py(&self, y: f64) -> f64 {
+        TOP + H - (y - self.y.0) / (self.y.1 - self.y.0) * H
+    }
+}
+
+fn finite_pt(p: &(f64, f64)) -> bool {
+    p.0.is_finite() && p.1.is_finite()
+}
+
 impl LineChart {
     /// The figure as one `<svg>` element.
     pub fn to_svg(&self) -> String {
         let mut s = open(LEFT + W + LEGEND, TOP + H + BOTTOM, &self.title);
-        let xs = self.lines.iter().flat_map(|l| l.points.iter().map(|p| p.0));
-        let ys = self.lines.iter().flat_map(|l| l.points.iter().map(|p| p.1));
-        let finite_pt = |p: &&(f64, f64)| p.0.is_finite() && p.1.is_finite();
-        let has_data = self
-            .lines
-            .iter()
-            .any(|l| l.points.iter().any(|p| finite_pt(&p)));
-        let x_range = range(xs.chain(self.vlines.iter().map(|v| v.0)));
-        let y_range = range(ys.chain(self.hlines.iter().map(|h| h.0)));
-        let (Some((x0, x1)), Some((y0, y1)), true) = (x_range, y_range, has_data) else {
+        let Some(scale) = self.scale() else {
             let _ = write!(
                 s,
                 "<text x=\"{LEFT}\" y=\"{}\">no data</text></svg>",
@@ -78,13 +89,34 @@ impl LineChart {
             );
             return s;
         };
-        let px = |x: f64| LEFT + (x - x0) / (x1 - x0) * W;
-        let py = |y: f64| TOP + H - (y - y0) / (y1 - y0) * H;
+        self.write_grid(&mut s, &scale);
+        self.write_hlines(&mut s, &scale);
+        for (i, line) in self.lines.iter().enumerate() {
+            self.write_line(&mut s, &scale, i, line);
+        }
+        self.write_labels(&mut s, &scale);
+        self.write_vlines(&mut s, &scale);
+        self.write_axis_labels(&mut s);
+        s
+    }
+
+    /// The ranges of the data and reference lines, `None` without a finite point.
+    fn scale(&self) -> Option<Scale> {
+        let xs = self.lines.iter().flat_map(|l| l.points.iter().map(|p| p.0));
+        let ys = self.lines.iter().flat_map(|l| l.points.iter().map(|p| p.1));
+        let has_data = self.lines.iter().any(|l| l.points.iter().any(finite_pt));
+        let x = range(xs.chain(self.vlines.iter().map(|v| v.0)))?;
+        let y = range(ys.chain(self.hlines.iter().map(|h| h.0)))?;
+        has_data.then_some(Scale { x, y })
+    }
+
+    /// The frame, the grid lines and the tick labels.
+    fn write_grid(&self, s: &mut String, sc: &Scale) {
         let _ = write!(
             s,
             "<rect x=\"{LEFT}\" y=\"{TOP}\" width=\"{W}\" height=\"{H}\" fill=\"none\" stroke=\"#999\"/>"
         );
-        let x_ticks = ticks(x0, x1, 8)
+        let x_ticks = ticks(sc.x.0, sc.x.1, 8)
             .into_iter()
             .filter(|t| !self.integer_x || t.fract() == 0.0);
         for t in x_ticks {
@@ -93,23 +125,27 @@ impl LineChart {
                 "<line x1=\"{x:.2}\" x2=\"{x:.2}\" y1=\"{TOP}\" y2=\"{b}\" stroke=\"#eee\"/>\
                  <text x=\"{x:.2}\" y=\"{ty}\" text-anchor=\"middle\">{}</text>",
                 tick_label(t),
-                x = px(t),
+                x = sc.px(t),
                 b = TOP + H,
                 ty = TOP + H + 13.0
             );
         }
-        for t in ticks(y0, y1, 6) {
+        for t in ticks(sc.y.0, sc.y.1, 6) {
             let _ = write!(
                 s,
                 "<line x1=\"{LEFT}\" x2=\"{r}\" y1=\"{y:.2}\" y2=\"{y:.2}\" stroke=\"#eee\"/>\
                  <text x=\"{tx}\" y=\"{ly:.2}\" text-anchor=\"end\">{}</text>",
                 tick_label(t),
                 r = LEFT + W,
-                y = py(t),
+                y = sc.py(t),
                 tx = LEFT - 4.0,
-                ly = py(t) + 4.0
+                ly = sc.py(t) + 4.0
             );
         }
+    }
+
+    /// The horizontal reference lines with their labels.
+    fn write_hlines(&self, s: &mut String, sc: &Scale) {
         for (y, label) in &self.hlines {
             let _ = write!(
                 s,
@@ -117,70 +153,81 @@ impl LineChart {
                  stroke-dasharray=\"2,3\"/><text x=\"{tx}\" y=\"{ly:.2}\" text-anchor=\"end\" fill=\"#444\" {HALO}>{}</text>",
                 escape(label),
                 r = LEFT + W,
-                yy = py(*y),
+                yy = sc.py(*y),
                 tx = LEFT + W - 4.0,
-                ly = py(*y) - 3.0
+                ly = sc.py(*y) - 3.0
             );
         }
-        for (i, line) in self.lines.iter().enumerate() {
-            let colour = PALETTE[i % PALETTE.len()];
-            let mut d = String::new();
-            let mut pen_down = false;
-            for &(x, y) in &line.points {
-                if x.is_finite() && y.is_finite() {
-                    let _ = write!(
-                        d,
-                        "{}{:.2} {:.2} ",
-                        if pen_down { "L" } else { "M" },
-                        px(x),
-                        py(y)
-                    );
-                    pen_down = true;
-                } else {
-                    pen_down = false;
-                }
+    }
+
+    /// Series `i`: its path (broken at non-finite points), its dots when
+    /// asked for, and its legend entry.
+    fn write_line(&self, s: &mut String, sc: &Scale, i: usize, line: &Line) {
+        let colour = PALETTE[i % PALETTE.len()];
+        let mut d = String::new();
+        let mut pen_down = false;
+        for &(x, y) in &line.points {
+            if x.is_finite() && y.is_finite() {
+                let _ = write!(
+                    d,
+                    "{}{:.2} {:.2} ",
+                    if pen_down { "L" } else { "M" },
+                    sc.px(x),
+                    sc.py(y)
+                );
+                pen_down = true;
+            } else {
+                pen_down = false;
             }
-            let _ = write!(
-                s,
-                "<path d=\"{}\" fill=\"none\" stroke=\"{colour}\" stroke-width=\"1.8\"/>",
-                d.trim_end()
-            );
-            if self.dots {
-                for &(x, y) in line.points.iter().filter(|p| finite_pt(p)) {
-                    let _ = write!(
-                        s,
-                        "<circle cx=\"{:.2}\" cy=\"{:.2}\" r=\"3\" fill=\"{colour}\"><title>{}: ({}, {})</title></circle>",
-                        px(x),
-                        py(y),
-                        escape(&line.name),
-                        tick_label(x),
-                        tick_label(y)
-                    );
-                }
-            }
-            let ly = TOP + 10.0 + 16.0 * i as f64;
-            let lx = LEFT + W + 12.0;
-            let _ = write!(
-                s,
-                "<line x1=\"{lx}\" x2=\"{}\" y1=\"{ly}\" y2=\"{ly}\" stroke=\"{colour}\" stroke-width=\"3\"/>\
-                 <text x=\"{}\" y=\"{}\">{}</text>",
-                lx + 18.0,
-                lx + 24.0,
-                ly + 4.0,
-                escape(&line.name)
-            );
         }
+        let _ = write!(
+            s,
+            "<path d=\"{}\" fill=\"none\" stroke=\"{colour}\" stroke-width=\"1.8\"/>",
+            d.trim_end()
+        );
+        if self.dots {
+            for &(x, y) in line.points.iter().filter(|p| finite_pt(p)) {
+                let _ = write!(
+                    s,
+                    "<circle cx=\"{:.2}\" cy=\"{:.2}\" r=\"3\" fill=\"{colour}\"><title>{}: ({}, {})</title></circle>",
+                    sc.px(x),
+                    sc.py(y),
+                    escape(&line.name),
+                    tick_label(x),
+                    tick_label(y)
+                );
+            }
+        }
+        let ly = TOP + 10.0 + 16.0 * i as f64;
+        let lx = LEFT + W + 12.0;
+        let _ = write!(
+            s,
+            "<line x1=\"{lx}\" x2=\"{}\" y1=\"{ly}\" y2=\"{ly}\" stroke=\"{colour}\" stroke-width=\"3\"/>\
+             <text x=\"{}\" y=\"{}\">{}</text>",
+            lx + 18.0,
+            lx + 24.0,
+            ly + 4.0,
+            escape(&line.name)
+        );
+    }
+
+    /// The text labels at points.
+    fn write_labels(&self, s: &mut String, sc: &Scale) {
         for (x, y, text) in &self.labels {
             if x.is_finite() && y.is_finite() {
                 let _ = write!(
                     s,
                     "<text x=\"{:.2}\" y=\"{:.2}\" font-size=\"9\" fill=\"#333\">{}</text>",
-                    px(*x) + 4.0,
-                    py(*y) - 4.0,
+                    sc.px(*x) + 4.0,
+                    sc.py(*y) - 4.0,
                     escape(text)
                 );
             }
         }
+    }
+
+    /// The vertical marker lines, their labels stacked upwards.
+    fn write_vlines(&self, s: &mut String, sc: &Scale) {
         for (i, (x, label)) in self.vlines.iter().enumerate() {
             let _ = write!(
                 s,
@@ -188,12 +235,16 @@ impl LineChart {
                  stroke-width=\"2\" stroke-dasharray=\"5,3\"/>\
                  <text x=\"{tx:.2}\" y=\"{ty}\" fill=\"{MARKER}\" {HALO}>{}</text>",
                 escape(label),
-                xx = px(*x),
+                xx = sc.px(*x),
                 b = TOP + H,
-                tx = px(*x) + 4.0,
+                tx = sc.px(*x) + 4.0,
                 ty = TOP + H - 6.0 - 13.0 * i as f64
             );
         }
+    }
+
+    /// The axis titles, and the end of the `<svg>`.
+    fn write_axis_labels(&self, s: &mut String) {
         let _ = write!(
             s,
             "<text x=\"{:.2}\" y=\"{}\" text-anchor=\"middle\">{}</text>\
@@ -204,7 +255,6 @@ impl LineChart {
             TOP + H / 2.0,
             escape(&self.y_label)
         );
-        s
     }
 }
 
