@@ -3,6 +3,8 @@
 
 use egui::{Color32, Sense, Ui, Vec2};
 
+use crate::theme::MISSING;
+
 /// How values map to colour.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum ColorScale {
@@ -35,9 +37,6 @@ const VIRIDIS: [[u8; 3]; 9] = [
     [0xaa, 0xdc, 0x32],
     [0xfd, 0xe7, 0x25],
 ];
-
-/// Colour of cells with no value (NaN).
-pub const MISSING: Color32 = Color32::from_rgb(90, 90, 90);
 
 /// The palette colour at `t` in `[0, 1]` (clamped).
 pub fn palette(t: f32) -> Color32 {
@@ -170,7 +169,7 @@ pub struct Colorizer {
 }
 
 impl Colorizer {
-    /// The colour of `v` ([`MISSING`] for NaN).
+    /// The colour of `v` ([`MISSING`](crate::theme::MISSING) for NaN).
     pub fn color(&self, v: f32) -> Color32 {
         if v.is_nan() {
             return MISSING;

@@ -3,11 +3,12 @@
 
 use std::path::{Path, PathBuf};
 
-use egui::{Color32, ComboBox, DragValue, ProgressBar, RichText, TextEdit, Ui};
+use egui::{ComboBox, DragValue, ProgressBar, RichText, TextEdit, Ui};
 use lcut_report::Format;
 
 use crate::files::{DialogPurpose, dialog_start, open_dialog};
 use crate::state::{PromptChoice, ViewerState};
+use crate::theme::ERROR_TEXT;
 
 fn model_row(ui: &mut Ui, state: &mut ViewerState) {
     let idle = !state.busy();
@@ -184,7 +185,7 @@ fn job_row(ui: &mut Ui, state: &mut ViewerState) {
         });
     }
     if let Some(e) = &state.error {
-        ui.label(RichText::new(e).color(Color32::from_rgb(255, 110, 110)));
+        ui.label(RichText::new(e).color(ERROR_TEXT));
     }
 }
 

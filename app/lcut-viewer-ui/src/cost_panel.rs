@@ -7,6 +7,8 @@ use lcut_diag::{FlopShape, PromptSplit, prefill_flops};
 use lcut_policy::{Anchors, KvCost, KvShape, Policy, PolicyKind};
 use lcut_trace::ModelIdentity;
 
+use crate::theme::{human_bytes, human_flops};
+
 /// What the cost is computed for.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CostSettings {
@@ -86,34 +88,6 @@ pub fn cost_numbers(model: &ModelIdentity, l_cut: usize, s: &CostSettings) -> Co
         flops_speed: prefill_flops(&flop_shape, l_cut, split),
         flops_full: prefill_flops(&flop_shape, layers, split),
     }
-}
-
-/// Bytes in binary units, e.g. `1.25 GiB`.
-pub fn human_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.3} {}", UNITS[u])
-    }
-}
-
-/// FLOPs with an SI prefix, e.g. `3.1 TFLOP`.
-pub fn human_flops(f: f64) -> String {
-    const UNITS: [&str; 6] = ["", "k", "M", "G", "T", "P"];
-    let mut v = f;
-    let mut u = 0;
-    while v >= 1000.0 && u < UNITS.len() - 1 {
-        v /= 1000.0;
-        u += 1;
-    }
-    format!("{v:.3} {}FLOP", UNITS[u])
 }
 
 /// The cost inputs and numbers for `l_cut`.

@@ -6,30 +6,54 @@
 //! at `l + 0.5`, and series indexed by boundary (tail mass, curvature, index 0
 //! = embeddings) sit at their index. The cut `c` is the line `x = c`.
 
-use egui::{Color32, Ui};
-use egui_plot::{HLine, Legend, Line, LineStyle, Plot, PlotPoints, VLine};
-use lcut_trace::LayerCurves;
+use egui::Ui;
+use egui_plot::{HLine, Legend, Line, LineStyle, Plot, PlotPoints, PlotUi, VLine};
+use lcut_trace::{LAYER_METRICS, LayerCurves, LayerMetric, MetricAxis};
 
-use crate::heatmap_view::{CHOSEN, RECOMMENDED};
+use crate::theme::{
+    CHOSEN, RECOMMENDED, REFERENCE, chosen_label, metric_colour, metric_line_style,
+    recommended_label,
+};
 
-fn per_layer(name: &str, ys: &[f32], color: Color32) -> Line<'static> {
-    let pts: Vec<[f64; 2]> = ys
-        .iter()
-        .enumerate()
-        .filter(|(_, y)| y.is_finite())
-        .map(|(l, &y)| [l as f64 + 0.5, f64::from(y)])
-        .collect();
-    Line::new(name.to_string(), PlotPoints::new(pts)).color(color)
+/// The curve plots, top to bottom: id and the kind whose unit labels the y axis.
+const PLOTS: [(&str, MetricAxis); 3] = [
+    ("curves_mass", MetricAxis::Mass),
+    ("curves_entropy", MetricAxis::Entropy),
+    ("curves_curvature", MetricAxis::Curvature),
+];
+
+/// The plot that draws metrics of kind `axis` (the tail mass, a share of
+/// the prompt's mass, is drawn with the masses).
+fn plot_of(axis: MetricAxis) -> usize {
+    match axis {
+        MetricAxis::Mass | MetricAxis::TailMass => 0,
+        MetricAxis::Entropy => 1,
+        MetricAxis::Curvature => 2,
+    }
 }
 
-fn per_boundary(name: &str, ys: &[f32], color: Color32) -> Line<'static> {
-    let pts: Vec<[f64; 2]> = ys
+/// The metrics of [`LAYER_METRICS`] each plot of [`PLOTS`] draws, in table order.
+pub fn plotted_metrics() -> [Vec<&'static LayerMetric>; 3] {
+    let mut out: [Vec<&'static LayerMetric>; 3] = Default::default();
+    for m in LAYER_METRICS {
+        out[plot_of(m.axis)].push(m);
+    }
+    out
+}
+
+/// One metric's curve: per-layer values half a layer right of the boundary
+/// before the layer, boundary values on the boundary; NaN left out.
+fn metric_line(m: &LayerMetric, curves: &LayerCurves) -> Line<'static> {
+    let pts: Vec<[f64; 2]> = m
+        .series(curves)
         .iter()
         .enumerate()
         .filter(|(_, y)| y.is_finite())
-        .map(|(i, &y)| [i as f64, f64::from(y)])
+        .map(|(i, &y)| [m.indexing.boundary_x(i), f64::from(y)])
         .collect();
-    Line::new(name.to_string(), PlotPoints::new(pts)).color(color)
+    Line::new(m.label.to_string(), PlotPoints::new(pts))
+        .color(metric_colour(m.name))
+        .style(metric_line_style(m.name))
 }
 
 /// The cutoff for a drag or click at data x: `round(x)` in `1..=layers`.
@@ -49,7 +73,7 @@ fn curve_plot(
     ui: &mut Ui,
     (id, y_label, height): (&str, &str, f32),
     cuts: &mut Cuts<'_>,
-    add: impl FnOnce(&mut egui_plot::PlotUi<'_>),
+    add: impl FnOnce(&mut PlotUi<'_>),
 ) {
     let (layers, recommended) = (cuts.layers, cuts.recommended);
     let l_cut = &mut *cuts.l_cut;
@@ -69,16 +93,13 @@ fn curve_plot(
         .show(ui, |pui| {
             add(pui);
             pui.vline(
-                VLine::new(
-                    format!("recommended L_cut {recommended}"),
-                    recommended as f64,
-                )
-                .color(RECOMMENDED)
-                .style(LineStyle::dashed_loose())
-                .width(1.5),
+                VLine::new(recommended_label(recommended), recommended as f64)
+                    .color(RECOMMENDED)
+                    .style(LineStyle::dashed_loose())
+                    .width(1.5),
             );
             pui.vline(
-                VLine::new(format!("chosen L_cut {}", *l_cut), *l_cut as f64)
+                VLine::new(chosen_label(*l_cut), *l_cut as f64)
                     .color(CHOSEN)
                     .width(2.5),
             );
@@ -92,7 +113,8 @@ fn curve_plot(
     }
 }
 
-/// Draws the three curve plots for `curves` and lets the user drag `l_cut`.
+/// Draws the curve plots for `curves` (every metric of [`LAYER_METRICS`],
+/// see [`plotted_metrics`]) and lets the user drag `l_cut`.
 pub fn show_curves(
     ui: &mut Ui,
     curves: &LayerCurves,
@@ -100,100 +122,30 @@ pub fn show_curves(
     recommended: usize,
     entropy_max: f32,
 ) {
-    let layers = curves.num_layers;
     ui.label("Drag or click in a plot to move the chosen L_cut (orange); dashed: recommended.");
-    let h = ((ui.available_height() - 40.0) / 3.0).clamp(120.0, 400.0);
+    let h = ((ui.available_height() - 40.0) / PLOTS.len() as f32).clamp(120.0, 400.0);
     let mut cuts = Cuts {
-        layers,
+        layers: curves.num_layers,
         l_cut,
         recommended,
     };
-    curve_plot(ui, ("curves_mass", "attention mass", h), &mut cuts, |pui| {
-        pui.line(per_layer(
-            "BoS",
-            &curves.bos,
-            Color32::from_rgb(200, 80, 200),
-        ));
-        pui.line(per_layer(
-            "prefill",
-            &curves.prefill,
-            Color32::from_rgb(80, 160, 255),
-        ));
-        pui.line(per_layer(
-            "decode",
-            &curves.decode,
-            Color32::from_rgb(90, 200, 90),
-        ));
-        pui.line(per_layer(
-            "self",
-            &curves.self_mass,
-            Color32::from_rgb(200, 200, 80),
-        ));
-        if curves.anchor.iter().any(|&a| a > 0.0) {
-            pui.line(per_layer("anchors", &curves.anchor, Color32::GRAY));
-        }
-        pui.line(
-            per_boundary(
-                "tail mass R(c)",
-                &curves.tail_mass,
-                Color32::from_rgb(255, 90, 90),
-            )
-            .style(LineStyle::dashed_dense()),
-        );
-    });
-    curve_plot(
-        ui,
-        ("curves_entropy", "normalised entropy", h),
-        &mut cuts,
-        |pui| {
-            pui.line(per_layer(
-                "entropy (head mean)",
-                &curves.entropy_head_mean,
-                Color32::from_rgb(80, 160, 255),
-            ));
-            pui.line(per_layer(
-                "entropy (mass-weighted)",
-                &curves.entropy_weighted,
-                Color32::from_rgb(255, 170, 60),
-            ));
-            pui.hline(
-                HLine::new(
-                    format!("selective <= {entropy_max}"),
-                    f64::from(entropy_max),
-                )
-                .color(Color32::DARK_GRAY)
-                .style(LineStyle::dotted_loose()),
-            );
-        },
-    );
-    curve_plot(ui, ("curves_curvature", "radians", h), &mut cuts, |pui| {
-        pui.line(per_boundary(
-            "curvature (prompt)",
-            &curves.curvature_prompt,
-            Color32::from_rgb(80, 160, 255),
-        ));
-        pui.line(per_boundary(
-            "curvature (generated)",
-            &curves.curvature_generated,
-            Color32::from_rgb(90, 200, 90),
-        ));
-        pui.line(
-            per_boundary(
-                "straightening (prompt)",
-                &curves.straightening_prompt,
-                Color32::from_rgb(80, 160, 255),
-            )
-            .style(LineStyle::dashed_loose()),
-        );
-        pui.line(
-            per_boundary(
-                "straightening (generated)",
-                &curves.straightening_generated,
-                Color32::from_rgb(90, 200, 90),
-            )
-            .style(LineStyle::dashed_loose()),
-        );
-    });
+    for ((id, axis), metrics) in PLOTS.into_iter().zip(plotted_metrics()) {
+        curve_plot(ui, (id, axis.unit(), h), &mut cuts, |pui| {
+            for m in &metrics {
+                pui.line(metric_line(m, curves));
+            }
+            if metrics.iter().any(|m| m.axis == MetricAxis::Entropy) {
+                pui.hline(
+                    HLine::new(
+                        format!("selective <= {entropy_max}"),
+                        f64::from(entropy_max),
+                    )
+                    .color(REFERENCE)
+                    .style(LineStyle::dotted_loose()),
+                );
+            }
+        });
+    }
 }
 
 #[cfg(test)]
@@ -206,5 +158,20 @@ mod tests {
         assert_eq!(cut_at(3.6, 8), 4);
         assert_eq!(cut_at(-2.0, 8), 1);
         assert_eq!(cut_at(99.0, 8), 8);
+    }
+
+    #[test]
+    fn the_plots_draw_every_metric_of_the_table_once() {
+        let drawn: Vec<&str> = plotted_metrics().iter().flatten().map(|m| m.name).collect();
+        let mut sorted = drawn.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let mut table: Vec<&str> = LAYER_METRICS.iter().map(|m| m.name).collect();
+        table.sort_unstable();
+        assert_eq!(sorted, table);
+        assert_eq!(drawn.len(), LAYER_METRICS.len(), "none drawn twice");
+        for ((_, axis), metrics) in PLOTS.iter().zip(plotted_metrics()) {
+            assert!(metrics.iter().any(|m| m.axis == *axis), "{axis:?}");
+        }
     }
 }

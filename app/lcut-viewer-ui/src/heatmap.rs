@@ -6,10 +6,11 @@
 //! for a cutoff `c` sits at `y = c`: below it the layers that keep the prompt.
 
 use egui::{Color32, ColorImage, TextureHandle, TextureOptions, Ui, Vec2b};
-use egui_plot::{HLine, LineStyle, Plot, PlotImage, PlotPoint};
+use egui_plot::{HLine, LineStyle, Plot, PlotImage, PlotPoint, Polygon};
 
 use crate::colormap::ValueRange;
 use crate::grid::{Grid, PositionIndex};
+use crate::theme::SHADE;
 
 /// What a heatmap draws: a grid over an x extent, possibly re-binned to the
 /// visible x range.
@@ -142,14 +143,14 @@ pub struct HeatmapOptions<'a> {
     /// Identifies the data: a change rebuilds the texture.
     pub data_key: u64,
     /// Horizontal lines at cut `c` with colour, name and dashing.
-    pub cuts: Vec<(usize, Color32, String, bool)>,
+    pub cuts: Vec<CutLine>,
     /// Regions `[x0, x1, y0, y1]` (data x, layers) shaded over the map,
     /// with their name (SlimInfer's pruned positions).
     pub shade: Option<(String, Vec<[f64; 4]>)>,
 }
 
-/// Fill of [`HeatmapOptions::shade`]: dark, see-through.
-pub const SHADE: Color32 = Color32::from_rgba_premultiplied(0, 0, 0, 170);
+/// A horizontal line at cut `c`: the cut, colour, name and whether it is dashed.
+pub type CutLine = (usize, Color32, String, bool);
 
 /// What the colours depend on besides the x range.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -309,7 +310,7 @@ pub fn show_heatmap(
         }
         if let Some((name, rects)) = &opts.shade {
             for r in rects {
-                pui.polygon(crate::slim_views::rect_polygon(name, *r, SHADE));
+                pui.polygon(rect_polygon(name, *r, SHADE));
             }
         }
         for (c, color, name, dashed) in &opts.cuts {
@@ -348,6 +349,14 @@ pub fn show_heatmap(
         response = response.on_hover_text_at_pointer(text);
     }
     response
+}
+
+/// A filled rectangle `[x0, x1, y0, y1]` as a plot polygon.
+pub fn rect_polygon(name: &str, r: [f64; 4], fill: Color32) -> Polygon<'static> {
+    let [x0, x1, y0, y1] = r;
+    Polygon::new(name, vec![[x0, y0], [x1, y0], [x1, y1], [x0, y1]])
+        .fill_color(fill)
+        .width(0.0)
 }
 
 #[cfg(test)]

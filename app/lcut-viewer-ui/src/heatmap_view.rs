@@ -2,32 +2,28 @@
 //! by layer × prompt position (tokens on hover), prefill mass by layer × head,
 //! and the BoS mass in a column of its own (sinks would drown the rest).
 
-use egui::{Color32, ComboBox, RichText, Ui};
+use egui::{ComboBox, RichText, Ui};
 use lcut_trace::PromptTrace;
 
 use crate::colormap::{ColorScale, ValueRange, show_legend};
 use crate::grid::Grid;
-use crate::heatmap::{FixedGrid, HeatmapOptions, PositionGrid, show_heatmap};
+use crate::heatmap::{CutLine, FixedGrid, HeatmapOptions, PositionGrid, show_heatmap};
 use crate::loaded::LoadedReport;
 use crate::slim_data::SlimRunView;
-use crate::slim_views::{CUT, pruned_rects};
+use crate::slim_views::pruned_rects;
 use crate::state::ViewSettings;
-
-/// Colour of the chosen cut's line.
-pub const CHOSEN: Color32 = Color32::from_rgb(255, 140, 0);
-/// Colour of the recommended cut's line.
-pub const RECOMMENDED: Color32 = Color32::from_rgb(230, 230, 230);
+use crate::theme::{CHOSEN, CUT, RECOMMENDED, chosen_label, recommended_label};
 
 /// The cut lines for a heatmap.
-pub fn cut_lines(chosen: usize, recommended: usize) -> Vec<(usize, Color32, String, bool)> {
+pub fn cut_lines(chosen: usize, recommended: usize) -> Vec<CutLine> {
     vec![
         (
             recommended,
             RECOMMENDED,
-            format!("recommended L_cut {recommended}"),
+            recommended_label(recommended),
             true,
         ),
-        (chosen, CHOSEN, format!("chosen L_cut {chosen}"), false),
+        (chosen, CHOSEN, chosen_label(chosen), false),
     ]
 }
 
@@ -116,6 +112,15 @@ fn show_overlay_toggle(
     });
 }
 
+/// What every heatmap of one frame shares: the cut lines, the colour
+/// scale, the height and the data key.
+struct Frame {
+    cuts: Vec<CutLine>,
+    scale: ColorScale,
+    height: f32,
+    key: u64,
+}
+
 /// Draws the heatmap view for `loaded`; `slim`, the live view's SlimInfer
 /// run, shades what it prunes over the prompt-position map when it ran on
 /// the same prompt.
@@ -129,23 +134,39 @@ pub fn show_heatmaps(
     if let Some(v) = slim {
         show_overlay_toggle(ui, loaded, view, v);
     }
-    let recommended = loaded.report.recommendation.l_cut;
-    let cuts = cut_lines(view.l_cut, recommended);
-    let scale = view.scale;
-    let h = ((ui.available_height() - 140.0) / 3.0).clamp(110.0, 400.0);
-    let key = loaded.data_key;
+    let frame = Frame {
+        cuts: cut_lines(view.l_cut, loaded.report.recommendation.l_cut),
+        scale: view.scale,
+        height: ((ui.available_height() - 140.0) / 3.0).clamp(110.0, 400.0),
+        key: loaded.data_key,
+    };
+    show_step_row(ui, loaded, &frame);
+    let slim = slim.filter(|_| view.slim_overlay);
+    show_position_row(ui, loaded, &frame, slim);
+    show_head_row(ui, loaded, &frame);
+}
 
-    // Row 1: BoS apart, then layer × decode step.
+/// Row 1: BoS apart, then layer × decode step.
+fn show_step_row(ui: &mut Ui, loaded: &mut LoadedReport, frame: &Frame) {
     let by_step = loaded.grids.by_step.clone();
     let bos = Grid::column(&loaded.grids.bos);
-    let step_range = ValueRange::of(by_step.values.iter().copied(), scale);
-    let bos_range = ValueRange::of(bos.values.iter().copied(), scale);
+    let step_range = ValueRange::of(by_step.values.iter().copied(), frame.scale);
+    let bos_range = ValueRange::of(bos.values.iter().copied(), frame.scale);
     ui.label(match loaded.prompt {
         Some(_) => "Decode-to-prefill attention mass, layer × decode step (mean over heads)",
         None => {
             "Decode-to-prefill attention mass, layer × decode step (mean over heads and prompts)"
         }
     });
+    let opts = |id, x_label, range| HeatmapOptions {
+        id,
+        x_label,
+        height: frame.height,
+        range,
+        data_key: frame.key,
+        cuts: frame.cuts.clone(),
+        shade: None,
+    };
     ui.horizontal(|ui| {
         ui.vertical(|ui| {
             ui.set_width(110.0);
@@ -154,15 +175,7 @@ pub fn show_heatmaps(
                 x0: 0.0,
                 hover: |l: usize, _c: usize, v: f32| format!("layer {l}\nBoS mass {v:.4}"),
             };
-            let opts = HeatmapOptions {
-                id: "heatmap_bos",
-                x_label: "BoS",
-                height: h,
-                range: bos_range,
-                data_key: key,
-                cuts: cuts.clone(),
-                shade: None,
-            };
+            let opts = opts("heatmap_bos", "BoS", bos_range);
             show_heatmap(ui, &mut loaded.caches.bos, &src, &opts);
         });
         ui.vertical(|ui| {
@@ -174,15 +187,7 @@ pub fn show_heatmaps(
                     x0: 0.0,
                     hover,
                 };
-                let opts = HeatmapOptions {
-                    id: "heatmap_step",
-                    x_label: "decode step",
-                    height: h,
-                    range: step_range,
-                    data_key: key,
-                    cuts: cuts.clone(),
-                    shade: None,
-                };
+                let opts = opts("heatmap_step", "decode step", step_range);
                 show_heatmap(ui, &mut cache, &src, &opts);
             }
             loaded.caches.by_step = cache;
@@ -193,12 +198,39 @@ pub fn show_heatmaps(
         ui.separator();
         show_legend(ui, "prefill mass", &step_range);
     });
+}
 
-    // Row 2: layer × prompt position.
+/// The pruned regions of a live SlimInfer run of the shown prompt, and
+/// its cut lines, for the prompt-position map (`None` when it does not fit).
+fn slim_overlay(
+    trace: &PromptTrace,
+    slim: Option<&SlimRunView>,
+) -> Option<(ShadedRegions, Vec<CutLine>)> {
+    let v = slim.filter(|v| overlay_fits(trace, v))?;
+    let cuts = v
+        .cut_layers()
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| (c, CUT, format!("SlimInfer cut {}: layer {c}", i + 1), true))
+        .collect();
+    Some(((format!("pruned by {}", v.policy), pruned_rects(v)), cuts))
+}
+
+/// Regions shaded over a heatmap, with their name.
+type ShadedRegions = (String, Vec<[f64; 4]>);
+
+/// Row 2: layer × prompt position, with a live SlimInfer run's pruned
+/// regions shaded when `slim` is of the prompt shown.
+fn show_position_row(
+    ui: &mut Ui,
+    loaded: &mut LoadedReport,
+    frame: &Frame,
+    slim: Option<&SlimRunView>,
+) {
     let mut pos_cache = std::mem::take(&mut loaded.caches.by_position);
     if let (Some(index), Some(trace)) = (loaded.position.as_ref(), loaded.position_trace()) {
         let [lo, hi] = index.density_bounds();
-        let pos_range = ValueRange::of([lo, hi, 0.0], scale);
+        let pos_range = ValueRange::of([lo, hi, 0.0], frame.scale);
         ui.label(format!(
             "Attention per prompt token, layer × prompt position (prompt {:?}, {} positions; BoS left out; drag or scroll to pan, ctrl+scroll to zoom)",
             trace.id, trace.prompt_len
@@ -207,36 +239,30 @@ pub fn show_heatmaps(
             index,
             tokens: &trace.prompt_tokens,
         };
-        let overlay = slim
-            .filter(|v| view.slim_overlay && overlay_fits(trace, v))
-            .map(|v| (format!("pruned by {}", v.policy), pruned_rects(v)));
-        let mut pos_cuts = cuts.clone();
-        if let Some(v) = slim.filter(|_| overlay.is_some()) {
-            pos_cuts.extend(
-                v.cut_layers()
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, c)| (c, CUT, format!("SlimInfer cut {}: layer {c}", i + 1), true)),
-            );
-        }
+        let mut cuts = frame.cuts.clone();
+        let shade = slim_overlay(trace, slim).map(|(shade, slim_cuts)| {
+            cuts.extend(slim_cuts);
+            shade
+        });
         let opts = HeatmapOptions {
             id: "heatmap_position",
             x_label: "prompt position",
-            height: h,
+            height: frame.height,
             range: pos_range,
-            data_key: key ^ 0x5151,
-            cuts: pos_cuts,
-            shade: overlay,
+            data_key: frame.key ^ 0x5151,
+            cuts,
+            shade,
         };
         show_heatmap(ui, &mut pos_cache, &src, &opts);
         show_legend(ui, "attention per token", &pos_range);
     }
-
     loaded.caches.by_position = pos_cache;
+}
 
-    // Row 3: layer × head.
+/// Row 3: layer × head.
+fn show_head_row(ui: &mut Ui, loaded: &mut LoadedReport, frame: &Frame) {
     let by_head = &loaded.grids.by_head;
-    let head_range = ValueRange::of(by_head.values.iter().copied(), scale);
+    let head_range = ValueRange::of(by_head.values.iter().copied(), frame.scale);
     ui.label("Decode-to-prefill attention mass, layer × query head (mean over steps)");
     let src = FixedGrid {
         grid: by_head,
@@ -246,10 +272,10 @@ pub fn show_heatmaps(
     let opts = HeatmapOptions {
         id: "heatmap_head",
         x_label: "query head",
-        height: h,
+        height: frame.height,
         range: head_range,
-        data_key: key,
-        cuts,
+        data_key: frame.key,
+        cuts: frame.cuts.clone(),
         shade: None,
     };
     show_heatmap(ui, &mut loaded.caches.by_head, &src, &opts);

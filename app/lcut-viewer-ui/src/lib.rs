@@ -37,6 +37,7 @@ pub mod state;
 pub mod sweep_panel;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod theme;
 pub mod viewer;
 
 pub use backend::{Backend, Command, Event, WorkerPort, channel};

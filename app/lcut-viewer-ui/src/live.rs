@@ -9,11 +9,8 @@ use egui::{Color32, DragValue, RichText, ScrollArea, Ui};
 use lcut_policy::{PolicyError, PolicySpec};
 
 use crate::backend::{LiveMetrics, LiveStep, LiveToken};
-use crate::cost_panel::human_bytes;
 use crate::slim_data::SlimRunView;
-
-/// Background of a token where the two policies disagree.
-pub const DISAGREE: Color32 = Color32::from_rgb(150, 40, 40);
+use crate::theme::{DISAGREE, human_bytes};
 
 /// Where a live generation stands.
 #[derive(Debug, Clone, PartialEq, Default)]

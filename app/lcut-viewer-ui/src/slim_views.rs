@@ -6,35 +6,14 @@
 use egui::{Color32, ColorImage, RichText, TextureHandle, TextureOptions, Ui};
 use egui_plot::{
     Bar, BarChart, Corner, HLine, Legend, Line, LineStyle, Plot, PlotImage, PlotPoint, PlotPoints,
-    PlotTransform, Points, Polygon,
+    PlotTransform, Points,
 };
 
-use crate::cost_panel::human_bytes;
+use crate::heatmap::rect_polygon;
 use crate::slim_data::{BlockActivity, PositionState, SlimRunView};
-
-/// Colour of positions below the first cut (every token present).
-pub const BELOW: Color32 = Color32::from_rgb(70, 110, 160);
-/// Colour of kept blocks above a cut.
-pub const KEPT: Color32 = Color32::from_rgb(60, 170, 90);
-/// Colour of pruned positions (no hidden state, no K/V).
-pub const PRUNED: Color32 = Color32::from_rgb(40, 40, 40);
-/// Colour of the sink.
-pub const SINK: Color32 = Color32::from_rgb(210, 170, 60);
-/// Colour of the decode phase's prompt tokens.
-pub const DECODE: Color32 = Color32::from_rgb(225, 110, 50);
-/// Colour of the cut lines.
-pub const CUT: Color32 = Color32::from_rgb(255, 255, 255);
-/// Colour of kept but inactive blocks in the raster.
-pub const INACTIVE: Color32 = Color32::from_rgb(60, 75, 100);
-/// Colour of blocks entering the active set in the raster.
-pub const ENTERING: Color32 = Color32::from_rgb(250, 230, 90);
-/// Colours of the cuts' overlap curves.
-const CUT_COLORS: [Color32; 4] = [
-    Color32::from_rgb(80, 160, 255),
-    Color32::from_rgb(90, 200, 90),
-    Color32::from_rgb(200, 80, 200),
-    Color32::from_rgb(255, 90, 90),
-];
+use crate::theme::{
+    BELOW, CUT, DECODE, ENTERING, INACTIVE, KEPT, PRUNED, SERIES, SINK, human_bytes,
+};
 
 /// The colour of a position state.
 pub fn state_color(s: PositionState) -> Color32 {
@@ -98,14 +77,6 @@ pub fn pruned_rects(v: &SlimRunView) -> Vec<[f64; 4]> {
             [x0 as f64, x1 as f64, r.layer as f64, l]
         })
         .collect()
-}
-
-/// A filled rectangle `[x0, x1, y0, y1]` as a plot polygon.
-pub fn rect_polygon(name: &str, r: [f64; 4], fill: Color32) -> Polygon<'static> {
-    let [x0, x1, y0, y1] = r;
-    Polygon::new(name, vec![[x0, y0], [x1, y0], [x1, y1], [x0, y1]])
-        .fill_color(fill)
-        .width(0.0)
 }
 
 /// The cut lines `y = c_i` of a SlimInfer run, for any layer plot.
@@ -424,7 +395,7 @@ pub fn show_overlap(ui: &mut Ui, v: &SlimRunView, height: f32) {
         .y_axis_label("overlap")
         .show(ui, |pui| {
             for i in 0..v.trace.cuts.len() {
-                let color = CUT_COLORS[i % CUT_COLORS.len()];
+                let color = SERIES[i % SERIES.len()];
                 let name = format!("cut {} (layer {})", i + 1, v.trace.cuts[i].layer);
                 let series = v.overlap_series(i);
                 let swaps: Vec<[f64; 2]> = v

@@ -2,11 +2,11 @@
 //! cut, one line per anchor setting, with the knee and the chosen cut marked,
 //! and the points in a table (click a row to choose its cut).
 
-use egui::{Color32, ScrollArea, Ui};
-use egui_plot::{Legend, Line, MarkerShape, Plot, PlotPoints, Points};
-use lcut_trace::Sweep;
+use egui::{ScrollArea, Ui};
+use egui_plot::{Legend, Line, MarkerShape, Plot, PlotPoints, PlotUi, Points};
+use lcut_trace::{Sweep, SweepPoint};
 
-use crate::heatmap_view::CHOSEN;
+use crate::theme::{CHOSEN, KNEE, SERIES, chosen_label};
 
 /// Which cost the x axis shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -18,12 +18,47 @@ pub enum SweepAxis {
     PrefillRatio,
 }
 
+impl SweepAxis {
+    /// The cost of `p` on this axis.
+    pub fn x(self, p: &SweepPoint) -> f64 {
+        match self {
+            SweepAxis::KvRatio => f64::from(p.kv_ratio),
+            SweepAxis::PrefillRatio => f64::from(p.prefill_ratio),
+        }
+    }
+
+    /// The axis label.
+    pub fn label(self) -> &'static str {
+        match self {
+            SweepAxis::KvRatio => "KV bytes / full",
+            SweepAxis::PrefillRatio => "prefill FLOPs / full",
+        }
+    }
+}
+
 /// Draws the sweep (or says that none was run) and lets a row choose `l_cut`.
 pub fn show_sweep(ui: &mut Ui, sweep: Option<&Sweep>, l_cut: &mut usize, axis: &mut SweepAxis) {
     let Some(sweep) = sweep else {
         ui.label("No sweep in this report: run `lcut sweep` (or `lcut diagnose --sweep`) to measure quality against cost across L_cut.");
         return;
     };
+    show_header(ui, sweep, axis);
+    let h = (ui.available_height() * 0.55).clamp(160.0, 420.0);
+    let (axis, chosen) = (*axis, *l_cut);
+    Plot::new("sweep_plot")
+        .height(h)
+        .legend(Legend::default())
+        .x_axis_label(axis.label())
+        .y_axis_label("top-1 agreement with full")
+        .show(ui, |pui| {
+            anchor_lines(pui, sweep, axis);
+            marks(pui, sweep, axis, chosen);
+        });
+    show_table(ui, sweep, l_cut);
+}
+
+/// The context length, the knee and the cost axis switch.
+fn show_header(ui: &mut Ui, sweep: &Sweep, axis: &mut SweepAxis) {
     ui.horizontal(|ui| {
         ui.label(format!(
             "Quality vs cost at context length {}; knee: {}",
@@ -37,73 +72,61 @@ pub fn show_sweep(ui: &mut Ui, sweep: Option<&Sweep>, l_cut: &mut usize, axis: &
         ui.radio_value(axis, SweepAxis::KvRatio, "KV ratio");
         ui.radio_value(axis, SweepAxis::PrefillRatio, "Prefill ratio");
     });
-    let x_of = |p: &lcut_trace::SweepPoint| match axis {
-        SweepAxis::KvRatio => f64::from(p.kv_ratio),
-        SweepAxis::PrefillRatio => f64::from(p.prefill_ratio),
-    };
+}
+
+/// One line with dots per anchor setting, ordered by cost.
+fn anchor_lines(pui: &mut PlotUi<'_>, sweep: &Sweep, axis: SweepAxis) {
     let mut anchor_sets: Vec<&str> = sweep.points.iter().map(|p| p.anchors.as_str()).collect();
     anchor_sets.sort_unstable();
     anchor_sets.dedup();
-    let colors = [
-        Color32::from_rgb(80, 160, 255),
-        Color32::from_rgb(90, 200, 90),
-    ];
-    let h = (ui.available_height() * 0.55).clamp(160.0, 420.0);
-    let chosen = *l_cut;
-    Plot::new("sweep_plot")
-        .height(h)
-        .legend(Legend::default())
-        .x_axis_label(match axis {
-            SweepAxis::KvRatio => "KV bytes / full",
-            SweepAxis::PrefillRatio => "prefill FLOPs / full",
-        })
-        .y_axis_label("top-1 agreement with full")
-        .show(ui, |pui| {
-            for (i, a) in anchor_sets.iter().enumerate() {
-                let mut pts: Vec<[f64; 2]> = sweep
-                    .points
-                    .iter()
-                    .filter(|p| p.anchors == *a)
-                    .map(|p| [x_of(p), f64::from(p.top1_agreement)])
-                    .collect();
-                pts.sort_by(|x, y| x[0].total_cmp(&y[0]));
-                let color = colors[i % colors.len()];
-                pui.line(
-                    Line::new(format!("anchors {a}"), PlotPoints::new(pts.clone())).color(color),
-                );
-                pui.points(
-                    Points::new(format!("anchors {a}"), PlotPoints::new(pts))
-                        .color(color)
-                        .radius(3.0),
-                );
-            }
-            let mark = |c: usize| -> Vec<[f64; 2]> {
-                sweep
-                    .points
-                    .iter()
-                    .filter(|p| p.l_cut == c)
-                    .map(|p| [x_of(p), f64::from(p.top1_agreement)])
-                    .collect()
-            };
-            pui.points(
-                Points::new(
-                    format!("chosen L_cut {chosen}"),
-                    PlotPoints::new(mark(chosen)),
-                )
-                .color(CHOSEN)
+    for (i, a) in anchor_sets.iter().enumerate() {
+        let mut pts: Vec<[f64; 2]> = sweep
+            .points
+            .iter()
+            .filter(|p| p.anchors == *a)
+            .map(|p| [axis.x(p), f64::from(p.top1_agreement)])
+            .collect();
+        pts.sort_by(|x, y| x[0].total_cmp(&y[0]));
+        let color = SERIES[i % 2];
+        pui.line(Line::new(format!("anchors {a}"), PlotPoints::new(pts.clone())).color(color));
+        pui.points(
+            Points::new(format!("anchors {a}"), PlotPoints::new(pts))
+                .color(color)
+                .radius(3.0),
+        );
+    }
+}
+
+/// The chosen cut's points (diamonds) and the knee's (rings).
+fn marks(pui: &mut PlotUi<'_>, sweep: &Sweep, axis: SweepAxis, chosen: usize) {
+    let at = |c: usize| -> PlotPoints<'static> {
+        let pts: Vec<[f64; 2]> = sweep
+            .points
+            .iter()
+            .filter(|p| p.l_cut == c)
+            .map(|p| [axis.x(p), f64::from(p.top1_agreement)])
+            .collect();
+        PlotPoints::new(pts)
+    };
+    pui.points(
+        Points::new(chosen_label(chosen), at(chosen))
+            .color(CHOSEN)
+            .radius(7.0)
+            .shape(MarkerShape::Diamond),
+    );
+    if let Some(k) = sweep.knee {
+        pui.points(
+            Points::new(format!("knee L_cut {k}"), at(k))
+                .color(KNEE)
                 .radius(7.0)
-                .shape(MarkerShape::Diamond),
-            );
-            if let Some(k) = sweep.knee {
-                pui.points(
-                    Points::new(format!("knee L_cut {k}"), PlotPoints::new(mark(k)))
-                        .color(Color32::RED)
-                        .radius(7.0)
-                        .filled(false)
-                        .shape(MarkerShape::Circle),
-                );
-            }
-        });
+                .filled(false)
+                .shape(MarkerShape::Circle),
+        );
+    }
+}
+
+/// The points as a table; clicking a row's cut chooses it.
+fn show_table(ui: &mut Ui, sweep: &Sweep, l_cut: &mut usize) {
     ScrollArea::vertical()
         .id_salt("sweep_table")
         .show(ui, |ui| {
