@@ -171,58 +171,45 @@ fn check_folder(dir: &Path, model: &Decoder, seed: &Seed, mode: LoraMode) -> boo
     loaded
 }
 
-/// Runs `count` mutants of one file (`file`) of the seeds, split evenly
-/// between them; `stream` makes a seed's mutants of that file.
-fn run_mutants<'s>(
+/// Runs `LCUT_MUTANTS` (10,000) mutants of one file (`file`) of the
+/// seeds, split evenly between them; `stream` makes a seed's mutants of
+/// that file.
+fn run_mutants(
     file: &str,
-    stream: impl Fn(&'s Seed) -> Box<dyn Iterator<Item = Vec<u8>> + 's>,
-    seeds: &'s [Seed],
-    model: &Decoder,
-) -> usize {
+    stream: impl for<'s> Fn(&'s Seed) -> Box<dyn Iterator<Item = Vec<u8>> + 's>,
+) {
+    let model = base();
+    let (seeds, _written) = seeds(&model);
     let dir = tempfile::tempdir().expect("temp dir");
     let count = mutant_count(DEFAULT_MUTANTS);
     let per_seed = count.div_ceil(seeds.len());
     let mut run = MutantRun::new(file, SEED);
     let mut i = 0;
-    for seed in seeds {
+    for seed in &seeds {
         std::fs::write(dir.path().join(CONFIG_FILE), &seed.config).expect("config");
         std::fs::write(dir.path().join(WEIGHTS_FILE), &seed.weights).expect("weights");
         for mutant in stream(seed).take(per_seed) {
             let mode = [LoraMode::Merge, LoraMode::OnTheFly][i % 2];
             run.check(i, &mutant, |mutant| {
                 std::fs::write(dir.path().join(file), mutant).expect("write mutant");
-                check_folder(dir.path(), model, seed, mode)
+                check_folder(dir.path(), &model, seed, mode)
             });
             i += 1;
         }
     }
-    run.finish(SLOWEST)
+    assert!(run.finish(SLOWEST) >= count);
 }
 
 #[test]
 fn mutated_adapter_configs_never_panic() {
-    let model = base();
-    let (seeds, _dir) = seeds(&model);
-    let n = run_mutants(
-        CONFIG_FILE,
-        |s| Box::new(json_mutants(&s.config, SEED)),
-        &seeds,
-        &model,
-    );
-    assert!(n >= mutant_count(DEFAULT_MUTANTS));
+    run_mutants(CONFIG_FILE, |s| Box::new(json_mutants(&s.config, SEED)));
 }
 
 #[test]
 fn mutated_adapter_weights_never_panic() {
-    let model = base();
-    let (seeds, _dir) = seeds(&model);
-    let n = run_mutants(
-        WEIGHTS_FILE,
-        |s| Box::new(safetensors_mutants(&s.weights, SEED)),
-        &seeds,
-        &model,
-    );
-    assert!(n >= mutant_count(DEFAULT_MUTANTS));
+    run_mutants(WEIGHTS_FILE, |s| {
+        Box::new(safetensors_mutants(&s.weights, SEED))
+    });
 }
 
 #[test]
