@@ -61,7 +61,17 @@ impl LayerCache {
     pub fn fork(&self) -> Result<Self> {
         let held = |t: &Option<Tensor>| -> Result<Option<Tensor>> {
             match t {
-                Some(t) if self.len > 0 => Ok(Some(t.narrow(1, 0, self.len)?.copy()?)),
+                Some(t) if self.len > 0 => {
+                    // `copy` keeps a view's layout (and the whole buffer
+                    // behind it); a view of a buffer with spare room is
+                    // strided, so compact it first
+                    let held = t.narrow(1, 0, self.len)?;
+                    Ok(Some(if held.is_contiguous() {
+                        held.copy()?
+                    } else {
+                        held.contiguous()?
+                    }))
+                }
                 _ => Ok(None),
             }
         };
@@ -223,6 +233,23 @@ mod tests {
         let (kb, _) = b.kv()?.expect("non-empty");
         assert_eq!(ka.to_vec3::<f32>()?[0], vec![vec![0., 1.], vec![10., 11.]]);
         assert_eq!(kb.to_vec3::<f32>()?[0], vec![vec![0., 1.], vec![20., 21.]]);
+        Ok(())
+    }
+
+    #[test]
+    fn a_fork_of_a_cache_with_spare_room_can_be_filtered() -> anyhow::Result<()> {
+        let dev = Device::Cpu;
+        let mut c = LayerCache::new();
+        c.reserve(8); // 2 heads: the held part of the buffer is a strided view
+        let x = Tensor::arange(0f32, 12., &dev)?.reshape((2, 3, 2))?;
+        c.append(&x, &x, &[0, 4, 9])?;
+        let fork = c.fork()?;
+        assert_eq!(fork.bytes_allocated(), fork.bytes_held());
+        let f = fork.filtered(|p| p != 4)?;
+        let (k, _) = f.kv()?.expect("non-empty");
+        let k = k.to_vec3::<f32>()?;
+        assert_eq!(k[0], vec![vec![0., 1.], vec![4., 5.]]);
+        assert_eq!(k[1], vec![vec![6., 7.], vec![10., 11.]]);
         Ok(())
     }
 }
