@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, TryRecvError, channel as mpsc_channel};
 
-use lcut_policy::{PolicySpec, SlimTrace, StepRecord};
+use lcut_policy::{Policy, PolicySpec, SlimTrace, StepRecord};
 use lcut_report::Format;
 use lcut_trace::Report;
 
@@ -183,12 +183,12 @@ pub enum Event {
     Cancelled,
     /// A live generation started.
     GenerationStarted {
-        /// The reference policy, written out.
-        full_policy: String,
-        /// The SPEED policy, written out.
-        speed_policy: String,
-        /// The third policy, written out (resolved), when there is one.
-        extra_policy: Option<String>,
+        /// The reference policy.
+        full_policy: Box<Policy>,
+        /// The SPEED policy (resolved).
+        speed_policy: Box<Policy>,
+        /// The third policy (resolved), when there is one.
+        extra_policy: Option<Box<Policy>>,
         /// Prompt tokens.
         prompt_len: usize,
     },
@@ -343,10 +343,10 @@ pub struct LiveRequest {
     pub job: JobId,
     /// The prompt text.
     pub prompt: String,
-    /// SPEED's cutoff.
-    pub l_cut: usize,
-    /// Keep BoS as an anchor (SPEED+BoS); otherwise anchor-free.
-    pub keep_bos: bool,
+    /// The policy run beside the full model (SPEED at the chosen cutoff,
+    /// with or without the BoS anchor, or any other), resolved against the
+    /// model's depth by the worker.
+    pub policy: Box<PolicySpec>,
     /// Most new tokens.
     pub max_new_tokens: usize,
     /// Wrap the prompt in the model's chat template when it has one.

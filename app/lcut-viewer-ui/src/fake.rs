@@ -8,7 +8,9 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use lcut_diag::synthetic::synthetic_report;
-use lcut_policy::{CutRecord, PolicySpec, SlimSelection, SlimTrace, StepRecord, TokenPhases};
+use lcut_policy::{
+    CutRecord, Policy, PolicySpec, SlimSelection, SlimTrace, StepRecord, TokenPhases,
+};
 
 use crate::backend::{
     Command, Event, JobId, LiveMetrics, LiveRequest, LiveStep, LiveToken, ModelSummary,
@@ -195,7 +197,7 @@ pub fn synthetic_slim(
 /// The live run's inputs the fake worker uses.
 struct FakeRun {
     job: JobId,
-    l_cut: usize,
+    policy: Box<PolicySpec>,
     max_new_tokens: usize,
     extra: Option<Box<PolicySpec>>,
 }
@@ -228,10 +230,21 @@ fn generate(port: &WorkerPort, run: &FakeRun, o: &FakeOptions) {
             }
         }
     };
+    let resolved = (
+        run.policy.resolve(o.layers),
+        run.extra.as_ref().map(|s| s.resolve(o.layers)).transpose(),
+    );
+    let (speed, extra) = match resolved {
+        (Ok(speed), Ok(extra)) => (speed, extra),
+        (Err(e), _) | (_, Err(e)) => {
+            port.send(Event::GenerationFailed(e.to_string()));
+            return;
+        }
+    };
     port.send(Event::GenerationStarted {
-        full_policy: "full".into(),
-        speed_policy: format!("speed:{}+bos", run.l_cut),
-        extra_policy: run.extra.as_ref().map(|s| s.to_string()),
+        full_policy: Box::new(Policy::full(o.layers)),
+        speed_policy: Box::new(speed),
+        extra_policy: extra.map(Box::new),
         prompt_len,
     });
     if let Some(v) = &slim {
@@ -263,7 +276,7 @@ fn generate(port: &WorkerPort, run: &FakeRun, o: &FakeOptions) {
             )
         });
         let full_layers = o.layers as u64 * p;
-        let speed_layers = run.l_cut as u64 * p;
+        let speed_layers = speed.l_cut() as u64 * p;
         last = LiveStep {
             index: k,
             full: tok(k),
@@ -317,14 +330,14 @@ pub fn serve(port: WorkerPort, o: FakeOptions) {
             } => diagnose(&port, job, &prompts, sweep_context_len.is_some(), &o),
             Command::RunGenerate(LiveRequest {
                 job,
-                l_cut,
+                policy,
                 max_new_tokens,
                 extra,
                 ..
             }) => {
                 let run = FakeRun {
                     job,
-                    l_cut,
+                    policy,
                     max_new_tokens,
                     extra,
                 };

@@ -1,15 +1,13 @@
-//! A live generation on the worker: the full model, SPEED and an optional
-//! third policy (SlimInfer, typically) stepped in lockstep, each timed on
-//! its own, streamed to the UI as events; Cancel is checked between prompt
-//! chunks and between steps.
-
-use std::time::Instant;
+//! A live generation on the worker: the full model, the request's policy
+//! (SPEED, typically) and an optional third policy (SlimInfer, typically)
+//! run by the engine's [`Lockstep`], streamed to the UI as events; Cancel is
+//! checked between prompt chunks and between steps.
 
 use lcut_engine::{
-    EngineError, Generation, GenerationConfig, PreparedPrompt, Sampling, Session, Step,
-    TextTokenizer, kl_divergence,
+    EngineError, Generation, GenerationConfig, LiveFigures, Lockstep, LockstepEvent, Sampling,
+    Session, TextTokenizer,
 };
-use lcut_policy::{Anchors, Policy, PolicyKind};
+use lcut_policy::{Policy, StepRecord};
 use lcut_viewer_ui::backend::{
     Event, JobId, LiveMetrics, LiveRequest, LiveStep, LiveToken, WorkerPort,
 };
@@ -57,126 +55,39 @@ impl<'a> Detokenizer<'a> {
     }
 }
 
-/// Per-policy step timing of a live generation.
-#[derive(Default)]
-struct Clock {
-    first: Option<f64>,
-    rest: f64,
-    tokens: usize,
-}
+/// The names of the lanes in progress messages.
+const LANE_NAMES: [&str; 3] = ["full", "SPEED", "third policy"];
 
-impl Clock {
-    fn add(&mut self, seconds: f64) {
-        match self.first {
-            None => self.first = Some(seconds),
-            Some(_) => self.rest += seconds,
-        }
-        self.tokens += 1;
+/// The UI's figures of one lane.
+fn metrics(generation: &Generation<'_>) -> LiveMetrics {
+    let LiveFigures {
+        ttft_s,
+        tpot_s,
+        tokens,
+        kv_bytes_held,
+        kv_bytes_resident,
+    } = generation.figures();
+    LiveMetrics {
+        ttft_s,
+        tpot_s,
+        tokens,
+        kv_bytes: kv_bytes_held,
+        kv_bytes_resident,
     }
 }
 
-/// One policy's generation with its timing and detokenizer.
-struct Lane<'m> {
-    name: &'static str,
-    generation: Generation<'m>,
-    detok: Detokenizer<'m>,
-    clock: Clock,
-    /// Prefill seconds, added to the first token's time.
-    prefill_s: f64,
-    /// SlimInfer decode-step records already sent.
-    slim_sent: usize,
-    /// Bytes of one token's K/V at one layer.
-    bytes_per_token_layer: u64,
+/// Each lane's figures, three of them (default for a missing third lane).
+fn all_metrics(lanes: &[Generation<'_>]) -> [LiveMetrics; 3] {
+    std::array::from_fn(|k| lanes.get(k).map(metrics).unwrap_or_default())
 }
 
-impl<'m> Lane<'m> {
-    fn new(
-        session: &'m Session,
-        name: &'static str,
-        prompt: &PreparedPrompt,
-        policy: Policy,
-        config: &GenerationConfig,
-    ) -> Result<Self, EngineError> {
-        Ok(Self {
-            name,
-            generation: Generation::new(&session.model, prompt.clone(), policy, config.clone())?,
-            detok: Detokenizer::new(session.tokenizer.as_ref()),
-            clock: Clock::default(),
-            prefill_s: 0.0,
-            slim_sent: 0,
-            bytes_per_token_layer: session.model.kv_shape().bytes_per_token_layer() as u64,
-        })
-    }
-
-    /// Runs the prompt chunk by chunk with progress; false when cancelled.
-    fn prefill(&mut self, port: &WorkerPort, job: JobId) -> Result<bool, EngineError> {
-        let t = Instant::now();
-        let name = self.name;
-        let done = !port.is_cancelled(job)
-            && self.generation.prefill_with(None, |p| {
-                port.progress(
-                    p.done,
-                    p.total,
-                    format!("{name} prefill: {}/{} prompt tokens", p.done, p.total),
-                );
-                !port.is_cancelled(job)
-            })?;
-        self.prefill_s = t.elapsed().as_secs_f64();
-        Ok(done)
-    }
-
-    /// The next token, timed (the prefill counts toward the first).
-    fn step(&mut self) -> Result<Option<Step>, EngineError> {
-        let t = Instant::now();
-        let s = self.generation.step(None)?;
-        if s.is_some() {
-            self.clock
-                .add(t.elapsed().as_secs_f64() + std::mem::take(&mut self.prefill_s));
-        }
-        Ok(s)
-    }
-
-    /// K/V bytes decode reads now: for SlimInfer the sink, the active
-    /// blocks and the decode phase; all that is held otherwise.
-    fn resident_bytes(&self) -> u64 {
-        let seq = self.generation.sequence();
-        match seq.slim() {
-            Some(run) => {
-                let decode = self.generation.kv_cost().decode;
-                self.bytes_per_token_layer * run.selection().resident_token_layers(decode) as u64
-            }
-            None => seq.kv_bytes_held(),
-        }
-    }
-
-    fn metrics(&self) -> LiveMetrics {
-        let c = &self.clock;
-        LiveMetrics {
-            ttft_s: c.first,
-            tpot_s: (c.tokens > 1).then(|| c.rest / (c.tokens - 1) as f64),
-            tokens: c.tokens,
-            kv_bytes: self.generation.sequence().kv_bytes_held(),
-            kv_bytes_resident: self.resident_bytes(),
-        }
-    }
-
-    /// SlimInfer's decode-step records not sent yet.
-    fn new_slim_steps(&mut self) -> Vec<lcut_policy::StepRecord> {
-        let Some(run) = self.generation.sequence().slim() else {
-            return Vec::new();
-        };
-        let new = run.steps()[self.slim_sent.min(run.steps().len())..].to_vec();
-        self.slim_sent = run.steps().len();
-        new
-    }
-}
-
-/// The SlimInfer run of `lane` once its prefill has decided every cut
-/// (`None` when `policy` is not SlimInfer).
-fn slim_view(session: &Session, lane: &Lane<'_>, policy: &Policy) -> Option<SlimRunView> {
+/// The SlimInfer run of `generation` once its prefill has decided every
+/// cut (`None` when its policy is not SlimInfer).
+fn slim_view(session: &Session, generation: &Generation<'_>) -> Option<SlimRunView> {
+    let policy = *generation.sequence().policy();
     let params = policy.slim()?;
-    let trace = lane.generation.output().slim?;
-    let ids = &lane.generation.prompt().ids;
+    let trace = generation.output().slim?;
+    let ids = &generation.prompt().ids;
     Some(SlimRunView {
         policy: policy.to_string(),
         num_layers: policy.num_layers(),
@@ -191,56 +102,92 @@ fn slim_view(session: &Session, lane: &Lane<'_>, policy: &Policy) -> Option<Slim
     })
 }
 
-fn same_token(a: &Option<Step>, b: &Option<Step>) -> bool {
-    matches!((a, b), (Some(x), Some(y)) if x.token == y.token)
+/// What the live run keeps between the engine's events: each lane's
+/// detokenizer and the SlimInfer decode-step records already sent.
+struct Stream<'a> {
+    port: &'a WorkerPort,
+    job: JobId,
+    session: &'a Session,
+    detok: Vec<Detokenizer<'a>>,
+    slim_sent: usize,
 }
 
-/// Steps every lane until all have ended, one event per step; the first
-/// lane (full) is the reference of the agreement and the KL.
-fn step_loop(port: &WorkerPort, job: JobId, lanes: &mut [Lane<'_>]) -> Result<bool, EngineError> {
-    let mut same_prefix = true;
-    for index in 0.. {
-        if port.is_cancelled(job) {
-            return Ok(false);
+impl Stream<'_> {
+    /// Forwards one engine event to the UI; false once the job is cancelled.
+    fn on_event(&mut self, event: LockstepEvent<'_, '_>) -> bool {
+        match event {
+            LockstepEvent::Prefill { lane, progress } => {
+                self.port.progress(
+                    progress.done,
+                    progress.total,
+                    format!(
+                        "{} prefill: {}/{} prompt tokens",
+                        LANE_NAMES[lane.min(2)],
+                        progress.done,
+                        progress.total
+                    ),
+                );
+            }
+            LockstepEvent::Prefilled { lanes } => {
+                if let Some(v) = lanes.get(2).and_then(|g| slim_view(self.session, g)) {
+                    self.port.send(Event::SlimDecided(Box::new(v)));
+                }
+            }
+            LockstepEvent::Step { step, lanes } => {
+                let live = self.live_step(step, lanes);
+                self.port.send(Event::GenerationStep(Box::new(live)));
+            }
         }
-        let steps = lanes
+        !self.port.is_cancelled(self.job)
+    }
+
+    /// The UI's view of one engine step.
+    fn live_step(&mut self, step: &lcut_engine::CompareStep, lanes: &[Generation<'_>]) -> LiveStep {
+        let mut tokens: Vec<Option<LiveToken>> = self
+            .detok
             .iter_mut()
-            .map(Lane::step)
-            .collect::<Result<Vec<_>, _>>()?;
-        if steps.iter().all(Option::is_none) {
-            break;
-        }
-        let kl = match (&steps[0], &steps[1]) {
-            (Some(x), Some(y)) if same_prefix => Some(kl_divergence(&x.logits, &y.logits)?),
-            _ => None,
-        };
-        let agree = same_token(&steps[0], &steps[1]);
-        same_prefix &= agree;
-        let mut tokens: Vec<Option<LiveToken>> = lanes
-            .iter_mut()
-            .zip(&steps)
-            .map(|(l, s)| s.as_ref().map(|s| l.detok.push(s.token)))
+            .zip(&step.tokens)
+            .map(|(d, t)| t.map(|t| d.push(t)))
             .collect();
         tokens.resize(3, None);
-        let step = LiveStep {
-            index,
+        let [full_metrics, speed_metrics, extra_metrics] = all_metrics(lanes);
+        LiveStep {
+            index: step.index,
             extra: tokens.pop().flatten(),
             speed: tokens.pop().flatten(),
             full: tokens.pop().flatten(),
-            agree,
-            extra_agree: steps.get(2).is_some_and(|c| same_token(&steps[0], c)),
-            kl,
-            full_metrics: lanes[0].metrics(),
-            speed_metrics: lanes[1].metrics(),
-            extra_metrics: lanes.get(2).map(Lane::metrics).unwrap_or_default(),
+            agree: step.agree[1],
+            extra_agree: step.agree.get(2).copied().unwrap_or(false),
+            kl: step.kl[1],
+            full_metrics,
+            speed_metrics,
+            extra_metrics,
             slim_steps: lanes
-                .get_mut(2)
-                .map(Lane::new_slim_steps)
+                .get(2)
+                .map(|g| self.new_slim_steps(g))
                 .unwrap_or_default(),
-        };
-        port.send(Event::GenerationStep(Box::new(step)));
+        }
     }
-    Ok(true)
+
+    /// SlimInfer's decode-step records of `generation` not sent yet.
+    fn new_slim_steps(&mut self, generation: &Generation<'_>) -> Vec<StepRecord> {
+        let Some(run) = generation.sequence().slim() else {
+            return Vec::new();
+        };
+        let new = run.steps()[self.slim_sent.min(run.steps().len())..].to_vec();
+        self.slim_sent = run.steps().len();
+        new
+    }
+}
+
+/// The full model, the request's policy and its third policy, resolved.
+fn policies(session: &Session, req: &LiveRequest) -> Result<Vec<Policy>, EngineError> {
+    let layers = session.model.config().num_layers;
+    let mut out = vec![Policy::full(layers), req.policy.resolve(layers)?];
+    if let Some(extra) = &req.extra {
+        out.push(extra.resolve(layers)?);
+    }
+    Ok(out)
 }
 
 /// Runs a live generation of `req` on `session`, sending its events; an
@@ -250,64 +197,44 @@ pub fn run_live(
     session: &Session,
     req: &LiveRequest,
 ) -> Result<(), EngineError> {
-    let layers = session.model.config().num_layers;
     let prompt = session.prepare_text(&req.prompt, None, req.use_chat_template)?;
-    let anchors = if req.keep_bos {
-        Anchors::Bos
-    } else {
-        Anchors::None
-    };
-    let full = Policy::full(layers);
-    let speed = Policy::new(
-        PolicyKind::Speed,
-        req.l_cut.clamp(1, layers),
-        layers,
-        anchors,
-    )?;
-    let extra = req.extra.as_ref().map(|s| s.resolve(layers)).transpose()?;
+    let policies = policies(session, req)?;
     let config = GenerationConfig {
         max_new_tokens: req.max_new_tokens,
         sampling: Sampling::Greedy,
         stop_tokens: session.stop_tokens(),
         ..GenerationConfig::default()
     };
-    let mut lanes = vec![
-        Lane::new(session, "full", &prompt, full, &config)?,
-        Lane::new(session, "SPEED", &prompt, speed, &config)?,
-    ];
-    if let Some(p) = extra {
-        lanes.push(Lane::new(session, "third policy", &prompt, p, &config)?);
-    }
+    let mut run = Lockstep::new(&session.model, &prompt, &policies, &config)?;
     port.send(Event::GenerationStarted {
-        full_policy: full.to_string(),
-        speed_policy: speed.to_string(),
-        extra_policy: extra.map(|p| p.to_string()),
+        full_policy: Box::new(policies[0]),
+        speed_policy: Box::new(policies[1]),
+        extra_policy: policies.get(2).copied().map(Box::new),
         prompt_len: prompt.len(),
     });
-    // Every prompt chunk by chunk first, so that Cancel takes within a long
-    // prompt; the time counts toward each policy's first token.
-    for lane in &mut lanes {
-        if !lane.prefill(port, req.job)? {
-            port.send(Event::Cancelled);
-            return Ok(());
-        }
-    }
-    if let (Some(lane), Some(p)) = (lanes.get(2), &extra)
-        && let Some(v) = slim_view(session, lane, p)
-    {
-        port.send(Event::SlimDecided(Box::new(v)));
-    }
-    if !step_loop(port, req.job, &mut lanes)? {
+    let mut stream = Stream {
+        port,
+        job: req.job,
+        session,
+        detok: (0..policies.len())
+            .map(|_| Detokenizer::new(session.tokenizer.as_ref()))
+            .collect(),
+        slim_sent: 0,
+    };
+    let finished = !port.is_cancelled(req.job) && run.drive(|e| stream.on_event(e))?;
+    if !finished {
         port.send(Event::Cancelled);
         return Ok(());
     }
+    let [full_metrics, speed_metrics, extra_metrics] = all_metrics(run.lanes());
     port.send(Event::GenerationDone {
-        full_metrics: lanes[0].metrics(),
-        speed_metrics: lanes[1].metrics(),
-        extra_metrics: lanes.get(2).map(Lane::metrics).unwrap_or_default(),
-        slim: lanes
+        full_metrics,
+        speed_metrics,
+        extra_metrics,
+        slim: run
+            .lanes()
             .get(2)
-            .and_then(|l| l.generation.output().slim)
+            .and_then(|g| g.output().slim)
             .map(Box::new),
     });
     Ok(())

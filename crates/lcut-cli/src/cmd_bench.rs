@@ -21,9 +21,8 @@ use lcut_policy::{Policy, PolicySpec, TokenPhases};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde::Serialize;
 
-use crate::common::{
-    ensure_fits, parse_device, parse_len, parse_weight_mode, split_policies, write_atomic,
-};
+use crate::args::{DeviceArg, PolicyList, WeightArg};
+use crate::common::{ensure_fits, parse_len, write_atomic};
 
 /// Arguments of `lcut bench`.
 #[derive(Debug, Args)]
@@ -37,7 +36,7 @@ pub struct BenchArgs {
     /// Policies to compare, separated by `,` or `;` (`slim:4@2k,8@1k` stays
     /// whole); `full` is always measured too.
     #[arg(long, default_value = "full,speed:3/4+bos")]
-    policies: String,
+    policies: PolicyList,
     /// Prompt lengths, comma-separated (256, 1k, 4k, ...).
     #[arg(long, default_value = "256,1k,2k")]
     prompt_lengths: String,
@@ -73,11 +72,11 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 32000)]
     vocab: usize,
     /// dtype: f32, bf16, f16, or q (a GGUF's weights kept quantized).
-    #[arg(long, default_value = "f32")]
-    dtype: String,
+    #[arg(long, default_value = "f32", ignore_case = true)]
+    dtype: WeightArg,
     /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
-    device: String,
+    device: DeviceArg,
     /// Compare plain decoding with candle-transformers' Llama instead.
     #[arg(long)]
     vs_candle: bool,
@@ -260,9 +259,9 @@ fn bench_row(
 
 /// Run `lcut bench`.
 pub fn run(args: &BenchArgs) -> Result<()> {
-    let mode = parse_weight_mode(&args.dtype)?;
+    let mode = args.dtype.mode();
     let dtype = mode.activation_dtype();
-    let device = parse_device(&args.device)?;
+    let device = args.device.open()?;
     if mode == WeightMode::Quantized && !args.model.as_deref().is_some_and(is_gguf_path) {
         bail!("--dtype q runs a GGUF file's quantized weights: give one with --model FILE.gguf");
     }
@@ -296,8 +295,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         Some(folder) => {
             let mut model = Decoder::load_as(folder, mode, &device)
                 .with_context(|| format!("loading {}", folder.display()))?;
-            args.lora
-                .apply(&mut model, &split_policies(&args.policies))?;
+            args.lora.apply(&mut model, &args.policies.texts())?;
             ensure_fits(model.config(), dtype, &device, sizes, true)?;
             model
         }
@@ -311,10 +309,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     model.set_attention_block_elems(block);
     let num_layers = model.config().num_layers;
     let mut specs: Vec<PolicySpec> = vec![PolicySpec::full()];
-    for p in split_policies(&args.policies) {
-        let spec: PolicySpec = p.parse()?;
-        if !specs.contains(&spec) {
-            specs.push(spec);
+    for spec in &args.policies.0 {
+        if !specs.contains(spec) {
+            specs.push(*spec);
         }
     }
     let policies = specs

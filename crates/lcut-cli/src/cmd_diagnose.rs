@@ -12,7 +12,8 @@ use lcut_engine::diagnose::{
 };
 use lcut_trace::{Report, write_report_json};
 
-use crate::common::load_session;
+use crate::args::{DeviceArg, WeightArg};
+use crate::common::open_session;
 
 /// Arguments of `lcut diagnose`.
 #[derive(Debug, Args)]
@@ -50,11 +51,11 @@ pub struct DiagnoseArgs {
     #[arg(long)]
     pub thresholds: Option<String>,
     /// dtype: f32, bf16, f16, or q (a GGUF's weights kept quantized).
-    #[arg(long, default_value = "f32")]
-    pub dtype: String,
+    #[arg(long, default_value = "f32", ignore_case = true)]
+    pub dtype: WeightArg,
     /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
-    pub device: String,
+    pub device: DeviceArg,
 }
 
 /// Parse `I/N`, or `auto/N` with the index from a Slurm job array
@@ -95,7 +96,7 @@ pub fn on_event(bar: &ProgressBar) -> impl FnMut(&DiagnoseEvent) -> bool + '_ {
 
 /// Load the session and prompts of a diagnose or sweep run.
 pub fn load_inputs(args: &DiagnoseArgs) -> Result<(Session, Vec<PromptSpec>, Option<String>)> {
-    let mut session = load_session(&args.model, &args.dtype, &args.device)?;
+    let mut session = open_session(&args.model, args.dtype, args.device)?;
     args.lora.apply(&mut session.model, &[])?;
     let (prompts, file) = match (&args.prompt, &args.prompts) {
         (Some(p), _) => (vec![PromptSpec::text("prompt", p)], None),

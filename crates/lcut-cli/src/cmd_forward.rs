@@ -12,7 +12,8 @@ use lcut_model::LogitRows;
 use lcut_model::probes::RecordingProbe;
 use lcut_policy::PolicySpec;
 
-use crate::common::{load_session, parse_ids};
+use crate::args::{DeviceArg, WeightArg};
+use crate::common::{open_session, parse_ids};
 
 /// Longest sequence for which attention [H, T, T] is recorded by default.
 const MAX_RECORDED_ATTENTION: usize = 2048;
@@ -34,16 +35,16 @@ pub struct ForwardArgs {
     text: Option<String>,
     /// Visibility policy: full, speed:C+bos, speed:C, selfonly:C+bos (C a count or fraction).
     #[arg(long, default_value = "full")]
-    policy: String,
+    policy: PolicySpec,
     /// First decode-phase position S (policies other than full); default: last token.
     #[arg(long)]
     decode_start: Option<usize>,
     /// Weights and cache dtype: f32, bf16, f16, or q (a GGUF's weights kept quantized).
-    #[arg(long, default_value = "f32")]
-    dtype: String,
+    #[arg(long, default_value = "f32", ignore_case = true)]
+    dtype: WeightArg,
     /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
-    device: String,
+    device: DeviceArg,
     /// Skip recording attention (for long sequences).
     #[arg(long)]
     no_attention: bool,
@@ -54,9 +55,9 @@ pub struct ForwardArgs {
 
 /// Run `lcut forward`.
 pub fn run(args: &ForwardArgs) -> Result<()> {
-    let mut session = load_session(&args.model, &args.dtype, &args.device)?;
+    let mut session = open_session(&args.model, args.dtype, args.device)?;
     args.lora
-        .apply(&mut session.model, std::slice::from_ref(&args.policy))?;
+        .apply(&mut session.model, &[args.policy.to_string()])?;
     let prompt = match (&args.ids, &args.text) {
         (Some(ids), _) => PreparedPrompt::from_ids(parse_ids(ids)?, args.decode_start)?,
         (None, Some(text)) => {
@@ -65,7 +66,7 @@ pub fn run(args: &ForwardArgs) -> Result<()> {
         }
         (None, None) => bail!("give the sequence with --ids 1,5,9 or --text \"...\""),
     };
-    let spec: PolicySpec = args.policy.parse()?;
+    let spec = args.policy;
     let model = &session.model;
     let cfg = model.config();
     let policy = spec.resolve(cfg.num_layers)?;

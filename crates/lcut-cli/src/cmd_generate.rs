@@ -7,11 +7,13 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::Args;
 use lcut_engine::{
-    Generation, GenerationConfig, GenerationOutput, PreparedPrompt, Sampling, compare,
+    Generation, GenerationConfig, GenerationOutput, LockstepEvent, PreparedPrompt, Sampling,
+    compare,
 };
 use lcut_policy::PolicySpec;
 
-use crate::common::{ensure_fits, load_session, parse_ids, write_atomic};
+use crate::args::{DeviceArg, WeightArg};
+use crate::common::{ensure_fits, open_session, parse_ids, write_atomic};
 
 /// Arguments of `lcut generate`.
 #[derive(Debug, Args)]
@@ -26,10 +28,10 @@ pub struct GenerateArgs {
     model: Option<PathBuf>,
     /// Policy to generate under.
     #[arg(long, default_value = "speed:3/4+bos")]
-    policy: String,
+    policy: PolicySpec,
     /// Also run this policy in lockstep and compare (e.g. full).
     #[arg(long)]
-    compare: Option<String>,
+    compare: Option<PolicySpec>,
     /// System message (for `+system` anchors).
     #[arg(long)]
     system: Option<String>,
@@ -58,11 +60,11 @@ pub struct GenerateArgs {
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// dtype: f32, bf16, f16, or q (a GGUF's weights kept quantized).
-    #[arg(long, default_value = "f32")]
-    dtype: String,
+    #[arg(long, default_value = "f32", ignore_case = true)]
+    dtype: WeightArg,
     /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
-    device: String,
+    device: DeviceArg,
     /// Write the result as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -78,6 +80,15 @@ fn sampling(args: &GenerateArgs) -> Sampling {
         },
         _ => Sampling::Greedy,
     }
+}
+
+/// `cells` left-aligned in columns of 16.
+fn columns(cells: &[String]) -> String {
+    cells
+        .iter()
+        .map(|c| format!("{c:<16}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn summary(label: &str, out: &GenerationOutput) -> String {
@@ -116,10 +127,10 @@ fn summary(label: &str, out: &GenerationOutput) -> String {
 
 /// Run `lcut generate`.
 pub fn run(args: &GenerateArgs) -> Result<()> {
-    let mut session = load_session(&args.model, &args.dtype, &args.device)?;
+    let mut session = open_session(&args.model, args.dtype, args.device)?;
     let run_policies: Vec<String> = std::iter::once(&args.policy)
         .chain(&args.compare)
-        .cloned()
+        .map(ToString::to_string)
         .collect();
     args.lora.apply(&mut session.model, &run_policies)?;
     let prompt = match (&args.ids, &args.prompt) {
@@ -128,7 +139,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         (None, None) => anyhow::bail!("give a prompt: lcut generate \"...\" (or --ids 1,5,9)"),
     };
     let layers = session.model.config().num_layers;
-    let policy = args.policy.parse::<PolicySpec>()?.resolve(layers)?;
+    let policy = args.policy.resolve(layers)?;
     ensure_fits(
         session.model.config(),
         session.model.dtype(),
@@ -169,33 +180,42 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         }
     );
     let json = if let Some(reference) = &args.compare {
-        let reference = reference.parse::<PolicySpec>()?.resolve(layers)?;
+        let reference = reference.resolve(layers)?;
+        let policies = [reference, policy];
+        let names: Vec<String> = policies.iter().map(ToString::to_string).collect();
         println!(
-            "{:>4}  {:<16} {:<16} {:>5} {:>9}",
+            "{:>4}  {}  {:>5} {:>9}",
             "step",
-            reference.to_string(),
-            policy.to_string(),
+            columns(&names),
             "same",
             "KL"
         );
-        let cmp = compare(&session.model, &prompt, reference, policy, &config, |s| {
-            let show = |t: Option<u32>| t.map(piece).unwrap_or_else(|| "-".into());
-            println!(
-                "{:>4}  {:<16} {:<16} {:>5} {:>9}",
-                s.index,
-                show(s.reference),
-                show(s.other),
-                if s.agree { "yes" } else { "NO" },
-                s.kl.map(|k| format!("{k:.2e}")).unwrap_or_default()
-            );
+        let cmp = compare(&session.model, &prompt, &policies, &config, |e| {
+            if let LockstepEvent::Step { step, .. } = e {
+                let shown: Vec<String> = step
+                    .tokens
+                    .iter()
+                    .map(|t| t.map(piece).unwrap_or_else(|| "-".into()))
+                    .collect();
+                println!(
+                    "{:>4}  {}  {:>5} {:>9}",
+                    step.index,
+                    columns(&shown),
+                    if step.agree[1] { "yes" } else { "NO" },
+                    step.kl[1].map(|k| format!("{k:.2e}")).unwrap_or_default()
+                );
+            }
             true
         })?;
-        let agree = cmp.steps.iter().filter(|s| s.agree).count();
-        println!("\n[{reference}] {}", text(&cmp.reference.tokens));
-        println!("[{policy}] {}", text(&cmp.other.tokens));
+        println!();
+        for (name, out) in names.iter().zip(&cmp.outputs) {
+            println!("[{name}] {}", text(&out.tokens));
+        }
+        let agree = cmp.steps.iter().filter(|s| s.agree[1]).count();
         println!("agreement {agree}/{} steps", cmp.steps.len());
-        println!("{}", summary(&reference.to_string(), &cmp.reference));
-        println!("{}", summary(&policy.to_string(), &cmp.other));
+        for (name, out) in names.iter().zip(&cmp.outputs) {
+            println!("{}", summary(name, out));
+        }
         serde_json::to_value(&cmp)?
     } else {
         let generation = Generation::new(&session.model, prompt, policy, config)?;

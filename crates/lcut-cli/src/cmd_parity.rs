@@ -9,7 +9,8 @@ use clap::Args;
 use lcut_model::reference::{Deviation, ReferenceCase, deviation};
 use serde::Serialize;
 
-use crate::common::{parse_device, parse_dtype, write_atomic};
+use crate::args::{DeviceArg, DtypeArg};
+use crate::common::write_atomic;
 
 /// Where the reference cases live, relative to the repository root.
 const REFERENCE_CASES: &str = "fixtures/oracle";
@@ -23,10 +24,10 @@ pub struct ParityArgs {
     cases: Option<PathBuf>,
     /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
-    device: String,
+    device: DeviceArg,
     /// Weights and cache dtype: f32, bf16, f16.
-    #[arg(long, default_value = "f32")]
-    dtype: String,
+    #[arg(long, default_value = "f32", ignore_case = true)]
+    dtype: DtypeArg,
     /// transformers' logits for the same cases in the same dtype, one
     /// `<case>.safetensors` each (fixtures/oracle/hf_dtype_logits.py makes
     /// them; fixtures/oracle/bf16 holds bf16 ones from the CPU). lcut's mean
@@ -139,8 +140,8 @@ struct ParityReport {
 
 /// Run `lcut parity`; fails (non-zero exit) when a case is out of tolerance.
 pub fn run(args: &ParityArgs) -> Result<()> {
-    let device = parse_device(&args.device)?;
-    let dtype = parse_dtype(&args.dtype)?;
+    let device = args.device.open()?;
+    let dtype = args.dtype.dtype();
     let root = args
         .cases
         .clone()
@@ -158,11 +159,16 @@ pub fn run(args: &ParityArgs) -> Result<()> {
             &tolerance,
         )?);
     }
-    print_table(&rows, &args.device, &args.dtype, &tolerance);
+    print_table(
+        &rows,
+        &args.device.to_string(),
+        &args.dtype.to_string(),
+        &tolerance,
+    );
     let pass = rows.iter().all(|r| r.pass);
     let report = ParityReport {
-        device: args.device.clone(),
-        dtype: args.dtype.clone(),
+        device: args.device.to_string(),
+        dtype: args.dtype.to_string(),
         tolerance,
         rows,
         pass,

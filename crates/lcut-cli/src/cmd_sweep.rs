@@ -12,10 +12,11 @@ use lcut_trace::{
     CutoffAccuracy, PolicyPoint, Report, read_report_json, write_json, write_report_json,
 };
 
+use crate::args::PolicyList;
 use crate::cmd_diagnose::{
     DiagnoseArgs, load_inputs, on_event, options, print_summary, progress_bar,
 };
-use crate::common::{parse_len, split_policies};
+use crate::common::parse_len;
 
 /// Arguments of `lcut sweep`.
 #[derive(Debug, Args)]
@@ -34,7 +35,7 @@ pub struct SweepArgs {
     /// Other policies to measure on the same prompts and continuations,
     /// separated by `,` or `;` (e.g. "slim:paper,slim:9@50%,19@25%+block:16").
     #[arg(long)]
-    policies: Option<String>,
+    policies: Option<PolicyList>,
     /// Pair each SPEED+BoS cutoff C with a SlimInfer run at this first cut
     /// holding the same K/V (keeping (C - c1)/(L - c1) of the prompt).
     #[arg(long)]
@@ -127,11 +128,10 @@ fn print_calibration(report: &Report) {
 /// The sweep's comparison axis: `--policies` and the `--equal-kv` pairs.
 fn axis_policies(args: &SweepArgs, num_layers: usize, cuts: &[usize]) -> Result<Vec<AxisPolicy>> {
     let mut axis = Vec::new();
-    for text in args.policies.iter().flat_map(|p| split_policies(p)) {
-        let spec: PolicySpec = text.parse()?;
+    for spec in args.policies.iter().flat_map(|p| &p.0) {
         spec.resolve(num_layers)?;
         axis.push(AxisPolicy {
-            spec,
+            spec: *spec,
             paired_with: None,
         });
     }

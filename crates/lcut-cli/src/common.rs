@@ -4,7 +4,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device};
-use lcut_model::WeightMode;
+use clap::ValueEnum;
+
+use crate::args::{DeviceArg, WeightArg};
 
 /// The model folder given, or the bundled one.
 pub fn model_or_bundled(model: &Option<PathBuf>) -> PathBuf {
@@ -14,52 +16,28 @@ pub fn model_or_bundled(model: &Option<PathBuf>) -> PathBuf {
 }
 
 /// Load the model folder given (or the bundled one) with its tokenizer, in
-/// `dtype` on `device` as written on the command line.
+/// `dtype` on `device`.
+pub fn open_session(
+    model: &Option<PathBuf>,
+    dtype: WeightArg,
+    device: DeviceArg,
+) -> Result<lcut_engine::Session> {
+    let folder = model_or_bundled(model);
+    lcut_engine::Session::load_as(&folder, dtype.mode(), &device.open()?)
+        .with_context(|| format!("loading model {}", folder.display()))
+}
+
+/// [`open_session`] with `dtype` and `device` as written (for the commands
+/// that still take them as text).
 pub fn load_session(
     model: &Option<PathBuf>,
     dtype: &str,
     device: &str,
 ) -> Result<lcut_engine::Session> {
-    let folder = model_or_bundled(model);
-    lcut_engine::Session::load_as(&folder, parse_weight_mode(dtype)?, &parse_device(device)?)
-        .with_context(|| format!("loading model {}", folder.display()))
-}
-
-/// Parse `--dtype`: `f32`, `bf16`, `f16` (weights converted to it), or `q`
-/// (a GGUF's matrices kept in their quantized type, activations in f32).
-pub fn parse_weight_mode(s: &str) -> Result<WeightMode> {
-    match s.to_ascii_lowercase().as_str() {
-        "q" | "quantized" => Ok(WeightMode::Quantized),
-        _ => parse_dtype(s).map(WeightMode::Dense).map_err(|_| {
-            anyhow::anyhow!("unknown dtype {s:?}: expected f32, bf16, f16 or q (quantized GGUF)")
-        }),
-    }
-}
-
-/// Parse `f32`, `bf16` or `f16`.
-pub fn parse_dtype(s: &str) -> Result<DType> {
-    match s.to_ascii_lowercase().as_str() {
-        "f32" | "float32" => Ok(DType::F32),
-        "bf16" | "bfloat16" => Ok(DType::BF16),
-        "f16" | "float16" => Ok(DType::F16),
-        other => bail!("unknown dtype {other:?}: expected f32, bf16 or f16"),
-    }
-}
-
-/// Parse `cpu` or `cuda[:N]`.
-pub fn parse_device(s: &str) -> Result<Device> {
-    let ordinal = match s.split_once(':') {
-        None if s == "cpu" => return Ok(Device::Cpu),
-        None if s == "cuda" => 0,
-        Some(("cuda", n)) => n
-            .parse()
-            .with_context(|| format!("CUDA ordinal {n:?} in --device {s}"))?,
-        _ => bail!("unknown device {s:?}: expected cpu, cuda or cuda:N"),
-    };
-    if !cfg!(feature = "cuda") {
-        bail!("--device {s}: this lcut was built without CUDA (build with --features cuda)");
-    }
-    Device::new_cuda(ordinal).with_context(|| format!("opening CUDA device {ordinal}"))
+    let dtype = WeightArg::from_str(dtype, true).map_err(|e| {
+        anyhow::anyhow!("unknown dtype {dtype:?} ({e}): expected f32, bf16, f16 or q")
+    })?;
+    open_session(model, dtype, device.parse().map_err(anyhow::Error::msg)?)
 }
 
 /// Parse `1,5,9` into token ids.
@@ -144,14 +122,22 @@ mod tests {
         assert!(parse_len("x").is_err());
         assert_eq!(parse_ids("1, 5,9").unwrap(), vec![1, 5, 9]);
         assert!(parse_ids("1,-2").is_err());
-        assert!(parse_dtype("f64").is_err());
-        assert_eq!(parse_weight_mode("q").unwrap(), WeightMode::Quantized);
-        assert_eq!(
-            parse_weight_mode("bf16").unwrap(),
-            WeightMode::Dense(DType::BF16)
-        );
-        assert!(parse_weight_mode("q5").is_err());
-        assert!(parse_device("tpu").is_err());
+    }
+
+    #[test]
+    fn text_dtypes_and_devices_are_checked() {
+        let missing = Some(PathBuf::from("no-such-model"));
+        for (dtype, device, want) in [
+            ("f64", "cpu", "unknown dtype \"f64\""),
+            ("q5", "cpu", "expected f32, bf16, f16 or q"),
+            ("bf16", "tpu", "unknown device \"tpu\""),
+            ("F32", "cpu", "loading model no-such-model"),
+        ] {
+            let Err(e) = load_session(&missing, dtype, device) else {
+                panic!("{dtype} {device} loaded a missing model");
+            };
+            assert!(format!("{e:#}").contains(want), "{e:#}");
+        }
     }
 }
 

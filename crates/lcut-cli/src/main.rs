@@ -1,6 +1,7 @@
 //! `lcut`: look inside a decoder-only language model layer by layer and
 //! decide how shallow its prompt can be (SPEED: shallow prefill, deep decode).
 
+mod args;
 mod cmd_bench;
 mod cmd_diagnose;
 mod cmd_eval;
@@ -51,7 +52,7 @@ enum Command {
     /// Run one sequence and write logits, residuals and attention to safetensors.
     Forward(cmd_forward::ForwardArgs),
     /// Generate under a policy, optionally side by side with another.
-    Generate(cmd_generate::GenerateArgs),
+    Generate(Box<cmd_generate::GenerateArgs>),
     /// TTFT, TPOT and KV bytes per policy and prompt length, as ratios to full.
     Bench(cmd_bench::BenchArgs),
     /// Check logits on a device and dtype against the transformers reference cases.

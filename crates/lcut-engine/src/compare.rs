@@ -1,5 +1,7 @@
-//! The same prompt under two policies, side by side, step by step: tokens,
-//! agreement and KL divergence of the next-token distributions.
+//! Several policies on the same prompt, stepped in lockstep: each one's
+//! tokens and timing (its own steps only, so the others' work does not count
+//! against it), agreement with the first policy and the KL divergence of the
+//! next-token distributions, with progress through the prompts and a cancel.
 
 use candle_core::Tensor;
 use lcut_model::Decoder;
@@ -7,34 +9,67 @@ use lcut_policy::Policy;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
-use crate::generate::{Generation, GenerationConfig, GenerationOutput};
+use crate::generate::{Generation, GenerationConfig, GenerationOutput, PrefillProgress};
 use crate::prompt::PreparedPrompt;
 
-/// One step of a side-by-side run.
+/// One step of a lockstep run; every list has one entry per policy.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CompareStep {
     /// Output index.
     pub index: usize,
-    /// Token of the reference policy (usually full), if it is still running.
-    pub reference: Option<u32>,
-    /// Token of the other policy, if it is still running.
-    pub other: Option<u32>,
-    /// Both produced the same token at this step.
-    pub agree: bool,
-    /// KL(reference || other) of the next-token distributions, nats; only
-    /// while both continuations are still identical (same conditioning).
-    pub kl: Option<f32>,
+    /// Each policy's token, while it is still running.
+    pub tokens: Vec<Option<u32>>,
+    /// Each policy produced the reference's (the first policy's) token at
+    /// this step (true for the reference itself while it runs).
+    pub agree: Vec<bool>,
+    /// KL(reference || policy) of the next-token distributions, nats; only
+    /// while the policy's continuation is still the reference's (same
+    /// conditioning); `None` for the reference itself.
+    pub kl: Vec<Option<f32>>,
 }
 
-/// A finished side-by-side run.
+/// A finished (or cancelled) lockstep run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Comparison {
-    /// The reference policy's generation.
-    pub reference: GenerationOutput,
-    /// The other policy's generation.
-    pub other: GenerationOutput,
-    /// Per-step agreement.
+    /// Each policy's generation, in the order asked for.
+    pub outputs: Vec<GenerationOutput>,
+    /// Per-step tokens, agreement and KL.
     pub steps: Vec<CompareStep>,
+}
+
+impl Comparison {
+    /// True when the caller cancelled the run.
+    pub fn cancelled(&self) -> bool {
+        self.outputs
+            .iter()
+            .any(|o| o.stop == crate::generate::StopReason::Cancelled)
+    }
+}
+
+/// What a lockstep run tells its caller as it goes; the caller's answer
+/// (false) cancels the run.
+pub enum LockstepEvent<'a, 'm> {
+    /// Policy `lane` is about to run its prompt (`done` 0) or has run
+    /// another chunk of it.
+    Prefill {
+        /// Index of the policy.
+        lane: usize,
+        /// Prompt tokens done and in all.
+        progress: PrefillProgress,
+    },
+    /// Every policy has run its prompt; nothing is produced yet (a
+    /// SlimInfer policy has decided its cuts).
+    Prefilled {
+        /// Each policy's generation.
+        lanes: &'a [Generation<'m>],
+    },
+    /// One step of every policy still running.
+    Step {
+        /// The step.
+        step: &'a CompareStep,
+        /// Each policy's generation after it.
+        lanes: &'a [Generation<'m>],
+    },
 }
 
 /// KL(p || q) between the softmax distributions of two logit vectors.
@@ -54,47 +89,151 @@ pub(crate) fn log_softmax_rows(x: &Tensor) -> Result<Tensor> {
     Ok(shifted.broadcast_sub(&lse)?)
 }
 
-/// Run `prompt` under `reference` and `other` in lockstep. `on_step` gets
-/// each step as it is produced and returns false to cancel.
-pub fn compare(
-    model: &Decoder,
-    prompt: &PreparedPrompt,
-    reference: Policy,
-    other: Policy,
-    config: &GenerationConfig,
-    mut on_step: impl FnMut(&CompareStep) -> bool,
-) -> Result<Comparison> {
-    let mut a = Generation::new(model, prompt.clone(), reference, config.clone())?;
-    let mut b = Generation::new(model, prompt.clone(), other, config.clone())?;
-    let mut steps = Vec::new();
-    let mut same_prefix = true;
-    loop {
-        let sa = a.step(None)?;
-        let sb = b.step(None)?;
-        if sa.is_none() && sb.is_none() {
-            break;
+/// Several generations of one prompt run in lockstep, the first one the
+/// reference of the agreement and the KL. [`compare`] runs one to the end;
+/// a caller that wants each generation's state after the run (the viewer's
+/// final figures) drives one itself.
+pub struct Lockstep<'m> {
+    lanes: Vec<Generation<'m>>,
+    /// Per policy: its tokens so far equal the reference's.
+    same_prefix: Vec<bool>,
+    steps: Vec<CompareStep>,
+}
+
+impl<'m> Lockstep<'m> {
+    /// Prepare `prompt` under every policy of `policies` (the first is the
+    /// reference), each with `config`.
+    pub fn new(
+        model: &'m Decoder,
+        prompt: &PreparedPrompt,
+        policies: &[Policy],
+        config: &GenerationConfig,
+    ) -> Result<Self> {
+        let lanes = policies
+            .iter()
+            .map(|p| Generation::new(model, prompt.clone(), *p, config.clone()))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            same_prefix: vec![true; lanes.len()],
+            lanes,
+            steps: Vec::new(),
+        })
+    }
+
+    /// Each policy's generation.
+    pub fn lanes(&self) -> &[Generation<'m>] {
+        &self.lanes
+    }
+
+    /// Run every prompt chunk by chunk (so that a cancel takes within a
+    /// long prompt; the time counts toward each policy's first token), then
+    /// step every policy until all have ended. `on_event` hears of every
+    /// chunk and step and returns false to cancel; returns false when
+    /// cancelled.
+    pub fn drive(
+        &mut self,
+        mut on_event: impl FnMut(LockstepEvent<'_, 'm>) -> bool,
+    ) -> Result<bool> {
+        let finished = self.prefill(&mut on_event)?
+            && on_event(LockstepEvent::Prefilled { lanes: &self.lanes })
+            && self.step_all(&mut on_event)?;
+        if !finished {
+            self.lanes.iter_mut().for_each(Generation::cancel);
         }
-        let kl = match (&sa, &sb) {
-            (Some(x), Some(y)) if same_prefix => Some(kl_divergence(&x.logits, &y.logits)?),
-            _ => None,
-        };
-        let step = CompareStep {
-            index: steps.len(),
-            reference: sa.as_ref().map(|s| s.token),
-            other: sb.as_ref().map(|s| s.token),
-            agree: matches!((&sa, &sb), (Some(x), Some(y)) if x.token == y.token),
+        Ok(finished)
+    }
+
+    fn prefill(
+        &mut self,
+        on_event: &mut impl FnMut(LockstepEvent<'_, 'm>) -> bool,
+    ) -> Result<bool> {
+        for (lane, generation) in self.lanes.iter_mut().enumerate() {
+            let total = generation.prompt().len();
+            let start = PrefillProgress { done: 0, total };
+            if !on_event(LockstepEvent::Prefill {
+                lane,
+                progress: start,
+            }) || !generation.prefill_with(None, |progress| {
+                on_event(LockstepEvent::Prefill { lane, progress })
+            })? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    fn step_all(
+        &mut self,
+        on_event: &mut impl FnMut(LockstepEvent<'_, 'm>) -> bool,
+    ) -> Result<bool> {
+        while self.step()? {
+            let step = self.steps.last().expect("a step was just taken");
+            if !on_event(LockstepEvent::Step {
+                step,
+                lanes: &self.lanes,
+            }) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// One step of every policy still running; false once all have ended.
+    fn step(&mut self) -> Result<bool> {
+        let produced = self
+            .lanes
+            .iter_mut()
+            .map(|g| g.step(None))
+            .collect::<Result<Vec<_>>>()?;
+        if produced.iter().all(Option::is_none) {
+            return Ok(false);
+        }
+        let reference = produced[0].as_ref();
+        let mut agree = Vec::with_capacity(produced.len());
+        let mut kl = Vec::with_capacity(produced.len());
+        for (k, other) in produced.iter().enumerate() {
+            let same = matches!((reference, other), (Some(x), Some(y)) if x.token == y.token);
+            kl.push(match (reference, other) {
+                (Some(x), Some(y)) if k > 0 && self.same_prefix[k] => {
+                    Some(kl_divergence(&x.logits, &y.logits)?)
+                }
+                _ => None,
+            });
+            self.same_prefix[k] &= same;
+            agree.push(same);
+        }
+        self.steps.push(CompareStep {
+            index: self.steps.len(),
+            tokens: produced
+                .iter()
+                .map(|s| s.as_ref().map(|s| s.token))
+                .collect(),
+            agree,
             kl,
-        };
-        same_prefix &= step.agree;
-        let go_on = on_step(&step);
-        steps.push(step);
-        if !go_on {
-            break;
+        });
+        Ok(true)
+    }
+
+    /// Each policy's output and the steps.
+    pub fn finish(self) -> Comparison {
+        Comparison {
+            outputs: self.lanes.iter().map(Generation::output).collect(),
+            steps: self.steps,
         }
     }
-    Ok(Comparison {
-        reference: a.output(),
-        other: b.output(),
-        steps,
-    })
+}
+
+/// Run `prompt` under every policy of `policies` in lockstep (the first is
+/// the reference); `on_event` hears of every prompt chunk and step and
+/// returns false to cancel (the outputs so far then end as cancelled).
+pub fn compare<'m>(
+    model: &'m Decoder,
+    prompt: &PreparedPrompt,
+    policies: &[Policy],
+    config: &GenerationConfig,
+    on_event: impl FnMut(LockstepEvent<'_, 'm>) -> bool,
+) -> Result<Comparison> {
+    let mut run = Lockstep::new(model, prompt, policies, config)?;
+    run.drive(on_event)?;
+    Ok(run.finish())
 }

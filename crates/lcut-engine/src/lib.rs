@@ -1,6 +1,6 @@
 //! The lcut engine: model folders with tokenizer and chat template, prompts
 //! with their decode-phase start, generation under any visibility policy
-//! with timing and KV accounting, and side-by-side runs of two policies.
+//! with timing and KV accounting, and lockstep runs of several policies.
 
 mod bundled;
 mod compare;
@@ -16,11 +16,11 @@ mod template;
 mod tokenizer;
 
 pub use bundled::{BUNDLED_MODEL, bundled, workspace_root};
-pub use compare::{CompareStep, Comparison, compare, kl_divergence};
+pub use compare::{CompareStep, Comparison, Lockstep, LockstepEvent, compare, kl_divergence};
 pub use error::{EngineError, Result};
 pub use generate::{
-    Generation, GenerationConfig, GenerationOutput, PrefillProgress, Sampling, Step, StopReason,
-    Timing,
+    Generation, GenerationConfig, GenerationOutput, LiveFigures, PrefillProgress, Sampling, Step,
+    StopReason, Timing,
 };
 pub use lcut_policy::SlimTrace;
 pub use prompt::PreparedPrompt;

@@ -212,6 +212,40 @@ fn long_prompt_run() -> Result<(tempfile::TempDir, Session, Vec<LabelledPrompt>)
 /// full KV), and a shallow cut keeps less K/V. Its shared prefix is filled
 /// in chunks and forked per cutoff.
 #[test]
+fn the_sweep_prefills_each_prompt_once() -> Result<()> {
+    let session = Session::load(&oracle("llama-gqa"), DType::F32, &Device::Cpu)?;
+    let ids: Vec<u32> = (0..240u32).map(|j| 3 + (j * 13) % 300).collect();
+    let prompts = vec![LabelledPrompt {
+        index: 0,
+        id: "three-chunks".into(),
+        prompt: PreparedPrompt::from_ids(ids, Some(230))?,
+    }];
+    let opts = SweepOptions {
+        cuts: Some(vec![2]),
+        max_new_tokens: 3,
+        prefill_chunk: 100,
+        ..SweepOptions::default()
+    };
+    let mut chunks = Vec::new();
+    sweep(
+        &session,
+        &prompts,
+        &opts,
+        &Thresholds::default(),
+        &mut |e| {
+            if let DiagnoseEvent::Prefill { done, total, .. } = e {
+                chunks.push((*done, *total));
+            }
+            true
+        },
+    )?;
+    // the prefix up to the decode start, chunk by chunk, once; the
+    // decode-phase prompt tokens are the continuation's to run
+    ensure!(chunks == [(100, 230), (200, 230), (230, 230)], "{chunks:?}");
+    Ok(())
+}
+
+#[test]
 fn the_sweep_at_full_depth_agrees_with_the_full_model() -> Result<()> {
     let session = Session::load(&oracle("llama-gqa"), DType::F32, &Device::Cpu)?;
     let mut prompts = id_prompts(3)?;

@@ -1,7 +1,8 @@
 //! The empirical sweep: for each cutoff, SPEED teacher-forced on the full
 //! model's greedy continuation (top-1 agreement, KL, NLL), with KV bytes and
-//! prefill FLOPs at a chosen context length. One full prefill per prompt is
-//! reused for every cutoff.
+//! prefill FLOPs at a chosen context length. One full prefill per prompt
+//! gives both the full model's continuation and the prefix every cutoff
+//! forks.
 
 use candle_core::{D, Tensor};
 use lcut_diag::{FlopShape, PromptSplit, finish_sweep, prefill_flops};
@@ -14,7 +15,7 @@ use super::policy_axis::{AxisPolicy, AxisTotals, measure};
 use super::{DiagnoseEvent, LabelledPrompt, model_identity};
 use crate::compare::log_softmax_rows;
 use crate::error::{EngineError, Result};
-use crate::generate::{Generation, GenerationConfig, prefill_before_decode_start};
+use crate::generate::{Generation, GenerationConfig};
 use crate::prompt::PreparedPrompt;
 use crate::session::Session;
 
@@ -107,14 +108,17 @@ fn sweep_policies(num_layers: usize, opts: &SweepOptions) -> Result<Vec<Policy>>
     Ok(out)
 }
 
-/// The full model's greedy continuation of prompt `index`.
+/// The full model's greedy continuation of prompt `index`, and the prompt
+/// up to its decode start at full depth, shared by every cutoff: one
+/// chunked prefill serves both (the prefix is forked off at the decode
+/// start, then the generation goes on from there).
 fn full_continuation(
     session: &Session,
     prompt: &PreparedPrompt,
     opts: &SweepOptions,
     index: usize,
     on_event: &mut dyn FnMut(&DiagnoseEvent) -> bool,
-) -> Result<Vec<u32>> {
+) -> Result<(Vec<u32>, Sequence)> {
     let layers = session.model.config().num_layers;
     let config = GenerationConfig {
         max_new_tokens: opts.max_new_tokens,
@@ -124,7 +128,7 @@ fn full_continuation(
     };
     let mut generation =
         Generation::new(&session.model, prompt.clone(), Policy::full(layers), config)?;
-    let prefilled = generation.prefill_with(None, |p| {
+    let prefilled = generation.prefill_to_decode_start(|p| {
         on_event(&DiagnoseEvent::Prefill {
             index,
             done: p.done,
@@ -134,32 +138,8 @@ fn full_continuation(
     if !prefilled {
         return Err(EngineError::Cancelled);
     }
-    Ok(generation.run(|_| true)?.tokens)
-}
-
-/// The prompt up to the decode start at full depth, shared by every
-/// cutoff; in chunks, so that a long prompt's mask and progress stay per chunk.
-fn full_prefix(
-    model: &Decoder,
-    prompt: &PreparedPrompt,
-    chunk: usize,
-    index: usize,
-    on_event: &mut dyn FnMut(&DiagnoseEvent) -> bool,
-) -> Result<Sequence> {
-    let s = prompt.decode_start;
-    let mut prefix = model.new_full_sequence();
-    prefix.reserve(s);
-    let done = prefill_before_decode_start(model, &mut prefix, prompt, chunk, |end| {
-        on_event(&DiagnoseEvent::Prefill {
-            index,
-            done: end,
-            total: s,
-        })
-    })?;
-    if !done {
-        return Err(EngineError::Cancelled);
-    }
-    Ok(prefix)
+    let prefix = generation.sequence().fork()?;
+    Ok((generation.run(|_| true)?.tokens, prefix))
 }
 
 /// A SPEED point: its quality sums and its costs at the context length.
@@ -228,13 +208,12 @@ pub fn sweep(
         }
         let prompt = &lp.prompt;
         let chunk = opts.prefill_chunk.max(1);
-        let continuation = full_continuation(session, prompt, opts, i, on_event)?;
+        let (continuation, prefix) = full_continuation(session, prompt, opts, i, on_event)?;
         let s = prompt.decode_start;
         let mut fed: Vec<u32> = prompt.ids[s..].to_vec();
         fed.extend_from_slice(&continuation[..continuation.len().saturating_sub(1)]);
         // rows of `fed` that predict the continuation: positions P-1 .. P+n-2
         let first_row = prompt.len() - 1 - s;
-        let prefix = full_prefix(model, prompt, chunk, i, on_event)?;
         let rows =
             |t: Tensor| -> Result<Tensor> { Ok(t.narrow(0, first_row, continuation.len())?) };
         // the full model's rows, and where its decode queries read the prompt
