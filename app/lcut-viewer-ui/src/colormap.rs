@@ -3,27 +3,8 @@
 
 use egui::{Color32, Sense, Ui, Vec2};
 
+pub use crate::settings::ColorScale;
 use crate::theme::MISSING;
-
-/// How values map to colour.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum ColorScale {
-    /// Linear from the range's low end to its high end.
-    #[default]
-    Linear,
-    /// Logarithmic, so small masses stay visible next to attention sinks.
-    Log,
-}
-
-impl ColorScale {
-    /// The label shown in the UI.
-    pub fn label(self) -> &'static str {
-        match self {
-            ColorScale::Linear => "Linear",
-            ColorScale::Log => "Log",
-        }
-    }
-}
 
 /// Viridis anchors, low to high.
 const VIRIDIS: [[u8; 3]; 9] = [

@@ -7,31 +7,8 @@ use lcut_diag::{FlopShape, PromptSplit, prefill_flops};
 use lcut_policy::{Anchors, KvCost, KvShape, Policy, PolicyKind};
 use lcut_trace::ModelIdentity;
 
+use crate::settings::CostSettings;
 use crate::theme::{human_bytes, human_flops};
-
-/// What the cost is computed for.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct CostSettings {
-    /// Prompt tokens (a raw prompt: the last token starts the decode phase).
-    pub context_len: usize,
-    /// Tokens generated after the prompt.
-    pub new_tokens: usize,
-    /// Bytes of one cached element (2 for bf16/f16, 4 for f32).
-    pub dtype_bytes: usize,
-    /// Keep BoS as an anchor (SPEED+BoS).
-    pub keep_bos: bool,
-}
-
-impl Default for CostSettings {
-    fn default() -> Self {
-        Self {
-            context_len: 131_072,
-            new_tokens: 128,
-            dtype_bytes: 2,
-            keep_bos: true,
-        }
-    }
-}
 
 /// K/V bytes and prefill FLOPs, SPEED against full.
 #[derive(Debug, Clone, Copy, PartialEq)]

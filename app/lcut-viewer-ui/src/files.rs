@@ -6,29 +6,9 @@ use std::path::{Path, PathBuf};
 
 use egui_file::{FileDialog, State};
 
+pub use crate::dialog::DialogPurpose;
+use crate::dialog::FileDialogState;
 use crate::state::{PromptChoice, ViewerState};
-
-/// What the open dialog is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DialogPurpose {
-    /// Pick a model folder (Hugging Face layout, with `config.json`).
-    ModelDir,
-    /// Pick a GGUF model file (`.gguf`).
-    ModelFile,
-    /// Pick a JSONL prompt file.
-    PromptFile,
-    /// Pick a report (`report.json`).
-    Report,
-    /// Pick the export folder.
-    ExportDir,
-}
-
-/// An open file dialog and what its answer is for.
-pub struct FileDialogState {
-    /// The purpose.
-    pub purpose: DialogPurpose,
-    dialog: FileDialog,
-}
 
 /// Opens a file dialog for `purpose`, starting in `start` when it exists.
 pub fn open_dialog(state: &mut ViewerState, purpose: DialogPurpose, start: Option<&Path>) {

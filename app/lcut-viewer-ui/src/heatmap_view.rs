@@ -9,9 +9,9 @@ use crate::colormap::{ColorScale, ValueRange, show_legend};
 use crate::grid::Grid;
 use crate::heatmap::{CutLine, FixedGrid, HeatmapOptions, PositionGrid, show_heatmap};
 use crate::loaded::LoadedReport;
+use crate::settings::ViewSettings;
 use crate::slim_data::SlimRunView;
 use crate::slim_views::pruned_rects;
-use crate::state::ViewSettings;
 use crate::theme::{CHOSEN, CUT, RECOMMENDED, chosen_label, recommended_label};
 
 /// The cut lines for a heatmap.

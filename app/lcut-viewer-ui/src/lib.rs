@@ -1,7 +1,8 @@
 //! The UI of the lcut desktop viewer, as plain state structs and functions
 //! that draw them with egui and egui_plot. No candle: the engine lives behind
 //! the [`backend`] seam (commands out, events in), served by the
-//! `lcut-viewer` binary's worker thread or by [`fake`] in tests.
+//! `lcut-viewer` binary's worker thread or, with the `demo` feature, by
+//! `fake` in tests (the feature also brings `large`, the large synthetic trace).
 //!
 //! Entry point: [`show_viewer`] over a [`ViewerState`], once per frame.
 //!
@@ -20,6 +21,8 @@ pub mod colormap;
 pub mod controls;
 pub mod cost_panel;
 pub mod curves;
+pub mod dialog;
+#[cfg(feature = "demo")]
 pub mod fake;
 pub mod files;
 pub mod frames;
@@ -27,10 +30,13 @@ pub mod grid;
 pub mod heatmap;
 pub mod heatmap_view;
 pub mod jobs;
+#[cfg(feature = "demo")]
 pub mod large;
 pub mod live;
+pub mod live_state;
 pub mod loaded;
 pub mod recommend_panel;
+pub mod settings;
 pub mod slim_data;
 pub mod slim_views;
 pub mod state;

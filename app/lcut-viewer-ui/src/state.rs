@@ -1,111 +1,24 @@
 //! The viewer's plain state, and how backend events change it.
 //!
-//! Nothing here draws: the `show_*` functions in the other modules read and
-//! edit these structs, and [`ViewerState::apply_event`] folds in what the
-//! worker reports.
+//! Nothing here draws, and nothing here imports a panel: the settings live in
+//! [`crate::settings`], the live panel's state in [`crate::live_state`]; the
+//! `show_*` functions in the other modules read and edit these structs, and
+//! [`ViewerState::apply_event`] folds in what the worker reports.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use lcut_report::Format;
 use lcut_trace::Report;
 
-use lcut_policy::{Anchors, CutSpec, PolicyKind, PolicySpec};
-
-use crate::backend::{Backend, Command, Event, JobId, LiveRequest, ModelSummary, PromptSource};
-use crate::colormap::ColorScale;
-use crate::cost_panel::CostSettings;
-use crate::files::FileDialogState;
+use crate::backend::{
+    Backend, Command, Event, JobId, LiveMetrics, LiveRequest, ModelSummary, PromptSource,
+};
+use crate::dialog::FileDialogState;
 use crate::frames::FrameStats;
-use crate::live::LiveState;
+use crate::live_state::LiveState;
 use crate::loaded::LoadedReport;
-use crate::sweep_panel::SweepAxis;
-
-/// The views of the central area.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Tab {
-    /// Layer × step, layer × position, layer × head, BoS apart.
-    #[default]
-    Heatmaps,
-    /// Per-layer curves with the cut lines.
-    Curves,
-    /// The votes and the explanation.
-    Recommendation,
-    /// Quality against cost across cuts.
-    Sweep,
-    /// Full and SPEED generating side by side.
-    Live,
-}
-
-impl Tab {
-    /// Every tab, in display order.
-    pub const ALL: [Tab; 5] = [
-        Tab::Heatmaps,
-        Tab::Curves,
-        Tab::Recommendation,
-        Tab::Sweep,
-        Tab::Live,
-    ];
-
-    /// The tab's label.
-    pub fn label(self) -> &'static str {
-        match self {
-            Tab::Heatmaps => "Heatmaps",
-            Tab::Curves => "Curves",
-            Tab::Recommendation => "Recommendation",
-            Tab::Sweep => "Sweep",
-            Tab::Live => "Live",
-        }
-    }
-}
-
-/// Where the prompts of the next run come from, as chosen in the UI.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum PromptChoice {
-    /// The bundled prompt set.
-    #[default]
-    Bundled,
-    /// A JSONL file.
-    File,
-    /// The typed prompt.
-    Typed,
-}
-
-/// The inputs of a diagnostic run.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RunInputs {
-    /// The model as typed or picked: a model folder or a `.gguf` file.
-    pub model_path: String,
-    /// The bundled model's folder.
-    pub bundled_model: PathBuf,
-    /// Prompt source.
-    pub prompts: PromptChoice,
-    /// Prompt file path.
-    pub prompts_file: String,
-    /// Typed prompt.
-    pub typed_prompt: String,
-    /// Greedy tokens per prompt.
-    pub max_new_tokens: usize,
-    /// Use the chat template when the model has one.
-    pub use_chat_template: bool,
-    /// Also run the sweep (quality against cost for every cut).
-    pub with_sweep: bool,
-}
-
-impl Default for RunInputs {
-    fn default() -> Self {
-        Self {
-            model_path: String::new(),
-            bundled_model: PathBuf::from("fixtures/models/copy-full"),
-            prompts: PromptChoice::Bundled,
-            prompts_file: String::new(),
-            typed_prompt: "Copy this: the quick brown fox jumps over the lazy dog.".into(),
-            max_new_tokens: 16,
-            use_chat_template: true,
-            with_sweep: true,
-        }
-    }
-}
+use crate::settings::CostSettings;
+pub use crate::settings::{ExportSettings, PromptChoice, RunInputs, Tab, ViewSettings};
 
 /// What kind of job is running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,55 +66,6 @@ impl Job {
             0.0
         } else {
             (self.done as f32 / self.total as f32).clamp(0.0, 1.0)
-        }
-    }
-}
-
-/// Settings of the views that do not depend on the report.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ViewSettings {
-    /// The visible tab.
-    pub tab: Tab,
-    /// Heatmap colour scale.
-    pub scale: ColorScale,
-    /// The chosen cutoff (clamped to `1..=L` when a report is loaded).
-    pub l_cut: usize,
-    /// The sweep plot's cost axis.
-    pub sweep_axis: SweepAxis,
-    /// Shade what the live SlimInfer run prunes over the prompt-position
-    /// heatmap (when it ran on the prompt shown).
-    pub slim_overlay: bool,
-}
-
-impl Default for ViewSettings {
-    fn default() -> Self {
-        Self {
-            tab: Tab::Heatmaps,
-            scale: ColorScale::Log,
-            l_cut: 1,
-            sweep_axis: SweepAxis::default(),
-            slim_overlay: true,
-        }
-    }
-}
-
-/// Where and how to export.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ExportSettings {
-    /// The folder.
-    pub dir: String,
-    /// The format.
-    pub format: Format,
-    /// The last file written.
-    pub last: Option<PathBuf>,
-}
-
-impl Default for ExportSettings {
-    fn default() -> Self {
-        Self {
-            dir: "lcut-export".into(),
-            format: Format::Html,
-            last: None,
         }
     }
 }
@@ -329,8 +193,8 @@ impl ViewerState {
     /// Starts a live generation at the chosen cutoff, with the third
     /// policy when one is typed (a malformed one is an error, no job).
     pub fn run_generate(&mut self) -> bool {
+        let l_cut = self.view.l_cut;
         let layers = self.model.as_ref().map(|m| m.num_layers);
-        let l_cut = layers.map_or(self.view.l_cut, |n| self.view.l_cut.clamp(1, n.max(1)));
         let extra = match self.live.extra_spec(layers) {
             Ok(e) => e.map(Box::new),
             Err(e) => {
@@ -338,14 +202,18 @@ impl ViewerState {
                 return false;
             }
         };
-        let policy = Box::new(speed_spec(l_cut, self.live.keep_bos));
-        let (prompt, max_new_tokens) = (self.live.prompt.clone(), self.live.max_new_tokens);
+        let (prompt, keep_bos, max_new_tokens) = (
+            self.live.prompt.clone(),
+            self.live.keep_bos,
+            self.live.max_new_tokens,
+        );
         let use_chat_template = self.inputs.use_chat_template;
         let ok = self.start(JobKind::Generate, |job| {
             Command::RunGenerate(LiveRequest {
                 job,
                 prompt,
-                policy,
+                l_cut,
+                keep_bos,
                 max_new_tokens,
                 use_chat_template,
                 extra,
@@ -413,31 +281,74 @@ impl ViewerState {
         n
     }
 
+    /// A model loaded: note it, and without a report of its depth to
+    /// recommend a cut, start SPEED at 3/4 of the depth.
+    fn model_opened(&mut self, summary: ModelSummary) {
+        self.note(format!(
+            "model: {} ({}, {} layers, {} heads, {} KV heads)",
+            summary.path, summary.arch, summary.num_layers, summary.num_heads, summary.num_kv_heads
+        ));
+        self.inputs.model_path.clone_from(&summary.path);
+        let matches_report = self
+            .loaded
+            .as_ref()
+            .is_some_and(|l| l.num_layers() == summary.num_layers);
+        if !matches_report {
+            self.view.l_cut = (summary.num_layers * 3).div_ceil(4).max(1);
+        }
+        self.model = Some(summary);
+        self.job = None;
+    }
+
+    /// The running job's progress (its message kept while cancelling).
+    fn progress(&mut self, done: usize, total: usize, message: String) {
+        if let Some(job) = self.job.as_mut() {
+            job.done = done;
+            job.total = total;
+            if !job.cancelling {
+                job.message = message;
+            }
+        }
+    }
+
+    /// The running job stopped on Cancel.
+    fn cancelled(&mut self) {
+        if self
+            .job
+            .as_ref()
+            .is_some_and(|j| j.kind == JobKind::Generate)
+        {
+            self.live.cancelled();
+        }
+        self.job = None;
+        self.note("cancelled");
+    }
+
+    /// A live generation finished: its last figures, the SlimInfer trace,
+    /// and a line with the agreement.
+    fn generation_done(
+        &mut self,
+        metrics: [LiveMetrics; 3],
+        slim: Option<Box<lcut_policy::SlimTrace>>,
+    ) {
+        self.job = None;
+        self.live.done(metrics, slim);
+        let extra = match &self.live.extra_policy {
+            Some(p) => format!(", {p} {:.0}%", 100.0 * self.live.extra_agreement()),
+            None => String::new(),
+        };
+        self.note(format!(
+            "generation done: {} tokens, agreement {:.0}%{extra}",
+            self.live.full.len(),
+            100.0 * self.live.agreement()
+        ));
+    }
+
     /// Folds one event into the state.
     pub fn apply_event(&mut self, event: Event) {
         match event {
-            Event::ModelOpened(summary) => {
-                self.note(format!(
-                    "model: {} ({}, {} layers, {} heads, {} KV heads)",
-                    summary.path,
-                    summary.arch,
-                    summary.num_layers,
-                    summary.num_heads,
-                    summary.num_kv_heads
-                ));
-                self.inputs.model_path.clone_from(&summary.path);
-                // Without a report to recommend one, start SPEED at 3/4 depth.
-                let matches_report = self
-                    .loaded
-                    .as_ref()
-                    .is_some_and(|l| l.num_layers() == summary.num_layers);
-                if !matches_report {
-                    self.view.l_cut = (summary.num_layers * 3).div_ceil(4).max(1);
-                }
-                self.model = Some(summary);
-                self.job = None;
-            }
-            Event::ModelFailed(e) => {
+            Event::ModelOpened(summary) => self.model_opened(summary),
+            Event::ModelFailed(e) | Event::DiagnoseFailed(e) | Event::ExportFailed(e) => {
                 self.job = None;
                 self.fail(e);
             }
@@ -445,45 +356,20 @@ impl ViewerState {
                 done,
                 total,
                 message,
-            } => {
-                if let Some(job) = self.job.as_mut() {
-                    job.done = done;
-                    job.total = total;
-                    if !job.cancelling {
-                        job.message = message;
-                    }
-                }
-            }
+            } => self.progress(done, total, message),
             Event::ReportReady { report, source } => {
                 self.job = None;
                 self.set_report(*report, source);
             }
-            Event::DiagnoseFailed(e) => {
-                self.job = None;
-                self.fail(e);
-            }
-            Event::Cancelled => {
-                if self
-                    .job
-                    .as_ref()
-                    .is_some_and(|j| j.kind == JobKind::Generate)
-                {
-                    self.live.cancelled();
-                }
-                self.job = None;
-                self.note("cancelled");
-            }
+            Event::Cancelled => self.cancelled(),
             Event::GenerationStarted {
                 full_policy,
                 speed_policy,
                 extra_policy,
                 prompt_len,
-            } => self.live.started(
-                full_policy.to_string(),
-                speed_policy.to_string(),
-                extra_policy.map(|p| p.to_string()),
-                prompt_len,
-            ),
+            } => self
+                .live
+                .started(full_policy, speed_policy, extra_policy, prompt_len),
             Event::SlimDecided(v) => self.live.slim = Some(*v),
             Event::GenerationStep(step) => self.live.step(*step),
             Event::GenerationDone {
@@ -491,20 +377,7 @@ impl ViewerState {
                 speed_metrics,
                 extra_metrics,
                 slim,
-            } => {
-                self.job = None;
-                self.live
-                    .done([full_metrics, speed_metrics, extra_metrics], slim);
-                let extra = match &self.live.extra_policy {
-                    Some(p) => format!(", {p} {:.0}%", 100.0 * self.live.extra_agreement()),
-                    None => String::new(),
-                };
-                self.note(format!(
-                    "generation done: {} tokens, agreement {:.0}%{extra}",
-                    self.live.full.len(),
-                    100.0 * self.live.agreement()
-                ));
-            }
+            } => self.generation_done([full_metrics, speed_metrics, extra_metrics], slim),
             Event::GenerationFailed(e) => {
                 self.job = None;
                 self.live.failed(e.clone());
@@ -515,24 +388,6 @@ impl ViewerState {
                 self.note(format!("exported {}", path.display()));
                 self.export.last = Some(path);
             }
-            Event::ExportFailed(e) => {
-                self.job = None;
-                self.fail(e);
-            }
         }
-    }
-}
-
-/// SPEED at `l_cut` layers, with the BoS anchor when `keep_bos`.
-fn speed_spec(l_cut: usize, keep_bos: bool) -> PolicySpec {
-    PolicySpec {
-        kind: PolicyKind::Speed,
-        cut: CutSpec::Layers(l_cut),
-        anchors: if keep_bos {
-            Anchors::Bos
-        } else {
-            Anchors::None
-        },
-        slim: None,
     }
 }

@@ -4,37 +4,10 @@
 
 use egui::{ScrollArea, Ui};
 use egui_plot::{Legend, Line, MarkerShape, Plot, PlotPoints, PlotUi, Points};
-use lcut_trace::{Sweep, SweepPoint};
+use lcut_trace::Sweep;
 
+pub use crate::settings::SweepAxis;
 use crate::theme::{CHOSEN, KNEE, SERIES, chosen_label};
-
-/// Which cost the x axis shows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum SweepAxis {
-    /// K/V bytes over the full model's.
-    #[default]
-    KvRatio,
-    /// Prefill FLOPs over the full model's.
-    PrefillRatio,
-}
-
-impl SweepAxis {
-    /// The cost of `p` on this axis.
-    pub fn x(self, p: &SweepPoint) -> f64 {
-        match self {
-            SweepAxis::KvRatio => f64::from(p.kv_ratio),
-            SweepAxis::PrefillRatio => f64::from(p.prefill_ratio),
-        }
-    }
-
-    /// The axis label.
-    pub fn label(self) -> &'static str {
-        match self {
-            SweepAxis::KvRatio => "KV bytes / full",
-            SweepAxis::PrefillRatio => "prefill FLOPs / full",
-        }
-    }
-}
 
 /// Draws the sweep (or says that none was run) and lets a row choose `l_cut`.
 pub fn show_sweep(ui: &mut Ui, sweep: Option<&Sweep>, l_cut: &mut usize, axis: &mut SweepAxis) {

@@ -7,7 +7,6 @@ use std::thread::JoinHandle;
 
 use lcut_model::gguf::is_gguf_path;
 use lcut_viewer_ui::backend::Command;
-use lcut_viewer_ui::large::{LargeSpec, large_report};
 use lcut_viewer_ui::live::LiveStatus;
 use lcut_viewer_ui::{Tab, ViewerState, channel, show_viewer};
 
@@ -130,10 +129,7 @@ impl ViewerApp {
     fn apply(&mut self, opts: &StartOptions) {
         let s = &mut self.state;
         if opts.demo_large {
-            match large_report(LargeSpec::default()) {
-                Ok(r) => s.set_report(r, "synthetic large trace".into()),
-                Err(e) => s.note(format!("error: {e}")),
-            }
+            open_demo_large(s);
         }
         let model = opts.model.clone().or_else(|| {
             (!opts.no_model && s.inputs.bundled_model.exists())
@@ -345,6 +341,22 @@ impl eframe::App for ViewerApp {
         // The worker stops at its next step; do not wait on a long prefill.
         drop(self.worker.take());
     }
+}
+
+/// Shows the large synthetic report (`--demo-large`).
+#[cfg(feature = "demo")]
+fn open_demo_large(s: &mut ViewerState) {
+    use lcut_viewer_ui::large::{LargeSpec, large_report};
+    match large_report(LargeSpec::default()) {
+        Ok(r) => s.set_report(r, "synthetic large trace".into()),
+        Err(e) => s.note(format!("error: {e}")),
+    }
+}
+
+/// Without the `demo` feature there is no large synthetic report to show.
+#[cfg(not(feature = "demo"))]
+fn open_demo_large(s: &mut ViewerState) {
+    s.note("error: --demo-large needs the viewer built with the `demo` feature");
 }
 
 #[cfg(test)]
