@@ -10,6 +10,8 @@ use std::sync::Arc;
 
 use lcut_trace::Report;
 
+use lcut_policy::{Anchors, CutSpec, PolicyKind, PolicySpec};
+
 use crate::backend::{
     Backend, Command, Event, JobId, LiveMetrics, LiveRequest, ModelSummary, PromptSource,
 };
@@ -193,8 +195,8 @@ impl ViewerState {
     /// Starts a live generation at the chosen cutoff, with the third
     /// policy when one is typed (a malformed one is an error, no job).
     pub fn run_generate(&mut self) -> bool {
-        let l_cut = self.view.l_cut;
         let layers = self.model.as_ref().map(|m| m.num_layers);
+        let l_cut = layers.map_or(self.view.l_cut, |n| self.view.l_cut.clamp(1, n.max(1)));
         let extra = match self.live.extra_spec(layers) {
             Ok(e) => e.map(Box::new),
             Err(e) => {
@@ -202,18 +204,14 @@ impl ViewerState {
                 return false;
             }
         };
-        let (prompt, keep_bos, max_new_tokens) = (
-            self.live.prompt.clone(),
-            self.live.keep_bos,
-            self.live.max_new_tokens,
-        );
+        let policy = Box::new(speed_spec(l_cut, self.live.keep_bos));
+        let (prompt, max_new_tokens) = (self.live.prompt.clone(), self.live.max_new_tokens);
         let use_chat_template = self.inputs.use_chat_template;
         let ok = self.start(JobKind::Generate, |job| {
             Command::RunGenerate(LiveRequest {
                 job,
                 prompt,
-                l_cut,
-                keep_bos,
+                policy,
                 max_new_tokens,
                 use_chat_template,
                 extra,
@@ -367,9 +365,12 @@ impl ViewerState {
                 speed_policy,
                 extra_policy,
                 prompt_len,
-            } => self
-                .live
-                .started(full_policy, speed_policy, extra_policy, prompt_len),
+            } => self.live.started(
+                full_policy.to_string(),
+                speed_policy.to_string(),
+                extra_policy.map(|p| p.to_string()),
+                prompt_len,
+            ),
             Event::SlimDecided(v) => self.live.slim = Some(*v),
             Event::GenerationStep(step) => self.live.step(*step),
             Event::GenerationDone {
@@ -389,5 +390,19 @@ impl ViewerState {
                 self.export.last = Some(path);
             }
         }
+    }
+}
+
+/// SPEED at `l_cut` layers, with the BoS anchor when `keep_bos`.
+fn speed_spec(l_cut: usize, keep_bos: bool) -> PolicySpec {
+    PolicySpec {
+        kind: PolicyKind::Speed,
+        cut: CutSpec::Layers(l_cut),
+        anchors: if keep_bos {
+            Anchors::Bos
+        } else {
+            Anchors::None
+        },
+        slim: None,
     }
 }
