@@ -15,9 +15,9 @@ use lcut_diag::{
 use lcut_engine::{Generation, GenerationConfig, GenerationOutput, PreparedPrompt};
 use lcut_model::gguf::is_gguf_path;
 use lcut_model::probes::PhaseMassProbe;
-use lcut_model::synth::RandomLlama;
 use lcut_model::{Decoder, LogitRows, WeightMode, argmax_rows, default_attention_block_elems};
 use lcut_policy::{Policy, PolicySpec, TokenPhases};
+use lcut_testkit::synth::RandomLlama;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde::Serialize;
 

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device};
 use clap::Args;
-use lcut_model::reference::{Deviation, ReferenceCase, deviation};
+use lcut_testkit::reference::{Deviation, ReferenceCase, deviation};
 use serde::Serialize;
 
 use crate::args::{DeviceArg, DtypeArg};

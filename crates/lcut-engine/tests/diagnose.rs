@@ -9,9 +9,9 @@ use lcut_engine::diagnose::{
     DiagnoseEvent, DiagnoseOptions, DiagnosticProbe, LabelledPrompt, SweepOptions,
     diagnose_prepared, shard_indices, sweep,
 };
-use lcut_model::synth::RandomLlama;
 use lcut_model::{DType, Decoder, Device, LogitRows};
 use lcut_policy::TokenPhases;
+use lcut_testkit::synth::RandomLlama;
 use lcut_trace::Thresholds;
 use ndarray::s;
 

@@ -15,10 +15,8 @@ pub mod memory;
 pub mod probe;
 pub mod probes;
 pub mod qdot;
-pub mod reference;
 mod rope;
 pub mod slim;
-pub mod synth;
 mod weights;
 
 pub use cache::LayerCache;

@@ -125,60 +125,6 @@ pub fn available_bytes(device: &Device) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::synth::RandomLlama;
-
-    fn config_of(shape: &RandomLlama) -> ModelConfig {
-        shape.config().unwrap()
-    }
-
-    #[test]
-    fn parameter_count_is_the_number_of_weights_written() {
-        let shape = RandomLlama {
-            vocab_size: 100,
-            hidden_size: 32,
-            intermediate_size: 48,
-            num_layers: 3,
-            num_heads: 4,
-            num_kv_heads: 2,
-            max_position_embeddings: 64,
-            seed: 0,
-        };
-        let dir = tempfile::tempdir().unwrap();
-        shape.write(dir.path()).unwrap();
-        let weights =
-            candle_core::safetensors::load(dir.path().join("model.safetensors"), &Device::Cpu)
-                .unwrap();
-        let written: usize = weights.values().map(|t| t.elem_count()).sum();
-        assert_eq!(parameter_count(&config_of(&shape)), written as u64);
-    }
-
-    #[test]
-    fn an_8b_shape_at_128k_needs_what_the_formulas_say() {
-        let shape = RandomLlama {
-            vocab_size: 128_256,
-            hidden_size: 4096,
-            intermediate_size: 14_336,
-            num_layers: 32,
-            num_heads: 32,
-            num_kv_heads: 8,
-            max_position_embeddings: 1 << 18,
-            seed: 0,
-        };
-        let cfg = config_of(&shape);
-        // Llama-3.1-8B's published parameter count
-        let params = parameter_count(&cfg);
-        assert_eq!(params, 8_030_261_248);
-        let total = 131_072 + 128;
-        let kv = (2 * 8 * 128 * 2 * 32 * total) as u64;
-        let e = estimate(&cfg, DType::BF16, kv, total, 2048, 1 << 30);
-        assert_eq!(e.weights, params * 2);
-        // a block of 2^30 scores at 16 bytes each, plus a [2048 x total] f32 mask twice
-        assert_eq!(e.attention, (1u64 << 30) * 16 + 2 * 2048 * total as u64 * 4);
-        // fits an 80 GB or 141 GB GPU, not a 40 GB one
-        let gib = e.total() as f64 / f64::from(1u32 << 30);
-        assert!((45.0..60.0).contains(&gib), "{e}");
-        assert!(e.to_string().starts_with(&format!("{gib:.1} GiB")));
-    }
 
     #[test]
     fn the_host_reports_available_memory() {

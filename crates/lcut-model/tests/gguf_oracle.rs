@@ -7,9 +7,9 @@
 //! Llama 3.1's `rope_freqs` are undone correctly.
 
 use anyhow::{Context, Result, ensure};
-use lcut_model::reference::{ReferenceCase, deviation};
 use lcut_model::{DType, Decoder, Device, WeightMode, argmax_rows};
 use lcut_testkit::oracle_case;
+use lcut_testkit::reference::{ReferenceCase, deviation};
 
 const CASES: [&str; 7] = lcut_testkit::ORACLE_CASES;
 

@@ -12,8 +12,8 @@ use std::collections::HashMap;
 use anyhow::{Result, ensure};
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
-use lcut_model::reference::deviation;
 use lcut_model::{DType, Decoder, Device, Tensor, WeightMode};
+use lcut_testkit::reference::deviation;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

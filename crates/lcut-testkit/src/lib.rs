@@ -1,7 +1,9 @@
 //! Fixtures shared by lcut's tests: the transformers reference cases in
-//! `fixtures/oracle`, temporary model folders copied from them, and a
-//! word-level tokenizer with a chat template, so that engine and viewer
-//! tests can run the real pipeline on a tiny model.
+//! `fixtures/oracle` (and their logits, [`reference`]), temporary model
+//! folders copied from them, random-weight Llamas of any shape ([`synth`],
+//! also what `lcut bench` measures), and a word-level tokenizer with a chat
+//! template, so that engine and viewer tests can run the real pipeline on a
+//! tiny model.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -11,6 +13,8 @@ use tempfile::TempDir;
 
 pub mod alloc;
 pub mod mutate;
+pub mod reference;
+pub mod synth;
 
 /// The random number generators the mutators use, for tests' own generators.
 pub use rand;

@@ -10,8 +10,7 @@ use candle_core::{DType, Device, Tensor};
 use lcut_policy::{Anchors, Policy, PolicyKind, TokenPhases};
 use serde::{Deserialize, Serialize};
 
-use crate::decoder::{Decoder, LogitRows};
-use crate::error::{ModelError, Result};
+use lcut_model::{Decoder, LogitRows, ModelError, Result, argmax_rows};
 
 /// Key of the full-depth logits in `reference.safetensors`.
 pub const FULL_LOGITS: &str = "logits";
@@ -210,8 +209,8 @@ pub fn deviation(ours: &Tensor, reference: &Tensor) -> Result<Deviation> {
     let max_abs = diff.max(0)?.to_scalar::<f32>()?;
     let mean_abs = diff.mean(0)?.to_scalar::<f32>()?;
     let scale = reference.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?;
-    let a = crate::decoder::argmax_rows(ours)?;
-    let b = crate::decoder::argmax_rows(reference)?;
+    let a = argmax_rows(ours)?;
+    let b = argmax_rows(reference)?;
     let agree = a.iter().zip(&b).filter(|(x, y)| x == y).count();
     Ok(Deviation {
         max_abs,

@@ -8,10 +8,7 @@ use candle_core::{DType, Device, Tensor};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde_json::json;
 
-use crate::config::ModelConfig;
-use crate::decoder::Decoder;
-use crate::error::{ModelError, Result};
-use crate::weights::WeightSource;
+use lcut_model::{Decoder, ModelConfig, ModelError, Result, WeightSource};
 
 /// The shape of a random Llama-architecture model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,8 +190,8 @@ fn rename(from: &Path, to: &Path) -> Result<()> {
 
 /// Write `bytes` to `path` through a temporary file and a rename, so a
 /// reader never sees a half-written file.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    lcut_trace::write_file_atomic(path, bytes).map_err(|source| ModelError::Io {
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    lcut_model::lora::write_atomic(path, bytes).map_err(|source| ModelError::Io {
         path: path.to_path_buf(),
         source,
     })

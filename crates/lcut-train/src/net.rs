@@ -759,7 +759,9 @@ pub fn save_checkpoint(folder: &Path, shape: &ModelShape, varmap: &VarMap) -> Re
             path: folder.join(name),
             reason: e.to_string(),
         })?;
-        lcut_model::synth::write_atomic(&folder.join(name), format!("{text}\n").as_bytes())?;
+        let path = folder.join(name);
+        lcut_model::lora::write_atomic(&path, format!("{text}\n").as_bytes())
+            .map_err(|source| TrainError::Io { path, source })?;
         Ok(())
     };
     write_json("config.json", &shape.config_json())?;

@@ -570,10 +570,9 @@ pub fn run_train(args: &TrainArgs) -> anyhow::Result<()> {
         "lcut_train_version": env!("CARGO_PKG_VERSION"),
     });
     let text = serde_json::to_string_pretty(&record)?;
-    lcut_model::synth::write_atomic(
-        &args.out.join("training.json"),
-        format!("{text}\n").as_bytes(),
-    )?;
+    let path = args.out.join("training.json");
+    lcut_model::lora::write_atomic(&path, format!("{text}\n").as_bytes())
+        .map_err(|source| TrainError::Io { path, source })?;
     println!(
         "saved {} after {:.0}s of training",
         args.out.display(),

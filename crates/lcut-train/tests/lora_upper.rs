@@ -5,8 +5,8 @@
 
 use anyhow::{Result, ensure};
 use candle_core::{D, Device, Tensor};
-use lcut_model::reference::ReferenceCase;
 use lcut_model::{ModelConfig, WeightFiles};
+use lcut_testkit::reference::ReferenceCase;
 use lcut_train::lora_train::{LoraTrainOptions, TrainSeq, UpperModel, train_lora};
 
 const CUT: usize = 4;
