@@ -11,7 +11,7 @@ use crate::cache::LayerCache;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::gguf::{GgufFile, GgufWeights, is_gguf_path};
-use crate::layers::{AttentionProj, Loader, Mlp, RmsNorm};
+use crate::layers::{AttentionProj, Loader, Mlp, Qkv, RmsNorm};
 use crate::linear::{Embedding, Linear};
 use crate::mask::{PartialMask, additive_mask, exact_additive_mask};
 use crate::probe::{AttentionView, Probe, ResidualSite};
@@ -31,6 +31,41 @@ struct Layer {
     /// Gemma-2's norm on the MLP output before the residual add.
     mlp_out_norm: Option<RmsNorm>,
     window: Option<usize>,
+}
+
+/// The keys and values one chunk's queries read at a layer, with the
+/// positions of the keys.
+struct ChunkKeys<'a> {
+    keys: Tensor,
+    values: Tensor,
+    positions: &'a [usize],
+}
+
+impl<'a> ChunkKeys<'a> {
+    /// Without the first `n` keys.
+    fn skip(self, n: usize) -> Result<Self> {
+        let rest = self.positions.len() - n;
+        Ok(Self {
+            keys: self.keys.narrow(1, n, rest)?,
+            values: self.values.narrow(1, n, rest)?,
+            positions: &self.positions[n..],
+        })
+    }
+}
+
+/// The residual stream after layer `layer`: `hidden` plus the attention
+/// output `attn` (through the output projection), then plus the MLP's.
+fn layer_residuals(layer: &Layer, hidden: &Tensor, attn: &Tensor) -> Result<Tensor> {
+    let mut attn_out = layer.attn.output(attn)?;
+    if let Some(norm) = &layer.attn_out_norm {
+        attn_out = norm.forward(&attn_out)?;
+    }
+    let hidden = (hidden + attn_out)?;
+    let mut mlp_out = layer.mlp.forward(&layer.mlp_in_norm.forward(&hidden)?)?;
+    if let Some(norm) = &layer.mlp_out_norm {
+        mlp_out = norm.forward(&mlp_out)?;
+    }
+    Ok((hidden + mlp_out)?)
 }
 
 /// A loaded model.
@@ -705,6 +740,8 @@ impl Decoder {
         Ok(ChunkOutput { logits, positions })
     }
 
+    /// One decoder layer over a chunk: projections, the chunk's K/V into
+    /// the cache (what the policy keeps), attention, then the MLP.
     #[allow(clippy::too_many_arguments)]
     fn layer_forward(
         &self,
@@ -731,28 +768,65 @@ impl Decoder {
             let (k, v) = cache.kv()?.ok_or(ModelError::EmptyCache { layer: l })?;
             (k, v, Cow::Borrowed(cache.positions()))
         } else {
-            let cache = &mut seq.caches[l];
-            // Keys this chunk reads but the cache will not keep (SelfOnly).
-            let (k, v) = match cache.kv()? {
-                Some((ck, cv)) => (
-                    Tensor::cat(&[&ck, &qkv.k], 1)?,
-                    Tensor::cat(&[&cv, &qkv.v], 1)?,
-                ),
-                None => (qkv.k.clone(), qkv.v.clone()),
-            };
-            let mut key_positions = cache.positions().to_vec();
-            key_positions.extend_from_slice(present);
-            if !retained.is_empty() {
-                let idx = Tensor::new(retained.as_slice(), &self.device)?;
-                let pos: Vec<usize> = retained.iter().map(|&i| present[i as usize]).collect();
-                cache.append(
-                    &qkv.k.index_select(&idx, 1)?,
-                    &qkv.v.index_select(&idx, 1)?,
-                    &pos,
-                )?;
-            }
-            (k, v, Cow::Owned(key_positions))
+            let (k, v, positions) =
+                self.keys_kept_in_part(&mut seq.caches[l], &qkv, present, &retained)?;
+            (k, v, Cow::Owned(positions))
         };
+        let keys = ChunkKeys {
+            keys,
+            values,
+            positions: &key_positions,
+        };
+        let attn = self.attend_layer(l, layer.window, &qkv.q, keys, present, seq, masks, probe)?;
+        layer_residuals(layer, hidden, &attn)
+    }
+
+    /// The keys and values a chunk reads when the cache keeps only the
+    /// `retained` rows of it (SelfOnly): the cache's and the whole chunk's,
+    /// with their positions; the retained rows are appended to the cache.
+    fn keys_kept_in_part(
+        &self,
+        cache: &mut LayerCache,
+        qkv: &Qkv,
+        present: &[usize],
+        retained: &[u32],
+    ) -> Result<(Tensor, Tensor, Vec<usize>)> {
+        let (k, v) = match cache.kv()? {
+            Some((ck, cv)) => (
+                Tensor::cat(&[&ck, &qkv.k], 1)?,
+                Tensor::cat(&[&cv, &qkv.v], 1)?,
+            ),
+            None => (qkv.k.clone(), qkv.v.clone()),
+        };
+        let mut key_positions = cache.positions().to_vec();
+        key_positions.extend_from_slice(present);
+        if !retained.is_empty() {
+            let idx = Tensor::new(retained, &self.device)?;
+            let pos: Vec<usize> = retained.iter().map(|&i| present[i as usize]).collect();
+            cache.append(
+                &qkv.k.index_select(&idx, 1)?,
+                &qkv.v.index_select(&idx, 1)?,
+                &pos,
+            )?;
+        }
+        Ok((k, v, key_positions))
+    }
+
+    /// Layer `l`'s attention of the chunk's queries `q` over `keys`: keys
+    /// outside a sliding window dropped, the policy's mask, and the probe
+    /// told of the attention rows it asks for.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_layer(
+        &self,
+        l: usize,
+        window: Option<usize>,
+        q: &Tensor,
+        keys: ChunkKeys<'_>,
+        present: &[usize],
+        seq: &Sequence,
+        masks: &mut MaskMemo,
+        probe: &mut Option<&mut (dyn Probe + '_)>,
+    ) -> Result<Tensor> {
         let probs_from = probe
             .as_deref()
             .and_then(|p| p.attention_from(l))
@@ -761,22 +835,17 @@ impl Decoder {
         // Keys older than the window of the chunk's first query are read by
         // none of its queries: a windowed layer reads `window` keys, not the
         // whole context (kept when a probe wants the attention rows whole).
-        let skip = match (layer.window, probs_from) {
-            (Some(w), None) => key_positions.partition_point(|&k| k + w <= present[0]),
+        let skip = match (window, probs_from) {
+            (Some(w), None) => keys.positions.partition_point(|&k| k + w <= present[0]),
             _ => 0,
         };
-        let (keys, values, key_positions) = if skip > 0 {
-            let n = key_positions.len() - skip;
-            (
-                keys.narrow(1, skip, n)?,
-                values.narrow(1, skip, n)?,
-                &key_positions[skip..],
-            )
-        } else {
-            (keys, values, &key_positions[..])
-        };
-        let mask = self.layer_mask(l, layer.window, seq, present, key_positions, masks)?;
-        let (attn, probs) = self.attend(&qkv.q, &keys, &values, mask.as_ref(), probs_from)?;
+        let ChunkKeys {
+            keys,
+            values,
+            positions: key_positions,
+        } = if skip > 0 { keys.skip(skip)? } else { keys };
+        let mask = self.layer_mask(l, window, seq, present, key_positions, masks)?;
+        let (attn, probs) = self.attend(q, &keys, &values, mask.as_ref(), probs_from)?;
         if let (Some(p), Some(first), Some(probs)) = (probe.as_deref_mut(), probs_from, probs) {
             p.on_attention(AttentionView {
                 layer: l,
@@ -785,16 +854,7 @@ impl Decoder {
                 probs: &probs,
             })?;
         }
-        let mut attn_out = layer.attn.output(&attn)?;
-        if let Some(norm) = &layer.attn_out_norm {
-            attn_out = norm.forward(&attn_out)?;
-        }
-        let hidden = (hidden + attn_out)?;
-        let mut mlp_out = layer.mlp.forward(&layer.mlp_in_norm.forward(&hidden)?)?;
-        if let Some(norm) = &layer.mlp_out_norm {
-            mlp_out = norm.forward(&mlp_out)?;
-        }
-        Ok((hidden + mlp_out)?)
+        Ok(attn)
     }
 
     /// The additive mask of layer `l` for these queries and keys, or `None`

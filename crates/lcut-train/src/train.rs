@@ -406,14 +406,14 @@ pub fn check_tokenizer(folder: &Path, spec: &TaskSpec) -> Result<()> {
     Ok(())
 }
 
-/// `lcut train`: train, save the checkpoint in `args.out`, evaluate it with
-/// lcut-model's greedy decoding under the training policy and record
-/// everything in `training.json`.
-pub fn run_train(args: &TrainArgs) -> anyhow::Result<()> {
-    let device = Device::Cpu;
-    let spec = args.task_spec();
-    spec.validate()?;
-    let (shape, varmap) = shape_and_varmap(args, &device)?;
+/// The training policy of `args` for a model of `shape`, with its anchor
+/// count; refuses a task longer than the model's positions and SlimInfer
+/// (a runtime policy, no training mask).
+fn training_policy(
+    args: &TrainArgs,
+    spec: &TaskSpec,
+    shape: &ModelShape,
+) -> anyhow::Result<(Policy, usize)> {
     if spec.max_sequence() > shape.max_position_embeddings {
         anyhow::bail!(
             "the longest sequence ({} tokens) exceeds max_position_embeddings {}",
@@ -429,6 +429,172 @@ pub fn run_train(args: &TrainArgs) -> anyhow::Result<()> {
             args.policy
         );
     }
+    Ok((policy, anchor_len))
+}
+
+/// What the training loop works on.
+struct Training<'a> {
+    args: &'a TrainArgs,
+    spec: &'a TaskSpec,
+    model: &'a TrainModel,
+    varmap: &'a VarMap,
+    policy: &'a Policy,
+    anchor_len: usize,
+    device: &'a Device,
+}
+
+/// Running sums of the training log between two log rows.
+#[derive(Default)]
+struct LogSums {
+    loss: f64,
+    exact: usize,
+    steps: usize,
+    sequences: usize,
+}
+
+impl Training<'_> {
+    /// Every optimizer step, with the log rows and the validation rows.
+    fn run(&self, opt: &mut AdamW) -> Result<(Vec<LogRow>, Vec<ValRow>)> {
+        let args = self.args;
+        let val: Vec<Instance> = (0..128)
+            .map(|i| Instance::generate(self.spec, args.seed, Stream::Validation, i))
+            .collect();
+        let start = Instant::now();
+        let (mut log, mut vals) = (Vec::<LogRow>::new(), Vec::<ValRow>::new());
+        let mut sums = LogSums::default();
+        for step in 0..args.steps {
+            let lr = learning_rate(args, step);
+            opt.set_learning_rate(lr);
+            let (step_spec, longest) = curriculum(args, self.spec, step);
+            let grad_norm = self.step(opt, step, &step_spec, longest, &mut sums)?;
+            let last = step + 1 == args.steps;
+            if (step + 1) % args.log_every.max(1) == 0 || last {
+                let row = LogRow {
+                    step: step + 1,
+                    longest_prompt: longest,
+                    longest_span: step_spec.max_span,
+                    loss: sums.loss / sums.steps as f64,
+                    batch_exact: sums.exact as f64 / sums.sequences.max(1) as f64,
+                    lr,
+                    grad_norm,
+                    seconds: start.elapsed().as_secs_f64(),
+                };
+                print_log_row(&row);
+                log.push(row);
+                sums = LogSums::default();
+            }
+            if (args.val_every > 0 && (step + 1) % args.val_every == 0) || last {
+                vals.push(self.validation_row(&val, step + 1, &start)?);
+            }
+        }
+        Ok((log, vals))
+    }
+
+    /// One optimizer step on a fresh batch; returns the gradient norm.
+    fn step(
+        &self,
+        opt: &mut AdamW,
+        step: usize,
+        step_spec: &TaskSpec,
+        longest: usize,
+        sums: &mut LogSums,
+    ) -> Result<f64> {
+        let args = self.args;
+        let instances = training_instances(
+            step_spec,
+            args.seed,
+            step,
+            longest,
+            args.batch_size,
+            args.batch_tokens,
+        );
+        let batch = Batch::new(&instances, self.policy, self.anchor_len, self.device)?;
+        let (loss, logits) = batch.loss(self.model)?;
+        let mut grads = loss.backward()?;
+        let grad_norm = clip_gradients(&mut grads, self.varmap, args.clip)?;
+        opt.step(&grads)?;
+        sums.loss += loss.to_scalar::<f32>()? as f64;
+        sums.exact += batch.exact(&logits)?;
+        sums.sequences += instances.len();
+        sums.steps += 1;
+        Ok(grad_norm)
+    }
+
+    /// Teacher-forced validation after `step` steps, printed.
+    fn validation_row(&self, val: &[Instance], step: usize, start: &Instant) -> Result<ValRow> {
+        let (exact, vloss) = validate(
+            self.model,
+            val,
+            self.policy,
+            self.anchor_len,
+            self.args.batch_size,
+            self.device,
+        )?;
+        let row = ValRow {
+            step,
+            teacher_forced_exact: exact,
+            loss: vloss,
+            seconds: start.elapsed().as_secs_f64(),
+        };
+        println!(
+            "validation step {} teacher_forced_exact {:.3} loss {:.4}",
+            row.step, row.teacher_forced_exact, row.loss
+        );
+        Ok(row)
+    }
+}
+
+fn print_log_row(row: &LogRow) {
+    println!(
+        "step {:>5} loss {:.4} batch_exact {:.3} lr {:.2e} grad_norm {:.3} prompts<={} spans<={} {:.0}s",
+        row.step,
+        row.loss,
+        row.batch_exact,
+        row.lr,
+        row.grad_norm,
+        row.longest_prompt,
+        row.longest_span,
+        row.seconds
+    );
+}
+
+/// Greedy exact match of the saved model under the training policy
+/// (`None` with `--eval-n 0`).
+fn final_eval(
+    args: &TrainArgs,
+    spec: &TaskSpec,
+    device: &Device,
+) -> Result<Option<serde_json::Value>> {
+    if args.eval_n == 0 {
+        return Ok(None);
+    }
+    let decoder = Decoder::load(&args.out, DType::F32, device)?;
+    let (p, correct, per_task) =
+        evaluate(&decoder, spec, &args.policy, args.eval_n, DEFAULT_EVAL_SEED)?;
+    let em = correct as f64 / args.eval_n as f64;
+    println!(
+        "final greedy eval under {p}: {correct}/{} exact",
+        args.eval_n
+    );
+    Ok(Some(json!({
+        "policy": p,
+        "n": args.eval_n,
+        "seed": DEFAULT_EVAL_SEED,
+        "correct": correct,
+        "exact_match": em,
+        "per_task": per_task,
+    })))
+}
+
+/// `lcut train`: train, save the checkpoint in `args.out`, evaluate it with
+/// lcut-model's greedy decoding under the training policy and record
+/// everything in `training.json`.
+pub fn run_train(args: &TrainArgs) -> anyhow::Result<()> {
+    let device = Device::Cpu;
+    let spec = args.task_spec();
+    spec.validate()?;
+    let (shape, varmap) = shape_and_varmap(args, &device)?;
+    let (policy, anchor_len) = training_policy(args, &spec, &shape)?;
     let model = TrainModel::new(shape, &varmap, &device)?;
     let params = ParamsAdamW {
         lr: args.lr,
@@ -438,9 +604,6 @@ pub fn run_train(args: &TrainArgs) -> anyhow::Result<()> {
         weight_decay: args.weight_decay,
     };
     let mut opt = AdamW::new(varmap.all_vars(), params)?;
-    let val: Vec<Instance> = (0..128)
-        .map(|i| Instance::generate(&spec, args.seed, Stream::Validation, i))
-        .collect();
     let n_params: usize = varmap.all_vars().iter().map(|v| v.elem_count()).sum();
     println!(
         "training {} ({} parameters, {} layers) under {policy} for {} steps, batch {}, seed {}",
@@ -452,100 +615,21 @@ pub fn run_train(args: &TrainArgs) -> anyhow::Result<()> {
         args.seed
     );
     let start = Instant::now();
-    let (mut log, mut vals) = (Vec::<LogRow>::new(), Vec::<ValRow>::new());
-    let (mut loss_acc, mut exact_acc, mut count, mut seqs) = (0.0f64, 0usize, 0usize, 0usize);
-    for step in 0..args.steps {
-        let lr = learning_rate(args, step);
-        opt.set_learning_rate(lr);
-        let (step_spec, longest) = curriculum(args, &spec, step);
-        let instances = training_instances(
-            &step_spec,
-            args.seed,
-            step,
-            longest,
-            args.batch_size,
-            args.batch_tokens,
-        );
-        let batch = Batch::new(&instances, &policy, anchor_len, &device)?;
-        let (loss, logits) = batch.loss(&model)?;
-        let mut grads = loss.backward()?;
-        let grad_norm = clip_gradients(&mut grads, &varmap, args.clip)?;
-        opt.step(&grads)?;
-        loss_acc += loss.to_scalar::<f32>()? as f64;
-        exact_acc += batch.exact(&logits)?;
-        seqs += instances.len();
-        count += 1;
-        let last = step + 1 == args.steps;
-        if (step + 1) % args.log_every.max(1) == 0 || last {
-            let row = LogRow {
-                step: step + 1,
-                longest_prompt: longest,
-                longest_span: step_spec.max_span,
-                loss: loss_acc / count as f64,
-                batch_exact: exact_acc as f64 / seqs.max(1) as f64,
-                lr,
-                grad_norm,
-                seconds: start.elapsed().as_secs_f64(),
-            };
-            println!(
-                "step {:>5} loss {:.4} batch_exact {:.3} lr {:.2e} grad_norm {:.3} prompts<={} spans<={} {:.0}s",
-                row.step,
-                row.loss,
-                row.batch_exact,
-                row.lr,
-                row.grad_norm,
-                row.longest_prompt,
-                row.longest_span,
-                row.seconds
-            );
-            log.push(row);
-            (loss_acc, exact_acc, count, seqs) = (0.0, 0, 0, 0);
-        }
-        if (args.val_every > 0 && (step + 1) % args.val_every == 0) || last {
-            let (exact, vloss) =
-                validate(&model, &val, &policy, anchor_len, args.batch_size, &device)?;
-            let row = ValRow {
-                step: step + 1,
-                teacher_forced_exact: exact,
-                loss: vloss,
-                seconds: start.elapsed().as_secs_f64(),
-            };
-            println!(
-                "validation step {} teacher_forced_exact {:.3} loss {:.4}",
-                row.step, row.teacher_forced_exact, row.loss
-            );
-            vals.push(row);
-        }
-    }
+    let training = Training {
+        args,
+        spec: &spec,
+        model: &model,
+        varmap: &varmap,
+        policy: &policy,
+        anchor_len,
+        device: &device,
+    };
+    let (log, vals) = training.run(&mut opt)?;
     let train_seconds = start.elapsed().as_secs_f64();
     save_checkpoint(&args.out, &shape, &varmap)?;
     check_tokenizer(&args.out, &spec)?;
     let eval_start = Instant::now();
-    let final_eval = if args.eval_n > 0 {
-        let decoder = Decoder::load(&args.out, DType::F32, &device)?;
-        let (p, correct, per_task) = evaluate(
-            &decoder,
-            &spec,
-            &args.policy,
-            args.eval_n,
-            DEFAULT_EVAL_SEED,
-        )?;
-        let em = correct as f64 / args.eval_n as f64;
-        println!(
-            "final greedy eval under {p}: {correct}/{} exact",
-            args.eval_n
-        );
-        Some(json!({
-            "policy": p,
-            "n": args.eval_n,
-            "seed": DEFAULT_EVAL_SEED,
-            "correct": correct,
-            "exact_match": em,
-            "per_task": per_task,
-        }))
-    } else {
-        None
-    };
+    let final_eval = final_eval(args, &spec, &device)?;
     let environment: Vec<String> = ["CANDLE_NUM_THREADS", "RAYON_NUM_THREADS", "GLIBC_TUNABLES"]
         .iter()
         .filter_map(|k| std::env::var(k).ok().map(|v| format!("{k}={v}")))

@@ -178,6 +178,85 @@ fn speed_point(
     }
 }
 
+/// What the sweep measures on every prompt, and its running sums.
+struct SweepRun<'a> {
+    session: &'a Session,
+    opts: &'a SweepOptions,
+    /// The SPEED points' policies.
+    policies: Vec<Policy>,
+    /// The comparison axis, resolved.
+    axis: Vec<Policy>,
+    totals: Vec<Totals>,
+    axis_totals: Vec<AxisTotals>,
+}
+
+impl SweepRun<'_> {
+    /// Measure every policy on prompt `i`, adding to the sums.
+    fn prompt(
+        &mut self,
+        i: usize,
+        prompt: &PreparedPrompt,
+        on_event: &mut dyn FnMut(&DiagnoseEvent) -> bool,
+    ) -> Result<()> {
+        let model = &self.session.model;
+        let layers = model.config().num_layers;
+        let steps = self.policies.len() + self.axis.len();
+        let step_done = |step: usize, on_event: &mut dyn FnMut(&DiagnoseEvent) -> bool| {
+            if on_event(&DiagnoseEvent::Step {
+                index: i,
+                step,
+                max_steps: steps,
+            }) {
+                Ok(())
+            } else {
+                Err(EngineError::Cancelled)
+            }
+        };
+        let (continuation, prefix) =
+            full_continuation(self.session, prompt, self.opts, i, on_event)?;
+        let s = prompt.decode_start;
+        let mut fed: Vec<u32> = prompt.ids[s..].to_vec();
+        fed.extend_from_slice(&continuation[..continuation.len().saturating_sub(1)]);
+        // rows of `fed` that predict the continuation: positions P-1 .. P+n-2
+        let first_row = prompt.len() - 1 - s;
+        let rows =
+            |t: Tensor| -> Result<Tensor> { Ok(t.narrow(0, first_row, continuation.len())?) };
+        // the full model's rows, and where its decode queries read the prompt
+        let mut mass = PromptMassProbe::new(layers, s);
+        let reference = rows(decode_logits(
+            model,
+            prefix.fork()?,
+            &fed,
+            (!self.axis.is_empty()).then_some(&mut mass as &mut dyn Probe),
+        )?)?;
+        for (k, policy) in self.policies.iter().enumerate() {
+            let seq = prefix.restricted(*policy, prompt.phases(policy)?)?;
+            let logits = rows(decode_logits(model, seq, &fed, None)?)?;
+            let t = score(&reference, &logits, &continuation)?;
+            let acc = &mut self.totals[k];
+            acc.agree += t.agree;
+            acc.kl += t.kl;
+            acc.nll += t.nll;
+            acc.tokens += t.tokens;
+            step_done(k + 1, on_event)?;
+        }
+        let chunk = self.opts.prefill_chunk.max(1);
+        for (k, policy) in self.axis.iter().enumerate() {
+            measure(
+                model,
+                prompt,
+                *policy,
+                &continuation,
+                (&reference, &mass),
+                chunk,
+                &mut self.axis_totals[k],
+            )?;
+            step_done(self.policies.len() + k + 1, on_event)?;
+        }
+        Ok(())
+    }
+}
+
 /// Run the sweep over `prompts`; `on_event` returns false to cancel.
 pub fn sweep(
     session: &Session,
@@ -194,9 +273,14 @@ pub fn sweep(
         .iter()
         .map(|a| a.spec.resolve(layers))
         .collect::<std::result::Result<Vec<_>, _>>()?;
-    let mut axis_totals = vec![AxisTotals::default(); axis.len()];
-    let steps = policies.len() + axis.len();
-    let mut totals = vec![Totals::default(); policies.len()];
+    let mut run = SweepRun {
+        session,
+        opts,
+        totals: vec![Totals::default(); policies.len()],
+        axis_totals: vec![AxisTotals::default(); axis.len()],
+        policies,
+        axis,
+    };
     let total = prompts.len();
     for (i, lp) in prompts.iter().enumerate() {
         if !on_event(&DiagnoseEvent::PromptStarted {
@@ -206,76 +290,24 @@ pub fn sweep(
         }) {
             return Err(EngineError::Cancelled);
         }
-        let prompt = &lp.prompt;
-        let chunk = opts.prefill_chunk.max(1);
-        let (continuation, prefix) = full_continuation(session, prompt, opts, i, on_event)?;
-        let s = prompt.decode_start;
-        let mut fed: Vec<u32> = prompt.ids[s..].to_vec();
-        fed.extend_from_slice(&continuation[..continuation.len().saturating_sub(1)]);
-        // rows of `fed` that predict the continuation: positions P-1 .. P+n-2
-        let first_row = prompt.len() - 1 - s;
-        let rows =
-            |t: Tensor| -> Result<Tensor> { Ok(t.narrow(0, first_row, continuation.len())?) };
-        // the full model's rows, and where its decode queries read the prompt
-        let mut mass = PromptMassProbe::new(layers, s);
-        let reference = rows(decode_logits(
-            model,
-            prefix.fork()?,
-            &fed,
-            (!axis.is_empty()).then_some(&mut mass as &mut dyn Probe),
-        )?)?;
-        for (k, policy) in policies.iter().enumerate() {
-            let phases = prompt.phases(policy)?;
-            let seq = prefix.restricted(*policy, phases)?;
-            let logits = rows(decode_logits(model, seq, &fed, None)?)?;
-            let t = score(&reference, &logits, &continuation)?;
-            let acc = &mut totals[k];
-            acc.agree += t.agree;
-            acc.kl += t.kl;
-            acc.nll += t.nll;
-            acc.tokens += t.tokens;
-            if !on_event(&DiagnoseEvent::Step {
-                index: i,
-                step: k + 1,
-                max_steps: steps,
-            }) {
-                return Err(EngineError::Cancelled);
-            }
-        }
-        for (k, policy) in axis.iter().enumerate() {
-            measure(
-                model,
-                prompt,
-                *policy,
-                &continuation,
-                (&reference, &mass),
-                chunk,
-                &mut axis_totals[k],
-            )?;
-            if !on_event(&DiagnoseEvent::Step {
-                index: i,
-                step: policies.len() + k + 1,
-                max_steps: steps,
-            }) {
-                return Err(EngineError::Cancelled);
-            }
-        }
+        run.prompt(i, &lp.prompt, on_event)?;
         if !on_event(&DiagnoseEvent::PromptDone { index: i, total }) {
             return Err(EngineError::Cancelled);
         }
     }
     let shape = FlopShape::from(&model_identity(session)?);
     let kv_shape = model.kv_shape();
-    let points = policies
+    let points = run
+        .policies
         .iter()
-        .zip(&totals)
+        .zip(&run.totals)
         .map(|(policy, t)| speed_point(policy, t, opts, &shape, &kv_shape))
         .collect();
     let mut result = finish_sweep(opts.context_len, points, thresholds);
     result.policies = opts
         .axis
         .iter()
-        .zip(&axis_totals)
+        .zip(&run.axis_totals)
         .map(|(a, t)| t.point(a))
         .collect();
     Ok(result)
