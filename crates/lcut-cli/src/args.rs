@@ -8,40 +8,11 @@ use std::str::FromStr;
 use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device};
 use clap::ValueEnum;
+use clap::builder::PossibleValue;
 use lcut_model::WeightMode;
 use lcut_policy::PolicySpec;
 
 use crate::common::split_policies;
-
-/// `--dtype` of the commands that load a model: weights converted to a
-/// float type, or a GGUF's matrices kept quantized.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum WeightArg {
-    /// 32-bit floats.
-    #[value(alias = "float32")]
-    F32,
-    /// bfloat16.
-    #[value(alias = "bfloat16")]
-    Bf16,
-    /// IEEE half precision.
-    #[value(alias = "float16")]
-    F16,
-    /// A GGUF file's matrices in their quantized type, activations in f32.
-    #[value(alias = "quantized")]
-    Q,
-}
-
-impl WeightArg {
-    /// How the weights are loaded.
-    pub fn mode(self) -> WeightMode {
-        match self {
-            WeightArg::F32 => WeightMode::Dense(DType::F32),
-            WeightArg::Bf16 => WeightMode::Dense(DType::BF16),
-            WeightArg::F16 => WeightMode::Dense(DType::F16),
-            WeightArg::Q => WeightMode::Quantized,
-        }
-    }
-}
 
 /// `--dtype` where every weight is converted to one float type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -73,6 +44,44 @@ impl fmt::Display for DtypeArg {
         match self.to_possible_value() {
             Some(v) => f.write_str(v.get_name()),
             None => write!(f, "{self:?}"),
+        }
+    }
+}
+
+/// `--dtype` of the commands that load a model: weights converted to a
+/// float type, or a GGUF's matrices kept quantized (`q`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightArg {
+    /// Weights converted to this float type.
+    Dense(DtypeArg),
+    /// A GGUF file's matrices in their quantized type, activations in f32.
+    Q,
+}
+
+impl ValueEnum for WeightArg {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[
+            WeightArg::Dense(DtypeArg::F32),
+            WeightArg::Dense(DtypeArg::Bf16),
+            WeightArg::Dense(DtypeArg::F16),
+            WeightArg::Q,
+        ]
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        match self {
+            WeightArg::Dense(d) => d.to_possible_value(),
+            WeightArg::Q => Some(PossibleValue::new("q").alias("quantized")),
+        }
+    }
+}
+
+impl WeightArg {
+    /// How the weights are loaded.
+    pub fn mode(self) -> WeightMode {
+        match self {
+            WeightArg::Dense(d) => WeightMode::Dense(d.dtype()),
+            WeightArg::Q => WeightMode::Quantized,
         }
     }
 }
