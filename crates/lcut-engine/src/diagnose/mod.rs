@@ -56,6 +56,19 @@ impl Default for DiagnoseOptions {
     }
 }
 
+/// Tell `on_event` of `event`; its false (cancel) becomes
+/// [`EngineError::Cancelled`].
+pub(super) fn tell(
+    on_event: &mut dyn FnMut(&DiagnoseEvent) -> bool,
+    event: &DiagnoseEvent,
+) -> Result<()> {
+    if on_event(event) {
+        Ok(())
+    } else {
+        Err(EngineError::Cancelled)
+    }
+}
+
 /// Progress of a diagnostic run or sweep.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DiagnoseEvent {
@@ -174,13 +187,14 @@ pub fn diagnose_prepared(
     let total = prompts.len();
     let mut traces = Vec::with_capacity(total);
     for (i, lp) in prompts.iter().enumerate() {
-        if !on_event(&DiagnoseEvent::PromptStarted {
-            index: i,
-            total,
-            id: lp.id.clone(),
-        }) {
-            return Err(EngineError::Cancelled);
-        }
+        tell(
+            on_event,
+            &DiagnoseEvent::PromptStarted {
+                index: i,
+                total,
+                id: lp.id.clone(),
+            },
+        )?;
         let stops = session.stop_tokens();
         let tokens = |ids: &[u32]| match &session.tokenizer {
             Some(t) => t.token_strings(ids),
@@ -201,9 +215,7 @@ pub fn diagnose_prepared(
             })
         })?;
         traces.push(trace);
-        if !on_event(&DiagnoseEvent::PromptDone { index: i, total }) {
-            return Err(EngineError::Cancelled);
-        }
+        tell(on_event, &DiagnoseEvent::PromptDone { index: i, total })?;
     }
     let settings = RunSettings {
         max_new_tokens: opts.max_new_tokens,

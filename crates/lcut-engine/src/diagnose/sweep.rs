@@ -12,7 +12,7 @@ use lcut_policy::{Anchors, KvCost, Policy, PolicyKind};
 use lcut_trace::{Sweep, SweepPoint, Thresholds};
 
 use super::policy_axis::{AxisPolicy, AxisTotals, measure};
-use super::{DiagnoseEvent, LabelledPrompt, model_identity};
+use super::{DiagnoseEvent, LabelledPrompt, model_identity, tell};
 use crate::compare::log_softmax_rows;
 use crate::error::{EngineError, Result};
 use crate::generate::{Generation, GenerationConfig};
@@ -202,15 +202,15 @@ impl SweepRun<'_> {
         let layers = model.config().num_layers;
         let steps = self.policies.len() + self.axis.len();
         let step_done = |step: usize, on_event: &mut dyn FnMut(&DiagnoseEvent) -> bool| {
-            if on_event(&DiagnoseEvent::Step {
-                index: i,
-                step,
-                max_steps: steps,
-            }) {
-                Ok(())
-            } else {
-                Err(EngineError::Cancelled)
-            }
+            let max_steps = steps;
+            tell(
+                on_event,
+                &DiagnoseEvent::Step {
+                    index: i,
+                    step,
+                    max_steps,
+                },
+            )
         };
         let (continuation, prefix) =
             full_continuation(self.session, prompt, self.opts, i, on_event)?;
@@ -283,17 +283,17 @@ pub fn sweep(
     };
     let total = prompts.len();
     for (i, lp) in prompts.iter().enumerate() {
-        if !on_event(&DiagnoseEvent::PromptStarted {
-            index: i,
-            total,
-            id: lp.id.clone(),
-        }) {
-            return Err(EngineError::Cancelled);
-        }
+        let id = lp.id.clone();
+        tell(
+            on_event,
+            &DiagnoseEvent::PromptStarted {
+                index: i,
+                total,
+                id,
+            },
+        )?;
         run.prompt(i, &lp.prompt, on_event)?;
-        if !on_event(&DiagnoseEvent::PromptDone { index: i, total }) {
-            return Err(EngineError::Cancelled);
-        }
+        tell(on_event, &DiagnoseEvent::PromptDone { index: i, total })?;
     }
     let shape = FlopShape::from(&model_identity(session)?);
     let kv_shape = model.kv_shape();
