@@ -4,8 +4,8 @@
 //! checked between prompt chunks and between steps.
 
 use lcut_engine::{
-    EngineError, Generation, GenerationConfig, LiveFigures, Lockstep, LockstepEvent, Sampling,
-    Session, TextTokenizer,
+    EngineError, Generation, GenerationConfig, Lockstep, LockstepEvent, Sampling, Session,
+    TextTokenizer,
 };
 use lcut_policy::{Policy, StepRecord};
 use lcut_viewer_ui::backend::{
@@ -58,21 +58,16 @@ impl<'a> Detokenizer<'a> {
 /// The names of the lanes in progress messages.
 const LANE_NAMES: [&str; 3] = ["full", "SPEED", "third policy"];
 
-/// The UI's figures of one lane.
+/// The UI's figures of one lane so far (its timing counts its own steps).
 fn metrics(generation: &Generation<'_>) -> LiveMetrics {
-    let LiveFigures {
-        ttft_s,
-        tpot_s,
-        tokens,
-        kv_bytes_held,
-        kv_bytes_resident,
-    } = generation.figures();
+    let out = generation.output();
+    let tokens = out.tokens.len();
     LiveMetrics {
-        ttft_s,
-        tpot_s,
+        ttft_s: (tokens > 0).then_some(out.timing.ttft_s),
+        tpot_s: (tokens > 1).then_some(out.timing.tpot_s),
         tokens,
-        kv_bytes: kv_bytes_held,
-        kv_bytes_resident,
+        kv_bytes: out.kv_bytes_held,
+        kv_bytes_resident: out.kv_bytes_resident,
     }
 }
 

@@ -91,23 +91,6 @@ pub struct Timing {
     pub tokens_per_s: f64,
 }
 
-/// A generation's figures so far, as a live view shows them after each step.
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
-pub struct LiveFigures {
-    /// Time to first token, seconds (`None` before the first token).
-    pub ttft_s: Option<f64>,
-    /// Mean time per output token after the first, seconds (`None` before
-    /// the second token).
-    pub tpot_s: Option<f64>,
-    /// Tokens produced.
-    pub tokens: usize,
-    /// K/V bytes the caches hold now.
-    pub kv_bytes_held: u64,
-    /// K/V bytes decode reads now (SlimInfer: sink, active blocks and the
-    /// decode phase); `kv_bytes_held` for static policies.
-    pub kv_bytes_resident: u64,
-}
-
 /// Why a generation ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum StopReason {
@@ -444,28 +427,6 @@ impl<'m> Generation<'m> {
             }
         }
         Ok(self.output())
-    }
-
-    /// Timing, token count and K/V bytes so far, cheap enough to take
-    /// after every step.
-    pub fn figures(&self) -> LiveFigures {
-        let n = self.produced.len();
-        let ttft_s = self.first_token_at;
-        LiveFigures {
-            ttft_s,
-            tpot_s: ttft_s
-                .filter(|_| n > 1)
-                .map(|t| (self.busy_s - t) / (n - 1) as f64),
-            tokens: n,
-            kv_bytes_held: self.seq.kv_bytes_held(),
-            kv_bytes_resident: match self.seq.slim() {
-                Some(run) => {
-                    let b = self.model.kv_shape().bytes_per_token_layer() as u64;
-                    b * run.selection().resident_token_layers(self.kv_cost().decode) as u64
-                }
-                None => self.seq.kv_bytes_held(),
-            },
-        }
     }
 
     /// The result so far (timing covers the steps taken).

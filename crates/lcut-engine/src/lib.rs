@@ -19,8 +19,8 @@ pub use bundled::{BUNDLED_MODEL, bundled, workspace_root};
 pub use compare::{CompareStep, Comparison, Lockstep, LockstepEvent, compare, kl_divergence};
 pub use error::{EngineError, Result};
 pub use generate::{
-    Generation, GenerationConfig, GenerationOutput, LiveFigures, PrefillProgress, Sampling, Step,
-    StopReason, Timing,
+    Generation, GenerationConfig, GenerationOutput, PrefillProgress, Sampling, Step, StopReason,
+    Timing,
 };
 pub use lcut_policy::SlimTrace;
 pub use prompt::PreparedPrompt;
