@@ -1,5 +1,6 @@
 //! `lcut train-lora`: a SPEED-aware LoRA adapter by self-distillation. The
-//! full model greedily continues prompts from lcut's own task generators;
+//! full model greedily continues prompts from lcut's own task generators
+//! (its distributions kept too, for the logit-distillation term);
 //! the layers below the cut run once per sequence (their output is the same
 //! under both masks); the upper layers learn, with the SPEED mask, to give
 //! the full model's tokens. Writes the adapter (PEFT layout, with
@@ -11,12 +12,13 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use candle_core::Tensor;
 use indicatif::{ProgressBar, ProgressStyle};
-use lcut_engine::{Generation, GenerationConfig, PreparedPrompt, Session};
+use lcut_engine::Session;
 use lcut_model::lora::{LoraConfig, Targets, write_adapter};
 use lcut_model::{LogitRows, Probe, ResidualSite};
 use lcut_policy::{Policy, PolicySpec, TokenPhases};
-use lcut_train::lora_train::optim::SplitMix;
-use lcut_train::lora_train::{LoraTrainOptions, TrainSeq, UpperModel, train_lora};
+use lcut_train::lora_train::{LoraTrainOptions, TeacherTopK, TrainSeq, UpperModel, train_lora};
+
+use crate::lora_teacher::{self, TeacherRecord, TeacherSettings};
 use serde_json::json;
 
 /// Arguments of `lcut train-lora`.
@@ -43,7 +45,9 @@ pub struct TrainLoraArgs {
     /// Training prompts drawn from lcut's task generators.
     #[arg(long, default_value_t = 140)]
     prompts: usize,
-    /// Seed of the task generators (the committed evaluation suite uses 13).
+    /// First seed of the task generators (one suite of prompts a seed, the
+    /// next seeds used when more are needed; the committed evaluation suite
+    /// uses 13).
     #[arg(long, default_value_t = 101)]
     prompt_seed: u64,
     /// Skip prompts longer than this many tokens.
@@ -52,6 +56,23 @@ pub struct TrainLoraArgs {
     /// Tokens the full model continues each prompt with (the targets).
     #[arg(long, default_value_t = 24)]
     max_new_tokens: usize,
+    /// Weight of the logit-distillation term: KL from the full model's
+    /// next-token distribution (its top --kd-top-k tokens) to the adapted
+    /// model's, added to the cross-entropy on its tokens (0: tokens only).
+    #[arg(long, default_value_t = 1.0)]
+    kd_weight: f64,
+    /// Tokens kept of each of the full model's distributions.
+    #[arg(long, default_value_t = 32)]
+    kd_top_k: usize,
+    /// The full model's continuations and distributions as JSON Lines: read
+    /// when the file exists (made with the same settings), else made and
+    /// written there, so runs for other cuts share them.
+    #[arg(long)]
+    teacher: Option<PathBuf>,
+    /// Leave out every prompt of this suite (e.g. the evaluation suite), so
+    /// that an evaluation on it is on held-out prompts.
+    #[arg(long)]
+    exclude_suite: Option<PathBuf>,
     /// Optimizer steps.
     #[arg(long, default_value_t = 1000)]
     steps: usize,
@@ -137,30 +158,26 @@ fn parse_modules(text: &str) -> Result<Vec<String>> {
         .collect()
 }
 
-/// The full model's greedy continuation of `prompt`.
-fn teacher(session: &Session, prompt: &PreparedPrompt, max_new: usize) -> Result<Vec<u32>> {
-    let layers = session.model.config().num_layers;
-    let config = GenerationConfig {
-        max_new_tokens: max_new,
-        stop_tokens: session.stop_tokens(),
-        ..GenerationConfig::default()
-    };
-    let out = Generation::new(&session.model, prompt.clone(), Policy::full(layers), config)?
-        .run(|_| true)?;
-    Ok(out.tokens)
-}
-
 /// A training sequence: the prompt and its continuation, the rows that
 /// exist at the cut under `policy`, their residual stream from the lower
-/// layers, and the continuation as targets.
+/// layers, and the continuation as targets (tokens and, with `kd`, the
+/// teacher's distributions).
 fn sequence(
     session: &Session,
     policy: &Policy,
-    prompt: &PreparedPrompt,
-    cont: &[u32],
+    record: &TeacherRecord,
+    kd: bool,
 ) -> Result<TrainSeq> {
     let model = &session.model;
     let cut = policy.l_cut();
+    let prompt = session.prepare_text(&record.prompt, record.system.as_deref(), true)?;
+    if prompt.ids != record.prompt_ids {
+        bail!(
+            "teacher record {}: the prompt tokenizes otherwise with this model's tokenizer",
+            record.id
+        );
+    }
+    let cont = &record.continuation;
     let ids: Vec<u32> = prompt.ids.iter().chain(cont).copied().collect();
     let anchors = policy.anchor_len(prompt.system_len, prompt.decode_start)?;
     let phases = TokenPhases::new(ids.len(), prompt.decode_start, anchors)?;
@@ -182,19 +199,48 @@ fn sequence(
         .map(|(q, k)| k <= q && policy.key_visible(cut, q, k, &phases))
         .collect();
     let first_target = prompt.ids.len();
-    let (mut loss_rows, mut targets) = (vec![], vec![]);
+    let (mut loss_rows, mut targets, mut steps) = (vec![], vec![], vec![]);
     for (row, &p) in positions.iter().enumerate() {
         if p + 1 >= first_target && p + 1 < ids.len() {
             loss_rows.push(row as u32);
             targets.push(ids[p + 1]);
+            steps.push(p + 1 - first_target);
         }
     }
+    let teacher = match kd {
+        true => Some(teacher_rows(record, &steps)?),
+        false => None,
+    };
     Ok(TrainSeq {
         x,
         positions,
         visible,
         loss_rows,
         targets,
+        teacher,
+    })
+}
+
+/// The teacher's top-k distributions before continuation tokens `steps`.
+fn teacher_rows(record: &TeacherRecord, steps: &[usize]) -> Result<TeacherTopK> {
+    let k = record.top_ids.first().map_or(0, Vec::len);
+    let (mut ids, mut probs) = (vec![], vec![]);
+    for &s in steps {
+        match (record.top_ids.get(s), record.top_probs.get(s)) {
+            (Some(i), Some(p)) if i.len() == k && p.len() == k => {
+                ids.extend_from_slice(i);
+                probs.extend_from_slice(p);
+            }
+            _ => bail!(
+                "teacher record {}: no top-{k} distribution before continuation token {s}",
+                record.id
+            ),
+        }
+    }
+    let dev = candle_core::Device::Cpu;
+    Ok(TeacherTopK {
+        ids: Tensor::from_vec(ids, (steps.len(), k), &dev)?,
+        probs: Tensor::from_vec(probs, (steps.len(), k), &dev)?,
     })
 }
 
@@ -207,30 +253,54 @@ fn bar(len: usize, what: &str) -> ProgressBar {
     bar
 }
 
-/// Prompts from the task generators, shuffled by the seed, short enough.
+/// The teacher's records (read from `--teacher` when it holds them, else
+/// made and, with `--teacher`, written there) and the training sequences
+/// under `policy`; returns the sequences and their tokens.
 fn training_data(
     session: &Session,
     policy: &Policy,
     args: &TrainLoraArgs,
 ) -> Result<(Vec<TrainSeq>, usize)> {
-    let mut items = lcut_engine::suite::generate(args.prompt_seed);
-    let mut rng = SplitMix(args.prompt_seed);
-    for i in (1..items.len()).rev() {
-        items.swap(i, rng.below(i + 1));
-    }
-    let pb = bar(args.prompts, "prompts");
+    let (exclude, excluded_suite_hash) = match &args.exclude_suite {
+        Some(path) => {
+            let (set, hash) = lora_teacher::suite_prompts(path)?;
+            (set, Some(hash))
+        }
+        None => Default::default(),
+    };
+    let settings = TeacherSettings {
+        base_fingerprint: session.model.lora_fingerprint()?,
+        prompt_seed: args.prompt_seed,
+        prompts: args.prompts,
+        max_prompt_tokens: args.max_prompt_tokens,
+        max_new_tokens: args.max_new_tokens,
+        top_k: args.kd_top_k,
+        excluded_suite_hash,
+    };
+    let cached = match &args.teacher {
+        Some(path) => lora_teacher::read(path, &settings)?,
+        None => None,
+    };
+    let records = match cached {
+        Some(records) => {
+            eprintln!("teacher: {} records read", records.len());
+            records
+        }
+        None => {
+            let pb = bar(args.prompts, "teacher");
+            let records = lora_teacher::make(session, &settings, &exclude, || pb.inc(1))?;
+            pb.finish_and_clear();
+            if let Some(path) = &args.teacher {
+                lora_teacher::write(path, &settings, &records)?;
+            }
+            records
+        }
+    };
+    let pb = bar(records.len(), "sequences");
     let (mut data, mut tokens) = (vec![], 0);
-    for item in items {
-        if data.len() == args.prompts {
-            break;
-        }
-        let prompt = session.prepare_text(&item.prompt, item.system.as_deref(), true)?;
-        if prompt.ids.len() > args.max_prompt_tokens {
-            continue;
-        }
-        let cont = teacher(session, &prompt, args.max_new_tokens)?;
-        tokens += prompt.ids.len() + cont.len();
-        data.push(sequence(session, policy, &prompt, &cont)?);
+    for record in &records {
+        tokens += record.prompt_ids.len() + record.continuation.len();
+        data.push(sequence(session, policy, record, args.kd_weight > 0.0)?);
         pb.inc(1);
     }
     pb.finish_and_clear();
@@ -284,6 +354,7 @@ pub fn run(args: &TrainLoraArgs) -> Result<()> {
         clip: args.clip,
         seed: args.seed,
         checkpoint_every: args.checkpoint_every,
+        kd_weight: args.kd_weight,
     };
     let ckpt = args.out.join("checkpoint");
     let pb = bar(args.steps, "steps");
@@ -304,6 +375,8 @@ pub fn run(args: &TrainLoraArgs) -> Result<()> {
         "command": std::env::args().collect::<Vec<_>>().join(" "),
         "seed": args.seed,
         "prompt_seed": args.prompt_seed,
+        "kd_top_k": args.kd_top_k,
+        "exclude_suite": args.exclude_suite.as_ref().map(|p| p.display().to_string()),
         "policy": spec.to_string(),
         "layers": adapt,
         "modules": modules,

@@ -16,6 +16,7 @@ mod cmd_train;
 mod cmd_train_lora;
 mod common;
 mod lora_opt;
+mod lora_teacher;
 
 use clap::{Parser, Subcommand};
 

@@ -7,7 +7,9 @@ use anyhow::{Result, ensure};
 use candle_core::{D, Device, Tensor};
 use lcut_model::{ModelConfig, WeightFiles};
 use lcut_testkit::reference::ReferenceCase;
-use lcut_train::lora_train::{LoraTrainOptions, TrainSeq, UpperModel, train_lora};
+use lcut_train::lora_train::{
+    LoraTrainOptions, TeacherTopK, TrainSeq, UpperModel, topk_kl, train_lora,
+};
 
 const CUT: usize = 4;
 const S: usize = 28;
@@ -39,6 +41,7 @@ fn case() -> Result<(UpperModel, TrainSeq, Tensor)> {
             visible,
             loss_rows,
             targets,
+            teacher: None,
         },
         want,
     ))
@@ -80,6 +83,7 @@ fn training_lowers_the_loss_and_resumes() -> Result<()> {
         clip: 1.0,
         seed: 1,
         checkpoint_every: 10,
+        kd_weight: 0.0,
     };
     let dir = tempfile::tempdir()?;
     let config =
@@ -116,6 +120,126 @@ fn training_lowers_the_loss_and_resumes() -> Result<()> {
         state.losses.len() == 25 && state.losses[20] <= first,
         "resumed: {:?}",
         state.losses
+    );
+    Ok(())
+}
+
+/// The teacher's top k of `logits` [rows, vocab], renormalised, from plain
+/// Rust (sorting each row), as a `TeacherTopK`.
+fn top_k(logits: &Tensor, k: usize) -> Result<TeacherTopK> {
+    let rows: Vec<Vec<f32>> = logits.to_vec2()?;
+    let (mut ids, mut probs) = (vec![], vec![]);
+    for row in &rows {
+        let max = row.iter().copied().fold(f32::MIN, f32::max);
+        let mut order: Vec<usize> = (0..row.len()).collect();
+        order.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
+        let kept: Vec<f64> = order[..k]
+            .iter()
+            .map(|&i| f64::from(row[i] - max).exp())
+            .collect();
+        let sum: f64 = kept.iter().sum();
+        ids.extend(order[..k].iter().map(|&i| i as u32));
+        probs.extend(kept.iter().map(|p| (p / sum) as f32));
+    }
+    let dev = Device::Cpu;
+    Ok(TeacherTopK {
+        ids: Tensor::from_vec(ids, (rows.len(), k), &dev)?,
+        probs: Tensor::from_vec(probs, (rows.len(), k), &dev)?,
+    })
+}
+
+/// KL(p || q) per row by hand, in f64, p over the teacher's kept tokens.
+fn kl_by_hand(teacher: &TeacherTopK, student_logits: &Tensor) -> Result<f64> {
+    let ids: Vec<Vec<u32>> = teacher.ids.to_vec2()?;
+    let probs: Vec<Vec<f32>> = teacher.probs.to_vec2()?;
+    let logits: Vec<Vec<f32>> = student_logits.to_vec2()?;
+    let mut total = 0.0;
+    for ((ids, probs), row) in ids.iter().zip(&probs).zip(&logits) {
+        let max = row.iter().copied().fold(f32::MIN, f32::max);
+        let log_z = row
+            .iter()
+            .map(|&x| f64::from(x - max).exp())
+            .sum::<f64>()
+            .ln();
+        for (&i, &p) in ids.iter().zip(probs) {
+            let log_q = f64::from(row[i as usize] - max) - log_z;
+            total += f64::from(p) * (f64::from(p).ln() - log_q);
+        }
+    }
+    Ok(total / ids.len() as f64)
+}
+
+#[test]
+fn top_k_kl_is_the_kl_by_hand_and_zero_against_itself() -> Result<()> {
+    let (upper, s, want) = case()?;
+    let lora = upper.init_lora(&[4], &["q_proj"], 4, 8.0, 3)?;
+    let got = upper.logits(&s.x, &s.positions, &s.visible, &s.loss_rows, &lora)?;
+    let vocab = got.dim(1)?;
+    // the teacher: transformers' full-depth logits of the same rows would do;
+    // the SPEED logits perturbed give a teacher that differs from the model
+    let teacher_logits = (&want * 1.3)?;
+    for k in [5, vocab] {
+        let teacher = top_k(&teacher_logits, k)?;
+        let log_probs = candle_nn::ops::log_softmax(&got, D::Minus1)?;
+        let kl = f64::from(topk_kl(&log_probs, &teacher)?.to_scalar::<f32>()?);
+        let hand = kl_by_hand(&teacher, &got)?;
+        ensure!(
+            (kl - hand).abs() <= 1e-4 * hand.abs().max(1.0) && hand > 1e-3,
+            "top-{k} KL {kl} vs by hand {hand}"
+        );
+        // against its own full distribution the KL is zero
+        let own = top_k(&got, vocab)?;
+        let zero = f64::from(topk_kl(&log_probs, &own)?.to_scalar::<f32>()?);
+        ensure!(zero.abs() <= 1e-5, "KL against itself {zero}");
+    }
+    Ok(())
+}
+
+#[test]
+fn training_with_the_kl_term_ends_nearer_the_teacher() -> Result<()> {
+    let (upper, mut s, want) = case()?;
+    let teacher_logits = (&want * 1.3)?;
+    s.teacher = Some(top_k(&teacher_logits, 16)?);
+    // the tokens are the teacher's own choices, as in self-distillation
+    s.targets = teacher_logits.argmax(D::Minus1)?.to_vec1()?;
+    let sites = ["q_proj", "k_proj", "v_proj", "o_proj"];
+    let data = [s];
+    // the same start trained on cross-entropy alone and with the KL term
+    let train = |kd_weight: f64| -> Result<f64> {
+        let lora = upper.init_lora(&[4, 5], &sites, 4, 8.0, 3)?;
+        let opts = LoraTrainOptions {
+            steps: 20,
+            batch: 1,
+            lr: 1e-2,
+            lr_end: 1e-2,
+            weight_decay: 0.0,
+            clip: 1.0,
+            seed: 1,
+            checkpoint_every: 0,
+            kd_weight,
+        };
+        let dir = tempfile::tempdir()?;
+        let config = lcut_model::lora::LoraConfig::new(4, 8.0, &sites);
+        train_lora(
+            &upper,
+            &lora,
+            &data,
+            &opts,
+            (dir.path(), &config),
+            |_, _| {},
+        )?;
+        let s = &data[0];
+        let got = upper.logits(&s.x, &s.positions, &s.visible, &s.loss_rows, &lora)?;
+        let teacher = s
+            .teacher
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("no teacher"))?;
+        kl_by_hand(teacher, &got)
+    };
+    let (ce_only, with_kl) = (train(0.0)?, train(1.0)?);
+    ensure!(
+        with_kl < ce_only * 0.8,
+        "KL to the teacher after training: cross-entropy alone {ce_only}, with the KL term {with_kl}"
     );
     Ok(())
 }

@@ -10,4 +10,4 @@ pub mod optim;
 pub mod run;
 
 pub use model::{LoraVars, MODULES, UpperModel};
-pub use run::{CheckpointState, LoraTrainOptions, TrainSeq, train_lora};
+pub use run::{CheckpointState, LoraTrainOptions, TeacherTopK, TrainSeq, topk_kl, train_lora};

@@ -1,5 +1,6 @@
 //! The training loop: batches of sequences drawn with a seeded generator,
-//! cross-entropy of the upper layers' logits on the teacher's tokens,
+//! cross-entropy of the upper layers' logits on the teacher's tokens plus,
+//! where the teacher's distributions are kept, a KL term towards them,
 //! AdamW with a linear learning-rate decay, and a checkpoint (adapter,
 //! optimizer moments, step, loss curve) every so many steps that a later
 //! run resumes from.
@@ -7,7 +8,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use candle_core::{Device, Tensor};
+use candle_core::{D, Device, Tensor};
 use lcut_model::lora::{LoraAdapter, LoraConfig, write_adapter, write_atomic};
 use serde::{Deserialize, Serialize};
 
@@ -27,6 +28,19 @@ pub struct TrainSeq {
     pub loss_rows: Vec<u32>,
     /// The targets (the teacher's tokens), one per loss row.
     pub targets: Vec<u32>,
+    /// The teacher's distribution at each loss row, cut to its top k.
+    pub teacher: Option<TeacherTopK>,
+}
+
+/// The full model's next-token distribution at each loss row, kept as its
+/// k most likely tokens: ids [rows, k] (u32) and probabilities [rows, k]
+/// (f32, renormalised over the k). The KL term compares the adapted model's
+/// log-probabilities of those tokens with these.
+pub struct TeacherTopK {
+    /// Token ids [rows, k].
+    pub ids: Tensor,
+    /// Probabilities [rows, k], each row summing to 1.
+    pub probs: Tensor,
 }
 
 /// Settings of a LoRA training run.
@@ -48,6 +62,10 @@ pub struct LoraTrainOptions {
     pub seed: u64,
     /// Steps between checkpoints (0: none).
     pub checkpoint_every: usize,
+    /// Weight of the KL term towards the teacher's top-k distribution
+    /// (0: cross-entropy on the teacher's tokens alone).
+    #[serde(default)]
+    pub kd_weight: f64,
 }
 
 /// What a checkpoint records beside the adapter and the moments.
@@ -123,11 +141,36 @@ fn restore(dir: &Path, lora: &LoraVars, adam: &mut AdamW) -> Result<Option<Check
     Ok(Some(state))
 }
 
-/// Mean cross-entropy of one sequence.
-fn seq_loss(model: &UpperModel, lora: &LoraVars, s: &TrainSeq) -> Result<Tensor> {
+/// Loss of one sequence: mean cross-entropy on the teacher's tokens plus
+/// `kd_weight` times the mean KL(teacher top-k || model) over the loss rows.
+fn seq_loss(model: &UpperModel, lora: &LoraVars, s: &TrainSeq, kd_weight: f64) -> Result<Tensor> {
     let logits = model.logits(&s.x, &s.positions, &s.visible, &s.loss_rows, lora)?;
+    let log_probs = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
     let targets = Tensor::new(s.targets.as_slice(), &Device::Cpu)?;
-    Ok(candle_nn::loss::cross_entropy(&logits, &targets)?)
+    let ce = candle_nn::loss::nll(&log_probs, &targets)?;
+    match &s.teacher {
+        Some(t) if kd_weight > 0.0 => Ok((ce + (topk_kl(&log_probs, t)? * kd_weight)?)?),
+        _ => Ok(ce),
+    }
+}
+
+/// Mean over rows of KL(p || q) on the teacher's top k, with p the
+/// teacher's renormalised top-k probabilities and q the model's.
+pub fn topk_kl(log_probs: &Tensor, teacher: &TeacherTopK) -> Result<Tensor> {
+    let rows = teacher.ids.dim(0)?;
+    if log_probs.dim(0)? != rows {
+        return Err(TrainError::Shape {
+            reason: format!(
+                "teacher distribution has {rows} rows, the sequence {} loss rows",
+                log_probs.dim(0)?
+            ),
+        });
+    }
+    let model_lp = log_probs.gather(&teacher.ids, 1)?;
+    let p = &teacher.probs;
+    let teacher_lp = p.clamp(1e-30, 1.0)?.log()?;
+    let kl = (p * (teacher_lp - model_lp)?)?.sum_all()?;
+    Ok((kl / (rows.max(1) as f64))?)
 }
 
 /// Train `lora` on `data`, resuming from (and checkpointing to) `ckpt`;
@@ -156,7 +199,7 @@ pub fn train_lora(
         let mut rng = SplitMix(opts.seed ^ (step as u64).wrapping_mul(0x2545_F491_4F6C_DD1D));
         let mut total: Option<Tensor> = None;
         for _ in 0..opts.batch.max(1) {
-            let l = seq_loss(model, lora, &data[rng.below(data.len())])?;
+            let l = seq_loss(model, lora, &data[rng.below(data.len())], opts.kd_weight)?;
             total = Some(match total {
                 Some(t) => (t + l)?,
                 None => l,

@@ -1,0 +1,279 @@
+//! The teacher of `lcut train-lora`: the full model's greedy continuations
+//! of prompts from lcut's task generators, with its next-token distribution
+//! at each generated token cut to the top k. Making them is most of a
+//! training run's preparation and does not depend on the cut, so they are
+//! kept in a JSON Lines file (`--teacher FILE`) that later runs for other
+//! policies read back; the first line records how they were made, and a run
+//! that asks for something else is refused by name.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use lcut_engine::suite::SuiteItem;
+use lcut_engine::{Generation, GenerationConfig, PreparedPrompt, Session};
+use lcut_policy::Policy;
+use lcut_train::lora_train::optim::SplitMix;
+use serde::{Deserialize, Serialize};
+
+/// How a teacher file was made: a run reusing it must ask for the same.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TeacherSettings {
+    /// The base model's fingerprint (`Decoder::lora_fingerprint`).
+    pub base_fingerprint: String,
+    /// First seed of the task generators (more seeds follow when needed).
+    pub prompt_seed: u64,
+    /// Prompts kept.
+    pub prompts: usize,
+    /// Longest prompt kept, tokens.
+    pub max_prompt_tokens: usize,
+    /// Most tokens per continuation.
+    pub max_new_tokens: usize,
+    /// Tokens kept of each next-token distribution.
+    pub top_k: usize,
+    /// Hash of the suite whose prompts were left out, if one was.
+    pub excluded_suite_hash: Option<String>,
+}
+
+/// One prompt and what the full model made of it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TeacherRecord {
+    /// The item's id in its generator's suite.
+    pub id: String,
+    /// The system message, if any.
+    pub system: Option<String>,
+    /// The user prompt.
+    pub prompt: String,
+    /// The prompt's token ids (checked when read back).
+    pub prompt_ids: Vec<u32>,
+    /// The greedy continuation.
+    pub continuation: Vec<u32>,
+    /// Per continuation token, the k likeliest next tokens before it...
+    pub top_ids: Vec<Vec<u32>>,
+    /// ...and their probabilities, renormalised over the k.
+    pub top_probs: Vec<Vec<f32>>,
+}
+
+/// The k largest entries of `logits` and their softmax probabilities
+/// renormalised over those k (ties to the lower id).
+pub fn top_k(logits: &[f32], k: usize) -> (Vec<u32>, Vec<f32>) {
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    let k = k.clamp(1, logits.len().max(1));
+    order.select_nth_unstable_by(k - 1, |&a, &b| {
+        logits[b].total_cmp(&logits[a]).then(a.cmp(&b))
+    });
+    order.truncate(k);
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    let max = order.first().map_or(0.0, |&i| logits[i]);
+    let weights: Vec<f64> = order
+        .iter()
+        .map(|&i| f64::from(logits[i] - max).exp())
+        .collect();
+    let sum: f64 = weights.iter().sum();
+    let probs = weights.iter().map(|w| (w / sum) as f32).collect();
+    (order.into_iter().map(|i| i as u32).collect(), probs)
+}
+
+/// The full model's greedy continuation of `prompt` and the top k of each
+/// distribution it chose from.
+fn continue_prompt(
+    session: &Session,
+    prompt: &PreparedPrompt,
+    max_new: usize,
+    k: usize,
+) -> Result<(Vec<u32>, Vec<Vec<u32>>, Vec<Vec<f32>>)> {
+    let layers = session.model.config().num_layers;
+    let config = GenerationConfig {
+        max_new_tokens: max_new,
+        stop_tokens: session.stop_tokens(),
+        ..GenerationConfig::default()
+    };
+    let (mut ids, mut probs) = (vec![], vec![]);
+    let mut failure = None;
+    let out = Generation::new(&session.model, prompt.clone(), Policy::full(layers), config)?.run(
+        |step| match step.logits.to_vec1::<f32>() {
+            Ok(row) => {
+                let (i, p) = top_k(&row, k);
+                ids.push(i);
+                probs.push(p);
+                true
+            }
+            Err(e) => {
+                failure = Some(e);
+                false
+            }
+        },
+    )?;
+    if let Some(e) = failure {
+        return Err(e.into());
+    }
+    Ok((out.tokens, ids, probs))
+}
+
+/// The prompts of the task generators from `settings.prompt_seed` on (one
+/// suite per seed, each shuffled by its seed), without those of `exclude`.
+fn candidate_items(seed: u64, exclude: &HashSet<(Option<String>, String)>) -> Vec<SuiteItem> {
+    let mut items = lcut_engine::suite::generate(seed);
+    let mut rng = SplitMix(seed);
+    for i in (1..items.len()).rev() {
+        items.swap(i, rng.below(i + 1));
+    }
+    items.retain(|it| !exclude.contains(&(it.system.clone(), it.prompt.clone())));
+    items
+}
+
+/// Make the teacher records for `settings`, showing progress on `on_record`.
+pub fn make(
+    session: &Session,
+    settings: &TeacherSettings,
+    exclude: &HashSet<(Option<String>, String)>,
+    mut on_record: impl FnMut(),
+) -> Result<Vec<TeacherRecord>> {
+    let mut out = Vec::with_capacity(settings.prompts);
+    // 64 suites without enough usable prompts: the settings cannot be met
+    for seed in settings.prompt_seed..settings.prompt_seed + 64 {
+        for item in candidate_items(seed, exclude) {
+            if out.len() == settings.prompts {
+                return Ok(out);
+            }
+            let prompt = session.prepare_text(&item.prompt, item.system.as_deref(), true)?;
+            if prompt.ids.len() > settings.max_prompt_tokens {
+                continue;
+            }
+            let (continuation, top_ids, top_probs) =
+                continue_prompt(session, &prompt, settings.max_new_tokens, settings.top_k)?;
+            out.push(TeacherRecord {
+                id: format!("seed{seed}/{}", item.id),
+                system: item.system,
+                prompt: item.prompt,
+                prompt_ids: prompt.ids,
+                continuation,
+                top_ids,
+                top_probs,
+            });
+            on_record();
+        }
+    }
+    if out.len() < settings.prompts {
+        bail!(
+            "only {} prompts of at most {} tokens in 64 generator seeds; ask for fewer",
+            out.len(),
+            settings.max_prompt_tokens
+        );
+    }
+    Ok(out)
+}
+
+/// Read a teacher file made with `settings`; `Ok(None)` when there is none.
+pub fn read(path: &Path, settings: &TeacherSettings) -> Result<Option<Vec<TeacherRecord>>> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut lines = text.lines();
+    let head = lines
+        .next()
+        .with_context(|| format!("teacher file {} is empty", path.display()))?;
+    let made: TeacherSettings = serde_json::from_str(head)
+        .with_context(|| format!("teacher file {} line 1: not its settings", path.display()))?;
+    if &made != settings {
+        bail!(
+            "teacher file {} was made with {}, this run asks for {}: give another --teacher file",
+            path.display(),
+            serde_json::to_string(&made)?,
+            serde_json::to_string(settings)?
+        );
+    }
+    let records = lines
+        .enumerate()
+        .map(|(i, line)| {
+            serde_json::from_str::<TeacherRecord>(line)
+                .with_context(|| format!("teacher file {} line {}", path.display(), i + 2))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if records.len() != settings.prompts {
+        bail!(
+            "teacher file {} has {} records, its settings say {}",
+            path.display(),
+            records.len(),
+            settings.prompts
+        );
+    }
+    Ok(Some(records))
+}
+
+/// Write `records` with their settings as the first line, atomically.
+pub fn write(path: &Path, settings: &TeacherSettings, records: &[TeacherRecord]) -> Result<()> {
+    let mut text = serde_json::to_string(settings)?;
+    text.push('\n');
+    for r in records {
+        text.push_str(&serde_json::to_string(r)?);
+        text.push('\n');
+    }
+    crate::common::write_atomic(path, text.as_bytes())
+}
+
+/// The `(system, prompt)` pairs of the suite at `path` and the hash of its bytes.
+pub fn suite_prompts(path: &Path) -> Result<(HashSet<(Option<String>, String)>, String)> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let items = lcut_engine::suite::read_suite(path)?;
+    let set = items.into_iter().map(|it| (it.system, it.prompt)).collect();
+    Ok((set, lcut_trace::hash_bytes(&bytes)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn top_k_keeps_the_largest_and_renormalises() {
+        let logits = [0.5, 3.0, -1.0, 3.0, 2.0];
+        let (ids, probs) = top_k(&logits, 3);
+        assert_eq!(ids, vec![1, 3, 4]);
+        let e = [1.0f64, 1.0, (-1.0f64).exp()];
+        let sum: f64 = e.iter().sum();
+        for (p, want) in probs.iter().zip(e.iter().map(|x| x / sum)) {
+            assert!((f64::from(*p) - want).abs() < 1e-6, "{probs:?}");
+        }
+        // k beyond the vocabulary keeps everything
+        assert_eq!(top_k(&logits, 9).0.len(), 5);
+    }
+
+    #[test]
+    fn a_teacher_file_made_otherwise_is_refused_by_name() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("teacher.jsonl");
+        let settings = TeacherSettings {
+            base_fingerprint: "1,2".into(),
+            prompt_seed: 101,
+            prompts: 1,
+            max_prompt_tokens: 100,
+            max_new_tokens: 4,
+            top_k: 2,
+            excluded_suite_hash: None,
+        };
+        let record = TeacherRecord {
+            id: "seed101/x".into(),
+            system: None,
+            prompt: "hi".into(),
+            prompt_ids: vec![1, 2],
+            continuation: vec![3],
+            top_ids: vec![vec![3, 4]],
+            top_probs: vec![vec![0.75, 0.25]],
+        };
+        assert!(read(&path, &settings)?.is_none());
+        write(&path, &settings, std::slice::from_ref(&record))?;
+        assert_eq!(read(&path, &settings)?, Some(vec![record]));
+        let other = TeacherSettings {
+            top_k: 8,
+            ..settings
+        };
+        let err = read(&path, &other).unwrap_err().to_string();
+        assert!(
+            err.contains("was made with") && err.contains("teacher.jsonl"),
+            "{err}"
+        );
+        Ok(())
+    }
+}
