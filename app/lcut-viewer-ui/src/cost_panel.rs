@@ -133,6 +133,7 @@ mod tests {
             hidden_size: 4096,
             intermediate_size: 14336,
             vocab_size: 128_256,
+            adapter: None,
         };
         let c = cost_numbers(&model, 24, &CostSettings::default());
         assert!((c.kv_ratio() - 0.75).abs() < 0.01, "{}", c.kv_ratio());

@@ -97,7 +97,7 @@ pub fn on_event(bar: &ProgressBar) -> impl FnMut(&DiagnoseEvent) -> bool + '_ {
 /// Load the session and prompts of a diagnose or sweep run.
 pub fn load_inputs(args: &DiagnoseArgs) -> Result<(Session, Vec<PromptSpec>, Option<String>)> {
     let mut session = open_session(&args.model, args.dtype, args.device)?;
-    args.lora.apply(&mut session.model, &[])?;
+    args.lora.apply_to_session(&mut session, &[])?;
     let (prompts, file) = match (&args.prompt, &args.prompts) {
         (Some(p), _) => (vec![PromptSpec::text("prompt", p)], None),
         (None, Some(f)) => (read_prompt_set(f)?, Some(f.display().to_string())),

@@ -99,9 +99,15 @@ pub fn per_policy_path(out: &Path, policy: &str) -> PathBuf {
 fn run_suite(args: &EvalCommand, path: &Path) -> Result<Vec<SuiteEval>> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let items = suite::read_suite(path)?;
-    let mut session = load_session(&Some(args.base.model.clone()), &args.dtype, "cpu")?;
+    let model = Some(args.base.model.clone());
+    let mut session = load_session(&model, &args.dtype, "cpu")?;
     args.lora
-        .apply(&mut session.model, &split_policies(&args.base.policy))?;
+        .apply_to_session(&mut session, &split_policies(&args.base.policy))?;
+    // an adapted model is compared with the model it was made from
+    let base = match &session.adapter {
+        Some(_) => Some(load_session(&model, &args.dtype, "cpu")?),
+        None => None,
+    };
     let shard = args
         .shard
         .as_deref()
@@ -126,7 +132,7 @@ fn run_suite(args: &EvalCommand, path: &Path) -> Result<Vec<SuiteEval>> {
     // a job array's log is no terminal: one line per item there instead
     let log_lines = !std::io::stderr().is_terminal();
     let mut done = 0;
-    let lists = suite::evaluate_suite(&session, &items, &opts, &mut |rs| {
+    let lists = suite::evaluate_suite(&session, base.as_ref(), &items, &opts, &mut |rs| {
         let marks: String = rs
             .iter()
             .map(|r| if r.correct { '+' } else { '-' })
@@ -150,6 +156,7 @@ fn run_suite(args: &EvalCommand, path: &Path) -> Result<Vec<SuiteEval>> {
             suite_hash: lcut_trace::hash_bytes(&bytes),
             policy,
             dtype: args.dtype.to_ascii_lowercase(),
+            adapter: session.adapter.clone(),
             max_new_tokens: args.max_new_tokens,
             shard: shard.map(|(i, n)| [i, n]),
             seconds: results.iter().map(|r| r.seconds).sum(),

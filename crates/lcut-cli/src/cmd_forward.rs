@@ -57,7 +57,7 @@ pub struct ForwardArgs {
 pub fn run(args: &ForwardArgs) -> Result<()> {
     let mut session = open_session(&args.model, args.dtype, args.device)?;
     args.lora
-        .apply(&mut session.model, &[args.policy.to_string()])?;
+        .apply_to_session(&mut session, &[args.policy.to_string()])?;
     let prompt = match (&args.ids, &args.text) {
         (Some(ids), _) => PreparedPrompt::from_ids(parse_ids(ids)?, args.decode_start)?,
         (None, Some(text)) => {

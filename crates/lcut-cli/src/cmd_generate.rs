@@ -132,7 +132,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         .chain(&args.compare)
         .map(ToString::to_string)
         .collect();
-    args.lora.apply(&mut session.model, &run_policies)?;
+    args.lora.apply_to_session(&mut session, &run_policies)?;
     let prompt = match (&args.ids, &args.prompt) {
         (Some(ids), _) => PreparedPrompt::from_ids(parse_ids(ids)?, args.decode_start)?,
         (None, Some(text)) => session.prepare_text(text, args.system.as_deref(), !args.raw)?,

@@ -6,9 +6,11 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use lcut_engine::Session;
 use lcut_model::Decoder;
 use lcut_model::lora::{LoraAdapter, LoraMode};
 use lcut_policy::PolicySpec;
+use lcut_trace::AdapterIdentity;
 
 /// How `--lora` puts the adapter in.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -34,12 +36,23 @@ pub struct LoraArgs {
 }
 
 impl LoraArgs {
+    /// Put the adapter (if any) into the session's model and record it in
+    /// the session (reports name it), as [`LoraArgs::apply`] does.
+    pub fn apply_to_session(&self, session: &mut Session, policies: &[String]) -> Result<()> {
+        session.adapter = self.apply(&mut session.model, policies)?;
+        Ok(())
+    }
+
     /// Put the adapter (if any) into `model`, say on stderr what it is and
     /// which policy it was trained for, and warn for each of `policies`
-    /// (the run's, as written) that is not that one.
-    pub fn apply(&self, model: &mut Decoder, policies: &[String]) -> Result<()> {
+    /// (the run's, as written) that is not that one. Returns its identity.
+    pub fn apply(
+        &self,
+        model: &mut Decoder,
+        policies: &[String],
+    ) -> Result<Option<AdapterIdentity>> {
         let Some(dir) = &self.lora else {
-            return Ok(());
+            return Ok(None);
         };
         let adapter = LoraAdapter::read(dir)
             .with_context(|| format!("reading LoRA adapter {}", dir.display()))?;
@@ -54,8 +67,29 @@ impl LoraArgs {
         for line in warnings(&adapter, model.config().num_layers, policies) {
             eprintln!("warning: {line}");
         }
-        Ok(())
+        Ok(Some(identity(dir, &adapter, self.lora_mode)?))
     }
+}
+
+/// What a report records of the adapter in `dir`: its files' hash, its
+/// trained-for policy, its rank and how it was put in.
+fn identity(dir: &Path, adapter: &LoraAdapter, mode: LoraModeArg) -> Result<AdapterIdentity> {
+    let mut bytes = Vec::new();
+    for name in ["adapter_config.json", "adapter_model.safetensors"] {
+        let path = dir.join(name);
+        bytes.extend(std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?);
+    }
+    Ok(AdapterIdentity {
+        path: dir.display().to_string(),
+        hash: lcut_trace::hash_bytes(&bytes),
+        policy: adapter.config.policy.clone(),
+        rank: adapter.config.r,
+        mode: match mode {
+            LoraModeArg::Merge => "merge",
+            LoraModeArg::Fly => "fly",
+        }
+        .into(),
+    })
 }
 
 /// One line about the adapter: folder, rank, scale, sites, trained-for policy.

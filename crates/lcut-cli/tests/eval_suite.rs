@@ -1,8 +1,9 @@
 //! `lcut eval --suite` end to end on the bundled model: several policies
 //! in one run, shards (one given as `auto/N` from a job array's variable)
 //! merged by `lcut eval-merge` into exactly the unsharded result, named
-//! errors for bad suite lines and a missing shard index, and the bundled
-//! task evaluation without `--suite` as before.
+//! errors for bad suite lines and a missing shard index, an adapted model
+//! compared with its base (and named in the result and in a diagnose
+//! report), and the bundled task evaluation without `--suite` as before.
 
 #![allow(clippy::unwrap_used)] // test helpers unwrap like the tests do
 
@@ -135,6 +136,100 @@ fn shards_merge_into_the_unsharded_run() {
         &[],
     );
     assert!(!err.status.success());
+}
+
+/// A rank-2 adapter on q and v of the bundled copy model's upper two
+/// layers, nonzero, trained for `speed:2+bos` (written as PEFT lays it out).
+fn write_adapter(dir: &Path) -> String {
+    use candle_core::{Device, Tensor};
+    use lcut_model::lora::{LoraConfig, LoraPair, write_adapter};
+    let mut pairs = std::collections::BTreeMap::new();
+    let fill = |n: usize, k: usize| {
+        let v: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 7919 % 97) as f32 / 97.0 - 0.5) * 0.4)
+            .collect();
+        Tensor::from_vec(v, (n, k), &Device::Cpu).unwrap()
+    };
+    for layer in [2, 3] {
+        for (module, out) in [("self_attn.q_proj", 128), ("self_attn.v_proj", 64)] {
+            let pair = LoraPair {
+                a: fill(2, 128),
+                b: fill(out, 2),
+            };
+            pairs.insert((layer, module.to_string()), pair);
+        }
+    }
+    let mut config = LoraConfig::new(2, 4.0, &["q_proj", "v_proj"]);
+    config.layers = Some(vec![2, 3]);
+    config.policy = Some("speed:2+bos".into());
+    let path = dir.join("adapter");
+    write_adapter(&path, &config, &pairs).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+#[test]
+fn an_adapted_model_is_compared_with_its_base_and_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let suite = write_suite(tmp.path());
+    let adapter = write_adapter(tmp.path());
+    let json = |name: &str| tmp.path().join(name).to_str().unwrap().to_string();
+    let eval = |extra: &[&str], out: &str| {
+        let mut a = vec![
+            "eval",
+            "--model",
+            "fixtures/models/copy-full",
+            "--suite",
+            &suite,
+            "--policy",
+            "full",
+            "--max-new-tokens",
+            "6",
+            "--json",
+            out,
+        ];
+        a.extend_from_slice(extra);
+        ok(&a, &[]);
+        read(Path::new(out))
+    };
+    let plain = eval(&[], &json("plain.json"));
+    let adapted = eval(&["--lora", &adapter], &json("adapted.json"));
+    // without an adapter full depth is its own reference
+    assert_eq!(plain.adapter, None);
+    assert_eq!(plain.scores[0].mean_kl, 0.0);
+    assert_eq!(plain.scores[0].kept_of_full, plain.scores[0].correct);
+    // with one, the reference is the base model: the adapter's change shows
+    let named = adapted.adapter.as_ref().expect("the adapter is named");
+    assert_eq!(named.policy.as_deref(), Some("speed:2+bos"));
+    assert_eq!((named.rank, named.mode.as_str()), (2, "merge"));
+    assert!(adapted.scores[0].mean_kl > 1e-4, "{:?}", adapted.scores[0]);
+    for (a, p) in adapted.items.iter().zip(&plain.items) {
+        assert_eq!(a.full_generation, p.full_generation, "{}", a.id);
+        assert_eq!(a.full_correct, p.full_correct, "{}", a.id);
+    }
+    // a diagnose report names the adapter in the model's identity
+    let out = json("diag");
+    ok(
+        &[
+            "diagnose",
+            "--model",
+            "fixtures/models/copy-full",
+            "--max-new-tokens",
+            "4",
+            "--lora",
+            &adapter,
+            "--out",
+            &out,
+        ],
+        &[],
+    );
+    let report: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(Path::new(&out).join("report.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        report["model"]["adapter"]["hash"].as_str(),
+        Some(named.hash.as_str())
+    );
 }
 
 #[test]

@@ -20,6 +20,9 @@ pub struct Session {
     template: Option<ChatTemplate>,
     folder: PathBuf,
     config_hash: String,
+    /// The LoRA adapter put into `model`, when there is one (reports name it
+    /// in the model's identity).
+    pub adapter: Option<lcut_trace::AdapterIdentity>,
 }
 
 impl Session {
@@ -71,6 +74,7 @@ impl Session {
             template,
             folder: path.to_path_buf(),
             config_hash,
+            adapter: None,
         })
     }
 

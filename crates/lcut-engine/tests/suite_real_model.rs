@@ -29,7 +29,7 @@ fn a_few_suite_items_under_full_and_speed() {
         ..SuiteEvalOptions::default()
     };
     let mut seen = 0;
-    let out = suite::evaluate_suite(&session, &items, &opts, &mut |rs| {
+    let out = suite::evaluate_suite(&session, None, &items, &opts, &mut |rs| {
         assert_eq!(rs.len(), 2);
         seen += 1;
     })

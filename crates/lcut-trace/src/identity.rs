@@ -31,13 +31,35 @@ pub struct ModelIdentity {
     /// Vocabulary size (0 when unknown).
     #[serde(default)]
     pub vocab_size: usize,
+    /// The LoRA adapter put into the model, when there was one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adapter: Option<AdapterIdentity>,
+}
+
+/// A LoRA adapter a run put into its model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AdapterIdentity {
+    /// The adapter folder as given (not compared, like the model's path).
+    pub path: String,
+    /// [`hash_bytes`] of `adapter_config.json` followed by `adapter_model.safetensors`.
+    pub hash: String,
+    /// The policy it was trained for (`lcut_policy`), if recorded.
+    pub policy: Option<String>,
+    /// Its rank r.
+    pub rank: usize,
+    /// How it was put in: `merge` or `fly`.
+    pub mode: String,
 }
 
 impl ModelIdentity {
-    /// True when `other` is the same model: every field equal except `path`.
+    /// True when `other` is the same model: every field equal except the
+    /// model's and the adapter's paths.
     pub fn same_model(&self, other: &Self) -> bool {
         let mut other = other.clone();
         other.path.clone_from(&self.path);
+        if let (Some(mine), Some(theirs)) = (&self.adapter, &mut other.adapter) {
+            theirs.path.clone_from(&mine.path);
+        }
         *self == other
     }
 }
@@ -80,11 +102,52 @@ mod tests {
             hidden_size: 32,
             intermediate_size: 64,
             vocab_size: 100,
+            adapter: None,
         };
         let mut b = a.clone();
         b.path = "/b".into();
         assert!(a.same_model(&b));
         b.num_layers = 3;
         assert!(!a.same_model(&b));
+    }
+
+    #[test]
+    fn an_adapter_makes_another_model_wherever_it_lies() {
+        let adapter = AdapterIdentity {
+            path: "/runs/a".into(),
+            hash: "11".into(),
+            policy: Some("speed:22+bos".into()),
+            rank: 8,
+            mode: "merge".into(),
+        };
+        let base = ModelIdentity {
+            path: "/m".into(),
+            config_hash: "00".into(),
+            arch: "llama".into(),
+            dtype: "f32".into(),
+            num_layers: 2,
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 8,
+            hidden_size: 32,
+            intermediate_size: 64,
+            vocab_size: 100,
+            adapter: Some(adapter.clone()),
+        };
+        let mut moved = base.clone();
+        if let Some(a) = &mut moved.adapter {
+            a.path = "/elsewhere/a".into();
+        }
+        assert!(base.same_model(&moved));
+        let mut other = base.clone();
+        if let Some(a) = &mut other.adapter {
+            a.hash = "22".into();
+        }
+        assert!(!base.same_model(&other));
+        let without = ModelIdentity {
+            adapter: None,
+            ..base.clone()
+        };
+        assert!(!base.same_model(&without));
     }
 }

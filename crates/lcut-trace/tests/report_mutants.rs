@@ -210,6 +210,7 @@ fn report(rng: &mut StdRng) -> Report {
             hidden_size: rng.random::<u64>() as usize,
             intermediate_size: rng.random::<u64>() as usize,
             vocab_size: rng.random::<u64>() as usize,
+            adapter: None,
         },
         settings: RunSettings {
             max_new_tokens: rng.random_range(0..1000),

@@ -158,6 +158,7 @@ pub fn model_identity(session: &Session) -> Result<ModelIdentity> {
         hidden_size: cfg.hidden_size,
         intermediate_size: cfg.intermediate_size,
         vocab_size: cfg.vocab_size,
+        adapter: session.adapter.clone(),
     })
 }
 

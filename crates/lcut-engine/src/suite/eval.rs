@@ -1,7 +1,9 @@
 //! Running a suite under a policy: per item, the full model's greedy
 //! continuation (its rows are the reference), the policy's own greedy
 //! generation (scored against the answer), and the policy teacher-forced
-//! on the full continuation (top-1 agreement, KL, K/V held).
+//! on the full continuation (top-1 agreement, KL, K/V held). With an
+//! adapted model the reference is the base model's full-depth run, so the
+//! scores say what the adapter keeps of the model it was made from.
 
 use std::time::Instant;
 
@@ -48,10 +50,13 @@ pub fn resolve_policy(session: &Session, text: &str) -> Result<Policy> {
 }
 
 /// Run the items of `opts.shard` (all when unsharded) in suite order under
-/// each policy; returns one list of results per policy. `on_item` sees
-/// each item's results (one per policy) as they are made.
+/// each policy of `session`; returns one list of results per policy. The
+/// full-depth reference is `base`'s (the model without an adapter) when
+/// given, else `session`'s own. `on_item` sees each item's results (one
+/// per policy) as they are made.
 pub fn evaluate_suite(
     session: &Session,
+    base: Option<&Session>,
     items: &[SuiteItem],
     opts: &SuiteEvalOptions,
     on_item: &mut dyn FnMut(&[ItemResult]),
@@ -64,7 +69,7 @@ pub fn evaluate_suite(
     let indices = crate::diagnose::shard_indices(items.len(), opts.shard)?;
     let mut out = vec![Vec::with_capacity(indices.len()); policies.len()];
     for index in indices {
-        let results = evaluate_item(session, index, &items[index], &policies, opts)?;
+        let results = evaluate_item((session, base), index, &items[index], &policies, opts)?;
         on_item(&results);
         for (list, r) in out.iter_mut().zip(results) {
             list.push(r);
@@ -120,28 +125,29 @@ struct FullRun {
     text: String,
 }
 
-/// One item: full greedy once, then per policy its own greedy generation
-/// and the policy teacher-forced on the full continuation.
+/// One item: the reference's full greedy run once, then per policy its own
+/// greedy generation and the policy teacher-forced on that continuation.
 fn evaluate_item(
-    session: &Session,
+    (session, base): (&Session, Option<&Session>),
     index: usize,
     item: &SuiteItem,
     policies: &[Policy],
     opts: &SuiteEvalOptions,
 ) -> Result<Vec<ItemResult>> {
     let start = Instant::now();
+    let reference = base.unwrap_or(session);
     let prompt = session.prepare_text(&item.prompt, item.system.as_deref(), true)?;
     let mut rows = Vec::new();
     let layers = session.model.config().num_layers;
     let output = greedy(
-        session,
+        reference,
         &prompt,
         Policy::full(layers),
         opts,
         Some(&mut rows),
     )?;
     let full = FullRun {
-        text: text_of(session, &output.tokens),
+        text: text_of(reference, &output.tokens),
         reference: Tensor::stack(&rows, 0)?,
         output,
     };
@@ -150,7 +156,9 @@ fn evaluate_item(
         .iter()
         .map(|&policy| {
             let start = Instant::now();
-            let mut r = policy_result(session, &prompt, item, policy, &full, opts)?;
+            let own_reference = base.is_none();
+            let mut r =
+                policy_result(session, &prompt, item, (policy, own_reference), &full, opts)?;
             r.index = index;
             r.seconds = shared_s + start.elapsed().as_secs_f64();
             Ok(r)
@@ -158,17 +166,18 @@ fn evaluate_item(
         .collect()
 }
 
-/// One policy on one item, against the full model's run.
+/// One policy on one item, against the full model's run (the session's
+/// own when `own_reference`, so that a full-depth policy is that run).
 fn policy_result(
     session: &Session,
     prompt: &PreparedPrompt,
     item: &SuiteItem,
-    policy: Policy,
+    (policy, own_reference): (Policy, bool),
     full: &FullRun,
     opts: &SuiteEvalOptions,
 ) -> Result<ItemResult> {
     let continuation = &full.output.tokens;
-    let (generation, q) = if policy.is_full_depth() && policy.slim().is_none() {
+    let (generation, q) = if own_reference && policy.is_full_depth() && policy.slim().is_none() {
         let q = ForcedQuality {
             tokens: continuation.len(),
             agree: continuation.len(),

@@ -55,6 +55,10 @@ pub struct GroupScore {
     pub ci95: [f64; 2],
     /// Items the full model answered.
     pub full_correct: usize,
+    /// Items both the full model and the policy answered: what the policy
+    /// keeps of the full model's correct answers.
+    #[serde(default)]
+    pub kept_of_full: usize,
     /// Top-1 agreement with full over the teacher-forced tokens.
     pub top1_agreement: f64,
     /// Mean KL(full || policy) per teacher-forced token, nats.
@@ -101,6 +105,7 @@ pub fn score_group(group: &str, items: &[&ItemResult]) -> GroupScore {
         accuracy: per(correct as f64, n as f64),
         ci95: wilson(correct, n),
         full_correct: items.iter().filter(|r| r.full_correct).count(),
+        kept_of_full: items.iter().filter(|r| r.full_correct && r.correct).count(),
         top1_agreement: per(agree as f64, tokens as f64),
         mean_kl: per(kl, tokens as f64),
         kv_ratio: per(held as f64, full as f64),
@@ -159,6 +164,10 @@ pub struct SuiteEval {
     pub policy: String,
     /// Weights: `f32`, `bf16`, `f16` or `q`.
     pub dtype: String,
+    /// The LoRA adapter the policy ran with; the full-depth reference is
+    /// then the base model without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adapter: Option<lcut_trace::AdapterIdentity>,
     /// Most new tokens per generation.
     pub max_new_tokens: usize,
     /// The shard `[i, n]` run, absent for the whole suite.
@@ -176,8 +185,12 @@ impl SuiteEval {
     /// Human-readable lines: the setting, then one line per group.
     pub fn summary_lines(&self) -> Vec<String> {
         let mut lines = vec![format!(
-            "model={} suite={} policy={} dtype={} items={}/{} seconds={:.1}",
+            "model={}{} suite={} policy={} dtype={} items={}/{} seconds={:.1}",
             self.model,
+            self.adapter.as_ref().map_or_else(String::new, |a| format!(
+                " adapter={} ({}; reference: the base model)",
+                a.path, a.hash
+            )),
             self.suite,
             self.policy,
             self.dtype,
@@ -187,13 +200,15 @@ impl SuiteEval {
         )];
         for g in &self.scores {
             lines.push(format!(
-                "{:<16} n={:<4} accuracy={:.3} [{:.3}, {:.3}] full={:.3} top1_agreement={:.3} mean_kl={:.3} kv_held={:.2}/{:.2}MiB kv_ratio={:.3}",
+                "{:<16} n={:<4} accuracy={:.3} [{:.3}, {:.3}] full={:.3} kept={}/{} top1_agreement={:.3} mean_kl={:.3} kv_held={:.2}/{:.2}MiB kv_ratio={:.3}",
                 g.group,
                 g.n,
                 g.accuracy,
                 g.ci95[0],
                 g.ci95[1],
                 g.full_correct as f64 / g.n.max(1) as f64,
+                g.kept_of_full,
+                g.full_correct,
                 g.top1_agreement,
                 g.mean_kl,
                 g.kv_bytes_held / MIB,
@@ -218,11 +233,12 @@ pub fn merge_evals(parts: &[SuiteEval]) -> Result<SuiteEval> {
             e.policy.clone(),
             e.dtype.clone(),
             e.max_new_tokens,
+            e.adapter.as_ref().map(|a| a.hash.clone()),
         )
     };
     if let Some(other) = parts.iter().find(|p| key(p) != key(first)) {
         return Err(EngineError::Merge(format!(
-            "{} ({}, {}) and {} ({}, {}) differ in suite, policy, dtype or max_new_tokens",
+            "{} ({}, {}) and {} ({}, {}) differ in suite, policy, dtype, adapter or max_new_tokens",
             first.suite, first.policy, first.dtype, other.suite, other.policy, other.dtype
         )));
     }
@@ -312,6 +328,7 @@ mod tests {
             suite_hash: "h".into(),
             policy: "full".into(),
             dtype: "f32".into(),
+            adapter: None,
             max_new_tokens: 8,
             shard,
             seconds: items.iter().map(|r| r.seconds).sum(),
