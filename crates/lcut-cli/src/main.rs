@@ -18,6 +18,8 @@ mod common;
 mod lora_opt;
 mod lora_teacher;
 
+use std::ffi::OsString;
+
 use clap::{Parser, Subcommand};
 
 /// Layer-wise diagnostics and SPEED generation for decoder-only LMs.
@@ -38,10 +40,12 @@ enum Command {
     Report(cmd_report::ReportArgs),
     /// Merge shard runs into the report of the whole prompt set.
     Merge(cmd_report::MergeArgs),
-    /// Train a bundled task model (full depth or SPEED-aware).
+    /// Train a bundled task model (full depth or SPEED-aware); with
+    /// `--lora R`, a LoRA adapter for any model (as `train-lora`).
     Train(lcut_train::TrainArgs),
     /// Train a SPEED-aware LoRA adapter for a model by self-distillation
-    /// (the full model's own greedy continuations as targets).
+    /// (the full model's own continuations and distributions as targets);
+    /// `lcut train --lora R ...` is the same command.
     TrainLora(cmd_train_lora::TrainLoraArgs),
     /// Exact match of a task model under a policy (the last line is
     /// `exact_match=...`), or any model on a task suite (`--suite`).
@@ -74,9 +78,20 @@ fn pin_thread_count() {
     }
 }
 
+/// `lcut train --lora R ...` trains an adapter: the arguments of
+/// `train-lora`. (`train` alone trains a bundled task model from scratch,
+/// whose options — `--layers` as a count among them — differ.)
+fn route_adapter_training(mut args: Vec<OsString>) -> Vec<OsString> {
+    let lora = |a: &OsString| a == "--lora" || a.to_string_lossy().starts_with("--lora=");
+    if args.get(1).is_some_and(|c| c == "train") && args.iter().skip(2).any(lora) {
+        args[1] = "train-lora".into();
+    }
+    args
+}
+
 fn main() -> anyhow::Result<()> {
     pin_thread_count();
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(route_adapter_training(std::env::args_os().collect()));
     match &cli.command {
         Command::Diagnose(a) => cmd_diagnose::run(a),
         Command::Sweep(a) => cmd_sweep::run(a),
@@ -92,5 +107,28 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(a) => cmd_bench::run(a),
         Command::Parity(a) => cmd_parity::run(a),
         Command::Tokenize(a) => cmd_tokenize::run(a),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(line: &str) -> Command {
+        let args = line.split(' ').map(OsString::from).collect();
+        Cli::parse_from(route_adapter_training(args)).command
+    }
+
+    #[test]
+    fn train_with_lora_is_adapter_training() {
+        let c = parse("lcut train --model m.gguf --lora 8 --policy speed:22+bos --out o");
+        assert!(matches!(c, Command::TrainLora(_)), "{c:?}");
+        let c = parse("lcut train --model m.gguf --lora=4 --policy speed:22+bos --out o");
+        assert!(matches!(c, Command::TrainLora(_)), "{c:?}");
+        let c = parse("lcut train --out o --policy speed:2+bos");
+        assert!(matches!(c, Command::Train(_)), "{c:?}");
+        // an option value that happens to read --lora elsewhere is left alone
+        let c = parse("lcut eval --model m --suite s --lora a");
+        assert!(matches!(c, Command::Eval(_)), "{c:?}");
     }
 }
