@@ -88,9 +88,9 @@ mod tests {
         assert_eq!(hash_bytes(b"foobar"), "85944171f73967e8");
     }
 
-    #[test]
-    fn same_model_ignores_only_the_path() {
-        let a = ModelIdentity {
+    /// A small Llama at "/a", with `adapter`.
+    fn identity(adapter: Option<AdapterIdentity>) -> ModelIdentity {
+        ModelIdentity {
             path: "/a".into(),
             config_hash: "00".into(),
             arch: "llama".into(),
@@ -102,8 +102,13 @@ mod tests {
             hidden_size: 32,
             intermediate_size: 64,
             vocab_size: 100,
-            adapter: None,
-        };
+            adapter,
+        }
+    }
+
+    #[test]
+    fn same_model_ignores_only_the_path() {
+        let a = identity(None);
         let mut b = a.clone();
         b.path = "/b".into();
         assert!(a.same_model(&b));
@@ -120,20 +125,7 @@ mod tests {
             rank: 8,
             mode: "merge".into(),
         };
-        let base = ModelIdentity {
-            path: "/m".into(),
-            config_hash: "00".into(),
-            arch: "llama".into(),
-            dtype: "f32".into(),
-            num_layers: 2,
-            num_heads: 4,
-            num_kv_heads: 2,
-            head_dim: 8,
-            hidden_size: 32,
-            intermediate_size: 64,
-            vocab_size: 100,
-            adapter: Some(adapter.clone()),
-        };
+        let base = identity(Some(adapter));
         let mut moved = base.clone();
         if let Some(a) = &mut moved.adapter {
             a.path = "/elsewhere/a".into();

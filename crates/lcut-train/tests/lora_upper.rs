@@ -47,6 +47,21 @@ fn case() -> Result<(UpperModel, TrainSeq, Tensor)> {
     ))
 }
 
+/// 20 steps of one sequence at a constant learning rate.
+fn options(checkpoint_every: usize, kd_weight: f64) -> LoraTrainOptions {
+    LoraTrainOptions {
+        steps: 20,
+        batch: 1,
+        lr: 1e-2,
+        lr_end: 1e-2,
+        weight_decay: 0.0,
+        clip: 1.0,
+        seed: 1,
+        checkpoint_every,
+        kd_weight,
+    }
+}
+
 #[test]
 fn zero_adapter_upper_layers_give_transformers_speed_logits() -> Result<()> {
     let (upper, s, want) = case()?;
@@ -74,17 +89,7 @@ fn training_lowers_the_loss_and_resumes() -> Result<()> {
         8.0,
         3,
     )?;
-    let mut opts = LoraTrainOptions {
-        steps: 20,
-        batch: 1,
-        lr: 1e-2,
-        lr_end: 1e-2,
-        weight_decay: 0.0,
-        clip: 1.0,
-        seed: 1,
-        checkpoint_every: 10,
-        kd_weight: 0.0,
-    };
+    let mut opts = options(10, 0.0);
     let dir = tempfile::tempdir()?;
     let config =
         lcut_model::lora::LoraConfig::new(4, 8.0, &["q_proj", "k_proj", "v_proj", "o_proj"]);
@@ -207,17 +212,7 @@ fn training_with_the_kl_term_ends_nearer_the_teacher() -> Result<()> {
     // the same start trained on cross-entropy alone and with the KL term
     let train = |kd_weight: f64| -> Result<f64> {
         let lora = upper.init_lora(&[4, 5], &sites, 4, 8.0, 3)?;
-        let opts = LoraTrainOptions {
-            steps: 20,
-            batch: 1,
-            lr: 1e-2,
-            lr_end: 1e-2,
-            weight_decay: 0.0,
-            clip: 1.0,
-            seed: 1,
-            checkpoint_every: 0,
-            kd_weight,
-        };
+        let opts = options(0, kd_weight);
         let dir = tempfile::tempdir()?;
         let config = lcut_model::lora::LoraConfig::new(4, 8.0, &sites);
         train_lora(
