@@ -6,6 +6,7 @@
 //! the full model's tokens. Writes the adapter (PEFT layout, with
 //! `lcut_policy`), a resumable checkpoint and `training.json`.
 
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -244,13 +245,46 @@ fn teacher_rows(record: &TeacherRecord, steps: &[usize]) -> Result<TeacherTopK> 
     })
 }
 
-fn bar(len: usize, what: &str) -> ProgressBar {
-    let bar = ProgressBar::new(len as u64);
-    let style = format!("{what} {{bar:30}} {{pos}}/{{len}} {{msg}} [{{elapsed}} < {{eta}}]");
-    if let Ok(s) = ProgressStyle::with_template(&style) {
-        bar.set_style(s);
+/// Progress of one phase: a bar on a terminal; elsewhere (a batch job's
+/// log) a line at every twentieth of the work, so a log shows it too.
+struct Progress {
+    bar: ProgressBar,
+    what: &'static str,
+    len: usize,
+    lines: bool,
+    started: Instant,
+}
+
+impl Progress {
+    fn new(len: usize, what: &'static str) -> Self {
+        let bar = ProgressBar::new(len as u64);
+        let style = format!("{what} {{bar:30}} {{pos}}/{{len}} {{msg}} [{{elapsed}} < {{eta}}]");
+        if let Ok(s) = ProgressStyle::with_template(&style) {
+            bar.set_style(s);
+        }
+        Self {
+            bar,
+            what,
+            len,
+            lines: !std::io::stderr().is_terminal(),
+            started: Instant::now(),
+        }
     }
-    bar
+
+    /// `done` of the work is done; `msg` says how it goes.
+    fn set(&self, done: usize, msg: &str) {
+        self.bar.set_position(done as u64);
+        self.bar.set_message(msg.to_string());
+        let every = (self.len / 20).max(1);
+        if self.lines && (done % every == 0 || done == self.len) {
+            let secs = self.started.elapsed().as_secs_f64();
+            eprintln!("{} {done}/{} {msg} ({secs:.0} s)", self.what, self.len);
+        }
+    }
+
+    fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
 }
 
 /// The teacher's records (read from `--teacher` when it holds them, else
@@ -287,23 +321,27 @@ fn training_data(
             records
         }
         None => {
-            let pb = bar(args.prompts, "teacher");
-            let records = lora_teacher::make(session, &settings, &exclude, || pb.inc(1))?;
-            pb.finish_and_clear();
+            let pb = Progress::new(args.prompts, "teacher");
+            let mut made = 0;
+            let records = lora_teacher::make(session, &settings, &exclude, || {
+                made += 1;
+                pb.set(made, "");
+            })?;
+            pb.finish();
             if let Some(path) = &args.teacher {
                 lora_teacher::write(path, &settings, &records)?;
             }
             records
         }
     };
-    let pb = bar(records.len(), "sequences");
+    let pb = Progress::new(records.len(), "sequences");
     let (mut data, mut tokens) = (vec![], 0);
     for record in &records {
         tokens += record.prompt_ids.len() + record.continuation.len();
         data.push(sequence(session, policy, record, args.kd_weight > 0.0)?);
-        pb.inc(1);
+        pb.set(data.len(), "");
     }
-    pb.finish_and_clear();
+    pb.finish();
     Ok((data, tokens))
 }
 
@@ -357,7 +395,7 @@ pub fn run(args: &TrainLoraArgs) -> Result<()> {
         kd_weight: args.kd_weight,
     };
     let ckpt = args.out.join("checkpoint");
-    let pb = bar(args.steps, "steps");
+    let pb = Progress::new(args.steps, "steps");
     let state = train_lora(
         &upper,
         &lora,
@@ -365,11 +403,10 @@ pub fn run(args: &TrainLoraArgs) -> Result<()> {
         &opts,
         (&ckpt, &config),
         |step, loss| {
-            pb.set_position(step as u64);
-            pb.set_message(format!("loss {loss:.3}"));
+            pb.set(step, &format!("loss {loss:.3}"));
         },
     )?;
-    pb.finish_and_clear();
+    pb.finish();
     write_adapter(&args.out, &config, &lora.pairs())?;
     let record = json!({
         "command": std::env::args().collect::<Vec<_>>().join(" "),
