@@ -276,7 +276,7 @@ impl Progress {
         self.bar.set_position(done as u64);
         self.bar.set_message(msg.to_string());
         let every = (self.len / 20).max(1);
-        if self.lines && (done % every == 0 || done == self.len) {
+        if self.lines && (done.is_multiple_of(every) || done == self.len) {
             let secs = self.started.elapsed().as_secs_f64();
             eprintln!("{} {done}/{} {msg} ({secs:.0} s)", self.what, self.len);
         }

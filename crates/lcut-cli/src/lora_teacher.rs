@@ -74,6 +74,17 @@ pub fn top_k(logits: &[f32], k: usize) -> (Vec<u32>, Vec<f32>) {
     (order.into_iter().map(|i| i as u32).collect(), probs)
 }
 
+/// A prompt set's `(system, prompt)` pairs.
+pub type PromptSet = HashSet<(Option<String>, String)>;
+
+/// A greedy continuation and, per token, the top k ids and probabilities
+/// of the distribution it was chosen from.
+struct Continuation {
+    tokens: Vec<u32>,
+    top_ids: Vec<Vec<u32>>,
+    top_probs: Vec<Vec<f32>>,
+}
+
 /// The full model's greedy continuation of `prompt` and the top k of each
 /// distribution it chose from.
 fn continue_prompt(
@@ -81,7 +92,7 @@ fn continue_prompt(
     prompt: &PreparedPrompt,
     max_new: usize,
     k: usize,
-) -> Result<(Vec<u32>, Vec<Vec<u32>>, Vec<Vec<f32>>)> {
+) -> Result<Continuation> {
     let layers = session.model.config().num_layers;
     let config = GenerationConfig {
         max_new_tokens: max_new,
@@ -107,12 +118,16 @@ fn continue_prompt(
     if let Some(e) = failure {
         return Err(e.into());
     }
-    Ok((out.tokens, ids, probs))
+    Ok(Continuation {
+        tokens: out.tokens,
+        top_ids: ids,
+        top_probs: probs,
+    })
 }
 
 /// The prompts of the task generators from `settings.prompt_seed` on (one
 /// suite per seed, each shuffled by its seed), without those of `exclude`.
-fn candidate_items(seed: u64, exclude: &HashSet<(Option<String>, String)>) -> Vec<SuiteItem> {
+fn candidate_items(seed: u64, exclude: &PromptSet) -> Vec<SuiteItem> {
     let mut items = lcut_engine::suite::generate(seed);
     let mut rng = SplitMix(seed);
     for i in (1..items.len()).rev() {
@@ -126,7 +141,7 @@ fn candidate_items(seed: u64, exclude: &HashSet<(Option<String>, String)>) -> Ve
 pub fn make(
     session: &Session,
     settings: &TeacherSettings,
-    exclude: &HashSet<(Option<String>, String)>,
+    exclude: &PromptSet,
     mut on_record: impl FnMut(),
 ) -> Result<Vec<TeacherRecord>> {
     let mut out = Vec::with_capacity(settings.prompts);
@@ -140,16 +155,15 @@ pub fn make(
             if prompt.ids.len() > settings.max_prompt_tokens {
                 continue;
             }
-            let (continuation, top_ids, top_probs) =
-                continue_prompt(session, &prompt, settings.max_new_tokens, settings.top_k)?;
+            let c = continue_prompt(session, &prompt, settings.max_new_tokens, settings.top_k)?;
             out.push(TeacherRecord {
                 id: format!("seed{seed}/{}", item.id),
                 system: item.system,
                 prompt: item.prompt,
                 prompt_ids: prompt.ids,
-                continuation,
-                top_ids,
-                top_probs,
+                continuation: c.tokens,
+                top_ids: c.top_ids,
+                top_probs: c.top_probs,
             });
             on_record();
         }
@@ -215,7 +229,7 @@ pub fn write(path: &Path, settings: &TeacherSettings, records: &[TeacherRecord])
 }
 
 /// The `(system, prompt)` pairs of the suite at `path` and the hash of its bytes.
-pub fn suite_prompts(path: &Path) -> Result<(HashSet<(Option<String>, String)>, String)> {
+pub fn suite_prompts(path: &Path) -> Result<(PromptSet, String)> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let items = lcut_engine::suite::read_suite(path)?;
     let set = items.into_iter().map(|it| (it.system, it.prompt)).collect();
