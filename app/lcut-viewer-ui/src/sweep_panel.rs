@@ -4,7 +4,7 @@
 
 use egui::{ScrollArea, Ui};
 use egui_plot::{Legend, Line, MarkerShape, Plot, PlotPoints, PlotUi, Points};
-use lcut_trace::Sweep;
+use lcut_trace::{Sweep, SweepPoint};
 
 pub use crate::settings::SweepAxis;
 use crate::theme::{CHOSEN, KNEE, SERIES, chosen_label};
@@ -49,14 +49,14 @@ fn show_header(ui: &mut Ui, sweep: &Sweep, axis: &mut SweepAxis) {
 
 /// One line with dots per anchor setting, ordered by cost.
 fn anchor_lines(pui: &mut PlotUi<'_>, sweep: &Sweep, axis: SweepAxis) {
-    let mut anchor_sets: Vec<&str> = sweep.points.iter().map(|p| p.anchors.as_str()).collect();
+    let mut anchor_sets: Vec<String> = sweep.points.iter().map(SweepPoint::anchors_label).collect();
     anchor_sets.sort_unstable();
     anchor_sets.dedup();
     for (i, a) in anchor_sets.iter().enumerate() {
         let mut pts: Vec<[f64; 2]> = sweep
             .points
             .iter()
-            .filter(|p| p.anchors == *a)
+            .filter(|p| p.anchors_label() == *a)
             .map(|p| [axis.x(p), f64::from(p.top1_agreement)])
             .collect();
         pts.sort_by(|x, y| x[0].total_cmp(&y[0]));
@@ -76,7 +76,7 @@ fn marks(pui: &mut PlotUi<'_>, sweep: &Sweep, axis: SweepAxis, chosen: usize) {
         let pts: Vec<[f64; 2]> = sweep
             .points
             .iter()
-            .filter(|p| p.l_cut == c)
+            .filter(|p| p.l_cut() == Some(c))
             .map(|p| [axis.x(p), f64::from(p.top1_agreement)])
             .collect();
         PlotPoints::new(pts)
@@ -120,13 +120,15 @@ fn show_table(ui: &mut Ui, sweep: &Sweep, l_cut: &mut usize) {
                     }
                     ui.end_row();
                     for p in &sweep.points {
+                        let cut = p.l_cut();
                         if ui
-                            .selectable_label(p.l_cut == *l_cut, p.l_cut.to_string())
+                            .selectable_label(cut == Some(*l_cut), p.cut_label())
                             .clicked()
+                            && let Some(c) = cut
                         {
-                            *l_cut = p.l_cut;
+                            *l_cut = c;
                         }
-                        ui.label(&p.anchors);
+                        ui.label(p.anchors_label());
                         ui.label(format!("{:.3}", p.top1_agreement));
                         ui.label(format!("{:.4}", p.mean_kl));
                         ui.label(format!("{:.3}", p.nll));

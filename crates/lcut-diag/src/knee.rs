@@ -6,15 +6,17 @@
 //! cut have top-1 agreement `>= reference - agreement_drop_max`: the cheapest
 //! cut from which quality stays within the allowed drop.
 
+use lcut_policy::Anchors;
 use lcut_trace::{Sweep, SweepPoint, Thresholds};
 
-/// The knee over the points with `anchors` (see the module doc); `None` when
-/// there are no such points with a finite agreement.
-pub fn knee(points: &[SweepPoint], anchors: &str, agreement_drop_max: f32) -> Option<usize> {
+/// The knee over the cutoff points (SPEED or SelfOnly at a layer count)
+/// with `anchors` (see the module doc); `None` when there are no such points
+/// with a finite agreement.
+pub fn knee(points: &[SweepPoint], anchors: Anchors, agreement_drop_max: f32) -> Option<usize> {
     let mut pts: Vec<(usize, f32)> = points
         .iter()
-        .filter(|p| p.anchors == anchors && p.top1_agreement.is_finite())
-        .map(|p| (p.l_cut, p.top1_agreement))
+        .filter(|p| p.anchors() == anchors && p.top1_agreement.is_finite())
+        .filter_map(|p| Some((p.l_cut()?, p.top1_agreement)))
         .collect();
     pts.sort_by_key(|p| std::cmp::Reverse(p.0));
     let reference = pts.first()?.1;
@@ -28,10 +30,10 @@ pub fn knee(points: &[SweepPoint], anchors: &str, agreement_drop_max: f32) -> Op
 /// A [`Sweep`] with its knee: computed on the `"bos"` points when there are any,
 /// otherwise on the `"none"` points.
 pub fn finish_sweep(context_len: usize, points: Vec<SweepPoint>, th: &Thresholds) -> Sweep {
-    let anchors = if points.iter().any(|p| p.anchors == "bos") {
-        "bos"
+    let anchors = if points.iter().any(SweepPoint::keeps_bos) {
+        Anchors::Bos
     } else {
-        "none"
+        Anchors::None
     };
     let knee = knee(&points, anchors, th.agreement_drop_max);
     Sweep {
@@ -46,11 +48,11 @@ pub fn finish_sweep(context_len: usize, points: Vec<SweepPoint>, th: &Thresholds
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lcut_trace::speed_policy;
 
-    fn point(l_cut: usize, anchors: &str, top1: f32) -> SweepPoint {
+    fn point(l_cut: usize, anchors: Anchors, top1: f32) -> SweepPoint {
         SweepPoint {
-            l_cut,
-            anchors: anchors.into(),
+            policy: speed_policy(l_cut, anchors),
             top1_agreement: top1,
             mean_kl: 0.0,
             nll: 0.0,
@@ -72,26 +74,29 @@ mod tests {
             (8, 1.0),
         ]
         .iter()
-        .map(|&(c, a)| point(c, "bos", a))
+        .map(|&(c, a)| point(c, Anchors::Bos, a))
         .collect();
         // 5 dips below 0.98, so 4 (good on its own) does not count.
-        assert_eq!(knee(&pts, "bos", 0.02), Some(6));
-        assert_eq!(knee(&pts, "bos", 0.11), Some(4));
-        assert_eq!(knee(&pts, "bos", 0.0), Some(8));
-        assert_eq!(knee(&pts, "none", 0.02), None);
+        assert_eq!(knee(&pts, Anchors::Bos, 0.02), Some(6));
+        assert_eq!(knee(&pts, Anchors::Bos, 0.11), Some(4));
+        assert_eq!(knee(&pts, Anchors::Bos, 0.0), Some(8));
+        assert_eq!(knee(&pts, Anchors::None, 0.02), None);
     }
 
     #[test]
     fn finish_sweep_prefers_bos_points() {
         let pts = vec![
-            point(2, "none", 1.0),
-            point(4, "none", 1.0),
-            point(2, "bos", 0.1),
-            point(4, "bos", 1.0),
+            point(2, Anchors::None, 1.0),
+            point(4, Anchors::None, 1.0),
+            point(2, Anchors::Bos, 0.1),
+            point(4, Anchors::Bos, 1.0),
         ];
         let s = finish_sweep(1024, pts.clone(), &Thresholds::default());
         assert_eq!(s.knee, Some(4));
-        let only_none: Vec<_> = pts.into_iter().filter(|p| p.anchors == "none").collect();
+        let only_none: Vec<_> = pts
+            .into_iter()
+            .filter(|p| p.anchors() == Anchors::None)
+            .collect();
         assert_eq!(
             finish_sweep(1024, only_none, &Thresholds::default()).knee,
             Some(2)

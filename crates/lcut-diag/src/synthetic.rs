@@ -2,9 +2,10 @@
 //! mass falling with depth, entropy rising, curvature settling. For tests, docs
 //! and the viewer's demo mode; not measurements of any model.
 
+use lcut_policy::Anchors;
 use lcut_trace::{
     ModelIdentity, PromptTrace, Report, RunSettings, SweepPoint, Thresholds, TraceHeader, bin_sums,
-    hash_bytes,
+    hash_bytes, speed_policy,
 };
 
 use crate::error::DiagError;
@@ -139,19 +140,18 @@ pub fn synthetic_report(
         let b = 2 * model.num_kv_heads * model.head_dim * 4;
         let full_flops = prefill_flops(&shape, num_layers, PromptSplit::raw(context_len, 1));
         let full_kv = (b * num_layers * context_len) as u64;
-        let points = ["bos", "none"]
+        let points = [Anchors::Bos, Anchors::None]
             .into_iter()
             .flat_map(|anchors| (1..=num_layers).map(move |c| (anchors, c)))
             .map(|(anchors, c)| {
-                let a = usize::from(anchors == "bos");
+                let a = usize::from(anchors == Anchors::Bos);
                 let split = PromptSplit::raw(context_len, a);
                 let x = c as f32 / num_layers as f32;
                 let loss = if a == 1 { 0.6 } else { 0.8 };
                 let kv = (b * (c * split.prefill + num_layers * (a + split.decode))) as u64;
                 let flops = prefill_flops(&shape, c, split);
                 SweepPoint {
-                    l_cut: c,
-                    anchors: anchors.into(),
+                    policy: speed_policy(c, anchors),
                     top1_agreement: 1.0 - loss * (1.0 - x).powi(2),
                     mean_kl: 2.0 * (1.0 - x).powi(2),
                     nll: 1.5 + (1.0 - x),

@@ -275,7 +275,7 @@ fn the_sweep_at_full_depth_agrees_with_the_full_model() -> Result<()> {
         result
             .points
             .iter()
-            .find(|p| p.l_cut == c && p.anchors == "bos")
+            .find(|p| p.policy.to_string() == format!("speed:{c}+bos"))
             .context("sweep point")
     };
     let (full, shallow) = (at(6)?, at(2)?);

@@ -1,6 +1,6 @@
 //! The report's figures, each one self-contained `<svg>`.
 
-use lcut_trace::{Indexing, MetricAxis, PromptTrace, Report, Sweep};
+use lcut_trace::{Indexing, MetricAxis, PromptTrace, Report, Sweep, SweepPoint};
 use ndarray::{Array2, ArrayView2, Axis, s};
 
 use crate::heatmap::Heatmap;
@@ -249,14 +249,18 @@ fn metric_charts(r: &Report) -> Vec<(LineChart, &'static str)> {
 }
 
 fn sweep_curve(r: &Report, sweep: &Sweep) -> Figure {
-    let mut anchors: Vec<&str> = sweep.points.iter().map(|p| p.anchors.as_str()).collect();
+    let mut anchors: Vec<String> = sweep.points.iter().map(SweepPoint::anchors_label).collect();
     anchors.sort_unstable();
     anchors.dedup();
     let lines = anchors
         .iter()
         .map(|a| {
-            let mut pts: Vec<_> = sweep.points.iter().filter(|p| p.anchors == *a).collect();
-            pts.sort_by_key(|p| p.l_cut);
+            let mut pts: Vec<_> = sweep
+                .points
+                .iter()
+                .filter(|p| p.anchors_label() == *a)
+                .collect();
+            pts.sort_by_key(|p| p.l_cut());
             Line {
                 name: format!("anchors: {a}"),
                 points: pts
@@ -273,7 +277,7 @@ fn sweep_curve(r: &Report, sweep: &Sweep) -> Figure {
             (
                 f64::from(p.kv_ratio),
                 f64::from(p.top1_agreement),
-                p.l_cut.to_string(),
+                p.cut_label(),
             )
         })
         .collect();
@@ -281,8 +285,8 @@ fn sweep_curve(r: &Report, sweep: &Sweep) -> Figure {
         let p = sweep
             .points
             .iter()
-            .find(|p| p.l_cut == cut && p.anchors == "bos");
-        let p = p.or_else(|| sweep.points.iter().find(|p| p.l_cut == cut))?;
+            .find(|p| p.l_cut() == Some(cut) && p.keeps_bos());
+        let p = p.or_else(|| sweep.points.iter().find(|p| p.l_cut() == Some(cut)))?;
         Some((f64::from(p.kv_ratio), format!("{what} {cut}")))
     };
     let vlines = [

@@ -107,7 +107,7 @@ pub fn layer_table(r: &Report) -> Table {
 /// The sweep's points, sorted by anchors and cut.
 pub fn sweep_table(s: &Sweep) -> Table {
     let mut pts: Vec<_> = s.points.iter().collect();
-    pts.sort_by(|a, b| (&a.anchors, a.l_cut).cmp(&(&b.anchors, b.l_cut)));
+    pts.sort_by_cached_key(|p| (p.anchors_label(), p.l_cut()));
     Table {
         headers: strings([
             "anchors",
@@ -123,8 +123,8 @@ pub fn sweep_table(s: &Sweep) -> Table {
             .iter()
             .map(|p| {
                 vec![
-                    p.anchors.clone(),
-                    p.l_cut.to_string(),
+                    p.anchors_label(),
+                    p.cut_label(),
                     num(p.top1_agreement, 4),
                     num(p.mean_kl, 4),
                     num(p.nll, 4),

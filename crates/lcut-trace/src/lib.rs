@@ -25,6 +25,7 @@ mod metrics;
 mod report;
 mod settings;
 mod size;
+mod sweep_point;
 mod tensor;
 mod trace;
 
@@ -37,11 +38,11 @@ pub use io::{
 };
 pub use metrics::{Indexing, LAYER_METRICS, LayerMetric, MetricAxis};
 pub use report::{
-    CutoffAccuracy, LayerCurves, PolicyPoint, Recommendation, Report, SCHEMA_VERSION, Sweep,
-    SweepPoint, Votes,
+    CutoffAccuracy, LayerCurves, PolicyPoint, Recommendation, Report, SCHEMA_VERSION, Sweep, Votes,
 };
 pub use settings::{RunSettings, Thresholds};
 pub use size::trace_size_bound;
+pub use sweep_point::{SweepPoint, anchors_label, speed_policy};
 pub use tensor::{Tensor2, Tensor3};
 pub use trace::{PromptTrace, TraceHeader, normalised_entropy};
 

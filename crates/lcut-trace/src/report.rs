@@ -8,6 +8,7 @@ use crate::floats::Series;
 use crate::identity::ModelIdentity;
 use crate::metrics::LAYER_METRICS;
 use crate::settings::RunSettings;
+use crate::sweep_point::SweepPoint;
 use crate::tensor::Tensor2;
 use crate::trace::PromptTrace;
 
@@ -83,34 +84,6 @@ pub struct Recommendation {
     pub tail_mass_dropped: f32,
     /// Plain-words explanation: each vote, the thresholds, and the rule.
     pub explanation: String,
-}
-
-/// One point of the empirical sweep: SPEED at `l_cut` against the full model.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SweepPoint {
-    /// The cutoff.
-    pub l_cut: usize,
-    /// Anchors kept: `"bos"` or `"none"`.
-    pub anchors: String,
-    /// Teacher-forced top-1 agreement with the full model's greedy tokens.
-    #[serde(with = "crate::floats::scalar")]
-    pub top1_agreement: f32,
-    /// Mean KL(full ‖ SPEED) of the next-token distributions, nats.
-    #[serde(with = "crate::floats::scalar")]
-    pub mean_kl: f32,
-    /// Mean negative log-likelihood of the full model's continuation, nats/token.
-    #[serde(with = "crate::floats::scalar")]
-    pub nll: f32,
-    /// KV bytes at the sweep's context length.
-    pub kv_bytes: u64,
-    /// `kv_bytes` over the full model's.
-    #[serde(with = "crate::floats::scalar")]
-    pub kv_ratio: f32,
-    /// Prefill FLOPs at the sweep's context length.
-    pub prefill_flops: f64,
-    /// `prefill_flops` over the full model's.
-    #[serde(with = "crate::floats::scalar")]
-    pub prefill_ratio: f32,
 }
 
 /// The empirical sweep over cutoffs.

@@ -9,6 +9,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use lcut_policy::Anchors;
 use lcut_testkit::alloc::{LargestAlloc, largest_allocation};
 use lcut_testkit::rand::rngs::StdRng;
 use lcut_testkit::rand::{Rng, SeedableRng};
@@ -16,7 +17,7 @@ use lcut_testkit::{MutantRun, json_mutants, mutant_count};
 use lcut_trace::{
     CutoffAccuracy, LayerCurves, ModelIdentity, PolicyPoint, PromptTrace, Recommendation, Report,
     RunSettings, SCHEMA_VERSION, Series, Sweep, SweepPoint, Tensor2, Tensor3, Thresholds,
-    TraceError, TraceHeader, read_json, read_report_json, write_report_json,
+    TraceError, TraceHeader, read_json, read_report_json, speed_policy, write_report_json,
 };
 
 #[global_allocator]
@@ -156,8 +157,7 @@ fn report(rng: &mut StdRng) -> Report {
         context_len: rng.random_range(0..100_000),
         points: (1..=l)
             .map(|c| SweepPoint {
-                l_cut: c,
-                anchors: ["bos", "none"][rng.random_range(0..2)].into(),
+                policy: speed_policy(c, [Anchors::Bos, Anchors::None][rng.random_range(0..2)]),
                 top1_agreement: float(rng),
                 mean_kl: float(rng),
                 nll: float(rng),

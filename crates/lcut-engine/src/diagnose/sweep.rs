@@ -166,8 +166,7 @@ fn speed_point(
     let flops_full = prefill_flops(shape, layers, split);
     let n = t.tokens.max(1) as f64;
     SweepPoint {
-        l_cut: policy.l_cut(),
-        anchors: if anchors == 0 { "none" } else { "bos" }.to_string(),
+        policy: policy.spec(),
         top1_agreement: (t.agree / n) as f32,
         mean_kl: (t.kl / n) as f32,
         nll: (t.nll / n) as f32,
