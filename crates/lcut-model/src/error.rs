@@ -227,6 +227,9 @@ pub enum ModelError {
     /// Token phases that do not fit the prompt.
     #[error(transparent)]
     Phase(#[from] lcut_policy::PhaseError),
+    /// A Llama shape with a field out of range.
+    #[error(transparent)]
+    Shape(#[from] crate::shape::ShapeError),
     /// An error from the tensor backend.
     #[error("tensor backend: {0}")]
     Candle(#[from] candle_core::Error),

@@ -16,6 +16,7 @@ pub mod probe;
 pub mod probes;
 pub mod qdot;
 mod rope;
+pub mod shape;
 pub mod slim;
 mod weights;
 
@@ -30,6 +31,7 @@ pub use linear::{Embedding, Linear};
 pub use mask::{PartialMask, additive_mask, exact_additive_mask};
 pub use probe::{AttentionView, Probe, ResidualSite};
 pub use rope::{Rope, inverse_frequencies};
+pub use shape::{LlamaShape, ShapeError, SpecialTokens};
 pub use weights::{WeightFiles, WeightSource};
 
 pub use candle_core::{DType, Device, Tensor};
