@@ -15,7 +15,9 @@ use lcut_diag::{
 use lcut_engine::{Generation, GenerationConfig, GenerationOutput, PreparedPrompt};
 use lcut_model::gguf::is_gguf_path;
 use lcut_model::probes::PhaseMassProbe;
-use lcut_model::{Decoder, LogitRows, WeightMode, argmax_rows, default_attention_block_elems};
+use lcut_model::{
+    Decoder, LlamaShape, LogitRows, WeightMode, argmax_rows, default_attention_block_elems,
+};
 use lcut_policy::{Policy, PolicySpec, TokenPhases};
 use lcut_testkit::synth::RandomLlama;
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -136,13 +138,17 @@ fn random_prompt(len: usize, vocab: usize, bos: u32, seed: u64) -> Vec<u32> {
 /// The random-weight model of the shape in the arguments.
 fn random_shape(args: &BenchArgs) -> RandomLlama {
     RandomLlama {
-        vocab_size: args.vocab,
-        hidden_size: args.hidden,
-        intermediate_size: args.intermediate,
-        num_layers: args.layers,
-        num_heads: args.heads,
-        num_kv_heads: args.kv_heads,
-        max_position_embeddings: 1 << 18,
+        shape: LlamaShape {
+            vocab_size: args.vocab,
+            hidden_size: args.hidden,
+            intermediate_size: args.intermediate,
+            num_layers: args.layers,
+            num_heads: args.heads,
+            num_kv_heads: args.kv_heads,
+            rope_theta: 10000.0,
+            rms_norm_eps: 1e-5,
+            max_position_embeddings: 1 << 18,
+        },
         seed: 7,
     }
 }

@@ -9,7 +9,7 @@ use lcut_engine::diagnose::{
     DiagnoseEvent, DiagnoseOptions, DiagnosticProbe, LabelledPrompt, SweepOptions,
     diagnose_prepared, shard_indices, sweep,
 };
-use lcut_model::{DType, Decoder, Device, LogitRows};
+use lcut_model::{DType, Decoder, Device, LlamaShape, LogitRows};
 use lcut_policy::TokenPhases;
 use lcut_testkit::synth::RandomLlama;
 use lcut_trace::Thresholds;
@@ -186,13 +186,17 @@ fn cancelling_stops_a_run() -> Result<()> {
 fn long_prompt_run() -> Result<(tempfile::TempDir, Session, Vec<LabelledPrompt>)> {
     let dir = tempfile::tempdir()?;
     RandomLlama {
-        vocab_size: 512,
-        hidden_size: 64,
-        intermediate_size: 128,
-        num_layers: 4,
-        num_heads: 4,
-        num_kv_heads: 2,
-        max_position_embeddings: 8192,
+        shape: LlamaShape {
+            vocab_size: 512,
+            hidden_size: 64,
+            intermediate_size: 128,
+            num_layers: 4,
+            num_heads: 4,
+            num_kv_heads: 2,
+            rope_theta: 10000.0,
+            rms_norm_eps: 1e-5,
+            max_position_embeddings: 8192,
+        },
         seed: 5,
     }
     .write(dir.path())?;

@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::{Context, Result, ensure};
 use lcut_engine::{Generation, GenerationConfig, PreparedPrompt, Session};
 use lcut_model::probes::StatePositionsProbe;
-use lcut_model::{DType, Decoder, Device};
+use lcut_model::{DType, Decoder, Device, LlamaShape};
 use lcut_policy::{Anchors, Phase, Policy, PolicyKind, PolicySpec};
 use lcut_testkit::synth::RandomLlama;
 
@@ -57,13 +57,17 @@ fn speed_at_full_depth_equals_full_bit_for_bit() -> Result<()> {
 
 fn small_random_model(dir: &Path, layers: usize) -> Result<Decoder> {
     RandomLlama {
-        vocab_size: 256,
-        hidden_size: 64,
-        intermediate_size: 128,
-        num_layers: layers,
-        num_heads: 4,
-        num_kv_heads: 2,
-        max_position_embeddings: 4096,
+        shape: LlamaShape {
+            vocab_size: 256,
+            hidden_size: 64,
+            intermediate_size: 128,
+            num_layers: layers,
+            num_heads: 4,
+            num_kv_heads: 2,
+            rope_theta: 10000.0,
+            rms_norm_eps: 1e-5,
+            max_position_embeddings: 4096,
+        },
         seed: 3,
     }
     .write(dir)?;

@@ -3,7 +3,7 @@
 //! 8B shape at 128k tokens needs what the formulas say.
 
 use lcut_model::memory::{estimate, parameter_count};
-use lcut_model::{DType, Device, ModelConfig};
+use lcut_model::{DType, Device, LlamaShape, ModelConfig};
 use lcut_testkit::synth::RandomLlama;
 
 fn config_of(shape: &RandomLlama) -> anyhow::Result<ModelConfig> {
@@ -13,13 +13,17 @@ fn config_of(shape: &RandomLlama) -> anyhow::Result<ModelConfig> {
 #[test]
 fn parameter_count_is_the_number_of_weights_written() -> anyhow::Result<()> {
     let shape = RandomLlama {
-        vocab_size: 100,
-        hidden_size: 32,
-        intermediate_size: 48,
-        num_layers: 3,
-        num_heads: 4,
-        num_kv_heads: 2,
-        max_position_embeddings: 64,
+        shape: LlamaShape {
+            vocab_size: 100,
+            hidden_size: 32,
+            intermediate_size: 48,
+            num_layers: 3,
+            num_heads: 4,
+            num_kv_heads: 2,
+            rope_theta: 10000.0,
+            rms_norm_eps: 1e-5,
+            max_position_embeddings: 64,
+        },
         seed: 0,
     };
     let dir = tempfile::tempdir().unwrap();
@@ -34,13 +38,17 @@ fn parameter_count_is_the_number_of_weights_written() -> anyhow::Result<()> {
 #[test]
 fn an_8b_shape_at_128k_needs_what_the_formulas_say() -> anyhow::Result<()> {
     let shape = RandomLlama {
-        vocab_size: 128_256,
-        hidden_size: 4096,
-        intermediate_size: 14_336,
-        num_layers: 32,
-        num_heads: 32,
-        num_kv_heads: 8,
-        max_position_embeddings: 1 << 18,
+        shape: LlamaShape {
+            vocab_size: 128_256,
+            hidden_size: 4096,
+            intermediate_size: 14_336,
+            num_layers: 32,
+            num_heads: 32,
+            num_kv_heads: 8,
+            rope_theta: 10000.0,
+            rms_norm_eps: 1e-5,
+            max_position_embeddings: 1 << 18,
+        },
         seed: 0,
     };
     let cfg = config_of(&shape)?;
