@@ -55,3 +55,15 @@ pub enum TrainError {
 
 /// Result with [`TrainError`].
 pub type Result<T> = std::result::Result<T, TrainError>;
+
+impl From<lcut_model::ShapeError> for TrainError {
+    /// A bad field of a model shape, named in the reason.
+    fn from(e: lcut_model::ShapeError) -> Self {
+        TrainError::Shape {
+            reason: format!(
+                "field `{}`: expected {}, found {}",
+                e.field, e.expected, e.found
+            ),
+        }
+    }
+}

@@ -14,136 +14,22 @@ use candle_core::{D, DType, Device, Tensor, Var};
 use candle_nn::VarMap;
 use lcut_policy::{Policy, TokenPhases};
 use rand::{Rng, SeedableRng, rngs::StdRng};
-use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::error::{Result, TrainError};
 use crate::vocab::{self, id};
 
-/// The shape of a Llama-architecture model.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct ModelShape {
-    /// Vocabulary size.
-    pub vocab_size: usize,
-    /// Residual width.
-    pub hidden_size: usize,
-    /// MLP inner width.
-    pub intermediate_size: usize,
-    /// Decoder layers.
-    pub num_layers: usize,
-    /// Query heads.
-    pub num_heads: usize,
-    /// Key/value heads (divides `num_heads`).
-    pub num_kv_heads: usize,
-    /// RoPE base.
-    pub rope_theta: f64,
-    /// RMSNorm epsilon.
-    pub rms_norm_eps: f64,
-    /// Longest sequence the saved config allows.
-    pub max_position_embeddings: usize,
-}
+/// The shape of a bundled task model: lcut-model's one description of a
+/// Llama shape (the same serialised form training files have always held).
+pub type ModelShape = lcut_model::LlamaShape;
 
-impl ModelShape {
-    /// Width of one head.
-    pub fn head_dim(&self) -> usize {
-        self.hidden_size / self.num_heads
-    }
-
-    /// Check divisibility and non-zero sizes.
-    pub fn validate(&self) -> Result<()> {
-        let ok = self.vocab_size > 0
-            && self.num_layers > 0
-            && self.num_heads > 0
-            && self.num_kv_heads > 0
-            && self.intermediate_size > 0
-            && self.hidden_size.is_multiple_of(self.num_heads)
-            && self.num_heads.is_multiple_of(self.num_kv_heads)
-            && self.head_dim().is_multiple_of(2);
-        if ok {
-            Ok(())
-        } else {
-            Err(TrainError::Shape {
-                reason: format!(
-                    "hidden {} / heads {} / kv heads {} / layers {} / intermediate {}: \
-                     expected non-zero sizes, heads dividing hidden into an even head \
-                     width, and kv heads dividing heads",
-                    self.hidden_size,
-                    self.num_heads,
-                    self.num_kv_heads,
-                    self.num_layers,
-                    self.intermediate_size
-                ),
-            })
-        }
-    }
-
-    /// The shape stored in a Hugging Face `config.json`.
-    pub fn from_config(cfg: &lcut_model::ModelConfig) -> Self {
-        Self {
-            vocab_size: cfg.vocab_size,
-            hidden_size: cfg.hidden_size,
-            intermediate_size: cfg.intermediate_size,
-            num_layers: cfg.num_layers,
-            num_heads: cfg.num_heads,
-            num_kv_heads: cfg.num_kv_heads,
-            rope_theta: cfg.rope.theta,
-            rms_norm_eps: cfg.rms_norm_eps,
-            max_position_embeddings: cfg.max_position_embeddings,
-        }
-    }
-
-    /// The `config.json` of a model of this shape (Llama, untied head, f32).
-    pub fn config_json(&self) -> Value {
-        json!({
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_layers,
-            "num_attention_heads": self.num_heads,
-            "num_key_value_heads": self.num_kv_heads,
-            "head_dim": self.head_dim(),
-            "max_position_embeddings": self.max_position_embeddings,
-            "rms_norm_eps": self.rms_norm_eps,
-            "rope_theta": self.rope_theta,
-            "hidden_act": "silu",
-            "attention_bias": false,
-            "mlp_bias": false,
-            "tie_word_embeddings": false,
-            "bos_token_id": id::BOS,
-            "eos_token_id": id::EOT,
-            "pad_token_id": id::PAD,
-            "torch_dtype": "float32"
-        })
-    }
-
-    /// Every weight's Hugging Face name and shape.
-    pub fn weight_shapes(&self) -> Vec<(String, Vec<usize>)> {
-        let (v, d, i) = (self.vocab_size, self.hidden_size, self.intermediate_size);
-        let (h, kv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim());
-        let mut out = vec![
-            ("model.embed_tokens.weight".to_string(), vec![v, d]),
-            ("model.norm.weight".to_string(), vec![d]),
-            ("lm_head.weight".to_string(), vec![v, d]),
-        ];
-        for l in 0..self.num_layers {
-            let p = format!("model.layers.{l}");
-            out.extend([
-                (format!("{p}.self_attn.q_proj.weight"), vec![h * hd, d]),
-                (format!("{p}.self_attn.k_proj.weight"), vec![kv * hd, d]),
-                (format!("{p}.self_attn.v_proj.weight"), vec![kv * hd, d]),
-                (format!("{p}.self_attn.o_proj.weight"), vec![d, h * hd]),
-                (format!("{p}.mlp.gate_proj.weight"), vec![i, d]),
-                (format!("{p}.mlp.up_proj.weight"), vec![i, d]),
-                (format!("{p}.mlp.down_proj.weight"), vec![d, i]),
-                (format!("{p}.input_layernorm.weight"), vec![d]),
-                (format!("{p}.post_attention_layernorm.weight"), vec![d]),
-            ]);
-        }
-        out
-    }
-}
+/// The special tokens of the task vocabulary, as a task model's
+/// `config.json` names them.
+pub const TASK_TOKENS: lcut_model::SpecialTokens = lcut_model::SpecialTokens {
+    bos: id::BOS,
+    eos: id::EOT,
+    pad: Some(id::PAD),
+};
 
 /// A fresh `VarMap` of a model of `shape`, initialised from `seed`:
 /// norms at one, matrices uniform with standard deviation `std` (output
@@ -764,7 +650,7 @@ pub fn save_checkpoint(folder: &Path, shape: &ModelShape, varmap: &VarMap) -> Re
             .map_err(|source| TrainError::Io { path, source })?;
         Ok(())
     };
-    write_json("config.json", &shape.config_json())?;
+    write_json("config.json", &shape.config_json(TASK_TOKENS))?;
     write_json("tokenizer.json", &vocab::tokenizer_json())?;
     write_json("tokenizer_config.json", &vocab::tokenizer_config_json())?;
     let tmp = folder.join("model.safetensors.partial");
