@@ -158,3 +158,39 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         source,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shape the decoder cannot have is refused by name, before any
+    /// division by the head count, by every way of making the model.
+    #[test]
+    fn a_bad_shape_is_refused_by_name() {
+        let mut model = RandomLlama::small();
+        model.shape.num_heads = 0;
+        let dir = tempfile::tempdir().unwrap();
+        for err in [
+            model.config().unwrap_err(),
+            model.build(DType::F32, &Device::Cpu).unwrap_err(),
+            model.write(dir.path()).unwrap_err(),
+        ] {
+            assert!(err.to_string().contains("num_heads"), "{err}");
+        }
+        assert!(!dir.path().join("config.json").exists());
+    }
+
+    /// The written config is the shape's config and reads back as it.
+    #[test]
+    fn the_written_model_reads_back_as_its_shape() {
+        let mut model = RandomLlama::small();
+        model.shape.vocab_size = 64;
+        model.shape.num_layers = 1;
+        let dir = tempfile::tempdir().unwrap();
+        model.write(dir.path()).unwrap();
+        let cfg = ModelConfig::from_folder(dir.path()).unwrap();
+        assert_eq!(LlamaShape::from_config(&cfg), model.shape);
+        assert_eq!(cfg.bos_token_id, Some(1));
+        assert_eq!(cfg.eos_token_ids, vec![2]);
+    }
+}

@@ -693,6 +693,30 @@ mod tests {
         (out * probe)?.sum_all()?.backward()
     }
 
+    /// The bundled models' `config.json` is, byte for byte, what
+    /// `save_checkpoint` writes for the shape read back from it.
+    #[test]
+    fn the_bundled_configs_are_what_their_shapes_write() -> Result<()> {
+        let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models");
+        for name in ["copy-full", "copy-speed3-bos", "copy-speed3-noanchor"] {
+            let folder = models.join(name);
+            let shape = ModelShape::from_config(&lcut_model::ModelConfig::from_folder(&folder)?);
+            shape.validate()?;
+            let written =
+                serde_json::to_string_pretty(&shape.config_json(TASK_TOKENS)).map_err(|e| {
+                    TrainError::Json {
+                        path: folder.clone(),
+                        reason: e.to_string(),
+                    }
+                })?;
+            let path = folder.join("config.json");
+            let on_disk =
+                std::fs::read_to_string(&path).map_err(|source| TrainError::Io { path, source })?;
+            assert_eq!(format!("{written}\n"), on_disk, "{name}");
+        }
+        Ok(())
+    }
+
     #[test]
     fn fused_ops_match_composed_ops_and_their_gradients() -> candle_core::Result<()> {
         let dev = Device::Cpu;
