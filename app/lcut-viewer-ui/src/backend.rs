@@ -19,6 +19,7 @@ use lcut_policy::{Policy, PolicySpec, SlimTrace, StepRecord};
 use lcut_report::Format;
 use lcut_trace::Report;
 
+use crate::failure::JobError;
 use crate::slim_data::SlimRunView;
 
 /// Identifies one run (diagnose, generate, export, open); increasing.
@@ -160,7 +161,7 @@ pub enum Event {
     /// A model (folder or `.gguf` file) is loaded.
     ModelOpened(ModelSummary),
     /// Loading a model failed.
-    ModelFailed(String),
+    ModelFailed(JobError),
     /// Progress of the running job.
     Progress {
         /// Units done.
@@ -178,7 +179,7 @@ pub enum Event {
         source: String,
     },
     /// A diagnostic run or a report file failed.
-    DiagnoseFailed(String),
+    DiagnoseFailed(JobError),
     /// The running job stopped because it was cancelled.
     Cancelled,
     /// A live generation started.
@@ -210,11 +211,11 @@ pub enum Event {
         slim: Option<Box<SlimTrace>>,
     },
     /// A live generation failed.
-    GenerationFailed(String),
+    GenerationFailed(JobError),
     /// An export was written.
     Exported(PathBuf),
     /// An export failed.
-    ExportFailed(String),
+    ExportFailed(JobError),
 }
 
 /// Called by the worker after each event, to wake the UI (for example

@@ -16,6 +16,7 @@ use crate::backend::{
     Command, Event, JobId, LiveMetrics, LiveRequest, LiveStep, LiveToken, ModelSummary,
     PromptSource, WorkerPort,
 };
+use crate::failure::{FailureKind, JobError};
 use crate::jobs::{serve_export, serve_open_report};
 use crate::live::DEFAULT_SLIM;
 use crate::slim_data::SlimRunView;
@@ -76,7 +77,10 @@ fn diagnose(port: &WorkerPort, job: JobId, prompts: &PromptSource, sweep: bool, 
             report: Box::new(report),
             source: "run on the fake backend".into(),
         }),
-        Err(e) => port.send(Event::DiagnoseFailed(e.to_string())),
+        Err(e) => port.send(Event::DiagnoseFailed(JobError::new(
+            FailureKind::Diagnose,
+            e.to_string(),
+        ))),
     };
 }
 
@@ -224,7 +228,10 @@ fn generate(port: &WorkerPort, run: &FakeRun, o: &FakeOptions) {
             match synthetic_slim_run(spec, o.layers, prompt_len, decode_start, run.max_new_tokens) {
                 Ok(v) => v,
                 Err(e) => {
-                    port.send(Event::GenerationFailed(e));
+                    port.send(Event::GenerationFailed(JobError::new(
+                        FailureKind::Policy,
+                        e,
+                    )));
                     return;
                 }
             }
@@ -237,7 +244,10 @@ fn generate(port: &WorkerPort, run: &FakeRun, o: &FakeOptions) {
     let (speed, extra) = match resolved {
         (Ok(speed), Ok(extra)) => (speed, extra),
         (Err(e), _) | (_, Err(e)) => {
-            port.send(Event::GenerationFailed(e.to_string()));
+            port.send(Event::GenerationFailed(JobError::new(
+                FailureKind::Policy,
+                e.to_string(),
+            )));
             return;
         }
     };
@@ -314,9 +324,10 @@ pub fn serve(port: WorkerPort, o: FakeOptions) {
             Command::OpenModel(path) => {
                 let p = path.display().to_string();
                 if p.trim().is_empty() {
-                    port.send(Event::ModelFailed(
-                        "no model folder or .gguf file given".into(),
-                    ));
+                    port.send(Event::ModelFailed(JobError::new(
+                        FailureKind::LoadModel,
+                        "no model folder or .gguf file given",
+                    )));
                 } else {
                     port.send(Event::ModelOpened(fake_model(&p, &o)));
                 }
@@ -358,4 +369,47 @@ pub fn serve(port: WorkerPort, o: FakeOptions) {
 /// Starts the fake worker on its own thread.
 pub fn spawn(port: WorkerPort, o: FakeOptions) -> JoinHandle<()> {
     std::thread::spawn(move || serve(port, o))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::channel;
+
+    /// Events until `done` says the last one ends the exchange (or the
+    /// worker is gone).
+    fn events_until(backend: &mut crate::Backend, done: impl Fn(&Event) -> bool) -> Vec<Event> {
+        let mut out = Vec::new();
+        for _ in 0..500 {
+            let got = backend.poll();
+            let end = got.iter().any(&done);
+            out.extend(got);
+            if end {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        out
+    }
+
+    #[test]
+    fn failures_come_back_typed() {
+        let (mut backend, port) = channel(None);
+        let worker = spawn(port, FakeOptions::default());
+        backend.send(Command::OpenModel(std::path::PathBuf::from(" ")));
+        let events = events_until(&mut backend, |e| matches!(e, Event::ModelFailed(_)));
+        let failed = events.iter().find_map(|e| match e {
+            Event::ModelFailed(e) => Some(e.clone()),
+            _ => None,
+        });
+        assert_eq!(
+            failed,
+            Some(JobError::new(
+                FailureKind::LoadModel,
+                "no model folder or .gguf file given"
+            ))
+        );
+        backend.send(Command::Shutdown);
+        assert!(worker.join().is_ok());
+    }
 }

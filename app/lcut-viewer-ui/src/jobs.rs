@@ -8,6 +8,7 @@ use lcut_report::Format;
 use lcut_trace::{Report, read_report_json};
 
 use crate::backend::{Event, WorkerPort};
+use crate::failure::{FailureKind, JobError};
 
 /// The report file a path names: the path itself, or `report.json` inside a
 /// folder (a saved run).
@@ -20,9 +21,9 @@ pub fn report_file(path: &Path) -> PathBuf {
 }
 
 /// Reads a report (checking schema version and shapes).
-pub fn load_report(path: &Path) -> Result<Report, String> {
+pub fn load_report(path: &Path) -> Result<Report, JobError> {
     let file = report_file(path);
-    read_report_json(&file).map_err(|e| e.to_string())
+    read_report_json(&file).map_err(|e| JobError::new(FailureKind::ReadReport, e.to_string()))
 }
 
 /// Reads the report at `path` and sends [`Event::ReportReady`] or
@@ -44,9 +45,9 @@ pub fn serve_export(port: &WorkerPort, report: &Report, format: Format, dir: &Pa
     port.progress(0, 1, format!("writing {format} to {}", dir.display()));
     match lcut_report::write_report(report, dir, format) {
         Ok(path) => port.send(Event::Exported(path)),
-        Err(e) => port.send(Event::ExportFailed(format!(
-            "exporting {format} to {}: {e}",
-            dir.display()
+        Err(e) => port.send(Event::ExportFailed(JobError::new(
+            FailureKind::Export,
+            format!("exporting {format} to {}: {e}", dir.display()),
         ))),
     };
 }

@@ -22,6 +22,7 @@ pub mod controls;
 pub mod cost_panel;
 pub mod curves;
 pub mod dialog;
+pub mod failure;
 #[cfg(feature = "demo")]
 pub mod fake;
 pub mod files;
@@ -47,5 +48,6 @@ pub mod theme;
 pub mod viewer;
 
 pub use backend::{Backend, Command, Event, WorkerPort, channel};
+pub use failure::{FailureKind, JobError};
 pub use state::{Tab, ViewerState};
 pub use viewer::show_viewer;

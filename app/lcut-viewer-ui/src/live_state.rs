@@ -5,6 +5,7 @@
 use lcut_policy::{PolicyError, PolicySpec};
 
 use crate::backend::{LiveMetrics, LiveStep, LiveToken};
+use crate::failure::JobError;
 use crate::slim_data::SlimRunView;
 
 /// Where a live generation stands.
@@ -19,8 +20,8 @@ pub enum LiveStatus {
     Done,
     /// Cancelled by the user.
     Cancelled,
-    /// Failed with a message.
-    Failed(String),
+    /// Failed (its kind and message).
+    Failed(JobError),
 }
 
 /// The default third policy of the live view: SlimInfer with cuts at a
@@ -178,8 +179,8 @@ impl LiveState {
     }
 
     /// The run failed.
-    pub fn failed(&mut self, msg: String) {
-        self.status = LiveStatus::Failed(msg);
+    pub fn failed(&mut self, error: JobError) {
+        self.status = LiveStatus::Failed(error);
     }
 
     /// Share of steps where full and SPEED produced the same token.

@@ -348,7 +348,7 @@ impl ViewerState {
             Event::ModelOpened(summary) => self.model_opened(summary),
             Event::ModelFailed(e) | Event::DiagnoseFailed(e) | Event::ExportFailed(e) => {
                 self.job = None;
-                self.fail(e);
+                self.fail(e.to_string());
             }
             Event::Progress {
                 done,
@@ -381,8 +381,8 @@ impl ViewerState {
             } => self.generation_done([full_metrics, speed_metrics, extra_metrics], slim),
             Event::GenerationFailed(e) => {
                 self.job = None;
-                self.live.failed(e.clone());
-                self.fail(e);
+                self.fail(e.to_string());
+                self.live.failed(e);
             }
             Event::Exported(path) => {
                 self.job = None;
@@ -404,5 +404,38 @@ fn speed_spec(l_cut: usize, keep_bos: bool) -> PolicySpec {
             Anchors::None
         },
         slim: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::channel;
+    use crate::failure::{FailureKind, JobError};
+    use crate::live_state::LiveStatus;
+
+    #[test]
+    fn failure_events_show_their_message_and_keep_their_kind() {
+        let (backend, _port) = channel(None);
+        let mut s = ViewerState::new(backend);
+        let e = JobError::new(FailureKind::Generate, "the prompt has no tokens");
+        s.apply_event(Event::GenerationFailed(e.clone()));
+        assert_eq!(s.error.as_deref(), Some("the prompt has no tokens"));
+        assert_eq!(s.live.status, LiveStatus::Failed(e));
+        assert!(
+            s.log
+                .last()
+                .is_some_and(|l| l.ends_with("error: the prompt has no tokens")),
+            "{:?}",
+            s.log
+        );
+
+        s.apply_event(Event::ExportFailed(JobError::new(
+            FailureKind::Export,
+            "exporting html to /x: denied",
+        )));
+        assert_eq!(s.error.as_deref(), Some("exporting html to /x: denied"));
+        s.apply_event(Event::ModelFailed(JobError::no_model()));
+        assert_eq!(s.error.as_deref(), Some("open a model first"));
     }
 }

@@ -15,6 +15,7 @@ use lcut_model::gguf::is_gguf_path;
 use lcut_model::{DType, Device};
 use lcut_viewer_ui::backend::{Command, Event, JobId, ModelSummary, PromptSource, WorkerPort};
 use lcut_viewer_ui::jobs::{serve_export, serve_open_report};
+use lcut_viewer_ui::{FailureKind, JobError};
 
 use crate::live_run::run_live;
 use crate::paths;
@@ -171,10 +172,9 @@ impl EngineWorker {
                 self.session = Some(s);
             }
             Err(e) => {
-                self.port.send(Event::ModelFailed(format!(
-                    "loading the {} {}: {e}",
-                    model_kind(path),
-                    path.display()
+                self.port.send(Event::ModelFailed(JobError::new(
+                    FailureKind::LoadModel,
+                    format!("loading the {} {}: {e}", model_kind(path), path.display()),
                 )));
             }
         }
@@ -183,11 +183,14 @@ impl EngineWorker {
     fn generate(&self, req: &LiveRequest) {
         let Some(session) = &self.session else {
             self.port
-                .send(Event::GenerationFailed("open a model first".into()));
+                .send(Event::GenerationFailed(JobError::no_model()));
             return;
         };
         if let Err(e) = run_live(&self.port, session, req) {
-            self.port.send(Event::GenerationFailed(e.to_string()));
+            self.port.send(Event::GenerationFailed(JobError::new(
+                FailureKind::Generate,
+                e.to_string(),
+            )));
         }
     }
 
@@ -223,13 +226,16 @@ impl EngineWorker {
     ) {
         let port = &self.port;
         let Some(session) = &self.session else {
-            port.send(Event::DiagnoseFailed("open a model first".into()));
+            port.send(Event::DiagnoseFailed(JobError::no_model()));
             return;
         };
         let (prompts, prompts_file) = match self.prompts(source) {
             Ok(p) => p,
             Err(e) => {
-                port.send(Event::DiagnoseFailed(e));
+                port.send(Event::DiagnoseFailed(JobError::new(
+                    FailureKind::Prompts,
+                    e,
+                )));
                 return;
             }
         };
@@ -270,7 +276,10 @@ impl EngineWorker {
                 port.send(Event::Cancelled);
             }
             Err(e) => {
-                port.send(Event::DiagnoseFailed(e.to_string()));
+                port.send(Event::DiagnoseFailed(JobError::new(
+                    FailureKind::Diagnose,
+                    e.to_string(),
+                )));
             }
         }
     }

@@ -436,3 +436,50 @@ fn the_real_gguf_model_opens_and_generates_text() {
     assert!(text.contains("Paris"), "full model: {text:?}");
     assert!(live.speed_metrics.kv_bytes < live.full_metrics.kv_bytes);
 }
+
+/// The worker's failures come back typed: the kind of work that failed and
+/// the message the UI shows.
+#[test]
+fn worker_failures_carry_their_kind() {
+    use lcut_viewer_ui::backend::{Command, Event, PromptSource};
+    use lcut_viewer_ui::{FailureKind, JobError};
+
+    let (mut backend, port) = channel(None);
+    let worker = spawn(port, WorkerConfig::default()).unwrap();
+    let next = |backend: &mut lcut_viewer_ui::Backend| {
+        for _ in 0..1000 {
+            if let Some(e) = backend.poll().into_iter().find(|e| {
+                matches!(
+                    e,
+                    Event::ModelFailed(_) | Event::DiagnoseFailed(_) | Event::GenerationFailed(_)
+                )
+            }) {
+                return Some(e);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
+    };
+    backend.send(Command::RunDiagnose {
+        job: 1,
+        prompts: PromptSource::Bundled,
+        max_new_tokens: 2,
+        use_chat_template: false,
+        sweep_context_len: None,
+    });
+    match next(&mut backend) {
+        Some(Event::DiagnoseFailed(e)) => assert_eq!(e, JobError::no_model()),
+        other => panic!("expected a typed no-model failure, got {other:?}"),
+    }
+    let missing = tempfile::tempdir().unwrap().path().join("no-such-model");
+    backend.send(Command::OpenModel(missing));
+    match next(&mut backend) {
+        Some(Event::ModelFailed(e)) => {
+            assert_eq!(e.kind, FailureKind::LoadModel);
+            assert!(e.to_string().contains("no-such-model"), "{e}");
+        }
+        other => panic!("expected a typed load failure, got {other:?}"),
+    }
+    backend.send(Command::Shutdown);
+    assert!(worker.join().is_ok());
+}
