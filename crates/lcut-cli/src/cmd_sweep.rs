@@ -238,7 +238,13 @@ pub fn run(args: &SweepArgs) -> Result<()> {
     for p in &result.points {
         println!(
             "{:>5} {:>7} {:>8.3} {:>9.4} {:>8.3} {:>8.3} {:>9.3}",
-            p.l_cut, p.anchors, p.top1_agreement, p.mean_kl, p.nll, p.kv_ratio, p.prefill_ratio
+            p.cut_label(),
+            p.anchors_label(),
+            p.top1_agreement,
+            p.mean_kl,
+            p.nll,
+            p.kv_ratio,
+            p.prefill_ratio
         );
     }
     let mut result = result;
