@@ -77,6 +77,12 @@ impl ValueEnum for WeightArg {
 }
 
 impl WeightArg {
+    /// The name it is given by on the command line (`f32`, `bf16`, `f16`, `q`).
+    pub fn name(self) -> String {
+        self.to_possible_value()
+            .map_or_else(String::new, |v| v.get_name().to_string())
+    }
+
     /// How the weights are loaded.
     pub fn mode(self) -> WeightMode {
         match self {

@@ -9,7 +9,8 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use lcut_engine::suite::{self, SuiteEval, SuiteEvalOptions};
 
-use crate::common::{load_session, split_policies, write_atomic};
+use crate::args::{DeviceArg, WeightArg};
+use crate::common::{open_session, split_policies, write_atomic};
 
 /// Arguments of `lcut eval`.
 #[derive(Debug, clap::Args)]
@@ -22,8 +23,8 @@ pub struct EvalCommand {
     #[arg(long)]
     pub suite: Option<PathBuf>,
     /// Weights with --suite: f32, bf16, f16, or q (a GGUF's matrices kept quantized).
-    #[arg(long, default_value = "f32")]
-    pub dtype: String,
+    #[arg(long, value_enum, default_value = "f32")]
+    pub dtype: WeightArg,
     /// Most new tokens per generation with --suite.
     #[arg(long, default_value_t = 24)]
     pub max_new_tokens: usize,
@@ -100,12 +101,12 @@ fn run_suite(args: &EvalCommand, path: &Path) -> Result<Vec<SuiteEval>> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let items = suite::read_suite(path)?;
     let model = Some(args.base.model.clone());
-    let mut session = load_session(&model, &args.dtype, "cpu")?;
+    let mut session = open_session(&model, args.dtype, DeviceArg::Cpu)?;
     args.lora
         .apply_to_session(&mut session, &split_policies(&args.base.policy))?;
     // an adapted model is compared with the model it was made from
     let base = match &session.adapter {
-        Some(_) => Some(load_session(&model, &args.dtype, "cpu")?),
+        Some(_) => Some(open_session(&model, args.dtype, DeviceArg::Cpu)?),
         None => None,
     };
     let shard = args
@@ -155,7 +156,7 @@ fn run_suite(args: &EvalCommand, path: &Path) -> Result<Vec<SuiteEval>> {
             suite_items: items.len(),
             suite_hash: lcut_trace::hash_bytes(&bytes),
             policy,
-            dtype: args.dtype.to_ascii_lowercase(),
+            dtype: args.dtype.name(),
             adapter: session.adapter.clone(),
             max_new_tokens: args.max_new_tokens,
             shard: shard.map(|(i, n)| [i, n]),

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 
-use crate::common::load_session;
+use crate::args::{DeviceArg, DtypeArg, WeightArg};
+use crate::common::open_session;
 
 /// Arguments of `lcut tokenize`.
 #[derive(Debug, Args)]
@@ -27,7 +28,7 @@ pub struct TokenizeArgs {
 
 /// Print the ids, comma-separated, on the last line.
 pub fn run(args: &TokenizeArgs) -> Result<()> {
-    let session = load_session(&args.model, "f32", "cpu")?;
+    let session = open_session(&args.model, WeightArg::Dense(DtypeArg::F32), DeviceArg::Cpu)?;
     let ids = if args.chat {
         session.prepare_text(&args.text, None, true)?.ids
     } else {

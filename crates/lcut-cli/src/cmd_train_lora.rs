@@ -19,6 +19,7 @@ use lcut_model::{LogitRows, Probe, ResidualSite};
 use lcut_policy::{Policy, PolicySpec, TokenPhases};
 use lcut_train::lora_train::{LoraTrainOptions, TeacherTopK, TrainSeq, UpperModel, train_lora};
 
+use crate::args::{DeviceArg, DtypeArg, WeightArg};
 use crate::lora_teacher::{self, TeacherRecord, TeacherSettings};
 use serde_json::json;
 
@@ -30,7 +31,7 @@ pub struct TrainLoraArgs {
     model: PathBuf,
     /// The SPEED policy to train for (e.g. speed:22+bos).
     #[arg(long)]
-    policy: String,
+    policy: PolicySpec,
     /// LoRA rank.
     #[arg(long, default_value_t = 8)]
     lora: usize,
@@ -348,9 +349,13 @@ fn training_data(
 /// Run `lcut train-lora`.
 pub fn run(args: &TrainLoraArgs) -> Result<()> {
     let started = Instant::now();
-    let session = crate::common::load_session(&Some(args.model.clone()), "f32", "cpu")?;
+    let session = crate::common::open_session(
+        &Some(args.model.clone()),
+        WeightArg::Dense(DtypeArg::F32),
+        DeviceArg::Cpu,
+    )?;
     let layers = session.model.config().num_layers;
-    let spec: PolicySpec = args.policy.parse()?;
+    let spec = args.policy.clone();
     let policy = spec.resolve(layers)?;
     if policy.is_full_depth() || policy.l_cut() == 0 || spec.slim.is_some() {
         bail!(
