@@ -71,6 +71,11 @@ pub struct TrainLoraArgs {
     /// written there, so runs for other cuts share them.
     #[arg(long)]
     teacher: Option<PathBuf>,
+    /// Draw every kind of prompt as often as the most frequent one (the
+    /// sequences of rarer kinds repeated) instead of as the generators
+    /// happened to give them.
+    #[arg(long)]
+    balance_kinds: bool,
     /// Leave out every prompt of this suite (e.g. the evaluation suite), so
     /// that an evaluation on it is on held-out prompts.
     #[arg(long)]
@@ -343,6 +348,12 @@ fn training_data(
         pb.set(data.len(), "");
     }
     pb.finish();
+    if args.balance_kinds {
+        data = lora_teacher::balanced_by_kind(&records)
+            .into_iter()
+            .map(|i| data[i].clone())
+            .collect();
+    }
     Ok((data, tokens))
 }
 
@@ -418,6 +429,7 @@ pub fn run(args: &TrainLoraArgs) -> Result<()> {
         "seed": args.seed,
         "prompt_seed": args.prompt_seed,
         "kd_top_k": args.kd_top_k,
+        "balance_kinds": args.balance_kinds,
         "exclude_suite": args.exclude_suite.as_ref().map(|p| p.display().to_string()),
         "policy": spec.to_string(),
         "layers": adapt,

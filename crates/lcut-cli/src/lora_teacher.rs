@@ -40,6 +40,10 @@ pub struct TeacherSettings {
 pub struct TeacherRecord {
     /// The item's id in its generator's suite.
     pub id: String,
+    /// The item's kind (`retrieval`, `copy`, ...); files made before it was
+    /// recorded give it by the id's first word.
+    #[serde(default)]
+    pub kind: String,
     /// The system message, if any.
     pub system: Option<String>,
     /// The user prompt.
@@ -158,6 +162,7 @@ pub fn make(
             let c = continue_prompt(session, &prompt, settings.max_new_tokens, settings.top_k)?;
             out.push(TeacherRecord {
                 id: format!("seed{seed}/{}", item.id),
+                kind: item.kind,
                 system: item.system,
                 prompt: item.prompt,
                 prompt_ids: prompt.ids,
@@ -217,6 +222,37 @@ pub fn read(path: &Path, settings: &TeacherSettings) -> Result<Option<Vec<Teache
     Ok(Some(records))
 }
 
+impl TeacherRecord {
+    /// The item's kind.
+    pub fn kind(&self) -> &str {
+        match self.kind.is_empty() {
+            false => &self.kind,
+            true => {
+                let item = self.id.rsplit('/').next().unwrap_or(&self.id);
+                item.split('-').next().unwrap_or(item)
+            }
+        }
+    }
+}
+
+/// Indices into `records` in which every kind is as frequent as the most
+/// frequent one: each record of a rarer kind is repeated (its kind's
+/// records in turn) until its kind has as many entries.
+pub fn balanced_by_kind(records: &[TeacherRecord]) -> Vec<usize> {
+    let mut kinds: Vec<(&str, Vec<usize>)> = Vec::new();
+    for (i, r) in records.iter().enumerate() {
+        match kinds.iter_mut().find(|(k, _)| *k == r.kind()) {
+            Some((_, list)) => list.push(i),
+            None => kinds.push((r.kind(), vec![i])),
+        }
+    }
+    let most = kinds.iter().map(|(_, l)| l.len()).max().unwrap_or(0);
+    kinds
+        .iter()
+        .flat_map(|(_, list)| list.iter().copied().cycle().take(most))
+        .collect()
+}
+
 /// Write `records` with their settings as the first line, atomically.
 pub fn write(path: &Path, settings: &TeacherSettings, records: &[TeacherRecord]) -> Result<()> {
     let mut text = serde_json::to_string(settings)?;
@@ -255,6 +291,31 @@ mod tests {
     }
 
     #[test]
+    fn balancing_repeats_the_rarer_kinds() {
+        let record = |id: &str, kind: &str| TeacherRecord {
+            id: id.into(),
+            kind: kind.into(),
+            system: None,
+            prompt: String::new(),
+            prompt_ids: vec![],
+            continuation: vec![],
+            top_ids: vec![],
+            top_probs: vec![],
+        };
+        let records = [
+            record("seed1/copy-00", "copy"),
+            record("seed1/copy-01", "copy"),
+            record("seed1/copy-02", "copy"),
+            record("seed1/arithmetic-00", ""),
+            record("seed1/lookup-00", "lookup"),
+            record("seed1/lookup-01", "lookup"),
+        ];
+        assert_eq!(records[3].kind(), "arithmetic");
+        let picked = balanced_by_kind(&records);
+        assert_eq!(picked, vec![0, 1, 2, 3, 3, 3, 4, 5, 4]);
+    }
+
+    #[test]
     fn a_teacher_file_made_otherwise_is_refused_by_name() -> Result<()> {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("teacher.jsonl");
@@ -269,6 +330,7 @@ mod tests {
         };
         let record = TeacherRecord {
             id: "seed101/x".into(),
+            kind: "x".into(),
             system: None,
             prompt: "hi".into(),
             prompt_ids: vec![1, 2],

@@ -16,7 +16,9 @@ use super::model::{LoraVars, UpperModel};
 use super::optim::{AdamW, SplitMix};
 use crate::error::{Result, TrainError};
 
-/// One training sequence, as the upper layers see it.
+/// One training sequence, as the upper layers see it (a clone shares the
+/// tensors).
+#[derive(Clone)]
 pub struct TrainSeq {
     /// Residual stream entering the cut at the rows that exist there [n, d].
     pub x: Tensor,
@@ -36,6 +38,7 @@ pub struct TrainSeq {
 /// k most likely tokens: ids [rows, k] (u32) and probabilities [rows, k]
 /// (f32, renormalised over the k). The KL term compares the adapted model's
 /// log-probabilities of those tokens with these.
+#[derive(Clone)]
 pub struct TeacherTopK {
     /// Token ids [rows, k].
     pub ids: Tensor,
