@@ -366,7 +366,7 @@ pub fn run(args: &TrainLoraArgs) -> Result<()> {
         DeviceArg::Cpu,
     )?;
     let layers = session.model.config().num_layers;
-    let spec = args.policy.clone();
+    let spec = args.policy;
     let policy = spec.resolve(layers)?;
     if policy.is_full_depth() || policy.l_cut() == 0 || spec.slim.is_some() {
         bail!(
