@@ -445,27 +445,21 @@ struct DecodeSpeed {
     decode_tok_s: f64,
 }
 
-fn time_lcut(
-    model: &Decoder,
-    ids: &[u32],
+/// Greedy decoding timed the same way for both engines: `prefill` runs the
+/// prompt and gives the first token; `step(token, i)` feeds token `i - 1`
+/// of the output and gives token `i`.
+fn time_greedy(
     steps: usize,
-    with_probe: bool,
+    prefill: impl FnOnce() -> Result<u32>,
+    mut step: impl FnMut(u32, usize) -> Result<u32>,
 ) -> Result<(DecodeSpeed, Vec<u32>)> {
-    let mut seq = model.new_full_sequence();
-    seq.reserve(ids.len() + steps);
-    let phases = TokenPhases::raw_prompt(ids.len(), 1)?;
-    let mut probe = PhaseMassProbe::new(phases);
     let t0 = Instant::now();
-    let out = model.forward(&mut seq, ids, LogitRows::Last, None)?;
-    let mut next = argmax_rows(&out.logits.context("logits")?)?[0];
+    let mut next = prefill()?;
     let prefill_s = t0.elapsed().as_secs_f64();
     let mut tokens = vec![next];
     let t1 = Instant::now();
-    for _ in 1..steps {
-        let p: Option<&mut dyn lcut_model::Probe> =
-            if with_probe { Some(&mut probe) } else { None };
-        let out = model.forward(&mut seq, &[next], LogitRows::Last, p)?;
-        next = argmax_rows(&out.logits.context("logits")?)?[0];
+    for i in 1..steps {
+        next = step(next, i)?;
         tokens.push(next);
     }
     let decode_s = t1.elapsed().as_secs_f64();
@@ -476,6 +470,32 @@ fn time_lcut(
         },
         tokens,
     ))
+}
+
+fn time_lcut(
+    model: &Decoder,
+    ids: &[u32],
+    steps: usize,
+    with_probe: bool,
+) -> Result<(DecodeSpeed, Vec<u32>)> {
+    let mut seq = model.new_full_sequence();
+    seq.reserve(ids.len() + steps);
+    let phases = TokenPhases::raw_prompt(ids.len(), 1)?;
+    let mut probe = PhaseMassProbe::new(phases);
+    let seq = std::cell::RefCell::new(seq);
+    time_greedy(
+        steps,
+        || {
+            let out = model.forward(&mut seq.borrow_mut(), ids, LogitRows::Last, None)?;
+            Ok(argmax_rows(&out.logits.context("logits")?)?[0])
+        },
+        |next, _| {
+            let p: Option<&mut dyn lcut_model::Probe> =
+                if with_probe { Some(&mut probe) } else { None };
+            let out = model.forward(&mut seq.borrow_mut(), &[next], LogitRows::Last, p)?;
+            Ok(argmax_rows(&out.logits.context("logits")?)?[0])
+        },
+    )
 }
 
 #[allow(unsafe_code)]
@@ -511,28 +531,17 @@ fn time_candle(
 ) -> Result<(DecodeSpeed, Vec<u32>)> {
     use candle_transformers::models::llama::Cache;
     let (llama, cfg) = load_candle_llama(folder, dtype, device)?;
-    let mut cache = Cache::new(true, dtype, &cfg, device)?;
-    let t0 = Instant::now();
-    let input = Tensor::new(ids, device)?.unsqueeze(0)?;
-    let logits = llama.forward(&input, 0, &mut cache)?;
-    let mut next = argmax_rows(&logits.to_dtype(DType::F32)?)?[0];
-    let prefill_s = t0.elapsed().as_secs_f64();
-    let mut tokens = vec![next];
-    let t1 = Instant::now();
-    for i in 1..steps {
-        let input = Tensor::new(&[next], device)?.unsqueeze(0)?;
-        let logits = llama.forward(&input, ids.len() + i - 1, &mut cache)?;
-        next = argmax_rows(&logits.to_dtype(DType::F32)?)?[0];
-        tokens.push(next);
-    }
-    let decode_s = t1.elapsed().as_secs_f64();
-    Ok((
-        DecodeSpeed {
-            prefill_s,
-            decode_tok_s: (steps - 1) as f64 / decode_s,
-        },
-        tokens,
-    ))
+    let cache = std::cell::RefCell::new(Cache::new(true, dtype, &cfg, device)?);
+    let run = |input: &[u32], pos: usize| -> Result<u32> {
+        let input = Tensor::new(input, device)?.unsqueeze(0)?;
+        let logits = llama.forward(&input, pos, &mut cache.borrow_mut())?;
+        Ok(argmax_rows(&logits.to_dtype(DType::F32)?)?[0])
+    };
+    time_greedy(
+        steps,
+        || run(ids, 0),
+        |next, i| run(&[next], ids.len() + i - 1),
+    )
 }
 
 fn vs_candle(
