@@ -115,13 +115,8 @@ fn print_calibration(report: &Report) {
         ),
         None => println!("recommended L_cut {rec}, sweep knee {knee}; no accuracy points"),
     }
-    if let Some(at) = sweep.accuracy.iter().find(|p| p.l_cut == rec)
-        && let Some(full) = sweep.accuracy.iter().max_by_key(|p| p.l_cut)
-    {
-        println!(
-            "expected accuracy at the recommended cut {:.3} [{:.3}, {:.3}] against {:.3} at L_cut {}",
-            at.accuracy, at.interval[0], at.interval[1], full.accuracy, full.l_cut
-        );
+    if let Some(line) = lcut_report::expected_accuracy_line(report) {
+        println!("{line}");
     }
 }
 

@@ -233,6 +233,72 @@ fn an_adapted_model_is_compared_with_its_base_and_named() {
 }
 
 #[test]
+fn sweep_with_a_suite_sets_the_recommendation_beside_accuracy_per_cut() {
+    let tmp = tempfile::tempdir().unwrap();
+    let suite = write_suite(tmp.path());
+    let out = tmp.path().join("sweep");
+    // the sweep joins the diagnose report in the same folder
+    ok(
+        &[
+            "diagnose",
+            "--model",
+            "fixtures/models/copy-full",
+            "--max-new-tokens",
+            "4",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let stdout = ok(
+        &[
+            "sweep",
+            "--model",
+            "fixtures/models/copy-full",
+            "--max-new-tokens",
+            "4",
+            "--eval-suite",
+            &suite,
+            "--eval-max-new-tokens",
+            "6",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(
+        stdout.contains("smallest cutoff within 2 points of full accuracy"),
+        "{stdout}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    let points = report["sweep"]["accuracy"].as_array().unwrap();
+    let cuts: Vec<u64> = points
+        .iter()
+        .map(|p| p["l_cut"].as_u64().unwrap())
+        .collect();
+    assert_eq!(cuts, vec![1, 2, 3, 4], "one accuracy point per cutoff");
+    for p in points {
+        assert_eq!(p["n"].as_u64(), Some(5));
+        let (k, acc) = (
+            p["correct"].as_u64().unwrap(),
+            p["accuracy"].as_f64().unwrap(),
+        );
+        assert!((acc - k as f64 / 5.0).abs() < 1e-6, "{p}");
+    }
+    // at full depth the copy model copies: the deepest cut is full and scores
+    let full = points.last().unwrap()["correct"].as_u64().unwrap();
+    assert!(full >= 3, "full depth copies {full} of 5");
+    let rec = report["recommendation"]["l_cut"].as_u64().unwrap();
+    assert!(
+        stdout.contains(&format!(
+            "At the recommended L_cut {rec}, accuracy on the suite is"
+        )),
+        "{stdout}"
+    );
+}
+
+#[test]
 fn bad_input_is_named() {
     let tmp = tempfile::tempdir().unwrap();
     let suite = write_suite(tmp.path());

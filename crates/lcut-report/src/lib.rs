@@ -29,6 +29,7 @@ pub use heatmap::Heatmap;
 pub use html::{HtmlOptions, render_html};
 pub use lines::{Line, LineChart};
 pub use markdown::render_markdown;
+pub use tables::expected_accuracy_line;
 
 /// An export format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
