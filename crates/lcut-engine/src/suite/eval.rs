@@ -118,11 +118,13 @@ fn text_of(session: &Session, tokens: &[u32]) -> String {
 }
 
 /// The full model's run of an item: its greedy continuation, the rows
-/// that chose it, and its text.
+/// that chose it, its text, and whether it is the evaluated session's own
+/// run (then a full-depth policy is this run) or the base model's.
 struct FullRun {
     output: GenerationOutput,
     reference: Tensor,
     text: String,
+    of_session: bool,
 }
 
 /// One item: the reference's full greedy run once, then per policy its own
@@ -150,15 +152,14 @@ fn evaluate_item(
         text: text_of(reference, &output.tokens),
         reference: Tensor::stack(&rows, 0)?,
         output,
+        of_session: base.is_none(),
     };
     let shared_s = start.elapsed().as_secs_f64();
     policies
         .iter()
         .map(|&policy| {
             let start = Instant::now();
-            let own_reference = base.is_none();
-            let mut r =
-                policy_result(session, &prompt, item, (policy, own_reference), &full, opts)?;
+            let mut r = policy_result(session, &prompt, item, policy, &full, opts)?;
             r.index = index;
             r.seconds = shared_s + start.elapsed().as_secs_f64();
             Ok(r)
@@ -166,18 +167,17 @@ fn evaluate_item(
         .collect()
 }
 
-/// One policy on one item, against the full model's run (the session's
-/// own when `own_reference`, so that a full-depth policy is that run).
+/// One policy on one item, against the full model's run.
 fn policy_result(
     session: &Session,
     prompt: &PreparedPrompt,
     item: &SuiteItem,
-    (policy, own_reference): (Policy, bool),
+    policy: Policy,
     full: &FullRun,
     opts: &SuiteEvalOptions,
 ) -> Result<ItemResult> {
     let continuation = &full.output.tokens;
-    let (generation, q) = if own_reference && policy.is_full_depth() && policy.slim().is_none() {
+    let (generation, q) = if full.of_session && policy.is_full_depth() && policy.slim().is_none() {
         let q = ForcedQuality {
             tokens: continuation.len(),
             agree: continuation.len(),
