@@ -295,10 +295,11 @@ impl Progress {
 
 /// The teacher's records (read from `--teacher` when it holds them, else
 /// made and, with `--teacher`, written there) and the training sequences
-/// under `policy`; returns the sequences and their tokens.
+/// under `policy`; returns the sequences and their tokens. `fingerprint` is
+/// the base model's (`Decoder::lora_fingerprint`), recorded with the teacher.
 fn training_data(
     session: &Session,
-    policy: &Policy,
+    (policy, fingerprint): (&Policy, &str),
     args: &TrainLoraArgs,
 ) -> Result<(Vec<TrainSeq>, usize)> {
     let (exclude, excluded_suite_hash) = match &args.exclude_suite {
@@ -309,7 +310,7 @@ fn training_data(
         None => Default::default(),
     };
     let settings = TeacherSettings {
-        base_fingerprint: session.model.lora_fingerprint()?,
+        base_fingerprint: fingerprint.to_string(),
         prompt_seed: args.prompt_seed,
         prompts: args.prompts,
         max_prompt_tokens: args.max_prompt_tokens,
@@ -377,7 +378,8 @@ pub fn run(args: &TrainLoraArgs) -> Result<()> {
     let adapt = parse_layers(args.layers.as_deref(), policy.l_cut(), layers)?;
     let modules = parse_modules(&args.modules)?;
     let upper = load_upper(&args.model, policy.l_cut())?;
-    let (data, tokens) = training_data(&session, &policy, args)?;
+    let fingerprint = session.model.lora_fingerprint()?;
+    let (data, tokens) = training_data(&session, (&policy, &fingerprint), args)?;
     let prep_s = started.elapsed().as_secs_f64();
     eprintln!(
         "{} sequences ({tokens} tokens) ready in {prep_s:.0} s",
@@ -398,7 +400,7 @@ pub fn run(args: &TrainLoraArgs) -> Result<()> {
         .model
         .file_name()
         .map(|n| n.to_string_lossy().into_owned());
-    config.base_fingerprint = Some(session.model.lora_fingerprint()?);
+    config.base_fingerprint = Some(fingerprint);
     let opts = LoraTrainOptions {
         steps: args.steps,
         batch: args.batch,
