@@ -167,6 +167,26 @@ fn write_adapter(dir: &Path) -> String {
     path.to_str().unwrap().to_string()
 }
 
+/// `lcut diagnose` of the bundled copy model (4 new tokens) into `out`.
+fn diagnose(out: &Path, extra: &[&str]) {
+    let mut a = vec![
+        "diagnose",
+        "--model",
+        "fixtures/models/copy-full",
+        "--max-new-tokens",
+        "4",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    a.extend_from_slice(extra);
+    ok(&a, &[]);
+}
+
+/// The `report.json` in `dir`.
+fn read_report(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap()
+}
+
 #[test]
 fn an_adapted_model_is_compared_with_its_base_and_named() {
     let tmp = tempfile::tempdir().unwrap();
@@ -207,25 +227,9 @@ fn an_adapted_model_is_compared_with_its_base_and_named() {
         assert_eq!(a.full_correct, p.full_correct, "{}", a.id);
     }
     // a diagnose report names the adapter in the model's identity
-    let out = json("diag");
-    ok(
-        &[
-            "diagnose",
-            "--model",
-            "fixtures/models/copy-full",
-            "--max-new-tokens",
-            "4",
-            "--lora",
-            &adapter,
-            "--out",
-            &out,
-        ],
-        &[],
-    );
-    let report: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(Path::new(&out).join("report.json")).unwrap(),
-    )
-    .unwrap();
+    let out = tmp.path().join("diag");
+    diagnose(&out, &["--lora", &adapter]);
+    let report = read_report(&out);
     assert_eq!(
         report["model"]["adapter"]["hash"].as_str(),
         Some(named.hash.as_str())
@@ -238,18 +242,7 @@ fn sweep_with_a_suite_sets_the_recommendation_beside_accuracy_per_cut() {
     let suite = write_suite(tmp.path());
     let out = tmp.path().join("sweep");
     // the sweep joins the diagnose report in the same folder
-    ok(
-        &[
-            "diagnose",
-            "--model",
-            "fixtures/models/copy-full",
-            "--max-new-tokens",
-            "4",
-            "--out",
-            out.to_str().unwrap(),
-        ],
-        &[],
-    );
+    diagnose(&out, &[]);
     let stdout = ok(
         &[
             "sweep",
@@ -270,8 +263,7 @@ fn sweep_with_a_suite_sets_the_recommendation_beside_accuracy_per_cut() {
         stdout.contains("smallest cutoff within 2 points of full accuracy"),
         "{stdout}"
     );
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    let report = read_report(&out);
     let points = report["sweep"]["accuracy"].as_array().unwrap();
     let cuts: Vec<u64> = points
         .iter()

@@ -8,7 +8,8 @@ use candle_core::{D, Device, Tensor};
 use lcut_model::{ModelConfig, WeightFiles};
 use lcut_testkit::reference::ReferenceCase;
 use lcut_train::lora_train::{
-    LoraTrainOptions, TeacherTopK, TrainSeq, UpperModel, topk_kl, train_lora,
+    CheckpointState, LoraTrainOptions, LoraVars, TeacherTopK, TrainSeq, UpperModel, topk_kl,
+    train_lora,
 };
 
 const CUT: usize = 4;
@@ -79,48 +80,45 @@ fn zero_adapter_upper_layers_give_transformers_speed_logits() -> Result<()> {
     Ok(())
 }
 
+/// The four attention projections every training test adapts.
+const SITES: [&str; 4] = ["q_proj", "k_proj", "v_proj", "o_proj"];
+
+/// A fresh rank-4 adapter on layers 4 and 5, always from the same seed.
+fn fresh_adapter(upper: &UpperModel) -> Result<LoraVars> {
+    Ok(upper.init_lora(&[4, 5], &SITES, 4, 8.0, 3)?)
+}
+
+/// Train `lora` on `data` with `opts`, checkpointing into `dir`.
+fn train(
+    upper: &UpperModel,
+    lora: &LoraVars,
+    data: &[TrainSeq],
+    opts: &LoraTrainOptions,
+    dir: &std::path::Path,
+) -> Result<CheckpointState> {
+    let config = lcut_model::lora::LoraConfig::new(4, 8.0, &SITES);
+    Ok(train_lora(
+        upper,
+        lora,
+        data,
+        opts,
+        (dir, &config),
+        |_, _| {},
+    )?)
+}
+
 #[test]
 fn training_lowers_the_loss_and_resumes() -> Result<()> {
     let (upper, s, _) = case()?;
-    let lora = upper.init_lora(
-        &[4, 5],
-        &["q_proj", "k_proj", "v_proj", "o_proj"],
-        4,
-        8.0,
-        3,
-    )?;
     let mut opts = options(10, 0.0);
     let dir = tempfile::tempdir()?;
-    let config =
-        lcut_model::lora::LoraConfig::new(4, 8.0, &["q_proj", "k_proj", "v_proj", "o_proj"]);
     let data = [s];
-    let state = train_lora(
-        &upper,
-        &lora,
-        &data,
-        &opts,
-        (dir.path(), &config),
-        |_, _| {},
-    )?;
+    let state = train(&upper, &fresh_adapter(&upper)?, &data, &opts, dir.path())?;
     let (first, last) = (state.losses[0], state.losses[19]);
     ensure!(last < first * 0.9, "loss {first} -> {last}");
     // resume: a fresh adapter picks up the checkpoint at step 20 and goes on
     opts.steps = 25;
-    let again = upper.init_lora(
-        &[4, 5],
-        &["q_proj", "k_proj", "v_proj", "o_proj"],
-        4,
-        8.0,
-        3,
-    )?;
-    let state = train_lora(
-        &upper,
-        &again,
-        &data,
-        &opts,
-        (dir.path(), &config),
-        |_, _| {},
-    )?;
+    let state = train(&upper, &fresh_adapter(&upper)?, &data, &opts, dir.path())?;
     ensure!(
         state.losses.len() == 25 && state.losses[20] <= first,
         "resumed: {:?}",
@@ -207,22 +205,12 @@ fn training_with_the_kl_term_ends_nearer_the_teacher() -> Result<()> {
     s.teacher = Some(top_k(&teacher_logits, 16)?);
     // the tokens are the teacher's own choices, as in self-distillation
     s.targets = teacher_logits.argmax(D::Minus1)?.to_vec1()?;
-    let sites = ["q_proj", "k_proj", "v_proj", "o_proj"];
     let data = [s];
     // the same start trained on cross-entropy alone and with the KL term
-    let train = |kd_weight: f64| -> Result<f64> {
-        let lora = upper.init_lora(&[4, 5], &sites, 4, 8.0, 3)?;
-        let opts = options(0, kd_weight);
+    let train_kl = |kd_weight: f64| -> Result<f64> {
+        let lora = fresh_adapter(&upper)?;
         let dir = tempfile::tempdir()?;
-        let config = lcut_model::lora::LoraConfig::new(4, 8.0, &sites);
-        train_lora(
-            &upper,
-            &lora,
-            &data,
-            &opts,
-            (dir.path(), &config),
-            |_, _| {},
-        )?;
+        train(&upper, &lora, &data, &options(0, kd_weight), dir.path())?;
         let s = &data[0];
         let got = upper.logits(&s.x, &s.positions, &s.visible, &s.loss_rows, &lora)?;
         let teacher = s
@@ -231,7 +219,7 @@ fn training_with_the_kl_term_ends_nearer_the_teacher() -> Result<()> {
             .ok_or_else(|| anyhow::anyhow!("no teacher"))?;
         kl_by_hand(teacher, &got)
     };
-    let (ce_only, with_kl) = (train(0.0)?, train(1.0)?);
+    let (ce_only, with_kl) = (train_kl(0.0)?, train_kl(1.0)?);
     ensure!(
         with_kl < ce_only * 0.8,
         "KL to the teacher after training: cross-entropy alone {ce_only}, with the KL term {with_kl}"
