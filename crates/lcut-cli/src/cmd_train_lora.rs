@@ -1,9 +1,9 @@
 //! `lcut train-lora`: a SPEED-aware LoRA adapter by self-distillation. The
 //! full model greedily continues prompts from lcut's own task generators
 //! (its distributions kept too, for the logit-distillation term);
-//! the layers below the cut run once per sequence (their output is the same
-//! under both masks); the upper layers learn, with the SPEED mask, to give
-//! the full model's tokens. Writes the adapter (PEFT layout, with
+//! the frozen layers beneath the trained ones run once per sequence (their
+//! output is the same under both masks); the trained layers learn, with the
+//! SPEED mask, to give the full model's tokens. Writes the adapter (PEFT layout, with
 //! `lcut_policy`), a resumable checkpoint and `training.json`.
 
 use std::io::IsTerminal;
@@ -17,7 +17,9 @@ use lcut_engine::Session;
 use lcut_model::lora::{LoraConfig, Targets, write_adapter};
 use lcut_model::{LogitRows, Probe, ResidualSite};
 use lcut_policy::{Policy, PolicySpec, TokenPhases};
-use lcut_train::lora_train::{LoraTrainOptions, TeacherTopK, TrainSeq, UpperModel, train_lora};
+use lcut_train::lora_train::{
+    BelowCut, LoraTrainOptions, TeacherTopK, TrainSeq, UpperModel, train_lora,
+};
 
 use crate::args::{DeviceArg, DtypeArg, WeightArg};
 use crate::lora_teacher::{self, TeacherRecord, TeacherSettings};
@@ -38,7 +40,10 @@ pub struct TrainLoraArgs {
     /// LoRA alpha (scale alpha / rank).
     #[arg(long, default_value_t = 16.0)]
     alpha: f64,
-    /// Layers to adapt, C..L (end exclusive), all at or above the cut; the cut to the top by default.
+    /// Layers to adapt, A..B (end exclusive); the cut to the top by default.
+    /// A below the cut trains those layers too, on every token of a
+    /// sequence (slower: the whole sequence runs there, not only the rows
+    /// that exist above the cut).
     #[arg(long)]
     layers: Option<String>,
     /// Projections to adapt, comma-separated (q,k,v,o,gate,up,down).
@@ -130,17 +135,22 @@ impl Probe for Capture {
     }
 }
 
-/// `C..L` into layer indices, each at or above `cut` and below `layers`.
+/// `A..B` into layer indices below `layers`; the cut to the top by default.
 fn parse_layers(text: Option<&str>, cut: usize, layers: usize) -> Result<Vec<usize>> {
     let Some(text) = text else {
         return Ok((cut..layers).collect());
     };
     let (a, b) = text
         .split_once("..")
-        .with_context(|| format!("--layers {text:?}: expected C..L"))?;
-    let (a, b): (usize, usize) = (a.trim().parse()?, b.trim().parse()?);
-    if a < cut || b > layers || a >= b {
-        bail!("--layers {text}: expected a range within {cut}..{layers} (the cut to the top)");
+        .with_context(|| format!("--layers {text:?}: expected A..B"))?;
+    let number = |t: &str| {
+        t.trim()
+            .parse::<usize>()
+            .with_context(|| format!("--layers {text:?}: {t:?} is not a layer number"))
+    };
+    let (a, b) = (number(a)?, number(b)?);
+    if b > layers || a >= b {
+        bail!("--layers {text}: expected a range within 0..{layers} (end exclusive)");
     }
     Ok((a..b).collect())
 }
@@ -166,12 +176,13 @@ fn parse_modules(text: &str) -> Result<Vec<String>> {
 }
 
 /// A training sequence: the prompt and its continuation, the rows that
-/// exist at the cut under `policy`, their residual stream from the lower
-/// layers, and the continuation as targets (tokens and, with `kd`, the
-/// teacher's distributions).
+/// exist at the cut under `policy`, the residual stream entering layer
+/// `first` from the frozen layers beneath it (every row when `first` is
+/// below the cut, else the rows at the cut), and the continuation as
+/// targets (tokens and, with `kd`, the teacher's distributions).
 fn sequence(
     session: &Session,
-    policy: &Policy,
+    (policy, first): (&Policy, usize),
     record: &TeacherRecord,
     kd: bool,
 ) -> Result<TrainSeq> {
@@ -189,7 +200,10 @@ fn sequence(
     let anchors = policy.anchor_len(prompt.system_len, prompt.decode_start)?;
     let phases = TokenPhases::new(ids.len(), prompt.decode_start, anchors)?;
     let mut probe = Capture {
-        site: ResidualSite::Layer(cut - 1),
+        site: match first {
+            0 => ResidualSite::Embeddings,
+            l => ResidualSite::Layer(l - 1),
+        },
         rows: vec![],
     };
     let mut seq = model.new_full_sequence();
@@ -199,7 +213,17 @@ fn sequence(
         .filter(|&p| policy.token_exists(cut, p, &phases))
         .collect();
     let idx: Vec<u32> = positions.iter().map(|&p| p as u32).collect();
-    let x = hidden.index_select(&Tensor::new(idx.as_slice(), hidden.device())?, 0)?;
+    let (x, below) = match first < cut {
+        // positions are never renumbered: row p of the sequence is position p
+        true => (
+            hidden,
+            Some(below_cut(policy, first, &phases, ids.len(), idx)),
+        ),
+        false => (
+            hidden.index_select(&Tensor::new(idx.as_slice(), hidden.device())?, 0)?,
+            None,
+        ),
+    };
     let visible = positions
         .iter()
         .flat_map(|&q| positions.iter().map(move |&k| (q, k)))
@@ -220,12 +244,33 @@ fn sequence(
     };
     Ok(TrainSeq {
         x,
+        below,
         positions,
         visible,
         loss_rows,
         targets,
         teacher,
     })
+}
+
+/// Every row of an `n`-token sequence in the layers from `first` to the
+/// cut, reading what `policy` shows there, with `kept` the rows that go on.
+fn below_cut(
+    policy: &Policy,
+    first: usize,
+    phases: &TokenPhases,
+    n: usize,
+    kept: Vec<u32>,
+) -> BelowCut {
+    let visible = (0..n)
+        .flat_map(|q| (0..n).map(move |k| (q, k)))
+        .map(|(q, k)| k <= q && policy.key_visible(first, q, k, phases))
+        .collect();
+    BelowCut {
+        positions: (0..n).collect(),
+        visible,
+        kept,
+    }
 }
 
 /// The teacher's top-k distributions before continuation tokens `steps`.
@@ -299,7 +344,7 @@ impl Progress {
 /// the base model's (`Decoder::lora_fingerprint`), recorded with the teacher.
 fn training_data(
     session: &Session,
-    (policy, fingerprint): (&Policy, &str),
+    (policy, first, fingerprint): (&Policy, usize, &str),
     args: &TrainLoraArgs,
 ) -> Result<(Vec<TrainSeq>, usize)> {
     let (exclude, excluded_suite_hash) = match &args.exclude_suite {
@@ -345,7 +390,12 @@ fn training_data(
     let (mut data, mut tokens) = (vec![], 0);
     for record in &records {
         tokens += record.prompt_ids.len() + record.continuation.len();
-        data.push(sequence(session, policy, record, args.kd_weight > 0.0)?);
+        data.push(sequence(
+            session,
+            (policy, first),
+            record,
+            args.kd_weight > 0.0,
+        )?);
         pb.set(data.len(), "");
     }
     pb.finish();
@@ -377,9 +427,10 @@ pub fn run(args: &TrainLoraArgs) -> Result<()> {
     }
     let adapt = parse_layers(args.layers.as_deref(), policy.l_cut(), layers)?;
     let modules = parse_modules(&args.modules)?;
-    let upper = load_upper(&args.model, policy.l_cut())?;
+    let first = adapt[0].min(policy.l_cut());
+    let upper = load_trained_span(&args.model, first, policy.l_cut())?;
     let fingerprint = session.model.lora_fingerprint()?;
-    let (data, tokens) = training_data(&session, (&policy, &fingerprint), args)?;
+    let (data, tokens) = training_data(&session, (&policy, first, &fingerprint), args)?;
     let prep_s = started.elapsed().as_secs_f64();
     eprintln!(
         "{} sequences ({tokens} tokens) ready in {prep_s:.0} s",
@@ -460,18 +511,24 @@ pub fn run(args: &TrainLoraArgs) -> Result<()> {
     Ok(())
 }
 
-/// The upper layers of the model, dense f32.
-fn load_upper(path: &Path, cut: usize) -> Result<UpperModel> {
+/// The model's layers from `first` up for a policy cutting at `cut`, dense f32.
+fn load_trained_span(path: &Path, first: usize, cut: usize) -> Result<UpperModel> {
     use lcut_model::gguf::{GgufFile, GgufWeights, is_gguf_path};
     if is_gguf_path(path) {
         let file = GgufFile::open(path)?;
         let cfg = file.config().clone();
-        return Ok(UpperModel::load(&cfg, &GgufWeights::new(file), cut)?);
+        return Ok(UpperModel::load_span(
+            &cfg,
+            &GgufWeights::new(file),
+            first,
+            cut,
+        )?);
     }
     let cfg = lcut_model::ModelConfig::from_folder(path)?;
-    Ok(UpperModel::load(
+    Ok(UpperModel::load_span(
         &cfg,
         &lcut_model::WeightFiles::open(path)?,
+        first,
         cut,
     )?)
 }

@@ -1,23 +1,28 @@
-//! The LoRA trainer's upper layers, run on the rows that exist above the
+//! The LoRA trainer's layers, run on the rows that exist above the
 //! cut from the lower layers' residual stream, give transformers' SPEED+BoS
-//! logits on the llama-gqa reference case (zero adapter), and a trained
-//! step lowers the loss.
+//! logits on the llama-gqa reference case (zero adapter), also when the
+//! trained span starts below the cut (every token there); a trained step
+//! lowers the loss; and an adapter trained below and above the cut, written
+//! and applied by the engine under the same policy, gives the trainer's
+//! logits.
 
 use anyhow::{Result, ensure};
 use candle_core::{D, Device, Tensor};
+use lcut_model::lora::{LoraConfig, LoraMode, write_adapter};
+use lcut_model::{Decoder, LogitRows};
 use lcut_model::{ModelConfig, WeightFiles};
+use lcut_policy::{PolicySpec, TokenPhases};
 use lcut_testkit::reference::ReferenceCase;
 use lcut_train::lora_train::{
-    CheckpointState, LoraTrainOptions, LoraVars, TeacherTopK, TrainSeq, UpperModel, topk_kl,
-    train_lora,
+    BelowCut, CheckpointState, LoraTrainOptions, LoraVars, TeacherTopK, TrainSeq, UpperModel,
+    topk_kl, train_lora,
 };
 
 const CUT: usize = 4;
 const S: usize = 28;
 
 fn case() -> Result<(UpperModel, TrainSeq, Tensor)> {
-    let dir =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/oracle/llama-gqa");
+    let dir = oracle_dir();
     let case = ReferenceCase::load(&dir)?;
     let cfg = ModelConfig::from_folder(&dir)?;
     let upper = UpperModel::load(&cfg, &WeightFiles::open(&dir)?, CUT)?;
@@ -38,6 +43,7 @@ fn case() -> Result<(UpperModel, TrainSeq, Tensor)> {
         upper,
         TrainSeq {
             x,
+            below: None,
             positions,
             visible,
             loss_rows,
@@ -46,6 +52,43 @@ fn case() -> Result<(UpperModel, TrainSeq, Tensor)> {
         },
         want,
     ))
+}
+
+/// The case's SPEED+BoS sequence for a model whose trained span starts at
+/// `first` below the cut: every row from the residual stream after layer
+/// `first - 1`, the BoS and decode rows kept at the cut.
+fn case_from(first: usize) -> Result<(UpperModel, TrainSeq, Tensor)> {
+    let (_, upper_seq, want) = case()?;
+    let dir = oracle_dir();
+    let case = ReferenceCase::load(&dir)?;
+    let cfg = ModelConfig::from_folder(&dir)?;
+    let model = UpperModel::load_span(&cfg, &WeightFiles::open(&dir)?, first, CUT)?;
+    let t = case.ids.len();
+    let x = case.tensors[&format!("layer_out.{}", first - 1)].clone();
+    let below = BelowCut {
+        positions: (0..t).collect(),
+        visible: (0..t * t).map(|i| i % t <= i / t).collect(),
+        kept: upper_seq.positions.iter().map(|&p| p as u32).collect(),
+    };
+    let seq = TrainSeq {
+        x,
+        below: Some(below),
+        ..upper_seq
+    };
+    Ok((model, seq, want))
+}
+
+fn oracle_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/oracle/llama-gqa")
+}
+
+/// Largest absolute difference of two tensors of one shape.
+fn max_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
+    Ok((a - b)?
+        .abs()?
+        .flatten_all()?
+        .max(D::Minus1)?
+        .to_scalar::<f32>()?)
 }
 
 /// 20 steps of one sequence at a constant learning rate.
@@ -67,16 +110,92 @@ fn options(checkpoint_every: usize, kd_weight: f64) -> LoraTrainOptions {
 fn zero_adapter_upper_layers_give_transformers_speed_logits() -> Result<()> {
     let (upper, s, want) = case()?;
     let lora = upper.init_lora(&[4, 5], &["q_proj", "v_proj"], 4, 8.0, 3)?;
-    let got = upper.logits(&s.x, &s.positions, &s.visible, &s.loss_rows, &lora)?;
-    let d = (got - want)?
-        .abs()?
-        .flatten_all()?
-        .max(D::Minus1)?
-        .to_scalar::<f32>()?;
+    let d = max_diff(&upper.logits(&s, &lora)?, &want)?;
     ensure!(
         d <= 1e-4,
         "upper layers differ from transformers' SPEED+BoS logits by {d:e}"
     );
+    Ok(())
+}
+
+#[test]
+fn zero_adapter_from_below_the_cut_gives_transformers_speed_logits() -> Result<()> {
+    for first in [1, 2, 3] {
+        let (model, s, want) = case_from(first)?;
+        let lora = model.init_lora(&[first, 5], &["q_proj", "v_proj"], 4, 8.0, 3)?;
+        let d = max_diff(&model.logits(&s, &lora)?, &want)?;
+        ensure!(
+            d <= 1e-4,
+            "from layer {first}: differs from transformers' SPEED+BoS logits by {d:e}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn a_sequence_prepared_for_another_span_is_refused() -> Result<()> {
+    let (upper, at_cut, _) = case()?;
+    let (below_model, below_seq, _) = case_from(2)?;
+    let lora = upper.init_lora(&[4], &["q_proj"], 4, 8.0, 3)?;
+    for (model, seq) in [(&upper, &below_seq), (&below_model, &at_cut)] {
+        let err = match model.logits(seq, &lora) {
+            Ok(_) => anyhow::bail!("a sequence prepared for another span ran"),
+            Err(e) => e.to_string(),
+        };
+        ensure!(err.contains("prepared"), "{err}");
+    }
+    Ok(())
+}
+
+/// Adapter trained on layers 2..6 (two below the cut of 4), written in the
+/// PEFT layout and applied by the engine on the fly under speed:4+bos: the
+/// engine's logits are the trainer's (what is trained is what runs).
+#[test]
+fn adapter_trained_below_the_cut_runs_in_the_engine_as_trained() -> Result<()> {
+    let (model, s, _) = case_from(2)?;
+    let layers = [2, 3, 4, 5];
+    let lora = model.init_lora(&layers, &SITES, 4, 8.0, 3)?;
+    let tmp = tempfile::tempdir()?;
+    let mut config = LoraConfig::new(4, 8.0, &SITES);
+    config.layers = Some(layers.to_vec());
+    config.policy = Some("speed:4+bos".into());
+    let state = train_lora(
+        &model,
+        &lora,
+        std::slice::from_ref(&s),
+        &options(0, 0.0),
+        (&tmp.path().join("ckpt"), &config),
+        |_, _| {},
+    )?;
+    ensure!(
+        state.losses[19] < state.losses[0] * 0.9,
+        "loss {:?}",
+        state.losses
+    );
+    // the layers below the cut learnt too (their pairs are not at B = 0)
+    for l in [2, 3] {
+        let (_, b) = &lora.vars[&(l, "self_attn.v_proj".to_string())];
+        let norm = b.as_tensor().sqr()?.sum_all()?.to_scalar::<f32>()?;
+        ensure!(norm > 1e-6, "layer {l} below the cut did not train");
+    }
+    let trained = model.logits(&s, &lora)?;
+    let adapter = tmp.path().join("adapter");
+    write_adapter(&adapter, &config, &lora.pairs())?;
+    let engine = Decoder::load(&oracle_dir(), candle_core::DType::F32, &Device::Cpu)?
+        .with_lora(&adapter, LoraMode::OnTheFly)?;
+    let ids = ReferenceCase::load(&oracle_dir())?.ids;
+    let policy = "speed:4+bos".parse::<PolicySpec>()?.resolve(6)?;
+    let mut seq = engine.new_sequence(policy, TokenPhases::new(ids.len(), S, 1)?)?;
+    engine.forward(&mut seq, &ids[..S], LogitRows::None, None)?;
+    let out = engine.forward(&mut seq, &ids[S..], LogitRows::All, None)?;
+    let got = out.logits.ok_or_else(|| anyhow::anyhow!("no logits"))?;
+    let base = case_from(2)?.2;
+    ensure!(
+        max_diff(&trained, &base)? > 1e-2,
+        "training changed nothing"
+    );
+    let d = max_diff(&got, &trained)?;
+    ensure!(d <= 1e-4, "engine vs trainer: {d:e}");
     Ok(())
 }
 
@@ -176,7 +295,7 @@ fn kl_by_hand(teacher: &TeacherTopK, student_logits: &Tensor) -> Result<f64> {
 fn top_k_kl_is_the_kl_by_hand_and_zero_against_itself() -> Result<()> {
     let (upper, s, want) = case()?;
     let lora = upper.init_lora(&[4], &["q_proj"], 4, 8.0, 3)?;
-    let got = upper.logits(&s.x, &s.positions, &s.visible, &s.loss_rows, &lora)?;
+    let got = upper.logits(&s, &lora)?;
     let vocab = got.dim(1)?;
     // the teacher: transformers' full-depth logits of the same rows would do;
     // the SPEED logits perturbed give a teacher that differs from the model
@@ -212,7 +331,7 @@ fn training_with_the_kl_term_ends_nearer_the_teacher() -> Result<()> {
         let dir = tempfile::tempdir()?;
         train(&upper, &lora, &data, &options(0, kd_weight), dir.path())?;
         let s = &data[0];
-        let got = upper.logits(&s.x, &s.positions, &s.visible, &s.loss_rows, &lora)?;
+        let got = upper.logits(s, &lora)?;
         let teacher = s
             .teacher
             .as_ref()

@@ -1,8 +1,10 @@
-//! The layers at and above the cut, differentiable, with trainable LoRA
-//! pairs on chosen projections and the base weights frozen. Under a SPEED
-//! policy only the anchors and the decode-phase tokens exist there, so a
-//! sequence is run on those rows alone, from the residual stream the
-//! (unchanged) lower layers produced for them, at their original positions.
+//! The layers from the first trained one up, differentiable, with trainable
+//! LoRA pairs on chosen projections and the base weights frozen. Below the
+//! cut every token of a sequence runs (causal attention); under a SPEED
+//! policy only the anchors and the decode-phase tokens exist from the cut
+//! up, so there a sequence runs on those rows alone, at their original
+//! positions. The residual stream entering the first layer comes from the
+//! frozen layers beneath it.
 
 use std::collections::BTreeMap;
 
@@ -10,6 +12,7 @@ use candle_core::{D, DType, Device, Tensor, Var};
 use lcut_model::lora::{LoraPair, Site};
 use lcut_model::{ModelConfig, WeightSource};
 
+use super::seq::TrainSeq;
 use crate::error::{Result, TrainError};
 
 /// Modules an adapter may train here (attention and MLP of Llama).
@@ -60,9 +63,11 @@ impl LoraVars {
     }
 }
 
-/// Layers `first..num_layers` with the final norm and the LM head.
+/// Layers `first..num_layers` with the final norm and the LM head, for a
+/// SPEED policy cutting at `cut` (`first <= cut`).
 pub struct UpperModel {
     first: usize,
+    cut: usize,
     layers: Vec<Frozen>,
     norm: Tensor,
     lm_head: Tensor,
@@ -77,8 +82,26 @@ fn unsupported(reason: &str) -> TrainError {
 }
 
 impl UpperModel {
-    /// Load layers `first..` of a model from its weights, in f32 on the CPU.
-    pub fn load(cfg: &ModelConfig, files: &dyn WeightSource, first: usize) -> Result<Self> {
+    /// Load layers `cut..` of a model from its weights, in f32 on the CPU.
+    pub fn load(cfg: &ModelConfig, files: &dyn WeightSource, cut: usize) -> Result<Self> {
+        Self::load_span(cfg, files, cut, cut)
+    }
+
+    /// Load layers `first..` for a policy cutting at `cut`, in f32 on the
+    /// CPU; layers `first..cut` run on every token of a sequence.
+    pub fn load_span(
+        cfg: &ModelConfig,
+        files: &dyn WeightSource,
+        first: usize,
+        cut: usize,
+    ) -> Result<Self> {
+        if first > cut || cut > cfg.num_layers {
+            return Err(unsupported(&format!(
+                "the first trained layer {first} must be at or below the cut {cut}, \
+                 the cut at most the model's {} layers",
+                cfg.num_layers
+            )));
+        }
         if cfg.qk_norm || cfg.qkv_bias || cfg.fused_qkv || cfg.fused_gate_up || cfg.sandwich_norms {
             return Err(unsupported(
                 "no q/k norm, bias, fused projections or sandwich norms",
@@ -121,6 +144,7 @@ impl UpperModel {
         let n = inv.len();
         Ok(Self {
             first,
+            cut,
             layers,
             norm: load("model.norm.weight", &[d])?,
             lm_head: load(head, &[cfg.vocab_size, d])?,
@@ -129,9 +153,14 @@ impl UpperModel {
         })
     }
 
-    /// The first layer run here (the cut).
+    /// The first layer run here.
     pub fn first_layer(&self) -> usize {
         self.first
+    }
+
+    /// The cut of the policy trained for.
+    pub fn cut(&self) -> usize {
+        self.cut
     }
 
     /// New pairs of rank `r` on `modules` of `layers`: A small random
@@ -151,7 +180,7 @@ impl UpperModel {
             let frozen = l.checked_sub(self.first).and_then(|i| self.layers.get(i));
             let Some(frozen) = frozen else {
                 return Err(unsupported(&format!(
-                    "layer {l} is not at or above the cut {}",
+                    "layer {l} is below the first trained layer {}",
                     self.first
                 )));
             };
@@ -184,29 +213,40 @@ impl UpperModel {
         })
     }
 
-    /// Logits [rows, vocab] at `loss_rows` (indices into `positions`) of a
-    /// sequence whose rows at `positions` enter layer `first` as `x` [n, d]
-    /// and read each other where `visible[q * n + k]`.
-    pub fn logits(
-        &self,
-        x: &Tensor,
-        positions: &[usize],
-        visible: &[bool],
-        loss_rows: &[u32],
-        lora: &LoraVars,
-    ) -> Result<Tensor> {
-        let n = positions.len();
-        let mask: Vec<f32> = visible
-            .iter()
-            .map(|&v| if v { 0.0 } else { -1e9 })
-            .collect();
-        let mask = Tensor::from_vec(mask, (1, n, n), &Device::Cpu)?;
-        let (cos, sin) = self.rope(positions)?;
-        let mut x = x.clone();
-        for (i, w) in self.layers.iter().enumerate() {
+    /// Logits [loss rows, vocab] of a sequence: the trained layers below
+    /// the cut on all its rows, then the rows kept at the cut through the
+    /// rest, each reading the rows its mask shows.
+    pub fn logits(&self, s: &TrainSeq, lora: &LoraVars) -> Result<Tensor> {
+        let mut x = s.x.clone();
+        let mut layers = self.layers.iter().enumerate();
+        match (&s.below, self.first < self.cut) {
+            (Some(below), true) => {
+                let mask = mask(&below.visible, below.positions.len())?;
+                let rope = self.rope(&below.positions)?;
+                for (i, w) in layers.by_ref().take(self.cut - self.first) {
+                    x = self.layer(&x, self.first + i, w, &mask, (&rope.0, &rope.1), lora)?;
+                }
+                x = x.index_select(&Tensor::new(below.kept.as_slice(), &Device::Cpu)?, 0)?;
+            }
+            (None, false) => {}
+            (below, _) => {
+                return Err(TrainError::Shape {
+                    reason: format!(
+                        "the model starts at layer {} for the cut {}, the sequence was \
+                         prepared {} the cut",
+                        self.first,
+                        self.cut,
+                        if below.is_some() { "below" } else { "at" }
+                    ),
+                });
+            }
+        }
+        let mask = mask(&s.visible, s.positions.len())?;
+        let (cos, sin) = self.rope(&s.positions)?;
+        for (i, w) in layers {
             x = self.layer(&x, self.first + i, w, &mask, (&cos, &sin), lora)?;
         }
-        let idx = Tensor::new(loss_rows, &Device::Cpu)?;
+        let idx = Tensor::new(s.loss_rows.as_slice(), &Device::Cpu)?;
         let picked = rms(&x.index_select(&idx, 0)?, &self.norm, self.cfg.rms_norm_eps)?;
         Ok(picked.matmul(&self.lm_head.t()?)?)
     }
@@ -261,6 +301,21 @@ impl UpperModel {
         let up = proj("mlp.up_proj", &normed)?;
         Ok((&x + proj("mlp.down_proj", &(gate * up)?)?)?)
     }
+}
+
+/// An additive attention mask [1, n, n] from row q reads row k where
+/// `visible[q * n + k]`.
+fn mask(visible: &[bool], n: usize) -> Result<Tensor> {
+    if visible.len() != n * n {
+        return Err(TrainError::Shape {
+            reason: format!("a mask of {} entries for {n} rows", visible.len()),
+        });
+    }
+    let mask: Vec<f32> = visible
+        .iter()
+        .map(|&v| if v { 0.0 } else { -1e9 })
+        .collect();
+    Ok(Tensor::from_vec(mask, (1, n, n), &Device::Cpu)?)
 }
 
 /// RMSNorm from differentiable ops.

@@ -14,37 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use super::model::{LoraVars, UpperModel};
 use super::optim::{AdamW, SplitMix};
+use super::seq::{TeacherTopK, TrainSeq};
 use crate::error::{Result, TrainError};
-
-/// One training sequence, as the upper layers see it (a clone shares the
-/// tensors).
-#[derive(Clone)]
-pub struct TrainSeq {
-    /// Residual stream entering the cut at the rows that exist there [n, d].
-    pub x: Tensor,
-    /// Original positions of those rows.
-    pub positions: Vec<usize>,
-    /// Row q reads row k where `visible[q * n + k]`.
-    pub visible: Vec<bool>,
-    /// Rows whose next token is a target.
-    pub loss_rows: Vec<u32>,
-    /// The targets (the teacher's tokens), one per loss row.
-    pub targets: Vec<u32>,
-    /// The teacher's distribution at each loss row, cut to its top k.
-    pub teacher: Option<TeacherTopK>,
-}
-
-/// The full model's next-token distribution at each loss row, kept as its
-/// k most likely tokens: ids [rows, k] (u32) and probabilities [rows, k]
-/// (f32, renormalised over the k). The KL term compares the adapted model's
-/// log-probabilities of those tokens with these.
-#[derive(Clone)]
-pub struct TeacherTopK {
-    /// Token ids [rows, k].
-    pub ids: Tensor,
-    /// Probabilities [rows, k], each row summing to 1.
-    pub probs: Tensor,
-}
 
 /// Settings of a LoRA training run.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -147,7 +118,7 @@ fn restore(dir: &Path, lora: &LoraVars, adam: &mut AdamW) -> Result<Option<Check
 /// Loss of one sequence: mean cross-entropy on the teacher's tokens plus
 /// `kd_weight` times the mean KL(teacher top-k || model) over the loss rows.
 fn seq_loss(model: &UpperModel, lora: &LoraVars, s: &TrainSeq, kd_weight: f64) -> Result<Tensor> {
-    let logits = model.logits(&s.x, &s.positions, &s.visible, &s.loss_rows, lora)?;
+    let logits = model.logits(s, lora)?;
     let log_probs = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
     let targets = Tensor::new(s.targets.as_slice(), &Device::Cpu)?;
     let ce = candle_nn::loss::nll(&log_probs, &targets)?;
