@@ -5,11 +5,14 @@ use anyhow::{Context, Result};
 use clap::Args;
 use std::path::PathBuf;
 
-use lcut_engine::diagnose::{AxisPolicy, SweepOptions, equal_kv_pairs, prepare_prompts, sweep};
+use lcut_engine::diagnose::{
+    AxisPolicy, SweepOptions, equal_kv_pairs, prepare_prompts, shard_indices, sweep,
+};
 use lcut_engine::suite::{CutoffEvalOptions, accuracy_by_cutoff, read_suite, smallest_cut_within};
 use lcut_policy::{Anchors, PolicySpec};
 use lcut_trace::{
-    CutoffAccuracy, PolicyPoint, Report, read_report_json, write_json, write_report_json,
+    CutoffAccuracy, PolicyPoint, Report, SuiteSource, read_report_json, write_json,
+    write_report_json,
 };
 
 use crate::args::PolicyList;
@@ -44,8 +47,10 @@ pub struct SweepArgs {
     #[arg(long, default_value = "")]
     slim_options: String,
     /// Also score SPEED+BoS's own greedy answers at each cutoff on this task
-    /// suite (one full prefill per item reused for every cutoff), and compare
-    /// the recommendation with the smallest cutoff within 2 points of full.
+    /// suite (and anchor-free SPEED's with --anchor-free; one full prefill
+    /// per item reused for every cutoff; with --shard I/N items I, I+N, ...
+    /// only), and compare the recommendation with the smallest BoS cutoff
+    /// within 2 points of full.
     #[arg(long)]
     eval_suite: Option<PathBuf>,
     /// Most new tokens of each suite answer.
@@ -53,45 +58,89 @@ pub struct SweepArgs {
     eval_max_new_tokens: usize,
 }
 
-/// SPEED+BoS's accuracy on `--eval-suite` at each cutoff of the sweep.
+/// SPEED+BoS's accuracy on `--eval-suite` at each cutoff of the sweep (and
+/// anchor-free SPEED's with `--anchor-free`), on the items of `--shard`
+/// only when given, with the suite it was scored on.
 fn suite_accuracy(
     args: &SweepArgs,
     session: &lcut_engine::Session,
     cuts: &[usize],
-) -> Result<Vec<CutoffAccuracy>> {
+    shard: Option<(usize, usize)>,
+) -> Result<(Vec<CutoffAccuracy>, Option<SuiteSource>)> {
     let Some(path) = &args.eval_suite else {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), None));
     };
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let items = read_suite(path)?;
+    let mut anchors = vec![Anchors::Bos];
+    if args.anchor_free {
+        anchors.push(Anchors::None);
+    }
     let opts = CutoffEvalOptions {
         cuts: cuts.to_vec(),
-        anchors: Anchors::Bos,
+        anchors,
         max_new_tokens: args.eval_max_new_tokens,
         prefill_chunk: lcut_engine::GenerationConfig::default().prefill_chunk,
+        shard,
     };
+    let todo = shard_indices(items.len(), shard)?.len();
     let bar = progress_bar();
-    bar.set_length(items.len() as u64);
+    bar.set_length(todo as u64);
     bar.set_message(format!("suite {}", path.display()));
     let points = accuracy_by_cutoff(session, &items, &opts, &mut |done, _| {
         bar.set_position(done as u64);
         true
     })?;
     bar.finish_and_clear();
+    let shard_note = shard.map_or_else(String::new, |(i, n)| format!(", shard {i}/{n}"));
     println!(
-        "\n{:>5} {:>9} {:>17}   ({} items of {})",
-        "L_cut",
-        "accuracy",
-        "95% interval",
+        "\n({todo} of {} items of {}{shard_note})",
         items.len(),
         path.display()
     );
-    for p in &points {
-        println!(
-            "{:>5} {:>9.3}    [{:.3}, {:.3}]",
-            p.l_cut, p.accuracy, p.interval[0], p.interval[1]
-        );
+    print_accuracy(&points);
+    let source = SuiteSource {
+        path: path.display().to_string(),
+        hash: lcut_trace::hash_bytes(&bytes),
+        items: items.len(),
+        shard: shard.map(|(i, n)| [i, n]),
+    };
+    Ok((points, Some(source)))
+}
+
+/// Suite accuracy per cutoff: one accuracy and interval column for each
+/// anchor setting scored (BoS, then none).
+fn print_accuracy(points: &[CutoffAccuracy]) {
+    let mut anchors: Vec<&str> = Vec::new();
+    let mut cuts: Vec<usize> = Vec::new();
+    for p in points {
+        if !anchors.contains(&p.anchors.as_str()) {
+            anchors.push(&p.anchors);
+        }
+        if !cuts.contains(&p.l_cut) {
+            cuts.push(p.l_cut);
+        }
     }
-    Ok(points)
+    let mut head = format!("{:>5}", "L_cut");
+    for a in &anchors {
+        head += &format!(" {:>14} {:>16}", format!("accuracy {a}"), "95% interval");
+    }
+    println!("{head}");
+    for c in cuts {
+        let mut line = format!("{c:>5}");
+        for a in &anchors {
+            match points.iter().find(|p| p.l_cut == c && p.anchors == *a) {
+                Some(p) => {
+                    line += &format!(
+                        " {:>14.3}   [{:.3}, {:.3}]",
+                        p.accuracy, p.interval[0], p.interval[1]
+                    )
+                }
+                None => line += &format!(" {:>14} {:>16}", "-", "-"),
+            }
+        }
+        println!("{line}");
+    }
 }
 
 /// The recommendation, the knee and the accuracy-based cutoff side by side.
@@ -215,7 +264,7 @@ pub fn run(args: &SweepArgs) -> Result<()> {
         max_new_tokens: args.run.max_new_tokens,
         ..SweepOptions::default()
     };
-    let accuracy = suite_accuracy(args, &session, &all_cuts)?;
+    let (accuracy, suite) = suite_accuracy(args, &session, &all_cuts, diag.shard)?;
     let prepared = prepare_prompts(&session, &prompts, &diag)?;
     let bar = progress_bar();
     let result = sweep(
@@ -244,6 +293,7 @@ pub fn run(args: &SweepArgs) -> Result<()> {
     }
     let mut result = result;
     result.accuracy = accuracy;
+    result.suite = suite;
     print_axis(&result.policies);
     std::fs::create_dir_all(&args.run.out)
         .with_context(|| format!("creating {}", args.run.out.display()))?;

@@ -3,7 +3,9 @@
 //! merged by `lcut eval-merge` into exactly the unsharded result, named
 //! errors for bad suite lines and a missing shard index, an adapted model
 //! compared with its base (and named in the result and in a diagnose
-//! report), and the bundled task evaluation without `--suite` as before.
+//! report), sweep's suite accuracy sharded and merged by `lcut merge`
+//! (anchor-free beside BoS), and the bundled task evaluation without
+//! `--suite` as before.
 
 #![allow(clippy::unwrap_used)] // test helpers unwrap like the tests do
 
@@ -287,6 +289,119 @@ fn sweep_with_a_suite_sets_the_recommendation_beside_accuracy_per_cut() {
             "At the recommended L_cut {rec}, accuracy on the suite is"
         )),
         "{stdout}"
+    );
+}
+
+/// `lcut sweep` of the bundled copy model (4 new tokens, cuts 2 and 4,
+/// suite answers of 6 tokens, anchor-free too) on `prompts` into `out`,
+/// after a diagnose of the same prompts there; `shard` as `I/N` or none.
+fn sweep_with_suite(out: &Path, prompts: &str, suite: &str, shard: Option<&str>) -> String {
+    let mut extra = vec!["--prompts", prompts];
+    if let Some(s) = shard {
+        extra.extend(["--shard", s]);
+    }
+    diagnose(out, &extra);
+    let mut a = vec![
+        "sweep",
+        "--model",
+        "fixtures/models/copy-full",
+        "--max-new-tokens",
+        "4",
+        "--cuts",
+        "2,4",
+        "--anchor-free",
+        "--eval-suite",
+        suite,
+        "--eval-max-new-tokens",
+        "6",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    a.extend_from_slice(&extra);
+    ok(&a, &[])
+}
+
+#[test]
+fn sharded_suite_accuracy_merges_into_the_unsharded_one_with_anchor_free_points() {
+    let tmp = tempfile::tempdir().unwrap();
+    let suite = write_suite(tmp.path());
+    // one prompt twice: both prompt shards give the same teacher-forced
+    // sweep, which merge requires (it merges only the suite accuracy)
+    let prompt = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/prompts/copy.jsonl"),
+    )
+    .unwrap();
+    let line: serde_json::Value = serde_json::from_str(prompt.lines().next().unwrap()).unwrap();
+    let prompts = tmp.path().join("prompts.jsonl");
+    let twice: Vec<String> = ["a", "b"]
+        .iter()
+        .map(|id| serde_json::json!({"id": id, "prompt": line["prompt"]}).to_string())
+        .collect();
+    std::fs::write(&prompts, twice.join("\n") + "\n").unwrap();
+    let prompts = prompts.to_str().unwrap();
+    let dir = |name: &str| tmp.path().join(name);
+    let stdout = sweep_with_suite(&dir("all"), prompts, &suite, None);
+    assert!(
+        stdout.contains("accuracy bos") && stdout.contains("accuracy none"),
+        "both anchor settings are printed: {stdout}"
+    );
+    sweep_with_suite(&dir("s0"), prompts, &suite, Some("0/2"));
+    sweep_with_suite(&dir("s1"), prompts, &suite, Some("1/2"));
+    let merged = dir("merged");
+    ok(
+        &[
+            "merge",
+            dir("s1").to_str().unwrap(),
+            dir("s0").to_str().unwrap(),
+            "--out",
+            merged.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let whole = read_report(&dir("all"));
+    let keys = |r: &serde_json::Value| -> Vec<(u64, String, u64, u64)> {
+        r["sweep"]["accuracy"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                let n = |k: &str| p[k].as_u64().unwrap();
+                let anchors = p["anchors"].as_str().unwrap().to_string();
+                (n("l_cut"), anchors, n("correct"), n("n"))
+            })
+            .collect()
+    };
+    let want = keys(&whole);
+    let shape: Vec<(u64, &str, u64)> = want.iter().map(|k| (k.0, k.1.as_str(), k.3)).collect();
+    assert_eq!(
+        shape,
+        vec![(2, "bos", 5), (4, "bos", 5), (2, "none", 5), (4, "none", 5)]
+    );
+    // each shard scored its own items: 3 and 2 of the 5
+    for (name, n, i) in [("s0", 3, 0), ("s1", 2, 1)] {
+        let r = read_report(&dir(name));
+        assert!(keys(&r).iter().all(|k| k.3 == n), "{name}: {:?}", keys(&r));
+        assert_eq!(r["sweep"]["suite"]["shard"], serde_json::json!([i, 2]));
+    }
+    let merged = read_report(&merged);
+    assert_eq!(keys(&merged), want, "correct counts per cut and anchors");
+    assert_eq!(merged["sweep"]["accuracy"], whole["sweep"]["accuracy"]);
+    assert_eq!(merged["sweep"]["suite"], whole["sweep"]["suite"]);
+    assert!(merged["sweep"]["suite"].get("shard").is_none());
+    // one shard alone does not cover the suite: a named error
+    let out = lcut(
+        &[
+            "merge",
+            dir("s0").to_str().unwrap(),
+            "--out",
+            dir("x").to_str().unwrap(),
+        ],
+        &[],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("suite shards"),
+        "{err}"
     );
 }
 

@@ -42,6 +42,7 @@ pub fn finish_sweep(context_len: usize, points: Vec<SweepPoint>, th: &Thresholds
         knee,
         policies: Vec::new(),
         accuracy: Vec::new(),
+        suite: None,
     }
 }
 

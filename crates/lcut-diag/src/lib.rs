@@ -13,6 +13,7 @@
 // Tests unwrap freely; the library itself is still linted (clippy builds both).
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+mod accuracy;
 mod aggregate;
 mod curvature;
 mod error;
@@ -24,6 +25,7 @@ mod recommend;
 pub mod synthetic;
 mod tail;
 
+pub use accuracy::{accuracy_point, merge_suite_accuracy, wilson};
 pub use aggregate::aggregate;
 pub use curvature::{curvature, turning_angle};
 pub use error::DiagError;

@@ -7,6 +7,7 @@
 
 use lcut_trace::{ModelIdentity, PromptTrace, Report, RunSettings, SCHEMA_VERSION, Sweep};
 
+use crate::accuracy::merge_suite_accuracy;
 use crate::aggregate::aggregate;
 use crate::error::DiagError;
 use crate::recommend::recommend;
@@ -87,9 +88,46 @@ fn check_shard_specs(shards: &[Report]) -> Result<(), DiagError> {
     Ok(())
 }
 
+/// The sweep without its suite accuracy: what shards must share.
+fn teacher_forced(s: &Sweep) -> Sweep {
+    Sweep {
+        accuracy: Vec::new(),
+        suite: None,
+        ..s.clone()
+    }
+}
+
+/// The shards' sweep: the teacher-forced part must be the same in every
+/// shard that has one (it is not merged); the suite accuracy is summed
+/// over suite shards ([`merge_suite_accuracy`]).
+fn merge_sweeps(shards: &[Report]) -> Result<Option<Sweep>, DiagError> {
+    let sweeps: Vec<&Sweep> = shards.iter().filter_map(|r| r.sweep.as_ref()).collect();
+    let Some(first) = sweeps.first() else {
+        return Ok(None);
+    };
+    let base = teacher_forced(first);
+    if let Some(b) = sweeps.iter().find(|s| teacher_forced(s) != base) {
+        return Err(DiagError::Mismatch {
+            what: "sweeps",
+            detail: format!(
+                "shards carry different teacher-forced sweeps ({} and {} points; sweep points are not merged across prompt shards); run the sweep once",
+                first.points.len(),
+                b.points.len()
+            ),
+        });
+    }
+    let (suite, accuracy) = merge_suite_accuracy(&sweeps)?;
+    Ok(Some(Sweep {
+        accuracy,
+        suite,
+        ..base
+    }))
+}
+
 /// Merges shard reports of one run (same schema, tool version, model apart from
 /// its path, and settings apart from `shard`) into the unsharded report.
-/// Sweeps must be absent or identical; the merged report keeps it.
+/// Sweeps must be absent or identical apart from their suite accuracy,
+/// which is summed over suite shards; the merged report keeps the sweep.
 pub fn merge(shards: Vec<Report>) -> Result<Report, DiagError> {
     let first = shards
         .first()
@@ -116,18 +154,7 @@ pub fn merge(shards: Vec<Report>) -> Result<Report, DiagError> {
         )?;
     }
     check_shard_specs(&shards)?;
-    let mut sweeps = shards.iter().filter_map(|r| r.sweep.as_ref());
-    let sweep = sweeps.next().cloned();
-    if let (Some(a), Some(b)) = (&sweep, sweeps.find(|s| Some(*s) != sweep.as_ref())) {
-        return Err(DiagError::Mismatch {
-            what: "sweeps",
-            detail: format!(
-                "shards carry different sweeps ({} and {} points); run the sweep once",
-                a.points.len(),
-                b.points.len()
-            ),
-        });
-    }
+    let sweep = merge_sweeps(&shards)?;
     let tool_version = first.tool_version.clone();
     let model = first.model.clone();
     let settings = first.settings.without_shard();

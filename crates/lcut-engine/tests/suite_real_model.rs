@@ -52,9 +52,10 @@ fn a_few_suite_items_under_full_and_speed() {
     // answers as the policies' own runs do
     let cut_opts = suite::CutoffEvalOptions {
         cuts: vec![22, 30],
-        anchors: lcut_policy::Anchors::Bos,
+        anchors: vec![lcut_policy::Anchors::Bos],
         max_new_tokens: 20,
         prefill_chunk: 512,
+        shard: None,
     };
     let by_cut = suite::accuracy_by_cutoff(&session, &items, &cut_opts, &mut |_, _| true).unwrap();
     let count = |rs: &[suite::ItemResult]| rs.iter().filter(|r| r.correct).count();

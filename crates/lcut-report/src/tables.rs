@@ -214,13 +214,15 @@ pub fn accuracy_table(s: &Sweep) -> Option<Table> {
     })
 }
 
-/// The accuracy expected at the recommended cutoff against the deepest
-/// cutoff scored, in words (`None` without suite accuracy at that cut).
+/// The SPEED+BoS accuracy expected at the recommended cutoff against the
+/// deepest BoS cutoff scored, in words (`None` without a BoS point at that
+/// cut; anchor-free points are not read).
 pub fn expected_accuracy_line(r: &Report) -> Option<String> {
     let sweep = r.sweep.as_ref()?;
     let rec = r.recommendation.l_cut;
-    let at = sweep.accuracy.iter().find(|p| p.l_cut == rec)?;
-    let full = sweep.accuracy.iter().max_by_key(|p| p.l_cut)?;
+    let bos = || sweep.accuracy.iter().filter(|p| p.keeps_bos());
+    let at = bos().find(|p| p.l_cut == rec)?;
+    let full = bos().max_by_key(|p| p.l_cut)?;
     Some(format!(
         "At the recommended L_cut {rec}, accuracy on the suite is {} [{}, {}] against {} at L_cut {}: an expected loss of {} points.",
         num(at.accuracy, 3),
@@ -315,6 +317,32 @@ mod tests {
     fn shorten_counts_characters() {
         assert_eq!(shorten("héllo", 10), "héllo");
         assert_eq!(shorten("héllo wörld", 6), "héllo…");
+    }
+
+    #[test]
+    fn the_expected_accuracy_line_reads_bos_points_only() {
+        let mut r = lcut_diag::synthetic::synthetic_report(3, 5, 2, true).unwrap();
+        let rec = r.recommendation.l_cut;
+        let sweep = r.sweep.as_mut().unwrap();
+        // anchor-free points first and deeper: a reader that mixed the two
+        // would quote them
+        sweep.accuracy = vec![
+            lcut_diag::accuracy_point(rec, "none", 1, 10),
+            lcut_diag::accuracy_point(rec + 9, "none", 2, 10),
+            lcut_diag::accuracy_point(rec, "bos", 7, 10),
+            lcut_diag::accuracy_point(rec + 1, "bos", 8, 10),
+        ];
+        let line = expected_accuracy_line(&r).unwrap();
+        assert!(
+            line.contains("is 0.700") && line.contains(&format!("0.800 at L_cut {}", rec + 1)),
+            "{line}"
+        );
+        r.sweep
+            .as_mut()
+            .unwrap()
+            .accuracy
+            .retain(|p| !p.keeps_bos());
+        assert_eq!(expected_accuracy_line(&r), None);
     }
 
     #[test]

@@ -99,9 +99,29 @@ pub struct Sweep {
     /// SlimInfer axis, SPEED at equal K/V), costs measured on the prompts.
     #[serde(default)]
     pub policies: Vec<PolicyPoint>,
-    /// Accuracy on a task suite at each cutoff (`lcut sweep --eval-suite`).
+    /// Accuracy on a task suite at each cutoff (`lcut sweep --eval-suite`):
+    /// SPEED+BoS, and anchor-free SPEED too when the sweep has it.
     #[serde(default)]
     pub accuracy: Vec<CutoffAccuracy>,
+    /// The suite (and shard of it) `accuracy` was scored on; absent in
+    /// reports written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suite: Option<SuiteSource>,
+}
+
+/// Which task suite, and which shard of its items, a sweep's accuracy
+/// points were scored on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SuiteSource {
+    /// The suite file as given.
+    pub path: String,
+    /// Hash of the suite file's bytes.
+    pub hash: String,
+    /// Items in the whole suite.
+    pub items: usize,
+    /// `[i, n]`: items i, i+n, ... were scored; absent for all of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<[usize; 2]>,
 }
 
 /// Training-free accuracy of SPEED at one cutoff on a task suite.
@@ -120,6 +140,14 @@ pub struct CutoffAccuracy {
     pub accuracy: f32,
     /// 95% Wilson interval of the accuracy.
     pub interval: [f32; 2],
+}
+
+impl CutoffAccuracy {
+    /// Whether this point is SPEED+BoS, the setting the calibration reads
+    /// (anchor-free points sit beside it for comparison only).
+    pub fn keeps_bos(&self) -> bool {
+        self.anchors == "bos"
+    }
 }
 
 /// One policy of a sweep's comparison axis, measured on the sweep's prompts.

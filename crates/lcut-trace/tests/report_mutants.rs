@@ -194,6 +194,12 @@ fn report(rng: &mut StdRng) -> Report {
                 interval: [0.1, 0.9],
             })
             .collect(),
+        suite: rng.random_bool(0.5).then(|| lcut_trace::SuiteSource {
+            path: text(rng),
+            hash: text(rng),
+            items: rng.random_range(0..10),
+            shard: rng.random_bool(0.5).then_some([0, 2]),
+        }),
     });
     Report {
         schema_version: SCHEMA_VERSION,

@@ -3,12 +3,13 @@
 //! same states SPEED computes there), then each cutoff's own greedy answer,
 //! scored by the item's rule. What calibrates the recommender.
 
+use lcut_diag::accuracy_point;
 use lcut_model::{LogitRows, argmax_rows};
 use lcut_policy::{Anchors, Policy, PolicyKind};
-use lcut_trace::CutoffAccuracy;
+use lcut_trace::{CutoffAccuracy, anchors_label};
 
 use super::SuiteItem;
-use super::result::wilson;
+use crate::diagnose::shard_indices;
 use crate::error::{EngineError, Result};
 use crate::generate::prefill_before_decode_start;
 use crate::prompt::PreparedPrompt;
@@ -19,12 +20,15 @@ use crate::session::Session;
 pub struct CutoffEvalOptions {
     /// Cutoffs to score (the depth is the full model).
     pub cuts: Vec<usize>,
-    /// Anchors of every SPEED cutoff.
-    pub anchors: Anchors,
+    /// Anchor settings scored at every cutoff (e.g. BoS, then none), each
+    /// from the same full prefill of an item.
+    pub anchors: Vec<Anchors>,
     /// Most new tokens of each greedy answer.
     pub max_new_tokens: usize,
     /// Prompt tokens per prefill chunk.
     pub prefill_chunk: usize,
+    /// Score shard `(i, n)` only: items i, i+n, ... (all when absent).
+    pub shard: Option<(usize, usize)>,
 }
 
 /// Greedy answer of `prompt` from a sequence that holds its tokens before
@@ -60,7 +64,8 @@ fn answer_from(
         .map_or_else(String::new, |t| t.decode(&tokens)))
 }
 
-/// Accuracy of SPEED at each of `opts.cuts` on `items`; `on_item(done,
+/// Accuracy of SPEED at each of `opts.anchors` × `opts.cuts` (anchors
+/// outer) on `items`, or on the shard `opts.shard` of them; `on_item(done,
 /// total)` after each item returns false to cancel.
 pub fn accuracy_by_cutoff(
     session: &Session,
@@ -71,12 +76,14 @@ pub fn accuracy_by_cutoff(
     let model = &session.model;
     let layers = model.config().num_layers;
     let policies = opts
-        .cuts
+        .anchors
         .iter()
-        .map(|&c| Policy::new(PolicyKind::Speed, c, layers, opts.anchors))
+        .flat_map(|&a| opts.cuts.iter().map(move |&c| (c, a)))
+        .map(|(c, a)| Policy::new(PolicyKind::Speed, c, layers, a))
         .collect::<std::result::Result<Vec<_>, _>>()?;
     let mut correct = vec![0usize; policies.len()];
-    for (i, item) in items.iter().enumerate() {
+    let mine = shard_indices(items.len(), opts.shard)?;
+    for (i, item) in mine.iter().map(|&k| &items[k]).enumerate() {
         let prompt = session.prepare_text(&item.prompt, item.system.as_deref(), true)?;
         let mut prefix = model.new_full_sequence();
         prefix.reserve(prompt.len() + opts.max_new_tokens);
@@ -86,36 +93,25 @@ pub fn accuracy_by_cutoff(
             let text = answer_from(session, seq, &prompt, opts.max_new_tokens)?;
             correct[k] += usize::from(item.is_correct(&text));
         }
-        if !on_item(i + 1, items.len()) {
+        if !on_item(i + 1, mine.len()) {
             return Err(EngineError::Cancelled);
         }
     }
-    let n = items.len();
+    let n = mine.len();
     Ok(policies
         .iter()
         .zip(correct)
-        .map(|(p, k)| CutoffAccuracy {
-            l_cut: p.l_cut(),
-            anchors: if p.anchors() == Anchors::None {
-                "none"
-            } else {
-                "bos"
-            }
-            .into(),
-            correct: k,
-            n,
-            accuracy: k as f32 / n.max(1) as f32,
-            interval: wilson(k, n).map(|x| x as f32),
-        })
+        .map(|(p, k)| accuracy_point(p.l_cut(), &anchors_label(p.anchors()), k, n))
         .collect())
 }
 
-/// The smallest cutoff whose accuracy is within `points` (e.g. 0.02) of the
-/// deepest cutoff's (the full model when the depth is among the cuts).
+/// The smallest cutoff whose SPEED+BoS accuracy is within `tolerance`
+/// (e.g. 0.02) of the deepest BoS cutoff's (the full model when the depth
+/// is among the cuts); anchor-free points are not read.
 pub fn smallest_cut_within(points: &[CutoffAccuracy], tolerance: f32) -> Option<usize> {
-    let full = points.iter().max_by_key(|p| p.l_cut)?;
-    points
-        .iter()
+    let bos = || points.iter().filter(|p| p.keeps_bos());
+    let full = bos().max_by_key(|p| p.l_cut)?;
+    bos()
         .filter(|p| p.accuracy >= full.accuracy - tolerance)
         .map(|p| p.l_cut)
         .min()
@@ -147,5 +143,16 @@ mod tests {
         assert_eq!(smallest_cut_within(&pts, 0.02), Some(28));
         assert_eq!(smallest_cut_within(&pts, 0.05), Some(26));
         assert_eq!(smallest_cut_within(&[], 0.02), None);
+        // anchor-free points, better or worse, do not move the answer
+        let mut with_free = pts.to_vec();
+        for (c, a) in [(20, 0.9), (30, 0.1)] {
+            with_free.push(CutoffAccuracy {
+                anchors: "none".into(),
+                ..point(c, a)
+            });
+        }
+        assert_eq!(smallest_cut_within(&with_free, 0.02), Some(28));
+        with_free.retain(|p| !p.keeps_bos());
+        assert_eq!(smallest_cut_within(&with_free, 0.02), None);
     }
 }

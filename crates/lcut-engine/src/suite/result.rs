@@ -75,18 +75,7 @@ pub struct GroupScore {
 
 const MIB: f64 = 1024.0 * 1024.0;
 
-/// The 95% Wilson score interval of `k` successes in `n` trials.
-pub fn wilson(k: usize, n: usize) -> [f64; 2] {
-    if n == 0 {
-        return [0.0, 1.0];
-    }
-    let z = 1.959_963_984_540_054_f64;
-    let (n, p) = (n as f64, k as f64 / n as f64);
-    let denom = 1.0 + z * z / n;
-    let center = (p + z * z / (2.0 * n)) / denom;
-    let half = z / denom * (p * (1.0 - p) / n + z * z / (4.0 * n * n)).sqrt();
-    [(center - half).max(0.0), (center + half).min(1.0)]
-}
+pub use lcut_diag::wilson;
 
 /// The score of `items` as group `group`.
 pub fn score_group(group: &str, items: &[&ItemResult]) -> GroupScore {
