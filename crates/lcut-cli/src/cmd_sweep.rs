@@ -294,6 +294,7 @@ pub fn run(args: &SweepArgs) -> Result<()> {
     let mut result = result;
     result.accuracy = accuracy;
     result.suite = suite;
+    result.prompt_shard = diag.shard.map(|(i, n)| [i, n]);
     print_axis(&result.policies);
     std::fs::create_dir_all(&args.run.out)
         .with_context(|| format!("creating {}", args.run.out.display()))?;

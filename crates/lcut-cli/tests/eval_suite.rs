@@ -4,7 +4,8 @@
 //! errors for bad suite lines and a missing shard index, an adapted model
 //! compared with its base (and named in the result and in a diagnose
 //! report), sweep's suite accuracy sharded and merged by `lcut merge`
-//! (anchor-free beside BoS), and the bundled task evaluation without
+//! (anchor-free beside BoS), sweep points of prompt shards merged into
+//! the unsharded ones, and the bundled task evaluation without
 //! `--suite` as before.
 
 #![allow(clippy::unwrap_used)] // test helpers unwrap like the tests do
@@ -325,8 +326,8 @@ fn sweep_with_suite(out: &Path, prompts: &str, suite: &str, shard: Option<&str>)
 fn sharded_suite_accuracy_merges_into_the_unsharded_one_with_anchor_free_points() {
     let tmp = tempfile::tempdir().unwrap();
     let suite = write_suite(tmp.path());
-    // one prompt twice: both prompt shards give the same teacher-forced
-    // sweep, which merge requires (it merges only the suite accuracy)
+    // one prompt twice: the suite accuracy is what this test is about
+    // (sweep points of distinct prompts: the test after it)
     let prompt = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/prompts/copy.jsonl"),
     )
@@ -388,7 +389,7 @@ fn sharded_suite_accuracy_merges_into_the_unsharded_one_with_anchor_free_points(
     assert_eq!(merged["sweep"]["accuracy"], whole["sweep"]["accuracy"]);
     assert_eq!(merged["sweep"]["suite"], whole["sweep"]["suite"]);
     assert!(merged["sweep"]["suite"].get("shard").is_none());
-    // one shard alone does not cover the suite: a named error
+    // one shard alone covers neither the prompts nor the suite: a named error
     let out = lcut(
         &[
             "merge",
@@ -400,7 +401,153 @@ fn sharded_suite_accuracy_merges_into_the_unsharded_one_with_anchor_free_points(
     );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !out.status.success() && err.contains("suite shards"),
+        !out.status.success() && err.contains("prompt shards 0/2 .. 1/2"),
+        "{err}"
+    );
+}
+
+/// `lcut sweep` of the bundled copy model (4 new tokens, cuts 1, 2 and 4,
+/// anchor-free too, a SlimInfer point on the axis) on `prompts` into
+/// `out`, after a diagnose of the same prompts there; `shard` as `I/N`.
+fn sweep_prompts(out: &Path, prompts: &str, shard: Option<&str>) {
+    let mut extra = vec!["--prompts", prompts];
+    if let Some(s) = shard {
+        extra.extend(["--shard", s]);
+    }
+    diagnose(out, &extra);
+    let mut a = vec![
+        "sweep",
+        "--model",
+        "fixtures/models/copy-full",
+        "--max-new-tokens",
+        "4",
+        "--cuts",
+        "1,2,4",
+        "--anchor-free",
+        "--policies",
+        "slim:1@50%",
+        "--context-len",
+        "4k",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    a.extend_from_slice(&extra);
+    ok(&a, &[]);
+}
+
+/// Whether `a` and `b` agree to 1e-5 relative (or both are null).
+fn close(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+    match (a.as_f64(), b.as_f64()) {
+        (Some(x), Some(y)) => (x - y).abs() <= 1e-5 * x.abs().max(y.abs()).max(1e-6),
+        _ => a == b,
+    }
+}
+
+/// Checks that every field of `got` equals `want`'s, numbers to 1e-5
+/// relative, arrays entry by entry; `what` names the point.
+fn assert_close(got: &serde_json::Value, want: &serde_json::Value, what: &str) {
+    let (g, w) = (got.as_object().unwrap(), want.as_object().unwrap());
+    assert_eq!(
+        g.keys().collect::<Vec<_>>(),
+        w.keys().collect::<Vec<_>>(),
+        "{what}"
+    );
+    for (k, wv) in w {
+        let gv = &g[k];
+        let same = match (gv.as_array(), wv.as_array()) {
+            (Some(ga), Some(wa)) => {
+                ga.len() == wa.len() && ga.iter().zip(wa).all(|(x, y)| close(x, y))
+            }
+            _ if gv.is_object() => {
+                assert_close(gv, wv, &format!("{what}.{k}"));
+                true
+            }
+            _ => close(gv, wv),
+        };
+        assert!(same, "{what}.{k}: merged {gv}, unsharded {wv}");
+    }
+}
+
+#[test]
+fn sharded_sweep_points_merge_into_the_unsharded_ones() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prompts = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/prompts/copy.jsonl"),
+    )
+    .unwrap();
+    let three: Vec<&str> = prompts.lines().take(3).collect();
+    let path = tmp.path().join("prompts.jsonl");
+    std::fs::write(&path, three.join("\n") + "\n").unwrap();
+    let prompts = path.to_str().unwrap();
+    let dir = |name: &str| tmp.path().join(name);
+    sweep_prompts(&dir("all"), prompts, None);
+    sweep_prompts(&dir("s0"), prompts, Some("0/2"));
+    sweep_prompts(&dir("s1"), prompts, Some("1/2"));
+    let merge = |shards: [&str; 2], out: &str| {
+        lcut(
+            &[
+                "merge",
+                dir(shards[0]).to_str().unwrap(),
+                dir(shards[1]).to_str().unwrap(),
+                "--out",
+                dir(out).to_str().unwrap(),
+            ],
+            &[],
+        )
+    };
+    let done = merge(["s1", "s0"], "merged");
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    let whole = read_report(&dir("all"))["sweep"].clone();
+    let merged = read_report(&dir("merged"))["sweep"].clone();
+    let (s0, s1) = (
+        read_report(&dir("s0"))["sweep"].clone(),
+        read_report(&dir("s1"))["sweep"].clone(),
+    );
+    assert_eq!(s0["prompt_shard"], serde_json::json!([0, 2]));
+    assert!(whole.get("prompt_shard").is_none() && merged.get("prompt_shard").is_none());
+    // the shards scored different prompts (2 and 1 of them), so their
+    // points differ and a plain mean of them is not the whole
+    let tokens = |s: &serde_json::Value| s["points"][0]["tokens"].as_u64().unwrap();
+    assert!(tokens(&s0) > tokens(&s1) && tokens(&s1) > 0);
+    assert_eq!(tokens(&s0) + tokens(&s1), tokens(&whole));
+    let kl_differs = s0["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(s1["points"].as_array().unwrap())
+        .any(|(a, b)| !close(&a["mean_kl"], &b["mean_kl"]));
+    assert!(kl_differs, "the shards' prompts give different KL");
+    let points = whole["points"].as_array().unwrap();
+    assert_eq!(points.len(), 6, "cuts 1, 2, 4 with and without BoS");
+    assert_eq!(merged["points"].as_array().unwrap().len(), points.len());
+    for (m, w) in merged["points"].as_array().unwrap().iter().zip(points) {
+        assert_close(m, w, w["policy"].as_str().unwrap());
+    }
+    assert_eq!(whole["policies"].as_array().unwrap().len(), 1);
+    for (m, w) in merged["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(whole["policies"].as_array().unwrap())
+    {
+        assert_close(m, w, w["policy"].as_str().unwrap());
+    }
+    assert_eq!(merged["knee"], whole["knee"]);
+    assert_eq!(merged["context_len"], whole["context_len"]);
+    // a shard written before sweeps recorded their counts: a named error
+    let mut old = read_report(&dir("s1"));
+    for p in old["sweep"]["points"].as_array_mut().unwrap() {
+        p.as_object_mut().unwrap().remove("tokens");
+    }
+    std::fs::write(dir("s1").join("report.json"), old.to_string()).unwrap();
+    let out = merge(["s0", "s1"], "x");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("scored-token count") && err.contains("shard"),
         "{err}"
     );
 }

@@ -174,6 +174,7 @@ mod tests {
                 items: 5,
                 shard,
             }),
+            prompt_shard: None,
         }
     }
 

@@ -31,6 +31,20 @@ pub enum DiagError {
         /// Id of the second.
         second: String,
     },
+    /// A shard's sweep point lacks what its means are over, so it cannot be
+    /// recombined with other shards' (a report written before the counts
+    /// were recorded).
+    #[error(
+        "shard {shard}'s sweep point {point:?} records no {what} (written before sweeps recorded them): its means cannot be recombined across prompt shards; rerun that shard's sweep"
+    )]
+    MissingCounts {
+        /// Index of the shard among the merged reports.
+        shard: usize,
+        /// The point's policy.
+        point: String,
+        /// What is missing (for example `scored-token count`).
+        what: &'static str,
+    },
     /// A trace failed its schema checks.
     #[error(transparent)]
     Trace(#[from] TraceError),

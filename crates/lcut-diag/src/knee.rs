@@ -43,6 +43,7 @@ pub fn finish_sweep(context_len: usize, points: Vec<SweepPoint>, th: &Thresholds
         policies: Vec::new(),
         accuracy: Vec::new(),
         suite: None,
+        prompt_shard: None,
     }
 }
 
@@ -61,6 +62,7 @@ mod tests {
             kv_ratio: l_cut as f32 / 8.0,
             prefill_flops: l_cut as f64,
             prefill_ratio: l_cut as f32 / 8.0,
+            tokens: Some(16),
         }
     }
 

@@ -6,7 +6,8 @@
 //! - [`aggregate`] traces into per-layer curves, and [`tail_mass`];
 //! - [`recommend`] an L_cut from three signals' votes;
 //! - the sweep's [`knee`], and the prefill [`prefill_flops`] model;
-//! - [`build_report`] from traces and [`merge`] shard reports.
+//! - [`build_report`] from traces and [`merge`] shard reports, sweeps of
+//!   prompt shards pooled by [`merge_teacher_forced`].
 //!
 //! Pure Rust on ndarray; no candle.
 
@@ -21,7 +22,10 @@ mod flops;
 mod knee;
 mod masses;
 mod merge;
+mod policy_merge;
+mod pooled;
 mod recommend;
+mod sweep_merge;
 pub mod synthetic;
 mod tail;
 
@@ -36,4 +40,5 @@ pub use knee::{finish_sweep, knee};
 pub use masses::{PhaseMasses, PrefillEntropy, phase_masses, prefill_entropy};
 pub use merge::{build_report, merge};
 pub use recommend::{recommend, vote_curvature_plateau, vote_selective_band, vote_tail_mass};
+pub use sweep_merge::{merge_sweep_points, merge_teacher_forced};
 pub use tail::tail_mass;

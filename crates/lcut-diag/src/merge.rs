@@ -3,14 +3,18 @@
 //! A report is a pure function of (tool version, model, settings, traces
 //! sorted by prompt index, sweep): [`build_report`] recomputes every aggregate
 //! from the traces. [`merge`] therefore gives exactly the report the unsharded
-//! run would have written.
+//! run would have written (sweeps of prompt shards pooled with the counts
+//! each of their means is over).
 
-use lcut_trace::{ModelIdentity, PromptTrace, Report, RunSettings, SCHEMA_VERSION, Sweep};
+use lcut_trace::{
+    ModelIdentity, PromptTrace, Report, RunSettings, SCHEMA_VERSION, Sweep, Thresholds,
+};
 
 use crate::accuracy::merge_suite_accuracy;
 use crate::aggregate::aggregate;
 use crate::error::DiagError;
 use crate::recommend::recommend;
+use crate::sweep_merge::merge_teacher_forced;
 
 /// Sorts the traces by prompt index, aggregates them, recommends L_cut with
 /// `settings.thresholds`, and checks the result.
@@ -88,34 +92,16 @@ fn check_shard_specs(shards: &[Report]) -> Result<(), DiagError> {
     Ok(())
 }
 
-/// The sweep without its suite accuracy: what shards must share.
-fn teacher_forced(s: &Sweep) -> Sweep {
-    Sweep {
-        accuracy: Vec::new(),
-        suite: None,
-        ..s.clone()
-    }
-}
-
-/// The shards' sweep: the teacher-forced part must be the same in every
-/// shard that has one (it is not merged); the suite accuracy is summed
-/// over suite shards ([`merge_suite_accuracy`]).
-fn merge_sweeps(shards: &[Report]) -> Result<Option<Sweep>, DiagError> {
+/// The shards' sweep: the teacher-forced part pooled over prompt shards
+/// (or the one sweep of all the prompts, [`merge_teacher_forced`]) with
+/// its knee recomputed with `th`, and the suite accuracy summed over
+/// suite shards ([`merge_suite_accuracy`]).
+fn merge_sweeps(shards: &[Report], th: &Thresholds) -> Result<Option<Sweep>, DiagError> {
     let sweeps: Vec<&Sweep> = shards.iter().filter_map(|r| r.sweep.as_ref()).collect();
-    let Some(first) = sweeps.first() else {
+    if sweeps.is_empty() {
         return Ok(None);
-    };
-    let base = teacher_forced(first);
-    if let Some(b) = sweeps.iter().find(|s| teacher_forced(s) != base) {
-        return Err(DiagError::Mismatch {
-            what: "sweeps",
-            detail: format!(
-                "shards carry different teacher-forced sweeps ({} and {} points; sweep points are not merged across prompt shards); run the sweep once",
-                first.points.len(),
-                b.points.len()
-            ),
-        });
     }
+    let base = merge_teacher_forced(&sweeps, th)?;
     let (suite, accuracy) = merge_suite_accuracy(&sweeps)?;
     Ok(Some(Sweep {
         accuracy,
@@ -126,8 +112,9 @@ fn merge_sweeps(shards: &[Report]) -> Result<Option<Sweep>, DiagError> {
 
 /// Merges shard reports of one run (same schema, tool version, model apart from
 /// its path, and settings apart from `shard`) into the unsharded report.
-/// Sweeps must be absent or identical apart from their suite accuracy,
-/// which is summed over suite shards; the merged report keeps the sweep.
+/// Sweeps of prompt shards are pooled point by point (their knee
+/// recomputed), a sweep of all the prompts must be the same in every
+/// shard that has one, and suite accuracy is summed over suite shards.
 pub fn merge(shards: Vec<Report>) -> Result<Report, DiagError> {
     let first = shards
         .first()
@@ -154,7 +141,7 @@ pub fn merge(shards: Vec<Report>) -> Result<Report, DiagError> {
         )?;
     }
     check_shard_specs(&shards)?;
-    let sweep = merge_sweeps(&shards)?;
+    let sweep = merge_sweeps(&shards, &first.settings.thresholds)?;
     let tool_version = first.tool_version.clone();
     let model = first.model.clone();
     let settings = first.settings.without_shard();

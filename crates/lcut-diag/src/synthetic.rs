@@ -159,6 +159,7 @@ pub fn synthetic_report(
                     kv_ratio: kv as f32 / full_kv as f32,
                     prefill_flops: flops,
                     prefill_ratio: (flops / full_flops) as f32,
+                    tokens: Some(16 * num_prompts),
                 }
             })
             .collect();

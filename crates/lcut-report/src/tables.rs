@@ -377,6 +377,7 @@ mod tests {
             swap_rate: 0.2,
             attention_recall: vec![1.0, 1.0, 0.4, 0.3, 0.2],
             scorer_precision: vec![0.5],
+            counts: None,
         });
         let axis = policy_axis_table(&with_axis).unwrap();
         let recall = recall_table(&with_axis).unwrap();

@@ -38,8 +38,8 @@ pub use io::{
 };
 pub use metrics::{Indexing, LAYER_METRICS, LayerMetric, MetricAxis};
 pub use report::{
-    CutoffAccuracy, LayerCurves, PolicyPoint, Recommendation, Report, SCHEMA_VERSION, SuiteSource,
-    Sweep, Votes,
+    CutoffAccuracy, LayerCurves, PolicyCounts, PolicyPoint, Recommendation, Report, SCHEMA_VERSION,
+    SuiteSource, Sweep, Votes,
 };
 pub use settings::{RunSettings, Thresholds};
 pub use size::trace_size_bound;

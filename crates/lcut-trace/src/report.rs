@@ -107,6 +107,11 @@ pub struct Sweep {
     /// reports written before it was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub suite: Option<SuiteSource>,
+    /// `[i, n]`: the teacher-forced points and `policies` were measured on
+    /// prompts i, i+n, ... (`lcut sweep --shard`); absent for all prompts
+    /// and in reports written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_shard: Option<[usize; 2]>,
 }
 
 /// Which task suite, and which shard of its items, a sweep's accuracy
@@ -192,6 +197,29 @@ pub struct PolicyPoint {
     /// the cut (the scorer's precision; empty for static policies).
     #[serde(default, with = "crate::floats::vec")]
     pub scorer_precision: Vec<f32>,
+    /// What each mean and ratio is over, so that shards' points merge
+    /// exactly; absent in reports written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counts: Option<PolicyCounts>,
+}
+
+/// The denominators of a [`PolicyPoint`]'s means and ratios: with them the
+/// points of prompt shards recombine into the point of all the prompts.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PolicyCounts {
+    /// Continuation tokens scored: what top-1 agreement, KL and NLL average over.
+    pub tokens: usize,
+    /// Prompts measured: what `equal_kv_cutoff`, `attention_recall` and
+    /// `scorer_precision` average over.
+    pub prompts: usize,
+    /// SlimInfer decode steps: what `swap_rate` is a share of.
+    pub steps: usize,
+    /// The full model's K/V bytes on the prompts, summed: what `kv_ratio`
+    /// and `resident_ratio` divide by.
+    pub full_kv_bytes: f64,
+    /// The full model's prefill FLOPs on the prompts, summed: what
+    /// `prefill_ratio` divides by.
+    pub full_prefill_flops: f64,
 }
 
 /// A complete diagnostic report.

@@ -32,6 +32,10 @@ pub struct SweepPoint {
     pub prefill_flops: f64,
     /// `prefill_flops` over the full model's.
     pub prefill_ratio: f32,
+    /// Continuation tokens scored, what agreement, KL and NLL average over
+    /// (shards' points merge weighted by it); `None` in reports written
+    /// before it was recorded.
+    pub tokens: Option<usize>,
 }
 
 /// The SPEED policy at `l_cut` layers keeping `anchors`: what a sweep point
@@ -124,6 +128,8 @@ struct SweepPointWire {
     prefill_flops: f64,
     #[serde(with = "crate::floats::scalar")]
     prefill_ratio: f32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tokens: Option<usize>,
 }
 
 /// The policy of a point read from JSON: `policy` when given, otherwise SPEED
@@ -161,6 +167,7 @@ impl TryFrom<SweepPointWire> for SweepPoint {
             kv_ratio: w.kv_ratio,
             prefill_flops: w.prefill_flops,
             prefill_ratio: w.prefill_ratio,
+            tokens: w.tokens,
         })
     }
 }
@@ -179,6 +186,7 @@ impl From<SweepPoint> for SweepPointWire {
             kv_ratio: p.kv_ratio,
             prefill_flops: p.prefill_flops,
             prefill_ratio: p.prefill_ratio,
+            tokens: p.tokens,
         }
     }
 }
@@ -202,6 +210,7 @@ mod tests {
             kv_ratio: 0.5,
             prefill_flops: 1e12,
             prefill_ratio: 0.75,
+            tokens: Some(12),
         }
     }
 
@@ -220,6 +229,7 @@ mod tests {
         assert_eq!(bos.policy.to_string(), "speed:22+bos");
         assert_eq!((bos.l_cut(), bos.keeps_bos()), (Some(22), true));
         assert_eq!((bos.kv_bytes, bos.nll), (1024, 1.5));
+        assert_eq!(bos.tokens, None, "old points have no token count");
         assert!(bos.mean_kl.is_nan());
 
         let none = parse(&format!(
@@ -239,6 +249,7 @@ mod tests {
         assert_eq!(v["l_cut"], 22);
         assert_eq!(v["anchors"], "bos");
         assert!(v["mean_kl"].is_null());
+        assert_eq!(v["tokens"], 12);
 
         let none = serde_json::to_value(point(speed_policy(3, Anchors::None))).unwrap();
         assert_eq!(

@@ -165,6 +165,7 @@ fn report(rng: &mut StdRng) -> Report {
                 kv_ratio: float(rng),
                 prefill_flops: rng.random::<f64>() * 1e15,
                 prefill_ratio: float(rng),
+                tokens: rng.random_bool(0.5).then(|| rng.random_range(0..100)),
             })
             .collect(),
         knee: vote(rng),
@@ -182,6 +183,13 @@ fn report(rng: &mut StdRng) -> Report {
                 swap_rate: float(rng),
                 attention_recall: (0..l).map(|_| float(rng)).collect(),
                 scorer_precision: vec![float(rng)],
+                counts: rng.random_bool(0.5).then(|| lcut_trace::PolicyCounts {
+                    tokens: rng.random_range(0..100),
+                    prompts: rng.random_range(0..10),
+                    steps: rng.random_range(0..100),
+                    full_kv_bytes: rng.random::<f64>() * 1e9,
+                    full_prefill_flops: rng.random::<f64>() * 1e15,
+                }),
             })
             .collect(),
         accuracy: (1..=l)
@@ -200,6 +208,7 @@ fn report(rng: &mut StdRng) -> Report {
             items: rng.random_range(0..10),
             shard: rng.random_bool(0.5).then_some([0, 2]),
         }),
+        prompt_shard: rng.random_bool(0.5).then_some([1, 3]),
     });
     Report {
         schema_version: SCHEMA_VERSION,

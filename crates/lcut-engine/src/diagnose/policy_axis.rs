@@ -13,7 +13,7 @@ use lcut_model::{Decoder, LogitRows};
 use lcut_policy::{
     Budget, CutSpec, KvCost, Phase, Policy, PolicySpec, SlimOptions, SlimSelection, SlimSpec,
 };
-use lcut_trace::PolicyPoint;
+use lcut_trace::{PolicyCounts, PolicyPoint};
 
 use super::sweep::{Totals, score};
 use crate::error::{EngineError, Result};
@@ -110,6 +110,13 @@ impl AxisTotals {
                 .iter()
                 .map(|r| (r / self.prompts.max(1) as f64) as f32)
                 .collect(),
+            counts: Some(PolicyCounts {
+                tokens: self.quality.tokens,
+                prompts: self.prompts,
+                steps: self.steps,
+                full_kv_bytes: self.full,
+                full_prefill_flops: self.flops_full,
+            }),
         }
     }
 }

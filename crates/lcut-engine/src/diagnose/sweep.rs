@@ -174,6 +174,7 @@ fn speed_point(
         kv_ratio: kv as f32 / kv_full.max(1) as f32,
         prefill_flops: flops,
         prefill_ratio: (flops / flops_full.max(1.0)) as f32,
+        tokens: Some(t.tokens),
     }
 }
 
