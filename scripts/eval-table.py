@@ -4,14 +4,32 @@
     python3 scripts/eval-table.py runs/eval/*.json
 
 Columns: policy (with the adapter's folder name when there was one), accuracy
-with its 95% Wilson interval, the full model's correct items the policy kept,
-correct/n per kind, top-1 agreement and KL against the full model (the base
+with its 95% Wilson interval, the full model's correct items the policy kept
+(with the kept share and its 95% Wilson interval), correct/n per kind, top-1 agreement and KL against the full model (the base
 model when an adapter was used), K/V held against full, and wall time.
 """
 
 import json
+import math
 import sys
 from pathlib import Path
+
+
+def wilson(k, n, z=1.959964):
+    """95% Wilson score interval of k successes in n trials."""
+    if n == 0:
+        return 0.0, 1.0
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def kept_cell(kept, full):
+    """`kept/full (share) [interval]` of the full model's correct items."""
+    lo, hi = wilson(kept, full)
+    share = kept / full if full else 0.0
+    return f"{kept}/{full} ({share:.0%}) [{lo:.0%}, {hi:.0%}]"
 
 
 def row(path):
@@ -27,7 +45,7 @@ def row(path):
     cells = [
         name,
         f"{every['accuracy']:.3f} [{lo:.2f}, {hi:.2f}]",
-        f"{every['kept_of_full']}/{every['full_correct']}",
+        kept_cell(every["kept_of_full"], every["full_correct"]),
     ]
     cells += [f"{g['correct']}/{g['n']}" for g in kinds]
     cells += [
