@@ -78,6 +78,19 @@ fn pin_thread_count() {
     }
 }
 
+/// Rust ignores SIGPIPE, so a write to a closed pipe (`lcut eval-merge ...
+/// | head -3`) made `println!` panic. Take the default action back, as other
+/// command-line tools do: the process ends quietly when its reader has gone.
+#[allow(unsafe_code)]
+fn quiet_on_closed_pipe() {
+    #[cfg(unix)]
+    // SAFETY: called first thing in main, before any other thread exists;
+    // SIG_DFL is a valid disposition for SIGPIPE.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 /// `lcut train --lora R ...` trains an adapter: the arguments of
 /// `train-lora`. (`train` alone trains a bundled task model from scratch,
 /// whose options — `--layers` as a count among them — differ.)
@@ -90,6 +103,7 @@ fn route_adapter_training(mut args: Vec<OsString>) -> Vec<OsString> {
 }
 
 fn main() -> anyhow::Result<()> {
+    quiet_on_closed_pipe();
     pin_thread_count();
     let cli = Cli::parse_from(route_adapter_training(std::env::args_os().collect()));
     match &cli.command {
