@@ -3,10 +3,7 @@
 //! run by the engine's [`Lockstep`], streamed to the UI as events; Cancel is
 //! checked between prompt chunks and between steps.
 
-use lcut_engine::{
-    EngineError, Generation, GenerationConfig, Lockstep, LockstepEvent, Sampling, Session,
-    TextTokenizer,
-};
+use lcut_engine::{EngineError, Generation, Lockstep, LockstepEvent, Session, TextTokenizer};
 use lcut_policy::{Policy, StepRecord};
 use lcut_viewer_ui::backend::{
     Event, JobId, LiveMetrics, LiveRequest, LiveStep, LiveToken, WorkerPort,
@@ -194,12 +191,7 @@ pub fn run_live(
 ) -> Result<(), EngineError> {
     let prompt = session.prepare_text(&req.prompt, None, req.use_chat_template)?;
     let policies = policies(session, req)?;
-    let config = GenerationConfig {
-        max_new_tokens: req.max_new_tokens,
-        sampling: Sampling::Greedy,
-        stop_tokens: session.stop_tokens(),
-        ..GenerationConfig::default()
-    };
+    let config = session.greedy_config(req.max_new_tokens);
     let mut run = Lockstep::new(&session.model, &prompt, &policies, &config)?;
     port.send(Event::GenerationStarted {
         full_policy: Box::new(policies[0]),

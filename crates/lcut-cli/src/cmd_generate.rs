@@ -152,10 +152,8 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         true,
     )?;
     let config = GenerationConfig {
-        max_new_tokens: args.max_new_tokens,
         sampling: sampling(args),
-        stop_tokens: session.stop_tokens(),
-        ..GenerationConfig::default()
+        ..session.greedy_config(args.max_new_tokens)
     };
     let text = |ids: &[u32]| -> String {
         match &session.tokenizer {

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 use lcut_engine::suite::SuiteItem;
-use lcut_engine::{Generation, GenerationConfig, PreparedPrompt, Session};
+use lcut_engine::{GenerationConfig, PreparedPrompt, Session, Step};
 use lcut_policy::Policy;
 use lcut_train::lora_train::optim::SplitMix;
 use serde::{Deserialize, Serialize};
@@ -98,27 +98,22 @@ fn continue_prompt(
     k: usize,
 ) -> Result<Continuation> {
     let layers = session.model.config().num_layers;
-    let config = GenerationConfig {
-        max_new_tokens: max_new,
-        stop_tokens: session.stop_tokens(),
-        ..GenerationConfig::default()
-    };
+    let chunk = GenerationConfig::default().prefill_chunk;
     let (mut ids, mut probs) = (vec![], vec![]);
     let mut failure = None;
-    let out = Generation::new(&session.model, prompt.clone(), Policy::full(layers), config)?.run(
-        |step| match step.logits.to_vec1::<f32>() {
-            Ok(row) => {
-                let (i, p) = top_k(&row, k);
-                ids.push(i);
-                probs.push(p);
-                true
-            }
-            Err(e) => {
-                failure = Some(e);
-                false
-            }
-        },
-    )?;
+    let on_step = |step: &Step| match step.logits.to_vec1::<f32>() {
+        Ok(row) => {
+            let (i, p) = top_k(&row, k);
+            ids.push(i);
+            probs.push(p);
+            true
+        }
+        Err(e) => {
+            failure = Some(e);
+            false
+        }
+    };
+    let out = session.continue_greedy(prompt, Policy::full(layers), max_new, chunk, on_step)?;
     if let Some(e) = failure {
         return Err(e.into());
     }

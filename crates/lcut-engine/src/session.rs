@@ -5,8 +5,10 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device};
 use lcut_model::gguf::{GgufFile, is_gguf_path};
 use lcut_model::{Decoder, WeightMode};
+use lcut_policy::Policy;
 
 use crate::error::{EngineError, Result};
+use crate::generate::{Generation, GenerationConfig, GenerationOutput, Sampling, Step};
 use crate::prompt::{PreparedPrompt, common_prefix};
 use crate::template::{ChatTemplate, Message};
 use crate::tokenizer::TextTokenizer;
@@ -112,6 +114,36 @@ impl Session {
             stops.push(id);
         }
         stops
+    }
+
+    /// Greedy generation of at most `max_new_tokens` tokens, ending at
+    /// [`Session::stop_tokens`], with the default prefill chunk.
+    pub fn greedy_config(&self, max_new_tokens: usize) -> GenerationConfig {
+        GenerationConfig {
+            max_new_tokens,
+            sampling: Sampling::Greedy,
+            stop_tokens: self.stop_tokens(),
+            ..GenerationConfig::default()
+        }
+    }
+
+    /// The greedy continuation of `prompt` under `policy`: at most
+    /// `max_new_tokens` tokens ending at [`Session::stop_tokens`], the prompt
+    /// prefilled `prefill_chunk` tokens at a time. `on_step` sees each token
+    /// with the logits it was chosen from, and returns false to stop.
+    pub fn continue_greedy(
+        &self,
+        prompt: &PreparedPrompt,
+        policy: Policy,
+        max_new_tokens: usize,
+        prefill_chunk: usize,
+        on_step: impl FnMut(&Step) -> bool,
+    ) -> Result<GenerationOutput> {
+        let config = GenerationConfig {
+            prefill_chunk,
+            ..self.greedy_config(max_new_tokens)
+        };
+        Generation::new(&self.model, prompt.clone(), policy, config)?.run(on_step)
     }
 
     /// Prepare a text prompt: through the chat template when the model has

@@ -121,10 +121,8 @@ fn full_continuation(
 ) -> Result<(Vec<u32>, Sequence)> {
     let layers = session.model.config().num_layers;
     let config = GenerationConfig {
-        max_new_tokens: opts.max_new_tokens,
-        stop_tokens: session.stop_tokens(),
         prefill_chunk: opts.prefill_chunk,
-        ..GenerationConfig::default()
+        ..session.greedy_config(opts.max_new_tokens)
     };
     let mut generation =
         Generation::new(&session.model, prompt.clone(), Policy::full(layers), config)?;

@@ -14,7 +14,7 @@ use super::SuiteItem;
 use super::result::ItemResult;
 use crate::diagnose::{ForcedQuality, forced_quality};
 use crate::error::Result;
-use crate::generate::{Generation, GenerationConfig, GenerationOutput};
+use crate::generate::{GenerationConfig, GenerationOutput};
 use crate::prompt::PreparedPrompt;
 use crate::session::Session;
 
@@ -87,19 +87,13 @@ fn greedy(
     opts: &SuiteEvalOptions,
     rows: Option<&mut Vec<Tensor>>,
 ) -> Result<GenerationOutput> {
-    let config = GenerationConfig {
-        max_new_tokens: opts.max_new_tokens,
-        stop_tokens: session.stop_tokens(),
-        prefill_chunk: opts.prefill_chunk.max(1),
-        ..GenerationConfig::default()
-    };
-    let generation = Generation::new(&session.model, prompt.clone(), policy, config)?;
+    let (max_new, chunk) = (opts.max_new_tokens, opts.prefill_chunk.max(1));
     match rows {
-        Some(rows) => generation.run(|step| {
+        Some(rows) => session.continue_greedy(prompt, policy, max_new, chunk, |step| {
             rows.push(step.logits.clone());
             true
         }),
-        None => generation.run(|_| true),
+        None => session.continue_greedy(prompt, policy, max_new, chunk, |_| true),
     }
 }
 
