@@ -67,21 +67,17 @@ impl LoraArgs {
         for line in warnings(&adapter, model.config().num_layers, policies) {
             eprintln!("warning: {line}");
         }
-        Ok(Some(identity(dir, &adapter, self.lora_mode)?))
+        Ok(Some(identity(dir, &adapter, self.lora_mode)))
     }
 }
 
-/// What a report records of the adapter in `dir`: its files' hash, its
-/// trained-for policy, its rank and how it was put in.
-fn identity(dir: &Path, adapter: &LoraAdapter, mode: LoraModeArg) -> Result<AdapterIdentity> {
-    let mut bytes = Vec::new();
-    for name in ["adapter_config.json", "adapter_model.safetensors"] {
-        let path = dir.join(name);
-        bytes.extend(std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?);
-    }
-    Ok(AdapterIdentity {
+/// What a report records of the adapter in `dir`: its files' hash (taken
+/// by [`LoraAdapter::read`]), its trained-for policy, its rank and how it
+/// was put in.
+fn identity(dir: &Path, adapter: &LoraAdapter, mode: LoraModeArg) -> AdapterIdentity {
+    AdapterIdentity {
         path: dir.display().to_string(),
-        hash: lcut_trace::hash_bytes(&bytes),
+        hash: adapter.hash.clone(),
         policy: adapter.config.policy.clone(),
         rank: adapter.config.r,
         mode: match mode {
@@ -89,7 +85,7 @@ fn identity(dir: &Path, adapter: &LoraAdapter, mode: LoraModeArg) -> Result<Adap
             LoraModeArg::Fly => "fly",
         }
         .into(),
-    })
+    }
 }
 
 /// One line about the adapter: folder, rank, scale, sites, trained-for policy.

@@ -225,3 +225,22 @@ fn peft_adapter_gives_peft_logits() -> Result<()> {
     }
     Ok(())
 }
+
+/// The hash `LoraAdapter::read` keeps is the one `--lora` recorded before it
+/// did: FNV-1a of `adapter_config.json` followed by
+/// `adapter_model.safetensors`, read apart (recorded identities stay
+/// comparable).
+#[test]
+fn read_keeps_the_hash_of_its_files() -> Result<()> {
+    let dir = lcut_testkit::workspace_root().join("fixtures/oracle/lora/adapter");
+    let mut bytes = std::fs::read(dir.join("adapter_config.json"))?;
+    bytes.extend(std::fs::read(dir.join("adapter_model.safetensors"))?);
+    let adapter = LoraAdapter::read(&dir)?;
+    ensure!(
+        adapter.hash == lcut_trace::hash_bytes(&bytes),
+        "hash {} != {}",
+        adapter.hash,
+        lcut_trace::hash_bytes(&bytes)
+    );
+    Ok(())
+}

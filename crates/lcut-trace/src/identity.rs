@@ -68,10 +68,16 @@ impl ModelIdentity {
 ///
 /// Not cryptographic: it tells configs apart, nothing more.
 pub fn hash_bytes(bytes: &[u8]) -> String {
+    hash_parts(&[bytes])
+}
+
+/// [`hash_bytes`] of `parts` one after the other, without joining them.
+pub fn hash_parts(parts: &[&[u8]]) -> String {
     const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
     const PRIME: u64 = 0x0000_0100_0000_01b3;
-    let h = bytes
+    let h = parts
         .iter()
+        .flat_map(|p| p.iter())
         .fold(OFFSET, |h, &b| (h ^ u64::from(b)).wrapping_mul(PRIME));
     format!("{h:016x}")
 }
@@ -86,6 +92,12 @@ mod tests {
         assert_eq!(hash_bytes(b""), "cbf29ce484222325");
         assert_eq!(hash_bytes(b"a"), "af63dc4c8601ec8c");
         assert_eq!(hash_bytes(b"foobar"), "85944171f73967e8");
+    }
+
+    #[test]
+    fn parts_hash_as_their_concatenation() {
+        assert_eq!(hash_parts(&[b"foo", b"", b"bar"]), hash_bytes(b"foobar"));
+        assert_eq!(hash_parts(&[]), hash_bytes(b""));
     }
 
     /// A small Llama at "/a", with `adapter`.

@@ -36,6 +36,10 @@ pub struct LoraAdapter {
     pub config: LoraConfig,
     /// Its matrices by site.
     pub pairs: BTreeMap<Site, LoraPair>,
+    /// [`lcut_trace::hash_bytes`] of the bytes [`LoraAdapter::read`] read:
+    /// `adapter_config.json` followed by `adapter_model.safetensors` (what
+    /// `AdapterIdentity::hash` records).
+    pub hash: String,
 }
 
 /// PEFT's name of matrix `which` ("A" or "B") of `module` in `layer`.
@@ -61,9 +65,15 @@ impl LoraAdapter {
     /// Read `adapter_config.json` and `adapter_model.safetensors` from
     /// `folder`, checking names, pairs and ranks (not yet the model).
     pub fn read(folder: &Path) -> Result<Self, LoraError> {
-        let config = LoraConfig::read(folder)?;
+        let (config, config_bytes) = LoraConfig::read_with_bytes(folder)?;
         let path = folder.join(WEIGHTS_FILE);
-        let tensors = load_tensors(&path)?;
+        let weights = std::fs::read(&path).map_err(|source| LoraError::Io {
+            action: "read",
+            path: path.clone(),
+            source,
+        })?;
+        let hash = lcut_trace::hash_parts(&[&config_bytes, &weights]);
+        let tensors = load_tensors(&path, &weights)?;
         let mut halves: BTreeMap<Site, (Option<Tensor>, Option<Tensor>)> = BTreeMap::new();
         for (name, t) in tensors {
             let Some((layer, module, which)) = parse_name(&name) else {
@@ -92,6 +102,7 @@ impl LoraAdapter {
             folder: folder.to_path_buf(),
             config,
             pairs,
+            hash,
         })
     }
 
@@ -140,18 +151,13 @@ fn complete(
     Ok(LoraPair { a, b })
 }
 
-/// Every tensor of the weights file, as f32 on the CPU.
-fn load_tensors(path: &Path) -> Result<Vec<(String, Tensor)>, LoraError> {
-    let bytes = std::fs::read(path).map_err(|source| LoraError::Io {
-        action: "read",
-        path: path.to_path_buf(),
-        source,
-    })?;
+/// Every tensor of the weights file at `path` (its `bytes`), as f32 on the CPU.
+fn load_tensors(path: &Path, bytes: &[u8]) -> Result<Vec<(String, Tensor)>, LoraError> {
     let bad = |reason: String| LoraError::Safetensors {
         path: path.to_path_buf(),
         reason,
     };
-    let file = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
+    let file = safetensors::SafeTensors::deserialize(bytes).map_err(|e| bad(e.to_string()))?;
     let mut out = Vec::new();
     for (name, view) in file.tensors() {
         use safetensors::Dtype;

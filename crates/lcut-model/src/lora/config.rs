@@ -74,20 +74,30 @@ impl LoraConfig {
 
     /// Read and check `adapter_config.json` in `folder`.
     pub fn read(folder: &Path) -> Result<Self, LoraError> {
+        Self::read_with_bytes(folder).map(|(config, _)| config)
+    }
+
+    /// [`LoraConfig::read`], also giving the file's bytes as read.
+    pub(crate) fn read_with_bytes(folder: &Path) -> Result<(Self, Vec<u8>), LoraError> {
         let path = folder.join(CONFIG_FILE);
-        let text = std::fs::read_to_string(&path).map_err(|source| LoraError::Io {
+        let io = |source| LoraError::Io {
             action: "read",
             path: path.clone(),
             source,
-        })?;
-        let value: Value = serde_json::from_str(&text).map_err(|source| LoraError::Json {
+        };
+        let bytes = std::fs::read(&path).map_err(io)?;
+        // as read_to_string: text that is not UTF-8 is an I/O error
+        let text = std::str::from_utf8(&bytes)
+            .map_err(|e| io(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
+        let value: Value = serde_json::from_str(text).map_err(|source| LoraError::Json {
             path: path.clone(),
             source,
         })?;
         let Some(map) = value.as_object() else {
             return Err(bad(&path, "(top level)", "a JSON object", &value));
         };
-        Self::from_map(&path, map)
+        let config = Self::from_map(&path, map)?;
+        Ok((config, bytes))
     }
 
     fn from_map(path: &Path, map: &Map<String, Value>) -> Result<Self, LoraError> {
