@@ -98,8 +98,7 @@ pub fn per_policy_path(out: &Path, policy: &str) -> PathBuf {
 
 /// Run a suite under the policies and collect one result per policy.
 fn run_suite(args: &EvalCommand, path: &Path) -> Result<Vec<SuiteEval>> {
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let items = suite::read_suite(path)?;
+    let (items, suite_hash) = suite::read_suite_hashed(path)?;
     let model = Some(args.base.model.clone());
     let mut session = open_session(&model, args.dtype, DeviceArg::Cpu)?;
     args.lora
@@ -154,7 +153,7 @@ fn run_suite(args: &EvalCommand, path: &Path) -> Result<Vec<SuiteEval>> {
             model: args.base.model.display().to_string(),
             suite: path.display().to_string(),
             suite_items: items.len(),
-            suite_hash: lcut_trace::hash_bytes(&bytes),
+            suite_hash: suite_hash.clone(),
             policy,
             dtype: args.dtype.name(),
             adapter: session.adapter.clone(),

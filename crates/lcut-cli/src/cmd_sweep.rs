@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use lcut_engine::diagnose::{
     AxisPolicy, SweepOptions, equal_kv_pairs, prepare_prompts, shard_indices, sweep,
 };
-use lcut_engine::suite::{CutoffEvalOptions, accuracy_by_cutoff, read_suite, smallest_cut_within};
+use lcut_engine::suite::{
+    CutoffEvalOptions, accuracy_by_cutoff, read_suite_hashed, smallest_cut_within,
+};
 use lcut_policy::{Anchors, PolicySpec};
 use lcut_trace::{
     CutoffAccuracy, PolicyPoint, Report, SuiteSource, read_report_json, write_json,
@@ -70,8 +72,7 @@ fn suite_accuracy(
     let Some(path) = &args.eval_suite else {
         return Ok((Vec::new(), None));
     };
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let items = read_suite(path)?;
+    let (items, suite_hash) = read_suite_hashed(path)?;
     let mut anchors = vec![Anchors::Bos];
     if args.anchor_free {
         anchors.push(Anchors::None);
@@ -101,7 +102,7 @@ fn suite_accuracy(
     print_accuracy(&points);
     let source = SuiteSource {
         path: path.display().to_string(),
-        hash: lcut_trace::hash_bytes(&bytes),
+        hash: suite_hash,
         items: items.len(),
         shard: shard.map(|(i, n)| [i, n]),
     };

@@ -261,10 +261,9 @@ pub fn write(path: &Path, settings: &TeacherSettings, records: &[TeacherRecord])
 
 /// The `(system, prompt)` pairs of the suite at `path` and the hash of its bytes.
 pub fn suite_prompts(path: &Path) -> Result<(PromptSet, String)> {
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let items = lcut_engine::suite::read_suite(path)?;
+    let (items, hash) = lcut_engine::suite::read_suite_hashed(path)?;
     let set = items.into_iter().map(|it| (it.system, it.prompt)).collect();
-    Ok((set, lcut_trace::hash_bytes(&bytes)))
+    Ok((set, hash))
 }
 
 #[cfg(test)]

@@ -69,11 +69,22 @@ pub enum SuiteError {
 
 /// Read a suite file (see [`parse_suite`]).
 pub fn read_suite(path: &Path) -> Result<Vec<SuiteItem>, SuiteError> {
-    let text = std::fs::read_to_string(path).map_err(|source| SuiteError::Io {
+    read_suite_hashed(path).map(|(items, _)| items)
+}
+
+/// Read a suite file (see [`parse_suite`]) once: its items and
+/// [`lcut_trace::hash_bytes`] of the bytes read (the suite hash that
+/// results record).
+pub fn read_suite_hashed(path: &Path) -> Result<(Vec<SuiteItem>, String), SuiteError> {
+    let io = |source| SuiteError::Io {
         path: path.to_path_buf(),
         source,
-    })?;
-    parse_suite(&text, path)
+    };
+    let bytes = std::fs::read(path).map_err(io)?;
+    // as read_to_string: text that is not UTF-8 is an I/O error
+    let text = std::str::from_utf8(&bytes)
+        .map_err(|e| io(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
+    Ok((parse_suite(text, path)?, lcut_trace::hash_bytes(&bytes)))
 }
 
 /// Parse suite text (`path` names it in errors): blank lines are skipped;
@@ -177,6 +188,14 @@ mod tests {
 
     fn parse(text: &str) -> Result<Vec<SuiteItem>, SuiteError> {
         parse_suite(text, Path::new("s.jsonl"))
+    }
+
+    #[test]
+    fn hashed_read_gives_the_items_and_the_hash_of_the_file() {
+        let path = crate::bundled::workspace_root().join("fixtures/suites/smollm2.jsonl");
+        let (items, hash) = read_suite_hashed(&path).unwrap();
+        assert_eq!(items, read_suite(&path).unwrap());
+        assert_eq!(hash, lcut_trace::hash_bytes(&std::fs::read(&path).unwrap()));
     }
 
     #[test]
