@@ -532,3 +532,36 @@ fn load_trained_span(path: &Path, first: usize, cut: usize) -> Result<UpperModel
         cut,
     )?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::parse_layers;
+
+    #[test]
+    fn layers_default_to_the_cut_up_and_may_start_below_it() -> anyhow::Result<()> {
+        assert_eq!(parse_layers(None, 22, 30)?, (22..30).collect::<Vec<_>>());
+        assert_eq!(
+            parse_layers(Some("18..30"), 22, 30)?,
+            (18..30).collect::<Vec<_>>()
+        );
+        assert_eq!(parse_layers(Some("0..30"), 15, 30)?.len(), 30);
+        Ok(())
+    }
+
+    #[test]
+    fn bad_layer_ranges_are_named() {
+        for (text, says) in [
+            ("20..31", "within 0..30"),
+            ("25..25", "within 0..30"),
+            ("26..24", "within 0..30"),
+            ("a..30", "\"a\" is not a layer number"),
+            ("22-30", "expected A..B"),
+        ] {
+            let err = match parse_layers(Some(text), 22, 30) {
+                Ok(v) => panic!("--layers {text} gave {v:?}"),
+                Err(e) => e.to_string(),
+            };
+            assert!(err.contains(says), "--layers {text}: {err}");
+        }
+    }
+}
