@@ -64,11 +64,10 @@ pub fn run(args: &EvalCommand) -> Result<()> {
     };
     let results = run_suite(args, path)?;
     let several = results.len() > 1;
-    for result in &results {
-        for line in result.summary_lines() {
-            println!("{line}");
-        }
-        if let Some(out) = &args.json {
+    // every result on disk before anything is printed: a closed stdout
+    // (`| head`) ends the process at its first print
+    if let Some(out) = &args.json {
+        for result in &results {
             let out = if several {
                 per_policy_path(out, &result.policy)
             } else {
@@ -76,6 +75,9 @@ pub fn run(args: &EvalCommand) -> Result<()> {
             };
             write_json(&out, result)?;
         }
+    }
+    for line in results.iter().flat_map(SuiteEval::summary_lines) {
+        println!("{line}");
     }
     Ok(())
 }
@@ -185,10 +187,11 @@ pub fn merge(args: &EvalMergeArgs) -> Result<()> {
         })
         .collect::<Result<Vec<_>>>()?;
     let merged = suite::merge_evals(&parts)?;
+    write_json(&args.out, &merged)?;
     for line in merged.summary_lines() {
         println!("{line}");
     }
-    write_json(&args.out, &merged)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use lcut_engine::suite::{
 };
 use lcut_policy::{Anchors, PolicySpec};
 use lcut_trace::{
-    CutoffAccuracy, PolicyPoint, Report, SuiteSource, read_report_json, write_json,
+    CutoffAccuracy, PolicyPoint, Report, SuiteSource, Sweep, read_report_json, write_json,
     write_report_json,
 };
 
@@ -93,13 +93,6 @@ fn suite_accuracy(
         true
     })?;
     bar.finish_and_clear();
-    let shard_note = shard.map_or_else(String::new, |(i, n)| format!(", shard {i}/{n}"));
-    println!(
-        "\n({todo} of {} items of {}{shard_note})",
-        items.len(),
-        path.display()
-    );
-    print_accuracy(&points);
     let source = SuiteSource {
         path: path.display().to_string(),
         hash: suite_hash,
@@ -107,6 +100,17 @@ fn suite_accuracy(
         shard: shard.map(|(i, n)| [i, n]),
     };
     Ok((points, Some(source)))
+}
+
+/// The suite the accuracy was scored on, and how many of its items.
+fn print_suite_source(source: &SuiteSource) {
+    let shard = source.shard.map(|[i, n]| (i, n));
+    let todo = shard_indices(source.items, shard).map_or(0, |items| items.len());
+    let shard_note = shard.map_or_else(String::new, |(i, n)| format!(", shard {i}/{n}"));
+    println!(
+        "\n({todo} of {} items of {}{shard_note})",
+        source.items, source.path
+    );
 }
 
 /// Suite accuracy per cutoff: one accuracy and interval column for each
@@ -276,11 +280,45 @@ pub fn run(args: &SweepArgs) -> Result<()> {
         &mut on_event(&bar),
     )?;
     bar.finish_and_clear();
+    let mut result = result;
+    result.accuracy = accuracy;
+    result.suite = suite;
+    result.prompt_shard = diag.shard.map(|(i, n)| [i, n]);
+    // written before anything is printed: a closed stdout (`| head`) ends
+    // the process at its first print, and the sweep must be on disk by then
+    std::fs::create_dir_all(&args.run.out)
+        .with_context(|| format!("creating {}", args.run.out.display()))?;
+    let report_path = args.run.out.join("report.json");
+    if report_path.exists() {
+        let mut report = read_report_json(&report_path)?;
+        report.sweep = Some(result);
+        write_report_json(&report_path, &report)?;
+        if let Some(sweep) = &report.sweep {
+            print_sweep(sweep);
+        }
+        print_summary(&report);
+        print_calibration(&report);
+        println!("added the sweep to {}", report_path.display());
+    } else {
+        let path = args.run.out.join("sweep.json");
+        write_json(&path, &result, "sweep")?;
+        print_sweep(&result);
+        match result.knee {
+            Some(k) => println!("knee at L_cut = {k}"),
+            None => println!("no cutoff keeps agreement within the threshold"),
+        }
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// The sweep's points, its comparison axis and its suite accuracy.
+fn print_sweep(sweep: &Sweep) {
     println!(
         "{:>5} {:>7} {:>8} {:>9} {:>8} {:>8} {:>9}",
         "L_cut", "anchors", "top-1", "KL", "NLL", "KV x", "FLOPs x"
     );
-    for p in &result.points {
+    for p in &sweep.points {
         println!(
             "{:>5} {:>7} {:>8.3} {:>9.4} {:>8.3} {:>8.3} {:>9.3}",
             p.cut_label(),
@@ -292,29 +330,9 @@ pub fn run(args: &SweepArgs) -> Result<()> {
             p.prefill_ratio
         );
     }
-    let mut result = result;
-    result.accuracy = accuracy;
-    result.suite = suite;
-    result.prompt_shard = diag.shard.map(|(i, n)| [i, n]);
-    print_axis(&result.policies);
-    std::fs::create_dir_all(&args.run.out)
-        .with_context(|| format!("creating {}", args.run.out.display()))?;
-    let report_path = args.run.out.join("report.json");
-    if report_path.exists() {
-        let mut report = read_report_json(&report_path)?;
-        report.sweep = Some(result);
-        write_report_json(&report_path, &report)?;
-        print_summary(&report);
-        print_calibration(&report);
-        println!("added the sweep to {}", report_path.display());
-    } else {
-        let path = args.run.out.join("sweep.json");
-        write_json(&path, &result, "sweep")?;
-        match result.knee {
-            Some(k) => println!("knee at L_cut = {k}"),
-            None => println!("no cutoff keeps agreement within the threshold"),
-        }
-        println!("wrote {}", path.display());
+    print_axis(&sweep.policies);
+    if let Some(source) = &sweep.suite {
+        print_suite_source(source);
+        print_accuracy(&sweep.accuracy);
     }
-    Ok(())
 }

@@ -624,3 +624,81 @@ fn suite_command_writes_the_committed_file() {
         std::fs::read(committed).unwrap()
     );
 }
+
+/// Run lcut with its stdout a pipe whose reader has gone (`lcut ... | head`
+/// after head has exited).
+fn lcut_into_closed_pipe(args: &[&str]) {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lcut"))
+        .args(args)
+        .current_dir(repo)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("lcut runs");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("lcut ends");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "lcut {args:?}: {stderr}");
+}
+
+#[test]
+fn results_are_written_when_stdout_is_closed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let suite = write_suite(tmp.path());
+    let out = |name: &str| tmp.path().join(name).to_str().unwrap().to_string();
+    for (i, name) in ["s0.json", "s1.json"].iter().enumerate() {
+        let shard = format!("{i}/2");
+        lcut_into_closed_pipe(&[
+            "eval",
+            "--model",
+            "fixtures/models/copy-full",
+            "--suite",
+            &suite,
+            "--policy",
+            "full,speed:2+bos",
+            "--max-new-tokens",
+            "4",
+            "--shard",
+            &shard,
+            "--json",
+            &out(name),
+        ]);
+    }
+    for policy in ["full", "speed-2-bos"] {
+        let (s0, s1) = (
+            out(&format!("s0.{policy}.json")),
+            out(&format!("s1.{policy}.json")),
+        );
+        assert!(
+            Path::new(&s0).exists() && Path::new(&s1).exists(),
+            "{policy}"
+        );
+        let merged = out(&format!("m.{policy}.json"));
+        lcut_into_closed_pipe(&["eval-merge", &s0, &s1, "--out", &merged]);
+        assert_eq!(read(Path::new(&merged)).items.len(), 5, "{policy}");
+    }
+    // the sweep's report, with its suite accuracy
+    let run = tmp.path().join("run");
+    diagnose(&run, &[]);
+    lcut_into_closed_pipe(&[
+        "sweep",
+        "--model",
+        "fixtures/models/copy-full",
+        "--max-new-tokens",
+        "4",
+        "--cuts",
+        "2,4",
+        "--eval-suite",
+        &suite,
+        "--eval-max-new-tokens",
+        "4",
+        "--out",
+        run.to_str().unwrap(),
+    ]);
+    let report = read_report(&run);
+    assert_eq!(
+        report["sweep"]["accuracy"].as_array().map(Vec::len),
+        Some(2)
+    );
+}
