@@ -31,10 +31,6 @@ pub fn accuracy_point(l_cut: usize, anchors: &str, correct: usize, n: usize) -> 
     }
 }
 
-fn mismatch(what: &'static str, detail: String) -> DiagError {
-    DiagError::Mismatch { what, detail }
-}
-
 /// The (cutoff, anchors) keys of a shard's points, in order.
 fn keys(points: &[CutoffAccuracy]) -> Vec<(usize, &str)> {
     points
@@ -49,7 +45,7 @@ fn check_suite_shards(sources: &[&SuiteSource]) -> Result<(), DiagError> {
     let first = sources[0];
     for (i, s) in sources.iter().enumerate().skip(1) {
         if (&s.hash, s.items) != (&first.hash, first.items) {
-            return Err(mismatch(
+            return Err(DiagError::mismatch(
                 "suites of the accuracy points",
                 format!(
                     "shard 0 scored {} ({} items, hash {}), shard {i} {} ({} items, hash {})",
@@ -65,7 +61,7 @@ fn check_suite_shards(sources: &[&SuiteSource]) -> Result<(), DiagError> {
         match spec {
             Some([i, m]) if *m == n && *i < n && !seen[*i] => seen[*i] = true,
             _ => {
-                return Err(mismatch(
+                return Err(DiagError::mismatch(
                     "suite shards",
                     format!(
                         "the sweeps must score suite shards 0/{n} .. {}/{n} once each; got {specs:?}",
@@ -99,7 +95,7 @@ pub fn merge_suite_accuracy(
             .enumerate()
             .find(|(_, s)| (&s.suite, &s.accuracy) != (&first.suite, &first.accuracy))
         {
-            return Err(mismatch(
+            return Err(DiagError::mismatch(
                 "suite accuracy",
                 format!("shard 0 and shard {i} scored the whole suite differently"),
             ));
@@ -111,7 +107,7 @@ pub fn merge_suite_accuracy(
         .enumerate()
         .map(|(i, s)| {
             s.suite.as_ref().ok_or_else(|| {
-                mismatch(
+                DiagError::mismatch(
                     "suite shards",
                     format!("shard {i} has accuracy points without a recorded suite"),
                 )
@@ -123,7 +119,7 @@ pub fn merge_suite_accuracy(
     let mut sums: Vec<(usize, usize)> = vec![(0, 0); want.len()];
     for (i, s) in sweeps.iter().enumerate() {
         if keys(&s.accuracy) != want {
-            return Err(mismatch(
+            return Err(DiagError::mismatch(
                 "accuracy points (cutoffs and anchors)",
                 format!(
                     "shard 0 has {want:?}, shard {i} has {:?}",
@@ -137,7 +133,7 @@ pub fn merge_suite_accuracy(
     }
     let items = sources[0].items;
     if let Some(((l_cut, anchors), (_, n))) = want.iter().zip(&sums).find(|(_, s)| s.1 != items) {
-        return Err(mismatch(
+        return Err(DiagError::mismatch(
             "suite sizes",
             format!(
                 "the shards scored {n} items at L_cut {l_cut} ({anchors}), the suite has {items}"

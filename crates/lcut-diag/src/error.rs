@@ -2,6 +2,13 @@
 
 use lcut_trace::TraceError;
 
+impl DiagError {
+    /// A [`DiagError::Mismatch`] of `what`, `detail` saying which values.
+    pub fn mismatch(what: &'static str, detail: String) -> Self {
+        Self::Mismatch { what, detail }
+    }
+}
+
 /// What can go wrong when computing diagnostics or merging reports.
 #[derive(Debug, thiserror::Error)]
 pub enum DiagError {

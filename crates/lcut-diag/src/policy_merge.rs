@@ -5,7 +5,7 @@
 use lcut_trace::{PolicyCounts, PolicyPoint};
 
 use crate::error::DiagError;
-use crate::pooled::Pooled;
+use crate::pooled::{Pooled, merge_by_position};
 
 /// The counts of shard `shard`'s point, or the named error of a point
 /// written before they were recorded.
@@ -113,30 +113,7 @@ fn merge_point(parts: &[(usize, &PolicyPoint)]) -> Result<PolicyPoint, DiagError
 pub(crate) fn merge_policy_points(
     shards: &[&[PolicyPoint]],
 ) -> Result<Vec<PolicyPoint>, DiagError> {
-    let Some(first) = shards.first() else {
-        return Ok(Vec::new());
-    };
-    if let Some((i, s)) = shards
-        .iter()
-        .enumerate()
-        .find(|(_, s)| s.len() != first.len())
-    {
-        return Err(DiagError::Mismatch {
-            what: "sweep comparison axes",
-            detail: format!(
-                "shard 0 measured {} policies, shard {i} {}",
-                first.len(),
-                s.len()
-            ),
-        });
-    }
-    (0..first.len())
-        .map(|k| {
-            let parts: Vec<(usize, &PolicyPoint)> =
-                shards.iter().enumerate().map(|(i, s)| (i, &s[k])).collect();
-            merge_point(&parts)
-        })
-        .collect()
+    merge_by_position(shards, ("sweep comparison axes", "policies"), merge_point)
 }
 
 #[cfg(test)]

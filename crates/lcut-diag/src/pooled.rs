@@ -2,6 +2,39 @@
 //! token-weighted (or prompt-, step-, byte-weighted) mean of the parts is
 //! the mean of the whole.
 
+use crate::error::DiagError;
+
+/// Shards' lists merged position by position: `merge` gets the k-th entry
+/// of every shard (with the shard's index) and gives the merged entry.
+/// Every shard must hold as many entries as the first; else an error of
+/// `what`, counting the entries as `noun`.
+pub(crate) fn merge_by_position<T, U>(
+    shards: &[&[T]],
+    (what, noun): (&'static str, &str),
+    merge: impl Fn(&[(usize, &T)]) -> Result<U, DiagError>,
+) -> Result<Vec<U>, DiagError> {
+    let Some(first) = shards.first() else {
+        return Ok(Vec::new());
+    };
+    if let Some((i, s)) = shards
+        .iter()
+        .enumerate()
+        .find(|(_, s)| s.len() != first.len())
+    {
+        return Err(DiagError::mismatch(
+            what,
+            format!("shard 0 has {} {noun}, shard {i} {}", first.len(), s.len()),
+        ));
+    }
+    (0..first.len())
+        .map(|k| {
+            let parts: Vec<(usize, &T)> =
+                shards.iter().enumerate().map(|(i, s)| (i, &s[k])).collect();
+            merge(&parts)
+        })
+        .collect()
+}
+
 /// Running sums of `mean × weight` and of the weights over shards.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub(crate) struct Pooled {

@@ -11,11 +11,7 @@ use lcut_trace::{Sweep, SweepPoint, Thresholds};
 use crate::error::DiagError;
 use crate::knee::finish_sweep;
 use crate::policy_merge::merge_policy_points;
-use crate::pooled::Pooled;
-
-fn mismatch(what: &'static str, detail: String) -> DiagError {
-    DiagError::Mismatch { what, detail }
-}
+use crate::pooled::{Pooled, merge_by_position};
 
 /// The sweep without its suite accuracy: what unsharded sweeps must share.
 pub(crate) fn teacher_forced(s: &Sweep) -> Sweep {
@@ -43,7 +39,7 @@ fn check_prompt_shards(sweeps: &[&Sweep]) -> Result<(), DiagError> {
     if covered {
         return Ok(());
     }
-    Err(mismatch(
+    Err(DiagError::mismatch(
         "sweep prompt shards",
         format!(
             "the sweeps must measure prompt shards 0/{n} .. {}/{n} once each (a shard without a sweep, or a sweep of all the prompts, cannot be merged with sharded ones); got {specs:?}",
@@ -61,13 +57,13 @@ fn same_costs(a: &SweepPoint, b: &SweepPoint) -> bool {
 }
 
 /// One point over all the prompts from its point in each shard.
-fn merge_point(parts: &[&SweepPoint]) -> Result<SweepPoint, DiagError> {
-    let first = parts[0];
+fn merge_point(parts: &[(usize, &SweepPoint)]) -> Result<SweepPoint, DiagError> {
+    let first = parts[0].1;
     let (mut agree, mut kl, mut nll, mut tokens) =
         (Pooled::default(), Pooled::default(), Pooled::default(), 0);
-    for (i, p) in parts.iter().enumerate() {
+    for &(i, p) in parts {
         if p.policy != first.policy {
-            return Err(mismatch(
+            return Err(DiagError::mismatch(
                 "sweep points",
                 format!(
                     "shard 0 has {} where shard {i} has {}",
@@ -76,7 +72,7 @@ fn merge_point(parts: &[&SweepPoint]) -> Result<SweepPoint, DiagError> {
             ));
         }
         if !same_costs(first, p) {
-            return Err(mismatch(
+            return Err(DiagError::mismatch(
                 "sweep point costs",
                 format!(
                     "{}: shard 0 has {} KV bytes and {:e} FLOPs, shard {i} {} and {:e} (is the context length or the model the same?)",
@@ -106,22 +102,7 @@ fn merge_point(parts: &[&SweepPoint]) -> Result<SweepPoint, DiagError> {
 /// The teacher-forced points over all the prompts from each prompt shard's
 /// (the same policies in the same order in every shard).
 pub fn merge_sweep_points(shards: &[&[SweepPoint]]) -> Result<Vec<SweepPoint>, DiagError> {
-    let Some(first) = shards.first() else {
-        return Ok(Vec::new());
-    };
-    if let Some((i, s)) = shards
-        .iter()
-        .enumerate()
-        .find(|(_, s)| s.len() != first.len())
-    {
-        return Err(mismatch(
-            "sweep points",
-            format!("shard 0 has {} points, shard {i} {}", first.len(), s.len()),
-        ));
-    }
-    (0..first.len())
-        .map(|k| merge_point(&shards.iter().map(|s| &s[k]).collect::<Vec<_>>()))
-        .collect()
+    merge_by_position(shards, ("sweep points", "points"), merge_point)
 }
 
 /// The teacher-forced sweep of shard reports' sweeps, without suite
@@ -134,7 +115,7 @@ pub fn merge_teacher_forced(sweeps: &[&Sweep], th: &Thresholds) -> Result<Sweep,
     if sweeps.iter().all(|s| s.prompt_shard.is_none()) {
         let base = teacher_forced(first);
         if let Some(i) = sweeps.iter().position(|s| teacher_forced(s) != base) {
-            return Err(mismatch(
+            return Err(DiagError::mismatch(
                 "sweeps",
                 format!(
                     "shards 0 and {i} carry different teacher-forced sweeps and record no prompt shard (reports written before sweeps recorded their shard and scored-token counts cannot be recombined); rerun the sweeps with `lcut sweep --shard`"
@@ -149,7 +130,7 @@ pub fn merge_teacher_forced(sweeps: &[&Sweep], th: &Thresholds) -> Result<Sweep,
         .enumerate()
         .find(|(_, s)| s.context_len != first.context_len)
     {
-        return Err(mismatch(
+        return Err(DiagError::mismatch(
             "sweep context lengths",
             format!(
                 "shard 0 costs at {}, shard {i} at {}",
