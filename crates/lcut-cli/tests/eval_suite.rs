@@ -293,21 +293,39 @@ fn sweep_with_a_suite_sets_the_recommendation_beside_accuracy_per_cut() {
     );
 }
 
-/// `lcut sweep` of the bundled copy model (4 new tokens, cuts 2 and 4,
-/// suite answers of 6 tokens, anchor-free too) on `prompts` into `out`,
-/// after a diagnose of the same prompts there; `shard` as `I/N` or none.
-fn sweep_with_suite(out: &Path, prompts: &str, suite: &str, shard: Option<&str>) -> String {
-    let mut extra = vec!["--prompts", prompts];
-    if let Some(s) = shard {
-        extra.extend(["--shard", s]);
-    }
-    diagnose(out, &extra);
+/// The arguments of `lcut sweep` of the bundled copy model (4 new tokens)
+/// with `specific` ones, into `out`.
+fn sweep_args<'a>(out: &'a Path, specific: &[&'a str]) -> Vec<&'a str> {
     let mut a = vec![
         "sweep",
         "--model",
         "fixtures/models/copy-full",
         "--max-new-tokens",
         "4",
+    ];
+    a.extend_from_slice(specific);
+    a.extend(["--out", out.to_str().unwrap()]);
+    a
+}
+
+/// A diagnose then a sweep (`sweep_args` with `specific`) of `prompts`
+/// into `out`; `shard` as `I/N` or none. Returns the sweep's stdout.
+fn diagnose_and_sweep(out: &Path, prompts: &str, shard: Option<&str>, specific: &[&str]) -> String {
+    let mut extra = vec!["--prompts", prompts];
+    if let Some(s) = shard {
+        extra.extend(["--shard", s]);
+    }
+    diagnose(out, &extra);
+    let mut a = sweep_args(out, specific);
+    a.extend_from_slice(&extra);
+    ok(&a, &[])
+}
+
+/// `lcut sweep` of the bundled copy model (cuts 2 and 4, suite answers of
+/// 6 tokens, anchor-free too) on `prompts` into `out`, after a diagnose of
+/// the same prompts there; `shard` as `I/N` or none.
+fn sweep_with_suite(out: &Path, prompts: &str, suite: &str, shard: Option<&str>) -> String {
+    let specific = [
         "--cuts",
         "2,4",
         "--anchor-free",
@@ -315,11 +333,8 @@ fn sweep_with_suite(out: &Path, prompts: &str, suite: &str, shard: Option<&str>)
         suite,
         "--eval-max-new-tokens",
         "6",
-        "--out",
-        out.to_str().unwrap(),
     ];
-    a.extend_from_slice(&extra);
-    ok(&a, &[])
+    diagnose_and_sweep(out, prompts, shard, &specific)
 }
 
 #[test]
@@ -406,21 +421,11 @@ fn sharded_suite_accuracy_merges_into_the_unsharded_one_with_anchor_free_points(
     );
 }
 
-/// `lcut sweep` of the bundled copy model (4 new tokens, cuts 1, 2 and 4,
-/// anchor-free too, a SlimInfer point on the axis) on `prompts` into
-/// `out`, after a diagnose of the same prompts there; `shard` as `I/N`.
+/// `lcut sweep` of the bundled copy model (cuts 1, 2 and 4, anchor-free
+/// too, a SlimInfer point on the axis) on `prompts` into `out`, after a
+/// diagnose of the same prompts there; `shard` as `I/N`.
 fn sweep_prompts(out: &Path, prompts: &str, shard: Option<&str>) {
-    let mut extra = vec!["--prompts", prompts];
-    if let Some(s) = shard {
-        extra.extend(["--shard", s]);
-    }
-    diagnose(out, &extra);
-    let mut a = vec![
-        "sweep",
-        "--model",
-        "fixtures/models/copy-full",
-        "--max-new-tokens",
-        "4",
+    let specific = [
         "--cuts",
         "1,2,4",
         "--anchor-free",
@@ -428,11 +433,8 @@ fn sweep_prompts(out: &Path, prompts: &str, shard: Option<&str>) {
         "slim:1@50%",
         "--context-len",
         "4k",
-        "--out",
-        out.to_str().unwrap(),
     ];
-    a.extend_from_slice(&extra);
-    ok(&a, &[]);
+    diagnose_and_sweep(out, prompts, shard, &specific);
 }
 
 /// Whether `a` and `b` agree to 1e-5 relative (or both are null).
@@ -681,21 +683,17 @@ fn results_are_written_when_stdout_is_closed() {
     // the sweep's report, with its suite accuracy
     let run = tmp.path().join("run");
     diagnose(&run, &[]);
-    lcut_into_closed_pipe(&[
-        "sweep",
-        "--model",
-        "fixtures/models/copy-full",
-        "--max-new-tokens",
-        "4",
-        "--cuts",
-        "2,4",
-        "--eval-suite",
-        &suite,
-        "--eval-max-new-tokens",
-        "4",
-        "--out",
-        run.to_str().unwrap(),
-    ]);
+    lcut_into_closed_pipe(&sweep_args(
+        &run,
+        &[
+            "--cuts",
+            "2,4",
+            "--eval-suite",
+            &suite,
+            "--eval-max-new-tokens",
+            "4",
+        ],
+    ));
     let report = read_report(&run);
     assert_eq!(
         report["sweep"]["accuracy"].as_array().map(Vec::len),
