@@ -158,11 +158,6 @@ impl UpperModel {
         self.first
     }
 
-    /// The cut of the policy trained for.
-    pub fn cut(&self) -> usize {
-        self.cut
-    }
-
     /// New pairs of rank `r` on `modules` of `layers`: A small random
     /// (seeded), B zero, so training starts from the base model.
     pub fn init_lora(
