@@ -19,7 +19,7 @@ use lcut_model::{
     Decoder, LlamaShape, LogitRows, WeightMode, argmax_rows, default_attention_block_elems,
 };
 use lcut_policy::{Policy, PolicySpec, TokenPhases};
-use lcut_testkit::synth::RandomLlama;
+use lcut_synth::RandomLlama;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde::Serialize;
 
