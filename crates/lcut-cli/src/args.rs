@@ -12,8 +12,6 @@ use clap::builder::PossibleValue;
 use lcut_model::WeightMode;
 use lcut_policy::PolicySpec;
 
-use crate::common::split_policies;
-
 /// `--dtype` where every weight is converted to one float type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DtypeArg {
@@ -168,6 +166,35 @@ impl PolicyList {
     }
 }
 
+/// A list of policies separated by `,` or `;`: a `,` that does not start a
+/// new policy (`full`, `speed:`, `selfonly:`, `slim:`) belongs to the one
+/// before it (SlimInfer's `slim:9@50%,19@25%`).
+pub fn split_policies(text: &str) -> Vec<String> {
+    let starts = |t: &str| {
+        let t = t.trim_start();
+        t == "full"
+            || ["speed:", "selfonly:", "slim:"]
+                .iter()
+                .any(|p| t.starts_with(p))
+    };
+    let mut out: Vec<String> = Vec::new();
+    for group in text.split(';') {
+        let mut first = true;
+        for part in group.split(',') {
+            match out.last_mut() {
+                Some(last) if !first && !starts(part) => {
+                    last.push(',');
+                    last.push_str(part.trim());
+                }
+                _ => out.push(part.trim().to_string()),
+            }
+            first = false;
+        }
+    }
+    out.retain(|p| !p.is_empty());
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -232,5 +259,20 @@ mod tests {
         let e = parse(&["--policy", "speedy:3"]).unwrap_err();
         assert!(e.contains("--policy") && e.contains("speedy"), "{e}");
         assert!(parse(&["--policies", "full,bogus"]).is_err());
+    }
+
+    #[test]
+    fn slim_cut_lists_stay_whole() {
+        assert_eq!(
+            split_policies("full,speed:3/4+bos,slim:4@2k,8@1k+block:16;slim:paper, selfonly:2"),
+            vec![
+                "full",
+                "speed:3/4+bos",
+                "slim:4@2k,8@1k+block:16",
+                "slim:paper",
+                "selfonly:2"
+            ]
+        );
+        assert_eq!(split_policies(""), Vec::<String>::new());
     }
 }

@@ -9,8 +9,8 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use lcut_engine::suite::{self, SuiteEval, SuiteEvalOptions};
 
-use crate::args::{DeviceArg, WeightArg};
-use crate::common::{open_session, split_policies, write_atomic};
+use crate::args::{DeviceArg, WeightArg, split_policies};
+use crate::common::{open_session, write_atomic};
 
 /// Arguments of `lcut eval`.
 #[derive(Debug, clap::Args)]

@@ -5,6 +5,7 @@ mod curvature;
 mod policy_axis;
 mod probe;
 mod prompts;
+mod quality;
 mod sweep;
 mod teacher;
 

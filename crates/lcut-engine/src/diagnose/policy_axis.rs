@@ -15,7 +15,7 @@ use lcut_policy::{
 };
 use lcut_trace::{PolicyCounts, PolicyPoint};
 
-use super::sweep::{Totals, score};
+use super::quality::{Totals, score};
 use crate::error::{EngineError, Result};
 use crate::generate::prefill_before_decode_start;
 use crate::prompt::PreparedPrompt;
