@@ -9,9 +9,10 @@ use lcut_diag::{
     FlopShape, PromptSplit, layered_prefill_flops, prefill_flops, slim_tokens_per_layer,
 };
 use lcut_model::probes::PromptMassProbe;
-use lcut_model::{Decoder, LogitRows};
+use lcut_model::{Decoder, LogitRows, Sequence};
 use lcut_policy::{
     Budget, CutSpec, KvCost, Phase, Policy, PolicySpec, SlimOptions, SlimSelection, SlimSpec,
+    TokenPhases,
 };
 use lcut_trace::{PolicyCounts, PolicyPoint};
 
@@ -157,24 +158,61 @@ pub(super) fn measure(
     let phases = prompt.phases(&policy)?;
     let mut seq = model.new_sequence(policy, phases)?;
     seq.reserve(prompt.len() + continuation.len());
-    let s = prompt.decode_start;
-    prefill_before_decode_start(model, &mut seq, prompt, chunk, |_| true)?;
-    let mut rows = Vec::with_capacity(continuation.len());
-    let first = model.forward(&mut seq, &prompt.ids[s..], LogitRows::Last, None)?;
-    rows.push(first.logits.ok_or(EngineError::MissingLogits {
-        position: prompt.len() - 1,
-    })?);
-    for &token in &continuation[..continuation.len().saturating_sub(1)] {
-        let out = model.forward(&mut seq, &[token], LogitRows::Last, None)?;
-        rows.push(out.logits.ok_or(EngineError::MissingLogits {
-            position: seq.len() - 1,
-        })?);
-    }
-    let t = score(reference, &Tensor::cat(&rows, 0)?, continuation)?;
+    let logits = forced_logits(model, &mut seq, prompt, continuation, chunk)?;
+    let t = score(reference, &logits, continuation)?;
     totals.quality.agree += t.agree;
     totals.quality.kl += t.kl;
     totals.quality.nll += t.nll;
     totals.quality.tokens += t.tokens;
+    add_costs(model, (&seq, policy, phases), prompt, mass, totals);
+    let recall = mass.recall(
+        |pos| phases.phase(pos) == Phase::Prefill,
+        |layer, pos| seq.token_exists(layer, pos),
+    );
+    totals.recall.resize(recall.len(), 0.0);
+    for (sum, r) in totals.recall.iter_mut().zip(recall) {
+        *sum += f64::from(r);
+    }
+    totals.prompts += 1;
+    Ok(())
+}
+
+/// Prefill `prompt` into `seq` and feed `continuation` but its last token
+/// one at a time: the logits [n, V] of the rows that predict it.
+fn forced_logits(
+    model: &Decoder,
+    seq: &mut Sequence,
+    prompt: &PreparedPrompt,
+    continuation: &[u32],
+    chunk: usize,
+) -> Result<Tensor> {
+    let s = prompt.decode_start;
+    prefill_before_decode_start(model, seq, prompt, chunk, |_| true)?;
+    let mut rows = Vec::with_capacity(continuation.len());
+    let first = model.forward(seq, &prompt.ids[s..], LogitRows::Last, None)?;
+    rows.push(first.logits.ok_or(EngineError::MissingLogits {
+        position: prompt.len() - 1,
+    })?);
+    for &token in &continuation[..continuation.len().saturating_sub(1)] {
+        let out = model.forward(seq, &[token], LogitRows::Last, None)?;
+        rows.push(out.logits.ok_or(EngineError::MissingLogits {
+            position: seq.len() - 1,
+        })?);
+    }
+    Ok(Tensor::cat(&rows, 0)?)
+}
+
+/// Add the costs of the run in `seq` to `totals`: K/V held and resident
+/// (the full model's beside them), prefill FLOPs, the equal-K/V cutoff and,
+/// for SlimInfer, its scorer's precision against `mass` and its swaps.
+fn add_costs(
+    model: &Decoder,
+    (seq, policy, phases): (&Sequence, Policy, TokenPhases),
+    prompt: &PreparedPrompt,
+    mass: &PromptMassProbe,
+    totals: &mut AxisTotals,
+) {
+    let s = prompt.decode_start;
     let layers = model.config().num_layers;
     let cost = KvCost {
         anchors: phases.anchor_len(),
@@ -218,16 +256,6 @@ pub(super) fn measure(
             totals.equal_kv_cutoff += policy.l_cut() as f64;
         }
     }
-    let recall = mass.recall(
-        |pos| phases.phase(pos) == Phase::Prefill,
-        |layer, pos| seq.token_exists(layer, pos),
-    );
-    totals.recall.resize(recall.len(), 0.0);
-    for (sum, r) in totals.recall.iter_mut().zip(recall) {
-        *sum += f64::from(r);
-    }
-    totals.prompts += 1;
-    Ok(())
 }
 
 /// Per cut, the share of the blocks the prefill kept that are also among
