@@ -17,7 +17,7 @@ use lcut_model::{
     Decoder, LlamaShape, LogitRows, WeightMode, argmax_rows, default_attention_block_elems,
 };
 use lcut_policy::{Policy, PolicySpec, TokenPhases};
-use lcut_testkit::synth::RandomLlama;
+use lcut_synth::RandomLlama;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde::Serialize;
 
@@ -281,20 +281,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         bail!("--dtype q runs a GGUF file's quantized weights: give one with --model FILE.gguf");
     }
     if args.vs_candle {
-        if mode == WeightMode::Quantized {
-            bail!("--vs-candle compares dense f32/bf16/f16 models; drop --dtype q");
-        }
-        let tmp = tempfile::tempdir()?;
-        let folder = match &args.model {
-            Some(m) => m.clone(),
-            None => {
-                describe(args);
-                let dir = tmp.path().join("random-llama");
-                random_shape(args).write(&dir)?;
-                dir
-            }
-        };
-        return vs_candle(args, &folder, dtype, &device);
+        return against_candle(args, mode, &device);
     }
     let lengths = args
         .prompt_lengths
@@ -305,34 +292,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let block = args
         .attention_block
         .unwrap_or_else(|| default_attention_block_elems(&device));
-    let sizes = (longest, args.prefill_chunk, block);
-    let mut model = match &args.model {
-        Some(folder) => {
-            let mut model = Decoder::load_as(folder, mode, &device)
-                .with_context(|| format!("loading {}", folder.display()))?;
-            args.lora.apply(&mut model, &args.policies.texts())?;
-            ensure_fits(model.config(), dtype, &device, sizes, true)?;
-            model
-        }
-        None => {
-            describe(args);
-            let shape = random_shape(args);
-            ensure_fits(&shape.config()?, dtype, &device, sizes, false)?;
-            shape.build(dtype, &device)?
-        }
-    };
+    let mut model = bench_model(
+        args,
+        (mode, dtype, &device),
+        (longest, args.prefill_chunk, block),
+    )?;
     model.set_attention_block_elems(block);
-    let num_layers = model.config().num_layers;
-    let mut specs: Vec<PolicySpec> = vec![PolicySpec::full()];
-    for spec in &args.policies.0 {
-        if !specs.contains(spec) {
-            specs.push(*spec);
-        }
-    }
-    let policies = specs
-        .iter()
-        .map(|s| s.resolve(num_layers))
-        .collect::<Result<Vec<_>, _>>()?;
+    let policies = bench_policies(args, model.config().num_layers)?;
     let bos = model.config().bos_token_id.unwrap_or(1);
     let total = (lengths.len() * policies.len() * args.repeats.max(1)) as u64;
     let bar = ProgressBar::new(total).with_style(
@@ -345,17 +311,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let ids = random_prompt(len, model.config().vocab_size, bos, len as u64);
         let prompt = PreparedPrompt::from_ids(ids, None)?;
         let runs = measure_rounds(&model, &prompt, &policies, args, &bar)?;
-        let mut at_len: Vec<BenchRow> = Vec::new();
-        for (policy, policy_runs) in policies.iter().zip(&runs) {
-            at_len.push(bench_row(&model, policy, policy_runs, len, args, block)?);
-        }
-        let full = at_len[0].clone();
-        for r in &mut at_len {
-            r.ttft_ratio = r.ttft_s / full.ttft_s;
-            r.tpot_ratio = r.tpot_s / full.tpot_s;
-            r.kv_ratio = r.kv_bytes as f64 / full.kv_bytes as f64;
-        }
-        rows.extend(at_len);
+        rows.extend(rows_at_length(
+            &model,
+            &policies,
+            &runs,
+            (len, block),
+            args,
+        )?);
     }
     bar.finish_and_clear();
     print_rows(&rows);
@@ -364,6 +326,87 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         eprintln!("wrote {}", path.display());
     }
     Ok(())
+}
+
+/// `--vs-candle`: plain decoding against candle-transformers' Llama, on the
+/// model given or a random one of the shape in the arguments (written to a
+/// temporary folder, which candle-transformers loads).
+fn against_candle(args: &BenchArgs, mode: WeightMode, device: &Device) -> Result<()> {
+    if mode == WeightMode::Quantized {
+        bail!("--vs-candle compares dense f32/bf16/f16 models; drop --dtype q");
+    }
+    let tmp = tempfile::tempdir()?;
+    let folder = match &args.model {
+        Some(m) => m.clone(),
+        None => {
+            describe(args);
+            let dir = tmp.path().join("random-llama");
+            random_shape(args).write(&dir)?;
+            dir
+        }
+    };
+    vs_candle(args, &folder, mode.activation_dtype(), device)
+}
+
+/// The model measured: the one given (with its adapter), or a random one of
+/// the shape in the arguments; refused when a run of `sizes` (longest
+/// sequence, prefill chunk, attention block) would not fit in memory.
+fn bench_model(
+    args: &BenchArgs,
+    (mode, dtype, device): (WeightMode, DType, &Device),
+    sizes: (usize, usize, usize),
+) -> Result<Decoder> {
+    Ok(match &args.model {
+        Some(folder) => {
+            let mut model = Decoder::load_as(folder, mode, device)
+                .with_context(|| format!("loading {}", folder.display()))?;
+            args.lora.apply(&mut model, &args.policies.texts())?;
+            ensure_fits(model.config(), dtype, device, sizes, true)?;
+            model
+        }
+        None => {
+            describe(args);
+            let shape = random_shape(args);
+            ensure_fits(&shape.config()?, dtype, device, sizes, false)?;
+            shape.build(dtype, device)?
+        }
+    })
+}
+
+/// `full`, then the policies of the arguments (each once), resolved.
+fn bench_policies(args: &BenchArgs, num_layers: usize) -> Result<Vec<Policy>> {
+    let mut specs: Vec<PolicySpec> = vec![PolicySpec::full()];
+    for spec in &args.policies.0 {
+        if !specs.contains(spec) {
+            specs.push(*spec);
+        }
+    }
+    Ok(specs
+        .iter()
+        .map(|s| s.resolve(num_layers))
+        .collect::<Result<Vec<_>, _>>()?)
+}
+
+/// The rows of every policy at one prompt length, with their ratios to
+/// full's (the first policy).
+fn rows_at_length(
+    model: &Decoder,
+    policies: &[Policy],
+    runs: &[PolicyRuns],
+    (len, block): (usize, usize),
+    args: &BenchArgs,
+) -> Result<Vec<BenchRow>> {
+    let mut at_len: Vec<BenchRow> = Vec::new();
+    for (policy, policy_runs) in policies.iter().zip(runs) {
+        at_len.push(bench_row(model, policy, policy_runs, len, args, block)?);
+    }
+    let full = at_len[0].clone();
+    for r in &mut at_len {
+        r.ttft_ratio = r.ttft_s / full.ttft_s;
+        r.tpot_ratio = r.tpot_s / full.tpot_s;
+        r.kv_ratio = r.kv_bytes as f64 / full.kv_bytes as f64;
+    }
+    Ok(at_len)
 }
 
 /// The table `lcut bench` prints: ratios against full measured in the

@@ -18,7 +18,7 @@ use crate::common::{open_session, write_atomic};
 pub struct EvalCommand {
     /// Model, policy and, without `--suite`, the bundled task's `--n` and `--seed`.
     #[command(flatten)]
-    pub base: lcut_train::EvalArgs,
+    pub base: crate::cmd_train::EvalArgs,
     /// A task suite (JSON Lines with answers and scoring rules): run it on
     /// any model (HF folder or .gguf) instead of the bundled task.
     #[arg(long)]

@@ -8,9 +8,9 @@ use anyhow::Result;
 use clap::Args;
 use lcut_engine::{
     Generation, GenerationConfig, GenerationOutput, LockstepEvent, PreparedPrompt, Sampling,
-    compare,
+    Session, compare,
 };
-use lcut_policy::PolicySpec;
+use lcut_policy::{Policy, PolicySpec};
 
 use crate::args::{DeviceArg, WeightArg};
 use crate::common::{ensure_fits, open_session, parse_ids, write_atomic};
@@ -125,6 +125,32 @@ fn summary(label: &str, out: &GenerationOutput) -> String {
     line
 }
 
+/// The prompt of the arguments: token ids, or text through the session's
+/// tokenizer (and chat template unless `--raw`).
+fn prompt_of(args: &GenerateArgs, session: &Session) -> Result<PreparedPrompt> {
+    Ok(match (&args.ids, &args.prompt) {
+        (Some(ids), _) => PreparedPrompt::from_ids(parse_ids(ids)?, args.decode_start)?,
+        (None, Some(text)) => session.prepare_text(text, args.system.as_deref(), !args.raw)?,
+        (None, None) => anyhow::bail!("give a prompt: lcut generate \"...\" (or --ids 1,5,9)"),
+    })
+}
+
+/// Token ids as text (the ids themselves without a tokenizer).
+fn text(session: &Session, ids: &[u32]) -> String {
+    match &session.tokenizer {
+        Some(t) => t.decode(ids),
+        None => format!("{ids:?}"),
+    }
+}
+
+/// One token as its tokenizer piece (its id without a tokenizer).
+fn piece(session: &Session, id: u32) -> String {
+    match &session.tokenizer {
+        Some(t) => t.token_strings(&[id]).remove(0),
+        None => id.to_string(),
+    }
+}
+
 /// Run `lcut generate`.
 pub fn run(args: &GenerateArgs) -> Result<()> {
     let mut session = open_session(&args.model, args.dtype, args.device)?;
@@ -133,11 +159,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         .map(ToString::to_string)
         .collect();
     args.lora.apply_to_session(&mut session, &run_policies)?;
-    let prompt = match (&args.ids, &args.prompt) {
-        (Some(ids), _) => PreparedPrompt::from_ids(parse_ids(ids)?, args.decode_start)?,
-        (None, Some(text)) => session.prepare_text(text, args.system.as_deref(), !args.raw)?,
-        (None, None) => anyhow::bail!("give a prompt: lcut generate \"...\" (or --ids 1,5,9)"),
-    };
+    let prompt = prompt_of(args, &session)?;
     let layers = session.model.config().num_layers;
     let policy = args.policy.resolve(layers)?;
     ensure_fits(
@@ -155,18 +177,6 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         sampling: sampling(args),
         ..session.greedy_config(args.max_new_tokens)
     };
-    let text = |ids: &[u32]| -> String {
-        match &session.tokenizer {
-            Some(t) => t.decode(ids),
-            None => format!("{ids:?}"),
-        }
-    };
-    let piece = |id: u32| -> String {
-        match &session.tokenizer {
-            Some(t) => t.token_strings(&[id]).remove(0),
-            None => id.to_string(),
-        }
-    };
     eprintln!(
         "prompt: {} tokens, decode start {} ({})",
         prompt.len(),
@@ -177,65 +187,88 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
             "raw"
         }
     );
-    let json = if let Some(reference) = &args.compare {
-        let reference = reference.resolve(layers)?;
-        let policies = [reference, policy];
-        let names: Vec<String> = policies.iter().map(ToString::to_string).collect();
-        println!(
-            "{:>4}  {}  {:>5} {:>9}",
-            "step",
-            columns(&names),
-            "same",
-            "KL"
-        );
-        let cmp = compare(&session.model, &prompt, &policies, &config, |e| {
-            if let LockstepEvent::Step { step, .. } = e {
-                let shown: Vec<String> = step
-                    .tokens
-                    .iter()
-                    .map(|t| t.map(piece).unwrap_or_else(|| "-".into()))
-                    .collect();
-                println!(
-                    "{:>4}  {}  {:>5} {:>9}",
-                    step.index,
-                    columns(&shown),
-                    if step.agree[1] { "yes" } else { "NO" },
-                    step.kl[1].map(|k| format!("{k:.2e}")).unwrap_or_default()
-                );
-            }
-            true
-        })?;
-        println!();
-        for (name, out) in names.iter().zip(&cmp.outputs) {
-            println!("[{name}] {}", text(&out.tokens));
+    let json = match &args.compare {
+        Some(reference) => {
+            let policies = [reference.resolve(layers)?, policy];
+            side_by_side(&session, &prompt, &policies, &config)?
         }
-        let agree = cmp.steps.iter().filter(|s| s.agree[1]).count();
-        println!("agreement {agree}/{} steps", cmp.steps.len());
-        for (name, out) in names.iter().zip(&cmp.outputs) {
-            println!("{}", summary(name, out));
-        }
-        serde_json::to_value(&cmp)?
-    } else {
-        let generation = Generation::new(&session.model, prompt, policy, config)?;
-        let mut produced = Vec::new();
-        let mut printed = 0;
-        let mut stdout = std::io::stdout();
-        let out = generation.run(|step| {
-            produced.push(step.token);
-            let t = text(&produced);
-            if t.len() > printed && t.is_char_boundary(printed) {
-                let _ = write!(stdout, "{}", &t[printed..]);
-                let _ = stdout.flush();
-                printed = t.len();
-            }
-            true
-        })?;
-        println!();
-        println!("{}", summary(&policy.to_string(), &out));
-        serde_json::to_value(&out)?
+        None => streamed(&session, prompt, policy, config)?,
     };
     if let Some(path) = &args.json {
         write_atomic(path, serde_json::to_string_pretty(&json)?.as_bytes())?;
     }
     Ok(())
+}
+
+/// `policies` (the reference, then the policy) in lockstep: a table of the
+/// tokens step by step with their agreement and KL, then each output and
+/// its costs. Returns the comparison as JSON.
+fn side_by_side(
+    session: &Session,
+    prompt: &PreparedPrompt,
+    policies: &[Policy; 2],
+    config: &GenerationConfig,
+) -> Result<serde_json::Value> {
+    let names: Vec<String> = policies.iter().map(ToString::to_string).collect();
+    println!(
+        "{:>4}  {}  {:>5} {:>9}",
+        "step",
+        columns(&names),
+        "same",
+        "KL"
+    );
+    let cmp = compare(&session.model, prompt, policies, config, |e| {
+        if let LockstepEvent::Step { step, .. } = e {
+            let shown: Vec<String> = step
+                .tokens
+                .iter()
+                .map(|t| t.map(|id| piece(session, id)).unwrap_or_else(|| "-".into()))
+                .collect();
+            println!(
+                "{:>4}  {}  {:>5} {:>9}",
+                step.index,
+                columns(&shown),
+                if step.agree[1] { "yes" } else { "NO" },
+                step.kl[1].map(|k| format!("{k:.2e}")).unwrap_or_default()
+            );
+        }
+        true
+    })?;
+    println!();
+    for (name, out) in names.iter().zip(&cmp.outputs) {
+        println!("[{name}] {}", text(session, &out.tokens));
+    }
+    let agree = cmp.steps.iter().filter(|s| s.agree[1]).count();
+    println!("agreement {agree}/{} steps", cmp.steps.len());
+    for (name, out) in names.iter().zip(&cmp.outputs) {
+        println!("{}", summary(name, out));
+    }
+    Ok(serde_json::to_value(&cmp)?)
+}
+
+/// A generation under `policy`, its text printed as it comes, then its
+/// costs. Returns the output as JSON.
+fn streamed(
+    session: &Session,
+    prompt: PreparedPrompt,
+    policy: Policy,
+    config: GenerationConfig,
+) -> Result<serde_json::Value> {
+    let generation = Generation::new(&session.model, prompt, policy, config)?;
+    let mut produced = Vec::new();
+    let mut printed = 0;
+    let mut stdout = std::io::stdout();
+    let out = generation.run(|step| {
+        produced.push(step.token);
+        let t = text(session, &produced);
+        if t.len() > printed && t.is_char_boundary(printed) {
+            let _ = write!(stdout, "{}", &t[printed..]);
+            let _ = stdout.flush();
+            printed = t.len();
+        }
+        true
+    })?;
+    println!();
+    println!("{}", summary(&policy.to_string(), &out));
+    Ok(serde_json::to_value(&out)?)
 }

@@ -16,7 +16,6 @@ mod cmd_train;
 mod cmd_train_lora;
 mod common;
 mod lora_opt;
-mod lora_teacher;
 
 use std::ffi::OsString;
 
@@ -42,7 +41,7 @@ enum Command {
     Merge(cmd_report::MergeArgs),
     /// Train a bundled task model (full depth or SPEED-aware); with
     /// `--lora R`, a LoRA adapter for any model (as `train-lora`).
-    Train(lcut_train::TrainArgs),
+    Train(cmd_train::TrainArgs),
     /// Train a SPEED-aware LoRA adapter for a model by self-distillation
     /// (the full model's own continuations and distributions as targets);
     /// `lcut train --lora R ...` is the same command.

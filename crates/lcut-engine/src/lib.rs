@@ -1,7 +1,9 @@
 //! The lcut engine: model folders with tokenizer and chat template, prompts
 //! with their decode-phase start, generation under any visibility policy
-//! with timing and KV accounting, and lockstep runs of several policies.
+//! with timing and KV accounting, lockstep runs of several policies, and
+//! LoRA adapters put into a loaded model for a run.
 
+pub mod adapter;
 mod bundled;
 mod compare;
 pub mod diagnose;
