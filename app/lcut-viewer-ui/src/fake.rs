@@ -26,21 +26,27 @@ use crate::slim_data::SlimRunView;
 pub struct FakeOptions {
     /// Progress steps of a diagnostic run.
     pub diagnose_steps: usize,
+    /// Progress steps of its sweep, after the diagnostics are sent.
+    pub sweep_steps: usize,
     /// Pause between steps (diagnose and generate).
     pub step_delay: Duration,
     /// Layers of the synthetic model.
     pub layers: usize,
     /// Heads of the synthetic model.
     pub heads: usize,
+    /// The synthetic model's longest sequence.
+    pub max_positions: usize,
 }
 
 impl Default for FakeOptions {
     fn default() -> Self {
         Self {
             diagnose_steps: 8,
+            sweep_steps: 4,
             step_delay: Duration::from_millis(5),
             layers: 16,
             heads: 8,
+            max_positions: 8192,
         }
     }
 }
@@ -54,34 +60,62 @@ pub fn fake_model(path: &str, o: &FakeOptions) -> ModelSummary {
         num_heads: o.heads,
         num_kv_heads: o.heads.div_ceil(2),
         head_dim: 16,
+        max_positions: o.max_positions,
         has_tokenizer: true,
         has_chat_template: true,
     }
 }
 
+/// `steps` progress steps of `phase`, `step_delay` apart; false (and
+/// [`Event::Cancelled`] sent) once `job` is cancelled.
+fn run_steps(port: &WorkerPort, job: JobId, phase: &str, steps: usize, o: &FakeOptions) -> bool {
+    for i in 0..steps {
+        if port.is_cancelled(job) {
+            port.send(Event::Cancelled);
+            return false;
+        }
+        port.progress(i, steps, format!("{phase} {i}/{steps}"));
+        std::thread::sleep(o.step_delay);
+    }
+    true
+}
+
+/// A diagnostic run as the engine worker makes one: progress, then the
+/// report; with a sweep, the report without it first, then the sweep's
+/// progress and the sweep.
 fn diagnose(port: &WorkerPort, job: JobId, prompts: &PromptSource, sweep: bool, o: &FakeOptions) {
     let n_prompts = match prompts {
         PromptSource::Typed(_) => 1,
         _ => 6,
     };
-    for i in 0..o.diagnose_steps {
-        if port.is_cancelled(job) {
-            port.send(Event::Cancelled);
+    if !run_steps(port, job, "diagnose: prompt", o.diagnose_steps, o) {
+        return;
+    }
+    let source = "run on the fake backend".to_string();
+    let mut report = match synthetic_report(n_prompts, o.layers, o.heads, sweep) {
+        Ok(r) => r,
+        Err(e) => {
+            port.send(Event::DiagnoseFailed(JobError::new(
+                FailureKind::Diagnose,
+                e.to_string(),
+            )));
             return;
         }
-        port.progress(i, o.diagnose_steps, format!("prompt {}", i % n_prompts));
-        std::thread::sleep(o.step_delay);
-    }
-    match synthetic_report(n_prompts, o.layers, o.heads, sweep) {
-        Ok(report) => port.send(Event::ReportReady {
-            report: Box::new(report),
-            source: "run on the fake backend".into(),
-        }),
-        Err(e) => port.send(Event::DiagnoseFailed(JobError::new(
-            FailureKind::Diagnose,
-            e.to_string(),
-        ))),
     };
+    let Some(measured) = report.sweep.take() else {
+        port.send(Event::ReportReady {
+            report: Box::new(report),
+            source,
+        });
+        return;
+    };
+    port.send(Event::DiagnoseReady {
+        report: Box::new(report),
+        source,
+    });
+    if run_steps(port, job, "sweep: cut", o.sweep_steps, o) {
+        port.send(Event::SweepReady(Box::new(measured)));
+    }
 }
 
 /// Prompt tokens of the fake worker's live prompt, and where its decode

@@ -40,8 +40,9 @@ pub struct StartOptions {
     /// Generate in the live view once the model is loaded (after the
     /// diagnostic run of `run`, if any).
     pub generate: bool,
-    /// The chosen L_cut for `generate` (default: the recommendation of the
-    /// run, or 3/4 of the depth).
+    /// The live view's SPEED L_cut, which `generate` runs at and the live
+    /// control keeps showing (default: the report's chosen cut, the
+    /// recommendation of the run, or 3/4 of the depth).
     pub l_cut: Option<usize>,
     /// Record this many idle frames, then drag-pan the prompt-position
     /// heatmap for as many more, print both frame-time summaries and quit.
@@ -94,7 +95,6 @@ pub struct ViewerApp {
     worker: Option<JoinHandle<()>>,
     pending_run: bool,
     pending_generate: bool,
-    l_cut: Option<usize>,
     watched: Option<Watched>,
     bench: Option<PanBench>,
 }
@@ -113,7 +113,6 @@ impl ViewerApp {
             worker: Some(worker),
             pending_run: opts.run,
             pending_generate: opts.generate,
-            l_cut: opts.l_cut,
             watched: None,
             bench: opts.bench_pan_frames.map(|frames| PanBench {
                 frames,
@@ -157,6 +156,9 @@ impl ViewerApp {
         }
         if let Some(p) = &opts.live_prompt {
             s.live.prompt.clone_from(p);
+        }
+        if let Some(c) = opts.l_cut {
+            s.live.chosen_cut = Some(c);
         }
         if let Some(n) = opts.live_max_new_tokens {
             s.live.max_new_tokens = n;
@@ -224,9 +226,6 @@ impl ViewerApp {
             }
         } else {
             self.pending_generate = false;
-            if let Some(c) = self.l_cut {
-                s.view.l_cut = c;
-            }
             if s.run_generate() {
                 self.watched = Some(Watched::Generate);
             }
@@ -362,6 +361,26 @@ fn open_demo_large(s: &mut ViewerState) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_l_cut_flag_is_the_live_controls_cut() {
+        let opts = StartOptions {
+            no_model: true,
+            l_cut: Some(22),
+            ..StartOptions::default()
+        };
+        let mut app = ViewerApp::new(&egui::Context::default(), &opts).unwrap();
+        assert_eq!(app.state.live_cut(), 22);
+        // the report's chosen cut is another thing
+        app.state.view.l_cut = 28;
+        assert_eq!(app.state.live_cut(), 22);
+        if let Some(b) = app.state.backend.as_mut() {
+            b.send(Command::Shutdown);
+        }
+        if let Some(w) = app.worker.take() {
+            w.join().unwrap();
+        }
+    }
 
     #[test]
     fn model_paths_on_the_command_line() {

@@ -41,8 +41,9 @@ struct Args {
     /// Generate in the live view as soon as the model is loaded (after --run); print a line when done.
     #[arg(long)]
     generate: bool,
-    /// The SPEED L_cut for --generate (default: the recommendation of --run, else 3/4 of the depth).
-    #[arg(long, value_name = "N", requires = "generate")]
+    /// The live view's SPEED L_cut, used by --generate and kept on its control (default: the
+    /// recommendation of --run, else 3/4 of the depth).
+    #[arg(long, value_name = "N")]
     l_cut: Option<usize>,
     /// The view to show first: heatmaps, curves, recommendation, sweep or live.
     #[arg(long, value_name = "NAME")]

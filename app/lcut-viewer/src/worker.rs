@@ -113,6 +113,7 @@ pub fn summarise(session: &Session) -> ModelSummary {
         num_heads: c.num_heads,
         num_kv_heads: c.num_kv_heads,
         head_dim: c.head_dim,
+        max_positions: c.max_position_embeddings,
         has_tokenizer: session.tokenizer.is_some(),
         has_chat_template: session.has_chat_template(),
     }
@@ -240,38 +241,40 @@ impl EngineWorker {
             }
         };
         opts.prompts_file = prompts_file;
+        let source = format!("run on {}", session.folder().display());
+        // With a sweep, the diagnostics are shown as soon as they exist; the
+        // sweep (every cut, minutes on a real model) follows.
         let result = (|| {
             let prepared = prepare_prompts(session, &prompts, &opts)?;
-            let mut report = {
+            let report = {
                 let mut cb = progress_callback(port, job, "diagnose", opts.max_new_tokens);
                 diagnose_prepared(session, &prepared, &opts, &mut cb)?
             };
-            if let Some(context_len) = sweep_context_len {
-                let sweep_opts = SweepOptions {
-                    cuts: None,
-                    anchor_free: true,
-                    context_len,
-                    max_new_tokens: opts.max_new_tokens,
-                    ..SweepOptions::default()
-                };
-                let mut cb = progress_callback(port, job, "sweep", 1);
-                report.sweep = Some(sweep(
-                    session,
-                    &prepared,
-                    &sweep_opts,
-                    &opts.thresholds,
-                    &mut cb,
-                )?);
-            }
-            Ok::<_, EngineError>(report)
-        })();
-        match result {
-            Ok(report) => {
+            let Some(context_len) = sweep_context_len else {
                 port.send(Event::ReportReady {
                     report: Box::new(report),
-                    source: format!("run on {}", session.folder().display()),
+                    source,
                 });
-            }
+                return Ok(());
+            };
+            port.send(Event::DiagnoseReady {
+                report: Box::new(report),
+                source,
+            });
+            let sweep_opts = SweepOptions {
+                cuts: None,
+                anchor_free: true,
+                context_len,
+                max_new_tokens: opts.max_new_tokens,
+                ..SweepOptions::default()
+            };
+            let mut cb = progress_callback(port, job, "sweep", 1);
+            let measured = sweep(session, &prepared, &sweep_opts, &opts.thresholds, &mut cb)?;
+            port.send(Event::SweepReady(Box::new(measured)));
+            Ok::<_, EngineError>(())
+        })();
+        match result {
+            Ok(()) => {}
             Err(EngineError::Cancelled) => {
                 port.send(Event::Cancelled);
             }

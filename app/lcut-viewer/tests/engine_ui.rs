@@ -483,3 +483,78 @@ fn worker_failures_carry_their_kind() {
     backend.send(Command::Shutdown);
     assert!(worker.join().is_ok());
 }
+
+/// With a sweep, the engine worker sends the diagnostics as soon as they
+/// exist (no sweep in them), then the sweep's progress, then the sweep at
+/// the context length asked for; the model's own context length reaches
+/// the UI with the model.
+#[test]
+fn the_worker_sends_the_diagnostics_before_the_sweep() {
+    use lcut_viewer_ui::backend::{Command, Event, PromptSource};
+
+    let f = fixture();
+    let (mut backend, port) = channel(None);
+    let worker = spawn(
+        port,
+        WorkerConfig {
+            bundled_prompts: f.prompts.clone(),
+        },
+    )
+    .unwrap();
+    let mut events = Vec::new();
+    let mut wait_for = |backend: &mut lcut_viewer_ui::Backend, done: fn(&Event) -> bool| {
+        for _ in 0..12_000 {
+            let got = backend.poll();
+            let end = got.iter().any(done);
+            events.extend(got);
+            if end {
+                return events.clone();
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("timed out; events so far: {}", events.len());
+    };
+    backend.send(Command::OpenModel(f.model.clone()));
+    let opened = wait_for(&mut backend, |e| {
+        matches!(e, Event::ModelOpened(_) | Event::ModelFailed(_))
+    });
+    let max_positions = match opened.last() {
+        Some(Event::ModelOpened(m)) => m.max_positions,
+        other => panic!("{other:?}"),
+    };
+    let config = lcut_model::ModelConfig::from_folder(&f.model).unwrap();
+    assert_eq!(max_positions, config.max_position_embeddings);
+    backend.send(Command::RunDiagnose {
+        job: 1,
+        prompts: PromptSource::Typed("copy this the quick brown fox".into()),
+        max_new_tokens: 2,
+        use_chat_template: false,
+        sweep_context_len: Some(max_positions),
+    });
+    let all = wait_for(&mut backend, |e| {
+        matches!(
+            e,
+            Event::SweepReady(_) | Event::DiagnoseFailed(_) | Event::ReportReady { .. }
+        )
+    });
+    let run = &all[opened.len()..];
+    let ready = run
+        .iter()
+        .position(|e| matches!(e, Event::DiagnoseReady { report, .. } if report.sweep.is_none()))
+        .expect("the diagnostics came on their own");
+    let first_sweep_progress = run
+        .iter()
+        .position(|e| matches!(e, Event::Progress { message, .. } if message.starts_with("sweep")))
+        .expect("sweep progress");
+    assert!(ready < first_sweep_progress, "the diagnostics came first");
+    match run.last() {
+        Some(Event::SweepReady(sweep)) => {
+            assert_eq!(sweep.context_len, max_positions);
+            assert!(!sweep.points.is_empty());
+        }
+        other => panic!("expected the sweep last, got {other:?}"),
+    }
+    assert!(!run.iter().any(|e| matches!(e, Event::ReportReady { .. })));
+    backend.send(Command::Shutdown);
+    assert!(worker.join().is_ok());
+}

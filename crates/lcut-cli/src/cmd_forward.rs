@@ -36,7 +36,17 @@ pub struct ForwardArgs {
     /// Visibility policy: full, speed:C+bos, speed:C, selfonly:C+bos (C a count or fraction).
     #[arg(long, default_value = "full")]
     policy: PolicySpec,
-    /// First decode-phase position S (policies other than full); default: last token.
+    /// First decode-phase position S: ids 0..=S are the prompt, S its last id, and the ids after S its continuation (default: the last id).
+    ///
+    /// Ids 0..S-1 run as one prefill (SPEED: kept only below the cut, besides the anchors;
+    /// SlimInfer: pruned block-wise). Id S and the ids after it then run one at a time at full
+    /// depth, as decoding feeds its tokens. S closes the prompt: SlimInfer's query window ends
+    /// at S and its prefill decides the blocks there; each id after S is a continuation step
+    /// whose decode-time decision may move the active blocks. The file gets `logits` of rows
+    /// S..T-1 only (T-S rows; row k is the logits at position S+k, predicting id S+k+1) and
+    /// `decode_start` = S. `full` ignores S and writes every row with the residuals and
+    /// attention. `lcut generate --ids` reads S differently for SlimInfer: see its
+    /// --decode-start.
     #[arg(long)]
     decode_start: Option<usize>,
     /// Weights and cache dtype: f32, bf16, f16, or q (a GGUF's weights kept quantized).

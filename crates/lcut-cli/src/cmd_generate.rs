@@ -38,10 +38,22 @@ pub struct GenerateArgs {
     /// Do not apply the chat template; the last prompt token starts decoding.
     #[arg(long)]
     raw: bool,
-    /// Prompt as token ids instead of text.
+    /// Prompt as token ids instead of text, all of them prompt: generation continues after the last id.
+    ///
+    /// The ids are used as given (no chat template, no BoS added); --decode-start says where
+    /// the prompt's decode-phase part begins.
     #[arg(long, conflicts_with = "prompt")]
     ids: Option<String>,
-    /// Decode start for --ids (default: last token).
+    /// First decode-phase prompt id S for --ids (default: the last id).
+    ///
+    /// Ids 0..S-1 are the prefill (SPEED: kept only below the cut, besides the anchors;
+    /// SlimInfer: pruned block-wise). Ids S..P-1 are the prompt's decode-phase part, at full
+    /// depth like a chat template's generation prompt, but still prompt: they run together as
+    /// the prefill's last chunk (512 ids), so SlimInfer's query window ends at the last id
+    /// (at S+511 for a longer tail), not at S, and the first generated token follows the last
+    /// id. `lcut forward --decode-start S` reads the ids after S as a continuation instead,
+    /// fed one at a time after a window that ends at S. SPEED reads S the same way in both;
+    /// for SlimInfer the two agree only when S is the last id.
     #[arg(long, requires = "ids")]
     decode_start: Option<usize>,
     /// Most new tokens.

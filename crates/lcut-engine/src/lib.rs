@@ -15,6 +15,7 @@ mod session;
 pub mod shard;
 pub mod suite;
 mod template;
+mod text_prompt;
 mod tokenizer;
 
 pub use bundled::{BUNDLED_MODEL, bundled, workspace_root};
@@ -28,4 +29,5 @@ pub use lcut_policy::SlimTrace;
 pub use prompt::PreparedPrompt;
 pub use session::Session;
 pub use template::{ChatTemplate, Message};
+pub use text_prompt::PromptTokenizer;
 pub use tokenizer::TextTokenizer;

@@ -8,8 +8,9 @@ use lcut_policy::Policy;
 
 use crate::error::{EngineError, Result};
 use crate::generate::{Generation, GenerationConfig, GenerationOutput, Sampling, Step};
-use crate::prompt::{PreparedPrompt, common_prefix};
-use crate::template::{ChatTemplate, Message};
+use crate::prompt::PreparedPrompt;
+use crate::template::ChatTemplate;
+use crate::text_prompt::{chat_template, prepare_text};
 use crate::tokenizer::TextTokenizer;
 
 /// A model folder loaded for use.
@@ -68,19 +69,7 @@ impl Session {
             }
         };
         let model = Decoder::from_files(files, mode, device)?;
-        let template = match &tokenizer {
-            Some(tok) => match &tok.chat_template {
-                Some(src) => Some(
-                    ChatTemplate::new(src, tok.bos_token.as_deref(), tok.eos_token.as_deref())
-                        .map_err(|reason| EngineError::Template {
-                            path: tok.config_path().to_path_buf(),
-                            reason,
-                        })?,
-                ),
-                None => None,
-            },
-            None => None,
-        };
+        let template = chat_template(tokenizer.as_ref())?;
         Ok(Self {
             model,
             tokenizer,
@@ -167,53 +156,12 @@ impl Session {
         system: Option<&str>,
         use_template: bool,
     ) -> Result<PreparedPrompt> {
-        let tok = self.tokenizer()?;
-        if user.trim().is_empty() {
-            return Err(EngineError::EmptyPrompt);
-        }
-        match (&self.template, use_template) {
-            (Some(tmpl), true) => {
-                let template_err = |reason: String| EngineError::Template {
-                    path: tok.config_path().to_path_buf(),
-                    reason,
-                };
-                let mut messages = Vec::new();
-                if let Some(sys) = system {
-                    messages.push(Message::new("system", sys));
-                }
-                messages.push(Message::new("user", user));
-                let with = tok.encode(&tmpl.render(&messages, true).map_err(template_err)?)?;
-                let without = tok.encode(&tmpl.render(&messages, false).map_err(template_err)?)?;
-                let mut decode_start = common_prefix(&with, &without);
-                if decode_start >= with.len() {
-                    decode_start = with.len().saturating_sub(1);
-                }
-                let system_len = match system {
-                    Some(sys) => {
-                        let sys_ids = tok.encode(
-                            &tmpl
-                                .render(&[Message::new("system", sys)], false)
-                                .map_err(template_err)?,
-                        )?;
-                        (common_prefix(&sys_ids, &with) == sys_ids.len()).then_some(sys_ids.len())
-                    }
-                    None => None,
-                };
-                Ok(PreparedPrompt {
-                    system_len,
-                    chat_template_used: true,
-                    ..PreparedPrompt::from_ids(with, Some(decode_start))?
-                })
-            }
-            _ => {
-                let mut ids = tok.encode(user)?;
-                if let Some(bos) = self.model.config().bos_token_id
-                    && ids.first() != Some(&bos)
-                {
-                    ids.insert(0, bos);
-                }
-                PreparedPrompt::from_ids(ids, None)
-            }
-        }
+        prepare_text(
+            self.tokenizer()?,
+            self.template.as_ref(),
+            self.model.config().bos_token_id,
+            (user, system),
+            use_template,
+        )
     }
 }
