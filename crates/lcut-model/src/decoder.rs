@@ -17,6 +17,7 @@ use crate::mask::{PartialMask, additive_mask, exact_additive_mask};
 use crate::probe::{AttentionView, Probe, ResidualSite};
 use crate::rope::Rope;
 use crate::slim::SlimRun;
+use crate::store::ModelFormat;
 use crate::weights::{WeightFiles, WeightSource};
 
 /// One decoder layer.
@@ -375,7 +376,7 @@ impl Decoder {
     /// or with a GGUF's matrices kept quantized.
     pub fn load_as(path: &Path, mode: WeightMode, device: &Device) -> Result<Self> {
         if is_gguf_path(path) {
-            return Self::from_gguf(GgufFile::open(path)?, mode, device);
+            return Self::load_format(path, ModelFormat::Gguf, mode, device);
         }
         if path.is_file() {
             return Err(ModelError::MissingFile {
@@ -383,9 +384,26 @@ impl Decoder {
                 what: "a model is a Hugging Face folder (config.json, model.safetensors) or a file ending in .gguf".into(),
             });
         }
-        let cfg = ModelConfig::from_folder(path)?;
-        let files = WeightFiles::open(path)?;
-        Self::build(cfg, &files, mode, device)
+        Self::load_format(path, ModelFormat::Folder, mode, device)
+    }
+
+    /// Load a model whose format is known (a resolved model reference,
+    /// [`crate::store::resolve`]): a GGUF file whatever its name, or a
+    /// Hugging Face model folder.
+    pub fn load_format(
+        path: &Path,
+        format: ModelFormat,
+        mode: WeightMode,
+        device: &Device,
+    ) -> Result<Self> {
+        match format {
+            ModelFormat::Gguf => Self::from_gguf(GgufFile::open(path)?, mode, device),
+            ModelFormat::Folder => {
+                let cfg = ModelConfig::from_folder(path)?;
+                let files = WeightFiles::open(path)?;
+                Self::build(cfg, &files, mode, device)
+            }
+        }
     }
 
     /// Build the decoder from an opened GGUF file (for callers that also

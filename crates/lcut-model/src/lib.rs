@@ -18,6 +18,7 @@ pub mod qdot;
 mod rope;
 pub mod shape;
 pub mod slim;
+pub mod store;
 mod weights;
 
 pub use cache::LayerCache;
@@ -32,6 +33,7 @@ pub use mask::{PartialMask, additive_mask, exact_additive_mask};
 pub use probe::{AttentionView, Probe, ResidualSite};
 pub use rope::{Rope, inverse_frequencies};
 pub use shape::{LlamaShape, ShapeError, SpecialTokens};
+pub use store::{ModelFormat, ResolvedModel, StoreError, StoreRoots};
 pub use weights::{WeightFiles, WeightSource};
 
 pub use candle_core::{DType, Device, Tensor};
