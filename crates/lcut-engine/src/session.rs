@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device};
 use lcut_model::gguf::{GgufFile, is_gguf_path};
-use lcut_model::{Decoder, WeightMode};
+use lcut_model::{Decoder, ModelFormat, ResolvedModel, WeightMode};
 use lcut_policy::Policy;
 
 use crate::error::{EngineError, Result};
@@ -21,6 +21,7 @@ pub struct Session {
     pub tokenizer: Option<TextTokenizer>,
     template: Option<ChatTemplate>,
     folder: PathBuf,
+    name: String,
     config_hash: String,
     /// The LoRA adapter put into `model`, when there is one (reports name it
     /// in the model's identity).
@@ -37,26 +38,62 @@ impl Session {
     /// Load model, tokenizer and chat template from a model folder or a
     /// `.gguf` file, dense or with a GGUF's matrices kept quantized.
     pub fn load_as(path: &Path, mode: WeightMode, device: &Device) -> Result<Self> {
-        let (model, tokenizer, config_hash) = if is_gguf_path(path) {
-            // one parse of the file serves the tokenizer, the hash and the model
-            let file = GgufFile::open(path)?;
-            let tokenizer = TextTokenizer::from_gguf(file.header(), path)?;
-            let hash = lcut_trace::hash_bytes(file.header_bytes());
-            (
-                Decoder::from_gguf(file, mode, device)?,
-                Some(tokenizer),
-                hash,
-            )
-        } else {
-            let model = Decoder::load_as(path, mode, device)?;
-            let config = path.join("config.json");
-            let bytes = std::fs::read(&config).map_err(|source| lcut_model::ModelError::Io {
-                path: config,
-                source,
-            })?;
-            let hash = lcut_trace::hash_bytes(&bytes);
-            (model, TextTokenizer::from_folder(path)?, hash)
-        };
+        if is_gguf_path(path) {
+            return Self::load_format(path, ModelFormat::Gguf, mode, device);
+        }
+        Self::with_folder(Decoder::load_as(path, mode, device)?, path)
+    }
+
+    /// Load a resolved model reference (a path, a hub cache name or an
+    /// Ollama name, see [`lcut_model::store::resolve`]) in the format the
+    /// resolver found.
+    pub fn load_resolved(model: &ResolvedModel, mode: WeightMode, device: &Device) -> Result<Self> {
+        let mut session = Self::load_format(&model.path, model.format, mode, device)?;
+        session.name = model.name();
+        Ok(session)
+    }
+
+    /// Load a model folder or GGUF file whose format is known.
+    pub fn load_format(
+        path: &Path,
+        format: ModelFormat,
+        mode: WeightMode,
+        device: &Device,
+    ) -> Result<Self> {
+        match format {
+            ModelFormat::Gguf => {
+                // one parse of the file serves the tokenizer, the hash and the model
+                let file = GgufFile::open(path)?;
+                let tokenizer = TextTokenizer::from_gguf(file.header(), path)?;
+                let hash = lcut_trace::hash_bytes(file.header_bytes());
+                let model = Decoder::from_gguf(file, mode, device)?;
+                Self::assemble(model, Some(tokenizer), hash, path)
+            }
+            ModelFormat::Folder => {
+                let model = Decoder::load_format(path, format, mode, device)?;
+                Self::with_folder(model, path)
+            }
+        }
+    }
+
+    /// A session of a model loaded from a folder, with the folder's
+    /// tokenizer and `config.json`'s hash.
+    fn with_folder(model: Decoder, path: &Path) -> Result<Self> {
+        let config = path.join("config.json");
+        let bytes = std::fs::read(&config).map_err(|source| lcut_model::ModelError::Io {
+            path: config,
+            source,
+        })?;
+        let hash = lcut_trace::hash_bytes(&bytes);
+        Self::assemble(model, TextTokenizer::from_folder(path)?, hash, path)
+    }
+
+    fn assemble(
+        model: Decoder,
+        tokenizer: Option<TextTokenizer>,
+        config_hash: String,
+        path: &Path,
+    ) -> Result<Self> {
         let template = match &tokenizer {
             Some(tok) => match &tok.chat_template {
                 Some(src) => Some(
@@ -75,6 +112,7 @@ impl Session {
             tokenizer,
             template,
             folder: path.to_path_buf(),
+            name: path.display().to_string(),
             config_hash,
             adapter: None,
         })
@@ -89,6 +127,12 @@ impl Session {
     /// The model folder or GGUF file.
     pub fn folder(&self) -> &Path {
         &self.folder
+    }
+
+    /// The model as the user named it: its path, or the hub cache or
+    /// Ollama name it was resolved from.
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// Whether the model has a chat template.
