@@ -13,10 +13,10 @@ use lcut_diag::{
     FlopShape, PromptSplit, layered_prefill_flops, prefill_flops, slim_tokens_per_layer,
 };
 use lcut_engine::{Generation, GenerationConfig, GenerationOutput, PreparedPrompt};
-use lcut_model::gguf::is_gguf_path;
 use lcut_model::probes::PhaseMassProbe;
 use lcut_model::{
-    Decoder, LlamaShape, LogitRows, WeightMode, argmax_rows, default_attention_block_elems,
+    Decoder, LlamaShape, LogitRows, ModelFormat, ResolvedModel, WeightMode, argmax_rows,
+    default_attention_block_elems,
 };
 use lcut_policy::{Policy, PolicySpec, TokenPhases};
 use lcut_testkit::synth::RandomLlama;
@@ -24,7 +24,7 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde::Serialize;
 
 use crate::args::{DeviceArg, PolicyList, WeightArg};
-use crate::common::{ensure_fits, parse_len, write_atomic};
+use crate::common::{ensure_fits, parse_len, resolve_model, write_atomic};
 
 /// Arguments of `lcut bench`.
 #[derive(Debug, Args)]
@@ -32,7 +32,10 @@ pub struct BenchArgs {
     /// LoRA adapter options (`--lora DIR`, `--lora-mode`).
     #[command(flatten)]
     pub lora: crate::lora_opt::LoraArgs,
-    /// Model folder or `.gguf` file; a random-weight Llama of the shape below by default.
+    /// Model: a folder, a GGUF file, a Hugging Face cache name
+    /// `ORG/NAME[@REV][:FILE]` or an Ollama name `NAME[:TAG]` (`lcut models`
+    /// lists them);
+    /// a random-weight Llama of the shape below by default.
     #[arg(long)]
     model: Option<PathBuf>,
     /// Policies to compare, separated by `,` or `;` (`slim:4@2k,8@1k` stays
@@ -268,16 +271,23 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mode = args.dtype.mode();
     let dtype = mode.activation_dtype();
     let device = args.device.open()?;
-    if mode == WeightMode::Quantized && !args.model.as_deref().is_some_and(is_gguf_path) {
-        bail!("--dtype q runs a GGUF file's quantized weights: give one with --model FILE.gguf");
+    let resolved = args.model.as_deref().map(resolve_model).transpose()?;
+    let is_gguf = |m: &ResolvedModel| m.format == ModelFormat::Gguf;
+    if mode == WeightMode::Quantized && !resolved.as_ref().is_some_and(is_gguf) {
+        bail!("--dtype q runs a GGUF file's quantized weights: give one with --model");
     }
     if args.vs_candle {
         if mode == WeightMode::Quantized {
             bail!("--vs-candle compares dense f32/bf16/f16 models; drop --dtype q");
         }
+        if resolved.as_ref().is_some_and(is_gguf) {
+            bail!(
+                "--vs-candle loads candle-transformers' Llama from a model folder, not a GGUF file"
+            );
+        }
         let tmp = tempfile::tempdir()?;
-        let folder = match &args.model {
-            Some(m) => m.clone(),
+        let folder = match &resolved {
+            Some(m) => m.path.clone(),
             None => {
                 describe(args);
                 let dir = tmp.path().join("random-llama");
@@ -297,10 +307,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         .attention_block
         .unwrap_or_else(|| default_attention_block_elems(&device));
     let sizes = (longest, args.prefill_chunk, block);
-    let mut model = match &args.model {
-        Some(folder) => {
-            let mut model = Decoder::load_as(folder, mode, &device)
-                .with_context(|| format!("loading {}", folder.display()))?;
+    let mut model = match &resolved {
+        Some(resolved) => {
+            let mut model = Decoder::load_format(&resolved.path, resolved.format, mode, &device)
+                .with_context(|| format!("loading {resolved}"))?;
             args.lora.apply(&mut model, &args.policies.texts())?;
             ensure_fits(model.config(), dtype, &device, sizes, true)?;
             model
@@ -550,7 +560,12 @@ fn vs_candle(
     dtype: DType,
     device: &Device,
 ) -> Result<()> {
-    let model = Decoder::load(folder, dtype, device)?;
+    let model = Decoder::load_format(
+        folder,
+        ModelFormat::Folder,
+        WeightMode::Dense(dtype),
+        device,
+    )?;
     let len = args
         .prompt_lengths
         .split(',')

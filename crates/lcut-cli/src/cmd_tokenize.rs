@@ -12,7 +12,9 @@ use crate::common::open_session;
 /// Arguments of `lcut tokenize`.
 #[derive(Debug, Args)]
 pub struct TokenizeArgs {
-    /// Model folder or `.gguf` file (default: the bundled model).
+    /// Model: a folder, a GGUF file, a Hugging Face cache name
+    /// `ORG/NAME[@REV][:FILE]` or an Ollama name `NAME[:TAG]` (`lcut models`
+    /// lists them); the bundled model by default.
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// TEXT is one user message, rendered with the model's chat template and

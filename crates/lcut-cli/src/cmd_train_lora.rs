@@ -7,7 +7,7 @@
 //! `lcut_policy`), a resumable checkpoint and `training.json`.
 
 use std::io::IsTerminal;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
@@ -15,7 +15,7 @@ use candle_core::Tensor;
 use indicatif::{ProgressBar, ProgressStyle};
 use lcut_engine::Session;
 use lcut_model::lora::{LoraConfig, Targets, write_adapter};
-use lcut_model::{LogitRows, Probe, ResidualSite};
+use lcut_model::{LogitRows, ModelFormat, Probe, ResidualSite, ResolvedModel};
 use lcut_policy::{Policy, PolicySpec, TokenPhases};
 use lcut_train::lora_train::{
     BelowCut, LoraTrainOptions, TeacherTopK, TrainSeq, UpperModel, train_lora,
@@ -28,7 +28,9 @@ use serde_json::json;
 /// Arguments of `lcut train-lora`.
 #[derive(Debug, clap::Args)]
 pub struct TrainLoraArgs {
-    /// Base model (Hugging Face folder or .gguf file), loaded dense in f32.
+    /// Base model, loaded dense in f32: a folder, a GGUF file,
+    /// a Hugging Face cache name `ORG/NAME[@REV][:FILE]` or an Ollama name
+    /// `NAME[:TAG]` (`lcut models` lists them).
     #[arg(long)]
     model: PathBuf,
     /// The SPEED policy to train for (e.g. speed:22+bos).
@@ -411,11 +413,13 @@ fn training_data(
 /// Run `lcut train-lora`.
 pub fn run(args: &TrainLoraArgs) -> Result<()> {
     let started = Instant::now();
-    let session = crate::common::open_session(
-        &Some(args.model.clone()),
-        WeightArg::Dense(DtypeArg::F32),
-        DeviceArg::Cpu,
-    )?;
+    let resolved = crate::common::resolve_model(&args.model)?;
+    let session = Session::load_resolved(
+        &resolved,
+        WeightArg::Dense(DtypeArg::F32).mode(),
+        &DeviceArg::Cpu.open()?,
+    )
+    .with_context(|| format!("loading model {resolved}"))?;
     let layers = session.model.config().num_layers;
     let spec = args.policy;
     let policy = spec.resolve(layers)?;
@@ -428,7 +432,7 @@ pub fn run(args: &TrainLoraArgs) -> Result<()> {
     let adapt = parse_layers(args.layers.as_deref(), policy.l_cut(), layers)?;
     let modules = parse_modules(&args.modules)?;
     let first = adapt[0].min(policy.l_cut());
-    let upper = load_trained_span(&args.model, first, policy.l_cut())?;
+    let upper = load_trained_span(&resolved, first, policy.l_cut())?;
     let fingerprint = session.model.lora_fingerprint()?;
     let (data, tokens) = training_data(&session, (&policy, first, &fingerprint), args)?;
     let prep_s = started.elapsed().as_secs_f64();
@@ -512,9 +516,10 @@ pub fn run(args: &TrainLoraArgs) -> Result<()> {
 }
 
 /// The model's layers from `first` up for a policy cutting at `cut`, dense f32.
-fn load_trained_span(path: &Path, first: usize, cut: usize) -> Result<UpperModel> {
-    use lcut_model::gguf::{GgufFile, GgufWeights, is_gguf_path};
-    if is_gguf_path(path) {
+fn load_trained_span(model: &ResolvedModel, first: usize, cut: usize) -> Result<UpperModel> {
+    use lcut_model::gguf::{GgufFile, GgufWeights};
+    let path = &model.path;
+    if model.format == ModelFormat::Gguf {
         let file = GgufFile::open(path)?;
         let cfg = file.config().clone();
         return Ok(UpperModel::load_span(

@@ -22,7 +22,9 @@ pub const DEFAULT_EVAL_SEED: u64 = 20_261_122;
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args, Serialize, Deserialize)]
 pub struct EvalArgs {
     /// Model folder (config.json, model.safetensors; training.json, when
-    /// present, gives the task distribution the model was trained on).
+    /// present, gives the task distribution the model was trained on); with
+    /// `--suite`, any model: a GGUF file, a Hugging Face cache name
+    /// `ORG/NAME[@REV][:FILE]` or an Ollama name `NAME[:TAG]` too.
     #[arg(long)]
     pub model: PathBuf,
     /// Visibility policy: `full`, `speed:3+bos`, `speed:3/4`, `selfonly:3+bos`, ...
