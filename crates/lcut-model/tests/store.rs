@@ -188,9 +188,10 @@ fn matches_transformers(model: &ResolvedModel) {
 fn a_hub_name_resolves_to_the_snapshot_refs_main_names() {
     let s = Stores::new();
     let folder = gqa_folder();
-    let snap = s.snapshot("org/gqa", MAIN, &files(&folder));
-    s.snapshot("org/gqa", DEV, &files(&folder));
-    s.set_ref("org/gqa", "main", MAIN);
+    // main names the later of the two snapshots, not the first found
+    s.snapshot("org/gqa", MAIN, &files(&folder));
+    let snap = s.snapshot("org/gqa", DEV, &files(&folder));
+    s.set_ref("org/gqa", "main", DEV);
     let m = s.resolve("org/gqa").expect("resolves");
     assert_eq!(m.path, snap);
     assert_eq!(m.format, ModelFormat::Folder);
@@ -199,7 +200,7 @@ fn a_hub_name_resolves_to_the_snapshot_refs_main_names() {
         ModelSource::Hub {
             repo: "org/gqa".into(),
             revision: "main".into(),
-            commit: MAIN.into(),
+            commit: DEV.into(),
             file: None,
         }
     );
@@ -359,6 +360,11 @@ fn a_name_on_disk_nowhere_names_every_place_looked_in() {
             "does not exist",
         ],
     );
+    // a name ending in .gguf is a file: no store is searched for it
+    let err = s.refused("models/absent.Q4_K_M.gguf");
+    let msg = err.to_string();
+    assert_mentions(&msg, &["models/absent.Q4_K_M.gguf", "no such GGUF file"]);
+    assert!(!msg.contains(&shown(&s.ollama())), "{msg}");
     // a missing tag lists the tags there are
     s.ollama_model("registry.ollama.ai/library/gqa/f32", None, DIGEST);
     let err = s.refused("gqa:q4");

@@ -21,12 +21,13 @@ pub fn resolve(reference: impl AsRef<OsStr>, roots: &StoreRoots) -> StoreResult<
     if path.exists() {
         return ResolvedModel::from_path(path);
     }
-    let what = if crate::gguf::is_gguf_path(path) {
-        "GGUF file"
-    } else {
-        "file or folder"
-    };
-    let mut looked = vec![format!("path {}: no such {what}", path.display())];
+    let has_file_part = reference.to_str().is_some_and(|t| t.contains(':'));
+    if crate::gguf::is_gguf_path(path) && !has_file_part {
+        // a name ending in .gguf is a file, unless it is a hub name's `:FILE`
+        let looked = vec![format!("path {}: no such GGUF file", path.display())];
+        return Err(not_found(path, looked));
+    }
+    let mut looked = vec![format!("path {}: no such file or folder", path.display())];
     let Some(text) = reference.to_str() else {
         return Err(not_found(path, looked));
     };
