@@ -84,7 +84,8 @@ pub enum Command {
 /// What a model (folder or `.gguf` file) holds, as the UI shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelSummary {
-    /// The model folder or `.gguf` file.
+    /// The model as the user named it: a folder, a `.gguf` file, or a hub
+    /// cache or Ollama name.
     pub path: String,
     /// Architecture name.
     pub arch: String,

@@ -394,7 +394,13 @@ impl ViewerState {
     pub fn apply_event(&mut self, event: Event) {
         match event {
             Event::ModelOpened(summary) => self.model_opened(summary),
-            Event::ModelFailed(e) | Event::DiagnoseFailed(e) | Event::ExportFailed(e) => {
+            Event::ModelFailed(e) => {
+                // the worker let the old model go before trying the new one
+                self.model = None;
+                self.job = None;
+                self.fail(e.to_string());
+            }
+            Event::DiagnoseFailed(e) | Event::ExportFailed(e) => {
                 self.job = None;
                 self.sweep_stopped();
                 self.fail(e.to_string());

@@ -339,7 +339,7 @@ fn a_dropped_gguf_file_opens_as_a_model() {
     let gguf = dir.path().join("tiny.Q4_1.GGUF");
     std::fs::write(&gguf, b"GGUF").unwrap();
     let mut h = harness(FakeOptions::default());
-    assert!(h.query_by_label("Model (folder or .gguf):").is_some());
+    assert!(h.query_by_label("Model (folder, .gguf or name):").is_some());
     h.input_mut()
         .dropped_files
         .push(Arc::new(Dropped(gguf.clone())));

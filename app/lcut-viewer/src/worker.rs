@@ -1,7 +1,7 @@
-//! The worker thread that owns the engine: it loads models (folders or GGUF
-//! files), runs the diagnostics and live generations, and answers with
-//! events. Reports and exports need no model and go through
-//! `lcut_viewer_ui::jobs`.
+//! The worker thread that owns the engine: it loads models (folders, GGUF
+//! files, hub cache and Ollama names), runs the diagnostics and live
+//! generations, and answers with events. Reports and exports need no model
+//! and go through `lcut_viewer_ui::jobs`.
 
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
@@ -11,8 +11,8 @@ use lcut_engine::diagnose::{
     prepare_prompts, read_prompt_set, sweep,
 };
 use lcut_engine::{EngineError, Session};
-use lcut_model::gguf::is_gguf_path;
-use lcut_model::{DType, Device};
+use lcut_model::store;
+use lcut_model::{DType, Device, ModelFormat, StoreRoots, WeightMode};
 use lcut_viewer_ui::backend::{Command, Event, JobId, ModelSummary, PromptSource, WorkerPort};
 use lcut_viewer_ui::jobs::{serve_export, serve_open_report};
 use lcut_viewer_ui::{FailureKind, JobError};
@@ -26,12 +26,16 @@ use lcut_viewer_ui::backend::LiveRequest;
 pub struct WorkerConfig {
     /// The bundled prompt set (`PromptSource::Bundled`).
     pub bundled_prompts: PathBuf,
+    /// Where model names (`ORG/NAME`, `NAME:TAG`) are looked up: the hub
+    /// cache and Ollama's store.
+    pub store_roots: StoreRoots,
 }
 
 impl Default for WorkerConfig {
     fn default() -> Self {
         Self {
             bundled_prompts: paths::resolve(BUNDLED_PROMPTS),
+            store_roots: StoreRoots::from_env(),
         }
     }
 }
@@ -87,12 +91,11 @@ fn progress_callback<'a>(
     }
 }
 
-/// What `path` names as a model, for messages: a GGUF file or a model folder.
-pub fn model_kind(path: &Path) -> &'static str {
-    if is_gguf_path(path) {
-        "GGUF file"
-    } else {
-        "model folder"
+/// What a model is, for messages: a GGUF file or a model folder.
+pub fn model_kind(format: ModelFormat) -> &'static str {
+    match format {
+        ModelFormat::Gguf => "GGUF file",
+        ModelFormat::Folder => "model folder",
     }
 }
 
@@ -107,7 +110,7 @@ pub struct EngineWorker {
 pub fn summarise(session: &Session) -> ModelSummary {
     let c = session.model.config();
     ModelSummary {
-        path: session.folder().display().to_string(),
+        path: session.name().to_string(),
         arch: format!("{:?}", c.arch).to_lowercase(),
         num_layers: c.num_layers,
         num_heads: c.num_heads,
@@ -162,20 +165,28 @@ impl EngineWorker {
         }
     }
 
-    fn open_model(&mut self, path: &Path) {
+    /// Resolve `reference` (a path or a store name), then load it.
+    fn open_model(&mut self, reference: &Path) {
         self.port
-            .progress(0, 1, format!("loading {}", path.display()));
+            .progress(0, 1, format!("loading {}", reference.display()));
         // Free the old model before loading the next one.
         self.session = None;
-        match Session::load(path, DType::F32, &Device::Cpu) {
+        let loaded = match store::resolve(reference, &self.config.store_roots) {
+            Ok(model) => {
+                Session::load_resolved(&model, WeightMode::Dense(DType::F32), &Device::Cpu)
+                    .map_err(|e| format!("loading the {} {model}: {e}", model_kind(model.format)))
+            }
+            Err(e) => Err(format!("loading model {}: {e}", reference.display())),
+        };
+        match loaded {
             Ok(s) => {
                 self.port.send(Event::ModelOpened(summarise(&s)));
                 self.session = Some(s);
             }
-            Err(e) => {
+            Err(message) => {
                 self.port.send(Event::ModelFailed(JobError::new(
                     FailureKind::LoadModel,
-                    format!("loading the {} {}: {e}", model_kind(path), path.display()),
+                    message,
                 )));
             }
         }

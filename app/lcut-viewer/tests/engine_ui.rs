@@ -16,6 +16,7 @@ use std::time::Duration;
 use egui::accesskit::Role;
 use egui_kittest::Harness;
 use egui_kittest::kittest::{NodeT, Queryable};
+use lcut_model::StoreRoots;
 use lcut_viewer::paths;
 use lcut_viewer::worker::{WorkerConfig, spawn};
 use lcut_viewer_ui::live::LiveStatus;
@@ -65,11 +66,17 @@ fn fixture() -> Fixture {
 }
 
 fn harness(f: &Fixture) -> Harness<'static, ViewerState> {
+    harness_with(f, WorkerConfig::default().store_roots)
+}
+
+/// The harness with model names looked up in `store_roots`.
+fn harness_with(f: &Fixture, store_roots: StoreRoots) -> Harness<'static, ViewerState> {
     let (backend, port) = channel(None);
     spawn(
         port,
         WorkerConfig {
             bundled_prompts: f.prompts.clone(),
+            store_roots,
         },
     )
     .unwrap();
@@ -292,6 +299,56 @@ fn a_missing_model_folder_is_named_in_the_error() {
     );
 }
 
+/// The model field takes the names of models on disk: a hub cache name and
+/// an Ollama name open their models (the field keeps the name), and a name
+/// on disk nowhere fails with the resolver's message naming where it looked.
+#[test]
+fn the_model_field_takes_hub_cache_and_ollama_names() {
+    let f = fixture();
+    let stores = tempfile::tempdir().unwrap();
+    let repo = stores.path().join("hub/models--org--m");
+    let snapshot = repo.join("snapshots/abc123");
+    std::fs::create_dir_all(&snapshot).unwrap();
+    for entry in std::fs::read_dir(&f.model).unwrap() {
+        let entry = entry.unwrap();
+        if entry.path().is_file() {
+            std::fs::copy(entry.path(), snapshot.join(entry.file_name())).unwrap();
+        }
+    }
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), "abc123").unwrap();
+    let ollama = stores.path().join("ollama");
+    let digest = "ab".repeat(32);
+    std::fs::create_dir_all(ollama.join("blobs")).unwrap();
+    std::fs::copy(oracle_gguf(), ollama.join(format!("blobs/sha256-{digest}"))).unwrap();
+    let manifest = ollama.join("manifests/registry.ollama.ai/library/gqa/f32");
+    std::fs::create_dir_all(manifest.parent().unwrap()).unwrap();
+    std::fs::write(
+        &manifest,
+        format!(
+            r#"{{"layers":[{{"mediaType":"application/vnd.ollama.image.model","digest":"sha256:{digest}"}}]}}"#
+        ),
+    )
+    .unwrap();
+    let mut h = harness_with(&f, StoreRoots::at(stores.path().join("hub"), &ollama));
+
+    open_typed_model(&mut h, Path::new("org/m"));
+    assert!(h.state().error.is_none(), "{:?}", h.state().error);
+    assert_eq!(h.state().model.as_ref().unwrap().path, "org/m");
+    assert_eq!(h.state().inputs.model_path, "org/m");
+    open_typed_model(&mut h, Path::new("gqa:f32"));
+    assert!(h.state().error.is_none(), "{:?}", h.state().error);
+    assert_eq!(h.state().model.as_ref().unwrap().num_layers, 6);
+
+    open_typed_model(&mut h, Path::new("org/absent"));
+    let e = h.state().error.clone().expect("an error");
+    for part in ["org/absent", "never downloads", "models--org--absent"] {
+        assert!(e.contains(part), "the error does not mention {part:?}: {e}");
+    }
+    assert!(h.state().model.is_none());
+    assert!(h.query_all_by_label_contains("models--org--absent").count() >= 1);
+}
+
 /// The llama-gqa oracle as a GGUF file (f32 weights, SentencePiece vocab, no
 /// chat template): 6 layers, 4 heads, 2 KV heads.
 fn oracle_gguf() -> PathBuf {
@@ -498,6 +555,7 @@ fn the_worker_sends_the_diagnostics_before_the_sweep() {
         port,
         WorkerConfig {
             bundled_prompts: f.prompts.clone(),
+            ..WorkerConfig::default()
         },
     )
     .unwrap();

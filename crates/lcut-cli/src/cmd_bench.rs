@@ -11,10 +11,10 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use lcut_diag::{FlopShape, layered_prefill_flops};
 use lcut_engine::{Generation, GenerationConfig, GenerationOutput, PreparedPrompt};
-use lcut_model::gguf::is_gguf_path;
 use lcut_model::probes::PhaseMassProbe;
 use lcut_model::{
-    Decoder, LlamaShape, LogitRows, WeightMode, argmax_rows, default_attention_block_elems,
+    Decoder, LlamaShape, LogitRows, ModelFormat, ResolvedModel, WeightMode, argmax_rows,
+    default_attention_block_elems,
 };
 use lcut_policy::{Policy, PolicySpec, TokenPhases};
 use lcut_synth::RandomLlama;
@@ -22,7 +22,7 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde::Serialize;
 
 use crate::args::{DeviceArg, PolicyList, WeightArg};
-use crate::common::{ensure_fits, parse_len, write_atomic};
+use crate::common::{ensure_fits, parse_len, resolve_model, write_atomic};
 
 /// Arguments of `lcut bench`.
 #[derive(Debug, Args)]
@@ -30,7 +30,10 @@ pub struct BenchArgs {
     /// LoRA adapter options (`--lora DIR`, `--lora-mode`).
     #[command(flatten)]
     pub lora: crate::lora_opt::LoraArgs,
-    /// Model folder or `.gguf` file; a random-weight Llama of the shape below by default.
+    /// Model: a folder, a GGUF file, a Hugging Face cache name
+    /// `ORG/NAME[@REV][:FILE]` or an Ollama name `NAME[:TAG]` (`lcut models`
+    /// lists them);
+    /// a random-weight Llama of the shape below by default.
     #[arg(long)]
     model: Option<PathBuf>,
     /// Policies to compare, separated by `,` or `;` (`slim:4@2k,8@1k` stays
@@ -277,11 +280,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mode = args.dtype.mode();
     let dtype = mode.activation_dtype();
     let device = args.device.open()?;
-    if mode == WeightMode::Quantized && !args.model.as_deref().is_some_and(is_gguf_path) {
-        bail!("--dtype q runs a GGUF file's quantized weights: give one with --model FILE.gguf");
+    let resolved = args.model.as_deref().map(resolve_model).transpose()?;
+    let is_gguf = |m: &ResolvedModel| m.format == ModelFormat::Gguf;
+    if mode == WeightMode::Quantized && !resolved.as_ref().is_some_and(is_gguf) {
+        bail!("--dtype q runs a GGUF file's quantized weights: give one with --model");
     }
     if args.vs_candle {
-        return against_candle(args, mode, &device);
+        return against_candle(args, resolved.as_ref(), mode, &device);
     }
     let lengths = args
         .prompt_lengths
@@ -294,6 +299,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         .unwrap_or_else(|| default_attention_block_elems(&device));
     let mut model = bench_model(
         args,
+        resolved.as_ref(),
         (mode, dtype, &device),
         (longest, args.prefill_chunk, block),
     )?;
@@ -331,13 +337,21 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 /// `--vs-candle`: plain decoding against candle-transformers' Llama, on the
 /// model given or a random one of the shape in the arguments (written to a
 /// temporary folder, which candle-transformers loads).
-fn against_candle(args: &BenchArgs, mode: WeightMode, device: &Device) -> Result<()> {
+fn against_candle(
+    args: &BenchArgs,
+    resolved: Option<&ResolvedModel>,
+    mode: WeightMode,
+    device: &Device,
+) -> Result<()> {
     if mode == WeightMode::Quantized {
         bail!("--vs-candle compares dense f32/bf16/f16 models; drop --dtype q");
     }
+    if resolved.is_some_and(|m| m.format == ModelFormat::Gguf) {
+        bail!("--vs-candle loads candle-transformers' Llama from a model folder, not a GGUF file");
+    }
     let tmp = tempfile::tempdir()?;
-    let folder = match &args.model {
-        Some(m) => m.clone(),
+    let folder = match resolved {
+        Some(m) => m.path.clone(),
         None => {
             describe(args);
             let dir = tmp.path().join("random-llama");
@@ -353,13 +367,14 @@ fn against_candle(args: &BenchArgs, mode: WeightMode, device: &Device) -> Result
 /// sequence, prefill chunk, attention block) would not fit in memory.
 fn bench_model(
     args: &BenchArgs,
+    resolved: Option<&ResolvedModel>,
     (mode, dtype, device): (WeightMode, DType, &Device),
     sizes: (usize, usize, usize),
 ) -> Result<Decoder> {
-    Ok(match &args.model {
-        Some(folder) => {
-            let mut model = Decoder::load_as(folder, mode, device)
-                .with_context(|| format!("loading {}", folder.display()))?;
+    Ok(match resolved {
+        Some(resolved) => {
+            let mut model = Decoder::load_format(&resolved.path, resolved.format, mode, device)
+                .with_context(|| format!("loading {resolved}"))?;
             args.lora.apply(&mut model, &args.policies.texts())?;
             ensure_fits(model.config(), dtype, device, sizes, true)?;
             model
@@ -581,7 +596,12 @@ fn vs_candle(
     dtype: DType,
     device: &Device,
 ) -> Result<()> {
-    let model = Decoder::load(folder, dtype, device)?;
+    let model = Decoder::load_format(
+        folder,
+        ModelFormat::Folder,
+        WeightMode::Dense(dtype),
+        device,
+    )?;
     let len = args
         .prompt_lengths
         .split(',')

@@ -20,7 +20,8 @@ pub struct EvalCommand {
     #[command(flatten)]
     pub base: crate::cmd_train::EvalArgs,
     /// A task suite (JSON Lines with answers and scoring rules): run it on
-    /// any model (HF folder or .gguf) instead of the bundled task.
+    /// any `--model` (a folder, a GGUF file, a hub cache or Ollama name) instead
+    /// of the bundled task.
     #[arg(long)]
     pub suite: Option<PathBuf>,
     /// Weights with --suite: f32, bf16, f16, or q (a GGUF's matrices kept quantized).

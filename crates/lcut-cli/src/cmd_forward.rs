@@ -24,7 +24,9 @@ pub struct ForwardArgs {
     /// LoRA adapter options (`--lora DIR`, `--lora-mode`).
     #[command(flatten)]
     pub lora: crate::lora_opt::LoraArgs,
-    /// Model folder (Hugging Face layout) or `.gguf` file; the bundled model by default.
+    /// Model: a folder (Hugging Face layout), a GGUF file, a Hugging Face
+    /// cache name `ORG/NAME[@REV][:FILE]` or an Ollama name `NAME[:TAG]`
+    /// (`lcut models` lists them); the bundled model by default.
     #[arg(long)]
     model: Option<PathBuf>,
     /// Token ids, comma-separated.

@@ -8,13 +8,14 @@ use anyhow::{Context, Result};
 use clap::Args;
 use lcut_engine::PromptTokenizer;
 
-use crate::common::model_or_bundled;
+use crate::common::{model_or_bundled, resolve_model};
 
 /// Arguments of `lcut tokenize`.
 #[derive(Debug, Args)]
 pub struct TokenizeArgs {
-    /// Model folder or `.gguf` file (default: the bundled model); only its
-    /// tokenizer is read.
+    /// Model: a folder, a GGUF file, a Hugging Face cache name
+    /// `ORG/NAME[@REV][:FILE]` or an Ollama name `NAME[:TAG]` (`lcut models`
+    /// lists them); the bundled model by default. Only its tokenizer is read.
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// TEXT is one user message, rendered with the model's chat template and
@@ -30,9 +31,9 @@ pub struct TokenizeArgs {
 
 /// Print the ids, comma-separated, on the last line.
 pub fn run(args: &TokenizeArgs) -> Result<()> {
-    let path = model_or_bundled(&args.model);
-    let prompter = PromptTokenizer::load(&path)
-        .with_context(|| format!("loading the tokenizer of {}", path.display()))?;
+    let model = resolve_model(&model_or_bundled(&args.model))?;
+    let prompter = PromptTokenizer::load_format(&model.path, model.format)
+        .with_context(|| format!("loading the tokenizer of {model}"))?;
     let tok = &prompter.tokenizer;
     let ids = if args.chat {
         prompter.prepare_text(&args.text, None, true)?.ids

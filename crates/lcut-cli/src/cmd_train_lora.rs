@@ -147,9 +147,9 @@ impl Progress {
 impl TrainLoraArgs {
     /// The job these arguments describe; `command` is the command line
     /// recorded in `training.json`.
-    fn job(&self, command: String) -> AdapterJob {
-        AdapterJob {
-            model: self.model.clone(),
+    fn job(&self, command: String) -> Result<AdapterJob> {
+        Ok(AdapterJob {
+            model: crate::common::resolve_model(&self.model)?,
             policy: self.policy,
             rank: self.lora,
             alpha: self.alpha,
@@ -178,7 +178,7 @@ impl TrainLoraArgs {
             },
             out: self.out.clone(),
             command,
-        }
+        })
     }
 }
 
@@ -211,7 +211,7 @@ impl lcut_train::lora_train::Progress for Bars {
 /// Run `lcut train-lora`.
 pub fn run(args: &TrainLoraArgs) -> Result<()> {
     let command = std::env::args().collect::<Vec<_>>().join(" ");
-    let state = train_adapter(&args.job(command), &mut Bars::default())?;
+    let state = train_adapter(&args.job(command)?, &mut Bars::default())?;
     let last =
         state.losses.iter().rev().take(50).sum::<f64>() / state.losses.len().clamp(1, 50) as f64;
     println!(

@@ -7,6 +7,7 @@ mod cmd_diagnose;
 mod cmd_eval;
 mod cmd_forward;
 mod cmd_generate;
+mod cmd_models;
 mod cmd_parity;
 mod cmd_report;
 mod cmd_suite;
@@ -63,6 +64,8 @@ enum Command {
     Parity(cmd_parity::ParityArgs),
     /// Token ids of a text (comma-separated on the last line); --chat renders it as a user message.
     Tokenize(cmd_tokenize::TokenizeArgs),
+    /// The models in the Hugging Face hub cache and Ollama's store, named as --model takes them.
+    Models(cmd_models::ModelsArgs),
 }
 
 /// candle asks for its thread count on every CPU matmul, and without
@@ -120,6 +123,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(a) => cmd_bench::run(a),
         Command::Parity(a) => cmd_parity::run(a),
         Command::Tokenize(a) => cmd_tokenize::run(a),
+        Command::Models(a) => cmd_models::run(a),
     }
 }
 

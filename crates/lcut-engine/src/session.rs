@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device};
-use lcut_model::{Decoder, ModelFiles, WeightMode};
+use lcut_model::{Decoder, ModelFiles, ResolvedModel, WeightMode};
 use lcut_policy::Policy;
 
 use crate::error::{EngineError, Result};
@@ -21,6 +21,7 @@ pub struct Session {
     pub tokenizer: Option<TextTokenizer>,
     template: Option<ChatTemplate>,
     folder: PathBuf,
+    name: String,
     config_hash: String,
     /// The LoRA adapter put into `model`, when there is one (reports name it
     /// in the model's identity).
@@ -38,6 +39,16 @@ impl Session {
     /// `.gguf` file, dense or with a GGUF's matrices kept quantized.
     pub fn load_as(path: &Path, mode: WeightMode, device: &Device) -> Result<Self> {
         Self::from_files(path, ModelFiles::open(path)?, mode, device)
+    }
+
+    /// Load a resolved model reference (a path, a hub cache name or an
+    /// Ollama name, see [`lcut_model::store::resolve`]) in the format the
+    /// resolver found.
+    pub fn load_resolved(model: &ResolvedModel, mode: WeightMode, device: &Device) -> Result<Self> {
+        let files = ModelFiles::open_format(&model.path, model.format)?;
+        let mut session = Self::from_files(&model.path, files, mode, device)?;
+        session.name = model.name();
+        Ok(session)
     }
 
     /// Load model, tokenizer and chat template from a model's opened files
@@ -75,6 +86,7 @@ impl Session {
             tokenizer,
             template,
             folder: path.to_path_buf(),
+            name: path.display().to_string(),
             config_hash,
             adapter: None,
         })
@@ -89,6 +101,12 @@ impl Session {
     /// The model folder or GGUF file.
     pub fn folder(&self) -> &Path {
         &self.folder
+    }
+
+    /// The model as the user named it: its path, or the hub cache or
+    /// Ollama name it was resolved from.
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// Whether the model has a chat template.

@@ -3,8 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use lcut_model::ModelConfig;
 use lcut_model::gguf::{GgufFile, is_gguf_path};
+use lcut_model::{ModelConfig, ModelFormat};
 
 use crate::error::{EngineError, Result};
 use crate::prompt::{PreparedPrompt, common_prefix};
@@ -26,7 +26,17 @@ impl PromptTokenizer {
     /// BoS id) or of a `.gguf` file (its header's metadata; the file is
     /// memory-mapped, its tensors are never read).
     pub fn load(path: &Path) -> Result<Self> {
-        let (tokenizer, bos_token_id) = if is_gguf_path(path) {
+        let format = match is_gguf_path(path) {
+            true => ModelFormat::Gguf,
+            false => ModelFormat::Folder,
+        };
+        Self::load_format(path, format)
+    }
+
+    /// [`PromptTokenizer::load`] for a model whose format is known (a
+    /// resolved model reference: a store may keep a GGUF file under a hash).
+    pub fn load_format(path: &Path, format: ModelFormat) -> Result<Self> {
+        let (tokenizer, bos_token_id) = if format == ModelFormat::Gguf {
             let file = GgufFile::open(path)?;
             let tokenizer = TextTokenizer::from_gguf(file.header(), path)?;
             (tokenizer, file.config().bos_token_id)

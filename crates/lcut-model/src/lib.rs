@@ -19,6 +19,7 @@ pub mod qdot;
 mod rope;
 mod sequence;
 pub mod shape;
+pub mod store;
 mod weights;
 
 pub use cache::LayerCache;
@@ -34,6 +35,7 @@ pub use probe::{AttentionView, Probe, ResidualSite};
 pub use rope::{Rope, inverse_frequencies};
 pub use sequence::Sequence;
 pub use shape::{LlamaShape, SpecialTokens};
+pub use store::{ModelFormat, ResolvedModel, StoreError, StoreRoots};
 pub use weights::{WeightFiles, WeightSource};
 
 pub use candle_core::{DType, Device, Tensor};

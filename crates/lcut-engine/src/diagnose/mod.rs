@@ -148,7 +148,7 @@ pub fn prepare_prompts(
 pub fn model_identity(session: &Session) -> Result<ModelIdentity> {
     let cfg = session.model.config();
     Ok(ModelIdentity {
-        path: session.folder().display().to_string(),
+        path: session.name().to_string(),
         config_hash: session.config_hash().to_string(),
         arch: cfg.arch.model_type().to_string(),
         dtype: session.model.weight_mode().name(),

@@ -4,13 +4,13 @@
 //! with checkpoints, then the adapter (PEFT layout, with `lcut_policy`) and
 //! `training.json` written.
 
-use std::path::Path;
 use std::time::Instant;
 
 use candle_core::{DType, Device};
 use lcut_engine::Session;
-use lcut_model::WeightMode;
+use lcut_model::gguf::GgufWeights;
 use lcut_model::lora::{LoraConfig, Targets, write_adapter};
+use lcut_model::{ModelFiles, ResolvedModel, WeightMode};
 use lcut_policy::Policy;
 use serde_json::json;
 
@@ -35,8 +35,8 @@ struct Plan {
 /// resumes from the checkpoint. Returns the training state at the end.
 pub fn train_adapter(job: &AdapterJob, progress: &mut dyn Progress) -> Result<CheckpointState> {
     let started = Instant::now();
-    let session = Session::load_as(&job.model, WeightMode::Dense(DType::F32), &Device::Cpu)
-        .with_context(|| format!("loading model {}", job.model.display()))?;
+    let session = Session::load_resolved(&job.model, WeightMode::Dense(DType::F32), &Device::Cpu)
+        .with_context(|| format!("loading model {}", job.model))?;
     let plan = plan(job, session.model.config().num_layers)?;
     let cut = plan.policy.l_cut();
     let upper = load_trained_span(&job.model, plan.first, cut)?;
@@ -111,6 +111,7 @@ fn adapter_config(job: &AdapterJob, plan: &Plan, fingerprint: String) -> LoraCon
     config.policy = Some(job.policy.to_string());
     config.base_model = job
         .model
+        .path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned());
     config.base_fingerprint = Some(fingerprint);
@@ -154,13 +155,14 @@ fn write_outputs(
 }
 
 /// The model's layers from `first` up for a policy cutting at `cut`, dense f32.
-fn load_trained_span(path: &Path, first: usize, cut: usize) -> Result<UpperModel> {
-    use lcut_model::gguf::{GgufFile, GgufWeights, is_gguf_path};
-    if is_gguf_path(path) {
-        let file = GgufFile::open(path)?;
-        let cfg = file.config().clone();
-        return UpperModel::load_span(&cfg, &GgufWeights::new(file), first, cut);
-    }
-    let cfg = lcut_model::ModelConfig::from_folder(path)?;
-    UpperModel::load_span(&cfg, &lcut_model::WeightFiles::open(path)?, first, cut)
+fn load_trained_span(model: &ResolvedModel, first: usize, cut: usize) -> Result<UpperModel> {
+    Ok(match ModelFiles::open_format(&model.path, model.format)? {
+        ModelFiles::Gguf(file) => {
+            let cfg = file.config().clone();
+            UpperModel::load_span(&cfg, &GgufWeights::new(file), first, cut)?
+        }
+        ModelFiles::Folder(folder) => {
+            UpperModel::load_span(&folder.config, &folder.weights, first, cut)?
+        }
+    })
 }

@@ -6,6 +6,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 
+use lcut_model::ResolvedModel;
 use lcut_policy::PolicySpec;
 
 use super::model::MODULES;
@@ -107,8 +108,9 @@ pub struct DataOptions {
 /// A whole adapter training job.
 #[derive(Debug, Clone)]
 pub struct AdapterJob {
-    /// Base model (Hugging Face folder or .gguf file), loaded dense in f32.
-    pub model: PathBuf,
+    /// Base model (a Hugging Face folder or a GGUF file, found by path or
+    /// by name), loaded dense in f32.
+    pub model: ResolvedModel,
     /// The SPEED policy to train for.
     pub policy: PolicySpec,
     /// LoRA rank.
