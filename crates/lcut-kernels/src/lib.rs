@@ -10,11 +10,13 @@
 //! is compared with.
 
 pub mod attention;
+pub mod bandwidth;
 pub mod dense;
 pub mod error;
 pub mod isa;
 pub mod ops;
 pub mod par;
+pub mod product;
 pub mod quant;
 mod simd;
 pub mod testdata;
