@@ -10,10 +10,10 @@
 //! - dense f32 and bf16 products over eight layers' matrices;
 //!
 //! beside the 1- and 2-thread read bandwidth. Medians over interleaved
-//! rounds; the machine's load is printed, since a shared machine's numbers
-//! are noisy.
+//! rounds; the machine's load is printed, and the CPU time the process used
+//! beside the wall time, since a shared machine's wall times are noisy.
 //!
-//! `cargo run --release -p lcut-kernels --example kernel_bench [-- ROUNDS]`
+//! `cargo run --release -p lcut-kernels --example kernel_bench [-- ROUNDS [quant|attention|dense]]`
 
 use std::time::Instant;
 
@@ -45,8 +45,9 @@ const SHAPES: [(usize, usize); 7] = [
     (HIDDEN, MLP),
 ];
 
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
+/// The (wall, CPU) pair of the median wall time.
+fn median(mut xs: Vec<(f64, f64)>) -> (f64, f64) {
+    xs.sort_by(|a, b| a.0.total_cmp(&b.0));
     xs[xs.len() / 2]
 }
 
@@ -57,16 +58,33 @@ fn pool(threads: usize) -> rayon::ThreadPool {
         .expect("a thread pool")
 }
 
-/// Seconds of one call of `f`, best of a few warm calls.
-fn seconds(mut f: impl FnMut()) -> f64 {
+/// CPU time of every thread of this process so far, in seconds (Linux's
+/// per-thread scheduler statistics; 0 elsewhere).
+fn cpu_seconds() -> f64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0.0;
+    };
+    let ns: u64 = tasks
+        .filter_map(|t| t.ok())
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    ns as f64 / 1e9
+}
+
+/// Wall and CPU seconds of one call of `f`: the best of a few warm calls.
+fn seconds(mut f: impl FnMut()) -> (f64, f64) {
     f();
     (0..3)
         .map(|_| {
-            let t = Instant::now();
+            let (t, c) = (Instant::now(), cpu_seconds());
             f();
-            t.elapsed().as_secs_f64()
+            (t.elapsed().as_secs_f64(), cpu_seconds() - c)
         })
-        .fold(f64::INFINITY, f64::min)
+        .fold(
+            (f64::INFINITY, 0.0),
+            |best, x| if x.0 < best.0 { x } else { best },
+        )
 }
 
 /// One decode step's weights: every layer's matrices and the LM head.
@@ -117,13 +135,17 @@ fn main() {
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(5);
-    let levels: Vec<Isa> = ALL.into_iter().filter(|i| i.available()).collect();
+    let mut levels: Vec<Isa> = ALL.into_iter().filter(|i| i.available()).collect();
     let names: Vec<&str> = levels.iter().map(|i| i.name()).collect();
     println!(
         "levels this CPU runs: {} (chosen: {})",
         names.join(", "),
         Isa::detect().name()
     );
+    if levels.len() > 1 {
+        // the reference path is there for correctness, not speed
+        levels.retain(|&i| i != Isa::Portable);
+    }
     println!(
         "load: {}",
         std::fs::read_to_string("/proc/loadavg")
@@ -140,10 +162,17 @@ fn main() {
         bw[0],
         bw[1]
     );
+    let only = std::env::args().nth(2).unwrap_or_default();
     let mut rng = Rng::new(7);
-    quantized_step(&mut rng, &levels, &bw, rounds);
-    attention(&mut rng, &levels, &bw, rounds);
-    dense_products(&mut rng, &levels, &bw, rounds);
+    if only.is_empty() || only == "quant" {
+        quantized_step(&mut rng, &levels, &bw, rounds);
+    }
+    if only.is_empty() || only == "attention" {
+        attention(&mut rng, &levels, &bw, rounds);
+    }
+    if only.is_empty() || only == "dense" {
+        dense_products(&mut rng, &levels, &bw, rounds);
+    }
 }
 
 fn quantized_step(rng: &mut Rng, levels: &[Isa], bw: &[f64], rounds: usize) {
@@ -152,12 +181,12 @@ fn quantized_step(rng: &mut Rng, levels: &[Isa], bw: &[f64], rounds: usize) {
     println!(
         "\nquantized products of one decode step: {LAYERS} layers of Q4_1 + Q8_0 LM head, {mb:.1} MB"
     );
-    println!("level     threads  ms/token   GB/s  of read bandwidth");
+    println!("level     threads  ms/token  cpu ms   GB/s  of read bandwidth");
     let mut acts = Q8Rows::new();
     let mut out = vec![0f32; VOCAB];
     for threads in [1, 2] {
         let pool = pool(threads);
-        let mut times: Vec<Vec<f64>> = vec![Vec::new(); levels.len()];
+        let mut times: Vec<Vec<(f64, f64)>> = vec![Vec::new(); levels.len()];
         for _ in 0..rounds {
             for (i, &isa) in levels.iter().enumerate() {
                 let s = pool.install(|| {
@@ -167,12 +196,13 @@ fn quantized_step(rng: &mut Rng, levels: &[Isa], bw: &[f64], rounds: usize) {
             }
         }
         for (i, isa) in levels.iter().enumerate() {
-            let s = median(times[i].clone());
+            let (s, cpu) = median(times[i].clone());
             let gbs = mb / 1e3 / s;
             println!(
-                "{:<9} {threads:>7} {:>9.2} {gbs:>6.1} {:>8.0}%",
+                "{:<9} {threads:>7} {:>9.2} {:>7.2} {gbs:>6.1} {:>8.0}%",
                 isa.name(),
                 s * 1e3,
+                cpu * 1e3,
                 100.0 * gbs / bw[threads - 1]
             );
         }
@@ -205,7 +235,7 @@ fn attention(rng: &mut Rng, levels: &[Isa], bw: &[f64], rounds: usize) {
     println!(
         "\nattention of one token over a {CONTEXT}-token cache at each of {LAYERS} layers ({HEADS} heads, {KV_HEADS} K/V heads x {HEAD_DIM})"
     );
-    println!("cache  probs  level     threads  ms/token   GB/s  of read bandwidth");
+    println!("cache  probs  level     threads  ms/token  cpu ms   GB/s  of read bandwidth");
     let mut out = vec![0f32; HEADS * HEAD_DIM];
     let mut probs = vec![0f32; HEADS * CONTEXT];
     let mut scratch = AttentionScratch::default();
@@ -224,7 +254,7 @@ fn attention(rng: &mut Rng, levels: &[Isa], bw: &[f64], rounds: usize) {
             for threads in [1, 2] {
                 let pool = pool(threads);
                 for &isa in levels {
-                    let times: Vec<f64> = (0..rounds)
+                    let times: Vec<(f64, f64)> = (0..rounds)
                         .map(|_| {
                             pool.install(|| {
                                 seconds(|| {
@@ -247,13 +277,14 @@ fn attention(rng: &mut Rng, levels: &[Isa], bw: &[f64], rounds: usize) {
                             })
                         })
                         .collect();
-                    let s = median(times);
+                    let (s, cpu) = median(times);
                     let gbs = mb / 1e3 / s;
                     println!(
-                        "{name:<6} {:<6} {:<9} {threads:>7} {:>9.2} {gbs:>6.1} {:>8.0}%",
+                        "{name:<6} {:<6} {:<9} {threads:>7} {:>9.2} {:>7.2} {gbs:>6.1} {:>8.0}%",
                         if with_probs { "yes" } else { "no" },
                         isa.name(),
                         s * 1e3,
+                        cpu * 1e3,
                         100.0 * gbs / bw[threads - 1]
                     );
                 }
@@ -276,13 +307,13 @@ fn dense_products(rng: &mut Rng, levels: &[Isa], bw: &[f64], rounds: usize) {
     let mut out = vec![0f32; MLP];
     let params: usize = mats.iter().map(|m| m.1 * m.2).sum();
     println!("\ndense products over {DENSE_LAYERS} layers' matrices ({params} values)");
-    println!("dtype  level     threads  ms/pass   GB/s  of read bandwidth");
+    println!("dtype  level     threads  ms/pass  cpu ms   GB/s  of read bandwidth");
     for (dtype, elem) in [("f32", 4usize), ("bf16", 2)] {
         let mb = (params * elem) as f64 / 1e6;
         for threads in [1, 2] {
             let pool = pool(threads);
             for &isa in levels {
-                let times: Vec<f64> = (0..rounds)
+                let times: Vec<(f64, f64)> = (0..rounds)
                     .map(|_| {
                         pool.install(|| {
                             seconds(|| {
@@ -308,12 +339,13 @@ fn dense_products(rng: &mut Rng, levels: &[Isa], bw: &[f64], rounds: usize) {
                         })
                     })
                     .collect();
-                let s = median(times);
+                let (s, cpu) = median(times);
                 let gbs = mb / 1e3 / s;
                 println!(
-                    "{dtype:<6} {:<9} {threads:>7} {:>8.2} {gbs:>6.1} {:>8.0}%",
+                    "{dtype:<6} {:<9} {threads:>7} {:>8.2} {:>7.2} {gbs:>6.1} {:>8.0}%",
                     isa.name(),
                     s * 1e3,
+                    cpu * 1e3,
                     100.0 * gbs / bw[threads - 1]
                 );
             }

@@ -206,7 +206,6 @@ fn prod<const KIND: u8>(w: __m512i, a: __m512i) -> __m512i {
 fn row32<const N: usize, const KIND: u8>(row: &[u8], a: &[Q8Row<'_>; N]) -> [f32; N] {
     let bytes = block_bytes(KIND);
     let blocks = row.len() / bytes;
-    let pair_lanes = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     let (mut acc0, mut acc1) = ([_mm512_setzero_ps(); N], [_mm512_setzero_ps(); N]);
     let mut extra = [_mm512_setzero_ps(); N];
     let mut g = 0;
@@ -231,16 +230,15 @@ fn row32<const N: usize, const KIND: u8>(row: &[u8], a: &[Q8Row<'_>; N]) -> [f32
                 _ => {}
             }
         }
+        // two accumulators, each block pair's multiply-add on a fixed one
         let mut i = 0;
-        while i + 2 <= count {
-            let w = pair::<KIND>(&group[i * bytes..(i + 2) * bytes]);
-            let idx = _mm512_add_epi32(pair_lanes, _mm512_set1_epi32(i as i32));
-            let acc = if i % 4 == 0 { &mut acc0 } else { &mut acc1 };
-            for r in 0..N {
-                let p = prod::<KIND>(w, load64(&a[r].q[QK * (g + i)..]));
-                let s = _mm512_permutexvar_ps(idx, scale[r]);
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc[r]);
-            }
+        while i + 4 <= count {
+            pair_step::<N, KIND>(group, g, i, a, &scale, &mut acc0);
+            pair_step::<N, KIND>(group, g, i + 2, a, &scale, &mut acc1);
+            i += 4;
+        }
+        if i + 2 <= count {
+            pair_step::<N, KIND>(group, g, i, a, &scale, &mut acc0);
             i += 2;
         }
         if i < count {
@@ -262,15 +260,35 @@ fn row32<const N: usize, const KIND: u8>(row: &[u8], a: &[Q8Row<'_>; N]) -> [f32
     out
 }
 
+/// Blocks `i`, `i + 1` of a group starting at block `g` into `acc`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+fn pair_step<const N: usize, const KIND: u8>(
+    group: &[u8],
+    g: usize,
+    i: usize,
+    a: &[Q8Row<'_>; N],
+    scale: &[__m512; N],
+    acc: &mut [__m512; N],
+) {
+    let bytes = block_bytes(KIND);
+    let pair_lanes = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    let w = pair::<KIND>(&group[i * bytes..(i + 2) * bytes]);
+    let idx = _mm512_add_epi32(pair_lanes, _mm512_set1_epi32(i as i32));
+    for r in 0..N {
+        let p = prod::<KIND>(w, load64(&a[r].q[QK * (g + i)..]));
+        let s = _mm512_permutexvar_ps(idx, scale[r]);
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc[r]);
+    }
+}
+
 /// One row of Q4_K super-blocks: each 32 bytes of nibbles are two
 /// sub-blocks (low, high nibbles), which are two consecutive activation
 /// blocks: one 512-bit product per 32 bytes.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn row_q4k<const N: usize>(row: &[u8], a: &[Q8Row<'_>; N]) -> [f32; N] {
-    let pair_lanes = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     let (mut acc0, mut acc1) = ([_mm512_setzero_ps(); N], [_mm512_setzero_ps(); N]);
     let mut extra = [_mm256_set1_ps(0.0); N];
-    let low = _mm256_set1_epi8(0x0F);
     for (sb, blk) in row.chunks_exact(144).enumerate() {
         let (d, dmin) = (
             crate::quant::format::f16_at(blk, 0),
@@ -294,21 +312,9 @@ fn row_q4k<const N: usize>(row: &[u8], a: &[Q8Row<'_>; N]) -> [f32; N] {
             scale[r] = _mm512_zextps256_ps512(_mm256_mul_ps(sc, da));
             extra[r] = std::arch::x86_64::_mm256_fnmadd_ps(mins, s, extra[r]);
         }
-        for i in 0..4 {
-            let q = &blk[16 + 32 * i..48 + 32 * i];
-            // SAFETY: `q` is 32 readable bytes (bounds-checked above).
-            let q = unsafe { _mm256_loadu_si256(q.as_ptr().cast::<__m256i>()) };
-            let lo = _mm256_and_si256(q, low);
-            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), low);
-            let w = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
-            let idx = _mm512_add_epi32(pair_lanes, _mm512_set1_epi32(2 * i as i32));
-            let acc = if i % 2 == 0 { &mut acc0 } else { &mut acc1 };
-            for r in 0..N {
-                let av = load64(&a[r].q[QK * (8 * sb + 2 * i)..]);
-                let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, av);
-                let s = _mm512_permutexvar_ps(idx, scale[r]);
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc[r]);
-            }
+        for i in [0, 2] {
+            q4k_step::<N>(blk, sb, i, a, &scale, &mut acc0);
+            q4k_step::<N>(blk, sb, i + 1, a, &scale, &mut acc1);
         }
     }
     let mut out = [0f32; N];
@@ -319,15 +325,39 @@ fn row_q4k<const N: usize>(row: &[u8], a: &[Q8Row<'_>; N]) -> [f32; N] {
     out
 }
 
+/// Bytes 32i..32i+32 of a Q4_K block's nibbles (sub-blocks 2i, 2i+1) into `acc`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+fn q4k_step<const N: usize>(
+    blk: &[u8],
+    sb: usize,
+    i: usize,
+    a: &[Q8Row<'_>; N],
+    scale: &[__m512; N],
+    acc: &mut [__m512; N],
+) {
+    let pair_lanes = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    let low = _mm256_set1_epi8(0x0F);
+    let q = &blk[16 + 32 * i..48 + 32 * i];
+    // SAFETY: `q` is 32 readable bytes (bounds-checked above).
+    let q = unsafe { _mm256_loadu_si256(q.as_ptr().cast::<__m256i>()) };
+    let lo = _mm256_and_si256(q, low);
+    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), low);
+    let w = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+    let idx = _mm512_add_epi32(pair_lanes, _mm512_set1_epi32(2 * i as i32));
+    for r in 0..N {
+        let av = load64(&a[r].q[QK * (8 * sb + 2 * i)..]);
+        let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, av);
+        let s = _mm512_permutexvar_ps(idx, scale[r]);
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc[r]);
+    }
+}
+
 /// One row of Q6_K super-blocks: two activation blocks per product, each
 /// group of 16 values (four i32 lanes) scaled by its own 8-bit scale; the
 /// offset of 32 comes off exactly in the integer lanes.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn row_q6k<const N: usize>(row: &[u8], a: &[Q8Row<'_>; N]) -> [f32; N] {
-    let group_lanes = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    let pair_lanes = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    let thirty_two = _mm512_set1_epi8(32);
-    let zero = _mm512_setzero_si512();
     let (mut acc0, mut acc1) = ([_mm512_setzero_ps(); N], [_mm512_setzero_ps(); N]);
     for (sb, blk) in row.chunks_exact(210).enumerate() {
         let d = crate::quant::format::f16_at(blk, 208);
@@ -344,23 +374,8 @@ fn row_q6k<const N: usize>(row: &[u8], a: &[Q8Row<'_>; N]) -> [f32; N] {
         }
         for half in 0..2 {
             let q = q6k_half(blk, half);
-            for t in [0, 2] {
-                let w = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(q[t]), q[t + 1]);
-                let local = 4 * half + t;
-                let gidx = _mm512_add_epi32(group_lanes, _mm512_set1_epi32(2 * local as i32));
-                let gscale = _mm512_permutexvar_ps(gidx, scales);
-                let bidx = _mm512_add_epi32(pair_lanes, _mm512_set1_epi32(local as i32));
-                let acc = if t == 0 { &mut acc0 } else { &mut acc1 };
-                for r in 0..N {
-                    let av = load64(&a[r].q[QK * (8 * sb + local)..]);
-                    let p = _mm512_sub_epi32(
-                        _mm512_dpbusd_epi32(zero, w, av),
-                        _mm512_dpbusd_epi32(zero, thirty_two, av),
-                    );
-                    let s = _mm512_mul_ps(gscale, _mm512_permutexvar_ps(bidx, da[r]));
-                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc[r]);
-                }
-            }
+            q6k_step::<N>(q[0], q[1], 4 * half, sb, &scales, &da, a, &mut acc0);
+            q6k_step::<N>(q[2], q[3], 4 * half + 2, sb, &scales, &da, a, &mut acc1);
         }
     }
     let mut out = [0f32; N];
@@ -368,6 +383,40 @@ fn row_q6k<const N: usize>(row: &[u8], a: &[Q8Row<'_>; N]) -> [f32; N] {
         out[r] = _mm512_reduce_add_ps(std::arch::x86_64::_mm512_add_ps(acc0[r], acc1[r]));
     }
     out
+}
+
+/// Activation blocks `local`, `local + 1` of super-block `sb` (their
+/// 6-bit values `q0`, `q1`) into `acc`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+fn q6k_step<const N: usize>(
+    q0: __m256i,
+    q1: __m256i,
+    local: usize,
+    sb: usize,
+    scales: &__m512,
+    da: &[__m512; N],
+    a: &[Q8Row<'_>; N],
+    acc: &mut [__m512; N],
+) {
+    let group_lanes = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    let pair_lanes = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    let zero = _mm512_setzero_si512();
+    let w = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(q0), q1);
+    let gidx = _mm512_add_epi32(group_lanes, _mm512_set1_epi32(2 * local as i32));
+    let gscale = _mm512_permutexvar_ps(gidx, *scales);
+    let bidx = _mm512_add_epi32(pair_lanes, _mm512_set1_epi32(local as i32));
+    for r in 0..N {
+        let av = load64(&a[r].q[QK * (8 * sb + local)..]);
+        // (q - 32) a, exactly, in the integer lanes
+        let p = _mm512_sub_epi32(
+            _mm512_dpbusd_epi32(zero, w, av),
+            _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(32), av),
+        );
+        let s = _mm512_mul_ps(gscale, _mm512_permutexvar_ps(bidx, da[r]));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc[r]);
+    }
 }
 
 /// Eight f32 at `xs[..8]`.
