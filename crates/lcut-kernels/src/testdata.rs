@@ -83,8 +83,8 @@ pub fn random_blocks(format: QuantFormat, blocks: usize, rng: &mut Rng) -> Vec<u
             rng.uniform(0.002, 0.05)
         };
         match format {
-            QuantFormat::Q4_0 | QuantFormat::Q8_0 => put_f16(blk, 0, scale),
-            QuantFormat::Q4_1 => {
+            QuantFormat::Q4_0 | QuantFormat::Q5_0 | QuantFormat::Q8_0 => put_f16(blk, 0, scale),
+            QuantFormat::Q4_1 | QuantFormat::Q5_1 => {
                 put_f16(blk, 0, scale);
                 put_f16(blk, 2, rng.uniform(-0.3, 0.1));
             }

@@ -113,8 +113,8 @@ fn exact_case(format: QuantFormat, rows: usize, cols: usize, rng: &mut Rng) -> (
     };
     for blk in data.chunks_exact_mut(format.block_bytes()) {
         match format {
-            QuantFormat::Q4_0 | QuantFormat::Q8_0 => put(blk, 0, d),
-            QuantFormat::Q4_1 => {
+            QuantFormat::Q4_0 | QuantFormat::Q5_0 | QuantFormat::Q8_0 => put(blk, 0, d),
+            QuantFormat::Q4_1 | QuantFormat::Q5_1 => {
                 put(blk, 0, d);
                 put(blk, 2, -d);
             }

@@ -19,6 +19,8 @@ fn kernels_read_candles_blocks_as_candle_does() -> Result<()> {
     let pairs = [
         (GgmlDType::Q4_0, QuantFormat::Q4_0),
         (GgmlDType::Q4_1, QuantFormat::Q4_1),
+        (GgmlDType::Q5_0, QuantFormat::Q5_0),
+        (GgmlDType::Q5_1, QuantFormat::Q5_1),
         (GgmlDType::Q8_0, QuantFormat::Q8_0),
         (GgmlDType::Q4K, QuantFormat::Q4K),
         (GgmlDType::Q6K, QuantFormat::Q6K),

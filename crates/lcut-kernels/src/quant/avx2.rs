@@ -9,10 +9,11 @@
 use std::arch::x86_64::{
     __m128i, __m256, __m256i, _mm_add_ps, _mm_add_ss, _mm_cvtph_ps, _mm_cvtsi32_si128,
     _mm_cvtss_f32, _mm_loadu_si128, _mm_movehdup_ps, _mm_movehl_ps, _mm_set1_epi16, _mm_shuffle_ps,
-    _mm_srli_epi16, _mm256_add_ps, _mm256_and_si256, _mm256_castps256_ps128, _mm256_cvtepi32_ps,
-    _mm256_extractf128_ps, _mm256_fmadd_ps, _mm256_loadu_si256, _mm256_madd_epi16,
-    _mm256_maddubs_epi16, _mm256_or_si256, _mm256_set_m128i, _mm256_set1_epi8, _mm256_set1_epi16,
-    _mm256_set1_ps, _mm256_setzero_ps, _mm256_sign_epi8, _mm256_slli_epi16, _mm256_srli_epi16,
+    _mm_srli_epi16, _mm256_add_ps, _mm256_and_si256, _mm256_castps256_ps128, _mm256_cmpeq_epi8,
+    _mm256_cvtepi32_ps, _mm256_extractf128_ps, _mm256_fmadd_ps, _mm256_loadu_si256,
+    _mm256_madd_epi16, _mm256_maddubs_epi16, _mm256_or_si256, _mm256_set_m128i, _mm256_set1_epi8,
+    _mm256_set1_epi16, _mm256_set1_epi32, _mm256_set1_epi64x, _mm256_set1_ps, _mm256_setr_epi64x,
+    _mm256_setzero_ps, _mm256_shuffle_epi8, _mm256_sign_epi8, _mm256_slli_epi16, _mm256_srli_epi16,
     _mm256_sub_epi32, _mm256_zextsi128_si256,
 };
 
@@ -68,6 +69,8 @@ fn dot<const N: usize>(format: QuantFormat, row: &[u8], a: &[Q8Row<'_>; N]) -> [
     match format {
         QuantFormat::Q4_0 => row32::<N, Q4_0>(row, a),
         QuantFormat::Q4_1 => row32::<N, Q4_1>(row, a),
+        QuantFormat::Q5_0 => row32::<N, Q5_0>(row, a),
+        QuantFormat::Q5_1 => row32::<N, Q5_1>(row, a),
         QuantFormat::Q8_0 => row32::<N, Q8_0>(row, a),
         QuantFormat::Q4K => row_q4k::<N>(row, a),
         QuantFormat::Q6K => row_q6k::<N>(row, a),
@@ -78,6 +81,8 @@ fn dot<const N: usize>(format: QuantFormat, row: &[u8], a: &[Q8Row<'_>; N]) -> [
 const Q4_0: u8 = 0;
 const Q4_1: u8 = 1;
 const Q8_0: u8 = 2;
+const Q5_0: u8 = 3;
+const Q5_1: u8 = 4;
 
 /// Sum of the eight lanes.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -128,6 +133,27 @@ fn nibbles(bytes: &[u8]) -> __m256i {
     _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
 }
 
+/// The fifth bits of a Q5 block's 32 values (the little-endian u32 at
+/// `qh[..4]`) as 0x10 or 0 in each byte (ggml's `bytes_from_bits_32`).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn fifth_bits(qh: &[u8]) -> __m256i {
+    let bits = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+    // byte j gets the bits' byte j / 8
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(bits as i32),
+        _mm256_setr_epi64x(
+            0,
+            0x0101_0101_0101_0101,
+            0x0202_0202_0202_0202,
+            0x0303_0303_0303_0303,
+        ),
+    );
+    // all bits but bit j mod 8 set: the byte is all ones where that bit is
+    let others = _mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe));
+    let set = _mm256_cmpeq_epi8(others, _mm256_set1_epi64x(-1));
+    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+}
+
 /// Unsigned x signed byte products summed in eight i32 lanes, as f32.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dot_u8_i8(x: __m256i, y: __m256i) -> __m256 {
@@ -155,6 +181,25 @@ fn block32<const N: usize, const KIND: u8>(
                 acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[r].d[b]), p, acc[r]);
                 // weights are (q - 8): take 8 x (scaled activation sum) back off
                 extra[r] -= 8.0 * d * a[r].s[b];
+            }
+        }
+        Q5_0 => {
+            let w = _mm256_or_si256(nibbles(&blk[6..22]), fifth_bits(&blk[2..6]));
+            let (d, _) = f16_pair(blk, 0);
+            for r in 0..N {
+                let p = dot_u8_i8(w, acts(&a[r], b));
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[r].d[b]), p, acc[r]);
+                // weights are (q - 16)
+                extra[r] -= 16.0 * d * a[r].s[b];
+            }
+        }
+        Q5_1 => {
+            let w = _mm256_or_si256(nibbles(&blk[8..24]), fifth_bits(&blk[4..8]));
+            let (d, m) = f16_pair(blk, 0);
+            for r in 0..N {
+                let p = dot_u8_i8(w, acts(&a[r], b));
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[r].d[b]), p, acc[r]);
+                extra[r] += m * a[r].s[b];
             }
         }
         Q4_1 => {
@@ -186,6 +231,8 @@ fn row32<const N: usize, const KIND: u8>(row: &[u8], a: &[Q8Row<'_>; N]) -> [f32
     let bytes = match KIND {
         Q4_0 => 18,
         Q4_1 => 20,
+        Q5_0 => 22,
+        Q5_1 => 24,
         _ => 34,
     };
     let (mut acc0, mut acc1) = ([_mm256_setzero_ps(); N], [_mm256_setzero_ps(); N]);

@@ -8,12 +8,13 @@
 
 use std::arch::x86_64::{
     __m256i, __m512, __m512i, __mmask16, _mm_loadu_si128, _mm256_and_si256, _mm256_loadu_ps,
-    _mm256_loadu_si256, _mm256_loadu2_m128i, _mm256_mul_ps, _mm256_set_m128i, _mm256_set1_epi8,
-    _mm256_set1_ps, _mm256_srli_epi16, _mm512_abs_epi8, _mm512_add_epi32, _mm512_and_si512,
-    _mm512_castsi256_si512, _mm512_cvtepi8_epi32, _mm512_cvtepi32_epi16, _mm512_cvtepi32_ps,
-    _mm512_cvtph_ps, _mm512_dpbusd_epi32, _mm512_fmadd_ps, _mm512_fnmadd_ps, _mm512_inserti64x4,
-    _mm512_loadu_si512, _mm512_mask_i32gather_epi32, _mm512_mask_sub_epi8, _mm512_maskz_loadu_ps,
-    _mm512_movepi8_mask, _mm512_mul_ps, _mm512_permutexvar_ps, _mm512_reduce_add_ps,
+    _mm256_loadu_si256, _mm256_loadu2_m128i, _mm256_movm_epi8, _mm256_mul_ps, _mm256_or_si256,
+    _mm256_set_m128i, _mm256_set1_epi8, _mm256_set1_ps, _mm256_srli_epi16, _mm512_abs_epi8,
+    _mm512_add_epi32, _mm512_and_si512, _mm512_castsi256_si512, _mm512_cvtepi8_epi32,
+    _mm512_cvtepi32_epi16, _mm512_cvtepi32_ps, _mm512_cvtph_ps, _mm512_dpbusd_epi32,
+    _mm512_fmadd_ps, _mm512_fnmadd_ps, _mm512_inserti64x4, _mm512_loadu_si512,
+    _mm512_mask_i32gather_epi32, _mm512_mask_sub_epi8, _mm512_maskz_loadu_ps, _mm512_movepi8_mask,
+    _mm512_movm_epi8, _mm512_mul_ps, _mm512_or_si512, _mm512_permutexvar_ps, _mm512_reduce_add_ps,
     _mm512_set1_epi8, _mm512_set1_epi32, _mm512_set1_ps, _mm512_setr_epi32, _mm512_setzero_ps,
     _mm512_setzero_si512, _mm512_shuffle_i64x2, _mm512_srli_epi32, _mm512_sub_epi32,
     _mm512_zextps256_ps512, _mm512_zextsi256_si512,
@@ -74,6 +75,8 @@ fn dot<const N: usize>(format: QuantFormat, row: &[u8], a: &[Q8Row<'_>; N]) -> [
     match format {
         QuantFormat::Q4_0 => row32::<N, Q4_0>(row, a),
         QuantFormat::Q4_1 => row32::<N, Q4_1>(row, a),
+        QuantFormat::Q5_0 => row32::<N, Q5_0>(row, a),
+        QuantFormat::Q5_1 => row32::<N, Q5_1>(row, a),
         QuantFormat::Q8_0 => row32::<N, Q8_0>(row, a),
         QuantFormat::Q4K => row_q4k::<N>(row, a),
         QuantFormat::Q6K => row_q6k::<N>(row, a),
@@ -84,14 +87,34 @@ fn dot<const N: usize>(format: QuantFormat, row: &[u8], a: &[Q8Row<'_>; N]) -> [
 const Q4_0: u8 = 0;
 const Q4_1: u8 = 1;
 const Q8_0: u8 = 2;
+const Q5_0: u8 = 3;
+const Q5_1: u8 = 4;
 
 /// Bytes per block of a 32-value format tag.
 const fn block_bytes(kind: u8) -> usize {
     match kind {
         Q4_0 => 18,
         Q4_1 => 20,
+        Q5_0 => 22,
+        Q5_1 => 24,
         _ => 34,
     }
+}
+
+/// Where a 32-value format's nibbles start in its block.
+const fn nibble_offset(kind: u8) -> usize {
+    match kind {
+        Q4_0 => 2,
+        Q4_1 => 4,
+        Q5_0 => 6,
+        _ => 8,
+    }
+}
+
+/// The fifth bits of a Q5 block (the little-endian u32 at its offset 2 or 4).
+fn fifth_bits_of(kind: u8, blk: &[u8]) -> u32 {
+    let at = if kind == Q5_0 { 2 } else { 4 };
+    u32::from_le_bytes([blk[at], blk[at + 1], blk[at + 2], blk[at + 3]])
 }
 
 /// 64 bytes at `bytes[..64]`.
@@ -159,14 +182,21 @@ fn pair<const KIND: u8>(two: &[u8]) -> __m512i {
             _mm512_inserti64x4::<1>(lo, hi)
         }
         _ => {
-            let off = if KIND == Q4_0 { 2 } else { 4 };
+            let off = nibble_offset(KIND);
             let (lo, hi) = (&two[off..off + 16], &two[bytes + off..bytes + off + 16]);
             // SAFETY: `lo` and `hi` are 16 readable bytes each (bounds-checked above).
             let x = unsafe { _mm256_loadu2_m128i(hi.as_ptr().cast(), lo.as_ptr().cast()) };
             // [lo, hi, lo >> 4, hi >> 4] -> [lo low, lo high, hi low, hi high] nibbles
             let z = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(x), _mm256_srli_epi16::<4>(x));
             let z = _mm512_and_si512(z, _mm512_set1_epi8(0x0F));
-            _mm512_shuffle_i64x2::<0xD8>(z, z)
+            let z = _mm512_shuffle_i64x2::<0xD8>(z, z);
+            if KIND == Q5_0 || KIND == Q5_1 {
+                let bits = u64::from(fifth_bits_of(KIND, two))
+                    | (u64::from(fifth_bits_of(KIND, &two[bytes..])) << 32);
+                let high = _mm512_and_si512(_mm512_movm_epi8(bits), _mm512_set1_epi8(0x10));
+                return _mm512_or_si512(z, high);
+            }
+            z
         }
     }
 }
@@ -177,12 +207,17 @@ fn single<const KIND: u8>(blk: &[u8]) -> __m512i {
     match KIND {
         Q8_0 => load32_zext(&blk[2..34]),
         _ => {
-            let off = if KIND == Q4_0 { 2 } else { 4 };
+            let off = nibble_offset(KIND);
             let bytes = &blk[off..off + 16];
             // SAFETY: `bytes` is 16 readable bytes (bounds-checked above).
             let packed = unsafe { _mm_loadu_si128(bytes.as_ptr().cast()) };
             let both = _mm256_set_m128i(std::arch::x86_64::_mm_srli_epi16::<4>(packed), packed);
-            _mm512_zextsi256_si512(_mm256_and_si256(both, _mm256_set1_epi8(0x0F)))
+            let mut w = _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+            if KIND == Q5_0 || KIND == Q5_1 {
+                let high = _mm256_movm_epi8(fifth_bits_of(KIND, blk));
+                w = _mm256_or_si256(w, _mm256_and_si256(high, _mm256_set1_epi8(0x10)));
+            }
+            _mm512_zextsi256_si512(w)
         }
     }
 }
@@ -223,7 +258,12 @@ fn row32<const N: usize, const KIND: u8>(row: &[u8], a: &[Q8Row<'_>; N]) -> [f32
                 Q4_0 => {
                     extra[r] = _mm512_fnmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(8.0)), s, extra[r])
                 }
-                Q4_1 => {
+                // weights are (q - 16)
+                Q5_0 => {
+                    let sixteen = _mm512_mul_ps(d, _mm512_set1_ps(16.0));
+                    extra[r] = _mm512_fnmadd_ps(sixteen, s, extra[r])
+                }
+                Q4_1 | Q5_1 => {
                     let m = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(heads)));
                     extra[r] = _mm512_fmadd_ps(m, s, extra[r]);
                 }

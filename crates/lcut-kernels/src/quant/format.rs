@@ -8,6 +8,10 @@
 //!   weight = d (q - 8).
 //! - `Q4_1` (20 / 32): scale d, minimum m, 16 bytes of nibbles as Q4_0;
 //!   weight = d q + m.
+//! - `Q5_0` (22 / 32): scale d, 32 high bits (a little-endian u32: bit j
+//!   is value j's fifth bit), 16 bytes of nibbles as Q4_0; weight = d (q - 16).
+//! - `Q5_1` (24 / 32): scale d, minimum m, high bits and nibbles as Q5_0;
+//!   weight = d q + m.
 //! - `Q8_0` (34 / 32): scale d, 32 signed bytes; weight = d q.
 //! - `Q4_K` (144 / 256): super-scales d and dmin, 12 bytes packing eight
 //!   6-bit (scale, min) pairs, 128 bytes of nibbles: bytes 32i..32i+32 hold
@@ -30,6 +34,10 @@ pub enum QuantFormat {
     Q4_0,
     /// 4-bit values with a scale and a minimum per 32.
     Q4_1,
+    /// 5-bit values with one scale per 32 (offset 16).
+    Q5_0,
+    /// 5-bit values with a scale and a minimum per 32.
+    Q5_1,
     /// 8-bit values with one scale per 32.
     Q8_0,
     /// 4-bit values in super-blocks of 256 with 6-bit sub-block scales and mins.
@@ -39,9 +47,11 @@ pub enum QuantFormat {
 }
 
 /// Every format, in ggml's type order.
-pub const FORMATS: [QuantFormat; 5] = [
+pub const FORMATS: [QuantFormat; 7] = [
     QuantFormat::Q4_0,
     QuantFormat::Q4_1,
+    QuantFormat::Q5_0,
+    QuantFormat::Q5_1,
     QuantFormat::Q8_0,
     QuantFormat::Q4K,
     QuantFormat::Q6K,
@@ -56,7 +66,7 @@ impl QuantFormat {
     /// Values per block.
     pub const fn block_len(self) -> usize {
         match self {
-            Self::Q4_0 | Self::Q4_1 | Self::Q8_0 => QK,
+            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 => QK,
             Self::Q4K | Self::Q6K => QK_K,
         }
     }
@@ -66,6 +76,8 @@ impl QuantFormat {
         match self {
             Self::Q4_0 => 18,
             Self::Q4_1 => 20,
+            Self::Q5_0 => 22,
+            Self::Q5_1 => 24,
             Self::Q8_0 => 34,
             Self::Q4K => 144,
             Self::Q6K => 210,
@@ -77,6 +89,8 @@ impl QuantFormat {
         match self {
             Self::Q4_0 => "Q4_0",
             Self::Q4_1 => "Q4_1",
+            Self::Q5_0 => "Q5_0",
+            Self::Q5_1 => "Q5_1",
             Self::Q8_0 => "Q8_0",
             Self::Q4K => "Q4_K",
             Self::Q6K => "Q6_K",
@@ -88,6 +102,8 @@ impl QuantFormat {
         match self {
             Self::Q4_0 => 2,
             Self::Q4_1 => 3,
+            Self::Q5_0 => 6,
+            Self::Q5_1 => 7,
             Self::Q8_0 => 8,
             Self::Q4K => 12,
             Self::Q6K => 14,
@@ -144,6 +160,18 @@ pub(crate) fn nibbles32(qs: &[u8]) -> [u8; QK] {
     v
 }
 
+/// The 32 5-bit values of a Q5_0/Q5_1 block: nibbles at `qs` (16 bytes),
+/// fifth bits in the little-endian u32 at `qh`.
+#[inline(always)]
+pub(crate) fn values5(qh: &[u8], qs: &[u8]) -> [u8; QK] {
+    let high = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+    let mut v = nibbles32(qs);
+    for (j, x) in v.iter_mut().enumerate() {
+        *x |= (((high >> j) & 1) as u8) << 4;
+    }
+    v
+}
+
 /// The 256 6-bit values (0..=63, before the offset of 32) of a Q6_K block.
 pub(crate) fn q6k_values(blk: &[u8]) -> [u8; QK_K] {
     let mut v = [0u8; QK_K];
@@ -173,6 +201,18 @@ fn dequantize_block(format: QuantFormat, blk: &[u8], out: &mut [f32]) {
         QuantFormat::Q4_1 => {
             let (d, m) = (f16_at(blk, 0), f16_at(blk, 2));
             for (o, q) in out.iter_mut().zip(nibbles32(&blk[4..20])) {
+                *o = d * f32::from(q) + m;
+            }
+        }
+        QuantFormat::Q5_0 => {
+            let d = f16_at(blk, 0);
+            for (o, q) in out.iter_mut().zip(values5(&blk[2..6], &blk[6..22])) {
+                *o = d * (f32::from(q) - 16.0);
+            }
+        }
+        QuantFormat::Q5_1 => {
+            let (d, m) = (f16_at(blk, 0), f16_at(blk, 2));
+            for (o, q) in out.iter_mut().zip(values5(&blk[4..8], &blk[8..24])) {
                 *o = d * f32::from(q) + m;
             }
         }

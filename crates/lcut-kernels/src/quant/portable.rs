@@ -3,7 +3,9 @@
 //! in f32, one after the other.
 
 use crate::quant::acts::Q8Row;
-use crate::quant::format::{QK, QuantFormat, f16_at, nibbles32, q4k_scale_min, q6k_values};
+use crate::quant::format::{
+    QK, QuantFormat, f16_at, nibbles32, q4k_scale_min, q6k_values, values5,
+};
 
 /// Sum of products of unsigned and signed bytes.
 #[inline(always)]
@@ -39,6 +41,21 @@ pub(crate) fn dot_row(format: QuantFormat, row: &[u8], a: &Q8Row<'_>) -> f32 {
             .enumerate()
             .map(|(b, blk)| {
                 let p = isum_u8(&nibbles32(&blk[4..20]), &a.q[QK * b..QK * b + QK]);
+                f16_at(blk, 0) * a.d[b] * p as f32 + f16_at(blk, 2) * a.s[b]
+            })
+            .fold(0.0, |acc, v| acc + v),
+        QuantFormat::Q5_0 => blocks
+            .enumerate()
+            .map(|(b, blk)| {
+                let p = isum_u8(&values5(&blk[2..6], &blk[6..22]), &a.q[QK * b..QK * b + QK]);
+                // (q - 16) a summed: q a summed - 16 (a summed)
+                f16_at(blk, 0) * (a.d[b] * p as f32 - 16.0 * a.s[b])
+            })
+            .fold(0.0, |acc, v| acc + v),
+        QuantFormat::Q5_1 => blocks
+            .enumerate()
+            .map(|(b, blk)| {
+                let p = isum_u8(&values5(&blk[4..8], &blk[8..24]), &a.q[QK * b..QK * b + QK]);
                 f16_at(blk, 0) * a.d[b] * p as f32 + f16_at(blk, 2) * a.s[b]
             })
             .fold(0.0, |acc, v| acc + v),
