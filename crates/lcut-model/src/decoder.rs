@@ -516,6 +516,19 @@ impl Decoder {
             .count()
     }
 
+    /// How many matrices (projections and LM head) are read in place from a
+    /// mapped GGUF file by lcut's kernels (no copy held).
+    pub fn mapped_matrices(&self) -> usize {
+        let layers = self
+            .layers
+            .iter()
+            .flat_map(|l| l.attn.linears().into_iter().chain(l.mlp.linears()));
+        layers
+            .chain(std::iter::once(&self.lm_head))
+            .filter(|lin| matches!(lin, Linear::Mapped { .. }))
+            .count()
+    }
+
     /// Layer `layer`'s linear layers by module path (`self_attn.q_proj`),
     /// for adapters.
     pub(crate) fn layer_linears_mut(&mut self, layer: usize) -> Vec<(String, &mut Linear)> {

@@ -233,6 +233,10 @@ pub enum ModelError {
     /// An error from the tensor backend.
     #[error("tensor backend: {0}")]
     Candle(#[from] candle_core::Error),
+    /// Slices that do not fit a CPU kernel (a malformed tensor of a GGUF
+    /// file, a cache of the wrong shape).
+    #[error("kernel: {0}")]
+    Kernel(#[from] lcut_kernels::KernelError),
 }
 
 /// Result alias for this crate.

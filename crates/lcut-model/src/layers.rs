@@ -34,6 +34,11 @@ impl Loader<'_> {
         } else {
             None
         };
+        if self.quantized
+            && let Some(m) = self.files.load_mapped(&name, &[out, inp], self.device)?
+        {
+            return Ok(Linear::mapped(m, b));
+        }
         if let Some(q) = self.quantized_tensor(&name, &[out, inp])? {
             return Linear::quantized(Arc::new(q), b);
         }
@@ -42,6 +47,13 @@ impl Loader<'_> {
 
     /// The token embeddings [vocab, hidden]: quantized when asked and stored so.
     pub fn embedding(&self, name: &str, vocab: usize, hidden: usize) -> Result<Embedding> {
+        if self.quantized
+            && let Some(m) = self
+                .files
+                .load_mapped(name, &[vocab, hidden], self.device)?
+        {
+            return Ok(Embedding::Mapped(m));
+        }
         if let Some(q) = self.quantized_tensor(name, &[vocab, hidden])? {
             return Ok(Embedding::Quantized(Arc::new(q)));
         }

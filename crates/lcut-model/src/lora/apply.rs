@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use candle_core::quantized::QMatMul;
-use candle_core::{DType, Module, Tensor};
+use candle_core::{DType, Device, Module, Tensor};
 
 use super::adapter::{LoraAdapter, LoraPair, Site, tensor_name};
 use super::config::{Targets, config_path};
@@ -63,6 +63,7 @@ pub(crate) fn linear_dims(lin: &Linear) -> Result<(usize, usize)> {
             QMatMul::QTensor(q) => q.shape().dims2()?,
             QMatMul::Tensor(t) | QMatMul::TensorF16(t) => t.dims2()?,
         },
+        Linear::Mapped { matrix, .. } => matrix.dims(),
         Linear::Adapted(l) => linear_dims(&l.base)?,
     })
 }
@@ -78,6 +79,11 @@ pub(crate) fn dense_parts(lin: &Linear) -> Result<(Tensor, Option<Tensor>)> {
                 QMatMul::Tensor(t) | QMatMul::TensorF16(t) => t.clone(),
             };
             (w.to_dtype(DType::F32)?, bias.clone())
+        }
+        Linear::Mapped { matrix, bias } => {
+            let (rows, cols) = matrix.dims();
+            let w = Tensor::from_vec(matrix.dequantize()?, (rows, cols), &Device::Cpu)?;
+            (w, bias.clone())
         }
         Linear::Adapted(l) => {
             let (w, b) = dense_parts(&l.base)?;
