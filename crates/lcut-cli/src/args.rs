@@ -12,8 +12,6 @@ use clap::builder::PossibleValue;
 use lcut_model::WeightMode;
 use lcut_policy::PolicySpec;
 
-use crate::common::split_policies;
-
 /// `--dtype` where every weight is converted to one float type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DtypeArg {
@@ -153,11 +151,7 @@ impl FromStr for PolicyList {
     type Err = lcut_policy::PolicyError;
 
     fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
-        split_policies(s)
-            .iter()
-            .map(|p| p.parse())
-            .collect::<std::result::Result<_, _>>()
-            .map(PolicyList)
+        PolicySpec::parse_list(s).map(PolicyList)
     }
 }
 

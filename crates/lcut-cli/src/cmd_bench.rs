@@ -9,9 +9,7 @@ use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device, Tensor};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use lcut_diag::{
-    FlopShape, PromptSplit, layered_prefill_flops, prefill_flops, slim_tokens_per_layer,
-};
+use lcut_diag::{FlopShape, layered_prefill_flops};
 use lcut_engine::{Generation, GenerationConfig, GenerationOutput, PreparedPrompt};
 use lcut_model::gguf::is_gguf_path;
 use lcut_model::probes::PhaseMassProbe;
@@ -184,6 +182,15 @@ fn warm_up(
     Ok(())
 }
 
+/// One policy's rounds at one prompt length.
+#[derive(Default, Clone)]
+struct PolicyRuns {
+    /// Each round's output.
+    outs: Vec<GenerationOutput>,
+    /// The prompt tokens each layer ran in the prefill (the last round's).
+    prefill_rows: Vec<usize>,
+}
+
 /// Every policy on `prompt`, `args.repeats` rounds; rounds interleave the
 /// policies so that load changes on the machine hit every policy alike.
 fn measure_rounds(
@@ -192,9 +199,9 @@ fn measure_rounds(
     policies: &[Policy],
     args: &BenchArgs,
     bar: &ProgressBar,
-) -> Result<Vec<Vec<GenerationOutput>>> {
+) -> Result<Vec<PolicyRuns>> {
     let len = prompt.len();
-    let mut runs: Vec<Vec<GenerationOutput>> = vec![Vec::new(); policies.len()];
+    let mut runs = vec![PolicyRuns::default(); policies.len()];
     for _ in 0..args.repeats.max(1) {
         for (k, policy) in policies.iter().enumerate() {
             bar.set_message(format!("{policy} @ {len}"));
@@ -210,7 +217,8 @@ fn measure_rounds(
                 true
             })?;
             bar.set_message(format!("{policy} @ {len}: decode"));
-            runs[k].push(generation.run(|_| true)?);
+            runs[k].prefill_rows = generation.sequence().visibility().present_per_layer(len);
+            runs[k].outs.push(generation.run(|_| true)?);
             bar.inc(1);
         }
     }
@@ -223,11 +231,12 @@ fn measure_rounds(
 fn bench_row(
     model: &Decoder,
     policy: &Policy,
-    outs: &[GenerationOutput],
+    runs: &PolicyRuns,
     len: usize,
     args: &BenchArgs,
     block: usize,
 ) -> Result<BenchRow> {
+    let outs = &runs.outs;
     let out = outs.last().context("no run")?;
     let ttft = outs.iter().map(|o| o.timing.ttft_s).collect();
     let tpot = outs.iter().map(|o| o.timing.tpot_s).collect();
@@ -256,7 +265,7 @@ fn bench_row(
         kv_bytes: out.kv_bytes_held,
         kv_bytes_formula: out.kv_bytes_formula,
         kv_bytes_resident: out.kv_bytes_resident,
-        prefill_flops_ratio: predicted_flops_ratio(model, policy, out, len),
+        prefill_flops_ratio: predicted_flops_ratio(model, &runs.prefill_rows, len),
         ttft_ratio: 1.0,
         tpot_ratio: 1.0,
         kv_ratio: 1.0,
@@ -337,8 +346,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let prompt = PreparedPrompt::from_ids(ids, None)?;
         let runs = measure_rounds(&model, &prompt, &policies, args, &bar)?;
         let mut at_len: Vec<BenchRow> = Vec::new();
-        for (policy, outs) in policies.iter().zip(&runs) {
-            at_len.push(bench_row(&model, policy, outs, len, args, block)?);
+        for (policy, policy_runs) in policies.iter().zip(&runs) {
+            at_len.push(bench_row(&model, policy, policy_runs, len, args, block)?);
         }
         let full = at_len[0].clone();
         for r in &mut at_len {
@@ -399,14 +408,10 @@ fn print_rows(rows: &[BenchRow]) {
     }
 }
 
-/// Predicted prefill FLOPs of `policy` over the full model's for a raw
-/// prompt of `len` tokens, with the tokens each layer actually ran.
-fn predicted_flops_ratio(
-    model: &Decoder,
-    policy: &Policy,
-    out: &GenerationOutput,
-    len: usize,
-) -> f64 {
+/// Predicted prefill FLOPs of a policy over the full model's for a raw
+/// prompt of `len` tokens, with the tokens each layer actually ran
+/// (`prefill_rows`).
+fn predicted_flops_ratio(model: &Decoder, prefill_rows: &[usize], len: usize) -> f64 {
     let cfg = model.config();
     let shape = FlopShape {
         num_layers: cfg.num_layers,
@@ -418,24 +423,7 @@ fn predicted_flops_ratio(
         vocab_size: cfg.vocab_size,
     };
     let full = layered_prefill_flops(&shape, &vec![len; cfg.num_layers]);
-    let flops = match (&out.slim, policy.slim()) {
-        (Some(trace), Some(params)) => {
-            let kept: Vec<usize> = trace.cuts.iter().map(|c| c.kept_tokens).collect();
-            let tokens = slim_tokens_per_layer(
-                cfg.num_layers,
-                params.cuts(),
-                len,
-                trace.prefill_tokens,
-                &kept,
-            );
-            layered_prefill_flops(&shape, &tokens)
-        }
-        _ => {
-            let anchors = policy.anchor_len(None, len.saturating_sub(1)).unwrap_or(0);
-            prefill_flops(&shape, policy.l_cut(), PromptSplit::raw(len, anchors))
-        }
-    };
-    flops / full
+    layered_prefill_flops(&shape, prefill_rows) / full
 }
 
 /// Decode timing of one engine: prefill seconds and decode tokens/s.

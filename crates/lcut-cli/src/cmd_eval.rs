@@ -8,9 +8,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use lcut_engine::suite::{self, SuiteEval, SuiteEvalOptions};
+use lcut_policy::split_list;
 
 use crate::args::{DeviceArg, WeightArg};
-use crate::common::{open_session, split_policies, write_atomic};
+use crate::common::{open_session, write_atomic};
 
 /// Arguments of `lcut eval`.
 #[derive(Debug, clap::Args)]
@@ -104,7 +105,7 @@ fn run_suite(args: &EvalCommand, path: &Path) -> Result<Vec<SuiteEval>> {
     let model = Some(args.base.model.clone());
     let mut session = open_session(&model, args.dtype, DeviceArg::Cpu)?;
     args.lora
-        .apply_to_session(&mut session, &split_policies(&args.base.policy))?;
+        .apply_to_session(&mut session, &split_list(&args.base.policy))?;
     // an adapted model is compared with the model it was made from
     let base = match &session.adapter {
         Some(_) => Some(open_session(&model, args.dtype, DeviceArg::Cpu)?),
@@ -116,7 +117,7 @@ fn run_suite(args: &EvalCommand, path: &Path) -> Result<Vec<SuiteEval>> {
         .map(lcut_engine::shard::parse_shard)
         .transpose()?;
     let opts = SuiteEvalOptions {
-        policies: split_policies(&args.base.policy),
+        policies: split_list(&args.base.policy),
         max_new_tokens: args.max_new_tokens,
         shard,
         ..SuiteEvalOptions::default()

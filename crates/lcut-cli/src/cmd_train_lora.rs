@@ -16,7 +16,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use lcut_engine::Session;
 use lcut_model::lora::{LoraConfig, Targets, write_adapter};
 use lcut_model::{LogitRows, Probe, ResidualSite};
-use lcut_policy::{Policy, PolicySpec, TokenPhases};
+use lcut_policy::{Policy, PolicySpec, TokenPhases, Visibility};
 use lcut_train::lora_train::{
     BelowCut, LoraTrainOptions, TeacherTopK, TrainSeq, UpperModel, train_lora,
 };
@@ -199,6 +199,7 @@ fn sequence(
     let ids: Vec<u32> = prompt.ids.iter().chain(cont).copied().collect();
     let anchors = policy.anchor_len(prompt.system_len, prompt.decode_start)?;
     let phases = TokenPhases::new(ids.len(), prompt.decode_start, anchors)?;
+    let rule = policy.visibility(phases);
     let mut probe = Capture {
         site: match first {
             0 => ResidualSite::Embeddings,
@@ -210,14 +211,14 @@ fn sequence(
     model.forward(&mut seq, &ids, LogitRows::None, Some(&mut probe))?;
     let hidden = Tensor::cat(&probe.rows, 0)?.to_dtype(candle_core::DType::F32)?;
     let positions: Vec<usize> = (0..ids.len())
-        .filter(|&p| policy.token_exists(cut, p, &phases))
+        .filter(|&p| rule.token_exists(cut, p))
         .collect();
     let idx: Vec<u32> = positions.iter().map(|&p| p as u32).collect();
     let (x, below) = match first < cut {
         // positions are never renumbered: row p of the sequence is position p
         true => (
             hidden,
-            Some(below_cut(policy, first, &phases, ids.len(), idx)),
+            Some(below_cut(rule.as_ref(), first, ids.len(), idx)),
         ),
         false => (
             hidden.index_select(&Tensor::new(idx.as_slice(), hidden.device())?, 0)?,
@@ -227,7 +228,7 @@ fn sequence(
     let visible = positions
         .iter()
         .flat_map(|&q| positions.iter().map(move |&k| (q, k)))
-        .map(|(q, k)| k <= q && policy.key_visible(cut, q, k, &phases))
+        .map(|(q, k)| k <= q && rule.key_visible(cut, q, k))
         .collect();
     let first_target = prompt.ids.len();
     let (mut loss_rows, mut targets, mut steps) = (vec![], vec![], vec![]);
@@ -254,17 +255,11 @@ fn sequence(
 }
 
 /// Every row of an `n`-token sequence in the layers from `first` to the
-/// cut, reading what `policy` shows there, with `kept` the rows that go on.
-fn below_cut(
-    policy: &Policy,
-    first: usize,
-    phases: &TokenPhases,
-    n: usize,
-    kept: Vec<u32>,
-) -> BelowCut {
+/// cut, reading what `rule` shows there, with `kept` the rows that go on.
+fn below_cut(rule: &dyn Visibility, first: usize, n: usize, kept: Vec<u32>) -> BelowCut {
     let visible = (0..n)
         .flat_map(|q| (0..n).map(move |k| (q, k)))
-        .map(|(q, k)| k <= q && policy.key_visible(first, q, k, phases))
+        .map(|(q, k)| k <= q && rule.key_visible(first, q, k))
         .collect();
     BelowCut {
         positions: (0..n).collect(),
@@ -419,7 +414,7 @@ pub fn run(args: &TrainLoraArgs) -> Result<()> {
     let layers = session.model.config().num_layers;
     let spec = args.policy;
     let policy = spec.resolve(layers)?;
-    if policy.is_full_depth() || policy.l_cut() == 0 || spec.slim.is_some() {
+    if policy.is_full_depth() || policy.l_cut() == 0 || !policy.trainable() {
         bail!(
             "--policy {}: LoRA training here is for a SPEED policy with a cut in 1..{layers}",
             args.policy

@@ -443,29 +443,10 @@ impl<'m> Generation<'m> {
         let shape = self.model.kv_shape();
         let cost = self.kv_cost();
         let b = shape.bytes_per_token_layer() as u64;
-        let (formula, resident, slim) = match self.seq.slim() {
-            Some(run) => {
-                let sel = run.selection();
-                let trace = SlimTrace {
-                    bytes_per_token_layer: b,
-                    block: sel.params().options.block,
-                    sink_tokens: cost.anchors,
-                    prefill_tokens: cost.prefill,
-                    cuts: run.cut_records().to_vec(),
-                    steps: run.steps().to_vec(),
-                    equal_kv_cutoff: sel.equal_kv_cutoff(),
-                };
-                (
-                    b * sel.held_token_layers(cost.decode) as u64,
-                    b * sel.resident_token_layers(cost.decode) as u64,
-                    Some(trace),
-                )
-            }
-            None => {
-                let bytes = cost.bytes(&policy, &shape);
-                (bytes, bytes, None)
-            }
-        };
+        let vis = self.seq.visibility();
+        let formula = b * vis.held_token_layers(cost.decode) as u64;
+        let resident = b * vis.resident_token_layers(cost.decode) as u64;
+        let slim = vis.decision_trace(b);
         GenerationOutput {
             policy: policy.to_string(),
             tokens: self.produced.clone(),

@@ -3,8 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device};
-use lcut_model::gguf::{GgufFile, is_gguf_path};
-use lcut_model::{Decoder, WeightMode};
+use lcut_model::{Decoder, ModelFiles, WeightMode};
 use lcut_policy::Policy;
 
 use crate::error::{EngineError, Result};
@@ -37,26 +36,38 @@ impl Session {
     /// Load model, tokenizer and chat template from a model folder or a
     /// `.gguf` file, dense or with a GGUF's matrices kept quantized.
     pub fn load_as(path: &Path, mode: WeightMode, device: &Device) -> Result<Self> {
-        let (model, tokenizer, config_hash) = if is_gguf_path(path) {
-            // one parse of the file serves the tokenizer, the hash and the model
-            let file = GgufFile::open(path)?;
-            let tokenizer = TextTokenizer::from_gguf(file.header(), path)?;
-            let hash = lcut_trace::hash_bytes(file.header_bytes());
-            (
-                Decoder::from_gguf(file, mode, device)?,
-                Some(tokenizer),
-                hash,
-            )
-        } else {
-            let model = Decoder::load_as(path, mode, device)?;
-            let config = path.join("config.json");
-            let bytes = std::fs::read(&config).map_err(|source| lcut_model::ModelError::Io {
-                path: config,
-                source,
-            })?;
-            let hash = lcut_trace::hash_bytes(&bytes);
-            (model, TextTokenizer::from_folder(path)?, hash)
+        Self::from_files(path, ModelFiles::open(path)?, mode, device)
+    }
+
+    /// Load model, tokenizer and chat template from a model's opened files
+    /// (whose kind is decided: a resolver that knows a file is a GGUF under
+    /// another name opens it as one); `path` names the model in messages.
+    pub fn from_files(
+        path: &Path,
+        files: ModelFiles,
+        mode: WeightMode,
+        device: &Device,
+    ) -> Result<Self> {
+        // one opening of the files serves the tokenizer, the hash and the model
+        let (tokenizer, config_hash) = match &files {
+            ModelFiles::Gguf(file) => (
+                Some(TextTokenizer::from_gguf(file.header(), path)?),
+                lcut_trace::hash_bytes(file.header_bytes()),
+            ),
+            ModelFiles::Folder(folder) => {
+                let config = folder.path.join("config.json");
+                let bytes =
+                    std::fs::read(&config).map_err(|source| lcut_model::ModelError::Io {
+                        path: config,
+                        source,
+                    })?;
+                (
+                    TextTokenizer::from_folder(&folder.path)?,
+                    lcut_trace::hash_bytes(&bytes),
+                )
+            }
         };
+        let model = Decoder::from_files(files, mode, device)?;
         let template = match &tokenizer {
             Some(tok) => match &tok.chat_template {
                 Some(src) => Some(

@@ -209,13 +209,13 @@ pub enum ModelError {
         /// The policy the prefix ran under.
         policy: String,
     },
-    /// A prefill cannot be shared with a SlimInfer run: its selection is
-    /// made from the run's own states above the first cut.
+    /// A prefill cannot be shared with a policy whose states differ from a
+    /// full-depth run's (SlimInfer scores blocks on its own states).
     #[error(
-        "policy {policy} cannot reuse another run's prefill: SlimInfer scores blocks on its own states (prefill it afresh)"
+        "policy {policy} cannot reuse another run's prefill: its states are not a full-depth run's restricted (prefill it afresh)"
     )]
-    SlimNotRestrictable {
-        /// The SlimInfer policy asked for.
+    NotRestrictable {
+        /// The policy asked for.
         policy: String,
     },
     /// A LoRA adapter that cannot be read or does not fit the model.

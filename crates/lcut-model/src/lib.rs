@@ -6,6 +6,7 @@ mod cache;
 pub mod config;
 mod decoder;
 mod error;
+mod files;
 pub mod gguf;
 mod layers;
 mod linear;
@@ -16,21 +17,22 @@ pub mod memory;
 pub mod probe;
 pub mod probes;
 mod rope;
+mod sequence;
 pub mod shape;
-pub mod slim;
 mod weights;
 
 pub use cache::LayerCache;
 pub use config::{Activation, Arch, ModelConfig, RopeConfig, RopeScaling};
 pub use decoder::{
-    ChunkOutput, Decoder, LogitRows, Sequence, WeightMode, argmax_rows,
-    default_attention_block_elems,
+    ChunkOutput, Decoder, LogitRows, WeightMode, argmax_rows, default_attention_block_elems,
 };
 pub use error::{ModelError, Result};
+pub use files::{FolderFiles, ModelFiles};
 pub use linear::{Embedding, Linear};
 pub use mask::{PartialMask, additive_mask, exact_additive_mask};
 pub use probe::{AttentionView, Probe, ResidualSite};
 pub use rope::{Rope, inverse_frequencies};
+pub use sequence::Sequence;
 pub use shape::{LlamaShape, ShapeError, SpecialTokens};
 pub use weights::{WeightFiles, WeightSource};
 

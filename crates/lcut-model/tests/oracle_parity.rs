@@ -242,7 +242,7 @@ fn speed_from_a_reused_full_prefill_matches_transformers() -> Result<()> {
             )?;
             // upper layers hold no prefill token
             for (l, cache) in seq.caches().iter().enumerate() {
-                let upper = policy.is_upper(l);
+                let upper = !policy.is_full_depth() && l >= policy.l_cut();
                 ensure!(
                     !upper
                         || cache

@@ -478,7 +478,7 @@ fn only_a_full_depth_prefill_is_reused_under_another_policy() -> Result<()> {
     let slim = policy("slim:2@50%+block:4", layers)?;
     let err = full.restricted(slim, phases).unwrap_err();
     ensure!(
-        matches!(err, lcut_model::ModelError::SlimNotRestrictable { .. }),
+        matches!(err, lcut_model::ModelError::NotRestrictable { .. }),
         "{err}"
     );
     ensure!(full.restricted(speed, phases).is_ok());

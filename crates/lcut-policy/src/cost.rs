@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::phases::Phase;
+use crate::phases::TokenPhases;
 use crate::policy::Policy;
 use crate::slim::SlimParams;
 
@@ -38,24 +38,14 @@ pub struct KvCost {
 }
 
 impl KvCost {
-    /// Token-layer slots the policy keeps, summed over layers.
+    /// Token-layer slots the policy keeps, summed over layers: what its
+    /// [`crate::Visibility`] holds for a prompt of these phases.
     ///
     /// For SPEED this is `L_cut * P + L * (|A| + D)`; for the full model
     /// `L * (|A| + P + D)`.
     pub fn token_layers(&self, policy: &Policy) -> usize {
-        (0..policy.num_layers())
-            .map(|layer| {
-                [
-                    (Phase::Anchor, self.anchors),
-                    (Phase::Prefill, self.prefill),
-                    (Phase::Decode, self.decode),
-                ]
-                .iter()
-                .filter(|(phase, _)| policy.retains_phase(layer, *phase))
-                .map(|(_, n)| n)
-                .sum::<usize>()
-            })
-            .sum()
+        let phases = TokenPhases::from_counts(self.anchors, self.prefill);
+        policy.visibility(phases).held_token_layers(self.decode)
     }
 
     /// Bytes of K/V the policy keeps for this sequence.

@@ -1,19 +1,37 @@
-//! KV-visibility policies for layer-asymmetric decoding (SPEED), the token
-//! phases they act on, and the KV-cache cost model.
+//! KV-visibility policies for layer-asymmetric decoding (SPEED, SelfOnly,
+//! SlimInfer and registered families), the token phases they act on, the
+//! one interface through which everything asks a policy what a sequence
+//! sees ([`Visibility`]), and the KV-cache cost model.
 //!
 //! Everything here is plain Rust with no tensors, so the rules can be tested
 //! exhaustively and shared by the engine, the diagnostics and the viewer.
 
+mod capabilities;
 mod cost;
+mod custom;
+mod cut;
+mod error;
+mod layer_rule;
 mod phases;
 mod policy;
 mod record;
 mod selection;
 mod slim;
+mod slim_run;
+mod slim_score;
+mod visibility;
 
+pub use capabilities::Capabilities;
 pub use cost::{KvCost, KvShape};
+pub use custom::{FamilyRef, PolicyFamily, register_family};
+pub use cut::CutSpec;
+pub use error::PolicyError;
+pub use layer_rule::{LayerRule, UpperReads};
 pub use phases::{Phase, PhaseError, TokenPhases};
-pub use policy::{Anchors, CutSpec, Policy, PolicyError, PolicyKind, PolicySpec};
+pub use policy::{Anchors, Policy, PolicyKind, PolicySpec, split_list};
 pub use record::{CutRecord, SlimTrace, StepRecord};
 pub use selection::{SlimSelection, StepTraffic};
 pub use slim::{Budget, MAX_SLIM_CUTS, ScoreMode, SlimOptions, SlimParams, SlimSpec};
+pub use slim_run::SlimRun;
+pub use slim_score::{BlockSummaries, top_blocks};
+pub use visibility::{HostKeys, Visibility};

@@ -79,6 +79,16 @@ impl TokenPhases {
         })
     }
 
+    /// Phases of `anchors` anchor tokens followed by `prefill` prefill tokens,
+    /// the decode phase starting after them (for cost models over
+    /// hypothetical prompts, whose decode-phase tokens are counted apart).
+    pub fn from_counts(anchors: usize, prefill: usize) -> Self {
+        Self {
+            anchor_len: anchors,
+            decode_start: anchors + prefill,
+        }
+    }
+
     /// Phases of a raw prompt: the last prompt token starts the decode phase.
     pub fn raw_prompt(prompt_len: usize, anchor_len: usize) -> Result<Self, PhaseError> {
         Self::new(prompt_len, prompt_len.saturating_sub(1), anchor_len)

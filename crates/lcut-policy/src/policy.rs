@@ -1,13 +1,22 @@
-//! Visibility policies: which tokens exist at a layer, which keys a query
-//! reads there, and which keys the cache keeps.
+//! Policies as written and as resolved against a model's depth: the family
+//! (full, SPEED, SelfOnly, SlimInfer or a registered family), its cutoff and
+//! anchors, what it can do (capabilities), and the [`Visibility`] it gives
+//! one sequence. Every visibility question goes through that interface.
 
 use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::phases::{Phase, TokenPhases};
+use crate::capabilities::Capabilities;
+use crate::custom::{FamilyRef, family_names, find_family};
+use crate::cut::{CutSpec, malformed, parse_cut};
+use crate::error::PolicyError;
+use crate::layer_rule::{LayerRule, UpperReads};
+use crate::phases::TokenPhases;
 use crate::slim::{SlimParams, SlimSpec};
+use crate::slim_run::SlimRun;
+use crate::visibility::Visibility;
 
 /// The family of a policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -21,10 +30,12 @@ pub enum PolicyKind {
     /// when kept).
     SelfOnly,
     /// SlimInfer: at a few cut layers only the prompt blocks the latest
-    /// queries score highest continue; the policy's static rule is SPEED's
-    /// above the first cut (sink and decode phase), and the blocks a run
-    /// keeps come from the sequence's selection.
+    /// queries score highest continue; the blocks a run keeps come from the
+    /// sequence's own decisions.
     Slim,
+    /// A family registered with [`crate::register_family`] (written
+    /// `NAME:C[+anchors]` like SPEED).
+    Custom(FamilyRef),
 }
 
 /// Which prompt tokens stay visible at every layer.
@@ -52,85 +63,6 @@ impl Anchors {
             Anchors::System => system_len.ok_or(PolicyError::SystemAnchorUnknown),
         }
     }
-}
-
-/// The cutoff as written by a user: a layer count or a fraction of depth.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub enum CutSpec {
-    /// Exactly this many lower layers keep the prefill tokens.
-    Layers(usize),
-    /// This fraction of the depth (in (0, 1]), rounded to the nearest layer.
-    Fraction(f64),
-}
-
-impl CutSpec {
-    /// The cutoff in layers for a model of `num_layers` layers.
-    pub fn resolve(&self, num_layers: usize) -> Result<usize, PolicyError> {
-        let l_cut = match *self {
-            CutSpec::Layers(n) => n,
-            CutSpec::Fraction(f) => (f * num_layers as f64).round() as usize,
-        };
-        if l_cut == 0 || l_cut > num_layers {
-            return Err(PolicyError::CutOutOfRange { l_cut, num_layers });
-        }
-        Ok(l_cut)
-    }
-}
-
-impl fmt::Display for CutSpec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            CutSpec::Layers(n) => write!(f, "{n}"),
-            CutSpec::Fraction(x) => write!(f, "{x}"),
-        }
-    }
-}
-
-/// Errors in writing or resolving a policy.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum PolicyError {
-    /// The policy string does not follow the grammar.
-    #[error(
-        "malformed policy {text:?}: {reason}; expected `full`, `speed:C`, `speed:C+bos`, \
-         `speed:C+prefix:N`, `speed:C+system`, `selfonly:C`, `selfonly:C+bos`, \
-         `slim:C1@K1[,C2@K2...][+block:B][+unit:u][+window:w][+swap:g][+sink:n][+score:unit|avg|max]` \
-         or `slim:paper`, where C is a layer count (24), a fraction of depth (3/4) or a decimal \
-         (0.75) and K a token count (8192, 8k) or a share of the prompt (25%)"
-    )]
-    Malformed {
-        /// The text given.
-        text: String,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// The cutoff is not in 1..=L.
-    #[error(
-        "L_cut {l_cut} is out of range for a model of {num_layers} layers (expected 1..={num_layers})"
-    )]
-    CutOutOfRange {
-        /// The cutoff asked for.
-        l_cut: usize,
-        /// Depth of the model.
-        num_layers: usize,
-    },
-    /// A SlimInfer cut layer is outside 1..L-1 or not after the previous one.
-    #[error(
-        "SlimInfer cut layer {cut} is out of range for a model of {num_layers} layers (expected \
-         {previous} < cut < {num_layers}: each cut after the previous one and below the depth)"
-    )]
-    SlimCutOutOfRange {
-        /// The cut layer as resolved.
-        cut: usize,
-        /// The previous cut (0 for the first).
-        previous: usize,
-        /// Depth of the model.
-        num_layers: usize,
-    },
-    /// `+system` anchors were asked for but the prompt has no system part.
-    #[error(
-        "the policy keeps the system prompt as anchors, but the prompt's system span is unknown (no chat template or no system message)"
-    )]
-    SystemAnchorUnknown,
 }
 
 /// A policy as written, before the model's depth is known.
@@ -167,6 +99,13 @@ impl PolicySpec {
         }
     }
 
+    /// Parse a list of policies separated by `,` or `;`. A SlimInfer
+    /// policy's own commas (`slim:4@2k,8@1k`) stay inside it: a part starts
+    /// a new policy only when it names a family (`full`, `speed:`, ...).
+    pub fn parse_list(text: &str) -> Result<Vec<Self>, PolicyError> {
+        split_list(text).iter().map(|p| p.parse()).collect()
+    }
+
     /// Fix the cutoff for a model of `num_layers` layers.
     pub fn resolve(&self, num_layers: usize) -> Result<Policy, PolicyError> {
         if num_layers == 0 {
@@ -200,39 +139,32 @@ impl PolicySpec {
     }
 }
 
-fn malformed(text: &str, reason: impl Into<String>) -> PolicyError {
-    PolicyError::Malformed {
-        text: text.to_string(),
-        reason: reason.into(),
-    }
-}
-
-pub(crate) fn parse_cut(text: &str, cut: &str) -> Result<CutSpec, PolicyError> {
-    if let Some((num, den)) = cut.split_once('/') {
-        let num: f64 = num
-            .trim()
-            .parse()
-            .map_err(|_| malformed(text, format!("numerator {num:?} is not a number")))?;
-        let den: f64 = den
-            .trim()
-            .parse()
-            .map_err(|_| malformed(text, format!("denominator {den:?} is not a number")))?;
-        if den <= 0.0 || num <= 0.0 || num > den {
-            return Err(malformed(text, format!("fraction {cut} is not in (0, 1]")));
+/// Split a list of policies written with `,` or `;` into one text per
+/// policy (see [`PolicySpec::parse_list`]); empty parts are dropped.
+pub fn split_list(text: &str) -> Vec<String> {
+    let starts = |t: &str| {
+        let t = t.trim_start().to_ascii_lowercase();
+        t == "full"
+            || family_names()
+                .iter()
+                .any(|name| t.starts_with(&format!("{name}:")))
+    };
+    let mut out: Vec<String> = Vec::new();
+    for group in text.split(';') {
+        let mut first = true;
+        for part in group.split(',') {
+            match out.last_mut() {
+                Some(last) if !first && !starts(part) => {
+                    last.push(',');
+                    last.push_str(part.trim());
+                }
+                _ => out.push(part.trim().to_string()),
+            }
+            first = false;
         }
-        return Ok(CutSpec::Fraction(num / den));
     }
-    if let Ok(n) = cut.parse::<usize>() {
-        return Ok(CutSpec::Layers(n));
-    }
-    match cut.parse::<f64>() {
-        Ok(f) if f > 0.0 && f <= 1.0 => Ok(CutSpec::Fraction(f)),
-        Ok(_) => Err(malformed(text, format!("fraction {cut} is not in (0, 1]"))),
-        Err(_) => Err(malformed(
-            text,
-            format!("cutoff {cut:?} is neither a layer count nor a fraction"),
-        )),
-    }
+    out.retain(|p| !p.is_empty());
+    out
 }
 
 fn parse_anchors(
@@ -275,7 +207,10 @@ impl FromStr for PolicySpec {
             "slim" => return Ok(Self::slim(SlimSpec::parse(text, rest)?)),
             "speed" => PolicyKind::Speed,
             "selfonly" => PolicyKind::SelfOnly,
-            other => return Err(malformed(text, format!("unknown policy {other:?}"))),
+            other => match find_family(other) {
+                Some(family) => PolicyKind::Custom(family),
+                None => return Err(malformed(text, format!("unknown policy {other:?}"))),
+            },
         };
         let (cut, suffix) = match rest.split_once('+') {
             Some((c, s)) => (c, Some(s)),
@@ -295,12 +230,12 @@ impl FromStr for PolicySpec {
 
 impl fmt::Display for PolicySpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let anchors = AnchorSuffix(self.anchors);
         match self.kind {
             PolicyKind::Full => write!(f, "full"),
-            PolicyKind::Speed => write!(f, "speed:{}{}", self.cut, AnchorSuffix(self.anchors)),
-            PolicyKind::SelfOnly => {
-                write!(f, "selfonly:{}{}", self.cut, AnchorSuffix(self.anchors))
-            }
+            PolicyKind::Speed => write!(f, "speed:{}{anchors}", self.cut),
+            PolicyKind::SelfOnly => write!(f, "selfonly:{}{anchors}", self.cut),
+            PolicyKind::Custom(family) => write!(f, "{}:{}{anchors}", family.name(), self.cut),
             PolicyKind::Slim => match &self.slim {
                 Some(spec) => spec.fmt(f),
                 None => write!(f, "slim:?"),
@@ -344,7 +279,8 @@ impl Policy {
         }
     }
 
-    /// SPEED or SelfOnly at `l_cut` of `num_layers` with the given anchors.
+    /// A one-cut policy (SPEED, SelfOnly or a registered family) at `l_cut`
+    /// of `num_layers` with the given anchors.
     pub fn new(
         kind: PolicyKind,
         l_cut: usize,
@@ -358,6 +294,67 @@ impl Policy {
             slim: None,
         }
         .resolve(num_layers)
+    }
+
+    /// The visibility this policy gives one sequence with these phases:
+    /// what exists, what is kept and what is read at each layer, and (for a
+    /// policy that decides while it runs) its decisions.
+    pub fn visibility(&self, phases: TokenPhases) -> Box<dyn Visibility> {
+        match (self.kind, self.slim) {
+            (PolicyKind::Custom(family), _) => {
+                family.visibility(self.l_cut, self.num_layers, phases)
+            }
+            (_, Some(params)) => Box::new(SlimRun::new(params, phases, self.num_layers)),
+            (kind, None) => {
+                let upper = match kind {
+                    PolicyKind::SelfOnly => UpperReads::SelfAndAnchors,
+                    _ => UpperReads::AnchorsAndDecode,
+                };
+                let l_cut = if self.is_full_depth() {
+                    self.num_layers
+                } else {
+                    self.l_cut
+                };
+                Box::new(LayerRule::new(l_cut, self.num_layers, upper, phases))
+            }
+        }
+    }
+
+    /// What the policy can do.
+    pub fn capabilities(&self) -> Capabilities {
+        match self.kind {
+            PolicyKind::Full | PolicyKind::Speed | PolicyKind::SelfOnly => {
+                Capabilities::STATIC_SUBSET
+            }
+            PolicyKind::Slim => Capabilities {
+                is_static: false,
+                needs_staged_prefill: true,
+                trainable: false,
+                reuses_full_prefill: false,
+            },
+            PolicyKind::Custom(family) => family.capabilities(),
+        }
+    }
+
+    /// Visibility follows from the token phases alone.
+    pub fn is_static(&self) -> bool {
+        self.capabilities().is_static
+    }
+
+    /// The prompt is prefilled in stages (decisions at stage cuts).
+    pub fn needs_staged_prefill(&self) -> bool {
+        self.capabilities().needs_staged_prefill
+    }
+
+    /// The adapters' trainer can train under this policy's mask.
+    pub fn trainable(&self) -> bool {
+        self.capabilities().trainable
+    }
+
+    /// A full-depth prefill restricted to what the policy keeps is this
+    /// policy's own prefill (see [`Capabilities::reuses_full_prefill`]).
+    pub fn reuses_full_prefill(&self) -> bool {
+        self.capabilities().reuses_full_prefill
     }
 
     /// SlimInfer's cuts, budgets and options (`None` for other policies).
@@ -385,7 +382,8 @@ impl Policy {
         self.kind
     }
 
-    /// Number of lower layers in which prefill tokens exist (L for full).
+    /// Number of lower layers in which every prompt token exists (L for
+    /// full; SlimInfer's first cut).
     pub fn l_cut(&self) -> usize {
         self.l_cut
     }
@@ -403,48 +401,6 @@ impl Policy {
     /// True when the policy changes nothing (full, or a cutoff at full depth).
     pub fn is_full_depth(&self) -> bool {
         self.kind == PolicyKind::Full || self.l_cut >= self.num_layers
-    }
-
-    /// True when `layer` is at or above the cutoff of a non-full policy.
-    pub fn is_upper(&self, layer: usize) -> bool {
-        self.kind != PolicyKind::Full && layer >= self.l_cut
-    }
-
-    /// Whether the token at `pos` has a hidden state at `layer`.
-    pub fn token_exists(&self, layer: usize, pos: usize, phases: &TokenPhases) -> bool {
-        !self.is_upper(layer) || phases.phase(pos) != Phase::Prefill
-    }
-
-    /// Whether a query at `q` reads the key at `k` (k <= q) at `layer`, before
-    /// the model's own sliding window is applied. Depends on `layer` only
-    /// through [`Policy::is_upper`] (the decoder reuses masks on that basis).
-    pub fn key_visible(&self, layer: usize, q: usize, k: usize, phases: &TokenPhases) -> bool {
-        if !self.is_upper(layer) {
-            return true;
-        }
-        match self.kind {
-            PolicyKind::Full => true,
-            PolicyKind::Speed | PolicyKind::Slim => phases.phase(k) != Phase::Prefill,
-            PolicyKind::SelfOnly => k == q || phases.phase(k) == Phase::Anchor,
-        }
-    }
-
-    /// Whether the cache at `layer` keeps the key/value of the token at `pos`
-    /// (a key no later query will read is never stored).
-    pub fn retains_kv(&self, layer: usize, pos: usize, phases: &TokenPhases) -> bool {
-        self.retains_phase(layer, phases.phase(pos))
-    }
-
-    /// Whether the cache at `layer` keeps the keys/values of tokens of `phase`.
-    pub fn retains_phase(&self, layer: usize, phase: Phase) -> bool {
-        if !self.is_upper(layer) {
-            return true;
-        }
-        match self.kind {
-            PolicyKind::Full => true,
-            PolicyKind::Speed | PolicyKind::Slim => phase != Phase::Prefill,
-            PolicyKind::SelfOnly => phase == Phase::Anchor,
-        }
     }
 
     /// Back to the written form with the cutoff as a layer count.
@@ -552,38 +508,35 @@ mod tests {
     }
 
     #[test]
-    fn speed_rule_matches_the_design() {
-        let ph = TokenPhases::new(10, 7, 1).unwrap();
-        let p = Policy::new(PolicyKind::Speed, 2, 4, Anchors::Bos).unwrap();
-        // lower layers: everything
-        assert!(p.key_visible(1, 8, 3, &ph));
-        assert!(p.token_exists(1, 3, &ph));
-        // upper layers: anchors and decode-phase tokens only
-        assert!(!p.token_exists(2, 3, &ph));
-        assert!(p.token_exists(2, 0, &ph));
-        assert!(p.token_exists(3, 7, &ph));
-        assert!(!p.key_visible(2, 8, 3, &ph));
-        assert!(p.key_visible(2, 8, 0, &ph));
-        assert!(p.key_visible(2, 8, 7, &ph));
-        assert!(!p.retains_kv(3, 5, &ph));
-        assert!(p.retains_kv(3, 9, &ph));
+    fn lists_keep_slim_cut_lists_whole() {
+        assert_eq!(
+            split_list("full,speed:3/4+bos,slim:4@2k,8@1k+block:16;slim:paper, selfonly:2"),
+            vec![
+                "full",
+                "speed:3/4+bos",
+                "slim:4@2k,8@1k+block:16",
+                "slim:paper",
+                "selfonly:2"
+            ]
+        );
+        assert_eq!(split_list(""), Vec::<String>::new());
+        let list = PolicySpec::parse_list("full, speed:2+bos").unwrap();
+        assert_eq!(list, vec![PolicySpec::full(), parse("speed:2+bos")]);
+        assert!(PolicySpec::parse_list("full,fast:2").is_err());
     }
 
     #[test]
-    fn selfonly_reads_itself_and_anchor() {
-        let ph = TokenPhases::new(10, 7, 1).unwrap();
-        let p = Policy::new(PolicyKind::SelfOnly, 2, 4, Anchors::Bos).unwrap();
-        assert!(p.key_visible(2, 8, 8, &ph));
-        assert!(p.key_visible(2, 8, 0, &ph));
-        assert!(!p.key_visible(2, 8, 7, &ph));
-        assert!(!p.retains_kv(2, 8, &ph));
-        assert!(p.retains_kv(2, 0, &ph));
+    fn capabilities_replace_kind_checks() {
+        let slim = parse("slim:1@50%").resolve(4).unwrap();
+        assert!(!slim.is_static() && slim.needs_staged_prefill() && !slim.trainable());
+        let speed = parse("speed:2+bos").resolve(4).unwrap();
+        assert!(speed.is_static() && speed.trainable() && speed.reuses_full_prefill());
+        assert!(!speed.needs_staged_prefill());
     }
 
     #[test]
     fn cut_at_depth_is_full() {
         let p = Policy::new(PolicyKind::Speed, 4, 4, Anchors::None).unwrap();
         assert!(p.is_full_depth());
-        assert!(!p.is_upper(3));
     }
 }

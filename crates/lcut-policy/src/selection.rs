@@ -77,6 +77,16 @@ impl SlimSelection {
         &self.params
     }
 
+    /// The token phases of the sequence.
+    pub fn phases(&self) -> &TokenPhases {
+        &self.phases
+    }
+
+    /// Depth of the model.
+    pub fn num_layers(&self) -> usize {
+        self.num_layers
+    }
+
     /// Number of cuts decided by the prefill so far.
     pub fn decided(&self) -> usize {
         self.decided

@@ -7,7 +7,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::policy::{CutSpec, PolicyError, parse_cut};
+use crate::cut::{CutSpec, parse_cut};
+use crate::error::PolicyError;
 
 /// Most cut layers one SlimInfer policy may have (keeps the policy `Copy`).
 pub const MAX_SLIM_CUTS: usize = 8;

@@ -158,8 +158,9 @@ pub fn greedy_answer(
     max_new: usize,
 ) -> Result<Vec<u32>> {
     let s = inst.decode_start();
-    // SlimInfer's sink is clamped to the decode start of each prompt
-    let anchor_len = policy.slim().map_or(anchor_len, |p| p.sink_len(s));
+    // anchors as the policy counts them for this prompt (SlimInfer's sink is
+    // clamped to its decode start)
+    let anchor_len = policy.anchor_len(None, s).unwrap_or(anchor_len);
     let phases = TokenPhases::new(inst.prompt.len(), s, anchor_len)
         .map_err(|e| TrainError::Tokenizer(format!("bad phases for a task prompt: {e}")))?;
     let mut seq = decoder.new_sequence(policy, phases)?;

@@ -243,34 +243,32 @@ impl TrainModel {
     }
 }
 
-/// Which keys each query of a batch reads, below and at/above the cutoff.
+/// Which keys each query of a batch reads at each layer: one mask per rule
+/// the policy applies (below and at/above the cutoff for SPEED), shared by
+/// the layers under the same rule.
 #[derive(Debug, Clone)]
 pub struct BatchMasks {
-    l_cut: usize,
-    lower: MaskedSoftmax,
-    upper: MaskedSoftmax,
+    /// Index into `masks` of each layer's mask.
+    mask_of_layer: Vec<usize>,
+    masks: Vec<MaskedSoftmax>,
 }
 
 impl BatchMasks {
     /// Visibility for `phases.len()` sequences padded to `t` tokens under
-    /// `policy`. A query reads key `k` at layer `l` when `k <= q` and
-    /// `policy.key_visible(l, q, k)`; a query whose token does not exist at
-    /// that layer (a prefill token above the cutoff) reads only itself, so
-    /// its row stays finite and feeds nothing.
+    /// `policy`. A query reads key `k` at layer `l` when `k <= q` and the
+    /// policy's [`lcut_policy::Visibility`] shows it; a query whose token
+    /// does not exist at that layer (a prefill token above the cutoff)
+    /// reads only itself, so its row stays finite and feeds nothing.
     pub fn new(policy: &Policy, phases: &[TokenPhases], t: usize) -> Self {
-        let l_cut = if policy.is_full_depth() {
-            policy.num_layers()
-        } else {
-            policy.l_cut()
-        };
+        let rules: Vec<_> = phases.iter().map(|ph| policy.visibility(*ph)).collect();
         let build = |layer: usize| -> MaskedSoftmax {
             let mut m = Vec::with_capacity(phases.len() * t * t);
-            for ph in phases {
+            for rule in &rules {
                 for q in 0..t {
-                    let exists = policy.token_exists(layer, q, ph);
+                    let exists = rule.token_exists(layer, q);
                     for k in 0..t {
                         m.push(if exists {
-                            k <= q && policy.key_visible(layer, q, k, ph)
+                            k <= q && rule.key_visible(layer, q, k)
                         } else {
                             k == q
                         });
@@ -283,26 +281,28 @@ impl BatchMasks {
                 t,
             }
         };
-        let lower = build(0);
-        let upper = if l_cut < policy.num_layers() {
-            build(l_cut)
-        } else {
-            lower.clone()
-        };
+        let (mut classes, mut masks, mut mask_of_layer) = (Vec::new(), Vec::new(), Vec::new());
+        for layer in 0..policy.num_layers() {
+            let class: Vec<usize> = rules.iter().map(|r| r.rule_class(layer)).collect();
+            let index = match classes.iter().position(|c| *c == class) {
+                Some(i) => i,
+                None => {
+                    classes.push(class);
+                    masks.push(build(layer));
+                    masks.len() - 1
+                }
+            };
+            mask_of_layer.push(index);
+        }
         Self {
-            l_cut,
-            lower,
-            upper,
+            mask_of_layer,
+            masks,
         }
     }
 
     /// The visibility of layer `l`.
     fn for_layer(&self, l: usize) -> &MaskedSoftmax {
-        if l < self.l_cut {
-            &self.lower
-        } else {
-            &self.upper
-        }
+        &self.masks[self.mask_of_layer[l]]
     }
 
     /// Attention probabilities at layer `l` from scores [b, kv, group, t, t]:

@@ -422,10 +422,10 @@ fn training_policy(
         );
     }
     let (policy, anchor_len) = resolve_policy(&args.policy, shape.num_layers)?;
-    if policy.slim().is_some() {
+    if !policy.trainable() {
         anyhow::bail!(
-            "--policy {}: training runs under a static mask (full, SPEED, SelfOnly); SlimInfer \
-             needs no retraining, evaluate it with `lcut eval --policy slim:...`",
+            "--policy {}: training runs under a static mask (full, SPEED, SelfOnly); this policy \
+             has none (SlimInfer needs no retraining: evaluate it with `lcut eval --policy ...`)",
             args.policy
         );
     }

@@ -5,9 +5,7 @@
 //! decisions move with each step). Costs are measured on the prompts.
 
 use candle_core::Tensor;
-use lcut_diag::{
-    FlopShape, PromptSplit, layered_prefill_flops, prefill_flops, slim_tokens_per_layer,
-};
+use lcut_diag::{FlopShape, layered_prefill_flops};
 use lcut_model::probes::PromptMassProbe;
 use lcut_model::{Decoder, LogitRows};
 use lcut_policy::{
@@ -187,36 +185,23 @@ pub(super) fn measure(
     let shape = flop_shape(model);
     let n = prompt.len();
     totals.flops_full += layered_prefill_flops(&shape, &vec![n; layers]);
-    match (seq.slim(), policy.slim()) {
-        (Some(run), Some(params)) => {
-            let sel = run.selection();
-            let kept = sel.kept_tokens_per_cut();
-            totals.resident += b * sel.resident_token_layers(cost.decode) as f64;
-            let tokens = slim_tokens_per_layer(layers, params.cuts(), n, cost.prefill, &kept);
-            totals.flops += layered_prefill_flops(&shape, &tokens);
-            totals.equal_kv_cutoff += sel.equal_kv_cutoff();
-            let precision = scorer_precision(mass, sel);
-            totals.precision.resize(precision.len(), 0.0);
-            for (sum, p) in totals.precision.iter_mut().zip(precision) {
-                *sum += p;
-            }
-            totals.steps += run.steps().len();
-            totals.swapped_steps += run
-                .steps()
-                .iter()
-                .filter(|st| st.cuts.iter().any(|t| t.swapped))
-                .count();
+    let vis = seq.visibility();
+    totals.resident += b * vis.resident_token_layers(cost.decode) as f64;
+    totals.flops += layered_prefill_flops(&shape, &vis.present_per_layer(n));
+    totals.equal_kv_cutoff += vis.equal_kv_cutoff();
+    if let Some(run) = seq.slim() {
+        // SlimInfer's own records: how well its scorer chose, how often it swapped
+        let precision = scorer_precision(mass, run.selection());
+        totals.precision.resize(precision.len(), 0.0);
+        for (sum, p) in totals.precision.iter_mut().zip(precision) {
+            *sum += p;
         }
-        _ => {
-            totals.resident += seq.kv_bytes_held() as f64;
-            let split = PromptSplit {
-                anchors: cost.anchors,
-                prefill: cost.prefill,
-                decode: n - s,
-            };
-            totals.flops += prefill_flops(&shape, policy.l_cut(), split);
-            totals.equal_kv_cutoff += policy.l_cut() as f64;
-        }
+        totals.steps += run.steps().len();
+        totals.swapped_steps += run
+            .steps()
+            .iter()
+            .filter(|st| st.cuts.iter().any(|t| t.swapped))
+            .count();
     }
     let recall = mass.recall(
         |pos| phases.phase(pos) == Phase::Prefill,

@@ -171,7 +171,7 @@ fn policy_result(
     opts: &SuiteEvalOptions,
 ) -> Result<ItemResult> {
     let continuation = &full.output.tokens;
-    let (generation, q) = if full.of_session && policy.is_full_depth() && policy.slim().is_none() {
+    let (generation, q) = if full.of_session && policy.is_full_depth() {
         let q = ForcedQuality {
             tokens: continuation.len(),
             agree: continuation.len(),

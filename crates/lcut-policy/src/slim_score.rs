@@ -2,21 +2,8 @@
 //! (unit means, the block mean or the element-wise maximum), scored against
 //! the window's mean query as `r(j) = max_m (1/H) Σ_h |q̄_h · k̄^h_{j,m}|`.
 
-use lcut_policy::ScoreMode;
-
-/// Keys of one layer on the host, `[kv_heads][tokens][head_dim]` flattened,
-/// with the positions of the tokens.
-#[derive(Debug, Clone)]
-pub struct HostKeys<'a> {
-    /// Key/value heads.
-    pub kv_heads: usize,
-    /// Head width.
-    pub head_dim: usize,
-    /// Positions of the tokens, ascending.
-    pub positions: &'a [usize],
-    /// The keys, `kv_heads * positions.len() * head_dim` values.
-    pub data: &'a [f32],
-}
+use crate::slim::ScoreMode;
+use crate::visibility::HostKeys;
 
 /// Representative keys of the scored blocks: each block's summaries
 /// (`[kv_heads][head_dim]` each), in block order.

@@ -1,0 +1,139 @@
+//! Building a decoder from a model's files: a Hugging Face folder or a GGUF
+//! file, dense in a dtype or with a GGUF's matrices kept quantized.
+
+use std::path::Path;
+
+use candle_core::{DType, Device};
+
+use super::{Decoder, Layer, WeightMode, default_attention_block_elems};
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use crate::files::ModelFiles;
+use crate::gguf::GgufWeights;
+use crate::layers::{AttentionProj, Loader, Mlp};
+use crate::rope::Rope;
+use crate::weights::WeightSource;
+
+/// The tensor in which llama.cpp stores per-frequency RoPE divisors.
+const ROPE_FACTORS: &str = "rope_freqs.weight";
+
+impl Decoder {
+    /// Load a Hugging Face model folder or a `.gguf` file with weights
+    /// converted to `dtype`.
+    pub fn load(path: &Path, dtype: DType, device: &Device) -> Result<Self> {
+        Self::load_as(path, WeightMode::Dense(dtype), device)
+    }
+
+    /// Load a Hugging Face model folder or a `.gguf` file, dense in a dtype
+    /// or with a GGUF's matrices kept quantized.
+    pub fn load_as(path: &Path, mode: WeightMode, device: &Device) -> Result<Self> {
+        Self::from_files(ModelFiles::open(path)?, mode, device)
+    }
+
+    /// Build the decoder from a model's opened files (for callers that also
+    /// read its tokenizer, so the files are opened and parsed once).
+    pub fn from_files(files: ModelFiles, mode: WeightMode, device: &Device) -> Result<Self> {
+        match files {
+            ModelFiles::Gguf(file) => {
+                let cfg = file.config().clone();
+                Self::build(cfg, &GgufWeights::new(file), mode, device)
+            }
+            ModelFiles::Folder(folder) => Self::build(folder.config, &folder.weights, mode, device),
+        }
+    }
+
+    /// Build the decoder from a parsed config and a source of weights.
+    pub fn from_weights(
+        cfg: ModelConfig,
+        files: &dyn WeightSource,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        Self::build(cfg, files, WeightMode::Dense(dtype), device)
+    }
+
+    /// Build the decoder from a parsed config and a source of weights in a mode.
+    pub fn build(
+        cfg: ModelConfig,
+        files: &dyn WeightSource,
+        mode: WeightMode,
+        device: &Device,
+    ) -> Result<Self> {
+        let dtype = mode.activation_dtype();
+        let ld = Loader {
+            files,
+            cfg: &cfg,
+            dtype,
+            device,
+            quantized: mode == WeightMode::Quantized,
+        };
+        let (v, d) = (cfg.vocab_size, cfg.hidden_size);
+        let embed = ld.embedding("model.embed_tokens.weight", v, d)?;
+        let layers = (0..cfg.num_layers)
+            .map(|l| {
+                let p = format!("model.layers.{l}");
+                let gemma = cfg.sandwich_norms;
+                Ok(Layer {
+                    input_norm: ld.norm(&format!("{p}.input_layernorm"), d)?,
+                    attn: AttentionProj::load(&ld, &format!("{p}.self_attn"))?,
+                    attn_out_norm: if gemma {
+                        Some(ld.norm(&format!("{p}.post_attention_layernorm"), d)?)
+                    } else {
+                        None
+                    },
+                    mlp_in_norm: if gemma {
+                        ld.norm(&format!("{p}.pre_feedforward_layernorm"), d)?
+                    } else {
+                        ld.norm(&format!("{p}.post_attention_layernorm"), d)?
+                    },
+                    mlp: Mlp::load(&ld, &format!("{p}.mlp"))?,
+                    mlp_out_norm: if gemma {
+                        Some(ld.norm(&format!("{p}.post_feedforward_layernorm"), d)?)
+                    } else {
+                        None
+                    },
+                    window: cfg.sliding_window[l],
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let final_norm = ld.norm("model.norm", d)?;
+        let lm_head = if cfg.tie_word_embeddings {
+            embed.tied_head()?
+        } else if files.contains("lm_head.weight") {
+            ld.linear("lm_head", v, d, false)?
+        } else {
+            return Err(ModelError::MissingLmHead {
+                folder: files.folder().to_path_buf(),
+            });
+        };
+        let rope = match files.contains(ROPE_FACTORS) {
+            // llama.cpp stores Llama 3.1's frequency scaling as per-frequency divisors
+            true => Rope::with_factors(
+                &cfg.rope,
+                &files
+                    .load(
+                        ROPE_FACTORS,
+                        &[cfg.rope.rotary_dim / 2],
+                        DType::F32,
+                        &Device::Cpu,
+                    )?
+                    .to_vec1::<f32>()?,
+                device,
+            )?,
+            false => Rope::new(&cfg.rope, device)?,
+        };
+        let attention_block_elems = default_attention_block_elems(device);
+        Ok(Self {
+            cfg,
+            dtype,
+            mode,
+            device: device.clone(),
+            embed,
+            layers,
+            final_norm,
+            lm_head,
+            rope,
+            attention_block_elems,
+        })
+    }
+}

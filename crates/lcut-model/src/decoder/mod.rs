@@ -1,0 +1,305 @@
+//! The decoder: one implementation for every supported architecture, run
+//! chunk by chunk over a [`Sequence`] whose cache follows a visibility policy.
+//!
+//! `load` builds a decoder from a model's files, `pass` runs a chunk through
+//! the layers, `attention` is one layer's attention with its mask, `stages`
+//! is the staged prefill of a policy that decides at stage cuts.
+
+mod attention;
+mod load;
+mod pass;
+mod stages;
+
+use candle_core::{D, DType, Device, Tensor};
+use lcut_policy::{KvShape, Policy, TokenPhases};
+
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use crate::layers::{AttentionProj, Mlp, RmsNorm};
+use crate::linear::{Embedding, Linear};
+use crate::probe::Probe;
+use crate::rope::Rope;
+use crate::sequence::{ReferenceMask, Sequence};
+
+/// One decoder layer.
+#[derive(Debug, Clone)]
+struct Layer {
+    input_norm: RmsNorm,
+    attn: AttentionProj,
+    /// Gemma-2's norm on the attention output before the residual add.
+    attn_out_norm: Option<RmsNorm>,
+    mlp_in_norm: RmsNorm,
+    mlp: Mlp,
+    /// Gemma-2's norm on the MLP output before the residual add.
+    mlp_out_norm: Option<RmsNorm>,
+    window: Option<usize>,
+}
+
+/// A loaded model.
+#[derive(Debug, Clone)]
+pub struct Decoder {
+    cfg: ModelConfig,
+    dtype: DType,
+    mode: WeightMode,
+    device: Device,
+    embed: Embedding,
+    layers: Vec<Layer>,
+    final_norm: RmsNorm,
+    lm_head: Linear,
+    rope: Rope,
+    /// Most score elements (heads x queries x keys) one attention block holds.
+    attention_block_elems: usize,
+}
+
+/// How a model's weights are held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightMode {
+    /// Every tensor converted to this float dtype (the exact path).
+    Dense(DType),
+    /// Matrices kept in their stored ggml type (GGUF), run by candle's
+    /// quantized matrix products; activations and the cache in f32.
+    Quantized,
+}
+
+impl WeightMode {
+    /// How reports and tables name the mode: the dtype (`f32`, `bf16`), or `q`.
+    pub fn name(&self) -> String {
+        match self {
+            WeightMode::Dense(dt) => format!("{dt:?}").to_lowercase(),
+            WeightMode::Quantized => "q".into(),
+        }
+    }
+
+    /// The dtype of activations and the K/V cache.
+    pub fn activation_dtype(&self) -> DType {
+        match self {
+            WeightMode::Dense(dt) => *dt,
+            WeightMode::Quantized => DType::F32,
+        }
+    }
+}
+
+/// Default bound on one attention block's scores on the CPU (1 GiB in f32).
+pub const CPU_ATTENTION_BLOCK_ELEMS: usize = 1 << 28;
+
+/// Default bound on one attention block's scores on a GPU (4 GiB in f32).
+/// It must stay below 2^31: candle's CUDA softmax indexes with 32-bit ints.
+pub const GPU_ATTENTION_BLOCK_ELEMS: usize = 1 << 30;
+
+/// The bound on one attention block's scores a new decoder on `device` uses.
+pub fn default_attention_block_elems(device: &Device) -> usize {
+    if device.is_cpu() {
+        CPU_ATTENTION_BLOCK_ELEMS
+    } else {
+        GPU_ATTENTION_BLOCK_ELEMS
+    }
+}
+
+/// Which rows of a chunk get logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitRows {
+    /// None (prefill of a prompt whose last token is not decoded from).
+    None,
+    /// The chunk's last token, if it reaches the top layer.
+    Last,
+    /// Every token of the chunk that reaches the top layer.
+    All,
+}
+
+/// What one forward call returns.
+#[derive(Debug, Clone)]
+pub struct ChunkOutput {
+    /// Logits [rows, vocab] in f32, when rows were asked for and exist.
+    pub logits: Option<Tensor>,
+    /// Positions of the logit rows.
+    pub positions: Vec<usize>,
+}
+
+impl Decoder {
+    /// Bound the scores of one attention block to `elems` elements (heads x
+    /// queries x keys): a chunk whose scores would be larger is attended in
+    /// blocks of query rows, so a long prompt's prefill never materialises
+    /// [chunk x context] scores for all heads at once. Results do not depend
+    /// on it; at least one query row is attended per block.
+    pub fn set_attention_block_elems(&mut self, elems: usize) {
+        self.attention_block_elems = elems.clamp(1, GPU_ATTENTION_BLOCK_ELEMS);
+    }
+
+    /// The bound on one attention block's scores (elements).
+    pub fn attention_block_elems(&self) -> usize {
+        self.attention_block_elems
+    }
+
+    /// How many matrices (projections and LM head) are held quantized.
+    pub fn quantized_matrices(&self) -> usize {
+        let layers = self
+            .layers
+            .iter()
+            .flat_map(|l| l.attn.linears().into_iter().chain(l.mlp.linears()));
+        layers
+            .chain(std::iter::once(&self.lm_head))
+            .filter(|lin| lin.is_quantized())
+            .count()
+    }
+
+    /// How many matrices (projections and LM head) are read in place from a
+    /// mapped GGUF file by lcut's kernels (no copy held).
+    pub fn mapped_matrices(&self) -> usize {
+        let layers = self
+            .layers
+            .iter()
+            .flat_map(|l| l.attn.linears().into_iter().chain(l.mlp.linears()));
+        layers
+            .chain(std::iter::once(&self.lm_head))
+            .filter(|lin| matches!(lin, Linear::Mapped { .. }))
+            .count()
+    }
+
+    /// Layer `layer`'s linear layers by module path (`self_attn.q_proj`),
+    /// for adapters.
+    pub(crate) fn layer_linears_mut(&mut self, layer: usize) -> Vec<(String, &mut Linear)> {
+        let Some(l) = self.layers.get_mut(layer) else {
+            return vec![];
+        };
+        let attn = l.attn.named_linears_mut().into_iter();
+        let attn = attn.map(|(m, lin)| (format!("self_attn.{m}"), lin));
+        let mlp = l.mlp.named_linears_mut().into_iter();
+        attn.chain(mlp.map(|(m, lin)| (format!("mlp.{m}"), lin)))
+            .collect()
+    }
+
+    /// The final norm's scale, then every layer's input norm's.
+    pub(crate) fn norm_weights(&self) -> Vec<&Tensor> {
+        let layers = self.layers.iter().map(|l| l.input_norm.weight());
+        std::iter::once(self.final_norm.weight())
+            .chain(layers)
+            .collect()
+    }
+
+    /// How the weights are held (dense in a dtype, or quantized).
+    pub fn weight_mode(&self) -> WeightMode {
+        self.mode
+    }
+
+    /// The model's config.
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// The dtype of weights and cache.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The device the model runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Shape of one token's K/V, for the cost model.
+    pub fn kv_shape(&self) -> KvShape {
+        self.cfg.kv_shape(self.dtype)
+    }
+
+    /// A new, empty sequence under `policy` with the given token phases.
+    pub fn new_sequence(&self, policy: Policy, phases: TokenPhases) -> Result<Sequence> {
+        if policy.num_layers() != self.cfg.num_layers {
+            return Err(depth_mismatch(&policy, self.cfg.num_layers));
+        }
+        Ok(Sequence::with_rule(policy, policy.visibility(phases)))
+    }
+
+    /// A new full-depth sequence.
+    pub fn new_full_sequence(&self) -> Sequence {
+        let policy = Policy::full(self.cfg.num_layers);
+        Sequence::with_rule(policy, policy.visibility(TokenPhases::all_decode()))
+    }
+
+    /// Run `tokens` (the sequence's next tokens) through the model, updating
+    /// the sequence's caches, and return logits for the requested rows.
+    pub fn forward(
+        &self,
+        seq: &mut Sequence,
+        tokens: &[u32],
+        rows: LogitRows,
+        mut probe: Option<&mut (dyn Probe + '_)>,
+    ) -> Result<ChunkOutput> {
+        let n = tokens.len();
+        if n == 0 {
+            return Err(ModelError::EmptyInput);
+        }
+        let start = seq.next_pos;
+        if start + n > self.cfg.max_position_embeddings {
+            return Err(ModelError::SequenceTooLong {
+                len: start + n,
+                max: self.cfg.max_position_embeddings,
+            });
+        }
+        if let Some((i, &id)) = tokens
+            .iter()
+            .enumerate()
+            .find(|(_, id)| **id as usize >= self.cfg.vocab_size)
+        {
+            return Err(ModelError::TokenOutOfVocab {
+                id,
+                position: start + i,
+                vocab_size: self.cfg.vocab_size,
+            });
+        }
+        let (hidden, present) = self.embed(tokens, start, &mut probe)?;
+        let last = start + n - 1;
+        if !seq.rule.is_decided() {
+            let out = self.staged_prefill(seq, hidden, present, last, rows, &mut probe);
+            seq.next_pos = start + n;
+            return out;
+        }
+        let layers = 0..self.layers.len();
+        let (hidden, present) =
+            self.run_layers(seq, layers, hidden, present, Some(start), &mut probe)?;
+        seq.next_pos = start + n;
+        self.logits(&hidden, &present, last, rows)
+    }
+
+    /// Teacher forcing at full depth with a caller's visibility rule: every
+    /// token exists at every layer, and a query at `q` reads the key at
+    /// `k <= q` at `layer` when `visible(layer, q, k)` (and always itself,
+    /// so that no row is empty). The reference against which pruned runs
+    /// are checked: hiding a token's key from every later query must give
+    /// what removing the token gives. Logits for every position [T, vocab].
+    pub fn teacher_forced_masked(
+        &self,
+        tokens: &[u32],
+        visible: impl Fn(usize, usize, usize) -> bool + Send + Sync + 'static,
+    ) -> Result<Tensor> {
+        let policy = Policy::full(self.cfg.num_layers);
+        let rule = ReferenceMask::new(visible, self.cfg.num_layers);
+        let mut seq = Sequence::with_rule(policy, Box::new(rule));
+        let out = self.forward(&mut seq, tokens, LogitRows::All, None)?;
+        out.logits.ok_or(ModelError::MissingLogits)
+    }
+
+    /// Teacher forcing: run `tokens` as one chunk on a fresh full-depth
+    /// sequence and return logits for every position [T, vocab].
+    pub fn teacher_forced_logits(
+        &self,
+        tokens: &[u32],
+        probe: Option<&mut (dyn Probe + '_)>,
+    ) -> Result<Tensor> {
+        let mut seq = self.new_full_sequence();
+        let out = self.forward(&mut seq, tokens, LogitRows::All, probe)?;
+        out.logits.ok_or(ModelError::MissingLogits)
+    }
+}
+
+pub(crate) fn depth_mismatch(policy: &Policy, model_layers: usize) -> ModelError {
+    ModelError::PolicyDepth {
+        policy: policy.to_string(),
+        policy_layers: policy.num_layers(),
+        model_layers,
+    }
+}
+
+/// Index of the largest logit in each row of [rows, vocab].
+pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>> {
+    Ok(logits.argmax(D::Minus1)?.to_vec1::<u32>()?)
+}

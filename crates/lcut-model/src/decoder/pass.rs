@@ -1,0 +1,236 @@
+//! One chunk through the layers: embeddings, each layer's projections,
+//! cache update, attention and MLP, dropping the tokens that do not exist
+//! at a layer, then the logits of the rows asked for.
+
+use std::borrow::Cow;
+
+use candle_core::{DType, Tensor};
+
+use super::attention::MaskMemo;
+use super::{ChunkOutput, Decoder, Layer, LogitRows};
+use crate::cache::LayerCache;
+use crate::error::{ModelError, Result};
+use crate::layers::Qkv;
+use crate::probe::{Probe, ResidualSite};
+use crate::sequence::Sequence;
+
+/// The keys and values one chunk's queries read at a layer, with the
+/// positions of the keys.
+pub(super) struct ChunkKeys<'a> {
+    pub(super) keys: Tensor,
+    pub(super) values: Tensor,
+    pub(super) positions: &'a [usize],
+}
+
+impl<'a> ChunkKeys<'a> {
+    /// Without the first `n` keys.
+    pub(super) fn skip(self, n: usize) -> Result<Self> {
+        let rest = self.positions.len() - n;
+        Ok(Self {
+            keys: self.keys.narrow(1, n, rest)?,
+            values: self.values.narrow(1, n, rest)?,
+            positions: &self.positions[n..],
+        })
+    }
+}
+
+/// The residual stream after layer `layer`: `hidden` plus the attention
+/// output `attn` (through the output projection), then plus the MLP's.
+fn layer_residuals(layer: &Layer, hidden: &Tensor, attn: &Tensor) -> Result<Tensor> {
+    let mut attn_out = layer.attn.output(attn)?;
+    if let Some(norm) = &layer.attn_out_norm {
+        attn_out = norm.forward(&attn_out)?;
+    }
+    let hidden = (hidden + attn_out)?;
+    let mut mlp_out = layer.mlp.forward(&layer.mlp_in_norm.forward(&hidden)?)?;
+    if let Some(norm) = &layer.mlp_out_norm {
+        mlp_out = norm.forward(&mlp_out)?;
+    }
+    Ok((hidden + mlp_out)?)
+}
+
+/// The last `w` query rows of `q` [heads, n, head_dim] on the host, oldest
+/// first, each `heads * head_dim` values head-major.
+fn last_query_rows(q: &Tensor, w: usize) -> Result<Vec<Vec<f32>>> {
+    let (heads, n, hd) = q.dims3()?;
+    let take = n.min(w);
+    Ok(q.narrow(1, n - take, take)?
+        .transpose(0, 1)?
+        .to_dtype(DType::F32)?
+        .reshape((take, heads * hd))?
+        .to_vec2::<f32>()?)
+}
+
+impl Decoder {
+    /// The (scaled) embeddings of a chunk starting at `start`, and its positions.
+    pub(super) fn embed(
+        &self,
+        tokens: &[u32],
+        start: usize,
+        probe: &mut Option<&mut (dyn Probe + '_)>,
+    ) -> Result<(Tensor, Vec<usize>)> {
+        let ids = Tensor::new(tokens, &self.device)?;
+        let mut hidden = self.embed.lookup(&ids)?;
+        if let Some(scale) = self.cfg.embedding_scale {
+            hidden = (hidden * scale)?;
+        }
+        let present: Vec<usize> = (start..start + tokens.len()).collect();
+        if let Some(p) = probe.as_deref_mut()
+            && p.wants_residual(ResidualSite::Embeddings)
+        {
+            p.on_residual(ResidualSite::Embeddings, &present, &hidden)?;
+        }
+        Ok((hidden, present))
+    }
+
+    /// Run hidden states at `present` through `layers`, dropping the tokens
+    /// that do not exist at a layer; returns what is left after the last.
+    /// `step_from`: the first position of a step taken after the prefill's
+    /// decisions (the policy is told after each layer, so that a policy that
+    /// decides while it runs can move what later steps read); `None` during
+    /// a staged prefill.
+    pub(crate) fn run_layers(
+        &self,
+        seq: &mut Sequence,
+        layers: std::ops::Range<usize>,
+        mut hidden: Tensor,
+        mut present: Vec<usize>,
+        step_from: Option<usize>,
+        probe: &mut Option<&mut (dyn Probe + '_)>,
+    ) -> Result<(Tensor, Vec<usize>)> {
+        let mut tables = self.rope.tables(&present, self.dtype)?;
+        let mut masks = MaskMemo::default();
+        for l in layers {
+            let layer = &self.layers[l];
+            let keep: Vec<u32> = (0..present.len() as u32)
+                .filter(|&i| seq.token_exists(l, present[i as usize]))
+                .collect();
+            if keep.len() != present.len() {
+                if keep.is_empty() {
+                    present.clear();
+                    break;
+                }
+                let idx = Tensor::new(keep.as_slice(), &self.device)?;
+                hidden = hidden.index_select(&idx, 0)?;
+                present = keep.iter().map(|&i| present[i as usize]).collect();
+                tables = self.rope.tables(&present, self.dtype)?;
+            }
+            hidden =
+                self.layer_forward(l, layer, &hidden, &present, &tables, seq, &mut masks, probe)?;
+            if let Some(p) = probe.as_deref_mut()
+                && p.wants_residual(ResidualSite::Layer(l))
+            {
+                p.on_residual(ResidualSite::Layer(l), &present, &hidden)?;
+            }
+            if let Some(position) = step_from {
+                seq.rule.after_decode_layer(l, position);
+            }
+        }
+        Ok((hidden, present))
+    }
+
+    /// Logits of the requested rows of hidden states at `present`.
+    pub(crate) fn logits(
+        &self,
+        hidden: &Tensor,
+        present: &[usize],
+        last: usize,
+        rows: LogitRows,
+    ) -> Result<ChunkOutput> {
+        let (h, positions) = match rows {
+            LogitRows::None => (None, vec![]),
+            _ if present.is_empty() => (None, vec![]),
+            LogitRows::Last if present.last() == Some(&last) => {
+                (Some(hidden.narrow(0, present.len() - 1, 1)?), vec![last])
+            }
+            LogitRows::Last => (None, vec![]),
+            LogitRows::All => (Some(hidden.clone()), present.to_vec()),
+        };
+        let logits = match h {
+            None => None,
+            Some(h) => {
+                let z = self
+                    .lm_head
+                    .forward(&self.final_norm.forward(&h)?)?
+                    .to_dtype(DType::F32)?;
+                Some(match self.cfg.final_softcap {
+                    Some(c) => ((z / c)?.tanh()? * c)?,
+                    None => z,
+                })
+            }
+        };
+        Ok(ChunkOutput { logits, positions })
+    }
+
+    /// One decoder layer over a chunk: projections, the chunk's K/V into
+    /// the cache (what the policy keeps), attention, then the MLP.
+    #[allow(clippy::too_many_arguments)]
+    fn layer_forward(
+        &self,
+        l: usize,
+        layer: &Layer,
+        hidden: &Tensor,
+        present: &[usize],
+        (cos, sin): &(Tensor, Tensor),
+        seq: &mut Sequence,
+        masks: &mut MaskMemo,
+        probe: &mut Option<&mut (dyn Probe + '_)>,
+    ) -> Result<Tensor> {
+        let x = layer.input_norm.forward(hidden)?;
+        let qkv = layer.attn.qkv(&x, &self.rope, cos, sin)?;
+        if let Some(w) = seq.rule.query_window(l) {
+            seq.rule.observe_queries(l, last_query_rows(&qkv.q, w)?);
+        }
+        let retained: Vec<u32> = (0..present.len() as u32)
+            .filter(|&i| seq.retains_kv(l, present[i as usize]))
+            .collect();
+        let (keys, values, key_positions) = if retained.len() == present.len() {
+            seq.caches[l].append(&qkv.k, &qkv.v, present)?;
+            let cache = &seq.caches[l];
+            let (k, v) = cache.kv()?.ok_or(ModelError::EmptyCache { layer: l })?;
+            (k, v, Cow::Borrowed(cache.positions()))
+        } else {
+            let (k, v, positions) =
+                self.keys_kept_in_part(&mut seq.caches[l], &qkv, present, &retained)?;
+            (k, v, Cow::Owned(positions))
+        };
+        let keys = ChunkKeys {
+            keys,
+            values,
+            positions: &key_positions,
+        };
+        let attn = self.attend_layer(l, layer.window, &qkv.q, keys, present, seq, masks, probe)?;
+        layer_residuals(layer, hidden, &attn)
+    }
+
+    /// The keys and values a chunk reads when the cache keeps only the
+    /// `retained` rows of it (SelfOnly): the cache's and the whole chunk's,
+    /// with their positions; the retained rows are appended to the cache.
+    fn keys_kept_in_part(
+        &self,
+        cache: &mut LayerCache,
+        qkv: &Qkv,
+        present: &[usize],
+        retained: &[u32],
+    ) -> Result<(Tensor, Tensor, Vec<usize>)> {
+        let (k, v) = match cache.kv()? {
+            Some((ck, cv)) => (
+                Tensor::cat(&[&ck, &qkv.k], 1)?,
+                Tensor::cat(&[&cv, &qkv.v], 1)?,
+            ),
+            None => (qkv.k.clone(), qkv.v.clone()),
+        };
+        let mut key_positions = cache.positions().to_vec();
+        key_positions.extend_from_slice(present);
+        if !retained.is_empty() {
+            let idx = Tensor::new(retained, &self.device)?;
+            let pos: Vec<usize> = retained.iter().map(|&i| present[i as usize]).collect();
+            cache.append(
+                &qkv.k.index_select(&idx, 1)?,
+                &qkv.v.index_select(&idx, 1)?,
+                &pos,
+            )?;
+        }
+        Ok((k, v, key_positions))
+    }
+}

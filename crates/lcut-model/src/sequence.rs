@@ -1,0 +1,253 @@
+//! The state of one sequence: its policy's visibility (with whatever the
+//! policy decides while it runs), the layer caches, and the prefill chunks
+//! waiting for a stage cut.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use candle_core::Tensor;
+use lcut_policy::{Policy, SlimRun, TokenPhases, Visibility};
+
+use crate::cache::LayerCache;
+use crate::decoder::depth_mismatch;
+use crate::error::{ModelError, Result};
+
+/// Hidden states of one prefill chunk waiting for the next prefill stage.
+#[derive(Debug, Clone)]
+pub(crate) struct Pending {
+    pub(crate) hidden: Tensor,
+    pub(crate) positions: Vec<usize>,
+}
+
+/// The state of one sequence: its policy, visibility and layer caches.
+/// Not `Clone`: [`Sequence::fork`] copies the caches so that the copies
+/// never append into a shared buffer.
+#[derive(Debug)]
+pub struct Sequence {
+    pub(crate) policy: Policy,
+    /// Every visibility question about this sequence goes here.
+    pub(crate) rule: Box<dyn Visibility>,
+    pub(crate) caches: Vec<LayerCache>,
+    pub(crate) next_pos: usize,
+    /// Prefill chunks that have run up to the next stage cut (a policy with
+    /// [`Visibility::stage_cuts`] only).
+    pub(crate) pending: Vec<Pending>,
+}
+
+/// A visibility rule `(layer, query, key) -> visible` given by a caller
+/// for a full-depth reference run: every token exists and keeps K/V at
+/// every layer; a query reads itself and the keys the rule shows it.
+#[derive(Clone)]
+pub(crate) struct ReferenceMask {
+    rule: Arc<dyn Fn(usize, usize, usize) -> bool + Send + Sync>,
+    num_layers: usize,
+    phases: TokenPhases,
+}
+
+impl ReferenceMask {
+    pub(crate) fn new(
+        rule: impl Fn(usize, usize, usize) -> bool + Send + Sync + 'static,
+        num_layers: usize,
+    ) -> Self {
+        Self {
+            rule: Arc::new(rule),
+            num_layers,
+            phases: TokenPhases::all_decode(),
+        }
+    }
+}
+
+impl std::fmt::Debug for ReferenceMask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReferenceMask")
+    }
+}
+
+impl Visibility for ReferenceMask {
+    fn num_layers(&self) -> usize {
+        self.num_layers
+    }
+
+    fn phases(&self) -> &TokenPhases {
+        &self.phases
+    }
+
+    fn token_exists(&self, _layer: usize, _pos: usize) -> bool {
+        true
+    }
+
+    fn retains_kv(&self, _layer: usize, _pos: usize) -> bool {
+        true
+    }
+
+    fn key_visible(&self, layer: usize, q: usize, k: usize) -> bool {
+        k == q || (self.rule)(layer, q, k)
+    }
+
+    /// Every layer its own rule: nothing is assumed shared.
+    fn rule_class(&self, layer: usize) -> usize {
+        layer + 1
+    }
+
+    fn monotone_in_query(&self) -> bool {
+        false
+    }
+
+    fn box_clone(&self) -> Box<dyn Visibility> {
+        Box::new(self.clone())
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Sequence {
+    /// A fresh sequence with `rule` over `num_layers` empty caches.
+    pub(crate) fn with_rule(policy: Policy, rule: Box<dyn Visibility>) -> Self {
+        Self {
+            policy,
+            caches: (0..rule.num_layers()).map(|_| LayerCache::new()).collect(),
+            rule,
+            next_pos: 0,
+            pending: Vec::new(),
+        }
+    }
+
+    /// Number of tokens processed so far (the next token's position).
+    pub fn len(&self) -> usize {
+        self.next_pos
+    }
+
+    /// True before the first token.
+    pub fn is_empty(&self) -> bool {
+        self.next_pos == 0
+    }
+
+    /// The visibility policy.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The token phases.
+    pub fn phases(&self) -> &TokenPhases {
+        self.rule.phases()
+    }
+
+    /// What the policy decides for this sequence: what exists, is kept and
+    /// is read at each layer, and what its decisions were.
+    pub fn visibility(&self) -> &dyn Visibility {
+        self.rule.as_ref()
+    }
+
+    /// The per-layer caches.
+    pub fn caches(&self) -> &[LayerCache] {
+        &self.caches
+    }
+
+    /// SlimInfer's state (kept blocks, decisions, traffic), when the policy
+    /// is SlimInfer: its own records, for reports and the viewer.
+    pub fn slim(&self) -> Option<&SlimRun> {
+        self.rule.as_any().downcast_ref::<SlimRun>()
+    }
+
+    /// Whether the token at `pos` has a hidden state (and K/V) at `layer`.
+    pub fn token_exists(&self, layer: usize, pos: usize) -> bool {
+        self.rule.token_exists(layer, pos)
+    }
+
+    /// Whether the cache at `layer` keeps the K/V of the token at `pos`.
+    pub fn retains_kv(&self, layer: usize, pos: usize) -> bool {
+        self.rule.retains_kv(layer, pos)
+    }
+
+    /// Whether a query at `q` reads the key at `k` (k <= q) at `layer`,
+    /// before the model's own window.
+    pub fn key_visible(&self, layer: usize, q: usize, k: usize) -> bool {
+        self.rule.key_visible(layer, q, k)
+    }
+
+    /// Bytes of K/V held over all layers.
+    pub fn kv_bytes_held(&self) -> u64 {
+        self.caches.iter().map(|c| c.bytes_held() as u64).sum()
+    }
+
+    /// Bytes of K/V buffers allocated over all layers.
+    pub fn kv_bytes_allocated(&self) -> u64 {
+        self.caches.iter().map(|c| c.bytes_allocated() as u64).sum()
+    }
+
+    /// The state this prompt prefix would have under another policy, without
+    /// recomputing it: lower layers are shared, upper layers keep only the
+    /// tokens the new policy keeps there.
+    ///
+    /// Valid while every processed token is before the decode start of
+    /// `phases`, the sequence ran at full depth, and the new policy
+    /// [reuses a full prefill](Policy::reuses_full_prefill): anchors are a
+    /// prefix, so in both runs an anchor reads only anchors, and a layer's
+    /// keys below the cutoff are the full model's. Used by sweeps over
+    /// cutoffs to reuse one prefill.
+    pub fn restricted(&self, policy: Policy, phases: TokenPhases) -> Result<Sequence> {
+        if !policy.reuses_full_prefill() {
+            return Err(ModelError::NotRestrictable {
+                policy: policy.to_string(),
+            });
+        }
+        if !self.policy.is_full_depth() || !self.policy.is_static() {
+            return Err(ModelError::NotFullDepthPrefix {
+                policy: self.policy.to_string(),
+            });
+        }
+        if self.next_pos > phases.decode_start() {
+            return Err(ModelError::Phase(
+                lcut_policy::PhaseError::DecodeStartOutsidePrompt {
+                    decode_start: phases.decode_start(),
+                    prompt_len: self.next_pos,
+                },
+            ));
+        }
+        if policy.num_layers() != self.caches.len() {
+            return Err(depth_mismatch(&policy, self.caches.len()));
+        }
+        let rule = policy.visibility(phases);
+        let caches = self
+            .caches
+            .iter()
+            .enumerate()
+            .map(|(l, c)| c.filtered(|p| rule.retains_kv(l, p)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Sequence {
+            policy,
+            rule,
+            caches,
+            next_pos: self.next_pos,
+            pending: Vec::new(),
+        })
+    }
+
+    /// An independent copy of this state (the caches' tokens copied), to
+    /// continue it in two ways.
+    pub fn fork(&self) -> Result<Sequence> {
+        Ok(Sequence {
+            policy: self.policy,
+            rule: self.rule.clone(),
+            caches: self
+                .caches
+                .iter()
+                .map(LayerCache::fork)
+                .collect::<Result<Vec<_>>>()?,
+            next_pos: self.next_pos,
+            pending: self.pending.clone(),
+        })
+    }
+
+    /// Reserve cache room for `total_len` tokens in all, each layer only for
+    /// the tokens the policy keeps there ([`Visibility::kv_rows`]: SlimInfer
+    /// layers above the first cut reserve for the blocks the budgets
+    /// predict, never for the whole prompt).
+    pub fn reserve(&mut self, total_len: usize) {
+        for (layer, cache) in self.caches.iter_mut().enumerate() {
+            cache.reserve(self.rule.kv_rows(layer, self.next_pos, total_len));
+        }
+    }
+}

@@ -1,0 +1,56 @@
+//! Errors in writing or resolving a policy.
+
+/// Errors in writing or resolving a policy.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PolicyError {
+    /// The policy string does not follow the grammar.
+    #[error(
+        "malformed policy {text:?}: {reason}; expected `full`, `speed:C`, `speed:C+bos`, \
+         `speed:C+prefix:N`, `speed:C+system`, `selfonly:C`, `selfonly:C+bos`, \
+         `slim:C1@K1[,C2@K2...][+block:B][+unit:u][+window:w][+swap:g][+sink:n][+score:unit|avg|max]` \
+         or `slim:paper`, where C is a layer count (24), a fraction of depth (3/4) or a decimal \
+         (0.75) and K a token count (8192, 8k) or a share of the prompt (25%)"
+    )]
+    Malformed {
+        /// The text given.
+        text: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The cutoff is not in 1..=L.
+    #[error(
+        "L_cut {l_cut} is out of range for a model of {num_layers} layers (expected 1..={num_layers})"
+    )]
+    CutOutOfRange {
+        /// The cutoff asked for.
+        l_cut: usize,
+        /// Depth of the model.
+        num_layers: usize,
+    },
+    /// A SlimInfer cut layer is outside 1..L-1 or not after the previous one.
+    #[error(
+        "SlimInfer cut layer {cut} is out of range for a model of {num_layers} layers (expected \
+         {previous} < cut < {num_layers}: each cut after the previous one and below the depth)"
+    )]
+    SlimCutOutOfRange {
+        /// The cut layer as resolved.
+        cut: usize,
+        /// The previous cut (0 for the first).
+        previous: usize,
+        /// Depth of the model.
+        num_layers: usize,
+    },
+    /// A family registered under a name that is taken or not a word.
+    #[error(
+        "policy family name {name:?} is taken or not a lower-case word (letters, digits, `_`;          not full, speed, selfonly or slim)"
+    )]
+    FamilyName {
+        /// The name asked for.
+        name: String,
+    },
+    /// `+system` anchors were asked for but the prompt has no system part.
+    #[error(
+        "the policy keeps the system prompt as anchors, but the prompt's system span is unknown (no chat template or no system message)"
+    )]
+    SystemAnchorUnknown,
+}
