@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 
-use crate::args::{DeviceArg, DtypeArg, WeightArg};
+use crate::args::{DeviceArg, DtypeArg, KvDtypeArg, WeightArg};
 use crate::common::open_session;
 
 /// Arguments of `lcut tokenize`.
@@ -28,7 +28,12 @@ pub struct TokenizeArgs {
 
 /// Print the ids, comma-separated, on the last line.
 pub fn run(args: &TokenizeArgs) -> Result<()> {
-    let session = open_session(&args.model, WeightArg::Dense(DtypeArg::F32), DeviceArg::Cpu)?;
+    let session = open_session(
+        &args.model,
+        WeightArg::Dense(DtypeArg::F32),
+        KvDtypeArg::Auto,
+        DeviceArg::Cpu,
+    )?;
     let ids = if args.chat {
         session.prepare_text(&args.text, None, true)?.ids
     } else {

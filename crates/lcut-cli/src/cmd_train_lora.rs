@@ -21,7 +21,7 @@ use lcut_train::lora_train::{
     BelowCut, LoraTrainOptions, TeacherTopK, TrainSeq, UpperModel, train_lora,
 };
 
-use crate::args::{DeviceArg, DtypeArg, WeightArg};
+use crate::args::{DeviceArg, DtypeArg, KvDtypeArg, WeightArg};
 use crate::lora_teacher::{self, TeacherRecord, TeacherSettings};
 use serde_json::json;
 
@@ -409,6 +409,7 @@ pub fn run(args: &TrainLoraArgs) -> Result<()> {
     let session = crate::common::open_session(
         &Some(args.model.clone()),
         WeightArg::Dense(DtypeArg::F32),
+        KvDtypeArg::Auto,
         DeviceArg::Cpu,
     )?;
     let layers = session.model.config().num_layers;

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device};
 
-use crate::args::{DeviceArg, WeightArg};
+use crate::args::{DeviceArg, KvDtypeArg, WeightArg};
 
 /// The model folder given, or the bundled one.
 pub fn model_or_bundled(model: &Option<PathBuf>) -> PathBuf {
@@ -15,15 +15,18 @@ pub fn model_or_bundled(model: &Option<PathBuf>) -> PathBuf {
 }
 
 /// Load the model folder given (or the bundled one) with its tokenizer, in
-/// `dtype` on `device`.
+/// `dtype` on `device`, its K/V cache stored as `kv` says.
 pub fn open_session(
     model: &Option<PathBuf>,
     dtype: WeightArg,
+    kv: KvDtypeArg,
     device: DeviceArg,
 ) -> Result<lcut_engine::Session> {
     let folder = model_or_bundled(model);
-    lcut_engine::Session::load_as(&folder, dtype.mode(), &device.open()?)
-        .with_context(|| format!("loading model {}", folder.display()))
+    let mut session = lcut_engine::Session::load_as(&folder, dtype.mode(), &device.open()?)
+        .with_context(|| format!("loading model {}", folder.display()))?;
+    session.model.set_kv_dtype(kv.dtype(dtype.mode()))?;
+    Ok(session)
 }
 
 /// Parse `1,5,9` into token ids.
@@ -116,6 +119,7 @@ mod tests {
         let Err(e) = open_session(
             &missing,
             WeightArg::Dense(crate::args::DtypeArg::F32),
+            KvDtypeArg::Auto,
             DeviceArg::Cpu,
         ) else {
             panic!("a missing model loaded");

@@ -67,6 +67,20 @@ impl Linear {
         Self::Mapped { matrix, bias }
     }
 
+    /// Bytes a product reads of the matrix (and an on-the-fly adapter's).
+    pub fn bytes(&self) -> usize {
+        let tensor = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
+        match self {
+            Self::Dense(l) => tensor(l.weight()),
+            Self::Mapped { matrix, .. } => matrix.bytes(),
+            Self::Quantized { matmul, .. } => match matmul {
+                QMatMul::QTensor(q) => q.storage_size_in_bytes(),
+                QMatMul::Tensor(t) | QMatMul::TensorF16(t) => tensor(t),
+            },
+            Self::Adapted(lora) => lora.base().bytes() + lora.adapter_bytes(),
+        }
+    }
+
     /// Whether the matrix is held in a quantized ggml type.
     pub fn is_quantized(&self) -> bool {
         match self {

@@ -153,6 +153,19 @@ impl Decoder {
             .count()
     }
 
+    /// Bytes of weights one decode step reads: every projection and the LM
+    /// head once (norms and biases are too small to count).
+    pub fn decode_weight_bytes(&self) -> usize {
+        let layers = self
+            .layers
+            .iter()
+            .flat_map(|l| l.attn.linears().into_iter().chain(l.mlp.linears()));
+        layers
+            .chain(std::iter::once(&self.lm_head))
+            .map(Linear::bytes)
+            .sum()
+    }
+
     /// How many matrices (projections and LM head) are read in place from a
     /// mapped GGUF file by lcut's kernels (no copy held).
     pub fn mapped_matrices(&self) -> usize {
@@ -225,9 +238,9 @@ impl Decoder {
         &self.device
     }
 
-    /// Shape of one token's K/V, for the cost model.
+    /// Shape of one token's K/V (in the cache's dtype), for the cost model.
     pub fn kv_shape(&self) -> KvShape {
-        self.cfg.kv_shape(self.dtype)
+        self.cfg.kv_shape(self.kv_dtype)
     }
 
     /// A new, empty sequence under `policy` with the given token phases.

@@ -78,12 +78,6 @@ impl Decoder {
         Ok(self.step_model()?.err())
     }
 
-    /// Bytes of weights a decode step reads (every matrix once), where the
-    /// decoder has a step model.
-    pub fn step_weight_bytes(&self) -> Result<Option<usize>> {
-        Ok(self.step_model()?.ok().map(|m| m.weight_bytes()))
-    }
-
     /// The step model, built at the first call.
     fn step_model(&self) -> Result<std::result::Result<&StepModel, Unfused>> {
         if let Some(m) = self.step.get() {

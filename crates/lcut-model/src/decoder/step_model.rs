@@ -165,20 +165,6 @@ impl StepModel {
         }
     }
 
-    /// Bytes one step reads of the weights (every matrix once).
-    pub(crate) fn weight_bytes(&self) -> usize {
-        let held = self.hold();
-        let layer = |l: &StepLayer| -> usize {
-            l.qkv
-                .iter()
-                .chain(&l.gate_up)
-                .chain([&l.o, &l.down])
-                .map(|m| m.view(&held).bytes())
-                .sum()
-        };
-        self.layers.iter().map(layer).sum::<usize>() + self.lm_head.view(&held).bytes()
-    }
-
     /// The step model of `dec`, or why it has none.
     pub(crate) fn build(dec: &Decoder) -> Result<std::result::Result<Self, Unfused>> {
         match Self::try_build(dec) {

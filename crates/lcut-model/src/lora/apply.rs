@@ -47,6 +47,12 @@ impl LoraLinear {
         &self.base
     }
 
+    /// Bytes of the adapter's two matrices.
+    pub fn adapter_bytes(&self) -> usize {
+        let bytes = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
+        bytes(self.a.weight()) + bytes(self.b.weight())
+    }
+
     /// scale·B·A [out, in] in f32.
     fn delta(&self) -> Result<Tensor> {
         let b = self.b.weight().to_dtype(DType::F32)?;
