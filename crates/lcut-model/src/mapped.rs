@@ -27,6 +27,8 @@ pub struct MappedMatrix {
     cols: usize,
     /// Heads whose rows llama.cpp permuted (Q or K of a llama-family file).
     permuted_heads: Option<usize>,
+    /// For a permuted matrix, the file row of each Hugging Face row.
+    file_rows: Option<Arc<[u32]>>,
 }
 
 impl std::fmt::Debug for MappedMatrix {
@@ -68,14 +70,19 @@ impl MappedMatrix {
             ))
             .into());
         }
-        Ok(Self {
+        let mut m = Self {
             map,
             start,
             format,
             rows,
             cols,
             permuted_heads,
-        })
+            file_rows: None,
+        };
+        if permuted_heads.is_some() {
+            m.file_rows = Some((0..rows).map(|r| m.file_row(r) as u32).collect());
+        }
+        Ok(m)
     }
 
     /// The blocks as a kernel matrix, in the file's row order.
@@ -129,12 +136,13 @@ impl MappedMatrix {
     /// Put one activation row's outputs `file` (file row order) into `out`
     /// in Hugging Face order.
     pub fn unpermute_into(&self, file: &[f32], out: &mut [f32]) {
-        if !self.is_permuted() {
-            out.copy_from_slice(&file[..out.len()]);
-            return;
-        }
-        for (r, o) in out.iter_mut().enumerate().take(self.rows) {
-            *o = file[self.file_row(r)];
+        match &self.file_rows {
+            None => out.copy_from_slice(&file[..out.len()]),
+            Some(rows) => {
+                for (o, &r) in out.iter_mut().zip(rows.iter()) {
+                    *o = file[r as usize];
+                }
+            }
         }
     }
 

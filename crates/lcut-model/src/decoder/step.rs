@@ -108,7 +108,15 @@ impl Decoder {
             return Ok(None);
         }
         let mut scratch = seq.step.take().unwrap_or_default();
-        let out = self.run_step(model, seq, token, rows, probe, &mut scratch);
+        let out = if probe.is_none() {
+            // the whole step on one of rayon's threads, so that each product's
+            // parallel region splits work between running threads rather than
+            // waking this one after every region (a probe stays on the caller's
+            // thread: it need not be Send)
+            rayon::scope(|_| self.run_step(model, seq, token, rows, &mut None, &mut scratch))
+        } else {
+            self.run_step(model, seq, token, rows, probe, &mut scratch)
+        };
         seq.step = Some(scratch);
         out.map(Some)
     }
