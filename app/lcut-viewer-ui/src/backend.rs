@@ -17,7 +17,7 @@ use std::sync::mpsc::{Receiver, Sender, TryRecvError, channel as mpsc_channel};
 
 use lcut_policy::{Policy, PolicySpec, SlimTrace, StepRecord};
 use lcut_report::Format;
-use lcut_trace::Report;
+use lcut_trace::{Report, Sweep};
 
 use crate::failure::JobError;
 use crate::slim_data::SlimRunView;
@@ -84,7 +84,8 @@ pub enum Command {
 /// What a model (folder or `.gguf` file) holds, as the UI shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelSummary {
-    /// The model folder or `.gguf` file.
+    /// The model as the user named it: a folder, a `.gguf` file, or a hub
+    /// cache or Ollama name.
     pub path: String,
     /// Architecture name.
     pub arch: String,
@@ -96,6 +97,8 @@ pub struct ModelSummary {
     pub num_kv_heads: usize,
     /// Head width.
     pub head_dim: usize,
+    /// The longest sequence the model takes (`max_position_embeddings`).
+    pub max_positions: usize,
     /// Whether a tokenizer was found (text prompts need one).
     pub has_tokenizer: bool,
     /// Whether the tokenizer has a chat template.
@@ -178,7 +181,19 @@ pub enum Event {
         /// Where it came from (a file, or "run on MODEL").
         source: String,
     },
-    /// A diagnostic run or a report file failed.
+    /// The diagnostics of a run with a sweep are ready while the sweep
+    /// goes on: the report without its sweep, shown at once;
+    /// [`Event::SweepReady`] ends the run.
+    DiagnoseReady {
+        /// The report so far (no sweep).
+        report: Box<Report>,
+        /// Where it came from ("run on MODEL").
+        source: String,
+    },
+    /// The sweep of the run whose diagnostics came in
+    /// [`Event::DiagnoseReady`]; the run is done.
+    SweepReady(Box<Sweep>),
+    /// A diagnostic run (or its sweep) or a report file failed.
     DiagnoseFailed(JobError),
     /// The running job stopped because it was cancelled.
     Cancelled,

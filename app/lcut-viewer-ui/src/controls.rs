@@ -1,5 +1,5 @@
-//! The control bar: model (folder or `.gguf`), prompts, run / cancel with
-//! progress, open a report, export; and the status bar.
+//! The control bar: model (folder, `.gguf` or store name), prompts, run /
+//! cancel with progress, open a report, export; and the status bar.
 
 use std::path::{Path, PathBuf};
 
@@ -13,13 +13,17 @@ use crate::theme::ERROR_TEXT;
 fn model_row(ui: &mut Ui, state: &mut ViewerState) {
     let idle = !state.busy();
     ui.horizontal(|ui| {
-        let l = ui.label("Model (folder or .gguf):");
+        let l = ui.label("Model (folder, .gguf or name):");
         ui.add(
             TextEdit::singleline(&mut state.inputs.model_path)
                 .desired_width(320.0)
-                .hint_text("a model folder or a .gguf file"),
+                .hint_text("a folder, a .gguf file, ORG/NAME or NAME:TAG"),
         )
-        .labelled_by(l.id);
+        .labelled_by(l.id)
+        .on_hover_text(
+            "a model folder or a GGUF file; or a name already on disk: ORG/NAME[@REV][:FILE] \
+             from the Hugging Face hub cache, NAME[:TAG] from Ollama's store (nothing is downloaded)",
+        );
         if ui
             .add_enabled(idle, egui::Button::new("Browse folder…"))
             .on_hover_text("pick a model folder (config.json, safetensors, tokenizer)")

@@ -67,14 +67,27 @@ pub fn cost_numbers(model: &ModelIdentity, l_cut: usize, s: &CostSettings) -> Co
     }
 }
 
-/// The cost inputs and numbers for `l_cut`.
-pub fn show_cost_panel(ui: &mut Ui, model: &ModelIdentity, l_cut: usize, s: &mut CostSettings) {
+/// Longest context the cost panel offers for a model whose own limit is
+/// unknown (a report opened without its model).
+pub const UNKNOWN_MODEL_MAX_CONTEXT: usize = 10_000_000;
+
+/// The cost inputs and numbers for `l_cut`; the context length goes up to
+/// `max_context`, the model's own limit when it is known.
+pub fn show_cost_panel(
+    ui: &mut Ui,
+    model: &ModelIdentity,
+    l_cut: usize,
+    max_context: Option<usize>,
+    s: &mut CostSettings,
+) {
     ui.heading("Cost");
+    let max_context = max_context.unwrap_or(UNKNOWN_MODEL_MAX_CONTEXT).max(2);
+    s.context_len = s.context_len.clamp(2, max_context);
     Grid::new("cost_inputs").num_columns(2).show(ui, |ui| {
         let l = ui.label("Context length");
         ui.add(
             DragValue::new(&mut s.context_len)
-                .range(2..=10_000_000)
+                .range(2..=max_context)
                 .speed(256.0),
         )
         .labelled_by(l.id);

@@ -26,21 +26,27 @@ use crate::slim_data::SlimRunView;
 pub struct FakeOptions {
     /// Progress steps of a diagnostic run.
     pub diagnose_steps: usize,
+    /// Progress steps of its sweep, after the diagnostics are sent.
+    pub sweep_steps: usize,
     /// Pause between steps (diagnose and generate).
     pub step_delay: Duration,
     /// Layers of the synthetic model.
     pub layers: usize,
     /// Heads of the synthetic model.
     pub heads: usize,
+    /// The synthetic model's longest sequence.
+    pub max_positions: usize,
 }
 
 impl Default for FakeOptions {
     fn default() -> Self {
         Self {
             diagnose_steps: 8,
+            sweep_steps: 4,
             step_delay: Duration::from_millis(5),
             layers: 16,
             heads: 8,
+            max_positions: 8192,
         }
     }
 }
@@ -54,34 +60,62 @@ pub fn fake_model(path: &str, o: &FakeOptions) -> ModelSummary {
         num_heads: o.heads,
         num_kv_heads: o.heads.div_ceil(2),
         head_dim: 16,
+        max_positions: o.max_positions,
         has_tokenizer: true,
         has_chat_template: true,
     }
 }
 
+/// `steps` progress steps of `phase`, `step_delay` apart; false (and
+/// [`Event::Cancelled`] sent) once `job` is cancelled.
+fn run_steps(port: &WorkerPort, job: JobId, phase: &str, steps: usize, o: &FakeOptions) -> bool {
+    for i in 0..steps {
+        if port.is_cancelled(job) {
+            port.send(Event::Cancelled);
+            return false;
+        }
+        port.progress(i, steps, format!("{phase} {i}/{steps}"));
+        std::thread::sleep(o.step_delay);
+    }
+    true
+}
+
+/// A diagnostic run as the engine worker makes one: progress, then the
+/// report; with a sweep, the report without it first, then the sweep's
+/// progress and the sweep.
 fn diagnose(port: &WorkerPort, job: JobId, prompts: &PromptSource, sweep: bool, o: &FakeOptions) {
     let n_prompts = match prompts {
         PromptSource::Typed(_) => 1,
         _ => 6,
     };
-    for i in 0..o.diagnose_steps {
-        if port.is_cancelled(job) {
-            port.send(Event::Cancelled);
+    if !run_steps(port, job, "diagnose: prompt", o.diagnose_steps, o) {
+        return;
+    }
+    let source = "run on the fake backend".to_string();
+    let mut report = match synthetic_report(n_prompts, o.layers, o.heads, sweep) {
+        Ok(r) => r,
+        Err(e) => {
+            port.send(Event::DiagnoseFailed(JobError::new(
+                FailureKind::Diagnose,
+                e.to_string(),
+            )));
             return;
         }
-        port.progress(i, o.diagnose_steps, format!("prompt {}", i % n_prompts));
-        std::thread::sleep(o.step_delay);
-    }
-    match synthetic_report(n_prompts, o.layers, o.heads, sweep) {
-        Ok(report) => port.send(Event::ReportReady {
-            report: Box::new(report),
-            source: "run on the fake backend".into(),
-        }),
-        Err(e) => port.send(Event::DiagnoseFailed(JobError::new(
-            FailureKind::Diagnose,
-            e.to_string(),
-        ))),
     };
+    let Some(measured) = report.sweep.take() else {
+        port.send(Event::ReportReady {
+            report: Box::new(report),
+            source,
+        });
+        return;
+    };
+    port.send(Event::DiagnoseReady {
+        report: Box::new(report),
+        source,
+    });
+    if run_steps(port, job, "sweep: cut", o.sweep_steps, o) {
+        port.send(Event::SweepReady(Box::new(measured)));
+    }
 }
 
 /// Prompt tokens of the fake worker's live prompt, and where its decode
@@ -220,7 +254,14 @@ fn fake_metrics(k: usize, o: &FakeOptions, prompt_layers: u64, resident: u64) ->
     }
 }
 
-fn generate(port: &WorkerPort, run: &FakeRun, o: &FakeOptions) {
+/// The synthetic SlimInfer run (when the extra policy is one), the SPEED
+/// policy and the extra policy of a fake run.
+type FakePolicies = (Option<SlimRunView>, Policy, Option<Policy>);
+
+/// The fake run's policies, resolved for the fake model (the extra one as
+/// a synthetic SlimInfer run when it is one); a policy that does not fit is
+/// reported to the UI as a failed generation and gives `None`.
+fn fake_policies(port: &WorkerPort, run: &FakeRun, o: &FakeOptions) -> Option<FakePolicies> {
     let (prompt_len, decode_start) = FAKE_PROMPT;
     let slim = match &run.extra {
         None => None,
@@ -232,7 +273,7 @@ fn generate(port: &WorkerPort, run: &FakeRun, o: &FakeOptions) {
                         FailureKind::Policy,
                         e,
                     )));
-                    return;
+                    return None;
                 }
             }
         }
@@ -241,15 +282,22 @@ fn generate(port: &WorkerPort, run: &FakeRun, o: &FakeOptions) {
         run.policy.resolve(o.layers),
         run.extra.as_ref().map(|s| s.resolve(o.layers)).transpose(),
     );
-    let (speed, extra) = match resolved {
-        (Ok(speed), Ok(extra)) => (speed, extra),
+    match resolved {
+        (Ok(speed), Ok(extra)) => Some((slim, speed, extra)),
         (Err(e), _) | (_, Err(e)) => {
             port.send(Event::GenerationFailed(JobError::new(
                 FailureKind::Policy,
                 e.to_string(),
             )));
-            return;
+            None
         }
+    }
+}
+
+fn generate(port: &WorkerPort, run: &FakeRun, o: &FakeOptions) {
+    let (prompt_len, _) = FAKE_PROMPT;
+    let Some((slim, speed, extra)) = fake_policies(port, run, o) else {
+        return;
     };
     port.send(Event::GenerationStarted {
         full_policy: Box::new(Policy::full(o.layers)),
@@ -262,7 +310,6 @@ fn generate(port: &WorkerPort, run: &FakeRun, o: &FakeOptions) {
         decided.trace.steps.clear();
         port.send(Event::SlimDecided(Box::new(decided)));
     }
-    let p = prompt_len as u64;
     let mut last = LiveStep::default();
     for k in 0..run.max_new_tokens {
         if port.is_cancelled(run.job) {
@@ -270,43 +317,7 @@ fn generate(port: &WorkerPort, run: &FakeRun, o: &FakeOptions) {
             return;
         }
         std::thread::sleep(o.step_delay);
-        let agree = k % 5 != 3;
-        let tok = |id: usize| {
-            Some(LiveToken {
-                id: id as u32,
-                text: format!(" w{id}"),
-            })
-        };
-        let slim_step = slim.as_ref().and_then(|v| v.trace.steps.get(k).cloned());
-        let (held, resident) = slim_step.as_ref().map_or((0, 0), |s| {
-            let d = o.layers * (prompt_len - decode_start + k + 1);
-            (
-                s.held_token_layers.saturating_sub(d) as u64,
-                s.resident_token_layers.saturating_sub(d) as u64,
-            )
-        });
-        let full_layers = o.layers as u64 * p;
-        let speed_layers = speed.l_cut() as u64 * p;
-        last = LiveStep {
-            index: k,
-            full: tok(k),
-            speed: tok(if agree { k } else { 1000 + k }),
-            extra: run
-                .extra
-                .as_ref()
-                .and(tok(if k % 7 != 5 { k } else { 2000 + k })),
-            agree,
-            extra_agree: run.extra.is_some() && k % 7 != 5,
-            kl: (k < 3).then_some(0.01 * k as f32),
-            full_metrics: fake_metrics(k, o, full_layers, full_layers),
-            speed_metrics: fake_metrics(k, o, speed_layers, speed_layers),
-            extra_metrics: match &run.extra {
-                Some(_) if slim.is_some() => fake_metrics(k, o, held, resident),
-                Some(_) => fake_metrics(k, o, speed_layers, speed_layers),
-                None => LiveMetrics::default(),
-            },
-            slim_steps: slim_step.into_iter().collect(),
-        };
+        last = fake_step(k, run, o, (&speed, slim.as_ref()));
         port.send(Event::GenerationStep(Box::new(last.clone())));
     }
     port.send(Event::GenerationDone {
@@ -315,6 +326,55 @@ fn generate(port: &WorkerPort, run: &FakeRun, o: &FakeOptions) {
         extra_metrics: last.extra_metrics,
         slim: slim.map(|v| Box::new(v.trace)),
     });
+}
+
+/// Step `k` of the fake run: made-up tokens (SPEED disagreeing every fifth
+/// step, the extra policy every seventh) and each policy's figures.
+fn fake_step(
+    k: usize,
+    run: &FakeRun,
+    o: &FakeOptions,
+    (speed, slim): (&Policy, Option<&SlimRunView>),
+) -> LiveStep {
+    let (prompt_len, decode_start) = FAKE_PROMPT;
+    let p = prompt_len as u64;
+    let agree = k % 5 != 3;
+    let tok = |id: usize| {
+        Some(LiveToken {
+            id: id as u32,
+            text: format!(" w{id}"),
+        })
+    };
+    let slim_step = slim.and_then(|v| v.trace.steps.get(k).cloned());
+    let (held, resident) = slim_step.as_ref().map_or((0, 0), |s| {
+        let d = o.layers * (prompt_len - decode_start + k + 1);
+        (
+            s.held_token_layers.saturating_sub(d) as u64,
+            s.resident_token_layers.saturating_sub(d) as u64,
+        )
+    });
+    let full_layers = o.layers as u64 * p;
+    let speed_layers = speed.l_cut() as u64 * p;
+    LiveStep {
+        index: k,
+        full: tok(k),
+        speed: tok(if agree { k } else { 1000 + k }),
+        extra: run
+            .extra
+            .as_ref()
+            .and(tok(if k % 7 != 5 { k } else { 2000 + k })),
+        agree,
+        extra_agree: run.extra.is_some() && k % 7 != 5,
+        kl: (k < 3).then_some(0.01 * k as f32),
+        full_metrics: fake_metrics(k, o, full_layers, full_layers),
+        speed_metrics: fake_metrics(k, o, speed_layers, speed_layers),
+        extra_metrics: match &run.extra {
+            Some(_) if slim.is_some() => fake_metrics(k, o, held, resident),
+            Some(_) => fake_metrics(k, o, speed_layers, speed_layers),
+            None => LiveMetrics::default(),
+        },
+        slim_steps: slim_step.into_iter().collect(),
+    }
 }
 
 /// Serves commands until `Shutdown` or until the UI's end is gone.

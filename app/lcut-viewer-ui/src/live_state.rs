@@ -43,6 +43,11 @@ pub struct LiveState {
     pub extra_text: String,
     /// The cut of the current or last run.
     pub l_cut: Option<usize>,
+    /// The cut the live panel's L_cut control shows and the next run uses,
+    /// once a run, the user or `--l-cut` has set it (a report arriving or a
+    /// cut chosen in the report's views leaves it alone); `None`: the
+    /// report's chosen cut.
+    pub chosen_cut: Option<usize>,
     /// The reference policy, written out.
     pub full_policy: String,
     /// The SPEED policy, written out.
@@ -83,6 +88,7 @@ impl Default for LiveState {
             keep_bos: true,
             extra_text: DEFAULT_SLIM.into(),
             l_cut: None,
+            chosen_cut: None,
             full_policy: String::new(),
             speed_policy: String::new(),
             extra_policy: None,
@@ -124,6 +130,7 @@ impl LiveState {
             keep_bos: self.keep_bos,
             extra_text: std::mem::take(&mut self.extra_text),
             l_cut: Some(l_cut),
+            chosen_cut: Some(l_cut),
             status: LiveStatus::Running,
             ..Self::default()
         };

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use lcut_trace::{LayerCurves, PromptTrace, Report};
+use lcut_trace::{LayerCurves, PromptTrace, Report, Sweep};
 
 use crate::grid::{PositionIndex, SelectionGrids};
 use crate::heatmap::HeatmapCache;
@@ -45,6 +45,8 @@ pub struct LoadedReport {
     pub caches: HeatmapCaches,
     /// Changes whenever the data behind the heatmaps changes.
     pub data_key: u64,
+    /// The run that made this report is still measuring its sweep.
+    pub sweep_pending: bool,
 }
 
 static NEXT_KEY: AtomicU64 = AtomicU64::new(1);
@@ -62,6 +64,7 @@ impl LoadedReport {
             position: None,
             caches: HeatmapCaches::default(),
             data_key: 0,
+            sweep_pending: false,
         };
         me.select(None);
         me
@@ -84,6 +87,13 @@ impl LoadedReport {
             self.position = pos.map(|i| PositionIndex::new(&self.report.traces[i]));
         }
         self.data_key = NEXT_KEY.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Adds the sweep the run measured after this report's diagnostics;
+    /// the selection and the heatmaps stay as they are.
+    pub fn attach_sweep(&mut self, sweep: Sweep) {
+        Arc::make_mut(&mut self.report).sweep = Some(sweep);
+        self.sweep_pending = false;
     }
 
     /// The trace whose prompt positions are shown.

@@ -164,7 +164,8 @@ impl ColorScale {
 /// What the cost is computed for.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CostSettings {
-    /// Prompt tokens (a raw prompt: the last token starts the decode phase).
+    /// Prompt tokens (a raw prompt: the last token starts the decode phase);
+    /// the open model's context length once one is open, 128K before.
     pub context_len: usize,
     /// Tokens generated after the prompt.
     pub new_tokens: usize,
@@ -172,6 +173,15 @@ pub struct CostSettings {
     pub dtype_bytes: usize,
     /// Keep BoS as an anchor (SPEED+BoS).
     pub keep_bos: bool,
+}
+
+impl CostSettings {
+    /// A model was opened: cost its own context length,
+    /// `max_position_embeddings` (8,192 for SmolLM2), not a length it
+    /// cannot take.
+    pub fn start_from_model(&mut self, max_positions: usize) {
+        self.context_len = max_positions.max(2);
+    }
 }
 
 impl Default for CostSettings {

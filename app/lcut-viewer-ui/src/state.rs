@@ -196,7 +196,8 @@ impl ViewerState {
     /// policy when one is typed (a malformed one is an error, no job).
     pub fn run_generate(&mut self) -> bool {
         let layers = self.model.as_ref().map(|m| m.num_layers);
-        let l_cut = layers.map_or(self.view.l_cut, |n| self.view.l_cut.clamp(1, n.max(1)));
+        let chosen = self.live_cut();
+        let l_cut = layers.map_or(chosen, |n| chosen.clamp(1, n.max(1)));
         let extra = match self.live.extra_spec(layers) {
             Ok(e) => e.map(Box::new),
             Err(e) => {
@@ -221,6 +222,13 @@ impl ViewerState {
             self.live.begin(l_cut);
         }
         ok
+    }
+
+    /// The SPEED cut the live panel shows and its next run uses: the cut
+    /// of the run on screen (or one the user or `--l-cut` chose there),
+    /// else the report's chosen cut.
+    pub fn live_cut(&self) -> usize {
+        self.live.chosen_cut.unwrap_or(self.view.l_cut)
     }
 
     /// Exports the report on display.
@@ -294,6 +302,7 @@ impl ViewerState {
         if !matches_report {
             self.view.l_cut = (summary.num_layers * 3).div_ceil(4).max(1);
         }
+        self.cost.start_from_model(summary.max_positions);
         self.model = Some(summary);
         self.job = None;
     }
@@ -318,8 +327,47 @@ impl ViewerState {
         {
             self.live.cancelled();
         }
+        self.sweep_stopped();
         self.job = None;
         self.note("cancelled");
+    }
+
+    /// The run stopped before its sweep came: the report on display will
+    /// not get one.
+    fn sweep_stopped(&mut self) {
+        if let Some(l) = self.loaded.as_mut() {
+            l.sweep_pending = false;
+        }
+    }
+
+    /// Ends the running job if it is one of `kinds` (a report queued
+    /// behind another job must not end that job).
+    fn end_job(&mut self, kinds: &[JobKind]) {
+        if self.job.as_ref().is_some_and(|j| kinds.contains(&j.kind)) {
+            self.job = None;
+        }
+    }
+
+    /// The diagnostics of a run came; its sweep goes on (the job too).
+    fn diagnose_ready(&mut self, report: Report, source: String) {
+        self.set_report(report, source);
+        if let Some(l) = self.loaded.as_mut() {
+            l.sweep_pending = true;
+        }
+        self.note("diagnostics ready; the sweep is running");
+    }
+
+    /// The sweep of the run on display came: the run is done.
+    fn sweep_ready(&mut self, sweep: lcut_trace::Sweep) {
+        self.end_job(&[JobKind::Diagnose]);
+        let points = sweep.points.len();
+        match self.loaded.as_mut() {
+            Some(l) if l.sweep_pending => {
+                l.attach_sweep(sweep);
+                self.note(format!("sweep: {points} points"));
+            }
+            _ => self.note("a sweep came for a report no longer on display; dropped"),
+        }
     }
 
     /// A live generation finished: its last figures, the SlimInfer trace,
@@ -346,8 +394,15 @@ impl ViewerState {
     pub fn apply_event(&mut self, event: Event) {
         match event {
             Event::ModelOpened(summary) => self.model_opened(summary),
-            Event::ModelFailed(e) | Event::DiagnoseFailed(e) | Event::ExportFailed(e) => {
+            Event::ModelFailed(e) => {
+                // the worker let the old model go before trying the new one
+                self.model = None;
                 self.job = None;
+                self.fail(e.to_string());
+            }
+            Event::DiagnoseFailed(e) | Event::ExportFailed(e) => {
+                self.job = None;
+                self.sweep_stopped();
                 self.fail(e.to_string());
             }
             Event::Progress {
@@ -356,9 +411,11 @@ impl ViewerState {
                 message,
             } => self.progress(done, total, message),
             Event::ReportReady { report, source } => {
-                self.job = None;
+                self.end_job(&[JobKind::Diagnose, JobKind::OpenReport]);
                 self.set_report(*report, source);
             }
+            Event::DiagnoseReady { report, source } => self.diagnose_ready(*report, source),
+            Event::SweepReady(sweep) => self.sweep_ready(*sweep),
             Event::Cancelled => self.cancelled(),
             Event::GenerationStarted {
                 full_policy,
@@ -413,6 +470,67 @@ mod tests {
     use crate::backend::channel;
     use crate::failure::{FailureKind, JobError};
     use crate::live_state::LiveStatus;
+
+    /// A model of `layers` layers that takes `max_positions` tokens.
+    fn model(layers: usize, max_positions: usize) -> ModelSummary {
+        ModelSummary {
+            path: "m".into(),
+            arch: "llama".into(),
+            num_layers: layers,
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 16,
+            max_positions,
+            has_tokenizer: true,
+            has_chat_template: true,
+        }
+    }
+
+    #[test]
+    fn the_live_cut_stays_with_its_run_when_a_report_arrives() {
+        let (backend, port) = channel(None);
+        let mut s = ViewerState::new(backend);
+        s.apply_event(Event::ModelOpened(model(30, 8192)));
+        // `lcut-viewer --l-cut 22 --generate`
+        s.live.chosen_cut = Some(22);
+        assert!(s.run_generate());
+        match port.recv() {
+            Some(Command::RunGenerate(r)) => assert_eq!(r.policy.to_string(), "speed:22+bos"),
+            other => panic!("{other:?}"),
+        }
+        // a report queued behind the model arrives while the run streams
+        let report = lcut_diag::synthetic::synthetic_report(2, 30, 4, false).unwrap();
+        let rec = report.recommendation.l_cut;
+        assert_ne!(rec, 22);
+        s.apply_event(Event::ReportReady {
+            report: Box::new(report),
+            source: "file".into(),
+        });
+        assert_eq!(s.view.l_cut, rec);
+        assert_eq!(s.live_cut(), 22);
+        assert_eq!(s.live.l_cut, Some(22));
+        assert!(
+            s.job.as_ref().is_some_and(|j| j.kind == JobKind::Generate),
+            "the report ended the generation's job"
+        );
+    }
+
+    #[test]
+    fn opening_a_model_costs_its_own_context_length() {
+        let (backend, port) = channel(None);
+        let mut s = ViewerState::new(backend);
+        assert_eq!(s.cost.context_len, 131_072);
+        s.apply_event(Event::ModelOpened(model(30, 8192)));
+        assert_eq!(s.cost.context_len, 8192);
+        // the sweep is costed at it too
+        assert!(s.run_diagnose());
+        match port.recv() {
+            Some(Command::RunDiagnose {
+                sweep_context_len, ..
+            }) => assert_eq!(sweep_context_len, Some(8192)),
+            other => panic!("{other:?}"),
+        }
+    }
 
     #[test]
     fn failure_events_show_their_message_and_keep_their_kind() {

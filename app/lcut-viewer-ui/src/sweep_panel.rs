@@ -9,10 +9,34 @@ use lcut_trace::{Sweep, SweepPoint};
 pub use crate::settings::SweepAxis;
 use crate::theme::{CHOSEN, KNEE, SERIES, chosen_label};
 
-/// Draws the sweep (or says that none was run) and lets a row choose `l_cut`.
-pub fn show_sweep(ui: &mut Ui, sweep: Option<&Sweep>, l_cut: &mut usize, axis: &mut SweepAxis) {
+/// The sweep still being measured: its run's progress (`[0, 1]`) and message.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SweepRunning<'a> {
+    /// Progress in `[0, 1]`.
+    pub fraction: f32,
+    /// What the run is doing.
+    pub message: &'a str,
+}
+
+/// Draws the sweep (or its progress while the run measures it, or says that
+/// none was run) and lets a row choose `l_cut`.
+pub fn show_sweep(
+    ui: &mut Ui,
+    sweep: Option<&Sweep>,
+    running: Option<SweepRunning<'_>>,
+    l_cut: &mut usize,
+    axis: &mut SweepAxis,
+) {
     let Some(sweep) = sweep else {
-        ui.label("No sweep in this report: run `lcut sweep` (or `lcut diagnose --sweep`) to measure quality against cost across L_cut.");
+        match running {
+            Some(r) => {
+                ui.label("Sweep running: quality against cost at every L_cut; the other views already show this run's diagnostics.");
+                ui.add(egui::ProgressBar::new(r.fraction).text(r.message));
+            }
+            None => {
+                ui.label("No sweep in this report: run `lcut sweep` (or `lcut diagnose --sweep`) to measure quality against cost across L_cut.");
+            }
+        }
         return;
     };
     show_header(ui, sweep, axis);

@@ -14,7 +14,7 @@ use crate::live::show_live;
 use crate::recommend_panel::{show_recommendation, show_votes};
 use crate::slim_views::show_slim_views;
 use crate::state::{JobKind, Tab, ViewerState};
-use crate::sweep_panel::show_sweep;
+use crate::sweep_panel::{SweepRunning, show_sweep};
 
 /// What cutting at `l_cut` of `layers` means, in words.
 pub fn cut_sentence(l_cut: usize, layers: usize) -> String {
@@ -48,7 +48,23 @@ pub fn show_cutoff_panel(ui: &mut Ui, state: &mut ViewerState) {
     ui.separator();
     show_votes(ui, &report.recommendation, &mut state.view.l_cut);
     ui.separator();
-    show_cost_panel(ui, &report.model, state.view.l_cut, &mut state.cost);
+    // the open model's context length bounds the cost when the report is of it
+    let max_context = state
+        .model
+        .as_ref()
+        .filter(|m| {
+            let r = &report.model;
+            (m.num_layers, m.num_heads, m.num_kv_heads, m.head_dim)
+                == (r.num_layers, r.num_heads, r.num_kv_heads, r.head_dim)
+        })
+        .map(|m| m.max_positions);
+    show_cost_panel(
+        ui,
+        &report.model,
+        state.view.l_cut,
+        max_context,
+        &mut state.cost,
+    );
 }
 
 fn show_empty(ui: &mut Ui) {
@@ -84,14 +100,15 @@ fn show_live_tab(ui: &mut Ui, state: &mut ViewerState) {
     ScrollArea::vertical()
         .id_salt("live_scroll")
         .show(ui, |ui| {
-            if show_live(
-                ui,
-                &mut state.live,
-                &mut state.view.l_cut,
-                layers,
-                can_run,
-                why_not,
-            ) {
+            // the control shows the cut of the run on screen, not the
+            // report's chosen cut (a report arriving, or a cut picked in the
+            // report's views, leaves it alone)
+            let mut cut = state.live_cut();
+            let go = show_live(ui, &mut state.live, &mut cut, layers, can_run, why_not);
+            if cut != state.live_cut() {
+                state.live.chosen_cut = Some(cut);
+            }
+            if go {
                 state.run_generate();
             }
             if state
@@ -140,12 +157,23 @@ pub fn show_central(ui: &mut Ui, state: &mut ViewerState) {
                 );
             });
         }
-        Tab::Sweep => show_sweep(
-            ui,
-            loaded.report.sweep.as_ref(),
-            &mut view.l_cut,
-            &mut view.sweep_axis,
-        ),
+        Tab::Sweep => {
+            let running = state
+                .job
+                .as_ref()
+                .filter(|_| loaded.sweep_pending)
+                .map(|j| SweepRunning {
+                    fraction: j.fraction(),
+                    message: &j.message,
+                });
+            show_sweep(
+                ui,
+                loaded.report.sweep.as_ref(),
+                running,
+                &mut view.l_cut,
+                &mut view.sweep_axis,
+            );
+        }
         Tab::Live => {}
     }
 }

@@ -339,7 +339,7 @@ fn a_dropped_gguf_file_opens_as_a_model() {
     let gguf = dir.path().join("tiny.Q4_1.GGUF");
     std::fs::write(&gguf, b"GGUF").unwrap();
     let mut h = harness(FakeOptions::default());
-    assert!(h.query_by_label("Model (folder or .gguf):").is_some());
+    assert!(h.query_by_label("Model (folder, .gguf or name):").is_some());
     h.input_mut()
         .dropped_files
         .push(Arc::new(Dropped(gguf.clone())));
@@ -477,4 +477,174 @@ fn a_newline_in_live_text_shows_as_an_escape_and_breaks_the_line() {
     let thanks = h.query_all_by_label("Thanks").next().unwrap().rect();
     assert!(thanks.top() >= dear.bottom(), "{dear:?} {thanks:?}");
     assert!(thanks.left() <= dear.left() + 1.0, "{dear:?} {thanks:?}");
+}
+
+#[test]
+fn diagnostics_show_while_the_sweep_still_runs() {
+    let mut h = harness(FakeOptions {
+        sweep_steps: 1_000_000,
+        step_delay: Duration::from_millis(5),
+        ..FakeOptions::default()
+    });
+    h.get_by_label("Bundled model").click();
+    h.step();
+    step_until(&mut h, "the model", |s| s.model.is_some());
+    h.get_by_label("Run diagnostics").click();
+    h.step();
+    step_until(&mut h, "the diagnostics", |s| s.loaded.is_some());
+    h.run_steps(2);
+    // The run goes on (its sweep), and its diagnostics are on screen.
+    let job = h.state().job.clone().expect("the run is still going");
+    assert_eq!(job.kind, lcut_viewer_ui::state::JobKind::Diagnose);
+    assert!(h.query_by_label("No report open").is_none());
+    let loaded = h.state().loaded.as_ref().unwrap();
+    assert!(loaded.report.sweep.is_none() && loaded.sweep_pending);
+    let rec = loaded.report.recommendation.l_cut;
+    assert!(
+        h.query_by_label(&format!("Recommended L_cut: {rec} of 16"))
+            .is_some()
+    );
+    let caches = &h.state().loaded.as_ref().unwrap().caches;
+    for c in [&caches.by_step, &caches.by_position, &caches.by_head] {
+        assert!(c.rebuilds >= 1 && c.texture_size().is_some());
+    }
+    h.get_by_label("Curves").click();
+    h.step();
+    assert!(
+        h.query_by_label_contains("Drag or click in a plot")
+            .is_some()
+    );
+    // The sweep view says it is being measured, with the run's progress.
+    h.get_by_label("Sweep").click();
+    h.step();
+    assert!(h.query_by_label_contains("Sweep running").is_some());
+    step_until(&mut h, "sweep progress", |s| {
+        s.job
+            .as_ref()
+            .is_some_and(|j| j.message.starts_with("sweep"))
+    });
+    // one bar in the status line, one in the sweep view
+    assert_eq!(h.query_all_by_role(Role::ProgressIndicator).count(), 2);
+    assert!(h.state().job.is_some(), "the sweep is still running");
+    // Cancelled, the diagnostics stay and the sweep view says there is none.
+    h.get_by_label("Cancel").click();
+    h.step();
+    step_until(&mut h, "the cancel", |s| s.job.is_none());
+    let loaded = h.state().loaded.as_ref().unwrap();
+    assert!(loaded.report.sweep.is_none() && !loaded.sweep_pending);
+    assert!(
+        h.query_by_label_contains("No sweep in this report")
+            .is_some()
+    );
+}
+
+#[test]
+fn a_finished_sweep_joins_the_report_on_display() {
+    let mut h = harness(FakeOptions::default());
+    open_model_and_run(&mut h);
+    let loaded = h.state().loaded.as_ref().unwrap();
+    assert!(!loaded.sweep_pending);
+    assert!(
+        loaded.report.sweep.is_some(),
+        "the sweep came after the report"
+    );
+    assert!(
+        h.state()
+            .log
+            .iter()
+            .any(|l| l.contains("diagnostics ready; the sweep is running")),
+        "{:?}",
+        h.state().log
+    );
+}
+
+/// The value of the slider labelled `label`.
+fn slider_value(h: &Harness<'_, ViewerState>, label: &str) -> f64 {
+    h.get_by_role_and_label(Role::Slider, label)
+        .accesskit_node()
+        .numeric_value()
+        .unwrap()
+}
+
+#[test]
+fn the_live_l_cut_control_shows_the_cut_of_the_run_on_screen() {
+    let mut h = harness(FakeOptions::default());
+    open_model_and_run(&mut h);
+    let rec = h.state().view.l_cut;
+    let cut = if rec == 5 { 6 } else { 5 };
+    h.get_by_label("Live").click();
+    h.step();
+    h.state_mut().live.max_new_tokens = 4;
+    // Before any live run the control starts from the report's chosen cut.
+    assert_eq!(slider_value(&h, "SPEED L_cut"), rec as f64);
+    h.get_by_role_and_label(Role::Slider, "SPEED L_cut")
+        .set_value_accesskit(cut as f64);
+    h.run_steps(2);
+    h.get_by_label(&format!("Generate at L_cut {cut}")).click();
+    h.step();
+    step_until(&mut h, "the generation", |s| {
+        s.live.status == LiveStatus::Done
+    });
+    assert!(
+        h.query_by_label(&format!("SPEED (speed:{cut}+bos)"))
+            .is_some()
+    );
+    // A new report (its recommendation) and a cut picked in the report's
+    // views leave the control at the cut of the outputs on screen.
+    h.get_by_label("Run diagnostics").click();
+    h.step();
+    step_until(&mut h, "the report", |s| s.job.is_none());
+    assert_eq!(h.state().view.l_cut, rec);
+    h.get_by_role_and_label(Role::Slider, "L_cut")
+        .set_value_accesskit(2.0);
+    h.run_steps(2);
+    assert_eq!(h.state().view.l_cut, 2);
+    assert_eq!(slider_value(&h, "SPEED L_cut"), cut as f64);
+    assert!(
+        h.query_by_label(&format!("Generate at L_cut {cut}"))
+            .is_some()
+    );
+    assert!(
+        h.query_by_label(&format!("SPEED (speed:{cut}+bos)"))
+            .is_some()
+    );
+}
+
+#[test]
+fn the_cost_panel_starts_from_the_models_context_length() {
+    let mut h = harness(FakeOptions {
+        max_positions: 4096,
+        ..FakeOptions::default()
+    });
+    open_model_and_run(&mut h);
+    assert_eq!(h.state().cost.context_len, 4096);
+    let context = |h: &Harness<'_, ViewerState>| {
+        h.get_by_label("Context length")
+            .accesskit_node()
+            .numeric_value()
+            .unwrap()
+    };
+    assert_eq!(context(&h), 4096.0);
+    let model = h.state().loaded.as_ref().unwrap().report.model.clone();
+    let kv_full = |len: usize| {
+        let settings = lcut_viewer_ui::settings::CostSettings {
+            context_len: len,
+            ..lcut_viewer_ui::settings::CostSettings::default()
+        };
+        let c = lcut_viewer_ui::cost_panel::cost_numbers(&model, 16, &settings);
+        format!(
+            "KV bytes (full): {}",
+            lcut_viewer_ui::theme::human_bytes(c.kv_full)
+        )
+    };
+    assert_eq!(label_starting(&h, "KV bytes (full):"), kv_full(4096));
+    // The control goes no further than the model takes.
+    h.get_by_label("Context length")
+        .set_value_accesskit(1_000_000.0);
+    h.run_steps(2);
+    assert_eq!(h.state().cost.context_len, 4096);
+    h.get_by_label("Context length").set_value_accesskit(1024.0);
+    h.run_steps(2);
+    assert_eq!(h.state().cost.context_len, 1024);
+    assert_eq!(label_starting(&h, "KV bytes (full):"), kv_full(1024));
 }

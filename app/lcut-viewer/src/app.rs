@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use lcut_model::gguf::is_gguf_path;
+use lcut_model::StoreRoots;
+use lcut_model::store;
 use lcut_viewer_ui::backend::Command;
 use lcut_viewer_ui::live::LiveStatus;
 use lcut_viewer_ui::{Tab, ViewerState, channel, show_viewer};
@@ -16,8 +17,8 @@ use crate::worker::{WorkerConfig, spawn};
 /// What to open and show when the window appears.
 #[derive(Debug, Clone, Default)]
 pub struct StartOptions {
-    /// A model to load, a folder or a `.gguf` file (the bundled one when
-    /// `None` and it exists).
+    /// A model to load: a folder, a GGUF file or a store name (the bundled
+    /// one when `None` and it exists).
     pub model: Option<PathBuf>,
     /// Do not load any model at start.
     pub no_model: bool,
@@ -40,28 +41,22 @@ pub struct StartOptions {
     /// Generate in the live view once the model is loaded (after the
     /// diagnostic run of `run`, if any).
     pub generate: bool,
-    /// The chosen L_cut for `generate` (default: the recommendation of the
-    /// run, or 3/4 of the depth).
+    /// The live view's SPEED L_cut, which `generate` runs at and the live
+    /// control keeps showing (default: the report's chosen cut, the
+    /// recommendation of the run, or 3/4 of the depth).
     pub l_cut: Option<usize>,
     /// Record this many idle frames, then drag-pan the prompt-position
     /// heatmap for as many more, print both frame-time summaries and quit.
     pub bench_pan_frames: Option<usize>,
 }
 
-/// Checks a model path given on the command line: an existing folder (the
-/// worker reports what it lacks) or an existing `.gguf` file (the worker
-/// reports a damaged one).
-pub fn check_model_path(path: &Path) -> Result<(), String> {
-    if path.is_dir() || (path.is_file() && is_gguf_path(path)) {
-        Ok(())
-    } else if !path.exists() {
-        Err(format!("{}: no such file or folder", path.display()))
-    } else {
-        Err(format!(
-            "{}: expected a model folder or a .gguf file",
-            path.display()
-        ))
-    }
+/// Checks a model given on the command line before the window opens: an
+/// existing folder or GGUF file (the worker reports what a folder lacks or
+/// a damaged file), or a hub cache or Ollama name that is on disk.
+pub fn check_model(reference: &Path, roots: &StoreRoots) -> Result<(), String> {
+    store::resolve(reference, roots)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
 /// Parses a tab name (case-insensitive label).
@@ -94,7 +89,6 @@ pub struct ViewerApp {
     worker: Option<JoinHandle<()>>,
     pending_run: bool,
     pending_generate: bool,
-    l_cut: Option<usize>,
     watched: Option<Watched>,
     bench: Option<PanBench>,
 }
@@ -113,7 +107,6 @@ impl ViewerApp {
             worker: Some(worker),
             pending_run: opts.run,
             pending_generate: opts.generate,
-            l_cut: opts.l_cut,
             watched: None,
             bench: opts.bench_pan_frames.map(|frames| PanBench {
                 frames,
@@ -157,6 +150,9 @@ impl ViewerApp {
         }
         if let Some(p) = &opts.live_prompt {
             s.live.prompt.clone_from(p);
+        }
+        if let Some(c) = opts.l_cut {
+            s.live.chosen_cut = Some(c);
         }
         if let Some(n) = opts.live_max_new_tokens {
             s.live.max_new_tokens = n;
@@ -224,9 +220,6 @@ impl ViewerApp {
             }
         } else {
             self.pending_generate = false;
-            if let Some(c) = self.l_cut {
-                s.view.l_cut = c;
-            }
             if s.run_generate() {
                 self.watched = Some(Watched::Generate);
             }
@@ -364,17 +357,50 @@ mod tests {
     use super::*;
 
     #[test]
-    fn model_paths_on_the_command_line() {
+    fn the_l_cut_flag_is_the_live_controls_cut() {
+        let opts = StartOptions {
+            no_model: true,
+            l_cut: Some(22),
+            ..StartOptions::default()
+        };
+        let mut app = ViewerApp::new(&egui::Context::default(), &opts).unwrap();
+        assert_eq!(app.state.live_cut(), 22);
+        // the report's chosen cut is another thing
+        app.state.view.l_cut = 28;
+        assert_eq!(app.state.live_cut(), 22);
+        if let Some(b) = app.state.backend.as_mut() {
+            b.send(Command::Shutdown);
+        }
+        if let Some(w) = app.worker.take() {
+            w.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn models_on_the_command_line() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(check_model_path(dir.path()).is_ok());
+        let roots = StoreRoots::at(dir.path().join("hub"), dir.path().join("ollama"));
+        assert!(check_model(dir.path(), &roots).is_ok());
         let gguf = dir.path().join("m.Q4_1.gguf");
         std::fs::write(&gguf, b"GGUF").unwrap();
-        assert!(check_model_path(&gguf).is_ok());
+        assert!(check_model(&gguf, &roots).is_ok());
         let txt = dir.path().join("m.txt");
         std::fs::write(&txt, b"").unwrap();
-        let e = check_model_path(&txt).unwrap_err();
-        assert!(e.contains("m.txt") && e.contains("a .gguf file"), "{e}");
-        let e = check_model_path(&dir.path().join("gone.gguf")).unwrap_err();
+        let e = check_model(&txt, &roots).unwrap_err();
+        assert!(e.contains("m.txt") && e.contains("a GGUF file"), "{e}");
+        let e = check_model(&dir.path().join("gone.gguf"), &roots).unwrap_err();
         assert!(e.contains("gone.gguf") && e.contains("no such"), "{e}");
+        // a hub cache name on disk passes; one that is not names the cache
+        let snapshot = dir.path().join("hub/models--org--m/snapshots/abc123");
+        std::fs::create_dir_all(&snapshot).unwrap();
+        std::fs::write(
+            dir.path()
+                .join("hub/models--org--m/snapshots/abc123/m.gguf"),
+            b"GGUF",
+        )
+        .unwrap();
+        assert!(check_model(Path::new("org/m"), &roots).is_ok());
+        let e = check_model(Path::new("org/other"), &roots).unwrap_err();
+        assert!(e.contains("models--org--other") && e.contains("hub"), "{e}");
     }
 }

@@ -4,13 +4,14 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, anyhow};
 use clap::Parser;
-use lcut_viewer::app::{StartOptions, ViewerApp, check_model_path, parse_tab};
+use lcut_viewer::app::{StartOptions, ViewerApp, check_model, parse_tab};
 
 /// The lcut desktop viewer.
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Args {
-    /// Model to open at start: a model folder or a .gguf file (default: the bundled model, if present).
+    /// Model to open at start: a model folder, a GGUF file, a Hugging Face cache name
+    /// ORG/NAME[@REV][:FILE] or an Ollama name NAME[:TAG] (default: the bundled model, if present).
     #[arg(long, value_name = "DIR|FILE.gguf")]
     model: Option<PathBuf>,
     /// Do not open any model at start.
@@ -41,8 +42,9 @@ struct Args {
     /// Generate in the live view as soon as the model is loaded (after --run); print a line when done.
     #[arg(long)]
     generate: bool,
-    /// The SPEED L_cut for --generate (default: the recommendation of --run, else 3/4 of the depth).
-    #[arg(long, value_name = "N", requires = "generate")]
+    /// The live view's SPEED L_cut, used by --generate and kept on its control (default: the
+    /// recommendation of --run, else 3/4 of the depth).
+    #[arg(long, value_name = "N")]
     l_cut: Option<usize>,
     /// The view to show first: heatmaps, curves, recommendation, sweep or live.
     #[arg(long, value_name = "NAME")]
@@ -78,7 +80,7 @@ fn main() -> anyhow::Result<()> {
         None => None,
     };
     if let Some(m) = &args.model {
-        check_model_path(m).map_err(|e| anyhow!("--model: {e}"))?;
+        check_model(m, &lcut_model::StoreRoots::from_env()).map_err(|e| anyhow!("--model: {e}"))?;
     }
     let opts = StartOptions {
         model: args.model,

@@ -1,7 +1,7 @@
-//! The worker thread that owns the engine: it loads models (folders or GGUF
-//! files), runs the diagnostics and live generations, and answers with
-//! events. Reports and exports need no model and go through
-//! `lcut_viewer_ui::jobs`.
+//! The worker thread that owns the engine: it loads models (folders, GGUF
+//! files, hub cache and Ollama names), runs the diagnostics and live
+//! generations, and answers with events. Reports and exports need no model
+//! and go through `lcut_viewer_ui::jobs`.
 
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
@@ -11,8 +11,8 @@ use lcut_engine::diagnose::{
     prepare_prompts, read_prompt_set, sweep,
 };
 use lcut_engine::{EngineError, Session};
-use lcut_model::gguf::is_gguf_path;
-use lcut_model::{DType, Device};
+use lcut_model::store;
+use lcut_model::{DType, Device, ModelFormat, StoreRoots, WeightMode};
 use lcut_viewer_ui::backend::{Command, Event, JobId, ModelSummary, PromptSource, WorkerPort};
 use lcut_viewer_ui::jobs::{serve_export, serve_open_report};
 use lcut_viewer_ui::{FailureKind, JobError};
@@ -26,12 +26,16 @@ use lcut_viewer_ui::backend::LiveRequest;
 pub struct WorkerConfig {
     /// The bundled prompt set (`PromptSource::Bundled`).
     pub bundled_prompts: PathBuf,
+    /// Where model names (`ORG/NAME`, `NAME:TAG`) are looked up: the hub
+    /// cache and Ollama's store.
+    pub store_roots: StoreRoots,
 }
 
 impl Default for WorkerConfig {
     fn default() -> Self {
         Self {
             bundled_prompts: paths::resolve(BUNDLED_PROMPTS),
+            store_roots: StoreRoots::from_env(),
         }
     }
 }
@@ -87,12 +91,11 @@ fn progress_callback<'a>(
     }
 }
 
-/// What `path` names as a model, for messages: a GGUF file or a model folder.
-pub fn model_kind(path: &Path) -> &'static str {
-    if is_gguf_path(path) {
-        "GGUF file"
-    } else {
-        "model folder"
+/// What a model is, for messages: a GGUF file or a model folder.
+pub fn model_kind(format: ModelFormat) -> &'static str {
+    match format {
+        ModelFormat::Gguf => "GGUF file",
+        ModelFormat::Folder => "model folder",
     }
 }
 
@@ -107,12 +110,13 @@ pub struct EngineWorker {
 pub fn summarise(session: &Session) -> ModelSummary {
     let c = session.model.config();
     ModelSummary {
-        path: session.folder().display().to_string(),
+        path: session.name().to_string(),
         arch: format!("{:?}", c.arch).to_lowercase(),
         num_layers: c.num_layers,
         num_heads: c.num_heads,
         num_kv_heads: c.num_kv_heads,
         head_dim: c.head_dim,
+        max_positions: c.max_position_embeddings,
         has_tokenizer: session.tokenizer.is_some(),
         has_chat_template: session.has_chat_template(),
     }
@@ -161,20 +165,28 @@ impl EngineWorker {
         }
     }
 
-    fn open_model(&mut self, path: &Path) {
+    /// Resolve `reference` (a path or a store name), then load it.
+    fn open_model(&mut self, reference: &Path) {
         self.port
-            .progress(0, 1, format!("loading {}", path.display()));
+            .progress(0, 1, format!("loading {}", reference.display()));
         // Free the old model before loading the next one.
         self.session = None;
-        match Session::load(path, DType::F32, &Device::Cpu) {
+        let loaded = match store::resolve(reference, &self.config.store_roots) {
+            Ok(model) => {
+                Session::load_resolved(&model, WeightMode::Dense(DType::F32), &Device::Cpu)
+                    .map_err(|e| format!("loading the {} {model}: {e}", model_kind(model.format)))
+            }
+            Err(e) => Err(format!("loading model {}: {e}", reference.display())),
+        };
+        match loaded {
             Ok(s) => {
                 self.port.send(Event::ModelOpened(summarise(&s)));
                 self.session = Some(s);
             }
-            Err(e) => {
+            Err(message) => {
                 self.port.send(Event::ModelFailed(JobError::new(
                     FailureKind::LoadModel,
-                    format!("loading the {} {}: {e}", model_kind(path), path.display()),
+                    message,
                 )));
             }
         }
@@ -240,38 +252,40 @@ impl EngineWorker {
             }
         };
         opts.prompts_file = prompts_file;
+        let source = format!("run on {}", session.folder().display());
+        // With a sweep, the diagnostics are shown as soon as they exist; the
+        // sweep (every cut, minutes on a real model) follows.
         let result = (|| {
             let prepared = prepare_prompts(session, &prompts, &opts)?;
-            let mut report = {
+            let report = {
                 let mut cb = progress_callback(port, job, "diagnose", opts.max_new_tokens);
                 diagnose_prepared(session, &prepared, &opts, &mut cb)?
             };
-            if let Some(context_len) = sweep_context_len {
-                let sweep_opts = SweepOptions {
-                    cuts: None,
-                    anchor_free: true,
-                    context_len,
-                    max_new_tokens: opts.max_new_tokens,
-                    ..SweepOptions::default()
-                };
-                let mut cb = progress_callback(port, job, "sweep", 1);
-                report.sweep = Some(sweep(
-                    session,
-                    &prepared,
-                    &sweep_opts,
-                    &opts.thresholds,
-                    &mut cb,
-                )?);
-            }
-            Ok::<_, EngineError>(report)
-        })();
-        match result {
-            Ok(report) => {
+            let Some(context_len) = sweep_context_len else {
                 port.send(Event::ReportReady {
                     report: Box::new(report),
-                    source: format!("run on {}", session.folder().display()),
+                    source,
                 });
-            }
+                return Ok(());
+            };
+            port.send(Event::DiagnoseReady {
+                report: Box::new(report),
+                source,
+            });
+            let sweep_opts = SweepOptions {
+                cuts: None,
+                anchor_free: true,
+                context_len,
+                max_new_tokens: opts.max_new_tokens,
+                ..SweepOptions::default()
+            };
+            let mut cb = progress_callback(port, job, "sweep", 1);
+            let measured = sweep(session, &prepared, &sweep_opts, &opts.thresholds, &mut cb)?;
+            port.send(Event::SweepReady(Box::new(measured)));
+            Ok::<_, EngineError>(())
+        })();
+        match result {
+            Ok(()) => {}
             Err(EngineError::Cancelled) => {
                 port.send(Event::Cancelled);
             }

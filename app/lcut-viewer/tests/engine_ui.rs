@@ -16,6 +16,7 @@ use std::time::Duration;
 use egui::accesskit::Role;
 use egui_kittest::Harness;
 use egui_kittest::kittest::{NodeT, Queryable};
+use lcut_model::StoreRoots;
 use lcut_viewer::paths;
 use lcut_viewer::worker::{WorkerConfig, spawn};
 use lcut_viewer_ui::live::LiveStatus;
@@ -65,11 +66,17 @@ fn fixture() -> Fixture {
 }
 
 fn harness(f: &Fixture) -> Harness<'static, ViewerState> {
+    harness_with(f, WorkerConfig::default().store_roots)
+}
+
+/// The harness with model names looked up in `store_roots`.
+fn harness_with(f: &Fixture, store_roots: StoreRoots) -> Harness<'static, ViewerState> {
     let (backend, port) = channel(None);
     spawn(
         port,
         WorkerConfig {
             bundled_prompts: f.prompts.clone(),
+            store_roots,
         },
     )
     .unwrap();
@@ -292,6 +299,56 @@ fn a_missing_model_folder_is_named_in_the_error() {
     );
 }
 
+/// The model field takes the names of models on disk: a hub cache name and
+/// an Ollama name open their models (the field keeps the name), and a name
+/// on disk nowhere fails with the resolver's message naming where it looked.
+#[test]
+fn the_model_field_takes_hub_cache_and_ollama_names() {
+    let f = fixture();
+    let stores = tempfile::tempdir().unwrap();
+    let repo = stores.path().join("hub/models--org--m");
+    let snapshot = repo.join("snapshots/abc123");
+    std::fs::create_dir_all(&snapshot).unwrap();
+    for entry in std::fs::read_dir(&f.model).unwrap() {
+        let entry = entry.unwrap();
+        if entry.path().is_file() {
+            std::fs::copy(entry.path(), snapshot.join(entry.file_name())).unwrap();
+        }
+    }
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), "abc123").unwrap();
+    let ollama = stores.path().join("ollama");
+    let digest = "ab".repeat(32);
+    std::fs::create_dir_all(ollama.join("blobs")).unwrap();
+    std::fs::copy(oracle_gguf(), ollama.join(format!("blobs/sha256-{digest}"))).unwrap();
+    let manifest = ollama.join("manifests/registry.ollama.ai/library/gqa/f32");
+    std::fs::create_dir_all(manifest.parent().unwrap()).unwrap();
+    std::fs::write(
+        &manifest,
+        format!(
+            r#"{{"layers":[{{"mediaType":"application/vnd.ollama.image.model","digest":"sha256:{digest}"}}]}}"#
+        ),
+    )
+    .unwrap();
+    let mut h = harness_with(&f, StoreRoots::at(stores.path().join("hub"), &ollama));
+
+    open_typed_model(&mut h, Path::new("org/m"));
+    assert!(h.state().error.is_none(), "{:?}", h.state().error);
+    assert_eq!(h.state().model.as_ref().unwrap().path, "org/m");
+    assert_eq!(h.state().inputs.model_path, "org/m");
+    open_typed_model(&mut h, Path::new("gqa:f32"));
+    assert!(h.state().error.is_none(), "{:?}", h.state().error);
+    assert_eq!(h.state().model.as_ref().unwrap().num_layers, 6);
+
+    open_typed_model(&mut h, Path::new("org/absent"));
+    let e = h.state().error.clone().expect("an error");
+    for part in ["org/absent", "never downloads", "models--org--absent"] {
+        assert!(e.contains(part), "the error does not mention {part:?}: {e}");
+    }
+    assert!(h.state().model.is_none());
+    assert!(h.query_all_by_label_contains("models--org--absent").count() >= 1);
+}
+
 /// The llama-gqa oracle as a GGUF file (f32 weights, SentencePiece vocab, no
 /// chat template): 6 layers, 4 heads, 2 KV heads.
 fn oracle_gguf() -> PathBuf {
@@ -480,6 +537,82 @@ fn worker_failures_carry_their_kind() {
         }
         other => panic!("expected a typed load failure, got {other:?}"),
     }
+    backend.send(Command::Shutdown);
+    assert!(worker.join().is_ok());
+}
+
+/// With a sweep, the engine worker sends the diagnostics as soon as they
+/// exist (no sweep in them), then the sweep's progress, then the sweep at
+/// the context length asked for; the model's own context length reaches
+/// the UI with the model.
+#[test]
+fn the_worker_sends_the_diagnostics_before_the_sweep() {
+    use lcut_viewer_ui::backend::{Command, Event, PromptSource};
+
+    let f = fixture();
+    let (mut backend, port) = channel(None);
+    let worker = spawn(
+        port,
+        WorkerConfig {
+            bundled_prompts: f.prompts.clone(),
+            ..WorkerConfig::default()
+        },
+    )
+    .unwrap();
+    let mut events = Vec::new();
+    let mut wait_for = |backend: &mut lcut_viewer_ui::Backend, done: fn(&Event) -> bool| {
+        for _ in 0..12_000 {
+            let got = backend.poll();
+            let end = got.iter().any(done);
+            events.extend(got);
+            if end {
+                return events.clone();
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("timed out; events so far: {}", events.len());
+    };
+    backend.send(Command::OpenModel(f.model.clone()));
+    let opened = wait_for(&mut backend, |e| {
+        matches!(e, Event::ModelOpened(_) | Event::ModelFailed(_))
+    });
+    let max_positions = match opened.last() {
+        Some(Event::ModelOpened(m)) => m.max_positions,
+        other => panic!("{other:?}"),
+    };
+    let config = lcut_model::ModelConfig::from_folder(&f.model).unwrap();
+    assert_eq!(max_positions, config.max_position_embeddings);
+    backend.send(Command::RunDiagnose {
+        job: 1,
+        prompts: PromptSource::Typed("copy this the quick brown fox".into()),
+        max_new_tokens: 2,
+        use_chat_template: false,
+        sweep_context_len: Some(max_positions),
+    });
+    let all = wait_for(&mut backend, |e| {
+        matches!(
+            e,
+            Event::SweepReady(_) | Event::DiagnoseFailed(_) | Event::ReportReady { .. }
+        )
+    });
+    let run = &all[opened.len()..];
+    let ready = run
+        .iter()
+        .position(|e| matches!(e, Event::DiagnoseReady { report, .. } if report.sweep.is_none()))
+        .expect("the diagnostics came on their own");
+    let first_sweep_progress = run
+        .iter()
+        .position(|e| matches!(e, Event::Progress { message, .. } if message.starts_with("sweep")))
+        .expect("sweep progress");
+    assert!(ready < first_sweep_progress, "the diagnostics came first");
+    match run.last() {
+        Some(Event::SweepReady(sweep)) => {
+            assert_eq!(sweep.context_len, max_positions);
+            assert!(!sweep.points.is_empty());
+        }
+        other => panic!("expected the sweep last, got {other:?}"),
+    }
+    assert!(!run.iter().any(|e| matches!(e, Event::ReportReady { .. })));
     backend.send(Command::Shutdown);
     assert!(worker.join().is_ok());
 }

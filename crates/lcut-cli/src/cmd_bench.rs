@@ -11,18 +11,18 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use lcut_diag::{FlopShape, layered_prefill_flops};
 use lcut_engine::{Generation, GenerationConfig, GenerationOutput, PreparedPrompt};
-use lcut_model::gguf::is_gguf_path;
 use lcut_model::probes::PhaseMassProbe;
 use lcut_model::{
-    Decoder, LlamaShape, LogitRows, WeightMode, argmax_rows, default_attention_block_elems,
+    Decoder, LlamaShape, LogitRows, ModelFormat, ResolvedModel, WeightMode, argmax_rows,
+    default_attention_block_elems,
 };
 use lcut_policy::{Policy, PolicySpec, TokenPhases};
-use lcut_testkit::synth::RandomLlama;
+use lcut_synth::RandomLlama;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde::Serialize;
 
 use crate::args::{DeviceArg, KvDtypeArg, PolicyList, WeightArg};
-use crate::common::{ensure_fits, parse_len, write_atomic};
+use crate::common::{ensure_fits, parse_len, resolve_model, write_atomic};
 use lcut_kernels::bandwidth::{DEFAULT_BYTES, measure_read};
 
 /// Arguments of `lcut bench`.
@@ -31,7 +31,10 @@ pub struct BenchArgs {
     /// LoRA adapter options (`--lora DIR`, `--lora-mode`).
     #[command(flatten)]
     pub lora: crate::lora_opt::LoraArgs,
-    /// Model folder or `.gguf` file; a random-weight Llama of the shape below by default.
+    /// Model: a folder, a GGUF file, a Hugging Face cache name
+    /// `ORG/NAME[@REV][:FILE]` or an Ollama name `NAME[:TAG]` (`lcut models`
+    /// lists them);
+    /// a random-weight Llama of the shape below by default.
     #[arg(long)]
     model: Option<PathBuf>,
     /// Policies to compare, separated by `,` or `;` (`slim:4@2k,8@1k` stays
@@ -247,15 +250,13 @@ fn measure_rounds(
 /// One policy's row at one prompt length: medians over its rounds, K/V
 /// checked against the cost formula, the FLOP prediction and peak memory
 /// (ratios against full are filled in by the caller).
-#[allow(clippy::too_many_arguments)]
 fn bench_row(
     model: &Decoder,
     policy: &Policy,
     runs: &PolicyRuns,
     len: usize,
     args: &BenchArgs,
-    block: usize,
-    bandwidth: f64,
+    (block, bandwidth): (usize, f64),
 ) -> Result<BenchRow> {
     let outs = &runs.outs;
     let out = outs.last().context("no run")?;
@@ -304,24 +305,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mode = args.dtype.mode();
     let dtype = mode.activation_dtype();
     let device = args.device.open()?;
-    if mode == WeightMode::Quantized && !args.model.as_deref().is_some_and(is_gguf_path) {
-        bail!("--dtype q runs a GGUF file's quantized weights: give one with --model FILE.gguf");
+    let resolved = args.model.as_deref().map(resolve_model).transpose()?;
+    let is_gguf = |m: &ResolvedModel| m.format == ModelFormat::Gguf;
+    if mode == WeightMode::Quantized && !resolved.as_ref().is_some_and(is_gguf) {
+        bail!("--dtype q runs a GGUF file's quantized weights: give one with --model");
     }
     if args.vs_candle {
-        if mode == WeightMode::Quantized {
-            bail!("--vs-candle compares dense f32/bf16/f16 models; drop --dtype q");
-        }
-        let tmp = tempfile::tempdir()?;
-        let folder = match &args.model {
-            Some(m) => m.clone(),
-            None => {
-                describe(args);
-                let dir = tmp.path().join("random-llama");
-                random_shape(args).write(&dir)?;
-                dir
-            }
-        };
-        return vs_candle(args, &folder, dtype, &device);
+        return against_candle(args, resolved.as_ref(), mode, &device);
     }
     let lengths = args
         .prompt_lengths
@@ -332,35 +322,15 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let block = args
         .attention_block
         .unwrap_or_else(|| default_attention_block_elems(&device));
-    let sizes = (longest, args.prefill_chunk, block);
-    let mut model = match &args.model {
-        Some(folder) => {
-            let mut model = Decoder::load_as(folder, mode, &device)
-                .with_context(|| format!("loading {}", folder.display()))?;
-            args.lora.apply(&mut model, &args.policies.texts())?;
-            ensure_fits(model.config(), dtype, &device, sizes, true)?;
-            model
-        }
-        None => {
-            describe(args);
-            let shape = random_shape(args);
-            ensure_fits(&shape.config()?, dtype, &device, sizes, false)?;
-            shape.build(dtype, &device)?
-        }
-    };
+    let mut model = bench_model(
+        args,
+        resolved.as_ref(),
+        (mode, dtype, &device),
+        (longest, args.prefill_chunk, block),
+    )?;
     model.set_attention_block_elems(block);
     model.set_kv_dtype(args.kv_dtype.dtype(mode))?;
-    let num_layers = model.config().num_layers;
-    let mut specs: Vec<PolicySpec> = vec![PolicySpec::full()];
-    for spec in &args.policies.0 {
-        if !specs.contains(spec) {
-            specs.push(*spec);
-        }
-    }
-    let policies = specs
-        .iter()
-        .map(|s| s.resolve(num_layers))
-        .collect::<Result<Vec<_>, _>>()?;
+    let policies = bench_policies(args, model.config().num_layers)?;
     let bos = model.config().bos_token_id.unwrap_or(1);
     let total = (lengths.len() * policies.len() * args.repeats.max(1)) as u64;
     let bar = ProgressBar::new(total).with_style(
@@ -380,26 +350,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let ids = random_prompt(len, model.config().vocab_size, bos, len as u64);
         let prompt = PreparedPrompt::from_ids(ids, None)?;
         let runs = measure_rounds(&model, &prompt, &policies, args, &bar)?;
-        let mut at_len: Vec<BenchRow> = Vec::new();
-        for (policy, policy_runs) in policies.iter().zip(&runs) {
-            at_len.push(bench_row(
-                &model,
-                policy,
-                policy_runs,
-                len,
-                args,
-                block,
-                bandwidth,
-            )?);
-        }
-        let full = at_len[0].clone();
-        for r in &mut at_len {
-            r.ttft_ratio = r.ttft_s / full.ttft_s;
-            r.tpot_ratio = r.tpot_s / full.tpot_s;
-            r.kv_ratio = r.kv_bytes as f64 / full.kv_bytes as f64;
-            r.tpot_ratio_predicted = r.bytes_per_token as f64 / full.bytes_per_token as f64;
-        }
-        rows.extend(at_len);
+        rows.extend(rows_at_length(
+            &model,
+            &policies,
+            &runs,
+            (len, block, bandwidth),
+            args,
+        )?);
     }
     bar.finish_and_clear();
     print_rows(&rows);
@@ -411,6 +368,104 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         eprintln!("wrote {}", path.display());
     }
     Ok(())
+}
+
+/// `--vs-candle`: plain decoding against candle-transformers' Llama, on the
+/// model given or a random one of the shape in the arguments (written to a
+/// temporary folder, which candle-transformers loads).
+fn against_candle(
+    args: &BenchArgs,
+    resolved: Option<&ResolvedModel>,
+    mode: WeightMode,
+    device: &Device,
+) -> Result<()> {
+    if mode == WeightMode::Quantized {
+        bail!("--vs-candle compares dense f32/bf16/f16 models; drop --dtype q");
+    }
+    if resolved.is_some_and(|m| m.format == ModelFormat::Gguf) {
+        bail!("--vs-candle loads candle-transformers' Llama from a model folder, not a GGUF file");
+    }
+    let tmp = tempfile::tempdir()?;
+    let folder = match resolved {
+        Some(m) => m.path.clone(),
+        None => {
+            describe(args);
+            let dir = tmp.path().join("random-llama");
+            random_shape(args).write(&dir)?;
+            dir
+        }
+    };
+    vs_candle(args, &folder, mode.activation_dtype(), device)
+}
+
+/// The model measured: the one given (with its adapter), or a random one of
+/// the shape in the arguments; refused when a run of `sizes` (longest
+/// sequence, prefill chunk, attention block) would not fit in memory.
+fn bench_model(
+    args: &BenchArgs,
+    resolved: Option<&ResolvedModel>,
+    (mode, dtype, device): (WeightMode, DType, &Device),
+    sizes: (usize, usize, usize),
+) -> Result<Decoder> {
+    Ok(match resolved {
+        Some(resolved) => {
+            let mut model = Decoder::load_format(&resolved.path, resolved.format, mode, device)
+                .with_context(|| format!("loading {resolved}"))?;
+            args.lora.apply(&mut model, &args.policies.texts())?;
+            ensure_fits(model.config(), dtype, device, sizes, true)?;
+            model
+        }
+        None => {
+            describe(args);
+            let shape = random_shape(args);
+            ensure_fits(&shape.config()?, dtype, device, sizes, false)?;
+            shape.build(dtype, device)?
+        }
+    })
+}
+
+/// `full`, then the policies of the arguments (each once), resolved.
+fn bench_policies(args: &BenchArgs, num_layers: usize) -> Result<Vec<Policy>> {
+    let mut specs: Vec<PolicySpec> = vec![PolicySpec::full()];
+    for spec in &args.policies.0 {
+        if !specs.contains(spec) {
+            specs.push(*spec);
+        }
+    }
+    Ok(specs
+        .iter()
+        .map(|s| s.resolve(num_layers))
+        .collect::<Result<Vec<_>, _>>()?)
+}
+
+/// The rows of every policy at one prompt length, with their ratios to
+/// full's (the first policy).
+fn rows_at_length(
+    model: &Decoder,
+    policies: &[Policy],
+    runs: &[PolicyRuns],
+    (len, block, bandwidth): (usize, usize, f64),
+    args: &BenchArgs,
+) -> Result<Vec<BenchRow>> {
+    let mut at_len: Vec<BenchRow> = Vec::new();
+    for (policy, policy_runs) in policies.iter().zip(runs) {
+        at_len.push(bench_row(
+            model,
+            policy,
+            policy_runs,
+            len,
+            args,
+            (block, bandwidth),
+        )?);
+    }
+    let full = at_len[0].clone();
+    for r in &mut at_len {
+        r.ttft_ratio = r.ttft_s / full.ttft_s;
+        r.tpot_ratio = r.tpot_s / full.tpot_s;
+        r.kv_ratio = r.kv_bytes as f64 / full.kv_bytes as f64;
+        r.tpot_ratio_predicted = r.bytes_per_token as f64 / full.bytes_per_token as f64;
+    }
+    Ok(at_len)
 }
 
 /// The table `lcut bench` prints: ratios against full measured in the
@@ -617,7 +672,12 @@ fn vs_candle(
     dtype: DType,
     device: &Device,
 ) -> Result<()> {
-    let model = Decoder::load(folder, dtype, device)?;
+    let model = Decoder::load_format(
+        folder,
+        ModelFormat::Folder,
+        WeightMode::Dense(dtype),
+        device,
+    )?;
     let len = args
         .prompt_lengths
         .split(',')

@@ -21,7 +21,9 @@ pub struct DiagnoseArgs {
     /// LoRA adapter options (`--lora DIR`, `--lora-mode`).
     #[command(flatten)]
     pub lora: crate::lora_opt::LoraArgs,
-    /// Model folder or `.gguf` file; the bundled model by default.
+    /// Model: a folder, a GGUF file, a Hugging Face cache name
+    /// `ORG/NAME[@REV][:FILE]` or an Ollama name `NAME[:TAG]` (`lcut models`
+    /// lists them); the bundled model by default.
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Prompt set (JSON Lines: {"id", "prompt", "system"?}); the bundled set by default.

@@ -18,9 +18,10 @@ use crate::common::{open_session, write_atomic};
 pub struct EvalCommand {
     /// Model, policy and, without `--suite`, the bundled task's `--n` and `--seed`.
     #[command(flatten)]
-    pub base: lcut_train::EvalArgs,
+    pub base: crate::cmd_train::EvalArgs,
     /// A task suite (JSON Lines with answers and scoring rules): run it on
-    /// any model (HF folder or .gguf) instead of the bundled task.
+    /// any `--model` (a folder, a GGUF file, a hub cache or Ollama name) instead
+    /// of the bundled task.
     #[arg(long)]
     pub suite: Option<PathBuf>,
     /// Weights with --suite: f32, bf16, f16, or q (a GGUF's matrices kept quantized).

@@ -8,9 +8,9 @@ use anyhow::Result;
 use clap::Args;
 use lcut_engine::{
     Generation, GenerationConfig, GenerationOutput, LockstepEvent, PreparedPrompt, Sampling,
-    compare,
+    Session, compare,
 };
-use lcut_policy::PolicySpec;
+use lcut_policy::{Policy, PolicySpec};
 
 use crate::args::{DeviceArg, KvDtypeArg, WeightArg};
 use crate::common::{ensure_fits, open_session, parse_ids, write_atomic};
@@ -23,7 +23,9 @@ pub struct GenerateArgs {
     /// LoRA adapter options (`--lora DIR`, `--lora-mode`).
     #[command(flatten)]
     pub lora: crate::lora_opt::LoraArgs,
-    /// Model folder or `.gguf` file; the bundled model by default.
+    /// Model: a folder, a GGUF file, a Hugging Face cache name
+    /// `ORG/NAME[@REV][:FILE]` or an Ollama name `NAME[:TAG]` (`lcut models`
+    /// lists them); the bundled model by default.
     #[arg(long)]
     model: Option<PathBuf>,
     /// Policy to generate under.
@@ -38,10 +40,22 @@ pub struct GenerateArgs {
     /// Do not apply the chat template; the last prompt token starts decoding.
     #[arg(long)]
     raw: bool,
-    /// Prompt as token ids instead of text.
+    /// Prompt as token ids instead of text, all of them prompt: generation continues after the last id.
+    ///
+    /// The ids are used as given (no chat template, no BoS added); --decode-start says where
+    /// the prompt's decode-phase part begins.
     #[arg(long, conflicts_with = "prompt")]
     ids: Option<String>,
-    /// Decode start for --ids (default: last token).
+    /// First decode-phase prompt id S for --ids (default: the last id).
+    ///
+    /// Ids 0..S-1 are the prefill (SPEED: kept only below the cut, besides the anchors;
+    /// SlimInfer: pruned block-wise). Ids S..P-1 are the prompt's decode-phase part, at full
+    /// depth like a chat template's generation prompt, but still prompt: they run together as
+    /// the prefill's last chunk (512 ids), so SlimInfer's query window ends at the last id
+    /// (at S+511 for a longer tail), not at S, and the first generated token follows the last
+    /// id. `lcut forward --decode-start S` reads the ids after S as a continuation instead,
+    /// fed one at a time after a window that ends at S. SPEED reads S the same way in both;
+    /// for SlimInfer the two agree only when S is the last id.
     #[arg(long, requires = "ids")]
     decode_start: Option<usize>,
     /// Most new tokens.
@@ -129,6 +143,32 @@ fn summary(label: &str, out: &GenerationOutput) -> String {
     line
 }
 
+/// The prompt of the arguments: token ids, or text through the session's
+/// tokenizer (and chat template unless `--raw`).
+fn prompt_of(args: &GenerateArgs, session: &Session) -> Result<PreparedPrompt> {
+    Ok(match (&args.ids, &args.prompt) {
+        (Some(ids), _) => PreparedPrompt::from_ids(parse_ids(ids)?, args.decode_start)?,
+        (None, Some(text)) => session.prepare_text(text, args.system.as_deref(), !args.raw)?,
+        (None, None) => anyhow::bail!("give a prompt: lcut generate \"...\" (or --ids 1,5,9)"),
+    })
+}
+
+/// Token ids as text (the ids themselves without a tokenizer).
+fn text(session: &Session, ids: &[u32]) -> String {
+    match &session.tokenizer {
+        Some(t) => t.decode(ids),
+        None => format!("{ids:?}"),
+    }
+}
+
+/// One token as its tokenizer piece (its id without a tokenizer).
+fn piece(session: &Session, id: u32) -> String {
+    match &session.tokenizer {
+        Some(t) => t.token_strings(&[id]).remove(0),
+        None => id.to_string(),
+    }
+}
+
 /// Run `lcut generate`.
 pub fn run(args: &GenerateArgs) -> Result<()> {
     let mut session = open_session(&args.model, args.dtype, args.kv_dtype, args.device)?;
@@ -137,11 +177,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         .map(ToString::to_string)
         .collect();
     args.lora.apply_to_session(&mut session, &run_policies)?;
-    let prompt = match (&args.ids, &args.prompt) {
-        (Some(ids), _) => PreparedPrompt::from_ids(parse_ids(ids)?, args.decode_start)?,
-        (None, Some(text)) => session.prepare_text(text, args.system.as_deref(), !args.raw)?,
-        (None, None) => anyhow::bail!("give a prompt: lcut generate \"...\" (or --ids 1,5,9)"),
-    };
+    let prompt = prompt_of(args, &session)?;
     let layers = session.model.config().num_layers;
     let policy = args.policy.resolve(layers)?;
     ensure_fits(
@@ -159,18 +195,6 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         sampling: sampling(args),
         ..session.greedy_config(args.max_new_tokens)
     };
-    let text = |ids: &[u32]| -> String {
-        match &session.tokenizer {
-            Some(t) => t.decode(ids),
-            None => format!("{ids:?}"),
-        }
-    };
-    let piece = |id: u32| -> String {
-        match &session.tokenizer {
-            Some(t) => t.token_strings(&[id]).remove(0),
-            None => id.to_string(),
-        }
-    };
     eprintln!(
         "prompt: {} tokens, decode start {} ({})",
         prompt.len(),
@@ -181,65 +205,88 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
             "raw"
         }
     );
-    let json = if let Some(reference) = &args.compare {
-        let reference = reference.resolve(layers)?;
-        let policies = [reference, policy];
-        let names: Vec<String> = policies.iter().map(ToString::to_string).collect();
-        println!(
-            "{:>4}  {}  {:>5} {:>9}",
-            "step",
-            columns(&names),
-            "same",
-            "KL"
-        );
-        let cmp = compare(&session.model, &prompt, &policies, &config, |e| {
-            if let LockstepEvent::Step { step, .. } = e {
-                let shown: Vec<String> = step
-                    .tokens
-                    .iter()
-                    .map(|t| t.map(piece).unwrap_or_else(|| "-".into()))
-                    .collect();
-                println!(
-                    "{:>4}  {}  {:>5} {:>9}",
-                    step.index,
-                    columns(&shown),
-                    if step.agree[1] { "yes" } else { "NO" },
-                    step.kl[1].map(|k| format!("{k:.2e}")).unwrap_or_default()
-                );
-            }
-            true
-        })?;
-        println!();
-        for (name, out) in names.iter().zip(&cmp.outputs) {
-            println!("[{name}] {}", text(&out.tokens));
+    let json = match &args.compare {
+        Some(reference) => {
+            let policies = [reference.resolve(layers)?, policy];
+            side_by_side(&session, &prompt, &policies, &config)?
         }
-        let agree = cmp.steps.iter().filter(|s| s.agree[1]).count();
-        println!("agreement {agree}/{} steps", cmp.steps.len());
-        for (name, out) in names.iter().zip(&cmp.outputs) {
-            println!("{}", summary(name, out));
-        }
-        serde_json::to_value(&cmp)?
-    } else {
-        let generation = Generation::new(&session.model, prompt, policy, config)?;
-        let mut produced = Vec::new();
-        let mut printed = 0;
-        let mut stdout = std::io::stdout();
-        let out = generation.run(|step| {
-            produced.push(step.token);
-            let t = text(&produced);
-            if t.len() > printed && t.is_char_boundary(printed) {
-                let _ = write!(stdout, "{}", &t[printed..]);
-                let _ = stdout.flush();
-                printed = t.len();
-            }
-            true
-        })?;
-        println!();
-        println!("{}", summary(&policy.to_string(), &out));
-        serde_json::to_value(&out)?
+        None => streamed(&session, prompt, policy, config)?,
     };
     if let Some(path) = &args.json {
         write_atomic(path, serde_json::to_string_pretty(&json)?.as_bytes())?;
     }
     Ok(())
+}
+
+/// `policies` (the reference, then the policy) in lockstep: a table of the
+/// tokens step by step with their agreement and KL, then each output and
+/// its costs. Returns the comparison as JSON.
+fn side_by_side(
+    session: &Session,
+    prompt: &PreparedPrompt,
+    policies: &[Policy; 2],
+    config: &GenerationConfig,
+) -> Result<serde_json::Value> {
+    let names: Vec<String> = policies.iter().map(ToString::to_string).collect();
+    println!(
+        "{:>4}  {}  {:>5} {:>9}",
+        "step",
+        columns(&names),
+        "same",
+        "KL"
+    );
+    let cmp = compare(&session.model, prompt, policies, config, |e| {
+        if let LockstepEvent::Step { step, .. } = e {
+            let shown: Vec<String> = step
+                .tokens
+                .iter()
+                .map(|t| t.map(|id| piece(session, id)).unwrap_or_else(|| "-".into()))
+                .collect();
+            println!(
+                "{:>4}  {}  {:>5} {:>9}",
+                step.index,
+                columns(&shown),
+                if step.agree[1] { "yes" } else { "NO" },
+                step.kl[1].map(|k| format!("{k:.2e}")).unwrap_or_default()
+            );
+        }
+        true
+    })?;
+    println!();
+    for (name, out) in names.iter().zip(&cmp.outputs) {
+        println!("[{name}] {}", text(session, &out.tokens));
+    }
+    let agree = cmp.steps.iter().filter(|s| s.agree[1]).count();
+    println!("agreement {agree}/{} steps", cmp.steps.len());
+    for (name, out) in names.iter().zip(&cmp.outputs) {
+        println!("{}", summary(name, out));
+    }
+    Ok(serde_json::to_value(&cmp)?)
+}
+
+/// A generation under `policy`, its text printed as it comes, then its
+/// costs. Returns the output as JSON.
+fn streamed(
+    session: &Session,
+    prompt: PreparedPrompt,
+    policy: Policy,
+    config: GenerationConfig,
+) -> Result<serde_json::Value> {
+    let generation = Generation::new(&session.model, prompt, policy, config)?;
+    let mut produced = Vec::new();
+    let mut printed = 0;
+    let mut stdout = std::io::stdout();
+    let out = generation.run(|step| {
+        produced.push(step.token);
+        let t = text(session, &produced);
+        if t.len() > printed && t.is_char_boundary(printed) {
+            let _ = write!(stdout, "{}", &t[printed..]);
+            let _ = stdout.flush();
+            printed = t.len();
+        }
+        true
+    })?;
+    println!();
+    println!("{}", summary(&policy.to_string(), &out));
+    Ok(serde_json::to_value(&out)?)
 }

@@ -1,18 +1,21 @@
 //! `lcut tokenize`: the ids a model's tokenizer gives a text, optionally
-//! as one user message through the model's chat template.
+//! as one user message through the model's chat template. Reads only the
+//! tokenizer (and the chat template and BoS id), never the weights.
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use lcut_engine::PromptTokenizer;
 
-use crate::args::{DeviceArg, DtypeArg, KvDtypeArg, WeightArg};
-use crate::common::open_session;
+use crate::common::{model_or_bundled, resolve_model};
 
 /// Arguments of `lcut tokenize`.
 #[derive(Debug, Args)]
 pub struct TokenizeArgs {
-    /// Model folder or `.gguf` file (default: the bundled model).
+    /// Model: a folder, a GGUF file, a Hugging Face cache name
+    /// `ORG/NAME[@REV][:FILE]` or an Ollama name `NAME[:TAG]` (`lcut models`
+    /// lists them); the bundled model by default. Only its tokenizer is read.
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// TEXT is one user message, rendered with the model's chat template and
@@ -28,24 +31,16 @@ pub struct TokenizeArgs {
 
 /// Print the ids, comma-separated, on the last line.
 pub fn run(args: &TokenizeArgs) -> Result<()> {
-    let session = open_session(
-        &args.model,
-        WeightArg::Dense(DtypeArg::F32),
-        KvDtypeArg::Auto,
-        DeviceArg::Cpu,
-    )?;
+    let model = resolve_model(&model_or_bundled(&args.model))?;
+    let prompter = PromptTokenizer::load_format(&model.path, model.format)
+        .with_context(|| format!("loading the tokenizer of {model}"))?;
+    let tok = &prompter.tokenizer;
     let ids = if args.chat {
-        session.prepare_text(&args.text, None, true)?.ids
+        prompter.prepare_text(&args.text, None, true)?.ids
     } else {
-        session
-            .tokenizer
-            .as_ref()
-            .with_context(|| format!("{} has no tokenizer", session.folder().display()))?
-            .encode_with_special_tokens(&args.text)?
+        tok.encode_with_special_tokens(&args.text)?
     };
-    if args.verbose
-        && let Some(tok) = &session.tokenizer
-    {
+    if args.verbose {
         let pieces = tok.token_pieces(&ids);
         for ((id, piece), text) in ids.iter().zip(pieces).zip(tok.token_strings(&ids)) {
             println!("{id}\t{piece:?}\t{text:?}");

@@ -4,27 +4,36 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device};
+use lcut_model::{ResolvedModel, StoreRoots};
 
 use crate::args::{DeviceArg, KvDtypeArg, WeightArg};
 
-/// The model folder given, or the bundled one.
+/// The model reference given, or the bundled model's folder.
 pub fn model_or_bundled(model: &Option<PathBuf>) -> PathBuf {
     model
         .clone()
         .unwrap_or_else(|| lcut_engine::bundled(lcut_engine::BUNDLED_MODEL))
 }
 
-/// Load the model folder given (or the bundled one) with its tokenizer, in
-/// `dtype` on `device`, its K/V cache stored as `kv` says.
+/// Resolve a `--model` reference, offline: a folder or file path, a Hugging
+/// Face hub cache name (`ORG/NAME[@REV][:FILE]`) or an Ollama name
+/// (`NAME[:TAG]`), in the stores the environment names.
+pub fn resolve_model(reference: &Path) -> Result<ResolvedModel> {
+    lcut_model::store::resolve(reference, &StoreRoots::from_env())
+        .with_context(|| format!("loading model {}", reference.display()))
+}
+
+/// Load the model given (a path or a store name, or the bundled one) with
+/// its tokenizer, in `dtype` on `device`, its K/V cache stored as `kv` says.
 pub fn open_session(
     model: &Option<PathBuf>,
     dtype: WeightArg,
     kv: KvDtypeArg,
     device: DeviceArg,
 ) -> Result<lcut_engine::Session> {
-    let folder = model_or_bundled(model);
-    let mut session = lcut_engine::Session::load_as(&folder, dtype.mode(), &device.open()?)
-        .with_context(|| format!("loading model {}", folder.display()))?;
+    let resolved = resolve_model(&model_or_bundled(model))?;
+    let mut session = lcut_engine::Session::load_resolved(&resolved, dtype.mode(), &device.open()?)
+        .with_context(|| format!("loading model {resolved}"))?;
     session.model.set_kv_dtype(kv.dtype(dtype.mode()))?;
     Ok(session)
 }

@@ -1,16 +1,15 @@
 //! `--lora DIR` and `--lora-mode`, shared by the commands that load a model:
-//! a LoRA adapter (PEFT layout) put into the decoder after loading, its
-//! trained-for policy (`lcut_policy`) shown, and a warning when the run's
-//! policy is another one (an adapter belongs to the policy it was trained for).
+//! a LoRA adapter (PEFT layout) put into the decoder after loading (see
+//! `lcut_engine::adapter`), its trained-for policy (`lcut_policy`) shown,
+//! and a warning when the run's policy is another one.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use lcut_engine::Session;
+use lcut_engine::adapter::{AdapterInUse, put_adapter};
 use lcut_model::Decoder;
-use lcut_model::lora::{LoraAdapter, LoraMode};
-use lcut_policy::PolicySpec;
-use lcut_trace::AdapterIdentity;
+use lcut_model::lora::LoraMode;
 
 /// How `--lora` puts the adapter in.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -35,101 +34,43 @@ pub struct LoraArgs {
     pub lora_mode: LoraModeArg,
 }
 
+impl LoraModeArg {
+    /// How the model takes the adapter.
+    fn mode(self) -> LoraMode {
+        match self {
+            LoraModeArg::Merge => LoraMode::Merge,
+            LoraModeArg::Fly => LoraMode::OnTheFly,
+        }
+    }
+}
+
 impl LoraArgs {
     /// Put the adapter (if any) into the session's model and record it in
     /// the session (reports name it), as [`LoraArgs::apply`] does.
     pub fn apply_to_session(&self, session: &mut Session, policies: &[String]) -> Result<()> {
-        session.adapter = self.apply(&mut session.model, policies)?;
+        let Some(dir) = &self.lora else {
+            return Ok(());
+        };
+        tell(&session.put_adapter(dir, self.lora_mode.mode(), policies)?);
         Ok(())
     }
 
     /// Put the adapter (if any) into `model`, say on stderr what it is and
     /// which policy it was trained for, and warn for each of `policies`
-    /// (the run's, as written) that is not that one. Returns its identity.
-    pub fn apply(
-        &self,
-        model: &mut Decoder,
-        policies: &[String],
-    ) -> Result<Option<AdapterIdentity>> {
+    /// (the run's, as written) that is not that one.
+    pub fn apply(&self, model: &mut Decoder, policies: &[String]) -> Result<()> {
         let Some(dir) = &self.lora else {
-            return Ok(None);
+            return Ok(());
         };
-        let adapter = LoraAdapter::read(dir)
-            .with_context(|| format!("reading LoRA adapter {}", dir.display()))?;
-        let mode = match self.lora_mode {
-            LoraModeArg::Merge => LoraMode::Merge,
-            LoraModeArg::Fly => LoraMode::OnTheFly,
-        };
-        model
-            .apply_lora(&adapter, mode)
-            .with_context(|| format!("putting LoRA adapter {} into the model", dir.display()))?;
-        eprintln!("{}", describe(dir, &adapter, self.lora_mode));
-        for line in warnings(&adapter, model.config().num_layers, policies) {
-            eprintln!("warning: {line}");
-        }
-        Ok(Some(identity(dir, &adapter, self.lora_mode)))
+        tell(&put_adapter(model, dir, self.lora_mode.mode(), policies)?);
+        Ok(())
     }
 }
 
-/// What a report records of the adapter in `dir`: its files' hash (taken
-/// by [`LoraAdapter::read`]), its trained-for policy, its rank and how it
-/// was put in.
-fn identity(dir: &Path, adapter: &LoraAdapter, mode: LoraModeArg) -> AdapterIdentity {
-    AdapterIdentity {
-        path: dir.display().to_string(),
-        hash: adapter.hash.clone(),
-        policy: adapter.config.policy.clone(),
-        rank: adapter.config.r,
-        mode: match mode {
-            LoraModeArg::Merge => "merge",
-            LoraModeArg::Fly => "fly",
-        }
-        .into(),
+/// Say on stderr what the adapter is, then each warning.
+fn tell(used: &AdapterInUse) {
+    eprintln!("{}", used.description);
+    for line in &used.warnings {
+        eprintln!("warning: {line}");
     }
-}
-
-/// One line about the adapter: folder, rank, scale, sites, trained-for policy.
-fn describe(dir: &Path, adapter: &LoraAdapter, mode: LoraModeArg) -> String {
-    let c = &adapter.config;
-    let policy = c.policy.as_deref().unwrap_or("unknown (no lcut_policy)");
-    let how = match mode {
-        LoraModeArg::Merge => "merged",
-        LoraModeArg::Fly => "on the fly",
-    };
-    format!(
-        "LoRA adapter {}: rank {}, alpha {} (scale {:.4}), {} matrix pairs, {how}; trained for policy {policy}",
-        dir.display(),
-        c.r,
-        c.alpha,
-        c.scale(),
-        adapter.pairs.len(),
-    )
-}
-
-/// A warning per run policy that is not the adapter's (compared resolved
-/// for a model of `layers` layers, so `speed:22+bos` equals `speed:22/30+bos`).
-pub fn warnings(adapter: &LoraAdapter, layers: usize, policies: &[String]) -> Vec<String> {
-    let Some(trained) = &adapter.config.policy else {
-        return vec![];
-    };
-    let resolve = |s: &str| {
-        s.parse::<PolicySpec>()
-            .ok()
-            .and_then(|p| p.resolve(layers).ok())
-    };
-    let Some(want) = resolve(trained) else {
-        return vec![format!(
-            "the adapter's lcut_policy {trained:?} is not a policy lcut reads"
-        )];
-    };
-    policies
-        .iter()
-        .filter(|p| resolve(p).is_none_or(|got| got != want))
-        .map(|p| {
-            format!(
-                "this run uses policy {p}, but the adapter was trained for {trained}: \
-                 an adapter is meant for the policy it was trained for"
-            )
-        })
-        .collect()
 }

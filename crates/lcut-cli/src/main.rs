@@ -7,6 +7,7 @@ mod cmd_diagnose;
 mod cmd_eval;
 mod cmd_forward;
 mod cmd_generate;
+mod cmd_models;
 mod cmd_parity;
 mod cmd_report;
 mod cmd_suite;
@@ -16,7 +17,6 @@ mod cmd_train;
 mod cmd_train_lora;
 mod common;
 mod lora_opt;
-mod lora_teacher;
 
 use std::ffi::OsString;
 
@@ -42,7 +42,7 @@ enum Command {
     Merge(cmd_report::MergeArgs),
     /// Train a bundled task model (full depth or SPEED-aware); with
     /// `--lora R`, a LoRA adapter for any model (as `train-lora`).
-    Train(lcut_train::TrainArgs),
+    Train(cmd_train::TrainArgs),
     /// Train a SPEED-aware LoRA adapter for a model by self-distillation
     /// (the full model's own continuations and distributions as targets);
     /// `lcut train --lora R ...` is the same command.
@@ -64,6 +64,8 @@ enum Command {
     Parity(cmd_parity::ParityArgs),
     /// Token ids of a text (comma-separated on the last line); --chat renders it as a user message.
     Tokenize(cmd_tokenize::TokenizeArgs),
+    /// The models in the Hugging Face hub cache and Ollama's store, named as --model takes them.
+    Models(cmd_models::ModelsArgs),
 }
 
 /// candle asks for its thread count on every CPU matmul, and without
@@ -121,6 +123,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(a) => cmd_bench::run(a),
         Command::Parity(a) => cmd_parity::run(a),
         Command::Tokenize(a) => cmd_tokenize::run(a),
+        Command::Models(a) => cmd_models::run(a),
     }
 }
 

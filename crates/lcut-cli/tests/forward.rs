@@ -149,3 +149,97 @@ fn bad_requests_fail_with_a_message() {
     }
     assert!(!out.exists());
 }
+
+/// `lcut CMD --help`, as a user reads it.
+fn help(cmd: &str) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_lcut"))
+        .args([cmd, "--help"])
+        .output()
+        .expect("lcut runs");
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn the_help_says_how_each_command_splits_the_ids_at_the_decode_start() {
+    let forward = help("forward");
+    for says in [
+        "query window ends at S",
+        "continuation step",
+        "rows S..T-1 only (T-S rows",
+        "`decode_start` = S",
+        "`lcut generate --ids` reads S",
+    ] {
+        assert!(
+            forward.contains(says),
+            "forward --help lacks {says:?}:\n{forward}"
+        );
+    }
+    let generate = help("generate");
+    for says in [
+        "generation continues after the last id",
+        "query window ends at the last id",
+        "not at S",
+        "`lcut forward --decode-start S`",
+        "agree only when S is the last id",
+    ] {
+        assert!(
+            generate.contains(says),
+            "generate --help lacks {says:?}:\n{generate}"
+        );
+    }
+}
+
+/// What `lcut forward --help` promises for SlimInfer: the rows from S on,
+/// the window ending at S, so that row 0 is the first-token logits of a
+/// generation whose prompt ends at S (how `lcut generate --ids` reads a
+/// decode start at its last id), and the later rows continue from there.
+#[test]
+fn forward_under_slim_writes_the_rows_from_the_decode_start_on() {
+    use lcut_engine::{Generation, GenerationConfig, PreparedPrompt};
+    let dir = case("llama-gqa");
+    let (_, ids) = reference(&dir);
+    let s = 28;
+    let policy = "slim:2@50%,4@25%+block:4";
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("slim.safetensors");
+    run_forward(
+        &dir,
+        &ids,
+        &["--policy", policy, "--decode-start", "28"],
+        &out,
+    );
+    let ours = candle_core::safetensors::load(&out, &Device::Cpu).unwrap();
+    let logits = &ours["logits"];
+    assert_eq!(logits.dims()[0], ids.len() - s, "rows S..T-1");
+    let start: Vec<i64> = ours["decode_start"].to_vec1().unwrap();
+    assert_eq!(start, [s as i64]);
+
+    let session = lcut_engine::Session::load(&dir, DType::F32, &Device::Cpu).unwrap();
+    let resolved = policy
+        .parse::<lcut_policy::PolicySpec>()
+        .unwrap()
+        .resolve(session.model.config().num_layers)
+        .unwrap();
+    let first_token_logits = |prompt: &[u32]| {
+        let prompt = PreparedPrompt::from_ids(prompt.to_vec(), None).unwrap();
+        let config = GenerationConfig {
+            max_new_tokens: 1,
+            ..GenerationConfig::default()
+        };
+        let mut g = Generation::new(&session.model, prompt, resolved, config).unwrap();
+        g.step(None).unwrap().unwrap().logits
+    };
+    let row = |k: usize| logits.get(k).unwrap();
+    let at_s = first_token_logits(&ids[..=s]);
+    assert!(max_diff(&row(0), &at_s) <= 1e-5, "row 0 is position S");
+    // a prompt that ends later puts the window elsewhere: the rows after S
+    // are a continuation, not a longer prompt's first token
+    let last = ids.len() - 1;
+    let whole = first_token_logits(&ids);
+    let continued = max_diff(&row(last - s), &whole);
+    assert!(
+        continued > 1e-2,
+        "forward's last row equals a prompt ending there (max diff {continued:.3e})"
+    );
+}

@@ -118,6 +118,16 @@ pub enum EngineError {
         /// Its value.
         value: String,
     },
+    /// A LoRA adapter could not be read or put into the model (`what`
+    /// says which adapter and which step).
+    #[error("{what}")]
+    Adapter {
+        /// `reading LoRA adapter DIR` or `putting LoRA adapter DIR into the model`.
+        what: String,
+        /// Why.
+        #[source]
+        source: Box<lcut_model::ModelError>,
+    },
     /// Tensor backend error outside the model (sampling).
     #[error("tensor backend: {0}")]
     Candle(#[from] candle_core::Error),

@@ -1,7 +1,9 @@
 //! The lcut engine: model folders with tokenizer and chat template, prompts
 //! with their decode-phase start, generation under any visibility policy
-//! with timing and KV accounting, and lockstep runs of several policies.
+//! with timing and KV accounting, lockstep runs of several policies, and
+//! LoRA adapters put into a loaded model for a run.
 
+pub mod adapter;
 mod bundled;
 mod compare;
 pub mod diagnose;
@@ -13,6 +15,7 @@ mod session;
 pub mod shard;
 pub mod suite;
 mod template;
+mod text_prompt;
 mod tokenizer;
 
 pub use bundled::{BUNDLED_MODEL, bundled, workspace_root};
@@ -26,4 +29,5 @@ pub use lcut_policy::SlimTrace;
 pub use prompt::PreparedPrompt;
 pub use session::Session;
 pub use template::{ChatTemplate, Message};
+pub use text_prompt::PromptTokenizer;
 pub use tokenizer::TextTokenizer;

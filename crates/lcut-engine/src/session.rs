@@ -3,13 +3,14 @@
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device};
-use lcut_model::{Decoder, ModelFiles, WeightMode};
+use lcut_model::{Decoder, ModelFiles, ResolvedModel, WeightMode};
 use lcut_policy::Policy;
 
 use crate::error::{EngineError, Result};
 use crate::generate::{Generation, GenerationConfig, GenerationOutput, Sampling, Step};
-use crate::prompt::{PreparedPrompt, common_prefix};
-use crate::template::{ChatTemplate, Message};
+use crate::prompt::PreparedPrompt;
+use crate::template::ChatTemplate;
+use crate::text_prompt::{chat_template, prepare_text};
 use crate::tokenizer::TextTokenizer;
 
 /// A model folder loaded for use.
@@ -20,6 +21,7 @@ pub struct Session {
     pub tokenizer: Option<TextTokenizer>,
     template: Option<ChatTemplate>,
     folder: PathBuf,
+    name: String,
     config_hash: String,
     /// The LoRA adapter put into `model`, when there is one (reports name it
     /// in the model's identity).
@@ -37,6 +39,16 @@ impl Session {
     /// `.gguf` file, dense or with a GGUF's matrices kept quantized.
     pub fn load_as(path: &Path, mode: WeightMode, device: &Device) -> Result<Self> {
         Self::from_files(path, ModelFiles::open(path)?, mode, device)
+    }
+
+    /// Load a resolved model reference (a path, a hub cache name or an
+    /// Ollama name, see [`lcut_model::store::resolve`]) in the format the
+    /// resolver found.
+    pub fn load_resolved(model: &ResolvedModel, mode: WeightMode, device: &Device) -> Result<Self> {
+        let files = ModelFiles::open_format(&model.path, model.format)?;
+        let mut session = Self::from_files(&model.path, files, mode, device)?;
+        session.name = model.name();
+        Ok(session)
     }
 
     /// Load model, tokenizer and chat template from a model's opened files
@@ -68,24 +80,13 @@ impl Session {
             }
         };
         let model = Decoder::from_files(files, mode, device)?;
-        let template = match &tokenizer {
-            Some(tok) => match &tok.chat_template {
-                Some(src) => Some(
-                    ChatTemplate::new(src, tok.bos_token.as_deref(), tok.eos_token.as_deref())
-                        .map_err(|reason| EngineError::Template {
-                            path: tok.config_path().to_path_buf(),
-                            reason,
-                        })?,
-                ),
-                None => None,
-            },
-            None => None,
-        };
+        let template = chat_template(tokenizer.as_ref())?;
         Ok(Self {
             model,
             tokenizer,
             template,
             folder: path.to_path_buf(),
+            name: path.display().to_string(),
             config_hash,
             adapter: None,
         })
@@ -100,6 +101,12 @@ impl Session {
     /// The model folder or GGUF file.
     pub fn folder(&self) -> &Path {
         &self.folder
+    }
+
+    /// The model as the user named it: its path, or the hub cache or
+    /// Ollama name it was resolved from.
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// Whether the model has a chat template.
@@ -167,53 +174,12 @@ impl Session {
         system: Option<&str>,
         use_template: bool,
     ) -> Result<PreparedPrompt> {
-        let tok = self.tokenizer()?;
-        if user.trim().is_empty() {
-            return Err(EngineError::EmptyPrompt);
-        }
-        match (&self.template, use_template) {
-            (Some(tmpl), true) => {
-                let template_err = |reason: String| EngineError::Template {
-                    path: tok.config_path().to_path_buf(),
-                    reason,
-                };
-                let mut messages = Vec::new();
-                if let Some(sys) = system {
-                    messages.push(Message::new("system", sys));
-                }
-                messages.push(Message::new("user", user));
-                let with = tok.encode(&tmpl.render(&messages, true).map_err(template_err)?)?;
-                let without = tok.encode(&tmpl.render(&messages, false).map_err(template_err)?)?;
-                let mut decode_start = common_prefix(&with, &without);
-                if decode_start >= with.len() {
-                    decode_start = with.len().saturating_sub(1);
-                }
-                let system_len = match system {
-                    Some(sys) => {
-                        let sys_ids = tok.encode(
-                            &tmpl
-                                .render(&[Message::new("system", sys)], false)
-                                .map_err(template_err)?,
-                        )?;
-                        (common_prefix(&sys_ids, &with) == sys_ids.len()).then_some(sys_ids.len())
-                    }
-                    None => None,
-                };
-                Ok(PreparedPrompt {
-                    system_len,
-                    chat_template_used: true,
-                    ..PreparedPrompt::from_ids(with, Some(decode_start))?
-                })
-            }
-            _ => {
-                let mut ids = tok.encode(user)?;
-                if let Some(bos) = self.model.config().bos_token_id
-                    && ids.first() != Some(&bos)
-                {
-                    ids.insert(0, bos);
-                }
-                PreparedPrompt::from_ids(ids, None)
-            }
-        }
+        prepare_text(
+            self.tokenizer()?,
+            self.template.as_ref(),
+            self.model.config().bos_token_id,
+            (user, system),
+            use_template,
+        )
     }
 }

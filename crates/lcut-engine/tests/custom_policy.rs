@@ -48,7 +48,8 @@ struct EveryOtherRule {
 
 impl EveryOtherRule {
     fn kept(&self, pos: usize) -> bool {
-        self.phases.phase(pos) != Phase::Prefill || (pos - self.phases.anchor_len()).is_multiple_of(2)
+        self.phases.phase(pos) != Phase::Prefill
+            || (pos - self.phases.anchor_len()).is_multiple_of(2)
     }
 }
 

@@ -11,7 +11,7 @@ use lcut_engine::diagnose::{
 };
 use lcut_model::{DType, Decoder, Device, LlamaShape, LogitRows};
 use lcut_policy::TokenPhases;
-use lcut_testkit::synth::RandomLlama;
+use lcut_synth::RandomLlama;
 use lcut_trace::Thresholds;
 use ndarray::s;
 

@@ -9,7 +9,7 @@ use lcut_engine::{Generation, GenerationConfig, PreparedPrompt, Session};
 use lcut_model::probes::StatePositionsProbe;
 use lcut_model::{DType, Decoder, Device, LlamaShape};
 use lcut_policy::{Anchors, Phase, Policy, PolicyKind, PolicySpec};
-use lcut_testkit::synth::RandomLlama;
+use lcut_synth::RandomLlama;
 
 use lcut_testkit::oracle_case as oracle;
 

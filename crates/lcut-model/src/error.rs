@@ -229,7 +229,7 @@ pub enum ModelError {
     Phase(#[from] lcut_policy::PhaseError),
     /// A Llama shape with a field out of range.
     #[error(transparent)]
-    Shape(#[from] crate::shape::ShapeError),
+    Shape(#[from] ShapeError),
     /// An error from the tensor backend.
     #[error("tensor backend: {0}")]
     Candle(#[from] candle_core::Error),
@@ -247,3 +247,21 @@ pub enum ModelError {
 
 /// Result alias for this crate.
 pub type Result<T> = std::result::Result<T, ModelError>;
+
+/// A shape field that is out of range or inconsistent with another.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("invalid Llama shape: field `{field}`: expected {expected}, found {found}")]
+pub struct ShapeError {
+    /// The field at fault.
+    pub field: &'static str,
+    /// What it should be.
+    pub expected: String,
+    /// What it is.
+    pub found: String,
+}
+
+impl From<crate::lora::LoraError> for ModelError {
+    fn from(e: crate::lora::LoraError) -> Self {
+        Self::Lora(Box::new(e))
+    }
+}

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::gguf::{GgufFile, is_gguf_path};
+use crate::store::ModelFormat;
 use crate::weights::WeightFiles;
 
 /// A Hugging Face model folder: its parsed config and opened weight files.
@@ -44,6 +45,15 @@ impl ModelFiles {
             });
         }
         Self::open_folder(path)
+    }
+
+    /// Open `path` in a format already known (a resolved model reference:
+    /// a store may keep a GGUF file under a content hash).
+    pub fn open_format(path: &Path, format: ModelFormat) -> Result<Self> {
+        match format {
+            ModelFormat::Gguf => Self::open_gguf(path),
+            ModelFormat::Folder => Self::open_folder(path),
+        }
     }
 
     /// Open `path` as a GGUF file, whatever its name (a store may keep GGUF

@@ -19,6 +19,7 @@ pub mod probes;
 mod rope;
 mod sequence;
 pub mod shape;
+pub mod store;
 mod weights;
 
 pub use cache::LayerCache;
@@ -26,14 +27,15 @@ pub use config::{Activation, Arch, ModelConfig, RopeConfig, RopeScaling};
 pub use decoder::{
     ChunkOutput, Decoder, LogitRows, WeightMode, argmax_rows, default_attention_block_elems,
 };
-pub use error::{ModelError, Result};
+pub use error::{ModelError, Result, ShapeError};
 pub use files::{FolderFiles, ModelFiles};
 pub use linear::{Embedding, Linear};
 pub use mask::{PartialMask, additive_mask, exact_additive_mask};
 pub use probe::{AttentionView, Probe, ResidualSite};
 pub use rope::{Rope, inverse_frequencies};
 pub use sequence::Sequence;
-pub use shape::{LlamaShape, ShapeError, SpecialTokens};
+pub use shape::{LlamaShape, SpecialTokens};
+pub use store::{ModelFormat, ResolvedModel, StoreError, StoreRoots};
 pub use weights::{WeightFiles, WeightSource};
 
 pub use candle_core::{DType, Device, Tensor};

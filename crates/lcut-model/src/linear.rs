@@ -1,13 +1,13 @@
 //! A linear layer whose matrix is dense (any float dtype), quantized and
 //! read in place from a memory-mapped GGUF by lcut's kernels, or quantized
 //! in a type only candle runs (`QMatMul`), so the decoder does not care
-//! where its weights came from; and the embedding table it may share.
+//! where its weights came from, optionally with a LoRA pair added on the
+//! fly; and the embedding table it may share.
 
 use std::sync::Arc;
 
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{DType, Module, Tensor};
-
 use lcut_kernels::Isa;
 use lcut_kernels::quant::{Q8Rows, QuantFormat, QuantMatrix};
 
@@ -45,7 +45,7 @@ pub enum Linear {
         bias: Option<Tensor>,
     },
     /// A layer with a LoRA adapter applied on the fly.
-    Adapted(Box<crate::lora::LoraLinear>),
+    Adapted(Box<LoraLinear>),
 }
 
 impl Linear {
@@ -172,6 +172,88 @@ fn kernel_product(q: &QTensor, x: &Tensor) -> Result<Tensor> {
         *last = n;
     }
     Ok(Tensor::from_vec(y, dims, x.device())?)
+}
+
+/// A linear layer with a LoRA pair applied on the fly.
+#[derive(Debug, Clone)]
+pub struct LoraLinear {
+    base: Linear,
+    /// A [r, in].
+    a: candle_nn::Linear,
+    /// scale·B [out, r].
+    b: candle_nn::Linear,
+}
+
+impl LoraLinear {
+    /// `base` with the pair `a` [r, in] and `b` (scale·B [out, r]).
+    pub(crate) fn new(base: Linear, a: candle_nn::Linear, b: candle_nn::Linear) -> Self {
+        Self { base, a, b }
+    }
+
+    /// base(x) + scale·(x Aᵀ) Bᵀ.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let low = self.a.forward(x)?;
+        Ok((self.base.forward(x)? + self.b.forward(&low)?)?)
+    }
+
+    /// The layer under the adapter.
+    pub fn base(&self) -> &Linear {
+        &self.base
+    }
+
+    /// Bytes of the adapter's two matrices.
+    pub fn adapter_bytes(&self) -> usize {
+        let bytes = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
+        bytes(self.a.weight()) + bytes(self.b.weight())
+    }
+
+    /// scale·B·A [out, in] in f32.
+    fn delta(&self) -> Result<Tensor> {
+        let b = self.b.weight().to_dtype(DType::F32)?;
+        let a = self.a.weight().to_dtype(DType::F32)?;
+        Ok(b.matmul(&a)?)
+    }
+}
+
+/// (out, in) of a linear layer.
+pub(crate) fn linear_dims(lin: &Linear) -> Result<(usize, usize)> {
+    Ok(match lin {
+        Linear::Dense(l) => l.weight().dims2()?,
+        Linear::Quantized { matmul, .. } => match matmul {
+            QMatMul::QTensor(q) => q.shape().dims2()?,
+            QMatMul::Tensor(t) | QMatMul::TensorF16(t) => t.dims2()?,
+        },
+        Linear::Mapped { matrix, .. } => matrix.dims(),
+        Linear::Adapted(l) => linear_dims(&l.base)?,
+    })
+}
+
+/// The layer's effective matrix in f32 (quantized ones dequantized, an
+/// on-the-fly adapter added) and its bias.
+pub(crate) fn dense_parts(lin: &Linear) -> Result<(Tensor, Option<Tensor>)> {
+    Ok(match lin {
+        Linear::Dense(l) => (l.weight().to_dtype(DType::F32)?, l.bias().cloned()),
+        Linear::Quantized { matmul, bias } => {
+            let w = match matmul {
+                QMatMul::QTensor(q) => q.dequantize(&q.device())?,
+                QMatMul::Tensor(t) | QMatMul::TensorF16(t) => t.clone(),
+            };
+            (w.to_dtype(DType::F32)?, bias.clone())
+        }
+        Linear::Mapped { matrix, bias } => {
+            let (rows, cols) = matrix.dims();
+            let w = Tensor::from_vec(
+                matrix.dequantize()?,
+                (rows, cols),
+                &candle_core::Device::Cpu,
+            )?;
+            (w, bias.clone())
+        }
+        Linear::Adapted(l) => {
+            let (w, b) = dense_parts(&l.base)?;
+            ((w + l.delta()?)?, b)
+        }
+    })
 }
 
 /// The token embedding table, dense or quantized.

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::config::{MAX_LAYERS, MAX_SIZE, ModelConfig};
-use crate::error::Result;
+use crate::error::{Result, ShapeError};
 
 /// The sizes and constants that fix a Llama-architecture model (untied LM
 /// head, no biases, SiLU MLP, plain RoPE). Serialised with these field
@@ -45,18 +45,6 @@ pub struct SpecialTokens {
     pub eos: u32,
     /// Padding, when the vocabulary has one.
     pub pad: Option<u32>,
-}
-
-/// A shape field that is out of range or inconsistent with another.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("invalid Llama shape: field `{field}`: expected {expected}, found {found}")]
-pub struct ShapeError {
-    /// The field at fault.
-    pub field: &'static str,
-    /// What it should be.
-    pub expected: String,
-    /// What it is.
-    pub found: String,
 }
 
 impl LlamaShape {

@@ -12,8 +12,8 @@
 use anyhow::{Result, ensure};
 use lcut_model::probes::{PhaseMassProbe, QueryMasses};
 use lcut_model::{DType, Decoder, Device, LogitRows, Sequence, Tensor, WeightMode, argmax_rows};
+use lcut_parity::ReferenceCase;
 use lcut_policy::{Policy, PolicySpec, TokenPhases};
-use lcut_testkit::reference::ReferenceCase;
 use lcut_testkit::{ORACLE_CASES, oracle_case, real_model, real_reference};
 
 struct Case {

@@ -8,8 +8,8 @@
 
 use anyhow::{Context, Result, ensure};
 use lcut_model::{DType, Decoder, Device, WeightMode, argmax_rows};
+use lcut_parity::{ReferenceCase, deviation};
 use lcut_testkit::oracle_case;
-use lcut_testkit::reference::{ReferenceCase, deviation};
 
 const CASES: [&str; 7] = lcut_testkit::ORACLE_CASES;
 

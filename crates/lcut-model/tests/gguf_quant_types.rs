@@ -14,7 +14,7 @@ use anyhow::{Result, ensure};
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use lcut_model::{DType, Decoder, Device, Tensor, WeightMode};
-use lcut_testkit::reference::deviation;
+use lcut_parity::deviation;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

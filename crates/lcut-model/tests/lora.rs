@@ -9,8 +9,8 @@ use std::path::Path;
 use anyhow::{Result, ensure};
 use lcut_model::lora::{LoraAdapter, LoraConfig, LoraMode, LoraPair, write_adapter};
 use lcut_model::{DType, Decoder, Device, Tensor, WeightMode};
+use lcut_parity::ReferenceCase;
 use lcut_testkit::oracle_case;
-use lcut_testkit::reference::ReferenceCase;
 
 const CASE: &str = "llama-gqa";
 const ATTN: [&str; 4] = ["q_proj", "k_proj", "v_proj", "o_proj"];

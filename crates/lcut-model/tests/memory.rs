@@ -4,7 +4,7 @@
 
 use lcut_model::memory::{estimate, parameter_count};
 use lcut_model::{DType, Device, LlamaShape, ModelConfig};
-use lcut_testkit::synth::RandomLlama;
+use lcut_synth::RandomLlama;
 
 fn config_of(shape: &RandomLlama) -> anyhow::Result<ModelConfig> {
     Ok(shape.config()?)

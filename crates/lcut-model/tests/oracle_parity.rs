@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use anyhow::{Context, Result, ensure};
 use lcut_model::probes::{PhaseMassProbe, RecordingProbe};
 use lcut_model::{DType, Decoder, Device, LogitRows, Tensor, argmax_rows};
+use lcut_parity::{ReferenceCase, ReferencePolicy};
 use lcut_policy::{Policy, TokenPhases};
-use lcut_testkit::reference::{ReferenceCase, ReferencePolicy};
 
 const TOL: f32 = 1e-4;
 const CASES: [&str; 7] = lcut_testkit::ORACLE_CASES;

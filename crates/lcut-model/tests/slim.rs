@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use anyhow::{Result, ensure};
 use lcut_model::probes::StatePositionsProbe;
 use lcut_model::{DType, Decoder, Device, LogitRows, Sequence, Tensor};
+use lcut_parity::ReferenceCase;
 use lcut_policy::{Policy, PolicySpec, TokenPhases};
-use lcut_testkit::reference::ReferenceCase;
 use lcut_testkit::{ORACLE_CASES, oracle_case};
 
 struct Case {

@@ -32,17 +32,43 @@ fn label_every(n: usize, max_labels: usize) -> usize {
     n.div_ceil(max_labels.max(1)).max(1)
 }
 
+/// Where the cells go: `rows` x `cols` cells of `cw` x `ch` pixels, a plot
+/// area of `pw` x `ph`.
+#[derive(Debug, Clone, Copy)]
+struct Grid {
+    rows: usize,
+    cols: usize,
+    cw: f64,
+    ch: f64,
+    pw: f64,
+    ph: f64,
+}
+
+impl Grid {
+    /// Cells sized to fill about 640 x 320 pixels, within readable bounds.
+    fn new(rows: usize, cols: usize) -> Self {
+        let cw = (640.0 / cols.max(1) as f64).clamp(2.0, 24.0);
+        let ch = (320.0 / rows.max(1) as f64).clamp(3.0, 18.0);
+        Self {
+            rows,
+            cols,
+            cw,
+            ch,
+            pw: cw * cols as f64,
+            ph: ch * rows as f64,
+        }
+    }
+}
+
 impl Heatmap<'_> {
     /// The figure as one `<svg>` element.
     pub fn to_svg(&self) -> String {
         let (rows, cols) = self.values.dim();
-        let cw = (640.0 / cols.max(1) as f64).clamp(2.0, 24.0);
-        let ch = (320.0 / rows.max(1) as f64).clamp(3.0, 18.0);
-        let (pw, ph) = (cw * cols as f64, ch * rows as f64);
+        let g = Grid::new(rows, cols);
         // Wide enough for the title (about 7.5 px per bold 13 px character).
         let title_width = 7.5 * self.title.chars().count() as f64 + 40.0;
-        let width = (LEFT + pw.max(160.0) + LEGEND).max(title_width);
-        let height = TOP + ph.max(40.0) + BOTTOM;
+        let width = (LEFT + g.pw.max(160.0) + LEGEND).max(title_width);
+        let height = TOP + g.ph.max(40.0) + BOTTOM;
         let mut s = open(width, height, self.title);
         let Some((lo, hi)) = finite_range(self.values.iter().copied()) else {
             let _ = write!(
@@ -53,6 +79,35 @@ impl Heatmap<'_> {
             );
             return s;
         };
+        self.cells(&mut s, &g, (lo, hi));
+        tick_labels(&mut s, &g);
+        self.cut_line(&mut s, &g);
+        let _ = write!(
+            s,
+            "<text x=\"{:.2}\" y=\"{}\" text-anchor=\"middle\">{}</text>\
+             <text transform=\"translate(14 {:.2}) rotate(-90)\" text-anchor=\"middle\">{}</text>",
+            LEFT + g.pw / 2.0,
+            TOP + g.ph + 32.0,
+            escape(self.x_label),
+            TOP + g.ph / 2.0,
+            escape(self.y_label)
+        );
+        colour_legend(
+            &mut s,
+            LEFT + g.pw.max(160.0) + 14.0,
+            TOP,
+            g.ph.clamp(40.0, 240.0),
+            lo,
+            hi,
+        );
+        s.push_str("</svg>");
+        s
+    }
+
+    /// One coloured cell per value (layer 0 at the bottom), its hover
+    /// title naming the layer, the column and the value.
+    fn cells(&self, s: &mut String, g: &Grid, (lo, hi): (f32, f32)) {
+        let (rows, cw, ch) = (g.rows, g.cw, g.ch);
         for ((r, c), &v) in self.values.indexed_iter() {
             let x = LEFT + c as f64 * cw;
             let y = TOP + (rows - 1 - r) as f64 * ch;
@@ -72,24 +127,11 @@ impl Heatmap<'_> {
                 num(v, 4)
             );
         }
-        let every = label_every(rows, 16);
-        for r in (0..rows).step_by(every) {
-            let y = TOP + (rows - r) as f64 * ch - ch / 2.0 + 4.0;
-            let _ = write!(
-                s,
-                "<text x=\"{}\" y=\"{y:.2}\" text-anchor=\"end\">{r}</text>",
-                LEFT - 4.0
-            );
-        }
-        let every = label_every(cols, 12);
-        for c in (0..cols).step_by(every) {
-            let x = LEFT + c as f64 * cw + cw / 2.0;
-            let _ = write!(
-                s,
-                "<text x=\"{x:.2}\" y=\"{}\" text-anchor=\"middle\">{c}</text>",
-                TOP + ph + 13.0
-            );
-        }
+    }
+
+    /// The dashed line between rows `cut - 1` and `cut`, labelled.
+    fn cut_line(&self, s: &mut String, g: &Grid) {
+        let (rows, ch, pw) = (g.rows, g.ch, g.pw);
         if let Some(cut) = self.cut.filter(|&c| c > 0 && c < rows) {
             let y = TOP + (rows - cut) as f64 * ch;
             let _ = write!(
@@ -103,26 +145,29 @@ impl Heatmap<'_> {
                 y - 3.0
             );
         }
+    }
+}
+
+/// Row numbers on the left (at most 16) and column numbers below (at most 12).
+fn tick_labels(s: &mut String, g: &Grid) {
+    let (rows, cols, cw, ch, ph) = (g.rows, g.cols, g.cw, g.ch, g.ph);
+    let every = label_every(rows, 16);
+    for r in (0..rows).step_by(every) {
+        let y = TOP + (rows - r) as f64 * ch - ch / 2.0 + 4.0;
         let _ = write!(
             s,
-            "<text x=\"{:.2}\" y=\"{}\" text-anchor=\"middle\">{}</text>\
-             <text transform=\"translate(14 {:.2}) rotate(-90)\" text-anchor=\"middle\">{}</text>",
-            LEFT + pw / 2.0,
-            TOP + ph + 32.0,
-            escape(self.x_label),
-            TOP + ph / 2.0,
-            escape(self.y_label)
+            "<text x=\"{}\" y=\"{y:.2}\" text-anchor=\"end\">{r}</text>",
+            LEFT - 4.0
         );
-        colour_legend(
-            &mut s,
-            LEFT + pw.max(160.0) + 14.0,
-            TOP,
-            ph.clamp(40.0, 240.0),
-            lo,
-            hi,
+    }
+    let every = label_every(cols, 12);
+    for c in (0..cols).step_by(every) {
+        let x = LEFT + c as f64 * cw + cw / 2.0;
+        let _ = write!(
+            s,
+            "<text x=\"{x:.2}\" y=\"{}\" text-anchor=\"middle\">{c}</text>",
+            TOP + ph + 13.0
         );
-        s.push_str("</svg>");
-        s
     }
 }
 

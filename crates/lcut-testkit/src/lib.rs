@@ -1,9 +1,10 @@
-//! Fixtures shared by lcut's tests: the transformers reference cases in
-//! `fixtures/oracle` (and their logits, [`reference`]), temporary model
-//! folders copied from them, random-weight Llamas of any shape ([`synth`],
-//! also what `lcut bench` measures), and a word-level tokenizer with a chat
-//! template, so that engine and viewer tests can run the real pipeline on a
-//! tiny model.
+//! Fixtures shared by lcut's tests: where the transformers reference cases
+//! (`fixtures/oracle`) and the real model are, temporary model folders
+//! copied from the cases, a word-level tokenizer with a chat template (so
+//! that engine and viewer tests can run the real pipeline on a tiny model),
+//! damaged-file mutants and an allocator that records the largest
+//! allocation. Reading the reference cases and checking logits against them
+//! is `lcut-parity`'s; random-weight models of a shape are `lcut-synth`'s.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -13,8 +14,6 @@ use tempfile::TempDir;
 
 pub mod alloc;
 pub mod mutate;
-pub mod reference;
-pub mod synth;
 
 /// The random number generators the mutators use, for tests' own generators.
 pub use rand;

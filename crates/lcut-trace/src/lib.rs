@@ -17,6 +17,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 mod bins;
+mod curves;
 mod error;
 pub mod floats;
 mod identity;
@@ -30,6 +31,7 @@ mod tensor;
 mod trace;
 
 pub use bins::{bin_edges, bin_of, bin_sums};
+pub use curves::LayerCurves;
 pub use error::TraceError;
 pub use floats::Series;
 pub use identity::{AdapterIdentity, ModelIdentity, hash_bytes, hash_parts};
@@ -38,8 +40,8 @@ pub use io::{
 };
 pub use metrics::{Indexing, LAYER_METRICS, LayerMetric, MetricAxis};
 pub use report::{
-    CutoffAccuracy, LayerCurves, PolicyCounts, PolicyPoint, Recommendation, Report, SCHEMA_VERSION,
-    SuiteSource, Sweep, Votes,
+    CutoffAccuracy, PolicyCounts, PolicyPoint, Recommendation, Report, SCHEMA_VERSION, SuiteSource,
+    Sweep, Votes,
 };
 pub use settings::{RunSettings, Thresholds};
 pub use size::trace_size_bound;

@@ -7,8 +7,8 @@
 //! viewer's curves all read this table, so a new metric is one more entry
 //! here (plus the field it reads).
 
+use crate::curves::LayerCurves;
 use crate::floats::Series;
-use crate::report::LayerCurves;
 
 /// How a metric's series is indexed over the model's depth.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -182,35 +182,46 @@ impl PromptTrace {
     /// Checks that every length and shape agrees with the header fields.
     /// `context` names the file or run, for the message.
     pub fn validate(&self, context: &str) -> Result<(), TraceError> {
-        let ctx = || format!("{context}: prompt {:?} (index {})", self.id, self.index);
-        let bad = |msg: String| Err(TraceError::invalid(ctx(), msg));
+        self.check_positions()
+            .and_then(|()| self.check_shapes())
+            .map_err(|msg| {
+                let ctx = format!("{context}: prompt {:?} (index {})", self.id, self.index);
+                TraceError::invalid(ctx, msg)
+            })
+    }
+
+    /// The sizes and positions of the header: at least one layer and head,
+    /// the decode start inside the prompt and after the anchors, one token
+    /// string per prompt token (or none), one generated token and one
+    /// strictly increasing query position per step.
+    fn check_positions(&self) -> Result<(), String> {
         let (l, h, t) = (self.num_layers, self.num_heads, self.num_steps());
         if l == 0 || h == 0 {
-            return bad(format!(
+            return Err(format!(
                 "`num_layers` {l} and `num_heads` {h} must be at least 1"
             ));
         }
         if self.prompt_len == 0 || self.decode_start >= self.prompt_len {
-            return bad(format!(
+            return Err(format!(
                 "`decode_start` {} must be inside the prompt of `prompt_len` {} tokens",
                 self.decode_start, self.prompt_len
             ));
         }
         if self.anchor_len > self.decode_start {
-            return bad(format!(
+            return Err(format!(
                 "`anchor_len` {} reaches past `decode_start` {}",
                 self.anchor_len, self.decode_start
             ));
         }
         if !self.prompt_tokens.is_empty() && self.prompt_tokens.len() != self.prompt_len {
-            return bad(format!(
+            return Err(format!(
                 "`prompt_tokens` has {} entries, expected 0 or `prompt_len` {}",
                 self.prompt_tokens.len(),
                 self.prompt_len
             ));
         }
         if self.generated.len() != t || self.generated_ids.len() != t {
-            return bad(format!(
+            return Err(format!(
                 "`generated` ({}) and `generated_ids` ({}) must have one entry per step ({t} `query_positions`)",
                 self.generated.len(),
                 self.generated_ids.len()
@@ -221,11 +232,19 @@ impl PromptTrace {
             .first()
             .is_none_or(|&q| q >= self.decode_start);
         if !first_ok || self.query_positions.windows(2).any(|w| w[0] >= w[1]) {
-            return bad(format!(
+            return Err(format!(
                 "`query_positions` must be strictly increasing and start at or after `decode_start` {}",
                 self.decode_start
             ));
         }
+        Ok(())
+    }
+
+    /// The shapes of the tensors and series against the header: the phase
+    /// masses [L, steps, H], bin edges from 0 to the prompt length, the
+    /// prompt attention map [L, bins], the curvature series L + 1 long.
+    fn check_shapes(&self) -> Result<(), String> {
+        let (l, h, t) = (self.num_layers, self.num_heads, self.num_steps());
         let names = [
             "bos",
             "anchor",
@@ -240,7 +259,7 @@ impl PromptTrace {
             .chain([&self.prefill_entropy]);
         for (name, tensor) in names.iter().zip(tensors) {
             if tensor.shape() != [l, t, h] {
-                return bad(format!(
+                return Err(format!(
                     "`{name}` has shape {:?}, expected [num_layers, steps, num_heads] = {:?}",
                     tensor.shape(),
                     [l, t, h]
@@ -252,13 +271,13 @@ impl PromptTrace {
             || e.last() != Some(&self.prompt_len)
             || e.windows(2).any(|w| w[0] >= w[1])
         {
-            return bad(format!(
+            return Err(format!(
                 "`bin_edges` must rise strictly from 0 to `prompt_len` {}",
                 self.prompt_len
             ));
         }
         if self.prompt_attention.shape() != [l, self.num_bins()] {
-            return bad(format!(
+            return Err(format!(
                 "`prompt_attention` has shape {:?}, expected [num_layers, bins] = {:?}",
                 self.prompt_attention.shape(),
                 [l, self.num_bins()]
@@ -270,7 +289,7 @@ impl PromptTrace {
         ] {
             // checked: `num_layers` is read from the file and may be huge
             if l.checked_add(1) != Some(c.len()) {
-                return bad(format!(
+                return Err(format!(
                     "`{name}` has {} entries, expected num_layers + 1 = {}",
                     c.len(),
                     l as u128 + 1

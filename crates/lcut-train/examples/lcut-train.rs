@@ -1,11 +1,8 @@
-//! Stand-alone driver of lcut-train, the same entry points `lcut train` and
-//! `lcut eval` call, plus `table`: the exact-match table of shipped models
-//! under full depth and SPEED at every cutoff, with and without the BoS
-//! anchor, as Markdown.
+//! The exact-match table of shipped task models under full depth and SPEED
+//! at every cutoff, with and without the BoS anchor, as Markdown (one cell
+//! is `lcut eval --model M --policy P --n N`; `lcut train` makes the models).
 //!
 //! ```text
-//! cargo run --release -p lcut-train --example lcut-train -- train --out fixtures/models/copy-full
-//! cargo run --release -p lcut-train --example lcut-train -- eval --model fixtures/models/copy-full
 //! cargo run --release -p lcut-train --example lcut-train -- table fixtures/models/copy-*
 //! ```
 
@@ -13,23 +10,17 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use lcut_train::{EvalArgs, TrainArgs, run_eval, run_train};
+use lcut_train::{EvalOptions, run_eval};
 
 #[derive(Parser)]
-#[command(about = "Train and evaluate lcut's bundled task models")]
+#[command(about = "Tables of lcut's bundled task models")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
 
-/// Parsed once at start-up: the size difference between variants is moot.
-#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
-    /// Train a model (see `lcut train`).
-    Train(TrainArgs),
-    /// Greedy exact match of a model under a policy (see `lcut eval`).
-    Eval(EvalArgs),
     /// Exact match of each model under full and speed:C(+bos) for C in 1..=L.
     Table {
         /// Model folders.
@@ -61,7 +52,7 @@ fn table(models: &[PathBuf], n: usize, seed: u64) -> Result<()> {
         }
         let mut cells = Vec::new();
         for p in &policies {
-            let r = run_eval(&EvalArgs {
+            let r = run_eval(&EvalOptions {
                 model: model.clone(),
                 policy: p.clone(),
                 n,
@@ -81,15 +72,6 @@ fn table(models: &[PathBuf], n: usize, seed: u64) -> Result<()> {
 
 fn main() -> Result<()> {
     match Cli::parse().command {
-        Command::Train(args) => run_train(&args),
-        Command::Eval(args) => {
-            let r = run_eval(&args)?;
-            for line in r.summary_lines() {
-                println!("{line}");
-            }
-            println!("{}", r.exact_match_line());
-            Ok(())
-        }
         Command::Table { models, n, seed } => table(&models, n, seed),
     }
 }

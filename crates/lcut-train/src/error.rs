@@ -51,6 +51,28 @@ pub enum TrainError {
     /// The tokenizer written for the model does not encode as the trainer does.
     #[error("tokenizer check failed: {0}")]
     Tokenizer(String),
+    /// A policy could not be resolved for the model or applied to a
+    /// sequence (cut out of range, anchors, phases).
+    #[error(transparent)]
+    Visibility(#[from] lcut_policy::PolicyError),
+    /// Token phases that do not fit a sequence.
+    #[error(transparent)]
+    Phase(#[from] lcut_policy::PhaseError),
+    /// A session (model and tokenizer) could not load or run a prompt.
+    #[error(transparent)]
+    Engine(#[from] lcut_engine::EngineError),
+    /// A setting or a file that cannot be used, the message naming it.
+    #[error("{0}")]
+    Refused(String),
+    /// An error, with what was being done when it happened.
+    #[error("{what}")]
+    While {
+        /// What was being done (`reading FILE`, `loading model DIR`).
+        what: String,
+        /// The error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 /// Result with [`TrainError`].
@@ -67,3 +89,26 @@ impl From<lcut_model::ShapeError> for TrainError {
         }
     }
 }
+
+/// `with_context` on a result: its error becomes [`TrainError::While`].
+pub(crate) trait Context<T> {
+    /// The error, with `what()` saying what was being done.
+    fn with_context(self, what: impl FnOnce() -> String) -> Result<T>;
+}
+
+impl<T, E: std::error::Error + Send + Sync + 'static> Context<T> for std::result::Result<T, E> {
+    fn with_context(self, what: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|e| TrainError::While {
+            what: what(),
+            source: Box::new(e),
+        })
+    }
+}
+
+/// [`TrainError::Refused`] with a formatted message, returned.
+macro_rules! refuse {
+    ($($arg:tt)*) => {
+        return Err($crate::error::TrainError::Refused(format!($($arg)*)))
+    };
+}
+pub(crate) use refuse;

@@ -18,21 +18,18 @@ use crate::vocab::id;
 /// stream anyway.
 pub const DEFAULT_EVAL_SEED: u64 = 20_261_122;
 
-/// Arguments of `lcut eval`: greedy exact match on held-out task instances.
-#[derive(Debug, Clone, PartialEq, Eq, clap::Args, Serialize, Deserialize)]
-pub struct EvalArgs {
+/// What `lcut eval` (without a suite) is asked to do: greedy exact match on
+/// held-out task instances.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EvalOptions {
     /// Model folder (config.json, model.safetensors; training.json, when
     /// present, gives the task distribution the model was trained on).
-    #[arg(long)]
     pub model: PathBuf,
     /// Visibility policy: `full`, `speed:3+bos`, `speed:3/4`, `selfonly:3+bos`, ...
-    #[arg(long, default_value = "full")]
     pub policy: String,
     /// Number of held-out instances.
-    #[arg(long, default_value_t = 200)]
     pub n: usize,
     /// Seed of the held-out instances.
-    #[arg(long, default_value_t = DEFAULT_EVAL_SEED)]
     pub seed: u64,
 }
 
@@ -219,7 +216,7 @@ pub fn evaluate(
 
 /// `lcut eval`: load the model with lcut-model (f32, CPU) and measure greedy
 /// exact match on held-out instances of its task family.
-pub fn run_eval(args: &EvalArgs) -> anyhow::Result<EvalResult> {
+pub fn run_eval(args: &EvalOptions) -> Result<EvalResult> {
     let start = Instant::now();
     let spec = task_spec_of(&args.model)?;
     let decoder = Decoder::load(&args.model, DType::F32, &Device::Cpu)?;

@@ -5,8 +5,10 @@
 //! whose attention mask is a full or SPEED visibility policy, and greedy
 //! exact-match evaluation with `lcut_model::Decoder`.
 //!
-//! The `lcut` binary wires `lcut train` to [`run_train`] and `lcut eval` to
-//! [`run_eval`].
+//! Also SPEED-aware LoRA adapters for any model ([`lora_train`]). The `lcut`
+//! binary parses the command line and calls [`run_train`] (`lcut train`),
+//! [`run_eval`] (`lcut eval`) and [`lora_train::train_adapter`]
+//! (`lcut train-lora`).
 
 mod error;
 pub mod eval;
@@ -17,10 +19,10 @@ pub mod train;
 pub mod vocab;
 
 pub use error::{Result, TrainError};
-pub use eval::{EvalArgs, EvalResult, TaskScore, run_eval};
+pub use eval::{EvalOptions, EvalResult, TaskScore, run_eval};
 pub use net::{BatchMasks, ModelShape, TrainModel};
 pub use task::{Instance, Stream, TaskKind, TaskSpec};
-pub use train::{TrainArgs, run_train};
+pub use train::{TrainOptions, run_train};
 
 /// Index of the largest value in each row of a [rows, n] tensor.
 pub fn argmax(logits: &candle_core::Tensor) -> Result<Vec<u32>> {

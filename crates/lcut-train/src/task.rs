@@ -17,19 +17,7 @@ use crate::error::TrainError;
 use crate::vocab::{self, CONTENT, FILLER, id};
 
 /// One task of the family.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    PartialOrd,
-    Ord,
-    Serialize,
-    Deserialize,
-    clap::ValueEnum,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TaskKind {
     /// Repeat the bracketed span.
@@ -39,11 +27,22 @@ pub enum TaskKind {
 }
 
 impl TaskKind {
+    /// Every task.
+    pub const ALL: [TaskKind; 2] = [TaskKind::Copy, TaskKind::Reverse];
+
     /// The task word that opens the user message.
     pub fn word_id(&self) -> u32 {
         match self {
             TaskKind::Copy => id::COPY,
             TaskKind::Reverse => id::REVERSE,
+        }
+    }
+
+    /// What the task asks, in a few words.
+    pub fn description(&self) -> &'static str {
+        match self {
+            TaskKind::Copy => "Repeat the bracketed span",
+            TaskKind::Reverse => "Repeat the bracketed span backwards",
         }
     }
 
@@ -53,6 +52,18 @@ impl TaskKind {
             TaskKind::Copy => "copy",
             TaskKind::Reverse => "reverse",
         }
+    }
+}
+
+impl std::str::FromStr for TaskKind {
+    type Err = String;
+
+    /// A task by its name (`copy`, `reverse`).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| format!("unknown task {s:?} (expected copy or reverse)"))
     }
 }
 

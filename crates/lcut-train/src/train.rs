@@ -14,111 +14,84 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde::Serialize;
 use serde_json::json;
 
-use crate::error::{Result, TrainError};
+use crate::error::{Result, TrainError, refuse};
 use crate::eval::{DEFAULT_EVAL_SEED, evaluate, resolve_policy};
 use crate::net::{BatchMasks, ModelShape, TrainModel, init_varmap, load_varmap, save_checkpoint};
 use crate::task::{Instance, Stream, TaskKind, TaskSpec};
 use crate::vocab::{self, id};
 
-/// Arguments of `lcut train`: train (or fine-tune) a small Llama on the
-/// copy/reverse task family and save it as a Hugging Face model folder.
-#[derive(Debug, Clone, PartialEq, clap::Args, Serialize)]
-pub struct TrainArgs {
+/// What `lcut train` is asked to do: train (or fine-tune) a small Llama on
+/// the copy/reverse task family and save it as a Hugging Face model folder.
+/// (`training.json` records these as `args`.)
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TrainOptions {
     /// Output model folder (created; existing model files are replaced).
-    #[arg(long)]
     pub out: PathBuf,
     /// Visibility policy of the training mask: `full`, or SPEED such as
     /// `speed:3/4+bos` (anchor-free: `speed:3/4`).
-    #[arg(long, default_value = "full")]
     pub policy: String,
     /// Start from this model folder's weights (fine-tuning) instead of a
     /// fresh initialisation; its config.json fixes the shape.
-    #[arg(long)]
     pub init: Option<PathBuf>,
     /// Seed of the initial weights and of the training batches.
-    #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Optimiser steps.
-    #[arg(long, default_value_t = 2000)]
     pub steps: usize,
     /// Sequences per step (at most; see `--batch-tokens`).
-    #[arg(long, default_value_t = 64)]
     pub batch_size: usize,
     /// Peak learning rate (AdamW).
-    #[arg(long, default_value_t = 1e-3)]
     pub lr: f64,
     /// Standard deviation of the initial weight matrices.
-    #[arg(long, default_value_t = 0.1)]
     pub init_std: f32,
     /// Linear warm-up steps; then cosine decay to a tenth of the peak.
-    #[arg(long, default_value_t = 100)]
     pub warmup: usize,
     /// AdamW weight decay.
-    #[arg(long, default_value_t = 0.01)]
     pub weight_decay: f64,
     /// Clip the global gradient norm to this (0: no clipping).
-    #[arg(long, default_value_t = 1.0)]
     pub clip: f64,
     /// Decoder layers.
-    #[arg(long, default_value_t = 4)]
     pub layers: usize,
     /// Residual width.
-    #[arg(long, default_value_t = 128)]
     pub hidden: usize,
     /// MLP inner width.
-    #[arg(long, default_value_t = 256)]
     pub intermediate: usize,
     /// Query heads.
-    #[arg(long, default_value_t = 4)]
     pub heads: usize,
     /// Key/value heads.
-    #[arg(long, default_value_t = 2)]
     pub kv_heads: usize,
     /// Tasks to train on (comma-separated).
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "copy")]
     pub tasks: Vec<TaskKind>,
     /// Shortest prompt in tokens.
-    #[arg(long, default_value_t = 16)]
     pub min_prompt: usize,
     /// Longest prompt in tokens.
-    #[arg(long, default_value_t = 200)]
     pub max_prompt: usize,
     /// Shortest span.
-    #[arg(long, default_value_t = 2)]
     pub min_span: usize,
     /// Longest span.
-    #[arg(long, default_value_t = 8)]
     pub max_span: usize,
     /// Curriculum: the longest prompt grows linearly from `--start-prompt`
     /// to `--max-prompt` over this many steps (0: no curriculum). Short
     /// prompts are cheap, and the copy circuit found on them carries over.
-    #[arg(long, default_value_t = 800)]
     pub curriculum_steps: usize,
     /// The longest prompt at step 0 of the curriculum.
-    #[arg(long, default_value_t = 24)]
     pub start_prompt: usize,
     /// The longest span at step 0 of the curriculum (grows to `--max-span`).
     /// Short spans teach the copy circuit in a few hundred steps; long ones
     /// alone stall on a bag-of-words plateau for thousands.
-    #[arg(long, default_value_t = 3)]
     pub start_span: usize,
     /// Token budget of a batch: sequences per step shrink to fit
     /// `batch_tokens / longest sequence` (at least 8, at most
     /// `--batch-size`). 0: always `--batch-size` sequences.
-    #[arg(long, default_value_t = 4096)]
     pub batch_tokens: usize,
     /// Steps between progress lines.
-    #[arg(long, default_value_t = 50)]
     pub log_every: usize,
     /// Steps between teacher-forced validations (0: only at the end).
-    #[arg(long, default_value_t = 250)]
     pub val_every: usize,
     /// Held-out instances of the final greedy evaluation (0: skip it).
-    #[arg(long, default_value_t = 200)]
     pub eval_n: usize,
 }
 
-impl TrainArgs {
+impl TrainOptions {
     /// The task distribution these arguments describe.
     pub fn task_spec(&self) -> TaskSpec {
         TaskSpec {
@@ -256,7 +229,7 @@ pub fn training_instances(
 
 /// The task distribution and longest prompt of the batches at `step` under
 /// the curriculum: prompt and span limits grow linearly to the spec's.
-fn curriculum(args: &TrainArgs, spec: &TaskSpec, step: usize) -> (TaskSpec, usize) {
+fn curriculum(args: &TrainOptions, spec: &TaskSpec, step: usize) -> (TaskSpec, usize) {
     if step >= args.curriculum_steps {
         return (spec.clone(), spec.max_prompt);
     }
@@ -275,7 +248,7 @@ fn curriculum(args: &TrainArgs, spec: &TaskSpec, step: usize) -> (TaskSpec, usiz
     )
 }
 
-fn learning_rate(args: &TrainArgs, step: usize) -> f64 {
+fn learning_rate(args: &TrainOptions, step: usize) -> f64 {
     if step < args.warmup {
         return args.lr * (step + 1) as f64 / args.warmup as f64;
     }
@@ -356,7 +329,7 @@ struct ValRow {
     seconds: f64,
 }
 
-fn shape_and_varmap(args: &TrainArgs, device: &Device) -> Result<(ModelShape, VarMap)> {
+fn shape_and_varmap(args: &TrainOptions, device: &Device) -> Result<(ModelShape, VarMap)> {
     match &args.init {
         None => {
             let shape = args.model_shape();
@@ -410,12 +383,12 @@ pub fn check_tokenizer(folder: &Path, spec: &TaskSpec) -> Result<()> {
 /// count; refuses a task longer than the model's positions and SlimInfer
 /// (a runtime policy, no training mask).
 fn training_policy(
-    args: &TrainArgs,
+    args: &TrainOptions,
     spec: &TaskSpec,
     shape: &ModelShape,
-) -> anyhow::Result<(Policy, usize)> {
+) -> Result<(Policy, usize)> {
     if spec.max_sequence() > shape.max_position_embeddings {
-        anyhow::bail!(
+        refuse!(
             "the longest sequence ({} tokens) exceeds max_position_embeddings {}",
             spec.max_sequence(),
             shape.max_position_embeddings
@@ -423,7 +396,7 @@ fn training_policy(
     }
     let (policy, anchor_len) = resolve_policy(&args.policy, shape.num_layers)?;
     if !policy.trainable() {
-        anyhow::bail!(
+        refuse!(
             "--policy {}: training runs under a static mask (full, SPEED, SelfOnly); this policy \
              has none (SlimInfer needs no retraining: evaluate it with `lcut eval --policy ...`)",
             args.policy
@@ -434,7 +407,7 @@ fn training_policy(
 
 /// What the training loop works on.
 struct Training<'a> {
-    args: &'a TrainArgs,
+    args: &'a TrainOptions,
     spec: &'a TaskSpec,
     model: &'a TrainModel,
     varmap: &'a VarMap,
@@ -561,7 +534,7 @@ fn print_log_row(row: &LogRow) {
 /// Greedy exact match of the saved model under the training policy
 /// (`None` with `--eval-n 0`).
 fn final_eval(
-    args: &TrainArgs,
+    args: &TrainOptions,
     spec: &TaskSpec,
     device: &Device,
 ) -> Result<Option<serde_json::Value>> {
@@ -589,7 +562,7 @@ fn final_eval(
 /// `lcut train`: train, save the checkpoint in `args.out`, evaluate it with
 /// lcut-model's greedy decoding under the training policy and record
 /// everything in `training.json`.
-pub fn run_train(args: &TrainArgs) -> anyhow::Result<()> {
+pub fn run_train(args: &TrainOptions) -> Result<()> {
     let device = Device::Cpu;
     let spec = args.task_spec();
     spec.validate()?;
@@ -653,8 +626,11 @@ pub fn run_train(args: &TrainArgs) -> anyhow::Result<()> {
         "log": log,
         "lcut_train_version": env!("CARGO_PKG_VERSION"),
     });
-    let text = serde_json::to_string_pretty(&record)?;
     let path = args.out.join("training.json");
+    let text = serde_json::to_string_pretty(&record).map_err(|e| TrainError::Json {
+        path: path.clone(),
+        reason: e.to_string(),
+    })?;
     lcut_model::lora::write_atomic(&path, format!("{text}\n").as_bytes())
         .map_err(|source| TrainError::Io { path, source })?;
     println!(

@@ -11,8 +11,8 @@ use candle_core::{D, Device, Tensor};
 use lcut_model::lora::{LoraConfig, LoraMode, write_adapter};
 use lcut_model::{Decoder, LogitRows};
 use lcut_model::{ModelConfig, WeightFiles};
+use lcut_parity::ReferenceCase;
 use lcut_policy::{PolicySpec, TokenPhases};
-use lcut_testkit::reference::ReferenceCase;
 use lcut_train::lora_train::{
     BelowCut, CheckpointState, LoraTrainOptions, LoraVars, TeacherTopK, TrainSeq, UpperModel,
     topk_kl, train_lora,

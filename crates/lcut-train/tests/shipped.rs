@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Result, ensure};
-use lcut_train::{EvalArgs, run_eval};
+use lcut_train::{EvalOptions, run_eval};
 
 const SEED: u64 = lcut_train::eval::DEFAULT_EVAL_SEED;
 const VARIANTS: [&str; 3] = ["copy-full", "copy-speed3-bos", "copy-speed3-noanchor"];
@@ -20,7 +20,7 @@ fn model(name: &str) -> PathBuf {
 }
 
 fn exact(name: &str, policy: &str, n: usize) -> Result<f64> {
-    let r = run_eval(&EvalArgs {
+    let r = run_eval(&EvalOptions {
         model: model(name),
         policy: policy.to_string(),
         n,

@@ -5,6 +5,7 @@ mod curvature;
 mod policy_axis;
 mod probe;
 mod prompts;
+mod quality;
 mod sweep;
 mod teacher;
 
@@ -147,7 +148,7 @@ pub fn prepare_prompts(
 pub fn model_identity(session: &Session) -> Result<ModelIdentity> {
     let cfg = session.model.config();
     Ok(ModelIdentity {
-        path: session.folder().display().to_string(),
+        path: session.name().to_string(),
         config_hash: session.config_hash().to_string(),
         arch: cfg.arch.model_type().to_string(),
         dtype: session.model.weight_mode().name(),
@@ -235,6 +236,69 @@ pub fn diagnose_prepared(
     )?)
 }
 
+/// Full-depth greedy generation of `prompt` with the diagnostic probe
+/// attached: the probe and the generated ids.
+fn generate_probed(
+    model: &Decoder,
+    prompt: &PreparedPrompt,
+    phases: TokenPhases,
+    (opts, stop_tokens): (&DiagnoseOptions, &[u32]),
+    on_progress: &mut dyn FnMut(PromptProgress) -> bool,
+) -> Result<(DiagnosticProbe, Vec<u32>)> {
+    let config = GenerationConfig {
+        max_new_tokens: opts.max_new_tokens,
+        sampling: Sampling::Greedy,
+        stop_tokens: stop_tokens.to_vec(),
+        ..GenerationConfig::default()
+    };
+    let layers = model.config().num_layers;
+    let mut generation = Generation::new(model, prompt.clone(), Policy::full(layers), config)?;
+    let mut probe = DiagnosticProbe::new(phases, prompt.len(), layers);
+    if !generation.prefill_with(Some(&mut probe), |p| {
+        on_progress(PromptProgress::Prefill(p))
+    })? {
+        return Err(EngineError::Cancelled);
+    }
+    let mut ids = Vec::new();
+    while let Some(step) = generation.step(Some(&mut probe))? {
+        ids.push(step.token);
+        if !on_progress(PromptProgress::Step(ids.len())) {
+            return Err(EngineError::Cancelled);
+        }
+    }
+    Ok((probe, ids))
+}
+
+/// Copy the probe's per-(layer, step, head) masses and entropies of the
+/// first `n` generated tokens into `trace`, and its layer x prompt-bin
+/// attention map (mean over heads and steps).
+fn record_masses(trace: &mut PromptTrace, probe: &DiagnosticProbe, n: usize) -> Result<()> {
+    let heads = trace.num_heads;
+    for rec in probe.records() {
+        let k = rec.position - probe.first_step();
+        if k >= n {
+            continue;
+        }
+        for h in 0..heads {
+            let at = [rec.layer, k, h];
+            trace.bos.view_mut()[at] = rec.bos[h];
+            trace.anchor.view_mut()[at] = rec.anchor[h];
+            trace.prefill.view_mut()[at] = rec.prefill[h];
+            trace.decode.view_mut()[at] = rec.decode[h];
+            trace.self_mass.view_mut()[at] = rec.self_mass[h];
+            trace.prefill_entropy.view_mut()[at] = rec.prefill_entropy[h];
+        }
+    }
+    let sums = probe.prompt_bin_sums(&trace.bin_edges)?;
+    let scale = 1.0 / (heads * n.max(1)) as f32;
+    for (l, row) in sums.iter().enumerate() {
+        for (b, v) in row.iter().enumerate() {
+            trace.prompt_attention.view_mut()[[l, b]] = v * scale;
+        }
+    }
+    Ok(())
+}
+
 /// Progress within one prompt's diagnostic run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PromptProgress {
@@ -260,27 +324,7 @@ pub fn trace_prompt(
     let (p, s) = (prompt.len(), prompt.decode_start);
     // BoS is the anchor the diagnostics report apart (m_bos = a[0]).
     let phases = TokenPhases::new(p, s, usize::from(s > 0))?;
-    let config = GenerationConfig {
-        max_new_tokens: opts.max_new_tokens,
-        sampling: Sampling::Greedy,
-        stop_tokens: stop_tokens.to_vec(),
-        ..GenerationConfig::default()
-    };
-    let mut generation =
-        Generation::new(model, prompt.clone(), Policy::full(cfg.num_layers), config)?;
-    let mut probe = DiagnosticProbe::new(phases, p, cfg.num_layers);
-    if !generation.prefill_with(Some(&mut probe), |p| {
-        on_progress(PromptProgress::Prefill(p))
-    })? {
-        return Err(EngineError::Cancelled);
-    }
-    let mut ids = Vec::new();
-    while let Some(step) = generation.step(Some(&mut probe))? {
-        ids.push(step.token);
-        if !on_progress(PromptProgress::Step(ids.len())) {
-            return Err(EngineError::Cancelled);
-        }
-    }
+    let (probe, ids) = generate_probed(model, prompt, phases, (opts, stop_tokens), on_progress)?;
     let header = TraceHeader {
         index: lp.index,
         id: lp.id.clone(),
@@ -295,28 +339,7 @@ pub fn trace_prompt(
     trace.query_positions = (0..n).map(|k| probe.first_step() + k).collect();
     trace.generated = token_strings(&ids);
     trace.generated_ids = ids;
-    for rec in probe.records() {
-        let k = rec.position - probe.first_step();
-        if k >= n {
-            continue;
-        }
-        for h in 0..heads {
-            let at = [rec.layer, k, h];
-            trace.bos.view_mut()[at] = rec.bos[h];
-            trace.anchor.view_mut()[at] = rec.anchor[h];
-            trace.prefill.view_mut()[at] = rec.prefill[h];
-            trace.decode.view_mut()[at] = rec.decode[h];
-            trace.self_mass.view_mut()[at] = rec.self_mass[h];
-            trace.prefill_entropy.view_mut()[at] = rec.prefill_entropy[h];
-        }
-    }
-    let sums = probe.prompt_bin_sums(&trace.bin_edges)?;
-    let scale = 1.0 / (heads * n.max(1)) as f32;
-    for (l, row) in sums.iter().enumerate() {
-        for (b, v) in row.iter().enumerate() {
-            trace.prompt_attention.view_mut()[[l, b]] = v * scale;
-        }
-    }
+    record_masses(&mut trace, &probe, n)?;
     let curve = |accs: &[DeviceCurvature]| -> Result<Series> {
         let means = accs
             .iter()

@@ -7,13 +7,13 @@
 use candle_core::Tensor;
 use lcut_diag::{FlopShape, layered_prefill_flops};
 use lcut_model::probes::PromptMassProbe;
-use lcut_model::{Decoder, LogitRows};
+use lcut_model::{Decoder, LogitRows, Sequence};
 use lcut_policy::{
     Budget, CutSpec, KvCost, Phase, Policy, PolicySpec, SlimOptions, SlimSelection, SlimSpec,
 };
 use lcut_trace::{PolicyCounts, PolicyPoint};
 
-use super::sweep::{Totals, score};
+use super::quality::{Totals, score};
 use crate::error::{EngineError, Result};
 use crate::generate::prefill_before_decode_start;
 use crate::prompt::PreparedPrompt;
@@ -155,25 +155,64 @@ pub(super) fn measure(
     let phases = prompt.phases(&policy)?;
     let mut seq = model.new_sequence(policy, phases)?;
     seq.reserve(prompt.len() + continuation.len());
-    let s = prompt.decode_start;
-    prefill_before_decode_start(model, &mut seq, prompt, chunk, |_| true)?;
-    let mut rows = Vec::with_capacity(continuation.len());
-    let first = model.forward(&mut seq, &prompt.ids[s..], LogitRows::Last, None)?;
-    rows.push(first.logits.ok_or(EngineError::MissingLogits {
-        position: prompt.len() - 1,
-    })?);
-    for &token in &continuation[..continuation.len().saturating_sub(1)] {
-        let out = model.forward(&mut seq, &[token], LogitRows::Last, None)?;
-        rows.push(out.logits.ok_or(EngineError::MissingLogits {
-            position: seq.len() - 1,
-        })?);
-    }
-    let t = score(reference, &Tensor::cat(&rows, 0)?, continuation)?;
+    let logits = forced_logits(model, &mut seq, prompt, continuation, chunk)?;
+    let t = score(reference, &logits, continuation)?;
     totals.quality.agree += t.agree;
     totals.quality.kl += t.kl;
     totals.quality.nll += t.nll;
     totals.quality.tokens += t.tokens;
+    add_costs(model, &seq, prompt, mass, totals);
+    let recall = mass.recall(
+        |pos| phases.phase(pos) == Phase::Prefill,
+        |layer, pos| seq.token_exists(layer, pos),
+    );
+    totals.recall.resize(recall.len(), 0.0);
+    for (sum, r) in totals.recall.iter_mut().zip(recall) {
+        *sum += f64::from(r);
+    }
+    totals.prompts += 1;
+    Ok(())
+}
+
+/// Prefill `prompt` into `seq` and feed `continuation` but its last token
+/// one at a time: the logits [n, V] of the rows that predict it.
+fn forced_logits(
+    model: &Decoder,
+    seq: &mut Sequence,
+    prompt: &PreparedPrompt,
+    continuation: &[u32],
+    chunk: usize,
+) -> Result<Tensor> {
+    let s = prompt.decode_start;
+    prefill_before_decode_start(model, seq, prompt, chunk, |_| true)?;
+    let mut rows = Vec::with_capacity(continuation.len());
+    let first = model.forward(seq, &prompt.ids[s..], LogitRows::Last, None)?;
+    rows.push(first.logits.ok_or(EngineError::MissingLogits {
+        position: prompt.len() - 1,
+    })?);
+    for &token in &continuation[..continuation.len().saturating_sub(1)] {
+        let out = model.forward(seq, &[token], LogitRows::Last, None)?;
+        rows.push(out.logits.ok_or(EngineError::MissingLogits {
+            position: seq.len() - 1,
+        })?);
+    }
+    Ok(Tensor::cat(&rows, 0)?)
+}
+
+/// Add the costs of the run in `seq` to `totals`, as its visibility counts
+/// them: K/V held and resident (the full model's beside them), prefill
+/// FLOPs, the equal-K/V cutoff and, for SlimInfer, its scorer's precision
+/// against `mass` and its swaps.
+fn add_costs(
+    model: &Decoder,
+    seq: &Sequence,
+    prompt: &PreparedPrompt,
+    mass: &PromptMassProbe,
+    totals: &mut AxisTotals,
+) {
+    let s = prompt.decode_start;
     let layers = model.config().num_layers;
+    let phases = seq.phases();
     let cost = KvCost {
         anchors: phases.anchor_len(),
         prefill: phases.prefill_len(),
@@ -203,16 +242,6 @@ pub(super) fn measure(
             .filter(|st| st.cuts.iter().any(|t| t.swapped))
             .count();
     }
-    let recall = mass.recall(
-        |pos| phases.phase(pos) == Phase::Prefill,
-        |layer, pos| seq.token_exists(layer, pos),
-    );
-    totals.recall.resize(recall.len(), 0.0);
-    for (sum, r) in totals.recall.iter_mut().zip(recall) {
-        *sum += f64::from(r);
-    }
-    totals.prompts += 1;
-    Ok(())
 }
 
 /// Per cut, the share of the blocks the prefill kept that are also among

@@ -4,7 +4,7 @@
 //! gives both the full model's continuation and the prefix every cutoff
 //! forks.
 
-use candle_core::{D, Tensor};
+use candle_core::Tensor;
 use lcut_diag::{FlopShape, PromptSplit, finish_sweep, prefill_flops};
 use lcut_model::probes::PromptMassProbe;
 use lcut_model::{Decoder, LogitRows, Probe, Sequence};
@@ -12,8 +12,8 @@ use lcut_policy::{Anchors, KvCost, Policy, PolicyKind};
 use lcut_trace::{Sweep, SweepPoint, Thresholds};
 
 use super::policy_axis::{AxisPolicy, AxisTotals, measure};
+use super::quality::{Totals, score};
 use super::{DiagnoseEvent, LabelledPrompt, model_identity, tell};
-use crate::compare::log_softmax_rows;
 use crate::error::{EngineError, Result};
 use crate::generate::{Generation, GenerationConfig};
 use crate::prompt::PreparedPrompt;
@@ -50,15 +50,6 @@ impl Default for SweepOptions {
     }
 }
 
-/// Sums of the quality metrics over continuation tokens.
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct Totals {
-    pub agree: f64,
-    pub kl: f64,
-    pub nll: f64,
-    pub tokens: usize,
-}
-
 /// Logits [n, V] of the decode-phase tokens `tokens` fed after `prefix`.
 fn decode_logits(
     model: &Decoder,
@@ -69,23 +60,6 @@ fn decode_logits(
     let out = model.forward(&mut seq, tokens, LogitRows::All, probe)?;
     out.logits.ok_or(EngineError::MissingLogits {
         position: seq.len() - 1,
-    })
-}
-
-/// Agreement, KL(ref || other) and NLL of `targets` under `other`.
-pub(super) fn score(reference: &Tensor, other: &Tensor, targets: &[u32]) -> Result<Totals> {
-    let lp = log_softmax_rows(reference)?;
-    let lq = log_softmax_rows(other)?;
-    let kl: f32 = (lp.exp()? * (&lp - &lq)?)?.sum_all()?.to_scalar()?;
-    let idx = Tensor::new(targets, other.device())?.unsqueeze(1)?;
-    let nll: f32 = lq.gather(&idx, 1)?.sum_all()?.neg()?.to_scalar()?;
-    let top: Vec<u32> = other.argmax(D::Minus1)?.to_vec1()?;
-    let agree = top.iter().zip(targets).filter(|(a, b)| a == b).count();
-    Ok(Totals {
-        agree: agree as f64,
-        kl: f64::from(kl.max(0.0)),
-        nll: f64::from(nll),
-        tokens: targets.len(),
     })
 }
 

@@ -12,6 +12,7 @@ use crate::files::ModelFiles;
 use crate::gguf::GgufWeights;
 use crate::layers::{AttentionProj, Loader, Mlp};
 use crate::rope::Rope;
+use crate::store::ModelFormat;
 use crate::weights::WeightSource;
 
 /// The tensor in which llama.cpp stores per-frequency RoPE divisors.
@@ -28,6 +29,18 @@ impl Decoder {
     /// or with a GGUF's matrices kept quantized.
     pub fn load_as(path: &Path, mode: WeightMode, device: &Device) -> Result<Self> {
         Self::from_files(ModelFiles::open(path)?, mode, device)
+    }
+
+    /// Load a model whose format is known (a resolved model reference,
+    /// [`crate::store::resolve`]): a GGUF file whatever its name, or a
+    /// Hugging Face model folder.
+    pub fn load_format(
+        path: &Path,
+        format: ModelFormat,
+        mode: WeightMode,
+        device: &Device,
+    ) -> Result<Self> {
+        Self::from_files(ModelFiles::open_format(path, format)?, mode, device)
     }
 
     /// Build the decoder from a model's opened files (for callers that also

@@ -142,6 +142,15 @@ pub fn model_config(header: &GgufHeader, path: &Path) -> Result<ModelConfig> {
 fn hf_config(m: &Meta<'_>, arch: Arch) -> Result<Value> {
     let mut c = Map::new();
     c.insert("model_type".into(), json!(arch.model_type()));
+    let layers = sizes(m, &mut c)?;
+    positions_and_attention(m, arch, layers, &mut c)?;
+    vocabulary(m, &mut c)?;
+    Ok(Value::Object(c))
+}
+
+/// The model's sizes (layers, widths, heads, head width, rotary share) into
+/// `c`; returns the layer count, refused above lcut's limit.
+fn sizes(m: &Meta<'_>, c: &mut Map<String, Value>) -> Result<u64> {
     let layers = m.count(&m.key("block_count"))?;
     if layers > crate::config::MAX_LAYERS as u64 {
         // refused here: per-layer settings below are sized by it
@@ -175,6 +184,17 @@ fn hf_config(m: &Meta<'_>, arch: Arch) -> Result<Value> {
             json!(rotary as f64 / head_dim as f64),
         );
     }
+    Ok(layers)
+}
+
+/// Norm epsilon, RoPE, context length, sliding window and logit
+/// soft-capping into `c`.
+fn positions_and_attention(
+    m: &Meta<'_>,
+    arch: Arch,
+    layers: u64,
+    c: &mut Map<String, Value>,
+) -> Result<()> {
     if let Some(eps) = m.opt_f64(&m.key("attention.layer_norm_rms_epsilon"))? {
         c.insert("rms_norm_eps".into(), json!(eps));
     }
@@ -206,6 +226,12 @@ fn hf_config(m: &Meta<'_>, arch: Arch) -> Result<Value> {
             c.insert(key.into(), json!(cap));
         }
     }
+    Ok(())
+}
+
+/// Vocabulary size, tied embeddings, attention bias and the special tokens
+/// into `c`.
+fn vocabulary(m: &Meta<'_>, c: &mut Map<String, Value>) -> Result<()> {
     let tensors = &m.header.tensors;
     let vocab = match tensors.get("token_embd.weight") {
         Some(t) if t.shape.len() == 2 => t.shape[0] as u64,
@@ -242,7 +268,7 @@ fn hf_config(m: &Meta<'_>, arch: Arch) -> Result<Value> {
         }
     }
     c.insert("eos_token_id".into(), json!(eos_unique));
-    Ok(Value::Object(c))
+    Ok(())
 }
 
 /// `{arch}.rope.scaling.*` as a Hugging Face `rope_scaling` object.

@@ -339,71 +339,16 @@ impl GgufHeader {
             pos: 0,
             path,
         };
-        let magic: [u8; 4] = c.array("the magic number")?;
-        if magic != GGUF_MAGIC {
-            return Err(ModelError::NotGguf {
-                path: path.to_path_buf(),
-                found: magic,
-            });
-        }
-        let version = c.u32("the version")?;
-        if version != 2 && version != 3 {
-            return Err(ModelError::GgufVersion {
-                path: path.to_path_buf(),
-                version,
-            });
-        }
+        let version = c.magic_and_version()?;
         // a tensor entry takes at least 8 (name) + 4 (rank) + 4 (type) + 8 (offset) bytes
         let n_tensors = c.count("the tensor count", 24)?;
         // a metadata entry takes at least 8 (key) + 4 (type) + 1 bytes
         let n_kv = c.count("the metadata count", 13)?;
-        let mut metadata = BTreeMap::new();
-        for i in 0..n_kv {
-            let key = c.string(&format!("metadata key #{i}"))?;
-            let type_id = c.u32(&format!("the type of `{key}`"))?;
-            let value = c.value(type_id, &key, 0)?;
-            if metadata.insert(key.clone(), value).is_some() {
-                return Err(c.malformed(format!("metadata key `{key}` appears twice")));
-            }
-        }
-        let mut raw = Vec::with_capacity(n_tensors);
-        for i in 0..n_tensors {
-            let at = c.pos;
-            let name = c.string(&format!("the name of tensor #{i}"))?;
-            let rank = c.u32(&format!("the rank of `{name}`"))?;
-            if rank == 0 || rank > MAX_DIMS {
-                return Err(c.malformed(format!(
-                    "tensor `{name}` has rank {rank}; ggml allows 1 to {MAX_DIMS}"
-                )));
-            }
-            let mut dims = Vec::with_capacity(rank as usize);
-            for _ in 0..rank {
-                dims.push(c.u64(&format!("the dimensions of `{name}`"))?);
-            }
-            let type_id = c.u32(&format!("the type of `{name}`"))?;
-            let offset = c.u64(&format!("the data offset of `{name}`"))?;
-            raw.push(RawTensor {
-                at,
-                name,
-                dims,
-                type_id,
-                offset,
-            });
-        }
-        let alignment = match metadata.get("general.alignment") {
-            None => DEFAULT_ALIGNMENT,
-            Some(v) => match v.as_u64() {
-                Some(a) if a >= 8 && a.is_power_of_two() && a <= 1 << 20 => a,
-                _ => {
-                    return Err(ModelError::GgufMetadata {
-                        path: path.to_path_buf(),
-                        key: "general.alignment".into(),
-                        expected: "a power of two from 8 to 2^20".into(),
-                        found: v.describe(),
-                    });
-                }
-            },
-        };
+        let metadata = c.metadata(n_kv)?;
+        let raw = (0..n_tensors)
+            .map(|i| c.raw_tensor(i))
+            .collect::<Result<Vec<_>>>()?;
+        let alignment = alignment(&metadata, path)?;
         let header_len = c.pos;
         let data_start = (header_len as u64).div_ceil(alignment) * alignment;
         let mut tensors = BTreeMap::new();
@@ -424,6 +369,86 @@ impl GgufHeader {
             header_len,
         })
     }
+}
+
+impl Cursor<'_> {
+    /// The magic number (refused when it is not GGUF's) and the version
+    /// (2 or 3).
+    fn magic_and_version(&mut self) -> Result<u32> {
+        let magic: [u8; 4] = self.array("the magic number")?;
+        if magic != GGUF_MAGIC {
+            return Err(ModelError::NotGguf {
+                path: self.path.to_path_buf(),
+                found: magic,
+            });
+        }
+        let version = self.u32("the version")?;
+        if version != 2 && version != 3 {
+            return Err(ModelError::GgufVersion {
+                path: self.path.to_path_buf(),
+                version,
+            });
+        }
+        Ok(version)
+    }
+
+    /// `n_kv` metadata entries; a key that appears twice is refused.
+    fn metadata(&mut self, n_kv: usize) -> Result<BTreeMap<String, MetaValue>> {
+        let mut metadata = BTreeMap::new();
+        for i in 0..n_kv {
+            let key = self.string(&format!("metadata key #{i}"))?;
+            let type_id = self.u32(&format!("the type of `{key}`"))?;
+            let value = self.value(type_id, &key, 0)?;
+            if metadata.insert(key.clone(), value).is_some() {
+                return Err(self.malformed(format!("metadata key `{key}` appears twice")));
+            }
+        }
+        Ok(metadata)
+    }
+
+    /// Entry `i` of the tensor directory, its rank checked.
+    fn raw_tensor(&mut self, i: usize) -> Result<RawTensor> {
+        let at = self.pos;
+        let name = self.string(&format!("the name of tensor #{i}"))?;
+        let rank = self.u32(&format!("the rank of `{name}`"))?;
+        if rank == 0 || rank > MAX_DIMS {
+            return Err(self.malformed(format!(
+                "tensor `{name}` has rank {rank}; ggml allows 1 to {MAX_DIMS}"
+            )));
+        }
+        let mut dims = Vec::with_capacity(rank as usize);
+        for _ in 0..rank {
+            dims.push(self.u64(&format!("the dimensions of `{name}`"))?);
+        }
+        let type_id = self.u32(&format!("the type of `{name}`"))?;
+        let offset = self.u64(&format!("the data offset of `{name}`"))?;
+        Ok(RawTensor {
+            at,
+            name,
+            dims,
+            type_id,
+            offset,
+        })
+    }
+}
+
+/// The data section's alignment: `general.alignment` (a power of two from 8
+/// to 2^20) or the default.
+fn alignment(metadata: &BTreeMap<String, MetaValue>, path: &Path) -> Result<u64> {
+    Ok(match metadata.get("general.alignment") {
+        None => DEFAULT_ALIGNMENT,
+        Some(v) => match v.as_u64() {
+            Some(a) if a >= 8 && a.is_power_of_two() && a <= 1 << 20 => a,
+            _ => {
+                return Err(ModelError::GgufMetadata {
+                    path: path.to_path_buf(),
+                    key: "general.alignment".into(),
+                    expected: "a power of two from 8 to 2^20".into(),
+                    found: v.describe(),
+                });
+            }
+        },
+    })
 }
 
 /// One entry of the tensor directory as the file states it.

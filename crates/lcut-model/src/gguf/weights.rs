@@ -156,7 +156,7 @@ impl GgufFile {
 }
 
 #[allow(unsafe_code)]
-fn map_file(file: &std::fs::File, path: &Path) -> Result<Mmap> {
+pub(crate) fn map_file(file: &std::fs::File, path: &Path) -> Result<Mmap> {
     // SAFETY: the file is mapped read-only; lcut never writes to a model file
     // while a model from it is loaded. A file changed underneath by another
     // process is the one case memory mapping cannot guard against.

@@ -5,8 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use candle_core::quantized::QMatMul;
-use candle_core::{DType, Device, Module, Tensor};
+use candle_core::{DType, Tensor};
 
 use super::adapter::{LoraAdapter, LoraPair, Site, tensor_name};
 use super::config::{Targets, config_path};
@@ -14,7 +13,7 @@ use super::error::LoraError;
 use super::fingerprint;
 use crate::decoder::Decoder;
 use crate::error::Result;
-use crate::linear::Linear;
+use crate::linear::{Linear, LoraLinear, dense_parts, linear_dims};
 
 /// How an adapter is put into the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,79 +22,6 @@ pub enum LoraMode {
     Merge,
     /// The base layer kept as is, scale·(x Aᵀ) Bᵀ added at every call.
     OnTheFly,
-}
-
-/// A linear layer with a LoRA pair applied on the fly.
-#[derive(Debug, Clone)]
-pub struct LoraLinear {
-    base: Linear,
-    /// A [r, in].
-    a: candle_nn::Linear,
-    /// scale·B [out, r].
-    b: candle_nn::Linear,
-}
-
-impl LoraLinear {
-    /// base(x) + scale·(x Aᵀ) Bᵀ.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let low = self.a.forward(x)?;
-        Ok((self.base.forward(x)? + self.b.forward(&low)?)?)
-    }
-
-    /// The layer under the adapter.
-    pub fn base(&self) -> &Linear {
-        &self.base
-    }
-
-    /// Bytes of the adapter's two matrices.
-    pub fn adapter_bytes(&self) -> usize {
-        let bytes = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
-        bytes(self.a.weight()) + bytes(self.b.weight())
-    }
-
-    /// scale·B·A [out, in] in f32.
-    fn delta(&self) -> Result<Tensor> {
-        let b = self.b.weight().to_dtype(DType::F32)?;
-        let a = self.a.weight().to_dtype(DType::F32)?;
-        Ok(b.matmul(&a)?)
-    }
-}
-
-/// (out, in) of a linear layer.
-pub(crate) fn linear_dims(lin: &Linear) -> Result<(usize, usize)> {
-    Ok(match lin {
-        Linear::Dense(l) => l.weight().dims2()?,
-        Linear::Quantized { matmul, .. } => match matmul {
-            QMatMul::QTensor(q) => q.shape().dims2()?,
-            QMatMul::Tensor(t) | QMatMul::TensorF16(t) => t.dims2()?,
-        },
-        Linear::Mapped { matrix, .. } => matrix.dims(),
-        Linear::Adapted(l) => linear_dims(&l.base)?,
-    })
-}
-
-/// The layer's effective matrix in f32 (quantized ones dequantized, an
-/// on-the-fly adapter added) and its bias.
-pub(crate) fn dense_parts(lin: &Linear) -> Result<(Tensor, Option<Tensor>)> {
-    Ok(match lin {
-        Linear::Dense(l) => (l.weight().to_dtype(DType::F32)?, l.bias().cloned()),
-        Linear::Quantized { matmul, bias } => {
-            let w = match matmul {
-                QMatMul::QTensor(q) => q.dequantize(&q.device())?,
-                QMatMul::Tensor(t) | QMatMul::TensorF16(t) => t.clone(),
-            };
-            (w.to_dtype(DType::F32)?, bias.clone())
-        }
-        Linear::Mapped { matrix, bias } => {
-            let (rows, cols) = matrix.dims();
-            let w = Tensor::from_vec(matrix.dequantize()?, (rows, cols), &Device::Cpu)?;
-            (w, bias.clone())
-        }
-        Linear::Adapted(l) => {
-            let (w, b) = dense_parts(&l.base)?;
-            ((w + l.delta()?)?, b)
-        }
-    })
 }
 
 /// `lin` with `pair` put in by `mode`, weights in `dtype`.
@@ -118,11 +44,11 @@ fn adapt(
             let merged = (w + b.matmul(&a)?)?.to_dtype(dtype)?;
             Linear::dense(merged, bias)
         }
-        LoraMode::OnTheFly => Linear::Adapted(Box::new(LoraLinear {
-            base: lin.clone(),
-            a: candle_nn::Linear::new(a.to_dtype(dtype)?, None),
-            b: candle_nn::Linear::new(b.to_dtype(dtype)?, None),
-        })),
+        LoraMode::OnTheFly => Linear::Adapted(Box::new(LoraLinear::new(
+            lin.clone(),
+            candle_nn::Linear::new(a.to_dtype(dtype)?, None),
+            candle_nn::Linear::new(b.to_dtype(dtype)?, None),
+        ))),
     })
 }
 

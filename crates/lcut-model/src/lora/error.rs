@@ -138,9 +138,3 @@ pub enum LoraError {
     #[error("tensor backend: {0}")]
     Candle(#[from] candle_core::Error),
 }
-
-impl From<LoraError> for crate::error::ModelError {
-    fn from(e: LoraError) -> Self {
-        Self::Lora(Box::new(e))
-    }
-}

@@ -10,8 +10,9 @@ mod error;
 mod fingerprint;
 mod write;
 
+pub use crate::linear::LoraLinear;
 pub use adapter::{LoraAdapter, LoraPair, Site, WEIGHTS_FILE, tensor_name};
-pub use apply::{LoraLinear, LoraMode};
+pub use apply::LoraMode;
 pub use config::{CONFIG_FILE, LoraConfig, Targets};
 pub use error::LoraError;
 pub use write::{write_adapter, write_atomic};

@@ -1,4 +1,4 @@
-//! The teacher of `lcut train-lora`: the full model's greedy continuations
+//! The teacher of adapter training: the full model's greedy continuations
 //! of prompts from lcut's task generators, with its next-token distribution
 //! at each generated token cut to the top k. Making them is most of a
 //! training run's preparation and does not depend on the cut, so they are
@@ -9,12 +9,13 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use anyhow::{Context, Result, bail};
 use lcut_engine::suite::SuiteItem;
 use lcut_engine::{GenerationConfig, PreparedPrompt, Session, Step};
 use lcut_policy::Policy;
-use lcut_train::lora_train::optim::SplitMix;
 use serde::{Deserialize, Serialize};
+
+use super::optim::SplitMix;
+use crate::error::{Context, Result, TrainError, refuse};
 
 /// How a teacher file was made: a run reusing it must ask for the same.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -115,7 +116,7 @@ fn continue_prompt(
     };
     let out = session.continue_greedy(prompt, Policy::full(layers), max_new, chunk, on_step)?;
     if let Some(e) = failure {
-        return Err(e.into());
+        return Err(TrainError::Candle(e));
     }
     Ok(Continuation {
         tokens: out.tokens,
@@ -169,7 +170,7 @@ pub fn make(
         }
     }
     if out.len() < settings.prompts {
-        bail!(
+        refuse!(
             "only {} prompts of at most {} tokens in 64 generator seeds; ask for fewer",
             out.len(),
             settings.max_prompt_tokens
@@ -186,17 +187,20 @@ pub fn read(path: &Path, settings: &TeacherSettings) -> Result<Option<Vec<Teache
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mut lines = text.lines();
-    let head = lines
-        .next()
-        .with_context(|| format!("teacher file {} is empty", path.display()))?;
+    let Some(head) = lines.next() else {
+        refuse!("teacher file {} is empty", path.display());
+    };
     let made: TeacherSettings = serde_json::from_str(head)
         .with_context(|| format!("teacher file {} line 1: not its settings", path.display()))?;
+    let json = |s: &TeacherSettings| {
+        serde_json::to_string(s).with_context(|| format!("teacher file {}", path.display()))
+    };
     if &made != settings {
-        bail!(
+        refuse!(
             "teacher file {} was made with {}, this run asks for {}: give another --teacher file",
             path.display(),
-            serde_json::to_string(&made)?,
-            serde_json::to_string(settings)?
+            json(&made)?,
+            json(settings)?
         );
     }
     let records = lines
@@ -207,7 +211,7 @@ pub fn read(path: &Path, settings: &TeacherSettings) -> Result<Option<Vec<Teache
         })
         .collect::<Result<Vec<_>>>()?;
     if records.len() != settings.prompts {
-        bail!(
+        refuse!(
             "teacher file {} has {} records, its settings say {}",
             path.display(),
             records.len(),
@@ -250,18 +254,21 @@ pub fn balanced_by_kind(records: &[TeacherRecord]) -> Vec<usize> {
 
 /// Write `records` with their settings as the first line, atomically.
 pub fn write(path: &Path, settings: &TeacherSettings, records: &[TeacherRecord]) -> Result<()> {
-    let mut text = serde_json::to_string(settings)?;
+    let writing = || format!("writing {}", path.display());
+    let mut text = serde_json::to_string(settings).with_context(writing)?;
     text.push('\n');
     for r in records {
-        text.push_str(&serde_json::to_string(r)?);
+        text.push_str(&serde_json::to_string(r).with_context(writing)?);
         text.push('\n');
     }
-    crate::common::write_atomic(path, text.as_bytes())
+    lcut_model::lora::write_atomic(path, text.as_bytes())
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// The `(system, prompt)` pairs of the suite at `path` and the hash of its bytes.
 pub fn suite_prompts(path: &Path) -> Result<(PromptSet, String)> {
-    let (items, hash) = lcut_engine::suite::read_suite_hashed(path)?;
+    let (items, hash) =
+        lcut_engine::suite::read_suite_hashed(path).map_err(lcut_engine::EngineError::from)?;
     let set = items.into_iter().map(|it| (it.system, it.prompt)).collect();
     Ok((set, hash))
 }
@@ -310,7 +317,7 @@ mod tests {
     }
 
     #[test]
-    fn a_teacher_file_made_otherwise_is_refused_by_name() -> Result<()> {
+    fn a_teacher_file_made_otherwise_is_refused_by_name() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("teacher.jsonl");
         let settings = TeacherSettings {

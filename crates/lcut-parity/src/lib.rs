@@ -1,0 +1,17 @@
+//! lcut's decoder checked against Hugging Face transformers, an outside
+//! reference: the reference cases in `fixtures/oracle` (a tiny model, token
+//! ids and transformers' logits at full depth and under SPEED policies),
+//! how far our logits are from theirs, what "matches" means in each dtype,
+//! and the check `lcut parity` runs on any device and dtype.
+
+pub mod check;
+pub mod deviation;
+mod error;
+pub mod reference;
+pub mod tolerance;
+
+pub use check::{CheckOptions, ParityReport, ParityRow, check_case};
+pub use deviation::{Deviation, deviation};
+pub use error::{ParityError, Result};
+pub use reference::{FULL_LOGITS, LogitPair, ReferenceCase, ReferencePolicy};
+pub use tolerance::{SAME_DTYPE_FACTOR, Tolerance};
