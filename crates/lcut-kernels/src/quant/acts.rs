@@ -2,6 +2,7 @@
 //! (with sums per 16 for Q6_K): the input side of every quantized product.
 
 use crate::error::{KernelError, Result, check_len};
+use crate::isa::Isa;
 use crate::quant::format::QK;
 
 /// Rows of activations, each quantized to signed bytes with one f32 scale
@@ -39,6 +40,12 @@ impl Q8Rows {
     /// Quantize `x`, `rows` rows of `cols` values (row-major), replacing
     /// what was held. `cols` must be a multiple of 32.
     pub fn quantize(&mut self, x: &[f32], rows: usize, cols: usize) -> Result<()> {
+        self.quantize_with(Isa::detect(), x, rows, cols)
+    }
+
+    /// [`Q8Rows::quantize`] on a given instruction-set level (every level
+    /// gives the same values: the SIMD paths round as `f32::round` does).
+    pub fn quantize_with(&mut self, isa: Isa, x: &[f32], rows: usize, cols: usize) -> Result<()> {
         if !cols.is_multiple_of(QK) {
             return Err(KernelError::PartialBlock {
                 format: "Q8 activations",
@@ -57,9 +64,8 @@ impl Q8Rows {
         let blocks = x.chunks_exact(QK).zip(self.q.chunks_exact_mut(QK));
         let sums = self.d.iter_mut().zip(&mut self.s);
         for (((xs, qs), (d, s)), sum16) in blocks.zip(sums).zip(self.sum16.chunks_exact_mut(2)) {
-            *d = quantize_block(xs, qs);
-            let lo: i32 = qs[..16].iter().map(|&v| i32::from(v)).sum();
-            let hi: i32 = qs[16..].iter().map(|&v| i32::from(v)).sum();
+            let (scale, lo, hi) = quantize_block_with(isa, xs, qs);
+            *d = scale;
             // |16 x 127| fits an i16
             sum16[0] = lo as i16;
             sum16[1] = hi as i16;
@@ -88,6 +94,22 @@ impl Q8Rows {
             sum16: &self.sum16[2 * i * b..2 * (i + 1) * b],
         }
     }
+}
+
+/// One block on the best path `isa` allows: (scale, sum of the first 16
+/// values, sum of the last 16).
+fn quantize_block_with(isa: Isa, xs: &[f32], q: &mut [i8]) -> (f32, i32, i32) {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx512
+        && let Some(r) = crate::quant::avx512::quantize_block(xs, q)
+    {
+        return r;
+    }
+    let _ = isa;
+    let d = quantize_block(xs, q);
+    let lo: i32 = q[..16].iter().map(|&v| i32::from(v)).sum();
+    let hi: i32 = q[16..].iter().map(|&v| i32::from(v)).sum();
+    (d, lo, hi)
 }
 
 /// Quantize 32 values to `q` (round to nearest, ties away from zero);
@@ -128,6 +150,29 @@ mod tests {
             }
         }
         assert!(a.quantize(&x, 1, 48).is_err());
+        // every level rounds as f32::round, ties (x.5 at scale 1) included
+        let mut y: Vec<f32> = (0..256).map(|i| (i as f32 - 128.0) * 0.731).collect();
+        for b in y.chunks_exact_mut(32) {
+            b[0] = 127.0;
+            b[5] = 2.5;
+            b[6] = -2.5;
+            b[7] = 0.5;
+            b[8] = -0.5;
+            b[9] = 0.499_999_97;
+        }
+        let mut want = Q8Rows::new();
+        want.quantize_with(Isa::Portable, &y, 2, 128)
+            .expect("whole blocks");
+        assert_eq!(want.row(0).q[5..10], [3, -3, 1, -1, 0]);
+        for isa in crate::isa::ALL.into_iter().filter(|i| i.available()) {
+            let mut got = Q8Rows::new();
+            got.quantize_with(isa, &y, 2, 128).expect("whole blocks");
+            assert_eq!(
+                (&got.q, &got.d, &got.s, &got.sum16),
+                (&want.q, &want.d, &want.s, &want.sum16),
+                "{isa:?}"
+            );
+        }
         assert!(a.quantize(&x[..32], 1, 64).is_err());
     }
 }

@@ -459,6 +459,65 @@ fn q6k_step<const N: usize>(
     }
 }
 
+/// Quantize one block of 32 activations to `q` as the portable path does
+/// (scale amax / 127, round half away from zero): (scale, sum of the first
+/// 16, sum of the last 16); `None` where the CPU lacks AVX-512.
+pub(super) fn quantize_block(xs: &[f32], q: &mut [i8]) -> Option<(f32, i32, i32)> {
+    if !Isa::Avx512.available() || xs.len() < QK || q.len() < QK {
+        return None;
+    }
+    // SAFETY: AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C were just checked.
+    Some(unsafe { quantize_block_avx512(xs, q) })
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn quantize_block_avx512(xs: &[f32], q: &mut [i8]) -> (f32, i32, i32) {
+    use std::arch::x86_64::{
+        _CMP_EQ_OQ, _CMP_LT_OQ, _mm_storeu_si128, _mm512_abs_ps, _mm512_cmp_ps_mask,
+        _mm512_cvtepi32_epi8, _mm512_cvtps_epi32, _mm512_mask_blend_ps, _mm512_max_ps,
+        _mm512_min_ps, _mm512_reduce_add_epi32, _mm512_reduce_max_ps, _mm512_roundscale_ps,
+        _mm512_set1_ps, _mm512_sub_ps,
+    };
+    let (a, b) = (load_f32_16(xs, 0), load_f32_16(xs, 16));
+    let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    let d = amax / 127.0;
+    let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+    let invv = _mm512_set1_ps(inv);
+    let one = _mm512_set1_ps(1.0);
+    let half = _mm512_set1_ps(0.5);
+    let round = |v: __m512| -> __m512 {
+        let t = _mm512_mul_ps(v, invv);
+        // f32::round: to nearest, ties away from zero
+        let trunc = _mm512_roundscale_ps::<0x0B>(t);
+        let even = _mm512_roundscale_ps::<0x08>(t);
+        let tie = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(_mm512_abs_ps(_mm512_sub_ps(t, trunc)), half);
+        let negative = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(t, _mm512_setzero_ps());
+        let step = _mm512_mask_blend_ps(negative, one, _mm512_set1_ps(-1.0));
+        let away = std::arch::x86_64::_mm512_add_ps(trunc, step);
+        let r = _mm512_mask_blend_ps(tie, even, away);
+        _mm512_max_ps(
+            _mm512_min_ps(r, _mm512_set1_ps(127.0)),
+            _mm512_set1_ps(-127.0),
+        )
+    };
+    let (ia, ib) = (_mm512_cvtps_epi32(round(a)), _mm512_cvtps_epi32(round(b)));
+    let q = &mut q[..QK];
+    // SAFETY: `q` is 32 writable bytes (bounds-checked above); unaligned stores.
+    unsafe {
+        _mm_storeu_si128(q.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(ia));
+        _mm_storeu_si128(q[16..].as_mut_ptr().cast(), _mm512_cvtepi32_epi8(ib));
+    }
+    (d, _mm512_reduce_add_epi32(ia), _mm512_reduce_add_epi32(ib))
+}
+
+/// Sixteen f32 at `xs[at..at + 16]`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn load_f32_16(xs: &[f32], at: usize) -> __m512 {
+    let xs = &xs[at..at + 16];
+    // SAFETY: `xs` is 16 readable f32 (bounds-checked above); unaligned load.
+    unsafe { std::arch::x86_64::_mm512_loadu_ps(xs.as_ptr()) }
+}
+
 /// Eight f32 at `xs[..8]`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn load8(xs: &[f32]) -> std::arch::x86_64::__m256 {

@@ -11,7 +11,7 @@ mod portable;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
-mod avx512;
+pub(crate) mod avx512;
 
 use std::ops::Range;
 
