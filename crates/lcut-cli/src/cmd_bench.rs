@@ -21,8 +21,9 @@ use lcut_synth::RandomLlama;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde::Serialize;
 
-use crate::args::{DeviceArg, PolicyList, WeightArg};
+use crate::args::{DeviceArg, KvDtypeArg, PolicyList, WeightArg};
 use crate::common::{ensure_fits, parse_len, resolve_model, write_atomic};
+use lcut_kernels::bandwidth::{DEFAULT_BYTES, measure_read};
 
 /// Arguments of `lcut bench`.
 #[derive(Debug, Args)]
@@ -77,12 +78,20 @@ pub struct BenchArgs {
     /// dtype: f32, bf16, f16, or q (a GGUF's weights kept quantized).
     #[arg(long, default_value = "f32", ignore_case = true)]
     dtype: WeightArg,
+    /// K/V cache storage: auto (f16 for `--dtype q`, else the weights'
+    /// dtype), f32, f16 or bf16.
+    #[arg(long, value_enum, default_value = "auto", ignore_case = true)]
+    kv_dtype: KvDtypeArg,
     /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     device: DeviceArg,
     /// Compare plain decoding with candle-transformers' Llama instead.
     #[arg(long)]
     vs_candle: bool,
+    /// Also time decoding with the phase-mass probe on every step (full
+    /// model, first prompt length) against decoding without it.
+    #[arg(long)]
+    probe_cost: bool,
     /// Write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -120,6 +129,16 @@ pub struct BenchRow {
     pub tpot_ratio: f64,
     /// KV / KV(full).
     pub kv_ratio: f64,
+    /// Bytes a decode step reads at the end: every weight once and the K/V
+    /// decode reads (`kv_bytes_resident`).
+    pub bytes_per_token: u64,
+    /// `bytes_per_token` over TPOT, GB/s.
+    pub gb_per_s: f64,
+    /// The TPOT ratio the bytes predict: bytes_per_token / full's.
+    pub tpot_ratio_predicted: f64,
+    /// The machine's read bandwidth measured before the run with as many
+    /// threads as decoding uses, GB/s.
+    pub read_bandwidth_gb_s: f64,
 }
 
 fn median(mut xs: Vec<f64>) -> f64 {
@@ -237,12 +256,14 @@ fn bench_row(
     runs: &PolicyRuns,
     len: usize,
     args: &BenchArgs,
-    block: usize,
+    (block, bandwidth): (usize, f64),
 ) -> Result<BenchRow> {
     let outs = &runs.outs;
     let out = outs.last().context("no run")?;
     let ttft = outs.iter().map(|o| o.timing.ttft_s).collect();
     let tpot = outs.iter().map(|o| o.timing.tpot_s).collect();
+    let median_tpot = median(tpot);
+    let bytes = model.decode_weight_bytes() as u64 + out.kv_bytes_resident;
     if out.kv_bytes_held != out.kv_bytes_formula {
         bail!(
             "{policy}: caches hold {} bytes but the cost formula says {}",
@@ -264,7 +285,7 @@ fn bench_row(
         new_tokens: out.tokens.len(),
         peak_bytes_estimate: peak.total(),
         ttft_s: median(ttft),
-        tpot_s: median(tpot),
+        tpot_s: median_tpot,
         kv_bytes: out.kv_bytes_held,
         kv_bytes_formula: out.kv_bytes_formula,
         kv_bytes_resident: out.kv_bytes_resident,
@@ -272,6 +293,10 @@ fn bench_row(
         ttft_ratio: 1.0,
         tpot_ratio: 1.0,
         kv_ratio: 1.0,
+        bytes_per_token: bytes,
+        gb_per_s: bytes as f64 / median_tpot / 1e9,
+        tpot_ratio_predicted: 1.0,
+        read_bandwidth_gb_s: bandwidth,
     })
 }
 
@@ -304,12 +329,20 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         (longest, args.prefill_chunk, block),
     )?;
     model.set_attention_block_elems(block);
+    model.set_kv_dtype(args.kv_dtype.dtype(mode))?;
     let policies = bench_policies(args, model.config().num_layers)?;
     let bos = model.config().bos_token_id.unwrap_or(1);
     let total = (lengths.len() * policies.len() * args.repeats.max(1)) as u64;
     let bar = ProgressBar::new(total).with_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let threads = rayon::current_num_threads();
+    let bandwidth = measure_read(DEFAULT_BYTES, threads, 3).gb_per_s;
+    eprintln!(
+        "read bandwidth with {threads} thread(s): {bandwidth:.1} GB/s; a decode step reads {:.1} MB of weights ({} kernels)",
+        model.decode_weight_bytes() as f64 / 1e6,
+        lcut_kernels::Isa::detect().name()
     );
     warm_up(&model, &policies, &lengths, args.prefill_chunk, bos)?;
     let mut rows = Vec::new();
@@ -321,12 +354,15 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             &model,
             &policies,
             &runs,
-            (len, block),
+            (len, block, bandwidth),
             args,
         )?);
     }
     bar.finish_and_clear();
     print_rows(&rows);
+    if args.probe_cost {
+        probe_cost(&model, lengths[0], args, bos)?;
+    }
     if let Some(path) = &args.json {
         write_atomic(path, serde_json::to_string_pretty(&rows)?.as_bytes())?;
         eprintln!("wrote {}", path.display());
@@ -408,24 +444,34 @@ fn rows_at_length(
     model: &Decoder,
     policies: &[Policy],
     runs: &[PolicyRuns],
-    (len, block): (usize, usize),
+    (len, block, bandwidth): (usize, usize, f64),
     args: &BenchArgs,
 ) -> Result<Vec<BenchRow>> {
     let mut at_len: Vec<BenchRow> = Vec::new();
     for (policy, policy_runs) in policies.iter().zip(runs) {
-        at_len.push(bench_row(model, policy, policy_runs, len, args, block)?);
+        at_len.push(bench_row(
+            model,
+            policy,
+            policy_runs,
+            len,
+            args,
+            (block, bandwidth),
+        )?);
     }
     let full = at_len[0].clone();
     for r in &mut at_len {
         r.ttft_ratio = r.ttft_s / full.ttft_s;
         r.tpot_ratio = r.tpot_s / full.tpot_s;
         r.kv_ratio = r.kv_bytes as f64 / full.kv_bytes as f64;
+        r.tpot_ratio_predicted = r.bytes_per_token as f64 / full.bytes_per_token as f64;
     }
     Ok(at_len)
 }
 
 /// The table `lcut bench` prints: ratios against full measured in the
-/// same run, with the FLOP model's prediction beside the TTFT ratio.
+/// same run, with the FLOP model's prediction beside the TTFT ratio and the
+/// byte model's (weights + K/V decode reads, over full's) beside the TPOT
+/// ratio; bytes a decode step reads and the GB/s that makes.
 fn print_rows(rows: &[BenchRow]) {
     let width = rows
         .iter()
@@ -434,7 +480,7 @@ fn print_rows(rows: &[BenchRow]) {
         .unwrap_or(6)
         .max(6);
     println!(
-        "{:<width$} {:>7} {:>10} {:>10} {:>12} {:>7} {:>7} {:>7} {:>7} {:>7} {:>9}",
+        "{:<width$} {:>7} {:>10} {:>10} {:>12} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>8} {:>6} {:>9}",
         "policy",
         "prompt",
         "TTFT ms",
@@ -443,14 +489,17 @@ fn print_rows(rows: &[BenchRow]) {
         "TTFT x",
         "FLOP x",
         "TPOT x",
+        "bytes x",
         "KV x",
         "res. x",
+        "MB/tok",
+        "GB/s",
         "peak GiB"
     );
     for r in rows {
         let full_kv = r.kv_bytes as f64 / r.kv_ratio.max(f64::MIN_POSITIVE);
         println!(
-            "{:<width$} {:>7} {:>10.1} {:>10.2} {:>12} {:>7.3} {:>7.3} {:>7.3} {:>7.3} {:>7.3} {:>9.1}",
+            "{:<width$} {:>7} {:>10.1} {:>10.2} {:>12} {:>7.3} {:>7.3} {:>7.3} {:>7.3} {:>7.3} {:>7.3} {:>8.1} {:>6.1} {:>9.1}",
             r.policy,
             r.prompt_len,
             r.ttft_s * 1e3,
@@ -459,8 +508,11 @@ fn print_rows(rows: &[BenchRow]) {
             r.ttft_ratio,
             r.prefill_flops_ratio,
             r.tpot_ratio,
+            r.tpot_ratio_predicted,
             r.kv_ratio,
             r.kv_bytes_resident as f64 / full_kv,
+            r.bytes_per_token as f64 / 1e6,
+            r.gb_per_s,
             r.peak_bytes_estimate as f64 / f64::from(1u32 << 30)
         );
     }
@@ -482,6 +534,30 @@ fn predicted_flops_ratio(model: &Decoder, prefill_rows: &[usize], len: usize) ->
     };
     let full = layered_prefill_flops(&shape, &vec![len; cfg.num_layers]);
     layered_prefill_flops(&shape, prefill_rows) / full
+}
+
+/// Decode tokens/s of the full model after a `len`-token prompt with and
+/// without the phase-mass probe on every step, interleaved rounds; the
+/// probe must not change the tokens.
+fn probe_cost(model: &Decoder, len: usize, args: &BenchArgs, bos: u32) -> Result<()> {
+    let ids = random_prompt(len, model.config().vocab_size, bos, 11);
+    let steps = args.new_tokens.max(2);
+    let (mut plain, mut probed) = (Vec::new(), Vec::new());
+    for _ in 0..args.repeats.max(1) {
+        let (p, pt) = time_lcut(model, &ids, steps, false)?;
+        let (q, qt) = time_lcut(model, &ids, steps, true)?;
+        if pt != qt {
+            bail!("the probe changed the tokens: {pt:?} vs {qt:?}");
+        }
+        plain.push(p.decode_tok_s);
+        probed.push(q.decode_tok_s);
+    }
+    let (p, q) = (median(plain), median(probed));
+    println!(
+        "phase-mass probe on every decode step (prompt {len}): {p:.1} tok/s without, {q:.1} with, time ratio {:.3}",
+        p / q
+    );
+    Ok(())
 }
 
 /// Decode timing of one engine: prefill seconds and decode tokens/s.

@@ -12,7 +12,7 @@ use lcut_engine::diagnose::{
 };
 use lcut_trace::{Report, write_report_json};
 
-use crate::args::{DeviceArg, WeightArg};
+use crate::args::{DeviceArg, KvDtypeArg, WeightArg};
 use crate::common::open_session;
 
 /// Arguments of `lcut diagnose`.
@@ -55,6 +55,10 @@ pub struct DiagnoseArgs {
     /// dtype: f32, bf16, f16, or q (a GGUF's weights kept quantized).
     #[arg(long, default_value = "f32", ignore_case = true)]
     pub dtype: WeightArg,
+    /// K/V cache storage: auto (f16 for `--dtype q`, else the weights'
+    /// dtype), f32, f16 or bf16.
+    #[arg(long, value_enum, default_value = "auto", ignore_case = true)]
+    pub kv_dtype: KvDtypeArg,
     /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     pub device: DeviceArg,
@@ -98,7 +102,7 @@ pub fn on_event(bar: &ProgressBar) -> impl FnMut(&DiagnoseEvent) -> bool + '_ {
 
 /// Load the session and prompts of a diagnose or sweep run.
 pub fn load_inputs(args: &DiagnoseArgs) -> Result<(Session, Vec<PromptSpec>, Option<String>)> {
-    let mut session = open_session(&args.model, args.dtype, args.device)?;
+    let mut session = open_session(&args.model, args.dtype, args.kv_dtype, args.device)?;
     args.lora.apply_to_session(&mut session, &[])?;
     let (prompts, file) = match (&args.prompt, &args.prompts) {
         (Some(p), _) => (vec![PromptSpec::text("prompt", p)], None),

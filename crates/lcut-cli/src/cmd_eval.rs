@@ -10,7 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use lcut_engine::suite::{self, SuiteEval, SuiteEvalOptions};
 use lcut_policy::split_list;
 
-use crate::args::{DeviceArg, WeightArg};
+use crate::args::{DeviceArg, KvDtypeArg, WeightArg};
 use crate::common::{open_session, write_atomic};
 
 /// Arguments of `lcut eval`.
@@ -27,6 +27,10 @@ pub struct EvalCommand {
     /// Weights with --suite: f32, bf16, f16, or q (a GGUF's matrices kept quantized).
     #[arg(long, value_enum, default_value = "f32")]
     pub dtype: WeightArg,
+    /// K/V cache storage: auto (f16 for `--dtype q`, else the weights'
+    /// dtype), f32, f16 or bf16.
+    #[arg(long, value_enum, default_value = "auto", ignore_case = true)]
+    pub kv_dtype: KvDtypeArg,
     /// Most new tokens per generation with --suite.
     #[arg(long, default_value_t = 24)]
     pub max_new_tokens: usize,
@@ -104,12 +108,17 @@ pub fn per_policy_path(out: &Path, policy: &str) -> PathBuf {
 fn run_suite(args: &EvalCommand, path: &Path) -> Result<Vec<SuiteEval>> {
     let (items, suite_hash) = suite::read_suite_hashed(path)?;
     let model = Some(args.base.model.clone());
-    let mut session = open_session(&model, args.dtype, DeviceArg::Cpu)?;
+    let mut session = open_session(&model, args.dtype, args.kv_dtype, DeviceArg::Cpu)?;
     args.lora
         .apply_to_session(&mut session, &split_list(&args.base.policy))?;
     // an adapted model is compared with the model it was made from
     let base = match &session.adapter {
-        Some(_) => Some(open_session(&model, args.dtype, DeviceArg::Cpu)?),
+        Some(_) => Some(open_session(
+            &model,
+            args.dtype,
+            args.kv_dtype,
+            DeviceArg::Cpu,
+        )?),
         None => None,
     };
     let shard = args

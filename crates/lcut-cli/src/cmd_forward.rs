@@ -12,7 +12,7 @@ use lcut_model::probes::RecordingProbe;
 use lcut_model::{Decoder, LogitRows};
 use lcut_policy::{Policy, PolicySpec};
 
-use crate::args::{DeviceArg, WeightArg};
+use crate::args::{DeviceArg, KvDtypeArg, WeightArg};
 use crate::common::{open_session, parse_ids};
 
 /// Longest sequence for which attention [H, T, T] is recorded by default.
@@ -54,6 +54,10 @@ pub struct ForwardArgs {
     /// Weights and cache dtype: f32, bf16, f16, or q (a GGUF's weights kept quantized).
     #[arg(long, default_value = "f32", ignore_case = true)]
     dtype: WeightArg,
+    /// K/V cache storage: auto (f16 for `--dtype q`, else the weights'
+    /// dtype), f32, f16 or bf16.
+    #[arg(long, value_enum, default_value = "auto", ignore_case = true)]
+    kv_dtype: KvDtypeArg,
     /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     device: DeviceArg,
@@ -79,7 +83,7 @@ fn prompt_of(args: &ForwardArgs, session: &Session) -> Result<PreparedPrompt> {
 
 /// Run `lcut forward`.
 pub fn run(args: &ForwardArgs) -> Result<()> {
-    let mut session = open_session(&args.model, args.dtype, args.device)?;
+    let mut session = open_session(&args.model, args.dtype, args.kv_dtype, args.device)?;
     args.lora
         .apply_to_session(&mut session, &[args.policy.to_string()])?;
     let prompt = prompt_of(args, &session)?;

@@ -12,7 +12,7 @@ use lcut_engine::{
 };
 use lcut_policy::{Policy, PolicySpec};
 
-use crate::args::{DeviceArg, WeightArg};
+use crate::args::{DeviceArg, KvDtypeArg, WeightArg};
 use crate::common::{ensure_fits, open_session, parse_ids, write_atomic};
 
 /// Arguments of `lcut generate`.
@@ -76,6 +76,10 @@ pub struct GenerateArgs {
     /// dtype: f32, bf16, f16, or q (a GGUF's weights kept quantized).
     #[arg(long, default_value = "f32", ignore_case = true)]
     dtype: WeightArg,
+    /// K/V cache storage: auto (f16 for `--dtype q`, else the weights'
+    /// dtype), f32, f16 or bf16.
+    #[arg(long, value_enum, default_value = "auto", ignore_case = true)]
+    kv_dtype: KvDtypeArg,
     /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     device: DeviceArg,
@@ -167,7 +171,7 @@ fn piece(session: &Session, id: u32) -> String {
 
 /// Run `lcut generate`.
 pub fn run(args: &GenerateArgs) -> Result<()> {
-    let mut session = open_session(&args.model, args.dtype, args.device)?;
+    let mut session = open_session(&args.model, args.dtype, args.kv_dtype, args.device)?;
     let run_policies: Vec<String> = std::iter::once(&args.policy)
         .chain(&args.compare)
         .map(ToString::to_string)

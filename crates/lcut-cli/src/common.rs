@@ -6,7 +6,7 @@ use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device};
 use lcut_model::{ResolvedModel, StoreRoots};
 
-use crate::args::{DeviceArg, WeightArg};
+use crate::args::{DeviceArg, KvDtypeArg, WeightArg};
 
 /// The model reference given, or the bundled model's folder.
 pub fn model_or_bundled(model: &Option<PathBuf>) -> PathBuf {
@@ -24,15 +24,18 @@ pub fn resolve_model(reference: &Path) -> Result<ResolvedModel> {
 }
 
 /// Load the model given (a path or a store name, or the bundled one) with
-/// its tokenizer, in `dtype` on `device`.
+/// its tokenizer, in `dtype` on `device`, its K/V cache stored as `kv` says.
 pub fn open_session(
     model: &Option<PathBuf>,
     dtype: WeightArg,
+    kv: KvDtypeArg,
     device: DeviceArg,
 ) -> Result<lcut_engine::Session> {
     let resolved = resolve_model(&model_or_bundled(model))?;
-    lcut_engine::Session::load_resolved(&resolved, dtype.mode(), &device.open()?)
-        .with_context(|| format!("loading model {resolved}"))
+    let mut session = lcut_engine::Session::load_resolved(&resolved, dtype.mode(), &device.open()?)
+        .with_context(|| format!("loading model {resolved}"))?;
+    session.model.set_kv_dtype(kv.dtype(dtype.mode()))?;
+    Ok(session)
 }
 
 /// Parse `1,5,9` into token ids.
@@ -125,6 +128,7 @@ mod tests {
         let Err(e) = open_session(
             &missing,
             WeightArg::Dense(crate::args::DtypeArg::F32),
+            KvDtypeArg::Auto,
             DeviceArg::Cpu,
         ) else {
             panic!("a missing model loaded");

@@ -94,6 +94,15 @@ impl LayerCache {
         }
     }
 
+    /// The whole K and V buffers [kv_heads, capacity, head_dim] (rows past
+    /// [`LayerCache::len`] are spare room), or None if empty.
+    pub(crate) fn buffers(&self) -> Option<(&Tensor, &Tensor)> {
+        match (&self.k, &self.v) {
+            (Some(k), Some(v)) if self.len > 0 => Some((k, v)),
+            _ => None,
+        }
+    }
+
     /// Bytes of K and V held (tokens held, not buffer capacity).
     pub fn bytes_held(&self) -> usize {
         match &self.k {

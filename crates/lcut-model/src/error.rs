@@ -233,6 +233,16 @@ pub enum ModelError {
     /// An error from the tensor backend.
     #[error("tensor backend: {0}")]
     Candle(#[from] candle_core::Error),
+    /// A K/V cache storage type other than f32, f16 or bf16.
+    #[error("the K/V cache is stored as f32, f16 or bf16, not {dtype:?}")]
+    KvDtype {
+        /// The type asked for.
+        dtype: candle_core::DType,
+    },
+    /// Slices that do not fit a CPU kernel (a malformed tensor of a GGUF
+    /// file, a cache of the wrong shape).
+    #[error("kernel: {0}")]
+    Kernel(#[from] lcut_kernels::KernelError),
 }
 
 /// Result alias for this crate.

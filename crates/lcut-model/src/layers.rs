@@ -34,6 +34,11 @@ impl Loader<'_> {
         } else {
             None
         };
+        if self.quantized
+            && let Some(m) = self.files.load_mapped(&name, &[out, inp], self.device)?
+        {
+            return Ok(Linear::mapped(m, b));
+        }
         if let Some(q) = self.quantized_tensor(&name, &[out, inp])? {
             return Linear::quantized(Arc::new(q), b);
         }
@@ -42,6 +47,13 @@ impl Loader<'_> {
 
     /// The token embeddings [vocab, hidden]: quantized when asked and stored so.
     pub fn embedding(&self, name: &str, vocab: usize, hidden: usize) -> Result<Embedding> {
+        if self.quantized
+            && let Some(m) = self
+                .files
+                .load_mapped(name, &[vocab, hidden], self.device)?
+        {
+            return Ok(Embedding::Mapped(m));
+        }
         if let Some(q) = self.quantized_tensor(name, &[vocab, hidden])? {
             return Ok(Embedding::Quantized(Arc::new(q)));
         }
@@ -110,7 +122,33 @@ enum GateUp {
     Fused { gate_up: Linear, inner: usize },
 }
 
+/// The MLP's input matrices, as the model stores them.
+pub(crate) enum GateUpLinears<'a> {
+    /// Gate and up apart.
+    Separate(&'a Linear, &'a Linear),
+    /// One matrix: gate rows, then up rows.
+    Fused(&'a Linear),
+}
+
 impl Mlp {
+    /// The gate and up matrices.
+    pub(crate) fn gate_up(&self) -> GateUpLinears<'_> {
+        match &self.gate_up {
+            GateUp::Separate { gate, up } => GateUpLinears::Separate(gate, up),
+            GateUp::Fused { gate_up, .. } => GateUpLinears::Fused(gate_up),
+        }
+    }
+
+    /// The down matrix.
+    pub(crate) fn down(&self) -> &Linear {
+        &self.down
+    }
+
+    /// The gate's activation.
+    pub(crate) fn activation(&self) -> Activation {
+        self.activation
+    }
+
     pub(crate) fn load(ld: &Loader<'_>, prefix: &str) -> Result<Self> {
         let (d, i) = (ld.cfg.hidden_size, ld.cfg.intermediate_size);
         let gate_up = if ld.cfg.fused_gate_up {
@@ -200,7 +238,33 @@ enum QkvProj {
     Fused(Linear),
 }
 
+/// The attention's input matrices, as the model stores them.
+pub(crate) enum QkvLinears<'a> {
+    /// Q, K and V apart.
+    Separate(&'a Linear, &'a Linear, &'a Linear),
+    /// One matrix: Q rows, then K, then V.
+    Fused(&'a Linear),
+}
+
 impl AttentionProj {
+    /// The Q, K and V matrices.
+    pub(crate) fn qkv_linears(&self) -> QkvLinears<'_> {
+        match &self.qkv {
+            QkvProj::Separate { q, k, v } => QkvLinears::Separate(q, k, v),
+            QkvProj::Fused(lin) => QkvLinears::Fused(lin),
+        }
+    }
+
+    /// The output matrix.
+    pub(crate) fn o(&self) -> &Linear {
+        &self.o
+    }
+
+    /// Qwen3's / Gemma's norms of each query and key head.
+    pub(crate) fn qk_norms(&self) -> (Option<&RmsNorm>, Option<&RmsNorm>) {
+        (self.q_norm.as_ref(), self.k_norm.as_ref())
+    }
+
     pub(crate) fn load(ld: &Loader<'_>, prefix: &str) -> Result<Self> {
         let c = ld.cfg;
         let (h, kv, hd, d) = (c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size);

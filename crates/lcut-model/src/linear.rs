@@ -1,5 +1,6 @@
-//! A linear layer whose matrix is dense (any float dtype) or quantized
-//! (a ggml type run by candle's `QMatMul`), so the decoder does not care
+//! A linear layer whose matrix is dense (any float dtype), quantized and
+//! read in place from a memory-mapped GGUF by lcut's kernels, or quantized
+//! in a type only candle runs (`QMatMul`), so the decoder does not care
 //! where its weights came from, optionally with a LoRA pair added on the
 //! fly; and the embedding table it may share.
 
@@ -7,9 +8,11 @@ use std::sync::Arc;
 
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{DType, Module, Tensor};
+use lcut_kernels::Isa;
+use lcut_kernels::quant::{Q8Rows, QuantFormat, QuantMatrix};
 
 use crate::error::Result;
-use crate::qdot;
+use crate::mapped::MappedMatrix;
 
 /// From this many input rows on, a quantized matrix is dequantized for the
 /// product (one dense product instead of a row-by-row quantized one).
@@ -33,6 +36,14 @@ pub enum Linear {
         /// The bias.
         bias: Option<Tensor>,
     },
+    /// A quantized matrix read in place from its mapped GGUF file by
+    /// lcut's kernels (CPU), and an optional dense bias [out].
+    Mapped {
+        /// The matrix.
+        matrix: MappedMatrix,
+        /// The bias.
+        bias: Option<Tensor>,
+    },
     /// A layer with a LoRA adapter applied on the fly.
     Adapted(Box<LoraLinear>),
 }
@@ -51,10 +62,30 @@ impl Linear {
         })
     }
 
+    /// A layer over a matrix read in place from a mapped GGUF file.
+    pub fn mapped(matrix: MappedMatrix, bias: Option<Tensor>) -> Self {
+        Self::Mapped { matrix, bias }
+    }
+
+    /// Bytes a product reads of the matrix (and an on-the-fly adapter's).
+    pub fn bytes(&self) -> usize {
+        let tensor = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
+        match self {
+            Self::Dense(l) => tensor(l.weight()),
+            Self::Mapped { matrix, .. } => matrix.bytes(),
+            Self::Quantized { matmul, .. } => match matmul {
+                QMatMul::QTensor(q) => q.storage_size_in_bytes(),
+                QMatMul::Tensor(t) | QMatMul::TensorF16(t) => tensor(t),
+            },
+            Self::Adapted(lora) => lora.base().bytes() + lora.adapter_bytes(),
+        }
+    }
+
     /// Whether the matrix is held in a quantized ggml type.
     pub fn is_quantized(&self) -> bool {
         match self {
             Self::Adapted(lora) => lora.base().is_quantized(),
+            Self::Mapped { .. } => true,
             _ => matches!(
                 self,
                 Self::Quantized {
@@ -70,6 +101,13 @@ impl Linear {
         Ok(match self {
             Self::Dense(lin) => lin.forward(x)?,
             Self::Adapted(lora) => lora.forward(x)?,
+            Self::Mapped { matrix, bias } => {
+                let y = matrix.forward(x, DEQUANTIZE_ROWS)?;
+                match bias {
+                    Some(b) => y.broadcast_add(b)?,
+                    None => y,
+                }
+            }
             Self::Quantized { matmul, bias } => {
                 let y = match matmul {
                     // a prefill chunk is faster through the dense product of
@@ -79,21 +117,14 @@ impl Linear {
                         let w = q.dequantize(x.device())?;
                         candle_nn::Linear::new(w, None).forward(x)?
                     }
-                    // decoding on the CPU: lcut's kernel (candle's Q4_1 one is
+                    // decoding on the CPU: lcut's kernels (candle's Q4_1 one is
                     // scalar)
                     QMatMul::QTensor(q)
                         if x.device().is_cpu()
                             && x.dtype() == DType::F32
-                            && qdot::supports(q.dtype()) =>
+                            && kernel_format(q.dtype()).is_some() =>
                     {
-                        let (n, k) = q.shape().dims2()?;
-                        let mut dims = x.dims().to_vec();
-                        let xs = x.flatten_all()?.to_vec1::<f32>()?;
-                        let y = qdot::matmul(q.dtype(), &q.data()?, n, k, &xs);
-                        if let Some(last) = dims.last_mut() {
-                            *last = n;
-                        }
-                        Tensor::from_vec(y, dims, x.device())?
+                        kernel_product(q, x)?
                     }
                     _ => matmul.forward(x)?,
                 };
@@ -104,6 +135,43 @@ impl Linear {
             }
         })
     }
+}
+
+/// The ggml type of candle's `dtype`, when lcut's kernels read it.
+fn kernel_format(dtype: candle_core::quantized::GgmlDType) -> Option<QuantFormat> {
+    use candle_core::quantized::GgmlDType as G;
+    Some(match dtype {
+        G::Q4_0 => QuantFormat::Q4_0,
+        G::Q4_1 => QuantFormat::Q4_1,
+        G::Q5_0 => QuantFormat::Q5_0,
+        G::Q5_1 => QuantFormat::Q5_1,
+        G::Q8_0 => QuantFormat::Q8_0,
+        G::Q4K => QuantFormat::Q4K,
+        G::Q6K => QuantFormat::Q6K,
+        _ => return None,
+    })
+}
+
+/// `x W^T` by lcut's kernels over a candle tensor's blocks (a few rows).
+fn kernel_product(q: &QTensor, x: &Tensor) -> Result<Tensor> {
+    let format = kernel_format(q.dtype())
+        .ok_or_else(|| candle_core::Error::Msg(format!("no kernel for {:?}", q.dtype())))?;
+    let (n, k) = q.shape().dims2()?;
+    let data = q.data()?;
+    let m = QuantMatrix::new(format, &data, n, k)?;
+    let mut dims = x.dims().to_vec();
+    let xs = x.flatten_all()?.to_vec1::<f32>()?;
+    let mut y = vec![0f32; rows(x) * n];
+    let (mut acts, mut scratch) = (Q8Rows::new(), Vec::new());
+    let per = lcut_kernels::quant::MAX_BATCH;
+    for (xc, yc) in xs.chunks(per * k).zip(y.chunks_mut(per * n)) {
+        acts.quantize(xc, xc.len() / k, k)?;
+        lcut_kernels::quant::matvec(Isa::detect(), &m, &acts, yc, &mut scratch)?;
+    }
+    if let Some(last) = dims.last_mut() {
+        *last = n;
+    }
+    Ok(Tensor::from_vec(y, dims, x.device())?)
 }
 
 /// A linear layer with a LoRA pair applied on the fly.
@@ -133,6 +201,12 @@ impl LoraLinear {
         &self.base
     }
 
+    /// Bytes of the adapter's two matrices.
+    pub fn adapter_bytes(&self) -> usize {
+        let bytes = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
+        bytes(self.a.weight()) + bytes(self.b.weight())
+    }
+
     /// scale·B·A [out, in] in f32.
     fn delta(&self) -> Result<Tensor> {
         let b = self.b.weight().to_dtype(DType::F32)?;
@@ -149,6 +223,7 @@ pub(crate) fn linear_dims(lin: &Linear) -> Result<(usize, usize)> {
             QMatMul::QTensor(q) => q.shape().dims2()?,
             QMatMul::Tensor(t) | QMatMul::TensorF16(t) => t.dims2()?,
         },
+        Linear::Mapped { matrix, .. } => matrix.dims(),
         Linear::Adapted(l) => linear_dims(&l.base)?,
     })
 }
@@ -165,6 +240,15 @@ pub(crate) fn dense_parts(lin: &Linear) -> Result<(Tensor, Option<Tensor>)> {
             };
             (w.to_dtype(DType::F32)?, bias.clone())
         }
+        Linear::Mapped { matrix, bias } => {
+            let (rows, cols) = matrix.dims();
+            let w = Tensor::from_vec(
+                matrix.dequantize()?,
+                (rows, cols),
+                &candle_core::Device::Cpu,
+            )?;
+            (w, bias.clone())
+        }
         Linear::Adapted(l) => {
             let (w, b) = dense_parts(&l.base)?;
             ((w + l.delta()?)?, b)
@@ -179,6 +263,8 @@ pub enum Embedding {
     Dense(Tensor),
     /// A quantized table, looked up row by row without dequantizing the rest.
     Quantized(Arc<QTensor>),
+    /// A quantized table read in place from its mapped GGUF file.
+    Mapped(MappedMatrix),
 }
 
 impl Embedding {
@@ -187,6 +273,10 @@ impl Embedding {
         Ok(match self {
             Self::Dense(table) => table.index_select(ids, 0)?,
             Self::Quantized(table) => table.embedding(ids)?,
+            Self::Mapped(table) => {
+                let rows = table.rows_of(&ids.to_vec1::<u32>()?)?;
+                rows.to_device(ids.device())?
+            }
         })
     }
 
@@ -195,6 +285,7 @@ impl Embedding {
         match self {
             Self::Dense(table) => Ok(Linear::dense(table.clone(), None)),
             Self::Quantized(table) => Linear::quantized(table.clone(), None),
+            Self::Mapped(table) => Ok(Linear::mapped(table.clone(), None)),
         }
     }
 }

@@ -9,6 +9,8 @@ use crate::error::Result;
 #[derive(Debug, Clone)]
 pub struct Rope {
     inv_freq: Tensor,
+    /// The same frequencies on the host, for one position at a time.
+    inv_host: Vec<f32>,
     rotary_dim: usize,
 }
 
@@ -68,7 +70,8 @@ impl Rope {
         let inv: Vec<f32> = inv.iter().map(|&f| f as f32).collect();
         let n = inv.len();
         Ok(Self {
-            inv_freq: Tensor::from_vec(inv, (1, n), device)?,
+            inv_freq: Tensor::from_vec(inv.clone(), (1, n), device)?,
+            inv_host: inv,
             rotary_dim: cfg.rotary_dim,
         })
     }
@@ -79,6 +82,16 @@ impl Rope {
         let pos = Tensor::from_vec(pos, (positions.len(), 1), self.inv_freq.device())?;
         let freqs = pos.broadcast_mul(&self.inv_freq)?;
         Ok((freqs.cos()?.to_dtype(dtype)?, freqs.sin()?.to_dtype(dtype)?))
+    }
+
+    /// cos and sin [rotary_dim / 2] of one position into caller buffers, as
+    /// [`Rope::tables`] computes them (position times frequency in f32).
+    pub fn tables_into(&self, position: usize, cos: &mut Vec<f32>, sin: &mut Vec<f32>) {
+        let p = position as f32;
+        cos.clear();
+        sin.clear();
+        cos.extend(self.inv_host.iter().map(|&f| (p * f).cos()));
+        sin.extend(self.inv_host.iter().map(|&f| (p * f).sin()));
     }
 
     /// Rotate `x` [heads, n, head_dim] (half-split layout) by the tables.

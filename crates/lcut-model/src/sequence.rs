@@ -32,6 +32,8 @@ pub struct Sequence {
     /// Prefill chunks that have run up to the next stage cut (a policy with
     /// [`Visibility::stage_cuts`] only).
     pub(crate) pending: Vec<Pending>,
+    /// The fused decode step's buffers, made at its first step and kept.
+    pub(crate) step: Option<Box<crate::decoder::StepScratch>>,
 }
 
 /// A visibility rule `(layer, query, key) -> visible` given by a caller
@@ -111,6 +113,7 @@ impl Sequence {
             rule,
             next_pos: 0,
             pending: Vec::new(),
+            step: None,
         }
     }
 
@@ -222,6 +225,7 @@ impl Sequence {
             caches,
             next_pos: self.next_pos,
             pending: Vec::new(),
+            step: None,
         })
     }
 
@@ -238,6 +242,7 @@ impl Sequence {
                 .collect::<Result<Vec<_>>>()?,
             next_pos: self.next_pos,
             pending: self.pending.clone(),
+            step: None,
         })
     }
 

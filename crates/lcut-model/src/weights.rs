@@ -20,6 +20,18 @@ pub trait WeightSource {
     /// Tensor `name`, checked to have shape `expected`, in `dtype` on `device`.
     fn load(&self, name: &str, expected: &[usize], dtype: DType, device: &Device)
     -> Result<Tensor>;
+    /// Matrix `name` read in place where its file is memory-mapped, in a
+    /// block format the CPU kernels read; `None` for sources that hold it
+    /// otherwise (dense files, other types, a GPU device).
+    fn load_mapped(
+        &self,
+        name: &str,
+        expected: &[usize],
+        device: &Device,
+    ) -> Result<Option<crate::mapped::MappedMatrix>> {
+        let _ = (name, expected, device);
+        Ok(None)
+    }
     /// Tensor `name` in the quantized type it is stored in, shape checked;
     /// `None` for sources that hold only dense tensors.
     fn load_quantized(

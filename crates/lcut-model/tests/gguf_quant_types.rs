@@ -3,8 +3,9 @@
 //! multiple of the K-quants' 256-value blocks) written as GGUF by candle with
 //! its matrices in that type, loaded by lcut both ways: the quantized
 //! products (`--dtype q`; 24 rows, so single-chunk products run quantized,
-//! through lcut's kernel for Q4_0/Q4_1/Q8_0 and candle's for the others)
-//! must stay close to the dequantized path. (The dequantized path itself is
+//! read in place from the mapped file by lcut's kernels for Q4_0, Q4_1,
+//! Q5_0, Q5_1, Q8_0, Q4_K and Q6_K and by candle for the others) must stay
+//! close to the dequantized path. (The dequantized path itself is
 //! held to transformers by the reference cases.)
 
 use std::collections::HashMap;
@@ -123,6 +124,14 @@ fn every_quantized_type_loads_both_ways() -> Result<()> {
         ensure!(
             model.quantized_matrices() == LAYERS * 7 + 1,
             "{dtype:?} kept quantized"
+        );
+        // the types lcut's kernels read stay in the mapped file, no copy
+        let kernel_types = !matches!(dtype, GgmlDType::Q2K | GgmlDType::Q3K | GgmlDType::Q5K);
+        let mapped = if kernel_types { LAYERS * 7 + 1 } else { 0 };
+        ensure!(
+            model.mapped_matrices() == mapped,
+            "{dtype:?}: {} matrices read in place, expected {mapped}",
+            model.mapped_matrices()
         );
         let quant = model.teacher_forced_logits(&ids, None)?;
         let d = deviation(&quant, &dense)?;

@@ -147,6 +147,9 @@ impl Decoder {
             lm_head,
             rope,
             attention_block_elems,
+            kv_dtype: dtype,
+            step: std::sync::OnceLock::new(),
+            fused_off: false,
         })
     }
 }

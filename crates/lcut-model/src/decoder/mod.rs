@@ -9,6 +9,10 @@ mod attention;
 mod load;
 mod pass;
 mod stages;
+mod step;
+mod step_model;
+
+pub use step::{StepScratch, Unfused};
 
 use candle_core::{D, DType, Device, Tensor};
 use lcut_policy::{KvShape, Policy, TokenPhases};
@@ -49,6 +53,12 @@ pub struct Decoder {
     rope: Rope,
     /// Most score elements (heads x queries x keys) one attention block holds.
     attention_block_elems: usize,
+    /// The storage type of the K/V cache.
+    kv_dtype: DType,
+    /// What the fused decode step reads, made at its first use.
+    step: std::sync::OnceLock<std::result::Result<step_model::StepModel, Unfused>>,
+    /// Decode steps stay on the tensor path.
+    fused_off: bool,
 }
 
 /// How a model's weights are held.
@@ -56,8 +66,9 @@ pub struct Decoder {
 pub enum WeightMode {
     /// Every tensor converted to this float dtype (the exact path).
     Dense(DType),
-    /// Matrices kept in their stored ggml type (GGUF), run by candle's
-    /// quantized matrix products; activations and the cache in f32.
+    /// Matrices kept in their stored ggml type (GGUF), read in place from
+    /// the mapped file by lcut's kernels (or candle's quantized products for
+    /// types the kernels do not read); activations in f32.
     Quantized,
 }
 
@@ -142,9 +153,37 @@ impl Decoder {
             .count()
     }
 
+    /// Bytes of weights one decode step reads: every projection and the LM
+    /// head once (norms and biases are too small to count).
+    pub fn decode_weight_bytes(&self) -> usize {
+        let layers = self
+            .layers
+            .iter()
+            .flat_map(|l| l.attn.linears().into_iter().chain(l.mlp.linears()));
+        layers
+            .chain(std::iter::once(&self.lm_head))
+            .map(Linear::bytes)
+            .sum()
+    }
+
+    /// How many matrices (projections and LM head) are read in place from a
+    /// mapped GGUF file by lcut's kernels (no copy held).
+    pub fn mapped_matrices(&self) -> usize {
+        let layers = self
+            .layers
+            .iter()
+            .flat_map(|l| l.attn.linears().into_iter().chain(l.mlp.linears()));
+        layers
+            .chain(std::iter::once(&self.lm_head))
+            .filter(|lin| matches!(lin, Linear::Mapped { .. }))
+            .count()
+    }
+
     /// Layer `layer`'s linear layers by module path (`self_attn.q_proj`),
     /// for adapters.
     pub(crate) fn layer_linears_mut(&mut self, layer: usize) -> Vec<(String, &mut Linear)> {
+        // the matrices may change: the step model is made again
+        self.step = std::sync::OnceLock::new();
         let Some(l) = self.layers.get_mut(layer) else {
             return vec![];
         };
@@ -153,6 +192,22 @@ impl Decoder {
         let mlp = l.mlp.named_linears_mut().into_iter();
         attn.chain(mlp.map(|(m, lin)| (format!("mlp.{m}"), lin)))
             .collect()
+    }
+
+    /// The storage type of the K/V cache of new tokens (the activations'
+    /// dtype by default; f16 or bf16 halve the bytes a decode step reads of
+    /// the cache).
+    pub fn kv_dtype(&self) -> DType {
+        self.kv_dtype
+    }
+
+    /// Store new tokens' K/V in `dtype` (f32, f16 or bf16; others refused).
+    pub fn set_kv_dtype(&mut self, dtype: DType) -> Result<()> {
+        if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
+            return Err(ModelError::KvDtype { dtype });
+        }
+        self.kv_dtype = dtype;
+        Ok(())
     }
 
     /// The final norm's scale, then every layer's input norm's.
@@ -183,9 +238,9 @@ impl Decoder {
         &self.device
     }
 
-    /// Shape of one token's K/V, for the cost model.
+    /// Shape of one token's K/V (in the cache's dtype), for the cost model.
     pub fn kv_shape(&self) -> KvShape {
-        self.cfg.kv_shape(self.dtype)
+        self.cfg.kv_shape(self.kv_dtype)
     }
 
     /// A new, empty sequence under `policy` with the given token phases.
@@ -232,6 +287,11 @@ impl Decoder {
                 position: start + i,
                 vocab_size: self.cfg.vocab_size,
             });
+        }
+        if n == 1
+            && let Some(out) = self.fused_step(seq, tokens[0], rows, &mut probe)?
+        {
+            return Ok(out);
         }
         let (hidden, present) = self.embed(tokens, start, &mut probe)?;
         let last = start + n - 1;

@@ -185,9 +185,15 @@ impl Decoder {
             .filter(|&i| seq.retains_kv(l, present[i as usize]))
             .collect();
         let (keys, values, key_positions) = if retained.len() == present.len() {
-            seq.caches[l].append(&qkv.k, &qkv.v, present)?;
+            let (ks, vs) = (
+                qkv.k.to_dtype(self.kv_dtype)?,
+                qkv.v.to_dtype(self.kv_dtype)?,
+            );
+            seq.caches[l].append(&ks, &vs, present)?;
             let cache = &seq.caches[l];
             let (k, v) = cache.kv()?.ok_or(ModelError::EmptyCache { layer: l })?;
+            // a cache stored narrower than the activations is read widened
+            let (k, v) = (k.to_dtype(self.dtype)?, v.to_dtype(self.dtype)?);
             (k, v, Cow::Borrowed(cache.positions()))
         } else {
             let (k, v, positions) =
@@ -215,8 +221,8 @@ impl Decoder {
     ) -> Result<(Tensor, Tensor, Vec<usize>)> {
         let (k, v) = match cache.kv()? {
             Some((ck, cv)) => (
-                Tensor::cat(&[&ck, &qkv.k], 1)?,
-                Tensor::cat(&[&cv, &qkv.v], 1)?,
+                Tensor::cat(&[&ck.to_dtype(self.dtype)?, &qkv.k], 1)?,
+                Tensor::cat(&[&cv.to_dtype(self.dtype)?, &qkv.v], 1)?,
             ),
             None => (qkv.k.clone(), qkv.v.clone()),
         };
@@ -226,8 +232,8 @@ impl Decoder {
             let idx = Tensor::new(retained, &self.device)?;
             let pos: Vec<usize> = retained.iter().map(|&i| present[i as usize]).collect();
             cache.append(
-                &qkv.k.index_select(&idx, 1)?,
-                &qkv.v.index_select(&idx, 1)?,
+                &qkv.k.index_select(&idx, 1)?.to_dtype(self.kv_dtype)?,
+                &qkv.v.index_select(&idx, 1)?.to_dtype(self.kv_dtype)?,
                 &pos,
             )?;
         }

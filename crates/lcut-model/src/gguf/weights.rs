@@ -3,6 +3,7 @@
 
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QTensor, ggml_file::qtensor_from_ggml};
 use candle_core::{DType, Device, Tensor};
@@ -12,12 +13,14 @@ use crate::config::{Arch, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::gguf::config::model_config;
 use crate::gguf::header::{GgufHeader, TensorEntry, ggml_type_name};
+use crate::mapped::MappedMatrix;
 use crate::weights::WeightSource;
+use lcut_kernels::quant::QuantFormat;
 
 /// A GGUF model file, memory-mapped, with its parsed header.
 pub struct GgufFile {
     path: PathBuf,
-    map: Mmap,
+    map: Arc<Mmap>,
     header: GgufHeader,
     /// The model configuration the metadata describes.
     config: ModelConfig,
@@ -45,7 +48,7 @@ impl GgufFile {
                 source,
             },
         })?;
-        let map = map_file(&file, path)?;
+        let map = Arc::new(map_file(&file, path)?);
         let header = GgufHeader::parse(&map, path)?;
         let config = model_config(&header, path)?;
         let permuted_heads = matches!(config.arch, Arch::Llama | Arch::Mistral)
@@ -90,6 +93,32 @@ impl GgufFile {
                 name: format!("{name} (for {hf_name})"),
             }),
         }
+    }
+
+    /// A matrix read in place from the mapping, when the CPU kernels read its
+    /// ggml type; `None` for other types. Shape checked; llama.cpp's Q/K row
+    /// permutation is kept and undone on the products' outputs.
+    pub fn mapped(&self, hf_name: &str, expected: &[usize]) -> Result<Option<MappedMatrix>> {
+        let (name, e) = self.entry(hf_name)?;
+        let Some(format) = QuantFormat::from_ggml_type(e.type_id) else {
+            return Ok(None);
+        };
+        if e.shape != expected || expected.len() != 2 {
+            return Err(ModelError::TensorShape {
+                folder: self.path.clone(),
+                config: "the file's metadata",
+                name,
+                expected: expected.to_vec(),
+                found: e.shape.clone(),
+            });
+        }
+        let heads = match (self.permuted_heads, projection_of(hf_name)) {
+            (Some((q, _)), Some(Projection::Query)) => Some(q),
+            (Some((_, kv)), Some(Projection::Key)) => Some(kv),
+            _ => None,
+        };
+        let dims = (expected[0], expected[1]);
+        MappedMatrix::new(self.map.clone(), e.start, format, dims, heads).map(Some)
     }
 
     /// The raw bytes of a tensor in its ggml type, checked against the
@@ -271,6 +300,19 @@ impl WeightSource for GgufWeights {
     ) -> Result<Tensor> {
         let q = self.quantized(name, expected, device)?;
         Ok(q.dequantize(device)?.to_dtype(dtype)?)
+    }
+
+    /// The matrix read in place, on the CPU, when the kernels read its type.
+    fn load_mapped(
+        &self,
+        name: &str,
+        expected: &[usize],
+        device: &Device,
+    ) -> Result<Option<MappedMatrix>> {
+        if !device.is_cpu() {
+            return Ok(None);
+        }
+        self.file.mapped(&self.name(name), expected)
     }
 
     /// The tensor in its ggml type, for quantized matrix products.

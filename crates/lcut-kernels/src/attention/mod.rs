@@ -1,0 +1,549 @@
+//! Attention of one query token (all heads, grouped-query) over one
+//! layer's K/V cache, reading only the cache rows it is given (a policy may
+//! keep only some positions visible), with keys and values stored as f32,
+//! f16 or bf16.
+//!
+//! The rows are split across rayon's threads by length; each part keeps a
+//! running maximum, sum and weighted value sum per head (an online, or
+//! streaming, softmax) over blocks of rows, so that a long cache is read
+//! once, at memory speed; the parts are then merged. When asked, the
+//! softmax probabilities come out too, exactly normalised, one row per head
+//! ([heads, keys]): the raw scores are kept per part and normalised once
+//! the global maximum and sum are known.
+
+mod portable;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+
+use std::ops::Range;
+
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+use crate::error::{KernelError, Result, check_len};
+use crate::isa::Isa;
+use crate::simd::Element;
+
+/// Rows per block of the streaming softmax.
+const BLOCK: usize = 64;
+
+/// Fewest rows per thread: shorter caches are attended on the calling thread.
+pub const ROWS_PER_THREAD: usize = 256;
+
+/// One layer's keys or values, in one storage type.
+#[derive(Debug, Clone, Copy)]
+pub enum KvData<'a> {
+    /// f32 (the exact path).
+    F32(&'a [f32]),
+    /// f16 (llama.cpp's default cache type).
+    F16(&'a [f16]),
+    /// bf16.
+    Bf16(&'a [bf16]),
+}
+
+impl KvData<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Self::F32(x) => x.len(),
+            Self::F16(x) => x.len(),
+            Self::Bf16(x) => x.len(),
+        }
+    }
+
+    fn same_type(&self, other: &KvData<'_>) -> bool {
+        std::mem::discriminant(self) == std::mem::discriminant(other)
+    }
+}
+
+/// Where value d of cache row t of K/V head h lives:
+/// `h * head_stride + t * row_stride + d`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvLayout {
+    /// K/V heads.
+    pub kv_heads: usize,
+    /// Values per head.
+    pub head_dim: usize,
+    /// Distance between heads (elements).
+    pub head_stride: usize,
+    /// Distance between rows (elements).
+    pub row_stride: usize,
+    /// Rows held (rows past this are never read).
+    pub len: usize,
+}
+
+impl KvLayout {
+    /// Head-major rows: [kv_heads, capacity, head_dim] with `len` rows held.
+    pub fn head_major(kv_heads: usize, head_dim: usize, capacity: usize, len: usize) -> Self {
+        Self {
+            kv_heads,
+            head_dim,
+            head_stride: capacity * head_dim,
+            row_stride: head_dim,
+            len,
+        }
+    }
+
+    /// Elements a buffer needs to hold every row in this layout.
+    fn extent(&self) -> usize {
+        if self.len == 0 || self.kv_heads == 0 {
+            return 0;
+        }
+        (self.kv_heads - 1) * self.head_stride + (self.len - 1) * self.row_stride + self.head_dim
+    }
+}
+
+/// A layer's K/V cache: keys and values of one storage type in one layout.
+#[derive(Debug, Clone, Copy)]
+pub struct KvCache<'a> {
+    k: KvData<'a>,
+    v: KvData<'a>,
+    layout: KvLayout,
+}
+
+impl<'a> KvCache<'a> {
+    /// The cache over `k` and `v` (same type, each covering `layout`).
+    pub fn new(k: KvData<'a>, v: KvData<'a>, layout: KvLayout) -> Result<Self> {
+        if !k.same_type(&v) {
+            return Err(KernelError::Heads(
+                "keys and values must be stored in the same type".into(),
+            ));
+        }
+        if layout.head_dim == 0 || layout.row_stride < layout.head_dim && layout.len > 1 {
+            return Err(KernelError::Heads(format!(
+                "rows of {} values {} apart overlap",
+                layout.head_dim, layout.row_stride
+            )));
+        }
+        for (what, data) in [("key cache", &k), ("value cache", &v)] {
+            if data.len() < layout.extent() {
+                return Err(KernelError::Length {
+                    what,
+                    expected: layout.extent(),
+                    got: data.len(),
+                });
+            }
+        }
+        Ok(Self { k, v, layout })
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> KvLayout {
+        self.layout
+    }
+}
+
+/// The token being decoded, when its keys and values are not (or not yet)
+/// in the cache: [kv_heads, head_dim] each, in f32. It is read after every
+/// cache row (it is the newest position).
+#[derive(Debug, Clone, Copy)]
+pub struct CurrentKv<'a> {
+    /// Keys.
+    pub k: &'a [f32],
+    /// Values.
+    pub v: &'a [f32],
+}
+
+/// The attention's constants.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionSpec {
+    /// Query heads (a multiple of the cache's K/V heads).
+    pub heads: usize,
+    /// Score scale (1 / sqrt(head_dim) unless the model says otherwise).
+    pub scale: f32,
+    /// Gemma-2's soft-cap: scores become `cap tanh(score / cap)`.
+    pub softcap: Option<f32>,
+}
+
+/// Buffers kept between calls, so that a decode step allocates nothing.
+#[derive(Debug, Clone, Default)]
+pub struct AttentionScratch {
+    state: Vec<f32>,
+    scores: Vec<f32>,
+}
+
+/// `count` rows of `width` values, `stride` apart, starting at `data[0]`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rows<'a, T> {
+    pub data: &'a [T],
+    pub stride: usize,
+    pub count: usize,
+    pub width: usize,
+}
+
+/// The per-block steps each instruction-set level provides.
+pub(crate) trait BlockOps<T>: Sync {
+    /// `out[g * keys.count + j] = scale * (q_g . key_j)` for the `groups`
+    /// query heads `q_g = q[g * width..]`.
+    fn scores(&self, q: &[f32], groups: usize, keys: Rows<'_, T>, scale: f32, out: &mut [f32]);
+    /// `acc[g * width..] += sum_j p[g * values.count + j] value_j`.
+    fn accumulate(&self, p: &[f32], groups: usize, values: Rows<'_, T>, acc: &mut [f32]);
+    /// `x[i] = e^(x[i] - m)`; returns their sum.
+    fn exp_sum(&self, x: &mut [f32], m: f32) -> f32;
+}
+
+/// `$body` with `$ops` bound to the block steps of the best level `$isa`
+/// allows on this CPU.
+macro_rules! with_best_ops {
+    ($isa:expr, |$ops:ident| $body:expr) => {{
+        #[cfg(target_arch = "x86_64")]
+        {
+            if let Some($ops) = avx512::Ops::new().filter(|_| $isa >= Isa::Avx512) {
+                $body
+            } else if let Some($ops) = avx2::Ops::new().filter(|_| $isa >= Isa::Avx2) {
+                $body
+            } else {
+                let $ops = portable::Ops;
+                $body
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let $ops = portable::Ops;
+            $body
+        }
+    }};
+}
+
+/// Attend one query `q` [heads, head_dim] over the cache rows `rows`
+/// (ascending, non-overlapping ranges inside the cache) and `current`,
+/// writing the output [heads, head_dim] to `out` and, when given, the
+/// probabilities [heads, keys] to `probs` (keys: the rows in order, then
+/// `current`). `isa` above what the CPU runs falls back to what it runs.
+#[allow(clippy::too_many_arguments)]
+pub fn attend(
+    isa: Isa,
+    spec: &AttentionSpec,
+    q: &[f32],
+    cache: &KvCache<'_>,
+    rows: &[Range<usize>],
+    current: Option<CurrentKv<'_>>,
+    out: &mut [f32],
+    probs: Option<&mut [f32]>,
+    scratch: &mut AttentionScratch,
+) -> Result<()> {
+    let call = Call::new(spec, q, cache, rows, current, out.len(), probs.as_deref())?;
+    match (cache.k, cache.v) {
+        (KvData::F32(k), KvData::F32(v)) => {
+            with_best_ops!(isa, |ops| run(&ops, &call, k, v, out, probs, scratch))
+        }
+        (KvData::F16(k), KvData::F16(v)) => {
+            with_best_ops!(isa, |ops| run(&ops, &call, k, v, out, probs, scratch))
+        }
+        (KvData::Bf16(k), KvData::Bf16(v)) => {
+            with_best_ops!(isa, |ops| run(&ops, &call, k, v, out, probs, scratch))
+        }
+        _ => {
+            return Err(KernelError::Heads(
+                "keys and values must be stored in the same type".into(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// One checked call's shapes.
+struct Call<'a> {
+    spec: AttentionSpec,
+    q: &'a [f32],
+    layout: KvLayout,
+    rows: &'a [Range<usize>],
+    current: Option<CurrentKv<'a>>,
+    /// Cache rows read.
+    total: usize,
+    /// Query heads per K/V head.
+    group: usize,
+}
+
+impl<'a> Call<'a> {
+    fn new(
+        spec: &AttentionSpec,
+        q: &'a [f32],
+        cache: &KvCache<'_>,
+        rows: &'a [Range<usize>],
+        current: Option<CurrentKv<'a>>,
+        out: usize,
+        probs: Option<&[f32]>,
+    ) -> Result<Self> {
+        let layout = cache.layout;
+        let (kv, hd) = (layout.kv_heads, layout.head_dim);
+        if kv == 0 || !spec.heads.is_multiple_of(kv) {
+            return Err(KernelError::Heads(format!(
+                "{} query heads over {kv} K/V heads",
+                spec.heads
+            )));
+        }
+        check_len("query", spec.heads * hd, q.len())?;
+        check_len("attention output", spec.heads * hd, out)?;
+        let mut last = 0;
+        for r in rows {
+            if r.start < last || r.start > r.end || r.end > layout.len {
+                return Err(KernelError::Rows {
+                    start: r.start,
+                    end: r.end,
+                    len: layout.len,
+                });
+            }
+            last = r.end;
+        }
+        if let Some(c) = &current {
+            check_len("current key", kv * hd, c.k.len())?;
+            check_len("current value", kv * hd, c.v.len())?;
+        }
+        let total: usize = rows.iter().map(|r| r.len()).sum();
+        let keys = total + usize::from(current.is_some());
+        if keys == 0 {
+            return Err(KernelError::Rows {
+                start: 0,
+                end: 0,
+                len: layout.len,
+            });
+        }
+        if let Some(p) = probs {
+            check_len("attention probabilities", spec.heads * keys, p.len())?;
+        }
+        Ok(Self {
+            spec: *spec,
+            q,
+            layout,
+            rows,
+            current,
+            total,
+            group: spec.heads / kv,
+        })
+    }
+
+    /// Keys in all: cache rows then the current token.
+    fn keys(&self) -> usize {
+        self.total + usize::from(self.current.is_some())
+    }
+
+    /// f32 per part's state: max and sum per head, value sums, block scores.
+    fn state_len(&self) -> usize {
+        let (h, hd) = (self.spec.heads, self.layout.head_dim);
+        2 * h + h * hd + self.group * BLOCK
+    }
+}
+
+/// Where part `p` of the cache rows starts and ends (virtual key indices:
+/// the rows of every range, in order).
+fn part_bounds(total: usize, parallel: bool) -> Vec<Range<usize>> {
+    let parallel = parallel && total >= 2 * ROWS_PER_THREAD;
+    crate::par::parts(total, BLOCK, parallel)
+}
+
+/// The call with block steps `ops`: parts in parallel, then the merge.
+fn run<T: Element, O: BlockOps<T>>(
+    ops: &O,
+    call: &Call<'_>,
+    k: &[T],
+    v: &[T],
+    out: &mut [f32],
+    probs: Option<&mut [f32]>,
+    scratch: &mut AttentionScratch,
+) {
+    let parts = part_bounds(call.total, true);
+    let state_len = call.state_len();
+    let heads = call.spec.heads;
+    scratch.state.resize(parts.len().max(1) * state_len, 0.0);
+    let want_probs = probs.is_some();
+    let per = parts.first().map_or(0, |p| p.len());
+    if want_probs {
+        scratch.scores.resize(heads * call.total, 0.0);
+    }
+    let one = |range: Range<usize>, state: &mut [f32], scores: &mut [f32]| {
+        part(ops, call, k, v, range, state, scores);
+    };
+    match (parts.len(), want_probs) {
+        (0, _) => {}
+        (1, true) => one(parts[0].clone(), &mut scratch.state, &mut scratch.scores),
+        (1, false) => one(parts[0].clone(), &mut scratch.state, &mut []),
+        (_, true) => scratch
+            .state
+            .par_chunks_mut(state_len)
+            .zip(scratch.scores.par_chunks_mut(heads * per))
+            .zip(parts.par_iter())
+            .for_each(|((st, sc), r)| one(r.clone(), st, sc)),
+        (_, false) => scratch
+            .state
+            .par_chunks_mut(state_len)
+            .zip(parts.par_iter())
+            .for_each(|(st, r)| one(r.clone(), st, &mut [])),
+    }
+    merge(
+        ops,
+        call,
+        &parts,
+        &mut scratch.state,
+        &scratch.scores,
+        out,
+        probs,
+    );
+}
+
+/// The cache rows of virtual keys `range`: (first row, rows) pieces.
+fn pieces(rows: &[Range<usize>], range: Range<usize>) -> impl Iterator<Item = (usize, usize)> + '_ {
+    let mut seen = 0;
+    rows.iter().filter_map(move |r| {
+        let (lo, hi) = (seen, seen + r.len());
+        seen = hi;
+        let (a, b) = (range.start.max(lo), range.end.min(hi));
+        (a < b).then(|| (r.start + (a - lo), b - a))
+    })
+}
+
+/// One part: the streaming softmax over the cache rows of virtual keys
+/// `range`, for every head. `state` gets each head's running maximum, sum
+/// and value sums; `scores` (when not empty) each head's raw scores
+/// [heads, range.len()].
+fn part<T: Element, O: BlockOps<T>>(
+    ops: &O,
+    call: &Call<'_>,
+    k: &[T],
+    v: &[T],
+    range: Range<usize>,
+    state: &mut [f32],
+    scores: &mut [f32],
+) {
+    let (heads, group) = (call.spec.heads, call.group);
+    let lay = call.layout;
+    let hd = lay.head_dim;
+    let (maxes, rest) = state.split_at_mut(heads);
+    let (sums, rest) = rest.split_at_mut(heads);
+    let (acc, block) = rest.split_at_mut(heads * hd);
+    maxes.fill(f32::NEG_INFINITY);
+    sums.fill(0.0);
+    acc.fill(0.0);
+    let part_len = range.len();
+    let mut done = 0;
+    for (first, count) in pieces(call.rows, range) {
+        for start in (first..first + count).step_by(BLOCK) {
+            let n = BLOCK.min(first + count - start);
+            for g in 0..lay.kv_heads {
+                let at = g * lay.head_stride + start * lay.row_stride;
+                let end = at + (n - 1) * lay.row_stride + hd;
+                let (keys, values) = (
+                    Rows {
+                        data: &k[at..end],
+                        stride: lay.row_stride,
+                        count: n,
+                        width: hd,
+                    },
+                    Rows {
+                        data: &v[at..end],
+                        stride: lay.row_stride,
+                        count: n,
+                        width: hd,
+                    },
+                );
+                let qg = &call.q[g * group * hd..(g + 1) * group * hd];
+                let s = &mut block[..group * n];
+                ops.scores(qg, group, keys, call.spec.scale, s);
+                if let Some(cap) = call.spec.softcap {
+                    crate::ops::softcap_in_place(s, cap);
+                }
+                for gq in 0..group {
+                    let h = g * group + gq;
+                    let sh = &mut s[gq * n..(gq + 1) * n];
+                    if !scores.is_empty() {
+                        scores[h * part_len + done..h * part_len + done + n].copy_from_slice(sh);
+                    }
+                    let m = sh.iter().fold(maxes[h], |m, &x| m.max(x));
+                    let keep = if maxes[h] == f32::NEG_INFINITY {
+                        0.0
+                    } else {
+                        (maxes[h] - m).exp()
+                    };
+                    if keep != 1.0 {
+                        sums[h] *= keep;
+                        acc[h * hd..(h + 1) * hd]
+                            .iter_mut()
+                            .for_each(|a| *a *= keep);
+                    }
+                    sums[h] += ops.exp_sum(sh, m);
+                    maxes[h] = m;
+                }
+                let ag = &mut acc[g * group * hd..(g + 1) * group * hd];
+                ops.accumulate(s, group, values, ag);
+            }
+            done += n;
+        }
+    }
+}
+
+/// Merge the parts (and the current token) into `out`, and normalise the
+/// kept scores into `probs`.
+fn merge<T: Element, O: BlockOps<T>>(
+    ops: &O,
+    call: &Call<'_>,
+    parts: &[Range<usize>],
+    state: &mut [f32],
+    scores: &[f32],
+    out: &mut [f32],
+    probs: Option<&mut [f32]>,
+) {
+    let (heads, hd, group) = (call.spec.heads, call.layout.head_dim, call.group);
+    let state_len = call.state_len();
+    let keys = call.keys();
+    let mut probs = probs;
+    for h in 0..heads {
+        let g = h / group;
+        let qh = &call.q[h * hd..(h + 1) * hd];
+        // the current token's score
+        let current = call.current.map(|c| {
+            let kh = &c.k[g * hd..(g + 1) * hd];
+            let mut s = call.spec.scale * qh.iter().zip(kh).map(|(a, b)| a * b).sum::<f32>();
+            if let Some(cap) = call.spec.softcap {
+                s = cap * (s / cap).tanh();
+            }
+            (s, &c.v[g * hd..(g + 1) * hd])
+        });
+        let part_max = |p: usize| state[p * state_len + h];
+        let mut m = (0..parts.len())
+            .map(part_max)
+            .fold(f32::NEG_INFINITY, f32::max);
+        if let Some((s, _)) = current {
+            m = m.max(s);
+        }
+        let o = &mut out[h * hd..(h + 1) * hd];
+        o.fill(0.0);
+        let mut total = 0f32;
+        for p in 0..parts.len() {
+            let st = &state[p * state_len..(p + 1) * state_len];
+            let (pm, ps) = (st[h], st[heads + h]);
+            if pm == f32::NEG_INFINITY {
+                continue;
+            }
+            let w = (pm - m).exp();
+            total += ps * w;
+            let pacc = &st[2 * heads + h * hd..2 * heads + (h + 1) * hd];
+            o.iter_mut().zip(pacc).for_each(|(o, a)| *o += w * a);
+        }
+        let mut self_p = 0f32;
+        if let Some((s, vh)) = current {
+            self_p = (s - m).exp();
+            total += self_p;
+            o.iter_mut().zip(vh).for_each(|(o, v)| *o += self_p * v);
+        }
+        let inv = 1.0 / total;
+        o.iter_mut().for_each(|x| *x *= inv);
+        if let Some(pr) = probs.as_deref_mut() {
+            let row = &mut pr[h * keys..(h + 1) * keys];
+            let mut at = 0;
+            for part in parts {
+                let first = part.start * heads;
+                let src = &scores[first + h * part.len()..first + (h + 1) * part.len()];
+                let dst = &mut row[at..at + part.len()];
+                dst.copy_from_slice(src);
+                ops.exp_sum(dst, m);
+                at += part.len();
+            }
+            if call.current.is_some() {
+                row[keys - 1] = self_p;
+            }
+            row.iter_mut().for_each(|x| *x *= inv);
+        }
+    }
+}

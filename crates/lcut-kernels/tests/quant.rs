@@ -1,0 +1,258 @@
+//! The quantized products: the portable path against the dequantized
+//! weights and activations (computed in f64), and every SIMD path the CPU
+//! has against the portable one, exactly where every float step is exact
+//! and within rounding otherwise. A path the CPU lacks is skipped with a
+//! note.
+
+use lcut_kernels::isa::{ALL, Isa};
+use lcut_kernels::quant::{
+    FORMATS, MAX_BATCH, Q8Rows, QuantFormat, QuantMatrix, dequantize, matvec, matvec_rows,
+};
+use lcut_kernels::testdata::{Rng, random_blocks};
+
+/// Widths that exercise odd block counts, 16-block groups and their tails.
+fn widths(format: QuantFormat) -> Vec<usize> {
+    match format.block_len() {
+        32 => vec![32, 64, 544, 576, 1056],
+        _ => vec![256, 768, 1536],
+    }
+}
+
+/// Activations with an all-zero block and a block with one outlier.
+fn activations(rng: &mut Rng, rows: usize, cols: usize) -> Vec<f32> {
+    let mut x = rng.normals(rows * cols, 1.0);
+    if cols >= 64 {
+        x[..32].fill(0.0);
+        x[40] = 50.0;
+    }
+    x
+}
+
+fn skip_note(isa: Isa) -> bool {
+    if !isa.available() {
+        println!(
+            "note: this CPU lacks the {} path; its checks are skipped",
+            isa.name()
+        );
+        return true;
+    }
+    false
+}
+
+/// Row r of W dot activation row i in f64 over dequantized values, and the
+/// sum of the magnitudes of the terms (the scale of rounding errors).
+fn reference(w: &[f32], a: &[f32], cols: usize, r: usize, i: usize) -> (f64, f64) {
+    let (wr, ar) = (&w[r * cols..(r + 1) * cols], &a[i * cols..(i + 1) * cols]);
+    wr.iter().zip(ar).fold((0.0, 0.0), |(s, m), (&x, &y)| {
+        let t = f64::from(x) * f64::from(y);
+        (s + t, m + t.abs())
+    })
+}
+
+/// The activations as the kernels see them: quantized, then scaled back.
+fn dequantized_acts(q: &Q8Rows) -> Vec<f32> {
+    let mut out = Vec::new();
+    for i in 0..q.rows() {
+        let row = q.row(i);
+        for (j, &v) in row.q.iter().enumerate() {
+            out.push(f32::from(v) * row.d[j / 32]);
+        }
+    }
+    out
+}
+
+#[test]
+fn portable_products_equal_the_dequantized_ones() {
+    let mut rng = Rng::new(1);
+    for format in FORMATS {
+        for cols in widths(format) {
+            let rows = 37;
+            let blocks = rows * cols / format.block_len();
+            let data = random_blocks(format, blocks, &mut rng);
+            let m = QuantMatrix::new(format, &data, rows, cols).expect("whole blocks");
+            let mut w = vec![0f32; rows * cols];
+            dequantize(format, &data, &mut w).expect("sizes");
+            let n = 3;
+            let x = activations(&mut rng, n, cols);
+            let mut q = Q8Rows::new();
+            q.quantize(&x, n, cols).expect("whole blocks");
+            let a = dequantized_acts(&q);
+            let mut out = vec![0f32; rows * n];
+            matvec_rows(Isa::Portable, &m, &q, 0..rows, &mut out).expect("shapes");
+            for r in 0..rows {
+                for i in 0..n {
+                    let (want, mag) = reference(&w, &a, cols, r, i);
+                    let got = f64::from(out[r * n + i]);
+                    assert!(
+                        (got - want).abs() <= 1e-5 * mag + 1e-6,
+                        "{} cols {cols} row {r} act {i}: {got} vs {want} (magnitude {mag})",
+                        format.name()
+                    );
+                    // and against the unquantized activations: what 8-bit
+                    // activations cost (at most half a step per value)
+                    let (exact, _) = reference(&w, &x, cols, r, i);
+                    let step: f64 = (0..cols)
+                        .map(|j| f64::from(w[r * cols + j].abs()) * f64::from(q.row(i).d[j / 32]))
+                        .sum();
+                    assert!((got - exact).abs() <= 0.5 * step + 1e-4 * mag + 1e-6);
+                }
+            }
+        }
+    }
+}
+
+/// Blocks whose scales are one power of two per matrix (and small K-quant
+/// sub-block scales) and activations whose blocks reach +-127 exactly: the
+/// activation scales are 1, every product and partial sum is an integer
+/// times one power of two below 2^24, so every path must give the same bits.
+fn exact_case(format: QuantFormat, rows: usize, cols: usize, rng: &mut Rng) -> (Vec<u8>, Vec<f32>) {
+    let mut data = random_blocks(format, rows * cols / format.block_len(), rng);
+    let d = (2f32).powi(-((rng.next_u64() % 4) as i32));
+    let put = |blk: &mut [u8], at: usize, v: f32| {
+        blk[at..at + 2].copy_from_slice(&half::f16::from_f32(v).to_bits().to_le_bytes());
+    };
+    for blk in data.chunks_exact_mut(format.block_bytes()) {
+        match format {
+            QuantFormat::Q4_0 | QuantFormat::Q5_0 | QuantFormat::Q8_0 => put(blk, 0, d),
+            QuantFormat::Q4_1 | QuantFormat::Q5_1 => {
+                put(blk, 0, d);
+                put(blk, 2, -d);
+            }
+            QuantFormat::Q4K => {
+                put(blk, 0, d);
+                put(blk, 2, d);
+                // 6-bit scales and mins of at most 15
+                blk[4..16].iter_mut().for_each(|b| *b &= 0x0F);
+            }
+            QuantFormat::Q6K => {
+                put(blk, 208, d);
+                // 8-bit scales in -4..=4
+                for b in &mut blk[192..208] {
+                    *b = ((rng.next_u64() % 9) as i8 - 4) as u8;
+                }
+            }
+        }
+    }
+    let n = MAX_BATCH;
+    let mut x: Vec<f32> = (0..n * cols)
+        .map(|_| (rng.next_u64() % 255) as f32 - 127.0)
+        .collect();
+    for b in x.chunks_exact_mut(32) {
+        b[(rng.next_u64() % 32) as usize] = 127.0;
+    }
+    (data, x)
+}
+
+#[test]
+fn simd_paths_give_the_portable_bits_when_every_step_is_exact() {
+    let mut rng = Rng::new(2);
+    for isa in ALL.into_iter().filter(|&i| i != Isa::Portable) {
+        if skip_note(isa) {
+            continue;
+        }
+        for format in FORMATS {
+            for cols in widths(format) {
+                let rows = 21;
+                let (data, x) = exact_case(format, rows, cols, &mut rng);
+                let m = QuantMatrix::new(format, &data, rows, cols).expect("whole blocks");
+                for n in 1..=MAX_BATCH {
+                    let mut q = Q8Rows::new();
+                    q.quantize(&x[..n * cols], n, cols).expect("whole blocks");
+                    let (mut want, mut got) = (vec![0f32; rows * n], vec![0f32; rows * n]);
+                    matvec_rows(Isa::Portable, &m, &q, 0..rows, &mut want).expect("shapes");
+                    matvec_rows(isa, &m, &q, 0..rows, &mut got).expect("shapes");
+                    assert_eq!(
+                        got,
+                        want,
+                        "{} {} cols {cols} batch {n}",
+                        isa.name(),
+                        format.name()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn simd_paths_equal_the_portable_one_within_rounding() {
+    let mut rng = Rng::new(3);
+    for isa in ALL.into_iter().filter(|&i| i != Isa::Portable) {
+        if skip_note(isa) {
+            continue;
+        }
+        for format in FORMATS {
+            for cols in widths(format) {
+                let rows = 19;
+                let data = random_blocks(format, rows * cols / format.block_len(), &mut rng);
+                let m = QuantMatrix::new(format, &data, rows, cols).expect("whole blocks");
+                let mut w = vec![0f32; rows * cols];
+                dequantize(format, &data, &mut w).expect("sizes");
+                for n in [1, 2, 3, 5, 8] {
+                    let x = activations(&mut rng, n, cols);
+                    let mut q = Q8Rows::new();
+                    q.quantize(&x, n, cols).expect("whole blocks");
+                    let a = dequantized_acts(&q);
+                    let (mut want, mut got) = (vec![0f32; rows * n], vec![0f32; rows * n]);
+                    matvec_rows(Isa::Portable, &m, &q, 0..rows, &mut want).expect("shapes");
+                    matvec_rows(isa, &m, &q, 0..rows, &mut got).expect("shapes");
+                    for r in 0..rows {
+                        for i in 0..n {
+                            let (_, mag) = reference(&w, &a, cols, r, i);
+                            let (g, p) = (got[r * n + i], want[r * n + i]);
+                            assert!(
+                                f64::from((g - p).abs()) <= 2e-6 * mag + 1e-6,
+                                "{} {} cols {cols} row {r} act {i}: {g} vs {p}",
+                                isa.name(),
+                                format.name()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_threaded_product_equals_row_ranges_on_one_thread() {
+    let mut rng = Rng::new(4);
+    let (rows, cols) = (1000, 576);
+    let format = QuantFormat::Q4_1;
+    let data = random_blocks(format, rows * cols / 32, &mut rng);
+    let m = QuantMatrix::new(format, &data, rows, cols).expect("whole blocks");
+    for n in [1, 3] {
+        let x = activations(&mut rng, n, cols);
+        let mut q = Q8Rows::new();
+        q.quantize(&x, n, cols).expect("whole blocks");
+        let isa = Isa::detect();
+        let mut threaded = vec![0f32; n * rows];
+        matvec(isa, &m, &q, &mut threaded, &mut Vec::new()).expect("shapes");
+        // one row at a time: [row][act] -> compare with [act][row]
+        for r in 0..rows {
+            let mut one = vec![0f32; n];
+            matvec_rows(isa, &m, &q, r..r + 1, &mut one).expect("shapes");
+            for i in 0..n {
+                assert_eq!(threaded[i * rows + r], one[i], "row {r} act {i}");
+            }
+        }
+    }
+}
+
+#[test]
+fn shapes_that_do_not_fit_are_errors() {
+    let data = vec![0u8; 20 * 4];
+    assert!(QuantMatrix::new(QuantFormat::Q4_1, &data, 2, 64).is_ok());
+    assert!(QuantMatrix::new(QuantFormat::Q4_1, &data, 3, 64).is_err());
+    assert!(QuantMatrix::new(QuantFormat::Q4_1, &data, 4, 40).is_err());
+    let m = QuantMatrix::new(QuantFormat::Q4_1, &data, 2, 64).expect("fits");
+    let mut q = Q8Rows::new();
+    q.quantize(&[0.0; 96], 1, 96).expect("whole blocks");
+    let mut out = [0f32; 2];
+    assert!(matvec_rows(Isa::Portable, &m, &q, 0..2, &mut out).is_err());
+    q.quantize(&[0.0; 64], 1, 64).expect("whole blocks");
+    assert!(matvec_rows(Isa::Portable, &m, &q, 0..3, &mut [0f32; 3]).is_err());
+    assert!(matvec_rows(Isa::Portable, &m, &q, 0..2, &mut out[..1]).is_err());
+    q.quantize(&[0.0; 64 * 9], 9, 64).expect("whole blocks");
+    assert!(matvec_rows(Isa::Portable, &m, &q, 0..2, &mut [0f32; 18]).is_err());
+}

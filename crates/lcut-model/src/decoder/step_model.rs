@@ -1,0 +1,283 @@
+//! What the fused decode step reads of a decoder, prepared once: host
+//! copies of the small vectors (norms, biases) and, for each matrix, where
+//! lcut's kernels read it: a quantized matrix in its mapped GGUF file, or a
+//! dense CPU tensor whose storage is borrowed for the step (never copied).
+//!
+//! A decoder gets no step model (and decodes through the tensor path) when
+//! [`Unfused`] names a reason: a GPU, a matrix in a ggml type the kernels do
+//! not read, a LoRA adapter applied on the fly, or a dense tensor that is
+//! not a plain CPU buffer.
+
+use candle_core::{CpuStorage, DType, Storage, StorageRef, Tensor};
+use lcut_kernels::dense::{DenseMatrix, DenseWeights};
+use lcut_kernels::ops::GateActivation;
+use lcut_kernels::product::Matrix;
+
+use super::Decoder;
+use crate::config::Activation;
+use crate::error::{ModelError, Result};
+use crate::layers::{GateUpLinears, QkvLinears, RmsNorm};
+use crate::linear::Linear;
+use crate::mapped::MappedMatrix;
+
+/// Why a decoder decodes through the tensor path instead of the fused step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unfused {
+    /// The model runs on a GPU.
+    Device,
+    /// A LoRA adapter is applied on the fly (`--lora-mode on-the-fly`).
+    OnTheFlyLora,
+    /// A matrix is held in a ggml type only candle runs (Q2_K, Q3_K, Q5_K...).
+    CandleQuantized,
+    /// A dense matrix is not a contiguous f32, bf16 or f16 CPU tensor.
+    DenseStorage,
+    /// The fused step was turned off ([`Decoder::set_fused_decode`]).
+    TurnedOff,
+}
+
+impl Unfused {
+    /// The rule, as the documentation names it.
+    pub fn describe(&self) -> &'static str {
+        match self {
+            Self::Device => "the model runs on a GPU",
+            Self::OnTheFlyLora => "a LoRA adapter is applied on the fly",
+            Self::CandleQuantized => "a matrix is in a ggml type only candle runs",
+            Self::DenseStorage => "a dense matrix is not a contiguous CPU buffer",
+            Self::TurnedOff => "the fused step was turned off",
+        }
+    }
+}
+
+/// Where one matrix is read from.
+#[derive(Debug, Clone)]
+enum Source {
+    /// Blocks in a mapped GGUF file.
+    Mapped(MappedMatrix),
+    /// A dense CPU tensor, borrowed through slot `slot` of [`Held`].
+    Dense {
+        slot: usize,
+        offset: usize,
+        rows: usize,
+        cols: usize,
+    },
+}
+
+/// One linear layer of the step: its matrix and its bias on the host.
+#[derive(Debug, Clone)]
+pub(crate) struct StepLinear {
+    source: Source,
+    /// Output rows.
+    pub(crate) rows: usize,
+    /// The bias [rows].
+    pub(crate) bias: Option<Vec<f32>>,
+}
+
+impl StepLinear {
+    /// The kernel view of the matrix, borrowing `held` for dense ones.
+    pub(crate) fn view<'a>(&'a self, held: &'a Held<'_>) -> Matrix<'a> {
+        match &self.source {
+            Source::Mapped(m) => Matrix::Quant(m.view()),
+            Source::Dense {
+                slot,
+                offset,
+                rows,
+                cols,
+            } => {
+                let n = rows * cols;
+                let data = match &*held.guards[*slot] {
+                    Storage::Cpu(CpuStorage::F32(v)) => DenseWeights::F32(&v[*offset..offset + n]),
+                    Storage::Cpu(CpuStorage::BF16(v)) => {
+                        DenseWeights::Bf16(&v[*offset..offset + n])
+                    }
+                    Storage::Cpu(CpuStorage::F16(v)) => DenseWeights::F16(&v[*offset..offset + n]),
+                    // checked when the step model was built; tensors are immutable
+                    _ => unreachable!("a dense step matrix is an f32/bf16/f16 CPU tensor"),
+                };
+                // the length is rows x cols by construction
+                Matrix::Dense(DenseMatrix::new(data, *rows, *cols).expect("rows x cols values"))
+            }
+        }
+    }
+
+    /// Put one output row (file row order) into Hugging Face order in place,
+    /// for llama.cpp's permuted Q/K rows; `tmp` is scratch.
+    pub(crate) fn unpermute(&self, out: &mut [f32], tmp: &mut Vec<f32>) {
+        if let Source::Mapped(m) = &self.source
+            && m.is_permuted()
+        {
+            tmp.clear();
+            tmp.extend_from_slice(out);
+            m.unpermute_into(tmp, out);
+        }
+    }
+
+    /// Add the bias to one output row.
+    pub(crate) fn add_bias(&self, out: &mut [f32]) {
+        if let Some(b) = &self.bias {
+            out.iter_mut().zip(b).for_each(|(o, b)| *o += b);
+        }
+    }
+}
+
+/// One decoder layer of the step.
+#[derive(Debug, Clone)]
+pub(crate) struct StepLayer {
+    pub(crate) input_norm: Vec<f32>,
+    /// Q, K, V (or one fused QKV matrix).
+    pub(crate) qkv: Vec<StepLinear>,
+    pub(crate) q_norm: Option<Vec<f32>>,
+    pub(crate) k_norm: Option<Vec<f32>>,
+    pub(crate) o: StepLinear,
+    pub(crate) attn_out_norm: Option<Vec<f32>>,
+    pub(crate) mlp_in_norm: Vec<f32>,
+    /// Gate and up (or one fused matrix, gate rows first).
+    pub(crate) gate_up: Vec<StepLinear>,
+    pub(crate) down: StepLinear,
+    pub(crate) mlp_out_norm: Option<Vec<f32>>,
+    pub(crate) activation: GateActivation,
+    pub(crate) window: Option<usize>,
+}
+
+/// The whole model as the fused step reads it.
+#[derive(Debug, Clone)]
+pub(crate) struct StepModel {
+    pub(crate) layers: Vec<StepLayer>,
+    pub(crate) final_norm: Vec<f32>,
+    pub(crate) lm_head: StepLinear,
+    /// The dense tensors, in slot order.
+    dense: Vec<Tensor>,
+}
+
+/// The read guards of a step model's dense tensors, held for one step.
+pub(crate) struct Held<'a> {
+    guards: Vec<StorageRef<'a>>,
+}
+
+impl StepModel {
+    /// Borrow every dense tensor's storage for one step.
+    pub(crate) fn hold(&self) -> Held<'_> {
+        Held {
+            guards: self
+                .dense
+                .iter()
+                .map(|t| t.storage_and_layout().0)
+                .collect(),
+        }
+    }
+
+    /// The step model of `dec`, or why it has none.
+    pub(crate) fn build(dec: &Decoder) -> Result<std::result::Result<Self, Unfused>> {
+        match Self::try_build(dec) {
+            Ok(m) => Ok(Ok(m)),
+            Err(Skip::Unfused(u)) => Ok(Err(u)),
+            Err(Skip::Failed(e)) => Err(e),
+        }
+    }
+
+    fn try_build(dec: &Decoder) -> std::result::Result<Self, Skip> {
+        if !dec.device.is_cpu() {
+            return Err(Skip::Unfused(Unfused::Device));
+        }
+        let mut b = Builder { dense: Vec::new() };
+        let mut layers = Vec::with_capacity(dec.layers.len());
+        for layer in &dec.layers {
+            let qkv = match layer.attn.qkv_linears() {
+                QkvLinears::Separate(q, k, v) => vec![b.linear(q)?, b.linear(k)?, b.linear(v)?],
+                QkvLinears::Fused(m) => vec![b.linear(m)?],
+            };
+            let gate_up = match layer.mlp.gate_up() {
+                GateUpLinears::Separate(g, u) => vec![b.linear(g)?, b.linear(u)?],
+                GateUpLinears::Fused(m) => vec![b.linear(m)?],
+            };
+            let (q_norm, k_norm) = layer.attn.qk_norms();
+            layers.push(StepLayer {
+                input_norm: norm(&layer.input_norm)?,
+                qkv,
+                q_norm: q_norm.map(norm).transpose()?,
+                k_norm: k_norm.map(norm).transpose()?,
+                o: b.linear(layer.attn.o())?,
+                attn_out_norm: layer.attn_out_norm.as_ref().map(norm).transpose()?,
+                mlp_in_norm: norm(&layer.mlp_in_norm)?,
+                gate_up,
+                down: b.linear(layer.mlp.down())?,
+                mlp_out_norm: layer.mlp_out_norm.as_ref().map(norm).transpose()?,
+                activation: match layer.mlp.activation() {
+                    Activation::Silu => GateActivation::Silu,
+                    Activation::GeluTanh => GateActivation::GeluTanh,
+                },
+                window: layer.window,
+            });
+        }
+        Ok(Self {
+            lm_head: b.linear(&dec.lm_head)?,
+            layers,
+            final_norm: norm(&dec.final_norm)?,
+            dense: b.dense,
+        })
+    }
+}
+
+/// Why building stopped: a rule that sends the model down the tensor
+/// path, or an error.
+enum Skip {
+    Unfused(Unfused),
+    Failed(ModelError),
+}
+
+impl From<ModelError> for Skip {
+    fn from(e: ModelError) -> Self {
+        Self::Failed(e)
+    }
+}
+
+impl From<candle_core::Error> for Skip {
+    fn from(e: candle_core::Error) -> Self {
+        Self::Failed(e.into())
+    }
+}
+
+/// Collects the dense tensors (slots) while the layers are prepared.
+struct Builder {
+    dense: Vec<Tensor>,
+}
+
+impl Builder {
+    /// The step's view of a linear layer, or why the kernels cannot read it.
+    fn linear(&mut self, lin: &Linear) -> std::result::Result<StepLinear, Skip> {
+        let (source, rows, bias) = match lin {
+            Linear::Mapped { matrix, bias } => (
+                Source::Mapped(matrix.clone()),
+                matrix.dims().0,
+                bias.as_ref(),
+            ),
+            Linear::Dense(l) => {
+                let w = l.weight();
+                let (rows, cols) = w.dims2()?;
+                let ok_dtype = matches!(w.dtype(), DType::F32 | DType::BF16 | DType::F16);
+                if !w.device().is_cpu() || !w.is_contiguous() || !ok_dtype {
+                    return Err(Skip::Unfused(Unfused::DenseStorage));
+                }
+                let offset = w.storage_and_layout().1.start_offset();
+                self.dense.push(w.clone());
+                let source = Source::Dense {
+                    slot: self.dense.len() - 1,
+                    offset,
+                    rows,
+                    cols,
+                };
+                (source, rows, l.bias())
+            }
+            Linear::Quantized { .. } => return Err(Skip::Unfused(Unfused::CandleQuantized)),
+            Linear::Adapted(_) => return Err(Skip::Unfused(Unfused::OnTheFlyLora)),
+        };
+        let bias = bias
+            .map(|b| b.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>())
+            .transpose()?;
+        Ok(StepLinear { source, rows, bias })
+    }
+}
+
+/// A norm's scale on the host, in f32.
+fn norm(n: &RmsNorm) -> Result<Vec<f32>> {
+    Ok(n.weight().to_dtype(DType::F32)?.to_vec1::<f32>()?)
+}

@@ -1,0 +1,205 @@
+//! A quantized matrix read where its GGUF file is memory-mapped: the
+//! kernels of `lcut-kernels` multiply its blocks in place, so a model
+//! loaded with `--dtype q` holds no copy of its matrices (the operating
+//! system pages them in from the file, and shares them between processes).
+//!
+//! llama.cpp stores the rows of llama-family Q and K projections permuted
+//! for its interleaved RoPE; such a matrix keeps the file's row order and
+//! puts each product's outputs back in Hugging Face order (and a
+//! dequantized copy's rows).
+
+use std::sync::Arc;
+
+use candle_core::{Device, Tensor};
+use lcut_kernels::Isa;
+use lcut_kernels::quant::{self, Q8Rows, QuantFormat, QuantMatrix};
+use memmap2::Mmap;
+
+use crate::error::Result;
+
+/// A [rows, cols] matrix of ggml blocks inside a mapped file.
+#[derive(Clone)]
+pub struct MappedMatrix {
+    map: Arc<Mmap>,
+    start: usize,
+    format: QuantFormat,
+    rows: usize,
+    cols: usize,
+    /// Heads whose rows llama.cpp permuted (Q or K of a llama-family file).
+    permuted_heads: Option<usize>,
+    /// For a permuted matrix, the file row of each Hugging Face row.
+    file_rows: Option<Arc<[u32]>>,
+}
+
+impl std::fmt::Debug for MappedMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MappedMatrix")
+            .field("format", &self.format)
+            .field("rows", &self.rows)
+            .field("cols", &self.cols)
+            .field("start", &self.start)
+            .field("permuted_heads", &self.permuted_heads)
+            .finish()
+    }
+}
+
+impl MappedMatrix {
+    /// The matrix at `map[start..]`: `rows` rows of `cols` values of
+    /// `format`, checked to lie inside the map.
+    pub(crate) fn new(
+        map: Arc<Mmap>,
+        start: usize,
+        format: QuantFormat,
+        (rows, cols): (usize, usize),
+        permuted_heads: Option<usize>,
+    ) -> Result<Self> {
+        let bytes = format.row_bytes(cols)? * rows;
+        if start + bytes > map.len() {
+            return Err(lcut_kernels::KernelError::Length {
+                what: "mapped matrix bytes",
+                expected: start + bytes,
+                got: map.len(),
+            }
+            .into());
+        }
+        if let Some(h) = permuted_heads
+            && (h == 0 || rows % h != 0 || (rows / h) % 2 != 0)
+        {
+            return Err(lcut_kernels::KernelError::Heads(format!(
+                "{rows} permuted rows over {h} heads"
+            ))
+            .into());
+        }
+        let mut m = Self {
+            map,
+            start,
+            format,
+            rows,
+            cols,
+            permuted_heads,
+            file_rows: None,
+        };
+        if permuted_heads.is_some() {
+            m.file_rows = Some((0..rows).map(|r| m.file_row(r) as u32).collect());
+        }
+        Ok(m)
+    }
+
+    /// The blocks as a kernel matrix, in the file's row order.
+    pub fn view(&self) -> QuantMatrix<'_> {
+        let len = self.rows * self.format.row_bytes(self.cols).unwrap_or(0);
+        // checked in `new`: the bytes lie inside the map and fill the rows
+        QuantMatrix::new(
+            self.format,
+            &self.map[self.start..self.start + len],
+            self.rows,
+            self.cols,
+        )
+        .expect("checked when the matrix was made")
+    }
+
+    /// The block format.
+    pub fn format(&self) -> QuantFormat {
+        self.format
+    }
+
+    /// (rows, cols).
+    pub fn dims(&self) -> (usize, usize) {
+        (self.rows, self.cols)
+    }
+
+    /// Bytes a product reads.
+    pub fn bytes(&self) -> usize {
+        self.view().bytes()
+    }
+
+    /// The file row that holds Hugging Face row `r`.
+    pub fn file_row(&self, r: usize) -> usize {
+        match self.permuted_heads {
+            None => r,
+            Some(heads) => {
+                // llama.cpp stored Hugging Face row half * hd/2 + i of a head at 2 i + half
+                let hd = self.rows / heads;
+                let half = hd / 2;
+                let (h, within) = (r / hd, r % hd);
+                let (part, i) = (within / half, within % half);
+                h * hd + 2 * i + part
+            }
+        }
+    }
+
+    /// Whether outputs need putting back in Hugging Face order.
+    pub fn is_permuted(&self) -> bool {
+        self.permuted_heads.is_some()
+    }
+
+    /// Put one activation row's outputs `file` (file row order) into `out`
+    /// in Hugging Face order.
+    pub fn unpermute_into(&self, file: &[f32], out: &mut [f32]) {
+        match &self.file_rows {
+            None => out.copy_from_slice(&file[..out.len()]),
+            Some(rows) => {
+                for (o, &r) in out.iter_mut().zip(rows.iter()) {
+                    *o = file[r as usize];
+                }
+            }
+        }
+    }
+
+    /// The whole matrix in f32, rows in Hugging Face order.
+    pub fn dequantize(&self) -> Result<Vec<f32>> {
+        let v = self.view();
+        let mut out = vec![0f32; self.rows * self.cols];
+        for (r, row) in out.chunks_exact_mut(self.cols).enumerate() {
+            v.dequantize_row(self.file_row(r), row)?;
+        }
+        Ok(out)
+    }
+
+    /// `x W^T` for `x` [n, cols] in f32 on the CPU: the kernels' products
+    /// (eight rows per pass over the weights) for fewer than `few_rows`
+    /// rows, the dequantized matrix times `x` otherwise.
+    pub fn forward(&self, x: &Tensor, few_rows: usize) -> Result<Tensor> {
+        let dims = x.dims().to_vec();
+        let n: usize = dims[..dims.len().saturating_sub(1)].iter().product();
+        let mut out_dims = dims.clone();
+        if let Some(last) = out_dims.last_mut() {
+            *last = self.rows;
+        }
+        if n >= few_rows {
+            let w = Tensor::from_vec(self.dequantize()?, (self.rows, self.cols), &Device::Cpu)?;
+            return Ok(x.broadcast_matmul(&w.t()?)?);
+        }
+        let xs = x.flatten_all()?.to_vec1::<f32>()?;
+        let mut y = vec![0f32; n * self.rows];
+        let (mut acts, mut part, mut scratch) = (Q8Rows::new(), Vec::new(), Vec::new());
+        // at most MAX_BATCH rows share a pass over the weights
+        let rows_per_pass = quant::MAX_BATCH;
+        for (xc, yc) in xs
+            .chunks(rows_per_pass * self.cols)
+            .zip(y.chunks_mut(rows_per_pass * self.rows))
+        {
+            let m = xc.len() / self.cols;
+            acts.quantize(xc, m, self.cols)?;
+            part.resize(m * self.rows, 0.0);
+            quant::matvec(Isa::detect(), &self.view(), &acts, &mut part, &mut scratch)?;
+            for (src, dst) in part
+                .chunks_exact(self.rows)
+                .zip(yc.chunks_exact_mut(self.rows))
+            {
+                self.unpermute_into(src, dst);
+            }
+        }
+        Ok(Tensor::from_vec(y, out_dims, &Device::Cpu)?)
+    }
+
+    /// Rows `ids` dequantized, [ids.len(), cols] (an embedding lookup).
+    pub fn rows_of(&self, ids: &[u32]) -> Result<Tensor> {
+        let v = self.view();
+        let mut out = vec![0f32; ids.len() * self.cols];
+        for (&id, row) in ids.iter().zip(out.chunks_exact_mut(self.cols)) {
+            v.dequantize_row(self.file_row(id as usize), row)?;
+        }
+        Ok(Tensor::from_vec(out, (ids.len(), self.cols), &Device::Cpu)?)
+    }
+}
