@@ -6,6 +6,7 @@ mod bundled;
 mod compare;
 pub mod diagnose;
 mod error;
+pub mod forward;
 mod generate;
 pub mod gguf_tokenizer;
 mod prompt;
@@ -24,6 +25,6 @@ pub use generate::{
 };
 pub use lcut_policy::SlimTrace;
 pub use prompt::PreparedPrompt;
-pub use session::Session;
+pub use session::{Session, adapter_identity};
 pub use template::{ChatTemplate, Message};
 pub use tokenizer::TextTokenizer;
