@@ -1,6 +1,7 @@
 //! The diagnostic run: full-depth greedy generation over a prompt set with
 //! the diagnostic probe attached, turned into per-prompt traces and a report.
 
+mod attention_row;
 mod curvature;
 mod policy_axis;
 mod probe;
@@ -14,6 +15,7 @@ use lcut_trace::{
     ModelIdentity, PromptTrace, Report, RunSettings, Series, Thresholds, TraceHeader,
 };
 
+pub use attention_row::{AttentionRow, attention_row};
 pub use curvature::DeviceCurvature;
 pub use policy_axis::{AxisPolicy, equal_kv_pairs};
 pub use probe::DiagnosticProbe;
@@ -255,19 +257,60 @@ pub fn trace_prompt(
     token_strings: &dyn Fn(&[u32]) -> Vec<String>,
     on_progress: &mut dyn FnMut(PromptProgress) -> bool,
 ) -> Result<PromptTrace> {
-    let cfg = model.config();
-    let prompt = &lp.prompt;
+    let full = Policy::full(model.config().num_layers);
+    trace_prompt_under(
+        model,
+        lp,
+        full,
+        opts,
+        stop_tokens,
+        token_strings,
+        on_progress,
+    )
+}
+
+/// The phases a trace reports masses by: BoS is the anchor the
+/// diagnostics report apart (m_bos = a[0]), whatever the policy keeps.
+fn report_phases(prompt: &PreparedPrompt) -> Result<TokenPhases> {
     let (p, s) = (prompt.len(), prompt.decode_start);
-    // BoS is the anchor the diagnostics report apart (m_bos = a[0]).
-    let phases = TokenPhases::new(p, s, usize::from(s > 0))?;
+    Ok(TokenPhases::new(p, s, usize::from(s > 0))?)
+}
+
+/// The greedy generation a trace records: `policy`, the run's token budget
+/// and the model's stop tokens, the default prefill chunk.
+fn traced_generation<'m>(
+    model: &'m Decoder,
+    prompt: &PreparedPrompt,
+    policy: Policy,
+    opts: &DiagnoseOptions,
+    stop_tokens: &[u32],
+) -> Result<Generation<'m>> {
     let config = GenerationConfig {
         max_new_tokens: opts.max_new_tokens,
         sampling: Sampling::Greedy,
         stop_tokens: stop_tokens.to_vec(),
         ..GenerationConfig::default()
     };
-    let mut generation =
-        Generation::new(model, prompt.clone(), Policy::full(cfg.num_layers), config)?;
+    Generation::new(model, prompt.clone(), policy, config)
+}
+
+/// [`trace_prompt`] under any policy: the greedy generation runs under
+/// `policy` (the masses then show what its decode tokens read of what it
+/// keeps), the masses are split by the same phases as at full depth.
+pub fn trace_prompt_under(
+    model: &Decoder,
+    lp: &LabelledPrompt,
+    policy: Policy,
+    opts: &DiagnoseOptions,
+    stop_tokens: &[u32],
+    token_strings: &dyn Fn(&[u32]) -> Vec<String>,
+    on_progress: &mut dyn FnMut(PromptProgress) -> bool,
+) -> Result<PromptTrace> {
+    let cfg = model.config();
+    let prompt = &lp.prompt;
+    let (p, s) = (prompt.len(), prompt.decode_start);
+    let phases = report_phases(prompt)?;
+    let mut generation = traced_generation(model, prompt, policy, opts, stop_tokens)?;
     let mut probe = DiagnosticProbe::new(phases, p, cfg.num_layers);
     if !generation.prefill_with(Some(&mut probe), |p| {
         on_progress(PromptProgress::Prefill(p))
