@@ -67,24 +67,7 @@ impl LoraArgs {
         for line in warnings(&adapter, model.config().num_layers, policies) {
             eprintln!("warning: {line}");
         }
-        Ok(Some(identity(dir, &adapter, self.lora_mode)))
-    }
-}
-
-/// What a report records of the adapter in `dir`: its files' hash (taken
-/// by [`LoraAdapter::read`]), its trained-for policy, its rank and how it
-/// was put in.
-fn identity(dir: &Path, adapter: &LoraAdapter, mode: LoraModeArg) -> AdapterIdentity {
-    AdapterIdentity {
-        path: dir.display().to_string(),
-        hash: adapter.hash.clone(),
-        policy: adapter.config.policy.clone(),
-        rank: adapter.config.r,
-        mode: match mode {
-            LoraModeArg::Merge => "merge",
-            LoraModeArg::Fly => "fly",
-        }
-        .into(),
+        Ok(Some(lcut_engine::adapter_identity(dir, &adapter, mode)))
     }
 }
 

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device};
 use lcut_model::gguf::{GgufFile, is_gguf_path};
+use lcut_model::lora::{LoraAdapter, LoraMode};
 use lcut_model::{Decoder, WeightMode};
 use lcut_policy::Policy;
 
@@ -12,6 +13,27 @@ use crate::generate::{Generation, GenerationConfig, GenerationOutput, Sampling, 
 use crate::prompt::{PreparedPrompt, common_prefix};
 use crate::template::{ChatTemplate, Message};
 use crate::tokenizer::TextTokenizer;
+
+/// What a report records of the adapter in `dir`: its files' hash (taken
+/// by [`LoraAdapter::read`]), its trained-for policy, its rank and how it
+/// was put in (`merge` or `fly`).
+pub fn adapter_identity(
+    dir: &Path,
+    adapter: &LoraAdapter,
+    mode: LoraMode,
+) -> lcut_trace::AdapterIdentity {
+    lcut_trace::AdapterIdentity {
+        path: dir.display().to_string(),
+        hash: adapter.hash.clone(),
+        policy: adapter.config.policy.clone(),
+        rank: adapter.config.r,
+        mode: match mode {
+            LoraMode::Merge => "merge",
+            LoraMode::OnTheFly => "fly",
+        }
+        .into(),
+    }
+}
 
 /// A model folder loaded for use.
 pub struct Session {
@@ -80,6 +102,16 @@ impl Session {
         })
     }
 
+    /// Put the LoRA adapter in `dir` (PEFT layout) into the model, `mode`
+    /// saying how, and record it for reports ([`Session::adapter`]);
+    /// returns the adapter read (its trained-for policy, rank, sites).
+    pub fn apply_lora(&mut self, dir: &Path, mode: LoraMode) -> Result<LoraAdapter> {
+        let adapter = LoraAdapter::read(dir).map_err(lcut_model::ModelError::from)?;
+        self.model.apply_lora(&adapter, mode)?;
+        self.adapter = Some(adapter_identity(dir, &adapter, mode));
+        Ok(adapter)
+    }
+
     /// Hash of what describes the model: `config.json`'s bytes, or a GGUF
     /// file's header (metadata and tensor directory).
     pub fn config_hash(&self) -> &str {
@@ -114,6 +146,20 @@ impl Session {
             stops.push(id);
         }
         stops
+    }
+
+    /// The text of generated `tokens`, stop tokens left out (empty without
+    /// a tokenizer).
+    pub fn generated_text(&self, tokens: &[u32]) -> String {
+        let stops = self.stop_tokens();
+        let kept: Vec<u32> = tokens
+            .iter()
+            .copied()
+            .filter(|t| !stops.contains(t))
+            .collect();
+        self.tokenizer
+            .as_ref()
+            .map_or_else(String::new, |tok| tok.decode(&kept))
     }
 
     /// Greedy generation of at most `max_new_tokens` tokens, ending at
