@@ -9,7 +9,7 @@
 
 use candle_core::{Device, Tensor};
 use lcut_model::probes::RecordingProbe;
-use lcut_model::{Decoder, LogitRows};
+use lcut_model::{Decoder, LogitRows, Probe};
 use lcut_policy::{PolicyKind, PolicySpec};
 
 use crate::error::{EngineError, Result};
@@ -51,7 +51,10 @@ pub struct ForwardRecord {
 }
 
 /// Run `prompt` under `spec` (resolved against the model's depth) and
-/// return its logits and what `opts` asks to record.
+/// return its logits and what `opts` asks to record. The logits never
+/// depend on what is recorded: under a policy, asking for attention rows
+/// can change how a sliding-window layer reads its keys (the whole rows
+/// are kept), so they are recorded in a second run.
 pub fn forward(
     model: &Decoder,
     prompt: &PreparedPrompt,
@@ -62,43 +65,33 @@ pub fn forward(
     let policy = spec.resolve(cfg.num_layers)?;
     let ids = &prompt.ids;
     let t = ids.len();
-    let recording = opts.residuals || opts.attention;
-    let heads = if opts.attention { cfg.num_heads } else { 0 };
-    let mut probe = recording.then(|| {
+    let recorder = |heads: usize| {
         let mut p = RecordingProbe::new(cfg.num_layers, heads, cfg.hidden_size, t);
         // tokens a policy keeps out of a layer never get a row there
         p.layer_out.iter_mut().for_each(|row| row.fill(f32::NAN));
         p
-    });
-    let full_depth = policy.is_full_depth() && spec.kind == PolicyKind::Full;
-    let cpu = Device::Cpu;
-    let (logits, first_row, decode_start) = if full_depth {
-        let probe = probe.as_mut().map(|p| p as &mut dyn lcut_model::Probe);
-        let logits = model.teacher_forced_logits(ids, probe)?;
-        (logits, 0, prompt.decode_start)
-    } else {
-        let phases = prompt.phases(&policy)?;
-        let s = phases.decode_start();
-        let mut seq = model.new_sequence(policy, phases)?;
-        let mut probe = probe.as_mut().map(|p| p as &mut dyn lcut_model::Probe);
-        if s > 0 {
-            model.forward(&mut seq, &ids[..s], LogitRows::None, probe.as_deref_mut())?;
-        }
-        let mut rows = Vec::with_capacity(t - s);
-        for i in s..t {
-            let out =
-                model.forward(&mut seq, &ids[i..=i], LogitRows::Last, probe.as_deref_mut())?;
-            rows.push(
-                out.logits
-                    .ok_or(EngineError::MissingLogits { position: i })?,
-            );
-        }
-        (Tensor::cat(&rows, 0)?, s, s)
     };
+    let full_depth = policy.is_full_depth() && spec.kind == PolicyKind::Full;
+    let (logits, first_row, probe, attention_probe) = if full_depth {
+        let heads = if opts.attention { cfg.num_heads } else { 0 };
+        let mut probe = (opts.residuals || opts.attention).then(|| recorder(heads));
+        let p = probe.as_mut().map(|p| p as &mut dyn Probe);
+        let logits = model.teacher_forced_logits(ids, p)?;
+        (logits, 0, probe, None)
+    } else {
+        let mut probe = opts.residuals.then(|| recorder(0));
+        let logits = incremental(model, prompt, policy, probe.as_mut())?;
+        let mut attention = opts.attention.then(|| recorder(cfg.num_heads));
+        if attention.is_some() {
+            incremental(model, prompt, policy, attention.as_mut())?;
+        }
+        (logits, prompt.decode_start, probe, attention)
+    };
+    let cpu = Device::Cpu;
     let mut record = ForwardRecord {
         logits: logits.to_device(&cpu)?,
         first_row,
-        decode_start,
+        decode_start: prompt.decode_start,
         full_depth,
         embeddings: None,
         layer_out: Vec::new(),
@@ -114,13 +107,48 @@ pub fn forward(
                 .map(|out| Tensor::from_vec(out, (t, d), &cpu))
                 .collect::<candle_core::Result<_>>()?;
         }
-        if opts.attention {
-            record.attention = probe
-                .attention
-                .into_iter()
-                .map(|a| Tensor::from_vec(a, (cfg.num_heads, t, t), &cpu))
-                .collect::<candle_core::Result<_>>()?;
+        if full_depth && opts.attention {
+            record.attention = attention_tensors(probe.attention, cfg.num_heads, t)?;
         }
     }
+    if let Some(probe) = attention_probe {
+        record.attention = attention_tensors(probe.attention, cfg.num_heads, t)?;
+    }
     Ok(record)
+}
+
+/// Per-layer attention buffers as [H, T, T] tensors on the CPU.
+fn attention_tensors(layers: Vec<Vec<f32>>, heads: usize, t: usize) -> Result<Vec<Tensor>> {
+    Ok(layers
+        .into_iter()
+        .map(|a| Tensor::from_vec(a, (heads, t, t), &Device::Cpu))
+        .collect::<candle_core::Result<_>>()?)
+}
+
+/// The incremental path under `policy`: the prompt before its decode start
+/// as one chunk, then each decode-phase token alone; logits of the
+/// decode-phase positions.
+fn incremental(
+    model: &Decoder,
+    prompt: &PreparedPrompt,
+    policy: lcut_policy::Policy,
+    mut probe: Option<&mut RecordingProbe>,
+) -> Result<Tensor> {
+    let phases = prompt.phases(&policy)?;
+    let (ids, s) = (&prompt.ids, phases.decode_start());
+    let mut seq = model.new_sequence(policy, phases)?;
+    if s > 0 {
+        let p = probe.as_deref_mut().map(|p| p as &mut dyn Probe);
+        model.forward(&mut seq, &ids[..s], LogitRows::None, p)?;
+    }
+    let mut rows = Vec::with_capacity(ids.len() - s);
+    for i in s..ids.len() {
+        let p = probe.as_deref_mut().map(|p| p as &mut dyn Probe);
+        let out = model.forward(&mut seq, &ids[i..=i], LogitRows::Last, p)?;
+        rows.push(
+            out.logits
+                .ok_or(EngineError::MissingLogits { position: i })?,
+        );
+    }
+    Ok(Tensor::cat(&rows, 0)?)
 }
