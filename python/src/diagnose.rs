@@ -13,6 +13,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::errors::{detached, engine_err, invalid};
+use crate::inputs::budget;
 use crate::load::require_exists;
 use crate::progress::Progress;
 use crate::report::Report;
@@ -128,7 +129,7 @@ pub fn run(
 ) -> PyResult<Report> {
     let (prompts, file) = read_prompts(args.prompts)?;
     let opts = DiagnoseOptions {
-        max_new_tokens: args.max_new_tokens,
+        max_new_tokens: budget(args.max_new_tokens)?,
         use_chat_template: args.chat,
         prompts_file: file,
         ..DiagnoseOptions::default()

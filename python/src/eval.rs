@@ -12,6 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::errors::{detached, engine_err};
+use crate::inputs::budget;
 use crate::load::{LoadSource, open, require_exists};
 use crate::progress::Progress;
 use crate::report::to_python;
@@ -36,6 +37,7 @@ pub fn run(
     args: EvalArgs,
 ) -> PyResult<Vec<Py<PyAny>>> {
     require_exists(&args.suite, "task suite")?;
+    budget(args.max_new_tokens)?;
     let (items, suite_hash) = read_suite_hashed(&args.suite).map_err(|e| engine_err(e.into()))?;
     let names = args
         .policies

@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 
 use crate::arrays::{stacked_array, tensor_array};
 use crate::errors::{candle_err, detached, engine_err, invalid};
-use crate::inputs::{policy, token_ids};
+use crate::inputs::{index, policy, token_ids};
 
 /// The result of ``Session.forward``.
 ///
@@ -63,8 +63,8 @@ pub struct ForwardArgs {
     pub ids: Vec<i64>,
     /// The policy string.
     pub policy: String,
-    /// First logits row; the last token when `None`.
-    pub decode_start: Option<usize>,
+    /// First logits row (negative: from the end); the last token when `None`.
+    pub decode_start: Option<i64>,
     /// Record the residual stream.
     pub residuals: bool,
     /// Record attention.
@@ -76,7 +76,11 @@ pub fn run(py: Python<'_>, session: &lcut_engine::Session, args: ForwardArgs) ->
     let cfg = session.model.config();
     let ids = token_ids(&args.ids, cfg.vocab_size)?;
     let (spec, resolved) = policy(&args.policy, cfg.num_layers)?;
-    let prompt = PreparedPrompt::from_ids(ids, args.decode_start).map_err(engine_err)?;
+    let start = match args.decode_start {
+        Some(i) if !ids.is_empty() => Some(index(i, ids.len(), "decode_start")?),
+        _ => None,
+    };
+    let prompt = PreparedPrompt::from_ids(ids, start).map_err(engine_err)?;
     let t = prompt.len();
     if args.attention && t > MAX_RECORDED_ATTENTION {
         return Err(invalid(format!(

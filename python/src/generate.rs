@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 
 use crate::arrays::f32_array;
 use crate::errors::{detached, engine_err};
-use crate::inputs::{PromptArg, policy, prepare};
+use crate::inputs::{PromptArg, budget, policy, prepare};
 use crate::progress::Progress;
 
 /// A finished greedy generation.
@@ -159,7 +159,7 @@ pub fn run(
         policies.push(policy(other, layers)?.1);
     }
     policies.push(main);
-    let config = session.greedy_config(args.max_new_tokens);
+    let config = session.greedy_config(budget(args.max_new_tokens)?);
     let mut bar = Progress::new(py, args.progress, args.max_new_tokens, "generate", "tok");
     let result = detached(py, || {
         compare(

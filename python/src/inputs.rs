@@ -62,3 +62,21 @@ pub fn policy(text: &str, layers: usize) -> PyResult<(PolicySpec, Policy)> {
     let resolved = spec.resolve(layers).map_err(policy_err)?;
     Ok((spec, resolved))
 }
+
+/// A Python-style index (negative counts from the end) into `0..len`.
+pub fn index(i: i64, len: usize, what: &str) -> PyResult<usize> {
+    let resolved = if i < 0 { i + len as i64 } else { i };
+    usize::try_from(resolved)
+        .ok()
+        .filter(|&r| r < len)
+        .ok_or_else(|| invalid(format!("{what} {i} is out of range: there are {len}")))
+}
+
+/// A token budget: at least one token.
+pub fn budget(max_new_tokens: usize) -> PyResult<usize> {
+    if max_new_tokens == 0 {
+        Err(invalid("max_new_tokens must be at least 1"))
+    } else {
+        Ok(max_new_tokens)
+    }
+}

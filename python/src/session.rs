@@ -189,7 +189,8 @@ impl Session {
     ///     ids: token ids.
     ///     policy: the visibility policy.
     ///     decode_start: the first decode-phase position, and the first
-    ///         logits row returned; default the last token.
+    ///         logits row returned (negative: from the end); default the
+    ///         last token.
     ///     residuals: record the embeddings and each layer's output.
     ///     attention: record each layer's attention [heads, T, T] (at most
     ///         2048 tokens).
@@ -206,7 +207,7 @@ impl Session {
         py: Python<'_>,
         ids: Vec<i64>,
         policy: &str,
-        decode_start: Option<usize>,
+        decode_start: Option<i64>,
         residuals: bool,
         attention: bool,
     ) -> PyResult<Forward> {

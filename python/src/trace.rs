@@ -14,7 +14,7 @@ use pyo3::prelude::*;
 
 use crate::arrays::{f32_array, layers_heads_steps, series_array};
 use crate::errors::{ErrorKind, detached, engine_err, lcut_error};
-use crate::inputs::{PromptArg, policy, prepare};
+use crate::inputs::{PromptArg, budget, index, policy, prepare};
 use crate::progress::Progress;
 use crate::table::layer_table;
 
@@ -89,7 +89,7 @@ pub fn run(
     let prompt = prepare(session, &args.prompt, args.chat, args.system.as_deref())?;
     let (_, resolved) = policy(&args.policy, session.model.config().num_layers)?;
     let opts = DiagnoseOptions {
-        max_new_tokens: args.max_new_tokens,
+        max_new_tokens: budget(args.max_new_tokens)?,
         use_chat_template: args.chat,
         ..DiagnoseOptions::default()
     };
@@ -342,14 +342,18 @@ impl Trace {
     /// greedy run; an error if it produced other tokens) and only that
     /// row is copied out. Needs the session the trace came from (a trace
     /// read from a report has none).
+    ///
+    /// ``layer`` and ``step`` may count from the end (``-1``: the last).
     #[pyo3(signature = (layer, step, progress = false))]
     fn attention(
         &self,
         py: Python<'_>,
-        layer: usize,
-        step: usize,
+        layer: i64,
+        step: i64,
         progress: bool,
     ) -> PyResult<Py<PyAny>> {
+        let layer = index(layer, self.trace.num_layers, "layer")?;
+        let step = index(step, self.trace.num_steps(), "decode step")?;
         let Some(replay) = &self.replay else {
             return Err(lcut_error(
                 ErrorKind::Other,

@@ -83,10 +83,12 @@ def test_attention_row_is_the_step_the_masses_were_read_from(bundled):
         assert np.allclose(row[:, 0], t.bos_mass[layer, :, step], atol=1e-6)
         assert np.allclose(row[:, start : t.decode_start].sum(1), t.prefill_mass[layer, :, step], atol=1e-5)
         assert np.allclose(row[:, q], t.self_mass[layer, :, step], atol=1e-6)
+    # indices may count from the end, as numpy's do
+    assert np.array_equal(t.attention(-1, -1), t.attention(bundled.config.layers - 1, t.num_steps - 1))
     with pytest.raises(ValueError, match="layer 99 is out of range"):
         t.attention(99, 0)
-    with pytest.raises(ValueError, match="decode step 99 is out of range"):
-        t.attention(0, 99)
+    with pytest.raises(ValueError, match="decode step -99 is out of range"):
+        t.attention(0, -99)
 
 
 def test_a_speed_trace_reads_no_prompt_above_the_cut(bundled):
@@ -213,7 +215,9 @@ def test_eval_scores_a_suite_as_lcut_eval_does(bundled, lcut_bin, tmp_path):
         (lambda s: s.forward([2, 5000]), ValueError, "token id 5000 at position 1"),
         (lambda s: s.forward([2, -1]), ValueError, "token id -1"),
         (lambda s: s.forward([]), ValueError, "empty"),
-        (lambda s: s.forward([2, 5], decode_start=7), ValueError, "decode start 7"),
+        (lambda s: s.forward([2, 5], decode_start=7), ValueError, "decode_start 7 is out of range"),
+        (lambda s: s.trace(PROMPT, max_new_tokens=0), ValueError, "at least 1"),
+        (lambda s: s.generate(PROMPT, max_new_tokens=0), ValueError, "at least 1"),
         (lambda s: s.trace("   ", progress=False), ValueError, "empty"),
         (lambda s: s.generate("hi " * 600, policy="full", progress=False), ValueError, "positions"),
         (lambda s: s.decode([92]), ValueError, "outside the vocabulary"),
