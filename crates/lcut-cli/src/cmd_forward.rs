@@ -7,16 +7,12 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use candle_core::Tensor;
 use clap::Args;
+use lcut_engine::forward::{ForwardOptions, MAX_RECORDED_ATTENTION, forward};
 use lcut_engine::{PreparedPrompt, Session};
-use lcut_model::probes::RecordingProbe;
-use lcut_model::{Decoder, LogitRows};
-use lcut_policy::{Policy, PolicySpec};
+use lcut_policy::PolicySpec;
 
 use crate::args::{DeviceArg, KvDtypeArg, WeightArg};
 use crate::common::{open_session, parse_ids};
-
-/// Longest sequence for which attention [H, T, T] is recorded by default.
-const MAX_RECORDED_ATTENTION: usize = 2048;
 
 /// Arguments of `lcut forward`.
 #[derive(Debug, Args)]
@@ -87,23 +83,41 @@ pub fn run(args: &ForwardArgs) -> Result<()> {
     args.lora
         .apply_to_session(&mut session, &[args.policy.to_string()])?;
     let prompt = prompt_of(args, &session)?;
-    let spec = args.policy;
-    let model = &session.model;
-    let policy = spec.resolve(model.config().num_layers)?;
-    let ids = &prompt.ids;
-    let t = ids.len();
+    let cfg = session.model.config();
+    let t = prompt.len();
+    let full = args.policy.kind == lcut_policy::PolicyKind::Full;
+    let record_attention = full && !args.no_attention;
+    if record_attention && t > MAX_RECORDED_ATTENTION {
+        bail!(
+            "{t} tokens: recording attention [H, T, T] would need {} MB per layer; pass --no-attention",
+            cfg.num_heads * t * t * 4 / 1_000_000
+        );
+    }
+    // the full model's records, as the reference files hold them
+    let opts = ForwardOptions {
+        residuals: full,
+        attention: record_attention,
+    };
+    let record = forward(&session.model, &prompt, &args.policy, opts)?;
+    let policy = args.policy.resolve(cfg.num_layers)?;
+    let cpu = candle_core::Device::Cpu;
     let mut tensors: HashMap<String, Tensor> = HashMap::new();
-    tensors.insert(
-        "input_ids".into(),
-        Tensor::new(
-            ids.iter().map(|&i| i as i64).collect::<Vec<_>>(),
-            &candle_core::Device::Cpu,
-        )?,
-    );
-    if policy.is_full_depth() && spec.kind == lcut_policy::PolicyKind::Full {
-        full_depth(model, ids, !args.no_attention, &mut tensors)?;
+    let ids: Vec<i64> = prompt.ids.iter().map(|&i| i64::from(i)).collect();
+    tensors.insert("input_ids".into(), Tensor::new(ids, &cpu)?);
+    tensors.insert("logits".into(), record.logits);
+    if record.full_depth {
+        if let Some(embeddings) = record.embeddings {
+            tensors.insert("embeddings".into(), embeddings);
+        }
+        for (l, out) in record.layer_out.into_iter().enumerate() {
+            tensors.insert(format!("layer_out.{l}"), out);
+        }
+        for (l, attn) in record.attention.into_iter().enumerate() {
+            tensors.insert(format!("attn.{l}"), attn);
+        }
     } else {
-        incremental(model, &prompt, policy, &mut tensors)?;
+        let s = record.decode_start as i64;
+        tensors.insert("decode_start".into(), Tensor::new(&[s], &cpu)?);
     }
     let tmp = args.out.with_extension("partial");
     candle_core::safetensors::save(&tensors, &tmp)
@@ -114,83 +128,6 @@ pub fn run(args: &ForwardArgs) -> Result<()> {
         args.out.display(),
         t,
         tensors.len()
-    );
-    Ok(())
-}
-
-/// The full model teacher-forced on `ids` in one pass: logits, embeddings,
-/// every layer's output and, with `record_attention`, every layer's
-/// attention [H, T, T].
-fn full_depth(
-    model: &Decoder,
-    ids: &[u32],
-    record_attention: bool,
-    tensors: &mut HashMap<String, Tensor>,
-) -> Result<()> {
-    let cfg = model.config();
-    let t = ids.len();
-    if record_attention && t > MAX_RECORDED_ATTENTION {
-        bail!(
-            "{t} tokens: recording attention [H, T, T] would need {} MB per layer; pass --no-attention",
-            cfg.num_heads * t * t * 4 / 1_000_000
-        );
-    }
-    let heads = if record_attention { cfg.num_heads } else { 0 };
-    let mut probe = RecordingProbe::new(cfg.num_layers, heads, cfg.hidden_size, t);
-    let logits = model.teacher_forced_logits(ids, Some(&mut probe))?;
-    tensors.insert(
-        "logits".into(),
-        logits.to_device(&candle_core::Device::Cpu)?,
-    );
-    let cpu = candle_core::Device::Cpu;
-    tensors.insert(
-        "embeddings".into(),
-        Tensor::from_vec(probe.embeddings, (t, cfg.hidden_size), &cpu)?,
-    );
-    for (l, out) in probe.layer_out.into_iter().enumerate() {
-        tensors.insert(
-            format!("layer_out.{l}"),
-            Tensor::from_vec(out, (t, cfg.hidden_size), &cpu)?,
-        );
-    }
-    if record_attention {
-        for (l, attn) in probe.attention.into_iter().enumerate() {
-            tensors.insert(
-                format!("attn.{l}"),
-                Tensor::from_vec(attn, (cfg.num_heads, t, t), &cpu)?,
-            );
-        }
-    }
-    Ok(())
-}
-
-/// The real incremental path under `policy`: prefill 0..S-1, then S..T-1
-/// one by one; the decode-phase logits and S.
-fn incremental(
-    model: &Decoder,
-    prompt: &PreparedPrompt,
-    policy: Policy,
-    tensors: &mut HashMap<String, Tensor>,
-) -> Result<()> {
-    let (ids, t) = (&prompt.ids, prompt.ids.len());
-    let phases = prompt.phases(&policy)?;
-    let s = phases.decode_start();
-    let mut seq = model.new_sequence(policy, phases)?;
-    if s > 0 {
-        model.forward(&mut seq, &ids[..s], LogitRows::None, None)?;
-    }
-    let mut rows = Vec::with_capacity(t - s);
-    for i in s..t {
-        let out = model.forward(&mut seq, &ids[i..=i], LogitRows::Last, None)?;
-        rows.push(out.logits.context("decode-phase token without logits")?);
-    }
-    tensors.insert(
-        "logits".into(),
-        Tensor::cat(&rows, 0)?.to_device(&candle_core::Device::Cpu)?,
-    );
-    tensors.insert(
-        "decode_start".into(),
-        Tensor::new(&[s as i64], &candle_core::Device::Cpu)?,
     );
     Ok(())
 }

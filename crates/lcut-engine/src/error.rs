@@ -128,6 +128,29 @@ pub enum EngineError {
         #[source]
         source: Box<lcut_model::ModelError>,
     },
+    /// An index a caller asked for is outside what exists (a layer of the
+    /// model, a step of a trace).
+    #[error("{what} is out of range: {limit}")]
+    OutOfRange {
+        /// What was asked for (`layer 31`).
+        what: String,
+        /// What exists (`the model has 30 layers`).
+        limit: String,
+    },
+    /// A run repeated to record more of it produced other tokens than the
+    /// run it repeats.
+    #[error(
+        "repeating the traced run produced token {replayed} at step {step}, where the trace has \
+         {traced}: the model or policy is not the one traced"
+    )]
+    ReplayDiverged {
+        /// The decode step.
+        step: usize,
+        /// The token the repeat produced.
+        replayed: u32,
+        /// The token the trace holds.
+        traced: u32,
+    },
     /// Tensor backend error outside the model (sampling).
     #[error("tensor backend: {0}")]
     Candle(#[from] candle_core::Error),

@@ -8,6 +8,7 @@ mod bundled;
 mod compare;
 pub mod diagnose;
 mod error;
+pub mod forward;
 mod generate;
 pub mod gguf_tokenizer;
 mod prompt;

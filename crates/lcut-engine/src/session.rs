@@ -134,6 +134,20 @@ impl Session {
         stops
     }
 
+    /// The text of generated `tokens`, stop tokens left out (empty without
+    /// a tokenizer).
+    pub fn generated_text(&self, tokens: &[u32]) -> String {
+        let stops = self.stop_tokens();
+        let kept: Vec<u32> = tokens
+            .iter()
+            .copied()
+            .filter(|t| !stops.contains(t))
+            .collect();
+        self.tokenizer
+            .as_ref()
+            .map_or_else(String::new, |tok| tok.decode(&kept))
+    }
+
     /// Greedy generation of at most `max_new_tokens` tokens, ending at
     /// [`Session::stop_tokens`], with the default prefill chunk.
     pub fn greedy_config(&self, max_new_tokens: usize) -> GenerationConfig {

@@ -1,6 +1,7 @@
 //! The diagnostic run: full-depth greedy generation over a prompt set with
 //! the diagnostic probe attached, turned into per-prompt traces and a report.
 
+mod attention_row;
 mod curvature;
 mod policy_axis;
 mod probe;
@@ -15,6 +16,7 @@ use lcut_trace::{
     ModelIdentity, PromptTrace, Report, RunSettings, Series, Thresholds, TraceHeader,
 };
 
+pub use attention_row::{AttentionRow, attention_row};
 pub use curvature::DeviceCurvature;
 pub use policy_axis::{AxisPolicy, equal_kv_pairs};
 pub use probe::DiagnosticProbe;
@@ -236,23 +238,35 @@ pub fn diagnose_prepared(
     )?)
 }
 
-/// Full-depth greedy generation of `prompt` with the diagnostic probe
-/// attached: the probe and the generated ids.
-fn generate_probed(
-    model: &Decoder,
+/// The greedy generation a trace records: `policy`, the run's token budget
+/// and the model's stop tokens, the default prefill chunk.
+fn traced_generation<'m>(
+    model: &'m Decoder,
     prompt: &PreparedPrompt,
-    phases: TokenPhases,
-    (opts, stop_tokens): (&DiagnoseOptions, &[u32]),
-    on_progress: &mut dyn FnMut(PromptProgress) -> bool,
-) -> Result<(DiagnosticProbe, Vec<u32>)> {
+    policy: Policy,
+    opts: &DiagnoseOptions,
+    stop_tokens: &[u32],
+) -> Result<Generation<'m>> {
     let config = GenerationConfig {
         max_new_tokens: opts.max_new_tokens,
         sampling: Sampling::Greedy,
         stop_tokens: stop_tokens.to_vec(),
         ..GenerationConfig::default()
     };
+    Generation::new(model, prompt.clone(), policy, config)
+}
+
+/// Greedy generation of `prompt` under `policy` with the diagnostic probe
+/// attached: the probe and the generated ids.
+fn generate_probed(
+    model: &Decoder,
+    prompt: &PreparedPrompt,
+    (policy, phases): (Policy, TokenPhases),
+    (opts, stop_tokens): (&DiagnoseOptions, &[u32]),
+    on_progress: &mut dyn FnMut(PromptProgress) -> bool,
+) -> Result<(DiagnosticProbe, Vec<u32>)> {
     let layers = model.config().num_layers;
-    let mut generation = Generation::new(model, prompt.clone(), Policy::full(layers), config)?;
+    let mut generation = traced_generation(model, prompt, policy, opts, stop_tokens)?;
     let mut probe = DiagnosticProbe::new(phases, prompt.len(), layers);
     if !generation.prefill_with(Some(&mut probe), |p| {
         on_progress(PromptProgress::Prefill(p))
@@ -319,12 +333,42 @@ pub fn trace_prompt(
     token_strings: &dyn Fn(&[u32]) -> Vec<String>,
     on_progress: &mut dyn FnMut(PromptProgress) -> bool,
 ) -> Result<PromptTrace> {
+    let full = Policy::full(model.config().num_layers);
+    trace_prompt_under(
+        model,
+        lp,
+        full,
+        opts,
+        stop_tokens,
+        token_strings,
+        on_progress,
+    )
+}
+
+/// [`trace_prompt`] under any policy: the greedy generation runs under
+/// `policy` (the masses then show what its decode tokens read of what it
+/// keeps), the masses are split by the same phases as at full depth.
+pub fn trace_prompt_under(
+    model: &Decoder,
+    lp: &LabelledPrompt,
+    policy: Policy,
+    opts: &DiagnoseOptions,
+    stop_tokens: &[u32],
+    token_strings: &dyn Fn(&[u32]) -> Vec<String>,
+    on_progress: &mut dyn FnMut(PromptProgress) -> bool,
+) -> Result<PromptTrace> {
     let cfg = model.config();
     let prompt = &lp.prompt;
     let (p, s) = (prompt.len(), prompt.decode_start);
     // BoS is the anchor the diagnostics report apart (m_bos = a[0]).
     let phases = TokenPhases::new(p, s, usize::from(s > 0))?;
-    let (probe, ids) = generate_probed(model, prompt, phases, (opts, stop_tokens), on_progress)?;
+    let (probe, ids) = generate_probed(
+        model,
+        prompt,
+        (policy, phases),
+        (opts, stop_tokens),
+        on_progress,
+    )?;
     let header = TraceHeader {
         index: lp.index,
         id: lp.id.clone(),

@@ -13,7 +13,7 @@ use lcut_policy::{Policy, PolicySpec};
 use super::SuiteItem;
 use super::result::ItemResult;
 use crate::diagnose::{ForcedQuality, forced_quality};
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use crate::generate::{GenerationConfig, GenerationOutput};
 use crate::prompt::PreparedPrompt;
 use crate::session::Session;
@@ -61,6 +61,22 @@ pub fn evaluate_suite(
     opts: &SuiteEvalOptions,
     on_item: &mut dyn FnMut(&[ItemResult]),
 ) -> Result<Vec<Vec<ItemResult>>> {
+    evaluate_suite_until(session, base, items, opts, &mut |results| {
+        on_item(results);
+        true
+    })
+}
+
+/// [`evaluate_suite`] that its caller can stop: after each item `on_item`
+/// returns false to cancel ([`EngineError::Cancelled`]), so a long run
+/// stops within one item.
+pub fn evaluate_suite_until(
+    session: &Session,
+    base: Option<&Session>,
+    items: &[SuiteItem],
+    opts: &SuiteEvalOptions,
+    on_item: &mut dyn FnMut(&[ItemResult]) -> bool,
+) -> Result<Vec<Vec<ItemResult>>> {
     let policies = opts
         .policies
         .iter()
@@ -70,7 +86,9 @@ pub fn evaluate_suite(
     let mut out = vec![Vec::with_capacity(indices.len()); policies.len()];
     for index in indices {
         let results = evaluate_item((session, base), index, &items[index], &policies, opts)?;
-        on_item(&results);
+        if !on_item(&results) {
+            return Err(EngineError::Cancelled);
+        }
         for (list, r) in out.iter_mut().zip(results) {
             list.push(r);
         }
@@ -95,20 +113,6 @@ fn greedy(
         }),
         None => session.continue_greedy(prompt, policy, max_new, chunk, |_| true),
     }
-}
-
-/// The text of generated `tokens`, stop tokens left out.
-fn text_of(session: &Session, tokens: &[u32]) -> String {
-    let stops = session.stop_tokens();
-    let kept: Vec<u32> = tokens
-        .iter()
-        .copied()
-        .filter(|t| !stops.contains(t))
-        .collect();
-    session
-        .tokenizer
-        .as_ref()
-        .map_or_else(String::new, |tok| tok.decode(&kept))
 }
 
 /// The full model's run of an item: its greedy continuation, the rows
@@ -143,7 +147,7 @@ fn evaluate_item(
         Some(&mut rows),
     )?;
     let full = FullRun {
-        text: text_of(reference, &output.tokens),
+        text: reference.generated_text(&output.tokens),
         reference: Tensor::stack(&rows, 0)?,
         output,
         of_session: base.is_none(),
@@ -190,7 +194,7 @@ fn policy_result(
             &full.reference,
             opts.prefill_chunk.max(1),
         )?;
-        (text_of(session, &own.tokens), q)
+        (session.generated_text(&own.tokens), q)
     };
     Ok(ItemResult {
         index: 0,

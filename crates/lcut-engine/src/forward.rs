@@ -1,0 +1,154 @@
+//! One sequence run for its logits and, when asked, every layer's residual
+//! stream and attention: what `lcut forward` writes and what the Python
+//! package's `Session.forward` returns, computed once here for both.
+//!
+//! The full model is teacher-forced in one chunk (logits for every
+//! position); any other policy runs the real incremental path: the prompt
+//! before the decode start as one chunk, then every decode-phase token one
+//! by one, with logits for the decode-phase positions.
+
+use candle_core::{Device, Tensor};
+use lcut_model::probes::RecordingProbe;
+use lcut_model::{Decoder, LogitRows, Probe};
+use lcut_policy::{PolicyKind, PolicySpec};
+
+use crate::error::{EngineError, Result};
+use crate::prompt::PreparedPrompt;
+
+/// Longest sequence whose attention [H, T, T] callers record by default:
+/// beyond it a layer's attention alone outgrows a few hundred megabytes.
+pub const MAX_RECORDED_ATTENTION: usize = 2048;
+
+/// What a forward run records besides the logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ForwardOptions {
+    /// The embeddings and the residual stream after every layer.
+    pub residuals: bool,
+    /// Every layer's post-softmax attention [H, T, T] (memory grows with T²).
+    pub attention: bool,
+}
+
+/// The result of [`forward`]; every tensor is f32 on the CPU.
+#[derive(Debug, Clone)]
+pub struct ForwardRecord {
+    /// Logits [T - first_row, vocab] of positions `first_row..T`.
+    pub logits: Tensor,
+    /// First position with a logits row: 0 for the full model, the decode
+    /// start for any other policy.
+    pub first_row: usize,
+    /// The decode start the policy ran with.
+    pub decode_start: usize,
+    /// Whether the full model was teacher-forced (every token at every layer).
+    pub full_depth: bool,
+    /// The embeddings entering layer 0 [T, hidden], when recorded.
+    pub embeddings: Option<Tensor>,
+    /// Per layer, the residual stream after it [T, hidden], when recorded;
+    /// rows of tokens that do not exist at a layer under the policy are NaN.
+    pub layer_out: Vec<Tensor>,
+    /// Per layer, attention [H, T, T], when recorded; a query reads 0 from
+    /// keys it does not see, and rows of queries absent at a layer are 0.
+    pub attention: Vec<Tensor>,
+}
+
+/// Run `prompt` under `spec` (resolved against the model's depth) and
+/// return its logits and what `opts` asks to record. The logits never
+/// depend on what is recorded: under a policy, asking for attention rows
+/// can change how a sliding-window layer reads its keys (the whole rows
+/// are kept), so they are recorded in a second run.
+pub fn forward(
+    model: &Decoder,
+    prompt: &PreparedPrompt,
+    spec: &PolicySpec,
+    opts: ForwardOptions,
+) -> Result<ForwardRecord> {
+    let cfg = model.config();
+    let policy = spec.resolve(cfg.num_layers)?;
+    let ids = &prompt.ids;
+    let t = ids.len();
+    let recorder = |heads: usize| {
+        let mut p = RecordingProbe::new(cfg.num_layers, heads, cfg.hidden_size, t);
+        // tokens a policy keeps out of a layer never get a row there
+        p.layer_out.iter_mut().for_each(|row| row.fill(f32::NAN));
+        p
+    };
+    let full_depth = policy.is_full_depth() && spec.kind == PolicyKind::Full;
+    let (logits, first_row, probe, attention_probe) = if full_depth {
+        let heads = if opts.attention { cfg.num_heads } else { 0 };
+        let mut probe = (opts.residuals || opts.attention).then(|| recorder(heads));
+        let p = probe.as_mut().map(|p| p as &mut dyn Probe);
+        let logits = model.teacher_forced_logits(ids, p)?;
+        (logits, 0, probe, None)
+    } else {
+        let mut probe = opts.residuals.then(|| recorder(0));
+        let logits = incremental(model, prompt, policy, probe.as_mut())?;
+        let mut attention = opts.attention.then(|| recorder(cfg.num_heads));
+        if attention.is_some() {
+            incremental(model, prompt, policy, attention.as_mut())?;
+        }
+        (logits, prompt.decode_start, probe, attention)
+    };
+    let cpu = Device::Cpu;
+    let mut record = ForwardRecord {
+        logits: logits.to_device(&cpu)?,
+        first_row,
+        decode_start: prompt.decode_start,
+        full_depth,
+        embeddings: None,
+        layer_out: Vec::new(),
+        attention: Vec::new(),
+    };
+    if let Some(probe) = probe {
+        if opts.residuals {
+            let d = cfg.hidden_size;
+            record.embeddings = Some(Tensor::from_vec(probe.embeddings, (t, d), &cpu)?);
+            record.layer_out = probe
+                .layer_out
+                .into_iter()
+                .map(|out| Tensor::from_vec(out, (t, d), &cpu))
+                .collect::<candle_core::Result<_>>()?;
+        }
+        if full_depth && opts.attention {
+            record.attention = attention_tensors(probe.attention, cfg.num_heads, t)?;
+        }
+    }
+    if let Some(probe) = attention_probe {
+        record.attention = attention_tensors(probe.attention, cfg.num_heads, t)?;
+    }
+    Ok(record)
+}
+
+/// Per-layer attention buffers as [H, T, T] tensors on the CPU.
+fn attention_tensors(layers: Vec<Vec<f32>>, heads: usize, t: usize) -> Result<Vec<Tensor>> {
+    Ok(layers
+        .into_iter()
+        .map(|a| Tensor::from_vec(a, (heads, t, t), &Device::Cpu))
+        .collect::<candle_core::Result<_>>()?)
+}
+
+/// The incremental path under `policy`: the prompt before its decode start
+/// as one chunk, then each decode-phase token alone; logits of the
+/// decode-phase positions.
+fn incremental(
+    model: &Decoder,
+    prompt: &PreparedPrompt,
+    policy: lcut_policy::Policy,
+    mut probe: Option<&mut RecordingProbe>,
+) -> Result<Tensor> {
+    let phases = prompt.phases(&policy)?;
+    let (ids, s) = (&prompt.ids, phases.decode_start());
+    let mut seq = model.new_sequence(policy, phases)?;
+    if s > 0 {
+        let p = probe.as_deref_mut().map(|p| p as &mut dyn Probe);
+        model.forward(&mut seq, &ids[..s], LogitRows::None, p)?;
+    }
+    let mut rows = Vec::with_capacity(ids.len() - s);
+    for i in s..ids.len() {
+        let p = probe.as_deref_mut().map(|p| p as &mut dyn Probe);
+        let out = model.forward(&mut seq, &ids[i..=i], LogitRows::Last, p)?;
+        rows.push(
+            out.logits
+                .ok_or(EngineError::MissingLogits { position: i })?,
+        );
+    }
+    Ok(Tensor::cat(&rows, 0)?)
+}

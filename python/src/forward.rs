@@ -1,0 +1,125 @@
+//! `Session.forward`: one sequence under a policy, its logits and
+//! per-layer records as numpy arrays (what `lcut forward` writes).
+
+use lcut_engine::PreparedPrompt;
+use lcut_engine::forward::{ForwardOptions, MAX_RECORDED_ATTENTION, forward};
+use pyo3::prelude::*;
+
+use crate::arrays::{stacked_array, tensor_array};
+use crate::errors::{candle_err, detached, engine_err, invalid};
+use crate::inputs::{index, policy, token_ids};
+
+/// The result of ``Session.forward``.
+///
+/// ``logits`` holds the rows of positions ``decode_start .. len(ids) - 1``
+/// (the rows ``lcut forward`` writes for a policy; for ``full`` it writes
+/// every row, and ``decode_start=0`` gives them all here). The per-layer
+/// records are ``None`` when not asked for.
+#[pyclass(module = "lcut", name = "Forward", frozen)]
+pub struct Forward {
+    /// float32 [rows, vocab]: logits of positions ``decode_start ..``.
+    #[pyo3(get)]
+    pub logits: Py<PyAny>,
+    /// The token ids run.
+    #[pyo3(get)]
+    pub ids: Vec<u32>,
+    /// First position with a logits row.
+    #[pyo3(get)]
+    pub decode_start: usize,
+    /// The policy, resolved against the model's depth (``speed:22+bos``).
+    #[pyo3(get)]
+    pub policy: String,
+    /// float32 [len(ids), hidden]: the embeddings entering layer 0, or None.
+    #[pyo3(get)]
+    pub embeddings: Option<Py<PyAny>>,
+    /// float32 [layers, len(ids), hidden]: the residual stream after each
+    /// layer, or None. Under a policy other than ``full``, rows of tokens
+    /// that do not exist at a layer (prompt tokens above the cut) are NaN.
+    #[pyo3(get)]
+    pub layer_out: Option<Py<PyAny>>,
+    /// float32 [layers, heads, len(ids), len(ids)]: post-softmax attention
+    /// (query, key), or None. 0 where a query does not see a key; under a
+    /// policy, rows of queries absent at a layer are 0 too.
+    #[pyo3(get)]
+    pub attention: Option<Py<PyAny>>,
+}
+
+#[pymethods]
+impl Forward {
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let shape = self.logits.bind(py).getattr("shape")?.repr()?;
+        Ok(format!(
+            "Forward(policy={:?}, tokens={}, decode_start={}, logits shape {shape})",
+            self.policy,
+            self.ids.len(),
+            self.decode_start
+        ))
+    }
+}
+
+/// What `Session.forward` was asked for.
+pub struct ForwardArgs {
+    /// Token ids, unchecked.
+    pub ids: Vec<i64>,
+    /// The policy string.
+    pub policy: String,
+    /// First logits row (negative: from the end); the last token when `None`.
+    pub decode_start: Option<i64>,
+    /// Record the residual stream.
+    pub residuals: bool,
+    /// Record attention.
+    pub attention: bool,
+}
+
+/// Run `args` on `session`.
+pub fn run(py: Python<'_>, session: &lcut_engine::Session, args: ForwardArgs) -> PyResult<Forward> {
+    let cfg = session.model.config();
+    let ids = token_ids(&args.ids, cfg.vocab_size)?;
+    let (spec, resolved) = policy(&args.policy, cfg.num_layers)?;
+    let start = match args.decode_start {
+        Some(i) if !ids.is_empty() => Some(index(i, ids.len(), "decode_start")?),
+        _ => None,
+    };
+    let prompt = PreparedPrompt::from_ids(ids, start).map_err(engine_err)?;
+    let t = prompt.len();
+    if args.attention && t > MAX_RECORDED_ATTENTION {
+        return Err(invalid(format!(
+            "{t} tokens: recording attention [heads, T, T] would need {} MB per layer; \
+             pass attention=False",
+            cfg.num_heads * t * t * 4 / 1_000_000
+        )));
+    }
+    let opts = ForwardOptions {
+        residuals: args.residuals,
+        attention: args.attention,
+    };
+    let record = detached(py, || {
+        forward(&session.model, &prompt, &spec, opts).map_err(engine_err)
+    })?;
+    let s = prompt.decode_start;
+    // the full model has a row for every position; keep those from s on
+    let logits = record
+        .logits
+        .narrow(0, s - record.first_row, t - s)
+        .map_err(candle_err)?;
+    let optional = |ts: &[candle_core::Tensor]| -> PyResult<Option<Py<PyAny>>> {
+        if ts.is_empty() {
+            Ok(None)
+        } else {
+            stacked_array(py, ts).map(Some)
+        }
+    };
+    Ok(Forward {
+        logits: tensor_array(py, &logits)?,
+        decode_start: s,
+        policy: resolved.to_string(),
+        embeddings: record
+            .embeddings
+            .as_ref()
+            .map(|e| tensor_array(py, e))
+            .transpose()?,
+        layer_out: optional(&record.layer_out)?,
+        attention: optional(&record.attention)?,
+        ids: prompt.ids,
+    })
+}

@@ -1,0 +1,162 @@
+"""Session.forward against an outside reference and against lcut's command line.
+
+- Hugging Face transformers' float32 runs of seven architectures
+  (fixtures/oracle/*: reference.safetensors, case.json): logits at full depth
+  and under every SPEED / SelfOnly policy listed there, every layer's residual
+  stream and attention, within 1e-4.
+- ``lcut forward``'s safetensors file for the same ids and policy: the same
+  logits bit for bit in float32 (and the same records at full depth).
+"""
+
+import json
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+import lcut
+from conftest import BUNDLED, ORACLE, SMOLLM2, missing, run_cli
+
+TOL = 1e-4
+CASES = sorted(p.parent.name for p in ORACLE.glob("*/case.json"))
+
+
+def policy_string(p: dict) -> str:
+    """A case.json policy written as lcut reads policies."""
+    kind = "selfonly" if p["self_only"] else "speed"
+    anchors = {(): "", (0,): "+bos"}[tuple(p["anchors"])]
+    return f"{kind}:{p['l_cut']}{anchors}"
+
+
+def max_abs(a: np.ndarray, b: np.ndarray) -> float:
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+
+
+def test_all_seven_reference_cases_are_here():
+    assert len(CASES) == 7, CASES
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_full_depth_matches_transformers(case):
+    ref = load_file(str(ORACLE / case / "reference.safetensors"))
+    session = lcut.load(ORACLE / case)
+    ids = ref["input_ids"].tolist()
+    out = session.forward(ids, decode_start=0)
+    assert out.logits.dtype == np.float32
+    assert max_abs(out.logits, ref["logits"]) <= TOL, case
+    layers = session.config.layers
+    assert out.layer_out.shape == (layers, len(ids), session.config.hidden)
+    assert out.attention.shape == (layers, session.config.heads, len(ids), len(ids))
+    for layer in range(layers):
+        assert max_abs(out.layer_out[layer], ref[f"layer_out.{layer}"]) <= TOL, (case, layer)
+        assert max_abs(out.attention[layer], ref[f"attn.{layer}"]) <= TOL, (case, layer)
+    if session.config.arch != "gemma2":  # transformers stores Gemma-2's unscaled lookup
+        assert max_abs(out.embeddings, ref["embeddings"]) <= TOL, case
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_listed_policy_matches_transformers(case):
+    spec = json.loads((ORACLE / case / "case.json").read_text())
+    ref = load_file(str(ORACLE / case / "reference.safetensors"))
+    session = lcut.load(ORACLE / case)
+    ids = ref["input_ids"].tolist()
+    assert len(spec["policies"]) >= 6
+    for p in spec["policies"]:
+        out = session.forward(
+            ids, policy=policy_string(p), decode_start=p["decode_start"], attention=False
+        )
+        want = ref[p["key"]]
+        assert out.logits.shape == want.shape == (len(ids) - p["decode_start"], want.shape[1])
+        assert max_abs(out.logits, want) <= TOL, (case, p["key"])
+
+
+def test_a_lora_adapter_gives_peft_logits():
+    ref = load_file(str(ORACLE / "lora" / "reference.safetensors"))
+    session = lcut.load(ORACLE / "llama-gqa", lora=ORACLE / "lora" / "adapter")
+    assert session.adapter["policy"] == "speed:4+bos"
+    assert session.adapter["mode"] == "merge"
+    ids = ref["input_ids"].tolist()
+    rows = ref["logits"].shape[0]
+    out = session.forward(ids, decode_start=-rows, residuals=False, attention=False)
+    assert max_abs(out.logits, ref["logits"]) <= TOL
+    base = lcut.load(ORACLE / "llama-gqa").forward(ids, decode_start=len(ids) - rows)
+    assert max_abs(base.logits, ref["logits"]) > 1e-2, "the adapter changed nothing"
+
+
+def cli_forward(lcut_bin, tmp_path, model, ids, policy, decode_start, *extra):
+    out = tmp_path / f"{policy.replace(':', '_').replace('/', '_')}.safetensors"
+    run_cli(
+        lcut_bin,
+        "forward",
+        "--model", model,
+        "--ids", ",".join(map(str, ids)),
+        "--policy", policy,
+        "--decode-start", decode_start,
+        "--out", out,
+        *extra,
+    )
+    return load_file(str(out))
+
+
+@pytest.mark.parametrize(
+    "model,policy",
+    [
+        (BUNDLED, "full"),
+        (BUNDLED, "speed:2+bos"),
+        (BUNDLED, "selfonly:3+bos"),
+        (ORACLE / "qwen3-qknorm", "full"),
+        (ORACLE / "gemma2-softcap", "speed:4"),
+        (ORACLE / "mistral-window", "speed:1/2+bos"),
+    ],
+)
+def test_logits_equal_lcut_forward_bit_for_bit(lcut_bin, tmp_path, model, policy):
+    session = lcut.load(model)
+    vocab = session.config.vocab
+    ids = [1] + [(7 * i + 3) % vocab for i in range(30)]
+    s = 20
+    file = cli_forward(lcut_bin, tmp_path, model, ids, policy, s)
+    ours = session.forward(ids, policy=policy, decode_start=s)
+    assert file["input_ids"].tolist() == ids
+    # the file holds every row at full depth, the decode rows under a policy
+    want = file["logits"][s:] if policy == "full" else file["logits"]
+    assert ours.logits.dtype == want.dtype == np.float32
+    assert ours.logits.shape == want.shape == (len(ids) - s, vocab)
+    assert np.array_equal(ours.logits, want), f"max diff {max_abs(ours.logits, want):e}"
+    if policy == "full":
+        assert np.array_equal(ours.embeddings, file["embeddings"])
+        for layer in range(session.config.layers):
+            assert np.array_equal(ours.layer_out[layer], file[f"layer_out.{layer}"])
+            assert np.array_equal(ours.attention[layer], file[f"attn.{layer}"])
+    else:
+        assert int(file["decode_start"][0]) == s == ours.decode_start
+
+
+def test_smollm2_quantized_logits_equal_lcut_forward(lcut_bin, tmp_path, smollm2):
+    ids = smollm2.tokenize("The access code is 5783. What is the access code?", chat=True)
+    s = len(ids) - 6
+    for policy in ["full", "speed:22+bos"]:
+        file = cli_forward(lcut_bin, tmp_path, SMOLLM2, ids, policy, s, "--dtype", "q", "--no-attention")
+        ours = smollm2.forward(ids, policy=policy, decode_start=s, attention=False)
+        want = file["logits"][s:] if policy == "full" else file["logits"]
+        assert np.array_equal(ours.logits, want), policy
+    # the speed rows really are another model's than full's
+    full = smollm2.forward(ids, decode_start=s, residuals=False, attention=False)
+    assert not np.array_equal(full.logits, ours.logits)
+
+
+def test_records_under_a_policy_mark_tokens_absent_above_the_cut(bundled):
+    ids = [2] + list(range(10, 30))
+    s = 15
+    out = bundled.forward(ids, policy="speed:2+bos", decode_start=s)
+    layers = bundled.config.layers
+    # below the cut every token has a hidden state; above it the prefill
+    # tokens (not BoS, not decode-phase) have none
+    assert np.isfinite(out.layer_out[:2]).all()
+    for layer in range(2, layers):
+        assert np.isnan(out.layer_out[layer, 1:s]).all()
+        assert np.isfinite(out.layer_out[layer, [0, *range(s, len(ids))]]).all()
+        # a decode query above the cut reads nothing of the prefill tokens
+        assert (out.attention[layer][:, s:, 1:s] == 0).all()
+        rows = out.attention[layer][:, s:, :].sum(-1)
+        assert np.allclose(rows, 1.0, atol=1e-5)
