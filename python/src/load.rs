@@ -96,6 +96,11 @@ pub fn open(py: Python<'_>, source: &LoadSource) -> PyResult<lcut_engine::Sessio
         let mut session =
             lcut_engine::Session::load_resolved(&resolved, source.mode, &source.device)
                 .map_err(engine_err)?;
+        // the cache in the command line's `--kv-dtype auto`
+        session
+            .model
+            .set_kv_dtype(source.mode.default_kv_dtype())
+            .map_err(|e| engine_err(e.into()))?;
         if let Some(dir) = &source.lora {
             let used = session
                 .put_adapter(dir, LoraMode::Merge, &[])

@@ -23,12 +23,15 @@ use crate::trace::{Trace, TraceArgs};
 ///
 /// Args:
 ///     path: a model folder in the Hugging Face layout (config.json,
-///         model.safetensors, tokenizer.json) or a ``.gguf`` file. None
-///         loads the small model bundled with lcut's sources (the source
-///         tree the package was built from).
+///         model.safetensors, tokenizer.json), a ``.gguf`` file, a Hugging
+///         Face cache name ``ORG/NAME[@REV]`` or an Ollama name
+///         ``NAME[:TAG]`` (found on disk, never downloaded). None loads the
+///         small model bundled with lcut's sources (the source tree the
+///         package was built from).
 ///     dtype: how the weights are held, as ``lcut --dtype``: ``"f32"``
 ///         (exact), ``"bf16"``, ``"f16"``, or ``"q"`` (a GGUF's matrices kept
-///         quantized, activations in f32).
+///         quantized, activations in f32). The K/V cache follows ``lcut
+///         --kv-dtype auto``: f16 for ``"q"``, the weights' dtype otherwise.
 ///     lora: a LoRA adapter folder (PEFT layout) merged into the weights.
 ///     device: ``"cpu"``, or ``"cuda"`` / ``"cuda:N"`` in a build with CUDA.
 ///

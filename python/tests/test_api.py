@@ -206,7 +206,7 @@ def test_eval_scores_a_suite_as_lcut_eval_does(bundled, lcut_bin, tmp_path):
 @pytest.mark.parametrize(
     "call,kind,message",
     [
-        (lambda s: lcut.load(REPO / "no-such-model"), FileNotFoundError, "no-such-model does not exist"),
+        (lambda s: lcut.load(REPO / "no-such-model"), FileNotFoundError, "no-such-model` is not on disk"),
         (lambda s: lcut.load(BUNDLED, dtype="f8"), ValueError, "dtype \"f8\""),
         (lambda s: lcut.load(BUNDLED, device="tpu"), ValueError, "unknown device"),
         (lambda s: lcut.load(BUNDLED, lora=REPO / "no-such-adapter"), FileNotFoundError, "no-such-adapter"),
@@ -232,6 +232,23 @@ def test_bad_input_raises_a_python_exception_naming_it(bundled, call, kind, mess
     with pytest.raises(kind, match=message) as err:
         call(bundled)
     assert isinstance(err.value, lcut.LcutError)
+
+
+def test_load_finds_a_model_by_its_hugging_face_cache_name(tmp_path, monkeypatch):
+    import shutil
+
+    repo = tmp_path / "hub" / "models--lcut-test--copy-model"
+    snapshot = repo / "snapshots" / "0123abcd"
+    shutil.copytree(BUNDLED, snapshot)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123abcd")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    by_name = lcut.load("lcut-test/copy-model")
+    by_path = lcut.load(BUNDLED)
+    ids = [2, 5, 9, 11]
+    assert np.array_equal(by_name.forward(ids).logits, by_path.forward(ids).logits)
+    with pytest.raises(FileNotFoundError, match="lcut-test/other"):
+        lcut.load("lcut-test/other")
 
 
 def test_unreadable_files_raise_lcut_errors_naming_the_file(tmp_path):

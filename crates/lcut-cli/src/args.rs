@@ -112,8 +112,7 @@ impl KvDtypeArg {
     /// The cache's dtype for weights loaded as `mode`.
     pub fn dtype(self, mode: WeightMode) -> DType {
         match (self, mode) {
-            (KvDtypeArg::Auto, WeightMode::Quantized) => DType::F16,
-            (KvDtypeArg::Auto, WeightMode::Dense(dt)) => dt,
+            (KvDtypeArg::Auto, mode) => mode.default_kv_dtype(),
             (KvDtypeArg::F32, _) => DType::F32,
             (KvDtypeArg::F16, _) => DType::F16,
             (KvDtypeArg::Bf16, _) => DType::BF16,

@@ -88,6 +88,17 @@ impl WeightMode {
             WeightMode::Quantized => DType::F32,
         }
     }
+
+    /// The K/V cache's dtype when the user leaves it to lcut (`--kv-dtype
+    /// auto`, the Python package's default): f16 for quantized weights, as
+    /// llama.cpp keeps its cache, the weights' own dtype otherwise (f32
+    /// stays the exact path).
+    pub fn default_kv_dtype(&self) -> DType {
+        match self {
+            WeightMode::Dense(dt) => *dt,
+            WeightMode::Quantized => DType::F16,
+        }
+    }
 }
 
 /// Default bound on one attention block's scores on the CPU (1 GiB in f32).
