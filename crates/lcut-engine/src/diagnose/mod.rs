@@ -1,5 +1,9 @@
-//! The diagnostic run: full-depth greedy generation over a prompt set with
-//! the diagnostic probe attached, turned into per-prompt traces and a report.
+//! The diagnostic run: greedy generation over a prompt set with the
+//! diagnostic probe attached, turned into per-prompt traces and a report.
+//! The run is at full depth; under another policy (`DiagnoseOptions::policy`)
+//! the same probe records what decode attends to under that policy (the
+//! paper's decode-time attention under SPEED+BoS): at a layer where a
+//! policy drops the prompt, its mass and map show what is left.
 
 mod curvature;
 mod policy_axis;
@@ -10,7 +14,7 @@ mod sweep;
 mod teacher;
 
 use lcut_model::Decoder;
-use lcut_policy::{Policy, TokenPhases};
+use lcut_policy::{Policy, PolicySpec, TokenPhases};
 use lcut_trace::{
     ModelIdentity, PromptTrace, Report, RunSettings, Series, Thresholds, TraceHeader,
 };
@@ -42,6 +46,8 @@ pub struct DiagnoseOptions {
     pub use_chat_template: bool,
     /// The prompts file, recorded in the report.
     pub prompts_file: Option<String>,
+    /// The policy the greedy runs are made under; the full model when absent.
+    pub policy: Option<PolicySpec>,
 }
 
 impl Default for DiagnoseOptions {
@@ -53,6 +59,7 @@ impl Default for DiagnoseOptions {
             shard: None,
             use_chat_template: true,
             prompts_file: None,
+            policy: None,
         }
     }
 }
@@ -219,7 +226,9 @@ pub fn diagnose_prepared(
         traces.push(trace);
         tell(on_event, &DiagnoseEvent::PromptDone { index: i, total })?;
     }
+    let policy = run_policy(opts, session.model.config().num_layers)?;
     let settings = RunSettings {
+        policy: (!policy.is_full_depth()).then(|| policy.to_string()),
         max_new_tokens: opts.max_new_tokens,
         prompts_file: opts.prompts_file.clone(),
         shard: opts.shard,
@@ -236,8 +245,17 @@ pub fn diagnose_prepared(
     )?)
 }
 
-/// Full-depth greedy generation of `prompt` with the diagnostic probe
-/// attached: the probe and the generated ids.
+/// The policy of the greedy runs: `opts.policy` resolved for a model of
+/// `layers` layers, the full model when none is given.
+fn run_policy(opts: &DiagnoseOptions, layers: usize) -> Result<Policy> {
+    Ok(match &opts.policy {
+        Some(spec) => spec.resolve(layers)?,
+        None => Policy::full(layers),
+    })
+}
+
+/// Greedy generation of `prompt` under the run's policy with the
+/// diagnostic probe attached: the probe and the generated ids.
 fn generate_probed(
     model: &Decoder,
     prompt: &PreparedPrompt,
@@ -252,7 +270,8 @@ fn generate_probed(
         ..GenerationConfig::default()
     };
     let layers = model.config().num_layers;
-    let mut generation = Generation::new(model, prompt.clone(), Policy::full(layers), config)?;
+    let policy = run_policy(opts, layers)?;
+    let mut generation = Generation::new(model, prompt.clone(), policy, config)?;
     let mut probe = DiagnosticProbe::new(phases, prompt.len(), layers);
     if !generation.prefill_with(Some(&mut probe), |p| {
         on_progress(PromptProgress::Prefill(p))
@@ -308,9 +327,9 @@ pub enum PromptProgress {
     Step(usize),
 }
 
-/// Full-depth greedy generation of one prompt with the diagnostic probe;
-/// `on_progress` hears of every prefill chunk and decode step and returns
-/// false to cancel.
+/// Greedy generation of one prompt with the diagnostic probe, at full depth
+/// or under `opts.policy`; `on_progress` hears of every prefill chunk and
+/// decode step and returns false to cancel.
 pub fn trace_prompt(
     model: &Decoder,
     lp: &LabelledPrompt,
