@@ -10,6 +10,29 @@ pub struct Line {
     pub name: String,
     /// The points.
     pub points: Vec<(f64, f64)>,
+    /// How it is drawn.
+    pub style: LineStyle,
+}
+
+/// How a line is drawn.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LineStyle {
+    /// Its colour's index in the palette; the series' own index when `None`
+    /// (two lines of one colour pair a measurement with its prediction).
+    pub colour: Option<usize>,
+    /// Dashed (a prediction beside the measurement it predicts).
+    pub dashed: bool,
+}
+
+impl Line {
+    /// A solid line in its series' colour.
+    pub fn new(name: impl Into<String>, points: Vec<(f64, f64)>) -> Self {
+        Self {
+            name: name.into(),
+            points,
+            style: LineStyle::default(),
+        }
+    }
 }
 
 /// A line chart.
@@ -163,7 +186,12 @@ impl LineChart {
     /// Series `i`: its path (broken at non-finite points), its dots when
     /// asked for, and its legend entry.
     fn write_line(&self, s: &mut String, sc: &Scale, i: usize, line: &Line) {
-        let colour = PALETTE[i % PALETTE.len()];
+        let colour = PALETTE[line.style.colour.unwrap_or(i) % PALETTE.len()];
+        let dash = if line.style.dashed {
+            " stroke-dasharray=\"6,4\""
+        } else {
+            ""
+        };
         let mut d = String::new();
         let mut pen_down = false;
         for &(x, y) in &line.points {
@@ -182,7 +210,7 @@ impl LineChart {
         }
         let _ = write!(
             s,
-            "<path d=\"{}\" fill=\"none\" stroke=\"{colour}\" stroke-width=\"1.8\"/>",
+            "<path d=\"{}\" fill=\"none\" stroke=\"{colour}\" stroke-width=\"1.8\"{dash}/>",
             d.trim_end()
         );
         if self.dots {
@@ -202,7 +230,7 @@ impl LineChart {
         let lx = LEFT + W + 12.0;
         let _ = write!(
             s,
-            "<line x1=\"{lx}\" x2=\"{}\" y1=\"{ly}\" y2=\"{ly}\" stroke=\"{colour}\" stroke-width=\"3\"/>\
+            "<line x1=\"{lx}\" x2=\"{}\" y1=\"{ly}\" y2=\"{ly}\" stroke=\"{colour}\" stroke-width=\"3\"{dash}/>\
              <text x=\"{}\" y=\"{}\">{}</text>",
             lx + 18.0,
             lx + 24.0,
@@ -266,16 +294,16 @@ mod tests {
     fn nan_breaks_the_line_into_two_subpaths() {
         let chart = LineChart {
             title: "t".into(),
-            lines: vec![Line {
-                name: "a".into(),
-                points: vec![
+            lines: vec![Line::new(
+                "a",
+                vec![
                     (0.0, 1.0),
                     (1.0, 2.0),
                     (2.0, f64::NAN),
                     (3.0, 1.0),
                     (4.0, 0.0),
                 ],
-            }],
+            )],
             vlines: vec![(2.5, "L_cut = 3".into())],
             hlines: vec![(0.5, "threshold".into())],
             dots: true,
@@ -307,10 +335,7 @@ mod tests {
     #[test]
     fn no_finite_points_says_no_data() {
         let chart = LineChart {
-            lines: vec![Line {
-                name: "a".into(),
-                points: vec![(0.0, f64::NAN)],
-            }],
+            lines: vec![Line::new("a", vec![(0.0, f64::NAN)])],
             ..LineChart::default()
         };
         assert!(chart.to_svg().contains("no data"));
