@@ -51,9 +51,11 @@ struct Grid {
 }
 
 impl Grid {
-    /// Cells sized to fill about 640 x 320 pixels, within readable bounds.
-    fn new(rows: usize, cols: usize) -> Self {
-        let cw = (640.0 / cols.max(1) as f64).clamp(2.0, 24.0);
+    /// Cells sized to fill about 640 x 320 pixels, within readable bounds
+    /// (wide enough for a name under each column when `named`).
+    fn new(rows: usize, cols: usize, named: bool) -> Self {
+        let widest = if named { 72.0 } else { 24.0 };
+        let cw = (640.0 / cols.max(1) as f64).clamp(2.0, widest);
         let ch = (320.0 / rows.max(1) as f64).clamp(3.0, 18.0);
         Self {
             rows,
@@ -70,7 +72,7 @@ impl Heatmap<'_> {
     /// The figure as one `<svg>` element.
     pub fn to_svg(&self) -> String {
         let (rows, cols) = self.values.dim();
-        let g = Grid::new(rows, cols);
+        let g = Grid::new(rows, cols, self.named_columns);
         // Wide enough for the title (about 7.5 px per bold 13 px character).
         let title_width = 7.5 * self.title.chars().count() as f64 + 40.0;
         let width = (LEFT + g.pw.max(160.0) + LEGEND).max(title_width);

@@ -22,6 +22,9 @@ pub struct LineStyle {
     pub colour: Option<usize>,
     /// Dashed (a prediction beside the measurement it predicts).
     pub dashed: bool,
+    /// Left out of the legend (a prediction in its measurement's colour,
+    /// which the caption explains).
+    pub unlisted: bool,
 }
 
 impl Line {
@@ -226,7 +229,12 @@ impl LineChart {
                 );
             }
         }
-        let ly = TOP + 10.0 + 16.0 * i as f64;
+        if line.style.unlisted {
+            return;
+        }
+        // the legend's slot: listed lines before this one
+        let slot = self.lines[..i].iter().filter(|l| !l.style.unlisted).count();
+        let ly = TOP + 10.0 + 16.0 * slot as f64;
         let lx = LEFT + W + 12.0;
         let _ = write!(
             s,
@@ -339,5 +347,33 @@ mod tests {
             ..LineChart::default()
         };
         assert!(chart.to_svg().contains("no data"));
+    }
+
+    #[test]
+    fn a_prediction_shares_its_measurements_colour_and_stays_out_of_the_legend() {
+        let measured = Line::new("speed", vec![(0.0, 1.0), (1.0, 0.8)]);
+        let predicted = Line {
+            name: "speed (model)".into(),
+            points: vec![(0.0, 1.0), (1.0, 0.75)],
+            style: LineStyle {
+                colour: Some(0),
+                dashed: true,
+                unlisted: true,
+            },
+        };
+        let other = Line::new("full", vec![(0.0, 1.0), (1.0, 1.0)]);
+        let svg = LineChart {
+            lines: vec![measured, predicted, other],
+            ..LineChart::default()
+        }
+        .to_svg();
+        let paths: Vec<&str> = svg.split("<path ").skip(1).collect();
+        assert_eq!(paths.len(), 3);
+        assert!(paths[0].contains(PALETTE[0]) && !paths[0].contains("dasharray"));
+        assert!(paths[1].contains(PALETTE[0]) && paths[1].contains("dasharray"));
+        assert!(paths[2].contains(PALETTE[2]));
+        assert!(!svg.contains("speed (model)"));
+        // the third line takes the second legend slot
+        assert!(svg.contains(&format!("y=\"{}\">full</text>", TOP + 10.0 + 16.0 + 4.0)));
     }
 }

@@ -124,7 +124,7 @@ fn timing_chart(
             points: at(measured),
             style: LineStyle {
                 colour: Some(k),
-                dashed: false,
+                ..LineStyle::default()
             },
         });
         lines.push(Line {
@@ -133,6 +133,7 @@ fn timing_chart(
             style: LineStyle {
                 colour: Some(k),
                 dashed: true,
+                unlisted: true,
             },
         });
     }
@@ -157,17 +158,17 @@ fn timing(r: &PaperReport) -> Vec<PaperFigure> {
         (
             "ttft",
             timing_chart(r, "TTFT", |t| t.ttft_ratio, |t| t.predicted_ttft_ratio),
-            "Time to first token over full's, measured in the same run (solid), beside prefill FLOPs over full's (dashed).",
+            "Time to first token over full's, measured in the same run (solid), beside prefill FLOPs over full's (dashed, in the policy's colour).",
         ),
         (
             "tpot",
             timing_chart(r, "TPOT", |t| t.tpot_ratio, |t| t.predicted_tpot_ratio),
-            "Time per output token over full's (solid), beside the bytes a decode step reads — every weight and the K/V decode reads — over full's (dashed).",
+            "Time per output token over full's (solid), beside the bytes a decode step reads — every weight and the K/V decode reads — over full's (dashed, in the policy's colour).",
         ),
         (
             "kv",
             timing_chart(r, "K/V held", |t| t.kv_ratio, |t| t.predicted_kv_ratio),
-            "K/V bytes held at the end over full's (solid), beside the cost formula (dashed).",
+            "K/V bytes held at the end over full's (solid), beside the cost formula (dashed, in the policy's colour).",
         ),
     ];
     charts
