@@ -12,7 +12,12 @@ use serde::{Deserialize, Serialize};
 /// The policy families the paper compares at the run's cut C, each
 /// anchor-free and with BoS (full is always first). One entry per family:
 /// a family added here appears in the table, Figure 2 and the loops.
-pub const COMPARED: &[PolicyKind] = &[PolicyKind::Speed, PolicyKind::SelfOnly];
+pub const COMPARED: &[PolicyKind] = &[
+    PolicyKind::Speed,
+    PolicyKind::SelfOnly,
+    // The projected prompt K/V family (`swiftkv:C`, alias `pop:C`), the
+    // paper's POP-24 and SwiftKV-24 baselines, is one more entry here.
+];
 
 /// The anchors each compared family runs with: the paper's baselines have
 /// none, SPEED+BoS keeps BoS.
