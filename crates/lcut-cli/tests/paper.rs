@@ -203,6 +203,15 @@ fn shards_merge_into_the_unsharded_run() {
     assert_eq!(merged.layers, whole.layers);
     assert_eq!(merged.masses, whole.masses);
     assert_eq!(merged.suite.shard, None);
+    // a shard's commands make that shard again; the merged run's, the whole
+    let shard = report(&tmp.path().join("s1"));
+    assert!(
+        shard
+            .parts
+            .iter()
+            .all(|p| p.command.contains("--shard 1/2"))
+    );
+    assert!(merged.parts.iter().all(|p| !p.command.contains("--shard")));
     // a shard given twice or missing is refused
     let err = fails(&[
         "paper-merge",

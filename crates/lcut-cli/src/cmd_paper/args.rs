@@ -120,11 +120,11 @@ pub struct Settings {
 
 impl Settings {
     /// The options that make `part` again into `out` (all parts when
-    /// `None`), at cut `cut`: the model, the suite, the preset, every
-    /// override and the resolved cut.
+    /// `None`), at cut `cut`: the model, the suite and the shard of it
+    /// (`[i, n]`), the preset, every override and the resolved cut.
     pub fn command(
         &self,
-        (model, suite): (&str, &str),
+        (model, suite, shard): (&str, &str, Option<[usize; 2]>),
         out: &Path,
         cut: Option<usize>,
         part: Option<PaperPart>,
@@ -134,6 +134,9 @@ impl Settings {
             format!("--model {}", quote(model)),
             format!("--suite {}", quote(suite)),
         ];
+        if let Some([i, n]) = shard {
+            words.push(format!("--shard {i}/{n}"));
+        }
         if self.quick {
             words.push("--quick".into());
         }
@@ -223,7 +226,7 @@ mod tests {
         let mut s = settings(true);
         s.sizes.loop_tokens = 40;
         let c = s.command(
-            ("m dir", "s.jsonl"),
+            ("m dir", "s.jsonl", None),
             Path::new("runs/p"),
             Some(3),
             Some(PaperPart::Loops),
@@ -233,7 +236,16 @@ mod tests {
             "lcut paper --model 'm dir' --suite s.jsonl --quick --cut 3 --max-len 512 \
              --loop-tokens 40 --out runs/p --parts loops"
         );
-        let c = settings(false).command(("m", "s"), Path::new("o"), None, None);
+        let c = settings(false).command(("m", "s", None), Path::new("o"), None, None);
         assert_eq!(c, "lcut paper --model m --suite s --max-len 512 --out o");
+    }
+
+    #[test]
+    fn the_command_of_a_shard_names_the_shard() {
+        let c = settings(false).command(("m", "s", Some([1, 4])), Path::new("o"), Some(22), None);
+        assert_eq!(
+            c,
+            "lcut paper --model m --suite s --shard 1/4 --cut 22 --max-len 512 --out o"
+        );
     }
 }

@@ -282,7 +282,12 @@ pub fn assemble(dir: &Path, manifest: &Manifest, model: &str) -> Result<PaperRep
     let table = category_rows(&complete(dir, PaperPart::Table)?, &timing);
     let mut parts = Vec::new();
     for part in PaperPart::ALL {
-        let command = settings.command((model, &manifest.suite.path), dir, Some(cut), Some(part));
+        let command = settings.command(
+            (model, &manifest.suite.path, manifest.suite.shard),
+            dir,
+            Some(cut),
+            Some(part),
+        );
         parts.extend(part_record(dir, part, command)?);
     }
     Ok(PaperReport {
