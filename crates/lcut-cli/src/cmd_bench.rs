@@ -141,12 +141,36 @@ pub struct BenchRow {
     pub read_bandwidth_gb_s: f64,
 }
 
+/// How each (policy, prompt length) is timed: `lcut bench`'s options, and
+/// `lcut paper`'s Figure 2, which times the same way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rounds {
+    /// New tokens per run.
+    pub new_tokens: usize,
+    /// Runs per (policy, length); the median is reported.
+    pub repeats: usize,
+    /// Prompt tokens per prefill chunk.
+    pub prefill_chunk: usize,
+}
+
+impl BenchArgs {
+    /// The timing options.
+    fn rounds(&self) -> Rounds {
+        Rounds {
+            new_tokens: self.new_tokens,
+            repeats: self.repeats,
+            prefill_chunk: self.prefill_chunk,
+        }
+    }
+}
+
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(|a, b| a.total_cmp(b));
     xs[xs.len() / 2]
 }
 
-fn random_prompt(len: usize, vocab: usize, bos: u32, seed: u64) -> Vec<u32> {
+/// A prompt of `len` random token ids (from 3 up) after `bos`.
+pub fn random_prompt(len: usize, vocab: usize, bos: u32, seed: u64) -> Vec<u32> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut ids: Vec<u32> = (0..len)
         .map(|_| rng.random_range(3..vocab as u32))
@@ -183,7 +207,7 @@ fn describe(args: &BenchArgs) {
 /// One short untimed generation per policy before measuring: the first use
 /// of each kernel loads it (and on a GPU compiles its PTX for the device),
 /// which would otherwise land in the first measured TTFT.
-fn warm_up(
+pub fn warm_up(
     model: &Decoder,
     policies: &[Policy],
     lengths: &[usize],
@@ -206,30 +230,30 @@ fn warm_up(
 
 /// One policy's rounds at one prompt length.
 #[derive(Default, Clone)]
-struct PolicyRuns {
+pub struct PolicyRuns {
     /// Each round's output.
     outs: Vec<GenerationOutput>,
     /// The prompt tokens each layer ran in the prefill (the last round's).
     prefill_rows: Vec<usize>,
 }
 
-/// Every policy on `prompt`, `args.repeats` rounds; rounds interleave the
+/// Every policy on `prompt`, `rounds.repeats` rounds; rounds interleave the
 /// policies so that load changes on the machine hit every policy alike.
-fn measure_rounds(
+pub fn measure_rounds(
     model: &Decoder,
     prompt: &PreparedPrompt,
     policies: &[Policy],
-    args: &BenchArgs,
+    rounds: Rounds,
     bar: &ProgressBar,
 ) -> Result<Vec<PolicyRuns>> {
     let len = prompt.len();
     let mut runs = vec![PolicyRuns::default(); policies.len()];
-    for _ in 0..args.repeats.max(1) {
+    for _ in 0..rounds.repeats.max(1) {
         for (k, policy) in policies.iter().enumerate() {
             bar.set_message(format!("{policy} @ {len}"));
             let config = GenerationConfig {
-                max_new_tokens: args.new_tokens,
-                prefill_chunk: args.prefill_chunk,
+                max_new_tokens: rounds.new_tokens,
+                prefill_chunk: rounds.prefill_chunk,
                 ..GenerationConfig::default()
             };
             let mut generation = Generation::new(model, prompt.clone(), *policy, config)?;
@@ -255,7 +279,7 @@ fn bench_row(
     policy: &Policy,
     runs: &PolicyRuns,
     len: usize,
-    args: &BenchArgs,
+    rounds: Rounds,
     (block, bandwidth): (usize, f64),
 ) -> Result<BenchRow> {
     let outs = &runs.outs;
@@ -275,8 +299,8 @@ fn bench_row(
         model.config(),
         model.dtype(),
         out.kv_bytes_formula,
-        len + args.new_tokens,
-        args.prefill_chunk,
+        len + rounds.new_tokens,
+        rounds.prefill_chunk,
         block,
     );
     Ok(BenchRow {
@@ -349,13 +373,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     for &len in &lengths {
         let ids = random_prompt(len, model.config().vocab_size, bos, len as u64);
         let prompt = PreparedPrompt::from_ids(ids, None)?;
-        let runs = measure_rounds(&model, &prompt, &policies, args, &bar)?;
+        let runs = measure_rounds(&model, &prompt, &policies, args.rounds(), &bar)?;
         rows.extend(rows_at_length(
             &model,
             &policies,
             &runs,
             (len, block, bandwidth),
-            args,
+            args.rounds(),
         )?);
     }
     bar.finish_and_clear();
@@ -440,12 +464,12 @@ fn bench_policies(args: &BenchArgs, num_layers: usize) -> Result<Vec<Policy>> {
 
 /// The rows of every policy at one prompt length, with their ratios to
 /// full's (the first policy).
-fn rows_at_length(
+pub fn rows_at_length(
     model: &Decoder,
     policies: &[Policy],
     runs: &[PolicyRuns],
     (len, block, bandwidth): (usize, usize, f64),
-    args: &BenchArgs,
+    rounds: Rounds,
 ) -> Result<Vec<BenchRow>> {
     let mut at_len: Vec<BenchRow> = Vec::new();
     for (policy, policy_runs) in policies.iter().zip(runs) {
@@ -454,7 +478,7 @@ fn rows_at_length(
             policy,
             policy_runs,
             len,
-            args,
+            rounds,
             (block, bandwidth),
         )?);
     }

@@ -130,6 +130,7 @@ pub fn options(args: &DiagnoseArgs, prompts_file: Option<String>) -> Result<Diag
         shard: args.shard.as_deref().map(parse_shard).transpose()?,
         use_chat_template: !args.raw,
         prompts_file,
+        policy: None,
     })
 }
 

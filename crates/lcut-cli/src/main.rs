@@ -8,6 +8,7 @@ mod cmd_eval;
 mod cmd_forward;
 mod cmd_generate;
 mod cmd_models;
+mod cmd_paper;
 mod cmd_parity;
 mod cmd_report;
 mod cmd_suite;
@@ -60,6 +61,12 @@ enum Command {
     Generate(Box<cmd_generate::GenerateArgs>),
     /// TTFT, TPOT and KV bytes per policy and prompt length, as ratios to full.
     Bench(cmd_bench::BenchArgs),
+    /// The SPEED paper's figures and tables for one model in one report
+    /// (resumable, shardable): attention mass, timing, per-category layers,
+    /// retrieval by length, the category table, repetition loops.
+    Paper(Box<cmd_paper::PaperArgs>),
+    /// Join the folders of `lcut paper --shard` runs into the whole run's report.
+    PaperMerge(cmd_paper::PaperMergeArgs),
     /// Check logits on a device and dtype against the transformers reference cases.
     Parity(cmd_parity::ParityArgs),
     /// Token ids of a text (comma-separated on the last line); --chat renders it as a user message.
@@ -121,6 +128,8 @@ fn main() -> anyhow::Result<()> {
         Command::Forward(a) => cmd_forward::run(a),
         Command::Generate(a) => cmd_generate::run(a),
         Command::Bench(a) => cmd_bench::run(a),
+        Command::Paper(a) => cmd_paper::run(a),
+        Command::PaperMerge(a) => cmd_paper::merge(a),
         Command::Parity(a) => cmd_parity::run(a),
         Command::Tokenize(a) => cmd_tokenize::run(a),
         Command::Models(a) => cmd_models::run(a),

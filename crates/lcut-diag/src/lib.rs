@@ -6,6 +6,9 @@
 //! - [`aggregate`] traces into per-layer curves, and [`tail_mass`];
 //! - [`recommend`] an L_cut from three signals' votes;
 //! - the sweep's [`knee`], and the prefill [`prefill_flops`] model;
+//! - a policy's [`predict_cost`] (prefill FLOPs, decode bytes, K/V held)
+//!   from one sequence's `Visibility`;
+//! - whether a generation [`ends_in_loop`] (a repeated suffix);
 //! - [`build_report`] from traces and [`merge`] shard reports, sweeps of
 //!   prompt shards pooled by [`merge_teacher_forced`].
 //!
@@ -24,7 +27,9 @@ mod masses;
 mod merge;
 mod policy_merge;
 mod pooled;
+mod predict;
 mod recommend;
+mod repetition;
 mod sweep_merge;
 pub mod synthetic;
 mod tail;
@@ -39,6 +44,10 @@ pub use flops::{
 pub use knee::{finish_sweep, knee};
 pub use masses::{PhaseMasses, PrefillEntropy, phase_masses, prefill_entropy};
 pub use merge::{build_report, merge};
+pub use predict::{ByteSizes, PredictedCost, predict_cost, visibility_prefill_flops};
 pub use recommend::{recommend, vote_curvature_plateau, vote_selective_band, vote_tail_mass};
+pub use repetition::{
+    LOOP_MAX_PERIOD, LOOP_MIN_REPEATS, RepeatedSuffix, ends_in_loop, repeated_suffix,
+};
 pub use sweep_merge::{merge_sweep_points, merge_teacher_forced};
 pub use tail::tail_mass;

@@ -40,6 +40,7 @@ pub fn synthetic_settings() -> RunSettings {
         thresholds: Thresholds::default(),
         chat_template_used: true,
         max_prompt_bins: 16,
+        policy: None,
     }
 }
 

@@ -166,6 +166,63 @@ fn merged_shards_equal_the_unsharded_run() -> Result<()> {
 }
 
 #[test]
+fn the_probe_runs_under_a_policy_and_sees_the_prompt_only_below_its_cut() -> Result<()> {
+    let session = Session::load(&oracle("qwen2-bias"), DType::F32, &Device::Cpu)?;
+    let layers = session.model.config().num_layers;
+    let cut = layers / 2;
+    let prompts = id_prompts(3)?;
+    let full_opts = DiagnoseOptions {
+        max_new_tokens: 4,
+        ..DiagnoseOptions::default()
+    };
+    let speed_opts = DiagnoseOptions {
+        policy: Some(format!("speed:{cut}+bos").parse()?),
+        ..full_opts.clone()
+    };
+    let full = diagnose_prepared(&session, &prompts, &full_opts, &mut |_| true)?;
+    let speed = diagnose_prepared(&session, &prompts, &speed_opts, &mut |_| true)?;
+    ensure!(full.settings.policy.is_none());
+    ensure!(speed.settings.policy.as_deref() == Some(format!("speed:{cut}+bos").as_str()));
+    for (f, t) in full.traces.iter().zip(&speed.traces) {
+        let total = t.mass_totals();
+        ensure!(total.iter().all(|&x| (x - 1.0).abs() < 1e-4), "{}", t.id);
+        let (prefill, full_prefill) = (t.prefill.view(), f.prefill.view());
+        // above the cut the prompt is gone: no mass on it at any step
+        ensure!(
+            prefill.slice(s![cut.., .., ..]).iter().all(|&m| m == 0.0),
+            "{}: prefill mass above the cut",
+            t.id
+        );
+        // below it the first step (the last prompt token) computes what
+        // the full model computes, and reads the prompt
+        let (a, b) = (
+            prefill.slice(s![..cut, 0, ..]),
+            full_prefill.slice(s![..cut, 0, ..]),
+        );
+        ensure!(
+            a.iter().any(|&m| m > 0.01),
+            "{}: no prefill mass below the cut",
+            t.id
+        );
+        for (x, y) in a.iter().zip(b.iter()) {
+            ensure!(
+                (x - y).abs() < 1e-5,
+                "{}: step 0 below the cut {x} vs {y}",
+                t.id
+            );
+        }
+    }
+    // a cut out of range is refused by name
+    let bad = DiagnoseOptions {
+        policy: Some(format!("speed:{}+bos", layers + 1).parse()?),
+        ..full_opts
+    };
+    let err = diagnose_prepared(&session, &prompts, &bad, &mut |_| true).unwrap_err();
+    ensure!(err.to_string().contains(&(layers + 1).to_string()), "{err}");
+    Ok(())
+}
+
+#[test]
 fn cancelling_stops_a_run() -> Result<()> {
     let session = Session::load(&oracle("llama-gqa"), DType::F32, &Device::Cpu)?;
     let prompts = id_prompts(3)?;

@@ -28,10 +28,7 @@ pub fn default_prompt(r: &Report) -> Option<usize> {
 }
 
 fn series(name: &str, xs: impl Iterator<Item = f64>, ys: &[f32]) -> Line {
-    Line {
-        name: name.to_string(),
-        points: xs.zip(ys).map(|(x, &y)| (x, f64::from(y))).collect(),
-    }
+    Line::new(name, xs.zip(ys).map(|(x, &y)| (x, f64::from(y))).collect())
 }
 
 fn layers(n: usize) -> impl Iterator<Item = f64> {
@@ -59,6 +56,8 @@ fn layer_heatmap(
         values,
         col_names,
         cut: Some(r.recommendation.l_cut),
+        range: None,
+        named_columns: false,
     }
     .to_svg();
     Figure {
@@ -261,13 +260,12 @@ fn sweep_curve(r: &Report, sweep: &Sweep) -> Figure {
                 .filter(|p| p.anchors_label() == *a)
                 .collect();
             pts.sort_by_key(|p| p.l_cut());
-            Line {
-                name: format!("anchors: {a}"),
-                points: pts
-                    .iter()
+            Line::new(
+                format!("anchors: {a}"),
+                pts.iter()
                     .map(|p| (f64::from(p.kv_ratio), f64::from(p.top1_agreement)))
                     .collect(),
-            }
+            )
         })
         .collect();
     let labels = sweep

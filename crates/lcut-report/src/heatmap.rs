@@ -21,6 +21,12 @@ pub struct Heatmap<'a> {
     pub col_names: Vec<String>,
     /// Draw a line between rows `cut - 1` and `cut` (the recommended L_cut).
     pub cut: Option<usize>,
+    /// The values the colour scale runs between (so that several heatmaps
+    /// share one scale); the data's own range when `None`.
+    pub range: Option<(f32, f32)>,
+    /// Label the columns with `col_names` instead of their numbers (a few
+    /// named columns, such as attention phases).
+    pub named_columns: bool,
 }
 
 const LEFT: f64 = 56.0;
@@ -45,9 +51,11 @@ struct Grid {
 }
 
 impl Grid {
-    /// Cells sized to fill about 640 x 320 pixels, within readable bounds.
-    fn new(rows: usize, cols: usize) -> Self {
-        let cw = (640.0 / cols.max(1) as f64).clamp(2.0, 24.0);
+    /// Cells sized to fill about 640 x 320 pixels, within readable bounds
+    /// (wide enough for a name under each column when `named`).
+    fn new(rows: usize, cols: usize, named: bool) -> Self {
+        let widest = if named { 72.0 } else { 24.0 };
+        let cw = (640.0 / cols.max(1) as f64).clamp(2.0, widest);
         let ch = (320.0 / rows.max(1) as f64).clamp(3.0, 18.0);
         Self {
             rows,
@@ -64,13 +72,13 @@ impl Heatmap<'_> {
     /// The figure as one `<svg>` element.
     pub fn to_svg(&self) -> String {
         let (rows, cols) = self.values.dim();
-        let g = Grid::new(rows, cols);
+        let g = Grid::new(rows, cols, self.named_columns);
         // Wide enough for the title (about 7.5 px per bold 13 px character).
         let title_width = 7.5 * self.title.chars().count() as f64 + 40.0;
         let width = (LEFT + g.pw.max(160.0) + LEGEND).max(title_width);
         let height = TOP + g.ph.max(40.0) + BOTTOM;
         let mut s = open(width, height, self.title);
-        let Some((lo, hi)) = finite_range(self.values.iter().copied()) else {
+        let Some(data) = finite_range(self.values.iter().copied()) else {
             let _ = write!(
                 s,
                 "<text x=\"{}\" y=\"{}\">no data</text></svg>",
@@ -79,8 +87,10 @@ impl Heatmap<'_> {
             );
             return s;
         };
+        let (lo, hi) = self.range.filter(|(lo, hi)| hi > lo).unwrap_or(data);
         self.cells(&mut s, &g, (lo, hi));
-        tick_labels(&mut s, &g);
+        let names = self.named_columns.then_some(self.col_names.as_slice());
+        tick_labels(&mut s, &g, names);
         self.cut_line(&mut s, &g);
         let _ = write!(
             s,
@@ -148,8 +158,9 @@ impl Heatmap<'_> {
     }
 }
 
-/// Row numbers on the left (at most 16) and column numbers below (at most 12).
-fn tick_labels(s: &mut String, g: &Grid) {
+/// Row numbers on the left (at most 16) and column numbers (or `names`)
+/// below (at most 12).
+fn tick_labels(s: &mut String, g: &Grid, names: Option<&[String]>) {
     let (rows, cols, cw, ch, ph) = (g.rows, g.cols, g.cw, g.ch, g.ph);
     let every = label_every(rows, 16);
     for r in (0..rows).step_by(every) {
@@ -165,8 +176,11 @@ fn tick_labels(s: &mut String, g: &Grid) {
         let x = LEFT + c as f64 * cw + cw / 2.0;
         let _ = write!(
             s,
-            "<text x=\"{x:.2}\" y=\"{}\" text-anchor=\"middle\">{c}</text>",
-            TOP + ph + 13.0
+            "<text x=\"{x:.2}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
+            TOP + ph + 13.0,
+            names
+                .and_then(|n| n.get(c))
+                .map_or_else(|| c.to_string(), |n| escape(n))
         );
     }
 }
@@ -186,6 +200,8 @@ mod tests {
             values: v.view(),
             col_names: vec!["a".into(), "b&c".into(), "c".into()],
             cut: Some(1),
+            range: None,
+            named_columns: false,
         }
         .to_svg();
         assert!(svg.starts_with("<svg") && svg.ends_with("</svg>"));
@@ -208,8 +224,29 @@ mod tests {
             values: v.view(),
             col_names: vec![],
             cut: None,
+            range: None,
+            named_columns: false,
         }
         .to_svg();
         assert!(svg.contains("no data") && svg.ends_with("</svg>"));
+    }
+
+    #[test]
+    fn a_fixed_range_and_named_columns() {
+        let v = array![[0.25f32, 0.5]];
+        let svg = Heatmap {
+            title: "t",
+            x_label: "",
+            y_label: "",
+            values: v.view(),
+            col_names: vec!["prefill".into(), "B&S".into()],
+            cut: None,
+            range: Some((0.0, 1.0)),
+            named_columns: true,
+        }
+        .to_svg();
+        // 0.5 on a 0..1 scale is viridis' middle, not its top
+        assert!(svg.contains(&format!("{}\"><title>layer 0, B&amp;S", viridis(0.5))));
+        assert!(svg.contains(">prefill</text>") && svg.contains(">B&amp;S</text>"));
     }
 }

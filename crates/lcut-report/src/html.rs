@@ -19,7 +19,7 @@ pub struct HtmlOptions {
     pub prompt: Option<usize>,
 }
 
-const STYLE: &str = "body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}\
+pub(crate) const STYLE: &str = "body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}\
 h1{font-size:1.5em}h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ddd}\
 table{border-collapse:collapse;font-size:.85em;margin:.5em 0}\
 td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}th{background:#f3f3f3}\
@@ -28,7 +28,8 @@ figure{margin:1.5em 0}figcaption{font-size:.85em;color:#555}\
 .cut{font-size:1.3em;padding:.6em 1em;background:#fdf1f1;border-left:4px solid #d62728}\
 pre{white-space:pre-wrap;background:#f7f7f7;padding:.8em}";
 
-fn table(out: &mut String, t: &Table) {
+/// Writes `t` as an HTML table.
+pub(crate) fn table(out: &mut String, t: &Table) {
     out.push_str("<table><thead><tr>");
     for h in &t.headers {
         let _ = write!(out, "<th>{}</th>", escape(h));

@@ -1,12 +1,15 @@
 //! Export of lcut reports: one self-contained HTML file (inline SVG figures,
 //! no external assets), Markdown, CSV of the per-layer curves, and the JSON
-//! report itself. Every file is written atomically (temporary file + rename).
+//! report itself; and the report of `lcut paper` (the SPEED paper's figures
+//! and tables for one model, [`write_paper`]). Every file is written
+//! atomically (temporary file + rename).
 //!
 //! No candle, no plotting library: the SVG is written by hand.
 
 // Tests unwrap freely; the library itself is still linted (clippy builds both).
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+mod bars;
 mod csv;
 mod error;
 mod figures;
@@ -14,6 +17,7 @@ mod heatmap;
 mod html;
 mod lines;
 mod markdown;
+mod paper;
 mod svg;
 mod tables;
 
@@ -22,13 +26,18 @@ use std::str::FromStr;
 
 use lcut_trace::{Report, write_atomic};
 
+pub use bars::{BarChart, BarSeries};
 pub use csv::{COLUMNS as CSV_COLUMNS, render_csv};
 pub use error::ReportError;
 pub use figures::{Figure, default_prompt, figures};
 pub use heatmap::Heatmap;
 pub use html::{HtmlOptions, render_html};
-pub use lines::{Line, LineChart};
+pub use lines::{Line, LineChart, LineStyle};
 pub use markdown::render_markdown;
+pub use paper::{
+    CSV_DIR, FIGURES_DIR, PaperFigure, paper_figures, part_csv, render_paper_html,
+    render_paper_markdown, standalone_svg, write_paper,
+};
 pub use tables::expected_accuracy_line;
 
 /// An export format.

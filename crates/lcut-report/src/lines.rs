@@ -10,6 +10,32 @@ pub struct Line {
     pub name: String,
     /// The points.
     pub points: Vec<(f64, f64)>,
+    /// How it is drawn.
+    pub style: LineStyle,
+}
+
+/// How a line is drawn.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LineStyle {
+    /// Its colour's index in the palette; the series' own index when `None`
+    /// (two lines of one colour pair a measurement with its prediction).
+    pub colour: Option<usize>,
+    /// Dashed (a prediction beside the measurement it predicts).
+    pub dashed: bool,
+    /// Left out of the legend (a prediction in its measurement's colour,
+    /// which the caption explains).
+    pub unlisted: bool,
+}
+
+impl Line {
+    /// A solid line in its series' colour.
+    pub fn new(name: impl Into<String>, points: Vec<(f64, f64)>) -> Self {
+        Self {
+            name: name.into(),
+            points,
+            style: LineStyle::default(),
+        }
+    }
 }
 
 /// A line chart.
@@ -163,7 +189,12 @@ impl LineChart {
     /// Series `i`: its path (broken at non-finite points), its dots when
     /// asked for, and its legend entry.
     fn write_line(&self, s: &mut String, sc: &Scale, i: usize, line: &Line) {
-        let colour = PALETTE[i % PALETTE.len()];
+        let colour = PALETTE[line.style.colour.unwrap_or(i) % PALETTE.len()];
+        let dash = if line.style.dashed {
+            " stroke-dasharray=\"6,4\""
+        } else {
+            ""
+        };
         let mut d = String::new();
         let mut pen_down = false;
         for &(x, y) in &line.points {
@@ -182,7 +213,7 @@ impl LineChart {
         }
         let _ = write!(
             s,
-            "<path d=\"{}\" fill=\"none\" stroke=\"{colour}\" stroke-width=\"1.8\"/>",
+            "<path d=\"{}\" fill=\"none\" stroke=\"{colour}\" stroke-width=\"1.8\"{dash}/>",
             d.trim_end()
         );
         if self.dots {
@@ -198,11 +229,16 @@ impl LineChart {
                 );
             }
         }
-        let ly = TOP + 10.0 + 16.0 * i as f64;
+        if line.style.unlisted {
+            return;
+        }
+        // the legend's slot: listed lines before this one
+        let slot = self.lines[..i].iter().filter(|l| !l.style.unlisted).count();
+        let ly = TOP + 10.0 + 16.0 * slot as f64;
         let lx = LEFT + W + 12.0;
         let _ = write!(
             s,
-            "<line x1=\"{lx}\" x2=\"{}\" y1=\"{ly}\" y2=\"{ly}\" stroke=\"{colour}\" stroke-width=\"3\"/>\
+            "<line x1=\"{lx}\" x2=\"{}\" y1=\"{ly}\" y2=\"{ly}\" stroke=\"{colour}\" stroke-width=\"3\"{dash}/>\
              <text x=\"{}\" y=\"{}\">{}</text>",
             lx + 18.0,
             lx + 24.0,
@@ -266,16 +302,16 @@ mod tests {
     fn nan_breaks_the_line_into_two_subpaths() {
         let chart = LineChart {
             title: "t".into(),
-            lines: vec![Line {
-                name: "a".into(),
-                points: vec![
+            lines: vec![Line::new(
+                "a",
+                vec![
                     (0.0, 1.0),
                     (1.0, 2.0),
                     (2.0, f64::NAN),
                     (3.0, 1.0),
                     (4.0, 0.0),
                 ],
-            }],
+            )],
             vlines: vec![(2.5, "L_cut = 3".into())],
             hlines: vec![(0.5, "threshold".into())],
             dots: true,
@@ -307,12 +343,37 @@ mod tests {
     #[test]
     fn no_finite_points_says_no_data() {
         let chart = LineChart {
-            lines: vec![Line {
-                name: "a".into(),
-                points: vec![(0.0, f64::NAN)],
-            }],
+            lines: vec![Line::new("a", vec![(0.0, f64::NAN)])],
             ..LineChart::default()
         };
         assert!(chart.to_svg().contains("no data"));
+    }
+
+    #[test]
+    fn a_prediction_shares_its_measurements_colour_and_stays_out_of_the_legend() {
+        let measured = Line::new("speed", vec![(0.0, 1.0), (1.0, 0.8)]);
+        let predicted = Line {
+            name: "speed (model)".into(),
+            points: vec![(0.0, 1.0), (1.0, 0.75)],
+            style: LineStyle {
+                colour: Some(0),
+                dashed: true,
+                unlisted: true,
+            },
+        };
+        let other = Line::new("full", vec![(0.0, 1.0), (1.0, 1.0)]);
+        let svg = LineChart {
+            lines: vec![measured, predicted, other],
+            ..LineChart::default()
+        }
+        .to_svg();
+        let paths: Vec<&str> = svg.split("<path ").skip(1).collect();
+        assert_eq!(paths.len(), 3);
+        assert!(paths[0].contains(PALETTE[0]) && !paths[0].contains("dasharray"));
+        assert!(paths[1].contains(PALETTE[0]) && paths[1].contains("dasharray"));
+        assert!(paths[2].contains(PALETTE[2]));
+        assert!(!svg.contains("speed (model)"));
+        // the third line takes the second legend slot
+        assert!(svg.contains(&format!("y=\"{}\">full</text>", TOP + 10.0 + 16.0 + 4.0)));
     }
 }

@@ -10,13 +10,15 @@ use crate::tables::{
     prompt_table, recall_table, sweep_table, votes_table,
 };
 
-fn cell(s: &str) -> String {
+/// Escapes text for a Markdown table cell.
+pub(crate) fn cell(s: &str) -> String {
     s.replace('\\', "\\\\")
         .replace('|', "\\|")
         .replace('\n', " ")
 }
 
-fn table(out: &mut String, t: &Table) {
+/// Writes `t` as a Markdown table.
+pub(crate) fn table(out: &mut String, t: &Table) {
     let row = |cells: &[String]| {
         format!(
             "| {} |\n",

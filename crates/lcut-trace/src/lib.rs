@@ -9,6 +9,8 @@
 //! Files are written atomically ([`write_atomic`]); reading checks
 //! [`SCHEMA_VERSION`] and every shape, and errors name the file and field.
 //! The per-layer series of the curves are described once in [`LAYER_METRICS`].
+//! A [`PaperReport`] holds what `lcut paper` found for one model: the SPEED
+//! paper's six parts, each with the command and settings that made it.
 //! Trace size is bounded independently of prompt length (see [`trace_size_bound`]).
 //!
 //! This crate does not depend on candle.
@@ -23,6 +25,7 @@ pub mod floats;
 mod identity;
 mod io;
 mod metrics;
+mod paper;
 mod report;
 mod settings;
 mod size;
@@ -39,6 +42,10 @@ pub use io::{
     read_json, read_report_json, write_atomic, write_file_atomic, write_json, write_report_json,
 };
 pub use metrics::{Indexing, LAYER_METRICS, LayerMetric, MetricAxis};
+pub use paper::{
+    CategoryCurves, CategoryRow, LengthAccuracy, LoopRow, PAPER_SCHEMA_VERSION, PaperPart,
+    PaperReport, PartRecord, PolicyCurves, TimingPoint,
+};
 pub use report::{
     CutoffAccuracy, PolicyCounts, PolicyPoint, Recommendation, Report, SCHEMA_VERSION, SuiteSource,
     Sweep, Votes,

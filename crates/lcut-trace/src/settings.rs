@@ -57,6 +57,10 @@ pub struct RunSettings {
     pub chat_template_used: bool,
     /// Most columns of the layer × prompt-position heatmap (see [`crate::bin_edges`]).
     pub max_prompt_bins: usize,
+    /// The policy the greedy runs were made under, resolved; absent for the
+    /// full model (the diagnostics' usual run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
 }
 
 impl RunSettings {

@@ -240,6 +240,7 @@ fn report(rng: &mut StdRng) -> Report {
             },
             chat_template_used: rng.random(),
             max_prompt_bins: rng.random_range(2..64),
+            policy: rng.random_bool(0.3).then(|| text(rng)),
         },
         traces,
         curves,

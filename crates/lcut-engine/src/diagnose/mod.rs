@@ -1,5 +1,9 @@
-//! The diagnostic run: full-depth greedy generation over a prompt set with
-//! the diagnostic probe attached, turned into per-prompt traces and a report.
+//! The diagnostic run: greedy generation over a prompt set with the
+//! diagnostic probe attached, turned into per-prompt traces and a report.
+//! The run is at full depth; under another policy (`DiagnoseOptions::policy`)
+//! the same probe records what decode attends to under that policy (the
+//! paper's decode-time attention under SPEED+BoS): at a layer where a
+//! policy drops the prompt, its mass and map show what is left.
 
 mod attention_row;
 mod curvature;
@@ -11,7 +15,7 @@ mod sweep;
 mod teacher;
 
 use lcut_model::Decoder;
-use lcut_policy::{Policy, TokenPhases};
+use lcut_policy::{Policy, PolicySpec, TokenPhases};
 use lcut_trace::{
     ModelIdentity, PromptTrace, Report, RunSettings, Series, Thresholds, TraceHeader,
 };
@@ -44,6 +48,8 @@ pub struct DiagnoseOptions {
     pub use_chat_template: bool,
     /// The prompts file, recorded in the report.
     pub prompts_file: Option<String>,
+    /// The policy the greedy runs are made under; the full model when absent.
+    pub policy: Option<PolicySpec>,
 }
 
 impl Default for DiagnoseOptions {
@@ -55,6 +61,7 @@ impl Default for DiagnoseOptions {
             shard: None,
             use_chat_template: true,
             prompts_file: None,
+            policy: None,
         }
     }
 }
@@ -221,7 +228,9 @@ pub fn diagnose_prepared(
         traces.push(trace);
         tell(on_event, &DiagnoseEvent::PromptDone { index: i, total })?;
     }
+    let policy = run_policy(opts, session.model.config().num_layers)?;
     let settings = RunSettings {
+        policy: (!policy.is_full_depth()).then(|| policy.to_string()),
         max_new_tokens: opts.max_new_tokens,
         prompts_file: opts.prompts_file.clone(),
         shard: opts.shard,
@@ -236,6 +245,15 @@ pub fn diagnose_prepared(
         traces,
         None,
     )?)
+}
+
+/// The policy of the greedy runs: `opts.policy` resolved for a model of
+/// `layers` layers, the full model when none is given.
+fn run_policy(opts: &DiagnoseOptions, layers: usize) -> Result<Policy> {
+    Ok(match &opts.policy {
+        Some(spec) => spec.resolve(layers)?,
+        None => Policy::full(layers),
+    })
 }
 
 /// The greedy generation a trace records: `policy`, the run's token budget
@@ -322,9 +340,9 @@ pub enum PromptProgress {
     Step(usize),
 }
 
-/// Full-depth greedy generation of one prompt with the diagnostic probe;
-/// `on_progress` hears of every prefill chunk and decode step and returns
-/// false to cancel.
+/// Greedy generation of one prompt with the diagnostic probe, at full depth
+/// or under `opts.policy`; `on_progress` hears of every prefill chunk and
+/// decode step and returns false to cancel.
 pub fn trace_prompt(
     model: &Decoder,
     lp: &LabelledPrompt,
@@ -333,11 +351,11 @@ pub fn trace_prompt(
     token_strings: &dyn Fn(&[u32]) -> Vec<String>,
     on_progress: &mut dyn FnMut(PromptProgress) -> bool,
 ) -> Result<PromptTrace> {
-    let full = Policy::full(model.config().num_layers);
+    let policy = run_policy(opts, model.config().num_layers)?;
     trace_prompt_under(
         model,
         lp,
-        full,
+        policy,
         opts,
         stop_tokens,
         token_strings,
@@ -345,8 +363,9 @@ pub fn trace_prompt(
     )
 }
 
-/// [`trace_prompt`] under any policy: the greedy generation runs under
-/// `policy` (the masses then show what its decode tokens read of what it
+/// [`trace_prompt`] under `policy` whatever `opts.policy` says (the Python
+/// package traces one prompt under the policy its caller names): the
+/// greedy generation runs under `policy` (the masses then show what its decode tokens read of what it
 /// keeps), the masses are split by the same phases as at full depth.
 pub fn trace_prompt_under(
     model: &Decoder,

@@ -1,0 +1,89 @@
+//! What every part runner shares: the run it belongs to, the shard of a
+//! unit list, and running a part's units with progress and resumption.
+
+use std::path::Path;
+
+use anyhow::Result;
+use lcut_engine::diagnose::shard_indices;
+use lcut_trace::PaperPart;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use super::plan::{missing_for, spread_by_kind};
+use super::progress::PartProgress;
+use super::setup::Setup;
+use super::store::{PartFile, PartPlan, run_part};
+
+/// A run's setup, its folder and its cut C.
+pub struct Ctx<'a> {
+    /// Model, adapters, suite and settings.
+    pub setup: &'a Setup,
+    /// The run's folder.
+    pub dir: &'a Path,
+    /// The cut the policies are compared at.
+    pub cut: usize,
+}
+
+impl Ctx<'_> {
+    /// This run's shard of `units` (all of them unsharded).
+    pub fn shard_of(&self, units: &[usize]) -> Result<Vec<usize>> {
+        Ok(shard_indices(units.len(), self.setup.shard)?
+            .into_iter()
+            .map(|k| units[k])
+            .collect())
+    }
+
+    /// The suite items diagnosed and generated at length: the preset's
+    /// number of each kind, spread over the kind (this shard's of them).
+    pub fn spread_items(&self) -> Result<Vec<usize>> {
+        let per_kind = self.setup.settings.sizes.items_per_kind;
+        self.shard_of(&spread_by_kind(&self.setup.kinds(), per_kind))
+    }
+
+    /// Why `part` is skipped on this suite, if it is.
+    pub fn skip_note(&self, part: PaperPart) -> Option<String> {
+        missing_for(part, &self.setup.kinds())
+    }
+
+    /// Run `part`'s `units` (none, with `note`, when the part is skipped)
+    /// with a progress bar; `work(unit, progress)` makes one unit and
+    /// `label(unit)` names it in the log.
+    pub fn run_units<T: Serialize + DeserializeOwned>(
+        &self,
+        (part, settings): (PaperPart, Value),
+        units: Vec<usize>,
+        label: &dyn Fn(usize) -> String,
+        work: &mut dyn FnMut(usize, &PartProgress) -> Result<T>,
+    ) -> Result<PartFile<T>> {
+        let note = self.skip_note(part);
+        let units = if note.is_some() { Vec::new() } else { units };
+        let progress = PartProgress::new(part);
+        let plan = PartPlan {
+            dir: self.dir,
+            part,
+            settings,
+            units,
+            note,
+        };
+        let file = run_part(
+            plan,
+            &mut |todo, total| progress.start(todo, total),
+            &mut |u| {
+                let result = work(u, &progress)?;
+                progress.unit_done(&label(u));
+                Ok(result)
+            },
+        )?;
+        progress.finish();
+        Ok(file)
+    }
+
+    /// The id of suite item `index` (a unit's name in the log).
+    pub fn item_id(&self, index: usize) -> String {
+        self.setup
+            .items
+            .get(index)
+            .map_or_else(|| index.to_string(), |i| i.id.clone())
+    }
+}
