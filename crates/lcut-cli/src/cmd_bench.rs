@@ -9,14 +9,14 @@ use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device, Tensor};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use lcut_diag::{FlopShape, layered_prefill_flops};
+use lcut_diag::{FlopShape, policy_prefill_flops};
 use lcut_engine::{Generation, GenerationConfig, GenerationOutput, PreparedPrompt};
 use lcut_model::probes::PhaseMassProbe;
 use lcut_model::{
     Decoder, LlamaShape, LogitRows, ModelFormat, ResolvedModel, WeightMode, argmax_rows,
     default_attention_block_elems,
 };
-use lcut_policy::{Policy, PolicySpec, TokenPhases};
+use lcut_policy::{Policy, PolicySpec, TokenPhases, Visibility};
 use lcut_synth::RandomLlama;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde::Serialize;
@@ -233,8 +233,9 @@ pub fn warm_up(
 pub struct PolicyRuns {
     /// Each round's output.
     outs: Vec<GenerationOutput>,
-    /// The prompt tokens each layer ran in the prefill (the last round's).
-    prefill_rows: Vec<usize>,
+    /// The prefill's predicted FLOPs over the full model's, from what each
+    /// layer ran and projected (the last round's).
+    prefill_flops_ratio: f64,
 }
 
 /// Every policy on `prompt`, `rounds.repeats` rounds; rounds interleave the
@@ -263,7 +264,8 @@ pub fn measure_rounds(
                 true
             })?;
             bar.set_message(format!("{policy} @ {len}: decode"));
-            runs[k].prefill_rows = generation.sequence().visibility().present_per_layer(len);
+            let vis = generation.sequence().visibility();
+            runs[k].prefill_flops_ratio = predicted_flops_ratio(model, vis, len);
             runs[k].outs.push(generation.run(|_| true)?);
             bar.inc(1);
         }
@@ -313,7 +315,7 @@ fn bench_row(
         kv_bytes: out.kv_bytes_held,
         kv_bytes_formula: out.kv_bytes_formula,
         kv_bytes_resident: out.kv_bytes_resident,
-        prefill_flops_ratio: predicted_flops_ratio(model, &runs.prefill_rows, len),
+        prefill_flops_ratio: runs.prefill_flops_ratio,
         ttft_ratio: 1.0,
         tpot_ratio: 1.0,
         kv_ratio: 1.0,
@@ -543,9 +545,9 @@ fn print_rows(rows: &[BenchRow]) {
 }
 
 /// Predicted prefill FLOPs of a policy over the full model's for a raw
-/// prompt of `len` tokens, with the tokens each layer actually ran
-/// (`prefill_rows`).
-fn predicted_flops_ratio(model: &Decoder, prefill_rows: &[usize], len: usize) -> f64 {
+/// prompt of `len` tokens, with the tokens each layer of the run's
+/// visibility `vis` runs and the K/V it projects.
+fn predicted_flops_ratio(model: &Decoder, vis: &dyn Visibility, len: usize) -> f64 {
     let cfg = model.config();
     let shape = FlopShape {
         num_layers: cfg.num_layers,
@@ -556,8 +558,8 @@ fn predicted_flops_ratio(model: &Decoder, prefill_rows: &[usize], len: usize) ->
         intermediate_size: cfg.intermediate_size,
         vocab_size: cfg.vocab_size,
     };
-    let full = layered_prefill_flops(&shape, &vec![len; cfg.num_layers]);
-    layered_prefill_flops(&shape, prefill_rows) / full
+    let full = Policy::full(cfg.num_layers).visibility(TokenPhases::all_decode());
+    policy_prefill_flops(&shape, vis, len) / policy_prefill_flops(&shape, full.as_ref(), len)
 }
 
 /// Decode tokens/s of the full model after a `len`-token prompt with and

@@ -31,7 +31,7 @@ pub struct ForwardArgs {
     /// Text, tokenised raw with the model's tokenizer (BoS prepended).
     #[arg(long)]
     text: Option<String>,
-    /// Visibility policy: full, speed:C+bos, speed:C, selfonly:C+bos (C a count or fraction).
+    /// Visibility policy: full, speed:C+bos, speed:C, selfonly:C+bos, swiftkv:C[+bos] (alias pop:C), slim:... (C a count or fraction).
     #[arg(long, default_value = "full")]
     policy: PolicySpec,
     /// First decode-phase position S: ids 0..=S are the prompt, S its last id, and the ids after S its continuation (default: the last id).

@@ -18,9 +18,15 @@
 //!   only the `A + D` anchor and decode-phase tokens, `(A + D)·W` plus attention
 //!   `2·2·H·h·(A(A + 1)/2 + D·A + D(D + 1)/2)` (anchors see earlier anchors,
 //!   decode-phase tokens see the anchors and earlier decode-phase tokens).
+//! - projected prompt K/V (SwiftKV, POP) at `C`: the lower `C` layers as
+//!   full; each upper layer runs the `A + D` anchor and decode-phase tokens,
+//!   `(A + D)·W`, projects the K/V of the `P` prompt tokens, `2·2·d·(H_kv·h)·P`,
+//!   and attends `2·2·H·h·(A(A + 1)/2 + D·(A + P) + D(D + 1)/2)` (the
+//!   decode-phase tokens read the projected keys too).
 //!
 //! Norms, RoPE, softmax and embeddings are left out (linear in `N`, small).
 
+use lcut_policy::Visibility;
 use lcut_trace::ModelIdentity;
 
 /// The model dimensions the FLOP model needs.
@@ -92,6 +98,12 @@ impl FlopShape {
         2.0 * d * q + 4.0 * d * kv + 2.0 * q * d + 6.0 * d * i
     }
 
+    /// K and V projection FLOPs of one token at one layer, `2·2·d·(H_kv·h)`:
+    /// what a layer spends on a token whose K/V it keeps projected.
+    pub fn kv_projection_flops(&self) -> f64 {
+        4.0 * self.hidden_size as f64 * (self.num_kv_heads * self.head_dim) as f64
+    }
+
     fn attention(&self, key_visits: f64) -> f64 {
         4.0 * (self.num_heads * self.head_dim) as f64 * key_visits
     }
@@ -130,6 +142,29 @@ pub fn layered_prefill_flops(shape: &FlopShape, tokens_per_layer: &[usize]) -> f
         })
         .sum();
     layers + 2.0 * shape.hidden_size as f64 * shape.vocab_size as f64
+}
+
+/// Prefill FLOPs of a prompt of `len` tokens under a policy's visibility:
+/// each layer runs the tokens that exist there
+/// ([`Visibility::present_per_layer`]) as in [`layered_prefill_flops`],
+/// plus the K/V projections of the tokens whose K/V it keeps projected
+/// ([`Visibility::projected_per_layer`]), whose keys every token it runs
+/// after the anchors reads (they lie between the anchors and the decode
+/// phase). Equal to [`layered_prefill_flops`] for a policy that projects
+/// nothing.
+pub fn policy_prefill_flops(shape: &FlopShape, vis: &dyn Visibility, len: usize) -> f64 {
+    let present = vis.present_per_layer(len);
+    let projected = vis.projected_per_layer(len);
+    let anchors = vis.phases().anchor_len().min(len) as f64;
+    let extra: f64 = present
+        .iter()
+        .zip(&projected)
+        .map(|(&n, &m)| {
+            let (n, m) = (n as f64, m as f64);
+            m * shape.kv_projection_flops() + shape.attention((n - anchors).max(0.0) * m)
+        })
+        .sum();
+    layered_prefill_flops(shape, &present) + extra
 }
 
 /// Tokens at each layer of a SlimInfer prefill: all `n` below the first
@@ -246,6 +281,36 @@ mod tests {
                 layered_prefill_flops(&s, &vec![n; 32]) / layered_prefill_flops(&s, &slim);
             assert!((speedup - expected).abs() < 0.01, "{k}K: {speedup}");
         }
+    }
+
+    #[test]
+    fn projected_kv_flops_follow_the_formula() {
+        use lcut_policy::{Anchors, Policy, PolicyKind, ProjectedName, TokenPhases};
+        let s = tiny();
+        let (a, p, d) = (1.0, 5.0, 2.0);
+        let phases = TokenPhases::from_counts(1, 5);
+        let kind = PolicyKind::Projected(ProjectedName::SwiftKv);
+        let vis = Policy::new(kind, 3, 4, Anchors::Bos)
+            .unwrap()
+            .visibility(phases);
+        let w = s.token_layer_flops();
+        let n = a + p + d;
+        let full_layer = n * w + s.attention(n * (n + 1.0) / 2.0);
+        let upper = (a + d) * w
+            + p * s.kv_projection_flops()
+            + s.attention(a * (a + 1.0) / 2.0 + d * (a + p) + d * (d + 1.0) / 2.0);
+        let lm_head = 2.0 * s.hidden_size as f64 * s.vocab_size as f64;
+        let got = policy_prefill_flops(&s, vis.as_ref(), 8);
+        assert!(
+            (got - (3.0 * full_layer + upper + lm_head)).abs() < 1e-6,
+            "{got}"
+        );
+        // more than SPEED at the same cut, less than the full model
+        let speed = Policy::new(PolicyKind::Speed, 3, 4, Anchors::Bos).unwrap();
+        let speed = policy_prefill_flops(&s, speed.visibility(phases).as_ref(), 8);
+        let full = policy_prefill_flops(&s, Policy::full(4).visibility(phases).as_ref(), 8);
+        assert!(speed < got && got < full, "{speed} {got} {full}");
+        assert_eq!(full, layered_prefill_flops(&s, &[8; 4]));
     }
 
     #[test]

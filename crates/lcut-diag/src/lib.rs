@@ -39,7 +39,8 @@ pub use aggregate::aggregate;
 pub use curvature::{curvature, turning_angle};
 pub use error::DiagError;
 pub use flops::{
-    FlopShape, PromptSplit, layered_prefill_flops, prefill_flops, slim_tokens_per_layer,
+    FlopShape, PromptSplit, layered_prefill_flops, policy_prefill_flops, prefill_flops,
+    slim_tokens_per_layer,
 };
 pub use knee::{finish_sweep, knee};
 pub use masses::{PhaseMasses, PrefillEntropy, phase_masses, prefill_entropy};

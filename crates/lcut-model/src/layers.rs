@@ -324,7 +324,6 @@ impl AttentionProj {
 
     /// Project `x` [n, hidden] to q, k, v with norms and RoPE at `cos`/`sin`.
     pub fn qkv(&self, x: &Tensor, rope: &Rope, cos: &Tensor, sin: &Tensor) -> Result<Qkv> {
-        let n = x.dim(0)?;
         let (h, kv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let (q, k, v) = match &self.qkv {
             QkvProj::Separate { q, k, v } => (q.forward(x)?, k.forward(x)?, v.forward(x)?),
@@ -337,18 +336,61 @@ impl AttentionProj {
                 )
             }
         };
-        let heads = |t: Tensor, count: usize, norm: Option<&RmsNorm>| -> Result<Tensor> {
-            let t = t.contiguous()?.reshape((n, count, hd))?;
-            let t = match norm {
-                Some(nm) => nm.forward(&t)?,
-                None => t,
-            };
-            Ok(t.transpose(0, 1)?.contiguous()?)
-        };
-        let q = rope.apply(&heads(q, h, self.q_norm.as_ref())?, cos, sin)?;
-        let k = rope.apply(&heads(k, kv, self.k_norm.as_ref())?, cos, sin)?;
-        let v = heads(v, kv, None)?;
+        let q = rope.apply(&self.heads(q, h, self.q_norm.as_ref())?, cos, sin)?;
+        let (k, v) = self.kv_heads(k, v, rope, cos, sin)?;
         Ok(Qkv { q, k, v })
+    }
+
+    /// Project `x` [n, hidden] to k and v only ([kv_heads, n, head_dim]
+    /// each), with the k-norm and RoPE at `cos`/`sin`: the K/V a token keeps
+    /// at a layer it does not run (projected prompt K/V). A fused projection
+    /// is computed whole and its query part dropped.
+    pub fn kv(
+        &self,
+        x: &Tensor,
+        rope: &Rope,
+        cos: &Tensor,
+        sin: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        let (h, kv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let (k, v) = match &self.qkv {
+            QkvProj::Separate { k, v, .. } => (k.forward(x)?, v.forward(x)?),
+            QkvProj::Fused(lin) => {
+                let all = lin.forward(x)?;
+                (
+                    all.narrow(1, h * hd, kv * hd)?,
+                    all.narrow(1, (h + kv) * hd, kv * hd)?,
+                )
+            }
+        };
+        self.kv_heads(k, v, rope, cos, sin)
+    }
+
+    /// Projected keys and values [n, kv_heads * head_dim] as heads, the keys
+    /// normed (where the architecture does) and rotated.
+    fn kv_heads(
+        &self,
+        k: Tensor,
+        v: Tensor,
+        rope: &Rope,
+        cos: &Tensor,
+        sin: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        let kv = self.num_kv_heads;
+        let k = rope.apply(&self.heads(k, kv, self.k_norm.as_ref())?, cos, sin)?;
+        Ok((k, self.heads(v, kv, None)?))
+    }
+
+    /// [n, count * head_dim] as [count, n, head_dim], each head normed by
+    /// `norm` when given.
+    fn heads(&self, t: Tensor, count: usize, norm: Option<&RmsNorm>) -> Result<Tensor> {
+        let n = t.dim(0)?;
+        let t = t.contiguous()?.reshape((n, count, self.head_dim))?;
+        let t = match norm {
+            Some(nm) => nm.forward(&t)?,
+            None => t,
+        };
+        Ok(t.transpose(0, 1)?.contiguous()?)
     }
 
     /// Output projection of the attention result [heads, n, head_dim].

@@ -102,7 +102,7 @@ impl<'de> Deserialize<'de> for FamilyRef {
 }
 
 /// The names of the families lcut itself defines.
-const BUILT_IN: [&str; 4] = ["full", "speed", "selfonly", "slim"];
+const BUILT_IN: [&str; 6] = ["full", "speed", "selfonly", "slim", "swiftkv", "pop"];
 
 static REGISTRY: RwLock<Vec<FamilyRef>> = RwLock::new(Vec::new());
 

@@ -7,6 +7,7 @@ pub enum PolicyError {
     #[error(
         "malformed policy {text:?}: {reason}; expected `full`, `speed:C`, `speed:C+bos`, \
          `speed:C+prefix:N`, `speed:C+system`, `selfonly:C`, `selfonly:C+bos`, \
+         `swiftkv:C`, `swiftkv:C+bos`, `pop:C`, `pop:C+bos`, \
          `slim:C1@K1[,C2@K2...][+block:B][+unit:u][+window:w][+swap:g][+sink:n][+score:unit|avg|max]` \
          or `slim:paper`, where C is a layer count (24), a fraction of depth (3/4) or a decimal \
          (0.75) and K a token count (8192, 8k) or a share of the prompt (25%)"
@@ -42,7 +43,7 @@ pub enum PolicyError {
     },
     /// A family registered under a name that is taken or not a word.
     #[error(
-        "policy family name {name:?} is taken or not a lower-case word (letters, digits, `_`;          not full, speed, selfonly or slim)"
+        "policy family name {name:?} is taken or not a lower-case word (letters, digits, `_`; not full, speed, selfonly, slim, swiftkv or pop)"
     )]
     FamilyName {
         /// The name asked for.

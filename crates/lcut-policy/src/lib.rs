@@ -1,7 +1,8 @@
 //! KV-visibility policies for layer-asymmetric decoding (SPEED, SelfOnly,
-//! SlimInfer and registered families), the token phases they act on, the
-//! one interface through which everything asks a policy what a sequence
-//! sees ([`Visibility`]), and the KV-cache cost model.
+//! SlimInfer, projected prompt K/V as SwiftKV and POP, and registered
+//! families), the token phases they act on, the one interface through
+//! which everything asks a policy what a sequence sees ([`Visibility`]), and
+//! the KV-cache cost model.
 //!
 //! Everything here is plain Rust with no tensors, so the rules can be tested
 //! exhaustively and shared by the engine, the diagnostics and the viewer.
@@ -14,6 +15,7 @@ mod error;
 mod layer_rule;
 mod phases;
 mod policy;
+mod projected;
 mod record;
 mod selection;
 mod slim;
@@ -29,6 +31,7 @@ pub use error::PolicyError;
 pub use layer_rule::{LayerRule, UpperReads};
 pub use phases::{Phase, PhaseError, TokenPhases};
 pub use policy::{Anchors, Policy, PolicyKind, PolicySpec, split_list};
+pub use projected::{ProjectedKv, ProjectedName};
 pub use record::{CutRecord, SlimTrace, StepRecord};
 pub use selection::{SlimSelection, StepTraffic};
 pub use slim::{Budget, MAX_SLIM_CUTS, ScoreMode, SlimOptions, SlimParams, SlimSpec};

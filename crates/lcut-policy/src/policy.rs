@@ -1,5 +1,6 @@
 //! Policies as written and as resolved against a model's depth: the family
-//! (full, SPEED, SelfOnly, SlimInfer or a registered family), its cutoff and
+//! (full, SPEED, SelfOnly, SlimInfer, projected prompt K/V or a registered
+//! family), its cutoff and
 //! anchors, what it can do (capabilities), and the [`Visibility`] it gives
 //! one sequence. Every visibility question goes through that interface.
 
@@ -14,6 +15,7 @@ use crate::cut::{CutSpec, malformed, parse_cut};
 use crate::error::PolicyError;
 use crate::layer_rule::{LayerRule, UpperReads};
 use crate::phases::TokenPhases;
+use crate::projected::{ProjectedKv, ProjectedName};
 use crate::slim::{SlimParams, SlimSpec};
 use crate::slim_run::SlimRun;
 use crate::visibility::Visibility;
@@ -33,6 +35,10 @@ pub enum PolicyKind {
     /// queries score highest continue; the blocks a run keeps come from the
     /// sequence's own decisions.
     Slim,
+    /// Projected prompt K/V (SwiftKV's SingleInputKV, POP): above the cutoff
+    /// prompt tokens keep only K/V projected from the hidden state entering
+    /// it; written `swiftkv:C` or `pop:C`, the name kept for display.
+    Projected(ProjectedName),
     /// A family registered with [`crate::register_family`] (written
     /// `NAME:C[+anchors]` like SPEED).
     Custom(FamilyRef),
@@ -186,10 +192,18 @@ fn parse_anchors(
             None => return Err(malformed(text, format!("unknown anchor {s:?}"))),
         },
     };
-    if kind == PolicyKind::SelfOnly && !matches!(anchors, Anchors::Bos) {
-        return Err(malformed(text, "selfonly keeps either no anchor or `+bos`"));
+    let bos_only = match kind {
+        PolicyKind::SelfOnly => Some("selfonly"),
+        PolicyKind::Projected(name) => Some(name.as_str()),
+        _ => None,
+    };
+    match bos_only {
+        Some(name) if anchors != Anchors::Bos => Err(malformed(
+            text,
+            format!("{name} keeps either no anchor or `+bos`"),
+        )),
+        _ => Ok(anchors),
     }
-    Ok(anchors)
 }
 
 impl FromStr for PolicySpec {
@@ -207,9 +221,10 @@ impl FromStr for PolicySpec {
             "slim" => return Ok(Self::slim(SlimSpec::parse(text, rest)?)),
             "speed" => PolicyKind::Speed,
             "selfonly" => PolicyKind::SelfOnly,
-            other => match find_family(other) {
-                Some(family) => PolicyKind::Custom(family),
-                None => return Err(malformed(text, format!("unknown policy {other:?}"))),
+            other => match (ProjectedName::from_name(other), find_family(other)) {
+                (Some(name), _) => PolicyKind::Projected(name),
+                (None, Some(family)) => PolicyKind::Custom(family),
+                (None, None) => return Err(malformed(text, format!("unknown policy {other:?}"))),
             },
         };
         let (cut, suffix) = match rest.split_once('+') {
@@ -235,6 +250,7 @@ impl fmt::Display for PolicySpec {
             PolicyKind::Full => write!(f, "full"),
             PolicyKind::Speed => write!(f, "speed:{}{anchors}", self.cut),
             PolicyKind::SelfOnly => write!(f, "selfonly:{}{anchors}", self.cut),
+            PolicyKind::Projected(name) => write!(f, "{name}:{}{anchors}", self.cut),
             PolicyKind::Custom(family) => write!(f, "{}:{}{anchors}", family.name(), self.cut),
             PolicyKind::Slim => match &self.slim {
                 Some(spec) => spec.fmt(f),
@@ -304,6 +320,9 @@ impl Policy {
             (PolicyKind::Custom(family), _) => {
                 family.visibility(self.l_cut, self.num_layers, phases)
             }
+            (PolicyKind::Projected(_), _) => {
+                Box::new(ProjectedKv::new(self.l_cut, self.num_layers, phases))
+            }
             (_, Some(params)) => Box::new(SlimRun::new(params, phases, self.num_layers)),
             (kind, None) => {
                 let upper = match kind {
@@ -329,6 +348,12 @@ impl Policy {
             PolicyKind::Slim => Capabilities {
                 is_static: false,
                 needs_staged_prefill: true,
+                trainable: false,
+                reuses_full_prefill: false,
+            },
+            PolicyKind::Projected(_) => Capabilities {
+                is_static: true,
+                needs_staged_prefill: false,
                 trainable: false,
                 reuses_full_prefill: false,
             },
@@ -455,6 +480,10 @@ mod tests {
             "speed:24",
             "selfonly:3+bos",
             "speed:5+prefix:7",
+            "swiftkv:4+bos",
+            "swiftkv:2",
+            "pop:4+bos",
+            "pop:3",
         ] {
             assert_eq!(parse(s).to_string(), s);
         }
@@ -481,6 +510,10 @@ mod tests {
             "speed:1.5",
             "selfonly:3+system",
             "speed:3+prefix:x",
+            "swiftkv:3+system",
+            "pop:3+prefix:2",
+            "swiftkv",
+            "pop:",
         ] {
             let err = bad.parse::<PolicySpec>().unwrap_err();
             assert!(matches!(err, PolicyError::Malformed { .. }), "{bad}: {err}");
@@ -532,6 +565,50 @@ mod tests {
         let speed = parse("speed:2+bos").resolve(4).unwrap();
         assert!(speed.is_static() && speed.trainable() && speed.reuses_full_prefill());
         assert!(!speed.needs_staged_prefill());
+    }
+
+    #[test]
+    fn projected_kv_parses_under_both_names() {
+        let swift = parse("swiftkv:24+bos");
+        let pop = parse("POP:24+bos");
+        assert_eq!(swift.kind, PolicyKind::Projected(ProjectedName::SwiftKv));
+        assert_eq!(pop.kind, PolicyKind::Projected(ProjectedName::Pop));
+        assert_eq!((pop.cut, pop.anchors), (CutSpec::Layers(24), Anchors::Bos));
+        assert_eq!(pop.to_string(), "pop:24+bos");
+        let p = parse("swiftkv:1/2").resolve(6).unwrap();
+        assert_eq!((p.l_cut(), p.to_string()), (3, "swiftkv:3".to_string()));
+        assert_eq!(
+            split_list("full,swiftkv:3+bos;pop:2,speed:2"),
+            vec!["full", "swiftkv:3+bos", "pop:2", "speed:2"]
+        );
+        let err = parse("swiftkv:7").resolve(6).unwrap_err();
+        assert_eq!(
+            err,
+            PolicyError::CutOutOfRange {
+                l_cut: 7,
+                num_layers: 6
+            }
+        );
+        let msg = "pop:3+system"
+            .parse::<PolicySpec>()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("pop keeps either no anchor or `+bos`"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn projected_kv_is_static_untrained_and_prefills_on_its_own() {
+        let p = parse("swiftkv:2+bos").resolve(4).unwrap();
+        assert!(p.is_static() && !p.needs_staged_prefill());
+        assert!(!p.trainable() && !p.reuses_full_prefill());
+        let phases = TokenPhases::new(10, 7, 1).unwrap();
+        assert_eq!(p.visibility(phases).kv_projected_at(3), Some(2));
+        let at_depth = parse("pop:4").resolve(4).unwrap();
+        assert!(at_depth.is_full_depth());
+        assert_eq!(at_depth.visibility(phases).kv_projected_at(3), None);
     }
 
     #[test]

@@ -105,6 +105,19 @@ pub trait Visibility: fmt::Debug + Send + Sync {
             .collect()
     }
 
+    /// How many of the first `len` tokens have K/V at each layer that is
+    /// projected rather than their own ([`Visibility::kv_projected_at`]): the
+    /// K/V projections a prefill of `len` tokens runs beside its rows.
+    fn projected_per_layer(&self, len: usize) -> Vec<usize> {
+        (0..self.num_layers())
+            .map(|l| {
+                (0..len)
+                    .filter(|&p| self.kv_projected_at(p).is_some_and(|c| c <= l))
+                    .count()
+            })
+            .collect()
+    }
+
     /// Cache rows `layer` will hold for the tokens at `from..to` (to reserve
     /// room before a run).
     fn kv_rows(&self, layer: usize, from: usize, to: usize) -> usize {

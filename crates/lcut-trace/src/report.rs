@@ -143,8 +143,9 @@ pub struct PolicyPoint {
     #[serde(with = "crate::floats::scalar")]
     pub swap_rate: f32,
     /// Per layer, the share of the full model's decode attention on the
-    /// policy's prunable prompt tokens that lands on tokens it keeps there
-    /// (1 below a cut; 0 above SPEED's cutoff).
+    /// policy's prunable prompt tokens that lands on tokens whose K/V it
+    /// keeps there (1 below a cut; 0 above SPEED's cutoff; 1 at every layer
+    /// under projected prompt K/V, whose keys are projections).
     #[serde(default, with = "crate::floats::vec")]
     pub attention_recall: Vec<f32>,
     /// Per SlimInfer cut, the share of the kept blocks that are also among

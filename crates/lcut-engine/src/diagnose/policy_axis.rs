@@ -5,7 +5,7 @@
 //! decisions move with each step). Costs are measured on the prompts.
 
 use candle_core::Tensor;
-use lcut_diag::{FlopShape, layered_prefill_flops};
+use lcut_diag::{FlopShape, layered_prefill_flops, policy_prefill_flops};
 use lcut_model::probes::PromptMassProbe;
 use lcut_model::{Decoder, LogitRows, Sequence};
 use lcut_policy::{
@@ -138,8 +138,8 @@ pub(super) fn flop_shape(model: &Decoder) -> FlopShape {
 /// `continuation` but the last one at a time), score its rows against
 /// `reference` (the full model's rows predicting `continuation`) and add
 /// quality, costs and attention recall (the share of the full model's
-/// decode attention on prompt tokens that lands on tokens the policy keeps
-/// at each layer, from `mass`) to `totals`.
+/// decode attention on prompt tokens that lands on tokens whose K/V the
+/// policy keeps at each layer, from `mass`) to `totals`.
 pub(super) fn measure(
     model: &Decoder,
     prompt: &PreparedPrompt,
@@ -162,9 +162,10 @@ pub(super) fn measure(
     totals.quality.nll += t.nll;
     totals.quality.tokens += t.tokens;
     add_costs(model, &seq, prompt, mass, totals);
+    // kept: the layer holds K/V of the token (its own, or projected)
     let recall = mass.recall(
         |pos| phases.phase(pos) == Phase::Prefill,
-        |layer, pos| seq.token_exists(layer, pos),
+        |layer, pos| seq.retains_kv(layer, pos),
     );
     totals.recall.resize(recall.len(), 0.0);
     for (sum, r) in totals.recall.iter_mut().zip(recall) {
@@ -226,7 +227,7 @@ fn add_costs(
     totals.flops_full += layered_prefill_flops(&shape, &vec![n; layers]);
     let vis = seq.visibility();
     totals.resident += b * vis.resident_token_layers(cost.decode) as f64;
-    totals.flops += layered_prefill_flops(&shape, &vis.present_per_layer(n));
+    totals.flops += policy_prefill_flops(&shape, vis, n);
     totals.equal_kv_cutoff += vis.equal_kv_cutoff();
     if let Some(run) = seq.slim() {
         // SlimInfer's own records: how well its scorer chose, how often it swapped

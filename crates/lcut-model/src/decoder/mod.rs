@@ -2,12 +2,14 @@
 //! chunk by chunk over a [`Sequence`] whose cache follows a visibility policy.
 //!
 //! `load` builds a decoder from a model's files, `pass` runs a chunk through
-//! the layers, `attention` is one layer's attention with its mask, `stages`
-//! is the staged prefill of a policy that decides at stage cuts.
+//! the layers, `attention` is one layer's attention with its mask,
+//! `projected` keeps the K/V a policy projects for tokens that left below,
+//! `stages` is the staged prefill of a policy that decides at stage cuts.
 
 mod attention;
 mod load;
 mod pass;
+mod projected;
 mod stages;
 mod step;
 mod step_model;

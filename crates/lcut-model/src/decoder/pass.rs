@@ -1,16 +1,17 @@
 //! One chunk through the layers: embeddings, each layer's projections,
 //! cache update, attention and MLP, dropping the tokens that do not exist
-//! at a layer, then the logits of the rows asked for.
+//! at a layer (projecting the K/V of those the policy keeps projected into
+//! the layers above), then the logits of the rows asked for.
 
 use std::borrow::Cow;
 
 use candle_core::{DType, Tensor};
 
 use super::attention::MaskMemo;
+use super::projected::{ChunkKv, Projected};
 use super::{ChunkOutput, Decoder, Layer, LogitRows};
 use crate::cache::LayerCache;
 use crate::error::{ModelError, Result};
-use crate::layers::Qkv;
 use crate::probe::{Probe, ResidualSite};
 use crate::sequence::Sequence;
 
@@ -85,6 +86,10 @@ impl Decoder {
 
     /// Run hidden states at `present` through `layers`, dropping the tokens
     /// that do not exist at a layer; returns what is left after the last.
+    /// A dropped token whose K/V the policy keeps projected from that layer
+    /// on ([`lcut_policy::Visibility::kv_projected_at`]) gives each later
+    /// layer of the range K/V from the hidden state it left with (a policy
+    /// that projects prefills in one pass, so the range runs to the top).
     /// `step_from`: the first position of a step taken after the prefill's
     /// decisions (the policy is told after each layer, so that a policy that
     /// decides while it runs can move what later steps read); `None` during
@@ -100,23 +105,42 @@ impl Decoder {
     ) -> Result<(Tensor, Vec<usize>)> {
         let mut tables = self.rope.tables(&present, self.dtype)?;
         let mut masks = MaskMemo::default();
+        let mut projected: Option<Projected> = None;
         for l in layers {
             let layer = &self.layers[l];
             let keep: Vec<u32> = (0..present.len() as u32)
                 .filter(|&i| seq.token_exists(l, present[i as usize]))
                 .collect();
             if keep.len() != present.len() {
+                self.project_leaving(seq, l, &hidden, &present, &mut projected)?;
                 if keep.is_empty() {
                     present.clear();
-                    break;
+                } else {
+                    let idx = Tensor::new(keep.as_slice(), &self.device)?;
+                    hidden = hidden.index_select(&idx, 0)?;
+                    present = keep.iter().map(|&i| present[i as usize]).collect();
+                    tables = self.rope.tables(&present, self.dtype)?;
                 }
-                let idx = Tensor::new(keep.as_slice(), &self.device)?;
-                hidden = hidden.index_select(&idx, 0)?;
-                present = keep.iter().map(|&i| present[i as usize]).collect();
-                tables = self.rope.tables(&present, self.dtype)?;
             }
-            hidden =
-                self.layer_forward(l, layer, &hidden, &present, &tables, seq, &mut masks, probe)?;
+            if present.is_empty() {
+                match &projected {
+                    Some(p) => {
+                        let (k, v) = self.projected_kv(layer, p)?;
+                        seq.caches[l].append(&k, &v, &p.positions)?;
+                        continue;
+                    }
+                    None => break,
+                }
+            }
+            hidden = self.layer_forward(
+                (l, layer),
+                &hidden,
+                (&present, &tables),
+                projected.as_ref(),
+                seq,
+                &mut masks,
+                probe,
+            )?;
             if let Some(p) = probe.as_deref_mut()
                 && p.wants_residual(ResidualSite::Layer(l))
             {
@@ -162,16 +186,16 @@ impl Decoder {
         Ok(ChunkOutput { logits, positions })
     }
 
-    /// One decoder layer over a chunk: projections, the chunk's K/V into
-    /// the cache (what the policy keeps), attention, then the MLP.
+    /// One decoder layer over a chunk: projections, the chunk's K/V (and
+    /// the projected K/V of the chunk's tokens that left below, in position
+    /// order) into the cache (what the policy keeps), attention, then the MLP.
     #[allow(clippy::too_many_arguments)]
     fn layer_forward(
         &self,
-        l: usize,
-        layer: &Layer,
+        (l, layer): (usize, &Layer),
         hidden: &Tensor,
-        present: &[usize],
-        (cos, sin): &(Tensor, Tensor),
+        (present, (cos, sin)): (&[usize], &(Tensor, Tensor)),
+        projected: Option<&Projected>,
         seq: &mut Sequence,
         masks: &mut MaskMemo,
         probe: &mut Option<&mut (dyn Probe + '_)>,
@@ -181,15 +205,28 @@ impl Decoder {
         if let Some(w) = seq.rule.query_window(l) {
             seq.rule.observe_queries(l, last_query_rows(&qkv.q, w)?);
         }
-        let retained: Vec<u32> = (0..present.len() as u32)
-            .filter(|&i| seq.retains_kv(l, present[i as usize]))
+        let own = ChunkKv {
+            k: qkv.k,
+            v: qkv.v,
+            positions: Cow::Borrowed(present),
+        };
+        let chunk = match projected {
+            Some(p) => {
+                let (k, v) = self.projected_kv(layer, p)?;
+                own.merged(&k, &v, &p.positions)?
+            }
+            None => own,
+        };
+        let positions = &chunk.positions;
+        let retained: Vec<u32> = (0..positions.len() as u32)
+            .filter(|&i| seq.retains_kv(l, positions[i as usize]))
             .collect();
-        let (keys, values, key_positions) = if retained.len() == present.len() {
+        let (keys, values, key_positions) = if retained.len() == positions.len() {
             let (ks, vs) = (
-                qkv.k.to_dtype(self.kv_dtype)?,
-                qkv.v.to_dtype(self.kv_dtype)?,
+                chunk.k.to_dtype(self.kv_dtype)?,
+                chunk.v.to_dtype(self.kv_dtype)?,
             );
-            seq.caches[l].append(&ks, &vs, present)?;
+            seq.caches[l].append(&ks, &vs, positions)?;
             let cache = &seq.caches[l];
             let (k, v) = cache.kv()?.ok_or(ModelError::EmptyCache { layer: l })?;
             // a cache stored narrower than the activations is read widened
@@ -197,7 +234,7 @@ impl Decoder {
             (k, v, Cow::Borrowed(cache.positions()))
         } else {
             let (k, v, positions) =
-                self.keys_kept_in_part(&mut seq.caches[l], &qkv, present, &retained)?;
+                self.keys_kept_in_part(&mut seq.caches[l], &chunk, &retained)?;
             (k, v, Cow::Owned(positions))
         };
         let keys = ChunkKeys {
@@ -215,25 +252,27 @@ impl Decoder {
     fn keys_kept_in_part(
         &self,
         cache: &mut LayerCache,
-        qkv: &Qkv,
-        present: &[usize],
+        chunk: &ChunkKv<'_>,
         retained: &[u32],
     ) -> Result<(Tensor, Tensor, Vec<usize>)> {
         let (k, v) = match cache.kv()? {
             Some((ck, cv)) => (
-                Tensor::cat(&[&ck.to_dtype(self.dtype)?, &qkv.k], 1)?,
-                Tensor::cat(&[&cv.to_dtype(self.dtype)?, &qkv.v], 1)?,
+                Tensor::cat(&[&ck.to_dtype(self.dtype)?, &chunk.k], 1)?,
+                Tensor::cat(&[&cv.to_dtype(self.dtype)?, &chunk.v], 1)?,
             ),
-            None => (qkv.k.clone(), qkv.v.clone()),
+            None => (chunk.k.clone(), chunk.v.clone()),
         };
         let mut key_positions = cache.positions().to_vec();
-        key_positions.extend_from_slice(present);
+        key_positions.extend_from_slice(&chunk.positions);
         if !retained.is_empty() {
             let idx = Tensor::new(retained, &self.device)?;
-            let pos: Vec<usize> = retained.iter().map(|&i| present[i as usize]).collect();
+            let pos: Vec<usize> = retained
+                .iter()
+                .map(|&i| chunk.positions[i as usize])
+                .collect();
             cache.append(
-                &qkv.k.index_select(&idx, 1)?.to_dtype(self.kv_dtype)?,
-                &qkv.v.index_select(&idx, 1)?.to_dtype(self.kv_dtype)?,
+                &chunk.k.index_select(&idx, 1)?.to_dtype(self.kv_dtype)?,
+                &chunk.v.index_select(&idx, 1)?.to_dtype(self.kv_dtype)?,
                 &pos,
             )?;
         }
