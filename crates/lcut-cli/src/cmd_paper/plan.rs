@@ -5,7 +5,7 @@
 //! each part reads and the note of a part the suite cannot feed.
 
 use anyhow::{Result, bail};
-use lcut_policy::{Anchors, CutSpec, PolicyKind, PolicySpec};
+use lcut_policy::{Anchors, CutSpec, PolicyKind, PolicySpec, ProjectedName};
 use lcut_trace::PaperPart;
 use serde::{Deserialize, Serialize};
 
@@ -15,8 +15,9 @@ use serde::{Deserialize, Serialize};
 pub const COMPARED: &[PolicyKind] = &[
     PolicyKind::Speed,
     PolicyKind::SelfOnly,
-    // The projected prompt K/V family (`swiftkv:C`, alias `pop:C`), the
-    // paper's POP-24 and SwiftKV-24 baselines, is one more entry here.
+    // the paper's POP-24 and SwiftKV-24 baselines: one rule, projected
+    // prompt K/V above the cut (`pop:C` is its alias)
+    PolicyKind::Projected(ProjectedName::SwiftKv),
 ];
 
 /// The anchors each compared family runs with: the paper's baselines have
@@ -230,7 +231,9 @@ mod tests {
                 "speed:22",
                 "speed:22+bos",
                 "selfonly:22",
-                "selfonly:22+bos"
+                "selfonly:22+bos",
+                "swiftkv:22",
+                "swiftkv:22+bos"
             ]
         );
         assert_eq!(speed_bos(3).to_string(), "speed:3+bos");
