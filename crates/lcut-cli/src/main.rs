@@ -18,6 +18,7 @@ mod cmd_train;
 mod cmd_train_lora;
 mod common;
 mod lora_opt;
+mod memory_check;
 
 use std::ffi::OsString;
 
