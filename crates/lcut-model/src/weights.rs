@@ -97,17 +97,8 @@ impl MappedFile {
 
     /// Drop the mapped pages of `len` bytes at `offset` from the process's
     /// resident memory (the page cache keeps them).
-    #[allow(unsafe_code)]
     fn release(&self, offset: usize, len: usize) {
-        // SAFETY: the map is a read-only shared mapping of a file, so
-        // MADV_DONTNEED discards nothing: a later read of the range faults
-        // the same bytes back in from the file. No borrow of the range is
-        // alive here: the tensor owns a copy. A failure only leaves the
-        // pages resident.
-        let _ = unsafe {
-            self.map
-                .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len)
-        };
+        crate::gguf::release_mapped(&self.map, offset, len);
     }
 }
 
