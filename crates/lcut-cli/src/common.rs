@@ -79,6 +79,7 @@ pub fn ensure_fits(
         need = need.without_weights();
     }
     let remedies = crate::memory_check::Remedies {
+        chunk_option: true,
         f32_run: dtype == DType::F32,
         forcible: false,
     };

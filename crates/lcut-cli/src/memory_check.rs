@@ -4,6 +4,7 @@
 
 use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device};
+use lcut_model::WeightMode;
 use lcut_model::memory::{MemoryEstimate, available_bytes, format_bytes, resident_bytes};
 
 /// Environment variable that sets the free memory lcut assumes, in bytes
@@ -46,9 +47,13 @@ pub fn available(device: &Device) -> Result<Option<u64>> {
     }
 }
 
-/// How a run that does not fit may be made smaller, for the message.
+/// How a run that does not fit may be made smaller, for the message:
+/// only what the command offers is suggested.
 pub struct Remedies {
-    /// The run's activations are f32 (a 16-bit dtype would halve them).
+    /// The command has `--prefill-chunk`.
+    pub chunk_option: bool,
+    /// The weights and activations are dense f32 (`--dtype bf16` would
+    /// halve them; not so for a GGUF kept quantized).
     pub f32_run: bool,
     /// `--force` exists for this command.
     pub forcible: bool,
@@ -71,6 +76,11 @@ pub fn refuse_if_short(
     } else {
         "the GPU"
     };
+    let chunk = if remedies.chunk_option {
+        ", a smaller --prefill-chunk"
+    } else {
+        ""
+    };
     let smaller = if remedies.f32_run {
         ", or --dtype bf16"
     } else {
@@ -83,7 +93,7 @@ pub fn refuse_if_short(
     };
     bail!(
         "{what} will need about {need}, more than {where_} has free ({}); use shorter \
-         prompts, a smaller --prefill-chunk{smaller}{force}",
+         prompts{chunk}{smaller}{force}",
         format_bytes(free)
     );
 }
@@ -93,14 +103,15 @@ pub fn refuse_if_short(
 pub fn check_before_loading(
     what: &str,
     need: &MemoryEstimate,
-    (device, dtype): (&Device, DType),
+    (device, mode): (&Device, WeightMode),
     force: bool,
 ) -> Result<()> {
     let free = available(device)?;
     let free_text = free.map_or("unknown".into(), format_bytes);
     eprintln!("memory: {what} will need about {need}; free {free_text}");
     let remedies = Remedies {
-        f32_run: dtype == DType::F32,
+        chunk_option: false,
+        f32_run: mode == WeightMode::Dense(DType::F32),
         forcible: true,
     };
     match refuse_if_short(what, need, (free, device), &remedies) {
@@ -151,6 +162,7 @@ mod tests {
             records: 1 << 20,
         };
         let remedies = Remedies {
+            chunk_option: true,
             f32_run: true,
             forcible: true,
         };

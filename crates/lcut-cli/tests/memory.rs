@@ -82,6 +82,11 @@ fn a_diagnose_over_the_free_memory_is_refused_unless_forced() {
     ] {
         assert!(stderr.contains(part), "{part:?} missing from: {stderr}");
     }
+    // only what diagnose offers is suggested: it has no --prefill-chunk
+    assert!(
+        stderr.contains("--dtype bf16") && !stderr.contains("--prefill-chunk"),
+        "{stderr}"
+    );
     assert!(
         !out_dir.exists(),
         "a refused run wrote {}",
