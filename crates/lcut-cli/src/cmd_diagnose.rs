@@ -6,14 +6,19 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use lcut_engine::Session;
+use lcut_engine::diagnose::memory::diagnose_memory;
 use lcut_engine::diagnose::{
-    BUNDLED_PROMPTS, DiagnoseEvent, DiagnoseOptions, PromptSpec, diagnose, read_prompt_set,
+    BUNDLED_PROMPTS, DiagnoseEvent, DiagnoseOptions, LabelledPrompt, PromptSpec, diagnose_prepared,
+    prepare_prompts_with, read_prompt_set,
 };
+use lcut_engine::{GenerationConfig, Session};
+use lcut_model::default_attention_block_elems;
+use lcut_model::memory::MemoryEstimate;
 use lcut_trace::{Report, write_report_json};
 
 use crate::args::{DeviceArg, KvDtypeArg, WeightArg};
-use crate::common::open_session;
+use crate::common::PendingModel;
+use crate::memory_check::{check_before_loading, report_peak};
 
 /// Arguments of `lcut diagnose`.
 #[derive(Debug, Args)]
@@ -62,6 +67,10 @@ pub struct DiagnoseArgs {
     /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     pub device: DeviceArg,
+    /// Run even when the memory the run needs (printed before the model is
+    /// loaded) is more than the machine has free.
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// Parse `I/N`, or `auto/N` with the index from a Slurm job array
@@ -100,19 +109,66 @@ pub fn on_event(bar: &ProgressBar) -> impl FnMut(&DiagnoseEvent) -> bool + '_ {
     }
 }
 
-/// Load the session and prompts of a diagnose or sweep run.
-pub fn load_inputs(args: &DiagnoseArgs) -> Result<(Session, Vec<PromptSpec>, Option<String>)> {
-    let mut session = open_session(&args.model, args.dtype, args.kv_dtype, args.device)?;
-    args.lora.apply_to_session(&mut session, &[])?;
-    let (prompts, file) = match (&args.prompt, &args.prompts) {
+/// What a diagnose or sweep run works on: the loaded model, the prompts of
+/// this shard tokenized, and the prompts file's name.
+pub struct Inputs {
+    /// The model, tokenizer and adapter.
+    pub session: Session,
+    /// The prompts of the run's shard, tokenized.
+    pub prepared: Vec<LabelledPrompt>,
+    /// The prompts file, for the report.
+    pub file: Option<String>,
+    /// What the run was estimated to need.
+    pub need: MemoryEstimate,
+}
+
+/// The prompt set of the arguments and its file's name.
+fn read_prompts(args: &DiagnoseArgs) -> Result<(Vec<PromptSpec>, Option<String>)> {
+    Ok(match (&args.prompt, &args.prompts) {
         (Some(p), _) => (vec![PromptSpec::text("prompt", p)], None),
         (None, Some(f)) => (read_prompt_set(f)?, Some(f.display().to_string())),
         (None, None) => {
             let f = lcut_engine::bundled(BUNDLED_PROMPTS);
             (read_prompt_set(&f)?, Some(BUNDLED_PROMPTS.to_string()))
         }
-    };
-    Ok((session, prompts, file))
+    })
+}
+
+/// Load the model and prompts of a diagnose or sweep run: the prompts are
+/// tokenized and the run's memory estimated (weights, K/V of the longest
+/// prompt, traces and probe buffers) before the weights are loaded, and a
+/// run that does not fit is refused unless `--force`. For a sweep the
+/// estimate is a floor: it also holds a cache per cutoff.
+pub fn load_inputs(args: &DiagnoseArgs) -> Result<Inputs> {
+    let pending = PendingModel::open(&args.model, (args.dtype, args.kv_dtype), args.device)?;
+    let (prompts, file) = read_prompts(args)?;
+    let opts = options(args, file.clone())?;
+    let prompter = pending.prompter()?;
+    let prepared = prepare_prompts_with(&prompts, &opts, &|user, system, template| {
+        prompter.prepare_text(user, system, template)
+    })?;
+    let lens: Vec<usize> = prepared.iter().map(|p| p.prompt.len()).collect();
+    let chunk = GenerationConfig::default().prefill_chunk;
+    let block = default_attention_block_elems(&pending.device);
+    let need = diagnose_memory(
+        pending.config(),
+        (pending.dtype(), pending.weight_bytes()),
+        &lens,
+        &opts,
+        (chunk, block),
+    );
+    let longest = lens.iter().copied().max().unwrap_or(0);
+    let plural = if lens.len() == 1 { "" } else { "s" };
+    let what = format!("{} prompt{plural} of at most {longest} tokens", lens.len());
+    check_before_loading(&what, &need, (&pending.device, pending.mode), args.force)?;
+    let mut session = pending.load()?;
+    args.lora.apply_to_session(&mut session, &[])?;
+    Ok(Inputs {
+        session,
+        prepared,
+        file,
+        need,
+    })
 }
 
 /// The run options from the arguments.
@@ -149,10 +205,15 @@ pub fn print_summary(report: &Report) {
 
 /// Run `lcut diagnose`.
 pub fn run(args: &DiagnoseArgs) -> Result<()> {
-    let (session, prompts, file) = load_inputs(args)?;
-    let opts = options(args, file)?;
+    let inputs = load_inputs(args)?;
+    let opts = options(args, inputs.file.clone())?;
     let bar = progress_bar();
-    let report = diagnose(&session, &prompts, &opts, &mut on_event(&bar))?;
+    let report = diagnose_prepared(
+        &inputs.session,
+        &inputs.prepared,
+        &opts,
+        &mut on_event(&bar),
+    )?;
     bar.finish_and_clear();
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
@@ -160,5 +221,6 @@ pub fn run(args: &DiagnoseArgs) -> Result<()> {
     write_report_json(&path, &report)?;
     print_summary(&report);
     println!("wrote {} ({} prompts)", path.display(), report.traces.len());
+    report_peak(&inputs.need);
     Ok(())
 }

@@ -12,8 +12,12 @@ use lcut_engine::{
 };
 use lcut_policy::{Policy, PolicySpec};
 
+use lcut_model::default_attention_block_elems;
+use lcut_model::memory::{MemoryEstimate, estimate};
+
 use crate::args::{DeviceArg, KvDtypeArg, WeightArg};
-use crate::common::{ensure_fits, open_session, parse_ids, write_atomic};
+use crate::common::{PendingModel, parse_ids, write_atomic};
+use crate::memory_check::{check_before_loading, report_peak};
 
 /// Arguments of `lcut generate`.
 #[derive(Debug, Args)]
@@ -86,6 +90,10 @@ pub struct GenerateArgs {
     /// Write the result as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Run even when the memory the run needs (printed before the model is
+    /// loaded) is more than the machine has free.
+    #[arg(long)]
+    force: bool,
 }
 
 fn sampling(args: &GenerateArgs) -> Sampling {
@@ -143,14 +151,30 @@ fn summary(label: &str, out: &GenerationOutput) -> String {
     line
 }
 
-/// The prompt of the arguments: token ids, or text through the session's
-/// tokenizer (and chat template unless `--raw`).
-fn prompt_of(args: &GenerateArgs, session: &Session) -> Result<PreparedPrompt> {
+/// The prompt of the arguments: token ids, or text through the model's
+/// tokenizer (and chat template unless `--raw`), read before its weights.
+fn prompt_of(args: &GenerateArgs, model: &PendingModel) -> Result<PreparedPrompt> {
     Ok(match (&args.ids, &args.prompt) {
         (Some(ids), _) => PreparedPrompt::from_ids(parse_ids(ids)?, args.decode_start)?,
-        (None, Some(text)) => session.prepare_text(text, args.system.as_deref(), !args.raw)?,
+        (None, Some(text)) => {
+            model
+                .prompter()?
+                .prepare_text(text, args.system.as_deref(), !args.raw)?
+        }
         (None, None) => anyhow::bail!("give a prompt: lcut generate \"...\" (or --ids 1,5,9)"),
     })
+}
+
+/// What a generation of `total_len` tokens (prompt and new) needs: the
+/// weights as they will be loaded, the full model's K/V for every token,
+/// a prefill chunk's attention and activations.
+fn generation_memory(model: &PendingModel, total_len: usize) -> MemoryEstimate {
+    let (cfg, dtype) = (model.config(), model.dtype());
+    let kv_shape = cfg.kv_shape(dtype);
+    let kv = (kv_shape.num_layers * kv_shape.bytes_per_token_layer() * total_len) as u64;
+    let chunk = GenerationConfig::default().prefill_chunk;
+    let block = default_attention_block_elems(&model.device);
+    estimate(cfg, dtype, kv, total_len, chunk, block).with_weights(model.weight_bytes())
 }
 
 /// Token ids as text (the ids themselves without a tokenizer).
@@ -171,26 +195,20 @@ fn piece(session: &Session, id: u32) -> String {
 
 /// Run `lcut generate`.
 pub fn run(args: &GenerateArgs) -> Result<()> {
-    let mut session = open_session(&args.model, args.dtype, args.kv_dtype, args.device)?;
+    let pending = PendingModel::open(&args.model, (args.dtype, args.kv_dtype), args.device)?;
+    let prompt = prompt_of(args, &pending)?;
+    let total = prompt.len() + args.max_new_tokens;
+    let need = generation_memory(&pending, total);
+    let what = format!("{total} tokens");
+    check_before_loading(&what, &need, (&pending.device, pending.mode), args.force)?;
+    let mut session = pending.load()?;
     let run_policies: Vec<String> = std::iter::once(&args.policy)
         .chain(&args.compare)
         .map(ToString::to_string)
         .collect();
     args.lora.apply_to_session(&mut session, &run_policies)?;
-    let prompt = prompt_of(args, &session)?;
     let layers = session.model.config().num_layers;
     let policy = args.policy.resolve(layers)?;
-    ensure_fits(
-        session.model.config(),
-        session.model.dtype(),
-        session.model.device(),
-        (
-            prompt.len() + args.max_new_tokens,
-            GenerationConfig::default().prefill_chunk,
-            session.model.attention_block_elems(),
-        ),
-        true,
-    )?;
     let config = GenerationConfig {
         sampling: sampling(args),
         ..session.greedy_config(args.max_new_tokens)
@@ -215,6 +233,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     if let Some(path) = &args.json {
         write_atomic(path, serde_json::to_string_pretty(&json)?.as_bytes())?;
     }
+    report_peak(&need);
     Ok(())
 }
 

@@ -5,9 +5,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use std::path::PathBuf;
 
-use lcut_engine::diagnose::{
-    AxisPolicy, SweepOptions, equal_kv_pairs, prepare_prompts, shard_indices, sweep,
-};
+use lcut_engine::diagnose::{AxisPolicy, SweepOptions, equal_kv_pairs, shard_indices, sweep};
 use lcut_engine::suite::{
     CutoffEvalOptions, accuracy_by_cutoff, read_suite_hashed, smallest_cut_within,
 };
@@ -244,8 +242,9 @@ fn print_axis(points: &[PolicyPoint]) {
 /// Run `lcut sweep`: adds the sweep to `OUT/report.json` when one exists
 /// (so the knee is reported next to the recommendation), else writes `OUT/sweep.json`.
 pub fn run(args: &SweepArgs) -> Result<()> {
-    let (session, prompts, file) = load_inputs(&args.run)?;
-    let diag = options(&args.run, file)?;
+    let inputs = load_inputs(&args.run)?;
+    let session = &inputs.session;
+    let diag = options(&args.run, inputs.file.clone())?;
     let cuts = args
         .cuts
         .as_deref()
@@ -269,12 +268,12 @@ pub fn run(args: &SweepArgs) -> Result<()> {
         max_new_tokens: args.run.max_new_tokens,
         ..SweepOptions::default()
     };
-    let (accuracy, suite) = suite_accuracy(args, &session, &all_cuts, diag.shard)?;
-    let prepared = prepare_prompts(&session, &prompts, &diag)?;
+    let (accuracy, suite) = suite_accuracy(args, session, &all_cuts, diag.shard)?;
+    let prepared = &inputs.prepared;
     let bar = progress_bar();
     let result = sweep(
-        &session,
-        &prepared,
+        session,
+        prepared,
         &opts,
         &diag.thresholds,
         &mut on_event(&bar),

@@ -2,9 +2,9 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use candle_core::{DType, Device};
-use lcut_model::{ResolvedModel, StoreRoots};
+use lcut_model::{ResolvedModel, StoreRoots, WeightMode};
 
 use crate::args::{DeviceArg, KvDtypeArg, WeightArg};
 
@@ -31,11 +31,7 @@ pub fn open_session(
     kv: KvDtypeArg,
     device: DeviceArg,
 ) -> Result<lcut_engine::Session> {
-    let resolved = resolve_model(&model_or_bundled(model))?;
-    let mut session = lcut_engine::Session::load_resolved(&resolved, dtype.mode(), &device.open()?)
-        .with_context(|| format!("loading model {resolved}"))?;
-    session.model.set_kv_dtype(kv.dtype(dtype.mode()))?;
-    Ok(session)
+    PendingModel::open(model, (dtype, kv), device)?.load()
 }
 
 /// Parse `1,5,9` into token ids.
@@ -81,26 +77,89 @@ pub fn ensure_fits(
     if weights_loaded {
         need = need.without_weights();
     }
-    let where_ = if device.is_cpu() {
-        "this machine"
-    } else {
-        "the GPU"
+    let remedies = crate::memory_check::Remedies {
+        chunk_option: true,
+        f32_run: dtype == DType::F32,
+        forcible: false,
     };
-    let smaller = if dtype == DType::F32 {
-        ", or --dtype bf16"
-    } else {
-        ""
-    };
-    if let Some(free) = lcut_model::memory::available_bytes(device)
-        && need.total() > free
-    {
-        bail!(
-            "{total_len} tokens need about {need}, more than {where_} has free ({:.1} GiB); \
-             use shorter prompts, a smaller --prefill-chunk{smaller}",
-            free as f64 / f64::from(1u32 << 30)
-        );
+    crate::memory_check::refuse_if_short(
+        &format!("{total_len} tokens"),
+        &need,
+        (crate::memory_check::available(device)?, device),
+        &remedies,
+    )
+}
+
+/// A model opened but not loaded: its config, the bytes its weights will
+/// take and its tokenizer are known, so a run can be sized (and refused)
+/// before the weights are read.
+pub struct PendingModel {
+    /// The model as resolved.
+    pub resolved: ResolvedModel,
+    /// Its files, opened (memory-mapped, nothing read but headers).
+    pub files: lcut_model::ModelFiles,
+    /// How the weights will be loaded.
+    pub mode: WeightMode,
+    /// How the K/V cache will be stored.
+    pub kv_dtype: DType,
+    /// Where.
+    pub device: Device,
+}
+
+impl PendingModel {
+    /// Open the model given (a path or a store name, or the bundled one).
+    pub fn open(
+        model: &Option<PathBuf>,
+        (dtype, kv): (WeightArg, KvDtypeArg),
+        device: DeviceArg,
+    ) -> Result<Self> {
+        let resolved = resolve_model(&model_or_bundled(model))?;
+        let files = lcut_model::ModelFiles::open_format(&resolved.path, resolved.format)
+            .with_context(|| format!("loading model {resolved}"))?;
+        Ok(Self {
+            resolved,
+            files,
+            mode: dtype.mode(),
+            kv_dtype: kv.dtype(dtype.mode()),
+            device: device.open()?,
+        })
     }
-    Ok(())
+
+    /// The model's config.
+    pub fn config(&self) -> &lcut_model::ModelConfig {
+        self.files.config()
+    }
+
+    /// The dtype of the run's activations (and K/V).
+    pub fn dtype(&self) -> DType {
+        self.mode.activation_dtype()
+    }
+
+    /// Bytes the weights will take once loaded.
+    pub fn weight_bytes(&self) -> u64 {
+        lcut_model::memory::loaded_weight_bytes(&self.files, self.mode)
+    }
+
+    /// The model's tokenizer, chat template and BoS id, without its weights.
+    pub fn prompter(&self) -> Result<lcut_engine::PromptTokenizer> {
+        let r = &self.resolved;
+        lcut_engine::PromptTokenizer::load_format(&r.path, r.format)
+            .with_context(|| format!("loading the tokenizer of {r}"))
+    }
+
+    /// Load the weights and tokenizer, the K/V cache stored as asked.
+    pub fn load(self) -> Result<lcut_engine::Session> {
+        let name = self.resolved.to_string();
+        let mut session = lcut_engine::Session::load_resolved_files(
+            &self.resolved,
+            self.files,
+            self.mode,
+            &self.device,
+        )
+        .with_context(|| format!("loading model {name}"))?;
+        session.model.set_kv_dtype(self.kv_dtype)?;
+        Ok(session)
+    }
 }
 
 /// Write `bytes` to `path` atomically (temporary file, then rename).

@@ -13,11 +13,13 @@ mod cmd_parity;
 mod cmd_report;
 mod cmd_suite;
 mod cmd_sweep;
+mod cmd_synth;
 mod cmd_tokenize;
 mod cmd_train;
 mod cmd_train_lora;
 mod common;
 mod lora_opt;
+mod memory_check;
 
 use std::ffi::OsString;
 
@@ -73,6 +75,8 @@ enum Command {
     Tokenize(cmd_tokenize::TokenizeArgs),
     /// The models in the Hugging Face hub cache and Ollama's store, named as --model takes them.
     Models(cmd_models::ModelsArgs),
+    /// Write a random-weight model of a real checkpoint's shape (safetensors or GGUF).
+    Synth(cmd_synth::SynthArgs),
 }
 
 /// candle asks for its thread count on every CPU matmul, and without
@@ -133,6 +137,7 @@ fn main() -> anyhow::Result<()> {
         Command::Parity(a) => cmd_parity::run(a),
         Command::Tokenize(a) => cmd_tokenize::run(a),
         Command::Models(a) => cmd_models::run(a),
+        Command::Synth(a) => cmd_synth::run(a),
     }
 }
 

@@ -46,6 +46,17 @@ impl Session {
     /// resolver found.
     pub fn load_resolved(model: &ResolvedModel, mode: WeightMode, device: &Device) -> Result<Self> {
         let files = ModelFiles::open_format(&model.path, model.format)?;
+        Self::load_resolved_files(model, files, mode, device)
+    }
+
+    /// [`Session::load_resolved`] from the model's files already opened
+    /// (a caller that sized the run from them first).
+    pub fn load_resolved_files(
+        model: &ResolvedModel,
+        files: ModelFiles,
+        mode: WeightMode,
+        device: &Device,
+    ) -> Result<Self> {
         let mut session = Self::from_files(&model.path, files, mode, device)?;
         session.name = model.name();
         Ok(session)

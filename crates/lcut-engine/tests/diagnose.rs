@@ -405,6 +405,14 @@ fn a_4k_prompt_gives_a_bounded_trace() -> Result<()> {
         bytes <= bound,
         "trace of {bytes} bytes over its bound {bound}"
     );
+    // in memory, the trace holds no more than its formula says, and not
+    // far less (the formula is what `lcut diagnose` sizes a run with)
+    let held = trace.held_bytes();
+    let memory_bound = trace.memory_bound();
+    ensure!(
+        held <= memory_bound && memory_bound <= 2 * held,
+        "trace holds {held} bytes, its memory bound is {memory_bound}"
+    );
     // without the prompt's token strings, the bound does not grow with P
     let strings: usize = trace.prompt_tokens.iter().map(String::len).sum::<usize>() * 6 + 3 * p;
     ensure!(

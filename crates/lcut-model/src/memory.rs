@@ -8,6 +8,8 @@ use std::fmt;
 use candle_core::{DType, Device};
 
 use crate::config::ModelConfig;
+use crate::decoder::WeightMode;
+use crate::files::ModelFiles;
 
 /// Peak bytes of one generation, by part.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,35 +22,74 @@ pub struct MemoryEstimate {
     pub attention: u64,
     /// A prefill chunk's other activations and the logits.
     pub activations: u64,
+    /// What a run records beside the model: traces, probe buffers, the
+    /// report's text (0 for a plain generation).
+    pub records: u64,
 }
 
 impl MemoryEstimate {
     /// All parts together.
     pub fn total(&self) -> u64 {
-        self.weights + self.kv + self.attention + self.activations
+        self.weights + self.kv + self.attention + self.activations + self.records
     }
 
     /// The same without the weights (for a model already loaded).
     pub fn without_weights(self) -> Self {
         Self { weights: 0, ..self }
     }
+
+    /// The same with the weights taking `bytes` (a GGUF kept quantized
+    /// takes its tensors' bytes, not parameters times a dtype).
+    pub fn with_weights(self, bytes: u64) -> Self {
+        Self {
+            weights: bytes,
+            ..self
+        }
+    }
+
+    /// The same with `bytes` of records (traces, probe buffers).
+    pub fn with_records(self, bytes: u64) -> Self {
+        Self {
+            records: bytes,
+            ..self
+        }
+    }
 }
 
-fn gib(bytes: u64) -> f64 {
-    bytes as f64 / f64::from(1u32 << 30)
+/// The unit a figure of `bytes` reads best in: GiB from 1 GiB up, MiB
+/// below (a small model's needs would all read 0.0 GiB), as its size and name.
+fn unit(bytes: u64) -> (f64, &'static str) {
+    if bytes >= 1 << 30 {
+        (f64::from(1u32 << 30), "GiB")
+    } else {
+        (f64::from(1u32 << 20), "MiB")
+    }
+}
+
+/// `bytes` as `1.5 GiB`, or `200.0 MiB` below a GiB.
+pub fn format_bytes(bytes: u64) -> String {
+    let (size, name) = unit(bytes);
+    format!("{:.1} {name}", bytes as f64 / size)
 }
 
 impl fmt::Display for MemoryEstimate {
+    /// The total and its parts, all in the total's unit.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (size, name) = unit(self.total());
+        let x = |b: u64| b as f64 / size;
         write!(
             f,
-            "{:.1} GiB (weights {:.1}, K/V {:.1}, attention scores {:.1}, other activations {:.1})",
-            gib(self.total()),
-            gib(self.weights),
-            gib(self.kv),
-            gib(self.attention),
-            gib(self.activations)
-        )
+            "{:.1} {name} (weights {:.1}, K/V {:.1}, attention scores {:.1}, other activations {:.1}",
+            x(self.total()),
+            x(self.weights),
+            x(self.kv),
+            x(self.attention),
+            x(self.activations)
+        )?;
+        if self.records > 0 {
+            write!(f, ", traces and probes {:.2}", x(self.records))?;
+        }
+        f.write_str(")")
     }
 }
 
@@ -96,19 +137,36 @@ pub fn estimate(
         kv: kv_bytes,
         attention,
         activations,
+        records: 0,
+    }
+}
+
+/// Bytes a model's weights take once loaded from `files` in `mode`: a
+/// GGUF file's tensors as stored when its matrices stay quantized,
+/// parameters times the dtype's size otherwise.
+pub fn loaded_weight_bytes(files: &ModelFiles, mode: WeightMode) -> u64 {
+    match (files, mode) {
+        (ModelFiles::Gguf(file), WeightMode::Quantized) => {
+            file.header().tensors.values().map(|t| t.len as u64).sum()
+        }
+        _ => parameter_count(files.config()) * mode.activation_dtype().size_in_bytes() as u64,
     }
 }
 
 /// Bytes free where `device` runs: the GPU's free memory, or on the CPU
-/// the host's available memory (`MemAvailable` of /proc/meminfo); `None`
-/// when it cannot be read.
+/// the host's available memory (`MemAvailable` of /proc/meminfo), or less
+/// when the process's cgroup caps it (a container's `memory.max` minus
+/// `memory.current`); `None` when it cannot be read.
 pub fn available_bytes(device: &Device) -> Option<u64> {
     match device {
         Device::Cpu => {
-            let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-            let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-            Some(kib * 1024)
+            let host = meminfo_available(&std::fs::read_to_string("/proc/meminfo").ok()?)?;
+            let read = |name: &str| std::fs::read_to_string(format!("/sys/fs/cgroup/{name}")).ok();
+            let cgroup = match (read("memory.max"), read("memory.current")) {
+                (Some(max), Some(current)) => cgroup_free(&max, &current),
+                _ => None,
+            };
+            Some(cgroup.map_or(host, |c| c.min(host)))
         }
         #[cfg(feature = "cuda")]
         Device::Cuda(dev) => dev
@@ -122,6 +180,33 @@ pub fn available_bytes(device: &Device) -> Option<u64> {
     }
 }
 
+/// `MemAvailable` of a /proc/meminfo text, bytes.
+pub fn meminfo_available(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// What a cgroup (v2) leaves: `memory.max` (a byte count, or `max` for no
+/// limit) minus `memory.current`; `None` without a limit.
+pub fn cgroup_free(max: &str, current: &str) -> Option<u64> {
+    let max: u64 = max.trim().parse().ok()?;
+    let current: u64 = current.trim().parse().ok()?;
+    Some(max.saturating_sub(current))
+}
+
+/// This process's resident memory now and at its peak (`VmRSS`, `VmHWM`
+/// of /proc/self/status), bytes; `None` where that is not readable.
+pub fn resident_bytes() -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        let line = status.lines().find(|l| l.starts_with(name))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
+    };
+    Some((field("VmRSS:")?, field("VmHWM:")?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -130,6 +215,54 @@ mod tests {
     fn the_host_reports_available_memory() {
         if std::path::Path::new("/proc/meminfo").exists() {
             assert!(available_bytes(&Device::Cpu).is_some_and(|b| b > 0));
+            let (now, peak) = resident_bytes().expect("a Linux process has a status");
+            assert!(now > 0 && peak >= now);
         }
+    }
+
+    /// A container's limit caps the host's figure; no limit leaves it.
+    #[test]
+    fn meminfo_and_cgroup_figures_parse() {
+        let info = "MemTotal:       24000000 kB\nMemAvailable:    2000000 kB\n";
+        assert_eq!(meminfo_available(info), Some(2_000_000 * 1024));
+        assert_eq!(meminfo_available("MemTotal: 1 kB\n"), None);
+        assert_eq!(cgroup_free("1000000\n", "400000\n"), Some(600_000));
+        assert_eq!(cgroup_free("max\n", "400000\n"), None);
+        assert_eq!(cgroup_free("100\n", "400\n"), Some(0));
+    }
+
+    /// The display names every part, traces and probes only when a run
+    /// records them.
+    #[test]
+    fn the_estimate_names_its_parts() {
+        let gib = 1u64 << 30;
+        let e = MemoryEstimate {
+            weights: 2 * gib,
+            kv: gib,
+            attention: 0,
+            activations: 0,
+            records: 0,
+        };
+        assert_eq!(
+            e.to_string(),
+            "3.0 GiB (weights 2.0, K/V 1.0, attention scores 0.0, other activations 0.0)"
+        );
+        let r = e.with_records(gib / 2).with_weights(gib);
+        assert_eq!(r.total(), gib * 5 / 2);
+        assert!(r.to_string().ends_with("traces and probes 0.50)"), "{r}");
+        // below a GiB, in MiB
+        let small = MemoryEstimate {
+            weights: 3 << 20,
+            kv: 1 << 19,
+            ..e.without_weights().with_records(0)
+        };
+        assert!(
+            small
+                .to_string()
+                .starts_with("3.5 MiB (weights 3.0, K/V 0.5,"),
+            "{small}"
+        );
+        assert_eq!(format_bytes(3 << 29), "1.5 GiB");
+        assert_eq!(format_bytes(5 << 20), "5.0 MiB");
     }
 }

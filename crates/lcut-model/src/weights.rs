@@ -1,11 +1,18 @@
 //! Memory-mapped safetensors weights (one file or a sharded index) with
 //! named errors for missing tensors and wrong shapes.
+//!
+//! Every file is mapped, never read whole. A tensor is copied out of the
+//! mapping once, in its stored dtype (a bf16 checkpoint loaded as bf16 is
+//! never widened to f32), and the mapped pages it came from are handed
+//! back at once: the process holds the weights and at most one tensor's
+//! pages of the file beside them, whatever the number of shards.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
+use memmap2::Mmap;
+use safetensors::tensor::TensorInfo;
 use serde_json::Value;
 
 use crate::error::{ModelError, Result};
@@ -49,8 +56,62 @@ pub trait WeightSource {
 pub struct WeightFiles {
     folder: PathBuf,
     paths: Vec<PathBuf>,
-    files: Vec<MmapedSafetensors>,
+    files: Vec<MappedFile>,
     owner: HashMap<String, usize>,
+}
+
+/// One safetensors file, memory-mapped, its header parsed once.
+struct MappedFile {
+    map: Mmap,
+    /// Offset of the data section (after the 8-byte length and the header).
+    data_start: usize,
+    tensors: HashMap<String, TensorInfo>,
+}
+
+impl MappedFile {
+    /// Map `path` and check its header against its length.
+    fn open(path: &Path) -> Result<Self> {
+        let bad = |reason: String| ModelError::Safetensors {
+            path: path.to_path_buf(),
+            reason: truncation(path).unwrap_or(reason),
+        };
+        let file = std::fs::File::open(path).map_err(|source| ModelError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let map = crate::gguf::map_file(&file, path)?;
+        // the whole file is checked: offsets inside it and covering it
+        safetensors::SafeTensors::deserialize(&map).map_err(|e| bad(e.to_string()))?;
+        let (header_len, metadata) =
+            safetensors::SafeTensors::read_metadata(&map).map_err(|e| bad(e.to_string()))?;
+        let tensors = metadata
+            .tensors()
+            .into_iter()
+            .map(|(name, info)| (name, info.clone()))
+            .collect();
+        Ok(Self {
+            map,
+            data_start: 8 + header_len,
+            tensors,
+        })
+    }
+
+    /// A copy of tensor `name` (known to be in the file) in its stored
+    /// dtype on `device`; the mapped pages it was read from are released.
+    fn load(&self, name: &str, dtype: DType, device: &Device) -> Result<Tensor> {
+        let info = &self.tensors[name];
+        let (from, to) = info.data_offsets;
+        let (from, to) = (self.data_start + from, self.data_start + to);
+        let tensor = Tensor::from_raw_buffer(&self.map[from..to], dtype, &info.shape, device)?;
+        self.release(from, to - from);
+        Ok(tensor)
+    }
+
+    /// Drop the mapped pages of `len` bytes at `offset` from the process's
+    /// resident memory (the page cache keeps them).
+    fn release(&self, offset: usize, len: usize) {
+        crate::gguf::release_mapped(&self.map, offset, len);
+    }
 }
 
 const SINGLE: &str = "model.safetensors";
@@ -64,8 +125,8 @@ impl WeightFiles {
         let mut files = Vec::with_capacity(shards.paths.len());
         let mut owner: HashMap<String, usize> = HashMap::new();
         for (i, path) in shards.paths.iter().enumerate() {
-            let st = open_mmaped(path)?;
-            for (name, _) in st.tensors() {
+            let st = MappedFile::open(path)?;
+            for name in st.tensors.keys().cloned() {
                 if let Some(&first) = owner.get(&name) {
                     return Err(ModelError::Safetensors {
                         path: path.clone(),
@@ -100,13 +161,12 @@ impl WeightFiles {
 
     /// The shape of a tensor as stored.
     pub fn shape(&self, name: &str) -> Result<Vec<usize>> {
-        let file = self.file_of(name)?;
-        let view = file.get(name)?;
-        Ok(view.shape().to_vec())
+        Ok(self.info(name)?.shape.clone())
     }
 
-    fn file_of(&self, name: &str) -> Result<&MmapedSafetensors> {
-        Ok(&self.files[self.index_of(name)?])
+    fn info(&self, name: &str) -> Result<&TensorInfo> {
+        let file = &self.files[self.index_of(name)?];
+        Ok(&file.tensors[name])
     }
 
     fn index_of(&self, name: &str) -> Result<usize> {
@@ -119,15 +179,17 @@ impl WeightFiles {
             })
     }
 
-    /// Refuse a tensor stored in a type that is not floating point: an
-    /// integer tensor of the right size would otherwise be converted to
-    /// floats and load as silently wrong weights.
-    fn check_float(&self, name: &str) -> Result<()> {
+    /// The candle dtype a tensor is stored in; a type that is not floating
+    /// point is refused: an integer tensor of the right size would
+    /// otherwise be converted to floats and load as silently wrong weights.
+    fn stored_float(&self, name: &str) -> Result<DType> {
         use safetensors::Dtype;
         let i = self.index_of(name)?;
-        let stored = self.files[i].get(name)?.dtype();
-        match stored {
-            Dtype::F16 | Dtype::BF16 | Dtype::F32 | Dtype::F64 => Ok(()),
+        match self.info(name)?.dtype {
+            Dtype::F16 => Ok(DType::F16),
+            Dtype::BF16 => Ok(DType::BF16),
+            Dtype::F32 => Ok(DType::F32),
+            Dtype::F64 => Ok(DType::F64),
             other => Err(ModelError::Safetensors {
                 path: self.paths[i].clone(),
                 reason: format!(
@@ -169,9 +231,9 @@ impl WeightSource for WeightFiles {
                 found,
             });
         }
-        self.check_float(name)?;
-        let tensor = self.file_of(name)?.load(name, device)?;
-        Ok(tensor.to_dtype(dtype)?)
+        let stored = self.stored_float(name)?;
+        let file = &self.files[self.index_of(name)?];
+        Ok(file.load(name, stored, device)?.to_dtype(dtype)?)
     }
 }
 
@@ -254,21 +316,6 @@ fn is_plain_file_name(name: &str) -> bool {
         (parts.next(), parts.next()),
         (Some(std::path::Component::Normal(_)), None)
     )
-}
-
-#[allow(unsafe_code)]
-fn open_mmaped(path: &Path) -> Result<MmapedSafetensors> {
-    // SAFETY: the file is mapped read-only; lcut never writes to a model
-    // folder while a model from it is loaded. A file changed underneath by
-    // another process is the one case memory mapping cannot guard against.
-    unsafe { MmapedSafetensors::new(path) }.map_err(|e| ModelError::Safetensors {
-        path: path.to_path_buf(),
-        reason: truncation(path).unwrap_or_else(|| match e {
-            // the path is already in our message
-            candle_core::Error::WithPath { inner, .. } => inner.to_string(),
-            e => e.to_string(),
-        }),
-    })
 }
 
 /// Why `path` cannot be a whole safetensors file, when its length shows it:

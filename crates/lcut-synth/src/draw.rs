@@ -1,41 +1,92 @@
-//! How a random model's weights are drawn: norms are ones, every other
-//! matrix has standard deviation 0.02 (uniform on the CPU, seeded; normal
-//! on CUDA, seeded through the device); no biases.
+//! How a random model's weights are drawn: norms are ones, every matrix and
+//! bias is uniform with standard deviation 0.02 (Hugging Face's
+//! `initializer_range`, which keeps the residual stream finite through 32
+//! layers and more since every layer reads it through an RMSNorm).
+//!
+//! Each row has its own generator, seeded by the model's seed, the
+//! tensor's name and the row's index: a tensor is the same whether it is
+//! drawn whole, in chunks of rows (the writers stream an 8B model that
+//! way) or on several threads, and the same in every format.
 
-use std::cell::RefCell;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 use lcut_model::{Result, WeightSource};
-use rand::{Rng, rngs::StdRng};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use rayon::prelude::*;
 
-/// Standard deviation of every matrix entry.
-const STD: f32 = 0.02;
+use crate::shapes::TensorKind;
 
-/// `n` values drawn uniformly with standard deviation 0.02.
-pub fn uniform(rng: &mut StdRng, n: usize) -> Vec<f32> {
-    let a = STD * 3f32.sqrt();
-    (0..n).map(|_| rng.random_range(-a..a)).collect()
-}
+/// Standard deviation of every matrix and bias entry.
+pub const STD: f32 = 0.02;
 
 /// Whether the weight `name` is a norm (drawn as ones).
 pub fn is_norm(name: &str) -> bool {
     name.ends_with("norm.weight")
 }
 
-/// Weights drawn on request, in the order the decoder asks for them.
+/// The kind of a weight known only by its Hugging Face name.
+pub fn kind_of(name: &str) -> TensorKind {
+    if is_norm(name) {
+        TensorKind::Norm
+    } else if name.ends_with(".bias") {
+        TensorKind::Bias
+    } else {
+        TensorKind::Matrix
+    }
+}
+
+/// FNV-1a of the name, mixed with the model's seed: one stream per tensor.
+fn tensor_seed(seed: u64, name: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    for b in name.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// Rows `rows` of weight `name` (`kind`, rows of `cols` values) of the
+/// model drawn from `seed`, row-major; drawn on all threads.
+pub fn rows(seed: u64, name: &str, kind: TensorKind, cols: usize, rows: Range<usize>) -> Vec<f32> {
+    let picked: Vec<usize> = rows.collect();
+    rows_at(seed, name, kind, cols, &picked)
+}
+
+/// The rows of weight `name` at indices `picked`, in that order (a GGUF
+/// writer draws llama.cpp's permuted Q/K rows this way).
+pub fn rows_at(seed: u64, name: &str, kind: TensorKind, cols: usize, picked: &[usize]) -> Vec<f32> {
+    let n = picked.len() * cols;
+    if kind == TensorKind::Norm {
+        return vec![1.0; n];
+    }
+    let base = tensor_seed(seed, name);
+    let mut out = vec![0f32; n];
+    let a = STD * 3f32.sqrt();
+    out.par_chunks_mut(cols.max(1))
+        .zip(picked.par_iter())
+        .for_each(|(row, &r)| {
+            let mut rng =
+                StdRng::seed_from_u64(base ^ (r as u64).wrapping_mul(0xd6e8_feb8_6659_fd93));
+            for x in row {
+                *x = rng.random_range(-a..a);
+            }
+        });
+    out
+}
+
+/// Weights drawn on request, the same values the writers store.
 pub struct RandomWeights {
     folder: PathBuf,
-    rng: RefCell<StdRng>,
+    seed: u64,
 }
 
 impl RandomWeights {
-    /// A source drawing from `rng`; `folder` is the name errors give it.
-    pub fn new(folder: PathBuf, rng: StdRng) -> Self {
-        Self {
-            folder,
-            rng: RefCell::new(rng),
-        }
+    /// A source drawing the model of `seed` (on the CPU; CUDA draws are
+    /// seeded through the device); `folder` is the name errors give it.
+    pub fn new(folder: PathBuf, seed: u64) -> Self {
+        Self { folder, seed }
     }
 }
 
@@ -45,7 +96,7 @@ impl WeightSource for RandomWeights {
     }
 
     fn contains(&self, name: &str) -> bool {
-        name.ends_with(".weight")
+        name.ends_with(".weight") || name.ends_with(".bias")
     }
 
     fn load(
@@ -55,16 +106,38 @@ impl WeightSource for RandomWeights {
         dtype: DType,
         device: &Device,
     ) -> Result<Tensor> {
-        if is_norm(name) {
+        let kind = kind_of(name);
+        if kind == TensorKind::Norm {
             return Ok(Tensor::ones(expected, dtype, device)?);
         }
         let t = if device.is_cuda() {
             Tensor::randn(0f32, STD, expected, device)?
         } else {
-            let n: usize = expected.iter().product();
-            let data = uniform(&mut self.rng.borrow_mut(), n);
+            let cols = expected.last().copied().unwrap_or(1);
+            let n_rows = expected.iter().product::<usize>() / cols.max(1);
+            let data = rows(self.seed, name, kind, cols, 0..n_rows);
             Tensor::from_vec(data, expected, device)?
         };
         Ok(t.to_dtype(dtype)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tensor drawn in pieces is the tensor drawn whole: what lets the
+    /// writers stream it.
+    #[test]
+    fn rows_drawn_in_pieces_are_the_rows_drawn_whole() {
+        let whole = rows(7, "w", TensorKind::Matrix, 5, 0..9);
+        let mut pieces = rows(7, "w", TensorKind::Matrix, 5, 0..4);
+        pieces.extend(rows(7, "w", TensorKind::Matrix, 5, 4..9));
+        assert_eq!(whole, pieces);
+        assert_ne!(whole, rows(8, "w", TensorKind::Matrix, 5, 0..9));
+        assert_ne!(whole, rows(7, "v", TensorKind::Matrix, 5, 0..9));
+        let std = (whole.iter().map(|x| x * x).sum::<f32>() / whole.len() as f32).sqrt();
+        assert!((0.01..0.03).contains(&std), "{std}");
+        assert_eq!(rows(7, "n", TensorKind::Norm, 3, 0..2), vec![1.0; 6]);
     }
 }

@@ -1,17 +1,75 @@
-//! A random-weight Llama-architecture model: a shape and the seed of its
-//! weights, built straight onto a device or written to a folder.
+//! A random-weight model: a shape and the seed of its weights, built
+//! straight onto a device or written to files.
 
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device};
-use lcut_model::{Decoder, LlamaShape, ModelConfig, Result, SpecialTokens};
-use rand::{SeedableRng, rngs::StdRng};
+use lcut_model::{Decoder, LlamaShape, ModelConfig};
 
 use crate::draw::RandomWeights;
-use crate::{shapes, write};
+use crate::error::Result;
+use crate::shapes::{self, ModelShape};
+use crate::write::safetensors::{StoredDtype, write_weights};
+use crate::write::{self, Format, Progress, WriteOptions, Written, hf_folder};
 
-/// A random-weight Llama-architecture model: a shape and the seed of its
-/// weights.
+/// A random-weight model of any shape lcut knows (Llama or Qwen2, tied or
+/// not): a shape and the seed of its weights. The same seed gives the same
+/// weights built on the CPU and written in every format.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RandomModel {
+    /// The shape.
+    pub shape: ModelShape,
+    /// Seed of the weights.
+    pub seed: u64,
+}
+
+impl RandomModel {
+    /// The named shape with seed `seed` (see [`shapes::named`]).
+    pub fn named(name: &str, seed: u64) -> Result<Self> {
+        Ok(Self {
+            shape: shapes::named(name)?,
+            seed,
+        })
+    }
+
+    /// The parsed config of this model (an invalid shape is refused,
+    /// naming the field).
+    pub fn config(&self) -> Result<ModelConfig> {
+        self.shape.config()
+    }
+
+    /// The decoder of this shape with weights drawn on `device` in `dtype`,
+    /// nothing written to disk: how a benchmark gets a model of the
+    /// Llama-3.1-8B shape without a 16 GB file. On the CPU the weights are
+    /// those the writers store for the seed; CUDA draws are seeded through
+    /// the device.
+    pub fn build(&self, dtype: DType, device: &Device) -> Result<Decoder> {
+        let cfg = self.config()?;
+        if device.is_cuda() {
+            device
+                .set_seed(self.seed)
+                .map_err(lcut_model::ModelError::from)?;
+        }
+        let source = RandomWeights::new(
+            PathBuf::from(format!("(random {})", self.shape.name)),
+            self.seed,
+        );
+        Ok(Decoder::from_weights(cfg, &source, dtype, device)?)
+    }
+
+    /// Write the model in `format` to `out`, a path that must not exist
+    /// (see [`write::write_model`]).
+    pub fn write(&self, format: Format, out: &Path, progress: Progress<'_>) -> Result<Written> {
+        let opts = WriteOptions {
+            seed: self.seed,
+            ..WriteOptions::default()
+        };
+        write::write_model(&self.shape, format, out, &opts, progress)
+    }
+}
+
+/// A random-weight Llama-architecture model: plain sizes and the seed of
+/// its weights (untied head, no biases, BoS 1, EoS 2).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RandomLlama {
     /// Sizes of the model.
@@ -19,13 +77,6 @@ pub struct RandomLlama {
     /// Seed of the weights.
     pub seed: u64,
 }
-
-/// The special tokens a random model's `config.json` names.
-const TOKENS: SpecialTokens = SpecialTokens {
-    bos: 1,
-    eos: 2,
-    pad: None,
-};
 
 impl RandomLlama {
     /// The [`shapes::small`] shape with seed 0.
@@ -36,36 +87,44 @@ impl RandomLlama {
         }
     }
 
+    /// The general model of this shape.
+    pub fn model(&self) -> RandomModel {
+        RandomModel {
+            shape: ModelShape::from(self.shape),
+            seed: self.seed,
+        }
+    }
+
     /// The `config.json` value of this model.
     pub fn config_json(&self) -> serde_json::Value {
-        self.shape.config_json(TOKENS)
+        self.model().shape.config_json("float32")
     }
 
     /// The parsed config of this model (an invalid shape is refused,
     /// naming the field).
     pub fn config(&self) -> Result<ModelConfig> {
-        self.shape.model_config(TOKENS)
+        self.model().config()
     }
 
-    /// The decoder of this shape with weights drawn on `device` in `dtype`,
-    /// nothing written to disk: how a benchmark gets a model of the
-    /// Llama-3.1-8B shape without a 32 GB file. On the CPU the draw is
-    /// seeded by `seed`; CUDA draws are seeded through the device.
+    /// See [`RandomModel::build`].
     pub fn build(&self, dtype: DType, device: &Device) -> Result<Decoder> {
-        let cfg = self.config()?;
-        if device.is_cuda() {
-            device.set_seed(self.seed)?;
-        }
-        let source = RandomWeights::new(
-            PathBuf::from("(random llama)"),
-            StdRng::seed_from_u64(self.seed),
-        );
-        Decoder::from_weights(cfg, &source, dtype, device)
+        self.model().build(dtype, device)
     }
 
-    /// Write `config.json` and `model.safetensors` (f32) into `folder`.
+    /// Write `config.json` and `model.safetensors` (f32) into `folder`
+    /// (created when missing), each file atomically; no tokenizer.
     pub fn write(&self, folder: &Path) -> Result<()> {
-        write::hf_folder::write(&self.shape, TOKENS, self.seed, folder)
+        let model = self.model();
+        model.config()?;
+        std::fs::create_dir_all(folder).map_err(|e| crate::SynthError::io(folder, e))?;
+        hf_folder::write_config(&model.shape, StoredDtype::F32, folder)?;
+        write_weights(
+            folder,
+            &model.shape.tensors(),
+            (StoredDtype::F32, self.seed, u64::MAX),
+            &mut |_, _| {},
+        )?;
+        Ok(())
     }
 }
 

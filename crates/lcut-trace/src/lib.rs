@@ -51,7 +51,7 @@ pub use report::{
     Sweep, Votes,
 };
 pub use settings::{RunSettings, Thresholds};
-pub use size::trace_size_bound;
+pub use size::{trace_memory_bound, trace_size_bound};
 pub use sweep_point::{SweepPoint, anchors_label, speed_policy};
 pub use tensor::{Tensor2, Tensor3};
 pub use trace::{PromptTrace, TraceHeader, normalised_entropy};

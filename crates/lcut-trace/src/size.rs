@@ -1,4 +1,6 @@
-//! An upper bound on the JSON size of a [`PromptTrace`].
+//! Upper bounds on a [`PromptTrace`]'s size: as JSON, and in memory.
+//!
+//! As JSON:
 //!
 //! With L layers, H heads, T decode steps, B prompt bins, and strings (the id,
 //! the prompt tokens, the generated tokens) of S bytes in all, N of them:
@@ -12,6 +14,17 @@
 //! bytes per string byte after JSON escaping plus quotes and a comma, and 2048
 //! for keys, punctuation, shapes and the scalar fields. Prompt length enters
 //! only through B (at most `max_prompt_bins`) and the prompt token strings.
+//!
+//! In memory (heap and struct):
+//!
+//! ```text
+//! bytes <= 24*L*T*H + 4*L*B + 8*(B + 1) + 8*(L + 1) + 12*T + 24*N + S + 1024
+//! ```
+//!
+//! six f32 tensors of `[L, T, H]`, the `[L, B]` prompt map, the bin edges,
+//! two curvature series, an id and a position per step, N strings holding
+//! S bytes of text in all (24 bytes each for the `String` itself), and 1024
+//! for the struct and its vectors' headers.
 
 use crate::trace::PromptTrace;
 
@@ -32,14 +45,80 @@ pub fn trace_size_bound(
         + 3 * num_strings
 }
 
+/// The in-memory bound above, for the given sizes.
+pub fn trace_memory_bound(
+    num_layers: usize,
+    num_heads: usize,
+    num_steps: usize,
+    num_bins: usize,
+    string_bytes: usize,
+    num_strings: usize,
+) -> usize {
+    let (l, h, t, b) = (num_layers, num_heads, num_steps, num_bins);
+    24 * l * t * h
+        + 4 * l * b
+        + 8 * (b + 1)
+        + 8 * (l + 1)
+        + 12 * t
+        + 24 * num_strings
+        + string_bytes
+        + 1024
+}
+
 impl PromptTrace {
+    /// Bytes and number of the trace's strings (id, prompt and generated tokens).
+    fn strings(&self) -> (usize, usize) {
+        std::iter::once(&self.id)
+            .chain(&self.prompt_tokens)
+            .chain(&self.generated)
+            .fold((0, 0), |(b, n), s| (b + s.len(), n + 1))
+    }
+
     /// [`trace_size_bound`] for this trace's sizes and strings.
     pub fn size_bound(&self) -> usize {
-        let strings = std::iter::once(&self.id)
-            .chain(&self.prompt_tokens)
-            .chain(&self.generated);
-        let (bytes, count) = strings.fold((0, 0), |(b, n), s| (b + s.len(), n + 1));
+        let (bytes, count) = self.strings();
         trace_size_bound(
+            self.num_layers,
+            self.num_heads,
+            self.num_steps(),
+            self.num_bins(),
+            bytes,
+            count,
+        )
+    }
+
+    /// The bytes this trace holds now: its struct, its arrays' elements,
+    /// its vectors' capacity and its strings (a `String` of 24 bytes each
+    /// plus its text's capacity); what [`PromptTrace::memory_bound`] bounds.
+    pub fn held_bytes(&self) -> usize {
+        let strings =
+            |v: &Vec<String>| 24 * v.capacity() + v.iter().map(String::capacity).sum::<usize>();
+        let tensors: usize = self
+            .phase_tensors()
+            .iter()
+            .chain([&&self.prefill_entropy])
+            .map(|x| 4 * x.data().len())
+            .sum();
+        std::mem::size_of::<Self>()
+            + self.id.capacity()
+            + strings(&self.prompt_tokens)
+            + strings(&self.generated)
+            + 4 * self.generated_ids.capacity()
+            + 8 * self.query_positions.capacity()
+            + tensors
+            + 4 * self.prompt_attention.data().len()
+            + 8 * self.bin_edges.capacity()
+            + 4 * (self.curvature_prompt.0.capacity() + self.curvature_generated.0.capacity())
+    }
+
+    /// [`trace_memory_bound`] for this trace's sizes and strings (S the
+    /// strings' capacity, which may exceed their text's length).
+    pub fn memory_bound(&self) -> usize {
+        let (bytes, count) = std::iter::once(&self.id)
+            .chain(&self.prompt_tokens)
+            .chain(&self.generated)
+            .fold((0, 0), |(b, n), s| (b + s.capacity(), n + 1));
+        trace_memory_bound(
             self.num_layers,
             self.num_heads,
             self.num_steps(),
@@ -117,6 +196,29 @@ mod tests {
             if l * t * h >= 1000 {
                 // The bound is not vacuous: within 25% of a worst-case trace.
                 assert!(bound * 4 <= size * 5, "bound {bound} far above {size}");
+            }
+        }
+    }
+
+    /// What a trace holds in memory is within its bound, and the bound is
+    /// not loose where the per-step records dominate.
+    #[test]
+    fn held_memory_is_within_the_bound() {
+        for (p, tokens, l, h, t, b) in [
+            (10, true, 2, 2, 3, 64),
+            (5000, true, 8, 4, 16, 64),
+            (200_000, false, 32, 32, 8, 128),
+            (2, true, 1, 1, 0, 2),
+        ] {
+            let tr = worst_case(p, tokens, l, h, t, b);
+            let (held, bound) = (tr.held_bytes(), tr.memory_bound());
+            assert!(
+                held <= bound,
+                "held {held} > bound {bound} for {:?}",
+                (p, l, h, t, b)
+            );
+            if l * t * h >= 1000 {
+                assert!(bound * 10 <= held * 11, "bound {bound} far above {held}");
             }
         }
     }

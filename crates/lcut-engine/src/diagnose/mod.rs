@@ -7,6 +7,7 @@
 
 mod attention_row;
 mod curvature;
+pub mod memory;
 mod policy_axis;
 mod probe;
 mod prompts;
@@ -136,6 +137,24 @@ pub fn prepare_prompts(
     prompts: &[PromptSpec],
     opts: &DiagnoseOptions,
 ) -> Result<Vec<LabelledPrompt>> {
+    prepare_prompts_with(prompts, opts, &|user, system, template| {
+        session.prepare_text(user, system, template)
+    })
+}
+
+/// Turns a prompt's user text, system text and whether to apply the chat
+/// template into the model's tokens.
+pub type PrepareText<'a> = dyn Fn(&str, Option<&str>, bool) -> Result<PreparedPrompt> + 'a;
+
+/// Tokenise the prompts of `opts.shard` with `prepare` (user text, system
+/// text, whether to apply the chat template): a model's
+/// [`crate::PromptTokenizer`] does it before the weights are loaded, so
+/// that the run's memory is known first.
+pub fn prepare_prompts_with(
+    prompts: &[PromptSpec],
+    opts: &DiagnoseOptions,
+    prepare: &PrepareText<'_>,
+) -> Result<Vec<LabelledPrompt>> {
     shard_indices(prompts.len(), opts.shard)?
         .into_iter()
         .map(|index| {
@@ -143,11 +162,7 @@ pub fn prepare_prompts(
             Ok(LabelledPrompt {
                 index,
                 id: p.id.clone(),
-                prompt: session.prepare_text(
-                    &p.user,
-                    p.system.as_deref(),
-                    opts.use_chat_template,
-                )?,
+                prompt: prepare(&p.user, p.system.as_deref(), opts.use_chat_template)?,
             })
         })
         .collect()

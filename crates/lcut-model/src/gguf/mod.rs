@@ -7,5 +7,5 @@ mod weights;
 
 pub use config::{architecture, model_config};
 pub use header::{GgufHeader, MetaValue, TensorEntry};
-pub(crate) use weights::map_file;
 pub use weights::{GgufFile, GgufWeights, gguf_name, is_gguf_path};
+pub(crate) use weights::{map_file, release_mapped};

@@ -153,6 +153,14 @@ impl GgufFile {
             None => (dtype, Cow::Borrowed(bytes)),
         })
     }
+
+    /// Drop the mapped pages of the tensor of this Hugging Face name from
+    /// the process's resident memory, once a copy of it is made.
+    fn release(&self, hf_name: &str) {
+        if let Ok((_, e)) = self.entry(hf_name) {
+            release_mapped(&self.map, e.start, e.len);
+        }
+    }
 }
 
 #[allow(unsafe_code)]
@@ -164,6 +172,19 @@ pub(crate) fn map_file(file: &std::fs::File, path: &Path) -> Result<Mmap> {
         path: path.to_path_buf(),
         source,
     })
+}
+
+/// Drop the mapped pages of `len` bytes at `offset` of `map` from the
+/// process's resident memory (the page cache keeps them): a tensor copied
+/// out of a mapping would otherwise count twice.
+#[allow(unsafe_code)]
+pub(crate) fn release_mapped(map: &Mmap, offset: usize, len: usize) {
+    // SAFETY: the map is a read-only shared mapping of a file, so
+    // MADV_DONTNEED discards nothing: a later read of the range faults the
+    // same bytes back in from the file. Callers hold no borrow of the
+    // range: the tensor owns a copy. A failure only leaves the pages
+    // resident.
+    let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len) };
 }
 
 enum Projection {
@@ -330,7 +351,11 @@ impl GgufWeights {
     fn quantized(&self, name: &str, expected: &[usize], device: &Device) -> Result<QTensor> {
         let name = self.name(name);
         let (dtype, bytes) = self.file.raw(&name, expected)?;
-        Ok(qtensor_from_ggml(dtype, &bytes, expected.to_vec(), device)?)
+        let tensor = qtensor_from_ggml(dtype, &bytes, expected.to_vec(), device)?;
+        drop(bytes);
+        // the QTensor owns a copy (candle has no mapped storage)
+        self.file.release(&name);
+        Ok(tensor)
     }
 }
 

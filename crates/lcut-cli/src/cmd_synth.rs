@@ -1,0 +1,75 @@
+//! `lcut synth`: write a random-weight model of a real checkpoint's shape
+//! (Llama-3.2-1B, Qwen2.5-1.5B, Llama-3.1-8B) as a Hugging Face folder in
+//! safetensors or as a GGUF file, to exercise lcut (and llama.cpp) at the
+//! sizes people use without downloading anything.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use lcut_synth::{Format, WriteOptions, shapes, write_model};
+
+/// Arguments of `lcut synth`.
+#[derive(Debug, Args)]
+pub struct SynthArgs {
+    /// Shape: llama-3.2-1b, qwen2.5-1.5b, llama-3.1-8b or small.
+    #[arg(long)]
+    pub shape: String,
+    /// Format: safetensors-bf16, safetensors-f32 (a model folder), gguf-q4_0
+    /// or gguf-q4_k (a GGUF file).
+    #[arg(long, value_parser = parse_format)]
+    pub format: Format,
+    /// Where to write it (a path that does not exist yet).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Seed of the weights.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Give the shape this many layers (e.g. a 1B-wide model 32 layers deep).
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// Largest safetensors shard, bytes (Hugging Face's 5 GB by default).
+    #[arg(long, default_value_t = lcut_synth::write::DEFAULT_SHARD_BYTES)]
+    pub shard_bytes: u64,
+}
+
+fn parse_format(s: &str) -> std::result::Result<Format, String> {
+    s.parse::<Format>().map_err(|e| e.to_string())
+}
+
+/// Run `lcut synth`.
+pub fn run(args: &SynthArgs) -> Result<()> {
+    let mut shape = shapes::named(&args.shape)?;
+    if let Some(layers) = args.layers {
+        shape = shape.with_layers(layers);
+    }
+    let opts = WriteOptions {
+        seed: args.seed,
+        max_shard_bytes: args.shard_bytes,
+    };
+    eprintln!(
+        "{} ({} parameters, {} layers) as {} to {}",
+        shape.name,
+        shape.parameter_count(),
+        shape.sizes.num_layers,
+        args.format,
+        args.out.display()
+    );
+    let bar = ProgressBar::new(0).with_style(
+        ProgressStyle::with_template("{bar:30} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let written = write_model(&shape, args.format, &args.out, &opts, &mut |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })
+    .with_context(|| format!("writing {}", args.out.display()))?;
+    bar.finish_and_clear();
+    println!(
+        "wrote {} ({:.2} GB of weights)",
+        written.path.display(),
+        written.weight_bytes as f64 / 1e9
+    );
+    Ok(())
+}

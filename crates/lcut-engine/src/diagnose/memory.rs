@@ -1,0 +1,144 @@
+//! What a diagnostic run holds at its peak, by part, known before the model
+//! is loaded: the weights, the K/V of the longest prompt with its generated
+//! tokens, one prefill chunk's attention scores and activations (see
+//! [`lcut_model::memory::estimate`]), and the records: the probe's buffers
+//! for the longest prompt, every prompt's trace (all are kept until the
+//! report is written) and the report's JSON text.
+//!
+//! With L layers, H heads, hidden width d, a prompt of P tokens, T decode
+//! steps, B prompt bins and prefill chunks of C tokens:
+//!
+//! ```text
+//! probe  <= 8·L·P + L·(T+1)·(320 + 24·H) + (L+1)·(16·(P+T) + 64·d + 1024·(P/C + T + 1)) + 32·C·d
+//! trace  <= 24·L·T·H + 4·L·B + 8·(B+1) + 8·(L+1) + 12·T + 24·N + S + 1024
+//! ```
+//!
+//! (probe: the per-layer attention sums over prompt positions, the
+//! per-(layer, step) phase masses, the curvature accumulators of the
+//! prompt and generated spans at every layer, a chunk's f64 states while
+//! they are reduced; trace: [`lcut_trace::trace_memory_bound`], N strings
+//! of S bytes in all.) Nothing is L x H x P x T: attention rows are reduced
+//! to per-head masses and per-position sums as they are computed.
+
+use candle_core::DType;
+use lcut_model::ModelConfig;
+use lcut_model::memory::{MemoryEstimate, estimate};
+use lcut_trace::{bin_edges, trace_memory_bound, trace_size_bound};
+
+use super::DiagnoseOptions;
+
+/// Bytes of token text assumed per token string, on average, in the
+/// estimate of a trace before the prompt's tokens are decoded.
+pub const TOKEN_TEXT_BYTES: usize = 16;
+
+/// Upper bound on the diagnostic probe's buffers for one prompt of
+/// `prompt_len` tokens and `steps` decode steps, prefilled in chunks of
+/// `chunk` (the formula above).
+pub fn probe_buffer_bound(cfg: &ModelConfig, prompt_len: usize, steps: usize, chunk: usize) -> u64 {
+    let (l, h, d) = (cfg.num_layers, cfg.num_heads, cfg.hidden_size);
+    let (p, t, c) = (prompt_len, steps, chunk.max(1));
+    let prompt_sums = 8 * l * p;
+    let masses = l * (t + 1) * (320 + 24 * h);
+    let curvature = (l + 1) * (16 * (p + t) + 64 * d + 1024 * (p / c + t + 1));
+    let chunk_states = 32 * c.min(p.max(1)) * d;
+    (prompt_sums + masses + curvature + chunk_states) as u64
+}
+
+/// Upper bound on one prompt's trace in memory and on its JSON text.
+fn trace_bounds(cfg: &ModelConfig, prompt_len: usize, opts: &DiagnoseOptions) -> (u64, u64) {
+    let (l, h, t) = (cfg.num_layers, cfg.num_heads, opts.max_new_tokens);
+    let bins = bin_edges(prompt_len, opts.max_prompt_bins)
+        .len()
+        .saturating_sub(1);
+    let strings = prompt_len + t + 1;
+    let text = strings * TOKEN_TEXT_BYTES;
+    (
+        trace_memory_bound(l, h, t, bins, text, strings) as u64,
+        trace_size_bound(l, h, t, bins, text, strings) as u64,
+    )
+}
+
+/// Peak memory of diagnosing prompts of `prompt_lens` tokens on a model of
+/// `cfg` whose weights take `weight_bytes` loaded, activations in `dtype`,
+/// prefill chunks of `chunk` tokens and attention blocks of at most
+/// `block_elems` scores.
+pub fn diagnose_memory(
+    cfg: &ModelConfig,
+    (dtype, weight_bytes): (DType, u64),
+    prompt_lens: &[usize],
+    opts: &DiagnoseOptions,
+    (chunk, block_elems): (usize, usize),
+) -> MemoryEstimate {
+    let longest = prompt_lens.iter().copied().max().unwrap_or(1);
+    let total = longest + opts.max_new_tokens;
+    let kv_shape = cfg.kv_shape(dtype);
+    let kv = (kv_shape.num_layers * kv_shape.bytes_per_token_layer() * total) as u64;
+    let (traces, json) = prompt_lens
+        .iter()
+        .map(|&p| trace_bounds(cfg, p, opts))
+        .fold((0, 0), |(m, j), (a, b)| (m + a, j + b));
+    // the report holds the traces; writing it builds its JSON text in a
+    // growing buffer (up to twice its length) and the aggregates take
+    // about one more copy of the masses
+    let records = probe_buffer_bound(cfg, longest, opts.max_new_tokens, chunk)
+        + 2 * traces
+        + 2 * json
+        + (1 << 16);
+    estimate(cfg, dtype, kv, total, chunk, block_elems)
+        .with_weights(weight_bytes)
+        .with_records(records)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    /// A 32-layer, 32-head model (Llama-3.2-1B's widths, 32 layers deep).
+    fn deep_1b() -> ModelConfig {
+        let json = serde_json::json!({
+            "model_type": "llama", "vocab_size": 128256, "hidden_size": 2048,
+            "intermediate_size": 8192, "num_hidden_layers": 32, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "rms_norm_eps": 1e-5, "tie_word_embeddings": true
+        });
+        ModelConfig::from_json_str(&json.to_string(), Path::new("config.json")).unwrap()
+    }
+
+    /// The estimate's parts: the weights as given, the K/V of the longest
+    /// prompt and its generated tokens at full depth, and records that
+    /// hold every prompt's trace and the probe of the longest.
+    #[test]
+    fn the_estimate_has_its_parts() {
+        let cfg = deep_1b();
+        let opts = DiagnoseOptions::default();
+        let lens = [1000, 4000, 2000];
+        let e = diagnose_memory(&cfg, (DType::F32, 123), &lens, &opts, (512, 1 << 28));
+        assert_eq!(e.weights, 123);
+        // 32 layers x (K and V) x 8 heads x 64 wide x 4 bytes, per token
+        assert_eq!(e.kv, 32 * 2 * 8 * 64 * 4 * (4000 + 16));
+        let one = |p| trace_bounds(&cfg, p, &opts);
+        let traces: u64 = lens.iter().map(|&p| one(p).0).sum();
+        assert!(e.records > probe_buffer_bound(&cfg, 4000, 16, 512) + traces);
+        assert_eq!(
+            e.total(),
+            e.weights + e.kv + e.attention + e.activations + e.records
+        );
+    }
+
+    /// Records grow with the prompt by a few hundred bytes per token (the
+    /// per-position attention sums, curvature terms and token strings),
+    /// not by layers x heads x steps per token as full attention rows would.
+    #[test]
+    fn records_stay_linear_and_small_in_the_prompt_length() {
+        let cfg = deep_1b();
+        let opts = DiagnoseOptions::default();
+        let at =
+            |p: usize| diagnose_memory(&cfg, (DType::F32, 0), &[p], &opts, (512, 1 << 28)).records;
+        let per_token = (at(32_768) - at(16_384)) / 16_384;
+        let full_rows = (cfg.num_layers * cfg.num_heads * opts.max_new_tokens * 4) as u64;
+        assert!(per_token < 2048, "{per_token} bytes per prompt token");
+        assert!(per_token * 20 < full_rows);
+        // at 32K tokens: a few tens of MB beside 4 GiB of K/V
+        assert!(at(32_768) < 100 << 20, "{}", at(32_768));
+    }
+}

@@ -1,0 +1,334 @@
+//! A random model as a GGUF file that both lcut and llama.cpp load:
+//! llama.cpp's tensor names and metadata keys (as its converter writes
+//! them), llama-family Q/K rows in its permuted order, Llama 3's RoPE
+//! scaling as a `rope_freqs.weight` tensor, the synthetic tokenizer as
+//! `gpt2` BPE, norms and biases in f32, matrices in the format's type and
+//! the LM head (the embedding when tied) in Q6_K, as `llama-quantize`
+//! stores it.
+
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+use lcut_model::gguf::gguf_name;
+use lcut_model::{RopeConfig, RopeScaling, inverse_frequencies};
+
+use super::gguf_file::{MetaValue, TensorInfo, offsets, write_header};
+use super::{Format, Progress, rows_per_slice};
+use crate::draw;
+use crate::error::{Result, SynthError};
+use crate::shapes::{Family, ModelShape, TensorKind, TensorSpec};
+use crate::vocab::Vocabulary;
+
+/// What a GGUF tensor holds: a weight of the shape, or the RoPE factors.
+#[derive(Debug, Clone, PartialEq)]
+enum Source {
+    /// A weight; its rows in this order (llama.cpp's permuted Q/K).
+    Weight(TensorSpec, Option<usize>),
+    /// Llama 3's per-frequency divisors.
+    RopeFactors(Vec<f32>),
+}
+
+/// The tensors of a GGUF file: header entries and where their data comes from.
+pub struct GgufPlan {
+    infos: Vec<TensorInfo>,
+    sources: Vec<Source>,
+}
+
+impl GgufPlan {
+    /// Bytes of tensor data, without alignment padding.
+    pub fn data_bytes(&self) -> u64 {
+        self.infos.iter().map(|t| t.bytes).sum()
+    }
+}
+
+/// ggml type ids of the types written.
+fn type_id(t: GgmlDType) -> u32 {
+    match t {
+        GgmlDType::F32 => 0,
+        GgmlDType::Q4_0 => 2,
+        GgmlDType::Q4K => 12,
+        GgmlDType::Q6K => 14,
+        _ => u32::MAX,
+    }
+}
+
+/// Bytes of `n` values of `t`.
+fn type_bytes(t: GgmlDType, n: usize) -> u64 {
+    (n / t.block_size() * t.type_size()) as u64
+}
+
+/// The type of each weight: f32 for norms and biases, Q6_K for the output
+/// matrix, the format's type for the others.
+fn ggml_type(shape: &ModelShape, format: Format, t: &TensorSpec) -> GgmlDType {
+    let output = t.name == "lm_head.weight"
+        || (shape.tie_word_embeddings && t.name == "model.embed_tokens.weight");
+    match (t.kind, output, format) {
+        (TensorKind::Norm | TensorKind::Bias, _, _) => GgmlDType::F32,
+        (_, true, _) => GgmlDType::Q6K,
+        (_, false, Format::GgufQ4K) => GgmlDType::Q4K,
+        _ => GgmlDType::Q4_0,
+    }
+}
+
+/// The heads whose rows llama.cpp permutes in this weight (a llama-family
+/// Q or K projection), or `None`.
+fn permuted_heads(shape: &ModelShape, name: &str) -> Option<usize> {
+    if shape.family != Family::Llama || !name.ends_with(".weight") {
+        return None;
+    }
+    if name.contains(".self_attn.q_proj.") {
+        Some(shape.sizes.num_heads)
+    } else if name.contains(".self_attn.k_proj.") {
+        Some(shape.sizes.num_kv_heads)
+    } else {
+        None
+    }
+}
+
+/// llama.cpp's RoPE factors for Llama 3 scaling: base over scaled inverse
+/// frequency, one per rotated pair; `None` without scaling.
+fn rope_factors(shape: &ModelShape) -> Option<Vec<f32>> {
+    if !matches!(shape.rope_scaling, RopeScaling::Llama3 { .. }) {
+        return None;
+    }
+    let plain = RopeConfig {
+        theta: shape.sizes.rope_theta,
+        scaling: RopeScaling::None,
+        rotary_dim: shape.sizes.head_dim(),
+    };
+    let scaled = RopeConfig {
+        scaling: shape.rope_scaling,
+        ..plain
+    };
+    let factors = inverse_frequencies(&plain)
+        .iter()
+        .zip(inverse_frequencies(&scaled))
+        .map(|(b, s)| (b / s) as f32)
+        .collect();
+    Some(factors)
+}
+
+/// The tensors of `shape` in `format`, checked to fit the types' blocks.
+pub fn plan(shape: &ModelShape, format: Format) -> Result<GgufPlan> {
+    let mut infos = Vec::new();
+    let mut sources = Vec::new();
+    if let Some(f) = rope_factors(shape) {
+        infos.push(TensorInfo {
+            name: "rope_freqs.weight".into(),
+            dims: vec![f.len()],
+            type_id: 0,
+            bytes: 4 * f.len() as u64,
+        });
+        sources.push(Source::RopeFactors(f));
+    }
+    for t in shape.tensors() {
+        let ty = ggml_type(shape, format, &t);
+        if t.cols() % ty.block_size() != 0 {
+            return Err(SynthError::BlockSize {
+                format: format.to_string(),
+                tensor: t.name.clone(),
+                cols: t.cols(),
+                block: ty.block_size(),
+                type_name: format!("{ty:?}"),
+            });
+        }
+        infos.push(TensorInfo {
+            name: gguf_name(&t.name),
+            dims: t.dims.clone(),
+            type_id: type_id(ty),
+            bytes: type_bytes(ty, t.len()),
+        });
+        let heads = permuted_heads(shape, &t.name);
+        sources.push(Source::Weight(t, heads));
+    }
+    Ok(GgufPlan { infos, sources })
+}
+
+/// The row order llama.cpp stores a Q or K projection of `rows` rows and
+/// `heads` heads in: within each head, row `2 i + half` is Hugging Face
+/// row `half * hd/2 + i`.
+fn permuted_rows(rows: usize, heads: usize) -> Vec<usize> {
+    let hd = rows / heads;
+    (0..rows)
+        .map(|r| {
+            let (h, within) = (r / hd, r % hd);
+            h * hd + (within % 2) * (hd / 2) + within / 2
+        })
+        .collect()
+}
+
+/// `general.file_type` of a format (llama.cpp's `LLAMA_FTYPE_MOSTLY_*`).
+fn file_type(format: Format) -> u32 {
+    match format {
+        Format::GgufQ4K => 14,
+        _ => 2,
+    }
+}
+
+/// The metadata: architecture, sizes, RoPE and norm constants, tokenizer.
+fn metadata(shape: &ModelShape, format: Format, vocab: Vocabulary) -> Vec<(String, MetaValue)> {
+    let s = &shape.sizes;
+    let a = shape.family.model_type();
+    let k = |suffix: &str| format!("{a}.{suffix}");
+    let u = |n: usize| MetaValue::U32(n as u32);
+    let pre = match shape.family {
+        Family::Llama => "llama-bpe",
+        Family::Qwen2 => "qwen2",
+    };
+    vec![
+        ("general.architecture".into(), MetaValue::Str(a.into())),
+        ("general.type".into(), MetaValue::Str("model".into())),
+        (
+            "general.name".into(),
+            MetaValue::Str(format!("{} (random weights)", shape.name)),
+        ),
+        (
+            "general.file_type".into(),
+            MetaValue::U32(file_type(format)),
+        ),
+        ("general.quantization_version".into(), MetaValue::U32(2)),
+        (k("vocab_size"), u(s.vocab_size)),
+        (k("context_length"), u(s.max_position_embeddings)),
+        (k("embedding_length"), u(s.hidden_size)),
+        (k("block_count"), u(s.num_layers)),
+        (k("feed_forward_length"), u(s.intermediate_size)),
+        (k("attention.head_count"), u(s.num_heads)),
+        (k("attention.head_count_kv"), u(s.num_kv_heads)),
+        (k("rope.freq_base"), MetaValue::F32(s.rope_theta as f32)),
+        (
+            k("attention.layer_norm_rms_epsilon"),
+            MetaValue::F32(s.rms_norm_eps as f32),
+        ),
+        (k("rope.dimension_count"), u(s.head_dim())),
+        ("tokenizer.ggml.model".into(), MetaValue::Str("gpt2".into())),
+        ("tokenizer.ggml.pre".into(), MetaValue::Str(pre.into())),
+        (
+            "tokenizer.ggml.tokens".into(),
+            MetaValue::Strs(vocab.tokens),
+        ),
+        (
+            "tokenizer.ggml.token_type".into(),
+            MetaValue::I32s(vocab.types.iter().map(|t| *t as i32).collect()),
+        ),
+        (
+            "tokenizer.ggml.merges".into(),
+            MetaValue::Strs(vocab.merges),
+        ),
+        (
+            "tokenizer.ggml.bos_token_id".into(),
+            MetaValue::U32(shape.tokens.bos),
+        ),
+        (
+            "tokenizer.ggml.eos_token_id".into(),
+            MetaValue::U32(shape.tokens.eos),
+        ),
+        (
+            "tokenizer.ggml.add_bos_token".into(),
+            MetaValue::Bool(shape.family == Family::Llama),
+        ),
+    ]
+}
+
+/// Write the GGUF file of `shape` in `format` to `path` (a new file), the
+/// weights drawn from `seed` and quantized a slice of rows at a time.
+pub fn write(
+    shape: &ModelShape,
+    format: Format,
+    path: &Path,
+    seed: u64,
+    progress: Progress<'_>,
+) -> Result<()> {
+    let plan = plan(shape, format)?;
+    let vocab = Vocabulary::for_shape(shape)?;
+    let io = |e| SynthError::io(path, e);
+    let file = std::fs::File::create(path).map_err(io)?;
+    let mut w = BufWriter::with_capacity(8 << 20, file);
+    write_header(&mut w, &metadata(shape, format, vocab), &plan.infos).map_err(io)?;
+    let (offs, _) = offsets(&plan.infos);
+    let total = plan.data_bytes();
+    let (mut at, mut done) = (0u64, 0u64);
+    for ((info, source), off) in plan.infos.iter().zip(&plan.sources).zip(offs) {
+        w.write_all(&vec![0u8; (off - at) as usize]).map_err(io)?;
+        at = off;
+        let mut emit = |bytes: &[u8]| -> Result<()> {
+            w.write_all(bytes).map_err(io)?;
+            at += bytes.len() as u64;
+            done += bytes.len() as u64;
+            progress(done, total);
+            Ok(())
+        };
+        match source {
+            Source::RopeFactors(f) => {
+                let bytes: Vec<u8> = f.iter().flat_map(|v| v.to_le_bytes()).collect();
+                emit(&bytes)?;
+            }
+            Source::Weight(t, heads) => {
+                let ty = ggml_type(shape, format, t);
+                stream_weight(t, *heads, (ty, seed), &mut emit)?;
+            }
+        }
+        debug_assert_eq!(at, off + info.bytes);
+    }
+    let file = w.into_inner().map_err(|e| io(e.into_error()))?;
+    file.sync_all().map_err(io)
+}
+
+/// Draw weight `t` a slice of rows at a time (in llama.cpp's row order
+/// when `heads` is given), store each slice in `ty` and hand its bytes on.
+fn stream_weight(
+    t: &TensorSpec,
+    heads: Option<usize>,
+    (ty, seed): (GgmlDType, u64),
+    emit: &mut dyn FnMut(&[u8]) -> Result<()>,
+) -> Result<()> {
+    let (rows, cols) = (t.rows(), t.cols());
+    let order: Vec<usize> = match heads {
+        Some(h) => permuted_rows(rows, h),
+        None => (0..rows).collect(),
+    };
+    let quantize_err = |source| SynthError::Quantize {
+        tensor: t.name.clone(),
+        source,
+    };
+    for slice in order.chunks(rows_per_slice(cols)) {
+        let values = draw::rows_at(seed, &t.name, t.kind, cols, slice);
+        if ty == GgmlDType::F32 {
+            let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            emit(&bytes)?;
+            continue;
+        }
+        let dense =
+            Tensor::from_vec(values, (slice.len(), cols), &Device::Cpu).map_err(quantize_err)?;
+        let q = QTensor::quantize(&dense, ty).map_err(quantize_err)?;
+        emit(&q.data().map_err(quantize_err)?)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// llama.cpp's permute: within each head, row 2i + half holds Hugging
+    /// Face row half * hd/2 + i (hd = 8: rows 0, 4, 1, 5, 2, 6, 3, 7).
+    #[test]
+    fn q_and_k_rows_follow_llama_cpp_order() {
+        assert_eq!(permuted_rows(8, 1), vec![0, 4, 1, 5, 2, 6, 3, 7]);
+        assert_eq!(&permuted_rows(16, 2)[8..], &[8, 12, 9, 13, 10, 14, 11, 15]);
+    }
+
+    /// Llama 3's factors keep high frequencies (1) and divide the lowest by
+    /// the scaling factor.
+    #[test]
+    fn rope_factors_span_one_to_the_scaling_factor() {
+        let f = rope_factors(&crate::shapes::llama_3_1_8b()).unwrap();
+        assert_eq!(f.len(), 64);
+        assert!(
+            (f[0] - 1.0).abs() < 1e-6 && (f[63] - 8.0).abs() < 1e-4,
+            "{f:?}"
+        );
+        assert!(rope_factors(&crate::shapes::qwen2_5_1_5b()).is_none());
+    }
+}
