@@ -144,27 +144,54 @@ pub fn layered_prefill_flops(shape: &FlopShape, tokens_per_layer: &[usize]) -> f
     layers + 2.0 * shape.hidden_size as f64 * shape.vocab_size as f64
 }
 
-/// Prefill FLOPs of a prompt of `len` tokens under a policy's visibility:
-/// each layer runs the tokens that exist there
-/// ([`Visibility::present_per_layer`]) as in [`layered_prefill_flops`],
-/// plus the K/V projections of the tokens whose K/V it keeps projected
-/// ([`Visibility::projected_per_layer`]), whose keys every token it runs
-/// after the anchors reads (they lie between the anchors and the decode
-/// phase). Equal to [`layered_prefill_flops`] for a policy that projects
-/// nothing.
+/// Prefill FLOPs of the first `len` tokens of `vis`'s sequence under its
+/// policy, the LM head of the last one included: at each layer, `W` per
+/// token that exists there, the attention of each such token over the
+/// keys it reads there, and the K/V projections of each token whose K/V
+/// the layer keeps without the token existing there (projected K/V,
+/// SwiftKV and POP). Equal to [`layered_prefill_flops`] for a policy
+/// whose present tokens read every earlier present key.
 pub fn policy_prefill_flops(shape: &FlopShape, vis: &dyn Visibility, len: usize) -> f64 {
     let present = vis.present_per_layer(len);
-    let projected = vis.projected_per_layer(len);
-    let anchors = vis.phases().anchor_len().min(len) as f64;
-    let extra: f64 = present
-        .iter()
-        .zip(&projected)
-        .map(|(&n, &m)| {
-            let (n, m) = (n as f64, m as f64);
-            m * shape.kv_projection_flops() + shape.attention((n - anchors).max(0.0) * m)
+    let layers: f64 = (0..vis.num_layers())
+        .map(|l| {
+            present[l] as f64 * shape.token_layer_flops()
+                + shape.attention(key_visits(vis, l, len))
+                + shape.kv_projection_flops() * projected_at(vis, l, len)
         })
         .sum();
-    layered_prefill_flops(shape, &present) + extra
+    layers + 2.0 * shape.hidden_size as f64 * shape.vocab_size as f64
+}
+
+/// Key visits of the prompt's queries at `layer`: for every token of the
+/// first `len` that exists there, the earlier keys it reads.
+fn key_visits(vis: &dyn Visibility, layer: usize, len: usize) -> f64 {
+    let present: Vec<usize> = (0..len).filter(|&q| vis.token_exists(layer, q)).collect();
+    if present.len() == len && vis.rule_class(layer) == 0 {
+        // every token reads every earlier one
+        let n = len as f64;
+        return n * (n + 1.0) / 2.0;
+    }
+    present
+        .iter()
+        .map(|&q| {
+            (0..=q)
+                .filter(|&k| vis.retains_kv(layer, k) && vis.key_visible(layer, q, k))
+                .count() as f64
+        })
+        .sum()
+}
+
+/// Tokens of the first `len` whose K/V `layer` keeps without the token
+/// existing there (projected from a lower layer's hidden state).
+fn projected_at(vis: &dyn Visibility, layer: usize, len: usize) -> f64 {
+    (0..len)
+        .filter(|&p| {
+            !vis.token_exists(layer, p)
+                && vis.retains_kv(layer, p)
+                && vis.kv_projected_at(p).is_some_and(|c| c <= layer)
+        })
+        .count() as f64
 }
 
 /// Tokens at each layer of a SlimInfer prefill: all `n` below the first

@@ -45,7 +45,7 @@ pub use flops::{
 pub use knee::{finish_sweep, knee};
 pub use masses::{PhaseMasses, PrefillEntropy, phase_masses, prefill_entropy};
 pub use merge::{build_report, merge};
-pub use predict::{ByteSizes, PredictedCost, predict_cost, visibility_prefill_flops};
+pub use predict::{ByteSizes, PredictedCost, predict_cost};
 pub use recommend::{recommend, vote_curvature_plateau, vote_selective_band, vote_tail_mass};
 pub use repetition::{
     LOOP_MAX_PERIOD, LOOP_MIN_REPEATS, RepeatedSuffix, ends_in_loop, repeated_suffix,

@@ -17,7 +17,7 @@
 
 use lcut_policy::Visibility;
 
-use crate::flops::FlopShape;
+use crate::flops::{FlopShape, policy_prefill_flops};
 
 /// A policy's predicted costs for one run (prompt, then new tokens).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -39,53 +39,6 @@ pub struct ByteSizes {
     pub kv_per_token_layer: f64,
 }
 
-/// Key visits of the prompt's queries at `layer`: for every prompt token
-/// that exists there, the earlier keys it reads.
-fn key_visits(vis: &dyn Visibility, layer: usize, len: usize) -> f64 {
-    let present: Vec<usize> = (0..len).filter(|&q| vis.token_exists(layer, q)).collect();
-    if present.len() == len && vis.rule_class(layer) == 0 {
-        // every token reads every earlier one
-        let n = len as f64;
-        return n * (n + 1.0) / 2.0;
-    }
-    present
-        .iter()
-        .map(|&q| {
-            (0..=q)
-                .filter(|&k| vis.retains_kv(layer, k) && vis.key_visible(layer, q, k))
-                .count() as f64
-        })
-        .sum()
-}
-
-/// Tokens of the first `len` whose K/V `layer` keeps without the token
-/// existing there (projected from a lower layer's hidden state).
-fn projected_at(vis: &dyn Visibility, layer: usize, len: usize) -> f64 {
-    (0..len)
-        .filter(|&p| {
-            !vis.token_exists(layer, p)
-                && vis.retains_kv(layer, p)
-                && vis.kv_projected_at(p).is_some_and(|c| c <= layer)
-        })
-        .count() as f64
-}
-
-/// Prefill FLOPs of the first `len` tokens of `vis`'s sequence.
-pub fn visibility_prefill_flops(shape: &FlopShape, vis: &dyn Visibility, len: usize) -> f64 {
-    let w = shape.token_layer_flops();
-    let attention = 4.0 * (shape.num_heads * shape.head_dim) as f64;
-    let kv_projection = 4.0 * (shape.hidden_size * shape.num_kv_heads * shape.head_dim) as f64;
-    let present = vis.present_per_layer(len);
-    let layers: f64 = (0..vis.num_layers())
-        .map(|l| {
-            present[l] as f64 * w
-                + attention * key_visits(vis, l, len)
-                + kv_projection * projected_at(vis, l, len)
-        })
-        .sum();
-    layers + 2.0 * shape.hidden_size as f64 * shape.vocab_size as f64
-}
-
 /// The predicted costs of a run of `vis`'s prompt (`prompt_len` tokens,
 /// the decode phase from its decode start) followed by `new_tokens` new
 /// tokens.
@@ -104,7 +57,7 @@ pub fn predict_cost(
     // the steps after the first feed new tokens 1 .. new - 1
     let (first, last) = (fed(2), fed(new_tokens.max(2)));
     PredictedCost {
-        prefill_flops: visibility_prefill_flops(shape, vis, prompt_len),
+        prefill_flops: policy_prefill_flops(shape, vis, prompt_len),
         decode_step_bytes: bytes.weights + (resident(first) + resident(last)) / 2.0,
         kv_held_bytes: vis.held_token_layers(fed(new_tokens)) as f64 * bytes.kv_per_token_layer,
     }
@@ -152,15 +105,11 @@ mod tests {
         for cut in 1..=4 {
             let v = vis(PolicyKind::Speed, cut, Anchors::Bos, 9);
             let closed = prefill_flops(&s, cut, PromptSplit::raw(9, 1));
-            assert_eq!(
-                visibility_prefill_flops(&s, v.as_ref(), 9),
-                closed,
-                "cut {cut}"
-            );
+            assert_eq!(policy_prefill_flops(&s, v.as_ref(), 9), closed, "cut {cut}");
         }
         let full = Policy::full(4).visibility(TokenPhases::raw_prompt(9, 0).unwrap());
         assert_eq!(
-            visibility_prefill_flops(&s, full.as_ref(), 9),
+            policy_prefill_flops(&s, full.as_ref(), 9),
             prefill_flops(&s, 4, PromptSplit::raw(9, 0))
         );
     }
