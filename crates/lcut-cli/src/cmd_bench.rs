@@ -304,7 +304,8 @@ fn bench_row(
         len + rounds.new_tokens,
         rounds.prefill_chunk,
         block,
-    );
+    )
+    .with_weights(model.weight_bytes() as u64);
     Ok(BenchRow {
         policy: policy.to_string(),
         prompt_len: len,

@@ -160,7 +160,7 @@ pub fn load_inputs(args: &DiagnoseArgs) -> Result<Inputs> {
     let longest = lens.iter().copied().max().unwrap_or(0);
     let plural = if lens.len() == 1 { "" } else { "s" };
     let what = format!("{} prompt{plural} of at most {longest} tokens", lens.len());
-    check_before_loading(&what, &need, (&pending.device, pending.mode), args.force)?;
+    let need = check_before_loading(&what, &need, (&pending.device, pending.mode), args.force)?;
     let mut session = pending.load()?;
     args.lora.apply_to_session(&mut session, &[])?;
     Ok(Inputs {

@@ -200,7 +200,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let total = prompt.len() + args.max_new_tokens;
     let need = generation_memory(&pending, total);
     let what = format!("{total} tokens");
-    check_before_loading(&what, &need, (&pending.device, pending.mode), args.force)?;
+    let need = check_before_loading(&what, &need, (&pending.device, pending.mode), args.force)?;
     let mut session = pending.load()?;
     let run_policies: Vec<String> = std::iter::once(&args.policy)
         .chain(&args.compare)

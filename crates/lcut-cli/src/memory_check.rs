@@ -98,14 +98,23 @@ pub fn refuse_if_short(
     );
 }
 
-/// Say what a run of `what` will need and what `device` has free, then
+/// Say what a run of `what` will need (`need`, plus what the process
+/// already holds: runtime, tokenizer) and what `device` has free, then
 /// refuse it when it does not fit, unless `force` (then warn and go on).
+/// Returns the estimate with the process's part, for [`report_peak`].
 pub fn check_before_loading(
     what: &str,
     need: &MemoryEstimate,
     (device, mode): (&Device, WeightMode),
     force: bool,
-) -> Result<()> {
+) -> Result<MemoryEstimate> {
+    // a GPU's memory does not hold the host process
+    let process = if device.is_cpu() {
+        resident_bytes().map_or(0, |(now, _)| now)
+    } else {
+        0
+    };
+    let need = &need.with_process(process);
     let free = available(device)?;
     let free_text = free.map_or("unknown".into(), format_bytes);
     eprintln!("memory: {what} will need about {need}; free {free_text}");
@@ -117,9 +126,9 @@ pub fn check_before_loading(
     match refuse_if_short(what, need, (free, device), &remedies) {
         Err(e) if force => {
             eprintln!("warning: --force: {e}");
-            Ok(())
+            Ok(*need)
         }
-        other => other,
+        other => other.map(|()| *need),
     }
 }
 
@@ -160,6 +169,7 @@ mod tests {
             attention: 0,
             activations: 0,
             records: 1 << 20,
+            process: 0,
         };
         let remedies = Remedies {
             chunk_option: true,

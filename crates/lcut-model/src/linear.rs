@@ -268,6 +268,15 @@ pub enum Embedding {
 }
 
 impl Embedding {
+    /// Bytes the table takes as held.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Self::Dense(t) => t.elem_count() * t.dtype().size_in_bytes(),
+            Self::Quantized(q) => q.storage_size_in_bytes(),
+            Self::Mapped(m) => m.bytes(),
+        }
+    }
+
     /// Rows of `ids` [n] as [n, hidden].
     pub fn lookup(&self, ids: &Tensor) -> Result<Tensor> {
         Ok(match self {

@@ -25,12 +25,16 @@ pub struct MemoryEstimate {
     /// What a run records beside the model: traces, probe buffers, the
     /// report's text (0 for a plain generation).
     pub records: u64,
+    /// What the process holds before the weights load (its runtime, the
+    /// tokenizer, allocator slack), measured when the run is sized; 0
+    /// where it is not measured.
+    pub process: u64,
 }
 
 impl MemoryEstimate {
     /// All parts together.
     pub fn total(&self) -> u64 {
-        self.weights + self.kv + self.attention + self.activations + self.records
+        self.weights + self.kv + self.attention + self.activations + self.records + self.process
     }
 
     /// The same without the weights (for a model already loaded).
@@ -43,6 +47,15 @@ impl MemoryEstimate {
     pub fn with_weights(self, bytes: u64) -> Self {
         Self {
             weights: bytes,
+            ..self
+        }
+    }
+
+    /// The same with the process's own `bytes` before loading (its
+    /// resident memory when the run is sized).
+    pub fn with_process(self, bytes: u64) -> Self {
+        Self {
+            process: bytes,
             ..self
         }
     }
@@ -88,6 +101,9 @@ impl fmt::Display for MemoryEstimate {
         )?;
         if self.records > 0 {
             write!(f, ", traces and probes {:.2}", x(self.records))?;
+        }
+        if self.process > 0 {
+            write!(f, ", the process before loading {:.2}", x(self.process))?;
         }
         f.write_str(")")
     }
@@ -138,6 +154,7 @@ pub fn estimate(
         attention,
         activations,
         records: 0,
+        process: 0,
     }
 }
 
@@ -242,6 +259,7 @@ mod tests {
             attention: 0,
             activations: 0,
             records: 0,
+            process: 0,
         };
         assert_eq!(
             e.to_string(),
@@ -250,6 +268,13 @@ mod tests {
         let r = e.with_records(gib / 2).with_weights(gib);
         assert_eq!(r.total(), gib * 5 / 2);
         assert!(r.to_string().ends_with("traces and probes 0.50)"), "{r}");
+        // the process's own memory counts toward the total and is named
+        let p = e.with_process(gib / 4);
+        assert_eq!(p.total(), 3 * gib + gib / 4);
+        assert!(
+            p.to_string().contains("the process before loading 0.25"),
+            "{p}"
+        );
         // below a GiB, in MiB
         let small = MemoryEstimate {
             weights: 3 << 20,

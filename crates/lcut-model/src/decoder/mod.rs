@@ -179,6 +179,19 @@ impl Decoder {
             .sum()
     }
 
+    /// Bytes the model's weights take as loaded: what a decode step reads,
+    /// and the embedding table where it is not the LM head's (norms and
+    /// biases are too small to count). A GGUF kept quantized counts its
+    /// blocks' bytes, not parameters times a dtype.
+    pub fn weight_bytes(&self) -> usize {
+        let table = if self.cfg.tie_word_embeddings {
+            0
+        } else {
+            self.embed.bytes()
+        };
+        self.decode_weight_bytes() + table
+    }
+
     /// How many matrices (projections and LM head) are read in place from a
     /// mapped GGUF file by lcut's kernels (no copy held).
     pub fn mapped_matrices(&self) -> usize {
