@@ -63,3 +63,52 @@ fn a_few_suite_items_under_full_and_speed() {
     assert_eq!((by_cut[1].l_cut, by_cut[1].correct), (30, count(full)));
     assert!(suite::smallest_cut_within(&by_cut, 0.02).is_some());
 }
+
+/// The SPEED-aware adapter the project ships for SmolLM2: it says which
+/// policy it was trained for, and under that policy it brings the model
+/// back toward the full model it was distilled from (teacher-forced top-1
+/// agreement up, KL down on suite items none of its prompts came from).
+#[test]
+fn the_shipped_adapter_brings_speed_back_toward_the_full_model() {
+    let Some(model) = real_model() else { return };
+    let root = lcut_engine::workspace_root();
+    let base = Session::load(&model, DType::F32, &Device::Cpu).unwrap();
+    let mut adapted = Session::load(&model, DType::F32, &Device::Cpu).unwrap();
+    let used = adapted
+        .put_adapter(
+            &root.join("fixtures/adapters/smollm2-speed22-bos"),
+            lcut_model::lora::LoraMode::Merge,
+            &["speed:22+bos".into()],
+        )
+        .unwrap();
+    assert_eq!(used.identity.policy.as_deref(), Some("speed:22+bos"));
+    assert!(used.warnings.is_empty(), "{:?}", used.warnings);
+    let all = suite::read_suite(&root.join(SMOLLM2_SUITE)).unwrap();
+    let items: Vec<_> = ["copy-01", "lookup-00", "choice-01", "arithmetic-01"]
+        .iter()
+        .map(|id| all.iter().find(|i| i.id == *id).unwrap().clone())
+        .collect();
+    let opts = SuiteEvalOptions {
+        policies: vec!["speed:22+bos".into()],
+        max_new_tokens: 16,
+        ..SuiteEvalOptions::default()
+    };
+    let plain = suite::evaluate_suite(&base, None, &items, &opts, &mut |_| {}).unwrap();
+    let with = suite::evaluate_suite(&adapted, Some(&base), &items, &opts, &mut |_| {}).unwrap();
+    let total = |rs: &[suite::ItemResult]| -> (usize, usize, f64) {
+        rs.iter().fold((0, 0, 0.0), |(a, n, kl), r| {
+            (a + r.agree, n + r.forced_tokens, kl + r.kl_sum)
+        })
+    };
+    let (agree_plain, n_plain, kl_plain) = total(&plain[0]);
+    let (agree_with, n_with, kl_with) = total(&with[0]);
+    assert_eq!(
+        n_plain, n_with,
+        "both are forced on the full model's tokens"
+    );
+    assert!(
+        agree_with > agree_plain && kl_with < kl_plain,
+        "adapter: {agree_with}/{n_with} agree, KL {kl_with:.2}; \
+         without: {agree_plain}/{n_plain}, KL {kl_plain:.2}"
+    );
+}

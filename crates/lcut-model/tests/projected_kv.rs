@@ -293,3 +293,27 @@ fn smollm2_matches_transformers_under_projected_kv() -> Result<()> {
     eprintln!("largest |logit difference| against transformers on SmolLM2: {worst:e}");
     Ok(())
 }
+
+/// With the K/V cache stored in f16 (what `--dtype q` keeps by default),
+/// projected K/V enter the upper caches in the cache's dtype on every
+/// schedule (a chunk whose tokens all left the model included) and the
+/// rows stay within f16 rounding of transformers'.
+#[test]
+fn projected_kv_runs_with_a_half_precision_cache() -> Result<()> {
+    for name in ORACLE_CASES {
+        let mut c = load(name)?;
+        c.model.set_kv_dtype(DType::F16)?;
+        for (text, key) in policies(2) {
+            let reference = &c.reference[&key];
+            for (how, ends) in schedules(&c) {
+                let (ours, _) = decode_rows(&c, &text, &ends)?;
+                let d = max_diff(&ours, reference)?;
+                ensure!(
+                    d <= 5e-2,
+                    "{name} {text} ({how}), f16 cache: {d:e} from transformers"
+                );
+            }
+        }
+    }
+    Ok(())
+}

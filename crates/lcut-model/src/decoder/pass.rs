@@ -126,6 +126,7 @@ impl Decoder {
                 match &projected {
                     Some(p) => {
                         let (k, v) = self.projected_kv(layer, p)?;
+                        let (k, v) = (k.to_dtype(self.kv_dtype)?, v.to_dtype(self.kv_dtype)?);
                         seq.caches[l].append(&k, &v, &p.positions)?;
                         continue;
                     }
