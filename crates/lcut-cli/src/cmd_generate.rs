@@ -8,15 +8,16 @@ use anyhow::Result;
 use clap::Args;
 use lcut_engine::{
     Generation, GenerationConfig, GenerationOutput, LockstepEvent, PreparedPrompt, Sampling,
-    Session, compare,
+    Session, compare_models,
 };
 use lcut_policy::{Policy, PolicySpec};
 
+use lcut_model::Decoder;
 use lcut_model::default_attention_block_elems;
 use lcut_model::memory::{MemoryEstimate, estimate};
 
 use crate::args::{DeviceArg, KvDtypeArg, WeightArg};
-use crate::common::{PendingModel, parse_ids, write_atomic};
+use crate::common::{PendingModel, open_session, parse_ids, write_atomic};
 use crate::memory_check::{check_before_loading, report_peak};
 
 /// Arguments of `lcut generate`.
@@ -35,7 +36,9 @@ pub struct GenerateArgs {
     /// Policy to generate under.
     #[arg(long, default_value = "speed:3/4+bos")]
     policy: PolicySpec,
-    /// Also run this policy in lockstep and compare (e.g. full).
+    /// Also run this policy in lockstep and compare (e.g. full). With
+    /// `--lora`, it runs on the base model (without the adapter), so that
+    /// the adapted policy is set beside the model it was made from.
     #[arg(long)]
     compare: Option<PolicySpec>,
     /// System message (for `+system` anchors).
@@ -226,7 +229,19 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let json = match &args.compare {
         Some(reference) => {
             let policies = [reference.resolve(layers)?, policy];
-            side_by_side(&session, &prompt, &policies, &config)?
+            // an adapter is compared with the model it was made from
+            let base = match &args.lora.lora {
+                Some(_) => Some(open_session(
+                    &args.model,
+                    args.dtype,
+                    args.kv_dtype,
+                    args.device,
+                )?),
+                None => None,
+            };
+            let reference_model = base.as_ref().map_or(&session.model, |b| &b.model);
+            let models = [reference_model, &session.model];
+            side_by_side(&session, (&models, &prompt), &policies, &config)?
         }
         None => streamed(&session, prompt, policy, config)?,
     };
@@ -242,7 +257,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
 /// its costs. Returns the comparison as JSON.
 fn side_by_side(
     session: &Session,
-    prompt: &PreparedPrompt,
+    (models, prompt): (&[&Decoder; 2], &PreparedPrompt),
     policies: &[Policy; 2],
     config: &GenerationConfig,
 ) -> Result<serde_json::Value> {
@@ -254,7 +269,7 @@ fn side_by_side(
         "same",
         "KL"
     );
-    let cmp = compare(&session.model, prompt, policies, config, |e| {
+    let cmp = compare_models(models, prompt, policies, config, |e| {
         if let LockstepEvent::Step { step, .. } = e {
             let shown: Vec<String> = step
                 .tokens

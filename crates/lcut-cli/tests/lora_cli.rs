@@ -108,3 +108,36 @@ fn bad_adapter_on_the_command_line_is_a_named_error() -> Result<()> {
     );
     Ok(())
 }
+
+/// `generate --lora A --compare P` sets the adapted model beside the base
+/// model it was made from: the reference lane runs without the adapter, so
+/// the two lanes' logits differ even under the same policy.
+#[test]
+fn generate_compares_the_adapted_model_with_its_base() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let adapter = lora_dir().join("adapter");
+    let run = |extra: &[&str], name: &str| -> Result<serde_json::Value> {
+        let json = tmp.path().join(name);
+        let out = Command::new(env!("CARGO_BIN_EXE_lcut"))
+            .arg("generate")
+            .arg("--model")
+            .arg(oracle_case("llama-gqa"))
+            .args(["--ids", "1,5,9,3", "--policy", "full", "--compare", "full"])
+            .args(["--max-new-tokens", "3", "--json"])
+            .arg(&json)
+            .args(extra)
+            .output()?;
+        ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        Ok(serde_json::from_slice(&std::fs::read(&json)?)?)
+    };
+    let first_kl = |v: &serde_json::Value| v["steps"][0]["kl"][1].as_f64().unwrap_or(f64::NAN);
+    let plain = run(&[], "plain.json")?;
+    ensure!(first_kl(&plain) < 1e-9, "one model against itself: {}", plain["steps"][0]);
+    let adapted = run(&["--lora", &adapter.to_string_lossy()], "adapted.json")?;
+    ensure!(
+        first_kl(&adapted) > 1e-6,
+        "the adapted model against its base: {}",
+        adapted["steps"][0]
+    );
+    Ok(())
+}

@@ -109,9 +109,23 @@ impl<'m> Lockstep<'m> {
         policies: &[Policy],
         config: &GenerationConfig,
     ) -> Result<Self> {
-        let lanes = policies
+        let models = vec![model; policies.len()];
+        Self::with_models(&models, prompt, policies, config)
+    }
+
+    /// [`Lockstep::new`] with each policy on its own model (`models[i]`
+    /// runs `policies[i]`): an adapted model beside the base model it was
+    /// made from, say. The models must share a tokenizer's vocabulary.
+    pub fn with_models(
+        models: &[&'m Decoder],
+        prompt: &PreparedPrompt,
+        policies: &[Policy],
+        config: &GenerationConfig,
+    ) -> Result<Self> {
+        let lanes = models
             .iter()
-            .map(|p| Generation::new(model, prompt.clone(), *p, config.clone()))
+            .zip(policies)
+            .map(|(model, p)| Generation::new(model, prompt.clone(), *p, config.clone()))
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             same_prefix: vec![true; lanes.len()],
@@ -233,7 +247,20 @@ pub fn compare<'m>(
     config: &GenerationConfig,
     on_event: impl FnMut(LockstepEvent<'_, 'm>) -> bool,
 ) -> Result<Comparison> {
-    let mut run = Lockstep::new(model, prompt, policies, config)?;
+    let models = vec![model; policies.len()];
+    compare_models(&models, prompt, policies, config, on_event)
+}
+
+/// [`compare`] with each policy on its own model (see
+/// [`Lockstep::with_models`]).
+pub fn compare_models<'m>(
+    models: &[&'m Decoder],
+    prompt: &PreparedPrompt,
+    policies: &[Policy],
+    config: &GenerationConfig,
+    on_event: impl FnMut(LockstepEvent<'_, 'm>) -> bool,
+) -> Result<Comparison> {
+    let mut run = Lockstep::with_models(models, prompt, policies, config)?;
     run.drive(on_event)?;
     Ok(run.finish())
 }

@@ -20,7 +20,9 @@ mod text_prompt;
 mod tokenizer;
 
 pub use bundled::{BUNDLED_MODEL, bundled, workspace_root};
-pub use compare::{CompareStep, Comparison, Lockstep, LockstepEvent, compare, kl_divergence};
+pub use compare::{
+    CompareStep, Comparison, Lockstep, LockstepEvent, compare, compare_models, kl_divergence,
+};
 pub use error::{EngineError, Result};
 pub use generate::{
     Generation, GenerationConfig, GenerationOutput, PrefillProgress, Sampling, Step, StopReason,
