@@ -127,12 +127,20 @@ fn generate_compares_the_adapted_model_with_its_base() -> Result<()> {
             .arg(&json)
             .args(extra)
             .output()?;
-        ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        ensure!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         Ok(serde_json::from_slice(&std::fs::read(&json)?)?)
     };
     let first_kl = |v: &serde_json::Value| v["steps"][0]["kl"][1].as_f64().unwrap_or(f64::NAN);
     let plain = run(&[], "plain.json")?;
-    ensure!(first_kl(&plain) < 1e-9, "one model against itself: {}", plain["steps"][0]);
+    ensure!(
+        first_kl(&plain) < 1e-9,
+        "one model against itself: {}",
+        plain["steps"][0]
+    );
     let adapted = run(&["--lora", &adapter.to_string_lossy()], "adapted.json")?;
     ensure!(
         first_kl(&adapted) > 1e-6,

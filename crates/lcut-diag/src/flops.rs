@@ -212,7 +212,7 @@ pub fn slim_tokens_per_layer(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// Llama-3.1-8B's shape.
@@ -226,7 +226,8 @@ mod tests {
         vocab_size: 128_256,
     };
 
-    fn tiny() -> FlopShape {
+    /// A 4-layer shape small enough to count FLOPs by hand.
+    pub(crate) fn tiny() -> FlopShape {
         FlopShape {
             num_layers: 4,
             hidden_size: 8,

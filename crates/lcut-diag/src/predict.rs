@@ -82,15 +82,7 @@ mod tests {
     use lcut_policy::{Anchors, Policy, PolicyKind, TokenPhases};
 
     fn shape() -> FlopShape {
-        FlopShape {
-            num_layers: 4,
-            hidden_size: 8,
-            num_heads: 2,
-            num_kv_heads: 1,
-            head_dim: 4,
-            intermediate_size: 16,
-            vocab_size: 10,
-        }
+        crate::flops::tests::tiny()
     }
 
     fn vis(kind: PolicyKind, cut: usize, anchors: Anchors, len: usize) -> Box<dyn Visibility> {

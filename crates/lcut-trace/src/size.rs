@@ -177,14 +177,18 @@ mod tests {
         tr
     }
 
+    /// (prompt length, prompt token strings kept, layers, heads, steps,
+    /// prompt bins) of the worst-case traces the bounds are held to.
+    const WORST_CASES: [(usize, bool, usize, usize, usize, usize); 4] = [
+        (10, true, 2, 2, 3, 64),
+        (5000, true, 8, 4, 16, 64),
+        (200_000, false, 32, 32, 8, 128),
+        (2, true, 1, 1, 0, 2),
+    ];
+
     #[test]
     fn serialized_size_is_within_the_bound() {
-        for (p, tokens, l, h, t, b) in [
-            (10, true, 2, 2, 3, 64),
-            (5000, true, 8, 4, 16, 64),
-            (200_000, false, 32, 32, 8, 128),
-            (2, true, 1, 1, 0, 2),
-        ] {
+        for (p, tokens, l, h, t, b) in WORST_CASES {
             let tr = worst_case(p, tokens, l, h, t, b);
             let size = serde_json::to_vec(&tr).unwrap().len();
             let bound = tr.size_bound();
@@ -204,12 +208,7 @@ mod tests {
     /// not loose where the per-step records dominate.
     #[test]
     fn held_memory_is_within_the_bound() {
-        for (p, tokens, l, h, t, b) in [
-            (10, true, 2, 2, 3, 64),
-            (5000, true, 8, 4, 16, 64),
-            (200_000, false, 32, 32, 8, 128),
-            (2, true, 1, 1, 0, 2),
-        ] {
+        for (p, tokens, l, h, t, b) in WORST_CASES {
             let tr = worst_case(p, tokens, l, h, t, b);
             let (held, bound) = (tr.held_bytes(), tr.memory_bound());
             assert!(
