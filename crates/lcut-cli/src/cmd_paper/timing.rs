@@ -8,7 +8,6 @@ use anyhow::Result;
 use indicatif::ProgressBar;
 use lcut_diag::{ByteSizes, FlopShape, PredictedCost, predict_cost};
 use lcut_engine::PreparedPrompt;
-use lcut_kernels::bandwidth::{DEFAULT_BYTES, measure_read};
 use lcut_policy::Policy;
 use lcut_trace::{PaperPart, TimingPoint};
 use serde_json::json;
@@ -55,10 +54,9 @@ fn time_length(
         PreparedPrompt::from_ids(random_prompt(len, cfg.vocab_size, bos, len as u64), None)?;
     let runs = measure_rounds(model, &prompt, policies, rounds, &ProgressBar::hidden())?;
     let block = model.attention_block_elems();
-    // as `lcut bench` reports it beside each row (a fraction of a second)
-    let threads = rayon::current_num_threads();
-    let bandwidth = measure_read(DEFAULT_BYTES, threads, 3).gb_per_s;
-    let rows = rows_at_length(model, policies, &runs, (len, block, bandwidth), rounds)?;
+    // Figure 2 reports no GB/s, so the machine's read bandwidth (which
+    // `lcut bench` measures over a 256 MiB buffer) is not measured here
+    let rows = rows_at_length(model, policies, &runs, (len, block, f64::NAN), rounds)?;
     let predicted = predictions(ctx, &prompt, policies, rounds.new_tokens)?;
     Ok(rows
         .iter()

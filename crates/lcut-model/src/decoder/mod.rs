@@ -227,6 +227,20 @@ impl Decoder {
         self.kv_dtype
     }
 
+    /// Append K/V rows [kv_heads, n, head_dim] of `positions` to `cache`,
+    /// stored in the decoder's K/V dtype: every path that fills a cache
+    /// (a prefill chunk, projected K/V, a fused decode step) goes through
+    /// here, so a cache never mixes dtypes.
+    pub(crate) fn store_kv(
+        &self,
+        cache: &mut crate::cache::LayerCache,
+        (k, v): (&Tensor, &Tensor),
+        positions: &[usize],
+    ) -> Result<()> {
+        let (k, v) = (k.to_dtype(self.kv_dtype)?, v.to_dtype(self.kv_dtype)?);
+        cache.append(&k, &v, positions)
+    }
+
     /// Store new tokens' K/V in `dtype` (f32, f16 or bf16; others refused).
     pub fn set_kv_dtype(&mut self, dtype: DType) -> Result<()> {
         if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {

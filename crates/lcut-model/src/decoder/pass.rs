@@ -126,8 +126,7 @@ impl Decoder {
                 match &projected {
                     Some(p) => {
                         let (k, v) = self.projected_kv(layer, p)?;
-                        let (k, v) = (k.to_dtype(self.kv_dtype)?, v.to_dtype(self.kv_dtype)?);
-                        seq.caches[l].append(&k, &v, &p.positions)?;
+                        self.store_kv(&mut seq.caches[l], (&k, &v), &p.positions)?;
                         continue;
                     }
                     None => break,
@@ -223,11 +222,7 @@ impl Decoder {
             .filter(|&i| seq.retains_kv(l, positions[i as usize]))
             .collect();
         let (keys, values, key_positions) = if retained.len() == positions.len() {
-            let (ks, vs) = (
-                chunk.k.to_dtype(self.kv_dtype)?,
-                chunk.v.to_dtype(self.kv_dtype)?,
-            );
-            seq.caches[l].append(&ks, &vs, positions)?;
+            self.store_kv(&mut seq.caches[l], (&chunk.k, &chunk.v), positions)?;
             let cache = &seq.caches[l];
             let (k, v) = cache.kv()?.ok_or(ModelError::EmptyCache { layer: l })?;
             // a cache stored narrower than the activations is read widened
@@ -271,11 +266,11 @@ impl Decoder {
                 .iter()
                 .map(|&i| chunk.positions[i as usize])
                 .collect();
-            cache.append(
-                &chunk.k.index_select(&idx, 1)?.to_dtype(self.kv_dtype)?,
-                &chunk.v.index_select(&idx, 1)?.to_dtype(self.kv_dtype)?,
-                &pos,
-            )?;
+            let (k, v) = (
+                chunk.k.index_select(&idx, 1)?,
+                chunk.v.index_select(&idx, 1)?,
+            );
+            self.store_kv(cache, (&k, &v), &pos)?;
         }
         Ok((k, v, key_positions))
     }

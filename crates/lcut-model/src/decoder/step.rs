@@ -234,9 +234,9 @@ impl Decoder {
         }
         let retained = seq.retains_kv(l, pos);
         if retained {
-            let kt = Tensor::from_slice(k, (kv, 1, hd), &Device::Cpu)?.to_dtype(self.kv_dtype)?;
-            let vt = Tensor::from_slice(v, (kv, 1, hd), &Device::Cpu)?.to_dtype(self.kv_dtype)?;
-            seq.caches[l].append(&kt, &vt, &[pos])?;
+            let kt = Tensor::from_slice(k, (kv, 1, hd), &Device::Cpu)?;
+            let vt = Tensor::from_slice(v, (kv, 1, hd), &Device::Cpu)?;
+            self.store_kv(&mut seq.caches[l], (&kt, &vt), &[pos])?;
         }
         let current = (!retained).then_some(CurrentKv { k, v });
         visible_rows(seq, l, pos, layer.window, &mut s.spans);
