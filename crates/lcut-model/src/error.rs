@@ -191,6 +191,14 @@ pub enum ModelError {
     /// Empty input.
     #[error("no tokens given: a forward pass needs at least one token")]
     EmptyInput,
+    /// Sequences decoded together were given another number of tokens.
+    #[error("{sequences} sequences to decode together but {tokens} tokens for them")]
+    BatchMismatch {
+        /// Sequences given.
+        sequences: usize,
+        /// Tokens given.
+        tokens: usize,
+    },
     /// A layer's cache was empty right after this chunk's keys were added
     /// to it (a bug if it ever shows).
     #[error("the K/V cache of layer {layer} is empty after appending this chunk's keys")]

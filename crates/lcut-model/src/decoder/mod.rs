@@ -7,6 +7,7 @@
 //! `stages` is the staged prefill of a policy that decides at stage cuts.
 
 mod attention;
+mod batch;
 mod load;
 mod pass;
 mod projected;
@@ -297,15 +298,10 @@ impl Decoder {
         Sequence::with_rule(policy, policy.visibility(TokenPhases::all_decode()))
     }
 
-    /// Run `tokens` (the sequence's next tokens) through the model, updating
-    /// the sequence's caches, and return logits for the requested rows.
-    pub fn forward(
-        &self,
-        seq: &mut Sequence,
-        tokens: &[u32],
-        rows: LogitRows,
-        mut probe: Option<&mut (dyn Probe + '_)>,
-    ) -> Result<ChunkOutput> {
+    /// Refuse `tokens` as `seq`'s next tokens when there are none, when
+    /// they would run past the model's positions, or when one is outside
+    /// the vocabulary.
+    fn check_next(&self, seq: &Sequence, tokens: &[u32]) -> Result<()> {
         let n = tokens.len();
         if n == 0 {
             return Err(ModelError::EmptyInput);
@@ -328,6 +324,20 @@ impl Decoder {
                 vocab_size: self.cfg.vocab_size,
             });
         }
+        Ok(())
+    }
+
+    /// Run `tokens` (the sequence's next tokens) through the model, updating
+    /// the sequence's caches, and return logits for the requested rows.
+    pub fn forward(
+        &self,
+        seq: &mut Sequence,
+        tokens: &[u32],
+        rows: LogitRows,
+        mut probe: Option<&mut (dyn Probe + '_)>,
+    ) -> Result<ChunkOutput> {
+        self.check_next(seq, tokens)?;
+        let (n, start) = (tokens.len(), seq.next_pos);
         if n == 1
             && let Some(out) = self.fused_step(seq, tokens[0], rows, &mut probe)?
         {

@@ -32,9 +32,17 @@ use crate::sequence::Sequence;
 pub use super::step_model::Unfused;
 
 /// The fused step's buffers for one sequence, made at its first step and
-/// reused by every later one.
+/// reused by every later one: the rows of a pass (this sequence's alone,
+/// or, when it leads a batch, every sequence's) and its own.
 #[derive(Debug, Default)]
 pub struct StepScratch {
+    rows: RowBuffers,
+    lane: LaneScratch,
+}
+
+/// The activations of a pass, one row per sequence in it.
+#[derive(Debug, Default)]
+struct RowBuffers {
     hidden: Vec<f32>,
     acts: Activations,
     qkv: Vec<f32>,
@@ -43,6 +51,13 @@ pub struct StepScratch {
     gate_up: Vec<f32>,
     tmp: Vec<f32>,
     product: Vec<f32>,
+}
+
+/// What one sequence of a pass needs of its own: its position's RoPE
+/// tables, its attention's scratch and probabilities, the cache rows it
+/// reads.
+#[derive(Debug, Default)]
+struct LaneScratch {
     cos: Vec<f32>,
     sin: Vec<f32>,
     probs: Vec<f32>,
@@ -59,6 +74,14 @@ struct SpanMemo {
     window: Option<usize>,
     positions: Vec<usize>,
     spans: Vec<Range<usize>>,
+}
+
+/// One sequence of a pass: its state, its new token's position and its
+/// own scratch.
+struct Lane<'s> {
+    seq: &'s mut Sequence,
+    pos: usize,
+    scratch: &'s mut LaneScratch,
 }
 
 impl Decoder {
@@ -79,13 +102,27 @@ impl Decoder {
     }
 
     /// The step model, built at the first call.
-    fn step_model(&self) -> Result<std::result::Result<&StepModel, Unfused>> {
+    pub(super) fn step_model(&self) -> Result<std::result::Result<&StepModel, Unfused>> {
         if let Some(m) = self.step.get() {
             return Ok(m.as_ref().map_err(|u| *u));
         }
         let built = StepModel::build(self)?;
         let m = self.step.get_or_init(|| built);
         Ok(m.as_ref().map_err(|u| *u))
+    }
+
+    /// Whether `seq`'s next token can take the fused step: a step model,
+    /// the policy's prefill decisions taken, and the token present at
+    /// every layer.
+    pub(super) fn takes_fused_step(&self, seq: &Sequence) -> Result<bool> {
+        if self.fused_off || !seq.rule.is_decided() || !seq.pending.is_empty() {
+            return Ok(false);
+        }
+        if self.step_model()?.is_err() {
+            return Ok(false);
+        }
+        let pos = seq.next_pos;
+        Ok((0..self.layers.len()).all(|l| seq.token_exists(l, pos)))
     }
 
     /// Decode `token` at the sequence's next position through the fused
@@ -97,127 +134,227 @@ impl Decoder {
         rows: LogitRows,
         probe: &mut Option<&mut (dyn Probe + '_)>,
     ) -> Result<Option<ChunkOutput>> {
-        if self.fused_off || !seq.rule.is_decided() || !seq.pending.is_empty() {
+        if !self.takes_fused_step(seq)? {
             return Ok(None);
         }
         let Ok(model) = self.step_model()? else {
             return Ok(None);
         };
         let pos = seq.next_pos;
-        if !(0..self.layers.len()).all(|l| seq.token_exists(l, pos)) {
-            return Ok(None);
-        }
         let mut scratch = seq.step.take().unwrap_or_default();
-        let out = if probe.is_none() {
+        let StepScratch {
+            rows: buffers,
+            lane,
+        } = &mut *scratch;
+        let mut lanes = [Lane {
+            seq,
+            pos,
+            scratch: lane,
+        }];
+        let logits = if probe.is_none() {
             // the whole step on one of rayon's threads, so that each product's
             // parallel region splits work between running threads rather than
             // waking this one after every region (a probe stays on the caller's
             // thread: it need not be Send)
-            rayon::scope(|_| self.run_step(model, seq, token, rows, &mut None, &mut scratch))
+            rayon::scope(|_| self.run_pass(model, &mut lanes, &[token], rows, &mut None, buffers))
         } else {
-            self.run_step(model, seq, token, rows, probe, &mut scratch)
+            self.run_pass(model, &mut lanes, &[token], rows, probe, buffers)
         };
         seq.step = Some(scratch);
-        out.map(Some)
+        let logits = logits?;
+        let positions = if logits.is_some() { vec![pos] } else { vec![] };
+        Ok(Some(ChunkOutput { logits, positions }))
     }
 
-    fn run_step(
+    /// One new token for each sequence of `seqs` (each able to take the
+    /// fused step, no probe) in one pass over the weights: logits [n,
+    /// vocab], row i for sequence i. The first sequence's scratch holds the
+    /// pass's rows.
+    pub(super) fn fused_batch(
         &self,
         model: &StepModel,
-        seq: &mut Sequence,
-        token: u32,
+        seqs: &mut [&mut Sequence],
+        tokens: &[u32],
+    ) -> Result<Tensor> {
+        let mut scratches: Vec<Box<StepScratch>> = seqs
+            .iter_mut()
+            .map(|s| s.step.take().unwrap_or_default())
+            .collect();
+        let (lead, rest) = scratches.split_at_mut(1);
+        let buffers = &mut lead[0].rows;
+        let mut lanes: Vec<Lane<'_>> = seqs
+            .iter_mut()
+            .zip(std::iter::once(&mut lead[0].lane).chain(rest.iter_mut().map(|s| &mut s.lane)))
+            .map(|(seq, scratch)| Lane {
+                pos: seq.next_pos,
+                seq,
+                scratch,
+            })
+            .collect();
+        let out = rayon::scope(|_| {
+            self.run_pass(
+                model,
+                &mut lanes,
+                tokens,
+                LogitRows::Last,
+                &mut None,
+                buffers,
+            )
+        });
+        drop(lanes);
+        for (seq, scratch) in seqs.iter_mut().zip(scratches) {
+            seq.step = Some(scratch);
+        }
+        out?.ok_or(ModelError::MissingLogits)
+    }
+
+    /// Every layer for one new token per lane (`tokens[i]` for lane i):
+    /// the lanes' rows share each product, each lane reads its own cache.
+    /// Logits [lanes, vocab] unless `rows` asks for none.
+    fn run_pass(
+        &self,
+        model: &StepModel,
+        lanes: &mut [Lane<'_>],
+        tokens: &[u32],
         rows: LogitRows,
         probe: &mut Option<&mut (dyn Probe + '_)>,
-        s: &mut StepScratch,
-    ) -> Result<ChunkOutput> {
-        let pos = seq.next_pos;
-        let (hidden, _) = self.embed(&[token], pos, probe)?;
-        s.hidden.clear();
-        s.hidden.extend(
+        b: &mut RowBuffers,
+    ) -> Result<Option<Tensor>> {
+        let first = lanes.first().map_or(0, |l| l.pos);
+        let (hidden, _) = self.embed(tokens, first, probe)?;
+        b.hidden.clear();
+        b.hidden.extend(
             hidden
                 .to_dtype(DType::F32)?
                 .flatten_all()?
                 .to_vec1::<f32>()?,
         );
-        self.rope.tables_into(pos, &mut s.cos, &mut s.sin);
+        for lane in lanes.iter_mut() {
+            let s = &mut *lane.scratch;
+            self.rope.tables_into(lane.pos, &mut s.cos, &mut s.sin);
+        }
         let held = model.hold();
         for (l, layer) in model.layers.iter().enumerate() {
-            self.attention_half(l, layer, &held, seq, pos, probe, s)?;
-            self.mlp_half(layer, &held, s)?;
+            self.attention_half(l, layer, &held, lanes, probe, b)?;
+            self.mlp_half(layer, &held, lanes.len(), b)?;
             if let Some(p) = probe.as_deref_mut()
                 && p.wants_residual(ResidualSite::Layer(l))
             {
-                let h = Tensor::from_slice(&s.hidden, (1, s.hidden.len()), &Device::Cpu)?;
-                p.on_residual(ResidualSite::Layer(l), &[pos], &h.to_dtype(self.dtype)?)?;
+                let positions: Vec<usize> = lanes.iter().map(|l| l.pos).collect();
+                let d = self.cfg.hidden_size;
+                let h = Tensor::from_slice(&b.hidden, (lanes.len(), d), &Device::Cpu)?;
+                p.on_residual(ResidualSite::Layer(l), &positions, &h.to_dtype(self.dtype)?)?;
             }
-            seq.rule.after_decode_layer(l, pos);
+            for lane in lanes.iter_mut() {
+                lane.seq.rule.after_decode_layer(l, lane.pos);
+            }
         }
-        seq.next_pos = pos + 1;
-        let logits = match rows {
-            LogitRows::None => None,
-            LogitRows::Last | LogitRows::All => Some(self.step_logits(model, &held, s)?),
-        };
-        let positions = if logits.is_some() { vec![pos] } else { vec![] };
-        Ok(ChunkOutput { logits, positions })
+        for lane in lanes.iter_mut() {
+            lane.seq.next_pos = lane.pos + 1;
+        }
+        match rows {
+            LogitRows::None => Ok(None),
+            LogitRows::Last | LogitRows::All => {
+                Ok(Some(self.step_logits(model, &held, lanes.len(), b)?))
+            }
+        }
     }
 
-    /// `products` of the activations in `s.acts` into `out` (outputs side by
-    /// side), each one's rows put in Hugging Face order and its bias added.
+    /// `products` of the `n` activation rows in `acts` into `out` ([n,
+    /// outputs side by side]), each one's rows put in Hugging Face order and
+    /// its bias added.
     fn products(
         &self,
         products: &[&StepLinear],
         held: &Held<'_>,
-        acts: &mut Activations,
-        out: &mut Vec<f32>,
+        n: usize,
+        (acts, out): (&mut Activations, &mut Vec<f32>),
         tmp: &mut Vec<f32>,
         scratch: &mut Vec<f32>,
     ) -> Result<()> {
         let total: usize = products.iter().map(|p| p.rows).sum();
-        out.resize(total, 0.0);
+        out.resize(n * total, 0.0);
         let mats: Vec<_> = products.iter().map(|p| p.view(held)).collect();
         matvec_concat(Isa::detect(), &mats, acts, out, scratch)?;
-        let mut at = 0;
-        for p in products {
-            let seg = &mut out[at..at + p.rows];
-            p.unpermute(seg, tmp);
-            p.add_bias(seg);
-            at += p.rows;
+        for row in out.chunks_exact_mut(total) {
+            let mut at = 0;
+            for p in products {
+                let seg = &mut row[at..at + p.rows];
+                p.unpermute(seg, tmp);
+                p.add_bias(seg);
+                at += p.rows;
+            }
         }
         Ok(())
     }
 
     /// RMSNorm, Q/K/V, RoPE, the cache, attention and the output product
-    /// added to the residual stream.
-    #[allow(clippy::too_many_arguments)]
+    /// added to the residual stream, for every lane.
     fn attention_half(
         &self,
         l: usize,
         layer: &StepLayer,
         held: &Held<'_>,
-        seq: &mut Sequence,
-        pos: usize,
+        lanes: &mut [Lane<'_>],
         probe: &mut Option<&mut (dyn Probe + '_)>,
-        s: &mut StepScratch,
+        b: &mut RowBuffers,
     ) -> Result<()> {
         let cfg = &self.cfg;
-        let (h, kv, hd, d) = (
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-            cfg.hidden_size,
-        );
+        let (h, hd, d, n) = (cfg.num_heads, cfg.head_dim, cfg.hidden_size, lanes.len());
         let eps = cfg.rms_norm_eps as f32;
-        ops::rms_norm(&s.hidden, &layer.input_norm, eps, s.acts.fill(1, d))?;
+        ops::rms_norm(&b.hidden, &layer.input_norm, eps, b.acts.fill(n, d))?;
         let qkv: Vec<&StepLinear> = layer.qkv.iter().collect();
         self.products(
             &qkv,
             held,
-            &mut s.acts,
-            &mut s.qkv,
-            &mut s.tmp,
-            &mut s.product,
+            n,
+            (&mut b.acts, &mut b.qkv),
+            &mut b.tmp,
+            &mut b.product,
         )?;
-        let (q, rest) = s.qkv.split_at_mut(h * hd);
+        let width = b.qkv.len() / n;
+        b.attn.resize(n * h * hd, 0.0);
+        for ((lane, row), attn) in lanes
+            .iter_mut()
+            .zip(b.qkv.chunks_exact_mut(width))
+            .zip(b.attn.chunks_exact_mut(h * hd))
+        {
+            self.attend_lane(l, layer, lane, row, attn, probe)?;
+        }
+        b.acts.fill(n, h * hd).copy_from_slice(&b.attn);
+        self.products(
+            &[&layer.o],
+            held,
+            n,
+            (&mut b.acts, &mut b.out),
+            &mut b.tmp,
+            &mut b.product,
+        )?;
+        if let Some(w) = &layer.attn_out_norm {
+            ops::rms_norm_in_place(&mut b.out, w, eps)?;
+        }
+        ops::add_in_place(&mut b.hidden, &b.out)?;
+        Ok(())
+    }
+
+    /// One lane's attention at layer `l` from its Q/K/V row `qkv`: q/k
+    /// norms and RoPE, its K/V into its cache where the policy keeps them,
+    /// attention over the rows its policy shows it into `attn`, and the
+    /// probe's view of it.
+    fn attend_lane(
+        &self,
+        l: usize,
+        layer: &StepLayer,
+        lane: &mut Lane<'_>,
+        qkv: &mut [f32],
+        attn: &mut [f32],
+        probe: &mut Option<&mut (dyn Probe + '_)>,
+    ) -> Result<()> {
+        let cfg = &self.cfg;
+        let (h, kv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let eps = cfg.rms_norm_eps as f32;
+        let (seq, pos, s) = (&mut *lane.seq, lane.pos, &mut *lane.scratch);
+        let (q, rest) = qkv.split_at_mut(h * hd);
         let (k, v) = rest.split_at_mut(kv * hd);
         if let Some(w) = &layer.q_norm {
             ops::rms_norm_in_place(q, w, eps)?;
@@ -253,7 +390,6 @@ impl Decoder {
             scale: cfg.attn_scale as f32,
             softcap: cfg.attn_softcap.map(|c| c as f32),
         };
-        s.attn.resize(h * hd, 0.0);
         let probs = wants.then_some(&mut s.probs[..]);
         attend_cache(
             &seq.caches[l],
@@ -262,7 +398,7 @@ impl Decoder {
             q,
             &s.spans.spans,
             current,
-            &mut s.attn,
+            attn,
             probs,
             &mut s.attention,
         )?;
@@ -283,79 +419,80 @@ impl Decoder {
                 probs: &probs,
             })?;
         }
-        s.acts.fill(1, h * hd).copy_from_slice(&s.attn);
-        self.products(
-            &[&layer.o],
-            held,
-            &mut s.acts,
-            &mut s.out,
-            &mut s.tmp,
-            &mut s.product,
-        )?;
-        if let Some(w) = &layer.attn_out_norm {
-            ops::rms_norm_in_place(&mut s.out, w, eps)?;
-        }
-        ops::add_in_place(&mut s.hidden, &s.out)?;
         Ok(())
     }
 
     /// RMSNorm, gate and up, the gated activation, down, added to the
-    /// residual stream.
-    fn mlp_half(&self, layer: &StepLayer, held: &Held<'_>, s: &mut StepScratch) -> Result<()> {
+    /// residual stream, for `n` rows.
+    fn mlp_half(
+        &self,
+        layer: &StepLayer,
+        held: &Held<'_>,
+        n: usize,
+        b: &mut RowBuffers,
+    ) -> Result<()> {
         let (d, inner) = (self.cfg.hidden_size, self.cfg.intermediate_size);
         let eps = self.cfg.rms_norm_eps as f32;
-        ops::rms_norm(&s.hidden, &layer.mlp_in_norm, eps, s.acts.fill(1, d))?;
+        ops::rms_norm(&b.hidden, &layer.mlp_in_norm, eps, b.acts.fill(n, d))?;
         let gu: Vec<&StepLinear> = layer.gate_up.iter().collect();
         self.products(
             &gu,
             held,
-            &mut s.acts,
-            &mut s.gate_up,
-            &mut s.tmp,
-            &mut s.product,
+            n,
+            (&mut b.acts, &mut b.gate_up),
+            &mut b.tmp,
+            &mut b.product,
         )?;
-        let (gate, up) = s.gate_up.split_at_mut(inner);
-        ops::gate_in_place(gate, up, layer.activation)?;
-        s.acts.fill(1, inner).copy_from_slice(gate);
+        let acts = b.acts.fill(n, inner);
+        for (row, a) in b
+            .gate_up
+            .chunks_exact_mut(2 * inner)
+            .zip(acts.chunks_exact_mut(inner))
+        {
+            let (gate, up) = row.split_at_mut(inner);
+            ops::gate_in_place(gate, up, layer.activation)?;
+            a.copy_from_slice(gate);
+        }
         self.products(
             &[&layer.down],
             held,
-            &mut s.acts,
-            &mut s.out,
-            &mut s.tmp,
-            &mut s.product,
+            n,
+            (&mut b.acts, &mut b.out),
+            &mut b.tmp,
+            &mut b.product,
         )?;
         if let Some(w) = &layer.mlp_out_norm {
-            ops::rms_norm_in_place(&mut s.out, w, eps)?;
+            ops::rms_norm_in_place(&mut b.out, w, eps)?;
         }
-        ops::add_in_place(&mut s.hidden, &s.out)?;
+        ops::add_in_place(&mut b.hidden, &b.out)?;
         Ok(())
     }
 
-    /// Logits [1, vocab] in f32 of the final hidden state.
+    /// Logits [n, vocab] in f32 of the final hidden states.
     fn step_logits(
         &self,
         model: &StepModel,
         held: &Held<'_>,
-        s: &mut StepScratch,
+        n: usize,
+        b: &mut RowBuffers,
     ) -> Result<Tensor> {
         let d = self.cfg.hidden_size;
         let eps = self.cfg.rms_norm_eps as f32;
-        ops::rms_norm(&s.hidden, &model.final_norm, eps, s.acts.fill(1, d))?;
+        ops::rms_norm(&b.hidden, &model.final_norm, eps, b.acts.fill(n, d))?;
         let mut z = Vec::new();
         self.products(
             &[&model.lm_head],
             held,
-            &mut s.acts,
-            &mut z,
-            &mut s.tmp,
-            &mut s.product,
+            n,
+            (&mut b.acts, &mut z),
+            &mut b.tmp,
+            &mut b.product,
         )?;
         if let Some(c) = self.cfg.final_softcap {
             ops::softcap_in_place(&mut z, c as f32);
         }
-        let n = z.len();
-        Ok(Tensor::from_vec(z, (1, n), &Device::Cpu)?)
+        let vocab = z.len() / n;
+        Ok(Tensor::from_vec(z, (n, vocab), &Device::Cpu)?)
     }
 }
 
