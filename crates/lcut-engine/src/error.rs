@@ -53,6 +53,17 @@ pub enum EngineError {
     /// Phases that do not fit the prompt.
     #[error(transparent)]
     Phase(#[from] lcut_policy::PhaseError),
+    /// A generation was asked to go on from a state that does not hold
+    /// exactly the prompt's tokens before its decode start.
+    #[error(
+        "a prefix holding {held} tokens cannot continue a prompt whose decode start is token {decode_start}"
+    )]
+    PrefixMismatch {
+        /// Tokens the state holds.
+        held: usize,
+        /// The prompt's decode start.
+        decode_start: usize,
+    },
     /// The caller cancelled the run.
     #[error("cancelled")]
     Cancelled,

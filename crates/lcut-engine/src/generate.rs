@@ -163,6 +163,40 @@ pub(crate) fn prefill_before_decode_start(
     Ok(true)
 }
 
+/// A non-empty prompt that, with `config`'s token budget, fits the
+/// model's positions.
+fn check_fits(model: &Decoder, prompt: &PreparedPrompt, config: &GenerationConfig) -> Result<()> {
+    if prompt.is_empty() {
+        return Err(EngineError::EmptyPrompt);
+    }
+    let max_positions = model.config().max_position_embeddings;
+    if prompt.len().saturating_add(config.max_new_tokens) > max_positions {
+        return Err(EngineError::PromptTooLong {
+            prompt_len: prompt.len(),
+            max_new_tokens: config.max_new_tokens,
+            max_positions,
+        });
+    }
+    Ok(())
+}
+
+/// A new sequence of `prompt` under `policy`, with room for `extra` tokens
+/// after the prompt, holding the prompt's tokens before its decode start
+/// (run in chunks of `chunk`).
+pub(crate) fn prefill_prefix(
+    model: &Decoder,
+    prompt: &PreparedPrompt,
+    policy: Policy,
+    extra: usize,
+    chunk: usize,
+) -> Result<Sequence> {
+    let phases = prompt.phases(&policy)?;
+    let mut seq = model.new_sequence(policy, phases)?;
+    seq.reserve(prompt.len().saturating_add(extra));
+    prefill_before_decode_start(model, &mut seq, prompt, chunk, |_| true)?;
+    Ok(seq)
+}
+
 /// How far the prompt's prefill has got, in prompt tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PrefillProgress {
@@ -211,33 +245,57 @@ impl<'m> Generation<'m> {
         policy: Policy,
         config: GenerationConfig,
     ) -> Result<Self> {
-        if prompt.is_empty() {
-            return Err(EngineError::EmptyPrompt);
-        }
-        let max_positions = model.config().max_position_embeddings;
-        if prompt.len().saturating_add(config.max_new_tokens) > max_positions {
-            return Err(EngineError::PromptTooLong {
-                prompt_len: prompt.len(),
-                max_new_tokens: config.max_new_tokens,
-                max_positions,
+        check_fits(model, &prompt, &config)?;
+        let phases = prompt.phases(&policy)?;
+        let seq = model.new_sequence(policy, phases)?;
+        Ok(Self::with_sequence(model, prompt, seq, 0, config))
+    }
+
+    /// Go on from `prefix`, a state of `prompt`'s tokens before its decode
+    /// start (from [`Generation::prefill_to_decode_start`], forked, or
+    /// [restricted](Sequence::restricted) to another policy): the prompt's
+    /// earlier tokens are not run again, so one prefill serves several
+    /// continuations. Checks that the prompt and the token budget fit the
+    /// model and that `prefix` holds exactly the tokens before the decode
+    /// start.
+    pub fn from_prefix(
+        model: &'m Decoder,
+        prompt: PreparedPrompt,
+        prefix: Sequence,
+        config: GenerationConfig,
+    ) -> Result<Self> {
+        check_fits(model, &prompt, &config)?;
+        if prefix.len() != prompt.decode_start {
+            return Err(EngineError::PrefixMismatch {
+                held: prefix.len(),
+                decode_start: prompt.decode_start,
             });
         }
-        let phases = prompt.phases(&policy)?;
-        let mut seq = model.new_sequence(policy, phases)?;
+        let done = prompt.decode_start;
+        Ok(Self::with_sequence(model, prompt, prefix, done, config))
+    }
+
+    fn with_sequence(
+        model: &'m Decoder,
+        prompt: PreparedPrompt,
+        mut seq: Sequence,
+        prefilled: usize,
+        config: GenerationConfig,
+    ) -> Self {
         seq.reserve(prompt.len().saturating_add(config.max_new_tokens));
-        Ok(Self {
+        Self {
             model,
             seq,
             sampler: config.sampling.processor(),
             prompt,
-            prefilled: 0,
+            prefilled,
             prompt_logits: None,
             config,
             produced: Vec::new(),
             stop: None,
             busy_s: 0.0,
             first_token_at: None,
-        })
+        }
     }
 
     /// Token phases of the prompt under this generation's policy.
@@ -264,19 +322,90 @@ impl<'m> Generation<'m> {
     /// once a stop token or the budget ended the generation. The probe, if
     /// any, sees the layers computed in this step.
     pub fn step(&mut self, probe: Option<&mut (dyn Probe + '_)>) -> Result<Option<Step>> {
-        if self.stop.is_some() {
-            return Ok(None);
-        }
-        if self.produced.len() >= self.config.max_new_tokens {
-            self.finish(StopReason::MaxTokens);
+        if self.check_ended() {
             return Ok(None);
         }
         let logits = match self.produced.last() {
             None => self.prefill(probe)?,
             Some(&last) => self.decode_one(last, probe)?,
         };
+        self.record(logits, |own| own).map(Some)
+    }
+
+    /// One step of every generation in `gens` that has not ended, their
+    /// decode steps decoded together ([`Decoder::forward_batch`]: one pass
+    /// over the weights for up to eight generations of one model); a
+    /// generation's first step (its prompt) runs alone. The token each
+    /// records is `choose(i, own)`, `own` being the one generation `i`
+    /// chose itself: `choose` is called in the order of `gens`, so a
+    /// generation can be made to follow an earlier one's choice of the same
+    /// round (teacher forcing). Returns each generation's step, `None` for
+    /// one that had ended. Greedy choices are those of stepping each alone.
+    pub fn step_together(
+        gens: &mut [&mut Generation<'m>],
+        mut choose: impl FnMut(usize, u32) -> u32,
+    ) -> Result<Vec<Option<Step>>> {
+        let mut logits: Vec<Option<Tensor>> = vec![None; gens.len()];
+        let mut decoding = Vec::new();
+        for (i, g) in gens.iter_mut().enumerate() {
+            if g.check_ended() {
+                continue;
+            }
+            match g.produced.last() {
+                None => logits[i] = Some(g.prefill(None)?),
+                Some(_) => decoding.push(i),
+            }
+        }
+        while let Some(&first) = decoding.first() {
+            let model = gens[first].model;
+            let (same, rest): (Vec<usize>, Vec<usize>) = decoding
+                .iter()
+                .partition(|&&i| std::ptr::eq(gens[i].model, model));
+            let started = Instant::now();
+            let mut members: Vec<&mut Generation<'m>> = gens
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| same.contains(i))
+                .map(|(_, g)| &mut **g)
+                .collect();
+            let tokens: Vec<u32> = members
+                .iter()
+                .map(|g| g.produced.last().copied().unwrap_or_default())
+                .collect();
+            let mut seqs: Vec<&mut Sequence> = members.iter_mut().map(|g| &mut g.seq).collect();
+            let rows = model.forward_batch(&mut seqs, &tokens)?;
+            let secs = started.elapsed().as_secs_f64();
+            for ((g, row), &i) in members.iter_mut().zip(rows).zip(&same) {
+                g.busy_s += secs;
+                logits[i] = Some(row.squeeze(0)?.to_dtype(DType::F32)?);
+            }
+            decoding = rest;
+        }
+        gens.iter_mut()
+            .zip(logits)
+            .enumerate()
+            .map(|(i, (g, l))| l.map(|l| g.record(l, |own| choose(i, own))).transpose())
+            .collect()
+    }
+
+    /// Whether the generation has ended (marked so once its budget is
+    /// spent).
+    fn check_ended(&mut self) -> bool {
+        if self.stop.is_some() {
+            return true;
+        }
+        if self.produced.len() >= self.config.max_new_tokens {
+            self.finish(StopReason::MaxTokens);
+            return true;
+        }
+        false
+    }
+
+    /// Record the token `choose` makes of this generation's own choice
+    /// from `logits`, and end the generation at a stop token or its budget.
+    fn record(&mut self, logits: Tensor, choose: impl FnOnce(u32) -> u32) -> Result<Step> {
         let started = Instant::now();
-        let token = self.sampler.sample(&logits)?;
+        let token = choose(self.sampler.sample(&logits)?);
         self.produced.push(token);
         self.busy_s += started.elapsed().as_secs_f64();
         self.first_token_at.get_or_insert(self.busy_s);
@@ -285,11 +414,11 @@ impl<'m> Generation<'m> {
         } else if self.produced.len() >= self.config.max_new_tokens {
             self.finish(StopReason::MaxTokens);
         }
-        Ok(Some(Step {
+        Ok(Step {
             index: self.produced.len() - 1,
             token,
             logits,
-        }))
+        })
     }
 
     fn finish(&mut self, reason: StopReason) {

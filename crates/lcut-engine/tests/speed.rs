@@ -55,6 +55,67 @@ fn speed_at_full_depth_equals_full_bit_for_bit() -> Result<()> {
     Ok(())
 }
 
+/// What `lcut eval --suite` relies on to run a prompt once for the full
+/// model and SPEED: a SPEED generation that goes on from the full run's
+/// state before the decode start, restricted to the policy, is the
+/// policy's own generation (same tokens, logits within 1e-5 of the
+/// largest), with and without the BoS anchor.
+#[test]
+fn a_generation_from_the_full_prefill_restricted_is_the_policy_s_own() -> Result<()> {
+    for case in ["llama-gqa", "qwen2-bias", "gemma2-softcap"] {
+        let model = Decoder::load(&oracle(case), DType::F32, &Device::Cpu)?;
+        let layers = model.config().num_layers;
+        let prompt = PreparedPrompt::from_ids(reference_ids(case)?[..30].to_vec(), Some(24))?;
+        let mut full = Generation::new(&model, prompt.clone(), Policy::full(layers), greedy(8))?;
+        ensure!(full.prefill_to_decode_start(|_| true)?);
+        for spec in ["speed:2+bos", "speed:2", "speed:1+bos"] {
+            let policy = spec.parse::<PolicySpec>()?.resolve(layers)?;
+            let prefix = full
+                .sequence()
+                .restricted(policy, prompt.phases(&policy)?)?;
+            let mut shared = Generation::from_prefix(&model, prompt.clone(), prefix, greedy(8))?;
+            let mut own = Generation::new(&model, prompt.clone(), policy, greedy(8))?;
+            while let Some(a) = own.step(None)? {
+                let b = shared.step(None)?.context("the shared run stopped early")?;
+                ensure!(
+                    a.token == b.token,
+                    "{case} {spec}: token {} vs {}",
+                    a.token,
+                    b.token
+                );
+                let diff: f32 = (&a.logits - &b.logits)?.abs()?.max(0)?.to_scalar()?;
+                let top: f32 = a.logits.abs()?.max(0)?.to_scalar()?;
+                ensure!(
+                    diff <= 1e-5 * top,
+                    "{case} {spec}: logits differ by {diff} (largest {top}) at step {}",
+                    a.index
+                );
+            }
+            ensure!(shared.step(None)?.is_none());
+        }
+    }
+    Ok(())
+}
+
+/// A state that does not hold exactly the prompt's tokens before its
+/// decode start cannot be continued: the error says how many it holds.
+#[test]
+fn a_prefix_of_another_length_is_refused() -> Result<()> {
+    let model = Decoder::load(&oracle("llama-gqa"), DType::F32, &Device::Cpu)?;
+    let layers = model.config().num_layers;
+    let ids = reference_ids("llama-gqa")?;
+    let short = PreparedPrompt::from_ids(ids[..20].to_vec(), Some(16))?;
+    let mut full = Generation::new(&model, short, Policy::full(layers), greedy(4))?;
+    ensure!(full.prefill_to_decode_start(|_| true)?);
+    let prompt = PreparedPrompt::from_ids(ids[..30].to_vec(), Some(24))?;
+    let err = Generation::from_prefix(&model, prompt, full.sequence().fork()?, greedy(4))
+        .err()
+        .context("a 16-token prefix of a prompt whose decode start is 24 was accepted")?;
+    let msg = err.to_string();
+    ensure!(msg.contains("16") && msg.contains("24"), "{msg}");
+    Ok(())
+}
+
 fn small_random_model(dir: &Path, layers: usize) -> Result<Decoder> {
     RandomLlama {
         shape: LlamaShape {

@@ -15,7 +15,7 @@ use lcut_trace::{PolicyCounts, PolicyPoint};
 
 use super::quality::{Totals, score};
 use crate::error::{EngineError, Result};
-use crate::generate::prefill_before_decode_start;
+use crate::generate::prefill_prefix;
 use crate::prompt::PreparedPrompt;
 
 /// A policy on the comparison axis, with the SPEED point it is paired with.
@@ -135,34 +135,53 @@ pub(super) fn flop_shape(model: &Decoder) -> FlopShape {
 
 /// Run `prompt` under `policy` from scratch (prefill in chunks of `chunk`,
 /// the decode-phase prompt tokens as one chunk, then each token of
-/// `continuation` but the last one at a time), score its rows against
-/// `reference` (the full model's rows predicting `continuation`) and add
-/// quality, costs and attention recall (the share of the full model's
-/// decode attention on prompt tokens that lands on tokens whose K/V the
-/// policy keeps at each layer, from `mass`) to `totals`.
+/// `continuation` but the last one at a time) and add its measurement
+/// ([`add_forced`]) to `totals`.
 pub(super) fn measure(
     model: &Decoder,
     prompt: &PreparedPrompt,
     policy: Policy,
     continuation: &[u32],
-    (reference, mass): (&Tensor, &PromptMassProbe),
+    reference: (&Tensor, &PromptMassProbe),
     chunk: usize,
     totals: &mut AxisTotals,
 ) -> Result<()> {
     if continuation.is_empty() {
         return Ok(());
     }
-    let phases = prompt.phases(&policy)?;
-    let mut seq = model.new_sequence(policy, phases)?;
-    seq.reserve(prompt.len() + continuation.len());
-    let logits = forced_logits(model, &mut seq, prompt, continuation, chunk)?;
-    let t = score(reference, &logits, continuation)?;
+    let mut seq = prefill_prefix(model, prompt, policy, continuation.len(), chunk)?;
+    let logits = forced_logits(model, &mut seq, prompt, continuation)?;
+    add_forced(
+        model,
+        &seq,
+        prompt,
+        (&logits, continuation),
+        reference,
+        totals,
+    )
+}
+
+/// Score `logits`, the rows of the run in `seq` teacher-forced on
+/// `continuation`, against `reference` (the full model's rows predicting
+/// it) and add quality, costs and attention recall (the share of the full
+/// model's decode attention on prompt tokens that lands on tokens whose K/V
+/// the policy keeps at each layer, from `mass`) to `totals`.
+pub(crate) fn add_forced(
+    model: &Decoder,
+    seq: &Sequence,
+    prompt: &PreparedPrompt,
+    (logits, continuation): (&Tensor, &[u32]),
+    (reference, mass): (&Tensor, &PromptMassProbe),
+    totals: &mut AxisTotals,
+) -> Result<()> {
+    let t = score(reference, logits, continuation)?;
     totals.quality.agree += t.agree;
     totals.quality.kl += t.kl;
     totals.quality.nll += t.nll;
     totals.quality.tokens += t.tokens;
-    add_costs(model, &seq, prompt, mass, totals);
+    add_costs(model, seq, prompt, mass, totals);
     // kept: the layer holds K/V of the token (its own, or projected)
+    let phases = seq.phases();
     let recall = mass.recall(
         |pos| phases.phase(pos) == Phase::Prefill,
         |layer, pos| seq.retains_kv(layer, pos),
@@ -175,17 +194,16 @@ pub(super) fn measure(
     Ok(())
 }
 
-/// Prefill `prompt` into `seq` and feed `continuation` but its last token
-/// one at a time: the logits [n, V] of the rows that predict it.
+/// From `seq` at `prompt`'s decode start, feed the decode-phase prompt
+/// tokens and `continuation` but its last token one at a time: the logits
+/// [n, V] of the rows that predict it.
 fn forced_logits(
     model: &Decoder,
     seq: &mut Sequence,
     prompt: &PreparedPrompt,
     continuation: &[u32],
-    chunk: usize,
 ) -> Result<Tensor> {
     let s = prompt.decode_start;
-    prefill_before_decode_start(model, seq, prompt, chunk, |_| true)?;
     let mut rows = Vec::with_capacity(continuation.len());
     let first = model.forward(seq, &prompt.ids[s..], LogitRows::Last, None)?;
     rows.push(first.logits.ok_or(EngineError::MissingLogits {

@@ -1,13 +1,13 @@
 //! One policy teacher-forced on one prompt and the full model's
-//! continuation, through the sweep's axis measurement ([`measure`]), for
-//! callers outside the sweep (`lcut eval` on a suite).
+//! continuation, scored as the sweep's axis scores it ([`add_forced`]),
+//! for callers outside the sweep (`lcut eval` on a suite, which runs the
+//! forced rows itself beside the other generations of an item).
 
 use candle_core::Tensor;
-use lcut_model::Decoder;
 use lcut_model::probes::PromptMassProbe;
-use lcut_policy::Policy;
+use lcut_model::{Decoder, Sequence};
 
-use super::policy_axis::{AxisTotals, measure};
+use super::policy_axis::{AxisTotals, add_forced};
 use crate::error::Result;
 use crate::prompt::PreparedPrompt;
 
@@ -26,28 +26,29 @@ pub(crate) struct ForcedQuality {
     pub kv_full: u64,
 }
 
-/// Run `prompt` under `policy` teacher-forced on `continuation` and score
-/// it against `reference`, the full model's rows that chose it.
+/// Score `logits`, the rows of the run in `seq` teacher-forced on
+/// `continuation` from `prompt`, against `reference`, the full model's rows
+/// that chose it.
 pub(crate) fn forced_quality(
     model: &Decoder,
+    seq: &Sequence,
     prompt: &PreparedPrompt,
-    policy: Policy,
-    continuation: &[u32],
+    (logits, continuation): (&Tensor, &[u32]),
     reference: &Tensor,
-    chunk: usize,
 ) -> Result<ForcedQuality> {
     // attention recall is not reported here: an empty probe serves
     let mass = PromptMassProbe::new(model.config().num_layers, prompt.decode_start);
     let mut t = AxisTotals::default();
-    measure(
-        model,
-        prompt,
-        policy,
-        continuation,
-        (reference, &mass),
-        chunk,
-        &mut t,
-    )?;
+    if !continuation.is_empty() {
+        add_forced(
+            model,
+            seq,
+            prompt,
+            (logits, continuation),
+            (reference, &mass),
+            &mut t,
+        )?;
+    }
     Ok(ForcedQuality {
         tokens: t.quality.tokens,
         agree: t.quality.agree.round() as usize,

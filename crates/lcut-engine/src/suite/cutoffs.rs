@@ -1,18 +1,16 @@
 //! Training-free accuracy of SPEED at each cutoff on a suite: one full
 //! prefill per item up to the decode start, reused for every cutoff (the
 //! same states SPEED computes there), then each cutoff's own greedy answer,
-//! scored by the item's rule. What calibrates the recommender.
+//! all of them decoded side by side, scored by the item's rule. What calibrates the recommender.
 
 use lcut_diag::accuracy_point;
-use lcut_model::{LogitRows, argmax_rows};
 use lcut_policy::{Anchors, Policy, PolicyKind};
 use lcut_trace::{CutoffAccuracy, anchors_label};
 
 use super::SuiteItem;
 use crate::diagnose::shard_indices;
 use crate::error::{EngineError, Result};
-use crate::generate::prefill_before_decode_start;
-use crate::prompt::PreparedPrompt;
+use crate::generate::{Generation, GenerationConfig, prefill_prefix};
 use crate::session::Session;
 
 /// Settings of [`accuracy_by_cutoff`].
@@ -29,39 +27,6 @@ pub struct CutoffEvalOptions {
     pub prefill_chunk: usize,
     /// Score shard `(i, n)` only: items i, i+n, ... (all when absent).
     pub shard: Option<(usize, usize)>,
-}
-
-/// Greedy answer of `prompt` from a sequence that holds its tokens before
-/// the decode start; the generated text without stop tokens.
-fn answer_from(
-    session: &Session,
-    mut seq: lcut_model::Sequence,
-    prompt: &PreparedPrompt,
-    max_new: usize,
-) -> Result<String> {
-    let model = &session.model;
-    let stops = session.stop_tokens();
-    let s = prompt.decode_start;
-    let mut out = model.forward(&mut seq, &prompt.ids[s..], LogitRows::Last, None)?;
-    let mut tokens = Vec::with_capacity(max_new);
-    while tokens.len() < max_new {
-        let logits = out.logits.ok_or(EngineError::MissingLogits {
-            position: seq.len() - 1,
-        })?;
-        let next = argmax_rows(&logits)?[0];
-        if stops.contains(&next) {
-            break;
-        }
-        tokens.push(next);
-        if tokens.len() == max_new {
-            break;
-        }
-        out = model.forward(&mut seq, &[next], LogitRows::Last, None)?;
-    }
-    Ok(session
-        .tokenizer
-        .as_ref()
-        .map_or_else(String::new, |t| t.decode(&tokens)))
 }
 
 /// Accuracy of SPEED at each of `opts.anchors` × `opts.cuts` (anchors
@@ -85,12 +50,29 @@ pub fn accuracy_by_cutoff(
     let mine = shard_indices(items.len(), opts.shard)?;
     for (i, item) in mine.iter().map(|&k| &items[k]).enumerate() {
         let prompt = session.prepare_text(&item.prompt, item.system.as_deref(), true)?;
-        let mut prefix = model.new_full_sequence();
-        prefix.reserve(prompt.len() + opts.max_new_tokens);
-        prefill_before_decode_start(model, &mut prefix, &prompt, opts.prefill_chunk, |_| true)?;
-        for (k, policy) in policies.iter().enumerate() {
-            let seq = prefix.restricted(*policy, prompt.phases(policy)?)?;
-            let text = answer_from(session, seq, &prompt, opts.max_new_tokens)?;
+        let (max_new, chunk) = (opts.max_new_tokens, opts.prefill_chunk.max(1));
+        let prefix = prefill_prefix(model, &prompt, Policy::full(layers), max_new, chunk)?;
+        let config = GenerationConfig {
+            prefill_chunk: chunk,
+            ..session.greedy_config(max_new)
+        };
+        let mut answers = policies
+            .iter()
+            .map(|policy| {
+                let seq = prefix.restricted(*policy, prompt.phases(policy)?)?;
+                Generation::from_prefix(model, prompt.clone(), seq, config.clone())
+            })
+            .collect::<Result<Vec<_>>>()?;
+        // every cutoff's answer decoded side by side
+        loop {
+            let mut gens: Vec<&mut Generation<'_>> = answers.iter_mut().collect();
+            let steps = Generation::step_together(&mut gens, |_, own| own)?;
+            if steps.iter().all(Option::is_none) {
+                break;
+            }
+        }
+        for (k, answer) in answers.iter().enumerate() {
+            let text = session.generated_text(answer.produced());
             correct[k] += usize::from(item.is_correct(&text));
         }
         if !on_item(i + 1, mine.len()) {

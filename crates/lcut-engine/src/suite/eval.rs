@@ -1,7 +1,12 @@
 //! Running a suite under a policy: per item, the full model's greedy
 //! continuation (its rows are the reference), the policy's own greedy
 //! generation (scored against the answer), and the policy teacher-forced
-//! on the full continuation (top-1 agreement, KL, K/V held). With an
+//! on the full continuation (top-1 agreement, KL, K/V held). The prompt is
+//! run once per policy (the policy's greedy and forced runs fork one
+//! state before the decode start), and not at all for a policy that reuses
+//! the full model's prefill (SPEED: its state is the full run's
+//! restricted); an item's generations then decode side by side, one pass
+//! over the weights per token for all of them. With an
 //! adapted model the reference is the base model's full-depth run, so the
 //! scores say what the adapter keeps of the model it was made from.
 
@@ -14,7 +19,7 @@ use super::SuiteItem;
 use super::result::ItemResult;
 use crate::diagnose::{ForcedQuality, forced_quality};
 use crate::error::{EngineError, Result};
-use crate::generate::{GenerationConfig, GenerationOutput};
+use crate::generate::{Generation, GenerationConfig, GenerationOutput, prefill_prefix};
 use crate::prompt::PreparedPrompt;
 use crate::session::Session;
 
@@ -96,37 +101,31 @@ pub fn evaluate_suite_until(
     Ok(out)
 }
 
-/// Greedy generation of `prompt` under `policy`; with `rows`, the logits
-/// each token was chosen from are collected there.
-fn greedy(
-    session: &Session,
-    prompt: &PreparedPrompt,
-    policy: Policy,
-    opts: &SuiteEvalOptions,
-    rows: Option<&mut Vec<Tensor>>,
-) -> Result<GenerationOutput> {
-    let (max_new, chunk) = (opts.max_new_tokens, opts.prefill_chunk.max(1));
-    match rows {
-        Some(rows) => session.continue_greedy(prompt, policy, max_new, chunk, |step| {
-            rows.push(step.logits.clone());
-            true
-        }),
-        None => session.continue_greedy(prompt, policy, max_new, chunk, |_| true),
-    }
-}
-
 /// The full model's run of an item: its greedy continuation, the rows
-/// that chose it, its text, and whether it is the evaluated session's own
-/// run (then a full-depth policy is this run) or the base model's.
+/// that chose it, its text.
 struct FullRun {
     output: GenerationOutput,
     reference: Tensor,
     text: String,
-    of_session: bool,
 }
 
-/// One item: the reference's full greedy run once, then per policy its own
-/// greedy generation and the policy teacher-forced on that continuation.
+/// A policy's two runs of an item, from one state of the prompt before its
+/// decode start: its own greedy generation, and the run teacher-forced on
+/// the full model's continuation (with the rows it gave).
+struct PolicyRuns<'m> {
+    own: Generation<'m>,
+    forced: Generation<'m>,
+    forced_rows: Vec<Tensor>,
+}
+
+/// One item: the reference's full greedy run, and per policy its own
+/// greedy generation and the policy teacher-forced on the full run's
+/// continuation, all decoded side by side ([`Generation::step_together`]:
+/// one pass over the weights per token for all of them). The prompt runs
+/// once for the reference and once per policy, not at all for a policy that
+/// [reuses a full prefill](Policy::reuses_full_prefill) of the same model
+/// (SPEED: its state is the full run's restricted). Each result's seconds
+/// are the item's wall time.
 fn evaluate_item(
     (session, base): (&Session, Option<&Session>),
     index: usize,
@@ -137,64 +136,131 @@ fn evaluate_item(
     let start = Instant::now();
     let reference = base.unwrap_or(session);
     let prompt = session.prepare_text(&item.prompt, item.system.as_deref(), true)?;
-    let mut rows = Vec::new();
-    let layers = session.model.config().num_layers;
-    let output = greedy(
-        reference,
+    let (max_new, chunk) = (opts.max_new_tokens, opts.prefill_chunk.max(1));
+    let layers = reference.model.config().num_layers;
+    let full_prefix = prefill_prefix(
+        &reference.model,
         &prompt,
         Policy::full(layers),
-        opts,
-        Some(&mut rows),
+        max_new,
+        chunk,
     )?;
-    let full = FullRun {
-        text: reference.generated_text(&output.tokens),
-        reference: Tensor::stack(&rows, 0)?,
-        output,
-        of_session: base.is_none(),
+    let own_config = GenerationConfig {
+        prefill_chunk: chunk,
+        ..session.greedy_config(max_new)
     };
-    let shared_s = start.elapsed().as_secs_f64();
-    policies
+    // the forced runs end where the full run ends: the same stops and budget
+    let full_config = GenerationConfig {
+        prefill_chunk: chunk,
+        ..reference.greedy_config(max_new)
+    };
+    let mut runs = policies
         .iter()
         .map(|&policy| {
-            let start = Instant::now();
-            let mut r = policy_result(session, &prompt, item, policy, &full, opts)?;
-            r.index = index;
-            r.seconds = shared_s + start.elapsed().as_secs_f64();
-            Ok(r)
+            if base.is_none() && policy.is_full_depth() {
+                return Ok(None);
+            }
+            let prefix = if base.is_none() && policy.reuses_full_prefill() {
+                full_prefix.restricted(policy, prompt.phases(&policy)?)?
+            } else {
+                prefill_prefix(&session.model, &prompt, policy, max_new, chunk)?
+            };
+            let from = |seq, config: &GenerationConfig| {
+                Generation::from_prefix(&session.model, prompt.clone(), seq, config.clone())
+            };
+            Ok(Some(PolicyRuns {
+                own: from(prefix.fork()?, &own_config)?,
+                forced: from(prefix, &full_config)?,
+                forced_rows: Vec::new(),
+            }))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut full =
+        Generation::from_prefix(&reference.model, prompt.clone(), full_prefix, full_config)?;
+    let mut full_rows = Vec::new();
+    loop {
+        let mut gens: Vec<&mut Generation<'_>> = vec![&mut full];
+        for r in runs.iter_mut().flatten() {
+            gens.push(&mut r.forced);
+            gens.push(&mut r.own);
+        }
+        // generation 0 is the full run; each forced run (odd) records its token
+        let mut full_token = 0;
+        let steps = Generation::step_together(&mut gens, |i, own| match i {
+            0 => {
+                full_token = own;
+                own
+            }
+            i if i % 2 == 1 => full_token,
+            _ => own,
+        })?;
+        if steps.iter().all(Option::is_none) {
+            break;
+        }
+        let mut steps = steps.into_iter();
+        if let Some(Some(step)) = steps.next() {
+            full_rows.push(step.logits);
+        }
+        for r in runs.iter_mut().flatten() {
+            if let Some(Some(step)) = steps.next() {
+                r.forced_rows.push(step.logits);
+            }
+            steps.next();
+        }
+    }
+    let output = full.output();
+    let full = FullRun {
+        text: reference.generated_text(&output.tokens),
+        reference: Tensor::stack(&full_rows, 0)?,
+        output,
+    };
+    let seconds = start.elapsed().as_secs_f64();
+    runs.iter()
+        .map(|r| {
+            let mut result = policy_result(session, &prompt, item, r.as_ref(), &full)?;
+            result.index = index;
+            result.seconds = seconds;
+            Ok(result)
         })
         .collect()
 }
 
-/// One policy on one item, against the full model's run.
+/// One policy on one item from its runs (none for a full-depth policy of
+/// the session, which is the full run), against the full model's run.
 fn policy_result(
     session: &Session,
     prompt: &PreparedPrompt,
     item: &SuiteItem,
-    policy: Policy,
+    runs: Option<&PolicyRuns<'_>>,
     full: &FullRun,
-    opts: &SuiteEvalOptions,
 ) -> Result<ItemResult> {
     let continuation = &full.output.tokens;
-    let (generation, q) = if full.of_session && policy.is_full_depth() {
-        let q = ForcedQuality {
-            tokens: continuation.len(),
-            agree: continuation.len(),
-            kl: 0.0,
-            kv_held: full.output.kv_bytes_held,
-            kv_full: full.output.kv_bytes_held,
-        };
-        (full.text.clone(), q)
-    } else {
-        let own = greedy(session, prompt, policy, opts, None)?;
-        let q = forced_quality(
-            &session.model,
-            prompt,
-            policy,
-            continuation,
-            &full.reference,
-            opts.prefill_chunk.max(1),
-        )?;
-        (session.generated_text(&own.tokens), q)
+    let (generation, q) = match runs {
+        None => {
+            let q = ForcedQuality {
+                tokens: continuation.len(),
+                agree: continuation.len(),
+                kl: 0.0,
+                kv_held: full.output.kv_bytes_held,
+                kv_full: full.output.kv_bytes_held,
+            };
+            (full.text.clone(), q)
+        }
+        Some(r) => {
+            let rows = if r.forced_rows.is_empty() {
+                Tensor::zeros(0, candle_core::DType::F32, &candle_core::Device::Cpu)?
+            } else {
+                Tensor::stack(&r.forced_rows, 0)?
+            };
+            let q = forced_quality(
+                &session.model,
+                r.forced.sequence(),
+                prompt,
+                (&rows, continuation),
+                &full.reference,
+            )?;
+            (session.generated_text(r.own.produced()), q)
+        }
     };
     Ok(ItemResult {
         index: 0,

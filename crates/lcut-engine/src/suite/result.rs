@@ -35,8 +35,9 @@ pub struct ItemResult {
     pub kv_bytes_held: u64,
     /// K/V bytes the full model holds for the same tokens.
     pub kv_bytes_full: u64,
-    /// Wall time of the item under this policy, seconds (the full model's
-    /// run, which every policy needs as its reference, included).
+    /// Wall time of the item, seconds: the full model's run, which every
+    /// policy needs as its reference, and every policy's runs of the item,
+    /// which decode side by side.
     pub seconds: f64,
 }
 
