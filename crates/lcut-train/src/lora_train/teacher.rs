@@ -10,12 +10,12 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use lcut_engine::suite::SuiteItem;
-use lcut_engine::{GenerationConfig, PreparedPrompt, Session, Step};
+use lcut_engine::{Generation, GenerationConfig, PreparedPrompt, Session};
 use lcut_policy::Policy;
 use serde::{Deserialize, Serialize};
 
 use super::optim::SplitMix;
-use crate::error::{Context, Result, TrainError, refuse};
+use crate::error::{Context, Result, refuse};
 
 /// How a teacher file was made: a run reusing it must ask for the same.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -84,45 +84,52 @@ pub type PromptSet = HashSet<(Option<String>, String)>;
 
 /// A greedy continuation and, per token, the top k ids and probabilities
 /// of the distribution it was chosen from.
+#[derive(Default)]
 struct Continuation {
     tokens: Vec<u32>,
     top_ids: Vec<Vec<u32>>,
     top_probs: Vec<Vec<f32>>,
 }
 
-/// The full model's greedy continuation of `prompt` and the top k of each
-/// distribution it chose from.
-fn continue_prompt(
+/// Prompts whose continuations are made together: their decode steps
+/// share each pass over the weights.
+const TOGETHER: usize = 8;
+
+/// The full model's greedy continuation of each of `prompts` and the top k
+/// of each distribution it chose from, the prompts decoded side by side
+/// (the same tokens as one at a time).
+fn continue_prompts(
     session: &Session,
-    prompt: &PreparedPrompt,
+    prompts: &[PreparedPrompt],
     max_new: usize,
     k: usize,
-) -> Result<Continuation> {
-    let layers = session.model.config().num_layers;
-    let chunk = GenerationConfig::default().prefill_chunk;
-    let (mut ids, mut probs) = (vec![], vec![]);
-    let mut failure = None;
-    let on_step = |step: &Step| match step.logits.to_vec1::<f32>() {
-        Ok(row) => {
-            let (i, p) = top_k(&row, k);
-            ids.push(i);
-            probs.push(p);
-            true
-        }
-        Err(e) => {
-            failure = Some(e);
-            false
-        }
+) -> Result<Vec<Continuation>> {
+    let full = Policy::full(session.model.config().num_layers);
+    let config = GenerationConfig {
+        prefill_chunk: GenerationConfig::default().prefill_chunk,
+        ..session.greedy_config(max_new)
     };
-    let out = session.continue_greedy(prompt, Policy::full(layers), max_new, chunk, on_step)?;
-    if let Some(e) = failure {
-        return Err(TrainError::Candle(e));
+    let mut gens = prompts
+        .iter()
+        .map(|p| Generation::new(&session.model, p.clone(), full, config.clone()))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let mut out: Vec<Continuation> = prompts.iter().map(|_| Continuation::default()).collect();
+    loop {
+        let mut all: Vec<&mut Generation<'_>> = gens.iter_mut().collect();
+        let steps = Generation::step_together(&mut all, |_, own| own)?;
+        if steps.iter().all(Option::is_none) {
+            break;
+        }
+        for (c, step) in out.iter_mut().zip(steps) {
+            if let Some(step) = step {
+                let (ids, probs) = top_k(&step.logits.to_vec1::<f32>()?, k);
+                c.tokens.push(step.token);
+                c.top_ids.push(ids);
+                c.top_probs.push(probs);
+            }
+        }
     }
-    Ok(Continuation {
-        tokens: out.tokens,
-        top_ids: ids,
-        top_probs: probs,
-    })
+    Ok(out)
 }
 
 /// The prompts of the task generators from `settings.prompt_seed` on (one
@@ -138,6 +145,7 @@ fn candidate_items(seed: u64, exclude: &PromptSet) -> Vec<SuiteItem> {
 }
 
 /// Make the teacher records for `settings`, showing progress on `on_record`.
+/// Prompts are continued [`TOGETHER`] at a time, in candidate order.
 pub fn make(
     session: &Session,
     settings: &TeacherSettings,
@@ -145,30 +153,36 @@ pub fn make(
     mut on_record: impl FnMut(),
 ) -> Result<Vec<TeacherRecord>> {
     let mut out = Vec::with_capacity(settings.prompts);
+    let mut waiting: Vec<(String, SuiteItem, PreparedPrompt)> = Vec::new();
     // 64 suites without enough usable prompts: the settings cannot be met
-    for seed in settings.prompt_seed..settings.prompt_seed + 64 {
+    'seeds: for seed in settings.prompt_seed..settings.prompt_seed + 64 {
         for item in candidate_items(seed, exclude) {
-            if out.len() == settings.prompts {
-                return Ok(out);
+            if out.len() + waiting.len() == settings.prompts {
+                break 'seeds;
             }
             let prompt = session.prepare_text(&item.prompt, item.system.as_deref(), true)?;
             if prompt.ids.len() > settings.max_prompt_tokens {
                 continue;
             }
-            let c = continue_prompt(session, &prompt, settings.max_new_tokens, settings.top_k)?;
-            out.push(TeacherRecord {
-                id: format!("seed{seed}/{}", item.id),
-                kind: item.kind,
-                system: item.system,
-                prompt: item.prompt,
-                prompt_ids: prompt.ids,
-                continuation: c.tokens,
-                top_ids: c.top_ids,
-                top_probs: c.top_probs,
-            });
-            on_record();
+            waiting.push((format!("seed{seed}/{}", item.id), item, prompt));
+            if waiting.len() == TOGETHER {
+                records_of(
+                    session,
+                    settings,
+                    waiting.drain(..),
+                    &mut out,
+                    &mut on_record,
+                )?;
+            }
         }
     }
+    records_of(
+        session,
+        settings,
+        waiting.drain(..),
+        &mut out,
+        &mut on_record,
+    )?;
     if out.len() < settings.prompts {
         refuse!(
             "only {} prompts of at most {} tokens in 64 generator seeds; ask for fewer",
@@ -177,6 +191,34 @@ pub fn make(
         );
     }
     Ok(out)
+}
+
+/// Continue the prompts of `batch` together and add their records to
+/// `out`, in order.
+fn records_of(
+    session: &Session,
+    settings: &TeacherSettings,
+    batch: impl Iterator<Item = (String, SuiteItem, PreparedPrompt)>,
+    out: &mut Vec<TeacherRecord>,
+    on_record: &mut impl FnMut(),
+) -> Result<()> {
+    let batch: Vec<_> = batch.collect();
+    let prompts: Vec<PreparedPrompt> = batch.iter().map(|(_, _, p)| p.clone()).collect();
+    let continued = continue_prompts(session, &prompts, settings.max_new_tokens, settings.top_k)?;
+    for ((id, item, prompt), c) in batch.into_iter().zip(continued) {
+        out.push(TeacherRecord {
+            id,
+            kind: item.kind,
+            system: item.system,
+            prompt: item.prompt,
+            prompt_ids: prompt.ids,
+            continuation: c.tokens,
+            top_ids: c.top_ids,
+            top_probs: c.top_probs,
+        });
+        on_record();
+    }
+    Ok(())
 }
 
 /// Read a teacher file made with `settings`; `Ok(None)` when there is none.

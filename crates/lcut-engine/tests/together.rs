@@ -1,0 +1,119 @@
+//! Generations stepped side by side (`Generation::step_together`, what
+//! `lcut eval --suite`, `sweep --eval-suite` and the adapter trainer's
+//! teacher use) against each generation stepped alone: prompts of
+//! different lengths under different policies give the same tokens and
+//! the same logits bit for bit, a generation that ends early stops
+//! taking steps while the others go on, and a generation made to follow
+//! another's choice (teacher forcing) records that choice.
+
+use anyhow::{Context, Result, ensure};
+use lcut_engine::{Generation, GenerationConfig, PreparedPrompt, Step};
+use lcut_model::{DType, Decoder, Device};
+use lcut_policy::PolicySpec;
+use lcut_testkit::oracle_case as oracle;
+
+fn reference_ids(name: &str) -> Result<Vec<u32>> {
+    let r =
+        candle_core::safetensors::load(oracle(name).join("reference.safetensors"), &Device::Cpu)?;
+    Ok(r["input_ids"].to_dtype(DType::U32)?.to_vec1()?)
+}
+
+/// (prompt length, decode start, policy, most new tokens)
+const RUNS: [(usize, usize, &str, usize); 4] = [
+    (30, 24, "full", 7),
+    (22, 18, "speed:2+bos", 7),
+    (27, 20, "speed:1", 3),
+    (30, 24, "slim:2@50%+block:2+unit:1", 7),
+];
+
+fn generations<'m>(model: &'m Decoder, ids: &[u32]) -> Result<Vec<Generation<'m>>> {
+    let layers = model.config().num_layers;
+    RUNS.iter()
+        .map(|&(len, start, policy, max_new)| {
+            let prompt = PreparedPrompt::from_ids(ids[..len].to_vec(), Some(start))?;
+            let policy = policy.parse::<PolicySpec>()?.resolve(layers)?;
+            let config = GenerationConfig {
+                max_new_tokens: max_new,
+                ..GenerationConfig::default()
+            };
+            Ok(Generation::new(model, prompt, policy, config)?)
+        })
+        .collect()
+}
+
+fn same(case: &str, i: usize, a: &Step, b: &Step) -> Result<()> {
+    ensure!(
+        a.token == b.token,
+        "{case}, run {i}: token {} vs {}",
+        a.token,
+        b.token
+    );
+    let diff: f32 = (&a.logits - &b.logits)?.abs()?.max(0)?.to_scalar()?;
+    ensure!(
+        diff == 0.0,
+        "{case}, run {i}, step {}: logits differ by {diff}",
+        a.index
+    );
+    Ok(())
+}
+
+#[test]
+fn generations_stepped_together_equal_each_stepped_alone() -> Result<()> {
+    for case in ["llama-gqa", "qwen3-qknorm", "gemma2-softcap"] {
+        let model = Decoder::load(&oracle(case), DType::F32, &Device::Cpu)?;
+        let ids = reference_ids(case)?;
+        let mut alone: Vec<Vec<Step>> = Vec::new();
+        for mut g in generations(&model, &ids)? {
+            let mut steps = Vec::new();
+            while let Some(s) = g.step(None)? {
+                steps.push(s);
+            }
+            alone.push(steps);
+        }
+        let mut gens = generations(&model, &ids)?;
+        let mut together: Vec<Vec<Step>> = vec![Vec::new(); gens.len()];
+        loop {
+            let mut all: Vec<&mut Generation<'_>> = gens.iter_mut().collect();
+            let steps = Generation::step_together(&mut all, |_, own| own)?;
+            if steps.iter().all(Option::is_none) {
+                break;
+            }
+            for (list, s) in together.iter_mut().zip(steps) {
+                list.extend(s);
+            }
+        }
+        for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
+            ensure!(
+                a.len() == b.len(),
+                "{case}, run {i}: {} steps vs {}",
+                a.len(),
+                b.len()
+            );
+            for (x, y) in a.iter().zip(b) {
+                same(case, i, x, y)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn a_generation_made_to_follow_another_records_its_choices() -> Result<()> {
+    let model = Decoder::load(&oracle("llama-gqa"), DType::F32, &Device::Cpu)?;
+    let ids = reference_ids("llama-gqa")?;
+    let mut gens = generations(&model, &ids)?;
+    let (lead, rest) = gens.split_at_mut(1);
+    let mut chosen = 0;
+    let mut pair = [&mut lead[0], &mut rest[0]];
+    let steps = Generation::step_together(&mut pair, |i, own| {
+        if i == 0 {
+            chosen = own;
+        }
+        chosen
+    })?;
+    let first = steps[0].as_ref().context("the lead's first step")?;
+    let second = steps[1].as_ref().context("the follower's first step")?;
+    ensure!(second.token == first.token);
+    ensure!(pair[1].produced() == [first.token]);
+    Ok(())
+}
