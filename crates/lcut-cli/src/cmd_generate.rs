@@ -25,6 +25,12 @@ use crate::memory_check::{check_before_loading, report_peak};
 pub struct GenerateArgs {
     /// The user prompt (through the chat template when the model has one).
     prompt: Option<String>,
+    /// Generate every prompt of this prompt set instead (JSON Lines of
+    /// `{"id": ..., "prompt": ..., "system"?: ...}`), up to eight at a time
+    /// decoded side by side; each result is printed as it ends, `--json`
+    /// writes them all.
+    #[arg(long, conflicts_with_all = ["prompt", "ids", "compare", "system"])]
+    prompts: Option<PathBuf>,
     /// LoRA adapter options (`--lora DIR`, `--lora-mode`).
     #[command(flatten)]
     pub lora: crate::lora_opt::LoraArgs,
@@ -171,7 +177,7 @@ fn prompt_of(args: &GenerateArgs, model: &PendingModel) -> Result<PreparedPrompt
 /// What a generation of `total_len` tokens (prompt and new) needs: the
 /// weights as they will be loaded, the full model's K/V for every token,
 /// a prefill chunk's attention and activations.
-fn generation_memory(model: &PendingModel, total_len: usize) -> MemoryEstimate {
+pub(crate) fn generation_memory(model: &PendingModel, total_len: usize) -> MemoryEstimate {
     let (cfg, dtype) = (model.config(), model.dtype());
     let kv_shape = cfg.kv_shape(dtype);
     let kv = (kv_shape.num_layers * kv_shape.bytes_per_token_layer() * total_len) as u64;
@@ -199,6 +205,22 @@ fn piece(session: &Session, id: u32) -> String {
 /// Run `lcut generate`.
 pub fn run(args: &GenerateArgs) -> Result<()> {
     let pending = PendingModel::open(&args.model, (args.dtype, args.kv_dtype), args.device)?;
+    if let Some(path) = &args.prompts {
+        let run = crate::generate_file::FileRun {
+            path,
+            lora: &args.lora,
+            policy: &args.policy,
+            config: GenerationConfig {
+                max_new_tokens: args.max_new_tokens,
+                sampling: sampling(args),
+                ..GenerationConfig::default()
+            },
+            use_template: !args.raw,
+            force: args.force,
+            json: args.json.as_deref(),
+        };
+        return crate::generate_file::run(pending, &run);
+    }
     let prompt = prompt_of(args, &pending)?;
     let total = prompt.len() + args.max_new_tokens;
     let need = generation_memory(&pending, total);

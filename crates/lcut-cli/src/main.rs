@@ -18,6 +18,7 @@ mod cmd_tokenize;
 mod cmd_train;
 mod cmd_train_lora;
 mod common;
+mod generate_file;
 mod lora_opt;
 mod memory_check;
 

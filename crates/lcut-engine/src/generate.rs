@@ -388,6 +388,12 @@ impl<'m> Generation<'m> {
             .collect()
     }
 
+    /// Whether the generation has ended: a stop token, its budget spent,
+    /// or cancelled.
+    pub fn ended(&self) -> bool {
+        self.stop.is_some() || self.produced.len() >= self.config.max_new_tokens
+    }
+
     /// Whether the generation has ended (marked so once its budget is
     /// spent).
     fn check_ended(&mut self) -> bool {

@@ -17,6 +17,7 @@ pub mod shard;
 pub mod suite;
 mod template;
 mod text_prompt;
+mod together;
 mod tokenizer;
 
 pub use bundled::{BUNDLED_MODEL, bundled, workspace_root};
@@ -33,4 +34,5 @@ pub use prompt::PreparedPrompt;
 pub use session::Session;
 pub use template::{ChatTemplate, Message};
 pub use text_prompt::PromptTokenizer;
+pub use together::{TOGETHER, run_together};
 pub use tokenizer::TextTokenizer;

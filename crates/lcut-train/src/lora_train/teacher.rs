@@ -10,12 +10,12 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use lcut_engine::suite::SuiteItem;
-use lcut_engine::{Generation, GenerationConfig, PreparedPrompt, Session};
+use lcut_engine::{Generation, GenerationConfig, PreparedPrompt, Session, Step, run_together};
 use lcut_policy::Policy;
 use serde::{Deserialize, Serialize};
 
 use super::optim::SplitMix;
-use crate::error::{Context, Result, refuse};
+use crate::error::{Context, Result, TrainError, refuse};
 
 /// How a teacher file was made: a run reusing it must ask for the same.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -91,47 +91,6 @@ struct Continuation {
     top_probs: Vec<Vec<f32>>,
 }
 
-/// Prompts whose continuations are made together: their decode steps
-/// share each pass over the weights.
-const TOGETHER: usize = 8;
-
-/// The full model's greedy continuation of each of `prompts` and the top k
-/// of each distribution it chose from, the prompts decoded side by side
-/// (the same tokens as one at a time).
-fn continue_prompts(
-    session: &Session,
-    prompts: &[PreparedPrompt],
-    max_new: usize,
-    k: usize,
-) -> Result<Vec<Continuation>> {
-    let full = Policy::full(session.model.config().num_layers);
-    let config = GenerationConfig {
-        prefill_chunk: GenerationConfig::default().prefill_chunk,
-        ..session.greedy_config(max_new)
-    };
-    let mut gens = prompts
-        .iter()
-        .map(|p| Generation::new(&session.model, p.clone(), full, config.clone()))
-        .collect::<std::result::Result<Vec<_>, _>>()?;
-    let mut out: Vec<Continuation> = prompts.iter().map(|_| Continuation::default()).collect();
-    loop {
-        let mut all: Vec<&mut Generation<'_>> = gens.iter_mut().collect();
-        let steps = Generation::step_together(&mut all, |_, own| own)?;
-        if steps.iter().all(Option::is_none) {
-            break;
-        }
-        for (c, step) in out.iter_mut().zip(steps) {
-            if let Some(step) = step {
-                let (ids, probs) = top_k(&step.logits.to_vec1::<f32>()?, k);
-                c.tokens.push(step.token);
-                c.top_ids.push(ids);
-                c.top_probs.push(probs);
-            }
-        }
-    }
-    Ok(out)
-}
-
 /// The prompts of the task generators from `settings.prompt_seed` on (one
 /// suite per seed, each shuffled by its seed), without those of `exclude`.
 fn candidate_items(seed: u64, exclude: &PromptSet) -> Vec<SuiteItem> {
@@ -144,69 +103,49 @@ fn candidate_items(seed: u64, exclude: &PromptSet) -> Vec<SuiteItem> {
     items
 }
 
-/// Make the teacher records for `settings`, showing progress on `on_record`.
-/// Prompts are continued [`TOGETHER`] at a time, in candidate order.
+/// Make the teacher records for `settings`, showing progress on `on_record`:
+/// the full model's greedy continuations of the chosen prompts, decoded
+/// side by side ([`run_together`]: the same tokens as one at a time).
 pub fn make(
     session: &Session,
     settings: &TeacherSettings,
     exclude: &PromptSet,
     mut on_record: impl FnMut(),
 ) -> Result<Vec<TeacherRecord>> {
-    let mut out = Vec::with_capacity(settings.prompts);
-    let mut waiting: Vec<(String, SuiteItem, PreparedPrompt)> = Vec::new();
-    // 64 suites without enough usable prompts: the settings cannot be met
-    'seeds: for seed in settings.prompt_seed..settings.prompt_seed + 64 {
-        for item in candidate_items(seed, exclude) {
-            if out.len() + waiting.len() == settings.prompts {
-                break 'seeds;
-            }
-            let prompt = session.prepare_text(&item.prompt, item.system.as_deref(), true)?;
-            if prompt.ids.len() > settings.max_prompt_tokens {
-                continue;
-            }
-            waiting.push((format!("seed{seed}/{}", item.id), item, prompt));
-            if waiting.len() == TOGETHER {
-                records_of(
-                    session,
-                    settings,
-                    waiting.drain(..),
-                    &mut out,
-                    &mut on_record,
-                )?;
-            }
+    let chosen = choose_prompts(session, settings, exclude)?;
+    let full = Policy::full(session.model.config().num_layers);
+    let config = GenerationConfig {
+        prefill_chunk: GenerationConfig::default().prefill_chunk,
+        ..session.greedy_config(settings.max_new_tokens)
+    };
+    let jobs = chosen
+        .iter()
+        .map(|(_, _, p)| Generation::new(&session.model, p.clone(), full, config.clone()));
+    let mut continued: Vec<Continuation> = chosen.iter().map(|_| Continuation::default()).collect();
+    let mut failure = None;
+    let on_step = |i: usize, step: &Step| match step.logits.to_vec1::<f32>() {
+        Ok(row) => {
+            let (ids, probs) = top_k(&row, settings.top_k);
+            let c = &mut continued[i];
+            c.tokens.push(step.token);
+            c.top_ids.push(ids);
+            c.top_probs.push(probs);
+            true
         }
+        Err(e) => {
+            failure = Some(e);
+            false
+        }
+    };
+    let ran = run_together(jobs, on_step, |_, _| on_record());
+    if let Some(e) = failure {
+        return Err(TrainError::Candle(e));
     }
-    records_of(
-        session,
-        settings,
-        waiting.drain(..),
-        &mut out,
-        &mut on_record,
-    )?;
-    if out.len() < settings.prompts {
-        refuse!(
-            "only {} prompts of at most {} tokens in 64 generator seeds; ask for fewer",
-            out.len(),
-            settings.max_prompt_tokens
-        );
-    }
-    Ok(out)
-}
-
-/// Continue the prompts of `batch` together and add their records to
-/// `out`, in order.
-fn records_of(
-    session: &Session,
-    settings: &TeacherSettings,
-    batch: impl Iterator<Item = (String, SuiteItem, PreparedPrompt)>,
-    out: &mut Vec<TeacherRecord>,
-    on_record: &mut impl FnMut(),
-) -> Result<()> {
-    let batch: Vec<_> = batch.collect();
-    let prompts: Vec<PreparedPrompt> = batch.iter().map(|(_, _, p)| p.clone()).collect();
-    let continued = continue_prompts(session, &prompts, settings.max_new_tokens, settings.top_k)?;
-    for ((id, item, prompt), c) in batch.into_iter().zip(continued) {
-        out.push(TeacherRecord {
+    ran?;
+    Ok(chosen
+        .into_iter()
+        .zip(continued)
+        .map(|((id, item, prompt), c)| TeacherRecord {
             id,
             kind: item.kind,
             system: item.system,
@@ -215,10 +154,38 @@ fn records_of(
             continuation: c.tokens,
             top_ids: c.top_ids,
             top_probs: c.top_probs,
-        });
-        on_record();
+        })
+        .collect())
+}
+
+/// The first `settings.prompts` candidate prompts of at most
+/// `settings.max_prompt_tokens` tokens, named by seed and item; refused
+/// when 64 generator seeds do not hold that many.
+fn choose_prompts(
+    session: &Session,
+    settings: &TeacherSettings,
+    exclude: &PromptSet,
+) -> Result<Vec<(String, SuiteItem, PreparedPrompt)>> {
+    let mut chosen = Vec::with_capacity(settings.prompts);
+    for seed in settings.prompt_seed..settings.prompt_seed + 64 {
+        for item in candidate_items(seed, exclude) {
+            if chosen.len() == settings.prompts {
+                return Ok(chosen);
+            }
+            let prompt = session.prepare_text(&item.prompt, item.system.as_deref(), true)?;
+            if prompt.ids.len() <= settings.max_prompt_tokens {
+                chosen.push((format!("seed{seed}/{}", item.id), item, prompt));
+            }
+        }
     }
-    Ok(())
+    if chosen.len() < settings.prompts {
+        refuse!(
+            "only {} prompts of at most {} tokens in 64 generator seeds; ask for fewer",
+            chosen.len(),
+            settings.max_prompt_tokens
+        );
+    }
+    Ok(chosen)
 }
 
 /// Read a teacher file made with `settings`; `Ok(None)` when there is none.
