@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device};
-use lcut_model::{Decoder, ModelFiles, ResolvedModel, Sequence, WeightMode};
+use lcut_model::{Decoder, ModelFiles, ResolvedModel, WeightMode};
 use lcut_policy::Policy;
 
 use crate::error::{EngineError, Result};
@@ -187,25 +187,6 @@ impl Session {
             ..self.greedy_config(max_new_tokens)
         };
         Generation::new(&self.model, prompt.clone(), policy, config)?.run(on_step)
-    }
-
-    /// [`Session::continue_greedy`] from `prefix`, the prompt's state before
-    /// its decode start (forked or [restricted](Sequence::restricted) from
-    /// another run; see [`Generation::from_prefix`]): the prompt's earlier
-    /// tokens are not run again.
-    pub fn continue_greedy_from(
-        &self,
-        prompt: &PreparedPrompt,
-        prefix: Sequence,
-        max_new_tokens: usize,
-        prefill_chunk: usize,
-        on_step: impl FnMut(&Step) -> bool,
-    ) -> Result<GenerationOutput> {
-        let config = GenerationConfig {
-            prefill_chunk,
-            ..self.greedy_config(max_new_tokens)
-        };
-        Generation::from_prefix(&self.model, prompt.clone(), prefix, config)?.run(on_step)
     }
 
     /// Prepare a text prompt: through the chat template when the model has

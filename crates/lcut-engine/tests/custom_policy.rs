@@ -103,11 +103,7 @@ fn session() -> Result<Session> {
 }
 
 fn reference_ids() -> Result<Vec<u32>> {
-    let r = candle_core::safetensors::load(
-        oracle_case("llama-gqa").join("reference.safetensors"),
-        &Device::Cpu,
-    )?;
-    Ok(r["input_ids"].to_dtype(DType::U32)?.to_vec1()?)
+    Ok(lcut_testkit::oracle_ids("llama-gqa")?)
 }
 
 fn max_diff(a: &Tensor, b: &Tensor) -> Result<f32> {

@@ -14,9 +14,7 @@ use lcut_synth::RandomLlama;
 use lcut_testkit::oracle_case as oracle;
 
 fn reference_ids(name: &str) -> Result<Vec<u32>> {
-    let r =
-        candle_core::safetensors::load(oracle(name).join("reference.safetensors"), &Device::Cpu)?;
-    Ok(r["input_ids"].to_dtype(DType::U32)?.to_vec1()?)
+    Ok(lcut_testkit::oracle_ids(name)?)
 }
 
 fn greedy(max_new_tokens: usize) -> GenerationConfig {

@@ -13,9 +13,7 @@ use lcut_policy::PolicySpec;
 use lcut_testkit::oracle_case as oracle;
 
 fn reference_ids(name: &str) -> Result<Vec<u32>> {
-    let r =
-        candle_core::safetensors::load(oracle(name).join("reference.safetensors"), &Device::Cpu)?;
-    Ok(r["input_ids"].to_dtype(DType::U32)?.to_vec1()?)
+    Ok(lcut_testkit::oracle_ids(name)?)
 }
 
 /// (prompt length, decode start, policy, most new tokens)

@@ -44,6 +44,19 @@ pub fn oracle_case(name: &str) -> PathBuf {
     workspace_root().join("fixtures/oracle").join(name)
 }
 
+/// The token ids reference case `name` was run on (`input_ids` of its
+/// reference.safetensors).
+pub fn oracle_ids(name: &str) -> candle_core::Result<Vec<u32>> {
+    let r = candle_core::safetensors::load(
+        oracle_case(name).join("reference.safetensors"),
+        &candle_core::Device::Cpu,
+    )?;
+    let ids = r.get("input_ids").ok_or_else(|| {
+        candle_core::Error::Msg(format!("reference case {name} has no input_ids"))
+    })?;
+    ids.to_dtype(candle_core::DType::U32)?.to_vec1()
+}
+
 /// File name of the real model that `scripts/fetch-model.sh` puts in `models/`.
 pub const REAL_MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
