@@ -13,7 +13,7 @@ use lcut_engine::diagnose::{
 };
 use lcut_engine::{GenerationConfig, Session};
 use lcut_model::default_attention_block_elems;
-use lcut_model::memory::MemoryEstimate;
+use lcut_model::memory::{MemoryEstimate, kv_cache_bytes};
 use lcut_trace::{Report, write_report_json};
 
 use crate::args::{DeviceArg, KvDtypeArg, WeightArg};
@@ -150,14 +150,22 @@ pub fn load_inputs(args: &DiagnoseArgs) -> Result<Inputs> {
     let lens: Vec<usize> = prepared.iter().map(|p| p.prompt.len()).collect();
     let chunk = GenerationConfig::default().prefill_chunk;
     let block = default_attention_block_elems(&pending.device);
+    let longest = lens.iter().copied().max().unwrap_or(0);
+    // the K/V of the longest prompt and its new tokens, in the cache's
+    // dtype (f16 for a quantized run), not the activations'
+    let kv = kv_cache_bytes(
+        pending.config(),
+        pending.kv_dtype,
+        longest + opts.max_new_tokens,
+    );
     let need = diagnose_memory(
         pending.config(),
         (pending.dtype(), pending.weight_bytes()),
         &lens,
         &opts,
         (chunk, block),
-    );
-    let longest = lens.iter().copied().max().unwrap_or(0);
+    )
+    .with_kv(kv);
     let plural = if lens.len() == 1 { "" } else { "s" };
     let what = format!("{} prompt{plural} of at most {longest} tokens", lens.len());
     let need = check_before_loading(&what, &need, (&pending.device, pending.mode), args.force)?;

@@ -14,7 +14,7 @@ use lcut_policy::{Policy, PolicySpec};
 
 use lcut_model::Decoder;
 use lcut_model::default_attention_block_elems;
-use lcut_model::memory::{MemoryEstimate, estimate};
+use lcut_model::memory::{MemoryEstimate, estimate, kv_cache_bytes};
 
 use crate::args::{DeviceArg, KvDtypeArg, WeightArg};
 use crate::common::{PendingModel, open_session, parse_ids, write_atomic};
@@ -175,12 +175,11 @@ fn prompt_of(args: &GenerateArgs, model: &PendingModel) -> Result<PreparedPrompt
 }
 
 /// What a generation of `total_len` tokens (prompt and new) needs: the
-/// weights as they will be loaded, the full model's K/V for every token,
-/// a prefill chunk's attention and activations.
+/// weights as they will be loaded, the full model's K/V for every token in
+/// the cache's dtype, a prefill chunk's attention and activations.
 pub(crate) fn generation_memory(model: &PendingModel, total_len: usize) -> MemoryEstimate {
     let (cfg, dtype) = (model.config(), model.dtype());
-    let kv_shape = cfg.kv_shape(dtype);
-    let kv = (kv_shape.num_layers * kv_shape.bytes_per_token_layer() * total_len) as u64;
+    let kv = kv_cache_bytes(cfg, model.kv_dtype, total_len);
     let chunk = GenerationConfig::default().prefill_chunk;
     let block = default_attention_block_elems(&model.device);
     estimate(cfg, dtype, kv, total_len, chunk, block).with_weights(model.weight_bytes())

@@ -155,3 +155,130 @@ fn a_malformed_free_memory_figure_is_named() {
     assert!(!out.status.success());
     assert!(stderr.contains("LCUT_AVAILABLE_MEMORY"), "{stderr}");
 }
+
+/// A GGUF of Llama-3.2-1B's layout at a size written and diagnosed in a
+/// second (2 layers, hidden 256, vocabulary 512), matrices in Q4_0, and the
+/// bytes of weights the writer put in it.
+fn tiny_gguf(dir: &std::path::Path) -> (std::path::PathBuf, u64) {
+    let mut shape = lcut_synth::shapes::llama_3_2_1b();
+    shape.name = "tiny-llama".into();
+    shape.sizes.vocab_size = 512;
+    shape.sizes.hidden_size = 256;
+    shape.sizes.intermediate_size = 512;
+    shape.sizes.num_layers = 2;
+    shape.sizes.num_heads = 4;
+    shape.sizes.num_kv_heads = 2;
+    shape.tokens.bos = 500;
+    shape.tokens.eos = 501;
+    let path = dir.join("tiny.q4_0.gguf");
+    let written = lcut_synth::write_model(
+        &shape,
+        lcut_synth::Format::GgufQ4_0,
+        &path,
+        &lcut_synth::WriteOptions::default(),
+        &mut |_, _| {},
+    )
+    .expect("the tiny GGUF is written");
+    (path, written.weight_bytes)
+}
+
+/// The figure a memory line gives for `part` (`weights`, `K/V`), in the
+/// line's unit, and that unit's size in bytes.
+fn figure(line: &str, part: &str) -> (f64, f64) {
+    let unit = if line.contains(" GiB (") {
+        f64::from(1u32 << 30)
+    } else {
+        f64::from(1u32 << 20)
+    };
+    let after = line
+        .split_once(&format!("{part} "))
+        .unwrap_or_else(|| panic!("no {part:?} in {line}"))
+        .1;
+    let number: String = after
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    (number.parse().expect("a figure"), unit)
+}
+
+/// A GGUF run in `--dtype q` keeps its matrices mapped from the file: the
+/// memory line counts the weights as the file's tensor bytes (not four
+/// bytes per parameter) and the K/V cache in f16 (the cache `--kv-dtype
+/// auto` gives a quantized run). A run that does not fit is refused with
+/// those figures, without suggesting `--dtype bf16` (which would not make a
+/// quantized run smaller), and writes nothing; `--force` runs it.
+#[test]
+fn a_quantized_gguf_diagnose_names_its_mapped_figures_and_is_refused_unless_forced() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let (model, weight_bytes) = tiny_gguf(tmp.path());
+    let file_bytes = std::fs::metadata(&model).expect("the GGUF").len();
+    let out_dir = tmp.path().join("run");
+    // about 600 tokens (the tiny vocabulary merges few): the K/V (2 layers
+    // x K and V x 2 heads x 64 wide x 2 bytes per token) reads as a
+    // fraction of a MiB, f16 told from f32
+    let prompt = "the model and the layer of the token ".repeat(24);
+    let args = [
+        "diagnose",
+        "--model",
+        model.to_str().expect("utf-8 path"),
+        "--dtype",
+        "q",
+        "--raw",
+        "--prompt",
+        &prompt,
+        "--max-new-tokens",
+        "4",
+        "--out",
+        out_dir.to_str().expect("utf-8 path"),
+    ];
+    let out = lcut_with_free("1M", &args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("memory: 1 prompt of at most"))
+        .unwrap_or_else(|| panic!("no memory line in: {stderr}"));
+    let tokens: usize = line
+        .split_whitespace()
+        .nth(6)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no prompt length in {line}"));
+    assert!(tokens > 400, "{line}");
+
+    // the weights: the bytes the writer put in the file (within the line's
+    // rounding), the file less its header, far below an f32 copy
+    let (weights, unit) = figure(line, "weights");
+    let expected = weight_bytes as f64 / unit;
+    assert!((weights - expected).abs() <= 0.05, "{expected:.2}: {line}");
+    assert!(weight_bytes <= file_bytes && file_bytes - weight_bytes < 1 << 20);
+    let params = 512 * 256 + 2 * (2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 512);
+    assert!(weights < 0.25 * f64::from(params * 4) / unit, "{line}");
+    // the K/V of the prompt and its 4 new tokens in f16
+    let (kv, _) = figure(line, "K/V");
+    let kv_f16 = ((tokens + 4) * 2 * 2 * 2 * 64 * 2) as f64 / unit;
+    assert!((kv - kv_f16).abs() <= 0.05, "{kv_f16:.2} expected: {line}");
+
+    for part in [
+        "will need about",
+        "traces and probes",
+        "the process before loading",
+        "more than this machine has free (1.0 MiB)",
+        "--force",
+    ] {
+        assert!(stderr.contains(part), "{part:?} missing from: {stderr}");
+    }
+    assert!(!stderr.contains("--dtype bf16"), "{stderr}");
+    assert!(
+        !out_dir.exists(),
+        "a refused run wrote {}",
+        out_dir.display()
+    );
+
+    let mut forced = args.to_vec();
+    forced.push("--force");
+    let out = lcut_with_free("1M", &forced);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("warning: --force"), "{stderr}");
+    assert!(out_dir.join("report.json").is_file());
+}

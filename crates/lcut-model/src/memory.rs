@@ -60,6 +60,12 @@ impl MemoryEstimate {
         }
     }
 
+    /// The same with the K/V cache taking `bytes` (a cache stored in
+    /// another dtype than the activations, see [`kv_cache_bytes`]).
+    pub fn with_kv(self, bytes: u64) -> Self {
+        Self { kv: bytes, ..self }
+    }
+
     /// The same with `bytes` of records (traces, probe buffers).
     pub fn with_records(self, bytes: u64) -> Self {
         Self {
@@ -119,6 +125,13 @@ pub fn parameter_count(cfg: &ModelConfig) -> u64 {
     let layer = d * (h + 2 * kv) * hd + h * hd * d + 3 * d * i + norms + qk_norms + bias;
     let head = if cfg.tie_word_embeddings { 0 } else { v * d };
     (v * d + cfg.num_layers * layer + d + head) as u64
+}
+
+/// Bytes of the full model's K/V cache for `tokens` tokens stored in
+/// `kv_dtype`: 2 · layers · K/V heads · head width · bytes · tokens.
+pub fn kv_cache_bytes(cfg: &ModelConfig, kv_dtype: DType, tokens: usize) -> u64 {
+    let shape = cfg.kv_shape(kv_dtype);
+    (shape.num_layers * shape.bytes_per_token_layer() * tokens) as u64
 }
 
 /// Peak memory of a generation of `total_len` tokens (prompt and new) of a

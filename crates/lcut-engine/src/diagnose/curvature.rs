@@ -49,8 +49,9 @@ impl DeviceCurvature {
         if rows == 0 {
             return Ok(());
         }
-        // `copy` detaches the row from the chunk's buffer.
-        self.last_state = Some(states.narrow(0, rows - 1, 1)?.copy()?);
+        // a copy of the row alone, detached from the chunk's buffer (`copy`
+        // would clone the whole buffer the row is a view of)
+        self.last_state = Some(states.narrow(0, rows - 1, 1)?.force_contiguous()?);
         if rows < 2 {
             return Ok(());
         }
@@ -60,7 +61,7 @@ impl DeviceCurvature {
             None => steps,
         };
         let n = steps.dim(0)?;
-        self.last_step = Some(steps.narrow(0, n - 1, 1)?.copy()?);
+        self.last_step = Some(steps.narrow(0, n - 1, 1)?.force_contiguous()?);
         if n < 2 {
             return Ok(());
         }
