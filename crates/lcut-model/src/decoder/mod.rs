@@ -7,6 +7,7 @@
 //! `stages` is the staged prefill of a policy that decides at stage cuts.
 
 mod attention;
+mod chunk_attention;
 mod load;
 mod pass;
 mod projected;
