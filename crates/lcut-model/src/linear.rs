@@ -15,12 +15,9 @@ use crate::error::Result;
 use crate::mapped::MappedMatrix;
 
 /// From this many input rows on, a quantized matrix is dequantized for the
-/// product (candle's f32 GEMM), below it lcut's kernels multiply its blocks
-/// (for a mapped matrix: [`crate::mapped::MappedMatrix::forward`]). Measured
-/// on SmolLM2's Q4_1 matrices (2 threads, AVX-512 VNNI), a 512-row chunk
-/// took 1.7x the CPU time through the kernels' 8-bit chunk product that it
-/// takes dequantized through the f32 GEMM: the per-block scaling of 8-bit
-/// products costs as much as the f32 multiply-adds it replaces.
+/// product (candle's f32 GEMM) unless lcut's kernels have a chunk product
+/// for its format on this CPU (for a mapped matrix:
+/// [`crate::mapped::ProductPath::for_rows`]).
 const DEQUANTIZE_ROWS: usize = 32;
 
 /// Rows of `x` [.., in]: the product of every dimension but the last.

@@ -14,12 +14,14 @@ mod portable;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod avx512_tile;
 
 use std::ops::Range;
 
 pub use acts::{Q8Row, Q8Rows};
 pub use format::{FORMATS, QK, QK_K, QuantFormat, dequantize};
-pub use matmul::matmul;
+pub use matmul::{has_tiled_path, matmul};
 
 use crate::error::{KernelError, Result, check_len};
 use crate::isa::Isa;
@@ -81,7 +83,7 @@ impl<'a> QuantMatrix<'a> {
     }
 
     /// The raw blocks of rows `range`.
-    fn rows_data(&self, range: Range<usize>) -> &'a [u8] {
+    pub(crate) fn rows_data(&self, range: Range<usize>) -> &'a [u8] {
         &self.data[range.start * self.row_bytes..range.end * self.row_bytes]
     }
 
