@@ -1,7 +1,9 @@
 //! `lcut_engine::forward`: the logits do not depend on what is recorded
-//! (bit for bit, on a sliding-window model where recording attention under
-//! a policy changes how keys are read), and the records under a policy say
-//! which tokens exist at which layer.
+//! (within 1e-5 of the largest logit, on a sliding-window model where
+//! recording attention under a policy changes how keys are read: a chunk
+//! whose attention rows are recorded takes the tensor path, the others
+//! lcut's chunk attention kernel, which sums in another order), and the
+//! records under a policy say which tokens exist at which layer.
 
 use anyhow::{Result, ensure};
 use lcut_engine::PreparedPrompt;
@@ -36,7 +38,16 @@ fn logits_are_the_same_whatever_is_recorded() -> Result<()> {
             let all = forward(&model, &prompt, &spec, EVERYTHING)?;
             let a: Vec<Vec<f32>> = plain.logits.to_vec2()?;
             let b: Vec<Vec<f32>> = all.logits.to_vec2()?;
-            ensure!(a == b, "{case} {policy}: recording changed the logits");
+            let largest = a.iter().flatten().fold(0f32, |m, x| m.max(x.abs()));
+            let moved = a
+                .iter()
+                .flatten()
+                .zip(b.iter().flatten())
+                .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+            ensure!(
+                a.len() == b.len() && moved <= 1e-5 * largest,
+                "{case} {policy}: recording moved the logits by {moved} (largest {largest})"
+            );
             ensure!(plain.layer_out.is_empty() && plain.attention.is_empty());
             let layers = model.config().num_layers;
             ensure!(all.layer_out.len() == layers && all.attention.len() == layers);

@@ -6,7 +6,7 @@
 
 use lcut_kernels::isa::{ALL, Isa};
 use lcut_kernels::quant::{
-    FORMATS, MAX_BATCH, Q8Rows, QuantFormat, QuantMatrix, dequantize, matvec, matvec_rows,
+    FORMATS, MAX_BATCH, Q8Rows, QuantFormat, QuantMatrix, dequantize, matmul, matvec, matvec_rows,
 };
 use lcut_kernels::testdata::{Rng, random_blocks};
 
@@ -168,6 +168,15 @@ fn simd_paths_give_the_portable_bits_when_every_step_is_exact() {
                         isa.name(),
                         format.name()
                     );
+                    // the chunk product ([act][row]) too, its micro-kernel included
+                    let mut chunk = vec![0f32; rows * n];
+                    matmul(isa, &m, &q, &mut chunk, &mut Vec::new()).expect("shapes");
+                    for r in 0..rows {
+                        for i in 0..n {
+                            let (c, w) = (chunk[i * rows + r], want[r * n + i]);
+                            assert_eq!(c, w, "{} {} chunk", isa.name(), format.name());
+                        }
+                    }
                 }
             }
         }
@@ -237,6 +246,82 @@ fn the_threaded_product_equals_row_ranges_on_one_thread() {
             }
         }
     }
+}
+
+/// Whether the chunk product runs the AVX-512 micro-kernel over unpacked
+/// weight tiles (within rounding of the batched product, not its bits).
+fn tiled(isa: Isa, format: QuantFormat) -> bool {
+    isa == Isa::Avx512
+        && matches!(
+            format,
+            QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q5_0 | QuantFormat::Q5_1
+        )
+}
+
+/// The chunk product against the f64 reference on the portable path, and
+/// on every path against that path's own batched product, bit for bit
+/// (tiles, activation blocks, threads and the transpose only move outputs)
+/// but for the AVX-512 micro-kernel, which sums in another order.
+#[test]
+fn the_chunk_product_equals_the_batched_one_and_the_reference() {
+    let mut rng = Rng::new(5);
+    for format in FORMATS {
+        let cols = widths(format)[1];
+        // more weight rows than one tile, more activation rows than a block
+        let (rows, n) = (150, 7 + 2 * (131_072 / cols).max(MAX_BATCH));
+        let data = random_blocks(format, rows * cols / format.block_len(), &mut rng);
+        let m = QuantMatrix::new(format, &data, rows, cols).expect("whole blocks");
+        let mut w = vec![0f32; rows * cols];
+        dequantize(format, &data, &mut w).expect("sizes");
+        let x = activations(&mut rng, n, cols);
+        let mut q = Q8Rows::new();
+        q.quantize(&x, n, cols).expect("whole blocks");
+        let a = dequantized_acts(&q);
+        for isa in ALL {
+            if skip_note(isa) {
+                continue;
+            }
+            let mut got = vec![f32::NAN; n * rows];
+            matmul(isa, &m, &q, &mut got, &mut Vec::new()).expect("shapes");
+            for start in (0..n).step_by(MAX_BATCH) {
+                let end = n.min(start + MAX_BATCH);
+                let mut one = Q8Rows::new();
+                one.quantize(&x[start * cols..end * cols], end - start, cols)
+                    .expect("whole blocks");
+                let mut want = vec![0f32; rows * (end - start)];
+                matvec_rows(isa, &m, &one, 0..rows, &mut want).expect("shapes");
+                for r in 0..rows {
+                    for i in start..end {
+                        let (g, w_) = (got[i * rows + r], want[r * (end - start) + i - start]);
+                        if tiled(isa, format) {
+                            let (_, mag) = reference(&w, &a, cols, r, i);
+                            assert!(
+                                f64::from((g - w_).abs()) <= 2e-6 * mag + 1e-6,
+                                "{} {} row {r} act {i}: {g} vs {w_}",
+                                isa.name(),
+                                format.name()
+                            );
+                        } else {
+                            assert_eq!(g, w_, "{} {} row {r} act {i}", isa.name(), format.name());
+                        }
+                        if isa == Isa::Portable {
+                            let (want, mag) = reference(&w, &a, cols, r, i);
+                            assert!((f64::from(g) - want).abs() <= 1e-5 * mag + 1e-6);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // an empty chunk, a width or an output that does not fit
+    let m = QuantMatrix::new(QuantFormat::Q4_1, &[0u8; 40], 1, 64).expect("fits");
+    let mut q = Q8Rows::new();
+    q.quantize(&[], 0, 64).expect("no rows");
+    matmul(Isa::detect(), &m, &q, &mut [], &mut Vec::new()).expect("nothing to do");
+    q.quantize(&[0.5; 128], 2, 64).expect("whole blocks");
+    assert!(matmul(Isa::detect(), &m, &q, &mut [0.0; 3], &mut Vec::new()).is_err());
+    q.quantize(&[0.5; 96], 1, 96).expect("whole blocks");
+    assert!(matmul(Isa::detect(), &m, &q, &mut [0.0; 1], &mut Vec::new()).is_err());
 }
 
 #[test]

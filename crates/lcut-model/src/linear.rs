@@ -15,7 +15,9 @@ use crate::error::Result;
 use crate::mapped::MappedMatrix;
 
 /// From this many input rows on, a quantized matrix is dequantized for the
-/// product (one dense product instead of a row-by-row quantized one).
+/// product (candle's f32 GEMM) unless lcut's kernels have a chunk product
+/// for its format on this CPU (for a mapped matrix:
+/// [`crate::mapped::ProductPath::for_rows`]).
 const DEQUANTIZE_ROWS: usize = 32;
 
 /// Rows of `x` [.., in]: the product of every dimension but the last.

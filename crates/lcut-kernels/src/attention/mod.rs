@@ -9,7 +9,8 @@
 //! once, at memory speed; the parts are then merged. When asked, the
 //! softmax probabilities come out too, exactly normalised, one row per head
 //! ([heads, keys]): the raw scores are kept per part and normalised once
-//! the global maximum and sum are known.
+//! the global maximum and sum are known. [`attend_chunk`] attends the
+//! query rows of a prefill chunk, each over its own rows.
 
 mod portable;
 
@@ -206,6 +207,10 @@ macro_rules! with_best_ops {
         }
     }};
 }
+
+mod chunk;
+
+pub use chunk::{QUERY_TILE, QuerySpans, attend_chunk};
 
 /// Attend one query `q` [heads, head_dim] over the cache rows `rows`
 /// (ascending, non-overlapping ranges inside the cache) and `current`,

@@ -2,21 +2,26 @@
 //! GGUF file stores them, e.g. memory-mapped) against activations
 //! quantized to 8 bits per block of 32 ([`Q8Rows`]): one integer dot
 //! product per block, scaled and summed in f32. Up to [`MAX_BATCH`]
-//! activation rows share one pass over the weights (batched decoding).
+//! activation rows share one pass over the weights (batched decoding);
+//! [`matmul`] takes any number (a prefill chunk).
 
 pub mod acts;
 pub mod format;
+mod matmul;
 mod portable;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod avx512_tile;
 
 use std::ops::Range;
 
 pub use acts::{Q8Row, Q8Rows};
 pub use format::{FORMATS, QK, QK_K, QuantFormat, dequantize};
+pub use matmul::{has_tiled_path, matmul};
 
 use crate::error::{KernelError, Result, check_len};
 use crate::isa::Isa;
@@ -26,7 +31,7 @@ use crate::par;
 pub const MAX_BATCH: usize = 8;
 
 /// Output rows a thread's part is a multiple of.
-const ROW_ALIGN: usize = 16;
+pub(crate) const ROW_ALIGN: usize = 16;
 
 /// Matrices smaller than this (bytes) are multiplied on the calling thread:
 /// waking the other threads costs more than they would save.
@@ -39,7 +44,7 @@ pub struct QuantMatrix<'a> {
     data: &'a [u8],
     rows: usize,
     cols: usize,
-    row_bytes: usize,
+    pub(crate) row_bytes: usize,
 }
 
 impl<'a> QuantMatrix<'a> {
@@ -78,7 +83,7 @@ impl<'a> QuantMatrix<'a> {
     }
 
     /// The raw blocks of rows `range`.
-    fn rows_data(&self, range: Range<usize>) -> &'a [u8] {
+    pub(crate) fn rows_data(&self, range: Range<usize>) -> &'a [u8] {
         &self.data[range.start * self.row_bytes..range.end * self.row_bytes]
     }
 
@@ -144,7 +149,7 @@ fn with_rows<R>(acts: &Q8Rows, f: impl FnOnce(&[Q8Row<'_>]) -> R) -> R {
 }
 
 /// [`matvec_rows`] after its checks.
-fn rows_unchecked(
+pub(crate) fn rows_unchecked(
     isa: Isa,
     m: &QuantMatrix<'_>,
     a: &[Q8Row<'_>],

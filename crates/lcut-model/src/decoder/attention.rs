@@ -1,6 +1,7 @@
 //! One layer's attention: grouped-query attention in blocks of query rows,
 //! the additive mask of causal order, the window and the policy, and the
-//! probe's view of the probabilities.
+//! probe's view of the probabilities (the tensor path; a chunk's attention
+//! usually runs on lcut's kernel instead, see `chunk_attention`).
 
 use candle_core::{DType, Tensor};
 
@@ -17,6 +18,8 @@ use crate::sequence::Sequence;
 pub(super) struct MaskMemo {
     key: Option<MaskKey>,
     mask: Option<Tensor>,
+    /// The rows each query read on the chunk kernel's path.
+    pub(super) spans: super::chunk_attention::ChunkSpans,
 }
 
 /// What a layer's mask depends on.

@@ -8,6 +8,7 @@
 
 mod attention;
 mod batch;
+mod chunk_attention;
 mod load;
 mod pass;
 mod projected;

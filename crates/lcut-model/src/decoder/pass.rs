@@ -8,6 +8,7 @@ use std::borrow::Cow;
 use candle_core::{DType, Tensor};
 
 use super::attention::MaskMemo;
+use super::chunk_attention::ChunkKernel;
 use super::projected::{ChunkKv, Projected};
 use super::{ChunkOutput, Decoder, Layer, LogitRows};
 use crate::cache::LayerCache;
@@ -223,6 +224,23 @@ impl Decoder {
             .collect();
         let (keys, values, key_positions) = if retained.len() == positions.len() {
             self.store_kv(&mut seq.caches[l], (&chunk.k, &chunk.v), positions)?;
+            let wants_rows = probe
+                .as_deref()
+                .and_then(|p| p.attention_from(l))
+                .is_some_and(|from| present.last().is_some_and(|&q| q >= from));
+            if ChunkKernel::applies(&self.device, &qkv.q, wants_rows)
+                && let Some(attn) = self.attend_chunk_cached(
+                    l,
+                    layer.window,
+                    &qkv.q,
+                    &seq.caches[l],
+                    present,
+                    seq,
+                    &mut masks.spans,
+                )?
+            {
+                return layer_residuals(layer, hidden, &attn);
+            }
             let cache = &seq.caches[l];
             let (k, v) = cache.kv()?.ok_or(ModelError::EmptyCache { layer: l })?;
             // a cache stored narrower than the activations is read widened

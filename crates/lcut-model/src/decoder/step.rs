@@ -552,15 +552,37 @@ fn attend_cache(
     scratch: &mut AttentionScratch,
 ) -> Result<()> {
     let isa = Isa::detect();
+    with_cache_view(cache, kv_heads, |view| {
+        match view {
+            Some(view) => attend(isa, spec, q, view, spans, current, out, probs, scratch)?,
+            None => {
+                // nothing cached: the current token alone
+                let empty = KvLayout::head_major(kv_heads, out.len() / spec.heads, 0, 0);
+                let none: &[f32] = &[];
+                let c = KvCache::new(KvData::F32(none), KvData::F32(none), empty)?;
+                attend(isa, spec, q, &c, &[], current, out, probs, scratch)?;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// `f` over the cache's buffers as the kernels read them, in place, or
+/// over `None` when it holds nothing.
+pub(super) fn with_cache_view<R>(
+    cache: &LayerCache,
+    kv_heads: usize,
+    f: impl FnOnce(Option<&KvCache<'_>>) -> Result<R>,
+) -> Result<R> {
     let Some((k, v)) = cache.buffers() else {
-        // nothing cached: the current token alone
-        let empty = KvLayout::head_major(kv_heads, out.len() / spec.heads, 0, 0);
-        let none: &[f32] = &[];
-        let c = KvCache::new(KvData::F32(none), KvData::F32(none), empty)?;
-        attend(isa, spec, q, &c, &[], current, out, probs, scratch)?;
-        return Ok(());
+        return f(None);
     };
     let (heads, capacity, hd) = k.dims3()?;
+    if heads != kv_heads {
+        return Err(ModelError::Kernel(lcut_kernels::KernelError::Heads(
+            format!("a cache of {heads} K/V heads for a model of {kv_heads}"),
+        )));
+    }
     let layout = KvLayout::head_major(heads, hd, capacity, cache.len());
     let (kg, kl) = k.storage_and_layout();
     let (vg, vl) = v.storage_and_layout();
@@ -581,6 +603,5 @@ fn attend_cache(
             )));
         }
     };
-    attend(isa, spec, q, &view, spans, current, out, probs, scratch)?;
-    Ok(())
+    f(Some(&view))
 }

@@ -1,0 +1,157 @@
+//! The quantized matrix-matrix product of a prefill chunk: every
+//! activation row (quantized once per call) against every weight row, in
+//! one parallel region over the weight rows. Each thread walks its rows in
+//! tiles small enough to stay in the first-level cache while a block of
+//! activation rows (sized for the second level) passes over them, eight
+//! rows at a time through the same dot products as [`super::matvec_rows`],
+//! so every output equals that product's bit for bit; on AVX-512 VNNI the
+//! 4- and 5-bit formats of 32 values instead run a micro-kernel over
+//! sixteen unpacked weight rows at once (`avx512_tile`), equal to the
+//! batched product within rounding.
+
+use std::ops::Range;
+
+use crate::error::{Result, check_len};
+use crate::isa::Isa;
+use crate::par;
+use crate::quant::acts::{Q8Row, Q8Rows};
+use crate::quant::{MAX_BATCH, PARALLEL_BYTES, QuantMatrix, ROW_ALIGN, rows_unchecked};
+
+/// Bytes of weight rows a tile holds (first-level cache).
+const TILE_BYTES: usize = 16 << 10;
+
+/// Bytes of quantized activation rows a block holds (second-level cache).
+const ACT_BLOCK_BYTES: usize = 128 << 10;
+
+/// Weight rows per tile for rows of `row_bytes`: a multiple of four, 4..=64.
+fn tile_rows(row_bytes: usize) -> usize {
+    (TILE_BYTES / row_bytes.max(1)).clamp(4, 64) / 4 * 4
+}
+
+/// Activation rows per block for rows of `cols` values: a multiple of
+/// [`MAX_BATCH`], at least one batch.
+fn act_block_rows(cols: usize) -> usize {
+    (ACT_BLOCK_BYTES / cols.max(1)).max(MAX_BATCH) / MAX_BATCH * MAX_BATCH
+}
+
+/// Whether [`matmul`] runs the AVX-512 VNNI micro-kernel for `format` at
+/// `isa` on this CPU (Q4_0, Q4_1, Q5_0 and Q5_1): the path that beats
+/// dequantizing the matrix for an f32 GEMM on long chunks.
+pub fn has_tiled_path(isa: Isa, format: crate::quant::QuantFormat) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::avx512_tile::supports(isa, format)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (isa, format);
+        false
+    }
+}
+
+/// `x W^T` for every row of `acts` (any number): `out` is [n, rows]
+/// row-major. The weight rows are split across rayon's threads in one
+/// parallel region (on the calling thread when the product reads under
+/// [`PARALLEL_BYTES`] of weights in all). `scratch` holds the [rows, n]
+/// product before its transpose and is kept for the next call.
+pub fn matmul(
+    isa: Isa,
+    m: &QuantMatrix<'_>,
+    acts: &Q8Rows,
+    out: &mut [f32],
+    scratch: &mut Vec<f32>,
+) -> Result<()> {
+    check_len("activation row width", m.cols(), acts.cols())?;
+    let n = acts.rows();
+    check_len("product output", n * m.rows(), out.len())?;
+    if n == 0 || m.rows() == 0 {
+        return Ok(());
+    }
+    let a: Vec<Q8Row<'_>> = (0..n).map(|i| acts.row(i)).collect();
+    let parallel = m.bytes().saturating_mul(n) >= PARALLEL_BYTES;
+    scratch.resize(out.len(), 0.0);
+    #[cfg(target_arch = "x86_64")]
+    if super::avx512_tile::supports(isa, m.format()) {
+        // each part [n][part rows], copied into the output's rows
+        let parts = par::parts(m.rows(), ROW_ALIGN, parallel);
+        par::for_each_part(scratch, n, m.rows(), ROW_ALIGN, parallel, |rows, o| {
+            tiled_part(m, &a, rows, o);
+        });
+        for (p, rows) in parts.iter().enumerate() {
+            let part = &scratch[parts[0].len() * n * p..][..rows.len() * n];
+            for (i, src) in part.chunks_exact(rows.len()).enumerate() {
+                out[i * m.rows() + rows.start..i * m.rows() + rows.end].copy_from_slice(src);
+            }
+        }
+        return Ok(());
+    }
+    let (tile, block) = (tile_rows(m.row_bytes), act_block_rows(m.cols()));
+    par::for_each_part(scratch, n, m.rows(), ROW_ALIGN, parallel, |rows, o| {
+        part(isa, m, &a, rows, o, (tile, block));
+    });
+    crate::ops::transpose(scratch, m.rows(), n, out);
+    Ok(())
+}
+
+/// One thread's weight rows `rows` against every activation row `a`, into
+/// `o` ([row - rows.start][activation]).
+fn part(
+    isa: Isa,
+    m: &QuantMatrix<'_>,
+    a: &[Q8Row<'_>],
+    rows: Range<usize>,
+    o: &mut [f32],
+    (tile, block): (usize, usize),
+) {
+    let n = a.len();
+    let mut batch = [0f32; 64 * MAX_BATCH];
+    for first_act in (0..n).step_by(block) {
+        let acts = &a[first_act..n.min(first_act + block)];
+        for t in (rows.start..rows.end).step_by(tile) {
+            let tile_rows = t..rows.end.min(t + tile);
+            for (g, group) in acts.chunks(MAX_BATCH).enumerate() {
+                let width = group.len();
+                let got = &mut batch[..tile_rows.len() * width];
+                rows_unchecked(isa, m, group, tile_rows.clone(), got);
+                let col = first_act + g * MAX_BATCH;
+                for (r, vals) in got.chunks_exact(width).enumerate() {
+                    let at = (t - rows.start + r) * n + col;
+                    o[at..at + width].copy_from_slice(vals);
+                }
+            }
+        }
+    }
+}
+
+/// One thread's weight rows `rows` on the AVX-512 micro-kernel, into `o`
+/// ([activation][row - rows.start]), sixteen rows unpacked at a time.
+#[cfg(target_arch = "x86_64")]
+fn tiled_part(m: &QuantMatrix<'_>, a: &[Q8Row<'_>], rows: Range<usize>, o: &mut [f32]) {
+    use super::avx512_tile::{TILE, Tile};
+    let mut t = Tile::default();
+    for first in (rows.start..rows.end).step_by(TILE) {
+        let tile_rows = first..rows.end.min(first + TILE);
+        t.fill(m.format(), m.rows_data(tile_rows), m.row_bytes);
+        t.product(a, &mut o[first - rows.start..], rows.len());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiles_and_blocks_stay_in_their_bounds() {
+        for row_bytes in [1, 18, 360, 1152, 4608, 100_000] {
+            let t = tile_rows(row_bytes);
+            assert!(
+                (4..=64).contains(&t) && t.is_multiple_of(4),
+                "{row_bytes}: {t}"
+            );
+        }
+        for cols in [1, 576, 8192, 1 << 20] {
+            let b = act_block_rows(cols);
+            assert!(b >= MAX_BATCH && b.is_multiple_of(MAX_BATCH), "{cols}: {b}");
+        }
+    }
+}
