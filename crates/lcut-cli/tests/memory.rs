@@ -87,19 +87,7 @@ fn a_diagnose_over_the_free_memory_is_refused_unless_forced() {
         stderr.contains("--dtype bf16") && !stderr.contains("--prefill-chunk"),
         "{stderr}"
     );
-    assert!(
-        !out_dir.exists(),
-        "a refused run wrote {}",
-        out_dir.display()
-    );
-
-    let mut forced = args.to_vec();
-    forced.push("--force");
-    let out = lcut_with_free("1M", &forced);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains("warning: --force"), "{stderr}");
-    assert!(out_dir.join("report.json").is_file());
+    nothing_written_then_forced(&args, &out_dir);
 }
 
 /// `lcut generate` is refused the same way, before loading the weights,
@@ -268,12 +256,17 @@ fn a_quantized_gguf_diagnose_names_its_mapped_figures_and_is_refused_unless_forc
         assert!(stderr.contains(part), "{part:?} missing from: {stderr}");
     }
     assert!(!stderr.contains("--dtype bf16"), "{stderr}");
+    nothing_written_then_forced(&args, &out_dir);
+}
+
+/// A refused run wrote nothing in `out_dir`; the same run with `--force`
+/// runs, warns and writes its report.
+fn nothing_written_then_forced(args: &[&str], out_dir: &std::path::Path) {
     assert!(
         !out_dir.exists(),
         "a refused run wrote {}",
         out_dir.display()
     );
-
     let mut forced = args.to_vec();
     forced.push("--force");
     let out = lcut_with_free("1M", &forced);
