@@ -9,7 +9,6 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use indicatif::{ProgressBar, ProgressStyle};
 use lcut_engine::diagnose::read_prompt_set;
 use lcut_engine::{
     Generation, GenerationConfig, GenerationOutput, PreparedPrompt, TOGETHER, run_together,
@@ -78,10 +77,8 @@ pub fn run(pending: PendingModel, run: &FileRun<'_>) -> Result<()> {
         stop_tokens: session.stop_tokens(),
         ..run.config.clone()
     };
-    let bar = ProgressBar::new(prompts.len() as u64).with_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} prompts {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
+    let bar = crate::cmd_diagnose::progress_bar();
+    bar.set_length(prompts.len() as u64);
     let started = Instant::now();
     let jobs = prompts
         .iter()

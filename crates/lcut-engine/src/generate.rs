@@ -397,14 +397,11 @@ impl<'m> Generation<'m> {
     /// Whether the generation has ended (marked so once its budget is
     /// spent).
     fn check_ended(&mut self) -> bool {
-        if self.stop.is_some() {
-            return true;
+        let ended = self.ended();
+        if ended {
+            self.stop.get_or_insert(StopReason::MaxTokens);
         }
-        if self.produced.len() >= self.config.max_new_tokens {
-            self.finish(StopReason::MaxTokens);
-            return true;
-        }
-        false
+        ended
     }
 
     /// Record the token `choose` makes of this generation's own choice
