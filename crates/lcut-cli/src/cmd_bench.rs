@@ -434,18 +434,19 @@ fn bench_model(
     (mode, dtype, device): (WeightMode, DType, &Device),
     sizes: (usize, usize, usize),
 ) -> Result<Decoder> {
+    let kv_dtype = args.kv_dtype.dtype(mode);
     Ok(match resolved {
         Some(resolved) => {
             let mut model = Decoder::load_format(&resolved.path, resolved.format, mode, device)
                 .with_context(|| format!("loading {resolved}"))?;
             args.lora.apply(&mut model, &args.policies.texts())?;
-            ensure_fits(model.config(), dtype, device, sizes, true)?;
+            ensure_fits(model.config(), (dtype, kv_dtype), device, sizes, true)?;
             model
         }
         None => {
             describe(args);
             let shape = random_shape(args);
-            ensure_fits(&shape.config()?, dtype, device, sizes, false)?;
+            ensure_fits(&shape.config()?, (dtype, kv_dtype), device, sizes, false)?;
             shape.build(dtype, device)?
         }
     })

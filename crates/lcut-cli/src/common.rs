@@ -59,20 +59,19 @@ pub fn parse_len(s: &str) -> Result<usize> {
     Ok(n * mul)
 }
 
-/// Refuse a run of `total_len` tokens (the full model's K/V for all of them,
-/// prefill in chunks of `chunk`, attention blocks of `block` scores) whose
-/// estimated peak memory is more than `device` has free. `weights_loaded`:
-/// the weights are already resident (a loaded model) and so are not counted
-/// again.
+/// Refuse a run of `total_len` tokens (the full model's K/V for all of them
+/// in `kv_dtype`, activations in `dtype`, prefill in chunks of `chunk`,
+/// attention blocks of `block` scores) whose estimated peak memory is more
+/// than `device` has free. `weights_loaded`: the weights are already
+/// resident (a loaded model) and so are not counted again.
 pub fn ensure_fits(
     cfg: &lcut_model::ModelConfig,
-    dtype: DType,
+    (dtype, kv_dtype): (DType, DType),
     device: &Device,
     (total_len, chunk, block): (usize, usize, usize),
     weights_loaded: bool,
 ) -> Result<()> {
-    let shape = cfg.kv_shape(dtype);
-    let kv = (shape.num_layers * shape.bytes_per_token_layer() * total_len) as u64;
+    let kv = lcut_model::memory::kv_cache_bytes(cfg, kv_dtype, total_len);
     let mut need = lcut_model::memory::estimate(cfg, dtype, kv, total_len, chunk, block);
     if weights_loaded {
         need = need.without_weights();

@@ -275,3 +275,45 @@ fn nothing_written_then_forced(args: &[&str], out_dir: &std::path::Path) {
     assert!(stderr.contains("warning: --force"), "{stderr}");
     assert!(out_dir.join("report.json").is_file());
 }
+
+/// `lcut bench` on a GGUF in `--dtype q` sizes its K/V in the cache's own
+/// dtype (f16 under `--kv-dtype auto`), not the activations' f32, and
+/// `--kv-dtype f32` doubles that figure.
+#[test]
+fn a_quantized_benchmark_counts_its_cache_in_the_cache_dtype() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let (model, _) = tiny_gguf(tmp.path());
+    let model = model.to_str().expect("utf-8 path");
+    let kv_figure = |kv_dtype: &str| {
+        let args = [
+            "bench",
+            "--model",
+            model,
+            "--dtype",
+            "q",
+            "--kv-dtype",
+            kv_dtype,
+            "--policies",
+            "full",
+            "--prompt-lengths",
+            "1k",
+            "--new-tokens",
+            "24",
+        ];
+        let out = lcut_with_free("1M", &args);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "{stderr}");
+        let (kv, unit) = figure(&stderr, "K/V");
+        kv * unit
+    };
+    // 1048 tokens x 2 layers x K and V x 2 heads x 64 wide
+    let per_byte = (1024 + 24) * 2 * 2 * 2 * 64;
+    let auto = kv_figure("auto");
+    let f32 = kv_figure("f32");
+    let mib = f64::from(1u32 << 20);
+    assert!(
+        (auto - f64::from(per_byte * 2)).abs() <= 0.05 * mib,
+        "{auto}"
+    );
+    assert!((f32 - f64::from(per_byte * 4)).abs() <= 0.05 * mib, "{f32}");
+}

@@ -184,7 +184,10 @@ impl Setup {
         let device = args.device.open()?;
         ensure_fits(
             &cfg,
-            args.dtype.mode().activation_dtype(),
+            (
+                args.dtype.mode().activation_dtype(),
+                session.model.kv_dtype(),
+            ),
             &device,
             (
                 max_len,
