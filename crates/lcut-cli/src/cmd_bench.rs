@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device, Tensor};
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use lcut_diag::{FlopShape, policy_prefill_flops};
 use lcut_engine::{Generation, GenerationConfig, GenerationOutput, PreparedPrompt};
 use lcut_model::probes::PhaseMassProbe;
@@ -22,7 +22,7 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde::Serialize;
 
 use crate::args::{DeviceArg, KvDtypeArg, PolicyList, WeightArg};
-use crate::common::{ensure_fits, parse_len, resolve_model, write_atomic};
+use crate::common::{count_bar, ensure_fits, parse_len, resolve_model, write_atomic};
 use lcut_kernels::bandwidth::{DEFAULT_BYTES, measure_read};
 
 /// Arguments of `lcut bench`.
@@ -359,11 +359,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     model.set_kv_dtype(args.kv_dtype.dtype(mode))?;
     let policies = bench_policies(args, model.config().num_layers)?;
     let bos = model.config().bos_token_id.unwrap_or(1);
-    let total = (lengths.len() * policies.len() * args.repeats.max(1)) as u64;
-    let bar = ProgressBar::new(total).with_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
+    let total = lengths.len() * policies.len() * args.repeats.max(1);
+    let bar = count_bar(total, "runs");
     let threads = rayon::current_num_threads();
     let bandwidth = measure_read(DEFAULT_BYTES, threads, 3).gb_per_s;
     eprintln!(

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use lcut_engine::diagnose::memory::diagnose_memory;
 use lcut_engine::diagnose::{
     BUNDLED_PROMPTS, DiagnoseEvent, DiagnoseOptions, LabelledPrompt, PromptSpec, diagnose_prepared,
@@ -81,10 +81,7 @@ pub fn parse_shard(s: &str) -> Result<(usize, usize)> {
 
 /// A progress bar over prompts, with the current prompt's step.
 pub fn progress_bar() -> ProgressBar {
-    ProgressBar::new(0).with_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} prompts {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    )
+    crate::common::count_bar(0, "prompts")
 }
 
 /// Feed diagnose events to a progress bar; never cancels.

@@ -6,7 +6,6 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use indicatif::{ProgressBar, ProgressStyle};
 use lcut_engine::suite::{self, SuiteEval, SuiteEvalOptions};
 use lcut_policy::split_list;
 
@@ -138,10 +137,7 @@ fn run_suite(args: &EvalCommand, path: &Path) -> Result<Vec<SuiteEval>> {
         .map(|p| Ok(suite::resolve_policy(&session, p)?.to_string()))
         .collect::<Result<Vec<_>>>()?;
     let todo = lcut_engine::diagnose::shard_indices(items.len(), shard)?.len();
-    let bar = ProgressBar::new(todo as u64).with_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} items {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
+    let bar = crate::common::count_bar(todo, "items");
     // a job array's log is no terminal: one line per item there instead
     let log_lines = !std::io::stderr().is_terminal();
     let mut done = 0;

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use candle_core::{DType, Device};
+use indicatif::{ProgressBar, ProgressStyle};
 use lcut_model::{ResolvedModel, StoreRoots, WeightMode};
 
 use crate::args::{DeviceArg, KvDtypeArg, WeightArg};
@@ -44,6 +45,15 @@ pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
                 .with_context(|| format!("token id {t:?} in --ids is not a non-negative integer"))
         })
         .collect()
+}
+
+/// A progress bar counting `len` things called `unit` (`prompts`,
+/// `items`, `runs`), with a message after the count.
+pub fn count_bar(len: usize, unit: &str) -> ProgressBar {
+    ProgressBar::new(len as u64).with_style(
+        ProgressStyle::with_template(&format!("{{bar:30}} {{pos}}/{{len}} {unit} {{msg}}"))
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    )
 }
 
 /// Parse a length such as `256`, `1k`, `4K`, `128k`.
