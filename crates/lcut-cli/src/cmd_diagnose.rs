@@ -13,7 +13,8 @@ use lcut_engine::diagnose::{
 };
 use lcut_engine::{GenerationConfig, Session};
 use lcut_model::default_attention_block_elems;
-use lcut_model::memory::{MemoryEstimate, kv_cache_bytes};
+use lcut_model::memory::{MemoryEstimate, kv_cache_bytes, prefill_is_blocked};
+use lcut_policy::PolicyKind;
 use lcut_trace::{Report, write_report_json};
 
 use crate::args::{DeviceArg, KvDtypeArg, WeightArg};
@@ -135,8 +136,9 @@ fn read_prompts(args: &DiagnoseArgs) -> Result<(Vec<PromptSpec>, Option<String>)
 /// tokenized and the run's memory estimated (weights, K/V of the longest
 /// prompt, traces and probe buffers) before the weights are loaded, and a
 /// run that does not fit is refused unless `--force`. For a sweep the
-/// estimate is a floor: it also holds a cache per cutoff.
-pub fn load_inputs(args: &DiagnoseArgs) -> Result<Inputs> {
+/// estimate is a floor: it also holds a cache per cutoff. `other` are the
+/// kinds of the policies the run prefills beside its own (a sweep's axis).
+pub fn load_inputs(args: &DiagnoseArgs, other: &[PolicyKind]) -> Result<Inputs> {
     let pending = PendingModel::open(&args.model, (args.dtype, args.kv_dtype), args.device)?;
     let (prompts, file) = read_prompts(args)?;
     let opts = options(args, file.clone())?;
@@ -155,7 +157,7 @@ pub fn load_inputs(args: &DiagnoseArgs) -> Result<Inputs> {
         pending.kv_dtype,
         longest + opts.max_new_tokens,
     );
-    let need = diagnose_memory(
+    let mut need = diagnose_memory(
         pending.config(),
         (pending.dtype(), pending.weight_bytes()),
         &lens,
@@ -163,6 +165,12 @@ pub fn load_inputs(args: &DiagnoseArgs) -> Result<Inputs> {
         (chunk, block),
     )
     .with_kv(kv);
+    let mut kinds = vec![opts.policy.map_or(PolicyKind::Full, |p| p.kind)];
+    kinds.extend_from_slice(other);
+    if prefill_is_blocked(&pending.device, pending.dtype(), &kinds) {
+        let total = longest + opts.max_new_tokens;
+        need = need.with_blocked_prefill(pending.config(), pending.dtype(), (total, chunk));
+    }
     let plural = if lens.len() == 1 { "" } else { "s" };
     let what = format!("{} prompt{plural} of at most {longest} tokens", lens.len());
     let need = check_before_loading(&what, &need, (&pending.device, pending.mode), args.force)?;
@@ -210,7 +218,7 @@ pub fn print_summary(report: &Report) {
 
 /// Run `lcut diagnose`.
 pub fn run(args: &DiagnoseArgs) -> Result<()> {
-    let inputs = load_inputs(args)?;
+    let inputs = load_inputs(args, &[])?;
     let opts = options(args, inputs.file.clone())?;
     let bar = progress_bar();
     let report = diagnose_prepared(

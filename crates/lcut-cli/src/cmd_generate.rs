@@ -10,11 +10,11 @@ use lcut_engine::{
     Generation, GenerationConfig, GenerationOutput, LockstepEvent, PreparedPrompt, Sampling,
     Session, compare_models,
 };
-use lcut_policy::{Policy, PolicySpec};
+use lcut_policy::{Policy, PolicyKind, PolicySpec};
 
 use lcut_model::Decoder;
 use lcut_model::default_attention_block_elems;
-use lcut_model::memory::{MemoryEstimate, estimate, kv_cache_bytes};
+use lcut_model::memory::{MemoryEstimate, estimate, kv_cache_bytes, prefill_is_blocked};
 
 use crate::args::{DeviceArg, KvDtypeArg, WeightArg};
 use crate::common::{PendingModel, open_session, parse_ids, write_atomic};
@@ -174,15 +174,26 @@ fn prompt_of(args: &GenerateArgs, model: &PendingModel) -> Result<PreparedPrompt
     })
 }
 
-/// What a generation of `total_len` tokens (prompt and new) needs: the
-/// weights as they will be loaded, the full model's K/V for every token in
-/// the cache's dtype, a prefill chunk's attention and activations.
-pub(crate) fn generation_memory(model: &PendingModel, total_len: usize) -> MemoryEstimate {
+/// What a generation of `total_len` tokens (prompt and new) under policies
+/// of `kinds` needs: the weights as they will be loaded, the full model's
+/// K/V for every token in the cache's dtype, a prefill chunk's attention
+/// (no score matrix where the blocked kernel runs every chunk) and
+/// activations.
+pub(crate) fn generation_memory(
+    model: &PendingModel,
+    total_len: usize,
+    kinds: &[PolicyKind],
+) -> MemoryEstimate {
     let (cfg, dtype) = (model.config(), model.dtype());
     let kv = kv_cache_bytes(cfg, model.kv_dtype, total_len);
     let chunk = GenerationConfig::default().prefill_chunk;
     let block = default_attention_block_elems(&model.device);
-    estimate(cfg, dtype, kv, total_len, chunk, block).with_weights(model.weight_bytes())
+    let need = estimate(cfg, dtype, kv, total_len, chunk, block).with_weights(model.weight_bytes());
+    if prefill_is_blocked(&model.device, dtype, kinds) {
+        need.with_blocked_prefill(cfg, dtype, (total_len, chunk))
+    } else {
+        need
+    }
 }
 
 /// Token ids as text (the ids themselves without a tokenizer).
@@ -222,7 +233,11 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     }
     let prompt = prompt_of(args, &pending)?;
     let total = prompt.len() + args.max_new_tokens;
-    let need = generation_memory(&pending, total);
+    let kinds: Vec<PolicyKind> = std::iter::once(&args.policy)
+        .chain(&args.compare)
+        .map(|p| p.kind)
+        .collect();
+    let need = generation_memory(&pending, total, &kinds);
     let what = format!("{total} tokens");
     let need = check_before_loading(&what, &need, (&pending.device, pending.mode), args.force)?;
     let mut session = pending.load()?;

@@ -9,7 +9,7 @@ use lcut_engine::diagnose::{AxisPolicy, SweepOptions, equal_kv_pairs, shard_indi
 use lcut_engine::suite::{
     CutoffEvalOptions, accuracy_by_cutoff, read_suite_hashed, smallest_cut_within,
 };
-use lcut_policy::{Anchors, PolicySpec};
+use lcut_policy::{Anchors, PolicyKind, PolicySpec};
 use lcut_trace::{
     CutoffAccuracy, PolicyPoint, Report, SuiteSource, Sweep, read_report_json, write_json,
     write_report_json,
@@ -242,7 +242,15 @@ fn print_axis(points: &[PolicyPoint]) {
 /// Run `lcut sweep`: adds the sweep to `OUT/report.json` when one exists
 /// (so the knee is reported next to the recommendation), else writes `OUT/sweep.json`.
 pub fn run(args: &SweepArgs) -> Result<()> {
-    let inputs = load_inputs(&args.run)?;
+    let mut axis_kinds: Vec<PolicyKind> = args
+        .policies
+        .iter()
+        .flat_map(|list| list.0.iter().map(|p| p.kind))
+        .collect();
+    if args.equal_kv.is_some() {
+        axis_kinds.push(PolicyKind::Slim);
+    }
+    let inputs = load_inputs(&args.run, &axis_kinds)?;
     let session = &inputs.session;
     let diag = options(&args.run, inputs.file.clone())?;
     let cuts = args

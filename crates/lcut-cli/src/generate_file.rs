@@ -61,8 +61,11 @@ pub fn run(pending: PendingModel, run: &FileRun<'_>) -> Result<()> {
         .collect::<Result<Vec<PreparedPrompt>>>()?;
     let longest = prompts.iter().map(PreparedPrompt::len).max().unwrap_or(0);
     let in_flight = prompts.len().min(TOGETHER);
-    let mut need =
-        crate::cmd_generate::generation_memory(&pending, longest + run.config.max_new_tokens);
+    let mut need = crate::cmd_generate::generation_memory(
+        &pending,
+        longest + run.config.max_new_tokens,
+        &[run.policy.kind],
+    );
     need.kv *= in_flight as u64;
     let what = format!(
         "{in_flight} generations of up to {longest}+{} tokens",

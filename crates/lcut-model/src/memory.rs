@@ -66,6 +66,28 @@ impl MemoryEstimate {
         Self { kv: bytes, ..self }
     }
 
+    /// The same with the attention of a run whose prefill chunks run the
+    /// blocked CPU kernel ([`prefill_is_blocked`]), which holds no score
+    /// matrix: what stays is one query row's scores over every key (the
+    /// tensor path a probed decode step takes, in the five buffers the
+    /// chunk figure counts) and the kernel's output for a chunk of `chunk`
+    /// queries of `cfg`, activations of `dtype`, `total_len` keys.
+    pub fn with_blocked_prefill(
+        self,
+        cfg: &ModelConfig,
+        dtype: DType,
+        (total_len, chunk): (usize, usize),
+    ) -> Self {
+        let b = dtype.size_in_bytes() as u64;
+        let keys = total_len as u64;
+        let h = cfg.num_heads as u64;
+        let outputs = 2 * chunk.clamp(1, total_len.max(1)) as u64 * h * cfg.head_dim as u64 * 4;
+        Self {
+            attention: h * keys * (2 * b + 12) + 8 * keys + outputs,
+            ..self
+        }
+    }
+
     /// The same with `bytes` of records (traces, probe buffers).
     pub fn with_records(self, bytes: u64) -> Self {
         Self {
@@ -169,6 +191,25 @@ pub fn estimate(
         records: 0,
         process: 0,
     }
+}
+
+/// Whether every prefill chunk of a run on `device` with activations of
+/// `dtype` under policies of `kinds` attends by the blocked CPU kernel
+/// (no score matrix): the CPU, f32 activations (also `--dtype q`'s), and
+/// the full model or SPEED, whose chunks keep every row they write in the
+/// layer's cache (a SelfOnly chunk does not, and takes the tensor path).
+/// A run that records prefill attention rows (`lcut forward`) is not one.
+pub fn prefill_is_blocked(
+    device: &Device,
+    dtype: DType,
+    kinds: &[lcut_policy::PolicyKind],
+) -> bool {
+    use lcut_policy::PolicyKind;
+    device.is_cpu()
+        && dtype == DType::F32
+        && kinds
+            .iter()
+            .all(|k| matches!(k, PolicyKind::Full | PolicyKind::Speed))
 }
 
 /// Bytes a model's weights take once loaded from `files` in `mode`: a

@@ -67,3 +67,53 @@ fn an_8b_shape_at_128k_needs_what_the_formulas_say() -> anyhow::Result<()> {
     assert!(e.to_string().starts_with(&format!("{gib:.1} GiB")));
     Ok(())
 }
+
+/// A run whose prefill chunks all take the blocked CPU kernel (the full
+/// model or SPEED, f32 activations) holds no score matrix: at a 32K-token
+/// prompt of a 32-layer, 32-head model its attention part is one decode
+/// row's scores and the kernel's output, not the 2^28-score block (5 GiB)
+/// the tensor path may hold; SelfOnly, bf16 or a GPU keep the block.
+#[test]
+fn a_blocked_prefill_counts_no_score_matrix() -> anyhow::Result<()> {
+    use lcut_model::memory::prefill_is_blocked;
+    use lcut_policy::PolicyKind;
+    let shape = RandomLlama {
+        shape: LlamaShape {
+            vocab_size: 128_256,
+            hidden_size: 2048,
+            intermediate_size: 8192,
+            num_layers: 32,
+            num_heads: 32,
+            num_kv_heads: 8,
+            rope_theta: 500_000.0,
+            rms_norm_eps: 1e-5,
+            max_position_embeddings: 1 << 17,
+        },
+        seed: 0,
+    };
+    let cfg = config_of(&shape)?;
+    let total = 32_605 + 16;
+    let kv = (2 * 8 * 64 * 2 * 32 * total) as u64;
+    let chunked = estimate(&cfg, DType::F32, kv, total, 512, 1 << 28);
+    assert_eq!(
+        chunked.attention,
+        (1u64 << 28) * 20 + 2 * 512 * total as u64 * 4
+    );
+    let blocked = chunked.with_blocked_prefill(&cfg, DType::F32, (total, 512));
+    let scores = 32 * total as u64 * 20 + 8 * total as u64;
+    assert_eq!(blocked.attention, scores + 2 * 512 * 32 * 64 * 4);
+    assert_eq!(blocked.kv, chunked.kv);
+    assert!(blocked.attention < 32 << 20, "{blocked}");
+
+    let cpu = Device::Cpu;
+    let full_and_speed = [PolicyKind::Full, PolicyKind::Speed];
+    assert!(prefill_is_blocked(&cpu, DType::F32, &full_and_speed));
+    assert!(!prefill_is_blocked(&cpu, DType::BF16, &full_and_speed));
+    assert!(!prefill_is_blocked(
+        &cpu,
+        DType::F32,
+        &[PolicyKind::Full, PolicyKind::SelfOnly]
+    ));
+    assert!(!prefill_is_blocked(&cpu, DType::F32, &[PolicyKind::Slim]));
+    Ok(())
+}
