@@ -251,7 +251,7 @@ fn the_threaded_product_equals_row_ranges_on_one_thread() {
 /// Whether the chunk product runs the AVX-512 micro-kernel over unpacked
 /// weight tiles (within rounding of the batched product, not its bits).
 fn tiled(isa: Isa, format: QuantFormat) -> bool {
-    isa == Isa::Avx512 && format != QuantFormat::Q6K
+    isa == Isa::Avx512 && !matches!(format, QuantFormat::Q8_0 | QuantFormat::Q6K)
 }
 
 /// The chunk product against the f64 reference on the portable path, and

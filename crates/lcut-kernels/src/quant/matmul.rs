@@ -5,7 +5,7 @@
 //! activation rows (sized for the second level) passes over them, eight
 //! rows at a time through the same dot products as [`super::matvec_rows`],
 //! so every output equals that product's bit for bit; on AVX-512 VNNI every
-//! format but Q6_K instead runs a micro-kernel over
+//! 4- and 5-bit format (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K) instead runs a micro-kernel over
 //! sixteen unpacked weight rows at once (`avx512_tile`), equal to the
 //! batched product within rounding.
 
@@ -35,7 +35,7 @@ fn act_block_rows(cols: usize) -> usize {
 }
 
 /// Whether [`matmul`] runs the AVX-512 VNNI micro-kernel for `format` at
-/// `isa` on this CPU (every format but Q6_K): the path that beats
+/// `isa` on this CPU (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K): the path that beats
 /// dequantizing the matrix for an f32 GEMM on long chunks.
 pub fn has_tiled_path(isa: Isa, format: crate::quant::QuantFormat) -> bool {
     #[cfg(target_arch = "x86_64")]
