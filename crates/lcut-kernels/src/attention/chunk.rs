@@ -119,22 +119,7 @@ pub fn attend_chunk(
         group: spec.heads / kv,
         spans,
     };
-    match (cache.k, cache.v) {
-        (KvData::F32(k), KvData::F32(v)) => {
-            with_best_ops!(isa, |ops| run(&ops, &chunk, cache, k, v, out))
-        }
-        (KvData::F16(k), KvData::F16(v)) => {
-            with_best_ops!(isa, |ops| run(&ops, &chunk, cache, k, v, out))
-        }
-        (KvData::Bf16(k), KvData::Bf16(v)) => {
-            with_best_ops!(isa, |ops| run(&ops, &chunk, cache, k, v, out))
-        }
-        _ => {
-            return Err(KernelError::Heads(
-                "keys and values must be stored in the same type".into(),
-            ));
-        }
-    }
+    with_kv_slices!(isa, cache, |ops, k, v| run(&ops, &chunk, cache, k, v, out));
     Ok(())
 }
 

@@ -208,6 +208,24 @@ macro_rules! with_best_ops {
     }};
 }
 
+/// `$body` with `$ops` bound as by [`with_best_ops`] and `$k`, `$v` to the
+/// cache's keys and values as slices of their one element type; a cache
+/// whose keys and values differ in type returns an error from the caller.
+macro_rules! with_kv_slices {
+    ($isa:expr, $cache:expr, |$ops:ident, $k:ident, $v:ident| $body:expr) => {
+        match ($cache.k, $cache.v) {
+            (KvData::F32($k), KvData::F32($v)) => with_best_ops!($isa, |$ops| $body),
+            (KvData::F16($k), KvData::F16($v)) => with_best_ops!($isa, |$ops| $body),
+            (KvData::Bf16($k), KvData::Bf16($v)) => with_best_ops!($isa, |$ops| $body),
+            _ => {
+                return Err(KernelError::Heads(
+                    "keys and values must be stored in the same type".into(),
+                ));
+            }
+        }
+    };
+}
+
 mod chunk;
 
 pub use chunk::{QUERY_TILE, QuerySpans, attend_chunk};
@@ -230,22 +248,9 @@ pub fn attend(
     scratch: &mut AttentionScratch,
 ) -> Result<()> {
     let call = Call::new(spec, q, cache, rows, current, out.len(), probs.as_deref())?;
-    match (cache.k, cache.v) {
-        (KvData::F32(k), KvData::F32(v)) => {
-            with_best_ops!(isa, |ops| run(&ops, &call, k, v, out, probs, scratch))
-        }
-        (KvData::F16(k), KvData::F16(v)) => {
-            with_best_ops!(isa, |ops| run(&ops, &call, k, v, out, probs, scratch))
-        }
-        (KvData::Bf16(k), KvData::Bf16(v)) => {
-            with_best_ops!(isa, |ops| run(&ops, &call, k, v, out, probs, scratch))
-        }
-        _ => {
-            return Err(KernelError::Heads(
-                "keys and values must be stored in the same type".into(),
-            ));
-        }
-    }
+    with_kv_slices!(isa, cache, |ops, k, v| run(
+        &ops, &call, k, v, out, probs, scratch
+    ));
     Ok(())
 }
 
