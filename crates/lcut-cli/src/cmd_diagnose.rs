@@ -13,7 +13,7 @@ use lcut_engine::diagnose::{
 };
 use lcut_engine::{GenerationConfig, Session};
 use lcut_model::default_attention_block_elems;
-use lcut_model::memory::{MemoryEstimate, kv_cache_bytes, prefill_is_blocked};
+use lcut_model::memory::{MemoryEstimate, kv_cache_bytes};
 use lcut_policy::PolicyKind;
 use lcut_trace::{Report, write_report_json};
 
@@ -152,25 +152,24 @@ pub fn load_inputs(args: &DiagnoseArgs, other: &[PolicyKind]) -> Result<Inputs> 
     let longest = lens.iter().copied().max().unwrap_or(0);
     // the K/V of the longest prompt and its new tokens, in the cache's
     // dtype (f16 for a quantized run), not the activations'
-    let kv = kv_cache_bytes(
-        pending.config(),
-        pending.kv_dtype,
-        longest + opts.max_new_tokens,
-    );
-    let mut need = diagnose_memory(
+    let total = longest + opts.max_new_tokens;
+    let kv = kv_cache_bytes(pending.config(), pending.kv_dtype, total);
+    let mut kinds = vec![opts.policy.map_or(PolicyKind::Full, |p| p.kind)];
+    kinds.extend_from_slice(other);
+    let need = diagnose_memory(
         pending.config(),
         (pending.dtype(), pending.weight_bytes()),
         &lens,
         &opts,
         (chunk, block),
     )
-    .with_kv(kv);
-    let mut kinds = vec![opts.policy.map_or(PolicyKind::Full, |p| p.kind)];
-    kinds.extend_from_slice(other);
-    if prefill_is_blocked(&pending.device, pending.dtype(), &kinds) {
-        let total = longest + opts.max_new_tokens;
-        need = need.with_blocked_prefill(pending.config(), pending.dtype(), (total, chunk));
-    }
+    .with_kv(kv)
+    .for_prefill_path(
+        (&pending.device, &kinds),
+        pending.config(),
+        pending.dtype(),
+        (total, chunk),
+    );
     let plural = if lens.len() == 1 { "" } else { "s" };
     let what = format!("{} prompt{plural} of at most {longest} tokens", lens.len());
     let need = check_before_loading(&what, &need, (&pending.device, pending.mode), args.force)?;

@@ -14,7 +14,7 @@ use lcut_policy::{Policy, PolicyKind, PolicySpec};
 
 use lcut_model::Decoder;
 use lcut_model::default_attention_block_elems;
-use lcut_model::memory::{MemoryEstimate, estimate, kv_cache_bytes, prefill_is_blocked};
+use lcut_model::memory::{MemoryEstimate, estimate, kv_cache_bytes};
 
 use crate::args::{DeviceArg, KvDtypeArg, WeightArg};
 use crate::common::{PendingModel, open_session, parse_ids, write_atomic};
@@ -188,12 +188,9 @@ pub(crate) fn generation_memory(
     let kv = kv_cache_bytes(cfg, model.kv_dtype, total_len);
     let chunk = GenerationConfig::default().prefill_chunk;
     let block = default_attention_block_elems(&model.device);
-    let need = estimate(cfg, dtype, kv, total_len, chunk, block).with_weights(model.weight_bytes());
-    if prefill_is_blocked(&model.device, dtype, kinds) {
-        need.with_blocked_prefill(cfg, dtype, (total_len, chunk))
-    } else {
-        need
-    }
+    estimate(cfg, dtype, kv, total_len, chunk, block)
+        .with_weights(model.weight_bytes())
+        .for_prefill_path((&model.device, kinds), cfg, dtype, (total_len, chunk))
 }
 
 /// Token ids as text (the ids themselves without a tokenizer).

@@ -66,6 +66,24 @@ impl MemoryEstimate {
         Self { kv: bytes, ..self }
     }
 
+    /// The same for a run on `device` under policies of `kinds`: where its
+    /// prefill chunks all run the blocked CPU kernel
+    /// ([`prefill_is_blocked`]), with the attention figure of
+    /// [`MemoryEstimate::with_blocked_prefill`]; otherwise unchanged.
+    pub fn for_prefill_path(
+        self,
+        (device, kinds): (&Device, &[lcut_policy::PolicyKind]),
+        cfg: &ModelConfig,
+        dtype: DType,
+        (total_len, chunk): (usize, usize),
+    ) -> Self {
+        if prefill_is_blocked(device, dtype, kinds) {
+            self.with_blocked_prefill(cfg, dtype, (total_len, chunk))
+        } else {
+            self
+        }
+    }
+
     /// The same with the attention of a run whose prefill chunks run the
     /// blocked CPU kernel ([`prefill_is_blocked`]), which holds no score
     /// matrix: what stays is one query row's scores over every key (the

@@ -10,7 +10,7 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use lcut_engine::suite::SuiteItem;
-use lcut_engine::{Generation, GenerationConfig, PreparedPrompt, Session, Step, run_together};
+use lcut_engine::{Generation, PreparedPrompt, Session, Step, run_together};
 use lcut_policy::Policy;
 use serde::{Deserialize, Serialize};
 
@@ -114,10 +114,7 @@ pub fn make(
 ) -> Result<Vec<TeacherRecord>> {
     let chosen = choose_prompts(session, settings, exclude)?;
     let full = Policy::full(session.model.config().num_layers);
-    let config = GenerationConfig {
-        prefill_chunk: GenerationConfig::default().prefill_chunk,
-        ..session.greedy_config(settings.max_new_tokens)
-    };
+    let config = session.greedy_config(settings.max_new_tokens);
     let jobs = chosen
         .iter()
         .map(|(_, _, p)| Generation::new(&session.model, p.clone(), full, config.clone()));
