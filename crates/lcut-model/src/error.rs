@@ -182,11 +182,26 @@ pub enum ModelError {
     },
     /// The LM head is neither in the weights nor tied to the embeddings.
     #[error(
-        "tensor `lm_head.weight` is missing from the weights in {folder}, and config.json has tie_word_embeddings = false"
+        "tensor `lm_head.weight` is missing from the weights in {folder}, and config.json has tie_word_embeddings = false: a bare decoder without its LM head gives neither logits nor a logit lens"
     )]
     MissingLmHead {
         /// The model folder.
         folder: PathBuf,
+    },
+    /// The final norm is not in the weights: a bare decoder, whose hidden
+    /// states have no logits and no logit lens.
+    #[error(
+        "tensor `model.norm.weight` (the final norm) is missing from the weights in {folder}: a bare decoder without its final norm and LM head gives neither logits nor a logit lens"
+    )]
+    MissingFinalNorm {
+        /// The model folder.
+        folder: PathBuf,
+    },
+    /// Hidden states given to the logit lens do not fit the model.
+    #[error("logit lens: {detail}")]
+    LensInput {
+        /// What does not fit.
+        detail: String,
     },
     /// Empty input.
     #[error("no tokens given: a forward pass needs at least one token")]

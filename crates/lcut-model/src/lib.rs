@@ -9,6 +9,8 @@ mod error;
 mod files;
 pub mod gguf;
 mod layers;
+pub mod lens;
+mod lens_stats;
 mod linear;
 pub mod lora;
 pub mod mapped;
@@ -29,6 +31,7 @@ pub use decoder::{
 };
 pub use error::{ModelError, Result, ShapeError};
 pub use files::{FolderFiles, ModelFiles};
+pub use lens::{LensProbe, LensRecord};
 pub use linear::{Embedding, Linear};
 pub use mask::{PartialMask, additive_mask, exact_additive_mask};
 pub use probe::{AttentionView, Probe, ResidualSite};

@@ -109,6 +109,11 @@ impl Decoder {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        if !files.contains("model.norm.weight") {
+            return Err(ModelError::MissingFinalNorm {
+                folder: files.folder().to_path_buf(),
+            });
+        }
         let final_norm = ld.norm("model.norm", d)?;
         let lm_head = if cfg.tie_word_embeddings {
             embed.tied_head()?

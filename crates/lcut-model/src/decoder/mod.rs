@@ -9,6 +9,7 @@
 mod attention;
 mod batch;
 mod chunk_attention;
+mod lens;
 mod load;
 mod pass;
 mod projected;

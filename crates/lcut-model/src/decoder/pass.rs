@@ -173,16 +173,7 @@ impl Decoder {
         };
         let logits = match h {
             None => None,
-            Some(h) => {
-                let z = self
-                    .lm_head
-                    .forward(&self.final_norm.forward(&h)?)?
-                    .to_dtype(DType::F32)?;
-                Some(match self.cfg.final_softcap {
-                    Some(c) => ((z / c)?.tanh()? * c)?,
-                    None => z,
-                })
-            }
+            Some(h) => Some(self.head_logits(&h)?),
         };
         Ok(ChunkOutput { logits, positions })
     }
