@@ -1,6 +1,8 @@
 //! Per-layer curves: attention mass by phase with the tail mass R(c),
-//! conditional prompt entropy, curvature and straightening; the recommended
-//! cut (dashed) and the chosen one (solid, drag in any plot to move it).
+//! conditional prompt entropy, curvature and straightening, and the logit
+//! lens (where the answer forms) when the report has it; the recommended
+//! cut (dashed), the chosen one (solid, drag in any plot to move it) and,
+//! on the lens plots, the formation layer (dotted).
 //!
 //! x is the layer boundary: layer `l` spans `[l, l + 1)`, per-layer values sit
 //! at `l + 0.5`, and series indexed by boundary (tail mass, curvature, index 0
@@ -15,11 +17,15 @@ use crate::theme::{
     recommended_label,
 };
 
-/// The curve plots, top to bottom: id and the kind whose unit labels the y axis.
-const PLOTS: [(&str, MetricAxis); 3] = [
+/// The curve plots, top to bottom: id and the kind whose unit labels the y
+/// axis (the lens's rank shares the KL plot: lower is nearer the answer in
+/// both).
+const PLOTS: [(&str, MetricAxis); 5] = [
     ("curves_mass", MetricAxis::Mass),
     ("curves_entropy", MetricAxis::Entropy),
     ("curves_curvature", MetricAxis::Curvature),
+    ("curves_lens", MetricAxis::Lens),
+    ("curves_lens_kl", MetricAxis::LensKl),
 ];
 
 /// The plot that draws metrics of kind `axis` (the tail mass, a share of
@@ -29,12 +35,26 @@ fn plot_of(axis: MetricAxis) -> usize {
         MetricAxis::Mass | MetricAxis::TailMass => 0,
         MetricAxis::Entropy => 1,
         MetricAxis::Curvature => 2,
+        MetricAxis::Lens => 3,
+        MetricAxis::LensKl | MetricAxis::LensRank => 4,
+    }
+}
+
+/// The y label of plot `i` of [`PLOTS`].
+fn y_label(i: usize) -> String {
+    match PLOTS[i].1 {
+        MetricAxis::LensKl => format!(
+            "{} · {}",
+            MetricAxis::LensKl.unit(),
+            MetricAxis::LensRank.unit()
+        ),
+        axis => axis.unit().to_string(),
     }
 }
 
 /// The metrics of [`LAYER_METRICS`] each plot of [`PLOTS`] draws, in table order.
-pub fn plotted_metrics() -> [Vec<&'static LayerMetric>; 3] {
-    let mut out: [Vec<&'static LayerMetric>; 3] = Default::default();
+pub fn plotted_metrics() -> [Vec<&'static LayerMetric>; 5] {
+    let mut out: [Vec<&'static LayerMetric>; 5] = Default::default();
     for m in LAYER_METRICS {
         out[plot_of(m.axis)].push(m);
     }
@@ -66,6 +86,11 @@ struct Cuts<'a> {
     layers: usize,
     l_cut: &'a mut usize,
     recommended: usize,
+}
+
+/// The label of the formation layer's line on the lens plots.
+pub fn formation_label(layer: usize) -> String {
+    format!("answer formed {layer}")
 }
 
 /// One curve plot with the cut lines; moves the chosen cut when dragged or clicked.
@@ -123,16 +148,47 @@ pub fn show_curves(
     entropy_max: f32,
 ) {
     ui.label("Drag or click in a plot to move the chosen L_cut (orange); dashed: recommended.");
-    let h = ((ui.available_height() - 40.0) / PLOTS.len() as f32).clamp(120.0, 400.0);
+    let shown: Vec<(usize, Vec<&LayerMetric>)> = plotted_metrics()
+        .into_iter()
+        .map(|ms| {
+            ms.into_iter()
+                .filter(|m| m.present(curves))
+                .collect::<Vec<_>>()
+        })
+        .enumerate()
+        .filter(|(_, ms)| !ms.is_empty())
+        .collect();
+    let formation = curves.formation();
+    match formation {
+        Some(f) => ui.label(format!(
+            "Logit lens: half the decode steps' answers stay top-1 from layer boundary {} of {} \
+             on (dotted line; mean {:.1}).",
+            f.median, curves.num_layers, f.mean
+        )),
+        None => ui.label("No logit lens in this report."),
+    };
+    let h = ((ui.available_height() - 60.0) / shown.len().max(1) as f32).clamp(120.0, 400.0);
     let mut cuts = Cuts {
         layers: curves.num_layers,
         l_cut,
         recommended,
     };
-    for ((id, axis), metrics) in PLOTS.into_iter().zip(plotted_metrics()) {
-        curve_plot(ui, (id, axis.unit(), h), &mut cuts, |pui| {
+    for (i, metrics) in shown {
+        let lens = matches!(
+            PLOTS[i].1,
+            MetricAxis::Lens | MetricAxis::LensKl | MetricAxis::LensRank
+        );
+        curve_plot(ui, (PLOTS[i].0, &y_label(i), h), &mut cuts, |pui| {
             for m in &metrics {
                 pui.line(metric_line(m, curves));
+            }
+            if let (true, Some(f)) = (lens, formation) {
+                pui.vline(
+                    VLine::new(formation_label(f.median), f.median as f64)
+                        .color(REFERENCE)
+                        .style(LineStyle::dotted_loose())
+                        .width(1.5),
+                );
             }
             if metrics.iter().any(|m| m.axis == MetricAxis::Entropy) {
                 pui.hline(

@@ -69,6 +69,11 @@ pub fn metric_colour(name: &str) -> Color32 {
         "self" => YELLOW,
         "tail_mass" => RED,
         "entropy_weighted" => ORANGE,
+        "lens_prob" => BLUE,
+        "lens_top1" => GREEN,
+        "lens_formed" => RED,
+        "lens_kl" => ORANGE,
+        "lens_log_rank" => MAGENTA,
         _ => Color32::LIGHT_GRAY,
     }
 }
@@ -78,7 +83,7 @@ pub fn metric_colour(name: &str) -> Color32 {
 /// curvature beside it) are dashed, the rest solid.
 pub fn metric_line_style(name: &str) -> LineStyle {
     match name {
-        "tail_mass" => LineStyle::dashed_dense(),
+        "tail_mass" | "lens_formed" => LineStyle::dashed_dense(),
         "straightening_prompt" | "straightening_generated" => LineStyle::dashed_loose(),
         _ => LineStyle::Solid,
     }

@@ -648,3 +648,52 @@ fn the_cost_panel_starts_from_the_models_context_length() {
     assert_eq!(h.state().cost.context_len, 1024);
     assert_eq!(label_starting(&h, "KV bytes (full):"), kv_full(1024));
 }
+
+/// The curves tab draws the logit lens beside the masses: a plot of the
+/// lens's probability, top-1 share and formed share, and one of its KL and
+/// rank, each with the cut lines and the formation layer; a report without
+/// the lens says so and draws neither.
+#[test]
+fn the_curves_show_where_the_answer_forms() {
+    let mut h = harness(FakeOptions::default());
+    open_model_and_run(&mut h);
+    h.get_by_label("Curves").click();
+    h.run_steps(2);
+    let curves = h.state().loaded.as_ref().unwrap().curves.clone();
+    let f = curves.formation().expect("the synthetic run has a lens");
+    let line = label_starting(&h, "Logit lens:");
+    assert!(
+        line.contains(&format!(
+            "layer boundary {} of {}",
+            f.median, curves.num_layers
+        )),
+        "{line}"
+    );
+    for legend in [
+        "lens: P(token)",
+        "lens: answer formed",
+        "lens: KL(final || lens)",
+    ] {
+        assert!(
+            h.query_by_label(legend).is_some(),
+            "no legend entry {legend:?}"
+        );
+    }
+    let loaded = h.state_mut().loaded.as_mut().unwrap();
+    for s in [
+        &mut loaded.curves.lens_prob,
+        &mut loaded.curves.lens_top1,
+        &mut loaded.curves.lens_formed,
+        &mut loaded.curves.lens_kl,
+        &mut loaded.curves.lens_log_rank,
+    ] {
+        s.0.clear();
+    }
+    h.run_steps(2);
+    assert!(h.query_by_label("No logit lens in this report.").is_some());
+    assert!(h.query_by_label("lens: P(token)").is_none());
+    assert!(
+        h.query_by_label("prefill (prompt)").is_some(),
+        "the masses stay"
+    );
+}

@@ -11,6 +11,7 @@ use ndarray::{Array1, Array2, ArrayView2, Axis, Zip};
 use ndarray_stats::SummaryStatisticsExt;
 
 use crate::error::DiagError;
+use crate::lens::lens_curves;
 use crate::tail::tail_mass;
 
 /// Mean of the finite values; NaN when there are none.
@@ -156,6 +157,7 @@ pub fn aggregate(traces: &[PromptTrace]) -> Result<LayerCurves, DiagError> {
     let curvature_prompt = curvature(|t| &t.curvature_prompt);
     let curvature_generated = curvature(|t| &t.curvature_generated);
     let straighten = |c: &Series| Series(c.iter().map(|x| x - c[0]).collect());
+    let [lens_prob, lens_top1, lens_formed, lens_kl, lens_log_rank] = lens_curves(traces, l);
     Ok(LayerCurves {
         num_layers: l,
         num_heads: h,
@@ -171,6 +173,11 @@ pub fn aggregate(traces: &[PromptTrace]) -> Result<LayerCurves, DiagError> {
         straightening_generated: straighten(&curvature_generated),
         curvature_prompt,
         curvature_generated,
+        lens_prob,
+        lens_top1,
+        lens_formed,
+        lens_kl,
+        lens_log_rank,
         prefill_by_head: by_head(traces, l, h),
         prefill_by_step: by_step(traces, l),
     })

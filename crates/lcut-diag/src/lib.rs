@@ -4,6 +4,7 @@
 //! - [`phase_masses`] and [`prefill_entropy`] of one attention row;
 //! - [`curvature`] of a trajectory and the [`turning_angle`] it averages;
 //! - [`aggregate`] traces into per-layer curves, and [`tail_mass`];
+//! - the logit lens's [`lens_curves`] over prompts;
 //! - [`recommend`] an L_cut from three signals' votes;
 //! - the sweep's [`knee`], and the prefill [`prefill_flops`] model;
 //! - a policy's [`predict_cost`] (prefill FLOPs, decode bytes, K/V held)
@@ -23,6 +24,7 @@ mod curvature;
 mod error;
 mod flops;
 mod knee;
+mod lens;
 mod masses;
 mod merge;
 mod policy_merge;
@@ -43,6 +45,7 @@ pub use flops::{
     slim_tokens_per_layer,
 };
 pub use knee::{finish_sweep, knee};
+pub use lens::lens_curves;
 pub use masses::{PhaseMasses, PrefillEntropy, phase_masses, prefill_entropy};
 pub use merge::{build_report, merge};
 pub use predict::{ByteSizes, PredictedCost, predict_cost};

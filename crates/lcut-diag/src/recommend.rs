@@ -161,6 +161,11 @@ mod tests {
             curvature_generated: s(curvature.clone()),
             straightening_prompt: s(curvature.clone()),
             straightening_generated: s(curvature),
+            lens_prob: Series::default(),
+            lens_top1: Series::default(),
+            lens_formed: Series::default(),
+            lens_kl: Series::default(),
+            lens_log_rank: Series::default(),
             prefill_by_head: Tensor2::zeros([l, 1]),
             prefill_by_step: Tensor2::zeros([l, 0]),
         }

@@ -4,8 +4,8 @@
 
 use lcut_policy::Anchors;
 use lcut_trace::{
-    ModelIdentity, PromptTrace, Report, RunSettings, SweepPoint, Thresholds, TraceHeader, bin_sums,
-    hash_bytes, speed_policy,
+    LensTrace, ModelIdentity, PromptTrace, Report, RunSettings, SweepPoint, Thresholds,
+    TraceHeader, bin_sums, hash_bytes, speed_policy,
 };
 
 use crate::error::DiagError;
@@ -110,6 +110,7 @@ pub fn synthetic_trace(
             .row_mut(l)
             .assign(&ndarray::Array1::from(binned));
     }
+    tr.lens = Some(synthetic_lens(index, num_layers, num_steps));
     for i in 0..=num_layers {
         let y = 6.0 * i as f32 / num_layers.max(1) as f32;
         tr.curvature_prompt[i] = 1.6 - 0.5 * (1.0 - (-y).exp()) + 0.002 * (index as f32).sin();
@@ -120,6 +121,42 @@ pub fn synthetic_trace(
         };
     }
     tr
+}
+
+/// A logit lens whose answers form about two thirds of the way up (step
+/// k of prompt `index` at a site that wobbles with k): below it the token
+/// ranks far down with a small probability, from it on it is first.
+fn synthetic_lens(index: usize, num_layers: usize, num_steps: usize) -> LensTrace {
+    let sites = num_layers + 1;
+    let mut lens = LensTrace::empty(sites, num_steps);
+    for k in 0..num_steps {
+        let wobble = ((index + 2 * k) as f32).sin();
+        let forms = ((0.65 + 0.15 * wobble) * num_layers as f32).round() as usize;
+        for i in 0..sites {
+            let x = i as f32 - forms as f32;
+            let formed = i >= forms.min(num_layers);
+            let p = if formed {
+                0.4 + 0.5 * i as f32 / num_layers.max(1) as f32
+            } else {
+                0.3 / (1.0 + (-x).exp2())
+            };
+            lens.logprob.view_mut()[[i, k]] = p.ln();
+            lens.rank.view_mut()[[i, k]] = if formed {
+                1.0
+            } else {
+                (2.0 - x).exp2().round()
+            };
+            lens.top1.view_mut()[[i, k]] = f32::from(u8::from(formed));
+            let kl = if i == num_layers {
+                0.0
+            } else {
+                4.0 * (1.0 - i as f32 / num_layers as f32)
+            };
+            lens.kl.view_mut()[[i, k]] = kl;
+            lens.top_ids[i * num_steps + k] = if formed { k as u32 } else { 900 + i as u32 };
+        }
+    }
+    lens
 }
 
 /// A complete report over `num_prompts` synthetic prompts, with a synthetic
@@ -179,6 +216,8 @@ mod tests {
             let tr = synthetic_trace(2, l, h, t, p);
             tr.validate("synthetic").unwrap();
             assert!(tr.mass_totals().iter().all(|x| (x - 1.0).abs() < 1e-5));
+            let lens = tr.lens.as_ref().unwrap();
+            assert!((0..t).all(|k| lens.formation(k).is_some_and(|f| f <= l)));
         }
     }
 

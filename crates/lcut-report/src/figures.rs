@@ -200,7 +200,32 @@ fn axis_style(r: &Report, axis: MetricAxis) -> AxisStyle {
             hline: None,
             dots: false,
         },
+        MetricAxis::Lens => AxisStyle {
+            title: "Logit lens: where the answer forms",
+            caption: "Each layer's output through the final norm and LM head (0 = embeddings): the probability of the step's token, the share of steps whose lens ranks it first, and the share whose answer no longer changes from there up.",
+            hline: Some((0.5, "half the steps")),
+            dots: false,
+        },
+        MetricAxis::LensKl => AxisStyle {
+            title: "Logit lens: KL(final || lens) per layer",
+            caption: "How far each layer's lens is from the model's next-token distribution, nats (0 at the last layer).",
+            hline: None,
+            dots: false,
+        },
+        MetricAxis::LensRank => AxisStyle {
+            title: "Logit lens: rank of the step's token per layer",
+            caption: "Mean log10 rank of the token the model emits under each layer's lens (0 = first).",
+            hline: None,
+            dots: false,
+        },
     }
+}
+
+/// The formation layer's marker on the lens charts, when the run has one.
+fn formation_line(r: &Report) -> Option<(f64, String)> {
+    r.curves
+        .formation()
+        .map(|f| (f.median as f64, format!("formed = {}", f.median)))
 }
 
 /// The chart of one kind of metric: one line per metric of
@@ -216,17 +241,25 @@ fn metric_chart(r: &Report, axis: MetricAxis) -> (LineChart, &'static str) {
         .map_or(Indexing::Layer, |m| m.indexing);
     let lines = axis
         .metrics()
+        .filter(|m| m.present(c))
         .map(|m| {
             let n = m.indexing.len(c.num_layers);
             series(m.label, layers(n), m.series(c))
         })
         .collect();
+    let mut vlines = cut_line(r, if indexing.half_layer() { -0.5 } else { 0.0 });
+    if matches!(
+        axis,
+        MetricAxis::Lens | MetricAxis::LensKl | MetricAxis::LensRank
+    ) {
+        vlines.extend(formation_line(r));
+    }
     let chart = LineChart {
         title: style.title.into(),
         x_label: indexing.x_label().into(),
         y_label: axis.unit().into(),
         lines,
-        vlines: cut_line(r, if indexing.half_layer() { -0.5 } else { 0.0 }),
+        vlines,
         hlines: style
             .hline
             .map(|(y, name)| (f64::from(y), format!("{name} = {y}")))
@@ -239,10 +272,12 @@ fn metric_chart(r: &Report, axis: MetricAxis) -> (LineChart, &'static str) {
     (chart, style.caption)
 }
 
-/// The per-layer metric charts, one per [`MetricAxis`].
+/// The per-layer metric charts, one per [`MetricAxis`] the report holds
+/// (the logit lens's only when the run recorded it).
 fn metric_charts(r: &Report) -> Vec<(LineChart, &'static str)> {
     MetricAxis::ALL
         .iter()
+        .filter(|axis| axis.metrics().any(|m| m.present(&r.curves)))
         .map(|&axis| metric_chart(r, axis))
         .collect()
 }

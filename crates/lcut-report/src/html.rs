@@ -5,6 +5,7 @@ use std::fmt::Write;
 use lcut_trace::Report;
 
 use crate::figures::figures;
+use crate::lens::{lens_prompt_table, report_formation_sentence};
 use crate::svg::{escape, num};
 use crate::tables::{
     Table, accuracy_table, expected_accuracy_line, layer_table, model_table, policy_axis_table,
@@ -72,6 +73,13 @@ pub fn render_html(r: &Report, opts: &HtmlOptions) -> String {
             escape(&knee),
             rec.l_cut
         );
+    }
+    if let Some(line) = report_formation_sentence(r) {
+        out.push_str("<h2>Where the answer forms</h2>");
+        let _ = write!(out, "<p>{}</p>", escape(&line));
+        if let Some(t) = lens_prompt_table(r) {
+            table(&mut out, &t);
+        }
     }
     out.push_str("<h2>Figures</h2>");
     for f in figures(r, opts.prompt) {

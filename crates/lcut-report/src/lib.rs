@@ -15,6 +15,7 @@ mod error;
 mod figures;
 mod heatmap;
 mod html;
+mod lens;
 mod lines;
 mod markdown;
 mod paper;
@@ -32,6 +33,7 @@ pub use error::ReportError;
 pub use figures::{Figure, default_prompt, figures};
 pub use heatmap::Heatmap;
 pub use html::{HtmlOptions, render_html};
+pub use lens::{formation_sentence, lens_prompt_table, report_formation_sentence};
 pub use lines::{Line, LineChart, LineStyle};
 pub use markdown::render_markdown;
 pub use paper::{
@@ -156,7 +158,7 @@ mod tests {
         let r = report();
         let html = render(&r, Format::Html).unwrap();
         let n_fig = figures(&r, None).len();
-        assert_eq!(n_fig, 9, "8 figures plus the sweep");
+        assert_eq!(n_fig, 12, "8 figures, the logit lens's 3 and the sweep");
         assert_eq!(html.matches("<figure>").count(), n_fig);
         assert_eq!(html.matches("<svg").count(), n_fig);
         assert_eq!(html.matches("</svg>").count(), n_fig);

@@ -4,6 +4,7 @@ use std::fmt::Write;
 
 use lcut_trace::Report;
 
+use crate::lens::{lens_prompt_table, report_formation_sentence};
 use crate::svg::num;
 use crate::tables::{
     Table, accuracy_table, expected_accuracy_line, layer_table, model_table, policy_axis_table,
@@ -54,6 +55,13 @@ pub fn render_markdown(r: &Report) -> String {
     }
     out.push('\n');
     table(&mut out, &votes_table(r));
+    if let Some(line) = report_formation_sentence(r) {
+        out.push_str("## Where the answer forms\n\n");
+        let _ = writeln!(out, "{line}\n");
+        if let Some(t) = lens_prompt_table(r) {
+            table(&mut out, &t);
+        }
+    }
     out.push_str("## Per-layer curves\n\n");
     table(&mut out, &layer_table(r));
     if let Some(s) = &r.sweep {

@@ -1,5 +1,5 @@
 //! The per-layer curves of a report: attention masses, prefill entropy,
-//! tail mass and curvature aggregated over prompts (each series is described
+//! tail mass, curvature and the logit lens aggregated over prompts (each series is described
 //! in [`crate::LAYER_METRICS`]).
 
 use serde::{Deserialize, Serialize};
@@ -11,7 +11,8 @@ use crate::tensor::Tensor2;
 ///
 /// Masses and the head-mean entropy are means over prompts of per-prompt means
 /// over steps and heads (every prompt counts equally). Per-layer series have
-/// `num_layers` entries; tail mass and curvature series have `num_layers + 1`.
+/// `num_layers` entries; tail mass, curvature and lens series have `num_layers + 1`
+/// (the lens series none when the run did not record it).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LayerCurves {
     /// Number of layers L.
@@ -44,9 +45,72 @@ pub struct LayerCurves {
     pub straightening_prompt: Series,
     /// `C_l - C_0` of the generated span.
     pub straightening_generated: Series,
+    /// Logit lens (index 0 = embeddings, `l + 1` = the output of layer `l`;
+    /// `L + 1` entries, or none when the run did not record the lens): mean
+    /// probability of each decode step's token under the hidden state's lens.
+    #[serde(default)]
+    pub lens_prob: Series,
+    /// Share of decode steps whose token the hidden state's lens ranks first.
+    #[serde(default)]
+    pub lens_top1: Series,
+    /// Share of decode steps whose answer has formed by this hidden state:
+    /// its lens and every later one rank the step's token first.
+    #[serde(default)]
+    pub lens_formed: Series,
+    /// Mean KL(final ‖ lens) of the next-token distributions, nats.
+    #[serde(default)]
+    pub lens_kl: Series,
+    /// Mean log10 of the rank of the step's token under the lens (0 = first).
+    #[serde(default)]
+    pub lens_log_rank: Series,
     /// `[L, H]`: mean prefill mass per layer and head.
     pub prefill_by_head: Tensor2,
     /// `[L, max steps]`: mean over heads and over the prompts that reached step k
     /// of the prefill mass (the mean layer × decode-step heatmap).
     pub prefill_by_step: Tensor2,
+}
+
+/// Where a run's answers form, read off its logit-lens curves.
+///
+/// A step's answer has formed at hidden state `i` (0 the embeddings, `l + 1`
+/// the output of layer `l`) when the lens of state `i` and of every later
+/// state ranks the step's token first ([`crate::LensTrace::formation`]);
+/// the last state, the model's own logits, always does, so every step
+/// forms somewhere in `0..=L`. Read as a cut: above layer boundary `i` the
+/// answer no longer changes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Formation {
+    /// The **formation layer**: the smallest boundary `i` by which at least
+    /// half the steps' answers have formed (`lens_formed[i] >= 0.5`), the
+    /// median formation site with every prompt weighted equally.
+    pub median: usize,
+    /// The mean formation site over steps (prompts weighted equally):
+    /// `Σ_{i < L} (1 - lens_formed[i])`.
+    pub mean: f32,
+    /// Share of steps whose token the lens of the output of layer `L - 2`
+    /// (the last layer's input) already ranks first.
+    pub top1_before_last: f32,
+}
+
+impl LayerCurves {
+    /// Where the answers form, `None` when the curves hold no lens.
+    pub fn formation(&self) -> Option<Formation> {
+        let formed = &self.lens_formed;
+        let l = self.num_layers;
+        if formed.len() != l + 1 || formed.iter().any(|f| !f.is_finite()) {
+            return None;
+        }
+        let median = (0..=l).find(|&i| formed[i] >= 0.5).unwrap_or(l);
+        let mean = formed[..l].iter().map(|f| 1.0 - f).sum();
+        let top1_before_last = self
+            .lens_top1
+            .get(l.saturating_sub(1))
+            .copied()
+            .unwrap_or(f32::NAN);
+        Some(Formation {
+            median,
+            mean,
+            top1_before_last,
+        })
+    }
 }

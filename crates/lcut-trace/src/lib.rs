@@ -24,6 +24,7 @@ mod error;
 pub mod floats;
 mod identity;
 mod io;
+mod lens;
 mod metrics;
 mod paper;
 mod report;
@@ -34,13 +35,14 @@ mod tensor;
 mod trace;
 
 pub use bins::{bin_edges, bin_of, bin_sums};
-pub use curves::LayerCurves;
+pub use curves::{Formation, LayerCurves};
 pub use error::TraceError;
 pub use floats::Series;
 pub use identity::{AdapterIdentity, ModelIdentity, hash_bytes, hash_parts};
 pub use io::{
     read_json, read_report_json, write_atomic, write_file_atomic, write_json, write_report_json,
 };
+pub use lens::LensTrace;
 pub use metrics::{Indexing, LAYER_METRICS, LayerMetric, MetricAxis};
 pub use paper::{
     CategoryCurves, CategoryRow, LengthAccuracy, LoopRow, PAPER_SCHEMA_VERSION, PaperPart,

@@ -2,8 +2,8 @@
 //!
 //! [`LAYER_METRICS`] names each series of the aggregated curves (its CSV
 //! column, its JSON field, its label), the quantity it measures (which y axis
-//! and chart it shares) and how it is indexed (per layer, per cut, per hidden
-//! state). The report's CSV, tables and figures, the report check and the
+//! and chart it shares), how it is indexed (per layer, per cut, per hidden
+//! state) and whether a run may leave it out (the logit lens). The report's CSV, tables and figures, the report check and the
 //! viewer's curves all read this table, so a new metric is one more entry
 //! here (plus the field it reads).
 
@@ -79,15 +79,25 @@ pub enum MetricAxis {
     Entropy,
     /// Curvature of the hidden-state trajectory.
     Curvature,
+    /// The logit lens: the probability of, or the share of steps agreeing
+    /// on, each decode step's token.
+    Lens,
+    /// The logit lens's divergence from the final distribution.
+    LensKl,
+    /// The rank of each decode step's token under the logit lens.
+    LensRank,
 }
 
 impl MetricAxis {
     /// Every kind, in the order charts show them.
-    pub const ALL: [MetricAxis; 4] = [
+    pub const ALL: [MetricAxis; 7] = [
         MetricAxis::Mass,
         MetricAxis::TailMass,
         MetricAxis::Entropy,
         MetricAxis::Curvature,
+        MetricAxis::Lens,
+        MetricAxis::LensKl,
+        MetricAxis::LensRank,
     ];
 
     /// The y axis label (the unit).
@@ -97,6 +107,9 @@ impl MetricAxis {
             MetricAxis::TailMass => "R(c)",
             MetricAxis::Entropy => "H / ln(n_prefill)",
             MetricAxis::Curvature => "radians",
+            MetricAxis::Lens => "probability / share of steps",
+            MetricAxis::LensKl => "KL(final || lens), nats",
+            MetricAxis::LensRank => "log10 rank",
         }
     }
 
@@ -119,6 +132,9 @@ pub struct LayerMetric {
     pub axis: MetricAxis,
     /// How its series is indexed.
     pub indexing: Indexing,
+    /// Recorded only when the run asks (the logit lens): its series may be
+    /// empty, and readers leave it out then.
+    pub optional: bool,
     /// The series in the aggregated curves.
     pub get: fn(&LayerCurves) -> &Series,
 }
@@ -127,6 +143,11 @@ impl LayerMetric {
     /// The metric's values in `curves`.
     pub fn series<'a>(&self, curves: &'a LayerCurves) -> &'a [f32] {
         (self.get)(curves)
+    }
+
+    /// Whether `curves` hold this metric (an optional one may be absent).
+    pub fn present(&self, curves: &LayerCurves) -> bool {
+        !self.series(curves).is_empty()
     }
 
     /// The value the row of `layer` shows (NaN when the series is short).
@@ -146,6 +167,7 @@ pub const LAYER_METRICS: &[LayerMetric] = &[
         label: "BoS",
         axis: MetricAxis::Mass,
         indexing: Indexing::Layer,
+        optional: false,
         get: |c| &c.bos,
     },
     LayerMetric {
@@ -154,6 +176,7 @@ pub const LAYER_METRICS: &[LayerMetric] = &[
         label: "other anchors",
         axis: MetricAxis::Mass,
         indexing: Indexing::Layer,
+        optional: false,
         get: |c| &c.anchor,
     },
     LayerMetric {
@@ -162,6 +185,7 @@ pub const LAYER_METRICS: &[LayerMetric] = &[
         label: "prefill (prompt)",
         axis: MetricAxis::Mass,
         indexing: Indexing::Layer,
+        optional: false,
         get: |c| &c.prefill,
     },
     LayerMetric {
@@ -170,6 +194,7 @@ pub const LAYER_METRICS: &[LayerMetric] = &[
         label: "decode phase",
         axis: MetricAxis::Mass,
         indexing: Indexing::Layer,
+        optional: false,
         get: |c| &c.decode,
     },
     LayerMetric {
@@ -178,6 +203,7 @@ pub const LAYER_METRICS: &[LayerMetric] = &[
         label: "self",
         axis: MetricAxis::Mass,
         indexing: Indexing::Layer,
+        optional: false,
         get: |c| &c.self_mass,
     },
     LayerMetric {
@@ -186,6 +212,7 @@ pub const LAYER_METRICS: &[LayerMetric] = &[
         label: "entropy (head mean)",
         axis: MetricAxis::Entropy,
         indexing: Indexing::Layer,
+        optional: false,
         get: |c| &c.entropy_head_mean,
     },
     LayerMetric {
@@ -194,6 +221,7 @@ pub const LAYER_METRICS: &[LayerMetric] = &[
         label: "entropy (mass-weighted)",
         axis: MetricAxis::Entropy,
         indexing: Indexing::Layer,
+        optional: false,
         get: |c| &c.entropy_weighted,
     },
     LayerMetric {
@@ -202,6 +230,7 @@ pub const LAYER_METRICS: &[LayerMetric] = &[
         label: "tail mass R(c)",
         axis: MetricAxis::TailMass,
         indexing: Indexing::Cut,
+        optional: false,
         get: |c| &c.tail_mass,
     },
     LayerMetric {
@@ -210,6 +239,7 @@ pub const LAYER_METRICS: &[LayerMetric] = &[
         label: "curvature (prompt)",
         axis: MetricAxis::Curvature,
         indexing: Indexing::Output,
+        optional: false,
         get: |c| &c.curvature_prompt,
     },
     LayerMetric {
@@ -218,6 +248,7 @@ pub const LAYER_METRICS: &[LayerMetric] = &[
         label: "curvature (generated)",
         axis: MetricAxis::Curvature,
         indexing: Indexing::Output,
+        optional: false,
         get: |c| &c.curvature_generated,
     },
     LayerMetric {
@@ -226,6 +257,7 @@ pub const LAYER_METRICS: &[LayerMetric] = &[
         label: "straightening (prompt)",
         axis: MetricAxis::Curvature,
         indexing: Indexing::Output,
+        optional: false,
         get: |c| &c.straightening_prompt,
     },
     LayerMetric {
@@ -234,7 +266,53 @@ pub const LAYER_METRICS: &[LayerMetric] = &[
         label: "straightening (generated)",
         axis: MetricAxis::Curvature,
         indexing: Indexing::Output,
+        optional: false,
         get: |c| &c.straightening_generated,
+    },
+    LayerMetric {
+        name: "lens_prob",
+        field: "lens_prob",
+        label: "lens: P(token)",
+        axis: MetricAxis::Lens,
+        indexing: Indexing::Output,
+        optional: true,
+        get: |c| &c.lens_prob,
+    },
+    LayerMetric {
+        name: "lens_top1",
+        field: "lens_top1",
+        label: "lens: top-1 = token",
+        axis: MetricAxis::Lens,
+        indexing: Indexing::Output,
+        optional: true,
+        get: |c| &c.lens_top1,
+    },
+    LayerMetric {
+        name: "lens_formed",
+        field: "lens_formed",
+        label: "lens: answer formed",
+        axis: MetricAxis::Lens,
+        indexing: Indexing::Output,
+        optional: true,
+        get: |c| &c.lens_formed,
+    },
+    LayerMetric {
+        name: "lens_kl",
+        field: "lens_kl",
+        label: "lens: KL(final || lens)",
+        axis: MetricAxis::LensKl,
+        indexing: Indexing::Output,
+        optional: true,
+        get: |c| &c.lens_kl,
+    },
+    LayerMetric {
+        name: "lens_log_rank",
+        field: "lens_log_rank",
+        label: "lens: log10 rank",
+        axis: MetricAxis::LensRank,
+        indexing: Indexing::Output,
+        optional: true,
+        get: |c| &c.lens_log_rank,
     },
 ];
 
@@ -282,6 +360,11 @@ mod tests {
             curvature_generated: Series::default(),
             straightening_prompt: Series::default(),
             straightening_generated: Series::default(),
+            lens_prob: Series::default(),
+            lens_top1: Series::default(),
+            lens_formed: Series::default(),
+            lens_kl: Series::default(),
+            lens_log_rank: Series::default(),
             prefill_by_head: crate::Tensor2::zeros([0, 0]),
             prefill_by_step: crate::Tensor2::zeros([0, 0]),
         };

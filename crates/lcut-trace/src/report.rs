@@ -225,7 +225,7 @@ impl Report {
         let c = &self.curves;
         for m in LAYER_METRICS {
             let (got, want) = (m.series(c).len(), m.indexing.len(l));
-            if got != want {
+            if got != want && !(m.optional && got == 0) {
                 return Err(TraceError::invalid(
                     context,
                     format!("`curves.{}` has {got} entries, expected {want}", m.field),

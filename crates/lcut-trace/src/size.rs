@@ -6,26 +6,30 @@
 //! the prompt tokens, the generated tokens) of S bytes in all, N of them:
 //!
 //! ```text
-//! bytes <= 2048 + 17 * (6*L*T*H + L*B + 2*(L + 1)) + 32*T + 21*(B + 1) + 6*S + 3*N
+//! bytes <= 2304 + 17 * (6*L*T*H + L*B + 2*(L + 1)) + 79*(L + 1)*T + 32*T + 21*(B + 1) + 6*S + 3*N
 //! ```
 //!
 //! 17 bytes per float (at most 16 characters for an `f32`, or `null`, and a comma),
-//! 32 per step for its token id and query position, 21 per bin edge, at most 6
-//! bytes per string byte after JSON escaping plus quotes and a comma, and 2048
-//! for keys, punctuation, shapes and the scalar fields. Prompt length enters
-//! only through B (at most `max_prompt_bins`) and the prompt token strings.
+//! 79 per (hidden state, step) of the logit lens (four floats and a token id of
+//! at most 11 characters), 32 per step for its token id and query position, 21
+//! per bin edge, at most 6 bytes per string byte after JSON escaping plus quotes
+//! and a comma, and 2304 for keys, punctuation, shapes and the scalar fields.
+//! Prompt length enters only through B (at most `max_prompt_bins`) and the
+//! prompt token strings.
 //!
 //! In memory (heap and struct):
 //!
 //! ```text
-//! bytes <= 24*L*T*H + 4*L*B + 8*(B + 1) + 8*(L + 1) + 12*T + 24*N + S + 1024
+//! bytes <= 24*L*T*H + 4*L*B + 8*(B + 1) + 8*(L + 1) + 20*(L + 1)*T + 12*T + 24*N + S + 1280
 //! ```
 //!
 //! six f32 tensors of `[L, T, H]`, the `[L, B]` prompt map, the bin edges,
-//! two curvature series, an id and a position per step, N strings holding
-//! S bytes of text in all (24 bytes each for the `String` itself), and 1024
+//! two curvature series, the logit lens (four f32 tensors and the top token
+//! ids, `[L + 1, T]`), an id and a position per step, N strings holding S
+//! bytes of text in all (24 bytes each for the `String` itself), and 1280
 //! for the struct and its vectors' headers.
 
+use crate::lens::LensTrace;
 use crate::trace::PromptTrace;
 
 /// The bound above, for the given sizes.
@@ -38,7 +42,8 @@ pub fn trace_size_bound(
     num_strings: usize,
 ) -> usize {
     let (l, h, t, b) = (num_layers, num_heads, num_steps, num_bins);
-    2048 + 17 * (6 * l * t * h + l * b + 2 * (l + 1))
+    2304 + 17 * (6 * l * t * h + l * b + 2 * (l + 1))
+        + 79 * (l + 1) * t
         + 32 * t
         + 21 * (b + 1)
         + 6 * string_bytes
@@ -59,10 +64,11 @@ pub fn trace_memory_bound(
         + 4 * l * b
         + 8 * (b + 1)
         + 8 * (l + 1)
+        + 20 * (l + 1) * t
         + 12 * t
         + 24 * num_strings
         + string_bytes
-        + 1024
+        + 1280
 }
 
 impl PromptTrace {
@@ -109,6 +115,7 @@ impl PromptTrace {
             + 4 * self.prompt_attention.data().len()
             + 8 * self.bin_edges.capacity()
             + 4 * (self.curvature_prompt.0.capacity() + self.curvature_generated.0.capacity())
+            + self.lens.as_ref().map_or(0, LensTrace::heap_bytes)
     }
 
     /// [`trace_memory_bound`] for this trace's sizes and strings (S the
@@ -131,7 +138,8 @@ impl PromptTrace {
 
 #[cfg(test)]
 mod tests {
-    use crate::tensor::Tensor3;
+    use crate::lens::LensTrace;
+    use crate::tensor::{Tensor2, Tensor3};
     use crate::trace::{PromptTrace, TraceHeader};
 
     /// The longest f32 text serde_json writes (14 characters).
@@ -171,6 +179,17 @@ mod tests {
         tr.prompt_attention.view_mut().fill(WIDE);
         tr.curvature_prompt.fill(WIDE);
         tr.curvature_generated.fill(WIDE);
+        let mut lens = LensTrace::empty(l + 1, t);
+        for x in [
+            &mut lens.logprob,
+            &mut lens.rank,
+            &mut lens.top1,
+            &mut lens.kl,
+        ] {
+            *x = Tensor2::filled([l + 1, t], WIDE);
+        }
+        lens.top_ids.fill(u32::MAX);
+        tr.lens = Some(lens);
         tr.generated = (0..t).map(|_| "\u{0}\u{0}".to_string()).collect();
         tr.generated_ids = vec![u32::MAX; t];
         tr.query_positions = (0..t).map(|k| usize::MAX - t + k).collect();

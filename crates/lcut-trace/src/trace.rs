@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use crate::bins::bin_edges;
 use crate::error::TraceError;
 use crate::floats::Series;
+use crate::lens::LensTrace;
 use crate::tensor::{Tensor2, Tensor3};
 
 /// Where a prompt's phases begin, given when a trace is created.
@@ -88,6 +89,10 @@ pub struct PromptTrace {
     pub curvature_prompt: Series,
     /// Curvature of the generated span per layer (`num_layers + 1` entries).
     pub curvature_generated: Series,
+    /// The logit lens of each decode step (`[num_layers + 1, steps]`), when
+    /// the run recorded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lens: Option<LensTrace>,
 }
 
 /// `raw / ln(n_prefill)`: entropy normalised to `[0, 1]`; NaN when fewer than two
@@ -136,6 +141,7 @@ impl PromptTrace {
             bin_edges: edges,
             curvature_prompt: Series::nan(num_layers + 1),
             curvature_generated: Series::nan(num_layers + 1),
+            lens: None,
         }
     }
 
@@ -295,6 +301,9 @@ impl PromptTrace {
                     l as u128 + 1
                 ));
             }
+        }
+        if let Some(lens) = &self.lens {
+            lens.check(l.saturating_add(1), t)?;
         }
         Ok(())
     }

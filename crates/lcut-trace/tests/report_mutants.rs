@@ -15,9 +15,10 @@ use lcut_testkit::rand::rngs::StdRng;
 use lcut_testkit::rand::{Rng, SeedableRng};
 use lcut_testkit::{MutantRun, json_mutants, mutant_count};
 use lcut_trace::{
-    CutoffAccuracy, LayerCurves, ModelIdentity, PolicyPoint, PromptTrace, Recommendation, Report,
-    RunSettings, SCHEMA_VERSION, Series, Sweep, SweepPoint, Tensor2, Tensor3, Thresholds,
-    TraceError, TraceHeader, read_json, read_report_json, speed_policy, write_report_json,
+    CutoffAccuracy, LayerCurves, LensTrace, ModelIdentity, PolicyPoint, PromptTrace,
+    Recommendation, Report, RunSettings, SCHEMA_VERSION, Series, Sweep, SweepPoint, Tensor2,
+    Tensor3, Thresholds, TraceError, TraceHeader, read_json, read_report_json, speed_policy,
+    write_report_json,
 };
 
 #[global_allocator]
@@ -72,6 +73,15 @@ fn text(rng: &mut StdRng) -> String {
         .collect()
 }
 
+/// A series of `n` entries, or none (a run without the logit lens).
+fn lens_series(rng: &mut StdRng, n: usize) -> Series {
+    if rng.random_bool(0.5) {
+        series(rng, n)
+    } else {
+        Series::default()
+    }
+}
+
 /// A random valid trace of `l` layers and `h` heads.
 fn trace(rng: &mut StdRng, index: usize, l: usize, h: usize) -> PromptTrace {
     let prompt_len = rng.random_range(2..40);
@@ -109,6 +119,15 @@ fn trace(rng: &mut StdRng, index: usize, l: usize, h: usize) -> PromptTrace {
         .collect();
     t.curvature_prompt = series(rng, l + 1);
     t.curvature_generated = series(rng, l + 1);
+    if rng.random_bool(0.5) {
+        let mut lens = LensTrace::empty(l + 1, steps);
+        lens.logprob = tensor2(rng, [l + 1, steps]);
+        lens.rank = tensor2(rng, [l + 1, steps]);
+        lens.top1 = tensor2(rng, [l + 1, steps]);
+        lens.kl = tensor2(rng, [l + 1, steps]);
+        lens.top_ids = (0..(l + 1) * steps).map(|_| rng.random()).collect();
+        t.lens = Some(lens);
+    }
     t
 }
 
@@ -138,6 +157,11 @@ fn report(rng: &mut StdRng) -> Report {
         curvature_generated: series(rng, l + 1),
         straightening_prompt: series(rng, l + 1),
         straightening_generated: series(rng, l + 1),
+        lens_prob: lens_series(rng, l + 1),
+        lens_top1: lens_series(rng, l + 1),
+        lens_formed: lens_series(rng, l + 1),
+        lens_kl: lens_series(rng, l + 1),
+        lens_log_rank: lens_series(rng, l + 1),
         prefill_by_head: tensor2(rng, [l, h]),
         prefill_by_step: tensor2(rng, [l, steps]),
     };

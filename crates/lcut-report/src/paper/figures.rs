@@ -31,12 +31,15 @@ const MASS_COLUMNS: [(&str, &str); 4] = [
     ("self", "self"),
 ];
 
-/// The per-layer metrics of Figure 3, by their LAYER_METRICS names.
-const LAYER_FIGURES: [&str; 4] = [
+/// The per-layer metrics of Figure 3, by their LAYER_METRICS names (the
+/// logit lens's drawn when the run recorded it).
+const LAYER_FIGURES: [&str; 6] = [
     "prefill",
     "entropy_head_mean",
     "curvature_prompt",
     "curvature_generated",
+    "lens_prob",
+    "lens_formed",
 ];
 
 /// The metric of the table named `name`.
@@ -193,6 +196,7 @@ fn layers(r: &PaperReport) -> Vec<PaperFigure> {
     LAYER_FIGURES
         .iter()
         .filter_map(|name| metric(name))
+        .filter(|m| r.layers.iter().any(|c| m.present(&c.curves)))
         .map(|m| {
             let lines = r
                 .layers

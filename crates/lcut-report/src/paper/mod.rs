@@ -315,8 +315,13 @@ mod tests {
         }
         assert!(html.contains("skipped: the suite has no `retrieval` items"));
         let figures = paper_figures(&r);
-        // 2 mass heatmaps, 3 timing charts, 4 per-layer charts, accuracy, loops
-        assert_eq!(figures.len(), 11);
+        // 2 mass heatmaps, 3 timing charts, 4 per-layer charts and the
+        // logit lens's 2, accuracy, loops
+        assert_eq!(figures.len(), 13);
+        assert!(
+            html.contains("formation layer (median)"),
+            "the lens per category"
+        );
         assert_eq!(html.matches("<svg").count(), figures.len());
         assert!(!html.contains("http://") && !html.contains("<script"));
         assert!(html.contains("TTFT x @256"));

@@ -193,10 +193,49 @@ pub fn setting_table(r: &PaperReport) -> Table {
     }
 }
 
+/// Where the answer forms per category (the logit lens of part `layers`),
+/// against the comparisons' cut C; `None` when no category has the lens.
+fn formation_table(r: &PaperReport) -> Option<Table> {
+    let c = r.cut;
+    let rows: Vec<Vec<String>> = r
+        .layers
+        .iter()
+        .filter_map(|cat| {
+            let f = cat.curves.formation()?;
+            let at = |s: &[f32]| s.get(c).map_or(String::new(), |v| num(*v, 3));
+            Some(vec![
+                cat.kind.clone(),
+                cat.prompts.to_string(),
+                f.median.to_string(),
+                num(f.mean, 1),
+                at(&cat.curves.lens_top1),
+                at(&cat.curves.lens_prob),
+                at(&cat.curves.lens_formed),
+            ])
+        })
+        .collect();
+    if rows.is_empty() {
+        return None;
+    }
+    Some(Table {
+        headers: vec![
+            "kind".into(),
+            "prompts".into(),
+            "formation layer (median)".into(),
+            "mean formation site".into(),
+            format!("lens top-1 = token at C = {c}"),
+            format!("lens P(token) at C = {c}"),
+            format!("answers formed by C = {c}"),
+        ],
+        rows,
+    })
+}
+
 /// The tables of `part`, in the order the report shows them.
 pub fn part_tables(r: &PaperReport, part: PaperPart) -> Vec<Table> {
     match part {
-        PaperPart::Masses | PaperPart::Layers => vec![],
+        PaperPart::Layers => formation_table(r).into_iter().collect(),
+        PaperPart::Masses => vec![],
         PaperPart::Timing if !r.timing.is_empty() => vec![timing_table(r)],
         PaperPart::Retrieval if !r.retrieval.is_empty() => vec![retrieval_table(r)],
         PaperPart::Table if !r.table.is_empty() => vec![category_table(r)],
