@@ -72,6 +72,10 @@ class Forward:
     for tokens a policy keeps out of a layer. None when not recorded."""
     attention: Optional[F32]
     """[layers, heads, len(ids), len(ids)]: post-softmax attention, or None."""
+    lens_logprob: Optional[F32]
+    """[layers + 1, len(ids)]: the logit lens (row 0 the embeddings, row l + 1
+    the output of layer l): log-probability of the token the last layer ranks
+    first at each position. None unless ``lens=True``."""
 
 class Trace:
     """One prompt's greedy run seen by the diagnostic probe.
@@ -116,6 +120,20 @@ class Trace:
     prompt_attention: F32
     """[layers, bins]: decode attention onto bins of prompt positions."""
     bin_edges: List[int]
+    lens_prob: Optional[F32]
+    """[layers + 1, steps]: the logit lens, P(step's token) under each hidden
+    state's final norm and LM head (row 0 the embeddings, row l + 1 the output
+    of layer l). None when the trace has no lens."""
+    lens_logprob: Optional[F32]
+    lens_rank: Optional[F32]
+    """[layers + 1, steps]: rank of the step's token under the lens (1 = first)."""
+    lens_top1: Optional[F32]
+    lens_kl: Optional[F32]
+    """[layers + 1, steps]: KL(final || lens), nats."""
+    lens_top_ids: Optional[List[List[int]]]
+    lens_formation: Optional[List[int]]
+    """Per step, the first hidden state from which every later lens ranks the
+    step's token first."""
     def layer_table(self) -> Any:
         """One row per layer (columns ``layer`` + ``LAYER_METRICS``): a pandas
         DataFrame when pandas is installed, else a dict of numpy columns."""
@@ -196,6 +214,7 @@ class Session:
         decode_start: Optional[int] = None,
         residuals: bool = True,
         attention: bool = True,
+        lens: bool = False,
     ) -> Forward: ...
     def trace(
         self,
@@ -205,6 +224,7 @@ class Session:
         policy: str = "full",
         system: Optional[str] = None,
         progress: bool = True,
+        lens: bool = False,
     ) -> Trace: ...
     def generate(
         self,
@@ -224,6 +244,7 @@ class Session:
         max_new_tokens: int = 16,
         chat: bool = True,
         progress: bool = True,
+        lens: bool = False,
     ) -> Report: ...
     @overload
     def eval(self, suite: PathLike, policy: str, max_new_tokens: int = 24, progress: bool = True) -> Dict[str, Any]: ...

@@ -104,6 +104,8 @@ pub struct DiagnoseArgs<'py> {
     pub chat: bool,
     /// Show a progress bar.
     pub progress: bool,
+    /// Record the logit lens.
+    pub lens: bool,
 }
 
 /// A diagnose or sweep event on the bar: prompts done (after `offset`
@@ -132,6 +134,7 @@ pub fn run(
         max_new_tokens: budget(args.max_new_tokens)?,
         use_chat_template: args.chat,
         prompts_file: file,
+        lens: args.lens,
         ..DiagnoseOptions::default()
     };
     let layers = session.model.config().num_layers;

@@ -42,6 +42,13 @@ pub struct Forward {
     /// policy, rows of queries absent at a layer are 0 too.
     #[pyo3(get)]
     pub attention: Option<Py<PyAny>>,
+    /// float32 [layers + 1, len(ids)]: the logit lens, or None. At hidden
+    /// state i (0 the embeddings, l + 1 the output of layer l) of each
+    /// position, the log-probability under that state's final norm and LM
+    /// head of the token the last layer ranks first there; NaN where a
+    /// policy keeps the position out of a layer.
+    #[pyo3(get)]
+    pub lens_logprob: Option<Py<PyAny>>,
 }
 
 #[pymethods]
@@ -69,6 +76,8 @@ pub struct ForwardArgs {
     pub residuals: bool,
     /// Record attention.
     pub attention: bool,
+    /// Compute the logit lens.
+    pub lens: bool,
 }
 
 /// Run `args` on `session`.
@@ -92,6 +101,7 @@ pub fn run(py: Python<'_>, session: &lcut_engine::Session, args: ForwardArgs) ->
     let opts = ForwardOptions {
         residuals: args.residuals,
         attention: args.attention,
+        lens: args.lens,
     };
     let record = detached(py, || {
         forward(&session.model, &prompt, &spec, opts).map_err(engine_err)
@@ -120,6 +130,11 @@ pub fn run(py: Python<'_>, session: &lcut_engine::Session, args: ForwardArgs) ->
             .transpose()?,
         layer_out: optional(&record.layer_out)?,
         attention: optional(&record.attention)?,
+        lens_logprob: record
+            .lens_logprob
+            .as_ref()
+            .map(|e| tensor_array(py, e))
+            .transpose()?,
         ids: prompt.ids,
     })
 }

@@ -197,6 +197,7 @@ impl Session {
     ///     residuals: record the embeddings and each layer's output.
     ///     attention: record each layer's attention [heads, T, T] (at most
     ///         2048 tokens).
+    ///     lens: the logit lens, ``lens_logprob`` [layers + 1, len(ids)].
     ///
     /// Returns:
     ///     A ``Forward`` with ``logits`` float32 [len(ids) - decode_start, vocab].
@@ -204,7 +205,8 @@ impl Session {
     /// Raises:
     ///     lcut.InvalidInputError: (a ValueError) for ids outside the
     ///         vocabulary, a bad policy or decode_start.
-    #[pyo3(signature = (ids, policy = "full", decode_start = None, residuals = true, attention = true))]
+    #[pyo3(signature = (ids, policy = "full", decode_start = None, residuals = true, attention = true, lens = false))]
+    #[allow(clippy::too_many_arguments)]
     fn forward(
         &self,
         py: Python<'_>,
@@ -213,6 +215,7 @@ impl Session {
         decode_start: Option<i64>,
         residuals: bool,
         attention: bool,
+        lens: bool,
     ) -> PyResult<Forward> {
         let args = ForwardArgs {
             ids,
@@ -220,6 +223,7 @@ impl Session {
             decode_start,
             residuals,
             attention,
+            lens,
         };
         crate::forward::run(py, &self.inner, args)
     }
@@ -236,10 +240,12 @@ impl Session {
     ///         diagnostics of the unmodified model).
     ///     system: a system message for the chat template.
     ///     progress: show a progress bar (tqdm).
+    ///     lens: also record the logit lens of every step (``lens_prob``,
+    ///         ``lens_rank``, ...; an LM-head product per layer per step).
     ///
     /// Returns:
     ///     A ``Trace``; its arrays are [layers, heads, steps].
-    #[pyo3(signature = (prompt, max_new_tokens = 16, chat = true, policy = "full", system = None, progress = true))]
+    #[pyo3(signature = (prompt, max_new_tokens = 16, chat = true, policy = "full", system = None, progress = true, lens = false))]
     #[allow(clippy::too_many_arguments)]
     fn trace(
         &self,
@@ -250,6 +256,7 @@ impl Session {
         policy: &str,
         system: Option<String>,
         progress: bool,
+        lens: bool,
     ) -> PyResult<Trace> {
         let args = TraceArgs {
             prompt,
@@ -258,6 +265,7 @@ impl Session {
             policy: policy.to_string(),
             system,
             progress,
+            lens,
         };
         crate::trace::run(py, &self.inner, args)
     }
@@ -316,10 +324,11 @@ impl Session {
     ///     max_new_tokens: greedy tokens per prompt.
     ///     chat: wrap prompts in the model's chat template.
     ///     progress: show a progress bar (tqdm).
+    ///     lens: also record the logit lens (``lcut diagnose --lens``).
     ///
     /// Returns:
     ///     A ``Report``.
-    #[pyo3(signature = (prompts = None, sweep = SweepArg::Flag(false), out = None, max_new_tokens = 16, chat = true, progress = true))]
+    #[pyo3(signature = (prompts = None, sweep = SweepArg::Flag(false), out = None, max_new_tokens = 16, chat = true, progress = true, lens = false))]
     #[allow(clippy::too_many_arguments)]
     fn diagnose(
         &self,
@@ -330,6 +339,7 @@ impl Session {
         max_new_tokens: usize,
         chat: bool,
         progress: bool,
+        lens: bool,
     ) -> PyResult<Report> {
         let args = DiagnoseArgs {
             prompts,
@@ -338,6 +348,7 @@ impl Session {
             max_new_tokens,
             chat,
             progress,
+            lens,
         };
         crate::diagnose::run(py, &self.inner, args)
     }

@@ -49,6 +49,20 @@ pub struct Trace {
 }
 
 impl Trace {
+    /// A `[sites, steps]` array of the trace's lens made by `values`, or
+    /// `None` when the trace has no lens.
+    fn lens_array(
+        &self,
+        py: Python<'_>,
+        values: impl Fn(&lcut_trace::LensTrace) -> Vec<f32>,
+    ) -> PyResult<Option<Py<PyAny>>> {
+        self.trace
+            .lens
+            .as_ref()
+            .map(|lens| f32_array(py, values(lens), &[lens.sites(), lens.steps()]))
+            .transpose()
+    }
+
     /// A trace read from a report: no session to repeat its run.
     pub fn from_report(trace: PromptTrace, policy: &str) -> PyResult<Self> {
         let curves = lcut_diag::aggregate(std::slice::from_ref(&trace))
@@ -78,6 +92,8 @@ pub struct TraceArgs {
     pub system: Option<String>,
     /// Show a progress bar.
     pub progress: bool,
+    /// Record the logit lens.
+    pub lens: bool,
 }
 
 /// Trace `args.prompt` on `session`.
@@ -91,6 +107,7 @@ pub fn run(
     let opts = DiagnoseOptions {
         max_new_tokens: budget(args.max_new_tokens)?,
         use_chat_template: args.chat,
+        lens: args.lens,
         ..DiagnoseOptions::default()
     };
     let labelled = LabelledPrompt {
@@ -310,6 +327,71 @@ impl Trace {
     #[getter]
     fn curvature_generated(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         series_array(py, &self.trace.curvature_generated)
+    }
+
+    /// float32 [layers + 1, steps]: the logit lens, the probability of each
+    /// step's token under each hidden state's final norm and LM head (row
+    /// 0 the embeddings, row ``l + 1`` the output of layer ``l``; the last
+    /// row is the model's own). None when the trace has no lens.
+    #[getter]
+    fn lens_prob(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        self.lens_array(py, |lens| {
+            lens.logprob.data().iter().map(|l| l.exp()).collect()
+        })
+    }
+
+    /// float32 [layers + 1, steps]: the lens's log-probability of each
+    /// step's token (nats), rows as ``lens_prob``; None without a lens.
+    #[getter]
+    fn lens_logprob(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        self.lens_array(py, |lens| lens.logprob.data().to_vec())
+    }
+
+    /// float32 [layers + 1, steps]: the rank of each step's token under
+    /// each hidden state's lens (1 = its first choice); None without a lens.
+    #[getter]
+    fn lens_rank(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        self.lens_array(py, |lens| lens.rank.data().to_vec())
+    }
+
+    /// float32 [layers + 1, steps]: 1 where the hidden state's lens ranks
+    /// the step's token first, else 0; None without a lens.
+    #[getter]
+    fn lens_top1(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        self.lens_array(py, |lens| lens.top1.data().to_vec())
+    }
+
+    /// float32 [layers + 1, steps]: KL(final ‖ lens) of the next-token
+    /// distributions, nats (0 in the last row); None without a lens.
+    #[getter]
+    fn lens_kl(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        self.lens_array(py, |lens| lens.kl.data().to_vec())
+    }
+
+    /// The token each hidden state's lens ranks first at each step,
+    /// ``[layers + 1][steps]`` (decode them with ``Session.decode``); None
+    /// without a lens.
+    #[getter]
+    fn lens_top_ids(&self) -> Option<Vec<Vec<u32>>> {
+        self.trace.lens.as_ref().map(|lens| {
+            lens.top_ids
+                .chunks(lens.steps().max(1))
+                .take(lens.sites())
+                .map(<[u32]>::to_vec)
+                .collect()
+        })
+    }
+
+    /// Per step, the formation site: the smallest hidden state from which
+    /// every later one's lens ranks the step's token first (``layers`` at
+    /// most: the model's own logits always do). None without a lens.
+    #[getter]
+    fn lens_formation(&self) -> Option<Vec<usize>> {
+        self.trace.lens.as_ref().map(|lens| {
+            (0..lens.steps())
+                .filter_map(|k| lens.formation(k))
+                .collect()
+        })
     }
 
     /// float32 [layers, bins]: attention the decode queries pay to each

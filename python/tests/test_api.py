@@ -57,6 +57,27 @@ def test_trace_arrays_are_layers_heads_steps_and_masses_sum_to_one(bundled):
     assert t.text == bundled.decode([i for i in t.ids if i not in bundled.config.eos_token_ids])
 
 
+def test_the_lens_is_the_forward_lens_at_each_step(bundled):
+    t = bundled.trace(PROMPT, max_new_tokens=5, progress=False, lens=True)
+    L, steps = bundled.config.layers, t.num_steps
+    for name in ["lens_prob", "lens_logprob", "lens_rank", "lens_top1", "lens_kl"]:
+        a = getattr(t, name)
+        assert a.shape == (L + 1, steps) and a.dtype == np.float32, name
+    assert np.allclose(t.lens_prob, np.exp(t.lens_logprob))
+    # the last hidden state is the model's own: the emitted token, first, KL 0
+    assert [row[-1] for row in zip(*t.lens_top_ids)] == t.ids
+    assert np.all(t.lens_rank[-1] == 1) and np.all(t.lens_kl[-1] == 0)
+    assert len(t.lens_formation) == steps and max(t.lens_formation) <= L
+    # teacher-forced over the prompt and the generated tokens, the same numbers
+    f = bundled.forward(t.prompt_ids + t.ids, residuals=False, attention=False, lens=True)
+    assert f.lens_logprob.shape == (L + 1, len(t.prompt_ids) + steps)
+    at = np.array(t.query_positions)
+    assert np.allclose(f.lens_logprob[:, at], t.lens_logprob, atol=1e-4)
+    assert bundled.trace(PROMPT, max_new_tokens=2, progress=False).lens_prob is None
+    table = t.layer_table()
+    assert "lens_formed" in set(table.keys() if isinstance(table, dict) else table.columns)
+
+
 def test_trace_is_the_diagnose_runs_trace_transposed(bundled, tmp_path):
     t = bundled.trace(PROMPT, max_new_tokens=5, progress=False)
     report = bundled.diagnose([PROMPT], max_new_tokens=5, progress=False)

@@ -148,6 +148,8 @@ impl EngineWorker {
                     let opts = DiagnoseOptions {
                         max_new_tokens,
                         use_chat_template,
+                        // the curves show where the answer forms
+                        lens: true,
                         ..DiagnoseOptions::default()
                     };
                     self.diagnose(job, &prompts, opts, sweep_context_len);

@@ -72,7 +72,19 @@ pub struct DiagnoseArgs {
     /// loaded) is more than the machine has free.
     #[arg(long)]
     pub force: bool,
+    /// Record the logit lens: each decode step's hidden states through the
+    /// final norm and LM head, where the answer forms (an LM-head product
+    /// per layer per step: on SmolLM2 about 6.5 times a decode step's arithmetic).
+    #[arg(long)]
+    pub lens: bool,
+    /// Also write every decode step's lens logits, f32 [layers + 1, vocab]
+    /// per step, to OUT/lens-logits.safetensors (diagnose only).
+    #[arg(long, requires = "lens")]
+    pub save_lens_logits: bool,
 }
+
+/// The file `--save-lens-logits` writes in the output folder.
+pub const LENS_LOGITS_FILE: &str = "lens-logits.safetensors";
 
 /// Parse `I/N`, or `auto/N` with the index from a Slurm job array
 /// (`SLURM_ARRAY_TASK_ID`) or a Kubernetes Indexed Job (`JOB_COMPLETION_INDEX`).
@@ -199,6 +211,10 @@ pub fn options(args: &DiagnoseArgs, prompts_file: Option<String>) -> Result<Diag
         use_chat_template: !args.raw,
         prompts_file,
         policy: None,
+        lens: args.lens,
+        lens_logits: args
+            .save_lens_logits
+            .then(|| args.out.join(LENS_LOGITS_FILE)),
     })
 }
 
@@ -206,6 +222,9 @@ pub fn options(args: &DiagnoseArgs, prompts_file: Option<String>) -> Result<Diag
 pub fn print_summary(report: &Report) {
     let r = &report.recommendation;
     println!("{}", r.explanation);
+    if let Some(line) = lcut_report::report_formation_sentence(report) {
+        println!("{line}");
+    }
     println!("recommended L_cut = {} of {}", r.l_cut, r.num_layers);
     if let Some(sweep) = &report.sweep {
         match sweep.knee {
@@ -219,6 +238,19 @@ pub fn print_summary(report: &Report) {
 pub fn run(args: &DiagnoseArgs) -> Result<()> {
     let inputs = load_inputs(args, &[])?;
     let opts = options(args, inputs.file.clone())?;
+    if let Some(path) = &opts.lens_logits {
+        std::fs::create_dir_all(&args.out)
+            .with_context(|| format!("creating {}", args.out.display()))?;
+        let cfg = inputs.session.model.config();
+        let per_step = 4 * (cfg.num_layers + 1) * cfg.vocab_size;
+        let most = per_step * opts.max_new_tokens * inputs.prepared.len();
+        eprintln!(
+            "lens logits: {:.1} MB per step, at most {:.2} GB in {}",
+            per_step as f64 / 1e6,
+            most as f64 / 1e9,
+            path.display()
+        );
+    }
     let bar = progress_bar();
     let report = diagnose_prepared(
         &inputs.session,
@@ -233,6 +265,9 @@ pub fn run(args: &DiagnoseArgs) -> Result<()> {
     write_report_json(&path, &report)?;
     print_summary(&report);
     println!("wrote {} ({} prompts)", path.display(), report.traces.len());
+    if let Some(lens) = &opts.lens_logits {
+        println!("wrote {}", lens.display());
+    }
     report_peak(&inputs.need);
     Ok(())
 }

@@ -1,5 +1,6 @@
-//! `lcut forward`: run one sequence and write logits, residuals and
-//! attention to safetensors in the reference layout.
+//! `lcut forward`: run one sequence and write logits, residuals,
+//! attention and (`--lens`) the logit lens to safetensors in the reference
+//! layout.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -60,6 +61,13 @@ pub struct ForwardArgs {
     /// Skip recording attention (for long sequences).
     #[arg(long)]
     no_attention: bool,
+    /// Add the logit lens: `lens_logprob` [layers + 1, T], at each hidden
+    /// state (row 0 the embeddings, row l + 1 the output of layer l) the
+    /// log-probability, under that state's final norm and LM head, of the
+    /// token the last layer ranks first at each position (NaN where the
+    /// policy keeps a position out of a layer).
+    #[arg(long)]
+    lens: bool,
     /// Output safetensors file.
     #[arg(long)]
     out: PathBuf,
@@ -97,6 +105,7 @@ pub fn run(args: &ForwardArgs) -> Result<()> {
     let opts = ForwardOptions {
         residuals: full,
         attention: record_attention,
+        lens: args.lens,
     };
     let record = forward(&session.model, &prompt, &args.policy, opts)?;
     let policy = args.policy.resolve(cfg.num_layers)?;
@@ -105,6 +114,9 @@ pub fn run(args: &ForwardArgs) -> Result<()> {
     let ids: Vec<i64> = prompt.ids.iter().map(|&i| i64::from(i)).collect();
     tensors.insert("input_ids".into(), Tensor::new(ids, &cpu)?);
     tensors.insert("logits".into(), record.logits);
+    if let Some(lens) = record.lens_logprob {
+        tensors.insert("lens_logprob".into(), lens);
+    }
     if record.full_depth {
         if let Some(embeddings) = record.embeddings {
             tensors.insert("embeddings".into(), embeddings);

@@ -1,7 +1,7 @@
 //! `lcut sweep`: SPEED at every cutoff, teacher-forced against the full
 //! model's greedy continuation, with costs at a context length.
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::Args;
 use std::path::PathBuf;
 
@@ -249,6 +249,9 @@ pub fn run(args: &SweepArgs) -> Result<()> {
         .collect();
     if args.equal_kv.is_some() {
         axis_kinds.push(PolicyKind::Slim);
+    }
+    if args.run.save_lens_logits {
+        bail!("--save-lens-logits: a sweep records no logit lens; pass it to `lcut diagnose`");
     }
     let inputs = load_inputs(&args.run, &axis_kinds)?;
     let session = &inputs.session;

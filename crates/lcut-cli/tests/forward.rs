@@ -243,3 +243,54 @@ fn forward_under_slim_writes_the_rows_from_the_decode_start_on() {
         "forward's last row equals a prompt ending there (max diff {continued:.3e})"
     );
 }
+
+/// `--lens` adds `lens_logprob` [layers + 1, T]: transformers' logit lens
+/// (`fixtures/oracle/lens_reference.py`) of the token the last layer ranks
+/// first, at every hidden state and position.
+#[test]
+fn forward_lens_writes_transformers_lens() {
+    let dir = case("gemma2-softcap");
+    let (_, ids) = reference(&dir);
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out.safetensors");
+    run_forward(&dir, &ids, &["--lens", "--no-attention"], &out);
+    let ours = candle_core::safetensors::load(&out, &Device::Cpu).unwrap();
+    let theirs =
+        candle_core::safetensors::load(dir.join("lens.safetensors"), &Device::Cpu).unwrap();
+    let diff = max_diff(&ours["lens_logprob"], &theirs["logprob"]);
+    assert!(
+        diff <= 1e-4,
+        "lens_logprob differs from transformers by {diff}"
+    );
+}
+
+/// A bare decoder (no final norm, no LM head in its files) has no lens: the
+/// refusal names the missing tensor and says why.
+#[test]
+fn a_lens_of_a_bare_decoder_is_refused() {
+    let tmp = lcut_testkit::model_copy("llama-gqa").unwrap();
+    let weights = tmp.path().join("model.safetensors");
+    let mut tensors = candle_core::safetensors::load(&weights, &Device::Cpu).unwrap();
+    assert!(tensors.remove("model.norm.weight").is_some());
+    assert!(tensors.remove("lm_head.weight").is_some());
+    candle_core::safetensors::save(&tensors, &weights).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_lcut"))
+        .args(["forward", "--lens", "--ids", "1,5,9", "--model"])
+        .arg(tmp.path())
+        .arg("--out")
+        .arg(tmp.path().join("out.safetensors"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let msg = String::from_utf8_lossy(&out.stderr);
+    lcut_testkit::assert_mentions(
+        &msg,
+        &[
+            "`model.norm.weight`",
+            "final norm",
+            "logit lens",
+            "bare decoder",
+        ],
+    );
+    assert!(!tmp.path().join("out.safetensors").exists());
+}

@@ -162,6 +162,14 @@ pub enum EngineError {
         /// The token the trace holds.
         traced: u32,
     },
+    /// The logit lens's logits could not be written.
+    #[error("lens logits file {path}: {reason}")]
+    LensLogits {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
     /// Tensor backend error outside the model (sampling).
     #[error("tensor backend: {0}")]
     Candle(#[from] candle_core::Error),

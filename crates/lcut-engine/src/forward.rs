@@ -26,6 +26,8 @@ pub struct ForwardOptions {
     pub residuals: bool,
     /// Every layer's post-softmax attention [H, T, T] (memory grows with T²).
     pub attention: bool,
+    /// The logit lens: `lens_logprob` [L + 1, T].
+    pub lens: bool,
 }
 
 /// The result of [`forward`]; every tensor is f32 on the CPU.
@@ -48,6 +50,13 @@ pub struct ForwardRecord {
     /// Per layer, attention [H, T, T], when recorded; a query reads 0 from
     /// keys it does not see, and rows of queries absent at a layer are 0.
     pub attention: Vec<Tensor>,
+    /// The logit lens [L + 1, T], when asked: at hidden state i (0 the
+    /// embeddings, l + 1 the output of layer l) of position t, the
+    /// log-probability under that state's lens (final norm, LM head) of the
+    /// token the last layer ranks first at t. NaN where the policy keeps
+    /// the position out of that layer (and everywhere for a position that
+    /// does not reach the last layer).
+    pub lens_logprob: Option<Tensor>,
 }
 
 /// Run `prompt` under `spec` (resolved against the model's depth) and
@@ -72,14 +81,15 @@ pub fn forward(
         p
     };
     let full_depth = policy.is_full_depth() && spec.kind == PolicyKind::Full;
+    let residuals = opts.residuals || opts.lens;
     let (logits, first_row, probe, attention_probe) = if full_depth {
         let heads = if opts.attention { cfg.num_heads } else { 0 };
-        let mut probe = (opts.residuals || opts.attention).then(|| recorder(heads));
+        let mut probe = (residuals || opts.attention).then(|| recorder(heads));
         let p = probe.as_mut().map(|p| p as &mut dyn Probe);
         let logits = model.teacher_forced_logits(ids, p)?;
         (logits, 0, probe, None)
     } else {
-        let mut probe = opts.residuals.then(|| recorder(0));
+        let mut probe = residuals.then(|| recorder(0));
         let logits = incremental(model, prompt, policy, probe.as_mut())?;
         let mut attention = opts.attention.then(|| recorder(cfg.num_heads));
         if attention.is_some() {
@@ -96,8 +106,15 @@ pub fn forward(
         embeddings: None,
         layer_out: Vec::new(),
         attention: Vec::new(),
+        lens_logprob: None,
     };
     if let Some(probe) = probe {
+        if opts.lens {
+            let sites: Vec<&[f32]> = std::iter::once(probe.embeddings.as_slice())
+                .chain(probe.layer_out.iter().map(Vec::as_slice))
+                .collect();
+            record.lens_logprob = Some(lens_logprob(model, &sites, t)?);
+        }
         if opts.residuals {
             let d = cfg.hidden_size;
             record.embeddings = Some(Tensor::from_vec(probe.embeddings, (t, d), &cpu)?);
@@ -115,6 +132,45 @@ pub fn forward(
         record.attention = attention_tensors(probe.attention, cfg.num_heads, t)?;
     }
     Ok(record)
+}
+
+/// The lens log-probabilities [sites, T] of recorded hidden states
+/// (`sites[i]` holds [T, hidden] row-major, NaN rows where a position did
+/// not exist at that site): each position that reaches the last site is
+/// read at every site where it exists, against the token the last site
+/// ranks first.
+fn lens_logprob(model: &Decoder, sites: &[&[f32]], t: usize) -> Result<Tensor> {
+    let d = model.config().hidden_size;
+    let exists = |site: &[f32], p: usize| site[p * d..(p + 1) * d].iter().all(|x| x.is_finite());
+    let top = sites.last().copied().unwrap_or_default();
+    let positions: Vec<usize> = (0..t).filter(|&p| exists(top, p)).collect();
+    let mut out = vec![f32::NAN; sites.len() * t];
+    if positions.is_empty() {
+        return Ok(Tensor::from_vec(out, (sites.len(), t), &Device::Cpu)?);
+    }
+    let rows = sites
+        .iter()
+        .map(|site| {
+            let mut rows = Vec::with_capacity(positions.len() * d);
+            for &p in &positions {
+                match exists(site, p) {
+                    true => rows.extend_from_slice(&site[p * d..(p + 1) * d]),
+                    // a stand-in row whose value is not reported
+                    false => rows.extend(std::iter::repeat_n(0.0, d)),
+                }
+            }
+            Tensor::from_vec(rows, (positions.len(), d), model.device())?.to_dtype(model.dtype())
+        })
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    let records = model.lens_records(&rows, &positions, None, None)?;
+    for rec in records {
+        for (i, site) in sites.iter().enumerate() {
+            if exists(site, rec.position) {
+                out[i * t + rec.position] = rec.logprob[i];
+            }
+        }
+    }
+    Ok(Tensor::from_vec(out, (sites.len(), t), &Device::Cpu)?)
 }
 
 /// Per-layer attention buffers as [H, T, T] tensors on the CPU.

@@ -21,10 +21,12 @@ fn ids(name: &str) -> Result<Vec<u32>> {
 const NOTHING: ForwardOptions = ForwardOptions {
     residuals: false,
     attention: false,
+    lens: false,
 };
 const EVERYTHING: ForwardOptions = ForwardOptions {
     residuals: true,
     attention: true,
+    lens: true,
 };
 
 #[test]

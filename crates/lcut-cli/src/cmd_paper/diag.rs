@@ -32,6 +32,9 @@ fn trace_item(
         max_new_tokens: sizes.diag_new_tokens,
         max_prompt_bins: sizes.max_prompt_bins,
         policy: Some(policy),
+        // where the answer forms, per category (its cost is small beside
+        // the suite's evaluation)
+        lens: true,
         ..DiagnoseOptions::default()
     };
     let mut report = diagnose_prepared(session, &[prompt], &opts, &mut |e| {
@@ -67,6 +70,7 @@ pub fn diag_part(ctx: &Ctx, part: PaperPart) -> Result<PartFile<DiagUnit>> {
         "diag_new_tokens": sizes.diag_new_tokens,
         "max_prompt_bins": sizes.max_prompt_bins,
         "chat_template": true,
+        "lens": true,
     });
     ctx.run_units(
         (part, settings),

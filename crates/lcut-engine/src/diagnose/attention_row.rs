@@ -7,7 +7,8 @@ use candle_core::DType;
 use lcut_model::{AttentionView, Decoder, ModelError, Probe};
 use lcut_policy::Policy;
 
-use super::{DiagnoseOptions, PromptProgress, traced_generation};
+use super::trace_run::traced_generation;
+use super::{DiagnoseOptions, PromptProgress};
 use crate::error::{EngineError, Result};
 use crate::prompt::PreparedPrompt;
 

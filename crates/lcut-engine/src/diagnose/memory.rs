@@ -10,15 +10,21 @@
 //!
 //! ```text
 //! probe  <= 8·L·P + L·(T+1)·(320 + 24·H) + (L+1)·(16·(P+T) + 64·d + 1024·(P/C + T + 1)) + 32·C·d
-//! trace  <= 24·L·T·H + 4·L·B + 8·(B+1) + 8·(L+1) + 12·T + 24·N + S + 1024
+//! lens   <= 16·min(max(2^20, V), (L+1)·V) + 12·V + 8·(L+1)·d + 96·(L+1)·(T+1)   (+ 8·(L+1)·V kept)
+//! trace  <= 24·L·T·H + 4·L·B + 8·(B+1) + 8·(L+1) + 20·(L+1)·T + 12·T + 24·N + S + 1280
 //! ```
 //!
 //! (probe: the per-layer attention sums over prompt positions, the
 //! per-(layer, step) phase masses, the curvature accumulators of the
 //! prompt and generated spans at every layer, a chunk's f64 states while
-//! they are reduced; trace: [`lcut_trace::trace_memory_bound`], N strings
-//! of S bytes in all.) Nothing is L x H x P x T: attention rows are reduced
-//! to per-head masses and per-position sums as they are computed.
+//! they are reduced; lens, for a vocabulary of V tokens: one block of lens
+//! logits with its temporaries ([`lcut_model::lens::lens_buffer_bound`]),
+//! a step's hidden states at every site and its per-step records, and with
+//! `--save-lens-logits` the step's logits; trace:
+//! [`lcut_trace::trace_memory_bound`], N strings of S bytes in all.)
+//! Nothing is L x H x P x T, nor L x V x T: attention rows are reduced to
+//! per-head masses and per-position sums, lens logits to four numbers per
+//! layer, as they are computed.
 
 use candle_core::DType;
 use lcut_model::ModelConfig;
@@ -42,6 +48,18 @@ pub fn probe_buffer_bound(cfg: &ModelConfig, prompt_len: usize, steps: usize, ch
     let curvature = (l + 1) * (16 * (p + t) + 64 * d + 1024 * (p / c + t + 1));
     let chunk_states = 32 * c.min(p.max(1)) * d;
     (prompt_sums + masses + curvature + chunk_states) as u64
+}
+
+/// Upper bound on the logit lens's buffers (the formula above), 0 when
+/// the run records no lens.
+pub fn lens_bound(cfg: &ModelConfig, steps: usize, opts: &DiagnoseOptions) -> u64 {
+    if !opts.lens {
+        return 0;
+    }
+    let (sites, d) = (cfg.num_layers + 1, cfg.hidden_size);
+    let keep = opts.lens_logits.is_some();
+    lcut_model::lens::lens_buffer_bound(sites, cfg.vocab_size, keep)
+        + (8 * sites * d + 96 * sites * (steps + 1)) as u64
 }
 
 /// Upper bound on one prompt's trace in memory and on its JSON text.
@@ -81,6 +99,7 @@ pub fn diagnose_memory(
     // growing buffer (up to twice its length) and the aggregates take
     // about one more copy of the masses
     let records = probe_buffer_bound(cfg, longest, opts.max_new_tokens, chunk)
+        + lens_bound(cfg, opts.max_new_tokens, opts)
         + 2 * traces
         + 2 * json
         + (1 << 16);
@@ -131,14 +150,24 @@ mod tests {
     #[test]
     fn records_stay_linear_and_small_in_the_prompt_length() {
         let cfg = deep_1b();
-        let opts = DiagnoseOptions::default();
+        let opts = DiagnoseOptions {
+            lens: true,
+            ..DiagnoseOptions::default()
+        };
         let at =
             |p: usize| diagnose_memory(&cfg, (DType::F32, 0), &[p], &opts, (512, 1 << 28)).records;
         let per_token = (at(32_768) - at(16_384)) / 16_384;
         let full_rows = (cfg.num_layers * cfg.num_heads * opts.max_new_tokens * 4) as u64;
         assert!(per_token < 2048, "{per_token} bytes per prompt token");
         assert!(per_token * 20 < full_rows);
-        // at 32K tokens: a few tens of MB beside 4 GiB of K/V
-        assert!(at(32_768) < 100 << 20, "{}", at(32_768));
+        // at 32K tokens: a few tens of MB beside 4 GiB of K/V, besides the
+        // logit lens's block of logits (about 31 MB for a 128K vocabulary),
+        // which does not grow with the prompt
+        let lens = lens_bound(&cfg, opts.max_new_tokens, &opts);
+        assert!(lens > 0 && lens < 40 << 20, "{lens}");
+        assert!(at(32_768) - lens < 100 << 20, "{}", at(32_768));
+        let without = DiagnoseOptions::default();
+        let bare = diagnose_memory(&cfg, (DType::F32, 0), &[32_768], &without, (512, 1 << 28));
+        assert_eq!(at(32_768) - bare.records, lens);
     }
 }

@@ -7,6 +7,7 @@
 
 mod attention_row;
 mod curvature;
+mod lens_file;
 pub mod memory;
 mod policy_axis;
 mod probe;
@@ -14,23 +15,24 @@ mod prompts;
 mod quality;
 mod sweep;
 mod teacher;
+mod trace_run;
 
-use lcut_model::Decoder;
-use lcut_policy::{Policy, PolicySpec, TokenPhases};
-use lcut_trace::{
-    ModelIdentity, PromptTrace, Report, RunSettings, Series, Thresholds, TraceHeader,
-};
+use std::path::{Path, PathBuf};
+
+use lcut_policy::{Policy, PolicySpec};
+use lcut_trace::{ModelIdentity, Report, RunSettings, Thresholds};
 
 pub use attention_row::{AttentionRow, attention_row};
 pub use curvature::DeviceCurvature;
+pub use lens_file::LensLogitsFile;
 pub use policy_axis::{AxisPolicy, equal_kv_pairs};
 pub use probe::DiagnosticProbe;
 pub use prompts::{BUNDLED_PROMPTS, PromptSpec, read_prompt_set, shard_indices};
 pub use sweep::{SweepOptions, sweep};
 pub(crate) use teacher::{ForcedQuality, forced_quality};
+pub use trace_run::{PromptProgress, TracedRun, trace_prompt, trace_prompt_under};
 
 use crate::error::{EngineError, Result};
-use crate::generate::{Generation, GenerationConfig, PrefillProgress, Sampling};
 use crate::prompt::PreparedPrompt;
 use crate::session::Session;
 
@@ -51,6 +53,13 @@ pub struct DiagnoseOptions {
     pub prompts_file: Option<String>,
     /// The policy the greedy runs are made under; the full model when absent.
     pub policy: Option<PolicySpec>,
+    /// Record the logit lens of every decode step: an LM-head product per
+    /// hidden state per step, off by default (on SmolLM2, 31 products with
+    /// its 49152 x 576 head: about 6.5 times a decode step's arithmetic).
+    pub lens: bool,
+    /// Also write every step's lens logits [L + 1, vocab] to this
+    /// safetensors file (needs `lens`).
+    pub lens_logits: Option<PathBuf>,
 }
 
 impl Default for DiagnoseOptions {
@@ -63,6 +72,8 @@ impl Default for DiagnoseOptions {
             use_chat_template: true,
             prompts_file: None,
             policy: None,
+            lens: false,
+            lens_logits: None,
         }
     }
 }
@@ -212,6 +223,10 @@ pub fn diagnose_prepared(
 ) -> Result<Report> {
     let total = prompts.len();
     let mut traces = Vec::with_capacity(total);
+    let mut lens_file = match (&opts.lens_logits, opts.lens) {
+        (Some(path), true) => Some(open_lens_file(session, path, total)?),
+        _ => None,
+    };
     for (i, lp) in prompts.iter().enumerate() {
         tell(
             on_event,
@@ -226,7 +241,15 @@ pub fn diagnose_prepared(
             Some(t) => t.token_strings(ids),
             None => ids.iter().map(u32::to_string).collect(),
         };
-        let trace = trace_prompt(&session.model, lp, opts, &stops, &tokens, &mut |progress| {
+        let policy = run_policy(opts, session.model.config().num_layers)?;
+        let run = TracedRun {
+            model: &session.model,
+            policy,
+            opts,
+            stop_tokens: &stops,
+            token_strings: &tokens,
+        };
+        let trace = run.trace(lp, lens_file.as_mut(), &mut |progress| {
             on_event(&match progress {
                 PromptProgress::Prefill(p) => DiagnoseEvent::Prefill {
                     index: i,
@@ -242,6 +265,9 @@ pub fn diagnose_prepared(
         })?;
         traces.push(trace);
         tell(on_event, &DiagnoseEvent::PromptDone { index: i, total })?;
+    }
+    if let Some(file) = lens_file {
+        file.finish()?;
     }
     let policy = run_policy(opts, session.model.config().num_layers)?;
     let settings = RunSettings {
@@ -271,162 +297,22 @@ fn run_policy(opts: &DiagnoseOptions, layers: usize) -> Result<Policy> {
     })
 }
 
-/// The greedy generation a trace records: `policy`, the run's token budget
-/// and the model's stop tokens, the default prefill chunk.
-fn traced_generation<'m>(
-    model: &'m Decoder,
-    prompt: &PreparedPrompt,
-    policy: Policy,
-    opts: &DiagnoseOptions,
-    stop_tokens: &[u32],
-) -> Result<Generation<'m>> {
-    let config = GenerationConfig {
-        max_new_tokens: opts.max_new_tokens,
-        sampling: Sampling::Greedy,
-        stop_tokens: stop_tokens.to_vec(),
-        ..GenerationConfig::default()
-    };
-    Generation::new(model, prompt.clone(), policy, config)
-}
-
-/// Greedy generation of `prompt` under `policy` with the diagnostic probe
-/// attached: the probe and the generated ids.
-fn generate_probed(
-    model: &Decoder,
-    prompt: &PreparedPrompt,
-    (policy, phases): (Policy, TokenPhases),
-    (opts, stop_tokens): (&DiagnoseOptions, &[u32]),
-    on_progress: &mut dyn FnMut(PromptProgress) -> bool,
-) -> Result<(DiagnosticProbe, Vec<u32>)> {
-    let layers = model.config().num_layers;
-    let mut generation = traced_generation(model, prompt, policy, opts, stop_tokens)?;
-    let mut probe = DiagnosticProbe::new(phases, prompt.len(), layers);
-    if !generation.prefill_with(Some(&mut probe), |p| {
-        on_progress(PromptProgress::Prefill(p))
-    })? {
-        return Err(EngineError::Cancelled);
-    }
-    let mut ids = Vec::new();
-    while let Some(step) = generation.step(Some(&mut probe))? {
-        ids.push(step.token);
-        if !on_progress(PromptProgress::Step(ids.len())) {
-            return Err(EngineError::Cancelled);
-        }
-    }
-    Ok((probe, ids))
-}
-
-/// Copy the probe's per-(layer, step, head) masses and entropies of the
-/// first `n` generated tokens into `trace`, and its layer x prompt-bin
-/// attention map (mean over heads and steps).
-fn record_masses(trace: &mut PromptTrace, probe: &DiagnosticProbe, n: usize) -> Result<()> {
-    let heads = trace.num_heads;
-    for rec in probe.records() {
-        let k = rec.position - probe.first_step();
-        if k >= n {
-            continue;
-        }
-        for h in 0..heads {
-            let at = [rec.layer, k, h];
-            trace.bos.view_mut()[at] = rec.bos[h];
-            trace.anchor.view_mut()[at] = rec.anchor[h];
-            trace.prefill.view_mut()[at] = rec.prefill[h];
-            trace.decode.view_mut()[at] = rec.decode[h];
-            trace.self_mass.view_mut()[at] = rec.self_mass[h];
-            trace.prefill_entropy.view_mut()[at] = rec.prefill_entropy[h];
-        }
-    }
-    let sums = probe.prompt_bin_sums(&trace.bin_edges)?;
-    let scale = 1.0 / (heads * n.max(1)) as f32;
-    for (l, row) in sums.iter().enumerate() {
-        for (b, v) in row.iter().enumerate() {
-            trace.prompt_attention.view_mut()[[l, b]] = v * scale;
-        }
-    }
-    Ok(())
-}
-
-/// Progress within one prompt's diagnostic run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PromptProgress {
-    /// A prefill chunk is done.
-    Prefill(PrefillProgress),
-    /// This many decode steps are done.
-    Step(usize),
-}
-
-/// Greedy generation of one prompt with the diagnostic probe, at full depth
-/// or under `opts.policy`; `on_progress` hears of every prefill chunk and
-/// decode step and returns false to cancel.
-pub fn trace_prompt(
-    model: &Decoder,
-    lp: &LabelledPrompt,
-    opts: &DiagnoseOptions,
-    stop_tokens: &[u32],
-    token_strings: &dyn Fn(&[u32]) -> Vec<String>,
-    on_progress: &mut dyn FnMut(PromptProgress) -> bool,
-) -> Result<PromptTrace> {
-    let policy = run_policy(opts, model.config().num_layers)?;
-    trace_prompt_under(
-        model,
-        lp,
-        policy,
-        opts,
-        stop_tokens,
-        token_strings,
-        on_progress,
+/// The file `--save-lens-logits` streams a run's lens logits into, for
+/// `prompts` prompts of `session`'s model.
+fn open_lens_file(session: &Session, path: &Path, prompts: usize) -> Result<LensLogitsFile> {
+    let cfg = session.model.config();
+    LensLogitsFile::create(
+        path,
+        3 * prompts,
+        &[
+            ("model", session.name().to_string()),
+            ("sites", (cfg.num_layers + 1).to_string()),
+            (
+                "layout",
+                "prompt.I.logits [steps, num_layers + 1, vocab]: site 0 the embeddings, site l + 1 \
+                 the output of layer l, through the final norm and LM head"
+                    .to_string(),
+            ),
+        ],
     )
-}
-
-/// [`trace_prompt`] under `policy` whatever `opts.policy` says (the Python
-/// package traces one prompt under the policy its caller names): the
-/// greedy generation runs under `policy` (the masses then show what its decode tokens read of what it
-/// keeps), the masses are split by the same phases as at full depth.
-pub fn trace_prompt_under(
-    model: &Decoder,
-    lp: &LabelledPrompt,
-    policy: Policy,
-    opts: &DiagnoseOptions,
-    stop_tokens: &[u32],
-    token_strings: &dyn Fn(&[u32]) -> Vec<String>,
-    on_progress: &mut dyn FnMut(PromptProgress) -> bool,
-) -> Result<PromptTrace> {
-    let cfg = model.config();
-    let prompt = &lp.prompt;
-    let (p, s) = (prompt.len(), prompt.decode_start);
-    // BoS is the anchor the diagnostics report apart (m_bos = a[0]).
-    let phases = TokenPhases::new(p, s, usize::from(s > 0))?;
-    let (probe, ids) = generate_probed(
-        model,
-        prompt,
-        (policy, phases),
-        (opts, stop_tokens),
-        on_progress,
-    )?;
-    let header = TraceHeader {
-        index: lp.index,
-        id: lp.id.clone(),
-        prompt_tokens: token_strings(&prompt.ids),
-        prompt_len: p,
-        decode_start: s,
-        anchor_len: phases.anchor_len(),
-    };
-    let n = ids.len();
-    let heads = cfg.num_heads;
-    let mut trace = PromptTrace::zeroed(header, cfg.num_layers, heads, n, opts.max_prompt_bins);
-    trace.query_positions = (0..n).map(|k| probe.first_step() + k).collect();
-    trace.generated = token_strings(&ids);
-    trace.generated_ids = ids;
-    record_masses(&mut trace, &probe, n)?;
-    let curve = |accs: &[DeviceCurvature]| -> Result<Series> {
-        let means = accs
-            .iter()
-            .map(|a| Ok(a.finish()?.0.unwrap_or(f32::NAN)))
-            .collect::<Result<Vec<f32>>>()?;
-        Ok(Series(means))
-    };
-    trace.curvature_prompt = curve(&probe.curvature_prompt)?;
-    trace.curvature_generated = curve(&probe.curvature_generated)?;
-    trace.validate(&format!("trace of prompt {:?}", lp.id))?;
-    Ok(trace)
 }

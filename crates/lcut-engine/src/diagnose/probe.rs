@@ -1,10 +1,11 @@
 //! The diagnostic probe: phase masses and prefill entropy per decode step,
-//! attention onto binned prompt positions, and per-layer curvature of the
-//! prompt and generated spans, all reduced as they are computed.
+//! attention onto binned prompt positions, per-layer curvature of the
+//! prompt and generated spans and, when asked, the logit lens of every
+//! decode step, all reduced as they are computed.
 
 use candle_core::{DType, Tensor};
 use lcut_model::probes::{PhaseMassProbe, QueryMasses};
-use lcut_model::{AttentionView, ModelError, Probe, ResidualSite};
+use lcut_model::{AttentionView, LensProbe, LensRecord, ModelError, Probe, ResidualSite};
 use lcut_policy::TokenPhases;
 
 use super::curvature::DeviceCurvature;
@@ -12,8 +13,9 @@ use super::curvature::DeviceCurvature;
 type ProbeResult<T> = std::result::Result<T, ModelError>;
 
 /// Records what a diagnostic trace needs while a full-depth generation runs.
-pub struct DiagnosticProbe {
+pub struct DiagnosticProbe<'m> {
     masses: PhaseMassProbe,
+    lens: Option<LensProbe<'m>>,
     first_step: usize,
     prompt_len: usize,
     anchor_len: usize,
@@ -24,12 +26,13 @@ pub struct DiagnosticProbe {
     pub curvature_generated: Vec<DeviceCurvature>,
 }
 
-impl DiagnosticProbe {
+impl<'m> DiagnosticProbe<'m> {
     /// A probe for a prompt of `prompt_len` tokens with these phases.
     pub fn new(phases: TokenPhases, prompt_len: usize, num_layers: usize) -> Self {
         let first_step = prompt_len - 1;
         Self {
             masses: PhaseMassProbe::new(phases).starting_at(first_step),
+            lens: None,
             first_step,
             prompt_len,
             anchor_len: phases.anchor_len(),
@@ -37,6 +40,24 @@ impl DiagnosticProbe {
             curvature_prompt: vec![DeviceCurvature::new(); num_layers + 1],
             curvature_generated: vec![DeviceCurvature::new(); num_layers + 1],
         }
+    }
+
+    /// Also record the logit lens of every decode step (from the last
+    /// prompt token on) with `lens`.
+    pub fn with_lens(mut self, lens: LensProbe<'m>) -> Self {
+        self.lens = Some(lens);
+        self
+    }
+
+    /// The logit lens recorded so far, one record per decode step (none
+    /// without a lens).
+    pub fn lens_records(&self) -> &[LensRecord] {
+        self.lens.as_ref().map_or(&[], |l| &l.records)
+    }
+
+    /// The lens probe, to take its kept logits.
+    pub fn lens_mut(&mut self) -> Option<&mut LensProbe<'m>> {
+        self.lens.as_mut()
     }
 
     /// The per-(layer, query) masses recorded so far.
@@ -85,7 +106,7 @@ impl DiagnosticProbe {
     }
 }
 
-impl Probe for DiagnosticProbe {
+impl Probe for DiagnosticProbe<'_> {
     fn attention_from(&self, _layer: usize) -> Option<usize> {
         Some(self.first_step)
     }
@@ -105,6 +126,9 @@ impl Probe for DiagnosticProbe {
         positions: &[usize],
         hidden: &Tensor,
     ) -> ProbeResult<()> {
+        if let Some(lens) = self.lens.as_mut() {
+            lens.on_residual(site, positions, hidden)?;
+        }
         let index = match site {
             ResidualSite::Embeddings => 0,
             ResidualSite::Layer(l) => l + 1,
