@@ -452,16 +452,12 @@ impl ViewerState {
 
 /// SPEED at `l_cut` layers, with the BoS anchor when `keep_bos`.
 fn speed_spec(l_cut: usize, keep_bos: bool) -> PolicySpec {
-    PolicySpec {
-        kind: PolicyKind::Speed,
-        cut: CutSpec::Layers(l_cut),
-        anchors: if keep_bos {
-            Anchors::Bos
-        } else {
-            Anchors::None
-        },
-        slim: None,
-    }
+    let anchors = if keep_bos {
+        Anchors::Bos
+    } else {
+        Anchors::None
+    };
+    PolicySpec::at_cut(PolicyKind::Speed, CutSpec::Layers(l_cut), anchors)
 }
 
 #[cfg(test)]

@@ -357,7 +357,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     )?;
     model.set_attention_block_elems(block);
     model.set_kv_dtype(args.kv_dtype.dtype(mode))?;
-    let policies = bench_policies(args, model.config().num_layers)?;
+    let cfg = model.config();
+    let policies = bench_policies(args, cfg.num_layers, cfg.num_kv_heads)?;
     let bos = model.config().bos_token_id.unwrap_or(1);
     let total = lengths.len() * policies.len() * args.repeats.max(1);
     let bar = count_bar(total, "runs");
@@ -449,8 +450,9 @@ fn bench_model(
     })
 }
 
-/// `full`, then the policies of the arguments (each once), resolved.
-fn bench_policies(args: &BenchArgs, num_layers: usize) -> Result<Vec<Policy>> {
+/// `full`, then the policies of the arguments (each once), resolved for a
+/// model of `num_layers` layers and `kv_heads` K/V heads.
+fn bench_policies(args: &BenchArgs, num_layers: usize, kv_heads: usize) -> Result<Vec<Policy>> {
     let mut specs: Vec<PolicySpec> = vec![PolicySpec::full()];
     for spec in &args.policies.0 {
         if !specs.contains(spec) {
@@ -459,7 +461,7 @@ fn bench_policies(args: &BenchArgs, num_layers: usize) -> Result<Vec<Policy>> {
     }
     Ok(specs
         .iter()
-        .map(|s| s.resolve(num_layers))
+        .map(|s| lcut_engine::heads::resolve_spec(s, num_layers, kv_heads, None))
         .collect::<Result<Vec<_>, _>>()?)
 }
 

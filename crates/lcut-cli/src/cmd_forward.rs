@@ -99,7 +99,7 @@ pub fn run(args: &ForwardArgs) -> Result<()> {
         attention: record_attention,
     };
     let record = forward(&session.model, &prompt, &args.policy, opts)?;
-    let policy = args.policy.resolve(cfg.num_layers)?;
+    let policy = session.resolve_policy(&args.policy)?;
     let cpu = candle_core::Device::Cpu;
     let mut tensors: HashMap<String, Tensor> = HashMap::new();
     let ids: Vec<i64> = prompt.ids.iter().map(|&i| i64::from(i)).collect();

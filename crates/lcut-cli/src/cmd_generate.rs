@@ -243,8 +243,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         .map(ToString::to_string)
         .collect();
     args.lora.apply_to_session(&mut session, &run_policies)?;
-    let layers = session.model.config().num_layers;
-    let policy = args.policy.resolve(layers)?;
+    let policy = session.resolve_policy(&args.policy)?;
     let config = GenerationConfig {
         sampling: sampling(args),
         ..session.greedy_config(args.max_new_tokens)
@@ -261,7 +260,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     );
     let json = match &args.compare {
         Some(reference) => {
-            let policies = [reference.resolve(layers)?, policy];
+            let policies = [session.resolve_policy(reference)?, policy];
             // an adapter is compared with the model it was made from
             let base = match &args.lora.lora {
                 Some(_) => Some(open_session(

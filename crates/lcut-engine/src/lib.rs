@@ -11,6 +11,7 @@ mod error;
 pub mod forward;
 mod generate;
 pub mod gguf_tokenizer;
+pub mod heads;
 mod prompt;
 mod session;
 pub mod shard;

@@ -7,11 +7,13 @@
 pub mod check;
 pub mod deviation;
 mod error;
+pub mod masked;
 pub mod reference;
 pub mod tolerance;
 
 pub use check::{CheckOptions, ParityReport, ParityRow, check_case};
 pub use deviation::{Deviation, deviation};
 pub use error::{ParityError, Result};
+pub use masked::{MaskedPolicy, MaskedReference};
 pub use reference::{FULL_LOGITS, LogitPair, ReferenceCase, ReferencePolicy};
 pub use tolerance::{SAME_DTYPE_FACTOR, Tolerance};

@@ -13,7 +13,7 @@ use crate::record::{CutRecord, SlimTrace, StepRecord};
 use crate::selection::SlimSelection;
 use crate::slim::SlimParams;
 use crate::slim_score::{BlockSummaries, top_blocks};
-use crate::visibility::{HostKeys, Visibility};
+use crate::visibility::{DynamicRule, HostKeys, KvAccounting, Visibility};
 
 /// The last `w` queries seen at one decision layer, `heads * head_dim` each.
 #[derive(Debug, Clone, Default)]
@@ -191,6 +191,28 @@ impl Visibility for SlimRun {
         self.selection.segment(layer)
     }
 
+    fn accounting(&self) -> &dyn KvAccounting {
+        self
+    }
+
+    fn dynamic(&self) -> Option<&dyn DynamicRule> {
+        Some(self)
+    }
+
+    fn dynamic_mut(&mut self) -> Option<&mut dyn DynamicRule> {
+        Some(self)
+    }
+
+    fn box_clone(&self) -> Box<dyn Visibility> {
+        Box::new(self.clone())
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl KvAccounting for SlimRun {
     fn held_token_layers(&self, decode: usize) -> usize {
         self.selection.held_token_layers(decode)
     }
@@ -199,7 +221,7 @@ impl Visibility for SlimRun {
         self.selection.resident_token_layers(decode)
     }
 
-    fn equal_kv_cutoff(&self) -> f64 {
+    fn equal_kv_cutoff(&self, _kv_heads: usize) -> f64 {
         self.selection.equal_kv_cutoff()
     }
 
@@ -218,7 +240,9 @@ impl Visibility for SlimRun {
         let unprunable = (from..to).filter(|&p| self.selection.block_of(p).is_none());
         unprunable.count() + predicted[seg - 1]
     }
+}
 
+impl DynamicRule for SlimRun {
     fn stage_cuts(&self) -> &[usize] {
         self.selection.params().cuts()
     }
@@ -268,13 +292,5 @@ impl Visibility for SlimRun {
             steps: self.steps.clone(),
             equal_kv_cutoff: sel.equal_kv_cutoff(),
         })
-    }
-
-    fn box_clone(&self) -> Box<dyn Visibility> {
-        Box::new(self.clone())
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }

@@ -51,7 +51,7 @@ impl Default for SuiteEvalOptions {
 /// Resolve `text` against the session's model.
 pub fn resolve_policy(session: &Session, text: &str) -> Result<Policy> {
     let spec: PolicySpec = text.parse()?;
-    Ok(spec.resolve(session.model.config().num_layers)?)
+    session.resolve_policy(&spec)
 }
 
 /// Run the items of `opts.shard` (all when unsharded) in suite order under
