@@ -72,6 +72,11 @@ pub struct DiagnoseArgs {
     /// loaded) is more than the machine has free.
     #[arg(long)]
     pub force: bool,
+    /// Also recommend the cut and kept (layer, K/V head) pairs that keep
+    /// the most decode-to-prefill mass within this share of the full
+    /// model's K/V, in (0, 1], and write them as OUT/heads-kv<BUDGET>.json.
+    #[arg(long, value_parser = crate::cmd_recommend::parse_budget)]
+    pub kv_budget: Option<f64>,
 }
 
 /// Parse `I/N`, or `auto/N` with the index from a Slurm job array
@@ -233,6 +238,15 @@ pub fn run(args: &DiagnoseArgs) -> Result<()> {
     write_report_json(&path, &report)?;
     print_summary(&report);
     println!("wrote {} ({} prompts)", path.display(), report.traces.len());
+    let ranking = lcut_engine::heads::write_ranking(&args.out, &report)?;
+    println!(
+        "wrote {} (the (layer, K/V head) pairs by decode-to-prefill mass)",
+        ranking.display()
+    );
+    if let Some(budget) = args.kv_budget {
+        let out = crate::cmd_recommend::head_file_path(&args.out, budget);
+        crate::cmd_recommend::advise(&report, budget, &out)?;
+    }
     report_peak(&inputs.need);
     Ok(())
 }
