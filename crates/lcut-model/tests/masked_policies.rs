@@ -339,3 +339,62 @@ fn smollm2_matches_transformers_under_knockout_and_kept_heads() -> Result<()> {
     eprintln!("largest |logit difference| against transformers on SmolLM2: {worst:e}");
     Ok(())
 }
+
+/// A probe sees each head's own attention under kept heads: per query head
+/// the phase masses sum to 1, a head whose K/V head is not kept puts no
+/// mass on the prefill above the cut while a kept one does, and the fused
+/// step shows the probe what the tensor path shows it.
+#[test]
+fn a_probe_sees_each_heads_own_keys_under_kept_heads() -> Result<()> {
+    use lcut_model::probes::PhaseMassProbe;
+    let c = load("llama-gqa")?;
+    let p = c
+        .masked
+        .policies
+        .iter()
+        .find(|p| p.key == "heads.c2.bos")
+        .context("a head policy")?;
+    let (policy, phases) = c.resolve(p)?;
+    let kept = policy.heads().context("kept heads")?.set;
+    let group = c.model.config().num_heads / c.model.config().num_kv_heads;
+    let run = |fused: bool| -> Result<PhaseMassProbe> {
+        let mut model = c.model.clone();
+        model.set_fused_decode(fused);
+        let mut seq = model.new_sequence(policy, phases)?;
+        let mut probe = PhaseMassProbe::new(phases);
+        model.forward(&mut seq, &c.ids[..c.s], LogitRows::None, Some(&mut probe))?;
+        for i in c.s..c.ids.len() {
+            model.forward(&mut seq, &c.ids[i..=i], LogitRows::Last, Some(&mut probe))?;
+        }
+        Ok(probe)
+    };
+    let (fused, tensor) = (run(true)?, run(false)?);
+    ensure!(fused.records.len() == tensor.records.len(), "record counts");
+    let mut kept_read = false;
+    for (a, b) in fused.records.iter().zip(&tensor.records) {
+        ensure!((a.layer, a.position) == (b.layer, b.position), "record order");
+        for h in 0..a.prefill.len() {
+            let sum = a.bos[h] + a.anchor[h] + a.prefill[h] + a.decode[h] + a.self_mass[h];
+            ensure!((sum - 1.0).abs() < 1e-4, "layer {} head {h}: masses sum to {sum}", a.layer);
+            ensure!(
+                (a.prefill[h] - b.prefill[h]).abs() < 1e-5,
+                "layer {} head {h}: fused {} vs tensor {}",
+                a.layer,
+                a.prefill[h],
+                b.prefill[h]
+            );
+            if a.layer >= policy.l_cut() && a.position > c.s {
+                let is_kept = kept.contains(a.layer, h / group);
+                ensure!(
+                    is_kept || a.prefill[h] == 0.0,
+                    "layer {} head {h} (not kept) reads the prefill: {}",
+                    a.layer,
+                    a.prefill[h]
+                );
+                kept_read |= is_kept && a.prefill[h] > 0.0;
+            }
+        }
+    }
+    ensure!(kept_read, "no kept head read the prefill above the cut");
+    Ok(())
+}
