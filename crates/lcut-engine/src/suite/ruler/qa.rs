@@ -31,6 +31,11 @@ const LANDMARKS: &[&str] = &[
 ];
 const VILLAGE_TAILS: &[&str] = &["by", "ton", "stead", "field", "hope", "well"];
 
+/// One of `words`, drawn.
+fn word(rng: &mut Rng, words: &[&'static str]) -> &'static str {
+    words[rng.below(words.len())]
+}
+
 /// One made-up town, a pure function of the sample and its number.
 struct Town {
     name: String,
@@ -78,10 +83,10 @@ impl Towns {
                 FIRST_NAMES[person / LAST_NAMES.len()],
                 LAST_NAMES[person % LAST_NAMES.len()]
             ),
-            river: *rng.pick(RIVERS),
-            trade: *rng.pick(TRADES),
-            product: *rng.pick(PRODUCTS),
-            landmark: *rng.pick(LANDMARKS),
+            river: word(&mut rng, RIVERS),
+            trade: word(&mut rng, TRADES),
+            product: word(&mut rng, PRODUCTS),
+            landmark: word(&mut rng, LANDMARKS),
             birthplace: format!("{}{}", rng.pick(PLACE_HEADS), rng.pick(VILLAGE_TAILS)),
         }
     }
