@@ -7,6 +7,7 @@ mod cmd_diagnose;
 mod cmd_eval;
 mod cmd_forward;
 mod cmd_generate;
+mod cmd_leaderboard;
 mod cmd_models;
 mod cmd_paper;
 mod cmd_parity;

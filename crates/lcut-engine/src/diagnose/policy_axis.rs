@@ -119,6 +119,20 @@ impl AxisTotals {
     }
 }
 
+/// The prefill FLOPs a policy's run of `len` prompt tokens is predicted
+/// to take over the full model's, from what each layer of `vis` ran and
+/// projected (`lcut bench`'s `FLOP x`; 1 minus it is the compute saved).
+pub fn predicted_prefill_flops_ratio(
+    model: &Decoder,
+    vis: &dyn lcut_policy::Visibility,
+    len: usize,
+) -> f64 {
+    let shape = flop_shape(model);
+    let full = lcut_policy::Policy::full(model.config().num_layers)
+        .visibility(lcut_policy::TokenPhases::all_decode());
+    policy_prefill_flops(&shape, vis, len) / policy_prefill_flops(&shape, full.as_ref(), len)
+}
+
 /// The FLOP model's shape of a decoder.
 pub(super) fn flop_shape(model: &Decoder) -> FlopShape {
     let c = model.config();
