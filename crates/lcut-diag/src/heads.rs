@@ -81,9 +81,6 @@ pub fn kv_share(layers: usize, kv_heads: usize, cut: usize, kept: usize, p: &Pro
     held / (h * l * (p.anchors + p.prefill + p.decode))
 }
 
-/// A candidate while planning: the cut, its kept pairs, the mass kept.
-type Candidate = (usize, Vec<(usize, usize)>, f64);
-
 /// A cut and the pairs kept above it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HeadPlan {
@@ -102,14 +99,34 @@ pub struct HeadPlan {
     pub speed_mass_kept: f64,
 }
 
-/// The cut and kept pairs that keep the most decode-to-prefill mass with a
-/// K/V share of at most `budget` (in (0, 1]); an error when the budget is
-/// outside (0, 1] or below what SPEED+BoS at cut 1 holds.
-pub fn plan_for_budget(
+/// How far below the largest cut that fits a budget an unchecked plan
+/// looks, as a share of the depth (2 layers of 30). Trading more than a
+/// few layers of the whole prompt for kept heads keeps more of the mass
+/// but, measured on SmolLM2's task suite, loses copying and arithmetic
+/// (docs/heads.md): lower cuts are taken only when a check says so.
+pub const UNCHECKED_SPAN: f64 = 1.0 / 15.0;
+
+/// How far below the largest cut that fits a budget the candidates of a
+/// checked plan reach, as a share of the depth (6 layers of 30).
+pub const CHECKED_SPAN: f64 = 1.0 / 5.0;
+
+/// Layers below the largest cut that fits a budget that `share` of a
+/// model of `layers` layers spans (at least 1).
+pub fn span_layers(layers: usize, share: f64) -> usize {
+    ((layers as f64 * share).round() as usize).max(1)
+}
+
+/// One plan for each cut from the largest that fits `budget` (in (0, 1])
+/// down `span` layers: the pairs above it with the most decode-to-prefill
+/// mass that fit. The first is SPEED+BoS at the largest cut with the pairs
+/// its remaining share buys. An error when the budget is outside (0, 1] or
+/// below what SPEED+BoS at cut 1 holds.
+pub fn plan_candidates(
     masses: &[Vec<f64>],
     shape: &PromptShape,
     budget: f64,
-) -> Result<HeadPlan, DiagError> {
+    span: usize,
+) -> Result<Vec<HeadPlan>, DiagError> {
     if !(budget > 0.0 && budget <= 1.0) {
         return Err(DiagError::Invalid(format!(
             "a K/V budget of {budget} is outside (0, 1]: it is the share of the full model's K/V to keep"
@@ -120,54 +137,63 @@ pub fn plan_for_budget(
     if layers == 0 || kv_heads == 0 {
         return Err(DiagError::Invalid("no per-head masses to plan from".into()));
     }
+    let fits =
+        |cut: usize, kept: usize| kv_share(layers, kv_heads, cut, kept, shape) <= budget + 1e-12;
+    let Some(top) = (1..=layers).rev().find(|&c| fits(c, 0)) else {
+        return Err(DiagError::Invalid(format!(
+            "a K/V budget of {budget} is below what SPEED+BoS at cut 1 holds ({:.3} of full)",
+            kv_share(layers, kv_heads, 1, 0, shape)
+        )));
+    };
     let total: f64 = masses.iter().flatten().sum();
     let share_of = |m: f64| if total > 0.0 { m / total } else { 0.0 };
     let below = |cut: usize| -> f64 { masses[..cut].iter().flatten().sum() };
     let ranking = head_ranking(masses);
-    let mut best: Option<Candidate> = None;
-    let mut speed: Option<(usize, f64)> = None;
-    for cut in 1..=layers {
-        if kv_share(layers, kv_heads, cut, 0, shape) > budget + 1e-12 {
-            break;
-        }
-        speed = Some((cut, below(cut)));
-        // the pairs above the cut that fit, most mass first
-        let mut kept = 0;
-        while kept < (layers - cut) * kv_heads
-            && kv_share(layers, kv_heads, cut, kept + 1, shape) <= budget + 1e-12
-        {
-            kept += 1;
-        }
-        let pairs: Vec<(usize, usize)> = ranking
-            .iter()
-            .filter(|(l, _, _)| *l >= cut)
-            .take(kept)
-            .map(|&(l, h, _)| (l, h))
-            .collect();
-        let mass = below(cut) + pairs.iter().map(|&(l, h)| masses[l][h]).sum::<f64>();
-        // ties go to the larger cut: fewer kept pairs, closer to SPEED
-        if best.as_ref().is_none_or(|b| mass >= b.2 - 1e-12) {
-            best = Some((cut, pairs, mass));
+    let speed_mass_kept = share_of(below(top));
+    Ok((top.saturating_sub(span).max(1)..=top)
+        .rev()
+        .map(|cut| {
+            let mut kept = 0;
+            while kept < (layers - cut) * kv_heads && fits(cut, kept + 1) {
+                kept += 1;
+            }
+            let mut heads: Vec<(usize, usize)> = ranking
+                .iter()
+                .filter(|(l, _, _)| *l >= cut)
+                .take(kept)
+                .map(|&(l, h, _)| (l, h))
+                .collect();
+            heads.sort_unstable();
+            let mass = below(cut) + heads.iter().map(|&(l, h)| masses[l][h]).sum::<f64>();
+            HeadPlan {
+                kv_share: kv_share(layers, kv_heads, cut, heads.len(), shape),
+                cut,
+                heads,
+                mass_kept: share_of(mass),
+                speed_cut: top,
+                speed_mass_kept,
+            }
+        })
+        .collect())
+}
+
+/// The plan for `budget` without a check: of the candidates within
+/// [`UNCHECKED_SPAN`] of the largest cut that fits, the one that keeps the
+/// most decode-to-prefill mass (ties to the larger cut).
+pub fn plan_for_budget(
+    masses: &[Vec<f64>],
+    shape: &PromptShape,
+    budget: f64,
+) -> Result<HeadPlan, DiagError> {
+    let span = span_layers(masses.len(), UNCHECKED_SPAN);
+    let candidates = plan_candidates(masses, shape, budget, span)?;
+    let mut best = candidates[0].clone();
+    for c in candidates.into_iter().skip(1) {
+        if c.mass_kept > best.mass_kept + 1e-12 {
+            best = c;
         }
     }
-    let ((cut, mut heads, mass), (speed_cut, speed_mass)) = match (best, speed) {
-        (Some(b), Some(s)) => (b, s),
-        _ => {
-            return Err(DiagError::Invalid(format!(
-                "a K/V budget of {budget} is below what SPEED+BoS at cut 1 holds ({:.3} of full)",
-                kv_share(layers, kv_heads, 1, 0, shape)
-            )));
-        }
-    };
-    heads.sort_unstable();
-    Ok(HeadPlan {
-        kv_share: kv_share(layers, kv_heads, cut, heads.len(), shape),
-        cut,
-        heads,
-        mass_kept: share_of(mass),
-        speed_cut,
-        speed_mass_kept: share_of(speed_mass),
-    })
+    Ok(best)
 }
 
 /// The accuracy to expect of a plan that keeps `mass_kept` of the mass,
@@ -233,10 +259,9 @@ mod tests {
     #[test]
     fn kv_heads_average_their_query_heads() {
         let t = Tensor2::new([1, 4], vec![0.2, 0.4, 0.1, 0.3]).unwrap();
-        assert_eq!(
-            kv_head_masses(&t, 2).unwrap(),
-            vec![vec![0.30000000000000004, 0.2]]
-        );
+        let m = kv_head_masses(&t, 2).unwrap();
+        assert_eq!((m.len(), m[0].len()), (1, 2));
+        assert!((m[0][0] - 0.3).abs() < 1e-6 && (m[0][1] - 0.2).abs() < 1e-6);
         assert!(kv_head_masses(&t, 3).is_err());
         let r = head_ranking(&masses());
         assert_eq!((r[0].0, r[0].1), (0, 0));
@@ -262,6 +287,24 @@ mod tests {
         // a whole budget keeps everything at full depth
         let full = plan_for_budget(&masses(), &SHAPE, 1.0).unwrap();
         assert!((full.mass_kept - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn candidates_run_from_the_largest_cut_that_fits_down_the_span() {
+        let c = plan_candidates(&masses(), &SHAPE, 0.6, 2).unwrap();
+        let cuts: Vec<usize> = c.iter().map(|p| p.cut).collect();
+        assert_eq!(cuts, vec![3, 2, 1]);
+        // each fills the budget with the pairs above its cut
+        assert!(
+            c.iter()
+                .all(|p| p.kv_share <= 0.6 && p.heads.iter().all(|h| h.0 >= p.cut))
+        );
+        assert_eq!(
+            c.iter().map(|p| p.heads.len()).collect::<Vec<_>>(),
+            vec![1, 3, 5]
+        );
+        assert_eq!(span_layers(30, UNCHECKED_SPAN), 2);
+        assert_eq!(span_layers(30, CHECKED_SPAN), 6);
     }
 
     #[test]

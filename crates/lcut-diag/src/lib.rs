@@ -45,8 +45,8 @@ pub use flops::{
     slim_tokens_per_layer,
 };
 pub use heads::{
-    HeadPlan, PromptShape, expected_accuracy, head_ranking, kv_head_masses, kv_share,
-    plan_for_budget,
+    CHECKED_SPAN, HeadPlan, PromptShape, UNCHECKED_SPAN, expected_accuracy, head_ranking,
+    kv_head_masses, kv_share, plan_candidates, plan_for_budget, span_layers,
 };
 pub use knee::{finish_sweep, knee};
 pub use masses::{PhaseMasses, PrefillEntropy, phase_masses, prefill_entropy};

@@ -372,10 +372,17 @@ fn a_probe_sees_each_heads_own_keys_under_kept_heads() -> Result<()> {
     ensure!(fused.records.len() == tensor.records.len(), "record counts");
     let mut kept_read = false;
     for (a, b) in fused.records.iter().zip(&tensor.records) {
-        ensure!((a.layer, a.position) == (b.layer, b.position), "record order");
+        ensure!(
+            (a.layer, a.position) == (b.layer, b.position),
+            "record order"
+        );
         for h in 0..a.prefill.len() {
             let sum = a.bos[h] + a.anchor[h] + a.prefill[h] + a.decode[h] + a.self_mass[h];
-            ensure!((sum - 1.0).abs() < 1e-4, "layer {} head {h}: masses sum to {sum}", a.layer);
+            ensure!(
+                (sum - 1.0).abs() < 1e-4,
+                "layer {} head {h}: masses sum to {sum}",
+                a.layer
+            );
             ensure!(
                 (a.prefill[h] - b.prefill[h]).abs() < 1e-5,
                 "layer {} head {h}: fused {} vs tensor {}",
