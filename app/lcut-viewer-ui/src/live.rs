@@ -188,6 +188,7 @@ fn columns(live: &LiveState) -> Vec<Column<'_>> {
         format!("Full ({})", live.full_policy)
     };
     let speed_title = match (&live.speed_policy, live.l_cut) {
+        (p, _) if p.contains("+heads:") => format!("SPEED with kept heads ({p})"),
         (p, _) if !p.is_empty() => format!("SPEED ({p})"),
         (_, Some(c)) => format!("SPEED at L_cut {c}"),
         _ => "SPEED".to_string(),
@@ -209,6 +210,8 @@ fn columns(live: &LiveState) -> Vec<Column<'_>> {
     if let Some(p) = &live.extra_policy {
         let name = if live.slim.is_some() || p.starts_with("slim:") {
             "SlimInfer"
+        } else if p.starts_with("speed:") {
+            "SPEED"
         } else {
             "Third"
         };

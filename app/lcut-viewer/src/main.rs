@@ -46,7 +46,7 @@ struct Args {
     /// recommendation of --run, else 3/4 of the depth).
     #[arg(long, value_name = "N")]
     l_cut: Option<usize>,
-    /// The view to show first: heatmaps, curves, recommendation, sweep or live.
+    /// The view to show first: heatmaps, curves, recommendation, sweep, heads or live.
     #[arg(long, value_name = "NAME")]
     screenshot_view: Option<String>,
     /// Time N idle frames, then N frames drag-panning the prompt-position heatmap; print both, quit.
@@ -74,7 +74,7 @@ fn main() -> anyhow::Result<()> {
     let tab = match &args.screenshot_view {
         Some(name) => Some(parse_tab(name).ok_or_else(|| {
             anyhow!(
-                "--screenshot-view {name:?}: expected heatmaps, curves, recommendation, sweep or live"
+                "--screenshot-view {name:?}: expected heatmaps, curves, recommendation, sweep, heads or live"
             )
         })?),
         None => None,
