@@ -14,7 +14,6 @@ use std::time::Duration;
 use egui::accesskit::Role;
 use egui_kittest::Harness;
 use egui_kittest::kittest::{NodeT, Queryable};
-use egui_plot::PlotPoint;
 use lcut_diag::{PromptShape, kv_head_masses, kv_share, plan_for_budget};
 use lcut_trace::Report;
 use lcut_viewer_ui::fake::{self, FakeOptions};
@@ -65,18 +64,6 @@ fn open_heads() -> Harness<'static, ViewerState> {
     h
 }
 
-/// Clicks the cell of query head `q` at `layer` (press and release, no move).
-fn click_cell(h: &mut Harness<'_, ViewerState>, layer: usize, q: usize) {
-    let t = h.state().heads.transform.unwrap();
-    let at = t.position_from_point(&PlotPoint::new(q as f64 + 0.5, layer as f64 + 0.5));
-    h.hover_at(at);
-    h.step();
-    h.drag_at(at);
-    h.step();
-    h.drop_at(at);
-    h.run_steps(2);
-}
-
 fn share_label(share: f64) -> String {
     format!("K/V share with the picks: {share:.4} of full")
 }
@@ -91,7 +78,7 @@ fn a_click_picks_the_group_and_the_cost_is_the_formula() {
         share_label(kv_share(16, 4, 10, 0, &shape))
     );
     // query head 3 reads K/V head 1 (two query heads per K/V head)
-    click_cell(&mut h, 12, 3);
+    testing::click_head_cell(&mut h, 12, 3);
     assert_eq!(picked(&h), vec![(12, 1)]);
     assert_eq!(
         label_starting(&h, "K/V share with the picks:"),
@@ -119,10 +106,10 @@ fn a_click_picks_the_group_and_the_cost_is_the_formula() {
     );
 
     // the other query head of the group drops it again
-    click_cell(&mut h, 12, 2);
+    testing::click_head_cell(&mut h, 12, 2);
     assert!(picked(&h).is_empty());
-    click_cell(&mut h, 14, 7);
-    click_cell(&mut h, 11, 0);
+    testing::click_head_cell(&mut h, 14, 7);
+    testing::click_head_cell(&mut h, 11, 0);
     assert_eq!(picked(&h), vec![(11, 0), (14, 3)]);
     assert_eq!(
         label_starting(&h, "K/V share with the picks:"),
@@ -130,7 +117,7 @@ fn a_click_picks_the_group_and_the_cost_is_the_formula() {
     );
 
     // below the cut: refused, with the reason on screen
-    click_cell(&mut h, 3, 0);
+    testing::click_head_cell(&mut h, 3, 0);
     assert_eq!(picked(&h), vec![(11, 0), (14, 3)]);
     assert!(
         label_starting(&h, "layer 3 is below the cut 10").contains("pick heads in layers 10..15"),
@@ -208,8 +195,8 @@ fn run_beside_full_writes_the_head_file_and_runs_the_head_policy() {
     let r = report(&h);
     let dir = tempfile::tempdir().unwrap();
     h.state_mut().heads.folder = dir.path().join("picks").display().to_string();
-    click_cell(&mut h, 13, 2);
-    click_cell(&mut h, 15, 6);
+    testing::click_head_cell(&mut h, 13, 2);
+    testing::click_head_cell(&mut h, 15, 6);
     assert_eq!(picked(&h), vec![(13, 1), (15, 3)]);
     h.state_mut().live.max_new_tokens = 8;
     h.get_by_label("Run beside full").click();
@@ -264,7 +251,7 @@ fn run_beside_full_writes_the_head_file_and_runs_the_head_policy() {
 fn a_whole_layer_of_picks_is_priced_as_speed_one_layer_deeper() {
     let mut h = open_heads();
     for q in [0, 2, 4, 6] {
-        click_cell(&mut h, 11, q);
+        testing::click_head_cell(&mut h, 11, q);
     }
     assert_eq!(picked(&h), vec![(11, 0), (11, 1), (11, 2), (11, 3)]);
     assert!(
