@@ -264,3 +264,24 @@ fn a_whole_layer_of_picks_is_priced_as_speed_one_layer_deeper() {
         share_label(kv_share(16, 4, 11, 0, &shape))
     );
 }
+
+#[test]
+fn a_long_head_run_shows_progress_and_cancels() {
+    let mut h = open_heads();
+    let dir = tempfile::tempdir().unwrap();
+    h.state_mut().heads.folder = dir.path().display().to_string();
+    testing::click_head_cell(&mut h, 15, 0);
+    h.state_mut().live.max_new_tokens = 4000;
+    h.get_by_label("Run beside full").click();
+    h.step();
+    step_until(&mut h, "a few tokens", |s| s.live.full.len() >= 3);
+    // while it streams: a progress bar, Cancel, and no second run
+    assert!(h.query_by_role(Role::ProgressIndicator).is_some());
+    assert!(h.state().heads_run_blocked().is_some());
+    h.get_by_label("Cancel generation").click();
+    h.step();
+    step_until(&mut h, "the cancel", |s| s.job.is_none());
+    assert_eq!(h.state().live.status, LiveStatus::Cancelled);
+    assert!(h.state().live.full.len() < 4000);
+    assert!(h.state().live.speed_policy.contains("+heads:"));
+}
