@@ -224,6 +224,26 @@ pub fn heads_policy(cut: usize, file: &Path) -> Result<PolicySpec, String> {
 }
 
 impl ViewerState {
+    /// Fills the picks from the budget field's plan and makes the plan's
+    /// cut the chosen one (what *Fill from budget* does); the plan, or why
+    /// there is none.
+    pub fn fill_heads_from_budget(&mut self) -> Result<HeadPlan, String> {
+        let Some(loaded) = self.loaded.as_ref() else {
+            return Err("open or run a report first".into());
+        };
+        self.heads.refresh(loaded);
+        let data = match &self.heads.data {
+            Some(Ok(d)) => d.clone(),
+            Some(Err(e)) => return Err(e.clone()),
+            None => return Err("the report has no head data".into()),
+        };
+        self.view.l_cut = self.heads.fill_from_budget(&data)?;
+        self.heads
+            .plan
+            .clone()
+            .ok_or_else(|| "the budget gave no plan".to_string())
+    }
+
     /// Why "Run beside full" cannot start now, or `None` when it can.
     pub fn heads_run_blocked(&self) -> Option<&'static str> {
         match &self.model {

@@ -219,7 +219,11 @@ fn run_beside_full_writes_the_head_file_and_runs_the_head_policy() {
     assert!(live.speed_metrics.kv_bytes < live.full_metrics.kv_bytes);
     assert_eq!(h.state().heads.written.as_deref(), Some(path.as_path()));
     assert!(
-        h.query_by_label_contains("SPEED with kept heads (speed:10+bos+heads:")
+        h.query_by_label("SPEED with kept heads (speed:10+bos+heads:heads-c10-n2.json)")
+            .is_some()
+    );
+    assert!(
+        h.query_by_label(&format!("policy: speed:10+bos+heads:{}", path.display()))
             .is_some()
     );
 
