@@ -18,7 +18,7 @@
 //! the most mass; zero kept pairs is SPEED itself, so a plan never keeps
 //! less mass than SPEED+BoS within the same budget.
 
-use lcut_trace::{CutoffAccuracy, Tensor2};
+use lcut_trace::{CutoffAccuracy, PromptTrace, Report, Tensor2};
 
 use crate::error::DiagError;
 
@@ -71,6 +71,23 @@ pub struct PromptShape {
     pub prefill: f64,
     /// Decode-phase tokens D (generation prompt and new tokens).
     pub decode: f64,
+}
+
+impl PromptShape {
+    /// The mean token counts of a report's prompts, as SPEED+BoS splits
+    /// them: one anchor, the prefill tokens after it, and the decode-phase
+    /// tokens (the generation prompt and the new tokens).
+    pub fn of_report(report: &Report) -> Self {
+        let n = report.traces.len().max(1) as f64;
+        let mean = |f: &dyn Fn(&PromptTrace) -> usize| {
+            report.traces.iter().map(f).sum::<usize>() as f64 / n
+        };
+        Self {
+            anchors: 1.0,
+            prefill: mean(&|t| t.decode_start.saturating_sub(1)),
+            decode: mean(&|t| t.prompt_len - t.decode_start + t.num_steps()),
+        }
+    }
 }
 
 /// The K/V share SPEED+BoS at `cut` with `kept` pairs above it holds of the

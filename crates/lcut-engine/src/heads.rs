@@ -27,11 +27,7 @@ pub const LAST_RANKING: &str = "runs/latest/heads-ranking.json";
 
 /// The model a ranking or head file names.
 pub fn file_model(identity: &ModelIdentity) -> FileModel {
-    FileModel {
-        config_hash: Some(identity.config_hash.clone()),
-        num_layers: Some(identity.num_layers),
-        num_kv_heads: Some(identity.num_kv_heads),
-    }
+    identity.file_model()
 }
 
 /// The per-(layer, K/V head) masses of a report.
@@ -60,16 +56,7 @@ pub fn write_ranking(dir: &Path, report: &Report) -> Result<PathBuf> {
 /// The mean token counts of a report's prompts: anchors, prefill tokens,
 /// decode-phase tokens (the generation prompt and the new tokens).
 pub fn prompt_shape(report: &Report) -> PromptShape {
-    let n = report.traces.len().max(1) as f64;
-    let sum = |f: &dyn Fn(&lcut_trace::PromptTrace) -> usize| {
-        report.traces.iter().map(f).sum::<usize>() as f64 / n
-    };
-    PromptShape {
-        // SPEED+BoS keeps one anchor
-        anchors: 1.0,
-        prefill: sum(&|t| t.decode_start.saturating_sub(1)),
-        decode: sum(&|t| t.prompt_len - t.decode_start + t.num_steps()),
-    }
+    PromptShape::of_report(report)
 }
 
 /// What a K/V budget buys on a report's model: the plan, the policy that
