@@ -172,6 +172,7 @@ fn presses_match_kvpress_in_one_chunk_in_chunks_and_one_token_at_a_time() -> Res
             let logits = &c.reference.tensors[&format!("logits.{}", p.key)];
             let kept = c.reference.kept(&format!("kept.{}", p.key))?;
             let one_at_a_time: Vec<usize> = (1..=t).collect();
+            let mut worst = 0f32;
             let runs: [(&str, &[usize]); 3] = [
                 ("in one chunk", &[t]),
                 // the third chunk crosses the decode start
@@ -190,7 +191,9 @@ fn presses_match_kvpress_in_one_chunk_in_chunks_and_one_token_at_a_time() -> Res
                     "{what}: differs from kvpress by {d:e} (> {TOL:e})"
                 );
                 holds_what_kvpress_keeps(&c.model, &what, &seq, c.s, &kept)?;
+                worst = worst.max(d);
             }
+            eprintln!("{} {}: largest |logit difference| {worst:e}", c.name, p.key);
         }
     }
     Ok(())

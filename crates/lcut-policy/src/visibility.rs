@@ -265,6 +265,20 @@ pub trait KvAccounting: Visibility {
         prompt as f64 / (prefill * kv) as f64
     }
 
+    /// The share of the prompt's K/V (every position before the decode
+    /// start, at every layer and K/V head) a model with `kv_heads` K/V heads
+    /// no longer holds once the prompt has run: the compression ratio
+    /// kvpress means, as this rule achieves it (0 with no prompt).
+    fn prompt_share_removed(&self, kv_heads: usize) -> f64 {
+        let prompt = self.phases().decode_start();
+        let kv = kv_heads.max(1);
+        let full = self.num_layers() * prompt * kv;
+        if full == 0 {
+            return 0.0;
+        }
+        1.0 - self.held_head_rows(0, kv) as f64 / full as f64
+    }
+
     /// How many of the first `len` tokens exist at each layer (the rows each
     /// layer runs in a prefill of `len` tokens).
     fn present_per_layer(&self, len: usize) -> Vec<usize> {

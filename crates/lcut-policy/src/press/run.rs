@@ -456,6 +456,20 @@ mod tests {
     }
 
     #[test]
+    fn the_share_removed_is_the_ratio_where_the_prompt_divides() {
+        let r = run(PressName::Knorm, 0.5);
+        assert_eq!(r.prompt_share_removed(2), 0.5);
+        // int(8 * 0.25) = 2 kept of 8: 0.75 removed; 0.7 keeps int(2.4) = 2
+        assert_eq!(run(PressName::Knorm, 0.75).prompt_share_removed(2), 0.75);
+        assert_eq!(run(PressName::Knorm, 0.7).prompt_share_removed(2), 0.75);
+        let phases = TokenPhases::new(12, 8, 1).expect("phases");
+        let speed = crate::LayerRule::new(1, 4, crate::UpperReads::AnchorsAndDecode, phases);
+        // 8 prompt positions at 4 layers; the cut keeps 8 at layer 0 and the
+        // anchor above: 11 of 32 held
+        assert!((speed.prompt_share_removed(2) - 21.0 / 32.0).abs() < 1e-12);
+    }
+
+    #[test]
     fn streamingllm_keeps_the_same_positions_at_every_head() {
         let mut r = run(PressName::StreamingLlm, 0.5);
         decide_all(&mut r).unwrap();
