@@ -176,6 +176,22 @@ impl Sequence {
         self.rule.dynamic().is_none_or(|d| d.is_decided())
     }
 
+    /// Whether the prompt's chunks wait at stage cuts: a policy that
+    /// decides there has not decided yet.
+    pub(crate) fn prefills_in_stages(&self) -> bool {
+        self.rule
+            .dynamic()
+            .is_some_and(|d| !d.is_decided() && !d.stage_cuts().is_empty())
+    }
+
+    /// Whether the policy decides from each layer's K/V once the prompt has
+    /// run, and has not yet: until it has, every row stays.
+    pub(crate) fn awaits_prompt_end(&self) -> bool {
+        self.rule
+            .dynamic()
+            .is_some_and(|d| d.decides_at_prompt_end() && !d.is_decided())
+    }
+
     /// SlimInfer's state (kept blocks, decisions, traffic), when the policy
     /// is SlimInfer: its own records, for reports and the viewer.
     pub fn slim(&self) -> Option<&SlimRun> {

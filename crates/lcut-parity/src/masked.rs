@@ -104,6 +104,15 @@ impl MaskedReference {
 
 /// The "policies" entry of a safetensors file's metadata.
 fn policies_metadata(path: &Path, bytes: &[u8]) -> Result<BTreeMap<String, MetaPolicy>> {
+    let policies = metadata_entry(path, bytes, "policies")?;
+    serde_json::from_str(&policies).map_err(|e| ModelError::Safetensors {
+        path: path.to_path_buf(),
+        reason: format!("\"policies\" metadata: {e}"),
+    })
+}
+
+/// The string `key` of a safetensors file's metadata (`bytes`: the file).
+pub(crate) fn metadata_entry(path: &Path, bytes: &[u8], key: &str) -> Result<String> {
     let bad = |reason: String| ModelError::Safetensors {
         path: path.to_path_buf(),
         reason,
@@ -117,12 +126,12 @@ fn policies_metadata(path: &Path, bytes: &[u8]) -> Result<BTreeMap<String, MetaP
         .ok_or_else(|| bad("its header runs past the end".into()))?;
     let header: serde_json::Value =
         serde_json::from_slice(header).map_err(|e| bad(format!("header is not JSON: {e}")))?;
-    let policies = header
+    header
         .get("__metadata__")
-        .and_then(|m| m.get("policies"))
+        .and_then(|m| m.get(key))
         .and_then(|p| p.as_str())
-        .ok_or_else(|| bad("no \"policies\" in its metadata".into()))?;
-    serde_json::from_str(policies).map_err(|e| bad(format!("\"policies\" metadata: {e}")))
+        .map(str::to_string)
+        .ok_or_else(|| bad(format!("no {key:?} in its metadata")))
 }
 
 fn write_heads(file: &PathBuf, heads: Vec<(usize, usize)>) -> Result<()> {

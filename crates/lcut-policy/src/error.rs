@@ -11,9 +11,12 @@ pub enum PolicyError {
          `knockout:l`, `band:a..b`, \
          `swiftkv:C`, `swiftkv:C+bos`, `pop:C`, `pop:C+bos`, \
          `slim:C1@K1[,C2@K2...][+block:B][+unit:u][+window:w][+swap:g][+sink:n][+score:unit|avg|max]` \
-         or `slim:paper`, where C is a layer count (24), a fraction of depth (3/4) or a decimal \
-         (0.75), K a token count (8192, 8k) or a share of the prompt (25%), and l, a, b \
-         0-based layers"
+         or `slim:paper`, a press `streamingllm:R[+sink:N]`, `snapkv:R[+window:W][+kernel:K]`, \
+         `pyramidkv:R[+window:W][+kernel:K][+beta:B]`, `knorm:R`, `tova:R`, \
+         `expected:R[+sink:N][+future:F][+cov:off][+vnorm:off][+epsilon:E]`, where C is a layer \
+         count (24), a fraction of depth (3/4) or a decimal (0.75), K a token count (8192, 8k) or \
+         a share of the prompt (25%), R the share of the prompt's K/V a press removes, in (0, 1), \
+         and l, a, b 0-based layers"
     )]
     Malformed {
         /// The text given.
@@ -46,7 +49,7 @@ pub enum PolicyError {
     },
     /// A family registered under a name that is taken or not a word.
     #[error(
-        "policy family name {name:?} is taken or not a lower-case word (letters, digits, `_`; not full, speed, selfonly, slim, swiftkv or pop)"
+        "policy family name {name:?} is taken or not a lower-case word (letters, digits, `_`; not a built-in family: full, speed, selfonly, slim, swiftkv, pop, knockout, band or a press)"
     )]
     FamilyName {
         /// The name asked for.
@@ -95,6 +98,27 @@ pub enum PolicyError {
     RankingMissing {
         /// The heads asked for.
         count: usize,
+    },
+    /// A press given a prompt it cannot compress as kvpress does.
+    #[error("{policy} cannot compress a prompt of {prompt} token(s): {reason}")]
+    PressPrompt {
+        /// The press as written.
+        policy: String,
+        /// Prompt tokens before the decode start.
+        prompt: usize,
+        /// Why.
+        reason: String,
+    },
+    /// A policy that decides at the prompt's end was handed a layer it
+    /// cannot decide from.
+    #[error("{policy}: layer {layer}: {reason}")]
+    PromptLayer {
+        /// The policy as written.
+        policy: String,
+        /// The layer.
+        layer: usize,
+        /// What is wrong with what it was handed.
+        reason: String,
     },
     /// `+system` anchors were asked for but the prompt has no system part.
     #[error(

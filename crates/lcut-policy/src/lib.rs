@@ -1,6 +1,7 @@
 //! KV-visibility policies for layer-asymmetric decoding (SPEED with or
 //! without kept heads, SelfOnly, prompt knockout bands, SlimInfer,
-//! projected prompt K/V as SwiftKV and POP, and registered families), the
+//! projected prompt K/V as SwiftKV and POP, kvpress's presses, and
+//! registered families), the
 //! token phases they act on, the one interface through
 //! which everything asks a policy what a sequence sees ([`Visibility`]), and
 //! the KV-cache cost model.
@@ -19,7 +20,9 @@ mod heads;
 mod layer_rule;
 mod phases;
 mod policy;
+mod press;
 mod projected;
+mod query_window;
 mod record;
 mod selection;
 mod slim;
@@ -41,10 +44,11 @@ pub use heads::{
 pub use layer_rule::{LayerRule, UpperReads};
 pub use phases::{Phase, PhaseError, TokenPhases};
 pub use policy::{Anchors, HeadExceptions, Policy, PolicyKind, PolicySpec, split_list};
+pub use press::{PRESSES, PressName, PressParams, PressRun};
 pub use projected::{ProjectedKv, ProjectedName};
 pub use record::{CutRecord, SlimTrace, StepRecord};
 pub use selection::{SlimSelection, StepTraffic};
 pub use slim::{Budget, MAX_SLIM_CUTS, ScoreMode, SlimOptions, SlimParams, SlimSpec};
 pub use slim_run::SlimRun;
 pub use slim_score::{BlockSummaries, top_blocks};
-pub use visibility::{DynamicRule, HostKeys, KvAccounting, Visibility};
+pub use visibility::{DynamicRule, HostKeys, KvAccounting, PromptKv, Visibility};

@@ -1,6 +1,6 @@
 //! Policies as written and as resolved against a model's depth: the family
-//! (full, SPEED, SelfOnly, SlimInfer, projected prompt K/V or a registered
-//! family), its cutoff and
+//! (full, SPEED, SelfOnly, SlimInfer, projected prompt K/V, a press or a
+//! registered family), its cutoff and
 //! anchors, what it can do (capabilities), and the [`Visibility`] it gives
 //! one sequence. Every visibility question goes through that interface.
 
@@ -18,6 +18,7 @@ use crate::head_rule::HeadRule;
 use crate::heads::{HeadChoice, HeadRanking, HeadSet, ModelDims};
 use crate::layer_rule::{LayerRule, UpperReads};
 use crate::phases::TokenPhases;
+use crate::press::{PressName, PressParams, PressRun};
 use crate::projected::{ProjectedKv, ProjectedName};
 use crate::slim::{SlimParams, SlimSpec};
 use crate::slim_run::SlimRun;
@@ -54,6 +55,11 @@ pub enum PolicyKind {
         /// The band's last layer.
         last: usize,
     },
+    /// One of kvpress's presses (`snapkv:0.5`, ...): once the prompt has
+    /// run at full depth, each layer keeps the prompt positions its press
+    /// scores highest (per K/V head where the press is head-wise); its
+    /// ratio and options are the policy's [`PressParams`].
+    Press(PressName),
 }
 
 /// Which prompt tokens stay visible at every layer.
@@ -97,6 +103,9 @@ pub struct PolicySpec {
     /// Head exceptions above a SPEED cut (`+heads:..`, `+window:W`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heads: Option<HeadChoice>,
+    /// A press's ratio and options (`Press` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub press: Option<PressParams>,
 }
 
 impl PolicySpec {
@@ -108,6 +117,7 @@ impl PolicySpec {
             anchors: Anchors::None,
             slim: None,
             heads: None,
+            press: None,
         }
     }
 
@@ -119,6 +129,19 @@ impl PolicySpec {
             anchors: Anchors::None,
             slim: Some(spec),
             heads: None,
+            press: None,
+        }
+    }
+
+    /// A press.
+    pub fn press(params: PressParams) -> Self {
+        Self {
+            kind: PolicyKind::Press(params.name),
+            cut: CutSpec::Fraction(1.0),
+            anchors: Anchors::None,
+            slim: None,
+            heads: None,
+            press: Some(params),
         }
     }
 
@@ -130,6 +153,7 @@ impl PolicySpec {
             anchors,
             slim: None,
             heads: None,
+            press: None,
         }
     }
 
@@ -171,6 +195,18 @@ impl PolicySpec {
                 anchors: Anchors::Prefix(o.sink * o.block),
                 slim: Some(params),
                 heads: None,
+                press: None,
+            });
+        }
+        if let (PolicyKind::Press(_), Some(params)) = (self.kind, self.press) {
+            return Ok(Policy {
+                kind: self.kind,
+                l_cut: num_layers,
+                num_layers,
+                anchors: Anchors::None,
+                slim: None,
+                heads: None,
+                press: Some(params),
             });
         }
         let l_cut = match self.kind {
@@ -203,6 +239,7 @@ impl PolicySpec {
             anchors: self.anchors,
             slim: None,
             heads,
+            press: None,
         })
     }
 }
@@ -317,6 +354,10 @@ impl FromStr for PolicySpec {
             None => (rest, None),
         };
         let cut_lower = cut.to_ascii_lowercase();
+        if let Some(name) = PressName::from_name(head) {
+            let body = &lower[head.len() + 1..];
+            return Ok(Self::press(PressParams::parse(text, name, body)?));
+        }
         let kind = match head {
             "slim" => return Ok(Self::slim(SlimSpec::parse(text, &lower[5..])?)),
             "speed" => PolicyKind::Speed,
@@ -403,6 +444,10 @@ impl fmt::Display for PolicySpec {
                 Some(spec) => spec.fmt(f),
                 None => write!(f, "slim:?"),
             },
+            PolicyKind::Press(name) => match &self.press {
+                Some(params) => params.fmt(f),
+                None => write!(f, "{name}:?"),
+            },
         }
     }
 }
@@ -442,6 +487,8 @@ pub struct Policy {
     slim: Option<SlimParams>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     heads: Option<HeadExceptions>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    press: Option<PressParams>,
 }
 
 impl Policy {
@@ -454,6 +501,7 @@ impl Policy {
             anchors: Anchors::None,
             slim: None,
             heads: None,
+            press: None,
         }
     }
 
@@ -472,6 +520,9 @@ impl Policy {
     /// what exists, what is kept and what is read at each layer, and (for a
     /// policy that decides while it runs) its decisions.
     pub fn visibility(&self, phases: TokenPhases) -> Box<dyn Visibility> {
+        if let Some(params) = self.press {
+            return Box::new(PressRun::new(params, phases, self.num_layers));
+        }
         match (self.kind, self.slim) {
             (PolicyKind::Custom(family), _) => {
                 family.visibility(self.l_cut, self.num_layers, phases)
@@ -533,6 +584,13 @@ impl Policy {
             },
             PolicyKind::Projected(_) => Capabilities {
                 is_static: true,
+                needs_staged_prefill: false,
+                trainable: false,
+                reuses_full_prefill: false,
+            },
+            // a press decides from its own prefill's queries
+            PolicyKind::Press(_) => Capabilities {
+                is_static: false,
                 needs_staged_prefill: false,
                 trainable: false,
                 reuses_full_prefill: false,
@@ -607,8 +665,23 @@ impl Policy {
     pub fn is_full_depth(&self) -> bool {
         match self.kind {
             PolicyKind::Full => true,
-            PolicyKind::Band { .. } => false,
+            PolicyKind::Band { .. } | PolicyKind::Press(_) => false,
             _ => self.l_cut >= self.num_layers,
+        }
+    }
+
+    /// A press's ratio and options (`None` for other policies).
+    pub fn press(&self) -> Option<&PressParams> {
+        self.press.as_ref()
+    }
+
+    /// Refuse a sequence of these phases the policy cannot run: a prompt a
+    /// press cannot compress as kvpress does (too short for its window or
+    /// sinks, or a budget below them). Every other policy runs any phases.
+    pub fn check_phases(&self, phases: &TokenPhases) -> Result<(), PolicyError> {
+        match &self.press {
+            Some(p) => p.check_prompt(phases.decode_start(), self.num_layers),
+            None => Ok(()),
         }
     }
 
@@ -621,6 +694,9 @@ impl Policy {
     pub fn spec(&self) -> PolicySpec {
         if let Some(slim) = &self.slim {
             return PolicySpec::slim(slim.spec());
+        }
+        if let Some(press) = self.press {
+            return PolicySpec::press(press);
         }
         PolicySpec {
             heads: self.heads.map(|h| h.choice),
@@ -873,6 +949,41 @@ mod tests {
             .unwrap();
         assert_eq!(p.heads().map(|h| h.set.pairs().len()), Some(0));
         assert!(p.reuses_full_prefill() && !p.trainable());
+    }
+
+    #[test]
+    fn presses_parse_resolve_and_list_as_policies() {
+        let p = parse("SnapKV:0.5+window:4");
+        assert_eq!(p.kind, PolicyKind::Press(PressName::SnapKv));
+        assert_eq!(p.to_string(), "snapkv:0.5+window:4");
+        let r = p.resolve(30).unwrap();
+        assert_eq!(r.press().map(|x| x.window), Some(4));
+        assert_eq!(r.to_string(), "snapkv:0.5+window:4");
+        assert!(!r.is_static() && !r.is_full_depth() && !r.reuses_full_prefill());
+        assert!(!r.trainable() && !r.needs_staged_prefill());
+        assert_eq!(
+            split_list("full,knorm:0.5;expected:0.25+sink:2,streamingllm:0.875"),
+            vec![
+                "full",
+                "knorm:0.5",
+                "expected:0.25+sink:2",
+                "streamingllm:0.875"
+            ]
+        );
+        // the prompt is checked against the press
+        let phases = TokenPhases::new(20, 12, 0).unwrap();
+        assert!(r.check_phases(&phases).is_ok());
+        let short = TokenPhases::new(20, 4, 0).unwrap();
+        let err = r.check_phases(&short).unwrap_err();
+        assert!(matches!(err, PolicyError::PressPrompt { .. }), "{err}");
+        let vis = r.visibility(phases);
+        assert!(
+            vis.dynamic()
+                .is_some_and(|d| d.decides_at_prompt_end() && !d.is_decided())
+        );
+        // 30 layers x 6 of the 12 prompt positions
+        assert_eq!(vis.accounting().held_token_layers(0), 180);
+        assert!("knorm:2".parse::<PolicySpec>().is_err());
     }
 
     #[test]

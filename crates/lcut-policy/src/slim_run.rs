@@ -6,46 +6,14 @@
 //! each layer of a decode step; everything here is host arithmetic.
 
 use std::any::Any;
-use std::collections::VecDeque;
 
 use crate::phases::TokenPhases;
+use crate::query_window::QueryWindow;
 use crate::record::{CutRecord, SlimTrace, StepRecord};
 use crate::selection::SlimSelection;
 use crate::slim::SlimParams;
 use crate::slim_score::{BlockSummaries, top_blocks};
 use crate::visibility::{DynamicRule, HostKeys, KvAccounting, Visibility};
-
-/// The last `w` queries seen at one decision layer, `heads * head_dim` each.
-#[derive(Debug, Clone, Default)]
-struct QueryWindow {
-    rows: VecDeque<Vec<f32>>,
-}
-
-impl QueryWindow {
-    /// Keep the last `w` of the rows seen so far.
-    fn push(&mut self, rows: Vec<Vec<f32>>, w: usize) {
-        for r in rows {
-            if self.rows.len() == w {
-                self.rows.pop_front();
-            }
-            self.rows.push_back(r);
-        }
-    }
-
-    /// The mean query of the window.
-    fn mean(&self) -> Vec<f32> {
-        let Some(first) = self.rows.front() else {
-            return Vec::new();
-        };
-        let mut acc = vec![0f32; first.len()];
-        for r in &self.rows {
-            acc.iter_mut().zip(r).for_each(|(a, x)| *a += x);
-        }
-        let inv = 1.0 / self.rows.len() as f32;
-        acc.iter_mut().for_each(|a| *a *= inv);
-        acc
-    }
-}
 
 /// SlimInfer's state of one sequence.
 #[derive(Debug, Clone)]

@@ -8,12 +8,14 @@
 //! - [`KvAccounting`], the K/V a sequence holds and reads, counted from those
 //!   answers (a rule may count faster than position by position);
 //! - [`DynamicRule`], the hooks of a policy that decides while it runs
-//!   (SlimInfer): the decoder hands it queries and keys at its decision
-//!   layers. Static rules have none, and the generic paths never ask them.
+//!   (SlimInfer at its stage cuts, kvpress's presses at the prompt's end):
+//!   the decoder hands it queries and keys at its decision layers. Static
+//!   rules have none, and the generic paths never ask them.
 
 use std::any::Any;
 use std::fmt;
 
+use crate::error::PolicyError;
 use crate::phases::{Phase, TokenPhases};
 use crate::record::{CutRecord, SlimTrace, StepRecord};
 
@@ -29,6 +31,23 @@ pub struct HostKeys<'a> {
     pub positions: &'a [usize],
     /// The keys, `kv_heads * positions.len() * head_dim` values.
     pub data: &'a [f32],
+}
+
+/// What a policy that decides at the prompt's end reads of one layer once
+/// every prompt token has run it: the layer's keys (after RoPE, as cached)
+/// and values of every prompt position, and what it needs of the model's
+/// attention.
+#[derive(Debug, Clone)]
+pub struct PromptKv<'a> {
+    /// The keys, with the positions of the prompt's tokens.
+    pub keys: HostKeys<'a>,
+    /// The values, laid out as the keys.
+    pub values: &'a [f32],
+    /// Query heads (a multiple of the K/V heads).
+    pub heads: usize,
+    /// The RoPE inverse frequencies of the rotated pairs (half the rotated
+    /// width; the model's scaling applied), in the rotate-half layout.
+    pub rope_inv_freq: &'a [f32],
 }
 
 /// The visibility of one sequence under one policy: what every rule answers.
@@ -246,6 +265,20 @@ pub trait KvAccounting: Visibility {
         prompt as f64 / (prefill * kv) as f64
     }
 
+    /// The share of the prompt's K/V (every position before the decode
+    /// start, at every layer and K/V head) a model with `kv_heads` K/V heads
+    /// no longer holds once the prompt has run: the compression ratio
+    /// kvpress means, as this rule achieves it (0 with no prompt).
+    fn prompt_share_removed(&self, kv_heads: usize) -> f64 {
+        let prompt = self.phases().decode_start();
+        let kv = kv_heads.max(1);
+        let full = self.num_layers() * prompt * kv;
+        if full == 0 {
+            return 0.0;
+        }
+        1.0 - self.held_head_rows(0, kv) as f64 / full as f64
+    }
+
     /// How many of the first `len` tokens exist at each layer (the rows each
     /// layer runs in a prefill of `len` tokens).
     fn present_per_layer(&self, len: usize) -> Vec<usize> {
@@ -277,10 +310,14 @@ pub trait KvAccounting: Visibility {
     }
 }
 
-/// The hooks of a policy that decides while it runs (SlimInfer): the
-/// decoder hands it the latest queries of its decision layers, the keys
-/// below each stage cut once the whole prompt has reached it, and a call
-/// after each layer of a decode step.
+/// The hooks of a policy that decides while it runs. A policy with stage
+/// cuts (SlimInfer) is handed the latest queries of its decision layers,
+/// the keys below each stage cut once the whole prompt has reached it, and
+/// a call after each layer of a decode step. A policy that decides at the
+/// prompt's end (kvpress's presses) sees the prompt's queries it asks for
+/// while the prompt runs at full depth, then every layer's prompt K/V before
+/// the first decode-phase token runs: until then the decoder keeps every
+/// row, and afterwards drops, per K/V head, those the policy does not keep.
 pub trait DynamicRule {
     /// Layers at whose input the whole prompt must have arrived before any
     /// prompt token goes on (decisions are taken there); empty for a policy
@@ -307,6 +344,42 @@ pub trait DynamicRule {
     /// Take stage `stage`'s decision from the keys of the layer below its cut
     /// (every prompt token that exists there).
     fn decide_stage(&mut self, _stage: usize, _keys: &HostKeys<'_>) {}
+
+    /// Whether the policy decides from each layer's K/V once the prompt
+    /// has run ([`DynamicRule::decide_at_prompt_end`]); the prompt then runs
+    /// every layer whole, and the decode phase after the decision.
+    fn decides_at_prompt_end(&self) -> bool {
+        false
+    }
+
+    /// Whether the policy wants the queries of `layer`'s prompt rows before
+    /// RoPE ([`DynamicRule::observe_unrotated_queries`]).
+    fn wants_unrotated_queries(&self, _layer: usize) -> bool {
+        false
+    }
+
+    /// The queries of a prompt chunk's rows at `layer` before RoPE (after
+    /// the q-norm where the model has one): `rows` holds one row of `heads *
+    /// head_dim` values (head-major) per position of `positions`.
+    fn observe_unrotated_queries(
+        &mut self,
+        _layer: usize,
+        _heads: usize,
+        _positions: &[usize],
+        _rows: &[f32],
+    ) {
+    }
+
+    /// Decide what `layer` keeps from its prompt K/V (called once per
+    /// layer, after the whole prompt has run, before any decode-phase
+    /// token); once every layer is decided, [`DynamicRule::is_decided`].
+    fn decide_at_prompt_end(
+        &mut self,
+        _layer: usize,
+        _kv: &PromptKv<'_>,
+    ) -> Result<(), PolicyError> {
+        Ok(())
+    }
 
     /// After `layer` ran a decode step whose first token is at `position`.
     fn after_decode_layer(&mut self, _layer: usize, _position: usize) {}

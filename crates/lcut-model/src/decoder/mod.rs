@@ -4,7 +4,9 @@
 //! `load` builds a decoder from a model's files, `pass` runs a chunk through
 //! the layers, `attention` is one layer's attention with its mask,
 //! `projected` keeps the K/V a policy projects for tokens that left below,
-//! `stages` is the staged prefill of a policy that decides at stage cuts.
+//! `stages` is the staged prefill of a policy that decides at stage cuts,
+//! `prompt_end` the decision of a policy that decides once the prompt has
+//! run.
 
 mod attention;
 mod batch;
@@ -12,6 +14,7 @@ mod chunk_attention;
 mod load;
 mod pass;
 mod projected;
+mod prompt_end;
 mod reads;
 mod stages;
 mod step;
@@ -325,11 +328,10 @@ impl Decoder {
                 },
             ));
         }
-        Ok(Sequence::with_rule(
-            policy,
-            policy.visibility(phases),
-            self.cache_shape(),
-        ))
+        policy.check_phases(&phases)?;
+        let seq = Sequence::with_rule(policy, policy.visibility(phases), self.cache_shape());
+        self.check_prompt_end(&seq)?;
+        Ok(seq)
     }
 
     /// A new full-depth sequence.
@@ -382,6 +384,9 @@ impl Decoder {
     ) -> Result<ChunkOutput> {
         self.check_next(seq, tokens)?;
         let (n, start) = (tokens.len(), seq.next_pos);
+        if seq.awaits_prompt_end() && start + n > seq.phases().decode_start() {
+            return self.forward_across_prompt_end(seq, tokens, rows, probe);
+        }
         if n == 1
             && let Some(out) = self.fused_step(seq, tokens[0], rows, &mut probe)?
         {
@@ -390,7 +395,7 @@ impl Decoder {
         }
         let (hidden, present) = self.embed(tokens, start, &mut probe)?;
         let last = start + n - 1;
-        if !seq.is_decided() {
+        if seq.prefills_in_stages() {
             let out = self.staged_prefill(seq, hidden, present, last, rows, &mut probe);
             seq.next_pos = start + n;
             self.drop_unread(seq)?;
@@ -410,13 +415,14 @@ impl Decoder {
     /// decoding (a layer's K/V the prompt's own queries read while it ran;
     /// per K/V head where the heads keep different rows). Pending chunks of
     /// a staged prefill still read their layers' rows: nothing goes while
-    /// one waits.
+    /// one waits; nor does a policy's row that decides at the prompt's end
+    /// before it has.
     pub(crate) fn drop_unread(&self, seq: &mut Sequence) -> Result<()> {
         if !seq.pending.is_empty() {
             return Ok(());
         }
         let next = seq.next_pos;
-        let decoding = next >= seq.rule.phases().decode_start();
+        let decoding = next >= seq.rule.phases().decode_start() && !seq.awaits_prompt_end();
         let kv_heads = self.cfg.num_kv_heads;
         for (l, (cache, layer)) in seq.caches.iter_mut().zip(&self.layers).enumerate() {
             if let Some(w) = layer.window {

@@ -186,7 +186,22 @@ impl Decoder {
         probe: &mut Option<&mut (dyn Probe + '_)>,
     ) -> Result<Tensor> {
         let x = layer.input_norm.forward(hidden)?;
-        let qkv = layer.attn.qkv(&x, &self.rope, cos, sin)?;
+        let qkv = match seq.rule.dynamic_mut() {
+            Some(d) if d.wants_unrotated_queries(l) => {
+                let (qkv, unrotated) = layer.attn.qkv_keeping_queries(&x, &self.rope, cos, sin)?;
+                let (heads, n, hd) = unrotated.dims3()?;
+                let rows = unrotated
+                    .transpose(0, 1)?
+                    .contiguous()?
+                    .to_dtype(DType::F32)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?;
+                debug_assert_eq!(rows.len(), n * heads * hd);
+                d.observe_unrotated_queries(l, heads, present, &rows);
+                qkv
+            }
+            _ => layer.attn.qkv(&x, &self.rope, cos, sin)?,
+        };
         if let Some(d) = seq.rule.dynamic_mut()
             && let Some(w) = d.query_window(l)
         {
