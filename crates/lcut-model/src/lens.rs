@@ -38,6 +38,10 @@ pub fn lens_buffer_bound(sites: usize, vocab: usize, keep_logits: bool) -> u64 {
     (16 * block + 12 * vocab + kept) as u64
 }
 
+/// Receives each position's lens logits [sites, vocab] (f32) as
+/// [`Decoder::lens_records`] makes them.
+pub type LogitSink<'a> = &'a mut dyn FnMut(usize, &Tensor) -> Result<()>;
+
 /// The lens of one position at every site (index 0 the embeddings, `l + 1`
 /// the output of layer `l`).
 #[derive(Debug, Clone, PartialEq)]
@@ -144,8 +148,7 @@ impl<'m> LensProbe<'m> {
             kept.push((p, z.copy()?));
             Ok(())
         };
-        let sink: Option<&mut dyn FnMut(usize, &Tensor) -> Result<()>> =
-            if keep { Some(&mut sink) } else { None };
+        let sink: Option<LogitSink<'_>> = if keep { Some(&mut sink) } else { None };
         let mut records = self.model.lens_records(&sites, positions, None, sink)?;
         for (rec, gone) in records.iter_mut().zip(&missing) {
             for &i in gone {

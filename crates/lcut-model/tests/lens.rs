@@ -19,8 +19,7 @@ const TOL: f32 = 1e-4;
 
 fn reference(case: &str) -> Result<HashMap<String, Tensor>> {
     let path = oracle_case(case).join("lens.safetensors");
-    Ok(candle_core::safetensors::load(&path, &Device::Cpu)
-        .with_context(|| path.display().to_string())?)
+    candle_core::safetensors::load(&path, &Device::Cpu).with_context(|| path.display().to_string())
 }
 
 fn rows_f32(r: &HashMap<String, Tensor>, key: &str) -> Result<Vec<Vec<f32>>> {
@@ -239,13 +238,10 @@ fn kept_logits_are_the_records_logits() -> Result<()> {
         );
         let lsm: Vec<Vec<f32>> =
             candle_nn::ops::log_softmax(z, candle_core::D::Minus1)?.to_vec2()?;
-        for i in 0..sites {
-            let got = lsm[i][rec.target as usize];
-            ensure!(
-                (got - rec.logprob[i]).abs() <= 1e-5,
-                "{got} vs {}",
-                rec.logprob[i]
-            );
+        ensure!(lsm.len() == sites && rec.logprob.len() == sites);
+        for (row, &want) in lsm.iter().zip(&rec.logprob) {
+            let got = row[rec.target as usize];
+            ensure!((got - want).abs() <= 1e-5, "{got} vs {want}");
         }
     }
     Ok(())

@@ -15,6 +15,7 @@ mod error;
 mod figures;
 mod heatmap;
 mod html;
+mod leaderboard;
 mod lens;
 mod lines;
 mod markdown;
@@ -33,6 +34,9 @@ pub use error::ReportError;
 pub use figures::{Figure, default_prompt, figures};
 pub use heatmap::Heatmap;
 pub use html::{HtmlOptions, render_html};
+pub use leaderboard::{
+    LEADERBOARD_COLUMNS, leaderboard_chart, render_leaderboard_csv, render_leaderboard_html,
+};
 pub use lens::{formation_sentence, lens_prompt_table, report_formation_sentence};
 pub use lines::{Line, LineChart, LineStyle};
 pub use markdown::render_markdown;

@@ -47,12 +47,10 @@ fn item(id: String, kind: &str, prompt: String, answer: String, scoring: Scoring
         id,
         kind: kind.into(),
         length: "short".into(),
-        variant: None,
-        system: None,
         prompt,
         answer,
         scoring,
-        choices: Vec::new(),
+        ..SuiteItem::default()
     }
 }
 

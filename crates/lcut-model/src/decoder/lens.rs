@@ -10,7 +10,7 @@ use rayon::prelude::*;
 
 use super::Decoder;
 use crate::error::{ModelError, Result};
-use crate::lens::{LENS_BLOCK_ELEMS, LensRecord};
+use crate::lens::{LENS_BLOCK_ELEMS, LensRecord, LogitSink};
 use crate::lens_stats::{FinalRow, RowStats};
 
 impl Decoder {
@@ -45,7 +45,7 @@ impl Decoder {
         sites: &[Tensor],
         positions: &[usize],
         targets: Option<&[u32]>,
-        mut on_logits: Option<&mut dyn FnMut(usize, &Tensor) -> Result<()>>,
+        mut on_logits: Option<LogitSink<'_>>,
     ) -> Result<Vec<LensRecord>> {
         let (n, s, v) = (positions.len(), sites.len(), self.cfg.vocab_size);
         if s == 0 || n == 0 {
