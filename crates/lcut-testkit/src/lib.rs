@@ -27,8 +27,8 @@ pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// The seven transformers reference cases in `fixtures/oracle`.
-pub const ORACLE_CASES: [&str; 7] = [
+/// The eight transformers reference cases in `fixtures/oracle`.
+pub const ORACLE_CASES: [&str; 8] = [
     "llama-gqa",
     "llama31-rope-scaled",
     "qwen2-bias",
@@ -36,6 +36,7 @@ pub const ORACLE_CASES: [&str; 7] = [
     "mistral-window",
     "gemma2-softcap",
     "phi3-fused",
+    "gemma3-sliding",
 ];
 
 /// The folder of reference case `name` (e.g. `llama-gqa`): a model folder
