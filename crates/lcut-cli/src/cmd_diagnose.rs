@@ -59,9 +59,12 @@ pub struct DiagnoseArgs {
     /// loaded) is more than the machine has free.
     #[arg(long)]
     pub force: bool,
-    /// Also recommend the cut and kept (layer, K/V head) pairs that keep
-    /// the most decode-to-prefill mass within this share of the full
-    /// model's K/V, in (0, 1], and write them as OUT/heads-kv<BUDGET>.json.
+    /// Also recommend the cut and kept (layer, K/V head) pairs for this
+    /// share of the full model's K/V, in (0, 1], checked on the run's
+    /// prompts: SPEED+BoS at the largest cut that fits and the plans of the
+    /// cuts a fifth of the depth below it, teacher-forced against the full
+    /// model, the best agreement kept; writes OUT/heads-kv<BUDGET>.json and
+    /// the candidates under OUT/heads-kv<BUDGET>-check/.
     #[arg(long, value_parser = crate::cmd_recommend::parse_budget)]
     pub kv_budget: Option<f64>,
     /// Record the logit lens: each decode step's hidden states through the
@@ -266,9 +269,40 @@ pub fn run(args: &DiagnoseArgs) -> Result<()> {
         ranking.display()
     );
     if let Some(budget) = args.kv_budget {
-        let out = crate::cmd_recommend::head_file_path(&args.out, budget);
-        crate::cmd_recommend::advise(&report, budget, &out)?;
+        check_budget(args, &inputs, &report, budget)?;
     }
     report_peak(&inputs.need);
+    Ok(())
+}
+
+/// `--kv-budget`: check the budget's candidate plans on the run's prompts,
+/// write the chosen head file and print every candidate's figures.
+fn check_budget(args: &DiagnoseArgs, inputs: &Inputs, report: &Report, budget: f64) -> Result<()> {
+    let out = crate::cmd_recommend::head_file_path(&args.out, budget);
+    let dir = args.out.join(format!("heads-kv{budget}-check"));
+    let bar = progress_bar();
+    bar.println(format!(
+        "checking the plans of K/V budget {budget} on {} prompts",
+        inputs.prepared.len()
+    ));
+    let checked = lcut_engine::head_check::check_budget(
+        &inputs.session,
+        report,
+        &inputs.prepared,
+        budget,
+        args.max_new_tokens,
+        &dir,
+        &mut on_event(&bar),
+    )?;
+    bar.finish_and_clear();
+    lcut_engine::heads::write_head_file(&out, &checked.advice, &report.model)
+        .with_context(|| format!("writing the head file {}", out.display()))?;
+    print!("{}", checked.table());
+    println!("{}", checked.advice.summary(&out));
+    println!(
+        "wrote {} (chosen, * above) and {}",
+        out.display(),
+        dir.join("candidates.json").display()
+    );
     Ok(())
 }

@@ -45,6 +45,10 @@ pub fn advise(report: &Report, budget: f64, out: &Path) -> Result<()> {
     write_head_file(out, &advice, &report.model)
         .with_context(|| format!("writing the head file {}", out.display()))?;
     println!("{}", advice.summary(out));
+    println!(
+        "planned from the report's masses alone; `lcut diagnose --kv-budget {budget}` checks the \
+         plans of nearby cuts and SPEED+BoS on the model"
+    );
     println!("wrote {}", out.display());
     Ok(())
 }

@@ -9,14 +9,30 @@ use lcut_engine::suite::{self, RulerOptions, RulerTask, SuiteItem};
 use crate::args::{KvDtypeArg, WeightArg};
 use crate::common::{ModelArgs, parse_len, write_atomic};
 
+/// How the prompts are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FormArg {
+    /// Questions for a chat template (SmolLM2-Instruct and other chat models).
+    Chat,
+    /// Each question followed by an answer stem the model continues, for a
+    /// base model without a chat template (Gemma 3 270M).
+    Completion,
+}
+
 /// Arguments of `lcut suite`.
 #[derive(Debug, clap::Args)]
 pub struct SuiteArgs {
     /// Seed of the generators.
     #[arg(long, default_value_t = suite::SMOLLM2_SUITE_SEED)]
     pub seed: u64,
-    /// Where to write the JSON Lines (the project's suite,
-    /// fixtures/suites/smollm2.jsonl, by default; --ruler needs it given).
+    /// Chat form, or completion form for a base model (each question
+    /// followed by an answer stem; RULER tasks take completion form for a
+    /// model without a chat template whatever this says).
+    #[arg(long, value_enum, default_value = "chat")]
+    pub form: FormArg,
+    /// Where to write the JSON Lines [default: fixtures/suites/smollm2.jsonl
+    /// in chat form, fixtures/suites/completion.jsonl in completion form;
+    /// --ruler needs it given].
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Write RULER-style tasks instead, each prompt with its task's new
@@ -37,11 +53,6 @@ pub struct SuiteArgs {
     /// RULER samples per task.
     #[arg(long, default_value_t = 10, requires = "ruler")]
     pub samples: usize,
-    /// Write the RULER tasks as completions (BoS, context, question, answer
-    /// stem) even for a model with a chat template (the form of a model
-    /// without one).
-    #[arg(long, requires = "ruler")]
-    pub completion: bool,
 }
 
 /// Run `lcut suite`: write the suite and print its composition.
@@ -49,11 +60,15 @@ pub fn run(args: &SuiteArgs) -> Result<()> {
     if let Some(len) = &args.ruler {
         return ruler(args, len);
     }
+    let (form, default_out) = match args.form {
+        FormArg::Chat => (suite::Form::Chat, suite::SMOLLM2_SUITE),
+        FormArg::Completion => (suite::Form::Completion, suite::COMPLETION_SUITE),
+    };
     let out = args
         .out
         .clone()
-        .unwrap_or_else(|| PathBuf::from(suite::SMOLLM2_SUITE));
-    let items = suite::generate(args.seed);
+        .unwrap_or_else(|| PathBuf::from(default_out));
+    let items = suite::generate_in(args.seed, form);
     write_atomic(&out, suite::to_jsonl(&items).as_bytes())?;
     println!(
         "wrote {} items to {} ({})",
@@ -94,7 +109,7 @@ fn ruler(args: &SuiteArgs, len: &str) -> Result<()> {
     .open()?;
     let context = pending.config().max_position_embeddings;
     let tok = pending.prompter()?;
-    let completion = args.completion || !tok.has_chat_template();
+    let completion = args.form == FormArg::Completion || !tok.has_chat_template();
     let opts = RulerOptions {
         target,
         context,

@@ -112,6 +112,9 @@ pub enum EngineError {
     /// Shard results that do not make one whole run.
     #[error("merging eval shards: {0}")]
     Merge(String),
+    /// A K/V budget's plan that cannot be checked as asked.
+    #[error("checking the plan of a K/V budget: {0}")]
+    HeadCheck(String),
     /// A shard written other than `I/N` or `auto/N`.
     #[error("shard {text:?}: expected I/N (e.g. 0/4) or auto/N (index from the job array)")]
     BadShard {

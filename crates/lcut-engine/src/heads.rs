@@ -31,7 +31,7 @@ pub fn file_model(identity: &ModelIdentity) -> FileModel {
 }
 
 /// The per-(layer, K/V head) masses of a report.
-fn masses(report: &Report) -> Result<Vec<Vec<f64>>> {
+pub(crate) fn report_masses(report: &Report) -> Result<Vec<Vec<f64>>> {
     Ok(kv_head_masses(
         &report.curves.prefill_by_head,
         report.model.num_kv_heads,
@@ -42,7 +42,7 @@ fn masses(report: &Report) -> Result<Vec<Vec<f64>>> {
 pub fn ranking(report: &Report) -> Result<HeadRanking> {
     Ok(HeadRanking {
         model: file_model(&report.model),
-        ranking: head_ranking(&masses(report)?),
+        ranking: head_ranking(&report_masses(report)?),
     })
 }
 
@@ -78,8 +78,13 @@ pub struct HeadAdvice {
 impl HeadAdvice {
     /// The plan for `budget` from `report`.
     pub fn from_report(report: &Report, budget: f64) -> Result<Self> {
-        let masses = masses(report)?;
-        let plan = plan_for_budget(&masses, &prompt_shape(report), budget)?;
+        let plan = plan_for_budget(&report_masses(report)?, &prompt_shape(report), budget)?;
+        Self::for_plan(report, budget, plan)
+    }
+
+    /// `plan` for `budget`, with what `report`'s calibration says of it.
+    pub fn for_plan(report: &Report, budget: f64, plan: HeadPlan) -> Result<Self> {
+        let masses = report_masses(report)?;
         let calibration = report
             .sweep
             .as_ref()

@@ -11,6 +11,7 @@ mod error;
 pub mod forward;
 mod generate;
 pub mod gguf_tokenizer;
+pub mod head_check;
 pub mod heads;
 pub mod leaderboard;
 mod prompt;

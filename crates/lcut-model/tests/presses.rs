@@ -139,7 +139,11 @@ fn holds_what_kvpress_keeps(
     let cfg = model.config();
     let (kv, decode) = (cfg.num_kv_heads, seq.len() - s);
     for (l, (cache, heads)) in seq.caches().iter().zip(kept).enumerate() {
-        ensure!(heads.len() == kv, "{what}: {} heads kept at layer {l}", heads.len());
+        ensure!(
+            heads.len() == kv,
+            "{what}: {} heads kept at layer {l}",
+            heads.len()
+        );
         for (h, positions) in heads.iter().enumerate() {
             let mut want = positions.clone();
             want.extend(s..seq.len());

@@ -16,7 +16,9 @@ mod score;
 pub use cutoffs::{CutoffEvalOptions, accuracy_by_cutoff, smallest_cut_within};
 pub(crate) use eval::evaluate_item;
 pub use eval::{SuiteEvalOptions, evaluate_suite, evaluate_suite_until, resolve_policy};
-pub use generate::{SMOLLM2_SUITE, SMOLLM2_SUITE_SEED, generate, to_jsonl};
+pub use generate::{
+    COMPLETION_SUITE, Form, SMOLLM2_SUITE, SMOLLM2_SUITE_SEED, generate, generate_in, to_jsonl,
+};
 pub use read::{SuiteError, parse_suite, read_suite, read_suite_hashed};
 pub use result::{
     GroupScore, ItemResult, SuiteEval, merge_evals, score_group, summarize, wilson, wilson_mean,

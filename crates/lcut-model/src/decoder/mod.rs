@@ -46,6 +46,9 @@ struct Layer {
     /// Gemma-2's norm on the MLP output before the residual add.
     mlp_out_norm: Option<RmsNorm>,
     window: Option<usize>,
+    /// Which RoPE the layer rotates by: 0 the model's, 1 the sliding
+    /// layers' own (Gemma 3); the index into [`Decoder::rope_tables`].
+    rope: usize,
 }
 
 /// A loaded model.
@@ -60,6 +63,8 @@ pub struct Decoder {
     final_norm: RmsNorm,
     lm_head: Linear,
     rope: Rope,
+    /// The sliding layers' RoPE where it is not `rope` (Gemma 3).
+    sliding_rope: Option<Rope>,
     /// Most score elements (heads x queries x keys) one attention block holds.
     attention_block_elems: usize,
     /// The storage type of the K/V cache.
@@ -268,6 +273,28 @@ impl Decoder {
         }
         self.kv_dtype = dtype;
         Ok(())
+    }
+
+    /// cos and sin tables of `positions` for each RoPE of the model, in the
+    /// order [`Layer::rope`] indexes them.
+    pub(crate) fn rope_tables(&self, positions: &[usize]) -> Result<Vec<(Tensor, Tensor)>> {
+        std::iter::once(&self.rope)
+            .chain(&self.sliding_rope)
+            .map(|r| r.tables(positions, self.dtype))
+            .collect()
+    }
+
+    /// The host cos and sin of one position for each RoPE of the model,
+    /// into `tables` (in [`Layer::rope`]'s order), as the fused step reads them.
+    pub(crate) fn rope_tables_into(&self, position: usize, tables: &mut Vec<(Vec<f32>, Vec<f32>)>) {
+        let ropes = std::iter::once(&self.rope).chain(&self.sliding_rope);
+        tables.resize_with(
+            1 + usize::from(self.sliding_rope.is_some()),
+            Default::default,
+        );
+        for (rope, (cos, sin)) in ropes.zip(tables.iter_mut()) {
+            rope.tables_into(position, cos, sin);
+        }
     }
 
     /// The final norm's scale, then every layer's input norm's.

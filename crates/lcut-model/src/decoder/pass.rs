@@ -83,7 +83,7 @@ impl Decoder {
         step_from: Option<usize>,
         probe: &mut Option<&mut (dyn Probe + '_)>,
     ) -> Result<(Tensor, Vec<usize>)> {
-        let mut tables = self.rope.tables(&present, self.dtype)?;
+        let mut tables = self.rope_tables(&present)?;
         let mut reads = LayerReads::default();
         let mut projected: Option<Projected> = None;
         for l in layers {
@@ -99,7 +99,7 @@ impl Decoder {
                     let idx = Tensor::new(keep.as_slice(), &self.device)?;
                     hidden = hidden.index_select(&idx, 0)?;
                     present = keep.iter().map(|&i| present[i as usize]).collect();
-                    tables = self.rope.tables(&present, self.dtype)?;
+                    tables = self.rope_tables(&present)?;
                 }
             }
             if present.is_empty() {
@@ -115,7 +115,7 @@ impl Decoder {
             hidden = self.layer_forward(
                 (l, layer),
                 &hidden,
-                (&present, &tables),
+                (&present, &tables[layer.rope]),
                 projected.as_ref(),
                 seq,
                 &mut reads,

@@ -56,12 +56,11 @@ struct RowBuffers {
 }
 
 /// What one sequence of a pass needs of its own: its position's RoPE
-/// tables, its attention's scratch and probabilities, the cache rows it
-/// reads.
+/// tables (cos and sin of each RoPE of the model), its attention's scratch
+/// and probabilities, the cache rows it reads.
 #[derive(Debug, Default)]
 struct LaneScratch {
-    cos: Vec<f32>,
-    sin: Vec<f32>,
+    rope: Vec<(Vec<f32>, Vec<f32>)>,
     probs: Vec<f32>,
     attention: AttentionScratch,
     reads: KeyReads,
@@ -223,7 +222,7 @@ impl Decoder {
         );
         for lane in lanes.iter_mut() {
             let s = &mut *lane.scratch;
-            self.rope.tables_into(lane.pos, &mut s.cos, &mut s.sin);
+            self.rope_tables_into(lane.pos, &mut s.rope);
         }
         let held = model.hold();
         for (l, layer) in model.layers.iter().enumerate() {
@@ -358,8 +357,9 @@ impl Decoder {
         if let Some(w) = &layer.k_norm {
             ops::rms_norm_in_place(k, w, eps)?;
         }
-        ops::rope_in_place(q, hd, &s.cos, &s.sin)?;
-        ops::rope_in_place(k, hd, &s.cos, &s.sin)?;
+        let (cos, sin) = &s.rope[layer.rope];
+        ops::rope_in_place(q, hd, cos, sin)?;
+        ops::rope_in_place(k, hd, cos, sin)?;
         if let Some(d) = seq.rule.dynamic_mut()
             && let Some(w) = d.query_window(l)
             && w > 0

@@ -251,11 +251,13 @@ impl PressParams {
             PressName::SnapKv | PressName::PyramidKv if self.window == 0 => {
                 Err("the observation window must hold at least one query".into())
             }
-            PressName::SnapKv | PressName::PyramidKv if self.kernel.is_multiple_of(2) => Err(format!(
-                "kernel {} is even: kvpress pools with an odd kernel (its output would be one \
+            PressName::SnapKv | PressName::PyramidKv if self.kernel.is_multiple_of(2) => {
+                Err(format!(
+                    "kernel {} is even: kvpress pools with an odd kernel (its output would be one \
                  position longer than its input)",
-                self.kernel
-            )),
+                    self.kernel
+                ))
+            }
             PressName::PyramidKv if self.beta == 0 => Err("beta must be at least 1".into()),
             PressName::Expected if self.future == 0 => {
                 Err("the query statistics need at least one future position".into())

@@ -1,0 +1,105 @@
+//! A K/V budget on the bundled model: `lcut diagnose --kv-budget` checks
+//! the candidate plans (SPEED+BoS first) on the run's prompts and writes
+//! the chosen head file, which `lcut generate` then runs; `lcut recommend`
+//! plans from the report alone; budgets outside (0, 1] are refused.
+
+#![allow(clippy::unwrap_used)] // test helpers unwrap like the tests do
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn lcut(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lcut"))
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .expect("lcut runs")
+}
+
+fn ok(args: &[&str], cwd: &Path) -> String {
+    let out = lcut(args, cwd);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "lcut {args:?} failed: {stderr}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn a_checked_budget_never_agrees_less_than_speed_and_its_head_file_runs() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let run_s = run.to_str().unwrap();
+    let stdout = ok(
+        &[
+            "diagnose",
+            "--max-new-tokens",
+            "6",
+            "--out",
+            run_s,
+            "--kv-budget",
+            "0.8",
+        ],
+        &repo,
+    );
+    assert!(stdout.contains("(SPEED+BoS)"), "{stdout}");
+
+    let text = std::fs::read_to_string(run.join("heads-kv0.8-check/candidates.json")).unwrap();
+    let check: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let candidates = check["candidates"].as_array().unwrap();
+    assert!(candidates.len() >= 2, "{text}");
+    assert_eq!(candidates[0]["kept_pairs"], 0, "SPEED+BoS is checked first");
+    let top = candidates[0]["cut"].as_u64().unwrap();
+    for c in candidates {
+        assert!(c["kv_share"].as_f64().unwrap() <= 0.8 + 1e-9, "{c}");
+        assert!(c["cut"].as_u64().unwrap() <= top, "{c}");
+    }
+    let chosen = &candidates[check["chosen"].as_u64().unwrap() as usize];
+    let agreement = |c: &serde_json::Value| c["top1_agreement"].as_f64().unwrap();
+    assert!(
+        candidates.iter().all(|c| agreement(chosen) >= agreement(c)),
+        "the chosen plan agrees with full at least as well as every candidate: {text}"
+    );
+
+    // the chosen head file names its cut and runs as a policy
+    let file = run.join("heads-kv0.8.json");
+    let head_file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(head_file["cut"], chosen["cut"]);
+    let generated = ok(
+        &[
+            "generate",
+            "--policy",
+            chosen["policy"].as_str().unwrap(),
+            "--max-new-tokens",
+            "4",
+            "Name a color.",
+        ],
+        &repo,
+    );
+    assert!(!generated.trim().is_empty());
+
+    // planned from the report alone, and said to be unchecked
+    let unchecked = ok(&["recommend", run_s, "--kv-budget", "0.7"], &repo);
+    assert!(unchecked.contains("masses alone"), "{unchecked}");
+    assert!(run.join("heads-kv0.7.json").is_file());
+}
+
+#[test]
+fn a_budget_outside_the_range_is_refused_by_name() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let tmp = tempfile::tempdir().unwrap();
+    for bad in ["0", "1.5", "most"] {
+        let out = lcut(
+            &[
+                "recommend",
+                tmp.path().to_str().unwrap(),
+                "--kv-budget",
+                bad,
+            ],
+            &repo,
+        );
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("(0, 1]"), "{bad}: {stderr}");
+    }
+}
