@@ -1,14 +1,14 @@
 //! The quantized products: the portable path against the dequantized
 //! weights and activations (computed in f64), and every SIMD path the CPU
 //! has against the portable one, exactly where every float step is exact
-//! and within rounding otherwise. A path the CPU lacks is skipped with a
-//! note.
+//! and within rounding otherwise. A level this machine does not run is
+//! counted and named on standard error (`IsaChecks`).
 
 use lcut_kernels::isa::{ALL, Isa};
 use lcut_kernels::quant::{
     FORMATS, MAX_BATCH, Q8Rows, QuantFormat, QuantMatrix, dequantize, matmul, matvec, matvec_rows,
 };
-use lcut_kernels::testdata::{Rng, random_blocks};
+use lcut_kernels::testdata::{IsaChecks, Rng, random_blocks};
 
 /// Widths that exercise odd block counts, 16-block groups and their tails.
 fn widths(format: QuantFormat) -> Vec<usize> {
@@ -26,17 +26,6 @@ fn activations(rng: &mut Rng, rows: usize, cols: usize) -> Vec<f32> {
         x[40] = 50.0;
     }
     x
-}
-
-fn skip_note(isa: Isa) -> bool {
-    if !isa.available() {
-        println!(
-            "note: this CPU lacks the {} path; its checks are skipped",
-            isa.name()
-        );
-        return true;
-    }
-    false
 }
 
 /// Row r of W dot activation row i in f64 over dequantized values, and the
@@ -145,9 +134,10 @@ fn exact_case(format: QuantFormat, rows: usize, cols: usize, rng: &mut Rng) -> (
 
 #[test]
 fn simd_paths_give_the_portable_bits_when_every_step_is_exact() {
+    let mut checks = IsaChecks::new("quant::simd_paths_give_the_portable_bits");
     let mut rng = Rng::new(2);
     for isa in ALL.into_iter().filter(|&i| i != Isa::Portable) {
-        if skip_note(isa) {
+        if !checks.runs(isa) {
             continue;
         }
         for format in FORMATS {
@@ -185,9 +175,10 @@ fn simd_paths_give_the_portable_bits_when_every_step_is_exact() {
 
 #[test]
 fn simd_paths_equal_the_portable_one_within_rounding() {
+    let mut checks = IsaChecks::new("quant::simd_paths_equal_the_portable_one");
     let mut rng = Rng::new(3);
     for isa in ALL.into_iter().filter(|&i| i != Isa::Portable) {
-        if skip_note(isa) {
+        if !checks.runs(isa) {
             continue;
         }
         for format in FORMATS {
@@ -260,6 +251,7 @@ fn tiled(isa: Isa, format: QuantFormat) -> bool {
 /// but for the AVX-512 micro-kernel, which sums in another order.
 #[test]
 fn the_chunk_product_equals_the_batched_one_and_the_reference() {
+    let mut checks = IsaChecks::new("quant::the_chunk_product_equals_the_batched_one");
     let mut rng = Rng::new(5);
     for format in FORMATS {
         let cols = widths(format)[1];
@@ -274,7 +266,7 @@ fn the_chunk_product_equals_the_batched_one_and_the_reference() {
         q.quantize(&x, n, cols).expect("whole blocks");
         let a = dequantized_acts(&q);
         for isa in ALL {
-            if skip_note(isa) {
+            if !checks.runs(isa) {
                 continue;
             }
             let mut got = vec![f32::NAN; n * rows];
@@ -337,3 +329,4 @@ fn shapes_that_do_not_fit_are_errors() {
     q.quantize(&[0.0; 64 * 9], 9, 64).expect("whole blocks");
     assert!(matvec_rows(Isa::Portable, &m, &q, 0..2, &mut [0f32; 18]).is_err());
 }
+
