@@ -30,6 +30,9 @@
 # the live shots alone (no 128K trace, no diagnostic run); RUN_TIMEOUT (seconds, default 3600) for
 # the run; HEATMAP_HOVER (x,y) where the pointer rests on the run's heatmaps
 # (on SmolLM2, 270,400 is the access code of the first prompt at layer 20);
+# HEADS_REPORT (a saved diagnose run) and HEADS_BUDGET take `heads`, the
+# Heads view with the picks of that K/V budget (after the other shots, or
+# alone with ONLY_HEADS=1);
 # SHOTS_DIR (default docs/screenshots); CARGO_TARGET_DIR as cargo reads it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -64,12 +67,14 @@ start() {
   pid=$!
 }
 
-# wait_for SECONDS: wait for the viewer's line that a --run or --generate
-# job ended; fail on "failed:" or a timeout.
+# wait_for SECONDS [REGEX]: wait for the viewer's line that a --run,
+# --generate or --kv-budget job ended (or a line matching REGEX); fail on
+# "failed:" or a timeout.
 wait_for() {
   local limit=$1 i
+  local ended=${2:-'^(run done|generation done|run stopped|generation stopped|heads done|failed)'}
   for ((i = 0; i < limit; i++)); do
-    if grep -qE '^(run done|generation done|run stopped|generation stopped|failed)' "$tmp/viewer.log"; then
+    if grep -qE "$ended" "$tmp/viewer.log"; then
       if grep -q '^failed' "$tmp/viewer.log"; then
         cat "$tmp/viewer.log" >&2
         exit 1
@@ -103,6 +108,29 @@ stop() {
   wait "$pid" 2>/dev/null || true
   pid=
 }
+
+# heads_shot: the Heads view of a saved diagnose run of MODEL (HEADS_REPORT:
+# a report.json or its folder) with the picks of the plan for the K/V budget
+# HEADS_BUDGET (default 0.75), as `heads`; then those picks run beside the
+# full model and SPEED+BoS at equal K/V on the live prompt, as `heads-live`.
+heads_shot() {
+  local args=(--model "$model" --report "$HEADS_REPORT" --kv-budget "${HEADS_BUDGET:-0.75}")
+  start "${args[@]}" --screenshot-view heads
+  wait_for 300
+  cat "$tmp/viewer.log"
+  capture heads
+  stop
+  start "${args[@]}" --run-heads --live-prompt "$live_prompt" --live-max-new-tokens "$live_tokens"
+  wait_for 1200 '^(generation done|generation stopped|failed)'
+  cat "$tmp/viewer.log"
+  capture heads-live
+  stop
+}
+
+if [ -n "${ONLY_HEADS:-}" ]; then
+  heads_shot
+  exit 0
+fi
 
 only_live="${ONLY_LIVE:-}"
 if [ -z "$only_live" ]; then
@@ -163,3 +191,4 @@ else
   capture sweep
   stop
 fi
+if [ -n "${HEADS_REPORT:-}" ]; then heads_shot; fi

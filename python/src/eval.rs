@@ -88,6 +88,7 @@ pub fn run(
                 dtype: source.mode.name(),
                 adapter: session.adapter.clone(),
                 max_new_tokens: args.max_new_tokens,
+                item_budgets: false,
                 shard: None,
                 seconds: results.iter().map(|r| r.seconds).sum(),
                 scores: summarize(&results),

@@ -1,6 +1,6 @@
 """Session.forward against an outside reference and against lcut's command line.
 
-- Hugging Face transformers' float32 runs of seven architectures
+- Hugging Face transformers' float32 runs of eight reference cases
   (fixtures/oracle/*: reference.safetensors, case.json): logits at full depth
   and under every SPEED / SelfOnly policy listed there, every layer's residual
   stream and attention, within 1e-4.
@@ -33,8 +33,8 @@ def max_abs(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
 
 
-def test_all_seven_reference_cases_are_here():
-    assert len(CASES) == 7, CASES
+def test_all_eight_reference_cases_are_here():
+    assert len(CASES) == 8, CASES
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -51,7 +51,8 @@ def test_full_depth_matches_transformers(case):
     for layer in range(layers):
         assert max_abs(out.layer_out[layer], ref[f"layer_out.{layer}"]) <= TOL, (case, layer)
         assert max_abs(out.attention[layer], ref[f"attn.{layer}"]) <= TOL, (case, layer)
-    if session.config.arch != "gemma2":  # transformers stores Gemma-2's unscaled lookup
+    # transformers stores Gemma-2's unscaled lookup (Gemma 3's embed_tokens scales)
+    if session.config.arch != "gemma2":
         assert max_abs(out.embeddings, ref["embeddings"]) <= TOL, case
 
 

@@ -6,7 +6,7 @@
 //! for a cutoff `c` sits at `y = c`: below it the layers that keep the prompt.
 
 use egui::{Color32, ColorImage, TextureHandle, TextureOptions, Ui, Vec2b};
-use egui_plot::{HLine, LineStyle, Plot, PlotImage, PlotPoint, Polygon};
+use egui_plot::{HLine, LineStyle, Plot, PlotImage, PlotPoint, PlotTransform, PlotUi, Polygon};
 
 use crate::colormap::ValueRange;
 use crate::grid::{Grid, PositionIndex};
@@ -282,6 +282,29 @@ pub fn show_heatmap(
     src: &dyn GridSource,
     opts: &HeatmapOptions<'_>,
 ) -> egui::Response {
+    show_heatmap_with(ui, cache, src, opts, |_| {}).response
+}
+
+/// What a heatmap drawn by [`show_heatmap_with`] reports back.
+pub struct HeatmapResponse {
+    /// The plot's response (hover text attached).
+    pub response: egui::Response,
+    /// The data point under the pointer, when it is over the plot.
+    pub pointer: Option<PlotPoint>,
+    /// Data to screen, as drawn.
+    pub transform: PlotTransform,
+}
+
+/// [`show_heatmap`] with `overlay` drawing more items over the map (under
+/// the cut lines), reporting the pointer in data coordinates and the
+/// transform.
+pub fn show_heatmap_with(
+    ui: &mut Ui,
+    cache: &mut HeatmapCache,
+    src: &dyn GridSource,
+    opts: &HeatmapOptions<'_>,
+    overlay: impl FnOnce(&mut PlotUi<'_>),
+) -> HeatmapResponse {
     let extent = src.x_extent();
     let rows = src.rows();
     let plot = Plot::new(opts.id)
@@ -313,6 +336,7 @@ pub fn show_heatmap(
                 pui.polygon(rect_polygon(name, *r, SHADE));
             }
         }
+        overlay(pui);
         for (c, color, name, dashed) in &opts.cuts {
             let style = if *dashed {
                 LineStyle::dashed_loose()
@@ -348,7 +372,11 @@ pub fn show_heatmap(
     {
         response = response.on_hover_text_at_pointer(text);
     }
-    response
+    HeatmapResponse {
+        response,
+        pointer: result.inner,
+        transform: result.transform,
+    }
 }
 
 /// A filled rectangle `[x0, x1, y0, y1]` as a plot polygon.

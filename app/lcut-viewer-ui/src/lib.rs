@@ -10,6 +10,9 @@
 //!   the screen, tokens on hover), layer × head, BoS apart; linear or log scale.
 //! - [`curves`]: per-layer masses, entropy, curvature, the cut lines (drag).
 //! - [`recommend_panel`], [`cost_panel`], [`sweep_panel`], [`live`].
+//! - [`heads_view`] over [`head_picks`] and [`head_data`]: pick the
+//!   (layer, K/V head) pairs kept above the cut, their K/V share and mass,
+//!   a budget's plan, and `speed:C+bos+heads:FILE` run beside full.
 //! - [`slim_data`], [`slim_views`]: a live SlimInfer run: positions that
 //!   exist per layer, score bars per cut, active sets and overlap per step.
 
@@ -28,6 +31,9 @@ pub mod fake;
 pub mod files;
 pub mod frames;
 pub mod grid;
+pub mod head_data;
+pub mod head_picks;
+pub mod heads_view;
 pub mod heatmap;
 pub mod heatmap_view;
 pub mod jobs;

@@ -167,6 +167,9 @@ fn show_summary(ui: &mut Ui, live: &LiveState) {
         Some(_) => format!(", third policy {:.0}%", 100.0 * live.extra_agreement()),
         None => String::new(),
     };
+    if live.speed_policy.contains("+heads:") {
+        ui.label(RichText::new(format!("policy: {}", live.speed_policy)).weak());
+    }
     ui.label(format!(
         "{status} · {} prompt tokens, agreement {:.0}%{extra} · first divergence: {} · KL at step 0: {}",
         live.prompt_len,
@@ -181,6 +184,24 @@ fn show_summary(ui: &mut Ui, live: &LiveState) {
     ));
 }
 
+/// `policy` with its head file named by the file's name alone (a column
+/// title has no room for a folder; the summary line keeps the whole path).
+pub fn short_head_file(policy: &str) -> String {
+    let Some((before, rest)) = policy.split_once("+heads:") else {
+        return policy.to_string();
+    };
+    let (file, after) = rest.split_once('+').map_or((rest, ""), |(f, a)| (f, a));
+    let name = std::path::Path::new(file)
+        .file_name()
+        .map_or(file.to_string(), |n| n.to_string_lossy().into_owned());
+    let after = if after.is_empty() {
+        String::new()
+    } else {
+        format!("+{after}")
+    };
+    format!("{before}+heads:{name}{after}")
+}
+
 fn columns(live: &LiveState) -> Vec<Column<'_>> {
     let full_title = if live.full_policy.is_empty() {
         "Full".to_string()
@@ -188,6 +209,9 @@ fn columns(live: &LiveState) -> Vec<Column<'_>> {
         format!("Full ({})", live.full_policy)
     };
     let speed_title = match (&live.speed_policy, live.l_cut) {
+        (p, _) if p.contains("+heads:") => {
+            format!("SPEED with kept heads ({})", short_head_file(p))
+        }
         (p, _) if !p.is_empty() => format!("SPEED ({p})"),
         (_, Some(c)) => format!("SPEED at L_cut {c}"),
         _ => "SPEED".to_string(),
@@ -209,6 +233,8 @@ fn columns(live: &LiveState) -> Vec<Column<'_>> {
     if let Some(p) = &live.extra_policy {
         let name = if live.slim.is_some() || p.starts_with("slim:") {
             "SlimInfer"
+        } else if p.starts_with("speed:") {
+            "SPEED"
         } else {
             "Third"
         };
@@ -250,4 +276,22 @@ pub fn show_live(
         }
     });
     go
+}
+
+#[cfg(test)]
+mod tests {
+    use super::short_head_file;
+
+    #[test]
+    fn a_head_file_is_named_by_its_file_name_in_titles() {
+        assert_eq!(
+            short_head_file("speed:11+bos+heads:/a/b/heads-c11-n33.json"),
+            "speed:11+bos+heads:heads-c11-n33.json"
+        );
+        assert_eq!(
+            short_head_file("speed:11+bos+heads:x/h.json+window:64"),
+            "speed:11+bos+heads:h.json+window:64"
+        );
+        assert_eq!(short_head_file("speed:22+bos"), "speed:22+bos");
+    }
 }

@@ -18,17 +18,20 @@ pub enum Tab {
     Recommendation,
     /// Quality against cost across cuts.
     Sweep,
+    /// Picking the (layer, K/V head) pairs kept above the cut.
+    Heads,
     /// Full and SPEED generating side by side.
     Live,
 }
 
 impl Tab {
     /// Every tab, in display order.
-    pub const ALL: [Tab; 5] = [
+    pub const ALL: [Tab; 6] = [
         Tab::Heatmaps,
         Tab::Curves,
         Tab::Recommendation,
         Tab::Sweep,
+        Tab::Heads,
         Tab::Live,
     ];
 
@@ -39,6 +42,7 @@ impl Tab {
             Tab::Curves => "Curves",
             Tab::Recommendation => "Recommendation",
             Tab::Sweep => "Sweep",
+            Tab::Heads => "Heads",
             Tab::Live => "Live",
         }
     }

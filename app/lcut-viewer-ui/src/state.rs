@@ -17,6 +17,7 @@ use crate::backend::{
 };
 use crate::dialog::FileDialogState;
 use crate::frames::FrameStats;
+use crate::head_picks::HeadPicks;
 use crate::live_state::LiveState;
 use crate::loaded::LoadedReport;
 use crate::settings::CostSettings;
@@ -93,6 +94,8 @@ pub struct ViewerState {
     pub live: LiveState,
     /// Export settings.
     pub export: ExportSettings,
+    /// The (layer, K/V head) pairs picked in the head view.
+    pub heads: HeadPicks,
     /// Messages, newest last.
     pub log: Vec<String>,
     /// The latest error, shown until the next job starts.
@@ -124,7 +127,7 @@ impl ViewerState {
         }
     }
 
-    fn fail(&mut self, msg: String) {
+    pub(crate) fn fail(&mut self, msg: String) {
         self.note(format!("error: {msg}"));
         self.error = Some(msg);
     }
@@ -267,6 +270,7 @@ impl ViewerState {
             report.model.num_heads
         ));
         self.view.l_cut = report.recommendation.l_cut;
+        self.heads = HeadPicks::for_report(&source, &self.export.dir);
         self.loaded = Some(LoadedReport::new(Arc::new(report), source));
     }
 
@@ -452,16 +456,12 @@ impl ViewerState {
 
 /// SPEED at `l_cut` layers, with the BoS anchor when `keep_bos`.
 fn speed_spec(l_cut: usize, keep_bos: bool) -> PolicySpec {
-    PolicySpec {
-        kind: PolicyKind::Speed,
-        cut: CutSpec::Layers(l_cut),
-        anchors: if keep_bos {
-            Anchors::Bos
-        } else {
-            Anchors::None
-        },
-        slim: None,
-    }
+    let anchors = if keep_bos {
+        Anchors::Bos
+    } else {
+        Anchors::None
+    };
+    PolicySpec::at_cut(PolicyKind::Speed, CutSpec::Layers(l_cut), anchors)
 }
 
 #[cfg(test)]

@@ -42,6 +42,26 @@ pub fn step_until(
     h.step();
 }
 
+/// Clicks the head view's cell of query head `q` at `layer` (press and
+/// release without moving, where the heatmap was last drawn).
+pub fn click_head_cell(h: &mut Harness<'_, ViewerState>, layer: usize, q: usize) {
+    let t = h
+        .state()
+        .heads
+        .transform
+        .expect("the head view has been drawn");
+    let at = t.position_from_point(&egui_plot::PlotPoint::new(
+        q as f64 + 0.5,
+        layer as f64 + 0.5,
+    ));
+    h.hover_at(at);
+    h.step();
+    h.drag_at(at);
+    h.step();
+    h.drop_at(at);
+    h.run_steps(2);
+}
+
 /// A file dropped on the window in a test: the path, read on demand.
 #[derive(Debug)]
 pub struct Dropped(pub std::path::PathBuf);

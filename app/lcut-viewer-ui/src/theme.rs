@@ -55,6 +55,10 @@ pub const CUT: Color32 = Color32::from_rgb(255, 255, 255);
 pub const INACTIVE: Color32 = Color32::from_rgb(60, 75, 100);
 /// Colour of blocks entering the active set in the raster.
 pub const ENTERING: Color32 = Color32::from_rgb(250, 230, 90);
+/// Outline of the (layer, K/V head) pairs picked in the head view.
+pub const PICKED: Color32 = Color32::from_rgb(80, 255, 220);
+/// Lines between K/V head groups of query heads.
+pub const GROUP_LINE: Color32 = Color32::from_rgb(150, 150, 150);
 
 /// The colour of a per-layer metric's curve, by its name in
 /// [`lcut_trace::LAYER_METRICS`]: a prompt span in blue, a generated span in

@@ -9,6 +9,7 @@ use crate::controls::{show_controls, show_status};
 use crate::cost_panel::show_cost_panel;
 use crate::curves::show_curves;
 use crate::files::{handle_dropped, show_dialog};
+use crate::heads_view::show_heads;
 use crate::heatmap_view::show_heatmaps;
 use crate::live::show_live;
 use crate::recommend_panel::{show_recommendation, show_votes};
@@ -133,6 +134,10 @@ pub fn show_central(ui: &mut Ui, state: &mut ViewerState) {
         show_live_tab(ui, state);
         return;
     }
+    if state.view.tab == Tab::Heads && state.loaded.is_some() {
+        show_heads(ui, state);
+        return;
+    }
     let Some(loaded) = state.loaded.as_mut() else {
         show_empty(ui);
         return;
@@ -174,7 +179,7 @@ pub fn show_central(ui: &mut Ui, state: &mut ViewerState) {
                 &mut view.sweep_axis,
             );
         }
-        Tab::Live => {}
+        Tab::Heads | Tab::Live => {}
     }
 }
 

@@ -45,6 +45,12 @@ pub struct StartOptions {
     /// control keeps showing (default: the report's chosen cut, the
     /// recommendation of the run, or 3/4 of the depth).
     pub l_cut: Option<usize>,
+    /// Once a report is open, fill the head view's picks from the plan for
+    /// this K/V budget (and choose its cut); print a line when done.
+    pub kv_budget: Option<f64>,
+    /// Once `kv_budget` has filled the picks, run them beside the full
+    /// model (`speed:C+bos+heads:FILE`); print a line when done.
+    pub run_heads: bool,
     /// Record this many idle frames, then drag-pan the prompt-position
     /// heatmap for as many more, print both frame-time summaries and quit.
     pub bench_pan_frames: Option<usize>,
@@ -89,6 +95,8 @@ pub struct ViewerApp {
     worker: Option<JoinHandle<()>>,
     pending_run: bool,
     pending_generate: bool,
+    pending_budget: Option<f64>,
+    pending_heads_run: bool,
     watched: Option<Watched>,
     bench: Option<PanBench>,
 }
@@ -107,6 +115,8 @@ impl ViewerApp {
             worker: Some(worker),
             pending_run: opts.run,
             pending_generate: opts.generate,
+            pending_budget: opts.kv_budget,
+            pending_heads_run: opts.run_heads,
             watched: None,
             bench: opts.bench_pan_frames.map(|frames| PanBench {
                 frames,
@@ -166,9 +176,43 @@ impl ViewerApp {
         }
     }
 
+    /// Fills the head view's picks from `--kv-budget` once a report is
+    /// open and no job runs; prints the plan (or why there is none).
+    fn fill_pending_budget(&mut self) {
+        let s = &mut self.state;
+        let Some(budget) = self.pending_budget else {
+            return;
+        };
+        if s.busy() || s.loaded.is_none() {
+            return;
+        }
+        self.pending_budget = None;
+        s.heads.budget = budget;
+        match s.fill_heads_from_budget() {
+            Ok(p) => println!(
+                "heads done: K/V budget {budget}: L_cut {} + {} pairs hold {:.4} of full's K/V, \
+                 keep {:.3} of the mass (SPEED+BoS within the budget: L_cut {}, {:.3})",
+                p.cut,
+                p.heads.len(),
+                p.kv_share,
+                p.mass_kept,
+                p.speed_cut,
+                p.speed_mass_kept
+            ),
+            Err(e) => {
+                println!("failed: {e}");
+                return;
+            }
+        }
+        if std::mem::take(&mut self.pending_heads_run) && s.run_heads() {
+            self.watched = Some(Watched::Generate);
+        }
+    }
+
     /// Starts what the command line asked for once the model is there: the
     /// diagnostic run, then the live generation; announces their ends.
     fn start_pending(&mut self) {
+        self.fill_pending_budget();
         let s = &mut self.state;
         if let Some(w) = self.watched {
             if s.busy() {
@@ -368,6 +412,38 @@ mod tests {
         // the report's chosen cut is another thing
         app.state.view.l_cut = 28;
         assert_eq!(app.state.live_cut(), 22);
+        if let Some(b) = app.state.backend.as_mut() {
+            b.send(Command::Shutdown);
+        }
+        if let Some(w) = app.worker.take() {
+            w.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn the_kv_budget_flag_fills_the_picks_once_a_report_is_open() {
+        let opts = StartOptions {
+            no_model: true,
+            kv_budget: Some(0.6),
+            ..StartOptions::default()
+        };
+        let mut app = ViewerApp::new(&egui::Context::default(), &opts).unwrap();
+        app.fill_pending_budget();
+        assert!(app.state.heads.picked.is_empty() && app.pending_budget.is_some());
+        let report = lcut_diag::synthetic::synthetic_report(6, 16, 8, false).unwrap();
+        app.state.set_report(report.clone(), "synthetic".into());
+        app.fill_pending_budget();
+        assert!(app.pending_budget.is_none());
+        let plan = app.state.heads.plan.clone().unwrap();
+        assert!(!plan.heads.is_empty() && plan.kv_share <= 0.6, "{plan:?}");
+        assert_eq!(app.state.heads.pairs(), plan.heads);
+        assert_eq!(app.state.view.l_cut, plan.cut);
+        // the head file `lcut recommend --kv-budget 0.6` writes
+        let cli = lcut_engine::heads::HeadAdvice::from_report(&report, 0.6).unwrap();
+        assert_eq!(
+            app.state.heads.head_file(&report.model, plan.cut),
+            cli.head_file(&report.model)
+        );
         if let Some(b) = app.state.backend.as_mut() {
             b.send(Command::Shutdown);
         }

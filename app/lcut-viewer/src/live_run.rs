@@ -172,12 +172,14 @@ impl Stream<'_> {
     }
 }
 
-/// The full model, the request's policy and its third policy, resolved.
+/// The full model, the request's policy and its third policy, resolved
+/// for the session's model (a head file made for another model, or naming
+/// a K/V head it lacks, is refused).
 fn policies(session: &Session, req: &LiveRequest) -> Result<Vec<Policy>, EngineError> {
     let layers = session.model.config().num_layers;
-    let mut out = vec![Policy::full(layers), req.policy.resolve(layers)?];
+    let mut out = vec![Policy::full(layers), session.resolve_policy(&req.policy)?];
     if let Some(extra) = &req.extra {
-        out.push(extra.resolve(layers)?);
+        out.push(session.resolve_policy(extra)?);
     }
     Ok(out)
 }

@@ -46,7 +46,15 @@ struct Args {
     /// recommendation of --run, else 3/4 of the depth).
     #[arg(long, value_name = "N")]
     l_cut: Option<usize>,
-    /// The view to show first: heatmaps, curves, recommendation, sweep or live.
+    /// Once a report is open, fill the Heads view's picks (and the chosen cut) from the plan
+    /// for this K/V budget, a share in (0, 1]; print a line when done.
+    #[arg(long, value_name = "B")]
+    kv_budget: Option<f64>,
+    /// With --kv-budget: run the picks beside the full model once they are filled (in the Live
+    /// view, with SPEED+BoS at equal K/V); print a line when done.
+    #[arg(long, requires = "kv_budget")]
+    run_heads: bool,
+    /// The view to show first: heatmaps, curves, recommendation, sweep, heads or live.
     #[arg(long, value_name = "NAME")]
     screenshot_view: Option<String>,
     /// Time N idle frames, then N frames drag-panning the prompt-position heatmap; print both, quit.
@@ -74,11 +82,18 @@ fn main() -> anyhow::Result<()> {
     let tab = match &args.screenshot_view {
         Some(name) => Some(parse_tab(name).ok_or_else(|| {
             anyhow!(
-                "--screenshot-view {name:?}: expected heatmaps, curves, recommendation, sweep or live"
+                "--screenshot-view {name:?}: expected heatmaps, curves, recommendation, sweep, heads or live"
             )
         })?),
         None => None,
     };
+    if let Some(b) = args.kv_budget
+        && !(b > 0.0 && b <= 1.0)
+    {
+        return Err(anyhow!(
+            "--kv-budget {b}: outside (0, 1]; it is the share of the full model's K/V to keep"
+        ));
+    }
     if let Some(m) = &args.model {
         check_model(m, &lcut_model::StoreRoots::from_env()).map_err(|e| anyhow!("--model: {e}"))?;
     }
@@ -95,6 +110,8 @@ fn main() -> anyhow::Result<()> {
         live_policy: args.live_policy,
         generate: args.generate,
         l_cut: args.l_cut,
+        kv_budget: args.kv_budget,
+        run_heads: args.run_heads,
         bench_pan_frames: args.bench_pan,
     };
     let mut native = eframe::NativeOptions {

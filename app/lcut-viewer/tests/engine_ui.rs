@@ -616,3 +616,87 @@ fn the_worker_sends_the_diagnostics_before_the_sweep() {
     backend.send(Command::Shutdown);
     assert!(worker.join().is_ok());
 }
+
+/// Heads picked in the head view run on the real engine as
+/// `speed:C+bos+heads:FILE` beside the full model and SPEED+BoS at equal
+/// K/V: one pair per K/V head holds exactly what SPEED one layer deeper
+/// holds; a head file made for another model is refused by name.
+#[test]
+fn picked_heads_run_beside_full_on_the_engine() {
+    let f = fixture();
+    let mut h = harness(&f);
+    open_bundled(&mut h);
+    h.get_by_label("Run diagnostics").click();
+    h.step();
+    step_until(&mut h, "the report", |s| {
+        s.loaded.is_some() || s.error.is_some()
+    });
+    let m = h.state().model.clone().unwrap();
+    assert_eq!((m.num_heads, m.num_kv_heads), (4, 2), "{m:?}");
+    let cut = m.num_layers / 2;
+    h.state_mut().view.l_cut = cut;
+    let dir = tempfile::tempdir().unwrap();
+    h.state_mut().heads.folder = dir.path().display().to_string();
+    h.state_mut().live.prompt = "copy this the quick brown fox".into();
+    h.state_mut().live.max_new_tokens = 6;
+    h.get_by_label("Heads").click();
+    h.run_steps(3);
+    // K/V head 1 at the cut (query head 2), K/V head 0 at the top (query head 1)
+    testing::click_head_cell(&mut h, cut, 2);
+    testing::click_head_cell(&mut h, m.num_layers - 1, 1);
+    let picks = vec![(cut, 1), (m.num_layers - 1, 0)];
+    assert_eq!(h.state().heads.pairs(), picks);
+    h.get_by_label("Run beside full").click();
+    h.step();
+    step_until(&mut h, "the head run", |s| {
+        matches!(s.live.status, LiveStatus::Done | LiveStatus::Failed(_))
+    });
+    let path = dir.path().join(format!("heads-c{cut}-n2.json"));
+    let live = &h.state().live;
+    assert_eq!(live.status, LiveStatus::Done, "{:?}", h.state().log);
+    assert_eq!(
+        live.speed_policy,
+        format!("speed:{cut}+bos+heads:{}", path.display())
+    );
+    assert_eq!(
+        live.extra_policy.as_deref(),
+        Some(format!("speed:{}+bos", cut + 1).as_str())
+    );
+    assert!(!live.speed.is_empty() && live.speed.len() <= 6);
+    assert_eq!(live.speed_metrics.tokens, live.speed.len());
+    assert!(live.speed_metrics.ttft_s.is_some());
+    assert!(live.speed_metrics.kv_bytes < live.full_metrics.kv_bytes);
+    // two kept pairs on a model of two K/V heads hold one layer's prompt
+    // K/V: what SPEED+BoS one layer deeper holds, but for the decode tokens
+    // of lanes that stopped at different lengths (f32 K/V, every layer and
+    // head keeps a decode token)
+    let per_token = (2 * m.num_layers * m.num_kv_heads * m.head_dim * 4) as i64;
+    assert_eq!(live.full_metrics.kv_bytes as i64 % per_token, 0);
+    assert_eq!(
+        live.speed_metrics.kv_bytes as i64 - live.extra_metrics.kv_bytes as i64,
+        (live.speed.len() as i64 - live.extra.len() as i64) * per_token,
+        "{} tokens against {}",
+        live.speed.len(),
+        live.extra.len()
+    );
+    let file = lcut_policy::read_head_file(&path.display().to_string()).unwrap();
+    assert_eq!(file.heads, picks);
+
+    // the same picks in a head file naming another model: refused by name
+    {
+        let loaded = h.state_mut().loaded.as_mut().unwrap();
+        Arc::make_mut(&mut loaded.report).model.config_hash = "another model".into();
+    }
+    h.get_by_label("Heads").click();
+    h.run_steps(2);
+    h.get_by_label("Run beside full").click();
+    h.step();
+    step_until(&mut h, "the refusal", |s| {
+        matches!(s.live.status, LiveStatus::Done | LiveStatus::Failed(_))
+    });
+    let error = h.state().error.clone().unwrap_or_default();
+    assert!(
+        error.contains("was made for another model") && error.contains(&path.display().to_string()),
+        "{error}"
+    );
+}

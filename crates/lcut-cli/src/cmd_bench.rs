@@ -9,20 +9,20 @@ use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device, Tensor};
 use clap::Args;
 use indicatif::ProgressBar;
-use lcut_diag::{FlopShape, policy_prefill_flops};
+use lcut_engine::diagnose::predicted_prefill_flops_ratio;
 use lcut_engine::{Generation, GenerationConfig, GenerationOutput, PreparedPrompt};
 use lcut_model::probes::PhaseMassProbe;
 use lcut_model::{
     Decoder, LlamaShape, LogitRows, ModelFormat, ResolvedModel, WeightMode, argmax_rows,
     default_attention_block_elems,
 };
-use lcut_policy::{Policy, PolicySpec, TokenPhases, Visibility};
+use lcut_policy::{Policy, PolicySpec, TokenPhases};
 use lcut_synth::RandomLlama;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde::Serialize;
 
-use crate::args::{DeviceArg, KvDtypeArg, PolicyList, WeightArg};
-use crate::common::{count_bar, ensure_fits, parse_len, resolve_model, write_atomic};
+use crate::args::PolicyList;
+use crate::common::{RunSize, count_bar, ensure_fits, parse_len, resolve_model, write_atomic};
 use lcut_kernels::bandwidth::{DEFAULT_BYTES, measure_read};
 
 /// Arguments of `lcut bench`.
@@ -31,12 +31,10 @@ pub struct BenchArgs {
     /// LoRA adapter options (`--lora DIR`, `--lora-mode`).
     #[command(flatten)]
     pub lora: crate::lora_opt::LoraArgs,
-    /// Model: a folder, a GGUF file, a Hugging Face cache name
-    /// `ORG/NAME[@REV][:FILE]` or an Ollama name `NAME[:TAG]` (`lcut models`
-    /// lists them);
-    /// a random-weight Llama of the shape below by default.
-    #[arg(long)]
-    model: Option<PathBuf>,
+    /// The model and how it loads (`--model`, `--dtype`, `--kv-dtype`,
+    /// `--device`).
+    #[command(flatten)]
+    pub load: crate::common::ModelArgs,
     /// Policies to compare, separated by `,` or `;` (`slim:4@2k,8@1k` stays
     /// whole); `full` is always measured too.
     #[arg(long, default_value = "full,speed:3/4+bos")]
@@ -75,16 +73,6 @@ pub struct BenchArgs {
     /// Random model: vocabulary.
     #[arg(long, default_value_t = 32000)]
     vocab: usize,
-    /// dtype: f32, bf16, f16, or q (a GGUF's weights kept quantized).
-    #[arg(long, default_value = "f32", ignore_case = true)]
-    dtype: WeightArg,
-    /// K/V cache storage: auto (f16 for `--dtype q`, else the weights'
-    /// dtype), f32, f16 or bf16.
-    #[arg(long, value_enum, default_value = "auto", ignore_case = true)]
-    kv_dtype: KvDtypeArg,
-    /// cpu, cuda or cuda:N.
-    #[arg(long, default_value = "cpu")]
-    device: DeviceArg,
     /// Compare plain decoding with candle-transformers' Llama instead.
     #[arg(long)]
     vs_candle: bool,
@@ -265,7 +253,7 @@ pub fn measure_rounds(
             })?;
             bar.set_message(format!("{policy} @ {len}: decode"));
             let vis = generation.sequence().visibility();
-            runs[k].prefill_flops_ratio = predicted_flops_ratio(model, vis, len);
+            runs[k].prefill_flops_ratio = predicted_prefill_flops_ratio(model, vis, len);
             runs[k].outs.push(generation.run(|_| true)?);
             bar.inc(1);
         }
@@ -280,10 +268,14 @@ fn bench_row(
     model: &Decoder,
     policy: &Policy,
     runs: &PolicyRuns,
-    len: usize,
+    at: LengthPoint,
     rounds: Rounds,
-    (block, bandwidth): (usize, f64),
 ) -> Result<BenchRow> {
+    let LengthPoint {
+        len,
+        block,
+        bandwidth,
+    } = at;
     let outs = &runs.outs;
     let out = outs.last().context("no run")?;
     let ttft = outs.iter().map(|o| o.timing.ttft_s).collect();
@@ -329,10 +321,10 @@ fn bench_row(
 
 /// Run `lcut bench`.
 pub fn run(args: &BenchArgs) -> Result<()> {
-    let mode = args.dtype.mode();
+    let mode = args.load.dtype.mode();
     let dtype = mode.activation_dtype();
-    let device = args.device.open()?;
-    let resolved = args.model.as_deref().map(resolve_model).transpose()?;
+    let device = args.load.device.open()?;
+    let resolved = args.load.model.as_deref().map(resolve_model).transpose()?;
     let is_gguf = |m: &ResolvedModel| m.format == ModelFormat::Gguf;
     if mode == WeightMode::Quantized && !resolved.as_ref().is_some_and(is_gguf) {
         bail!("--dtype q runs a GGUF file's quantized weights: give one with --model");
@@ -349,15 +341,19 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let block = args
         .attention_block
         .unwrap_or_else(|| default_attention_block_elems(&device));
-    let mut model = bench_model(
-        args,
-        resolved.as_ref(),
-        (mode, dtype, &device),
-        (longest, args.prefill_chunk, block),
-    )?;
+    let size = RunSize {
+        dtype,
+        kv_dtype: args.load.kv_dtype(),
+        total_len: longest,
+        chunk: args.prefill_chunk,
+        block,
+        weights_loaded: false,
+    };
+    let mut model = bench_model(args, resolved.as_ref(), &device, size)?;
     model.set_attention_block_elems(block);
-    model.set_kv_dtype(args.kv_dtype.dtype(mode))?;
-    let policies = bench_policies(args, model.config().num_layers)?;
+    model.set_kv_dtype(args.load.kv_dtype())?;
+    let cfg = model.config();
+    let policies = bench_policies(args, cfg.num_layers, cfg.num_kv_heads)?;
     let bos = model.config().bos_token_id.unwrap_or(1);
     let total = lengths.len() * policies.len() * args.repeats.max(1);
     let bar = count_bar(total, "runs");
@@ -374,13 +370,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let ids = random_prompt(len, model.config().vocab_size, bos, len as u64);
         let prompt = PreparedPrompt::from_ids(ids, None)?;
         let runs = measure_rounds(&model, &prompt, &policies, args.rounds(), &bar)?;
-        rows.extend(rows_at_length(
-            &model,
-            &policies,
-            &runs,
-            (len, block, bandwidth),
-            args.rounds(),
-        )?);
+        let at = LengthPoint {
+            len,
+            block,
+            bandwidth,
+        };
+        rows.extend(rows_at_length(&model, &policies, &runs, at, args.rounds())?);
     }
     bar.finish_and_clear();
     print_rows(&rows);
@@ -423,34 +418,39 @@ fn against_candle(
 }
 
 /// The model measured: the one given (with its adapter), or a random one of
-/// the shape in the arguments; refused when a run of `sizes` (longest
-/// sequence, prefill chunk, attention block) would not fit in memory.
+/// the shape in the arguments, loaded on `device`; refused when a run of
+/// `size` would not fit in memory.
 fn bench_model(
     args: &BenchArgs,
     resolved: Option<&ResolvedModel>,
-    (mode, dtype, device): (WeightMode, DType, &Device),
-    sizes: (usize, usize, usize),
+    device: &Device,
+    size: RunSize,
 ) -> Result<Decoder> {
-    let kv_dtype = args.kv_dtype.dtype(mode);
+    let mode = args.load.dtype.mode();
     Ok(match resolved {
         Some(resolved) => {
             let mut model = Decoder::load_format(&resolved.path, resolved.format, mode, device)
                 .with_context(|| format!("loading {resolved}"))?;
             args.lora.apply(&mut model, &args.policies.texts())?;
-            ensure_fits(model.config(), (dtype, kv_dtype), device, sizes, true)?;
+            let loaded = RunSize {
+                weights_loaded: true,
+                ..size
+            };
+            ensure_fits(model.config(), device, &loaded)?;
             model
         }
         None => {
             describe(args);
             let shape = random_shape(args);
-            ensure_fits(&shape.config()?, (dtype, kv_dtype), device, sizes, false)?;
-            shape.build(dtype, device)?
+            ensure_fits(&shape.config()?, device, &size)?;
+            shape.build(size.dtype, device)?
         }
     })
 }
 
-/// `full`, then the policies of the arguments (each once), resolved.
-fn bench_policies(args: &BenchArgs, num_layers: usize) -> Result<Vec<Policy>> {
+/// `full`, then the policies of the arguments (each once), resolved for a
+/// model of `num_layers` layers and `kv_heads` K/V heads.
+fn bench_policies(args: &BenchArgs, num_layers: usize, kv_heads: usize) -> Result<Vec<Policy>> {
     let mut specs: Vec<PolicySpec> = vec![PolicySpec::full()];
     for spec in &args.policies.0 {
         if !specs.contains(spec) {
@@ -459,8 +459,20 @@ fn bench_policies(args: &BenchArgs, num_layers: usize) -> Result<Vec<Policy>> {
     }
     Ok(specs
         .iter()
-        .map(|s| s.resolve(num_layers))
+        .map(|s| lcut_engine::heads::resolve_spec(s, num_layers, kv_heads, None))
         .collect::<Result<Vec<_>, _>>()?)
+}
+
+/// Where rows are measured: a prompt length, the attention block the run
+/// used and the machine's read bandwidth (NaN when not measured).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LengthPoint {
+    /// Prompt tokens.
+    pub len: usize,
+    /// Attention scores computed at once.
+    pub block: usize,
+    /// Read bandwidth, GB/s.
+    pub bandwidth: f64,
 }
 
 /// The rows of every policy at one prompt length, with their ratios to
@@ -469,19 +481,12 @@ pub fn rows_at_length(
     model: &Decoder,
     policies: &[Policy],
     runs: &[PolicyRuns],
-    (len, block, bandwidth): (usize, usize, f64),
+    at: LengthPoint,
     rounds: Rounds,
 ) -> Result<Vec<BenchRow>> {
     let mut at_len: Vec<BenchRow> = Vec::new();
     for (policy, policy_runs) in policies.iter().zip(runs) {
-        at_len.push(bench_row(
-            model,
-            policy,
-            policy_runs,
-            len,
-            rounds,
-            (block, bandwidth),
-        )?);
+        at_len.push(bench_row(model, policy, policy_runs, at, rounds)?);
     }
     let full = at_len[0].clone();
     for r in &mut at_len {
@@ -541,24 +546,6 @@ fn print_rows(rows: &[BenchRow]) {
             r.peak_bytes_estimate as f64 / f64::from(1u32 << 30)
         );
     }
-}
-
-/// Predicted prefill FLOPs of a policy over the full model's for a raw
-/// prompt of `len` tokens, with the tokens each layer of the run's
-/// visibility `vis` runs and the K/V it projects.
-fn predicted_flops_ratio(model: &Decoder, vis: &dyn Visibility, len: usize) -> f64 {
-    let cfg = model.config();
-    let shape = FlopShape {
-        num_layers: cfg.num_layers,
-        hidden_size: cfg.hidden_size,
-        num_heads: cfg.num_heads,
-        num_kv_heads: cfg.num_kv_heads,
-        head_dim: cfg.head_dim,
-        intermediate_size: cfg.intermediate_size,
-        vocab_size: cfg.vocab_size,
-    };
-    let full = Policy::full(cfg.num_layers).visibility(TokenPhases::all_decode());
-    policy_prefill_flops(&shape, vis, len) / policy_prefill_flops(&shape, full.as_ref(), len)
 }
 
 /// Decode tokens/s of the full model after a `len`-token prompt with and

@@ -17,8 +17,6 @@ use lcut_model::memory::{MemoryEstimate, kv_cache_bytes};
 use lcut_policy::PolicyKind;
 use lcut_trace::{Report, write_report_json};
 
-use crate::args::{DeviceArg, KvDtypeArg, WeightArg};
-use crate::common::PendingModel;
 use crate::memory_check::{check_before_loading, report_peak};
 
 /// Arguments of `lcut diagnose`.
@@ -27,11 +25,10 @@ pub struct DiagnoseArgs {
     /// LoRA adapter options (`--lora DIR`, `--lora-mode`).
     #[command(flatten)]
     pub lora: crate::lora_opt::LoraArgs,
-    /// Model: a folder, a GGUF file, a Hugging Face cache name
-    /// `ORG/NAME[@REV][:FILE]` or an Ollama name `NAME[:TAG]` (`lcut models`
-    /// lists them); the bundled model by default.
-    #[arg(long)]
-    pub model: Option<PathBuf>,
+    /// The model and how it loads (`--model`, `--dtype`, `--kv-dtype`,
+    /// `--device`).
+    #[command(flatten)]
+    pub load: crate::common::ModelArgs,
     /// Prompt set (JSON Lines: {"id", "prompt", "system"?}); the bundled set by default.
     #[arg(long)]
     pub prompts: Option<PathBuf>,
@@ -58,20 +55,15 @@ pub struct DiagnoseArgs {
     /// entropy_max, mass_min, plateau_eps, agreement_drop_max).
     #[arg(long)]
     pub thresholds: Option<String>,
-    /// dtype: f32, bf16, f16, or q (a GGUF's weights kept quantized).
-    #[arg(long, default_value = "f32", ignore_case = true)]
-    pub dtype: WeightArg,
-    /// K/V cache storage: auto (f16 for `--dtype q`, else the weights'
-    /// dtype), f32, f16 or bf16.
-    #[arg(long, value_enum, default_value = "auto", ignore_case = true)]
-    pub kv_dtype: KvDtypeArg,
-    /// cpu, cuda or cuda:N.
-    #[arg(long, default_value = "cpu")]
-    pub device: DeviceArg,
     /// Run even when the memory the run needs (printed before the model is
     /// loaded) is more than the machine has free.
     #[arg(long)]
     pub force: bool,
+    /// Also recommend the cut and kept (layer, K/V head) pairs that keep
+    /// the most decode-to-prefill mass within this share of the full
+    /// model's K/V, in (0, 1], and write them as OUT/heads-kv<BUDGET>.json.
+    #[arg(long, value_parser = crate::cmd_recommend::parse_budget)]
+    pub kv_budget: Option<f64>,
 }
 
 /// Parse `I/N`, or `auto/N` with the index from a Slurm job array
@@ -139,7 +131,7 @@ fn read_prompts(args: &DiagnoseArgs) -> Result<(Vec<PromptSpec>, Option<String>)
 /// estimate is a floor: it also holds a cache per cutoff. `other` are the
 /// kinds of the policies the run prefills beside its own (a sweep's axis).
 pub fn load_inputs(args: &DiagnoseArgs, other: &[PolicyKind]) -> Result<Inputs> {
-    let pending = PendingModel::open(&args.model, (args.dtype, args.kv_dtype), args.device)?;
+    let pending = args.load.open()?;
     let (prompts, file) = read_prompts(args)?;
     let opts = options(args, file.clone())?;
     let prompter = pending.prompter()?;
@@ -233,6 +225,15 @@ pub fn run(args: &DiagnoseArgs) -> Result<()> {
     write_report_json(&path, &report)?;
     print_summary(&report);
     println!("wrote {} ({} prompts)", path.display(), report.traces.len());
+    let ranking = lcut_engine::heads::write_ranking(&args.out, &report)?;
+    println!(
+        "wrote {} (the (layer, K/V head) pairs by decode-to-prefill mass)",
+        ranking.display()
+    );
+    if let Some(budget) = args.kv_budget {
+        let out = crate::cmd_recommend::head_file_path(&args.out, budget);
+        crate::cmd_recommend::advise(&report, budget, &out)?;
+    }
     report_peak(&inputs.need);
     Ok(())
 }

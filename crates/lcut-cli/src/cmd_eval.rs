@@ -9,8 +9,8 @@ use anyhow::{Context, Result};
 use lcut_engine::suite::{self, SuiteEval, SuiteEvalOptions};
 use lcut_policy::split_list;
 
-use crate::args::{DeviceArg, KvDtypeArg, WeightArg};
-use crate::common::{open_session, write_atomic};
+use crate::args::{KvDtypeArg, WeightArg};
+use crate::common::{ModelArgs, write_atomic};
 
 /// Arguments of `lcut eval`.
 #[derive(Debug, clap::Args)]
@@ -30,9 +30,32 @@ pub struct EvalCommand {
     /// dtype), f32, f16 or bf16.
     #[arg(long, value_enum, default_value = "auto", ignore_case = true)]
     pub kv_dtype: KvDtypeArg,
-    /// Most new tokens per generation with --suite.
-    #[arg(long, default_value_t = 24)]
-    pub max_new_tokens: usize,
+    /// Most new tokens per generation with --suite, for every item (24 by
+    /// default, or the item's own `max_new_tokens` where it names one, as
+    /// RULER's tasks do).
+    #[arg(long)]
+    pub max_new_tokens: Option<usize>,
+    /// The leaderboard run: every method of --policy at each of these
+    /// compression ratios (the share of the prompt's K/V removed, in (0, 1);
+    /// kvpress's leaderboard: 0.25,0.5,0.75,0.875), the ratio mapped to
+    /// each family's knob; a method is a family and its options (`speed+bos`,
+    /// `slim`, `swiftkv`) or a policy with its own knob. Needs --out.
+    #[arg(long, requires = "suite")]
+    pub ratios: Option<String>,
+    /// With --ratios: the run's folder (its journal `items.jsonl`, from
+    /// which a rerun resumes, and leaderboard.json, .csv, .html).
+    #[arg(long, requires = "ratios")]
+    pub out: Option<PathBuf>,
+    /// With --ratios: items timed per task (the first ones), each policy
+    /// run alone after the full model for TTFT and TPOT.
+    #[arg(long, default_value_t = 1)]
+    pub timing_items: usize,
+    /// With --ratios: new tokens of each timed run.
+    #[arg(long, default_value_t = 16)]
+    pub timing_tokens: usize,
+    /// With --ratios: rounds of every policy per timed item (the median kept).
+    #[arg(long, default_value_t = 1)]
+    pub timing_rounds: usize,
     /// Write the result (scores and every item) as JSON to this file; with
     /// several policies (`--policy full,speed:22+bos`), one file each, named
     /// OUT with the policy inserted before the extension.
@@ -50,16 +73,23 @@ pub struct EvalCommand {
 /// Arguments of `lcut eval-merge`.
 #[derive(Debug, clap::Args)]
 pub struct EvalMergeArgs {
-    /// The shard results (`lcut eval --suite ... --shard I/N --json FILE`).
+    /// The shard results (`lcut eval --suite ... --shard I/N --json FILE`),
+    /// or the folders of `lcut eval --ratios ... --shard I/N --out DIR` runs.
     #[arg(required = true)]
     pub parts: Vec<PathBuf>,
-    /// The merged result.
+    /// The merged result (a folder for leaderboard runs).
     #[arg(long)]
     pub out: PathBuf,
 }
 
+/// Most new tokens per answer when neither the run nor the item says.
+pub const DEFAULT_NEW_TOKENS: usize = 24;
+
 /// Run `lcut eval`.
 pub fn run(args: &EvalCommand) -> Result<()> {
+    if let (Some(path), Some(ratios)) = (&args.suite, &args.ratios) {
+        return crate::cmd_leaderboard::run(args, path, ratios);
+    }
     let Some(path) = &args.suite else {
         anyhow::ensure!(
             args.lora.lora.is_none(),
@@ -107,17 +137,13 @@ pub fn per_policy_path(out: &Path, policy: &str) -> PathBuf {
 fn run_suite(args: &EvalCommand, path: &Path) -> Result<Vec<SuiteEval>> {
     let (items, suite_hash) = suite::read_suite_hashed(path)?;
     let model = Some(args.base.model.clone());
-    let mut session = open_session(&model, args.dtype, args.kv_dtype, DeviceArg::Cpu)?;
+    let load = ModelArgs::cpu(model, args.dtype, args.kv_dtype);
+    let mut session = load.load()?;
     args.lora
         .apply_to_session(&mut session, &split_list(&args.base.policy))?;
     // an adapted model is compared with the model it was made from
     let base = match &session.adapter {
-        Some(_) => Some(open_session(
-            &model,
-            args.dtype,
-            args.kv_dtype,
-            DeviceArg::Cpu,
-        )?),
+        Some(_) => Some(load.load()?),
         None => None,
     };
     let shard = args
@@ -127,7 +153,8 @@ fn run_suite(args: &EvalCommand, path: &Path) -> Result<Vec<SuiteEval>> {
         .transpose()?;
     let opts = SuiteEvalOptions {
         policies: split_list(&args.base.policy),
-        max_new_tokens: args.max_new_tokens,
+        max_new_tokens: args.max_new_tokens.unwrap_or(DEFAULT_NEW_TOKENS),
+        item_budgets: args.max_new_tokens.is_none(),
         shard,
         ..SuiteEvalOptions::default()
     };
@@ -144,7 +171,11 @@ fn run_suite(args: &EvalCommand, path: &Path) -> Result<Vec<SuiteEval>> {
     let lists = suite::evaluate_suite(&session, base.as_ref(), &items, &opts, &mut |rs| {
         let marks: String = rs
             .iter()
-            .map(|r| if r.correct { '+' } else { '-' })
+            .map(|r| match r.score() {
+                s if s >= 1.0 => '+',
+                s if s > 0.0 => '~',
+                _ => '-',
+            })
             .collect();
         let id = rs.first().map_or("", |r| r.id.as_str());
         done += 1;
@@ -166,7 +197,8 @@ fn run_suite(args: &EvalCommand, path: &Path) -> Result<Vec<SuiteEval>> {
             policy,
             dtype: args.dtype.name(),
             adapter: session.adapter.clone(),
-            max_new_tokens: args.max_new_tokens,
+            max_new_tokens: opts.max_new_tokens,
+            item_budgets: opts.item_budgets,
             shard: shard.map(|(i, n)| [i, n]),
             seconds: results.iter().map(|r| r.seconds).sum(),
             scores: suite::summarize(&results),
@@ -181,8 +213,31 @@ fn write_json(path: &Path, result: &SuiteEval) -> Result<()> {
     write_atomic(path, text.as_bytes())
 }
 
-/// Run `lcut eval-merge`.
+/// Run `lcut eval-merge`: suite results, or leaderboard runs (their
+/// `leaderboard.json` or their folders) into the whole run's folder.
 pub fn merge(args: &EvalMergeArgs) -> Result<()> {
+    if let Some(first) = args.parts.first()
+        && crate::cmd_leaderboard::read_run(first)?.is_some()
+    {
+        let runs = args
+            .parts
+            .iter()
+            .map(|p| {
+                crate::cmd_leaderboard::read_run(p)?.with_context(|| {
+                    format!("{} is not an `lcut eval --ratios` result", p.display())
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let merged = lcut_engine::leaderboard::merge_runs(&runs)?;
+        crate::cmd_leaderboard::write_run(&args.out, &merged)?;
+        println!(
+            "merged {} shards ({} items) into {}",
+            runs.len(),
+            merged.items.len(),
+            args.out.display()
+        );
+        return Ok(());
+    }
     let parts = args
         .parts
         .iter()

@@ -11,8 +11,7 @@ use lcut_engine::forward::{ForwardOptions, MAX_RECORDED_ATTENTION, forward};
 use lcut_engine::{PreparedPrompt, Session};
 use lcut_policy::PolicySpec;
 
-use crate::args::{DeviceArg, KvDtypeArg, WeightArg};
-use crate::common::{open_session, parse_ids};
+use crate::common::parse_ids;
 
 /// Arguments of `lcut forward`.
 #[derive(Debug, Args)]
@@ -20,11 +19,10 @@ pub struct ForwardArgs {
     /// LoRA adapter options (`--lora DIR`, `--lora-mode`).
     #[command(flatten)]
     pub lora: crate::lora_opt::LoraArgs,
-    /// Model: a folder (Hugging Face layout), a GGUF file, a Hugging Face
-    /// cache name `ORG/NAME[@REV][:FILE]` or an Ollama name `NAME[:TAG]`
-    /// (`lcut models` lists them); the bundled model by default.
-    #[arg(long)]
-    model: Option<PathBuf>,
+    /// The model and how it loads (`--model`, `--dtype`, `--kv-dtype`,
+    /// `--device`).
+    #[command(flatten)]
+    pub load: crate::common::ModelArgs,
     /// Token ids, comma-separated.
     #[arg(long, conflicts_with = "text")]
     ids: Option<String>,
@@ -47,16 +45,6 @@ pub struct ForwardArgs {
     /// --decode-start.
     #[arg(long)]
     decode_start: Option<usize>,
-    /// Weights and cache dtype: f32, bf16, f16, or q (a GGUF's weights kept quantized).
-    #[arg(long, default_value = "f32", ignore_case = true)]
-    dtype: WeightArg,
-    /// K/V cache storage: auto (f16 for `--dtype q`, else the weights'
-    /// dtype), f32, f16 or bf16.
-    #[arg(long, value_enum, default_value = "auto", ignore_case = true)]
-    kv_dtype: KvDtypeArg,
-    /// cpu, cuda or cuda:N.
-    #[arg(long, default_value = "cpu")]
-    device: DeviceArg,
     /// Skip recording attention (for long sequences).
     #[arg(long)]
     no_attention: bool,
@@ -79,7 +67,7 @@ fn prompt_of(args: &ForwardArgs, session: &Session) -> Result<PreparedPrompt> {
 
 /// Run `lcut forward`.
 pub fn run(args: &ForwardArgs) -> Result<()> {
-    let mut session = open_session(&args.model, args.dtype, args.kv_dtype, args.device)?;
+    let mut session = args.load.load()?;
     args.lora
         .apply_to_session(&mut session, &[args.policy.to_string()])?;
     let prompt = prompt_of(args, &session)?;
@@ -99,7 +87,7 @@ pub fn run(args: &ForwardArgs) -> Result<()> {
         attention: record_attention,
     };
     let record = forward(&session.model, &prompt, &args.policy, opts)?;
-    let policy = args.policy.resolve(cfg.num_layers)?;
+    let policy = session.resolve_policy(&args.policy)?;
     let cpu = candle_core::Device::Cpu;
     let mut tensors: HashMap<String, Tensor> = HashMap::new();
     let ids: Vec<i64> = prompt.ids.iter().map(|&i| i64::from(i)).collect();

@@ -16,8 +16,7 @@ use lcut_model::Decoder;
 use lcut_model::default_attention_block_elems;
 use lcut_model::memory::{MemoryEstimate, estimate, kv_cache_bytes};
 
-use crate::args::{DeviceArg, KvDtypeArg, WeightArg};
-use crate::common::{PendingModel, open_session, parse_ids, write_atomic};
+use crate::common::{PendingModel, parse_ids, write_atomic};
 use crate::memory_check::{check_before_loading, report_peak};
 
 /// Arguments of `lcut generate`.
@@ -34,11 +33,10 @@ pub struct GenerateArgs {
     /// LoRA adapter options (`--lora DIR`, `--lora-mode`).
     #[command(flatten)]
     pub lora: crate::lora_opt::LoraArgs,
-    /// Model: a folder, a GGUF file, a Hugging Face cache name
-    /// `ORG/NAME[@REV][:FILE]` or an Ollama name `NAME[:TAG]` (`lcut models`
-    /// lists them); the bundled model by default.
-    #[arg(long)]
-    model: Option<PathBuf>,
+    /// The model and how it loads (`--model`, `--dtype`, `--kv-dtype`,
+    /// `--device`).
+    #[command(flatten)]
+    pub load: crate::common::ModelArgs,
     /// Policy to generate under.
     #[arg(long, default_value = "speed:3/4+bos")]
     policy: PolicySpec,
@@ -86,16 +84,6 @@ pub struct GenerateArgs {
     /// Sampling seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// dtype: f32, bf16, f16, or q (a GGUF's weights kept quantized).
-    #[arg(long, default_value = "f32", ignore_case = true)]
-    dtype: WeightArg,
-    /// K/V cache storage: auto (f16 for `--dtype q`, else the weights'
-    /// dtype), f32, f16 or bf16.
-    #[arg(long, value_enum, default_value = "auto", ignore_case = true)]
-    kv_dtype: KvDtypeArg,
-    /// cpu, cuda or cuda:N.
-    #[arg(long, default_value = "cpu")]
-    device: DeviceArg,
     /// Write the result as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -211,7 +199,7 @@ fn piece(session: &Session, id: u32) -> String {
 
 /// Run `lcut generate`.
 pub fn run(args: &GenerateArgs) -> Result<()> {
-    let pending = PendingModel::open(&args.model, (args.dtype, args.kv_dtype), args.device)?;
+    let pending = args.load.open()?;
     if let Some(path) = &args.prompts {
         let run = crate::generate_file::FileRun {
             path,
@@ -243,8 +231,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         .map(ToString::to_string)
         .collect();
     args.lora.apply_to_session(&mut session, &run_policies)?;
-    let layers = session.model.config().num_layers;
-    let policy = args.policy.resolve(layers)?;
+    let policy = session.resolve_policy(&args.policy)?;
     let config = GenerationConfig {
         sampling: sampling(args),
         ..session.greedy_config(args.max_new_tokens)
@@ -261,15 +248,10 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     );
     let json = match &args.compare {
         Some(reference) => {
-            let policies = [reference.resolve(layers)?, policy];
+            let policies = [session.resolve_policy(reference)?, policy];
             // an adapter is compared with the model it was made from
             let base = match &args.lora.lora {
-                Some(_) => Some(open_session(
-                    &args.model,
-                    args.dtype,
-                    args.kv_dtype,
-                    args.device,
-                )?),
+                Some(_) => Some(args.load.load()?),
                 None => None,
             };
             let reference_model = base.as_ref().map_or(&session.model, |b| &b.model);

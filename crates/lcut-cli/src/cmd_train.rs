@@ -156,7 +156,8 @@ pub struct EvalArgs {
     #[arg(long)]
     pub model: PathBuf,
     /// Visibility policy: `full`, `speed:3+bos`, `speed:3/4`, `selfonly:3+bos`, ...
-    #[arg(long, default_value = "full")]
+    /// (with --suite, several, comma-separated; with --ratios, methods).
+    #[arg(long, visible_alias = "policies", default_value = "full")]
     pub policy: String,
     /// Number of held-out instances.
     #[arg(long, default_value_t = 200)]

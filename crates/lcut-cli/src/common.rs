@@ -1,4 +1,6 @@
-//! Options shared by several subcommands: model (folder or GGUF), dtype, device.
+//! Options shared by several subcommands: the model and how it loads
+//! ([`ModelArgs`]: `--model`, `--dtype`, `--kv-dtype`, `--device`), lengths,
+//! progress bars, the memory check and atomic writes.
 
 use std::path::{Path, PathBuf};
 
@@ -8,6 +10,55 @@ use indicatif::{ProgressBar, ProgressStyle};
 use lcut_model::{ResolvedModel, StoreRoots, WeightMode};
 
 use crate::args::{DeviceArg, KvDtypeArg, WeightArg};
+
+/// `--model`, `--dtype`, `--kv-dtype` and `--device`: the model a command
+/// loads and how; flattened into every command that loads one.
+#[derive(Debug, Clone, PartialEq, clap::Args)]
+pub struct ModelArgs {
+    /// Model: a Hugging Face folder, a .gguf file, a Hugging Face cache name
+    /// `ORG/NAME[@REV][:FILE]` or an Ollama name `NAME[:TAG]` (`lcut models`
+    /// lists them); without it the bundled model (`bench`: a random-weight
+    /// Llama of the shape its options give).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// dtype: f32, bf16, f16, or q (a GGUF's weights kept quantized).
+    #[arg(long, default_value = "f32", ignore_case = true)]
+    pub dtype: WeightArg,
+    /// K/V cache storage: auto (f16 for `--dtype q`, else the weights'
+    /// dtype), f32, f16 or bf16.
+    #[arg(long, value_enum, default_value = "auto", ignore_case = true)]
+    pub kv_dtype: KvDtypeArg,
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: DeviceArg,
+}
+
+impl ModelArgs {
+    /// `model` on the CPU in `dtype`, the cache as `kv_dtype` says.
+    pub fn cpu(model: Option<PathBuf>, dtype: WeightArg, kv_dtype: KvDtypeArg) -> Self {
+        Self {
+            model,
+            dtype,
+            kv_dtype,
+            device: DeviceArg::Cpu,
+        }
+    }
+
+    /// The model opened, not loaded ([`PendingModel`]).
+    pub fn open(&self) -> Result<PendingModel> {
+        PendingModel::open(self)
+    }
+
+    /// The model loaded with its tokenizer, its K/V cache stored as asked.
+    pub fn load(&self) -> Result<lcut_engine::Session> {
+        self.open()?.load()
+    }
+
+    /// The K/V cache's dtype for these weights.
+    pub fn kv_dtype(&self) -> DType {
+        self.kv_dtype.dtype(self.dtype.mode())
+    }
+}
 
 /// The model reference given, or the bundled model's folder.
 pub fn model_or_bundled(model: &Option<PathBuf>) -> PathBuf {
@@ -22,17 +73,6 @@ pub fn model_or_bundled(model: &Option<PathBuf>) -> PathBuf {
 pub fn resolve_model(reference: &Path) -> Result<ResolvedModel> {
     lcut_model::store::resolve(reference, &StoreRoots::from_env())
         .with_context(|| format!("loading model {}", reference.display()))
-}
-
-/// Load the model given (a path or a store name, or the bundled one) with
-/// its tokenizer, in `dtype` on `device`, its K/V cache stored as `kv` says.
-pub fn open_session(
-    model: &Option<PathBuf>,
-    dtype: WeightArg,
-    kv: KvDtypeArg,
-    device: DeviceArg,
-) -> Result<lcut_engine::Session> {
-    PendingModel::open(model, (dtype, kv), device)?.load()
 }
 
 /// Parse `1,5,9` into token ids.
@@ -69,18 +109,37 @@ pub fn parse_len(s: &str) -> Result<usize> {
     Ok(n * mul)
 }
 
-/// Refuse a run of `total_len` tokens (the full model's K/V for all of them
-/// in `kv_dtype`, activations in `dtype`, prefill in chunks of `chunk`,
-/// attention blocks of `block` scores) whose estimated peak memory is more
-/// than `device` has free. `weights_loaded`: the weights are already
-/// resident (a loaded model) and so are not counted again.
-pub fn ensure_fits(
-    cfg: &lcut_model::ModelConfig,
-    (dtype, kv_dtype): (DType, DType),
-    device: &Device,
-    (total_len, chunk, block): (usize, usize, usize),
-    weights_loaded: bool,
-) -> Result<()> {
+/// A run to size against free memory: `total_len` tokens (the full
+/// model's K/V for all of them in `kv_dtype`), activations in `dtype`,
+/// prefill in chunks of `chunk`, attention blocks of `block` scores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunSize {
+    /// Activations' dtype.
+    pub dtype: DType,
+    /// The K/V cache's dtype.
+    pub kv_dtype: DType,
+    /// Prompt and new tokens.
+    pub total_len: usize,
+    /// Prompt tokens per prefill chunk.
+    pub chunk: usize,
+    /// Attention scores computed at once.
+    pub block: usize,
+    /// The weights are already resident (a loaded model) and so are not
+    /// counted again.
+    pub weights_loaded: bool,
+}
+
+/// Refuse a run of `size` whose estimated peak memory is more than
+/// `device` has free.
+pub fn ensure_fits(cfg: &lcut_model::ModelConfig, device: &Device, size: &RunSize) -> Result<()> {
+    let RunSize {
+        dtype,
+        kv_dtype,
+        total_len,
+        chunk,
+        block,
+        weights_loaded,
+    } = *size;
     let kv = lcut_model::memory::kv_cache_bytes(cfg, kv_dtype, total_len);
     let mut need = lcut_model::memory::estimate(cfg, dtype, kv, total_len, chunk, block);
     if weights_loaded {
@@ -116,21 +175,17 @@ pub struct PendingModel {
 }
 
 impl PendingModel {
-    /// Open the model given (a path or a store name, or the bundled one).
-    pub fn open(
-        model: &Option<PathBuf>,
-        (dtype, kv): (WeightArg, KvDtypeArg),
-        device: DeviceArg,
-    ) -> Result<Self> {
-        let resolved = resolve_model(&model_or_bundled(model))?;
+    /// Open the model `args` give (a path or a store name, or the bundled one).
+    pub fn open(args: &ModelArgs) -> Result<Self> {
+        let resolved = resolve_model(&model_or_bundled(&args.model))?;
         let files = lcut_model::ModelFiles::open_format(&resolved.path, resolved.format)
             .with_context(|| format!("loading model {resolved}"))?;
         Ok(Self {
             resolved,
             files,
-            mode: dtype.mode(),
-            kv_dtype: kv.dtype(dtype.mode()),
-            device: device.open()?,
+            mode: args.dtype.mode(),
+            kv_dtype: args.kv_dtype(),
+            device: args.device.open()?,
         })
     }
 
@@ -193,12 +248,12 @@ mod tests {
     #[test]
     fn a_missing_model_is_named() {
         let missing = Some(PathBuf::from("no-such-model"));
-        let Err(e) = open_session(
-            &missing,
+        let args = ModelArgs::cpu(
+            missing,
             WeightArg::Dense(crate::args::DtypeArg::F32),
             KvDtypeArg::Auto,
-            DeviceArg::Cpu,
-        ) else {
+        );
+        let Err(e) = args.load() else {
             panic!("a missing model loaded");
         };
         assert!(

@@ -75,7 +75,7 @@ pub fn run(pending: PendingModel, run: &FileRun<'_>) -> Result<()> {
     let mut session = pending.load()?;
     run.lora
         .apply_to_session(&mut session, &[run.policy.to_string()])?;
-    let policy = run.policy.resolve(session.model.config().num_layers)?;
+    let policy = session.resolve_policy(run.policy)?;
     let config = GenerationConfig {
         stop_tokens: session.stop_tokens(),
         ..run.config.clone()

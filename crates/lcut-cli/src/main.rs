@@ -7,9 +7,11 @@ mod cmd_diagnose;
 mod cmd_eval;
 mod cmd_forward;
 mod cmd_generate;
+mod cmd_leaderboard;
 mod cmd_models;
 mod cmd_paper;
 mod cmd_parity;
+mod cmd_recommend;
 mod cmd_report;
 mod cmd_suite;
 mod cmd_sweep;
@@ -72,6 +74,9 @@ enum Command {
     PaperMerge(cmd_paper::PaperMergeArgs),
     /// Check logits on a device and dtype against the transformers reference cases.
     Parity(cmd_parity::ParityArgs),
+    /// The SPEED cut and kept (layer, K/V head) pairs a K/V budget buys,
+    /// from a diagnose report; writes the head file.
+    Recommend(cmd_recommend::RecommendArgs),
     /// Token ids of a text (comma-separated on the last line); --chat renders it as a user message.
     Tokenize(cmd_tokenize::TokenizeArgs),
     /// The models in the Hugging Face hub cache and Ollama's store, named as --model takes them.
@@ -136,6 +141,7 @@ fn main() -> anyhow::Result<()> {
         Command::Paper(a) => cmd_paper::run(a),
         Command::PaperMerge(a) => cmd_paper::merge(a),
         Command::Parity(a) => cmd_parity::run(a),
+        Command::Recommend(a) => cmd_recommend::run(a),
         Command::Tokenize(a) => cmd_tokenize::run(a),
         Command::Models(a) => cmd_models::run(a),
         Command::Synth(a) => cmd_synth::run(a),

@@ -625,6 +625,24 @@ fn suite_command_writes_the_committed_file() {
         std::fs::read(out).unwrap(),
         std::fs::read(committed).unwrap()
     );
+    let out = tmp.path().join("c.jsonl");
+    let stdout = ok(
+        &[
+            "suite",
+            "--form",
+            "completion",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(stdout.contains("208 items"), "{stdout}");
+    let committed =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/suites/completion.jsonl");
+    assert_eq!(
+        std::fs::read(out).unwrap(),
+        std::fs::read(committed).unwrap()
+    );
 }
 
 /// Run lcut with its stdout a pipe whose reader has gone (`lcut ... | head`

@@ -52,6 +52,9 @@ pub enum DiagError {
         /// What is missing (for example `scored-token count`).
         what: &'static str,
     },
+    /// An argument or input outside what a computation accepts.
+    #[error("{0}")]
+    Invalid(String),
     /// A trace failed its schema checks.
     #[error(transparent)]
     Trace(#[from] TraceError),

@@ -152,7 +152,7 @@ pub fn layered_prefill_flops(shape: &FlopShape, tokens_per_layer: &[usize]) -> f
 /// SwiftKV and POP). Equal to [`layered_prefill_flops`] for a policy
 /// whose present tokens read every earlier present key.
 pub fn policy_prefill_flops(shape: &FlopShape, vis: &dyn Visibility, len: usize) -> f64 {
-    let present = vis.present_per_layer(len);
+    let present = vis.accounting().present_per_layer(len);
     let layers: f64 = (0..vis.num_layers())
         .map(|l| {
             present[l] as f64 * shape.token_layer_flops()
@@ -164,7 +164,9 @@ pub fn policy_prefill_flops(shape: &FlopShape, vis: &dyn Visibility, len: usize)
 }
 
 /// Key visits of the prompt's queries at `layer`: for every token of the
-/// first `len` that exists there, the earlier keys it reads.
+/// first `len` that exists there, the earlier keys it reads (of the tokens
+/// the layer holds while the prompt runs: those that exist there and those
+/// whose K/V it keeps).
 fn key_visits(vis: &dyn Visibility, layer: usize, len: usize) -> f64 {
     let present: Vec<usize> = (0..len).filter(|&q| vis.token_exists(layer, q)).collect();
     if present.len() == len && vis.rule_class(layer) == 0 {
@@ -176,7 +178,10 @@ fn key_visits(vis: &dyn Visibility, layer: usize, len: usize) -> f64 {
         .iter()
         .map(|&q| {
             (0..=q)
-                .filter(|&k| vis.retains_kv(layer, k) && vis.key_visible(layer, q, k))
+                .filter(|&k| {
+                    (vis.token_exists(layer, k) || vis.retains_kv(layer, k))
+                        && vis.key_visible(layer, q, k)
+                })
                 .count() as f64
         })
         .sum()

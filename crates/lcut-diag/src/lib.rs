@@ -4,7 +4,8 @@
 //! - [`phase_masses`] and [`prefill_entropy`] of one attention row;
 //! - [`curvature`] of a trajectory and the [`turning_angle`] it averages;
 //! - [`aggregate`] traces into per-layer curves, and [`tail_mass`];
-//! - [`recommend`] an L_cut from three signals' votes;
+//! - [`recommend`] an L_cut from three signals' votes, and a cut with
+//!   kept heads within a K/V budget ([`plan_for_budget`]);
 //! - the sweep's [`knee`], and the prefill [`prefill_flops`] model;
 //! - a policy's [`predict_cost`] (prefill FLOPs, decode bytes, K/V held)
 //!   from one sequence's `Visibility`;
@@ -22,6 +23,7 @@ mod aggregate;
 mod curvature;
 mod error;
 mod flops;
+mod heads;
 mod knee;
 mod masses;
 mod merge;
@@ -41,6 +43,10 @@ pub use error::DiagError;
 pub use flops::{
     FlopShape, PromptSplit, layered_prefill_flops, policy_prefill_flops, prefill_flops,
     slim_tokens_per_layer,
+};
+pub use heads::{
+    CHECKED_SPAN, HeadPlan, PromptShape, UNCHECKED_SPAN, expected_accuracy, head_ranking,
+    kv_head_masses, kv_share, plan_candidates, plan_for_budget, span_layers,
 };
 pub use knee::{finish_sweep, knee};
 pub use masses::{PhaseMasses, PrefillEntropy, phase_masses, prefill_entropy};

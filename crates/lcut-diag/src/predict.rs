@@ -9,11 +9,12 @@
 //!   without the token existing there (projected K/V, SwiftKV and POP)
 //!   costs that layer its K and V projections, `2·2·d·(H_kv·h)`.
 //! - Decode: one step reads every weight once and the K/V decode reads
-//!   ([`Visibility::resident_token_layers`]); small models on a CPU and
+//!   ([`lcut_policy::KvAccounting::resident_token_layers`]); small models on a CPU and
 //!   every model at long context are bound by these bytes, so the step's
 //!   time follows them. The mean over a run's steps is taken (resident
 //!   K/V grows by one token per step).
-//! - K/V held: [`Visibility::held_token_layers`] after the run.
+//! - K/V held: [`lcut_policy::KvAccounting::held_head_rows`] after the run (per K/V
+//!   head, so a policy whose heads keep different rows is counted exactly).
 
 use lcut_policy::Visibility;
 
@@ -53,13 +54,16 @@ pub fn predict_cost(
     // step (the last new token is produced, never fed)
     let in_prompt = prompt_len - vis.phases().decode_start().min(prompt_len);
     let fed = |new: usize| in_prompt + new.saturating_sub(1);
-    let resident = |d: usize| vis.resident_token_layers(d) as f64 * bytes.kv_per_token_layer;
+    let counts = vis.accounting();
+    let resident = |d: usize| counts.resident_token_layers(d) as f64 * bytes.kv_per_token_layer;
+    let kv_heads = shape.num_kv_heads.max(1);
+    let per_head_row = bytes.kv_per_token_layer / kv_heads as f64;
     // the steps after the first feed new tokens 1 .. new - 1
     let (first, last) = (fed(2), fed(new_tokens.max(2)));
     PredictedCost {
         prefill_flops: policy_prefill_flops(shape, vis, prompt_len),
         decode_step_bytes: bytes.weights + (resident(first) + resident(last)) / 2.0,
-        kv_held_bytes: vis.held_token_layers(fed(new_tokens)) as f64 * bytes.kv_per_token_layer,
+        kv_held_bytes: counts.held_head_rows(fed(new_tokens), kv_heads) as f64 * per_head_row,
     }
 }
 

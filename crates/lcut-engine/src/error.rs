@@ -103,6 +103,12 @@ pub enum EngineError {
     /// A task suite file is unreadable or has a bad line.
     #[error(transparent)]
     Suite(#[from] crate::suite::SuiteError),
+    /// A RULER-style suite cannot be written as asked.
+    #[error(transparent)]
+    Ruler(#[from] crate::suite::RulerError),
+    /// A leaderboard run cannot go as asked (a ratio, a family, its journal).
+    #[error(transparent)]
+    Leaderboard(#[from] crate::leaderboard::LeaderboardError),
     /// Shard results that do not make one whole run.
     #[error("merging eval shards: {0}")]
     Merge(String),

@@ -575,10 +575,15 @@ impl<'m> Generation<'m> {
         let shape = self.model.kv_shape();
         let cost = self.kv_cost();
         let b = shape.bytes_per_token_layer() as u64;
+        let kv_heads = shape.num_kv_heads.max(1);
+        let per_head_row = b / kv_heads as u64;
         let vis = self.seq.visibility();
-        let formula = b * vis.held_token_layers(cost.decode) as u64;
-        let resident = b * vis.resident_token_layers(cost.decode) as u64;
-        let slim = vis.decision_trace(b);
+        let counts = vis.accounting();
+        let windows = &self.model.config().sliding_window;
+        let formula =
+            per_head_row * counts.held_head_rows_windowed(cost.decode, kv_heads, windows) as u64;
+        let resident = per_head_row * counts.resident_head_rows(cost.decode, kv_heads) as u64;
+        let slim = vis.dynamic().and_then(|d| d.decision_trace(b));
         GenerationOutput {
             policy: policy.to_string(),
             tokens: self.produced.clone(),

@@ -25,6 +25,8 @@ use tokenizers::{
 
 use crate::error::{EngineError, Result};
 
+mod gemma;
+
 /// GPT-2's split: contractions, letters, numbers, other symbols, spaces.
 const GPT2_SPLIT: &str =
     r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
@@ -158,8 +160,13 @@ pub fn tokenizer_from_gguf(header: &GgufHeader, path: &Path) -> Result<GgufToken
         Some(t) => t.iter().map(|&x| x as u64).collect(),
         None => vec![1; n],
     };
+    let arch = m.str("general.architecture")?.unwrap_or_default();
     let (mut tokenizer, byte_level) = match model {
         "gpt2" => (byte_level_bpe(&m, &tokens)?, true),
+        "llama" if gemma::is_gemma(arch) => {
+            let spelled = gemma::spelled_tokens(&tokens);
+            (gemma::gemma_bpe(&m, &spelled)?, false)
+        }
         "llama" => (sentencepiece_bpe(&m, &tokens)?, false),
         other => {
             return Err(m.err(
@@ -324,34 +331,42 @@ fn merges_from_scores(
     scores: &[f64],
     index: &HashMap<&str, usize>,
 ) -> Vec<(String, String)> {
-    let mut merges: Vec<(&str, &str, f64)> = Vec::new();
+    // (left, right, score, left length, right length), lengths in characters
+    let mut merges: Vec<(&str, &str, f64, usize, usize)> = Vec::new();
     for (token, &score) in tokens.iter().zip(scores) {
         let mut local = Vec::new();
-        for (at, _) in token.char_indices().skip(1) {
+        for (chars, (at, _)) in token.char_indices().enumerate().skip(1) {
             let (l, r) = token.split_at(at);
             if let (Some(&li), Some(&ri)) = (index.get(l), index.get(r)) {
-                local.push((l, r, score, li, ri));
+                local.push((l, r, score, li, ri, chars));
             }
         }
-        local.sort_by_key(|&(_, _, _, li, ri)| (li, ri));
-        merges.extend(local.into_iter().map(|(l, r, s, _, _)| (l, r, s)));
+        local.sort_by_key(|&(_, _, _, li, ri, _)| (li, ri));
+        let total = token.chars().count();
+        merges.extend(
+            local
+                .into_iter()
+                .map(|(l, r, s, _, _, chars)| (l, r, s, chars, total - chars)),
+        );
     }
     // stable sort, descending by (score, left length, right length)
     merges.sort_by(|a, b| {
-        (b.2, b.0.chars().count(), b.1.chars().count())
-            .partial_cmp(&(a.2, a.0.chars().count(), a.1.chars().count()))
+        (b.2, b.3, b.4)
+            .partial_cmp(&(a.2, a.3, a.4))
             .unwrap_or(std::cmp::Ordering::Equal)
     });
     merges
         .into_iter()
-        .map(|(l, r, _)| (l.to_string(), r.to_string()))
+        .map(|(l, r, ..)| (l.to_string(), r.to_string()))
         .collect()
 }
 
 /// Tokens the file marks CONTROL (3) become special tokens, USER_DEFINED (4)
 /// plain added tokens, so that both stay whole in text. In a byte-level
 /// vocabulary a control token spelled outside the byte alphabet is a
-/// mislabel and is left out.
+/// mislabel and is left out; a user-defined token is added only as the
+/// vocabulary spells it (as transformers does: Gemma's runs of spaces,
+/// spelled with "▁" in the vocabulary, are not added as raw spaces).
 fn add_special_tokens(
     m: &Meta<'_>,
     tokenizer: &mut Tokenizer,
@@ -373,7 +388,7 @@ fn add_special_tokens(
     let user: Vec<AddedToken> = tokens
         .iter()
         .zip(types)
-        .filter(|(_, ty)| **ty == 4)
+        .filter(|(t, ty)| **ty == 4 && tokenizer.token_to_id(t).is_some())
         .map(|(t, _)| AddedToken::from(t.to_string(), false).normalized(false))
         .collect();
     tokenizer

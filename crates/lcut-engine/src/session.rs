@@ -10,7 +10,7 @@ use crate::error::{EngineError, Result};
 use crate::generate::{Generation, GenerationConfig, GenerationOutput, Sampling, Step};
 use crate::prompt::PreparedPrompt;
 use crate::template::ChatTemplate;
-use crate::text_prompt::{chat_template, prepare_text};
+use crate::text_prompt::{SplitPrompt, chat_template, prepare_split, prepare_text};
 use crate::tokenizer::TextTokenizer;
 
 /// A model folder loaded for use.
@@ -187,6 +187,22 @@ impl Session {
             ..self.greedy_config(max_new_tokens)
         };
         Generation::new(&self.model, prompt.clone(), policy, config)?.run(on_step)
+    }
+
+    /// Prepare a prompt in two parts ([`SplitPrompt`]): the context before
+    /// the decode start, the question and answer stem after it.
+    pub fn prepare_split(
+        &self,
+        parts: SplitPrompt<'_>,
+        use_template: bool,
+    ) -> Result<PreparedPrompt> {
+        prepare_split(
+            self.tokenizer()?,
+            self.template.as_ref(),
+            self.model.config().bos_token_id,
+            parts,
+            use_template,
+        )
     }
 
     /// Prepare a text prompt: through the chat template when the model has

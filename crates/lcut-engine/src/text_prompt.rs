@@ -59,6 +59,21 @@ impl PromptTokenizer {
         self.template.is_some()
     }
 
+    /// A prompt in two parts, as [`crate::Session::prepare_split`] makes it.
+    pub fn prepare_split(
+        &self,
+        parts: SplitPrompt<'_>,
+        use_template: bool,
+    ) -> Result<PreparedPrompt> {
+        prepare_split(
+            &self.tokenizer,
+            self.template.as_ref(),
+            self.bos_token_id,
+            parts,
+            use_template,
+        )
+    }
+
     /// The prompt of `user` (and `system`), as [`crate::Session::prepare_text`]
     /// makes it.
     pub fn prepare_text(
@@ -160,5 +175,101 @@ fn templated(
         system_len,
         chat_template_used: true,
         ..PreparedPrompt::from_ids(with, Some(decode_start))?
+    })
+}
+
+/// A prompt in two parts, as kvpress's pipeline and RULER's tasks split it:
+/// the context, which a policy may compress, before the decode start; the
+/// question and the answer stem after it, in the decode phase (at full
+/// depth under SPEED, never compressed by a press).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SplitPrompt<'a> {
+    /// The context (the user message's first part).
+    pub context: &'a str,
+    /// The question that follows it in the user message.
+    pub question: &'a str,
+    /// The start of the answer, after the generation prompt (chat) or after
+    /// the question and a newline (completion); may be empty.
+    pub answer_prefix: &'a str,
+    /// A system message (the model's default when absent).
+    pub system: Option<&'a str>,
+}
+
+/// Stands for the question while the chat template renders the context;
+/// the rendering is cut here (kvpress cuts at a run of `#`).
+const QUESTION_MARK: &str = "\u{1}lcut-question\u{1}";
+
+/// A prompt in two parts, the context and the question tokenized apart (as
+/// kvpress does) and joined, the decode start at the question's first
+/// token. With a chat template (and `use_template`): the template's
+/// rendering of one user message (after `system`), cut where the question
+/// goes; the question, the rest of the rendering (end of turn, generation
+/// prompt) and the answer stem follow. Without: BoS (when the model names
+/// one) and the context; then the question, a newline and the answer stem.
+pub(crate) fn prepare_split(
+    tok: &TextTokenizer,
+    template: Option<&ChatTemplate>,
+    bos: Option<u32>,
+    parts: SplitPrompt<'_>,
+    use_template: bool,
+) -> Result<PreparedPrompt> {
+    if parts.context.trim().is_empty() || parts.question.trim().is_empty() {
+        return Err(EngineError::EmptyPrompt);
+    }
+    let template_err = |reason: String| EngineError::Template {
+        path: tok.config_path().to_path_buf(),
+        reason,
+    };
+    let (mut ids, tail, system_len) = match (template, use_template) {
+        (Some(tmpl), true) => {
+            let mut messages = Vec::new();
+            if let Some(sys) = parts.system {
+                messages.push(Message::new("system", sys));
+            }
+            let user = format!("{}{QUESTION_MARK}", parts.context);
+            messages.push(Message::new("user", &user));
+            let rendered = tmpl.render(&messages, true).map_err(template_err)?;
+            let Some((head, tail)) = rendered.split_once(QUESTION_MARK) else {
+                return Err(template_err(
+                    "the rendering does not keep the user message whole, so the question \
+                     cannot be put after the context"
+                        .into(),
+                ));
+            };
+            let ids = tok.encode(head)?;
+            let system_len = match parts.system {
+                Some(sys) => {
+                    let sys_ids = tok.encode(
+                        &tmpl
+                            .render(&[Message::new("system", sys)], false)
+                            .map_err(template_err)?,
+                    )?;
+                    (common_prefix(&sys_ids, &ids) == sys_ids.len()).then_some(sys_ids.len())
+                }
+                None => None,
+            };
+            (
+                ids,
+                format!("{}{tail}{}", parts.question, parts.answer_prefix),
+                system_len,
+            )
+        }
+        _ => {
+            let mut ids = tok.encode(parts.context)?;
+            if let Some(bos) = bos
+                && ids.first() != Some(&bos)
+            {
+                ids.insert(0, bos);
+            }
+            let tail = format!("{}\n{}", parts.question, parts.answer_prefix);
+            (ids, tail, None)
+        }
+    };
+    let decode_start = ids.len();
+    ids.extend(tok.encode(&tail)?);
+    Ok(PreparedPrompt {
+        system_len,
+        chat_template_used: template.is_some() && use_template,
+        ..PreparedPrompt::from_ids(ids, Some(decode_start))?
     })
 }

@@ -10,7 +10,7 @@ use anyhow::{Result, ensure};
 use lcut_engine::diagnose::{AxisPolicy, LabelledPrompt, SweepOptions, sweep};
 use lcut_engine::{Generation, GenerationConfig, PreparedPrompt, Session};
 use lcut_model::{DType, Device, LogitRows, Tensor};
-use lcut_policy::{Phase, Policy, PolicyFamily, PolicySpec, TokenPhases, Visibility};
+use lcut_policy::{KvAccounting, Phase, Policy, PolicyFamily, PolicySpec, TokenPhases, Visibility};
 use lcut_testkit::oracle_case;
 use lcut_trace::Thresholds;
 
@@ -78,6 +78,10 @@ impl Visibility for EveryOtherRule {
         usize::from(layer >= self.l_cut)
     }
 
+    fn accounting(&self) -> &dyn KvAccounting {
+        self
+    }
+
     fn box_clone(&self) -> Box<dyn Visibility> {
         Box::new(*self)
     }
@@ -86,6 +90,9 @@ impl Visibility for EveryOtherRule {
         self
     }
 }
+
+/// Its K/V counted from its answers, position by position.
+impl KvAccounting for EveryOtherRule {}
 
 static FAMILY: EveryOther = EveryOther;
 

@@ -31,3 +31,25 @@ fn committed_suite_is_what_the_generator_writes() {
         }
     }
 }
+
+/// The suite in completion form (for base models) is the same items,
+/// written by `lcut suite --form completion` from the same seed.
+#[test]
+fn committed_completion_suite_is_what_the_generator_writes() {
+    use lcut_engine::suite::{COMPLETION_SUITE, Form};
+    let path = lcut_engine::workspace_root().join(COMPLETION_SUITE);
+    let committed = std::fs::read_to_string(&path).expect("the committed suite");
+    let written = suite::to_jsonl(&suite::generate_in(SMOLLM2_SUITE_SEED, Form::Completion));
+    assert!(
+        committed == written,
+        "{COMPLETION_SUITE} differs from the generator: run `lcut suite --form completion`"
+    );
+    assert!(committed.len() < 400_000, "{} bytes", committed.len());
+    let items = suite::read_suite(&path).expect("the suite reads");
+    let chat = suite::generate(SMOLLM2_SUITE_SEED);
+    assert_eq!(items.len(), chat.len());
+    for (k, c) in items.iter().zip(&chat) {
+        assert!(k.prompt.starts_with(&c.prompt) && k.prompt.len() > c.prompt.len());
+        assert_eq!((&k.id, &k.answer), (&c.id, &c.answer));
+    }
+}

@@ -1,18 +1,212 @@
 //! Layer-asymmetric KV cache: each layer holds only the tokens the policy
-//! keeps there, at their original positions.
+//! keeps there, at their original positions. Where a policy keeps different
+//! tokens for different K/V heads of a layer, the layer's cache is split:
+//! each head holds its own rows, so bytes held are what each head keeps,
+//! never masked rows. Rows no later query reads (older than a sliding
+//! window, or prompt rows a policy drops once the prompt has run) leave the
+//! cache: from the front in place, from the middle by a copy.
+
+use std::ops::Range;
 
 use candle_core::{DType, Tensor};
 
 use crate::error::Result;
 
-/// Keys and values of one layer, in position order.
+/// Rows held by a set of K/V heads that hold the same tokens: keys and
+/// values [heads, capacity, head_dim], rows `start..start + len` live, in
+/// position order.
 #[derive(Debug)]
-pub struct LayerCache {
+struct Rows {
     k: Option<Tensor>,
     v: Option<Tensor>,
+    /// First live row of the buffers (rows dropped from the front before it).
+    start: usize,
     len: usize,
     reserved: usize,
     positions: Vec<usize>,
+}
+
+impl Rows {
+    fn new() -> Self {
+        Self {
+            k: None,
+            v: None,
+            start: 0,
+            len: 0,
+            reserved: 0,
+            positions: Vec::new(),
+        }
+    }
+
+    fn capacity(&self) -> usize {
+        self.k.as_ref().map_or(0, |k| k.dim(1).unwrap_or(0))
+    }
+
+    fn heads_and_dim(&self) -> Option<(usize, usize)> {
+        let (heads, _, dim) = self.k.as_ref()?.dims3().ok()?;
+        Some((heads, dim))
+    }
+
+    fn bytes_held(&self) -> usize {
+        match (&self.k, self.heads_and_dim()) {
+            (Some(k), Some((heads, dim))) => 2 * heads * dim * self.len * k.dtype().size_in_bytes(),
+            _ => 0,
+        }
+    }
+
+    fn bytes_allocated(&self) -> usize {
+        match &self.k {
+            Some(k) => 2 * k.elem_count() * k.dtype().size_in_bytes(),
+            None => 0,
+        }
+    }
+
+    fn live(&self, t: &Option<Tensor>) -> Result<Option<Tensor>> {
+        match t {
+            Some(t) if self.len > 0 => Ok(Some(t.narrow(1, self.start, self.len)?)),
+            _ => Ok(None),
+        }
+    }
+
+    /// A compact copy of the live rows (no spare room).
+    fn fork(&self) -> Result<Self> {
+        let held = |t: &Option<Tensor>| -> Result<Option<Tensor>> {
+            // `copy` keeps a view's layout (and the whole buffer behind it);
+            // a view of a buffer with spare room is strided, so compact it
+            Ok(match self.live(t)? {
+                Some(t) if t.is_contiguous() => Some(t.copy()?),
+                Some(t) => Some(t.contiguous()?),
+                None => None,
+            })
+        };
+        Ok(Self {
+            k: held(&self.k)?,
+            v: held(&self.v)?,
+            start: 0,
+            len: self.len,
+            reserved: self.reserved,
+            positions: self.positions.clone(),
+        })
+    }
+
+    /// A copy of the live rows whose position satisfies `keep`, of the heads
+    /// `heads` of the buffer (every head when `None`).
+    fn select(&self, heads: Option<Range<usize>>, keep: impl Fn(usize) -> bool) -> Result<Self> {
+        let idx: Vec<u32> = (0..self.len as u32)
+            .filter(|&i| keep(self.positions[i as usize]))
+            .collect();
+        let mut out = Self::new();
+        out.reserved = self.reserved.saturating_sub(self.len - idx.len());
+        // select from the whole buffers (contiguous): a view of the live part
+        // is not contiguous when the buffer has spare room, and index_select
+        // needs contiguous input
+        if let (Some(k), Some(v), false) = (&self.k, &self.v, idx.is_empty()) {
+            let rows: Vec<u32> = idx.iter().map(|&i| i + self.start as u32).collect();
+            let index = Tensor::new(rows.as_slice(), k.device())?;
+            let positions: Vec<usize> = idx.iter().map(|&i| self.positions[i as usize]).collect();
+            let pick = |t: &Tensor| -> Result<Tensor> {
+                let t = t.index_select(&index, 1)?;
+                Ok(match &heads {
+                    Some(h) if h.len() != t.dim(0)? => t.narrow(0, h.start, h.len())?,
+                    _ => t,
+                })
+            };
+            out.append(&pick(k)?, &pick(v)?, &positions)?;
+        }
+        Ok(out)
+    }
+
+    /// Drop the live rows at positions below `first`, in place.
+    fn drop_below(&mut self, first: usize) {
+        let n = self.positions.partition_point(|&p| p < first);
+        if n == 0 {
+            return;
+        }
+        self.positions.drain(..n);
+        self.start += n;
+        self.len -= n;
+        if self.len == 0 {
+            self.start = 0;
+        }
+    }
+
+    fn append(&mut self, k: &Tensor, v: &Tensor, positions: &[usize]) -> Result<()> {
+        let n = positions.len();
+        if n == 0 {
+            return Ok(());
+        }
+        debug_assert!(self.positions.last().is_none_or(|&p| p < positions[0]));
+        let capacity = self.capacity();
+        if self.start + self.len + n > capacity {
+            // rows dropped from the front leave room to reuse: move the live
+            // rows to the front of a buffer of the same size when they fit
+            let needed = self.len + n;
+            let new_cap = if needed <= capacity {
+                capacity
+            } else {
+                needed.max(self.reserved).max(capacity * 2)
+            };
+            self.k = Some(regrow(self.k.as_ref(), k, self.start, self.len, new_cap)?);
+            self.v = Some(regrow(self.v.as_ref(), v, self.start, self.len, new_cap)?);
+            self.start = 0;
+        }
+        if let (Some(kb), Some(vb)) = (&self.k, &self.v) {
+            let at = self.start + self.len;
+            kb.slice_set(&k.contiguous()?, 1, at)?;
+            vb.slice_set(&v.contiguous()?, 1, at)?;
+        }
+        self.len += n;
+        self.positions.extend_from_slice(positions);
+        Ok(())
+    }
+}
+
+/// A buffer of `cap` rows holding the `len` rows of `old` from `start`.
+fn regrow(
+    old: Option<&Tensor>,
+    like: &Tensor,
+    start: usize,
+    len: usize,
+    cap: usize,
+) -> Result<Tensor> {
+    let (heads, _, dim) = like.dims3()?;
+    let dtype: DType = like.dtype();
+    let buf = Tensor::zeros((heads, cap, dim), dtype, like.device())?;
+    if let Some(old) = old
+        && len > 0
+    {
+        buf.slice_set(&old.narrow(1, start, len)?.contiguous()?, 1, 0)?;
+    }
+    Ok(buf)
+}
+
+/// One group of a layer's K/V heads that hold the same rows, as the
+/// attention kernels read it: the whole buffers [heads of the buffer,
+/// capacity, head_dim], the group's heads among the buffer's, and the live
+/// rows.
+#[derive(Debug, Clone, Copy)]
+pub struct GroupBuffers<'a> {
+    /// Keys, the whole buffer.
+    pub k: &'a Tensor,
+    /// Values, the whole buffer.
+    pub v: &'a Tensor,
+    /// The group's heads among the buffer's heads.
+    pub heads: (usize, usize),
+    /// First live row.
+    pub start: usize,
+    /// Live rows.
+    pub len: usize,
+}
+
+/// Keys and values of one layer, in position order.
+#[derive(Debug)]
+pub struct LayerCache {
+    /// One group holding every K/V head's rows (shared), or one group per
+    /// K/V head (split).
+    groups: Vec<Rows>,
+    /// Rows at positions below this were checked against what the policy
+    /// keeps once the prompt has run.
+    checked_below: usize,
 }
 
 impl Default for LayerCache {
@@ -25,33 +219,46 @@ impl LayerCache {
     /// An empty cache.
     pub fn new() -> Self {
         Self {
-            k: None,
-            v: None,
-            len: 0,
-            reserved: 0,
-            positions: Vec::new(),
+            groups: vec![Rows::new()],
+            checked_below: 0,
         }
     }
 
-    /// Number of tokens held.
+    /// Whether each K/V head holds its own rows.
+    pub fn is_split(&self) -> bool {
+        self.groups.len() > 1
+    }
+
+    /// Number of tokens held (by the head that holds the most, when split).
     pub fn len(&self) -> usize {
-        self.len
+        self.groups.iter().map(|g| g.len).max().unwrap_or(0)
     }
 
     /// True when nothing is held.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.groups.iter().all(|g| g.len == 0)
     }
 
-    /// Positions of the held tokens, ascending.
+    /// Positions of the held tokens, ascending (the first head's, when the
+    /// cache is split: see [`LayerCache::head_positions`]).
     pub fn positions(&self) -> &[usize] {
-        &self.positions
+        &self.groups[0].positions
+    }
+
+    /// Positions of the tokens K/V head `head` holds, ascending.
+    pub fn head_positions(&self, head: usize) -> &[usize] {
+        match self.is_split() {
+            true => self.groups.get(head).map_or(&[], |g| &g.positions),
+            false => &self.groups[0].positions,
+        }
     }
 
     /// Ask for room for `extra` more tokens so that appending does not grow
     /// the buffers again (the engine knows prompt length and token budget).
     pub fn reserve(&mut self, extra: usize) {
-        self.reserved = self.reserved.max(self.len + extra);
+        for g in &mut self.groups {
+            g.reserved = g.reserved.max(g.len + extra);
+        }
     }
 
     /// An independent copy: the tokens held are copied into buffers of its
@@ -59,127 +266,202 @@ impl LayerCache {
     /// original never writes into a buffer the other one reads. (Sharing a
     /// buffer with spare room, both would append into the same free slots.)
     pub fn fork(&self) -> Result<Self> {
-        let held = |t: &Option<Tensor>| -> Result<Option<Tensor>> {
-            match t {
-                Some(t) if self.len > 0 => {
-                    // `copy` keeps a view's layout (and the whole buffer
-                    // behind it); a view of a buffer with spare room is
-                    // strided, so compact it first
-                    let held = t.narrow(1, 0, self.len)?;
-                    Ok(Some(if held.is_contiguous() {
-                        held.copy()?
-                    } else {
-                        held.contiguous()?
-                    }))
-                }
-                _ => Ok(None),
-            }
-        };
         Ok(Self {
-            k: held(&self.k)?,
-            v: held(&self.v)?,
-            len: self.len,
-            reserved: self.reserved,
-            positions: self.positions.clone(),
+            groups: self
+                .groups
+                .iter()
+                .map(Rows::fork)
+                .collect::<Result<Vec<_>>>()?,
+            checked_below: self.checked_below,
         })
     }
 
-    /// Keys and values held, [kv_heads, len, head_dim] each, or None if empty.
+    /// Keys and values held, [kv_heads, len, head_dim] each, or None if
+    /// empty or split (see [`LayerCache::group_kv`]).
     pub fn kv(&self) -> Result<Option<(Tensor, Tensor)>> {
-        match (&self.k, &self.v) {
-            (Some(k), Some(v)) if self.len > 0 => {
-                Ok(Some((k.narrow(1, 0, self.len)?, v.narrow(1, 0, self.len)?)))
-            }
-            _ => Ok(None),
+        if self.is_split() {
+            return Ok(None);
         }
+        self.group_kv(0)
     }
 
-    /// The whole K and V buffers [kv_heads, capacity, head_dim] (rows past
-    /// [`LayerCache::len`] are spare room), or None if empty.
-    pub(crate) fn buffers(&self) -> Option<(&Tensor, &Tensor)> {
-        match (&self.k, &self.v) {
-            (Some(k), Some(v)) if self.len > 0 => Some((k, v)),
+    /// The live keys and values of row group `group` (the whole cache when
+    /// shared, K/V head `group` when split), [heads, len, head_dim].
+    pub fn group_kv(&self, group: usize) -> Result<Option<(Tensor, Tensor)>> {
+        let Some(g) = self.groups.get(group) else {
+            return Ok(None);
+        };
+        Ok(match (g.live(&g.k)?, g.live(&g.v)?) {
+            (Some(k), Some(v)) => Some((k, v)),
+            _ => None,
+        })
+    }
+
+    /// Row groups: 1 when shared, one per K/V head when split.
+    pub fn groups(&self) -> usize {
+        self.groups.len()
+    }
+
+    /// Positions held by row group `group`.
+    pub(crate) fn group_positions(&self, group: usize) -> &[usize] {
+        self.groups.get(group).map_or(&[], |g| &g.positions)
+    }
+
+    /// The buffers of K/V heads `heads` as the kernels read them: from the
+    /// shared rows, or from the split cache's group of head `heads.start`
+    /// (one head). `None` when those heads hold nothing.
+    pub(crate) fn buffers(&self, heads: Range<usize>) -> Option<GroupBuffers<'_>> {
+        let (g, within) = match self.is_split() {
+            true => (self.groups.get(heads.start)?, (0, 1)),
+            false => (&self.groups[0], (heads.start, heads.end)),
+        };
+        match (&g.k, &g.v) {
+            (Some(k), Some(v)) if g.len > 0 => Some(GroupBuffers {
+                k,
+                v,
+                heads: within,
+                start: g.start,
+                len: g.len,
+            }),
             _ => None,
         }
     }
 
-    /// Bytes of K and V held (tokens held, not buffer capacity).
+    /// Bytes of K and V held (tokens held by each head, not buffer capacity).
     pub fn bytes_held(&self) -> usize {
-        match &self.k {
-            Some(k) => {
-                let (heads, _, dim) = k.dims3().unwrap_or((0, 0, 0));
-                2 * heads * dim * self.len * k.dtype().size_in_bytes()
-            }
-            None => 0,
-        }
+        self.groups.iter().map(Rows::bytes_held).sum()
     }
 
     /// Bytes of the buffers allocated (at least `bytes_held`).
     pub fn bytes_allocated(&self) -> usize {
-        match &self.k {
-            Some(k) => 2 * k.elem_count() * k.dtype().size_in_bytes(),
-            None => 0,
-        }
+        self.groups.iter().map(Rows::bytes_allocated).sum()
     }
 
     /// A copy holding only the tokens whose position satisfies `keep`.
     pub fn filtered(&self, keep: impl Fn(usize) -> bool) -> Result<Self> {
-        let idx: Vec<u32> = (0..self.len as u32)
-            .filter(|&i| keep(self.positions[i as usize]))
-            .collect();
-        let mut out = Self::new();
-        out.reserved = self.reserved.saturating_sub(self.len - idx.len());
-        // select from the whole buffers (contiguous; the indices are below
-        // `len`): a view of the held part is not contiguous when the buffer
-        // has spare room, and index_select needs contiguous input
-        if let (Some(k), Some(v), false) = (&self.k, &self.v, idx.is_empty()) {
-            let index = Tensor::new(idx.as_slice(), k.device())?;
-            let positions: Vec<usize> = idx.iter().map(|&i| self.positions[i as usize]).collect();
-            out.append(
-                &k.index_select(&index, 1)?,
-                &v.index_select(&index, 1)?,
-                &positions,
-            )?;
-        }
-        Ok(out)
+        self.filtered_by_head(1, false, |_, p| keep(p))
+    }
+
+    /// A copy holding, for each of the `kv_heads` heads, only the tokens for
+    /// which `keep(head, position)` holds: split when `per_head` (the heads
+    /// may keep different tokens) or when this cache is split, shared
+    /// otherwise (`keep` asked for head 0).
+    pub fn filtered_by_head(
+        &self,
+        kv_heads: usize,
+        per_head: bool,
+        keep: impl Fn(usize, usize) -> bool,
+    ) -> Result<Self> {
+        let groups = match (per_head, self.is_split()) {
+            (false, false) => vec![self.groups[0].select(None, |p| keep(0, p))?],
+            // a split cache stays split: its heads hold different rows
+            (_, true) => (0..self.groups.len())
+                .map(|h| self.groups[h].select(None, |p| keep(h, p)))
+                .collect::<Result<Vec<_>>>()?,
+            (true, false) => (0..kv_heads)
+                .map(|h| self.groups[0].select(Some(h..h + 1), |p| keep(h, p)))
+                .collect::<Result<Vec<_>>>()?,
+        };
+        Ok(Self {
+            groups,
+            checked_below: self.checked_below,
+        })
     }
 
     /// Append `k`, `v` [kv_heads, n, head_dim] for tokens at `positions`
-    /// (ascending and after every held position).
+    /// (ascending and after every held position), to every head.
     pub fn append(&mut self, k: &Tensor, v: &Tensor, positions: &[usize]) -> Result<()> {
-        let n = positions.len();
-        if n == 0 {
-            return Ok(());
+        self.append_by_head(k, v, positions, |_, _| true)
+    }
+
+    /// Append `k`, `v` [kv_heads, n, head_dim] for tokens at `positions`;
+    /// a split cache's head `h` takes the tokens for which `keep(h, pos)`
+    /// holds (a shared cache takes every token).
+    pub fn append_by_head(
+        &mut self,
+        k: &Tensor,
+        v: &Tensor,
+        positions: &[usize],
+        keep: impl Fn(usize, usize) -> bool,
+    ) -> Result<()> {
+        if !self.is_split() {
+            return self.groups[0].append(k, v, positions);
         }
-        debug_assert!(self.positions.last().is_none_or(|&p| p < positions[0]));
-        let needed = self.len + n;
-        let capacity = self.k.as_ref().map_or(0, |k| k.dim(1).unwrap_or(0));
-        if needed > capacity {
-            let new_cap = needed.max(self.reserved).max(capacity * 2);
-            self.k = Some(grow(self.k.as_ref(), k, self.len, new_cap)?);
-            self.v = Some(grow(self.v.as_ref(), v, self.len, new_cap)?);
+        for (h, g) in self.groups.iter_mut().enumerate() {
+            let rows: Vec<u32> = (0..positions.len() as u32)
+                .filter(|&i| keep(h, positions[i as usize]))
+                .collect();
+            if rows.is_empty() {
+                continue;
+            }
+            let (kh, vh) = (k.narrow(0, h, 1)?, v.narrow(0, h, 1)?);
+            let (kh, vh, pos) = match rows.len() == positions.len() {
+                true => (kh, vh, positions.to_vec()),
+                false => {
+                    let idx = Tensor::new(rows.as_slice(), k.device())?;
+                    let pos = rows.iter().map(|&i| positions[i as usize]).collect();
+                    (kh.index_select(&idx, 1)?, vh.index_select(&idx, 1)?, pos)
+                }
+            };
+            g.append(&kh, &vh, &pos)?;
         }
-        if let (Some(kb), Some(vb)) = (&self.k, &self.v) {
-            kb.slice_set(&k.contiguous()?, 1, self.len)?;
-            vb.slice_set(&v.contiguous()?, 1, self.len)?;
-        }
-        self.len = needed;
-        self.positions.extend_from_slice(positions);
         Ok(())
     }
-}
 
-/// A buffer of `cap` tokens holding the first `len` tokens of `old`.
-fn grow(old: Option<&Tensor>, like: &Tensor, len: usize, cap: usize) -> Result<Tensor> {
-    let (heads, _, dim) = like.dims3()?;
-    let dtype: DType = like.dtype();
-    let buf = Tensor::zeros((heads, cap, dim), dtype, like.device())?;
-    if let Some(old) = old
-        && len > 0
-    {
-        buf.slice_set(&old.narrow(1, 0, len)?.contiguous()?, 1, 0)?;
+    /// Forget which rows were checked against a policy (a cache handed to
+    /// another policy's sequence is checked against that policy anew).
+    pub(crate) fn forget_checks(&mut self) {
+        self.checked_below = 0;
     }
-    Ok(buf)
+
+    /// Drop every row at a position below `first` (a sliding window's rows
+    /// no later query reads), in place.
+    pub fn drop_below(&mut self, first: usize) {
+        for g in &mut self.groups {
+            g.drop_below(first);
+        }
+    }
+
+    /// Keep, of the rows not yet checked, those `keep(head, position)`
+    /// allows for each of the `kv_heads` heads, splitting the cache when
+    /// `per_head` and the heads keep different rows; every row is checked
+    /// once. Rows are copied only when some row goes.
+    pub fn retain_checked(
+        &mut self,
+        kv_heads: usize,
+        per_head: bool,
+        keep: impl Fn(usize, usize) -> bool,
+    ) -> Result<()> {
+        let from = self.checked_below;
+        let heads = if self.is_split() || per_head {
+            kv_heads
+        } else {
+            1
+        };
+        let drops = self.groups.iter().enumerate().any(|(i, g)| {
+            let heads: Vec<usize> = match self.is_split() {
+                true => vec![i],
+                false => (0..heads).collect(),
+            };
+            let unchecked = &g.positions[g.positions.partition_point(|&p| p < from)..];
+            unchecked
+                .iter()
+                .any(|&p| heads.iter().any(|&h| !keep(h, p)))
+        });
+        if let Some(&last) = self.groups.iter().filter_map(|g| g.positions.last()).max() {
+            self.checked_below = self.checked_below.max(last + 1);
+        }
+        if !drops {
+            return Ok(());
+        }
+        let checked = from;
+        let keep = |h: usize, p: usize| p < checked || keep(h, p);
+        *self = Self {
+            checked_below: self.checked_below,
+            ..self.filtered_by_head(kv_heads, per_head, keep)?
+        };
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -259,6 +541,53 @@ mod tests {
         let k = k.to_vec3::<f32>()?;
         assert_eq!(k[0], vec![vec![0., 1.], vec![4., 5.]]);
         assert_eq!(k[1], vec![vec![6., 7.], vec![10., 11.]]);
+        Ok(())
+    }
+
+    #[test]
+    fn rows_dropped_from_the_front_are_not_held_and_their_room_is_reused() -> anyhow::Result<()> {
+        let dev = Device::Cpu;
+        let mut c = LayerCache::new();
+        c.reserve(4);
+        for p in 0..12usize {
+            let x = Tensor::full(p as f32, (1, 1, 2), &dev)?;
+            c.drop_below((p + 1).saturating_sub(3));
+            c.append(&x, &x, &[p])?;
+            assert!(c.len() <= 3, "a window of 3 holds at most 3 rows");
+        }
+        assert_eq!(c.positions(), &[9, 10, 11]);
+        assert_eq!(c.bytes_held(), 2 * 3 * 2 * 4);
+        // the buffer never grew past its reservation: dropped rows made room
+        assert_eq!(c.bytes_allocated(), 2 * 4 * 2 * 4);
+        let (k, _) = c.kv()?.expect("non-empty");
+        assert_eq!(
+            k.to_vec3::<f32>()?[0],
+            vec![vec![9.; 2], vec![10.; 2], vec![11.; 2]]
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_cache_whose_heads_keep_different_rows_splits_and_holds_each_heads_own()
+    -> anyhow::Result<()> {
+        let dev = Device::Cpu;
+        let mut c = LayerCache::new();
+        // 2 heads, 4 tokens: head 0 keeps everything, head 1 only 0 and 3
+        let x = Tensor::arange(0f32, 16., &dev)?.reshape((2, 4, 2))?;
+        c.append(&x, &x, &[0, 1, 2, 3])?;
+        c.retain_checked(2, true, |h, p| h == 0 || p == 0 || p == 3)?;
+        assert!(c.is_split());
+        assert_eq!(c.head_positions(0), &[0, 1, 2, 3]);
+        assert_eq!(c.head_positions(1), &[0, 3]);
+        assert_eq!(c.bytes_held(), 2 * 2 * 4 * (4 + 2));
+        let (k1, _) = c.group_kv(1)?.expect("non-empty");
+        assert_eq!(k1.to_vec3::<f32>()?[0], vec![vec![8., 9.], vec![14., 15.]]);
+        // later tokens go to the heads that keep them; checked rows stay
+        let y = Tensor::arange(100f32, 104., &dev)?.reshape((2, 1, 2))?;
+        c.append_by_head(&y, &y, &[4], |_, _| true)?;
+        c.retain_checked(2, true, |h, p| h == 0 || p != 1)?;
+        assert_eq!(c.head_positions(1), &[0, 3, 4]);
+        assert_eq!(c.head_positions(0), &[0, 1, 2, 3, 4]);
         Ok(())
     }
 }

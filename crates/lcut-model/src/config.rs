@@ -8,6 +8,8 @@ use serde_json::{Map, Value};
 
 use crate::error::{ModelError, Result};
 
+mod gemma3;
+
 /// The architectures lcut implements, by their `model_type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Arch {
@@ -23,16 +25,21 @@ pub enum Arch {
     Gemma2,
     /// Phi-3 (`phi3`): fused qkv and gate_up projections.
     Phi3,
+    /// Gemma 3, text only (`gemma3_text`; GGUF's `gemma3`): Gemma-2's layer
+    /// with q/k norms and no soft-caps by default, sliding and global layers
+    /// in a pattern, a RoPE base per layer type.
+    Gemma3,
 }
 
 impl Arch {
-    const ALL: [(&'static str, Arch); 6] = [
+    const ALL: [(&'static str, Arch); 7] = [
         ("llama", Arch::Llama),
         ("mistral", Arch::Mistral),
         ("qwen2", Arch::Qwen2),
         ("qwen3", Arch::Qwen3),
         ("gemma2", Arch::Gemma2),
         ("phi3", Arch::Phi3),
+        ("gemma3_text", Arch::Gemma3),
     ];
 
     /// The `model_type` string of this architecture.
@@ -47,6 +54,28 @@ impl Arch {
     /// The architecture of a `model_type` (also GGUF's `general.architecture`).
     pub(crate) fn from_model_type(s: &str) -> Option<Arch> {
         Self::ALL.iter().find(|(n, _)| *n == s).map(|(_, a)| *a)
+    }
+
+    /// The name GGUF's `general.architecture` gives this architecture
+    /// (llama.cpp calls text-only Gemma 3 `gemma3`).
+    pub fn gguf_name(&self) -> &'static str {
+        match self {
+            Arch::Gemma3 => "gemma3",
+            other => other.model_type(),
+        }
+    }
+
+    /// The architecture of a GGUF's `general.architecture`.
+    pub(crate) fn from_gguf_name(s: &str) -> Option<Arch> {
+        Self::ALL
+            .iter()
+            .map(|(_, a)| *a)
+            .find(|a| a.gguf_name() == s)
+    }
+
+    /// Gemma 2 or 3: scaled embeddings, (1 + w) norms, sandwich norms, GeGLU.
+    pub fn is_gemma(&self) -> bool {
+        matches!(self, Arch::Gemma2 | Arch::Gemma3)
     }
 
     /// The `model_type`s lcut implements, comma-separated.
@@ -135,6 +164,9 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
     /// Sliding window per layer (a query at i reads keys j with i - j < w).
     pub sliding_window: Vec<Option<usize>>,
+    /// RoPE of the sliding-window layers where it is not [`Self::rope`]
+    /// (Gemma 3: its own base, no scaling); `None`: every layer uses `rope`.
+    pub sliding_rope: Option<RopeConfig>,
     /// q/k/v projections have biases.
     pub qkv_bias: bool,
     /// Per-head RMSNorm on q and k before RoPE.
@@ -318,6 +350,9 @@ impl ModelConfig {
         let model_type = f
             .opt_str("model_type")?
             .ok_or_else(|| f.err("model_type", "an architecture name", None))?;
+        if model_type == "gemma3" {
+            return Err(gemma3::multimodal(path));
+        }
         let arch =
             Arch::from_model_type(model_type).ok_or_else(|| ModelError::UnknownArchitecture {
                 path: PathBuf::from(path),
@@ -357,14 +392,30 @@ impl ModelConfig {
                 ));
             }
         };
-        let rope = read_rope(f, head_dim)?;
-        let is_gemma = arch == Arch::Gemma2;
+        let (rope, sliding_rope) = match arch {
+            Arch::Gemma3 => {
+                gemma3::refuse_bidirectional(f)?;
+                let (global, sliding) = gemma3::ropes(f, head_dim)?;
+                (global, Some(sliding))
+            }
+            _ => (read_rope(f, head_dim)?, None),
+        };
+        let is_gemma = arch.is_gemma();
         let activation = read_activation(f, arch)?;
-        let attn_scale = match f.opt_f64("query_pre_attn_scalar")? {
-            Some(s) if is_gemma && s > 0.0 => s.powf(-0.5),
+        let attn_scale = match (arch, f.opt_f64("query_pre_attn_scalar")?) {
+            // transformers' default for Gemma 3, a zero or negative one refused
+            (Arch::Gemma3, _) => f
+                .opt_positive_f64("query_pre_attn_scalar")?
+                .unwrap_or(256.0)
+                .powf(-0.5),
+            (_, Some(s)) if is_gemma && s > 0.0 => s.powf(-0.5),
             _ => (head_dim as f64).powf(-0.5),
         };
         let default_tie = is_gemma;
+        let default_positions = match arch {
+            Arch::Gemma3 => 131_072,
+            _ => 4096,
+        };
         Ok(Self {
             arch,
             vocab_size: f.positive("vocab_size")?,
@@ -376,16 +427,19 @@ impl ModelConfig {
             head_dim,
             rms_norm_eps: f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6),
             rope,
-            max_position_embeddings: f.opt_usize("max_position_embeddings")?.unwrap_or(4096),
+            max_position_embeddings: f
+                .opt_usize("max_position_embeddings")?
+                .unwrap_or(default_positions),
             tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(default_tie),
             bos_token_id: f.token_ids("bos_token_id")?.first().copied(),
             eos_token_ids: f.token_ids("eos_token_id")?,
             sliding_window: read_sliding_window(f, arch, num_layers)?,
+            sliding_rope,
             qkv_bias: match arch {
                 Arch::Qwen2 => true,
                 _ => f.opt_bool("attention_bias")?.unwrap_or(false),
             },
-            qk_norm: arch == Arch::Qwen3,
+            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
             norm_weight_offset: is_gemma,
             sandwich_norms: is_gemma,
             embedding_scale: is_gemma.then(|| (hidden_size as f64).sqrt()),
@@ -425,7 +479,7 @@ impl ModelConfig {
 }
 
 fn read_activation(f: &Fields<'_>, arch: Arch) -> Result<Activation> {
-    let (field, default) = if arch == Arch::Gemma2 {
+    let (field, default) = if arch.is_gemma() {
         ("hidden_activation", "gelu_pytorch_tanh")
     } else {
         ("hidden_act", "silu")
@@ -450,18 +504,39 @@ fn read_rope(f: &Fields<'_>, head_dim: usize) -> Result<RopeConfig> {
         Some(Value::Object(m)) => Some(m),
         Some(v) => return Err(f.err(params_field, "an object", Some(v))),
     };
+    rope_from(
+        f,
+        (params_field, params),
+        ("rope_theta", 10_000.0),
+        head_dim,
+    )
+}
+
+/// RoPE settings of one parameters object (`params`, the config's field
+/// `params_field`; `None` when the config has none): its `rope_theta`,
+/// else the top-level field `theta_field`, else `default_theta`; its
+/// rotary share and its scaling.
+fn rope_from(
+    f: &Fields<'_>,
+    (params_field, params): (&str, Option<&Map<String, Value>>),
+    (theta_field, default_theta): (&str, f64),
+    head_dim: usize,
+) -> Result<RopeConfig> {
     let sub = params.map(|map| Fields { path: f.path, map });
-    let theta = match sub
+    let (theta, named) = match sub
         .as_ref()
         .map(|s| s.opt_f64("rope_theta"))
         .transpose()?
         .flatten()
     {
-        Some(t) => t,
-        None => f.opt_f64("rope_theta")?.unwrap_or(10_000.0),
+        Some(t) => (t, format!("{params_field}.rope_theta")),
+        None => (
+            f.opt_f64(theta_field)?.unwrap_or(default_theta),
+            theta_field.to_string(),
+        ),
     };
     if theta <= 0.0 {
-        return Err(f.err("rope_theta", "a positive number", f.get("rope_theta")));
+        return Err(f.err(&named, "a positive number", Some(&Value::from(theta))));
     }
     let partial = match sub
         .as_ref()
@@ -525,7 +600,19 @@ fn read_sliding_window(
     arch: Arch,
     num_layers: usize,
 ) -> Result<Vec<Option<usize>>> {
-    let window = f.opt_usize("sliding_window")?;
+    let window = match (arch, f.opt_usize("sliding_window")?) {
+        // a window of 0 would leave a query nothing to read
+        (_, Some(0)) => {
+            return Err(f.err(
+                "sliding_window",
+                "a positive window (tokens a query reads)",
+                f.get("sliding_window"),
+            ));
+        }
+        // transformers' default for Gemma 3
+        (Arch::Gemma3, None) => Some(4096),
+        (_, w) => w,
+    };
     if let Some(types) = f.get("layer_types") {
         let Value::Array(types) = types else {
             return Err(f.err("layer_types", "a list of layer types", Some(types)));
@@ -556,10 +643,15 @@ fn read_sliding_window(
             })
             .collect();
     }
+    let pattern = match arch {
+        Arch::Gemma3 => gemma3::pattern(f)?,
+        _ => 0,
+    };
     let per_layer = |l: usize| -> Option<usize> {
         match arch {
             Arch::Mistral | Arch::Phi3 => window,
             Arch::Gemma2 => window.filter(|_| l.is_multiple_of(2)),
+            Arch::Gemma3 => window.filter(|_| gemma3::is_sliding(l, pattern)),
             Arch::Qwen2 | Arch::Qwen3 => {
                 let used = f
                     .opt_bool("use_sliding_window")
@@ -640,6 +732,144 @@ mod tests {
         ))
         .unwrap_err();
         assert!(err.to_string().contains("longrope"), "{err}");
+    }
+
+    /// google/gemma-3-270m's config.json (transformers 4.55's keys).
+    const GEMMA3_270M: &str = r#"{"architectures": ["Gemma3ForCausalLM"],
+        "_sliding_window_pattern": 6, "attention_bias": false, "attn_logit_softcapping": null,
+        "bos_token_id": 2, "eos_token_id": 1, "final_logit_softcapping": null, "head_dim": 256,
+        "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 640, "intermediate_size": 2048,
+        "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention",
+          "sliding_attention", "sliding_attention", "full_attention", "sliding_attention",
+          "sliding_attention", "sliding_attention", "sliding_attention", "sliding_attention",
+          "full_attention", "sliding_attention", "sliding_attention", "sliding_attention",
+          "sliding_attention", "sliding_attention", "full_attention"],
+        "max_position_embeddings": 32768, "model_type": "gemma3_text", "num_attention_heads": 4,
+        "num_hidden_layers": 18, "num_key_value_heads": 1, "pad_token_id": 0,
+        "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000.0,
+        "rope_scaling": null, "rope_theta": 1000000.0, "sliding_window": 512,
+        "use_bidirectional_attention": false, "vocab_size": 262144}"#;
+
+    #[test]
+    fn gemma3_reads_layer_types_and_two_rope_bases() {
+        let c = parse(GEMMA3_270M).unwrap();
+        assert_eq!(c.arch, Arch::Gemma3);
+        let global: Vec<usize> = (0..18).filter(|&l| c.sliding_window[l].is_none()).collect();
+        assert_eq!(global, vec![5, 11, 17]);
+        assert!(c.sliding_window.iter().flatten().all(|&w| w == 512));
+        assert_eq!((c.rope.theta, c.rope.scaling), (1e6, RopeScaling::None));
+        let local = c.sliding_rope.expect("a RoPE for sliding layers");
+        assert_eq!((local.theta, local.scaling), (1e4, RopeScaling::None));
+        assert_eq!(c.attn_scale, 1.0 / 16.0);
+        assert!(c.qk_norm && c.norm_weight_offset && c.sandwich_norms);
+        assert!(c.tie_word_embeddings && c.attn_softcap.is_none() && c.final_softcap.is_none());
+        assert_eq!(c.embedding_scale, Some(640f64.sqrt()));
+        assert_eq!(c.activation, Activation::GeluTanh);
+    }
+
+    #[test]
+    fn gemma3_pattern_and_scaling_in_the_older_keys() {
+        // Gemma 3 4B's keys: a period instead of layer types, linear scaling
+        // on global layers only
+        let c = parse(&format!(
+            r#"{{"model_type":"gemma3_text", {BASE}, "num_hidden_layers": 7,
+            "sliding_window": 4, "sliding_window_pattern": 3, "rope_theta": 1000000.0,
+            "rope_scaling": {{"rope_type": "linear", "factor": 8.0}}, "query_pre_attn_scalar": 9}}"#
+        ))
+        .unwrap();
+        let slides: Vec<bool> = c.sliding_window.iter().map(Option::is_some).collect();
+        assert_eq!(slides, [true, true, false, true, true, false, true]);
+        assert_eq!(c.rope.scaling, RopeScaling::Linear { factor: 8.0 });
+        let local = c.sliding_rope.unwrap();
+        assert_eq!((local.theta, local.scaling), (1e4, RopeScaling::None));
+        assert_eq!(c.attn_scale, 1.0 / 3.0);
+        // transformers' defaults: period 6, window 4096, bases 1e6 and 1e4, scalar 256
+        let d = parse(&format!(r#"{{"model_type":"gemma3_text", {BASE}}}"#)).unwrap();
+        assert_eq!(d.sliding_window, vec![Some(4096), Some(4096)]);
+        assert_eq!((d.rope.theta, d.sliding_rope.unwrap().theta), (1e6, 1e4));
+        assert_eq!(d.attn_scale, 1.0 / 16.0);
+    }
+
+    #[test]
+    fn gemma3_reads_rope_parameters_per_layer_type() {
+        let c = parse(&format!(
+            r#"{{"model_type":"gemma3_text", {BASE}, "sliding_window": 4,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "rope_parameters": {{"full_attention": {{"rope_type": "linear", "factor": 4.0,
+              "rope_theta": 500000.0}}, "sliding_attention": {{"rope_type": "default",
+              "rope_theta": 20000.0}}}}}}"#
+        ))
+        .unwrap();
+        assert_eq!(c.sliding_window, vec![Some(4), None]);
+        assert_eq!(c.rope.theta, 500000.0);
+        assert_eq!(c.rope.scaling, RopeScaling::Linear { factor: 4.0 });
+        assert_eq!(c.sliding_rope.unwrap().theta, 20000.0);
+        let err = parse(&format!(
+            r#"{{"model_type":"gemma3_text", {BASE}, "rope_parameters":
+            {{"full_attention": {{"rope_type": "yarn", "factor": 4.0}}}}}}"#
+        ))
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("rope_parameters.full_attention.rope_type"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn gemma3_bad_values_are_named() {
+        for (extra, field) in [
+            (r#""sliding_window": 0"#, "sliding_window"),
+            (r#""sliding_window_pattern": 0"#, "sliding_window_pattern"),
+            (r#""query_pre_attn_scalar": 0"#, "query_pre_attn_scalar"),
+            (r#""rope_local_base_freq": -1"#, "rope_local_base_freq"),
+            (
+                r#""use_bidirectional_attention": true"#,
+                "use_bidirectional_attention",
+            ),
+            (
+                r#""rope_parameters": {"sliding_attention": 3}"#,
+                "rope_parameters.sliding_attention",
+            ),
+        ] {
+            let err = parse(&format!(
+                r#"{{"model_type":"gemma3_text", {BASE}, {extra}}}"#
+            ))
+            .expect_err(extra);
+            assert!(err.to_string().contains(field), "{extra}: {err}");
+        }
+    }
+
+    #[test]
+    fn multimodal_gemma3_is_refused_by_name_pointing_at_text_weights() {
+        let dir = std::env::temp_dir().join(format!("lcut-gemma3-mm-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("text")).unwrap();
+        let config = r#"{"model_type": "gemma3", "text_config": {"model_type": "gemma3_text"},
+            "vision_config": {"model_type": "siglip_vision_model"}}"#;
+        std::fs::write(dir.join("config.json"), config).unwrap();
+        let err = ModelConfig::from_folder(&dir).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, ModelError::MultimodalGemma3 { .. }), "{msg}");
+        assert!(
+            msg.contains("vision") && msg.contains("gemma3_text"),
+            "{msg}"
+        );
+        assert!(!msg.contains("beside it"), "{msg}");
+        std::fs::write(dir.join("gemma-3-4b-it-Q4_K_M.gguf"), b"").unwrap();
+        std::fs::write(dir.join("mmproj-gemma-3-4b-it-f16.gguf"), b"").unwrap();
+        std::fs::write(
+            dir.join("text/config.json"),
+            r#"{"model_type": "gemma3_text"}"#,
+        )
+        .unwrap();
+        let msg = ModelConfig::from_folder(&dir).unwrap_err().to_string();
+        let text = dir.join("text").display().to_string();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(
+            msg.contains("gemma-3-4b-it-Q4_K_M.gguf") && msg.contains(&text),
+            "{msg}"
+        );
+        assert!(!msg.contains("mmproj"), "{msg}");
     }
 
     #[test]

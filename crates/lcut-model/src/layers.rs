@@ -327,6 +327,18 @@ impl AttentionProj {
 
     /// Project `x` [n, hidden] to q, k, v with norms and RoPE at `cos`/`sin`.
     pub fn qkv(&self, x: &Tensor, rope: &Rope, cos: &Tensor, sin: &Tensor) -> Result<Qkv> {
+        Ok(self.qkv_keeping_queries(x, rope, cos, sin)?.0)
+    }
+
+    /// [`AttentionProj::qkv`], and the queries before RoPE (after the
+    /// q-norm) [heads, n, head_dim], for a policy that reads them.
+    pub fn qkv_keeping_queries(
+        &self,
+        x: &Tensor,
+        rope: &Rope,
+        cos: &Tensor,
+        sin: &Tensor,
+    ) -> Result<(Qkv, Tensor)> {
         let (h, kv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let (q, k, v) = match &self.qkv {
             QkvProj::Separate { q, k, v } => (q.forward(x)?, k.forward(x)?, v.forward(x)?),
@@ -339,9 +351,10 @@ impl AttentionProj {
                 )
             }
         };
-        let q = rope.apply(&self.heads(q, h, self.q_norm.as_ref())?, cos, sin)?;
+        let unrotated = self.heads(q, h, self.q_norm.as_ref())?;
+        let q = rope.apply(&unrotated, cos, sin)?;
         let (k, v) = self.kv_heads(k, v, rope, cos, sin)?;
-        Ok(Qkv { q, k, v })
+        Ok((Qkv { q, k, v }, unrotated))
     }
 
     /// Project `x` [n, hidden] to k and v only ([kv_heads, n, head_dim]

@@ -235,26 +235,33 @@ pub fn prefill_is_blocked(
 /// GGUF file's tensors as stored when its matrices stay quantized (the
 /// matrices packed at load take the same bytes but Q4_K's, 1/36 more for
 /// their unpacked sub-block scales: [`lcut_kernels::quant::packed`]),
-/// parameters times the dtype's size otherwise.
+/// parameters times the dtype's size otherwise; for a GGUF file also its
+/// header (metadata and tensor directory), whose mapped pages stay
+/// resident once parsed (Gemma 3's 262,144-token vocabulary makes it 6 MiB).
 pub fn loaded_weight_bytes(files: &ModelFiles, mode: WeightMode) -> u64 {
-    match (files, mode) {
-        (ModelFiles::Gguf(file), WeightMode::Quantized) => {
-            let packs = crate::mapped::packs_at_load();
-            let tensors = &file.header().tensors;
-            // an untied embedding table is only looked up, never packed
-            let untied = tensors.contains_key("output.weight");
-            tensors
-                .iter()
-                .map(|(name, t)| {
-                    let q4k = t.type_id == QuantFormat::Q4K.ggml_type() && t.shape.len() == 2;
-                    let packed = packs && q4k && !(untied && name == "token_embd.weight");
-                    let extra = if packed { t.len / 36 } else { 0 };
-                    (t.len + extra) as u64
-                })
-                .sum()
+    let header = match files {
+        ModelFiles::Gguf(file) => file.header().header_len as u64,
+        ModelFiles::Folder(_) => 0,
+    };
+    header
+        + match (files, mode) {
+            (ModelFiles::Gguf(file), WeightMode::Quantized) => {
+                let packs = crate::mapped::packs_at_load();
+                let tensors = &file.header().tensors;
+                // an untied embedding table is only looked up, never packed
+                let untied = tensors.contains_key("output.weight");
+                tensors
+                    .iter()
+                    .map(|(name, t)| {
+                        let q4k = t.type_id == QuantFormat::Q4K.ggml_type() && t.shape.len() == 2;
+                        let packed = packs && q4k && !(untied && name == "token_embd.weight");
+                        let extra = if packed { t.len / 36 } else { 0 };
+                        (t.len + extra) as u64
+                    })
+                    .sum()
+            }
+            _ => parameter_count(files.config()) * mode.activation_dtype().size_in_bytes() as u64,
         }
-        _ => parameter_count(files.config()) * mode.activation_dtype().size_in_bytes() as u64,
-    }
 }
 
 /// Bytes free where `device` runs: the GPU's free memory, or on the CPU

@@ -76,6 +76,12 @@ impl Rope {
         })
     }
 
+    /// The inverse frequencies of the rotated pairs (rotary_dim / 2 of
+    /// them), as every table is made from.
+    pub fn host_frequencies(&self) -> &[f32] {
+        &self.inv_host
+    }
+
     /// cos and sin tables [n, rotary_dim / 2] for the given positions.
     pub fn tables(&self, positions: &[usize], dtype: DType) -> Result<(Tensor, Tensor)> {
         let pos: Vec<f32> = positions.iter().map(|&p| p as f32).collect();

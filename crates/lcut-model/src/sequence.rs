@@ -6,7 +6,7 @@ use std::any::Any;
 use std::sync::Arc;
 
 use candle_core::Tensor;
-use lcut_policy::{Policy, SlimRun, TokenPhases, Visibility};
+use lcut_policy::{KvAccounting, Policy, SlimRun, TokenPhases, Visibility};
 
 use crate::cache::LayerCache;
 use crate::decoder::depth_mismatch;
@@ -34,6 +34,19 @@ pub struct Sequence {
     pub(crate) pending: Vec<Pending>,
     /// The fused decode step's buffers, made at its first step and kept.
     pub(crate) step: Option<Box<crate::decoder::StepScratch>>,
+    /// The model's K/V heads (a layer's cache may hold rows per head).
+    pub(crate) kv_heads: usize,
+    /// Each layer's sliding window (a windowed layer holds at most its
+    /// window of rows).
+    pub(crate) windows: Vec<Option<usize>>,
+}
+
+/// What a sequence's caches need to know of the model: its K/V heads and
+/// each layer's sliding window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CacheShape {
+    pub(crate) kv_heads: usize,
+    pub(crate) windows: Vec<Option<usize>>,
 }
 
 /// A visibility rule `(layer, query, key) -> visible` given by a caller
@@ -95,6 +108,10 @@ impl Visibility for ReferenceMask {
         false
     }
 
+    fn accounting(&self) -> &dyn KvAccounting {
+        self
+    }
+
     fn box_clone(&self) -> Box<dyn Visibility> {
         Box::new(self.clone())
     }
@@ -104,9 +121,12 @@ impl Visibility for ReferenceMask {
     }
 }
 
+impl KvAccounting for ReferenceMask {}
+
 impl Sequence {
-    /// A fresh sequence with `rule` over `num_layers` empty caches.
-    pub(crate) fn with_rule(policy: Policy, rule: Box<dyn Visibility>) -> Self {
+    /// A fresh sequence with `rule` over `num_layers` empty caches of a
+    /// model of this shape.
+    pub(crate) fn with_rule(policy: Policy, rule: Box<dyn Visibility>, shape: CacheShape) -> Self {
         Self {
             policy,
             caches: (0..rule.num_layers()).map(|_| LayerCache::new()).collect(),
@@ -114,6 +134,8 @@ impl Sequence {
             next_pos: 0,
             pending: Vec::new(),
             step: None,
+            kv_heads: shape.kv_heads,
+            windows: shape.windows,
         }
     }
 
@@ -146,6 +168,28 @@ impl Sequence {
     /// The per-layer caches.
     pub fn caches(&self) -> &[LayerCache] {
         &self.caches
+    }
+
+    /// True once the policy has taken every decision its prefill takes
+    /// (always for a static rule).
+    pub fn is_decided(&self) -> bool {
+        self.rule.dynamic().is_none_or(|d| d.is_decided())
+    }
+
+    /// Whether the prompt's chunks wait at stage cuts: a policy that
+    /// decides there has not decided yet.
+    pub(crate) fn prefills_in_stages(&self) -> bool {
+        self.rule
+            .dynamic()
+            .is_some_and(|d| !d.is_decided() && !d.stage_cuts().is_empty())
+    }
+
+    /// Whether the policy decides from each layer's K/V once the prompt has
+    /// run, and has not yet: until it has, every row stays.
+    pub(crate) fn awaits_prompt_end(&self) -> bool {
+        self.rule
+            .dynamic()
+            .is_some_and(|d| d.decides_at_prompt_end() && !d.is_decided())
     }
 
     /// SlimInfer's state (kept blocks, decisions, traffic), when the policy
@@ -213,11 +257,26 @@ impl Sequence {
             return Err(depth_mismatch(&policy, self.caches.len()));
         }
         let rule = policy.visibility(phases);
+        // rows of tokens that exist at a layer stay while the prompt runs
+        // (its later queries read them); those the policy does not keep go
+        // once the decode phase starts
         let caches = self
             .caches
             .iter()
             .enumerate()
-            .map(|(l, c)| c.filtered(|p| rule.retains_kv(l, p)))
+            .map(|(l, c)| {
+                let per_head = rule.heads_differ(l);
+                let heads = self.kv_heads;
+                let mut c = c.filtered_by_head(heads, per_head, |h, p| {
+                    rule.token_exists(l, p)
+                        || match per_head {
+                            true => rule.head_retains_kv(l, h, p),
+                            false => rule.retains_kv(l, p),
+                        }
+                })?;
+                c.forget_checks();
+                Ok(c)
+            })
             .collect::<Result<Vec<_>>>()?;
         Ok(Sequence {
             policy,
@@ -226,6 +285,8 @@ impl Sequence {
             next_pos: self.next_pos,
             pending: Vec::new(),
             step: None,
+            kv_heads: self.kv_heads,
+            windows: self.windows.clone(),
         })
     }
 
@@ -243,6 +304,8 @@ impl Sequence {
             next_pos: self.next_pos,
             pending: self.pending.clone(),
             step: None,
+            kv_heads: self.kv_heads,
+            windows: self.windows.clone(),
         })
     }
 
@@ -252,7 +315,13 @@ impl Sequence {
     /// predict, never for the whole prompt).
     pub fn reserve(&mut self, total_len: usize) {
         for (layer, cache) in self.caches.iter_mut().enumerate() {
-            cache.reserve(self.rule.kv_rows(layer, self.next_pos, total_len));
+            let rows = self
+                .rule
+                .accounting()
+                .kv_rows(layer, self.next_pos, total_len);
+            // a windowed layer reuses the room of the rows its window left
+            let bound = self.windows.get(layer).copied().flatten();
+            cache.reserve(bound.map_or(rows, |w| rows.min(2 * w)));
         }
     }
 }

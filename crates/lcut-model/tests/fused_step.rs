@@ -1,6 +1,7 @@
 //! The fused decode step (lcut's kernels on host buffers) against the
-//! tensor path it replaces, on the seven reference architectures and on
-//! SmolLM2-135M (its Q4_1 GGUF, `--dtype q`): the same
+//! tensor path it replaces, on the eight reference cases, on SmolLM2-135M
+//! (its Q4_1 GGUF, `--dtype q`) and on Gemma 3 270M past its sliding
+//! window: the same
 //! prompt prefilled by the tensor path, then every decode-phase token one at
 //! a time through each path, under full, SPEED (with BoS and anchor-free),
 //! SelfOnly and SlimInfer (static and dynamic). The logits agree within
@@ -14,7 +15,9 @@ use lcut_model::probes::{PhaseMassProbe, QueryMasses};
 use lcut_model::{DType, Decoder, Device, LogitRows, Sequence, Tensor, WeightMode, argmax_rows};
 use lcut_parity::ReferenceCase;
 use lcut_policy::{Policy, PolicySpec, TokenPhases};
-use lcut_testkit::{ORACLE_CASES, oracle_case, real_model, real_reference};
+use lcut_testkit::{
+    ORACLE_CASES, oracle_case, real_gemma3, real_gemma3_reference, real_model, real_reference,
+};
 
 struct Case {
     name: &'static str,
@@ -123,6 +126,11 @@ fn same_masses(what: &str, a: &[QueryMasses], b: &[QueryMasses], tol: f32) -> Re
 
 /// The fused step and the tensor path of `c` under every policy.
 fn check_case(c: &Case) -> Result<()> {
+    check_policies(c, &policies(c.model.config().num_layers))
+}
+
+/// The fused step and the tensor path of `c` under `policies`.
+fn check_policies(c: &Case, policies: &[String]) -> Result<()> {
     ensure!(
         c.model.unfused_reason()?.is_none(),
         "{}: no fused step ({:?})",
@@ -132,7 +140,7 @@ fn check_case(c: &Case) -> Result<()> {
     let mut tensor_path = c.model.clone();
     tensor_path.set_fused_decode(false);
     let layers = c.model.config().num_layers;
-    for text in policies(layers) {
+    for text in policies {
         let policy = text.parse::<PolicySpec>()?.resolve(layers)?;
         let what = format!("{} {text}", c.name);
         let fused = run(c, &c.model, policy)?;
@@ -158,7 +166,8 @@ fn check_case(c: &Case) -> Result<()> {
         );
         let (a, b) = (fused.seq.visibility(), reference.seq.visibility());
         ensure!(
-            format!("{:?}", a.step_records()) == format!("{:?}", b.step_records()),
+            format!("{:?}", a.dynamic().map(|d| d.step_records()))
+                == format!("{:?}", b.dynamic().map(|d| d.step_records())),
             "{what}: the policy decided differently"
         );
     }
@@ -203,6 +212,37 @@ fn the_fused_step_equals_the_tensor_path_on_smollm2() -> Result<()> {
     };
     let model = Decoder::load_as(&path, WeightMode::Dense(DType::F32), &Device::Cpu)?;
     check_case(&smollm2_case(model)?)
+}
+
+/// Gemma 3 270M on its `retrieval` case of `fixtures/real/gemma3`: a
+/// 537-token prompt, longer than the 512-token window of its sliding layers
+/// (so a decode step's sliding layers read only their window of the cache
+/// and the global ones all of it, each with its own RoPE base), then its
+/// 16 greedy tokens.
+#[test]
+fn the_fused_step_equals_the_tensor_path_on_gemma3() -> Result<()> {
+    let Some(path) = real_gemma3() else {
+        return Ok(());
+    };
+    let dir = real_gemma3_reference();
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("case.json"))?)?;
+    let case = meta["cases"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == "retrieval"))
+        .ok_or_else(|| anyhow::anyhow!("no retrieval case"))?;
+    let tensors = candle_core::safetensors::load(dir.join("reference.safetensors"), &Device::Cpu)?;
+    let ids = tensors["retrieval.input_ids"]
+        .to_dtype(DType::U32)?
+        .to_vec1::<u32>()?;
+    let c = Case {
+        name: "Gemma-3-270M",
+        model: Decoder::load_as(&path, WeightMode::Dense(DType::F32), &Device::Cpu)?,
+        ids,
+        decode_start: case["decode_start"].as_u64().unwrap_or(0) as usize,
+    };
+    ensure!(c.decode_start > 512, "a prompt past the window");
+    check_policies(&c, &["full".into(), "speed:12+bos".into()])
 }
 
 /// How far `--dtype q` logits may move when a sum is taken in another

@@ -275,8 +275,15 @@ fn pruned_tokens_have_no_state_and_no_kv_above_their_cut_and_bytes_follow_the_fo
                             .contains(&(pos / params.options.block))
                 })
                 .collect();
+            // a windowed layer holds only its window's rows
+            let window = cfg.sliding_window[l];
+            let held: Vec<usize> = expected
+                .iter()
+                .copied()
+                .filter(|&pos| window.is_none_or(|w| pos + w > c.ids.len()))
+                .collect();
             ensure!(
-                seq.caches()[l].positions() == expected.as_slice(),
+                seq.caches()[l].positions() == held.as_slice(),
                 "{}: layer {l} caches {:?}",
                 c.name,
                 seq.caches()[l].positions()
@@ -297,11 +304,23 @@ fn pruned_tokens_have_no_state_and_no_kv_above_their_cut_and_bytes_follow_the_fo
             }
         }
         let decode = c.ids.len() - s;
+        let kv = cfg.num_kv_heads;
+        let rows =
+            seq.visibility()
+                .accounting()
+                .held_head_rows_windowed(decode, kv, &cfg.sliding_window);
         ensure!(
-            seq.kv_bytes_held() == (sel.held_token_layers(decode) * b) as u64,
+            seq.kv_bytes_held() == (rows * b / kv) as u64,
             "{}: held bytes",
             c.name
         );
+        if cfg.sliding_window.iter().all(Option::is_none) {
+            ensure!(
+                rows == sel.held_token_layers(decode) * kv,
+                "{}: rows",
+                c.name
+            );
+        }
         for step in run.steps() {
             ensure!(
                 step.resident_token_layers <= step.held_token_layers,

@@ -665,3 +665,65 @@ fn the_listing_names_each_model_as_it_resolves() {
         &["no-hub", "no-ollama", "does not exist"],
     );
 }
+
+/// Gemma 3 by the names its stores give it: llama.cpp's `gemma3` GGUF in
+/// Ollama (`gemma3:270m`) and in a hub snapshot, a `gemma3_text` folder in
+/// the hub, all listed as supported and run as transformers runs them; the
+/// multimodal `gemma3` folder is listed as not supported.
+#[test]
+fn gemma3_resolves_by_name_from_both_stores() {
+    let s = Stores::new();
+    let case = oracle_case("gemma3-sliding");
+    let f32 = case.join("model.f32.gguf");
+    s.ollama_model("registry.ollama.ai/library/gemma3/270m", Some(&f32), DIGEST);
+    let folder = [
+        ("config.json", case.join("config.json")),
+        ("model.safetensors", case.join("model.safetensors")),
+    ];
+    s.snapshot("google/gemma-3-tiny", MAIN, &files(&folder));
+    s.set_ref("google/gemma-3-tiny", "main", MAIN);
+    s.snapshot("org/gemma-3-tiny-GGUF", MAIN, &[("tiny-F32.gguf", &f32)]);
+    s.set_ref("org/gemma-3-tiny-GGUF", "main", MAIN);
+    let vision = tempfile::tempdir().expect("dir");
+    let mm = vision.path().join("config.json");
+    std::fs::write(
+        &mm,
+        r#"{"model_type": "gemma3", "text_config": {"num_hidden_layers": 6}}"#,
+    )
+    .expect("config");
+    s.snapshot("google/gemma-3-vision", MAIN, &[("config.json", &mm)]);
+    s.set_ref("google/gemma-3-vision", "main", MAIN);
+
+    let listing = list_models(&s.roots());
+    let reference = ReferenceCase::load(&case).expect("reference case");
+    for (name, arch) in [
+        ("gemma3:270m", "gemma3"),
+        ("org/gemma-3-tiny-GGUF", "gemma3"),
+        ("google/gemma-3-tiny", "gemma3_text"),
+    ] {
+        let m = listed(&listing.models, name);
+        assert_eq!(m.architecture.as_deref(), Some(arch), "{name}");
+        assert!(m.supported && m.problem.is_none(), "{name}: {m:?}");
+        let resolved = s.resolve(name).expect("resolves");
+        let decoder = Decoder::load_format(
+            &resolved.path,
+            resolved.format,
+            WeightMode::Dense(DType::F32),
+            &Device::Cpu,
+        )
+        .expect("loads");
+        for pair in reference.logit_pairs(&decoder).expect("logits") {
+            let d = deviation(&pair.ours, &pair.reference).expect("deviation");
+            assert!(d.max_abs <= 1e-4, "{name} {}: {:e}", pair.key, d.max_abs);
+        }
+    }
+    let vision = listed(&listing.models, "google/gemma-3-vision");
+    assert!(!vision.supported, "{vision:?}");
+    let err = Decoder::load(
+        &s.resolve("google/gemma-3-vision").expect("resolves").path,
+        DType::F32,
+        &Device::Cpu,
+    )
+    .expect_err("the vision model is refused");
+    assert!(matches!(err, ModelError::MultimodalGemma3 { .. }), "{err}");
+}

@@ -45,7 +45,10 @@ impl KvCost {
     /// `L * (|A| + P + D)`.
     pub fn token_layers(&self, policy: &Policy) -> usize {
         let phases = TokenPhases::from_counts(self.anchors, self.prefill);
-        policy.visibility(phases).held_token_layers(self.decode)
+        policy
+            .visibility(phases)
+            .accounting()
+            .held_token_layers(self.decode)
     }
 
     /// Bytes of K/V the policy keeps for this sequence.

@@ -102,7 +102,22 @@ impl<'de> Deserialize<'de> for FamilyRef {
 }
 
 /// The names of the families lcut itself defines.
-const BUILT_IN: [&str; 6] = ["full", "speed", "selfonly", "slim", "swiftkv", "pop"];
+const BUILT_IN: [&str; 14] = [
+    "full",
+    "speed",
+    "selfonly",
+    "slim",
+    "swiftkv",
+    "pop",
+    "knockout",
+    "band",
+    "streamingllm",
+    "snapkv",
+    "pyramidkv",
+    "knorm",
+    "tova",
+    "expected",
+];
 
 static REGISTRY: RwLock<Vec<FamilyRef>> = RwLock::new(Vec::new());
 

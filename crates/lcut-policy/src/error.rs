@@ -7,10 +7,16 @@ pub enum PolicyError {
     #[error(
         "malformed policy {text:?}: {reason}; expected `full`, `speed:C`, `speed:C+bos`, \
          `speed:C+prefix:N`, `speed:C+system`, `selfonly:C`, `selfonly:C+bos`, \
+         `speed:C+bos+heads:FILE`, `speed:C+bos+heads:N+ranking:FILE`, `speed:C+bos+window:W`, \
+         `knockout:l`, `band:a..b`, \
          `swiftkv:C`, `swiftkv:C+bos`, `pop:C`, `pop:C+bos`, \
          `slim:C1@K1[,C2@K2...][+block:B][+unit:u][+window:w][+swap:g][+sink:n][+score:unit|avg|max]` \
-         or `slim:paper`, where C is a layer count (24), a fraction of depth (3/4) or a decimal \
-         (0.75) and K a token count (8192, 8k) or a share of the prompt (25%)"
+         or `slim:paper`, a press `streamingllm:R[+sink:N]`, `snapkv:R[+window:W][+kernel:K]`, \
+         `pyramidkv:R[+window:W][+kernel:K][+beta:B]`, `knorm:R`, `tova:R`, \
+         `expected:R[+sink:N][+future:F][+cov:off][+vnorm:off][+epsilon:E]`, where C is a layer \
+         count (24), a fraction of depth (3/4) or a decimal (0.75), K a token count (8192, 8k) or \
+         a share of the prompt (25%), R the share of the prompt's K/V a press removes, in (0, 1), \
+         and l, a, b 0-based layers"
     )]
     Malformed {
         /// The text given.
@@ -43,11 +49,76 @@ pub enum PolicyError {
     },
     /// A family registered under a name that is taken or not a word.
     #[error(
-        "policy family name {name:?} is taken or not a lower-case word (letters, digits, `_`; not full, speed, selfonly, slim, swiftkv or pop)"
+        "policy family name {name:?} is taken or not a lower-case word (letters, digits, `_`; not a built-in family: full, speed, selfonly, slim, swiftkv, pop, knockout, band or a press)"
     )]
     FamilyName {
         /// The name asked for.
         name: String,
+    },
+    /// A knockout band outside the model's layers, or backwards.
+    #[error(
+        "{policy}: layers {first}..{last} are not a band of a model of {num_layers} layers \
+         (expected 0 <= a <= b <= {max}, 0-based)", max = num_layers.saturating_sub(1)
+    )]
+    BandOutOfRange {
+        /// The policy as written.
+        policy: String,
+        /// The band's first layer.
+        first: usize,
+        /// The band's last layer.
+        last: usize,
+        /// Depth of the model.
+        num_layers: usize,
+    },
+    /// A head file or ranking that cannot be used.
+    #[error("head file {path}: {reason}")]
+    HeadFile {
+        /// The file.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A kept head outside what the policy and the model allow.
+    #[error("head file {path}: pair [{layer}, {kv_head}]: {reason}")]
+    HeadOutOfRange {
+        /// The file.
+        path: String,
+        /// The pair's layer.
+        layer: usize,
+        /// The pair's K/V head.
+        kv_head: usize,
+        /// Why it cannot be kept.
+        reason: String,
+    },
+    /// `+heads:N` without a ranking to take the N heads from.
+    #[error(
+        "`+heads:{count}` takes the {count} heads with the most decode-to-prefill mass from a \
+         ranking: name one with `+ranking:FILE` (`lcut diagnose` writes heads.json beside its report)"
+    )]
+    RankingMissing {
+        /// The heads asked for.
+        count: usize,
+    },
+    /// A press given a prompt it cannot compress as kvpress does.
+    #[error("{policy} cannot compress a prompt of {prompt} token(s): {reason}")]
+    PressPrompt {
+        /// The press as written.
+        policy: String,
+        /// Prompt tokens before the decode start.
+        prompt: usize,
+        /// Why.
+        reason: String,
+    },
+    /// A policy that decides at the prompt's end was handed a layer it
+    /// cannot decide from.
+    #[error("{policy}: layer {layer}: {reason}")]
+    PromptLayer {
+        /// The policy as written.
+        policy: String,
+        /// The layer.
+        layer: usize,
+        /// What is wrong with what it was handed.
+        reason: String,
     },
     /// `+system` anchors were asked for but the prompt has no system part.
     #[error(

@@ -6,7 +6,7 @@
 use std::any::Any;
 
 use crate::phases::{Phase, TokenPhases};
-use crate::visibility::{Visibility, token_layers_by_phase};
+use crate::visibility::{KvAccounting, Visibility, token_layers_by_phase};
 
 /// What a decode-phase query reads above the cutoff.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +86,20 @@ impl Visibility for LayerRule {
         usize::from(self.is_upper(layer))
     }
 
+    fn accounting(&self) -> &dyn KvAccounting {
+        self
+    }
+
+    fn box_clone(&self) -> Box<dyn Visibility> {
+        Box::new(*self)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl KvAccounting for LayerRule {
     fn held_token_layers(&self, decode: usize) -> usize {
         let counts = [
             (Phase::Anchor, self.phases.anchor_len()),
@@ -106,14 +120,6 @@ impl Visibility for LayerRule {
                 false => len,
             })
             .collect()
-    }
-
-    fn box_clone(&self) -> Box<dyn Visibility> {
-        Box::new(*self)
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 
@@ -166,11 +172,19 @@ mod tests {
                 let by_position = (0..4)
                     .map(|l| (0..12).filter(|&pos| p.retains_kv(l, pos)).count())
                     .sum::<usize>();
-                assert_eq!(p.held_token_layers(5), by_position, "{kind:?} {cut}");
+                assert_eq!(
+                    p.accounting().held_token_layers(5),
+                    by_position,
+                    "{kind:?} {cut}"
+                );
                 let present: Vec<usize> = (0..4)
                     .map(|l| (0..10).filter(|&pos| p.token_exists(l, pos)).count())
                     .collect();
-                assert_eq!(p.present_per_layer(10), present, "{kind:?} {cut}");
+                assert_eq!(
+                    p.accounting().present_per_layer(10),
+                    present,
+                    "{kind:?} {cut}"
+                );
             }
         }
     }

@@ -1,6 +1,6 @@
 //! Policies as written and as resolved against a model's depth: the family
-//! (full, SPEED, SelfOnly, SlimInfer, projected prompt K/V or a registered
-//! family), its cutoff and
+//! (full, SPEED, SelfOnly, SlimInfer, projected prompt K/V, a press or a
+//! registered family), its cutoff and
 //! anchors, what it can do (capabilities), and the [`Visibility`] it gives
 //! one sequence. Every visibility question goes through that interface.
 
@@ -9,12 +9,16 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::band::BandRule;
 use crate::capabilities::Capabilities;
 use crate::custom::{FamilyRef, family_names, find_family};
 use crate::cut::{CutSpec, malformed, parse_cut};
 use crate::error::PolicyError;
+use crate::head_rule::HeadRule;
+use crate::heads::{HeadChoice, HeadRanking, HeadSet, ModelDims};
 use crate::layer_rule::{LayerRule, UpperReads};
 use crate::phases::TokenPhases;
+use crate::press::{PressName, PressParams, PressRun};
 use crate::projected::{ProjectedKv, ProjectedName};
 use crate::slim::{SlimParams, SlimSpec};
 use crate::slim_run::SlimRun;
@@ -42,6 +46,20 @@ pub enum PolicyKind {
     /// A family registered with [`crate::register_family`] (written
     /// `NAME:C[+anchors]` like SPEED).
     Custom(FamilyRef),
+    /// Prompt knockout: the prompt (anchors kept) is invisible to
+    /// decode-phase queries at layers `first..=last` (0-based) only;
+    /// written `knockout:l` (one layer) or `band:a..b`.
+    Band {
+        /// The band's first layer.
+        first: usize,
+        /// The band's last layer.
+        last: usize,
+    },
+    /// One of kvpress's presses (`snapkv:0.5`, ...): once the prompt has
+    /// run at full depth, each layer keeps the prompt positions its press
+    /// scores highest (per K/V head where the press is head-wise); its
+    /// ratio and options are the policy's [`PressParams`].
+    Press(PressName),
 }
 
 /// Which prompt tokens stay visible at every layer.
@@ -82,6 +100,12 @@ pub struct PolicySpec {
     pub anchors: Anchors,
     /// Cuts, budgets and options of a SlimInfer policy (`Slim` only).
     pub slim: Option<SlimSpec>,
+    /// Head exceptions above a SPEED cut (`+heads:..`, `+window:W`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heads: Option<HeadChoice>,
+    /// A press's ratio and options (`Press` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub press: Option<PressParams>,
 }
 
 impl PolicySpec {
@@ -92,6 +116,8 @@ impl PolicySpec {
             cut: CutSpec::Fraction(1.0),
             anchors: Anchors::None,
             slim: None,
+            heads: None,
+            press: None,
         }
     }
 
@@ -102,6 +128,32 @@ impl PolicySpec {
             cut: spec.cuts()[0],
             anchors: Anchors::None,
             slim: Some(spec),
+            heads: None,
+            press: None,
+        }
+    }
+
+    /// A press.
+    pub fn press(params: PressParams) -> Self {
+        Self {
+            kind: PolicyKind::Press(params.name),
+            cut: CutSpec::Fraction(1.0),
+            anchors: Anchors::None,
+            slim: None,
+            heads: None,
+            press: Some(params),
+        }
+    }
+
+    /// A one-cut policy of `kind` at `cut` with `anchors` (no options).
+    pub fn at_cut(kind: PolicyKind, cut: CutSpec, anchors: Anchors) -> Self {
+        Self {
+            kind,
+            cut,
+            anchors,
+            slim: None,
+            heads: None,
+            press: None,
         }
     }
 
@@ -112,8 +164,21 @@ impl PolicySpec {
         split_list(text).iter().map(|p| p.parse()).collect()
     }
 
-    /// Fix the cutoff for a model of `num_layers` layers.
+    /// Fix the cutoff for a model of `num_layers` layers (head files are
+    /// read and checked against the depth; see [`PolicySpec::resolve_for`]).
     pub fn resolve(&self, num_layers: usize) -> Result<Policy, PolicyError> {
+        self.resolve_for(&ModelDims::depth(num_layers), None)
+    }
+
+    /// Fix the policy for the model `dims`: the cutoff, and the kept heads
+    /// (a head file or ranking read and checked against the model; `+heads:N`
+    /// without `+ranking:FILE` takes them from `ranking`).
+    pub fn resolve_for(
+        &self,
+        dims: &ModelDims<'_>,
+        ranking: Option<&HeadRanking>,
+    ) -> Result<Policy, PolicyError> {
+        let num_layers = dims.num_layers;
         if num_layers == 0 {
             return Err(PolicyError::CutOutOfRange {
                 l_cut: 0,
@@ -129,11 +194,43 @@ impl PolicySpec {
                 num_layers,
                 anchors: Anchors::Prefix(o.sink * o.block),
                 slim: Some(params),
+                heads: None,
+                press: None,
+            });
+        }
+        if let (PolicyKind::Press(_), Some(params)) = (self.kind, self.press) {
+            return Ok(Policy {
+                kind: self.kind,
+                l_cut: num_layers,
+                num_layers,
+                anchors: Anchors::None,
+                slim: None,
+                heads: None,
+                press: Some(params),
             });
         }
         let l_cut = match self.kind {
             PolicyKind::Full => num_layers,
+            PolicyKind::Band { first, last } => {
+                if first > last || last >= num_layers {
+                    return Err(PolicyError::BandOutOfRange {
+                        policy: self.to_string(),
+                        first,
+                        last,
+                        num_layers,
+                    });
+                }
+                first
+            }
             _ => self.cut.resolve(num_layers)?,
+        };
+        let heads = match (&self.heads, self.kind) {
+            (Some(choice), PolicyKind::Speed) => Some(HeadExceptions {
+                set: choice.resolve(l_cut, dims, ranking)?,
+                choice: *choice,
+                kv_heads: dims.kv_heads,
+            }),
+            _ => None,
         };
         Ok(Policy {
             kind: self.kind,
@@ -141,6 +238,8 @@ impl PolicySpec {
             num_layers,
             anchors: self.anchors,
             slim: None,
+            heads,
+            press: None,
         })
     }
 }
@@ -183,6 +282,7 @@ fn parse_anchors(
     };
     let anchors = match suffix {
         "bos" => Anchors::Bos,
+        "none" => Anchors::None,
         "system" => Anchors::System,
         s => match s.strip_prefix("prefix:") {
             Some(n) => Anchors::Prefix(
@@ -206,40 +306,111 @@ fn parse_anchors(
     }
 }
 
+/// A knockout band as written: `knockout:l` or `band:a..b` (the part
+/// after `:`, before any `+`).
+fn parse_band(text: &str, head: &str, layers: &str) -> Result<PolicyKind, PolicyError> {
+    let layer = |v: &str| {
+        v.trim()
+            .parse::<usize>()
+            .map_err(|_| malformed(text, format!("layer {v:?} is not a 0-based layer index")))
+    };
+    let (first, last) = match head {
+        "knockout" => {
+            let l = layer(layers)?;
+            (l, l)
+        }
+        _ => {
+            let (a, b) = layers
+                .split_once("..")
+                .ok_or_else(|| malformed(text, "a band is written `band:a..b`"))?;
+            (layer(a)?, layer(b)?)
+        }
+    };
+    if first > last {
+        return Err(malformed(
+            text,
+            format!("band {first}..{last} runs backwards (a <= b)"),
+        ));
+    }
+    Ok(PolicyKind::Band { first, last })
+}
+
 impl FromStr for PolicySpec {
     type Err = PolicyError;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let t = text.trim().to_ascii_lowercase();
-        if t == "full" {
+        let t = text.trim();
+        let lower = t.to_ascii_lowercase();
+        if lower == "full" {
             return Ok(Self::full());
         }
-        let (head, rest) = t
+        let (head, _) = lower
             .split_once(':')
             .ok_or_else(|| malformed(text, "no `:` after the policy name"))?;
+        // file names in options keep their case
+        let rest = &t[head.len() + 1..];
+        let (cut, options) = match rest.split_once('+') {
+            Some((c, s)) => (c, Some(s)),
+            None => (rest, None),
+        };
+        let cut_lower = cut.to_ascii_lowercase();
+        if let Some(name) = PressName::from_name(head) {
+            let body = &lower[head.len() + 1..];
+            return Ok(Self::press(PressParams::parse(text, name, body)?));
+        }
         let kind = match head {
-            "slim" => return Ok(Self::slim(SlimSpec::parse(text, rest)?)),
+            "slim" => return Ok(Self::slim(SlimSpec::parse(text, &lower[5..])?)),
             "speed" => PolicyKind::Speed,
             "selfonly" => PolicyKind::SelfOnly,
+            "knockout" | "band" => parse_band(text, head, cut)?,
             other => match (ProjectedName::from_name(other), find_family(other)) {
                 (Some(name), _) => PolicyKind::Projected(name),
                 (None, Some(family)) => PolicyKind::Custom(family),
                 (None, None) => return Err(malformed(text, format!("unknown policy {other:?}"))),
             },
         };
-        let (cut, suffix) = match rest.split_once('+') {
-            Some((c, s)) => (c, Some(s)),
-            None => (rest, None),
-        };
         if cut.is_empty() {
             return Err(malformed(text, "the cutoff is missing"));
         }
-        Ok(Self {
-            kind,
-            cut: parse_cut(text, cut)?,
-            anchors: parse_anchors(text, kind, suffix)?,
-            slim: None,
-        })
+        let mut spec = Self::at_cut(kind, CutSpec::Layers(0), Anchors::None);
+        if let PolicyKind::Band { first, .. } = kind {
+            spec.cut = CutSpec::Layers(first);
+            spec.anchors = Anchors::Bos;
+        } else {
+            spec.cut = parse_cut(text, &cut_lower)?;
+        }
+        let mut anchors: Option<&str> = None;
+        let mut heads = HeadChoice {
+            source: None,
+            window: None,
+        };
+        for part in options.into_iter().flat_map(|o| o.split('+')) {
+            if kind == PolicyKind::Speed && heads.take(text, part)? {
+                continue;
+            }
+            if anchors.is_some() {
+                return Err(malformed(text, format!("a second anchor option {part:?}")));
+            }
+            anchors = Some(part);
+        }
+        let anchors_lower = anchors.map(str::to_ascii_lowercase);
+        if anchors.is_some() || !matches!(kind, PolicyKind::Band { .. }) {
+            spec.anchors = parse_anchors(text, kind, anchors_lower.as_deref())?;
+        }
+        if heads.source.is_some() || heads.window.is_some() {
+            if let Some(crate::heads::HeadSource::Top {
+                count: 0,
+                ranking: Some(_),
+            }) = heads.source
+            {
+                return Err(malformed(
+                    text,
+                    "`ranking:` needs `heads:N` (how many heads)",
+                ));
+            }
+            spec.heads = Some(heads);
+        }
+        Ok(spec)
     }
 }
 
@@ -248,13 +419,34 @@ impl fmt::Display for PolicySpec {
         let anchors = AnchorSuffix(self.anchors);
         match self.kind {
             PolicyKind::Full => write!(f, "full"),
-            PolicyKind::Speed => write!(f, "speed:{}{anchors}", self.cut),
+            PolicyKind::Speed => {
+                write!(f, "speed:{}{anchors}", self.cut)?;
+                match &self.heads {
+                    Some(h) => h.fmt(f),
+                    None => Ok(()),
+                }
+            }
+            PolicyKind::Band { first, last } => {
+                match first == last {
+                    true => write!(f, "knockout:{first}")?,
+                    false => write!(f, "band:{first}..{last}")?,
+                }
+                match self.anchors {
+                    Anchors::Bos => Ok(()),
+                    Anchors::None => write!(f, "+none"),
+                    other => AnchorSuffix(other).fmt(f),
+                }
+            }
             PolicyKind::SelfOnly => write!(f, "selfonly:{}{anchors}", self.cut),
             PolicyKind::Projected(name) => write!(f, "{name}:{}{anchors}", self.cut),
             PolicyKind::Custom(family) => write!(f, "{}:{}{anchors}", family.name(), self.cut),
             PolicyKind::Slim => match &self.slim {
                 Some(spec) => spec.fmt(f),
                 None => write!(f, "slim:?"),
+            },
+            PolicyKind::Press(name) => match &self.press {
+                Some(params) => params.fmt(f),
+                None => write!(f, "{name}:?"),
             },
         }
     }
@@ -273,6 +465,18 @@ impl fmt::Display for AnchorSuffix {
     }
 }
 
+/// The kept heads of a SPEED policy as resolved: the set, how it was
+/// written, and the model's K/V heads when known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeadExceptions {
+    /// The kept (layer, K/V head) pairs.
+    pub set: HeadSet,
+    /// How they were written.
+    pub choice: HeadChoice,
+    /// The model's K/V heads, when the policy was resolved knowing them.
+    pub kv_heads: Option<usize>,
+}
+
 /// A policy resolved against a model's depth.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Policy {
@@ -281,6 +485,10 @@ pub struct Policy {
     num_layers: usize,
     anchors: Anchors,
     slim: Option<SlimParams>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    heads: Option<HeadExceptions>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    press: Option<PressParams>,
 }
 
 impl Policy {
@@ -292,6 +500,8 @@ impl Policy {
             num_layers,
             anchors: Anchors::None,
             slim: None,
+            heads: None,
+            press: None,
         }
     }
 
@@ -303,25 +513,38 @@ impl Policy {
         num_layers: usize,
         anchors: Anchors,
     ) -> Result<Self, PolicyError> {
-        PolicySpec {
-            kind,
-            cut: CutSpec::Layers(l_cut),
-            anchors,
-            slim: None,
-        }
-        .resolve(num_layers)
+        PolicySpec::at_cut(kind, CutSpec::Layers(l_cut), anchors).resolve(num_layers)
     }
 
     /// The visibility this policy gives one sequence with these phases:
     /// what exists, what is kept and what is read at each layer, and (for a
     /// policy that decides while it runs) its decisions.
     pub fn visibility(&self, phases: TokenPhases) -> Box<dyn Visibility> {
+        if let Some(params) = self.press {
+            return Box::new(PressRun::new(params, phases, self.num_layers));
+        }
         match (self.kind, self.slim) {
             (PolicyKind::Custom(family), _) => {
                 family.visibility(self.l_cut, self.num_layers, phases)
             }
             (PolicyKind::Projected(_), _) => {
                 Box::new(ProjectedKv::new(self.l_cut, self.num_layers, phases))
+            }
+            (PolicyKind::Band { first, last }, _) => {
+                Box::new(BandRule::new(first, last, self.num_layers, phases))
+            }
+            (PolicyKind::Speed, _)
+                if let Some(h) = self.heads
+                    && !self.is_full_depth() =>
+            {
+                Box::new(HeadRule::new(
+                    self.l_cut,
+                    self.num_layers,
+                    phases,
+                    h.set,
+                    h.choice.window,
+                    h.kv_heads,
+                ))
             }
             (_, Some(params)) => Box::new(SlimRun::new(params, phases, self.num_layers)),
             (kind, None) => {
@@ -342,6 +565,14 @@ impl Policy {
     /// What the policy can do.
     pub fn capabilities(&self) -> Capabilities {
         match self.kind {
+            PolicyKind::Speed if self.heads.is_some() => Capabilities {
+                trainable: false,
+                ..Capabilities::STATIC_SUBSET
+            },
+            PolicyKind::Band { .. } => Capabilities {
+                trainable: false,
+                ..Capabilities::STATIC_SUBSET
+            },
             PolicyKind::Full | PolicyKind::Speed | PolicyKind::SelfOnly => {
                 Capabilities::STATIC_SUBSET
             }
@@ -353,6 +584,13 @@ impl Policy {
             },
             PolicyKind::Projected(_) => Capabilities {
                 is_static: true,
+                needs_staged_prefill: false,
+                trainable: false,
+                reuses_full_prefill: false,
+            },
+            // a press decides from its own prefill's queries
+            PolicyKind::Press(_) => Capabilities {
+                is_static: false,
                 needs_staged_prefill: false,
                 trainable: false,
                 reuses_full_prefill: false,
@@ -425,7 +663,31 @@ impl Policy {
 
     /// True when the policy changes nothing (full, or a cutoff at full depth).
     pub fn is_full_depth(&self) -> bool {
-        self.kind == PolicyKind::Full || self.l_cut >= self.num_layers
+        match self.kind {
+            PolicyKind::Full => true,
+            PolicyKind::Band { .. } | PolicyKind::Press(_) => false,
+            _ => self.l_cut >= self.num_layers,
+        }
+    }
+
+    /// A press's ratio and options (`None` for other policies).
+    pub fn press(&self) -> Option<&PressParams> {
+        self.press.as_ref()
+    }
+
+    /// Refuse a sequence of these phases the policy cannot run: a prompt a
+    /// press cannot compress as kvpress does (too short for its window or
+    /// sinks, or a budget below them). Every other policy runs any phases.
+    pub fn check_phases(&self, phases: &TokenPhases) -> Result<(), PolicyError> {
+        match &self.press {
+            Some(p) => p.check_prompt(phases.decode_start(), self.num_layers),
+            None => Ok(()),
+        }
+    }
+
+    /// The kept heads above a SPEED cut, when the policy has head exceptions.
+    pub fn heads(&self) -> Option<&HeadExceptions> {
+        self.heads.as_ref()
     }
 
     /// Back to the written form with the cutoff as a layer count.
@@ -433,11 +695,12 @@ impl Policy {
         if let Some(slim) = &self.slim {
             return PolicySpec::slim(slim.spec());
         }
+        if let Some(press) = self.press {
+            return PolicySpec::press(press);
+        }
         PolicySpec {
-            kind: self.kind,
-            cut: CutSpec::Layers(self.l_cut),
-            anchors: self.anchors,
-            slim: None,
+            heads: self.heads.map(|h| h.choice),
+            ..PolicySpec::at_cut(self.kind, CutSpec::Layers(self.l_cut), self.anchors)
         }
     }
 }
@@ -609,6 +872,118 @@ mod tests {
         let at_depth = parse("pop:4").resolve(4).unwrap();
         assert!(at_depth.is_full_depth());
         assert_eq!(at_depth.visibility(phases).kv_projected_at(3), None);
+    }
+
+    #[test]
+    fn knockout_and_bands_parse_print_and_check_their_layers() {
+        assert_eq!(
+            parse("knockout:4").kind,
+            PolicyKind::Band { first: 4, last: 4 }
+        );
+        assert_eq!(parse("knockout:4").anchors, Anchors::Bos);
+        assert_eq!(
+            parse("band:2..5").kind,
+            PolicyKind::Band { first: 2, last: 5 }
+        );
+        for s in [
+            "knockout:4",
+            "band:2..5",
+            "knockout:0+prefix:3",
+            "knockout:1+none",
+        ] {
+            assert_eq!(parse(s).to_string(), s);
+        }
+        let p = parse("band:2..5").resolve(6).unwrap();
+        assert!(!p.is_full_depth() && p.reuses_full_prefill() && !p.trainable());
+        assert_eq!(p.to_string(), "band:2..5");
+        let err = parse("knockout:6").resolve(6).unwrap_err();
+        assert!(matches!(err, PolicyError::BandOutOfRange { .. }), "{err}");
+        assert!(err.to_string().contains("0 <= a <= b <= 5"), "{err}");
+        for bad in [
+            "band:5..2",
+            "band:3",
+            "knockout:x",
+            "band:1..y",
+            "knockout:",
+        ] {
+            let err = bad.parse::<PolicySpec>().unwrap_err();
+            assert!(matches!(err, PolicyError::Malformed { .. }), "{bad}: {err}");
+        }
+        assert_eq!(
+            split_list("full,knockout:3;band:1..2,speed:2"),
+            vec!["full", "knockout:3", "band:1..2", "speed:2"]
+        );
+    }
+
+    #[test]
+    fn head_exceptions_parse_and_print_with_their_file_names() {
+        let p = parse("speed:20+bos+heads:runs/Heads.json");
+        assert_eq!(p.anchors, Anchors::Bos);
+        assert_eq!(p.to_string(), "speed:20+bos+heads:runs/Heads.json");
+        for s in [
+            "speed:20+heads:6+ranking:r.json",
+            "speed:20+bos+heads:6+ranking:r.json+window:64",
+            "speed:20+system+window:32",
+            "speed:0.75+prefix:2+heads:h.json",
+        ] {
+            assert_eq!(parse(s).to_string(), s);
+        }
+        for bad in [
+            "speed:20+bos+heads:",
+            "speed:20+ranking:r.json",
+            "speed:20+heads:h.json+ranking:r.json",
+            "speed:20+window:x",
+            "speed:20+bos+bos",
+            "selfonly:20+heads:4",
+        ] {
+            assert!(bad.parse::<PolicySpec>().is_err(), "{bad}");
+        }
+        // no ranking to take `heads:N` from
+        let err = parse("speed:2+bos+heads:3").resolve(4).unwrap_err();
+        assert_eq!(err, PolicyError::RankingMissing { count: 3 });
+        // zero kept heads is SPEED itself, as a head policy
+        let ranking = HeadRanking::default();
+        let spec = parse("speed:2+bos+heads:3");
+        let p = spec
+            .resolve_for(&ModelDims::depth(4), Some(&ranking))
+            .unwrap();
+        assert_eq!(p.heads().map(|h| h.set.pairs().len()), Some(0));
+        assert!(p.reuses_full_prefill() && !p.trainable());
+    }
+
+    #[test]
+    fn presses_parse_resolve_and_list_as_policies() {
+        let p = parse("SnapKV:0.5+window:4");
+        assert_eq!(p.kind, PolicyKind::Press(PressName::SnapKv));
+        assert_eq!(p.to_string(), "snapkv:0.5+window:4");
+        let r = p.resolve(30).unwrap();
+        assert_eq!(r.press().map(|x| x.window), Some(4));
+        assert_eq!(r.to_string(), "snapkv:0.5+window:4");
+        assert!(!r.is_static() && !r.is_full_depth() && !r.reuses_full_prefill());
+        assert!(!r.trainable() && !r.needs_staged_prefill());
+        assert_eq!(
+            split_list("full,knorm:0.5;expected:0.25+sink:2,streamingllm:0.875"),
+            vec![
+                "full",
+                "knorm:0.5",
+                "expected:0.25+sink:2",
+                "streamingllm:0.875"
+            ]
+        );
+        // the prompt is checked against the press
+        let phases = TokenPhases::new(20, 12, 0).unwrap();
+        assert!(r.check_phases(&phases).is_ok());
+        let short = TokenPhases::new(20, 4, 0).unwrap();
+        let err = r.check_phases(&short).unwrap_err();
+        assert!(matches!(err, PolicyError::PressPrompt { .. }), "{err}");
+        let vis = r.visibility(phases);
+        assert!(
+            vis.dynamic()
+                .is_some_and(|d| d.decides_at_prompt_end() && !d.is_decided())
+        );
+        // 30 layers x 6 of the 12 prompt positions
+        assert_eq!(vis.accounting().held_token_layers(0), 180);
+        assert!("knorm:2".parse::<PolicySpec>().is_err());
     }
 
     #[test]

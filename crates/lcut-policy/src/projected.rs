@@ -16,7 +16,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::phases::{Phase, TokenPhases};
-use crate::visibility::Visibility;
+use crate::visibility::{KvAccounting, Visibility};
 
 /// The name a projected-K/V policy is written with; both name the same rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -108,6 +108,20 @@ impl Visibility for ProjectedKv {
         self.leaves(pos).then_some(self.cut)
     }
 
+    fn accounting(&self) -> &dyn KvAccounting {
+        self
+    }
+
+    fn box_clone(&self) -> Box<dyn Visibility> {
+        Box::new(*self)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl KvAccounting for ProjectedKv {
     fn held_token_layers(&self, decode: usize) -> usize {
         self.num_layers * (self.phases.decode_start() + decode)
     }
@@ -128,14 +142,6 @@ impl Visibility for ProjectedKv {
         (0..self.num_layers)
             .map(|l| if l < self.cut { 0 } else { leaving })
             .collect()
-    }
-
-    fn box_clone(&self) -> Box<dyn Visibility> {
-        Box::new(*self)
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 
@@ -204,7 +210,7 @@ mod tests {
                     );
                 }
                 // K/V held is the full model's: the equal-K/V cutoff is the depth
-                assert_eq!(p.equal_kv_cutoff(), 4.0);
+                assert_eq!(p.equal_kv_cutoff(2), 4.0);
             }
         }
     }

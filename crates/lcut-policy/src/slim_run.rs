@@ -6,46 +6,14 @@
 //! each layer of a decode step; everything here is host arithmetic.
 
 use std::any::Any;
-use std::collections::VecDeque;
 
 use crate::phases::TokenPhases;
+use crate::query_window::QueryWindow;
 use crate::record::{CutRecord, SlimTrace, StepRecord};
 use crate::selection::SlimSelection;
 use crate::slim::SlimParams;
 use crate::slim_score::{BlockSummaries, top_blocks};
-use crate::visibility::{HostKeys, Visibility};
-
-/// The last `w` queries seen at one decision layer, `heads * head_dim` each.
-#[derive(Debug, Clone, Default)]
-struct QueryWindow {
-    rows: VecDeque<Vec<f32>>,
-}
-
-impl QueryWindow {
-    /// Keep the last `w` of the rows seen so far.
-    fn push(&mut self, rows: Vec<Vec<f32>>, w: usize) {
-        for r in rows {
-            if self.rows.len() == w {
-                self.rows.pop_front();
-            }
-            self.rows.push_back(r);
-        }
-    }
-
-    /// The mean query of the window.
-    fn mean(&self) -> Vec<f32> {
-        let Some(first) = self.rows.front() else {
-            return Vec::new();
-        };
-        let mut acc = vec![0f32; first.len()];
-        for r in &self.rows {
-            acc.iter_mut().zip(r).for_each(|(a, x)| *a += x);
-        }
-        let inv = 1.0 / self.rows.len() as f32;
-        acc.iter_mut().for_each(|a| *a *= inv);
-        acc
-    }
-}
+use crate::visibility::{DynamicRule, HostKeys, KvAccounting, Visibility};
 
 /// SlimInfer's state of one sequence.
 #[derive(Debug, Clone)]
@@ -191,6 +159,28 @@ impl Visibility for SlimRun {
         self.selection.segment(layer)
     }
 
+    fn accounting(&self) -> &dyn KvAccounting {
+        self
+    }
+
+    fn dynamic(&self) -> Option<&dyn DynamicRule> {
+        Some(self)
+    }
+
+    fn dynamic_mut(&mut self) -> Option<&mut dyn DynamicRule> {
+        Some(self)
+    }
+
+    fn box_clone(&self) -> Box<dyn Visibility> {
+        Box::new(self.clone())
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl KvAccounting for SlimRun {
     fn held_token_layers(&self, decode: usize) -> usize {
         self.selection.held_token_layers(decode)
     }
@@ -199,7 +189,7 @@ impl Visibility for SlimRun {
         self.selection.resident_token_layers(decode)
     }
 
-    fn equal_kv_cutoff(&self) -> f64 {
+    fn equal_kv_cutoff(&self, _kv_heads: usize) -> f64 {
         self.selection.equal_kv_cutoff()
     }
 
@@ -218,7 +208,9 @@ impl Visibility for SlimRun {
         let unprunable = (from..to).filter(|&p| self.selection.block_of(p).is_none());
         unprunable.count() + predicted[seg - 1]
     }
+}
 
+impl DynamicRule for SlimRun {
     fn stage_cuts(&self) -> &[usize] {
         self.selection.params().cuts()
     }
@@ -268,13 +260,5 @@ impl Visibility for SlimRun {
             steps: self.steps.clone(),
             equal_kv_cutoff: sel.equal_kv_cutoff(),
         })
-    }
-
-    fn box_clone(&self) -> Box<dyn Visibility> {
-        Box::new(self.clone())
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }

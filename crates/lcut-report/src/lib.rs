@@ -15,6 +15,7 @@ mod error;
 mod figures;
 mod heatmap;
 mod html;
+mod leaderboard;
 mod lines;
 mod markdown;
 mod paper;
@@ -32,6 +33,9 @@ pub use error::ReportError;
 pub use figures::{Figure, default_prompt, figures};
 pub use heatmap::Heatmap;
 pub use html::{HtmlOptions, render_html};
+pub use leaderboard::{
+    LEADERBOARD_COLUMNS, leaderboard_chart, render_leaderboard_csv, render_leaderboard_html,
+};
 pub use lines::{Line, LineChart, LineStyle};
 pub use markdown::render_markdown;
 pub use paper::{

@@ -27,8 +27,8 @@ pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// The seven transformers reference cases in `fixtures/oracle`.
-pub const ORACLE_CASES: [&str; 7] = [
+/// The eight transformers reference cases in `fixtures/oracle`.
+pub const ORACLE_CASES: [&str; 8] = [
     "llama-gqa",
     "llama31-rope-scaled",
     "qwen2-bias",
@@ -36,6 +36,7 @@ pub const ORACLE_CASES: [&str; 7] = [
     "mistral-window",
     "gemma2-softcap",
     "phi3-fused",
+    "gemma3-sliding",
 ];
 
 /// The folder of reference case `name` (e.g. `llama-gqa`): a model folder
@@ -60,16 +61,36 @@ pub fn oracle_ids(name: &str) -> candle_core::Result<Vec<u32>> {
 /// File name of the real model that `scripts/fetch-model.sh` puts in `models/`.
 pub const REAL_MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
+/// File name of the second real model, Gemma 3 270M (GGUF, Q4_K_M), that
+/// `scripts/fetch-model.sh` puts in `models/`.
+pub const REAL_GEMMA3: &str = "gemma-3-270m-q4_k_m.gguf";
+
 /// The real model (SmolLM2-135M-Instruct, GGUF), when it has been fetched.
 /// Without it a test skips with a message, except in CI (`CI=true`), where
 /// a missing model is a failure: CI fetches it first.
 pub fn real_model() -> Option<PathBuf> {
-    let path = workspace_root().join("models").join(REAL_MODEL);
+    fetched_model(REAL_MODEL)
+}
+
+/// Gemma 3 270M (GGUF), when it has been fetched; missing, as [`real_model`].
+pub fn real_gemma3() -> Option<PathBuf> {
+    fetched_model(REAL_GEMMA3)
+}
+
+/// The reference data made by transformers for Gemma 3 270M
+/// (`fixtures/real/gemma3`).
+pub fn real_gemma3_reference() -> PathBuf {
+    workspace_root().join("fixtures/real/gemma3")
+}
+
+/// `models/<name>`, when `scripts/fetch-model.sh` has fetched it.
+fn fetched_model(name: &str) -> Option<PathBuf> {
+    let path = workspace_root().join("models").join(name);
     if path.is_file() {
         return Some(path);
     }
     let message = format!(
-        "{} is missing: run scripts/fetch-model.sh to fetch the real model",
+        "{} is missing: run scripts/fetch-model.sh to fetch the real models",
         path.display()
     );
     if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {

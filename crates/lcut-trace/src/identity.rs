@@ -52,6 +52,16 @@ pub struct AdapterIdentity {
 }
 
 impl ModelIdentity {
+    /// The model as a head file or a ranking names it (its config hash,
+    /// depth and K/V heads), so that a file made for another model is refused.
+    pub fn file_model(&self) -> lcut_policy::FileModel {
+        lcut_policy::FileModel {
+            config_hash: Some(self.config_hash.clone()),
+            num_layers: Some(self.num_layers),
+            num_kv_heads: Some(self.num_kv_heads),
+        }
+    }
+
     /// True when `other` is the same model: every field equal except the
     /// model's and the adapter's paths.
     pub fn same_model(&self, other: &Self) -> bool {

@@ -24,6 +24,7 @@ mod error;
 pub mod floats;
 mod identity;
 mod io;
+mod leaderboard;
 mod metrics;
 mod paper;
 mod report;
@@ -41,6 +42,7 @@ pub use identity::{AdapterIdentity, ModelIdentity, hash_bytes, hash_parts};
 pub use io::{
     read_json, read_report_json, write_atomic, write_file_atomic, write_json, write_report_json,
 };
+pub use leaderboard::{LeaderboardCell, LeaderboardConfig, LeaderboardTable};
 pub use metrics::{Indexing, LAYER_METRICS, LayerMetric, MetricAxis};
 pub use paper::{
     CategoryCurves, CategoryRow, LengthAccuracy, LoopRow, PAPER_SCHEMA_VERSION, PaperPart,

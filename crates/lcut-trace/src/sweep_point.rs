@@ -41,12 +41,7 @@ pub struct SweepPoint {
 /// The SPEED policy at `l_cut` layers keeping `anchors`: what a sweep point
 /// of the cutoff axis carries.
 pub fn speed_policy(l_cut: usize, anchors: Anchors) -> PolicySpec {
-    PolicySpec {
-        kind: PolicyKind::Speed,
-        cut: CutSpec::Layers(l_cut),
-        anchors,
-        slim: None,
-    }
+    PolicySpec::at_cut(PolicyKind::Speed, CutSpec::Layers(l_cut), anchors)
 }
 
 /// The label of an anchor set as a sweep point's `anchors` field writes it:

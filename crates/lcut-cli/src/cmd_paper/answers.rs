@@ -50,7 +50,7 @@ fn retrieval_unit(ctx: &Ctx, index: usize, cuts: &[usize]) -> Result<RetrievalUn
         shard: None,
     };
     let points = accuracy_by_cutoff(session, std::slice::from_ref(item), &opts, &mut |_, _| true)?;
-    let prompt = session.prepare_text(&item.prompt, item.system.as_deref(), true)?;
+    let prompt = item.prepare(session)?;
     Ok(RetrievalUnit {
         length: item.length.clone(),
         prompt_tokens: prompt.len(),
@@ -91,6 +91,7 @@ fn table_unit(ctx: &Ctx, index: usize, policies: &[String]) -> Result<Vec<TableE
     let opts = |policies: Vec<String>| SuiteEvalOptions {
         policies,
         max_new_tokens: setup.settings.sizes.answer_tokens,
+        item_budgets: false,
         shard: None,
         prefill_chunk: setup.settings.prefill_chunk,
     };

@@ -9,15 +9,14 @@ use lcut_trace::{AdapterIdentity, PaperPart};
 use serde::{Deserialize, Serialize};
 
 use super::plan::Sizes;
-use crate::args::{DeviceArg, KvDtypeArg, WeightArg};
 
 /// Arguments of `lcut paper`.
 #[derive(Debug, Args)]
 pub struct PaperArgs {
-    /// Model: a folder, a GGUF file, a Hugging Face cache name or an Ollama
-    /// name; the bundled model by default.
-    #[arg(long)]
-    pub model: Option<PathBuf>,
+    /// The model and how it loads (`--model`, `--dtype`, `--kv-dtype`,
+    /// `--device`).
+    #[command(flatten)]
+    pub load: crate::common::ModelArgs,
     /// Task suite (JSON Lines; categories are the items' `kind`); with the
     /// bundled model, its copy suite by default.
     #[arg(long)]
@@ -75,16 +74,6 @@ pub struct PaperArgs {
     /// Prompt tokens per prefill chunk.
     #[arg(long, default_value_t = 512)]
     pub prefill_chunk: usize,
-    /// dtype: f32, bf16, f16, or q (a GGUF's weights kept quantized).
-    #[arg(long, default_value = "f32", ignore_case = true)]
-    pub dtype: WeightArg,
-    /// K/V cache storage: auto (f16 for `--dtype q`, else the weights'
-    /// dtype), f32, f16 or bf16.
-    #[arg(long, value_enum, default_value = "auto", ignore_case = true)]
-    pub kv_dtype: KvDtypeArg,
-    /// cpu, cuda or cuda:N.
-    #[arg(long, default_value = "cpu")]
-    pub device: DeviceArg,
 }
 
 /// Arguments of `lcut paper-merge`.

@@ -26,7 +26,7 @@ fn trace_item(
     let prompt = LabelledPrompt {
         index,
         id: item.id.clone(),
-        prompt: session.prepare_text(&item.prompt, item.system.as_deref(), true)?,
+        prompt: item.prepare(session)?,
     };
     let opts = DiagnoseOptions {
         max_new_tokens: sizes.diag_new_tokens,

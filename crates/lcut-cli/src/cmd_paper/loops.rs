@@ -17,7 +17,7 @@ use super::units::LoopEntry;
 fn loop_unit(ctx: &Ctx, index: usize, policies: &[String]) -> Result<Vec<LoopEntry>> {
     let session = &ctx.setup.session;
     let item = &ctx.setup.items[index];
-    let prompt = session.prepare_text(&item.prompt, item.system.as_deref(), true)?;
+    let prompt = item.prepare(session)?;
     let sizes = &ctx.setup.settings.sizes;
     policies
         .iter()

@@ -29,12 +29,7 @@ pub const RETRIEVAL_KIND: &str = "retrieval";
 
 /// A policy at a cut of `layers` for the paper's lists.
 fn at_cut(kind: PolicyKind, cut: usize, anchors: Anchors) -> PolicySpec {
-    PolicySpec {
-        kind,
-        cut: CutSpec::Layers(cut),
-        anchors,
-        slim: None,
-    }
+    PolicySpec::at_cut(kind, CutSpec::Layers(cut), anchors)
 }
 
 /// SPEED+BoS at `cut`: Figure 1's policy beside full.

@@ -16,7 +16,7 @@ use lcut_trace::{AdapterIdentity, SuiteSource};
 use super::args::{PaperArgs, Settings};
 use super::plan::{Sizes, check_policies, compared_policies, speed_bos};
 use super::store::Manifest;
-use crate::common::{ensure_fits, model_or_bundled, open_session, parse_len};
+use crate::common::{RunSize, ensure_fits, model_or_bundled, parse_len};
 
 /// The suite the bundled model runs with by default, relative to the
 /// repository root.
@@ -129,7 +129,7 @@ fn adapters(args: &PaperArgs, layers: usize) -> Result<Vec<Adapted>> {
     args.lora
         .iter()
         .map(|dir| {
-            let mut session = open_session(&args.model, args.dtype, args.kv_dtype, args.device)?;
+            let mut session = args.load.load()?;
             let used = session.put_adapter(dir, LoraMode::Merge, &[])?;
             let Some(text) = used.identity.policy.clone() else {
                 bail!(
@@ -155,7 +155,7 @@ fn adapters(args: &PaperArgs, layers: usize) -> Result<Vec<Adapted>> {
 
 /// The suite given, or the bundled model's.
 fn suite_path(args: &PaperArgs) -> Result<PathBuf> {
-    match (&args.suite, &args.model) {
+    match (&args.suite, &args.load.model) {
         (Some(s), _) => Ok(s.clone()),
         (None, None) => Ok(lcut_engine::bundled(BUNDLED_SUITE)),
         (None, Some(m)) => bail!(
@@ -175,28 +175,22 @@ impl Setup {
             .transpose()?;
         let path = suite_path(args)?;
         let (items, hash) = read_suite_hashed(&path)?;
-        let session = open_session(&args.model, args.dtype, args.kv_dtype, args.device)?;
+        let session = args.load.load()?;
         let cfg = session.model.config().clone();
         let layers = cfg.num_layers;
         let cut = cut(args, layers, shard)?;
         let retrieval_cuts = retrieval_cuts(args, layers)?;
         let max_len = max_len(args, cfg.max_position_embeddings)?;
-        let device = args.device.open()?;
-        ensure_fits(
-            &cfg,
-            (
-                args.dtype.mode().activation_dtype(),
-                session.model.kv_dtype(),
-            ),
-            &device,
-            (
-                max_len,
-                args.prefill_chunk,
-                session.model.attention_block_elems(),
-            ),
-            true,
-        )
-        .with_context(|| format!("--max-len {max_len}"))?;
+        let device = args.load.device.open()?;
+        let size = RunSize {
+            dtype: args.load.dtype.mode().activation_dtype(),
+            kv_dtype: session.model.kv_dtype(),
+            total_len: max_len,
+            chunk: args.prefill_chunk,
+            block: session.model.attention_block_elems(),
+            weights_loaded: true,
+        };
+        ensure_fits(&cfg, &device, &size).with_context(|| format!("--max-len {max_len}"))?;
         let adapters = adapters(args, layers)?;
         let settings = Settings {
             quick: args.quick,
@@ -205,9 +199,9 @@ impl Setup {
             max_len,
             sizes: sizes(args),
             prefill_chunk: args.prefill_chunk.max(1),
-            dtype: args.dtype.name(),
-            kv_dtype: format!("{:?}", args.kv_dtype.dtype(args.dtype.mode())).to_lowercase(),
-            device: args.device.to_string(),
+            dtype: args.load.dtype.name(),
+            kv_dtype: format!("{:?}", args.load.kv_dtype()).to_lowercase(),
+            device: args.load.device.to_string(),
             adapters: adapters.iter().map(|a| a.identity.clone()).collect(),
         };
         let suite = SuiteSource {
@@ -240,5 +234,5 @@ impl Setup {
 
 /// The model argument as it was given, or the bundled model's folder.
 pub fn model_arg(args: &PaperArgs) -> String {
-    model_or_bundled(&args.model).display().to_string()
+    model_or_bundled(&args.load.model).display().to_string()
 }

@@ -16,7 +16,9 @@ use super::parts::Ctx;
 use super::plan::{compared_policies, timing_lengths};
 use super::store::PartFile;
 
-use crate::cmd_bench::{BenchRow, Rounds, measure_rounds, random_prompt, rows_at_length, warm_up};
+use crate::cmd_bench::{
+    BenchRow, LengthPoint, Rounds, measure_rounds, random_prompt, rows_at_length, warm_up,
+};
 
 /// The cost model's prediction for each policy on `prompt`, then `new` tokens.
 fn predictions(
@@ -56,7 +58,12 @@ fn time_length(
     let block = model.attention_block_elems();
     // Figure 2 reports no GB/s, so the machine's read bandwidth (which
     // `lcut bench` measures over a 256 MiB buffer) is not measured here
-    let rows = rows_at_length(model, policies, &runs, (len, block, f64::NAN), rounds)?;
+    let at = LengthPoint {
+        len,
+        block,
+        bandwidth: f64::NAN,
+    };
+    let rows = rows_at_length(model, policies, &runs, at, rounds)?;
     let predicted = predictions(ctx, &prompt, policies, rounds.new_tokens)?;
     Ok(rows
         .iter()

@@ -23,7 +23,7 @@ use lcut_trace::{
 
 pub use attention_row::{AttentionRow, attention_row};
 pub use curvature::DeviceCurvature;
-pub use policy_axis::{AxisPolicy, equal_kv_pairs};
+pub use policy_axis::{AxisPolicy, equal_kv_pairs, predicted_prefill_flops_ratio};
 pub use probe::DiagnosticProbe;
 pub use prompts::{BUNDLED_PROMPTS, PromptSpec, read_prompt_set, shard_indices};
 pub use sweep::{SweepOptions, sweep};

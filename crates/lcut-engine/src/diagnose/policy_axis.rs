@@ -119,6 +119,20 @@ impl AxisTotals {
     }
 }
 
+/// The prefill FLOPs a policy's run of `len` prompt tokens is predicted
+/// to take over the full model's, from what each layer of `vis` ran and
+/// projected (`lcut bench`'s `FLOP x`; 1 minus it is the compute saved).
+pub fn predicted_prefill_flops_ratio(
+    model: &Decoder,
+    vis: &dyn lcut_policy::Visibility,
+    len: usize,
+) -> f64 {
+    let shape = flop_shape(model);
+    let full = lcut_policy::Policy::full(model.config().num_layers)
+        .visibility(lcut_policy::TokenPhases::all_decode());
+    policy_prefill_flops(&shape, vis, len) / policy_prefill_flops(&shape, full.as_ref(), len)
+}
+
 /// The FLOP model's shape of a decoder.
 pub(super) fn flop_shape(model: &Decoder) -> FlopShape {
     let c = model.config();
@@ -237,16 +251,18 @@ fn add_costs(
         prefill: phases.prefill_len(),
         decode: seq.len() - s,
     };
-    let b = model.kv_shape().bytes_per_token_layer() as f64;
+    let kv_heads = model.config().num_kv_heads;
+    let b = model.kv_shape().bytes_per_token_layer() as f64 / kv_heads as f64;
     totals.held += seq.kv_bytes_held() as f64;
     totals.full += cost.bytes(&Policy::full(layers), &model.kv_shape()) as f64;
     let shape = flop_shape(model);
     let n = prompt.len();
     totals.flops_full += layered_prefill_flops(&shape, &vec![n; layers]);
     let vis = seq.visibility();
-    totals.resident += b * vis.resident_token_layers(cost.decode) as f64;
+    let counts = vis.accounting();
+    totals.resident += b * counts.resident_head_rows(cost.decode, kv_heads) as f64;
     totals.flops += policy_prefill_flops(&shape, vis, n);
-    totals.equal_kv_cutoff += vis.equal_kv_cutoff();
+    totals.equal_kv_cutoff += counts.equal_kv_cutoff(kv_heads);
     if let Some(run) = seq.slim() {
         // SlimInfer's own records: how well its scorer chose, how often it swapped
         let precision = scorer_precision(mass, run.selection());

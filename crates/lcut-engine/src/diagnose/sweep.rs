@@ -243,8 +243,8 @@ pub fn sweep(
     let axis = opts
         .axis
         .iter()
-        .map(|a| a.spec.resolve(layers))
-        .collect::<std::result::Result<Vec<_>, _>>()?;
+        .map(|a| session.resolve_policy(&a.spec))
+        .collect::<Result<Vec<_>>>()?;
     let mut run = SweepRun {
         session,
         opts,

@@ -49,7 +49,7 @@ pub fn accuracy_by_cutoff(
     let mut correct = vec![0usize; policies.len()];
     let mine = shard_indices(items.len(), opts.shard)?;
     for (i, item) in mine.iter().map(|&k| &items[k]).enumerate() {
-        let prompt = session.prepare_text(&item.prompt, item.system.as_deref(), true)?;
+        let prompt = item.prepare(session)?;
         let (max_new, chunk) = (opts.max_new_tokens, opts.prefill_chunk.max(1));
         let prefix = prefill_prefix(model, &prompt, Policy::full(layers), max_new, chunk)?;
         let config = GenerationConfig {

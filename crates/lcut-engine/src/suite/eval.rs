@@ -29,8 +29,12 @@ pub struct SuiteEvalOptions {
     /// The policies as written (`full`, `speed:22+bos`, `slim:...`); the
     /// full model's run of an item is shared by all of them.
     pub policies: Vec<String>,
-    /// Most new tokens per generation.
+    /// Most new tokens per generation (of an item that names no budget, or
+    /// of every item without `item_budgets`).
     pub max_new_tokens: usize,
+    /// An item's own `max_new_tokens` (RULER's per task) wins over
+    /// `max_new_tokens`.
+    pub item_budgets: bool,
     /// Run only shard `(i, n)`: items i, i+n, ...
     pub shard: Option<(usize, usize)>,
     /// Prompt tokens per prefill chunk.
@@ -42,16 +46,25 @@ impl Default for SuiteEvalOptions {
         Self {
             policies: vec!["full".into()],
             max_new_tokens: 24,
+            item_budgets: false,
             shard: None,
             prefill_chunk: GenerationConfig::default().prefill_chunk,
         }
     }
 }
 
+impl SuiteEvalOptions {
+    /// The new-token budget of `item` in this run.
+    pub fn budget(&self, item: &SuiteItem) -> usize {
+        let run = (!self.item_budgets).then_some(self.max_new_tokens);
+        item.budget(run, self.max_new_tokens)
+    }
+}
+
 /// Resolve `text` against the session's model.
 pub fn resolve_policy(session: &Session, text: &str) -> Result<Policy> {
     let spec: PolicySpec = text.parse()?;
-    Ok(spec.resolve(session.model.config().num_layers)?)
+    session.resolve_policy(&spec)
 }
 
 /// Run the items of `opts.shard` (all when unsharded) in suite order under
@@ -126,7 +139,7 @@ struct PolicyRuns<'m> {
 /// [reuses a full prefill](Policy::reuses_full_prefill) of the same model
 /// (SPEED: its state is the full run's restricted). Each result's seconds
 /// are the item's wall time.
-fn evaluate_item(
+pub(crate) fn evaluate_item(
     (session, base): (&Session, Option<&Session>),
     index: usize,
     item: &SuiteItem,
@@ -135,8 +148,8 @@ fn evaluate_item(
 ) -> Result<Vec<ItemResult>> {
     let start = Instant::now();
     let reference = base.unwrap_or(session);
-    let prompt = session.prepare_text(&item.prompt, item.system.as_deref(), true)?;
-    let (max_new, chunk) = (opts.max_new_tokens, opts.prefill_chunk.max(1));
+    let prompt = item.prepare(session)?;
+    let (max_new, chunk) = (opts.budget(item), opts.prefill_chunk.max(1));
     let layers = reference.model.config().num_layers;
     let full_prefix = prefill_prefix(
         &reference.model,
@@ -262,6 +275,7 @@ fn policy_result(
             (session.generated_text(r.own.produced()), q)
         }
     };
+    let graded = item.scoring.is_string_match();
     Ok(ItemResult {
         index: 0,
         id: item.id.clone(),
@@ -269,6 +283,8 @@ fn policy_result(
         length: item.length.clone(),
         correct: item.is_correct(&generation),
         full_correct: item.is_correct(&full.text),
+        score: graded.then(|| item.score(&generation)),
+        full_score: graded.then(|| item.score(&full.text)),
         generation,
         full_generation: full.text.clone(),
         forced_tokens: q.tokens,

@@ -1,7 +1,10 @@
 //! The project's suite for SmolLM2-135M-Instruct, written from a seed:
 //! retrieval of a code hidden in filler at four lengths and three depths,
 //! copying a sentence, lookup among a few pairs, two-way choices and
-//! one-digit sums. Every kind draws from its own seeded stream.
+//! one-digit sums. Every kind draws from its own seeded stream. The same
+//! items render in chat form (a question, for a chat template) or in
+//! completion form (the question followed by an answer stem the model
+//! continues, for a base model without a chat template).
 
 use super::filler::filler;
 use super::rng::Rng;
@@ -20,13 +23,50 @@ const PER_CELL: usize = 4;
 /// Items of each short kind.
 const PER_SHORT_KIND: usize = 40;
 
-/// The whole suite for `seed`, in a fixed order of kinds.
+/// Where the suite in completion form lives, relative to the repository
+/// root (the same items, for base models such as Gemma 3 270M).
+pub const COMPLETION_SUITE: &str = "fixtures/suites/completion.jsonl";
+
+/// How a suite's prompts are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Form {
+    /// A question or instruction, for a model's chat template.
+    #[default]
+    Chat,
+    /// The question followed by an answer stem (`Answer: The access code
+    /// for the map room is`), for a model without a chat template: its
+    /// continuation of the stem is the answer.
+    Completion,
+}
+
+impl Form {
+    /// The prompt of this form: `question` as it is in chat form, followed
+    /// by `stem` (after `sep`) in completion form.
+    fn render(self, question: String, sep: &str, stem: &str) -> String {
+        match self {
+            Self::Chat => question,
+            Self::Completion => format!("{question}{sep}{stem}"),
+        }
+    }
+}
+
+/// The whole suite for `seed` in chat form, in a fixed order of kinds.
 pub fn generate(seed: u64) -> Vec<SuiteItem> {
-    let mut items = retrieval(&mut Rng::new(seed, 1));
-    items.extend(copy(&mut Rng::new(seed, 2)));
-    items.extend(lookup(&mut Rng::new(seed, 3)));
-    items.extend(choice(&mut Rng::new(seed, 4)));
-    items.extend(arithmetic(&mut Rng::new(seed, 5)));
+    generate_in(seed, Form::Chat)
+}
+
+/// The whole suite for `seed` in `form`: the same items (ids, answers,
+/// facts) in either form.
+pub fn generate_in(seed: u64, form: Form) -> Vec<SuiteItem> {
+    let mut items = retrieval(&mut Rng::new(seed, 1), form);
+    items.extend(copy(&mut Rng::new(seed, 2), form));
+    items.extend(lookup(&mut Rng::new(seed, 3), form));
+    items.extend(choice(&mut Rng::new(seed, 4), form));
+    items.extend(arithmetic(&mut Rng::new(seed, 5), form));
+    for it in &mut items {
+        // completion form is run without a chat template even on a chat model
+        it.completion = form == Form::Completion;
+    }
     items
 }
 
@@ -47,12 +87,10 @@ fn item(id: String, kind: &str, prompt: String, answer: String, scoring: Scoring
         id,
         kind: kind.into(),
         length: "short".into(),
-        variant: None,
-        system: None,
         prompt,
         answer,
         scoring,
-        choices: Vec::new(),
+        ..SuiteItem::default()
     }
 }
 
@@ -76,7 +114,7 @@ const PLACES: &[&str] = &[
 ];
 
 /// A 4-digit code sentence at the start, middle or end of filler prose.
-fn retrieval(rng: &mut Rng) -> Vec<SuiteItem> {
+fn retrieval(rng: &mut Rng, form: Form) -> Vec<SuiteItem> {
     let mut out = Vec::new();
     for (label, words) in LENGTHS {
         for depth in ["start", "middle", "end"] {
@@ -91,11 +129,13 @@ fn retrieval(rng: &mut Rng) -> Vec<SuiteItem> {
                     _ => paras.len(),
                 };
                 paras.insert(at, fact);
-                let prompt = format!(
+                let question = format!(
                     "Read the following text carefully, then answer the question at the end.\n\n\
                      {}\n\nQuestion: What is the access code for the {place}?",
                     paras.join("\n\n")
                 );
+                let stem = format!("Answer: The access code for the {place} is");
+                let prompt = form.render(question, "\n", &stem);
                 let mut it = item(
                     format!("retrieval-{label}-{depth}-{k:02}"),
                     "retrieval",
@@ -149,7 +189,7 @@ const TIMES: &[&str] = &[
 ];
 
 /// Repeat a plain 8-12-word sentence.
-fn copy(rng: &mut Rng) -> Vec<SuiteItem> {
+fn copy(rng: &mut Rng, form: Form) -> Vec<SuiteItem> {
     (0..PER_SHORT_KIND)
         .map(|k| {
             let span = format!(
@@ -160,7 +200,8 @@ fn copy(rng: &mut Rng) -> Vec<SuiteItem> {
                 rng.pick(THINGS),
                 rng.pick(TIMES)
             );
-            let prompt = format!("Repeat this sentence exactly, word for word:\n\n{span}");
+            let question = format!("Repeat this sentence exactly, word for word:\n\n{span}");
+            let prompt = form.render(question, "\n\n", "Repeated sentence:");
             item(
                 format!("copy-{k:02}"),
                 "copy",
@@ -180,7 +221,7 @@ const NAMES: &[&str] = &[
 /// The number paired with one name among three or four name-number
 /// lines, the question pointing at the line (SmolLM2 mixes up the lines
 /// of a bare list).
-fn lookup(rng: &mut Rng) -> Vec<SuiteItem> {
+fn lookup(rng: &mut Rng, form: Form) -> Vec<SuiteItem> {
     (0..PER_SHORT_KIND)
         .map(|k| {
             let pairs = if k % 2 == 0 { 3 } else { 4 };
@@ -197,11 +238,13 @@ fn lookup(rng: &mut Rng) -> Vec<SuiteItem> {
                 .zip(&numbers)
                 .find(|(n, _)| NAMES[**n] == ask)
                 .map_or(0, |(_, v)| v + 10);
-            let prompt = format!(
+            let question = format!(
                 "Here are some people and their locker numbers.\n\n{}\n\n\
                  What is the locker number of {ask}? Look at the line that starts with {ask}.",
                 lines.join("\n"),
             );
+            let stem = format!("Answer: The locker number of {ask} is");
+            let prompt = form.render(question, "\n", &stem);
             let mut it = item(
                 format!("lookup-{k:02}"),
                 "lookup",
@@ -250,7 +293,7 @@ const CATEGORIES: &[(&str, &[&str], &[&str])] = &[
 ];
 
 /// A two-way choice: which of two words belongs to a category.
-fn choice(rng: &mut Rng) -> Vec<SuiteItem> {
+fn choice(rng: &mut Rng, form: Form) -> Vec<SuiteItem> {
     (0..PER_SHORT_KIND)
         .map(|k| {
             let (cat, yes, no) = *rng.pick(CATEGORIES);
@@ -261,10 +304,12 @@ fn choice(rng: &mut Rng) -> Vec<SuiteItem> {
             } else {
                 vec![wrong, right.clone()]
             };
-            let prompt = format!(
+            let question = format!(
                 "Question: which word names {cat}, \"{}\" or \"{}\"?",
                 choices[0], choices[1]
             );
+            let stem = format!("Answer: The word that names {cat} is");
+            let prompt = form.render(question, "\n", &stem);
             let mut it = item(
                 format!("choice-{k:02}"),
                 "choice",
@@ -280,11 +325,12 @@ fn choice(rng: &mut Rng) -> Vec<SuiteItem> {
 
 /// The sum of two one-digit numbers (SmolLM2 cannot compare two numbers:
 /// the comparison kind this replaced was at chance at full depth).
-fn arithmetic(rng: &mut Rng) -> Vec<SuiteItem> {
+fn arithmetic(rng: &mut Rng, form: Form) -> Vec<SuiteItem> {
     (0..PER_SHORT_KIND)
         .map(|k| {
             let (a, b) = (rng.range(2, 9), rng.range(2, 9));
-            let prompt = format!("What is {a} + {b}? Reply with just the number.");
+            let question = format!("What is {a} + {b}? Reply with just the number.");
+            let prompt = form.render(question, "\n", &format!("Answer: {a} + {b} ="));
             item(
                 format!("arithmetic-{k:02}"),
                 "arithmetic",
@@ -327,6 +373,31 @@ mod tests {
             if it.kind == "retrieval" {
                 assert_eq!(it.prompt.matches(&it.answer).count(), 1, "{}", it.id);
             }
+        }
+    }
+
+    #[test]
+    fn completion_form_is_the_same_items_ending_in_a_stem() {
+        let chat = generate(13);
+        let completion = generate_in(13, Form::Completion);
+        assert_eq!(chat.len(), completion.len());
+        for (c, k) in chat.iter().zip(&completion) {
+            assert_eq!(
+                (&c.id, &c.answer, &c.choices),
+                (&k.id, &k.answer, &k.choices)
+            );
+            let stem = k
+                .prompt
+                .strip_prefix(c.prompt.as_str())
+                .expect("the question first");
+            let last = stem.lines().last().unwrap_or_default();
+            assert!(
+                last.starts_with("Answer:") || last == "Repeated sentence:",
+                "{}: {stem:?}",
+                k.id
+            );
+            // the continuation carries its own leading space
+            assert!(!k.prompt.ends_with(char::is_whitespace), "{}", k.id);
         }
     }
 

@@ -39,7 +39,8 @@ pub enum SuiteError {
     },
     /// The scoring rule is not one lcut knows.
     #[error(
-        "suite {path}, line {line}: unknown scoring rule {rule:?} (expected exact, contains or choice)"
+        "suite {path}, line {line}: unknown scoring rule {rule:?} (expected exact, contains, \
+         choice, string_match_all or string_match_part)"
     )]
     UnknownScoring {
         /// The file.
@@ -88,7 +89,9 @@ pub fn read_suite_hashed(path: &Path) -> Result<(Vec<SuiteItem>, String), SuiteE
 }
 
 /// Parse suite text (`path` names it in errors): blank lines are skipped;
-/// `prompt` and `answer` are required, `scoring` defaults to `contains`,
+/// `prompt` and `answer` are required (`question`, `answer_prefix`,
+/// `answers`, `completion` and `max_new_tokens` are optional), `scoring`
+/// defaults to `contains`,
 /// `kind` to `task` and `length` to `any`; an `id` defaults to `lineN`
 /// and must be unique; a `choice` item needs `choices` holding the answer.
 pub fn parse_suite(text: &str, path: &Path) -> Result<Vec<SuiteItem>, SuiteError> {
@@ -169,6 +172,44 @@ fn parse_line(raw: &str, line: usize, path: &Path) -> Result<SuiteItem, SuiteErr
             "a choice item needs `choices` holding the answer {answer:?}"
         )));
     }
+    let answers: Vec<String> = match obj.get("answers") {
+        None => Vec::new(),
+        Some(v) => serde_json::from_value(v.clone())
+            .map_err(|e| bad(format!("`answers` must be a list of strings: {e}")))?,
+    };
+    if answers.iter().any(|a| a.trim().is_empty()) {
+        return Err(bad("`answers` holds an empty reference string".into()));
+    }
+    let question = text("question");
+    // an answer stem may be a single space; only its presence matters
+    let answer_prefix = obj
+        .get("answer_prefix")
+        .map(|v| {
+            v.as_str()
+                .map(str::to_string)
+                .ok_or_else(|| bad("`answer_prefix` must be a string".into()))
+        })
+        .transpose()?;
+    if answer_prefix.is_some() && question.is_none() {
+        return Err(bad(
+            "an `answer_prefix` needs a `question` (it follows the question)".into(),
+        ));
+    }
+    let completion = match obj.get("completion") {
+        None => false,
+        Some(v) => v
+            .as_bool()
+            .ok_or_else(|| bad("`completion` must be true or false".into()))?,
+    };
+    let max_new_tokens = match obj.get("max_new_tokens") {
+        None => None,
+        Some(v) => Some(
+            v.as_u64()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| bad("`max_new_tokens` must be a positive integer".into()))?
+                as usize,
+        ),
+    };
     Ok(SuiteItem {
         id: text("id").unwrap_or_else(|| format!("line{line}")),
         kind: text("kind").unwrap_or_else(|| "task".into()),
@@ -176,9 +217,14 @@ fn parse_line(raw: &str, line: usize, path: &Path) -> Result<SuiteItem, SuiteErr
         variant: text("variant"),
         system: text("system"),
         prompt,
+        question,
+        answer_prefix,
+        completion,
+        max_new_tokens,
         answer,
         scoring,
         choices,
+        answers,
     })
 }
 
@@ -243,6 +289,27 @@ mod tests {
                 ..
             }
         ));
+        for (text, what) in [
+            (
+                "{\"prompt\":\"p\",\"answer\":\"a\",\"answer_prefix\":\"A:\"}",
+                "needs a `question`",
+            ),
+            (
+                "{\"prompt\":\"p\",\"answer\":\"a\",\"answers\":[\"a\",\"\"]}",
+                "empty reference",
+            ),
+            (
+                "{\"prompt\":\"p\",\"answer\":\"a\",\"max_new_tokens\":0}",
+                "positive integer",
+            ),
+            (
+                "{\"prompt\":\"p\",\"answer\":\"a\",\"completion\":\"yes\"}",
+                "true or false",
+            ),
+        ] {
+            let err = parse(text).unwrap_err().to_string();
+            assert!(err.contains("line 1") && err.contains(what), "{err}");
+        }
         let dup = "{\"id\":\"a\",\"prompt\":\"p\",\"answer\":\"x\"}\n".repeat(2);
         assert!(parse(&dup).unwrap_err().to_string().contains("line 2"));
         assert!(matches!(parse("\n").unwrap_err(), SuiteError::Empty { .. }));

@@ -21,6 +21,13 @@ pub struct ItemResult {
     pub correct: bool,
     /// The full model's greedy generation answers the item.
     pub full_correct: bool,
+    /// The policy's score in [0, 1] under a RULER string-match rule (absent
+    /// for the right-or-wrong rules, where it is `correct`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub score: Option<f64>,
+    /// The full model's score under a RULER string-match rule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub full_score: Option<f64>,
     /// The policy's greedy generation (stop token left out).
     pub generation: String,
     /// The full model's greedy generation.
@@ -39,6 +46,19 @@ pub struct ItemResult {
     /// policy needs as its reference, and every policy's runs of the item,
     /// which decode side by side.
     pub seconds: f64,
+}
+
+impl ItemResult {
+    /// The policy's score in [0, 1]: the string match's, or 1 when correct.
+    pub fn score(&self) -> f64 {
+        self.score.unwrap_or(f64::from(u8::from(self.correct)))
+    }
+
+    /// The full model's score in [0, 1].
+    pub fn full_score(&self) -> f64 {
+        self.full_score
+            .unwrap_or(f64::from(u8::from(self.full_correct)))
+    }
 }
 
 /// Accuracy and quality of a group of items.
@@ -72,11 +92,38 @@ pub struct GroupScore {
     /// Mean K/V bytes the full model holds per item.
     #[serde(default)]
     pub kv_bytes_full: f64,
+    /// RULER's score (the mean item score in [0, 1]) when any item of the
+    /// group is scored by a string match: partial credit counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub score: Option<f64>,
+    /// Its 95% interval: Wilson's at the mean score (see [`wilson_mean`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub score_ci95: Option<[f64; 2]>,
+    /// The full model's mean score on the group's items.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub full_score: Option<f64>,
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
 
 pub use lcut_diag::wilson;
+
+/// The 95% Wilson interval at a mean score `mean` in [0, 1] over `n`
+/// items. For right-or-wrong items it is [`wilson`]'s; for scores in
+/// between (RULER's `string_match_all`) it is conservative, since a score
+/// in [0, 1] with mean p has a variance of at most p(1 - p), the variance
+/// Wilson's interval assumes.
+pub fn wilson_mean(mean: f64, n: usize) -> [f64; 2] {
+    if n == 0 {
+        return [0.0, 1.0];
+    }
+    let z = 1.959_963_984_540_054_f64;
+    let (n, p) = (n as f64, mean.clamp(0.0, 1.0));
+    let denom = 1.0 + z * z / n;
+    let center = (p + z * z / (2.0 * n)) / denom;
+    let half = z / denom * (p * (1.0 - p) / n + z * z / (4.0 * n * n)).sqrt();
+    [(center - half).max(0.0), (center + half).min(1.0)]
+}
 
 /// The score of `items` as group `group`.
 pub fn score_group(group: &str, items: &[&ItemResult]) -> GroupScore {
@@ -88,6 +135,9 @@ pub fn score_group(group: &str, items: &[&ItemResult]) -> GroupScore {
     let held: u64 = items.iter().map(|r| r.kv_bytes_held).sum();
     let full: u64 = items.iter().map(|r| r.kv_bytes_full).sum();
     let per = |x: f64, d: f64| if d > 0.0 { x / d } else { 0.0 };
+    let graded = items.iter().any(|r| r.score.is_some());
+    let mean_score = per(items.iter().map(|r| r.score()).sum(), n as f64);
+    let full_score = per(items.iter().map(|r| r.full_score()).sum(), n as f64);
     GroupScore {
         group: group.to_string(),
         n,
@@ -101,6 +151,9 @@ pub fn score_group(group: &str, items: &[&ItemResult]) -> GroupScore {
         kv_ratio: per(held as f64, full as f64),
         kv_bytes_held: per(held as f64, n as f64),
         kv_bytes_full: per(full as f64, n as f64),
+        score: graded.then_some(mean_score),
+        score_ci95: graded.then(|| wilson_mean(mean_score, n)),
+        full_score: graded.then_some(full_score),
     }
 }
 
@@ -160,6 +213,10 @@ pub struct SuiteEval {
     pub adapter: Option<lcut_trace::AdapterIdentity>,
     /// Most new tokens per generation.
     pub max_new_tokens: usize,
+    /// Items that name their own budget (RULER's) had it instead of
+    /// `max_new_tokens`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub item_budgets: bool,
     /// The shard `[i, n]` run, absent for the whole suite.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<[usize; 2]>,
@@ -189,8 +246,12 @@ impl SuiteEval {
             self.seconds
         )];
         for g in &self.scores {
+            let score = match (g.score, g.score_ci95) {
+                (Some(s), Some([lo, hi])) => format!(" score={s:.3} [{lo:.3}, {hi:.3}]"),
+                _ => String::new(),
+            };
             lines.push(format!(
-                "{:<16} n={:<4} accuracy={:.3} [{:.3}, {:.3}] full={:.3} kept={}/{} top1_agreement={:.3} mean_kl={:.3} kv_held={:.2}/{:.2}MiB kv_ratio={:.3}",
+                "{:<16} n={:<4}{score} accuracy={:.3} [{:.3}, {:.3}] full={:.3} kept={}/{} top1_agreement={:.3} mean_kl={:.3} kv_held={:.2}/{:.2}MiB kv_ratio={:.3}",
                 g.group,
                 g.n,
                 g.accuracy,
@@ -223,6 +284,7 @@ pub fn merge_evals(parts: &[SuiteEval]) -> Result<SuiteEval> {
             e.policy.clone(),
             e.dtype.clone(),
             e.max_new_tokens,
+            e.item_budgets,
             e.adapter.as_ref().map(|a| a.hash.clone()),
         )
     };
@@ -257,6 +319,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn graded_items_give_a_mean_score_with_its_interval() {
+        let mut a = item(0, "niah", "4k", false);
+        a.score = Some(0.5);
+        let b = item(1, "niah", "4k", true);
+        let g = score_group("niah", &[&a, &b]);
+        assert_eq!(g.score, Some(0.75));
+        assert_eq!(g.score_ci95, Some(wilson_mean(0.75, 2)));
+        assert_eq!(g.correct, 1);
+        // right-or-wrong groups carry no score (their accuracy is it)
+        assert_eq!(score_group("x", &[&b]).score, None);
+        // at a whole count, Wilson's interval exactly
+        assert_eq!(wilson_mean(0.8, 10), wilson(8, 10));
+    }
+
+    #[test]
     fn wilson_matches_known_values() {
         // 8 of 10: 0.490 .. 0.943 (Wilson, z = 1.96)
         let [lo, hi] = wilson(8, 10);
@@ -277,6 +354,8 @@ mod tests {
             length: length.into(),
             correct,
             full_correct: true,
+            score: None,
+            full_score: None,
             generation: String::new(),
             full_generation: String::new(),
             forced_tokens: 4,
@@ -320,6 +399,7 @@ mod tests {
             dtype: "f32".into(),
             adapter: None,
             max_new_tokens: 8,
+            item_budgets: false,
             shard,
             seconds: items.iter().map(|r| r.seconds).sum(),
             scores: summarize(&items),

@@ -41,6 +41,11 @@ impl Rng {
         &items[self.below(items.len())]
     }
 
+    /// A number in `[0, 1)` (53 random bits).
+    pub(crate) fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
     /// Fisher-Yates shuffle in place.
     pub(crate) fn shuffle<T>(&mut self, items: &mut [T]) {
         for i in (1..items.len()).rev() {

@@ -1,50 +1,49 @@
-//! One layer's attention: grouped-query attention in blocks of query rows,
-//! the additive mask of causal order, the window and the policy, and the
-//! probe's view of the probabilities (the tensor path; a chunk's attention
-//! usually runs on lcut's kernel instead, see `chunk_attention`).
+//! One layer's attention on the tensor path: grouped-query attention in
+//! blocks of query rows over the keys each query reads ([`KeyReads`]: one
+//! additive mask per group of K/V heads that hold the same rows under the
+//! same rule), and the probe's view of the probabilities. A chunk's
+//! attention usually runs on lcut's kernel instead, see `chunk_attention`.
 
 use candle_core::{DType, Tensor};
 
 use super::Decoder;
-use super::pass::ChunkKeys;
-use crate::error::Result;
-use crate::mask::{PartialMask, additive_mask, exact_additive_mask};
+use super::reads::{GroupReads, KeyReads, ReadQuery};
+use crate::cache::LayerCache;
+use crate::error::{ModelError, Result};
+use crate::mask::PartialMask;
 use crate::probe::{AttentionView, Probe};
 use crate::sequence::Sequence;
 
-/// The mask built for the previous layer of the same chunk, reused while
-/// the next layer sees the same queries, keys, window and visibility rule.
+/// The reads of the previous layer of the same chunk and the mask tensors
+/// built from them, kept while the next layer reads the same rows.
 #[derive(Default)]
-pub(super) struct MaskMemo {
-    key: Option<MaskKey>,
-    mask: Option<Tensor>,
-    /// The rows each query read on the chunk kernel's path.
-    pub(super) spans: super::chunk_attention::ChunkSpans,
+pub(super) struct LayerReads {
+    pub(super) reads: KeyReads,
+    /// Per group: the version of the reads a mask was built from, and the mask.
+    masks: Vec<(u64, Option<Tensor>)>,
 }
 
-/// What a layer's mask depends on.
-struct MaskKey {
-    /// The visibility rule in force: [`lcut_policy::Visibility::rule_class`].
-    rule: usize,
-    window: Option<usize>,
-    queries: Vec<usize>,
-    keys: Vec<usize>,
+/// One group's output [its query heads, n, head_dim], and its attention
+/// rows when asked, over its own keys.
+struct GroupOut {
+    out: Tensor,
+    probs: Option<(Tensor, Vec<usize>)>,
 }
 
 impl Decoder {
-    /// Layer `l`'s attention of the chunk's queries `q` over `keys`: keys
-    /// outside a sliding window dropped, the policy's mask, and the probe
-    /// told of the attention rows it asks for.
+    /// Layer `l`'s attention of the chunk's queries `q` [heads, n, head_dim]
+    /// at `present` over the rows of `cache` each reads, and the probe told
+    /// of the attention rows it asks for.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn attend_layer(
         &self,
         l: usize,
         window: Option<usize>,
         q: &Tensor,
-        keys: ChunkKeys<'_>,
+        cache: &LayerCache,
         present: &[usize],
         seq: &Sequence,
-        masks: &mut MaskMemo,
+        memo: &mut LayerReads,
         probe: &mut Option<&mut (dyn Probe + '_)>,
     ) -> Result<Tensor> {
         let probs_from = probe
@@ -52,88 +51,90 @@ impl Decoder {
             .and_then(|p| p.attention_from(l))
             .map(|from| present.partition_point(|&q| q < from))
             .filter(|&first| first < present.len());
-        // Keys older than the window of the chunk's first query are read by
-        // none of its queries: a windowed layer reads `window` keys, not the
-        // whole context (kept when a probe wants the attention rows whole).
-        let skip = match (window, probs_from) {
-            (Some(w), None) => keys.positions.partition_point(|&k| k + w <= present[0]),
-            _ => 0,
+        let ask = ReadQuery {
+            layer: l,
+            window,
+            queries: present,
+            kv_heads: self.cfg.num_kv_heads,
         };
-        let ChunkKeys {
-            keys,
-            values,
-            positions: key_positions,
-        } = if skip > 0 { keys.skip(skip)? } else { keys };
-        let mask = self.layer_mask(l, window, seq, present, key_positions, masks)?;
-        let (attn, probs) = self.attend(q, &keys, &values, mask.as_ref(), probs_from)?;
-        if let (Some(p), Some(first), Some(probs)) = (probe.as_deref_mut(), probs_from, probs) {
+        let groups = memo.reads.plan(seq.rule.as_ref(), &ask, cache);
+        memo.masks.resize(groups.len(), (0, None));
+        let group_size = self.cfg.num_heads / self.cfg.num_kv_heads;
+        let mut outs = Vec::with_capacity(groups.len());
+        for (g, kept) in groups.iter().zip(memo.masks.iter_mut()) {
+            let (k, v) = self.group_keys(cache, g, l)?;
+            let keys = cache.group_positions(g.rows);
+            if kept.0 != g.version {
+                let mask = g.mask(keys.len());
+                *kept = (
+                    g.version,
+                    self.mask_tensor(mask, present.len(), keys.len())?,
+                );
+            }
+            let q = match g.heads.len() == self.cfg.num_kv_heads {
+                true => q.clone(),
+                false => q.narrow(0, g.heads.start * group_size, g.heads.len() * group_size)?,
+            };
+            let (out, probs) = self.attend(&q, &k, &v, kept.1.as_ref(), probs_from)?;
+            outs.push(GroupOut {
+                out,
+                probs: probs.map(|p| (p, keys.to_vec())),
+            });
+        }
+        let attn = match outs.len() {
+            1 => outs[0].out.clone(),
+            _ => Tensor::cat(&outs.iter().map(|o| &o.out).collect::<Vec<_>>(), 0)?,
+        };
+        if let (Some(p), Some(first)) = (probe.as_deref_mut(), probs_from) {
+            let (probs, key_positions) = merged_probs(outs)?;
             p.on_attention(AttentionView {
                 layer: l,
                 query_positions: &present[first..],
-                key_positions,
+                key_positions: &key_positions,
                 probs: &probs,
             })?;
         }
         Ok(attn)
     }
 
-    /// The additive mask of layer `l` for these queries and keys, or `None`
-    /// when every key is visible to every query. A decode step over a
-    /// cache the policy hides nothing of costs O(1) here, whatever the
-    /// context length; a prefill chunk's mask is built once and reused by
-    /// the following layers that see the same keys under the same rule.
-    fn layer_mask(
-        &self,
-        l: usize,
-        window: Option<usize>,
-        seq: &Sequence,
-        queries: &[usize],
-        keys: &[usize],
-        memo: &mut MaskMemo,
-    ) -> Result<Option<Tensor>> {
-        // `Visibility::key_visible` depends on the layer only through its rule class.
-        let rule = seq.rule.rule_class(l);
-        if rule == 0 && window.is_none() && keys.last() <= queries.first() {
-            return Ok(None);
-        }
-        if let Some(key) = &memo.key
-            && key.rule == rule
-            && key.window == window
-            && key.queries == queries
-            && key.keys == keys
-        {
-            return Ok(memo.mask.clone());
-        }
-        let visible = |q, k| seq.key_visible(l, q, k);
-        let mask = match seq.rule.monotone_in_query() {
-            true => additive_mask(queries, keys, window, visible),
-            false => Some(exact_additive_mask(queries, keys, window, visible)),
-        }
-        .map(|m| self.mask_tensor(m, queries.len(), keys.len()))
-        .transpose()?;
-        memo.key = Some(MaskKey {
-            rule,
-            window,
-            queries: queries.to_vec(),
-            keys: keys.to_vec(),
-        });
-        memo.mask = mask.clone();
-        Ok(mask)
+    /// The keys and values group `g` reads, [its K/V heads, keys, head_dim],
+    /// in the activations' dtype (a cache stored narrower is read widened).
+    fn group_keys(&self, cache: &LayerCache, g: &GroupReads, l: usize) -> Result<(Tensor, Tensor)> {
+        let (k, v) = cache
+            .group_kv(g.rows)?
+            .ok_or(ModelError::EmptyCache { layer: l })?;
+        let (k, v) = match cache.is_split() || g.heads.len() == self.cfg.num_kv_heads {
+            true => (k, v),
+            false => (
+                k.narrow(0, g.heads.start, g.heads.len())?,
+                v.narrow(0, g.heads.start, g.heads.len())?,
+            ),
+        };
+        Ok((k.to_dtype(self.dtype)?, v.to_dtype(self.dtype)?))
     }
 
-    /// The full [queries x keys] mask on the device: zeros for the visible
-    /// prefix are made there, only the rest crosses from the host.
-    fn mask_tensor(&self, mask: PartialMask, queries: usize, keys: usize) -> Result<Tensor> {
+    /// The full [queries x keys] mask on the device, or `None` when every
+    /// query reads every key: zeros for the visible prefix are made there,
+    /// only the rest crosses from the host.
+    fn mask_tensor(
+        &self,
+        mask: Option<PartialMask>,
+        queries: usize,
+        keys: usize,
+    ) -> Result<Option<Tensor>> {
+        let Some(mask) = mask else {
+            return Ok(None);
+        };
         let rest = Tensor::from_vec(
             mask.rest,
             (queries, keys - mask.visible_prefix),
             &self.device,
         )?;
         if mask.visible_prefix == 0 {
-            return Ok(rest);
+            return Ok(Some(rest));
         }
         let prefix = Tensor::zeros((queries, mask.visible_prefix), DType::F32, &self.device)?;
-        Ok(Tensor::cat(&[&prefix, &rest], 1)?)
+        Ok(Some(Tensor::cat(&[&prefix, &rest], 1)?))
     }
 
     /// Grouped-query attention without repeating K/V: the query heads that
@@ -210,4 +211,57 @@ impl Decoder {
             probs.reshape((heads, n, keys))?,
         ))
     }
+}
+
+/// The groups' attention rows as one view: over the same keys when every
+/// group read the same rows, else over the union of their keys (each
+/// group's probabilities 0 at the keys it does not hold).
+fn merged_probs(outs: Vec<GroupOut>) -> Result<(Tensor, Vec<usize>)> {
+    let parts: Vec<(Tensor, Vec<usize>)> = outs.into_iter().filter_map(|o| o.probs).collect();
+    let same = parts.windows(2).all(|w| w[0].1 == w[1].1);
+    if same {
+        let keys = parts.first().map(|p| p.1.clone()).unwrap_or_default();
+        let probs = match parts.len() {
+            1 => parts[0].0.clone(),
+            _ => Tensor::cat(&parts.iter().map(|p| &p.0).collect::<Vec<_>>(), 0)?,
+        };
+        return Ok((probs, keys));
+    }
+    union_probs(&parts)
+}
+
+/// Probabilities of groups over different keys, scattered onto the union of
+/// their key positions.
+pub(super) fn union_probs(parts: &[(Tensor, Vec<usize>)]) -> Result<(Tensor, Vec<usize>)> {
+    let mut union: Vec<usize> = parts.iter().flat_map(|p| p.1.iter().copied()).collect();
+    union.sort_unstable();
+    union.dedup();
+    let mut out = Vec::new();
+    let (mut heads, mut rows) = (0, 0);
+    for (probs, keys) in parts {
+        let (h, r, n) = probs.dims3()?;
+        rows = r;
+        heads += h;
+        let host = probs
+            .to_dtype(DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let cols: Vec<usize> = keys
+            .iter()
+            .map(|k| union.partition_point(|u| u < k))
+            .collect();
+        for row in host.chunks_exact(n.max(1)).take(h * r) {
+            let mut wide = vec![0f32; union.len()];
+            for (&c, &p) in cols.iter().zip(row) {
+                wide[c] = p;
+            }
+            out.extend_from_slice(&wide);
+        }
+    }
+    let device = parts
+        .first()
+        .map(|p| p.0.device().clone())
+        .unwrap_or(candle_core::Device::Cpu);
+    let probs = Tensor::from_vec(out, (heads, rows, union.len()), &device)?;
+    Ok((probs, union))
 }

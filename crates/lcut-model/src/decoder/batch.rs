@@ -45,6 +45,9 @@ impl Decoder {
                 let group: Vec<_> = fused.drain(..take).collect();
                 let (index, mut group_seqs, group_tokens) = unzip3(group);
                 let logits = self.fused_batch(model, &mut group_seqs, &group_tokens)?;
+                for seq in group_seqs.iter_mut() {
+                    self.drop_unread(seq)?;
+                }
                 for (k, i) in index.into_iter().enumerate() {
                     out[i] = Some(logits.narrow(0, k, 1)?);
                 }

@@ -106,6 +106,9 @@ impl Decoder {
                         None
                     },
                     window: cfg.sliding_window[l],
+                    rope: usize::from(
+                        cfg.sliding_window[l].is_some() && cfg.sliding_rope.is_some(),
+                    ),
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -135,6 +138,11 @@ impl Decoder {
             )?,
             false => Rope::new(&cfg.rope, device)?,
         };
+        let sliding_rope = cfg
+            .sliding_rope
+            .as_ref()
+            .map(|r| Rope::new(r, device))
+            .transpose()?;
         let attention_block_elems = default_attention_block_elems(device);
         Ok(Self {
             cfg,
@@ -146,6 +154,7 @@ impl Decoder {
             final_norm,
             lm_head,
             rope,
+            sliding_rope,
             attention_block_elems,
             kv_dtype: dtype,
             step: std::sync::OnceLock::new(),

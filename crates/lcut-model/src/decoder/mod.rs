@@ -4,7 +4,9 @@
 //! `load` builds a decoder from a model's files, `pass` runs a chunk through
 //! the layers, `attention` is one layer's attention with its mask,
 //! `projected` keeps the K/V a policy projects for tokens that left below,
-//! `stages` is the staged prefill of a policy that decides at stage cuts.
+//! `stages` is the staged prefill of a policy that decides at stage cuts,
+//! `prompt_end` the decision of a policy that decides once the prompt has
+//! run.
 
 mod attention;
 mod batch;
@@ -12,6 +14,8 @@ mod chunk_attention;
 mod load;
 mod pass;
 mod projected;
+mod prompt_end;
+mod reads;
 mod stages;
 mod step;
 mod step_model;
@@ -27,7 +31,7 @@ use crate::layers::{AttentionProj, Mlp, RmsNorm};
 use crate::linear::{Embedding, Linear};
 use crate::probe::Probe;
 use crate::rope::Rope;
-use crate::sequence::{ReferenceMask, Sequence};
+use crate::sequence::{CacheShape, ReferenceMask, Sequence};
 
 /// One decoder layer.
 #[derive(Debug, Clone)]
@@ -41,6 +45,9 @@ struct Layer {
     /// Gemma-2's norm on the MLP output before the residual add.
     mlp_out_norm: Option<RmsNorm>,
     window: Option<usize>,
+    /// Which RoPE the layer rotates by: 0 the model's, 1 the sliding
+    /// layers' own (Gemma 3); the index into [`Decoder::rope_tables`].
+    rope: usize,
 }
 
 /// A loaded model.
@@ -55,6 +62,8 @@ pub struct Decoder {
     final_norm: RmsNorm,
     lm_head: Linear,
     rope: Rope,
+    /// The sliding layers' RoPE where it is not `rope` (Gemma 3).
+    sliding_rope: Option<Rope>,
     /// Most score elements (heads x queries x keys) one attention block holds.
     attention_block_elems: usize,
     /// The storage type of the K/V cache.
@@ -239,8 +248,21 @@ impl Decoder {
         (k, v): (&Tensor, &Tensor),
         positions: &[usize],
     ) -> Result<()> {
+        self.store_kv_by_head(cache, (k, v), positions, |_, _| true)
+    }
+
+    /// [`Decoder::store_kv`] into a cache whose K/V heads may hold different
+    /// rows: a split cache's head `h` takes the rows for which `keep(h,
+    /// position)` holds.
+    pub(crate) fn store_kv_by_head(
+        &self,
+        cache: &mut crate::cache::LayerCache,
+        (k, v): (&Tensor, &Tensor),
+        positions: &[usize],
+        keep: impl Fn(usize, usize) -> bool,
+    ) -> Result<()> {
         let (k, v) = (k.to_dtype(self.kv_dtype)?, v.to_dtype(self.kv_dtype)?);
-        cache.append(&k, &v, positions)
+        cache.append_by_head(&k, &v, positions, keep)
     }
 
     /// Store new tokens' K/V in `dtype` (f32, f16 or bf16; others refused).
@@ -250,6 +272,28 @@ impl Decoder {
         }
         self.kv_dtype = dtype;
         Ok(())
+    }
+
+    /// cos and sin tables of `positions` for each RoPE of the model, in the
+    /// order [`Layer::rope`] indexes them.
+    pub(crate) fn rope_tables(&self, positions: &[usize]) -> Result<Vec<(Tensor, Tensor)>> {
+        std::iter::once(&self.rope)
+            .chain(&self.sliding_rope)
+            .map(|r| r.tables(positions, self.dtype))
+            .collect()
+    }
+
+    /// The host cos and sin of one position for each RoPE of the model,
+    /// into `tables` (in [`Layer::rope`]'s order), as the fused step reads them.
+    pub(crate) fn rope_tables_into(&self, position: usize, tables: &mut Vec<(Vec<f32>, Vec<f32>)>) {
+        let ropes = std::iter::once(&self.rope).chain(&self.sliding_rope);
+        tables.resize_with(
+            1 + usize::from(self.sliding_rope.is_some()),
+            Default::default,
+        );
+        for (rope, (cos, sin)) in ropes.zip(tables.iter_mut()) {
+            rope.tables_into(position, cos, sin);
+        }
     }
 
     /// The final norm's scale, then every layer's input norm's.
@@ -285,18 +329,46 @@ impl Decoder {
         self.cfg.kv_shape(self.kv_dtype)
     }
 
+    /// What a sequence's caches need to know of this model.
+    fn cache_shape(&self) -> CacheShape {
+        CacheShape {
+            kv_heads: self.cfg.num_kv_heads,
+            windows: self.layers.iter().map(|l| l.window).collect(),
+        }
+    }
+
     /// A new, empty sequence under `policy` with the given token phases.
     pub fn new_sequence(&self, policy: Policy, phases: TokenPhases) -> Result<Sequence> {
         if policy.num_layers() != self.cfg.num_layers {
             return Err(depth_mismatch(&policy, self.cfg.num_layers));
         }
-        Ok(Sequence::with_rule(policy, policy.visibility(phases)))
+        let kv_heads = self.cfg.num_kv_heads;
+        if let Some(heads) = policy.heads()
+            && let Some(&(layer, kv_head)) = heads.set.pairs().iter().find(|p| p.1 >= kv_heads)
+        {
+            return Err(ModelError::Policy(
+                lcut_policy::PolicyError::HeadOutOfRange {
+                    path: policy.to_string(),
+                    layer,
+                    kv_head,
+                    reason: format!("K/V head {kv_head} is past the model's {kv_heads} K/V heads"),
+                },
+            ));
+        }
+        policy.check_phases(&phases)?;
+        let seq = Sequence::with_rule(policy, policy.visibility(phases), self.cache_shape());
+        self.check_prompt_end(&seq)?;
+        Ok(seq)
     }
 
     /// A new full-depth sequence.
     pub fn new_full_sequence(&self) -> Sequence {
         let policy = Policy::full(self.cfg.num_layers);
-        Sequence::with_rule(policy, policy.visibility(TokenPhases::all_decode()))
+        Sequence::with_rule(
+            policy,
+            policy.visibility(TokenPhases::all_decode()),
+            self.cache_shape(),
+        )
     }
 
     /// Refuse `tokens` as `seq`'s next tokens when there are none, when
@@ -339,23 +411,60 @@ impl Decoder {
     ) -> Result<ChunkOutput> {
         self.check_next(seq, tokens)?;
         let (n, start) = (tokens.len(), seq.next_pos);
+        if seq.awaits_prompt_end() && start + n > seq.phases().decode_start() {
+            return self.forward_across_prompt_end(seq, tokens, rows, probe);
+        }
         if n == 1
             && let Some(out) = self.fused_step(seq, tokens[0], rows, &mut probe)?
         {
+            self.drop_unread(seq)?;
             return Ok(out);
         }
         let (hidden, present) = self.embed(tokens, start, &mut probe)?;
         let last = start + n - 1;
-        if !seq.rule.is_decided() {
+        if seq.prefills_in_stages() {
             let out = self.staged_prefill(seq, hidden, present, last, rows, &mut probe);
             seq.next_pos = start + n;
+            self.drop_unread(seq)?;
             return out;
         }
         let layers = 0..self.layers.len();
         let (hidden, present) =
             self.run_layers(seq, layers, hidden, present, Some(start), &mut probe)?;
         seq.next_pos = start + n;
+        self.drop_unread(seq)?;
         self.logits(&hidden, &present, last, rows)
+    }
+
+    /// Drop the cache rows no later query of `seq` reads: rows older than a
+    /// layer's sliding window, and, once the decode phase has started (no
+    /// prompt query is left to run), the rows the policy does not keep for
+    /// decoding (a layer's K/V the prompt's own queries read while it ran;
+    /// per K/V head where the heads keep different rows). Pending chunks of
+    /// a staged prefill still read their layers' rows: nothing goes while
+    /// one waits; nor does a policy's row that decides at the prompt's end
+    /// before it has.
+    pub(crate) fn drop_unread(&self, seq: &mut Sequence) -> Result<()> {
+        if !seq.pending.is_empty() {
+            return Ok(());
+        }
+        let next = seq.next_pos;
+        let decoding = next >= seq.rule.phases().decode_start() && !seq.awaits_prompt_end();
+        let kv_heads = self.cfg.num_kv_heads;
+        for (l, (cache, layer)) in seq.caches.iter_mut().zip(&self.layers).enumerate() {
+            if let Some(w) = layer.window {
+                cache.drop_below((next + 1).saturating_sub(w));
+            }
+            if decoding {
+                let rule = seq.rule.as_ref();
+                let per_head = rule.heads_differ(l);
+                cache.retain_checked(kv_heads, per_head, |h, p| match per_head {
+                    true => rule.head_retains_kv(l, h, p),
+                    false => rule.retains_kv(l, p),
+                })?;
+            }
+        }
+        Ok(())
     }
 
     /// Teacher forcing at full depth with a caller's visibility rule: every
@@ -371,7 +480,7 @@ impl Decoder {
     ) -> Result<Tensor> {
         let policy = Policy::full(self.cfg.num_layers);
         let rule = ReferenceMask::new(visible, self.cfg.num_layers);
-        let mut seq = Sequence::with_rule(policy, Box::new(rule));
+        let mut seq = Sequence::with_rule(policy, Box::new(rule), self.cache_shape());
         let out = self.forward(&mut seq, tokens, LogitRows::All, None)?;
         out.logits.ok_or(ModelError::MissingLogits)
     }

@@ -7,34 +7,13 @@ use std::borrow::Cow;
 
 use candle_core::{DType, Tensor};
 
-use super::attention::MaskMemo;
+use super::attention::LayerReads;
 use super::chunk_attention::ChunkKernel;
 use super::projected::{ChunkKv, Projected};
 use super::{ChunkOutput, Decoder, Layer, LogitRows};
-use crate::cache::LayerCache;
-use crate::error::{ModelError, Result};
+use crate::error::Result;
 use crate::probe::{Probe, ResidualSite};
 use crate::sequence::Sequence;
-
-/// The keys and values one chunk's queries read at a layer, with the
-/// positions of the keys.
-pub(super) struct ChunkKeys<'a> {
-    pub(super) keys: Tensor,
-    pub(super) values: Tensor,
-    pub(super) positions: &'a [usize],
-}
-
-impl<'a> ChunkKeys<'a> {
-    /// Without the first `n` keys.
-    pub(super) fn skip(self, n: usize) -> Result<Self> {
-        let rest = self.positions.len() - n;
-        Ok(Self {
-            keys: self.keys.narrow(1, n, rest)?,
-            values: self.values.narrow(1, n, rest)?,
-            positions: &self.positions[n..],
-        })
-    }
-}
 
 /// The residual stream after layer `layer`: `hidden` plus the attention
 /// output `attn` (through the output projection), then plus the MLP's.
@@ -104,8 +83,8 @@ impl Decoder {
         step_from: Option<usize>,
         probe: &mut Option<&mut (dyn Probe + '_)>,
     ) -> Result<(Tensor, Vec<usize>)> {
-        let mut tables = self.rope.tables(&present, self.dtype)?;
-        let mut masks = MaskMemo::default();
+        let mut tables = self.rope_tables(&present)?;
+        let mut reads = LayerReads::default();
         let mut projected: Option<Projected> = None;
         for l in layers {
             let layer = &self.layers[l];
@@ -120,7 +99,7 @@ impl Decoder {
                     let idx = Tensor::new(keep.as_slice(), &self.device)?;
                     hidden = hidden.index_select(&idx, 0)?;
                     present = keep.iter().map(|&i| present[i as usize]).collect();
-                    tables = self.rope.tables(&present, self.dtype)?;
+                    tables = self.rope_tables(&present)?;
                 }
             }
             if present.is_empty() {
@@ -136,10 +115,10 @@ impl Decoder {
             hidden = self.layer_forward(
                 (l, layer),
                 &hidden,
-                (&present, &tables),
+                (&present, &tables[layer.rope]),
                 projected.as_ref(),
                 seq,
-                &mut masks,
+                &mut reads,
                 probe,
             )?;
             if let Some(p) = probe.as_deref_mut()
@@ -147,8 +126,10 @@ impl Decoder {
             {
                 p.on_residual(ResidualSite::Layer(l), &present, &hidden)?;
             }
-            if let Some(position) = step_from {
-                seq.rule.after_decode_layer(l, position);
+            if let Some(position) = step_from
+                && let Some(d) = seq.rule.dynamic_mut()
+            {
+                d.after_decode_layer(l, position);
             }
         }
         Ok((hidden, present))
@@ -189,7 +170,10 @@ impl Decoder {
 
     /// One decoder layer over a chunk: projections, the chunk's K/V (and
     /// the projected K/V of the chunk's tokens that left below, in position
-    /// order) into the cache (what the policy keeps), attention, then the MLP.
+    /// order) into the cache, attention over the rows each query reads, then
+    /// the MLP. The cache takes every row the chunk has here; the rows the
+    /// policy does not keep leave it once no later query reads them
+    /// ([`Decoder::drop_unread`]).
     #[allow(clippy::too_many_arguments)]
     fn layer_forward(
         &self,
@@ -198,13 +182,30 @@ impl Decoder {
         (present, (cos, sin)): (&[usize], &(Tensor, Tensor)),
         projected: Option<&Projected>,
         seq: &mut Sequence,
-        masks: &mut MaskMemo,
+        reads: &mut LayerReads,
         probe: &mut Option<&mut (dyn Probe + '_)>,
     ) -> Result<Tensor> {
         let x = layer.input_norm.forward(hidden)?;
-        let qkv = layer.attn.qkv(&x, &self.rope, cos, sin)?;
-        if let Some(w) = seq.rule.query_window(l) {
-            seq.rule.observe_queries(l, last_query_rows(&qkv.q, w)?);
+        let qkv = match seq.rule.dynamic_mut() {
+            Some(d) if d.wants_unrotated_queries(l) => {
+                let (qkv, unrotated) = layer.attn.qkv_keeping_queries(&x, &self.rope, cos, sin)?;
+                let (heads, n, hd) = unrotated.dims3()?;
+                let rows = unrotated
+                    .transpose(0, 1)?
+                    .contiguous()?
+                    .to_dtype(DType::F32)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?;
+                debug_assert_eq!(rows.len(), n * heads * hd);
+                d.observe_unrotated_queries(l, heads, present, &rows);
+                qkv
+            }
+            _ => layer.attn.qkv(&x, &self.rope, cos, sin)?,
+        };
+        if let Some(d) = seq.rule.dynamic_mut()
+            && let Some(w) = d.query_window(l)
+        {
+            d.observe_queries(l, last_query_rows(&qkv.q, w)?);
         }
         let own = ChunkKv {
             k: qkv.k,
@@ -218,78 +219,34 @@ impl Decoder {
             }
             None => own,
         };
-        let positions = &chunk.positions;
-        let retained: Vec<u32> = (0..positions.len() as u32)
-            .filter(|&i| seq.retains_kv(l, positions[i as usize]))
-            .collect();
-        let (keys, values, key_positions) = if retained.len() == positions.len() {
-            self.store_kv(&mut seq.caches[l], (&chunk.k, &chunk.v), positions)?;
-            let wants_rows = probe
-                .as_deref()
-                .and_then(|p| p.attention_from(l))
-                .is_some_and(|from| present.last().is_some_and(|&q| q >= from));
-            if ChunkKernel::applies(&self.device, &qkv.q, wants_rows)
-                && let Some(attn) = self.attend_chunk_cached(
-                    l,
-                    layer.window,
-                    &qkv.q,
-                    &seq.caches[l],
-                    present,
-                    seq,
-                    &mut masks.spans,
-                )?
-            {
-                return layer_residuals(layer, hidden, &attn);
-            }
-            let cache = &seq.caches[l];
-            let (k, v) = cache.kv()?.ok_or(ModelError::EmptyCache { layer: l })?;
-            // a cache stored narrower than the activations is read widened
-            let (k, v) = (k.to_dtype(self.dtype)?, v.to_dtype(self.dtype)?);
-            (k, v, Cow::Borrowed(cache.positions()))
-        } else {
-            let (k, v, positions) =
-                self.keys_kept_in_part(&mut seq.caches[l], &chunk, &retained)?;
-            (k, v, Cow::Owned(positions))
-        };
-        let keys = ChunkKeys {
-            keys,
-            values,
-            positions: &key_positions,
-        };
-        let attn = self.attend_layer(l, layer.window, &qkv.q, keys, present, seq, masks, probe)?;
-        layer_residuals(layer, hidden, &attn)
-    }
-
-    /// The keys and values a chunk reads when the cache keeps only the
-    /// `retained` rows of it (SelfOnly): the cache's and the whole chunk's,
-    /// with their positions; the retained rows are appended to the cache.
-    fn keys_kept_in_part(
-        &self,
-        cache: &mut LayerCache,
-        chunk: &ChunkKv<'_>,
-        retained: &[u32],
-    ) -> Result<(Tensor, Tensor, Vec<usize>)> {
-        let (k, v) = match cache.kv()? {
-            Some((ck, cv)) => (
-                Tensor::cat(&[&ck.to_dtype(self.dtype)?, &chunk.k], 1)?,
-                Tensor::cat(&[&cv.to_dtype(self.dtype)?, &chunk.v], 1)?,
-            ),
-            None => (chunk.k.clone(), chunk.v.clone()),
-        };
-        let mut key_positions = cache.positions().to_vec();
-        key_positions.extend_from_slice(&chunk.positions);
-        if !retained.is_empty() {
-            let idx = Tensor::new(retained, &self.device)?;
-            let pos: Vec<usize> = retained
-                .iter()
-                .map(|&i| chunk.positions[i as usize])
-                .collect();
-            let (k, v) = (
-                chunk.k.index_select(&idx, 1)?,
-                chunk.v.index_select(&idx, 1)?,
-            );
-            self.store_kv(cache, (&k, &v), &pos)?;
+        if let Some(w) = layer.window
+            && seq.is_decided()
+        {
+            // keys older than the window of the chunk's first query are read
+            // by none of its queries nor any later one (a policy still to
+            // decide from a layer's keys sees them all first)
+            seq.caches[l].drop_below((present[0] + 1).saturating_sub(w));
         }
-        Ok((k, v, key_positions))
+        self.store_kv(&mut seq.caches[l], (&chunk.k, &chunk.v), &chunk.positions)?;
+        let wants_rows = probe
+            .as_deref()
+            .and_then(|p| p.attention_from(l))
+            .is_some_and(|from| present.last().is_some_and(|&q| q >= from));
+        if ChunkKernel::applies(&self.device, &qkv.q, wants_rows)
+            && let Some(attn) = self.attend_chunk_cached(
+                l,
+                layer.window,
+                &qkv.q,
+                &seq.caches[l],
+                present,
+                seq,
+                &mut reads.reads,
+            )?
+        {
+            return layer_residuals(layer, hidden, &attn);
+        }
+        let cache = &seq.caches[l];
+        let attn = self.attend_layer(l, layer.window, &qkv.q, cache, present, seq, reads, probe)?;
+        layer_residuals(layer, hidden, &attn)
     }
 }

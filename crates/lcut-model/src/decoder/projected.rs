@@ -15,11 +15,12 @@ use crate::sequence::Sequence;
 
 /// The chunk's tokens that have left at some layer of this pass and keep
 /// projected K/V above it: the hidden states they left with, their
-/// positions (ascending) and the RoPE tables of those positions.
+/// positions (ascending) and the RoPE tables of those positions (one pair
+/// per RoPE of the model).
 pub(super) struct Projected {
     hidden: Tensor,
     pub(super) positions: Vec<usize>,
-    tables: (Tensor, Tensor),
+    tables: Vec<(Tensor, Tensor)>,
 }
 
 /// Keys and values [kv_heads, n, head_dim] of a chunk at one layer, with
@@ -107,7 +108,7 @@ impl Decoder {
                 (cat_in_order(&p.hidden, &rows, order.as_ref(), 0)?, sorted)
             }
         };
-        let tables = self.rope.tables(&positions, self.dtype)?;
+        let tables = self.rope_tables(&positions)?;
         *projected = Some(Projected {
             hidden,
             positions,
@@ -120,6 +121,7 @@ impl Decoder {
     /// K/V projections with the k-norm and RoPE at their positions.
     pub(super) fn projected_kv(&self, layer: &Layer, p: &Projected) -> Result<(Tensor, Tensor)> {
         let x = layer.input_norm.forward(&p.hidden)?;
-        layer.attn.kv(&x, &self.rope, &p.tables.0, &p.tables.1)
+        let (cos, sin) = &p.tables[layer.rope];
+        layer.attn.kv(&x, &self.rope, cos, sin)
     }
 }

@@ -26,7 +26,10 @@ impl Decoder {
         rows: LogitRows,
         probe: &mut Option<&mut (dyn Probe + '_)>,
     ) -> Result<ChunkOutput> {
-        let cuts = seq.rule.stage_cuts().to_vec();
+        let cuts = seq
+            .rule
+            .dynamic()
+            .map_or(vec![], |d| d.stage_cuts().to_vec());
         let reaches_decode = last >= seq.phases().decode_start();
         let (hidden, positions) = self.run_layers(seq, 0..cuts[0], hidden, present, None, probe)?;
         seq.pending.push(Pending { hidden, positions });
@@ -83,7 +86,9 @@ impl Decoder {
             positions: &positions,
             data: &data,
         };
-        seq.rule.decide_stage(i, &keys);
+        if let Some(d) = seq.rule.dynamic_mut() {
+            d.decide_stage(i, &keys);
+        }
         Ok(())
     }
 }

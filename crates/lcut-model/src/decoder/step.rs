@@ -22,6 +22,8 @@ use lcut_kernels::attention::{
 use lcut_kernels::ops;
 use lcut_kernels::product::{Activations, matvec_concat};
 
+use super::attention::union_probs;
+use super::reads::{KeyReads, ReadQuery};
 use super::step_model::{Held, StepLayer, StepLinear, StepModel};
 use super::{ChunkOutput, Decoder, LogitRows};
 use crate::cache::LayerCache;
@@ -54,26 +56,15 @@ struct RowBuffers {
 }
 
 /// What one sequence of a pass needs of its own: its position's RoPE
-/// tables, its attention's scratch and probabilities, the cache rows it
-/// reads.
+/// tables (cos and sin of each RoPE of the model), its attention's scratch
+/// and probabilities, the cache rows it reads.
 #[derive(Debug, Default)]
 struct LaneScratch {
-    cos: Vec<f32>,
-    sin: Vec<f32>,
+    rope: Vec<(Vec<f32>, Vec<f32>)>,
     probs: Vec<f32>,
     attention: AttentionScratch,
-    spans: SpanMemo,
+    reads: KeyReads,
     key_positions: Vec<usize>,
-}
-
-/// The cache rows a query reads, kept for the next layer with the same
-/// visibility rule over the same cache rows.
-#[derive(Debug, Default)]
-struct SpanMemo {
-    rule_class: Option<usize>,
-    window: Option<usize>,
-    positions: Vec<usize>,
-    spans: Vec<Range<usize>>,
 }
 
 /// One sequence of a pass: its state, its new token's position and its
@@ -115,7 +106,7 @@ impl Decoder {
     /// the policy's prefill decisions taken, and the token present at
     /// every layer.
     pub(super) fn takes_fused_step(&self, seq: &Sequence) -> Result<bool> {
-        if self.fused_off || !seq.rule.is_decided() || !seq.pending.is_empty() {
+        if self.fused_off || !seq.is_decided() || !seq.pending.is_empty() {
             return Ok(false);
         }
         if self.step_model()?.is_err() {
@@ -231,7 +222,7 @@ impl Decoder {
         );
         for lane in lanes.iter_mut() {
             let s = &mut *lane.scratch;
-            self.rope.tables_into(lane.pos, &mut s.cos, &mut s.sin);
+            self.rope_tables_into(lane.pos, &mut s.rope);
         }
         let held = model.hold();
         for (l, layer) in model.layers.iter().enumerate() {
@@ -246,7 +237,9 @@ impl Decoder {
                 p.on_residual(ResidualSite::Layer(l), &positions, &h.to_dtype(self.dtype)?)?;
             }
             for lane in lanes.iter_mut() {
-                lane.seq.rule.after_decode_layer(l, lane.pos);
+                if let Some(d) = lane.seq.rule.dynamic_mut() {
+                    d.after_decode_layer(l, lane.pos);
+                }
             }
         }
         for lane in lanes.iter_mut() {
@@ -339,8 +332,9 @@ impl Decoder {
 
     /// One lane's attention at layer `l` from its Q/K/V row `qkv`: q/k
     /// norms and RoPE, its K/V into its cache where the policy keeps them,
-    /// attention over the rows its policy shows it into `attn`, and the
-    /// probe's view of it.
+    /// attention over the rows its policy shows it into `attn` (one call per
+    /// group of K/V heads that hold the same rows under the same rule), and
+    /// the probe's view of it.
     fn attend_lane(
         &self,
         l: usize,
@@ -352,6 +346,7 @@ impl Decoder {
     ) -> Result<()> {
         let cfg = &self.cfg;
         let (h, kv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let group_size = h / kv;
         let eps = cfg.rms_norm_eps as f32;
         let (seq, pos, s) = (&mut *lane.seq, lane.pos, &mut *lane.scratch);
         let (q, rest) = qkv.split_at_mut(h * hd);
@@ -362,60 +357,99 @@ impl Decoder {
         if let Some(w) = &layer.k_norm {
             ops::rms_norm_in_place(k, w, eps)?;
         }
-        ops::rope_in_place(q, hd, &s.cos, &s.sin)?;
-        ops::rope_in_place(k, hd, &s.cos, &s.sin)?;
-        if let Some(w) = seq.rule.query_window(l)
+        let (cos, sin) = &s.rope[layer.rope];
+        ops::rope_in_place(q, hd, cos, sin)?;
+        ops::rope_in_place(k, hd, cos, sin)?;
+        if let Some(d) = seq.rule.dynamic_mut()
+            && let Some(w) = d.query_window(l)
             && w > 0
         {
-            seq.rule.observe_queries(l, vec![q.to_vec()]);
+            d.observe_queries(l, vec![q.to_vec()]);
         }
-        let retained = seq.retains_kv(l, pos);
-        if retained {
+        if let Some(w) = layer.window {
+            // keys older than this token's window are read by no later query
+            seq.caches[l].drop_below((pos + 1).saturating_sub(w));
+        }
+        let rule = seq.rule.as_ref();
+        let keeps = |head: usize| rule.head_retains_kv(l, head, pos);
+        let stored: Vec<bool> = match rule.heads_differ(l) {
+            false => vec![rule.retains_kv(l, pos); kv],
+            true => (0..kv).map(keeps).collect(),
+        };
+        if stored.iter().any(|&x| x) {
             let kt = Tensor::from_slice(k, (kv, 1, hd), &Device::Cpu)?;
             let vt = Tensor::from_slice(v, (kv, 1, hd), &Device::Cpu)?;
-            self.store_kv(&mut seq.caches[l], (&kt, &vt), &[pos])?;
+            let cache = &mut seq.caches[l];
+            self.store_kv_by_head(cache, (&kt, &vt), &[pos], |head, _| stored[head])?;
         }
-        let current = (!retained).then_some(CurrentKv { k, v });
-        visible_rows(seq, l, pos, layer.window, &mut s.spans);
+        let ask = ReadQuery {
+            layer: l,
+            window: layer.window,
+            queries: &[pos],
+            kv_heads: kv,
+        };
+        let cache = &seq.caches[l];
+        let groups = s.reads.plan(seq.rule.as_ref(), &ask, cache);
         let wants = probe
             .as_deref()
             .and_then(|p| p.attention_from(l))
             .is_some_and(|from| from <= pos);
-        let keys = s.spans.spans.iter().map(|r| r.len()).sum::<usize>() + usize::from(!retained);
-        if wants {
-            s.probs.resize(h * keys, 0.0);
+        let mut seen: Vec<(Tensor, Vec<usize>)> = Vec::new();
+        for g in groups {
+            let in_cache = cache.group_positions(g.rows).last() == Some(&pos);
+            let spans = g.spans.of(0);
+            let keys = spans.iter().map(|r| r.len()).sum::<usize>() + usize::from(!in_cache);
+            let qh = g.heads.start * group_size * hd..g.heads.end * group_size * hd;
+            let kvh = g.heads.start * hd..g.heads.end * hd;
+            let current = (!in_cache).then_some(CurrentKv {
+                k: &k[kvh.clone()],
+                v: &v[kvh],
+            });
+            let heads = g.heads.len() * group_size;
+            if wants {
+                s.probs.resize(heads * keys, 0.0);
+            }
+            let spec = AttentionSpec {
+                heads,
+                scale: cfg.attn_scale as f32,
+                softcap: cfg.attn_softcap.map(|c| c as f32),
+            };
+            let probs = wants.then_some(&mut s.probs[..]);
+            attend_cache(
+                cache,
+                g.heads.clone(),
+                &spec,
+                &q[qh.clone()],
+                spans,
+                current,
+                &mut attn[qh],
+                probs,
+                &mut s.attention,
+            )?;
+            if wants {
+                s.key_positions.clear();
+                let cached = cache.group_positions(g.rows);
+                for r in spans {
+                    s.key_positions.extend_from_slice(&cached[r.clone()]);
+                }
+                if !in_cache {
+                    s.key_positions.push(pos);
+                }
+                let probs = Tensor::from_slice(&s.probs, (heads, 1, keys), &Device::Cpu)?;
+                seen.push((probs, s.key_positions.clone()));
+            }
         }
-        let spec = AttentionSpec {
-            heads: h,
-            scale: cfg.attn_scale as f32,
-            softcap: cfg.attn_softcap.map(|c| c as f32),
-        };
-        let probs = wants.then_some(&mut s.probs[..]);
-        attend_cache(
-            &seq.caches[l],
-            kv,
-            &spec,
-            q,
-            &s.spans.spans,
-            current,
-            attn,
-            probs,
-            &mut s.attention,
-        )?;
-        if wants && let Some(p) = probe.as_deref_mut() {
-            s.key_positions.clear();
-            let cached = seq.caches[l].positions();
-            for r in &s.spans.spans {
-                s.key_positions.extend_from_slice(&cached[r.clone()]);
-            }
-            if !retained {
-                s.key_positions.push(pos);
-            }
-            let probs = Tensor::from_slice(&s.probs, (h, 1, keys), &Device::Cpu)?;
+        if let Some(p) = probe.as_deref_mut()
+            && !seen.is_empty()
+        {
+            let (probs, key_positions) = match seen.len() {
+                1 => seen.swap_remove(0),
+                _ => union_probs(&seen)?,
+            };
             p.on_attention(AttentionView {
                 layer: l,
                 query_positions: &[pos],
-                key_positions: &s.key_positions,
+                key_positions: &key_positions,
                 probs: &probs,
             })?;
         }
@@ -496,53 +530,13 @@ impl Decoder {
     }
 }
 
-/// The cache rows the query at `pos` reads at layer `l`, into `memo`: the
-/// rows the policy shows it, inside the layer's window. A layer whose rule
-/// shows every earlier key ([`lcut_policy::Visibility::rule_class`] 0)
-/// reads every row without asking; otherwise the policy is asked once per
-/// row and the answer kept for the following layers of the same rule over
-/// the same rows.
-fn visible_rows(seq: &Sequence, l: usize, pos: usize, window: Option<usize>, memo: &mut SpanMemo) {
-    let cached = seq.caches[l].positions();
-    let class = seq.rule.rule_class(l);
-    if memo.rule_class == Some(class) && memo.window == window && memo.positions == cached {
-        return;
-    }
-    memo.rule_class = Some(class);
-    memo.window = window;
-    memo.positions.clear();
-    memo.positions.extend_from_slice(cached);
-    memo.spans.clear();
-    // keys inside the window: k + w > pos
-    let first = window.map_or(0, |w| cached.partition_point(|&k| k + w <= pos));
-    if class == 0 {
-        if first < cached.len() {
-            memo.spans.push(first..cached.len());
-        }
-        return;
-    }
-    let mut open: Option<usize> = None;
-    for (i, &k) in cached.iter().enumerate().skip(first) {
-        match (seq.rule.key_visible(l, pos, k), open) {
-            (true, None) => open = Some(i),
-            (false, Some(start)) => {
-                memo.spans.push(start..i);
-                open = None;
-            }
-            _ => {}
-        }
-    }
-    if let Some(start) = open {
-        memo.spans.push(start..cached.len());
-    }
-}
-
-/// Attention of `q` over the rows `spans` of `cache` (and `current`),
-/// reading the cache's buffers in place.
+/// Attention of `q` (the query heads of K/V heads `heads`) over the rows
+/// `spans` of those heads in `cache` (and `current`), reading the cache's
+/// buffers in place.
 #[allow(clippy::too_many_arguments)]
 fn attend_cache(
     cache: &LayerCache,
-    kv_heads: usize,
+    heads: Range<usize>,
     spec: &AttentionSpec,
     q: &[f32],
     spans: &[Range<usize>],
@@ -552,7 +546,8 @@ fn attend_cache(
     scratch: &mut AttentionScratch,
 ) -> Result<()> {
     let isa = Isa::detect();
-    with_cache_view(cache, kv_heads, |view| {
+    let kv_heads = heads.len();
+    with_group_view(cache, heads, |view| {
         match view {
             Some(view) => attend(isa, spec, q, view, spans, current, out, probs, scratch)?,
             None => {
@@ -567,26 +562,29 @@ fn attend_cache(
     })
 }
 
-/// `f` over the cache's buffers as the kernels read them, in place, or
-/// over `None` when it holds nothing.
-pub(super) fn with_cache_view<R>(
+/// `f` over the rows K/V heads `heads` hold in `cache`, as the kernels read
+/// them, in place, or over `None` when they hold nothing.
+pub(super) fn with_group_view<R>(
     cache: &LayerCache,
-    kv_heads: usize,
+    heads: Range<usize>,
     f: impl FnOnce(Option<&KvCache<'_>>) -> Result<R>,
 ) -> Result<R> {
-    let Some((k, v)) = cache.buffers() else {
+    let Some(b) = cache.buffers(heads) else {
         return f(None);
     };
-    let (heads, capacity, hd) = k.dims3()?;
-    if heads != kv_heads {
+    let (buffer_heads, capacity, hd) = b.k.dims3()?;
+    let (first, end) = b.heads;
+    if end > buffer_heads || first >= end {
         return Err(ModelError::Kernel(lcut_kernels::KernelError::Heads(
-            format!("a cache of {heads} K/V heads for a model of {kv_heads}"),
+            format!("K/V heads {first}..{end} of a cache of {buffer_heads}"),
         )));
     }
-    let layout = KvLayout::head_major(heads, hd, capacity, cache.len());
-    let (kg, kl) = k.storage_and_layout();
-    let (vg, vl) = v.storage_and_layout();
-    let (ko, vo) = (kl.start_offset(), vl.start_offset());
+    let layout = KvLayout::head_major(end - first, hd, capacity, b.len);
+    // the group's first head, from its first live row
+    let offset = first * capacity * hd + b.start * hd;
+    let (kg, kl) = b.k.storage_and_layout();
+    let (vg, vl) = b.v.storage_and_layout();
+    let (ko, vo) = (kl.start_offset() + offset, vl.start_offset() + offset);
     let view = match (&*kg, &*vg) {
         (Storage::Cpu(CpuStorage::F32(a)), Storage::Cpu(CpuStorage::F32(b))) => {
             KvCache::new(KvData::F32(&a[ko..]), KvData::F32(&b[vo..]), layout)?

@@ -136,6 +136,8 @@ pub(crate) struct StepLayer {
     pub(crate) mlp_out_norm: Option<Vec<f32>>,
     pub(crate) activation: GateActivation,
     pub(crate) window: Option<usize>,
+    /// The RoPE tables the layer rotates by (an index into the lane's).
+    pub(crate) rope: usize,
 }
 
 /// The whole model as the fused step reads it.
@@ -206,6 +208,7 @@ impl StepModel {
                     Activation::GeluTanh => GateActivation::GeluTanh,
                 },
                 window: layer.window,
+                rope: layer.rope,
             });
         }
         Ok(Self {

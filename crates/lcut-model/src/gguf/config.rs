@@ -12,7 +12,7 @@ use crate::gguf::header::{GgufHeader, MetaValue};
 
 /// The GGUF metadata key each Hugging Face field is read from (`{a}` is the
 /// architecture), so that errors name the key the file actually has.
-const KEYS: [(&str, &str); 14] = [
+const KEYS: [(&str, &str); 16] = [
     ("num_hidden_layers", "{a}.block_count"),
     ("hidden_size", "{a}.embedding_length"),
     ("intermediate_size", "{a}.feed_forward_length"),
@@ -27,6 +27,11 @@ const KEYS: [(&str, &str); 14] = [
     ("attn_logit_softcapping", "{a}.attn_logit_softcapping"),
     ("final_logit_softcapping", "{a}.final_logit_softcapping"),
     ("vocab_size", "token_embd.weight (rows)"),
+    ("rope_local_base_freq", "{a}.rope.freq_base_swa"),
+    (
+        "sliding_window_pattern",
+        "{a}.attention.sliding_window_pattern",
+    ),
 ];
 
 /// Reads typed metadata, naming the file and key in errors.
@@ -111,9 +116,9 @@ pub fn architecture(header: &GgufHeader, path: &Path) -> Result<(String, Arch)> 
     let name = meta
         .opt_str("general.architecture")?
         .ok_or_else(|| meta.err("general.architecture", "an architecture name", None))?;
-    // GGUF names the six architectures as Hugging Face's model_type does
-    // (llama.cpp writes Mistral checkpoints as `llama`)
-    Arch::from_model_type(name)
+    // GGUF names the architectures as Hugging Face's model_type does
+    // (llama.cpp writes Mistral checkpoints as `llama`), text-only Gemma 3 as `gemma3`
+    Arch::from_gguf_name(name)
         .map(|a| (name.to_string(), a))
         .ok_or_else(|| ModelError::UnknownArchitecture {
             path: path.to_path_buf(),
@@ -143,6 +148,9 @@ fn hf_config(m: &Meta<'_>, arch: Arch) -> Result<Value> {
     let mut c = Map::new();
     c.insert("model_type".into(), json!(arch.model_type()));
     let layers = sizes(m, &mut c)?;
+    if arch == Arch::Gemma3 {
+        gemma3_layers(m, layers, &mut c)?;
+    }
     positions_and_attention(m, arch, layers, &mut c)?;
     vocabulary(m, &mut c)?;
     Ok(Value::Object(c))
@@ -269,6 +277,91 @@ fn vocabulary(m: &Meta<'_>, c: &mut Map<String, Value>) -> Result<()> {
     }
     c.insert("eos_token_id".into(), json!(eos_unique));
     Ok(())
+}
+
+/// Gemma 3's layers as llama.cpp reads them into `c`: a positive sliding
+/// window; which layers slide (`attention.sliding_window_pattern`, a period
+/// or one flag per layer; llama.cpp's period 6 when absent); the sliding
+/// layers' RoPE base (`rope.freq_base_swa`, else llama.cpp's 10000), the
+/// global layers' (`rope.freq_base`, else llama.cpp's 10000); and the query
+/// scale (1/sqrt(head_dim), 1/sqrt(hidden/heads) for the 62-layer 27B).
+fn gemma3_layers(m: &Meta<'_>, layers: u64, c: &mut Map<String, Value>) -> Result<()> {
+    let key = m.key("attention.sliding_window");
+    match m.opt_count(&key)? {
+        Some(w) if w > 0 => {}
+        _ => {
+            return Err(m.err(
+                &key,
+                "a positive sliding window (Gemma 3's sliding layers read that many tokens)",
+                m.get(&key),
+            ));
+        }
+    }
+    let sliding = sliding_layers(m, layers)?;
+    let types: Vec<&str> = sliding
+        .iter()
+        .map(|&s| match s {
+            true => "sliding_attention",
+            false => "full_attention",
+        })
+        .collect();
+    c.insert("layer_types".into(), json!(types));
+    let local = m.opt_f64(&m.key("rope.freq_base_swa"))?.unwrap_or(10_000.0);
+    c.insert("rope_local_base_freq".into(), json!(local));
+    if m.get(&m.key("rope.freq_base")).is_none() {
+        c.insert("rope_theta".into(), json!(10_000.0));
+    }
+    let hidden = c["hidden_size"].as_u64().unwrap_or(1);
+    let heads = c["num_attention_heads"].as_u64().unwrap_or(1).max(1);
+    let head_dim = c["head_dim"].as_u64().unwrap_or(1);
+    let scalar = if layers == 62 {
+        hidden / heads
+    } else {
+        head_dim
+    };
+    c.insert("query_pre_attn_scalar".into(), json!(scalar));
+    Ok(())
+}
+
+/// Which of `layers` layers slide: `attention.sliding_window_pattern` as
+/// a period (every period-th layer global) or one flag per layer (true:
+/// sliding), llama.cpp's period 6 when the file has none.
+fn sliding_layers(m: &Meta<'_>, layers: u64) -> Result<Vec<bool>> {
+    let key = m.key("attention.sliding_window_pattern");
+    let period = |p: u64| (0..layers).map(|l| (l + 1) % p != 0).collect();
+    match m.get(&key) {
+        None => Ok(period(6)),
+        Some(MetaValue::Array(flags)) => {
+            if flags.len() as u64 != layers {
+                return Err(m.err(
+                    &key,
+                    &format!("one flag per layer ({layers}, {})", m.key("block_count")),
+                    m.get(&key),
+                ));
+            }
+            flags
+                .iter()
+                .map(|f| match f {
+                    MetaValue::Bool(b) => Ok(*b),
+                    other => match other.as_u64() {
+                        Some(n @ (0 | 1)) => Ok(n == 1),
+                        _ => Err(m.err(&key, "true or false per layer", m.get(&key))),
+                    },
+                })
+                .collect()
+        }
+        Some(v) => match v.as_u64() {
+            Some(p) if p > 0 && p <= layers => Ok(period(p)),
+            _ => Err(m.err(
+                &key,
+                &format!(
+                    "a period from 1 to the layer count ({layers}, {}), or one flag per layer",
+                    m.key("block_count")
+                ),
+                Some(v),
+            )),
+        },
+    }
 }
 
 /// `{arch}.rope.scaling.*` as a Hugging Face `rope_scaling` object.

@@ -264,7 +264,7 @@ pub fn gguf_name(hf_name: &str) -> String {
     format!("blk.{layer}.{module}.{param}")
 }
 
-/// A GGUF file as a source of Hugging Face-named tensors. Gemma-2 files
+/// A GGUF file as a source of Hugging Face-named tensors. Gemma 2 and 3 files
 /// name the norm after attention `post_attention_norm`; the decoder asks for
 /// it as `post_attention_layernorm`, which other architectures use for the
 /// norm before the MLP (`ffn_norm`).
@@ -276,7 +276,7 @@ pub struct GgufWeights {
 impl GgufWeights {
     /// Wrap an opened file.
     pub fn new(file: GgufFile) -> Self {
-        let gemma = file.config.arch == Arch::Gemma2;
+        let gemma = file.config.arch.is_gemma();
         Self { file, gemma }
     }
 

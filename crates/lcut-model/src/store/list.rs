@@ -243,9 +243,14 @@ fn described(name: String, store: StoreKind, picked: &Picked) -> ListedModel {
         format: Some(picked.format),
         path: path.clone(),
         size_bytes: size,
+        // GGUF names text-only Gemma 3 `gemma3`, a folder `gemma3_text`
+        // (its `gemma3` has a vision tower)
         supported: architecture
             .as_deref()
-            .is_some_and(|a| Arch::from_model_type(a).is_some()),
+            .is_some_and(|a| match picked.format {
+                ModelFormat::Folder => Arch::from_model_type(a).is_some(),
+                ModelFormat::Gguf => Arch::from_gguf_name(a).is_some(),
+            }),
         architecture,
         layers,
         problem,

@@ -1,0 +1,195 @@
+//! `lcut eval --suite FILE --ratios R1,R2,...`: the leaderboard run (every
+//! method at every compression ratio, the ratio mapped to each family's
+//! knob), resumable from its folder's journal, sharded like the other long
+//! jobs, and the files it writes: `leaderboard.json`, `leaderboard.csv`
+//! (kvpress's columns first) and `leaderboard.html`; `lcut eval-merge`
+//! joins shard folders' `leaderboard.json` into the whole run's.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use lcut_engine::leaderboard::journal::Journal;
+use lcut_engine::leaderboard::{
+    LeaderboardHeader, LeaderboardRun, TimingSettings, parse_ratios, plan, run_items,
+    split_methods, table,
+};
+use lcut_engine::suite;
+
+use crate::cmd_eval::EvalCommand;
+use crate::common::{ModelArgs, write_atomic};
+
+/// The journal's name in the run's folder.
+pub const JOURNAL: &str = "items.jsonl";
+/// The whole result's name in the run's folder.
+pub const RESULT: &str = "leaderboard.json";
+
+/// Run the leaderboard of `args` (`--ratios` given) on the suite at `path`.
+pub fn run(args: &EvalCommand, path: &Path, ratios: &str) -> Result<()> {
+    let ratios = parse_ratios(ratios).context("--ratios")?;
+    anyhow::ensure!(!ratios.is_empty(), "--ratios names no ratio");
+    anyhow::ensure!(
+        args.lora.lora.is_none(),
+        "--ratios runs the model as it is: drop --lora"
+    );
+    let out = args
+        .out
+        .clone()
+        .context("--ratios needs --out DIR (the run's folder: its journal, CSV and report)")?;
+    let (items, suite_hash) = suite::read_suite_hashed(path)?;
+    let pending =
+        ModelArgs::cpu(Some(args.base.model.clone()), args.dtype, args.kv_dtype).open()?;
+    let configs = plan(
+        &split_methods(&args.base.policy),
+        &ratios,
+        pending.config().num_layers,
+    )?;
+    let shard = args
+        .shard
+        .as_deref()
+        .map(lcut_engine::shard::parse_shard)
+        .transpose()?;
+    let header = LeaderboardHeader {
+        model: args.base.model.display().to_string(),
+        suite: path.display().to_string(),
+        suite_hash,
+        suite_items: items.len(),
+        dtype: args.dtype.name(),
+        max_new_tokens: args
+            .max_new_tokens
+            .unwrap_or(crate::cmd_eval::DEFAULT_NEW_TOKENS),
+        item_budgets: args.max_new_tokens.is_none(),
+        prefill_chunk: lcut_engine::GenerationConfig::default().prefill_chunk,
+        ratios,
+        configs,
+        timing: TimingSettings {
+            items_per_task: args.timing_items,
+            new_tokens: args.timing_tokens,
+            rounds: args.timing_rounds,
+        },
+        shard: shard.map(|(i, n)| [i, n]),
+    };
+    for c in &header.configs {
+        let ratio = c.ratio.map_or_else(|| "-".into(), |r| r.to_string());
+        eprintln!(
+            "ratio {ratio:<6} {:<14} -> {:<22} {}",
+            c.method, c.policy, c.note
+        );
+    }
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let (mut journal, done) = Journal::open(&out.join(JOURNAL), &header)?;
+    let session = pending.load()?;
+    let todo = lcut_engine::diagnose::shard_indices(items.len(), shard)?.len();
+    if !done.is_empty() {
+        eprintln!(
+            "resuming: {} of {todo} items already in {}",
+            done.len(),
+            out.join(JOURNAL).display()
+        );
+    }
+    let bar = crate::common::count_bar(todo, "items");
+    bar.set_position(done.len() as u64);
+    let log_lines = !std::io::stderr().is_terminal();
+    let mut count = done.len();
+    let all = run_items(&session, &items, &header, done, &mut |rec| {
+        journal.append(rec)?;
+        count += 1;
+        let marks: String = rec
+            .results
+            .iter()
+            .map(|r| match r.score() {
+                s if s >= 1.0 => '+',
+                s if s > 0.0 => '~',
+                _ => '-',
+            })
+            .collect();
+        if log_lines {
+            eprintln!("item {count}/{todo} {} {marks}", rec.id);
+        }
+        bar.set_message(format!("{} {marks}", rec.id));
+        bar.inc(1);
+        Ok(true)
+    })?;
+    bar.finish_and_clear();
+    let run = LeaderboardRun {
+        table: table::build_table(&header, &all),
+        header,
+        items: all,
+    };
+    write_run(&out, &run)?;
+    print_summary(&run, &out);
+    Ok(())
+}
+
+/// Write `leaderboard.json`, `.csv` and `.html` into `dir`.
+pub fn write_run(dir: &Path, run: &LeaderboardRun) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    write_atomic(
+        &dir.join(RESULT),
+        serde_json::to_string_pretty(run)?.as_bytes(),
+    )?;
+    write_atomic(
+        &dir.join("leaderboard.csv"),
+        lcut_report::render_leaderboard_csv(&run.table).as_bytes(),
+    )?;
+    write_atomic(
+        &dir.join("leaderboard.html"),
+        lcut_report::render_leaderboard_html(&run.table).as_bytes(),
+    )?;
+    Ok(())
+}
+
+/// One line per configuration over all tasks.
+fn print_summary(run: &LeaderboardRun, dir: &Path) {
+    let t = &run.table;
+    let f = |x: Option<f64>| x.map_or_else(|| "-".into(), |v| format!("{v:.3}"));
+    println!(
+        "{} {} on {} ({} items, {:.0} s):",
+        t.dataset, t.data_dir, t.model, t.items, t.seconds
+    );
+    for (c, cfg) in t.configs.iter().enumerate() {
+        let Some(cell) = t.cell("all", c) else {
+            continue;
+        };
+        println!(
+            "{:<14} ratio={:.3} policy={:<22} score={:.3} [{:.3}, {:.3}] prompt_kv_removed={:.3} \
+             kv_held={:.2}MiB ttft_x={} tpot_x={} flops_x={}",
+            cfg.method,
+            t.compression_ratio(c),
+            cfg.policy,
+            cell.score,
+            cell.ci95[0],
+            cell.ci95[1],
+            cell.prompt_kv_removed,
+            cell.kv_bytes_held / (1024.0 * 1024.0),
+            f(cell.ttft_ratio),
+            f(cell.tpot_ratio),
+            f(cell.prefill_flops_ratio)
+        );
+    }
+    println!(
+        "wrote {}, leaderboard.csv and leaderboard.html in {}",
+        RESULT,
+        dir.display()
+    );
+}
+
+/// Read a leaderboard result (a `leaderboard.json`, or a run folder
+/// holding one); `None` when the file is another kind of result.
+pub fn read_run(path: &Path) -> Result<Option<LeaderboardRun>> {
+    let file: PathBuf = if path.is_dir() {
+        path.join(RESULT)
+    } else {
+        path.to_path_buf()
+    };
+    let text =
+        std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", file.display()))?;
+    if value.get("header").is_none() || value.get("table").is_none() {
+        return Ok(None);
+    }
+    serde_json::from_value(value)
+        .map(Some)
+        .with_context(|| format!("{} is not an `lcut eval --ratios` result", file.display()))
+}

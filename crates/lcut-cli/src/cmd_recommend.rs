@@ -1,0 +1,67 @@
+//! `lcut recommend`: the SPEED cut and the (layer, K/V head) pairs kept
+//! above it that a K/V budget buys, from a diagnose run's report (no model
+//! loaded), written as a head file for `speed:C+bos+heads:FILE`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use clap::Args;
+use lcut_engine::heads::{HeadAdvice, write_head_file};
+use lcut_trace::{Report, read_report_json};
+
+/// Arguments of `lcut recommend`.
+#[derive(Debug, Args)]
+pub struct RecommendArgs {
+    /// A diagnose run folder (holding report.json), or a report file.
+    pub run: PathBuf,
+    /// The share of the full model's K/V to keep, in (0, 1].
+    #[arg(long, value_parser = parse_budget)]
+    pub kv_budget: f64,
+    /// The head file to write (RUN/heads-kv<BUDGET>.json by default).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// A K/V budget: a share in (0, 1].
+pub fn parse_budget(text: &str) -> std::result::Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(b) if b > 0.0 && b <= 1.0 => Ok(b),
+        Ok(b) => Err(format!(
+            "{b} is outside (0, 1]: the budget is the share of the full model's K/V to keep"
+        )),
+        Err(_) => Err(format!("{text:?} is not a number in (0, 1]")),
+    }
+}
+
+/// The default head file of a budget in a run folder.
+pub fn head_file_path(dir: &Path, budget: f64) -> PathBuf {
+    dir.join(format!("heads-kv{budget}.json"))
+}
+
+/// Plan `budget` on `report`, write the head file to `out` and print what
+/// it buys.
+pub fn advise(report: &Report, budget: f64, out: &Path) -> Result<()> {
+    let advice = HeadAdvice::from_report(report, budget)?;
+    write_head_file(out, &advice, &report.model)
+        .with_context(|| format!("writing the head file {}", out.display()))?;
+    println!("{}", advice.summary(out));
+    println!("wrote {}", out.display());
+    Ok(())
+}
+
+/// Run `lcut recommend`.
+pub fn run(args: &RecommendArgs) -> Result<()> {
+    let (dir, file) = match args.run.is_dir() {
+        true => (args.run.clone(), args.run.join("report.json")),
+        false => (
+            args.run.parent().map(Path::to_path_buf).unwrap_or_default(),
+            args.run.clone(),
+        ),
+    };
+    let report = read_report_json(&file)?;
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| head_file_path(&dir, args.kv_budget));
+    advise(&report, args.kv_budget, &out)
+}

@@ -1,0 +1,363 @@
+//! `lcut suite --ruler` and the leaderboard run `lcut eval --suite ...
+//! --ratios ...` end to end on the bundled copy model (a 448-token RULER
+//! suite, the model's context being 512): the suite written in chat form
+//! within the target, every method mapped at every ratio, the CSV in
+//! kvpress's columns, a rerun resuming from the journal, shards merged
+//! into the unsharded run, and bad input named before any work.
+
+#![allow(clippy::unwrap_used)] // test helpers unwrap like the tests do
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use lcut_engine::leaderboard::LeaderboardRun;
+use lcut_engine::suite::{Scoring, read_suite};
+
+const MODEL: &str = "fixtures/models/copy-full";
+
+fn lcut(args: &[&str]) -> Output {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lcut"));
+    cmd.args(args).current_dir(repo);
+    for var in [
+        "SLURM_ARRAY_TASK_ID",
+        "SLURM_ARRAY_TASK_MIN",
+        "JOB_COMPLETION_INDEX",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.output().expect("lcut runs")
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = lcut(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "lcut {args:?} failed: {stderr}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn fails(args: &[&str], parts: &[&str]) {
+    let out = lcut(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "lcut {args:?} succeeded");
+    for p in parts {
+        assert!(stderr.contains(p), "lcut {args:?}: {p:?} not in {stderr}");
+    }
+}
+
+/// The run in `dir`, wall times zeroed (they differ from run to run).
+fn read_run(dir: &Path) -> LeaderboardRun {
+    let text = std::fs::read_to_string(dir.join("leaderboard.json")).unwrap();
+    let mut run: LeaderboardRun = serde_json::from_str(&text).unwrap();
+    run.table.seconds = 0.0;
+    for it in &mut run.items {
+        for r in &mut it.results {
+            r.seconds = 0.0;
+        }
+        for t in &mut it.timing {
+            t.ttft_s = 0.0;
+            t.tpot_s = 0.0;
+        }
+    }
+    for c in &mut run.table.cells {
+        c.ttft_ratio = None;
+        c.tpot_ratio = None;
+    }
+    run
+}
+
+#[test]
+fn ruler_suite_then_the_leaderboard_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = |name: &str| tmp.path().join(name).to_str().unwrap().to_string();
+    let suite = path("ruler.jsonl");
+    let stdout = ok(&[
+        "suite",
+        "--ruler",
+        "448",
+        "--model",
+        MODEL,
+        "--samples",
+        "2",
+        "--tasks",
+        "niah_single_1,vt,qa_1",
+        "--seed",
+        "5",
+        "--out",
+        &suite,
+    ]);
+    assert!(
+        stdout.contains("wrote 6 RULER items (chat form)"),
+        "{stdout}"
+    );
+    let items = read_suite(Path::new(&suite)).unwrap();
+    assert_eq!(items.len(), 6);
+    for it in &items {
+        assert!(
+            it.question.is_some() && it.answer_prefix.is_some(),
+            "{}",
+            it.id
+        );
+        assert!(!it.completion);
+        let rule = if it.kind == "qa_1" {
+            Scoring::StringMatchPart
+        } else {
+            Scoring::StringMatchAll
+        };
+        assert_eq!(it.scoring, rule);
+        assert_eq!(it.length, "448");
+    }
+    // the same seed writes the same file
+    let again = path("again.jsonl");
+    ok(&[
+        "suite",
+        "--ruler",
+        "448",
+        "--model",
+        MODEL,
+        "--samples",
+        "2",
+        "--tasks",
+        "niah_single_1,vt,qa_1",
+        "--seed",
+        "5",
+        "--out",
+        &again,
+    ]);
+    assert_eq!(
+        std::fs::read(&suite).unwrap(),
+        std::fs::read(&again).unwrap()
+    );
+
+    let run = |out: &str, extra: &[&str]| {
+        let mut a = vec![
+            "eval",
+            "--model",
+            MODEL,
+            "--suite",
+            &suite,
+            "--policies",
+            "full,speed+bos,slim+block:16,swiftkv",
+            "--ratios",
+            "0.25,0.75",
+            "--max-new-tokens",
+            "4",
+            "--timing-tokens",
+            "3",
+            "--out",
+            out,
+        ];
+        a.extend_from_slice(extra);
+        ok(&a)
+    };
+    let whole = path("whole");
+    let stdout = run(&whole, &[]);
+    assert!(
+        stdout.contains("speed+bos") && stdout.contains("score="),
+        "{stdout}"
+    );
+    let r = read_run(Path::new(&whole));
+    // full, then each method at each ratio; SPEED's cut closest to the ratio
+    let policies: Vec<&str> = r.header.configs.iter().map(|c| c.policy.as_str()).collect();
+    assert_eq!(policies[0], "full");
+    assert!(
+        policies.contains(&"speed:3+bos") && policies.contains(&"speed:1+bos"),
+        "{policies:?}"
+    );
+    assert!(
+        policies.contains(&"swiftkv:3") && policies.contains(&"swiftkv:1"),
+        "{policies:?}"
+    );
+    assert_eq!(r.header.configs.len(), 1 + 3 * 2);
+    assert_eq!(r.items.len(), 6);
+    // the first item of each task timed, every configuration
+    assert_eq!(r.items.iter().filter(|i| !i.timing.is_empty()).count(), 3);
+    for it in &r.items {
+        assert_eq!(it.results.len(), 7);
+        assert!(it.context_tokens < it.prompt_tokens, "{}", it.id);
+    }
+    // measured K/V: SPEED at 1 of 4 layers removes about 3/4 of the
+    // prompt's, SwiftKV none
+    let removed = |policy: &str| {
+        let c = r
+            .header
+            .configs
+            .iter()
+            .position(|c| c.policy == policy)
+            .unwrap();
+        r.table.cell("all", c).unwrap().prompt_kv_removed
+    };
+    assert!(
+        (removed("speed:1+bos") - 0.75).abs() < 0.02,
+        "{}",
+        removed("speed:1+bos")
+    );
+    assert_eq!(removed("swiftkv:1"), 0.0);
+    assert_eq!(removed("full"), 0.0);
+    // the CSV: kvpress's columns first, the full model as no_press at 0
+    let csv = std::fs::read_to_string(Path::new(&whole).join("leaderboard.csv")).unwrap();
+    let mut lines = csv.lines();
+    let header = lines.next().unwrap();
+    assert!(
+        header.starts_with("dataset,data_dir,model,method,compression_ratio,score,task,policy"),
+        "{header}"
+    );
+    let first = lines.next().unwrap();
+    assert!(
+        first.starts_with(&format!("ruler,448,{MODEL},no_press,0.000,")),
+        "{first}"
+    );
+    assert_eq!(csv.lines().count(), 1 + 7 * 4, "{csv}");
+    let html = std::fs::read_to_string(Path::new(&whole).join("leaderboard.html")).unwrap();
+    assert!(
+        html.contains("<svg") && html.contains("niah_single_1"),
+        "html"
+    );
+
+    // a rerun resumes: every item is in the journal, nothing runs again
+    let journal = std::fs::read_to_string(Path::new(&whole).join("items.jsonl")).unwrap();
+    let rerun = lcut(&[
+        "eval",
+        "--model",
+        MODEL,
+        "--suite",
+        &suite,
+        "--policies",
+        "full,speed+bos,slim+block:16,swiftkv",
+        "--ratios",
+        "0.25,0.75",
+        "--max-new-tokens",
+        "4",
+        "--timing-tokens",
+        "3",
+        "--out",
+        &whole,
+    ]);
+    assert!(rerun.status.success());
+    assert!(String::from_utf8_lossy(&rerun.stderr).contains("resuming: 6 of 6"));
+    let after = std::fs::read_to_string(Path::new(&whole).join("items.jsonl")).unwrap();
+    assert_eq!(after, journal);
+    // ... and an interrupted one: a cut last line is dropped and redone
+    let lines: Vec<&str> = journal.lines().collect();
+    let cut = format!(
+        "{}\n{}",
+        lines[..lines.len() - 1].join("\n"),
+        &lines[lines.len() - 1][..40]
+    );
+    std::fs::write(Path::new(&whole).join("items.jsonl"), cut).unwrap();
+    let stdout = run(&whole, &[]);
+    assert!(stdout.contains("score="));
+    assert_eq!(read_run(Path::new(&whole)), r);
+    // other settings in the same folder are refused by name
+    fails(
+        &[
+            "eval",
+            "--model",
+            MODEL,
+            "--suite",
+            &suite,
+            "--policies",
+            "full,speed+bos",
+            "--ratios",
+            "0.5",
+            "--out",
+            &whole,
+        ],
+        &["other settings", "configs"],
+    );
+
+    // shards merge into the unsharded run
+    let (s0, s1) = (path("s0"), path("s1"));
+    run(&s0, &["--shard", "0/2"]);
+    run(&s1, &["--shard", "1/2"]);
+    let merged = path("merged");
+    ok(&["eval-merge", &s0, &s1, "--out", &merged]);
+    assert_eq!(read_run(Path::new(&merged)), r);
+    fails(
+        &["eval-merge", &s0, "--out", &path("half")],
+        &["not each item once"],
+    );
+}
+
+#[test]
+fn bad_input_is_named_before_any_work() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("x.jsonl");
+    let out = out.to_str().unwrap();
+    fails(
+        &["suite", "--ruler", "4k", "--model", MODEL, "--out", out],
+        &["RULER length 4096", "context of 512"],
+    );
+    fails(
+        &[
+            "suite",
+            "--ruler",
+            "448",
+            "--model",
+            MODEL,
+            "--tasks",
+            "niah_single_9",
+            "--out",
+            out,
+        ],
+        &["unknown RULER task \"niah_single_9\"", "niah_multikey_3"],
+    );
+    fails(
+        &[
+            "suite", "--ruler", "200", "--model", MODEL, "--tasks", "cwe", "--out", out,
+        ],
+        &["too short for cwe"],
+    );
+    assert!(!Path::new(out).exists(), "a refused run wrote its file");
+    let suite = tmp.path().join("s.jsonl");
+    let suite = suite.to_str().unwrap();
+    ok(&[
+        "suite",
+        "--ruler",
+        "448",
+        "--model",
+        MODEL,
+        "--samples",
+        "1",
+        "--tasks",
+        "fwe",
+        "--out",
+        suite,
+    ]);
+    let dir = tmp.path().join("run");
+    let dir = dir.to_str().unwrap();
+    let eval = |policies: &str, ratios: &str| {
+        vec![
+            "eval".to_string(),
+            "--model".into(),
+            MODEL.into(),
+            "--suite".into(),
+            suite.into(),
+            "--policies".into(),
+            policies.into(),
+            "--ratios".into(),
+            ratios.into(),
+            "--out".into(),
+            dir.into(),
+        ]
+    };
+    let strs = |v: &[String]| {
+        v.iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .join("\u{1}")
+    };
+    for (p, r, parts) in [
+        ("full,speed+bos", "0.5,1.5", vec!["1.5", "outside (0, 1)"]),
+        ("full,speed+bos", "0", vec!["outside (0, 1)"]),
+        ("full,speed+bos", "half", vec!["\"half\" is not a number"]),
+        ("full,snapkv", "0.5", vec!["snapkv", "speed, selfonly"]),
+        ("full", "0.5", vec!["at least one method"]),
+    ] {
+        let a = eval(p, r);
+        let joined = strs(&a);
+        let args: Vec<&str> = joined.split('\u{1}').collect();
+        fails(&args, &parts);
+    }
+    assert!(!Path::new(dir).exists(), "a refused run made its folder");
+}

@@ -1,0 +1,146 @@
+//! The journal of a leaderboard run (`items.jsonl` in its folder): the
+//! run's header on the first line, then one line per finished item,
+//! appended and flushed as each finishes. A rerun with the same settings
+//! reads it back and skips the items it holds; a last line cut short by an
+//! interrupted write is dropped (that item runs again); a journal of other
+//! settings is refused by name rather than mixed in.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use super::{LeaderboardError, LeaderboardHeader, LeaderboardItem};
+use crate::error::Result;
+
+/// An open journal, appending.
+pub struct Journal {
+    path: PathBuf,
+    file: File,
+}
+
+impl Journal {
+    /// Open the journal at `path` for a run of `header`, or start one: the
+    /// items it already holds (in file order).
+    pub fn open(path: &Path, header: &LeaderboardHeader) -> Result<(Self, Vec<LeaderboardItem>)> {
+        let err = |line: usize, reason: String| LeaderboardError::Journal {
+            path: path.to_path_buf(),
+            line,
+            reason,
+        };
+        let mut done = Vec::new();
+        if path.exists() {
+            let text = std::fs::read_to_string(path).map_err(|e| err(0, e.to_string()))?;
+            let mut lines: Vec<&str> = text.split_inclusive('\n').collect();
+            // a last line without its newline was cut short: drop it
+            let cut = lines.last().is_some_and(|l| !l.ends_with('\n'));
+            if cut {
+                lines.pop();
+            }
+            let Some(first) = lines.first() else {
+                return Self::start(path, header).map(|j| (j, done));
+            };
+            let theirs: LeaderboardHeader = serde_json::from_str(first)
+                .map_err(|e| err(1, format!("not a leaderboard header: {e}")))?;
+            if &theirs != header {
+                return Err(LeaderboardError::OtherRun {
+                    path: path.to_path_buf(),
+                    what: differing_fields(&theirs, header),
+                }
+                .into());
+            }
+            for (k, line) in lines.iter().enumerate().skip(1) {
+                let item: LeaderboardItem = serde_json::from_str(line)
+                    .map_err(|e| err(k + 1, format!("not an item of this run: {e}")))?;
+                if item.results.len() != header.configs.len() {
+                    return Err(err(
+                        k + 1,
+                        format!(
+                            "{} results for {} configurations",
+                            item.results.len(),
+                            header.configs.len()
+                        ),
+                    )
+                    .into());
+                }
+                done.push(item);
+            }
+            if cut {
+                // rewrite without the cut line, atomically
+                lcut_trace::write_atomic(path, lines.concat().as_bytes())?;
+            }
+        } else {
+            return Self::start(path, header).map(|j| (j, done));
+        }
+        let file = OpenOptions::new()
+            .append(true)
+            .open(path)
+            .map_err(|e| err(0, e.to_string()))?;
+        Ok((
+            Self {
+                path: path.to_path_buf(),
+                file,
+            },
+            done,
+        ))
+    }
+
+    /// A new journal holding the header alone.
+    fn start(path: &Path, header: &LeaderboardHeader) -> Result<Self> {
+        let line = serde_json::to_string(header).map_err(|e| LeaderboardError::Journal {
+            path: path.to_path_buf(),
+            line: 1,
+            reason: e.to_string(),
+        })?;
+        lcut_trace::write_atomic(path, format!("{line}\n").as_bytes())?;
+        let file =
+            OpenOptions::new()
+                .append(true)
+                .open(path)
+                .map_err(|e| LeaderboardError::Journal {
+                    path: path.to_path_buf(),
+                    line: 0,
+                    reason: e.to_string(),
+                })?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            file,
+        })
+    }
+
+    /// Append one finished item and flush it to the disk.
+    pub fn append(&mut self, item: &LeaderboardItem) -> Result<()> {
+        let io = |e: std::io::Error| LeaderboardError::Journal {
+            path: self.path.clone(),
+            line: 0,
+            reason: e.to_string(),
+        };
+        let line = serde_json::to_string(item).map_err(|e| LeaderboardError::Journal {
+            path: self.path.clone(),
+            line: 0,
+            reason: e.to_string(),
+        })?;
+        self.file
+            .write_all(format!("{line}\n").as_bytes())
+            .map_err(io)?;
+        self.file.sync_data().map_err(io)?;
+        Ok(())
+    }
+}
+
+/// The top-level fields in which two headers differ, named.
+fn differing_fields(a: &LeaderboardHeader, b: &LeaderboardHeader) -> String {
+    let (Ok(serde_json::Value::Object(a)), Ok(serde_json::Value::Object(b))) =
+        (serde_json::to_value(a), serde_json::to_value(b))
+    else {
+        return "the header".into();
+    };
+    let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    let differ: Vec<&str> = keys
+        .into_iter()
+        .filter(|k| a.get(*k) != b.get(*k))
+        .map(String::as_str)
+        .collect();
+    differ.join(", ")
+}

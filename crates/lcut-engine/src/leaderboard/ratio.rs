@@ -1,0 +1,243 @@
+//! From a compression ratio (the share of the prompt's K/V removed, as
+//! kvpress's leaderboard means it) to each family's own knob. One table,
+//! [`RATIO_FAMILIES`], holds the rule of every family that `--ratios`
+//! maps; a family that takes the ratio itself (kvpress's presses, written
+//! `NAME:R`) is one line there with [`press_ratio`].
+
+use super::LeaderboardError;
+
+/// What a family's knob is at one ratio.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RatioKnob {
+    /// The policy, written out (`speed:22+bos`).
+    pub policy: String,
+    /// The share of the prompt's K/V the family's formula removes there.
+    pub removed: f64,
+    /// How the knob was chosen, in words.
+    pub note: String,
+}
+
+/// A family's rule: the knob for `ratio` on a model of `layers` layers,
+/// with `family` and its `options` (`+bos`, `+block:16`: everything after
+/// the name) as written.
+pub type KnobRule = fn(ratio: f64, layers: usize, family: &str, options: &str) -> RatioKnob;
+
+/// The families `--ratios` maps, one line each (a press that takes the
+/// ratio itself: `("streamingllm", press_ratio)`).
+pub const RATIO_FAMILIES: &[(&str, KnobRule)] = &[
+    ("speed", depth_cut),
+    ("selfonly", depth_cut),
+    ("swiftkv", projected_cut),
+    ("pop", projected_cut),
+    ("slim", slim_budget),
+];
+
+/// The knob of `method` (a family and its options, `speed+bos`) at
+/// `ratio`; a ratio outside (0, 1) or a family without a rule is a named
+/// error.
+pub fn map_ratio(method: &str, ratio: f64, layers: usize) -> Result<RatioKnob, LeaderboardError> {
+    check_ratio(ratio)?;
+    let (family, options) = split_method(method);
+    let rule = RATIO_FAMILIES
+        .iter()
+        .find(|(name, _)| *name == family)
+        .map(|(_, rule)| *rule)
+        .ok_or_else(|| LeaderboardError::UnknownFamily {
+            method: method.to_string(),
+            known: RATIO_FAMILIES
+                .iter()
+                .map(|(n, _)| *n)
+                .collect::<Vec<_>>()
+                .join(", "),
+        })?;
+    Ok(rule(ratio, layers, family, options))
+}
+
+/// A ratio must be in (0, 1): the share of the prompt's K/V removed.
+pub fn check_ratio(ratio: f64) -> Result<(), LeaderboardError> {
+    if ratio > 0.0 && ratio < 1.0 {
+        Ok(())
+    } else {
+        Err(LeaderboardError::RatioOutOfRange { ratio })
+    }
+}
+
+/// `speed+bos` -> (`speed`, `+bos`).
+pub fn split_method(method: &str) -> (&str, &str) {
+    let method = method.trim();
+    match method.find('+') {
+        Some(i) => (&method[..i], &method[i..]),
+        None => (method, ""),
+    }
+}
+
+/// The cut whose share of the prompt's K/V removed, `(L - C) / L`, is
+/// closest to `ratio`; a tie goes to the shallower cut, which removes at
+/// least the ratio.
+pub fn closest_cut(ratio: f64, layers: usize) -> usize {
+    let removed = |c: usize| (layers - c) as f64 / layers as f64;
+    (1..=layers)
+        .min_by(|&a, &b| {
+            let (da, db) = ((removed(a) - ratio).abs(), (removed(b) - ratio).abs());
+            // 1e-12: (L - C) / L - r ties exactly only up to rounding
+            if (da - db).abs() < 1e-12 {
+                a.cmp(&b)
+            } else {
+                da.total_cmp(&db)
+            }
+        })
+        .unwrap_or(layers)
+}
+
+/// SPEED (and SelfOnly): the prompt keeps K/V in the lower `C` layers, so
+/// `(L - C) / L` of it is removed (less the anchors, which stay at every
+/// layer); the cut closest to the ratio.
+pub fn depth_cut(ratio: f64, layers: usize, family: &str, options: &str) -> RatioKnob {
+    let cut = closest_cut(ratio, layers);
+    let removed = (layers - cut) as f64 / layers as f64;
+    RatioKnob {
+        policy: format!("{family}:{cut}{options}"),
+        removed,
+        note: format!(
+            "cut {cut} of {layers}: the prompt's K/V in the lower {cut} layers, \
+             {removed:.3} of it removed (the closest cut to {ratio}; anchors stay at every layer)"
+        ),
+    }
+}
+
+/// SwiftKV and POP: above the cut the prompt's K/V is projected, not
+/// removed, so no ratio of K/V is reachable; the ratio sets the cut as
+/// for SPEED (the share of the prompt's layers skipped).
+pub fn projected_cut(ratio: f64, layers: usize, family: &str, options: &str) -> RatioKnob {
+    let cut = closest_cut(ratio, layers);
+    RatioKnob {
+        policy: format!("{family}:{cut}{options}"),
+        removed: 0.0,
+        note: format!(
+            "cut {cut} of {layers}, as SPEED's at {ratio}: the prompt skips {:.3} of the layers \
+             but every layer keeps its K/V (projected above the cut), so none is removed",
+            (layers - cut) as f64 / layers as f64
+        ),
+    }
+}
+
+/// SlimInfer: the prompt runs whole up to the first cut `C`, and from
+/// there a share `k` of it; `(1 - C/L)(1 - k)` is removed. `C` is the
+/// paper's first cut (5/16 of the depth), lowered where the ratio needs it
+/// so that the layers running the whole prompt hold at most half of the
+/// K/V kept: `C <= L(1 - r)/2`; then `k = 1 - r L / (L - C)`.
+pub fn slim_budget(ratio: f64, layers: usize, family: &str, options: &str) -> RatioKnob {
+    let paper = ((5 * layers) as f64 / 16.0).round() as usize;
+    let room = (layers as f64 * (1.0 - ratio) / 2.0).floor() as usize;
+    let cut = paper.min(room).clamp(1, layers.saturating_sub(1).max(1));
+    // at least 1% kept: a ratio the depth cannot reach is noted, not refused
+    let kept = (1.0 - ratio * layers as f64 / (layers - cut).max(1) as f64).clamp(0.01, 1.0);
+    let removed = (1.0 - cut as f64 / layers as f64) * (1.0 - kept);
+    let lowered = if cut < paper {
+        format!(" (the paper's {paper} lowered: at most half the kept K/V below it)")
+    } else {
+        String::new()
+    };
+    RatioKnob {
+        policy: format!("{family}:{cut}@{:.2}%{options}", kept * 100.0),
+        removed,
+        note: format!(
+            "first cut {cut} of {layers}{lowered}, {:.2}% of the prompt kept from there: \
+             {removed:.3} removed",
+            kept * 100.0
+        ),
+    }
+}
+
+/// A press's own knob: the ratio itself, `FAMILY:R` (kvpress's
+/// `compression_ratio`).
+pub fn press_ratio(ratio: f64, _layers: usize, family: &str, options: &str) -> RatioKnob {
+    RatioKnob {
+        policy: format!("{family}:{ratio}{options}"),
+        removed: ratio,
+        note: "the press's own compression ratio".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lcut_policy::PolicySpec;
+
+    #[test]
+    fn speed_takes_the_closest_cut_and_ties_remove_at_least_the_ratio() {
+        // 30 layers: 0.25 lies between cuts 22 (0.267) and 23 (0.233)
+        let k = map_ratio("speed+bos", 0.25, 30).unwrap();
+        assert_eq!(k.policy, "speed:22+bos");
+        assert!((k.removed - 8.0 / 30.0).abs() < 1e-12);
+        assert!(k.note.contains("cut 22 of 30"), "{}", k.note);
+        assert_eq!(map_ratio("speed", 0.5, 30).unwrap().policy, "speed:15");
+        assert_eq!(map_ratio("speed", 0.75, 30).unwrap().policy, "speed:7");
+        // 0.875 of 30: cut 3.75 -> 4 (0.867) beats 3 (0.9)
+        assert_eq!(map_ratio("speed", 0.875, 30).unwrap().policy, "speed:4");
+        assert_eq!(map_ratio("speed", 0.875, 4).unwrap().policy, "speed:1");
+        assert_eq!(closest_cut(0.01, 30), 30);
+        for layers in [4, 30, 32] {
+            for r in [0.1, 0.25, 0.5, 0.75, 0.875] {
+                let c = closest_cut(r, layers);
+                let best = (1..=layers)
+                    .map(|x| ((layers - x) as f64 / layers as f64 - r).abs())
+                    .fold(f64::INFINITY, f64::min);
+                assert!(((layers - c) as f64 / layers as f64 - r).abs() <= best + 1e-12);
+            }
+        }
+    }
+
+    #[test]
+    fn projected_families_take_speed_s_cut_and_remove_nothing() {
+        let k = map_ratio("swiftkv+bos", 0.5, 30).unwrap();
+        assert_eq!((k.policy.as_str(), k.removed), ("swiftkv:15+bos", 0.0));
+        assert_eq!(map_ratio("pop", 0.25, 30).unwrap().policy, "pop:22");
+    }
+
+    #[test]
+    fn slim_keeps_the_share_that_removes_the_ratio() {
+        for (r, cut) in [(0.25, 9), (0.5, 7), (0.75, 3), (0.875, 1)] {
+            let k = map_ratio("slim+block:16", r, 30).unwrap();
+            assert!(
+                k.policy.starts_with(&format!("slim:{cut}@")),
+                "{}",
+                k.policy
+            );
+            assert!(k.policy.ends_with("%+block:16"), "{}", k.policy);
+            assert!((k.removed - r).abs() < 1e-4, "{r}: {}", k.removed);
+        }
+        assert!(
+            map_ratio("slim", 0.875, 30)
+                .unwrap()
+                .note
+                .contains("lowered")
+        );
+    }
+
+    #[test]
+    fn every_mapped_knob_is_a_policy_of_the_model() {
+        for (family, _) in RATIO_FAMILIES {
+            for layers in [4, 30] {
+                for r in [0.25, 0.5, 0.75, 0.875] {
+                    let k = map_ratio(family, r, layers).unwrap();
+                    let spec: PolicySpec = k.policy.parse().unwrap();
+                    spec.resolve(layers).unwrap();
+                }
+            }
+        }
+        let k = press_ratio(0.5, 30, "streamingllm", "");
+        assert_eq!((k.policy.as_str(), k.removed), ("streamingllm:0.5", 0.5));
+    }
+
+    #[test]
+    fn bad_ratios_and_families_are_named() {
+        for r in [0.0, 1.0, -0.5, 1.5, f64::NAN] {
+            let e = map_ratio("speed", r, 30).unwrap_err();
+            assert!(matches!(e, LeaderboardError::RatioOutOfRange { .. }), "{e}");
+            assert!(e.to_string().contains("(0, 1)"), "{e}");
+        }
+        let e = map_ratio("snapkv", 0.5, 30).unwrap_err().to_string();
+        assert!(e.contains("snapkv") && e.contains("speed, selfonly"), "{e}");
+    }
+}

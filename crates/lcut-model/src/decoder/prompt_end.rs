@@ -1,0 +1,116 @@
+//! The decision of a policy that decides at the prompt's end (kvpress's
+//! presses): the prompt runs every layer whole, as the full model's
+//! prefill; before the first decode-phase token runs, every layer hands the
+//! policy its prompt K/V, and the rows the policy does not keep leave each
+//! K/V head's cache. A chunk that crosses the decode start runs as its
+//! prompt part, the decision, then its decode-phase part (kvpress's
+//! pipeline: the question after the compressed context).
+
+use candle_core::{DType, Tensor};
+use lcut_policy::{HostKeys, PolicyError, PromptKv};
+
+use super::{ChunkOutput, Decoder, LogitRows};
+use crate::error::{ModelError, Result};
+use crate::probe::Probe;
+use crate::sequence::Sequence;
+
+impl Decoder {
+    /// Refuse a policy that decides at the prompt's end on a model with a
+    /// sliding-window layer: such a layer drops prompt rows older than its
+    /// window before the prompt has run, so the policy could not see them
+    /// (kvpress compresses a windowed layer's cache over its rows, not its
+    /// positions; lcut does not run that).
+    pub(super) fn check_prompt_end(&self, seq: &Sequence) -> Result<()> {
+        if !seq.awaits_prompt_end() {
+            return Ok(());
+        }
+        match self
+            .layers
+            .iter()
+            .enumerate()
+            .find_map(|(l, layer)| layer.window.map(|w| (l, w)))
+        {
+            Some((layer, w)) => Err(ModelError::Policy(PolicyError::PromptLayer {
+                policy: seq.policy().to_string(),
+                layer,
+                reason: format!(
+                    "the policy decides from every prompt position once the prompt has run, \
+                     but this layer attends only to its last {w} positions (a sliding window) \
+                     and drops the others; it does not run on this model"
+                ),
+            })),
+            None => Ok(()),
+        }
+    }
+
+    /// Run `tokens`, which reach the decode start of a sequence whose policy
+    /// decides at the prompt's end: the prompt's tokens, the decision, then
+    /// the decode-phase tokens; the outputs joined as one chunk's.
+    pub(super) fn forward_across_prompt_end(
+        &self,
+        seq: &mut Sequence,
+        tokens: &[u32],
+        rows: LogitRows,
+        mut probe: Option<&mut (dyn Probe + '_)>,
+    ) -> Result<ChunkOutput> {
+        let prompt = seq.phases().decode_start().saturating_sub(seq.next_pos);
+        let mut head = None;
+        if prompt > 0 {
+            let head_rows = match rows {
+                LogitRows::All => LogitRows::All,
+                _ => LogitRows::None,
+            };
+            head = Some(self.forward(seq, &tokens[..prompt], head_rows, probe.as_deref_mut())?);
+        }
+        self.decide_at_prompt_end(seq)?;
+        self.drop_unread(seq)?;
+        let tail = self.forward(seq, &tokens[prompt..], rows, probe)?;
+        Ok(match head {
+            Some(head) => join(head, tail)?,
+            None => tail,
+        })
+    }
+
+    /// Hand the policy each layer's prompt K/V (every prompt row, on the
+    /// host in f32) to decide what it keeps.
+    fn decide_at_prompt_end(&self, seq: &mut Sequence) -> Result<()> {
+        let cfg = self.config();
+        for l in 0..self.layers.len() {
+            let cache = &seq.caches[l];
+            let positions = cache.positions().to_vec();
+            let host = |t: &Tensor| -> Result<Vec<f32>> {
+                Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
+            };
+            let (keys, values) = match cache.kv()? {
+                Some((k, v)) => (host(&k)?, host(&v)?),
+                None => (vec![], vec![]),
+            };
+            let kv = PromptKv {
+                keys: HostKeys {
+                    kv_heads: cfg.num_kv_heads,
+                    head_dim: cfg.head_dim,
+                    positions: &positions,
+                    data: &keys,
+                },
+                values: &values,
+                heads: cfg.num_heads,
+                rope_inv_freq: self.rope.host_frequencies(),
+            };
+            if let Some(d) = seq.rule.dynamic_mut() {
+                d.decide_at_prompt_end(l, &kv)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One chunk's output from its two parts' (the first part's rows first).
+fn join(head: ChunkOutput, tail: ChunkOutput) -> Result<ChunkOutput> {
+    let logits = match (head.logits, tail.logits) {
+        (Some(a), Some(b)) => Some(Tensor::cat(&[&a, &b], 0)?),
+        (a, b) => b.or(a),
+    };
+    let mut positions = head.positions;
+    positions.extend(tail.positions);
+    Ok(ChunkOutput { logits, positions })
+}

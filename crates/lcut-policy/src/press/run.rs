@@ -1,0 +1,512 @@
+//! A press's running state for one sequence, as a [`Visibility`]: while
+//! the prompt runs, every prompt token exists at every layer and its
+//! queries read every earlier key (the full model's prefill, as kvpress's
+//! context prefill); the press sees the prompt queries it asks for; once
+//! the prompt has run, each layer's decision from its prompt K/V says which
+//! prompt positions each K/V head keeps, and decode-phase queries read
+//! those and the decode phase. The K/V held is the press's formula, known
+//! before any decision: each K/V head of layer `l` keeps `n_kept(l)` prompt
+//! positions.
+
+use std::any::Any;
+
+use super::expected::{self, QueryStats};
+use super::math::top;
+use super::{PressName, PressParams, knorm, snapkv, streaming_llm, tova};
+use crate::error::PolicyError;
+use crate::phases::TokenPhases;
+use crate::query_window::QueryWindow;
+use crate::visibility::{DynamicRule, KvAccounting, PromptKv, Visibility};
+
+/// What one layer keeps of the prompt: the same positions for every K/V
+/// head, or each head its own (masks over the prompt's positions).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Kept {
+    Layer(Vec<bool>),
+    Heads(Vec<Vec<bool>>),
+}
+
+impl Kept {
+    fn head(&self, head: usize) -> Option<&[bool]> {
+        match self {
+            Kept::Layer(k) => Some(k),
+            Kept::Heads(k) => k.get(head).map(Vec::as_slice),
+        }
+    }
+
+    fn any_head(&self, pos: usize) -> bool {
+        match self {
+            Kept::Layer(k) => k[pos],
+            Kept::Heads(k) => k.iter().any(|h| h[pos]),
+        }
+    }
+}
+
+/// One layer's state: what the press observes of its prompt queries, then
+/// what it keeps.
+#[derive(Debug, Clone, Default)]
+struct LayerState {
+    window: QueryWindow,
+    stats: QueryStats,
+    kept: Option<Kept>,
+    /// Per K/V head (one entry when the layer decides for all), the
+    /// positions whose score ties the lowest kept one at float precision.
+    near_ties: Vec<Vec<usize>>,
+}
+
+/// Relative distance to the lowest kept score within which a score ties it
+/// at float precision (kvpress scores in f32; lcut in f64 from keys that
+/// differ from torch's in their last bits).
+const TIE: f64 = 1e-5;
+
+/// The positions of `scores` within [`TIE`] of the lowest of the `kept`
+/// highest: among them, which are kept is decided by rounding.
+fn near_ties(scores: &[f64], kept: usize) -> Vec<usize> {
+    let mut finite: Vec<f64> = scores.iter().copied().filter(|x| x.is_finite()).collect();
+    let forced = scores.len() - finite.len();
+    if kept <= forced || kept >= scores.len() {
+        return Vec::new();
+    }
+    finite.sort_by(|a, b| b.total_cmp(a));
+    let bound = finite[kept - forced - 1];
+    let near = |x: f64| (x - bound).abs() <= TIE * bound.abs().max(f64::MIN_POSITIVE);
+    let ties: Vec<usize> = (0..scores.len()).filter(|&i| near(scores[i])).collect();
+    if ties.len() > 1 { ties } else { Vec::new() }
+}
+
+/// A press's state for one sequence.
+#[derive(Debug, Clone)]
+pub struct PressRun {
+    params: PressParams,
+    phases: TokenPhases,
+    num_layers: usize,
+    layers: Vec<LayerState>,
+    decided: usize,
+    /// The model's K/V heads (known from the first decision).
+    kv_heads: usize,
+}
+
+impl PressRun {
+    /// A fresh run: every prompt position is kept until the prompt has run.
+    pub fn new(params: PressParams, phases: TokenPhases, num_layers: usize) -> Self {
+        Self {
+            params,
+            phases,
+            num_layers,
+            layers: vec![LayerState::default(); num_layers],
+            decided: 0,
+            kv_heads: 0,
+        }
+    }
+
+    /// The press.
+    pub fn params(&self) -> &PressParams {
+        &self.params
+    }
+
+    /// Prompt positions whose score ties, within a relative 1e-5, the
+    /// lowest score K/V head `kv_head` of `layer` keeps (empty when there
+    /// are fewer than two): which of them are kept is decided by rounding,
+    /// so another implementation of the press may keep others of them
+    /// (a layer's repeated tokens have keys of equal norm, for one).
+    pub fn near_ties(&self, layer: usize, kv_head: usize) -> &[usize] {
+        let ties = self.layers.get(layer).map_or(&[][..], |s| &s.near_ties[..]);
+        match ties.len() {
+            0 => &[],
+            1 => &ties[0],
+            _ => ties.get(kv_head).map_or(&[], Vec::as_slice),
+        }
+    }
+
+    /// Prompt positions K/V head `kv_head` of `layer` keeps, ascending
+    /// (`None` before the layer's decision).
+    pub fn kept_positions(&self, layer: usize, kv_head: usize) -> Option<Vec<usize>> {
+        let kept = self.layers.get(layer)?.kept.as_ref()?.head(kv_head)?;
+        Some((0..kept.len()).filter(|&p| kept[p]).collect())
+    }
+
+    fn prompt_len(&self) -> usize {
+        self.phases.decode_start()
+    }
+
+    fn kept(&self, layer: usize) -> Option<&Kept> {
+        self.layers.get(layer).and_then(|s| s.kept.as_ref())
+    }
+
+    /// The rule class of `layer` (of one of its K/V heads, `Some`): 0 until
+    /// the layer decides, then one of its own.
+    fn class(&self, layer: usize, head: Option<usize>) -> usize {
+        let stride = self.kv_heads + 1;
+        match (self.kept(layer), head) {
+            (None, _) => 0,
+            (Some(Kept::Heads(_)), Some(h)) => 1 + layer * stride + 1 + h,
+            (Some(_), _) => 1 + layer * stride,
+        }
+    }
+
+    /// The window of latest queries the press reads (SnapKV's observation
+    /// window, TOVA's last query), if any.
+    fn query_rows(&self) -> Option<usize> {
+        match self.params.name {
+            PressName::SnapKv | PressName::PyramidKv => Some(self.params.window),
+            PressName::Tova => Some(1),
+            _ => None,
+        }
+    }
+
+    /// The decision of `layer` from its prompt K/V, and its near ties.
+    fn decide(
+        &mut self,
+        layer: usize,
+        kv: &PromptKv<'_>,
+    ) -> Result<(Kept, Vec<Vec<usize>>), PolicyError> {
+        let p = self.params;
+        let n = self.prompt_len();
+        let refuse = |reason: String| PolicyError::PromptLayer {
+            policy: p.to_string(),
+            layer,
+            reason,
+        };
+        let keys = &kv.keys;
+        if !keys.positions.iter().copied().eq(0..n) {
+            return Err(refuse(format!(
+                "it decides from every prompt position 0..{n}, but the layer holds {} of them",
+                keys.positions.len()
+            )));
+        }
+        if kv.heads == 0 || keys.kv_heads == 0 || !kv.heads.is_multiple_of(keys.kv_heads) {
+            return Err(refuse(format!(
+                "{} query heads do not group over {} K/V heads",
+                kv.heads, keys.kv_heads
+            )));
+        }
+        p.check_prompt(n, self.num_layers)?;
+        let kept = p.kept_at(layer, self.num_layers, n);
+        let state = &self.layers[layer];
+        let window: Vec<&[f32]> = state.window.rows().map(Vec::as_slice).collect();
+        if let Some(w) = self.query_rows()
+            && window.len() != w
+        {
+            return Err(refuse(format!(
+                "it reads the last {w} prompt queries, but saw {}",
+                window.len()
+            )));
+        }
+        let per_head = |scores: Vec<Vec<f64>>| {
+            let ties = scores.iter().map(|s| near_ties(s, kept)).collect();
+            (
+                Kept::Heads(scores.iter().map(|s| top(s, kept)).collect()),
+                ties,
+            )
+        };
+        Ok(match p.name {
+            PressName::StreamingLlm => (Kept::Layer(streaming_llm::keep(&p, n, kept)), vec![]),
+            PressName::SnapKv | PressName::PyramidKv => {
+                per_head(snapkv::scores(&p, keys, kv.heads, &window))
+            }
+            PressName::Knorm => per_head(knorm::scores(keys)),
+            PressName::Tova => {
+                let s = tova::scores(keys, kv.heads, window[0]);
+                (Kept::Layer(top(&s, kept)), vec![near_ties(&s, kept)])
+            }
+            PressName::Expected => {
+                let seen = state.stats.rows();
+                if seen != n - p.sink {
+                    return Err(refuse(format!(
+                        "it reads the queries of prompt positions {}..{n}, but saw {seen}",
+                        p.sink
+                    )));
+                }
+                per_head(expected::scores(&p, kv, &state.stats))
+            }
+        })
+    }
+}
+
+impl Visibility for PressRun {
+    fn num_layers(&self) -> usize {
+        self.num_layers
+    }
+
+    fn phases(&self) -> &TokenPhases {
+        &self.phases
+    }
+
+    fn token_exists(&self, _layer: usize, _pos: usize) -> bool {
+        true
+    }
+
+    fn retains_kv(&self, layer: usize, pos: usize) -> bool {
+        pos >= self.prompt_len() || self.kept(layer).is_none_or(|k| k.any_head(pos))
+    }
+
+    /// The prompt's own queries read every earlier key; a decode-phase
+    /// query reads what the layer keeps.
+    fn key_visible(&self, layer: usize, q: usize, k: usize) -> bool {
+        q < self.prompt_len() || self.retains_kv(layer, k)
+    }
+
+    fn rule_class(&self, layer: usize) -> usize {
+        self.class(layer, None)
+    }
+
+    fn heads_differ(&self, layer: usize) -> bool {
+        matches!(self.kept(layer), Some(Kept::Heads(_)))
+    }
+
+    fn head_retains_kv(&self, layer: usize, kv_head: usize, pos: usize) -> bool {
+        pos >= self.prompt_len()
+            || self
+                .kept(layer)
+                .is_none_or(|k| k.head(kv_head).is_some_and(|h| h[pos]))
+    }
+
+    fn head_key_visible(&self, layer: usize, kv_head: usize, q: usize, k: usize) -> bool {
+        q < self.prompt_len() || self.head_retains_kv(layer, kv_head, k)
+    }
+
+    fn head_rule_class(&self, layer: usize, kv_head: usize) -> usize {
+        self.class(layer, Some(kv_head))
+    }
+
+    fn accounting(&self) -> &dyn KvAccounting {
+        self
+    }
+
+    fn dynamic(&self) -> Option<&dyn DynamicRule> {
+        Some(self)
+    }
+
+    fn dynamic_mut(&mut self) -> Option<&mut dyn DynamicRule> {
+        Some(self)
+    }
+
+    fn box_clone(&self) -> Box<dyn Visibility> {
+        Box::new(self.clone())
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl KvAccounting for PressRun {
+    /// The press's formula: each layer `l` holds `n_kept(l)` prompt
+    /// positions (per K/V head) and the decode phase.
+    fn held_token_layers(&self, decode: usize) -> usize {
+        let n = self.prompt_len();
+        (0..self.num_layers)
+            .map(|l| self.params.kept_at(l, self.num_layers, n) + decode)
+            .sum()
+    }
+
+    fn held_head_rows(&self, decode: usize, kv_heads: usize) -> usize {
+        kv_heads * self.held_token_layers(decode)
+    }
+}
+
+impl DynamicRule for PressRun {
+    fn is_decided(&self) -> bool {
+        self.decided == self.num_layers
+    }
+
+    fn query_window(&self, layer: usize) -> Option<usize> {
+        self.kept(layer)
+            .is_none()
+            .then(|| self.query_rows())
+            .flatten()
+    }
+
+    fn observe_queries(&mut self, layer: usize, rows: Vec<Vec<f32>>) {
+        if let (Some(w), Some(state)) = (self.query_rows(), self.layers.get_mut(layer)) {
+            state.window.push(rows, w);
+        }
+    }
+
+    fn decides_at_prompt_end(&self) -> bool {
+        true
+    }
+
+    fn wants_unrotated_queries(&self, layer: usize) -> bool {
+        self.params.name == PressName::Expected && self.kept(layer).is_none()
+    }
+
+    fn observe_unrotated_queries(
+        &mut self,
+        layer: usize,
+        heads: usize,
+        positions: &[usize],
+        rows: &[f32],
+    ) {
+        let span = (self.params.sink, self.prompt_len());
+        let covariance = self.params.covariance;
+        if let Some(state) = self.layers.get_mut(layer) {
+            state.stats.push(positions, rows, span, (heads, covariance));
+        }
+    }
+
+    fn decide_at_prompt_end(&mut self, layer: usize, kv: &PromptKv<'_>) -> Result<(), PolicyError> {
+        if layer >= self.num_layers || self.kept(layer).is_some() {
+            return Ok(());
+        }
+        let (kept, ties) = self.decide(layer, kv)?;
+        self.kv_heads = kv.keys.kv_heads;
+        let state = &mut self.layers[layer];
+        state.kept = Some(kept);
+        state.near_ties = ties;
+        state.window.clear();
+        state.stats = QueryStats::default();
+        self.decided += 1;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::visibility::HostKeys;
+
+    fn run(name: PressName, ratio: f64) -> PressRun {
+        let p = PressParams {
+            sink: 2,
+            window: 2,
+            kernel: 1,
+            ..PressParams::new(name, ratio)
+        };
+        PressRun::new(p, TokenPhases::new(12, 8, 0).expect("phases"), 3)
+    }
+
+    /// Keys of 2 K/V heads, d = 2, positions 0..8: head 0's norms grow
+    /// with the position, head 1's shrink.
+    fn keys() -> Vec<f32> {
+        let mut data = Vec::new();
+        for h in 0..2 {
+            for p in 0..8 {
+                let x = if h == 0 {
+                    p as f32 + 1.0
+                } else {
+                    8.0 - p as f32
+                };
+                data.extend([x, 0.0]);
+            }
+        }
+        data
+    }
+
+    fn decide_all(r: &mut PressRun) -> Result<(), PolicyError> {
+        let data = keys();
+        let positions: Vec<usize> = (0..8).collect();
+        let kv = PromptKv {
+            keys: HostKeys {
+                kv_heads: 2,
+                head_dim: 2,
+                positions: &positions,
+                data: &data,
+            },
+            values: &data,
+            heads: 4,
+            rope_inv_freq: &[0.5],
+        };
+        for l in 0..3 {
+            r.decide_at_prompt_end(l, &kv)?;
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn knorm_keeps_each_heads_smallest_keys_and_holds_its_formula() {
+        let mut r = run(PressName::Knorm, 0.5);
+        // before the decision every prompt row is kept and read
+        assert!(!r.is_decided() && r.retains_kv(1, 3) && !r.heads_differ(1));
+        assert_eq!(r.rule_class(1), 0);
+        let formula = r.held_head_rows(4, 2);
+        decide_all(&mut r).unwrap();
+        assert!(r.is_decided() && r.heads_differ(0));
+        assert_eq!(r.kept_positions(0, 0), Some(vec![0, 1, 2, 3]));
+        assert_eq!(r.kept_positions(2, 1), Some(vec![4, 5, 6, 7]));
+        // the prompt's own queries still read everything; decode reads the kept
+        assert!(r.head_key_visible(0, 0, 7, 6));
+        assert!(!r.head_key_visible(0, 0, 8, 6) && r.head_key_visible(0, 1, 8, 6));
+        assert!(r.head_key_visible(0, 0, 9, 8));
+        // counted by position, the rows held are the formula:
+        // 3 layers x 2 heads x (4 kept + 4 decode)
+        let by_position: usize = (0..3)
+            .map(|l| {
+                (0..2)
+                    .map(|h| (0..12).filter(|&p| r.head_retains_kv(l, h, p)).count())
+                    .sum::<usize>()
+            })
+            .sum();
+        assert_eq!((formula, by_position), (48, 48));
+        assert_ne!(r.head_rule_class(0, 0), r.head_rule_class(0, 1));
+        assert_ne!(r.head_rule_class(0, 0), r.head_rule_class(1, 0));
+    }
+
+    #[test]
+    fn near_ties_are_the_scores_rounding_decides_between() {
+        // keep 2 of [5, 3, 3 + 1e-9, 1]: 3 and 3 + 1e-9 tie at the boundary
+        assert_eq!(near_ties(&[5.0, 3.0, 3.0 + 1e-9, 1.0], 2), vec![1, 2]);
+        assert!(near_ties(&[5.0, 3.0, 2.0, 1.0], 2).is_empty());
+        // forced positions (infinite scores) never tie
+        assert!(near_ties(&[f64::INFINITY, f64::INFINITY, 1.0], 2).is_empty());
+        assert_eq!(near_ties(&[f64::INFINITY, 1.0, 1.0, 0.5], 2), vec![1, 2]);
+        let mut r = run(PressName::Knorm, 0.5);
+        decide_all(&mut r).unwrap();
+        assert!(r.near_ties(0, 0).is_empty());
+    }
+
+    #[test]
+    fn the_share_removed_is_the_ratio_where_the_prompt_divides() {
+        let r = run(PressName::Knorm, 0.5);
+        assert_eq!(r.prompt_share_removed(2), 0.5);
+        // int(8 * 0.25) = 2 kept of 8: 0.75 removed; 0.7 keeps int(2.4) = 2
+        assert_eq!(run(PressName::Knorm, 0.75).prompt_share_removed(2), 0.75);
+        assert_eq!(run(PressName::Knorm, 0.7).prompt_share_removed(2), 0.75);
+        let phases = TokenPhases::new(12, 8, 1).expect("phases");
+        let speed = crate::LayerRule::new(1, 4, crate::UpperReads::AnchorsAndDecode, phases);
+        // 8 prompt positions at 4 layers; the cut keeps 8 at layer 0 and the
+        // anchor above: 11 of 32 held
+        assert!((speed.prompt_share_removed(2) - 21.0 / 32.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn streamingllm_keeps_the_same_positions_at_every_head() {
+        let mut r = run(PressName::StreamingLlm, 0.5);
+        decide_all(&mut r).unwrap();
+        assert!(!r.heads_differ(1));
+        assert_eq!(r.kept_positions(1, 1), Some(vec![0, 1, 6, 7]));
+        assert_eq!(r.held_token_layers(0), 12);
+    }
+
+    #[test]
+    fn a_press_without_its_queries_refuses_to_decide() {
+        let mut r = run(PressName::SnapKv, 0.5);
+        let err = decide_all(&mut r).unwrap_err().to_string();
+        assert!(err.contains("last 2 prompt queries, but saw 0"), "{err}");
+        let mut r = run(PressName::Expected, 0.5);
+        let err = decide_all(&mut r).unwrap_err().to_string();
+        assert!(
+            err.contains("queries of prompt positions 2..8, but saw 0"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn snapkv_decides_from_its_window_and_stops_asking() {
+        let mut r = run(PressName::SnapKv, 0.5);
+        for l in 0..3 {
+            assert_eq!(r.query_window(l), Some(2));
+            // 4 query heads of d = 2
+            r.observe_queries(l, vec![vec![1.0; 8]; 3]);
+        }
+        decide_all(&mut r).unwrap();
+        assert_eq!(r.query_window(0), None);
+        // the window (6, 7) is kept by every head
+        for h in 0..2 {
+            let kept = r.kept_positions(0, h).unwrap();
+            assert!(kept.len() == 4 && kept.ends_with(&[6, 7]), "{kept:?}");
+        }
+        // head 0's largest keys are its latest
+        assert_eq!(r.kept_positions(0, 0), Some(vec![4, 5, 6, 7]));
+    }
+}
