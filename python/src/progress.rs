@@ -9,6 +9,13 @@
 
 use pyo3::prelude::*;
 
+/// Whether an exception raised inside a callback is one that stops the
+/// run (KeyboardInterrupt, SystemExit: a `BaseException` that is not an
+/// `Exception`) rather than a fault of the bar.
+fn stops_the_run(py: Python<'_>, e: &PyErr) -> bool {
+    !e.is_instance_of::<pyo3::exceptions::PyException>(py)
+}
+
 /// A tqdm bar (or none) and the exception that stopped the run, if any.
 pub struct Progress {
     bar: Option<Py<PyAny>>,
@@ -20,21 +27,25 @@ impl Progress {
     /// A bar of `total` `unit`s described by `desc` when `show` is set and
     /// tqdm can be imported; otherwise only the Ctrl-C check.
     pub fn new(py: Python<'_>, show: bool, total: usize, desc: &str, unit: &str) -> Self {
-        let bar = show
-            .then(|| -> PyResult<Py<PyAny>> {
-                let tqdm = py.import("tqdm.auto")?.getattr("tqdm")?;
-                let kwargs = pyo3::types::PyDict::new(py);
-                kwargs.set_item("total", total)?;
-                kwargs.set_item("desc", desc)?;
-                kwargs.set_item("unit", unit)?;
-                kwargs.set_item("leave", false)?;
-                Ok(tqdm.call((), Some(&kwargs))?.unbind())
-            })
-            .and_then(Result::ok);
+        let made = show.then(|| -> PyResult<Py<PyAny>> {
+            let tqdm = py.import("tqdm.auto")?.getattr("tqdm")?;
+            let kwargs = pyo3::types::PyDict::new(py);
+            kwargs.set_item("total", total)?;
+            kwargs.set_item("desc", desc)?;
+            kwargs.set_item("unit", unit)?;
+            kwargs.set_item("leave", false)?;
+            Ok(tqdm.call((), Some(&kwargs))?.unbind())
+        });
+        // no tqdm is no bar; a Ctrl-C while tqdm starts stops the run
+        let (bar, interrupted) = match made {
+            Some(Ok(bar)) => (Some(bar), None),
+            Some(Err(e)) if stops_the_run(py, &e) => (None, Some(e)),
+            _ => (None, None),
+        };
         Self {
             bar,
             position: 0,
-            interrupted: None,
+            interrupted,
         }
     }
 
@@ -52,13 +63,25 @@ impl Progress {
             }
             if let Some(bar) = &self.bar {
                 let bar = bar.bind(py);
-                // a failing bar is only a missing display, never a failed run
+                let mut calls = Vec::with_capacity(2);
                 if position > self.position {
-                    let _ = bar.call_method1("update", (position - self.position,));
+                    calls.push(bar.call_method1("update", (position - self.position,)));
                     self.position = position;
                 }
                 if let Some(note) = note {
-                    let _ = bar.call_method1("set_postfix_str", (note,));
+                    calls.push(bar.call_method1("set_postfix_str", (note,)));
+                }
+                // a failing bar is only a missing display, never a failed
+                // run; but a Ctrl-C that arrives while the bar's Python code
+                // runs is raised there, and must stop the run like one seen
+                // by `check_signals`
+                for call in calls {
+                    if let Err(e) = call
+                        && stops_the_run(py, &e)
+                    {
+                        self.interrupted = Some(e);
+                        return false;
+                    }
                 }
             }
             true

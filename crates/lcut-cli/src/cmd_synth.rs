@@ -16,8 +16,9 @@ pub struct SynthArgs {
     /// Shape: llama-3.2-1b, qwen2.5-1.5b, llama-3.1-8b or small.
     #[arg(long)]
     pub shape: String,
-    /// Format: safetensors-bf16, safetensors-f32 (a model folder), gguf-q4_0
-    /// or gguf-q4_k (a GGUF file).
+    /// Format: safetensors-bf16, safetensors-f32 (a model folder), gguf-q4_0,
+    /// gguf-q4_k or gguf-q4_k_m (a GGUF file; q4_k_m mixes Q4_K and Q6_K as
+    /// llama.cpp's Q4_K_M does).
     #[arg(long, value_parser = parse_format)]
     pub format: Format,
     /// Where to write it (a path that does not exist yet).

@@ -40,6 +40,12 @@ impl Isa {
         })
     }
 
+    /// Whether this process runs the level: the CPU has it and `LCUT_ISA`
+    /// does not cap it off ([`Isa::detect`] is this level or above).
+    pub fn enabled(self) -> bool {
+        self.available() && self <= Isa::detect()
+    }
+
     /// Whether this CPU can run the level.
     pub fn available(self) -> bool {
         match self {
@@ -104,5 +110,10 @@ mod tests {
         assert_eq!(Isa::parse("sse"), None);
         assert!(Isa::detect().available());
         assert!(Isa::Portable.available());
+        assert!(Isa::detect().enabled() && Isa::Portable.enabled());
+        assert!(
+            ALL.into_iter()
+                .all(|i| i.enabled() == (i.available() && i <= Isa::detect()))
+        );
     }
 }

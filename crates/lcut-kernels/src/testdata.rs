@@ -3,8 +3,11 @@
 //! can hold), so that every crate checks the kernels on the same inputs
 //! without a dependency.
 
+use std::io::Write;
+
 use half::f16;
 
+use crate::isa::Isa;
 use crate::quant::QuantFormat;
 
 /// SplitMix64: a tiny, fast, reproducible generator.
@@ -96,4 +99,107 @@ pub fn random_blocks(format: QuantFormat, blocks: usize, rng: &mut Rng) -> Vec<u
         }
     }
     out
+}
+
+/// The instruction-set levels one test checks: [`IsaChecks::runs`] says
+/// whether a level runs here ([`Isa::enabled`]) and counts the ones that do
+/// not; when the test ends, a line naming them goes straight to the
+/// terminal's standard error, past the test harness's output capture, so a
+/// level that was not checked shows in every `cargo test` run:
+///
+/// ```text
+/// SKIPPED 1 of 3 instruction-set levels in quant::exact_bits: avx512 (this CPU lacks it)
+/// ```
+#[derive(Debug)]
+pub struct IsaChecks {
+    test: &'static str,
+    asked: Vec<Isa>,
+    skipped: Vec<Isa>,
+}
+
+impl IsaChecks {
+    /// The checks of test `test` (its name as the line shows it).
+    pub fn new(test: &'static str) -> Self {
+        Self {
+            test,
+            asked: Vec::new(),
+            skipped: Vec::new(),
+        }
+    }
+
+    /// Whether `isa` runs on this machine; a level that does not is
+    /// counted as skipped.
+    pub fn runs(&mut self, isa: Isa) -> bool {
+        if !self.asked.contains(&isa) {
+            self.asked.push(isa);
+        }
+        let runs = isa.enabled();
+        if !runs && !self.skipped.contains(&isa) {
+            self.skipped.push(isa);
+        }
+        runs
+    }
+
+    /// The levels skipped so far.
+    pub fn skipped(&self) -> &[Isa] {
+        &self.skipped
+    }
+
+    /// The line printed when the test ends, if any level was skipped.
+    pub fn summary(&self) -> Option<String> {
+        if self.skipped.is_empty() {
+            return None;
+        }
+        let why = |isa: &Isa| {
+            if isa.available() {
+                format!("{} (LCUT_ISA caps it off)", isa.name())
+            } else {
+                format!("{} (this CPU lacks it)", isa.name())
+            }
+        };
+        let names: Vec<String> = self.skipped.iter().map(why).collect();
+        Some(format!(
+            "SKIPPED {} of {} instruction-set levels in {}: {}",
+            self.skipped.len(),
+            self.asked.len(),
+            self.test,
+            names.join(", ")
+        ))
+    }
+}
+
+impl Drop for IsaChecks {
+    fn drop(&mut self) {
+        if let Some(line) = self.summary() {
+            // `eprintln!` is captured by the test harness; a write to the
+            // stream itself is not
+            let _ = writeln!(std::io::stderr().lock(), "{line}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_level_this_process_does_not_run_is_counted_and_named() {
+        let mut checks = IsaChecks::new("testdata::levels");
+        for isa in crate::isa::ALL {
+            assert_eq!(checks.runs(isa), isa.enabled());
+        }
+        assert!(checks.runs(Isa::Portable));
+        let off: Vec<Isa> = crate::isa::ALL
+            .into_iter()
+            .filter(|i| !i.enabled())
+            .collect();
+        assert_eq!(checks.skipped(), off.as_slice());
+        match checks.summary() {
+            None => assert!(off.is_empty()),
+            Some(line) => {
+                assert!(line.starts_with(&format!("SKIPPED {} of 3", off.len())));
+                assert!(off.iter().all(|i| line.contains(i.name())), "{line}");
+            }
+        }
+    }
 }

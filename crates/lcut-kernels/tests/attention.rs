@@ -1,6 +1,6 @@
 //! Decode attention: the portable path against a straightforward f64
 //! softmax over the same keys, every SIMD path the CPU has against the
-//! portable one (a path the CPU lacks is skipped with a note), a cache long
+//! portable one (a path this machine does not run is counted and named on standard error), a cache long
 //! enough to be split across threads, both cache layouts, the three storage
 //! types, gaps between the rows read, the current token and the soft-cap.
 
@@ -15,7 +15,7 @@ use lcut_kernels::attention::{
     AttentionScratch, AttentionSpec, CurrentKv, KvCache, KvData, KvLayout, attend,
 };
 use lcut_kernels::isa::{ALL, Isa};
-use lcut_kernels::testdata::Rng;
+use lcut_kernels::testdata::{IsaChecks, Rng};
 
 /// One attention problem: shapes, a query, a cache (f32 values as stored)
 /// and the rows read.
@@ -190,7 +190,7 @@ impl Case {
 
     /// Every path on every storage type against the reference and the
     /// portable path.
-    fn check_all(&self, what: &str) {
+    fn check_all(&self, what: &str, checks: &mut IsaChecks) {
         let conv = |xs: &[f32]| -> (Vec<f16>, Vec<bf16>) {
             (
                 xs.iter().map(|&v| f16::from_f32(v)).collect(),
@@ -233,8 +233,7 @@ impl Case {
                 &format!("{what} {ty} portable probabilities"),
             );
             for isa in ALL.into_iter().filter(|&i| i != Isa::Portable) {
-                if !isa.available() {
-                    println!("note: this CPU lacks the {} path; skipped", isa.name());
+                if !checks.runs(isa) {
                     continue;
                 }
                 let (o, p) = run(isa);
@@ -275,14 +274,16 @@ fn close(got: &[f32], want: &[f64], tol: f64, what: &str) {
 
 #[test]
 fn short_caches_match_the_reference_in_both_layouts() {
+    let mut checks = IsaChecks::new("attention::short_caches_match_the_reference_in_both_layouts");
     let mut rng = Rng::new(21);
     for (heads, kv, hd) in [(9, 3, 64), (4, 4, 32), (8, 1, 128), (6, 2, 80), (2, 1, 8)] {
         for token_major in [false, true] {
             for current in [false, true] {
                 let case = Case::new(&mut rng, heads, kv, hd, 70, token_major, &[0..70], current);
-                case.check_all(&format!(
-                    "{heads}/{kv}x{hd} token-major {token_major} current {current}"
-                ));
+                case.check_all(
+                    &format!("{heads}/{kv}x{hd} token-major {token_major} current {current}"),
+                    &mut checks,
+                );
             }
         }
     }
@@ -290,11 +291,12 @@ fn short_caches_match_the_reference_in_both_layouts() {
 
 #[test]
 fn only_the_rows_given_are_read() {
+    let mut checks = IsaChecks::new("attention::only_the_rows_given_are_read");
     let mut rng = Rng::new(22);
     // anchors, a gap, a middle block, an empty range and a tail
     let rows = &[0..1, 5..40, 40..40, 90..130];
     let case = Case::new(&mut rng, 9, 3, 64, 130, false, rows, true);
-    case.check_all("gapped rows");
+    case.check_all("gapped rows", &mut checks);
     // a cache of rows read by none of them cannot change the result
     let mut other = Case::new(
         &mut Rng::new(22),
@@ -320,20 +322,23 @@ fn only_the_rows_given_are_read() {
 
 #[test]
 fn a_long_cache_split_across_threads_matches_the_reference() {
+    let mut checks =
+        IsaChecks::new("attention::a_long_cache_split_across_threads_matches_the_reference");
     let mut rng = Rng::new(23);
     let len = 3000;
     let case = Case::new(&mut rng, 9, 3, 64, len, false, &[0..1, 3..len], true);
-    case.check_all("long cache");
+    case.check_all("long cache", &mut checks);
     let token_major = Case::new(&mut rng, 8, 2, 128, 1100, true, &[0..1100], false);
-    token_major.check_all("long token-major cache");
+    token_major.check_all("long token-major cache", &mut checks);
 }
 
 #[test]
 fn the_soft_cap_bends_scores_before_the_softmax() {
+    let mut checks = IsaChecks::new("attention::the_soft_cap_bends_scores_before_the_softmax");
     let mut rng = Rng::new(24);
     let mut case = Case::new(&mut rng, 4, 2, 64, 600, false, &[0..600], true);
     case.softcap = Some(0.8);
-    case.check_all("soft-capped");
+    case.check_all("soft-capped", &mut checks);
 }
 
 #[test]

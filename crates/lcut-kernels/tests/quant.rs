@@ -1,14 +1,15 @@
 //! The quantized products: the portable path against the dequantized
 //! weights and activations (computed in f64), and every SIMD path the CPU
 //! has against the portable one, exactly where every float step is exact
-//! and within rounding otherwise. A path the CPU lacks is skipped with a
-//! note.
+//! and within rounding otherwise. A level this machine does not run is
+//! counted and named on standard error (`IsaChecks`).
 
 use lcut_kernels::isa::{ALL, Isa};
 use lcut_kernels::quant::{
-    FORMATS, MAX_BATCH, Q8Rows, QuantFormat, QuantMatrix, dequantize, matmul, matvec, matvec_rows,
+    FORMATS, MAX_BATCH, PackedMatrix, Q8Rows, QuantFormat, QuantMatrix, dequantize, matmul, matvec,
+    matvec_rows,
 };
-use lcut_kernels::testdata::{Rng, random_blocks};
+use lcut_kernels::testdata::{IsaChecks, Rng, random_blocks};
 
 /// Widths that exercise odd block counts, 16-block groups and their tails.
 fn widths(format: QuantFormat) -> Vec<usize> {
@@ -26,17 +27,6 @@ fn activations(rng: &mut Rng, rows: usize, cols: usize) -> Vec<f32> {
         x[40] = 50.0;
     }
     x
-}
-
-fn skip_note(isa: Isa) -> bool {
-    if !isa.available() {
-        println!(
-            "note: this CPU lacks the {} path; its checks are skipped",
-            isa.name()
-        );
-        return true;
-    }
-    false
 }
 
 /// Row r of W dot activation row i in f64 over dequantized values, and the
@@ -145,9 +135,10 @@ fn exact_case(format: QuantFormat, rows: usize, cols: usize, rng: &mut Rng) -> (
 
 #[test]
 fn simd_paths_give_the_portable_bits_when_every_step_is_exact() {
+    let mut checks = IsaChecks::new("quant::simd_paths_give_the_portable_bits");
     let mut rng = Rng::new(2);
     for isa in ALL.into_iter().filter(|&i| i != Isa::Portable) {
-        if skip_note(isa) {
+        if !checks.runs(isa) {
             continue;
         }
         for format in FORMATS {
@@ -185,9 +176,10 @@ fn simd_paths_give_the_portable_bits_when_every_step_is_exact() {
 
 #[test]
 fn simd_paths_equal_the_portable_one_within_rounding() {
+    let mut checks = IsaChecks::new("quant::simd_paths_equal_the_portable_one");
     let mut rng = Rng::new(3);
     for isa in ALL.into_iter().filter(|&i| i != Isa::Portable) {
-        if skip_note(isa) {
+        if !checks.runs(isa) {
             continue;
         }
         for format in FORMATS {
@@ -260,6 +252,7 @@ fn tiled(isa: Isa, format: QuantFormat) -> bool {
 /// but for the AVX-512 micro-kernel, which sums in another order.
 #[test]
 fn the_chunk_product_equals_the_batched_one_and_the_reference() {
+    let mut checks = IsaChecks::new("quant::the_chunk_product_equals_the_batched_one");
     let mut rng = Rng::new(5);
     for format in FORMATS {
         let cols = widths(format)[1];
@@ -274,7 +267,7 @@ fn the_chunk_product_equals_the_batched_one_and_the_reference() {
         q.quantize(&x, n, cols).expect("whole blocks");
         let a = dequantized_acts(&q);
         for isa in ALL {
-            if skip_note(isa) {
+            if !checks.runs(isa) {
                 continue;
             }
             let mut got = vec![f32::NAN; n * rows];
@@ -336,4 +329,159 @@ fn shapes_that_do_not_fit_are_errors() {
     assert!(matvec_rows(Isa::Portable, &m, &q, 0..2, &mut out[..1]).is_err());
     q.quantize(&[0.0; 64 * 9], 9, 64).expect("whole blocks");
     assert!(matvec_rows(Isa::Portable, &m, &q, 0..2, &mut [0f32; 18]).is_err());
+}
+
+/// The interleaved layout: on every level, the products of a packed matrix
+/// equal the portable products of the file's rows, bit for bit where every
+/// step is exact and within rounding otherwise, for every format, row
+/// counts that leave a group part-filled and row ranges that start and end
+/// inside groups; the portable path of the packed matrix is the portable
+/// path of the file's rows.
+#[test]
+fn interleaved_products_equal_the_portable_ones_of_the_file_rows() {
+    let mut checks = IsaChecks::new("quant::interleaved_products_equal_the_portable_ones");
+    let mut rng = Rng::new(8);
+    for format in FORMATS {
+        for cols in widths(format) {
+            for rows in [8, 21] {
+                let (data, x) = exact_case(format, rows, cols, &mut rng);
+                let m = QuantMatrix::new(format, &data, rows, cols).expect("whole blocks");
+                let packed = PackedMatrix::pack(&m, |r| r).expect("packs");
+                let p = packed.view();
+                for n in 1..=MAX_BATCH {
+                    let mut q = Q8Rows::new();
+                    q.quantize(&x[..n * cols], n, cols).expect("whole blocks");
+                    let mut want = vec![0f32; rows * n];
+                    matvec_rows(Isa::Portable, &m, &q, 0..rows, &mut want).expect("shapes");
+                    for isa in ALL {
+                        if !checks.runs(isa) {
+                            continue;
+                        }
+                        let mut got = vec![0f32; rows * n];
+                        matvec_rows(isa, &p, &q, 0..rows, &mut got).expect("shapes");
+                        assert_eq!(
+                            got,
+                            want,
+                            "{} {} cols {cols} batch {n}",
+                            isa.name(),
+                            format.name()
+                        );
+                        // a range inside groups
+                        let (lo, hi) = (3, rows - 2);
+                        let mut part = vec![0f32; (hi - lo) * n];
+                        matvec_rows(isa, &p, &q, lo..hi, &mut part).expect("shapes");
+                        assert_eq!(part, want[lo * n..hi * n]);
+                    }
+                }
+            }
+            // random scales: within rounding of the portable path
+            let rows = 19;
+            let data = random_blocks(format, rows * cols / format.block_len(), &mut rng);
+            let m = QuantMatrix::new(format, &data, rows, cols).expect("whole blocks");
+            let packed = PackedMatrix::pack(&m, |r| r).expect("packs");
+            let mut w = vec![0f32; rows * cols];
+            dequantize(format, &data, &mut w).expect("sizes");
+            for n in [1, 3, 8] {
+                let x = activations(&mut rng, n, cols);
+                let mut q = Q8Rows::new();
+                q.quantize(&x, n, cols).expect("whole blocks");
+                let a = dequantized_acts(&q);
+                let mut want = vec![0f32; rows * n];
+                matvec_rows(Isa::Portable, &m, &q, 0..rows, &mut want).expect("shapes");
+                for isa in ALL {
+                    if !checks.runs(isa) {
+                        continue;
+                    }
+                    let mut got = vec![0f32; rows * n];
+                    matvec_rows(isa, &packed.view(), &q, 0..rows, &mut got).expect("shapes");
+                    for r in 0..rows {
+                        for i in 0..n {
+                            let (_, mag) = reference(&w, &a, cols, r, i);
+                            let (g, p) = (got[r * n + i], want[r * n + i]);
+                            let tol = if isa == Isa::Portable {
+                                0.0
+                            } else {
+                                2e-6 * mag + 1e-6
+                            };
+                            assert!(
+                                f64::from((g - p).abs()) <= tol,
+                                "{} {} cols {cols} row {r} act {i}: {g} vs {p}",
+                                isa.name(),
+                                format.name()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A row's outputs are the same bits whichever activation rows share its
+/// pass (what keeps batched decoding bit for bit one-at-a-time decoding),
+/// on the file's rows and on the interleaved copy, and the chunk product
+/// of the interleaved copy equals its batched product.
+#[test]
+fn a_rows_products_do_not_depend_on_the_rows_beside_it() {
+    let mut checks = IsaChecks::new("quant::a_rows_products_do_not_depend_on_the_rows_beside_it");
+    let mut rng = Rng::new(9);
+    for format in FORMATS {
+        let cols = widths(format)[1];
+        let rows = 40;
+        let data = random_blocks(format, rows * cols / format.block_len(), &mut rng);
+        let m = QuantMatrix::new(format, &data, rows, cols).expect("whole blocks");
+        let packed = PackedMatrix::pack(&m, |r| r).expect("packs");
+        let x = activations(&mut rng, MAX_BATCH, cols);
+        let mut all = Q8Rows::new();
+        all.quantize(&x, MAX_BATCH, cols).expect("whole blocks");
+        for isa in ALL {
+            if !checks.runs(isa) {
+                continue;
+            }
+            for view in [m, packed.view()] {
+                let mut batch = vec![0f32; rows * MAX_BATCH];
+                matvec_rows(isa, &view, &all, 0..rows, &mut batch).expect("shapes");
+                for i in 0..MAX_BATCH {
+                    let mut one = Q8Rows::new();
+                    one.quantize(&x[i * cols..(i + 1) * cols], 1, cols)
+                        .expect("whole blocks");
+                    let mut alone = vec![0f32; rows];
+                    matvec_rows(isa, &view, &one, 0..rows, &mut alone).expect("shapes");
+                    for r in 0..rows {
+                        assert_eq!(
+                            batch[r * MAX_BATCH + i].to_bits(),
+                            alone[r].to_bits(),
+                            "{} {} {:?} row {r} act {i}",
+                            isa.name(),
+                            format.name(),
+                            view.layout()
+                        );
+                    }
+                }
+            }
+            // the chunk product reads the interleaved copy too
+            let n = 3 * MAX_BATCH + 5;
+            let x = activations(&mut rng, n, cols);
+            let mut q = Q8Rows::new();
+            q.quantize(&x, n, cols).expect("whole blocks");
+            let (mut raw, mut pk) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+            matmul(isa, &m, &q, &mut raw, &mut Vec::new()).expect("shapes");
+            matmul(isa, &packed.view(), &q, &mut pk, &mut Vec::new()).expect("shapes");
+            let mut w = vec![0f32; rows * cols];
+            dequantize(format, &data, &mut w).expect("sizes");
+            let a = dequantized_acts(&q);
+            for i in 0..n {
+                for r in 0..rows {
+                    let (_, mag) = reference(&w, &a, cols, r, i);
+                    let (g, p) = (pk[i * rows + r], raw[i * rows + r]);
+                    assert!(
+                        f64::from((g - p).abs()) <= 2e-6 * mag + 1e-6,
+                        "{} {} chunk row {r} act {i}: {g} vs {p}",
+                        isa.name(),
+                        format.name()
+                    );
+                }
+            }
+        }
+    }
 }

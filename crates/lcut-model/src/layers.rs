@@ -37,6 +37,9 @@ impl Loader<'_> {
         if self.quantized
             && let Some(m) = self.files.load_mapped(&name, &[out, inp], self.device)?
         {
+            if crate::mapped::packs_at_load() {
+                m.pack()?;
+            }
             return Ok(Linear::mapped(m, b));
         }
         if let Some(q) = self.quantized_tensor(&name, &[out, inp])? {

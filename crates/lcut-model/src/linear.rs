@@ -291,12 +291,20 @@ impl Embedding {
         })
     }
 
-    /// The LM head that shares this table (tied embeddings).
+    /// The LM head that shares this table (tied embeddings). A mapped
+    /// table is packed for the products as a matrix loaded as a linear
+    /// layer is ([`crate::mapped::packs_at_load`]); its lookups read the
+    /// same copy.
     pub fn tied_head(&self) -> Result<Linear> {
         match self {
             Self::Dense(table) => Ok(Linear::dense(table.clone(), None)),
             Self::Quantized(table) => Linear::quantized(table.clone(), None),
-            Self::Mapped(table) => Ok(Linear::mapped(table.clone(), None)),
+            Self::Mapped(table) => {
+                if crate::mapped::packs_at_load() {
+                    table.pack()?;
+                }
+                Ok(Linear::mapped(table.clone(), None))
+            }
         }
     }
 }

@@ -1,18 +1,20 @@
-//! A quantized matrix read where its GGUF file is memory-mapped: the
-//! kernels of `lcut-kernels` multiply its blocks in place, so a model
-//! loaded with `--dtype q` holds no copy of its matrices (the operating
-//! system pages them in from the file, and shares them between processes).
+//! A quantized matrix of a memory-mapped GGUF file, multiplied by the
+//! kernels of `lcut-kernels`: in place in the mapping, or, once
+//! [`MappedMatrix::pack`] has run (at load, on CPUs with AVX2), in a copy
+//! with its rows interleaved eight at a time ([`PackedMatrix`]), the
+//! layout the kernels read fastest. Packing releases the mapping's pages
+//! of the matrix, so the process holds its bytes once either way.
 //!
 //! llama.cpp stores the rows of llama-family Q and K projections permuted
-//! for its interleaved RoPE; such a matrix keeps the file's row order and
-//! puts each product's outputs back in Hugging Face order (and a
-//! dequantized copy's rows).
+//! for its interleaved RoPE; a matrix read in place keeps the file's row
+//! order and puts each product's outputs back in Hugging Face order (and a
+//! dequantized copy's rows); a packed copy is made in Hugging Face order.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use candle_core::{Device, Tensor};
 use lcut_kernels::Isa;
-use lcut_kernels::quant::{self, Q8Rows, QuantFormat, QuantMatrix};
+use lcut_kernels::quant::{self, PackedMatrix, Q8Rows, QuantFormat, QuantMatrix};
 use memmap2::Mmap;
 
 use crate::error::Result;
@@ -63,6 +65,17 @@ pub struct MappedMatrix {
     permuted_heads: Option<usize>,
     /// For a permuted matrix, the file row of each Hugging Face row.
     file_rows: Option<Arc<[u32]>>,
+    /// The interleaved copy in Hugging Face row order, once made; clones
+    /// share it.
+    packed: Arc<OnceLock<PackedMatrix>>,
+}
+
+/// Whether matrices are packed at load: on CPUs whose kernels read the
+/// interleaved layout faster (AVX2 and up), unless `LCUT_REPACK=0` keeps
+/// every matrix in its mapping (to compare the two).
+pub fn packs_at_load() -> bool {
+    let off = std::env::var("LCUT_REPACK").is_ok_and(|v| matches!(v.trim(), "0" | "off" | "no"));
+    !off && Isa::detect() >= Isa::Avx2
 }
 
 impl std::fmt::Debug for MappedMatrix {
@@ -73,6 +86,7 @@ impl std::fmt::Debug for MappedMatrix {
             .field("cols", &self.cols)
             .field("start", &self.start)
             .field("permuted_heads", &self.permuted_heads)
+            .field("packed", &self.is_packed())
             .finish()
     }
 }
@@ -112,6 +126,7 @@ impl MappedMatrix {
             cols,
             permuted_heads,
             file_rows: None,
+            packed: Arc::new(OnceLock::new()),
         };
         if permuted_heads.is_some() {
             m.file_rows = Some((0..rows).map(|r| m.file_row(r) as u32).collect());
@@ -119,8 +134,34 @@ impl MappedMatrix {
         Ok(m)
     }
 
-    /// The blocks as a kernel matrix, in the file's row order.
+    /// Make the interleaved copy (rows split across rayon's threads) and
+    /// release the mapping's pages of the matrix; a no-op once packed.
+    pub fn pack(&self) -> Result<()> {
+        if self.is_packed() {
+            return Ok(());
+        }
+        let packed = PackedMatrix::pack(&self.mapped_view(), |r| self.file_row(r))?;
+        let _ = self.packed.set(packed);
+        crate::gguf::release_mapped(&self.map, self.start, self.mapped_view().bytes());
+        Ok(())
+    }
+
+    /// Whether the interleaved copy is made.
+    pub fn is_packed(&self) -> bool {
+        self.packed.get().is_some()
+    }
+
+    /// The blocks as a kernel matrix: the interleaved copy (Hugging Face
+    /// row order) once made, else the mapping (the file's row order).
     pub fn view(&self) -> QuantMatrix<'_> {
+        match self.packed.get() {
+            Some(p) => p.view(),
+            None => self.mapped_view(),
+        }
+    }
+
+    /// The blocks in the mapping, in the file's row order.
+    fn mapped_view(&self) -> QuantMatrix<'_> {
         let len = self.rows * self.format.row_bytes(self.cols).unwrap_or(0);
         // checked in `new`: the bytes lie inside the map and fill the rows
         QuantMatrix::new(
@@ -147,9 +188,11 @@ impl MappedMatrix {
         self.view().bytes()
     }
 
-    /// The file row that holds Hugging Face row `r`.
+    /// The row of [`MappedMatrix::view`] that holds Hugging Face row `r`
+    /// (the file's row while read in place).
     pub fn file_row(&self, r: usize) -> usize {
         match self.permuted_heads {
+            _ if self.is_packed() => r,
             None => r,
             Some(heads) => {
                 // llama.cpp stored Hugging Face row half * hd/2 + i of a head at 2 i + half
@@ -164,19 +207,19 @@ impl MappedMatrix {
 
     /// Whether outputs need putting back in Hugging Face order.
     pub fn is_permuted(&self) -> bool {
-        self.permuted_heads.is_some()
+        self.permuted_heads.is_some() && !self.is_packed()
     }
 
     /// Put one activation row's outputs `file` (file row order) into `out`
     /// in Hugging Face order.
     pub fn unpermute_into(&self, file: &[f32], out: &mut [f32]) {
         match &self.file_rows {
-            None => out.copy_from_slice(&file[..out.len()]),
-            Some(rows) => {
+            Some(rows) if !self.is_packed() => {
                 for (o, &r) in out.iter_mut().zip(rows.iter()) {
                     *o = file[r as usize];
                 }
             }
+            _ => out.copy_from_slice(&file[..out.len()]),
         }
     }
 

@@ -6,6 +6,7 @@
 use std::fmt;
 
 use candle_core::{DType, Device};
+use lcut_kernels::quant::QuantFormat;
 
 use crate::config::ModelConfig;
 use crate::decoder::WeightMode;
@@ -231,7 +232,9 @@ pub fn prefill_is_blocked(
 }
 
 /// Bytes a model's weights take once loaded from `files` in `mode`: a
-/// GGUF file's tensors as stored when its matrices stay quantized,
+/// GGUF file's tensors as stored when its matrices stay quantized (the
+/// matrices packed at load take the same bytes but Q4_K's, 1/36 more for
+/// their unpacked sub-block scales: [`lcut_kernels::quant::packed`]),
 /// parameters times the dtype's size otherwise; for a GGUF file also its
 /// header (metadata and tensor directory), whose mapped pages stay
 /// resident once parsed (Gemma 3's 262,144-token vocabulary makes it 6 MiB).
@@ -243,7 +246,19 @@ pub fn loaded_weight_bytes(files: &ModelFiles, mode: WeightMode) -> u64 {
     header
         + match (files, mode) {
             (ModelFiles::Gguf(file), WeightMode::Quantized) => {
-                file.header().tensors.values().map(|t| t.len as u64).sum()
+                let packs = crate::mapped::packs_at_load();
+                let tensors = &file.header().tensors;
+                // an untied embedding table is only looked up, never packed
+                let untied = tensors.contains_key("output.weight");
+                tensors
+                    .iter()
+                    .map(|(name, t)| {
+                        let q4k = t.type_id == QuantFormat::Q4K.ggml_type() && t.shape.len() == 2;
+                        let packed = packs && q4k && !(untied && name == "token_embd.weight");
+                        let extra = if packed { t.len / 36 } else { 0 };
+                        (t.len + extra) as u64
+                    })
+                    .sum()
             }
             _ => parameter_count(files.config()) * mode.activation_dtype().size_in_bytes() as u64,
         }

@@ -163,6 +163,7 @@ fn gguf_holds_the_drawn_weights_quantized() {
         for (format, ty) in [
             (Format::GgufQ4_0, GgmlDType::Q4_0),
             (Format::GgufQ4K, GgmlDType::Q4K),
+            (Format::GgufQ4KM, GgmlDType::Q4K),
         ] {
             let out = dir.path().join(format!("{}-{format}.gguf", shape.name));
             write(&shape, format, &out, &opts(4));
@@ -198,7 +199,9 @@ fn gguf_holds_the_drawn_weights_quantized() {
                     TensorKind::Matrix => {
                         let output = t.name == "lm_head.weight"
                             || (shape.tie_word_embeddings && t.name.contains("embed_tokens"));
-                        let q = if output { GgmlDType::Q6K } else { ty };
+                        let more = format == Format::GgufQ4KM
+                            && lcut_synth::write::gguf::more_bits(shape.sizes.num_layers, &t.name);
+                        let q = if output || more { GgmlDType::Q6K } else { ty };
                         QTensor::quantize(&dense, q)
                             .unwrap()
                             .dequantize(&Device::Cpu)
@@ -210,6 +213,22 @@ fn gguf_holds_the_drawn_weights_quantized() {
             }
         }
     }
+}
+
+/// llama.cpp's Q4_K_M rule: Q6_K for the V and down projections of the
+/// first and last eighth of the layers and every third layer between.
+#[test]
+fn q4_k_m_gives_more_bits_to_llama_cpps_layers() {
+    use lcut_synth::write::gguf::more_bits;
+    // 16 layers (Llama-3.2-1B): 0, 1, 4, 7, 10, 13, 14, 15
+    let picked: Vec<usize> = (0..16)
+        .filter(|i| more_bits(16, &format!("model.layers.{i}.mlp.down_proj.weight")))
+        .collect();
+    assert_eq!(picked, vec![0, 1, 4, 7, 10, 13, 14, 15]);
+    assert!(more_bits(16, "model.layers.0.self_attn.v_proj.weight"));
+    assert!(!more_bits(16, "model.layers.0.self_attn.k_proj.weight"));
+    assert!(!more_bits(16, "model.layers.2.mlp.down_proj.weight"));
+    assert!(!more_bits(16, "model.embed_tokens.weight"));
 }
 
 fn max_diff(a: &Tensor, b: &Tensor) -> f32 {

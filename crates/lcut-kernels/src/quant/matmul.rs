@@ -23,9 +23,10 @@ const TILE_BYTES: usize = 16 << 10;
 /// Bytes of quantized activation rows a block holds (second-level cache).
 const ACT_BLOCK_BYTES: usize = 128 << 10;
 
-/// Weight rows per tile for rows of `row_bytes`: a multiple of four, 4..=64.
+/// Weight rows per tile for rows of `row_bytes`: a multiple of eight (an
+/// interleaved matrix's groups), 8..=64.
 fn tile_rows(row_bytes: usize) -> usize {
-    (TILE_BYTES / row_bytes.max(1)).clamp(4, 64) / 4 * 4
+    (TILE_BYTES / row_bytes.max(1)).clamp(8, 64) / 8 * 8
 }
 
 /// Activation rows per block for rows of `cols` values: a multiple of
@@ -131,7 +132,7 @@ fn tiled_part(m: &QuantMatrix<'_>, a: &[Q8Row<'_>], rows: Range<usize>, o: &mut 
     let mut t = Tile::default();
     for first in (rows.start..rows.end).step_by(TILE) {
         let tile_rows = first..rows.end.min(first + TILE);
-        t.fill(m.format(), m.rows_data(tile_rows), m.row_bytes);
+        t.fill(m.format(), &m.rows_data(tile_rows), m.row_bytes);
         t.product(a, &mut o[first - rows.start..], rows.len());
     }
 }
@@ -145,7 +146,7 @@ mod tests {
         for row_bytes in [1, 18, 360, 1152, 4608, 100_000] {
             let t = tile_rows(row_bytes);
             assert!(
-                (4..=64).contains(&t) && t.is_multiple_of(4),
+                (8..=64).contains(&t) && t.is_multiple_of(8),
                 "{row_bytes}: {t}"
             );
         }

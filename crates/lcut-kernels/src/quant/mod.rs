@@ -6,8 +6,10 @@
 //! [`matmul`] takes any number (a prefill chunk).
 
 pub mod acts;
+mod aligned;
 pub mod format;
 mod matmul;
+pub mod packed;
 mod portable;
 
 #[cfg(target_arch = "x86_64")]
@@ -16,12 +18,18 @@ mod avx2;
 pub(crate) mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512_tile;
+#[cfg(target_arch = "x86_64")]
+mod packed_avx2;
+#[cfg(target_arch = "x86_64")]
+mod packed_avx512;
 
+use std::borrow::Cow;
 use std::ops::Range;
 
 pub use acts::{Q8Row, Q8Rows};
 pub use format::{FORMATS, QK, QK_K, QuantFormat, dequantize};
 pub use matmul::{has_tiled_path, matmul};
+pub use packed::{GROUP_ROWS, PackedMatrix};
 
 use crate::error::{KernelError, Result, check_len};
 use crate::isa::Isa;
@@ -37,14 +45,25 @@ pub(crate) const ROW_ALIGN: usize = 16;
 /// waking the other threads costs more than they would save.
 pub const PARALLEL_BYTES: usize = 48 << 10;
 
+/// How a quantized matrix's blocks are laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// Row after row of blocks, as a GGUF file stores them.
+    Rows,
+    /// Rows interleaved eight at a time ([`packed`]), made at load.
+    Interleaved,
+}
+
 /// A quantized matrix [rows, cols] over borrowed bytes, checked once.
 #[derive(Debug, Clone, Copy)]
 pub struct QuantMatrix<'a> {
-    format: QuantFormat,
-    data: &'a [u8],
-    rows: usize,
-    cols: usize,
+    pub(crate) format: QuantFormat,
+    pub(crate) data: &'a [u8],
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    /// Bytes of one row in the file's layout.
     pub(crate) row_bytes: usize,
+    pub(crate) layout: Layout,
 }
 
 impl<'a> QuantMatrix<'a> {
@@ -59,7 +78,32 @@ impl<'a> QuantMatrix<'a> {
             rows,
             cols,
             row_bytes,
+            layout: Layout::Rows,
         })
+    }
+
+    /// The matrix of `rows` x `cols` values of `format` held in `data` in
+    /// the interleaved layout ([`packed`]).
+    pub fn interleaved(
+        format: QuantFormat,
+        data: &'a [u8],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self> {
+        let row_bytes = packed::check_packed(format, data, rows, cols)?;
+        Ok(Self {
+            format,
+            data,
+            rows,
+            cols,
+            row_bytes,
+            layout: Layout::Interleaved,
+        })
+    }
+
+    /// How the blocks are laid out.
+    pub fn layout(&self) -> Layout {
+        self.layout
     }
 
     /// The block format.
@@ -82,9 +126,21 @@ impl<'a> QuantMatrix<'a> {
         self.data.len()
     }
 
-    /// The raw blocks of rows `range`.
-    pub(crate) fn rows_data(&self, range: Range<usize>) -> &'a [u8] {
-        &self.data[range.start * self.row_bytes..range.end * self.row_bytes]
+    /// The blocks of rows `range` in the file's layout: borrowed, or
+    /// unpacked from the interleaved layout.
+    pub(crate) fn rows_data(&self, range: Range<usize>) -> Cow<'a, [u8]> {
+        match self.layout {
+            Layout::Rows => {
+                Cow::Borrowed(&self.data[range.start * self.row_bytes..range.end * self.row_bytes])
+            }
+            Layout::Interleaved => {
+                let mut out = vec![0u8; range.len() * self.row_bytes];
+                for (r, o) in range.zip(out.chunks_exact_mut(self.row_bytes)) {
+                    packed::unpack_row(self, r, o);
+                }
+                Cow::Owned(out)
+            }
+        }
     }
 
     /// Row `i` dequantized into `out` (`cols` values): an embedding lookup.
@@ -96,7 +152,10 @@ impl<'a> QuantMatrix<'a> {
                 len: self.rows,
             });
         }
-        dequantize(self.format, self.rows_data(i..i + 1), out)
+        match self.layout {
+            Layout::Rows => dequantize(self.format, &self.rows_data(i..i + 1), out),
+            Layout::Interleaved => packed::dequantize_row(self, i, out),
+        }
     }
 }
 
@@ -156,7 +215,11 @@ pub(crate) fn rows_unchecked(
     rows: Range<usize>,
     out: &mut [f32],
 ) {
-    let w = m.rows_data(rows);
+    if m.layout == Layout::Interleaved {
+        packed::rows_unchecked(isa, m, a, rows, out);
+        return;
+    }
+    let w = &m.data[rows.start * m.row_bytes..rows.end * m.row_bytes];
     #[cfg(target_arch = "x86_64")]
     {
         if isa >= Isa::Avx512 && avx512::rows(m.format, w, m.row_bytes, a, out) {

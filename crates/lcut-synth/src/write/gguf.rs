@@ -60,15 +60,39 @@ fn type_bytes(t: GgmlDType, n: usize) -> u64 {
 }
 
 /// The type of each weight: f32 for norms and biases, Q6_K for the output
-/// matrix, the format's type for the others.
-fn ggml_type(shape: &ModelShape, format: Format, t: &TensorSpec) -> GgmlDType {
+/// matrix, the format's type for the others (Q4_K_M: Q6_K for the V and
+/// down projections of the layers [`more_bits`] picks).
+pub fn ggml_type(shape: &ModelShape, format: Format, t: &TensorSpec) -> GgmlDType {
     let output = t.name == "lm_head.weight"
         || (shape.tie_word_embeddings && t.name == "model.embed_tokens.weight");
     match (t.kind, output, format) {
         (TensorKind::Norm | TensorKind::Bias, _, _) => GgmlDType::F32,
         (_, true, _) => GgmlDType::Q6K,
-        (_, false, Format::GgufQ4K) => GgmlDType::Q4K,
+        (_, false, Format::GgufQ4KM) if more_bits(shape.sizes.num_layers, &t.name) => {
+            GgmlDType::Q6K
+        }
+        (_, false, Format::GgufQ4K | Format::GgufQ4KM) => GgmlDType::Q4K,
         _ => GgmlDType::Q4_0,
+    }
+}
+
+/// Whether llama.cpp's Q4_K_M keeps tensor `name` (Hugging Face name) of
+/// a model of `layers` layers in Q6_K: the V and down projections of the
+/// first and last eighth of the layers and of every third layer between
+/// (llama.cpp's `use_more_bits`).
+pub fn more_bits(layers: usize, name: &str) -> bool {
+    let projection =
+        name.ends_with(".self_attn.v_proj.weight") || name.ends_with(".mlp.down_proj.weight");
+    let layer = name
+        .strip_prefix("model.layers.")
+        .and_then(|rest| rest.split('.').next())
+        .and_then(|i| i.parse::<usize>().ok());
+    match layer {
+        Some(i) if projection => {
+            let eighth = layers / 8;
+            i < eighth || i >= 7 * layers / 8 || (i - eighth) % 3 == 2
+        }
+        _ => false,
     }
 }
 
@@ -163,6 +187,7 @@ fn permuted_rows(rows: usize, heads: usize) -> Vec<usize> {
 fn file_type(format: Format) -> u32 {
     match format {
         Format::GgufQ4K => 14,
+        Format::GgufQ4KM => 15,
         _ => 2,
     }
 }

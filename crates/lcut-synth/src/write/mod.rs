@@ -29,15 +29,21 @@ pub enum Format {
     GgufQ4_0,
     /// A GGUF file, matrices in Q4_K (the LM head in Q6_K).
     GgufQ4K,
+    /// A GGUF file mixed as llama.cpp's Q4_K_M (what Ollama serves):
+    /// matrices in Q4_K, the LM head in Q6_K, and the V and down
+    /// projections of the first and last eighth of the layers and of every
+    /// third layer between in Q6_K ([`gguf::more_bits`]).
+    GgufQ4KM,
 }
 
 impl Format {
     /// Every format, in the order help lists them.
-    pub const ALL: [Format; 4] = [
+    pub const ALL: [Format; 5] = [
         Format::SafetensorsBf16,
         Format::SafetensorsF32,
         Format::GgufQ4_0,
         Format::GgufQ4K,
+        Format::GgufQ4KM,
     ];
 
     /// Its name on the command line.
@@ -47,12 +53,13 @@ impl Format {
             Format::SafetensorsBf16 => "safetensors-bf16",
             Format::GgufQ4_0 => "gguf-q4_0",
             Format::GgufQ4K => "gguf-q4_k",
+            Format::GgufQ4KM => "gguf-q4_k_m",
         }
     }
 
     /// Whether it is a single GGUF file (otherwise a model folder).
     pub fn is_gguf(self) -> bool {
-        matches!(self, Format::GgufQ4_0 | Format::GgufQ4K)
+        matches!(self, Format::GgufQ4_0 | Format::GgufQ4K | Format::GgufQ4KM)
     }
 }
 

@@ -1,0 +1,378 @@
+//! The interleaved products with AVX2: one register holds four weights of
+//! each of eight rows (a chunk of a group block, unpacked to bytes);
+//! `maddubs` multiplies them with the activation row's four values (one
+//! broadcast word) in byte pairs and `madd` adds the pairs into each row's
+//! own i32 lane (VNNI's `vpdpbusd` in two steps), and a block's eight row
+//! sums are scaled by one conversion and one multiply-add. Up to four
+//! activation rows share each unpacked chunk (two for Q4_K, one for Q6_K:
+//! sixteen registers).
+
+#![allow(unsafe_code)]
+
+use std::arch::x86_64::{
+    __m128i, __m256, __m256i, _mm_loadl_epi64, _mm_loadu_si128, _mm256_add_epi32, _mm256_add_ps,
+    _mm256_and_si256, _mm256_cmpeq_epi8, _mm256_cvtepi8_epi32, _mm256_cvtepi32_ps,
+    _mm256_cvtepu8_epi32, _mm256_cvtph_ps, _mm256_fmadd_ps, _mm256_fnmadd_ps, _mm256_loadu_si256,
+    _mm256_madd_epi16, _mm256_maddubs_epi16, _mm256_mul_ps, _mm256_mullo_epi32, _mm256_or_si256,
+    _mm256_set1_epi8, _mm256_set1_epi16, _mm256_set1_epi32, _mm256_set1_epi64x, _mm256_set1_ps,
+    _mm256_setr_epi64x, _mm256_setzero_ps, _mm256_setzero_si256, _mm256_shuffle_epi8,
+    _mm256_sign_epi8, _mm256_slli_epi16, _mm256_srli_epi16, _mm256_storeu_ps, _mm256_sub_epi32,
+};
+
+use crate::isa::Isa;
+use crate::quant::MAX_BATCH;
+use crate::quant::acts::Q8Row;
+use crate::quant::format::QuantFormat;
+use crate::quant::packed::{GROUP_ROWS, act_word, group_block_bytes};
+
+/// One group (eight rows, all its group blocks) dot the activation rows
+/// `a` into `sums[i][lane]`; false, doing nothing, where the CPU lacks
+/// AVX-512 VNNI.
+pub(super) fn group(
+    format: QuantFormat,
+    group: &[u8],
+    a: &[Q8Row<'_>],
+    sums: &mut [[f32; GROUP_ROWS]; MAX_BATCH],
+) -> bool {
+    if !Isa::Avx2.available() {
+        return false;
+    }
+    // the sums an activation row keeps live: Q4_K four, Q6_K eight
+    let most = match format {
+        QuantFormat::Q6K => 1,
+        QuantFormat::Q4K => 2,
+        _ => 4,
+    };
+    let mut i = 0;
+    while i < a.len() {
+        // SAFETY: AVX2, FMA and F16C were just checked.
+        let done = unsafe {
+            match (a.len() - i).min(most) {
+                1 => store::<1>(dot::<1>(format, group, &[a[i]]), &mut sums[i..]),
+                2 | 3 => store::<2>(dot::<2>(format, group, &[a[i], a[i + 1]]), &mut sums[i..]),
+                _ => {
+                    let four = [a[i], a[i + 1], a[i + 2], a[i + 3]];
+                    store::<4>(dot::<4>(format, group, &four), &mut sums[i..])
+                }
+            }
+        };
+        i += done;
+    }
+    true
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn store<const N: usize>(v: [__m256; N], sums: &mut [[f32; GROUP_ROWS]]) -> usize {
+    for (v, s) in v.into_iter().zip(sums.iter_mut()) {
+        // SAFETY: `s` is 8 writable f32; unaligned store.
+        unsafe { _mm256_storeu_ps(s.as_mut_ptr(), v) };
+    }
+    N
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot<const N: usize>(format: QuantFormat, group: &[u8], a: &[Q8Row<'_>; N]) -> [__m256; N] {
+    match format {
+        QuantFormat::Q4_0 => g32::<N, Q4_0>(group, a),
+        QuantFormat::Q4_1 => g32::<N, Q4_1>(group, a),
+        QuantFormat::Q5_0 => g32::<N, Q5_0>(group, a),
+        QuantFormat::Q5_1 => g32::<N, Q5_1>(group, a),
+        QuantFormat::Q8_0 => g32::<N, Q8_0>(group, a),
+        QuantFormat::Q4K => g_q4k::<N>(group, a),
+        QuantFormat::Q6K => g_q6k::<N>(group, a),
+    }
+}
+
+/// The 32-value formats, as const generic tags.
+const Q4_0: u8 = 0;
+const Q4_1: u8 = 1;
+const Q8_0: u8 = 2;
+const Q5_0: u8 = 3;
+const Q5_1: u8 = 4;
+
+const fn format_of(kind: u8) -> QuantFormat {
+    match kind {
+        Q4_0 => QuantFormat::Q4_0,
+        Q4_1 => QuantFormat::Q4_1,
+        Q5_0 => QuantFormat::Q5_0,
+        Q5_1 => QuantFormat::Q5_1,
+        _ => QuantFormat::Q8_0,
+    }
+}
+
+/// 32 bytes at `bytes[..32]`.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn load32(bytes: &[u8]) -> __m256i {
+    let bytes = &bytes[..32];
+    // SAFETY: `bytes` is 32 readable bytes (bounds-checked above); unaligned load.
+    unsafe { _mm256_loadu_si256(bytes.as_ptr().cast::<__m256i>()) }
+}
+
+/// The eight f16 at `bytes[..16]` as f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn f16x8(bytes: &[u8]) -> __m256 {
+    let bytes = &bytes[..16];
+    // SAFETY: `bytes` is 16 readable bytes (bounds-checked above); unaligned load.
+    _mm256_cvtph_ps(unsafe { _mm_loadu_si128(bytes.as_ptr().cast::<__m128i>()) })
+}
+
+/// The eight bytes at `bytes[..8]` as i32 lanes, zero- or sign-extended.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn bytes8(bytes: &[u8], signed: bool) -> __m256i {
+    let bytes = &bytes[..8];
+    // SAFETY: `bytes` is 8 readable bytes (bounds-checked above); unaligned load.
+    let v = unsafe { _mm_loadl_epi64(bytes.as_ptr().cast::<__m128i>()) };
+    if signed {
+        _mm256_cvtepi8_epi32(v)
+    } else {
+        _mm256_cvtepu8_epi32(v)
+    }
+}
+
+/// The little-endian u32 at `bytes[at..at + 4]`.
+fn word(bytes: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+}
+
+/// `acc` plus, in each i32 lane, the four products of the unsigned bytes
+/// of `w` and the signed bytes of `x` (`vpdpbusd` without VNNI: exact while
+/// two products fit an i16, as they do for weights below 128).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn dpbusd(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
+    let pairs = _mm256_maddubs_epi16(w, x);
+    _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+}
+
+/// The bits of `bits` as bytes: byte k is 0x10 where bit k is set.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn bits_to_bytes(bits: u32) -> __m256i {
+    // byte k gets the word's byte k / 8, then keeps bit k mod 8
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(bits as i32),
+        _mm256_setr_epi64x(
+            0,
+            0x0101_0101_0101_0101,
+            0x0202_0202_0202_0202,
+            0x0303_0303_0303_0303,
+        ),
+    );
+    let select = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select);
+    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+}
+
+/// The eight chunks of a 32-value group block as bytes, chunk k holding
+/// values (of every row) that pair with activation word k of the block;
+/// Q8_0's as signed bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn weights32<const KIND: u8>(blk: &[u8]) -> [__m256i; 8] {
+    let zero = _mm256_setzero_si256();
+    let mut w = [zero; 8];
+    match KIND {
+        Q8_0 => {
+            for (k, w) in w.iter_mut().enumerate() {
+                *w = load32(&blk[16 + 32 * k..]);
+            }
+        }
+        _ => {
+            let qs = match KIND {
+                Q4_0 => 16,
+                Q4_1 => 32,
+                Q5_0 => 48,
+                _ => 64,
+            };
+            let low = _mm256_set1_epi8(0x0F);
+            for c in 0..4 {
+                let v = load32(&blk[qs + 32 * c..]);
+                w[c] = _mm256_and_si256(v, low);
+                w[c + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+            }
+            if KIND == Q5_0 || KIND == Q5_1 {
+                let bits = if KIND == Q5_0 { 16 } else { 32 };
+                for c in 0..4 {
+                    let lo = bits_to_bytes(word(blk, bits + 8 * c));
+                    let hi = bits_to_bytes(word(blk, bits + 8 * c + 4));
+                    w[c] = _mm256_or_si256(w[c], lo);
+                    w[c + 4] = _mm256_or_si256(w[c + 4], hi);
+                }
+            }
+        }
+    }
+    w
+}
+
+/// Eight rows of a 32-value format: per block, each activation row's eight
+/// words against the eight chunks, one i32 sum per row, scaled by the
+/// rows' scales times the activation block's; the offset (Q4_0, Q5_0) or
+/// minimum (Q4_1, Q5_1) times the block's scaled activation sum apart.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn g32<const N: usize, const KIND: u8>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m256; N] {
+    let gb = group_block_bytes(format_of(KIND));
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut extra = [_mm256_setzero_ps(); N];
+    for (b, blk) in group.chunks_exact(gb).enumerate() {
+        let d = f16x8(blk);
+        let w = weights32::<KIND>(blk);
+        let coef = match KIND {
+            Q4_0 => _mm256_mul_ps(d, _mm256_set1_ps(-8.0)),
+            Q5_0 => _mm256_mul_ps(d, _mm256_set1_ps(-16.0)),
+            Q4_1 | Q5_1 => f16x8(&blk[16..]),
+            _ => _mm256_setzero_ps(),
+        };
+        let mut isum = [_mm256_setzero_si256(); N];
+        for (k, w) in w.iter().enumerate() {
+            // signed x signed (Q8_0): |w| x (x with w's sign)
+            let wk = if KIND == Q8_0 {
+                _mm256_sign_epi8(*w, *w)
+            } else {
+                *w
+            };
+            for r in 0..N {
+                let x = _mm256_set1_epi32(act_word(&a[r], 8 * b + k));
+                let x = if KIND == Q8_0 {
+                    _mm256_sign_epi8(x, *w)
+                } else {
+                    x
+                };
+                isum[r] = dpbusd(isum[r], wk, x);
+            }
+        }
+        for r in 0..N {
+            let isum = isum[r];
+            let scale = _mm256_mul_ps(d, _mm256_set1_ps(a[r].d[b]));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[r]);
+            if KIND != Q8_0 {
+                extra[r] = _mm256_fmadd_ps(coef, _mm256_set1_ps(a[r].s[b]), extra[r]);
+            }
+        }
+    }
+    let mut out = [_mm256_setzero_ps(); N];
+    for r in 0..N {
+        out[r] = _mm256_add_ps(acc[r], extra[r]);
+    }
+    out
+}
+
+/// Eight rows of Q4_K: each pair of sub-blocks (2i, 2i+1) is eight chunks
+/// whose low and high nibbles are the two sub-blocks; each sub-block's row
+/// sums are scaled by super-scale x 6-bit scale x the activation block's
+/// scale, and super-minimum x 6-bit minimum x the block's scaled sum comes
+/// off.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn g_q4k<const N: usize>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m256; N] {
+    let gb = group_block_bytes(QuantFormat::Q4K);
+    let low = _mm256_set1_epi8(0x0F);
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut extra = [_mm256_setzero_ps(); N];
+    for (sb, blk) in group.chunks_exact(gb).enumerate() {
+        let (d, dmin) = (f16x8(blk), f16x8(&blk[16..]));
+        for i in 0..4 {
+            let (j0, j1) = (2 * i, 2 * i + 1);
+            let (b0, b1) = (8 * sb + j0, 8 * sb + j1);
+            let mut s0 = [_mm256_setzero_si256(); N];
+            let mut s1 = [_mm256_setzero_si256(); N];
+            for k in 0..8 {
+                let v = load32(&blk[160 + 32 * (8 * i + k)..]);
+                let lo = _mm256_and_si256(v, low);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+                for r in 0..N {
+                    let x0 = _mm256_set1_epi32(act_word(&a[r], 8 * b0 + k));
+                    let x1 = _mm256_set1_epi32(act_word(&a[r], 8 * b1 + k));
+                    s0[r] = dpbusd(s0[r], lo, x0);
+                    s1[r] = dpbusd(s1[r], hi, x1);
+                }
+            }
+            let sc0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(bytes8(&blk[32 + 8 * j0..], false)));
+            let sc1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(bytes8(&blk[32 + 8 * j1..], false)));
+            let m0 = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(bytes8(&blk[96 + 8 * j0..], false)));
+            let m1 = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(bytes8(&blk[96 + 8 * j1..], false)));
+            for r in 0..N {
+                let x0 = _mm256_mul_ps(sc0, _mm256_set1_ps(a[r].d[b0]));
+                let x1 = _mm256_mul_ps(sc1, _mm256_set1_ps(a[r].d[b1]));
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0[r]), x0, acc[r]);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1[r]), x1, acc[r]);
+                extra[r] = _mm256_fnmadd_ps(m0, _mm256_set1_ps(a[r].s[b0]), extra[r]);
+                extra[r] = _mm256_fnmadd_ps(m1, _mm256_set1_ps(a[r].s[b1]), extra[r]);
+            }
+        }
+    }
+    let mut out = [_mm256_setzero_ps(); N];
+    for r in 0..N {
+        out[r] = _mm256_add_ps(acc[r], extra[r]);
+    }
+    out
+}
+
+/// Eight rows of Q6_K: for each half of 128 values and each half of a
+/// block's 32 (a group of 16 per block), four chunks of low nibbles and
+/// high bit pairs make the four blocks' 6-bit values; each group's row
+/// sums less 32 x the activations' sum over those 16 values (exact, in
+/// integers) are multiplied by the group's 8-bit scales, and scaled by the
+/// super-scale times the activation block's scale.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn g_q6k<const N: usize>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m256; N] {
+    let gb = group_block_bytes(QuantFormat::Q6K);
+    let (low, two) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
+    let mut acc = [_mm256_setzero_ps(); N];
+    for (sb, blk) in group.chunks_exact(gb).enumerate() {
+        let d = f16x8(blk);
+        for h in 0..2 {
+            let mut block = [[_mm256_setzero_si256(); N]; 4];
+            for half in 0..2 {
+                let mut isum = [[_mm256_setzero_si256(); N]; 4];
+                for c in 4 * half..4 * half + 4 {
+                    let at = 144 + 96 * (8 * h + c);
+                    let (ql0, ql1, qh) = (
+                        load32(&blk[at..]),
+                        load32(&blk[at + 32..]),
+                        load32(&blk[at + 64..]),
+                    );
+                    let high =
+                        |shifted: __m256i| _mm256_slli_epi16::<4>(_mm256_and_si256(shifted, two));
+                    let q = [
+                        _mm256_or_si256(_mm256_and_si256(ql0, low), high(qh)),
+                        _mm256_or_si256(
+                            _mm256_and_si256(ql1, low),
+                            high(_mm256_srli_epi16::<2>(qh)),
+                        ),
+                        _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low),
+                            high(_mm256_srli_epi16::<4>(qh)),
+                        ),
+                        _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low),
+                            high(_mm256_srli_epi16::<6>(qh)),
+                        ),
+                    ];
+                    for (t, q) in q.iter().enumerate() {
+                        let b = 8 * sb + 4 * h + t;
+                        for r in 0..N {
+                            let x = _mm256_set1_epi32(act_word(&a[r], 8 * b + c));
+                            isum[t][r] = dpbusd(isum[t][r], *q, x);
+                        }
+                    }
+                }
+                for t in 0..4 {
+                    let (b, g) = (8 * sb + 4 * h + t, 8 * h + 2 * t + half);
+                    let sc = bytes8(&blk[16 + 8 * g..], true);
+                    for r in 0..N {
+                        let offset = 32 * i32::from(a[r].sum16[2 * b + half]);
+                        let v = _mm256_sub_epi32(isum[t][r], _mm256_set1_epi32(offset));
+                        block[t][r] = _mm256_add_epi32(block[t][r], _mm256_mullo_epi32(v, sc));
+                    }
+                }
+            }
+            for (t, block) in block.iter().enumerate() {
+                let b = 8 * sb + 4 * h + t;
+                for r in 0..N {
+                    let scale = _mm256_mul_ps(d, _mm256_set1_ps(a[r].d[b]));
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block[r]), scale, acc[r]);
+                }
+            }
+        }
+    }
+    acc
+}
