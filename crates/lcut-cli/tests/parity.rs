@@ -46,11 +46,13 @@ fn every_reference_case_passes_in_f32_and_bf16() {
         let r = report(&json);
         assert_eq!(r["pass"], true);
         let rows = r["rows"].as_array().unwrap();
-        // 7 cases, each with full logits and its SPEED/SelfOnly policies
+        // every case, each with full logits and its SPEED/SelfOnly policies
         let cases: std::collections::BTreeSet<&str> =
             rows.iter().map(|r| r["case"].as_str().unwrap()).collect();
-        assert_eq!(cases.len(), 7, "{cases:?}");
-        assert!(rows.len() > 7 * 4);
+        let expected: std::collections::BTreeSet<&str> =
+            lcut_testkit::ORACLE_CASES.into_iter().collect();
+        assert_eq!(cases, expected);
+        assert!(rows.len() > expected.len() * 4);
         if dtype == "bf16" {
             // bf16 is also compared with lcut itself on the CPU in f32, and
             // with how far transformers in bf16 is from its f32 logits

@@ -1,5 +1,5 @@
 //! Decoding sequences together (`Decoder::forward_batch`) against decoding
-//! each alone: on the seven reference architectures (f32) and on
+//! each alone: on every reference architecture (f32) and on
 //! SmolLM2-135M's Q4_1 GGUF with `--dtype q` and its f16 cache, sequences
 //! of different prompt lengths under different policies (full, SPEED with
 //! and without BoS, SelfOnly, SlimInfer) give bit for bit the logits of

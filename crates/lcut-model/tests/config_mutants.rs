@@ -1,7 +1,7 @@
 //! Damaged `config.json` files by the thousand: JSON-aware mutants (wrong
 //! types, huge, negative and non-finite numbers, duplicated, missing and
 //! renamed keys, invalid UTF-8, deep nesting, truncation at every token) of
-//! the seven reference configs, each read from a model folder. Each must be
+//! every reference config, each read from a model folder. Each must be
 //! refused with an error naming config.json, or read into a configuration
 //! that says what the file says and keeps lcut's invariants; every tenth
 //! that reads is loaded with the reference weights and run. No single

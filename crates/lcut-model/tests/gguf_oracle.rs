@@ -1,4 +1,4 @@
-//! The seven transformers reference cases converted to GGUF by llama.cpp's
+//! The transformers reference cases converted to GGUF by llama.cpp's
 //! own converter (`fixtures/oracle/make_gguf.py`: F32 and Q8_0), loaded by
 //! lcut and checked against transformers' logits: full depth and every
 //! SPEED / anchor-free / SelfOnly policy, through the incremental path.

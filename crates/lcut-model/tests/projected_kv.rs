@@ -1,5 +1,5 @@
 //! Projected prompt K/V (`swiftkv:C`, `pop:C`) against Hugging Face
-//! transformers on the seven reference cases: `swiftkv.safetensors` in each
+//! transformers on the reference cases: `swiftkv.safetensors` in each
 //! case folder holds the logits of rows s..T-1 that transformers gives when
 //! the upper layers' prompt K/V are projected from the hidden state that
 //! leaves layer C-1 (`fixtures/oracle/swiftkv_reference.py`). lcut must give

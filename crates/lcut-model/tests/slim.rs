@@ -1,4 +1,4 @@
-//! SlimInfer in the decoder, on the seven reference architectures: special
+//! SlimInfer in the decoder, on every reference architecture: special
 //! cases that must equal SPEED and the full model, a pruned run against a
 //! teacher-forced full run masked to the selection it made, the selection's
 //! independence of chunk sizes, existence and bytes.
