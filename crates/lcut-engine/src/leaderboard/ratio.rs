@@ -30,6 +30,12 @@ pub const RATIO_FAMILIES: &[(&str, KnobRule)] = &[
     ("swiftkv", projected_cut),
     ("pop", projected_cut),
     ("slim", slim_budget),
+    ("streamingllm", press_ratio),
+    ("snapkv", press_ratio),
+    ("pyramidkv", press_ratio),
+    ("knorm", press_ratio),
+    ("tova", press_ratio),
+    ("expected", press_ratio),
 ];
 
 /// The knob of `method` (a family and its options, `speed+bos`) at
@@ -165,6 +171,28 @@ mod tests {
     use lcut_policy::PolicySpec;
 
     #[test]
+    fn every_press_takes_the_ratio_itself_as_a_policy_lcut_reads() {
+        for press in [
+            "streamingllm",
+            "snapkv",
+            "pyramidkv",
+            "knorm",
+            "tova",
+            "expected",
+        ] {
+            let k = map_ratio(press, 0.75, 30).unwrap();
+            assert_eq!(k.policy, format!("{press}:0.75"));
+            assert_eq!(k.removed, 0.75);
+            k.policy
+                .parse::<PolicySpec>()
+                .unwrap_or_else(|e| panic!("{press}: {e}"));
+        }
+        let k = map_ratio("streamingllm+sink:8", 0.5, 30).unwrap();
+        assert_eq!(k.policy, "streamingllm:0.5+sink:8");
+        k.policy.parse::<PolicySpec>().unwrap();
+    }
+
+    #[test]
     fn speed_takes_the_closest_cut_and_ties_remove_at_least_the_ratio() {
         // 30 layers: 0.25 lies between cuts 22 (0.267) and 23 (0.233)
         let k = map_ratio("speed+bos", 0.25, 30).unwrap();
@@ -237,7 +265,7 @@ mod tests {
             assert!(matches!(e, LeaderboardError::RatioOutOfRange { .. }), "{e}");
             assert!(e.to_string().contains("(0, 1)"), "{e}");
         }
-        let e = map_ratio("snapkv", 0.5, 30).unwrap_err().to_string();
-        assert!(e.contains("snapkv") && e.contains("speed, selfonly"), "{e}");
+        let e = map_ratio("h2o", 0.5, 30).unwrap_err().to_string();
+        assert!(e.contains("h2o") && e.contains("speed, selfonly"), "{e}");
     }
 }
