@@ -351,7 +351,7 @@ fn bad_input_is_named_before_any_work() {
         ("full,speed+bos", "0.5,1.5", vec!["1.5", "outside (0, 1)"]),
         ("full,speed+bos", "0", vec!["outside (0, 1)"]),
         ("full,speed+bos", "half", vec!["\"half\" is not a number"]),
-        ("full,snapkv", "0.5", vec!["snapkv", "speed, selfonly"]),
+        ("full,h2o", "0.5", vec!["h2o", "speed, selfonly"]),
         ("full", "0.5", vec!["at least one method"]),
     ] {
         let a = eval(p, r);
