@@ -594,6 +594,37 @@ fn bad_input_is_named() {
         let err = run(bad_s, &[]);
         assert!(err.contains("line 2") && err.contains(what), "{err}");
     }
+    // items a policy cannot run are found before any item runs: a prompt
+    // shorter than a press's observation window, one too long for the model
+    let json = tmp.path().join("refused.json");
+    let json_s = json.to_str().unwrap();
+    let err = run(
+        &suite,
+        &["--policies", "full,snapkv:0.25+window:30", "--json", json_s],
+    );
+    assert!(
+        err.contains("snapkv:0.25+window:30 cannot run")
+            && err.contains("of the 5 item(s) to run, the first being item c0")
+            && err.contains("nothing was run")
+            && err.contains("shortest prompt"),
+        "{err}"
+    );
+    let long = serde_json::json!({
+        "id": "too-long", "prompt": "copy : was ".repeat(400), "answer": "a",
+    });
+    std::fs::write(
+        &bad,
+        std::fs::read_to_string(&suite).unwrap() + &long.to_string() + "\n",
+    )
+    .unwrap();
+    let err = run(bad_s, &["--json", json_s]);
+    assert!(
+        err.contains("the model cannot run 1 of the 6 item(s)")
+            && err.contains("item too-long")
+            && err.contains("max_position_embeddings"),
+        "{err}"
+    );
+    assert!(!json.exists(), "a refused run wrote {json_s}");
 }
 
 #[test]

@@ -165,7 +165,11 @@ pub(crate) fn prefill_before_decode_start(
 
 /// A non-empty prompt that, with `config`'s token budget, fits the
 /// model's positions.
-fn check_fits(model: &Decoder, prompt: &PreparedPrompt, config: &GenerationConfig) -> Result<()> {
+pub(crate) fn check_fits(
+    model: &Decoder,
+    prompt: &PreparedPrompt,
+    config: &GenerationConfig,
+) -> Result<()> {
     if prompt.is_empty() {
         return Err(EngineError::EmptyPrompt);
     }

@@ -10,36 +10,15 @@
 //! decisions are the same. (The tensor path itself is held to transformers
 //! by the reference cases.)
 
+mod common;
+
 use anyhow::{Result, ensure};
 use lcut_model::probes::{PhaseMassProbe, QueryMasses};
 use lcut_model::{DType, Decoder, Device, LogitRows, Sequence, Tensor, WeightMode, argmax_rows};
-use lcut_parity::ReferenceCase;
 use lcut_policy::{Policy, PolicySpec, TokenPhases};
-use lcut_testkit::{
-    ORACLE_CASES, oracle_case, real_gemma3, real_gemma3_reference, real_model, real_reference,
-};
+use lcut_testkit::{real_gemma3, real_gemma3_reference, real_model, real_reference};
 
-struct Case {
-    name: &'static str,
-    model: Decoder,
-    ids: Vec<u32>,
-    decode_start: usize,
-}
-
-fn cases() -> Result<Vec<Case>> {
-    ORACLE_CASES
-        .iter()
-        .map(|&name| {
-            let case = ReferenceCase::load(&oracle_case(name))?;
-            Ok(Case {
-                name,
-                model: case.model(DType::F32, &Device::Cpu)?,
-                decode_start: case.policies[0].decode_start,
-                ids: case.ids,
-            })
-        })
-        .collect()
-}
+use common::{OracleModel as Case, oracle_models as cases};
 
 /// The policies checked, for a model of `layers` layers.
 fn policies(layers: usize) -> Vec<String> {

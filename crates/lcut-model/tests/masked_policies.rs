@@ -7,6 +7,8 @@
 //! time; and the K/V each holds: what each head keeps, no masked rows, its
 //! bytes equal to its formula.
 
+mod common;
+
 use anyhow::{Context, Result, ensure};
 use lcut_model::{DType, Decoder, Device, LogitRows, Sequence, Tensor};
 use lcut_parity::{MaskedPolicy, MaskedReference, ReferenceCase};
@@ -58,18 +60,8 @@ impl Case {
     }
 }
 
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
-    ensure!(
-        a.dims() == b.dims(),
-        "shape {:?} vs {:?}",
-        a.dims(),
-        b.dims()
-    );
-    Ok((a - b)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?)
-}
-
 fn close(what: &str, ours: &Tensor, reference: &Tensor) -> Result<()> {
-    let d = max_abs_diff(ours, reference)?;
+    let d = common::max_abs_diff(ours, reference)?;
     ensure!(
         d <= TOL,
         "{what}: differs from transformers by {d:e} (> {TOL:e})"
@@ -202,31 +194,17 @@ fn masked_policies_decoded_side_by_side_equal_one_at_a_time_bit_for_bit() -> Res
                 .forward(&mut seq, &c.ids[..c.s], LogitRows::None, None)?;
             Ok(seq)
         };
-        let mut together: Vec<Sequence> =
-            c.masked.policies.iter().map(start).collect::<Result<_>>()?;
-        let mut alone: Vec<Sequence> =
-            c.masked.policies.iter().map(start).collect::<Result<_>>()?;
-        for i in c.s..c.ids.len() {
-            let mut refs: Vec<&mut Sequence> = together.iter_mut().collect();
-            let tokens = vec![c.ids[i]; refs.len()];
-            let batch = c.model.forward_batch(&mut refs, &tokens)?;
-            for (k, seq) in alone.iter_mut().enumerate() {
-                let one = c
-                    .model
-                    .forward(seq, &c.ids[i..=i], LogitRows::Last, None)?
-                    .logits
-                    .context("logits")?;
-                let (a, b) = (
-                    one.flatten_all()?.to_vec1::<f32>()?,
-                    batch[k].flatten_all()?.to_vec1::<f32>()?,
-                );
-                ensure!(
-                    a == b,
-                    "{name} {}: step {i} side by side differs from one at a time",
-                    c.masked.policies[k].key
-                );
-            }
-        }
+        let together = c.masked.policies.iter().map(start).collect::<Result<_>>()?;
+        let alone = c.masked.policies.iter().map(start).collect::<Result<_>>()?;
+        let keys: Vec<&str> = c.masked.policies.iter().map(|p| p.key.as_str()).collect();
+        common::side_by_side_equals_one_at_a_time(
+            &c.model,
+            name,
+            &keys,
+            (together, alone),
+            &c.ids,
+            c.s,
+        )?;
     }
     Ok(())
 }
@@ -317,22 +295,9 @@ fn smollm2_matches_transformers_under_knockout_and_kept_heads() -> Result<()> {
                     at = end;
                 }
                 let ours = Tensor::cat(&rows, 0)?;
-                let d = max_abs_diff(&ours.gather(&idx, 1)?, val)?;
+                let what = format!("{key} ({how})");
+                let d = common::check_top_logits(&what, &ours, &idx, val, REAL_TOL, REAL_MARGIN)?;
                 worst = worst.max(d);
-                ensure!(
-                    d <= REAL_TOL,
-                    "{key} ({how}): top-128 logits differ by {d:e}"
-                );
-                let best = lcut_model::argmax_rows(&ours)?;
-                let (top, top_ids) = (val.to_vec2::<f32>()?, idx.to_vec2::<u32>()?);
-                for (r, (v, i)) in top.iter().zip(&top_ids).enumerate() {
-                    ensure!(
-                        v[0] - v[1] <= REAL_MARGIN || best[r] == i[0],
-                        "{key} ({how}) row {r}: argmax {} vs transformers {}",
-                        best[r],
-                        i[0]
-                    );
-                }
             }
         }
     }

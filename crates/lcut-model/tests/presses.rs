@@ -12,6 +12,8 @@
 use std::any::Any;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+mod common;
+
 use anyhow::{Context, Result, ensure};
 use lcut_model::{DType, Decoder, Device, LogitRows, Sequence, Tensor};
 use lcut_parity::{PressPolicy, PressReference, ReferenceCase};
@@ -100,16 +102,6 @@ fn continued(
     Ok((Tensor::cat(&rows, 0)?, seq))
 }
 
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
-    ensure!(
-        a.dims() == b.dims(),
-        "shape {:?} vs {:?}",
-        a.dims(),
-        b.dims()
-    );
-    Ok((a - b)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?)
-}
-
 /// The positions `seq`'s press kept, `[layer][kv_head]`.
 fn kept_by(seq: &Sequence, layers: usize, kv: usize) -> Result<Vec<Vec<Vec<usize>>>> {
     let run = seq
@@ -189,7 +181,7 @@ fn presses_match_kvpress_in_one_chunk_in_chunks_and_one_token_at_a_time() -> Res
                 let (rows, seq) = run(&c.model, resolved, &c.ids, ends)?;
                 let ours = kept_by(&seq, cfg.num_layers, cfg.num_kv_heads)?;
                 ensure!(ours == kept, "{what}: kept {ours:?}, kvpress {kept:?}");
-                let d = max_abs_diff(&rows, logits)?;
+                let d = common::max_abs_diff(&rows, logits)?;
                 ensure!(
                     d <= TOL,
                     "{what}: differs from kvpress by {d:e} (> {TOL:e})"
@@ -216,29 +208,17 @@ fn presses_decoded_side_by_side_equal_one_at_a_time_bit_for_bit() -> Result<()> 
             Ok(seq)
         };
         let policies = &c.reference.policies;
-        let mut together: Vec<Sequence> = policies.iter().map(start).collect::<Result<_>>()?;
-        let mut alone: Vec<Sequence> = policies.iter().map(start).collect::<Result<_>>()?;
-        for i in c.s + 1..c.ids.len() {
-            let mut refs: Vec<&mut Sequence> = together.iter_mut().collect();
-            let tokens = vec![c.ids[i]; refs.len()];
-            let batch = c.model.forward_batch(&mut refs, &tokens)?;
-            for (k, seq) in alone.iter_mut().enumerate() {
-                let one = c
-                    .model
-                    .forward(seq, &c.ids[i..=i], LogitRows::Last, None)?
-                    .logits
-                    .context("logits")?;
-                let (a, b) = (
-                    one.flatten_all()?.to_vec1::<f32>()?,
-                    batch[k].flatten_all()?.to_vec1::<f32>()?,
-                );
-                ensure!(
-                    a == b,
-                    "{name} {}: step {i} side by side differs",
-                    policies[k].key
-                );
-            }
-        }
+        let together = policies.iter().map(start).collect::<Result<_>>()?;
+        let alone = policies.iter().map(start).collect::<Result<_>>()?;
+        let keys: Vec<&str> = policies.iter().map(|p| p.key.as_str()).collect();
+        common::side_by_side_equals_one_at_a_time(
+            &c.model,
+            name,
+            &keys,
+            (together, alone),
+            &c.ids,
+            c.s + 1,
+        )?;
     }
     Ok(())
 }
@@ -452,7 +432,7 @@ fn smollm2_presses_match_kvpress() -> Result<()> {
                     run(&model, (policy, phases), &ids, &[s, t])?.0
                 }
             };
-            let d = max_abs_diff(&rows.gather(&idx, 1)?, val)?;
+            let d = common::max_abs_diff(&rows.gather(&idx, 1)?, val)?;
             worst = worst.max(d);
             ensure!(d <= REAL_TOL, "{what}: top-128 logits differ by {d:e}");
         }

@@ -9,6 +9,8 @@
 
 use std::collections::HashMap;
 
+mod common;
+
 use anyhow::{Result, ensure};
 use lcut_model::lora::LoraMode;
 use lcut_model::{DType, Decoder, Device, LogitRows, Sequence, Tensor};
@@ -43,11 +45,6 @@ fn load(name: &'static str) -> Result<Case> {
         s,
         reference,
     })
-}
-
-fn max_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
-    ensure!(a.dims() == b.dims(), "{:?} vs {:?}", a.dims(), b.dims());
-    Ok((a - b)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?)
 }
 
 /// The written policy (both names, the anchor or none) and its reference key.
@@ -125,7 +122,7 @@ fn projected_kv_matches_transformers_in_one_chunk_in_chunks_and_incrementally() 
                 let reference = &c.reference[&key];
                 for (how, ends) in schedules(&c) {
                     let (ours, seq) = decode_rows(&c, &text, &ends)?;
-                    let d = max_diff(&ours, reference)?;
+                    let d = common::max_abs_diff(&ours, reference)?;
                     worst = worst.max(d);
                     ensure!(d <= TOL, "{name} {text} ({how}): {d:e} from transformers");
                     // every layer keeps every token's K/V (inside its
@@ -160,7 +157,10 @@ fn projected_kv_is_neither_the_full_model_nor_speed() -> Result<()> {
         for cut in CUTS {
             let (ours, _) = decode_rows(&c, &format!("swiftkv:{cut}+bos"), &[t])?;
             let (speed, _) = decode_rows(&c, &format!("speed:{cut}+bos"), &[t])?;
-            let (to_full, to_speed) = (max_diff(&ours, &full)?, max_diff(&ours, &speed)?);
+            let (to_full, to_speed) = (
+                common::max_abs_diff(&ours, &full)?,
+                common::max_abs_diff(&ours, &speed)?,
+            );
             ensure!(to_full > 1e-3, "{name} cut {cut}: {to_full:e} from full");
             ensure!(to_speed > 1e-3, "{name} cut {cut}: {to_speed:e} from SPEED");
         }
@@ -180,7 +180,7 @@ fn a_cut_at_depth_is_the_full_model_exactly() -> Result<()> {
         for text in [format!("swiftkv:{l}+bos"), format!("pop:{l}")] {
             for (how, ends) in schedules(&c) {
                 let (ours, _) = decode_rows(&c, &text, &ends)?;
-                let d = max_diff(&ours, &full)?;
+                let d = common::max_abs_diff(&ours, &full)?;
                 // one chunk runs the very operations of the full model
                 let tol = if how == "one chunk" { 0.0 } else { TOL };
                 ensure!(d <= tol, "{name} {text} ({how}): {d:e} from full");
@@ -214,9 +214,9 @@ fn an_adapter_on_the_fly_projects_with_its_adapted_weights() -> Result<()> {
         let (a, _) = decode_rows(&fly, "swiftkv:2", &ends)?;
         let (b, _) = decode_rows(&merged, "swiftkv:2", &ends)?;
         let (plain, _) = decode_rows(&base, "swiftkv:2", &ends)?;
-        let d = max_diff(&a, &b)?;
+        let d = common::max_abs_diff(&a, &b)?;
         ensure!(d <= TOL, "{how}: on the fly {d:e} from merged");
-        let moved = max_diff(&a, &plain)?;
+        let moved = common::max_abs_diff(&a, &plain)?;
         ensure!(
             moved > 1e-3,
             "{how}: the adapter changed nothing ({moved:e})"
@@ -273,22 +273,10 @@ fn smollm2_matches_transformers_under_projected_kv() -> Result<()> {
                 }
                 for (how, ends) in runs {
                     let (ours, _) = decode_rows(&c, &text, &ends)?;
-                    let d = max_diff(&ours.gather(&idx, 1)?, val)?;
+                    let what = format!("{key} ({how})");
+                    let d =
+                        common::check_top_logits(&what, &ours, &idx, val, REAL_TOL, REAL_MARGIN)?;
                     worst = worst.max(d);
-                    ensure!(
-                        d <= REAL_TOL,
-                        "{key} ({how}): top-128 logits differ by {d:e}"
-                    );
-                    let best = lcut_model::argmax_rows(&ours)?;
-                    let (top, top_ids) = (val.to_vec2::<f32>()?, idx.to_vec2::<u32>()?);
-                    for (r, (v, i)) in top.iter().zip(&top_ids).enumerate() {
-                        ensure!(
-                            v[0] - v[1] <= REAL_MARGIN || best[r] == i[0],
-                            "{key} ({how}) row {r}: argmax {} vs transformers {}",
-                            best[r],
-                            i[0]
-                        );
-                    }
                 }
             }
         }
@@ -310,7 +298,7 @@ fn projected_kv_runs_with_a_half_precision_cache() -> Result<()> {
             let reference = &c.reference[&key];
             for (how, ends) in schedules(&c) {
                 let (ours, _) = decode_rows(&c, &text, &ends)?;
-                let d = max_diff(&ours, reference)?;
+                let d = common::max_abs_diff(&ours, reference)?;
                 ensure!(
                     d <= 5e-2,
                     "{name} {text} ({how}), f16 cache: {d:e} from transformers"

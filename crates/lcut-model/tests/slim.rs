@@ -5,34 +5,16 @@
 
 use std::collections::HashMap;
 
+mod common;
+
 use anyhow::{Result, ensure};
 use lcut_model::probes::StatePositionsProbe;
-use lcut_model::{DType, Decoder, Device, LogitRows, Sequence, Tensor};
+use lcut_model::{DType, Device, LogitRows, Sequence, Tensor};
 use lcut_parity::ReferenceCase;
 use lcut_policy::{Policy, PolicySpec, TokenPhases};
-use lcut_testkit::{ORACLE_CASES, oracle_case};
+use lcut_testkit::oracle_case;
 
-struct Case {
-    name: &'static str,
-    model: Decoder,
-    ids: Vec<u32>,
-    decode_start: usize,
-}
-
-fn cases() -> Result<Vec<Case>> {
-    ORACLE_CASES
-        .iter()
-        .map(|&name| {
-            let case = ReferenceCase::load(&oracle_case(name))?;
-            Ok(Case {
-                name,
-                model: case.model(DType::F32, &Device::Cpu)?,
-                decode_start: case.policies[0].decode_start,
-                ids: case.ids,
-            })
-        })
-        .collect()
-}
+use common::{OracleModel as Case, oracle_models as cases};
 
 fn policy(text: &str, layers: usize) -> Result<Policy> {
     Ok(text.parse::<PolicySpec>()?.resolve(layers)?)

@@ -260,6 +260,7 @@ pub fn run_items(
     };
     let timed = timing::timed_items(items, header.timing.items_per_task);
     let indices = crate::diagnose::shard_indices(items.len(), opts.shard)?;
+    crate::suite::check_items(session, items, &indices, &policies, &opts)?;
     let mut out = done;
     let kv_dtype = session.model.kv_dtype();
     for index in indices {

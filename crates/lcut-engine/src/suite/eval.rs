@@ -19,7 +19,7 @@ use super::SuiteItem;
 use super::result::ItemResult;
 use crate::diagnose::{ForcedQuality, forced_quality};
 use crate::error::{EngineError, Result};
-use crate::generate::{Generation, GenerationConfig, GenerationOutput, prefill_prefix};
+use crate::generate::{Generation, GenerationConfig, GenerationOutput, check_fits, prefill_prefix};
 use crate::prompt::PreparedPrompt;
 use crate::session::Session;
 
@@ -101,6 +101,7 @@ pub fn evaluate_suite_until(
         .map(|p| resolve_policy(session, p))
         .collect::<Result<Vec<_>>>()?;
     let indices = crate::diagnose::shard_indices(items.len(), opts.shard)?;
+    check_items(session, items, &indices, &policies, opts)?;
     let mut out = vec![Vec::with_capacity(indices.len()); policies.len()];
     for index in indices {
         let results = evaluate_item((session, base), index, &items[index], &policies, opts)?;
@@ -112,6 +113,74 @@ pub fn evaluate_suite_until(
         }
     }
     Ok(out)
+}
+
+/// Refuse, before any item runs, a run that some of its items cannot
+/// finish: a prompt that with its budget does not fit the model, or one a
+/// policy cannot run (a press's window or sinks as long as the prompt).
+/// Names the policy, how many items it refuses and the first, so that a
+/// long run does not stop at its 49th item with nothing kept.
+pub(crate) fn check_items(
+    session: &Session,
+    items: &[SuiteItem],
+    indices: &[usize],
+    policies: &[Policy],
+    opts: &SuiteEvalOptions,
+) -> Result<()> {
+    let prompts = indices
+        .iter()
+        .map(|&i| Ok((i, items[i].prepare(session)?)))
+        .collect::<Result<Vec<_>>>()?;
+    refuse_any("the model", items, &prompts, String::new(), |i, prompt| {
+        let config = GenerationConfig {
+            max_new_tokens: opts.budget(&items[i]),
+            ..GenerationConfig::default()
+        };
+        check_fits(&session.model, prompt, &config).err()
+    })?;
+    let shortest = prompts.iter().map(|(_, p)| p.decode_start).min();
+    for (written, policy) in opts.policies.iter().zip(policies) {
+        let hint = match (policy.press(), shortest) {
+            (Some(_), Some(n)) => format!(
+                " (the run's shortest prompt holds {n} token(s) before its decode start; \
+                 leave the shorter items out, or give the press a smaller window)"
+            ),
+            _ => String::new(),
+        };
+        refuse_any(written, items, &prompts, hint, |_, prompt| {
+            let phases = match prompt.phases(policy) {
+                Ok(phases) => phases,
+                Err(err) => return Some(err),
+            };
+            policy.check_phases(&phases).err().map(EngineError::from)
+        })?;
+    }
+    Ok(())
+}
+
+/// The refusal of the items of `prompts` for which `why` gives a reason,
+/// if any.
+fn refuse_any(
+    what: &str,
+    items: &[SuiteItem],
+    prompts: &[(usize, PreparedPrompt)],
+    hint: String,
+    why: impl Fn(usize, &PreparedPrompt) -> Option<EngineError>,
+) -> Result<()> {
+    let mut refused = prompts
+        .iter()
+        .filter_map(|(i, prompt)| why(*i, prompt).map(|reason| (*i, reason)));
+    let Some((first, reason)) = refused.next() else {
+        return Ok(());
+    };
+    Err(EngineError::SuiteItemsRefused {
+        what: what.to_string(),
+        refused: 1 + refused.count(),
+        total: prompts.len(),
+        first: items[first].id.clone(),
+        reason: reason.to_string(),
+        hint,
+    })
 }
 
 /// The full model's run of an item: its greedy continuation, the rows

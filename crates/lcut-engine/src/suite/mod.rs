@@ -14,8 +14,8 @@ mod ruler;
 mod score;
 
 pub use cutoffs::{CutoffEvalOptions, accuracy_by_cutoff, smallest_cut_within};
-pub(crate) use eval::evaluate_item;
 pub use eval::{SuiteEvalOptions, evaluate_suite, evaluate_suite_until, resolve_policy};
+pub(crate) use eval::{check_items, evaluate_item};
 pub use generate::{
     COMPLETION_SUITE, Form, SMOLLM2_SUITE, SMOLLM2_SUITE_SEED, generate, generate_in, to_jsonl,
 };
