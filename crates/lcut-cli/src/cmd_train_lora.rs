@@ -34,7 +34,8 @@ pub struct TrainLoraArgs {
     /// that exist above the cut).
     #[arg(long)]
     layers: Option<LayerSpan>,
-    /// Projections to adapt, comma-separated (q,k,v,o,gate,up,down).
+    /// Projections to adapt, comma-separated (q,k,v,o,gate,up,down; a model
+    /// with fused projections names them qkv and gate_up).
     #[arg(long, default_value = "q,k,v,o")]
     modules: String,
     /// Training prompts drawn from lcut's task generators.

@@ -43,23 +43,13 @@ pub enum EngineError {
     },
     /// Some items of a suite cannot run under a policy (a prompt too long
     /// for the model, or too short for a press): found before any item runs.
-    #[error(
-        "{what} cannot run {refused} of the {total} item(s) to run, the first being item {first}: \
-         {reason}; nothing was run{hint}"
-    )]
+    #[error("{what} cannot run {detail}; nothing was run")]
     SuiteItemsRefused {
         /// The policy as written, or "the model" for a prompt too long.
         what: String,
-        /// Items it cannot run.
-        refused: usize,
-        /// Items the run would cover.
-        total: usize,
-        /// The first refused item's id.
-        first: String,
-        /// Why the first is refused.
-        reason: String,
-        /// What to change, when lcut can say.
-        hint: String,
+        /// How many items of how many, the first of them and why, and
+        /// what to change when lcut can say.
+        detail: String,
     },
     /// The text needs a tokenizer, but the model folder has none.
     #[error("{folder} has no tokenizer.json: pass token ids instead of text")]

@@ -217,6 +217,13 @@ pub enum ModelError {
     /// Empty input.
     #[error("no tokens given: a forward pass needs at least one token")]
     EmptyInput,
+    /// Rows, masks or trainable pairs handed to the training pass that do
+    /// not fit the model.
+    #[error("training pass: {detail}")]
+    TrainInput {
+        /// What does not fit.
+        detail: String,
+    },
     /// Sequences decoded together were given another number of tokens.
     #[error("{sequences} sequences to decode together but {tokens} tokens for them")]
     BatchMismatch {

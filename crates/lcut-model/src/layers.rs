@@ -101,8 +101,16 @@ impl RmsNorm {
         &self.weight
     }
 
-    /// Normalise `x` over its last dimension.
+    /// Normalise `x` over its last dimension. When `x` or the scale
+    /// carries gradients (a training pass) the norm is made of ops candle
+    /// can differentiate (its fused kernel has no backward); the same
+    /// values either way, within rounding.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if x.track_op() || self.weight.track_op() {
+            let var = x.sqr()?.mean_keepdim(D::Minus1)?;
+            let normed = x.broadcast_div(&(var + f64::from(self.eps))?.sqrt()?)?;
+            return Ok(normed.broadcast_mul(&self.weight)?);
+        }
         Ok(candle_nn::ops::rms_norm(
             &x.contiguous()?,
             &self.weight,

@@ -182,20 +182,43 @@ pub struct LoraLinear {
     base: Linear,
     /// A [r, in].
     a: candle_nn::Linear,
-    /// scale·B [out, r].
+    /// B [out, r], times `scale` when it is 1.
     b: candle_nn::Linear,
+    /// The factor applied to B's product at every call (1 when it is in B).
+    scale: f64,
 }
 
 impl LoraLinear {
     /// `base` with the pair `a` [r, in] and `b` (scale·B [out, r]).
     pub(crate) fn new(base: Linear, a: candle_nn::Linear, b: candle_nn::Linear) -> Self {
-        Self { base, a, b }
+        Self {
+            base,
+            a,
+            b,
+            scale: 1.0,
+        }
+    }
+
+    /// `base` with a pair being trained: `a` [r, in] and `b` [out, r] as the
+    /// optimizer holds them (their updates are seen at the next call), the
+    /// scale applied at every call.
+    pub(crate) fn trainable(base: Linear, a: Tensor, b: Tensor, scale: f64) -> Self {
+        Self {
+            base,
+            a: candle_nn::Linear::new(a, None),
+            b: candle_nn::Linear::new(b, None),
+            scale,
+        }
     }
 
     /// base(x) + scale·(x Aᵀ) Bᵀ.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let low = self.a.forward(x)?;
-        Ok((self.base.forward(x)? + self.b.forward(&low)?)?)
+        let low = self.b.forward(&self.a.forward(x)?)?;
+        let low = match self.scale == 1.0 {
+            true => low,
+            false => (low * self.scale)?,
+        };
+        Ok((self.base.forward(x)? + low)?)
     }
 
     /// The layer under the adapter.
@@ -213,7 +236,7 @@ impl LoraLinear {
     fn delta(&self) -> Result<Tensor> {
         let b = self.b.weight().to_dtype(DType::F32)?;
         let a = self.a.weight().to_dtype(DType::F32)?;
-        Ok(b.matmul(&a)?)
+        Ok((b.matmul(&a)? * self.scale)?)
     }
 }
 

@@ -101,8 +101,13 @@ impl Rope {
     }
 
     /// Rotate `x` [heads, n, head_dim] (half-split layout) by the tables.
+    /// When `x` carries gradients (a training pass) the rotation is made of
+    /// ops candle can differentiate (its fused kernel has no backward).
     pub fn apply(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
         let head_dim = x.dim(2)?;
+        if x.track_op() {
+            return self.apply_differentiable(x, cos, sin, head_dim);
+        }
         let x4 = x.unsqueeze(0)?;
         if self.rotary_dim == head_dim {
             let out = candle_nn::rotary_emb::rope(&x4.contiguous()?, cos, sin)?;
@@ -112,6 +117,26 @@ impl Rope {
         let pass = x4.narrow(3, self.rotary_dim, head_dim - self.rotary_dim)?;
         let rot = candle_nn::rotary_emb::rope(&rot, cos, sin)?;
         Ok(Tensor::cat(&[&rot, &pass], 3)?.squeeze(0)?)
+    }
+
+    /// [`Rope::apply`] from differentiable ops: the first `rotary_dim`
+    /// values of each head rotated as two halves, the rest passed through.
+    fn apply_differentiable(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        head_dim: usize,
+    ) -> Result<Tensor> {
+        let half = self.rotary_dim / 2;
+        let (x1, x2) = (x.narrow(2, 0, half)?, x.narrow(2, half, half)?);
+        let a = (x1.broadcast_mul(cos)? - x2.broadcast_mul(sin)?)?;
+        let b = (x2.broadcast_mul(cos)? + x1.broadcast_mul(sin)?)?;
+        let mut parts = vec![a, b];
+        if self.rotary_dim < head_dim {
+            parts.push(x.narrow(2, self.rotary_dim, head_dim - self.rotary_dim)?);
+        }
+        Ok(Tensor::cat(&parts, 2)?)
     }
 }
 

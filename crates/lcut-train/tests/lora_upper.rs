@@ -1,11 +1,12 @@
-//! The LoRA trainer's layers, run on the rows that exist above the
-//! cut from the lower layers' residual stream, give transformers' SPEED+BoS
-//! logits on the llama-gqa reference case (zero adapter), also when the
-//! trained span starts below the cut (every token there); a trained step
-//! lowers the loss; and an adapter trained below and above the cut, written
-//! and applied by the engine under the same policy, gives the trainer's
-//! logits.
-
+//! The LoRA trainer runs the model's own tensor path: on the rows that
+//! exist above the cut, from the lower layers' residual stream, it gives
+//! transformers' SPEED+BoS logits on every reference architecture (zero
+//! adapter), also when the trained span starts below the cut (every token
+//! there); Mistral's and Gemma 3's sliding windows are applied (a
+//! window-blind trainer misses the reference); a trained step lowers the
+//! loss; and an adapter trained below and above the cut, written and
+//! applied by the engine under the same policy, gives the trainer's logits,
+//! on Llama and on Gemma 3.
 use anyhow::{Result, ensure};
 use candle_core::{D, Device, Tensor};
 use lcut_model::lora::{LoraConfig, LoraMode, write_adapter};
@@ -19,18 +20,26 @@ use lcut_train::lora_train::{
 };
 
 const CUT: usize = 4;
-const S: usize = 28;
 
-fn case() -> Result<(UpperModel, TrainSeq, Tensor)> {
-    let dir = oracle_dir();
+/// The SPEED+BoS sequence at cut 4 of oracle case `name` for a model that
+/// starts at layer `first` (at or below the cut: below it, every row runs
+/// from the residual stream after layer `first - 1`, and the BoS and
+/// decode rows go on past the cut), with transformers' SPEED+BoS logits.
+/// `cfg` may be changed before the model is built.
+fn oracle_seq(
+    name: &str,
+    first: usize,
+    edit: impl FnOnce(&mut ModelConfig),
+) -> Result<(UpperModel, TrainSeq, Tensor)> {
+    let dir = lcut_testkit::oracle_case(name);
     let case = ReferenceCase::load(&dir)?;
-    let cfg = ModelConfig::from_folder(&dir)?;
-    let upper = UpperModel::load(&cfg, &WeightFiles::open(&dir)?, CUT)?;
+    let mut cfg = ModelConfig::from_folder(&dir)?;
+    edit(&mut cfg);
+    let model = UpperModel::load_span(&cfg, &WeightFiles::open(&dir)?, first, CUT)?;
+    let s = case.policies[0].decode_start;
     let t = case.ids.len();
-    let positions: Vec<usize> = std::iter::once(0).chain(S..t).collect();
+    let positions: Vec<usize> = std::iter::once(0).chain(s..t).collect();
     let idx: Vec<u32> = positions.iter().map(|&p| p as u32).collect();
-    let x = case.tensors[&format!("layer_out.{}", CUT - 1)]
-        .index_select(&Tensor::new(idx.as_slice(), &Device::Cpu)?, 0)?;
     let n = positions.len();
     let visible = (0..n * n).map(|i| i % n <= i / n).collect();
     let loss_rows: Vec<u32> = (1..n as u32).collect();
@@ -38,48 +47,55 @@ fn case() -> Result<(UpperModel, TrainSeq, Tensor)> {
         .iter()
         .map(|&r| case.ids[(positions[r as usize] + 1).min(t - 1)])
         .collect();
-    let want = case.tensors["logits.speed.l4.bos"].clone();
-    Ok((
-        upper,
-        TrainSeq {
-            x,
-            below: None,
-            positions,
-            visible,
-            loss_rows,
-            targets,
-            teacher: None,
-        },
-        want,
-    ))
-}
-
-/// The case's SPEED+BoS sequence for a model whose trained span starts at
-/// `first` below the cut: every row from the residual stream after layer
-/// `first - 1`, the BoS and decode rows kept at the cut.
-fn case_from(first: usize) -> Result<(UpperModel, TrainSeq, Tensor)> {
-    let (_, upper_seq, want) = case()?;
-    let dir = oracle_dir();
-    let case = ReferenceCase::load(&dir)?;
-    let cfg = ModelConfig::from_folder(&dir)?;
-    let model = UpperModel::load_span(&cfg, &WeightFiles::open(&dir)?, first, CUT)?;
-    let t = case.ids.len();
-    let x = case.tensors[&format!("layer_out.{}", first - 1)].clone();
-    let below = BelowCut {
-        positions: (0..t).collect(),
-        visible: (0..t * t).map(|i| i % t <= i / t).collect(),
-        kept: upper_seq.positions.iter().map(|&p| p as u32).collect(),
+    let (x, below) = match first < CUT {
+        false => {
+            let x = case.tensors[&format!("layer_out.{}", CUT - 1)]
+                .index_select(&Tensor::new(idx.as_slice(), &Device::Cpu)?, 0)?;
+            (x, None)
+        }
+        true => (
+            case.tensors[&format!("layer_out.{}", first - 1)].clone(),
+            Some(BelowCut {
+                positions: (0..t).collect(),
+                visible: (0..t * t).map(|i| i % t <= i / t).collect(),
+                kept: idx,
+            }),
+        ),
     };
+    let want = case.tensors["logits.speed.l4.bos"].clone();
     let seq = TrainSeq {
         x,
-        below: Some(below),
-        ..upper_seq
+        below,
+        positions,
+        visible,
+        loss_rows,
+        targets,
+        teacher: None,
     };
     Ok((model, seq, want))
 }
 
+/// The llama-gqa case's sequence at the cut.
+fn case() -> Result<(UpperModel, TrainSeq, Tensor)> {
+    oracle_seq("llama-gqa", CUT, |_| {})
+}
+
+/// The llama-gqa case's sequence for a model starting at `first`.
+fn case_from(first: usize) -> Result<(UpperModel, TrainSeq, Tensor)> {
+    oracle_seq("llama-gqa", first, |_| {})
+}
+
 fn oracle_dir() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/oracle/llama-gqa")
+    lcut_testkit::oracle_case("llama-gqa")
+}
+
+/// Projections every architecture has under these names (Phi-3 fuses q,
+/// k and v into one).
+fn attention_sites(name: &str) -> &'static [&'static str] {
+    match name {
+        "phi3-fused" => &["qkv_proj", "o_proj"],
+        _ => &["q_proj", "v_proj"],
+    }
 }
 
 /// Largest absolute difference of two tensors of one shape.
@@ -129,6 +145,123 @@ fn zero_adapter_from_below_the_cut_gives_transformers_speed_logits() -> Result<(
             "from layer {first}: differs from transformers' SPEED+BoS logits by {d:e}"
         );
     }
+    Ok(())
+}
+
+/// The trainer is the model's own tensor path: on every reference
+/// architecture (q/k norms, biases, fused projections, sandwich norms,
+/// soft-caps, sliding windows, Gemma 3's two RoPE bases), from the cut and
+/// from below it, a zero adapter gives transformers' SPEED+BoS logits.
+#[test]
+fn every_architecture_trains_on_transformers_logits() -> Result<()> {
+    for name in lcut_testkit::ORACLE_CASES {
+        for first in [2, CUT] {
+            let (model, s, want) = oracle_seq(name, first, |_| {})?;
+            let lora = model.init_lora(&[first, 5], attention_sites(name), 4, 8.0, 3)?;
+            let d = max_diff(&model.logits(&s, &lora)?, &want)?;
+            ensure!(
+                d <= 1e-4,
+                "{name} from layer {first}: differs from transformers' SPEED+BoS logits by {d:e}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Mistral's sliding window of 12 decides this case: the same trainer with
+/// the windows dropped from the config (a window-blind trainer) is far
+/// from transformers, so the test above holds only because the trainer
+/// reads each layer's window.
+#[test]
+fn a_window_blind_trainer_misses_transformers_logits() -> Result<()> {
+    for first in [2, CUT] {
+        let (model, s, want) = oracle_seq("mistral-window", first, |cfg| {
+            cfg.sliding_window.iter_mut().for_each(|w| *w = None);
+        })?;
+        let lora = model.init_lora(&[5], &["q_proj"], 4, 8.0, 3)?;
+        let d = max_diff(&model.logits(&s, &lora)?, &want)?;
+        ensure!(
+            d > 1e-2,
+            "from layer {first}: the windows change nothing here ({d:e})"
+        );
+    }
+    Ok(())
+}
+
+/// An adapter trained on Gemma 3's layout (sliding and global layers, q/k
+/// norms, four norms a layer, GELU-tanh) below and above the cut, on every
+/// projection, written and applied by the engine under speed:4+bos, gives
+/// the trainer's logits: what is trained is what runs, windows included.
+#[test]
+fn gemma3_trains_with_its_windows_and_runs_as_trained() -> Result<()> {
+    let name = "gemma3-sliding";
+    let (model, s, base) = oracle_seq(name, 2, |_| {})?;
+    let layers = [2, 3, 4, 5];
+    let all = [
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    ];
+    let lora = model.init_lora(&layers, &all, 4, 8.0, 3)?;
+    let tmp = tempfile::tempdir()?;
+    let mut config = LoraConfig::new(4, 8.0, &all);
+    config.layers = Some(layers.to_vec());
+    config.policy = Some("speed:4+bos".into());
+    let state = train_lora(
+        &model,
+        &lora,
+        std::slice::from_ref(&s),
+        &options(0, 0.0),
+        (&tmp.path().join("ckpt"), &config),
+        |_, _| {},
+    )?;
+    ensure!(
+        state.losses[19] < state.losses[0] * 0.9,
+        "loss {:?}",
+        state.losses
+    );
+    let trained = model.logits(&s, &lora)?;
+    ensure!(
+        max_diff(&trained, &base)? > 1e-2,
+        "training changed nothing"
+    );
+    let adapter = tmp.path().join("adapter");
+    write_adapter(&adapter, &config, &lora.pairs())?;
+    let dir = lcut_testkit::oracle_case(name);
+    let engine = Decoder::load(&dir, candle_core::DType::F32, &Device::Cpu)?
+        .with_lora(&adapter, LoraMode::OnTheFly)?;
+    let case = ReferenceCase::load(&dir)?;
+    let (ids, start) = (case.ids, case.policies[0].decode_start);
+    let policy = "speed:4+bos".parse::<PolicySpec>()?.resolve(6)?;
+    let mut seq = engine.new_sequence(policy, TokenPhases::new(ids.len(), start, 1)?)?;
+    engine.forward(&mut seq, &ids[..start], LogitRows::None, None)?;
+    let out = engine.forward(&mut seq, &ids[start..], LogitRows::All, None)?;
+    let got = out.logits.ok_or_else(|| anyhow::anyhow!("no logits"))?;
+    let d = max_diff(&got, &trained)?;
+    ensure!(d <= 1e-4, "engine vs trainer: {d:e}");
+    Ok(())
+}
+
+/// A projection the model does not have, or a layer outside the trained
+/// ones, is refused by name.
+#[test]
+fn a_projection_the_model_lacks_is_refused_by_name() -> Result<()> {
+    let (phi3, _, _) = oracle_seq("phi3-fused", CUT, |_| {})?;
+    let err = match phi3.init_lora(&[4], &["q_proj"], 4, 8.0, 3) {
+        Ok(_) => anyhow::bail!("q_proj on a fused model was accepted"),
+        Err(e) => e.to_string(),
+    };
+    ensure!(err.contains("q_proj") && err.contains("qkv_proj"), "{err}");
+    let (upper, _, _) = case()?;
+    let err = match upper.init_lora(&[1], &["q_proj"], 4, 8.0, 3) {
+        Ok(_) => anyhow::bail!("a layer below the trained span was accepted"),
+        Err(e) => e.to_string(),
+    };
+    ensure!(err.contains("layer 1"), "{err}");
     Ok(())
 }
 
@@ -183,11 +316,12 @@ fn adapter_trained_below_the_cut_runs_in_the_engine_as_trained() -> Result<()> {
     write_adapter(&adapter, &config, &lora.pairs())?;
     let engine = Decoder::load(&oracle_dir(), candle_core::DType::F32, &Device::Cpu)?
         .with_lora(&adapter, LoraMode::OnTheFly)?;
-    let ids = ReferenceCase::load(&oracle_dir())?.ids;
+    let case = ReferenceCase::load(&oracle_dir())?;
+    let (ids, start) = (case.ids, case.policies[0].decode_start);
     let policy = "speed:4+bos".parse::<PolicySpec>()?.resolve(6)?;
-    let mut seq = engine.new_sequence(policy, TokenPhases::new(ids.len(), S, 1)?)?;
-    engine.forward(&mut seq, &ids[..S], LogitRows::None, None)?;
-    let out = engine.forward(&mut seq, &ids[S..], LogitRows::All, None)?;
+    let mut seq = engine.new_sequence(policy, TokenPhases::new(ids.len(), start, 1)?)?;
+    engine.forward(&mut seq, &ids[..start], LogitRows::None, None)?;
+    let out = engine.forward(&mut seq, &ids[start..], LogitRows::All, None)?;
     let got = out.logits.ok_or_else(|| anyhow::anyhow!("no logits"))?;
     let base = case_from(2)?.2;
     ensure!(

@@ -142,7 +142,7 @@ pub(crate) fn check_items(
     for (written, policy) in opts.policies.iter().zip(policies) {
         let hint = match (policy.press(), shortest) {
             (Some(_), Some(n)) => format!(
-                " (the run's shortest prompt holds {n} token(s) before its decode start; \
+                " (the run's shortest prompt holds {n} token(s) before its decode start: \
                  leave the shorter items out, or give the press a smaller window)"
             ),
             _ => String::new(),
@@ -173,13 +173,14 @@ fn refuse_any(
     let Some((first, reason)) = refused.next() else {
         return Ok(());
     };
+    let count = 1 + refused.count();
     Err(EngineError::SuiteItemsRefused {
         what: what.to_string(),
-        refused: 1 + refused.count(),
-        total: prompts.len(),
-        first: items[first].id.clone(),
-        reason: reason.to_string(),
-        hint,
+        detail: format!(
+            "{count} of the {} item(s) to run, the first being item {}: {reason}{hint}",
+            prompts.len(),
+            items[first].id
+        ),
     })
 }
 

@@ -142,7 +142,7 @@ impl Decoder {
     /// are taken in blocks whose scores stay within the block bound.
     /// Returns the output [heads, n, head_dim] and, when `probs_from` is
     /// given, the probabilities of rows `probs_from..n` [heads, rows, keys] (f32).
-    fn attend(
+    pub(super) fn attend(
         &self,
         q: &Tensor,
         k: &Tensor,
@@ -204,7 +204,12 @@ impl Decoder {
                 .broadcast_add(mask)?
                 .reshape((kv_heads, group * n, keys))?;
         }
-        let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+        // candle's fused softmax has no backward: a training pass (scores
+        // carrying gradients) takes the one made of differentiable ops
+        let probs = match scores.track_op() {
+            true => candle_nn::ops::softmax(&scores, candle_core::D::Minus1)?,
+            false => candle_nn::ops::softmax_last_dim(&scores)?,
+        };
         let out = probs.to_dtype(self.dtype)?.matmul(v)?;
         Ok((
             out.reshape((heads, n, head_dim))?,

@@ -20,6 +20,7 @@ mod reads;
 mod stages;
 mod step;
 mod step_model;
+mod train;
 
 pub use step::{StepScratch, Unfused};
 

@@ -17,7 +17,7 @@ use crate::sequence::Sequence;
 
 /// The residual stream after layer `layer`: `hidden` plus the attention
 /// output `attn` (through the output projection), then plus the MLP's.
-fn layer_residuals(layer: &Layer, hidden: &Tensor, attn: &Tensor) -> Result<Tensor> {
+pub(super) fn layer_residuals(layer: &Layer, hidden: &Tensor, attn: &Tensor) -> Result<Tensor> {
     let mut attn_out = layer.attn.output(attn)?;
     if let Some(norm) = &layer.attn_out_norm {
         attn_out = norm.forward(&attn_out)?;

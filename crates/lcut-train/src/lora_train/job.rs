@@ -1,6 +1,6 @@
 //! A whole adapter training job, from its options to its files: the base
-//! model loaded (a session for the teacher and the frozen layers, the
-//! trained span dense in f32), the training data made, the adapter trained
+//! model loaded (one session, dense in f32, for the teacher, the frozen
+//! layers and the trained span), the training data made, the adapter trained
 //! with checkpoints, then the adapter (PEFT layout, with `lcut_policy`) and
 //! `training.json` written.
 
@@ -8,9 +8,8 @@ use std::time::Instant;
 
 use candle_core::{DType, Device};
 use lcut_engine::Session;
-use lcut_model::gguf::GgufWeights;
+use lcut_model::WeightMode;
 use lcut_model::lora::{LoraConfig, Targets, write_adapter};
-use lcut_model::{ModelFiles, ResolvedModel, WeightMode};
 use lcut_policy::Policy;
 use serde_json::json;
 
@@ -39,7 +38,7 @@ pub fn train_adapter(job: &AdapterJob, progress: &mut dyn Progress) -> Result<Ch
         .with_context(|| format!("loading model {}", job.model))?;
     let plan = plan(job, session.model.config().num_layers)?;
     let cut = plan.policy.l_cut();
-    let upper = load_trained_span(&job.model, plan.first, cut)?;
+    let upper = UpperModel::over(session.model.clone(), plan.first, cut)?;
     let fingerprint = session.model.lora_fingerprint()?;
     let kd = job.train.kd_weight > 0.0;
     let policy = (&plan.policy, plan.first, fingerprint.as_str());
@@ -152,17 +151,4 @@ fn write_outputs(
     let writing = || format!("writing {}", path.display());
     let text = serde_json::to_string_pretty(&record).with_context(writing)?;
     lcut_model::lora::write_atomic(&path, text.as_bytes()).with_context(writing)
-}
-
-/// The model's layers from `first` up for a policy cutting at `cut`, dense f32.
-fn load_trained_span(model: &ResolvedModel, first: usize, cut: usize) -> Result<UpperModel> {
-    Ok(match ModelFiles::open_format(&model.path, model.format)? {
-        ModelFiles::Gguf(file) => {
-            let cfg = file.config().clone();
-            UpperModel::load_span(&cfg, &GgufWeights::new(file), first, cut)?
-        }
-        ModelFiles::Folder(folder) => {
-            UpperModel::load_span(&folder.config, &folder.weights, first, cut)?
-        }
-    })
 }

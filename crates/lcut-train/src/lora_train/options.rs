@@ -74,7 +74,10 @@ pub fn projection_names(short: &[String]) -> Result<Vec<String>> {
             match MODULES.iter().any(|x| x.ends_with(&full)) {
                 true => Ok(full),
                 false => {
-                    refuse!("--modules: unknown projection {m:?} (q, k, v, o, gate, up, down)")
+                    refuse!(
+                        "--modules: unknown projection {m:?} (q, k, v, o, gate, up, down; \
+                         qkv and gate_up where the model fuses them)"
+                    )
                 }
             }
         })

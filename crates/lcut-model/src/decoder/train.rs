@@ -1,0 +1,158 @@
+//! The tensor path over a whole sequence, for training: each layer's own
+//! norms, projections, RoPE, attention and MLP (the blocks inference runs),
+//! over rows given with their positions and which rows each reads, each
+//! layer's sliding window applied, with trainable LoRA pairs in its linear
+//! layers and gradients reaching them through candle's autograd. There is
+//! no cache: every row of the sequence is computed at once.
+
+use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
+use std::ops::Range;
+
+use candle_core::Tensor;
+
+use super::Decoder;
+use super::pass::layer_residuals;
+use crate::error::{ModelError, Result};
+use crate::linear::{Linear, LoraLinear, linear_dims};
+use crate::lora::Site;
+
+/// A refusal of the training pass's input.
+fn refuse(detail: String) -> ModelError {
+    ModelError::TrainInput { detail }
+}
+
+impl Decoder {
+    /// The module paths (`self_attn.q_proj`, `mlp.down_proj`, ...) of a
+    /// layer's linear layers and their (out, in), as adapters name them.
+    pub fn linear_modules(&self) -> Result<Vec<(String, (usize, usize))>> {
+        let mut copy = self.clone();
+        copy.layer_linears_mut(0)
+            .into_iter()
+            .map(|(m, lin)| Ok((m, linear_dims(lin)?)))
+            .collect()
+    }
+
+    /// A copy of this decoder whose linear layers at `pairs`' sites add
+    /// `scale`·(x Aᵀ) Bᵀ, A [r, in] and B [out, r] as given (an optimizer's
+    /// variables: their updates are seen at the next call, and gradients
+    /// reach them). A site the model does not have, or a pair of another
+    /// shape, is refused by name.
+    pub fn with_trainable_lora(
+        &self,
+        pairs: &BTreeMap<Site, (Tensor, Tensor)>,
+        scale: f64,
+    ) -> Result<Decoder> {
+        let mut adapted = self.clone();
+        let layers = self.cfg.num_layers;
+        for ((layer, module), (a, b)) in pairs {
+            if *layer >= layers {
+                return Err(refuse(format!(
+                    "a pair at layer {layer}, past the model's {layers} layers"
+                )));
+            }
+            let mut linears = adapted.layer_linears_mut(*layer);
+            let known: Vec<String> = linears.iter().map(|(m, _)| m.clone()).collect();
+            let Some((_, lin)) = linears.iter_mut().find(|(m, _)| m == module) else {
+                return Err(refuse(format!(
+                    "layer {layer} has no linear layer `{module}` (it has: {})",
+                    known.join(", ")
+                )));
+            };
+            let (out, inp) = linear_dims(lin)?;
+            let (ra, ia) = a.dims2()?;
+            let (ob, rb) = b.dims2()?;
+            if ia != inp || ob != out || ra != rb {
+                return Err(refuse(format!(
+                    "layer {layer} {module} is [{out}, {inp}]: A [{ra}, {ia}] and B [{ob}, {rb}] \
+                     do not make a pair for it"
+                )));
+            }
+            let base = lin.clone();
+            **lin = Linear::Adapted(Box::new(LoraLinear::trainable(
+                base,
+                a.clone(),
+                b.clone(),
+                scale,
+            )));
+        }
+        Ok(adapted)
+    }
+
+    /// The residual stream `hidden` [n, hidden] of rows at `positions`
+    /// (increasing) through `layers`, row q reading row k where
+    /// `visible[q * n + k]` and, at a sliding layer, where k lies within
+    /// the layer's window of q. Every row must read itself. Differentiable
+    /// with respect to the pairs of [`Decoder::with_trainable_lora`].
+    pub fn train_rows(
+        &self,
+        layers: Range<usize>,
+        mut hidden: Tensor,
+        positions: &[usize],
+        visible: &[bool],
+    ) -> Result<Tensor> {
+        let n = positions.len();
+        if hidden.dims() != [n, self.cfg.hidden_size] {
+            return Err(refuse(format!(
+                "hidden states {:?} for {n} positions of width {}",
+                hidden.dims(),
+                self.cfg.hidden_size
+            )));
+        }
+        if visible.len() != n * n {
+            return Err(refuse(format!(
+                "a mask of {} entries for {n} rows",
+                visible.len()
+            )));
+        }
+        if let Some(q) = (0..n).find(|&q| !visible[q * n + q]) {
+            return Err(refuse(format!("row {q} does not read itself")));
+        }
+        if positions.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(refuse("positions must increase".into()));
+        }
+        if layers.end > self.cfg.num_layers {
+            return Err(refuse(format!(
+                "layers {layers:?} of a model of {}",
+                self.cfg.num_layers
+            )));
+        }
+        let tables = self.rope_tables(positions)?;
+        let mut masks: BTreeMap<Option<usize>, Tensor> = BTreeMap::new();
+        for l in layers {
+            let layer = &self.layers[l];
+            let mask = match masks.entry(layer.window) {
+                Entry::Occupied(e) => e.into_mut(),
+                Entry::Vacant(e) => e.insert(self.train_mask(positions, visible, layer.window)?),
+            };
+            let (cos, sin) = &tables[layer.rope];
+            let x = layer.input_norm.forward(&hidden)?;
+            let qkv = layer.attn.qkv(&x, &self.rope, cos, sin)?;
+            let (attn, _) = self.attend(&qkv.q, &qkv.k, &qkv.v, Some(mask), None)?;
+            hidden = layer_residuals(layer, &hidden, &attn)?;
+        }
+        Ok(hidden)
+    }
+
+    /// The additive mask [n, n] of [`Decoder::train_rows`] at a layer with
+    /// `window` (0 where q reads k, -inf elsewhere).
+    fn train_mask(
+        &self,
+        positions: &[usize],
+        visible: &[bool],
+        window: Option<usize>,
+    ) -> Result<Tensor> {
+        let n = positions.len();
+        let values: Vec<f32> = (0..n * n)
+            .map(|i| {
+                let (q, k) = (i / n, i % n);
+                let in_window = window.is_none_or(|w| positions[q].abs_diff(positions[k]) < w);
+                match visible[i] && in_window {
+                    true => 0.0,
+                    false => f32::NEG_INFINITY,
+                }
+            })
+            .collect();
+        Ok(Tensor::from_vec(values, (n, n), &self.device)?)
+    }
+}
