@@ -168,22 +168,26 @@ fn every_architecture_trains_on_transformers_logits() -> Result<()> {
     Ok(())
 }
 
-/// Mistral's sliding window of 12 decides this case: the same trainer with
-/// the windows dropped from the config (a window-blind trainer) is far
-/// from transformers, so the test above holds only because the trainer
-/// reads each layer's window.
+/// The sliding windows of 12 decide these cases: the same trainer with
+/// every window widened past the sequence (a window-blind trainer; Gemma
+/// 3's sliding layers keep their own RoPE) is far from transformers, so the
+/// test above holds only because the trainer reads each layer's window.
 #[test]
 fn a_window_blind_trainer_misses_transformers_logits() -> Result<()> {
-    for first in [2, CUT] {
-        let (model, s, want) = oracle_seq("mistral-window", first, |cfg| {
-            cfg.sliding_window.iter_mut().for_each(|w| *w = None);
-        })?;
-        let lora = model.init_lora(&[5], &["q_proj"], 4, 8.0, 3)?;
-        let d = max_diff(&model.logits(&s, &lora)?, &want)?;
-        ensure!(
-            d > 1e-2,
-            "from layer {first}: the windows change nothing here ({d:e})"
-        );
+    for name in ["mistral-window", "gemma3-sliding"] {
+        for first in [2, CUT] {
+            let (model, s, want) = oracle_seq(name, first, |cfg| {
+                for w in cfg.sliding_window.iter_mut().flatten() {
+                    *w = 1 << 20;
+                }
+            })?;
+            let lora = model.init_lora(&[5], &["q_proj"], 4, 8.0, 3)?;
+            let d = max_diff(&model.logits(&s, &lora)?, &want)?;
+            ensure!(
+                d > 1e-2,
+                "{name} from layer {first}: the windows change nothing here ({d:e})"
+            );
+        }
     }
     Ok(())
 }
