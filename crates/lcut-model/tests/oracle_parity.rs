@@ -2,6 +2,8 @@
 //! `fixtures/oracle`: logits, every layer's residual stream, every layer's
 //! attention, SPEED-policy logits, KV-cached decoding and greedy decoding.
 
+mod common;
+
 use std::collections::HashMap;
 
 use anyhow::{Context, Result, ensure};
@@ -34,18 +36,8 @@ fn load(name: &'static str) -> Result<Case> {
     })
 }
 
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
-    ensure!(
-        a.dims() == b.dims(),
-        "shape {:?} vs {:?}",
-        a.dims(),
-        b.dims()
-    );
-    Ok((a - b)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?)
-}
-
 fn assert_close(case: &str, what: &str, ours: &Tensor, reference: &Tensor) -> Result<()> {
-    let diff = max_abs_diff(ours, reference).with_context(|| format!("{case}: {what}"))?;
+    let diff = common::max_abs_diff(ours, reference).with_context(|| format!("{case}: {what}"))?;
     ensure!(
         diff <= TOL,
         "{case}: {what} differs from transformers by {diff:e} (> {TOL:e})"

@@ -85,10 +85,6 @@ fn case_from(first: usize) -> Result<(UpperModel, TrainSeq, Tensor)> {
     oracle_seq("llama-gqa", first, |_| {})
 }
 
-fn oracle_dir() -> std::path::PathBuf {
-    lcut_testkit::oracle_case("llama-gqa")
-}
-
 /// Projections every architecture has under these names (Phi-3 fuses q,
 /// k and v into one).
 fn attention_sites(name: &str) -> &'static [&'static str] {
@@ -192,27 +188,17 @@ fn a_window_blind_trainer_misses_transformers_logits() -> Result<()> {
     Ok(())
 }
 
-/// An adapter trained on Gemma 3's layout (sliding and global layers, q/k
-/// norms, four norms a layer, GELU-tanh) below and above the cut, on every
-/// projection, written and applied by the engine under speed:4+bos, gives
-/// the trainer's logits: what is trained is what runs, windows included.
-#[test]
-fn gemma3_trains_with_its_windows_and_runs_as_trained() -> Result<()> {
-    let name = "gemma3-sliding";
+/// Train an adapter on `sites` of layers 2..6 of oracle case `name` (two
+/// below the cut of 4) for speed:4+bos, write it in the PEFT layout, apply
+/// it in the engine on the fly under that policy, and require the engine's
+/// logits to be the trainer's (what is trained is what runs) and training
+/// to have lowered the loss and moved the logits. Returns the pairs.
+fn trained_runs_in_the_engine_as_trained(name: &str, sites: &[&str]) -> Result<LoraVars> {
     let (model, s, base) = oracle_seq(name, 2, |_| {})?;
     let layers = [2, 3, 4, 5];
-    let all = [
-        "q_proj",
-        "k_proj",
-        "v_proj",
-        "o_proj",
-        "gate_proj",
-        "up_proj",
-        "down_proj",
-    ];
-    let lora = model.init_lora(&layers, &all, 4, 8.0, 3)?;
+    let lora = model.init_lora(&layers, sites, 4, 8.0, 3)?;
     let tmp = tempfile::tempdir()?;
-    let mut config = LoraConfig::new(4, 8.0, &all);
+    let mut config = LoraConfig::new(4, 8.0, sites);
     config.layers = Some(layers.to_vec());
     config.policy = Some("speed:4+bos".into());
     let state = train_lora(
@@ -225,13 +211,13 @@ fn gemma3_trains_with_its_windows_and_runs_as_trained() -> Result<()> {
     )?;
     ensure!(
         state.losses[19] < state.losses[0] * 0.9,
-        "loss {:?}",
+        "{name}: loss {:?}",
         state.losses
     );
     let trained = model.logits(&s, &lora)?;
     ensure!(
         max_diff(&trained, &base)? > 1e-2,
-        "training changed nothing"
+        "{name}: training changed nothing"
     );
     let adapter = tmp.path().join("adapter");
     write_adapter(&adapter, &config, &lora.pairs())?;
@@ -246,7 +232,25 @@ fn gemma3_trains_with_its_windows_and_runs_as_trained() -> Result<()> {
     let out = engine.forward(&mut seq, &ids[start..], LogitRows::All, None)?;
     let got = out.logits.ok_or_else(|| anyhow::anyhow!("no logits"))?;
     let d = max_diff(&got, &trained)?;
-    ensure!(d <= 1e-4, "engine vs trainer: {d:e}");
+    ensure!(d <= 1e-4, "{name}: engine vs trainer: {d:e}");
+    Ok(lora)
+}
+
+/// An adapter trained on Gemma 3's layout (sliding and global layers, q/k
+/// norms, four norms a layer, GELU-tanh) below and above the cut, on every
+/// projection, runs in the engine as trained, windows included.
+#[test]
+fn gemma3_trains_with_its_windows_and_runs_as_trained() -> Result<()> {
+    let all = [
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    ];
+    trained_runs_in_the_engine_as_trained("gemma3-sliding", &all)?;
     Ok(())
 }
 
@@ -284,56 +288,18 @@ fn a_sequence_prepared_for_another_span_is_refused() -> Result<()> {
     Ok(())
 }
 
-/// Adapter trained on layers 2..6 (two below the cut of 4), written in the
-/// PEFT layout and applied by the engine on the fly under speed:4+bos: the
-/// engine's logits are the trainer's (what is trained is what runs).
+/// An adapter trained on Llama's attention projections below and above
+/// the cut runs in the engine as trained, and the layers below the cut
+/// learnt too.
 #[test]
 fn adapter_trained_below_the_cut_runs_in_the_engine_as_trained() -> Result<()> {
-    let (model, s, _) = case_from(2)?;
-    let layers = [2, 3, 4, 5];
-    let lora = model.init_lora(&layers, &SITES, 4, 8.0, 3)?;
-    let tmp = tempfile::tempdir()?;
-    let mut config = LoraConfig::new(4, 8.0, &SITES);
-    config.layers = Some(layers.to_vec());
-    config.policy = Some("speed:4+bos".into());
-    let state = train_lora(
-        &model,
-        &lora,
-        std::slice::from_ref(&s),
-        &options(0, 0.0),
-        (&tmp.path().join("ckpt"), &config),
-        |_, _| {},
-    )?;
-    ensure!(
-        state.losses[19] < state.losses[0] * 0.9,
-        "loss {:?}",
-        state.losses
-    );
+    let lora = trained_runs_in_the_engine_as_trained("llama-gqa", &SITES)?;
     // the layers below the cut learnt too (their pairs are not at B = 0)
     for l in [2, 3] {
         let (_, b) = &lora.vars[&(l, "self_attn.v_proj".to_string())];
         let norm = b.as_tensor().sqr()?.sum_all()?.to_scalar::<f32>()?;
         ensure!(norm > 1e-6, "layer {l} below the cut did not train");
     }
-    let trained = model.logits(&s, &lora)?;
-    let adapter = tmp.path().join("adapter");
-    write_adapter(&adapter, &config, &lora.pairs())?;
-    let engine = Decoder::load(&oracle_dir(), candle_core::DType::F32, &Device::Cpu)?
-        .with_lora(&adapter, LoraMode::OnTheFly)?;
-    let case = ReferenceCase::load(&oracle_dir())?;
-    let (ids, start) = (case.ids, case.policies[0].decode_start);
-    let policy = "speed:4+bos".parse::<PolicySpec>()?.resolve(6)?;
-    let mut seq = engine.new_sequence(policy, TokenPhases::new(ids.len(), start, 1)?)?;
-    engine.forward(&mut seq, &ids[..start], LogitRows::None, None)?;
-    let out = engine.forward(&mut seq, &ids[start..], LogitRows::All, None)?;
-    let got = out.logits.ok_or_else(|| anyhow::anyhow!("no logits"))?;
-    let base = case_from(2)?.2;
-    ensure!(
-        max_diff(&trained, &base)? > 1e-2,
-        "training changed nothing"
-    );
-    let d = max_diff(&got, &trained)?;
-    ensure!(d <= 1e-4, "engine vs trainer: {d:e}");
     Ok(())
 }
 
