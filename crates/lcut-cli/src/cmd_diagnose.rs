@@ -238,6 +238,7 @@ pub fn print_summary(report: &Report) {
     if let Some(line) = lcut_report::knockout_sentence(report) {
         println!("{line}");
     }
+    print_candidate_votes(report);
     println!("recommended L_cut = {} of {}", r.l_cut, r.num_layers);
     if let Some(sweep) = &report.sweep {
         match sweep.knee {
@@ -245,6 +246,28 @@ pub fn print_summary(report: &Report) {
             None => println!("sweep: no cutoff keeps agreement within the threshold"),
         }
     }
+}
+
+/// The cuts the logit lens's formation layer and the knockout curve would
+/// vote, printed beside the recommendation but not among its votes: on
+/// SmolLM2's suite neither moved the recommendation nearer the accuracy
+/// knee (docs/suite-and-calibration.md).
+fn print_candidate_votes(report: &Report) {
+    let formation = report.curves.formation().map(|f| f.median);
+    let knockout = lcut_diag::knockout_band(&report.traces).and_then(|band| {
+        lcut_diag::vote_knockout(&report.curves, band, lcut_diag::KNOCKOUT_KL_MIN)
+    });
+    if formation.is_none() && knockout.is_none() {
+        return;
+    }
+    let show = |v: Option<usize>| v.map_or_else(|| "-".to_string(), |c| c.to_string());
+    println!(
+        "not among the votes: formation layer {}, knockout {} (1 + the highest band whose \
+         knockout moves the answer more than {} nats)",
+        show(formation),
+        show(knockout),
+        lcut_diag::KNOCKOUT_KL_MIN
+    );
 }
 
 /// Run `lcut diagnose`.

@@ -134,6 +134,11 @@ fn diagnose_knockout_is_the_sweep_of_its_bands() {
         &repo,
     );
     assert!(stdout.contains("Where the prompt matters"), "{stdout}");
+    // without the lens only the knockout's vote is printed beside the votes
+    assert!(
+        stdout.contains("not among the votes: formation layer -, knockout "),
+        "{stdout}"
+    );
     let report = lcut_trace::read_report_json(&tmp.path().join("ko/report.json")).unwrap();
     let l = report.model.num_layers;
     let kl = &report.curves.knockout_kl;

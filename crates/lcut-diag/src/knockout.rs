@@ -55,6 +55,10 @@ pub fn knockout_band(traces: &[PromptTrace]) -> Option<usize> {
         .find_map(|t| t.knockout.as_ref().map(|k| k.band))
 }
 
+/// The KL (nats) above which a knockout band counts as reading the prompt
+/// for [`vote_knockout`] as the diagnose summary reports it.
+pub const KNOCKOUT_KL_MIN: f32 = 0.05;
+
 /// The cut the knockout curve votes for: 1 + the last layer of the highest
 /// band whose knockout moves the output by more than `kl_min` nats (the
 /// prompt matters there, so SPEED should keep it); `band` is the curve's

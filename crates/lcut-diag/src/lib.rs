@@ -53,7 +53,7 @@ pub use heads::{
     kv_head_masses, kv_share, plan_candidates, plan_for_budget, span_layers,
 };
 pub use knee::{finish_sweep, knee};
-pub use knockout::{knockout_band, knockout_curves, vote_knockout};
+pub use knockout::{KNOCKOUT_KL_MIN, knockout_band, knockout_curves, vote_knockout};
 pub use lens::lens_curves;
 pub use masses::{PhaseMasses, PrefillEntropy, phase_masses, prefill_entropy};
 pub use merge::{build_report, merge};
