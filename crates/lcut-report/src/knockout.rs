@@ -74,7 +74,8 @@ fn band_line(r: &Report, band: usize) -> Option<String> {
             "Among bands of {band} layers (the prompt K/V of SPEED+BoS {cut}), band:{}..{} moves \
              the answer least (KL {}) against the suffix band:{cut}..{} that SPEED+BoS {cut} \
              hides (KL {}): at the same K/V it keeps the answer closer, but saves no prefill (its \
-             prompt still runs every layer: TTFT as the full model's) and decodes as SPEED does.",
+             prompt still runs every layer: TTFT as the full model's); decoding reads as much \
+             K/V as SPEED+BoS {cut}.",
             b.best,
             b.best + band - 1,
             num(b.best_kl, 3),
