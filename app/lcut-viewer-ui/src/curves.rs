@@ -1,8 +1,9 @@
 //! Per-layer curves: attention mass by phase with the tail mass R(c),
 //! conditional prompt entropy, curvature and straightening, and the logit
-//! lens (where the answer forms) when the report has it; the recommended
-//! cut (dashed), the chosen one (solid, drag in any plot to move it) and,
-//! on the lens plots, the formation layer (dotted).
+//! lens (where the answer forms) and the causal prompt knockout (where the
+//! prompt matters) when the report has them; the recommended cut (dashed),
+//! the chosen one (solid, drag in any plot to move it) and, on the lens and
+//! knockout plots, the formation layer (dotted).
 //!
 //! x is the layer boundary: layer `l` spans `[l, l + 1)`, per-layer values sit
 //! at `l + 0.5`, and series indexed by boundary (tail mass, curvature, index 0
@@ -19,13 +20,14 @@ use crate::theme::{
 
 /// The curve plots, top to bottom: id and the kind whose unit labels the y
 /// axis (the lens's rank shares the KL plot: lower is nearer the answer in
-/// both).
-const PLOTS: [(&str, MetricAxis); 5] = [
+/// both; the knockout's agreement shares its KL plot).
+const PLOTS: [(&str, MetricAxis); 6] = [
     ("curves_mass", MetricAxis::Mass),
     ("curves_entropy", MetricAxis::Entropy),
     ("curves_curvature", MetricAxis::Curvature),
     ("curves_lens", MetricAxis::Lens),
     ("curves_lens_kl", MetricAxis::LensKl),
+    ("curves_knockout", MetricAxis::Knockout),
 ];
 
 /// The plot that draws metrics of kind `axis` (the tail mass, a share of
@@ -37,6 +39,7 @@ fn plot_of(axis: MetricAxis) -> usize {
         MetricAxis::Curvature => 2,
         MetricAxis::Lens => 3,
         MetricAxis::LensKl | MetricAxis::LensRank => 4,
+        MetricAxis::Knockout | MetricAxis::KnockoutTop1 => 5,
     }
 }
 
@@ -48,13 +51,18 @@ fn y_label(i: usize) -> String {
             MetricAxis::LensKl.unit(),
             MetricAxis::LensRank.unit()
         ),
+        MetricAxis::Knockout => format!(
+            "{} · {}",
+            MetricAxis::Knockout.unit(),
+            MetricAxis::KnockoutTop1.unit()
+        ),
         axis => axis.unit().to_string(),
     }
 }
 
 /// The metrics of [`LAYER_METRICS`] each plot of [`PLOTS`] draws, in table order.
-pub fn plotted_metrics() -> [Vec<&'static LayerMetric>; 5] {
-    let mut out: [Vec<&'static LayerMetric>; 5] = Default::default();
+pub fn plotted_metrics() -> [Vec<&'static LayerMetric>; 6] {
+    let mut out: [Vec<&'static LayerMetric>; 6] = Default::default();
     for m in LAYER_METRICS {
         out[plot_of(m.axis)].push(m);
     }
@@ -167,6 +175,13 @@ pub fn show_curves(
         )),
         None => ui.label("No logit lens in this report."),
     };
+    if let Some(&(a, kl)) = curves.most_causal(1).first() {
+        let top1 = curves.knockout_top1.get(a).copied().unwrap_or(f32::NAN);
+        ui.label(format!(
+            "Prompt knockout: the answer moves most when the prompt is hidden from the band \
+             starting at layer {a} (KL {kl:.3} nats, top-1 agreement {top1:.3})."
+        ));
+    }
     let h = ((ui.available_height() - 60.0) / shown.len().max(1) as f32).clamp(120.0, 400.0);
     let mut cuts = Cuts {
         layers: curves.num_layers,
@@ -176,7 +191,7 @@ pub fn show_curves(
     for (i, metrics) in shown {
         let lens = matches!(
             PLOTS[i].1,
-            MetricAxis::Lens | MetricAxis::LensKl | MetricAxis::LensRank
+            MetricAxis::Lens | MetricAxis::LensKl | MetricAxis::LensRank | MetricAxis::Knockout
         );
         curve_plot(ui, (PLOTS[i].0, &y_label(i), h), &mut cuts, |pui| {
             for m in &metrics {

@@ -78,6 +78,8 @@ pub fn metric_colour(name: &str) -> Color32 {
         "lens_formed" => RED,
         "lens_kl" => ORANGE,
         "lens_log_rank" => MAGENTA,
+        "knockout_kl" => RED,
+        "knockout_top1" => GREEN,
         _ => Color32::LIGHT_GRAY,
     }
 }

@@ -697,3 +697,36 @@ fn the_curves_show_where_the_answer_forms() {
         "the masses stay"
     );
 }
+
+/// With a knockout curve the curves tab draws it (KL and top-1 agreement,
+/// with the cut lines) and names the band where the prompt matters most;
+/// a report without one draws neither and the other curves stay.
+#[test]
+fn the_curves_show_where_the_prompt_matters_only_with_a_knockout() {
+    let mut h = harness(FakeOptions::default());
+    open_model_and_run(&mut h);
+    h.get_by_label("Curves").click();
+    h.run_steps(2);
+    let curves = h.state().loaded.as_ref().unwrap().curves.clone();
+    let (a, kl) = curves.most_causal(1)[0];
+    let kl_legend = "knockout: KL(full || knocked out)";
+    for legend in [kl_legend, "knockout: top-1 agreement"] {
+        assert!(h.query_by_label(legend).is_some(), "no legend {legend:?}");
+    }
+    let line = label_starting(&h, "Prompt knockout:");
+    assert!(
+        line.contains(&format!("starting at layer {a} (KL {kl:.3}")),
+        "{line}"
+    );
+    let loaded = h.state_mut().loaded.as_mut().unwrap();
+    loaded.curves.knockout_kl.0.clear();
+    loaded.curves.knockout_top1.0.clear();
+    h.run_steps(2);
+    assert!(h.query_by_label(kl_legend).is_none());
+    assert!(h.query_by_label("knockout: top-1 agreement").is_none());
+    assert!(
+        h.query_by(|n| n.value().is_some_and(|v| v.starts_with("Prompt knockout:")))
+            .is_none()
+    );
+    assert!(h.query_by_label("prefill (prompt)").is_some());
+}

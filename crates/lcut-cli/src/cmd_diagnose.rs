@@ -76,6 +76,15 @@ pub struct DiagnoseArgs {
     /// per step, to OUT/lens-logits.safetensors (diagnose only).
     #[arg(long, requires = "lens")]
     pub save_lens_logits: bool,
+    /// After the run, measure causal prompt knockout: per layer (or band of
+    /// --knockout-band layers), the prompt hidden from the decode queries
+    /// there only, teacher-forced on the full model's continuation: KL and
+    /// top-1 agreement against the full model (one pass per band and prompt).
+    #[arg(long)]
+    pub knockout: bool,
+    /// Layers per knockout band (1: one layer at a time).
+    #[arg(long, default_value_t = 1, requires = "knockout")]
+    pub knockout_band: usize,
 }
 
 /// The file `--save-lens-logits` writes in the output folder.
@@ -96,8 +105,9 @@ pub fn progress_bar() -> ProgressBar {
 pub fn on_event(bar: &ProgressBar) -> impl FnMut(&DiagnoseEvent) -> bool + '_ {
     move |e| {
         match e {
-            DiagnoseEvent::PromptStarted { total, id, .. } => {
+            DiagnoseEvent::PromptStarted { total, id, index } => {
                 bar.set_length(*total as u64);
+                bar.set_position(*index as u64);
                 bar.set_message(id.clone());
             }
             DiagnoseEvent::Prefill { done, total, .. } => {
@@ -149,6 +159,10 @@ pub fn load_inputs(args: &DiagnoseArgs, other: &[PolicyKind]) -> Result<Inputs> 
     let pending = args.load.open()?;
     let (prompts, file) = read_prompts(args)?;
     let opts = options(args, file.clone())?;
+    if let Some(band) = opts.knockout {
+        // a band the model cannot hold is refused before the weights load
+        lcut_engine::diagnose::knockout_policies(pending.config().num_layers, band)?;
+    }
     let prompter = pending.prompter()?;
     let prepared = prepare_prompts_with(&prompts, &opts, &|user, system, template| {
         prompter.prepare_text(user, system, template)
@@ -210,6 +224,7 @@ pub fn options(args: &DiagnoseArgs, prompts_file: Option<String>) -> Result<Diag
         lens_logits: args
             .save_lens_logits
             .then(|| args.out.join(LENS_LOGITS_FILE)),
+        knockout: args.knockout.then_some(args.knockout_band),
     })
 }
 
@@ -220,6 +235,10 @@ pub fn print_summary(report: &Report) {
     if let Some(line) = lcut_report::report_formation_sentence(report) {
         println!("{line}");
     }
+    if let Some(line) = lcut_report::knockout_sentence(report) {
+        println!("{line}");
+    }
+    print_candidate_votes(report);
     println!("recommended L_cut = {} of {}", r.l_cut, r.num_layers);
     if let Some(sweep) = &report.sweep {
         match sweep.knee {
@@ -227,6 +246,28 @@ pub fn print_summary(report: &Report) {
             None => println!("sweep: no cutoff keeps agreement within the threshold"),
         }
     }
+}
+
+/// The cuts the logit lens's formation layer and the knockout curve would
+/// vote, printed beside the recommendation but not among its votes: on
+/// SmolLM2's suite neither moved the recommendation nearer the accuracy
+/// knee (docs/suite-and-calibration.md).
+fn print_candidate_votes(report: &Report) {
+    let formation = report.curves.formation().map(|f| f.median);
+    let knockout = lcut_diag::knockout_band(&report.traces).and_then(|band| {
+        lcut_diag::vote_knockout(&report.curves, band, lcut_diag::KNOCKOUT_KL_MIN)
+    });
+    if formation.is_none() && knockout.is_none() {
+        return;
+    }
+    let show = |v: Option<usize>| v.map_or_else(|| "-".to_string(), |c| c.to_string());
+    println!(
+        "not among the votes: formation layer {}, knockout {} (1 + the highest band whose \
+         knockout moves the answer more than {} nats)",
+        show(formation),
+        show(knockout),
+        lcut_diag::KNOCKOUT_KL_MIN
+    );
 }
 
 /// Run `lcut diagnose`.

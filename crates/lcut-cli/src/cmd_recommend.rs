@@ -49,6 +49,10 @@ pub fn advise(report: &Report, budget: f64, out: &Path) -> Result<()> {
         "planned from the report's masses alone; `lcut diagnose --kv-budget {budget}` checks the \
          plans of nearby cuts and SPEED+BoS on the model"
     );
+    // a knockout run also says whether a band in the middle beats the suffix
+    if let Some(line) = lcut_report::knockout_sentence(report) {
+        println!("{line}");
+    }
     println!("wrote {}", out.display());
     Ok(())
 }

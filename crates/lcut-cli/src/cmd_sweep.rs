@@ -253,6 +253,12 @@ pub fn run(args: &SweepArgs) -> Result<()> {
     if args.run.save_lens_logits {
         bail!("--save-lens-logits: a sweep records no logit lens; pass it to `lcut diagnose`");
     }
+    if args.run.knockout {
+        bail!(
+            "--knockout: a sweep takes knockout bands as policies (--policies \"knockout:0;band:2..5\"); \
+             pass --knockout to `lcut diagnose` for the curve over every layer"
+        );
+    }
     let inputs = load_inputs(&args.run, &axis_kinds)?;
     let session = &inputs.session;
     let diag = options(&args.run, inputs.file.clone())?;

@@ -109,3 +109,97 @@ fn sharded_diagnose_merges_into_the_whole() {
     let merged = lcut_trace::read_report_json(&tmp.path().join("merged/report.json")).unwrap();
     assert_eq!(merged, whole);
 }
+
+/// `diagnose --knockout --knockout-band 2` writes the knockout curve (one
+/// entry per band start, none past the last layer) into the report and its
+/// CSV, names where the prompt matters, and each entry is what `lcut sweep
+/// --policies band:a..b` measures on the same prompts; a band wider than
+/// the model is refused before anything is written.
+#[test]
+fn diagnose_knockout_is_the_sweep_of_its_bands() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = |name: &str| tmp.path().join(name).to_str().unwrap().to_string();
+    let stdout = lcut(
+        &[
+            "diagnose",
+            "--max-new-tokens",
+            "4",
+            "--knockout",
+            "--knockout-band",
+            "2",
+            "--out",
+            &dir("ko"),
+        ],
+        &repo,
+    );
+    assert!(stdout.contains("Where the prompt matters"), "{stdout}");
+    // without the lens only the knockout's vote is printed beside the votes
+    assert!(
+        stdout.contains("not among the votes: formation layer -, knockout "),
+        "{stdout}"
+    );
+    let report = lcut_trace::read_report_json(&tmp.path().join("ko/report.json")).unwrap();
+    let l = report.model.num_layers;
+    let kl = &report.curves.knockout_kl;
+    assert_eq!(kl.len(), l);
+    assert!(kl[..l - 1].iter().all(|x| x.is_finite()) && kl[l - 1].is_nan());
+    let bands: Vec<String> = (0..l - 1).map(|a| format!("band:{a}..{}", a + 1)).collect();
+    lcut(
+        &[
+            "sweep",
+            "--max-new-tokens",
+            "4",
+            "--cuts",
+            &l.to_string(),
+            "--policies",
+            &bands.join(";"),
+            "--out",
+            &dir("sweep"),
+        ],
+        &repo,
+    );
+    let text = std::fs::read_to_string(tmp.path().join("sweep/sweep.json")).unwrap();
+    let swept: lcut_trace::Sweep = serde_json::from_str(&text).unwrap();
+    let points = &swept.policies;
+    assert_eq!(points.len(), l - 1);
+    for (a, p) in points.iter().enumerate() {
+        assert_eq!(p.policy, bands[a]);
+        assert!(
+            (kl[a] - p.mean_kl).abs() <= 1e-4 + 1e-3 * p.mean_kl,
+            "{}: {} against {}",
+            p.policy,
+            kl[a],
+            p.mean_kl
+        );
+    }
+    lcut(&["report", &dir("ko"), "--format", "csv,md"], &repo);
+    let csv = std::fs::read_to_string(tmp.path().join("ko/report.csv")).unwrap();
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    let col = header.iter().position(|c| *c == "knockout_kl").unwrap();
+    let first: Vec<&str> = csv.lines().nth(1).unwrap().split(',').collect();
+    assert_eq!(first[col].parse::<f32>().unwrap(), kl[0]);
+    let md = std::fs::read_to_string(tmp.path().join("ko/report.md")).unwrap();
+    assert!(md.contains("## Where the prompt matters"));
+
+    let wide = (l + 1).to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_lcut"))
+        .args([
+            "diagnose",
+            "--knockout",
+            "--knockout-band",
+            &wide,
+            "--out",
+            &dir("wide"),
+        ])
+        .current_dir(&repo)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains(&format!("a knockout band of {wide} layers")),
+        "{stderr}"
+    );
+    assert!(!tmp.path().join("wide/report.json").exists());
+}

@@ -11,6 +11,7 @@ use ndarray::{Array1, Array2, ArrayView2, Axis, Zip};
 use ndarray_stats::SummaryStatisticsExt;
 
 use crate::error::DiagError;
+use crate::knockout::knockout_curves;
 use crate::lens::lens_curves;
 use crate::tail::tail_mass;
 
@@ -158,6 +159,7 @@ pub fn aggregate(traces: &[PromptTrace]) -> Result<LayerCurves, DiagError> {
     let curvature_generated = curvature(|t| &t.curvature_generated);
     let straighten = |c: &Series| Series(c.iter().map(|x| x - c[0]).collect());
     let [lens_prob, lens_top1, lens_formed, lens_kl, lens_log_rank] = lens_curves(traces, l);
+    let [knockout_kl, knockout_top1] = knockout_curves(traces, l)?;
     Ok(LayerCurves {
         num_layers: l,
         num_heads: h,
@@ -178,6 +180,8 @@ pub fn aggregate(traces: &[PromptTrace]) -> Result<LayerCurves, DiagError> {
         lens_formed,
         lens_kl,
         lens_log_rank,
+        knockout_kl,
+        knockout_top1,
         prefill_by_head: by_head(traces, l, h),
         prefill_by_step: by_step(traces, l),
     })

@@ -4,7 +4,8 @@
 //! - [`phase_masses`] and [`prefill_entropy`] of one attention row;
 //! - [`curvature`] of a trajectory and the [`turning_angle`] it averages;
 //! - [`aggregate`] traces into per-layer curves, and [`tail_mass`];
-//! - the logit lens's [`lens_curves`] over prompts;
+//! - the logit lens's [`lens_curves`] over prompts, and the causal prompt
+//!   [`knockout_curves`] per band of layers;
 //! - [`recommend`] an L_cut from three signals' votes, and a cut with
 //!   kept heads within a K/V budget ([`plan_for_budget`]);
 //! - the sweep's [`knee`], and the prefill [`prefill_flops`] model;
@@ -26,6 +27,7 @@ mod error;
 mod flops;
 mod heads;
 mod knee;
+mod knockout;
 mod lens;
 mod masses;
 mod merge;
@@ -51,6 +53,7 @@ pub use heads::{
     kv_head_masses, kv_share, plan_candidates, plan_for_budget, span_layers,
 };
 pub use knee::{finish_sweep, knee};
+pub use knockout::{KNOCKOUT_KL_MIN, knockout_band, knockout_curves, vote_knockout};
 pub use lens::lens_curves;
 pub use masses::{PhaseMasses, PrefillEntropy, phase_masses, prefill_entropy};
 pub use merge::{build_report, merge};

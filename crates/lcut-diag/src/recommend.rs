@@ -166,6 +166,8 @@ mod tests {
             lens_formed: Series::default(),
             lens_kl: Series::default(),
             lens_log_rank: Series::default(),
+            knockout_kl: Series::default(),
+            knockout_top1: Series::default(),
             prefill_by_head: Tensor2::zeros([l, 1]),
             prefill_by_step: Tensor2::zeros([l, 0]),
         }

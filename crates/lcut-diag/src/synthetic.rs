@@ -4,8 +4,8 @@
 
 use lcut_policy::Anchors;
 use lcut_trace::{
-    LensTrace, ModelIdentity, PromptTrace, Report, RunSettings, SweepPoint, Thresholds,
-    TraceHeader, bin_sums, hash_bytes, speed_policy,
+    KnockoutTrace, LensTrace, ModelIdentity, PromptTrace, Report, RunSettings, SweepPoint,
+    Thresholds, TraceHeader, bin_sums, hash_bytes, speed_policy,
 };
 
 use crate::error::DiagError;
@@ -111,6 +111,7 @@ pub fn synthetic_trace(
             .assign(&ndarray::Array1::from(binned));
     }
     tr.lens = Some(synthetic_lens(index, num_layers, num_steps));
+    tr.knockout = Some(synthetic_knockout(index, num_layers, num_steps));
     for i in 0..=num_layers {
         let y = 6.0 * i as f32 / num_layers.max(1) as f32;
         tr.curvature_prompt[i] = 1.6 - 0.5 * (1.0 - (-y).exp()) + 0.002 * (index as f32).sin();
@@ -121,6 +122,32 @@ pub fn synthetic_trace(
         };
     }
     tr
+}
+
+/// A knockout of one layer at a time whose KL peaks a little below the
+/// middle of the model (where the prompt matters most), small elsewhere.
+fn synthetic_knockout(index: usize, num_layers: usize, num_steps: usize) -> KnockoutTrace {
+    let peak = (0.45 * num_layers as f32).floor();
+    let kl_sum: Vec<f64> = (0..num_layers)
+        .map(|a| {
+            let d = a as f32 - peak;
+            let kl = 0.02 + 0.6 * (-d * d).exp() + 0.001 * (index as f32).sin().abs();
+            f64::from(kl) * num_steps as f64
+        })
+        .collect();
+    let agree = kl_sum
+        .iter()
+        .map(|&k| {
+            let per = k / num_steps.max(1) as f64;
+            ((1.0 - per.min(1.0) * 0.5) * num_steps as f64).floor() as usize
+        })
+        .collect();
+    KnockoutTrace {
+        band: 1,
+        tokens: num_steps,
+        kl_sum,
+        agree,
+    }
 }
 
 /// A logit lens whose answers form about two thirds of the way up (step

@@ -218,6 +218,18 @@ fn axis_style(r: &Report, axis: MetricAxis) -> AxisStyle {
             hline: None,
             dots: false,
         },
+        MetricAxis::Knockout => AxisStyle {
+            title: "Prompt knockout: how far the answer moves, per layer",
+            caption: "The prompt (BoS kept) hidden from the decode queries at the band of layers starting at each layer only, teacher-forced on the full model's answers: mean KL(full || knocked out) per token, nats.",
+            hline: None,
+            dots: true,
+        },
+        MetricAxis::KnockoutTop1 => AxisStyle {
+            title: "Prompt knockout: top-1 agreement with the full model, per layer",
+            caption: "Share of the full model's tokens still ranked first with the prompt knocked out of the band starting at each layer.",
+            hline: None,
+            dots: true,
+        },
     }
 }
 

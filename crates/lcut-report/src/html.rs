@@ -5,6 +5,7 @@ use std::fmt::Write;
 use lcut_trace::Report;
 
 use crate::figures::figures;
+use crate::knockout::knockout_sentence;
 use crate::lens::{lens_prompt_table, report_formation_sentence};
 use crate::svg::{escape, num};
 use crate::tables::{
@@ -80,6 +81,10 @@ pub fn render_html(r: &Report, opts: &HtmlOptions) -> String {
         if let Some(t) = lens_prompt_table(r) {
             table(&mut out, &t);
         }
+    }
+    if let Some(line) = knockout_sentence(r) {
+        out.push_str("<h2>Where the prompt matters</h2>");
+        let _ = write!(out, "<p>{}</p>", escape(&line));
     }
     out.push_str("<h2>Figures</h2>");
     for f in figures(r, opts.prompt) {

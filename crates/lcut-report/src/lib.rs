@@ -15,6 +15,7 @@ mod error;
 mod figures;
 mod heatmap;
 mod html;
+mod knockout;
 mod leaderboard;
 mod lens;
 mod lines;
@@ -34,6 +35,7 @@ pub use error::ReportError;
 pub use figures::{Figure, default_prompt, figures};
 pub use heatmap::Heatmap;
 pub use html::{HtmlOptions, render_html};
+pub use knockout::knockout_sentence;
 pub use leaderboard::{
     LEADERBOARD_COLUMNS, leaderboard_chart, render_leaderboard_csv, render_leaderboard_html,
 };
@@ -162,7 +164,10 @@ mod tests {
         let r = report();
         let html = render(&r, Format::Html).unwrap();
         let n_fig = figures(&r, None).len();
-        assert_eq!(n_fig, 12, "8 figures, the logit lens's 3 and the sweep");
+        assert_eq!(
+            n_fig, 14,
+            "8 figures, the logit lens's 3, the knockout's 2 and the sweep"
+        );
         assert_eq!(html.matches("<figure>").count(), n_fig);
         assert_eq!(html.matches("<svg").count(), n_fig);
         assert_eq!(html.matches("</svg>").count(), n_fig);

@@ -4,6 +4,7 @@ use std::fmt::Write;
 
 use lcut_trace::Report;
 
+use crate::knockout::knockout_sentence;
 use crate::lens::{lens_prompt_table, report_formation_sentence};
 use crate::svg::num;
 use crate::tables::{
@@ -61,6 +62,10 @@ pub fn render_markdown(r: &Report) -> String {
         if let Some(t) = lens_prompt_table(r) {
             table(&mut out, &t);
         }
+    }
+    if let Some(line) = knockout_sentence(r) {
+        out.push_str("## Where the prompt matters\n\n");
+        let _ = writeln!(out, "{line}\n");
     }
     out.push_str("## Per-layer curves\n\n");
     table(&mut out, &layer_table(r));

@@ -63,6 +63,17 @@ pub struct LayerCurves {
     /// Mean log10 of the rank of the step's token under the lens (0 = first).
     #[serde(default)]
     pub lens_log_rank: Series,
+    /// Causal prompt knockout (`L` entries, or none when the run did not
+    /// measure it): entry `a` is the mean over continuation tokens, pooled
+    /// over prompts, of KL(full ‖ the prompt hidden from the decode queries
+    /// at the band of layers starting at `a`), nats; NaN where a band
+    /// would run past the last layer.
+    #[serde(default)]
+    pub knockout_kl: Series,
+    /// Top-1 agreement with the full model with the prompt knocked out of
+    /// the band starting at each layer (as `knockout_kl`).
+    #[serde(default)]
+    pub knockout_top1: Series,
     /// `[L, H]`: mean prefill mass per layer and head.
     pub prefill_by_head: Tensor2,
     /// `[L, max steps]`: mean over heads and over the prompts that reached step k

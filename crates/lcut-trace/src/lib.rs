@@ -24,6 +24,7 @@ mod error;
 pub mod floats;
 mod identity;
 mod io;
+mod knockout;
 mod leaderboard;
 mod lens;
 mod metrics;
@@ -43,6 +44,7 @@ pub use identity::{AdapterIdentity, ModelIdentity, hash_bytes, hash_parts};
 pub use io::{
     read_json, read_report_json, write_atomic, write_file_atomic, write_json, write_report_json,
 };
+pub use knockout::{BandChoice, KnockoutTrace};
 pub use leaderboard::{LeaderboardCell, LeaderboardConfig, LeaderboardTable};
 pub use lens::LensTrace;
 pub use metrics::{Indexing, LAYER_METRICS, LayerMetric, MetricAxis};

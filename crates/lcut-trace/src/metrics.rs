@@ -3,7 +3,7 @@
 //! [`LAYER_METRICS`] names each series of the aggregated curves (its CSV
 //! column, its JSON field, its label), the quantity it measures (which y axis
 //! and chart it shares), how it is indexed (per layer, per cut, per hidden
-//! state) and whether a run may leave it out (the logit lens). The report's CSV, tables and figures, the report check and the
+//! state) and whether a run may leave it out (the logit lens, the knockout). The report's CSV, tables and figures, the report check and the
 //! viewer's curves all read this table, so a new metric is one more entry
 //! here (plus the field it reads).
 
@@ -86,11 +86,16 @@ pub enum MetricAxis {
     LensKl,
     /// The rank of each decode step's token under the logit lens.
     LensRank,
+    /// How far the output moves when the prompt is knocked out of a band
+    /// of layers: KL(full ‖ knocked out).
+    Knockout,
+    /// Top-1 agreement with the full model under a knockout.
+    KnockoutTop1,
 }
 
 impl MetricAxis {
     /// Every kind, in the order charts show them.
-    pub const ALL: [MetricAxis; 7] = [
+    pub const ALL: [MetricAxis; 9] = [
         MetricAxis::Mass,
         MetricAxis::TailMass,
         MetricAxis::Entropy,
@@ -98,6 +103,8 @@ impl MetricAxis {
         MetricAxis::Lens,
         MetricAxis::LensKl,
         MetricAxis::LensRank,
+        MetricAxis::Knockout,
+        MetricAxis::KnockoutTop1,
     ];
 
     /// The y axis label (the unit).
@@ -110,6 +117,8 @@ impl MetricAxis {
             MetricAxis::Lens => "probability / share of steps",
             MetricAxis::LensKl => "KL(final || lens), nats",
             MetricAxis::LensRank => "log10 rank",
+            MetricAxis::Knockout => "KL(full || knocked out), nats",
+            MetricAxis::KnockoutTop1 => "top-1 agreement with full",
         }
     }
 
@@ -314,6 +323,24 @@ pub const LAYER_METRICS: &[LayerMetric] = &[
         optional: true,
         get: |c| &c.lens_log_rank,
     },
+    LayerMetric {
+        name: "knockout_kl",
+        field: "knockout_kl",
+        label: "knockout: KL(full || knocked out)",
+        axis: MetricAxis::Knockout,
+        indexing: Indexing::Layer,
+        optional: true,
+        get: |c| &c.knockout_kl,
+    },
+    LayerMetric {
+        name: "knockout_top1",
+        field: "knockout_top1",
+        label: "knockout: top-1 agreement",
+        axis: MetricAxis::KnockoutTop1,
+        indexing: Indexing::Layer,
+        optional: true,
+        get: |c| &c.knockout_top1,
+    },
 ];
 
 #[cfg(test)]
@@ -365,6 +392,8 @@ mod tests {
             lens_formed: Series::default(),
             lens_kl: Series::default(),
             lens_log_rank: Series::default(),
+            knockout_kl: Series::default(),
+            knockout_top1: Series::default(),
             prefill_by_head: crate::Tensor2::zeros([0, 0]),
             prefill_by_step: crate::Tensor2::zeros([0, 0]),
         };

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use crate::bins::bin_edges;
 use crate::error::TraceError;
 use crate::floats::Series;
+use crate::knockout::KnockoutTrace;
 use crate::lens::LensTrace;
 use crate::tensor::{Tensor2, Tensor3};
 
@@ -93,6 +94,10 @@ pub struct PromptTrace {
     /// the run recorded it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lens: Option<LensTrace>,
+    /// Causal prompt knockout per band of layers, teacher-forced on the
+    /// full model's continuation, when the run measured it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub knockout: Option<KnockoutTrace>,
 }
 
 /// `raw / ln(n_prefill)`: entropy normalised to `[0, 1]`; NaN when fewer than two
@@ -142,6 +147,7 @@ impl PromptTrace {
             curvature_prompt: Series::nan(num_layers + 1),
             curvature_generated: Series::nan(num_layers + 1),
             lens: None,
+            knockout: None,
         }
     }
 
@@ -304,6 +310,9 @@ impl PromptTrace {
         }
         if let Some(lens) = &self.lens {
             lens.check(l.saturating_add(1), t)?;
+        }
+        if let Some(knockout) = &self.knockout {
+            knockout.check(l)?;
         }
         Ok(())
     }

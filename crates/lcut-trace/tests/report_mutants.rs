@@ -162,6 +162,8 @@ fn report(rng: &mut StdRng) -> Report {
         lens_formed: lens_series(rng, l + 1),
         lens_kl: lens_series(rng, l + 1),
         lens_log_rank: lens_series(rng, l + 1),
+        knockout_kl: lens_series(rng, l),
+        knockout_top1: lens_series(rng, l),
         prefill_by_head: tensor2(rng, [l, h]),
         prefill_by_step: tensor2(rng, [l, steps]),
     };

@@ -7,6 +7,7 @@
 
 mod attention_row;
 mod curvature;
+mod knockout;
 mod lens_file;
 pub mod memory;
 mod policy_axis;
@@ -24,6 +25,7 @@ use lcut_trace::{ModelIdentity, Report, RunSettings, Thresholds};
 
 pub use attention_row::{AttentionRow, attention_row};
 pub use curvature::DeviceCurvature;
+pub use knockout::{knockout_policies, knockout_trace};
 pub use lens_file::LensLogitsFile;
 pub use policy_axis::{AxisPolicy, equal_kv_pairs, predicted_prefill_flops_ratio};
 pub use probe::DiagnosticProbe;
@@ -60,6 +62,10 @@ pub struct DiagnoseOptions {
     /// Also write every step's lens logits [L + 1, vocab] to this
     /// safetensors file (needs `lens`).
     pub lens_logits: Option<PathBuf>,
+    /// After the greedy runs, measure causal prompt knockout per band of
+    /// this many layers, teacher-forced on the full model's continuation
+    /// (one pass per band and prompt); off when absent.
+    pub knockout: Option<usize>,
 }
 
 impl Default for DiagnoseOptions {
@@ -74,6 +80,7 @@ impl Default for DiagnoseOptions {
             policy: None,
             lens: false,
             lens_logits: None,
+            knockout: None,
         }
     }
 }
@@ -222,6 +229,9 @@ pub fn diagnose_prepared(
     on_event: &mut dyn FnMut(&DiagnoseEvent) -> bool,
 ) -> Result<Report> {
     let total = prompts.len();
+    if let Some(band) = opts.knockout {
+        knockout_policies(session.model.config().num_layers, band)?;
+    }
     let mut traces = Vec::with_capacity(total);
     let mut lens_file = match (&opts.lens_logits, opts.lens) {
         (Some(path), true) => Some(open_lens_file(session, path, total)?),
@@ -269,6 +279,15 @@ pub fn diagnose_prepared(
     if let Some(file) = lens_file {
         file.finish()?;
     }
+    if let Some(band) = opts.knockout {
+        add_knockout(
+            session,
+            prompts,
+            (band, opts.max_new_tokens),
+            &mut traces,
+            on_event,
+        )?;
+    }
     let policy = run_policy(opts, session.model.config().num_layers)?;
     let settings = RunSettings {
         policy: (!policy.is_full_depth()).then(|| policy.to_string()),
@@ -286,6 +305,37 @@ pub fn diagnose_prepared(
         traces,
         None,
     )?)
+}
+
+/// Measure the knockout of every prompt into its trace, telling
+/// `on_event` of each prompt again (a second pass over the prompt set).
+fn add_knockout(
+    session: &Session,
+    prompts: &[LabelledPrompt],
+    (band, max_new_tokens): (usize, usize),
+    traces: &mut [lcut_trace::PromptTrace],
+    on_event: &mut dyn FnMut(&DiagnoseEvent) -> bool,
+) -> Result<()> {
+    let total = prompts.len();
+    for (i, (lp, trace)) in prompts.iter().zip(traces.iter_mut()).enumerate() {
+        tell(
+            on_event,
+            &DiagnoseEvent::PromptStarted {
+                index: i,
+                total,
+                id: format!("knockout {}", lp.id),
+            },
+        )?;
+        trace.knockout = Some(knockout_trace(
+            session,
+            &lp.prompt,
+            (band, max_new_tokens),
+            i,
+            on_event,
+        )?);
+        tell(on_event, &DiagnoseEvent::PromptDone { index: i, total })?;
+    }
+    Ok(())
 }
 
 /// The policy of the greedy runs: `opts.policy` resolved for a model of

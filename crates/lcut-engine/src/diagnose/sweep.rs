@@ -114,6 +114,70 @@ fn full_continuation(
     Ok((generation.run(|_| true)?.tokens, prefix))
 }
 
+/// One prompt teacher-forced on the full model's greedy continuation: the
+/// continuation, the full-depth prefix up to the decode start (which every
+/// policy that reuses the full prefill forks), the tokens fed after it and
+/// the full model's rows predicting the continuation.
+pub(super) struct Forced {
+    /// The full model's greedy continuation.
+    pub(super) continuation: Vec<u32>,
+    prefix: Sequence,
+    fed: Vec<u32>,
+    first_row: usize,
+    /// The full model's logits predicting each continuation token [n, V].
+    pub(super) reference: Tensor,
+}
+
+impl Forced {
+    /// Prefill `prompt` (index `index` of the run) at full depth, generate
+    /// its continuation and take the full model's rows, with `mass` (when
+    /// given) recording where its decode queries read the prompt.
+    pub(super) fn new(
+        session: &Session,
+        prompt: &PreparedPrompt,
+        opts: &SweepOptions,
+        index: usize,
+        mass: Option<&mut PromptMassProbe>,
+        on_event: &mut dyn FnMut(&DiagnoseEvent) -> bool,
+    ) -> Result<Self> {
+        let (continuation, prefix) = full_continuation(session, prompt, opts, index, on_event)?;
+        let s = prompt.decode_start;
+        let mut fed: Vec<u32> = prompt.ids[s..].to_vec();
+        fed.extend_from_slice(&continuation[..continuation.len().saturating_sub(1)]);
+        // rows of `fed` that predict the continuation: positions P-1 .. P+n-2
+        let first_row = prompt.len() - 1 - s;
+        let probe = mass.map(|m| m as &mut dyn Probe);
+        let all = decode_logits(&session.model, prefix.fork()?, &fed, probe)?;
+        let reference = all.narrow(0, first_row, continuation.len())?;
+        Ok(Self {
+            continuation,
+            prefix,
+            fed,
+            first_row,
+            reference,
+        })
+    }
+
+    /// The rows of a run over `fed` that predict the continuation.
+    fn rows(&self, logits: Tensor) -> Result<Tensor> {
+        Ok(logits.narrow(0, self.first_row, self.continuation.len())?)
+    }
+
+    /// `policy` (one that reuses the full prefill: SPEED, a knockout band)
+    /// on the prefix restricted to what it keeps, its decode-phase tokens
+    /// in one pass, scored against the full model.
+    pub(super) fn restricted(
+        &self,
+        model: &Decoder,
+        prompt: &PreparedPrompt,
+        policy: Policy,
+    ) -> Result<Totals> {
+        let seq = self.prefix.restricted(policy, prompt.phases(&policy)?)?;
+        let logits = self.rows(decode_logits(model, seq, &self.fed, None)?)?;
+        score(&self.reference, &logits, &self.continuation)
+    }
+}
+
 /// A SPEED point: its quality sums and its costs at the context length.
 fn speed_point(
     policy: &Policy,
@@ -184,27 +248,17 @@ impl SweepRun<'_> {
                 },
             )
         };
-        let (continuation, prefix) =
-            full_continuation(self.session, prompt, self.opts, i, on_event)?;
-        let s = prompt.decode_start;
-        let mut fed: Vec<u32> = prompt.ids[s..].to_vec();
-        fed.extend_from_slice(&continuation[..continuation.len().saturating_sub(1)]);
-        // rows of `fed` that predict the continuation: positions P-1 .. P+n-2
-        let first_row = prompt.len() - 1 - s;
-        let rows =
-            |t: Tensor| -> Result<Tensor> { Ok(t.narrow(0, first_row, continuation.len())?) };
-        // the full model's rows, and where its decode queries read the prompt
-        let mut mass = PromptMassProbe::new(layers, s);
-        let reference = rows(decode_logits(
-            model,
-            prefix.fork()?,
-            &fed,
-            (!self.axis.is_empty()).then_some(&mut mass as &mut dyn Probe),
-        )?)?;
+        let mut mass = PromptMassProbe::new(layers, prompt.decode_start);
+        let forced = Forced::new(
+            self.session,
+            prompt,
+            self.opts,
+            i,
+            (!self.axis.is_empty()).then_some(&mut mass),
+            on_event,
+        )?;
         for (k, policy) in self.policies.iter().enumerate() {
-            let seq = prefix.restricted(*policy, prompt.phases(policy)?)?;
-            let logits = rows(decode_logits(model, seq, &fed, None)?)?;
-            let t = score(&reference, &logits, &continuation)?;
+            let t = forced.restricted(model, prompt, *policy)?;
             let acc = &mut self.totals[k];
             acc.agree += t.agree;
             acc.kl += t.kl;
@@ -212,14 +266,15 @@ impl SweepRun<'_> {
             acc.tokens += t.tokens;
             step_done(k + 1, on_event)?;
         }
+        let (continuation, reference) = (&forced.continuation, &forced.reference);
         let chunk = self.opts.prefill_chunk.max(1);
         for (k, policy) in self.axis.iter().enumerate() {
             measure(
                 model,
                 prompt,
                 *policy,
-                &continuation,
-                (&reference, &mass),
+                continuation,
+                (reference, &mass),
                 chunk,
                 &mut self.axis_totals[k],
             )?;
