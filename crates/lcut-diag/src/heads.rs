@@ -90,6 +90,34 @@ impl PromptShape {
     }
 }
 
+impl PromptShape {
+    /// The mean shape of prompts given as `(prefill, decode)` token counts
+    /// (one anchor each, as SPEED+BoS splits them); `None` without prompts.
+    pub fn mean_of(prompts: impl IntoIterator<Item = (usize, usize)>) -> Option<Self> {
+        let (mut n, mut prefill, mut decode) = (0usize, 0usize, 0usize);
+        for (p, d) in prompts {
+            n += 1;
+            prefill += p;
+            decode += d;
+        }
+        (n > 0).then(|| Self {
+            anchors: 1.0,
+            prefill: prefill as f64 / n as f64,
+            decode: decode as f64 / n as f64,
+        })
+    }
+}
+
+impl std::fmt::Display for PromptShape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:.0} anchor, {:.1} prefill and {:.1} decode-phase tokens",
+            self.anchors, self.prefill, self.decode
+        )
+    }
+}
+
 /// The K/V share SPEED+BoS at `cut` with `kept` pairs above it holds of the
 /// full model's, on a model of `layers` layers and `kv_heads` K/V heads.
 pub fn kv_share(layers: usize, kv_heads: usize, cut: usize, kept: usize, p: &PromptShape) -> f64 {
@@ -322,6 +350,29 @@ mod tests {
         );
         assert_eq!(span_layers(30, UNCHECKED_SPAN), 2);
         assert_eq!(span_layers(30, CHECKED_SPAN), 6);
+    }
+
+    #[test]
+    fn a_budget_at_speeds_share_of_the_serving_shape_has_speed_as_its_first_candidate() {
+        // prompts served are longer than the ones the masses came from: at
+        // their shape SPEED+BoS at cut 4 holds less than at the short shape
+        let short = PromptShape {
+            anchors: 1.0,
+            prefill: 20.0,
+            decode: 10.0,
+        };
+        let served = PromptShape::mean_of([(900, 30), (1100, 50)]).unwrap();
+        assert_eq!(served.prefill, 1000.0);
+        assert_eq!(served.decode, 40.0);
+        let at_served = kv_share(6, 2, 4, 0, &served);
+        assert!(at_served < kv_share(6, 2, 4, 0, &short));
+        // exactly at that share, cut 4 fits at the serving shape only
+        let c = plan_candidates(&masses(), &served, at_served, 2).unwrap();
+        assert_eq!((c[0].cut, c[0].speed_cut), (4, 4));
+        assert!(c[0].heads.is_empty() && c[0].kv_share <= at_served);
+        let c = plan_candidates(&masses(), &short, at_served, 2).unwrap();
+        assert_eq!(c[0].speed_cut, 3);
+        assert_eq!(PromptShape::mean_of([]), None);
     }
 
     #[test]
