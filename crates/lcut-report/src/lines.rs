@@ -59,6 +59,9 @@ pub struct LineChart {
     pub labels: Vec<(f64, f64, String)>,
     /// Label only whole numbers on the x axis (layers, cuts).
     pub integer_x: bool,
+    /// Vertical intervals `(series, x, low, high)` drawn in the series'
+    /// colour (a point's 95% interval).
+    pub whiskers: Vec<(usize, f64, f64, f64)>,
 }
 
 const W: f64 = 560.0;
@@ -117,6 +120,7 @@ impl LineChart {
         };
         self.write_grid(&mut s, &scale);
         self.write_hlines(&mut s, &scale);
+        self.write_whiskers(&mut s, &scale);
         for (i, line) in self.lines.iter().enumerate() {
             self.write_line(&mut s, &scale, i, line);
         }
@@ -130,6 +134,7 @@ impl LineChart {
     fn scale(&self) -> Option<Scale> {
         let xs = self.lines.iter().flat_map(|l| l.points.iter().map(|p| p.0));
         let ys = self.lines.iter().flat_map(|l| l.points.iter().map(|p| p.1));
+        let ys = ys.chain(self.whiskers.iter().flat_map(|w| [w.2, w.3]));
         let has_data = self.lines.iter().any(|l| l.points.iter().any(finite_pt));
         let x = range(xs.chain(self.vlines.iter().map(|v| v.0)))?;
         let y = range(ys.chain(self.hlines.iter().map(|h| h.0)))?;
@@ -245,6 +250,30 @@ impl LineChart {
             ly + 4.0,
             escape(&line.name)
         );
+    }
+
+    /// The intervals, each a vertical line with short caps.
+    fn write_whiskers(&self, s: &mut String, sc: &Scale) {
+        for &(series, x, lo, hi) in &self.whiskers {
+            if !(x.is_finite() && lo.is_finite() && hi.is_finite()) {
+                continue;
+            }
+            let colour = self
+                .lines
+                .get(series)
+                .and_then(|l| l.style.colour)
+                .unwrap_or(series);
+            let colour = PALETTE[colour % PALETTE.len()];
+            let (xx, y0, y1) = (sc.px(x), sc.py(lo), sc.py(hi));
+            let _ = write!(
+                s,
+                "<path class=\"ci\" d=\"M{xx:.2} {y0:.2} L{xx:.2} {y1:.2} M{a:.2} {y0:.2} L{b:.2} {y0:.2} \
+                 M{a:.2} {y1:.2} L{b:.2} {y1:.2}\" stroke=\"{colour}\" stroke-width=\"1\" \
+                 stroke-opacity=\"0.6\" fill=\"none\"/>",
+                a = xx - 3.0,
+                b = xx + 3.0
+            );
+        }
     }
 
     /// The text labels at points.
