@@ -1,6 +1,6 @@
 //! The frontier view: accuracy against K/V held (or, for a leaderboard run,
-//! the compression ratio), one line per family with each point's 95%
-//! interval, the full model's accuracy as a line, and the points as a
+//! the compression ratio), one line per family through its best accuracy
+//! within each K/V, every point with its 95% interval, the full model's accuracy as a line, and the points as a
 //! table; fed from `lcut eval --json` results or a leaderboard run, opened
 //! with the dialog, dropped on the window or named with `--eval`.
 
@@ -147,8 +147,14 @@ pub fn show_frontier(ui: &mut Ui, view: &mut FrontierView) -> (FrontierAction, O
             for (i, family) in f.families().into_iter().enumerate() {
                 let c = colour(i);
                 let series = f.series(family);
+                // the line joins the family's frontier; every point is a dot
+                let on: Vec<[f64; 2]> = f
+                    .envelope(family)
+                    .iter()
+                    .map(|p| [p.x, p.accuracy])
+                    .collect();
                 let pts: Vec<[f64; 2]> = series.iter().map(|p| [p.x, p.accuracy]).collect();
-                pui.line(Line::new(family, PlotPoints::new(pts.clone())).color(c));
+                pui.line(Line::new(family, PlotPoints::new(on)).color(c));
                 pui.points(
                     Points::new(family, PlotPoints::new(pts))
                         .color(c)

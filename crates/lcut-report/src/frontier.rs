@@ -1,5 +1,7 @@
 //! The accuracy-against-K/V frontier as a figure: one series per family
-//! (its points joined by x, each with its 95% interval as a whisker), the
+//! (the line joins its frontier, the points no other point of the family
+//! beats at no more K/V, and its dominated points are open dots; each
+//! point has its 95% interval as a whisker), the
 //! full model's accuracy as a reference line; and as a table and an HTML
 //! page (`lcut frontier`). The x axis is the K/V held or, for a
 //! leaderboard run, the compression ratio.
@@ -16,12 +18,20 @@ use crate::tables::Table;
 pub fn frontier_chart(f: &Frontier, title: &str) -> LineChart {
     let mut lines = Vec::new();
     let mut whiskers = Vec::new();
+    let mut extra_dots = Vec::new();
     for (i, family) in f.families().into_iter().enumerate() {
         let series = f.series(family);
         whiskers.extend(series.iter().map(|p| (i, p.x, p.ci95[0], p.ci95[1])));
+        let on = f.envelope(family);
+        extra_dots.extend(
+            series
+                .iter()
+                .filter(|p| !on.iter().any(|q| std::ptr::eq(*q, **p)))
+                .map(|p| (i, p.x, p.accuracy, format!("{} (dominated)", p.policy))),
+        );
         lines.push(Line::new(
             family,
-            series.iter().map(|p| (p.x, p.accuracy)).collect(),
+            on.iter().map(|p| (p.x, p.accuracy)).collect(),
         ));
     }
     LineChart {
@@ -30,6 +40,7 @@ pub fn frontier_chart(f: &Frontier, title: &str) -> LineChart {
         y_label: "accuracy (95% interval)".into(),
         lines,
         whiskers,
+        extra_dots,
         hlines: f
             .full_accuracy
             .map(|a| vec![(a, format!("full {a:.3}"))])
@@ -90,8 +101,9 @@ pub fn render_frontier_html(f: &Frontier) -> String {
         out,
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{t}</title>\
          <style>{style}</style></head><body><h1>{t}</h1><figure>{svg}<figcaption>Each family's \
-         policies joined by x, with 95% Wilson intervals; K/V held is measured by the cache at \
-         the end of each item, as a share of the full model's.</figcaption></figure>",
+         line joins its best accuracy within each K/V (open dots: its policies another beats \
+         at no more K/V), with 95% Wilson intervals; K/V held is measured by the cache at the \
+         end of each item, as a share of the full model's.</figcaption></figure>",
         t = escape(&title),
         style = crate::html::STYLE,
         svg = frontier_chart(f, &title).to_svg()
@@ -139,6 +151,7 @@ mod tests {
                 point("SPEED+BoS", 0.81, 0.70),
                 point("kept heads", 0.75, 0.60),
                 point("SPEED+BoS", 0.75, 0.13),
+                point("kept heads", 0.79, 0.50),
             ],
             full_accuracy: Some(0.74),
             over: "suite.jsonl".into(),
@@ -147,16 +160,21 @@ mod tests {
         assert_eq!(chart.lines.len(), 2);
         assert_eq!(chart.lines[0].name, "SPEED+BoS");
         assert_eq!(chart.lines[0].points, [(0.75, 0.13), (0.81, 0.70)]);
-        assert_eq!(chart.whiskers.len(), 3);
+        assert_eq!(chart.whiskers.len(), 4);
+        // the dominated head plan is an open dot off its family's line
+        assert_eq!(chart.lines[1].points, [(0.75, 0.60)]);
+        assert_eq!(chart.extra_dots.len(), 1);
+        assert_eq!((chart.extra_dots[0].0, chart.extra_dots[0].1), (1, 0.79));
         let (series, x, lo, hi) = chart.whiskers[2];
         assert_eq!((series, x), (1, 0.75));
         assert!((lo - 0.55).abs() < 1e-12 && (hi - 0.65).abs() < 1e-12);
         assert_eq!(chart.hlines[0].0, 0.74);
         let svg = chart.to_svg();
         // a whisker per point, in its series' colour
-        assert_eq!(svg.matches("class=\"ci\"").count(), 3, "{svg}");
+        assert_eq!(svg.matches("class=\"ci\"").count(), 4, "{svg}");
+        assert_eq!(svg.matches("class=\"off\"").count(), 1, "{svg}");
         let table = frontier_table(&f);
-        assert_eq!(table.rows.len(), 3);
+        assert_eq!(table.rows.len(), 4);
         assert_eq!(table.rows[0][3], "0.130 [0.080, 0.180]");
         assert_eq!(table.rows[0][4], "100 of 154 (65%)");
         let html = render_frontier_html(&f);

@@ -307,12 +307,34 @@ impl Frontier {
         out
     }
 
-    /// The points of `family`, by x.
+    /// The points of `family`, by x (ties by accuracy, highest first).
     pub fn series(&self, family: &str) -> Vec<&FrontierPoint> {
         let mut out: Vec<&FrontierPoint> =
             self.points.iter().filter(|p| p.family == family).collect();
-        out.sort_by(|a, b| a.x.total_cmp(&b.x));
+        out.sort_by(|a, b| a.x.total_cmp(&b.x).then(b.accuracy.total_cmp(&a.accuracy)));
         out
+    }
+
+    /// The family's frontier: the points more accurate than every point of
+    /// the family that holds no more K/V (at a smaller or equal K/V held, or
+    /// a larger or equal compression ratio), by x; the others are dominated.
+    pub fn envelope(&self, family: &str) -> Vec<&FrontierPoint> {
+        let mut series = self.series(family);
+        if self.axis == FrontierAxis::CompressionRatio {
+            // more compression holds less: walk from the largest ratio
+            series.sort_by(|a, b| b.x.total_cmp(&a.x).then(b.accuracy.total_cmp(&a.accuracy)));
+        }
+        let mut best = f64::NEG_INFINITY;
+        let mut on: Vec<&FrontierPoint> = series
+            .into_iter()
+            .filter(|p| {
+                let on = p.accuracy > best;
+                best = best.max(p.accuracy);
+                on
+            })
+            .collect();
+        on.sort_by(|a, b| a.x.total_cmp(&b.x));
+        on
     }
 }
 
@@ -336,6 +358,51 @@ mod tests {
         ] {
             assert_eq!(family_of(policy), family, "{policy}");
         }
+    }
+
+    #[test]
+    fn the_envelope_drops_the_points_another_beats_at_no_more_kv() {
+        let point = |x: f64, accuracy: f64| FrontierPoint {
+            family: "kept heads".into(),
+            policy: format!("{x}/{accuracy}"),
+            x,
+            accuracy,
+            ci95: [0.0, 1.0],
+            n: 10,
+            kept_of_full: None,
+            full_correct: None,
+        };
+        let f = Frontier {
+            axis: FrontierAxis::KvHeld,
+            points: vec![
+                point(0.75, 0.39),
+                point(0.70, 0.38),
+                point(0.75, 0.60),
+                point(0.79, 0.50),
+                point(0.81, 0.65),
+            ],
+            full_accuracy: None,
+            over: String::new(),
+        };
+        let on: Vec<(f64, f64)> = f
+            .envelope("kept heads")
+            .iter()
+            .map(|p| (p.x, p.accuracy))
+            .collect();
+        assert_eq!(on, vec![(0.70, 0.38), (0.75, 0.60), (0.81, 0.65)]);
+        assert_eq!(f.series("kept heads").len(), 5);
+        // on the ratio axis more x holds less: the most compressed plan is
+        // also the most accurate and beats every other
+        let f = Frontier {
+            axis: FrontierAxis::CompressionRatio,
+            ..f
+        };
+        let on: Vec<(f64, f64)> = f
+            .envelope("kept heads")
+            .iter()
+            .map(|p| (p.x, p.accuracy))
+            .collect();
+        assert_eq!(on, vec![(0.81, 0.65)]);
     }
 
     fn eval_json(policy: &str, suite: &str, accuracy: f64, kv: f64) -> String {
@@ -373,6 +440,7 @@ mod tests {
             (speed[0].kept_of_full, speed[0].full_correct),
             (Some(6), Some(8))
         );
+        assert_eq!(f.envelope("SPEED+BoS").len(), 2);
         // another suite's result, or a file that is no result, is refused by name
         let other = write("e.json", eval_json("speed:20+bos", "t.jsonl", 0.1, 0.7));
         let err = Frontier::from_eval_files(&[&files[1], &other])
