@@ -82,6 +82,42 @@ fn a_checked_budget_never_agrees_less_than_speed_and_its_head_file_runs() {
     let unchecked = ok(&["recommend", run_s, "--kv-budget", "0.7"], &repo);
     assert!(unchecked.contains("masses alone"), "{unchecked}");
     assert!(run.join("heads-kv0.7.json").is_file());
+
+    // a prefill budget of 2 layers: the cut and every kept pair below layer 2
+    let file = tmp.path().join("prefill.json");
+    let held = ok(
+        &[
+            "recommend",
+            run_s,
+            "--kv-budget",
+            "0.9",
+            "--prefill-layers",
+            "2",
+            "--out",
+            file.to_str().unwrap(),
+        ],
+        &repo,
+    );
+    assert!(held.contains("prefill budget 2 of"), "{held}");
+    let head_file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert!(head_file["cut"].as_u64().unwrap() <= 2, "{head_file}");
+    for pair in head_file["heads"].as_array().unwrap() {
+        assert!(pair[0].as_u64().unwrap() < 2, "{head_file}");
+    }
+    let out = lcut(
+        &[
+            "recommend",
+            run_s,
+            "--kv-budget",
+            "0.9",
+            "--prefill-layers",
+            "0",
+        ],
+        &repo,
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("prefill budget"));
 }
 
 #[test]

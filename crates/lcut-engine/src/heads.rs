@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use lcut_diag::{
-    HeadPlan, PromptShape, expected_accuracy, head_ranking, kv_head_masses, plan_for_budget,
+    HeadPlan, PromptShape, expected_accuracy, head_ranking, kv_head_masses, plan_for_budgets,
 };
 use lcut_policy::{
     FileModel, HeadFile, HeadRanking, HeadSource, ModelDims, Policy, PolicySpec, read_ranking,
@@ -99,7 +99,20 @@ impl HeadAdvice {
 
     /// The plan for `budget` from `report`'s masses, the budget read at `at`.
     pub fn from_report_at(report: &Report, budget: f64, at: BudgetShape) -> Result<Self> {
-        let plan = plan_for_budget(&report_masses(report)?, &at.shape(), budget)?;
+        Self::from_report_within(report, budget, at, None)
+    }
+
+    /// [`HeadAdvice::from_report_at`] with the prompt held to at most
+    /// `prefill_layers` layers (a prefill budget: the cut and every kept
+    /// pair below it).
+    pub fn from_report_within(
+        report: &Report,
+        budget: f64,
+        at: BudgetShape,
+        prefill_layers: Option<usize>,
+    ) -> Result<Self> {
+        let masses = report_masses(report)?;
+        let plan = plan_for_budgets(&masses, &at.shape(), budget, prefill_layers)?;
         Self::for_plan(report, budget, plan, at)
     }
 
