@@ -16,6 +16,9 @@ pub enum DialogPurpose {
     Report,
     /// Pick the export folder.
     ExportDir,
+    /// Pick an `lcut eval --json` result (or a leaderboard.json) for the
+    /// frontier view.
+    EvalResult,
 }
 
 /// An open file dialog and what its answer is for.

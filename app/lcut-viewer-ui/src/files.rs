@@ -19,7 +19,9 @@ pub fn open_dialog(state: &mut ViewerState, purpose: DialogPurpose, start: Optio
             .title("Open a .gguf model")
             .show_files_filter(Box::new(is_gguf_path))
             .filename_filter(Box::new(|name: &str| is_gguf_path(Path::new(name)))),
-        DialogPurpose::PromptFile | DialogPurpose::Report => FileDialog::open_file(),
+        DialogPurpose::PromptFile | DialogPurpose::Report | DialogPurpose::EvalResult => {
+            FileDialog::open_file()
+        }
     };
     let mut dialog = match start.filter(|p| p.exists()) {
         Some(p) => dialog.initial_path(p),
@@ -61,7 +63,28 @@ pub fn apply_pick(state: &mut ViewerState, purpose: DialogPurpose, path: PathBuf
             state.open_report(path);
         }
         DialogPurpose::ExportDir => state.export.dir = path.display().to_string(),
+        DialogPurpose::EvalResult => open_eval_result(state, path),
     }
+}
+
+/// Adds an eval result to the frontier view and shows it; an error is
+/// shown instead when the file is no result (or of another suite).
+pub fn open_eval_result(state: &mut ViewerState, path: PathBuf) {
+    match state.frontier.open(path) {
+        Ok(()) => state.view.tab = crate::state::Tab::Frontier,
+        Err(e) => state.error = Some(e),
+    }
+}
+
+/// True for a file that reads as an `lcut eval --json` result or a
+/// leaderboard run (a report is neither).
+fn is_eval_result(path: &Path) -> bool {
+    path.is_file()
+        && path.file_name().is_none_or(|n| n != "report.json")
+        && path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("json"))
+        && lcut_report::Frontier::read(&[path], lcut_report::FrontierAxis::KvHeld, "all").is_ok()
 }
 
 /// True for a path named like a GGUF model file (extension `.gguf`, any
@@ -97,8 +120,9 @@ pub fn dialog_start(typed: &str) -> Option<PathBuf> {
 }
 
 /// Opens what was dropped on the window: a model folder or a `.gguf` file
-/// loads the model; anything else is read as a report (a `report.json` or a
-/// run folder).
+/// loads the model; `lcut eval` results (one or several) go to the frontier
+/// view; anything else is read as a report (a `report.json` or a run
+/// folder).
 pub fn handle_dropped(ctx: &egui::Context, state: &mut ViewerState) {
     let dropped: Vec<PathBuf> = ctx.input(|i| {
         i.raw
@@ -107,6 +131,12 @@ pub fn handle_dropped(ctx: &egui::Context, state: &mut ViewerState) {
             .map(|f| f.path().to_path_buf())
             .collect()
     });
+    if !dropped.is_empty() && dropped.iter().all(|p| is_eval_result(p)) {
+        for path in dropped {
+            open_eval_result(state, path);
+        }
+        return;
+    }
     if let Some(path) = dropped.into_iter().next() {
         if is_model_path(&path) {
             state.open_model(path);

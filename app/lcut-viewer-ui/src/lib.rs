@@ -13,6 +13,8 @@
 //! - [`heads_view`] over [`head_picks`] and [`head_data`]: pick the
 //!   (layer, K/V head) pairs kept above the cut, their K/V share and mass,
 //!   a budget's plan, and `speed:C+bos+heads:FILE` run beside full.
+//! - [`frontier_view`]: accuracy against K/V held (or the compression
+//!   ratio), one line per family, from `lcut eval` results.
 //! - [`slim_data`], [`slim_views`]: a live SlimInfer run: positions that
 //!   exist per layer, score bars per cut, active sets and overlap per step.
 
@@ -30,6 +32,7 @@ pub mod failure;
 pub mod fake;
 pub mod files;
 pub mod frames;
+pub mod frontier_view;
 pub mod grid;
 pub mod head_data;
 pub mod head_picks;

@@ -22,17 +22,20 @@ pub enum Tab {
     Heads,
     /// Full and SPEED generating side by side.
     Live,
+    /// Accuracy against K/V held, one line per family, from eval results.
+    Frontier,
 }
 
 impl Tab {
     /// Every tab, in display order.
-    pub const ALL: [Tab; 6] = [
+    pub const ALL: [Tab; 7] = [
         Tab::Heatmaps,
         Tab::Curves,
         Tab::Recommendation,
         Tab::Sweep,
         Tab::Heads,
         Tab::Live,
+        Tab::Frontier,
     ];
 
     /// The tab's label.
@@ -44,6 +47,7 @@ impl Tab {
             Tab::Sweep => "Sweep",
             Tab::Heads => "Heads",
             Tab::Live => "Live",
+            Tab::Frontier => "Frontier",
         }
     }
 }

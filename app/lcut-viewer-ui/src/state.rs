@@ -96,6 +96,8 @@ pub struct ViewerState {
     pub export: ExportSettings,
     /// The (layer, K/V head) pairs picked in the head view.
     pub heads: HeadPicks,
+    /// The eval results of the frontier view.
+    pub frontier: crate::frontier_view::FrontierView,
     /// Messages, newest last.
     pub log: Vec<String>,
     /// The latest error, shown until the next job starts.

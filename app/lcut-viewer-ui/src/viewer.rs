@@ -1,6 +1,7 @@
 //! The whole window: control bar on top, status bar below, the cutoff panel
 //! (slider, recommendation, cost) on the right, and the tabbed views.
 
+use std::path::Path;
 use std::time::Duration;
 
 use egui::{CentralPanel, Panel, RichText, ScrollArea, Slider, Ui};
@@ -8,7 +9,8 @@ use egui::{CentralPanel, Panel, RichText, ScrollArea, Slider, Ui};
 use crate::controls::{show_controls, show_status};
 use crate::cost_panel::show_cost_panel;
 use crate::curves::show_curves;
-use crate::files::{handle_dropped, show_dialog};
+use crate::files::{DialogPurpose, handle_dropped, open_dialog, show_dialog};
+use crate::frontier_view::show_frontier;
 use crate::heads_view::show_heads;
 use crate::heatmap_view::show_heatmaps;
 use crate::live::show_live;
@@ -134,6 +136,21 @@ pub fn show_central(ui: &mut Ui, state: &mut ViewerState) {
         show_live_tab(ui, state);
         return;
     }
+    if state.view.tab == Tab::Frontier {
+        let (action, error) = show_frontier(ui, &mut state.frontier);
+        if let Some(e) = error {
+            state.error = Some(e);
+        }
+        if action.open {
+            let start = state
+                .frontier
+                .files
+                .last()
+                .and_then(|f| f.parent().map(Path::to_path_buf));
+            open_dialog(state, DialogPurpose::EvalResult, start.as_deref());
+        }
+        return;
+    }
     if state.view.tab == Tab::Heads && state.loaded.is_some() {
         show_heads(ui, state);
         return;
@@ -179,7 +196,7 @@ pub fn show_central(ui: &mut Ui, state: &mut ViewerState) {
                 &mut view.sweep_axis,
             );
         }
-        Tab::Heads | Tab::Live => {}
+        Tab::Heads | Tab::Live | Tab::Frontier => {}
     }
 }
 

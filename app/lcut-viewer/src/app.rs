@@ -54,6 +54,9 @@ pub struct StartOptions {
     /// Record this many idle frames, then drag-pan the prompt-position
     /// heatmap for as many more, print both frame-time summaries and quit.
     pub bench_pan_frames: Option<usize>,
+    /// `lcut eval --json` results (or a leaderboard run) to draw in the
+    /// frontier view, which is shown first.
+    pub eval: Vec<PathBuf>,
 }
 
 /// Checks a model given on the command line before the window opens: an
@@ -154,6 +157,9 @@ impl ViewerApp {
             } else {
                 s.open_report(r.clone());
             }
+        }
+        for path in &opts.eval {
+            lcut_viewer_ui::files::open_eval_result(s, path.clone());
         }
         if let Some(t) = opts.tab {
             s.view.tab = t;

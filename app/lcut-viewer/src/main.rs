@@ -54,12 +54,16 @@ struct Args {
     /// view, with SPEED+BoS at equal K/V); print a line when done.
     #[arg(long, requires = "kv_budget")]
     run_heads: bool,
-    /// The view to show first: heatmaps, curves, recommendation, sweep, heads or live.
+    /// The view to show first: heatmaps, curves, recommendation, sweep, heads, live or frontier.
     #[arg(long, value_name = "NAME")]
     screenshot_view: Option<String>,
     /// Time N idle frames, then N frames drag-panning the prompt-position heatmap; print both, quit.
     #[arg(long, value_name = "N")]
     bench_pan: Option<usize>,
+    /// `lcut eval --suite ... --json` results (or a leaderboard run's leaderboard.json) to draw
+    /// in the Frontier view: accuracy against K/V held, one line per family.
+    #[arg(long, value_name = "FILE", num_args = 1..)]
+    eval: Vec<PathBuf>,
     /// Window size, WIDTHxHEIGHT.
     #[arg(long, default_value = "1280x800")]
     size: String,
@@ -82,7 +86,7 @@ fn main() -> anyhow::Result<()> {
     let tab = match &args.screenshot_view {
         Some(name) => Some(parse_tab(name).ok_or_else(|| {
             anyhow!(
-                "--screenshot-view {name:?}: expected heatmaps, curves, recommendation, sweep, heads or live"
+                "--screenshot-view {name:?}: expected heatmaps, curves, recommendation, sweep, heads, live or frontier"
             )
         })?),
         None => None,
@@ -113,6 +117,7 @@ fn main() -> anyhow::Result<()> {
         kv_budget: args.kv_budget,
         run_heads: args.run_heads,
         bench_pan_frames: args.bench_pan,
+        eval: args.eval,
     };
     let mut native = eframe::NativeOptions {
         viewport: egui::ViewportBuilder::default()

@@ -11,6 +11,7 @@ use lcut_engine::diagnose::{
     BUNDLED_PROMPTS, DiagnoseEvent, DiagnoseOptions, LabelledPrompt, PromptSpec, diagnose_prepared,
     prepare_prompts_with, read_prompt_set,
 };
+use lcut_engine::serve_shape::{BudgetShape, read_served_prompts};
 use lcut_engine::{GenerationConfig, Session};
 use lcut_model::default_attention_block_elems;
 use lcut_model::memory::{MemoryEstimate, kv_cache_bytes};
@@ -67,6 +68,17 @@ pub struct DiagnoseArgs {
     /// the candidates under OUT/heads-kv<BUDGET>-check/.
     #[arg(long, value_parser = crate::cmd_recommend::parse_budget)]
     pub kv_budget: Option<f64>,
+    /// Read the K/V budget at the mean shape of these prompts (a task suite
+    /// or a prompt set: the prompts you will serve) instead of the run's
+    /// own: anchors and decode-phase tokens weigh more on short prompts, so
+    /// a cut holds a different share of full's K/V on other prompts.
+    #[arg(long, requires = "kv_budget")]
+    pub kv_budget_at: Option<PathBuf>,
+    /// With --kv-budget-at: new tokens per served prompt (by default a
+    /// suite item's own budget or 24, as `lcut eval` runs it, and
+    /// --max-new-tokens for a prompt set).
+    #[arg(long, requires = "kv_budget_at")]
+    pub kv_budget_new_tokens: Option<usize>,
     /// Record the logit lens: each decode step's hidden states through the
     /// final norm and LM head, where the answer forms (an LM-head product
     /// per layer per step: on SmolLM2 about 6.5 times a decode step's arithmetic).
@@ -272,8 +284,28 @@ fn print_candidate_votes(report: &Report) {
 
 /// Run `lcut diagnose`.
 pub fn run(args: &DiagnoseArgs) -> Result<()> {
+    // the served prompts are read before the model loads: a bad file stops here
+    let served = args
+        .kv_budget_at
+        .as_deref()
+        .map(read_served_prompts)
+        .transpose()?;
     let inputs = load_inputs(args, &[])?;
     let opts = options(args, inputs.file.clone())?;
+    let served_shape = served
+        .map(|s| {
+            let default_new = match s.is_suite() {
+                true => crate::cmd_eval::DEFAULT_NEW_TOKENS,
+                false => args.max_new_tokens,
+            };
+            s.shape(
+                &inputs.session,
+                args.kv_budget_new_tokens,
+                default_new,
+                !args.raw,
+            )
+        })
+        .transpose()?;
     if let Some(path) = &opts.lens_logits {
         std::fs::create_dir_all(&args.out)
             .with_context(|| format!("creating {}", args.out.display()))?;
@@ -310,7 +342,8 @@ pub fn run(args: &DiagnoseArgs) -> Result<()> {
         ranking.display()
     );
     if let Some(budget) = args.kv_budget {
-        check_budget(args, &inputs, &report, budget)?;
+        let at = served_shape.unwrap_or_else(|| BudgetShape::of_report(&report));
+        check_budget(args, &inputs, &report, (budget, &at))?;
     }
     report_peak(&inputs.need);
     Ok(())
@@ -318,19 +351,26 @@ pub fn run(args: &DiagnoseArgs) -> Result<()> {
 
 /// `--kv-budget`: check the budget's candidate plans on the run's prompts,
 /// write the chosen head file and print every candidate's figures.
-fn check_budget(args: &DiagnoseArgs, inputs: &Inputs, report: &Report, budget: f64) -> Result<()> {
+fn check_budget(
+    args: &DiagnoseArgs,
+    inputs: &Inputs,
+    report: &Report,
+    (budget, at): (f64, &BudgetShape),
+) -> Result<()> {
     let out = crate::cmd_recommend::head_file_path(&args.out, budget);
     let dir = args.out.join(format!("heads-kv{budget}-check"));
     let bar = progress_bar();
     bar.println(format!(
-        "checking the plans of K/V budget {budget} on {} prompts",
+        "checking the plans of K/V budget {budget} (read at {}: {}) on {} prompts",
+        at.read_at,
+        at.shape(),
         inputs.prepared.len()
     ));
     let checked = lcut_engine::head_check::check_budget(
         &inputs.session,
         report,
         &inputs.prepared,
-        budget,
+        (budget, at),
         args.max_new_tokens,
         &dir,
         &mut on_event(&bar),

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use clap::Args;
 use lcut_engine::heads::{HeadAdvice, write_head_file};
+use lcut_engine::serve_shape::BudgetShape;
 use lcut_trace::{Report, read_report_json};
 
 /// Arguments of `lcut recommend`.
@@ -20,6 +21,12 @@ pub struct RecommendArgs {
     /// The head file to write (RUN/heads-kv<BUDGET>.json by default).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// A prefill (TTFT) budget as well: the prompt runs at most this many
+    /// layers, so the cut is at most T and every kept pair lies below
+    /// layer T (kept pairs above the cut otherwise make the prompt run up
+    /// to the highest of them).
+    #[arg(long, value_name = "T")]
+    pub prefill_layers: Option<usize>,
 }
 
 /// A K/V budget: a share in (0, 1].
@@ -40,11 +47,31 @@ pub fn head_file_path(dir: &Path, budget: f64) -> PathBuf {
 
 /// Plan `budget` on `report`, write the head file to `out` and print what
 /// it buys.
-pub fn advise(report: &Report, budget: f64, out: &Path) -> Result<()> {
-    let advice = HeadAdvice::from_report(report, budget)?;
+pub fn advise(
+    report: &Report,
+    budget: f64,
+    prefill_layers: Option<usize>,
+    out: &Path,
+) -> Result<()> {
+    let at = BudgetShape::of_report(report);
+    let advice = HeadAdvice::from_report_within(report, budget, at, prefill_layers)?;
     write_head_file(out, &advice, &report.model)
         .with_context(|| format!("writing the head file {}", out.display()))?;
     println!("{}", advice.summary(out));
+    if let Some(t) = prefill_layers {
+        let runs = advice
+            .plan
+            .heads
+            .iter()
+            .map(|&(l, _)| l + 1)
+            .max()
+            .unwrap_or(0)
+            .max(advice.plan.cut);
+        println!(
+            "prefill budget {t} of {} layers: the prompt runs {runs} layers",
+            report.model.num_layers
+        );
+    }
     println!(
         "planned from the report's masses alone; `lcut diagnose --kv-budget {budget}` checks the \
          plans of nearby cuts and SPEED+BoS on the model"
@@ -71,5 +98,5 @@ pub fn run(args: &RecommendArgs) -> Result<()> {
         .out
         .clone()
         .unwrap_or_else(|| head_file_path(&dir, args.kv_budget));
-    advise(&report, args.kv_budget, &out)
+    advise(&report, args.kv_budget, args.prefill_layers, &out)
 }

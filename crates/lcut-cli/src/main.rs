@@ -6,6 +6,7 @@ mod cmd_bench;
 mod cmd_diagnose;
 mod cmd_eval;
 mod cmd_forward;
+mod cmd_frontier;
 mod cmd_generate;
 mod cmd_leaderboard;
 mod cmd_models;
@@ -46,6 +47,10 @@ enum Command {
     Report(cmd_report::ReportArgs),
     /// Merge shard runs into the report of the whole prompt set.
     Merge(cmd_report::MergeArgs),
+    /// Accuracy against K/V held (or the compression ratio), one line per
+    /// family, from `lcut eval` results or a leaderboard run: an HTML page
+    /// and an SVG.
+    Frontier(cmd_frontier::FrontierArgs),
     /// Train a bundled task model (full depth or SPEED-aware); with
     /// `--lora R`, a LoRA adapter for any model (as `train-lora`).
     Train(cmd_train::TrainArgs),
@@ -129,6 +134,7 @@ fn main() -> anyhow::Result<()> {
         Command::Diagnose(a) => cmd_diagnose::run(a),
         Command::Sweep(a) => cmd_sweep::run(a),
         Command::Report(a) => cmd_report::run(a),
+        Command::Frontier(a) => cmd_frontier::run(a),
         Command::Merge(a) => cmd_report::merge(a),
         Command::Train(a) => cmd_train::train(a),
         Command::TrainLora(a) => cmd_train_lora::run(a),

@@ -90,6 +90,34 @@ impl PromptShape {
     }
 }
 
+impl PromptShape {
+    /// The mean shape of prompts given as `(prefill, decode)` token counts
+    /// (one anchor each, as SPEED+BoS splits them); `None` without prompts.
+    pub fn mean_of(prompts: impl IntoIterator<Item = (usize, usize)>) -> Option<Self> {
+        let (mut n, mut prefill, mut decode) = (0usize, 0usize, 0usize);
+        for (p, d) in prompts {
+            n += 1;
+            prefill += p;
+            decode += d;
+        }
+        (n > 0).then(|| Self {
+            anchors: 1.0,
+            prefill: prefill as f64 / n as f64,
+            decode: decode as f64 / n as f64,
+        })
+    }
+}
+
+impl std::fmt::Display for PromptShape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:.0} anchor, {:.1} prefill and {:.1} decode-phase tokens",
+            self.anchors, self.prefill, self.decode
+        )
+    }
+}
+
 /// The K/V share SPEED+BoS at `cut` with `kept` pairs above it holds of the
 /// full model's, on a model of `layers` layers and `kv_heads` K/V heads.
 pub fn kv_share(layers: usize, kv_heads: usize, cut: usize, kept: usize, p: &PromptShape) -> f64 {
@@ -144,6 +172,28 @@ pub fn plan_candidates(
     budget: f64,
     span: usize,
 ) -> Result<Vec<HeadPlan>, DiagError> {
+    plan_candidates_within(masses, shape, budget, span, None)
+}
+
+/// [`plan_candidates`] under a prefill budget as well: with
+/// `prefill_layers` T the prompt runs at most T layers (its TTFT about T
+/// of L layers' prefill), so the cut is at most T and every kept pair lies
+/// below layer T. An error when T is outside 1..=L.
+pub fn plan_candidates_within(
+    masses: &[Vec<f64>],
+    shape: &PromptShape,
+    budget: f64,
+    span: usize,
+    prefill_layers: Option<usize>,
+) -> Result<Vec<HeadPlan>, DiagError> {
+    if let Some(t) = prefill_layers
+        && !(1..=masses.len()).contains(&t)
+    {
+        return Err(DiagError::Invalid(format!(
+            "a prefill budget of {t} layers is outside 1..={} (the layers the prompt may run)",
+            masses.len()
+        )));
+    }
     if !(budget > 0.0 && budget <= 1.0) {
         return Err(DiagError::Invalid(format!(
             "a K/V budget of {budget} is outside (0, 1]: it is the share of the full model's K/V to keep"
@@ -156,7 +206,8 @@ pub fn plan_candidates(
     }
     let fits =
         |cut: usize, kept: usize| kv_share(layers, kv_heads, cut, kept, shape) <= budget + 1e-12;
-    let Some(top) = (1..=layers).rev().find(|&c| fits(c, 0)) else {
+    let deepest = prefill_layers.unwrap_or(layers);
+    let Some(top) = (1..=deepest).rev().find(|&c| fits(c, 0)) else {
         return Err(DiagError::Invalid(format!(
             "a K/V budget of {budget} is below what SPEED+BoS at cut 1 holds ({:.3} of full)",
             kv_share(layers, kv_heads, 1, 0, shape)
@@ -165,13 +216,16 @@ pub fn plan_candidates(
     let total: f64 = masses.iter().flatten().sum();
     let share_of = |m: f64| if total > 0.0 { m / total } else { 0.0 };
     let below = |cut: usize| -> f64 { masses[..cut].iter().flatten().sum() };
-    let ranking = head_ranking(masses);
+    let ranking: Vec<(usize, usize, f64)> = head_ranking(masses)
+        .into_iter()
+        .filter(|(l, _, _)| *l < deepest)
+        .collect();
     let speed_mass_kept = share_of(below(top));
     Ok((top.saturating_sub(span).max(1)..=top)
         .rev()
         .map(|cut| {
             let mut kept = 0;
-            while kept < (layers - cut) * kv_heads && fits(cut, kept + 1) {
+            while kept < (deepest - cut) * kv_heads && fits(cut, kept + 1) {
                 kept += 1;
             }
             let mut heads: Vec<(usize, usize)> = ranking
@@ -202,8 +256,19 @@ pub fn plan_for_budget(
     shape: &PromptShape,
     budget: f64,
 ) -> Result<HeadPlan, DiagError> {
+    plan_for_budgets(masses, shape, budget, None)
+}
+
+/// [`plan_for_budget`] under a prefill budget as well (the prompt runs at
+/// most `prefill_layers` layers; see [`plan_candidates_within`]).
+pub fn plan_for_budgets(
+    masses: &[Vec<f64>],
+    shape: &PromptShape,
+    budget: f64,
+    prefill_layers: Option<usize>,
+) -> Result<HeadPlan, DiagError> {
     let span = span_layers(masses.len(), UNCHECKED_SPAN);
-    let candidates = plan_candidates(masses, shape, budget, span)?;
+    let candidates = plan_candidates_within(masses, shape, budget, span, prefill_layers)?;
     let mut best = candidates[0].clone();
     for c in candidates.into_iter().skip(1) {
         if c.mass_kept > best.mass_kept + 1e-12 {
@@ -322,6 +387,53 @@ mod tests {
         );
         assert_eq!(span_layers(30, UNCHECKED_SPAN), 2);
         assert_eq!(span_layers(30, CHECKED_SPAN), 6);
+    }
+
+    #[test]
+    fn a_budget_at_speeds_share_of_the_serving_shape_has_speed_as_its_first_candidate() {
+        // prompts served are longer than the ones the masses came from: at
+        // their shape SPEED+BoS at cut 4 holds less than at the short shape
+        let short = PromptShape {
+            anchors: 1.0,
+            prefill: 20.0,
+            decode: 10.0,
+        };
+        let served = PromptShape::mean_of([(900, 30), (1100, 50)]).unwrap();
+        assert_eq!(served.prefill, 1000.0);
+        assert_eq!(served.decode, 40.0);
+        let at_served = kv_share(6, 2, 4, 0, &served);
+        assert!(at_served < kv_share(6, 2, 4, 0, &short));
+        // exactly at that share, cut 4 fits at the serving shape only
+        let c = plan_candidates(&masses(), &served, at_served, 2).unwrap();
+        assert_eq!((c[0].cut, c[0].speed_cut), (4, 4));
+        assert!(c[0].heads.is_empty() && c[0].kv_share <= at_served);
+        let c = plan_candidates(&masses(), &short, at_served, 2).unwrap();
+        assert_eq!(c[0].speed_cut, 3);
+        assert_eq!(PromptShape::mean_of([]), None);
+    }
+
+    #[test]
+    fn a_prefill_budget_keeps_the_cut_and_the_pairs_below_it() {
+        // without it, 0.6 buys (4, 1) above cut 3: the prompt runs 5 layers
+        let free = plan_for_budget(&masses(), &SHAPE, 0.6).unwrap();
+        assert_eq!(free.heads, vec![(4, 1)]);
+        // the prompt may run 4 layers: the pair comes from layer 3
+        let plan = plan_for_budgets(&masses(), &SHAPE, 0.6, Some(4)).unwrap();
+        assert!(
+            plan.cut <= 4 && plan.heads.iter().all(|&(l, _)| l < 4),
+            "{plan:?}"
+        );
+        assert!(!plan.heads.is_empty() && plan.kv_share <= 0.6);
+        assert!(plan.mass_kept < free.mass_kept);
+        // 3 layers: the cut itself is held to 3 and nothing above it is kept
+        let three = plan_for_budgets(&masses(), &SHAPE, 1.0, Some(3)).unwrap();
+        assert_eq!((three.cut, three.heads.len(), three.speed_cut), (3, 0, 3));
+        for bad in [0, 7] {
+            let err = plan_for_budgets(&masses(), &SHAPE, 0.6, Some(bad))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("prefill budget"), "{bad}: {err}");
+        }
     }
 
     #[test]

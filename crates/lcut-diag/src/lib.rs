@@ -50,7 +50,8 @@ pub use flops::{
 };
 pub use heads::{
     CHECKED_SPAN, HeadPlan, PromptShape, UNCHECKED_SPAN, expected_accuracy, head_ranking,
-    kv_head_masses, kv_share, plan_candidates, plan_for_budget, span_layers,
+    kv_head_masses, kv_share, plan_candidates, plan_candidates_within, plan_for_budget,
+    plan_for_budgets, span_layers,
 };
 pub use knee::{finish_sweep, knee};
 pub use knockout::{KNOCKOUT_KL_MIN, knockout_band, knockout_curves, vote_knockout};

@@ -9,13 +9,14 @@
 
 use std::path::{Path, PathBuf};
 
-use lcut_diag::{CHECKED_SPAN, HeadPlan, kv_share, plan_candidates, span_layers};
+use lcut_diag::{CHECKED_SPAN, HeadPlan, PromptShape, kv_share, plan_candidates, span_layers};
 use lcut_trace::{Report, Thresholds, write_json};
 use serde::Serialize;
 
 use crate::diagnose::{AxisPolicy, DiagnoseEvent, LabelledPrompt, SweepOptions, sweep};
 use crate::error::{EngineError, Result};
-use crate::heads::{HeadAdvice, prompt_shape, report_masses};
+use crate::heads::{HeadAdvice, report_masses};
+use crate::serve_shape::BudgetShape;
 use crate::session::Session;
 
 /// One candidate of a check and what it measured.
@@ -27,7 +28,7 @@ pub struct CheckedCandidate {
     pub cut: usize,
     /// Kept (layer, K/V head) pairs above the cut.
     pub kept_pairs: usize,
-    /// K/V held of the full model's, at the report's mean prompt.
+    /// K/V held of the full model's, at the prompt shape the budget was read at.
     pub kv_share: f64,
     /// Share of the decode-to-prefill mass it keeps.
     pub mass_kept: f64,
@@ -52,25 +53,25 @@ pub struct CheckedAdvice {
 #[derive(Debug, Serialize)]
 struct CheckRecord<'a> {
     budget: f64,
+    read_at: &'a BudgetShape,
     prompts: usize,
     max_new_tokens: usize,
     chosen: usize,
     candidates: &'a [CheckedCandidate],
 }
 
-/// The candidates of `budget` on `report`: SPEED+BoS at the largest cut
-/// that fits, then the plan of each cut from that one down
-/// [`CHECKED_SPAN`] of the depth (repeats dropped).
-fn candidate_plans(report: &Report, budget: f64) -> Result<Vec<HeadPlan>> {
-    let masses = report_masses(report)?;
-    let shape = prompt_shape(report);
+/// The candidates of `budget` read at `shape`, from per-(layer, K/V head)
+/// masses: SPEED+BoS at the largest cut that fits, then the plan of each
+/// cut from that one down [`CHECKED_SPAN`] of the depth (repeats dropped).
+fn candidate_plans(masses: &[Vec<f64>], shape: &PromptShape, budget: f64) -> Result<Vec<HeadPlan>> {
     let span = span_layers(masses.len(), CHECKED_SPAN);
-    let plans = plan_candidates(&masses, &shape, budget, span)?;
+    let plans = plan_candidates(masses, shape, budget, span)?;
     let top = plans[0].speed_cut;
+    let kv_heads = masses.first().map_or(0, Vec::len);
     let speed = HeadPlan {
         cut: top,
         heads: Vec::new(),
-        kv_share: kv_share(masses.len(), report.model.num_kv_heads, top, 0, &shape),
+        kv_share: kv_share(masses.len(), kv_heads, top, 0, shape),
         mass_kept: plans[0].speed_mass_kept,
         speed_cut: top,
         speed_mass_kept: plans[0].speed_mass_kept,
@@ -99,8 +100,9 @@ fn choose(candidates: &[CheckedCandidate]) -> usize {
     best
 }
 
-/// Check the candidate plans of `budget` from `report` on `prompts`
-/// (teacher-forced on `max_new_tokens` greedy tokens of the full model),
+/// Check the candidate plans of `budget` (read at the prompt shape `at`)
+/// from `report` on `prompts` (teacher-forced on `max_new_tokens` greedy
+/// tokens of the full model),
 /// writing each candidate's head file and the figures into `dir`
 /// (`dir/candidates.json`, `dir/c<CUT>.json`); `on_event` returns false to
 /// cancel.
@@ -108,7 +110,7 @@ pub fn check_budget(
     session: &Session,
     report: &Report,
     prompts: &[LabelledPrompt],
-    budget: f64,
+    (budget, at): (f64, &BudgetShape),
     max_new_tokens: usize,
     dir: &Path,
     on_event: &mut dyn FnMut(&DiagnoseEvent) -> bool,
@@ -118,7 +120,7 @@ pub fn check_budget(
             "there are no prompts to check it on".into(),
         ));
     }
-    let plans = candidate_plans(report, budget)?;
+    let plans = candidate_plans(&report_masses(report)?, &at.shape(), budget)?;
     std::fs::create_dir_all(dir).map_err(|source| lcut_trace::TraceError::Io {
         action: "creating",
         path: dir.to_path_buf(),
@@ -128,7 +130,7 @@ pub fn check_budget(
     let mut files: Vec<PathBuf> = Vec::new();
     let mut axis = Vec::new();
     for plan in plans {
-        let a = HeadAdvice::for_plan(report, budget, plan)?;
+        let a = HeadAdvice::for_plan(report, budget, plan, at.clone())?;
         let file = dir.join(format!("c{}.json", a.plan.cut));
         if !a.plan.heads.is_empty() {
             write_json(&file, &a.head_file(&report.model), "head file")?;
@@ -175,6 +177,7 @@ pub fn check_budget(
     let chosen = choose(&candidates);
     let record = CheckRecord {
         budget,
+        read_at: at,
         prompts: prompts.len(),
         max_new_tokens,
         chosen,
@@ -240,5 +243,37 @@ mod tests {
         assert_eq!(choose(&[cand(0.9, 0.3), cand(0.9, 0.2)]), 1);
         // an exact tie keeps SPEED+BoS, the first
         assert_eq!(choose(&[cand(0.9, 0.2), cand(0.9, 0.2)]), 0);
+    }
+
+    #[test]
+    fn speed_at_the_largest_cut_that_fits_the_serving_shape_is_the_first_candidate() {
+        // 6 layers, 2 K/V heads, the prompt read low and by (4, 1)
+        let masses = vec![
+            vec![0.5, 0.5],
+            vec![0.4, 0.4],
+            vec![0.3, 0.3],
+            vec![0.05, 0.05],
+            vec![0.01, 0.30],
+            vec![0.01, 0.02],
+        ];
+        let served = PromptShape {
+            anchors: 1.0,
+            prefill: 1000.0,
+            decode: 40.0,
+        };
+        for cut in 2..=5 {
+            // a budget exactly at SPEED+BoS `cut`'s share of the served shape
+            let budget = kv_share(6, 2, cut, 0, &served);
+            let plans = candidate_plans(&masses, &served, budget).unwrap();
+            assert_eq!((plans[0].cut, plans[0].heads.len()), (cut, 0), "cut {cut}");
+            assert!(plans[0].kv_share <= budget);
+            // the plans below it spend the budget on kept pairs
+            assert!(
+                plans[1..]
+                    .iter()
+                    .all(|p| p.cut < cut && !p.heads.is_empty())
+            );
+            assert!(plans.iter().all(|p| p.kv_share <= budget + 1e-12));
+        }
     }
 }

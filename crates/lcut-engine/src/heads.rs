@@ -8,14 +8,16 @@
 use std::path::{Path, PathBuf};
 
 use lcut_diag::{
-    HeadPlan, PromptShape, expected_accuracy, head_ranking, kv_head_masses, plan_for_budget,
+    HeadPlan, PromptShape, expected_accuracy, head_ranking, kv_head_masses, plan_for_budgets,
 };
 use lcut_policy::{
     FileModel, HeadFile, HeadRanking, HeadSource, ModelDims, Policy, PolicySpec, read_ranking,
 };
 use lcut_trace::{ModelIdentity, Report, write_json};
+use serde::Serialize;
 
 use crate::error::Result;
+use crate::serve_shape::BudgetShape;
 use crate::session::Session;
 
 /// The file `lcut diagnose` writes its ranking to, in its output folder.
@@ -73,17 +75,50 @@ pub struct HeadAdvice {
     /// Accuracy SPEED+BoS at the plan's `speed_cut` was measured at, when
     /// the sweep has that cut.
     pub speed_accuracy: Option<f64>,
+    /// The prompt shape the budget was read at.
+    pub at: BudgetShape,
+}
+
+/// A head file as a recommendation writes it: the pairs, and the budget
+/// with the prompt shape it was read at (readers of head files ignore it).
+#[derive(Serialize)]
+struct PlannedHeadFile<'a> {
+    #[serde(flatten)]
+    file: HeadFile,
+    kv_budget: f64,
+    kv_share: f64,
+    read_at: &'a BudgetShape,
 }
 
 impl HeadAdvice {
-    /// The plan for `budget` from `report`.
+    /// The plan for `budget` from `report`, the budget read at the shape of
+    /// the report's own prompts.
     pub fn from_report(report: &Report, budget: f64) -> Result<Self> {
-        let plan = plan_for_budget(&report_masses(report)?, &prompt_shape(report), budget)?;
-        Self::for_plan(report, budget, plan)
+        Self::from_report_at(report, budget, BudgetShape::of_report(report))
     }
 
-    /// `plan` for `budget`, with what `report`'s calibration says of it.
-    pub fn for_plan(report: &Report, budget: f64, plan: HeadPlan) -> Result<Self> {
+    /// The plan for `budget` from `report`'s masses, the budget read at `at`.
+    pub fn from_report_at(report: &Report, budget: f64, at: BudgetShape) -> Result<Self> {
+        Self::from_report_within(report, budget, at, None)
+    }
+
+    /// [`HeadAdvice::from_report_at`] with the prompt held to at most
+    /// `prefill_layers` layers (a prefill budget: the cut and every kept
+    /// pair below it).
+    pub fn from_report_within(
+        report: &Report,
+        budget: f64,
+        at: BudgetShape,
+        prefill_layers: Option<usize>,
+    ) -> Result<Self> {
+        let masses = report_masses(report)?;
+        let plan = plan_for_budgets(&masses, &at.shape(), budget, prefill_layers)?;
+        Self::for_plan(report, budget, plan, at)
+    }
+
+    /// `plan` for `budget` (read at `at`), with what `report`'s calibration
+    /// says of it.
+    pub fn for_plan(report: &Report, budget: f64, plan: HeadPlan, at: BudgetShape) -> Result<Self> {
         let masses = report_masses(report)?;
         let calibration = report
             .sweep
@@ -99,6 +134,7 @@ impl HeadAdvice {
             expected_accuracy: expected_accuracy(&masses, calibration, plan.mass_kept),
             speed_accuracy,
             plan,
+            at,
         })
     }
 
@@ -123,6 +159,11 @@ impl HeadAdvice {
     pub fn summary(&self, file: &Path) -> String {
         let p = &self.plan;
         let mut out = format!(
+            "K/V budget read at {} ({})\n",
+            self.at.read_at,
+            self.at.shape()
+        );
+        out.push_str(&format!(
             "K/V budget {:.3}: cut {} with {} kept (layer, K/V head) pairs holds {:.3} of full's K/V \
              and keeps {:.3} of the decode-to-prefill mass (SPEED+BoS within the budget: cut {}, {:.3})\n\
              policy: {}",
@@ -134,7 +175,7 @@ impl HeadAdvice {
             p.speed_cut,
             p.speed_mass_kept,
             self.policy_text(file)
-        );
+        ));
         match (self.expected_accuracy, self.speed_accuracy) {
             (Some(a), Some(s)) => out.push_str(&format!(
                 "\nexpected accuracy from the sweep's calibration {a:.3} (SPEED+BoS at {} measured {s:.3})",
@@ -151,9 +192,16 @@ impl HeadAdvice {
     }
 }
 
-/// Write the head file of `advice` (atomically).
+/// Write the head file of `advice` (atomically), with the budget, the
+/// share the plan holds and the prompt shape the budget was read at.
 pub fn write_head_file(path: &Path, advice: &HeadAdvice, identity: &ModelIdentity) -> Result<()> {
-    write_json(path, &advice.head_file(identity), "head file")?;
+    let planned = PlannedHeadFile {
+        file: advice.head_file(identity),
+        kv_budget: advice.budget,
+        kv_share: advice.plan.kv_share,
+        read_at: &advice.at,
+    };
+    write_json(path, &planned, "head file")?;
     Ok(())
 }
 

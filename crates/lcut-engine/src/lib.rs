@@ -15,6 +15,7 @@ pub mod head_check;
 pub mod heads;
 pub mod leaderboard;
 mod prompt;
+pub mod serve_shape;
 mod session;
 pub mod shard;
 pub mod suite;

@@ -9,7 +9,9 @@ use std::fmt::Write;
 
 use lcut_trace::{LeaderboardCell, LeaderboardTable};
 
-use crate::lines::{Line, LineChart};
+use crate::frontier::frontier_chart;
+use crate::frontier_points::{Frontier, FrontierAxis};
+use crate::lines::LineChart;
 use crate::svg::escape;
 use crate::tables::Table;
 
@@ -105,33 +107,25 @@ pub fn render_leaderboard_csv(t: &LeaderboardTable) -> String {
 }
 
 /// Score against compression ratio, one line per method (the full
-/// model's score as a horizontal line), over all tasks or one.
+/// model's score as a horizontal line, each point with its 95% interval),
+/// over all tasks or one: the frontier figure on the ratio axis.
 pub fn leaderboard_chart(t: &LeaderboardTable, task: &str) -> LineChart {
-    let mut lines = Vec::new();
-    for method in t.methods() {
-        let points: Vec<(f64, f64)> = (0..t.configs.len())
-            .filter(|&c| t.configs[c].method == method && t.configs[c].family != "full")
-            .filter_map(|c| {
-                t.cell(task, c)
-                    .map(|cell| (t.compression_ratio(c), cell.score))
-            })
-            .collect();
-        if !points.is_empty() {
-            lines.push(Line::new(method, points));
-        }
-    }
-    let full = t.cell(task, 0).map(|c| c.score);
-    LineChart {
-        title: format!("{task}: score against the share of prompt K/V removed"),
-        x_label: "compression ratio (prompt K/V removed)".into(),
-        y_label: "score".into(),
-        lines,
-        hlines: full
-            .map(|s| vec![(s, format!("full {s:.2}"))])
-            .unwrap_or_default(),
-        dots: true,
-        ..LineChart::default()
-    }
+    let f = Frontier::from_leaderboard(t, task, FrontierAxis::CompressionRatio);
+    let mut chart = frontier_chart(
+        &f,
+        &format!("{task}: score against the share of prompt K/V removed"),
+    );
+    chart.y_label = "score (95% interval)".into();
+    chart
+}
+
+/// Score against the K/V held (measured share of full's), one line per
+/// method, over all tasks.
+pub fn leaderboard_kv_chart(t: &LeaderboardTable) -> LineChart {
+    let f = Frontier::from_leaderboard(t, "all", FrontierAxis::KvHeld);
+    let mut chart = frontier_chart(&f, "all: score against the K/V held");
+    chart.y_label = "score (95% interval)".into();
+    chart
 }
 
 /// One row per configuration over `task`.
@@ -257,6 +251,11 @@ pub fn render_leaderboard_html(t: &LeaderboardTable) -> String {
          against the compression ratio, one line per method; the horizontal line is the full \
          model's.</figcaption></figure>",
         leaderboard_chart(t, "all").to_svg()
+    );
+    let _ = write!(
+        out,
+        "<figure>{}<figcaption>The same scores against the K/V each method holds, measured          (a share of the full model's, the decode phase's K/V included).</figcaption></figure>",
+        leaderboard_kv_chart(t).to_svg()
     );
     out.push_str("<h2>All tasks</h2>");
     crate::html::table(&mut out, &cells_table(t, "all"));

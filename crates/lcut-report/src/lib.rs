@@ -13,6 +13,8 @@ mod bars;
 mod csv;
 mod error;
 mod figures;
+mod frontier;
+mod frontier_points;
 mod heatmap;
 mod html;
 mod knockout;
@@ -33,11 +35,14 @@ pub use bars::{BarChart, BarSeries};
 pub use csv::{COLUMNS as CSV_COLUMNS, render_csv};
 pub use error::ReportError;
 pub use figures::{Figure, default_prompt, figures};
+pub use frontier::{frontier_chart, frontier_table, frontier_title, render_frontier_html};
+pub use frontier_points::{Frontier, FrontierAxis, FrontierPoint, LEADERBOARD_FILE, family_of};
 pub use heatmap::Heatmap;
 pub use html::{HtmlOptions, render_html};
 pub use knockout::knockout_sentence;
 pub use leaderboard::{
-    LEADERBOARD_COLUMNS, leaderboard_chart, render_leaderboard_csv, render_leaderboard_html,
+    LEADERBOARD_COLUMNS, leaderboard_chart, leaderboard_kv_chart, render_leaderboard_csv,
+    render_leaderboard_html,
 };
 pub use lens::{formation_sentence, lens_prompt_table, report_formation_sentence};
 pub use lines::{Line, LineChart, LineStyle};

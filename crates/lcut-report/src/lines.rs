@@ -59,6 +59,12 @@ pub struct LineChart {
     pub labels: Vec<(f64, f64, String)>,
     /// Label only whole numbers on the x axis (layers, cuts).
     pub integer_x: bool,
+    /// Vertical intervals `(series, x, low, high)` drawn in the series'
+    /// colour (a point's 95% interval).
+    pub whiskers: Vec<(usize, f64, f64, f64)>,
+    /// Points off the lines `(series, x, y, title)`, drawn as open dots in
+    /// the series' colour (a family's dominated points beside its frontier).
+    pub extra_dots: Vec<(usize, f64, f64, String)>,
 }
 
 const W: f64 = 560.0;
@@ -117,6 +123,8 @@ impl LineChart {
         };
         self.write_grid(&mut s, &scale);
         self.write_hlines(&mut s, &scale);
+        self.write_whiskers(&mut s, &scale);
+        self.write_extra_dots(&mut s, &scale);
         for (i, line) in self.lines.iter().enumerate() {
             self.write_line(&mut s, &scale, i, line);
         }
@@ -130,6 +138,9 @@ impl LineChart {
     fn scale(&self) -> Option<Scale> {
         let xs = self.lines.iter().flat_map(|l| l.points.iter().map(|p| p.0));
         let ys = self.lines.iter().flat_map(|l| l.points.iter().map(|p| p.1));
+        let ys = ys.chain(self.whiskers.iter().flat_map(|w| [w.2, w.3]));
+        let ys = ys.chain(self.extra_dots.iter().map(|d| d.2));
+        let xs = xs.chain(self.extra_dots.iter().map(|d| d.1));
         let has_data = self.lines.iter().any(|l| l.points.iter().any(finite_pt));
         let x = range(xs.chain(self.vlines.iter().map(|v| v.0)))?;
         let y = range(ys.chain(self.hlines.iter().map(|h| h.0)))?;
@@ -245,6 +256,48 @@ impl LineChart {
             ly + 4.0,
             escape(&line.name)
         );
+    }
+
+    /// The colour of series `i` (its own when set).
+    fn series_colour(&self, i: usize) -> &'static str {
+        let c = self.lines.get(i).and_then(|l| l.style.colour).unwrap_or(i);
+        PALETTE[c % PALETTE.len()]
+    }
+
+    /// The points off the lines, as open dots with a hover title.
+    fn write_extra_dots(&self, s: &mut String, sc: &Scale) {
+        for (series, x, y, title) in &self.extra_dots {
+            if x.is_finite() && y.is_finite() {
+                let _ = write!(
+                    s,
+                    "<circle class=\"off\" cx=\"{:.2}\" cy=\"{:.2}\" r=\"3\" fill=\"#fff\" \
+                     stroke=\"{}\" stroke-width=\"1.5\"><title>{}</title></circle>",
+                    sc.px(*x),
+                    sc.py(*y),
+                    self.series_colour(*series),
+                    escape(title)
+                );
+            }
+        }
+    }
+
+    /// The intervals, each a vertical line with short caps.
+    fn write_whiskers(&self, s: &mut String, sc: &Scale) {
+        for &(series, x, lo, hi) in &self.whiskers {
+            if !(x.is_finite() && lo.is_finite() && hi.is_finite()) {
+                continue;
+            }
+            let colour = self.series_colour(series);
+            let (xx, y0, y1) = (sc.px(x), sc.py(lo), sc.py(hi));
+            let _ = write!(
+                s,
+                "<path class=\"ci\" d=\"M{xx:.2} {y0:.2} L{xx:.2} {y1:.2} M{a:.2} {y0:.2} L{b:.2} {y0:.2} \
+                 M{a:.2} {y1:.2} L{b:.2} {y1:.2}\" stroke=\"{colour}\" stroke-width=\"1\" \
+                 stroke-opacity=\"0.6\" fill=\"none\"/>",
+                a = xx - 3.0,
+                b = xx + 3.0
+            );
+        }
     }
 
     /// The text labels at points.

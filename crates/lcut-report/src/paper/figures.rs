@@ -9,6 +9,8 @@ use ndarray::Array2;
 
 use crate::bars::{BarChart, BarSeries};
 use crate::figures::Figure;
+use crate::frontier::frontier_title;
+use crate::frontier_points::Frontier;
 use crate::heatmap::Heatmap;
 use crate::lines::{Line, LineChart, LineStyle};
 
@@ -348,15 +350,31 @@ fn table(r: &PaperReport) -> Vec<PaperFigure> {
         y_max: Some(1.0),
         ..BarChart::default()
     };
-    vec![PaperFigure {
-        part: PaperPart::Table,
-        file: "5-accuracy".into(),
-        figure: Figure {
-            title: chart.title.clone(),
-            svg: chart.to_svg(),
-            caption: "Each policy's own greedy answers scored by the items' rules, with 95% Wilson intervals.".into(),
+    let frontier = Frontier::from_paper_table(&r.table, &r.suite.path);
+    let frontier_chart = crate::frontier::frontier_chart(&frontier, &frontier_title(&frontier));
+    vec![
+        PaperFigure {
+            part: PaperPart::Table,
+            file: "5-accuracy".into(),
+            figure: Figure {
+                title: chart.title.clone(),
+                svg: chart.to_svg(),
+                caption: "Each policy's own greedy answers scored by the items' rules, with 95% Wilson intervals.".into(),
+            },
         },
-    }]
+        PaperFigure {
+            part: PaperPart::Table,
+            file: "5-frontier".into(),
+            figure: Figure {
+                title: frontier_chart.title.clone(),
+                svg: frontier_chart.to_svg(),
+                caption: "The same accuracies over all items against the K/V each policy holds \
+                          (measured, a share of the full model's), one line per family; the \
+                          horizontal line is the full model's."
+                    .into(),
+            },
+        },
+    ]
 }
 
 /// The loops of the anchor-free and +BoS rows of each family as bars, the

@@ -316,8 +316,18 @@ mod tests {
         assert!(html.contains("skipped: the suite has no `retrieval` items"));
         let figures = paper_figures(&r);
         // 2 mass heatmaps, 3 timing charts, 4 per-layer charts and the
-        // logit lens's 2, accuracy, loops
-        assert_eq!(figures.len(), 13);
+        // logit lens's 2, accuracy and its frontier, loops
+        assert_eq!(figures.len(), 14);
+        // the frontier: SPEED+BoS at its K/V over all items, full as the line
+        let frontier = figures.iter().find(|f| f.file == "5-frontier").unwrap();
+        assert!(frontier.figure.svg.contains("SPEED+BoS"));
+        assert!(frontier.figure.svg.contains("full 0.900"));
+        assert!(
+            frontier
+                .figure
+                .svg
+                .contains("K/V held (share of full, measured)")
+        );
         assert!(
             html.contains("formation layer (median)"),
             "the lens per category"
