@@ -189,6 +189,11 @@ impl KvAccounting for SlimRun {
         self.selection.resident_token_layers(decode)
     }
 
+    /// Decode reads a held row when its block is in the cut's active set.
+    fn decode_reads_kv(&self, layer: usize, pos: usize) -> bool {
+        self.selection.decode_reads(layer, pos)
+    }
+
     fn equal_kv_cutoff(&self, _kv_heads: usize) -> f64 {
         self.selection.equal_kv_cutoff()
     }
