@@ -1,10 +1,11 @@
 //! The cost panel: for the chosen L_cut and a context length, the K/V bytes
 //! SPEED keeps, the prefill FLOPs it spends, and their ratios to the full
-//! model (cost model of `lcut-policy`, FLOP model of `lcut-diag`).
+//! model (cost model of `lcut-policy`, FLOP model of `lcut-diag`), with a
+//! sliding-window layer counted at the window it really holds and reads.
 
 use egui::{DragValue, Grid, Ui};
-use lcut_diag::{FlopShape, PromptSplit, prefill_flops};
-use lcut_policy::{Anchors, KvCost, KvShape, Policy, PolicyKind};
+use lcut_diag::{FlopShape, PromptSplit, policy_prefill_flops};
+use lcut_policy::{Anchors, KvCost, KvShape, Policy, PolicyKind, TokenPhases};
 use lcut_trace::ModelIdentity;
 
 use crate::settings::CostSettings;
@@ -59,11 +60,15 @@ pub fn cost_numbers(model: &ModelIdentity, l_cut: usize, s: &CostSettings) -> Co
     let full = Policy::full(layers);
     let speed = Policy::new(PolicyKind::Speed, l_cut, layers, anchors_kind).unwrap_or(full);
     let flop_shape = FlopShape::from(model);
+    let windows = &model.sliding_window;
+    let len = s.context_len.max(1);
+    let phases = TokenPhases::raw_prompt(len, split.anchors).unwrap_or(TokenPhases::all_decode());
+    let flops = |p: &Policy| policy_prefill_flops(&flop_shape, p.visibility(phases).as_ref(), len);
     CostNumbers {
-        kv_speed: kv.bytes(&speed, &shape),
-        kv_full: kv.bytes(&full, &shape),
-        flops_speed: prefill_flops(&flop_shape, l_cut, split),
-        flops_full: prefill_flops(&flop_shape, layers, split),
+        kv_speed: kv.bytes(&speed, &shape, windows),
+        kv_full: kv.bytes(&full, &shape, windows),
+        flops_speed: flops(&speed),
+        flops_full: flops(&full),
     }
 }
 
@@ -146,6 +151,7 @@ mod tests {
             hidden_size: 4096,
             intermediate_size: 14336,
             vocab_size: 128_256,
+            sliding_window: Vec::new(),
             adapter: None,
         };
         let c = cost_numbers(&model, 24, &CostSettings::default());

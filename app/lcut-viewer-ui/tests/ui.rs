@@ -730,3 +730,44 @@ fn the_curves_show_where_the_prompt_matters_only_with_a_knockout() {
     );
     assert!(h.query_by_label("prefill (prompt)").is_some());
 }
+
+/// On a model whose layers slide (five in six, as Gemma 3), the cost panel
+/// counts each sliding layer at the window it holds, so its K/V figures
+/// are the windowed ones and SPEED's saving is the global layers' share.
+#[test]
+fn the_cost_panel_counts_a_sliding_layer_at_its_window() {
+    let mut h = harness(FakeOptions {
+        max_positions: 4096,
+        ..FakeOptions::default()
+    });
+    open_model_and_run(&mut h);
+    let blind_full = label_starting(&h, "KV bytes (full):");
+    let blind_ratio = label_starting(&h, "KV ratio:");
+    let window = 64;
+    let layers = h.state().loaded.as_ref().unwrap().report.model.num_layers;
+    let windows: Vec<Option<usize>> = (0..layers)
+        .map(|l| (l % 6 != 5).then_some(window))
+        .collect();
+    let loaded = h.state_mut().loaded.as_mut().unwrap();
+    std::sync::Arc::make_mut(&mut loaded.report)
+        .model
+        .sliding_window = windows.clone();
+    h.run_steps(2);
+    let model = h.state().loaded.as_ref().unwrap().report.model.clone();
+    let s = h.state().cost;
+    // by hand: the cost panel counts the prompt and the new tokens; a
+    // sliding layer holds the last window - 1 of them, a global one all
+    let tokens = s.context_len + s.new_tokens;
+    let rows: usize = windows
+        .iter()
+        .map(|w| w.map_or(tokens, |w| (w - 1).min(tokens)))
+        .sum();
+    let row = 2 * model.num_kv_heads * model.head_dim * s.dtype_bytes;
+    let full = format!(
+        "KV bytes (full): {}",
+        lcut_viewer_ui::theme::human_bytes((rows * row) as u64)
+    );
+    assert_eq!(label_starting(&h, "KV bytes (full):"), full);
+    assert_ne!(full, blind_full);
+    assert_ne!(label_starting(&h, "KV ratio:"), blind_ratio);
+}

@@ -25,12 +25,20 @@
 //!   decode-phase tokens read the projected keys too).
 //!
 //! Norms, RoPE, softmax and embeddings are left out (linear in `N`, small).
+//!
+//! A sliding-window layer (window `w`, [`FlopShape::windows`]) lets a query
+//! read only its last `w` keys: [`policy_prefill_flops`] counts its key
+//! visits within the window (`Σ_q min(q + 1, w)` for a layer every token
+//! runs), which is what a windowed model's prefill really computes; the
+//! closed forms above ([`prefill_flops`], [`layered_prefill_flops`]) are the
+//! window-free model's.
 
 use lcut_policy::Visibility;
+use lcut_policy::window::{causal_pairs, readable_keys, window_of};
 use lcut_trace::ModelIdentity;
 
 /// The model dimensions the FLOP model needs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FlopShape {
     /// Number of layers L.
     pub num_layers: usize,
@@ -46,6 +54,8 @@ pub struct FlopShape {
     pub intermediate_size: usize,
     /// Vocabulary size V.
     pub vocab_size: usize,
+    /// Each layer's sliding window (empty: no layer slides).
+    pub windows: Vec<Option<usize>>,
 }
 
 impl From<&ModelIdentity> for FlopShape {
@@ -58,6 +68,7 @@ impl From<&ModelIdentity> for FlopShape {
             head_dim: m.head_dim,
             intermediate_size: m.intermediate_size,
             vocab_size: m.vocab_size,
+            windows: m.sliding_window.clone(),
         }
     }
 }
@@ -147,7 +158,8 @@ pub fn layered_prefill_flops(shape: &FlopShape, tokens_per_layer: &[usize]) -> f
 /// Prefill FLOPs of the first `len` tokens of `vis`'s sequence under its
 /// policy, the LM head of the last one included: at each layer, `W` per
 /// token that exists there, the attention of each such token over the
-/// keys it reads there, and the K/V projections of each token whose K/V
+/// keys it reads there (within the layer's sliding window, if any), and
+/// the K/V projections of each token whose K/V
 /// the layer keeps without the token existing there (projected K/V,
 /// SwiftKV and POP). Equal to [`layered_prefill_flops`] for a policy
 /// whose present tokens read every earlier present key.
@@ -156,7 +168,12 @@ pub fn policy_prefill_flops(shape: &FlopShape, vis: &dyn Visibility, len: usize)
     let layers: f64 = (0..vis.num_layers())
         .map(|l| {
             present[l] as f64 * shape.token_layer_flops()
-                + shape.attention(key_visits(vis, l, len))
+                + shape.attention(key_visits(
+                    vis,
+                    window_of(&shape.windows, l),
+                    (l, present[l]),
+                    len,
+                ))
                 + shape.kv_projection_flops() * projected_at(vis, l, len)
         })
         .sum();
@@ -166,18 +183,21 @@ pub fn policy_prefill_flops(shape: &FlopShape, vis: &dyn Visibility, len: usize)
 /// Key visits of the prompt's queries at `layer`: for every token of the
 /// first `len` that exists there, the earlier keys it reads (of the tokens
 /// the layer holds while the prompt runs: those that exist there and those
-/// whose K/V it keeps).
-fn key_visits(vis: &dyn Visibility, layer: usize, len: usize) -> f64 {
-    let present: Vec<usize> = (0..len).filter(|&q| vis.token_exists(layer, q)).collect();
-    if present.len() == len && vis.rule_class(layer) == 0 {
-        // every token reads every earlier one
-        let n = len as f64;
-        return n * (n + 1.0) / 2.0;
+/// whose K/V it keeps), within the layer's sliding window if it has one.
+fn key_visits(
+    vis: &dyn Visibility,
+    window: Option<usize>,
+    (layer, present): (usize, usize),
+    len: usize,
+) -> f64 {
+    if present == len && vis.rule_class(layer) == 0 {
+        // every token reads every earlier one it may
+        return causal_pairs(window, len);
     }
-    present
-        .iter()
-        .map(|&q| {
-            (0..=q)
+    (0..len)
+        .filter(|&q| vis.token_exists(layer, q))
+        .map(|q| {
+            readable_keys(window, q)
                 .filter(|&k| {
                     (vis.token_exists(layer, k) || vis.retains_kv(layer, k))
                         && vis.key_visible(layer, q, k)
@@ -229,6 +249,7 @@ pub(crate) mod tests {
         head_dim: 128,
         intermediate_size: 14336,
         vocab_size: 128_256,
+        windows: Vec::new(),
     };
 
     /// A 4-layer shape small enough to count FLOPs by hand.
@@ -241,6 +262,7 @@ pub(crate) mod tests {
             head_dim: 4,
             intermediate_size: 16,
             vocab_size: 10,
+            windows: Vec::new(),
         }
     }
 
@@ -344,6 +366,41 @@ pub(crate) mod tests {
         let full = policy_prefill_flops(&s, Policy::full(4).visibility(phases).as_ref(), 8);
         assert!(speed < got && got < full, "{speed} {got} {full}");
         assert_eq!(full, layered_prefill_flops(&s, &[8; 4]));
+    }
+
+    #[test]
+    fn a_sliding_layer_reads_only_its_window_in_prefill() {
+        use lcut_policy::{Anchors, Policy, PolicyKind, TokenPhases};
+        // three layers sliding over 3 keys, the fourth global; BoS, 7
+        // prefill tokens and the last token (9 in all)
+        let s = FlopShape {
+            windows: vec![Some(3), Some(3), Some(3), None],
+            ..tiny()
+        };
+        let (w, lm_head) = (s.token_layer_flops(), 2.0 * 8.0 * 10.0);
+        let phases = TokenPhases::raw_prompt(9, 1).unwrap();
+        let full = Policy::full(4).visibility(phases);
+        // a sliding layer: 1 + 2 + 3 x 7 = 24 key visits; the global one 45
+        let expected = 4.0 * 9.0 * w + s.attention(3.0 * 24.0 + 45.0) + lm_head;
+        assert_eq!(policy_prefill_flops(&s, full.as_ref(), 9), expected);
+        // SPEED at 2: above the cut BoS and the last token run; at the
+        // sliding layer the last token no longer sees BoS (2 visits), at the
+        // global one it does (3)
+        let speed = Policy::new(PolicyKind::Speed, 2, 4, Anchors::Bos)
+            .unwrap()
+            .visibility(phases);
+        let expected =
+            2.0 * 9.0 * w + 2.0 * 2.0 * w + s.attention(2.0 * 24.0 + 2.0 + 3.0) + lm_head;
+        assert_eq!(policy_prefill_flops(&s, speed.as_ref(), 9), expected);
+        // without the windows every layer reads every earlier key
+        let blind = FlopShape {
+            windows: Vec::new(),
+            ..tiny()
+        };
+        assert_eq!(
+            policy_prefill_flops(&blind, full.as_ref(), 9),
+            prefill_flops(&blind, 4, PromptSplit::raw(9, 1))
+        );
     }
 
     #[test]

@@ -9,12 +9,18 @@
 //!   without the token existing there (projected K/V, SwiftKV and POP)
 //!   costs that layer its K and V projections, `2·2·d·(H_kv·h)`.
 //! - Decode: one step reads every weight once and the K/V decode reads
-//!   ([`lcut_policy::KvAccounting::resident_token_layers`]); small models on a CPU and
+//!   ([`lcut_policy::KvAccounting::resident_head_rows_windowed`]); small models on a CPU and
 //!   every model at long context are bound by these bytes, so the step's
 //!   time follows them. The mean over a run's steps is taken (resident
 //!   K/V grows by one token per step).
-//! - K/V held: [`lcut_policy::KvAccounting::held_head_rows`] after the run (per K/V
-//!   head, so a policy whose heads keep different rows is counted exactly).
+//! - K/V held: [`lcut_policy::KvAccounting::held_head_rows_windowed`] after the
+//!   run (per K/V head, so a policy whose heads keep different rows is counted
+//!   exactly).
+//!
+//! A sliding-window layer ([`FlopShape::windows`]) holds and reads at most
+//! its window's rows, and its prefill queries read at most its window of
+//! keys: on a model whose layers mostly slide (Gemma 3: five in six), what a
+//! cut saves is mostly its global layers' share.
 
 use lcut_policy::Visibility;
 
@@ -55,15 +61,18 @@ pub fn predict_cost(
     let in_prompt = prompt_len - vis.phases().decode_start().min(prompt_len);
     let fed = |new: usize| in_prompt + new.saturating_sub(1);
     let counts = vis.accounting();
-    let resident = |d: usize| counts.resident_token_layers(d) as f64 * bytes.kv_per_token_layer;
     let kv_heads = shape.num_kv_heads.max(1);
     let per_head_row = bytes.kv_per_token_layer / kv_heads as f64;
+    let windows = &shape.windows;
+    let resident =
+        |d: usize| counts.resident_head_rows_windowed(d, kv_heads, windows) as f64 * per_head_row;
     // the steps after the first feed new tokens 1 .. new - 1
     let (first, last) = (fed(2), fed(new_tokens.max(2)));
     PredictedCost {
         prefill_flops: policy_prefill_flops(shape, vis, prompt_len),
         decode_step_bytes: bytes.weights + (resident(first) + resident(last)) / 2.0,
-        kv_held_bytes: counts.held_head_rows(fed(new_tokens), kv_heads) as f64 * per_head_row,
+        kv_held_bytes: counts.held_head_rows_windowed(fed(new_tokens), kv_heads, windows) as f64
+            * per_head_row,
     }
 }
 
@@ -143,6 +152,48 @@ mod tests {
             3,
         ));
         assert!(tpot > 0.999, "{tpot}");
+    }
+
+    #[test]
+    fn on_a_windowed_model_speed_saves_the_global_layers_share() {
+        // tiny's 4 layers, the lower three sliding over 8 keys; BoS, 99
+        // prefill tokens and the last prompt token, then 3 new tokens (2 fed)
+        let s = FlopShape {
+            windows: vec![Some(8), Some(8), Some(8), None],
+            ..shape()
+        };
+        let bytes = ByteSizes {
+            weights: 0.0,
+            kv_per_token_layer: 16.0,
+        };
+        let row = 16.0 / s.num_kv_heads as f64;
+        let full = Policy::full(4).visibility(TokenPhases::new(101, 100, 1).unwrap());
+        let speed = vis(PolicyKind::Speed, 2, Anchors::Bos, 101);
+        let (f, p) = (
+            predict_cost(&s, bytes, full.as_ref(), 101, 3),
+            predict_cost(&s, bytes, speed.as_ref(), 101, 3),
+        );
+        // 103 positions: a sliding layer holds the last 7; the global one all
+        assert_eq!(f.kv_held_bytes, row * (3.0 * 7.0 + 103.0));
+        // SPEED at 2: two sliding layers below the cut (7 each), one above
+        // holding the 3 decode-phase rows in its window (BoS has left it),
+        // the global layer BoS and the 3 decode-phase rows
+        assert_eq!(p.kv_held_bytes, row * (2.0 * 7.0 + 3.0 + 4.0));
+        let (_, tpot, kv) = p.ratios(&f);
+        let blind = |v: &dyn Visibility| {
+            let s = FlopShape {
+                windows: Vec::new(),
+                ..shape()
+            };
+            predict_cost(&s, bytes, v, 101, 3)
+        };
+        let (_, blind_tpot, blind_kv) = blind(speed.as_ref()).ratios(&blind(full.as_ref()));
+        // window-blind, SPEED at half the depth holds about half; on the
+        // windowed model it drops the global layer's prompt, most of what
+        // the full model holds
+        assert!((blind_kv - 0.52).abs() < 0.01, "{blind_kv}");
+        assert!((kv - 21.0 / 124.0).abs() < 1e-9, "{kv}");
+        assert!(tpot < blind_tpot, "{tpot} {blind_tpot}");
     }
 
     #[test]

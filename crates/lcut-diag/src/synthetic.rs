@@ -27,6 +27,7 @@ pub fn synthetic_model(num_layers: usize, num_heads: usize) -> ModelIdentity {
         hidden_size: 16 * num_heads,
         intermediate_size: 48 * num_heads,
         vocab_size: 1000,
+        sliding_window: Vec::new(),
         adapter: None,
     }
 }

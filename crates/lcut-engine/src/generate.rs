@@ -586,7 +586,8 @@ impl<'m> Generation<'m> {
         let windows = &self.model.config().sliding_window;
         let formula =
             per_head_row * counts.held_head_rows_windowed(cost.decode, kv_heads, windows) as u64;
-        let resident = per_head_row * counts.resident_head_rows(cost.decode, kv_heads) as u64;
+        let resident = per_head_row
+            * counts.resident_head_rows_windowed(cost.decode, kv_heads, windows) as u64;
         let slim = vis.dynamic().and_then(|d| d.decision_trace(b));
         GenerationOutput {
             policy: policy.to_string(),
@@ -604,7 +605,7 @@ impl<'m> Generation<'m> {
             },
             kv_bytes_held: self.seq.kv_bytes_held(),
             kv_bytes_formula: formula,
-            kv_bytes_full: cost.bytes(&Policy::full(policy.num_layers()), &shape),
+            kv_bytes_full: cost.bytes(&Policy::full(policy.num_layers()), &shape, windows),
             kv_bytes_resident: resident,
             slim,
         }

@@ -169,10 +169,25 @@ pub fn parameter_count(cfg: &ModelConfig) -> u64 {
 }
 
 /// Bytes of the full model's K/V cache for `tokens` tokens stored in
-/// `kv_dtype`: 2 · layers · K/V heads · head width · bytes · tokens.
+/// `kv_dtype`: 2 · K/V heads · head width · bytes per row, `tokens` rows at
+/// a layer that reads every earlier key and [`window_cache_rows`] at a
+/// sliding-window layer (Gemma 3: five layers in six).
 pub fn kv_cache_bytes(cfg: &ModelConfig, kv_dtype: DType, tokens: usize) -> u64 {
-    let shape = cfg.kv_shape(kv_dtype);
-    (shape.num_layers * shape.bytes_per_token_layer() * tokens) as u64
+    let row = cfg.kv_shape(kv_dtype).bytes_per_token_layer() as u64;
+    (0..cfg.num_layers)
+        .map(|l| {
+            let window = cfg.sliding_window.get(l).copied().flatten();
+            window_cache_rows(window, tokens) as u64 * row
+        })
+        .sum()
+}
+
+/// The rows a layer's cache makes room for when it is to take `rows` rows:
+/// all of them, or under a sliding window of `w` at most `2w`. Such a layer
+/// keeps only the last `w - 1` rows between chunks and reuses the room of
+/// those its window left, so a prefill chunk of up to `w + 1` tokens fits.
+pub fn window_cache_rows(window: Option<usize>, rows: usize) -> usize {
+    window.map_or(rows, |w| rows.min(2 * w))
 }
 
 /// Peak memory of a generation of `total_len` tokens (prompt and new) of a
@@ -329,6 +344,33 @@ mod tests {
             let (now, peak) = resident_bytes().expect("a Linux process has a status");
             assert!(now > 0 && peak >= now);
         }
+    }
+
+    /// The memory line counts a sliding layer at the room its cache keeps,
+    /// not at the prompt (Gemma 3 270M: 15 layers sliding over 512 keys).
+    #[test]
+    fn a_sliding_layer_needs_room_for_its_window_not_the_prompt() {
+        let layer_types: Vec<&str> = (0..18)
+            .map(|l| match l % 6 {
+                5 => "\"full_attention\"",
+                _ => "\"sliding_attention\"",
+            })
+            .collect();
+        let json = format!(
+            r#"{{"model_type": "gemma3_text", "vocab_size": 262144, "hidden_size": 640,
+            "intermediate_size": 2048, "num_hidden_layers": 18, "num_attention_heads": 4,
+            "num_key_value_heads": 1, "head_dim": 256, "sliding_window": 512,
+            "layer_types": [{}]}}"#,
+            layer_types.join(",")
+        );
+        let cfg = ModelConfig::from_json_str(&json, std::path::Path::new("m/config.json")).unwrap();
+        // one row: K and V of one 256-wide head in f16
+        let row = 2 * 256 * 2;
+        let bytes = |tokens: u64| kv_cache_bytes(&cfg, DType::F16, tokens as usize);
+        assert_eq!(bytes(300), 18 * 300 * row);
+        assert_eq!(bytes(4096), (15 * 1024 + 3 * 4096) * row);
+        assert_eq!(window_cache_rows(None, 4096), 4096);
+        assert_eq!(window_cache_rows(Some(512), 700), 700);
     }
 
     /// A container's limit caps the host's figure; no limit leaves it.

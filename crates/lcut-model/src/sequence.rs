@@ -320,8 +320,8 @@ impl Sequence {
                 .accounting()
                 .kv_rows(layer, self.next_pos, total_len);
             // a windowed layer reuses the room of the rows its window left
-            let bound = self.windows.get(layer).copied().flatten();
-            cache.reserve(bound.map_or(rows, |w| rows.min(2 * w)));
+            let window = self.windows.get(layer).copied().flatten();
+            cache.reserve(crate::memory::window_cache_rows(window, rows));
         }
     }
 }

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use crate::phases::TokenPhases;
 use crate::policy::Policy;
 use crate::slim::SlimParams;
+use crate::window::LayerWindows;
 
 /// What one token's K/V costs at one layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,21 +40,35 @@ pub struct KvCost {
 
 impl KvCost {
     /// Token-layer slots the policy keeps, summed over layers: what its
-    /// [`crate::Visibility`] holds for a prompt of these phases.
+    /// [`crate::Visibility`] holds for a prompt of these phases on a model
+    /// without sliding windows.
     ///
     /// For SPEED this is `L_cut * P + L * (|A| + D)`; for the full model
     /// `L * (|A| + P + D)`.
     pub fn token_layers(&self, policy: &Policy) -> usize {
-        let phases = TokenPhases::from_counts(self.anchors, self.prefill);
         policy
-            .visibility(phases)
+            .visibility(self.phases())
             .accounting()
             .held_token_layers(self.decode)
     }
 
-    /// Bytes of K/V the policy keeps for this sequence.
-    pub fn bytes(&self, policy: &Policy, shape: &KvShape) -> u64 {
-        self.token_layers(policy) as u64 * shape.bytes_per_token_layer() as u64
+    /// Bytes of K/V the policy keeps for this sequence on a model whose
+    /// layers slide as `windows` says (empty: none does): a windowed layer
+    /// holds at most its window's rows ([`crate::window`]), so on such a
+    /// model the full model's K/V, and what a cut saves of it, are mostly
+    /// its global layers'.
+    pub fn bytes(&self, policy: &Policy, shape: &KvShape, windows: &LayerWindows) -> u64 {
+        let kv_heads = shape.num_kv_heads.max(1);
+        let per_head_row = (shape.bytes_per_token_layer() / kv_heads) as u64;
+        let rows = policy
+            .visibility(self.phases())
+            .accounting()
+            .held_head_rows_windowed(self.decode, kv_heads, windows);
+        rows as u64 * per_head_row
+    }
+
+    fn phases(&self) -> TokenPhases {
+        TokenPhases::from_counts(self.anchors, self.prefill)
     }
 }
 
@@ -113,9 +128,44 @@ mod tests {
             let speed = Policy::new(PolicyKind::Speed, cut, 32, Anchors::Bos).unwrap();
             let full = Policy::full(32);
             let formula = b * (cut as u64 * p as u64 + 32 * (a + d) as u64);
-            assert_eq!(cost.bytes(&speed, &shape), formula);
-            assert_eq!(cost.bytes(&full, &shape), b * 32 * (a + p + d) as u64);
+            assert_eq!(cost.bytes(&speed, &shape, &[]), formula);
+            assert_eq!(cost.bytes(&full, &shape, &[]), b * 32 * (a + p + d) as u64);
         }
+    }
+
+    #[test]
+    fn a_windowed_layer_holds_its_window_whatever_the_policy_keeps() {
+        // five layers sliding over 8 positions, the sixth global; BoS, 100
+        // prefill tokens, 3 decode-phase tokens: 104 positions, of which a
+        // sliding layer holds the last 7 (97..104)
+        let shape = KvShape {
+            num_layers: 6,
+            num_kv_heads: 2,
+            head_dim: 4,
+            dtype_bytes: 2,
+        };
+        let row = 2 * 4 * 2;
+        let windows = [Some(8), Some(8), Some(8), Some(8), Some(8), None];
+        let cost = KvCost {
+            anchors: 1,
+            prefill: 100,
+            decode: 3,
+        };
+        let full = Policy::full(6);
+        let speed = Policy::new(PolicyKind::Speed, 3, 6, Anchors::Bos).unwrap();
+        // full: 5 x 7 window rows + 104 global rows, per K/V head
+        assert_eq!(cost.bytes(&full, &shape, &windows), 2 * row * (5 * 7 + 104));
+        // SPEED at 3: three lower layers hold their window (7 each); the two
+        // sliding layers above hold the decode-phase rows in the window (3
+        // each, BoS has left it); the global layer BoS and the 3 decode rows
+        assert_eq!(
+            cost.bytes(&speed, &shape, &windows),
+            2 * row * (3 * 7 + 2 * 3 + 4)
+        );
+        // of the 108 rows per head saved, 100 are the global layer's prompt;
+        // a window-blind count would have SPEED save 300 rows of 624
+        assert_eq!(cost.bytes(&full, &shape, &[]), 2 * row * 6 * 104);
+        assert_eq!(cost.bytes(&speed, &shape, &[]), 2 * row * (3 * 100 + 6 * 4));
     }
 
     #[test]
@@ -133,7 +183,7 @@ mod tests {
             decode: 128,
         };
         let speed = Policy::new(PolicyKind::Speed, 24, 32, Anchors::Bos).unwrap();
-        let gib = cost.bytes(&speed, &shape) as f64 / (1u64 << 30) as f64;
+        let gib = cost.bytes(&speed, &shape, &[]) as f64 / (1u64 << 30) as f64;
         assert!((gib - 0.109).abs() < 0.002, "{gib}");
     }
 
@@ -158,8 +208,8 @@ mod tests {
                 prefill: k * 1024 - 64,
                 decode: 0,
             };
-            let ratio =
-                cost.slim_predicted_bytes(params, &shape) as f64 / cost.bytes(&full, &shape) as f64;
+            let ratio = cost.slim_predicted_bytes(params, &shape) as f64
+                / cost.bytes(&full, &shape, &[]) as f64;
             assert!((ratio - expected).abs() < 5e-4, "{k}K: {ratio}");
         }
     }
@@ -182,7 +232,7 @@ mod tests {
         };
         assert_eq!(
             cost.slim_predicted_bytes(&params, &shape),
-            cost.bytes(&speed, &shape)
+            cost.bytes(&speed, &shape, &[])
         );
         assert_eq!(params.equal_kv_cutoff(12, 300, &[0]), 5.0);
         assert_eq!(params.equal_kv_cutoff(12, 300, &[300]), 12.0);

@@ -29,6 +29,7 @@ mod slim;
 mod slim_run;
 mod slim_score;
 mod visibility;
+pub mod window;
 
 pub use band::BandRule;
 pub use capabilities::Capabilities;

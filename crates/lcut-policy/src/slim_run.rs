@@ -189,6 +189,11 @@ impl KvAccounting for SlimRun {
         self.selection.resident_token_layers(decode)
     }
 
+    /// Decode reads a held row when its block is in the cut's active set.
+    fn decode_reads_kv(&self, layer: usize, pos: usize) -> bool {
+        self.selection.decode_reads(layer, pos)
+    }
+
     fn equal_kv_cutoff(&self, _kv_heads: usize) -> f64 {
         self.selection.equal_kv_cutoff()
     }
@@ -260,5 +265,41 @@ impl DynamicRule for SlimRun {
             steps: self.steps.clone(),
             equal_kv_cutoff: sel.equal_kv_cutoff(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::PolicySpec;
+
+    /// The rows decode reads, counted position by position under windows,
+    /// are SlimInfer's active blocks: its own count when no window bites,
+    /// and no more than what a windowed layer holds when one does.
+    #[test]
+    fn resident_rows_under_windows_leave_the_inactive_blocks_out() {
+        let spec: PolicySpec = "slim:1@50%+block:4+unit:2+swap:0.9".parse().unwrap();
+        let params = *spec.resolve(4).unwrap().slim().unwrap();
+        let mut run = SlimRun::new(params, TokenPhases::new(41, 40, 4).unwrap(), 4);
+        run.selection.decide(0, &[1, 2]);
+        // block 2 leaves the active set: held, not read
+        run.selection.step(0, &[1, 3]);
+        let (decode, kv) = (1, 2);
+        assert!(run.resident_head_rows(decode, kv) < run.held_head_rows(decode, kv));
+        let wide = [Some(1000); 4];
+        assert_eq!(
+            run.resident_head_rows_windowed(decode, kv, &wide),
+            run.resident_head_rows(decode, kv)
+        );
+        assert_eq!(
+            run.held_head_rows_windowed(decode, kv, &wide),
+            run.held_head_rows(decode, kv)
+        );
+        // a 12-key window over 41 positions: the three sliding layers hold at
+        // most the last 11, and decode reads no more than they hold
+        let narrow = [Some(12), Some(12), Some(12), None];
+        let resident = run.resident_head_rows_windowed(decode, kv, &narrow);
+        let held = run.held_head_rows_windowed(decode, kv, &narrow);
+        assert!(resident <= held && held < run.held_head_rows(decode, kv));
     }
 }

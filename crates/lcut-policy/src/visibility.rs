@@ -18,6 +18,7 @@ use std::fmt;
 use crate::error::PolicyError;
 use crate::phases::{Phase, TokenPhases};
 use crate::record::{CutRecord, SlimTrace, StepRecord};
+use crate::window::{LayerWindows, held_positions, window_of};
 
 /// Keys of one layer on the host, `[kv_heads][tokens][head_dim]` flattened,
 /// with the positions of the tokens.
@@ -198,41 +199,48 @@ pub trait KvAccounting: Visibility {
     /// [`KvAccounting::held_head_rows`] on a model whose layer `l` attends
     /// only to the last `windows[l]` positions (its sliding window, if any):
     /// such a layer holds no row older than its window, whatever the policy
-    /// keeps.
+    /// keeps ([`crate::window::held_positions`]).
     fn held_head_rows_windowed(
         &self,
         decode: usize,
         kv_heads: usize,
-        windows: &[Option<usize>],
+        windows: &LayerWindows,
     ) -> usize {
         if windows.iter().all(Option::is_none) {
             return self.held_head_rows(decode, kv_heads);
         }
         let len = self.phases().decode_start() + decode;
-        let in_window = |l: usize, p: usize| {
-            windows
-                .get(l)
-                .copied()
-                .flatten()
-                .is_none_or(|w| p + w > len)
-        };
-        (0..self.num_layers())
-            .map(|l| {
-                let heads = if self.heads_differ(l) { kv_heads } else { 1 };
-                let rows: usize = (0..heads)
-                    .map(|h| {
-                        (0..len)
-                            .filter(|&p| in_window(l, p) && self.head_retains_kv(l, h, p))
-                            .count()
-                    })
-                    .sum();
-                if self.heads_differ(l) {
-                    rows
-                } else {
-                    rows * kv_heads
-                }
-            })
-            .sum()
+        head_rows_in_windows(self, len, kv_heads, windows, |l, h, p| {
+            self.head_retains_kv(l, h, p)
+        })
+    }
+
+    /// [`KvAccounting::resident_head_rows`] on a model with sliding-window
+    /// layers (see [`KvAccounting::held_head_rows_windowed`]): the rows one
+    /// decode step reads, a windowed layer's at most its window.
+    fn resident_head_rows_windowed(
+        &self,
+        decode: usize,
+        kv_heads: usize,
+        windows: &LayerWindows,
+    ) -> usize {
+        if windows.iter().all(Option::is_none) {
+            return self.resident_head_rows(decode, kv_heads);
+        }
+        let len = self.phases().decode_start() + decode;
+        head_rows_in_windows(self, len, kv_heads, windows, |l, h, p| {
+            match self.heads_differ(l) {
+                true => self.head_retains_kv(l, h, p),
+                false => self.decode_reads_kv(l, p),
+            }
+        })
+    }
+
+    /// Whether a decode step reads the K/V `layer` holds of the token at
+    /// `pos` (before the model's sliding window): what it retains, unless
+    /// the policy sets held rows aside (SlimInfer's inactive blocks).
+    fn decode_reads_kv(&self, layer: usize, pos: usize) -> bool {
+        self.retains_kv(layer, pos)
     }
 
     /// Token-layers of K/V that decode reads now (less than held when a
@@ -403,6 +411,30 @@ pub trait DynamicRule {
 
 /// Token-layers of K/V a rule that decides by phase keeps, from the number
 /// of tokens of each phase: `keeps(layer, phase)` for each layer.
+/// Rows of one K/V head among the first `len` positions that `keeps`
+/// (layer, head, position) and each layer's window allow, summed over
+/// layers and the `kv_heads` heads (one head counted for all where the
+/// heads do not differ).
+fn head_rows_in_windows<V: Visibility + ?Sized>(
+    vis: &V,
+    len: usize,
+    kv_heads: usize,
+    windows: &LayerWindows,
+    keeps: impl Fn(usize, usize, usize) -> bool,
+) -> usize {
+    (0..vis.num_layers())
+        .map(|l| {
+            let differ = vis.heads_differ(l);
+            let heads = if differ { kv_heads } else { 1 };
+            let positions = held_positions(window_of(windows, l), len);
+            let rows: usize = (0..heads)
+                .map(|h| positions.clone().filter(|&p| keeps(l, h, p)).count())
+                .sum();
+            if differ { rows } else { rows * kv_heads }
+        })
+        .sum()
+}
+
 pub(crate) fn token_layers_by_phase(
     num_layers: usize,
     counts: [(Phase, usize); 3],

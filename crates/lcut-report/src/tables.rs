@@ -223,8 +223,22 @@ pub fn expected_accuracy_line(r: &Report) -> Option<String> {
     let bos = || sweep.accuracy.iter().filter(|p| p.keeps_bos());
     let at = bos().find(|p| p.l_cut == rec)?;
     let full = bos().max_by_key(|p| p.l_cut)?;
+    // the K/V it holds at the sweep's context length, as the cost model
+    // counts it (a sliding-window layer at its window)
+    let kv = sweep
+        .points
+        .iter()
+        .find(|p| p.keeps_bos() && p.l_cut() == Some(rec))
+        .map_or_else(String::new, |p| {
+            format!(
+                " It holds {} of the full model's K/V at {} tokens ({}% saved).",
+                num(p.kv_ratio, 3),
+                sweep.context_len,
+                num((1.0 - p.kv_ratio) * 100.0, 1)
+            )
+        });
     Some(format!(
-        "At the recommended L_cut {rec}, accuracy on the suite is {} [{}, {}] against {} at L_cut {}: an expected loss of {} points.",
+        "At the recommended L_cut {rec}, accuracy on the suite is {} [{}, {}] against {} at L_cut {}: an expected loss of {} points.{kv}",
         num(at.accuracy, 3),
         num(at.interval[0], 3),
         num(at.interval[1], 3),
@@ -337,6 +351,19 @@ mod tests {
             line.contains("is 0.700") && line.contains(&format!("0.800 at L_cut {}", rec + 1)),
             "{line}"
         );
+        // the K/V the sweep's point at the recommendation holds
+        let sweep = r.sweep.as_ref().unwrap();
+        let point = sweep
+            .points
+            .iter()
+            .find(|p| p.keeps_bos() && p.l_cut() == Some(rec))
+            .unwrap();
+        let held = format!(
+            "holds {} of the full model's K/V at {} tokens",
+            num(point.kv_ratio, 3),
+            sweep.context_len
+        );
+        assert!(line.contains(&held), "{line}");
         r.sweep
             .as_mut()
             .unwrap()

@@ -31,6 +31,10 @@ pub struct ModelIdentity {
     /// Vocabulary size (0 when unknown).
     #[serde(default)]
     pub vocab_size: usize,
+    /// Each layer's sliding window, `None` for a layer that reads every
+    /// earlier key (empty when no layer slides, or unknown).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sliding_window: Vec<Option<usize>>,
     /// The LoRA adapter put into the model, when there was one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adapter: Option<AdapterIdentity>,
@@ -124,6 +128,7 @@ mod tests {
             hidden_size: 32,
             intermediate_size: 64,
             vocab_size: 100,
+            sliding_window: Vec::new(),
             adapter,
         }
     }

@@ -251,6 +251,9 @@ fn report(rng: &mut StdRng) -> Report {
             hidden_size: rng.random::<u64>() as usize,
             intermediate_size: rng.random::<u64>() as usize,
             vocab_size: rng.random::<u64>() as usize,
+            sliding_window: (0..l)
+                .map(|_| rng.random_bool(0.5).then(|| rng.random_range(1..4096)))
+                .collect(),
             adapter: None,
         },
         settings: RunSettings {

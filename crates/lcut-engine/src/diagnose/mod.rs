@@ -201,6 +201,10 @@ pub fn model_identity(session: &Session) -> Result<ModelIdentity> {
         hidden_size: cfg.hidden_size,
         intermediate_size: cfg.intermediate_size,
         vocab_size: cfg.vocab_size,
+        sliding_window: match cfg.sliding_window.iter().any(Option::is_some) {
+            true => cfg.sliding_window.clone(),
+            false => Vec::new(),
+        },
         adapter: session.adapter.clone(),
     })
 }

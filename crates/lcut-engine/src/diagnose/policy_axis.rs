@@ -5,7 +5,7 @@
 //! decisions move with each step). Costs are measured on the prompts.
 
 use candle_core::Tensor;
-use lcut_diag::{FlopShape, layered_prefill_flops, policy_prefill_flops};
+use lcut_diag::{FlopShape, policy_prefill_flops};
 use lcut_model::probes::PromptMassProbe;
 use lcut_model::{Decoder, LogitRows, Sequence};
 use lcut_policy::{
@@ -144,6 +144,7 @@ pub(super) fn flop_shape(model: &Decoder) -> FlopShape {
         head_dim: c.head_dim,
         intermediate_size: c.intermediate_size,
         vocab_size: c.vocab_size,
+        windows: c.sliding_window.clone(),
     }
 }
 
@@ -254,13 +255,16 @@ fn add_costs(
     let kv_heads = model.config().num_kv_heads;
     let b = model.kv_shape().bytes_per_token_layer() as f64 / kv_heads as f64;
     totals.held += seq.kv_bytes_held() as f64;
-    totals.full += cost.bytes(&Policy::full(layers), &model.kv_shape()) as f64;
+    let windows = &model.config().sliding_window;
+    totals.full += cost.bytes(&Policy::full(layers), &model.kv_shape(), windows) as f64;
     let shape = flop_shape(model);
     let n = prompt.len();
-    totals.flops_full += layered_prefill_flops(&shape, &vec![n; layers]);
+    let full = Policy::full(layers).visibility(lcut_policy::TokenPhases::all_decode());
+    totals.flops_full += policy_prefill_flops(&shape, full.as_ref(), n);
     let vis = seq.visibility();
     let counts = vis.accounting();
-    totals.resident += b * counts.resident_head_rows(cost.decode, kv_heads) as f64;
+    totals.resident +=
+        b * counts.resident_head_rows_windowed(cost.decode, kv_heads, windows) as f64;
     totals.flops += policy_prefill_flops(&shape, vis, n);
     totals.equal_kv_cutoff += counts.equal_kv_cutoff(kv_heads);
     if let Some(run) = seq.slim() {

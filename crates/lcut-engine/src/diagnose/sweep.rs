@@ -5,10 +5,10 @@
 //! forks.
 
 use candle_core::Tensor;
-use lcut_diag::{FlopShape, PromptSplit, finish_sweep, prefill_flops};
+use lcut_diag::{FlopShape, finish_sweep, policy_prefill_flops};
 use lcut_model::probes::PromptMassProbe;
 use lcut_model::{Decoder, LogitRows, Probe, Sequence};
-use lcut_policy::{Anchors, KvCost, Policy, PolicyKind};
+use lcut_policy::{Anchors, KvCost, Policy, PolicyKind, TokenPhases};
 use lcut_trace::{Sweep, SweepPoint, Thresholds};
 
 use super::policy_axis::{AxisPolicy, AxisTotals, measure};
@@ -195,11 +195,12 @@ fn speed_point(
         prefill: ctx - anchors - 1,
         decode: 1 + opts.max_new_tokens,
     };
-    let kv = cost.bytes(policy, kv_shape);
-    let kv_full = cost.bytes(&full, kv_shape);
-    let split = PromptSplit::raw(ctx, anchors);
-    let flops = prefill_flops(shape, policy.l_cut(), split);
-    let flops_full = prefill_flops(shape, layers, split);
+    // a windowed layer holds and reads at most its window (shape.windows)
+    let kv = cost.bytes(policy, kv_shape, &shape.windows);
+    let kv_full = cost.bytes(&full, kv_shape, &shape.windows);
+    let phases = TokenPhases::raw_prompt(ctx, anchors).unwrap_or(TokenPhases::all_decode());
+    let flops = policy_prefill_flops(shape, policy.visibility(phases).as_ref(), ctx);
+    let flops_full = policy_prefill_flops(shape, full.visibility(phases).as_ref(), ctx);
     let n = t.tokens.max(1) as f64;
     SweepPoint {
         policy: policy.spec(),

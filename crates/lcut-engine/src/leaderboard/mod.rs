@@ -127,7 +127,9 @@ pub struct LeaderboardItem {
     pub context_tokens: usize,
     /// All prompt tokens.
     pub prompt_tokens: usize,
-    /// K/V bytes of the context at full depth in the run's K/V dtype.
+    /// K/V bytes of the context at full depth in the run's K/V dtype, as
+    /// the full model holds them once the context has run (a sliding-window
+    /// layer its window's rows).
     pub context_kv_bytes: u64,
     /// Every configuration's result, in the header's order.
     pub results: Vec<ItemResult>,
@@ -286,11 +288,7 @@ pub fn run_items(
             task: item.kind.clone(),
             context_tokens: prompt.decode_start,
             prompt_tokens: prompt.len(),
-            context_kv_bytes: lcut_model::memory::kv_cache_bytes(
-                session.model.config(),
-                kv_dtype,
-                prompt.decode_start,
-            ),
+            context_kv_bytes: context_kv_bytes(session, kv_dtype, prompt.decode_start),
             results,
             timing,
         };
@@ -338,6 +336,20 @@ pub fn merge_runs(parts: &[LeaderboardRun]) -> Result<LeaderboardRun> {
         header,
         items,
     })
+}
+
+/// The K/V bytes the full model holds of a context of `tokens` tokens once
+/// it has run, stored in `kv_dtype` (a sliding-window layer holds only its
+/// window's rows).
+fn context_kv_bytes(session: &Session, kv_dtype: candle_core::DType, tokens: usize) -> u64 {
+    let cfg = session.model.config();
+    let context = lcut_policy::KvCost {
+        anchors: 0,
+        prefill: tokens,
+        decode: 0,
+    };
+    let full = lcut_policy::Policy::full(cfg.num_layers);
+    context.bytes(&full, &cfg.kv_shape(kv_dtype), &cfg.sliding_window)
 }
 
 #[cfg(test)]
