@@ -131,32 +131,7 @@ mod tests {
 
     #[test]
     fn the_vote_reads_the_kl_curve() {
-        let e = Series::default;
-        let mut curves = LayerCurves {
-            num_layers: 6,
-            num_heads: 1,
-            bos: e(),
-            anchor: e(),
-            prefill: e(),
-            decode: e(),
-            self_mass: e(),
-            entropy_head_mean: e(),
-            entropy_weighted: e(),
-            tail_mass: e(),
-            curvature_prompt: e(),
-            curvature_generated: e(),
-            straightening_prompt: e(),
-            straightening_generated: e(),
-            lens_prob: e(),
-            lens_top1: e(),
-            lens_formed: e(),
-            lens_kl: e(),
-            lens_log_rank: e(),
-            knockout_kl: e(),
-            knockout_top1: e(),
-            prefill_by_head: lcut_trace::Tensor2::zeros([6, 1]),
-            prefill_by_step: lcut_trace::Tensor2::zeros([6, 0]),
-        };
+        let mut curves = LayerCurves::empty(6, 1);
         curves.knockout_kl = Series(vec![0.5, 0.01, 0.3, 0.02, 0.01, f32::NAN]);
         // highest band over 0.1 starts at 2; bands of 2 end at layer 3
         assert_eq!(vote_knockout(&curves, 1, 0.1), Some(3));

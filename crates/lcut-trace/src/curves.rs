@@ -104,6 +104,38 @@ pub struct Formation {
 }
 
 impl LayerCurves {
+    /// Curves of a model of `num_layers` layers and `num_heads` heads with
+    /// no series recorded (every series empty, the per-head and per-step
+    /// masses zero-sized in steps): a start that a caller fills in.
+    pub fn empty(num_layers: usize, num_heads: usize) -> Self {
+        let e = Series::default;
+        Self {
+            num_layers,
+            num_heads,
+            bos: e(),
+            anchor: e(),
+            prefill: e(),
+            decode: e(),
+            self_mass: e(),
+            entropy_head_mean: e(),
+            entropy_weighted: e(),
+            tail_mass: e(),
+            curvature_prompt: e(),
+            curvature_generated: e(),
+            straightening_prompt: e(),
+            straightening_generated: e(),
+            lens_prob: e(),
+            lens_top1: e(),
+            lens_formed: e(),
+            lens_kl: e(),
+            lens_log_rank: e(),
+            knockout_kl: e(),
+            knockout_top1: e(),
+            prefill_by_head: Tensor2::zeros([num_layers, num_heads]),
+            prefill_by_step: Tensor2::zeros([num_layers, 0]),
+        }
+    }
+
     /// Where the answers form, `None` when the curves hold no lens.
     pub fn formation(&self) -> Option<Formation> {
         let formed = &self.lens_formed;

@@ -157,32 +157,7 @@ mod tests {
 
     #[test]
     fn the_most_causal_bands_and_the_best_band_read_the_kl_curve() {
-        let e = crate::Series::default;
-        let mut curves = LayerCurves {
-            num_layers: 6,
-            num_heads: 1,
-            bos: e(),
-            anchor: e(),
-            prefill: e(),
-            decode: e(),
-            self_mass: e(),
-            entropy_head_mean: e(),
-            entropy_weighted: e(),
-            tail_mass: e(),
-            curvature_prompt: e(),
-            curvature_generated: e(),
-            straightening_prompt: e(),
-            straightening_generated: e(),
-            lens_prob: e(),
-            lens_top1: e(),
-            lens_formed: e(),
-            lens_kl: e(),
-            lens_log_rank: e(),
-            knockout_kl: e(),
-            knockout_top1: e(),
-            prefill_by_head: crate::Tensor2::zeros([6, 1]),
-            prefill_by_step: crate::Tensor2::zeros([6, 0]),
-        };
+        let mut curves = LayerCurves::empty(6, 1);
         assert!(curves.most_causal(2).is_empty() && curves.best_band(2).is_none());
         curves.knockout_kl = crate::Series(vec![0.5, 0.01, 0.3, 0.02, 0.01, f32::NAN]);
         assert_eq!(curves.most_causal(2), vec![(0, 0.5), (2, 0.3)]);

@@ -372,31 +372,7 @@ mod tests {
 
     #[test]
     fn every_series_of_the_curves_is_in_the_table() {
-        let curves = LayerCurves {
-            num_layers: 0,
-            num_heads: 0,
-            bos: Series::default(),
-            anchor: Series::default(),
-            prefill: Series::default(),
-            decode: Series::default(),
-            self_mass: Series::default(),
-            entropy_head_mean: Series::default(),
-            entropy_weighted: Series::default(),
-            tail_mass: Series::default(),
-            curvature_prompt: Series::default(),
-            curvature_generated: Series::default(),
-            straightening_prompt: Series::default(),
-            straightening_generated: Series::default(),
-            lens_prob: Series::default(),
-            lens_top1: Series::default(),
-            lens_formed: Series::default(),
-            lens_kl: Series::default(),
-            lens_log_rank: Series::default(),
-            knockout_kl: Series::default(),
-            knockout_top1: Series::default(),
-            prefill_by_head: crate::Tensor2::zeros([0, 0]),
-            prefill_by_step: crate::Tensor2::zeros([0, 0]),
-        };
+        let curves = LayerCurves::empty(0, 0);
         let json = serde_json::to_value(&curves).unwrap();
         let mut series: Vec<&str> = json
             .as_object()
