@@ -6,12 +6,12 @@
 //! decoded token by token); a band the model cannot hold is refused
 //! before any work.
 
+mod common;
+
 use anyhow::{Context, Result, ensure};
-use lcut_engine::PreparedPrompt;
 use lcut_engine::Session;
 use lcut_engine::diagnose::{
-    AxisPolicy, DiagnoseOptions, LabelledPrompt, SweepOptions, diagnose_prepared,
-    knockout_policies, sweep,
+    AxisPolicy, DiagnoseOptions, SweepOptions, diagnose_prepared, knockout_policies, sweep,
 };
 use lcut_model::{DType, Device};
 use lcut_testkit::oracle_case;
@@ -19,28 +19,7 @@ use lcut_trace::Thresholds;
 
 const NEW_TOKENS: usize = 6;
 
-fn ids(case: &str) -> Result<Vec<u32>> {
-    let r =
-        candle_core::safetensors::load(oracle_case(case).join("lens.safetensors"), &Device::Cpu)?;
-    Ok(r["input_ids"].to_dtype(DType::U32)?.to_vec1()?)
-}
-
-/// Prompts of the case's first 12 and 20 ids, the decode phase starting
-/// 3 tokens before the end.
-fn prompts(case: &str) -> Result<Vec<LabelledPrompt>> {
-    let ids = ids(case)?;
-    [12usize, 20]
-        .iter()
-        .enumerate()
-        .map(|(index, &p)| {
-            Ok(LabelledPrompt {
-                index,
-                id: format!("p{index}"),
-                prompt: PreparedPrompt::from_ids(ids[..p].to_vec(), Some(p - 3))?,
-            })
-        })
-        .collect()
-}
+use common::prompts;
 
 #[test]
 fn the_knockout_curve_is_what_the_sweep_measures_for_each_band() -> Result<()> {

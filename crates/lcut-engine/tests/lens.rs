@@ -5,10 +5,12 @@
 //! layer; `--save-lens-logits` writes each step's logits, which give the
 //! trace's numbers; without the lens a trace has none.
 
+mod common;
+
 use anyhow::{Context, Result, ensure};
 use lcut_engine::PreparedPrompt;
 use lcut_engine::Session;
-use lcut_engine::diagnose::{DiagnoseOptions, LabelledPrompt, diagnose_prepared};
+use lcut_engine::diagnose::{DiagnoseOptions, diagnose_prepared};
 use lcut_engine::forward::{ForwardOptions, forward};
 use lcut_model::{DType, Device};
 use lcut_policy::PolicySpec;
@@ -20,27 +22,7 @@ const LENS_ONLY: ForwardOptions = ForwardOptions {
     lens: true,
 };
 
-fn ids(case: &str) -> Result<Vec<u32>> {
-    let r =
-        candle_core::safetensors::load(oracle_case(case).join("lens.safetensors"), &Device::Cpu)?;
-    Ok(r["input_ids"].to_dtype(DType::U32)?.to_vec1()?)
-}
-
-/// Prompts of the case's first 12 to 20 ids, each decoding 6 tokens.
-fn prompts(case: &str) -> Result<Vec<LabelledPrompt>> {
-    let ids = ids(case)?;
-    [12usize, 20]
-        .iter()
-        .enumerate()
-        .map(|(index, &p)| {
-            Ok(LabelledPrompt {
-                index,
-                id: format!("p{index}"),
-                prompt: PreparedPrompt::from_ids(ids[..p].to_vec(), Some(p - 3))?,
-            })
-        })
-        .collect()
-}
+use common::{ids, prompts};
 
 /// log softmax(row)[at], in f64.
 fn log_softmax_at(row: &[f32], at: usize) -> f32 {
