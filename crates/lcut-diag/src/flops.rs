@@ -194,17 +194,24 @@ fn key_visits(
         // every token reads every earlier one it may
         return causal_pairs(window, len);
     }
-    (0..len)
-        .filter(|&q| vis.token_exists(layer, q))
-        .map(|q| {
-            readable_keys(window, q)
-                .filter(|&k| {
-                    (vis.token_exists(layer, k) || vis.retains_kv(layer, k))
-                        && vis.key_visible(layer, q, k)
-                })
-                .count() as f64
-        })
-        .sum()
+    // a prompt that runs whole reads as the full model's (a press's, whose
+    // decision shows only in what the decode-phase queries read)
+    let whole = match vis.prompt_runs_whole(layer) {
+        true => vis.phases().decode_start().min(len),
+        false => 0,
+    };
+    causal_pairs(window, whole)
+        + (whole..len)
+            .filter(|&q| vis.token_exists(layer, q))
+            .map(|q| {
+                readable_keys(window, q)
+                    .filter(|&k| {
+                        (vis.token_exists(layer, k) || vis.retains_kv(layer, k))
+                            && vis.key_visible(layer, q, k)
+                    })
+                    .count() as f64
+            })
+            .sum::<f64>()
 }
 
 /// Tokens of the first `len` whose K/V `layer` keeps without the token
@@ -366,6 +373,46 @@ pub(crate) mod tests {
         let full = policy_prefill_flops(&s, Policy::full(4).visibility(phases).as_ref(), 8);
         assert!(speed < got && got < full, "{speed} {got} {full}");
         assert_eq!(full, layered_prefill_flops(&s, &[8; 4]));
+    }
+
+    #[test]
+    fn a_press_prompt_runs_whole_and_its_question_reads_what_was_kept() {
+        use lcut_policy::{
+            DynamicRule, HostKeys, Policy, PressName, PressParams, PressRun, PromptKv, TokenPhases,
+        };
+        let s = tiny();
+        // 8 context tokens, then 3 decode-phase tokens (the question)
+        let phases = TokenPhases::new(11, 8, 0).unwrap();
+        let mut press = PressRun::new(PressParams::new(PressName::Knorm, 0.5), phases, 4);
+        let (w, lm_head) = (s.token_layer_flops(), 2.0 * 8.0 * 10.0);
+        // undecided, the press's prefill is the full model's
+        let full = Policy::full(4).visibility(phases);
+        assert_eq!(
+            policy_prefill_flops(&s, &press, 11),
+            policy_prefill_flops(&s, full.as_ref(), 11)
+        );
+        let positions: Vec<usize> = (0..8).collect();
+        let keys: Vec<f32> = (0..8).flat_map(|p| [p as f32, 1.0, 0.0, 0.5]).collect();
+        let kv = PromptKv {
+            keys: HostKeys {
+                kv_heads: 1,
+                head_dim: 4,
+                positions: &positions,
+                data: &keys,
+            },
+            values: &keys,
+            heads: 2,
+            rope_inv_freq: &[1.0, 0.5],
+        };
+        for l in 0..4 {
+            press.decide_at_prompt_end(l, &kv).unwrap();
+        }
+        assert!(press.is_decided());
+        // per layer: the context reads as the full model's (36 visits), each
+        // question token the 4 kept context keys and the question so far
+        let visits = 36.0 + (5.0 + 6.0 + 7.0);
+        let expected = 4.0 * 11.0 * w + s.attention(4.0 * visits) + lm_head;
+        assert_eq!(policy_prefill_flops(&s, &press, 11), expected);
     }
 
     #[test]

@@ -195,7 +195,38 @@ pub(crate) fn prefill_prefix(
     chunk: usize,
 ) -> Result<Sequence> {
     let phases = prompt.phases(&policy)?;
-    let mut seq = model.new_sequence(policy, phases)?;
+    let seq = model.new_sequence(policy, phases)?;
+    run_prefix(model, seq, prompt, extra, chunk)
+}
+
+/// One prefix of `prompt` serving every press of `presses` (kvpress's
+/// presses run the prompt as the full model does; see
+/// [`Decoder::new_press_prefix`]), as [`prefill_prefix`] holds it; `None`
+/// without a press. Each press takes its state with
+/// [`Sequence::retargeted`].
+pub(crate) fn press_prefix(
+    model: &Decoder,
+    prompt: &PreparedPrompt,
+    presses: &[Policy],
+    extra: usize,
+    chunk: usize,
+) -> Result<Option<Sequence>> {
+    let Some(first) = presses.first() else {
+        return Ok(None);
+    };
+    let seq = model.new_press_prefix(presses, prompt.phases(first)?)?;
+    run_prefix(model, seq, prompt, extra, chunk).map(Some)
+}
+
+/// `seq` with room for `extra` tokens after `prompt`, holding the prompt's
+/// tokens before its decode start (run in chunks of `chunk`).
+fn run_prefix(
+    model: &Decoder,
+    mut seq: Sequence,
+    prompt: &PreparedPrompt,
+    extra: usize,
+    chunk: usize,
+) -> Result<Sequence> {
     seq.reserve(prompt.len().saturating_add(extra));
     prefill_before_decode_start(model, &mut seq, prompt, chunk, |_| true)?;
     Ok(seq)

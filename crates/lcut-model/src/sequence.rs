@@ -6,7 +6,7 @@ use std::any::Any;
 use std::sync::Arc;
 
 use candle_core::Tensor;
-use lcut_policy::{KvAccounting, Policy, SlimRun, TokenPhases, Visibility};
+use lcut_policy::{KvAccounting, Policy, PressRun, SlimRun, TokenPhases, Visibility};
 
 use crate::cache::LayerCache;
 use crate::decoder::depth_mismatch;
@@ -293,9 +293,37 @@ impl Sequence {
     /// An independent copy of this state (the caches' tokens copied), to
     /// continue it in two ways.
     pub fn fork(&self) -> Result<Sequence> {
+        self.copied_under(self.policy, self.rule.clone())
+    }
+
+    /// The state this prompt prefix has under another press, without
+    /// recomputing it: a press's prompt runs every layer whole, as the full
+    /// model's prefill, so its caches are every press's; only what the
+    /// press observed of the prompt's queries differs, and a prefix begun
+    /// by [`Decoder::new_press_prefix`](crate::Decoder::new_press_prefix)
+    /// observed it for every press it was begun for. Valid before the
+    /// prompt's end (no layer has decided).
+    pub fn retargeted(&self, policy: Policy) -> Result<Sequence> {
+        let not_shared = || ModelError::NotRestrictable {
+            policy: policy.to_string(),
+        };
+        let run = self
+            .rule
+            .as_any()
+            .downcast_ref::<PressRun>()
+            .ok_or_else(not_shared)?;
+        let params = policy.press().ok_or_else(not_shared)?;
+        if policy.num_layers() != self.caches.len() {
+            return Err(depth_mismatch(&policy, self.caches.len()));
+        }
+        self.copied_under(policy, Box::new(run.retarget(*params)?))
+    }
+
+    /// An independent copy of this state under `policy` and its `rule`.
+    fn copied_under(&self, policy: Policy, rule: Box<dyn Visibility>) -> Result<Sequence> {
         Ok(Sequence {
-            policy: self.policy,
-            rule: self.rule.clone(),
+            policy,
+            rule,
             caches: self
                 .caches
                 .iter()

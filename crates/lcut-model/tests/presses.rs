@@ -5,7 +5,8 @@
 //! positions each (layer, K/V head) keeps, and the logits of the
 //! decode-phase rows, in one chunk, in chunks (one crossing the decode
 //! start), one token at a time, and decoded side by side bit for bit; the
-//! K/V held is each press's formula, per head, with no masked rows; a
+//! K/V held is each press's formula, per head, with no masked rows; one
+//! prompt run serves every press as its own prefill does; a
 //! model with a sliding-window layer and a prompt too short for a press are
 //! refused by name.
 
@@ -191,6 +192,58 @@ fn presses_match_kvpress_in_one_chunk_in_chunks_and_one_token_at_a_time() -> Res
             }
             eprintln!("{} {}: largest |logit difference| {worst:e}", c.name, p.key);
         }
+    }
+    Ok(())
+}
+
+/// One prompt run begun for every press serves each as its own run does:
+/// the same kept positions as kvpress, and decode-phase logits equal to the
+/// press's own prefill's bit for bit (so within kvpress's tolerance too).
+#[test]
+fn one_prompt_run_serves_every_press_as_its_own_prefill_does() -> Result<()> {
+    for name in CASES {
+        let c = load(name)?;
+        let cfg = c.model.config();
+        let t = c.ids.len();
+        let resolved: Vec<(Policy, TokenPhases)> = c
+            .reference
+            .policies
+            .iter()
+            .map(|p| resolve(&c.model, &p.spec, t, c.s))
+            .collect::<Result<_>>()?;
+        let policies: Vec<Policy> = resolved.iter().map(|r| r.0).collect();
+        let mut shared = c.model.new_press_prefix(&policies, resolved[0].1)?;
+        for span in [&c.ids[..9], &c.ids[9..c.s]] {
+            c.model.forward(&mut shared, span, LogitRows::None, None)?;
+        }
+        ensure!(
+            shared.len() == c.s,
+            "{name}: the shared run passed the decode start"
+        );
+        for (p, &r) in c.reference.policies.iter().zip(&resolved) {
+            let what = format!("{name} {} served by one prompt run", p.key);
+            let (rows, seq) = continued(&c.model, shared.retargeted(r.0)?, &c.ids, &[t])?;
+            let (own, _) = run(&c.model, r, &c.ids, &[9, c.s, t])?;
+            let kept = c.reference.kept(&format!("kept.{}", p.key))?;
+            let ours = kept_by(&seq, cfg.num_layers, cfg.num_kv_heads)?;
+            ensure!(ours == kept, "{what}: kept {ours:?}, kvpress {kept:?}");
+            let d = common::max_abs_diff(&rows, &own)?;
+            ensure!(d == 0.0, "{what}: differs from its own prefill by {d:e}");
+            let d =
+                common::max_abs_diff(&rows, &c.reference.tensors[&format!("logits.{}", p.key)])?;
+            ensure!(
+                d <= TOL,
+                "{what}: differs from kvpress by {d:e} (> {TOL:e})"
+            );
+            holds_what_kvpress_keeps(&c.model, &what, &seq, c.s, &kept)?;
+        }
+        // a policy that is not a press is not served
+        let speed: PolicySpec = "speed:1+bos".parse()?;
+        let speed = resolve(&c.model, &speed, t, c.s)?.0;
+        ensure!(
+            shared.retargeted(speed).is_err(),
+            "{name}: SPEED served by a press's run"
+        );
     }
     Ok(())
 }

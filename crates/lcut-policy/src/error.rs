@@ -120,6 +120,17 @@ pub enum PolicyError {
         /// What is wrong with what it was handed.
         reason: String,
     },
+    /// A press's prompt run cannot serve another press (its queries were
+    /// not observed as the other reads them, or it has decided already).
+    #[error("the prompt run of {observer} cannot serve {policy}: {reason}")]
+    PressShare {
+        /// The press whose run was to be shared.
+        observer: String,
+        /// The press it was to serve.
+        policy: String,
+        /// Why not.
+        reason: String,
+    },
     /// `+system` anchors were asked for but the prompt has no system part.
     #[error(
         "the policy keeps the system prompt as anchors, but the prompt's system span is unknown (no chat template or no system message)"

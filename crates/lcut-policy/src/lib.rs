@@ -45,7 +45,7 @@ pub use heads::{
 pub use layer_rule::{LayerRule, UpperReads};
 pub use phases::{Phase, PhaseError, TokenPhases};
 pub use policy::{Anchors, HeadExceptions, Policy, PolicyKind, PolicySpec, split_list};
-pub use press::{PRESSES, PressName, PressParams, PressRun};
+pub use press::{PRESSES, PressName, PressObservation, PressParams, PressRun};
 pub use projected::{ProjectedKv, ProjectedName};
 pub use record::{CutRecord, SlimTrace, StepRecord};
 pub use selection::{SlimSelection, StepTraffic};

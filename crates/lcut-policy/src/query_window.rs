@@ -26,6 +26,14 @@ impl QueryWindow {
         self.rows.iter()
     }
 
+    /// The same window holding only its latest `w` rows.
+    pub(crate) fn latest(&self, w: usize) -> Self {
+        let skip = self.rows.len().saturating_sub(w);
+        Self {
+            rows: self.rows.iter().skip(skip).cloned().collect(),
+        }
+    }
+
     /// Forget the rows (once a decision no longer needs them).
     pub(crate) fn clear(&mut self) {
         self.rows = VecDeque::new();

@@ -93,6 +93,15 @@ pub trait Visibility: fmt::Debug + Send + Sync {
     /// others (0 where every earlier key is visible).
     fn rule_class(&self, layer: usize) -> usize;
 
+    /// Whether every token before the decode start exists at `layer` and
+    /// its query reads every earlier key there, as in the full model's
+    /// prefill (a press's prompt, which runs whole before the press
+    /// decides): cost counts take the closed form for those queries
+    /// instead of asking about each key.
+    fn prompt_runs_whole(&self, _layer: usize) -> bool {
+        false
+    }
+
     /// Whether a key visible to the first and the last of ascending queries
     /// is visible to every query between them (lets a mask skip the columns
     /// every query reads). True for every policy rule; false for an

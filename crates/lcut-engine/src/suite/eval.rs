@@ -3,9 +3,10 @@
 //! generation (scored against the answer), and the policy teacher-forced
 //! on the full continuation (top-1 agreement, KL, K/V held). The prompt is
 //! run once per policy (the policy's greedy and forced runs fork one
-//! state before the decode start), and not at all for a policy that reuses
+//! state before the decode start), not at all for a policy that reuses
 //! the full model's prefill (SPEED: its state is the full run's
-//! restricted); an item's generations then decode side by side, one pass
+//! restricted), and once for all of kvpress's presses (each takes the
+//! shared run's state and decides from it); an item's generations then decode side by side, one pass
 //! over the weights per token for all of them. With an
 //! adapted model the reference is the base model's full-depth run, so the
 //! scores say what the adapter keeps of the model it was made from.
@@ -19,7 +20,9 @@ use super::SuiteItem;
 use super::result::ItemResult;
 use crate::diagnose::{ForcedQuality, forced_quality};
 use crate::error::{EngineError, Result};
-use crate::generate::{Generation, GenerationConfig, GenerationOutput, check_fits, prefill_prefix};
+use crate::generate::{
+    Generation, GenerationConfig, GenerationOutput, check_fits, prefill_prefix, press_prefix,
+};
 use crate::prompt::PreparedPrompt;
 use crate::session::Session;
 
@@ -207,8 +210,9 @@ struct PolicyRuns<'m> {
 /// one pass over the weights per token for all of them). The prompt runs
 /// once for the reference and once per policy, not at all for a policy that
 /// [reuses a full prefill](Policy::reuses_full_prefill) of the same model
-/// (SPEED: its state is the full run's restricted). Each result's seconds
-/// are the item's wall time.
+/// (SPEED: its state is the full run's restricted), and once for all the
+/// presses ([`press_prefix`]). Each result's seconds are the item's wall
+/// time.
 pub(crate) fn evaluate_item(
     (session, base): (&Session, Option<&Session>),
     index: usize,
@@ -228,6 +232,17 @@ pub(crate) fn evaluate_item(
         max_new,
         chunk,
     )?;
+    // kvpress's presses run the prompt as the full model does: one prompt
+    // run observing what all of them read serves every press
+    let presses: Vec<Policy> = match base {
+        None => policies
+            .iter()
+            .copied()
+            .filter(|p| p.press().is_some())
+            .collect(),
+        Some(_) => Vec::new(),
+    };
+    let press_prefix = press_prefix(&session.model, &prompt, &presses, max_new, chunk)?;
     let own_config = GenerationConfig {
         prefill_chunk: chunk,
         ..session.greedy_config(max_new)
@@ -245,6 +260,8 @@ pub(crate) fn evaluate_item(
             }
             let prefix = if base.is_none() && policy.reuses_full_prefill() {
                 full_prefix.restricted(policy, prompt.phases(&policy)?)?
+            } else if let (Some(shared), Some(_)) = (&press_prefix, policy.press()) {
+                shared.retargeted(policy)?
             } else {
                 prefill_prefix(&session.model, &prompt, policy, max_new, chunk)?
             };

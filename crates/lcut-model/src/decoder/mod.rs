@@ -25,7 +25,7 @@ mod train;
 pub use step::{StepScratch, Unfused};
 
 use candle_core::{D, DType, Device, Tensor};
-use lcut_policy::{KvShape, Policy, TokenPhases};
+use lcut_policy::{KvShape, Policy, PressObservation, PressRun, TokenPhases};
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
@@ -360,6 +360,44 @@ impl Decoder {
         policy.check_phases(&phases)?;
         let seq = Sequence::with_rule(policy, policy.visibility(phases), self.cache_shape());
         self.check_prompt_end(&seq)?;
+        Ok(seq)
+    }
+
+    /// A new sequence whose prompt run serves every press of `presses`
+    /// (kvpress's presses, which decide at the prompt's end): it runs as the
+    /// first of them but observes what all of them read of the prompt's
+    /// queries, and once the prompt has run [`Sequence::retargeted`] gives
+    /// each press its own state without running the prompt again. Refused
+    /// where a policy is not a press, or where one run cannot observe for
+    /// them all (Expected Attention's statistics over other spans).
+    pub fn new_press_prefix(&self, presses: &[Policy], phases: TokenPhases) -> Result<Sequence> {
+        let not_press = |p: &Policy| ModelError::NotRestrictable {
+            policy: p.to_string(),
+        };
+        let first = presses.first().ok_or_else(|| ModelError::NotRestrictable {
+            policy: "(no press given)".into(),
+        })?;
+        let params = presses
+            .iter()
+            .map(|p| p.press().copied().ok_or_else(|| not_press(p)))
+            .collect::<Result<Vec<_>>>()?;
+        let mut observe = PressObservation::default();
+        for p in &params {
+            observe = observe.union(PressObservation::of(p)).ok_or_else(|| {
+                lcut_policy::PolicyError::PressShare {
+                    observer: first.to_string(),
+                    policy: p.to_string(),
+                    reason: "they read query statistics over other spans or settings".into(),
+                }
+            })?;
+        }
+        let mut seq = self.new_sequence(*first, phases)?;
+        seq.rule = Box::new(PressRun::observing(
+            params[0],
+            observe,
+            phases,
+            self.cfg.num_layers,
+        )?);
         Ok(seq)
     }
 

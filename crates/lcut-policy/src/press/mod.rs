@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::PolicyError;
 
-pub use run::PressRun;
+pub use run::{PressObservation, PressRun};
 
 /// Which press.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

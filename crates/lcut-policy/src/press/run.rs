@@ -74,10 +74,70 @@ fn near_ties(scores: &[f64], kept: usize) -> Vec<usize> {
     if ties.len() > 1 { ties } else { Vec::new() }
 }
 
+/// What a press reads of the prompt's queries while the prompt runs: the
+/// latest query rows of each layer, and the statistics of the queries
+/// before RoPE from a first position on. The prompt's own run is the full
+/// model's whatever the press, so one run observing the union of what
+/// several presses read serves them all ([`PressRun::retarget`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PressObservation {
+    /// The latest query rows kept per layer (SnapKV's and PyramidKV's
+    /// observation window, TOVA's last query).
+    pub window: Option<usize>,
+    /// Expected Attention's query statistics: the first position they
+    /// count (`n_sink`) and whether they keep the covariance.
+    pub stats: Option<(usize, bool)>,
+}
+
+impl PressObservation {
+    /// What the press of `params` reads.
+    pub fn of(params: &PressParams) -> Self {
+        match params.name {
+            PressName::SnapKv | PressName::PyramidKv => Self {
+                window: Some(params.window),
+                stats: None,
+            },
+            PressName::Tova => Self {
+                window: Some(1),
+                stats: None,
+            },
+            PressName::Expected => Self {
+                window: None,
+                stats: Some((params.sink, params.covariance)),
+            },
+            PressName::StreamingLlm | PressName::Knorm => Self::default(),
+        }
+    }
+
+    /// One observation holding what both read (the wider window), or `None`
+    /// where they count query statistics over other spans or settings.
+    pub fn union(self, other: Self) -> Option<Self> {
+        let stats = match (self.stats, other.stats) {
+            (Some(a), Some(b)) if a != b => return None,
+            (a, b) => a.or(b),
+        };
+        let window = match (self.window, other.window) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        Some(Self { window, stats })
+    }
+
+    /// Whether this observation holds everything `need` reads.
+    pub fn covers(&self, need: &Self) -> bool {
+        need.window
+            .is_none_or(|w| self.window.is_some_and(|held| held >= w))
+            && need.stats.is_none_or(|s| self.stats == Some(s))
+    }
+}
+
 /// A press's state for one sequence.
 #[derive(Debug, Clone)]
 pub struct PressRun {
     params: PressParams,
+    /// What the run reads of the prompt's queries (the press's own needs,
+    /// or more for a run shared by several presses).
+    observe: PressObservation,
     phases: TokenPhases,
     num_layers: usize,
     layers: Vec<LayerState>,
@@ -91,12 +151,93 @@ impl PressRun {
     pub fn new(params: PressParams, phases: TokenPhases, num_layers: usize) -> Self {
         Self {
             params,
+            observe: PressObservation::of(&params),
             phases,
             num_layers,
             layers: vec![LayerState::default(); num_layers],
             decided: 0,
             kv_heads: 0,
         }
+    }
+
+    /// A fresh run of `params`' press that observes `observe` of the
+    /// prompt's queries, so that its prompt run can [serve](Self::retarget)
+    /// every press whose needs that covers; refused where it does not cover
+    /// the press's own.
+    pub fn observing(
+        params: PressParams,
+        observe: PressObservation,
+        phases: TokenPhases,
+        num_layers: usize,
+    ) -> Result<Self, PolicyError> {
+        let run = Self {
+            observe,
+            ..Self::new(params, phases, num_layers)
+        };
+        run.check_serves(&params)?;
+        Ok(run)
+    }
+
+    /// What this run observes of the prompt's queries.
+    pub fn observation(&self) -> PressObservation {
+        self.observe
+    }
+
+    /// The state `params`' press would have after the same prompt run: the
+    /// prompt runs every layer whole for every press, so only what the press
+    /// observed differs, and this run's observation holds it (the latest
+    /// query rows it reads, the same query statistics). Valid before any
+    /// layer has decided.
+    pub fn retarget(&self, params: PressParams) -> Result<Self, PolicyError> {
+        self.check_serves(&params)?;
+        let need = PressObservation::of(&params);
+        let layers = self
+            .layers
+            .iter()
+            .map(|s| LayerState {
+                window: need
+                    .window
+                    .map_or_else(Default::default, |w| s.window.latest(w)),
+                stats: match need.stats {
+                    Some(_) => s.stats.clone(),
+                    None => QueryStats::default(),
+                },
+                kept: None,
+                near_ties: Vec::new(),
+            })
+            .collect();
+        Ok(Self {
+            params,
+            observe: need,
+            phases: self.phases,
+            num_layers: self.num_layers,
+            layers,
+            decided: 0,
+            kv_heads: self.kv_heads,
+        })
+    }
+
+    /// Refuse a press this run's prompt run cannot serve.
+    fn check_serves(&self, params: &PressParams) -> Result<(), PolicyError> {
+        let refuse = |reason: String| PolicyError::PressShare {
+            observer: self.params.to_string(),
+            policy: params.to_string(),
+            reason,
+        };
+        if self.decided > 0 {
+            return Err(refuse(format!(
+                "{} of its layers have decided already",
+                self.decided
+            )));
+        }
+        let need = PressObservation::of(params);
+        if !self.observe.covers(&need) {
+            return Err(refuse(format!(
+                "it observes {:?} of the prompt's queries, the press reads {need:?}",
+                self.observe
+            )));
+        }
+        Ok(())
     }
 
     /// The press.
@@ -147,11 +288,7 @@ impl PressRun {
     /// The window of latest queries the press reads (SnapKV's observation
     /// window, TOVA's last query), if any.
     fn query_rows(&self) -> Option<usize> {
-        match self.params.name {
-            PressName::SnapKv | PressName::PyramidKv => Some(self.params.window),
-            PressName::Tova => Some(1),
-            _ => None,
-        }
+        self.observe.window
     }
 
     /// The decision of `layer` from its prompt K/V, and its near ties.
@@ -183,8 +320,11 @@ impl PressRun {
         p.check_prompt(n, self.num_layers)?;
         let kept = p.kept_at(layer, self.num_layers, n);
         let state = &self.layers[layer];
-        let window: Vec<&[f32]> = state.window.rows().map(Vec::as_slice).collect();
-        if let Some(w) = self.query_rows()
+        // the press's own window: the latest rows of what the run observed
+        let own = PressObservation::of(&p).window;
+        let seen: Vec<&[f32]> = state.window.rows().map(Vec::as_slice).collect();
+        let window = &seen[seen.len().saturating_sub(own.unwrap_or(0))..];
+        if let Some(w) = own
             && window.len() != w
         {
             return Err(refuse(format!(
@@ -202,7 +342,7 @@ impl PressRun {
         Ok(match p.name {
             PressName::StreamingLlm => (Kept::Layer(streaming_llm::keep(&p, n, kept)), vec![]),
             PressName::SnapKv | PressName::PyramidKv => {
-                per_head(snapkv::scores(&p, keys, kv.heads, &window))
+                per_head(snapkv::scores(&p, keys, kv.heads, window))
             }
             PressName::Knorm => per_head(knorm::scores(keys)),
             PressName::Tova => {
@@ -248,6 +388,11 @@ impl Visibility for PressRun {
 
     fn rule_class(&self, layer: usize) -> usize {
         self.class(layer, None)
+    }
+
+    /// The prompt runs every layer whole, as the full model's prefill.
+    fn prompt_runs_whole(&self, _layer: usize) -> bool {
+        true
     }
 
     fn heads_differ(&self, layer: usize) -> bool {
@@ -328,7 +473,7 @@ impl DynamicRule for PressRun {
     }
 
     fn wants_unrotated_queries(&self, layer: usize) -> bool {
-        self.params.name == PressName::Expected && self.kept(layer).is_none()
+        self.observe.stats.is_some() && self.kept(layer).is_none()
     }
 
     fn observe_unrotated_queries(
@@ -338,8 +483,10 @@ impl DynamicRule for PressRun {
         positions: &[usize],
         rows: &[f32],
     ) {
-        let span = (self.params.sink, self.prompt_len());
-        let covariance = self.params.covariance;
+        let Some((sink, covariance)) = self.observe.stats else {
+            return;
+        };
+        let span = (sink, self.prompt_len());
         if let Some(state) = self.layers.get_mut(layer) {
             state.stats.push(positions, rows, span, (heads, covariance));
         }
@@ -508,5 +655,96 @@ mod tests {
         }
         // head 0's largest keys are its latest
         assert_eq!(r.kept_positions(0, 0), Some(vec![4, 5, 6, 7]));
+    }
+
+    /// Feed `r` what the model shows a press while 8 prompt positions run
+    /// at 3 layers (4 query heads of d = 2, every row its own values).
+    fn feed_prompt(r: &mut PressRun) {
+        let row = |p: usize, l: usize| -> Vec<f32> {
+            (0..8).map(|i| ((p * 8 + i + l) % 7) as f32 - 3.0).collect()
+        };
+        let positions: Vec<usize> = (0..8).collect();
+        for l in 0..3 {
+            if let Some(w) = r.query_window(l) {
+                r.observe_queries(l, (8 - w.min(8)..8).map(|p| row(p, l)).collect());
+            }
+            if r.wants_unrotated_queries(l) {
+                let flat: Vec<f32> = positions.iter().flat_map(|&p| row(p, l + 1)).collect();
+                r.observe_unrotated_queries(l, 4, &positions, &flat);
+            }
+        }
+    }
+
+    fn kept_everywhere(r: &PressRun) -> Vec<Option<Vec<usize>>> {
+        (0..3)
+            .flat_map(|l| (0..2).map(move |h| (l, h)))
+            .map(|(l, h)| r.kept_positions(l, h))
+            .collect()
+    }
+
+    #[test]
+    fn one_observing_prompt_run_serves_every_press_as_its_own_run_would() {
+        let phases = TokenPhases::new(12, 8, 0).expect("phases");
+        let mut presses: Vec<PressParams> = crate::press::PRESSES
+            .iter()
+            .flat_map(|&name| [0.25, 0.5].map(|ratio| PressParams::new(name, ratio)))
+            .map(|p| PressParams {
+                sink: 2,
+                window: 3,
+                kernel: 1,
+                ..p
+            })
+            .collect();
+        presses.push(PressParams {
+            window: 2,
+            ..presses[2]
+        });
+        let observe = presses
+            .iter()
+            .map(PressObservation::of)
+            .try_fold(PressObservation::default(), PressObservation::union)
+            .expect("one observation serves them all");
+        assert_eq!(observe.window, Some(3));
+        let mut shared = PressRun::observing(presses[0], observe, phases, 3).unwrap();
+        feed_prompt(&mut shared);
+        for p in presses {
+            let mut own = PressRun::new(p, phases, 3);
+            feed_prompt(&mut own);
+            decide_all(&mut own).unwrap();
+            let mut served = shared.retarget(p).unwrap();
+            decide_all(&mut served).unwrap();
+            assert_eq!(kept_everywhere(&served), kept_everywhere(&own), "{p}");
+            assert!(kept_everywhere(&own).iter().all(Option::is_some), "{p}");
+        }
+    }
+
+    #[test]
+    fn a_prompt_run_serves_only_presses_whose_queries_it_observed() {
+        let phases = TokenPhases::new(12, 8, 0).expect("phases");
+        let params = |name| PressParams {
+            sink: 2,
+            window: 2,
+            kernel: 1,
+            ..PressParams::new(name, 0.5)
+        };
+        let snap = PressRun::new(params(PressName::SnapKv), phases, 3);
+        let err = snap.retarget(params(PressName::Expected)).unwrap_err();
+        assert!(matches!(err, PolicyError::PressShare { .. }), "{err}");
+        let wider = PressParams {
+            window: 4,
+            ..params(PressName::SnapKv)
+        };
+        assert!(snap.retarget(wider).is_err());
+        // query statistics over other spans do not join
+        let expected = PressObservation::of(&params(PressName::Expected));
+        let other = PressObservation {
+            stats: Some((3, true)),
+            window: None,
+        };
+        assert_eq!(expected.union(other), None);
+        // once a layer has decided the run serves no other press
+        let mut knorm = PressRun::new(params(PressName::Knorm), phases, 3);
+        decide_all(&mut knorm).unwrap();
+        assert!(knorm.retarget(params(PressName::StreamingLlm)).is_err());
     }
 }
