@@ -50,6 +50,11 @@ pub struct EvalCommand {
     /// run alone after the full model for TTFT and TPOT.
     #[arg(long, default_value_t = 1)]
     pub timing_items: usize,
+    /// With --ratios: time only these tasks (comma-separated, as the
+    /// suite names them; default: every task). One task's items time a
+    /// grid at one prompt length at a fraction of the cost.
+    #[arg(long, value_delimiter = ',', requires = "ratios")]
+    pub timing_tasks: Vec<String>,
     /// With --ratios: new tokens of each timed run.
     #[arg(long, default_value_t = 16)]
     pub timing_tokens: usize,
@@ -80,6 +85,11 @@ pub struct EvalMergeArgs {
     /// The merged result (a folder for leaderboard runs).
     #[arg(long)]
     pub out: PathBuf,
+    /// Leaderboard runs not finished (still going, or stopped): merge the
+    /// items their folders' journals hold so far into a table of those
+    /// items, marked partial.
+    #[arg(long)]
+    pub partial: bool,
 }
 
 /// Most new tokens per answer when neither the run nor the item says.
@@ -216,6 +226,9 @@ fn write_json(path: &Path, result: &SuiteEval) -> Result<()> {
 /// Run `lcut eval-merge`: suite results, or leaderboard runs (their
 /// `leaderboard.json` or their folders) into the whole run's folder.
 pub fn merge(args: &EvalMergeArgs) -> Result<()> {
+    if args.partial {
+        return crate::cmd_leaderboard::merge_partial(&args.parts, &args.out);
+    }
     if let Some(first) = args.parts.first()
         && crate::cmd_leaderboard::read_run(first)?.is_some()
     {

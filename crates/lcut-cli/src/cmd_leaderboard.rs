@@ -9,7 +9,7 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use lcut_engine::leaderboard::journal::Journal;
+use lcut_engine::leaderboard::journal::{self, Journal};
 use lcut_engine::leaderboard::{
     LeaderboardHeader, LeaderboardRun, TimingSettings, parse_ratios, plan, run_items,
     split_methods, table,
@@ -37,6 +37,7 @@ pub fn run(args: &EvalCommand, path: &Path, ratios: &str) -> Result<()> {
         .clone()
         .context("--ratios needs --out DIR (the run's folder: its journal, CSV and report)")?;
     let (items, suite_hash) = suite::read_suite_hashed(path)?;
+    check_timing_tasks(&args.timing_tasks, &items, path)?;
     let pending =
         ModelArgs::cpu(Some(args.base.model.clone()), args.dtype, args.kv_dtype).open()?;
     let configs = plan(
@@ -66,6 +67,7 @@ pub fn run(args: &EvalCommand, path: &Path, ratios: &str) -> Result<()> {
             items_per_task: args.timing_items,
             new_tokens: args.timing_tokens,
             rounds: args.timing_rounds,
+            tasks: args.timing_tasks.clone(),
         },
         shard: shard.map(|(i, n)| [i, n]),
     };
@@ -118,6 +120,41 @@ pub fn run(args: &EvalCommand, path: &Path, ratios: &str) -> Result<()> {
     };
     write_run(&out, &run)?;
     print_summary(&run, &out);
+    Ok(())
+}
+
+/// Refuse a `--timing-tasks` name that no item of the suite has.
+fn check_timing_tasks(tasks: &[String], items: &[suite::SuiteItem], path: &Path) -> Result<()> {
+    let mut kinds: Vec<&str> = items.iter().map(|i| i.kind.as_str()).collect();
+    kinds.sort_unstable();
+    kinds.dedup();
+    if let Some(unknown) = tasks.iter().find(|t| !kinds.contains(&t.as_str())) {
+        anyhow::bail!(
+            "--timing-tasks: {} has no item of task {unknown:?} (its tasks: {})",
+            path.display(),
+            kinds.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// `lcut eval-merge --partial`: the items the journals in the run folders
+/// `dirs` hold so far, as one run written into `out`.
+pub fn merge_partial(dirs: &[PathBuf], out: &Path) -> Result<()> {
+    let parts = dirs
+        .iter()
+        .map(|d| Ok(journal::read(&d.join(JOURNAL))?))
+        .collect::<Result<Vec<_>>>()?;
+    let run = lcut_engine::leaderboard::merge_partial(&parts)?;
+    write_run(out, &run)?;
+    println!(
+        "merged the {} items of {} journals (of the suite's {}) into {}",
+        run.items.len(),
+        parts.len(),
+        run.header.suite_items,
+        out.display()
+    );
+    print_summary(&run, out);
     Ok(())
 }
 

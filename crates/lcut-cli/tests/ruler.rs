@@ -277,6 +277,42 @@ fn ruler_suite_then_the_leaderboard_run() {
         &["eval-merge", &s0, "--out", &path("half")],
         &["not each item once"],
     );
+    // a run not finished: its journals' items so far, marked partial
+    let partial = path("partial");
+    let stdout = ok(&["eval-merge", "--partial", &s0, "--out", &partial]);
+    assert!(
+        stdout.contains("the 3 items of 1 journals (of the suite's 6)"),
+        "{stdout}"
+    );
+    let p = read_run(Path::new(&partial));
+    let of_s0: Vec<usize> = read_run(Path::new(&s0))
+        .items
+        .iter()
+        .map(|i| i.index)
+        .collect();
+    assert_eq!(p.items.iter().map(|i| i.index).collect::<Vec<_>>(), of_s0);
+    assert!(
+        p.table.notes[0].starts_with("Partial: 3 of the suite's 6 items"),
+        "{:?}",
+        p.table.notes
+    );
+    // both journals: the whole run's table
+    ok(&["eval-merge", "--partial", &s0, &s1, "--out", &partial]);
+    assert_eq!(read_run(Path::new(&partial)).table, r.table);
+    fails(
+        &["eval-merge", "--partial", &s0, &s0, "--out", &partial],
+        &["in two of the journals"],
+    );
+    fails(
+        &[
+            "eval-merge",
+            "--partial",
+            &path("nowhere"),
+            "--out",
+            &partial,
+        ],
+        &["no journal here"],
+    );
 }
 
 #[test]
@@ -359,5 +395,13 @@ fn bad_input_is_named_before_any_work() {
         let args: Vec<&str> = joined.split('\u{1}').collect();
         fails(&args, &parts);
     }
+    let mut timing = eval("full,speed+bos", "0.5");
+    timing.extend(["--timing-tasks".into(), "fwe,vt".into()]);
+    let joined = strs(&timing);
+    let args: Vec<&str> = joined.split('\u{1}').collect();
+    fails(
+        &args,
+        &["--timing-tasks", "no item of task \"vt\"", "its tasks: fwe"],
+    );
     assert!(!Path::new(dir).exists(), "a refused run made its folder");
 }

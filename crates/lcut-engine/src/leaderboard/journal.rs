@@ -12,6 +12,74 @@ use std::path::{Path, PathBuf};
 use super::{LeaderboardError, LeaderboardHeader, LeaderboardItem};
 use crate::error::Result;
 
+/// What a journal holds: its run's header and the items finished so far
+/// (a last line cut short by an interrupted write left out).
+struct JournalLines {
+    header: LeaderboardHeader,
+    items: Vec<LeaderboardItem>,
+    /// The journal's text without its cut line, when its last line was cut.
+    cut_short: Option<String>,
+}
+
+/// Read the journal at `path`: `None` when it does not exist or holds no
+/// line yet.
+fn read_lines(path: &Path) -> Result<Option<JournalLines>> {
+    let err = |line: usize, reason: String| LeaderboardError::Journal {
+        path: path.to_path_buf(),
+        line,
+        reason,
+    };
+    if !path.exists() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| err(0, e.to_string()))?;
+    let mut lines: Vec<&str> = text.split_inclusive('\n').collect();
+    // a last line without its newline was cut short: drop it
+    let cut = lines.last().is_some_and(|l| !l.ends_with('\n'));
+    if cut {
+        lines.pop();
+    }
+    let Some(first) = lines.first() else {
+        return Ok(None);
+    };
+    let header: LeaderboardHeader = serde_json::from_str(first)
+        .map_err(|e| err(1, format!("not a leaderboard header: {e}")))?;
+    let mut items = Vec::new();
+    for (k, line) in lines.iter().enumerate().skip(1) {
+        let item: LeaderboardItem = serde_json::from_str(line)
+            .map_err(|e| err(k + 1, format!("not an item of this run: {e}")))?;
+        if item.results.len() != header.configs.len() {
+            return Err(err(
+                k + 1,
+                format!(
+                    "{} results for {} configurations",
+                    item.results.len(),
+                    header.configs.len()
+                ),
+            )
+            .into());
+        }
+        items.push(item);
+    }
+    Ok(Some(JournalLines {
+        header,
+        items,
+        cut_short: cut.then(|| lines.concat()),
+    }))
+}
+
+/// The header and finished items of the run whose journal is at `path`
+/// (a run still going, or stopped): a refused or missing journal is a named
+/// error.
+pub fn read(path: &Path) -> Result<(LeaderboardHeader, Vec<LeaderboardItem>)> {
+    let read = read_lines(path)?.ok_or_else(|| LeaderboardError::Journal {
+        path: path.to_path_buf(),
+        line: 0,
+        reason: "no journal here, or an empty one (no run has started in this folder)".into(),
+    })?;
+    Ok((read.header, read.items))
+}
+
 /// An open journal, appending.
 pub struct Journal {
     path: PathBuf,
@@ -27,49 +95,19 @@ impl Journal {
             line,
             reason,
         };
-        let mut done = Vec::new();
-        if path.exists() {
-            let text = std::fs::read_to_string(path).map_err(|e| err(0, e.to_string()))?;
-            let mut lines: Vec<&str> = text.split_inclusive('\n').collect();
-            // a last line without its newline was cut short: drop it
-            let cut = lines.last().is_some_and(|l| !l.ends_with('\n'));
-            if cut {
-                lines.pop();
+        let Some(read) = read_lines(path)? else {
+            return Self::start(path, header).map(|j| (j, Vec::new()));
+        };
+        if &read.header != header {
+            return Err(LeaderboardError::OtherRun {
+                path: path.to_path_buf(),
+                what: differing_fields(&read.header, header),
             }
-            let Some(first) = lines.first() else {
-                return Self::start(path, header).map(|j| (j, done));
-            };
-            let theirs: LeaderboardHeader = serde_json::from_str(first)
-                .map_err(|e| err(1, format!("not a leaderboard header: {e}")))?;
-            if &theirs != header {
-                return Err(LeaderboardError::OtherRun {
-                    path: path.to_path_buf(),
-                    what: differing_fields(&theirs, header),
-                }
-                .into());
-            }
-            for (k, line) in lines.iter().enumerate().skip(1) {
-                let item: LeaderboardItem = serde_json::from_str(line)
-                    .map_err(|e| err(k + 1, format!("not an item of this run: {e}")))?;
-                if item.results.len() != header.configs.len() {
-                    return Err(err(
-                        k + 1,
-                        format!(
-                            "{} results for {} configurations",
-                            item.results.len(),
-                            header.configs.len()
-                        ),
-                    )
-                    .into());
-                }
-                done.push(item);
-            }
-            if cut {
-                // rewrite without the cut line, atomically
-                lcut_trace::write_atomic(path, lines.concat().as_bytes())?;
-            }
-        } else {
-            return Self::start(path, header).map(|j| (j, done));
+            .into());
+        }
+        if let Some(kept) = &read.cut_short {
+            // rewrite without the cut line, atomically
+            lcut_trace::write_atomic(path, kept.as_bytes())?;
         }
         let file = OpenOptions::new()
             .append(true)
@@ -80,7 +118,7 @@ impl Journal {
                 path: path.to_path_buf(),
                 file,
             },
-            done,
+            read.items,
         ))
     }
 

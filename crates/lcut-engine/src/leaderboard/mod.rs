@@ -260,7 +260,7 @@ pub fn run_items(
         shard: header.shard.map(|[i, n]| (i, n)),
         prefill_chunk: header.prefill_chunk,
     };
-    let timed = timing::timed_items(items, header.timing.items_per_task);
+    let timed = timing::timed_items(items, &header.timing);
     let indices = crate::diagnose::shard_indices(items.len(), opts.shard)?;
     crate::suite::check_items(session, items, &indices, &policies, &opts)?;
     let mut out = done;
@@ -304,38 +304,86 @@ pub fn run_items(
 /// Merge the runs of the shards of one leaderboard run into the whole
 /// run; the shards must be of one setting and cover every item once.
 pub fn merge_runs(parts: &[LeaderboardRun]) -> Result<LeaderboardRun> {
-    let first = parts
-        .first()
-        .ok_or_else(|| LeaderboardError::Merge("no shard results given".into()))?;
-    let key = |h: &LeaderboardHeader| LeaderboardHeader {
-        shard: None,
-        ..h.clone()
-    };
-    if let Some(other) = parts.iter().find(|p| key(&p.header) != key(&first.header)) {
-        return Err(LeaderboardError::Merge(format!(
-            "the runs of {} and {} differ in suite, model, settings or configurations",
-            first.header.suite, other.header.suite
-        ))
-        .into());
-    }
-    let mut items: Vec<LeaderboardItem> = parts.iter().flat_map(|p| p.items.clone()).collect();
-    items.sort_by_key(|r| r.index);
+    let (header, items) = join_parts(parts.iter().map(|p| (&p.header, &p.items[..])))?;
     let covered = items.iter().enumerate().all(|(k, r)| r.index == k);
-    if !covered || items.len() != first.header.suite_items {
+    if !covered || items.len() != header.suite_items {
         return Err(LeaderboardError::Merge(format!(
             "the shards hold {} items for a suite of {} items, not each item once \
              (a shard missing, unfinished or given twice?)",
             items.len(),
-            first.header.suite_items
+            header.suite_items
         ))
         .into());
     }
-    let header = key(&first.header);
     Ok(LeaderboardRun {
         table: table::build_table(&header, &items),
         header,
         items,
     })
+}
+
+/// The items the journals of one run's shards hold so far (runs still
+/// going, or stopped), as one run whose table is built from them alone and
+/// says so: a long run looked at before it ends. Each item must appear
+/// once.
+pub fn merge_partial(
+    parts: &[(LeaderboardHeader, Vec<LeaderboardItem>)],
+) -> Result<LeaderboardRun> {
+    let (header, items) = join_parts(parts.iter().map(|(h, i)| (h, &i[..])))?;
+    if let Some(w) = items.windows(2).find(|w| w[0].index == w[1].index) {
+        return Err(LeaderboardError::Merge(format!(
+            "item {} ({}) is in two of the journals (a shard given twice?)",
+            w[0].index, w[0].id
+        ))
+        .into());
+    }
+    let mut table = table::build_table(&header, &items);
+    if items.len() < header.suite_items {
+        table.notes.insert(
+            0,
+            format!(
+                "Partial: {} of the suite's {} items (the runs had not finished); a task's \
+                 cells are over its items run so far.",
+                items.len(),
+                header.suite_items
+            ),
+        );
+    }
+    Ok(LeaderboardRun {
+        table,
+        header,
+        items,
+    })
+}
+
+/// The common header of shards of one run (without the shard) and all
+/// their items in suite order; shards of other settings are refused.
+fn join_parts<'a>(
+    parts: impl Iterator<Item = (&'a LeaderboardHeader, &'a [LeaderboardItem])>,
+) -> Result<(LeaderboardHeader, Vec<LeaderboardItem>)> {
+    let key = |h: &LeaderboardHeader| LeaderboardHeader {
+        shard: None,
+        ..h.clone()
+    };
+    let mut header: Option<LeaderboardHeader> = None;
+    let mut items = Vec::new();
+    for (h, part) in parts {
+        match &header {
+            None => header = Some(key(h)),
+            Some(first) if *first != key(h) => {
+                return Err(LeaderboardError::Merge(format!(
+                    "the runs of {} and {} differ in suite, model, settings or configurations",
+                    first.suite, h.suite
+                ))
+                .into());
+            }
+            Some(_) => {}
+        }
+        items.extend_from_slice(part);
+    }
+    let header = header.ok_or_else(|| LeaderboardError::Merge("no shard results given".into()))?;
+    items.sort_by_key(|r| r.index);
+    Ok((header, items))
 }
 
 /// The K/V bytes the full model holds of a context of `tokens` tokens once

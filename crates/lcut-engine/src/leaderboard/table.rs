@@ -77,11 +77,17 @@ pub fn build_table(header: &LeaderboardHeader, items: &[LeaderboardItem]) -> Lea
              the context's bytes at full depth."
                 .into(),
             format!(
-                "Timing: the first {} item(s) of each task, the full model then each policy \
+                "Timing: the first {} item(s) of {}, the full model then each policy \
                  alone, {} new tokens, {} round(s); TTFT and TPOT ratios are medians over \
                  those items of the policy's over full's; prefill FLOPs are predicted from \
                  the tokens each layer ran.",
-                t.items_per_task, t.new_tokens, t.rounds
+                t.items_per_task,
+                match t.tasks.is_empty() {
+                    true => "each task".to_string(),
+                    false => format!("task(s) {} (the others are not timed)", t.tasks.join(", ")),
+                },
+                t.new_tokens,
+                t.rounds
             ),
         ],
     }

@@ -16,7 +16,7 @@ use crate::prompt::PreparedPrompt;
 use crate::suite::SuiteItem;
 
 /// How the first items of each task are timed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TimingSettings {
     /// Items timed per task (the first ones in suite order); 0: none.
     pub items_per_task: usize,
@@ -24,6 +24,10 @@ pub struct TimingSettings {
     pub new_tokens: usize,
     /// Rounds of every policy per timed item; the median is kept.
     pub rounds: usize,
+    /// The tasks timed (empty: every task). Prompts of one length cost
+    /// about the same whatever their task, so a long grid can time one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tasks: Vec<String>,
 }
 
 impl Default for TimingSettings {
@@ -32,6 +36,7 @@ impl Default for TimingSettings {
             items_per_task: 1,
             new_tokens: 16,
             rounds: 1,
+            tasks: Vec::new(),
         }
     }
 }
@@ -49,12 +54,15 @@ pub struct ItemTiming {
     pub prefill_flops_ratio: f64,
 }
 
-/// The suite indices timed: the first `per_task` items of each kind, in
+/// The suite indices timed: the first `settings.items_per_task` items of
+/// each kind (of the kinds `settings.tasks` names, when it names any), in
 /// suite order (the same whichever shard runs them).
-pub fn timed_items(items: &[SuiteItem], per_task: usize) -> Vec<usize> {
+pub fn timed_items(items: &[SuiteItem], settings: &TimingSettings) -> Vec<usize> {
+    let per_task = settings.items_per_task;
+    let named = |kind: &str| settings.tasks.is_empty() || settings.tasks.iter().any(|t| t == kind);
     let mut counts: Vec<(&str, usize)> = Vec::new();
     let mut out = Vec::new();
-    for (i, item) in items.iter().enumerate() {
+    for (i, item) in items.iter().enumerate().filter(|(_, it)| named(&it.kind)) {
         let n = match counts.iter_mut().find(|(k, _)| *k == item.kind) {
             Some((_, n)) => {
                 *n += 1;
@@ -143,9 +151,16 @@ mod tests {
     #[test]
     fn the_first_items_of_each_task_are_timed() {
         let items: Vec<SuiteItem> = ["a", "a", "b", "a", "b", "c"].map(item).to_vec();
-        assert_eq!(timed_items(&items, 1), [0, 2, 5]);
-        assert_eq!(timed_items(&items, 2), [0, 1, 2, 4, 5]);
-        assert!(timed_items(&items, 0).is_empty());
+        let per_task = |n: usize, tasks: &[&str]| TimingSettings {
+            items_per_task: n,
+            tasks: tasks.iter().map(|t| t.to_string()).collect(),
+            ..TimingSettings::default()
+        };
+        assert_eq!(timed_items(&items, &per_task(1, &[])), [0, 2, 5]);
+        assert_eq!(timed_items(&items, &per_task(2, &[])), [0, 1, 2, 4, 5]);
+        assert!(timed_items(&items, &per_task(0, &[])).is_empty());
+        assert_eq!(timed_items(&items, &per_task(2, &["b"])), [2, 4]);
+        assert_eq!(timed_items(&items, &per_task(1, &["c", "a"])), [0, 5]);
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(vec![]), 0.0);
     }
