@@ -10,7 +10,7 @@
 
 #![allow(clippy::unwrap_used)] // test helpers unwrap like the tests do
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use lcut_engine::suite::SuiteEval;
@@ -139,6 +139,57 @@ fn shards_merge_into_the_unsharded_run() {
         &[],
     );
     assert!(!err.status.success());
+}
+
+/// kvpress's presses share one prompt run per item: a press scores the
+/// same (answers, agreement, KL, K/V held) beside other presses, which
+/// widen what that run observes, as alone.
+#[test]
+fn a_press_scores_the_same_beside_other_presses_as_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let suite = write_suite(tmp.path());
+    let dir = |name: &str| tmp.path().join(name);
+    let run = |policies: &str, out: &str| {
+        std::fs::create_dir_all(dir(out)).unwrap();
+        let json = dir(out).join("r.json");
+        ok(
+            &[
+                "eval",
+                "--model",
+                "fixtures/models/copy-full",
+                "--suite",
+                &suite,
+                "--policy",
+                policies,
+                "--max-new-tokens",
+                "6",
+                "--json",
+                json.to_str().unwrap(),
+            ],
+            &[],
+        );
+    };
+    let presses = [
+        "snapkv:0.5+window:4",
+        "tova:0.5",
+        "expected:0.5+sink:2",
+        "knorm:0.5",
+    ];
+    run(&format!("full,{}", presses.join(",")), "together");
+    for (k, press) in presses.iter().enumerate() {
+        let alone = format!("alone{k}");
+        run(&format!("full,{press}"), &alone);
+        let files: Vec<PathBuf> = std::fs::read_dir(dir(&alone))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| !p.to_string_lossy().ends_with(".full.json"))
+            .collect();
+        assert_eq!(files.len(), 1, "{files:?}");
+        let name = files[0].file_name().unwrap();
+        let beside = read(&dir("together").join(name));
+        assert_eq!(beside.items.len(), 5);
+        assert_eq!(read(&files[0]), beside, "{press}");
+    }
 }
 
 /// A rank-2 adapter on q and v of the bundled copy model's upper two
