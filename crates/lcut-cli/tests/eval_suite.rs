@@ -78,6 +78,24 @@ fn write_suite(dir: &Path) -> String {
     path.to_str().unwrap().to_string()
 }
 
+/// `lcut eval` of the bundled copy model on `suite` under `policies`, six
+/// new tokens, the result in `json`.
+fn copy_eval<'a>(suite: &'a str, policies: &'a str, json: &'a str) -> Vec<&'a str> {
+    vec![
+        "eval",
+        "--model",
+        "fixtures/models/copy-full",
+        "--suite",
+        suite,
+        "--policy",
+        policies,
+        "--max-new-tokens",
+        "6",
+        "--json",
+        json,
+    ]
+}
+
 fn strs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
@@ -152,22 +170,7 @@ fn a_press_scores_the_same_beside_other_presses_as_alone() {
     let run = |policies: &str, out: &str| {
         std::fs::create_dir_all(dir(out)).unwrap();
         let json = dir(out).join("r.json");
-        ok(
-            &[
-                "eval",
-                "--model",
-                "fixtures/models/copy-full",
-                "--suite",
-                &suite,
-                "--policy",
-                policies,
-                "--max-new-tokens",
-                "6",
-                "--json",
-                json.to_str().unwrap(),
-            ],
-            &[],
-        );
+        ok(&copy_eval(&suite, policies, json.to_str().unwrap()), &[]);
     };
     let presses = [
         "snapkv:0.5+window:4",
@@ -248,19 +251,7 @@ fn an_adapted_model_is_compared_with_its_base_and_named() {
     let adapter = write_adapter(tmp.path());
     let json = |name: &str| tmp.path().join(name).to_str().unwrap().to_string();
     let eval = |extra: &[&str], out: &str| {
-        let mut a = vec![
-            "eval",
-            "--model",
-            "fixtures/models/copy-full",
-            "--suite",
-            &suite,
-            "--policy",
-            "full",
-            "--max-new-tokens",
-            "6",
-            "--json",
-            out,
-        ];
+        let mut a = copy_eval(&suite, "full", out);
         a.extend_from_slice(extra);
         ok(&a, &[]);
         read(Path::new(out))
