@@ -172,11 +172,14 @@ fn a_press_scores_the_same_beside_other_presses_as_alone() {
         let json = dir(out).join("r.json");
         ok(&copy_eval(&suite, policies, json.to_str().unwrap()), &[]);
     };
+    // the second Expected Attention counts its statistics from another
+    // position: it cannot share the run, and runs its own prompt
     let presses = [
         "snapkv:0.5+window:4",
         "tova:0.5",
         "expected:0.5+sink:2",
         "knorm:0.5",
+        "expected:0.5+sink:3",
     ];
     run(&format!("full,{}", presses.join(",")), "together");
     for (k, press) in presses.iter().enumerate() {

@@ -6,8 +6,9 @@
 //! state before the decode start), not at all for a policy that reuses
 //! the full model's prefill (SPEED: its state is the full run's
 //! restricted), and once for all of kvpress's presses (each takes the
-//! shared run's state and decides from it); an item's generations then decode side by side, one pass
-//! over the weights per token for all of them. With an
+//! shared run's state and decides from it); an item's generations then
+//! decode side by side, one pass over the weights per token for all of
+//! them. With an
 //! adapted model the reference is the base model's full-depth run, so the
 //! scores say what the adapter keeps of the model it was made from.
 
@@ -234,12 +235,8 @@ pub(crate) fn evaluate_item(
     )?;
     // kvpress's presses run the prompt as the full model does: one prompt
     // run observing what all of them read serves every press
-    let presses: Vec<Policy> = match base {
-        None => policies
-            .iter()
-            .copied()
-            .filter(|p| p.press().is_some())
-            .collect(),
+    let presses = match base {
+        None => shared_presses(policies),
         Some(_) => Vec::new(),
     };
     let press_prefix = press_prefix(&session.model, &prompt, &presses, max_new, chunk)?;
@@ -260,7 +257,8 @@ pub(crate) fn evaluate_item(
             }
             let prefix = if base.is_none() && policy.reuses_full_prefill() {
                 full_prefix.restricted(policy, prompt.phases(&policy)?)?
-            } else if let (Some(shared), Some(_)) = (&press_prefix, policy.press()) {
+            } else if let Some(shared) = press_prefix.as_ref().filter(|_| presses.contains(&policy))
+            {
                 shared.retargeted(policy)?
             } else {
                 prefill_prefix(&session.model, &prompt, policy, max_new, chunk)?
@@ -321,6 +319,29 @@ pub(crate) fn evaluate_item(
             result.index = index;
             result.seconds = seconds;
             Ok(result)
+        })
+        .collect()
+}
+
+/// The presses of `policies` one prompt run can observe for: each whose
+/// observation joins the others' (Expected Attention's statistics over
+/// another span do not; such a press runs its own prompt).
+fn shared_presses(policies: &[Policy]) -> Vec<Policy> {
+    let mut observe = lcut_policy::PressObservation::default();
+    policies
+        .iter()
+        .copied()
+        .filter(|p| {
+            let Some(params) = p.press() else {
+                return false;
+            };
+            match observe.union(lcut_policy::PressObservation::of(params)) {
+                Some(joined) => {
+                    observe = joined;
+                    true
+                }
+                None => false,
+            }
         })
         .collect()
 }
