@@ -240,16 +240,16 @@ fn the_threaded_product_equals_row_ranges_on_one_thread() {
     }
 }
 
-/// Whether the chunk product runs the AVX-512 micro-kernel over unpacked
-/// weight tiles (within rounding of the batched product, not its bits).
+/// Whether the chunk product runs the tile micro-kernel over unpacked
+/// weight rows (within rounding of the batched product, not its bits).
 fn tiled(isa: Isa, format: QuantFormat) -> bool {
-    isa == Isa::Avx512 && !matches!(format, QuantFormat::Q8_0 | QuantFormat::Q6K)
+    isa >= Isa::Avx2 && format != QuantFormat::Q8_0
 }
 
 /// The chunk product against the f64 reference on the portable path, and
 /// on every path against that path's own batched product, bit for bit
 /// (tiles, activation blocks, threads and the transpose only move outputs)
-/// but for the AVX-512 micro-kernel, which sums in another order.
+/// but for the tile micro-kernel, which sums in another order.
 #[test]
 fn the_chunk_product_equals_the_batched_one_and_the_reference() {
     let mut checks = IsaChecks::new("quant::the_chunk_product_equals_the_batched_one");
@@ -311,6 +311,91 @@ fn the_chunk_product_equals_the_batched_one_and_the_reference() {
     assert!(matmul(Isa::detect(), &m, &q, &mut [0.0; 3], &mut Vec::new()).is_err());
     q.quantize(&[0.5; 96], 1, 96).expect("whole blocks");
     assert!(matmul(Isa::detect(), &m, &q, &mut [0.0; 1], &mut Vec::new()).is_err());
+}
+
+/// Every weight at its format's largest value and every activation at 127
+/// or -127: the AVX2 tile's 16-bit sums at their worst case still give the
+/// portable path's exact bits (a saturated sum would not).
+#[test]
+fn the_tile_does_not_saturate_on_the_largest_values() {
+    let mut checks = IsaChecks::new("quant::the_tile_does_not_saturate_on_the_largest_values");
+    let mut rng = Rng::new(9);
+    for format in FORMATS {
+        let (rows, cols) = (19, widths(format)[1]);
+        let (mut data, _) = exact_case(format, rows, cols, &mut rng);
+        let values = match format {
+            QuantFormat::Q4_0 => 2..18,
+            QuantFormat::Q4_1 => 4..20,
+            QuantFormat::Q5_0 => 2..22,
+            QuantFormat::Q5_1 => 4..24,
+            QuantFormat::Q8_0 => 2..34,
+            QuantFormat::Q4K => 16..144,
+            QuantFormat::Q6K => 0..192,
+        };
+        for blk in data.chunks_exact_mut(format.block_bytes()) {
+            // Q8_0's largest magnitude is -128; the others' largest is all ones
+            let top = if format == QuantFormat::Q8_0 {
+                0x80
+            } else {
+                0xFF
+            };
+            blk[values.clone()].fill(top);
+        }
+        let m = QuantMatrix::new(format, &data, rows, cols).expect("whole blocks");
+        for sign in [1.0f32, -1.0] {
+            let n = 5;
+            let x = vec![127.0 * sign; n * cols];
+            let mut q = Q8Rows::new();
+            q.quantize(&x, n, cols).expect("whole blocks");
+            let mut want = vec![0f32; rows * n];
+            matvec_rows(Isa::Portable, &m, &q, 0..rows, &mut want).expect("shapes");
+            for isa in ALL {
+                if !checks.runs(isa) {
+                    continue;
+                }
+                let mut chunk = vec![0f32; rows * n];
+                matmul(isa, &m, &q, &mut chunk, &mut Vec::new()).expect("shapes");
+                for r in 0..rows {
+                    for i in 0..n {
+                        let (c, w) = (chunk[i * rows + r], want[r * n + i]);
+                        assert_eq!(c, w, "{} {} row {r} act {i}", isa.name(), format.name());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A prefill chunk gives the same logits on an AVX2-only CPU as on one with
+/// AVX-512: both tiles sum the same integers and scale them lane by lane
+/// in the same order.
+#[test]
+fn the_tile_gives_the_same_bits_on_avx2_and_avx512() {
+    let mut checks = IsaChecks::new("quant::the_tile_gives_the_same_bits_on_avx2_and_avx512");
+    if !(checks.runs(Isa::Avx2) && checks.runs(Isa::Avx512)) {
+        return;
+    }
+    let mut rng = Rng::new(8);
+    for format in FORMATS.into_iter().filter(|&f| tiled(Isa::Avx2, f)) {
+        for cols in widths(format) {
+            // a last tile of 5 rows, 1 to 4 activation rows in the last group
+            for (rows, n) in [(37, 17), (16, 2), (5, 3)] {
+                let data = random_blocks(format, rows * cols / format.block_len(), &mut rng);
+                let m = QuantMatrix::new(format, &data, rows, cols).expect("whole blocks");
+                let packed = PackedMatrix::pack(&m, |r| r).expect("packs");
+                let mut q = Q8Rows::new();
+                q.quantize(&activations(&mut rng, n, cols), n, cols)
+                    .expect("whole blocks");
+                for view in [m, packed.view()] {
+                    let (mut two, mut five) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+                    matmul(Isa::Avx2, &view, &q, &mut two, &mut Vec::new()).expect("shapes");
+                    matmul(Isa::Avx512, &view, &q, &mut five, &mut Vec::new()).expect("shapes");
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&two), bits(&five), "{} cols {cols}", format.name());
+                }
+            }
+        }
+    }
 }
 
 #[test]

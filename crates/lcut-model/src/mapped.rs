@@ -40,8 +40,8 @@ impl ProductPath {
     /// Q4_1 matrices (2 threads, AVX-512 VNNI, perf samples of one 512-token
     /// prefill): the chunk product's micro-kernel took 0.45x the CPU time of
     /// the f32 GEMM over the dequantized matrices; without it (the batched
-    /// dot products, 8 rows at a time) 1.7x, so other formats and CPUs
-    /// dequantize from `dequantize_rows` rows on.
+    /// dot products, 8 rows at a time) 1.7x, so the formats and CPUs without
+    /// it (Q8_0; no AVX2) dequantize from `dequantize_rows` rows on.
     pub fn for_rows(n: usize, format: QuantFormat, dequantize_rows: usize) -> Self {
         if n <= quant::MAX_BATCH {
             Self::Batched

@@ -4,10 +4,10 @@
 //! tiles small enough to stay in the first-level cache while a block of
 //! activation rows (sized for the second level) passes over them, eight
 //! rows at a time through the same dot products as [`super::matvec_rows`],
-//! so every output equals that product's bit for bit; on AVX-512 VNNI every
-//! 4- and 5-bit format (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K) instead runs a micro-kernel over
-//! sixteen unpacked weight rows at once (`avx512_tile`), equal to the
-//! batched product within rounding.
+//! so every output equals that product's bit for bit; on AVX2 and AVX-512
+//! every format but Q8_0 (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K) instead runs
+//! a micro-kernel over sixteen unpacked weight rows at once (`tile`), equal
+//! to the batched product within rounding and the same bits on both levels.
 
 use std::ops::Range;
 
@@ -35,13 +35,13 @@ fn act_block_rows(cols: usize) -> usize {
     (ACT_BLOCK_BYTES / cols.max(1)).max(MAX_BATCH) / MAX_BATCH * MAX_BATCH
 }
 
-/// Whether [`matmul`] runs the AVX-512 VNNI micro-kernel for `format` at
-/// `isa` on this CPU (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K): the path that beats
-/// dequantizing the matrix for an f32 GEMM on long chunks.
+/// Whether [`matmul`] runs the tile micro-kernel for `format` at `isa` on
+/// this CPU (AVX2 or AVX-512 VNNI; every format but Q8_0): the path that
+/// beats dequantizing the matrix for an f32 GEMM on long chunks.
 pub fn has_tiled_path(isa: Isa, format: crate::quant::QuantFormat) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        super::avx512_tile::supports(isa, format)
+        super::tile::supports(isa, format)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -72,11 +72,11 @@ pub fn matmul(
     let parallel = m.bytes().saturating_mul(n) >= PARALLEL_BYTES;
     scratch.resize(out.len(), 0.0);
     #[cfg(target_arch = "x86_64")]
-    if super::avx512_tile::supports(isa, m.format()) {
+    if super::tile::supports(isa, m.format()) {
         // each part [n][part rows], copied into the output's rows
         let parts = par::parts(m.rows(), ROW_ALIGN, parallel);
         par::for_each_part(scratch, n, m.rows(), ROW_ALIGN, parallel, |rows, o| {
-            tiled_part(m, &a, rows, o);
+            tiled_part(isa, m, &a, rows, o);
         });
         for (p, rows) in parts.iter().enumerate() {
             let part = &scratch[parts[0].len() * n * p..][..rows.len() * n];
@@ -124,16 +124,16 @@ fn part(
     }
 }
 
-/// One thread's weight rows `rows` on the AVX-512 micro-kernel, into `o`
+/// One thread's weight rows `rows` on the tile micro-kernel, into `o`
 /// ([activation][row - rows.start]), sixteen rows unpacked at a time.
 #[cfg(target_arch = "x86_64")]
-fn tiled_part(m: &QuantMatrix<'_>, a: &[Q8Row<'_>], rows: Range<usize>, o: &mut [f32]) {
-    use super::avx512_tile::{TILE, Tile};
+fn tiled_part(isa: Isa, m: &QuantMatrix<'_>, a: &[Q8Row<'_>], rows: Range<usize>, o: &mut [f32]) {
+    use super::tile::{TILE, Tile};
     let mut t = Tile::default();
     for first in (rows.start..rows.end).step_by(TILE) {
         let tile_rows = first..rows.end.min(first + TILE);
         t.fill(m.format(), &m.rows_data(tile_rows), m.row_bytes);
-        t.product(a, &mut o[first - rows.start..], rows.len());
+        t.product(isa, a, &mut o[first - rows.start..], rows.len());
     }
 }
 

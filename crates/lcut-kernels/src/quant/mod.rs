@@ -17,11 +17,15 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
 #[cfg(target_arch = "x86_64")]
-mod avx512_tile;
-#[cfg(target_arch = "x86_64")]
 mod packed_avx2;
 #[cfg(target_arch = "x86_64")]
 mod packed_avx512;
+#[cfg(target_arch = "x86_64")]
+mod tile;
+#[cfg(target_arch = "x86_64")]
+mod tile_avx2;
+#[cfg(target_arch = "x86_64")]
+mod tile_avx512;
 
 use std::borrow::Cow;
 use std::ops::Range;

@@ -1,0 +1,70 @@
+//! How fast one thread runs a prefill chunk's quantized product (every
+//! activation row against every weight row, `quant::matmul`) on each
+//! instruction-set level this CPU runs, per format: the fastest of a few
+//! runs, as GMAC/s (multiply-adds per second), and which path ran (the
+//! tile micro-kernel or the batched dot products).
+//!
+//!     cargo run --release -p lcut-kernels --example chunk_throughput [ROWS COLS N RUNS]
+//!
+//! Defaults: 2048 x 2048 weights (a 1B model's attention output), 512
+//! activation rows (a prefill chunk), 3 runs. `FORMAT=Q4_K` runs one format.
+
+use std::time::Instant;
+
+use lcut_kernels::isa::ALL;
+use lcut_kernels::quant::{Q8Rows, QuantMatrix, has_tiled_path, matmul};
+use lcut_kernels::testdata::{Rng, random_blocks};
+
+fn main() {
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let rows = args.first().copied().unwrap_or(2048);
+    let cols = args.get(1).copied().unwrap_or(2048);
+    let n = args.get(2).copied().unwrap_or(512);
+    let runs = args.get(3).copied().unwrap_or(3);
+    let only = std::env::var("FORMAT").ok();
+    let mut rng = Rng::new(1);
+    let x = rng.normals(n * cols, 1.0);
+    let mut acts = Q8Rows::new();
+    acts.quantize(&x, n, cols).expect("whole blocks");
+    println!("{rows} x {cols} weights, {n} activation rows, fastest of {runs} runs, one thread");
+    println!("{:<6} {:<8} {:<8} {:>8}", "format", "isa", "path", "GMAC/s");
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .expect("a pool of one thread");
+    for format in lcut_kernels::quant::FORMATS {
+        if only.as_deref().is_some_and(|f| f != format.name()) {
+            continue;
+        }
+        let data = random_blocks(format, rows * cols / format.block_len(), &mut rng);
+        let m = QuantMatrix::new(format, &data, rows, cols).expect("whole blocks");
+        let mut out = vec![0f32; n * rows];
+        let mut scratch = Vec::new();
+        for isa in ALL.into_iter().filter(|i| i.enabled()) {
+            let best = (0..runs)
+                .map(|_| {
+                    let t = Instant::now();
+                    pool.install(|| matmul(isa, &m, &acts, &mut out, &mut scratch))
+                        .expect("shapes");
+                    t.elapsed().as_secs_f64()
+                })
+                .fold(f64::INFINITY, f64::min);
+            let path = if has_tiled_path(isa, format) {
+                "tile"
+            } else {
+                "batched"
+            };
+            let gmac = (rows * cols * n) as f64 / best / 1e9;
+            println!(
+                "{:<6} {:<8} {:<8} {:>8.1}",
+                format.name(),
+                isa.name(),
+                path,
+                gmac
+            );
+        }
+    }
+}
