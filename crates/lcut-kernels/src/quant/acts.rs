@@ -105,6 +105,12 @@ fn quantize_block_with(isa: Isa, xs: &[f32], q: &mut [i8]) -> (f32, i32, i32) {
     {
         return r;
     }
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2
+        && let Some(r) = crate::quant::avx2::quantize_block(xs, q)
+    {
+        return r;
+    }
     let _ = isa;
     let d = quantize_block(xs, q);
     let lo: i32 = q[..16].iter().map(|&v| i32::from(v)).sum();

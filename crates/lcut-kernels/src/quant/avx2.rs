@@ -357,3 +357,80 @@ fn row_q6k<const N: usize>(row: &[u8], a: &[Q8Row<'_>; N]) -> [f32; N] {
     }
     out
 }
+
+/// One block of 32 activations quantized with AVX2, the same values as the
+/// portable path (`f32::round`: to nearest, ties away from zero): (scale,
+/// sum of the first 16 values, sum of the last 16); `None` where the CPU
+/// lacks AVX2 or the slices are short.
+pub(super) fn quantize_block(xs: &[f32], q: &mut [i8]) -> Option<(f32, i32, i32)> {
+    if !Isa::Avx2.available() || xs.len() < QK || q.len() < QK {
+        return None;
+    }
+    // SAFETY: AVX2, FMA and F16C were just checked.
+    Some(unsafe { quantize_block_avx2(xs, q) })
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn quantize_block_avx2(xs: &[f32], q: &mut [i8]) -> (f32, i32, i32) {
+    use std::arch::x86_64::{
+        _CMP_EQ_OQ, _CMP_LT_OQ, _MM_FROUND_NO_EXC, _MM_FROUND_TO_NEAREST_INT, _MM_FROUND_TO_ZERO,
+        _mm_add_epi32, _mm_cvtsi128_si32, _mm_max_ps, _mm_shuffle_epi32, _mm256_add_epi32,
+        _mm256_and_ps, _mm256_blendv_ps, _mm256_castsi256_ps, _mm256_castsi256_si128,
+        _mm256_cmp_ps, _mm256_cvtps_epi32, _mm256_extracti128_si256, _mm256_loadu_ps,
+        _mm256_max_ps, _mm256_min_ps, _mm256_mul_ps, _mm256_packs_epi16, _mm256_packs_epi32,
+        _mm256_permutevar8x32_epi32, _mm256_round_ps, _mm256_setr_epi32, _mm256_storeu_si256,
+        _mm256_sub_ps,
+    };
+    let xs = &xs[..QK];
+    // SAFETY: `xs` is 32 readable f32 (bounds-checked above); unaligned loads.
+    let v: [__m256; 4] = std::array::from_fn(|i| unsafe { _mm256_loadu_ps(xs[8 * i..].as_ptr()) });
+    let magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+    let abs = |x: __m256| _mm256_and_ps(x, magnitude);
+    let m = _mm256_max_ps(
+        _mm256_max_ps(abs(v[0]), abs(v[1])),
+        _mm256_max_ps(abs(v[2]), abs(v[3])),
+    );
+    let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    let amax = _mm_cvtss_f32(_mm_max_ps(m, _mm_movehdup_ps(m)));
+    let d = amax / 127.0;
+    let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+    let invv = _mm256_set1_ps(inv);
+    let (one, half, zero) = (
+        _mm256_set1_ps(1.0),
+        _mm256_set1_ps(0.5),
+        _mm256_setzero_ps(),
+    );
+    let round = |x: __m256| -> __m256i {
+        let t = _mm256_mul_ps(x, invv);
+        // f32::round: to nearest, ties away from zero
+        let trunc = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(t);
+        let even = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
+        let tie = _mm256_cmp_ps::<_CMP_EQ_OQ>(abs(_mm256_sub_ps(t, trunc)), half);
+        let negative = _mm256_cmp_ps::<_CMP_LT_OQ>(t, zero);
+        let step = _mm256_blendv_ps(one, _mm256_set1_ps(-1.0), negative);
+        let r = _mm256_blendv_ps(even, _mm256_add_ps(trunc, step), tie);
+        let r = _mm256_max_ps(
+            _mm256_min_ps(r, _mm256_set1_ps(127.0)),
+            _mm256_set1_ps(-127.0),
+        );
+        _mm256_cvtps_epi32(r)
+    };
+    let i = [round(v[0]), round(v[1]), round(v[2]), round(v[3])];
+    // packs work within 128-bit lanes: put the four rows of eight back in order
+    let bytes = _mm256_packs_epi16(
+        _mm256_packs_epi32(i[0], i[1]),
+        _mm256_packs_epi32(i[2], i[3]),
+    );
+    let bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    let q = &mut q[..QK];
+    // SAFETY: `q` is 32 writable bytes (bounds-checked above); unaligned store.
+    unsafe { _mm256_storeu_si256(q.as_mut_ptr().cast(), bytes) };
+    let sum = |a: __m256i, b: __m256i| {
+        let s = _mm256_add_epi32(a, b);
+        let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+        _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s)))
+    };
+    (d, sum(i[0], i[1]), sum(i[2], i[3]))
+}
