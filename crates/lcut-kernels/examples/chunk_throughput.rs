@@ -1,8 +1,9 @@
 //! How fast one thread runs a prefill chunk's quantized product (every
-//! activation row against every weight row, `quant::matmul`) on each
-//! instruction-set level this CPU runs, per format: the fastest of a few
-//! runs, as GMAC/s (multiply-adds per second), and which path ran (the
-//! tile micro-kernel or the batched dot products).
+//! activation row against every weight row, `quant::matmul`, or
+//! `quant::matmul_wide` for Q8_0 where it runs) on each instruction-set
+//! level this CPU runs, per format: the fastest of a few runs, as GMAC/s
+//! (multiply-adds per second), and which path ran (the tile micro-kernel,
+//! Q8_0's tile on 16-bit activations, or the batched dot products).
 //!
 //!     cargo run --release -p lcut-kernels --example chunk_throughput [ROWS COLS N RUNS]
 //!
@@ -12,7 +13,9 @@
 use std::time::Instant;
 
 use lcut_kernels::isa::ALL;
-use lcut_kernels::quant::{Q8Rows, QuantMatrix, has_tiled_path, matmul};
+use lcut_kernels::quant::{
+    Q8Rows, Q16Rows, QuantMatrix, has_tiled_path, matmul, matmul_wide, takes_wide_activations,
+};
 use lcut_kernels::testdata::{Rng, random_blocks};
 
 fn main() {
@@ -29,6 +32,8 @@ fn main() {
     let x = rng.normals(n * cols, 1.0);
     let mut acts = Q8Rows::new();
     acts.quantize(&x, n, cols).expect("whole blocks");
+    let mut wide = Q16Rows::new();
+    wide.quantize(&x, n, cols).expect("whole blocks");
     println!("{rows} x {cols} weights, {n} activation rows, fastest of {runs} runs, one thread");
     println!("{:<6} {:<8} {:<8} {:>8}", "format", "isa", "path", "GMAC/s");
     let pool = rayon::ThreadPoolBuilder::new()
@@ -44,18 +49,25 @@ fn main() {
         let mut out = vec![0f32; n * rows];
         let mut scratch = Vec::new();
         for isa in ALL.into_iter().filter(|i| i.enabled()) {
+            let is_wide = takes_wide_activations(isa, format);
             let best = (0..runs)
                 .map(|_| {
                     let t = Instant::now();
-                    pool.install(|| matmul(isa, &m, &acts, &mut out, &mut scratch))
-                        .expect("shapes");
+                    pool.install(|| {
+                        if is_wide {
+                            matmul_wide(isa, &m, &wide, &mut out, &mut scratch)
+                        } else {
+                            matmul(isa, &m, &acts, &mut out, &mut scratch)
+                        }
+                    })
+                    .expect("shapes");
                     t.elapsed().as_secs_f64()
                 })
                 .fold(f64::INFINITY, f64::min);
-            let path = if has_tiled_path(isa, format) {
-                "tile"
-            } else {
-                "batched"
+            let path = match (is_wide, has_tiled_path(isa, format)) {
+                (true, _) => "tile16",
+                (false, true) => "tile",
+                (false, false) => "batched",
             };
             let gmac = (rows * cols * n) as f64 / best / 1e9;
             println!(

@@ -39,6 +39,9 @@ pub enum KernelError {
         /// Rows the cache holds.
         len: usize,
     },
+    /// A product asked of a format or CPU that has no kernel for it.
+    #[error("{0}")]
+    Unsupported(String),
     /// More activation rows than a batched product takes.
     #[error("a batched product takes at most {max} activation rows, got {got}")]
     TooManyRows {

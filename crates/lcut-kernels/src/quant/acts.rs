@@ -1,5 +1,7 @@
 //! Activations quantized to 8 bits per block of 32 values, as ggml's Q8_1
-//! (with sums per 16 for Q6_K): the input side of every quantized product.
+//! (with sums per 16 for Q6_K): the input side of every quantized product;
+//! and to 16 bits ([`Q16Rows`]) for Q8_0's chunk product, whose weights are
+//! precise enough that 8-bit activations would be the larger error.
 
 use crate::error::{KernelError, Result, check_len};
 use crate::isa::Isa;
@@ -107,7 +109,7 @@ fn quantize_block_with(isa: Isa, xs: &[f32], q: &mut [i8]) -> (f32, i32, i32) {
     }
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2
-        && let Some(r) = crate::quant::avx2::quantize_block(xs, q)
+        && let Some(r) = crate::quant::acts_avx2::quantize_block(xs, q)
     {
         return r;
     }
@@ -121,11 +123,111 @@ fn quantize_block_with(isa: Isa, xs: &[f32], q: &mut [i8]) -> (f32, i32, i32) {
 /// Quantize 32 values to `q` (round to nearest, ties away from zero);
 /// returns the scale (0 for an all-zero block).
 fn quantize_block(xs: &[f32], q: &mut [i8]) -> f32 {
-    let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let d = amax / 127.0;
-    let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+    let (d, inv) = scale_of(xs, 127.0);
     for (q, v) in q.iter_mut().zip(xs) {
         *q = (v * inv).round().clamp(-127.0, 127.0) as i8;
+    }
+    d
+}
+
+/// A block's scale (its largest magnitude over `limit`) and the scale's
+/// inverse (0 for an all-zero block).
+fn scale_of(xs: &[f32], limit: f32) -> (f32, f32) {
+    let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = amax / limit;
+    (d, if d > 0.0 { 1.0 / d } else { 0.0 })
+}
+
+/// The largest magnitude of a 16-bit activation (symmetric, as the 8-bit
+/// ones keep to 127).
+pub(super) const Q16_MAX: f32 = 32767.0;
+
+/// Rows of activations, each quantized to 16-bit integers with one f32
+/// scale per block of 32 (largest magnitude over [`Q16_MAX`]): rounding
+/// 2^8 times finer than [`Q8Rows`]. Buffers are kept between calls.
+#[derive(Debug, Clone, Default)]
+pub struct Q16Rows {
+    rows: usize,
+    cols: usize,
+    q: Vec<i16>,
+    d: Vec<f32>,
+}
+
+/// One row of 16-bit activations.
+#[derive(Debug, Clone, Copy)]
+pub struct Q16Row<'a> {
+    /// The quantized values (`cols` of them).
+    pub q: &'a [i16],
+    /// Scale of each block of 32.
+    pub d: &'a [f32],
+}
+
+impl Q16Rows {
+    /// Empty buffers.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Quantize `x`, `rows` rows of `cols` values (row-major), replacing
+    /// what was held. `cols` must be a multiple of 32.
+    pub fn quantize(&mut self, x: &[f32], rows: usize, cols: usize) -> Result<()> {
+        self.quantize_with(Isa::detect(), x, rows, cols)
+    }
+
+    /// [`Q16Rows::quantize`] on a given instruction-set level (every level
+    /// gives the same values).
+    pub fn quantize_with(&mut self, isa: Isa, x: &[f32], rows: usize, cols: usize) -> Result<()> {
+        if !cols.is_multiple_of(QK) {
+            return Err(KernelError::PartialBlock {
+                format: "Q16 activations",
+                cols,
+                block: QK,
+            });
+        }
+        check_len("activations", rows * cols, x.len())?;
+        self.rows = rows;
+        self.cols = cols;
+        self.q.resize(rows * cols, 0);
+        self.d.resize(rows * cols / QK, 0.0);
+        let blocks = x.chunks_exact(QK).zip(self.q.chunks_exact_mut(QK));
+        for ((xs, qs), d) in blocks.zip(&mut self.d) {
+            *d = quantize_block16_with(isa, xs, qs);
+        }
+        Ok(())
+    }
+
+    /// Rows held.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Values per row.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Row `i` (panics past [`Q16Rows::rows`]).
+    pub fn row(&self, i: usize) -> Q16Row<'_> {
+        let (c, b) = (self.cols, self.cols / QK);
+        Q16Row {
+            q: &self.q[i * c..(i + 1) * c],
+            d: &self.d[i * b..(i + 1) * b],
+        }
+    }
+}
+
+/// One block to 16 bits on the best path `isa` allows; returns the scale.
+fn quantize_block16_with(isa: Isa, xs: &[f32], q: &mut [i16]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2
+        && let Some(d) = crate::quant::acts_avx2::quantize_block16(xs, q)
+    {
+        return d;
+    }
+    let _ = isa;
+    let (d, inv) = scale_of(xs, Q16_MAX);
+    for (q, v) in q.iter_mut().zip(xs) {
+        *q = (v * inv).round().clamp(-Q16_MAX, Q16_MAX) as i16;
     }
     d
 }
@@ -181,5 +283,38 @@ mod tests {
             );
         }
         assert!(a.quantize(&x[..32], 1, 64).is_err());
+    }
+
+    #[test]
+    fn sixteen_bit_blocks_round_alike_on_every_level() {
+        let mut y: Vec<f32> = (0..256).map(|i| (i as f32 - 128.0) * 0.731).collect();
+        for b in y.chunks_exact_mut(32) {
+            // scale 1: the largest value is 32767, ties land on x.5
+            b[0] = Q16_MAX;
+            b[5] = 2.5;
+            b[6] = -2.5;
+            b[7] = 0.5;
+            b[8] = -0.5;
+            b[9] = 0.499_999_97;
+        }
+        y[64..96].fill(0.0);
+        let mut want = Q16Rows::new();
+        want.quantize_with(Isa::Portable, &y, 2, 128)
+            .expect("whole blocks");
+        assert_eq!(want.row(0).q[5..10], [3, -3, 1, -1, 0]);
+        assert_eq!(want.row(0).q[0], 32767);
+        assert_eq!(want.row(0).d[2], 0.0, "an all-zero block has scale 0");
+        for (j, (&q, &x)) in want.q.iter().zip(&y).enumerate() {
+            let d = want.d[j / 32];
+            assert!((f32::from(q) * d - x).abs() <= 0.5 * d + 1e-6, "{j}");
+        }
+        let mut checks = crate::testdata::IsaChecks::new("acts::sixteen_bit_blocks_round_alike");
+        for isa in crate::isa::ALL.into_iter().filter(|&i| checks.runs(i)) {
+            let mut got = Q16Rows::new();
+            got.quantize_with(isa, &y, 2, 128).expect("whole blocks");
+            assert_eq!((&got.q, &got.d), (&want.q, &want.d), "{isa:?}");
+        }
+        assert!(want.quantize(&y[..32], 1, 64).is_err());
+        assert!(want.quantize(&y[..48], 1, 48).is_err());
     }
 }

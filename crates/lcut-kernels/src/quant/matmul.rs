@@ -8,14 +8,17 @@
 //! every format but Q8_0 (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K) instead runs
 //! a micro-kernel over sixteen unpacked weight rows at once (`tile`), equal
 //! to the batched product within rounding and the same bits on both levels.
+//! Q8_0's tile ([`matmul_wide`]) takes activations quantized to 16 bits.
 
 use std::ops::Range;
 
-use crate::error::{Result, check_len};
+use crate::error::{KernelError, Result, check_len};
 use crate::isa::Isa;
 use crate::par;
-use crate::quant::acts::{Q8Row, Q8Rows};
-use crate::quant::{MAX_BATCH, PARALLEL_BYTES, QuantMatrix, ROW_ALIGN, rows_unchecked};
+use crate::quant::acts::{Q8Row, Q8Rows, Q16Rows};
+use crate::quant::{
+    MAX_BATCH, PARALLEL_BYTES, QuantFormat, QuantMatrix, ROW_ALIGN, rows_unchecked,
+};
 
 /// Bytes of weight rows a tile holds (first-level cache).
 const TILE_BYTES: usize = 16 << 10;
@@ -35,18 +38,98 @@ fn act_block_rows(cols: usize) -> usize {
     (ACT_BLOCK_BYTES / cols.max(1)).max(MAX_BATCH) / MAX_BATCH * MAX_BATCH
 }
 
-/// Whether [`matmul`] runs the tile micro-kernel for `format` at `isa` on
-/// this CPU (AVX2 or AVX-512 VNNI; every format but Q8_0): the path that
-/// beats dequantizing the matrix for an f32 GEMM on long chunks.
-pub fn has_tiled_path(isa: Isa, format: crate::quant::QuantFormat) -> bool {
+/// Whether the chunk product of `format` at `isa` runs a tile
+/// micro-kernel on this CPU (AVX2 or AVX-512 VNNI; every format, Q8_0 on
+/// 16-bit activations through [`matmul_wide`], the others through
+/// [`matmul`]): the path that beats dequantizing the matrix for an f32 GEMM
+/// on long chunks.
+pub fn has_tiled_path(isa: Isa, format: QuantFormat) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        super::tile::supports(isa, format)
+        super::tile::supports(isa, format) || super::tile_q8::supports(isa, format)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = (isa, format);
         false
+    }
+}
+
+/// Whether the chunk product of `format` at `isa` takes 16-bit activations
+/// ([`matmul_wide`]; Q8_0 where its tile runs) rather than 8-bit ones.
+pub fn takes_wide_activations(isa: Isa, format: QuantFormat) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::tile_q8::supports(isa, format)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (isa, format);
+        false
+    }
+}
+
+/// [`matmul`] for a Q8_0 matrix against activations quantized to 16 bits,
+/// on its tile micro-kernel ([`takes_wide_activations`] must hold; an
+/// error names the format and level otherwise).
+pub fn matmul_wide(
+    isa: Isa,
+    m: &QuantMatrix<'_>,
+    acts: &Q16Rows,
+    out: &mut [f32],
+    scratch: &mut Vec<f32>,
+) -> Result<()> {
+    if !takes_wide_activations(isa, m.format()) {
+        return Err(KernelError::Unsupported(format!(
+            "no 16-bit activation product for {:?} at {isa:?} on this CPU (Q8_0 on AVX2 or \
+             AVX-512 only)",
+            m.format()
+        )));
+    }
+    check_len("activation row width", m.cols(), acts.cols())?;
+    let n = acts.rows();
+    check_len("product output", n * m.rows(), out.len())?;
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::acts::Q16Row;
+        use super::tile_q8::{TILE, Tile16};
+        let a: Vec<Q16Row<'_>> = (0..n).map(|i| acts.row(i)).collect();
+        tiled(m, n, out, scratch, |rows, o| {
+            let mut t = Tile16::default();
+            for first in (rows.start..rows.end).step_by(TILE) {
+                t.fill(&m.rows_data(first..rows.end.min(first + TILE)), m.row_bytes);
+                t.product(isa, &a, &mut o[first - rows.start..], rows.len());
+            }
+        });
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (acts, scratch);
+    Ok(())
+}
+
+/// The weight rows of `m` split across threads, each part's product
+/// `part(rows, o)` written to `o` ([activation][row - rows.start]) in
+/// `scratch`, then copied into `out` ([activation][row]).
+#[cfg(target_arch = "x86_64")]
+fn tiled(
+    m: &QuantMatrix<'_>,
+    n: usize,
+    out: &mut [f32],
+    scratch: &mut Vec<f32>,
+    part: impl Fn(Range<usize>, &mut [f32]) + Sync,
+) {
+    if n == 0 || m.rows() == 0 {
+        return;
+    }
+    let parallel = m.bytes().saturating_mul(n) >= PARALLEL_BYTES;
+    scratch.resize(out.len(), 0.0);
+    let parts = par::parts(m.rows(), ROW_ALIGN, parallel);
+    par::for_each_part(scratch, n, m.rows(), ROW_ALIGN, parallel, part);
+    for (p, rows) in parts.iter().enumerate() {
+        let part = &scratch[parts[0].len() * n * p..][..rows.len() * n];
+        for (i, src) in part.chunks_exact(rows.len()).enumerate() {
+            out[i * m.rows() + rows.start..i * m.rows() + rows.end].copy_from_slice(src);
+        }
     }
 }
 
@@ -69,23 +152,15 @@ pub fn matmul(
         return Ok(());
     }
     let a: Vec<Q8Row<'_>> = (0..n).map(|i| acts.row(i)).collect();
-    let parallel = m.bytes().saturating_mul(n) >= PARALLEL_BYTES;
-    scratch.resize(out.len(), 0.0);
     #[cfg(target_arch = "x86_64")]
     if super::tile::supports(isa, m.format()) {
-        // each part [n][part rows], copied into the output's rows
-        let parts = par::parts(m.rows(), ROW_ALIGN, parallel);
-        par::for_each_part(scratch, n, m.rows(), ROW_ALIGN, parallel, |rows, o| {
-            tiled_part(isa, m, &a, rows, o);
+        tiled(m, n, out, scratch, |rows, o| {
+            tiled_part(isa, m, &a, rows, o)
         });
-        for (p, rows) in parts.iter().enumerate() {
-            let part = &scratch[parts[0].len() * n * p..][..rows.len() * n];
-            for (i, src) in part.chunks_exact(rows.len()).enumerate() {
-                out[i * m.rows() + rows.start..i * m.rows() + rows.end].copy_from_slice(src);
-            }
-        }
         return Ok(());
     }
+    let parallel = m.bytes().saturating_mul(n) >= PARALLEL_BYTES;
+    scratch.resize(out.len(), 0.0);
     let (tile, block) = (tile_rows(m.row_bytes), act_block_rows(m.cols()));
     par::for_each_part(scratch, n, m.rows(), ROW_ALIGN, parallel, |rows, o| {
         part(isa, m, &a, rows, o, (tile, block));

@@ -13,6 +13,8 @@ pub mod packed;
 mod portable;
 
 #[cfg(target_arch = "x86_64")]
+mod acts_avx2;
+#[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
@@ -26,13 +28,15 @@ mod tile;
 mod tile_avx2;
 #[cfg(target_arch = "x86_64")]
 mod tile_avx512;
+#[cfg(target_arch = "x86_64")]
+mod tile_q8;
 
 use std::borrow::Cow;
 use std::ops::Range;
 
-pub use acts::{Q8Row, Q8Rows};
+pub use acts::{Q8Row, Q8Rows, Q16Row, Q16Rows};
 pub use format::{FORMATS, QK, QK_K, QuantFormat, dequantize};
-pub use matmul::{has_tiled_path, matmul};
+pub use matmul::{has_tiled_path, matmul, matmul_wide, takes_wide_activations};
 pub use packed::{GROUP_ROWS, PackedMatrix};
 
 use crate::error::{KernelError, Result, check_len};

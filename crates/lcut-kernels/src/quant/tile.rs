@@ -18,10 +18,11 @@
 //! block) sums at once, lane by lane in the same order on both levels, so
 //! the two levels' outputs are the same bits.
 //!
-//! Q8_0 has no tile: its weights' own error is so small that 8-bit
+//! Q8_0 has no tile here: its weights' own error is so small that 8-bit
 //! activations in every prefill chunk doubled its logits' largest
 //! deviation from transformers' (0.11 to 0.21 of the logit scale on the
-//! oracle models), so it keeps the dequantized f32 product.
+//! oracle models); its tile multiplies 16-bit activations instead
+//! ([`super::tile_q8`]).
 
 use crate::isa::Isa;
 use crate::quant::acts::Q8Row;
