@@ -17,8 +17,8 @@ pub struct SynthArgs {
     #[arg(long)]
     pub shape: String,
     /// Format: safetensors-bf16, safetensors-f32 (a model folder), gguf-q4_0,
-    /// gguf-q4_k or gguf-q4_k_m (a GGUF file; q4_k_m mixes Q4_K and Q6_K as
-    /// llama.cpp's Q4_K_M does).
+    /// gguf-q4_k, gguf-q4_k_m or gguf-q8_0 (a GGUF file; q4_k_m mixes Q4_K
+    /// and Q6_K as llama.cpp's Q4_K_M does).
     #[arg(long, value_parser = parse_format)]
     pub format: Format,
     /// Where to write it (a path that does not exist yet).

@@ -153,7 +153,8 @@ fn sharded_safetensors_load_as_one_file() {
 
 /// The GGUF file holds every weight quantized as candle quantizes the
 /// drawn tensor (read back through lcut's loader, which undoes llama.cpp's
-/// Q/K row order), norms and biases in f32, the output matrix in Q6_K, and
+/// Q/K row order), norms and biases in f32, the output matrix in Q6_K
+/// (Q8_0 in a Q8_0 file), and
 /// a config equal to the shape's (Llama 3's RoPE as `rope_freqs`).
 #[test]
 fn gguf_holds_the_drawn_weights_quantized() {
@@ -164,6 +165,7 @@ fn gguf_holds_the_drawn_weights_quantized() {
             (Format::GgufQ4_0, GgmlDType::Q4_0),
             (Format::GgufQ4K, GgmlDType::Q4K),
             (Format::GgufQ4KM, GgmlDType::Q4K),
+            (Format::GgufQ8_0, GgmlDType::Q8_0),
         ] {
             let out = dir.path().join(format!("{}-{format}.gguf", shape.name));
             write(&shape, format, &out, &opts(4));
@@ -201,7 +203,11 @@ fn gguf_holds_the_drawn_weights_quantized() {
                             || (shape.tie_word_embeddings && t.name.contains("embed_tokens"));
                         let more = format == Format::GgufQ4KM
                             && lcut_synth::write::gguf::more_bits(shape.sizes.num_layers, &t.name);
-                        let q = if output || more { GgmlDType::Q6K } else { ty };
+                        let q = if (output || more) && ty != GgmlDType::Q8_0 {
+                            GgmlDType::Q6K
+                        } else {
+                            ty
+                        };
                         QTensor::quantize(&dense, q)
                             .unwrap()
                             .dequantize(&Device::Cpu)

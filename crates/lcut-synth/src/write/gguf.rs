@@ -48,6 +48,7 @@ fn type_id(t: GgmlDType) -> u32 {
     match t {
         GgmlDType::F32 => 0,
         GgmlDType::Q4_0 => 2,
+        GgmlDType::Q8_0 => 8,
         GgmlDType::Q4K => 12,
         GgmlDType::Q6K => 14,
         _ => u32::MAX,
@@ -60,13 +61,15 @@ fn type_bytes(t: GgmlDType, n: usize) -> u64 {
 }
 
 /// The type of each weight: f32 for norms and biases, Q6_K for the output
-/// matrix, the format's type for the others (Q4_K_M: Q6_K for the V and
-/// down projections of the layers [`more_bits`] picks).
+/// matrix (Q8_0 in a Q8_0 file, as llama.cpp keeps it), the format's type
+/// for the others (Q4_K_M: Q6_K for the V and down projections of the
+/// layers [`more_bits`] picks).
 pub fn ggml_type(shape: &ModelShape, format: Format, t: &TensorSpec) -> GgmlDType {
     let output = t.name == "lm_head.weight"
         || (shape.tie_word_embeddings && t.name == "model.embed_tokens.weight");
     match (t.kind, output, format) {
         (TensorKind::Norm | TensorKind::Bias, _, _) => GgmlDType::F32,
+        (_, _, Format::GgufQ8_0) => GgmlDType::Q8_0,
         (_, true, _) => GgmlDType::Q6K,
         (_, false, Format::GgufQ4KM) if more_bits(shape.sizes.num_layers, &t.name) => {
             GgmlDType::Q6K
@@ -188,6 +191,7 @@ fn file_type(format: Format) -> u32 {
     match format {
         Format::GgufQ4K => 14,
         Format::GgufQ4KM => 15,
+        Format::GgufQ8_0 => 7,
         _ => 2,
     }
 }

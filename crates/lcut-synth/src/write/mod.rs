@@ -34,16 +34,20 @@ pub enum Format {
     /// projections of the first and last eighth of the layers and of every
     /// third layer between in Q6_K ([`gguf::more_bits`]).
     GgufQ4KM,
+    /// A GGUF file, every matrix in Q8_0, the output matrix too (as
+    /// llama.cpp's Q8_0 keeps it).
+    GgufQ8_0,
 }
 
 impl Format {
     /// Every format, in the order help lists them.
-    pub const ALL: [Format; 5] = [
+    pub const ALL: [Format; 6] = [
         Format::SafetensorsBf16,
         Format::SafetensorsF32,
         Format::GgufQ4_0,
         Format::GgufQ4K,
         Format::GgufQ4KM,
+        Format::GgufQ8_0,
     ];
 
     /// Its name on the command line.
@@ -54,12 +58,16 @@ impl Format {
             Format::GgufQ4_0 => "gguf-q4_0",
             Format::GgufQ4K => "gguf-q4_k",
             Format::GgufQ4KM => "gguf-q4_k_m",
+            Format::GgufQ8_0 => "gguf-q8_0",
         }
     }
 
     /// Whether it is a single GGUF file (otherwise a model folder).
     pub fn is_gguf(self) -> bool {
-        matches!(self, Format::GgufQ4_0 | Format::GgufQ4K | Format::GgufQ4KM)
+        matches!(
+            self,
+            Format::GgufQ4_0 | Format::GgufQ4K | Format::GgufQ4KM | Format::GgufQ8_0
+        )
     }
 }
 
