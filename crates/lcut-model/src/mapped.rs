@@ -14,7 +14,7 @@ use std::sync::{Arc, OnceLock};
 
 use candle_core::{Device, Tensor};
 use lcut_kernels::Isa;
-use lcut_kernels::quant::{self, PackedMatrix, Q8Rows, QuantFormat, QuantMatrix};
+use lcut_kernels::quant::{self, PackedMatrix, Q8Rows, Q16Rows, QuantFormat, QuantMatrix};
 use memmap2::Mmap;
 
 use crate::error::Result;
@@ -27,25 +27,44 @@ pub enum ProductPath {
     Batched,
     /// More rows: the kernels' chunk product ([`quant::matmul`]:
     /// activations quantized once, weight tiles kept in cache while the
-    /// rows pass over them, one parallel region).
+    /// rows pass over them, one parallel region; Q8_0 on AVX2 or AVX-512
+    /// takes 16-bit activations, [`quant::matmul_wide`], as its weights are
+    /// precise enough that 8-bit ones would be the larger error).
     Chunk,
-    /// From `dequantize_rows` rows on, for a format without the chunk
-    /// product's micro-kernel on this CPU ([`quant::has_tiled_path`]): the
-    /// matrix dequantized (rows split across threads) and candle's f32 GEMM.
+    /// From `dequantize_rows` rows on, where the chunk product does not
+    /// beat it ([`chunk_beats_gemm`]): the matrix dequantized (rows split
+    /// across threads) and candle's f32 GEMM.
     Dequantized,
 }
 
+/// Q8_0 matrices narrower than this many columns dequantize for long
+/// chunks rather than take the 16-bit tile: a 512-token prefill, 2 threads
+/// on an AVX2-only EPYC, took 1.10x less time through the tile on the 1B
+/// shape (2048 and 8192 columns) but 1.3x more on SmolLM2 (576 and 1536),
+/// whose small products scale worse across threads on the tile.
+pub const WIDE_TILE_MIN_COLS: usize = 2048;
+
+/// Whether the chunk product of a `format` matrix of `cols` columns beats
+/// dequantizing it for candle's f32 GEMM on long chunks at `isa`. Measured
+/// on SmolLM2's Q4_1 matrices (2 threads, AVX-512 VNNI, perf samples of one
+/// 512-token prefill): the 8-bit tile took 0.45x the CPU time of the f32
+/// GEMM over the dequantized matrices; without it (the batched dot
+/// products, 8 rows at a time) 1.7x, so CPUs without it (no AVX2)
+/// dequantize; Q8_0's 16-bit tile wins from [`WIDE_TILE_MIN_COLS`] on.
+pub fn chunk_beats_gemm(isa: Isa, format: QuantFormat, cols: usize) -> bool {
+    if quant::takes_wide_activations(isa, format) {
+        cols >= WIDE_TILE_MIN_COLS
+    } else {
+        quant::has_tiled_path(isa, format)
+    }
+}
+
 impl ProductPath {
-    /// The path for `n` rows of a matrix of `format`. Measured on SmolLM2's
-    /// Q4_1 matrices (2 threads, AVX-512 VNNI, perf samples of one 512-token
-    /// prefill): the chunk product's micro-kernel took 0.45x the CPU time of
-    /// the f32 GEMM over the dequantized matrices; without it (the batched
-    /// dot products, 8 rows at a time) 1.7x, so the formats and CPUs without
-    /// it (Q8_0; no AVX2) dequantize from `dequantize_rows` rows on.
-    pub fn for_rows(n: usize, format: QuantFormat, dequantize_rows: usize) -> Self {
+    /// The path for `n` rows of a `format` matrix of `cols` columns.
+    pub fn for_rows(n: usize, format: QuantFormat, cols: usize, dequantize_rows: usize) -> Self {
         if n <= quant::MAX_BATCH {
             Self::Batched
-        } else if n < dequantize_rows || quant::has_tiled_path(Isa::detect(), format) {
+        } else if n < dequantize_rows || chunk_beats_gemm(Isa::detect(), format, cols) {
             Self::Chunk
         } else {
             Self::Dequantized
@@ -249,20 +268,26 @@ impl MappedMatrix {
         if let Some(last) = out_dims.last_mut() {
             *last = self.rows;
         }
-        let path = ProductPath::for_rows(n, self.format, dequantize_rows);
+        let path = ProductPath::for_rows(n, self.format, self.cols, dequantize_rows);
         if path == ProductPath::Dequantized {
             let w = Tensor::from_vec(self.dequantize()?, (self.rows, self.cols), &Device::Cpu)?;
             return Ok(x.broadcast_matmul(&w.t()?)?);
         }
         let xs = x.flatten_all()?.to_vec1::<f32>()?;
-        let mut acts = Q8Rows::new();
-        acts.quantize(&xs, n, self.cols)?;
         let (mut y, mut scratch) = (vec![0f32; n * self.rows], Vec::new());
         let isa = Isa::detect();
-        if path == ProductPath::Batched {
-            quant::matvec(isa, &self.view(), &acts, &mut y, &mut scratch)?;
+        if path == ProductPath::Chunk && quant::takes_wide_activations(isa, self.format) {
+            let mut acts = Q16Rows::new();
+            acts.quantize(&xs, n, self.cols)?;
+            quant::matmul_wide(isa, &self.view(), &acts, &mut y, &mut scratch)?;
         } else {
-            quant::matmul(isa, &self.view(), &acts, &mut y, &mut scratch)?;
+            let mut acts = Q8Rows::new();
+            acts.quantize(&xs, n, self.cols)?;
+            if path == ProductPath::Batched {
+                quant::matvec(isa, &self.view(), &acts, &mut y, &mut scratch)?;
+            } else {
+                quant::matmul(isa, &self.view(), &acts, &mut y, &mut scratch)?;
+            }
         }
         if self.is_permuted() {
             let mut row = vec![0f32; self.rows];
