@@ -48,14 +48,7 @@ impl Q8Rows {
     /// [`Q8Rows::quantize`] on a given instruction-set level (every level
     /// gives the same values: the SIMD paths round as `f32::round` does).
     pub fn quantize_with(&mut self, isa: Isa, x: &[f32], rows: usize, cols: usize) -> Result<()> {
-        if !cols.is_multiple_of(QK) {
-            return Err(KernelError::PartialBlock {
-                format: "Q8 activations",
-                cols,
-                block: QK,
-            });
-        }
-        check_len("activations", rows * cols, x.len())?;
+        check_blocks("Q8 activations", x, rows, cols)?;
         let blocks = rows * cols / QK;
         self.rows = rows;
         self.cols = cols;
@@ -96,6 +89,19 @@ impl Q8Rows {
             sum16: &self.sum16[2 * i * b..2 * (i + 1) * b],
         }
     }
+}
+
+/// That `x` holds `rows` rows of `cols` values, `cols` a whole number of
+/// blocks of 32 (`what` names the activations in the error).
+fn check_blocks(what: &'static str, x: &[f32], rows: usize, cols: usize) -> Result<()> {
+    if !cols.is_multiple_of(QK) {
+        return Err(KernelError::PartialBlock {
+            format: what,
+            cols,
+            block: QK,
+        });
+    }
+    check_len("activations", rows * cols, x.len())
 }
 
 /// One block on the best path `isa` allows: (scale, sum of the first 16
@@ -177,14 +183,7 @@ impl Q16Rows {
     /// [`Q16Rows::quantize`] on a given instruction-set level (every level
     /// gives the same values).
     pub fn quantize_with(&mut self, isa: Isa, x: &[f32], rows: usize, cols: usize) -> Result<()> {
-        if !cols.is_multiple_of(QK) {
-            return Err(KernelError::PartialBlock {
-                format: "Q16 activations",
-                cols,
-                block: QK,
-            });
-        }
-        check_len("activations", rows * cols, x.len())?;
+        check_blocks("Q16 activations", x, rows, cols)?;
         self.rows = rows;
         self.cols = cols;
         self.q.resize(rows * cols, 0);
