@@ -41,8 +41,9 @@ fn act_block_rows(cols: usize) -> usize {
 /// Whether the chunk product of `format` at `isa` runs a tile
 /// micro-kernel on this CPU (AVX2 or AVX-512 VNNI; every format, Q8_0 on
 /// 16-bit activations through [`matmul_wide`], the others through
-/// [`matmul`]): the path that beats dequantizing the matrix for an f32 GEMM
-/// on long chunks.
+/// [`matmul`]). The 8-bit tile beats dequantizing the matrix for an f32
+/// GEMM on long chunks; Q8_0's 16-bit tile does so only on wide matrices
+/// (on AVX2 it does as many multiply-adds an instruction as an f32 FMA).
 pub fn has_tiled_path(isa: Isa, format: QuantFormat) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
