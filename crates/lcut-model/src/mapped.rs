@@ -39,9 +39,10 @@ pub enum ProductPath {
 
 /// Q8_0 matrices narrower than this many columns dequantize for long
 /// chunks rather than take the 16-bit tile: a 512-token prefill, 2 threads
-/// on an AVX2-only EPYC, took 1.10x less time through the tile on the 1B
-/// shape (2048 and 8192 columns) but 1.3x more on SmolLM2 (576 and 1536),
-/// whose small products scale worse across threads on the tile.
+/// on an AVX2-only EPYC, was 1.05x faster through the tile on the 1B shape
+/// (2048 and 8192 columns; median of 7 interleaved rounds, 0.95 to 1.15)
+/// but took 1.3x longer on SmolLM2 (576 and 1536 columns), whose small
+/// products scale worse across threads on the tile.
 pub const WIDE_TILE_MIN_COLS: usize = 2048;
 
 /// Whether the chunk product of a `format` matrix of `cols` columns beats

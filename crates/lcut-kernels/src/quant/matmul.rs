@@ -93,7 +93,8 @@ pub fn matmul_wide(
     #[cfg(target_arch = "x86_64")]
     {
         use super::acts::Q16Row;
-        use super::tile_q8::{TILE, Tile16};
+        use super::tile::TILE;
+        use super::tile_q8::Tile16;
         let a: Vec<Q16Row<'_>> = (0..n).map(|i| acts.row(i)).collect();
         tiled(m, n, out, scratch, |rows, o| {
             let mut t = Tile16::default();

@@ -41,14 +41,39 @@ pub(super) const GROUP: usize = 4;
 
 /// Whether `format` has the tile path at `isa` on this CPU.
 pub(super) fn supports(isa: Isa, format: QuantFormat) -> bool {
-    let level = if isa >= Isa::Avx512 && Isa::Avx512.available() {
+    level(isa).is_some() && format != QuantFormat::Q8_0
+}
+
+/// The level a tile (this one or Q8_0's) runs on at `isa` here: AVX-512
+/// VNNI or AVX2, `None` below.
+pub(super) fn level(isa: Isa) -> Option<Isa> {
+    if isa >= Isa::Avx512 && Isa::Avx512.available() {
         Some(Isa::Avx512)
     } else if isa >= Isa::Avx2 && Isa::Avx2.available() {
         Some(Isa::Avx2)
     } else {
         None
-    };
-    level.is_some() && format != QuantFormat::Q8_0
+    }
+}
+
+/// The activation rows `a` in groups of up to [`GROUP`]: `group(rows,
+/// sums)` leaves each row's products with a tile's rows in `sums`, which go
+/// to `o[i * stride + r]` for activation row i and weight row r < `rows`.
+pub(super) fn by_groups<A>(
+    a: &[A],
+    rows: usize,
+    o: &mut [f32],
+    stride: usize,
+    mut group: impl FnMut(&[A], &mut [[f32; TILE]; GROUP]),
+) {
+    let mut sums = [[0f32; TILE]; GROUP];
+    for (g, chunk) in a.chunks(GROUP).enumerate() {
+        group(chunk, &mut sums);
+        for (i, s) in sums.iter().enumerate().take(chunk.len()) {
+            let at = (g * GROUP + i) * stride;
+            o[at..at + rows].copy_from_slice(&s[..rows]);
+        }
+    }
 }
 
 /// How a block's integer sums become weights' products.
@@ -199,24 +224,19 @@ impl Tile {
     /// `isa` ([`supports`] must hold): `o[i * stride + r]` is row r dot
     /// activation row i.
     pub(super) fn product(&self, isa: Isa, a: &[Q8Row<'_>], o: &mut [f32], stride: usize) {
-        let mut sums = [[0f32; TILE]; GROUP];
-        for (g, group) in a.chunks(GROUP).enumerate() {
-            if isa >= Isa::Avx512 && Isa::Avx512.available() {
-                super::tile_avx512::group(self, group, &mut sums);
+        let level = level(isa).expect("the tile runs on AVX2 or AVX-512");
+        by_groups(a, self.rows, o, stride, |group, sums| {
+            if level == Isa::Avx512 {
+                super::tile_avx512::group(self, group, sums);
             } else {
-                assert!(Isa::Avx2.available(), "the tile runs on AVX2 or AVX-512");
-                super::tile_avx2::group(self, group, &mut sums);
+                super::tile_avx2::group(self, group, sums);
             }
-            for (i, s) in sums.iter().enumerate().take(group.len()) {
-                let at = (g * GROUP + i) * stride;
-                o[at..at + self.rows].copy_from_slice(&s[..self.rows]);
-            }
-        }
+        });
     }
 }
 
 /// `v` as `len` zeros, keeping its allocation.
-fn reset<T: Default + Clone>(v: &mut Vec<T>, len: usize) {
+pub(super) fn reset<T: Default + Clone>(v: &mut Vec<T>, len: usize) {
     v.clear();
     v.resize(len, T::default());
 }

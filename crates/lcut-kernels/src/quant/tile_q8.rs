@@ -28,9 +28,7 @@ use std::arch::x86_64::{
 use crate::isa::Isa;
 use crate::quant::acts::Q16Row;
 use crate::quant::format::{QK, QuantFormat, f16_at};
-
-/// Weight rows per tile (one per lane of a 512-bit register).
-pub(super) const TILE: usize = 16;
+use crate::quant::tile::{GROUP, TILE, by_groups, level, reset};
 
 /// Steps per block of 32 values (two values of each row a step).
 const STEPS: usize = QK / 2;
@@ -38,23 +36,9 @@ const STEPS: usize = QK / 2;
 /// 16-bit values of one step: two of each row.
 const STEP_VALUES: usize = 2 * TILE;
 
-/// Most activation rows sharing one pass over a tile.
-const GROUP: usize = 4;
-
 /// Whether the Q8_0 tile runs at `isa` on this CPU (AVX2 or AVX-512 VNNI).
 pub(super) fn supports(isa: Isa, format: QuantFormat) -> bool {
     format == QuantFormat::Q8_0 && level(isa).is_some()
-}
-
-/// The level the tile runs on at `isa` here.
-fn level(isa: Isa) -> Option<Isa> {
-    if isa >= Isa::Avx512 && Isa::Avx512.available() {
-        Some(Isa::Avx512)
-    } else if isa >= Isa::Avx2 && Isa::Avx2.available() {
-        Some(Isa::Avx2)
-    } else {
-        None
-    }
 }
 
 /// Up to [`TILE`] Q8_0 rows unpacked: per block, sixteen steps of two
@@ -75,10 +59,8 @@ impl Tile16 {
         let format = QuantFormat::Q8_0;
         let blocks = row_bytes / format.block_bytes();
         self.rows = w.len() / row_bytes;
-        self.q.clear();
-        self.q.resize(blocks * STEPS * STEP_VALUES, 0);
-        self.d.clear();
-        self.d.resize(blocks * TILE, 0.0);
+        reset(&mut self.q, blocks * STEPS * STEP_VALUES);
+        reset(&mut self.d, blocks * TILE);
         for (r, row) in w.chunks_exact(row_bytes).enumerate() {
             for (b, blk) in row.chunks_exact(format.block_bytes()).enumerate() {
                 self.d[b * TILE + r] = f16_at(blk, 0);
@@ -101,26 +83,21 @@ impl Tile16 {
     /// activation row i.
     pub(super) fn product(&self, isa: Isa, a: &[Q16Row<'_>], o: &mut [f32], stride: usize) {
         let level = level(isa).expect("the Q8_0 tile runs on AVX2 or AVX-512");
-        let mut sums = [[0f32; TILE]; GROUP];
-        for (g, group) in a.chunks(GROUP).enumerate() {
+        by_groups(a, self.rows, o, stride, |group, sums| {
             // SAFETY: `level` is a level this CPU has.
             unsafe {
                 match (level == Isa::Avx512, group.len()) {
-                    (true, 4) => group_avx512::<4>(self, group, &mut sums),
-                    (true, 3) => group_avx512::<3>(self, group, &mut sums),
-                    (true, 2) => group_avx512::<2>(self, group, &mut sums),
-                    (true, _) => group_avx512::<1>(self, group, &mut sums),
-                    (false, 4) => group_avx2::<4>(self, group, &mut sums),
-                    (false, 3) => group_avx2::<3>(self, group, &mut sums),
-                    (false, 2) => group_avx2::<2>(self, group, &mut sums),
-                    (false, _) => group_avx2::<1>(self, group, &mut sums),
+                    (true, 4) => group_avx512::<4>(self, group, sums),
+                    (true, 3) => group_avx512::<3>(self, group, sums),
+                    (true, 2) => group_avx512::<2>(self, group, sums),
+                    (true, _) => group_avx512::<1>(self, group, sums),
+                    (false, 4) => group_avx2::<4>(self, group, sums),
+                    (false, 3) => group_avx2::<3>(self, group, sums),
+                    (false, 2) => group_avx2::<2>(self, group, sums),
+                    (false, _) => group_avx2::<1>(self, group, sums),
                 }
             }
-            for (i, s) in sums.iter().enumerate().take(group.len()) {
-                let at = (g * GROUP + i) * stride;
-                o[at..at + self.rows].copy_from_slice(&s[..self.rows]);
-            }
-        }
+        });
     }
 }
 
