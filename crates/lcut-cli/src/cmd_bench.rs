@@ -354,6 +354,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     model.set_kv_dtype(args.load.kv_dtype())?;
     let cfg = model.config();
     let policies = bench_policies(args, cfg.num_layers, cfg.num_kv_heads)?;
+    if let Some(note) = crate::common::press_layers_note(&model, &policies) {
+        eprintln!("{note}");
+    }
     let bos = model.config().bos_token_id.unwrap_or(1);
     let total = lengths.len() * policies.len() * args.repeats.max(1);
     let bar = count_bar(total, "runs");

@@ -168,11 +168,15 @@ fn run_suite(args: &EvalCommand, path: &Path) -> Result<Vec<SuiteEval>> {
         shard,
         ..SuiteEvalOptions::default()
     };
-    let names = opts
+    let resolved = opts
         .policies
         .iter()
-        .map(|p| Ok(suite::resolve_policy(&session, p)?.to_string()))
-        .collect::<Result<Vec<_>>>()?;
+        .map(|p| suite::resolve_policy(&session, p))
+        .collect::<Result<Vec<_>, _>>()?;
+    if let Some(note) = crate::common::press_layers_note(&session.model, &resolved) {
+        eprintln!("{note}");
+    }
+    let names: Vec<String> = resolved.iter().map(ToString::to_string).collect();
     let todo = lcut_engine::diagnose::shard_indices(items.len(), shard)?.len();
     let bar = crate::common::count_bar(todo, "items");
     // a job array's log is no terminal: one line per item there instead

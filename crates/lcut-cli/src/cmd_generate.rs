@@ -232,6 +232,16 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         .collect();
     args.lora.apply_to_session(&mut session, &run_policies)?;
     let policy = session.resolve_policy(&args.policy)?;
+    let reference = args
+        .compare
+        .as_ref()
+        .map(|r| session.resolve_policy(r))
+        .transpose()?;
+    if let Some(note) =
+        crate::common::press_layers_note(&session.model, std::iter::once(&policy).chain(&reference))
+    {
+        eprintln!("{note}");
+    }
     let config = GenerationConfig {
         sampling: sampling(args),
         ..session.greedy_config(args.max_new_tokens)
@@ -246,9 +256,9 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
             "raw"
         }
     );
-    let json = match &args.compare {
+    let json = match reference {
         Some(reference) => {
-            let policies = [session.resolve_policy(reference)?, policy];
+            let policies = [reference, policy];
             // an adapter is compared with the model it was made from
             let base = match &args.lora.lora {
                 Some(_) => Some(args.load.load()?),

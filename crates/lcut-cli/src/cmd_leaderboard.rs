@@ -81,6 +81,14 @@ pub fn run(args: &EvalCommand, path: &Path, ratios: &str) -> Result<()> {
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let (mut journal, done) = Journal::open(&out.join(JOURNAL), &header)?;
     let session = pending.load()?;
+    let resolved = header
+        .configs
+        .iter()
+        .map(|c| suite::resolve_policy(&session, &c.policy))
+        .collect::<Result<Vec<_>, _>>()?;
+    if let Some(note) = crate::common::press_layers_note(&session.model, &resolved) {
+        eprintln!("{note}");
+    }
     let todo = lcut_engine::diagnose::shard_indices(items.len(), shard)?.len();
     if !done.is_empty() {
         eprintln!(

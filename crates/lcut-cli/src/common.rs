@@ -232,6 +232,38 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         .with_context(|| format!("writing {}", path.display()))
 }
 
+/// The line that says which layers the presses among `policies` compress on
+/// `model` where some of its layers slide: those it leaves as the model
+/// holds them (kvpress's rule for Gemma 3); `None` where no press runs or
+/// no layer slides.
+pub fn press_layers_note<'a>(
+    model: &lcut_model::Decoder,
+    policies: impl IntoIterator<Item = &'a lcut_policy::Policy>,
+) -> Option<String> {
+    let presses: Vec<String> = policies
+        .into_iter()
+        .filter(|p| p.press().is_some())
+        .map(ToString::to_string)
+        .collect();
+    let left = model.layers_left_whole_at_prompt_end();
+    if presses.is_empty() || left.is_empty() {
+        return None;
+    }
+    let layers = model.config().num_layers;
+    let compressed: Vec<String> = (0..layers)
+        .filter(|l| !left.contains(l))
+        .map(|l| l.to_string())
+        .collect();
+    Some(format!(
+        "{}: compress the {} of {layers} layers without a sliding window ({}) and leave the {} \
+         sliding-window layers as the model holds them, as kvpress's presses do on Gemma 3",
+        presses.join(", "),
+        compressed.len(),
+        compressed.join(", "),
+        left.len()
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,9 +6,10 @@
 //! decode-phase rows, in one chunk, in chunks (one crossing the decode
 //! start), one token at a time, and decoded side by side bit for bit; the
 //! K/V held is each press's formula, per head, with no masked rows; one
-//! prompt run serves every press as its own prefill does; a
-//! model with a sliding-window layer and a prompt too short for a press are
-//! refused by name.
+//! prompt run serves every press as its own prefill does. On Gemma 3 the
+//! presses compress only the layers without a sliding window, as kvpress
+//! does there, and the sliding layers hold their window; a model whose every
+//! layer slides and a prompt too short for a press are refused by name.
 
 use std::any::Any;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -18,18 +19,21 @@ mod common;
 use anyhow::{Context, Result, ensure};
 use lcut_model::{DType, Decoder, Device, LogitRows, Sequence, Tensor};
 use lcut_parity::{PressPolicy, PressReference, ReferenceCase};
+use lcut_policy::window::in_window;
 use lcut_policy::{
     KvAccounting, ModelDims, Policy, PolicyFamily, PolicySpec, PressRun, TokenPhases, Visibility,
 };
 
 const TOL: f32 = 1e-4;
 
-/// The oracle cases kvpress runs on (no sliding-window layer).
-const CASES: [&str; 4] = [
+/// The oracle cases kvpress runs on (Gemma 3's with five sliding-window
+/// layers of six, which the presses leave whole).
+const CASES: [&str; 5] = [
     "llama-gqa",
     "llama31-rope-scaled",
     "qwen2-bias",
     "qwen3-qknorm",
+    "gemma3-sliding",
 ];
 
 struct Case {
@@ -120,8 +124,9 @@ fn kept_by(seq: &Sequence, layers: usize, kv: usize) -> Result<Vec<Vec<Vec<usize
 }
 
 /// Each K/V head holds exactly the prompt positions kvpress kept and the
-/// decode phase, no masked rows, and the bytes held are the press's
-/// formula: `kv_heads x (n_kept(l) + decode)` rows per layer.
+/// decode phase (of a sliding-window layer, those its window holds), no
+/// masked rows, and the bytes held are the press's formula: `kv_heads x
+/// (n_kept(l) + decode)` rows per layer, a sliding layer's window.
 fn holds_what_kvpress_keeps(
     model: &Decoder,
     what: &str,
@@ -137,9 +142,11 @@ fn holds_what_kvpress_keeps(
             "{what}: {} heads kept at layer {l}",
             heads.len()
         );
+        let window = cfg.sliding_window.get(l).copied().flatten();
         for (h, positions) in heads.iter().enumerate() {
             let mut want = positions.clone();
             want.extend(s..seq.len());
+            want.retain(|&p| in_window(window, seq.len(), p));
             ensure!(
                 cache.head_positions(h) == want.as_slice(),
                 "{what}: layer {l} head {h} holds {:?}, kvpress keeps {want:?}",
@@ -147,12 +154,19 @@ fn holds_what_kvpress_keeps(
             );
         }
     }
-    let rows: usize = kept.iter().flatten().map(|k| k.len() + decode).sum();
+    let rows: usize = seq
+        .caches()
+        .iter()
+        .map(|c| (0..kv).map(|h| c.head_positions(h).len()).sum::<usize>())
+        .sum();
     let per_row = 2 * cfg.head_dim * 4;
-    let formula = seq.visibility().accounting().held_head_rows(decode, kv);
+    let formula =
+        seq.visibility()
+            .accounting()
+            .held_head_rows_windowed(decode, kv, &cfg.sliding_window);
     ensure!(
         rows == formula && seq.kv_bytes_held() == (formula * per_row) as u64,
-        "{what}: {} K/V bytes held, the formula says {} ({rows} rows kept by kvpress)",
+        "{what}: {} K/V bytes held, the formula says {} ({rows} rows held as kvpress keeps them)",
         seq.kv_bytes_held(),
         formula * per_row
     );
@@ -277,18 +291,19 @@ fn presses_decoded_side_by_side_equal_one_at_a_time_bit_for_bit() -> Result<()> 
 }
 
 #[test]
-fn a_press_on_a_sliding_window_model_or_a_too_short_prompt_is_refused_by_name() -> Result<()> {
-    for name in ["mistral-window", "gemma2-softcap"] {
-        let case = ReferenceCase::load(&lcut_testkit::oracle_case(name))?;
-        let model = case.model(DType::F32, &Device::Cpu)?;
-        let spec: PolicySpec = "knorm:0.5".parse()?;
-        let (policy, phases) = resolve(&model, &spec, case.ids.len(), 28)?;
-        let err = model.new_sequence(policy, phases).unwrap_err().to_string();
-        ensure!(
-            err.contains("knorm:0.5") && err.contains("sliding window"),
-            "{name}: {err}"
-        );
-    }
+fn a_press_on_a_model_whose_every_layer_slides_or_a_too_short_prompt_is_refused_by_name()
+-> Result<()> {
+    let case = ReferenceCase::load(&lcut_testkit::oracle_case("mistral-window"))?;
+    let model = case.model(DType::F32, &Device::Cpu)?;
+    let spec: PolicySpec = "knorm:0.5".parse()?;
+    let (policy, phases) = resolve(&model, &spec, case.ids.len(), 28)?;
+    let err = model.new_sequence(policy, phases).unwrap_err().to_string();
+    ensure!(
+        err.contains("knorm:0.5")
+            && err.contains("every layer")
+            && err.contains("compress nothing"),
+        "{err}"
+    );
     let c = load("llama-gqa")?;
     let spec: PolicySpec = "snapkv:0.5".parse()?;
     let (policy, phases) = resolve(&c.model, &spec, c.ids.len(), c.s)?;
@@ -300,6 +315,61 @@ fn a_press_on_a_sliding_window_model_or_a_too_short_prompt_is_refused_by_name() 
     ensure!(
         err.contains("observation window (64)") && err.contains("prompt of 28"),
         "{err}"
+    );
+    Ok(())
+}
+
+/// On Gemma 2, whose sliding and global layers alternate and which kvpress
+/// has no rule for, a press takes Gemma 3's: the global layers keep the
+/// press's count, the sliding ones are left whole and hold their window,
+/// and the K/V held is the formula.
+#[test]
+fn a_press_on_alternating_windows_compresses_only_the_global_layers() -> Result<()> {
+    let case = ReferenceCase::load(&lcut_testkit::oracle_case("gemma2-softcap"))?;
+    let model = case.model(DType::F32, &Device::Cpu)?;
+    let cfg = model.config();
+    let (t, s) = (case.ids.len(), 28);
+    let spec: PolicySpec = "knorm:0.5".parse()?;
+    let (_, seq) = run(
+        &model,
+        resolve(&model, &spec, t, s)?,
+        &case.ids,
+        &[s + 3, t],
+    )?;
+    let press = seq
+        .visibility()
+        .as_any()
+        .downcast_ref::<PressRun>()
+        .context("a press's sequence")?;
+    ensure!(
+        cfg.sliding_window.iter().any(Option::is_some)
+            && cfg.sliding_window.iter().any(Option::is_none)
+    );
+    for l in 0..cfg.num_layers {
+        let window = cfg.sliding_window[l];
+        ensure!(press.left_whole(l) == window.is_some(), "layer {l}");
+        for h in 0..cfg.num_kv_heads {
+            let kept = press.kept_positions(l, h).context("a decided layer")?;
+            let want = if window.is_some() { s } else { s / 2 };
+            ensure!(kept.len() == want, "layer {l} head {h} keeps {kept:?}");
+            let held = seq.caches()[l].head_positions(h);
+            ensure!(
+                held.iter().all(|&p| in_window(window, t, p)) && held.len() <= window.unwrap_or(t),
+                "layer {l} head {h} holds {held:?}"
+            );
+        }
+    }
+    let formula = seq.visibility().accounting().held_head_rows_windowed(
+        t - s,
+        cfg.num_kv_heads,
+        &cfg.sliding_window,
+    );
+    let per_row = 2 * cfg.head_dim * 4;
+    ensure!(
+        seq.kv_bytes_held() == (formula * per_row) as u64,
+        "{} K/V bytes held, the formula says {}",
+        seq.kv_bytes_held(),
+        formula * per_row
     );
     Ok(())
 }

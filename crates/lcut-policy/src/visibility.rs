@@ -398,6 +398,12 @@ pub trait DynamicRule {
         Ok(())
     }
 
+    /// Leave `layer` as the model holds it instead of deciding there (a
+    /// sliding-window layer, which drops prompt rows older than its window
+    /// before the prompt has run: kvpress's presses skip Gemma 3's), once,
+    /// in place of [`DynamicRule::decide_at_prompt_end`].
+    fn leave_layer_whole(&mut self, _layer: usize) {}
+
     /// After `layer` ran a decode step whose first token is at `position`.
     fn after_decode_layer(&mut self, _layer: usize, _position: usize) {}
 

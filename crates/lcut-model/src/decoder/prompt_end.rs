@@ -4,7 +4,8 @@
 //! policy its prompt K/V, and the rows the policy does not keep leave each
 //! K/V head's cache. A chunk that crosses the decode start runs as its
 //! prompt part, the decision, then its decode-phase part (kvpress's
-//! pipeline: the question after the compressed context).
+//! pipeline: the question after the compressed context). A sliding-window
+//! layer is left as the model holds it (kvpress's rule for Gemma 3).
 
 use candle_core::{DType, Tensor};
 use lcut_policy::{HostKeys, PolicyError, PromptKv};
@@ -15,32 +16,35 @@ use crate::probe::Probe;
 use crate::sequence::Sequence;
 
 impl Decoder {
-    /// Refuse a policy that decides at the prompt's end on a model with a
-    /// sliding-window layer: such a layer drops prompt rows older than its
-    /// window before the prompt has run, so the policy could not see them
-    /// (kvpress compresses a windowed layer's cache over its rows, not its
-    /// positions; lcut does not run that).
+    /// Refuse a policy that decides at the prompt's end on a model whose
+    /// every layer slides: a sliding-window layer drops prompt rows older
+    /// than its window before the prompt has run, so the policy leaves it
+    /// as the model holds it (kvpress's rule for Gemma 3, whose presses
+    /// compress only the layers that read every earlier key), and with no
+    /// other layer it would compress nothing.
     pub(super) fn check_prompt_end(&self, seq: &Sequence) -> Result<()> {
-        if !seq.awaits_prompt_end() {
+        if !seq.awaits_prompt_end() || self.layers.iter().any(|l| l.window.is_none()) {
             return Ok(());
         }
-        match self
-            .layers
-            .iter()
-            .enumerate()
-            .find_map(|(l, layer)| layer.window.map(|w| (l, w)))
-        {
-            Some((layer, w)) => Err(ModelError::Policy(PolicyError::PromptLayer {
-                policy: seq.policy().to_string(),
-                layer,
-                reason: format!(
-                    "the policy decides from every prompt position once the prompt has run, \
-                     but this layer attends only to its last {w} positions (a sliding window) \
-                     and drops the others; it does not run on this model"
-                ),
-            })),
-            None => Ok(()),
-        }
+        let w = self.layers.first().and_then(|l| l.window).unwrap_or(0);
+        Err(ModelError::Policy(PolicyError::PromptLayer {
+            policy: seq.policy().to_string(),
+            layer: 0,
+            reason: format!(
+                "the policy decides from every prompt position once the prompt has run, but \
+                 every layer of this model attends only to its last {w} positions (a sliding \
+                 window) and drops the others; it leaves such layers as they are, so it would \
+                 compress nothing"
+            ),
+        }))
+    }
+
+    /// The layers a policy that decides at the prompt's end leaves as the
+    /// model holds them: the sliding-window ones (empty on a model without).
+    pub fn layers_left_whole_at_prompt_end(&self) -> Vec<usize> {
+        (0..self.layers.len())
+            .filter(|&l| self.layers[l].window.is_some())
+            .collect()
     }
 
     /// Run `tokens`, which reach the decode start of a sequence whose policy
@@ -72,10 +76,17 @@ impl Decoder {
     }
 
     /// Hand the policy each layer's prompt K/V (every prompt row, on the
-    /// host in f32) to decide what it keeps.
+    /// host in f32) to decide what it keeps; a sliding-window layer, which
+    /// holds only its window's rows, is left whole.
     fn decide_at_prompt_end(&self, seq: &mut Sequence) -> Result<()> {
         let cfg = self.config();
         for l in 0..self.layers.len() {
+            if self.layers[l].window.is_some() {
+                if let Some(d) = seq.rule.dynamic_mut() {
+                    d.leave_layer_whole(l);
+                }
+                continue;
+            }
             let cache = &seq.caches[l];
             let positions = cache.positions().to_vec();
             let host = |t: &Tensor| -> Result<Vec<f32>> {

@@ -6,7 +6,9 @@
 //! prompt positions each K/V head keeps, and decode-phase queries read
 //! those and the decode phase. The K/V held is the press's formula, known
 //! before any decision: each K/V head of layer `l` keeps `n_kept(l)` prompt
-//! positions.
+//! positions. A sliding-window layer the press leaves as the model holds it
+//! (kvpress's rule for Gemma 3: its presses compress only the layers that
+//! read every earlier key), so such a layer holds its window.
 
 use std::any::Any;
 
@@ -17,20 +19,25 @@ use crate::error::PolicyError;
 use crate::phases::TokenPhases;
 use crate::query_window::QueryWindow;
 use crate::visibility::{DynamicRule, KvAccounting, PromptKv, Visibility};
+use crate::window::{LayerWindows, held_positions, window_of};
 
 /// What one layer keeps of the prompt: the same positions for every K/V
-/// head, or each head its own (masks over the prompt's positions).
+/// head, or each head its own (masks over the prompt's positions), or all
+/// that the model holds (a sliding-window layer the press leaves whole).
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Kept {
     Layer(Vec<bool>),
     Heads(Vec<Vec<bool>>),
+    Whole,
 }
 
 impl Kept {
-    fn head(&self, head: usize) -> Option<&[bool]> {
+    /// Whether K/V head `head` keeps prompt position `pos`.
+    fn keeps(&self, head: usize, pos: usize) -> bool {
         match self {
-            Kept::Layer(k) => Some(k),
-            Kept::Heads(k) => k.get(head).map(Vec::as_slice),
+            Kept::Layer(k) => k[pos],
+            Kept::Heads(k) => k.get(head).is_some_and(|h| h[pos]),
+            Kept::Whole => true,
         }
     }
 
@@ -38,6 +45,7 @@ impl Kept {
         match self {
             Kept::Layer(k) => k[pos],
             Kept::Heads(k) => k.iter().any(|h| h[pos]),
+            Kept::Whole => true,
         }
     }
 }
@@ -260,10 +268,26 @@ impl PressRun {
     }
 
     /// Prompt positions K/V head `kv_head` of `layer` keeps, ascending
-    /// (`None` before the layer's decision).
+    /// (`None` before the layer's decision, or for a head the layer does
+    /// not have); a layer left whole keeps them all (its window aside).
     pub fn kept_positions(&self, layer: usize, kv_head: usize) -> Option<Vec<usize>> {
-        let kept = self.layers.get(layer)?.kept.as_ref()?.head(kv_head)?;
-        Some((0..kept.len()).filter(|&p| kept[p]).collect())
+        let kept = self.layers.get(layer)?.kept.as_ref()?;
+        if let Kept::Heads(heads) = kept
+            && kv_head >= heads.len()
+        {
+            return None;
+        }
+        Some(
+            (0..self.prompt_len())
+                .filter(|&p| kept.keeps(kv_head, p))
+                .collect(),
+        )
+    }
+
+    /// Whether the press left `layer` as the model holds it (a sliding
+    /// window; [`DynamicRule::leave_layer_whole`]).
+    pub fn left_whole(&self, layer: usize) -> bool {
+        matches!(self.kept(layer), Some(Kept::Whole))
     }
 
     fn prompt_len(&self) -> usize {
@@ -400,10 +424,7 @@ impl Visibility for PressRun {
     }
 
     fn head_retains_kv(&self, layer: usize, kv_head: usize, pos: usize) -> bool {
-        pos >= self.prompt_len()
-            || self
-                .kept(layer)
-                .is_none_or(|k| k.head(kv_head).is_some_and(|h| h[pos]))
+        pos >= self.prompt_len() || self.kept(layer).is_none_or(|k| k.keeps(kv_head, pos))
     }
 
     fn head_key_visible(&self, layer: usize, kv_head: usize, q: usize, k: usize) -> bool {
@@ -447,6 +468,35 @@ impl KvAccounting for PressRun {
 
     fn held_head_rows(&self, decode: usize, kv_heads: usize) -> usize {
         kv_heads * self.held_token_layers(decode)
+    }
+
+    /// The formula where layers slide: a sliding-window layer is left
+    /// whole and holds its window, the others `n_kept(l)` prompt positions
+    /// and the decode phase.
+    fn held_head_rows_windowed(
+        &self,
+        decode: usize,
+        kv_heads: usize,
+        windows: &LayerWindows,
+    ) -> usize {
+        let n = self.prompt_len();
+        let rows: usize = (0..self.num_layers)
+            .map(|l| match window_of(windows, l) {
+                Some(w) => held_positions(Some(w), n + decode).len(),
+                None => self.params.kept_at(l, self.num_layers, n) + decode,
+            })
+            .sum();
+        kv_heads * rows
+    }
+
+    /// A press sets nothing aside: decode reads what it holds.
+    fn resident_head_rows_windowed(
+        &self,
+        decode: usize,
+        kv_heads: usize,
+        windows: &LayerWindows,
+    ) -> usize {
+        self.held_head_rows_windowed(decode, kv_heads, windows)
     }
 }
 
@@ -505,6 +555,20 @@ impl DynamicRule for PressRun {
         state.stats = QueryStats::default();
         self.decided += 1;
         Ok(())
+    }
+
+    fn leave_layer_whole(&mut self, layer: usize) {
+        let Some(state) = self.layers.get_mut(layer) else {
+            return;
+        };
+        if state.kept.is_some() {
+            return;
+        }
+        state.kept = Some(Kept::Whole);
+        state.near_ties = Vec::new();
+        state.window.clear();
+        state.stats = QueryStats::default();
+        self.decided += 1;
     }
 }
 
@@ -587,6 +651,52 @@ mod tests {
         assert_eq!((formula, by_position), (48, 48));
         assert_ne!(r.head_rule_class(0, 0), r.head_rule_class(0, 1));
         assert_ne!(r.head_rule_class(0, 0), r.head_rule_class(1, 0));
+    }
+
+    #[test]
+    fn a_sliding_layer_left_whole_holds_its_window_and_the_formula_says_so() {
+        // layer 1 slides over 4 positions (Gemma 3's pattern, kvpress skips it)
+        let windows = [None, Some(4), None];
+        let mut r = run(PressName::Knorm, 0.5);
+        let formula = r.held_head_rows_windowed(4, 2, &windows);
+        let data = keys();
+        let positions: Vec<usize> = (0..8).collect();
+        let kv = PromptKv {
+            keys: HostKeys {
+                kv_heads: 2,
+                head_dim: 2,
+                positions: &positions,
+                data: &data,
+            },
+            values: &data,
+            heads: 4,
+            rope_inv_freq: &[0.5],
+        };
+        r.decide_at_prompt_end(0, &kv).unwrap();
+        r.leave_layer_whole(1);
+        assert!(!r.is_decided());
+        r.decide_at_prompt_end(2, &kv).unwrap();
+        assert!(r.is_decided() && r.left_whole(1) && !r.left_whole(0));
+        // the layer left whole keeps every prompt position (the window drops
+        // the old ones), for every head, and its decode queries read them
+        assert_eq!(r.kept_positions(1, 1), Some((0..8).collect()));
+        assert!(r.head_key_visible(1, 0, 9, 0) && !r.heads_differ(1));
+        // 2 heads x [(4 kept + 4 decode) + 3 rows in the window + (4 + 4)]
+        let by_position: usize = (0..3)
+            .map(|l| {
+                (0..2)
+                    .map(|h| {
+                        held_positions(window_of(&windows, l), 12)
+                            .filter(|&p| r.head_retains_kv(l, h, p))
+                            .count()
+                    })
+                    .sum::<usize>()
+            })
+            .sum();
+        assert_eq!((formula, by_position), (38, 38));
+        assert_eq!(r.resident_head_rows_windowed(4, 2, &windows), 38);
+        // without windows the formula is the unwindowed one
+        assert_eq!(r.held_head_rows_windowed(4, 2, &[]), r.held_head_rows(4, 2));
     }
 
     #[test]
