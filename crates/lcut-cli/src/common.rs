@@ -240,11 +240,19 @@ pub fn press_layers_note<'a>(
     model: &lcut_model::Decoder,
     policies: impl IntoIterator<Item = &'a lcut_policy::Policy>,
 ) -> Option<String> {
-    let presses: Vec<String> = policies
+    let mut presses: Vec<String> = policies
         .into_iter()
         .filter(|p| p.press().is_some())
         .map(ToString::to_string)
         .collect();
+    // a grid of presses at several ratios is named by its presses
+    if presses.len() > 2 {
+        presses = presses
+            .iter()
+            .map(|p| p.split(':').next().unwrap_or(p).to_string())
+            .collect();
+        presses.dedup();
+    }
     let left = model.layers_left_whole_at_prompt_end();
     if presses.is_empty() || left.is_empty() {
         return None;

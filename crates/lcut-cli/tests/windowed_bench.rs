@@ -64,3 +64,42 @@ fn bench_counts_a_sliding_layer_at_its_window() {
         assert!(ratio < blind - 0.1, "{ratio} vs {blind}");
     }
 }
+
+/// A press on the same model compresses only the global layer, as kvpress
+/// runs Gemma 3, and says so: the sliding layers hold their window, the
+/// global one half the prompt and the fed tokens, which is the formula.
+#[test]
+fn bench_runs_a_press_on_the_global_layers_and_says_so() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("bench.json");
+    let model = oracle_case("gemma3-sliding");
+    #[rustfmt::skip]
+    let args = [
+        "bench", "--model", model.to_str().unwrap(), "--prompt-lengths", "64",
+        "--new-tokens", "4", "--policies", "knorm:0.5", "--json", out.to_str().unwrap(),
+    ];
+    let run = Command::new(env!("CARGO_BIN_EXE_lcut"))
+        .args(args)
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("knorm:0.5: compress the 1 of 6 layers without a sliding window (5)")
+            && stderr.contains("leave the 5 sliding-window layers"),
+        "{stderr}"
+    );
+    let rows: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let r = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["policy"] == "knorm:0.5")
+        .unwrap();
+    let (row, window, sliding) = (2 * 32 * 4, 12, 5);
+    let bytes = row * (sliding * (window - 1) + 64 / 2 + 3);
+    assert_eq!(r["kv_bytes"].as_u64(), Some(bytes as u64), "{r}");
+    assert_eq!(r["kv_bytes_formula"], r["kv_bytes"], "{r}");
+}
