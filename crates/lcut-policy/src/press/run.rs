@@ -605,6 +605,11 @@ mod tests {
     }
 
     fn decide_all(r: &mut PressRun) -> Result<(), PolicyError> {
+        decide_layers(r, &[0, 1, 2])
+    }
+
+    /// Hand `layers` of `r` the [`keys`] as their prompt K/V.
+    fn decide_layers(r: &mut PressRun, layers: &[usize]) -> Result<(), PolicyError> {
         let data = keys();
         let positions: Vec<usize> = (0..8).collect();
         let kv = PromptKv {
@@ -618,7 +623,7 @@ mod tests {
             heads: 4,
             rope_inv_freq: &[0.5],
         };
-        for l in 0..3 {
+        for &l in layers {
             r.decide_at_prompt_end(l, &kv)?;
         }
         Ok(())
@@ -659,23 +664,10 @@ mod tests {
         let windows = [None, Some(4), None];
         let mut r = run(PressName::Knorm, 0.5);
         let formula = r.held_head_rows_windowed(4, 2, &windows);
-        let data = keys();
-        let positions: Vec<usize> = (0..8).collect();
-        let kv = PromptKv {
-            keys: HostKeys {
-                kv_heads: 2,
-                head_dim: 2,
-                positions: &positions,
-                data: &data,
-            },
-            values: &data,
-            heads: 4,
-            rope_inv_freq: &[0.5],
-        };
-        r.decide_at_prompt_end(0, &kv).unwrap();
+        decide_layers(&mut r, &[0]).unwrap();
         r.leave_layer_whole(1);
         assert!(!r.is_decided());
-        r.decide_at_prompt_end(2, &kv).unwrap();
+        decide_layers(&mut r, &[2]).unwrap();
         assert!(r.is_decided() && r.left_whole(1) && !r.left_whole(0));
         // the layer left whole keeps every prompt position (the window drops
         // the old ones), for every head, and its decode queries read them
