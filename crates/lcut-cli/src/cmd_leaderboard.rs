@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use lcut_engine::leaderboard::journal::{self, Journal};
 use lcut_engine::leaderboard::{
-    LeaderboardHeader, LeaderboardRun, TimingSettings, parse_ratios, plan, run_items,
+    LeaderboardHeader, LeaderboardRun, PromptRows, TimingSettings, parse_ratios, plan, run_items,
     split_methods, table,
 };
 use lcut_engine::suite;
@@ -23,6 +23,20 @@ use crate::common::{ModelArgs, write_atomic};
 pub const JOURNAL: &str = "items.jsonl";
 /// The whole result's name in the run's folder.
 pub const RESULT: &str = "leaderboard.json";
+
+/// The mean of the items' context lengths (the tokens before the decode
+/// start) in `session`'s tokens.
+fn mean_context_tokens(
+    session: &lcut_engine::Session,
+    items: &[suite::SuiteItem],
+) -> Result<usize> {
+    anyhow::ensure!(!items.is_empty(), "the suite holds no item");
+    let mut total = 0;
+    for item in items {
+        total += item.prepare(session)?.decode_start;
+    }
+    Ok(total / items.len())
+}
 
 /// Run the leaderboard of `args` (`--ratios` given) on the suite at `path`.
 pub fn run(args: &EvalCommand, path: &Path, ratios: &str) -> Result<()> {
@@ -40,11 +54,24 @@ pub fn run(args: &EvalCommand, path: &Path, ratios: &str) -> Result<()> {
     check_timing_tasks(&args.timing_tasks, &items, path)?;
     let pending =
         ModelArgs::cpu(Some(args.base.model.clone()), args.dtype, args.kv_dtype).open()?;
-    let configs = plan(
-        &split_methods(&args.base.policy),
-        &ratios,
+    let methods = split_methods(&args.base.policy);
+    let (layers, windows) = (
         pending.config().num_layers,
-    )?;
+        pending.config().sliding_window.clone(),
+    );
+    // every method and ratio checked before the model loads
+    let mut configs = plan(&methods, &ratios, &PromptRows::uniform(layers))?;
+    let session = pending.load()?;
+    if windows.iter().any(Option::is_some) {
+        // where layers slide, a cut's share is counted in the rows they
+        // hold at the suite's prompts
+        let n = mean_context_tokens(&session, &items)?;
+        configs = plan(
+            &methods,
+            &ratios,
+            &PromptRows::windowed(&windows, layers, n),
+        )?;
+    }
     let shard = args
         .shard
         .as_deref()
@@ -80,7 +107,6 @@ pub fn run(args: &EvalCommand, path: &Path, ratios: &str) -> Result<()> {
     }
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let (mut journal, done) = Journal::open(&out.join(JOURNAL), &header)?;
-    let session = pending.load()?;
     let resolved = header
         .configs
         .iter()

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{EngineError, Result};
 use crate::session::Session;
 use crate::suite::{ItemResult, SuiteEvalOptions, SuiteItem, resolve_policy};
-pub use ratio::{RATIO_FAMILIES, RatioKnob, check_ratio, map_ratio};
+pub use ratio::{PromptRows, RATIO_FAMILIES, RatioKnob, check_ratio, map_ratio};
 pub use timing::{ItemTiming, TimingSettings};
 
 /// What is wrong with a leaderboard request or its files.
@@ -149,12 +149,17 @@ pub struct LeaderboardRun {
     pub table: LeaderboardTable,
 }
 
-/// The configurations of `methods` at `ratios` on a model of `layers`
-/// layers: the full model first (whether named or not), then each method
-/// at each ratio (a method written with its own knob, `speed:22+bos`,
-/// once). Every policy is resolved, and every bad ratio or family named,
-/// before anything runs.
-pub fn plan(methods: &[String], ratios: &[f64], layers: usize) -> Result<Vec<LeaderboardConfig>> {
+/// The configurations of `methods` at `ratios` on a model whose prompt
+/// K/V spreads over its layers as `rows` says: the full model first
+/// (whether named or not), then each method at each ratio (a method
+/// written with its own knob, `speed:22+bos`, once). Every policy is
+/// resolved, and every bad ratio or family named, before anything runs.
+pub fn plan(
+    methods: &[String],
+    ratios: &[f64],
+    rows: &PromptRows,
+) -> Result<Vec<LeaderboardConfig>> {
+    let layers = rows.layers();
     for &r in ratios {
         check_ratio(r)?;
     }
@@ -184,7 +189,7 @@ pub fn plan(methods: &[String], ratios: &[f64], layers: usize) -> Result<Vec<Lea
             continue;
         }
         for &r in ratios {
-            let knob = map_ratio(method, r, layers)?;
+            let knob = map_ratio(method, r, rows)?;
             let spec: PolicySpec = knob.policy.parse()?;
             configs.push(LeaderboardConfig {
                 method: method.to_string(),
@@ -417,7 +422,7 @@ mod tests {
             ]
         );
         let methods = split_methods("speed+bos,speed:20,slim+block:16");
-        let configs = plan(&methods, &[0.25, 0.5], 30).unwrap();
+        let configs = plan(&methods, &[0.25, 0.5], &PromptRows::uniform(30)).unwrap();
         let policies: Vec<&str> = configs.iter().map(|c| c.policy.as_str()).collect();
         assert_eq!(
             policies[..4],
@@ -427,7 +432,7 @@ mod tests {
         assert_eq!(configs[1].ratio, Some(0.25));
         assert_eq!(configs[3].ratio, None);
         assert!(matches!(
-            plan(&split_methods("full"), &[0.5], 30),
+            plan(&split_methods("full"), &[0.5], &PromptRows::uniform(30)),
             Err(EngineError::Leaderboard(LeaderboardError::NoMethods))
         ));
         assert!(parse_ratios("0.25,0.875").is_ok());

@@ -2,9 +2,74 @@
 //! kvpress's leaderboard means it) to each family's own knob. One table,
 //! [`RATIO_FAMILIES`], holds the rule of every family that `--ratios`
 //! maps; a family that takes the ratio itself (kvpress's presses, written
-//! `NAME:R`) is one line there with [`press_ratio`].
+//! `NAME:R`) is one line there with [`press_ratio`]. Where layers slide
+//! (Gemma 3) a layer holds at most its window of the prompt, so the share a
+//! cut removes is counted in the rows the full model holds
+//! ([`PromptRows`]), not in layers.
+
+use lcut_policy::window::{LayerWindows, held_positions, window_of};
 
 use super::LeaderboardError;
+
+/// How the full model's prompt K/V spreads over its layers: the prompt
+/// rows each layer holds (every one, or a sliding-window layer's window).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptRows {
+    rows: Vec<f64>,
+    /// The prompt length the windowed rows were counted at (`None`: no
+    /// layer slides, every layer holds the whole prompt).
+    prompt_len: Option<usize>,
+}
+
+impl PromptRows {
+    /// A model of `layers` layers that all hold the whole prompt.
+    pub fn uniform(layers: usize) -> Self {
+        Self {
+            rows: vec![1.0; layers],
+            prompt_len: None,
+        }
+    }
+
+    /// A model of `layers` layers with these sliding windows, at a prompt
+    /// of `prompt_len` tokens (uniform where no layer slides or the prompt
+    /// fits every window).
+    pub fn windowed(windows: &LayerWindows, layers: usize, prompt_len: usize) -> Self {
+        let rows: Vec<f64> = (0..layers)
+            .map(|l| held_positions(window_of(windows, l), prompt_len).len() as f64)
+            .collect();
+        match rows.iter().all(|&r| r == prompt_len as f64) {
+            true => Self::uniform(layers),
+            false => Self {
+                rows,
+                prompt_len: Some(prompt_len),
+            },
+        }
+    }
+
+    /// The model's layers.
+    pub fn layers(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// The share of the prompt's K/V a cut at `cut` removes: the rows of
+    /// the layers from `cut` on (`(L - C) / L` where no layer slides).
+    pub fn removed_by_cut(&self, cut: usize) -> f64 {
+        let total: f64 = self.rows.iter().sum();
+        if total == 0.0 {
+            return 0.0;
+        }
+        self.rows.iter().skip(cut).sum::<f64>() / total
+    }
+
+    /// How the rows were counted, for a knob's note: empty where no layer
+    /// slides.
+    fn counted(&self) -> String {
+        match self.prompt_len {
+            Some(n) => format!(" (sliding windows counted, at {n} prompt tokens)"),
+            None => String::new(),
+        }
+    }
+}
 
 /// What a family's knob is at one ratio.
 #[derive(Debug, Clone, PartialEq)]
@@ -17,10 +82,10 @@ pub struct RatioKnob {
     pub note: String,
 }
 
-/// A family's rule: the knob for `ratio` on a model of `layers` layers,
-/// with `family` and its `options` (`+bos`, `+block:16`: everything after
-/// the name) as written.
-pub type KnobRule = fn(ratio: f64, layers: usize, family: &str, options: &str) -> RatioKnob;
+/// A family's rule: the knob for `ratio` on a model whose prompt K/V
+/// spreads over its layers as `rows` says, with `family` and its `options`
+/// (`+bos`, `+block:16`: everything after the name) as written.
+pub type KnobRule = fn(ratio: f64, rows: &PromptRows, family: &str, options: &str) -> RatioKnob;
 
 /// The families `--ratios` maps, one line each (a press that takes the
 /// ratio itself: `("streamingllm", press_ratio)`).
@@ -41,7 +106,11 @@ pub const RATIO_FAMILIES: &[(&str, KnobRule)] = &[
 /// The knob of `method` (a family and its options, `speed+bos`) at
 /// `ratio`; a ratio outside (0, 1) or a family without a rule is a named
 /// error.
-pub fn map_ratio(method: &str, ratio: f64, layers: usize) -> Result<RatioKnob, LeaderboardError> {
+pub fn map_ratio(
+    method: &str,
+    ratio: f64,
+    rows: &PromptRows,
+) -> Result<RatioKnob, LeaderboardError> {
     check_ratio(ratio)?;
     let (family, options) = split_method(method);
     let rule = RATIO_FAMILIES
@@ -56,7 +125,7 @@ pub fn map_ratio(method: &str, ratio: f64, layers: usize) -> Result<RatioKnob, L
                 .collect::<Vec<_>>()
                 .join(", "),
         })?;
-    Ok(rule(ratio, layers, family, options))
+    Ok(rule(ratio, rows, family, options))
 }
 
 /// A ratio must be in (0, 1): the share of the prompt's K/V removed.
@@ -77,11 +146,13 @@ pub fn split_method(method: &str) -> (&str, &str) {
     }
 }
 
-/// The cut whose share of the prompt's K/V removed, `(L - C) / L`, is
+/// The cut whose share of the prompt's K/V removed
+/// ([`PromptRows::removed_by_cut`]: `(L - C) / L` where no layer slides) is
 /// closest to `ratio`; a tie goes to the shallower cut, which removes at
 /// least the ratio.
-pub fn closest_cut(ratio: f64, layers: usize) -> usize {
-    let removed = |c: usize| (layers - c) as f64 / layers as f64;
+pub fn closest_cut(ratio: f64, rows: &PromptRows) -> usize {
+    let layers = rows.layers();
+    let removed = |c: usize| rows.removed_by_cut(c);
     (1..=layers)
         .min_by(|&a, &b| {
             let (da, db) = ((removed(a) - ratio).abs(), (removed(b) - ratio).abs());
@@ -98,15 +169,16 @@ pub fn closest_cut(ratio: f64, layers: usize) -> usize {
 /// SPEED (and SelfOnly): the prompt keeps K/V in the lower `C` layers, so
 /// `(L - C) / L` of it is removed (less the anchors, which stay at every
 /// layer); the cut closest to the ratio.
-pub fn depth_cut(ratio: f64, layers: usize, family: &str, options: &str) -> RatioKnob {
-    let cut = closest_cut(ratio, layers);
-    let removed = (layers - cut) as f64 / layers as f64;
+pub fn depth_cut(ratio: f64, rows: &PromptRows, family: &str, options: &str) -> RatioKnob {
+    let (layers, cut) = (rows.layers(), closest_cut(ratio, rows));
+    let removed = rows.removed_by_cut(cut);
     RatioKnob {
         policy: format!("{family}:{cut}{options}"),
         removed,
         note: format!(
             "cut {cut} of {layers}: the prompt's K/V in the lower {cut} layers, \
-             {removed:.3} of it removed (the closest cut to {ratio}; anchors stay at every layer)"
+             {removed:.3} of it removed{} (the closest cut to {ratio}; anchors stay at every layer)",
+            rows.counted()
         ),
     }
 }
@@ -114,8 +186,8 @@ pub fn depth_cut(ratio: f64, layers: usize, family: &str, options: &str) -> Rati
 /// SwiftKV and POP: above the cut the prompt's K/V is projected, not
 /// removed, so no ratio of K/V is reachable; the ratio sets the cut as
 /// for SPEED (the share of the prompt's layers skipped).
-pub fn projected_cut(ratio: f64, layers: usize, family: &str, options: &str) -> RatioKnob {
-    let cut = closest_cut(ratio, layers);
+pub fn projected_cut(ratio: f64, rows: &PromptRows, family: &str, options: &str) -> RatioKnob {
+    let (layers, cut) = (rows.layers(), closest_cut(ratio, rows));
     RatioKnob {
         policy: format!("{family}:{cut}{options}"),
         removed: 0.0,
@@ -131,8 +203,11 @@ pub fn projected_cut(ratio: f64, layers: usize, family: &str, options: &str) -> 
 /// there a share `k` of it; `(1 - C/L)(1 - k)` is removed. `C` is the
 /// paper's first cut (5/16 of the depth), lowered where the ratio needs it
 /// so that the layers running the whole prompt hold at most half of the
-/// K/V kept: `C <= L(1 - r)/2`; then `k = 1 - r L / (L - C)`.
-pub fn slim_budget(ratio: f64, layers: usize, family: &str, options: &str) -> RatioKnob {
+/// K/V kept: `C <= L(1 - r)/2`; then `k = 1 - r L / (L - C)`. Counted in
+/// layers, windows or not (which of a sliding layer's rows SlimInfer keeps
+/// depends on the blocks it picks; the run measures what it removed).
+pub fn slim_budget(ratio: f64, rows: &PromptRows, family: &str, options: &str) -> RatioKnob {
+    let layers = rows.layers();
     let paper = ((5 * layers) as f64 / 16.0).round() as usize;
     let room = (layers as f64 * (1.0 - ratio) / 2.0).floor() as usize;
     let cut = paper.min(room).clamp(1, layers.saturating_sub(1).max(1));
@@ -157,7 +232,7 @@ pub fn slim_budget(ratio: f64, layers: usize, family: &str, options: &str) -> Ra
 
 /// A press's own knob: the ratio itself, `FAMILY:R` (kvpress's
 /// `compression_ratio`).
-pub fn press_ratio(ratio: f64, _layers: usize, family: &str, options: &str) -> RatioKnob {
+pub fn press_ratio(ratio: f64, _rows: &PromptRows, family: &str, options: &str) -> RatioKnob {
     RatioKnob {
         policy: format!("{family}:{ratio}{options}"),
         removed: ratio,
@@ -180,14 +255,14 @@ mod tests {
             "tova",
             "expected",
         ] {
-            let k = map_ratio(press, 0.75, 30).unwrap();
+            let k = map_ratio(press, 0.75, &PromptRows::uniform(30)).unwrap();
             assert_eq!(k.policy, format!("{press}:0.75"));
             assert_eq!(k.removed, 0.75);
             k.policy
                 .parse::<PolicySpec>()
                 .unwrap_or_else(|e| panic!("{press}: {e}"));
         }
-        let k = map_ratio("streamingllm+sink:8", 0.5, 30).unwrap();
+        let k = map_ratio("streamingllm+sink:8", 0.5, &PromptRows::uniform(30)).unwrap();
         assert_eq!(k.policy, "streamingllm:0.5+sink:8");
         k.policy.parse::<PolicySpec>().unwrap();
     }
@@ -195,19 +270,39 @@ mod tests {
     #[test]
     fn speed_takes_the_closest_cut_and_ties_remove_at_least_the_ratio() {
         // 30 layers: 0.25 lies between cuts 22 (0.267) and 23 (0.233)
-        let k = map_ratio("speed+bos", 0.25, 30).unwrap();
+        let k = map_ratio("speed+bos", 0.25, &PromptRows::uniform(30)).unwrap();
         assert_eq!(k.policy, "speed:22+bos");
         assert!((k.removed - 8.0 / 30.0).abs() < 1e-12);
         assert!(k.note.contains("cut 22 of 30"), "{}", k.note);
-        assert_eq!(map_ratio("speed", 0.5, 30).unwrap().policy, "speed:15");
-        assert_eq!(map_ratio("speed", 0.75, 30).unwrap().policy, "speed:7");
+        assert_eq!(
+            map_ratio("speed", 0.5, &PromptRows::uniform(30))
+                .unwrap()
+                .policy,
+            "speed:15"
+        );
+        assert_eq!(
+            map_ratio("speed", 0.75, &PromptRows::uniform(30))
+                .unwrap()
+                .policy,
+            "speed:7"
+        );
         // 0.875 of 30: cut 3.75 -> 4 (0.867) beats 3 (0.9)
-        assert_eq!(map_ratio("speed", 0.875, 30).unwrap().policy, "speed:4");
-        assert_eq!(map_ratio("speed", 0.875, 4).unwrap().policy, "speed:1");
-        assert_eq!(closest_cut(0.01, 30), 30);
+        assert_eq!(
+            map_ratio("speed", 0.875, &PromptRows::uniform(30))
+                .unwrap()
+                .policy,
+            "speed:4"
+        );
+        assert_eq!(
+            map_ratio("speed", 0.875, &PromptRows::uniform(4))
+                .unwrap()
+                .policy,
+            "speed:1"
+        );
+        assert_eq!(closest_cut(0.01, &PromptRows::uniform(30)), 30);
         for layers in [4, 30, 32] {
             for r in [0.1, 0.25, 0.5, 0.75, 0.875] {
-                let c = closest_cut(r, layers);
+                let c = closest_cut(r, &PromptRows::uniform(layers));
                 let best = (1..=layers)
                     .map(|x| ((layers - x) as f64 / layers as f64 - r).abs())
                     .fold(f64::INFINITY, f64::min);
@@ -217,16 +312,58 @@ mod tests {
     }
 
     #[test]
+    fn where_layers_slide_the_cut_is_counted_in_the_rows_they_hold() {
+        // Gemma 3 270M: five sliding layers (window 512) then a global one,
+        // three times; a prompt of 3,950 tokens: the global layers hold
+        // 3,950 rows each, the sliding ones 511
+        let windows: Vec<Option<usize>> = (0..18)
+            .map(|l| if l % 6 == 5 { None } else { Some(512) })
+            .collect();
+        let rows = PromptRows::windowed(&windows, 18, 3950);
+        let total = 3.0 * 3950.0 + 15.0 * 511.0;
+        // cut 15 removes the global layer 17 and the sliding 15, 16
+        assert!((rows.removed_by_cut(15) - (3950.0 + 2.0 * 511.0) / total).abs() < 1e-12);
+        for (r, cut) in [(0.25, 15), (0.5, 11), (0.75, 6), (0.875, 5)] {
+            let k = map_ratio("speed+bos", r, &rows).unwrap();
+            assert_eq!(k.policy, format!("speed:{cut}+bos"), "{r}");
+            assert_eq!(k.removed, rows.removed_by_cut(cut));
+            assert!(k.note.contains("at 3950 prompt tokens"), "{}", k.note);
+            assert_eq!(
+                map_ratio("swiftkv", r, &rows).unwrap().policy,
+                format!("swiftkv:{cut}")
+            );
+        }
+        // a count by layers would have taken 13, 9, 4 and 2
+        assert_eq!(
+            map_ratio("speed", 0.5, &PromptRows::uniform(18))
+                .unwrap()
+                .policy,
+            "speed:9"
+        );
+        // a prompt within every window, or no window: every layer alike
+        assert_eq!(
+            PromptRows::windowed(&windows, 18, 300),
+            PromptRows::uniform(18)
+        );
+        assert_eq!(PromptRows::windowed(&[], 18, 3950), PromptRows::uniform(18));
+    }
+
+    #[test]
     fn projected_families_take_speed_s_cut_and_remove_nothing() {
-        let k = map_ratio("swiftkv+bos", 0.5, 30).unwrap();
+        let k = map_ratio("swiftkv+bos", 0.5, &PromptRows::uniform(30)).unwrap();
         assert_eq!((k.policy.as_str(), k.removed), ("swiftkv:15+bos", 0.0));
-        assert_eq!(map_ratio("pop", 0.25, 30).unwrap().policy, "pop:22");
+        assert_eq!(
+            map_ratio("pop", 0.25, &PromptRows::uniform(30))
+                .unwrap()
+                .policy,
+            "pop:22"
+        );
     }
 
     #[test]
     fn slim_keeps_the_share_that_removes_the_ratio() {
         for (r, cut) in [(0.25, 9), (0.5, 7), (0.75, 3), (0.875, 1)] {
-            let k = map_ratio("slim+block:16", r, 30).unwrap();
+            let k = map_ratio("slim+block:16", r, &PromptRows::uniform(30)).unwrap();
             assert!(
                 k.policy.starts_with(&format!("slim:{cut}@")),
                 "{}",
@@ -236,7 +373,7 @@ mod tests {
             assert!((k.removed - r).abs() < 1e-4, "{r}: {}", k.removed);
         }
         assert!(
-            map_ratio("slim", 0.875, 30)
+            map_ratio("slim", 0.875, &PromptRows::uniform(30))
                 .unwrap()
                 .note
                 .contains("lowered")
@@ -248,24 +385,26 @@ mod tests {
         for (family, _) in RATIO_FAMILIES {
             for layers in [4, 30] {
                 for r in [0.25, 0.5, 0.75, 0.875] {
-                    let k = map_ratio(family, r, layers).unwrap();
+                    let k = map_ratio(family, r, &PromptRows::uniform(layers)).unwrap();
                     let spec: PolicySpec = k.policy.parse().unwrap();
                     spec.resolve(layers).unwrap();
                 }
             }
         }
-        let k = press_ratio(0.5, 30, "streamingllm", "");
+        let k = press_ratio(0.5, &PromptRows::uniform(30), "streamingllm", "");
         assert_eq!((k.policy.as_str(), k.removed), ("streamingllm:0.5", 0.5));
     }
 
     #[test]
     fn bad_ratios_and_families_are_named() {
         for r in [0.0, 1.0, -0.5, 1.5, f64::NAN] {
-            let e = map_ratio("speed", r, 30).unwrap_err();
+            let e = map_ratio("speed", r, &PromptRows::uniform(30)).unwrap_err();
             assert!(matches!(e, LeaderboardError::RatioOutOfRange { .. }), "{e}");
             assert!(e.to_string().contains("(0, 1)"), "{e}");
         }
-        let e = map_ratio("h2o", 0.5, 30).unwrap_err().to_string();
+        let e = map_ratio("h2o", 0.5, &PromptRows::uniform(30))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("h2o") && e.contains("speed, selfonly"), "{e}");
     }
 }
