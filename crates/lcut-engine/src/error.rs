@@ -167,6 +167,17 @@ pub enum EngineError {
         /// What exists (`the model has 30 layers`).
         limit: String,
     },
+    /// A teacher-forced run ended before (or after) the full run it follows.
+    #[error(
+        "the teacher-forced run gave {scored} rows for the full model's {continuation}-token \
+         continuation"
+    )]
+    ForcedRows {
+        /// Rows the forced run gave.
+        scored: usize,
+        /// Tokens of the full run's continuation.
+        continuation: usize,
+    },
     /// A run repeated to record more of it produced other tokens than the
     /// run it repeats.
     #[error(

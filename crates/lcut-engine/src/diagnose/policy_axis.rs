@@ -190,10 +190,20 @@ pub(crate) fn add_forced(
     totals: &mut AxisTotals,
 ) -> Result<()> {
     let t = score(reference, logits, continuation)?;
-    totals.quality.agree += t.agree;
-    totals.quality.kl += t.kl;
-    totals.quality.nll += t.nll;
-    totals.quality.tokens += t.tokens;
+    add_scored(model, seq, prompt, (t, mass), totals);
+    Ok(())
+}
+
+/// [`add_forced`] for rows already scored (`t`, the sums over the
+/// continuation): the quality, costs and recall of the run in `seq`.
+pub(crate) fn add_scored(
+    model: &Decoder,
+    seq: &Sequence,
+    prompt: &PreparedPrompt,
+    (t, mass): (Totals, &PromptMassProbe),
+    totals: &mut AxisTotals,
+) {
+    totals.quality.add(t);
     add_costs(model, seq, prompt, mass, totals);
     // kept: the layer holds K/V of the token (its own, or projected)
     let phases = seq.phases();
@@ -206,7 +216,6 @@ pub(crate) fn add_forced(
         *sum += f64::from(r);
     }
     totals.prompts += 1;
-    Ok(())
 }
 
 /// From `seq` at `prompt`'s decode start, feed the decode-phase prompt

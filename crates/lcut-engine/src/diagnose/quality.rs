@@ -10,15 +10,25 @@ use crate::error::Result;
 
 /// Sums of the quality metrics over continuation tokens.
 #[derive(Debug, Clone, Copy, Default)]
-pub(super) struct Totals {
+pub(crate) struct Totals {
     pub agree: f64,
     pub kl: f64,
     pub nll: f64,
     pub tokens: usize,
 }
 
+impl Totals {
+    /// Add `other`'s sums (rows scored apart, one at a time).
+    pub fn add(&mut self, other: Totals) {
+        self.agree += other.agree;
+        self.kl += other.kl;
+        self.nll += other.nll;
+        self.tokens += other.tokens;
+    }
+}
+
 /// Agreement, KL(ref || other) and NLL of `targets` under `other`.
-pub(super) fn score(reference: &Tensor, other: &Tensor, targets: &[u32]) -> Result<Totals> {
+pub(crate) fn score(reference: &Tensor, other: &Tensor, targets: &[u32]) -> Result<Totals> {
     let lp = log_softmax_rows(reference)?;
     let lq = log_softmax_rows(other)?;
     let kl: f32 = (lp.exp()? * (&lp - &lq)?)?.sum_all()?.to_scalar()?;

@@ -14,12 +14,11 @@
 
 use std::time::Instant;
 
-use candle_core::Tensor;
 use lcut_policy::{Policy, PolicySpec};
 
 use super::SuiteItem;
 use super::result::ItemResult;
-use crate::diagnose::{ForcedQuality, forced_quality};
+use crate::diagnose::{ForcedQuality, ForcedScore, forced_quality};
 use crate::error::{EngineError, Result};
 use crate::generate::{
     Generation, GenerationConfig, GenerationOutput, check_fits, prefill_prefix, press_prefix,
@@ -188,21 +187,20 @@ fn refuse_any(
     })
 }
 
-/// The full model's run of an item: its greedy continuation, the rows
-/// that chose it, its text.
+/// The full model's run of an item: its greedy continuation and its text.
 struct FullRun {
     output: GenerationOutput,
-    reference: Tensor,
     text: String,
 }
 
 /// A policy's two runs of an item, from one state of the prompt before its
 /// decode start: its own greedy generation, and the run teacher-forced on
-/// the full model's continuation (with the rows it gave).
+/// the full model's continuation (its rows scored against the full run's
+/// as they come).
 struct PolicyRuns<'m> {
     own: Generation<'m>,
     forced: Generation<'m>,
-    forced_rows: Vec<Tensor>,
+    forced_score: ForcedScore,
 }
 
 /// One item: the reference's full greedy run, and per policy its own
@@ -269,13 +267,12 @@ pub(crate) fn evaluate_item(
             Ok(Some(PolicyRuns {
                 own: from(prefix.fork()?, &own_config)?,
                 forced: from(prefix, &full_config)?,
-                forced_rows: Vec::new(),
+                forced_score: ForcedScore::default(),
             }))
         })
         .collect::<Result<Vec<_>>>()?;
     let mut full =
         Generation::from_prefix(&reference.model, prompt.clone(), full_prefix, full_config)?;
-    let mut full_rows = Vec::new();
     loop {
         let mut gens: Vec<&mut Generation<'_>> = vec![&mut full];
         for r in runs.iter_mut().flatten() {
@@ -296,12 +293,19 @@ pub(crate) fn evaluate_item(
             break;
         }
         let mut steps = steps.into_iter();
-        if let Some(Some(step)) = steps.next() {
-            full_rows.push(step.logits);
-        }
+        let full_row = match steps.next() {
+            Some(Some(step)) => Some(step.logits),
+            _ => None,
+        };
         for r in runs.iter_mut().flatten() {
             if let Some(Some(step)) = steps.next() {
-                r.forced_rows.push(step.logits);
+                // a forced run stops where the full run does: its row is
+                // scored against the full row of the same step
+                let reference = full_row.as_ref().ok_or(EngineError::MissingLogits {
+                    position: r.forced.sequence().len().saturating_sub(1),
+                })?;
+                r.forced_score
+                    .add_row(reference, &step.logits, full_token)?;
             }
             steps.next();
         }
@@ -309,7 +313,6 @@ pub(crate) fn evaluate_item(
     let output = full.output();
     let full = FullRun {
         text: reference.generated_text(&output.tokens),
-        reference: Tensor::stack(&full_rows, 0)?,
         output,
     };
     let seconds = start.elapsed().as_secs_f64();
@@ -368,18 +371,13 @@ fn policy_result(
             (full.text.clone(), q)
         }
         Some(r) => {
-            let rows = if r.forced_rows.is_empty() {
-                Tensor::zeros(0, candle_core::DType::F32, &candle_core::Device::Cpu)?
-            } else {
-                Tensor::stack(&r.forced_rows, 0)?
-            };
-            let q = forced_quality(
-                &session.model,
-                r.forced.sequence(),
-                prompt,
-                (&rows, continuation),
-                &full.reference,
-            )?;
+            let q = forced_quality(&session.model, r.forced.sequence(), prompt, r.forced_score);
+            if q.tokens != continuation.len() {
+                return Err(EngineError::ForcedRows {
+                    scored: q.tokens,
+                    continuation: continuation.len(),
+                });
+            }
             (session.generated_text(r.own.produced()), q)
         }
     };
