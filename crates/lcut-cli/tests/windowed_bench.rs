@@ -11,6 +11,15 @@ use std::process::Command;
 
 use lcut_testkit::oracle_case;
 
+/// `lcut ARGS` run from the workspace root.
+fn lcut(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_lcut"))
+        .args(args)
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn bench_counts_a_sliding_layer_at_its_window() {
     let tmp = tempfile::tempdir().unwrap();
@@ -21,11 +30,7 @@ fn bench_counts_a_sliding_layer_at_its_window() {
         "bench", "--model", model.to_str().unwrap(), "--prompt-lengths", "64,128",
         "--new-tokens", "4", "--policies", "speed:3+bos", "--json", out.to_str().unwrap(),
     ];
-    let run = Command::new(env!("CARGO_BIN_EXE_lcut"))
-        .args(args)
-        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
-        .output()
-        .unwrap();
+    let run = lcut(&args);
     assert!(
         run.status.success(),
         "{}",
@@ -78,11 +83,7 @@ fn bench_runs_a_press_on_the_global_layers_and_says_so() {
         "bench", "--model", model.to_str().unwrap(), "--prompt-lengths", "64",
         "--new-tokens", "4", "--policies", "knorm:0.5", "--json", out.to_str().unwrap(),
     ];
-    let run = Command::new(env!("CARGO_BIN_EXE_lcut"))
-        .args(args)
-        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
-        .output()
-        .unwrap();
+    let run = lcut(&args);
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "{stderr}");
     assert!(

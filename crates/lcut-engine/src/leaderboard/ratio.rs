@@ -245,6 +245,14 @@ mod tests {
     use super::*;
     use lcut_policy::PolicySpec;
 
+    /// The policy `method` maps `ratio` to on `layers` layers that all
+    /// hold the whole prompt.
+    fn policy_at(method: &str, ratio: f64, layers: usize) -> String {
+        map_ratio(method, ratio, &PromptRows::uniform(layers))
+            .unwrap()
+            .policy
+    }
+
     #[test]
     fn every_press_takes_the_ratio_itself_as_a_policy_lcut_reads() {
         for press in [
@@ -274,31 +282,11 @@ mod tests {
         assert_eq!(k.policy, "speed:22+bos");
         assert!((k.removed - 8.0 / 30.0).abs() < 1e-12);
         assert!(k.note.contains("cut 22 of 30"), "{}", k.note);
-        assert_eq!(
-            map_ratio("speed", 0.5, &PromptRows::uniform(30))
-                .unwrap()
-                .policy,
-            "speed:15"
-        );
-        assert_eq!(
-            map_ratio("speed", 0.75, &PromptRows::uniform(30))
-                .unwrap()
-                .policy,
-            "speed:7"
-        );
+        assert_eq!(policy_at("speed", 0.5, 30), "speed:15");
+        assert_eq!(policy_at("speed", 0.75, 30), "speed:7");
         // 0.875 of 30: cut 3.75 -> 4 (0.867) beats 3 (0.9)
-        assert_eq!(
-            map_ratio("speed", 0.875, &PromptRows::uniform(30))
-                .unwrap()
-                .policy,
-            "speed:4"
-        );
-        assert_eq!(
-            map_ratio("speed", 0.875, &PromptRows::uniform(4))
-                .unwrap()
-                .policy,
-            "speed:1"
-        );
+        assert_eq!(policy_at("speed", 0.875, 30), "speed:4");
+        assert_eq!(policy_at("speed", 0.875, 4), "speed:1");
         assert_eq!(closest_cut(0.01, &PromptRows::uniform(30)), 30);
         for layers in [4, 30, 32] {
             for r in [0.1, 0.25, 0.5, 0.75, 0.875] {
@@ -334,12 +322,7 @@ mod tests {
             );
         }
         // a count by layers would have taken 13, 9, 4 and 2
-        assert_eq!(
-            map_ratio("speed", 0.5, &PromptRows::uniform(18))
-                .unwrap()
-                .policy,
-            "speed:9"
-        );
+        assert_eq!(policy_at("speed", 0.5, 18), "speed:9");
         // a prompt within every window, or no window: every layer alike
         assert_eq!(
             PromptRows::windowed(&windows, 18, 300),
@@ -352,12 +335,7 @@ mod tests {
     fn projected_families_take_speed_s_cut_and_remove_nothing() {
         let k = map_ratio("swiftkv+bos", 0.5, &PromptRows::uniform(30)).unwrap();
         assert_eq!((k.policy.as_str(), k.removed), ("swiftkv:15+bos", 0.0));
-        assert_eq!(
-            map_ratio("pop", 0.25, &PromptRows::uniform(30))
-                .unwrap()
-                .policy,
-            "pop:22"
-        );
+        assert_eq!(policy_at("pop", 0.25, 30), "pop:22");
     }
 
     #[test]
