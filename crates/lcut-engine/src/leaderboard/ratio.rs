@@ -61,6 +61,19 @@ impl PromptRows {
         self.rows.iter().skip(cut).sum::<f64>() / total
     }
 
+    /// The share of the prompt's K/V held by the layers that hold the
+    /// whole prompt (1 where no layer slides): what a press compresses.
+    pub fn unwindowed_share(&self) -> f64 {
+        let (total, n): (f64, f64) = match self.prompt_len {
+            Some(n) => (self.rows.iter().sum(), n as f64),
+            None => return 1.0,
+        };
+        if total == 0.0 {
+            return 1.0;
+        }
+        self.rows.iter().filter(|&&r| r == n).sum::<f64>() / total
+    }
+
     /// How the rows were counted, for a knob's note: empty where no layer
     /// slides.
     fn counted(&self) -> String {
@@ -231,12 +244,24 @@ pub fn slim_budget(ratio: f64, rows: &PromptRows, family: &str, options: &str) -
 }
 
 /// A press's own knob: the ratio itself, `FAMILY:R` (kvpress's
-/// `compression_ratio`).
-pub fn press_ratio(ratio: f64, _rows: &PromptRows, family: &str, options: &str) -> RatioKnob {
+/// `compression_ratio`), which it removes at the layers that hold the
+/// whole prompt; where layers slide the press leaves them whole (kvpress's
+/// rule for Gemma 3), so it removes that share of those layers' rows only.
+pub fn press_ratio(ratio: f64, rows: &PromptRows, family: &str, options: &str) -> RatioKnob {
+    let share = rows.unwindowed_share();
+    let note = match share < 1.0 {
+        true => format!(
+            "the press's own compression ratio, at the layers without a sliding window: \
+             about {:.3} of the prompt's K/V{}",
+            ratio * share,
+            rows.counted()
+        ),
+        false => "the press's own compression ratio".into(),
+    };
     RatioKnob {
         policy: format!("{family}:{ratio}{options}"),
-        removed: ratio,
-        note: "the press's own compression ratio".into(),
+        removed: ratio * share,
+        note,
     }
 }
 
@@ -321,6 +346,12 @@ mod tests {
                 format!("swiftkv:{cut}")
             );
         }
+        // a press removes the ratio of the global layers' rows only
+        let k = map_ratio("snapkv", 0.5, &rows).unwrap();
+        let global = 3.0 * 3950.0 / total;
+        assert_eq!(k.policy, "snapkv:0.5");
+        assert!((k.removed - 0.5 * global).abs() < 1e-12, "{}", k.removed);
+        assert!(k.note.contains("without a sliding window"), "{}", k.note);
         // a count by layers would have taken 13, 9, 4 and 2
         assert_eq!(policy_at("speed", 0.5, 18), "speed:9");
         // a prompt within every window, or no window: every layer alike
