@@ -240,18 +240,20 @@ pub fn press_layers_note<'a>(
     model: &lcut_model::Decoder,
     policies: impl IntoIterator<Item = &'a lcut_policy::Policy>,
 ) -> Option<String> {
-    let mut presses: Vec<String> = policies
+    let pressed: Vec<&lcut_policy::Policy> = policies
         .into_iter()
         .filter(|p| p.press().is_some())
-        .map(ToString::to_string)
         .collect();
-    // a grid of presses at several ratios is named by its presses
-    if presses.len() > 2 {
-        presses = presses
-            .iter()
-            .map(|p| p.split(':').next().unwrap_or(p).to_string())
-            .collect();
-        presses.dedup();
+    // a grid of presses at several ratios is named by its presses, once each
+    let mut presses: Vec<String> = Vec::new();
+    for p in &pressed {
+        let name = match (pressed.len() > 2, p.press()) {
+            (true, Some(params)) => params.name.to_string(),
+            _ => p.to_string(),
+        };
+        if !presses.contains(&name) {
+            presses.push(name);
+        }
     }
     let left = model.layers_left_whole_at_prompt_end();
     if presses.is_empty() || left.is_empty() {

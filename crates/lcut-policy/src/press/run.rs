@@ -548,24 +548,23 @@ impl DynamicRule for PressRun {
         }
         let (kept, ties) = self.decide(layer, kv)?;
         self.kv_heads = kv.keys.kv_heads;
-        let state = &mut self.layers[layer];
-        state.kept = Some(kept);
-        state.near_ties = ties;
-        state.window.clear();
-        state.stats = QueryStats::default();
-        self.decided += 1;
+        self.settle(layer, kept, ties);
         Ok(())
     }
 
     fn leave_layer_whole(&mut self, layer: usize) {
-        let Some(state) = self.layers.get_mut(layer) else {
-            return;
-        };
-        if state.kept.is_some() {
-            return;
+        if layer < self.num_layers && self.kept(layer).is_none() {
+            self.settle(layer, Kept::Whole, Vec::new());
         }
-        state.kept = Some(Kept::Whole);
-        state.near_ties = Vec::new();
+    }
+}
+
+impl PressRun {
+    /// Record `layer`'s decision and drop what it observed to take it.
+    fn settle(&mut self, layer: usize, kept: Kept, near_ties: Vec<Vec<usize>>) {
+        let state = &mut self.layers[layer];
+        state.kept = Some(kept);
+        state.near_ties = near_ties;
         state.window.clear();
         state.stats = QueryStats::default();
         self.decided += 1;
