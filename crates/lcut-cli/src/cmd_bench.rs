@@ -363,9 +363,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let threads = rayon::current_num_threads();
     let bandwidth = measure_read(DEFAULT_BYTES, threads, 3).gb_per_s;
     eprintln!(
-        "read bandwidth with {threads} thread(s): {bandwidth:.1} GB/s; a decode step reads {:.1} MB of weights ({} kernels)",
+        "read bandwidth with {threads} thread(s): {bandwidth:.1} GB/s; a decode step reads {:.1} MB of weights ({} kernels, {})",
         model.decode_weight_bytes() as f64 / 1e6,
-        lcut_kernels::Isa::detect().name()
+        lcut_kernels::Isa::detect().name(),
+        prefetch_note(lcut_kernels::quant::prefetch::distance())
     );
     warm_up(&model, &policies, &lengths, args.prefill_chunk, bos)?;
     let mut rows = Vec::new();
@@ -499,6 +500,14 @@ pub fn rows_at_length(
         r.tpot_ratio_predicted = r.bytes_per_token as f64 / full.bytes_per_token as f64;
     }
     Ok(at_len)
+}
+
+/// How the decode products prefetch their weights, as the bench prints it.
+fn prefetch_note(distance: usize) -> String {
+    match distance {
+        0 => "no software prefetch".to_string(),
+        bytes => format!("weights prefetched {bytes} B ahead"),
+    }
 }
 
 /// The table `lcut bench` prints: ratios against full measured in the

@@ -11,6 +11,7 @@ pub mod format;
 mod matmul;
 pub mod packed;
 mod portable;
+pub mod prefetch;
 
 #[cfg(target_arch = "x86_64")]
 mod acts_avx2;

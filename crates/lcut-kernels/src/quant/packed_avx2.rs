@@ -24,6 +24,7 @@ use crate::quant::MAX_BATCH;
 use crate::quant::acts::Q8Row;
 use crate::quant::format::QuantFormat;
 use crate::quant::packed::{GROUP_ROWS, act_word, group_block_bytes};
+use crate::quant::prefetch;
 
 /// One group (eight rows, all its group blocks) dot the activation rows
 /// `a` into `sums[i][lane]`; false, doing nothing, where the CPU lacks
@@ -213,7 +214,9 @@ fn g32<const N: usize, const KIND: u8>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m
     let gb = group_block_bytes(format_of(KIND));
     let mut acc = [_mm256_setzero_ps(); N];
     let mut extra = [_mm256_setzero_ps(); N];
+    let distance = prefetch::distance();
     for (b, blk) in group.chunks_exact(gb).enumerate() {
+        prefetch::ahead(blk, gb, distance);
         let d = f16x8(blk);
         let w = weights32::<KIND>(blk);
         let coef = match KIND {
@@ -267,7 +270,9 @@ fn g_q4k<const N: usize>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m256; N] {
     let low = _mm256_set1_epi8(0x0F);
     let mut acc = [_mm256_setzero_ps(); N];
     let mut extra = [_mm256_setzero_ps(); N];
+    let distance = prefetch::distance();
     for (sb, blk) in group.chunks_exact(gb).enumerate() {
+        prefetch::ahead(blk, gb, distance);
         let (d, dmin) = (f16x8(blk), f16x8(&blk[16..]));
         for i in 0..4 {
             let (j0, j1) = (2 * i, 2 * i + 1);
@@ -317,7 +322,9 @@ fn g_q6k<const N: usize>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m256; N] {
     let gb = group_block_bytes(QuantFormat::Q6K);
     let (low, two) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
     let mut acc = [_mm256_setzero_ps(); N];
+    let distance = prefetch::distance();
     for (sb, blk) in group.chunks_exact(gb).enumerate() {
+        prefetch::ahead(blk, gb, distance);
         let d = f16x8(blk);
         for h in 0..2 {
             let mut block = [[_mm256_setzero_si256(); N]; 4];
