@@ -113,7 +113,7 @@ mod tests {
 
     #[test]
     fn prefetching_past_the_end_of_the_weights_reads_nothing() {
-        let block = vec![7u8; 144];
+        let block = [7u8; 144];
         let tail = &block[100..];
         ahead(tail, 144, 1 << 20);
         ahead(tail, 144, 0);
