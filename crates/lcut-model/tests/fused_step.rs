@@ -98,7 +98,12 @@ fn same_masses(what: &str, a: &[QueryMasses], b: &[QueryMasses], tol: f32) -> Re
             ("prefill", &x.prefill, &y.prefill, tol),
             ("decode", &x.decode, &y.decode, tol),
             ("self", &x.self_mass, &y.self_mass, tol),
-            ("entropy", &x.prefill_entropy, &y.prefill_entropy, ENTROPY_TOL),
+            (
+                "entropy",
+                &x.prefill_entropy,
+                &y.prefill_entropy,
+                ENTROPY_TOL,
+            ),
         ];
         for (name, u, v, bound) in fields {
             for (h, (p, q)) in u.iter().zip(v.iter()).enumerate() {
