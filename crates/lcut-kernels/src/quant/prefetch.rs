@@ -11,9 +11,9 @@
 //! 5.3-6.7), the Llama-3.2-1B shape 1.24-1.33x in Q4_0 (66-68 ms to 51-54)
 //! and 1.11-1.22x in Q4_K_M, and on the AVX2 kernels 1.12-1.86x and
 //! 1.32-1.37x (`docs/performance-decode.md`, "On an Intel Xeon with AMX").
-//! An earlier run on the same kind of machine found `prefetcht0` (into L1)
-//! at that distance gaining less, and 2 KiB 2-3% better for Q4_K_M but 5%
-//! worse for Q4_0; 4 KiB is the one default. On AMD Zen 4 a 2 KiB
+//! Against 2 and 8 KiB, 4 KiB was the best or within 1% of the best on
+//! each of those files, so it is the one default; an earlier run found
+//! `prefetcht0` (into L1) gaining less at that distance. On AMD Zen 4 a 2 KiB
 //! `prefetcht0` in the Q6_K product had slowed it a little (from DRAM, one
 //! thread), and no AMD CPU has been measured with this one, so the default
 //! is on for Intel CPUs only; `LCUT_PREFETCH` (bytes, 0 for none) sets the
