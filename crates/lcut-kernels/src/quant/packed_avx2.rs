@@ -216,7 +216,7 @@ fn g32<const N: usize, const KIND: u8>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m
     let mut extra = [_mm256_setzero_ps(); N];
     let distance = prefetch::distance();
     for (b, blk) in group.chunks_exact(gb).enumerate() {
-        prefetch::ahead(blk, gb, distance);
+        prefetch::ahead(blk, distance);
         let d = f16x8(blk);
         let w = weights32::<KIND>(blk);
         let coef = match KIND {
@@ -272,7 +272,7 @@ fn g_q4k<const N: usize>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m256; N] {
     let mut extra = [_mm256_setzero_ps(); N];
     let distance = prefetch::distance();
     for (sb, blk) in group.chunks_exact(gb).enumerate() {
-        prefetch::ahead(blk, gb, distance);
+        prefetch::ahead(blk, distance);
         let (d, dmin) = (f16x8(blk), f16x8(&blk[16..]));
         for i in 0..4 {
             let (j0, j1) = (2 * i, 2 * i + 1);
@@ -324,7 +324,7 @@ fn g_q6k<const N: usize>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m256; N] {
     let mut acc = [_mm256_setzero_ps(); N];
     let distance = prefetch::distance();
     for (sb, blk) in group.chunks_exact(gb).enumerate() {
-        prefetch::ahead(blk, gb, distance);
+        prefetch::ahead(blk, distance);
         let d = f16x8(blk);
         for h in 0..2 {
             let mut block = [[_mm256_setzero_si256(); N]; 4];

@@ -71,16 +71,16 @@ fn is_intel() -> bool {
     false
 }
 
-/// Ask for the `len` bytes that lie `distance` bytes past the start of
-/// `block` (every cache line of them) to be brought into L2; nothing
-/// when `distance` is 0. A prefetch never faults, so addresses past the end
-/// of the matrix are harmless.
+/// Ask for the bytes of the block `distance` bytes past `block` (as many
+/// as `block` holds, every cache line of them) to be brought into L2;
+/// nothing when `distance` is 0. A prefetch never faults, so addresses past
+/// the end of the matrix are harmless.
 #[inline(always)]
-pub(crate) fn ahead(block: &[u8], len: usize, distance: usize) {
+pub(crate) fn ahead(block: &[u8], distance: usize) {
     #[cfg(target_arch = "x86_64")]
     if distance > 0 {
         let from = block.as_ptr().wrapping_add(distance);
-        for line in (0..len).step_by(64) {
+        for line in (0..block.len()).step_by(64) {
             // SAFETY: a prefetch reads nothing and cannot fault; SSE is part
             // of x86-64.
             unsafe {
@@ -91,7 +91,7 @@ pub(crate) fn ahead(block: &[u8], len: usize, distance: usize) {
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (block, len, distance);
+    let _ = (block, distance);
 }
 
 #[cfg(test)]
@@ -114,9 +114,9 @@ mod tests {
     #[test]
     fn prefetching_past_the_end_of_the_weights_reads_nothing() {
         let block = [7u8; 144];
-        let tail = &block[100..];
-        ahead(tail, 144, 1 << 20);
-        ahead(tail, 144, 0);
+        ahead(&block[100..], 1 << 20);
+        ahead(&block, 1 << 20);
+        ahead(&block, 0);
         assert!(block.iter().all(|&b| b == 7));
     }
 }
