@@ -408,6 +408,12 @@ impl LayerCache {
         Ok(())
     }
 
+    /// Rows at positions below this were checked against what the policy
+    /// keeps once the prompt has run (0 before the decode phase).
+    pub(crate) fn checked_below(&self) -> usize {
+        self.checked_below
+    }
+
     /// Forget which rows were checked against a policy (a cache handed to
     /// another policy's sequence is checked against that policy anew).
     pub(crate) fn forget_checks(&mut self) {

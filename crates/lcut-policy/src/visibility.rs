@@ -143,6 +143,17 @@ pub trait Visibility: fmt::Debug + Send + Sync {
         self.rule_class(layer)
     }
 
+    /// Whether a query at `q` reads at `layer` exactly the earlier keys the
+    /// layer keeps: `key_visible(layer, q, k) == retains_kv(layer, k)` for
+    /// every `k < q`, and per K/V head the same of `head_key_visible` and
+    /// `head_retains_kv` where heads differ. A cache whose rows were all
+    /// checked against what the layer keeps is then read whole, without
+    /// asking about each key (a press's decode step over thousands of kept
+    /// rows per head). False by default: the decoder asks key by key.
+    fn reads_what_it_keeps(&self, _layer: usize, _q: usize) -> bool {
+        false
+    }
+
     /// The K/V this rule holds and reads, counted.
     fn accounting(&self) -> &dyn KvAccounting;
 

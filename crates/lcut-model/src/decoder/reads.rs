@@ -88,7 +88,11 @@ impl KeyReads {
             let rows = if cache.is_split() { i } else { 0 };
             g.heads = heads;
             g.rows = rows;
-            if g.fill(rule, ask, head, cache.group_positions(rows)) {
+            let held = HeldRows {
+                positions: cache.group_positions(rows),
+                checked_below: cache.checked_below(),
+            };
+            if g.fill(rule, ask, head, &held) {
                 self.made += 1;
                 g.version = self.made;
             }
@@ -97,22 +101,44 @@ impl KeyReads {
     }
 }
 
+/// The rows one group of K/V heads holds, as the planner sees them.
+struct HeldRows<'a> {
+    /// Their positions, ascending.
+    positions: &'a [usize],
+    /// Rows below this position were checked against what the policy keeps.
+    checked_below: usize,
+}
+
+impl HeldRows<'_> {
+    /// Whether the one query at `q` reads every held row before it: the
+    /// rule shows a query there exactly what the layer keeps, and every
+    /// held row before `q` was checked against that (the row at `q` is
+    /// stored only where it is kept).
+    fn read_whole(&self, rule: &dyn Visibility, layer: usize, queries: &[usize]) -> bool {
+        matches!(queries, [q] if self.checked_below >= *q && rule.reads_what_it_keeps(layer, *q))
+    }
+}
+
 impl GroupReads {
     /// Make this group's spans for K/V head `head` (`None`: the layer's
-    /// rule, every head alike) over the keys at `keys`; false when the
+    /// rule, every head alike) over the rows `held`; false when the
     /// spans kept from the previous layer are still the answer. A decode
-    /// step (one query) under a rule that shows every earlier key is
+    /// step (one query) under a rule that shows every earlier key, or that
+    /// shows what the layer keeps of a cache checked against it, is
     /// answered anew each time: two binary searches cost less than
-    /// comparing the cache's positions.
+    /// comparing the cache's positions, and far less than asking the rule
+    /// about every row.
     fn fill(
         &mut self,
         rule: &dyn Visibility,
         ask: &ReadQuery<'_>,
         head: Option<usize>,
-        keys: &[usize],
+        held: &HeldRows<'_>,
     ) -> bool {
         let l = ask.layer;
+        let keys = held.positions;
         let class = match head {
+            _ if held.read_whole(rule, l, ask.queries) => 0,
             Some(h) => rule.head_rule_class(l, h),
             None => rule.rule_class(l),
         };
@@ -217,7 +243,8 @@ fn runs_of(
 mod tests {
     use super::*;
     use candle_core::{Device, Tensor};
-    use lcut_policy::{Anchors, Policy, PolicyKind, TokenPhases};
+    use lcut_policy::{Anchors, KvAccounting, Policy, PolicyKind, TokenPhases};
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     fn cache_of(positions: &[usize]) -> LayerCache {
         let mut c = LayerCache::new();
@@ -246,6 +273,100 @@ mod tests {
         assert_eq!(m.visible_prefix, 0);
         let visible: Vec<u8> = m.rest.iter().map(|&x| u8::from(x == 0.0)).collect();
         assert_eq!(visible, vec![1, 1, 1, 0, 0, 0, 0, 1, 1, 1]);
+    }
+
+    /// Keeps the even prompt positions and the decode phase (from 6), shows
+    /// a decode-phase query what it keeps, and counts the keys it is asked
+    /// about.
+    #[derive(Debug)]
+    struct KeepsEven {
+        phases: TokenPhases,
+        asked: AtomicUsize,
+    }
+
+    const DECODE_START: usize = 6;
+
+    impl KeepsEven {
+        fn new() -> Self {
+            Self {
+                phases: TokenPhases::new(9, DECODE_START, 0).expect("phases"),
+                asked: AtomicUsize::new(0),
+            }
+        }
+    }
+
+    impl Visibility for KeepsEven {
+        fn num_layers(&self) -> usize {
+            1
+        }
+        fn phases(&self) -> &TokenPhases {
+            &self.phases
+        }
+        fn token_exists(&self, _layer: usize, _pos: usize) -> bool {
+            true
+        }
+        fn retains_kv(&self, _layer: usize, pos: usize) -> bool {
+            pos >= DECODE_START || pos.is_multiple_of(2)
+        }
+        fn key_visible(&self, layer: usize, q: usize, k: usize) -> bool {
+            self.asked.fetch_add(1, Ordering::Relaxed);
+            q < DECODE_START || self.retains_kv(layer, k)
+        }
+        fn rule_class(&self, _layer: usize) -> usize {
+            1
+        }
+        fn reads_what_it_keeps(&self, _layer: usize, q: usize) -> bool {
+            q >= DECODE_START
+        }
+        fn accounting(&self) -> &dyn KvAccounting {
+            self
+        }
+        fn box_clone(&self) -> Box<dyn Visibility> {
+            Box::new(Self::new())
+        }
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+    }
+
+    impl KvAccounting for KeepsEven {}
+
+    fn decode_step(rule: &KeepsEven, cache: &LayerCache) -> (Vec<Range<usize>>, usize) {
+        rule.asked.store(0, Ordering::Relaxed);
+        let mut reads = KeyReads::default();
+        let ask = ReadQuery {
+            layer: 0,
+            window: None,
+            queries: &[7],
+            kv_heads: 2,
+        };
+        let groups = reads.plan(rule, &ask, cache);
+        let spans = groups[0].spans.of(0).to_vec();
+        (spans, rule.asked.load(Ordering::Relaxed))
+    }
+
+    #[test]
+    fn a_decode_step_over_a_checked_cache_reads_what_is_kept_without_asking_key_by_key() {
+        let rule = KeepsEven::new();
+        // the prompt ran whole: every prompt row is held until the check
+        let mut cache = cache_of(&[0, 1, 2, 3, 4, 5, 6]);
+        let (unchecked, asked) = decode_step(&rule, &cache);
+        // rows 1, 3 and 5 are still held but not kept: asked about, not read
+        assert_eq!(unchecked, vec![0..1, 2..3, 4..5, 6..7]);
+        assert_eq!(asked, 7);
+        cache
+            .retain_checked(2, false, |_, p| rule.retains_kv(0, p))
+            .expect("check");
+        assert_eq!(cache.positions(), &[0, 2, 4, 6]);
+        let x = Tensor::zeros((2, 1, 2), candle_core::DType::F32, &Device::Cpu).expect("zeros");
+        cache.append(&x, &x, &[7]).expect("append");
+        let (checked, asked) = decode_step(&rule, &cache);
+        assert_eq!(
+            checked,
+            vec![0..5],
+            "every held row, the query's own included"
+        );
+        assert_eq!(asked, 0, "no key asked about once the rows were checked");
     }
 
     #[test]

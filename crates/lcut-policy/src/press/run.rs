@@ -435,6 +435,12 @@ impl Visibility for PressRun {
         self.class(layer, Some(kv_head))
     }
 
+    /// A decode-phase query reads what each head keeps (the prompt rows it
+    /// kept and every decode-phase row).
+    fn reads_what_it_keeps(&self, _layer: usize, q: usize) -> bool {
+        q >= self.prompt_len()
+    }
+
     fn accounting(&self) -> &dyn KvAccounting {
         self
     }
