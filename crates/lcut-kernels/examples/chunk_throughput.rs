@@ -8,7 +8,8 @@
 //!     cargo run --release -p lcut-kernels --example chunk_throughput [ROWS COLS N RUNS]
 //!
 //! Defaults: 2048 x 2048 weights (a 1B model's attention output), 512
-//! activation rows (a prefill chunk), 3 runs. `FORMAT=Q4_K` runs one format.
+//! activation rows (a prefill chunk), 3 runs. `FORMAT=Q4_K` runs one format,
+//! `ISA=avx512` one level.
 
 use std::time::Instant;
 
@@ -28,6 +29,7 @@ fn main() {
     let n = args.get(2).copied().unwrap_or(512);
     let runs = args.get(3).copied().unwrap_or(3);
     let only = std::env::var("FORMAT").ok();
+    let only_isa = std::env::var("ISA").ok();
     let mut rng = Rng::new(1);
     let x = rng.normals(n * cols, 1.0);
     let mut acts = Q8Rows::new();
@@ -48,7 +50,10 @@ fn main() {
         let m = QuantMatrix::new(format, &data, rows, cols).expect("whole blocks");
         let mut out = vec![0f32; n * rows];
         let mut scratch = Vec::new();
-        for isa in ALL.into_iter().filter(|i| i.enabled()) {
+        for isa in ALL
+            .into_iter()
+            .filter(|i| i.enabled() && only_isa.as_deref().is_none_or(|o| o == i.name()))
+        {
             let is_wide = takes_wide_activations(isa, format);
             let best = (0..runs)
                 .map(|_| {

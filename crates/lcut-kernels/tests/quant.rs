@@ -378,8 +378,17 @@ fn the_tile_gives_the_same_bits_on_avx2_and_avx512() {
     let mut rng = Rng::new(8);
     for format in FORMATS.into_iter().filter(|&f| tiled(Isa::Avx2, f)) {
         for cols in widths(format) {
-            // a last tile of 5 rows, 1 to 4 activation rows in the last group
-            for (rows, n) in [(37, 17), (16, 2), (5, 3)] {
+            // a last tile of 5 rows; every size of a last group of
+            // activation rows (up to 4 on AVX2, 8 on AVX-512)
+            for (rows, n) in [
+                (37, 17),
+                (16, 2),
+                (5, 3),
+                (21, 12),
+                (9, 15),
+                (24, 13),
+                (8, 6),
+            ] {
                 let data = random_blocks(format, rows * cols / format.block_len(), &mut rng);
                 let m = QuantMatrix::new(format, &data, rows, cols).expect("whole blocks");
                 let packed = PackedMatrix::pack(&m, |r| r).expect("packs");

@@ -19,8 +19,8 @@ use std::arch::x86_64::{
 
 use crate::isa::Isa;
 use crate::quant::acts::Q8Row;
+use crate::quant::format::QK;
 use crate::quant::tile::{BLOCK_BYTES, GROUP, Scaling, TILE, Tile};
-use crate::quant::tile_avx512::act_word;
 
 /// Rows of one pass (lanes of a 256-bit register).
 const HALF: usize = TILE / 2;
@@ -137,4 +137,10 @@ fn run<const A: usize, const M: usize, const CENTERED: bool>(
         // SAFETY: `o` is 8 writable f32 (bounds-checked above); unaligned store.
         unsafe { _mm256_storeu_ps(o.as_mut_ptr(), acc[i]) };
     }
+}
+
+/// The activation bytes `4k..4k + 4` of block `b` of row `a` as one word.
+fn act_word(a: &Q8Row<'_>, b: usize, k: usize) -> i32 {
+    let x = &a.q[QK * b + 4 * k..QK * b + 4 * k + 4];
+    i32::from_le_bytes([x[0] as u8, x[1] as u8, x[2] as u8, x[3] as u8])
 }
