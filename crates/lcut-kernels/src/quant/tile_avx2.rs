@@ -79,8 +79,17 @@ fn run<const A: usize, const M: usize, const CENTERED: bool>(
     let ones = _mm256_set1_epi16(1);
     let lanes = h * HALF..(h + 1) * HALF;
     let parts = if CENTERED { 2 } else { 1 };
+    let blocks = t.blocks();
+    // each row's values, checked once here rather than word by word below
+    let q: [*const i8; A] = std::array::from_fn(|i| {
+        assert!(
+            a[i].q.len() >= QK * blocks,
+            "an activation row shorter than the tile"
+        );
+        a[i].q.as_ptr()
+    });
     let mut acc = [_mm256_setzero_ps(); A];
-    for b in 0..t.blocks() {
+    for b in 0..blocks {
         let wb = &t.q[b * BLOCK_BYTES..(b + 1) * BLOCK_BYTES];
         // the block's integer sum per activation row (Centered: both
         // halves centred and scaled, in integers)
@@ -94,7 +103,10 @@ fn run<const A: usize, const M: usize, const CENTERED: bool>(
                     // SAFETY: `w` is 32 readable bytes (bounds-checked above); unaligned load.
                     let w = unsafe { _mm256_loadu_si256(w.as_ptr().cast::<__m256i>()) };
                     for i in 0..A {
-                        let x = _mm256_set1_epi32(act_word(&a[i], b, k));
+                        // SAFETY: b < blocks and k < 8: within the row's values (checked above).
+                        let word =
+                            unsafe { q[i].add(QK * b + 4 * k).cast::<i32>().read_unaligned() };
+                        let x = _mm256_set1_epi32(word);
                         pairs[i] = _mm256_add_epi16(pairs[i], _mm256_maddubs_epi16(w, x));
                     }
                 }
@@ -137,10 +149,4 @@ fn run<const A: usize, const M: usize, const CENTERED: bool>(
         // SAFETY: `o` is 8 writable f32 (bounds-checked above); unaligned store.
         unsafe { _mm256_storeu_ps(o.as_mut_ptr(), acc[i]) };
     }
-}
-
-/// The activation bytes `4k..4k + 4` of block `b` of row `a` as one word.
-fn act_word(a: &Q8Row<'_>, b: usize, k: usize) -> i32 {
-    let x = &a.q[QK * b + 4 * k..QK * b + 4 * k + 4];
-    i32::from_le_bytes([x[0] as u8, x[1] as u8, x[2] as u8, x[3] as u8])
 }
