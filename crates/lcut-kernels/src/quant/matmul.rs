@@ -209,7 +209,9 @@ fn tiled_part(isa: Isa, m: &QuantMatrix<'_>, a: &[Q8Row<'_>], rows: Range<usize>
     let mut t = Tile::default();
     for first in (rows.start..rows.end).step_by(TILE) {
         let tile_rows = first..rows.end.min(first + TILE);
-        t.fill(m.format(), &m.rows_data(tile_rows), m.row_bytes);
+        if !t.fill_interleaved(m, tile_rows.clone()) {
+            t.fill(m.format(), &m.rows_data(tile_rows), m.row_bytes);
+        }
         t.product(isa, a, &mut o[first - rows.start..], rows.len());
     }
 }

@@ -26,9 +26,13 @@
 
 use crate::isa::Isa;
 use crate::quant::acts::Q8Row;
+use std::ops::Range;
+
 use crate::quant::format::{
     QK, QK_K, QuantFormat, f16_at, nibbles32, q4k_scale_min, q6k_values, values5,
 };
+use crate::quant::packed::{GROUP_ROWS, group_block_bytes};
+use crate::quant::{Layout, QuantMatrix};
 
 /// Weight rows per tile (one per lane of a 512-bit register).
 pub(super) const TILE: usize = 16;
@@ -218,6 +222,93 @@ impl Tile {
                     self.q[at..at + 4].copy_from_slice(&values[4 * k..4 * k + 4]);
                 }
             });
+        }
+    }
+
+    /// Unpack the rows `rows` (at most [`TILE`], starting at a multiple of
+    /// eight) of the interleaved matrix `m` straight from its group blocks,
+    /// where eight rows' four bytes already sit side by side as a tile's
+    /// step holds them: no row is rebuilt in the file's layout first.
+    /// Returns false, leaving the tile as it was, for a format or layout
+    /// this does not cover (Q4_0 and Q4_K interleaved are covered).
+    pub(super) fn fill_interleaved(&mut self, m: &QuantMatrix<'_>, rows: Range<usize>) -> bool {
+        let format = m.format;
+        let covered = matches!(format, QuantFormat::Q4_0 | QuantFormat::Q4K);
+        if m.layout != Layout::Interleaved || !covered || !rows.start.is_multiple_of(GROUP_ROWS) {
+            return false;
+        }
+        let (len, gb) = (format.block_len(), group_block_bytes(format));
+        let blocks_per_row = m.cols / len;
+        let blocks = blocks_per_row * (len / QK);
+        self.rows = rows.len();
+        self.scaling = Scaling::Offset;
+        self.i16_steps = 8;
+        reset(&mut self.q, blocks * BLOCK_BYTES);
+        reset(&mut self.d, blocks * TILE);
+        reset(&mut self.e, blocks * TILE);
+        reset(&mut self.sc, 0);
+        let groups = rows.start / GROUP_ROWS..rows.end.div_ceil(GROUP_ROWS);
+        for (g, group) in groups.enumerate() {
+            let data = &m.data[group * blocks_per_row * gb..][..blocks_per_row * gb];
+            for (i, gblk) in data.chunks_exact(gb).enumerate() {
+                match format {
+                    QuantFormat::Q4_0 => self.put_q4_0(g, i, gblk),
+                    _ => self.put_q4k(g, i, gblk),
+                }
+            }
+        }
+        true
+    }
+
+    /// Step `k` of 32-value block `b` for the eight rows of group `g` of
+    /// the tile: the low (`high` false) or high nibbles of `chunk`.
+    #[inline(always)]
+    fn put_nibbles(&mut self, b: usize, k: usize, g: usize, chunk: &[u8], high: bool) {
+        const LOW: u64 = 0x0F0F_0F0F_0F0F_0F0F;
+        let at = b * BLOCK_BYTES + k * 64 + 4 * GROUP_ROWS * g;
+        let to = &mut self.q[at..at + 4 * GROUP_ROWS];
+        // eight bytes at a time in a word: a nibble per byte needs no lane
+        // shift the baseline instruction set lacks
+        for (to, from) in to.chunks_exact_mut(8).zip(chunk.chunks_exact(8)) {
+            let w = u64::from_le_bytes(from.try_into().expect("eight bytes"));
+            let v = if high { (w >> 4) & LOW } else { w & LOW };
+            to.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+
+    /// Group block `i` (one Q4_0 block of eight rows) into group `g`.
+    fn put_q4_0(&mut self, g: usize, i: usize, gblk: &[u8]) {
+        for r in 0..GROUP_ROWS {
+            let d = f16_at(gblk, 2 * r);
+            self.d[i * TILE + GROUP_ROWS * g + r] = d;
+            self.e[i * TILE + GROUP_ROWS * g + r] = -8.0 * d;
+        }
+        // values 4k..4k + 4 are the low nibbles of chunk k, values 16 + 4k..
+        // the high ones
+        for (c, chunk) in gblk[16..16 + 128].chunks_exact(32).enumerate() {
+            self.put_nibbles(i, c, g, chunk, false);
+            self.put_nibbles(i, c + 4, g, chunk, true);
+        }
+    }
+
+    /// Group block `i` (one Q4_K block of eight rows, eight sub-blocks of
+    /// 32) into group `g`.
+    fn put_q4k(&mut self, g: usize, i: usize, gblk: &[u8]) {
+        for r in 0..GROUP_ROWS {
+            let (d, dmin) = (f16_at(gblk, 2 * r), f16_at(gblk, 16 + 2 * r));
+            for j in 0..QK_K / QK {
+                let (sc, m) = (gblk[32 + 8 * j + r], gblk[96 + 8 * j + r]);
+                let at = (8 * i + j) * TILE + GROUP_ROWS * g + r;
+                self.d[at] = d * f32::from(sc);
+                self.e[at] = -(dmin * f32::from(m));
+            }
+        }
+        // sub-blocks 2p and 2p + 1 are the low and high nibbles of chunks
+        // 8p..8p + 8, step k of both in chunk 8p + k
+        for (c, chunk) in gblk[160..160 + 1024].chunks_exact(32).enumerate() {
+            let (p, k) = (c / 8, c % 8);
+            self.put_nibbles(8 * i + 2 * p, k, g, chunk, false);
+            self.put_nibbles(8 * i + 2 * p + 1, k, g, chunk, true);
         }
     }
 
