@@ -24,10 +24,12 @@
 //! oracle models); its tile multiplies 16-bit activations instead
 //! ([`super::tile_q8`]).
 
-use crate::isa::Isa;
-use crate::quant::acts::Q8Row;
+#![allow(unsafe_code)]
+
 use std::ops::Range;
 
+use crate::isa::Isa;
+use crate::quant::acts::Q8Row;
 use crate::quant::format::{
     QK, QK_K, QuantFormat, f16_at, nibbles32, q4k_scale_min, q6k_values, values5,
 };
@@ -83,6 +85,66 @@ pub(super) fn by_groups<A, const G: usize>(
             let at = (g * G + i) * stride;
             o[at..at + rows].copy_from_slice(&s[..rows]);
         }
+    }
+}
+
+/// Where one activation row's blocks start (values, scales, scaled sums,
+/// sums per 16), checked once against the tile's blocks so that the inner
+/// loop reads them without bounds checks.
+#[derive(Clone, Copy)]
+pub(super) struct ActPtrs {
+    q: *const i8,
+    d: *const f32,
+    s: *const f32,
+    sum16: *const i16,
+}
+
+impl ActPtrs {
+    /// The pointers of `a`; panics if it holds fewer than `blocks` blocks.
+    pub(super) fn of(a: &Q8Row<'_>, blocks: usize) -> Self {
+        assert!(
+            a.q.len() >= QK * blocks
+                && a.d.len() >= blocks
+                && a.s.len() >= blocks
+                && a.sum16.len() >= 2 * blocks,
+            "an activation row shorter than the tile's {blocks} blocks"
+        );
+        Self {
+            q: a.q.as_ptr(),
+            d: a.d.as_ptr(),
+            s: a.s.as_ptr(),
+            sum16: a.sum16.as_ptr(),
+        }
+    }
+
+    /// Activation bytes `4k..4k + 4` of block `b` as one word.
+    ///
+    /// # Safety
+    /// `b` is below the blocks checked in [`ActPtrs::of`] and `k < 8`.
+    #[inline(always)]
+    pub(super) unsafe fn word(self, b: usize, k: usize) -> i32 {
+        // SAFETY: within the row's `QK * blocks` values (the caller's bounds).
+        unsafe { self.q.add(QK * b + 4 * k).cast::<i32>().read_unaligned() }
+    }
+
+    /// Block `b`'s scale and scaled sum.
+    ///
+    /// # Safety
+    /// `b` is below the blocks checked in [`ActPtrs::of`].
+    #[inline(always)]
+    pub(super) unsafe fn scales(self, b: usize) -> (f32, f32) {
+        // SAFETY: within the row's `blocks` scales (the caller's bounds).
+        unsafe { (*self.d.add(b), *self.s.add(b)) }
+    }
+
+    /// The sum of the values of half `h` of block `b`.
+    ///
+    /// # Safety
+    /// `b` is below the blocks checked in [`ActPtrs::of`] and `h < 2`.
+    #[inline(always)]
+    pub(super) unsafe fn sum16(self, b: usize, h: usize) -> i32 {
+        // SAFETY: within the row's `2 * blocks` sums (the caller's bounds).
+        i32::from(unsafe { *self.sum16.add(2 * b + h) })
     }
 }
 

@@ -19,8 +19,7 @@ use std::arch::x86_64::{
 
 use crate::isa::Isa;
 use crate::quant::acts::Q8Row;
-use crate::quant::format::QK;
-use crate::quant::tile::{BLOCK_BYTES, GROUP, Scaling, TILE, Tile};
+use crate::quant::tile::{ActPtrs, BLOCK_BYTES, GROUP, Scaling, TILE, Tile};
 
 /// Rows of one pass (lanes of a 256-bit register).
 const HALF: usize = TILE / 2;
@@ -81,13 +80,7 @@ fn run<const A: usize, const M: usize, const CENTERED: bool>(
     let parts = if CENTERED { 2 } else { 1 };
     let blocks = t.blocks();
     // each row's values, checked once here rather than word by word below
-    let q: [*const i8; A] = std::array::from_fn(|i| {
-        assert!(
-            a[i].q.len() >= QK * blocks,
-            "an activation row shorter than the tile"
-        );
-        a[i].q.as_ptr()
-    });
+    let p: [ActPtrs; A] = std::array::from_fn(|i| ActPtrs::of(&a[i], blocks));
     let mut acc = [_mm256_setzero_ps(); A];
     for b in 0..blocks {
         let wb = &t.q[b * BLOCK_BYTES..(b + 1) * BLOCK_BYTES];
@@ -103,9 +96,8 @@ fn run<const A: usize, const M: usize, const CENTERED: bool>(
                     // SAFETY: `w` is 32 readable bytes (bounds-checked above); unaligned load.
                     let w = unsafe { _mm256_loadu_si256(w.as_ptr().cast::<__m256i>()) };
                     for i in 0..A {
-                        // SAFETY: b < blocks and k < 8: within the row's values (checked above).
-                        let word =
-                            unsafe { q[i].add(QK * b + 4 * k).cast::<i32>().read_unaligned() };
+                        // SAFETY: b < blocks and k < 8 (the rows' bounds checked above).
+                        let word = unsafe { p[i].word(b, k) };
                         let x = _mm256_set1_epi32(word);
                         pairs[i] = _mm256_add_epi16(pairs[i], _mm256_maddubs_epi16(w, x));
                     }

@@ -18,8 +18,7 @@ use std::arch::x86_64::{
 
 use crate::isa::Isa;
 use crate::quant::acts::Q8Row;
-use crate::quant::format::QK;
-use crate::quant::tile::{BLOCK_BYTES, GROUP_AVX512, Scaling, TILE, Tile};
+use crate::quant::tile::{ActPtrs, BLOCK_BYTES, GROUP_AVX512, Scaling, TILE, Tile};
 
 /// The tile against the activation rows `a` (at most [`GROUP_AVX512`])
 /// into `out[i]`, one lane per row.
@@ -40,66 +39,6 @@ pub(super) fn group(t: &Tile, a: &[Q8Row<'_>], out: &mut [[f32; TILE]; GROUP_AVX
             2 => run::<2>(t, a, out),
             _ => run::<1>(t, a, out),
         }
-    }
-}
-
-/// Where one activation row's blocks start (values, scales, scaled sums,
-/// sums per 16), checked once against the tile's blocks so that the inner
-/// loop reads them without bounds checks.
-#[derive(Clone, Copy)]
-struct ActPtrs {
-    q: *const i8,
-    d: *const f32,
-    s: *const f32,
-    sum16: *const i16,
-}
-
-impl ActPtrs {
-    /// The pointers of `a`; panics if it holds fewer than `blocks` blocks.
-    fn of(a: &Q8Row<'_>, blocks: usize) -> Self {
-        assert!(
-            a.q.len() >= QK * blocks
-                && a.d.len() >= blocks
-                && a.s.len() >= blocks
-                && a.sum16.len() >= 2 * blocks,
-            "an activation row shorter than the tile's {blocks} blocks"
-        );
-        Self {
-            q: a.q.as_ptr(),
-            d: a.d.as_ptr(),
-            s: a.s.as_ptr(),
-            sum16: a.sum16.as_ptr(),
-        }
-    }
-
-    /// Activation bytes `4k..4k + 4` of block `b` as one word.
-    ///
-    /// # Safety
-    /// `b` is below the blocks checked in [`ActPtrs::of`] and `k < 8`.
-    #[inline(always)]
-    unsafe fn word(self, b: usize, k: usize) -> i32 {
-        // SAFETY: within the row's `QK * blocks` values (the caller's bounds).
-        unsafe { self.q.add(QK * b + 4 * k).cast::<i32>().read_unaligned() }
-    }
-
-    /// Block `b`'s scale and scaled sum.
-    ///
-    /// # Safety
-    /// `b` is below the blocks checked in [`ActPtrs::of`].
-    #[inline(always)]
-    unsafe fn scales(self, b: usize) -> (f32, f32) {
-        // SAFETY: within the row's `blocks` scales (the caller's bounds).
-        unsafe { (*self.d.add(b), *self.s.add(b)) }
-    }
-
-    /// The sum of the values of half `h` of block `b`.
-    ///
-    /// # Safety
-    /// `b` is below the blocks checked in [`ActPtrs::of`] and `h < 2`.
-    #[inline(always)]
-    unsafe fn sum16(self, b: usize, h: usize) -> i32 {
-        // SAFETY: within the row's `2 * blocks` sums (the caller's bounds).
-        i32::from(unsafe { *self.sum16.add(2 * b + h) })
     }
 }
 
