@@ -331,16 +331,20 @@ mod tests {
 
     impl KvAccounting for KeepsEven {}
 
-    fn decode_step(rule: &KeepsEven, cache: &LayerCache) -> (Vec<Range<usize>>, usize) {
-        rule.asked.store(0, Ordering::Relaxed);
-        let mut reads = KeyReads::default();
-        let ask = ReadQuery {
-            layer: 0,
+    /// The one decode-phase query at position 7 at `layer`, two K/V heads.
+    fn decode_query(layer: usize) -> ReadQuery<'static> {
+        ReadQuery {
+            layer,
             window: None,
             queries: &[7],
             kv_heads: 2,
-        };
-        let groups = reads.plan(rule, &ask, cache);
+        }
+    }
+
+    fn decode_step(rule: &KeepsEven, cache: &LayerCache) -> (Vec<Range<usize>>, usize) {
+        rule.asked.store(0, Ordering::Relaxed);
+        let mut reads = KeyReads::default();
+        let groups = reads.plan(rule, &decode_query(0), cache);
         let spans = groups[0].spans.of(0).to_vec();
         (spans, rule.asked.load(Ordering::Relaxed))
     }
@@ -377,13 +381,7 @@ mod tests {
             .visibility(phases);
         let cache = cache_of(&[0, 5, 6, 7]);
         let mut reads = KeyReads::default();
-        let ask = ReadQuery {
-            layer: 1,
-            window: None,
-            queries: &[7],
-            kv_heads: 2,
-        };
-        let groups = reads.plan(rule.as_ref(), &ask, &cache);
+        let groups = reads.plan(rule.as_ref(), &decode_query(1), &cache);
         assert_eq!(groups[0].spans.of(0).to_vec(), vec![0..4]);
         assert!(groups[0].mask(4).is_none());
     }
