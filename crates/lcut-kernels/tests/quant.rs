@@ -367,19 +367,26 @@ fn the_tile_does_not_saturate_on_the_largest_values() {
 }
 
 /// A prefill chunk gives the same logits on an AVX2-only CPU as on one with
-/// AVX-512: both tiles sum the same integers and scale them lane by lane
-/// in the same order.
+/// AVX-512, and with AMX: every tile sums the same integers and scales them
+/// lane by lane in the same order.
 #[test]
-fn the_tile_gives_the_same_bits_on_avx2_and_avx512() {
-    let mut checks = IsaChecks::new("quant::the_tile_gives_the_same_bits_on_avx2_and_avx512");
+fn the_tile_gives_the_same_bits_on_avx2_avx512_and_amx() {
+    let mut checks = IsaChecks::new("quant::the_tile_gives_the_same_bits_on_avx2_avx512_and_amx");
     if !(checks.runs(Isa::Avx2) && checks.runs(Isa::Avx512)) {
         return;
     }
+    // AMX where this machine runs it (counted as skipped otherwise)
+    let levels: Vec<Isa> = [Isa::Avx2, Isa::Avx512, Isa::Amx]
+        .into_iter()
+        .filter(|&isa| checks.runs(isa))
+        .collect();
     let mut rng = Rng::new(8);
     for format in FORMATS.into_iter().filter(|&f| tiled(Isa::Avx2, f)) {
         for cols in widths(format) {
             // a last tile of 5 rows; every size of a last group of
-            // activation rows (up to 4 on AVX2, 8 on AVX-512)
+            // activation rows (up to 4 on AVX2, 8 on AVX-512); one, two and
+            // three whole groups of sixteen for AMX, with and without rows
+            // left over for AVX-512
             for (rows, n) in [
                 (37, 17),
                 (16, 2),
@@ -388,6 +395,9 @@ fn the_tile_gives_the_same_bits_on_avx2_and_avx512() {
                 (9, 15),
                 (24, 13),
                 (8, 6),
+                (19, 16),
+                (16, 32),
+                (40, 55),
             ] {
                 let data = random_blocks(format, rows * cols / format.block_len(), &mut rng);
                 let m = QuantMatrix::new(format, &data, rows, cols).expect("whole blocks");
@@ -400,7 +410,7 @@ fn the_tile_gives_the_same_bits_on_avx2_and_avx512() {
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 let mut all = Vec::new();
                 for view in [m, packed.view()] {
-                    for isa in [Isa::Avx2, Isa::Avx512] {
+                    for &isa in &levels {
                         let mut got = vec![0f32; n * rows];
                         matmul(isa, &view, &q, &mut got, &mut Vec::new()).expect("shapes");
                         all.push(bits(&got));

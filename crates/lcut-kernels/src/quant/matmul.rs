@@ -156,8 +156,11 @@ pub fn matmul(
     let a: Vec<Q8Row<'_>> = (0..n).map(|i| acts.row(i)).collect();
     #[cfg(target_arch = "x86_64")]
     if super::tile::supports(isa, m.format()) {
+        // laid out for the AMX tiles once, read by every thread
+        let amx = (super::tile::takes_amx(isa, m.format()) && n >= super::tile::TILE)
+            .then(|| super::tile_amx::AmxActs::new(&a, m.cols() / super::format::QK));
         tiled(m, n, out, scratch, |rows, o| {
-            tiled_part(isa, m, &a, rows, o)
+            tiled_part(isa, m, &a, amx.as_ref(), rows, o)
         });
         return Ok(());
     }
@@ -202,9 +205,17 @@ fn part(
 }
 
 /// One thread's weight rows `rows` on the tile micro-kernel, into `o`
-/// ([activation][row - rows.start]), sixteen rows unpacked at a time.
+/// ([activation][row - rows.start]), sixteen rows unpacked at a time;
+/// `amx`: `a`'s values laid out for the AMX tiles, where they run.
 #[cfg(target_arch = "x86_64")]
-fn tiled_part(isa: Isa, m: &QuantMatrix<'_>, a: &[Q8Row<'_>], rows: Range<usize>, o: &mut [f32]) {
+fn tiled_part(
+    isa: Isa,
+    m: &QuantMatrix<'_>,
+    a: &[Q8Row<'_>],
+    amx: Option<&super::tile_amx::AmxActs>,
+    rows: Range<usize>,
+    o: &mut [f32],
+) {
     use super::tile::{TILE, Tile};
     let mut t = Tile::default();
     for first in (rows.start..rows.end).step_by(TILE) {
@@ -212,7 +223,7 @@ fn tiled_part(isa: Isa, m: &QuantMatrix<'_>, a: &[Q8Row<'_>], rows: Range<usize>
         if !t.fill_interleaved(m, tile_rows.clone()) {
             t.fill(m.format(), &m.rows_data(tile_rows), m.row_bytes);
         }
-        t.product(isa, a, &mut o[first - rows.start..], rows.len());
+        t.product(isa, a, amx, &mut o[first - rows.start..], rows.len());
     }
 }
 

@@ -26,6 +26,8 @@ mod packed_avx512;
 #[cfg(target_arch = "x86_64")]
 mod tile;
 #[cfg(target_arch = "x86_64")]
+mod tile_amx;
+#[cfg(target_arch = "x86_64")]
 mod tile_avx2;
 #[cfg(target_arch = "x86_64")]
 mod tile_avx512;

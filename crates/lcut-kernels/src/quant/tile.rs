@@ -34,6 +34,7 @@ use crate::quant::format::{
     QK, QK_K, QuantFormat, f16_at, nibbles32, q4k_scale_min, q6k_values, values5,
 };
 use crate::quant::packed::{GROUP_ROWS, group_block_bytes};
+use crate::quant::tile_amx::{self, AmxActs, Tiles};
 use crate::quant::{Layout, QuantMatrix};
 
 /// Weight rows per tile (one per lane of a 512-bit register).
@@ -56,10 +57,19 @@ pub(super) fn supports(isa: Isa, format: QuantFormat) -> bool {
     level(isa).is_some() && format != QuantFormat::Q8_0
 }
 
-/// The level a tile (this one or Q8_0's) runs on at `isa` here: AVX-512
-/// VNNI or AVX2, `None` below.
+/// Whether the chunk product of `format` at `isa` takes the AMX tiles here
+/// (every format with this tile but Q6_K, where AMX runs).
+pub(super) fn takes_amx(isa: Isa, format: QuantFormat) -> bool {
+    supports(isa, format) && level(isa) == Some(Isa::Amx) && format != QuantFormat::Q6K
+}
+
+/// The level a tile (this one or Q8_0's) runs on at `isa` here: AMX (the
+/// 8-bit tile only; Q8_0's runs its AVX-512 path there), AVX-512 VNNI or
+/// AVX2, `None` below.
 pub(super) fn level(isa: Isa) -> Option<Isa> {
-    if isa >= Isa::Avx512 && Isa::Avx512.available() {
+    if isa >= Isa::Amx && Isa::Amx.available() {
+        Some(Isa::Amx)
+    } else if isa >= Isa::Avx512 && Isa::Avx512.available() {
         Some(Isa::Avx512)
     } else if isa >= Isa::Avx2 && Isa::Avx2.available() {
         Some(Isa::Avx2)
@@ -381,9 +391,37 @@ impl Tile {
 
     /// The tile against every activation row `a` on the best level up to
     /// `isa` ([`supports`] must hold): `o[i * stride + r]` is row r dot
-    /// activation row i.
-    pub(super) fn product(&self, isa: Isa, a: &[Q8Row<'_>], o: &mut [f32], stride: usize) {
-        if level(isa).expect("the tile runs on AVX2 or AVX-512") == Isa::Avx512 {
+    /// activation row i. `amx` holds `a`'s whole groups of sixteen laid
+    /// out for AMX, where that level runs (there they take the AMX tiles,
+    /// but for Q6_K; the rest, and all rows without it, run on AVX-512 or
+    /// AVX2: the same bits).
+    pub(super) fn product(
+        &self,
+        isa: Isa,
+        a: &[Q8Row<'_>],
+        amx: Option<&AmxActs>,
+        o: &mut [f32],
+        stride: usize,
+    ) {
+        let level = level(isa).expect("the tile runs on AVX2, AVX-512 or AMX");
+        let mut a = a;
+        let mut o = o;
+        if let Some(acts) = amx.filter(|_| level == Isa::Amx && tile_amx::takes(self.scaling))
+            && let Some(mut tiles) = Tiles::start()
+        {
+            let whole = acts.rows().min(a.len() / TILE * TILE);
+            let mut g = 0;
+            by_groups(&a[..whole], self.rows, o, stride, |_, sums| {
+                tiles.group(self, acts, g, sums);
+                g += 1;
+            });
+            if whole == a.len() {
+                return;
+            }
+            a = &a[whole..];
+            o = &mut o[whole * stride..];
+        }
+        if level >= Isa::Avx512 {
             by_groups(a, self.rows, o, stride, |group, sums| {
                 super::tile_avx512::group(self, group, sums)
             });

@@ -82,11 +82,12 @@ impl Tile16 {
     /// `isa` ([`supports`] must hold): `o[i * stride + r]` is row r dot
     /// activation row i.
     pub(super) fn product(&self, isa: Isa, a: &[Q16Row<'_>], o: &mut [f32], stride: usize) {
-        let level = level(isa).expect("the Q8_0 tile runs on AVX2 or AVX-512");
+        let level =
+            level(isa).expect("the Q8_0 tile runs on AVX2 or AVX-512 (AMX: its AVX-512 path)");
         by_groups(a, self.rows, o, stride, |group, sums| {
             // SAFETY: `level` is a level this CPU has.
             unsafe {
-                match (level == Isa::Avx512, group.len()) {
+                match (level >= Isa::Avx512, group.len()) {
                     (true, 4) => group_avx512::<4>(self, group, sums),
                     (true, 3) => group_avx512::<3>(self, group, sums),
                     (true, 2) => group_avx512::<2>(self, group, sums),
