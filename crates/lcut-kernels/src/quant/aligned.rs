@@ -32,6 +32,13 @@ impl AlignedBytes {
         }
     }
 
+    /// `len` zero bytes in place of what was held, keeping the allocation.
+    pub fn reset(&mut self, len: usize) {
+        self.lines.clear();
+        self.lines.resize(len.div_ceil(64), Line([0; 64]));
+        self.len = len;
+    }
+
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: `lines` holds `lines.len() * 64 >= len` initialised bytes
@@ -69,6 +76,10 @@ mod tests {
                 .enumerate()
                 .for_each(|(i, x)| *x = i as u8);
             assert!(b.as_slice().iter().enumerate().all(|(i, &x)| x == i as u8));
+            b.reset(len / 2);
+            assert_eq!(b.len(), len / 2);
+            assert_eq!(b.as_slice().as_ptr() as usize % 64, 0);
+            assert!(b.as_slice().iter().all(|&x| x == 0));
         }
     }
 }

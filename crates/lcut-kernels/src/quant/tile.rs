@@ -30,6 +30,7 @@ use std::ops::Range;
 
 use crate::isa::Isa;
 use crate::quant::acts::Q8Row;
+use crate::quant::aligned::AlignedBytes;
 use crate::quant::format::{
     QK, QK_K, QuantFormat, f16_at, nibbles32, q4k_scale_min, q6k_values, values5,
 };
@@ -235,8 +236,9 @@ fn for_each_block32(
 /// (four values of each row) and the rows' scales.
 #[derive(Debug, Default)]
 pub(super) struct Tile {
-    /// The values, [block][step][row][4].
-    pub(super) q: Vec<u8>,
+    /// The values, [block][step][row][4], from the start of a cache line
+    /// (a step's 64 bytes on one line).
+    pub(super) q: AlignedBytes,
     /// Each row's scale, [block][row].
     pub(super) d: Vec<f32>,
     /// `Offset`: each row's offset, [block][row].
@@ -268,7 +270,7 @@ impl Tile {
             QuantFormat::Q5_0 | QuantFormat::Q5_1 => 4,
             _ => 2,
         };
-        reset(&mut self.q, blocks * BLOCK_BYTES);
+        self.q.reset(blocks * BLOCK_BYTES);
         reset(&mut self.d, blocks * TILE);
         let (offsets, scales) = match self.scaling {
             Scaling::Offset => (blocks * TILE, 0),
@@ -291,7 +293,7 @@ impl Tile {
                 }
                 for k in 0..8 {
                     let at = b * BLOCK_BYTES + k * 64 + r * 4;
-                    self.q[at..at + 4].copy_from_slice(&values[4 * k..4 * k + 4]);
+                    self.q.as_mut_slice()[at..at + 4].copy_from_slice(&values[4 * k..4 * k + 4]);
                 }
             });
         }
@@ -315,7 +317,7 @@ impl Tile {
         self.rows = rows.len();
         self.scaling = Scaling::Offset;
         self.i16_steps = 8;
-        reset(&mut self.q, blocks * BLOCK_BYTES);
+        self.q.reset(blocks * BLOCK_BYTES);
         reset(&mut self.d, blocks * TILE);
         reset(&mut self.e, blocks * TILE);
         reset(&mut self.sc, 0);
@@ -338,7 +340,7 @@ impl Tile {
     fn put_nibbles(&mut self, b: usize, k: usize, g: usize, chunk: &[u8], high: bool) {
         const LOW: u64 = 0x0F0F_0F0F_0F0F_0F0F;
         let at = b * BLOCK_BYTES + k * 64 + 4 * GROUP_ROWS * g;
-        let to = &mut self.q[at..at + 4 * GROUP_ROWS];
+        let to = &mut self.q.as_mut_slice()[at..at + 4 * GROUP_ROWS];
         // eight bytes at a time in a word: a nibble per byte needs no lane
         // shift the baseline instruction set lacks
         for (to, from) in to.chunks_exact_mut(8).zip(chunk.chunks_exact(8)) {

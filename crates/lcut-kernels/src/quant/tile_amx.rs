@@ -19,9 +19,11 @@
 //! stays there.
 //!
 //! The activations are laid out once per product for the A tiles
-//! ([`AmxActs`]: a block of sixteen rows in 512 consecutive bytes, and
-//! their scales side by side; read in place, at the rows' stride, the tile
-//! loads stalled the product). The tile registers are set up once per
+//! ([`AmxActs`]: a block of sixteen rows in 512 consecutive bytes on whole
+//! cache lines, and their scales side by side; read in place, at the rows'
+//! stride, the tile loads stalled the product), and the tile's values
+//! start on a cache line too: a tile row split across two lines took the
+//! product to half its rate. The tile registers are set up once per
 //! tile's product ([`Tiles::start`]) and released when it ends, so that a
 //! thread not multiplying holds no tile state for the kernel to save.
 
@@ -35,6 +37,7 @@ use std::arch::x86_64::{
 
 use crate::isa::Isa;
 use crate::quant::acts::Q8Row;
+use crate::quant::aligned::AlignedBytes;
 use crate::quant::format::QK;
 use crate::quant::tile::{BLOCK_BYTES, Scaling, TILE, Tile};
 
@@ -99,8 +102,9 @@ const SLOTS: usize = 4;
 /// and scaled sums side by side.
 #[derive(Debug, Default)]
 pub(super) struct AmxActs {
-    /// The values, [group][block][row][32].
-    q: Vec<i8>,
+    /// The values (signed bytes), [group][block][row][32], each block of
+    /// sixteen rows on its own eight cache lines.
+    q: AlignedBytes,
     /// Each row's scale, [group][block][row].
     d: Vec<f32>,
     /// Each row's scale times its block's sum, [group][block][row].
@@ -112,7 +116,7 @@ pub(super) struct AmxActs {
 /// One group of [`AmxActs`].
 #[derive(Clone, Copy)]
 struct GroupActs<'a> {
-    q: &'a [i8],
+    q: &'a [u8],
     d: &'a [f32],
     s: &'a [f32],
 }
@@ -123,15 +127,18 @@ impl AmxActs {
     pub(super) fn new(a: &[Q8Row<'_>], blocks: usize) -> Self {
         let groups = a.len() / ROWS;
         let mut acts = AmxActs {
-            q: Vec::with_capacity(groups * blocks * ROWS * QK),
+            q: AlignedBytes::zeroed(groups * blocks * ROWS * QK),
             d: Vec::with_capacity(groups * blocks * ROWS),
             s: Vec::with_capacity(groups * blocks * ROWS),
             blocks,
         };
+        let mut values = acts.q.as_mut_slice().chunks_exact_mut(QK);
         for rows in a.chunks_exact(ROWS) {
             for b in 0..blocks {
-                for row in rows {
-                    acts.q.extend_from_slice(&row.q[b * QK..(b + 1) * QK]);
+                for (row, to) in rows.iter().zip(values.by_ref()) {
+                    for (to, &v) in to.iter_mut().zip(&row.q[b * QK..(b + 1) * QK]) {
+                        *to = v as u8;
+                    }
                     acts.d.push(row.d[b]);
                     acts.s.push(row.s[b]);
                 }
@@ -149,7 +156,7 @@ impl AmxActs {
     fn group(&self, g: usize) -> GroupActs<'_> {
         let n = self.blocks * ROWS;
         GroupActs {
-            q: &self.q[g * n * QK..(g + 1) * n * QK],
+            q: &self.q.as_slice()[g * n * QK..(g + 1) * n * QK],
             d: &self.d[g * n..(g + 1) * n],
             s: &self.s[g * n..(g + 1) * n],
         }
@@ -255,8 +262,8 @@ unsafe fn run(t: &Tile, a: GroupActs<'_>, sums: &mut [Sums; SLOTS], out: &mut [[
         // activations are in bounds (checked above: b < blocks); the tiles
         // are configured (the caller); the store writes the 1 KiB slot.
         unsafe {
-            let w = t.q.as_ptr().add(b * BLOCK_BYTES);
-            let x = a.q.as_ptr().add(b * ROWS * QK);
+            let w = t.q.as_slice().as_ptr().add(b * BLOCK_BYTES);
+            let x = a.q.as_ptr().add(b * ROWS * QK).cast::<i8>();
             let o = slot.0.as_mut_ptr();
             if b.is_multiple_of(2) {
                 tile_product!("tmm0", "tmm1", "tmm2", x, w, o);

@@ -83,7 +83,7 @@ fn run<const A: usize, const M: usize, const CENTERED: bool>(
     let p: [ActPtrs; A] = std::array::from_fn(|i| ActPtrs::of(&a[i], blocks));
     let mut acc = [_mm256_setzero_ps(); A];
     for b in 0..blocks {
-        let wb = &t.q[b * BLOCK_BYTES..(b + 1) * BLOCK_BYTES];
+        let wb = &t.q.as_slice()[b * BLOCK_BYTES..(b + 1) * BLOCK_BYTES];
         // the block's integer sum per activation row (Centered: both
         // halves centred and scaled, in integers)
         let mut total = [_mm256_setzero_si256(); A];

@@ -52,7 +52,7 @@ fn run<const A: usize>(t: &Tile, a: &[Q8Row<'_>], out: &mut [[f32; TILE]; GROUP_
     let mut acc = [_mm512_setzero_ps(); A];
     for b in 0..blocks {
         // SAFETY: block `b` of the tile's values is in bounds (checked above).
-        let wb = unsafe { t.q.as_ptr().add(b * BLOCK_BYTES) };
+        let wb = unsafe { t.q.as_slice().as_ptr().add(b * BLOCK_BYTES) };
         // the integer sums of steps `steps` for every activation row, the
         // even and odd steps in two chains (integers: the same sums)
         let sums = |steps: std::ops::Range<usize>| {
