@@ -282,7 +282,7 @@ run_lcut() {
   (cd "$root" && env RAYON_NUM_THREADS="$threads" CANDLE_NUM_THREADS="$threads" \
     ${lcut_isa:+LCUT_ISA="$lcut_isa"} \
     "$lcut" bench --model "$model" "${lcut_flags[@]}" \
-    --prompt-lengths "$lcut_lengths" --json "$json" ${LCUT_ARGS:-})
+    --prompt-lengths "$lcut_lengths" --json "$json" ${LCUT_ARGS:-}) 2>&1 | tee "$out/lcut.$1.log"
 }
 
 sampler=""
@@ -306,7 +306,7 @@ for ((r = 1; r <= rounds; r++)); do
 done
 
 cpu=$(grep -m 1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
-cpu_isa=$(echo $(has avx2 || true) $(has fma || true) $(has f16c || true) $(has avx512f || true) $(has avx512bw || true) $(has avx512vl || true) $(has avx512_vnni || true))
+cpu_isa=$(echo $(has avx2 || true) $(has fma || true) $(has f16c || true) $(has avx512f || true) $(has avx512bw || true) $(has avx512vl || true) $(has avx512_vnni || true) $(has amx_int8 || true))
 
 echo
 MODEL="$model" GEN="$gen" PREFILL="$prefill" DEPTHS="$depths" ROUNDS="$rounds" \
@@ -317,6 +317,7 @@ MODEL="$model" GEN="$gen" PREFILL="$prefill" DEPTHS="$depths" ROUNDS="$rounds" \
 import glob
 import json
 import os
+import re
 import statistics
 import sys
 
@@ -376,7 +377,16 @@ lines.append(f"- llama.cpp: build {settings.get('build_number', '?')} ({settings
              f"n_threads {settings.get('n_threads', '?')})"
              + (f"; {env['BUILD_NOTE']}" if env["BUILD_NOTE"] else ""))
 lcut_isa = env["LCUT_ISA_USED"]
-lines.append(f"- lcut: `lcut bench {env['LCUT_FLAGS'].strip()}`" + (f" with LCUT_ISA={lcut_isa}" if lcut_isa else ""))
+# the kernels' level lcut ran (its bench prints "(amx kernels, ..."), from round 1's log
+kernels = "?"
+try:
+    with open(os.path.join(out, "lcut.1.log")) as f:
+        found = re.search(r"\((\w+) kernels", f.read())
+        kernels = found.group(1) if found else "?"
+except OSError:
+    pass
+lines.append(f"- lcut: `lcut bench {env['LCUT_FLAGS'].strip()}`" + (f" with LCUT_ISA={lcut_isa}" if lcut_isa else "")
+             + f"; its kernels: {kernels}")
 lines.append(f"- before the run: {env['BUSY']}% of the CPU in use, load average {env['LOAD_START']}"
              + (f"; {env['BUSY_NOTE']}" if env["BUSY_NOTE"] else ""))
 lines.append("")
