@@ -17,6 +17,7 @@ See ``help(lcut.load)``, ``help(lcut.Session)`` and docs/python.md.
 
 from ._errors import InvalidInputError, LcutError, NotFoundError
 from ._lcut import (
+    KEEPS_FREED_BUFFERS,
     LAYER_METRICS,
     Forward,
     Generation,
@@ -29,6 +30,7 @@ from ._lcut import (
 )
 
 __all__ = [
+    "KEEPS_FREED_BUFFERS",
     "LAYER_METRICS",
     "Forward",
     "Generation",

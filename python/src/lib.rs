@@ -37,5 +37,12 @@ fn _lcut(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<report::Report>()?;
     m.add("LAYER_METRICS", table::metric_names())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // the prefill's MiB-sized buffers stay in the heap, as the `lcut` binary
+    // keeps them (LCUT_KEEP_FREED_BUFFERS=0 before the import leaves the
+    // allocator as it was); whether it took, for the curious
+    m.add(
+        "KEEPS_FREED_BUFFERS",
+        lcut_engine::heap::keep_freed_buffers(),
+    )?;
     Ok(())
 }

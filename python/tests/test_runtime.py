@@ -1,12 +1,16 @@
 """How long calls behave in an interpreter: the GIL is released, Ctrl-C
 stops them through the engine's cancellation, a progress bar shows; and the
-API is documented and typed (docstrings, complete stubs)."""
+API is documented and typed (docstrings, complete stubs); the import keeps
+the prefill's buffers in the heap as the binary does."""
 
 import _thread
 import ast
 import inspect
+import os
 import pathlib
+import platform
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -176,3 +180,22 @@ def test_the_errors_are_python_builtins_too():
     assert issubclass(lcut.NotFoundError, FileNotFoundError)
     assert issubclass(lcut.InvalidInputError, lcut.LcutError)
     assert lcut.load(BUNDLED).config.layers == 4
+
+
+def test_the_import_keeps_freed_buffers_unless_told_not_to(tmp_path):
+    # glibc is told at import to keep the prefill's MiB-sized buffers in its
+    # heap, as the lcut binary does; LCUT_KEEP_FREED_BUFFERS=0 leaves it be
+    def imported(**env):
+        out = subprocess.run(
+            [sys.executable, "-c", "import lcut; print(lcut.KEEPS_FREED_BUFFERS)"],
+            env={**os.environ, **env},
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return out.stdout.strip()
+
+    glibc = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+    assert imported() == str(glibc)
+    assert imported(LCUT_KEEP_FREED_BUFFERS="0") == "False"

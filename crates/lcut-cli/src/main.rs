@@ -115,36 +115,6 @@ fn quiet_on_closed_pipe() {
     }
 }
 
-/// Heap buffers up to this size come from the heap rather than a mapping
-/// of their own (64 MiB: an 8B model's MLP output over a 512-token chunk is
-/// 29 MB).
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-const HEAP_BUFFERS_UP_TO: usize = 64 << 20;
-
-/// Free memory at the heap's top kept for the next allocation, not handed
-/// back to the kernel.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-const HEAP_KEPT: usize = 256 << 20;
-
-/// A prefill chunk's products allocate and free buffers of several MiB
-/// every layer (16 MB for a 1B model's MLP over 512 tokens). glibc gave
-/// them back to the kernel on free and faulted them in again on the next
-/// product: a 1B prefill bench took 1.3 million page faults and spent a
-/// tenth to a fifth of its CPU time in the kernel. Keep such buffers in the
-/// heap instead (faults 4x fewer, kernel time 2.1 s -> 0.6 s, the same
-/// peak resident memory). Only glibc's allocator is told; elsewhere this
-/// does nothing.
-#[allow(unsafe_code)]
-fn keep_freed_buffers() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: called first thing in main, before any other thread exists;
-    // mallopt only sets the allocator's thresholds.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, HEAP_BUFFERS_UP_TO as libc::c_int);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, HEAP_KEPT as libc::c_int);
-    }
-}
-
 /// `lcut train --lora R ...` trains an adapter: the arguments of
 /// `train-lora`. (`train` alone trains a bundled task model from scratch,
 /// whose options — `--layers` as a count among them — differ.)
@@ -158,7 +128,8 @@ fn route_adapter_training(mut args: Vec<OsString>) -> Vec<OsString> {
 
 fn main() -> anyhow::Result<()> {
     quiet_on_closed_pipe();
-    keep_freed_buffers();
+    // before any other thread allocates (see `lcut_engine::heap`)
+    lcut_engine::heap::keep_freed_buffers();
     pin_thread_count();
     let cli = Cli::parse_from(route_adapter_training(std::env::args_os().collect()));
     match &cli.command {

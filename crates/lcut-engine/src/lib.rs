@@ -13,6 +13,7 @@ mod generate;
 pub mod gguf_tokenizer;
 pub mod head_check;
 pub mod heads;
+pub mod heap;
 pub mod leaderboard;
 mod prompt;
 pub mod serve_shape;
