@@ -382,7 +382,9 @@ fn the_tile_gives_the_same_bits_on_avx2_avx512_and_amx() {
         .collect();
     let mut rng = Rng::new(8);
     for format in FORMATS.into_iter().filter(|&f| tiled(Isa::Avx2, f)) {
-        for cols in widths(format) {
+        // and rows as wide as the AMX tiles take (2048 values, from a 1B
+        // model up)
+        for cols in widths(format).into_iter().chain([2048]) {
             // a last tile of 5 rows; every size of a last group of
             // activation rows (up to 4 on AVX2, 8 on AVX-512); one, two and
             // three whole groups of sixteen for AMX, with and without rows

@@ -157,7 +157,7 @@ pub fn matmul(
     #[cfg(target_arch = "x86_64")]
     if super::tile::supports(isa, m.format()) {
         // laid out for the AMX tiles once, read by every thread
-        let amx = (super::tile::takes_amx(isa, m.format()) && n >= super::tile::TILE)
+        let amx = (super::tile::takes_amx(isa, m.format(), m.cols()) && n >= super::tile::TILE)
             .then(|| super::tile_amx::AmxActs::new(&a, m.cols() / super::format::QK));
         tiled(m, n, out, scratch, |rows, o| {
             tiled_part(isa, m, &a, amx.as_ref(), rows, o)

@@ -58,10 +58,20 @@ pub(super) fn supports(isa: Isa, format: QuantFormat) -> bool {
     level(isa).is_some() && format != QuantFormat::Q8_0
 }
 
-/// Whether the chunk product of `format` at `isa` takes the AMX tiles here
-/// (every format with this tile but Q6_K, where AMX runs).
-pub(super) fn takes_amx(isa: Isa, format: QuantFormat) -> bool {
-    supports(isa, format) && level(isa) == Some(Isa::Amx) && format != QuantFormat::Q6K
+/// Narrowest rows the AMX tiles take. On narrower matrices (Gemma 3 270M's
+/// 640 columns, SmolLM2's 576) a whole prefill ran 1-11% slower with them
+/// than on the AVX-512 tile (six interleaved rounds on Gemma, mixed on
+/// SmolLM2), though one thread's product alone ran as fast or faster.
+pub(super) const AMX_MIN_COLS: usize = 2048;
+
+/// Whether the chunk product of `format` at `isa`, rows of `cols` values,
+/// takes the AMX tiles here: every format with this tile but Q6_K, rows of
+/// at least [`AMX_MIN_COLS`], where AMX runs.
+pub(super) fn takes_amx(isa: Isa, format: QuantFormat, cols: usize) -> bool {
+    supports(isa, format)
+        && level(isa) == Some(Isa::Amx)
+        && format != QuantFormat::Q6K
+        && cols >= AMX_MIN_COLS
 }
 
 /// The level a tile (this one or Q8_0's) runs on at `isa` here: AMX (the
