@@ -36,12 +36,12 @@ pub fn keep_freed_buffers() -> bool {
     }
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
-        let c_int = |bytes: usize| libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
         // SAFETY: mallopt only sets the allocator's thresholds; glibc takes
-        // its own lock, so other threads may be allocating.
+        // its own lock, so other threads may be allocating. Both values fit
+        // an int (asserted below).
         unsafe {
-            libc::mallopt(libc::M_MMAP_THRESHOLD, c_int(HEAP_BUFFERS_UP_TO)) == 1
-                && libc::mallopt(libc::M_TRIM_THRESHOLD, c_int(HEAP_KEPT)) == 1
+            libc::mallopt(libc::M_MMAP_THRESHOLD, HEAP_BUFFERS_UP_TO as libc::c_int) == 1
+                && libc::mallopt(libc::M_TRIM_THRESHOLD, HEAP_KEPT as libc::c_int) == 1
         }
     }
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]

@@ -35,7 +35,7 @@ use crate::quant::format::{
     QK, QK_K, QuantFormat, f16_at, nibbles32, q4k_scale_min, q6k_values, values5,
 };
 use crate::quant::packed::{GROUP_ROWS, group_block_bytes};
-use crate::quant::tile_amx::{self, AmxActs, Tiles};
+use crate::quant::tile_amx::{AmxActs, Tiles};
 use crate::quant::{Layout, QuantMatrix};
 
 /// Weight rows per tile (one per lane of a 512-bit register).
@@ -404,9 +404,9 @@ impl Tile {
     /// The tile against every activation row `a` on the best level up to
     /// `isa` ([`supports`] must hold): `o[i * stride + r]` is row r dot
     /// activation row i. `amx` holds `a`'s whole groups of sixteen laid
-    /// out for AMX, where that level runs (there they take the AMX tiles,
-    /// but for Q6_K; the rest, and all rows without it, run on AVX-512 or
-    /// AVX2: the same bits).
+    /// out for AMX, given where the AMX tiles take the product
+    /// ([`takes_amx`]); those groups run on the tiles, the rest, and all
+    /// rows without it, on AVX-512 or AVX2: the same bits.
     pub(super) fn product(
         &self,
         isa: Isa,
@@ -418,7 +418,8 @@ impl Tile {
         let level = level(isa).expect("the tile runs on AVX2, AVX-512 or AMX");
         let mut a = a;
         let mut o = o;
-        if let Some(acts) = amx.filter(|_| level == Isa::Amx && tile_amx::takes(self.scaling))
+        // `amx` is given only where the tiles take this product (`takes_amx`)
+        if let Some(acts) = amx
             && let Some(mut tiles) = Tiles::start()
         {
             let whole = acts.rows().min(a.len() / TILE * TILE);
