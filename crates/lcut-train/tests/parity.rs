@@ -84,6 +84,8 @@ fn random_checkpoint_matches_the_decoder() -> Result<()> {
         max_position_embeddings: 512,
     };
     let varmap = init_varmap(&shape, 0.02, 7, &dev)?;
+    // fixed draws: candle's `Tensor::rand` on the CPU is seeded from the clock
+    let mut rng = lcut_kernels::testdata::Rng::new(7);
     // Sharpen the weights so that attention is far from uniform and the
     // logits far from zero: a layout or mask slip then shows.
     for var in varmap.all_vars() {
@@ -91,7 +93,10 @@ fn random_checkpoint_matches_the_decoder() -> Result<()> {
             let sharper = (var.as_tensor() * 12.0)?;
             var.set(&sharper)?;
         } else {
-            let w = Tensor::rand(0.5f32, 1.5, var.dims(), &dev)?;
+            let values = (0..var.elem_count())
+                .map(|_| rng.uniform(0.5, 1.5))
+                .collect::<Vec<f32>>();
+            let w = Tensor::from_vec(values, var.dims(), &dev)?;
             var.set(&w)?;
         }
     }
