@@ -360,14 +360,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let bos = model.config().bos_token_id.unwrap_or(1);
     let total = lengths.len() * policies.len() * args.repeats.max(1);
     let bar = count_bar(total, "runs");
-    let threads = rayon::current_num_threads();
-    let bandwidth = measure_read(DEFAULT_BYTES, threads, 3).gb_per_s;
-    eprintln!(
-        "read bandwidth with {threads} thread(s): {bandwidth:.1} GB/s; a decode step reads {:.1} MB of weights ({} kernels, {})",
-        model.decode_weight_bytes() as f64 / 1e6,
-        lcut_kernels::Isa::detect().name(),
-        prefetch_note(lcut_kernels::quant::prefetch::distance())
-    );
+    let bandwidth = read_bandwidth(&model, &device, &args.load.device.to_string());
     warm_up(&model, &policies, &lengths, args.prefill_chunk, bos)?;
     let mut rows = Vec::new();
     for &len in &lengths {
@@ -503,6 +496,26 @@ pub fn rows_at_length(
 }
 
 /// How the decode products prefetch their weights, as the bench prints it.
+/// The CPU's read bandwidth with as many threads as decoding uses, printed
+/// with what a decode step reads and the kernels' level; NaN on a GPU,
+/// where the host's bandwidth says nothing of the run (the rows' GB/s is
+/// then the device's achieved figure alone).
+fn read_bandwidth(model: &Decoder, device: &Device, label: &str) -> f64 {
+    let weights_mb = model.decode_weight_bytes() as f64 / 1e6;
+    if !device.is_cpu() {
+        eprintln!("on {label}: a decode step reads {weights_mb:.1} MB of weights");
+        return f64::NAN;
+    }
+    let threads = rayon::current_num_threads();
+    let bandwidth = measure_read(DEFAULT_BYTES, threads, 3).gb_per_s;
+    eprintln!(
+        "read bandwidth with {threads} thread(s): {bandwidth:.1} GB/s; a decode step reads {weights_mb:.1} MB of weights ({} kernels, {})",
+        lcut_kernels::Isa::detect().name(),
+        prefetch_note(lcut_kernels::quant::prefetch::distance())
+    );
+    bandwidth
+}
+
 fn prefetch_note(distance: usize) -> String {
     match distance {
         0 => "no software prefetch".to_string(),
