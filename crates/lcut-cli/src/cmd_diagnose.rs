@@ -345,7 +345,7 @@ pub fn run(args: &DiagnoseArgs) -> Result<()> {
         let at = served_shape.unwrap_or_else(|| BudgetShape::of_report(&report));
         check_budget(args, &inputs, &report, (budget, &at))?;
     }
-    report_peak(&inputs.need);
+    report_peak(&inputs.need, inputs.session.model.device());
     Ok(())
 }
 

@@ -273,7 +273,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     if let Some(path) = &args.json {
         write_atomic(path, serde_json::to_string_pretty(&json)?.as_bytes())?;
     }
-    report_peak(&need);
+    report_peak(&need, session.model.device());
     Ok(())
 }
 

@@ -115,6 +115,6 @@ pub fn run(pending: PendingModel, run: &FileRun<'_>) -> Result<()> {
         let all: Vec<PromptResult> = results.into_iter().flatten().collect();
         write_atomic(path, serde_json::to_string_pretty(&all)?.as_bytes())?;
     }
-    report_peak(&need);
+    report_peak(&need, session.model.device());
     Ok(())
 }

@@ -139,20 +139,59 @@ pub fn check_before_loading(
 }
 
 /// Say what the process held at its peak beside the estimate (on hosts
-/// that report it).
-pub fn report_peak(need: &MemoryEstimate) {
+/// that report it). On a GPU the estimate is of the device's memory and
+/// the peak is the host process's, which holds the driver's context but
+/// neither weights nor K/V: the line says so rather than setting them side
+/// by side.
+pub fn report_peak(need: &MemoryEstimate, device: &Device) {
     if let Some((_, peak)) = resident_bytes() {
-        eprintln!(
+        eprintln!("{}", peak_line(peak, need, device.is_cpu()));
+    }
+}
+
+/// The line [`report_peak`] prints.
+fn peak_line(peak: u64, need: &MemoryEstimate, on_cpu: bool) -> String {
+    if on_cpu {
+        format!(
             "memory: peak resident {} (estimate {})",
             format_bytes(peak),
             format_bytes(need.total())
-        );
+        )
+    } else {
+        format!(
+            "memory: the host process's peak resident {}; the GPU's estimate was {} (the GPU's own peak is not read)",
+            format_bytes(peak),
+            format_bytes(need.total())
+        )
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// On a GPU the host's peak is not set beside the device's estimate as
+    /// if they measured the same memory.
+    #[test]
+    fn the_peak_line_says_whose_memory_it_is() {
+        let need = MemoryEstimate {
+            weights: 10 << 20,
+            kv: 0,
+            attention: 0,
+            activations: 0,
+            records: 0,
+            process: 0,
+        };
+        let cpu = peak_line(180 << 20, &need, true);
+        assert_eq!(cpu, "memory: peak resident 180.0 MiB (estimate 10.0 MiB)");
+        let gpu = peak_line(440 << 20, &need, false);
+        assert!(
+            gpu.contains("host process's peak resident 440.0 MiB"),
+            "{gpu}"
+        );
+        assert!(gpu.contains("GPU's estimate was 10.0 MiB"), "{gpu}");
+        assert!(!gpu.contains("(estimate"), "{gpu}");
+    }
 
     #[test]
     fn byte_counts_parse() {
