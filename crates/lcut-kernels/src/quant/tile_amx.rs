@@ -13,7 +13,11 @@
 //! What bounds it: a block's scales allow no more than 32 values a
 //! `tdpbsud` (half the 64 a tile row holds), and each block's sums are
 //! stored and scaled, so the tile unit spends about as long storing 16 x
-//! 16 sums as multiplying them. On one Sapphire Rapids core the product
+//! 16 sums as multiplying them; and the tile instructions take time from
+//! the scaling's vector work rather than run beside it (each added alone
+//! to the scaling loop slowed it; docs/performance-decode.md, "AMX
+//! tiles"), so issuing products further ahead does not help. On one
+//! Sapphire Rapids core the product
 //! runs about 1.2x the AVX-512 tile; Q6_K, whose halves of 16 values each
 //! need their own product and store, ran slower than its AVX-512 tile and
 //! stays there.
