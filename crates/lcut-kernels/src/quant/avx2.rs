@@ -295,22 +295,31 @@ fn row_q4k<const N: usize>(row: &[u8], a: &[Q8Row<'_>; N]) -> [f32; N] {
 /// The four groups of 32 6-bit values (0..=63) of one half of a Q6_K block.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn q6k_half(blk: &[u8], half: usize) -> [__m256i; 4] {
-    let (low, two) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
     let ql0 = load32(&blk[64 * half..]);
     let ql1 = load32(&blk[64 * half + 32..]);
     let qh = load32(&blk[128 + 32 * half..]);
-    let high = |shifted: __m256i| _mm256_slli_epi16::<4>(_mm256_and_si256(shifted, two));
+    q6k_values(ql0, ql1, qh)
+}
+
+/// Four vectors of 6-bit values (0..=63) from two of low nibbles and one
+/// of high bit pairs, as Q6_K stores them: value `k` of vector `t` is
+/// nibble `t / 2` (low, then high) of byte `k` of `ql0` (`t` even) or
+/// `ql1` (`t` odd), below bits `2t, 2t + 1` of byte `k` of `qh`. Each
+/// high pair is shifted to bits 4-5 and masked there (the 16-bit shifts
+/// carry bits across bytes only outside that mask). The row product and
+/// both interleaved products unpack through this one function.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) fn q6k_values(ql0: __m256i, ql1: __m256i, qh: __m256i) -> [__m256i; 4] {
+    let (low, pair) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+    let value = |nibbles: __m256i, high: __m256i| {
+        _mm256_or_si256(_mm256_and_si256(nibbles, low), _mm256_and_si256(high, pair))
+    };
     [
-        _mm256_or_si256(_mm256_and_si256(ql0, low), high(qh)),
-        _mm256_or_si256(_mm256_and_si256(ql1, low), high(_mm256_srli_epi16::<2>(qh))),
-        _mm256_or_si256(
-            _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low),
-            high(_mm256_srli_epi16::<4>(qh)),
-        ),
-        _mm256_or_si256(
-            _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low),
-            high(_mm256_srli_epi16::<6>(qh)),
-        ),
+        value(ql0, _mm256_slli_epi16::<4>(qh)),
+        value(ql1, _mm256_slli_epi16::<2>(qh)),
+        value(_mm256_srli_epi16::<4>(ql0), qh),
+        value(_mm256_srli_epi16::<4>(ql1), _mm256_srli_epi16::<2>(qh)),
     ]
 }
 

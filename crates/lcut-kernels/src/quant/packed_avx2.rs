@@ -16,12 +16,13 @@ use std::arch::x86_64::{
     _mm256_madd_epi16, _mm256_maddubs_epi16, _mm256_mul_ps, _mm256_mullo_epi32, _mm256_or_si256,
     _mm256_set1_epi8, _mm256_set1_epi16, _mm256_set1_epi32, _mm256_set1_epi64x, _mm256_set1_ps,
     _mm256_setr_epi64x, _mm256_setzero_ps, _mm256_setzero_si256, _mm256_shuffle_epi8,
-    _mm256_sign_epi8, _mm256_slli_epi16, _mm256_srli_epi16, _mm256_storeu_ps, _mm256_sub_epi32,
+    _mm256_sign_epi8, _mm256_srli_epi16, _mm256_storeu_ps, _mm256_sub_epi32,
 };
 
 use crate::isa::Isa;
 use crate::quant::MAX_BATCH;
 use crate::quant::acts::Q8Row;
+use crate::quant::avx2::q6k_values;
 use crate::quant::format::QuantFormat;
 use crate::quant::packed::{GROUP_ROWS, act_word, group_block_bytes};
 use crate::quant::prefetch;
@@ -320,7 +321,6 @@ fn g_q4k<const N: usize>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m256; N] {
 #[target_feature(enable = "avx2,fma,f16c")]
 fn g_q6k<const N: usize>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m256; N] {
     let gb = group_block_bytes(QuantFormat::Q6K);
-    let (low, two) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
     let mut acc = [_mm256_setzero_ps(); N];
     let distance = prefetch::distance();
     for (sb, blk) in group.chunks_exact(gb).enumerate() {
@@ -337,23 +337,7 @@ fn g_q6k<const N: usize>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m256; N] {
                         load32(&blk[at + 32..]),
                         load32(&blk[at + 64..]),
                     );
-                    let high =
-                        |shifted: __m256i| _mm256_slli_epi16::<4>(_mm256_and_si256(shifted, two));
-                    let q = [
-                        _mm256_or_si256(_mm256_and_si256(ql0, low), high(qh)),
-                        _mm256_or_si256(
-                            _mm256_and_si256(ql1, low),
-                            high(_mm256_srli_epi16::<2>(qh)),
-                        ),
-                        _mm256_or_si256(
-                            _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low),
-                            high(_mm256_srli_epi16::<4>(qh)),
-                        ),
-                        _mm256_or_si256(
-                            _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low),
-                            high(_mm256_srli_epi16::<6>(qh)),
-                        ),
-                    ];
+                    let q = q6k_values(ql0, ql1, qh);
                     for (t, q) in q.iter().enumerate() {
                         let b = 8 * sb + 4 * h + t;
                         for r in 0..N {
