@@ -495,7 +495,6 @@ pub fn rows_at_length(
     Ok(at_len)
 }
 
-/// How the decode products prefetch their weights, as the bench prints it.
 /// The CPU's read bandwidth with as many threads as decoding uses, printed
 /// with what a decode step reads and the kernels' level; NaN on a GPU,
 /// where the host's bandwidth says nothing of the run (the rows' GB/s is
@@ -516,6 +515,7 @@ fn read_bandwidth(model: &Decoder, device: &Device, label: &str) -> f64 {
     bandwidth
 }
 
+/// How the decode products prefetch their weights, as the bench prints it.
 fn prefetch_note(distance: usize) -> String {
     match distance {
         0 => "no software prefetch".to_string(),

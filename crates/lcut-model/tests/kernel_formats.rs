@@ -43,7 +43,8 @@ fn kernels_read_candles_blocks_as_candle_does() -> Result<()> {
         for (k, (ggml, format)) in PAIRS.into_iter().enumerate() {
             let q = std::sync::Arc::new(QTensor::quantize(&w, ggml)?);
             let bytes = q.data()?.to_vec();
-            let theirs: Vec<f32> = q.dequantize(&dev)?.flatten_all()?.to_vec1()?;
+            let dequantized_by_candle = q.dequantize(&dev)?;
+            let theirs: Vec<f32> = dequantized_by_candle.flatten_all()?.to_vec1()?;
             let mut dequantized = vec![0f32; rows * cols];
             quant::dequantize(format, &bytes, &mut dequantized)?;
             assert_eq!(dequantized, theirs, "{ggml:?}: dequantized values");
@@ -54,7 +55,7 @@ fn kernels_read_candles_blocks_as_candle_does() -> Result<()> {
             let mut out = vec![0f32; rows];
             quant::matvec(Isa::detect(), &m, &acts, &mut out, &mut Vec::new())?;
             let dense: Vec<f32> = x
-                .matmul(&q.dequantize(&dev)?.t()?)?
+                .matmul(&dequantized_by_candle.t()?)?
                 .flatten_all()?
                 .to_vec1()?;
             let candle: Vec<f32> = QMatMul::from_arc(q.clone())?
