@@ -71,27 +71,41 @@ fn is_intel() -> bool {
     false
 }
 
-/// Ask for the bytes of the block `distance` bytes past `block` (as many
-/// as `block` holds, every cache line of them) to be brought into L2;
-/// nothing when `distance` is 0. A prefetch never faults, so addresses past
-/// the end of the matrix are harmless.
+/// Ask for the cache lines that start within the block `distance` bytes
+/// past `block` (as many bytes as `block` holds) to be brought into L2;
+/// nothing when `distance` is 0. Blocks follow one another in a thread's
+/// part, so every line is asked for once: a block of 144 bytes (Q4_0's
+/// eight rows) asks for two or three lines, not three at every 64 bytes of
+/// an unaligned start, which asked for a quarter of the lines twice and
+/// made one thread's Q4_0 product from memory 10% slower (11.6-12.2 GB/s
+/// against 13.0-13.3). A prefetch never faults, so addresses past the end
+/// of the matrix are harmless.
 #[inline(always)]
 pub(crate) fn ahead(block: &[u8], distance: usize) {
     #[cfg(target_arch = "x86_64")]
     if distance > 0 {
-        let from = block.as_ptr().wrapping_add(distance);
-        for line in (0..block.len()).step_by(64) {
+        let at = block.as_ptr();
+        for line in lines_ahead(at as usize, block.len(), distance) {
             // SAFETY: a prefetch reads nothing and cannot fault; SSE is part
             // of x86-64.
             unsafe {
                 std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
-                    from.wrapping_add(line).cast::<i8>(),
+                    at.wrapping_add(line).cast::<i8>(),
                 )
             };
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (block, distance);
+}
+
+/// The offsets from `address` of the cache lines that start within the
+/// `len` bytes `distance` bytes past it.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn lines_ahead(address: usize, len: usize, distance: usize) -> impl Iterator<Item = usize> {
+    let from = address.wrapping_add(distance);
+    let first = from.next_multiple_of(64).wrapping_sub(from);
+    (first..len).step_by(64).map(move |l| distance + l)
 }
 
 #[cfg(test)]
@@ -109,6 +123,28 @@ mod tests {
             chosen(Some("2k"), true),
             (INTEL_DISTANCE, Some("2k".to_string()))
         );
+    }
+
+    #[test]
+    fn consecutive_blocks_ask_for_every_line_once() {
+        // block sizes of Q4_0, Q4_1, Q8_0 and Q6_K's eight rows, streams
+        // starting on a line and off it
+        for (block, distance, start) in [
+            (144, 4096, 0),
+            (160, 4096, 64),
+            (272, 2048, 0),
+            (1680, 4096, 8),
+        ] {
+            let asked: Vec<usize> = (0..64)
+                .flat_map(|b| {
+                    let at = start + b * block;
+                    lines_ahead(at, block, distance).map(move |l| at + l)
+                })
+                .collect();
+            let first = (start + distance).next_multiple_of(64);
+            let want: Vec<usize> = (first..start + distance + 64 * block).step_by(64).collect();
+            assert_eq!(asked, want, "block {block}");
+        }
     }
 
     #[test]
