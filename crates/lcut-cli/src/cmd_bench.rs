@@ -508,11 +508,30 @@ fn read_bandwidth(model: &Decoder, device: &Device, label: &str) -> f64 {
     let threads = rayon::current_num_threads();
     let bandwidth = measure_read(DEFAULT_BYTES, threads, 3).gb_per_s;
     eprintln!(
-        "read bandwidth with {threads} thread(s): {bandwidth:.1} GB/s; a decode step reads {weights_mb:.1} MB of weights ({} kernels, {})",
+        "read bandwidth with {threads} thread(s): {bandwidth:.1} GB/s; a decode step reads {weights_mb:.1} MB of weights ({} kernels, {}{})",
         lcut_kernels::Isa::detect().name(),
-        prefetch_note(lcut_kernels::quant::prefetch::distance())
+        prefetch_note(lcut_kernels::quant::prefetch::distance()),
+        pages_note(
+            lcut_kernels::quant::huge_page_bytes(),
+            std::env::var(lcut_kernels::quant::HUGE_PAGES_VAR).is_ok_and(|v| v.trim() == "0")
+        )
     );
     bandwidth
+}
+
+/// How much of the process's memory sits on huge pages, as the bench
+/// prints it after the prefetch note (nothing where the kernel does not
+/// say); `declined_by_user` when `LCUT_HUGE_PAGES=0` asked for none.
+fn pages_note(huge_bytes: Option<usize>, declined_by_user: bool) -> String {
+    let var = lcut_kernels::quant::HUGE_PAGES_VAR;
+    match huge_bytes {
+        None => String::new(),
+        Some(0) if declined_by_user => format!("; weights on 4 KiB pages ({var}=0)"),
+        Some(0) => {
+            "; no huge pages: the kernel gave none (transparent huge pages off?)".to_string()
+        }
+        Some(bytes) => format!("; {:.1} MB on 2 MiB pages", bytes as f64 / 1e6),
+    }
 }
 
 /// How the decode products prefetch their weights, as the bench prints it.
@@ -766,4 +785,20 @@ fn vs_candle(
         write_atomic(path, serde_json::to_string_pretty(&json)?.as_bytes())?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pages_note_says_how_much_is_on_huge_pages_or_why_none() {
+        assert_eq!(pages_note(None, false), "");
+        assert!(pages_note(Some(0), false).contains("the kernel gave none"));
+        assert!(pages_note(Some(0), true).contains("LCUT_HUGE_PAGES=0"));
+        assert_eq!(
+            pages_note(Some(3_893_248 * 1024), false),
+            "; 3986.7 MB on 2 MiB pages"
+        );
+    }
 }

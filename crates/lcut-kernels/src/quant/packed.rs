@@ -276,7 +276,7 @@ impl PackedMatrix {
                 len: rows,
             });
         }
-        let mut bytes = AlignedBytes::zeroed(len);
+        let mut bytes = AlignedBytes::for_weights(len);
         let blocks = cols / format.block_len();
         let (bb, gb) = (format.block_bytes(), group_block_bytes(format));
         let zero = vec![0u8; bb];
