@@ -377,12 +377,15 @@ lines.append(f"- llama.cpp: build {settings.get('build_number', '?')} ({settings
              f"n_threads {settings.get('n_threads', '?')})"
              + (f"; {env['BUILD_NOTE']}" if env["BUILD_NOTE"] else ""))
 lcut_isa = env["LCUT_ISA_USED"]
-# the kernels' level lcut ran (its bench prints "(amx kernels, ..."), from round 1's log
+# the kernels' level lcut ran and how it read the weights (its bench prints
+# "(amx kernels, weights prefetched 4096 B ahead; 616.6 MB on 2 MiB pages)"
+# at the end of a line), from round 1's log
 kernels = "?"
 try:
     with open(os.path.join(out, "lcut.1.log")) as f:
-        found = re.search(r"\((\w+) kernels", f.read())
-        kernels = found.group(1) if found else "?"
+        found = re.search(r"\((\w+) kernels(?:, (.*))?\)\s*$", f.read(), re.MULTILINE)
+        if found:
+            kernels = found.group(1) + (f" ({found.group(2)})" if found.group(2) else "")
 except OSError:
     pass
 lines.append(f"- lcut: `lcut bench {env['LCUT_FLAGS'].strip()}`" + (f" with LCUT_ISA={lcut_isa}" if lcut_isa else "")
