@@ -513,7 +513,7 @@ fn read_bandwidth(model: &Decoder, device: &Device, label: &str) -> f64 {
         prefetch_note(lcut_kernels::quant::prefetch::distance()),
         pages_note(
             lcut_kernels::quant::huge_page_bytes(),
-            std::env::var(lcut_kernels::quant::HUGE_PAGES_VAR).is_ok_and(|v| v.trim() == "0")
+            lcut_kernels::quant::huge_pages_turned_off()
         )
     );
     bandwidth

@@ -144,6 +144,16 @@ impl AlignedBytes {
 /// allocator's heap, on ordinary pages (to compare).
 pub const HUGE_PAGES_VAR: &str = "LCUT_HUGE_PAGES";
 
+/// Whether `LCUT_HUGE_PAGES=0` keeps the weights on the heap.
+pub fn huge_pages_turned_off() -> bool {
+    turned_off(std::env::var(HUGE_PAGES_VAR).ok().as_deref())
+}
+
+/// Whether the variable's value `var` turns the mappings off.
+fn turned_off(var: Option<&str>) -> bool {
+    var.is_some_and(|v| v.trim() == "0")
+}
+
 /// Bytes of the process's anonymous memory that the kernel holds on huge
 /// pages (its `AnonHugePages` count: a loaded model's packed weights, most
 /// of it); None where the kernel does not say (not Linux).
@@ -167,12 +177,13 @@ pub(crate) mod huge {
 
     /// Whether a buffer of `len` bytes should get a mapping of its own.
     pub fn wanted(len: usize) -> bool {
-        wanted_with(len, std::env::var(super::HUGE_PAGES_VAR).ok().as_deref())
+        len >= MIN_BYTES && !super::huge_pages_turned_off()
     }
 
     /// [`wanted`], given the variable's value.
+    #[cfg(test)]
     pub(super) fn wanted_with(len: usize, var: Option<&str>) -> bool {
-        len >= MIN_BYTES && var.is_none_or(|v| v.trim() != "0")
+        len >= MIN_BYTES && !super::turned_off(var)
     }
 
     /// `capacity` zero bytes starting on a 2 MiB boundary.
