@@ -18,7 +18,7 @@ use std::arch::x86_64::{
 
 use crate::isa::Isa;
 use crate::quant::MAX_BATCH;
-use crate::quant::acts::Q8Row;
+use crate::quant::acts::{Q8Row, Q8Super};
 use crate::quant::avx2::q6k_values;
 use crate::quant::format::QuantFormat;
 use crate::quant::packed::{GROUP_ROWS, act_word, group_block_bytes};
@@ -230,10 +230,10 @@ fn g_q4k<const N: usize>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m256; N] {
     let distance = prefetch::distance();
     for (sb, blk) in group.chunks_exact(gb).enumerate() {
         prefetch::ahead(blk, distance);
+        let a: [Q8Super<'_>; N] = std::array::from_fn(|r| a[r].super_block(sb));
         let (d, dmin) = (f16x8(blk), f16x8(&blk[16..]));
         for i in 0..4 {
             let (j0, j1) = (2 * i, 2 * i + 1);
-            let (b0, b1) = (8 * sb + j0, 8 * sb + j1);
             let mut s0 = [_mm256_setzero_si256(); N];
             let mut s1 = [_mm256_setzero_si256(); N];
             for k in 0..8 {
@@ -241,8 +241,8 @@ fn g_q4k<const N: usize>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m256; N] {
                 let lo = _mm256_and_si256(v, low);
                 let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
                 for r in 0..N {
-                    let x0 = _mm256_set1_epi32(act_word(&a[r], 8 * b0 + k));
-                    let x1 = _mm256_set1_epi32(act_word(&a[r], 8 * b1 + k));
+                    let x0 = _mm256_set1_epi32(a[r].word(8 * j0 + k));
+                    let x1 = _mm256_set1_epi32(a[r].word(8 * j1 + k));
                     s0[r] = _mm256_dpbusd_epi32(s0[r], lo, x0);
                     s1[r] = _mm256_dpbusd_epi32(s1[r], hi, x1);
                 }
@@ -252,12 +252,12 @@ fn g_q4k<const N: usize>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m256; N] {
             let m0 = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(bytes8(&blk[96 + 8 * j0..], false)));
             let m1 = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(bytes8(&blk[96 + 8 * j1..], false)));
             for r in 0..N {
-                let x0 = _mm256_mul_ps(sc0, _mm256_set1_ps(a[r].d[b0]));
-                let x1 = _mm256_mul_ps(sc1, _mm256_set1_ps(a[r].d[b1]));
+                let x0 = _mm256_mul_ps(sc0, _mm256_set1_ps(a[r].d[j0]));
+                let x1 = _mm256_mul_ps(sc1, _mm256_set1_ps(a[r].d[j1]));
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0[r]), x0, acc[r]);
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1[r]), x1, acc[r]);
-                extra[r] = _mm256_fnmadd_ps(m0, _mm256_set1_ps(a[r].s[b0]), extra[r]);
-                extra[r] = _mm256_fnmadd_ps(m1, _mm256_set1_ps(a[r].s[b1]), extra[r]);
+                extra[r] = _mm256_fnmadd_ps(m0, _mm256_set1_ps(a[r].s[j0]), extra[r]);
+                extra[r] = _mm256_fnmadd_ps(m1, _mm256_set1_ps(a[r].s[j1]), extra[r]);
             }
         }
     }
@@ -281,6 +281,7 @@ fn g_q6k<const N: usize>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m256; N] {
     let distance = prefetch::distance();
     for (sb, blk) in group.chunks_exact(gb).enumerate() {
         prefetch::ahead(blk, distance);
+        let a: [Q8Super<'_>; N] = std::array::from_fn(|r| a[r].super_block(sb));
         let d = f16x8(blk);
         for h in 0..2 {
             let mut block = [[_mm256_setzero_si256(); N]; 4];
@@ -295,15 +296,15 @@ fn g_q6k<const N: usize>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m256; N] {
                     );
                     let q = q6k_values(ql0, ql1, qh);
                     for (t, q) in q.iter().enumerate() {
-                        let b = 8 * sb + 4 * h + t;
+                        let b = 4 * h + t;
                         for r in 0..N {
-                            let x = _mm256_set1_epi32(act_word(&a[r], 8 * b + c));
+                            let x = _mm256_set1_epi32(a[r].word(8 * b + c));
                             isum[t][r] = _mm256_dpbusd_epi32(isum[t][r], *q, x);
                         }
                     }
                 }
                 for t in 0..4 {
-                    let (b, g) = (8 * sb + 4 * h + t, 8 * h + 2 * t + half);
+                    let (b, g) = (4 * h + t, 8 * h + 2 * t + half);
                     let sc = bytes8(&blk[16 + 8 * g..], true);
                     for r in 0..N {
                         let offset = 32 * i32::from(a[r].sum16[2 * b + half]);
@@ -313,7 +314,7 @@ fn g_q6k<const N: usize>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m256; N] {
                 }
             }
             for (t, block) in block.iter().enumerate() {
-                let b = 8 * sb + 4 * h + t;
+                let b = 4 * h + t;
                 for r in 0..N {
                     let scale = _mm256_mul_ps(d, _mm256_set1_ps(a[r].d[b]));
                     acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block[r]), scale, acc[r]);
