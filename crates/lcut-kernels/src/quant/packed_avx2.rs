@@ -10,8 +10,8 @@
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::{
-    __m128i, __m256, __m256i, _mm_loadl_epi64, _mm_loadu_si128, _mm256_add_epi32, _mm256_add_ps,
-    _mm256_and_si256, _mm256_cmpeq_epi8, _mm256_cvtepi8_epi32, _mm256_cvtepi32_ps,
+    __m128i, __m256, __m256i, _mm_loadl_epi64, _mm_loadu_si128, _mm256_add_epi16, _mm256_add_epi32,
+    _mm256_add_ps, _mm256_and_si256, _mm256_cmpeq_epi8, _mm256_cvtepi8_epi32, _mm256_cvtepi32_ps,
     _mm256_cvtepu8_epi32, _mm256_cvtph_ps, _mm256_fmadd_ps, _mm256_fnmadd_ps, _mm256_loadu_si256,
     _mm256_madd_epi16, _mm256_maddubs_epi16, _mm256_mul_ps, _mm256_mullo_epi32, _mm256_or_si256,
     _mm256_set1_epi8, _mm256_set1_epi16, _mm256_set1_epi32, _mm256_set1_epi64x, _mm256_set1_ps,
@@ -206,6 +206,17 @@ fn weights32<const KIND: u8>(blk: &[u8]) -> [__m256i; 8] {
     w
 }
 
+/// How many steps of byte pairs (`maddubs`) a 32-value format's sums keep
+/// in 16 bits before they widen: 2 x 15 x 128 x 8 and 2 x 31 x 128 x 4 stay
+/// below 2^15 (4- and 5-bit weights); Q8_0's products widen every step.
+const fn i16_steps(kind: u8) -> usize {
+    match kind {
+        Q4_0 | Q4_1 => 8,
+        Q5_0 | Q5_1 => 4,
+        _ => 1,
+    }
+}
+
 /// Eight rows of a 32-value format: per block, each activation row's eight
 /// words against the eight chunks, one i32 sum per row, scaled by the
 /// rows' scales times the activation block's; the offset (Q4_0, Q5_0) or
@@ -213,6 +224,7 @@ fn weights32<const KIND: u8>(blk: &[u8]) -> [__m256i; 8] {
 #[target_feature(enable = "avx2,fma,f16c")]
 fn g32<const N: usize, const KIND: u8>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m256; N] {
     let gb = group_block_bytes(format_of(KIND));
+    let ones = _mm256_set1_epi16(1);
     let mut acc = [_mm256_setzero_ps(); N];
     let mut extra = [_mm256_setzero_ps(); N];
     let distance = prefetch::distance();
@@ -227,6 +239,7 @@ fn g32<const N: usize, const KIND: u8>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m
             _ => _mm256_setzero_ps(),
         };
         let mut isum = [_mm256_setzero_si256(); N];
+        let mut pairs = [_mm256_setzero_si256(); N];
         for (k, w) in w.iter().enumerate() {
             // signed x signed (Q8_0): |w| x (x with w's sign)
             let wk = if KIND == Q8_0 {
@@ -241,7 +254,15 @@ fn g32<const N: usize, const KIND: u8>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m
                 } else {
                     x
                 };
-                isum[r] = dpbusd(isum[r], wk, x);
+                if i16_steps(KIND) == 1 {
+                    isum[r] = dpbusd(isum[r], wk, x);
+                    continue;
+                }
+                pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(wk, x));
+                if (k + 1) % i16_steps(KIND) == 0 {
+                    isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(pairs[r], ones));
+                    pairs[r] = _mm256_setzero_si256();
+                }
             }
         }
         for r in 0..N {
@@ -287,9 +308,16 @@ fn g_q4k<const N: usize>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m256; N] {
                 for r in 0..N {
                     let x0 = _mm256_set1_epi32(a[r].word(8 * j0 + k));
                     let x1 = _mm256_set1_epi32(a[r].word(8 * j1 + k));
-                    s0[r] = dpbusd(s0[r], lo, x0);
-                    s1[r] = dpbusd(s1[r], hi, x1);
+                    // 4-bit weights: eight steps of pairs stay within an
+                    // i16 (8 x 2 x 15 x 128 < 2^15), widened once below
+                    s0[r] = _mm256_add_epi16(s0[r], _mm256_maddubs_epi16(lo, x0));
+                    s1[r] = _mm256_add_epi16(s1[r], _mm256_maddubs_epi16(hi, x1));
                 }
+            }
+            let ones = _mm256_set1_epi16(1);
+            for r in 0..N {
+                s0[r] = _mm256_madd_epi16(s0[r], ones);
+                s1[r] = _mm256_madd_epi16(s1[r], ones);
             }
             let sc0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(bytes8(&blk[32 + 8 * j0..], false)));
             let sc1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(bytes8(&blk[32 + 8 * j1..], false)));
