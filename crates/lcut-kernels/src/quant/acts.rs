@@ -128,9 +128,16 @@ impl Q8Super<'_> {
     /// Word `w` of the values (values `4w..4w + 4` as a little-endian i32).
     #[inline(always)]
     pub fn word(&self, w: usize) -> i32 {
-        let q = &self.q[4 * w..4 * w + 4];
-        i32::from_le_bytes([q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8])
+        word_of(self.q, w)
     }
+}
+
+/// Word `w` of the quantized values `q`: values `4w..4w + 4` as a
+/// little-endian i32, the operand a `vpdpbusd` broadcasts.
+#[inline(always)]
+pub(crate) fn word_of(q: &[i8], w: usize) -> i32 {
+    let q = &q[4 * w..4 * w + 4];
+    i32::from_le_bytes([q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8])
 }
 
 /// That `x` holds `rows` rows of `cols` values, `cols` a whole number of

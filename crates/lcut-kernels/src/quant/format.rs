@@ -84,6 +84,19 @@ impl QuantFormat {
         }
     }
 
+    /// How many steps of unsigned-weight x signed-activation byte pairs
+    /// (`maddubs`, each pair at most 2 x the largest weight x 128) can be
+    /// added in 16 bits before they must widen: 8 for 4-bit weights, 4 for
+    /// 5-bit, 2 for Q6_K's 6-bit, 1 for Q8_0's 8-bit magnitudes.
+    pub const fn i16_pair_steps(self) -> usize {
+        match self {
+            Self::Q4_0 | Self::Q4_1 | Self::Q4K => 8,
+            Self::Q5_0 | Self::Q5_1 => 4,
+            Self::Q6K => 2,
+            Self::Q8_0 => 1,
+        }
+    }
+
     /// The format's name as ggml spells it.
     pub const fn name(self) -> &'static str {
         match self {

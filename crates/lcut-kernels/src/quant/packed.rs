@@ -450,8 +450,7 @@ pub(crate) fn check_packed(
 /// The activation words (four values as a little-endian i32) of row `a`.
 #[inline(always)]
 pub(crate) fn act_word(a: &Q8Row<'_>, word: usize) -> i32 {
-    let q = &a.q[4 * word..4 * word + 4];
-    i32::from_le_bytes([q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8])
+    super::acts::word_of(a.q, word)
 }
 
 #[cfg(test)]

@@ -206,17 +206,6 @@ fn weights32<const KIND: u8>(blk: &[u8]) -> [__m256i; 8] {
     w
 }
 
-/// How many steps of byte pairs (`maddubs`) a 32-value format's sums keep
-/// in 16 bits before they widen: 2 x 15 x 128 x 8 and 2 x 31 x 128 x 4 stay
-/// below 2^15 (4- and 5-bit weights); Q8_0's products widen every step.
-const fn i16_steps(kind: u8) -> usize {
-    match kind {
-        Q4_0 | Q4_1 => 8,
-        Q5_0 | Q5_1 => 4,
-        _ => 1,
-    }
-}
-
 /// Eight rows of a 32-value format: per block, each activation row's eight
 /// words against the eight chunks, one i32 sum per row, scaled by the
 /// rows' scales times the activation block's; the offset (Q4_0, Q5_0) or
@@ -254,12 +243,12 @@ fn g32<const N: usize, const KIND: u8>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m
                 } else {
                     x
                 };
-                if i16_steps(KIND) == 1 {
+                if format_of(KIND).i16_pair_steps() == 1 {
                     isum[r] = dpbusd(isum[r], wk, x);
                     continue;
                 }
                 pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(wk, x));
-                if (k + 1) % i16_steps(KIND) == 0 {
+                if (k + 1) % format_of(KIND).i16_pair_steps() == 0 {
                     isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(pairs[r], ones));
                     pairs[r] = _mm256_setzero_si256();
                 }
@@ -288,7 +277,9 @@ fn g32<const N: usize, const KIND: u8>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m
 /// off.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn g_q4k<const N: usize>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m256; N] {
+    const { assert!(QuantFormat::Q4K.i16_pair_steps() == 8) };
     let gb = group_block_bytes(QuantFormat::Q4K);
+    let ones = _mm256_set1_epi16(1);
     let low = _mm256_set1_epi8(0x0F);
     let mut acc = [_mm256_setzero_ps(); N];
     let mut extra = [_mm256_setzero_ps(); N];
@@ -308,13 +299,12 @@ fn g_q4k<const N: usize>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m256; N] {
                 for r in 0..N {
                     let x0 = _mm256_set1_epi32(a[r].word(8 * j0 + k));
                     let x1 = _mm256_set1_epi32(a[r].word(8 * j1 + k));
-                    // 4-bit weights: eight steps of pairs stay within an
-                    // i16 (8 x 2 x 15 x 128 < 2^15), widened once below
+                    // 4-bit weights: the eight steps stay within an i16
+                    // (QuantFormat::i16_pair_steps), widened once below
                     s0[r] = _mm256_add_epi16(s0[r], _mm256_maddubs_epi16(lo, x0));
                     s1[r] = _mm256_add_epi16(s1[r], _mm256_maddubs_epi16(hi, x1));
                 }
             }
-            let ones = _mm256_set1_epi16(1);
             for r in 0..N {
                 s0[r] = _mm256_madd_epi16(s0[r], ones);
                 s1[r] = _mm256_madd_epi16(s1[r], ones);

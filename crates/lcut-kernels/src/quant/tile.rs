@@ -275,11 +275,7 @@ impl Tile {
         } else {
             Scaling::Offset
         };
-        self.i16_steps = match format {
-            QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q4K => 8,
-            QuantFormat::Q5_0 | QuantFormat::Q5_1 => 4,
-            _ => 2,
-        };
+        self.i16_steps = format.i16_pair_steps();
         self.q.reset(blocks * BLOCK_BYTES);
         reset(&mut self.d, blocks * TILE);
         let (offsets, scales) = match self.scaling {
@@ -326,7 +322,7 @@ impl Tile {
         let blocks = blocks_per_row * (len / QK);
         self.rows = rows.len();
         self.scaling = Scaling::Offset;
-        self.i16_steps = 8;
+        self.i16_steps = format.i16_pair_steps();
         self.q.reset(blocks * BLOCK_BYTES);
         reset(&mut self.d, blocks * TILE);
         reset(&mut self.e, blocks * TILE);
