@@ -34,7 +34,8 @@
 //! window-free model's.
 
 use lcut_policy::Visibility;
-use lcut_policy::window::{causal_pairs, readable_keys, window_of};
+use lcut_policy::keys::LayerKeys;
+use lcut_policy::window::{causal_pairs, window_of};
 use lcut_trace::ModelIdentity;
 
 /// The model dimensions the FLOP model needs.
@@ -200,17 +201,14 @@ fn key_visits(
         true => vis.phases().decode_start().min(len),
         false => 0,
     };
+    let held: Vec<usize> = (0..len)
+        .filter(|&k| vis.token_exists(layer, k) || vis.retains_kv(layer, k))
+        .collect();
+    let reads = LayerKeys::layer(vis, layer, window);
     causal_pairs(window, whole)
         + (whole..len)
             .filter(|&q| vis.token_exists(layer, q))
-            .map(|q| {
-                readable_keys(window, q)
-                    .filter(|&k| {
-                        (vis.token_exists(layer, k) || vis.retains_kv(layer, k))
-                            && vis.key_visible(layer, q, k)
-                    })
-                    .count() as f64
-            })
+            .map(|q| reads.count(q, &held) as f64)
             .sum::<f64>()
 }
 

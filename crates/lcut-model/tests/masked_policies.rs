@@ -12,6 +12,7 @@ mod common;
 use anyhow::{Context, Result, ensure};
 use lcut_model::{DType, Decoder, Device, LogitRows, Sequence, Tensor};
 use lcut_parity::{MaskedPolicy, MaskedReference, ReferenceCase};
+use lcut_policy::window::in_window;
 use lcut_policy::{Policy, TokenPhases};
 
 const TOL: f32 = 1e-4;
@@ -89,7 +90,7 @@ fn holds_what_it_keeps(c: &Case, what: &str, seq: &Sequence) -> Result<()> {
         for h in 0..kv {
             let expected: Vec<usize> = (0..seq.len())
                 .filter(|&p| vis.head_retains_kv(l, h, p))
-                .filter(|&p| cfg.sliding_window[l].is_none_or(|w| p + w > seq.len()))
+                .filter(|&p| in_window(cfg.sliding_window[l], seq.len(), p))
                 .collect();
             ensure!(
                 cache.head_positions(h) == expected.as_slice(),

@@ -14,6 +14,7 @@ mod common;
 use anyhow::{Result, ensure};
 use lcut_model::lora::LoraMode;
 use lcut_model::{DType, Decoder, Device, LogitRows, Sequence, Tensor};
+use lcut_policy::window::in_window;
 use lcut_policy::{Policy, PolicySpec, TokenPhases};
 use lcut_testkit::{ORACLE_CASES, oracle_case};
 
@@ -135,7 +136,7 @@ fn projected_kv_matches_transformers_in_one_chunk_in_chunks_and_incrementally() 
                     );
                     let windows = &c.model.config().sliding_window;
                     for (cache, w) in seq.caches().iter().zip(windows) {
-                        let held = (0..t).filter(|p| w.is_none_or(|w| p + w > t));
+                        let held = (0..t).filter(|&p| in_window(*w, t, p));
                         ensure!(cache.positions().iter().copied().eq(held), "{name} {text}");
                     }
                 }

@@ -11,6 +11,7 @@ use anyhow::{Result, ensure};
 use lcut_model::probes::StatePositionsProbe;
 use lcut_model::{DType, Device, LogitRows, Sequence, Tensor};
 use lcut_parity::ReferenceCase;
+use lcut_policy::window::in_window;
 use lcut_policy::{Policy, PolicySpec, TokenPhases};
 use lcut_testkit::oracle_case;
 
@@ -262,7 +263,7 @@ fn pruned_tokens_have_no_state_and_no_kv_above_their_cut_and_bytes_follow_the_fo
             let held: Vec<usize> = expected
                 .iter()
                 .copied()
-                .filter(|&pos| window.is_none_or(|w| pos + w > c.ids.len()))
+                .filter(|&pos| in_window(window, c.ids.len(), pos))
                 .collect();
             ensure!(
                 seq.caches()[l].positions() == held.as_slice(),

@@ -17,6 +17,7 @@ mod cut;
 mod error;
 mod head_rule;
 mod heads;
+pub mod keys;
 mod layer_rule;
 mod phases;
 mod policy;
@@ -42,6 +43,7 @@ pub use heads::{
     FileModel, HeadChoice, HeadFile, HeadRanking, HeadSet, HeadSource, ModelDims, read_head_file,
     read_ranking,
 };
+pub use keys::{KeyPlanner, KeyQuery, LayerKeys, QuerySpans, training_matrix};
 pub use layer_rule::{LayerRule, UpperReads};
 pub use phases::{Phase, PhaseError, TokenPhases};
 pub use policy::{Anchors, HeadExceptions, Policy, PolicyKind, PolicySpec, split_list};

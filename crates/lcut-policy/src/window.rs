@@ -30,6 +30,12 @@ pub fn readable_keys(window: Option<usize>, q: usize) -> Range<usize> {
     first..q + 1
 }
 
+/// The first position a query at `q` reads under window `w`: rows below
+/// it are read by no query at `q` or later, so a cache may drop them.
+pub fn first_readable(w: usize, q: usize) -> usize {
+    readable_keys(Some(w), q).start
+}
+
 /// The positions of `0..len` a layer under `window` still holds once `len`
 /// tokens have run (those the query at `len` reads, itself aside).
 pub fn held_positions(window: Option<usize>, len: usize) -> Range<usize> {
@@ -68,6 +74,8 @@ mod tests {
         // a window of 4 after 10 tokens: rows 7, 8, 9 (the next query, at 10,
         // reads 7..=10)
         assert_eq!(held_positions(Some(4), 10), 7..10);
+        assert_eq!(first_readable(4, 10), 7);
+        assert_eq!(first_readable(4, 2), 0);
         assert_eq!(window_of(&[None, Some(4)], 1), Some(4));
         assert_eq!(window_of(&[None, Some(4)], 5), None);
     }

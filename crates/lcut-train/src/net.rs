@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use candle_core::{D, DType, Device, Tensor, Var};
 use candle_nn::VarMap;
-use lcut_policy::{Policy, TokenPhases};
+use lcut_policy::{Policy, TokenPhases, training_matrix};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde_json::Value;
 
@@ -255,25 +255,16 @@ pub struct BatchMasks {
 
 impl BatchMasks {
     /// Visibility for `phases.len()` sequences padded to `t` tokens under
-    /// `policy`. A query reads key `k` at layer `l` when `k <= q` and the
-    /// policy's [`lcut_policy::Visibility`] shows it; a query whose token
-    /// does not exist at that layer (a prefill token above the cutoff)
-    /// reads only itself, so its row stays finite and feeds nothing.
+    /// `policy`, each sequence's rows as the key planner gives them
+    /// ([`training_matrix`]: the keys the policy shows a query, a query
+    /// whose token does not exist at the layer reading only itself).
     pub fn new(policy: &Policy, phases: &[TokenPhases], t: usize) -> Self {
         let rules: Vec<_> = phases.iter().map(|ph| policy.visibility(*ph)).collect();
+        let positions: Vec<usize> = (0..t).collect();
         let build = |layer: usize| -> MaskedSoftmax {
             let mut m = Vec::with_capacity(phases.len() * t * t);
             for rule in &rules {
-                for q in 0..t {
-                    let exists = rule.token_exists(layer, q);
-                    for k in 0..t {
-                        m.push(if exists {
-                            k <= q && rule.key_visible(layer, q, k)
-                        } else {
-                            k == q
-                        });
-                    }
-                }
+                m.extend(training_matrix(rule.as_ref(), layer, None, &positions));
             }
             MaskedSoftmax {
                 visible: Arc::new(m),

@@ -23,50 +23,7 @@ use crate::simd::Element;
 /// all of them.
 pub const QUERY_TILE: usize = 16;
 
-/// The cache rows each query of a chunk reads: ascending, non-overlapping
-/// ranges per query. Buffers are kept between calls.
-#[derive(Debug, Clone, Default)]
-pub struct QuerySpans {
-    offsets: Vec<usize>,
-    spans: Vec<Range<usize>>,
-}
-
-impl QuerySpans {
-    /// No queries.
-    pub fn new() -> Self {
-        Self {
-            offsets: vec![0],
-            spans: Vec::new(),
-        }
-    }
-
-    /// Forget every query (keeping the buffers).
-    pub fn clear(&mut self) {
-        self.offsets.clear();
-        self.offsets.push(0);
-        self.spans.clear();
-    }
-
-    /// Add the next query, reading the rows `spans` (empty ranges dropped).
-    pub fn push_query(&mut self, spans: impl IntoIterator<Item = Range<usize>>) {
-        if self.offsets.is_empty() {
-            self.offsets.push(0);
-        }
-        self.spans
-            .extend(spans.into_iter().filter(|r| !r.is_empty()));
-        self.offsets.push(self.spans.len());
-    }
-
-    /// Queries held.
-    pub fn queries(&self) -> usize {
-        self.offsets.len().saturating_sub(1)
-    }
-
-    /// The rows query `i` reads.
-    pub fn of(&self, i: usize) -> &[Range<usize>] {
-        &self.spans[self.offsets[i]..self.offsets[i + 1]]
-    }
-}
+use lcut_policy::keys::QuerySpans;
 
 /// Attend the `n` queries `q` [heads, n, head_dim] (f32) over the cache,
 /// query i reading the rows `spans.of(i)` (at least one), writing the

@@ -228,7 +228,10 @@ macro_rules! with_kv_slices {
 
 mod chunk;
 
-pub use chunk::{QUERY_TILE, QuerySpans, attend_chunk};
+pub use chunk::{QUERY_TILE, attend_chunk};
+/// The rows each query of a chunk reads, as the key planner
+/// ([`lcut_policy::keys::KeyPlanner`]) gives them.
+pub use lcut_policy::keys::QuerySpans;
 
 /// Attend one query `q` [heads, head_dim] over the cache rows `rows`
 /// (ascending, non-overlapping ranges inside the cache) and `current`,

@@ -1,5 +1,5 @@
 //! One layer's attention on the tensor path: grouped-query attention in
-//! blocks of query rows over the keys each query reads ([`KeyReads`]: one
+//! blocks of query rows over the keys each query reads ([`KeyPlanner`]: one
 //! additive mask per group of K/V heads that hold the same rows under the
 //! same rule), and the probe's view of the probabilities. A chunk's
 //! attention usually runs on lcut's kernel instead, see `chunk_attention`.
@@ -7,10 +7,11 @@
 use candle_core::{DType, Tensor};
 
 use super::Decoder;
-use super::reads::{GroupReads, KeyReads, ReadQuery};
+use lcut_policy::keys::{GroupReads, KeyPlanner, KeyQuery};
+
+use super::reads::{PartialMask, group_mask};
 use crate::cache::LayerCache;
 use crate::error::{ModelError, Result};
-use crate::mask::PartialMask;
 use crate::probe::{AttentionView, Probe};
 use crate::sequence::Sequence;
 
@@ -18,7 +19,7 @@ use crate::sequence::Sequence;
 /// built from them, kept while the next layer reads the same rows.
 #[derive(Default)]
 pub(super) struct LayerReads {
-    pub(super) reads: KeyReads,
+    pub(super) reads: KeyPlanner,
     /// Per group: the version of the reads a mask was built from, and the mask.
     masks: Vec<(u64, Option<Tensor>)>,
 }
@@ -51,7 +52,7 @@ impl Decoder {
             .and_then(|p| p.attention_from(l))
             .map(|from| present.partition_point(|&q| q < from))
             .filter(|&first| first < present.len());
-        let ask = ReadQuery {
+        let ask = KeyQuery {
             layer: l,
             window,
             queries: present,
@@ -65,7 +66,7 @@ impl Decoder {
             let (k, v) = self.group_keys(cache, g, l)?;
             let keys = cache.group_positions(g.rows);
             if kept.0 != g.version {
-                let mask = g.mask(keys.len());
+                let mask = group_mask(g, keys.len());
                 *kept = (
                     g.version,
                     self.mask_tensor(mask, present.len(), keys.len())?,

@@ -1,6 +1,6 @@
 //! A prefill chunk's attention by lcut's kernel
 //! ([`lcut_kernels::attention::attend_chunk`]): each query reads only the
-//! cache rows [`KeyReads`] gives it, in place in the cache's buffers (f32,
+//! cache rows the key planner ([`KeyPlanner`]) gives it, in place in the cache's buffers (f32,
 //! f16 or bf16), without a score matrix or a mask tensor; one call per
 //! group of K/V heads that hold the same rows under the same rule.
 //!
@@ -14,11 +14,11 @@ use lcut_kernels::Isa;
 use lcut_kernels::attention::{AttentionSpec, attend_chunk};
 
 use super::Decoder;
-use super::reads::{KeyReads, ReadQuery};
 use super::step::with_group_view;
 use crate::cache::LayerCache;
 use crate::error::Result;
 use crate::sequence::Sequence;
+use lcut_policy::keys::{KeyPlanner, KeyQuery};
 
 /// When a chunk's attention runs on the kernel.
 pub(super) struct ChunkKernel;
@@ -45,10 +45,10 @@ impl Decoder {
         cache: &LayerCache,
         present: &[usize],
         seq: &Sequence,
-        reads: &mut KeyReads,
+        reads: &mut KeyPlanner,
     ) -> Result<Option<Tensor>> {
         let kv_heads = self.cfg.num_kv_heads;
-        let ask = ReadQuery {
+        let ask = KeyQuery {
             layer: l,
             window,
             queries: present,

@@ -25,6 +25,7 @@ mod train;
 pub use step::{StepScratch, Unfused};
 
 use candle_core::{D, DType, Device, Tensor};
+use lcut_policy::window::first_readable;
 use lcut_policy::{KvShape, Policy, PressObservation, PressRun, TokenPhases};
 
 use crate::config::ModelConfig;
@@ -493,7 +494,7 @@ impl Decoder {
         let kv_heads = self.cfg.num_kv_heads;
         for (l, (cache, layer)) in seq.caches.iter_mut().zip(&self.layers).enumerate() {
             if let Some(w) = layer.window {
-                cache.drop_below((next + 1).saturating_sub(w));
+                cache.drop_below(first_readable(w, next));
             }
             if decoding {
                 let rule = seq.rule.as_ref();

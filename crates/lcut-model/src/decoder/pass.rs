@@ -6,6 +6,7 @@
 use std::borrow::Cow;
 
 use candle_core::{DType, Tensor};
+use lcut_policy::window::first_readable;
 
 use super::attention::LayerReads;
 use super::chunk_attention::ChunkKernel;
@@ -216,7 +217,7 @@ impl Decoder {
             // keys older than the window of the chunk's first query are read
             // by none of its queries nor any later one (a policy still to
             // decide from a layer's keys sees them all first)
-            seq.caches[l].drop_below((present[0] + 1).saturating_sub(w));
+            seq.caches[l].drop_below(first_readable(w, present[0]));
         }
         self.store_kv(&mut seq.caches[l], (&chunk.k, &chunk.v), &chunk.positions)?;
         let wants_rows = probe

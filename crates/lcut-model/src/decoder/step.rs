@@ -21,9 +21,10 @@ use lcut_kernels::attention::{
 };
 use lcut_kernels::ops;
 use lcut_kernels::product::{Activations, matvec_concat};
+use lcut_policy::keys::{KeyPlanner, KeyQuery};
+use lcut_policy::window::first_readable;
 
 use super::attention::union_probs;
-use super::reads::{KeyReads, ReadQuery};
 use super::step_model::{Held, StepLayer, StepLinear, StepModel};
 use super::{ChunkOutput, Decoder, LogitRows};
 use crate::cache::LayerCache;
@@ -63,7 +64,7 @@ struct LaneScratch {
     rope: Vec<(Vec<f32>, Vec<f32>)>,
     probs: Vec<f32>,
     attention: AttentionScratch,
-    reads: KeyReads,
+    reads: KeyPlanner,
     key_positions: Vec<usize>,
 }
 
@@ -368,7 +369,7 @@ impl Decoder {
         }
         if let Some(w) = layer.window {
             // keys older than this token's window are read by no later query
-            seq.caches[l].drop_below((pos + 1).saturating_sub(w));
+            seq.caches[l].drop_below(first_readable(w, pos));
         }
         let rule = seq.rule.as_ref();
         let keeps = |head: usize| rule.head_retains_kv(l, head, pos);
@@ -382,7 +383,7 @@ impl Decoder {
             let cache = &mut seq.caches[l];
             self.store_kv_by_head(cache, (&kt, &vt), &[pos], |head, _| stored[head])?;
         }
-        let ask = ReadQuery {
+        let ask = KeyQuery {
             layer: l,
             window: layer.window,
             queries: &[pos],

@@ -10,6 +10,7 @@ use std::collections::btree_map::Entry;
 use std::ops::Range;
 
 use candle_core::Tensor;
+use lcut_policy::window::in_window;
 
 use super::Decoder;
 use super::pass::layer_residuals;
@@ -82,7 +83,8 @@ impl Decoder {
     /// The residual stream `hidden` [n, hidden] of rows at `positions`
     /// (increasing) through `layers`, row q reading row k where
     /// `visible[q * n + k]` and, at a sliding layer, where k lies within
-    /// the layer's window of q. Every row must read itself. Differentiable
+    /// the layer's window of q (`visible` as [`lcut_policy::training_matrix`]
+    /// gives it). Every row must read itself and no later row. Differentiable
     /// with respect to the pairs of [`Decoder::with_trainable_lora`].
     pub fn train_rows(
         &self,
@@ -110,6 +112,13 @@ impl Decoder {
         }
         if positions.windows(2).any(|w| w[0] >= w[1]) {
             return Err(refuse("positions must increase".into()));
+        }
+        if let Some(i) = (0..n * n).find(|&i| visible[i] && i % n > i / n) {
+            return Err(refuse(format!(
+                "row {} reads the later row {}: attention is causal",
+                i / n,
+                i % n
+            )));
         }
         if layers.end > self.cfg.num_layers {
             return Err(refuse(format!(
@@ -146,8 +155,8 @@ impl Decoder {
         let values: Vec<f32> = (0..n * n)
             .map(|i| {
                 let (q, k) = (i / n, i % n);
-                let in_window = window.is_none_or(|w| positions[q].abs_diff(positions[k]) < w);
-                match visible[i] && in_window {
+                // `visible` holds only keys at or before their query
+                match visible[i] && in_window(window, positions[q], positions[k]) {
                     true => 0.0,
                     false => f32::NEG_INFINITY,
                 }

@@ -8,7 +8,7 @@
 use candle_core::Tensor;
 use lcut_engine::Session;
 use lcut_model::{LogitRows, Probe, ResidualSite};
-use lcut_policy::{Policy, TokenPhases, Visibility};
+use lcut_policy::{Policy, TokenPhases, Visibility, training_matrix};
 
 use super::options::DataOptions;
 use super::progress::Progress;
@@ -171,11 +171,9 @@ fn sequence(
             None,
         ),
     };
-    let visible = positions
-        .iter()
-        .flat_map(|&q| positions.iter().map(move |&k| (q, k)))
-        .map(|(q, k)| k <= q && rule.key_visible(cut, q, k))
-        .collect();
+    // the layers from the cut on read as the cut does (each layer's own
+    // sliding window is applied by the model's training pass)
+    let visible = training_matrix(rule.as_ref(), cut, None, &positions);
     let (loss_rows, targets, steps) = continuation_targets(&positions, &ids, prompt.ids.len());
     let teacher = match kd {
         true => Some(teacher_rows(record, &steps)?),
@@ -214,13 +212,10 @@ fn continuation_targets(
 /// Every row of an `n`-token sequence in the layers from `first` to the
 /// cut, reading what `rule` shows there, with `kept` the rows that go on.
 fn below_cut(rule: &dyn Visibility, first: usize, n: usize, kept: Vec<u32>) -> BelowCut {
-    let visible = (0..n)
-        .flat_map(|q| (0..n).map(move |k| (q, k)))
-        .map(|(q, k)| k <= q && rule.key_visible(first, q, k))
-        .collect();
+    let positions: Vec<usize> = (0..n).collect();
     BelowCut {
-        positions: (0..n).collect(),
-        visible,
+        visible: training_matrix(rule, first, None, &positions),
+        positions,
         kept,
     }
 }
