@@ -1,6 +1,6 @@
 //! Head exceptions from a diagnose report: the ranking of (layer, K/V head)
 //! pairs by decode-to-prefill mass that `lcut diagnose` writes beside its
-//! report (`heads-ranking.json`, what `+heads:N` reads), the cut and kept
+//! report (`heads-ranking.json`, what `+heads:N+ranking:FILE` reads), the cut and kept
 //! heads a K/V budget buys ([`HeadAdvice`]), written as a head file that
 //! `speed:C+bos+heads:FILE` reads, and policies resolved against a session's
 //! model (its K/V heads and config hash checked against a head file's).
@@ -10,9 +10,7 @@ use std::path::{Path, PathBuf};
 use lcut_diag::{
     HeadPlan, PromptShape, expected_accuracy, head_ranking, kv_head_masses, plan_for_budgets,
 };
-use lcut_policy::{
-    FileModel, HeadFile, HeadRanking, HeadSource, ModelDims, Policy, PolicySpec, read_ranking,
-};
+use lcut_policy::{FileModel, HeadFile, HeadRanking, ModelDims, Policy, PolicySpec};
 use lcut_trace::{ModelIdentity, Report, write_json};
 use serde::Serialize;
 
@@ -22,10 +20,6 @@ use crate::session::Session;
 
 /// The file `lcut diagnose` writes its ranking to, in its output folder.
 pub const RANKING_FILE: &str = "heads-ranking.json";
-
-/// Where `+heads:N` without `+ranking:FILE` looks: the ranking of the last
-/// diagnose run in its default folder.
-pub const LAST_RANKING: &str = "runs/latest/heads-ranking.json";
 
 /// The model a ranking or head file names.
 pub fn file_model(identity: &ModelIdentity) -> FileModel {
@@ -207,9 +201,10 @@ pub fn write_head_file(path: &Path, advice: &HeadAdvice, identity: &ModelIdentit
 
 /// `spec` resolved for a model of `num_layers` layers and `kv_heads` K/V
 /// heads whose config hashes to `config_hash` (when known): a head file or
-/// ranking made for another model is refused; `+heads:N` without
-/// `+ranking:FILE` takes the ranking of the last diagnose run
-/// ([`LAST_RANKING`]).
+/// ranking made for another model is refused. The files a policy reads are
+/// the ones it names (`+heads:FILE`, `+ranking:FILE`); nothing is read from
+/// the working directory, so `+heads:N` without `+ranking:FILE` is refused
+/// by name.
 pub fn resolve_spec(
     spec: &PolicySpec,
     num_layers: usize,
@@ -221,15 +216,7 @@ pub fn resolve_spec(
         kv_heads: Some(kv_heads),
         config_hash,
     };
-    let needs_last = matches!(
-        spec.heads.and_then(|h| h.source),
-        Some(HeadSource::Top { ranking: None, .. })
-    );
-    let last = match needs_last && Path::new(LAST_RANKING).is_file() {
-        true => Some(read_ranking(LAST_RANKING)?),
-        false => None,
-    };
-    Ok(spec.resolve_for(&dims, last.as_ref())?)
+    Ok(spec.resolve_for(&dims, None)?)
 }
 
 impl Session {

@@ -93,7 +93,7 @@ pub enum PolicyError {
     /// `+heads:N` without a ranking to take the N heads from.
     #[error(
         "`+heads:{count}` takes the {count} heads with the most decode-to-prefill mass from a \
-         ranking: name one with `+ranking:FILE` (`lcut diagnose` writes heads.json beside its report)"
+         ranking: name one with `+ranking:FILE` (`lcut diagnose` writes heads-ranking.json beside its report)"
     )]
     RankingMissing {
         /// The heads asked for.
