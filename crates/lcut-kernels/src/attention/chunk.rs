@@ -13,8 +13,6 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use super::{AttentionSpec, BLOCK, BlockOps, KvCache, KvData, Rows, portable};
-#[cfg(target_arch = "x86_64")]
-use super::{avx2, avx512};
 use crate::error::{KernelError, Result, check_len};
 use crate::isa::Isa;
 use crate::simd::Element;

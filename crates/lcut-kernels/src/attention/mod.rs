@@ -15,9 +15,7 @@
 mod portable;
 
 #[cfg(target_arch = "x86_64")]
-mod avx2;
-#[cfg(target_arch = "x86_64")]
-mod avx512;
+mod simd;
 
 use std::ops::Range;
 
@@ -191,9 +189,14 @@ macro_rules! with_best_ops {
     ($isa:expr, |$ops:ident| $body:expr) => {{
         #[cfg(target_arch = "x86_64")]
         {
-            if let Some($ops) = avx512::Ops::new().filter(|_| $isa >= Isa::Avx512) {
+            if let Some($ops) = $crate::attention::simd::Ops::<$crate::simd::avx512::Avx512>::new()
+                .filter(|_| $isa >= Isa::Avx512)
+            {
                 $body
-            } else if let Some($ops) = avx2::Ops::new().filter(|_| $isa >= Isa::Avx2) {
+            } else if let Some($ops) =
+                $crate::attention::simd::Ops::<$crate::simd::avx2::Avx2>::new()
+                    .filter(|_| $isa >= Isa::Avx2)
+            {
                 $body
             } else {
                 let $ops = portable::Ops;

@@ -6,9 +6,7 @@
 mod portable;
 
 #[cfg(target_arch = "x86_64")]
-mod avx2;
-#[cfg(target_arch = "x86_64")]
-mod avx512;
+mod simd;
 
 use std::ops::Range;
 
@@ -155,13 +153,8 @@ fn rows_unchecked(
     }
     let xs = &xs[..n];
     #[cfg(target_arch = "x86_64")]
-    {
-        if isa >= Isa::Avx512 && avx512::rows(w, m.cols, xs, out) {
-            return;
-        }
-        if isa >= Isa::Avx2 && avx2::rows(w, m.cols, xs, out) {
-            return;
-        }
+    if simd::rows(isa, w, m.cols, xs, out) {
+        return;
     }
     let _ = isa;
     portable::rows(w, m.cols, xs, out);
