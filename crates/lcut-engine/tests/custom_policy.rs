@@ -4,8 +4,6 @@
 //! sweep's comparison axis), because nothing in lcut asks a policy's kind:
 //! everything asks its [`Visibility`].
 
-use std::any::Any;
-
 use anyhow::{Result, ensure};
 use lcut_engine::diagnose::{AxisPolicy, LabelledPrompt, SweepOptions, sweep};
 use lcut_engine::{Generation, GenerationConfig, PreparedPrompt, Session};
@@ -76,18 +74,6 @@ impl Visibility for EveryOtherRule {
 
     fn rule_class(&self, layer: usize) -> usize {
         usize::from(layer >= self.l_cut)
-    }
-
-    fn accounting(&self) -> &dyn KvAccounting {
-        self
-    }
-
-    fn box_clone(&self) -> Box<dyn Visibility> {
-        Box::new(*self)
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 

@@ -2,7 +2,6 @@
 //! policy decides while it runs), the layer caches, and the prefill chunks
 //! waiting for a stage cut.
 
-use std::any::Any;
 use std::sync::Arc;
 
 use candle_core::Tensor;
@@ -107,18 +106,6 @@ impl Visibility for ReferenceMask {
     fn monotone_in_query(&self) -> bool {
         false
     }
-
-    fn accounting(&self) -> &dyn KvAccounting {
-        self
-    }
-
-    fn box_clone(&self) -> Box<dyn Visibility> {
-        Box::new(self.clone())
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
 }
 
 impl KvAccounting for ReferenceMask {}
@@ -195,7 +182,13 @@ impl Sequence {
     /// SlimInfer's state (kept blocks, decisions, traffic), when the policy
     /// is SlimInfer: its own records, for reports and the viewer.
     pub fn slim(&self) -> Option<&SlimRun> {
-        self.rule.as_any().downcast_ref::<SlimRun>()
+        self.rule.dynamic()?.slim_run()
+    }
+
+    /// A press's state (what it observed of the prompt and kept), when the
+    /// policy is a press.
+    pub fn press(&self) -> Option<&PressRun> {
+        self.rule.dynamic()?.press_run()
     }
 
     /// Whether the token at `pos` has a hidden state (and K/V) at `layer`.
@@ -307,11 +300,7 @@ impl Sequence {
         let not_shared = || ModelError::NotRestrictable {
             policy: policy.to_string(),
         };
-        let run = self
-            .rule
-            .as_any()
-            .downcast_ref::<PressRun>()
-            .ok_or_else(not_shared)?;
+        let run = self.press().ok_or_else(not_shared)?;
         let params = policy.press().ok_or_else(not_shared)?;
         if policy.num_layers() != self.caches.len() {
             return Err(depth_mismatch(&policy, self.caches.len()));

@@ -11,7 +11,6 @@
 //! does there, and the sliding layers hold their window; a model whose every
 //! layer slides and a prompt too short for a press are refused by name.
 
-use std::any::Any;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -22,7 +21,7 @@ use lcut_model::{DType, Decoder, Device, LogitRows, Sequence, Tensor};
 use lcut_parity::{PressPolicy, PressReference, ReferenceCase};
 use lcut_policy::window::in_window;
 use lcut_policy::{
-    KvAccounting, ModelDims, Policy, PolicyFamily, PolicySpec, PressRun, TokenPhases, Visibility,
+    KvAccounting, ModelDims, Policy, PolicyFamily, PolicySpec, TokenPhases, Visibility,
 };
 
 const TOL: f32 = 1e-4;
@@ -110,11 +109,7 @@ fn continued(
 
 /// The positions `seq`'s press kept, `[layer][kv_head]`.
 fn kept_by(seq: &Sequence, layers: usize, kv: usize) -> Result<Vec<Vec<Vec<usize>>>> {
-    let run = seq
-        .visibility()
-        .as_any()
-        .downcast_ref::<PressRun>()
-        .context("a press's sequence")?;
+    let run = seq.press().context("a press's sequence")?;
     (0..layers)
         .map(|l| {
             (0..kv)
@@ -337,11 +332,7 @@ fn a_press_on_alternating_windows_compresses_only_the_global_layers() -> Result<
         &case.ids,
         &[s + 3, t],
     )?;
-    let press = seq
-        .visibility()
-        .as_any()
-        .downcast_ref::<PressRun>()
-        .context("a press's sequence")?;
+    let press = seq.press().context("a press's sequence")?;
     ensure!(
         cfg.sliding_window.iter().any(Option::is_some)
             && cfg.sliding_window.iter().any(Option::is_none)
@@ -414,15 +405,6 @@ impl Visibility for Replayed {
     }
     fn head_rule_class(&self, layer: usize, kv_head: usize) -> usize {
         2 + layer * 100 + kv_head
-    }
-    fn accounting(&self) -> &dyn KvAccounting {
-        self
-    }
-    fn box_clone(&self) -> Box<dyn Visibility> {
-        Box::new(self.clone())
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 
@@ -539,11 +521,7 @@ fn real_presses_match_kvpress(label: &str, path: &Path, dir: &Path) -> Result<()
             let what = format!("{key} ({}) {how}", p.kvpress_class);
             let (rows, seq) = continued(&model, prompt.fork()?, &ids, &ends)?;
             let ours = kept_by(&seq, cfg.num_layers, cfg.num_kv_heads)?;
-            let press = seq
-                .visibility()
-                .as_any()
-                .downcast_ref::<PressRun>()
-                .context("a press")?;
+            let press = seq.press().context("a press")?;
             for l in 0..cfg.num_layers {
                 for h in 0..cfg.num_kv_heads {
                     // kept by one side only: each must tie the boundary

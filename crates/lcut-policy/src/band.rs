@@ -9,8 +9,6 @@
 //! those layers alone. A band that reaches the top layer keeps SPEED's K/V
 //! but not its prefill saving (the prompt still runs the band's layers).
 
-use std::any::Any;
-
 use crate::phases::{Phase, TokenPhases};
 use crate::visibility::{KvAccounting, Visibility, token_layers_by_phase};
 
@@ -73,18 +71,6 @@ impl Visibility for BandRule {
 
     fn rule_class(&self, layer: usize) -> usize {
         usize::from(self.in_band(layer))
-    }
-
-    fn accounting(&self) -> &dyn KvAccounting {
-        self
-    }
-
-    fn box_clone(&self) -> Box<dyn Visibility> {
-        Box::new(*self)
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 

@@ -9,8 +9,6 @@
 //! SPEED. Once the prompt has run, a layer keeps the prompt's K/V only for
 //! the heads that read it.
 
-use std::any::Any;
-
 use crate::heads::HeadSet;
 use crate::phases::{Phase, TokenPhases};
 use crate::visibility::{KvAccounting, Visibility};
@@ -129,18 +127,6 @@ impl Visibility for HeadRule {
 
     fn head_rule_class(&self, layer: usize, kv_head: usize) -> usize {
         usize::from(self.is_upper(layer) && !self.heads.contains(layer, kv_head))
-    }
-
-    fn accounting(&self) -> &dyn KvAccounting {
-        self
-    }
-
-    fn box_clone(&self) -> Box<dyn Visibility> {
-        Box::new(*self)
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 

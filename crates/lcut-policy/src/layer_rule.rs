@@ -3,8 +3,6 @@
 //! it prefill tokens are gone, and a decode-phase query reads the anchors and
 //! decode-phase tokens (SPEED) or only itself and the anchors (SelfOnly).
 
-use std::any::Any;
-
 use crate::phases::{Phase, TokenPhases};
 use crate::visibility::{KvAccounting, Visibility, token_layers_by_phase};
 
@@ -84,18 +82,6 @@ impl Visibility for LayerRule {
 
     fn rule_class(&self, layer: usize) -> usize {
         usize::from(self.is_upper(layer))
-    }
-
-    fn accounting(&self) -> &dyn KvAccounting {
-        self
-    }
-
-    fn box_clone(&self) -> Box<dyn Visibility> {
-        Box::new(*self)
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 

@@ -54,4 +54,4 @@ pub use selection::{SlimSelection, StepTraffic};
 pub use slim::{Budget, MAX_SLIM_CUTS, ScoreMode, SlimOptions, SlimParams, SlimSpec};
 pub use slim_run::SlimRun;
 pub use slim_score::{BlockSummaries, top_blocks};
-pub use visibility::{DynamicRule, HostKeys, KvAccounting, PromptKv, Visibility};
+pub use visibility::{DynamicRule, HostKeys, KvAccounting, PromptKv, RuleCopy, Visibility};

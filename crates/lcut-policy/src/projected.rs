@@ -10,7 +10,6 @@
 //! every token's K/V, so the cache is the full model's in size; what the
 //! policy saves is the prompt's upper-layer queries, attention and MLPs.
 
-use std::any::Any;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -106,18 +105,6 @@ impl Visibility for ProjectedKv {
 
     fn kv_projected_at(&self, pos: usize) -> Option<usize> {
         self.leaves(pos).then_some(self.cut)
-    }
-
-    fn accounting(&self) -> &dyn KvAccounting {
-        self
-    }
-
-    fn box_clone(&self) -> Box<dyn Visibility> {
-        Box::new(*self)
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 

@@ -5,8 +5,6 @@
 //! below each cut once the whole prompt has reached it, and a call after
 //! each layer of a decode step; everything here is host arithmetic.
 
-use std::any::Any;
-
 use crate::phases::TokenPhases;
 use crate::query_window::QueryWindow;
 use crate::record::{CutRecord, SlimTrace, StepRecord};
@@ -159,24 +157,12 @@ impl Visibility for SlimRun {
         self.selection.segment(layer)
     }
 
-    fn accounting(&self) -> &dyn KvAccounting {
-        self
-    }
-
     fn dynamic(&self) -> Option<&dyn DynamicRule> {
         Some(self)
     }
 
     fn dynamic_mut(&mut self) -> Option<&mut dyn DynamicRule> {
         Some(self)
-    }
-
-    fn box_clone(&self) -> Box<dyn Visibility> {
-        Box::new(self.clone())
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 
@@ -216,6 +202,10 @@ impl KvAccounting for SlimRun {
 }
 
 impl DynamicRule for SlimRun {
+    fn slim_run(&self) -> Option<&SlimRun> {
+        Some(self)
+    }
+
     fn stage_cuts(&self) -> &[usize] {
         self.selection.params().cuts()
     }

@@ -11,13 +11,17 @@
 //!   (SlimInfer at its stage cuts, kvpress's presses at the prompt's end):
 //!   the decoder hands it queries and keys at its decision layers. Static
 //!   rules have none, and the generic paths never ask them.
+//!
+//! What every rule has by being a `Clone` [`KvAccounting`] (its counts and
+//! an independent copy) comes from [`RuleCopy`], written once here.
 
-use std::any::Any;
 use std::fmt;
 
 use crate::error::PolicyError;
 use crate::phases::{Phase, TokenPhases};
+use crate::press::PressRun;
 use crate::record::{CutRecord, SlimTrace, StepRecord};
+use crate::slim_run::SlimRun;
 use crate::window::{LayerWindows, held_positions, window_of};
 
 /// Keys of one layer on the host, `[kv_heads][tokens][head_dim]` flattened,
@@ -68,7 +72,7 @@ pub struct PromptKv<'a> {
 /// prompt runs, a layer also holds the K/V of every token that exists there
 /// for the prompt's own later queries; the decoder drops the rows no later
 /// query reads once the decode phase starts.
-pub trait Visibility: fmt::Debug + Send + Sync {
+pub trait Visibility: RuleCopy + fmt::Debug + Send + Sync {
     /// Depth of the model the policy was resolved for.
     fn num_layers(&self) -> usize;
 
@@ -154,9 +158,6 @@ pub trait Visibility: fmt::Debug + Send + Sync {
         false
     }
 
-    /// The K/V this rule holds and reads, counted.
-    fn accounting(&self) -> &dyn KvAccounting;
-
     /// The hooks of a policy that decides while it runs (`None` for a
     /// static rule).
     fn dynamic(&self) -> Option<&dyn DynamicRule> {
@@ -168,12 +169,26 @@ pub trait Visibility: fmt::Debug + Send + Sync {
     fn dynamic_mut(&mut self) -> Option<&mut dyn DynamicRule> {
         None
     }
+}
+
+/// What every rule has by being a `Clone` [`KvAccounting`]: its counts and
+/// an independent copy, for every such type at once.
+pub trait RuleCopy {
+    /// The K/V this rule holds and reads, counted.
+    fn accounting(&self) -> &dyn KvAccounting;
 
     /// An independent copy (to fork a sequence).
     fn box_clone(&self) -> Box<dyn Visibility>;
+}
 
-    /// The concrete type, for inspecting one policy's own records.
-    fn as_any(&self) -> &dyn Any;
+impl<T: KvAccounting + Clone + 'static> RuleCopy for T {
+    fn accounting(&self) -> &dyn KvAccounting {
+        self
+    }
+
+    fn box_clone(&self) -> Box<dyn Visibility> {
+        Box::new(self.clone())
+    }
 }
 
 impl Clone for Box<dyn Visibility> {
@@ -431,6 +446,18 @@ pub trait DynamicRule {
     /// The decisions as a trace for reports, with K/V counted in bytes of
     /// `bytes_per_token_layer` (`None` for a policy that decides nothing).
     fn decision_trace(&self, _bytes_per_token_layer: u64) -> Option<SlimTrace> {
+        None
+    }
+
+    /// SlimInfer's own state (kept blocks, decisions, traffic), when this
+    /// is SlimInfer.
+    fn slim_run(&self) -> Option<&SlimRun> {
+        None
+    }
+
+    /// A press's own state (what it observed and kept), when this is a
+    /// press.
+    fn press_run(&self) -> Option<&PressRun> {
         None
     }
 }

@@ -10,8 +10,6 @@
 //! (kvpress's rule for Gemma 3: its presses compress only the layers that
 //! read every earlier key), so such a layer holds its window.
 
-use std::any::Any;
-
 use super::expected::{self, QueryStats};
 use super::math::top;
 use super::{PressName, PressParams, knorm, snapkv, streaming_llm, tova};
@@ -441,24 +439,12 @@ impl Visibility for PressRun {
         q >= self.prompt_len()
     }
 
-    fn accounting(&self) -> &dyn KvAccounting {
-        self
-    }
-
     fn dynamic(&self) -> Option<&dyn DynamicRule> {
         Some(self)
     }
 
     fn dynamic_mut(&mut self) -> Option<&mut dyn DynamicRule> {
         Some(self)
-    }
-
-    fn box_clone(&self) -> Box<dyn Visibility> {
-        Box::new(self.clone())
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 
@@ -507,6 +493,10 @@ impl KvAccounting for PressRun {
 }
 
 impl DynamicRule for PressRun {
+    fn press_run(&self) -> Option<&PressRun> {
+        Some(self)
+    }
+
     fn is_decided(&self) -> bool {
         self.decided == self.num_layers
     }
