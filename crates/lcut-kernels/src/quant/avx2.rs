@@ -3,6 +3,11 @@
 //! `maddubs` (unsigned x signed byte pairs to 16 bits), widened by `madd`,
 //! scaled per block and accumulated in eight f32 lanes. Up to four
 //! activation rows share each unpacked block.
+//!
+//! A pair with `avx512.rs`, not one body over the vector width: without
+//! VNNI each product is two instructions and a widening, and AVX-512 puts
+//! two blocks in a register with one gather for their scales, so the
+//! instruction sequences differ, not only their width.
 
 #![allow(unsafe_code)]
 

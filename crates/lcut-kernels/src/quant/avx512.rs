@@ -2,7 +2,8 @@
 //! per 512-bit register, multiplied with the 8-bit activations by `dpbusd`
 //! (unsigned x signed bytes summed four at a time into i32 lanes), the
 //! per-block scales of up to sixteen blocks converted at once (one gather
-//! of their f16 scales) and broadcast to their lanes by a permute.
+//! of their f16 scales) and broadcast to their lanes by a permute. (Why
+//! this is not one body with `avx2.rs`: see there.)
 
 #![allow(unsafe_code)]
 

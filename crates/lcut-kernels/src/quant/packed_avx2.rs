@@ -6,6 +6,11 @@
 //! sums are scaled by one conversion and one multiply-add. Up to four
 //! activation rows share each unpacked chunk (two for Q4_K, one for Q6_K:
 //! sixteen registers).
+//!
+//! A pair with `packed_avx512.rs`, not one body over the vector width: the
+//! product step is `vpdpbusd` there and `maddubs` + `madd` with 16-bit pair
+//! sums held for several steps here, and the two register files share
+//! different numbers of activation rows.
 
 #![allow(unsafe_code)]
 

@@ -3,7 +3,8 @@
 //! to bytes), `vpdpbusd` adds each row's four products with the activation
 //! row's four values (one broadcast word) into its own i32 lane, and a
 //! block's eight row sums are scaled by one conversion and one multiply-add.
-//! Up to four activation rows share each unpacked chunk.
+//! Up to four activation rows share each unpacked chunk. (Why this is not
+//! one body with `packed_avx2.rs`: see there.)
 
 #![allow(unsafe_code)]
 

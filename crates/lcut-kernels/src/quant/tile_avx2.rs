@@ -6,7 +6,9 @@
 //! for 5-bit, 2 for 6-bit) are added, and `vpmaddwd` against ones adds them
 //! into each row's 32-bit lane, as llama.cpp's AVX2 products do. The integer sums and the
 //! f32 steps per lane are those of the AVX-512 tile, so both levels give
-//! the same bits.
+//! the same bits. A pair with `tile_avx512.rs` because the integer step is
+//! another instruction sequence (two passes and 16-bit sums here, one
+//! `vpdpbusd` chain per row pair there), not only another width.
 
 #![allow(unsafe_code)]
 

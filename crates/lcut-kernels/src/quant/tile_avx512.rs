@@ -6,6 +6,7 @@
 //! the same integers), so that sixteen independent chains cover the
 //! instruction's latency; four rows of one chain each had left the unit
 //! waiting on it (105 against 150 GMAC/s on one Sapphire Rapids core).
+//! (Why this is not one body with `tile_avx2.rs`: see there.)
 
 #![allow(unsafe_code)]
 

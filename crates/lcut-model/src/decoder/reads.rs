@@ -67,10 +67,12 @@ pub(crate) fn group_mask(g: &GroupReads, keys: usize) -> Option<PartialMask> {
 
 #[cfg(test)]
 mod tests {
+    use std::ops::Range;
+
     use super::*;
     use candle_core::{Device, Tensor};
     use lcut_policy::keys::{KeyPlanner, KeyQuery};
-    use lcut_policy::{Anchors, Policy, PolicyKind, TokenPhases};
+    use lcut_policy::{Anchors, Policy, PolicyKind, TokenPhases, Visibility};
 
     fn cache_of(positions: &[usize]) -> LayerCache {
         let mut c = LayerCache::new();
@@ -84,19 +86,40 @@ mod tests {
         m.iter().map(|&x| u8::from(x == 0.0)).collect()
     }
 
+    /// The first group's spans for `queries` at `layer` (two K/V heads)
+    /// over `cache` under `rule`, and the mask built from them.
+    fn planned(
+        rule: &dyn Visibility,
+        cache: &LayerCache,
+        (layer, window): (usize, Option<usize>),
+        queries: &[usize],
+    ) -> (Vec<Vec<Range<usize>>>, Option<PartialMask>) {
+        let mut planner = KeyPlanner::default();
+        let ask = KeyQuery {
+            layer,
+            window,
+            queries,
+            kv_heads: 2,
+        };
+        let g = &planner.plan(rule, &ask, cache)[0];
+        let spans = (0..queries.len()).map(|i| g.spans.of(i).to_vec()).collect();
+        (spans, group_mask(g, cache.group_positions(g.rows).len()))
+    }
+
+    /// SPEED at 1 of 2 layers with BoS, prompt of 5 then the decode phase.
+    fn speed_1_of_2() -> Box<dyn Visibility> {
+        let phases = TokenPhases::new(8, 5, 1).expect("phases");
+        Policy::new(PolicyKind::Speed, 1, 2, Anchors::Bos)
+            .expect("policy")
+            .visibility(phases)
+    }
+
     #[test]
     fn a_window_masks_the_keys_before_it() {
         let rule = Policy::full(2).visibility(TokenPhases::all_decode());
         let cache = cache_of(&[0, 1, 2, 3, 4]);
-        let mut planner = KeyPlanner::default();
-        let ask = KeyQuery {
-            layer: 0,
-            window: Some(3),
-            queries: &[2, 4],
-            kv_heads: 2,
-        };
-        let groups = planner.plan(rule.as_ref(), &ask, &cache);
-        let m = group_mask(&groups[0], 5).expect("the window hides keys");
+        let (_, mask) = planned(rule.as_ref(), &cache, (0, Some(3)), &[2, 4]);
+        let m = mask.expect("the window hides keys");
         assert_eq!(m.visible_prefix, 0);
         assert_eq!(visible(&m.rest), vec![1, 1, 1, 0, 0, 0, 0, 1, 1, 1]);
     }
@@ -106,45 +129,25 @@ mod tests {
         let rule = Policy::full(1).visibility(TokenPhases::all_decode());
         let positions: Vec<usize> = (0..1000).collect();
         let cache = cache_of(&positions);
-        let mut planner = KeyPlanner::default();
-        let ask = KeyQuery {
-            layer: 0,
-            window: None,
-            queries: &[997, 998, 999],
-            kv_heads: 2,
-        };
-        let groups = planner.plan(rule.as_ref(), &ask, &cache);
-        let m = group_mask(&groups[0], 1000).expect("causal order hides keys");
+        let (_, mask) = planned(rule.as_ref(), &cache, (0, None), &[997, 998, 999]);
+        let m = mask.expect("causal order hides keys");
         assert_eq!(m.visible_prefix, 998);
         assert_eq!(visible(&m.rest), vec![0, 0, 1, 0, 1, 1]);
     }
 
     #[test]
     fn a_decode_step_over_the_keys_it_reads_needs_no_mask() {
-        let phases = TokenPhases::new(8, 5, 1).expect("phases");
-        let rule = Policy::new(PolicyKind::Speed, 1, 2, Anchors::Bos)
-            .expect("policy")
-            .visibility(phases);
         let cache = cache_of(&[0, 5, 6, 7]);
-        let mut planner = KeyPlanner::default();
-        let ask = KeyQuery {
-            layer: 1,
-            window: None,
-            queries: &[7],
-            kv_heads: 2,
-        };
-        let groups = planner.plan(rule.as_ref(), &ask, &cache);
-        assert!(group_mask(&groups[0], 4).is_none());
+        let (spans, mask) = planned(speed_1_of_2().as_ref(), &cache, (1, None), &[7]);
+        assert_eq!(spans, vec![vec![0..4]]);
+        assert!(mask.is_none());
     }
 
     #[test]
     fn a_checked_cache_is_read_whole_by_a_decode_query() {
         // the planner's answer over a real cache after its rows were
         // checked against a policy that keeps BoS and the decode phase
-        let phases = TokenPhases::new(8, 5, 1).expect("phases");
-        let rule = Policy::new(PolicyKind::Speed, 1, 2, Anchors::Bos)
-            .expect("policy")
-            .visibility(phases);
+        let rule = speed_1_of_2();
         let mut cache = cache_of(&[0, 1, 2, 3, 4, 5, 6]);
         cache
             .retain_checked(2, false, |_, p| rule.retains_kv(1, p))
@@ -152,14 +155,7 @@ mod tests {
         assert_eq!(cache.positions(), &[0, 5, 6]);
         let x = Tensor::zeros((2, 1, 2), candle_core::DType::F32, &Device::Cpu).expect("zeros");
         cache.append(&x, &x, &[7]).expect("append");
-        let mut planner = KeyPlanner::default();
-        let ask = KeyQuery {
-            layer: 1,
-            window: None,
-            queries: &[7],
-            kv_heads: 2,
-        };
-        let groups = planner.plan(rule.as_ref(), &ask, &cache);
-        assert_eq!(groups[0].spans.of(0).to_vec(), vec![0..4]);
+        let (spans, _) = planned(rule.as_ref(), &cache, (1, None), &[7]);
+        assert_eq!(spans, vec![vec![0..4]]);
     }
 }
