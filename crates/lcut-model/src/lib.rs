@@ -1,6 +1,6 @@
-//! The lcut decoder: loads Hugging Face model folders (Llama, Mistral, Qwen2,
-//! Qwen3, Gemma-2, Phi-3) and runs them with probes and a layer-asymmetric KV
-//! cache on candle.
+//! The lcut decoder: loads Hugging Face model folders and GGUF files (Llama,
+//! Mistral, Qwen2, Qwen3, Gemma-2, Gemma 3, Phi-3) and runs them with probes
+//! and a layer-asymmetric KV cache on candle.
 
 mod cache;
 pub mod config;
