@@ -19,6 +19,7 @@
 use std::ops::Range;
 
 use crate::Visibility;
+use crate::window::readable_keys;
 
 /// The rows each query of a chunk reads: ascending, non-overlapping ranges
 /// of row indices per query. Buffers are kept between calls.
@@ -80,14 +81,7 @@ impl<'a> LayerKeys<'a> {
     /// The rule of `layer` under `rule`, every K/V head alike (where heads
     /// differ, the union of theirs), with the layer's sliding `window`.
     pub fn layer(rule: &'a dyn Visibility, layer: usize, window: Option<usize>) -> Self {
-        let class = rule.rule_class(layer);
-        Self {
-            rule,
-            layer,
-            head: None,
-            window,
-            class,
-        }
+        Self::head(rule, layer, None, window)
     }
 
     /// The rule of K/V head `head` (`None`: every head alike) at `layer`.
@@ -97,15 +91,16 @@ impl<'a> LayerKeys<'a> {
         head: Option<usize>,
         window: Option<usize>,
     ) -> Self {
-        match head {
-            None => Self::layer(rule, layer, window),
-            Some(h) => Self {
-                rule,
-                layer,
-                head,
-                window,
-                class: rule.head_rule_class(layer, h),
-            },
+        let class = match head {
+            Some(h) => rule.head_rule_class(layer, h),
+            None => rule.rule_class(layer),
+        };
+        Self {
+            rule,
+            layer,
+            head,
+            window,
+            class,
         }
     }
 
@@ -130,16 +125,19 @@ impl<'a> LayerKeys<'a> {
         }
     }
 
+    /// The indices into `keys` (held positions, ascending) at or before `q`
+    /// and inside the window: the keys the rule is asked about.
+    fn candidates(&self, q: usize, keys: &[usize]) -> Range<usize> {
+        let readable = readable_keys(self.window, q);
+        let first = keys.partition_point(|&k| k < readable.start);
+        first..keys.partition_point(|&k| k < readable.end).max(first)
+    }
+
     /// The indices into `keys` (held positions, ascending) that the query
     /// at `q` reads, as ascending runs, into `out` (cleared first).
     pub fn spans(&self, q: usize, keys: &[usize], out: &mut Vec<Range<usize>>) {
         out.clear();
-        let first = match self.window {
-            // the first key inside the window: k + w > q
-            Some(w) => keys.partition_point(|&k| !crate::window::in_window(Some(w), q, k)),
-            None => 0,
-        };
-        let end = keys.partition_point(|&k| k <= q).max(first);
+        let Range { start: first, end } = self.candidates(q, keys);
         if self.class == 0 {
             out.push(first..end);
             return;
@@ -163,9 +161,14 @@ impl<'a> LayerKeys<'a> {
     /// How many of `keys` (held positions, ascending) the query at `q`
     /// reads.
     pub fn count(&self, q: usize, keys: &[usize]) -> usize {
-        let mut runs = Vec::new();
-        self.spans(q, keys, &mut runs);
-        runs.iter().map(Range::len).sum()
+        let candidates = self.candidates(q, keys);
+        match self.class {
+            0 => candidates.len(),
+            _ => keys[candidates]
+                .iter()
+                .filter(|&&k| self.shows(q, k))
+                .count(),
+        }
     }
 
     /// Whether each query of `queries` reads each key of `keys` (both
