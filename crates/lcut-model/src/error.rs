@@ -242,6 +242,13 @@ pub enum ModelError {
     /// A teacher-forced run produced no logits (a bug if it ever shows).
     #[error("the forward pass produced no logits: no token reached the top layer")]
     MissingLogits,
+    /// A step of the layer program read a value no earlier step wrote (a
+    /// bug of an executor if it ever shows).
+    #[error("the layer program read {what} before a step wrote it")]
+    LayerProgram {
+        /// What was read.
+        what: &'static str,
+    },
     /// Only a full-depth prefix can be restricted to another policy.
     #[error(
         "only a full-depth prefill can be reused under another policy; this one ran under {policy}"

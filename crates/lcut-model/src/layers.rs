@@ -200,9 +200,9 @@ impl Mlp {
         out
     }
 
-    /// Apply the MLP to `x` [n, hidden].
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let (gate, up) = match &self.gate_up {
+    /// The gate and up halves [n, inner] each of the MLP's input `x` [n, hidden].
+    pub(crate) fn gate_up_of(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
+        Ok(match &self.gate_up {
             GateUp::Separate { gate, up } => (gate.forward(x)?, up.forward(x)?),
             GateUp::Fused { gate_up, inner } => {
                 let gu = gate_up.forward(x)?;
@@ -211,23 +211,28 @@ impl Mlp {
                     gu.narrow(D::Minus1, *inner, *inner)?,
                 )
             }
-        };
+        })
+    }
+
+    /// The gated activation: the gate's activation times the up half.
+    pub(crate) fn gated(&self, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
         let act = match self.activation {
-            Activation::Silu => candle_nn::ops::silu(&gate)?,
+            Activation::Silu => candle_nn::ops::silu(gate)?,
             Activation::GeluTanh => gate.gelu()?,
         };
-        self.down.forward(&(act * up)?)
+        Ok((act * up)?)
     }
 }
 
-/// Query, key and value of a chunk, [heads, n, head_dim] each, after the
-/// q/k norms and RoPE.
-pub struct Qkv {
-    /// Queries [heads, n, head_dim].
+/// Queries, keys and values of a chunk's rows, [n, heads, head_dim] each
+/// (rows first) as projected, [heads, n, head_dim] (heads first) once
+/// rotated.
+pub(crate) struct Qkv {
+    /// Queries.
     pub q: Tensor,
-    /// Keys [kv_heads, n, head_dim].
+    /// Keys (one per K/V head).
     pub k: Tensor,
-    /// Values [kv_heads, n, head_dim].
+    /// Values (one per K/V head).
     pub v: Tensor,
 }
 
@@ -333,20 +338,13 @@ impl AttentionProj {
         out
     }
 
-    /// Project `x` [n, hidden] to q, k, v with norms and RoPE at `cos`/`sin`.
-    pub fn qkv(&self, x: &Tensor, rope: &Rope, cos: &Tensor, sin: &Tensor) -> Result<Qkv> {
-        Ok(self.qkv_keeping_queries(x, rope, cos, sin)?.0)
+    /// Whether the layer norms each query and key head (Qwen3, Gemma 3).
+    pub(crate) fn has_head_norms(&self) -> bool {
+        self.q_norm.is_some() || self.k_norm.is_some()
     }
 
-    /// [`AttentionProj::qkv`], and the queries before RoPE (after the
-    /// q-norm) [heads, n, head_dim], for a policy that reads them.
-    pub fn qkv_keeping_queries(
-        &self,
-        x: &Tensor,
-        rope: &Rope,
-        cos: &Tensor,
-        sin: &Tensor,
-    ) -> Result<(Qkv, Tensor)> {
+    /// Project `x` [n, hidden] to queries, keys and values, rows first.
+    pub(crate) fn project(&self, x: &Tensor) -> Result<Qkv> {
         let (h, kv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let (q, k, v) = match &self.qkv {
             QkvProj::Separate { q, k, v } => (q.forward(x)?, k.forward(x)?, v.forward(x)?),
@@ -359,16 +357,30 @@ impl AttentionProj {
                 )
             }
         };
-        let unrotated = self.heads(q, h, self.q_norm.as_ref())?;
-        let q = rope.apply(&unrotated, cos, sin)?;
-        let (k, v) = self.kv_heads(k, v, rope, cos, sin)?;
-        Ok((Qkv { q, k, v }, unrotated))
+        Ok(Qkv {
+            q: self.split_heads(q, h)?,
+            k: self.split_heads(k, kv)?,
+            v: self.split_heads(v, kv)?,
+        })
+    }
+
+    /// The query and key heads [n, heads, head_dim] each normed by the
+    /// layer's head norms.
+    pub(crate) fn norm_heads(&self, q: &Tensor, k: &Tensor) -> Result<(Tensor, Tensor)> {
+        let norm = |t: &Tensor, nm: Option<&RmsNorm>| match nm {
+            Some(nm) => nm.forward(t),
+            None => Ok(t.clone()),
+        };
+        Ok((
+            norm(q, self.q_norm.as_ref())?,
+            norm(k, self.k_norm.as_ref())?,
+        ))
     }
 
     /// Project `x` [n, hidden] to k and v only ([kv_heads, n, head_dim]
-    /// each), with the k-norm and RoPE at `cos`/`sin`: the K/V a token keeps
-    /// at a layer it does not run (projected prompt K/V). A fused projection
-    /// is computed whole and its query part dropped.
+    /// each, heads first), with the k-norm and RoPE at `cos`/`sin`: the K/V
+    /// a token keeps at a layer it does not run (projected prompt K/V). A
+    /// fused projection is computed whole and its query part dropped.
     pub fn kv(
         &self,
         x: &Tensor,
@@ -387,34 +399,18 @@ impl AttentionProj {
                 )
             }
         };
-        self.kv_heads(k, v, rope, cos, sin)
+        let mut k = self.split_heads(k, kv)?;
+        if let Some(nm) = &self.k_norm {
+            k = nm.forward(&k)?;
+        }
+        let k = rope.apply(&heads_first(&k)?, cos, sin)?;
+        Ok((k, heads_first(&self.split_heads(v, kv)?)?))
     }
 
-    /// Projected keys and values [n, kv_heads * head_dim] as heads, the keys
-    /// normed (where the architecture does) and rotated.
-    fn kv_heads(
-        &self,
-        k: Tensor,
-        v: Tensor,
-        rope: &Rope,
-        cos: &Tensor,
-        sin: &Tensor,
-    ) -> Result<(Tensor, Tensor)> {
-        let kv = self.num_kv_heads;
-        let k = rope.apply(&self.heads(k, kv, self.k_norm.as_ref())?, cos, sin)?;
-        Ok((k, self.heads(v, kv, None)?))
-    }
-
-    /// [n, count * head_dim] as [count, n, head_dim], each head normed by
-    /// `norm` when given.
-    fn heads(&self, t: Tensor, count: usize, norm: Option<&RmsNorm>) -> Result<Tensor> {
+    /// [n, count * head_dim] as [n, count, head_dim].
+    fn split_heads(&self, t: Tensor, count: usize) -> Result<Tensor> {
         let n = t.dim(0)?;
-        let t = t.contiguous()?.reshape((n, count, self.head_dim))?;
-        let t = match norm {
-            Some(nm) => nm.forward(&t)?,
-            None => t,
-        };
-        Ok(t.transpose(0, 1)?.contiguous()?)
+        Ok(t.contiguous()?.reshape((n, count, self.head_dim))?)
     }
 
     /// Output projection of the attention result [heads, n, head_dim].
@@ -426,4 +422,10 @@ impl AttentionProj {
             .reshape((n, self.num_heads * self.head_dim))?;
         self.o.forward(&merged)
     }
+}
+
+/// Rows-first heads [n, heads, head_dim] as heads first [heads, n,
+/// head_dim], contiguous.
+pub(crate) fn heads_first(t: &Tensor) -> Result<Tensor> {
+    Ok(t.transpose(0, 1)?.contiguous()?)
 }

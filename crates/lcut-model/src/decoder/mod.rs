@@ -1,8 +1,10 @@
 //! The decoder: one implementation for every supported architecture, run
 //! chunk by chunk over a [`Sequence`] whose cache follows a visibility policy.
 //!
-//! `load` builds a decoder from a model's files, `pass` runs a chunk through
-//! the layers, `attention` is one layer's attention with its mask,
+//! `load` builds a decoder from a model's files, `layer` is one decoder
+//! layer top to bottom (the program both executors run), `pass` runs a
+//! chunk through the layers as tensors, `step` one new token per sequence
+//! through lcut's kernels, `attention` is one layer's attention with its mask,
 //! `projected` keeps the K/V a policy projects for tokens that left below,
 //! `stages` is the staged prefill of a policy that decides at stage cuts,
 //! `prompt_end` the decision of a policy that decides once the prompt has
@@ -11,6 +13,7 @@
 mod attention;
 mod batch;
 mod chunk_attention;
+mod layer;
 mod lens;
 mod load;
 mod pass;
@@ -30,28 +33,12 @@ use lcut_policy::{KvShape, Policy, PressObservation, PressRun, TokenPhases};
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::layers::{AttentionProj, Mlp, RmsNorm};
+use crate::layers::RmsNorm;
 use crate::linear::{Embedding, Linear};
 use crate::probe::Probe;
 use crate::rope::Rope;
 use crate::sequence::{CacheShape, ReferenceMask, Sequence};
-
-/// One decoder layer.
-#[derive(Debug, Clone)]
-struct Layer {
-    input_norm: RmsNorm,
-    attn: AttentionProj,
-    /// Gemma-2's norm on the attention output before the residual add.
-    attn_out_norm: Option<RmsNorm>,
-    mlp_in_norm: RmsNorm,
-    mlp: Mlp,
-    /// Gemma-2's norm on the MLP output before the residual add.
-    mlp_out_norm: Option<RmsNorm>,
-    window: Option<usize>,
-    /// Which RoPE the layer rotates by: 0 the model's, 1 the sliding
-    /// layers' own (Gemma 3); the index into [`Decoder::rope_tables`].
-    rope: usize,
-}
+use layer::Layer;
 
 /// A loaded model.
 #[derive(Debug, Clone)]

@@ -1,35 +1,27 @@
-//! One chunk through the layers: embeddings, each layer's projections,
-//! cache update, attention and MLP, dropping the tokens that do not exist
-//! at a layer (projecting the K/V of those the policy keeps projected into
-//! the layers above), then the logits of the rows asked for.
+//! The tensor executor of the layer program: the rows of a chunk as candle
+//! tensors through each layer (`layer.rs` is the program), for inference
+//! (the sequence's cache under its policy; the tokens that do not exist at a
+//! layer dropped before it, the K/V of those the policy keeps projected
+//! computed from the hidden state they left with) and for training (every
+//! row of a sequence at once, under a mask; see `train.rs`), then the logits
+//! of the rows asked for.
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 
 use candle_core::{DType, Tensor};
-use lcut_policy::window::first_readable;
+use lcut_policy::window::{first_readable, in_window};
 
 use super::attention::LayerReads;
 use super::chunk_attention::ChunkKernel;
+use super::layer::{LayerAt, LayerExecutor, Norm, Product, Rotation, run_layer, unwritten};
 use super::projected::{ChunkKv, Projected};
-use super::{ChunkOutput, Decoder, Layer, LogitRows};
+use super::{ChunkOutput, Decoder, LogitRows};
 use crate::error::Result;
+use crate::layers::{Qkv, heads_first};
 use crate::probe::{Probe, ResidualSite};
 use crate::sequence::Sequence;
-
-/// The residual stream after layer `layer`: `hidden` plus the attention
-/// output `attn` (through the output projection), then plus the MLP's.
-pub(super) fn layer_residuals(layer: &Layer, hidden: &Tensor, attn: &Tensor) -> Result<Tensor> {
-    let mut attn_out = layer.attn.output(attn)?;
-    if let Some(norm) = &layer.attn_out_norm {
-        attn_out = norm.forward(&attn_out)?;
-    }
-    let hidden = (hidden + attn_out)?;
-    let mut mlp_out = layer.mlp.forward(&layer.mlp_in_norm.forward(&hidden)?)?;
-    if let Some(norm) = &layer.mlp_out_norm {
-        mlp_out = norm.forward(&mlp_out)?;
-    }
-    Ok((hidden + mlp_out)?)
-}
 
 /// The last `w` query rows of `q` [heads, n, head_dim] on the host, oldest
 /// first, each `heads * head_dim` values head-major.
@@ -41,6 +33,322 @@ fn last_query_rows(q: &Tensor, w: usize) -> Result<Vec<Vec<f32>>> {
         .to_dtype(DType::F32)?
         .reshape((take, heads * hd))?
         .to_vec2::<f32>()?)
+}
+
+/// The tensor executor: the residual stream of a chunk's rows and what the
+/// layer's steps leave for the next, as tensors on the decoder's device.
+pub(super) struct TensorRows<'a, 'p, 'q> {
+    dec: &'a Decoder,
+    /// The residual stream [n, hidden] of the rows at `present`.
+    hidden: Tensor,
+    /// The rows' positions, increasing.
+    present: Vec<usize>,
+    /// The rows' RoPE tables (one cos/sin pair per RoPE of the model).
+    tables: Vec<(Tensor, Tensor)>,
+    /// A norm's output or the gated activation: the next product's input.
+    input: Option<Tensor>,
+    /// Queries, keys and values (rows first until rotated, then heads first).
+    qkv: Option<Qkv>,
+    /// The attention's output [heads, n, head_dim].
+    attn: Option<Tensor>,
+    /// The MLP's gate and up halves.
+    gate_up: Option<(Tensor, Tensor)>,
+    /// A half's output before it joins the residual stream.
+    branch: Option<Tensor>,
+    /// What the queries read.
+    keys: Keys<'a, 'p, 'q>,
+}
+
+/// What the tensor executor's queries read.
+pub(super) enum Keys<'a, 'p, 'q> {
+    /// Inference: the sequence's cache under its policy.
+    Cache(CacheRun<'a, 'p, 'q>),
+    /// Training: every row at once, row q reading row k where `visible[q *
+    /// n + k]` and k lies within the layer's window of q; one additive mask
+    /// per window, made at its first layer.
+    Mask {
+        visible: &'a [bool],
+        masks: BTreeMap<Option<usize>, Tensor>,
+    },
+}
+
+/// An inference pass's sequence, its probe and what the pass keeps between
+/// layers.
+pub(super) struct CacheRun<'a, 'p, 'q> {
+    seq: &'a mut Sequence,
+    probe: &'a mut Option<&'p mut (dyn Probe + 'q)>,
+    /// The key planner's reads and masks, kept while layers read the same rows.
+    reads: LayerReads,
+    /// The tokens that left below and keep projected K/V.
+    projected: Option<Projected>,
+    /// The first position of a step taken after the prefill's decisions
+    /// (the policy is told after each layer); `None` during a staged prefill.
+    step_from: Option<usize>,
+}
+
+impl<'a, 'p, 'q> TensorRows<'a, 'p, 'q> {
+    /// The rows `hidden` [n, hidden] at `present` (increasing), reading `keys`.
+    fn new(
+        dec: &'a Decoder,
+        hidden: Tensor,
+        present: Vec<usize>,
+        keys: Keys<'a, 'p, 'q>,
+    ) -> Result<Self> {
+        Ok(Self {
+            tables: dec.rope_tables(&present)?,
+            dec,
+            hidden,
+            present,
+            input: None,
+            qkv: None,
+            attn: None,
+            gate_up: None,
+            branch: None,
+            keys,
+        })
+    }
+
+    /// Keep only the rows whose tokens exist at layer `l` of `run`'s
+    /// sequence, first keeping the hidden states of those that leave with
+    /// projected K/V.
+    fn keep_existing(&mut self, l: usize) -> Result<()> {
+        let Keys::Cache(run) = &mut self.keys else {
+            return Ok(());
+        };
+        let present = &self.present;
+        let keep: Vec<u32> = (0..present.len() as u32)
+            .filter(|&i| run.seq.token_exists(l, present[i as usize]))
+            .collect();
+        if keep.len() == present.len() {
+            return Ok(());
+        }
+        let dec = self.dec;
+        dec.project_leaving(run.seq, l, &self.hidden, present, &mut run.projected)?;
+        if keep.is_empty() {
+            self.present.clear();
+        } else {
+            let idx = Tensor::new(keep.as_slice(), &dec.device)?;
+            self.hidden = self.hidden.index_select(&idx, 0)?;
+            self.present = keep.iter().map(|&i| present[i as usize]).collect();
+            self.tables = dec.rope_tables(&self.present)?;
+        }
+        Ok(())
+    }
+
+    /// Layer `l` where no row of the chunk exists: the projected tokens'
+    /// K/V into its cache, or `false` when there are none (no later layer
+    /// has anything to do).
+    fn store_projected_only(&mut self, l: usize) -> Result<bool> {
+        let Keys::Cache(run) = &mut self.keys else {
+            return Ok(false);
+        };
+        let Some(p) = &run.projected else {
+            return Ok(false);
+        };
+        let (k, v) = self.dec.projected_kv(&self.dec.layers[l], p)?;
+        self.dec
+            .store_kv(&mut run.seq.caches[l], (&k, &v), &p.positions)?;
+        Ok(true)
+    }
+
+    /// The attention of the rotated queries over the cache, the chunk's
+    /// K/V (and the projected K/V) stored first.
+    fn attend_cached(&mut self, at: LayerAt<'_>, qkv: Qkv) -> Result<Tensor> {
+        let Keys::Cache(run) = &mut self.keys else {
+            return Err(unwritten("the sequence"));
+        };
+        let (dec, l, layer, present) = (self.dec, at.index, at.layer, &self.present[..]);
+        let own = ChunkKv {
+            k: qkv.k,
+            v: qkv.v,
+            positions: Cow::Borrowed(present),
+        };
+        let chunk = match &run.projected {
+            Some(p) => {
+                let (k, v) = dec.projected_kv(layer, p)?;
+                own.merged(&k, &v, &p.positions)?
+            }
+            None => own,
+        };
+        let seq = &mut *run.seq;
+        if let Some(w) = layer.window
+            && seq.is_decided()
+        {
+            // keys older than the window of the chunk's first query are read
+            // by none of its queries nor any later one (a policy still to
+            // decide from a layer's keys sees them all first)
+            seq.caches[l].drop_below(first_readable(w, present[0]));
+        }
+        dec.store_kv(&mut seq.caches[l], (&chunk.k, &chunk.v), &chunk.positions)?;
+        let wants_rows = run
+            .probe
+            .as_deref()
+            .and_then(|p| p.attention_from(l))
+            .is_some_and(|from| present.last().is_some_and(|&q| q >= from));
+        if ChunkKernel::applies(&dec.device, &qkv.q, wants_rows)
+            && let Some(attn) = dec.attend_chunk_cached(
+                l,
+                layer.window,
+                &qkv.q,
+                &seq.caches[l],
+                present,
+                seq,
+                &mut run.reads.reads,
+            )?
+        {
+            return Ok(attn);
+        }
+        let cache = &seq.caches[l];
+        dec.attend_layer(
+            l,
+            layer.window,
+            &qkv.q,
+            cache,
+            present,
+            seq,
+            &mut run.reads,
+            run.probe,
+        )
+    }
+}
+
+impl LayerExecutor for TensorRows<'_, '_, '_> {
+    fn norm(&mut self, at: LayerAt<'_>, site: Norm) -> Result<()> {
+        let norm = at.layer.norm(site).ok_or(unwritten("the norm"))?;
+        match site {
+            Norm::Attention | Norm::Mlp => self.input = Some(norm.forward(&self.hidden)?),
+            Norm::AttentionOut | Norm::MlpOut => {
+                let branch = self.branch.take().ok_or(unwritten("the branch"))?;
+                self.branch = Some(norm.forward(&branch)?);
+            }
+        }
+        Ok(())
+    }
+
+    fn product(&mut self, at: LayerAt<'_>, product: Product) -> Result<()> {
+        let layer = at.layer;
+        match product {
+            Product::Qkv => {
+                let x = self
+                    .input
+                    .take()
+                    .ok_or(unwritten("the attention's input"))?;
+                self.qkv = Some(layer.attn.project(&x)?);
+            }
+            Product::AttentionOut => {
+                let attn = self
+                    .attn
+                    .take()
+                    .ok_or(unwritten("the attention's output"))?;
+                self.branch = Some(layer.attn.output(&attn)?);
+            }
+            Product::GateUp => {
+                let x = self.input.take().ok_or(unwritten("the MLP's input"))?;
+                self.gate_up = Some(layer.mlp.gate_up_of(&x)?);
+            }
+            Product::Down => {
+                let x = self.input.take().ok_or(unwritten("the gated activation"))?;
+                self.branch = Some(layer.mlp.down().forward(&x)?);
+            }
+        }
+        Ok(())
+    }
+
+    fn norm_heads(&mut self, at: LayerAt<'_>) -> Result<()> {
+        let qkv = self.qkv.as_mut().ok_or(unwritten("the queries"))?;
+        (qkv.q, qkv.k) = at.layer.attn.norm_heads(&qkv.q, &qkv.k)?;
+        Ok(())
+    }
+
+    fn rotate(&mut self, at: LayerAt<'_>) -> Result<()> {
+        let qkv = self.qkv.take().ok_or(unwritten("the queries"))?;
+        let (cos, sin) = &self.tables[at.layer.rope];
+        let rope = &self.dec.rope;
+        self.qkv = Some(Qkv {
+            q: rope.apply(&heads_first(&qkv.q)?, cos, sin)?,
+            k: rope.apply(&heads_first(&qkv.k)?, cos, sin)?,
+            v: heads_first(&qkv.v)?,
+        });
+        Ok(())
+    }
+
+    fn show_queries(&mut self, at: LayerAt<'_>, when: Rotation) -> Result<()> {
+        let Keys::Cache(run) = &mut self.keys else {
+            return Ok(());
+        };
+        let Some(d) = run.seq.rule.dynamic_mut() else {
+            return Ok(());
+        };
+        let q = &self.qkv.as_ref().ok_or(unwritten("the queries"))?.q;
+        let l = at.index;
+        match when {
+            Rotation::Before if d.wants_unrotated_queries(l) => {
+                // rows first [n, heads, head_dim]: each row's heads side by side
+                let heads = q.dim(1)?;
+                let rows = q.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+                d.observe_unrotated_queries(l, heads, &self.present, &rows);
+            }
+            Rotation::After => {
+                if let Some(w) = d.query_window(l)
+                    && w > 0
+                {
+                    d.observe_queries(l, last_query_rows(q, w)?);
+                }
+            }
+            Rotation::Before => {}
+        }
+        Ok(())
+    }
+
+    fn attend(&mut self, at: LayerAt<'_>) -> Result<()> {
+        let qkv = self.qkv.take().ok_or(unwritten("the queries"))?;
+        let attn = match &mut self.keys {
+            Keys::Cache(_) => self.attend_cached(at, qkv)?,
+            Keys::Mask { visible, masks } => {
+                let mask = match masks.entry(at.layer.window) {
+                    Entry::Occupied(e) => e.into_mut(),
+                    Entry::Vacant(e) => e.insert(self.dec.train_mask(
+                        &self.present,
+                        visible,
+                        at.layer.window,
+                    )?),
+                };
+                self.dec.attend(&qkv.q, &qkv.k, &qkv.v, Some(mask), None)?.0
+            }
+        };
+        self.attn = Some(attn);
+        Ok(())
+    }
+
+    fn gate(&mut self, at: LayerAt<'_>) -> Result<()> {
+        let (gate, up) = self.gate_up.take().ok_or(unwritten("the gate"))?;
+        self.input = Some(at.layer.mlp.gated(&gate, &up)?);
+        Ok(())
+    }
+
+    fn join_branch(&mut self) -> Result<()> {
+        let branch = self.branch.take().ok_or(unwritten("the branch"))?;
+        self.hidden = (&self.hidden + branch)?;
+        Ok(())
+    }
+
+    fn finish_layer(&mut self, at: LayerAt<'_>) -> Result<()> {
+        let Keys::Cache(run) = &mut self.keys else {
+            return Ok(());
+        };
+        let l = at.index;
+        if let Some(p) = run.probe.as_deref_mut()
+            && p.wants_residual(ResidualSite::Layer(l))
+        {
+            p.on_residual(ResidualSite::Layer(l), &self.present, &self.hidden)?;
+        }
+        if let Some(position) = run.step_from
+            && let Some(d) = run.seq.rule.dynamic_mut()
+        {
+            d.after_decode_layer(l, position);
+        }
+        Ok(())
+    }
 }
 
 impl Decoder {
@@ -79,61 +387,74 @@ impl Decoder {
         &self,
         seq: &mut Sequence,
         layers: std::ops::Range<usize>,
-        mut hidden: Tensor,
-        mut present: Vec<usize>,
+        hidden: Tensor,
+        present: Vec<usize>,
         step_from: Option<usize>,
         probe: &mut Option<&mut (dyn Probe + '_)>,
     ) -> Result<(Tensor, Vec<usize>)> {
-        let mut tables = self.rope_tables(&present)?;
-        let mut reads = LayerReads::default();
-        let mut projected: Option<Projected> = None;
+        let run = CacheRun {
+            seq,
+            probe,
+            reads: LayerReads::default(),
+            projected: None,
+            step_from,
+        };
+        let mut rows = TensorRows::new(self, hidden, present, Keys::Cache(run))?;
         for l in layers {
-            let layer = &self.layers[l];
-            let keep: Vec<u32> = (0..present.len() as u32)
-                .filter(|&i| seq.token_exists(l, present[i as usize]))
-                .collect();
-            if keep.len() != present.len() {
-                self.project_leaving(seq, l, &hidden, &present, &mut projected)?;
-                if keep.is_empty() {
-                    present.clear();
-                } else {
-                    let idx = Tensor::new(keep.as_slice(), &self.device)?;
-                    hidden = hidden.index_select(&idx, 0)?;
-                    present = keep.iter().map(|&i| present[i as usize]).collect();
-                    tables = self.rope_tables(&present)?;
+            rows.keep_existing(l)?;
+            if rows.present.is_empty() {
+                match rows.store_projected_only(l)? {
+                    true => continue,
+                    false => break,
                 }
             }
-            if present.is_empty() {
-                match &projected {
-                    Some(p) => {
-                        let (k, v) = self.projected_kv(layer, p)?;
-                        self.store_kv(&mut seq.caches[l], (&k, &v), &p.positions)?;
-                        continue;
-                    }
-                    None => break,
-                }
-            }
-            hidden = self.layer_forward(
-                (l, layer),
-                &hidden,
-                (&present, &tables[layer.rope]),
-                projected.as_ref(),
-                seq,
-                &mut reads,
-                probe,
-            )?;
-            if let Some(p) = probe.as_deref_mut()
-                && p.wants_residual(ResidualSite::Layer(l))
-            {
-                p.on_residual(ResidualSite::Layer(l), &present, &hidden)?;
-            }
-            if let Some(position) = step_from
-                && let Some(d) = seq.rule.dynamic_mut()
-            {
-                d.after_decode_layer(l, position);
-            }
+            run_layer(l, &self.layers[l], &mut rows)?;
         }
-        Ok((hidden, present))
+        Ok((rows.hidden, rows.present))
+    }
+
+    /// The residual stream `hidden` [n, hidden] of rows at `positions`
+    /// through `layers` with no cache, row q reading row k where
+    /// `visible[q * n + k]` and k lies within a sliding layer's window of q
+    /// (the training pass; its input checked by [`Decoder::train_rows`]).
+    pub(super) fn run_layers_masked(
+        &self,
+        layers: std::ops::Range<usize>,
+        hidden: Tensor,
+        positions: &[usize],
+        visible: &[bool],
+    ) -> Result<Tensor> {
+        let keys = Keys::Mask {
+            visible,
+            masks: BTreeMap::new(),
+        };
+        let mut rows = TensorRows::new(self, hidden, positions.to_vec(), keys)?;
+        for l in layers {
+            run_layer(l, &self.layers[l], &mut rows)?;
+        }
+        Ok(rows.hidden)
+    }
+
+    /// The additive mask [n, n] of the training pass at a layer with
+    /// `window` (0 where q reads k, -inf elsewhere).
+    fn train_mask(
+        &self,
+        positions: &[usize],
+        visible: &[bool],
+        window: Option<usize>,
+    ) -> Result<Tensor> {
+        let n = positions.len();
+        let values: Vec<f32> = (0..n * n)
+            .map(|i| {
+                let (q, k) = (i / n, i % n);
+                // `visible` holds only keys at or before their query
+                match visible[i] && in_window(window, positions[q], positions[k]) {
+                    true => 0.0,
+                    false => f32::NEG_INFINITY,
+                }
+            })
+            .collect();
+        Ok(Tensor::from_vec(values, (n, n), &self.device)?)
     }
 
     /// Logits of the requested rows of hidden states at `present`.
@@ -158,87 +479,5 @@ impl Decoder {
             Some(h) => Some(self.head_logits(&h)?),
         };
         Ok(ChunkOutput { logits, positions })
-    }
-
-    /// One decoder layer over a chunk: projections, the chunk's K/V (and
-    /// the projected K/V of the chunk's tokens that left below, in position
-    /// order) into the cache, attention over the rows each query reads, then
-    /// the MLP. The cache takes every row the chunk has here; the rows the
-    /// policy does not keep leave it once no later query reads them
-    /// ([`Decoder::drop_unread`]).
-    #[allow(clippy::too_many_arguments)]
-    fn layer_forward(
-        &self,
-        (l, layer): (usize, &Layer),
-        hidden: &Tensor,
-        (present, (cos, sin)): (&[usize], &(Tensor, Tensor)),
-        projected: Option<&Projected>,
-        seq: &mut Sequence,
-        reads: &mut LayerReads,
-        probe: &mut Option<&mut (dyn Probe + '_)>,
-    ) -> Result<Tensor> {
-        let x = layer.input_norm.forward(hidden)?;
-        let qkv = match seq.rule.dynamic_mut() {
-            Some(d) if d.wants_unrotated_queries(l) => {
-                let (qkv, unrotated) = layer.attn.qkv_keeping_queries(&x, &self.rope, cos, sin)?;
-                let (heads, n, hd) = unrotated.dims3()?;
-                let rows = unrotated
-                    .transpose(0, 1)?
-                    .contiguous()?
-                    .to_dtype(DType::F32)?
-                    .flatten_all()?
-                    .to_vec1::<f32>()?;
-                debug_assert_eq!(rows.len(), n * heads * hd);
-                d.observe_unrotated_queries(l, heads, present, &rows);
-                qkv
-            }
-            _ => layer.attn.qkv(&x, &self.rope, cos, sin)?,
-        };
-        if let Some(d) = seq.rule.dynamic_mut()
-            && let Some(w) = d.query_window(l)
-        {
-            d.observe_queries(l, last_query_rows(&qkv.q, w)?);
-        }
-        let own = ChunkKv {
-            k: qkv.k,
-            v: qkv.v,
-            positions: Cow::Borrowed(present),
-        };
-        let chunk = match projected {
-            Some(p) => {
-                let (k, v) = self.projected_kv(layer, p)?;
-                own.merged(&k, &v, &p.positions)?
-            }
-            None => own,
-        };
-        if let Some(w) = layer.window
-            && seq.is_decided()
-        {
-            // keys older than the window of the chunk's first query are read
-            // by none of its queries nor any later one (a policy still to
-            // decide from a layer's keys sees them all first)
-            seq.caches[l].drop_below(first_readable(w, present[0]));
-        }
-        self.store_kv(&mut seq.caches[l], (&chunk.k, &chunk.v), &chunk.positions)?;
-        let wants_rows = probe
-            .as_deref()
-            .and_then(|p| p.attention_from(l))
-            .is_some_and(|from| present.last().is_some_and(|&q| q >= from));
-        if ChunkKernel::applies(&self.device, &qkv.q, wants_rows)
-            && let Some(attn) = self.attend_chunk_cached(
-                l,
-                layer.window,
-                &qkv.q,
-                &seq.caches[l],
-                present,
-                seq,
-                &mut reads.reads,
-            )?
-        {
-            return layer_residuals(layer, hidden, &attn);
-        }
-        let cache = &seq.caches[l];
-        let attn = self.attend_layer(l, layer.window, &qkv.q, cache, present, seq, reads, probe)?;
-        layer_residuals(layer, hidden, &attn)
     }
 }

@@ -25,7 +25,8 @@ use lcut_policy::keys::{KeyPlanner, KeyQuery};
 use lcut_policy::window::first_readable;
 
 use super::attention::union_probs;
-use super::step_model::{Held, StepLayer, StepLinear, StepModel};
+use super::layer::{LayerAt, LayerExecutor, Norm, Product, Rotation, run_layer, unwritten};
+use super::step_model::{Held, StepLinear, StepModel};
 use super::{ChunkOutput, Decoder, LogitRows};
 use crate::cache::LayerCache;
 use crate::error::{ModelError, Result};
@@ -226,23 +227,18 @@ impl Decoder {
             self.rope_tables_into(lane.pos, &mut s.rope);
         }
         let held = model.hold();
-        for (l, layer) in model.layers.iter().enumerate() {
-            self.attention_half(l, layer, &held, lanes, probe, b)?;
-            self.mlp_half(layer, &held, lanes.len(), b)?;
-            if let Some(p) = probe.as_deref_mut()
-                && p.wants_residual(ResidualSite::Layer(l))
-            {
-                let positions: Vec<usize> = lanes.iter().map(|l| l.pos).collect();
-                let d = self.cfg.hidden_size;
-                let h = Tensor::from_slice(&b.hidden, (lanes.len(), d), &Device::Cpu)?;
-                p.on_residual(ResidualSite::Layer(l), &positions, &h.to_dtype(self.dtype)?)?;
-            }
-            for lane in lanes.iter_mut() {
-                if let Some(d) = lane.seq.rule.dynamic_mut() {
-                    d.after_decode_layer(l, lane.pos);
-                }
-            }
+        let mut host = HostRows {
+            dec: self,
+            model,
+            held: &held,
+            lanes,
+            probe,
+            b,
+        };
+        for (l, layer) in self.layers.iter().enumerate() {
+            run_layer(l, layer, &mut host)?;
         }
+        let HostRows { lanes, b, .. } = host;
         for lane in lanes.iter_mut() {
             lane.seq.next_pos = lane.pos + 1;
         }
@@ -254,92 +250,15 @@ impl Decoder {
         }
     }
 
-    /// `products` of the `n` activation rows in `acts` into `out` ([n,
-    /// outputs side by side]), each one's rows put in Hugging Face order and
-    /// its bias added.
-    fn products(
-        &self,
-        products: &[&StepLinear],
-        held: &Held<'_>,
-        n: usize,
-        (acts, out): (&mut Activations, &mut Vec<f32>),
-        tmp: &mut Vec<f32>,
-        scratch: &mut Vec<f32>,
-    ) -> Result<()> {
-        let total: usize = products.iter().map(|p| p.rows).sum();
-        out.resize(n * total, 0.0);
-        let mats: Vec<_> = products.iter().map(|p| p.view(held)).collect();
-        matvec_concat(Isa::detect(), &mats, acts, out, scratch)?;
-        for row in out.chunks_exact_mut(total) {
-            let mut at = 0;
-            for p in products {
-                let seg = &mut row[at..at + p.rows];
-                p.unpermute(seg, tmp);
-                p.add_bias(seg);
-                at += p.rows;
-            }
-        }
-        Ok(())
-    }
-
-    /// RMSNorm, Q/K/V, RoPE, the cache, attention and the output product
-    /// added to the residual stream, for every lane.
-    fn attention_half(
-        &self,
-        l: usize,
-        layer: &StepLayer,
-        held: &Held<'_>,
-        lanes: &mut [Lane<'_>],
-        probe: &mut Option<&mut (dyn Probe + '_)>,
-        b: &mut RowBuffers,
-    ) -> Result<()> {
-        let cfg = &self.cfg;
-        let (h, hd, d, n) = (cfg.num_heads, cfg.head_dim, cfg.hidden_size, lanes.len());
-        let eps = cfg.rms_norm_eps as f32;
-        ops::rms_norm(&b.hidden, &layer.input_norm, eps, b.acts.fill(n, d))?;
-        let qkv: Vec<&StepLinear> = layer.qkv.iter().collect();
-        self.products(
-            &qkv,
-            held,
-            n,
-            (&mut b.acts, &mut b.qkv),
-            &mut b.tmp,
-            &mut b.product,
-        )?;
-        let width = b.qkv.len() / n;
-        b.attn.resize(n * h * hd, 0.0);
-        for ((lane, row), attn) in lanes
-            .iter_mut()
-            .zip(b.qkv.chunks_exact_mut(width))
-            .zip(b.attn.chunks_exact_mut(h * hd))
-        {
-            self.attend_lane(l, layer, lane, row, attn, probe)?;
-        }
-        b.acts.fill(n, h * hd).copy_from_slice(&b.attn);
-        self.products(
-            &[&layer.o],
-            held,
-            n,
-            (&mut b.acts, &mut b.out),
-            &mut b.tmp,
-            &mut b.product,
-        )?;
-        if let Some(w) = &layer.attn_out_norm {
-            ops::rms_norm_in_place(&mut b.out, w, eps)?;
-        }
-        ops::add_in_place(&mut b.hidden, &b.out)?;
-        Ok(())
-    }
-
-    /// One lane's attention at layer `l` from its Q/K/V row `qkv`: q/k
-    /// norms and RoPE, its K/V into its cache where the policy keeps them,
-    /// attention over the rows its policy shows it into `attn` (one call per
-    /// group of K/V heads that hold the same rows under the same rule), and
-    /// the probe's view of it.
+    /// One lane's attention at layer `l` from its rotated Q/K/V row `qkv`:
+    /// its K/V into its cache where the policy keeps them, attention over
+    /// the rows its policy shows it into `attn` (one call per group of K/V
+    /// heads that hold the same rows under the same rule), and the probe's
+    /// view of it.
     fn attend_lane(
         &self,
         l: usize,
-        layer: &StepLayer,
+        window: Option<usize>,
         lane: &mut Lane<'_>,
         qkv: &mut [f32],
         attn: &mut [f32],
@@ -348,26 +267,10 @@ impl Decoder {
         let cfg = &self.cfg;
         let (h, kv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
         let group_size = h / kv;
-        let eps = cfg.rms_norm_eps as f32;
         let (seq, pos, s) = (&mut *lane.seq, lane.pos, &mut *lane.scratch);
-        let (q, rest) = qkv.split_at_mut(h * hd);
-        let (k, v) = rest.split_at_mut(kv * hd);
-        if let Some(w) = &layer.q_norm {
-            ops::rms_norm_in_place(q, w, eps)?;
-        }
-        if let Some(w) = &layer.k_norm {
-            ops::rms_norm_in_place(k, w, eps)?;
-        }
-        let (cos, sin) = &s.rope[layer.rope];
-        ops::rope_in_place(q, hd, cos, sin)?;
-        ops::rope_in_place(k, hd, cos, sin)?;
-        if let Some(d) = seq.rule.dynamic_mut()
-            && let Some(w) = d.query_window(l)
-            && w > 0
-        {
-            d.observe_queries(l, vec![q.to_vec()]);
-        }
-        if let Some(w) = layer.window {
+        let (q, rest) = qkv.split_at(h * hd);
+        let (k, v) = rest.split_at(kv * hd);
+        if let Some(w) = window {
             // keys older than this token's window are read by no later query
             seq.caches[l].drop_below(first_readable(w, pos));
         }
@@ -385,7 +288,7 @@ impl Decoder {
         }
         let ask = KeyQuery {
             layer: l,
-            window: layer.window,
+            window,
             queries: &[pos],
             kv_heads: kv,
         };
@@ -457,52 +360,6 @@ impl Decoder {
         Ok(())
     }
 
-    /// RMSNorm, gate and up, the gated activation, down, added to the
-    /// residual stream, for `n` rows.
-    fn mlp_half(
-        &self,
-        layer: &StepLayer,
-        held: &Held<'_>,
-        n: usize,
-        b: &mut RowBuffers,
-    ) -> Result<()> {
-        let (d, inner) = (self.cfg.hidden_size, self.cfg.intermediate_size);
-        let eps = self.cfg.rms_norm_eps as f32;
-        ops::rms_norm(&b.hidden, &layer.mlp_in_norm, eps, b.acts.fill(n, d))?;
-        let gu: Vec<&StepLinear> = layer.gate_up.iter().collect();
-        self.products(
-            &gu,
-            held,
-            n,
-            (&mut b.acts, &mut b.gate_up),
-            &mut b.tmp,
-            &mut b.product,
-        )?;
-        let acts = b.acts.fill(n, inner);
-        for (row, a) in b
-            .gate_up
-            .chunks_exact_mut(2 * inner)
-            .zip(acts.chunks_exact_mut(inner))
-        {
-            let (gate, up) = row.split_at_mut(inner);
-            ops::gate_in_place(gate, up, layer.activation)?;
-            a.copy_from_slice(gate);
-        }
-        self.products(
-            &[&layer.down],
-            held,
-            n,
-            (&mut b.acts, &mut b.out),
-            &mut b.tmp,
-            &mut b.product,
-        )?;
-        if let Some(w) = &layer.mlp_out_norm {
-            ops::rms_norm_in_place(&mut b.out, w, eps)?;
-        }
-        ops::add_in_place(&mut b.hidden, &b.out)?;
-        Ok(())
-    }
-
     /// Logits [n, vocab] in f32 of the final hidden states.
     fn step_logits(
         &self,
@@ -515,19 +372,225 @@ impl Decoder {
         let eps = self.cfg.rms_norm_eps as f32;
         ops::rms_norm(&b.hidden, &model.final_norm, eps, b.acts.fill(n, d))?;
         let mut z = Vec::new();
-        self.products(
-            &[&model.lm_head],
+        products(
+            std::slice::from_ref(&model.lm_head),
             held,
             n,
             (&mut b.acts, &mut z),
-            &mut b.tmp,
-            &mut b.product,
+            (&mut b.tmp, &mut b.product),
         )?;
         if let Some(c) = self.cfg.final_softcap {
             ops::softcap_in_place(&mut z, c as f32);
         }
         let vocab = z.len() / n;
         Ok(Tensor::from_vec(z, (n, vocab), &Device::Cpu)?)
+    }
+}
+
+/// `products` of the `n` activation rows in `acts` into `out` ([n,
+/// outputs side by side]), each one's rows put in Hugging Face order and
+/// its bias added; `tmp` and `scratch` are the kernels' scratch.
+fn products(
+    products: &[StepLinear],
+    held: &Held<'_>,
+    n: usize,
+    (acts, out): (&mut Activations, &mut Vec<f32>),
+    (tmp, scratch): (&mut Vec<f32>, &mut Vec<f32>),
+) -> Result<()> {
+    let total: usize = products.iter().map(|p| p.rows).sum();
+    out.resize(n * total, 0.0);
+    let mats: Vec<_> = products.iter().map(|p| p.view(held)).collect();
+    matvec_concat(Isa::detect(), &mats, acts, out, scratch)?;
+    for row in out.chunks_exact_mut(total) {
+        let mut at = 0;
+        for p in products {
+            let seg = &mut row[at..at + p.rows];
+            p.unpermute(seg, tmp);
+            p.add_bias(seg);
+            at += p.rows;
+        }
+    }
+    Ok(())
+}
+
+/// The host executor of the layer program: one row per lane on host
+/// buffers, each product one call to lcut's kernels over every lane's row,
+/// each lane's attention over its own cache.
+struct HostRows<'a, 'h, 'l, 'p, 'q> {
+    dec: &'a Decoder,
+    model: &'a StepModel,
+    held: &'a Held<'h>,
+    lanes: &'a mut [Lane<'l>],
+    probe: &'a mut Option<&'p mut (dyn Probe + 'q)>,
+    b: &'a mut RowBuffers,
+}
+
+impl<'l> HostRows<'_, '_, 'l, '_, '_> {
+    /// The query and key parts of each lane's Q/K/V row, and its lane.
+    fn query_key_rows<'s>(
+        &'s mut self,
+    ) -> impl Iterator<Item = (&'s mut Lane<'l>, &'s mut [f32], &'s mut [f32])> + 's {
+        let cfg = &self.dec.cfg;
+        let (h, kv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let width = self.b.qkv.len() / self.lanes.len().max(1);
+        self.lanes
+            .iter_mut()
+            .zip(self.b.qkv.chunks_exact_mut(width.max(1)))
+            .map(move |(lane, row)| {
+                let (q, rest) = row.split_at_mut(h * hd);
+                (lane, q, &mut rest[..kv * hd])
+            })
+    }
+}
+
+impl LayerExecutor for HostRows<'_, '_, '_, '_, '_> {
+    fn norm(&mut self, at: LayerAt<'_>, site: Norm) -> Result<()> {
+        let w = self.model.layers[at.index]
+            .norm(site)
+            .ok_or(unwritten("the norm"))?;
+        let eps = self.dec.cfg.rms_norm_eps as f32;
+        let (n, d) = (self.lanes.len(), self.dec.cfg.hidden_size);
+        let b = &mut *self.b;
+        match site {
+            Norm::Attention | Norm::Mlp => ops::rms_norm(&b.hidden, w, eps, b.acts.fill(n, d))?,
+            Norm::AttentionOut | Norm::MlpOut => ops::rms_norm_in_place(&mut b.out, w, eps)?,
+        }
+        Ok(())
+    }
+
+    fn product(&mut self, at: LayerAt<'_>, product: Product) -> Result<()> {
+        let layer = &self.model.layers[at.index];
+        let n = self.lanes.len();
+        let b = &mut *self.b;
+        let out = match product {
+            Product::Qkv => &mut b.qkv,
+            Product::AttentionOut => {
+                let width = b.attn.len() / n.max(1);
+                b.acts.fill(n, width).copy_from_slice(&b.attn);
+                &mut b.out
+            }
+            Product::GateUp => &mut b.gate_up,
+            Product::Down => &mut b.out,
+        };
+        let held = self.held;
+        products(
+            layer.product(product),
+            held,
+            n,
+            (&mut b.acts, out),
+            (&mut b.tmp, &mut b.product),
+        )
+    }
+
+    fn norm_heads(&mut self, at: LayerAt<'_>) -> Result<()> {
+        let layer = &self.model.layers[at.index];
+        let eps = self.dec.cfg.rms_norm_eps as f32;
+        let (q_norm, k_norm) = (layer.q_norm.as_deref(), layer.k_norm.as_deref());
+        for (_, q, k) in self.query_key_rows() {
+            if let Some(w) = q_norm {
+                ops::rms_norm_in_place(q, w, eps)?;
+            }
+            if let Some(w) = k_norm {
+                ops::rms_norm_in_place(k, w, eps)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn rotate(&mut self, at: LayerAt<'_>) -> Result<()> {
+        let (hd, rope) = (self.dec.cfg.head_dim, at.layer.rope);
+        for (lane, q, k) in self.query_key_rows() {
+            let (cos, sin) = &lane.scratch.rope[rope];
+            ops::rope_in_place(q, hd, cos, sin)?;
+            ops::rope_in_place(k, hd, cos, sin)?;
+        }
+        Ok(())
+    }
+
+    fn show_queries(&mut self, at: LayerAt<'_>, when: Rotation) -> Result<()> {
+        let (l, heads) = (at.index, self.dec.cfg.num_heads);
+        for (lane, q, _) in self.query_key_rows() {
+            let pos = lane.pos;
+            let Some(d) = lane.seq.rule.dynamic_mut() else {
+                continue;
+            };
+            match when {
+                Rotation::Before if d.wants_unrotated_queries(l) => {
+                    d.observe_unrotated_queries(l, heads, &[pos], q);
+                }
+                Rotation::After => {
+                    if let Some(w) = d.query_window(l)
+                        && w > 0
+                    {
+                        d.observe_queries(l, vec![q.to_vec()]);
+                    }
+                }
+                Rotation::Before => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn attend(&mut self, at: LayerAt<'_>) -> Result<()> {
+        let cfg = &self.dec.cfg;
+        let (h, hd, n) = (cfg.num_heads, cfg.head_dim, self.lanes.len());
+        let b = &mut *self.b;
+        let width = b.qkv.len() / n.max(1);
+        b.attn.resize(n * h * hd, 0.0);
+        for ((lane, row), attn) in self
+            .lanes
+            .iter_mut()
+            .zip(b.qkv.chunks_exact_mut(width.max(1)))
+            .zip(b.attn.chunks_exact_mut(h * hd))
+        {
+            self.dec
+                .attend_lane(at.index, at.layer.window, lane, row, attn, self.probe)?;
+        }
+        Ok(())
+    }
+
+    fn gate(&mut self, at: LayerAt<'_>) -> Result<()> {
+        let layer = &self.model.layers[at.index];
+        let (inner, n) = (self.dec.cfg.intermediate_size, self.lanes.len());
+        let b = &mut *self.b;
+        let acts = b.acts.fill(n, inner);
+        for (row, a) in b
+            .gate_up
+            .chunks_exact_mut(2 * inner)
+            .zip(acts.chunks_exact_mut(inner))
+        {
+            let (gate, up) = row.split_at_mut(inner);
+            ops::gate_in_place(gate, up, layer.activation)?;
+            a.copy_from_slice(gate);
+        }
+        Ok(())
+    }
+
+    fn join_branch(&mut self) -> Result<()> {
+        ops::add_in_place(&mut self.b.hidden, &self.b.out)?;
+        Ok(())
+    }
+
+    fn finish_layer(&mut self, at: LayerAt<'_>) -> Result<()> {
+        let l = at.index;
+        if let Some(p) = self.probe.as_deref_mut()
+            && p.wants_residual(ResidualSite::Layer(l))
+        {
+            let positions: Vec<usize> = self.lanes.iter().map(|l| l.pos).collect();
+            let d = self.dec.cfg.hidden_size;
+            let h = Tensor::from_slice(&self.b.hidden, (self.lanes.len(), d), &Device::Cpu)?;
+            p.on_residual(
+                ResidualSite::Layer(l),
+                &positions,
+                &h.to_dtype(self.dec.dtype)?,
+            )?;
+        }
+        for lane in self.lanes.iter_mut() {
+            if let Some(d) = lane.seq.rule.dynamic_mut() {
+                d.after_decode_layer(l, lane.pos);
+            }
+        }
+        Ok(())
     }
 }
 

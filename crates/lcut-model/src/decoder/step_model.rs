@@ -14,6 +14,7 @@ use lcut_kernels::ops::GateActivation;
 use lcut_kernels::product::Matrix;
 
 use super::Decoder;
+use super::layer::{Norm, Product};
 use crate::config::Activation;
 use crate::error::{ModelError, Result};
 use crate::layers::{GateUpLinears, QkvLinears, RmsNorm};
@@ -135,9 +136,28 @@ pub(crate) struct StepLayer {
     pub(crate) down: StepLinear,
     pub(crate) mlp_out_norm: Option<Vec<f32>>,
     pub(crate) activation: GateActivation,
-    pub(crate) window: Option<usize>,
-    /// The RoPE tables the layer rotates by (an index into the lane's).
-    pub(crate) rope: usize,
+}
+
+impl StepLayer {
+    /// The norm at `site`, where the layer has one.
+    pub(crate) fn norm(&self, site: Norm) -> Option<&[f32]> {
+        match site {
+            Norm::Attention => Some(&self.input_norm),
+            Norm::AttentionOut => self.attn_out_norm.as_deref(),
+            Norm::Mlp => Some(&self.mlp_in_norm),
+            Norm::MlpOut => self.mlp_out_norm.as_deref(),
+        }
+    }
+
+    /// The matrices of `product`, their outputs side by side in this order.
+    pub(crate) fn product(&self, product: Product) -> &[StepLinear] {
+        match product {
+            Product::Qkv => &self.qkv,
+            Product::AttentionOut => std::slice::from_ref(&self.o),
+            Product::GateUp => &self.gate_up,
+            Product::Down => std::slice::from_ref(&self.down),
+        }
+    }
 }
 
 /// The whole model as the fused step reads it.
@@ -207,8 +227,6 @@ impl StepModel {
                     Activation::Silu => GateActivation::Silu,
                     Activation::GeluTanh => GateActivation::GeluTanh,
                 },
-                window: layer.window,
-                rope: layer.rope,
             });
         }
         Ok(Self {

@@ -6,14 +6,11 @@
 //! no cache: every row of the sequence is computed at once.
 
 use std::collections::BTreeMap;
-use std::collections::btree_map::Entry;
 use std::ops::Range;
 
 use candle_core::Tensor;
-use lcut_policy::window::in_window;
 
 use super::Decoder;
-use super::pass::layer_residuals;
 use crate::error::{ModelError, Result};
 use crate::linear::{Linear, LoraLinear, linear_dims};
 use crate::lora::Site;
@@ -89,7 +86,7 @@ impl Decoder {
     pub fn train_rows(
         &self,
         layers: Range<usize>,
-        mut hidden: Tensor,
+        hidden: Tensor,
         positions: &[usize],
         visible: &[bool],
     ) -> Result<Tensor> {
@@ -126,42 +123,6 @@ impl Decoder {
                 self.cfg.num_layers
             )));
         }
-        let tables = self.rope_tables(positions)?;
-        let mut masks: BTreeMap<Option<usize>, Tensor> = BTreeMap::new();
-        for l in layers {
-            let layer = &self.layers[l];
-            let mask = match masks.entry(layer.window) {
-                Entry::Occupied(e) => e.into_mut(),
-                Entry::Vacant(e) => e.insert(self.train_mask(positions, visible, layer.window)?),
-            };
-            let (cos, sin) = &tables[layer.rope];
-            let x = layer.input_norm.forward(&hidden)?;
-            let qkv = layer.attn.qkv(&x, &self.rope, cos, sin)?;
-            let (attn, _) = self.attend(&qkv.q, &qkv.k, &qkv.v, Some(mask), None)?;
-            hidden = layer_residuals(layer, &hidden, &attn)?;
-        }
-        Ok(hidden)
-    }
-
-    /// The additive mask [n, n] of [`Decoder::train_rows`] at a layer with
-    /// `window` (0 where q reads k, -inf elsewhere).
-    fn train_mask(
-        &self,
-        positions: &[usize],
-        visible: &[bool],
-        window: Option<usize>,
-    ) -> Result<Tensor> {
-        let n = positions.len();
-        let values: Vec<f32> = (0..n * n)
-            .map(|i| {
-                let (q, k) = (i / n, i % n);
-                // `visible` holds only keys at or before their query
-                match visible[i] && in_window(window, positions[q], positions[k]) {
-                    true => 0.0,
-                    false => f32::NEG_INFINITY,
-                }
-            })
-            .collect();
-        Ok(Tensor::from_vec(values, (n, n), &self.device)?)
+        self.run_layers_masked(layers, hidden, positions, visible)
     }
 }

@@ -1,0 +1,177 @@
+//! One decoder layer, top to bottom: its weights ([`Layer`]) and the
+//! program every executor runs ([`run_layer`]).
+//!
+//! The program names each step of the layer in the order the model computes
+//! it; an executor ([`LayerExecutor`]) computes the steps on its own rows.
+//! Two executors run it:
+//!
+//! - the tensor executor (`pass.rs`): the rows of a chunk as candle tensors,
+//!   on any device; for inference, with the sequence's cache, the key
+//!   planner's reads, probes and the projected K/V of the tokens that left
+//!   below (SwiftKV, POP), and for training, every row of a sequence at once
+//!   under a mask, gradients reaching LoRA pairs;
+//! - the host executor (`step.rs`): one new token per sequence on host
+//!   buffers through lcut's kernels (the fused decode step).
+//!
+//! Both read the same [`Layer`] (the host executor through host views of
+//! its weights, made once), so a new mechanism of the layer (a sink, an
+//! expert MLP, K/V shared from another layer) is a step here and the
+//! executors' implementations of it; `docs/architecture.md` walks through
+//! one.
+
+use crate::error::{ModelError, Result};
+use crate::layers::{AttentionProj, Mlp, RmsNorm};
+
+/// One decoder layer's weights and switches.
+#[derive(Debug, Clone)]
+pub(super) struct Layer {
+    /// The norm before the attention.
+    pub(super) input_norm: RmsNorm,
+    /// The Q/K/V and output projections, with the Q/K head norms.
+    pub(super) attn: AttentionProj,
+    /// Gemma's norm on the attention output before the residual add.
+    pub(super) attn_out_norm: Option<RmsNorm>,
+    /// The norm before the MLP.
+    pub(super) mlp_in_norm: RmsNorm,
+    /// The gated MLP.
+    pub(super) mlp: Mlp,
+    /// Gemma's norm on the MLP output before the residual add.
+    pub(super) mlp_out_norm: Option<RmsNorm>,
+    /// The sliding window of keys a query reads, where the layer has one.
+    pub(super) window: Option<usize>,
+    /// Which RoPE the layer rotates by: 0 the model's, 1 the sliding
+    /// layers' own (Gemma 3); the index into [`super::Decoder::rope_tables`].
+    pub(super) rope: usize,
+}
+
+impl Layer {
+    /// The norm at `site`, where the layer has one.
+    pub(super) fn norm(&self, site: Norm) -> Option<&RmsNorm> {
+        match site {
+            Norm::Attention => Some(&self.input_norm),
+            Norm::AttentionOut => self.attn_out_norm.as_ref(),
+            Norm::Mlp => Some(&self.mlp_in_norm),
+            Norm::MlpOut => self.mlp_out_norm.as_ref(),
+        }
+    }
+}
+
+/// A norm of the layer, by where it sits: what it reads and writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Norm {
+    /// The residual stream into the attention's input.
+    Attention,
+    /// The attention's output branch, in place (Gemma).
+    AttentionOut,
+    /// The residual stream into the MLP's input.
+    Mlp,
+    /// The MLP's output branch, in place (Gemma).
+    MlpOut,
+}
+
+/// A matrix product of the layer (bias included), by what it reads and
+/// writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Product {
+    /// The attention's input into queries, keys and values, one row of
+    /// heads each (one fused matrix or three).
+    Qkv,
+    /// The attention's output, its heads side by side, into the branch.
+    AttentionOut,
+    /// The MLP's input into its gate and up halves (one fused matrix or two).
+    GateUp,
+    /// The gated activation into the branch.
+    Down,
+}
+
+/// Whether the policy is shown the queries before or after their rotation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Rotation {
+    /// After the head norms, before RoPE (a press's query statistics).
+    Before,
+    /// As attention reads them (SlimInfer's and a press's query window).
+    After,
+}
+
+/// Layer `index` of the model and its weights: what each step is told.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct LayerAt<'a> {
+    /// The layer's index.
+    pub(super) index: usize,
+    /// Its weights.
+    pub(super) layer: &'a Layer,
+}
+
+/// The steps of a decoder layer, as one executor computes them on its rows
+/// (one per token of a chunk, or one per sequence of a decode pass). Each
+/// step reads and writes the rows its doc names.
+pub(super) trait LayerExecutor {
+    /// The RMSNorm at `site` ([`Norm`] says from what into what).
+    fn norm(&mut self, at: LayerAt<'_>, site: Norm) -> Result<()>;
+
+    /// The matrix product `product` ([`Product`] says from what into what).
+    fn product(&mut self, at: LayerAt<'_>, product: Product) -> Result<()>;
+
+    /// Each query and key head normed on its own (Qwen3, Gemma 3).
+    fn norm_heads(&mut self, at: LayerAt<'_>) -> Result<()>;
+
+    /// Queries and keys rotated at their rows' positions by the layer's RoPE.
+    fn rotate(&mut self, at: LayerAt<'_>) -> Result<()>;
+
+    /// The policy shown the layer's queries where it reads them.
+    fn show_queries(&mut self, at: LayerAt<'_>, when: Rotation) -> Result<()>;
+
+    /// The rows' keys and values into the cache where the policy keeps them
+    /// (keys older than the window of the first row dropped), then each
+    /// query head's attention over the keys the key planner gives its row,
+    /// into the attention's output; a probe sees the attention rows it asks
+    /// for.
+    fn attend(&mut self, at: LayerAt<'_>) -> Result<()>;
+
+    /// The gate's activation times the up half: the gated activation.
+    fn gate(&mut self, at: LayerAt<'_>) -> Result<()>;
+
+    /// The branch added into the residual stream.
+    fn join_branch(&mut self) -> Result<()>;
+
+    /// After the layer: a probe shown the residual stream, the policy told
+    /// the layer is done.
+    fn finish_layer(&mut self, at: LayerAt<'_>) -> Result<()>;
+}
+
+/// Layer `index` on the executor's rows: the residual stream in, the
+/// residual stream out.
+pub(super) fn run_layer(index: usize, layer: &Layer, e: &mut impl LayerExecutor) -> Result<()> {
+    let at = LayerAt { index, layer };
+    // attention
+    e.norm(at, Norm::Attention)?;
+    e.product(at, Product::Qkv)?;
+    if layer.attn.has_head_norms() {
+        e.norm_heads(at)?;
+    }
+    e.show_queries(at, Rotation::Before)?;
+    e.rotate(at)?;
+    e.show_queries(at, Rotation::After)?;
+    e.attend(at)?;
+    e.product(at, Product::AttentionOut)?;
+    if layer.attn_out_norm.is_some() {
+        e.norm(at, Norm::AttentionOut)?;
+    }
+    e.join_branch()?;
+    // MLP
+    e.norm(at, Norm::Mlp)?;
+    e.product(at, Product::GateUp)?;
+    e.gate(at)?;
+    e.product(at, Product::Down)?;
+    if layer.mlp_out_norm.is_some() {
+        e.norm(at, Norm::MlpOut)?;
+    }
+    e.join_branch()?;
+    e.finish_layer(at)
+}
+
+/// The error of a step that reads `what` before an earlier step wrote it: a
+/// fault of an executor, reported rather than panicking.
+pub(super) fn unwritten(what: &'static str) -> ModelError {
+    ModelError::LayerProgram { what }
+}
