@@ -102,11 +102,15 @@ impl RmsNorm {
     }
 
     /// Normalise `x` over its last dimension. When `x` or the scale
-    /// carries gradients (a training pass) the norm is made of ops candle
-    /// can differentiate (its fused kernel has no backward); the same
-    /// values either way, within rounding.
+    /// carries gradients (a training pass) the norm is one op with its own
+    /// backward on the CPU in f32, and made of ops candle can differentiate
+    /// elsewhere (candle's fused kernel has no backward); the same values
+    /// every way, within rounding.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if x.track_op() || self.weight.track_op() {
+            if crate::grad_ops::takes(x) && crate::grad_ops::takes(&self.weight) {
+                return Ok(crate::grad_ops::rms_norm(x, &self.weight, self.eps)?);
+            }
             let var = x.sqr()?.mean_keepdim(D::Minus1)?;
             let normed = x.broadcast_div(&(var + f64::from(self.eps))?.sqrt()?)?;
             return Ok(normed.broadcast_mul(&self.weight)?);

@@ -8,6 +8,7 @@ mod decoder;
 mod error;
 mod files;
 pub mod gguf;
+mod grad_ops;
 mod layers;
 pub mod lens;
 mod lens_stats;
@@ -26,7 +27,8 @@ mod weights;
 pub use cache::LayerCache;
 pub use config::{Activation, Arch, ModelConfig, RopeConfig, RopeScaling};
 pub use decoder::{
-    ChunkOutput, Decoder, LogitRows, WeightMode, argmax_rows, default_attention_block_elems,
+    BatchSoftmax, ChunkOutput, Decoder, LogitRows, WeightMode, argmax_rows,
+    default_attention_block_elems,
 };
 pub use error::{ModelError, Result, ShapeError};
 pub use files::{FolderFiles, ModelFiles};

@@ -101,11 +101,19 @@ impl Rope {
     }
 
     /// Rotate `x` [heads, n, head_dim] (half-split layout) by the tables.
-    /// When `x` carries gradients (a training pass) the rotation is made of
-    /// ops candle can differentiate (its fused kernel has no backward).
+    /// When `x` carries gradients (a training pass) the rotation is one op
+    /// with its own backward on the CPU in f32 (every value of a head
+    /// rotated), and made of ops candle can differentiate elsewhere (its
+    /// fused kernel has no backward).
     pub fn apply(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
         let head_dim = x.dim(2)?;
         if x.track_op() {
+            if self.rotary_dim == head_dim
+                && crate::grad_ops::takes(x)
+                && crate::grad_ops::takes(cos)
+            {
+                return Ok(crate::grad_ops::rope(x, cos, sin)?);
+            }
             return self.apply_differentiable(x, cos, sin, head_dim);
         }
         let x4 = x.unsqueeze(0)?;

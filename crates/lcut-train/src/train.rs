@@ -669,10 +669,9 @@ mod tests {
         let instances: Vec<Instance> = (0..3)
             .map(|i| Instance::generate(&spec, 1, Stream::Train, i))
             .collect();
-        for (policy_text, fused) in [("full", false), ("full", true), ("speed:1+bos", true)] {
+        for policy_text in ["full", "speed:1+bos"] {
             let varmap = init_varmap(&shape, 0.08, 3, &dev)?;
-            let mut model = TrainModel::new(shape, &varmap, &dev)?;
-            model.set_fused(fused);
+            let model = TrainModel::new(shape, &varmap, &dev)?;
             let (policy, anchors) = resolve_policy(policy_text, shape.num_layers)?;
             let batch = Batch::new(&instances, &policy, anchors, &dev)?;
             let loss_of =
@@ -716,7 +715,7 @@ mod tests {
                     let tol = 2e-3 + 0.05 * numeric.abs().max(analytic.abs());
                     if (numeric - analytic).abs() > tol {
                         failures.push(format!(
-                            "{policy_text} fused={fused}: {name}[{i}]: analytic {analytic} vs numeric {numeric}"
+                            "{policy_text}: {name}[{i}]: analytic {analytic} vs numeric {numeric}"
                         ));
                     }
                     checked += 1;

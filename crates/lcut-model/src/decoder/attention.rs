@@ -7,6 +7,7 @@
 use candle_core::{DType, Tensor};
 
 use super::Decoder;
+use super::train::BatchSoftmax;
 use lcut_policy::keys::{GroupReads, KeyPlanner, KeyQuery};
 
 use super::reads::{PartialMask, group_mask};
@@ -216,6 +217,52 @@ impl Decoder {
             out.reshape((heads, n, head_dim))?,
             probs.reshape((heads, n, keys))?,
         ))
+    }
+}
+
+impl Decoder {
+    /// Layer `l`'s attention of a training batch: `q` [heads, b * t,
+    /// head_dim], `k` and `v` [kv_heads, b * t, head_dim], the rows of `b`
+    /// sequences of `t` tokens one after another, each sequence's queries
+    /// reading only its own keys, with the probabilities `softmax` gives.
+    /// Returns the output [heads, b * t, head_dim].
+    pub(super) fn attend_batch(
+        &self,
+        l: usize,
+        (q, k, v): (&Tensor, &Tensor, &Tensor),
+        t: usize,
+        softmax: &dyn BatchSoftmax,
+    ) -> Result<Tensor> {
+        let (heads, n, head_dim) = q.dims3()?;
+        let kv_heads = k.dim(0)?;
+        let (b, group) = (n / t.max(1), heads / kv_heads);
+        // [count, b * t, head_dim] as [b, count, t, head_dim]
+        let per_sequence = |x: &Tensor, count: usize| -> Result<Tensor> {
+            Ok(x.reshape((count, b, t, head_dim))?
+                .transpose(0, 1)?
+                .contiguous()?)
+        };
+        // the query heads that share a K/V head are stacked: [b, kv, group * t, hd]
+        let q = (per_sequence(q, heads)? * self.cfg.attn_scale)?.reshape((
+            b,
+            kv_heads,
+            group * t,
+            head_dim,
+        ))?;
+        let (k, v) = (per_sequence(k, kv_heads)?, per_sequence(v, kv_heads)?);
+        let mut scores = q.matmul(&k.t()?)?;
+        if let Some(c) = self.cfg.attn_softcap {
+            scores = ((scores / c)?.tanh()? * c)?;
+        }
+        let probs = softmax
+            .softmax(l, &scores.reshape((b, kv_heads, group, t, t))?)?
+            .reshape((b, kv_heads, group * t, t))?;
+        Ok(probs
+            .matmul(&v)?
+            .reshape((b, heads, t, head_dim))?
+            .transpose(0, 1)?
+            .contiguous()?
+            .reshape((heads, n, head_dim))?)
     }
 }
 

@@ -26,6 +26,7 @@ mod step_model;
 mod train;
 
 pub use step::{StepScratch, Unfused};
+pub use train::BatchSoftmax;
 
 use candle_core::{D, DType, Device, Tensor};
 use lcut_policy::window::first_readable;

@@ -17,6 +17,7 @@ use super::attention::LayerReads;
 use super::chunk_attention::ChunkKernel;
 use super::layer::{LayerAt, LayerExecutor, Norm, Product, Rotation, run_layer, unwritten};
 use super::projected::{ChunkKv, Projected};
+use super::train::BatchSoftmax;
 use super::{ChunkOutput, Decoder, LogitRows};
 use crate::error::Result;
 use crate::layers::{Qkv, heads_first};
@@ -41,7 +42,7 @@ pub(super) struct TensorRows<'a, 'p, 'q> {
     dec: &'a Decoder,
     /// The residual stream [n, hidden] of the rows at `present`.
     hidden: Tensor,
-    /// The rows' positions, increasing.
+    /// The rows' positions (increasing, or each batched sequence's in turn).
     present: Vec<usize>,
     /// The rows' RoPE tables (one cos/sin pair per RoPE of the model).
     tables: Vec<(Tensor, Tensor)>,
@@ -69,6 +70,13 @@ pub(super) enum Keys<'a, 'p, 'q> {
     Mask {
         visible: &'a [bool],
         masks: BTreeMap<Option<usize>, Tensor>,
+    },
+    /// Training a batch: sequences of `t` rows one after another, each
+    /// query reading its own sequence's keys with the probabilities
+    /// `softmax` gives.
+    Batch {
+        t: usize,
+        softmax: &'a dyn BatchSoftmax,
     },
 }
 
@@ -315,6 +323,10 @@ impl LayerExecutor for TensorRows<'_, '_, '_> {
                 };
                 self.dec.attend(&qkv.q, &qkv.k, &qkv.v, Some(mask), None)?.0
             }
+            Keys::Batch { t, softmax } => {
+                let qkv = (&qkv.q, &qkv.k, &qkv.v);
+                self.dec.attend_batch(at.index, qkv, *t, *softmax)?
+            }
         };
         self.attn = Some(attn);
         Ok(())
@@ -429,6 +441,27 @@ impl Decoder {
             masks: BTreeMap::new(),
         };
         let mut rows = TensorRows::new(self, hidden, positions.to_vec(), keys)?;
+        for l in layers {
+            run_layer(l, &self.layers[l], &mut rows)?;
+        }
+        Ok(rows.hidden)
+    }
+
+    /// The residual stream `hidden` [b * t, hidden] of `b` sequences of `t`
+    /// rows each (positions 0..t) through `layers`, each query reading its
+    /// own sequence's keys with the probabilities `softmax` gives (the
+    /// batched training pass; its input checked by [`Decoder::train_batch`]).
+    pub(super) fn run_layers_batched(
+        &self,
+        layers: std::ops::Range<usize>,
+        hidden: Tensor,
+        t: usize,
+        softmax: &dyn BatchSoftmax,
+    ) -> Result<Tensor> {
+        let b = hidden.dim(0)? / t.max(1);
+        let positions: Vec<usize> = (0..b).flat_map(|_| 0..t).collect();
+        let keys = Keys::Batch { t, softmax };
+        let mut rows = TensorRows::new(self, hidden, positions, keys)?;
         for l in layers {
             run_layer(l, &self.layers[l], &mut rows)?;
         }

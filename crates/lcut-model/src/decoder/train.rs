@@ -125,4 +125,39 @@ impl Decoder {
         }
         self.run_layers_masked(layers, hidden, positions, visible)
     }
+
+    /// The residual stream after `layers` of a batch of token sequences
+    /// `ids` [b, t] (each at positions 0..t): [b * t, hidden], row `i * t +
+    /// p` for sequence i's token at p. Each query reads its own sequence's
+    /// keys, with the probabilities `softmax` gives at each layer (the
+    /// bundled task models' trainer, whose masks hold every sequence's
+    /// policy). Differentiable with respect to every weight that carries
+    /// gradients.
+    pub fn train_batch(
+        &self,
+        layers: Range<usize>,
+        ids: &Tensor,
+        softmax: &dyn BatchSoftmax,
+    ) -> Result<Tensor> {
+        let (b, t) = ids.dims2()?;
+        if b == 0 || t == 0 {
+            return Err(refuse(format!("a batch of {b} sequences of {t} tokens")));
+        }
+        if layers.end > self.cfg.num_layers {
+            return Err(refuse(format!(
+                "layers {layers:?} of a model of {}",
+                self.cfg.num_layers
+            )));
+        }
+        let tokens = ids.flatten_all()?.to_vec1::<u32>()?;
+        let (hidden, _) = self.embed(&tokens, 0, &mut None)?;
+        self.run_layers_batched(layers, hidden, t, softmax)
+    }
+}
+
+/// The attention probabilities of a training batch, as its masks give them.
+pub trait BatchSoftmax {
+    /// Softmax of `scores` [b, kv_heads, group, t, t] at `layer` over the
+    /// keys each query reads, 0 at the others.
+    fn softmax(&self, layer: usize, scores: &Tensor) -> Result<Tensor>;
 }
