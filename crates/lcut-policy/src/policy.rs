@@ -189,24 +189,18 @@ impl PolicySpec {
             let params = spec.resolve(num_layers)?;
             let o = params.options;
             return Ok(Policy {
-                kind: PolicyKind::Slim,
+                rule: Resolved::Slim(params),
                 l_cut: params.cuts()[0],
                 num_layers,
                 anchors: Anchors::Prefix(o.sink * o.block),
-                slim: Some(params),
-                heads: None,
-                press: None,
             });
         }
         if let (PolicyKind::Press(_), Some(params)) = (self.kind, self.press) {
             return Ok(Policy {
-                kind: self.kind,
+                rule: Resolved::Press(params),
                 l_cut: num_layers,
                 num_layers,
                 anchors: Anchors::None,
-                slim: None,
-                heads: None,
-                press: Some(params),
             });
         }
         let l_cut = match self.kind {
@@ -224,22 +218,34 @@ impl PolicySpec {
             }
             _ => self.cut.resolve(num_layers)?,
         };
-        let heads = match (&self.heads, self.kind) {
-            (Some(choice), PolicyKind::Speed) => Some(HeadExceptions {
-                set: choice.resolve(l_cut, dims, ranking)?,
-                choice: *choice,
-                kv_heads: dims.kv_heads,
-            }),
-            _ => None,
+        let rule = match self.kind {
+            PolicyKind::Full => Resolved::Full,
+            PolicyKind::Speed => Resolved::Speed {
+                heads: match &self.heads {
+                    Some(choice) => Some(HeadExceptions {
+                        set: choice.resolve(l_cut, dims, ranking)?,
+                        choice: *choice,
+                        kv_heads: dims.kv_heads,
+                    }),
+                    None => None,
+                },
+            },
+            PolicyKind::SelfOnly => Resolved::SelfOnly,
+            PolicyKind::Projected(name) => Resolved::Projected(name),
+            PolicyKind::Custom(family) => Resolved::Custom(family),
+            PolicyKind::Band { first, last } => Resolved::Band { first, last },
+            PolicyKind::Slim | PolicyKind::Press(_) => {
+                return Err(malformed(
+                    &self.to_string(),
+                    "the policy's own parameters are missing",
+                ));
+            }
         };
         Ok(Policy {
-            kind: self.kind,
+            rule,
             l_cut,
             num_layers,
             anchors: self.anchors,
-            slim: None,
-            heads,
-            press: None,
         })
     }
 }
@@ -477,9 +483,61 @@ pub struct HeadExceptions {
     pub kv_heads: Option<usize>,
 }
 
-/// A policy resolved against a model's depth.
+/// A policy resolved against a model's depth: one typed value, each kind
+/// with its own parameters and no other's (a SlimInfer policy has its cuts
+/// and budgets, a press its ratio and options, SPEED its kept heads), with
+/// the cutoff and anchors every kind answers for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "PolicyRecord", try_from = "PolicyRecord")]
 pub struct Policy {
+    rule: Resolved,
+    l_cut: usize,
+    num_layers: usize,
+    anchors: Anchors,
+}
+
+/// What a resolved policy does, with the parameters of its kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Resolved {
+    /// Every token at every layer.
+    Full,
+    /// SPEED, with the heads kept above the cut where it names them.
+    Speed { heads: Option<HeadExceptions> },
+    /// Above the cut a query reads only itself (and the anchors).
+    SelfOnly,
+    /// Projected prompt K/V (SwiftKV, POP).
+    Projected(ProjectedName),
+    /// A registered family.
+    Custom(FamilyRef),
+    /// A prompt knockout over layers `first..=last`.
+    Band { first: usize, last: usize },
+    /// SlimInfer's cuts, budgets and options.
+    Slim(SlimParams),
+    /// A press's name, ratio and options.
+    Press(PressParams),
+}
+
+impl Resolved {
+    /// The family.
+    fn kind(&self) -> PolicyKind {
+        match *self {
+            Self::Full => PolicyKind::Full,
+            Self::Speed { .. } => PolicyKind::Speed,
+            Self::SelfOnly => PolicyKind::SelfOnly,
+            Self::Projected(name) => PolicyKind::Projected(name),
+            Self::Custom(family) => PolicyKind::Custom(family),
+            Self::Band { first, last } => PolicyKind::Band { first, last },
+            Self::Slim(_) => PolicyKind::Slim,
+            Self::Press(p) => PolicyKind::Press(p.name),
+        }
+    }
+}
+
+/// A policy as reports and traces have always stored it: the family, the
+/// cutoff and anchors, and the parameters of the kinds that have them
+/// (only theirs; [`Policy`]'s deserialisation refuses any other mix).
+#[derive(Serialize, Deserialize)]
+struct PolicyRecord {
     kind: PolicyKind,
     l_cut: usize,
     num_layers: usize,
@@ -491,17 +549,90 @@ pub struct Policy {
     press: Option<PressParams>,
 }
 
+impl From<Policy> for PolicyRecord {
+    fn from(p: Policy) -> Self {
+        let (slim, heads, press) = match p.rule {
+            Resolved::Slim(params) => (Some(params), None, None),
+            Resolved::Speed { heads } => (None, heads, None),
+            Resolved::Press(params) => (None, None, Some(params)),
+            _ => (None, None, None),
+        };
+        Self {
+            kind: p.rule.kind(),
+            l_cut: p.l_cut,
+            num_layers: p.num_layers,
+            anchors: p.anchors,
+            slim,
+            heads,
+            press,
+        }
+    }
+}
+
+impl TryFrom<PolicyRecord> for Policy {
+    type Error = String;
+
+    fn try_from(r: PolicyRecord) -> Result<Self, String> {
+        let mismatch = |what: &str| {
+            format!(
+                "a {:?} policy with {what}, which only other kinds have",
+                r.kind
+            )
+        };
+        let rule = match (r.kind, r.slim, r.heads, r.press) {
+            (_, Some(_), _, _) if r.kind != PolicyKind::Slim => {
+                return Err(mismatch("SlimInfer's parameters"));
+            }
+            (_, _, Some(_), _) if r.kind != PolicyKind::Speed => {
+                return Err(mismatch("kept heads"));
+            }
+            (PolicyKind::Press(name), _, _, Some(p)) if p.name != name => {
+                return Err(format!(
+                    "a {name:?} policy with the parameters of {:?}",
+                    p.name
+                ));
+            }
+            (_, _, _, Some(_)) if !matches!(r.kind, PolicyKind::Press(_)) => {
+                return Err(mismatch("a press's parameters"));
+            }
+            (PolicyKind::Full, ..) => Resolved::Full,
+            (PolicyKind::Speed, _, heads, _) => Resolved::Speed { heads },
+            (PolicyKind::SelfOnly, ..) => Resolved::SelfOnly,
+            (PolicyKind::Projected(name), ..) => Resolved::Projected(name),
+            (PolicyKind::Custom(family), ..) => Resolved::Custom(family),
+            (PolicyKind::Band { first, last }, ..) => Resolved::Band { first, last },
+            (PolicyKind::Slim, Some(params), ..) => Resolved::Slim(params),
+            (PolicyKind::Slim, None, ..) => {
+                return Err("a SlimInfer policy without its parameters".into());
+            }
+            (PolicyKind::Press(_), _, _, Some(params)) => Resolved::Press(params),
+            (PolicyKind::Press(name), _, _, None) => {
+                return Err(format!("a {name:?} press without its parameters"));
+            }
+        };
+        if r.num_layers == 0 || r.l_cut > r.num_layers {
+            return Err(format!(
+                "a cutoff of {} layers in a model of {}",
+                r.l_cut, r.num_layers
+            ));
+        }
+        Ok(Policy {
+            rule,
+            l_cut: r.l_cut,
+            num_layers: r.num_layers,
+            anchors: r.anchors,
+        })
+    }
+}
+
 impl Policy {
     /// The full model of `num_layers` layers.
     pub fn full(num_layers: usize) -> Self {
         Self {
-            kind: PolicyKind::Full,
+            rule: Resolved::Full,
             l_cut: num_layers,
             num_layers,
             anchors: Anchors::None,
-            slim: None,
-            heads: None,
-            press: None,
         }
     }
 
@@ -520,82 +651,60 @@ impl Policy {
     /// what exists, what is kept and what is read at each layer, and (for a
     /// policy that decides while it runs) its decisions.
     pub fn visibility(&self, phases: TokenPhases) -> Box<dyn Visibility> {
-        if let Some(params) = self.press {
-            return Box::new(PressRun::new(params, phases, self.num_layers));
-        }
-        match (self.kind, self.slim) {
-            (PolicyKind::Custom(family), _) => {
-                family.visibility(self.l_cut, self.num_layers, phases)
-            }
-            (PolicyKind::Projected(_), _) => {
-                Box::new(ProjectedKv::new(self.l_cut, self.num_layers, phases))
-            }
-            (PolicyKind::Band { first, last }, _) => {
-                Box::new(BandRule::new(first, last, self.num_layers, phases))
-            }
-            (PolicyKind::Speed, _)
-                if let Some(h) = self.heads
-                    && !self.is_full_depth() =>
-            {
-                Box::new(HeadRule::new(
-                    self.l_cut,
-                    self.num_layers,
-                    phases,
-                    h.set,
-                    h.choice.window,
-                    h.kv_heads,
-                ))
-            }
-            (_, Some(params)) => Box::new(SlimRun::new(params, phases, self.num_layers)),
-            (kind, None) => {
-                let upper = match kind {
-                    PolicyKind::SelfOnly => UpperReads::SelfAndAnchors,
-                    _ => UpperReads::AnchorsAndDecode,
-                };
-                let l_cut = if self.is_full_depth() {
-                    self.num_layers
-                } else {
-                    self.l_cut
-                };
-                Box::new(LayerRule::new(l_cut, self.num_layers, upper, phases))
-            }
+        let (l_cut, layers) = (self.l_cut, self.num_layers);
+        let one_cut = |upper| {
+            let l_cut = if self.is_full_depth() { layers } else { l_cut };
+            Box::new(LayerRule::new(l_cut, layers, upper, phases))
+        };
+        match self.rule {
+            Resolved::Press(params) => Box::new(PressRun::new(params, phases, layers)),
+            Resolved::Slim(params) => Box::new(SlimRun::new(params, phases, layers)),
+            Resolved::Custom(family) => family.visibility(l_cut, layers, phases),
+            Resolved::Projected(_) => Box::new(ProjectedKv::new(l_cut, layers, phases)),
+            Resolved::Band { first, last } => Box::new(BandRule::new(first, last, layers, phases)),
+            Resolved::Speed { heads: Some(h) } if !self.is_full_depth() => Box::new(HeadRule::new(
+                l_cut,
+                layers,
+                phases,
+                h.set,
+                h.choice.window,
+                h.kv_heads,
+            )),
+            Resolved::SelfOnly => one_cut(UpperReads::SelfAndAnchors),
+            Resolved::Full | Resolved::Speed { .. } => one_cut(UpperReads::AnchorsAndDecode),
         }
     }
 
     /// What the policy can do.
     pub fn capabilities(&self) -> Capabilities {
-        match self.kind {
-            PolicyKind::Speed if self.heads.is_some() => Capabilities {
+        match self.rule {
+            Resolved::Speed { heads: Some(_) } | Resolved::Band { .. } => Capabilities {
                 trainable: false,
                 ..Capabilities::STATIC_SUBSET
             },
-            PolicyKind::Band { .. } => Capabilities {
-                trainable: false,
-                ..Capabilities::STATIC_SUBSET
-            },
-            PolicyKind::Full | PolicyKind::Speed | PolicyKind::SelfOnly => {
+            Resolved::Full | Resolved::Speed { .. } | Resolved::SelfOnly => {
                 Capabilities::STATIC_SUBSET
             }
-            PolicyKind::Slim => Capabilities {
+            Resolved::Slim(_) => Capabilities {
                 is_static: false,
                 needs_staged_prefill: true,
                 trainable: false,
                 reuses_full_prefill: false,
             },
-            PolicyKind::Projected(_) => Capabilities {
+            Resolved::Projected(_) => Capabilities {
                 is_static: true,
                 needs_staged_prefill: false,
                 trainable: false,
                 reuses_full_prefill: false,
             },
             // a press decides from its own prefill's queries
-            PolicyKind::Press(_) => Capabilities {
+            Resolved::Press(_) => Capabilities {
                 is_static: false,
                 needs_staged_prefill: false,
                 trainable: false,
                 reuses_full_prefill: false,
             },
-            PolicyKind::Custom(family) => family.capabilities(),
+            Resolved::Custom(family) => family.capabilities(),
         }
     }
 
@@ -622,7 +731,10 @@ impl Policy {
 
     /// SlimInfer's cuts, budgets and options (`None` for other policies).
     pub fn slim(&self) -> Option<&SlimParams> {
-        self.slim.as_ref()
+        match &self.rule {
+            Resolved::Slim(params) => Some(params),
+            _ => None,
+        }
     }
 
     /// Number of anchor tokens for a prompt whose decode phase starts at
@@ -634,7 +746,7 @@ impl Policy {
         system_len: Option<usize>,
         decode_start: usize,
     ) -> Result<usize, PolicyError> {
-        match &self.slim {
+        match self.slim() {
             Some(slim) => Ok(slim.sink_len(decode_start)),
             None => self.anchors.len(system_len),
         }
@@ -642,7 +754,7 @@ impl Policy {
 
     /// Policy family.
     pub fn kind(&self) -> PolicyKind {
-        self.kind
+        self.rule.kind()
     }
 
     /// Number of lower layers in which every prompt token exists (L for
@@ -663,23 +775,26 @@ impl Policy {
 
     /// True when the policy changes nothing (full, or a cutoff at full depth).
     pub fn is_full_depth(&self) -> bool {
-        match self.kind {
-            PolicyKind::Full => true,
-            PolicyKind::Band { .. } | PolicyKind::Press(_) => false,
+        match self.rule {
+            Resolved::Full => true,
+            Resolved::Band { .. } | Resolved::Press(_) => false,
             _ => self.l_cut >= self.num_layers,
         }
     }
 
     /// A press's ratio and options (`None` for other policies).
     pub fn press(&self) -> Option<&PressParams> {
-        self.press.as_ref()
+        match &self.rule {
+            Resolved::Press(params) => Some(params),
+            _ => None,
+        }
     }
 
     /// Refuse a sequence of these phases the policy cannot run: a prompt a
     /// press cannot compress as kvpress does (too short for its window or
     /// sinks, or a budget below them). Every other policy runs any phases.
     pub fn check_phases(&self, phases: &TokenPhases) -> Result<(), PolicyError> {
-        match &self.press {
+        match self.press() {
             Some(p) => p.check_prompt(phases.decode_start(), self.num_layers),
             None => Ok(()),
         }
@@ -687,20 +802,21 @@ impl Policy {
 
     /// The kept heads above a SPEED cut, when the policy has head exceptions.
     pub fn heads(&self) -> Option<&HeadExceptions> {
-        self.heads.as_ref()
+        match &self.rule {
+            Resolved::Speed { heads } => heads.as_ref(),
+            _ => None,
+        }
     }
 
     /// Back to the written form with the cutoff as a layer count.
     pub fn spec(&self) -> PolicySpec {
-        if let Some(slim) = &self.slim {
-            return PolicySpec::slim(slim.spec());
-        }
-        if let Some(press) = self.press {
-            return PolicySpec::press(press);
-        }
-        PolicySpec {
-            heads: self.heads.map(|h| h.choice),
-            ..PolicySpec::at_cut(self.kind, CutSpec::Layers(self.l_cut), self.anchors)
+        match self.rule {
+            Resolved::Slim(params) => PolicySpec::slim(params.spec()),
+            Resolved::Press(params) => PolicySpec::press(params),
+            _ => PolicySpec {
+                heads: self.heads().map(|h| h.choice),
+                ..PolicySpec::at_cut(self.kind(), CutSpec::Layers(self.l_cut), self.anchors)
+            },
         }
     }
 }
@@ -749,6 +865,81 @@ mod tests {
             "pop:3",
         ] {
             assert_eq!(parse(s).to_string(), s);
+        }
+    }
+
+    /// A resolved policy is stored as reports and traces have always
+    /// stored it (family, cutoff, anchors, and only its own kind's
+    /// parameters) and read back as the same value.
+    #[test]
+    fn resolved_policies_keep_their_stored_form() {
+        for text in [
+            "full",
+            "speed:3+bos",
+            "selfonly:2",
+            "swiftkv:2+bos",
+            "band:1..2",
+            "slim:2@1+block:1+unit:1",
+            "snapkv:0.5",
+        ] {
+            let policy = parse(text).resolve(6).unwrap();
+            let stored = serde_json::to_value(policy).unwrap();
+            let mut keys: Vec<&str> = stored
+                .as_object()
+                .unwrap()
+                .keys()
+                .map(|k| k.as_str())
+                .collect();
+            keys.sort();
+            let mut expected = vec!["anchors", "kind", "l_cut", "num_layers", "slim"];
+            if policy.press().is_some() {
+                expected.push("press");
+            }
+            expected.sort();
+            assert_eq!(keys, expected, "{text}");
+            assert_eq!(stored["slim"].is_null(), policy.slim().is_none(), "{text}");
+            assert_eq!(serde_json::from_value::<Policy>(stored).unwrap(), policy);
+        }
+    }
+
+    /// A stored policy whose parameters belong to another kind, that lacks
+    /// its own kind's, or whose cut lies past its depth is refused when
+    /// read, not run as some other policy.
+    #[test]
+    fn a_stored_policy_with_another_kinds_parameters_is_refused() {
+        let stored = |text: &str| serde_json::to_value(parse(text).resolve(6).unwrap()).unwrap();
+        let (speed, slim, press) = (
+            stored("speed:3"),
+            stored("slim:2@1+block:1+unit:1"),
+            stored("snapkv:0.5"),
+        );
+        let with = |base: &serde_json::Value, key: &str, value: &serde_json::Value| {
+            let mut v = base.clone();
+            v[key] = value.clone();
+            v
+        };
+        let null = serde_json::Value::Null;
+        let mut other_press = press.clone();
+        other_press["press"]["name"] = serde_json::json!("Tova");
+        for (bad, says) in [
+            (
+                with(&speed, "slim", &slim["slim"]),
+                "SlimInfer's parameters",
+            ),
+            (
+                with(&speed, "press", &press["press"]),
+                "a press's parameters",
+            ),
+            (with(&slim, "slim", &null), "without its parameters"),
+            (with(&press, "press", &null), "without its parameters"),
+            (other_press, "with the parameters of"),
+            (
+                with(&speed, "l_cut", &serde_json::json!(7)),
+                "a cutoff of 7 layers",
+            ),
+        ] {
+            let err = serde_json::from_value::<Policy>(bad.clone()).unwrap_err();
+            assert!(err.to_string().contains(says), "{bad}: {err}");
         }
     }
 
