@@ -193,30 +193,9 @@ impl CustomOp1 for RopeOp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::backprop::GradStore;
-    use candle_core::{Device, Var};
+    use candle_core::Var;
     use lcut_kernels::testdata::Rng;
-
-    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b)
-            .and_then(|d| d.abs())
-            .and_then(|d| d.flatten_all())
-            .and_then(|d| d.max(0))
-            .and_then(|d| d.to_scalar::<f32>())
-            .unwrap_or(f32::INFINITY)
-    }
-
-    /// Roughly normal values, `mean + std * N(0, 1)`, from fixed draws.
-    fn normal(rng: &mut Rng, mean: f32, std: f32, shape: &[usize]) -> candle_core::Result<Tensor> {
-        let n = shape.iter().product();
-        let values = rng.normals(n, std).into_iter().map(|v| v + mean).collect();
-        Tensor::from_vec(values, shape, &Device::Cpu)
-    }
-
-    /// Gradients of sum(out * probe).
-    fn grads(out: &Tensor, probe: &Tensor) -> candle_core::Result<GradStore> {
-        (out * probe)?.sum_all()?.backward()
-    }
+    use lcut_testkit::grads::{max_abs_diff as max_diff, normal, probe_grads as grads};
 
     #[test]
     fn fused_ops_match_composed_ops_and_their_gradients() -> candle_core::Result<()> {

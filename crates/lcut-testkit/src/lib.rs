@@ -2,8 +2,9 @@
 //! (`fixtures/oracle`) and the real model are, temporary model folders
 //! copied from the cases, a word-level tokenizer with a chat template (so
 //! that engine and viewer tests can run the real pipeline on a tiny model),
-//! damaged-file mutants and an allocator that records the largest
-//! allocation. Reading the reference cases and checking logits against them
+//! damaged-file mutants, an allocator that records the largest
+//! allocation, and the helpers that hold an op with its own backward to
+//! candle's composed ops. Reading the reference cases and checking logits against them
 //! is `lcut-parity`'s; random-weight models of a shape are `lcut-synth`'s.
 
 use std::io;
@@ -13,6 +14,7 @@ use serde_json::json;
 use tempfile::TempDir;
 
 pub mod alloc;
+pub mod grads;
 pub mod mutate;
 
 /// The random number generators the mutators use, for tests' own generators.

@@ -409,37 +409,8 @@ pub fn load_varmap(folder: &Path, shape: &ModelShape, device: &Device) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::backprop::GradStore;
     use lcut_kernels::testdata::Rng;
-
-    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b)
-            .and_then(|d| d.abs())
-            .and_then(|d| d.flatten_all())
-            .and_then(|d| d.max(0))
-            .and_then(|d| d.to_scalar::<f32>())
-            .unwrap_or(f32::INFINITY)
-    }
-
-    /// Roughly normal values, `mean + std * N(0, 1)`, from `rng`: fixed draws,
-    /// where candle's `Tensor::randn` on the CPU is seeded from the clock.
-    fn normal(
-        rng: &mut Rng,
-        mean: f32,
-        std: f32,
-        shape: &[usize],
-        dev: &Device,
-    ) -> candle_core::Result<Tensor> {
-        let n = shape.iter().product();
-        let values = rng.normals(n, std).into_iter().map(|v| v + mean).collect();
-        Tensor::from_vec(values, shape, dev)
-    }
-
-    /// Value and gradients of sum(f(vars) * probe) for the fused and the
-    /// composed version of an op.
-    fn grads(out: &Tensor, probe: &Tensor) -> candle_core::Result<GradStore> {
-        (out * probe)?.sum_all()?.backward()
-    }
+    use lcut_testkit::grads::{max_abs_diff as max_diff, normal, probe_grads as grads};
 
     /// The bundled models' `config.json` is, byte for byte, what
     /// `save_checkpoint` writes for the shape read back from it.
@@ -478,13 +449,13 @@ mod tests {
             batch: 2,
             t: 4,
         };
-        let s = Var::from_tensor(&normal(&mut rng, 0.0, 3.0, &[2, 1, 2, 4, 4], &dev)?)?;
+        let s = Var::from_tensor(&normal(&mut rng, 0.0, 3.0, &[2, 1, 2, 4, 4])?)?;
         let add: Vec<f32> = visible
             .iter()
             .map(|&v| if v { 0.0 } else { HIDDEN })
             .collect();
         let add = Tensor::from_vec(add, (2, 1, 1, 4, 4), &dev)?;
-        let probe = normal(&mut rng, 0.0, 1.0, &[2, 1, 2, 4, 4], &dev)?;
+        let probe = normal(&mut rng, 0.0, 1.0, &[2, 1, 2, 4, 4])?;
         let fused = sm.apply(&s)?;
         let slow = candle_nn::ops::softmax(&s.broadcast_add(&add)?, D::Minus1)?;
         assert!(max_diff(&fused, &slow) < 1e-6);
