@@ -218,9 +218,7 @@ impl Decoder {
             probs.reshape((heads, n, keys))?,
         ))
     }
-}
 
-impl Decoder {
     /// Layer `l`'s attention of a training batch: `q` [heads, b * t,
     /// head_dim], `k` and `v` [kv_heads, b * t, head_dim], the rows of `b`
     /// sequences of `t` tokens one after another, each sequence's queries
