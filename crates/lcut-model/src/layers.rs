@@ -228,9 +228,7 @@ impl Mlp {
     }
 }
 
-/// Queries, keys and values of a chunk's rows, [n, heads, head_dim] each
-/// (rows first) as projected, [heads, n, head_dim] (heads first) once
-/// rotated.
+/// Queries, keys and values of a chunk's rows, [heads, n, head_dim] each.
 pub(crate) struct Qkv {
     /// Queries.
     pub q: Tensor,
@@ -347,7 +345,7 @@ impl AttentionProj {
         self.q_norm.is_some() || self.k_norm.is_some()
     }
 
-    /// Project `x` [n, hidden] to queries, keys and values, rows first.
+    /// Project `x` [n, hidden] to queries, keys and values, heads first.
     pub(crate) fn project(&self, x: &Tensor) -> Result<Qkv> {
         let (h, kv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let (q, k, v) = match &self.qkv {
@@ -362,14 +360,14 @@ impl AttentionProj {
             }
         };
         Ok(Qkv {
-            q: self.split_heads(q, h)?,
-            k: self.split_heads(k, kv)?,
-            v: self.split_heads(v, kv)?,
+            q: swap_rows_heads(&self.split_heads(q, h)?)?,
+            k: swap_rows_heads(&self.split_heads(k, kv)?)?,
+            v: swap_rows_heads(&self.split_heads(v, kv)?)?,
         })
     }
 
-    /// The query and key heads [n, heads, head_dim] each normed by the
-    /// layer's head norms.
+    /// The query and key heads [heads, n, head_dim] each normed by the
+    /// layer's head norms (over each head's values).
     pub(crate) fn norm_heads(&self, q: &Tensor, k: &Tensor) -> Result<(Tensor, Tensor)> {
         let norm = |t: &Tensor, nm: Option<&RmsNorm>| match nm {
             Some(nm) => nm.forward(t),
@@ -403,12 +401,12 @@ impl AttentionProj {
                 )
             }
         };
-        let mut k = self.split_heads(k, kv)?;
+        let mut k = swap_rows_heads(&self.split_heads(k, kv)?)?;
         if let Some(nm) = &self.k_norm {
             k = nm.forward(&k)?;
         }
-        let k = rope.apply(&heads_first(&k)?, cos, sin)?;
-        Ok((k, heads_first(&self.split_heads(v, kv)?)?))
+        let k = rope.apply(&k, cos, sin)?;
+        Ok((k, swap_rows_heads(&self.split_heads(v, kv)?)?))
     }
 
     /// [n, count * head_dim] as [n, count, head_dim].
@@ -429,7 +427,7 @@ impl AttentionProj {
 }
 
 /// Rows-first heads [n, heads, head_dim] as heads first [heads, n,
-/// head_dim], contiguous.
-pub(crate) fn heads_first(t: &Tensor) -> Result<Tensor> {
+/// head_dim], or back, contiguous.
+pub(crate) fn swap_rows_heads(t: &Tensor) -> Result<Tensor> {
     Ok(t.transpose(0, 1)?.contiguous()?)
 }

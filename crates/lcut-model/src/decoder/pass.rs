@@ -20,7 +20,7 @@ use super::projected::{ChunkKv, Projected};
 use super::train::BatchSoftmax;
 use super::{ChunkOutput, Decoder, LogitRows};
 use crate::error::Result;
-use crate::layers::{Qkv, heads_first};
+use crate::layers::{Qkv, swap_rows_heads};
 use crate::probe::{Probe, ResidualSite};
 use crate::sequence::Sequence;
 
@@ -48,7 +48,7 @@ pub(super) struct TensorRows<'a, 'p, 'q> {
     tables: Vec<(Tensor, Tensor)>,
     /// A norm's output or the gated activation: the next product's input.
     input: Option<Tensor>,
-    /// Queries, keys and values (rows first until rotated, then heads first).
+    /// Queries, keys and values [heads, n, head_dim].
     qkv: Option<Qkv>,
     /// The attention's output [heads, n, head_dim].
     attn: Option<Tensor>,
@@ -269,14 +269,11 @@ impl LayerExecutor for TensorRows<'_, '_, '_> {
     }
 
     fn rotate(&mut self, at: LayerAt<'_>) -> Result<()> {
-        let qkv = self.qkv.take().ok_or(unwritten("the queries"))?;
+        let qkv = self.qkv.as_mut().ok_or(unwritten("the queries"))?;
         let (cos, sin) = &self.tables[at.layer.rope];
         let rope = &self.dec.rope;
-        self.qkv = Some(Qkv {
-            q: rope.apply(&heads_first(&qkv.q)?, cos, sin)?,
-            k: rope.apply(&heads_first(&qkv.k)?, cos, sin)?,
-            v: heads_first(&qkv.v)?,
-        });
+        qkv.q = rope.apply(&qkv.q, cos, sin)?;
+        qkv.k = rope.apply(&qkv.k, cos, sin)?;
         Ok(())
     }
 
@@ -292,8 +289,11 @@ impl LayerExecutor for TensorRows<'_, '_, '_> {
         match when {
             Rotation::Before if d.wants_unrotated_queries(l) => {
                 // rows first [n, heads, head_dim]: each row's heads side by side
-                let heads = q.dim(1)?;
-                let rows = q.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+                let heads = q.dim(0)?;
+                let rows = swap_rows_heads(q)?
+                    .to_dtype(DType::F32)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?;
                 d.observe_unrotated_queries(l, heads, &self.present, &rows);
             }
             Rotation::After => {
