@@ -360,9 +360,9 @@ impl AttentionProj {
             }
         };
         Ok(Qkv {
-            q: swap_rows_heads(&self.split_heads(q, h)?)?,
-            k: swap_rows_heads(&self.split_heads(k, kv)?)?,
-            v: swap_rows_heads(&self.split_heads(v, kv)?)?,
+            q: self.heads(q, h)?,
+            k: self.heads(k, kv)?,
+            v: self.heads(v, kv)?,
         })
     }
 
@@ -401,18 +401,18 @@ impl AttentionProj {
                 )
             }
         };
-        let mut k = swap_rows_heads(&self.split_heads(k, kv)?)?;
+        let mut k = self.heads(k, kv)?;
         if let Some(nm) = &self.k_norm {
             k = nm.forward(&k)?;
         }
         let k = rope.apply(&k, cos, sin)?;
-        Ok((k, swap_rows_heads(&self.split_heads(v, kv)?)?))
+        Ok((k, self.heads(v, kv)?))
     }
 
-    /// [n, count * head_dim] as [n, count, head_dim].
-    fn split_heads(&self, t: Tensor, count: usize) -> Result<Tensor> {
+    /// [n, count * head_dim] as [count, n, head_dim], contiguous.
+    fn heads(&self, t: Tensor, count: usize) -> Result<Tensor> {
         let n = t.dim(0)?;
-        Ok(t.contiguous()?.reshape((n, count, self.head_dim))?)
+        swap_rows_heads(&t.contiguous()?.reshape((n, count, self.head_dim))?)
     }
 
     /// Output projection of the attention result [heads, n, head_dim].

@@ -80,6 +80,16 @@ pub(super) enum Keys<'a, 'p, 'q> {
     },
 }
 
+impl<'a> Keys<'a, '_, '_> {
+    /// Training every row of a sequence at once under `visible` ([`Keys::Mask`]).
+    pub(super) fn mask(visible: &'a [bool]) -> Self {
+        Self::Mask {
+            visible,
+            masks: BTreeMap::new(),
+        }
+    }
+}
+
 /// An inference pass's sequence, its probe and what the pass keeps between
 /// layers.
 pub(super) struct CacheRun<'a, 'p, 'q> {
@@ -158,27 +168,32 @@ impl<'a, 'p, 'q> TensorRows<'a, 'p, 'q> {
             .store_kv(&mut run.seq.caches[l], (&k, &v), &p.positions)?;
         Ok(true)
     }
+}
 
-    /// The attention of the rotated queries over the cache, the chunk's
-    /// K/V (and the projected K/V) stored first.
-    fn attend_cached(&mut self, at: LayerAt<'_>, qkv: Qkv) -> Result<Tensor> {
-        let Keys::Cache(run) = &mut self.keys else {
-            return Err(unwritten("the sequence"));
-        };
-        let (dec, l, layer, present) = (self.dec, at.index, at.layer, &self.present[..]);
+impl CacheRun<'_, '_, '_> {
+    /// The attention of the rotated queries of the rows at `present` over
+    /// the cache, the chunk's K/V (and the projected K/V) stored first.
+    fn attend(
+        &mut self,
+        dec: &Decoder,
+        at: LayerAt<'_>,
+        present: &[usize],
+        qkv: Qkv,
+    ) -> Result<Tensor> {
+        let (l, layer) = (at.index, at.layer);
         let own = ChunkKv {
             k: qkv.k,
             v: qkv.v,
             positions: Cow::Borrowed(present),
         };
-        let chunk = match &run.projected {
+        let chunk = match &self.projected {
             Some(p) => {
                 let (k, v) = dec.projected_kv(layer, p)?;
                 own.merged(&k, &v, &p.positions)?
             }
             None => own,
         };
-        let seq = &mut *run.seq;
+        let seq = &mut *self.seq;
         if let Some(w) = layer.window
             && seq.is_decided()
         {
@@ -188,7 +203,7 @@ impl<'a, 'p, 'q> TensorRows<'a, 'p, 'q> {
             seq.caches[l].drop_below(first_readable(w, present[0]));
         }
         dec.store_kv(&mut seq.caches[l], (&chunk.k, &chunk.v), &chunk.positions)?;
-        let wants_rows = run
+        let wants_rows = self
             .probe
             .as_deref()
             .and_then(|p| p.attention_from(l))
@@ -201,7 +216,7 @@ impl<'a, 'p, 'q> TensorRows<'a, 'p, 'q> {
                 &seq.caches[l],
                 present,
                 seq,
-                &mut run.reads.reads,
+                &mut self.reads.reads,
             )?
         {
             return Ok(attn);
@@ -214,8 +229,8 @@ impl<'a, 'p, 'q> TensorRows<'a, 'p, 'q> {
             cache,
             present,
             seq,
-            &mut run.reads,
-            run.probe,
+            &mut self.reads,
+            self.probe,
         )
     }
 }
@@ -311,7 +326,7 @@ impl LayerExecutor for TensorRows<'_, '_, '_> {
     fn attend(&mut self, at: LayerAt<'_>) -> Result<()> {
         let qkv = self.qkv.take().ok_or(unwritten("the queries"))?;
         let attn = match &mut self.keys {
-            Keys::Cache(_) => self.attend_cached(at, qkv)?,
+            Keys::Cache(run) => run.attend(self.dec, at, &self.present, qkv)?,
             Keys::Mask { visible, masks } => {
                 let mask = match masks.entry(at.layer.window) {
                     Entry::Occupied(e) => e.into_mut(),
@@ -426,41 +441,16 @@ impl Decoder {
     }
 
     /// The residual stream `hidden` [n, hidden] of rows at `positions`
-    /// through `layers` with no cache, row q reading row k where
-    /// `visible[q * n + k]` and k lies within a sliding layer's window of q
-    /// (the training pass; its input checked by [`Decoder::train_rows`]).
-    pub(super) fn run_layers_masked(
+    /// through `layers` with no cache, each query reading what `keys` (a
+    /// training mask or batch) shows it: the training passes, their input
+    /// checked by [`Decoder::train_rows`] and [`Decoder::train_batch`].
+    pub(super) fn run_layers_uncached(
         &self,
         layers: std::ops::Range<usize>,
         hidden: Tensor,
-        positions: &[usize],
-        visible: &[bool],
+        positions: Vec<usize>,
+        keys: Keys<'_, '_, '_>,
     ) -> Result<Tensor> {
-        let keys = Keys::Mask {
-            visible,
-            masks: BTreeMap::new(),
-        };
-        let mut rows = TensorRows::new(self, hidden, positions.to_vec(), keys)?;
-        for l in layers {
-            run_layer(l, &self.layers[l], &mut rows)?;
-        }
-        Ok(rows.hidden)
-    }
-
-    /// The residual stream `hidden` [b * t, hidden] of `b` sequences of `t`
-    /// rows each (positions 0..t) through `layers`, each query reading its
-    /// own sequence's keys with the probabilities `softmax` gives (the
-    /// batched training pass; its input checked by [`Decoder::train_batch`]).
-    pub(super) fn run_layers_batched(
-        &self,
-        layers: std::ops::Range<usize>,
-        hidden: Tensor,
-        t: usize,
-        softmax: &dyn BatchSoftmax,
-    ) -> Result<Tensor> {
-        let b = hidden.dim(0)? / t.max(1);
-        let positions: Vec<usize> = (0..b).flat_map(|_| 0..t).collect();
-        let keys = Keys::Batch { t, softmax };
         let mut rows = TensorRows::new(self, hidden, positions, keys)?;
         for l in layers {
             run_layer(l, &self.layers[l], &mut rows)?;

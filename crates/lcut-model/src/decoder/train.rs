@@ -11,6 +11,7 @@ use std::ops::Range;
 use candle_core::Tensor;
 
 use super::Decoder;
+use super::pass::Keys;
 use crate::error::{ModelError, Result};
 use crate::linear::{Linear, LoraLinear, linear_dims};
 use crate::lora::Site;
@@ -117,13 +118,8 @@ impl Decoder {
                 i % n
             )));
         }
-        if layers.end > self.cfg.num_layers {
-            return Err(refuse(format!(
-                "layers {layers:?} of a model of {}",
-                self.cfg.num_layers
-            )));
-        }
-        self.run_layers_masked(layers, hidden, positions, visible)
+        self.check_layers(&layers)?;
+        self.run_layers_uncached(layers, hidden, positions.to_vec(), Keys::mask(visible))
     }
 
     /// The residual stream after `layers` of a batch of token sequences
@@ -143,15 +139,23 @@ impl Decoder {
         if b == 0 || t == 0 {
             return Err(refuse(format!("a batch of {b} sequences of {t} tokens")));
         }
-        if layers.end > self.cfg.num_layers {
-            return Err(refuse(format!(
-                "layers {layers:?} of a model of {}",
-                self.cfg.num_layers
-            )));
-        }
+        self.check_layers(&layers)?;
         let tokens = ids.flatten_all()?.to_vec1::<u32>()?;
         let (hidden, _) = self.embed(&tokens, 0, &mut None)?;
-        self.run_layers_batched(layers, hidden, t, softmax)
+        let positions: Vec<usize> = (0..b).flat_map(|_| 0..t).collect();
+        let keys = Keys::Batch { t, softmax };
+        self.run_layers_uncached(layers, hidden, positions, keys)
+    }
+
+    /// Refuse a range of layers past the model's depth.
+    fn check_layers(&self, layers: &Range<usize>) -> Result<()> {
+        match layers.end > self.cfg.num_layers {
+            true => Err(refuse(format!(
+                "layers {layers:?} of a model of {}",
+                self.cfg.num_layers
+            ))),
+            false => Ok(()),
+        }
     }
 }
 
