@@ -7,7 +7,7 @@
 use candle_core::{DType, Tensor};
 
 use super::Decoder;
-use super::train::BatchSoftmax;
+use super::reads::BatchSoftmax;
 use lcut_policy::keys::{GroupReads, KeyPlanner, KeyQuery};
 
 use super::reads::{PartialMask, group_mask};

@@ -25,8 +25,8 @@ mod step;
 mod step_model;
 mod train;
 
+pub use reads::BatchSoftmax;
 pub use step::{StepScratch, Unfused};
-pub use train::BatchSoftmax;
 
 use candle_core::{D, DType, Device, Tensor};
 use lcut_policy::window::first_readable;

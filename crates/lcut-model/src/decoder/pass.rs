@@ -17,7 +17,7 @@ use super::attention::LayerReads;
 use super::chunk_attention::ChunkKernel;
 use super::layer::{LayerAt, LayerExecutor, Norm, Product, Rotation, run_layer, unwritten};
 use super::projected::{ChunkKv, Projected};
-use super::train::BatchSoftmax;
+use super::reads::BatchSoftmax;
 use super::{ChunkOutput, Decoder, LogitRows};
 use crate::error::Result;
 use crate::layers::{Qkv, swap_rows_heads};

@@ -1,11 +1,21 @@
 //! The decoder's side of the key planner ([`lcut_policy::keys`], the one
 //! place that answers which keys a query reads): a layer's cache as the
-//! planner reads its rows, and the additive mask the tensor path builds
-//! from a group's spans.
+//! planner reads its rows, the additive mask the tensor path builds from a
+//! group's spans, and the batched trainer's masked probabilities
+//! ([`BatchSoftmax`]).
 
+use candle_core::Tensor;
 use lcut_policy::keys::{GroupReads, HeldKeys, HeldRows};
 
 use crate::cache::LayerCache;
+use crate::error::Result;
+
+/// The attention probabilities of a training batch, as its masks give them.
+pub trait BatchSoftmax {
+    /// Softmax of `scores` [b, kv_heads, group, t, t] at `layer` over the
+    /// keys each query reads, 0 at the others.
+    fn softmax(&self, layer: usize, scores: &Tensor) -> Result<Tensor>;
+}
 
 impl HeldKeys for LayerCache {
     fn is_split(&self) -> bool {

@@ -1,9 +1,10 @@
-//! The tensor path over a whole sequence, for training: each layer's own
-//! norms, projections, RoPE, attention and MLP (the blocks inference runs),
-//! over rows given with their positions and which rows each reads, each
-//! layer's sliding window applied, with trainable LoRA pairs in its linear
-//! layers and gradients reaching them through candle's autograd. There is
-//! no cache: every row of the sequence is computed at once.
+//! The training passes: the layer program on the tensor executor with no
+//! cache, every row computed at once. `train_rows` runs one sequence's rows
+//! (given with their positions and which rows each reads, each layer's
+//! sliding window applied) for the LoRA trainer, with trainable LoRA pairs
+//! in its linear layers; `train_batch` runs a batch of sequences for the
+//! bundled task models' trainer. Gradients reach whatever carries them
+//! through candle's autograd.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -12,6 +13,7 @@ use candle_core::Tensor;
 
 use super::Decoder;
 use super::pass::Keys;
+use super::reads::BatchSoftmax;
 use crate::error::{ModelError, Result};
 use crate::linear::{Linear, LoraLinear, linear_dims};
 use crate::lora::Site;
@@ -157,11 +159,4 @@ impl Decoder {
             false => Ok(()),
         }
     }
-}
-
-/// The attention probabilities of a training batch, as its masks give them.
-pub trait BatchSoftmax {
-    /// Softmax of `scores` [b, kv_heads, group, t, t] at `layer` over the
-    /// keys each query reads, 0 at the others.
-    fn softmax(&self, layer: usize, scores: &Tensor) -> Result<Tensor>;
 }
