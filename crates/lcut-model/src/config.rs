@@ -9,6 +9,7 @@ use serde_json::{Map, Value};
 use crate::error::{ModelError, Result};
 
 mod gemma3;
+mod layer_ropes;
 
 /// The architectures lcut implements, by their `model_type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -29,10 +30,19 @@ pub enum Arch {
     /// with q/k norms and no soft-caps by default, sliding and global layers
     /// in a pattern, a RoPE base per layer type.
     Gemma3,
+    /// SmolLM3 (`smollm3`): Llama's layer, every `no_rope_layer_interval`-th
+    /// layer without rotation (NoPE).
+    SmolLM3,
+    /// OLMo 2 (`olmo2`): a norm after each block (on its output, before the
+    /// residual add) and none before, q/k RMSNorm over the whole projection.
+    Olmo2,
+    /// OLMo 3 (`olmo3`; GGUF's `olmo2` with a sliding window): OLMo 2's layer
+    /// with sliding and full layers and a RoPE per layer type.
+    Olmo3,
 }
 
 impl Arch {
-    const ALL: [(&'static str, Arch); 7] = [
+    const ALL: [(&'static str, Arch); 10] = [
         ("llama", Arch::Llama),
         ("mistral", Arch::Mistral),
         ("qwen2", Arch::Qwen2),
@@ -40,6 +50,9 @@ impl Arch {
         ("gemma2", Arch::Gemma2),
         ("phi3", Arch::Phi3),
         ("gemma3_text", Arch::Gemma3),
+        ("smollm3", Arch::SmolLM3),
+        ("olmo2", Arch::Olmo2),
+        ("olmo3", Arch::Olmo3),
     ];
 
     /// The `model_type` string of this architecture.
@@ -61,6 +74,7 @@ impl Arch {
     pub fn gguf_name(&self) -> &'static str {
         match self {
             Arch::Gemma3 => "gemma3",
+            Arch::Olmo3 => "olmo2",
             other => other.model_type(),
         }
     }
@@ -76,6 +90,17 @@ impl Arch {
     /// Gemma 2 or 3: scaled embeddings, (1 + w) norms, sandwich norms, GeGLU.
     pub fn is_gemma(&self) -> bool {
         matches!(self, Arch::Gemma2 | Arch::Gemma3)
+    }
+
+    /// OLMo 2 or 3: norms after the blocks, whole-projection q/k norms.
+    pub fn is_olmo(&self) -> bool {
+        matches!(self, Arch::Olmo2 | Arch::Olmo3)
+    }
+
+    /// Whether llama.cpp's converter permuted this architecture's Q/K rows
+    /// for its interleaved RoPE (the Llama family's `permute`).
+    pub fn gguf_permutes_qk(&self) -> bool {
+        matches!(self, Arch::Llama | Arch::Mistral | Arch::SmolLM3)
     }
 
     /// The `model_type`s lcut implements, comma-separated.
@@ -118,6 +143,46 @@ pub enum RopeScaling {
         /// Context length the model was pre-trained with.
         original_max_position_embeddings: f64,
     },
+}
+
+/// Where a layer's norms sit around its attention and MLP blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum NormPlacement {
+    /// One norm before each block (Llama): `input_layernorm`, then
+    /// `post_attention_layernorm` before the MLP.
+    Pre,
+    /// Before and after each block (Gemma): `input_layernorm`,
+    /// `post_attention_layernorm`, `pre_feedforward_layernorm`,
+    /// `post_feedforward_layernorm`.
+    Sandwich,
+    /// Only after each block, on its output before the residual add (OLMo 2
+    /// and 3): `post_attention_layernorm`, `post_feedforward_layernorm`.
+    Post,
+}
+
+impl NormPlacement {
+    /// Whether each block has a norm on its input.
+    pub fn before(&self) -> bool {
+        !matches!(self, NormPlacement::Post)
+    }
+
+    /// Whether each block's output is normed before the residual add.
+    pub fn after(&self) -> bool {
+        !matches!(self, NormPlacement::Pre)
+    }
+}
+
+/// How queries and keys are normed before their rotation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum QkNorm {
+    /// Not normed.
+    None,
+    /// Each head on its own, one weight of `head_dim` shared by the heads
+    /// (Qwen3, Gemma 3).
+    PerHead,
+    /// The whole projection at once, a weight over every head's values
+    /// (OLMo 2 and 3).
+    Whole,
 }
 
 /// Rotary position embedding settings.
@@ -165,16 +230,20 @@ pub struct ModelConfig {
     /// Sliding window per layer (a query at i reads keys j with i - j < w).
     pub sliding_window: Vec<Option<usize>>,
     /// RoPE of the sliding-window layers where it is not [`Self::rope`]
-    /// (Gemma 3: its own base, no scaling); `None`: every layer uses `rope`.
+    /// (Gemma 3: its own base, no scaling; OLMo 3: no scaling); `None`:
+    /// every layer uses `rope`.
     pub sliding_rope: Option<RopeConfig>,
+    /// Whether each layer rotates its queries and keys (false: a layer
+    /// without position embedding, SmolLM3's NoPE layers).
+    pub rotates: Vec<bool>,
     /// q/k/v projections have biases.
     pub qkv_bias: bool,
-    /// Per-head RMSNorm on q and k before RoPE.
-    pub qk_norm: bool,
+    /// RMSNorm on q and k before RoPE.
+    pub qk_norm: QkNorm,
     /// Norm weights are offsets from one: x * (1 + w).
     pub norm_weight_offset: bool,
-    /// Four norms per layer (norm after attention and after the MLP too).
-    pub sandwich_norms: bool,
+    /// Where each layer's norms sit.
+    pub norms: NormPlacement,
     /// Embeddings are multiplied by this before layer 0.
     pub embedding_scale: Option<f64>,
     /// Attention scores are soft-capped: c * tanh(s / c).
@@ -395,10 +464,20 @@ impl ModelConfig {
         let (rope, sliding_rope) = match arch {
             Arch::Gemma3 => {
                 gemma3::refuse_bidirectional(f)?;
-                let (global, sliding) = gemma3::ropes(f, head_dim)?;
+                let (global, sliding) = layer_ropes::ropes(f, head_dim, &gemma3::ROPES)?;
                 (global, Some(sliding))
             }
-            _ => (read_rope(f, head_dim)?, None),
+            Arch::Olmo3 => {
+                let (global, sliding) = layer_ropes::ropes(f, head_dim, &OLMO3_ROPES)?;
+                (global, Some(sliding))
+            }
+            _ => {
+                let mut rope = read_rope(f, head_dim)?;
+                if f.get("rope_theta").is_none() && !rope_parameters_name_theta(f) {
+                    rope.theta = default_theta(arch);
+                }
+                (rope, None)
+            }
         };
         let is_gemma = arch.is_gemma();
         let activation = read_activation(f, arch)?;
@@ -411,11 +490,15 @@ impl ModelConfig {
             (_, Some(s)) if is_gemma && s > 0.0 => s.powf(-0.5),
             _ => (head_dim as f64).powf(-0.5),
         };
-        let default_tie = is_gemma;
+        let default_tie = is_gemma || arch == Arch::SmolLM3;
+        // transformers' defaults of each config class
         let default_positions = match arch {
             Arch::Gemma3 => 131_072,
+            Arch::SmolLM3 => 32_768,
+            Arch::Olmo2 | Arch::Olmo3 => 2048,
             _ => 4096,
         };
+        let default_eps = if arch.is_olmo() { 1e-5 } else { 1e-6 };
         Ok(Self {
             arch,
             vocab_size: f.positive("vocab_size")?,
@@ -425,7 +508,7 @@ impl ModelConfig {
             num_heads,
             num_kv_heads,
             head_dim,
-            rms_norm_eps: f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6),
+            rms_norm_eps: f.opt_f64("rms_norm_eps")?.unwrap_or(default_eps),
             rope,
             max_position_embeddings: f
                 .opt_usize("max_position_embeddings")?
@@ -435,13 +518,22 @@ impl ModelConfig {
             eos_token_ids: f.token_ids("eos_token_id")?,
             sliding_window: read_sliding_window(f, arch, num_layers)?,
             sliding_rope,
+            rotates: read_rotates(f, arch, num_layers)?,
             qkv_bias: match arch {
                 Arch::Qwen2 => true,
                 _ => f.opt_bool("attention_bias")?.unwrap_or(false),
             },
-            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
+            qk_norm: match arch {
+                Arch::Qwen3 | Arch::Gemma3 => QkNorm::PerHead,
+                Arch::Olmo2 | Arch::Olmo3 => QkNorm::Whole,
+                _ => QkNorm::None,
+            },
             norm_weight_offset: is_gemma,
-            sandwich_norms: is_gemma,
+            norms: match arch {
+                _ if is_gemma => NormPlacement::Sandwich,
+                Arch::Olmo2 | Arch::Olmo3 => NormPlacement::Post,
+                _ => NormPlacement::Pre,
+            },
             embedding_scale: is_gemma.then(|| (hidden_size as f64).sqrt()),
             // a cap of 0 would turn every score into NaN
             attn_softcap: if is_gemma {
@@ -476,6 +568,74 @@ impl ModelConfig {
     pub fn group_size(&self) -> usize {
         self.num_heads / self.num_kv_heads
     }
+}
+
+/// OLMo 3's RoPE defaults: every layer type at transformers' base 5e5
+/// (the sliding layers read the same `rope_theta`), scaling on full
+/// layers only.
+const OLMO3_ROPES: layer_ropes::RopeDefaults = layer_ropes::RopeDefaults {
+    global_theta: 500_000.0,
+    sliding_field: "rope_theta",
+    sliding_theta: 500_000.0,
+};
+
+/// transformers' RoPE base of a config class that names none.
+fn default_theta(arch: Arch) -> f64 {
+    match arch {
+        Arch::SmolLM3 => 2_000_000.0,
+        _ => 10_000.0,
+    }
+}
+
+/// Whether the config's `rope_parameters` object names a `rope_theta`.
+fn rope_parameters_name_theta(f: &Fields<'_>) -> bool {
+    f.get("rope_parameters")
+        .and_then(Value::as_object)
+        .is_some_and(|m| m.get("rope_theta").is_some_and(|v| !v.is_null()))
+}
+
+/// Whether each layer rotates: SmolLM3's `no_rope_layers` (1 rotates, 0
+/// does not) or, without it, every `no_rope_layer_interval`-th layer
+/// (counting from 1, default 4) unrotated; every layer of the others.
+fn read_rotates(f: &Fields<'_>, arch: Arch, num_layers: usize) -> Result<Vec<bool>> {
+    if arch != Arch::SmolLM3 {
+        return Ok(vec![true; num_layers]);
+    }
+    if let Some(list) = f.get("no_rope_layers") {
+        let flags = list.as_array().filter(|xs| xs.len() == num_layers);
+        let Some(flags) = flags else {
+            return Err(f.err(
+                "no_rope_layers",
+                &format!("a list of {num_layers} flags (num_hidden_layers), 1 or 0"),
+                Some(list),
+            ));
+        };
+        return flags
+            .iter()
+            .map(|x| match x.as_u64() {
+                Some(n @ (0 | 1)) => Ok(n == 1),
+                _ => Err(f.err(
+                    "no_rope_layers",
+                    "1 (the layer rotates) or 0 (it does not) per layer",
+                    Some(x),
+                )),
+            })
+            .collect();
+    }
+    let interval = match f.opt_usize("no_rope_layer_interval")? {
+        None => 4,
+        Some(0) => {
+            return Err(f.err(
+                "no_rope_layer_interval",
+                "a positive interval (every interval-th layer has no rotation)",
+                f.get("no_rope_layer_interval"),
+            ));
+        }
+        Some(n) => n,
+    };
+    Ok((0..num_layers)
+        .map(|l| !(l + 1).is_multiple_of(interval))
+        .collect())
 }
 
 fn read_activation(f: &Fields<'_>, arch: Arch) -> Result<Activation> {
@@ -609,10 +769,20 @@ fn read_sliding_window(
                 f.get("sliding_window"),
             ));
         }
-        // transformers' default for Gemma 3
-        (Arch::Gemma3, None) => Some(4096),
+        // transformers' defaults for Gemma 3 and OLMo 3
+        (Arch::Gemma3 | Arch::Olmo3, None) => Some(4096),
         (_, w) => w,
     };
+    // OLMo 2 never slides; SmolLM3 only with `use_sliding_window`, whatever
+    // its `layer_types` list
+    let never = match arch {
+        Arch::Olmo2 => true,
+        Arch::SmolLM3 => !f.opt_bool("use_sliding_window")?.unwrap_or(false),
+        _ => false,
+    };
+    if never {
+        return Ok(vec![None; num_layers]);
+    }
     if let Some(types) = f.get("layer_types") {
         let Value::Array(types) = types else {
             return Err(f.err("layer_types", "a list of layer types", Some(types)));
@@ -661,7 +831,11 @@ fn read_sliding_window(
                 let from = f.opt_usize("max_window_layers").ok().flatten().unwrap_or(0);
                 window.filter(|_| used && l >= from)
             }
-            Arch::Llama => None,
+            // SmolLM3 slides only where `use_sliding_window` and its
+            // `layer_types` say so (read above when listed)
+            Arch::Llama | Arch::SmolLM3 | Arch::Olmo2 => None,
+            // transformers' default: three sliding layers, then a full one
+            Arch::Olmo3 => window.filter(|_| !(l + 1).is_multiple_of(4)),
         }
     };
     Ok((0..num_layers).map(per_layer).collect())

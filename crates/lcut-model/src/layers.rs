@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use candle_core::{D, DType, Device, Tensor};
 
-use crate::config::{Activation, ModelConfig};
+use crate::config::{Activation, ModelConfig, QkNorm};
 use crate::error::Result;
 use crate::linear::{Embedding, Linear};
 use crate::rope::Rope;
@@ -245,6 +245,8 @@ pub struct AttentionProj {
     o: Linear,
     q_norm: Option<RmsNorm>,
     k_norm: Option<RmsNorm>,
+    /// The q/k norms span the whole projection, not one head (OLMo 2/3).
+    whole_norms: bool,
     num_heads: usize,
     num_kv_heads: usize,
     head_dim: usize,
@@ -278,7 +280,9 @@ impl AttentionProj {
         &self.o
     }
 
-    /// Qwen3's / Gemma's norms of each query and key head.
+    /// The query and key norms (Qwen3's and Gemma's of each head, of
+    /// `head_dim` values; OLMo's of the whole projection, the host kernels
+    /// norm each weight-wide run of values either way).
     pub(crate) fn qk_norms(&self) -> (Option<&RmsNorm>, Option<&RmsNorm>) {
         (self.q_norm.as_ref(), self.k_norm.as_ref())
     }
@@ -301,19 +305,23 @@ impl AttentionProj {
             }
         };
         let o_bias = ld.files.contains(&format!("{prefix}.o_proj.bias"));
-        let (q_norm, k_norm) = if c.qk_norm {
-            (
-                Some(ld.norm(&format!("{prefix}.q_norm"), hd)?),
-                Some(ld.norm(&format!("{prefix}.k_norm"), hd)?),
-            )
-        } else {
-            (None, None)
+        let (q_width, k_width) = match c.qk_norm {
+            QkNorm::Whole => (h * hd, kv * hd),
+            QkNorm::None | QkNorm::PerHead => (hd, hd),
+        };
+        let (q_norm, k_norm) = match c.qk_norm {
+            QkNorm::None => (None, None),
+            QkNorm::PerHead | QkNorm::Whole => (
+                Some(ld.norm(&format!("{prefix}.q_norm"), q_width)?),
+                Some(ld.norm(&format!("{prefix}.k_norm"), k_width)?),
+            ),
         };
         Ok(Self {
             qkv,
             o: ld.linear(&format!("{prefix}.o_proj"), d, h * hd, o_bias)?,
             q_norm,
             k_norm,
+            whole_norms: c.qk_norm == QkNorm::Whole,
             num_heads: h,
             num_kv_heads: kv,
             head_dim: hd,
@@ -340,7 +348,8 @@ impl AttentionProj {
         out
     }
 
-    /// Whether the layer norms each query and key head (Qwen3, Gemma 3).
+    /// Whether the layer norms its queries and keys (each head: Qwen3,
+    /// Gemma 3; the whole projection: OLMo 2/3).
     pub(crate) fn has_head_norms(&self) -> bool {
         self.q_norm.is_some() || self.k_norm.is_some()
     }
@@ -366,29 +375,39 @@ impl AttentionProj {
         })
     }
 
-    /// The query and key heads [heads, n, head_dim] each normed by the
-    /// layer's head norms (over each head's values).
+    /// The query and key heads [heads, n, head_dim] normed by the layer's
+    /// q/k norms (over each head's values, or over a row's every head).
     pub(crate) fn norm_heads(&self, q: &Tensor, k: &Tensor) -> Result<(Tensor, Tensor)> {
-        let norm = |t: &Tensor, nm: Option<&RmsNorm>| match nm {
-            Some(nm) => nm.forward(t),
-            None => Ok(t.clone()),
-        };
         Ok((
-            norm(q, self.q_norm.as_ref())?,
-            norm(k, self.k_norm.as_ref())?,
+            self.norm_projection(q, self.q_norm.as_ref())?,
+            self.norm_projection(k, self.k_norm.as_ref())?,
         ))
     }
 
+    /// Heads [heads, n, head_dim] normed by `norm`: each head alone, or each
+    /// row's heads together when the norm spans the whole projection.
+    fn norm_projection(&self, t: &Tensor, norm: Option<&RmsNorm>) -> Result<Tensor> {
+        let Some(norm) = norm else {
+            return Ok(t.clone());
+        };
+        if !self.whole_norms {
+            return norm.forward(t);
+        }
+        let (heads, n, hd) = t.dims3()?;
+        let rows = swap_rows_heads(t)?.reshape((n, heads * hd))?;
+        let normed = norm.forward(&rows)?.reshape((n, heads, hd))?;
+        swap_rows_heads(&normed)
+    }
+
     /// Project `x` [n, hidden] to k and v only ([kv_heads, n, head_dim]
-    /// each, heads first), with the k-norm and RoPE at `cos`/`sin`: the K/V
-    /// a token keeps at a layer it does not run (projected prompt K/V). A
-    /// fused projection is computed whole and its query part dropped.
+    /// each, heads first), with the k-norm and RoPE at `cos`/`sin` where the
+    /// layer rotates (`rotation`): the K/V a token keeps at a layer it does
+    /// not run (projected prompt K/V). A fused projection is computed whole
+    /// and its query part dropped.
     pub fn kv(
         &self,
         x: &Tensor,
-        rope: &Rope,
-        cos: &Tensor,
-        sin: &Tensor,
+        rotation: Option<(&Rope, &Tensor, &Tensor)>,
     ) -> Result<(Tensor, Tensor)> {
         let (h, kv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let (k, v) = match &self.qkv {
@@ -401,11 +420,10 @@ impl AttentionProj {
                 )
             }
         };
-        let mut k = self.heads(k, kv)?;
-        if let Some(nm) = &self.k_norm {
-            k = nm.forward(&k)?;
+        let mut k = self.norm_projection(&self.heads(k, kv)?, self.k_norm.as_ref())?;
+        if let Some((rope, cos, sin)) = rotation {
+            k = rope.apply(&k, cos, sin)?;
         }
-        let k = rope.apply(&k, cos, sin)?;
         Ok((k, self.heads(v, kv)?))
     }
 

@@ -8,7 +8,7 @@ use std::fmt;
 use candle_core::{DType, Device};
 use lcut_kernels::quant::QuantFormat;
 
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, NormPlacement, QkNorm};
 use crate::decoder::WeightMode;
 use crate::files::ModelFiles;
 
@@ -160,8 +160,15 @@ impl fmt::Display for MemoryEstimate {
 pub fn parameter_count(cfg: &ModelConfig) -> u64 {
     let (v, d, i) = (cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size);
     let (h, kv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
-    let norms = if cfg.sandwich_norms { 4 * d } else { 2 * d };
-    let qk_norms = if cfg.qk_norm { 2 * hd } else { 0 };
+    let norms = match cfg.norms {
+        NormPlacement::Sandwich => 4 * d,
+        NormPlacement::Pre | NormPlacement::Post => 2 * d,
+    };
+    let qk_norms = match cfg.qk_norm {
+        QkNorm::None => 0,
+        QkNorm::PerHead => 2 * hd,
+        QkNorm::Whole => (h + kv) * hd,
+    };
     let bias = if cfg.qkv_bias { (h + 2 * kv) * hd } else { 0 };
     let layer = d * (h + 2 * kv) * hd + h * hd * d + 3 * d * i + norms + qk_norms + bias;
     let head = if cfg.tie_word_embeddings { 0 } else { v * d };

@@ -11,7 +11,7 @@ use lcut_model::{DType, Decoder, Device, WeightMode, argmax_rows};
 use lcut_parity::{ReferenceCase, deviation};
 use lcut_testkit::oracle_case;
 
-const CASES: [&str; 8] = lcut_testkit::ORACLE_CASES;
+const CASES: [&str; 11] = lcut_testkit::ORACLE_CASES;
 
 /// Q8_0 stores each weight with 8 bits and one f16 scale per 32 values. On
 /// these random tiny models (weights drawn with std 0.15) that moves logits

@@ -13,7 +13,7 @@ use lcut_parity::{ReferenceCase, ReferencePolicy};
 use lcut_policy::{Policy, TokenPhases};
 
 const TOL: f32 = 1e-4;
-const CASES: [&str; 8] = lcut_testkit::ORACLE_CASES;
+const CASES: [&str; 11] = lcut_testkit::ORACLE_CASES;
 
 use lcut_testkit::oracle_case as case_dir;
 

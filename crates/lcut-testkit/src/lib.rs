@@ -29,8 +29,8 @@ pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// The eight transformers reference cases in `fixtures/oracle`.
-pub const ORACLE_CASES: [&str; 8] = [
+/// The eleven transformers reference cases in `fixtures/oracle`.
+pub const ORACLE_CASES: [&str; 11] = [
     "llama-gqa",
     "llama31-rope-scaled",
     "qwen2-bias",
@@ -39,6 +39,9 @@ pub const ORACLE_CASES: [&str; 8] = [
     "gemma2-softcap",
     "phi3-fused",
     "gemma3-sliding",
+    "smollm3-nope",
+    "olmo2-postnorm",
+    "olmo3-sliding",
 ];
 
 /// The folder of reference case `name` (e.g. `llama-gqa`): a model folder

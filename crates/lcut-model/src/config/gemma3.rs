@@ -1,15 +1,15 @@
 //! What a Gemma 3 config says beyond Gemma-2's rules: which layers slide
-//! (`layer_types`, or the older `sliding_window_pattern`), the RoPE of each
-//! layer type (transformers 5's `rope_parameters` per layer type, or the
-//! older `rope_theta` / `rope_scaling` / `rope_local_base_freq`), and the
+//! (`layer_types`, or the older `sliding_window_pattern`), the RoPE
+//! defaults of each layer type (read by `layer_ropes.rs`), and the
 //! variants lcut refuses by name: the multimodal `gemma3` and a
 //! bidirectional encoder (EmbeddingGemma).
 
 use std::path::{Path, PathBuf};
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
-use super::{Fields, RopeConfig, read_rope, rope_from};
+use super::Fields;
+use super::layer_ropes::RopeDefaults;
 use crate::error::{ModelError, Result};
 
 /// transformers' default period: five sliding layers, then a global one.
@@ -37,59 +37,13 @@ pub(super) fn is_sliding(l: usize, period: usize) -> bool {
     !(l + 1).is_multiple_of(period)
 }
 
-/// The RoPE of global and of sliding layers.
-pub(super) fn ropes(f: &Fields<'_>, head_dim: usize) -> Result<(RopeConfig, RopeConfig)> {
-    if let Some(Value::Object(per_type)) = f.get("rope_parameters")
-        && (per_type.contains_key("full_attention") || per_type.contains_key("sliding_attention"))
-    {
-        // transformers 5: one parameters object per layer type
-        let global = layer_type_params(f, per_type, "full_attention")?;
-        let sliding = layer_type_params(f, per_type, "sliding_attention")?;
-        return Ok((
-            rope_from(f, global, ("rope_theta", GLOBAL_THETA), head_dim)?,
-            rope_from(f, sliding, ("rope_local_base_freq", LOCAL_THETA), head_dim)?,
-        ));
-    }
-    // the older keys: `rope_theta` and `rope_scaling` (or one flat
-    // `rope_parameters`) for global layers, `rope_local_base_freq` unscaled
-    // for sliding ones
-    let mut global = read_rope(f, head_dim)?;
-    if f.get("rope_theta").is_none() && !has_theta(f.get("rope_parameters")) {
-        global.theta = GLOBAL_THETA;
-    }
-    let sliding = rope_from(
-        f,
-        ("rope_scaling", None),
-        ("rope_local_base_freq", LOCAL_THETA),
-        head_dim,
-    )?;
-    Ok((global, sliding))
-}
-
-/// Whether a parameters object names its own `rope_theta`.
-fn has_theta(params: Option<&Value>) -> bool {
-    params
-        .and_then(Value::as_object)
-        .is_some_and(|m| m.get("rope_theta").is_some_and(|v| !v.is_null()))
-}
-
-/// The parameters object of layer type `name` in `rope_parameters`, with
-/// the name errors give it.
-fn layer_type_params<'a>(
-    f: &Fields<'_>,
-    per_type: &'a Map<String, Value>,
-    name: &str,
-) -> Result<(&'static str, Option<&'a Map<String, Value>>)> {
-    let field = match name {
-        "full_attention" => "rope_parameters.full_attention",
-        _ => "rope_parameters.sliding_attention",
-    };
-    match per_type.get(name) {
-        None | Some(Value::Null) => Ok((field, None)),
-        Some(Value::Object(m)) => Ok((field, Some(m))),
-        Some(v) => Err(f.err(field, "an object", Some(v))),
-    }
-}
+/// Gemma 3's RoPE defaults: global layers 1e6, sliding layers their own
+/// base (`rope_local_base_freq`, 1e4), unscaled.
+pub(super) const ROPES: RopeDefaults = RopeDefaults {
+    global_theta: GLOBAL_THETA,
+    sliding_field: "rope_local_base_freq",
+    sliding_theta: LOCAL_THETA,
+};
 
 /// A Gemma 3 config with bidirectional attention is an encoder
 /// (EmbeddingGemma), not a causal decoder lcut can run.

@@ -25,32 +25,35 @@ use crate::layers::{AttentionProj, Mlp, RmsNorm};
 /// One decoder layer's weights and switches.
 #[derive(Debug, Clone)]
 pub(super) struct Layer {
-    /// The norm before the attention.
-    pub(super) input_norm: RmsNorm,
+    /// The norm before the attention, where the layer has one (not OLMo).
+    pub(super) input_norm: Option<RmsNorm>,
     /// The Q/K/V and output projections, with the Q/K head norms.
     pub(super) attn: AttentionProj,
-    /// Gemma's norm on the attention output before the residual add.
+    /// The norm on the attention output before the residual add (Gemma,
+    /// OLMo).
     pub(super) attn_out_norm: Option<RmsNorm>,
-    /// The norm before the MLP.
-    pub(super) mlp_in_norm: RmsNorm,
+    /// The norm before the MLP, where the layer has one (not OLMo).
+    pub(super) mlp_in_norm: Option<RmsNorm>,
     /// The gated MLP.
     pub(super) mlp: Mlp,
-    /// Gemma's norm on the MLP output before the residual add.
+    /// The norm on the MLP output before the residual add (Gemma, OLMo).
     pub(super) mlp_out_norm: Option<RmsNorm>,
     /// The sliding window of keys a query reads, where the layer has one.
     pub(super) window: Option<usize>,
     /// Which RoPE the layer rotates by: 0 the model's, 1 the sliding
-    /// layers' own (Gemma 3); the index into [`super::Decoder::rope_tables`].
-    pub(super) rope: usize,
+    /// layers' own (Gemma 3, OLMo 3); the index into
+    /// [`super::Decoder::rope_tables`]. `None`: the layer does not rotate
+    /// (SmolLM3's NoPE layers).
+    pub(super) rope: Option<usize>,
 }
 
 impl Layer {
     /// The norm at `site`, where the layer has one.
     pub(super) fn norm(&self, site: Norm) -> Option<&RmsNorm> {
         match site {
-            Norm::Attention => Some(&self.input_norm),
+            Norm::Attention => self.input_norm.as_ref(),
             Norm::AttentionOut => self.attn_out_norm.as_ref(),
-            Norm::Mlp => Some(&self.mlp_in_norm),
+            Norm::Mlp => self.mlp_in_norm.as_ref(),
             Norm::MlpOut => self.mlp_out_norm.as_ref(),
         }
     }
@@ -61,11 +64,11 @@ impl Layer {
 pub(super) enum Norm {
     /// The residual stream into the attention's input.
     Attention,
-    /// The attention's output branch, in place (Gemma).
+    /// The attention's output branch, in place (Gemma, OLMo).
     AttentionOut,
     /// The residual stream into the MLP's input.
     Mlp,
-    /// The MLP's output branch, in place (Gemma).
+    /// The MLP's output branch, in place (Gemma, OLMo).
     MlpOut,
 }
 
@@ -109,13 +112,19 @@ pub(super) trait LayerExecutor {
     /// The RMSNorm at `site` ([`Norm`] says from what into what).
     fn norm(&mut self, at: LayerAt<'_>, site: Norm) -> Result<()>;
 
+    /// The residual stream itself as the next block's input, unnormed (a
+    /// block with no norm before it: OLMo 2/3).
+    fn take_residual(&mut self) -> Result<()>;
+
     /// The matrix product `product` ([`Product`] says from what into what).
     fn product(&mut self, at: LayerAt<'_>, product: Product) -> Result<()>;
 
-    /// Each query and key head normed on its own (Qwen3, Gemma 3).
+    /// Queries and keys normed: each head on its own (Qwen3, Gemma 3) or
+    /// each row's heads together (OLMo 2/3).
     fn norm_heads(&mut self, at: LayerAt<'_>) -> Result<()>;
 
-    /// Queries and keys rotated at their rows' positions by the layer's RoPE.
+    /// Queries and keys rotated at their rows' positions by the layer's
+    /// RoPE (a layer without one is not asked).
     fn rotate(&mut self, at: LayerAt<'_>) -> Result<()>;
 
     /// The policy shown the layer's queries where it reads them.
@@ -144,13 +153,15 @@ pub(super) trait LayerExecutor {
 pub(super) fn run_layer(index: usize, layer: &Layer, e: &mut impl LayerExecutor) -> Result<()> {
     let at = LayerAt { index, layer };
     // attention
-    e.norm(at, Norm::Attention)?;
+    block_input(at, Norm::Attention, e)?;
     e.product(at, Product::Qkv)?;
     if layer.attn.has_head_norms() {
         e.norm_heads(at)?;
     }
     e.show_queries(at, Rotation::Before)?;
-    e.rotate(at)?;
+    if layer.rope.is_some() {
+        e.rotate(at)?;
+    }
     e.show_queries(at, Rotation::After)?;
     e.attend(at)?;
     e.product(at, Product::AttentionOut)?;
@@ -159,7 +170,7 @@ pub(super) fn run_layer(index: usize, layer: &Layer, e: &mut impl LayerExecutor)
     }
     e.join_branch()?;
     // MLP
-    e.norm(at, Norm::Mlp)?;
+    block_input(at, Norm::Mlp, e)?;
     e.product(at, Product::GateUp)?;
     e.gate(at)?;
     e.product(at, Product::Down)?;
@@ -168,6 +179,15 @@ pub(super) fn run_layer(index: usize, layer: &Layer, e: &mut impl LayerExecutor)
     }
     e.join_branch()?;
     e.finish_layer(at)
+}
+
+/// A block's input: the residual stream normed at `site`, or unnormed where
+/// the layer has no norm there.
+fn block_input(at: LayerAt<'_>, site: Norm, e: &mut impl LayerExecutor) -> Result<()> {
+    match at.layer.norm(site) {
+        Some(_) => e.norm(at, site),
+        None => e.take_residual(),
+    }
 }
 
 /// The error of a step that reads `what` before an earlier step wrote it: a

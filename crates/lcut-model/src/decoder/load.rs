@@ -6,7 +6,7 @@ use std::path::Path;
 use candle_core::{DType, Device};
 
 use super::{Decoder, Layer, WeightMode, default_attention_block_elems};
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, NormPlacement};
 use crate::error::{ModelError, Result};
 use crate::files::ModelFiles;
 use crate::gguf::GgufWeights;
@@ -85,30 +85,29 @@ impl Decoder {
         let layers = (0..cfg.num_layers)
             .map(|l| {
                 let p = format!("model.layers.{l}");
-                let gemma = cfg.sandwich_norms;
+                let norm = |name: &str| ld.norm(&format!("{p}.{name}"), d);
+                let (before, after) = (cfg.norms.before(), cfg.norms.after());
                 Ok(Layer {
-                    input_norm: ld.norm(&format!("{p}.input_layernorm"), d)?,
+                    input_norm: before.then(|| norm("input_layernorm")).transpose()?,
                     attn: AttentionProj::load(&ld, &format!("{p}.self_attn"))?,
-                    attn_out_norm: if gemma {
-                        Some(ld.norm(&format!("{p}.post_attention_layernorm"), d)?)
-                    } else {
-                        None
-                    },
-                    mlp_in_norm: if gemma {
-                        ld.norm(&format!("{p}.pre_feedforward_layernorm"), d)?
-                    } else {
-                        ld.norm(&format!("{p}.post_attention_layernorm"), d)?
+                    // the norm after the attention where the layer has one;
+                    // the same name is Llama's norm before the MLP
+                    attn_out_norm: after
+                        .then(|| norm("post_attention_layernorm"))
+                        .transpose()?,
+                    mlp_in_norm: match cfg.norms {
+                        NormPlacement::Pre => Some(norm("post_attention_layernorm")?),
+                        NormPlacement::Sandwich => Some(norm("pre_feedforward_layernorm")?),
+                        NormPlacement::Post => None,
                     },
                     mlp: Mlp::load(&ld, &format!("{p}.mlp"))?,
-                    mlp_out_norm: if gemma {
-                        Some(ld.norm(&format!("{p}.post_feedforward_layernorm"), d)?)
-                    } else {
-                        None
-                    },
+                    mlp_out_norm: after
+                        .then(|| norm("post_feedforward_layernorm"))
+                        .transpose()?,
                     window: cfg.sliding_window[l],
-                    rope: usize::from(
+                    rope: cfg.rotates[l].then_some(usize::from(
                         cfg.sliding_window[l].is_some() && cfg.sliding_rope.is_some(),
-                    ),
+                    )),
                 })
             })
             .collect::<Result<Vec<_>>>()?;

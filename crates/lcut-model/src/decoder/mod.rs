@@ -287,9 +287,15 @@ impl Decoder {
         }
     }
 
-    /// The final norm's scale, then every layer's input norm's.
+    /// The final norm's scale, then every layer's first norm's (its input
+    /// norm, or the norm after its attention where it has none before).
     pub(crate) fn norm_weights(&self) -> Vec<&Tensor> {
-        let layers = self.layers.iter().map(|l| l.input_norm.weight());
+        let layers = self.layers.iter().filter_map(|l| {
+            l.input_norm
+                .as_ref()
+                .or(l.attn_out_norm.as_ref())
+                .map(|n| n.weight())
+        });
         std::iter::once(self.final_norm.weight())
             .chain(layers)
             .collect()

@@ -248,6 +248,11 @@ impl LayerExecutor for TensorRows<'_, '_, '_> {
         Ok(())
     }
 
+    fn take_residual(&mut self) -> Result<()> {
+        self.input = Some(self.hidden.clone());
+        Ok(())
+    }
+
     fn product(&mut self, at: LayerAt<'_>, product: Product) -> Result<()> {
         let layer = at.layer;
         match product {
@@ -285,7 +290,8 @@ impl LayerExecutor for TensorRows<'_, '_, '_> {
 
     fn rotate(&mut self, at: LayerAt<'_>) -> Result<()> {
         let qkv = self.qkv.as_mut().ok_or(unwritten("the queries"))?;
-        let (cos, sin) = &self.tables[at.layer.rope];
+        let rope_index = at.layer.rope.ok_or(unwritten("the layer's RoPE"))?;
+        let (cos, sin) = &self.tables[rope_index];
         let rope = &self.dec.rope;
         qkv.q = rope.apply(&qkv.q, cos, sin)?;
         qkv.k = rope.apply(&qkv.k, cos, sin)?;

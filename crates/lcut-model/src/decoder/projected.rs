@@ -117,11 +117,18 @@ impl Decoder {
         Ok(())
     }
 
-    /// `layer`'s K/V of the projected tokens: its input norm, then its own
-    /// K/V projections with the k-norm and RoPE at their positions.
+    /// `layer`'s K/V of the projected tokens: its input norm (where it has
+    /// one), then its own K/V projections with the k-norm and, where the
+    /// layer rotates, RoPE at their positions.
     pub(super) fn projected_kv(&self, layer: &Layer, p: &Projected) -> Result<(Tensor, Tensor)> {
-        let x = layer.input_norm.forward(&p.hidden)?;
-        let (cos, sin) = &p.tables[layer.rope];
-        layer.attn.kv(&x, &self.rope, cos, sin)
+        let x = match &layer.input_norm {
+            Some(norm) => norm.forward(&p.hidden)?,
+            None => p.hidden.clone(),
+        };
+        let rotation = layer.rope.map(|r| {
+            let (cos, sin) = &p.tables[r];
+            (&self.rope, cos, sin)
+        });
+        layer.attn.kv(&x, rotation)
     }
 }

@@ -105,7 +105,11 @@ impl Decoder {
                 },
                 values: &values,
                 heads: cfg.num_heads,
-                rope_inv_freq: self.rope.host_frequencies(),
+                // a layer without rotation: its keys are where they are
+                rope_inv_freq: match self.layers[l].rope {
+                    Some(_) => self.rope.host_frequencies(),
+                    None => &[],
+                },
             };
             if let Some(d) = seq.rule.dynamic_mut() {
                 d.decide_at_prompt_end(l, &kv)?;

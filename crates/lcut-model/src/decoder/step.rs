@@ -458,6 +458,13 @@ impl LayerExecutor for HostRows<'_, '_, '_, '_, '_> {
         Ok(())
     }
 
+    fn take_residual(&mut self) -> Result<()> {
+        let (n, d) = (self.lanes.len(), self.dec.cfg.hidden_size);
+        let b = &mut *self.b;
+        b.acts.fill(n, d).copy_from_slice(&b.hidden);
+        Ok(())
+    }
+
     fn product(&mut self, at: LayerAt<'_>, product: Product) -> Result<()> {
         let layer = &self.model.layers[at.index];
         let n = self.lanes.len();
@@ -498,7 +505,8 @@ impl LayerExecutor for HostRows<'_, '_, '_, '_, '_> {
     }
 
     fn rotate(&mut self, at: LayerAt<'_>) -> Result<()> {
-        let (hd, rope) = (self.dec.cfg.head_dim, at.layer.rope);
+        let hd = self.dec.cfg.head_dim;
+        let rope = at.layer.rope.ok_or(unwritten("the layer's RoPE"))?;
         for (lane, q, k) in self.query_key_rows() {
             let (cos, sin) = &lane.scratch.rope[rope];
             ops::rope_in_place(q, hd, cos, sin)?;

@@ -123,14 +123,14 @@ impl StepLinear {
 /// One decoder layer of the step.
 #[derive(Debug, Clone)]
 pub(crate) struct StepLayer {
-    pub(crate) input_norm: Vec<f32>,
+    pub(crate) input_norm: Option<Vec<f32>>,
     /// Q, K, V (or one fused QKV matrix).
     pub(crate) qkv: Vec<StepLinear>,
     pub(crate) q_norm: Option<Vec<f32>>,
     pub(crate) k_norm: Option<Vec<f32>>,
     pub(crate) o: StepLinear,
     pub(crate) attn_out_norm: Option<Vec<f32>>,
-    pub(crate) mlp_in_norm: Vec<f32>,
+    pub(crate) mlp_in_norm: Option<Vec<f32>>,
     /// Gate and up (or one fused matrix, gate rows first).
     pub(crate) gate_up: Vec<StepLinear>,
     pub(crate) down: StepLinear,
@@ -142,9 +142,9 @@ impl StepLayer {
     /// The norm at `site`, where the layer has one.
     pub(crate) fn norm(&self, site: Norm) -> Option<&[f32]> {
         match site {
-            Norm::Attention => Some(&self.input_norm),
+            Norm::Attention => self.input_norm.as_deref(),
             Norm::AttentionOut => self.attn_out_norm.as_deref(),
-            Norm::Mlp => Some(&self.mlp_in_norm),
+            Norm::Mlp => self.mlp_in_norm.as_deref(),
             Norm::MlpOut => self.mlp_out_norm.as_deref(),
         }
     }
@@ -213,13 +213,13 @@ impl StepModel {
             };
             let (q_norm, k_norm) = layer.attn.qk_norms();
             layers.push(StepLayer {
-                input_norm: norm(&layer.input_norm)?,
+                input_norm: layer.input_norm.as_ref().map(norm).transpose()?,
                 qkv,
                 q_norm: q_norm.map(norm).transpose()?,
                 k_norm: k_norm.map(norm).transpose()?,
                 o: b.linear(layer.attn.o())?,
                 attn_out_norm: layer.attn_out_norm.as_ref().map(norm).transpose()?,
-                mlp_in_norm: norm(&layer.mlp_in_norm)?,
+                mlp_in_norm: layer.mlp_in_norm.as_ref().map(norm).transpose()?,
                 gate_up,
                 down: b.linear(layer.mlp.down())?,
                 mlp_out_norm: layer.mlp_out_norm.as_ref().map(norm).transpose()?,

@@ -152,6 +152,9 @@ fn hf_config(m: &Meta<'_>, arch: Arch) -> Result<Value> {
         gemma3_layers(m, layers, &mut c)?;
     }
     positions_and_attention(m, arch, layers, &mut c)?;
+    if arch == Arch::Olmo2 && c.contains_key("sliding_window") {
+        olmo3_layers(m, layers, &mut c)?;
+    }
     vocabulary(m, &mut c)?;
     Ok(Value::Object(c))
 }
@@ -297,7 +300,7 @@ fn gemma3_layers(m: &Meta<'_>, layers: u64, c: &mut Map<String, Value>) -> Resul
             ));
         }
     }
-    let sliding = sliding_layers(m, layers)?;
+    let sliding = sliding_layers(m, layers, 6)?;
     let types: Vec<&str> = sliding
         .iter()
         .map(|&s| match s {
@@ -323,14 +326,51 @@ fn gemma3_layers(m: &Meta<'_>, layers: u64, c: &mut Map<String, Value>) -> Resul
     Ok(())
 }
 
+/// OLMo 3's layers as llama.cpp reads an `olmo2` file with a sliding
+/// window into `c` (as an `olmo3` config): which layers slide
+/// (`attention.sliding_window_pattern`, llama.cpp's period 4 when absent);
+/// the full layers' RoPE (`rope.freq_base` and the file's scaling), the
+/// sliding layers' (`rope.freq_base_swa`, else the same base; unscaled).
+fn olmo3_layers(m: &Meta<'_>, layers: u64, c: &mut Map<String, Value>) -> Result<()> {
+    c.insert("model_type".into(), json!(Arch::Olmo3.model_type()));
+    let types: Vec<&str> = sliding_layers(m, layers, 4)?
+        .iter()
+        .map(|&s| match s {
+            true => "sliding_attention",
+            false => "full_attention",
+        })
+        .collect();
+    c.insert("layer_types".into(), json!(types));
+    // llama.cpp's default base where the file names none
+    let full_theta = m.opt_f64(&m.key("rope.freq_base"))?.unwrap_or(10_000.0);
+    let sliding_theta = m
+        .opt_f64(&m.key("rope.freq_base_swa"))?
+        .unwrap_or(full_theta);
+    let mut full = json!({"rope_type": "default", "rope_theta": full_theta});
+    if let (Some(scaling), Some(obj)) = (c.get("rope_scaling"), full.as_object_mut()) {
+        if let Some(params) = scaling.as_object() {
+            obj.extend(params.clone());
+        }
+    }
+    c.insert(
+        "rope_parameters".into(),
+        json!({
+            "full_attention": full,
+            "sliding_attention": {"rope_type": "default", "rope_theta": sliding_theta},
+        }),
+    );
+    Ok(())
+}
+
 /// Which of `layers` layers slide: `attention.sliding_window_pattern` as
-/// a period (every period-th layer global) or one flag per layer (true:
-/// sliding), llama.cpp's period 6 when the file has none.
-fn sliding_layers(m: &Meta<'_>, layers: u64) -> Result<Vec<bool>> {
+/// a period (every period-th layer full) or one flag per layer (true:
+/// sliding), llama.cpp's `default_period` for the architecture when the
+/// file has none.
+fn sliding_layers(m: &Meta<'_>, layers: u64, default_period: u64) -> Result<Vec<bool>> {
     let key = m.key("attention.sliding_window_pattern");
     let period = |p: u64| (0..layers).map(|l| (l + 1) % p != 0).collect();
     match m.get(&key) {
-        None => Ok(period(6)),
+        None => Ok(period(default_period)),
         Some(MetaValue::Array(flags)) => {
             if flags.len() as u64 != layers {
                 return Err(m.err(

@@ -9,7 +9,7 @@ use candle_core::quantized::{GgmlDType, QTensor, ggml_file::qtensor_from_ggml};
 use candle_core::{DType, Device, Tensor};
 use memmap2::Mmap;
 
-use crate::config::{Arch, ModelConfig};
+use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::gguf::config::model_config;
 use crate::gguf::header::{GgufHeader, TensorEntry, ggml_type_name};
@@ -51,7 +51,9 @@ impl GgufFile {
         let map = Arc::new(map_file(&file, path)?);
         let header = GgufHeader::parse(&map, path)?;
         let config = model_config(&header, path)?;
-        let permuted_heads = matches!(config.arch, Arch::Llama | Arch::Mistral)
+        let permuted_heads = config
+            .arch
+            .gguf_permutes_qk()
             .then_some((config.num_heads, config.num_kv_heads));
         Ok(Self {
             path: path.to_path_buf(),
@@ -264,20 +266,24 @@ pub fn gguf_name(hf_name: &str) -> String {
     format!("blk.{layer}.{module}.{param}")
 }
 
-/// A GGUF file as a source of Hugging Face-named tensors. Gemma 2 and 3 files
-/// name the norm after attention `post_attention_norm`; the decoder asks for
-/// it as `post_attention_layernorm`, which other architectures use for the
-/// norm before the MLP (`ffn_norm`).
+/// A GGUF file as a source of Hugging Face-named tensors. Gemma 2/3 and
+/// OLMo 2/3 files name the norm after attention `post_attention_norm`; the
+/// decoder asks for it as `post_attention_layernorm`, which other
+/// architectures use for the norm before the MLP (`ffn_norm`).
 pub struct GgufWeights {
     file: GgufFile,
-    gemma: bool,
+    /// The layers have a norm after the attention.
+    norm_after_attention: bool,
 }
 
 impl GgufWeights {
     /// Wrap an opened file.
     pub fn new(file: GgufFile) -> Self {
-        let gemma = file.config.arch.is_gemma();
-        Self { file, gemma }
+        let norm_after_attention = file.config.norms.after();
+        Self {
+            file,
+            norm_after_attention,
+        }
     }
 
     /// The underlying file.
@@ -286,7 +292,7 @@ impl GgufWeights {
     }
 
     fn name<'a>(&self, hf_name: &'a str) -> Cow<'a, str> {
-        if self.gemma && hf_name.ends_with(".post_attention_layernorm.weight") {
+        if self.norm_after_attention && hf_name.ends_with(".post_attention_layernorm.weight") {
             let layer = hf_name
                 .trim_start_matches("model.layers.")
                 .split('.')
