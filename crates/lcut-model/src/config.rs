@@ -935,7 +935,11 @@ mod tests {
         let local = c.sliding_rope.expect("a RoPE for sliding layers");
         assert_eq!((local.theta, local.scaling), (1e4, RopeScaling::None));
         assert_eq!(c.attn_scale, 1.0 / 16.0);
-        assert!(c.qk_norm && c.norm_weight_offset && c.sandwich_norms);
+        assert!(
+            c.qk_norm == QkNorm::PerHead
+                && c.norm_weight_offset
+                && c.norms == NormPlacement::Sandwich
+        );
         assert!(c.tie_word_embeddings && c.attn_softcap.is_none() && c.final_softcap.is_none());
         assert_eq!(c.embedding_scale, Some(640f64.sqrt()));
         assert_eq!(c.activation, Activation::GeluTanh);
@@ -1053,7 +1057,118 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(c.sliding_window, vec![Some(4), None]);
-        assert!(c.norm_weight_offset && c.sandwich_norms && c.tie_word_embeddings);
+        assert!(c.norm_weight_offset && c.tie_word_embeddings);
+        assert_eq!(c.norms, NormPlacement::Sandwich);
         assert_eq!(c.attn_scale, 0.25);
+    }
+
+    const FOUR_LAYERS: &str = r#""vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+        "num_hidden_layers": 4, "num_attention_heads": 2"#;
+
+    #[test]
+    fn smollm3_rotates_all_but_every_interval_th_layer() {
+        let c = parse(&format!(r#"{{"model_type":"smollm3", {FOUR_LAYERS}}}"#)).unwrap();
+        // transformers' default interval 4: the fourth layer has no RoPE
+        assert_eq!(c.rotates, vec![true, true, true, false]);
+        assert_eq!(c.rope.theta, 2_000_000.0);
+        assert!(c.tie_word_embeddings && c.norms == NormPlacement::Pre);
+        let c = parse(&format!(
+            r#"{{"model_type":"smollm3", {FOUR_LAYERS}, "no_rope_layer_interval": 2}}"#
+        ))
+        .unwrap();
+        assert_eq!(c.rotates, vec![true, false, true, false]);
+        // the list wins over the interval
+        let c = parse(&format!(
+            r#"{{"model_type":"smollm3", {FOUR_LAYERS}, "no_rope_layer_interval": 2,
+                "no_rope_layers": [0, 1, 1, 1]}}"#
+        ))
+        .unwrap();
+        assert_eq!(c.rotates, vec![false, true, true, true]);
+        // sliding only with use_sliding_window, whatever layer_types says
+        let types = r#""sliding_window": 3, "layer_types":
+            ["sliding_attention", "full_attention", "full_attention", "full_attention"]"#;
+        let off = parse(&format!(
+            r#"{{"model_type":"smollm3", {FOUR_LAYERS}, {types}}}"#
+        ))
+        .unwrap();
+        assert_eq!(off.sliding_window, vec![None; 4]);
+        let on = parse(&format!(
+            r#"{{"model_type":"smollm3", {FOUR_LAYERS}, {types}, "use_sliding_window": true}}"#
+        ))
+        .unwrap();
+        assert_eq!(on.sliding_window, vec![Some(3), None, None, None]);
+        // every other architecture rotates every layer
+        let llama = parse(&format!(r#"{{"model_type":"llama", {FOUR_LAYERS}}}"#)).unwrap();
+        assert_eq!(llama.rotates, vec![true; 4]);
+    }
+
+    #[test]
+    fn smollm3_bad_nope_layers_are_named() {
+        for (extra, field, says) in [
+            (
+                r#""no_rope_layer_interval": 0"#,
+                "no_rope_layer_interval",
+                "positive",
+            ),
+            (
+                r#""no_rope_layers": [1, 1, 0]"#,
+                "no_rope_layers",
+                "4 flags",
+            ),
+            (
+                r#""no_rope_layers": [1, 1, 2, 1]"#,
+                "no_rope_layers",
+                "1 (the layer rotates)",
+            ),
+            (r#""no_rope_layers": "all""#, "no_rope_layers", "4 flags"),
+        ] {
+            let err = parse(&format!(
+                r#"{{"model_type":"smollm3", {FOUR_LAYERS}, {extra}}}"#
+            ))
+            .expect_err(extra);
+            let msg = err.to_string();
+            assert!(msg.contains(field) && msg.contains(says), "{extra}: {msg}");
+        }
+    }
+
+    #[test]
+    fn olmo_norms_follow_the_blocks_and_olmo3_slides() {
+        let c = parse(&format!(
+            r#"{{"model_type":"olmo2", {FOUR_LAYERS}, "sliding_window": 2}}"#
+        ))
+        .unwrap();
+        assert_eq!((c.norms, c.qk_norm), (NormPlacement::Post, QkNorm::Whole));
+        // OLMo 2 never slides; transformers' OLMo defaults
+        assert_eq!(c.sliding_window, vec![None; 4]);
+        assert_eq!((c.rms_norm_eps, c.rope.theta), (1e-5, 10_000.0));
+        assert!(!c.tie_word_embeddings && c.sliding_rope.is_none());
+        // OLMo 3: three sliding layers then a full one, scaling on full layers only
+        let c = parse(&format!(
+            r#"{{"model_type":"olmo3", {FOUR_LAYERS}, "sliding_window": 2, "rope_theta": 1000.0,
+                "rope_scaling": {{"rope_type": "linear", "factor": 4.0}}}}"#
+        ))
+        .unwrap();
+        assert_eq!(c.sliding_window, vec![Some(2), Some(2), Some(2), None]);
+        assert_eq!(c.rope.scaling, RopeScaling::Linear { factor: 4.0 });
+        let sliding = c.sliding_rope.unwrap();
+        assert_eq!(
+            (sliding.theta, sliding.scaling),
+            (1000.0, RopeScaling::None)
+        );
+        // and the transformers 5 form, one object per layer type
+        let c = parse(&format!(
+            r#"{{"model_type":"olmo3", {FOUR_LAYERS}, "layer_types":
+                ["full_attention", "sliding_attention", "full_attention", "sliding_attention"],
+                "rope_parameters": {{"full_attention": {{"rope_theta": 7.0, "rope_type": "default"}},
+                                    "sliding_attention": {{"rope_theta": 5.0}}}}}}"#
+        ))
+        .unwrap();
+        assert_eq!(c.sliding_window, vec![None, Some(4096), None, Some(4096)]);
+        assert_eq!((c.rope.theta, c.sliding_rope.unwrap().theta), (7.0, 5.0));
+        let err = parse(&format!(
+            r#"{{"model_type":"olmo3", {FOUR_LAYERS}, "layer_types": ["full_attention"]}}"#
+        ))
+        .expect_err("layer_types of another length");
+        assert!(err.to_string().contains("layer_types"), "{err}");
     }
 }

@@ -78,7 +78,11 @@ fn the_converted_file_reads_as_llama_cpp_reads_it() -> Result<()> {
     ensure!(cfg.rope.scaling == lcut_model::RopeScaling::Linear { factor: 8.0 });
     ensure!(local.scaling == lcut_model::RopeScaling::None);
     ensure!(cfg.attn_scale == 32f64.powf(-0.5));
-    ensure!(cfg.qk_norm && cfg.sandwich_norms && !cfg.norm_weight_offset);
+    ensure!(
+        cfg.qk_norm == lcut_model::config::QkNorm::PerHead
+            && cfg.norms == lcut_model::config::NormPlacement::Sandwich
+            && !cfg.norm_weight_offset
+    );
     Ok(())
 }
 

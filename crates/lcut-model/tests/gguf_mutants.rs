@@ -16,7 +16,21 @@ const DEFAULT_MUTANTS: usize = 10_000;
 
 #[test]
 fn mutated_gguf_files_never_panic() {
-    let path = oracle_case("llama-gqa").join("model.q8_0.gguf");
+    mutate("llama-gqa", 20261122);
+}
+
+/// An OLMo 3 file (llama.cpp's `olmo2` with a sliding window): its pattern
+/// of sliding layers, the sliding layers' RoPE base, the norms after the
+/// blocks and the whole-projection q/k norms damaged in turn.
+#[test]
+fn mutated_olmo3_gguf_files_never_panic() {
+    mutate("olmo3-sliding", 20261126);
+}
+
+/// `LCUT_MUTANTS` (default 10,000) mutants of `case`'s Q8_0 file from `seed`:
+/// none panics, and most are refused.
+fn mutate(case: &str, seed: u64) {
+    let path = oracle_case(case).join("model.q8_0.gguf");
     let good = std::fs::read(&path).expect("fixture");
     let header_len = GgufHeader::parse(&good, &path).expect("valid").header_len;
     let count = std::env::var("LCUT_MUTANTS")
@@ -26,7 +40,7 @@ fn mutated_gguf_files_never_panic() {
     let dir = tempfile::tempdir().expect("temp dir");
     let file = dir.path().join("mutant.gguf");
     let (mut parsed, mut loaded, mut refused) = (0, 0, 0);
-    for (i, bytes) in mutants(&good, header_len, 20261122).take(count).enumerate() {
+    for (i, bytes) in mutants(&good, header_len, seed).take(count).enumerate() {
         let outcome = catch_unwind(AssertUnwindSafe(|| {
             let Ok(header) = GgufHeader::parse(&bytes, Path::new("mutant.gguf")) else {
                 return (false, false);
@@ -49,11 +63,11 @@ fn mutated_gguf_files_never_panic() {
                 loaded += usize::from(model_ok);
                 refused += usize::from(!config_ok);
             }
-            Err(_) => panic!("mutant {i} (seed 20261122) panicked"),
+            Err(_) => panic!("{case}: mutant {i} (seed {seed}) panicked"),
         }
     }
     eprintln!(
-        "{count} mutants: {parsed} parsed to a configuration, {loaded} of the loaded tenth ran, {refused} refused"
+        "{case}: {count} mutants: {parsed} parsed to a configuration, {loaded} of the loaded tenth ran, {refused} refused"
     );
     assert!(
         refused > count / 10,
