@@ -180,6 +180,7 @@ fn random_shape(args: &BenchArgs) -> RandomLlama {
             rope_theta: 10000.0,
             rms_norm_eps: 1e-5,
             max_position_embeddings: 1 << 18,
+            layout: lcut_model::Layout::Llama,
         },
         seed: 7,
     }

@@ -61,6 +61,12 @@ pub struct TrainArgs {
     /// Key/value heads.
     #[arg(long, default_value_t = 2)]
     pub kv_heads: usize,
+    /// Layer layout: `llama`, `smollm3[:N]` (every N-th layer without RoPE,
+    /// default 4), `olmo2` (norms after the blocks, whole-projection q/k
+    /// norms), `olmo3[:W]` (OLMo 2's layer, three layers sliding over W
+    /// tokens then a full one). Ignored with `--init` (its config fixes it).
+    #[arg(long, default_value = "llama")]
+    pub layout: lcut_model::Layout,
     /// Tasks to train on (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "copy", value_parser = task_kind())]
     pub tasks: Vec<TaskKind>,
@@ -125,6 +131,7 @@ impl TrainArgs {
             intermediate: self.intermediate,
             heads: self.heads,
             kv_heads: self.kv_heads,
+            layout: self.layout,
             tasks: self.tasks.clone(),
             min_prompt: self.min_prompt,
             max_prompt: self.max_prompt,

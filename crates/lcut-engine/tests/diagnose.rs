@@ -253,6 +253,7 @@ fn long_prompt_run() -> Result<(tempfile::TempDir, Session, Vec<LabelledPrompt>)
             rope_theta: 10000.0,
             rms_norm_eps: 1e-5,
             max_position_embeddings: 8192,
+            layout: lcut_model::Layout::Llama,
         },
         seed: 5,
     }

@@ -126,6 +126,7 @@ fn small_random_model(dir: &Path, layers: usize) -> Result<Decoder> {
             rope_theta: 10000.0,
             rms_norm_eps: 1e-5,
             max_position_embeddings: 4096,
+            layout: lcut_model::Layout::Llama,
         },
         seed: 3,
     }

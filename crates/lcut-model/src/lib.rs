@@ -37,7 +37,7 @@ pub use linear::{Embedding, Linear};
 pub use probe::{AttentionView, Probe, ResidualSite};
 pub use rope::{Rope, inverse_frequencies};
 pub use sequence::Sequence;
-pub use shape::{LlamaShape, SpecialTokens};
+pub use shape::{Layout, LlamaShape, SpecialTokens};
 pub use store::{ModelFormat, ResolvedModel, StoreError, StoreRoots};
 pub use weights::{WeightFiles, WeightSource};
 

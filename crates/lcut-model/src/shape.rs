@@ -1,19 +1,100 @@
 //! The shape of a Llama-architecture model, described once: the random
 //! models of the tests and benchmarks and the bundled task models are both
 //! this shape plus what is theirs (a seed, a vocabulary), and both write the
-//! same `config.json` for it.
+//! same `config.json` for it. A shape may take one of the newer layouts of
+//! the same layer ([`Layout`]: SmolLM3's NoPE layers, OLMo's norms after the
+//! blocks and sliding layers), so that task models and random models of
+//! those layouts are made the same way.
 
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::config::{MAX_LAYERS, MAX_SIZE, ModelConfig};
+use crate::config::{Arch, MAX_LAYERS, MAX_SIZE, ModelConfig};
 use crate::error::{Result, ShapeError};
 
+/// The layer layout of a shape: Llama's, or a newer one built from the
+/// same parts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Layout {
+    /// Llama: a norm before each block, every layer rotated.
+    #[default]
+    Llama,
+    /// SmolLM3: every `nope_interval`-th layer (counting from 1) without
+    /// RoPE.
+    Smollm3 {
+        /// The interval of the layers without rotation (SmolLM3's 4).
+        nope_interval: usize,
+    },
+    /// OLMo 2 (`window` none) or OLMo 3 (three layers sliding over
+    /// `window` tokens, then a full one): norms after the blocks, q/k norms
+    /// over the whole projection.
+    Olmo {
+        /// OLMo 3's sliding window.
+        window: Option<usize>,
+    },
+}
+
+impl std::str::FromStr for Layout {
+    type Err = String;
+
+    /// `llama`, `smollm3` (NoPE every 4th layer) or `smollm3:N`, `olmo2`,
+    /// `olmo3` (window 4096, transformers' default) or `olmo3:W`.
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let (name, arg) = match s.split_once(':') {
+            Some((n, a)) => (n, Some(a)),
+            None => (s, None),
+        };
+        let number = |what: &str| -> std::result::Result<Option<usize>, String> {
+            arg.map(|a| match a.parse::<usize>() {
+                Ok(n) if n > 0 => Ok(n),
+                _ => Err(format!(
+                    "{s:?}: the {what} after ':' must be a positive integer"
+                )),
+            })
+            .transpose()
+        };
+        match name {
+            "llama" if arg.is_none() => Ok(Layout::Llama),
+            "smollm3" => Ok(Layout::Smollm3 {
+                nope_interval: number("NoPE interval")?.unwrap_or(4),
+            }),
+            "olmo2" if arg.is_none() => Ok(Layout::Olmo { window: None }),
+            "olmo3" => Ok(Layout::Olmo {
+                window: Some(number("sliding window")?.unwrap_or(4096)),
+            }),
+            _ => Err(format!(
+                "{s:?} is not a layout: llama, smollm3[:NOPE_INTERVAL], olmo2, olmo3[:WINDOW]"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Layout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Layout::Llama => f.write_str("llama"),
+            Layout::Smollm3 { nope_interval } => write!(f, "smollm3:{nope_interval}"),
+            Layout::Olmo { window: None } => f.write_str("olmo2"),
+            Layout::Olmo { window: Some(w) } => write!(f, "olmo3:{w}"),
+        }
+    }
+}
+
+impl Layout {
+    /// Whether this is Llama's layout (the shape's serialised form then
+    /// names no layout, as it did before layouts existed).
+    pub fn is_llama(&self) -> bool {
+        *self == Layout::Llama
+    }
+}
+
 /// The sizes and constants that fix a Llama-architecture model (untied LM
-/// head, no biases, SiLU MLP, plain RoPE). Serialised with these field
-/// names; the Hugging Face names are written by [`LlamaShape::config_json`].
+/// head, no biases, SiLU MLP, plain RoPE) and its layer layout. Serialised
+/// with these field names; the Hugging Face names are written by
+/// [`LlamaShape::config_json`].
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct LlamaShape {
     /// Vocabulary size.
@@ -34,6 +115,9 @@ pub struct LlamaShape {
     pub rms_norm_eps: f64,
     /// Longest sequence the config allows.
     pub max_position_embeddings: usize,
+    /// The layer layout.
+    #[serde(default, skip_serializing_if = "Layout::is_llama")]
+    pub layout: Layout,
 }
 
 /// The special token ids a `config.json` names.
@@ -125,12 +209,34 @@ impl LlamaShape {
                 self.rms_norm_eps.to_string(),
             );
         }
-        Ok(())
+        match self.layout {
+            Layout::Smollm3 { nope_interval: 0 } => bad(
+                "layout.nope_interval",
+                "a positive interval".into(),
+                "0".into(),
+            ),
+            Layout::Olmo { window: Some(0) } => bad(
+                "layout.window",
+                "a positive window (tokens a query reads)".into(),
+                "0".into(),
+            ),
+            _ => Ok(()),
+        }
     }
 
-    /// The shape a parsed config describes (its Llama sizes; what a Llama
-    /// shape has no field for is dropped).
+    /// The shape a parsed config describes (its Llama sizes and layout;
+    /// what a shape has no field for is dropped).
     pub fn from_config(cfg: &ModelConfig) -> Self {
+        let layout = match cfg.arch {
+            Arch::SmolLM3 => Layout::Smollm3 {
+                nope_interval: cfg.rotates.iter().position(|r| !r).map_or(0, |l| l + 1),
+            },
+            Arch::Olmo2 => Layout::Olmo { window: None },
+            Arch::Olmo3 => Layout::Olmo {
+                window: cfg.sliding_window.iter().flatten().next().copied(),
+            },
+            _ => Layout::Llama,
+        };
         Self {
             vocab_size: cfg.vocab_size,
             hidden_size: cfg.hidden_size,
@@ -141,6 +247,7 @@ impl LlamaShape {
             rope_theta: cfg.rope.theta,
             rms_norm_eps: cfg.rms_norm_eps,
             max_position_embeddings: cfg.max_position_embeddings,
+            layout,
         }
     }
 
@@ -168,8 +275,39 @@ impl LlamaShape {
             "eos_token_id": tokens.eos,
             "torch_dtype": "float32"
         });
-        if let (Some(pad), Value::Object(map)) = (tokens.pad, &mut config) {
+        let Value::Object(map) = &mut config else {
+            return config;
+        };
+        if let Some(pad) = tokens.pad {
             map.insert("pad_token_id".into(), pad.into());
+        }
+        match self.layout {
+            Layout::Llama => {}
+            Layout::Smollm3 { nope_interval } => {
+                map.insert("architectures".into(), json!(["SmolLM3ForCausalLM"]));
+                map.insert("model_type".into(), json!("smollm3"));
+                map.insert("no_rope_layer_interval".into(), json!(nope_interval));
+            }
+            Layout::Olmo { window } => {
+                map.remove("mlp_bias");
+                map.remove("head_dim");
+                let (arch, model_type) = match window {
+                    None => ("Olmo2ForCausalLM", "olmo2"),
+                    Some(_) => ("Olmo3ForCausalLM", "olmo3"),
+                };
+                map.insert("architectures".into(), json!([arch]));
+                map.insert("model_type".into(), json!(model_type));
+                if let Some(w) = window {
+                    map.insert("sliding_window".into(), json!(w));
+                    let types: Vec<&str> = (0..self.num_layers)
+                        .map(|l| match (l + 1) % 4 {
+                            0 => "full_attention",
+                            _ => "sliding_attention",
+                        })
+                        .collect();
+                    map.insert("layer_types".into(), json!(types));
+                }
+            }
         }
         config
     }
@@ -186,7 +324,8 @@ impl LlamaShape {
     }
 
     /// Every weight's Hugging Face name and shape, in a fixed order
-    /// (embedding, final norm, LM head, then each layer's).
+    /// (embedding, final norm, LM head, then each layer's: attention, MLP,
+    /// norms, and the q/k norms of OLMo's layout).
     pub fn weight_shapes(&self) -> Vec<(String, Vec<usize>)> {
         let (v, d, i) = (self.vocab_size, self.hidden_size, self.intermediate_size);
         let (h, kv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim());
@@ -205,9 +344,23 @@ impl LlamaShape {
                 (format!("{p}.mlp.gate_proj.weight"), vec![i, d]),
                 (format!("{p}.mlp.up_proj.weight"), vec![i, d]),
                 (format!("{p}.mlp.down_proj.weight"), vec![d, i]),
-                (format!("{p}.input_layernorm.weight"), vec![d]),
-                (format!("{p}.post_attention_layernorm.weight"), vec![d]),
             ]);
+            let norms: &[(&str, usize)] = match self.layout {
+                Layout::Llama | Layout::Smollm3 { .. } => {
+                    &[("input_layernorm", d), ("post_attention_layernorm", d)]
+                }
+                Layout::Olmo { .. } => &[
+                    ("post_attention_layernorm", d),
+                    ("post_feedforward_layernorm", d),
+                    ("self_attn.q_norm", h * hd),
+                    ("self_attn.k_norm", kv * hd),
+                ],
+            };
+            out.extend(
+                norms
+                    .iter()
+                    .map(|(name, width)| (format!("{p}.{name}.weight"), vec![*width])),
+            );
         }
         out
     }
@@ -228,6 +381,7 @@ mod tests {
             rope_theta: 10000.0,
             rms_norm_eps: 1e-5,
             max_position_embeddings: 512,
+            layout: Layout::Llama,
         }
     }
 
@@ -289,6 +443,61 @@ mod tests {
             assert!(err.to_string().contains(field), "{err}");
             // the decoder config refuses it too, without panicking
             assert!(s.model_config(TOKENS).is_err());
+        }
+    }
+
+    /// Each layout's config reads back as the same shape, and the decoder
+    /// builds from exactly the weights the shape lists.
+    #[test]
+    fn every_layout_reads_back_and_builds_from_its_weights() {
+        for layout in [
+            Layout::Smollm3 { nope_interval: 2 },
+            Layout::Olmo { window: None },
+            Layout::Olmo { window: Some(8) },
+        ] {
+            let s = LlamaShape { layout, ..shape() };
+            let cfg = s.model_config(TOKENS).unwrap();
+            assert_eq!(LlamaShape::from_config(&cfg), s, "{layout:?}");
+            let text = serde_json::to_string(&s).unwrap();
+            assert_eq!(serde_json::from_str::<LlamaShape>(&text).unwrap(), s);
+            let weights: std::collections::HashMap<String, candle_core::Tensor> = s
+                .weight_shapes()
+                .into_iter()
+                .map(|(name, dims)| {
+                    let t = candle_core::Tensor::ones(
+                        dims,
+                        candle_core::DType::F32,
+                        &candle_core::Device::Cpu,
+                    );
+                    (name, t.unwrap())
+                })
+                .collect();
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("model.safetensors");
+            candle_core::safetensors::save(&weights, &path).unwrap();
+            std::fs::write(
+                dir.path().join("config.json"),
+                s.config_json(TOKENS).to_string(),
+            )
+            .unwrap();
+            let model = crate::Decoder::load(
+                dir.path(),
+                candle_core::DType::F32,
+                &candle_core::Device::Cpu,
+            );
+            assert!(model.is_ok(), "{layout:?}: {:?}", model.err());
+        }
+        let bad = LlamaShape {
+            layout: Layout::Smollm3 { nope_interval: 0 },
+            ..shape()
+        };
+        assert_eq!(bad.validate().unwrap_err().field, "layout.nope_interval");
+        for text in ["llama", "smollm3:2", "olmo2", "olmo3:64"] {
+            let layout: Layout = text.parse().unwrap();
+            assert_eq!(layout.to_string(), text);
+        }
+        for text in ["olmo3:0", "smollm3:x", "llama:2", "gemma4"] {
+            assert!(text.parse::<Layout>().is_err(), "{text}");
         }
     }
 

@@ -23,6 +23,7 @@ fn parameter_count_is_the_number_of_weights_written() -> anyhow::Result<()> {
             rope_theta: 10000.0,
             rms_norm_eps: 1e-5,
             max_position_embeddings: 64,
+            layout: lcut_model::Layout::Llama,
         },
         seed: 0,
     };
@@ -48,6 +49,7 @@ fn an_8b_shape_at_128k_needs_what_the_formulas_say() -> anyhow::Result<()> {
             rope_theta: 10000.0,
             rms_norm_eps: 1e-5,
             max_position_embeddings: 1 << 18,
+            layout: lcut_model::Layout::Llama,
         },
         seed: 0,
     };
@@ -88,6 +90,7 @@ fn a_blocked_prefill_counts_no_score_matrix() -> anyhow::Result<()> {
             rope_theta: 500_000.0,
             rms_norm_eps: 1e-5,
             max_position_embeddings: 1 << 17,
+            layout: lcut_model::Layout::Llama,
         },
         seed: 0,
     };

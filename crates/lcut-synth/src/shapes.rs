@@ -134,6 +134,7 @@ pub fn llama_3_2_1b() -> ModelShape {
             rope_theta: 500_000.0,
             rms_norm_eps: 1e-5,
             max_position_embeddings: 131_072,
+            layout: lcut_model::Layout::Llama,
         },
         family: Family::Llama,
         rope_scaling: llama3_scaling(32.0),
@@ -157,6 +158,7 @@ pub fn qwen2_5_1_5b() -> ModelShape {
             rope_theta: 1_000_000.0,
             rms_norm_eps: 1e-6,
             max_position_embeddings: 131_072,
+            layout: lcut_model::Layout::Llama,
         },
         family: Family::Qwen2,
         rope_scaling: RopeScaling::None,
@@ -185,6 +187,7 @@ pub fn llama_3_1_8b() -> ModelShape {
             rope_theta: 500_000.0,
             rms_norm_eps: 1e-5,
             max_position_embeddings: 131_072,
+            layout: lcut_model::Layout::Llama,
         },
         family: Family::Llama,
         rope_scaling: llama3_scaling(8.0),
@@ -205,6 +208,7 @@ pub fn small() -> LlamaShape {
         rope_theta: 10000.0,
         rms_norm_eps: 1e-5,
         max_position_embeddings: 8192,
+        layout: lcut_model::Layout::Llama,
     }
 }
 

@@ -152,6 +152,16 @@ impl TrainModel {
         Ok(Self { shape, decoder })
     }
 
+    /// The sliding window of each layer (OLMo 3's layout), none elsewhere.
+    pub fn windows(&self) -> &[Option<usize>] {
+        &self.decoder.config().sliding_window
+    }
+
+    /// The device its variables live on.
+    pub fn device(&self) -> &Device {
+        self.decoder.device()
+    }
+
     /// The model's shape.
     pub fn shape(&self) -> &ModelShape {
         &self.shape
@@ -178,8 +188,8 @@ impl TrainModel {
 }
 
 /// Which keys each query of a batch reads at each layer: one mask per rule
-/// the policy applies (below and at/above the cutoff for SPEED), shared by
-/// the layers under the same rule.
+/// the policy applies (below and at/above the cutoff for SPEED) and window
+/// the layer has, shared by the layers under the same rule and window.
 #[derive(Debug, Clone)]
 pub struct BatchMasks {
     /// Index into `masks` of each layer's mask.
@@ -189,16 +199,29 @@ pub struct BatchMasks {
 
 impl BatchMasks {
     /// Visibility for `phases.len()` sequences padded to `t` tokens under
-    /// `policy`, each sequence's rows as the key planner gives them
-    /// ([`training_matrix`]: the keys the policy shows a query, a query
-    /// whose token does not exist at the layer reading only itself).
-    pub fn new(policy: &Policy, phases: &[TokenPhases], t: usize) -> Self {
+    /// `policy` in layers with `windows` (one per layer; `None` reads every
+    /// earlier key), each sequence's rows as the key planner gives them
+    /// ([`training_matrix`]: the keys the policy shows a query within the
+    /// layer's window, a query whose token does not exist at the layer
+    /// reading only itself).
+    pub fn new(
+        policy: &Policy,
+        windows: &[Option<usize>],
+        phases: &[TokenPhases],
+        t: usize,
+    ) -> Self {
         let rules: Vec<_> = phases.iter().map(|ph| policy.visibility(*ph)).collect();
         let positions: Vec<usize> = (0..t).collect();
+        let window = |layer: usize| windows.get(layer).copied().flatten();
         let build = |layer: usize| -> MaskedSoftmax {
             let mut m = Vec::with_capacity(phases.len() * t * t);
             for rule in &rules {
-                m.extend(training_matrix(rule.as_ref(), layer, None, &positions));
+                m.extend(training_matrix(
+                    rule.as_ref(),
+                    layer,
+                    window(layer),
+                    &positions,
+                ));
             }
             MaskedSoftmax {
                 visible: Arc::new(m),
@@ -208,7 +231,10 @@ impl BatchMasks {
         };
         let (mut classes, mut masks, mut mask_of_layer) = (Vec::new(), Vec::new(), Vec::new());
         for layer in 0..policy.num_layers() {
-            let class: Vec<usize> = rules.iter().map(|r| r.rule_class(layer)).collect();
+            let class: (Vec<usize>, Option<usize>) = (
+                rules.iter().map(|r| r.rule_class(layer)).collect(),
+                window(layer),
+            );
             let index = match classes.iter().position(|c| *c == class) {
                 Some(i) => i,
                 None => {

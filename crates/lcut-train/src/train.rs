@@ -59,6 +59,9 @@ pub struct TrainOptions {
     pub heads: usize,
     /// Key/value heads.
     pub kv_heads: usize,
+    /// The layer layout (Llama's, SmolLM3's NoPE layers, OLMo's norms after
+    /// the blocks and sliding layers).
+    pub layout: lcut_model::Layout,
     /// Tasks to train on (comma-separated).
     pub tasks: Vec<TaskKind>,
     /// Shortest prompt in tokens.
@@ -115,6 +118,7 @@ impl TrainOptions {
             rope_theta: 10000.0,
             rms_norm_eps: 1e-5,
             max_position_embeddings: 512,
+            layout: self.layout,
         }
     }
 }
@@ -135,13 +139,15 @@ pub struct Batch {
 }
 
 impl Batch {
-    /// Pad `instances` into one batch under `policy` with `anchor_len` anchors.
+    /// Pad `instances` into one batch for `model` under `policy` with
+    /// `anchor_len` anchors (the model's sliding windows apply too).
     pub fn new(
         instances: &[Instance],
         policy: &Policy,
         anchor_len: usize,
-        device: &Device,
+        model: &TrainModel,
     ) -> Result<Self> {
+        let device = model.device();
         let t = instances
             .iter()
             .map(|i| i.prompt.len() + i.answer.len())
@@ -168,7 +174,7 @@ impl Batch {
         }
         Ok(Self {
             ids: Tensor::from_vec(ids, (instances.len(), t), device)?,
-            masks: BatchMasks::new(policy, &phases, t),
+            masks: BatchMasks::new(policy, model.windows(), &phases, t),
             rows,
             targets,
             spans,
@@ -291,11 +297,10 @@ fn validate(
     policy: &Policy,
     anchor_len: usize,
     batch: usize,
-    device: &Device,
 ) -> Result<(f64, f64)> {
     let (mut exact, mut loss_sum, mut chunks) = (0usize, 0.0f64, 0usize);
     for chunk in val.chunks(batch.max(1)) {
-        let b = Batch::new(chunk, policy, anchor_len, device)?;
+        let b = Batch::new(chunk, policy, anchor_len, model)?;
         let (loss, logits) = b.loss(model)?;
         loss_sum += loss.to_scalar::<f32>()? as f64;
         chunks += 1;
@@ -413,7 +418,6 @@ struct Training<'a> {
     varmap: &'a VarMap,
     policy: &'a Policy,
     anchor_len: usize,
-    device: &'a Device,
 }
 
 /// Running sums of the training log between two log rows.
@@ -481,7 +485,7 @@ impl Training<'_> {
             args.batch_size,
             args.batch_tokens,
         );
-        let batch = Batch::new(&instances, self.policy, self.anchor_len, self.device)?;
+        let batch = Batch::new(&instances, self.policy, self.anchor_len, self.model)?;
         let (loss, logits) = batch.loss(self.model)?;
         let mut grads = loss.backward()?;
         let grad_norm = clip_gradients(&mut grads, self.varmap, args.clip)?;
@@ -501,7 +505,6 @@ impl Training<'_> {
             self.policy,
             self.anchor_len,
             self.args.batch_size,
-            self.device,
         )?;
         let row = ValRow {
             step,
@@ -595,7 +598,6 @@ pub fn run_train(args: &TrainOptions) -> Result<()> {
         varmap: &varmap,
         policy: &policy,
         anchor_len,
-        device: &device,
     };
     let (log, vals) = training.run(&mut opt)?;
     let train_seconds = start.elapsed().as_secs_f64();
@@ -660,6 +662,7 @@ mod tests {
             rope_theta: 10000.0,
             rms_norm_eps: 1e-5,
             max_position_embeddings: 512,
+            layout: lcut_model::Layout::Llama,
         };
         let spec = TaskSpec {
             min_prompt: 18,
@@ -673,7 +676,7 @@ mod tests {
             let varmap = init_varmap(&shape, 0.08, 3, &dev)?;
             let model = TrainModel::new(shape, &varmap, &dev)?;
             let (policy, anchors) = resolve_policy(policy_text, shape.num_layers)?;
-            let batch = Batch::new(&instances, &policy, anchors, &dev)?;
+            let batch = Batch::new(&instances, &policy, anchors, &model)?;
             let loss_of =
                 || -> Result<f64> { Ok(batch.loss(&model)?.0.to_scalar::<f32>()? as f64) };
             let grads = batch.loss(&model)?.0.backward()?;

@@ -34,7 +34,7 @@ fn check(folder: &Path, policy_text: &str) -> Result<f32> {
     let instances: Vec<Instance> = (0..3)
         .map(|i| Instance::generate(&spec, 11, Stream::Eval, i))
         .collect();
-    let batch = Batch::new(&instances, &policy, anchor_len, &dev)?;
+    let batch = Batch::new(&instances, &policy, anchor_len, &model)?;
     let (b, t) = batch.ids.dims2()?;
     ensure!(b == 3);
     let hidden = model.hidden(&batch.ids, &batch.masks)?;
@@ -69,8 +69,24 @@ fn check(folder: &Path, policy_text: &str) -> Result<f32> {
     Ok(worst)
 }
 
+/// A random checkpoint of every layout (Llama's; SmolLM3's layers without
+/// RoPE; OLMo's norms after the blocks, with and without sliding layers)
+/// gives, batched by the trainer, the logits the decoder gives each
+/// sequence alone, under every policy.
 #[test]
 fn random_checkpoint_matches_the_decoder() -> Result<()> {
+    for layout in [
+        lcut_model::Layout::Llama,
+        lcut_model::Layout::Smollm3 { nope_interval: 2 },
+        lcut_model::Layout::Olmo { window: None },
+        lcut_model::Layout::Olmo { window: Some(6) },
+    ] {
+        random_checkpoint(layout)?;
+    }
+    Ok(())
+}
+
+fn random_checkpoint(layout: lcut_model::Layout) -> Result<()> {
     let dev = Device::Cpu;
     let shape = ModelShape {
         vocab_size: lcut_train::vocab::VOCAB_SIZE,
@@ -82,6 +98,7 @@ fn random_checkpoint_matches_the_decoder() -> Result<()> {
         rope_theta: 10000.0,
         rms_norm_eps: 1e-5,
         max_position_embeddings: 512,
+        layout,
     };
     let varmap = init_varmap(&shape, 0.02, 7, &dev)?;
     // fixed draws: candle's `Tensor::rand` on the CPU is seeded from the clock
@@ -109,7 +126,7 @@ fn random_checkpoint_matches_the_decoder() -> Result<()> {
         "speed:1+bos",
         "selfonly:2+bos",
     ] {
-        check(dir.path(), policy)?;
+        check(dir.path(), policy).with_context(|| format!("layout {layout}"))?;
     }
     Ok(())
 }

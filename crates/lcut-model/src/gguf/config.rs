@@ -347,10 +347,9 @@ fn olmo3_layers(m: &Meta<'_>, layers: u64, c: &mut Map<String, Value>) -> Result
         .opt_f64(&m.key("rope.freq_base_swa"))?
         .unwrap_or(full_theta);
     let mut full = json!({"rope_type": "default", "rope_theta": full_theta});
-    if let (Some(scaling), Some(obj)) = (c.get("rope_scaling"), full.as_object_mut()) {
-        if let Some(params) = scaling.as_object() {
-            obj.extend(params.clone());
-        }
+    if let (Some(Value::Object(params)), Some(obj)) = (c.get("rope_scaling"), full.as_object_mut())
+    {
+        obj.extend(params.clone());
     }
     c.insert(
         "rope_parameters".into(),
