@@ -143,6 +143,26 @@ pub enum RopeScaling {
         /// Context length the model was pre-trained with.
         original_max_position_embeddings: f64,
     },
+    /// YaRN: each frequency blended between itself and itself / `factor`
+    /// by a ramp over the dimensions whose wavelengths fall between
+    /// `beta_fast` and `beta_slow` rotations of the original context; cos
+    /// and sin scaled by `attention_factor` (OLMo 3's full layers, gpt-oss).
+    Yarn {
+        /// Scaling factor.
+        factor: f64,
+        /// Context length the model was pre-trained with.
+        original_max_position_embeddings: f64,
+        /// Rotations over the original context where extrapolation ends.
+        beta_fast: f64,
+        /// Rotations over the original context where interpolation starts.
+        beta_slow: f64,
+        /// Scale of cos and sin (the config's `attention_factor`, else
+        /// 0.1 ln(factor) + 1, or the ratio of the two `mscale`s).
+        attention_factor: f64,
+        /// The ramp's bounds rounded out to whole dimensions
+        /// (transformers' `truncate`, default true).
+        truncate: bool,
+    },
 }
 
 /// Where a layer's norms sit around its attention and MLP blocks.
@@ -736,10 +756,11 @@ fn rope_from(
                     high_freq_factor: need("high_freq_factor")?,
                     original_max_position_embeddings: need("original_max_position_embeddings")?,
                 },
+                "yarn" => read_yarn(&s, params_field, need("factor")?)?,
                 other => {
                     return Err(f.err(
                         &format!("{params_field}.rope_type"),
-                        "one of default, linear, llama3",
+                        "one of default, linear, llama3, yarn",
                         Some(&Value::String(other.to_string())),
                     ));
                 }
@@ -750,6 +771,40 @@ fn rope_from(
         theta,
         scaling,
         rotary_dim,
+    })
+}
+
+/// YaRN's parameters from a RoPE parameters object `s` (the config's field
+/// `params_field`) with its `factor`, transformers' defaults where absent.
+fn read_yarn(s: &Fields<'_>, params_field: &str, factor: f64) -> Result<RopeScaling> {
+    let positive = |name: &str, default: Option<f64>| -> Result<f64> {
+        match (s.opt_positive_f64(name)?, default) {
+            (Some(x), _) | (None, Some(x)) => Ok(x),
+            (None, None) => {
+                Err(s.err(&format!("{params_field}.{name}"), "a positive number", None))
+            }
+        }
+    };
+    // transformers: 0.1 ln(factor) + 1 (1 for factor <= 1), or the ratio of
+    // that with `mscale` and with `mscale_all_dim` when both are given
+    let mscale = |m: f64| {
+        if factor <= 1.0 {
+            1.0
+        } else {
+            0.1 * m * factor.ln() + 1.0
+        }
+    };
+    let inferred = match (s.opt_f64("mscale")?, s.opt_f64("mscale_all_dim")?) {
+        (Some(m), Some(all)) if m != 0.0 && all != 0.0 => mscale(m) / mscale(all),
+        _ => mscale(1.0),
+    };
+    Ok(RopeScaling::Yarn {
+        factor,
+        original_max_position_embeddings: positive("original_max_position_embeddings", None)?,
+        beta_fast: positive("beta_fast", Some(32.0))?,
+        beta_slow: positive("beta_slow", Some(1.0))?,
+        attention_factor: positive("attention_factor", Some(inferred))?,
+        truncate: s.opt_bool("truncate")?.unwrap_or(true),
     })
 }
 
@@ -1100,6 +1155,63 @@ mod tests {
         // every other architecture rotates every layer
         let llama = parse(&format!(r#"{{"model_type":"llama", {FOUR_LAYERS}}}"#)).unwrap();
         assert_eq!(llama.rotates, vec![true; 4]);
+    }
+
+    #[test]
+    fn yarn_reads_transformers_defaults_and_names_bad_values() {
+        let yarn = |params: &str| {
+            parse(&format!(
+                r#"{{"model_type":"llama", {FOUR_LAYERS}, "rope_scaling": {{"rope_type": "yarn", {params}}}}}"#
+            ))
+        };
+        let c = yarn(r#""factor": 8.0, "original_max_position_embeddings": 8192"#).unwrap();
+        let RopeScaling::Yarn {
+            beta_fast,
+            beta_slow,
+            attention_factor,
+            truncate,
+            ..
+        } = c.rope.scaling
+        else {
+            panic!("{:?}", c.rope.scaling);
+        };
+        assert_eq!((beta_fast, beta_slow, truncate), (32.0, 1.0, true));
+        assert!((attention_factor - (0.1 * 8f64.ln() + 1.0)).abs() < 1e-12);
+        let c = yarn(
+            r#""factor": 8.0, "original_max_position_embeddings": 8192, "attention_factor": 1.5,
+               "beta_fast": 16, "truncate": false"#,
+        )
+        .unwrap();
+        assert!(matches!(
+            c.rope.scaling,
+            RopeScaling::Yarn {
+                attention_factor: 1.5,
+                beta_fast: 16.0,
+                truncate: false,
+                ..
+            }
+        ));
+        for (params, field) in [
+            (
+                r#""original_max_position_embeddings": 8192"#,
+                "rope_scaling.factor",
+            ),
+            (
+                r#""factor": 8.0"#,
+                "rope_scaling.original_max_position_embeddings",
+            ),
+            (
+                r#""factor": 8.0, "original_max_position_embeddings": 8192, "beta_slow": -1"#,
+                "beta_slow",
+            ),
+            (
+                r#""factor": 8.0, "original_max_position_embeddings": 8192, "truncate": 1"#,
+                "truncate",
+            ),
+        ] {
+            let err = yarn(params).expect_err(params);
+            assert!(err.to_string().contains(field), "{params}: {err}");
+        }
     }
 
     #[test]

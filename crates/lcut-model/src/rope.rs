@@ -12,6 +12,8 @@ pub struct Rope {
     /// The same frequencies on the host, for one position at a time.
     inv_host: Vec<f32>,
     rotary_dim: usize,
+    /// The scale of cos and sin (YaRN's attention factor; 1 otherwise).
+    magnitude: f32,
 }
 
 /// Inverse frequencies 1 / theta^(2i/d), with the config's scaling applied.
@@ -46,6 +48,46 @@ pub fn inverse_frequencies(cfg: &RopeConfig) -> Vec<f64> {
                 })
                 .collect()
         }
+        RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings: old_ctx,
+            beta_fast,
+            beta_slow,
+            truncate,
+            ..
+        } => {
+            // the dimension whose frequency turns `rotations` times over the
+            // original context, as transformers' `find_correction_dim`
+            let dim_of = |rotations: f64| {
+                d * (old_ctx / (rotations * 2.0 * std::f64::consts::PI)).ln()
+                    / (2.0 * cfg.theta.ln())
+            };
+            let (mut low, mut high) = (dim_of(beta_fast), dim_of(beta_slow));
+            if truncate {
+                (low, high) = (low.floor(), high.ceil());
+            }
+            let (low, high) = (low.max(0.0), high.min(d - 1.0));
+            let high = if low == high { high + 0.001 } else { high };
+            base.iter()
+                .enumerate()
+                .map(|(i, &f)| {
+                    let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+                    let extrapolated = 1.0 - ramp;
+                    f / factor * (1.0 - extrapolated) + f * extrapolated
+                })
+                .collect()
+        }
+    }
+}
+
+/// The scale of cos and sin under `cfg`'s scaling (YaRN's attention
+/// factor; 1 for the others).
+pub fn magnitude(cfg: &RopeConfig) -> f64 {
+    match cfg.scaling {
+        RopeScaling::Yarn {
+            attention_factor, ..
+        } => attention_factor,
+        _ => 1.0,
     }
 }
 
@@ -73,6 +115,7 @@ impl Rope {
             inv_freq: Tensor::from_vec(inv.clone(), (1, n), device)?,
             inv_host: inv,
             rotary_dim: cfg.rotary_dim,
+            magnitude: magnitude(cfg) as f32,
         })
     }
 
@@ -87,17 +130,22 @@ impl Rope {
         let pos: Vec<f32> = positions.iter().map(|&p| p as f32).collect();
         let pos = Tensor::from_vec(pos, (positions.len(), 1), self.inv_freq.device())?;
         let freqs = pos.broadcast_mul(&self.inv_freq)?;
-        Ok((freqs.cos()?.to_dtype(dtype)?, freqs.sin()?.to_dtype(dtype)?))
+        let (cos, sin) = (freqs.cos()?, freqs.sin()?);
+        let (cos, sin) = match self.magnitude {
+            1.0 => (cos, sin),
+            m => ((cos * f64::from(m))?, (sin * f64::from(m))?),
+        };
+        Ok((cos.to_dtype(dtype)?, sin.to_dtype(dtype)?))
     }
 
     /// cos and sin [rotary_dim / 2] of one position into caller buffers, as
     /// [`Rope::tables`] computes them (position times frequency in f32).
     pub fn tables_into(&self, position: usize, cos: &mut Vec<f32>, sin: &mut Vec<f32>) {
-        let p = position as f32;
+        let (p, m) = (position as f32, self.magnitude);
         cos.clear();
         sin.clear();
-        cos.extend(self.inv_host.iter().map(|&f| (p * f).cos()));
-        sin.extend(self.inv_host.iter().map(|&f| (p * f).sin()));
+        cos.extend(self.inv_host.iter().map(|&f| (p * f).cos() * m));
+        sin.extend(self.inv_host.iter().map(|&f| (p * f).sin() * m));
     }
 
     /// Rotate `x` [heads, n, head_dim] (half-split layout) by the tables.

@@ -416,7 +416,28 @@ fn rope_scaling(m: &Meta<'_>) -> Result<Option<Value>> {
                 .ok_or_else(|| m.err(&factor_key, "a positive number", m.get(&factor_key)))?;
             Ok(Some(json!({"rope_type": "linear", "factor": factor})))
         }
-        Some(_) => Err(m.err(&key, "none or linear", m.get(&key))),
+        Some("yarn") => {
+            // the converter's keys of transformers' YaRN parameters; the
+            // config reader checks each and supplies transformers' defaults
+            let mut params = Map::new();
+            params.insert("rope_type".into(), json!("yarn"));
+            for (hf, suffix) in [
+                ("factor", "rope.scaling.factor"),
+                (
+                    "original_max_position_embeddings",
+                    "rope.scaling.original_context_length",
+                ),
+                ("attention_factor", "rope.scaling.yarn_attn_factor"),
+                ("beta_fast", "rope.scaling.yarn_beta_fast"),
+                ("beta_slow", "rope.scaling.yarn_beta_slow"),
+            ] {
+                if let Some(x) = m.opt_f64(&m.key(suffix))? {
+                    params.insert(hf.into(), json!(x));
+                }
+            }
+            Ok(Some(Value::Object(params)))
+        }
+        Some(_) => Err(m.err(&key, "none, linear or yarn", m.get(&key))),
     }
 }
 
