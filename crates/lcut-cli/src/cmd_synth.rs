@@ -1,7 +1,8 @@
 //! `lcut synth`: write a random-weight model of a real checkpoint's shape
-//! (Llama-3.2-1B, Qwen2.5-1.5B, Llama-3.1-8B) as a Hugging Face folder in
-//! safetensors or as a GGUF file, to exercise lcut (and llama.cpp) at the
-//! sizes people use without downloading anything.
+//! (Llama-3.2-1B, Qwen2.5-1.5B, SmolLM3-3B, OLMo-3-7B, Llama-3.1-8B) as a
+//! Hugging Face folder in safetensors or as a GGUF file, to exercise lcut
+//! (and llama.cpp) at the sizes and layouts people use without downloading
+//! anything.
 
 use std::path::PathBuf;
 
@@ -13,7 +14,9 @@ use lcut_synth::{Format, WriteOptions, shapes, write_model};
 /// Arguments of `lcut synth`.
 #[derive(Debug, Args)]
 pub struct SynthArgs {
-    /// Shape: llama-3.2-1b, qwen2.5-1.5b, llama-3.1-8b or small.
+    /// Shape: llama-3.2-1b, qwen2.5-1.5b, smollm3-3b (NoPE every 4th layer),
+    /// olmo-3-7b (norms after the blocks, sliding layers, YaRN),
+    /// llama-3.1-8b or small.
     #[arg(long)]
     pub shape: String,
     /// Format: safetensors-bf16, safetensors-f32 (a model folder), gguf-q4_0,

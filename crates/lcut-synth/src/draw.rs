@@ -8,6 +8,7 @@
 //! drawn whole, in chunks of rows (the writers stream an 8B model that
 //! way) or on several threads, and the same in every format.
 
+use std::collections::HashSet;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
@@ -16,7 +17,7 @@ use lcut_model::{Result, WeightSource};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use rayon::prelude::*;
 
-use crate::shapes::TensorKind;
+use crate::shapes::{ModelShape, TensorKind};
 
 /// Standard deviation of every matrix and bias entry.
 pub const STD: f32 = 0.02;
@@ -80,13 +81,32 @@ pub fn rows_at(seed: u64, name: &str, kind: TensorKind, cols: usize, picked: &[u
 pub struct RandomWeights {
     folder: PathBuf,
     seed: u64,
+    /// The weights it holds; `None`: every `.weight` and `.bias` name.
+    names: Option<HashSet<String>>,
 }
 
 impl RandomWeights {
-    /// A source drawing the model of `seed` (on the CPU; CUDA draws are
-    /// seeded through the device); `folder` is the name errors give it.
+    /// A source drawing any weight by name of the model of `seed` (on the
+    /// CPU; CUDA draws are seeded through the device); `folder` is the name
+    /// errors give it. It claims every `.weight` and `.bias` name, the
+    /// optional ones a decoder probes for too: build decoders from
+    /// [`RandomWeights::of_shape`].
     pub fn new(folder: PathBuf, seed: u64) -> Self {
-        Self { folder, seed }
+        Self {
+            folder,
+            seed,
+            names: None,
+        }
+    }
+
+    /// A source holding exactly the weights of `shape` (as the writers
+    /// store them), so that a decoder built from it finds no optional
+    /// tensor the files lack (an `o_proj` bias, llama.cpp's RoPE factors).
+    pub fn of_shape(folder: PathBuf, shape: &ModelShape, seed: u64) -> Self {
+        Self {
+            names: Some(shape.tensors().into_iter().map(|t| t.name).collect()),
+            ..Self::new(folder, seed)
+        }
     }
 }
 
@@ -96,7 +116,10 @@ impl WeightSource for RandomWeights {
     }
 
     fn contains(&self, name: &str) -> bool {
-        name.ends_with(".weight") || name.ends_with(".bias")
+        match &self.names {
+            Some(names) => names.contains(name),
+            None => name.ends_with(".weight") || name.ends_with(".bias"),
+        }
     }
 
     fn load(
@@ -139,5 +162,25 @@ mod tests {
         let std = (whole.iter().map(|x| x * x).sum::<f32>() / whole.len() as f32).sqrt();
         assert!((0.01..0.03).contains(&std), "{std}");
         assert_eq!(rows(7, "n", TensorKind::Norm, 3, 0..2), vec![1.0; 6]);
+    }
+
+    /// A shape's source holds its weights and nothing a decoder probes for
+    /// beyond them.
+    #[test]
+    fn a_shapes_source_holds_only_its_weights() {
+        let shape = crate::shapes::llama_3_2_1b().with_layers(1);
+        let source = RandomWeights::of_shape("s".into(), &shape, 0);
+        for t in shape.tensors() {
+            assert!(source.contains(&t.name), "{}", t.name);
+        }
+        for absent in [
+            "rope_freqs.weight",
+            "model.layers.0.self_attn.o_proj.bias",
+            "model.layers.0.self_attn.q_proj.bias",
+            "lm_head.weight",
+        ] {
+            assert!(!source.contains(absent), "{absent}");
+        }
+        assert!(RandomWeights::new("any".into(), 0).contains("rope_freqs.weight"));
     }
 }

@@ -56,6 +56,15 @@ pub enum SynthError {
         /// The ggml type.
         type_name: String,
     },
+    /// The shape has a setting the format has no way to record (the file
+    /// would be read back as another model).
+    #[error("{format} cannot record {what}")]
+    Unrecordable {
+        /// The format asked for.
+        format: String,
+        /// The setting, and what the format would make of it.
+        what: String,
+    },
     /// The vocabulary is too small for the synthetic tokenizer.
     #[error(
         "a vocabulary of {vocab} tokens cannot hold the synthetic tokenizer's {needed} \

@@ -3,12 +3,12 @@
 //! trained one.
 //!
 //! - [`shapes`]: named shapes of real checkpoints (Llama-3.2-1B,
-//!   Qwen2.5-1.5B, Llama-3.1-8B) and their weights.
+//!   Qwen2.5-1.5B, SmolLM3-3B, OLMo-3-7B, Llama-3.1-8B) and their weights.
 //! - [`model`]: [`RandomModel`] (any shape) and [`RandomLlama`] (plain Llama
 //!   sizes), a shape and a seed, built onto a device or written to files.
 //! - [`draw`]: how the weights are drawn, row by row.
 //! - [`vocab`]: the synthetic tokenizer every written model carries.
-//! - [`write`]: the formats (safetensors f32/bf16, GGUF Q4_0/Q4_K), one
+//! - [`write`](mod@write): the formats (safetensors f32/bf16, GGUF Q4_0/Q4_K), one
 //!   module each, streamed and written atomically.
 //! - [`error`]: what can go wrong ([`SynthError`]).
 

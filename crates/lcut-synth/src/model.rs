@@ -12,8 +12,8 @@ use crate::shapes::{self, ModelShape};
 use crate::write::safetensors::{StoredDtype, write_weights};
 use crate::write::{self, Format, Progress, WriteOptions, Written, hf_folder};
 
-/// A random-weight model of any shape lcut knows (Llama or Qwen2, tied or
-/// not): a shape and the seed of its weights. The same seed gives the same
+/// A random-weight model of any shape lcut knows (Llama, Qwen2, SmolLM3 or
+/// OLMo 2/3, tied or not): a shape and the seed of its weights. The same seed gives the same
 /// weights built on the CPU and written in every format.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RandomModel {
@@ -50,8 +50,9 @@ impl RandomModel {
                 .set_seed(self.seed)
                 .map_err(lcut_model::ModelError::from)?;
         }
-        let source = RandomWeights::new(
+        let source = RandomWeights::of_shape(
             PathBuf::from(format!("(random {})", self.shape.name)),
+            &self.shape,
             self.seed,
         );
         Ok(Decoder::from_weights(cfg, &source, dtype, device)?)

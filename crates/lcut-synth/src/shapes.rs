@@ -5,35 +5,27 @@
 
 use std::path::Path;
 
-use lcut_model::{LlamaShape, ModelConfig, RopeScaling, SpecialTokens};
-use serde_json::{Value, json};
+use lcut_model::{Arch, Layout, LlamaShape, ModelConfig, RopeScaling, SpecialTokens};
+use serde_json::{Map, Value, json};
 
+use crate::draw;
 use crate::error::{Result, SynthError};
 
 /// The architecture family of a shape: what its `config.json` and GGUF
-/// metadata call it, and what it adds to the Llama layout.
+/// metadata call it and what it adds to Llama's layer. Not stored: a
+/// shape's family follows from its layout ([`LlamaShape::layout`]) and,
+/// on Llama's layout, its q/k/v biases ([`ModelShape::family`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
     /// Llama: no biases.
     Llama,
-    /// Qwen2: biases on the q, k and v projections.
+    /// Qwen2: Llama's layout with biases on the q, k and v projections.
     Qwen2,
-}
-
-impl Family {
-    /// The `model_type` of its `config.json` and the `general.architecture`
-    /// of its GGUF files.
-    pub fn model_type(self) -> &'static str {
-        match self {
-            Family::Llama => "llama",
-            Family::Qwen2 => "qwen2",
-        }
-    }
-
-    /// Whether the q, k and v projections have biases.
-    pub fn qkv_bias(self) -> bool {
-        self == Family::Qwen2
-    }
+    /// SmolLM3: Llama's layer, every few layers without RoPE.
+    Smollm3,
+    /// OLMo 2 or 3: norms after the blocks, whole-projection q/k norms
+    /// (OLMo 3: sliding layers, YaRN on the full ones).
+    Olmo,
 }
 
 /// What a weight tensor is, which decides how it is drawn and stored.
@@ -80,16 +72,20 @@ impl TensorSpec {
     }
 }
 
-/// A model's shape: sizes, family, RoPE scaling, tied head and special
-/// tokens; everything its `config.json` says besides the dtype.
+/// A model's shape: sizes and layout, biases, RoPE scaling, tied head and
+/// special tokens; everything its `config.json` says besides the dtype.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelShape {
     /// The name it is known by (`llama-3.1-8b`).
     pub name: String,
-    /// Layers, widths, heads, vocabulary and constants.
+    /// Layers, widths, heads, vocabulary, constants and the layer layout
+    /// (which decides the family, [`ModelShape::family`]).
     pub sizes: LlamaShape,
-    /// Architecture family.
-    pub family: Family,
+    /// The q, k and v projections have biases. On Llama's layout this makes
+    /// the shape Qwen2 (written as `qwen2`); on another layout it is the
+    /// config's `attention_bias` (which llama.cpp's `smollm3` and `olmo2`
+    /// do not load; no named shape has it).
+    pub qkv_bias: bool,
     /// RoPE frequency scaling.
     pub rope_scaling: RopeScaling,
     /// The LM head is the embedding matrix.
@@ -99,7 +95,14 @@ pub struct ModelShape {
 }
 
 /// The names [`named`] knows, in the order `lcut synth --help` lists them.
-pub const NAMES: [&str; 4] = ["llama-3.2-1b", "qwen2.5-1.5b", "llama-3.1-8b", "small"];
+pub const NAMES: [&str; 6] = [
+    "llama-3.2-1b",
+    "qwen2.5-1.5b",
+    "smollm3-3b",
+    "olmo-3-7b",
+    "llama-3.1-8b",
+    "small",
+];
 
 /// Llama 3's RoPE scaling with the given factor (its other constants are
 /// the same in 3.1 and 3.2).
@@ -110,6 +113,72 @@ fn llama3_scaling(factor: f64) -> RopeScaling {
         high_freq_factor: 4.0,
         original_max_position_embeddings: 8192.0,
     }
+}
+
+/// YaRN with `factor` over `original_max_position_embeddings` positions
+/// and transformers' defaults for the rest (`beta_fast` 32, `beta_slow` 1,
+/// attention factor 0.1 ln(factor) + 1, the ramp truncated), as a config
+/// naming only those two reads back.
+pub fn yarn_scaling(factor: f64, original_max_position_embeddings: f64) -> RopeScaling {
+    RopeScaling::Yarn {
+        factor,
+        original_max_position_embeddings,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        attention_factor: yarn_default_attention_factor(factor),
+        truncate: true,
+    }
+}
+
+/// transformers' YaRN attention factor for `factor` when the config names
+/// none: 0.1 ln(factor) + 1, or 1 for a factor up to 1.
+fn yarn_default_attention_factor(factor: f64) -> f64 {
+    if factor <= 1.0 {
+        1.0
+    } else {
+        0.1 * factor.ln() + 1.0
+    }
+}
+
+/// YaRN's parameters as a config names them: `factor` and
+/// `original_max_position_embeddings` always, then `beta_fast`,
+/// `beta_slow` and `attention_factor` only where they differ from
+/// transformers' defaults (which a reader supplies; llama.cpp's converter
+/// writes a GGUF key for each one the config names). `None` without YaRN.
+/// `truncate` is not a number and is left to the caller.
+pub fn yarn_params(scaling: &RopeScaling) -> Option<Vec<(&'static str, f64)>> {
+    let RopeScaling::Yarn {
+        factor,
+        original_max_position_embeddings,
+        beta_fast,
+        beta_slow,
+        attention_factor,
+        truncate: _,
+    } = *scaling
+    else {
+        return None;
+    };
+    let mut out = vec![
+        ("factor", factor),
+        (
+            "original_max_position_embeddings",
+            original_max_position_embeddings,
+        ),
+    ];
+    for (name, value, default) in [
+        ("beta_fast", beta_fast, 32.0),
+        ("beta_slow", beta_slow, 1.0),
+        (
+            "attention_factor",
+            attention_factor,
+            yarn_default_attention_factor(factor),
+        ),
+    ] {
+        if value != default {
+            out.push((name, value));
+        }
+    }
+    Some(out)
 }
 
 /// Llama 3's special tokens: `<|begin_of_text|>` and `<|end_of_text|>`.
@@ -136,7 +205,7 @@ pub fn llama_3_2_1b() -> ModelShape {
             max_position_embeddings: 131_072,
             layout: lcut_model::Layout::Llama,
         },
-        family: Family::Llama,
+        qkv_bias: false,
         rope_scaling: llama3_scaling(32.0),
         tie_word_embeddings: true,
         tokens: LLAMA3_TOKENS,
@@ -160,7 +229,7 @@ pub fn qwen2_5_1_5b() -> ModelShape {
             max_position_embeddings: 131_072,
             layout: lcut_model::Layout::Llama,
         },
-        family: Family::Qwen2,
+        qkv_bias: true,
         rope_scaling: RopeScaling::None,
         tie_word_embeddings: true,
         // `<|endoftext|>` is both
@@ -189,10 +258,78 @@ pub fn llama_3_1_8b() -> ModelShape {
             max_position_embeddings: 131_072,
             layout: lcut_model::Layout::Llama,
         },
-        family: Family::Llama,
+        qkv_bias: false,
         rope_scaling: llama3_scaling(8.0),
         tie_word_embeddings: false,
         tokens: LLAMA3_TOKENS,
+    }
+}
+
+/// HuggingFaceTB/SmolLM3-3B: 36 layers, hidden 2048, 16 heads (4 K/V), MLP
+/// 11008, vocabulary 128256, tied embeddings, RMSNorm eps 1e-6, 65536
+/// positions, RoPE base 5e6 on every layer but each 4th (counting from 1,
+/// which has no RoPE), no RoPE scaling. BoS 128000 (`<|begin_of_text|>`,
+/// as Llama 3's) and EoS 128012 (`<|im_end|>`, SmolLM3's own rather than
+/// Llama 3's 128001); no pad. These figures are from memory of the
+/// published `config.json`, not read from a downloaded file.
+pub fn smollm3_3b() -> ModelShape {
+    ModelShape {
+        name: "smollm3-3b".into(),
+        sizes: LlamaShape {
+            vocab_size: 128_256,
+            hidden_size: 2048,
+            intermediate_size: 11_008,
+            num_layers: 36,
+            num_heads: 16,
+            num_kv_heads: 4,
+            rope_theta: 5_000_000.0,
+            rms_norm_eps: 1e-6,
+            max_position_embeddings: 65_536,
+            layout: Layout::Smollm3 { nope_interval: 4 },
+        },
+        qkv_bias: false,
+        rope_scaling: RopeScaling::None,
+        tie_word_embeddings: true,
+        tokens: SpecialTokens {
+            bos: 128_000,
+            eos: 128_012,
+            pad: None,
+        },
+    }
+}
+
+/// allenai/Olmo-3-1025-7B: 32 layers, hidden 4096, 32 heads (32 K/V), MLP
+/// 11008, vocabulary 100278, untied head, RMSNorm eps 1e-6, 65536
+/// positions; OLMo's norms after the blocks and q/k norms over the whole
+/// projection; three layers sliding over 4096 tokens, then a full one;
+/// RoPE base 5e5, with YaRN (factor 8 over 8192 original positions,
+/// transformers' default attention factor) on the full layers only. BoS
+/// and EoS 100257 (`<|endoftext|>`), pad 100277 (`<|pad|>`). These figures
+/// are from memory of the published `config.json`, not read from a
+/// downloaded file.
+pub fn olmo_3_7b() -> ModelShape {
+    ModelShape {
+        name: "olmo-3-7b".into(),
+        sizes: LlamaShape {
+            vocab_size: 100_278,
+            hidden_size: 4096,
+            intermediate_size: 11_008,
+            num_layers: 32,
+            num_heads: 32,
+            num_kv_heads: 32,
+            rope_theta: 500_000.0,
+            rms_norm_eps: 1e-6,
+            max_position_embeddings: 65_536,
+            layout: Layout::Olmo { window: Some(4096) },
+        },
+        qkv_bias: false,
+        rope_scaling: yarn_scaling(8.0, 8192.0),
+        tie_word_embeddings: false,
+        tokens: SpecialTokens {
+            bos: 100_257,
+            eos: 100_257,
+            pad: Some(100_277),
+        },
     }
 }
 
@@ -219,6 +356,8 @@ pub fn named(name: &str) -> Result<ModelShape> {
         "llama-3.2-1b" => llama_3_2_1b(),
         "qwen2.5-1.5b" => qwen2_5_1_5b(),
         "llama-3.1-8b" => llama_3_1_8b(),
+        "smollm3-3b" => smollm3_3b(),
+        "olmo-3-7b" => olmo_3_7b(),
         "small" => ModelShape::llama("small", small()),
         _ => {
             return Err(SynthError::UnknownShape {
@@ -231,13 +370,14 @@ pub fn named(name: &str) -> Result<ModelShape> {
 }
 
 impl ModelShape {
-    /// A plain Llama of these sizes (untied head, no RoPE scaling, BoS 1,
-    /// EoS 2), as the random models of the tests are.
+    /// A model of these sizes and layout with an untied head, no biases,
+    /// no RoPE scaling, BoS 1 and EoS 2: on Llama's layout a plain Llama,
+    /// as the random models of the tests are.
     pub fn llama(name: &str, sizes: LlamaShape) -> Self {
         Self {
             name: name.to_string(),
             sizes,
-            family: Family::Llama,
+            qkv_bias: false,
             rope_scaling: RopeScaling::None,
             tie_word_embeddings: false,
             tokens: SpecialTokens {
@@ -246,6 +386,36 @@ impl ModelShape {
                 pad: None,
             },
         }
+    }
+
+    /// The architecture family: the layout's, Qwen2 for Llama's layout
+    /// with q/k/v biases.
+    pub fn family(&self) -> Family {
+        match self.sizes.layout {
+            Layout::Llama if self.qkv_bias => Family::Qwen2,
+            Layout::Llama => Family::Llama,
+            Layout::Smollm3 { .. } => Family::Smollm3,
+            Layout::Olmo { .. } => Family::Olmo,
+        }
+    }
+
+    /// The architecture lcut reads this shape as (OLMo 3 when OLMo's
+    /// layout has a window): its `model_type`, GGUF name and whether
+    /// llama.cpp permutes its Q/K rows come from there.
+    pub fn arch(&self) -> Arch {
+        match (self.family(), self.sizes.layout) {
+            (Family::Llama, _) => Arch::Llama,
+            (Family::Qwen2, _) => Arch::Qwen2,
+            (Family::Smollm3, _) => Arch::SmolLM3,
+            (Family::Olmo, Layout::Olmo { window: Some(_) }) => Arch::Olmo3,
+            (Family::Olmo, _) => Arch::Olmo2,
+        }
+    }
+
+    /// Whether the tokenizer puts BoS before a text, as the checkpoint's
+    /// does: Llama 3's does; Qwen2's, SmolLM3's and OLMo's do not.
+    pub fn adds_bos(&self) -> bool {
+        self.family() == Family::Llama
     }
 
     /// The same shape with `layers` layers (`llama-3.2-1b` with 32 layers
@@ -273,25 +443,13 @@ impl ModelShape {
         map.insert("initializer_range".into(), json!(0.02));
         map.insert("attention_dropout".into(), json!(0.0));
         map.insert("use_cache".into(), json!(true));
-        if let RopeScaling::Llama3 {
-            factor,
-            low_freq_factor,
-            high_freq_factor,
-            original_max_position_embeddings,
-        } = self.rope_scaling
-        {
-            map.insert(
-                "rope_scaling".into(),
-                json!({
-                    "factor": factor,
-                    "low_freq_factor": low_freq_factor,
-                    "high_freq_factor": high_freq_factor,
-                    "original_max_position_embeddings": original_max_position_embeddings as u64,
-                    "rope_type": "llama3"
-                }),
-            );
+        map.insert("attention_bias".into(), json!(self.qkv_bias));
+        if let Some(scaling) = self.rope_scaling_json() {
+            // the old top-level key: on OLMo 3, transformers (and lcut)
+            // apply it to the full layers only
+            map.insert("rope_scaling".into(), scaling);
         }
-        if self.family == Family::Qwen2 {
+        if self.family() == Family::Qwen2 {
             // Qwen2's config names no head width or bias switches (its
             // q/k/v always have biases), and keeps its window switched off
             for key in ["head_dim", "attention_bias", "mlp_bias"] {
@@ -309,6 +467,44 @@ impl ModelShape {
         config
     }
 
+    /// The config's `rope_scaling` object: Llama 3's or YaRN's parameters
+    /// (YaRN's defaults left out, [`yarn_params`]); `None` without scaling
+    /// (linear scaling is not written either).
+    fn rope_scaling_json(&self) -> Option<Value> {
+        if let RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } = self.rope_scaling
+        {
+            return Some(json!({
+                "factor": factor,
+                "low_freq_factor": low_freq_factor,
+                "high_freq_factor": high_freq_factor,
+                "original_max_position_embeddings": original_max_position_embeddings as u64,
+                "rope_type": "llama3"
+            }));
+        }
+        let params = yarn_params(&self.rope_scaling)?;
+        let mut obj = Map::new();
+        obj.insert("rope_type".into(), json!("yarn"));
+        for (name, value) in params {
+            let value = match name {
+                "original_max_position_embeddings" => json!(value as u64),
+                _ => json!(value),
+            };
+            obj.insert(name.into(), value);
+        }
+        if let RopeScaling::Yarn {
+            truncate: false, ..
+        } = self.rope_scaling
+        {
+            obj.insert("truncate".into(), json!(false));
+        }
+        Some(Value::Object(obj))
+    }
+
     /// The decoder config of this shape, read through the same parser as a
     /// `config.json` on disk; an invalid shape is refused by field.
     pub fn config(&self) -> Result<ModelConfig> {
@@ -323,72 +519,47 @@ impl ModelShape {
     }
 
     /// Every weight in the order Hugging Face writes them: the embedding,
-    /// each layer's (attention with its biases, MLP, norms), the final norm
-    /// and the LM head (none when tied).
+    /// each layer's (attention with its biases, MLP, then the layout's
+    /// norms, as [`LlamaShape::weight_shapes`] names them), the final norm
+    /// and the LM head (none when tied). Norms are of kind
+    /// [`TensorKind::Norm`] (drawn as ones).
     pub fn tensors(&self) -> Vec<TensorSpec> {
-        let s = &self.sizes;
-        let (v, d, i) = (s.vocab_size, s.hidden_size, s.intermediate_size);
-        let (q, kv) = (s.num_heads * s.head_dim(), s.num_kv_heads * s.head_dim());
-        let spec = |name: String, dims: Vec<usize>, kind| TensorSpec { name, dims, kind };
-        let mut out = vec![spec(
-            "model.embed_tokens.weight".into(),
-            vec![v, d],
-            TensorKind::Matrix,
-        )];
-        for l in 0..s.num_layers {
-            let p = format!("model.layers.{l}");
-            for (proj, rows) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
-                let name = format!("{p}.self_attn.{proj}");
-                out.push(spec(
-                    format!("{name}.weight"),
-                    vec![rows, d],
-                    TensorKind::Matrix,
-                ));
-                if self.family.qkv_bias() {
-                    out.push(spec(format!("{name}.bias"), vec![rows], TensorKind::Bias));
-                }
-            }
-            out.extend([
-                spec(
-                    format!("{p}.self_attn.o_proj.weight"),
-                    vec![d, q],
-                    TensorKind::Matrix,
-                ),
-                spec(
-                    format!("{p}.mlp.gate_proj.weight"),
-                    vec![i, d],
-                    TensorKind::Matrix,
-                ),
-                spec(
-                    format!("{p}.mlp.up_proj.weight"),
-                    vec![i, d],
-                    TensorKind::Matrix,
-                ),
-                spec(
-                    format!("{p}.mlp.down_proj.weight"),
-                    vec![d, i],
-                    TensorKind::Matrix,
-                ),
-                spec(
-                    format!("{p}.input_layernorm.weight"),
-                    vec![d],
-                    TensorKind::Norm,
-                ),
-                spec(
-                    format!("{p}.post_attention_layernorm.weight"),
-                    vec![d],
-                    TensorKind::Norm,
-                ),
-            ]);
+        const EMBED: &str = "model.embed_tokens.weight";
+        const HEAD: &str = "lm_head.weight";
+        let spec = |(name, dims): (String, Vec<usize>)| TensorSpec {
+            kind: draw::kind_of(&name),
+            name,
+            dims,
+        };
+        let (layers, top): (Vec<_>, Vec<_>) = self
+            .sizes
+            .weight_shapes()
+            .into_iter()
+            .partition(|(name, _)| name.starts_with("model.layers."));
+        let mut out: Vec<TensorSpec> = top
+            .iter()
+            .filter(|(name, _)| name == EMBED)
+            .cloned()
+            .map(spec)
+            .collect();
+        for (name, dims) in layers {
+            let bias = self.qkv_bias
+                && [".q_proj.weight", ".k_proj.weight", ".v_proj.weight"]
+                    .iter()
+                    .any(|p| name.ends_with(p));
+            let bias = bias.then(|| TensorSpec {
+                name: format!("{}.bias", name.trim_end_matches(".weight")),
+                dims: dims[..1].to_vec(),
+                kind: TensorKind::Bias,
+            });
+            out.push(spec((name, dims)));
+            out.extend(bias);
         }
-        out.push(spec("model.norm.weight".into(), vec![d], TensorKind::Norm));
-        if !self.tie_word_embeddings {
-            out.push(spec(
-                "lm_head.weight".into(),
-                vec![v, d],
-                TensorKind::Matrix,
-            ));
-        }
+        out.extend(
+            top.into_iter()
+                .filter(|(name, _)| name != EMBED && !(self.tie_word_embeddings && name == HEAD))
+                .map(spec),
+        );
         out
     }
 
@@ -450,6 +621,166 @@ mod tests {
         let deep = one_b.with_layers(32);
         assert_eq!(deep.name, "llama-3.2-1b-32l");
         assert_eq!(deep.config().unwrap().num_layers, 32);
+    }
+
+    /// SmolLM3-3B and OLMo-3-7B counted from the weights each shape lists
+    /// and by the memory estimate from its config (these are the counts of
+    /// the figures above, not checked against a published total).
+    #[test]
+    fn smollm3_and_olmo3_count_their_weights_as_their_configs_do() {
+        for (name, params) in [
+            ("smollm3-3b", 3_075_098_624u64),
+            ("olmo-3-7b", 7_298_011_136),
+        ] {
+            let shape = named(name).unwrap();
+            assert_eq!(shape.parameter_count(), params, "{name}");
+            let cfg = shape.config().unwrap();
+            assert_eq!(lcut_model::memory::parameter_count(&cfg), params, "{name}");
+        }
+    }
+
+    /// Each named shape's family and architecture follow its layout (and
+    /// Qwen2's biases), and its config reads back as that architecture.
+    #[test]
+    fn the_family_follows_the_layout() {
+        for (name, family, arch) in [
+            ("llama-3.2-1b", Family::Llama, Arch::Llama),
+            ("qwen2.5-1.5b", Family::Qwen2, Arch::Qwen2),
+            ("smollm3-3b", Family::Smollm3, Arch::SmolLM3),
+            ("olmo-3-7b", Family::Olmo, Arch::Olmo3),
+            ("llama-3.1-8b", Family::Llama, Arch::Llama),
+            ("small", Family::Llama, Arch::Llama),
+        ] {
+            let shape = named(name).unwrap();
+            assert_eq!((shape.family(), shape.arch()), (family, arch), "{name}");
+            assert_eq!(shape.config().unwrap().arch, arch, "{name}");
+        }
+        let mut olmo2 = olmo_3_7b();
+        olmo2.sizes.layout = Layout::Olmo { window: None };
+        assert_eq!(olmo2.arch(), Arch::Olmo2);
+        assert_eq!(olmo2.config().unwrap().arch, Arch::Olmo2);
+        assert_eq!(
+            NAMES.len(),
+            NAMES.iter().filter(|n| named(n).is_ok()).count()
+        );
+    }
+
+    /// SmolLM3's config: every 4th layer unrotated, tied head, its tokens.
+    /// OLMo 3's: three sliding layers then a full one, YaRN written as the
+    /// old top-level `rope_scaling` (factor and original context only) and
+    /// read back on the full layers alone, norms after the blocks.
+    #[test]
+    fn smollm3_and_olmo3_configs_read_back_with_their_layout() {
+        let cfg = smollm3_3b().config().unwrap();
+        assert_eq!(cfg.rotates.len(), 36);
+        let unrotated: Vec<usize> = (0..36).filter(|&l| !cfg.rotates[l]).collect();
+        assert_eq!(unrotated, (1..=9).map(|k| 4 * k - 1).collect::<Vec<_>>());
+        assert!(cfg.tie_word_embeddings && cfg.sliding_window.iter().all(Option::is_none));
+        assert_eq!((cfg.rope.theta, cfg.rope.scaling), (5e6, RopeScaling::None));
+        assert_eq!(
+            (cfg.bos_token_id, cfg.eos_token_ids),
+            (Some(128_000), vec![128_012])
+        );
+
+        let olmo = olmo_3_7b();
+        let json = olmo.config_json("bfloat16");
+        assert_eq!(
+            json["rope_scaling"],
+            json!({"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 8192})
+        );
+        assert_eq!(json["pad_token_id"], 100_277);
+        let cfg = olmo.config().unwrap();
+        assert_eq!(cfg.rope.scaling, olmo.rope_scaling);
+        assert!(matches!(
+            cfg.rope.scaling,
+            RopeScaling::Yarn { attention_factor, beta_fast, beta_slow, truncate: true, .. }
+                if (attention_factor - (0.1 * 8f64.ln() + 1.0)).abs() < 1e-12
+                    && beta_fast == 32.0 && beta_slow == 1.0
+        ));
+        let sliding = cfg.sliding_rope.unwrap();
+        assert_eq!((sliding.theta, sliding.scaling), (5e5, RopeScaling::None));
+        assert_eq!(cfg.norms, lcut_model::config::NormPlacement::Post);
+        assert!(!cfg.tie_word_embeddings);
+        let full: Vec<usize> = (0..32)
+            .filter(|&l| cfg.sliding_window[l].is_none())
+            .collect();
+        assert_eq!(full, vec![3, 7, 11, 15, 19, 23, 27, 31]);
+        assert!(cfg.sliding_window.iter().flatten().all(|&w| w == 4096));
+        let cut = olmo.with_layers(4).config().unwrap();
+        assert_eq!(
+            cut.sliding_window,
+            vec![Some(4096), Some(4096), Some(4096), None]
+        );
+        // YaRN's non-default parameters are written and read back too
+        let mut tuned = olmo_3_7b();
+        tuned.rope_scaling = RopeScaling::Yarn {
+            factor: 4.0,
+            original_max_position_embeddings: 4096.0,
+            beta_fast: 16.0,
+            beta_slow: 2.0,
+            attention_factor: 1.5,
+            truncate: false,
+        };
+        assert_eq!(tuned.config().unwrap().rope.scaling, tuned.rope_scaling);
+    }
+
+    /// OLMo's weights are its layout's: norms after attention and MLP,
+    /// q/k norms over the whole projection, no norm before the blocks; all
+    /// norms drawn as ones. Every shape lists exactly the weights
+    /// [`LlamaShape::weight_shapes`] names (the LM head only when untied)
+    /// plus Qwen2's biases.
+    #[test]
+    fn tensors_follow_the_layout() {
+        let olmo = olmo_3_7b();
+        let t = olmo.tensors();
+        let find = |name: &str| t.iter().find(|s| s.name == name);
+        let p = "model.layers.5";
+        assert!(find(&format!("{p}.input_layernorm.weight")).is_none());
+        for (norm, width) in [
+            ("post_attention_layernorm", 4096),
+            ("post_feedforward_layernorm", 4096),
+            ("self_attn.q_norm", 32 * 128),
+            ("self_attn.k_norm", 32 * 128),
+        ] {
+            let s = find(&format!("{p}.{norm}.weight")).unwrap();
+            assert_eq!((s.dims.clone(), s.kind), (vec![width], TensorKind::Norm));
+        }
+        assert_eq!(t.first().unwrap().name, "model.embed_tokens.weight");
+        assert_eq!(t.last().unwrap().name, "lm_head.weight");
+        for shape in [
+            llama_3_2_1b(),
+            qwen2_5_1_5b(),
+            smollm3_3b(),
+            olmo_3_7b().with_layers(2),
+        ] {
+            let listed: std::collections::BTreeSet<String> = shape
+                .tensors()
+                .into_iter()
+                .filter(|s| s.kind != TensorKind::Bias)
+                .map(|s| s.name)
+                .collect();
+            let named: std::collections::BTreeSet<String> = shape
+                .sizes
+                .weight_shapes()
+                .into_iter()
+                .map(|(n, _)| n)
+                .filter(|n| !(shape.tie_word_embeddings && n == "lm_head.weight"))
+                .collect();
+            assert_eq!(listed, named, "{}", shape.name);
+            let biases = shape
+                .tensors()
+                .iter()
+                .filter(|s| s.kind == TensorKind::Bias)
+                .count();
+            assert_eq!(
+                biases,
+                if shape.qkv_bias {
+                    3 * shape.sizes.num_layers
+                } else {
+                    0
+                }
+            );
+        }
     }
 
     #[test]

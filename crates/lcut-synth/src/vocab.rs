@@ -8,7 +8,7 @@
 use serde_json::{Map, Value, json};
 
 use crate::error::{Result, SynthError};
-use crate::shapes::ModelShape;
+use crate::shapes::{Family, ModelShape};
 
 /// llama.cpp's token types (`tokenizer.ggml.token_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,17 +62,24 @@ fn byte_level(text: &str) -> String {
     text.bytes().map(byte_char).collect()
 }
 
-/// The special tokens of a shape, named as its checkpoint names them.
+/// The special tokens of a shape (BoS, EoS and pad, each once), named as
+/// its checkpoint names them.
 fn special_texts(shape: &ModelShape) -> Vec<(u32, String)> {
     let t = shape.tokens;
-    let (bos, eos) = match (shape.family, t.bos) {
-        (crate::shapes::Family::Qwen2, _) => ("<|endoftext|>", "<|im_end|>"),
-        (_, 128_000) => ("<|begin_of_text|>", "<|end_of_text|>"),
-        _ => ("<s>", "</s>"),
+    let (bos, eos) = match (shape.family(), t.bos) {
+        (Family::Qwen2, _) => ("<|endoftext|>", "<|im_end|>"),
+        (Family::Smollm3, _) => ("<|begin_of_text|>", "<|im_end|>"),
+        (Family::Olmo, _) => ("<|endoftext|>", "<|endoftext|>"),
+        (Family::Llama, 128_000) => ("<|begin_of_text|>", "<|end_of_text|>"),
+        (Family::Llama, _) => ("<s>", "</s>"),
     };
-    let mut out = vec![(t.bos, bos.to_string())];
-    if t.eos != t.bos {
-        out.push((t.eos, eos.to_string()));
+    let mut out: Vec<(u32, String)> = vec![];
+    for (id, text) in [(Some(t.bos), bos), (Some(t.eos), eos), (t.pad, "<|pad|>")] {
+        if let Some(id) = id
+            && !out.iter().any(|(i, _)| *i == id)
+        {
+            out.push((id, text.to_string()));
+        }
     }
     out
 }
@@ -187,7 +194,9 @@ impl Vocabulary {
         })
     }
 
-    /// The `tokenizer_config.json` naming the special tokens.
+    /// The `tokenizer_config.json` naming the special tokens, and whether
+    /// BoS is put before a text as the checkpoint's tokenizer does
+    /// ([`ModelShape::adds_bos`]).
     pub fn tokenizer_config_json(&self, shape: &ModelShape) -> Value {
         let text = |id: u32| {
             self.specials
@@ -195,13 +204,17 @@ impl Vocabulary {
                 .find(|(i, _)| *i == id)
                 .map(|(_, t)| t.clone())
         };
-        json!({
+        let mut config = json!({
             "bos_token": text(shape.tokens.bos),
             "eos_token": text(shape.tokens.eos),
-            "add_bos_token": true,
+            "add_bos_token": shape.adds_bos(),
             "model_max_length": shape.sizes.max_position_embeddings,
             "tokenizer_class": "PreTrainedTokenizerFast",
-        })
+        });
+        if let (Some(pad), Value::Object(map)) = (shape.tokens.pad, &mut config) {
+            map.insert("pad_token".into(), json!(text(pad)));
+        }
+        config
     }
 }
 
@@ -223,7 +236,12 @@ mod tests {
     /// merge joins two tokens into a third, all in the vocabulary.
     #[test]
     fn the_vocabulary_fills_the_shape() {
-        for shape in [shapes::llama_3_2_1b(), shapes::qwen2_5_1_5b()] {
+        for shape in [
+            shapes::llama_3_2_1b(),
+            shapes::qwen2_5_1_5b(),
+            shapes::smollm3_3b(),
+            shapes::olmo_3_7b(),
+        ] {
             let v = Vocabulary::for_shape(&shape).unwrap();
             assert_eq!(v.tokens.len(), shape.sizes.vocab_size);
             let ids: std::collections::HashMap<&str, usize> = v
@@ -233,7 +251,9 @@ mod tests {
                 .map(|(i, t)| (t.as_str(), i))
                 .collect();
             assert_eq!(ids.len(), v.tokens.len(), "token strings are unique");
-            assert_eq!(v.types[shape.tokens.bos as usize], TokenType::Control);
+            for (id, _) in &v.specials {
+                assert_eq!(v.types[*id as usize], TokenType::Control);
+            }
             for m in &v.merges {
                 let (l, r) = m.split_once(' ').unwrap();
                 assert!(

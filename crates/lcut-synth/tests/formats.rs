@@ -13,7 +13,10 @@ use std::path::Path;
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 use lcut_model::gguf::{GgufFile, GgufWeights};
-use lcut_model::{ModelConfig, ModelError, ModelFiles, WeightFiles, WeightSource};
+use lcut_model::{
+    Arch, Decoder, Layout, ModelConfig, ModelError, ModelFiles, RopeScaling, WeightFiles,
+    WeightMode, WeightSource,
+};
 use lcut_synth::draw::RandomWeights;
 use lcut_synth::shapes::{self, ModelShape, TensorKind};
 use lcut_synth::{Format, SynthError, WriteOptions, write_model};
@@ -49,6 +52,45 @@ fn tiny_qwen() -> ModelShape {
     s
 }
 
+/// The sizes every tiny shape below takes (4 layers: OLMo 3's three
+/// sliding layers and a full one, SmolLM3's three rotated and a NoPE one;
+/// 2 K/V heads so OLMo's k_norm is narrower than its q_norm).
+fn shrink(mut s: ModelShape, name: &str) -> ModelShape {
+    s.name = name.into();
+    s.sizes.vocab_size = 512;
+    s.sizes.hidden_size = 256;
+    s.sizes.intermediate_size = 512;
+    s.sizes.num_layers = 4;
+    s.sizes.num_heads = 4;
+    s.sizes.num_kv_heads = 2;
+    s.tokens.bos = 500;
+    s.tokens.eos = 501;
+    s.tokens.pad = s.tokens.pad.map(|_| 511);
+    s
+}
+
+/// SmolLM3-3B's layout (NoPE every 4th layer, tied head) at test size.
+fn tiny_smollm3() -> ModelShape {
+    shrink(shapes::smollm3_3b(), "tiny-smollm3")
+}
+
+/// OLMo-3-7B's layout (norms after the blocks, q/k norms, sliding layers,
+/// YaRN on the full ones, untied head, a pad token) at test size.
+fn tiny_olmo3() -> ModelShape {
+    let mut s = shrink(shapes::olmo_3_7b(), "tiny-olmo3");
+    s.tokens.eos = s.tokens.bos;
+    s
+}
+
+/// OLMo 2's layout (no window, no RoPE scaling) at test size.
+fn tiny_olmo2() -> ModelShape {
+    let mut s = tiny_olmo3();
+    s.name = "tiny-olmo2".into();
+    s.sizes.layout = Layout::Olmo { window: None };
+    s.rope_scaling = RopeScaling::None;
+    s
+}
+
 fn write(shape: &ModelShape, format: Format, out: &Path, opts: &WriteOptions) {
     write_model(shape, format, out, opts, &mut |_, _| {}).unwrap();
 }
@@ -66,7 +108,13 @@ fn opts(seed: u64) -> WriteOptions {
 #[test]
 fn safetensors_hold_the_drawn_weights() {
     let dir = tempfile::tempdir().unwrap();
-    for shape in [tiny_llama(), tiny_qwen()] {
+    for shape in [
+        tiny_llama(),
+        tiny_qwen(),
+        tiny_smollm3(),
+        tiny_olmo3(),
+        tiny_olmo2(),
+    ] {
         let drawn = RandomWeights::new("drawn".into(), 9);
         for (format, dtype) in [
             (Format::SafetensorsF32, DType::F32),
@@ -77,7 +125,8 @@ fn safetensors_hold_the_drawn_weights() {
             let cfg = ModelConfig::from_folder(&out).unwrap();
             assert_eq!(cfg.vocab_size, shape.sizes.vocab_size);
             assert_eq!(cfg.tie_word_embeddings, shape.tie_word_embeddings);
-            assert_eq!(cfg.qkv_bias, shape.family.qkv_bias());
+            assert_eq!(cfg.qkv_bias, shape.qkv_bias);
+            assert_eq!(cfg.arch, shape.arch());
             let files = WeightFiles::open(&out).unwrap();
             for t in shape.tensors() {
                 let read = files.load(&t.name, &t.dims, dtype, &Device::Cpu).unwrap();
@@ -159,7 +208,13 @@ fn sharded_safetensors_load_as_one_file() {
 #[test]
 fn gguf_holds_the_drawn_weights_quantized() {
     let dir = tempfile::tempdir().unwrap();
-    for shape in [tiny_llama(), tiny_qwen()] {
+    for shape in [
+        tiny_llama(),
+        tiny_qwen(),
+        tiny_smollm3(),
+        tiny_olmo3(),
+        tiny_olmo2(),
+    ] {
         let drawn = RandomWeights::new("drawn".into(), 4);
         for (format, ty) in [
             (Format::GgufQ4_0, GgmlDType::Q4_0),
@@ -182,13 +237,25 @@ fn gguf_holds_the_drawn_weights_quantized() {
                 )
             );
             assert_eq!(cfg.tie_word_embeddings, shape.tie_word_embeddings);
-            assert_eq!(cfg.qkv_bias, shape.family.qkv_bias());
+            assert_eq!(cfg.qkv_bias, shape.qkv_bias);
             // GGUF stores the constants as f32
             let f32s = |c: &ModelConfig| (c.rms_norm_eps as f32, c.rope.theta as f32);
             assert_eq!(f32s(&cfg), f32s(&want_cfg));
+            // the layout: windows, NoPE layers, norm placement, per-layer RoPE
+            assert_eq!(cfg.sliding_window, want_cfg.sliding_window);
+            assert_eq!(cfg.rotates, want_cfg.rotates);
+            assert_eq!((cfg.norms, cfg.qk_norm), (want_cfg.norms, want_cfg.qk_norm));
+            assert_eq!(cfg.sliding_rope, want_cfg.sliding_rope);
+            if matches!(shape.rope_scaling, RopeScaling::Yarn { .. }) {
+                assert_eq!(cfg.rope.scaling, want_cfg.rope.scaling);
+            }
+            assert_eq!(cfg.eos_token_ids, want_cfg.eos_token_ids);
             assert_eq!(cfg.bos_token_id, Some(shape.tokens.bos));
             let has_factors = file.header().tensors.contains_key("rope_freqs.weight");
-            assert_eq!(has_factors, shape.family == shapes::Family::Llama);
+            assert_eq!(
+                has_factors,
+                matches!(shape.rope_scaling, RopeScaling::Llama3 { .. })
+            );
             let weights = GgufWeights::new(file);
             for t in shape.tensors() {
                 let read = weights
@@ -221,6 +288,170 @@ fn gguf_holds_the_drawn_weights_quantized() {
     }
 }
 
+/// SmolLM3's and OLMo 3's layouts, written at 4 layers in every format,
+/// load as decoders (dense and, from GGUF, quantized) with their layout:
+/// SmolLM3's 4th layer unrotated, OLMo 3's three sliding layers and a
+/// full one with YaRN, norms after the blocks. The f32 folder computes
+/// exactly what the drawn model does; the Q8_0 file close to it (its
+/// dense and quantized decoders alike). The GGUF header names the
+/// architecture, tokenizer and tensors as llama.cpp's converter does.
+#[test]
+fn smollm3_and_olmo3_load_as_decoders_with_their_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens: Vec<u32> = (0..12).map(|i| 3 + 37 * i % 490).collect();
+    for shape in [tiny_smollm3(), tiny_olmo3()] {
+        let drawn = lcut_synth::RandomModel {
+            shape: shape.clone(),
+            seed: 5,
+        }
+        .build(DType::F32, &Device::Cpu)
+        .unwrap();
+        let want = drawn.teacher_forced_logits(&tokens, None).unwrap();
+        let check = |cfg: &ModelConfig| match shape.sizes.layout {
+            Layout::Smollm3 { .. } => {
+                assert_eq!(cfg.arch, Arch::SmolLM3);
+                assert_eq!(cfg.rotates, vec![true, true, true, false]);
+                assert!(cfg.tie_word_embeddings);
+                assert_eq!(cfg.norms, lcut_model::config::NormPlacement::Pre);
+            }
+            _ => {
+                assert_eq!(cfg.arch, Arch::Olmo3);
+                assert_eq!(
+                    cfg.sliding_window,
+                    vec![Some(4096), Some(4096), Some(4096), None]
+                );
+                assert!(
+                    matches!(cfg.rope.scaling, RopeScaling::Yarn { factor, original_max_position_embeddings, .. }
+                        if factor == 8.0 && original_max_position_embeddings == 8192.0),
+                    "{:?}",
+                    cfg.rope.scaling
+                );
+                let sliding = cfg.sliding_rope.unwrap();
+                assert_eq!(sliding.scaling, RopeScaling::None);
+                assert_eq!(sliding.theta, cfg.rope.theta);
+                assert_eq!(cfg.norms, lcut_model::config::NormPlacement::Post);
+                assert_eq!(cfg.qk_norm, lcut_model::config::QkNorm::Whole);
+                assert!(!cfg.tie_word_embeddings);
+            }
+        };
+        for format in Format::ALL {
+            let ext = if format.is_gguf() { ".gguf" } else { "" };
+            let out = dir.path().join(format!("{}-{format}{ext}", shape.name));
+            write(&shape, format, &out, &opts(5));
+            let modes: &[WeightMode] = if format.is_gguf() {
+                &[WeightMode::Dense(DType::F32), WeightMode::Quantized]
+            } else {
+                &[WeightMode::Dense(DType::F32)]
+            };
+            for &mode in modes {
+                let model = Decoder::load_as(&out, mode, &Device::Cpu).unwrap();
+                check(model.config());
+                let logits = model.teacher_forced_logits(&tokens, None).unwrap();
+                let err = max_diff(&logits, &want) / max_abs(&want);
+                let bound = match format {
+                    Format::SafetensorsF32 => 0.0,
+                    Format::SafetensorsBf16 => 0.03,
+                    Format::GgufQ8_0 => 0.05,
+                    _ => 0.5,
+                };
+                assert!(
+                    err <= bound,
+                    "{} as {format} ({}): relative error {err}",
+                    shape.name,
+                    mode.name()
+                );
+            }
+            if !format.is_gguf() {
+                continue;
+            }
+            let file = GgufFile::open(&out).unwrap();
+            let meta = &file.header().metadata;
+            let text = |k: &str| meta[k].as_str().unwrap().to_string();
+            let olmo = shape.arch() == Arch::Olmo3;
+            let (arch, pre) = if olmo {
+                ("olmo2", "dbrx")
+            } else {
+                ("smollm3", "llama-bpe")
+            };
+            assert_eq!(text("general.architecture"), arch);
+            assert_eq!(text("tokenizer.ggml.pre"), pre);
+            assert_eq!(meta["tokenizer.ggml.add_bos_token"].as_bool(), Some(false));
+            let tensors = &file.header().tensors;
+            assert_eq!(
+                tensors.contains_key("blk.0.post_attention_norm.weight"),
+                olmo
+            );
+            assert_eq!(tensors.contains_key("blk.0.post_ffw_norm.weight"), olmo);
+            assert_eq!(tensors.contains_key("blk.0.attn_k_norm.weight"), olmo);
+            assert_eq!(tensors.contains_key("blk.0.attn_norm.weight"), !olmo);
+            assert_eq!(tensors.contains_key("blk.0.ffn_norm.weight"), !olmo);
+            if olmo {
+                assert_eq!(tensors["blk.0.attn_q_norm.weight"].shape, vec![256]);
+                assert_eq!(tensors["blk.0.attn_k_norm.weight"].shape, vec![128]);
+                assert_eq!(meta["olmo2.attention.sliding_window"].as_u64(), Some(4096));
+                let pattern: Vec<Option<bool>> = meta["olmo2.attention.sliding_window_pattern"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_bool())
+                    .collect();
+                assert_eq!(
+                    pattern,
+                    vec![Some(true), Some(true), Some(true), Some(false)]
+                );
+                assert_eq!(text("olmo2.rope.scaling.type"), "yarn");
+                assert_eq!(meta["olmo2.rope.scaling.factor"].as_f64(), Some(8.0));
+                assert_eq!(
+                    meta["olmo2.rope.scaling.original_context_length"].as_u64(),
+                    Some(8192)
+                );
+                assert!(!meta.contains_key("olmo2.rope.scaling.yarn_attn_factor"));
+                assert_eq!(meta["tokenizer.ggml.padding_token_id"].as_u64(), Some(511));
+            }
+        }
+    }
+}
+
+/// `RandomModel::build` is the model its f32 folder holds, logit for
+/// logit: the drawn source offers no tensor the files lack (an `o_proj`
+/// bias, llama.cpp's RoPE factors), whatever the layout.
+#[test]
+fn the_built_model_is_the_written_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = [1u32, 7, 300, 42, 9, 9, 128];
+    for shape in [tiny_llama(), tiny_qwen(), tiny_olmo2()] {
+        let model = lcut_synth::RandomModel {
+            shape: shape.clone(),
+            seed: 8,
+        };
+        let built = model.build(DType::F32, &Device::Cpu).unwrap();
+        let out = dir.path().join(&shape.name);
+        write(&shape, Format::SafetensorsF32, &out, &opts(8));
+        let loaded = Decoder::load(&out, DType::F32, &Device::Cpu).unwrap();
+        let (a, b) = (
+            built.teacher_forced_logits(&tokens, None).unwrap(),
+            loaded.teacher_forced_logits(&tokens, None).unwrap(),
+        );
+        assert_eq!(max_diff(&a, &b), 0.0, "{}", shape.name);
+    }
+}
+
+/// The full-size shapes fit every GGUF format's blocks (planned, not
+/// written: a 7B file is no test's to write), and a 4-layer cut of each
+/// keeps its layout.
+#[test]
+fn the_full_smollm3_and_olmo3_shapes_plan_in_every_gguf_format() {
+    for shape in [shapes::smollm3_3b(), shapes::olmo_3_7b()] {
+        for format in Format::ALL.into_iter().filter(|f| f.is_gguf()) {
+            let plan = lcut_synth::write::gguf::plan(&shape, format).unwrap();
+            assert!(plan.data_bytes() > 0, "{} in {format}", shape.name);
+        }
+        let cut = shape.clone().with_layers(4);
+        assert_eq!(cut.sizes.layout, shape.sizes.layout);
+        assert_eq!(cut.config().unwrap().num_layers, 4);
+    }
+}
+
 /// llama.cpp's Q4_K_M rule: Q6_K for the V and down projections of the
 /// first and last eighth of the layers and every third layer between.
 #[test]
@@ -235,6 +466,15 @@ fn q4_k_m_gives_more_bits_to_llama_cpps_layers() {
     assert!(!more_bits(16, "model.layers.0.self_attn.k_proj.weight"));
     assert!(!more_bits(16, "model.layers.2.mlp.down_proj.weight"));
     assert!(!more_bits(16, "model.embed_tokens.weight"));
+}
+
+fn max_abs(a: &Tensor) -> f32 {
+    a.abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
 }
 
 fn max_diff(a: &Tensor, b: &Tensor) -> f32 {

@@ -1,10 +1,12 @@
 //! A random model as a GGUF file that both lcut and llama.cpp load:
-//! llama.cpp's tensor names and metadata keys (as its converter writes
-//! them), llama-family Q/K rows in its permuted order, Llama 3's RoPE
-//! scaling as a `rope_freqs.weight` tensor, the synthetic tokenizer as
-//! `gpt2` BPE, norms and biases in f32, matrices in the format's type and
-//! the LM head (the embedding when tied) in Q6_K, as `llama-quantize`
-//! stores it.
+//! llama.cpp's architecture names (`llama`, `qwen2`, `smollm3`, `olmo2` for
+//! OLMo 2 and 3), tensor names and metadata keys (as its converter writes
+//! them), Llama's and SmolLM3's Q/K rows in its permuted order, Llama 3's
+//! RoPE scaling as a `rope_freqs.weight` tensor and YaRN as
+//! `rope.scaling.*` keys, OLMo 3's sliding layers as a window and a
+//! per-layer pattern, the synthetic tokenizer as `gpt2` BPE, norms and
+//! biases in f32, matrices in the format's type and the LM head (the
+//! embedding when tied) in Q6_K, as `llama-quantize` stores it.
 
 use std::io::{BufWriter, Write};
 use std::path::Path;
@@ -12,13 +14,13 @@ use std::path::Path;
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use lcut_model::gguf::gguf_name;
-use lcut_model::{RopeConfig, RopeScaling, inverse_frequencies};
+use lcut_model::{Layout, RopeConfig, RopeScaling, inverse_frequencies};
 
 use super::gguf_file::{MetaValue, TensorInfo, offsets, write_header};
 use super::{Format, Progress, rows_per_slice};
 use crate::draw;
 use crate::error::{Result, SynthError};
-use crate::shapes::{Family, ModelShape, TensorKind, TensorSpec};
+use crate::shapes::{Family, ModelShape, TensorKind, TensorSpec, yarn_params};
 use crate::vocab::Vocabulary;
 
 /// What a GGUF tensor holds: a weight of the shape, or the RoPE factors.
@@ -99,10 +101,11 @@ pub fn more_bits(layers: usize, name: &str) -> bool {
     }
 }
 
-/// The heads whose rows llama.cpp permutes in this weight (a llama-family
-/// Q or K projection), or `None`.
+/// The heads whose rows llama.cpp permutes in this weight (a Q or K
+/// projection of an architecture whose converter permutes them: Llama and
+/// SmolLM3, not Qwen2 or OLMo), or `None`.
 fn permuted_heads(shape: &ModelShape, name: &str) -> Option<usize> {
-    if shape.family != Family::Llama || !name.ends_with(".weight") {
+    if !shape.arch().gguf_permutes_qk() || !name.ends_with(".weight") {
         return None;
     }
     if name.contains(".self_attn.q_proj.") {
@@ -137,8 +140,48 @@ fn rope_factors(shape: &ModelShape) -> Option<Vec<f32>> {
     Some(factors)
 }
 
-/// The tensors of `shape` in `format`, checked to fit the types' blocks.
+/// llama.cpp's name of weight `hf_name` of `shape`: [`gguf_name`]'s, but
+/// OLMo's norm after attention is `post_attention_norm` (llama.cpp's
+/// `ATTN_POST_NORM`), where Llama's `post_attention_layernorm` is the norm
+/// before the MLP (`ffn_norm`).
+pub fn tensor_name(shape: &ModelShape, hf_name: &str) -> String {
+    if shape.family() == Family::Olmo
+        && let Some(layer) = hf_name
+            .strip_prefix("model.layers.")
+            .and_then(|rest| rest.strip_suffix(".post_attention_layernorm.weight"))
+    {
+        return format!("blk.{layer}.post_attention_norm.weight");
+    }
+    gguf_name(hf_name)
+}
+
+/// Refuse what a GGUF file cannot record, which llama.cpp (and lcut)
+/// would read back as another model: a SmolLM3 NoPE interval other than
+/// the 4 llama.cpp hard-codes (it has no key), and YaRN's ramp left
+/// unrounded (`truncate: false`; no key either).
+fn check_recordable(shape: &ModelShape, format: Format) -> Result<()> {
+    let what = match (shape.sizes.layout, shape.rope_scaling) {
+        (Layout::Smollm3 { nope_interval }, _) if nope_interval != 4 => format!(
+            "a NoPE layer every {nope_interval} layers (llama.cpp's smollm3 has one every 4)"
+        ),
+        (
+            _,
+            RopeScaling::Yarn {
+                truncate: false, ..
+            },
+        ) => "YaRN without truncation (llama.cpp always rounds the ramp's bounds)".into(),
+        _ => return Ok(()),
+    };
+    Err(SynthError::Unrecordable {
+        format: format.to_string(),
+        what,
+    })
+}
+
+/// The tensors of `shape` in `format`, checked to fit the types' blocks
+/// and to be recordable in GGUF.
 pub fn plan(shape: &ModelShape, format: Format) -> Result<GgufPlan> {
+    check_recordable(shape, format)?;
     let mut infos = Vec::new();
     let mut sources = Vec::new();
     if let Some(f) = rope_factors(shape) {
@@ -162,7 +205,7 @@ pub fn plan(shape: &ModelShape, format: Format) -> Result<GgufPlan> {
             });
         }
         infos.push(TensorInfo {
-            name: gguf_name(&t.name),
+            name: tensor_name(shape, &t.name),
             dims: t.dims.clone(),
             type_id: type_id(ty),
             bytes: type_bytes(ty, t.len()),
@@ -196,17 +239,25 @@ fn file_type(format: Format) -> u32 {
     }
 }
 
-/// The metadata: architecture, sizes, RoPE and norm constants, tokenizer.
-fn metadata(shape: &ModelShape, format: Format, vocab: Vocabulary) -> Vec<(String, MetaValue)> {
+/// The metadata: architecture, sizes, RoPE and norm constants, OLMo 3's
+/// sliding layers, YaRN, tokenizer.
+fn metadata(
+    shape: &ModelShape,
+    format: Format,
+    vocab: Vocabulary,
+) -> Result<Vec<(String, MetaValue)>> {
     let s = &shape.sizes;
-    let a = shape.family.model_type();
+    let a = shape.arch().gguf_name();
     let k = |suffix: &str| format!("{a}.{suffix}");
     let u = |n: usize| MetaValue::U32(n as u32);
-    let pre = match shape.family {
-        Family::Llama => "llama-bpe",
+    // the names llama.cpp's converter gives these tokenizers: SmolLM3's is
+    // Llama 3's (`smollm` is SmolLM 1/2's), OLMo 2/3's is DBRX's cl100k
+    let pre = match shape.family() {
+        Family::Llama | Family::Smollm3 => "llama-bpe",
         Family::Qwen2 => "qwen2",
+        Family::Olmo => "dbrx",
     };
-    vec![
+    let mut meta = vec![
         ("general.architecture".into(), MetaValue::Str(a.into())),
         ("general.type".into(), MetaValue::Str("model".into())),
         (
@@ -231,6 +282,42 @@ fn metadata(shape: &ModelShape, format: Format, vocab: Vocabulary) -> Vec<(Strin
             MetaValue::F32(s.rms_norm_eps as f32),
         ),
         (k("rope.dimension_count"), u(s.head_dim())),
+    ];
+    if let Layout::Olmo { window: Some(w) } = s.layout {
+        // as the converter writes OLMo 3: which layers slide, one flag per
+        // layer (as the config has them); the sliding layers' base is the
+        // same, unscaled
+        let pattern = shape
+            .config()?
+            .sliding_window
+            .iter()
+            .map(Option::is_some)
+            .collect();
+        meta.extend([
+            (k("attention.sliding_window"), u(w)),
+            (
+                k("attention.sliding_window_pattern"),
+                MetaValue::Bools(pattern),
+            ),
+            (k("rope.freq_base_swa"), MetaValue::F32(s.rope_theta as f32)),
+        ]);
+    }
+    if let Some(params) = yarn_params(&shape.rope_scaling) {
+        meta.push((k("rope.scaling.type"), MetaValue::Str("yarn".into())));
+        for (name, value) in params {
+            let (suffix, value) = match name {
+                "factor" => ("factor", MetaValue::F32(value as f32)),
+                "original_max_position_embeddings" => {
+                    ("original_context_length", MetaValue::U32(value as u32))
+                }
+                "attention_factor" => ("yarn_attn_factor", MetaValue::F32(value as f32)),
+                "beta_fast" => ("yarn_beta_fast", MetaValue::F32(value as f32)),
+                _ => ("yarn_beta_slow", MetaValue::F32(value as f32)),
+            };
+            meta.push((k(&format!("rope.scaling.{suffix}")), value));
+        }
+    }
+    meta.extend([
         ("tokenizer.ggml.model".into(), MetaValue::Str("gpt2".into())),
         ("tokenizer.ggml.pre".into(), MetaValue::Str(pre.into())),
         (
@@ -253,11 +340,18 @@ fn metadata(shape: &ModelShape, format: Format, vocab: Vocabulary) -> Vec<(Strin
             "tokenizer.ggml.eos_token_id".into(),
             MetaValue::U32(shape.tokens.eos),
         ),
-        (
-            "tokenizer.ggml.add_bos_token".into(),
-            MetaValue::Bool(shape.family == Family::Llama),
-        ),
-    ]
+    ]);
+    if let Some(pad) = shape.tokens.pad {
+        meta.push((
+            "tokenizer.ggml.padding_token_id".into(),
+            MetaValue::U32(pad),
+        ));
+    }
+    meta.push((
+        "tokenizer.ggml.add_bos_token".into(),
+        MetaValue::Bool(shape.adds_bos()),
+    ));
+    Ok(meta)
 }
 
 /// Write the GGUF file of `shape` in `format` to `path` (a new file), the
@@ -274,7 +368,7 @@ pub fn write(
     let io = |e| SynthError::io(path, e);
     let file = std::fs::File::create(path).map_err(io)?;
     let mut w = BufWriter::with_capacity(8 << 20, file);
-    write_header(&mut w, &metadata(shape, format, vocab), &plan.infos).map_err(io)?;
+    write_header(&mut w, &metadata(shape, format, vocab)?, &plan.infos).map_err(io)?;
     let (offs, _) = offsets(&plan.infos);
     let total = plan.data_bytes();
     let (mut at, mut done) = (0u64, 0u64);
@@ -359,5 +453,114 @@ mod tests {
             "{f:?}"
         );
         assert!(rope_factors(&crate::shapes::qwen2_5_1_5b()).is_none());
+        assert!(rope_factors(&crate::shapes::olmo_3_7b()).is_none());
+    }
+
+    /// llama.cpp permutes Llama's and SmolLM3's Q/K rows, not Qwen2's or
+    /// OLMo's; OLMo's norm after attention is `post_attention_norm`, where
+    /// Llama's `post_attention_layernorm` is its `ffn_norm`.
+    #[test]
+    fn permutation_and_names_follow_the_architecture() {
+        use crate::shapes;
+        let q = "model.layers.0.self_attn.q_proj.weight";
+        let k = "model.layers.0.self_attn.k_proj.weight";
+        assert_eq!(permuted_heads(&shapes::smollm3_3b(), q), Some(16));
+        assert_eq!(permuted_heads(&shapes::smollm3_3b(), k), Some(4));
+        assert_eq!(permuted_heads(&shapes::llama_3_1_8b(), k), Some(8));
+        assert_eq!(permuted_heads(&shapes::olmo_3_7b(), q), None);
+        assert_eq!(permuted_heads(&shapes::qwen2_5_1_5b(), q), None);
+        let norm = "model.layers.7.post_attention_layernorm.weight";
+        assert_eq!(
+            tensor_name(&shapes::olmo_3_7b(), norm),
+            "blk.7.post_attention_norm.weight"
+        );
+        assert_eq!(
+            tensor_name(&shapes::smollm3_3b(), norm),
+            "blk.7.ffn_norm.weight"
+        );
+        assert_eq!(
+            tensor_name(
+                &shapes::olmo_3_7b(),
+                "model.layers.7.post_feedforward_layernorm.weight"
+            ),
+            "blk.7.post_ffw_norm.weight"
+        );
+        assert_eq!(
+            tensor_name(
+                &shapes::olmo_3_7b(),
+                "model.layers.7.self_attn.k_norm.weight"
+            ),
+            "blk.7.attn_k_norm.weight"
+        );
+    }
+
+    /// The full shapes' metadata: architecture, tokenizer, BoS, OLMo 3's
+    /// window and pattern, YaRN's keys (its default attention factor left
+    /// out, as the converter leaves it when the config does).
+    #[test]
+    fn metadata_names_the_architecture_and_its_layers() {
+        use crate::shapes;
+        let meta = |shape: &ModelShape| -> std::collections::HashMap<String, MetaValue> {
+            let vocab = Vocabulary::for_shape(shape).unwrap();
+            metadata(shape, Format::GgufQ4KM, vocab)
+                .unwrap()
+                .into_iter()
+                .collect()
+        };
+        let str_of = |v: &MetaValue| match v {
+            MetaValue::Str(s) => s.clone(),
+            other => panic!("{other:?}"),
+        };
+        let smol = meta(&shapes::smollm3_3b());
+        assert_eq!(str_of(&smol["general.architecture"]), "smollm3");
+        assert_eq!(str_of(&smol["tokenizer.ggml.pre"]), "llama-bpe");
+        assert_eq!(smol["tokenizer.ggml.add_bos_token"], MetaValue::Bool(false));
+        assert!(
+            !smol
+                .keys()
+                .any(|k| k.contains("sliding") || k.contains("scaling"))
+        );
+        let olmo = meta(&shapes::olmo_3_7b());
+        assert_eq!(str_of(&olmo["general.architecture"]), "olmo2");
+        assert_eq!(str_of(&olmo["tokenizer.ggml.pre"]), "dbrx");
+        assert_eq!(olmo["tokenizer.ggml.add_bos_token"], MetaValue::Bool(false));
+        assert_eq!(olmo["olmo2.attention.sliding_window"], MetaValue::U32(4096));
+        let MetaValue::Bools(pattern) = &olmo["olmo2.attention.sliding_window_pattern"] else {
+            panic!("no pattern");
+        };
+        assert_eq!(pattern.len(), 32);
+        assert_eq!(pattern.iter().filter(|s| !**s).count(), 8);
+        assert_eq!((pattern[0], pattern[3], pattern[31]), (true, false, false));
+        assert_eq!(olmo["olmo2.rope.freq_base_swa"], MetaValue::F32(500_000.0));
+        assert_eq!(str_of(&olmo["olmo2.rope.scaling.type"]), "yarn");
+        assert_eq!(olmo["olmo2.rope.scaling.factor"], MetaValue::F32(8.0));
+        assert_eq!(
+            olmo["olmo2.rope.scaling.original_context_length"],
+            MetaValue::U32(8192)
+        );
+        assert!(!olmo.contains_key("olmo2.rope.scaling.yarn_attn_factor"));
+        assert_eq!(
+            olmo["tokenizer.ggml.padding_token_id"],
+            MetaValue::U32(100_277)
+        );
+        let llama = meta(&shapes::llama_3_2_1b());
+        assert_eq!(llama["tokenizer.ggml.add_bos_token"], MetaValue::Bool(true));
+    }
+
+    /// What a GGUF cannot record is refused by name rather than written as
+    /// another model.
+    #[test]
+    fn an_unrecordable_shape_is_refused() {
+        let mut smol = crate::shapes::smollm3_3b();
+        smol.sizes.layout = Layout::Smollm3 { nope_interval: 3 };
+        let err = plan(&smol, Format::GgufQ8_0).err().unwrap();
+        assert!(matches!(err, SynthError::Unrecordable { .. }), "{err}");
+        assert!(err.to_string().contains("every 3 layers"), "{err}");
+        let mut olmo = crate::shapes::olmo_3_7b();
+        if let RopeScaling::Yarn { truncate, .. } = &mut olmo.rope_scaling {
+            *truncate = false;
+        }
+        assert!(plan(&olmo, Format::GgufQ4_0).is_err());
+        assert!(plan(&crate::shapes::olmo_3_7b(), Format::GgufQ4_0).is_ok());
     }
 }

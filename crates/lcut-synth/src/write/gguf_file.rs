@@ -24,6 +24,8 @@ pub enum MetaValue {
     Strs(Vec<String>),
     /// `ARRAY` of `INT32`.
     I32s(Vec<i32>),
+    /// `ARRAY` of `BOOL` (a byte each).
+    Bools(Vec<bool>),
 }
 
 impl MetaValue {
@@ -33,7 +35,7 @@ impl MetaValue {
             MetaValue::F32(_) => 6,
             MetaValue::Bool(_) => 7,
             MetaValue::Str(_) => 8,
-            MetaValue::Strs(_) | MetaValue::I32s(_) => 9,
+            MetaValue::Strs(_) | MetaValue::I32s(_) | MetaValue::Bools(_) => 9,
         }
     }
 
@@ -52,6 +54,12 @@ impl MetaValue {
                 w.write_all(&5u32.to_le_bytes())?;
                 w.write_all(&(xs.len() as u64).to_le_bytes())?;
                 xs.iter().try_for_each(|v| w.write_all(&v.to_le_bytes()))
+            }
+            MetaValue::Bools(xs) => {
+                w.write_all(&7u32.to_le_bytes())?;
+                w.write_all(&(xs.len() as u64).to_le_bytes())?;
+                let bytes: Vec<u8> = xs.iter().map(|b| u8::from(*b)).collect();
+                w.write_all(&bytes)
             }
         }
     }
@@ -155,6 +163,10 @@ mod tests {
                 "tokenizer.ggml.token_type".to_string(),
                 MetaValue::I32s(vec![1, 3]),
             ),
+            (
+                "olmo2.attention.sliding_window_pattern".to_string(),
+                MetaValue::Bools(vec![true, false, true]),
+            ),
         ];
         let tensors = vec![
             TensorInfo {
@@ -193,6 +205,13 @@ mod tests {
                 .map(<[_]>::len),
             Some(2)
         );
+        let flags: Vec<Option<bool>> = parsed.metadata["olmo2.attention.sliding_window_pattern"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_bool())
+            .collect();
+        assert_eq!(flags, vec![Some(true), Some(false), Some(true)]);
         let b = &parsed.tensors["b"];
         assert_eq!(b.shape, vec![2, 32]);
         assert_eq!(b.start as u64, head + 32);
