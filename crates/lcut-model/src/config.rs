@@ -1039,7 +1039,7 @@ mod tests {
         assert_eq!(c.sliding_rope.unwrap().theta, 20000.0);
         let err = parse(&format!(
             r#"{{"model_type":"gemma3_text", {BASE}, "rope_parameters":
-            {{"full_attention": {{"rope_type": "yarn", "factor": 4.0}}}}}}"#
+            {{"full_attention": {{"rope_type": "longrope", "factor": 4.0}}}}}}"#
         ))
         .unwrap_err();
         assert!(

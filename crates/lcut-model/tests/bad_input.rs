@@ -217,7 +217,7 @@ fn unsupported_rope_type() {
     edit_config(&dir, |c| {
         c.insert(
             "rope_scaling".into(),
-            serde_json::json!({"rope_type": "yarn", "factor": 4.0}),
+            serde_json::json!({"rope_type": "longrope", "factor": 4.0}),
         );
     });
     let err = load_err(&dir);
@@ -227,7 +227,7 @@ fn unsupported_rope_type() {
     );
     assert_mentions(
         &err.to_string(),
-        &[&shown(&dir, CONFIG), "\"yarn\"", "default, linear, llama3"],
+        &[&shown(&dir, CONFIG), "\"longrope\"", "default, linear, llama3, yarn"],
     );
 }
 
