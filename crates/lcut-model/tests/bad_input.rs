@@ -227,7 +227,11 @@ fn unsupported_rope_type() {
     );
     assert_mentions(
         &err.to_string(),
-        &[&shown(&dir, CONFIG), "\"longrope\"", "default, linear, llama3, yarn"],
+        &[
+            &shown(&dir, CONFIG),
+            "\"longrope\"",
+            "default, linear, llama3, yarn",
+        ],
     );
 }
 

@@ -102,19 +102,24 @@ fn opts(seed: u64) -> WriteOptions {
     }
 }
 
+/// One tiny shape of each family and layout.
+fn every_tiny_shape() -> [ModelShape; 5] {
+    [
+        tiny_llama(),
+        tiny_qwen(),
+        tiny_smollm3(),
+        tiny_olmo3(),
+        tiny_olmo2(),
+    ]
+}
+
 /// The safetensors folder holds the weights `RandomModel::build` draws:
 /// equal in f32, equal after bf16 rounding in bf16 (read back as bf16,
 /// never widened). Its config is the shape's.
 #[test]
 fn safetensors_hold_the_drawn_weights() {
     let dir = tempfile::tempdir().unwrap();
-    for shape in [
-        tiny_llama(),
-        tiny_qwen(),
-        tiny_smollm3(),
-        tiny_olmo3(),
-        tiny_olmo2(),
-    ] {
+    for shape in every_tiny_shape() {
         let drawn = RandomWeights::new("drawn".into(), 9);
         for (format, dtype) in [
             (Format::SafetensorsF32, DType::F32),
@@ -208,13 +213,7 @@ fn sharded_safetensors_load_as_one_file() {
 #[test]
 fn gguf_holds_the_drawn_weights_quantized() {
     let dir = tempfile::tempdir().unwrap();
-    for shape in [
-        tiny_llama(),
-        tiny_qwen(),
-        tiny_smollm3(),
-        tiny_olmo3(),
-        tiny_olmo2(),
-    ] {
+    for shape in every_tiny_shape() {
         let drawn = RandomWeights::new("drawn".into(), 4);
         for (format, ty) in [
             (Format::GgufQ4_0, GgmlDType::Q4_0),

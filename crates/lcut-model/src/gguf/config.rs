@@ -300,15 +300,7 @@ fn gemma3_layers(m: &Meta<'_>, layers: u64, c: &mut Map<String, Value>) -> Resul
             ));
         }
     }
-    let sliding = sliding_layers(m, layers, 6)?;
-    let types: Vec<&str> = sliding
-        .iter()
-        .map(|&s| match s {
-            true => "sliding_attention",
-            false => "full_attention",
-        })
-        .collect();
-    c.insert("layer_types".into(), json!(types));
+    c.insert("layer_types".into(), layer_types(m, layers, 6)?);
     let local = m.opt_f64(&m.key("rope.freq_base_swa"))?.unwrap_or(10_000.0);
     c.insert("rope_local_base_freq".into(), json!(local));
     if m.get(&m.key("rope.freq_base")).is_none() {
@@ -333,14 +325,7 @@ fn gemma3_layers(m: &Meta<'_>, layers: u64, c: &mut Map<String, Value>) -> Resul
 /// sliding layers' (`rope.freq_base_swa`, else the same base; unscaled).
 fn olmo3_layers(m: &Meta<'_>, layers: u64, c: &mut Map<String, Value>) -> Result<()> {
     c.insert("model_type".into(), json!(Arch::Olmo3.model_type()));
-    let types: Vec<&str> = sliding_layers(m, layers, 4)?
-        .iter()
-        .map(|&s| match s {
-            true => "sliding_attention",
-            false => "full_attention",
-        })
-        .collect();
-    c.insert("layer_types".into(), json!(types));
+    c.insert("layer_types".into(), layer_types(m, layers, 4)?);
     // llama.cpp's default base where the file names none
     let full_theta = m.opt_f64(&m.key("rope.freq_base"))?.unwrap_or(10_000.0);
     let sliding_theta = m
@@ -359,6 +344,18 @@ fn olmo3_layers(m: &Meta<'_>, layers: u64, c: &mut Map<String, Value>) -> Result
         }),
     );
     Ok(())
+}
+
+/// The `layer_types` list of [`sliding_layers`].
+fn layer_types(m: &Meta<'_>, layers: u64, default_period: u64) -> Result<Value> {
+    let types: Vec<&str> = sliding_layers(m, layers, default_period)?
+        .iter()
+        .map(|&s| match s {
+            true => "sliding_attention",
+            false => "full_attention",
+        })
+        .collect();
+    Ok(json!(types))
 }
 
 /// Which of `layers` layers slide: `attention.sliding_window_pattern` as
