@@ -39,10 +39,16 @@ pub enum Arch {
     /// OLMo 3 (`olmo3`; GGUF's `olmo2` with a sliding window): OLMo 2's layer
     /// with sliding and full layers and a RoPE per layer type.
     Olmo3,
+    /// Qwen3-MoE (`qwen3_moe`): Qwen3's attention, a mixture of experts in
+    /// place of the MLP (dense MLPs where `mlp_only_layers` or
+    /// `decoder_sparse_step` say).
+    Qwen3Moe,
+    /// Mixtral (`mixtral`): Mistral's attention, the top 2 of 8 experts.
+    Mixtral,
 }
 
 impl Arch {
-    const ALL: [(&'static str, Arch); 10] = [
+    const ALL: [(&'static str, Arch); 12] = [
         ("llama", Arch::Llama),
         ("mistral", Arch::Mistral),
         ("qwen2", Arch::Qwen2),
@@ -53,6 +59,8 @@ impl Arch {
         ("smollm3", Arch::SmolLM3),
         ("olmo2", Arch::Olmo2),
         ("olmo3", Arch::Olmo3),
+        ("qwen3_moe", Arch::Qwen3Moe),
+        ("mixtral", Arch::Mixtral),
     ];
 
     /// The `model_type` string of this architecture.
@@ -192,6 +200,22 @@ impl NormPlacement {
     }
 }
 
+/// A mixture-of-experts MLP: a router picks `top_k` of `num_experts`
+/// gated MLPs per token and sums their outputs weighted by its
+/// probabilities.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ExpertsConfig {
+    /// Experts per sparse layer.
+    pub num_experts: usize,
+    /// Experts each token runs.
+    pub top_k: usize,
+    /// Each expert's inner width.
+    pub inner: usize,
+    /// The chosen experts' probabilities are renormalised to sum to one
+    /// (Mixtral always; Qwen3-MoE with `norm_topk_prob`).
+    pub normalize_top_k: bool,
+}
+
 /// How queries and keys are normed before their rotation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum QkNorm {
@@ -278,6 +302,11 @@ pub struct ModelConfig {
     pub fused_gate_up: bool,
     /// MLP activation.
     pub activation: Activation,
+    /// The experts of the sparse layers, where the model has any.
+    pub experts: Option<ExpertsConfig>,
+    /// Whether each layer's MLP is the mixture of experts (false: a dense
+    /// MLP of `intermediate_size`).
+    pub sparse_layers: Vec<bool>,
 }
 
 /// Largest width, head count, head width or vocabulary a config may claim
@@ -519,6 +548,7 @@ impl ModelConfig {
             _ => 4096,
         };
         let default_eps = if arch.is_olmo() { 1e-5 } else { 1e-6 };
+        let (experts, sparse_layers) = read_experts(f, arch, num_layers)?;
         Ok(Self {
             arch,
             vocab_size: f.positive("vocab_size")?,
@@ -544,7 +574,7 @@ impl ModelConfig {
                 _ => f.opt_bool("attention_bias")?.unwrap_or(false),
             },
             qk_norm: match arch {
-                Arch::Qwen3 | Arch::Gemma3 => QkNorm::PerHead,
+                Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 => QkNorm::PerHead,
                 Arch::Olmo2 | Arch::Olmo3 => QkNorm::Whole,
                 _ => QkNorm::None,
             },
@@ -570,6 +600,8 @@ impl ModelConfig {
             fused_qkv: arch == Arch::Phi3,
             fused_gate_up: arch == Arch::Phi3,
             activation,
+            experts,
+            sparse_layers,
         })
     }
 
@@ -599,10 +631,86 @@ const OLMO3_ROPES: layer_ropes::RopeDefaults = layer_ropes::RopeDefaults {
     sliding_theta: 500_000.0,
 };
 
+/// The experts of a mixture-of-experts config and which layers are sparse
+/// (Qwen3-MoE: every `decoder_sparse_step`-th layer, counting from 1, not
+/// in `mlp_only_layers`; Mixtral: every layer); none for dense models.
+fn read_experts(
+    f: &Fields<'_>,
+    arch: Arch,
+    num_layers: usize,
+) -> Result<(Option<ExpertsConfig>, Vec<bool>)> {
+    let (inner_field, defaults) = match arch {
+        Arch::Qwen3Moe => ("moe_intermediate_size", (128, 8)),
+        Arch::Mixtral => ("intermediate_size", (8, 2)),
+        _ => return Ok((None, vec![false; num_layers])),
+    };
+    // Qwen3-MoE's checkpoints say `num_experts`, transformers 5 writes the
+    // count under Mixtral's name `num_local_experts` for both
+    let count_field = match f.get("num_experts") {
+        Some(_) => "num_experts",
+        None => "num_local_experts",
+    };
+    let count = |field: &str, default: usize| -> Result<usize> {
+        match f.get(field) {
+            None => Ok(default),
+            Some(_) => f.positive(field),
+        }
+    };
+    let num_experts = count(count_field, defaults.0)?;
+    let top_k = count("num_experts_per_tok", defaults.1)?;
+    if top_k > num_experts {
+        return Err(f.err(
+            "num_experts_per_tok",
+            &format!("at most the expert count ({count_field} = {num_experts})"),
+            f.get("num_experts_per_tok"),
+        ));
+    }
+    let inner = match (arch, f.get(inner_field)) {
+        (Arch::Qwen3Moe, None) => 768,
+        _ => f.positive(inner_field)?,
+    };
+    let experts = ExpertsConfig {
+        num_experts,
+        top_k,
+        inner,
+        normalize_top_k: match arch {
+            Arch::Mixtral => true,
+            _ => f.opt_bool("norm_topk_prob")?.unwrap_or(false),
+        },
+    };
+    if arch == Arch::Mixtral {
+        return Ok((Some(experts), vec![true; num_layers]));
+    }
+    let step = match f.get("decoder_sparse_step") {
+        None => 1,
+        Some(_) => f.positive("decoder_sparse_step")?,
+    };
+    let dense: Vec<usize> = match f.get("mlp_only_layers") {
+        None => vec![],
+        Some(Value::Array(xs)) => xs
+            .iter()
+            .map(|x| match x.as_u64() {
+                Some(l) if (l as usize) < num_layers => Ok(l as usize),
+                _ => Err(f.err(
+                    "mlp_only_layers",
+                    &format!("layer indices below num_hidden_layers ({num_layers})"),
+                    Some(x),
+                )),
+            })
+            .collect::<Result<_>>()?,
+        Some(v) => return Err(f.err("mlp_only_layers", "a list of layer indices", Some(v))),
+    };
+    let sparse = (0..num_layers)
+        .map(|l| !dense.contains(&l) && (l + 1).is_multiple_of(step))
+        .collect();
+    Ok((Some(experts), sparse))
+}
+
 /// transformers' RoPE base of a config class that names none.
 fn default_theta(arch: Arch) -> f64 {
     match arch {
         Arch::SmolLM3 => 2_000_000.0,
+        Arch::Mixtral => 1_000_000.0,
         _ => 10_000.0,
     }
 }
@@ -874,10 +982,10 @@ fn read_sliding_window(
     };
     let per_layer = |l: usize| -> Option<usize> {
         match arch {
-            Arch::Mistral | Arch::Phi3 => window,
+            Arch::Mistral | Arch::Mixtral | Arch::Phi3 => window,
             Arch::Gemma2 => window.filter(|_| l.is_multiple_of(2)),
             Arch::Gemma3 => window.filter(|_| gemma3::is_sliding(l, pattern)),
-            Arch::Qwen2 | Arch::Qwen3 => {
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => {
                 let used = f
                     .opt_bool("use_sliding_window")
                     .ok()
@@ -1211,6 +1319,51 @@ mod tests {
         ] {
             let err = yarn(params).expect_err(params);
             assert!(err.to_string().contains(field), "{params}: {err}");
+        }
+    }
+
+    #[test]
+    fn experts_are_read_and_bad_counts_named() {
+        let moe = |extra: &str| {
+            parse(&format!(
+                r#"{{"model_type":"qwen3_moe", {FOUR_LAYERS}, "num_experts": 8,
+                    "num_experts_per_tok": 2, "moe_intermediate_size": 6 {extra}}}"#
+            ))
+        };
+        let c = moe(r#", "mlp_only_layers": [0], "decoder_sparse_step": 2"#).unwrap();
+        let e = c.experts.unwrap();
+        assert_eq!(
+            (e.num_experts, e.top_k, e.inner, e.normalize_top_k),
+            (8, 2, 6, false)
+        );
+        // every second layer, counting from 1, and not layer 0
+        assert_eq!(c.sparse_layers, vec![false, true, false, true]);
+        assert_eq!(c.qk_norm, QkNorm::PerHead);
+        let m = parse(&format!(
+            r#"{{"model_type":"mixtral", {FOUR_LAYERS}, "num_local_experts": 4}}"#
+        ))
+        .unwrap();
+        let e = m.experts.unwrap();
+        assert_eq!(
+            (e.num_experts, e.top_k, e.inner, e.normalize_top_k),
+            (4, 2, 16, true)
+        );
+        assert_eq!(m.sparse_layers, vec![true; 4]);
+        // a dense model has none
+        let llama = parse(&format!(r#"{{"model_type":"llama", {FOUR_LAYERS}}}"#)).unwrap();
+        assert!(llama.experts.is_none() && llama.sparse_layers == vec![false; 4]);
+        for (extra, field) in [
+            (r#", "num_experts_per_tok": 9"#, "num_experts_per_tok"),
+            (r#", "num_experts_per_tok": 0"#, "num_experts_per_tok"),
+            (r#", "num_experts": 0"#, "num_experts"),
+            (r#", "mlp_only_layers": [4]"#, "mlp_only_layers"),
+            (r#", "mlp_only_layers": 1"#, "mlp_only_layers"),
+            (r#", "decoder_sparse_step": 0"#, "decoder_sparse_step"),
+            (r#", "moe_intermediate_size": 0"#, "moe_intermediate_size"),
+        ] {
+            // a later key replaces an earlier one in serde_json's map
+            let err = moe(extra).expect_err(extra);
+            assert!(err.to_string().contains(field), "{extra}: {err}");
         }
     }
 

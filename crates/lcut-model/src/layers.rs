@@ -166,6 +166,9 @@ impl Mlp {
 
     pub(crate) fn load(ld: &Loader<'_>, prefix: &str) -> Result<Self> {
         let (d, i) = (ld.cfg.hidden_size, ld.cfg.intermediate_size);
+        if !ld.cfg.fused_gate_up {
+            return Self::load_named(ld, prefix, ["gate_proj", "up_proj", "down_proj"], i);
+        }
         let gate_up = if ld.cfg.fused_gate_up {
             GateUp::Fused {
                 gate_up: ld.linear(&format!("{prefix}.gate_up_proj"), 2 * i, d, false)?,
@@ -182,6 +185,32 @@ impl Mlp {
             down: ld.linear(&format!("{prefix}.down_proj"), d, i, false)?,
             activation: ld.cfg.activation,
         })
+    }
+
+    /// A gated MLP of inner width `inner` whose gate, up and down matrices
+    /// are `prefix.{names}` (an expert: `gate_proj`... or Mixtral's `w1`,
+    /// `w3`, `w2`).
+    pub(crate) fn load_named(
+        ld: &Loader<'_>,
+        prefix: &str,
+        [gate, up, down]: [&str; 3],
+        inner: usize,
+    ) -> Result<Self> {
+        let d = ld.cfg.hidden_size;
+        Ok(Self {
+            gate_up: GateUp::Separate {
+                gate: ld.linear(&format!("{prefix}.{gate}"), inner, d, false)?,
+                up: ld.linear(&format!("{prefix}.{up}"), inner, d, false)?,
+            },
+            down: ld.linear(&format!("{prefix}.{down}"), d, inner, false)?,
+            activation: ld.cfg.activation,
+        })
+    }
+
+    /// The MLP of `x` [n, hidden]: down(act(gate(x)) * up(x)).
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (gate, up) = self.gate_up_of(x)?;
+        self.down.forward(&self.gated(&gate, &up)?)
     }
 
     /// The MLP's linear layers.
@@ -225,6 +254,135 @@ impl Mlp {
             Activation::GeluTanh => gate.gelu()?,
         };
         Ok((act * up)?)
+    }
+}
+
+/// A mixture of experts in place of the MLP: the router's softmax over the
+/// experts, the `top_k` most probable run on each row (their
+/// probabilities renormalised when the model says so), their outputs
+/// summed with those weights.
+#[derive(Debug, Clone)]
+pub struct Experts {
+    router: Linear,
+    experts: Vec<Mlp>,
+    top_k: usize,
+    normalize: bool,
+}
+
+/// Which experts each row runs and with what weight.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Routing {
+    /// Per row, the chosen experts, most probable first.
+    pub experts: Vec<Vec<usize>>,
+    /// Per row, their weights (renormalised where the model does).
+    pub weights: Vec<Vec<f32>>,
+}
+
+impl Experts {
+    /// The experts of the layer at `prefix` (`{prefix}.mlp` for Qwen3-MoE,
+    /// `{prefix}.block_sparse_moe` for Mixtral).
+    pub(crate) fn load(ld: &Loader<'_>, layer_prefix: &str) -> Result<Self> {
+        let cfg = ld.cfg;
+        let e = cfg.experts.ok_or(crate::error::ModelError::LayerProgram {
+            what: "the experts of a model without experts",
+        })?;
+        let (block, names) = match cfg.arch {
+            crate::config::Arch::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
+            _ => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
+        };
+        let prefix = format!("{layer_prefix}.{block}");
+        let router = ld.linear(
+            &format!("{prefix}.gate"),
+            e.num_experts,
+            cfg.hidden_size,
+            false,
+        )?;
+        let experts = (0..e.num_experts)
+            .map(|i| Mlp::load_named(ld, &format!("{prefix}.experts.{i}"), names, e.inner))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            router,
+            experts,
+            top_k: e.top_k,
+            normalize: e.normalize_top_k,
+        })
+    }
+
+    /// The routing of rows `x` [n, hidden]: the router's softmax (in f32)
+    /// over the experts, the `top_k` largest per row (ties to the lower
+    /// index, as torch's topk), renormalised where the model does.
+    pub fn route(&self, x: &Tensor) -> Result<Routing> {
+        let probs =
+            candle_nn::ops::softmax_last_dim(&self.router.forward(x)?.to_dtype(DType::F32)?)?
+                .to_vec2::<f32>()?;
+        let (mut experts, mut weights) = (Vec::new(), Vec::new());
+        for row in probs {
+            let mut order: Vec<usize> = (0..row.len()).collect();
+            order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+            order.truncate(self.top_k);
+            let mut w: Vec<f32> = order.iter().map(|&i| row[i]).collect();
+            if self.normalize {
+                let sum: f32 = w.iter().sum();
+                w.iter_mut().for_each(|v| *v /= sum);
+            }
+            experts.push(order);
+            weights.push(w);
+        }
+        Ok(Routing { experts, weights })
+    }
+
+    /// The block's output for rows `x` [n, hidden]: each expert run once on
+    /// the rows that chose it, its output scaled by their weights and added
+    /// into theirs.
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let routing = self.route(x)?;
+        let mut out = x.zeros_like()?;
+        for (e, expert) in self.experts.iter().enumerate() {
+            let (mut rows, mut scale) = (Vec::new(), Vec::new());
+            for (r, (chosen, w)) in routing.experts.iter().zip(&routing.weights).enumerate() {
+                if let Some(k) = chosen.iter().position(|&c| c == e) {
+                    rows.push(r as u32);
+                    scale.push(w[k]);
+                }
+            }
+            if rows.is_empty() {
+                continue;
+            }
+            let n = rows.len();
+            let idx = Tensor::from_vec(rows, n, x.device())?;
+            let scale = Tensor::from_vec(scale, (n, 1), x.device())?.to_dtype(x.dtype())?;
+            let y = expert
+                .forward(&x.index_select(&idx, 0)?)?
+                .broadcast_mul(&scale)?;
+            out = out.index_add(&idx, &y, 0)?;
+        }
+        Ok(out)
+    }
+
+    /// The router and every expert's linear layers.
+    pub fn linears(&self) -> Vec<&Linear> {
+        std::iter::once(&self.router)
+            .chain(self.experts.iter().flat_map(|m| m.linears()))
+            .collect()
+    }
+}
+
+/// A layer's feed-forward block: one gated MLP, or a mixture of experts.
+#[derive(Debug, Clone)]
+pub enum FeedForward {
+    /// One gated MLP.
+    Dense(Mlp),
+    /// Experts behind a router.
+    Experts(Experts),
+}
+
+impl FeedForward {
+    /// The block's linear layers.
+    pub fn linears(&self) -> Vec<&Linear> {
+        match self {
+            FeedForward::Dense(m) => m.linears(),
+            FeedForward::Experts(e) => e.linears(),
+        }
     }
 }
 

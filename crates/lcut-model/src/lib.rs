@@ -27,7 +27,7 @@ mod weights;
 pub use cache::LayerCache;
 pub use config::{Activation, Arch, ModelConfig, RopeConfig, RopeScaling};
 pub use decoder::{
-    BatchSoftmax, ChunkOutput, Decoder, LogitRows, WeightMode, argmax_rows,
+    BatchSoftmax, ChunkOutput, Decoder, LogitRows, Unfused, WeightMode, argmax_rows,
     default_attention_block_elems,
 };
 pub use error::{ModelError, Result, ShapeError};

@@ -170,9 +170,17 @@ pub fn parameter_count(cfg: &ModelConfig) -> u64 {
         QkNorm::Whole => (h + kv) * hd,
     };
     let bias = if cfg.qkv_bias { (h + 2 * kv) * hd } else { 0 };
-    let layer = d * (h + 2 * kv) * hd + h * hd * d + 3 * d * i + norms + qk_norms + bias;
+    let attention = d * (h + 2 * kv) * hd + h * hd * d + norms + qk_norms + bias;
+    // a sparse layer: the router and every expert's gated MLP
+    let mlp = |sparse: bool| match (sparse, cfg.experts) {
+        (true, Some(e)) => e.num_experts * d + e.num_experts * 3 * d * e.inner,
+        _ => 3 * d * i,
+    };
+    let layers: usize = (0..cfg.num_layers)
+        .map(|l| attention + mlp(cfg.sparse_layers.get(l).copied().unwrap_or(false)))
+        .sum();
     let head = if cfg.tie_word_embeddings { 0 } else { v * d };
-    (v * d + cfg.num_layers * layer + d + head) as u64
+    (v * d + layers + d + head) as u64
 }
 
 /// Bytes of the full model's K/V cache for `tokens` tokens stored in

@@ -115,6 +115,30 @@ fn sequences_decoded_together_equal_each_decoded_alone() -> Result<()> {
     Ok(())
 }
 
+/// A model with experts decodes on the tensor path (the fused step has no
+/// experts yet, a named rule): batched, each sequence still gets its own
+/// routing and the tokens it gets alone.
+#[test]
+fn sequences_with_experts_decoded_together_equal_each_decoded_alone() -> Result<()> {
+    for name in lcut_testkit::MOE_CASES {
+        let case = ReferenceCase::load(&oracle_case(name))?;
+        let model = case.model(DType::F32, &Device::Cpu)?;
+        ensure!(
+            model.unfused_reason()? == Some(lcut_model::Unfused::Experts),
+            "{name}: {:?}",
+            model.unfused_reason()?
+        );
+        let start = case.policies[0].decode_start;
+        check(
+            name,
+            &model,
+            &case.ids,
+            &runs(model.config().num_layers, start),
+        )?;
+    }
+    Ok(())
+}
+
 #[test]
 fn quantized_smollm2_decoded_together_equals_each_alone() -> Result<()> {
     let Some(path) = real_model() else {

@@ -12,7 +12,7 @@ use std::time::Duration;
 use lcut_model::config::{MAX_LAYERS, MAX_SIZE};
 use lcut_model::{DType, Decoder, Device, ModelConfig};
 use lcut_testkit::alloc::{LargestAlloc, largest_allocation};
-use lcut_testkit::{MutantRun, ORACLE_CASES, json_mutants, mutant_count, oracle_case};
+use lcut_testkit::{MOE_CASES, MutantRun, ORACLE_CASES, json_mutants, mutant_count, oracle_case};
 use serde_json::Value;
 
 #[global_allocator]
@@ -39,6 +39,13 @@ fn assert_consistent(cfg: &ModelConfig, doc: Option<&Value>) {
     assert!(cfg.num_kv_heads > 0 && cfg.num_heads.is_multiple_of(cfg.num_kv_heads));
     assert_eq!(cfg.sliding_window.len(), cfg.num_layers);
     assert_eq!(cfg.rotates.len(), cfg.num_layers);
+    assert_eq!(cfg.sparse_layers.len(), cfg.num_layers);
+    if let Some(e) = cfg.experts {
+        assert!(
+            e.top_k >= 1 && e.top_k <= e.num_experts && e.inner > 0,
+            "{e:?}"
+        );
+    }
     let rope = &cfg.rope;
     assert!(
         rope.rotary_dim > 0 && rope.rotary_dim <= cfg.head_dim && rope.rotary_dim.is_multiple_of(2)
@@ -70,7 +77,8 @@ fn assert_consistent(cfg: &ModelConfig, doc: Option<&Value>) {
 
 #[test]
 fn mutated_configs_never_panic() {
-    let seeds: Vec<Vec<u8>> = ORACLE_CASES
+    let cases: Vec<&str> = ORACLE_CASES.into_iter().chain(MOE_CASES).collect();
+    let seeds: Vec<Vec<u8>> = cases
         .iter()
         .map(|c| std::fs::read(oracle_case(c).join("config.json")).expect("fixture"))
         .collect();
@@ -80,7 +88,7 @@ fn mutated_configs_never_panic() {
     let path = dir.path().join("config.json");
     let mut run = MutantRun::new("config.json", SEED);
     let mut i = 0;
-    for (case, seed) in ORACLE_CASES.iter().zip(&seeds) {
+    for (case, seed) in cases.iter().zip(&seeds) {
         std::fs::copy(
             oracle_case(case).join("model.safetensors"),
             dir.path().join("model.safetensors"),

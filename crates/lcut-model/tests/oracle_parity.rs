@@ -13,7 +13,12 @@ use lcut_parity::{ReferenceCase, ReferencePolicy};
 use lcut_policy::{Policy, TokenPhases};
 
 const TOL: f32 = 1e-4;
-const CASES: [&str; 11] = lcut_testkit::ORACLE_CASES;
+/// Every reference case: the dense ones and those with experts.
+fn cases() -> impl Iterator<Item = &'static str> {
+    lcut_testkit::ORACLE_CASES
+        .into_iter()
+        .chain(lcut_testkit::MOE_CASES)
+}
 
 use lcut_testkit::oracle_case as case_dir;
 
@@ -104,7 +109,7 @@ fn check_teacher_forced_policies(c: &Case, label: &str) -> Result<()> {
 
 #[test]
 fn full_depth_matches_transformers() -> Result<()> {
-    for name in CASES {
+    for name in cases() {
         check_full_depth(&load(name)?, "")?;
     }
     Ok(())
@@ -112,7 +117,7 @@ fn full_depth_matches_transformers() -> Result<()> {
 
 #[test]
 fn kv_cached_decoding_equals_teacher_forcing() -> Result<()> {
-    for name in CASES {
+    for name in cases() {
         let c = load(name)?;
         let full = c.model.teacher_forced_logits(&c.ids, None)?;
         let mut seq = c.model.new_full_sequence();
@@ -145,7 +150,7 @@ fn kv_cached_decoding_equals_teacher_forcing() -> Result<()> {
 
 #[test]
 fn greedy_continuation_matches_transformers() -> Result<()> {
-    for name in CASES {
+    for name in cases() {
         let c = load(name)?;
         let prompt_len = c.reference["greedy_full.prompt_len"].to_vec1::<i64>()?[0] as usize;
         let expected: Vec<u32> = c.reference["greedy_full.tokens"]
@@ -174,7 +179,7 @@ fn policy_of(c: &Case, entry: &ReferencePolicy) -> Result<(Policy, TokenPhases)>
 
 #[test]
 fn speed_policies_match_transformers_teacher_forced_and_incremental() -> Result<()> {
-    for name in CASES {
+    for name in cases() {
         let c = load(name)?;
         check_teacher_forced_policies(&c, "teacher-forced ")?;
         for entry in &c.case.policies {
@@ -206,7 +211,7 @@ fn speed_policies_match_transformers_teacher_forced_and_incremental() -> Result<
 
 #[test]
 fn speed_from_a_reused_full_prefill_matches_transformers() -> Result<()> {
-    for name in CASES {
+    for name in cases() {
         let c = load(name)?;
         let s = 28;
         let mut full = c.model.new_full_sequence();
@@ -256,7 +261,7 @@ fn speed_from_a_reused_full_prefill_matches_transformers() -> Result<()> {
 /// attention, and a probe that starts mid-block sees the same rows.
 #[test]
 fn attention_in_query_blocks_matches_transformers() -> Result<()> {
-    for name in CASES {
+    for name in cases() {
         let mut c = load(name)?;
         let cfg = c.model.config().clone();
         let t = c.ids.len();

@@ -44,6 +44,12 @@ pub const ORACLE_CASES: [&str; 11] = [
     "olmo3-sliding",
 ];
 
+/// The transformers reference cases of mixture-of-experts models in
+/// `fixtures/oracle` (Qwen3-MoE, Mixtral): run by the tensor path's parity
+/// tests; not yet in [`ORACLE_CASES`], whose tests also need a GGUF file
+/// and the fused step, which lcut does not have for experts yet.
+pub const MOE_CASES: [&str; 2] = ["qwen3moe-experts", "mixtral-top2"];
+
 /// The folder of reference case `name` (e.g. `llama-gqa`): a model folder
 /// (config.json, model.safetensors) with case.json and reference.safetensors.
 pub fn oracle_case(name: &str) -> PathBuf {

@@ -20,7 +20,7 @@
 //! one.
 
 use crate::error::{ModelError, Result};
-use crate::layers::{AttentionProj, Mlp, RmsNorm};
+use crate::layers::{AttentionProj, FeedForward, Mlp, RmsNorm};
 
 /// One decoder layer's weights and switches.
 #[derive(Debug, Clone)]
@@ -34,8 +34,8 @@ pub(super) struct Layer {
     pub(super) attn_out_norm: Option<RmsNorm>,
     /// The norm before the MLP, where the layer has one (not OLMo).
     pub(super) mlp_in_norm: Option<RmsNorm>,
-    /// The gated MLP.
-    pub(super) mlp: Mlp,
+    /// The gated MLP, or the experts behind a router.
+    pub(super) mlp: FeedForward,
     /// The norm on the MLP output before the residual add (Gemma, OLMo).
     pub(super) mlp_out_norm: Option<RmsNorm>,
     /// The sliding window of keys a query reads, where the layer has one.
@@ -48,6 +48,17 @@ pub(super) struct Layer {
 }
 
 impl Layer {
+    /// The layer's dense MLP; the error of a step that needs one on a layer
+    /// of experts.
+    pub(super) fn dense_mlp(&self) -> Result<&Mlp> {
+        match &self.mlp {
+            FeedForward::Dense(m) => Ok(m),
+            FeedForward::Experts(_) => Err(ModelError::LayerProgram {
+                what: "a dense MLP step on a layer of experts",
+            }),
+        }
+    }
+
     /// The norm at `site`, where the layer has one.
     pub(super) fn norm(&self, site: Norm) -> Option<&RmsNorm> {
         match site {
@@ -140,6 +151,11 @@ pub(super) trait LayerExecutor {
     /// The gate's activation times the up half: the gated activation.
     fn gate(&mut self, at: LayerAt<'_>) -> Result<()>;
 
+    /// The MLP's input through the layer's experts into the branch: the
+    /// router's choice per row, each chosen expert's gated MLP, the outputs
+    /// summed with the router's weights.
+    fn experts(&mut self, at: LayerAt<'_>) -> Result<()>;
+
     /// The branch added into the residual stream.
     fn join_branch(&mut self) -> Result<()>;
 
@@ -171,9 +187,14 @@ pub(super) fn run_layer(index: usize, layer: &Layer, e: &mut impl LayerExecutor)
     e.join_branch()?;
     // MLP
     block_input(at, Norm::Mlp, e)?;
-    e.product(at, Product::GateUp)?;
-    e.gate(at)?;
-    e.product(at, Product::Down)?;
+    match &layer.mlp {
+        FeedForward::Dense(_) => {
+            e.product(at, Product::GateUp)?;
+            e.gate(at)?;
+            e.product(at, Product::Down)?;
+        }
+        FeedForward::Experts(_) => e.experts(at)?,
+    }
     if layer.mlp_out_norm.is_some() {
         e.norm(at, Norm::MlpOut)?;
     }

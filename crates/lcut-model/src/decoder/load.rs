@@ -10,7 +10,7 @@ use crate::config::{ModelConfig, NormPlacement};
 use crate::error::{ModelError, Result};
 use crate::files::ModelFiles;
 use crate::gguf::GgufWeights;
-use crate::layers::{AttentionProj, Loader, Mlp};
+use crate::layers::{AttentionProj, Experts, FeedForward, Loader, Mlp};
 use crate::rope::Rope;
 use crate::store::ModelFormat;
 use crate::weights::WeightSource;
@@ -100,7 +100,10 @@ impl Decoder {
                         NormPlacement::Sandwich => Some(norm("pre_feedforward_layernorm")?),
                         NormPlacement::Post => None,
                     },
-                    mlp: Mlp::load(&ld, &format!("{p}.mlp"))?,
+                    mlp: match cfg.sparse_layers.get(l) {
+                        Some(true) => FeedForward::Experts(Experts::load(&ld, &p)?),
+                        _ => FeedForward::Dense(Mlp::load(&ld, &format!("{p}.mlp"))?),
+                    },
                     mlp_out_norm: after
                         .then(|| norm("post_feedforward_layernorm"))
                         .transpose()?,

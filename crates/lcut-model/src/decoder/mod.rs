@@ -34,7 +34,7 @@ use lcut_policy::{KvShape, Policy, PressObservation, PressRun, TokenPhases};
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::layers::RmsNorm;
+use crate::layers::{FeedForward, RmsNorm};
 use crate::linear::{Embedding, Linear};
 use crate::probe::Probe;
 use crate::rope::Rope;
@@ -217,8 +217,12 @@ impl Decoder {
         };
         let attn = l.attn.named_linears_mut().into_iter();
         let attn = attn.map(|(m, lin)| (format!("self_attn.{m}"), lin));
-        let mlp = l.mlp.named_linears_mut().into_iter();
-        attn.chain(mlp.map(|(m, lin)| (format!("mlp.{m}"), lin)))
+        // a layer of experts offers adapters its attention only
+        let mlp = match &mut l.mlp {
+            FeedForward::Dense(m) => m.named_linears_mut(),
+            FeedForward::Experts(_) => vec![],
+        };
+        attn.chain(mlp.into_iter().map(|(m, lin)| (format!("mlp.{m}"), lin)))
             .collect()
     }
 

@@ -20,7 +20,7 @@ use super::projected::{ChunkKv, Projected};
 use super::reads::BatchSoftmax;
 use super::{ChunkOutput, Decoder, LogitRows};
 use crate::error::Result;
-use crate::layers::{Qkv, swap_rows_heads};
+use crate::layers::{FeedForward, Qkv, swap_rows_heads};
 use crate::probe::{Probe, ResidualSite};
 use crate::sequence::Sequence;
 
@@ -272,11 +272,11 @@ impl LayerExecutor for TensorRows<'_, '_, '_> {
             }
             Product::GateUp => {
                 let x = self.input.take().ok_or(unwritten("the MLP's input"))?;
-                self.gate_up = Some(layer.mlp.gate_up_of(&x)?);
+                self.gate_up = Some(layer.dense_mlp()?.gate_up_of(&x)?);
             }
             Product::Down => {
                 let x = self.input.take().ok_or(unwritten("the gated activation"))?;
-                self.branch = Some(layer.mlp.down().forward(&x)?);
+                self.branch = Some(layer.dense_mlp()?.down().forward(&x)?);
             }
         }
         Ok(())
@@ -355,7 +355,16 @@ impl LayerExecutor for TensorRows<'_, '_, '_> {
 
     fn gate(&mut self, at: LayerAt<'_>) -> Result<()> {
         let (gate, up) = self.gate_up.take().ok_or(unwritten("the gate"))?;
-        self.input = Some(at.layer.mlp.gated(&gate, &up)?);
+        self.input = Some(at.layer.dense_mlp()?.gated(&gate, &up)?);
+        Ok(())
+    }
+
+    fn experts(&mut self, at: LayerAt<'_>) -> Result<()> {
+        let FeedForward::Experts(experts) = &at.layer.mlp else {
+            return Err(unwritten("the experts of a dense layer"));
+        };
+        let x = self.input.take().ok_or(unwritten("the MLP's input"))?;
+        self.branch = Some(experts.forward(&x)?);
         Ok(())
     }
 

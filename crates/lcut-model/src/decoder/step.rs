@@ -458,6 +458,12 @@ impl LayerExecutor for HostRows<'_, '_, '_, '_, '_> {
         Ok(())
     }
 
+    fn experts(&mut self, _at: LayerAt<'_>) -> Result<()> {
+        // the step model is not built for a model with experts
+        // (`Unfused::Experts`): the tensor path runs it
+        Err(unwritten("experts (the fused step holds none)"))
+    }
+
     fn take_residual(&mut self) -> Result<()> {
         let (n, d) = (self.lanes.len(), self.dec.cfg.hidden_size);
         let b = &mut *self.b;

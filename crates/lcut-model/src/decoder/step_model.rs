@@ -17,7 +17,7 @@ use super::Decoder;
 use super::layer::{Norm, Product};
 use crate::config::Activation;
 use crate::error::{ModelError, Result};
-use crate::layers::{GateUpLinears, QkvLinears, RmsNorm};
+use crate::layers::{FeedForward, GateUpLinears, QkvLinears, RmsNorm};
 use crate::linear::Linear;
 use crate::mapped::MappedMatrix;
 
@@ -34,6 +34,9 @@ pub enum Unfused {
     DenseStorage,
     /// The fused step was turned off ([`Decoder::set_fused_decode`]).
     TurnedOff,
+    /// A layer's MLP is a mixture of experts (the fused step has no
+    /// experts yet).
+    Experts,
 }
 
 impl Unfused {
@@ -45,6 +48,7 @@ impl Unfused {
             Self::CandleQuantized => "a matrix is in a ggml type only candle runs",
             Self::DenseStorage => "a dense matrix is not a contiguous CPU buffer",
             Self::TurnedOff => "the fused step was turned off",
+            Self::Experts => "a layer's MLP is a mixture of experts",
         }
     }
 }
@@ -207,7 +211,10 @@ impl StepModel {
                 QkvLinears::Separate(q, k, v) => vec![b.linear(q)?, b.linear(k)?, b.linear(v)?],
                 QkvLinears::Fused(m) => vec![b.linear(m)?],
             };
-            let gate_up = match layer.mlp.gate_up() {
+            let FeedForward::Dense(mlp) = &layer.mlp else {
+                return Err(Skip::Unfused(Unfused::Experts));
+            };
+            let gate_up = match mlp.gate_up() {
                 GateUpLinears::Separate(g, u) => vec![b.linear(g)?, b.linear(u)?],
                 GateUpLinears::Fused(m) => vec![b.linear(m)?],
             };
@@ -221,9 +228,9 @@ impl StepModel {
                 attn_out_norm: layer.attn_out_norm.as_ref().map(norm).transpose()?,
                 mlp_in_norm: layer.mlp_in_norm.as_ref().map(norm).transpose()?,
                 gate_up,
-                down: b.linear(layer.mlp.down())?,
+                down: b.linear(mlp.down())?,
                 mlp_out_norm: layer.mlp_out_norm.as_ref().map(norm).transpose()?,
-                activation: match layer.mlp.activation() {
+                activation: match mlp.activation() {
                     Activation::Silu => GateActivation::Silu,
                     Activation::GeluTanh => GateActivation::GeluTanh,
                 },
