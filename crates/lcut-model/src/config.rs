@@ -100,6 +100,12 @@ impl Arch {
         matches!(self, Arch::Gemma2 | Arch::Gemma3)
     }
 
+    /// Whether lcut reads this architecture from GGUF (not yet the
+    /// mixture-of-experts ones, whose expert tensors it does not map).
+    pub fn read_from_gguf(&self) -> bool {
+        !matches!(self, Arch::Qwen3Moe | Arch::Mixtral)
+    }
+
     /// OLMo 2 or 3: norms after the blocks, whole-projection q/k norms.
     pub fn is_olmo(&self) -> bool {
         matches!(self, Arch::Olmo2 | Arch::Olmo3)

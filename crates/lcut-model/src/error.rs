@@ -52,6 +52,17 @@ pub enum ModelError {
         /// The list of supported model types.
         supported: String,
     },
+    /// A GGUF file of a mixture-of-experts model, whose expert tensors lcut
+    /// does not read yet.
+    #[error(
+        "{path}: a mixture-of-experts GGUF ({what}); lcut reads Qwen3-MoE and Mixtral from their Hugging Face folders (config.json + safetensors), not yet from GGUF"
+    )]
+    GgufExperts {
+        /// The file.
+        path: PathBuf,
+        /// What marks it as one (its architecture or expert count key).
+        what: String,
+    },
     /// The config is Gemma 3 with a vision tower (`model_type` `gemma3`).
     #[error(
         "{path}: model_type \"gemma3\" is Gemma 3 with a vision tower, which lcut does not run; it reads text-only Gemma 3 (model_type \"gemma3_text\", e.g. gemma-3-270m or gemma-3-1b, or a llama.cpp GGUF of the language model){}",

@@ -164,6 +164,35 @@ fn unknown_architecture_is_named() {
     assert_mentions(&err.to_string(), &[&shown(&path), "gpt99", "qwen2"]);
 }
 
+/// The file with the length-prefixed string `old` of its header replaced
+/// by `new` (the bytes after it shift; 64 zero bytes at the end keep every
+/// tensor's data inside the file).
+fn with_string(bytes: &[u8], old: &str, new: &str) -> Vec<u8> {
+    let end = after_string(bytes, old);
+    let start = end - old.len() - 8;
+    let mut out = bytes[..start].to_vec();
+    out.extend_from_slice(&(new.len() as u64).to_le_bytes());
+    out.extend_from_slice(new.as_bytes());
+    out.extend_from_slice(&bytes[end..]);
+    out.extend_from_slice(&[0; 64]);
+    out
+}
+
+/// llama.cpp's mixture-of-experts files (Qwen3-MoE as `qwen3moe`, Mixtral
+/// as `llama` with `llama.expert_count`) are refused by name, pointing at
+/// the Hugging Face folder lcut does read, before any tensor is looked for.
+#[test]
+fn a_mixture_of_experts_gguf_is_named() {
+    let qwen = with_string(&good(), "llama", "qwen3moe");
+    let (_, err, _d) = load(&qwen);
+    assert!(matches!(err, ModelError::GgufExperts { .. }), "{err}");
+    assert_mentions(&err.to_string(), &["qwen3moe", "Hugging Face folders"]);
+    let mixtral = with_string(&good(), "llama.context_length", "llama.expert_count");
+    let (path, err, _d) = load(&mixtral);
+    assert!(matches!(err, ModelError::GgufExperts { .. }), "{err}");
+    assert_mentions(&err.to_string(), &[&shown(&path), "llama.expert_count > 0"]);
+}
+
 #[test]
 fn missing_tensor_is_named() {
     let mut b = good();

@@ -116,9 +116,21 @@ pub fn architecture(header: &GgufHeader, path: &Path) -> Result<(String, Arch)> 
     let name = meta
         .opt_str("general.architecture")?
         .ok_or_else(|| meta.err("general.architecture", "an architecture name", None))?;
+    // llama.cpp writes Mixtral as `llama` with experts, Qwen3-MoE as `qwen3moe`
+    let experts_key = format!("{name}.expert_count");
+    if name == "qwen3moe" || meta.opt_count(&experts_key)?.is_some_and(|n| n > 0) {
+        return Err(ModelError::GgufExperts {
+            path: path.to_path_buf(),
+            what: match name {
+                "qwen3moe" => "architecture qwen3moe".into(),
+                _ => format!("{experts_key} > 0"),
+            },
+        });
+    }
     // GGUF names the architectures as Hugging Face's model_type does
     // (llama.cpp writes Mistral checkpoints as `llama`), text-only Gemma 3 as `gemma3`
     Arch::from_gguf_name(name)
+        .filter(|a| a.read_from_gguf())
         .map(|a| (name.to_string(), a))
         .ok_or_else(|| ModelError::UnknownArchitecture {
             path: path.to_path_buf(),
