@@ -105,7 +105,14 @@ fn random_checkpoint(layout: lcut_model::Layout) -> Result<()> {
     let mut rng = lcut_kernels::testdata::Rng::new(7);
     // Sharpen the weights so that attention is far from uniform and the
     // logits far from zero: a layout or mask slip then shows.
-    for var in varmap.all_vars() {
+    // in name order: the map's own order changes from run to run
+    let vars: Vec<candle_core::Var> = {
+        let data = varmap.data().lock().expect("weight map");
+        let mut named: Vec<_> = data.iter().collect();
+        named.sort_by(|a, b| a.0.cmp(b.0));
+        named.into_iter().map(|(_, v)| v.clone()).collect()
+    };
+    for var in vars {
         if var.rank() == 2 {
             let sharper = (var.as_tensor() * 12.0)?;
             var.set(&sharper)?;
