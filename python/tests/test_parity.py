@@ -1,6 +1,6 @@
 """Session.forward against an outside reference and against lcut's command line.
 
-- Hugging Face transformers' float32 runs of eight reference cases
+- Hugging Face transformers' float32 runs of eleven reference cases
   (fixtures/oracle/*: reference.safetensors, case.json): logits at full depth
   and under every SPEED / SelfOnly policy listed there, every layer's residual
   stream and attention, within 1e-4.
@@ -33,8 +33,8 @@ def max_abs(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
 
 
-def test_all_eight_reference_cases_are_here():
-    assert len(CASES) == 8, CASES
+def test_all_eleven_reference_cases_are_here():
+    assert len(CASES) == 11, CASES
 
 
 @pytest.mark.parametrize("case", CASES)
