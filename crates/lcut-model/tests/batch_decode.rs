@@ -100,10 +100,20 @@ fn runs(layers: usize, start: usize) -> Vec<(usize, String)> {
 
 #[test]
 fn sequences_decoded_together_equal_each_decoded_alone() -> Result<()> {
-    for name in ORACLE_CASES {
+    decode_cases(&ORACLE_CASES, None)
+}
+
+/// Each case of `names`, whose decoder takes the fused step unless
+/// `unfused` says why not, decoded together and alone.
+fn decode_cases(names: &[&str], unfused: Option<lcut_model::Unfused>) -> Result<()> {
+    for &name in names {
         let case = ReferenceCase::load(&oracle_case(name))?;
         let model = case.model(DType::F32, &Device::Cpu)?;
-        ensure!(model.unfused_reason()?.is_none(), "{name} decodes fused");
+        let reason = model.unfused_reason()?;
+        ensure!(
+            reason == unfused,
+            "{name}: {reason:?}, expected {unfused:?}"
+        );
         let start = case.policies[0].decode_start;
         check(
             name,
@@ -120,23 +130,7 @@ fn sequences_decoded_together_equal_each_decoded_alone() -> Result<()> {
 /// routing and the tokens it gets alone.
 #[test]
 fn sequences_with_experts_decoded_together_equal_each_decoded_alone() -> Result<()> {
-    for name in lcut_testkit::MOE_CASES {
-        let case = ReferenceCase::load(&oracle_case(name))?;
-        let model = case.model(DType::F32, &Device::Cpu)?;
-        ensure!(
-            model.unfused_reason()? == Some(lcut_model::Unfused::Experts),
-            "{name}: {:?}",
-            model.unfused_reason()?
-        );
-        let start = case.policies[0].decode_start;
-        check(
-            name,
-            &model,
-            &case.ids,
-            &runs(model.config().num_layers, start),
-        )?;
-    }
-    Ok(())
+    decode_cases(&lcut_testkit::MOE_CASES, Some(lcut_model::Unfused::Experts))
 }
 
 #[test]
