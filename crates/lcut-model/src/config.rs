@@ -526,13 +526,7 @@ impl ModelConfig {
                 let (global, sliding) = layer_ropes::ropes(f, head_dim, &OLMO3_ROPES)?;
                 (global, Some(sliding))
             }
-            _ => {
-                let mut rope = read_rope(f, head_dim)?;
-                if f.get("rope_theta").is_none() && !rope_parameters_name_theta(f) {
-                    rope.theta = default_theta(arch);
-                }
-                (rope, None)
-            }
+            _ => (read_rope(f, head_dim, default_theta(arch))?, None),
         };
         let is_gemma = arch.is_gemma();
         let activation = read_activation(f, arch)?;
@@ -721,13 +715,6 @@ fn default_theta(arch: Arch) -> f64 {
     }
 }
 
-/// Whether the config's `rope_parameters` object names a `rope_theta`.
-fn rope_parameters_name_theta(f: &Fields<'_>) -> bool {
-    f.get("rope_parameters")
-        .and_then(Value::as_object)
-        .is_some_and(|m| m.get("rope_theta").is_some_and(|v| !v.is_null()))
-}
-
 /// Whether each layer rotates: SmolLM3's `no_rope_layers` (1 rotates, 0
 /// does not) or, without it, every `no_rope_layer_interval`-th layer
 /// (counting from 1, default 4) unrotated; every layer of the others.
@@ -787,7 +774,7 @@ fn read_activation(f: &Fields<'_>, arch: Arch) -> Result<Activation> {
 
 /// RoPE settings from either style: `rope_parameters`, or top-level
 /// `rope_theta` with an optional `rope_scaling` object.
-fn read_rope(f: &Fields<'_>, head_dim: usize) -> Result<RopeConfig> {
+fn read_rope(f: &Fields<'_>, head_dim: usize, default_theta: f64) -> Result<RopeConfig> {
     let (params_field, params) = match (f.get("rope_parameters"), f.get("rope_scaling")) {
         (Some(p), _) => ("rope_parameters", Some(p)),
         (None, Some(p)) => ("rope_scaling", Some(p)),
@@ -801,7 +788,7 @@ fn read_rope(f: &Fields<'_>, head_dim: usize) -> Result<RopeConfig> {
     rope_from(
         f,
         (params_field, params),
-        ("rope_theta", 10_000.0),
+        ("rope_theta", default_theta),
         head_dim,
     )
 }

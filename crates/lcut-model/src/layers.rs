@@ -169,19 +169,12 @@ impl Mlp {
         if !ld.cfg.fused_gate_up {
             return Self::load_named(ld, prefix, ["gate_proj", "up_proj", "down_proj"], i);
         }
-        let gate_up = if ld.cfg.fused_gate_up {
-            GateUp::Fused {
+        // Phi-3: gate and up in one matrix
+        Ok(Self {
+            gate_up: GateUp::Fused {
                 gate_up: ld.linear(&format!("{prefix}.gate_up_proj"), 2 * i, d, false)?,
                 inner: i,
-            }
-        } else {
-            GateUp::Separate {
-                gate: ld.linear(&format!("{prefix}.gate_proj"), i, d, false)?,
-                up: ld.linear(&format!("{prefix}.up_proj"), i, d, false)?,
-            }
-        };
-        Ok(Self {
-            gate_up,
+            },
             down: ld.linear(&format!("{prefix}.down_proj"), d, i, false)?,
             activation: ld.cfg.activation,
         })

@@ -589,11 +589,17 @@ mod tests {
             ("qwen2.5-1.5b", 1_543_714_304),
             ("llama-3.1-8b", 8_030_261_248),
         ] {
-            let shape = named(name).unwrap();
-            assert_eq!(shape.parameter_count(), params, "{name}");
-            let cfg = shape.config().unwrap();
-            assert_eq!(lcut_model::memory::parameter_count(&cfg), params, "{name}");
+            assert_counts(name, params);
         }
+    }
+
+    /// Shape `name` has `params` weights, counted from the tensors it lists
+    /// and by the memory estimate from its config.
+    fn assert_counts(name: &str, params: u64) {
+        let shape = named(name).unwrap();
+        assert_eq!(shape.parameter_count(), params, "{name}");
+        let cfg = shape.config().unwrap();
+        assert_eq!(lcut_model::memory::parameter_count(&cfg), params, "{name}");
     }
 
     /// The config read back has what makes each checkpoint itself: the
@@ -632,10 +638,7 @@ mod tests {
             ("smollm3-3b", 3_075_098_624u64),
             ("olmo-3-7b", 7_298_011_136),
         ] {
-            let shape = named(name).unwrap();
-            assert_eq!(shape.parameter_count(), params, "{name}");
-            let cfg = shape.config().unwrap();
-            assert_eq!(lcut_model::memory::parameter_count(&cfg), params, "{name}");
+            assert_counts(name, params);
         }
     }
 

@@ -44,10 +44,7 @@ pub(super) fn ropes(
     // the older keys: `rope_theta` and `rope_scaling` (or one flat
     // `rope_parameters`) for global layers, the sliding field's base
     // unscaled for sliding ones
-    let mut global = read_rope(f, head_dim)?;
-    if f.get("rope_theta").is_none() && !has_theta(f.get("rope_parameters")) {
-        global.theta = defaults.global_theta;
-    }
+    let global = read_rope(f, head_dim, defaults.global_theta)?;
     let sliding = rope_from(
         f,
         ("rope_scaling", None),
@@ -55,13 +52,6 @@ pub(super) fn ropes(
         head_dim,
     )?;
     Ok((global, sliding))
-}
-
-/// Whether a parameters object names its own `rope_theta`.
-fn has_theta(params: Option<&Value>) -> bool {
-    params
-        .and_then(Value::as_object)
-        .is_some_and(|m| m.get("rope_theta").is_some_and(|v| !v.is_null()))
 }
 
 /// The parameters object of layer type `name` in `rope_parameters`, with
