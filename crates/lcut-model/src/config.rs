@@ -83,6 +83,9 @@ impl Arch {
         match self {
             Arch::Gemma3 => "gemma3",
             Arch::Olmo3 => "olmo2",
+            Arch::Qwen3Moe => "qwen3moe",
+            // with `llama.expert_count`
+            Arch::Mixtral => "llama",
             other => other.model_type(),
         }
     }
@@ -100,12 +103,6 @@ impl Arch {
         matches!(self, Arch::Gemma2 | Arch::Gemma3)
     }
 
-    /// Whether lcut reads this architecture from GGUF (not yet the
-    /// mixture-of-experts ones, whose expert tensors it does not map).
-    pub fn read_from_gguf(&self) -> bool {
-        !matches!(self, Arch::Qwen3Moe | Arch::Mixtral)
-    }
-
     /// OLMo 2 or 3: norms after the blocks, whole-projection q/k norms.
     pub fn is_olmo(&self) -> bool {
         matches!(self, Arch::Olmo2 | Arch::Olmo3)
@@ -114,7 +111,10 @@ impl Arch {
     /// Whether llama.cpp's converter permuted this architecture's Q/K rows
     /// for its interleaved RoPE (the Llama family's `permute`).
     pub fn gguf_permutes_qk(&self) -> bool {
-        matches!(self, Arch::Llama | Arch::Mistral | Arch::SmolLM3)
+        matches!(
+            self,
+            Arch::Llama | Arch::Mistral | Arch::SmolLM3 | Arch::Mixtral
+        )
     }
 
     /// The `model_type`s lcut implements, comma-separated.

@@ -52,15 +52,15 @@ pub enum ModelError {
         /// The list of supported model types.
         supported: String,
     },
-    /// A GGUF file of a mixture-of-experts model, whose expert tensors lcut
-    /// does not read yet.
+    /// A GGUF file of a mixture-of-experts model whose routing lcut does
+    /// not run (shared experts, a gating function other than softmax).
     #[error(
-        "{path}: a mixture-of-experts GGUF ({what}); lcut reads Qwen3-MoE and Mixtral from their Hugging Face folders (config.json + safetensors), not yet from GGUF"
+        "{path}: a mixture-of-experts GGUF with {what}, which lcut does not run; it runs llama.cpp's qwen3moe and Mixtral files (softmax routing over the experts, top-k weights renormalised, no shared expert)"
     )]
     GgufExperts {
         /// The file.
         path: PathBuf,
-        /// What marks it as one (its architecture or expert count key).
+        /// The key and value lcut does not run.
         what: String,
     },
     /// The config is Gemma 3 with a vision tower (`model_type` `gemma3`).

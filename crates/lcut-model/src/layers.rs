@@ -352,6 +352,16 @@ impl Experts {
         Ok(out)
     }
 
+    /// Bytes one token reads: the router and `top_k` experts (the experts
+    /// are of one size).
+    pub fn token_bytes(&self) -> usize {
+        let expert: usize = self
+            .experts
+            .first()
+            .map_or(0, |m| m.linears().into_iter().map(Linear::bytes).sum());
+        self.router.bytes() + self.top_k * expert
+    }
+
     /// The router and every expert's linear layers.
     pub fn linears(&self) -> Vec<&Linear> {
         std::iter::once(&self.router)
@@ -375,6 +385,15 @@ impl FeedForward {
         match self {
             FeedForward::Dense(m) => m.linears(),
             FeedForward::Experts(e) => e.linears(),
+        }
+    }
+
+    /// Bytes of weights one token reads: the MLP, or the router and the
+    /// experts it runs.
+    pub fn token_bytes(&self) -> usize {
+        match self {
+            FeedForward::Dense(m) => m.linears().into_iter().map(Linear::bytes).sum(),
+            FeedForward::Experts(e) => e.token_bytes(),
         }
     }
 }

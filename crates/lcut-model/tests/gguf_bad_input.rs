@@ -178,19 +178,70 @@ fn with_string(bytes: &[u8], old: &str, new: &str) -> Vec<u8> {
     out
 }
 
-/// llama.cpp's mixture-of-experts files (Qwen3-MoE as `qwen3moe`, Mixtral
-/// as `llama` with `llama.expert_count`) are refused by name, pointing at
-/// the Hugging Face folder lcut does read, before any tensor is looked for.
+/// A mixture-of-experts file (Qwen3-MoE, as llama.cpp's converter wrote
+/// the `moe/qwen3moe-sparse` reference case).
+fn moe_good() -> Vec<u8> {
+    std::fs::read(oracle_case("moe/qwen3moe-sparse").join("model.f32.gguf")).expect("fixture")
+}
+
+/// A mixture-of-experts file whose expert counts, router or expert tensors
+/// disagree, or whose routing lcut does not run, is refused by name before
+/// any work.
 #[test]
-fn a_mixture_of_experts_gguf_is_named() {
-    let qwen = with_string(&good(), "llama", "qwen3moe");
-    let (_, err, _d) = load(&qwen);
-    assert!(matches!(err, ModelError::GgufExperts { .. }), "{err}");
-    assert_mentions(&err.to_string(), &["qwen3moe", "Hugging Face folders"]);
-    let mixtral = with_string(&good(), "llama.context_length", "llama.expert_count");
-    let (path, err, _d) = load(&mixtral);
-    assert!(matches!(err, ModelError::GgufExperts { .. }), "{err}");
-    assert_mentions(&err.to_string(), &[&shown(&path), "llama.expert_count > 0"]);
+fn damaged_mixture_of_experts_files_are_named() {
+    let used = "qwen3moe.expert_used_count";
+    // one u32 (type tag, then the value) after the key
+    for (top_k, expected) in [(9u32, "at most the expert count"), (0, "positive")] {
+        let mut b = moe_good();
+        let at = after_string(&b, used) + 4;
+        put_u32(&mut b, at, top_k);
+        let (path, err, _d) = load(&b);
+        assert!(matches!(err, ModelError::GgufMetadata { .. }), "{err}");
+        assert_mentions(&err.to_string(), &[&shown(&path), used, expected]);
+    }
+    // six experts declared, eight stored
+    let mut b = moe_good();
+    let at = after_string(&b, "qwen3moe.expert_count") + 4;
+    put_u32(&mut b, at, 6);
+    let (path, err, _d) = load(&b);
+    assert!(matches!(err, ModelError::TensorShape { .. }), "{err}");
+    assert_mentions(
+        &err.to_string(),
+        &[&shown(&path), "blk.0.ffn_gate_inp.weight"],
+    );
+    // a router renamed away: named, not read as a dense layer
+    let b = with_string(
+        &moe_good(),
+        "blk.3.ffn_gate_inp.weight",
+        "blk.3.ffn_gate_xxx.weight",
+    );
+    let (path, err, _d) = load(&b);
+    assert!(matches!(err, ModelError::MissingTensor { .. }), "{err}");
+    assert_mentions(
+        &err.to_string(),
+        &[&shown(&path), "blk.3.ffn_gate_inp.weight", "router"],
+    );
+    // the down experts' tensor with 7 experts in place of 8 (outermost
+    // dimension, stored last)
+    let mut b = moe_good();
+    let at = after_string(&b, "blk.2.ffn_down_exps.weight") + 4 + 2 * 8;
+    put_u64(&mut b, at, 7);
+    let (path, err, _d) = load(&b);
+    assert!(matches!(err, ModelError::TensorShape { .. }), "{err}");
+    assert_mentions(
+        &err.to_string(),
+        &[&shown(&path), "blk.2.ffn_down_exps.weight", "[8, 64, 32]"],
+    );
+    // routing lcut does not run: shared experts, another gating function
+    for (key, says) in [
+        ("qwen3moe.expert_shared_count", "shared experts"),
+        ("qwen3moe.expert_gating_func", "not softmax"),
+    ] {
+        let b = with_string(&moe_good(), "qwen3moe.context_length", key);
+        let (path, err, _d) = load(&b);
+        assert!(matches!(err, ModelError::GgufExperts { .. }), "{err}");
+        assert_mentions(&err.to_string(), &[&shown(&path), key, says]);
+    }
 }
 
 #[test]

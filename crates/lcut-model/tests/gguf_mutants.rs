@@ -27,6 +27,13 @@ fn mutated_olmo3_gguf_files_never_panic() {
     mutate("olmo3-sliding", 20261126);
 }
 
+/// A Qwen3-MoE file (llama.cpp's `qwen3moe`): its expert counts, the
+/// routers and the 3-D expert tensors damaged in turn.
+#[test]
+fn mutated_mixture_of_experts_gguf_files_never_panic() {
+    mutate("moe/qwen3moe-sparse", 20261127);
+}
+
 /// `LCUT_MUTANTS` (default 10,000) mutants of `case`'s Q8_0 file from `seed`:
 /// none panics, and most are refused.
 fn mutate(case: &str, seed: u64) {

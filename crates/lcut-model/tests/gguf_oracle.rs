@@ -11,7 +11,14 @@ use lcut_model::{DType, Decoder, Device, WeightMode, argmax_rows};
 use lcut_parity::{ReferenceCase, deviation};
 use lcut_testkit::oracle_case;
 
-const CASES: [&str; 11] = lcut_testkit::ORACLE_CASES;
+/// The dense cases and the mixture-of-experts cases llama.cpp's converter
+/// writes (Qwen3-MoE's `qwen3moe`, Mixtral as `llama` with experts: 3-D
+/// expert tensors and a router per layer).
+fn cases() -> impl Iterator<Item = &'static str> {
+    lcut_testkit::ORACLE_CASES
+        .into_iter()
+        .chain(lcut_testkit::MOE_GGUF_CASES)
+}
 
 /// Q8_0 stores each weight with 8 bits and one f16 scale per 32 values. On
 /// these random tiny models (weights drawn with std 0.15) that moves logits
@@ -23,8 +30,27 @@ const Q8_MEAN_REL: f32 = 0.025;
 /// 32); against the same weights dequantized (measured 0.022 and 0.004).
 const QMATMUL_MAX_REL: f32 = 0.05;
 const QMATMUL_MEAN_REL: f32 = 0.01;
-/// The cases whose Q8_0 file transformers' GGUF loader runs faithfully.
-const HF_GGUF_CASES: [&str; 3] = ["llama-gqa", "qwen2-bias", "phi3-fused"];
+/// The cases whose Q8_0 file transformers runs faithfully (its GGUF loader,
+/// or for Mixtral the weights gguf-py dequantizes: `hf_gguf_logits.py`).
+const HF_GGUF_CASES: [&str; 5] = [
+    "llama-gqa",
+    "qwen2-bias",
+    "phi3-fused",
+    "moe/qwen3moe-sparse",
+    "moe/mixtral-top2",
+];
+
+/// Whether a case routes its tokens to experts. Q8_0's rounding moves
+/// router scores across near-ties, so a row runs other experts than in
+/// float32 and its logits move by far more than rounding moves a dense
+/// layer's: transformers' own Q8_0 logits differ from its float32 ones by
+/// 0.30 (Mixtral) and 0.084 (Qwen3-MoE) of the largest logit. These cases
+/// are held to transformers on the same Q8_0 file instead
+/// (`q8_0_dequantized_equals_transformers_on_the_same_file`) and their
+/// quantized products to the dequantized path.
+fn routes(case: &str) -> bool {
+    case.starts_with("moe/")
+}
 
 fn load(case: &str, file: &str, mode: WeightMode) -> Result<(ReferenceCase, Decoder)> {
     let dir = oracle_case(case);
@@ -36,7 +62,7 @@ fn load(case: &str, file: &str, mode: WeightMode) -> Result<(ReferenceCase, Deco
 
 #[test]
 fn f32_gguf_of_every_architecture_matches_transformers() -> Result<()> {
-    for case in CASES {
+    for case in cases() {
         let (reference, model) = load(case, "model.f32.gguf", WeightMode::Dense(DType::F32))?;
         let pairs = reference.logit_pairs(&model)?;
         ensure!(pairs.len() > 1, "{case}: no policy logits");
@@ -55,7 +81,7 @@ fn f32_gguf_of_every_architecture_matches_transformers() -> Result<()> {
 
 #[test]
 fn gguf_greedy_continuation_equals_transformers() -> Result<()> {
-    for case in CASES {
+    for case in cases() {
         let (reference, model) = load(case, "model.f32.gguf", WeightMode::Dense(DType::F32))?;
         let prompt_len = reference.tensors["greedy_full.prompt_len"]
             .to_dtype(DType::U32)?
@@ -106,7 +132,7 @@ fn q8_0_dequantized_equals_transformers_on_the_same_file() -> Result<()> {
 fn q8_0_stays_within_its_quantization_error() -> Result<()> {
     let mut failures = Vec::new();
     let mut worst = [0f32; 6];
-    for case in CASES {
+    for case in cases() {
         let (reference, dense) = load(case, "model.q8_0.gguf", WeightMode::Dense(DType::F32))?;
         let (_, quant) = load(case, "model.q8_0.gguf", WeightMode::Quantized)?;
         let dense_pairs = reference.logit_pairs(&dense)?;
@@ -126,13 +152,13 @@ fn q8_0_stays_within_its_quantization_error() -> Result<()> {
             for (w, r) in worst.iter_mut().zip(rel) {
                 *w = w.max(r);
             }
-            if rel[0] > Q8_MAX_REL || rel[1] > Q8_MEAN_REL {
+            if !routes(case) && (rel[0] > Q8_MAX_REL || rel[1] > Q8_MEAN_REL) {
                 failures.push(format!("{case} {}: vs f32 {rel:?}", dp.key));
             }
             // the quantized run too stays within Q8_0's own error of the
             // outside reference (8-bit activations in every prefill chunk
             // measured 0.21 here: Q8_0's chunks quantize them to 16 bits)
-            if rel[4] > Q8_MAX_REL || rel[5] > Q8_MEAN_REL {
+            if !routes(case) && (rel[4] > Q8_MAX_REL || rel[5] > Q8_MEAN_REL) {
                 failures.push(format!("{case} {}: quantized vs f32 {rel:?}", dp.key));
             }
             if rel[2] > QMATMUL_MAX_REL || rel[3] > QMATMUL_MEAN_REL {
@@ -164,5 +190,46 @@ fn quantized_matrices_stay_quantized() -> Result<()> {
         q.quantized_matrices(),
         dense.quantized_matrices()
     );
+    Ok(())
+}
+
+/// A decode step of a mixture of experts reads the router and the `top_k`
+/// experts a token runs, not every expert: the bytes lcut counts for it
+/// (the bandwidth figures and the memory line) are those of the file's
+/// tensors a token touches, and the loaded weights are all of them.
+#[test]
+fn a_decode_step_counts_only_the_experts_it_runs() -> Result<()> {
+    for case in lcut_testkit::MOE_GGUF_CASES {
+        let path = oracle_case(case).join("model.q8_0.gguf");
+        let file = lcut_model::gguf::GgufFile::open(&path)?;
+        let experts = file.config().experts.context("experts")?;
+        let share = experts.top_k as f64 / experts.num_experts as f64;
+        let (mut every, mut touched) = (0f64, 0f64);
+        let tied = !file.header().tensors.contains_key("output.weight");
+        for (name, t) in &file.header().tensors {
+            // the matrices (norms are not counted); a step reads the
+            // embedding table only when it is the LM head
+            if t.shape.len() < 2 {
+                continue;
+            }
+            every += t.len as f64;
+            touched += match name.as_str() {
+                "token_embd.weight" if !tied => 0.0,
+                n if n.contains("_exps.") => share * t.len as f64,
+                _ => t.len as f64,
+            };
+        }
+        let model = Decoder::load_as(&path, WeightMode::Quantized, &Device::Cpu)?;
+        ensure!(
+            model.decode_weight_bytes() as f64 == touched,
+            "{case}: a decode step counts {} bytes, the file's touched tensors hold {touched}",
+            model.decode_weight_bytes()
+        );
+        ensure!(
+            model.weight_bytes() as f64 == every,
+            "{case}: loaded weights count {} bytes, the file's matrices hold {every}",
+            model.weight_bytes()
+        );
+    }
     Ok(())
 }

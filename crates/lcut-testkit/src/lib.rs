@@ -45,12 +45,22 @@ pub const ORACLE_CASES: [&str; 11] = [
 ];
 
 /// The transformers reference cases of mixture-of-experts models, in
-/// `fixtures/oracle/moe` (Qwen3-MoE, Mixtral; names relative to
-/// `fixtures/oracle`): run by the tensor path's parity tests in f32. Apart
-/// from [`ORACLE_CASES`]: lcut reads no GGUF of them and has no fused step
-/// for experts yet, and in bf16 they are not held to the dense cases'
-/// bounds (`fixtures/oracle/README.md` says why).
-pub const MOE_CASES: [&str; 2] = ["moe/qwen3moe-experts", "moe/mixtral-top2"];
+/// `fixtures/oracle/moe` (Qwen3-MoE with a dense layer among sparse ones,
+/// Qwen3-MoE as released, Mixtral; names relative to `fixtures/oracle`):
+/// run by the tensor path's parity tests in f32. Apart from
+/// [`ORACLE_CASES`]: lcut has no fused step for experts yet, and in bf16
+/// they are not held to the dense cases' bounds (`fixtures/oracle/README.md`
+/// says why).
+pub const MOE_CASES: [&str; 3] = [
+    "moe/qwen3moe-experts",
+    "moe/qwen3moe-sparse",
+    "moe/mixtral-top2",
+];
+
+/// The mixture-of-experts cases llama.cpp's converter writes as GGUF
+/// (`model.f32.gguf`, `model.q8_0.gguf`): its `qwen3moe` has no dense
+/// layers, so `moe/qwen3moe-experts` has none.
+pub const MOE_GGUF_CASES: [&str; 2] = ["moe/qwen3moe-sparse", "moe/mixtral-top2"];
 
 /// The folder of reference case `name` (e.g. `llama-gqa`): a model folder
 /// (config.json, model.safetensors) with case.json and reference.safetensors.

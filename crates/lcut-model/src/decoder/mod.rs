@@ -169,8 +169,26 @@ impl Decoder {
     }
 
     /// Bytes of weights one decode step reads: every projection and the LM
-    /// head once (norms and biases are too small to count).
+    /// head once, and of a mixture of experts the router and the `top_k`
+    /// experts a token runs (norms and biases are too small to count).
     pub fn decode_weight_bytes(&self) -> usize {
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                l.attn
+                    .linears()
+                    .into_iter()
+                    .map(Linear::bytes)
+                    .sum::<usize>()
+                    + l.mlp.token_bytes()
+            })
+            .sum();
+        layers + self.lm_head.bytes()
+    }
+
+    /// Bytes of every projection, every expert and the LM head as loaded.
+    fn matrix_bytes(&self) -> usize {
         let layers = self
             .layers
             .iter()
@@ -181,17 +199,18 @@ impl Decoder {
             .sum()
     }
 
-    /// Bytes the model's weights take as loaded: what a decode step reads,
-    /// and the embedding table where it is not the LM head's (norms and
-    /// biases are too small to count). A GGUF kept quantized counts its
-    /// blocks' bytes, not parameters times a dtype.
+    /// Bytes the model's weights take as loaded: every matrix (all the
+    /// experts, not only those a token runs) and the embedding table where
+    /// it is not the LM head's (norms and biases are too small to count). A
+    /// GGUF kept quantized counts its blocks' bytes, not parameters times a
+    /// dtype.
     pub fn weight_bytes(&self) -> usize {
         let table = if self.cfg.tie_word_embeddings {
             0
         } else {
             self.embed.bytes()
         };
-        self.decode_weight_bytes() + table
+        self.matrix_bytes() + table
     }
 
     /// How many matrices (projections and LM head) are read in place from a

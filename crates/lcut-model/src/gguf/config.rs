@@ -12,7 +12,7 @@ use crate::gguf::header::{GgufHeader, MetaValue};
 
 /// The GGUF metadata key each Hugging Face field is read from (`{a}` is the
 /// architecture), so that errors name the key the file actually has.
-const KEYS: [(&str, &str); 16] = [
+const KEYS: [(&str, &str); 19] = [
     ("num_hidden_layers", "{a}.block_count"),
     ("hidden_size", "{a}.embedding_length"),
     ("intermediate_size", "{a}.feed_forward_length"),
@@ -32,6 +32,9 @@ const KEYS: [(&str, &str); 16] = [
         "sliding_window_pattern",
         "{a}.attention.sliding_window_pattern",
     ),
+    ("num_experts", "{a}.expert_count"),
+    ("num_experts_per_tok", "{a}.expert_used_count"),
+    ("moe_intermediate_size", "{a}.expert_feed_forward_length"),
 ];
 
 /// Reads typed metadata, naming the file and key in errors.
@@ -116,21 +119,14 @@ pub fn architecture(header: &GgufHeader, path: &Path) -> Result<(String, Arch)> 
     let name = meta
         .opt_str("general.architecture")?
         .ok_or_else(|| meta.err("general.architecture", "an architecture name", None))?;
-    // llama.cpp writes Mixtral as `llama` with experts, Qwen3-MoE as `qwen3moe`
+    // llama.cpp writes Mixtral as `llama` with experts
     let experts_key = format!("{name}.expert_count");
-    if name == "qwen3moe" || meta.opt_count(&experts_key)?.is_some_and(|n| n > 0) {
-        return Err(ModelError::GgufExperts {
-            path: path.to_path_buf(),
-            what: match name {
-                "qwen3moe" => "architecture qwen3moe".into(),
-                _ => format!("{experts_key} > 0"),
-            },
-        });
+    if name == "llama" && meta.opt_count(&experts_key)?.is_some_and(|n| n > 0) {
+        return Ok((name.to_string(), Arch::Mixtral));
     }
     // GGUF names the architectures as Hugging Face's model_type does
     // (llama.cpp writes Mistral checkpoints as `llama`), text-only Gemma 3 as `gemma3`
     Arch::from_gguf_name(name)
-        .filter(|a| a.read_from_gguf())
         .map(|a| (name.to_string(), a))
         .ok_or_else(|| ModelError::UnknownArchitecture {
             path: path.to_path_buf(),
@@ -167,8 +163,91 @@ fn hf_config(m: &Meta<'_>, arch: Arch) -> Result<Value> {
     if arch == Arch::Olmo2 && c.contains_key("sliding_window") {
         olmo3_layers(m, layers, &mut c)?;
     }
+    if matches!(arch, Arch::Qwen3Moe | Arch::Mixtral) {
+        experts(m, arch, layers, &mut c)?;
+    }
     vocabulary(m, &mut c)?;
     Ok(Value::Object(c))
+}
+
+/// The experts of llama.cpp's `qwen3moe` and Mixtral (`llama` with
+/// `expert_count`) files into `c`: the expert count and the experts a token
+/// runs, Qwen3-MoE's expert width (Mixtral's is `feed_forward_length`),
+/// renormalised top-k weights (`expert_weights_norm`, else llama.cpp's
+/// `true` for both), and the layers with neither a router
+/// (`blk.N.ffn_gate_inp.weight`) nor experts as dense ones (Qwen3-MoE's
+/// `mlp_only_layers`; every Mixtral layer has experts). Routing lcut does not run
+/// (shared experts, another gating function, scaled weights) is refused.
+fn experts(m: &Meta<'_>, arch: Arch, layers: u64, c: &mut Map<String, Value>) -> Result<()> {
+    c.insert(
+        "num_experts".into(),
+        json!(m.count(&m.key("expert_count"))?),
+    );
+    c.insert(
+        "num_experts_per_tok".into(),
+        json!(m.count(&m.key("expert_used_count"))?),
+    );
+    if arch == Arch::Qwen3Moe {
+        c.insert(
+            "moe_intermediate_size".into(),
+            json!(m.count(&m.key("expert_feed_forward_length"))?),
+        );
+    }
+    let refused = |what: String| ModelError::GgufExperts {
+        path: m.path.to_path_buf(),
+        what,
+    };
+    let shared = m.key("expert_shared_count");
+    if let Some(n) = m.opt_count(&shared)?.filter(|&n| n > 0) {
+        return Err(refused(format!("{shared} = {n} (shared experts)")));
+    }
+    // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX
+    let gating = m.key("expert_gating_func");
+    if let Some(g) = m.opt_count(&gating)?.filter(|&g| g != 1) {
+        return Err(refused(format!("{gating} = {g} (not softmax)")));
+    }
+    let scale = m.key("expert_weights_scale");
+    if let Some(s) = m.opt_f64(&scale)?.filter(|&s| s != 0.0 && s != 1.0) {
+        return Err(refused(format!("{scale} = {s} (scaled expert weights)")));
+    }
+    let norm_key = m.key("expert_weights_norm");
+    let normalize = match m.get(&norm_key) {
+        None => true,
+        Some(MetaValue::Bool(b)) => *b,
+        Some(v) => return Err(m.err(&norm_key, "true or false", Some(v))),
+    };
+    if arch == Arch::Qwen3Moe {
+        c.insert("norm_topk_prob".into(), json!(normalize));
+    } else if !normalize {
+        return Err(refused(format!(
+            "{norm_key} = false (Mixtral renormalises its top-k weights)"
+        )));
+    }
+    // a layer without a router and without experts is a dense one
+    let has = |l: u64, t: &str| {
+        m.header
+            .tensors
+            .contains_key(&format!("blk.{l}.{t}.weight"))
+    };
+    let mut dense = Vec::new();
+    for l in 0..layers {
+        match (has(l, "ffn_gate_inp"), has(l, "ffn_gate_exps")) {
+            (true, _) => {}
+            (false, false) if arch == Arch::Qwen3Moe => dense.push(l),
+            _ => {
+                return Err(ModelError::MissingTensor {
+                    folder: m.path.to_path_buf(),
+                    name: format!(
+                        "blk.{l}.ffn_gate_inp.weight (the router of layer {l}'s experts)"
+                    ),
+                });
+            }
+        }
+    }
+    if !dense.is_empty() {
+        c.insert("mlp_only_layers".into(), json!(dense));
+    }
+    Ok(())
 }
 
 /// The model's sizes (layers, widths, heads, head width, rotary share) into

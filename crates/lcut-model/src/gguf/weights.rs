@@ -12,7 +12,7 @@ use memmap2::Mmap;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::gguf::config::model_config;
-use crate::gguf::header::{GgufHeader, TensorEntry, ggml_type_name};
+use crate::gguf::header::{GgufHeader, ggml_type_name};
 use crate::mapped::MappedMatrix;
 use crate::weights::WeightSource;
 use lcut_kernels::quant::QuantFormat;
@@ -85,33 +85,69 @@ impl GgufFile {
         &self.config
     }
 
-    /// The file's entry for a Hugging Face tensor name.
-    fn entry(&self, hf_name: &str) -> Result<(String, &TensorEntry)> {
-        let name = gguf_name(hf_name);
-        match self.header.tensors.get(&name) {
-            Some(e) => Ok((name, e)),
-            None => Err(ModelError::MissingTensor {
+    /// Where the tensor of a Hugging Face name lies in the file, its shape
+    /// checked against `expected`: a whole tensor, or one expert's matrix
+    /// of llama.cpp's 3-D expert tensors (`blk.N.ffn_*_exps`, [experts,
+    /// rows, columns], each expert's rows contiguous).
+    fn view(&self, hf_name: &str, expected: &[usize]) -> Result<TensorView> {
+        let (name, expert) = gguf_location(hf_name);
+        let Some(e) = self.header.tensors.get(&name) else {
+            return Err(ModelError::MissingTensor {
                 folder: self.path.clone(),
                 name: format!("{name} (for {hf_name})"),
-            }),
+            });
+        };
+        let shape_error = |name: String, expected: Vec<usize>| ModelError::TensorShape {
+            folder: self.path.clone(),
+            config: "the file's metadata",
+            name,
+            expected,
+            found: e.shape.clone(),
+        };
+        let Some(expert) = expert else {
+            if e.shape != expected {
+                return Err(shape_error(name, expected.to_vec()));
+            }
+            return Ok(TensorView {
+                name,
+                type_id: e.type_id,
+                dtype: e.dtype,
+                start: e.start,
+                len: e.len,
+            });
+        };
+        let count = self.config.experts.map_or(0, |x| x.num_experts);
+        let whole: Vec<usize> = std::iter::once(count)
+            .chain(expected.iter().copied())
+            .collect();
+        if e.shape != whole || expert >= count {
+            return Err(shape_error(format!("{name} (expert {expert})"), whole));
         }
+        let len = e.len / count;
+        Ok(TensorView {
+            name: format!("{name} (expert {expert})"),
+            type_id: e.type_id,
+            dtype: e.dtype,
+            start: e.start + expert * len,
+            len,
+        })
     }
 
     /// A matrix read in place from the mapping, when the CPU kernels read its
     /// ggml type; `None` for other types. Shape checked; llama.cpp's Q/K row
     /// permutation is kept and undone on the products' outputs.
     pub fn mapped(&self, hf_name: &str, expected: &[usize]) -> Result<Option<MappedMatrix>> {
-        let (name, e) = self.entry(hf_name)?;
-        let Some(format) = QuantFormat::from_ggml_type(e.type_id) else {
+        let v = self.view(hf_name, expected)?;
+        let Some(format) = QuantFormat::from_ggml_type(v.type_id) else {
             return Ok(None);
         };
-        if e.shape != expected || expected.len() != 2 {
+        if expected.len() != 2 {
             return Err(ModelError::TensorShape {
                 folder: self.path.clone(),
                 config: "the file's metadata",
-                name,
+                name: v.name,
                 expected: expected.to_vec(),
-                found: e.shape.clone(),
+                found: expected.to_vec(),
             });
         }
         let heads = match (self.permuted_heads, projection_of(hf_name)) {
@@ -120,28 +156,19 @@ impl GgufFile {
             _ => None,
         };
         let dims = (expected[0], expected[1]);
-        MappedMatrix::new(self.map.clone(), e.start, format, dims, heads).map(Some)
+        MappedMatrix::new(self.map.clone(), v.start, format, dims, heads).map(Some)
     }
 
     /// The raw bytes of a tensor in its ggml type, checked against the
     /// expected shape, with llama.cpp's Q/K row permutation undone.
     fn raw(&self, hf_name: &str, expected: &[usize]) -> Result<(GgmlDType, Cow<'_, [u8]>)> {
-        let (name, e) = self.entry(hf_name)?;
-        let dtype = e.dtype.ok_or_else(|| ModelError::UnsupportedQuantization {
+        let v = self.view(hf_name, expected)?;
+        let dtype = v.dtype.ok_or_else(|| ModelError::UnsupportedQuantization {
             path: self.path.clone(),
-            tensor: name.clone(),
-            type_name: ggml_type_name(e.type_id),
+            tensor: v.name.clone(),
+            type_name: ggml_type_name(v.type_id),
         })?;
-        if e.shape != expected {
-            return Err(ModelError::TensorShape {
-                folder: self.path.clone(),
-                config: "the file's metadata",
-                name,
-                expected: expected.to_vec(),
-                found: e.shape.clone(),
-            });
-        }
-        let bytes = &self.map[e.start..e.start + e.len];
+        let bytes = &self.map[v.start..v.start + v.len];
         let heads = match (self.permuted_heads, projection_of(hf_name)) {
             (Some((q, _)), Some(Projection::Query)) => Some(q),
             (Some((_, kv)), Some(Projection::Key)) => Some(kv),
@@ -150,7 +177,7 @@ impl GgufFile {
         Ok(match heads {
             Some(n_heads) => (
                 dtype,
-                Cow::Owned(unpermute_rows(bytes, e.shape[0], n_heads)),
+                Cow::Owned(unpermute_rows(bytes, expected[0], n_heads)),
             ),
             None => (dtype, Cow::Borrowed(bytes)),
         })
@@ -158,11 +185,25 @@ impl GgufFile {
 
     /// Drop the mapped pages of the tensor of this Hugging Face name from
     /// the process's resident memory, once a copy of it is made.
-    fn release(&self, hf_name: &str) {
-        if let Ok((_, e)) = self.entry(hf_name) {
-            release_mapped(&self.map, e.start, e.len);
+    fn release(&self, hf_name: &str, expected: &[usize]) {
+        if let Ok(v) = self.view(hf_name, expected) {
+            release_mapped(&self.map, v.start, v.len);
         }
     }
+}
+
+/// Where one Hugging Face tensor's data lies in a GGUF file.
+struct TensorView {
+    /// llama.cpp's name (with the expert, for one expert of a 3-D tensor).
+    name: String,
+    /// The ggml type id.
+    type_id: u32,
+    /// The type, when candle implements it.
+    dtype: Option<GgmlDType>,
+    /// Absolute byte offset of the data.
+    start: usize,
+    /// Bytes of data.
+    len: usize,
 }
 
 #[allow(unsafe_code)]
@@ -223,14 +264,22 @@ fn unpermute_rows(bytes: &[u8], rows: usize, n_heads: usize) -> Vec<u8> {
     out
 }
 
-/// llama.cpp's name of a Hugging Face tensor name.
+/// llama.cpp's name of a Hugging Face tensor name (for one expert's
+/// matrix, the name of the 3-D tensor that holds every expert's).
 pub fn gguf_name(hf_name: &str) -> String {
+    gguf_location(hf_name).0
+}
+
+/// llama.cpp's name of a Hugging Face tensor name and, for one expert's
+/// matrix (`mlp.experts.I.gate_proj`, Mixtral's `block_sparse_moe.experts.I.w1`),
+/// the expert's index in the 3-D tensor (`ffn_gate_exps`).
+fn gguf_location(hf_name: &str) -> (String, Option<usize>) {
     const TOP: [(&str, &str); 3] = [
         ("model.embed_tokens.weight", "token_embd.weight"),
         ("model.norm.weight", "output_norm.weight"),
         ("lm_head.weight", "output.weight"),
     ];
-    const LAYER: [(&str, &str); 15] = [
+    const LAYER: [(&str, &str); 17] = [
         ("input_layernorm", "attn_norm"),
         ("self_attn.q_proj", "attn_q"),
         ("self_attn.k_proj", "attn_k"),
@@ -246,24 +295,44 @@ pub fn gguf_name(hf_name: &str) -> String {
         ("mlp.down_proj", "ffn_down"),
         ("mlp.gate_up_proj", "ffn_up"),
         ("post_attention_layernorm", "ffn_norm"),
+        ("mlp.gate", "ffn_gate_inp"),
+        ("block_sparse_moe.gate", "ffn_gate_inp"),
     ];
+    const EXPERT: [(&str, &str); 6] = [
+        ("gate_proj", "ffn_gate_exps"),
+        ("up_proj", "ffn_up_exps"),
+        ("down_proj", "ffn_down_exps"),
+        ("w1", "ffn_gate_exps"),
+        ("w3", "ffn_up_exps"),
+        ("w2", "ffn_down_exps"),
+    ];
+    let verbatim = || (hf_name.to_string(), None);
     if let Some((_, g)) = TOP.iter().find(|(hf, _)| *hf == hf_name) {
-        return g.to_string();
+        return (g.to_string(), None);
     }
     let Some(rest) = hf_name.strip_prefix("model.layers.") else {
-        return hf_name.to_string();
+        return verbatim();
     };
     let Some((layer, rest)) = rest.split_once('.') else {
-        return hf_name.to_string();
+        return verbatim();
     };
     let Some((module, param)) = rest.rsplit_once('.') else {
-        return hf_name.to_string();
+        return verbatim();
     };
+    let expert = ["mlp.experts.", "block_sparse_moe.experts."]
+        .iter()
+        .find_map(|p| module.strip_prefix(p))
+        .and_then(|e| e.split_once('.'))
+        .and_then(|(i, proj)| Some((i.parse::<usize>().ok()?, proj)))
+        .and_then(|(i, proj)| Some((i, EXPERT.iter().find(|(hf, _)| *hf == proj)?.1)));
+    if let Some((i, g)) = expert {
+        return (format!("blk.{layer}.{g}.{param}"), Some(i));
+    }
     let module = LAYER
         .iter()
         .find(|(hf, _)| *hf == module)
         .map_or(module, |(_, g)| g);
-    format!("blk.{layer}.{module}.{param}")
+    (format!("blk.{layer}.{module}.{param}"), None)
 }
 
 /// A GGUF file as a source of Hugging Face-named tensors. Gemma 2/3 and
@@ -314,7 +383,10 @@ impl WeightSource for GgufWeights {
     /// Whether the file holds the tensor of this Hugging Face name.
     fn contains(&self, name: &str) -> bool {
         let name = self.name(name);
-        self.file.header.tensors.contains_key(&gguf_name(&name))
+        self.file
+            .header
+            .tensors
+            .contains_key(&gguf_location(&name).0)
     }
 
     /// Dequantize tensor `name` (shape checked) to `dtype` on `device`.
@@ -360,7 +432,7 @@ impl GgufWeights {
         let tensor = qtensor_from_ggml(dtype, &bytes, expected.to_vec(), device)?;
         drop(bytes);
         // the QTensor owns a copy (candle has no mapped storage)
-        self.file.release(&name);
+        self.file.release(&name, expected);
         Ok(tensor)
     }
 }
@@ -385,6 +457,22 @@ mod tests {
             "blk.12.ffn_norm.weight"
         );
         assert_eq!(gguf_name("rope_freqs.weight"), "rope_freqs.weight");
+        assert_eq!(
+            gguf_location("model.layers.2.mlp.gate.weight"),
+            ("blk.2.ffn_gate_inp.weight".into(), None)
+        );
+        assert_eq!(
+            gguf_location("model.layers.2.mlp.experts.7.down_proj.weight"),
+            ("blk.2.ffn_down_exps.weight".into(), Some(7))
+        );
+        assert_eq!(
+            gguf_location("model.layers.0.block_sparse_moe.experts.3.w3.weight"),
+            ("blk.0.ffn_up_exps.weight".into(), Some(3))
+        );
+        assert_eq!(
+            gguf_location("model.layers.0.block_sparse_moe.gate.weight"),
+            ("blk.0.ffn_gate_inp.weight".into(), None)
+        );
     }
 
     /// llama.cpp's permute: reshape(n_head, 2, hd/2, ...).swapaxes(1, 2).
