@@ -265,6 +265,8 @@ pub struct Experts {
 /// Which experts each row runs and with what weight.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Routing {
+    /// Per row, the router's probability of every expert (its softmax).
+    pub probs: Vec<Vec<f32>>,
     /// Per row, the chosen experts, most probable first.
     pub experts: Vec<Vec<usize>>,
     /// Per row, their weights (renormalised where the model does).
@@ -309,7 +311,7 @@ impl Experts {
             candle_nn::ops::softmax_last_dim(&self.router.forward(x)?.to_dtype(DType::F32)?)?
                 .to_vec2::<f32>()?;
         let (mut experts, mut weights) = (Vec::new(), Vec::new());
-        for row in probs {
+        for row in &probs {
             let mut order: Vec<usize> = (0..row.len()).collect();
             order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
             order.truncate(self.top_k);
@@ -321,14 +323,17 @@ impl Experts {
             experts.push(order);
             weights.push(w);
         }
-        Ok(Routing { experts, weights })
+        Ok(Routing {
+            probs,
+            experts,
+            weights,
+        })
     }
 
-    /// The block's output for rows `x` [n, hidden]: each expert run once on
-    /// the rows that chose it, its output scaled by their weights and added
-    /// into theirs.
-    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let routing = self.route(x)?;
+    /// The block's output for rows `x` [n, hidden] routed by `routing`
+    /// (theirs, from [`Self::route`]): each expert run once on the rows that
+    /// chose it, its output scaled by their weights and added into theirs.
+    pub(crate) fn forward_routed(&self, x: &Tensor, routing: &Routing) -> Result<Tensor> {
         let mut out = x.zeros_like()?;
         for (e, expert) in self.experts.iter().enumerate() {
             let (mut rows, mut scale) = (Vec::new(), Vec::new());

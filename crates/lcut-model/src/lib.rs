@@ -32,9 +32,10 @@ pub use decoder::{
 };
 pub use error::{ModelError, Result, ShapeError};
 pub use files::{FolderFiles, ModelFiles};
+pub use layers::Routing;
 pub use lens::{LensProbe, LensRecord};
 pub use linear::{Embedding, Linear};
-pub use probe::{AttentionView, Probe, ResidualSite};
+pub use probe::{AttentionView, Probe, ResidualSite, RoutingView};
 pub use rope::{Rope, inverse_frequencies};
 pub use sequence::Sequence;
 pub use shape::{Layout, LlamaShape, SpecialTokens};

@@ -31,6 +31,18 @@ pub struct AttentionView<'a> {
     pub probs: &'a Tensor,
 }
 
+/// The routing of some tokens at one layer of experts.
+#[derive(Debug, Clone, Copy)]
+pub struct RoutingView<'a> {
+    /// Layer index.
+    pub layer: usize,
+    /// Positions of the routed tokens (rows of `routing`), ascending.
+    pub positions: &'a [usize],
+    /// The router's probabilities, the experts each token runs and their
+    /// weights.
+    pub routing: &'a crate::layers::Routing,
+}
+
 /// Receives what the decoder computes, layer by layer.
 pub trait Probe {
     /// The smallest query position whose attention the probe wants at
@@ -43,6 +55,17 @@ pub trait Probe {
 
     /// Attention of the selected queries.
     fn on_attention(&mut self, _view: AttentionView<'_>) -> Result<()> {
+        Ok(())
+    }
+
+    /// Whether the probe wants the routing of the tokens at `layer` (a
+    /// layer of experts; asked of no other).
+    fn wants_routing(&self, _layer: usize) -> bool {
+        false
+    }
+
+    /// The routing of a chunk's tokens at a layer of experts.
+    fn on_routing(&mut self, _view: RoutingView<'_>) -> Result<()> {
         Ok(())
     }
 

@@ -298,3 +298,100 @@ fn attention_in_query_blocks_matches_transformers() -> Result<()> {
     }
     Ok(())
 }
+
+/// Records every routed token's router probabilities and chosen experts,
+/// by layer and position.
+#[derive(Default)]
+struct RoutingRecorder {
+    rows: HashMap<(usize, usize), (Vec<f32>, Vec<usize>)>,
+}
+
+impl lcut_model::Probe for RoutingRecorder {
+    fn wants_routing(&self, _layer: usize) -> bool {
+        true
+    }
+
+    fn on_routing(&mut self, view: lcut_model::RoutingView<'_>) -> lcut_model::Result<()> {
+        let r = view.routing;
+        for (row, &p) in view.positions.iter().enumerate() {
+            let seen = (r.probs[row].clone(), r.experts[row].clone());
+            self.rows.insert((view.layer, p), seen);
+        }
+        Ok(())
+    }
+}
+
+/// `recorded`'s routing of positions `from..` at every sparse layer against
+/// transformers' (`{prefix}{layer}.probs` and `.experts`, rows from `from`):
+/// the router's probabilities within 1e-5 and the same experts, in order.
+fn check_routing(
+    name: &str,
+    what: &str,
+    c: &Case,
+    recorded: &RoutingRecorder,
+    prefix: &str,
+    from: usize,
+) -> Result<()> {
+    let sparse = &c.model.config().sparse_layers;
+    for (l, _) in sparse.iter().enumerate().filter(|(_, s)| **s) {
+        let probs = c.reference[&format!("{prefix}{l}.probs")].to_vec2::<f32>()?;
+        let experts = c.reference[&format!("{prefix}{l}.experts")].to_vec2::<i64>()?;
+        for (i, (p_ref, e_ref)) in probs.iter().zip(&experts).enumerate() {
+            let pos = from + i;
+            let (p, e) = recorded.rows.get(&(l, pos)).with_context(|| {
+                format!("{name} {what}: no routing at layer {l}, position {pos}")
+            })?;
+            let worst = p
+                .iter()
+                .zip(p_ref)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            ensure!(
+                worst <= 1e-5,
+                "{name} {what}: layer {l} position {pos}: router probabilities differ by {worst:e}"
+            );
+            let e_ref: Vec<usize> = e_ref.iter().map(|&x| x as usize).collect();
+            ensure!(
+                *e == e_ref,
+                "{name} {what}: layer {l} position {pos}: experts {e:?}, transformers {e_ref:?}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The router's probabilities and the experts each token runs, at every
+/// sparse layer, against transformers': full depth in one chunk, and under
+/// every SPEED/SelfOnly policy the decode tokens' routing, run one token at
+/// a time after the prompt (what the routing diagnostics record).
+#[test]
+fn routing_matches_transformers_full_depth_and_under_policies() -> Result<()> {
+    for name in lcut_testkit::MOE_CASES {
+        let c = load(name)?;
+        let mut full = RoutingRecorder::default();
+        c.model.teacher_forced_logits(&c.ids, Some(&mut full))?;
+        check_routing(name, "full depth", &c, &full, "router.", 0)?;
+        for entry in &c.case.policies {
+            let (policy, phases) = policy_of(&c, entry)?;
+            let s = phases.decode_start();
+            let mut seq = c.model.new_sequence(policy, phases)?;
+            let mut rec = RoutingRecorder::default();
+            c.model
+                .forward(&mut seq, &c.ids[..s], LogitRows::None, Some(&mut rec))?;
+            for i in s..c.ids.len() {
+                c.model
+                    .forward(&mut seq, &c.ids[i..=i], LogitRows::Last, Some(&mut rec))?;
+            }
+            let policy_key = entry.key.trim_start_matches("logits.");
+            check_routing(
+                name,
+                &entry.key,
+                &c,
+                &rec,
+                &format!("router.{policy_key}."),
+                s,
+            )?;
+        }
+    }
+    Ok(())
+}

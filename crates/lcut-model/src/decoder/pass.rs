@@ -21,7 +21,7 @@ use super::reads::BatchSoftmax;
 use super::{ChunkOutput, Decoder, LogitRows};
 use crate::error::Result;
 use crate::layers::{FeedForward, Qkv, swap_rows_heads};
-use crate::probe::{Probe, ResidualSite};
+use crate::probe::{Probe, ResidualSite, RoutingView};
 use crate::sequence::Sequence;
 
 /// The last `w` query rows of `q` [heads, n, head_dim] on the host, oldest
@@ -364,7 +364,18 @@ impl LayerExecutor for TensorRows<'_, '_, '_> {
             return Err(unwritten("the experts of a dense layer"));
         };
         let x = self.input.take().ok_or(unwritten("the MLP's input"))?;
-        self.branch = Some(experts.forward(&x)?);
+        let routing = experts.route(&x)?;
+        if let Keys::Cache(run) = &mut self.keys
+            && let Some(p) = run.probe.as_deref_mut()
+            && p.wants_routing(at.index)
+        {
+            p.on_routing(RoutingView {
+                layer: at.index,
+                positions: &self.present,
+                routing: &routing,
+            })?;
+        }
+        self.branch = Some(experts.forward_routed(&x, &routing)?);
         Ok(())
     }
 
