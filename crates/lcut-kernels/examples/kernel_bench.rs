@@ -229,6 +229,7 @@ fn attention(rng: &mut Rng, levels: &[Isa], bw: &[f64], rounds: usize) {
         heads: HEADS,
         scale: 1.0 / (HEAD_DIM as f32).sqrt(),
         softcap: None,
+        sinks: None,
     };
     let layout = KvLayout::head_major(KV_HEADS, HEAD_DIM, CONTEXT, CONTEXT);
     let rows = std::slice::from_ref(&(0..CONTEXT));

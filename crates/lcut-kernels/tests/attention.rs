@@ -86,6 +86,7 @@ impl Case {
             heads: self.heads,
             scale: 1.0 / (self.head_dim as f32).sqrt(),
             softcap: self.softcap,
+            sinks: None,
         }
     }
 

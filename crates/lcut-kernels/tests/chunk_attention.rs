@@ -121,6 +121,7 @@ fn check<T: Element>(
         heads: HEADS,
         scale: 1.0 / (HD as f32).sqrt(),
         softcap,
+        sinks: None,
     };
     let mut spans = QuerySpans::new();
     for i in 0..n {
@@ -203,6 +204,7 @@ fn rows_outside_the_cache_or_a_query_reading_nothing_are_errors() {
         heads: HEADS,
         scale: 1.0,
         softcap: None,
+        sinks: None,
     };
     let (q, mut out) = (vec![0f32; HEADS * HD], vec![0f32; HEADS * HD]);
     let isa = Isa::detect();

@@ -45,10 +45,15 @@ pub enum Arch {
     Qwen3Moe,
     /// Mixtral (`mixtral`): Mistral's attention, the top 2 of 8 experts.
     Mixtral,
+    /// gpt-oss (`gpt_oss`; GGUF's `gpt-oss`): a learned sink logit per
+    /// head in every softmax, sliding and full layers alternating, q/k/v/o
+    /// biases, YaRN, and experts with biases and a clamped SwiGLU routed by
+    /// a softmax over the top-k router logits.
+    GptOss,
 }
 
 impl Arch {
-    const ALL: [(&'static str, Arch); 12] = [
+    const ALL: [(&'static str, Arch); 13] = [
         ("llama", Arch::Llama),
         ("mistral", Arch::Mistral),
         ("qwen2", Arch::Qwen2),
@@ -61,6 +66,7 @@ impl Arch {
         ("olmo3", Arch::Olmo3),
         ("qwen3_moe", Arch::Qwen3Moe),
         ("mixtral", Arch::Mixtral),
+        ("gpt_oss", Arch::GptOss),
     ];
 
     /// The `model_type` string of this architecture.
@@ -86,6 +92,7 @@ impl Arch {
             Arch::Qwen3Moe => "qwen3moe",
             // with `llama.expert_count`
             Arch::Mixtral => "llama",
+            Arch::GptOss => "gpt-oss",
             other => other.model_type(),
         }
     }
@@ -128,12 +135,20 @@ impl Arch {
 }
 
 /// The MLP's activation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub enum Activation {
     /// SiLU (SwiGLU).
     Silu,
     /// GELU, tanh approximation (GeGLU).
     GeluTanh,
+    /// gpt-oss's SwiGLU: the gate clamped above at `limit`, the up half to
+    /// +-`limit`, then `(up + 1) * g * sigmoid(alpha g)`.
+    ClampedSwiGlu {
+        /// The clamp (`swiglu_limit`).
+        limit: f32,
+        /// The sigmoid's slope (`swiglu_alpha`).
+        alpha: f32,
+    },
 }
 
 /// RoPE frequency scaling.
@@ -211,6 +226,10 @@ impl NormPlacement {
 /// probabilities.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct ExpertsConfig {
+    /// How the router's logits become the chosen experts' weights.
+    pub router: RouterKind,
+    /// The router and each expert's projections have biases (gpt-oss).
+    pub bias: bool,
     /// Experts per sparse layer.
     pub num_experts: usize,
     /// Experts each token runs.
@@ -220,6 +239,16 @@ pub struct ExpertsConfig {
     /// The chosen experts' probabilities are renormalised to sum to one
     /// (Mixtral always; Qwen3-MoE with `norm_topk_prob`).
     pub normalize_top_k: bool,
+}
+
+/// How a router's logits become the weights of the experts a token runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum RouterKind {
+    /// A softmax over every expert, then the `top_k` most probable
+    /// (renormalised where `normalize_top_k`): Qwen3-MoE, Mixtral.
+    SoftmaxTopK,
+    /// The `top_k` largest logits, then a softmax over those only: gpt-oss.
+    TopKSoftmax,
 }
 
 /// How queries and keys are normed before their rotation.
@@ -313,6 +342,10 @@ pub struct ModelConfig {
     /// Whether each layer's MLP is the mixture of experts (false: a dense
     /// MLP of `intermediate_size`).
     pub sparse_layers: Vec<bool>,
+    /// Every head's softmax has a learned sink logit (`self_attn.sinks`):
+    /// a column with no value, so a row's probabilities sum to less than
+    /// one (gpt-oss).
+    pub attention_sinks: bool,
 }
 
 /// Largest width, head count, head width or vocabulary a config may claim
@@ -526,6 +559,11 @@ impl ModelConfig {
                 let (global, sliding) = layer_ropes::ropes(f, head_dim, &OLMO3_ROPES)?;
                 (global, Some(sliding))
             }
+            Arch::GptOss
+                if f.get("rope_parameters").is_none() && f.get("rope_scaling").is_none() =>
+            {
+                (gpt_oss_rope(f, head_dim)?, None)
+            }
             _ => (read_rope(f, head_dim, default_theta(arch))?, None),
         };
         let is_gemma = arch.is_gemma();
@@ -545,9 +583,14 @@ impl ModelConfig {
             Arch::Gemma3 => 131_072,
             Arch::SmolLM3 => 32_768,
             Arch::Olmo2 | Arch::Olmo3 => 2048,
+            Arch::GptOss => 131_072,
             _ => 4096,
         };
-        let default_eps = if arch.is_olmo() { 1e-5 } else { 1e-6 };
+        let default_eps = match arch {
+            _ if arch.is_olmo() => 1e-5,
+            Arch::GptOss => 1e-5,
+            _ => 1e-6,
+        };
         let (experts, sparse_layers) = read_experts(f, arch, num_layers)?;
         Ok(Self {
             arch,
@@ -571,6 +614,7 @@ impl ModelConfig {
             rotates: read_rotates(f, arch, num_layers)?,
             qkv_bias: match arch {
                 Arch::Qwen2 => true,
+                Arch::GptOss => f.opt_bool("attention_bias")?.unwrap_or(true),
                 _ => f.opt_bool("attention_bias")?.unwrap_or(false),
             },
             qk_norm: match arch {
@@ -602,6 +646,7 @@ impl ModelConfig {
             activation,
             experts,
             sparse_layers,
+            attention_sinks: arch == Arch::GptOss,
         })
     }
 
@@ -642,6 +687,7 @@ fn read_experts(
     let (inner_field, defaults) = match arch {
         Arch::Qwen3Moe => ("moe_intermediate_size", (128, 8)),
         Arch::Mixtral => ("intermediate_size", (8, 2)),
+        Arch::GptOss => ("intermediate_size", (128, 4)),
         _ => return Ok((None, vec![false; num_layers])),
     };
     // Qwen3-MoE's checkpoints say `num_experts`, transformers 5 writes the
@@ -670,15 +716,22 @@ fn read_experts(
         _ => f.positive(inner_field)?,
     };
     let experts = ExpertsConfig {
+        router: match arch {
+            Arch::GptOss => RouterKind::TopKSoftmax,
+            _ => RouterKind::SoftmaxTopK,
+        },
+        bias: arch == Arch::GptOss,
         num_experts,
         top_k,
         inner,
         normalize_top_k: match arch {
             Arch::Mixtral => true,
+            // the softmax over the top k already sums to one
+            Arch::GptOss => false,
             _ => f.opt_bool("norm_topk_prob")?.unwrap_or(false),
         },
     };
-    if arch == Arch::Mixtral {
+    if matches!(arch, Arch::Mixtral | Arch::GptOss) {
         return Ok((Some(experts), vec![true; num_layers]));
     }
     let step = match f.get("decoder_sparse_step") {
@@ -711,8 +764,26 @@ fn default_theta(arch: Arch) -> f64 {
     match arch {
         Arch::SmolLM3 => 2_000_000.0,
         Arch::Mixtral => 1_000_000.0,
+        Arch::GptOss => 150_000.0,
         _ => 10_000.0,
     }
+}
+
+/// gpt-oss's RoPE where the config names none: transformers' default
+/// YaRN (factor 32 over an original context of 4096, betas 32 and 1, the
+/// ramp not truncated), on `rope_theta` (default 150000).
+fn gpt_oss_rope(f: &Fields<'_>, head_dim: usize) -> Result<RopeConfig> {
+    let mut rope = read_rope(f, head_dim, default_theta(Arch::GptOss))?;
+    let factor: f64 = 32.0;
+    rope.scaling = RopeScaling::Yarn {
+        factor,
+        original_max_position_embeddings: 4096.0,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        attention_factor: 0.1 * factor.ln() + 1.0,
+        truncate: false,
+    };
+    Ok(rope)
 }
 
 /// Whether each layer rotates: SmolLM3's `no_rope_layers` (1 rotates, 0
@@ -760,6 +831,12 @@ fn read_rotates(f: &Fields<'_>, arch: Arch, num_layers: usize) -> Result<Vec<boo
 }
 
 fn read_activation(f: &Fields<'_>, arch: Arch) -> Result<Activation> {
+    if arch == Arch::GptOss {
+        // transformers' GptOssExperts: whatever `hidden_act` says
+        let limit = f.opt_positive_f64("swiglu_limit")?.unwrap_or(7.0) as f32;
+        let alpha = f.opt_positive_f64("swiglu_alpha")?.unwrap_or(1.702) as f32;
+        return Ok(Activation::ClampedSwiGlu { limit, alpha });
+    }
     let (field, default) = if arch.is_gemma() {
         ("hidden_activation", "gelu_pytorch_tanh")
     } else {
@@ -925,8 +1002,9 @@ fn read_sliding_window(
                 f.get("sliding_window"),
             ));
         }
-        // transformers' defaults for Gemma 3 and OLMo 3
+        // transformers' defaults for Gemma 3, OLMo 3 and gpt-oss
         (Arch::Gemma3 | Arch::Olmo3, None) => Some(4096),
+        (Arch::GptOss, None) => Some(128),
         (_, w) => w,
     };
     // OLMo 2 never slides; SmolLM3 only with `use_sliding_window`, whatever
@@ -992,6 +1070,8 @@ fn read_sliding_window(
             Arch::Llama | Arch::SmolLM3 | Arch::Olmo2 => None,
             // transformers' default: three sliding layers, then a full one
             Arch::Olmo3 => window.filter(|_| !(l + 1).is_multiple_of(4)),
+            // transformers' default: sliding and full layers alternating
+            Arch::GptOss => window.filter(|_| l.is_multiple_of(2)),
         }
     };
     Ok((0..num_layers).map(per_layer).collect())

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use candle_core::{D, DType, Device, Tensor};
 
-use crate::config::{Activation, ModelConfig, QkNorm};
+use crate::config::{Activation, Arch, ExpertsConfig, ModelConfig, QkNorm, RouterKind};
 use crate::error::Result;
 use crate::linear::{Embedding, Linear};
 use crate::rope::Rope;
@@ -200,6 +200,21 @@ impl Mlp {
         })
     }
 
+    /// A gated MLP of given gate, up and down matrices (gpt-oss's experts,
+    /// cut out of their stacked tensors).
+    pub(crate) fn from_parts(
+        gate: Linear,
+        up: Linear,
+        down: Linear,
+        activation: Activation,
+    ) -> Self {
+        Self {
+            gate_up: GateUp::Separate { gate, up },
+            down,
+            activation,
+        }
+    }
+
     /// The MLP of `x` [n, hidden]: down(act(gate(x)) * up(x)).
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let (gate, up) = self.gate_up_of(x)?;
@@ -245,6 +260,13 @@ impl Mlp {
         let act = match self.activation {
             Activation::Silu => candle_nn::ops::silu(gate)?,
             Activation::GeluTanh => gate.gelu()?,
+            Activation::ClampedSwiGlu { limit, alpha } => {
+                let limit = f64::from(limit);
+                let gate = gate.minimum(limit)?;
+                let up = up.clamp(-limit, limit)?;
+                let glu = (&gate * candle_nn::ops::sigmoid(&(&gate * f64::from(alpha))?)?)?;
+                return Ok(((up + 1.0)? * glu)?);
+            }
         };
         Ok((act * up)?)
     }
@@ -260,6 +282,45 @@ pub struct Experts {
     experts: Vec<Mlp>,
     top_k: usize,
     normalize: bool,
+    kind: RouterKind,
+}
+
+/// gpt-oss's experts, stored stacked: `gate_up_proj` [experts, hidden,
+/// 2 inner] (gate and up interleaved, even and odd columns) and
+/// `down_proj` [experts, inner, hidden] (both input-major), each with a
+/// bias [experts, width]; cut into one gated MLP per expert.
+fn stacked_experts(ld: &Loader<'_>, prefix: &str, e: ExpertsConfig) -> Result<Vec<Mlp>> {
+    let (n, d, i) = (e.num_experts, ld.cfg.hidden_size, e.inner);
+    let gate_up = ld.tensor(&format!("{prefix}.gate_up_proj"), &[n, d, 2 * i])?;
+    let gate_up_bias = ld.tensor(&format!("{prefix}.gate_up_proj_bias"), &[n, 2 * i])?;
+    let down = ld.tensor(&format!("{prefix}.down_proj"), &[n, i, d])?;
+    let down_bias = ld.tensor(&format!("{prefix}.down_proj_bias"), &[n, d])?;
+    // [n, d, i, 2]: column 2j + 0 of the gate, 2j + 1 of the up half
+    let gate_up = gate_up.reshape((n, d, i, 2))?;
+    let gate_up_bias = gate_up_bias.reshape((n, i, 2))?;
+    (0..n)
+        .map(|x| {
+            let half = |part: usize| -> Result<Linear> {
+                let w = gate_up
+                    .get(x)?
+                    .narrow(2, part, 1)?
+                    .squeeze(2)?
+                    .t()?
+                    .contiguous()?;
+                let b = gate_up_bias
+                    .get(x)?
+                    .narrow(1, part, 1)?
+                    .squeeze(1)?
+                    .contiguous()?;
+                Ok(Linear::dense(w, Some(b)))
+            };
+            let down = Linear::dense(
+                down.get(x)?.t()?.contiguous()?,
+                Some(down_bias.get(x)?.contiguous()?),
+            );
+            Ok(Mlp::from_parts(half(0)?, half(1)?, down, ld.cfg.activation))
+        })
+        .collect()
 }
 
 /// Which experts each row runs and with what weight.
@@ -274,49 +335,66 @@ pub struct Routing {
 }
 
 impl Experts {
-    /// The experts of the layer at `prefix` (`{prefix}.mlp` for Qwen3-MoE,
-    /// `{prefix}.block_sparse_moe` for Mixtral).
+    /// The experts of the layer at `prefix` (`{prefix}.mlp` for Qwen3-MoE
+    /// and gpt-oss, `{prefix}.block_sparse_moe` for Mixtral).
     pub(crate) fn load(ld: &Loader<'_>, layer_prefix: &str) -> Result<Self> {
         let cfg = ld.cfg;
         let e = cfg.experts.ok_or(crate::error::ModelError::LayerProgram {
             what: "the experts of a model without experts",
         })?;
-        let (block, names) = match cfg.arch {
-            crate::config::Arch::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
-            _ => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
+        let (block, router, names) = match cfg.arch {
+            Arch::Mixtral => ("block_sparse_moe", "gate", ["w1", "w3", "w2"]),
+            Arch::GptOss => ("mlp", "router", ["", "", ""]),
+            _ => ("mlp", "gate", ["gate_proj", "up_proj", "down_proj"]),
         };
         let prefix = format!("{layer_prefix}.{block}");
         let router = ld.linear(
-            &format!("{prefix}.gate"),
+            &format!("{prefix}.{router}"),
             e.num_experts,
             cfg.hidden_size,
-            false,
+            e.bias,
         )?;
-        let experts = (0..e.num_experts)
-            .map(|i| Mlp::load_named(ld, &format!("{prefix}.experts.{i}"), names, e.inner))
-            .collect::<Result<Vec<_>>>()?;
+        let experts = match cfg.arch {
+            Arch::GptOss => stacked_experts(ld, &format!("{prefix}.experts"), e)?,
+            _ => (0..e.num_experts)
+                .map(|i| Mlp::load_named(ld, &format!("{prefix}.experts.{i}"), names, e.inner))
+                .collect::<Result<Vec<_>>>()?,
+        };
         Ok(Self {
             router,
             experts,
             top_k: e.top_k,
             normalize: e.normalize_top_k,
+            kind: e.router,
         })
     }
 
     /// The routing of rows `x` [n, hidden]: the router's softmax (in f32)
     /// over the experts, the `top_k` largest per row (ties to the lower
-    /// index, as torch's topk), renormalised where the model does.
+    /// index, as torch's topk), renormalised where the model does; or, for
+    /// gpt-oss, the `top_k` largest logits with a softmax over them only
+    /// (the same experts: the softmax keeps the logits' order).
     pub fn route(&self, x: &Tensor) -> Result<Routing> {
-        let probs =
-            candle_nn::ops::softmax_last_dim(&self.router.forward(x)?.to_dtype(DType::F32)?)?
-                .to_vec2::<f32>()?;
+        let logits = self.router.forward(x)?.to_dtype(DType::F32)?;
+        let probs = candle_nn::ops::softmax_last_dim(&logits)?.to_vec2::<f32>()?;
+        let logits = logits.to_vec2::<f32>()?;
         let (mut experts, mut weights) = (Vec::new(), Vec::new());
-        for row in &probs {
+        for (row, z) in probs.iter().zip(&logits) {
+            let by = match self.kind {
+                RouterKind::SoftmaxTopK => row,
+                RouterKind::TopKSoftmax => z,
+            };
             let mut order: Vec<usize> = (0..row.len()).collect();
-            order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+            order.sort_by(|&a, &b| by[b].total_cmp(&by[a]).then(a.cmp(&b)));
             order.truncate(self.top_k);
-            let mut w: Vec<f32> = order.iter().map(|&i| row[i]).collect();
-            if self.normalize {
+            let mut w: Vec<f32> = match self.kind {
+                RouterKind::SoftmaxTopK => order.iter().map(|&i| row[i]).collect(),
+                RouterKind::TopKSoftmax => {
+                    let top = z[order[0]];
+                    order.iter().map(|&i| (z[i] - top).exp()).collect()
+                }
+            };
+            if self.normalize || self.kind == RouterKind::TopKSoftmax {
                 let sum: f32 = w.iter().sum();
                 w.iter_mut().for_each(|v| *v /= sum);
             }
@@ -422,6 +500,8 @@ pub struct AttentionProj {
     k_norm: Option<RmsNorm>,
     /// The q/k norms span the whole projection, not one head (OLMo 2/3).
     whole_norms: bool,
+    /// Each query head's sink logit [heads] in f32 (gpt-oss).
+    sinks: Option<Tensor>,
     num_heads: usize,
     num_kv_heads: usize,
     head_dim: usize,
@@ -497,10 +577,25 @@ impl AttentionProj {
             q_norm,
             k_norm,
             whole_norms: c.qk_norm == QkNorm::Whole,
+            sinks: match c.attention_sinks {
+                true => {
+                    Some(
+                        ld.files
+                            .load(&format!("{prefix}.sinks"), &[h], DType::F32, ld.device)?,
+                    )
+                }
+                false => None,
+            },
             num_heads: h,
             num_kv_heads: kv,
             head_dim: hd,
         })
+    }
+
+    /// Each query head's learned sink logit [heads] (f32), where the model
+    /// has them: a column in every softmax with no value.
+    pub fn sinks(&self) -> Option<&Tensor> {
+        self.sinks.as_ref()
     }
 
     /// The attention's linear layers.

@@ -29,7 +29,7 @@ use lcut_policy::keys::QuerySpans;
 /// falls back to what it runs.
 pub fn attend_chunk(
     isa: Isa,
-    spec: &AttentionSpec,
+    spec: &AttentionSpec<'_>,
     q: &[f32],
     cache: &KvCache<'_>,
     spans: &QuerySpans,
@@ -45,6 +45,7 @@ pub fn attend_chunk(
     }
     check_len("chunk queries", spec.heads * n * hd, q.len())?;
     check_len("chunk attention output", spec.heads * n * hd, out.len())?;
+    spec.check_sinks()?;
     for i in 0..n {
         let mut last = 0;
         for r in spans.of(i) {
@@ -80,7 +81,7 @@ pub fn attend_chunk(
 
 /// One checked call's shapes.
 struct Chunk<'a> {
-    spec: AttentionSpec,
+    spec: AttentionSpec<'a>,
     q: &'a [f32],
     n: usize,
     kv: usize,
@@ -214,8 +215,10 @@ fn tile<T: Element, O: BlockOps<T>>(
     let heads = c.spec.heads;
     for i in 0..t.len() {
         for gq in 0..group {
-            let inv = 1.0 / st.sums[i * group + gq];
             let h = g * group + gq;
+            let at = i * group + gq;
+            let (keep, total) = c.spec.with_sink(h, st.maxes[at], st.sums[at]);
+            let inv = keep / total;
             let dst = &mut o[(i * heads + h) * hd..(i * heads + h + 1) * hd];
             let acc = &st.acc[i * gw + gq * hd..i * gw + (gq + 1) * hd];
             dst.iter_mut().zip(acc).for_each(|(d, a)| *d = a * inv);

@@ -147,13 +147,46 @@ pub struct CurrentKv<'a> {
 
 /// The attention's constants.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AttentionSpec {
+pub struct AttentionSpec<'a> {
     /// Query heads (a multiple of the cache's K/V heads).
     pub heads: usize,
     /// Score scale (1 / sqrt(head_dim) unless the model says otherwise).
     pub scale: f32,
     /// Gemma-2's soft-cap: scores become `cap tanh(score / cap)`.
     pub softcap: Option<f32>,
+    /// gpt-oss's learned sink logit of each query head [heads]: one more
+    /// score in the head's softmax, with no value, so that the
+    /// probabilities of the keys sum to one less the sink's share.
+    pub sinks: Option<&'a [f32]>,
+}
+
+impl AttentionSpec<'_> {
+    /// The denominator and output scale of a head whose keys' running
+    /// softmax has maximum `m` and sum `sum` (relative to `m`), with its
+    /// sink when the spec has one: `(scale, total)` so that the output is
+    /// `acc * scale / total` (`scale` 1 without a sink).
+    pub(crate) fn with_sink(&self, head: usize, m: f32, sum: f32) -> (f32, f32) {
+        match self.sinks {
+            None => (1.0, sum),
+            Some(s) => {
+                let top = m.max(s[head]);
+                let keep = if m == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    (m - top).exp()
+                };
+                (keep, sum * keep + (s[head] - top).exp())
+            }
+        }
+    }
+
+    /// The sink logits, when given, must be one per query head.
+    pub(crate) fn check_sinks(&self) -> Result<()> {
+        match self.sinks {
+            Some(s) => check_len("attention sinks", self.heads, s.len()),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Buffers kept between calls, so that a decode step allocates nothing.
@@ -244,7 +277,7 @@ pub use lcut_policy::keys::QuerySpans;
 #[allow(clippy::too_many_arguments)]
 pub fn attend(
     isa: Isa,
-    spec: &AttentionSpec,
+    spec: &AttentionSpec<'_>,
     q: &[f32],
     cache: &KvCache<'_>,
     rows: &[Range<usize>],
@@ -262,7 +295,7 @@ pub fn attend(
 
 /// One checked call's shapes.
 struct Call<'a> {
-    spec: AttentionSpec,
+    spec: AttentionSpec<'a>,
     q: &'a [f32],
     layout: KvLayout,
     rows: &'a [Range<usize>],
@@ -275,7 +308,7 @@ struct Call<'a> {
 
 impl<'a> Call<'a> {
     fn new(
-        spec: &AttentionSpec,
+        spec: &AttentionSpec<'a>,
         q: &'a [f32],
         cache: &KvCache<'_>,
         rows: &'a [Range<usize>],
@@ -293,6 +326,7 @@ impl<'a> Call<'a> {
         }
         check_len("query", spec.heads * hd, q.len())?;
         check_len("attention output", spec.heads * hd, out)?;
+        spec.check_sinks()?;
         let mut last = 0;
         for r in rows {
             if r.start < last || r.start > r.end || r.end > layout.len {
@@ -543,7 +577,10 @@ fn merge<T: Element, O: BlockOps<T>>(
             total += self_p;
             o.iter_mut().zip(vh).for_each(|(o, v)| *o += self_p * v);
         }
-        let inv = 1.0 / total;
+        // a sink's share joins the denominator (relative to its own maximum
+        // where it is the larger)
+        let (keep, total) = call.spec.with_sink(h, m, total);
+        let inv = keep / total;
         o.iter_mut().for_each(|x| *x *= inv);
         if let Some(pr) = probs.as_deref_mut() {
             let row = &mut pr[h * keys..(h + 1) * keys];

@@ -73,11 +73,18 @@ impl Decoder {
                     self.mask_tensor(mask, present.len(), keys.len())?,
                 );
             }
+            let (first_head, heads) = (g.heads.start * group_size, g.heads.len() * group_size);
             let q = match g.heads.len() == self.cfg.num_kv_heads {
                 true => q.clone(),
-                false => q.narrow(0, g.heads.start * group_size, g.heads.len() * group_size)?,
+                false => q.narrow(0, first_head, heads)?,
             };
-            let (out, probs) = self.attend(&q, &k, &v, kept.1.as_ref(), probs_from)?;
+            let sinks = self.layers[l]
+                .attn
+                .sinks()
+                .map(|s| s.narrow(0, first_head, heads))
+                .transpose()?;
+            let (out, probs) =
+                self.attend(&q, &k, &v, kept.1.as_ref(), sinks.as_ref(), probs_from)?;
             outs.push(GroupOut {
                 out,
                 probs: probs.map(|p| (p, keys.to_vec())),
@@ -142,21 +149,25 @@ impl Decoder {
     /// Grouped-query attention without repeating K/V: the query heads that
     /// share a KV head are stacked into one matrix per KV head. Query rows
     /// are taken in blocks whose scores stay within the block bound.
-    /// Returns the output [heads, n, head_dim] and, when `probs_from` is
-    /// given, the probabilities of rows `probs_from..n` [heads, rows, keys] (f32).
+    /// `sinks` [heads] (f32) are the query heads' sink logits, where the
+    /// model has them. Returns the output [heads, n, head_dim] and, when
+    /// `probs_from` is given, the probabilities of rows `probs_from..n`
+    /// [heads, rows, keys] (f32; with sinks a row sums to one less the
+    /// sink's share).
     pub(super) fn attend(
         &self,
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
         mask: Option<&Tensor>,
+        sinks: Option<&Tensor>,
         probs_from: Option<usize>,
     ) -> Result<(Tensor, Option<Tensor>)> {
         let (heads, n, _) = q.dims3()?;
         let keys = k.dim(1)?;
         let rows_per_block = (self.attention_block_elems / (heads * keys).max(1)).max(1);
         if rows_per_block >= n {
-            let (out, probs) = self.attend_block(q, k, v, mask)?;
+            let (out, probs) = self.attend_block(q, k, v, mask, sinks)?;
             let probs = probs_from
                 .map(|first| probs.narrow(1, first, n - first))
                 .transpose()?;
@@ -167,7 +178,7 @@ impl Decoder {
             let rows = rows_per_block.min(n - start);
             let q_block = q.narrow(1, start, rows)?.contiguous()?;
             let mask_block = mask.map(|m| m.narrow(0, start, rows)).transpose()?;
-            let (out, probs) = self.attend_block(&q_block, k, v, mask_block.as_ref())?;
+            let (out, probs) = self.attend_block(&q_block, k, v, mask_block.as_ref(), sinks)?;
             outs.push(out);
             if let Some(first) = probs_from
                 && start + rows > first
@@ -184,13 +195,16 @@ impl Decoder {
         Ok((Tensor::cat(&outs, 1)?, probs))
     }
 
-    /// [`Self::attend`] for one block of query rows, all at once.
+    /// [`Self::attend`] for one block of query rows, all at once. A sink is
+    /// one more column of every head's scores, its logit; it takes its share
+    /// of the softmax and is dropped (it has no value).
     fn attend_block(
         &self,
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
         mask: Option<&Tensor>,
+        sinks: Option<&Tensor>,
     ) -> Result<(Tensor, Tensor)> {
         let (heads, n, head_dim) = q.dims3()?;
         let (kv_heads, keys, _) = k.dims3()?;
@@ -206,12 +220,22 @@ impl Decoder {
                 .broadcast_add(mask)?
                 .reshape((kv_heads, group * n, keys))?;
         }
+        if let Some(sinks) = sinks {
+            let column = sinks
+                .reshape((kv_heads, group, 1))?
+                .broadcast_as((kv_heads, group, n))?
+                .reshape((kv_heads, group * n, 1))?;
+            scores = Tensor::cat(&[&scores, &column], 2)?;
+        }
         // candle's fused softmax has no backward: a training pass (scores
         // carrying gradients) takes the one made of differentiable ops
-        let probs = match scores.track_op() {
+        let mut probs = match scores.track_op() {
             true => candle_nn::ops::softmax(&scores, candle_core::D::Minus1)?,
             false => candle_nn::ops::softmax_last_dim(&scores)?,
         };
+        if sinks.is_some() {
+            probs = probs.narrow(2, 0, keys)?;
+        }
         let out = probs.to_dtype(self.dtype)?.matmul(v)?;
         Ok((
             out.reshape((heads, n, head_dim))?,
@@ -231,6 +255,11 @@ impl Decoder {
         t: usize,
         softmax: &dyn BatchSoftmax,
     ) -> Result<Tensor> {
+        if self.layers[l].attn.sinks().is_some() {
+            return Err(ModelError::LayerProgram {
+                what: "a training batch through attention with sink logits (not supported yet)",
+            });
+        }
         let (heads, n, head_dim) = q.dims3()?;
         let kv_heads = k.dim(0)?;
         let (b, group) = (n / t.max(1), heads / kv_heads);

@@ -65,11 +65,18 @@ impl Decoder {
         let group_size = heads / kv_heads;
         let qs = q.flatten_all()?.to_vec1::<f32>()?;
         let mut out = vec![0f32; heads * n * hd];
+        let sinks: Option<Vec<f32>> = self.layers[l]
+            .attn
+            .sinks()
+            .map(|s| s.to_vec1::<f32>())
+            .transpose()?;
         for g in groups {
+            let head_range = g.heads.start * group_size..g.heads.end * group_size;
             let spec = AttentionSpec {
                 heads: g.heads.len() * group_size,
                 scale: self.cfg.attn_scale as f32,
                 softcap: self.cfg.attn_softcap.map(|c| c as f32),
+                sinks: sinks.as_deref().map(|s| &s[head_range]),
             };
             let part = g.heads.start * group_size * n * hd..g.heads.end * group_size * n * hd;
             let done = with_group_view(cache, g.heads.clone(), |view| {

@@ -342,7 +342,10 @@ impl LayerExecutor for TensorRows<'_, '_, '_> {
                         at.layer.window,
                     )?),
                 };
-                self.dec.attend(&qkv.q, &qkv.k, &qkv.v, Some(mask), None)?.0
+                let sinks = at.layer.attn.sinks();
+                self.dec
+                    .attend(&qkv.q, &qkv.k, &qkv.v, Some(mask), sinks, None)?
+                    .0
             }
             Keys::Batch { t, softmax } => {
                 let qkv = (&qkv.q, &qkv.k, &qkv.v);

@@ -317,6 +317,8 @@ impl Decoder {
                 heads,
                 scale: cfg.attn_scale as f32,
                 softcap: cfg.attn_softcap.map(|c| c as f32),
+                // the step model is not built for sinks (`Unfused::Sinks`)
+                sinks: None,
             };
             let probs = wants.then_some(&mut s.probs[..]);
             attend_cache(

@@ -37,6 +37,9 @@ pub enum Unfused {
     /// A layer's MLP is a mixture of experts (the fused step has no
     /// experts yet).
     Experts,
+    /// A layer's attention has learned sink logits (the fused step has no
+    /// sinks yet).
+    Sinks,
 }
 
 impl Unfused {
@@ -49,6 +52,7 @@ impl Unfused {
             Self::DenseStorage => "a dense matrix is not a contiguous CPU buffer",
             Self::TurnedOff => "the fused step was turned off",
             Self::Experts => "a layer's MLP is a mixture of experts",
+            Self::Sinks => "a layer's attention has sink logits",
         }
     }
 }
@@ -214,6 +218,9 @@ impl StepModel {
             let FeedForward::Dense(mlp) = &layer.mlp else {
                 return Err(Skip::Unfused(Unfused::Experts));
             };
+            if layer.attn.sinks().is_some() {
+                return Err(Skip::Unfused(Unfused::Sinks));
+            }
             let gate_up = match mlp.gate_up() {
                 GateUpLinears::Separate(g, u) => vec![b.linear(g)?, b.linear(u)?],
                 GateUpLinears::Fused(m) => vec![b.linear(m)?],
@@ -233,6 +240,10 @@ impl StepModel {
                 activation: match mlp.activation() {
                     Activation::Silu => GateActivation::Silu,
                     Activation::GeluTanh => GateActivation::GeluTanh,
+                    // only gpt-oss's experts clamp, and the step has no experts
+                    Activation::ClampedSwiGlu { .. } => {
+                        return Err(Skip::Unfused(Unfused::Experts));
+                    }
                 },
             });
         }

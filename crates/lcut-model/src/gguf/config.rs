@@ -124,6 +124,12 @@ pub fn architecture(header: &GgufHeader, path: &Path) -> Result<(String, Arch)> 
     if name == "llama" && meta.opt_count(&experts_key)?.is_some_and(|n| n > 0) {
         return Ok((name.to_string(), Arch::Mixtral));
     }
+    if name == Arch::GptOss.gguf_name() {
+        return Err(ModelError::GgufExperts {
+            path: path.to_path_buf(),
+            what: "architecture gpt-oss (MXFP4 expert weights, not yet read from GGUF; its Hugging Face folder is)".into(),
+        });
+    }
     // GGUF names the architectures as Hugging Face's model_type does
     // (llama.cpp writes Mistral checkpoints as `llama`), text-only Gemma 3 as `gemma3`
     Arch::from_gguf_name(name)
