@@ -30,6 +30,8 @@ struct Case {
     rows: Vec<Range<usize>>,
     current: Option<(Vec<f32>, Vec<f32>)>,
     softcap: Option<f32>,
+    /// Each head's sink logit (gpt-oss).
+    sinks: Option<Vec<f32>>,
 }
 
 impl Case {
@@ -78,15 +80,16 @@ impl Case {
                 )
             }),
             softcap: None,
+            sinks: None,
         }
     }
 
-    fn spec(&self) -> AttentionSpec {
+    fn spec(&self) -> AttentionSpec<'_> {
         AttentionSpec {
             heads: self.heads,
             scale: 1.0 / (self.head_dim as f32).sqrt(),
             softcap: self.softcap,
-            sinks: None,
+            sinks: self.sinks.as_deref(),
         }
     }
 
@@ -128,9 +131,15 @@ impl Case {
                     }
                 })
                 .collect();
-            let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            // a sink is one more score with no value
+            let sink = self.sinks.as_ref().map(|s| f64::from(s[h]));
+            let m = scores
+                .iter()
+                .cloned()
+                .chain(sink)
+                .fold(f64::NEG_INFINITY, f64::max);
             let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
-            let total: f64 = e.iter().sum();
+            let total: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - m).exp());
             for (p, (_, vv)) in e.iter().zip(&keys) {
                 for d in 0..hd {
                     out[h * hd + d] += p / total * f64::from(vv[d]);
@@ -288,6 +297,54 @@ fn short_caches_match_the_reference_in_both_layouts() {
             }
         }
     }
+}
+
+/// gpt-oss's sinks: a score per head with no value joins each softmax, so
+/// the output shrinks and the probabilities sum to one less the sink's
+/// share; sinks far below, near and far above the scores (the last one
+/// the maximum of the softmax), with the current token and a split cache.
+#[test]
+fn sinks_take_their_share_of_every_softmax() {
+    let mut checks = IsaChecks::new("attention::sinks_take_their_share_of_every_softmax");
+    let mut rng = Rng::new(29);
+    for (len, rows) in [(70, vec![0..70]), (700, vec![0..1, 3..700])] {
+        for level in [-30.0f32, 0.0, 1.5, 40.0] {
+            let mut case = Case::new(&mut rng, 8, 2, 64, len, false, &rows, true);
+            case.sinks = Some((0..8).map(|h| level + 0.25 * h as f32).collect());
+            case.check_all(&format!("{len} rows, sinks near {level}"), &mut checks);
+            let (_, probs) = case.run(Isa::Portable, KvData::F32, &case.k, &case.v);
+            let keys = case.keys();
+            let share: f32 = 1.0 - probs[..keys].iter().sum::<f32>();
+            if level >= 40.0 {
+                assert!(
+                    share > 0.999,
+                    "a sink far above the scores takes it all: {share}"
+                );
+            }
+            if level <= -30.0 {
+                assert!(share < 1e-6, "a sink far below takes nothing: {share}");
+            }
+        }
+    }
+    // one sink per query head, or a named error
+    let mut case = Case::new(&mut rng, 8, 2, 64, 10, false, &[0..10], false);
+    case.sinks = Some(vec![0.0; 7]);
+    let cache =
+        KvCache::new(KvData::F32(&case.k), KvData::F32(&case.v), case.layout).expect("fits");
+    let mut out = vec![0f32; 8 * 64];
+    let err = attend(
+        Isa::Portable,
+        &case.spec(),
+        &case.q,
+        &cache,
+        &case.rows,
+        None,
+        &mut out,
+        None,
+        &mut AttentionScratch::default(),
+    )
+    .expect_err("seven sinks for eight heads");
+    assert!(err.to_string().contains("attention sinks"), "{err}");
 }
 
 #[test]

@@ -222,3 +222,92 @@ fn rows_outside_the_cache_or_a_query_reading_nothing_are_errors() {
     attend_chunk(isa, &spec, &q, &cache, &spans, &mut out).expect("fits");
     assert!(attend_chunk(isa, &spec, &q, &cache, &spans, &mut out[1..]).is_err());
 }
+
+/// gpt-oss's sinks in the chunk kernel: each query's output equals the
+/// one-query kernel's with the same sinks (which `tests/attention.rs` holds
+/// to an f64 softmax with the sink as one more score), for sinks below,
+/// among and far above the scores, and differs from the output without
+/// them.
+#[test]
+fn chunk_queries_give_the_sinks_their_share() {
+    let mut checks = IsaChecks::new("chunk_attention::chunk_queries_give_the_sinks_their_share");
+    let mut rng = Rng::new(12);
+    let (start, n) = (40, QUERY_TILE + 3);
+    let len = start + n;
+    let lay = KvLayout::head_major(KV_HEADS, HD, len, len);
+    let size = KV_HEADS * len * HD;
+    let (k, v) = (rng.normals(size, 1.0), rng.normals(size, 1.0));
+    let q = rng.normals(HEADS * n * HD, 1.0);
+    let cache = KvCache::new(KvData::F32(&k), KvData::F32(&v), lay).expect("fits");
+    let mut spans = QuerySpans::new();
+    for i in 0..n {
+        spans.push_query(spans_of("window", start, i));
+    }
+    for level in [-20.0f32, 0.5, 30.0] {
+        let sinks: Vec<f32> = (0..HEADS).map(|h| level + 0.5 * h as f32).collect();
+        let with = AttentionSpec {
+            heads: HEADS,
+            scale: 1.0 / (HD as f32).sqrt(),
+            softcap: None,
+            sinks: Some(&sinks),
+        };
+        let without = AttentionSpec {
+            sinks: None,
+            ..with
+        };
+        for isa in ALL {
+            if !checks.runs(isa) {
+                continue;
+            }
+            let mut out = vec![f32::NAN; HEADS * n * HD];
+            attend_chunk(isa, &with, &q, &cache, &spans, &mut out).expect("shapes");
+            let mut plain = vec![f32::NAN; HEADS * n * HD];
+            attend_chunk(isa, &without, &q, &cache, &spans, &mut plain).expect("shapes");
+            let mut scratch = AttentionScratch::default();
+            for qi in 0..n {
+                let mut qrow = vec![0f32; HEADS * HD];
+                for h in 0..HEADS {
+                    qrow[h * HD..(h + 1) * HD]
+                        .copy_from_slice(&q[(h * n + qi) * HD..(h * n + qi + 1) * HD]);
+                }
+                let mut one = vec![0f32; HEADS * HD];
+                let rows = spans.of(qi);
+                attend(
+                    isa,
+                    &with,
+                    &qrow,
+                    &cache,
+                    rows,
+                    None,
+                    &mut one,
+                    None,
+                    &mut scratch,
+                )
+                .expect("shapes");
+                for h in 0..HEADS {
+                    for d in 0..HD {
+                        let got = out[(h * n + qi) * HD + d];
+                        assert!(
+                            (got - one[h * HD + d]).abs() <= 2e-5,
+                            "{} sinks near {level}: query {qi} head {h} dim {d}: {got} vs {}",
+                            isa.name(),
+                            one[h * HD + d]
+                        );
+                    }
+                }
+            }
+            let moved = out
+                .iter()
+                .zip(&plain)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            if level > 0.0 {
+                assert!(
+                    moved > 1e-3,
+                    "{} sinks near {level} changed nothing",
+                    isa.name()
+                );
+            }
+        }
+    }
+}
