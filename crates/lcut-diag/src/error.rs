@@ -38,6 +38,35 @@ pub enum DiagError {
         /// Id of the second.
         second: String,
     },
+    /// An item of a run is in two of its shards (or twice in one).
+    #[error(
+        "item {index} ({id}) is in both {first} and {second}: each item must be in one shard \
+         (a shard given twice?)"
+    )]
+    DuplicateItem {
+        /// The item's position in the suite.
+        index: usize,
+        /// Its id.
+        id: String,
+        /// The shard that holds it first.
+        first: String,
+        /// The shard that holds it again.
+        second: String,
+    },
+    /// Items of a run's suite that none of its shards holds.
+    #[error(
+        "{count} of the suite's {suite_items} items are in no shard (positions {first}{more}): \
+         a shard missing or unfinished? (`--partial` tables the items so far)",
+        more = if *count > 10 { ", ..." } else { "" }
+    )]
+    MissingItems {
+        /// How many are missing.
+        count: usize,
+        /// Items in the whole suite.
+        suite_items: usize,
+        /// The first (up to ten) missing positions, comma-separated.
+        first: String,
+    },
     /// A shard's sweep point lacks what its means are over, so it cannot be
     /// recombined with other shards' (a report written before the counts
     /// were recorded).

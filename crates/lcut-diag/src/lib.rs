@@ -13,7 +13,11 @@
 //!   from one sequence's `Visibility`;
 //! - whether a generation [`ends_in_loop`] (a repeated suffix);
 //! - [`build_report`] from traces and [`merge`] shard reports, sweeps of
-//!   prompt shards pooled by [`merge_teacher_forced`].
+//!   prompt shards pooled by [`merge_teacher_forced`];
+//! - a leaderboard run's paired comparisons ([`compare_configs`]: the exact
+//!   McNemar test or a paired bootstrap per pair, Holm's correction per
+//!   ratio), and the check that its shards hold each item once
+//!   ([`check_shard_items`]).
 //!
 //! Pure Rust on ndarray; no candle.
 
@@ -31,6 +35,7 @@ mod knockout;
 mod lens;
 mod masses;
 mod merge;
+mod paired;
 mod policy_merge;
 mod pooled;
 mod predict;
@@ -58,6 +63,11 @@ pub use knockout::{KNOCKOUT_KL_MIN, knockout_band, knockout_curves, vote_knockou
 pub use lens::lens_curves;
 pub use masses::{PhaseMasses, PrefillEntropy, phase_masses, prefill_entropy};
 pub use merge::{build_report, merge};
+pub use paired::{
+    ALPHA, BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, OWN_KNOB, PairSettings, PairedScores, ShardItems,
+    binomial_cdf_half, check_shard_items, compare_configs, compare_scores, holm, mcnemar_exact,
+    paired_bootstrap, ratio_groups,
+};
 pub use predict::{ByteSizes, PredictedCost, predict_cost};
 pub use recommend::{recommend, vote_curvature_plateau, vote_selective_band, vote_tail_mass};
 pub use repetition::{

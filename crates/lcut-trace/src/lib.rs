@@ -45,7 +45,10 @@ pub use io::{
     read_json, read_report_json, write_atomic, write_file_atomic, write_json, write_report_json,
 };
 pub use knockout::{BandChoice, KnockoutTrace};
-pub use leaderboard::{LeaderboardCell, LeaderboardConfig, LeaderboardTable};
+pub use leaderboard::{
+    LeaderboardCell, LeaderboardConfig, LeaderboardPairs, LeaderboardTable, PairComparison,
+    PairTest, PairVerdict,
+};
 pub use lens::LensTrace;
 pub use metrics::{Indexing, LAYER_METRICS, LayerMetric, MetricAxis};
 pub use paper::{
