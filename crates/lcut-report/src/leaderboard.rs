@@ -3,11 +3,13 @@
 //! ratio per method, the mapping of each ratio to each family's knob, and
 //! the tables over all tasks and per task; and the CSV in kvpress's
 //! leaderboard columns (`dataset, data_dir, model, method,
-//! compression_ratio, score`) followed by lcut's own.
+//! compression_ratio, score`) followed by lcut's own; and, from the paired
+//! comparisons of its configurations, which methods beat which at each
+//! ratio (a "beats" column, a table per ratio, every pair as CSV).
 
 use std::fmt::Write;
 
-use lcut_trace::{LeaderboardCell, LeaderboardTable};
+use lcut_trace::{LeaderboardCell, LeaderboardPairs, LeaderboardTable, PairComparison};
 
 use crate::frontier::frontier_chart;
 use crate::frontier_points::{Frontier, FrontierAxis};
@@ -128,9 +130,10 @@ pub fn leaderboard_kv_chart(t: &LeaderboardTable) -> LineChart {
     chart
 }
 
-/// One row per configuration over `task`.
-fn cells_table(t: &LeaderboardTable, task: &str) -> Table {
-    let headers = [
+/// One row per configuration over `task`; with `pairs` (over all tasks),
+/// a last column of the methods each beats at its ratio.
+fn cells_table(t: &LeaderboardTable, task: &str, pairs: Option<&LeaderboardPairs>) -> Table {
+    let mut headers = vec![
         "method",
         "ratio",
         "policy",
@@ -145,10 +148,13 @@ fn cells_table(t: &LeaderboardTable, task: &str) -> Table {
         "prefill FLOPs x",
         "timed",
     ];
+    if pairs.is_some() {
+        headers.push("beats (95%, Holm)");
+    }
     let rows = (0..t.configs.len())
         .filter_map(|c| t.cell(task, c).map(|cell| (c, cell)))
         .map(|(c, cell): (usize, &LeaderboardCell)| {
-            vec![
+            let mut row = vec![
                 method_name(t, c),
                 format!("{:.3}", t.compression_ratio(c)),
                 t.configs[c].policy.clone(),
@@ -168,12 +174,238 @@ fn cells_table(t: &LeaderboardTable, task: &str) -> Table {
                 opt(cell.tpot_ratio),
                 opt(cell.prefill_flops_ratio),
                 cell.timed.to_string(),
-            ]
+            ];
+            if let Some(pairs) = pairs {
+                row.push(beats_text(t, pairs, c));
+            }
+            row
         })
         .collect();
     Table {
         headers: headers.iter().map(|h| h.to_string()).collect(),
         rows,
+    }
+}
+
+/// The methods `config` beats, named, at each ratio it is compared at
+/// (the full model at every ratio, each prefixed by its ratio); `-` for
+/// none.
+pub fn beats_text(t: &LeaderboardTable, pairs: &LeaderboardPairs, config: usize) -> String {
+    let names = |cs: Vec<usize>| {
+        cs.into_iter()
+            .map(|c| method_name(t, c))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let groups: Vec<&str> = pairs
+        .groups()
+        .into_iter()
+        .filter(|g| pairs.members(g).contains(&config))
+        .collect();
+    let parts: Vec<String> = groups
+        .iter()
+        .filter_map(|g| {
+            let beaten = pairs.beats(g, config);
+            match (beaten.is_empty(), groups.len()) {
+                (true, _) => None,
+                (false, 1) => Some(names(beaten)),
+                (false, _) => Some(format!("{g}: {}", names(beaten))),
+            }
+        })
+        .collect();
+    match parts.is_empty() {
+        true => "-".into(),
+        false => parts.join("; "),
+    }
+}
+
+/// The columns of the pairs' CSV (`leaderboard-pairs.csv`): McNemar's `b`
+/// (items the first method scored higher on) and `c` (the second), the
+/// items both scored (`n`) and those only one did, the p-value and its
+/// Holm adjustment over the ratio's pairs, and the verdict.
+pub const PAIR_COLUMNS: [&str; 18] = [
+    "ratio", "method_a", "policy_a", "method_b", "policy_b", "test", "n", "only_a", "only_b",
+    "score_a", "score_b", "b", "c", "p", "p_holm", "alpha", "verdict", "winner",
+];
+
+/// A p-value for a table: six decimals, or three significant digits in
+/// exponent form below 1e-4; empty when there is none.
+fn p_text(p: Option<f64>) -> String {
+    match p {
+        None => String::new(),
+        Some(p) if p != 0.0 && p < 1e-4 => format!("{p:.2e}"),
+        Some(p) => format!("{p:.6}"),
+    }
+}
+
+/// Every pair of configurations compared as CSV, one row a pair, group
+/// by group (the full model as kvpress's `no_press`; scores 0 to 100 as in
+/// the leaderboard's CSV; `winner` the method the verdict names, empty for
+/// a tie).
+pub fn render_leaderboard_pairs_csv(t: &LeaderboardTable, pairs: &LeaderboardPairs) -> String {
+    let mut out = PAIR_COLUMNS.join(",");
+    out.push('\n');
+    for p in &pairs.pairs {
+        let row = [
+            p.group.clone(),
+            method_name(t, p.config_a),
+            t.configs[p.config_a].policy.clone(),
+            method_name(t, p.config_b),
+            t.configs[p.config_b].policy.clone(),
+            p.test.label().to_string(),
+            p.n.to_string(),
+            p.only_a.to_string(),
+            p.only_b.to_string(),
+            format!("{:.2}", p.score_a * 100.0),
+            format!("{:.2}", p.score_b * 100.0),
+            p.b.to_string(),
+            p.c.to_string(),
+            p_text(p.p),
+            p_text(p.p_holm),
+            format!("{}", pairs.alpha),
+            p.verdict.name().to_string(),
+            p.winner().map_or_else(String::new, |w| method_name(t, w)),
+        ];
+        let row: Vec<String> = row.iter().map(|s| csv_field(s)).collect();
+        out.push_str(&row.join(","));
+        out.push('\n');
+    }
+    out
+}
+
+/// One ratio's configurations, best score first: each one's score over all
+/// tasks with its interval, the methods it beats, those that beat it and
+/// those it is tied with.
+fn group_table(t: &LeaderboardTable, pairs: &LeaderboardPairs, group: &str) -> Table {
+    let names = |cs: Vec<usize>| match cs.is_empty() {
+        true => "-".to_string(),
+        false => cs
+            .into_iter()
+            .map(|c| method_name(t, c))
+            .collect::<Vec<_>>()
+            .join(", "),
+    };
+    let score = |c: usize| t.cell("all", c).map_or(f64::NEG_INFINITY, |x| x.score);
+    let mut members = pairs.members(group);
+    members.sort_by(|&x, &y| score(y).total_cmp(&score(x)));
+    let rows = members
+        .into_iter()
+        .map(|c| {
+            vec![
+                method_name(t, c),
+                t.configs[c].policy.clone(),
+                t.cell("all", c).map_or_else(String::new, |x| {
+                    format!(
+                        "{:.1} [{:.1}, {:.1}]",
+                        x.score * 100.0,
+                        x.ci95[0] * 100.0,
+                        x.ci95[1] * 100.0
+                    )
+                }),
+                names(pairs.beats(group, c)),
+                names(pairs.beaten_by(group, c)),
+                names(pairs.tied_with(group, c)),
+            ]
+        })
+        .collect();
+    Table {
+        headers: [
+            "method",
+            "policy",
+            "score [95%]",
+            "beats",
+            "beaten by",
+            "tied with",
+        ]
+        .iter()
+        .map(|h| h.to_string())
+        .collect(),
+        rows,
+    }
+}
+
+/// Every pair of one group: the test, the items, the discordant counts,
+/// the p-values and the verdict.
+fn pairs_table(t: &LeaderboardTable, pairs: &[&PairComparison]) -> Table {
+    let rows = pairs
+        .iter()
+        .map(|p| {
+            let items = match (p.only_a, p.only_b) {
+                (0, 0) => p.n.to_string(),
+                (a, b) => format!("{} ({a} only a, {b} only b)", p.n),
+            };
+            vec![
+                method_name(t, p.config_a),
+                method_name(t, p.config_b),
+                p.test.label().to_string(),
+                items,
+                format!("{:.1} / {:.1}", p.score_a * 100.0, p.score_b * 100.0),
+                format!("{} / {}", p.b, p.c),
+                p_text(p.p),
+                p_text(p.p_holm),
+                match p.winner() {
+                    Some(w) => format!("{} beats", method_name(t, w)),
+                    None => p.verdict.name().replace('_', " "),
+                },
+            ]
+        })
+        .collect();
+    Table {
+        headers: [
+            "a",
+            "b",
+            "test",
+            "items",
+            "score a / b",
+            "b / c (a higher / b higher)",
+            "p",
+            "p (Holm)",
+            "verdict",
+        ]
+        .iter()
+        .map(|h| h.to_string())
+        .collect(),
+        rows,
+    }
+}
+
+/// The section of the page that says which methods beat which.
+fn pairs_section(out: &mut String, t: &LeaderboardTable, pairs: &LeaderboardPairs) {
+    let _ = write!(
+        out,
+        "<h2>Which methods beat which (paired, 95%, Holm)</h2><p>At each ratio every pair of \
+         methods, the full model among them, is compared on the items both scored: the exact \
+         McNemar test where every one of those items scored 0 or 1 under both, else a paired \
+         bootstrap of the mean score difference ({r} resamples, seed {s}). The p-values of one \
+         ratio's pairs are adjusted together by Holm's step-down; a method <em>beats</em> \
+         another when its score is higher and the adjusted p-value is at most {a}, and two \
+         methods are <em>tied</em> when this run cannot tell them apart. Tied is not equal: \
+         more items may part them.</p>",
+        r = pairs.bootstrap_resamples,
+        s = pairs.bootstrap_seed,
+        a = pairs.alpha,
+    );
+    for group in pairs.groups() {
+        let title = match pairs
+            .pairs
+            .iter()
+            .find(|p| p.group == group)
+            .and_then(|p| p.ratio)
+        {
+            Some(_) => format!("Ratio {group}"),
+            None => "Methods with their own knob".to_string(),
+        };
+        let _ = write!(out, "<h3>{}</h3>", escape(&title));
+        crate::html::table(out, &group_table(t, pairs, group));
+        let of_group: Vec<&PairComparison> =
+            pairs.pairs.iter().filter(|p| p.group == group).collect();
+        let _ = write!(
+            out,
+            "<details><summary>every pair ({})</summary>",
+            of_group.len()
+        );
+        crate::html::table(out, &pairs_table(t, &of_group));
+        out.push_str("</details>");
     }
 }
 
@@ -227,8 +459,10 @@ fn task_grid(t: &LeaderboardTable) -> Table {
     Table { headers, rows }
 }
 
-/// The leaderboard run as one HTML document.
-pub fn render_leaderboard_html(t: &LeaderboardTable) -> String {
+/// The leaderboard run as one HTML document: the figures, the table over
+/// all tasks with what each method beats, which methods beat which at
+/// each ratio (`pairs`), each task's scores and each ratio's knob.
+pub fn render_leaderboard_html(t: &LeaderboardTable, pairs: &LeaderboardPairs) -> String {
     let mut out = String::new();
     let _ = write!(
         out,
@@ -248,17 +482,21 @@ pub fn render_leaderboard_html(t: &LeaderboardTable) -> String {
     let _ = write!(
         out,
         "<figure>{}<figcaption>Mean score over the tasks (kvpress's leaderboard average) \
-         against the compression ratio, one line per method; the horizontal line is the full \
-         model's.</figcaption></figure>",
+         against the compression ratio, one line per method, each point's whisker its 95% \
+         interval; the horizontal line is the full model's. Intervals that overlap do not \
+         make a tie, nor do apart ones a win: the paired comparisons below say which \
+         differences are real.</figcaption></figure>",
         leaderboard_chart(t, "all").to_svg()
     );
     let _ = write!(
         out,
-        "<figure>{}<figcaption>The same scores against the K/V each method holds, measured          (a share of the full model's, the decode phase's K/V included).</figcaption></figure>",
+        "<figure>{}<figcaption>The same scores against the K/V each method holds, measured \
+         (a share of the full model's, the decode phase's K/V included).</figcaption></figure>",
         leaderboard_kv_chart(t).to_svg()
     );
     out.push_str("<h2>All tasks</h2>");
-    crate::html::table(&mut out, &cells_table(t, "all"));
+    crate::html::table(&mut out, &cells_table(t, "all", Some(pairs)));
+    pairs_section(&mut out, t, pairs);
     out.push_str("<h2>Score per task (0 to 100)</h2>");
     crate::html::table(&mut out, &task_grid(t));
     out.push_str("<h2>Each ratio's knob</h2>");
@@ -270,7 +508,7 @@ pub fn render_leaderboard_html(t: &LeaderboardTable) -> String {
             "<figure>{}</figure>",
             leaderboard_chart(t, task).to_svg()
         );
-        crate::html::table(&mut out, &cells_table(t, task));
+        crate::html::table(&mut out, &cells_table(t, task, None));
     }
     out.push_str("<h2>How it was measured</h2><ul>");
     for note in &t.notes {
@@ -283,7 +521,8 @@ pub fn render_leaderboard_html(t: &LeaderboardTable) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lcut_trace::LeaderboardConfig;
+    use lcut_diag::{PairSettings, PairedScores, compare_configs};
+    use lcut_trace::{LeaderboardConfig, PairVerdict};
 
     fn config(method: &str, family: &str, ratio: Option<f64>, policy: &str) -> LeaderboardConfig {
         LeaderboardConfig {
@@ -370,7 +609,89 @@ mod tests {
         assert_eq!(chart.lines.len(), 1);
         assert_eq!(chart.lines[0].points, [(0.25, 0.75), (0.5, 0.5)]);
         assert_eq!(chart.hlines[0].0, 1.0);
-        let html = render_leaderboard_html(&t);
+        // every point has its 95% interval as an error bar
+        assert_eq!(chart.whiskers.len(), 2);
+        assert!(chart.to_svg().matches("class=\"ci\"").count() == 2);
+        let html = render_leaderboard_html(&t, &pairs(&t));
         assert!(html.contains("<svg") && html.contains("speed:15+bos") && html.contains("how"));
+    }
+
+    /// 40 right-or-wrong items: the full model right on 30, SPEED at 0.25
+    /// on 29 of them, SPEED at 0.5 on 3.
+    fn pairs(t: &LeaderboardTable) -> LeaderboardPairs {
+        let mut s = PairedScores::new(3);
+        for i in 0..40 {
+            let id = format!("vt-{i:03}");
+            for (c, right) in [i < 30, i < 29, i < 3].into_iter().enumerate() {
+                s.insert(c, &id, f64::from(u8::from(right))).unwrap();
+            }
+        }
+        compare_configs(&t.configs, &s, &PairSettings::default()).unwrap()
+    }
+
+    #[test]
+    fn the_table_says_which_methods_beat_which() {
+        let t = table();
+        let pairs = pairs(&t);
+        // the full model beats SPEED at 0.5 (27 items against none) and is
+        // tied with it at 0.25 (one item)
+        assert_eq!(
+            pairs.pair("0.5", 0, 2).unwrap().verdict,
+            PairVerdict::ABeatsB
+        );
+        assert_eq!(pairs.pair("0.25", 0, 1).unwrap().verdict, PairVerdict::Tied);
+        assert_eq!(beats_text(&t, &pairs, 0), "0.5: speed+bos");
+        assert_eq!(beats_text(&t, &pairs, 1), "-");
+        assert_eq!(beats_text(&t, &pairs, 2), "-");
+        let all = cells_table(&t, "all", Some(&pairs));
+        assert_eq!(all.headers.last().unwrap(), "beats (95%, Holm)");
+        assert_eq!(all.rows[0].last().unwrap(), "0.5: speed+bos");
+        // a task's table has no such column: the pairs are over all items
+        assert_eq!(
+            cells_table(&t, "vt", None).headers.len() + 1,
+            all.headers.len()
+        );
+        let at_half = group_table(&t, &pairs, "0.5");
+        assert_eq!(
+            at_half.rows[0][..4],
+            ["no_press", "full", "100.0 [50.0, 100.0]", "speed+bos"]
+        );
+        assert_eq!(at_half.rows[1][4], "no_press");
+        let at_quarter = group_table(&t, &pairs, "0.25");
+        assert_eq!(at_quarter.rows[0][5], "speed+bos");
+        let html = render_leaderboard_html(&t, &pairs);
+        assert!(
+            html.contains("Which methods beat which (paired, 95%, Holm)"),
+            "html"
+        );
+        assert!(
+            html.contains("Ratio 0.5") && html.contains("McNemar (exact)"),
+            "html"
+        );
+        assert!(html.contains("no_press beats"), "html");
+    }
+
+    #[test]
+    fn the_pairs_csv_has_b_c_n_p_p_holm_and_the_verdict() {
+        let t = table();
+        let csv = render_leaderboard_pairs_csv(&t, &pairs(&t));
+        let lines: Vec<&str> = csv.lines().collect();
+        assert_eq!(lines[0], PAIR_COLUMNS.join(","));
+        assert_eq!(lines.len(), 1 + 2);
+        assert_eq!(
+            lines[1],
+            "0.25,no_press,full,speed+bos,speed:22+bos,McNemar (exact),40,0,0,75.00,72.50,1,0,\
+             1.000000,1.000000,0.05,tied,"
+        );
+        // 27 discordant items one way: p = 2 / 2^27, the only pair at 0.5 (Holm
+        // leaves it as it is)
+        assert!(
+            lines[2].starts_with(
+                "0.5,no_press,full,speed+bos,speed:15+bos,McNemar (exact),40,0,0,75.00,7.50,27,0,\
+                 1.49e-8,1.49e-8,0.05,a_beats_b,no_press"
+            ),
+            "{}",
+            lines[2]
+        );
     }
 }

@@ -41,8 +41,8 @@ pub use heatmap::Heatmap;
 pub use html::{HtmlOptions, render_html};
 pub use knockout::knockout_sentence;
 pub use leaderboard::{
-    LEADERBOARD_COLUMNS, leaderboard_chart, leaderboard_kv_chart, render_leaderboard_csv,
-    render_leaderboard_html,
+    LEADERBOARD_COLUMNS, PAIR_COLUMNS, beats_text, leaderboard_chart, leaderboard_kv_chart,
+    render_leaderboard_csv, render_leaderboard_html, render_leaderboard_pairs_csv,
 };
 pub use lens::{formation_sentence, lens_prompt_table, report_formation_sentence};
 pub use lines::{Line, LineChart, LineStyle};
