@@ -245,6 +245,15 @@ pub fn merge(args: &EvalMergeArgs) -> Result<()> {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        // each item in one shard, named where not (before the engine's
+        // own count of them)
+        let shards: Vec<_> = args
+            .parts
+            .iter()
+            .zip(&runs)
+            .map(|(p, run)| (p.as_path(), &run.header, &run.items[..]))
+            .collect();
+        crate::cmd_leaderboard::check_shards(&shards, true)?;
         let merged = lcut_engine::leaderboard::merge_runs(&runs)?;
         crate::cmd_leaderboard::write_run(&args.out, &merged)?;
         println!(

@@ -2,19 +2,23 @@
 //! method at every compression ratio, the ratio mapped to each family's
 //! knob), resumable from its folder's journal, sharded like the other long
 //! jobs, and the files it writes: `leaderboard.json`, `leaderboard.csv`
-//! (kvpress's columns first) and `leaderboard.html`; `lcut eval-merge`
-//! joins shard folders' `leaderboard.json` into the whole run's.
+//! (kvpress's columns first), `leaderboard.html`, and the paired
+//! comparisons of its configurations (`leaderboard-pairs.json`, `.csv`:
+//! which methods beat which at each ratio); `lcut eval-merge` joins shard
+//! folders' `leaderboard.json` into the whole run's, each item once.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use lcut_diag::{PairSettings, PairedScores, ShardItems};
 use lcut_engine::leaderboard::journal::{self, Journal};
 use lcut_engine::leaderboard::{
-    LeaderboardHeader, LeaderboardRun, PromptRows, TimingSettings, parse_ratios, plan, run_items,
-    split_methods, table,
+    LeaderboardHeader, LeaderboardItem, LeaderboardRun, PromptRows, TimingSettings, parse_ratios,
+    plan, run_items, split_methods, table,
 };
 use lcut_engine::suite;
+use lcut_trace::LeaderboardPairs;
 
 use crate::cmd_eval::EvalCommand;
 use crate::common::{ModelArgs, write_atomic};
@@ -23,6 +27,8 @@ use crate::common::{ModelArgs, write_atomic};
 pub const JOURNAL: &str = "items.jsonl";
 /// The whole result's name in the run's folder.
 pub const RESULT: &str = "leaderboard.json";
+/// The paired comparisons' name in the run's folder (and `.csv` beside it).
+pub const PAIRS: &str = "leaderboard-pairs.json";
 
 /// The mean of the items' context lengths (the tokens before the decode
 /// start) in `session`'s tokens.
@@ -152,8 +158,8 @@ pub fn run(args: &EvalCommand, path: &Path, ratios: &str) -> Result<()> {
         header,
         items: all,
     };
-    write_run(&out, &run)?;
-    print_summary(&run, &out);
+    let pairs = write_run(&out, &run)?;
+    print_summary(&run, &pairs, &out);
     Ok(())
 }
 
@@ -179,8 +185,14 @@ pub fn merge_partial(dirs: &[PathBuf], out: &Path) -> Result<()> {
         .iter()
         .map(|d| Ok(journal::read(&d.join(JOURNAL))?))
         .collect::<Result<Vec<_>>>()?;
+    let shards: Vec<(&Path, &LeaderboardHeader, &[LeaderboardItem])> = dirs
+        .iter()
+        .zip(&parts)
+        .map(|(d, (h, items))| (d.as_path(), h, &items[..]))
+        .collect();
+    check_shards(&shards, false)?;
     let run = lcut_engine::leaderboard::merge_partial(&parts)?;
-    write_run(out, &run)?;
+    let pairs = write_run(out, &run)?;
     println!(
         "merged the {} items of {} journals (of the suite's {}) into {}",
         run.items.len(),
@@ -188,12 +200,70 @@ pub fn merge_partial(dirs: &[PathBuf], out: &Path) -> Result<()> {
         run.header.suite_items,
         out.display()
     );
-    print_summary(&run, out);
+    print_summary(&run, &pairs, out);
     Ok(())
 }
 
-/// Write `leaderboard.json`, `.csv` and `.html` into `dir`.
-pub fn write_run(dir: &Path, run: &LeaderboardRun) -> Result<()> {
+/// Check that the shards `parts` (each as named, with its header and
+/// items) hold each item once and, with `whole`, every item of the suite,
+/// naming the item and the shards where not. Shards of different runs are
+/// left to the merge, which names what differs.
+pub fn check_shards(
+    parts: &[(&Path, &LeaderboardHeader, &[LeaderboardItem])],
+    whole: bool,
+) -> Result<()> {
+    let key = |h: &LeaderboardHeader| LeaderboardHeader {
+        shard: None,
+        ..h.clone()
+    };
+    let Some((_, first, _)) = parts.first() else {
+        return Ok(());
+    };
+    if parts.iter().any(|(_, h, _)| key(h) != key(first)) {
+        return Ok(());
+    }
+    let shards: Vec<ShardItems> = parts
+        .iter()
+        .map(|(dir, _, items)| ShardItems {
+            shard: dir.display().to_string(),
+            items: items.iter().map(|i| (i.index, i.id.clone())).collect(),
+        })
+        .collect();
+    lcut_diag::check_shard_items(&shards, whole.then_some(first.suite_items))?;
+    Ok(())
+}
+
+/// The paired comparisons of `run`'s configurations: each item's score
+/// under each configuration, keyed by the item's id, compared pair by pair
+/// at each ratio.
+pub fn run_pairs(run: &LeaderboardRun) -> Result<LeaderboardPairs> {
+    let configs = &run.header.configs;
+    let mut scores = PairedScores::new(configs.len());
+    for item in &run.items {
+        anyhow::ensure!(
+            item.results.len() == configs.len(),
+            "item {} ({}) has {} results for {} configurations",
+            item.index,
+            item.id,
+            item.results.len(),
+            configs.len()
+        );
+        for (c, r) in item.results.iter().enumerate() {
+            scores.insert(c, &item.id, r.score())?;
+        }
+    }
+    Ok(lcut_diag::compare_configs(
+        configs,
+        &scores,
+        &PairSettings::default(),
+    )?)
+}
+
+/// Write `leaderboard.json`, `.csv` and `.html`, and the paired
+/// comparisons (`leaderboard-pairs.json`, `.csv`), into `dir`; the
+/// comparisons returned.
+pub fn write_run(dir: &Path, run: &LeaderboardRun) -> Result<LeaderboardPairs> {
+    let pairs = run_pairs(run)?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     write_atomic(
         &dir.join(RESULT),
@@ -204,14 +274,23 @@ pub fn write_run(dir: &Path, run: &LeaderboardRun) -> Result<()> {
         lcut_report::render_leaderboard_csv(&run.table).as_bytes(),
     )?;
     write_atomic(
-        &dir.join("leaderboard.html"),
-        lcut_report::render_leaderboard_html(&run.table).as_bytes(),
+        &dir.join(PAIRS),
+        serde_json::to_string_pretty(&pairs)?.as_bytes(),
     )?;
-    Ok(())
+    write_atomic(
+        &dir.join("leaderboard-pairs.csv"),
+        lcut_report::render_leaderboard_pairs_csv(&run.table, &pairs).as_bytes(),
+    )?;
+    write_atomic(
+        &dir.join("leaderboard.html"),
+        lcut_report::render_leaderboard_html(&run.table, &pairs).as_bytes(),
+    )?;
+    Ok(pairs)
 }
 
-/// One line per configuration over all tasks.
-fn print_summary(run: &LeaderboardRun, dir: &Path) {
+/// One line per configuration over all tasks, with the methods it beats;
+/// one line per ratio of the pairs told apart.
+fn print_summary(run: &LeaderboardRun, pairs: &LeaderboardPairs, dir: &Path) {
     let t = &run.table;
     let f = |x: Option<f64>| x.map_or_else(|| "-".into(), |v| format!("{v:.3}"));
     println!(
@@ -224,7 +303,7 @@ fn print_summary(run: &LeaderboardRun, dir: &Path) {
         };
         println!(
             "{:<14} ratio={:.3} policy={:<22} score={:.3} [{:.3}, {:.3}] prompt_kv_removed={:.3} \
-             kv_held={:.2}MiB ttft_x={} tpot_x={} flops_x={}",
+             kv_held={:.2}MiB ttft_x={} tpot_x={} flops_x={} beats={}",
             cfg.method,
             t.compression_ratio(c),
             cfg.policy,
@@ -235,11 +314,30 @@ fn print_summary(run: &LeaderboardRun, dir: &Path) {
             cell.kv_bytes_held / (1024.0 * 1024.0),
             f(cell.ttft_ratio),
             f(cell.tpot_ratio),
-            f(cell.prefill_flops_ratio)
+            f(cell.prefill_flops_ratio),
+            lcut_report::beats_text(t, pairs, c)
+        );
+    }
+    for group in pairs.groups() {
+        let of_group: Vec<_> = pairs.pairs.iter().filter(|p| p.group == group).collect();
+        let label = match of_group.first().and_then(|p| p.ratio) {
+            Some(_) => format!("ratio {group}"),
+            None => group.to_string(),
+        };
+        let apart = of_group.iter().filter(|p| p.winner().is_some()).count();
+        let untested = of_group.iter().filter(|p| p.p.is_none()).count();
+        println!(
+            "{label}: {apart} of {} pairs told apart at {:.0}% (paired tests, Holm){}",
+            of_group.len(),
+            100.0 * (1.0 - pairs.alpha),
+            match untested {
+                0 => String::new(),
+                n => format!(", {n} without a shared item"),
+            }
         );
     }
     println!(
-        "wrote {}, leaderboard.csv and leaderboard.html in {}",
+        "wrote {}, leaderboard.csv, leaderboard.html and {PAIRS} (.csv) in {}",
         RESULT,
         dir.display()
     );

@@ -12,6 +12,7 @@ use std::process::{Command, Output};
 
 use lcut_engine::leaderboard::LeaderboardRun;
 use lcut_engine::suite::{Scoring, read_suite};
+use lcut_trace::{LeaderboardPairs, PairTest};
 
 const MODEL: &str = "fixtures/models/copy-full";
 
@@ -43,6 +44,12 @@ fn fails(args: &[&str], parts: &[&str]) {
     for p in parts {
         assert!(stderr.contains(p), "lcut {args:?}: {p:?} not in {stderr}");
     }
+}
+
+/// The paired comparisons of the run in `dir`.
+fn read_pairs(dir: &Path) -> LeaderboardPairs {
+    let text = std::fs::read_to_string(dir.join("leaderboard-pairs.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
 }
 
 /// The run in `dir`, wall times zeroed (they differ from run to run).
@@ -213,6 +220,27 @@ fn ruler_suite_then_the_leaderboard_run() {
         html.contains("<svg") && html.contains("niah_single_1"),
         "html"
     );
+    // every pair at each ratio (the full model and three methods: six
+    // pairs) compared on all six items, each pair's test named
+    let pairs = read_pairs(Path::new(&whole));
+    assert_eq!(pairs.groups(), ["0.25", "0.75"]);
+    assert_eq!(pairs.pairs.len(), 2 * 6);
+    for p in &pairs.pairs {
+        assert_eq!((p.n, p.only_a, p.only_b), (6, 0, 0), "{p:?}");
+        assert_ne!(p.test, PairTest::None);
+        assert!(p.p_holm.unwrap() >= p.p.unwrap(), "{p:?}");
+    }
+    assert!(html.contains("Which methods beat which"), "html");
+    let csv = std::fs::read_to_string(Path::new(&whole).join("leaderboard-pairs.csv")).unwrap();
+    assert!(
+        csv.starts_with("ratio,method_a,policy_a,method_b,policy_b,test,n,only_a,only_b,"),
+        "{csv}"
+    );
+    assert_eq!(csv.lines().count(), 1 + 12);
+    assert!(
+        stdout.contains("ratio 0.25: ") && stdout.contains("pairs told apart"),
+        "{stdout}"
+    );
 
     // a rerun resumes: every item is in the journal, nothing runs again
     let journal = std::fs::read_to_string(Path::new(&whole).join("items.jsonl")).unwrap();
@@ -273,10 +301,26 @@ fn ruler_suite_then_the_leaderboard_run() {
     let merged = path("merged");
     ok(&["eval-merge", &s0, &s1, "--out", &merged]);
     assert_eq!(read_run(Path::new(&merged)), r);
+    // the merged run keeps every item's score under every configuration,
+    // keyed by its id, so the pairs are the unsharded run's
+    assert_eq!(read_pairs(Path::new(&merged)), pairs);
+    // an item missing, or in two shards, is named
     fails(
         &["eval-merge", &s0, "--out", &path("half")],
-        &["not each item once"],
+        &[
+            "3 of the suite's 6 items are in no shard (positions 1, 3, 5)",
+            "a shard missing or unfinished?",
+        ],
     );
+    let first = &read_run(Path::new(&s0)).items[0];
+    fails(
+        &["eval-merge", &s0, &s1, &s0, "--out", &path("twice")],
+        &[
+            &format!("item 0 ({}) is in both {s0} and {s0}", first.id),
+            "a shard given twice?",
+        ],
+    );
+    assert!(!Path::new(&path("half")).exists() && !Path::new(&path("twice")).exists());
     // a run not finished: its journals' items so far, marked partial
     let partial = path("partial");
     let stdout = ok(&["eval-merge", "--partial", &s0, "--out", &partial]);
@@ -301,7 +345,7 @@ fn ruler_suite_then_the_leaderboard_run() {
     assert_eq!(read_run(Path::new(&partial)).table, r.table);
     fails(
         &["eval-merge", "--partial", &s0, &s0, "--out", &partial],
-        &["in two of the journals"],
+        &["is in both", "a shard given twice?"],
     );
     fails(
         &[
