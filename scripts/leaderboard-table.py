@@ -5,13 +5,57 @@ Usage: scripts/leaderboard-table.py DIR/leaderboard.csv
 
 Prints two tables: the mean over tasks (kvpress's `all`) with each method's
 score at each ratio, its 95% interval and the share of the prompt's K/V it
-removed (measured); then each task's score per method and ratio. The
-numbers are the CSV's own, only laid out for docs/leaderboard.md.
+removed (measured); then each task's score per method and ratio. Where the
+run's folder holds leaderboard-pairs.csv (the paired comparisons), a third:
+at each ratio, the methods each method beats (paired tests, Holm at 95%).
+The numbers are the CSVs' own, only laid out for docs/leaderboard.md.
 """
 
 import csv
+import os
 import sys
 from collections import defaultdict
+
+
+def beats_table(path: str, methods: list[str]) -> None:
+    """The methods each method beats at each ratio, from leaderboard-pairs.csv."""
+    with open(path, newline="") as f:
+        pairs = list(csv.DictReader(f))
+    if not pairs:
+        return
+    groups: list[str] = []
+    for p in pairs:
+        if p["ratio"] not in groups:
+            groups.append(p["ratio"])
+    beats = defaultdict(list)
+    items = defaultdict(set)
+    tests = defaultdict(set)
+    for p in pairs:
+        g = p["ratio"]
+        items[g].add(p["n"])
+        tests[g].add(p["test"])
+        if p["winner"]:
+            loser = p["method_b"] if p["winner"] == p["method_a"] else p["method_a"]
+            beats[(g, p["winner"])].append(loser)
+    print("\nWhich methods beat which (each pair at a ratio compared on the same items: the "
+          "exact McNemar test for right-or-wrong items, a paired bootstrap of the mean score "
+          "difference where scores are partial; Holm's correction across the ratio's pairs, "
+          "95%). A cell names the methods the row's method beats at that ratio; two methods "
+          "neither of which names the other are tied:\n")
+    label = lambda g: g if g == "own knob" else f"ratio {g}"
+    print("| method | " + " | ".join(label(g) for g in groups) + " |")
+    print("|---|" + "---|" * len(groups))
+    for m in methods:
+        cells = []
+        for g in groups:
+            in_group = any(p["ratio"] == g and m in (p["method_a"], p["method_b"]) for p in pairs)
+            cells.append(", ".join(beats[(g, m)]) or "-" if in_group else "")
+        if any(cells):
+            print(f"| {m} | " + " | ".join(cells) + " |")
+    for g in groups:
+        n = "/".join(sorted(items[g], key=int))
+        print(f"\n{label(g)}: {n} items a pair; {', '.join(sorted(tests[g]))}.", end="")
+    print()
 
 
 def main(path: str) -> None:
@@ -70,6 +114,10 @@ def main(path: str) -> None:
             by_method[m].append("/".join(scores))
     for m, parts in by_method.items():
         print(f"| {m} | " + " | ".join(parts) + " |")
+
+    pairs = os.path.join(os.path.dirname(path), "leaderboard-pairs.csv")
+    if os.path.exists(pairs):
+        beats_table(pairs, methods)
 
 
 if __name__ == "__main__":
