@@ -280,9 +280,43 @@ impl Mlp {
 pub struct Experts {
     router: Linear,
     experts: Vec<Mlp>,
-    top_k: usize,
-    normalize: bool,
+    rule: RouterRule,
+}
+
+/// How a router's logits choose a token's experts and weigh them: the one
+/// rule the tensor path and the fused step both follow.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct RouterRule {
+    /// Softmax then top-k, or top-k then softmax.
     kind: RouterKind,
+    /// Experts each token runs.
+    top_k: usize,
+    /// The top-k probabilities renormalised to sum to one.
+    normalize: bool,
+}
+
+impl RouterRule {
+    /// One row's routing from its router logits: the softmax over every
+    /// expert; the `top_k` most probable (ties to the lower index, as
+    /// torch's topk), their probabilities renormalised where the model
+    /// does; or, for gpt-oss, the `top_k` largest logits with a softmax
+    /// over them only (the same experts: the softmax keeps the logits'
+    /// order).
+    pub(crate) fn choose(&self, logits: &[f32]) -> (Vec<f32>, Vec<usize>, Vec<f32>) {
+        let top = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut probs: Vec<f32> = logits.iter().map(|z| (z - top).exp()).collect();
+        let sum: f32 = probs.iter().sum();
+        probs.iter_mut().for_each(|p| *p /= sum);
+        let mut order: Vec<usize> = (0..logits.len()).collect();
+        order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
+        order.truncate(self.top_k);
+        let mut weights: Vec<f32> = order.iter().map(|&i| probs[i]).collect();
+        if self.normalize || self.kind == RouterKind::TopKSoftmax {
+            let sum: f32 = weights.iter().sum();
+            weights.iter_mut().for_each(|v| *v /= sum);
+        }
+        (probs, order, weights)
+    }
 }
 
 /// gpt-oss's experts, stored stacked: `gate_up_proj` [experts, hidden,
@@ -363,49 +397,49 @@ impl Experts {
         Ok(Self {
             router,
             experts,
-            top_k: e.top_k,
-            normalize: e.normalize_top_k,
-            kind: e.router,
+            rule: RouterRule {
+                kind: e.router,
+                top_k: e.top_k,
+                normalize: e.normalize_top_k,
+            },
         })
     }
 
-    /// The routing of rows `x` [n, hidden]: the router's softmax (in f32)
-    /// over the experts, the `top_k` largest per row (ties to the lower
-    /// index, as torch's topk), renormalised where the model does; or, for
-    /// gpt-oss, the `top_k` largest logits with a softmax over them only
-    /// (the same experts: the softmax keeps the logits' order).
+    /// The routing of rows `x` [n, hidden] by the router's logits (in f32)
+    /// and [`RouterRule::choose`].
     pub fn route(&self, x: &Tensor) -> Result<Routing> {
-        let logits = self.router.forward(x)?.to_dtype(DType::F32)?;
-        let probs = candle_nn::ops::softmax_last_dim(&logits)?.to_vec2::<f32>()?;
-        let logits = logits.to_vec2::<f32>()?;
-        let (mut experts, mut weights) = (Vec::new(), Vec::new());
-        for (row, z) in probs.iter().zip(&logits) {
-            let by = match self.kind {
-                RouterKind::SoftmaxTopK => row,
-                RouterKind::TopKSoftmax => z,
-            };
-            let mut order: Vec<usize> = (0..row.len()).collect();
-            order.sort_by(|&a, &b| by[b].total_cmp(&by[a]).then(a.cmp(&b)));
-            order.truncate(self.top_k);
-            let mut w: Vec<f32> = match self.kind {
-                RouterKind::SoftmaxTopK => order.iter().map(|&i| row[i]).collect(),
-                RouterKind::TopKSoftmax => {
-                    let top = z[order[0]];
-                    order.iter().map(|&i| (z[i] - top).exp()).collect()
-                }
-            };
-            if self.normalize || self.kind == RouterKind::TopKSoftmax {
-                let sum: f32 = w.iter().sum();
-                w.iter_mut().for_each(|v| *v /= sum);
-            }
-            experts.push(order);
-            weights.push(w);
+        let logits = self
+            .router
+            .forward(x)?
+            .to_dtype(DType::F32)?
+            .to_vec2::<f32>()?;
+        let mut routing = Routing {
+            probs: Vec::with_capacity(logits.len()),
+            experts: Vec::with_capacity(logits.len()),
+            weights: Vec::with_capacity(logits.len()),
+        };
+        for row in &logits {
+            let (probs, experts, weights) = self.rule.choose(row);
+            routing.probs.push(probs);
+            routing.experts.push(experts);
+            routing.weights.push(weights);
         }
-        Ok(Routing {
-            probs,
-            experts,
-            weights,
-        })
+        Ok(routing)
+    }
+
+    /// The router.
+    pub(crate) fn router(&self) -> &Linear {
+        &self.router
+    }
+
+    /// The experts, in the router's order.
+    pub(crate) fn experts(&self) -> &[Mlp] {
+        &self.experts
+    }
+
+    /// How the router chooses.
+    pub(crate) fn rule(&self) -> RouterRule {
+        self.rule
     }
 
     /// The block's output for rows `x` [n, hidden] routed by `routing`
@@ -442,7 +476,7 @@ impl Experts {
             .experts
             .first()
             .map_or(0, |m| m.linears().into_iter().map(Linear::bytes).sum());
-        self.router.bytes() + self.top_k * expert
+        self.router.bytes() + self.rule.top_k * expert
     }
 
     /// The router and every expert's linear layers.

@@ -125,12 +125,19 @@ fn decode_cases(names: &[&str], unfused: Option<lcut_model::Unfused>) -> Result<
     Ok(())
 }
 
-/// A model with experts decodes on the tensor path (the fused step has no
-/// experts yet, a named rule): batched, each sequence still gets its own
-/// routing and the tokens it gets alone.
+/// Models with experts decoded together: each sequence still gets its own
+/// routing and the tokens it gets alone, on the fused step (Qwen3-MoE,
+/// Mixtral) and on the tensor path (gpt-oss: the fused step has no sinks
+/// yet, a named rule).
 #[test]
 fn sequences_with_experts_decoded_together_equal_each_decoded_alone() -> Result<()> {
-    decode_cases(&lcut_testkit::MOE_CASES, Some(lcut_model::Unfused::Experts))
+    let fused = [
+        "moe/qwen3moe-experts",
+        "moe/qwen3moe-sparse",
+        "moe/mixtral-top2",
+    ];
+    decode_cases(&fused, None)?;
+    decode_cases(&["moe/gptoss-sinks"], Some(lcut_model::Unfused::Sinks))
 }
 
 #[test]

@@ -178,6 +178,139 @@ fn the_fused_step_equals_the_tensor_path_on_every_reference_architecture() -> Re
     Ok(())
 }
 
+/// Records each decode token's routing at every layer of experts.
+#[derive(Default)]
+struct RoutingRecorder {
+    /// (layer, position) -> (the router's probabilities, the chosen experts).
+    rows: std::collections::BTreeMap<(usize, usize), (Vec<f32>, Vec<usize>)>,
+}
+
+impl lcut_model::Probe for RoutingRecorder {
+    fn wants_routing(&self, _layer: usize) -> bool {
+        true
+    }
+
+    fn on_routing(&mut self, view: lcut_model::RoutingView<'_>) -> lcut_model::Result<()> {
+        let r = view.routing;
+        for (i, &p) in view.positions.iter().enumerate() {
+            let row = (r.probs[i].clone(), r.experts[i].clone());
+            self.rows.insert((view.layer, p), row);
+        }
+        Ok(())
+    }
+}
+
+/// The prompt in one chunk, then each later token alone, through the fused
+/// step or not: the decode rows' logits and routing.
+fn routed_run(c: &Case, model: &Decoder, policy: Policy) -> Result<(Vec<Tensor>, RoutingRecorder)> {
+    let s = c.decode_start;
+    let phases = TokenPhases::new(c.ids.len(), s, policy.anchor_len(None, s)?)?;
+    let mut seq = model.new_sequence(policy, phases)?;
+    model.forward(&mut seq, &c.ids[..s], LogitRows::None, None)?;
+    let (mut rows, mut routing) = (Vec::new(), RoutingRecorder::default());
+    for i in s..c.ids.len() {
+        let out = model.forward(&mut seq, &c.ids[i..=i], LogitRows::Last, Some(&mut routing))?;
+        rows.push(out.logits.expect("a decode-phase row"));
+    }
+    Ok((rows, routing))
+}
+
+/// The fused step against the tensor path on a model with experts, under
+/// every policy: each decode token's routing is the same and its logits
+/// agree within `tol` of the largest, up to the first token whose routing
+/// differs; there, the router's k-th and (k+1)-th probabilities must be a
+/// near-tie (within 1e-5) that rounding in another summation order can
+/// cross, and the tokens after it, which read a different history, are
+/// not compared.
+fn check_experts_case(c: &Case, tol: f32) -> Result<()> {
+    let mut tensor_path = c.model.clone();
+    tensor_path.set_fused_decode(false);
+    let layers = c.model.config().num_layers;
+    let top_k = c.model.config().experts.map_or(0, |e| e.top_k);
+    for text in policies(layers) {
+        let policy = text.parse::<PolicySpec>()?.resolve(layers)?;
+        let (fused, fused_routes) = routed_run(c, &c.model, policy)?;
+        let (reference, routes) = routed_run(c, &tensor_path, policy)?;
+        let what = format!("{} {text}", c.name);
+        ensure!(!routes.rows.is_empty(), "{what}: no routing recorded");
+        for (i, (a, b)) in fused.iter().zip(&reference).enumerate() {
+            let pos = c.decode_start + i;
+            let flip =
+                routes
+                    .rows
+                    .iter()
+                    .filter(|((_, p), _)| *p == pos)
+                    .find(|(key, (_, experts))| {
+                        fused_routes
+                            .rows
+                            .get(key)
+                            .is_some_and(|(_, e)| e != experts)
+                    });
+            if let Some(((layer, _), (probs, _))) = flip {
+                let mut sorted = probs.clone();
+                sorted.sort_by(|x, y| y.total_cmp(x));
+                let margin = sorted[top_k - 1] - sorted[top_k];
+                ensure!(
+                    margin <= 1e-5,
+                    "{what}: position {pos} layer {layer}: the paths route differently with a margin of {margin:e}"
+                );
+                break;
+            }
+            let d = max_diff(a, b)?;
+            let scale = b.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?;
+            ensure!(
+                d <= tol * scale.max(1.0),
+                "{what}: position {pos}: logits differ by {d:e} (largest logit {scale})"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// How far a quantized file's logits may part between the two paths: both
+/// quantize each product's input to 8 bits, and an input that moves by
+/// rounding (1e-7) across a rounding boundary moves a quantized value by a
+/// whole step, which the products carry on (measured 0.009 of the largest
+/// logit on the Qwen3-MoE Q8_0 file under SelfOnly; the dense models'
+/// quantized paths are held to their tokens for the same reason). The
+/// quantized products' own bound against the dequantized weights
+/// (`gguf_oracle.rs`).
+const QUANTIZED_REL: f32 = 0.05;
+
+/// Models with experts: the fused step routes each token by the model's
+/// rule and reads only its experts; it equals the tensor path on the MoE
+/// cases it runs (all but gpt-oss, whose sinks it does not have yet), from
+/// their folders in f32 and from llama.cpp's Q8_0 files kept quantized.
+#[test]
+fn the_fused_step_equals_the_tensor_path_on_models_with_experts() -> Result<()> {
+    let fused = [
+        "moe/qwen3moe-experts",
+        "moe/qwen3moe-sparse",
+        "moe/mixtral-top2",
+    ];
+    for c in common::models_of(&fused)? {
+        let reason = c.model.unfused_reason()?;
+        ensure!(reason.is_none(), "{}: no fused step ({reason:?})", c.name);
+        check_experts_case(&c, 1e-5)?;
+    }
+    for name in lcut_testkit::MOE_GGUF_CASES {
+        let path = lcut_testkit::oracle_case(name).join("model.q8_0.gguf");
+        let mut c = common::models_of(&[name])?.remove(0);
+        c.model = Decoder::load_as(&path, WeightMode::Quantized, &Device::Cpu)?;
+        c.name = if name.contains("mixtral") {
+            "Mixtral Q8_0 GGUF"
+        } else {
+            "Qwen3-MoE Q8_0 GGUF"
+        };
+        let reason = c.model.unfused_reason()?;
+        ensure!(reason.is_none(), "{}: no fused step ({reason:?})", c.name);
+        check_experts_case(&c, QUANTIZED_REL)?;
+    }
+    let gpt_oss = common::models_of(&["moe/gptoss-sinks"])?.remove(0);
+    ensure!(gpt_oss.model.unfused_reason()? == Some(lcut_model::Unfused::Sinks));
+    Ok(())
+}
+
 /// SmolLM2 on a real chat prompt (the reference case `factual`: 44 prompt
 /// tokens and its 16-token greedy answer, from `fixtures/real`).
 fn smollm2_case(model: Decoder) -> Result<Case> {

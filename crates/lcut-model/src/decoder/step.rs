@@ -30,7 +30,8 @@ use super::step_model::{Held, StepLinear, StepModel};
 use super::{ChunkOutput, Decoder, LogitRows};
 use crate::cache::LayerCache;
 use crate::error::{ModelError, Result};
-use crate::probe::{AttentionView, Probe, ResidualSite};
+use crate::layers::Routing;
+use crate::probe::{AttentionView, Probe, ResidualSite, RoutingView};
 use crate::sequence::Sequence;
 
 pub use super::step_model::Unfused;
@@ -55,6 +56,12 @@ struct RowBuffers {
     gate_up: Vec<f32>,
     tmp: Vec<f32>,
     product: Vec<f32>,
+    /// The experts' buffers: router logits, one expert's input rows, its
+    /// gate and up halves, its output rows.
+    router: Vec<f32>,
+    expert_acts: Activations,
+    expert_gate_up: Vec<f32>,
+    expert_out: Vec<f32>,
 }
 
 /// What one sequence of a pass needs of its own: its position's RoPE
@@ -460,10 +467,100 @@ impl LayerExecutor for HostRows<'_, '_, '_, '_, '_> {
         Ok(())
     }
 
-    fn experts(&mut self, _at: LayerAt<'_>) -> Result<()> {
-        // the step model is not built for a model with experts
-        // (`Unfused::Experts`): the tensor path runs it
-        Err(unwritten("experts (the fused step holds none)"))
+    /// The router's logits for every lane's row, each row's experts chosen
+    /// by the model's rule, then each expert run once on the rows that
+    /// chose it (its matrices read once for all of them, the other
+    /// experts' not at all), its output weighed into theirs.
+    fn experts(&mut self, at: LayerAt<'_>) -> Result<()> {
+        let ex = self.model.layers[at.index]
+            .experts
+            .as_ref()
+            .ok_or(unwritten("the experts (a dense layer)"))?;
+        let activation = self.model.layers[at.index].activation;
+        let (n, d) = (self.lanes.len(), self.dec.cfg.hidden_size);
+        let held = self.held;
+        let b = &mut *self.b;
+        products(
+            std::slice::from_ref(&ex.router),
+            held,
+            n,
+            (&mut b.acts, &mut b.router),
+            (&mut b.tmp, &mut b.product),
+        )?;
+        let count = ex.router.rows;
+        let mut routing = Routing {
+            probs: Vec::with_capacity(n),
+            experts: Vec::with_capacity(n),
+            weights: Vec::with_capacity(n),
+        };
+        for row in b.router.chunks_exact(count) {
+            let (probs, experts, weights) = ex.rule.choose(row);
+            routing.probs.push(probs);
+            routing.experts.push(experts);
+            routing.weights.push(weights);
+        }
+        if let Some(p) = self.probe.as_deref_mut()
+            && p.wants_routing(at.index)
+        {
+            let positions: Vec<usize> = self.lanes.iter().map(|l| l.pos).collect();
+            p.on_routing(RoutingView {
+                layer: at.index,
+                positions: &positions,
+                routing: &routing,
+            })?;
+        }
+        b.out.clear();
+        b.out.resize(n * d, 0.0);
+        for (e, expert) in ex.experts.iter().enumerate() {
+            // the rows that chose expert e, and their weights
+            let chosen: Vec<(usize, f32)> = routing
+                .experts
+                .iter()
+                .zip(&routing.weights)
+                .enumerate()
+                .filter_map(|(r, (xs, ws))| xs.iter().position(|&x| x == e).map(|k| (r, ws[k])))
+                .collect();
+            if chosen.is_empty() {
+                continue;
+            }
+            let rows = chosen.len();
+            let input = b.expert_acts.fill(rows, d);
+            for (dst, &(r, _)) in input.chunks_exact_mut(d).zip(&chosen) {
+                dst.copy_from_slice(&b.acts.values()[r * d..(r + 1) * d]);
+            }
+            products(
+                &expert.gate_up,
+                held,
+                rows,
+                (&mut b.expert_acts, &mut b.expert_gate_up),
+                (&mut b.tmp, &mut b.product),
+            )?;
+            let inner = b.expert_gate_up.len() / (2 * rows);
+            let gated = b.expert_acts.fill(rows, inner);
+            for (row, g) in b
+                .expert_gate_up
+                .chunks_exact_mut(2 * inner)
+                .zip(gated.chunks_exact_mut(inner))
+            {
+                let (gate, up) = row.split_at_mut(inner);
+                ops::gate_in_place(gate, up, activation)?;
+                g.copy_from_slice(gate);
+            }
+            products(
+                std::slice::from_ref(&expert.down),
+                held,
+                rows,
+                (&mut b.expert_acts, &mut b.expert_out),
+                (&mut b.tmp, &mut b.product),
+            )?;
+            for (y, &(r, w)) in b.expert_out.chunks_exact(d).zip(&chosen) {
+                b.out[r * d..(r + 1) * d]
+                    .iter_mut()
+                    .zip(y)
+                    .for_each(|(o, v)| *o += w * v);
+            }
+        }
+        Ok(())
     }
 
     fn take_residual(&mut self) -> Result<()> {

@@ -17,7 +17,7 @@ use super::Decoder;
 use super::layer::{Norm, Product};
 use crate::config::Activation;
 use crate::error::{ModelError, Result};
-use crate::layers::{FeedForward, GateUpLinears, QkvLinears, RmsNorm};
+use crate::layers::{FeedForward, GateUpLinears, Mlp, QkvLinears, RmsNorm, RouterRule};
 use crate::linear::Linear;
 use crate::mapped::MappedMatrix;
 
@@ -34,9 +34,9 @@ pub enum Unfused {
     DenseStorage,
     /// The fused step was turned off ([`Decoder::set_fused_decode`]).
     TurnedOff,
-    /// A layer's MLP is a mixture of experts (the fused step has no
-    /// experts yet).
-    Experts,
+    /// An MLP's activation is gpt-oss's clamped SwiGLU (the kernels have
+    /// none yet).
+    ClampedSwiGlu,
     /// A layer's attention has learned sink logits (the fused step has no
     /// sinks yet).
     Sinks,
@@ -51,7 +51,7 @@ impl Unfused {
             Self::CandleQuantized => "a matrix is in a ggml type only candle runs",
             Self::DenseStorage => "a dense matrix is not a contiguous CPU buffer",
             Self::TurnedOff => "the fused step was turned off",
-            Self::Experts => "a layer's MLP is a mixture of experts",
+            Self::ClampedSwiGlu => "an MLP's activation is gpt-oss's clamped SwiGLU",
             Self::Sinks => "a layer's attention has sink logits",
         }
     }
@@ -139,9 +139,13 @@ pub(crate) struct StepLayer {
     pub(crate) o: StepLinear,
     pub(crate) attn_out_norm: Option<Vec<f32>>,
     pub(crate) mlp_in_norm: Option<Vec<f32>>,
-    /// Gate and up (or one fused matrix, gate rows first).
+    /// Gate and up (or one fused matrix, gate rows first); none on a
+    /// layer of experts.
     pub(crate) gate_up: Vec<StepLinear>,
-    pub(crate) down: StepLinear,
+    /// The MLP's down matrix; none on a layer of experts.
+    pub(crate) down: Option<StepLinear>,
+    /// The router and the experts, on a layer of experts.
+    pub(crate) experts: Option<StepExperts>,
     pub(crate) mlp_out_norm: Option<Vec<f32>>,
     pub(crate) activation: GateActivation,
 }
@@ -163,9 +167,25 @@ impl StepLayer {
             Product::Qkv => &self.qkv,
             Product::AttentionOut => std::slice::from_ref(&self.o),
             Product::GateUp => &self.gate_up,
-            Product::Down => std::slice::from_ref(&self.down),
+            Product::Down => self.down.as_slice(),
         }
     }
+}
+
+/// One expert of the step: its gate and up matrices, and its down matrix.
+#[derive(Debug, Clone)]
+pub(crate) struct StepExpert {
+    pub(crate) gate_up: Vec<StepLinear>,
+    pub(crate) down: StepLinear,
+}
+
+/// A layer's mixture of experts as the step reads it: a token reads the
+/// router and only the experts the router chooses for it.
+#[derive(Debug, Clone)]
+pub(crate) struct StepExperts {
+    pub(crate) router: StepLinear,
+    pub(crate) experts: Vec<StepExpert>,
+    pub(crate) rule: RouterRule,
 }
 
 /// The whole model as the fused step reads it.
@@ -215,15 +235,38 @@ impl StepModel {
                 QkvLinears::Separate(q, k, v) => vec![b.linear(q)?, b.linear(k)?, b.linear(v)?],
                 QkvLinears::Fused(m) => vec![b.linear(m)?],
             };
-            let FeedForward::Dense(mlp) = &layer.mlp else {
-                return Err(Skip::Unfused(Unfused::Experts));
-            };
             if layer.attn.sinks().is_some() {
                 return Err(Skip::Unfused(Unfused::Sinks));
             }
-            let gate_up = match mlp.gate_up() {
-                GateUpLinears::Separate(g, u) => vec![b.linear(g)?, b.linear(u)?],
-                GateUpLinears::Fused(m) => vec![b.linear(m)?],
+            let (gate_up, down, experts, activation) = match &layer.mlp {
+                FeedForward::Dense(mlp) => (
+                    gate_up_of(&mut b, mlp)?,
+                    Some(b.linear(mlp.down())?),
+                    None,
+                    gate_activation(mlp)?,
+                ),
+                FeedForward::Experts(e) => {
+                    let experts = e
+                        .experts()
+                        .iter()
+                        .map(|m| {
+                            Ok(StepExpert {
+                                gate_up: gate_up_of(&mut b, m)?,
+                                down: b.linear(m.down())?,
+                            })
+                        })
+                        .collect::<std::result::Result<Vec<_>, Skip>>()?;
+                    let activation = match e.experts().first() {
+                        Some(m) => gate_activation(m)?,
+                        None => GateActivation::Silu,
+                    };
+                    let experts = StepExperts {
+                        router: b.linear(e.router())?,
+                        experts,
+                        rule: e.rule(),
+                    };
+                    (Vec::new(), None, Some(experts), activation)
+                }
             };
             let (q_norm, k_norm) = layer.attn.qk_norms();
             layers.push(StepLayer {
@@ -235,16 +278,10 @@ impl StepModel {
                 attn_out_norm: layer.attn_out_norm.as_ref().map(norm).transpose()?,
                 mlp_in_norm: layer.mlp_in_norm.as_ref().map(norm).transpose()?,
                 gate_up,
-                down: b.linear(mlp.down())?,
+                down,
+                experts,
                 mlp_out_norm: layer.mlp_out_norm.as_ref().map(norm).transpose()?,
-                activation: match mlp.activation() {
-                    Activation::Silu => GateActivation::Silu,
-                    Activation::GeluTanh => GateActivation::GeluTanh,
-                    // only gpt-oss's experts clamp, and the step has no experts
-                    Activation::ClampedSwiGlu { .. } => {
-                        return Err(Skip::Unfused(Unfused::Experts));
-                    }
-                },
+                activation,
             });
         }
         Ok(Self {
@@ -253,6 +290,23 @@ impl StepModel {
             final_norm: norm(&dec.final_norm)?,
             dense: b.dense,
         })
+    }
+}
+
+/// The gate and up matrices of a gated MLP as the step reads them.
+fn gate_up_of(b: &mut Builder, mlp: &Mlp) -> std::result::Result<Vec<StepLinear>, Skip> {
+    Ok(match mlp.gate_up() {
+        GateUpLinears::Separate(g, u) => vec![b.linear(g)?, b.linear(u)?],
+        GateUpLinears::Fused(m) => vec![b.linear(m)?],
+    })
+}
+
+/// The kernels' activation of a gated MLP, or why it has none.
+fn gate_activation(mlp: &Mlp) -> std::result::Result<GateActivation, Skip> {
+    match mlp.activation() {
+        Activation::Silu => Ok(GateActivation::Silu),
+        Activation::GeluTanh => Ok(GateActivation::GeluTanh),
+        Activation::ClampedSwiGlu { .. } => Err(Skip::Unfused(Unfused::ClampedSwiGlu)),
     }
 }
 

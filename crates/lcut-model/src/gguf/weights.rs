@@ -414,13 +414,18 @@ impl WeightSource for GgufWeights {
         self.file.mapped(&self.name(name), expected)
     }
 
-    /// The tensor in its ggml type, for quantized matrix products.
+    /// The tensor in its ggml type, for quantized matrix products; `None`
+    /// for an F32 tensor (a router), which is read as a dense matrix.
     fn load_quantized(
         &self,
         name: &str,
         expected: &[usize],
         device: &Device,
     ) -> Result<Option<QTensor>> {
+        let hf = self.name(name);
+        if self.file.view(&hf, expected)?.dtype == Some(GgmlDType::F32) {
+            return Ok(None);
+        }
         self.quantized(name, expected, device).map(Some)
     }
 }

@@ -24,7 +24,12 @@ pub struct OracleModel {
 
 /// Every oracle case as a model.
 pub fn oracle_models() -> Result<Vec<OracleModel>> {
-    ORACLE_CASES
+    models_of(&ORACLE_CASES)
+}
+
+/// The reference cases `names` as models (f32, from their folders).
+pub fn models_of(names: &[&'static str]) -> Result<Vec<OracleModel>> {
+    names
         .iter()
         .map(|&name| {
             let case = ReferenceCase::load(&oracle_case(name))?;
