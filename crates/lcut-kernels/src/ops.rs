@@ -87,12 +87,20 @@ pub fn rope_in_place(x: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) -
 }
 
 /// The gate's activation of a gated MLP.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum GateActivation {
     /// x sigmoid(x).
     Silu,
     /// GELU, tanh approximation.
     GeluTanh,
+    /// gpt-oss's SwiGLU: `g = min(gate, limit)`, `u = clamp(up, -limit,
+    /// limit)`, then `(u + 1) g sigmoid(alpha g)`.
+    ClampedSwiGlu {
+        /// The clamp.
+        limit: f32,
+        /// The sigmoid's slope.
+        alpha: f32,
+    },
 }
 
 /// `gate[i] = act(gate[i]) * up[i]`, in place.
@@ -110,6 +118,13 @@ pub fn gate_in_place(gate: &mut [f32], up: &[f32], act: GateActivation) -> Resul
                 let x = *g;
                 let inner = SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x);
                 *g = 0.5 * x * (1.0 + inner.tanh()) * u;
+            }
+        }
+        GateActivation::ClampedSwiGlu { limit, alpha } => {
+            for (g, &u) in gate.iter_mut().zip(up) {
+                let x = g.min(limit);
+                let u = u.clamp(-limit, limit);
+                *g = (u + 1.0) * (x / (1.0 + (-alpha * x).exp()));
             }
         }
     }
@@ -195,6 +210,18 @@ mod tests {
         assert_eq!(g[1], 0.0);
         let mut h = [1.0f32];
         gate_in_place(&mut h, &[1.0], GateActivation::GeluTanh).expect("same length");
+        // gpt-oss's: gate clamped above at 1, up to +-1, (u + 1) g sigmoid(1.702 g)
+        let act = GateActivation::ClampedSwiGlu {
+            limit: 1.0,
+            alpha: 1.702,
+        };
+        let mut c = [3.0f32, -2.0, 0.5];
+        gate_in_place(&mut c, &[5.0, -0.5, -3.0], act).expect("same length");
+        let want = |g: f32, u: f32| (u + 1.0) * g / (1.0 + (-1.702 * g).exp());
+        let expected = [want(1.0, 1.0), want(-2.0, -0.5), want(0.5, -1.0)];
+        for (got, w) in c.iter().zip(expected) {
+            assert!((got - w).abs() < 1e-6, "{got} vs {w}");
+        }
         assert!((h[0] - 0.841_192).abs() < 1e-5);
     }
 

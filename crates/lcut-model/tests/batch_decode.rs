@@ -125,19 +125,12 @@ fn decode_cases(names: &[&str], unfused: Option<lcut_model::Unfused>) -> Result<
     Ok(())
 }
 
-/// Models with experts decoded together: each sequence still gets its own
-/// routing and the tokens it gets alone, on the fused step (Qwen3-MoE,
-/// Mixtral) and on the tensor path (gpt-oss: the fused step has no sinks
-/// yet, a named rule).
+/// Models with experts decoded together on the fused step (Qwen3-MoE,
+/// Mixtral, gpt-oss with its sinks): each sequence still gets its own
+/// routing and the tokens it gets alone.
 #[test]
 fn sequences_with_experts_decoded_together_equal_each_decoded_alone() -> Result<()> {
-    let fused = [
-        "moe/qwen3moe-experts",
-        "moe/qwen3moe-sparse",
-        "moe/mixtral-top2",
-    ];
-    decode_cases(&fused, None)?;
-    decode_cases(&["moe/gptoss-sinks"], Some(lcut_model::Unfused::Sinks))
+    decode_cases(&lcut_testkit::MOE_CASES, None)
 }
 
 #[test]

@@ -278,17 +278,12 @@ fn check_experts_case(c: &Case, tol: f32) -> Result<()> {
 const QUANTIZED_REL: f32 = 0.05;
 
 /// Models with experts: the fused step routes each token by the model's
-/// rule and reads only its experts; it equals the tensor path on the MoE
-/// cases it runs (all but gpt-oss, whose sinks it does not have yet), from
-/// their folders in f32 and from llama.cpp's Q8_0 files kept quantized.
+/// rule and reads only its experts; it equals the tensor path on every MoE
+/// case (gpt-oss with its sinks, biases and clamped SwiGLU too), from their
+/// folders in f32 and from llama.cpp's Q8_0 files kept quantized.
 #[test]
 fn the_fused_step_equals_the_tensor_path_on_models_with_experts() -> Result<()> {
-    let fused = [
-        "moe/qwen3moe-experts",
-        "moe/qwen3moe-sparse",
-        "moe/mixtral-top2",
-    ];
-    for c in common::models_of(&fused)? {
+    for c in common::models_of(&lcut_testkit::MOE_CASES)? {
         let reason = c.model.unfused_reason()?;
         ensure!(reason.is_none(), "{}: no fused step ({reason:?})", c.name);
         check_experts_case(&c, 1e-5)?;
@@ -306,8 +301,6 @@ fn the_fused_step_equals_the_tensor_path_on_models_with_experts() -> Result<()> 
         ensure!(reason.is_none(), "{}: no fused step ({reason:?})", c.name);
         check_experts_case(&c, QUANTIZED_REL)?;
     }
-    let gpt_oss = common::models_of(&["moe/gptoss-sinks"])?.remove(0);
-    ensure!(gpt_oss.model.unfused_reason()? == Some(lcut_model::Unfused::Sinks));
     Ok(())
 }
 

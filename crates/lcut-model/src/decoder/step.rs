@@ -261,11 +261,13 @@ impl Decoder {
     /// its K/V into its cache where the policy keeps them, attention over
     /// the rows its policy shows it into `attn` (one call per group of K/V
     /// heads that hold the same rows under the same rule), and the probe's
-    /// view of it.
+    /// view of it. `sinks` are the layer's sink logits, one per query head.
+    #[allow(clippy::too_many_arguments)]
     fn attend_lane(
         &self,
         l: usize,
         window: Option<usize>,
+        sinks: Option<&[f32]>,
         lane: &mut Lane<'_>,
         qkv: &mut [f32],
         attn: &mut [f32],
@@ -324,8 +326,7 @@ impl Decoder {
                 heads,
                 scale: cfg.attn_scale as f32,
                 softcap: cfg.attn_softcap.map(|c| c as f32),
-                // the step model is not built for sinks (`Unfused::Sinks`)
-                sinks: None,
+                sinks: sinks.map(|s| &s[g.heads.start * group_size..g.heads.end * group_size]),
             };
             let probs = wants.then_some(&mut s.probs[..]);
             attend_cache(
@@ -645,6 +646,7 @@ impl LayerExecutor for HostRows<'_, '_, '_, '_, '_> {
     }
 
     fn attend(&mut self, at: LayerAt<'_>) -> Result<()> {
+        let sinks = self.model.layers[at.index].sinks.as_deref();
         let cfg = &self.dec.cfg;
         let (h, hd, n) = (cfg.num_heads, cfg.head_dim, self.lanes.len());
         let b = &mut *self.b;
@@ -656,8 +658,15 @@ impl LayerExecutor for HostRows<'_, '_, '_, '_, '_> {
             .zip(b.qkv.chunks_exact_mut(width.max(1)))
             .zip(b.attn.chunks_exact_mut(h * hd))
         {
-            self.dec
-                .attend_lane(at.index, at.layer.window, lane, row, attn, self.probe)?;
+            self.dec.attend_lane(
+                at.index,
+                at.layer.window,
+                sinks,
+                lane,
+                row,
+                attn,
+                self.probe,
+            )?;
         }
         Ok(())
     }

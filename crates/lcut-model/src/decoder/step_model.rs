@@ -34,12 +34,6 @@ pub enum Unfused {
     DenseStorage,
     /// The fused step was turned off ([`Decoder::set_fused_decode`]).
     TurnedOff,
-    /// An MLP's activation is gpt-oss's clamped SwiGLU (the kernels have
-    /// none yet).
-    ClampedSwiGlu,
-    /// A layer's attention has learned sink logits (the fused step has no
-    /// sinks yet).
-    Sinks,
 }
 
 impl Unfused {
@@ -51,8 +45,6 @@ impl Unfused {
             Self::CandleQuantized => "a matrix is in a ggml type only candle runs",
             Self::DenseStorage => "a dense matrix is not a contiguous CPU buffer",
             Self::TurnedOff => "the fused step was turned off",
-            Self::ClampedSwiGlu => "an MLP's activation is gpt-oss's clamped SwiGLU",
-            Self::Sinks => "a layer's attention has sink logits",
         }
     }
 }
@@ -146,6 +138,8 @@ pub(crate) struct StepLayer {
     pub(crate) down: Option<StepLinear>,
     /// The router and the experts, on a layer of experts.
     pub(crate) experts: Option<StepExperts>,
+    /// Each query head's sink logit, where the attention has them.
+    pub(crate) sinks: Option<Vec<f32>>,
     pub(crate) mlp_out_norm: Option<Vec<f32>>,
     pub(crate) activation: GateActivation,
 }
@@ -235,15 +229,18 @@ impl StepModel {
                 QkvLinears::Separate(q, k, v) => vec![b.linear(q)?, b.linear(k)?, b.linear(v)?],
                 QkvLinears::Fused(m) => vec![b.linear(m)?],
             };
-            if layer.attn.sinks().is_some() {
-                return Err(Skip::Unfused(Unfused::Sinks));
-            }
+            let sinks = layer
+                .attn
+                .sinks()
+                .map(|t| t.to_vec1::<f32>())
+                .transpose()
+                .map_err(|e| Skip::Failed(e.into()))?;
             let (gate_up, down, experts, activation) = match &layer.mlp {
                 FeedForward::Dense(mlp) => (
                     gate_up_of(&mut b, mlp)?,
                     Some(b.linear(mlp.down())?),
                     None,
-                    gate_activation(mlp)?,
+                    gate_activation(mlp),
                 ),
                 FeedForward::Experts(e) => {
                     let experts = e
@@ -257,7 +254,7 @@ impl StepModel {
                         })
                         .collect::<std::result::Result<Vec<_>, Skip>>()?;
                     let activation = match e.experts().first() {
-                        Some(m) => gate_activation(m)?,
+                        Some(m) => gate_activation(m),
                         None => GateActivation::Silu,
                     };
                     let experts = StepExperts {
@@ -280,6 +277,7 @@ impl StepModel {
                 gate_up,
                 down,
                 experts,
+                sinks,
                 mlp_out_norm: layer.mlp_out_norm.as_ref().map(norm).transpose()?,
                 activation,
             });
@@ -301,12 +299,14 @@ fn gate_up_of(b: &mut Builder, mlp: &Mlp) -> std::result::Result<Vec<StepLinear>
     })
 }
 
-/// The kernels' activation of a gated MLP, or why it has none.
-fn gate_activation(mlp: &Mlp) -> std::result::Result<GateActivation, Skip> {
+/// The kernels' activation of a gated MLP.
+fn gate_activation(mlp: &Mlp) -> GateActivation {
     match mlp.activation() {
-        Activation::Silu => Ok(GateActivation::Silu),
-        Activation::GeluTanh => Ok(GateActivation::GeluTanh),
-        Activation::ClampedSwiGlu { .. } => Err(Skip::Unfused(Unfused::ClampedSwiGlu)),
+        Activation::Silu => GateActivation::Silu,
+        Activation::GeluTanh => GateActivation::GeluTanh,
+        Activation::ClampedSwiGlu { limit, alpha } => {
+            GateActivation::ClampedSwiGlu { limit, alpha }
+        }
     }
 }
 
