@@ -28,6 +28,17 @@ impl Loader<'_> {
 
     /// A matrix [out, in] and its bias: quantized when asked and stored so.
     pub fn linear(&self, prefix: &str, out: usize, inp: usize, bias: bool) -> Result<Linear> {
+        self.linear_packed(prefix, (out, inp), bias, Packing::AtLoad)
+    }
+
+    /// [`Self::linear`], a matrix read in place packed `when`.
+    pub fn linear_packed(
+        &self,
+        prefix: &str,
+        (out, inp): (usize, usize),
+        bias: bool,
+        when: Packing,
+    ) -> Result<Linear> {
         let name = format!("{prefix}.weight");
         let b = if bias {
             Some(self.tensor(&format!("{prefix}.bias"), &[out])?)
@@ -37,9 +48,16 @@ impl Loader<'_> {
         if self.quantized
             && let Some(m) = self.files.load_mapped(&name, &[out, inp], self.device)?
         {
-            if crate::mapped::packs_at_load() {
-                m.pack()?;
+            if !crate::mapped::packs_at_load() {
+                return Ok(Linear::mapped(m, b));
             }
+            let m = match when {
+                Packing::AtLoad => {
+                    m.pack()?;
+                    m
+                }
+                Packing::OnFirstUse => m.packed_on_first_use(),
+            };
             return Ok(Linear::mapped(m, b));
         }
         if let Some(q) = self.quantized_tensor(&name, &[out, inp])? {
@@ -86,6 +104,16 @@ impl Loader<'_> {
             eps: self.cfg.rms_norm_eps as f32,
         })
     }
+}
+
+/// When a matrix read in place from a GGUF file is packed into the kernels'
+/// interleaved layout (on CPUs where they read it faster).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Packing {
+    /// When the model loads.
+    AtLoad,
+    /// When a product first reads it (experts).
+    OnFirstUse,
 }
 
 /// RMSNorm over the last dimension (weights already offset for (1 + w) norms).
@@ -167,7 +195,12 @@ impl Mlp {
     pub(crate) fn load(ld: &Loader<'_>, prefix: &str) -> Result<Self> {
         let (d, i) = (ld.cfg.hidden_size, ld.cfg.intermediate_size);
         if !ld.cfg.fused_gate_up {
-            return Self::load_named(ld, prefix, ["gate_proj", "up_proj", "down_proj"], i);
+            return Self::load_named(
+                ld,
+                prefix,
+                ["gate_proj", "up_proj", "down_proj"],
+                (i, Packing::AtLoad),
+            );
         }
         // Phi-3: gate and up in one matrix
         Ok(Self {
@@ -182,20 +215,22 @@ impl Mlp {
 
     /// A gated MLP of inner width `inner` whose gate, up and down matrices
     /// are `prefix.{names}` (an expert: `gate_proj`... or Mixtral's `w1`,
-    /// `w3`, `w2`).
+    /// `w3`, `w2`), packed `when`.
     pub(crate) fn load_named(
         ld: &Loader<'_>,
         prefix: &str,
         [gate, up, down]: [&str; 3],
-        inner: usize,
+        (inner, when): (usize, Packing),
     ) -> Result<Self> {
         let d = ld.cfg.hidden_size;
+        let linear =
+            |name: &str, shape| ld.linear_packed(&format!("{prefix}.{name}"), shape, false, when);
         Ok(Self {
             gate_up: GateUp::Separate {
-                gate: ld.linear(&format!("{prefix}.{gate}"), inner, d, false)?,
-                up: ld.linear(&format!("{prefix}.{up}"), inner, d, false)?,
+                gate: linear(gate, (inner, d))?,
+                up: linear(up, (inner, d))?,
             },
-            down: ld.linear(&format!("{prefix}.{down}"), d, inner, false)?,
+            down: linear(down, (d, inner))?,
             activation: ld.cfg.activation,
         })
     }
@@ -391,7 +426,10 @@ impl Experts {
         let experts = match cfg.arch {
             Arch::GptOss => stacked_experts(ld, &format!("{prefix}.experts"), e)?,
             _ => (0..e.num_experts)
-                .map(|i| Mlp::load_named(ld, &format!("{prefix}.experts.{i}"), names, e.inner))
+                .map(|i| {
+                    let prefix = format!("{prefix}.experts.{i}");
+                    Mlp::load_named(ld, &prefix, names, (e.inner, Packing::OnFirstUse))
+                })
                 .collect::<Result<Vec<_>>>()?,
         };
         Ok(Self {

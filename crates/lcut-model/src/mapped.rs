@@ -88,6 +88,10 @@ pub struct MappedMatrix {
     /// The interleaved copy in Hugging Face row order, once made; clones
     /// share it.
     packed: Arc<OnceLock<PackedMatrix>>,
+    /// Pack on the first product rather than at load (an expert: most are
+    /// read by few tokens, some by none, so a model holds in memory only
+    /// the experts its tokens have used).
+    pack_on_use: bool,
 }
 
 /// Whether matrices are packed at load: on CPUs whose kernels read the
@@ -147,6 +151,7 @@ impl MappedMatrix {
             permuted_heads,
             file_rows: None,
             packed: Arc::new(OnceLock::new()),
+            pack_on_use: false,
         };
         if permuted_heads.is_some() {
             m.file_rows = Some((0..rows).map(|r| m.file_row(r) as u32).collect());
@@ -171,9 +176,22 @@ impl MappedMatrix {
         self.packed.get().is_some()
     }
 
+    /// This matrix packed on its first product ([`Self::view`]) instead of
+    /// now: until a token reads it, it takes no memory beyond the file's
+    /// pages the system keeps.
+    pub(crate) fn packed_on_first_use(mut self) -> Self {
+        self.pack_on_use = true;
+        self
+    }
+
     /// The blocks as a kernel matrix: the interleaved copy (Hugging Face
-    /// row order) once made, else the mapping (the file's row order).
+    /// row order) once made, else the mapping (the file's row order). A
+    /// matrix packed on first use is packed here the first time (left in
+    /// the mapping if that fails).
     pub fn view(&self) -> QuantMatrix<'_> {
+        if self.pack_on_use && !self.is_packed() {
+            let _ = self.pack();
+        }
         match self.packed.get() {
             Some(p) => p.view(),
             None => self.mapped_view(),

@@ -233,3 +233,40 @@ fn a_decode_step_counts_only_the_experts_it_runs() -> Result<()> {
     }
     Ok(())
 }
+
+/// A quantized file's experts are packed into the kernels' layout when a
+/// token first reads them, not at load: before any token none is, after a
+/// few tokens at most the experts those tokens chose are (each token runs
+/// `top_k` per layer), and every other matrix was packed at load. Where the
+/// CPU keeps matrices in the file's layout (no AVX2) nothing is packed.
+#[test]
+fn experts_are_packed_when_a_token_first_reads_them() -> Result<()> {
+    let path = oracle_case("moe/qwen3moe-sparse").join("model.q8_0.gguf");
+    let model = Decoder::load_as(&path, WeightMode::Quantized, &Device::Cpu)?;
+    let cfg = model.config();
+    let e = cfg.experts.context("experts")?;
+    // per layer q, k, v and o, and the LM head (the routers are F32, read
+    // as dense matrices)
+    let others = 4 * cfg.num_layers + 1;
+    let expert_matrices = 3 * e.num_experts * cfg.num_layers;
+    ensure!(model.mapped_matrices() == others + expert_matrices);
+    if !lcut_model::mapped::packs_at_load() {
+        ensure!(model.packed_matrices() == 0);
+        return Ok(());
+    }
+    ensure!(
+        model.packed_matrices() == others,
+        "{} packed at load, expected {others} (no expert)",
+        model.packed_matrices()
+    );
+    let tokens = [1u32, 57, 200];
+    model.teacher_forced_logits(&tokens, None)?;
+    let experts_packed = model.packed_matrices() - others;
+    let most = 3 * e.top_k * tokens.len() * cfg.num_layers;
+    ensure!(
+        experts_packed > 0 && experts_packed <= most && experts_packed < expert_matrices,
+        "{experts_packed} expert matrices packed after {} tokens (at most {most} of {expert_matrices})",
+        tokens.len()
+    );
+    Ok(())
+}

@@ -226,6 +226,20 @@ impl Decoder {
             .count()
     }
 
+    /// How many matrices read in place from a GGUF file are packed into
+    /// the kernels' interleaved layout: all of them at load on CPUs with
+    /// AVX2, but experts only once a token has read them.
+    pub fn packed_matrices(&self) -> usize {
+        let layers = self
+            .layers
+            .iter()
+            .flat_map(|l| l.attn.linears().into_iter().chain(l.mlp.linears()));
+        layers
+            .chain(std::iter::once(&self.lm_head))
+            .filter(|lin| matches!(lin, Linear::Mapped { matrix, .. } if matrix.is_packed()))
+            .count()
+    }
+
     /// Layer `layer`'s linear layers by module path (`self_attn.q_proj`),
     /// for adapters.
     pub(crate) fn layer_linears_mut(&mut self, layer: usize) -> Vec<(String, &mut Linear)> {
