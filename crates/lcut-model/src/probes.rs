@@ -102,6 +102,10 @@ pub struct QueryMasses {
     pub decode: Vec<f32>,
     /// Mass on the query itself.
     pub self_mass: Vec<f32>,
+    /// Mass on no key: the learned sink's share of the softmax (gpt-oss),
+    /// one less the other masses (rounding, below 1e-6, in a model without
+    /// sinks).
+    pub sink: Vec<f32>,
     /// Entropy of the attention over prefill tokens, conditional on reading
     /// them (nats, not normalised); NaN where the prefill mass is 0.
     pub prefill_entropy: Vec<f32>,
@@ -192,14 +196,22 @@ impl Probe for PhaseMassProbe {
                 .zip(&prefill_mass)
                 .map(|(e, &m)| if m > 0.0 { e.max(0.0) } else { f32::NAN })
                 .collect();
+            let (bos, anchor, decode, self_mass) = (pick(0), pick(1), pick(3), pick(4));
+            let sink = (0..heads)
+                .map(|h| {
+                    let keys = bos[h] + anchor[h] + prefill_mass[h] + decode[h] + self_mass[h];
+                    (1.0 - keys).max(0.0)
+                })
+                .collect();
             self.records.push(QueryMasses {
                 layer: view.layer,
                 position,
-                bos: pick(0),
-                anchor: pick(1),
+                bos,
+                anchor,
                 prefill: prefill_mass,
-                decode: pick(3),
-                self_mass: pick(4),
+                decode,
+                self_mass,
+                sink,
                 prefill_entropy: entropy,
             });
         }

@@ -98,6 +98,7 @@ fn same_masses(what: &str, a: &[QueryMasses], b: &[QueryMasses], tol: f32) -> Re
             ("prefill", &x.prefill, &y.prefill, tol),
             ("decode", &x.decode, &y.decode, tol),
             ("self", &x.self_mass, &y.self_mass, tol),
+            ("sink", &x.sink, &y.sink, tol),
             (
                 "entropy",
                 &x.prefill_entropy,

@@ -395,3 +395,41 @@ fn routing_matches_transformers_full_depth_and_under_policies() -> Result<()> {
     }
     Ok(())
 }
+
+/// The sink's share of each head's attention, as the phase probe reports
+/// it for decode-phase queries, is what transformers' attention rows leave
+/// out (one less their sum): on gpt-oss the learned sinks' share, on every
+/// other case nothing beyond rounding.
+#[test]
+fn the_sinks_share_matches_transformers() -> Result<()> {
+    for name in cases() {
+        let c = load(name)?;
+        let s = c.case.policies[0].decode_start;
+        let mut probe = PhaseMassProbe::new(TokenPhases::new(c.ids.len(), s, 1)?);
+        c.model.teacher_forced_logits(&c.ids, Some(&mut probe))?;
+        ensure!(!probe.records.is_empty(), "{name}: no records");
+        let mut largest = 0f32;
+        for r in &probe.records {
+            // transformers' rows [heads, T, T] sum to one less the sink's share
+            let rows = c.reference[&format!("attn.{}", r.layer)]
+                .narrow(1, r.position, 1)?
+                .squeeze(1)?
+                .sum(1)?
+                .to_vec1::<f32>()?;
+            for (h, (ours, row)) in r.sink.iter().zip(&rows).enumerate() {
+                let theirs = (1.0 - row).max(0.0);
+                largest = largest.max(theirs);
+                ensure!(
+                    (ours - theirs).abs() <= 1e-5,
+                    "{name}: layer {} position {} head {h}: sink share {ours}, transformers {theirs}",
+                    r.layer,
+                    r.position
+                );
+            }
+        }
+        if name == "moe/gptoss-sinks" {
+            ensure!(largest > 0.05, "{name}: the sinks took at most {largest}");
+        }
+    }
+    Ok(())
+}
