@@ -1,7 +1,8 @@
 """Session.forward against an outside reference and against lcut's command line.
 
-- Hugging Face transformers' float32 runs of eleven reference cases
-  (fixtures/oracle/*: reference.safetensors, case.json): logits at full depth
+- Hugging Face transformers' float32 runs of eleven dense reference cases
+  (fixtures/oracle/*: reference.safetensors, case.json) and four with experts
+  (fixtures/oracle/moe/*: Qwen3-MoE twice, Mixtral, gpt-oss): logits at full depth
   and under every SPEED / SelfOnly policy listed there, every layer's residual
   stream and attention, within 1e-4.
 - ``lcut forward``'s safetensors file for the same ids and policy: the same
@@ -18,7 +19,9 @@ import lcut
 from conftest import BUNDLED, ORACLE, SMOLLM2, missing, run_cli
 
 TOL = 1e-4
-CASES = sorted(p.parent.name for p in ORACLE.glob("*/case.json"))
+DENSE = sorted(p.parent.name for p in ORACLE.glob("*/case.json"))
+EXPERTS = sorted(f"moe/{p.parent.name}" for p in (ORACLE / "moe").glob("*/case.json"))
+CASES = DENSE + EXPERTS
 
 
 def policy_string(p: dict) -> str:
@@ -33,8 +36,8 @@ def max_abs(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
 
 
-def test_all_eleven_reference_cases_are_here():
-    assert len(CASES) == 11, CASES
+def test_all_fifteen_reference_cases_are_here():
+    assert (len(DENSE), len(EXPERTS)) == (11, 4), CASES
 
 
 @pytest.mark.parametrize("case", CASES)

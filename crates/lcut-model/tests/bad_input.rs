@@ -595,3 +595,72 @@ fn policy_for_another_depth() {
     );
     assert_mentions(&err.to_string(), &["12 layers", "model has 6"]);
 }
+
+/// A mixture-of-experts folder whose router, sink or expert tensor is
+/// missing or of the wrong shape is refused naming that tensor (and, for a
+/// shape, what the config asks for), before any token runs.
+#[test]
+fn damaged_router_sink_and_expert_tensors_are_named() {
+    let cases: [(&str, &str, Option<&[usize]>); 7] = [
+        ("moe/gptoss-sinks", "model.layers.1.self_attn.sinks", None),
+        (
+            "moe/gptoss-sinks",
+            "model.layers.1.self_attn.sinks",
+            Some(&[3]),
+        ),
+        (
+            "moe/gptoss-sinks",
+            "model.layers.0.mlp.router.weight",
+            Some(&[4, 63]),
+        ),
+        (
+            "moe/gptoss-sinks",
+            "model.layers.2.mlp.experts.gate_up_proj",
+            Some(&[3, 64, 64]),
+        ),
+        (
+            "moe/mixtral-top2",
+            "model.layers.1.block_sparse_moe.gate.weight",
+            None,
+        ),
+        (
+            "moe/mixtral-top2",
+            "model.layers.1.block_sparse_moe.experts.3.w2.weight",
+            Some(&[64, 63]),
+        ),
+        (
+            "moe/qwen3moe-experts",
+            "model.layers.0.mlp.experts.1.up_proj.weight",
+            None,
+        ),
+    ];
+    for (case, name, wrong) in cases {
+        let dir = lcut_testkit::model_copy(case).expect("copy fixture");
+        let path = dir.path().join(WEIGHTS);
+        let mut tensors = candle_core::safetensors::load(&path, &Device::Cpu).expect("weights");
+        let good_shape = tensors[name].dims().to_vec();
+        match wrong {
+            None => {
+                tensors.remove(name);
+            }
+            Some(shape) => {
+                let t = Tensor::zeros(shape, DType::F32, &Device::Cpu).expect("zeros");
+                tensors.insert(name.to_string(), t);
+            }
+        }
+        candle_core::safetensors::save(&tensors, &path).expect("write weights");
+        let err = load_err(&dir);
+        match wrong {
+            None => assert!(
+                matches!(&err, ModelError::MissingTensor { name: n, .. } if n == name),
+                "{case}: {err:?}"
+            ),
+            Some(shape) => assert!(
+                matches!(&err, ModelError::TensorShape { name: n, expected, found, .. }
+                    if n == name && expected == &good_shape && found == shape),
+                "{case}: {err:?}"
+            ),
+        }
+        assert_mentions(&err.to_string(), &[name, &dir.path().display().to_string()]);
+    }
+}
