@@ -124,7 +124,7 @@ pub fn architecture(header: &GgufHeader, path: &Path) -> Result<(String, Arch)> 
     if name == "llama" && meta.opt_count(&experts_key)?.is_some_and(|n| n > 0) {
         return Ok((name.to_string(), Arch::Mixtral));
     }
-    if name == Arch::GptOss.gguf_name() {
+    if Arch::from_gguf_name(name).is_some_and(|a| !a.reads_gguf()) {
         return Err(ModelError::GgufExperts {
             path: path.to_path_buf(),
             what: "architecture gpt-oss (MXFP4 expert weights, not yet read from GGUF; its Hugging Face folder is)".into(),
