@@ -1,6 +1,7 @@
 //! What can go wrong making a random model: a name or format lcut does not
-//! know, an output that is in the way or cannot be written, a shape a
-//! format cannot hold, and the model errors underneath.
+//! know, an output that is in the way or cannot be written, a shape that
+//! is inconsistent or that a format cannot hold, and the model errors
+//! underneath.
 
 use std::path::PathBuf;
 
@@ -64,6 +65,33 @@ pub enum SynthError {
         format: String,
         /// The setting, and what the format would make of it.
         what: String,
+    },
+    /// A shape's own field (beyond its Llama sizes) is out of range or
+    /// does not fit the rest of the shape.
+    #[error("invalid shape `{shape}`: field `{field}`: expected {expected}, found {found}")]
+    InvalidShape {
+        /// The shape's name.
+        shape: String,
+        /// The field at fault (`head_dim`, `experts.top_k`, ...).
+        field: &'static str,
+        /// What it should be.
+        expected: String,
+        /// What it is.
+        found: String,
+    },
+    /// A shape lists one projection of a layer's experts out of order
+    /// (a GGUF file stacks them expert 0 first) or of unequal sizes.
+    #[error(
+        "`{expert}` cannot be expert {position} of GGUF tensor `{tensor}`: a layer's experts \
+         must be listed in order, each of the same size"
+    )]
+    ExpertOrder {
+        /// The 3-D GGUF tensor.
+        tensor: String,
+        /// The expert's weight (Hugging Face name).
+        expert: String,
+        /// The slab it would take.
+        position: usize,
     },
     /// The vocabulary is too small for the synthetic tokenizer.
     #[error(

@@ -3,7 +3,8 @@
 //! trained one.
 //!
 //! - [`shapes`]: named shapes of real checkpoints (Llama-3.2-1B,
-//!   Qwen2.5-1.5B, SmolLM3-3B, OLMo-3-7B, Llama-3.1-8B) and their weights.
+//!   Qwen2.5-1.5B, SmolLM3-3B, OLMo-3-7B, Llama-3.1-8B, and the mixtures
+//!   of experts Qwen3-30B-A3B and Mixtral-8x7B) and their weights.
 //! - [`model`]: [`RandomModel`] (any shape) and [`RandomLlama`] (plain Llama
 //!   sizes), a shape and a seed, built onto a device or written to files.
 //! - [`draw`]: how the weights are drawn, row by row.

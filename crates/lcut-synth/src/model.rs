@@ -12,8 +12,9 @@ use crate::shapes::{self, ModelShape};
 use crate::write::safetensors::{StoredDtype, write_weights};
 use crate::write::{self, Format, Progress, WriteOptions, Written, hf_folder};
 
-/// A random-weight model of any shape lcut knows (Llama, Qwen2, SmolLM3 or
-/// OLMo 2/3, tied or not): a shape and the seed of its weights. The same seed gives the same
+/// A random-weight model of any shape lcut knows (Llama, Qwen2, SmolLM3,
+/// OLMo 2/3, Qwen3-MoE or Mixtral, tied or not): a shape and the seed of
+/// its weights. The same seed gives the same
 /// weights built on the CPU and written in every format.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RandomModel {

@@ -13,8 +13,9 @@ use crate::error::{Result, SynthError};
 
 /// The architecture family of a shape: what its `config.json` and GGUF
 /// metadata call it and what it adds to Llama's layer. Not stored: a
-/// shape's family follows from its layout ([`LlamaShape::layout`]) and,
-/// on Llama's layout, its q/k/v biases ([`ModelShape::family`]).
+/// shape's family follows from its experts ([`ModelShape::experts`]), its
+/// layout ([`LlamaShape::layout`]) and, on Llama's layout, its q/k/v
+/// biases ([`ModelShape::family`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
     /// Llama: no biases.
@@ -26,6 +27,38 @@ pub enum Family {
     /// OLMo 2 or 3: norms after the blocks, whole-projection q/k norms
     /// (OLMo 3: sliding layers, YaRN on the full ones).
     Olmo,
+    /// Qwen3-MoE: Qwen3's attention (per-head q/k norms), a mixture of
+    /// experts in place of every MLP, the top-k weights renormalised.
+    Qwen3Moe,
+    /// Mixtral: Llama's attention, a mixture of experts in place of every
+    /// MLP.
+    Mixtral,
+}
+
+/// Which architecture's mixture of experts a shape has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertsKind {
+    /// Qwen3-MoE's (`mlp.gate`, `mlp.experts.I.{gate,up,down}_proj`; its
+    /// own expert width beside the config's dense `intermediate_size`).
+    Qwen3Moe,
+    /// Mixtral's (`block_sparse_moe.gate`, `block_sparse_moe.experts.I.w1`
+    /// to `w3`; the expert width is `intermediate_size`).
+    Mixtral,
+}
+
+/// A mixture of experts in place of every layer's MLP: a router (a
+/// [`TensorKind::Router`] matrix of one row per expert) picks `top_k` of
+/// `num_experts` gated MLPs of width `inner` per token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpertShape {
+    /// Whose experts: decides the family, names and config fields.
+    pub kind: ExpertsKind,
+    /// Experts per layer.
+    pub num_experts: usize,
+    /// Experts each token runs.
+    pub top_k: usize,
+    /// Each expert's inner width.
+    pub inner: usize,
 }
 
 /// What a weight tensor is, which decides how it is drawn and stored.
@@ -37,6 +70,14 @@ pub enum TensorKind {
     Norm,
     /// A bias vector.
     Bias,
+    /// A mixture of experts' router: one row per expert, drawn so that
+    /// its logits have about unit spread at any width ([`crate::draw`]),
+    /// and kept in f32 in every GGUF file (llama.cpp never quantizes it).
+    Router,
+    /// The token embedding of a shape with experts, drawn at unit standard
+    /// deviation so that each token's own direction leads the residual
+    /// stream the routers read ([`crate::draw`]); stored as a matrix.
+    RoutedEmbedding,
 }
 
 /// One weight of a shape: its Hugging Face name, dimensions and kind.
@@ -92,15 +133,24 @@ pub struct ModelShape {
     pub tie_word_embeddings: bool,
     /// BoS and EoS ids.
     pub tokens: SpecialTokens,
+    /// Width of one head where it is not `hidden_size / num_heads`
+    /// (Qwen3-30B-A3B's 128 at width 2048 and 32 heads); `None`: that
+    /// quotient ([`ModelShape::head_dim`]).
+    pub head_dim: Option<usize>,
+    /// A mixture of experts in place of every layer's MLP (which makes the
+    /// shape Qwen3-MoE or Mixtral); `None`: a dense MLP.
+    pub experts: Option<ExpertShape>,
 }
 
 /// The names [`named`] knows, in the order `lcut synth --help` lists them.
-pub const NAMES: [&str; 6] = [
+pub const NAMES: [&str; 8] = [
     "llama-3.2-1b",
     "qwen2.5-1.5b",
     "smollm3-3b",
     "olmo-3-7b",
     "llama-3.1-8b",
+    "qwen3-30b-a3b",
+    "mixtral-8x7b",
     "small",
 ];
 
@@ -209,6 +259,8 @@ pub fn llama_3_2_1b() -> ModelShape {
         rope_scaling: llama3_scaling(32.0),
         tie_word_embeddings: true,
         tokens: LLAMA3_TOKENS,
+        head_dim: None,
+        experts: None,
     }
 }
 
@@ -238,6 +290,8 @@ pub fn qwen2_5_1_5b() -> ModelShape {
             eos: 151_643,
             pad: None,
         },
+        head_dim: None,
+        experts: None,
     }
 }
 
@@ -262,6 +316,8 @@ pub fn llama_3_1_8b() -> ModelShape {
         rope_scaling: llama3_scaling(8.0),
         tie_word_embeddings: false,
         tokens: LLAMA3_TOKENS,
+        head_dim: None,
+        experts: None,
     }
 }
 
@@ -295,6 +351,8 @@ pub fn smollm3_3b() -> ModelShape {
             eos: 128_012,
             pad: None,
         },
+        head_dim: None,
+        experts: None,
     }
 }
 
@@ -330,6 +388,90 @@ pub fn olmo_3_7b() -> ModelShape {
             eos: 100_257,
             pad: Some(100_277),
         },
+        head_dim: None,
+        experts: None,
+    }
+}
+
+/// Qwen/Qwen3-30B-A3B: 48 layers, hidden 2048, 32 heads (4 K/V) of width
+/// 128 (wider than 2048 / 32), per-head q/k norms, and in every layer 128
+/// experts of inner width 768, 8 run per token with their weights
+/// renormalised (`norm_topk_prob`); the config's dense
+/// `intermediate_size` 6144 is used by no layer. Vocabulary 151936,
+/// untied head, RoPE base 10^6, RMSNorm eps 1e-6, 40960 positions; BoS
+/// 151643 (`<|endoftext|>`), EoS 151645 (`<|im_end|>`), no pad. About
+/// 30.5e9 parameters, 3.3e9 run per token. These figures are from memory
+/// of the published `config.json`, not read from a downloaded file.
+pub fn qwen3_30b_a3b() -> ModelShape {
+    ModelShape {
+        name: "qwen3-30b-a3b".into(),
+        sizes: LlamaShape {
+            vocab_size: 151_936,
+            hidden_size: 2048,
+            intermediate_size: 6144,
+            num_layers: 48,
+            num_heads: 32,
+            num_kv_heads: 4,
+            rope_theta: 1_000_000.0,
+            rms_norm_eps: 1e-6,
+            max_position_embeddings: 40_960,
+            layout: Layout::Llama,
+        },
+        qkv_bias: false,
+        rope_scaling: RopeScaling::None,
+        tie_word_embeddings: false,
+        tokens: SpecialTokens {
+            bos: 151_643,
+            eos: 151_645,
+            pad: None,
+        },
+        head_dim: Some(128),
+        experts: Some(ExpertShape {
+            kind: ExpertsKind::Qwen3Moe,
+            num_experts: 128,
+            top_k: 8,
+            inner: 768,
+        }),
+    }
+}
+
+/// mistralai/Mixtral-8x7B-v0.1: 32 layers, hidden 4096, 32 heads (8 K/V),
+/// and in every layer 8 experts of inner width 14336, 2 run per token
+/// (renormalised, as Mixtral always does); vocabulary 32000, untied head,
+/// RoPE base 10^6, RMSNorm eps 1e-5, 32768 positions, no sliding window;
+/// BoS 1 (`<s>`), EoS 2 (`</s>`), no pad. About 46.7e9 parameters,
+/// 12.9e9 run per token. These figures are from memory of the published
+/// `config.json`, not read from a downloaded file.
+pub fn mixtral_8x7b() -> ModelShape {
+    ModelShape {
+        name: "mixtral-8x7b".into(),
+        sizes: LlamaShape {
+            vocab_size: 32_000,
+            hidden_size: 4096,
+            intermediate_size: 14_336,
+            num_layers: 32,
+            num_heads: 32,
+            num_kv_heads: 8,
+            rope_theta: 1_000_000.0,
+            rms_norm_eps: 1e-5,
+            max_position_embeddings: 32_768,
+            layout: Layout::Llama,
+        },
+        qkv_bias: false,
+        rope_scaling: RopeScaling::None,
+        tie_word_embeddings: false,
+        tokens: SpecialTokens {
+            bos: 1,
+            eos: 2,
+            pad: None,
+        },
+        head_dim: None,
+        experts: Some(ExpertShape {
+            kind: ExpertsKind::Mixtral,
+            num_experts: 8,
+            top_k: 2,
+            inner: 14_336,
+        }),
     }
 }
 
@@ -358,6 +500,8 @@ pub fn named(name: &str) -> Result<ModelShape> {
         "llama-3.1-8b" => llama_3_1_8b(),
         "smollm3-3b" => smollm3_3b(),
         "olmo-3-7b" => olmo_3_7b(),
+        "qwen3-30b-a3b" => qwen3_30b_a3b(),
+        "mixtral-8x7b" => mixtral_8x7b(),
         "small" => ModelShape::llama("small", small()),
         _ => {
             return Err(SynthError::UnknownShape {
@@ -385,12 +529,20 @@ impl ModelShape {
                 eos: 2,
                 pad: None,
             },
+            head_dim: None,
+            experts: None,
         }
     }
 
-    /// The architecture family: the layout's, Qwen2 for Llama's layout
+    /// The architecture family: the experts' where the shape has any
+    /// (Qwen3-MoE or Mixtral), else the layout's, Qwen2 for Llama's layout
     /// with q/k/v biases.
     pub fn family(&self) -> Family {
+        match self.experts.map(|e| e.kind) {
+            Some(ExpertsKind::Qwen3Moe) => return Family::Qwen3Moe,
+            Some(ExpertsKind::Mixtral) => return Family::Mixtral,
+            None => {}
+        }
         match self.sizes.layout {
             Layout::Llama if self.qkv_bias => Family::Qwen2,
             Layout::Llama => Family::Llama,
@@ -409,13 +561,93 @@ impl ModelShape {
             (Family::Smollm3, _) => Arch::SmolLM3,
             (Family::Olmo, Layout::Olmo { window: Some(_) }) => Arch::Olmo3,
             (Family::Olmo, _) => Arch::Olmo2,
+            (Family::Qwen3Moe, _) => Arch::Qwen3Moe,
+            (Family::Mixtral, _) => Arch::Mixtral,
         }
     }
 
     /// Whether the tokenizer puts BoS before a text, as the checkpoint's
-    /// does: Llama 3's does; Qwen2's, SmolLM3's and OLMo's do not.
+    /// does: Llama 3's and Mixtral's do; Qwen2's, Qwen3's, SmolLM3's and
+    /// OLMo's do not.
     pub fn adds_bos(&self) -> bool {
-        self.family() == Family::Llama
+        matches!(self.family(), Family::Llama | Family::Mixtral)
+    }
+
+    /// Width of one head: the shape's own where it names one, else
+    /// `hidden_size / num_heads`.
+    pub fn head_dim(&self) -> usize {
+        self.head_dim.unwrap_or_else(|| self.sizes.head_dim())
+    }
+
+    /// The shape's own checks beyond its sizes' ([`LlamaShape::validate`]):
+    /// a head width of its own is positive and even (RoPE rotates pairs);
+    /// experts sit on Llama's layout without q/k/v biases, run at least one
+    /// and at most all of at least one expert of positive width, and
+    /// Mixtral's width is the config's `intermediate_size` (its config has
+    /// no other field for it). Each refusal names the field.
+    fn validate_own(&self) -> Result<()> {
+        let bad = |field: &'static str, expected: String, found: String| {
+            Err(SynthError::InvalidShape {
+                shape: self.name.clone(),
+                field,
+                expected,
+                found,
+            })
+        };
+        if let Some(hd) = self.head_dim
+            && (hd == 0 || hd % 2 == 1 || hd > lcut_model::config::MAX_SIZE)
+        {
+            return bad("head_dim", "a positive even width".into(), hd.to_string());
+        }
+        let Some(e) = self.experts else {
+            return Ok(());
+        };
+        if self.sizes.layout != Layout::Llama {
+            return bad(
+                "sizes.layout",
+                "Llama's layout (the experts' families have no other)".into(),
+                self.sizes.layout.to_string(),
+            );
+        }
+        if self.qkv_bias {
+            return bad(
+                "qkv_bias",
+                "false (neither Qwen3-MoE nor Mixtral has q/k/v biases)".into(),
+                "true".into(),
+            );
+        }
+        if e.num_experts == 0 || e.num_experts > lcut_model::config::MAX_SIZE {
+            return bad(
+                "experts.num_experts",
+                "a positive count".into(),
+                e.num_experts.to_string(),
+            );
+        }
+        if e.top_k == 0 || e.top_k > e.num_experts {
+            return bad(
+                "experts.top_k",
+                format!("between 1 and the expert count ({})", e.num_experts),
+                e.top_k.to_string(),
+            );
+        }
+        if e.inner == 0 || e.inner > lcut_model::config::MAX_SIZE {
+            return bad(
+                "experts.inner",
+                "a positive width".into(),
+                e.inner.to_string(),
+            );
+        }
+        if e.kind == ExpertsKind::Mixtral && e.inner != self.sizes.intermediate_size {
+            return bad(
+                "experts.inner",
+                format!(
+                    "Mixtral's intermediate_size ({}), the only width its config names",
+                    self.sizes.intermediate_size
+                ),
+                e.inner.to_string(),
+            );
+        }
+        Ok(())
     }
 
     /// The same shape with `layers` layers (`llama-3.2-1b` with 32 layers
@@ -448,6 +680,12 @@ impl ModelShape {
             // the old top-level key: on OLMo 3, transformers (and lcut)
             // apply it to the full layers only
             map.insert("rope_scaling".into(), scaling);
+        }
+        if self.head_dim.is_some() {
+            map.insert("head_dim".into(), json!(self.head_dim()));
+        }
+        if let Some(e) = self.experts {
+            experts_config(map, &self.sizes, e);
         }
         if self.family() == Family::Qwen2 {
             // Qwen2's config names no head width or bias switches (its
@@ -511,6 +749,7 @@ impl ModelShape {
         self.sizes
             .validate()
             .map_err(lcut_model::ModelError::from)?;
+        self.validate_own()?;
         let text = self.config_json("float32").to_string();
         Ok(ModelConfig::from_json_str(
             &text,
@@ -520,14 +759,21 @@ impl ModelShape {
 
     /// Every weight in the order Hugging Face writes them: the embedding,
     /// each layer's (attention with its biases, MLP, then the layout's
-    /// norms, as [`LlamaShape::weight_shapes`] names them), the final norm
-    /// and the LM head (none when tied). Norms are of kind
-    /// [`TensorKind::Norm`] (drawn as ones).
+    /// norms, as [`LlamaShape::weight_shapes`] names them; with experts,
+    /// the attention, the router, every expert's gate, up and down
+    /// projections and the norms), the final norm and the LM head (none
+    /// when tied). Norms are of kind [`TensorKind::Norm`] (drawn as ones);
+    /// a shape with experts draws its embedding as a
+    /// [`TensorKind::RoutedEmbedding`].
     pub fn tensors(&self) -> Vec<TensorSpec> {
         const EMBED: &str = "model.embed_tokens.weight";
         const HEAD: &str = "lm_head.weight";
+        let routed = self.experts.is_some();
         let spec = |(name, dims): (String, Vec<usize>)| TensorSpec {
-            kind: draw::kind_of(&name),
+            kind: match draw::kind_of(&name) {
+                TensorKind::Matrix if routed && name == EMBED => TensorKind::RoutedEmbedding,
+                kind => kind,
+            },
             name,
             dims,
         };
@@ -542,6 +788,12 @@ impl ModelShape {
             .cloned()
             .map(spec)
             .collect();
+        let layers = match self.experts {
+            Some(e) => (0..self.sizes.num_layers)
+                .flat_map(|l| self.expert_layer(l, e))
+                .collect(),
+            None => layers,
+        };
         for (name, dims) in layers {
             let bias = self.qkv_bias
                 && [".q_proj.weight", ".k_proj.weight", ".v_proj.weight"]
@@ -563,9 +815,102 @@ impl ModelShape {
         out
     }
 
+    /// Layer `l`'s weights of a shape with experts `e`, in the order
+    /// transformers registers them: the attention's projections (of
+    /// [`Self::head_dim`]-wide heads) and Qwen3's per-head q/k norms, the
+    /// router, each expert's gate, up and down projections (Mixtral's
+    /// `w1`, `w3`, `w2`), and the norms before attention and MLP.
+    fn expert_layer(&self, l: usize, e: ExpertShape) -> Vec<(String, Vec<usize>)> {
+        let s = &self.sizes;
+        let (d, h, kv, hd) = (s.hidden_size, s.num_heads, s.num_kv_heads, self.head_dim());
+        let p = format!("model.layers.{l}");
+        let mut out = vec![
+            (format!("{p}.self_attn.q_proj.weight"), vec![h * hd, d]),
+            (format!("{p}.self_attn.k_proj.weight"), vec![kv * hd, d]),
+            (format!("{p}.self_attn.v_proj.weight"), vec![kv * hd, d]),
+            (format!("{p}.self_attn.o_proj.weight"), vec![d, h * hd]),
+        ];
+        let (block, [gate, up, down]) = match e.kind {
+            ExpertsKind::Qwen3Moe => {
+                out.extend([
+                    (format!("{p}.self_attn.q_norm.weight"), vec![hd]),
+                    (format!("{p}.self_attn.k_norm.weight"), vec![hd]),
+                ]);
+                ("mlp", ["gate_proj", "up_proj", "down_proj"])
+            }
+            ExpertsKind::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
+        };
+        out.push((format!("{p}.{block}.gate.weight"), vec![e.num_experts, d]));
+        for i in 0..e.num_experts {
+            let x = format!("{p}.{block}.experts.{i}");
+            out.extend([
+                (format!("{x}.{gate}.weight"), vec![e.inner, d]),
+                (format!("{x}.{up}.weight"), vec![e.inner, d]),
+                (format!("{x}.{down}.weight"), vec![d, e.inner]),
+            ]);
+        }
+        out.extend([
+            (format!("{p}.input_layernorm.weight"), vec![d]),
+            (format!("{p}.post_attention_layernorm.weight"), vec![d]),
+        ]);
+        out
+    }
+
     /// Number of weights.
     pub fn parameter_count(&self) -> u64 {
         self.tensors().iter().map(|t| t.len() as u64).sum()
+    }
+
+    /// Number of weights one token runs through: every weight but the
+    /// experts it does not run (all experts of a layer being the same
+    /// size, the weights of `top_k` of them); the routers count, as
+    /// they run on every token. [`Self::parameter_count`] without experts.
+    pub fn active_parameter_count(&self) -> u64 {
+        let top_k = self.experts.map_or(usize::MAX, |e| e.top_k);
+        self.tensors()
+            .iter()
+            .filter(|t| expert_index(&t.name).is_none_or(|i| i < top_k))
+            .map(|t| t.len() as u64)
+            .sum()
+    }
+}
+
+/// The index of the expert weight `name` (Hugging Face name,
+/// `...experts.I.PROJ.weight`) belongs to; `None` for any other weight.
+pub fn expert_index(name: &str) -> Option<usize> {
+    let (_, rest) = name.split_once(".experts.")?;
+    rest.split('.').next()?.parse().ok()
+}
+
+/// The experts' fields of a Qwen3-MoE or Mixtral `config.json`, as the
+/// published configs name them, into `map` (which holds Llama's fields for
+/// `sizes`): Qwen3-MoE's every layer sparse with its top-k renormalised
+/// (the only routing llama.cpp's `qwen3moe` runs), Mixtral with no window.
+fn experts_config(map: &mut Map<String, Value>, sizes: &LlamaShape, e: ExpertShape) {
+    map.remove("mlp_bias");
+    map.insert("sliding_window".into(), Value::Null);
+    map.insert("num_experts_per_tok".into(), json!(e.top_k));
+    map.insert("output_router_logits".into(), json!(false));
+    match e.kind {
+        ExpertsKind::Qwen3Moe => {
+            map.insert("architectures".into(), json!(["Qwen3MoeForCausalLM"]));
+            map.insert("model_type".into(), json!("qwen3_moe"));
+            map.insert("num_experts".into(), json!(e.num_experts));
+            map.insert("moe_intermediate_size".into(), json!(e.inner));
+            map.insert("norm_topk_prob".into(), json!(true));
+            map.insert("decoder_sparse_step".into(), json!(1));
+            map.insert("mlp_only_layers".into(), json!([]));
+            map.insert("router_aux_loss_coef".into(), json!(0.001));
+            map.insert("use_sliding_window".into(), json!(false));
+            map.insert("max_window_layers".into(), json!(sizes.num_layers));
+        }
+        ExpertsKind::Mixtral => {
+            map.insert("architectures".into(), json!(["MixtralForCausalLM"]));
+            map.insert("model_type".into(), json!("mixtral"));
+            map.insert("num_local_experts".into(), json!(e.num_experts));
+            map.insert("router_aux_loss_coef".into(), json!(0.02));
+            map.insert("router_jitter_noise".into(), json!(0.0));
+        }
     }
 }
 
@@ -642,6 +987,210 @@ mod tests {
         }
     }
 
+    /// The two mixtures of experts, counted from the weights each shape
+    /// lists, by the memory estimate from its config, and by hand from the
+    /// published sizes. Qwen3-30B-A3B, per layer: attention 2048 x (4096 +
+    /// 512 + 512) + 4096 x 2048 = 18874368, q/k norms 2 x 128, two norms
+    /// 2 x 2048, router 128 x 2048 = 262144, experts 128 x 3 x 2048 x 768
+    /// = 603979776 (8 of them run: 37748736); 48 layers, embedding and
+    /// head 2 x 151936 x 2048, final norm 2048: 30532122624 in all
+    /// (30.5e9), 3353032704 run per token (3.3e9). Mixtral-8x7B, per
+    /// layer: attention 4096 x (4096 + 1024 + 1024) + 4096 x 4096 =
+    /// 41943040, norms 2 x 4096, router 8 x 4096 = 32768, experts 8 x 3 x
+    /// 4096 x 14336 = 1409286144 (2 run: 352321536); 32 layers, embedding
+    /// and head 2 x 32000 x 4096, final norm 4096: 46702792704 (46.7e9),
+    /// 12879925248 run per token (12.9e9).
+    #[test]
+    fn the_mixtures_of_experts_count_their_weights_and_the_ones_a_token_runs() {
+        let by_hand =
+            |layer: u64, layers: u64, vocab: u64, d: u64| layers * layer + 2 * vocab * d + d;
+        let qwen_layer = 18_874_368 + 2 * 128 + 2 * 2048 + 128 * 2048;
+        let mixtral_layer = 41_943_040 + 2 * 4096 + 8 * 4096;
+        for (name, params, active) in [
+            (
+                "qwen3-30b-a3b",
+                by_hand(qwen_layer + 603_979_776, 48, 151_936, 2048),
+                by_hand(qwen_layer + 37_748_736, 48, 151_936, 2048),
+            ),
+            (
+                "mixtral-8x7b",
+                by_hand(mixtral_layer + 1_409_286_144, 32, 32_000, 4096),
+                by_hand(mixtral_layer + 352_321_536, 32, 32_000, 4096),
+            ),
+        ] {
+            assert_counts(name, params);
+            assert_eq!(
+                named(name).unwrap().active_parameter_count(),
+                active,
+                "{name}"
+            );
+        }
+        assert_counts("qwen3-30b-a3b", 30_532_122_624);
+        assert_counts("mixtral-8x7b", 46_702_792_704);
+        assert_eq!(qwen3_30b_a3b().active_parameter_count(), 3_353_032_704);
+        assert_eq!(mixtral_8x7b().active_parameter_count(), 12_879_925_248);
+        // a dense shape runs every weight
+        let dense = llama_3_2_1b();
+        assert_eq!(dense.active_parameter_count(), dense.parameter_count());
+        // a cut keeps the experts and counts the layers it keeps
+        let cut = qwen3_30b_a3b().with_layers(4);
+        assert_eq!(cut.name, "qwen3-30b-a3b-4l");
+        assert_eq!(
+            cut.parameter_count(),
+            by_hand(qwen_layer + 603_979_776, 4, 151_936, 2048)
+        );
+    }
+
+    /// The configs read back as the checkpoints': Qwen3-MoE with its own
+    /// head width, per-head q/k norms and every layer's 8 of 128 experts
+    /// renormalised; Mixtral with Llama's attention, no window and its 2 of
+    /// 8; both untied with their tokens.
+    #[test]
+    fn the_mixtures_of_experts_configs_read_back() {
+        use lcut_model::config::{ExpertsConfig, QkNorm, RouterKind};
+        let cfg = qwen3_30b_a3b().config().unwrap();
+        assert_eq!(cfg.arch, Arch::Qwen3Moe);
+        assert_eq!(
+            (cfg.head_dim, cfg.num_heads, cfg.num_kv_heads),
+            (128, 32, 4)
+        );
+        assert_eq!(cfg.qk_norm, QkNorm::PerHead);
+        assert_eq!(
+            cfg.experts,
+            Some(ExpertsConfig {
+                router: RouterKind::SoftmaxTopK,
+                bias: false,
+                num_experts: 128,
+                top_k: 8,
+                inner: 768,
+                normalize_top_k: true,
+            })
+        );
+        assert_eq!(cfg.sparse_layers, vec![true; 48]);
+        assert_eq!((cfg.rope.theta, cfg.rms_norm_eps), (1e6, 1e-6));
+        assert!(!cfg.tie_word_embeddings && !cfg.qkv_bias);
+        assert_eq!(
+            (cfg.bos_token_id, cfg.eos_token_ids),
+            (Some(151_643), vec![151_645])
+        );
+        let cfg = mixtral_8x7b().config().unwrap();
+        assert_eq!(cfg.arch, Arch::Mixtral);
+        assert_eq!((cfg.head_dim, cfg.qk_norm), (128, QkNorm::None));
+        let e = cfg.experts.unwrap();
+        assert_eq!(
+            (e.num_experts, e.top_k, e.inner, e.normalize_top_k),
+            (8, 2, 14_336, true)
+        );
+        assert_eq!(cfg.sparse_layers, vec![true; 32]);
+        assert!(cfg.sliding_window.iter().all(Option::is_none));
+        assert_eq!((cfg.rope.theta, cfg.rms_norm_eps), (1e6, 1e-5));
+        assert_eq!((cfg.bos_token_id, cfg.eos_token_ids), (Some(1), vec![2]));
+        assert!(mixtral_8x7b().adds_bos() && !qwen3_30b_a3b().adds_bos());
+    }
+
+    /// A layer of experts lists its attention (Qwen3's heads 128 wide, its
+    /// q/k norms one head wide), the router (its own kind), every expert's
+    /// three projections under the family's names, and two norms; the
+    /// embedding is drawn as a routed one.
+    #[test]
+    fn a_layer_of_experts_lists_its_router_and_every_expert() {
+        let t = qwen3_30b_a3b().with_layers(2).tensors();
+        let find = |name: &str| t.iter().find(|s| s.name == name).cloned();
+        let p = "model.layers.1";
+        for (name, dims, kind) in [
+            ("self_attn.q_proj", vec![4096, 2048], TensorKind::Matrix),
+            ("self_attn.k_proj", vec![512, 2048], TensorKind::Matrix),
+            ("self_attn.o_proj", vec![2048, 4096], TensorKind::Matrix),
+            ("self_attn.q_norm", vec![128], TensorKind::Norm),
+            ("self_attn.k_norm", vec![128], TensorKind::Norm),
+            ("mlp.gate", vec![128, 2048], TensorKind::Router),
+            (
+                "mlp.experts.127.gate_proj",
+                vec![768, 2048],
+                TensorKind::Matrix,
+            ),
+            ("mlp.experts.0.up_proj", vec![768, 2048], TensorKind::Matrix),
+            (
+                "mlp.experts.5.down_proj",
+                vec![2048, 768],
+                TensorKind::Matrix,
+            ),
+            ("post_attention_layernorm", vec![2048], TensorKind::Norm),
+        ] {
+            let s = find(&format!("{p}.{name}.weight")).unwrap_or_else(|| panic!("{name}"));
+            assert_eq!((s.dims, s.kind), (dims, kind), "{name}");
+        }
+        assert!(find(&format!("{p}.mlp.gate_proj.weight")).is_none());
+        assert_eq!(
+            find("model.embed_tokens.weight").unwrap().kind,
+            TensorKind::RoutedEmbedding
+        );
+        assert_eq!(find("lm_head.weight").unwrap().kind, TensorKind::Matrix);
+        assert_eq!(t.len(), 3 + 2 * (4 + 2 + 1 + 3 * 128 + 2));
+        let t = mixtral_8x7b().with_layers(1).tensors();
+        let names: Vec<&str> = t.iter().map(|s| s.name.as_str()).collect();
+        for name in [
+            "model.layers.0.block_sparse_moe.gate.weight",
+            "model.layers.0.block_sparse_moe.experts.7.w1.weight",
+            "model.layers.0.block_sparse_moe.experts.7.w2.weight",
+            "model.layers.0.block_sparse_moe.experts.7.w3.weight",
+        ] {
+            assert!(names.contains(&name), "{name}");
+        }
+        assert!(!names.iter().any(|n| n.contains("q_norm")));
+        assert_eq!(
+            expert_index("model.layers.0.block_sparse_moe.experts.7.w2.weight"),
+            Some(7)
+        );
+        assert_eq!(expert_index("model.layers.0.mlp.gate.weight"), None);
+        // a dense shape's embedding is a plain matrix
+        let dense = llama_3_1_8b().with_layers(1).tensors();
+        assert_eq!(dense[0].kind, TensorKind::Matrix);
+    }
+
+    /// A shape's own fields out of range or at odds with the rest are
+    /// refused by field, before any weight is written.
+    #[test]
+    fn bad_expert_fields_are_refused_by_name() {
+        type Spoil = fn(&mut ModelShape);
+        let cases: [(&str, Spoil); 7] = [
+            ("head_dim", |s| s.head_dim = Some(127)),
+            ("head_dim", |s| s.head_dim = Some(0)),
+            ("experts.top_k", |s| {
+                if let Some(e) = s.experts.as_mut() {
+                    e.top_k = 129;
+                }
+            }),
+            ("experts.num_experts", |s| {
+                if let Some(e) = s.experts.as_mut() {
+                    e.num_experts = 0;
+                }
+            }),
+            ("experts.inner", |s| {
+                if let Some(e) = s.experts.as_mut() {
+                    e.inner = 0;
+                }
+            }),
+            ("sizes.layout", |s| {
+                s.sizes.layout = Layout::Olmo { window: None }
+            }),
+            ("qkv_bias", |s| s.qkv_bias = true),
+        ];
+        for (field, spoil) in cases {
+            let mut shape = qwen3_30b_a3b();
+            spoil(&mut shape);
+            match shape.config() {
+                Err(SynthError::InvalidShape { field: f, .. }) => assert_eq!(f, field),
+                other => panic!("{field}: {other:?}"),
+            }
+        }
+        let mut mixtral = mixtral_8x7b();
+        mixtral.sizes.intermediate_size = 4096;
+        let err = mixtral.config().unwrap_err();
+        assert!(err.to_string().contains("experts.inner"), "{err}");
+        assert!(err.to_string().contains("mixtral-8x7b"), "{err}");
+    }
+
     /// Each named shape's family and architecture follow its layout (and
     /// Qwen2's biases), and its config reads back as that architecture.
     #[test]
@@ -652,6 +1201,8 @@ mod tests {
             ("smollm3-3b", Family::Smollm3, Arch::SmolLM3),
             ("olmo-3-7b", Family::Olmo, Arch::Olmo3),
             ("llama-3.1-8b", Family::Llama, Arch::Llama),
+            ("qwen3-30b-a3b", Family::Qwen3Moe, Arch::Qwen3Moe),
+            ("mixtral-8x7b", Family::Mixtral, Arch::Mixtral),
             ("small", Family::Llama, Arch::Llama),
         ] {
             let shape = named(name).unwrap();

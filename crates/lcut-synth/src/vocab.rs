@@ -67,11 +67,11 @@ fn byte_level(text: &str) -> String {
 fn special_texts(shape: &ModelShape) -> Vec<(u32, String)> {
     let t = shape.tokens;
     let (bos, eos) = match (shape.family(), t.bos) {
-        (Family::Qwen2, _) => ("<|endoftext|>", "<|im_end|>"),
+        (Family::Qwen2 | Family::Qwen3Moe, _) => ("<|endoftext|>", "<|im_end|>"),
         (Family::Smollm3, _) => ("<|begin_of_text|>", "<|im_end|>"),
         (Family::Olmo, _) => ("<|endoftext|>", "<|endoftext|>"),
         (Family::Llama, 128_000) => ("<|begin_of_text|>", "<|end_of_text|>"),
-        (Family::Llama, _) => ("<s>", "</s>"),
+        (Family::Llama | Family::Mixtral, _) => ("<s>", "</s>"),
     };
     let mut out: Vec<(u32, String)> = vec![];
     for (id, text) in [(Some(t.bos), bos), (Some(t.eos), eos), (t.pad, "<|pad|>")] {
@@ -241,6 +241,8 @@ mod tests {
             shapes::qwen2_5_1_5b(),
             shapes::smollm3_3b(),
             shapes::olmo_3_7b(),
+            shapes::qwen3_30b_a3b(),
+            shapes::mixtral_8x7b(),
         ] {
             let v = Vocabulary::for_shape(&shape).unwrap();
             assert_eq!(v.tokens.len(), shape.sizes.vocab_size);

@@ -4,8 +4,11 @@
 //! them), Llama's and SmolLM3's Q/K rows in its permuted order, Llama 3's
 //! RoPE scaling as a `rope_freqs.weight` tensor and YaRN as
 //! `rope.scaling.*` keys, OLMo 3's sliding layers as a window and a
-//! per-layer pattern, the synthetic tokenizer as `gpt2` BPE, norms and
-//! biases in f32, matrices in the format's type and the LM head (the
+//! per-layer pattern, Qwen3-MoE (`qwen3moe`) and Mixtral (`llama` with an
+//! expert count) with each layer's experts as three 3-D tensors
+//! (`ffn_{gate,up,down}_exps`, [experts, rows, columns]) and the router
+//! (`ffn_gate_inp`) in f32, the synthetic tokenizer as `gpt2` BPE, norms
+//! and biases in f32, matrices in the format's type and the LM head (the
 //! embedding when tied) in Q6_K, as `llama-quantize` stores it.
 
 use std::io::{BufWriter, Write};
@@ -20,14 +23,19 @@ use super::gguf_file::{MetaValue, TensorInfo, offsets, write_header};
 use super::{Format, Progress, rows_per_slice};
 use crate::draw;
 use crate::error::{Result, SynthError};
-use crate::shapes::{Family, ModelShape, TensorKind, TensorSpec, yarn_params};
+use crate::shapes::{ExpertsKind, Family, ModelShape, TensorKind, TensorSpec, yarn_params};
 use crate::vocab::Vocabulary;
 
-/// What a GGUF tensor holds: a weight of the shape, or the RoPE factors.
+/// What a GGUF tensor holds: a weight of the shape, every expert's copy
+/// of one projection, or the RoPE factors.
 #[derive(Debug, Clone, PartialEq)]
 enum Source {
     /// A weight; its rows in this order (llama.cpp's permuted Q/K).
     Weight(TensorSpec, Option<usize>),
+    /// One projection of a layer's experts, expert 0 first: each expert's
+    /// weight (Hugging Face name and draws its own) one after the other,
+    /// as llama.cpp's 3-D `ffn_*_exps` tensors hold them.
+    Experts(Vec<TensorSpec>),
     /// Llama 3's per-frequency divisors.
     RopeFactors(Vec<f32>),
 }
@@ -52,6 +60,7 @@ fn type_id(t: GgmlDType) -> u32 {
         GgmlDType::Q4_0 => 2,
         GgmlDType::Q8_0 => 8,
         GgmlDType::Q4K => 12,
+        GgmlDType::Q5K => 13,
         GgmlDType::Q6K => 14,
         _ => u32::MAX,
     }
@@ -62,32 +71,56 @@ fn type_bytes(t: GgmlDType, n: usize) -> u64 {
     (n / t.block_size() * t.type_size()) as u64
 }
 
-/// The type of each weight: f32 for norms and biases, Q6_K for the output
-/// matrix (Q8_0 in a Q8_0 file, as llama.cpp keeps it), the format's type
-/// for the others (Q4_K_M: Q6_K for the V and down projections of the
-/// layers [`more_bits`] picks).
+/// The type of each weight: f32 for norms, biases and routers, Q6_K for
+/// the output matrix (Q8_0 in a Q8_0 file, as llama.cpp keeps it), the
+/// format's type for the others (Q4_K_M: Q6_K for the V and down
+/// projections, experts' included, of the layers [`more_bits`] picks,
+/// and [`eight_experts_type`]'s choices for a model of 8 experts).
 pub fn ggml_type(shape: &ModelShape, format: Format, t: &TensorSpec) -> GgmlDType {
     let output = t.name == "lm_head.weight"
         || (shape.tie_word_embeddings && t.name == "model.embed_tokens.weight");
-    match (t.kind, output, format) {
-        (TensorKind::Norm | TensorKind::Bias, _, _) => GgmlDType::F32,
-        (_, _, Format::GgufQ8_0) => GgmlDType::Q8_0,
-        (_, true, _) => GgmlDType::Q6K,
-        (_, false, Format::GgufQ4KM) if more_bits(shape.sizes.num_layers, &t.name) => {
+    let eight = (format == Format::GgufQ4KM && shape.experts.is_some_and(|e| e.num_experts == 8))
+        .then(|| eight_experts_type(&t.name))
+        .flatten();
+    match (t.kind, output, format, eight) {
+        (TensorKind::Norm | TensorKind::Bias | TensorKind::Router, ..) => GgmlDType::F32,
+        (_, _, Format::GgufQ8_0, _) => GgmlDType::Q8_0,
+        (_, true, ..) => GgmlDType::Q6K,
+        (_, false, _, Some(ty)) => ty,
+        (_, false, Format::GgufQ4KM, _) if more_bits(shape.sizes.num_layers, &t.name) => {
             GgmlDType::Q6K
         }
-        (_, false, Format::GgufQ4K | Format::GgufQ4KM) => GgmlDType::Q4K,
+        (_, false, Format::GgufQ4K | Format::GgufQ4KM, _) => GgmlDType::Q4K,
         _ => GgmlDType::Q4_0,
     }
 }
 
+/// llama.cpp's Q4_K_M type for tensor `name` (Hugging Face name) of a
+/// model of exactly 8 experts (Mixtral-8x7B's count; its rules key on
+/// `n_expert == 8`), where it differs from the others': the K and V
+/// projections in Q8_0 ("trades just ~128MB"), the attention output in
+/// Q5_K; `None` for the other tensors.
+pub fn eight_experts_type(name: &str) -> Option<GgmlDType> {
+    if name.ends_with(".self_attn.k_proj.weight") || name.ends_with(".self_attn.v_proj.weight") {
+        Some(GgmlDType::Q8_0)
+    } else if name.ends_with(".self_attn.o_proj.weight") {
+        Some(GgmlDType::Q5K)
+    } else {
+        None
+    }
+}
+
 /// Whether llama.cpp's Q4_K_M keeps tensor `name` (Hugging Face name) of
-/// a model of `layers` layers in Q6_K: the V and down projections of the
-/// first and last eighth of the layers and of every third layer between
-/// (llama.cpp's `use_more_bits`).
+/// a model of `layers` layers in Q6_K: the V and down projections (a
+/// layer's experts' down projections too, llama.cpp's `ffn_down_exps`)
+/// of the first and last eighth of the layers and of every third layer
+/// between (llama.cpp's `use_more_bits`).
 pub fn more_bits(layers: usize, name: &str) -> bool {
-    let projection =
-        name.ends_with(".self_attn.v_proj.weight") || name.ends_with(".mlp.down_proj.weight");
+    let expert_down = crate::shapes::expert_index(name).is_some()
+        && (name.ends_with(".down_proj.weight") || name.ends_with(".w2.weight"));
+    let projection = name.ends_with(".self_attn.v_proj.weight")
+        || name.ends_with(".mlp.down_proj.weight")
+        || expert_down;
     let layer = name
         .strip_prefix("model.layers.")
         .and_then(|rest| rest.split('.').next())
@@ -126,7 +159,7 @@ fn rope_factors(shape: &ModelShape) -> Option<Vec<f32>> {
     let plain = RopeConfig {
         theta: shape.sizes.rope_theta,
         scaling: RopeScaling::None,
-        rotary_dim: shape.sizes.head_dim(),
+        rotary_dim: shape.head_dim(),
     };
     let scaled = RopeConfig {
         scaling: shape.rope_scaling,
@@ -181,6 +214,11 @@ fn check_recordable(shape: &ModelShape, format: Format) -> Result<()> {
 /// The tensors of `shape` in `format`, checked to fit the types' blocks
 /// and to be recordable in GGUF.
 pub fn plan(shape: &ModelShape, format: Format) -> Result<GgufPlan> {
+    plan_tensors(shape, format, shape.tensors())
+}
+
+/// [`plan`] over `tensors` (the shape's, in its order).
+fn plan_tensors(shape: &ModelShape, format: Format, tensors: Vec<TensorSpec>) -> Result<GgufPlan> {
     check_recordable(shape, format)?;
     let mut infos = Vec::new();
     let mut sources = Vec::new();
@@ -193,7 +231,9 @@ pub fn plan(shape: &ModelShape, format: Format) -> Result<GgufPlan> {
         });
         sources.push(Source::RopeFactors(f));
     }
-    for t in shape.tensors() {
+    // each 3-D expert tensor's place in `infos`, by its GGUF name
+    let mut stacks = std::collections::HashMap::new();
+    for t in tensors {
         let ty = ggml_type(shape, format, &t);
         if t.cols() % ty.block_size() != 0 {
             return Err(SynthError::BlockSize {
@@ -204,11 +244,49 @@ pub fn plan(shape: &ModelShape, format: Format) -> Result<GgufPlan> {
                 type_name: format!("{ty:?}"),
             });
         }
+        let name = tensor_name(shape, &t.name);
+        let bytes = type_bytes(ty, t.len());
+        if let Some(expert) = crate::shapes::expert_index(&t.name) {
+            // one expert's matrix: a slab of the layer's 3-D tensor
+            let at = *stacks.entry(name.clone()).or_insert_with(|| {
+                infos.push(TensorInfo {
+                    name,
+                    dims: [&[0], &t.dims[..]].concat(),
+                    type_id: type_id(ty),
+                    bytes: 0,
+                });
+                sources.push(Source::Experts(vec![]));
+                infos.len() - 1
+            });
+            let info = &mut infos[at];
+            match &mut sources[at] {
+                Source::Experts(slabs) if expert == slabs.len() && info.dims[1..] == t.dims[..] => {
+                    info.dims[0] += 1;
+                    info.bytes += bytes;
+                    slabs.push(t);
+                }
+                Source::Experts(slabs) => {
+                    return Err(SynthError::ExpertOrder {
+                        tensor: info.name.clone(),
+                        expert: t.name.clone(),
+                        position: slabs.len(),
+                    });
+                }
+                _ => {
+                    return Err(SynthError::ExpertOrder {
+                        tensor: info.name.clone(),
+                        expert: t.name.clone(),
+                        position: 0,
+                    });
+                }
+            }
+            continue;
+        }
         infos.push(TensorInfo {
-            name: tensor_name(shape, &t.name),
+            name,
             dims: t.dims.clone(),
             type_id: type_id(ty),
-            bytes: type_bytes(ty, t.len()),
+            bytes,
         });
         let heads = permuted_heads(shape, &t.name);
         sources.push(Source::Weight(t, heads));
@@ -239,8 +317,9 @@ fn file_type(format: Format) -> u32 {
     }
 }
 
-/// The metadata: architecture, sizes, RoPE and norm constants, OLMo 3's
-/// sliding layers, YaRN, tokenizer.
+/// The metadata: architecture, sizes, RoPE and norm constants, a head
+/// width of its own, the experts, OLMo 3's sliding layers, YaRN,
+/// tokenizer.
 fn metadata(
     shape: &ModelShape,
     format: Format,
@@ -253,8 +332,8 @@ fn metadata(
     // the names llama.cpp's converter gives these tokenizers: SmolLM3's is
     // Llama 3's (`smollm` is SmolLM 1/2's), OLMo 2/3's is DBRX's cl100k
     let pre = match shape.family() {
-        Family::Llama | Family::Smollm3 => "llama-bpe",
-        Family::Qwen2 => "qwen2",
+        Family::Llama | Family::Smollm3 | Family::Mixtral => "llama-bpe",
+        Family::Qwen2 | Family::Qwen3Moe => "qwen2",
         Family::Olmo => "dbrx",
     };
     let mut meta = vec![
@@ -281,8 +360,27 @@ fn metadata(
             k("attention.layer_norm_rms_epsilon"),
             MetaValue::F32(s.rms_norm_eps as f32),
         ),
-        (k("rope.dimension_count"), u(s.head_dim())),
+        (k("rope.dimension_count"), u(shape.head_dim())),
     ];
+    if shape.family() == Family::Qwen3Moe || shape.head_dim.is_some() {
+        // as the converter writes Qwen3's (whose head width is its own)
+        meta.extend([
+            (k("attention.key_length"), u(shape.head_dim())),
+            (k("attention.value_length"), u(shape.head_dim())),
+        ]);
+    }
+    if let Some(e) = shape.experts {
+        // Mixtral's expert width is `feed_forward_length` (its
+        // intermediate size); llama.cpp renormalises the top-k weights of
+        // both without a key saying so
+        meta.extend([
+            (k("expert_count"), u(e.num_experts)),
+            (k("expert_used_count"), u(e.top_k)),
+        ]);
+        if e.kind == ExpertsKind::Qwen3Moe {
+            meta.push((k("expert_feed_forward_length"), u(e.inner)));
+        }
+    }
     if let Layout::Olmo { window: Some(w) } = s.layout {
         // as the converter writes OLMo 3: which layers slide, one flag per
         // layer (as the config has them); the sliding layers' base is the
@@ -390,6 +488,12 @@ pub fn write(
             Source::Weight(t, heads) => {
                 let ty = ggml_type(shape, format, t);
                 stream_weight(t, *heads, (ty, seed), &mut emit)?;
+            }
+            Source::Experts(slabs) => {
+                for t in slabs {
+                    let ty = ggml_type(shape, format, t);
+                    stream_weight(t, None, (ty, seed), &mut emit)?;
+                }
             }
         }
         debug_assert_eq!(at, off + info.bytes);
@@ -545,6 +649,185 @@ mod tests {
         );
         let llama = meta(&shapes::llama_3_2_1b());
         assert_eq!(llama["tokenizer.ggml.add_bos_token"], MetaValue::Bool(true));
+    }
+
+    /// The experts' keys as llama.cpp's converter writes them: Qwen3-MoE
+    /// (`qwen3moe`) with its expert width and its own head width as K/V
+    /// lengths, Mixtral as `llama` with an expert count and its experts
+    /// as wide as `feed_forward_length`; the tokenizers' names.
+    #[test]
+    fn metadata_names_the_experts() {
+        use crate::shapes;
+        let meta = |shape: &ModelShape| -> std::collections::HashMap<String, MetaValue> {
+            let vocab = Vocabulary::for_shape(shape).unwrap();
+            metadata(shape, Format::GgufQ4KM, vocab)
+                .unwrap()
+                .into_iter()
+                .collect()
+        };
+        let qwen = meta(&shapes::qwen3_30b_a3b());
+        assert_eq!(
+            qwen["general.architecture"],
+            MetaValue::Str("qwen3moe".into())
+        );
+        for (key, value) in [
+            ("qwen3moe.expert_count", 128),
+            ("qwen3moe.expert_used_count", 8),
+            ("qwen3moe.expert_feed_forward_length", 768),
+            ("qwen3moe.feed_forward_length", 6144),
+            ("qwen3moe.attention.key_length", 128),
+            ("qwen3moe.attention.value_length", 128),
+            ("qwen3moe.attention.head_count", 32),
+            ("qwen3moe.attention.head_count_kv", 4),
+            ("qwen3moe.block_count", 48),
+        ] {
+            assert_eq!(qwen[key], MetaValue::U32(value), "{key}");
+        }
+        assert_eq!(qwen["tokenizer.ggml.pre"], MetaValue::Str("qwen2".into()));
+        assert_eq!(qwen["tokenizer.ggml.add_bos_token"], MetaValue::Bool(false));
+        let mixtral = meta(&shapes::mixtral_8x7b());
+        assert_eq!(
+            mixtral["general.architecture"],
+            MetaValue::Str("llama".into())
+        );
+        for (key, value) in [
+            ("llama.expert_count", 8),
+            ("llama.expert_used_count", 2),
+            ("llama.feed_forward_length", 14_336),
+            ("llama.rope.dimension_count", 128),
+        ] {
+            assert_eq!(mixtral[key], MetaValue::U32(value), "{key}");
+        }
+        assert!(!mixtral.contains_key("llama.expert_feed_forward_length"));
+        assert!(!mixtral.contains_key("llama.attention.key_length"));
+        assert_eq!(
+            mixtral["tokenizer.ggml.add_bos_token"],
+            MetaValue::Bool(true)
+        );
+    }
+
+    /// llama.cpp's Q4_K_M on experts: routers stay f32; the experts' down
+    /// projections take Q6_K where a dense down projection would
+    /// (`use_more_bits` on the layer in the name); with exactly 8 experts
+    /// (Mixtral) K and V are Q8_0 and the attention output Q5_K, which 128
+    /// experts (Qwen3-30B-A3B) do not get. Each layer's experts are one
+    /// 3-D tensor [experts, rows, columns] of the projection's type.
+    #[test]
+    fn experts_take_llama_cpps_q4_k_m_types_and_stack() {
+        use crate::shapes;
+        let type_of = |shape: &ModelShape, name: &str| {
+            let t = shape
+                .tensors()
+                .into_iter()
+                .find(|t| t.name == name)
+                .unwrap_or_else(|| panic!("{name}"));
+            ggml_type(shape, Format::GgufQ4KM, &t)
+        };
+        // 32 layers: more bits at 0-3, 6, 9, ..., 27 and 28-31
+        let mixtral = shapes::mixtral_8x7b().with_layers(32);
+        let l = |i: usize, rest: &str| format!("model.layers.{i}.{rest}.weight");
+        for (name, ty) in [
+            (l(0, "block_sparse_moe.gate"), GgmlDType::F32),
+            (l(0, "block_sparse_moe.experts.3.w2"), GgmlDType::Q6K),
+            (l(5, "block_sparse_moe.experts.3.w2"), GgmlDType::Q4K),
+            (l(6, "block_sparse_moe.experts.0.w2"), GgmlDType::Q6K),
+            (l(6, "block_sparse_moe.experts.0.w1"), GgmlDType::Q4K),
+            (l(6, "block_sparse_moe.experts.0.w3"), GgmlDType::Q4K),
+            (l(5, "self_attn.k_proj"), GgmlDType::Q8_0),
+            (l(5, "self_attn.v_proj"), GgmlDType::Q8_0),
+            (l(5, "self_attn.o_proj"), GgmlDType::Q5K),
+            (l(5, "self_attn.q_proj"), GgmlDType::Q4K),
+            ("lm_head.weight".into(), GgmlDType::Q6K),
+            ("model.embed_tokens.weight".into(), GgmlDType::Q4K),
+        ] {
+            assert_eq!(type_of(&mixtral, &name), ty, "{name}");
+        }
+        let qwen = shapes::qwen3_30b_a3b();
+        for (name, ty) in [
+            (l(0, "mlp.gate"), GgmlDType::F32),
+            (l(0, "mlp.experts.100.down_proj"), GgmlDType::Q6K),
+            (l(7, "mlp.experts.100.down_proj"), GgmlDType::Q4K),
+            (l(8, "mlp.experts.100.down_proj"), GgmlDType::Q6K),
+            (l(8, "self_attn.v_proj"), GgmlDType::Q6K),
+            (l(7, "self_attn.k_proj"), GgmlDType::Q4K),
+            (l(7, "self_attn.v_proj"), GgmlDType::Q4K),
+            (l(7, "self_attn.o_proj"), GgmlDType::Q4K),
+            (l(7, "self_attn.q_norm"), GgmlDType::F32),
+        ] {
+            assert_eq!(type_of(&qwen, &name), ty, "{name}");
+        }
+        // the router stays f32 in every format
+        for format in [Format::GgufQ4_0, Format::GgufQ4K, Format::GgufQ8_0] {
+            let t = &qwen.tensors()[..20]
+                .iter()
+                .find(|t| t.kind == TensorKind::Router)
+                .cloned()
+                .unwrap();
+            assert_eq!(ggml_type(&qwen, format, t), GgmlDType::F32, "{format}");
+        }
+        let plan = plan(&shapes::qwen3_30b_a3b().with_layers(2), Format::GgufQ4KM).unwrap();
+        let info = |name: &str| plan.infos.iter().find(|i| i.name == name).unwrap();
+        assert_eq!(
+            info("blk.1.ffn_gate_exps.weight").dims,
+            vec![128, 768, 2048]
+        );
+        assert_eq!(info("blk.1.ffn_up_exps.weight").dims, vec![128, 768, 2048]);
+        let down = info("blk.1.ffn_down_exps.weight");
+        assert_eq!(down.dims, vec![128, 2048, 768]);
+        assert_eq!(
+            (down.type_id, down.bytes),
+            (14, type_bytes(GgmlDType::Q6K, 128 * 2048 * 768))
+        );
+        assert_eq!(info("blk.1.ffn_gate_inp.weight").dims, vec![128, 2048]);
+        assert_eq!(info("blk.1.attn_q_norm.weight").dims, vec![128]);
+        // 2 x (q, k, v, o, q/k norms, router, 3 stacks, 2 norms), embedding,
+        // final norm, head
+        assert_eq!(plan.infos.len(), 2 * (4 + 2 + 1 + 3 + 2) + 3);
+        assert!(plan.infos.iter().all(|i| !i.name.contains(".experts.")));
+    }
+
+    /// A layer's experts are stacked in the order listed, so one listed
+    /// out of order (or of another size) is refused by name rather than
+    /// written into another expert's slab.
+    #[test]
+    fn an_expert_out_of_order_is_refused() {
+        let shape = crate::shapes::mixtral_8x7b().with_layers(1);
+        let mut tensors = shape.tensors();
+        let first = tensors
+            .iter()
+            .position(|t| t.name.contains(".experts.0.w1."))
+            .unwrap();
+        let second = tensors
+            .iter()
+            .position(|t| t.name.contains(".experts.1.w1."))
+            .unwrap();
+        tensors.swap(first, second);
+        let err = plan_tensors(&shape, Format::GgufQ4KM, tensors)
+            .err()
+            .unwrap();
+        assert!(
+            matches!(&err, SynthError::ExpertOrder { position: 0, expert, .. }
+                if expert.contains(".experts.1.w1.")),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains("blk.0.ffn_gate_exps.weight"),
+            "{err}"
+        );
+        let mut narrow = shape.tensors();
+        if let Some(t) = narrow
+            .iter_mut()
+            .find(|t| t.name.contains(".experts.3.w3."))
+        {
+            t.dims = vec![256, 4096];
+        }
+        let err = plan_tensors(&shape, Format::GgufQ8_0, narrow)
+            .err()
+            .unwrap();
+        assert!(
+            matches!(err, SynthError::ExpertOrder { position: 3, .. }),
+            "{err}"
+        );
     }
 
     /// What a GGUF cannot record is refused by name rather than written as

@@ -31,8 +31,10 @@ pub enum Format {
     GgufQ4K,
     /// A GGUF file mixed as llama.cpp's Q4_K_M (what Ollama serves):
     /// matrices in Q4_K, the LM head in Q6_K, and the V and down
-    /// projections of the first and last eighth of the layers and of every
-    /// third layer between in Q6_K ([`gguf::more_bits`]).
+    /// projections (experts' too) of the first and last eighth of the
+    /// layers and of every third layer between in Q6_K
+    /// ([`gguf::more_bits`]); with exactly 8 experts, K and V in Q8_0 and
+    /// the attention output in Q5_K ([`gguf::eight_experts_type`]).
     GgufQ4KM,
     /// A GGUF file, every matrix in Q8_0, the output matrix too (as
     /// llama.cpp's Q8_0 keeps it).
