@@ -1,7 +1,8 @@
 //! `lcut synth`: write a random-weight model of a real checkpoint's shape
-//! (Llama-3.2-1B, Qwen2.5-1.5B, SmolLM3-3B, OLMo-3-7B, Llama-3.1-8B) as a
-//! Hugging Face folder in safetensors or as a GGUF file, to exercise lcut
-//! (and llama.cpp) at the sizes and layouts people use without downloading
+//! (Llama-3.2-1B, Qwen2.5-1.5B, SmolLM3-3B, OLMo-3-7B, Llama-3.1-8B, and
+//! the mixtures of experts Qwen3-30B-A3B and Mixtral-8x7B) as a Hugging
+//! Face folder in safetensors or as a GGUF file, to exercise lcut (and
+//! llama.cpp) at the sizes and layouts people use without downloading
 //! anything.
 
 use std::path::PathBuf;
@@ -16,7 +17,8 @@ use lcut_synth::{Format, WriteOptions, shapes, write_model};
 pub struct SynthArgs {
     /// Shape: llama-3.2-1b, qwen2.5-1.5b, smollm3-3b (NoPE every 4th layer),
     /// olmo-3-7b (norms after the blocks, sliding layers, YaRN),
-    /// llama-3.1-8b or small.
+    /// llama-3.1-8b, qwen3-30b-a3b (128 experts, 8 per token),
+    /// mixtral-8x7b (8 experts, 2 per token) or small.
     #[arg(long)]
     pub shape: String,
     /// Format: safetensors-bf16, safetensors-f32 (a model folder), gguf-q4_0,
@@ -30,12 +32,27 @@ pub struct SynthArgs {
     /// Seed of the weights.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Give the shape this many layers (e.g. a 1B-wide model 32 layers deep).
+    /// Give the shape this many layers (e.g. a 1B-wide model 32 layers deep,
+    /// or 4 of Qwen3-30B-A3B's 48 to fit a small machine; the output says
+    /// when the shape was cut).
     #[arg(long)]
     pub layers: Option<usize>,
     /// Largest safetensors shard, bytes (Hugging Face's 5 GB by default).
     #[arg(long, default_value_t = lcut_synth::write::DEFAULT_SHARD_BYTES)]
     pub shard_bytes: u64,
+}
+
+/// The parameter count of `shape`, with the share a token runs where it
+/// has experts: `30532122624 parameters (3353032704 run per token)`.
+fn parameters(shape: &shapes::ModelShape) -> String {
+    let all = shape.parameter_count();
+    match shape.experts {
+        Some(_) => format!(
+            "{all} parameters ({} run per token)",
+            shape.active_parameter_count()
+        ),
+        None => format!("{all} parameters"),
+    }
 }
 
 fn parse_format(s: &str) -> std::result::Result<Format, String> {
@@ -44,22 +61,32 @@ fn parse_format(s: &str) -> std::result::Result<Format, String> {
 
 /// Run `lcut synth`.
 pub fn run(args: &SynthArgs) -> Result<()> {
-    let mut shape = shapes::named(&args.shape)?;
-    if let Some(layers) = args.layers {
-        shape = shape.with_layers(layers);
-    }
+    let full = shapes::named(&args.shape)?;
+    let shape = match args.layers {
+        Some(layers) => full.clone().with_layers(layers),
+        None => full.clone(),
+    };
     let opts = WriteOptions {
         seed: args.seed,
         max_shard_bytes: args.shard_bytes,
     };
     eprintln!(
-        "{} ({} parameters, {} layers) as {} to {}",
+        "{} ({}, {} layers) as {} to {}",
         shape.name,
-        shape.parameter_count(),
+        parameters(&shape),
         shape.sizes.num_layers,
         args.format,
         args.out.display()
     );
+    let (layers, of) = (shape.sizes.num_layers, full.sizes.num_layers);
+    if layers != of {
+        let cut = if layers < of { "reduced" } else { "deepened" };
+        eprintln!(
+            "{cut} to {layers} of {}'s {of} layers (--layers): the full shape has {}",
+            full.name,
+            parameters(&full)
+        );
+    }
     let bar = ProgressBar::new(0).with_style(
         ProgressStyle::with_template("{bar:30} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
@@ -70,8 +97,13 @@ pub fn run(args: &SynthArgs) -> Result<()> {
     })
     .with_context(|| format!("writing {}", args.out.display()))?;
     bar.finish_and_clear();
+    let depth = if layers == of {
+        String::new()
+    } else {
+        format!("; {layers} of {}'s {of} layers", full.name)
+    };
     println!(
-        "wrote {} ({:.2} GB of weights)",
+        "wrote {} ({:.2} GB of weights{depth})",
         written.path.display(),
         written.weight_bytes as f64 / 1e9
     );
