@@ -136,11 +136,7 @@ fn check<T: Element>(
         let mut scratch = AttentionScratch::default();
         for qi in 0..n {
             let want = reference(&q, n, qi, &kf, &vf, &lay, spans.of(qi), softcap);
-            let mut qrow = vec![0f32; HEADS * HD];
-            for h in 0..HEADS {
-                qrow[h * HD..(h + 1) * HD]
-                    .copy_from_slice(&q[(h * n + qi) * HD..(h * n + qi + 1) * HD]);
-            }
+            let qrow = query_row(&q, n, qi);
             let mut one = vec![0f32; HEADS * HD];
             let rows = spans.of(qi);
             attend(
@@ -169,6 +165,16 @@ fn check<T: Element>(
             }
         }
     }
+}
+
+/// Query `qi` of the chunk's queries `q` [heads, n, head_dim] as one
+/// decode query [heads, head_dim].
+fn query_row(q: &[f32], n: usize, qi: usize) -> Vec<f32> {
+    let mut row = vec![0f32; HEADS * HD];
+    for h in 0..HEADS {
+        row[h * HD..(h + 1) * HD].copy_from_slice(&q[(h * n + qi) * HD..(h * n + qi + 1) * HD]);
+    }
+    row
 }
 
 fn f32s(x: &[f32]) -> KvData<'_> {
@@ -265,11 +271,7 @@ fn chunk_queries_give_the_sinks_their_share() {
             attend_chunk(isa, &without, &q, &cache, &spans, &mut plain).expect("shapes");
             let mut scratch = AttentionScratch::default();
             for qi in 0..n {
-                let mut qrow = vec![0f32; HEADS * HD];
-                for h in 0..HEADS {
-                    qrow[h * HD..(h + 1) * HD]
-                        .copy_from_slice(&q[(h * n + qi) * HD..(h * n + qi + 1) * HD]);
-                }
+                let qrow = query_row(&q, n, qi);
                 let mut one = vec![0f32; HEADS * HD];
                 let rows = spans.of(qi);
                 attend(

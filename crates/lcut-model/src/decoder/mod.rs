@@ -156,16 +156,17 @@ impl Decoder {
         self.attention_block_elems
     }
 
+    /// Every projection, router and expert of every layer, then the LM head.
+    fn matrices(&self) -> impl Iterator<Item = &Linear> {
+        self.layers
+            .iter()
+            .flat_map(|l| l.attn.linears().into_iter().chain(l.mlp.linears()))
+            .chain(std::iter::once(&self.lm_head))
+    }
+
     /// How many matrices (projections and LM head) are held quantized.
     pub fn quantized_matrices(&self) -> usize {
-        let layers = self
-            .layers
-            .iter()
-            .flat_map(|l| l.attn.linears().into_iter().chain(l.mlp.linears()));
-        layers
-            .chain(std::iter::once(&self.lm_head))
-            .filter(|lin| lin.is_quantized())
-            .count()
+        self.matrices().filter(|lin| lin.is_quantized()).count()
     }
 
     /// Bytes of weights one decode step reads: every projection and the LM
@@ -189,14 +190,7 @@ impl Decoder {
 
     /// Bytes of every projection, every expert and the LM head as loaded.
     fn matrix_bytes(&self) -> usize {
-        let layers = self
-            .layers
-            .iter()
-            .flat_map(|l| l.attn.linears().into_iter().chain(l.mlp.linears()));
-        layers
-            .chain(std::iter::once(&self.lm_head))
-            .map(Linear::bytes)
-            .sum()
+        self.matrices().map(Linear::bytes).sum()
     }
 
     /// Bytes the model's weights take as loaded: every matrix (all the
@@ -216,12 +210,7 @@ impl Decoder {
     /// How many matrices (projections and LM head) are read in place from a
     /// mapped GGUF file by lcut's kernels (no copy held).
     pub fn mapped_matrices(&self) -> usize {
-        let layers = self
-            .layers
-            .iter()
-            .flat_map(|l| l.attn.linears().into_iter().chain(l.mlp.linears()));
-        layers
-            .chain(std::iter::once(&self.lm_head))
+        self.matrices()
             .filter(|lin| matches!(lin, Linear::Mapped { .. }))
             .count()
     }
@@ -230,12 +219,7 @@ impl Decoder {
     /// the kernels' interleaved layout: all of them at load on CPUs with
     /// AVX2, but experts only once a token has read them.
     pub fn packed_matrices(&self) -> usize {
-        let layers = self
-            .layers
-            .iter()
-            .flat_map(|l| l.attn.linears().into_iter().chain(l.mlp.linears()));
-        layers
-            .chain(std::iter::once(&self.lm_head))
+        self.matrices()
             .filter(|lin| matches!(lin, Linear::Mapped { matrix, .. } if matrix.is_packed()))
             .count()
     }

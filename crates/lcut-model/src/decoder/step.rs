@@ -20,6 +20,7 @@ use lcut_kernels::attention::{
     AttentionScratch, AttentionSpec, CurrentKv, KvCache, KvData, KvLayout, attend,
 };
 use lcut_kernels::ops;
+use lcut_kernels::ops::GateActivation;
 use lcut_kernels::product::{Activations, matvec_concat};
 use lcut_policy::keys::{KeyPlanner, KeyQuery};
 use lcut_policy::window::first_readable;
@@ -423,6 +424,27 @@ fn products(
     Ok(())
 }
 
+/// The gated activation of rows of gate and up halves side by side
+/// (`gate_up`, 2 x `inner` per row) into `acts`, the next product's input.
+fn gated_rows(
+    gate_up: &mut [f32],
+    inner: usize,
+    activation: GateActivation,
+    acts: &mut Activations,
+) -> Result<()> {
+    let rows = gate_up.len() / (2 * inner).max(1);
+    let out = acts.fill(rows, inner);
+    for (row, a) in gate_up
+        .chunks_exact_mut(2 * inner)
+        .zip(out.chunks_exact_mut(inner))
+    {
+        let (gate, up) = row.split_at_mut(inner);
+        ops::gate_in_place(gate, up, activation)?;
+        a.copy_from_slice(gate);
+    }
+    Ok(())
+}
+
 /// The host executor of the layer program: one row per lane on host
 /// buffers, each product one call to lcut's kernels over every lane's row,
 /// each lane's attention over its own cache.
@@ -537,16 +559,7 @@ impl LayerExecutor for HostRows<'_, '_, '_, '_, '_> {
                 (&mut b.tmp, &mut b.product),
             )?;
             let inner = b.expert_gate_up.len() / (2 * rows);
-            let gated = b.expert_acts.fill(rows, inner);
-            for (row, g) in b
-                .expert_gate_up
-                .chunks_exact_mut(2 * inner)
-                .zip(gated.chunks_exact_mut(inner))
-            {
-                let (gate, up) = row.split_at_mut(inner);
-                ops::gate_in_place(gate, up, activation)?;
-                g.copy_from_slice(gate);
-            }
+            gated_rows(&mut b.expert_gate_up, inner, activation, &mut b.expert_acts)?;
             products(
                 std::slice::from_ref(&expert.down),
                 held,
@@ -673,19 +686,9 @@ impl LayerExecutor for HostRows<'_, '_, '_, '_, '_> {
 
     fn gate(&mut self, at: LayerAt<'_>) -> Result<()> {
         let layer = &self.model.layers[at.index];
-        let (inner, n) = (self.dec.cfg.intermediate_size, self.lanes.len());
+        let inner = self.dec.cfg.intermediate_size;
         let b = &mut *self.b;
-        let acts = b.acts.fill(n, inner);
-        for (row, a) in b
-            .gate_up
-            .chunks_exact_mut(2 * inner)
-            .zip(acts.chunks_exact_mut(inner))
-        {
-            let (gate, up) = row.split_at_mut(inner);
-            ops::gate_in_place(gate, up, layer.activation)?;
-            a.copy_from_slice(gate);
-        }
-        Ok(())
+        gated_rows(&mut b.gate_up, inner, layer.activation, &mut b.acts)
     }
 
     fn join_branch(&mut self) -> Result<()> {
