@@ -1,7 +1,8 @@
 //! Per-layer curves: attention mass by phase with the tail mass R(c),
 //! conditional prompt entropy, curvature and straightening, and the logit
 //! lens (where the answer forms) and the causal prompt knockout (where the
-//! prompt matters) when the report has them; the recommended cut (dashed),
+//! prompt matters) when the report has them, and a mixture-of-experts
+//! model's routing entropy and overlap; the recommended cut (dashed),
 //! the chosen one (solid, drag in any plot to move it) and, on the lens and
 //! knockout plots, the formation layer (dotted).
 //!
@@ -20,14 +21,16 @@ use crate::theme::{
 
 /// The curve plots, top to bottom: id and the kind whose unit labels the y
 /// axis (the lens's rank shares the KL plot: lower is nearer the answer in
-/// both; the knockout's agreement shares its KL plot).
-const PLOTS: [(&str, MetricAxis); 6] = [
+/// both; the knockout's agreement shares its KL plot; a mixture-of-experts
+/// model's routing entropy and overlap share one).
+const PLOTS: [(&str, MetricAxis); 7] = [
     ("curves_mass", MetricAxis::Mass),
     ("curves_entropy", MetricAxis::Entropy),
     ("curves_curvature", MetricAxis::Curvature),
     ("curves_lens", MetricAxis::Lens),
     ("curves_lens_kl", MetricAxis::LensKl),
     ("curves_knockout", MetricAxis::Knockout),
+    ("curves_routing", MetricAxis::Routing),
 ];
 
 /// The plot that draws metrics of kind `axis` (the tail mass, a share of
@@ -40,6 +43,7 @@ fn plot_of(axis: MetricAxis) -> usize {
         MetricAxis::Lens => 3,
         MetricAxis::LensKl | MetricAxis::LensRank => 4,
         MetricAxis::Knockout | MetricAxis::KnockoutTop1 => 5,
+        MetricAxis::Routing => 6,
     }
 }
 
@@ -61,8 +65,8 @@ fn y_label(i: usize) -> String {
 }
 
 /// The metrics of [`LAYER_METRICS`] each plot of [`PLOTS`] draws, in table order.
-pub fn plotted_metrics() -> [Vec<&'static LayerMetric>; 6] {
-    let mut out: [Vec<&'static LayerMetric>; 6] = Default::default();
+pub fn plotted_metrics() -> [Vec<&'static LayerMetric>; 7] {
+    let mut out: [Vec<&'static LayerMetric>; 7] = Default::default();
     for m in LAYER_METRICS {
         out[plot_of(m.axis)].push(m);
     }

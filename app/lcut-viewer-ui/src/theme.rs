@@ -80,6 +80,8 @@ pub fn metric_colour(name: &str) -> Color32 {
         "lens_log_rank" => MAGENTA,
         "knockout_kl" => RED,
         "knockout_top1" => GREEN,
+        "routing_entropy" => BLUE,
+        "routing_overlap" => ORANGE,
         _ => Color32::LIGHT_GRAY,
     }
 }

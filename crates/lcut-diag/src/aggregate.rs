@@ -5,6 +5,8 @@
 //! NaN values, are skipped). The prefill-mass-weighted entropy is pooled:
 //! `Σ m_prefill · H / Σ m_prefill` over all prompts, steps and heads where `H`
 //! is defined. Entropies are normalised (see `PromptTrace::entropy_normalised`).
+//! A mixture-of-experts model's routing is pooled over every decode token
+//! instead ([`routing_curves`]): its load is a share of all the tokens' slots.
 
 use lcut_trace::{LayerCurves, PromptTrace, Series, Tensor2, Tensor3};
 use ndarray::{Array1, Array2, ArrayView2, Axis, Zip};
@@ -13,6 +15,7 @@ use ndarray_stats::SummaryStatisticsExt;
 use crate::error::DiagError;
 use crate::knockout::knockout_curves;
 use crate::lens::lens_curves;
+use crate::routing::routing_curves;
 use crate::tail::tail_mass;
 
 /// Mean of the finite values; NaN when there are none.
@@ -184,6 +187,7 @@ pub fn aggregate(traces: &[PromptTrace]) -> Result<LayerCurves, DiagError> {
         knockout_top1,
         prefill_by_head: by_head(traces, l, h),
         prefill_by_step: by_step(traces, l),
+        routing: routing_curves(traces)?,
     })
 }
 

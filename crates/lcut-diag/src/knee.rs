@@ -63,6 +63,7 @@ mod tests {
             prefill_flops: l_cut as f64,
             prefill_ratio: l_cut as f32 / 8.0,
             tokens: Some(16),
+            routing_overlap: None,
         }
     }
 

@@ -12,6 +12,10 @@
 //! - a policy's [`predict_cost`] (prefill FLOPs, decode bytes, K/V held)
 //!   from one sequence's `Visibility`;
 //! - whether a generation [`ends_in_loop`] (a repeated suffix);
+//! - a mixture-of-experts model's routing: the router's normalised
+//!   [`routing_entropy`], a policy's [`topk_overlap`] with the full model
+//!   ([`routing_overlap`] per layer and step), and the per-layer entropy,
+//!   expert load and overlap of a run ([`routing_curves`]);
 //! - [`build_report`] from traces and [`merge`] shard reports, sweeps of
 //!   prompt shards pooled by [`merge_teacher_forced`];
 //! - a leaderboard run's paired comparisons ([`compare_configs`]: the exact
@@ -41,6 +45,7 @@ mod pooled;
 mod predict;
 mod recommend;
 mod repetition;
+mod routing;
 mod sweep_merge;
 pub mod synthetic;
 mod tail;
@@ -73,5 +78,6 @@ pub use recommend::{recommend, vote_curvature_plateau, vote_selective_band, vote
 pub use repetition::{
     LOOP_MAX_PERIOD, LOOP_MIN_REPEATS, RepeatedSuffix, ends_in_loop, repeated_suffix,
 };
+pub use routing::{OverlapTotals, routing_curves, routing_entropy, routing_overlap, topk_overlap};
 pub use sweep_merge::{merge_sweep_points, merge_teacher_forced};
 pub use tail::tail_mass;

@@ -170,6 +170,7 @@ mod tests {
             knockout_top1: Series::default(),
             prefill_by_head: Tensor2::zeros([l, 1]),
             prefill_by_step: Tensor2::zeros([l, 0]),
+            routing: None,
         }
     }
 

@@ -1,6 +1,7 @@
 //! The teacher-forced sweep across prompt shards (`lcut sweep --shard`):
 //! each point's agreement, KL and NLL are pooled over the shards' scored
-//! tokens, its costs (prompt-free, at the context length) must agree, the
+//! tokens (a mixture-of-experts model's routing overlap too), its costs
+//! (prompt-free, at the context length) must agree, the
 //! comparison axis is pooled by [`merge_policy_points`], and the knee is
 //! recomputed from the merged points by [`finish_sweep`], as the
 //! unsharded sweep computes it.
@@ -61,6 +62,8 @@ fn merge_point(parts: &[(usize, &SweepPoint)]) -> Result<SweepPoint, DiagError> 
     let first = parts[0].1;
     let (mut agree, mut kl, mut nll, mut tokens) =
         (Pooled::default(), Pooled::default(), Pooled::default(), 0);
+    // a shard without an overlap (a dense model, or no token scored) adds none
+    let (mut overlap, mut routed) = (Pooled::default(), false);
     for &(i, p) in parts {
         if p.policy != first.policy {
             return Err(DiagError::mismatch(
@@ -88,6 +91,11 @@ fn merge_point(parts: &[(usize, &SweepPoint)]) -> Result<SweepPoint, DiagError> 
         agree.add_share(p.top1_agreement, n);
         kl.add(p.mean_kl, n as f64);
         nll.add(p.nll, n as f64);
+        if let Some(o) = p.routing_overlap {
+            // every scored token is routed at every sparse layer: tokens weigh it
+            overlap.add(o, n as f64);
+            routed = true;
+        }
         tokens += n;
     }
     Ok(SweepPoint {
@@ -95,6 +103,7 @@ fn merge_point(parts: &[(usize, &SweepPoint)]) -> Result<SweepPoint, DiagError> 
         mean_kl: kl.mean(),
         nll: nll.mean(),
         tokens: Some(tokens),
+        routing_overlap: routed.then(|| overlap.mean()).filter(|o| o.is_finite()),
         ..first.clone()
     })
 }
@@ -163,6 +172,7 @@ mod tests {
             prefill_flops: 1e9 * l_cut as f64,
             prefill_ratio: l_cut as f32 / 4.0,
             tokens,
+            routing_overlap: None,
         }
     }
 
@@ -205,6 +215,24 @@ mod tests {
         assert_eq!(m.knee, Some(2));
         let strict = merge_teacher_forced(&[&a, &b], &Thresholds::default()).unwrap();
         assert_eq!(strict.knee, Some(4));
+    }
+
+    #[test]
+    fn routing_overlap_is_token_weighted_too() {
+        let routed = |shard, o, tokens| {
+            let mut p = point(2, 1.0, 0.0, Some(tokens));
+            p.routing_overlap = Some(o);
+            sweep(Some(shard), vec![p])
+        };
+        let (a, b) = (routed([0, 2], 0.5, 2), routed([1, 2], 1.0, 6));
+        let m = merge_teacher_forced(&[&a, &b], &Thresholds::default()).unwrap();
+        assert_eq!(m.points[0].routing_overlap, Some(0.875));
+        let dense = sweep(Some([1, 2]), vec![point(2, 1.0, 0.0, Some(6))]);
+        let m = merge_teacher_forced(&[&dense, &dense.clone()], &Thresholds::default());
+        assert!(m.is_err(), "the same shard twice");
+        let d0 = sweep(Some([0, 2]), vec![point(2, 1.0, 0.0, Some(6))]);
+        let m = merge_teacher_forced(&[&d0, &dense], &Thresholds::default()).unwrap();
+        assert_eq!(m.points[0].routing_overlap, None, "dense shards have none");
     }
 
     #[test]

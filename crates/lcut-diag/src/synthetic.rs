@@ -4,8 +4,8 @@
 
 use lcut_policy::Anchors;
 use lcut_trace::{
-    KnockoutTrace, LensTrace, ModelIdentity, PromptTrace, Report, RunSettings, SweepPoint,
-    Thresholds, TraceHeader, bin_sums, hash_bytes, speed_policy,
+    KnockoutTrace, LensTrace, ModelIdentity, PromptTrace, Report, RoutingOverlap, RoutingTrace,
+    RunSettings, SweepPoint, Tensor2, Thresholds, TraceHeader, bin_sums, hash_bytes, speed_policy,
 };
 
 use crate::error::DiagError;
@@ -187,6 +187,80 @@ fn synthetic_lens(index: usize, num_layers: usize, num_steps: usize) -> LensTrac
     lens
 }
 
+/// The layers a synthetic mixture-of-experts model of `num_layers` layers
+/// routes at: all but layer 1 when it has more than two (a dense layer
+/// among sparse ones, as Qwen3-MoE's `mlp_only_layers` makes), else all.
+pub fn synthetic_sparse_layers(num_layers: usize) -> Vec<usize> {
+    (0..num_layers)
+        .filter(|&l| num_layers <= 2 || l != 1)
+        .collect()
+}
+
+/// A deterministic number in `0..n` from a few integers.
+fn mix(parts: [usize; 4], n: usize) -> usize {
+    let h = parts.iter().fold(0x9e37_79b9_7f4a_7c15u64, |h, &x| {
+        (h ^ x as u64).wrapping_mul(0x100_0000_01b3).rotate_left(17)
+    });
+    (h % n.max(1) as u64) as usize
+}
+
+/// The routing of `num_steps` decode steps of prompt `index` at the sparse
+/// layers of [`synthetic_sparse_layers`], `(experts, top_k)` of them: the
+/// router's entropy falling with depth (early layers spread, late layers
+/// pick), experts drawn deterministically, the low experts a little more
+/// often; with `policy`, an overlap with the full model of 1 in the lower
+/// half and lower above it.
+pub fn synthetic_routing(
+    index: usize,
+    num_layers: usize,
+    num_steps: usize,
+    (experts, top_k): (usize, usize),
+    policy: Option<&str>,
+) -> RoutingTrace {
+    let layers = synthetic_sparse_layers(num_layers);
+    let n = layers.len();
+    let depth = |l: usize| l as f32 / (num_layers.max(2) - 1) as f32;
+    let mut entropy = Vec::with_capacity(n * num_steps);
+    let mut chosen = Vec::with_capacity(n * num_steps * top_k);
+    let mut overlap = Vec::with_capacity(n * num_steps);
+    for &l in &layers {
+        for k in 0..num_steps {
+            let wiggle = ((index + 3 * k + l) as f32).sin();
+            entropy.push((0.9 - 0.5 * depth(l) + 0.05 * wiggle).clamp(0.0, 1.0));
+            let mut picked: Vec<u32> = Vec::with_capacity(top_k);
+            let mut salt = 0;
+            while picked.len() < top_k.min(experts) {
+                // squaring a uniform draw favours the low experts
+                let u = mix([index, l, k, salt], 1000) as f32 / 1000.0;
+                let x = ((u * u) * experts as f32) as u32;
+                if !picked.contains(&x) {
+                    picked.push(x);
+                }
+                salt += 1;
+            }
+            chosen.extend_from_slice(&picked);
+            let kept = if depth(l) < 0.5 {
+                top_k
+            } else {
+                top_k - mix([index, l, k, 99], top_k)
+            };
+            overlap.push(kept as f32 / top_k.max(1) as f32);
+        }
+    }
+    let shape = [n, num_steps];
+    RoutingTrace {
+        num_experts: experts,
+        top_k,
+        layers,
+        entropy: Tensor2::new(shape, entropy).unwrap_or_else(|_| Tensor2::zeros(shape)),
+        experts: chosen,
+        overlap: policy.map(|p| RoutingOverlap {
+            policy: p.to_string(),
+            overlap: Tensor2::new(shape, overlap).unwrap_or_else(|_| Tensor2::zeros(shape)),
+        }),
+    }
+}
+
 /// A complete report over `num_prompts` synthetic prompts, with a synthetic
 /// sweep over every cut (anchors `bos` and `none`) when `with_sweep`.
 pub fn synthetic_report(
@@ -195,10 +269,46 @@ pub fn synthetic_report(
     num_heads: usize,
     with_sweep: bool,
 ) -> Result<Report, DiagError> {
-    let model = synthetic_model(num_layers, num_heads);
+    report_of(num_prompts, num_layers, num_heads, with_sweep, false)
+}
+
+/// [`synthetic_report`] of a mixture-of-experts model: 8 experts, 2 per
+/// token, routing at the layers of [`synthetic_sparse_layers`]
+/// ([`synthetic_routing`]), compared with SPEED+BoS at half the depth, and
+/// the sweep's points with a routing overlap.
+pub fn synthetic_moe_report(
+    num_prompts: usize,
+    num_layers: usize,
+    num_heads: usize,
+    with_sweep: bool,
+) -> Result<Report, DiagError> {
+    report_of(num_prompts, num_layers, num_heads, with_sweep, true)
+}
+
+/// The synthetic report, dense or routed (`moe`).
+fn report_of(
+    num_prompts: usize,
+    num_layers: usize,
+    num_heads: usize,
+    with_sweep: bool,
+    moe: bool,
+) -> Result<Report, DiagError> {
+    let mut model = synthetic_model(num_layers, num_heads);
+    let compared = format!("speed:{}+bos", (num_layers / 2).max(1));
+    if moe {
+        model.arch = "qwen3_moe".into();
+    }
     let settings = synthetic_settings();
     let traces = (0..num_prompts)
-        .map(|i| synthetic_trace(i, num_layers, num_heads, 1 + (i * 5) % 8, 12 + 9 * i))
+        .map(|i| {
+            let steps = 1 + (i * 5) % 8;
+            let mut t = synthetic_trace(i, num_layers, num_heads, steps, 12 + 9 * i);
+            if moe {
+                let routing = synthetic_routing(i, num_layers, steps, (8, 2), Some(&compared));
+                t.routing = Some(routing);
+            }
+            t
+        })
         .collect();
     let sweep = with_sweep.then(|| {
         let context_len = 4096;
@@ -226,6 +336,7 @@ pub fn synthetic_report(
                     prefill_flops: flops,
                     prefill_ratio: (flops / full_flops) as f32,
                     tokens: Some(16 * num_prompts),
+                    routing_overlap: moe.then(|| 1.0 - 0.5 * (1.0 - x).powi(2)),
                 }
             })
             .collect();
@@ -247,6 +358,17 @@ mod tests {
             let lens = tr.lens.as_ref().unwrap();
             assert!((0..t).all(|k| lens.formation(k).is_some_and(|f| f <= l)));
         }
+    }
+
+    #[test]
+    fn synthetic_moe_report_is_valid_and_routes_its_sparse_layers() {
+        let r = synthetic_moe_report(4, 6, 2, true).unwrap();
+        r.validate("synthetic").unwrap();
+        let c = r.curves.routing.as_ref().unwrap();
+        assert_eq!(c.sparse_layers, vec![0, 2, 3, 4, 5]);
+        assert_eq!(c.policy.as_deref(), Some("speed:3+bos"));
+        let sweep = r.sweep.as_ref().unwrap();
+        assert!(sweep.points.iter().all(|p| p.routing_overlap.is_some()));
     }
 
     #[test]

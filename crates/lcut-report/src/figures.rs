@@ -230,6 +230,12 @@ fn axis_style(r: &Report, axis: MetricAxis) -> AxisStyle {
             hline: None,
             dots: true,
         },
+        MetricAxis::Routing => AxisStyle {
+            title: "Routing per layer: router entropy and top-k overlap with the full model",
+            caption: "Entropy: the router's softmax over all experts, -Σ p ln p / ln(experts), mean over the decode tokens (0 = one expert takes everything, 1 = all alike). Overlap: under the compared policy, teacher-forced on the same tokens, the share of its top-k experts the full model also chose (1 = the same experts decode). Dense layers route nothing and are left out.",
+            hline: None,
+            dots: true,
+        },
     }
 }
 
@@ -406,8 +412,17 @@ mod tests {
 
     #[test]
     fn metric_charts_draw_exactly_the_table() {
-        let r = lcut_diag::synthetic::synthetic_report(2, 4, 2, false).unwrap();
+        let r = lcut_diag::synthetic::synthetic_moe_report(2, 4, 2, false).unwrap();
         let labels = sorted(LAYER_METRICS.iter().map(|m| m.label));
         assert_eq!(line_names(&r), labels);
+        // a dense model's report draws everything but the routing
+        let dense = lcut_diag::synthetic::synthetic_report(2, 4, 2, false).unwrap();
+        let labels = sorted(
+            LAYER_METRICS
+                .iter()
+                .filter(|m| m.axis != MetricAxis::Routing)
+                .map(|m| m.label),
+        );
+        assert_eq!(line_names(&dense), labels);
     }
 }

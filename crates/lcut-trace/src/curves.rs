@@ -1,10 +1,12 @@
 //! The per-layer curves of a report: attention masses, prefill entropy,
-//! tail mass, curvature and the logit lens aggregated over prompts (each series is described
+//! tail mass, curvature, the logit lens and (for a mixture-of-experts
+//! model) routing aggregated over prompts (each series is described
 //! in [`crate::LAYER_METRICS`]).
 
 use serde::{Deserialize, Serialize};
 
 use crate::floats::Series;
+use crate::routing::RoutingCurves;
 use crate::tensor::Tensor2;
 
 /// Per-layer curves aggregated over prompts, decode steps and heads.
@@ -79,6 +81,11 @@ pub struct LayerCurves {
     /// `[L, max steps]`: mean over heads and over the prompts that reached step k
     /// of the prefill mass (the mean layer × decode-step heatmap).
     pub prefill_by_step: Tensor2,
+    /// How a mixture-of-experts model routes its decode tokens per layer
+    /// (entropy, expert load, a policy's overlap with the full model);
+    /// absent for a dense model and in reports written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing: Option<RoutingCurves>,
 }
 
 /// Where a run's answers form, read off its logit-lens curves.
@@ -133,6 +140,7 @@ impl LayerCurves {
             knockout_top1: e(),
             prefill_by_head: Tensor2::zeros([num_layers, num_heads]),
             prefill_by_step: Tensor2::zeros([num_layers, 0]),
+            routing: None,
         }
     }
 

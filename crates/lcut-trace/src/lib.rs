@@ -2,7 +2,8 @@
 //!
 //! A [`PromptTrace`] holds what a full-depth greedy run recorded for one prompt:
 //! per-(layer, decode step, head) phase masses and prefill entropy, a binned
-//! layer × prompt-position attention map, and per-layer curvature. A [`Report`]
+//! layer × prompt-position attention map, per-layer curvature and, for a
+//! mixture-of-experts model, the routing of its decode steps. A [`Report`]
 //! gathers the traces of a run with the model's identity, the settings, the
 //! aggregated per-layer curves, the recommended L_cut and an optional sweep.
 //!
@@ -30,6 +31,7 @@ mod lens;
 mod metrics;
 mod paper;
 mod report;
+mod routing;
 mod settings;
 mod size;
 mod sweep_point;
@@ -59,6 +61,7 @@ pub use report::{
     CutoffAccuracy, PolicyCounts, PolicyPoint, Recommendation, Report, SCHEMA_VERSION, SuiteSource,
     Sweep, Votes,
 };
+pub use routing::{RoutingCurves, RoutingOverlap, RoutingTrace};
 pub use settings::{RunSettings, Thresholds};
 pub use size::{trace_memory_bound, trace_size_bound};
 pub use sweep_point::{SweepPoint, anchors_label, speed_policy};

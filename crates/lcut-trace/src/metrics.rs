@@ -3,7 +3,7 @@
 //! [`LAYER_METRICS`] names each series of the aggregated curves (its CSV
 //! column, its JSON field, its label), the quantity it measures (which y axis
 //! and chart it shares), how it is indexed (per layer, per cut, per hidden
-//! state) and whether a run may leave it out (the logit lens, the knockout). The report's CSV, tables and figures, the report check and the
+//! state) and whether a run may leave it out (the logit lens, the knockout, a mixture-of-experts model's routing). The report's CSV, tables and figures, the report check and the
 //! viewer's curves all read this table, so a new metric is one more entry
 //! here (plus the field it reads).
 
@@ -91,11 +91,15 @@ pub enum MetricAxis {
     Knockout,
     /// Top-1 agreement with the full model under a knockout.
     KnockoutTop1,
+    /// How a mixture-of-experts model routes its decode tokens: the
+    /// router's normalised entropy and a policy's top-k overlap with the
+    /// full model, both in `[0, 1]`.
+    Routing,
 }
 
 impl MetricAxis {
     /// Every kind, in the order charts show them.
-    pub const ALL: [MetricAxis; 9] = [
+    pub const ALL: [MetricAxis; 10] = [
         MetricAxis::Mass,
         MetricAxis::TailMass,
         MetricAxis::Entropy,
@@ -105,6 +109,7 @@ impl MetricAxis {
         MetricAxis::LensRank,
         MetricAxis::Knockout,
         MetricAxis::KnockoutTop1,
+        MetricAxis::Routing,
     ];
 
     /// The y axis label (the unit).
@@ -119,6 +124,7 @@ impl MetricAxis {
             MetricAxis::LensRank => "log10 rank",
             MetricAxis::Knockout => "KL(full || knocked out), nats",
             MetricAxis::KnockoutTop1 => "top-1 agreement with full",
+            MetricAxis::Routing => "H / ln(experts), top-k overlap",
         }
     }
 
@@ -133,7 +139,8 @@ impl MetricAxis {
 pub struct LayerMetric {
     /// The CSV column and stable key.
     pub name: &'static str,
-    /// The field of [`LayerCurves`] (and of the report's JSON `curves`).
+    /// The field of [`LayerCurves`] (and of the report's JSON `curves`);
+    /// a dotted path for a series inside a nested field (`routing.entropy`).
     pub field: &'static str,
     /// The legend and table label.
     pub label: &'static str,
@@ -341,7 +348,28 @@ pub const LAYER_METRICS: &[LayerMetric] = &[
         optional: true,
         get: |c| &c.knockout_top1,
     },
+    LayerMetric {
+        name: "routing_entropy",
+        field: "routing.entropy",
+        label: "routing: entropy",
+        axis: MetricAxis::Routing,
+        indexing: Indexing::Layer,
+        optional: true,
+        get: |c| c.routing.as_ref().map_or(&NO_SERIES, |r| &r.entropy),
+    },
+    LayerMetric {
+        name: "routing_overlap",
+        field: "routing.overlap",
+        label: "routing: top-k overlap with full",
+        axis: MetricAxis::Routing,
+        indexing: Indexing::Layer,
+        optional: true,
+        get: |c| c.routing.as_ref().map_or(&NO_SERIES, |r| &r.overlap),
+    },
 ];
+
+/// The series of a metric whose curves hold none (a dense model's routing).
+static NO_SERIES: Series = Series(Vec::new());
 
 #[cfg(test)]
 mod tests {
@@ -381,7 +409,12 @@ mod tests {
             .filter(|(_, v)| v.is_array())
             .map(|(k, _)| k.as_str())
             .collect();
-        let mut fields: Vec<&str> = LAYER_METRICS.iter().map(|m| m.field).collect();
+        // nested series (a MoE model's routing) are absent from empty curves
+        let mut fields: Vec<&str> = LAYER_METRICS
+            .iter()
+            .map(|m| m.field)
+            .filter(|f| !f.contains('.'))
+            .collect();
         series.sort_unstable();
         fields.sort_unstable();
         assert_eq!(series, fields);

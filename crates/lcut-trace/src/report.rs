@@ -242,6 +242,11 @@ impl Report {
                 format!("`curves` do not match the model's {l} layers × {h} heads"),
             ));
         }
+        if let Some(routing) = &c.routing {
+            routing
+                .check(l)
+                .map_err(|msg| TraceError::invalid(context, msg))?;
+        }
         let r = &self.recommendation;
         if r.l_cut == 0 || r.l_cut > l {
             return Err(TraceError::invalid(

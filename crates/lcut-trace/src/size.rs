@@ -15,7 +15,8 @@
 //! per bin edge, at most 6 bytes per string byte after JSON escaping plus quotes
 //! and a comma, and 2304 for keys, punctuation, shapes and the scalar fields.
 //! Prompt length enters only through B (at most `max_prompt_bins`) and the
-//! prompt token strings.
+//! prompt token strings. A mixture-of-experts model's routing adds
+//! [`routing_size_bound`].
 //!
 //! In memory (heap and struct):
 //!
@@ -27,10 +28,60 @@
 //! two curvature series, the logit lens (four f32 tensors and the top token
 //! ids, `[L + 1, T]`), an id and a position per step, N strings holding S
 //! bytes of text in all (24 bytes each for the `String` itself), and 1280
-//! for the struct and its vectors' headers.
+//! for the struct and its vectors' headers; its routing adds
+//! [`routing_memory_bound`].
 
 use crate::lens::LensTrace;
+use crate::routing::RoutingTrace;
 use crate::trace::PromptTrace;
+
+/// Bytes the JSON of a trace's routing takes at most, for S sparse layers,
+/// T steps, k experts per token and a compared policy's name of P bytes:
+///
+/// ```text
+/// bytes <= 512 + 21*S + 34*S*T + 11*S*T*k + 6*P
+/// ```
+///
+/// 21 per layer index, 17 per float (an entropy and an overlap per layer and
+/// step), 11 per expert id (at most 10 digits and a comma), 6 per byte of the
+/// policy's name after escaping, and 512 for keys, shapes and punctuation.
+pub fn routing_size_bound(
+    sparse_layers: usize,
+    num_steps: usize,
+    top_k: usize,
+    policy_bytes: usize,
+) -> usize {
+    let (s, t, k) = (sparse_layers, num_steps, top_k);
+    512 + 21 * s + 34 * s * t + 11 * s * t * k + 6 * policy_bytes
+}
+
+/// Bytes a trace's routing holds on the heap at most (sizes as
+/// [`routing_size_bound`]): 8 per layer index, 4 per entropy, overlap and
+/// expert id, the policy's name, and 64 for the overlap's struct.
+///
+/// ```text
+/// bytes <= 64 + 8*S + 8*S*T + 4*S*T*k + P
+/// ```
+pub fn routing_memory_bound(
+    sparse_layers: usize,
+    num_steps: usize,
+    top_k: usize,
+    policy_bytes: usize,
+) -> usize {
+    let (s, t, k) = (sparse_layers, num_steps, top_k);
+    64 + 8 * s + 8 * s * t + 4 * s * t * k + policy_bytes
+}
+
+/// The sizes [`routing_size_bound`] takes, of a trace's routing (its
+/// vectors built to their length, as the engine builds them).
+fn routing_sizes(r: &RoutingTrace, policy_bytes: fn(&str) -> usize) -> [usize; 4] {
+    [
+        r.layers.len(),
+        r.num_steps(),
+        r.top_k,
+        r.overlap.as_ref().map_or(0, |o| policy_bytes(&o.policy)),
+    ]
+}
 
 /// The bound above, for the given sizes.
 pub fn trace_size_bound(
@@ -80,9 +131,14 @@ impl PromptTrace {
             .fold((0, 0), |(b, n), s| (b + s.len(), n + 1))
     }
 
-    /// [`trace_size_bound`] for this trace's sizes and strings.
+    /// [`trace_size_bound`] for this trace's sizes and strings, and
+    /// [`routing_size_bound`] for its routing.
     pub fn size_bound(&self) -> usize {
         let (bytes, count) = self.strings();
+        let routing = self.routing.as_ref().map_or(0, |r| {
+            let [s, t, k, p] = routing_sizes(r, str::len);
+            routing_size_bound(s, t, k, p)
+        });
         trace_size_bound(
             self.num_layers,
             self.num_heads,
@@ -90,7 +146,7 @@ impl PromptTrace {
             self.num_bins(),
             bytes,
             count,
-        )
+        ) + routing
     }
 
     /// The bytes this trace holds now: its struct, its arrays' elements,
@@ -116,15 +172,22 @@ impl PromptTrace {
             + 8 * self.bin_edges.capacity()
             + 4 * (self.curvature_prompt.0.capacity() + self.curvature_generated.0.capacity())
             + self.lens.as_ref().map_or(0, LensTrace::heap_bytes)
+            + self.routing.as_ref().map_or(0, RoutingTrace::heap_bytes)
     }
 
     /// [`trace_memory_bound`] for this trace's sizes and strings (S the
-    /// strings' capacity, which may exceed their text's length).
+    /// strings' capacity, which may exceed their text's length), and
+    /// [`routing_memory_bound`] for its routing.
     pub fn memory_bound(&self) -> usize {
         let (bytes, count) = std::iter::once(&self.id)
             .chain(&self.prompt_tokens)
             .chain(&self.generated)
             .fold((0, 0), |(b, n), s| (b + s.capacity(), n + 1));
+        let routing = self.routing.as_ref().map_or(0, |r| {
+            let [s, t, k, _] = routing_sizes(r, str::len);
+            let p = r.overlap.as_ref().map_or(0, |o| o.policy.capacity());
+            routing_memory_bound(s, t, k, p)
+        });
         trace_memory_bound(
             self.num_layers,
             self.num_heads,
@@ -132,13 +195,14 @@ impl PromptTrace {
             self.num_bins(),
             bytes,
             count,
-        )
+        ) + routing
     }
 }
 
 #[cfg(test)]
 mod tests {
     use crate::lens::LensTrace;
+    use crate::routing::{RoutingOverlap, RoutingTrace};
     use crate::tensor::{Tensor2, Tensor3};
     use crate::trace::{PromptTrace, TraceHeader};
 
@@ -190,10 +254,31 @@ mod tests {
         }
         lens.top_ids.fill(u32::MAX);
         tr.lens = Some(lens);
+        tr.routing = Some(worst_routing(l, t));
         tr.generated = (0..t).map(|_| "\u{0}\u{0}".to_string()).collect();
         tr.generated_ids = vec![u32::MAX; t];
         tr.query_positions = (0..t).map(|k| usize::MAX - t + k).collect();
         tr
+    }
+
+    /// Routing at every layer, 8 experts per token of 4_000_000_000 (the
+    /// widest ids), every float at its widest, compared under a policy.
+    fn worst_routing(l: usize, t: usize) -> RoutingTrace {
+        let k = 8;
+        let experts = (0..l * t)
+            .flat_map(|_| (0..k).map(|j| 3_999_999_999 - j as u32))
+            .collect();
+        RoutingTrace {
+            num_experts: 4_000_000_000,
+            top_k: k,
+            layers: (0..l).collect(),
+            entropy: Tensor2::filled([l, t], WIDE),
+            experts,
+            overlap: Some(RoutingOverlap {
+                policy: "speed:3+bos+heads:\u{1}\"dir/heads.json".into(),
+                overlap: Tensor2::filled([l, t], WIDE),
+            }),
+        }
     }
 
     /// (prompt length, prompt token strings kept, layers, heads, steps,

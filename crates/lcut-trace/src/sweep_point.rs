@@ -36,6 +36,12 @@ pub struct SweepPoint {
     /// (shards' points merge weighted by it); `None` in reports written
     /// before it was recorded.
     pub tokens: Option<usize>,
+    /// On a mixture-of-experts model, the mean top-k overlap of the decode
+    /// tokens' routing under the policy with the full model's on the same
+    /// tokens (`|chosen_policy ∩ chosen_full| / k`, over every sparse layer
+    /// and scored token; 1: the same experts decode); `None` for a dense
+    /// model and in reports written before it was recorded.
+    pub routing_overlap: Option<f32>,
 }
 
 /// The SPEED policy at `l_cut` layers keeping `anchors`: what a sweep point
@@ -125,6 +131,8 @@ struct SweepPointWire {
     prefill_ratio: f32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     tokens: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    routing_overlap: Option<f32>,
 }
 
 /// The policy of a point read from JSON: `policy` when given, otherwise SPEED
@@ -163,6 +171,7 @@ impl TryFrom<SweepPointWire> for SweepPoint {
             prefill_flops: w.prefill_flops,
             prefill_ratio: w.prefill_ratio,
             tokens: w.tokens,
+            routing_overlap: w.routing_overlap.filter(|x| x.is_finite()),
         })
     }
 }
@@ -182,6 +191,7 @@ impl From<SweepPoint> for SweepPointWire {
             prefill_flops: p.prefill_flops,
             prefill_ratio: p.prefill_ratio,
             tokens: p.tokens,
+            routing_overlap: p.routing_overlap.filter(|x| x.is_finite()),
         }
     }
 }
@@ -206,6 +216,7 @@ mod tests {
             prefill_flops: 1e12,
             prefill_ratio: 0.75,
             tokens: Some(12),
+            routing_overlap: None,
         }
     }
 
@@ -225,6 +236,7 @@ mod tests {
         assert_eq!((bos.l_cut(), bos.keeps_bos()), (Some(22), true));
         assert_eq!((bos.kv_bytes, bos.nll), (1024, 1.5));
         assert_eq!(bos.tokens, None, "old points have no token count");
+        assert_eq!(bos.routing_overlap, None, "nor a routing overlap");
         assert!(bos.mean_kl.is_nan());
 
         let none = parse(&format!(
@@ -245,6 +257,16 @@ mod tests {
         assert_eq!(v["anchors"], "bos");
         assert!(v["mean_kl"].is_null());
         assert_eq!(v["tokens"], 12);
+        assert!(
+            v.get("routing_overlap").is_none(),
+            "a dense point writes none"
+        );
+        let mut moe = point(speed_policy(2, Anchors::Bos));
+        moe.routing_overlap = Some(0.75);
+        moe.mean_kl = 0.5; // NaN would not equal itself
+        let json = serde_json::to_string(&moe).unwrap();
+        assert!(json.contains("\"routing_overlap\":0.75"), "{json}");
+        assert_eq!(parse(&json).unwrap(), moe);
 
         let none = serde_json::to_value(point(speed_policy(3, Anchors::None))).unwrap();
         assert_eq!(

@@ -8,6 +8,7 @@ use crate::error::TraceError;
 use crate::floats::Series;
 use crate::knockout::KnockoutTrace;
 use crate::lens::LensTrace;
+use crate::routing::RoutingTrace;
 use crate::tensor::{Tensor2, Tensor3};
 
 /// Where a prompt's phases begin, given when a trace is created.
@@ -98,6 +99,11 @@ pub struct PromptTrace {
     /// full model's continuation, when the run measured it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub knockout: Option<KnockoutTrace>,
+    /// How a mixture-of-experts model routed each decode step at its sparse
+    /// layers; absent for a dense model (and in reports written before
+    /// routing was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing: Option<RoutingTrace>,
 }
 
 /// `raw / ln(n_prefill)`: entropy normalised to `[0, 1]`; NaN when fewer than two
@@ -148,6 +154,7 @@ impl PromptTrace {
             curvature_generated: Series::nan(num_layers + 1),
             lens: None,
             knockout: None,
+            routing: None,
         }
     }
 
@@ -313,6 +320,9 @@ impl PromptTrace {
         }
         if let Some(knockout) = &self.knockout {
             knockout.check(l)?;
+        }
+        if let Some(routing) = &self.routing {
+            routing.check(l, t)?;
         }
         Ok(())
     }

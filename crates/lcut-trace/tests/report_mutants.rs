@@ -16,9 +16,9 @@ use lcut_testkit::rand::{Rng, SeedableRng};
 use lcut_testkit::{MutantRun, json_mutants, mutant_count};
 use lcut_trace::{
     CutoffAccuracy, LayerCurves, LensTrace, ModelIdentity, PolicyPoint, PromptTrace,
-    Recommendation, Report, RunSettings, SCHEMA_VERSION, Series, Sweep, SweepPoint, Tensor2,
-    Tensor3, Thresholds, TraceError, TraceHeader, read_json, read_report_json, speed_policy,
-    write_report_json,
+    Recommendation, Report, RoutingCurves, RoutingOverlap, RoutingTrace, RunSettings,
+    SCHEMA_VERSION, Series, Sweep, SweepPoint, Tensor2, Tensor3, Thresholds, TraceError,
+    TraceHeader, read_json, read_report_json, speed_policy, write_report_json,
 };
 
 #[global_allocator]
@@ -82,8 +82,68 @@ fn lens_series(rng: &mut StdRng, n: usize) -> Series {
     }
 }
 
-/// A random valid trace of `l` layers and `h` heads.
-fn trace(rng: &mut StdRng, index: usize, l: usize, h: usize) -> PromptTrace {
+/// A share in `[0, 1]`, or NaN.
+fn unit(rng: &mut StdRng) -> f32 {
+    if rng.random_bool(0.1) {
+        f32::NAN
+    } else {
+        rng.random()
+    }
+}
+
+fn units(rng: &mut StdRng, shape: [usize; 2]) -> Tensor2 {
+    let data = (0..shape[0] * shape[1]).map(|_| unit(rng)).collect();
+    Tensor2::new(shape, data).expect("shape")
+}
+
+/// How a random mixture-of-experts model of `l` layers routes: experts,
+/// top-k, its sparse layers and the policy compared, if any.
+struct Moe {
+    experts: usize,
+    top_k: usize,
+    layers: Vec<usize>,
+    policy: Option<String>,
+}
+
+fn moe(rng: &mut StdRng, l: usize) -> Option<Moe> {
+    rng.random_bool(0.4).then(|| {
+        let experts = rng.random_range(1..9);
+        Moe {
+            experts,
+            top_k: rng.random_range(1..=experts),
+            layers: (0..l).filter(|_| rng.random_bool(0.7)).collect(),
+            policy: rng.random_bool(0.5).then(|| text(rng)),
+        }
+    })
+}
+
+/// A random valid routing of `steps` decode steps under `m`.
+fn routing(rng: &mut StdRng, m: &Moe, steps: usize) -> RoutingTrace {
+    let n = m.layers.len();
+    let mut experts = Vec::new();
+    for _ in 0..n * steps {
+        let mut all: Vec<u32> = (0..m.experts as u32).collect();
+        for i in 0..m.top_k {
+            let j = rng.random_range(i..all.len());
+            all.swap(i, j);
+        }
+        experts.extend_from_slice(&all[..m.top_k]);
+    }
+    RoutingTrace {
+        num_experts: m.experts,
+        top_k: m.top_k,
+        layers: m.layers.clone(),
+        entropy: units(rng, [n, steps]),
+        experts,
+        overlap: m.policy.as_ref().map(|p| RoutingOverlap {
+            policy: p.clone(),
+            overlap: units(rng, [n, steps]),
+        }),
+    }
+}
+
+/// A random valid trace of `l` layers and `h` heads, routed as `m` says.
+fn trace(rng: &mut StdRng, index: usize, l: usize, h: usize, m: Option<&Moe>) -> PromptTrace {
     let prompt_len = rng.random_range(2..40);
     let decode_start = rng.random_range(1..prompt_len);
     let header = TraceHeader {
@@ -128,6 +188,7 @@ fn trace(rng: &mut StdRng, index: usize, l: usize, h: usize) -> PromptTrace {
         lens.top_ids = (0..(l + 1) * steps).map(|_| rng.random()).collect();
         t.lens = Some(lens);
     }
+    t.routing = m.map(|m| routing(rng, m, steps));
     t
 }
 
@@ -135,10 +196,11 @@ fn trace(rng: &mut StdRng, index: usize, l: usize, h: usize) -> PromptTrace {
 fn report(rng: &mut StdRng) -> Report {
     let (l, h) = (rng.random_range(1..6), rng.random_range(1..4));
     let mut index = 0;
+    let moe = moe(rng, l);
     let traces = (0..rng.random_range(0..3))
         .map(|_| {
             index += rng.random_range(1..4);
-            trace(rng, index, l, h)
+            trace(rng, index, l, h, moe.as_ref())
         })
         .collect();
     let steps = rng.random_range(0..6);
@@ -166,6 +228,19 @@ fn report(rng: &mut StdRng) -> Report {
         knockout_top1: lens_series(rng, l),
         prefill_by_head: tensor2(rng, [l, h]),
         prefill_by_step: tensor2(rng, [l, steps]),
+        routing: moe.as_ref().map(|m| RoutingCurves {
+            num_experts: m.experts,
+            top_k: m.top_k,
+            sparse_layers: m.layers.clone(),
+            tokens: rng.random_range(0..100),
+            entropy: series(rng, l),
+            load: tensor2(rng, [l, m.experts]),
+            overlap: match m.policy {
+                Some(_) => series(rng, l),
+                None => Series::default(),
+            },
+            policy: m.policy.clone(),
+        }),
     };
     let vote = |rng: &mut StdRng| rng.random_bool(0.7).then(|| rng.random_range(0..=l));
     let recommendation = Recommendation {
@@ -192,6 +267,7 @@ fn report(rng: &mut StdRng) -> Report {
                 prefill_flops: rng.random::<f64>() * 1e15,
                 prefill_ratio: float(rng),
                 tokens: rng.random_bool(0.5).then(|| rng.random_range(0..100)),
+                routing_overlap: moe.as_ref().map(|_| rng.random()),
             })
             .collect(),
         knee: vote(rng),
@@ -358,7 +434,14 @@ fn mutated_reports_never_panic() {
 #[test]
 fn mutated_traces_never_panic() {
     let mut rng = StdRng::seed_from_u64(SEED + 2);
-    let seed = serde_json::to_vec(&trace(&mut rng, 3, 3, 2)).expect("JSON");
+    // a routed trace: its routing's fields are mutated too
+    let m = Moe {
+        experts: 4,
+        top_k: 2,
+        layers: vec![0, 2],
+        policy: Some("speed:2+bos".into()),
+    };
+    let seed = serde_json::to_vec(&trace(&mut rng, 3, 3, 2, Some(&m))).expect("JSON");
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("trace.json");
     let count = mutant_count(DEFAULT_MUTANTS);

@@ -212,6 +212,7 @@ fn speed_point(
         prefill_flops: flops,
         prefill_ratio: (flops / flops_full.max(1.0)) as f32,
         tokens: Some(t.tokens),
+        routing_overlap: None,
     }
 }
 
