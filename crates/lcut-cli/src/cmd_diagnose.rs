@@ -97,6 +97,13 @@ pub struct DiagnoseArgs {
     /// Layers per knockout band (1: one layer at a time).
     #[arg(long, default_value_t = 1, requires = "knockout")]
     pub knockout_band: usize,
+    /// On a mixture-of-experts model, after the run, compare the decode
+    /// tokens' routing under this policy (e.g. speed:2+bos) with the full
+    /// model's, both teacher-forced on the run's tokens: the top-k overlap
+    /// per layer, in the report beside the router's entropy and the
+    /// experts' load (two more passes per prompt).
+    #[arg(long)]
+    pub routing_policy: Option<lcut_policy::PolicySpec>,
 }
 
 /// The file `--save-lens-logits` writes in the output folder.
@@ -237,6 +244,7 @@ pub fn options(args: &DiagnoseArgs, prompts_file: Option<String>) -> Result<Diag
             .save_lens_logits
             .then(|| args.out.join(LENS_LOGITS_FILE)),
         knockout: args.knockout.then_some(args.knockout_band),
+        routing_policy: args.routing_policy,
     })
 }
 

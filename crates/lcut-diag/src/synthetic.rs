@@ -42,6 +42,7 @@ pub fn synthetic_settings() -> RunSettings {
         chat_template_used: true,
         max_prompt_bins: 16,
         policy: None,
+        routing_policy: None,
     }
 }
 

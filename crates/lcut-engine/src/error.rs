@@ -192,6 +192,26 @@ pub enum EngineError {
         /// The token the trace holds.
         traced: u32,
     },
+    /// A decode token's routing is missing at a layer of experts.
+    #[error(
+        "no routing was recorded at layer {layer} for position {position}: a decode token \
+         must be routed at every layer of experts"
+    )]
+    MissingRouting {
+        /// The layer of experts.
+        layer: usize,
+        /// The token's position.
+        position: usize,
+    },
+    /// Routing was asked of a model without experts, or of a run that
+    /// cannot compare it.
+    #[error("comparing routing under {policy}: {reason}")]
+    RoutingComparison {
+        /// The policy whose routing was to be compared.
+        policy: String,
+        /// Why it cannot be, in plain words.
+        reason: String,
+    },
     /// The logit lens's logits could not be written.
     #[error("lens logits file {path}: {reason}")]
     LensLogits {

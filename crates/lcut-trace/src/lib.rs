@@ -63,7 +63,7 @@ pub use report::{
 };
 pub use routing::{RoutingCurves, RoutingOverlap, RoutingTrace};
 pub use settings::{RunSettings, Thresholds};
-pub use size::{trace_memory_bound, trace_size_bound};
+pub use size::{routing_memory_bound, routing_size_bound, trace_memory_bound, trace_size_bound};
 pub use sweep_point::{SweepPoint, anchors_label, speed_policy};
 pub use tensor::{Tensor2, Tensor3};
 pub use trace::{PromptTrace, TraceHeader, normalised_entropy};

@@ -61,6 +61,11 @@ pub struct RunSettings {
     /// full model (the diagnostics' usual run).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<String>,
+    /// The policy whose routing a mixture-of-experts run compared with the
+    /// full model's on its own tokens, resolved; absent when none was (a
+    /// dense model, or a run that named none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing_policy: Option<String>,
 }
 
 impl RunSettings {

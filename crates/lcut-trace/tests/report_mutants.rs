@@ -346,6 +346,7 @@ fn report(rng: &mut StdRng) -> Report {
             chat_template_used: rng.random(),
             max_prompt_bins: rng.random_range(2..64),
             policy: rng.random_bool(0.3).then(|| text(rng)),
+            routing_policy: moe.as_ref().and_then(|m| m.policy.clone()),
         },
         traces,
         curves,

@@ -12,6 +12,7 @@
 //! probe  <= 8·L·P + L·(T+1)·(320 + 24·H) + (L+1)·(16·(P+T) + 64·d + 1024·(P/C + T + 1)) + 32·C·d
 //! lens   <= 16·min(max(2^20, V), (L+1)·V) + 12·V + 8·(L+1)·d + 96·(L+1)·(T+1)   (+ 8·(L+1)·V kept)
 //! trace  <= 24·L·T·H + 4·L·B + 8·(B+1) + 8·(L+1) + 20·(L+1)·T + 12·T + 24·N + S + 1280
+//! routing <= 2·R·(T+1)·(128 + 8·k)     (probe; R layers of experts, k per token)
 //! ```
 //!
 //! (probe: the per-layer attention sums over prompt positions, the
@@ -21,7 +22,10 @@
 //! logits with its temporaries ([`lcut_model::lens::lens_buffer_bound`]),
 //! a step's hidden states at every site and its per-step records, and with
 //! `--save-lens-logits` the step's logits; trace:
-//! [`lcut_trace::trace_memory_bound`], N strings of S bytes in all.)
+//! [`lcut_trace::trace_memory_bound`], N strings of S bytes in all, and for
+//! a mixture-of-experts model [`lcut_trace::routing_memory_bound`]; routing:
+//! a routed row's entropy, experts and map entry, for the run and, when it
+//! compares a policy, the full model beside it.)
 //! Nothing is L x H x P x T, nor L x V x T: attention rows are reduced to
 //! per-head masses and per-position sums, lens logits to four numbers per
 //! layer, as they are computed.
@@ -29,7 +33,9 @@
 use candle_core::DType;
 use lcut_model::ModelConfig;
 use lcut_model::memory::{MemoryEstimate, estimate};
-use lcut_trace::{bin_edges, trace_memory_bound, trace_size_bound};
+use lcut_trace::{
+    bin_edges, routing_memory_bound, routing_size_bound, trace_memory_bound, trace_size_bound,
+};
 
 use super::DiagnoseOptions;
 
@@ -62,6 +68,22 @@ pub fn lens_bound(cfg: &ModelConfig, steps: usize, opts: &DiagnoseOptions) -> u6
         + (8 * sites * d + 96 * sites * (steps + 1)) as u64
 }
 
+/// Bytes assumed for the name of the policy a run compares routing under.
+const POLICY_NAME_BYTES: usize = 256;
+
+/// Layers of experts and experts per token of a mixture-of-experts model
+/// (`None` for a dense one).
+fn routed_shape(cfg: &ModelConfig) -> Option<(usize, usize)> {
+    let e = cfg.experts?;
+    Some((cfg.sparse_layers.iter().filter(|&&s| s).count(), e.top_k))
+}
+
+/// Upper bound on the routing probes' rows for `steps` decode steps (the
+/// formula above), 0 for a dense model.
+pub fn routing_probe_bound(cfg: &ModelConfig, steps: usize) -> u64 {
+    routed_shape(cfg).map_or(0, |(r, k)| (2 * r * (steps + 1) * (128 + 8 * k)) as u64)
+}
+
 /// Upper bound on one prompt's trace in memory and on its JSON text.
 fn trace_bounds(cfg: &ModelConfig, prompt_len: usize, opts: &DiagnoseOptions) -> (u64, u64) {
     let (l, h, t) = (cfg.num_layers, cfg.num_heads, opts.max_new_tokens);
@@ -70,9 +92,15 @@ fn trace_bounds(cfg: &ModelConfig, prompt_len: usize, opts: &DiagnoseOptions) ->
         .saturating_sub(1);
     let strings = prompt_len + t + 1;
     let text = strings * TOKEN_TEXT_BYTES;
+    let (routing_held, routing_json) = routed_shape(cfg).map_or((0, 0), |(r, k)| {
+        (
+            routing_memory_bound(r, t, k, POLICY_NAME_BYTES),
+            routing_size_bound(r, t, k, POLICY_NAME_BYTES),
+        )
+    });
     (
-        trace_memory_bound(l, h, t, bins, text, strings) as u64,
-        trace_size_bound(l, h, t, bins, text, strings) as u64,
+        (trace_memory_bound(l, h, t, bins, text, strings) + routing_held) as u64,
+        (trace_size_bound(l, h, t, bins, text, strings) + routing_json) as u64,
     )
 }
 
@@ -100,6 +128,7 @@ pub fn diagnose_memory(
     // about one more copy of the masses
     let records = probe_buffer_bound(cfg, longest, opts.max_new_tokens, chunk)
         + lens_bound(cfg, opts.max_new_tokens, opts)
+        + routing_probe_bound(cfg, opts.max_new_tokens)
         + 2 * traces
         + 2 * json
         + (1 << 16);

@@ -3,7 +3,10 @@
 //! The run is at full depth; under another policy (`DiagnoseOptions::policy`)
 //! the same probe records what decode attends to under that policy (the
 //! paper's decode-time attention under SPEED+BoS): at a layer where a
-//! policy drops the prompt, its mass and map show what is left.
+//! policy drops the prompt, its mass and map show what is left. On a
+//! mixture-of-experts model the probe also records how each decode step
+//! routes, and a policy's routing is compared with the full model's on the
+//! run's own tokens (`DiagnoseOptions::routing_policy`, or the run's policy).
 
 mod attention_row;
 mod curvature;
@@ -14,6 +17,7 @@ mod policy_axis;
 mod probe;
 mod prompts;
 mod quality;
+mod routing;
 mod sweep;
 mod teacher;
 mod trace_run;
@@ -30,6 +34,7 @@ pub use lens_file::LensLogitsFile;
 pub use policy_axis::{AxisPolicy, equal_kv_pairs, predicted_prefill_flops_ratio};
 pub use probe::DiagnosticProbe;
 pub use prompts::{BUNDLED_PROMPTS, PromptSpec, read_prompt_set, shard_indices};
+pub use routing::{RoutingProbe, WithRouting, decode_step_positions, routing_overlap_of};
 pub use sweep::{SweepOptions, sweep};
 pub(crate) use teacher::{ForcedQuality, ForcedScore, forced_quality};
 pub use trace_run::{PromptProgress, TracedRun, trace_prompt, trace_prompt_under};
@@ -66,6 +71,13 @@ pub struct DiagnoseOptions {
     /// this many layers, teacher-forced on the full model's continuation
     /// (one pass per band and prompt); off when absent.
     pub knockout: Option<usize>,
+    /// On a mixture-of-experts model, after the greedy runs, compare the
+    /// decode tokens' routing under this policy with the full model's,
+    /// both teacher-forced on the run's tokens (top-k overlap per layer;
+    /// two more passes per prompt). A run under `policy` compares that
+    /// policy without it; naming both, or naming this for a model without
+    /// experts, is refused.
+    pub routing_policy: Option<PolicySpec>,
 }
 
 impl Default for DiagnoseOptions {
@@ -81,6 +93,7 @@ impl Default for DiagnoseOptions {
             lens: false,
             lens_logits: None,
             knockout: None,
+            routing_policy: None,
         }
     }
 }
@@ -236,6 +249,7 @@ pub fn diagnose_prepared(
     if let Some(band) = opts.knockout {
         knockout_policies(session.model.config().num_layers, band)?;
     }
+    let compared = routing_comparison(session, opts)?;
     let mut traces = Vec::with_capacity(total);
     let mut lens_file = match (&opts.lens_logits, opts.lens) {
         (Some(path), true) => Some(open_lens_file(session, path, total)?),
@@ -292,9 +306,13 @@ pub fn diagnose_prepared(
             on_event,
         )?;
     }
+    if let Some(policy) = compared {
+        add_routing_overlap(session, prompts, policy, &mut traces, on_event)?;
+    }
     let policy = run_policy(opts, session.model.config().num_layers)?;
     let settings = RunSettings {
         policy: (!policy.is_full_depth()).then(|| policy.to_string()),
+        routing_policy: compared.map(|p| p.to_string()),
         max_new_tokens: opts.max_new_tokens,
         prompts_file: opts.prompts_file.clone(),
         shard: opts.shard,
@@ -337,6 +355,63 @@ fn add_knockout(
             i,
             on_event,
         )?);
+        tell(on_event, &DiagnoseEvent::PromptDone { index: i, total })?;
+    }
+    Ok(())
+}
+
+/// The policy whose routing a run compares with the full model's: the one
+/// `opts.routing_policy` names (the run at full depth) or the run's own
+/// policy; `None` for a run at full depth that names none, and for a run
+/// under a policy on a model without experts. Naming a policy to compare on
+/// a model without experts, or beside a run's own policy, is refused.
+fn routing_comparison(session: &Session, opts: &DiagnoseOptions) -> Result<Option<Policy>> {
+    let run = run_policy(opts, session.model.config().num_layers)?;
+    let moe = session.model.config().experts.is_some();
+    match (&opts.routing_policy, run.is_full_depth()) {
+        (None, true) => Ok(None),
+        (None, false) => Ok(moe.then_some(run)),
+        (Some(spec), _) if !moe => Err(EngineError::RoutingComparison {
+            policy: spec.to_string(),
+            reason: "the model has no experts: only a mixture-of-experts model routes its tokens"
+                .to_string(),
+        }),
+        (Some(spec), true) => Ok(Some(session.resolve_policy(spec)?)),
+        (Some(spec), false) => Err(EngineError::RoutingComparison {
+            policy: spec.to_string(),
+            reason: format!(
+                "the run is under {run}, whose own routing is compared with the full model's; \
+                 name one policy"
+            ),
+        }),
+    }
+}
+
+/// Compare every prompt's routing under `policy` with the full model's,
+/// teacher-forced on the trace's own tokens, into its trace (a second pass
+/// over the prompt set, `on_event` told of each prompt again).
+fn add_routing_overlap(
+    session: &Session,
+    prompts: &[LabelledPrompt],
+    policy: Policy,
+    traces: &mut [lcut_trace::PromptTrace],
+    on_event: &mut dyn FnMut(&DiagnoseEvent) -> bool,
+) -> Result<()> {
+    let total = prompts.len();
+    let chunk = crate::GenerationConfig::default().prefill_chunk;
+    for (i, (lp, trace)) in prompts.iter().zip(traces.iter_mut()).enumerate() {
+        tell(
+            on_event,
+            &DiagnoseEvent::PromptStarted {
+                index: i,
+                total,
+                id: format!("routing {}", lp.id),
+            },
+        )?;
+        let overlap = routing_overlap_of(session, &lp.prompt, &trace.generated_ids, policy, chunk)?;
+        if let Some(routing) = trace.routing.as_mut() {
+            routing.overlap = overlap;
+        }
         tell(on_event, &DiagnoseEvent::PromptDone { index: i, total })?;
     }
     Ok(())

@@ -7,7 +7,7 @@
 use candle_core::Tensor;
 use lcut_diag::{FlopShape, policy_prefill_flops};
 use lcut_model::probes::PromptMassProbe;
-use lcut_model::{Decoder, LogitRows, Sequence};
+use lcut_model::{Decoder, LogitRows, Probe, Sequence};
 use lcut_policy::{
     Budget, CutSpec, KvCost, Phase, Policy, PolicySpec, SlimOptions, SlimSelection, SlimSpec,
 };
@@ -165,7 +165,7 @@ pub(super) fn measure(
         return Ok(());
     }
     let mut seq = prefill_prefix(model, prompt, policy, continuation.len(), chunk)?;
-    let logits = forced_logits(model, &mut seq, prompt, continuation)?;
+    let logits = forced_logits(model, &mut seq, prompt, continuation, None)?;
     add_forced(
         model,
         &seq,
@@ -220,21 +220,22 @@ pub(crate) fn add_scored(
 
 /// From `seq` at `prompt`'s decode start, feed the decode-phase prompt
 /// tokens and `continuation` but its last token one at a time: the logits
-/// [n, V] of the rows that predict it.
-fn forced_logits(
+/// [n, V] of the rows that predict it; `probe`, when given, sees every pass.
+pub(super) fn forced_logits(
     model: &Decoder,
     seq: &mut Sequence,
     prompt: &PreparedPrompt,
     continuation: &[u32],
+    mut probe: Option<&mut dyn Probe>,
 ) -> Result<Tensor> {
     let s = prompt.decode_start;
     let mut rows = Vec::with_capacity(continuation.len());
-    let first = model.forward(seq, &prompt.ids[s..], LogitRows::Last, None)?;
+    let first = model.forward(seq, &prompt.ids[s..], LogitRows::Last, probe.as_deref_mut())?;
     rows.push(first.logits.ok_or(EngineError::MissingLogits {
         position: prompt.len() - 1,
     })?);
     for &token in &continuation[..continuation.len().saturating_sub(1)] {
-        let out = model.forward(seq, &[token], LogitRows::Last, None)?;
+        let out = model.forward(seq, &[token], LogitRows::Last, probe.as_deref_mut())?;
         rows.push(out.logits.ok_or(EngineError::MissingLogits {
             position: seq.len() - 1,
         })?);

@@ -1,14 +1,18 @@
 //! The diagnostic probe: phase masses and prefill entropy per decode step,
 //! attention onto binned prompt positions, per-layer curvature of the
-//! prompt and generated spans and, when asked, the logit lens of every
-//! decode step, all reduced as they are computed.
+//! prompt and generated spans, on a mixture-of-experts model the routing of
+//! every decode step and, when asked, the logit lens of every decode step,
+//! all reduced as they are computed.
 
 use candle_core::{DType, Tensor};
 use lcut_model::probes::{PhaseMassProbe, QueryMasses};
-use lcut_model::{AttentionView, LensProbe, LensRecord, ModelError, Probe, ResidualSite};
+use lcut_model::{
+    AttentionView, LensProbe, LensRecord, ModelError, Probe, ResidualSite, RoutingView,
+};
 use lcut_policy::TokenPhases;
 
 use super::curvature::DeviceCurvature;
+use super::routing::RoutingProbe;
 
 type ProbeResult<T> = std::result::Result<T, ModelError>;
 
@@ -16,6 +20,7 @@ type ProbeResult<T> = std::result::Result<T, ModelError>;
 pub struct DiagnosticProbe<'m> {
     masses: PhaseMassProbe,
     lens: Option<LensProbe<'m>>,
+    routing: Option<RoutingProbe>,
     first_step: usize,
     prompt_len: usize,
     anchor_len: usize,
@@ -33,6 +38,7 @@ impl<'m> DiagnosticProbe<'m> {
         Self {
             masses: PhaseMassProbe::new(phases).starting_at(first_step),
             lens: None,
+            routing: None,
             first_step,
             prompt_len,
             anchor_len: phases.anchor_len(),
@@ -47,6 +53,18 @@ impl<'m> DiagnosticProbe<'m> {
     pub fn with_lens(mut self, lens: LensProbe<'m>) -> Self {
         self.lens = Some(lens);
         self
+    }
+
+    /// Also record the routing of every decode step (from the last prompt
+    /// token on) at each layer of experts.
+    pub fn with_routing(mut self) -> Self {
+        self.routing = Some(RoutingProbe::new(self.first_step));
+        self
+    }
+
+    /// The routing recorded so far, when the probe records it.
+    pub fn routing(&self) -> Option<&RoutingProbe> {
+        self.routing.as_ref()
     }
 
     /// The logit lens recorded so far, one record per decode step (none
@@ -114,6 +132,17 @@ impl Probe for DiagnosticProbe<'_> {
     fn on_attention(&mut self, view: AttentionView<'_>) -> ProbeResult<()> {
         self.masses.on_attention(view)?;
         self.accumulate_prompt_attention(&view)
+    }
+
+    fn wants_routing(&self, _layer: usize) -> bool {
+        self.routing.is_some()
+    }
+
+    fn on_routing(&mut self, view: RoutingView<'_>) -> ProbeResult<()> {
+        match self.routing.as_mut() {
+            Some(r) => r.on_routing(view),
+            None => Ok(()),
+        }
     }
 
     fn wants_residual(&self, _site: ResidualSite) -> bool {

@@ -1,11 +1,13 @@
 //! The empirical sweep: for each cutoff, SPEED teacher-forced on the full
-//! model's greedy continuation (top-1 agreement, KL, NLL), with KV bytes and
-//! prefill FLOPs at a chosen context length. One full prefill per prompt
+//! model's greedy continuation (top-1 agreement, KL, NLL and, on a
+//! mixture-of-experts model, the top-k overlap of its decode tokens'
+//! routing with the full model's), with KV bytes and prefill FLOPs at a
+//! chosen context length. One full prefill per prompt
 //! gives both the full model's continuation and the prefix every cutoff
 //! forks.
 
 use candle_core::Tensor;
-use lcut_diag::{FlopShape, finish_sweep, policy_prefill_flops};
+use lcut_diag::{FlopShape, OverlapTotals, finish_sweep, policy_prefill_flops};
 use lcut_model::probes::PromptMassProbe;
 use lcut_model::{Decoder, LogitRows, Probe, Sequence};
 use lcut_policy::{Anchors, KvCost, Policy, PolicyKind, TokenPhases};
@@ -13,9 +15,10 @@ use lcut_trace::{Sweep, SweepPoint, Thresholds};
 
 use super::policy_axis::{AxisPolicy, AxisTotals, measure};
 use super::quality::{Totals, score};
+use super::routing::{RoutingProbe, WithRouting, decode_step_positions};
 use super::{DiagnoseEvent, LabelledPrompt, model_identity, tell};
 use crate::error::{EngineError, Result};
-use crate::generate::{Generation, GenerationConfig};
+use crate::generate::{Generation, GenerationConfig, prefill_prefix};
 use crate::prompt::PreparedPrompt;
 use crate::session::Session;
 
@@ -130,24 +133,53 @@ pub(super) struct Forced {
 
 impl Forced {
     /// Prefill `prompt` (index `index` of the run) at full depth, generate
-    /// its continuation and take the full model's rows, with `mass` (when
-    /// given) recording where its decode queries read the prompt.
+    /// its continuation and take the full model's rows, with `probe` (when
+    /// given) seeing the pass of the decode-phase tokens (where its decode
+    /// queries read the prompt, how they route).
     pub(super) fn new(
         session: &Session,
         prompt: &PreparedPrompt,
         opts: &SweepOptions,
         index: usize,
-        mass: Option<&mut PromptMassProbe>,
+        probe: Option<&mut dyn Probe>,
         on_event: &mut dyn FnMut(&DiagnoseEvent) -> bool,
     ) -> Result<Self> {
         let (continuation, prefix) = full_continuation(session, prompt, opts, index, on_event)?;
+        Self::on_prefix(&session.model, prompt, continuation, prefix, probe)
+    }
+
+    /// [`Forced::new`] on a continuation already known (a diagnostic run's
+    /// greedy tokens): the prompt up to its decode start is prefilled at
+    /// full depth in chunks of `chunk`, nothing is generated.
+    pub(super) fn given(
+        session: &Session,
+        prompt: &PreparedPrompt,
+        continuation: Vec<u32>,
+        chunk: usize,
+        probe: Option<&mut dyn Probe>,
+    ) -> Result<Self> {
+        let model = &session.model;
+        let full = Policy::full(model.config().num_layers);
+        let prefix = prefill_prefix(model, prompt, full, continuation.len(), chunk)?;
+        Self::on_prefix(model, prompt, continuation, prefix, probe)
+    }
+
+    /// The full model's rows predicting `continuation`, its decode-phase
+    /// tokens run in one pass on a fork of `prefix` (the full-depth prompt
+    /// up to its decode start) with `probe` attached.
+    fn on_prefix(
+        model: &Decoder,
+        prompt: &PreparedPrompt,
+        continuation: Vec<u32>,
+        prefix: Sequence,
+        probe: Option<&mut dyn Probe>,
+    ) -> Result<Self> {
         let s = prompt.decode_start;
         let mut fed: Vec<u32> = prompt.ids[s..].to_vec();
         fed.extend_from_slice(&continuation[..continuation.len().saturating_sub(1)]);
         // rows of `fed` that predict the continuation: positions P-1 .. P+n-2
         let first_row = prompt.len() - 1 - s;
-        let probe = mass.map(|m| m as &mut dyn Probe);
-        let all = decode_logits(&session.model, prefix.fork()?, &fed, probe)?;
+        let all = decode_logits(model, prefix.fork()?, &fed, probe)?;
         let reference = all.narrow(0, first_row, continuation.len())?;
         Ok(Self {
             continuation,
@@ -172,8 +204,19 @@ impl Forced {
         prompt: &PreparedPrompt,
         policy: Policy,
     ) -> Result<Totals> {
+        self.restricted_with(model, prompt, policy, None)
+    }
+
+    /// [`Forced::restricted`] with `probe` seeing the decode-phase pass.
+    pub(super) fn restricted_with(
+        &self,
+        model: &Decoder,
+        prompt: &PreparedPrompt,
+        policy: Policy,
+        probe: Option<&mut dyn Probe>,
+    ) -> Result<Totals> {
         let seq = self.prefix.restricted(policy, prompt.phases(&policy)?)?;
-        let logits = self.rows(decode_logits(model, seq, &self.fed, None)?)?;
+        let logits = self.rows(decode_logits(model, seq, &self.fed, probe)?)?;
         score(&self.reference, &logits, &self.continuation)
     }
 }
@@ -225,6 +268,9 @@ struct SweepRun<'a> {
     /// The comparison axis, resolved.
     axis: Vec<Policy>,
     totals: Vec<Totals>,
+    /// Per SPEED point, its routing's top-k overlap with the full model's
+    /// (a mixture-of-experts model only).
+    overlaps: Vec<OverlapTotals>,
     axis_totals: Vec<AxisTotals>,
 }
 
@@ -251,16 +297,28 @@ impl SweepRun<'_> {
             )
         };
         let mut mass = PromptMassProbe::new(layers, prompt.decode_start);
-        let forced = Forced::new(
-            self.session,
-            prompt,
-            self.opts,
-            i,
-            (!self.axis.is_empty()).then_some(&mut mass),
-            on_event,
-        )?;
+        // on a mixture-of-experts model the full pass also records routing
+        let moe = model.config().experts.is_some();
+        let from = prompt.len() - 1;
+        let mut full_routing = RoutingProbe::new(from);
+        let mut with = WithRouting {
+            inner: (!self.axis.is_empty()).then_some(&mut mass as &mut dyn Probe),
+            routing: &mut full_routing,
+        };
+        let probe: Option<&mut dyn Probe> = match moe {
+            true => Some(&mut with),
+            false => with.inner.take(),
+        };
+        let forced = Forced::new(self.session, prompt, self.opts, i, probe, on_event)?;
+        let positions = decode_step_positions(prompt, forced.continuation.len());
+        let full = full_routing.trace(model.config(), &positions)?;
         for (k, policy) in self.policies.iter().enumerate() {
-            let t = forced.restricted(model, prompt, *policy)?;
+            let mut routing = RoutingProbe::new(from);
+            let probe = full.is_some().then_some(&mut routing as &mut dyn Probe);
+            let t = forced.restricted_with(model, prompt, *policy, probe)?;
+            if let (Some(full), Some(under)) = (&full, routing.trace(model.config(), &positions)?) {
+                self.overlaps[k].add(&lcut_diag::routing_overlap(&under, full)?);
+            }
             let acc = &mut self.totals[k];
             acc.agree += t.agree;
             acc.kl += t.kl;
@@ -306,6 +364,7 @@ pub fn sweep(
         session,
         opts,
         totals: vec![Totals::default(); policies.len()],
+        overlaps: vec![OverlapTotals::default(); policies.len()],
         axis_totals: vec![AxisTotals::default(); axis.len()],
         policies,
         axis,
@@ -330,7 +389,12 @@ pub fn sweep(
         .policies
         .iter()
         .zip(&run.totals)
-        .map(|(policy, t)| speed_point(policy, t, opts, &shape, &kv_shape))
+        .zip(&run.overlaps)
+        .map(|((policy, t), o)| {
+            let mut point = speed_point(policy, t, opts, &shape, &kv_shape);
+            point.routing_overlap = o.mean();
+            point
+        })
         .collect();
     let mut result = finish_sweep(opts.context_len, points, thresholds);
     result.policies = opts

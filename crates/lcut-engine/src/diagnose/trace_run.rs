@@ -1,6 +1,7 @@
 //! One prompt's greedy run with the diagnostic probe, turned into its
-//! trace: phase masses, the prompt map, curvature and, when asked, the
-//! logit lens of every decode step (and its logits, streamed to a file).
+//! trace: phase masses, the prompt map, curvature, a mixture-of-experts
+//! model's routing and, when asked, the logit lens of every decode step
+//! (and its logits, streamed to a file).
 
 use lcut_model::{Decoder, LensProbe, LensRecord};
 use lcut_policy::{Policy, TokenPhases};
@@ -81,6 +82,9 @@ impl TracedRun<'_> {
         }
         trace.generated_ids = ids;
         record_masses(&mut trace, &probe, n)?;
+        if let Some(routing) = probe.routing() {
+            trace.routing = routing.trace(cfg, &trace.query_positions)?;
+        }
         if self.opts.lens {
             trace.lens = Some(lens_trace(
                 probe.lens_records(),
@@ -116,6 +120,9 @@ impl TracedRun<'_> {
         let mut generation =
             traced_generation(self.model, prompt, self.policy, self.opts, self.stop_tokens)?;
         let mut probe = DiagnosticProbe::new(phases, prompt.len(), layers);
+        if self.model.config().experts.is_some() {
+            probe = probe.with_routing();
+        }
         if self.opts.lens {
             let lens = LensProbe::new(self.model, prompt.len() - 1);
             probe = probe.with_lens(match lens_file {
