@@ -258,6 +258,9 @@ pub fn print_summary(report: &Report) {
     if let Some(line) = lcut_report::knockout_sentence(report) {
         println!("{line}");
     }
+    if let Some(line) = lcut_report::routing_sentence(report) {
+        println!("{line}");
+    }
     print_candidate_votes(report);
     println!("recommended L_cut = {} of {}", r.l_cut, r.num_layers);
     if let Some(sweep) = &report.sweep {

@@ -259,6 +259,13 @@ pub fn run(args: &SweepArgs) -> Result<()> {
              pass --knockout to `lcut diagnose` for the curve over every layer"
         );
     }
+    if args.run.routing_policy.is_some() {
+        bail!(
+            "--routing-policy: a sweep measures the routing overlap of every cut it runs (on a \
+             mixture-of-experts model); pass --routing-policy to `lcut diagnose` for one policy's \
+             overlap per layer"
+        );
+    }
     let inputs = load_inputs(&args.run, &axis_kinds)?;
     let session = &inputs.session;
     let diag = options(&args.run, inputs.file.clone())?;
@@ -328,15 +335,23 @@ pub fn run(args: &SweepArgs) -> Result<()> {
     Ok(())
 }
 
-/// The sweep's points, its comparison axis and its suite accuracy.
+/// The sweep's points (with the routing overlap of a mixture-of-experts
+/// model's points), its comparison axis and its suite accuracy.
 fn print_sweep(sweep: &Sweep) {
+    let routed = sweep.points.iter().any(|p| p.routing_overlap.is_some());
+    let routing_head = if routed { "  routing" } else { "" };
     println!(
-        "{:>5} {:>7} {:>8} {:>9} {:>8} {:>8} {:>9}",
+        "{:>5} {:>7} {:>8} {:>9} {:>8} {:>8} {:>9}{routing_head}",
         "L_cut", "anchors", "top-1", "KL", "NLL", "KV x", "FLOPs x"
     );
     for p in &sweep.points {
+        let routing = match (routed, p.routing_overlap) {
+            (true, Some(o)) => format!(" {o:>8.3}"),
+            (true, None) => format!(" {:>8}", "-"),
+            (false, _) => String::new(),
+        };
         println!(
-            "{:>5} {:>7} {:>8.3} {:>9.4} {:>8.3} {:>8.3} {:>9.3}",
+            "{:>5} {:>7} {:>8.3} {:>9.4} {:>8.3} {:>8.3} {:>9.3}{routing}",
             p.cut_label(),
             p.anchors_label(),
             p.top1_agreement,
@@ -344,6 +359,12 @@ fn print_sweep(sweep: &Sweep) {
             p.nll,
             p.kv_ratio,
             p.prefill_ratio
+        );
+    }
+    if routed {
+        println!(
+            "routing: mean top-k overlap of the decode tokens' experts with the full model's \
+             (1 = the same experts decode)"
         );
     }
     print_axis(&sweep.policies);

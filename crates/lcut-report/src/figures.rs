@@ -378,6 +378,7 @@ pub fn figures(r: &Report, prompt: Option<usize>) -> Vec<Figure> {
         out.push(position_heatmap(r, t));
     }
     out.push(head_heatmap(r));
+    out.extend(crate::routing::load_heatmap(r));
     out.extend(
         metric_charts(r)
             .into_iter()
@@ -385,6 +386,7 @@ pub fn figures(r: &Report, prompt: Option<usize>) -> Vec<Figure> {
     );
     if let Some(s) = &r.sweep {
         out.push(sweep_curve(r, s));
+        out.extend(crate::routing::sweep_overlap_chart(r, s));
     }
     out
 }

@@ -7,6 +7,7 @@ use lcut_trace::Report;
 use crate::figures::figures;
 use crate::knockout::knockout_sentence;
 use crate::lens::{lens_prompt_table, report_formation_sentence};
+use crate::routing::routing_sentence;
 use crate::svg::{escape, num};
 use crate::tables::{
     Table, accuracy_table, expected_accuracy_line, layer_table, model_table, policy_axis_table,
@@ -84,6 +85,10 @@ pub fn render_html(r: &Report, opts: &HtmlOptions) -> String {
     }
     if let Some(line) = knockout_sentence(r) {
         out.push_str("<h2>Where the prompt matters</h2>");
+        let _ = write!(out, "<p>{}</p>", escape(&line));
+    }
+    if let Some(line) = routing_sentence(r) {
+        out.push_str("<h2>How the experts route</h2>");
         let _ = write!(out, "<p>{}</p>", escape(&line));
     }
     out.push_str("<h2>Figures</h2>");

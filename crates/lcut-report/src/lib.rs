@@ -23,6 +23,7 @@ mod lens;
 mod lines;
 mod markdown;
 mod paper;
+mod routing;
 mod svg;
 mod tables;
 
@@ -51,6 +52,7 @@ pub use paper::{
     CSV_DIR, FIGURES_DIR, PaperFigure, paper_figures, part_csv, render_paper_html,
     render_paper_markdown, standalone_svg, write_paper,
 };
+pub use routing::routing_sentence;
 pub use tables::expected_accuracy_line;
 
 /// An export format.
@@ -188,6 +190,43 @@ mod tests {
         no_sweep.sweep = None;
         let html = render(&no_sweep, Format::Html).unwrap();
         assert_eq!(html.matches("<svg").count(), n_fig - 1);
+    }
+
+    #[test]
+    fn a_moe_report_adds_the_load_heatmap_routing_lines_and_overlap_per_cut() {
+        let moe = lcut_diag::synthetic::synthetic_moe_report(4, 6, 3, true).unwrap();
+        let dense = report();
+        let (n_moe, n_dense) = (figures(&moe, None).len(), figures(&dense, None).len());
+        assert_eq!(
+            n_moe,
+            n_dense + 3,
+            "load heatmap, routing lines, overlap per cut"
+        );
+        let html = render(&moe, Format::Html).unwrap();
+        assert_eq!(html.matches("<svg").count(), n_moe);
+        for part in [
+            "How the experts route",
+            "Expert load by layer",
+            "Routing per layer",
+            "Routing overlap with the full model per cut",
+            "<th>routing overlap</th>",
+        ] {
+            assert!(html.contains(part), "{part}");
+        }
+        let md = render(&moe, Format::Md).unwrap();
+        assert!(md.contains("## How the experts route") && md.contains("| routing overlap |"));
+        let csv = render(&moe, Format::Csv).unwrap();
+        assert!(
+            csv.lines()
+                .next()
+                .unwrap()
+                .ends_with("routing_entropy,routing_overlap")
+        );
+        // the dense report says nothing of routing, its CSV cells stay empty
+        let html = render(&dense, Format::Html).unwrap();
+        assert!(!html.contains("How the experts route") && !html.contains("routing"));
+        let csv = render(&dense, Format::Csv).unwrap();
+        assert!(csv.lines().skip(1).all(|l| l.ends_with(",,")));
     }
 
     #[test]

@@ -6,6 +6,7 @@ use lcut_trace::Report;
 
 use crate::knockout::knockout_sentence;
 use crate::lens::{lens_prompt_table, report_formation_sentence};
+use crate::routing::routing_sentence;
 use crate::svg::num;
 use crate::tables::{
     Table, accuracy_table, expected_accuracy_line, layer_table, model_table, policy_axis_table,
@@ -65,6 +66,10 @@ pub fn render_markdown(r: &Report) -> String {
     }
     if let Some(line) = knockout_sentence(r) {
         out.push_str("## Where the prompt matters\n\n");
+        let _ = writeln!(out, "{line}\n");
+    }
+    if let Some(line) = routing_sentence(r) {
+        out.push_str("## How the experts route\n\n");
         let _ = writeln!(out, "{line}\n");
     }
     out.push_str("## Per-layer curves\n\n");

@@ -1,6 +1,6 @@
 //! The report's tables as rows of text, shared by the HTML and Markdown writers.
 
-use lcut_trace::{LAYER_METRICS, PromptTrace, Report, Sweep};
+use lcut_trace::{LAYER_METRICS, LayerCurves, LayerMetric, MetricAxis, PromptTrace, Report, Sweep};
 
 use crate::svg::num;
 
@@ -88,41 +88,59 @@ pub fn votes_table(r: &Report) -> Table {
     }
 }
 
+/// Whether the per-layer table shows `m`: every metric, but a
+/// mixture-of-experts model's routing only where the report has it (a
+/// dense model's table is as it always was).
+fn in_layer_table(m: &LayerMetric, c: &LayerCurves) -> bool {
+    m.axis != MetricAxis::Routing || m.present(c)
+}
+
 /// The per-layer curves, one row per layer, one column per entry of
-/// [`LAYER_METRICS`]; curvature is that of the layer's output.
+/// [`LAYER_METRICS`] (the routing's only for a model that routes);
+/// curvature is that of the layer's output.
 pub fn layer_table(r: &Report) -> Table {
     let c = &r.curves;
+    let shown: Vec<&LayerMetric> = LAYER_METRICS
+        .iter()
+        .filter(|m| in_layer_table(m, c))
+        .collect();
     let mut headers = strings(["layer"]);
-    headers.extend(LAYER_METRICS.iter().map(|m| m.label.to_string()));
+    headers.extend(shown.iter().map(|m| m.label.to_string()));
     let rows = (0..c.num_layers)
         .map(|l| {
             let mut row = vec![l.to_string()];
-            row.extend(LAYER_METRICS.iter().map(|m| num(m.row_value(c, l), 4)));
+            row.extend(shown.iter().map(|m| num(m.row_value(c, l), 4)));
             row
         })
         .collect();
     Table { headers, rows }
 }
 
-/// The sweep's points, sorted by anchors and cut.
+/// The sweep's points, sorted by anchors and cut; with a mixture-of-experts
+/// model's routing overlap per point when the sweep has it.
 pub fn sweep_table(s: &Sweep) -> Table {
     let mut pts: Vec<_> = s.points.iter().collect();
     pts.sort_by_cached_key(|p| (p.anchors_label(), p.l_cut()));
+    let routed = pts.iter().any(|p| p.routing_overlap.is_some());
+    let mut headers = strings([
+        "anchors",
+        "L_cut",
+        "top-1 agreement",
+        "mean KL",
+        "NLL",
+        "KV ratio",
+        "prefill FLOPs ratio",
+        "KV bytes",
+    ]);
+    if routed {
+        headers.push("routing overlap".to_string());
+    }
     Table {
-        headers: strings([
-            "anchors",
-            "L_cut",
-            "top-1 agreement",
-            "mean KL",
-            "NLL",
-            "KV ratio",
-            "prefill FLOPs ratio",
-            "KV bytes",
-        ]),
+        headers,
         rows: pts
             .iter()
             .map(|p| {
-                vec![
+                let mut row = vec![
                     p.anchors_label(),
                     p.cut_label(),
                     num(p.top1_agreement, 4),
@@ -131,7 +149,11 @@ pub fn sweep_table(s: &Sweep) -> Table {
                     num(p.kv_ratio, 4),
                     num(p.prefill_ratio, 4),
                     p.kv_bytes.to_string(),
-                ]
+                ];
+                if routed {
+                    row.push(num(p.routing_overlap.unwrap_or(f32::NAN), 4));
+                }
+                row
             })
             .collect(),
     }
@@ -386,9 +408,30 @@ mod tests {
             assert!(t.rows.iter().all(|row| row.len() == t.headers.len()));
         }
         assert_eq!(layer_table(&r).rows.len(), 5);
+        // a dense model's table: every metric but the routing
+        let mut labels = vec!["layer"];
+        labels.extend(
+            LAYER_METRICS
+                .iter()
+                .filter(|m| m.axis != MetricAxis::Routing)
+                .map(|m| m.label),
+        );
+        assert_eq!(layer_table(&r).headers, labels);
+        let moe = lcut_diag::synthetic::synthetic_moe_report(3, 5, 2, true).unwrap();
         let mut labels = vec!["layer"];
         labels.extend(LAYER_METRICS.iter().map(|m| m.label));
-        assert_eq!(layer_table(&r).headers, labels);
+        assert_eq!(layer_table(&moe).headers, labels);
+        let swept = sweep_table(moe.sweep.as_ref().unwrap());
+        assert!(
+            swept
+                .rows
+                .iter()
+                .all(|row| row.len() == swept.headers.len())
+        );
+        assert_eq!(
+            swept.headers.last().map(String::as_str),
+            Some("routing overlap")
+        );
         assert!(policy_axis_table(sweep).is_none() && recall_table(sweep).is_none());
         let mut with_axis = sweep.clone();
         with_axis.policies.push(lcut_trace::PolicyPoint {
