@@ -17,6 +17,9 @@
 //!   ratio), one line per family, from `lcut eval` results.
 //! - [`slim_data`], [`slim_views`]: a live SlimInfer run: positions that
 //!   exist per layer, score bars per cut, active sets and overlap per step.
+//! - [`routing_view`]: a mixture-of-experts model's routing: layer × expert
+//!   load, router entropy and a policy's overlap with the full model per
+//!   layer and per sweep cut (offered only for a model that routes).
 
 // Tests unwrap freely; the library itself is still linted (clippy builds both).
 #![cfg_attr(test, allow(clippy::unwrap_used))]
@@ -46,6 +49,7 @@ pub mod live;
 pub mod live_state;
 pub mod loaded;
 pub mod recommend_panel;
+pub mod routing_view;
 pub mod settings;
 pub mod slim_data;
 pub mod slim_views;

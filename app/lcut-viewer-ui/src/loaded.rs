@@ -21,6 +21,8 @@ pub struct HeatmapCaches {
     pub by_head: HeatmapCache,
     /// BoS column.
     pub bos: HeatmapCache,
+    /// Layer × expert load (a mixture-of-experts model's routing view).
+    pub routing_load: HeatmapCache,
 }
 
 /// A report and the data derived for the current selection.

@@ -24,15 +24,20 @@ pub enum Tab {
     Live,
     /// Accuracy against K/V held, one line per family, from eval results.
     Frontier,
+    /// How a mixture-of-experts model routes: expert load, router entropy
+    /// and a policy's overlap with the full model (offered only for a
+    /// report whose model routes).
+    Routing,
 }
 
 impl Tab {
     /// Every tab, in display order.
-    pub const ALL: [Tab; 7] = [
+    pub const ALL: [Tab; 8] = [
         Tab::Heatmaps,
         Tab::Curves,
         Tab::Recommendation,
         Tab::Sweep,
+        Tab::Routing,
         Tab::Heads,
         Tab::Live,
         Tab::Frontier,
@@ -48,6 +53,7 @@ impl Tab {
             Tab::Heads => "Heads",
             Tab::Live => "Live",
             Tab::Frontier => "Frontier",
+            Tab::Routing => "Routing",
         }
     }
 }

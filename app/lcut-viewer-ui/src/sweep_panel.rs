@@ -122,14 +122,16 @@ fn marks(pui: &mut PlotUi<'_>, sweep: &Sweep, axis: SweepAxis, chosen: usize) {
     }
 }
 
-/// The points as a table; clicking a row's cut chooses it.
+/// The points as a table (with a mixture-of-experts model's routing
+/// overlap per point); clicking a row's cut chooses it.
 fn show_table(ui: &mut Ui, sweep: &Sweep, l_cut: &mut usize) {
+    let routed = sweep.points.iter().any(|p| p.routing_overlap.is_some());
     ScrollArea::vertical()
         .id_salt("sweep_table")
         .show(ui, |ui| {
             egui::Grid::new("sweep_rows")
                 .striped(true)
-                .num_columns(7)
+                .num_columns(7 + usize::from(routed))
                 .show(ui, |ui| {
                     for h in [
                         "L_cut",
@@ -141,6 +143,9 @@ fn show_table(ui: &mut Ui, sweep: &Sweep, l_cut: &mut usize) {
                         "prefill ratio",
                     ] {
                         ui.strong(h);
+                    }
+                    if routed {
+                        ui.strong("routing overlap");
                     }
                     ui.end_row();
                     for p in &sweep.points {
@@ -158,6 +163,12 @@ fn show_table(ui: &mut Ui, sweep: &Sweep, l_cut: &mut usize) {
                         ui.label(format!("{:.3}", p.nll));
                         ui.label(format!("{:.3}", p.kv_ratio));
                         ui.label(format!("{:.3}", p.prefill_ratio));
+                        if routed {
+                            ui.label(
+                                p.routing_overlap
+                                    .map_or("–".to_string(), |o| format!("{o:.3}")),
+                            );
+                        }
                         ui.end_row();
                     }
                 });

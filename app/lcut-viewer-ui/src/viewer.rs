@@ -15,6 +15,7 @@ use crate::heads_view::show_heads;
 use crate::heatmap_view::show_heatmaps;
 use crate::live::show_live;
 use crate::recommend_panel::{show_recommendation, show_votes};
+use crate::routing_view::{has_routing, show_routing};
 use crate::slim_views::show_slim_views;
 use crate::state::{JobKind, Tab, ViewerState};
 use crate::sweep_panel::{SweepRunning, show_sweep};
@@ -82,10 +83,21 @@ fn show_empty(ui: &mut Ui) {
     });
 }
 
+/// Whether tab `t` is offered: the routing view only for a report whose
+/// model routes (a mixture-of-experts model).
+fn offered(t: Tab, state: &ViewerState) -> bool {
+    t != Tab::Routing || state.loaded.as_ref().is_some_and(has_routing)
+}
+
 fn show_tabs(ui: &mut Ui, state: &mut ViewerState) {
+    if !offered(state.view.tab, state) {
+        state.view.tab = Tab::Heatmaps;
+    }
     ui.horizontal(|ui| {
         for t in Tab::ALL {
-            ui.selectable_value(&mut state.view.tab, t, t.label());
+            if offered(t, state) {
+                ui.selectable_value(&mut state.view.tab, t, t.label());
+            }
         }
     });
     ui.separator();
@@ -196,6 +208,7 @@ pub fn show_central(ui: &mut Ui, state: &mut ViewerState) {
                 &mut view.sweep_axis,
             );
         }
+        Tab::Routing => show_routing(ui, loaded, view),
         Tab::Heads | Tab::Live | Tab::Frontier => {}
     }
 }

@@ -54,7 +54,8 @@ struct Args {
     /// view, with SPEED+BoS at equal K/V); print a line when done.
     #[arg(long, requires = "kv_budget")]
     run_heads: bool,
-    /// The view to show first: heatmaps, curves, recommendation, sweep, heads, live or frontier.
+    /// The view to show first: heatmaps, curves, recommendation, sweep, routing (a
+    /// mixture-of-experts model's report), heads, live or frontier.
     #[arg(long, value_name = "NAME")]
     screenshot_view: Option<String>,
     /// Time N idle frames, then N frames drag-panning the prompt-position heatmap; print both, quit.
@@ -86,7 +87,7 @@ fn main() -> anyhow::Result<()> {
     let tab = match &args.screenshot_view {
         Some(name) => Some(parse_tab(name).ok_or_else(|| {
             anyhow!(
-                "--screenshot-view {name:?}: expected heatmaps, curves, recommendation, sweep, heads, live or frontier"
+                "--screenshot-view {name:?}: expected heatmaps, curves, recommendation, sweep, routing, heads, live or frontier"
             )
         })?),
         None => None,

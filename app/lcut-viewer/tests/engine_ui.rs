@@ -700,3 +700,50 @@ fn picked_heads_run_beside_full_on_the_engine() {
         "{error}"
     );
 }
+
+/// A mixture-of-experts model (the Qwen3-MoE reference case's Q8_0 GGUF,
+/// tokenizer inside) run in the window with its sweep: the Routing tab
+/// appears, with the expert load of every sparse layer and the sweep's
+/// routing overlap per cut.
+#[test]
+fn a_moe_model_run_in_the_window_shows_its_routing() {
+    let f = fixture();
+    let mut h = harness(&f);
+    let gguf = lcut_testkit::oracle_case("moe/qwen3moe-sparse").join("model.q8_0.gguf");
+    open_typed_model(&mut h, &gguf);
+    assert!(h.state().error.is_none(), "{:?}", h.state().error);
+    assert!(h.query_by_label("Routing").is_none(), "no report yet");
+    h.state_mut().inputs.prompts = PromptChoice::Typed;
+    h.state_mut().inputs.typed_prompt = "the cat sat on the mat".into();
+    h.state_mut().inputs.max_new_tokens = 4;
+    h.state_mut().inputs.with_sweep = true;
+    h.step();
+    h.get_by_label("Run diagnostics").click();
+    h.step();
+    step_until(&mut h, "the report and its sweep", |s| {
+        s.job.is_none()
+            && (s.error.is_some() || s.loaded.as_ref().is_some_and(|l| l.report.sweep.is_some()))
+    });
+    assert!(h.state().error.is_none(), "{:?}", h.state().error);
+    let report = h.state().loaded.as_ref().unwrap().report.clone();
+    let c = report
+        .curves
+        .routing
+        .clone()
+        .expect("a MoE run records routing");
+    assert_eq!((c.num_experts, c.top_k, c.sparse_layers.len()), (8, 3, 6));
+    let sweep = report.sweep.as_ref().unwrap();
+    assert!(sweep.points.iter().all(|p| p.routing_overlap.is_some()));
+    h.get_by_label("Routing").click();
+    h.run_steps(3);
+    assert!(
+        h.query_by_label_contains("Expert load, layer × expert")
+            .is_some()
+    );
+    assert!(
+        h.query_by_label_contains("Sweep: mean top-k overlap")
+            .is_some()
+    );
+    let cache = &h.state().loaded.as_ref().unwrap().caches.routing_load;
+    assert_eq!(cache.texture_size(), Some([8, 6]));
+}
