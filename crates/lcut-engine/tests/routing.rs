@@ -195,8 +195,8 @@ fn the_overlap_under_a_cut_is_transformers_routing_overlap() -> Result<()> {
             let overlap = routing_overlap_of(&s, &prompt, &generated, policy, 16)?
                 .context("no overlap on a MoE model")?;
             ensure!(overlap.policy == policy.to_string());
-            let mut row = 0;
-            for l in (0..cfg.num_layers).filter(|&l| cfg.sparse_layers[l]) {
+            let sparse = (0..cfg.num_layers).filter(|&l| cfg.sparse_layers[l]);
+            for (row, l) in sparse.enumerate() {
                 let full = experts(&format!("router.{l}.experts"))?;
                 let under = experts(&format!("router.{key}.{l}.experts"))?;
                 ensure!(under.len() == ids.len() - start, "{case} {key}: rows");
@@ -211,7 +211,6 @@ fn the_overlap_under_a_cut_is_transformers_routing_overlap() -> Result<()> {
                     checked += 1;
                     moved += usize::from(want < 1.0);
                 }
-                row += 1;
             }
         }
         // the cuts move some tokens to other experts: the comparison can fail

@@ -253,7 +253,9 @@ mod tests {
         let t = trace();
         t.check(3, 3).unwrap();
         assert_eq!(t.chosen(1, 2), &[1, 3]);
-        let cases: [(fn(&mut RoutingTrace), &str); 6] = [
+        // a way to break the trace, and what the message must name
+        type Breaker = fn(&mut RoutingTrace);
+        let cases: [(Breaker, &str); 6] = [
             (|t| t.top_k = 5, "top_k"),
             (|t| t.layers = vec![2, 0], "layers"),
             (|t| t.experts[3] = 4, "expert 4"),
