@@ -293,6 +293,28 @@ mod tests {
     }
 
     #[test]
+    fn shards_of_a_moe_run_merge_into_the_whole_run_s_routing() {
+        let whole = synthetic_moe_report(5, 4, 2, false).unwrap();
+        let shards: Vec<lcut_trace::Report> = (0..2)
+            .map(|i| {
+                let mut settings = whole.settings.clone();
+                settings.shard = Some((i, 2));
+                let mine = whole
+                    .traces
+                    .iter()
+                    .filter(|t| t.index % 2 == i)
+                    .cloned()
+                    .collect();
+                crate::build_report("synthetic", whole.model.clone(), settings, mine, None)
+                    .unwrap()
+            })
+            .collect();
+        assert_ne!(shards[0].curves.routing, whole.curves.routing);
+        let merged = crate::merge(shards).unwrap();
+        assert_eq!(merged.curves.routing, whole.curves.routing);
+    }
+
+    #[test]
     fn overlap_totals_pool_finite_values() {
         let mut t = OverlapTotals::default();
         assert_eq!(t.mean(), None);

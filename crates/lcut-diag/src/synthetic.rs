@@ -299,7 +299,10 @@ fn report_of(
     if moe {
         model.arch = "qwen3_moe".into();
     }
-    let settings = synthetic_settings();
+    let mut settings = synthetic_settings();
+    if moe {
+        settings.routing_policy = Some(compared.clone());
+    }
     let traces = (0..num_prompts)
         .map(|i| {
             let steps = 1 + (i * 5) % 8;
