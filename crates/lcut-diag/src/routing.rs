@@ -305,8 +305,7 @@ mod tests {
                     .filter(|t| t.index % 2 == i)
                     .cloned()
                     .collect();
-                crate::build_report("synthetic", whole.model.clone(), settings, mine, None)
-                    .unwrap()
+                crate::build_report("synthetic", whole.model.clone(), settings, mine, None).unwrap()
             })
             .collect();
         assert_ne!(shards[0].curves.routing, whole.curves.routing);
