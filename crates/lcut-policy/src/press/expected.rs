@@ -8,6 +8,8 @@
 //! `sink` positions (4) are always kept; each K/V head keeps its own
 //! highest-scoring others.
 
+use rayon::prelude::*;
+
 use super::PressParams;
 use super::math::{key, norm, softmax};
 use crate::visibility::PromptKv;
@@ -122,47 +124,50 @@ pub(super) fn scores(p: &PressParams, kv: &PromptKv<'_>, stats: &QueryStats) -> 
                 .collect()
         })
         .collect();
-    let mut per_head: Vec<Vec<f64>> = Vec::with_capacity(heads);
-    for h in 0..heads {
-        let mu: Vec<f64> = stats.sum[h * d..(h + 1) * d]
-            .iter()
-            .map(|s| s / rows)
-            .collect();
-        let mu_r = rotate(&mu);
-        // C' = R C R^T, C = outer / rows - mu mu^T
-        let cov_r = (!stats.outer.is_empty() && p.covariance).then(|| {
-            let o = &stats.outer[h * d * d..(h + 1) * d * d];
-            let c: Vec<f64> = (0..d * d)
-                .map(|x| o[x] / rows - mu[x / d] * mu[x % d])
+    // heads are independent: each runs on its own thread, the same sums
+    let per_head: Vec<Vec<f64>> = (0..heads)
+        .into_par_iter()
+        .map(|h| {
+            let mu: Vec<f64> = stats.sum[h * d..(h + 1) * d]
+                .iter()
+                .map(|s| s / rows)
                 .collect();
-            let rc: Vec<f64> = (0..d * d)
-                .map(|x| (0..d).map(|k| r[(x / d) * d + k] * c[k * d + x % d]).sum())
-                .collect();
-            (0..d * d)
-                .map(|x| {
-                    (0..d)
-                        .map(|k| rc[(x / d) * d + k] * r[(x % d) * d + k])
-                        .sum()
+            let mu_r = rotate(&mu);
+            // C' = R C R^T, C = outer / rows - mu mu^T
+            let cov_r = (!stats.outer.is_empty() && p.covariance).then(|| {
+                let o = &stats.outer[h * d * d..(h + 1) * d * d];
+                let c: Vec<f64> = (0..d * d)
+                    .map(|x| o[x] / rows - mu[x / d] * mu[x % d])
+                    .collect();
+                let rc: Vec<f64> = (0..d * d)
+                    .map(|x| (0..d).map(|k| r[(x / d) * d + k] * c[k * d + x % d]).sum())
+                    .collect();
+                (0..d * d)
+                    .map(|x| {
+                        (0..d)
+                            .map(|k| rc[(x / d) * d + k] * r[(x % d) * d + k])
+                            .sum()
+                    })
+                    .collect::<Vec<f64>>()
+            });
+            let g = h / group;
+            let mut z: Vec<f64> = keys64[g]
+                .chunks_exact(d)
+                .map(|k| {
+                    let mean = mu_r.iter().zip(k).map(|(a, b)| a * b).sum::<f64>() * scale;
+                    let spread = cov_r.as_ref().map_or(0.0, |c| {
+                        let ck: f64 = (0..d)
+                            .map(|a| k[a] * (0..d).map(|b| c[a * d + b] * k[b]).sum::<f64>())
+                            .sum();
+                        ck / d as f64 / 2.0
+                    });
+                    mean + spread
                 })
-                .collect::<Vec<f64>>()
-        });
-        let g = h / group;
-        let mut z: Vec<f64> = keys64[g]
-            .chunks_exact(d)
-            .map(|k| {
-                let mean = mu_r.iter().zip(k).map(|(a, b)| a * b).sum::<f64>() * scale;
-                let spread = cov_r.as_ref().map_or(0.0, |c| {
-                    let ck: f64 = (0..d)
-                        .map(|a| k[a] * (0..d).map(|b| c[a * d + b] * k[b]).sum::<f64>())
-                        .sum();
-                    ck / d as f64 / 2.0
-                });
-                mean + spread
-            })
-            .collect();
-        softmax(&mut z);
-        per_head.push(z);
-    }
+                .collect();
+            softmax(&mut z);
+            z
+        })
+        .collect();
     let values = |g: usize, j: usize| {
         let n = keys.positions.len();
         norm(&kv.values[(g * n + j) * d..(g * n + j + 1) * d])

@@ -2,6 +2,8 @@
 //! dot products, softmax, kvpress's pooling, attention of a window of
 //! queries over a layer's prompt keys, and the top positions of a score.
 
+use rayon::prelude::*;
+
 use crate::visibility::HostKeys;
 
 /// `a · b` accumulated in f64 (four lanes, so that it vectorises).
@@ -71,22 +73,26 @@ pub(crate) fn window_attention(
     let (n, w, d) = (keys.positions.len(), queries.len(), keys.head_dim);
     let group = heads / keys.kv_heads;
     let scale = 1.0 / (d as f64).sqrt();
-    let mut out = vec![vec![0f64; n - w]; heads];
-    let mut logits = Vec::with_capacity(n);
-    for (h, acc) in out.iter_mut().enumerate() {
-        let g = h / group;
-        for (i, row) in queries.iter().enumerate() {
-            let q = &row[h * d..(h + 1) * d];
-            let last = n - w + i;
-            logits.clear();
-            logits.extend((0..=last).map(|j| dot(q, key(keys, g, j)) * scale));
-            softmax(&mut logits);
-            for (a, p) in acc.iter_mut().zip(&logits) {
-                *a += p / w as f64;
+    // heads are independent: each runs on its own thread, the same sums
+    (0..heads)
+        .into_par_iter()
+        .map(|h| {
+            let g = h / group;
+            let mut acc = vec![0f64; n - w];
+            let mut logits = Vec::with_capacity(n);
+            for (i, row) in queries.iter().enumerate() {
+                let q = &row[h * d..(h + 1) * d];
+                let last = n - w + i;
+                logits.clear();
+                logits.extend((0..=last).map(|j| dot(q, key(keys, g, j)) * scale));
+                softmax(&mut logits);
+                for (a, p) in acc.iter_mut().zip(&logits) {
+                    *a += p / w as f64;
+                }
             }
-        }
-    }
-    out
+            acc
+        })
+        .collect()
 }
 
 /// Mean over each K/V head's group of query heads of `per_query_head`

@@ -23,6 +23,7 @@
 mod expected;
 mod knorm;
 mod math;
+mod memo;
 mod pyramidkv;
 mod run;
 mod snapkv;

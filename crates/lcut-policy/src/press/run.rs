@@ -12,6 +12,7 @@
 
 use super::expected::{self, QueryStats};
 use super::math::top;
+use super::memo::{ScoreMemo, Scoring};
 use super::{PressName, PressParams, knorm, snapkv, streaming_llm, tova};
 use crate::error::PolicyError;
 use crate::phases::TokenPhases;
@@ -150,6 +151,8 @@ pub struct PressRun {
     decided: usize,
     /// The model's K/V heads (known from the first decision).
     kv_heads: usize,
+    /// Scores shared with the runs forked or retargeted from this one.
+    memo: ScoreMemo,
 }
 
 impl PressRun {
@@ -163,6 +166,7 @@ impl PressRun {
             layers: vec![LayerState::default(); num_layers],
             decided: 0,
             kv_heads: 0,
+            memo: ScoreMemo::default(),
         }
     }
 
@@ -220,6 +224,7 @@ impl PressRun {
             layers,
             decided: 0,
             kv_heads: self.kv_heads,
+            memo: self.memo.clone(),
         })
     }
 
@@ -354,33 +359,42 @@ impl PressRun {
                 window.len()
             )));
         }
-        let per_head = |scores: Vec<Vec<f64>>| {
-            let ties = scores.iter().map(|s| near_ties(s, kept)).collect();
-            (
-                Kept::Heads(scores.iter().map(|s| top(s, kept)).collect()),
-                ties,
-            )
+        if p.name == PressName::Expected {
+            let seen = state.stats.rows();
+            if seen != n - p.sink {
+                return Err(refuse(format!(
+                    "it reads the queries of prompt positions {}..{n}, but saw {seen}",
+                    p.sink
+                )));
+            }
+        }
+        let Some(scoring) = Scoring::of(&p) else {
+            return Ok((Kept::Layer(streaming_llm::keep(&p, n, kept)), vec![]));
         };
+        // the presses of one prompt run that score alike score once
+        let scores =
+            self.memo
+                .get_or_compute::<PolicyError>((scoring, layer), keys.data, || {
+                    Ok(match p.name {
+                        PressName::SnapKv | PressName::PyramidKv => {
+                            snapkv::scores(&p, keys, kv.heads, window)
+                        }
+                        PressName::Knorm => knorm::scores(keys),
+                        PressName::Tova => vec![tova::scores(keys, kv.heads, window[0])],
+                        PressName::Expected => expected::scores(&p, kv, &state.stats),
+                        PressName::StreamingLlm => unreachable!("StreamingLLM keeps by position"),
+                    })
+                })?;
         Ok(match p.name {
-            PressName::StreamingLlm => (Kept::Layer(streaming_llm::keep(&p, n, kept)), vec![]),
-            PressName::SnapKv | PressName::PyramidKv => {
-                per_head(snapkv::scores(&p, keys, kv.heads, window))
-            }
-            PressName::Knorm => per_head(knorm::scores(keys)),
-            PressName::Tova => {
-                let s = tova::scores(keys, kv.heads, window[0]);
-                (Kept::Layer(top(&s, kept)), vec![near_ties(&s, kept)])
-            }
-            PressName::Expected => {
-                let seen = state.stats.rows();
-                if seen != n - p.sink {
-                    return Err(refuse(format!(
-                        "it reads the queries of prompt positions {}..{n}, but saw {seen}",
-                        p.sink
-                    )));
-                }
-                per_head(expected::scores(&p, kv, &state.stats))
-            }
+            // TOVA decides for the whole layer
+            PressName::Tova => (
+                Kept::Layer(top(&scores[0], kept)),
+                vec![near_ties(&scores[0], kept)],
+            ),
+            _ => (
+                Kept::Heads(scores.iter().map(|s| top(s, kept)).collect()),
+                scores.iter().map(|s| near_ties(s, kept)).collect(),
+            ),
         })
     }
 }
