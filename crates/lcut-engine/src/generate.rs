@@ -142,20 +142,27 @@ pub struct GenerationOutput {
 }
 
 /// Run `prompt`'s tokens before its decode start through `seq` in chunks
-/// of `chunk` tokens (no logits); `on_chunk(done)` after each chunk returns
-/// false to stop early, and then this returns `Ok(false)`.
+/// of `chunk` tokens (no logits), `probe` (if any) seeing every chunk;
+/// `on_chunk(done)` after each chunk returns false to stop early, and then
+/// this returns `Ok(false)`.
 pub(crate) fn prefill_before_decode_start(
     model: &Decoder,
     seq: &mut Sequence,
     prompt: &PreparedPrompt,
     chunk: usize,
+    mut probe: Option<&mut (dyn Probe + '_)>,
     mut on_chunk: impl FnMut(usize) -> bool,
 ) -> Result<bool> {
     let s = prompt.decode_start;
     let chunk = chunk.max(1);
     for start in (0..s).step_by(chunk) {
         let end = (start + chunk).min(s);
-        model.forward(seq, &prompt.ids[start..end], LogitRows::None, None)?;
+        model.forward(
+            seq,
+            &prompt.ids[start..end],
+            LogitRows::None,
+            probe.as_deref_mut(),
+        )?;
         if !on_chunk(end) {
             return Ok(false);
         }
@@ -196,39 +203,21 @@ pub(crate) fn prefill_prefix(
 ) -> Result<Sequence> {
     let phases = prompt.phases(&policy)?;
     let seq = model.new_sequence(policy, phases)?;
-    run_prefix(model, seq, prompt, extra, chunk)
-}
-
-/// One prefix of `prompt` serving every press of `presses` (kvpress's
-/// presses run the prompt as the full model does; see
-/// [`Decoder::new_press_prefix`]), as [`prefill_prefix`] holds it; `None`
-/// without a press. Each press takes its state with
-/// [`Sequence::retargeted`].
-pub(crate) fn press_prefix(
-    model: &Decoder,
-    prompt: &PreparedPrompt,
-    presses: &[Policy],
-    extra: usize,
-    chunk: usize,
-) -> Result<Option<Sequence>> {
-    let Some(first) = presses.first() else {
-        return Ok(None);
-    };
-    let seq = model.new_press_prefix(presses, prompt.phases(first)?)?;
-    run_prefix(model, seq, prompt, extra, chunk).map(Some)
+    run_prefix(model, seq, prompt, (extra, chunk), None)
 }
 
 /// `seq` with room for `extra` tokens after `prompt`, holding the prompt's
-/// tokens before its decode start (run in chunks of `chunk`).
-fn run_prefix(
+/// tokens before its decode start (run in chunks of `chunk`, `probe` seeing
+/// them).
+pub(crate) fn run_prefix(
     model: &Decoder,
     mut seq: Sequence,
     prompt: &PreparedPrompt,
-    extra: usize,
-    chunk: usize,
+    (extra, chunk): (usize, usize),
+    probe: Option<&mut (dyn Probe + '_)>,
 ) -> Result<Sequence> {
     seq.reserve(prompt.len().saturating_add(extra));
-    prefill_before_decode_start(model, &mut seq, prompt, chunk, |_| true)?;
+    prefill_before_decode_start(model, &mut seq, prompt, chunk, probe, |_| true)?;
     Ok(seq)
 }
 

@@ -19,6 +19,7 @@ mod prompt;
 pub mod serve_shape;
 mod session;
 pub mod shard;
+mod shared_prefix;
 pub mod suite;
 mod template;
 mod text_prompt;

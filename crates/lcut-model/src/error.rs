@@ -277,6 +277,19 @@ pub enum ModelError {
         /// The policy asked for.
         policy: String,
     },
+    /// A full run's prompt cannot serve a policy whose tokens leave the
+    /// model at a layer: it lacks the hidden states they leave with.
+    #[error(
+        "policy {policy} cannot take its projected K/V from this prompt run: the states entering layer {layer} are missing ({reason})"
+    )]
+    EnteringStates {
+        /// The policy asked for.
+        policy: String,
+        /// The layer its tokens leave at.
+        layer: usize,
+        /// What is missing.
+        reason: String,
+    },
     /// A LoRA adapter that cannot be read or does not fit the model.
     #[error(transparent)]
     Lora(Box<crate::lora::LoraError>),

@@ -329,3 +329,57 @@ impl Probe for PromptMassProbe {
         Ok(())
     }
 }
+
+/// The residual stream entering chosen layers of a prompt run, chunk by
+/// chunk as the run computed it: what a token that leaves the model at one
+/// of those layers carries from there (SwiftKV's and POP's projected K/V),
+/// so that one full-depth prompt run serves such a policy too
+/// ([`Decoder::projected_from`](crate::Decoder::projected_from)).
+#[derive(Debug, Clone, Default)]
+pub struct EnteringStates {
+    /// Per layer asked for, the chunks' hidden states [rows, hidden] and
+    /// their positions, in the order they ran.
+    chunks: std::collections::BTreeMap<usize, Vec<(Tensor, Vec<usize>)>>,
+}
+
+impl EnteringStates {
+    /// A record of the states entering each of `layers` (layer 0 takes the
+    /// embeddings).
+    pub fn new(layers: impl IntoIterator<Item = usize>) -> Self {
+        Self {
+            chunks: layers.into_iter().map(|l| (l, Vec::new())).collect(),
+        }
+    }
+
+    /// The chunks recorded entering `layer` (`None` for a layer not asked
+    /// for).
+    pub fn chunks(&self, layer: usize) -> Option<&[(Tensor, Vec<usize>)]> {
+        self.chunks.get(&layer).map(Vec::as_slice)
+    }
+
+    /// The layer a snapshot at `site` enters.
+    fn entered(site: ResidualSite) -> usize {
+        match site {
+            ResidualSite::Embeddings => 0,
+            ResidualSite::Layer(l) => l + 1,
+        }
+    }
+}
+
+impl Probe for EnteringStates {
+    fn wants_residual(&self, site: ResidualSite) -> bool {
+        self.chunks.contains_key(&Self::entered(site))
+    }
+
+    fn on_residual(
+        &mut self,
+        site: ResidualSite,
+        positions: &[usize],
+        hidden: &Tensor,
+    ) -> Result<()> {
+        if let Some(chunks) = self.chunks.get_mut(&Self::entered(site)) {
+            chunks.push((hidden.clone(), positions.to_vec()));
+        }
+        Ok(())
+    }
+}

@@ -233,22 +233,7 @@ impl Sequence {
                 policy: policy.to_string(),
             });
         }
-        if !self.policy.is_full_depth() || !self.policy.is_static() {
-            return Err(ModelError::NotFullDepthPrefix {
-                policy: self.policy.to_string(),
-            });
-        }
-        if self.next_pos > phases.decode_start() {
-            return Err(ModelError::Phase(
-                lcut_policy::PhaseError::DecodeStartOutsidePrompt {
-                    decode_start: phases.decode_start(),
-                    prompt_len: self.next_pos,
-                },
-            ));
-        }
-        if policy.num_layers() != self.caches.len() {
-            return Err(depth_mismatch(&policy, self.caches.len()));
-        }
+        self.check_full_depth_prefix(&policy, &phases)?;
         let rule = policy.visibility(phases);
         // rows of tokens that exist at a layer stay while the prompt runs
         // (its later queries read them); those the policy does not keep go
@@ -281,6 +266,43 @@ impl Sequence {
             kv_heads: self.kv_heads,
             windows: self.windows.clone(),
         })
+    }
+
+    /// Whether this state is a full-depth run of a prompt's tokens: the
+    /// full model's (or another static full-depth rule's), or a press's
+    /// before any layer has decided (a press runs its prompt as the full
+    /// model does).
+    pub fn is_full_depth_prefix(&self) -> bool {
+        (self.policy.is_full_depth() && self.policy.is_static())
+            || self.press().is_some_and(PressRun::is_undecided)
+    }
+
+    /// Refuse to serve `policy` from this state unless it is a
+    /// [full-depth prefix](Self::is_full_depth_prefix) of a prompt whose
+    /// decode start `phases` puts at or after its tokens, at the policy's
+    /// depth.
+    pub(crate) fn check_full_depth_prefix(
+        &self,
+        policy: &Policy,
+        phases: &TokenPhases,
+    ) -> Result<()> {
+        if !self.is_full_depth_prefix() {
+            return Err(ModelError::NotFullDepthPrefix {
+                policy: self.policy.to_string(),
+            });
+        }
+        if self.next_pos > phases.decode_start() {
+            return Err(ModelError::Phase(
+                lcut_policy::PhaseError::DecodeStartOutsidePrompt {
+                    decode_start: phases.decode_start(),
+                    prompt_len: self.next_pos,
+                },
+            ));
+        }
+        if policy.num_layers() != self.caches.len() {
+            return Err(depth_mismatch(policy, self.caches.len()));
+        }
+        Ok(())
     }
 
     /// An independent copy of this state (the caches' tokens copied), to

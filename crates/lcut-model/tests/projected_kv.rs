@@ -309,3 +309,107 @@ fn projected_kv_runs_with_a_half_precision_cache() -> Result<()> {
     }
     Ok(())
 }
+
+/// One full-depth prompt run serves a projected policy: its lower layers'
+/// K/V are the full run's and its upper K/V are projected from the hidden
+/// states the run recorded entering the cut (`Decoder::projected_from`).
+/// The decode-phase rows and, after them, the state are the policy's own
+/// run's bit for bit (same positions and K/V at every layer), and the rows
+/// match transformers, from a prompt run in one chunk and in chunks.
+#[test]
+fn a_full_prefill_serves_projected_kv_as_its_own_prefill_does() -> Result<()> {
+    for name in ORACLE_CASES {
+        let c = load(name)?;
+        let t = c.ids.len();
+        for cut in CUTS {
+            for (text, key) in policies(cut) {
+                let (policy, phases) = resolve(&c, &text)?;
+                for ends in [vec![c.s], vec![5, 17, c.s]] {
+                    let mut full = c.model.new_full_sequence();
+                    let mut entering = lcut_model::probes::EnteringStates::new([cut]);
+                    let mut own = c.model.new_sequence(policy, phases)?;
+                    let mut start = 0;
+                    for &end in &ends {
+                        let chunk = &c.ids[start..end];
+                        c.model
+                            .forward(&mut full, chunk, LogitRows::None, Some(&mut entering))?;
+                        c.model.forward(&mut own, chunk, LogitRows::None, None)?;
+                        start = end;
+                    }
+                    let mut seq = c.model.projected_from(&full, policy, phases, &entering)?;
+                    let out = c
+                        .model
+                        .forward(&mut seq, &c.ids[c.s..], LogitRows::All, None)?;
+                    let rows = out.logits.expect("logits");
+                    ensure!(rows.dim(0)? == t - c.s, "{name} {text}: decode rows");
+                    let own_rows = c
+                        .model
+                        .forward(&mut own, &c.ids[c.s..], LogitRows::All, None)?
+                        .logits
+                        .expect("logits");
+                    let d = common::max_abs_diff(&rows, &own_rows)?;
+                    ensure!(d == 0.0, "{name} {text}: rows {d:e} from its own run");
+                    for (l, (a, b)) in seq.caches().iter().zip(own.caches()).enumerate() {
+                        ensure!(
+                            a.positions() == b.positions(),
+                            "{name} {text}: layer {l} holds other positions"
+                        );
+                        let ((ka, va), (kb, vb)) =
+                            (a.kv()?.expect("prompt rows"), b.kv()?.expect("prompt rows"));
+                        let d =
+                            common::max_abs_diff(&ka, &kb)?.max(common::max_abs_diff(&va, &vb)?);
+                        ensure!(d == 0.0, "{name} {text}: layer {l} K/V {d:e} from its own");
+                    }
+                    let d = common::max_abs_diff(&rows, &c.reference[&key])?;
+                    ensure!(d <= TOL, "{name} {text} from a full prefill: {d:e}");
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A projected policy is served only by a full-depth prompt run that
+/// recorded the states entering its cut; anything else is refused by name.
+#[test]
+fn a_prefill_that_cannot_serve_projected_kv_is_refused() -> Result<()> {
+    let c = load("llama-gqa")?;
+    let (policy, phases) = resolve(&c, "swiftkv:2+bos")?;
+    let mut full = c.model.new_full_sequence();
+    let mut at_three = lcut_model::probes::EnteringStates::new([3]);
+    c.model.forward(
+        &mut full,
+        &c.ids[..c.s],
+        LogitRows::None,
+        Some(&mut at_three),
+    )?;
+    let err = c
+        .model
+        .projected_from(&full, policy, phases, &at_three)
+        .unwrap_err();
+    ensure!(
+        matches!(err, lcut_model::ModelError::EnteringStates { layer: 2, .. }),
+        "{err}"
+    );
+    let (speed, speed_phases) = resolve(&c, "speed:2+bos")?;
+    let err = c
+        .model
+        .projected_from(&full, speed, speed_phases, &at_three)
+        .unwrap_err();
+    ensure!(
+        matches!(err, lcut_model::ModelError::NotRestrictable { .. }),
+        "{err}"
+    );
+    let mut cut = c.model.new_sequence(speed, speed_phases)?;
+    c.model
+        .forward(&mut cut, &c.ids[..c.s], LogitRows::None, None)?;
+    let err = c
+        .model
+        .projected_from(&cut, policy, phases, &at_three)
+        .unwrap_err();
+    ensure!(
+        matches!(err, lcut_model::ModelError::NotFullDepthPrefix { .. }),
+        "{err}"
+    );
+    Ok(())
+}

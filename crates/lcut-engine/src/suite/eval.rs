@@ -2,13 +2,12 @@
 //! continuation (its rows are the reference), the policy's own greedy
 //! generation (scored against the answer), and the policy teacher-forced
 //! on the full continuation (top-1 agreement, KL, K/V held). The prompt is
-//! run once per policy (the policy's greedy and forced runs fork one
-//! state before the decode start), not at all for a policy that reuses
-//! the full model's prefill (SPEED: its state is the full run's
-//! restricted), and once for all of kvpress's presses (each takes the
-//! shared run's state and decides from it); an item's generations then
-//! decode side by side, one pass over the weights per token for all of
-//! them. With an
+//! run once for the full model and every policy that can branch from that
+//! run ([`SharedPrefix`]: SPEED and the kept-head plans restrict it, the
+//! presses decide from it, SwiftKV projects its upper K/V from it), and
+//! once for any other policy (its greedy and forced runs fork one state
+//! before the decode start); an item's generations then decode side by
+//! side, one pass over the weights per token for all of them. With an
 //! adapted model the reference is the base model's full-depth run, so the
 //! scores say what the adapter keeps of the model it was made from.
 
@@ -20,11 +19,10 @@ use super::SuiteItem;
 use super::result::ItemResult;
 use crate::diagnose::{ForcedQuality, ForcedScore, forced_quality};
 use crate::error::{EngineError, Result};
-use crate::generate::{
-    Generation, GenerationConfig, GenerationOutput, check_fits, prefill_prefix, press_prefix,
-};
+use crate::generate::{Generation, GenerationConfig, GenerationOutput, check_fits, prefill_prefix};
 use crate::prompt::PreparedPrompt;
 use crate::session::Session;
+use crate::shared_prefix::SharedPrefix;
 
 /// Settings of a suite run.
 #[derive(Debug, Clone, PartialEq)]
@@ -207,11 +205,9 @@ struct PolicyRuns<'m> {
 /// greedy generation and the policy teacher-forced on the full run's
 /// continuation, all decoded side by side ([`Generation::step_together`]:
 /// one pass over the weights per token for all of them). The prompt runs
-/// once for the reference and once per policy, not at all for a policy that
-/// [reuses a full prefill](Policy::reuses_full_prefill) of the same model
-/// (SPEED: its state is the full run's restricted), and once for all the
-/// presses ([`press_prefix`]). Each result's seconds are the item's wall
-/// time.
+/// once for the reference and every policy that branches from its run
+/// ([`SharedPrefix`]), and once for each other policy. Each result's
+/// seconds are the item's wall time.
 pub(crate) fn evaluate_item(
     (session, base): (&Session, Option<&Session>),
     index: usize,
@@ -223,21 +219,13 @@ pub(crate) fn evaluate_item(
     let reference = base.unwrap_or(session);
     let prompt = item.prepare(session)?;
     let (max_new, chunk) = (opts.budget(item), opts.prefill_chunk.max(1));
-    let layers = reference.model.config().num_layers;
-    let full_prefix = prefill_prefix(
-        &reference.model,
-        &prompt,
-        Policy::full(layers),
-        max_new,
-        chunk,
-    )?;
-    // kvpress's presses run the prompt as the full model does: one prompt
-    // run observing what all of them read serves every press
-    let presses = match base {
-        None => shared_presses(policies),
-        Some(_) => Vec::new(),
+    // one prompt run serves the full model and every policy that can branch
+    // from it; with an adapted model the reference is the base model's run
+    let shared = match base {
+        None => SharedPrefix::run(&session.model, &prompt, policies, (max_new, chunk))?,
+        Some(_) => SharedPrefix::run(&reference.model, &prompt, &[], (max_new, chunk))?,
     };
-    let press_prefix = press_prefix(&session.model, &prompt, &presses, max_new, chunk)?;
+    let full_prefix = shared.full(&prompt)?;
     let own_config = GenerationConfig {
         prefill_chunk: chunk,
         ..session.greedy_config(max_new)
@@ -253,13 +241,13 @@ pub(crate) fn evaluate_item(
             if base.is_none() && policy.is_full_depth() {
                 return Ok(None);
             }
-            let prefix = if base.is_none() && policy.reuses_full_prefill() {
-                full_prefix.restricted(policy, prompt.phases(&policy)?)?
-            } else if let Some(shared) = press_prefix.as_ref().filter(|_| presses.contains(&policy))
-            {
-                shared.retargeted(policy)?
-            } else {
-                prefill_prefix(&session.model, &prompt, policy, max_new, chunk)?
+            let branched = match base {
+                None => shared.branch(&session.model, policy, prompt.phases(&policy)?)?,
+                Some(_) => None,
+            };
+            let prefix = match branched {
+                Some(seq) => seq,
+                None => prefill_prefix(&session.model, &prompt, policy, max_new, chunk)?,
             };
             let from = |seq, config: &GenerationConfig| {
                 Generation::from_prefix(&session.model, prompt.clone(), seq, config.clone())
@@ -322,29 +310,6 @@ pub(crate) fn evaluate_item(
             result.index = index;
             result.seconds = seconds;
             Ok(result)
-        })
-        .collect()
-}
-
-/// The presses of `policies` one prompt run can observe for: each whose
-/// observation joins the others' (Expected Attention's statistics over
-/// another span do not; such a press runs its own prompt).
-fn shared_presses(policies: &[Policy]) -> Vec<Policy> {
-    let mut observe = lcut_policy::PressObservation::default();
-    policies
-        .iter()
-        .copied()
-        .filter(|p| {
-            let Some(params) = p.press() else {
-                return false;
-            };
-            match observe.union(lcut_policy::PressObservation::of(params)) {
-                Some(joined) => {
-                    observe = joined;
-                    true
-                }
-                None => false,
-            }
         })
         .collect()
 }

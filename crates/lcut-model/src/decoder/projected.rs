@@ -8,9 +8,11 @@
 use std::borrow::Cow;
 
 use candle_core::Tensor;
+use lcut_policy::{Policy, TokenPhases};
 
 use super::{Decoder, Layer};
-use crate::error::Result;
+use crate::error::{ModelError, Result};
+use crate::probes::EnteringStates;
 use crate::sequence::Sequence;
 
 /// The chunk's tokens that have left at some layer of this pass and keep
@@ -130,5 +132,118 @@ impl Decoder {
             (&self.rope, cos, sin)
         });
         layer.attn.kv(&x, rotation)
+    }
+
+    /// The state `policy` has after `prefix`'s prompt tokens when its
+    /// tokens leave the model at a layer and keep K/V projected from there
+    /// on (SwiftKV, POP), without running the prompt's lower layers again.
+    /// Below the layer where tokens leave, the policy runs the prompt as
+    /// the full model does, so its K/V there are `prefix`'s (a
+    /// [full-depth prefix](Sequence::is_full_depth_prefix)). From that
+    /// layer on, chunk by chunk as `entering` recorded the full run's states
+    /// entering it, the tokens that stay (the anchors) run the upper layers
+    /// and the tokens that leave store K/V projected from the state they
+    /// leave with: the operations of the policy's own prefill, on the same
+    /// rows. Refused for a policy whose tokens never leave (restrict the
+    /// prefix instead) or leave at several layers, and where `entering`
+    /// lacks a state a token needs.
+    pub fn projected_from(
+        &self,
+        prefix: &Sequence,
+        policy: Policy,
+        phases: TokenPhases,
+        entering: &EnteringStates,
+    ) -> Result<Sequence> {
+        prefix.check_full_depth_prefix(&policy, &phases)?;
+        let rule = policy.visibility(phases);
+        let held = prefix.next_pos;
+        let exit_of: Vec<Option<usize>> = (0..held).map(|p| rule.kv_projected_at(p)).collect();
+        let leaves_at = |p: usize| exit_of.get(p).copied().flatten();
+        let mut exits: Vec<usize> = (0..held).filter_map(leaves_at).collect();
+        exits.sort_unstable();
+        exits.dedup();
+        let [exit] = exits[..] else {
+            return Err(ModelError::NotRestrictable {
+                policy: policy.to_string(),
+            });
+        };
+        let missing = |reason: String| ModelError::EnteringStates {
+            policy: policy.to_string(),
+            layer: exit,
+            reason,
+        };
+        let chunks = entering
+            .chunks(exit)
+            .ok_or_else(|| missing("the prompt run did not record them".into()))?;
+        // below the exit every prompt token exists: the full run's rows
+        let caches = prefix
+            .caches
+            .iter()
+            .enumerate()
+            .map(|(l, c)| {
+                let mut c = c.filtered(|p| l < exit && rule.token_exists(l, p))?;
+                c.forget_checks();
+                Ok(c)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut seq = Sequence {
+            policy,
+            rule,
+            caches,
+            next_pos: held,
+            pending: Vec::new(),
+            step: None,
+            kv_heads: prefix.kv_heads,
+            windows: prefix.windows.clone(),
+        };
+        let mut recorded = Vec::new();
+        for (hidden, positions) in chunks {
+            let rows_where = |keep: &dyn Fn(usize) -> bool| -> Result<(Tensor, Vec<usize>)> {
+                let rows: Vec<u32> = (0..positions.len() as u32)
+                    .filter(|&i| positions[i as usize] < held && keep(positions[i as usize]))
+                    .collect();
+                let idx = Tensor::new(rows.as_slice(), &self.device)?;
+                let at = rows.iter().map(|&i| positions[i as usize]).collect();
+                Ok((hidden.index_select(&idx, 0)?, at))
+            };
+            // the chunk's tokens that stay run the upper layers first: they
+            // precede the leaving ones and read none of them
+            let (staying, at) = rows_where(&|p| seq.rule.token_exists(exit, p))?;
+            if !at.is_empty() {
+                self.run_layers(
+                    &mut seq,
+                    exit..self.layers.len(),
+                    staying,
+                    at,
+                    None,
+                    &mut None,
+                )?;
+            }
+            let (leaving, at) = rows_where(&|p| leaves_at(p) == Some(exit))?;
+            if at.is_empty() {
+                continue;
+            }
+            let leaving = Projected {
+                hidden: leaving,
+                tables: self.rope_tables(&at)?,
+                positions: at,
+            };
+            for (l, layer) in self.layers.iter().enumerate().skip(exit) {
+                let (k, v) = self.projected_kv(layer, &leaving)?;
+                self.store_kv(&mut seq.caches[l], (&k, &v), &leaving.positions)?;
+            }
+            recorded.extend(leaving.positions);
+        }
+        if !recorded
+            .iter()
+            .copied()
+            .eq((0..held).filter(|&p| leaves_at(p) == Some(exit)))
+        {
+            return Err(missing(format!(
+                "the prompt run recorded {} of the {held} prompt tokens' states there, not every token that leaves",
+                recorded.len()
+            )));
+        }
+        Ok(seq)
     }
 }

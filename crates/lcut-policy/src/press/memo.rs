@@ -56,12 +56,15 @@ impl Scoring {
 /// Per-head (or, for TOVA, one) score rows of a layer.
 pub(super) type Scores = Arc<Vec<Vec<f64>>>;
 
+/// A memo entry's key: the scoring, the layer and its keys' fingerprint.
+type MemoKey = (Scoring, usize, u64);
+
 /// The scores computed so far by the runs that share one prompt run (a run,
 /// its forks and the presses retargeted from it). An entry is keyed by the
 /// layer's prompt keys as well, so a fork whose prompt went on differently
 /// never reads another prompt's scores.
 #[derive(Debug, Clone, Default)]
-pub(super) struct ScoreMemo(Arc<Mutex<HashMap<(Scoring, usize, u64), Scores>>>);
+pub(super) struct ScoreMemo(Arc<Mutex<HashMap<MemoKey, Scores>>>);
 
 impl ScoreMemo {
     /// The scores of `scoring` at `layer` whose prompt keys are `keys`:
@@ -81,7 +84,7 @@ impl ScoreMemo {
         Ok(scores)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(Scoring, usize, u64), Scores>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<MemoKey, Scores>> {
         // a run that panicked while holding the lock left whole entries
         // only: the map is still valid
         self.0

@@ -188,6 +188,12 @@ impl PressRun {
         Ok(run)
     }
 
+    /// Whether no layer has decided yet: until then the run holds what the
+    /// full model's prefill holds.
+    pub fn is_undecided(&self) -> bool {
+        self.decided == 0
+    }
+
     /// What this run observes of the prompt's queries.
     pub fn observation(&self) -> PressObservation {
         self.observe

@@ -1,0 +1,131 @@
+//! One prompt run that serves every policy of an item it can. Most
+//! policies run the prompt's lower layers, or all of them, exactly as the
+//! full model does; they differ in what they keep, or in what they do with
+//! the prompt after it ran:
+//!
+//! - a policy that [reuses a full prefill](Policy::reuses_full_prefill)
+//!   (the full model, SPEED, kept-head plans, knockout bands) takes the run's
+//!   state restricted to what it keeps;
+//! - kvpress's presses run the prompt as the full model does and decide at
+//!   its end: the run observes what all of them read of the prompt's
+//!   queries, and each takes the state retargeted to itself;
+//! - a policy whose prompt tokens leave the model at a layer with projected
+//!   K/V (SwiftKV, POP) takes the run's lower layers and projects its upper
+//!   K/V from the hidden states the run recorded entering that layer.
+//!
+//! Any other policy (SlimInfer, a custom family) prefills on its own.
+
+use lcut_model::probes::EnteringStates;
+use lcut_model::{Decoder, Sequence};
+use lcut_policy::{Policy, PressObservation, TokenPhases};
+
+use crate::error::Result;
+use crate::generate::run_prefix;
+use crate::prompt::PreparedPrompt;
+
+/// A prompt's state before its decode start, run once at full depth, and
+/// what that run recorded for the policies that branch from it.
+pub(crate) struct SharedPrefix {
+    /// The full-depth run (a press's, observing for every press in
+    /// `presses`, when there are any).
+    seq: Sequence,
+    /// The presses the run observed for.
+    presses: Vec<Policy>,
+    /// The hidden states entering the layers where projected policies'
+    /// tokens leave.
+    entering: EnteringStates,
+}
+
+impl SharedPrefix {
+    /// Run `prompt`'s tokens before its decode start once, at full depth,
+    /// for every policy of `policies` that can branch from it, with room for
+    /// `extra` tokens after the prompt (chunks of `chunk`).
+    pub(crate) fn run(
+        model: &Decoder,
+        prompt: &PreparedPrompt,
+        policies: &[Policy],
+        (extra, chunk): (usize, usize),
+    ) -> Result<Self> {
+        let layers = model.config().num_layers;
+        let presses = shared_presses(policies);
+        let seq = match presses.first() {
+            Some(first) => model.new_press_prefix(&presses, prompt.phases(first)?)?,
+            None => {
+                let full = Policy::full(layers);
+                model.new_sequence(full, prompt.phases(&full)?)?
+            }
+        };
+        let mut exits = Vec::new();
+        for policy in policies {
+            let rule = policy.visibility(prompt.phases(policy)?);
+            exits.extend((0..prompt.decode_start).filter_map(|p| rule.kv_projected_at(p)));
+        }
+        exits.sort_unstable();
+        exits.dedup();
+        let mut entering = EnteringStates::new(exits);
+        let seq = run_prefix(model, seq, prompt, (extra, chunk), Some(&mut entering))?;
+        Ok(Self {
+            seq,
+            presses,
+            entering,
+        })
+    }
+
+    /// The full model's own state before `prompt`'s decode start.
+    pub(crate) fn full(&self, prompt: &PreparedPrompt) -> Result<Sequence> {
+        let full = Policy::full(self.seq.caches().len());
+        Ok(self.seq.restricted(full, prompt.phases(&full)?)?)
+    }
+
+    /// `policy`'s own state before the decode start, taken from this run
+    /// (`None` where it cannot serve the policy, which then prefills on its
+    /// own). The state is the policy's own prefill's: bit for bit where the
+    /// policy runs the prompt whole (the presses), and to float rounding
+    /// where it runs fewer rows through a layer than the full run did.
+    pub(crate) fn branch(
+        &self,
+        model: &Decoder,
+        policy: Policy,
+        phases: TokenPhases,
+    ) -> Result<Option<Sequence>> {
+        if policy.reuses_full_prefill() {
+            return Ok(Some(self.seq.restricted(policy, phases)?));
+        }
+        if self.presses.contains(&policy) {
+            return Ok(Some(self.seq.retargeted(policy)?));
+        }
+        let rule = policy.visibility(phases);
+        if (0..phases.decode_start()).any(|p| rule.kv_projected_at(p).is_some()) {
+            return Ok(Some(model.projected_from(
+                &self.seq,
+                policy,
+                phases,
+                &self.entering,
+            )?));
+        }
+        Ok(None)
+    }
+}
+
+/// The presses of `policies` one prompt run can observe for: each whose
+/// observation joins the others' (Expected Attention's statistics over
+/// another span do not; such a press runs its own prompt).
+fn shared_presses(policies: &[Policy]) -> Vec<Policy> {
+    let mut observe = PressObservation::default();
+    policies
+        .iter()
+        .copied()
+        .filter(|p| {
+            let Some(params) = p.press() else {
+                return false;
+            };
+            match observe.union(PressObservation::of(params)) {
+                Some(joined) => {
+                    observe = joined;
+                    true
+                }
+                None => false,
+            }
+        })
+        .collect()
+}
