@@ -11,11 +11,15 @@
 //!   queries, and each takes the state retargeted to itself;
 //! - a policy whose prompt tokens leave the model at a layer with projected
 //!   K/V (SwiftKV, POP) takes the run's lower layers and projects its upper
-//!   K/V from the hidden states the run recorded entering that layer.
+//!   K/V from the hidden states the run recorded entering that layer;
+//! - SlimInfer runs the prompt as the full model does below its first cut:
+//!   it takes those layers, the states the run recorded entering the cut
+//!   and the queries its first stage reads, and runs its stages itself.
 //!
-//! Any other policy (SlimInfer, a custom family) prefills on its own.
+//! Any other policy (a custom family, SlimInfer on a model whose layers
+//! below its first cut slide) prefills on its own.
 
-use lcut_model::probes::EnteringStates;
+use lcut_model::probes::PromptRecord;
 use lcut_model::{Decoder, Sequence};
 use lcut_policy::{Policy, PressObservation, TokenPhases};
 
@@ -31,9 +35,11 @@ pub(crate) struct SharedPrefix {
     seq: Sequence,
     /// The presses the run observed for.
     presses: Vec<Policy>,
-    /// The hidden states entering the layers where projected policies'
-    /// tokens leave.
-    entering: EnteringStates,
+    /// What the run recorded for the policies that branch from it: the
+    /// hidden states entering the layers where projected policies' tokens
+    /// leave and where staged policies' first stages end, and the queries
+    /// those stages read.
+    record: PromptRecord,
 }
 
 impl SharedPrefix {
@@ -55,19 +61,25 @@ impl SharedPrefix {
                 model.new_sequence(full, prompt.phases(&full)?)?
             }
         };
-        let mut exits = Vec::new();
+        let mut record = PromptRecord::default();
         for policy in policies {
             let rule = policy.visibility(prompt.phases(policy)?);
-            exits.extend((0..prompt.decode_start).filter_map(|p| rule.kv_projected_at(p)));
+            // where projected policies' tokens leave
+            let exits = (0..prompt.decode_start).filter_map(|p| rule.kv_projected_at(p));
+            record = record.and_entering(exits);
+            // what a staged policy's first stage reads
+            if let Some(first) = staged_from_full(model, policy) {
+                let window = rule.dynamic().and_then(|d| d.query_window(first - 1));
+                record = record
+                    .and_entering([first])
+                    .and_queries(window.map(|w| (first - 1, w)));
+            }
         }
-        exits.sort_unstable();
-        exits.dedup();
-        let mut entering = EnteringStates::new(exits);
-        let seq = run_prefix(model, seq, prompt, (extra, chunk), Some(&mut entering))?;
+        let seq = run_prefix(model, seq, prompt, (extra, chunk), Some(&mut record))?;
         Ok(Self {
             seq,
             presses,
-            entering,
+            record,
         })
     }
 
@@ -94,17 +106,33 @@ impl SharedPrefix {
         if self.presses.contains(&policy) {
             return Ok(Some(self.seq.retargeted(policy)?));
         }
+        if staged_from_full(model, &policy).is_some() {
+            return Ok(Some(model.staged_from(
+                &self.seq,
+                policy,
+                phases,
+                &self.record,
+            )?));
+        }
         let rule = policy.visibility(phases);
         if (0..phases.decode_start()).any(|p| rule.kv_projected_at(p).is_some()) {
             return Ok(Some(model.projected_from(
                 &self.seq,
                 policy,
                 phases,
-                &self.entering,
+                &self.record,
             )?));
         }
         Ok(None)
     }
+}
+
+/// The first stage cut of a policy that prefills in stages (SlimInfer)
+/// whose first stage a full run can stand in for: none of the layers below
+/// it slides (the full run drops keys there that the stage decides from).
+fn staged_from_full(model: &Decoder, policy: &Policy) -> Option<usize> {
+    let first = *policy.slim()?.cuts().first()?;
+    (first > 0 && !model.slides_below(first)).then_some(first)
 }
 
 /// The presses of `policies` one prompt run can observe for: each whose

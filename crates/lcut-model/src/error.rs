@@ -282,7 +282,7 @@ pub enum ModelError {
     #[error(
         "policy {policy} cannot take its projected K/V from this prompt run: the states entering layer {layer} are missing ({reason})"
     )]
-    EnteringStates {
+    UnrecordedPrompt {
         /// The policy asked for.
         policy: String,
         /// The layer its tokens leave at.

@@ -69,6 +69,18 @@ pub trait Probe {
         Ok(())
     }
 
+    /// How many of a chunk's latest queries (after RoPE) the probe wants at
+    /// `layer`; `None` (the default) asks for none.
+    fn query_window(&self, _layer: usize) -> Option<usize> {
+        None
+    }
+
+    /// The latest queries of a chunk at `layer`, oldest first, each row its
+    /// heads side by side ([heads * head_dim]).
+    fn on_queries(&mut self, _layer: usize, _rows: Vec<Vec<f32>>) -> Result<()> {
+        Ok(())
+    }
+
     /// Whether the probe wants the residual stream at `site`.
     fn wants_residual(&self, _site: ResidualSite) -> bool {
         false

@@ -1,6 +1,8 @@
 //! Ready-made probes: a full recorder for small reference runs and a
 //! phase-mass probe that reduces attention on the device.
 
+use std::collections::BTreeMap;
+
 use candle_core::{DType, Tensor};
 use lcut_policy::TokenPhases;
 
@@ -330,31 +332,63 @@ impl Probe for PromptMassProbe {
     }
 }
 
-/// The residual stream entering chosen layers of a prompt run, chunk by
-/// chunk as the run computed it: what a token that leaves the model at one
-/// of those layers carries from there (SwiftKV's and POP's projected K/V),
-/// so that one full-depth prompt run serves such a policy too
-/// ([`Decoder::projected_from`](crate::Decoder::projected_from)).
+/// What one full-depth prompt run records for the policies that branch
+/// from it, chunk by chunk as it computed them: the residual stream
+/// entering chosen layers (what a token that leaves the model there
+/// carries on: SwiftKV's and POP's projected K/V, SlimInfer's later stages)
+/// and the latest queries at others (what SlimInfer's first stage reads).
+/// See [`Decoder::projected_from`](crate::Decoder::projected_from) and
+/// [`Decoder::staged_from`](crate::Decoder::staged_from).
 #[derive(Debug, Clone, Default)]
-pub struct EnteringStates {
+pub struct PromptRecord {
     /// Per layer asked for, the chunks' hidden states [rows, hidden] and
     /// their positions, in the order they ran.
-    chunks: std::collections::BTreeMap<usize, Vec<(Tensor, Vec<usize>)>>,
+    entering: BTreeMap<usize, Vec<(Tensor, Vec<usize>)>>,
+    /// Per layer asked for, how many latest queries, and the chunks' latest
+    /// queries.
+    queries: BTreeMap<usize, (usize, Vec<QueryRows>)>,
 }
 
-impl EnteringStates {
+/// A chunk's latest queries at a layer (after RoPE, [heads * head_dim]
+/// each, oldest first).
+pub type QueryRows = Vec<Vec<f32>>;
+
+impl PromptRecord {
     /// A record of the states entering each of `layers` (layer 0 takes the
     /// embeddings).
-    pub fn new(layers: impl IntoIterator<Item = usize>) -> Self {
-        Self {
-            chunks: layers.into_iter().map(|l| (l, Vec::new())).collect(),
+    pub fn entering(layers: impl IntoIterator<Item = usize>) -> Self {
+        Self::default().and_entering(layers)
+    }
+
+    /// This record, also of the states entering each of `layers`.
+    pub fn and_entering(mut self, layers: impl IntoIterator<Item = usize>) -> Self {
+        for l in layers {
+            self.entering.entry(l).or_default();
         }
+        self
+    }
+
+    /// This record, also of each chunk's latest `window` queries at each
+    /// `(layer, window)` of `windows` (the widest where a layer is named
+    /// twice).
+    pub fn and_queries(mut self, windows: impl IntoIterator<Item = (usize, usize)>) -> Self {
+        for (l, w) in windows {
+            let held = &mut self.queries.entry(l).or_default().0;
+            *held = (*held).max(w);
+        }
+        self
     }
 
     /// The chunks recorded entering `layer` (`None` for a layer not asked
     /// for).
     pub fn chunks(&self, layer: usize) -> Option<&[(Tensor, Vec<usize>)]> {
-        self.chunks.get(&layer).map(Vec::as_slice)
+        self.entering.get(&layer).map(Vec::as_slice)
+    }
+
+    /// The chunks' latest queries recorded at `layer` and how many each
+    /// chunk kept at most (`None` for a layer not asked for).
+    pub fn queries(&self, layer: usize) -> Option<(usize, &[QueryRows])> {
+        self.queries.get(&layer).map(|(w, q)| (*w, q.as_slice()))
     }
 
     /// The layer a snapshot at `site` enters.
@@ -366,9 +400,9 @@ impl EnteringStates {
     }
 }
 
-impl Probe for EnteringStates {
+impl Probe for PromptRecord {
     fn wants_residual(&self, site: ResidualSite) -> bool {
-        self.chunks.contains_key(&Self::entered(site))
+        self.entering.contains_key(&Self::entered(site))
     }
 
     fn on_residual(
@@ -377,8 +411,19 @@ impl Probe for EnteringStates {
         positions: &[usize],
         hidden: &Tensor,
     ) -> Result<()> {
-        if let Some(chunks) = self.chunks.get_mut(&Self::entered(site)) {
+        if let Some(chunks) = self.entering.get_mut(&Self::entered(site)) {
             chunks.push((hidden.clone(), positions.to_vec()));
+        }
+        Ok(())
+    }
+
+    fn query_window(&self, layer: usize) -> Option<usize> {
+        self.queries.get(&layer).map(|(w, _)| *w)
+    }
+
+    fn on_queries(&mut self, layer: usize, rows: Vec<Vec<f32>>) -> Result<()> {
+        if let Some((_, chunks)) = self.queries.get_mut(&layer) {
+            chunks.push(rows);
         }
         Ok(())
     }

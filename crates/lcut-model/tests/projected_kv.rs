@@ -326,7 +326,7 @@ fn a_full_prefill_serves_projected_kv_as_its_own_prefill_does() -> Result<()> {
                 let (policy, phases) = resolve(&c, &text)?;
                 for ends in [vec![c.s], vec![5, 17, c.s]] {
                     let mut full = c.model.new_full_sequence();
-                    let mut entering = lcut_model::probes::EnteringStates::new([cut]);
+                    let mut entering = lcut_model::probes::PromptRecord::entering([cut]);
                     let mut own = c.model.new_sequence(policy, phases)?;
                     let mut start = 0;
                     for &end in &ends {
@@ -376,7 +376,7 @@ fn a_prefill_that_cannot_serve_projected_kv_is_refused() -> Result<()> {
     let c = load("llama-gqa")?;
     let (policy, phases) = resolve(&c, "swiftkv:2+bos")?;
     let mut full = c.model.new_full_sequence();
-    let mut at_three = lcut_model::probes::EnteringStates::new([3]);
+    let mut at_three = lcut_model::probes::PromptRecord::entering([3]);
     c.model.forward(
         &mut full,
         &c.ids[..c.s],
@@ -388,7 +388,10 @@ fn a_prefill_that_cannot_serve_projected_kv_is_refused() -> Result<()> {
         .projected_from(&full, policy, phases, &at_three)
         .unwrap_err();
     ensure!(
-        matches!(err, lcut_model::ModelError::EnteringStates { layer: 2, .. }),
+        matches!(
+            err,
+            lcut_model::ModelError::UnrecordedPrompt { layer: 2, .. }
+        ),
         "{err}"
     );
     let (speed, speed_phases) = resolve(&c, "speed:2+bos")?;

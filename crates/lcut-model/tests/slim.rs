@@ -486,3 +486,109 @@ fn only_a_full_depth_prefill_is_reused_under_another_policy() -> Result<()> {
     ensure!(full.restricted(speed, phases).is_ok());
     Ok(())
 }
+
+/// One full-depth prompt run serves SlimInfer: below its first cut the
+/// policy runs the prompt as the full model does, so `Decoder::staged_from`
+/// takes those layers' K/V, the states waiting at the cut and the queries
+/// the first stage reads from the full run's record. The selection, the
+/// decode-phase logits and the K/V held are the policy's own run's, bit
+/// for bit, from a prompt run in one chunk and in chunks. A model whose
+/// layers below the cut slide is refused by name (the full run dropped
+/// keys there that the first stage decides from).
+#[test]
+fn a_full_prefill_serves_slim_as_its_own_prefill_does() -> Result<()> {
+    for c in cases()? {
+        let layers = c.model.config().num_layers;
+        let s = c.decode_start;
+        for text in [
+            "slim:1/3@50%,2/3@25%+block:4+unit:2",
+            "slim:2@50%+block:4+window:3",
+        ] {
+            let policy = policy(text, layers)?;
+            let params = policy.slim().expect("a SlimInfer policy");
+            let first = params.cuts()[0];
+            let phases = TokenPhases::new(c.ids.len(), s, policy.anchor_len(None, s)?)?;
+            for chunk in [s, 5] {
+                let record = lcut_model::probes::PromptRecord::entering([first])
+                    .and_queries([(first - 1, params.options.window + 2)]);
+                let mut record = record;
+                let mut full = c.model.new_full_sequence();
+                for start in (0..s).step_by(chunk) {
+                    let end = (start + chunk).min(s);
+                    c.model.forward(
+                        &mut full,
+                        &c.ids[start..end],
+                        LogitRows::None,
+                        Some(&mut record),
+                    )?;
+                }
+                if c.model.slides_below(first) {
+                    let err = c
+                        .model
+                        .staged_from(&full, policy, phases, &record)
+                        .unwrap_err();
+                    ensure!(
+                        matches!(err, lcut_model::ModelError::NotRestrictable { .. }),
+                        "{}: {err}",
+                        c.name
+                    );
+                    continue;
+                }
+                let mut seq = c.model.staged_from(&full, policy, phases, &record)?;
+                let mut rows = Vec::new();
+                for i in s..c.ids.len() {
+                    let out = c
+                        .model
+                        .forward(&mut seq, &c.ids[i..=i], LogitRows::Last, None)?;
+                    rows.push(out.logits.expect("a decode-phase row"));
+                }
+                let rows = Tensor::cat(&rows, 0)?;
+                let (own, own_seq) = incremental(&c, policy, chunk)?;
+                let what = format!("{} {text} (chunks of {chunk})", c.name);
+                ensure!(
+                    kept_sets(&seq) == kept_sets(&own_seq),
+                    "{what}: another selection"
+                );
+                let d = max_diff(&rows, &own)?;
+                ensure!(d == 0.0, "{what}: logits {d:e} from its own run");
+                ensure!(
+                    seq.kv_bytes_held() == own_seq.kv_bytes_held(),
+                    "{what}: {} bytes held against {}",
+                    seq.kv_bytes_held(),
+                    own_seq.kv_bytes_held()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// SlimInfer's first stage reads the latest queries below its cut: a
+/// record without them, or without the states entering the cut, is
+/// refused by name.
+#[test]
+fn a_record_without_what_slim_reads_is_refused() -> Result<()> {
+    let c = cases()?.remove(0);
+    let layers = c.model.config().num_layers;
+    let s = c.decode_start;
+    let policy = policy("slim:2@50%+block:4", layers)?;
+    let phases = TokenPhases::new(c.ids.len(), s, policy.anchor_len(None, s)?)?;
+    for record in [
+        lcut_model::probes::PromptRecord::entering([2]),
+        lcut_model::probes::PromptRecord::entering([3]).and_queries([(1, 64)]),
+    ] {
+        let mut record = record;
+        let mut full = c.model.new_full_sequence();
+        c.model
+            .forward(&mut full, &c.ids[..s], LogitRows::None, Some(&mut record))?;
+        let err = c
+            .model
+            .staged_from(&full, policy, phases, &record)
+            .unwrap_err();
+        ensure!(
+            matches!(err, lcut_model::ModelError::UnrecordedPrompt { .. }),
+            "{err}"
+        );
+    }
+    Ok(())
+}

@@ -302,11 +302,18 @@ impl LayerExecutor for TensorRows<'_, '_, '_> {
         let Keys::Cache(run) = &mut self.keys else {
             return Ok(());
         };
+        let q = &self.qkv.as_ref().ok_or(unwritten("the queries"))?.q;
+        let l = at.index;
+        if when == Rotation::After
+            && let Some(p) = run.probe.as_deref_mut()
+            && let Some(w) = p.query_window(l)
+            && w > 0
+        {
+            p.on_queries(l, last_query_rows(q, w)?)?;
+        }
         let Some(d) = run.seq.rule.dynamic_mut() else {
             return Ok(());
         };
-        let q = &self.qkv.as_ref().ok_or(unwritten("the queries"))?.q;
-        let l = at.index;
         match when {
             Rotation::Before if d.wants_unrotated_queries(l) => {
                 // rows first [n, heads, head_dim]: each row's heads side by side

@@ -12,7 +12,7 @@ use lcut_policy::{Policy, TokenPhases};
 
 use super::{Decoder, Layer};
 use crate::error::{ModelError, Result};
-use crate::probes::EnteringStates;
+use crate::probes::PromptRecord;
 use crate::sequence::Sequence;
 
 /// The chunk's tokens that have left at some layer of this pass and keep
@@ -152,7 +152,7 @@ impl Decoder {
         prefix: &Sequence,
         policy: Policy,
         phases: TokenPhases,
-        entering: &EnteringStates,
+        entering: &PromptRecord,
     ) -> Result<Sequence> {
         prefix.check_full_depth_prefix(&policy, &phases)?;
         let rule = policy.visibility(phases);
@@ -167,7 +167,7 @@ impl Decoder {
                 policy: policy.to_string(),
             });
         };
-        let missing = |reason: String| ModelError::EnteringStates {
+        let missing = |reason: String| ModelError::UnrecordedPrompt {
             policy: policy.to_string(),
             layer: exit,
             reason,

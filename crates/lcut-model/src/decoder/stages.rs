@@ -4,11 +4,12 @@
 //! layer's keys.
 
 use candle_core::{DType, Tensor};
-use lcut_policy::HostKeys;
+use lcut_policy::{HostKeys, Policy, TokenPhases};
 
 use super::{ChunkOutput, Decoder, LogitRows};
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 use crate::probe::Probe;
+use crate::probes::PromptRecord;
 use crate::sequence::{Pending, Sequence};
 
 impl Decoder {
@@ -90,5 +91,119 @@ impl Decoder {
             d.decide_stage(i, &keys);
         }
         Ok(())
+    }
+
+    /// Whether a layer below `layer` attends through a sliding window.
+    pub fn slides_below(&self, layer: usize) -> bool {
+        self.layers[..layer.min(self.layers.len())]
+            .iter()
+            .any(|l| l.window.is_some())
+    }
+
+    /// The state a policy that prefills in stages (SlimInfer) has after
+    /// `prefix`'s prompt tokens, without running its first stage again.
+    /// Below its first cut every prompt token runs every layer as in the
+    /// full model, so those layers' K/V are `prefix`'s (a
+    /// [full-depth prefix](Sequence::is_full_depth_prefix)); the states
+    /// waiting at the cut are those `record` holds entering it, chunk by
+    /// chunk, and the queries the policy observes below the cut are the
+    /// record's. The stages then run when the decode phase starts, as in
+    /// the policy's own prefill. Refused for a policy without stages, or
+    /// one whose first stage reads a layer that slides ([`Decoder::slides_below`]:
+    /// the full run dropped keys there that the policy decides from), and
+    /// where `record` lacks what the first stage needs.
+    pub fn staged_from(
+        &self,
+        prefix: &Sequence,
+        policy: Policy,
+        phases: TokenPhases,
+        record: &PromptRecord,
+    ) -> Result<Sequence> {
+        prefix.check_full_depth_prefix(&policy, &phases)?;
+        let refuse = || ModelError::NotRestrictable {
+            policy: policy.to_string(),
+        };
+        let mut rule = policy.visibility(phases);
+        let first = rule
+            .dynamic()
+            .and_then(|d| d.stage_cuts().first().copied())
+            .filter(|&c| c > 0 && !self.slides_below(c))
+            .ok_or_else(refuse)?;
+        let held = prefix.next_pos;
+        let missing = |layer: usize, reason: String| ModelError::UnrecordedPrompt {
+            policy: policy.to_string(),
+            layer,
+            reason,
+        };
+        let chunks = record
+            .chunks(first)
+            .ok_or_else(|| missing(first, "the prompt run did not record them".into()))?;
+        let mut pending = Vec::new();
+        let mut recorded = Vec::new();
+        for (hidden, positions) in chunks {
+            let rows: Vec<u32> = (0..positions.len() as u32)
+                .filter(|&i| positions[i as usize] < held)
+                .collect();
+            if rows.is_empty() {
+                continue;
+            }
+            let at: Vec<usize> = rows.iter().map(|&i| positions[i as usize]).collect();
+            let hidden = match rows.len() == positions.len() {
+                true => hidden.clone(),
+                false => hidden.index_select(&Tensor::new(rows.as_slice(), &self.device)?, 0)?,
+            };
+            recorded.extend_from_slice(&at);
+            pending.push(Pending {
+                hidden,
+                positions: at,
+            });
+        }
+        if !recorded.iter().copied().eq(0..held) {
+            return Err(missing(
+                first,
+                format!(
+                    "the prompt run recorded {} of the {held} prompt tokens' states there",
+                    recorded.len()
+                ),
+            ));
+        }
+        // below the first cut every prompt token exists: the full run's rows
+        let caches = prefix
+            .caches
+            .iter()
+            .enumerate()
+            .map(|(l, c)| {
+                let mut c = c.filtered(|p| l < first && rule.token_exists(l, p))?;
+                c.forget_checks();
+                Ok(c)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        // the latest queries the first stage reads, as the policy's own
+        // prefill showed them chunk by chunk
+        let below = first - 1;
+        if let Some(d) = rule.dynamic_mut()
+            && let Some(w) = d.query_window(below).filter(|&w| w > 0)
+        {
+            let rows = record
+                .queries(below)
+                .filter(|(kept, _)| *kept >= w)
+                .map(|(_, rows)| rows)
+                .ok_or_else(|| {
+                    missing(below, format!("its latest {w} queries were not recorded"))
+                })?;
+            for chunk in rows {
+                d.observe_queries(below, chunk.clone());
+            }
+        }
+        Ok(Sequence {
+            policy,
+            rule,
+            caches,
+            next_pos: held,
+            pending,
+            step: None,
+            kv_heads: prefix.kv_heads,
+            windows: prefix.windows.clone(),
+        })
     }
 }
