@@ -38,6 +38,7 @@ fn main() {
         QuantFormat::Q8_0,
         QuantFormat::Q4K,
         QuantFormat::Q6K,
+        QuantFormat::Mxfp4,
     ] {
         if only.as_deref().is_some_and(|f| f != format.name()) {
             continue;

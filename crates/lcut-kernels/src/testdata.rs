@@ -96,6 +96,15 @@ pub fn random_blocks(format: QuantFormat, blocks: usize, rng: &mut Rng) -> Vec<u
                 put_f16(blk, 2, rng.uniform(0.0, 0.01));
             }
             QuantFormat::Q6K => put_f16(blk, 208, scale / 64.0),
+            // exponents 2^-10..2^-4 (the codes reach 12), the smallest
+            // (subnormal) where the others get a zero scale
+            QuantFormat::Mxfp4 => {
+                blk[0] = if edge == Some(2) {
+                    0
+                } else {
+                    118 + (rng.next_u64() % 7) as u8
+                }
+            }
         }
     }
     out
