@@ -1,4 +1,5 @@
-//! MXFP4 against llama.cpp's gguf-py (`fixtures/oracle/mxfp4_reference.py`):
+//! MXFP4 against llama.cpp's gguf-py (`fixtures/oracle/mxfp4_reference.py`,
+//! whose values equal ggml's own C `dequantize_row_mxfp4` bit for bit):
 //! its blocks dequantize to gguf-py's values bit for bit (subnormal and
 //! overflowing exponents included), and their products on every level
 //! this CPU runs equal the f64 dot of gguf-py's values with the quantized
