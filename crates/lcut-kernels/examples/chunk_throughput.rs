@@ -17,7 +17,7 @@ use lcut_kernels::isa::ALL;
 use lcut_kernels::quant::{
     Q8Rows, Q16Rows, QuantMatrix, has_tiled_path, matmul, matmul_wide, takes_wide_activations,
 };
-use lcut_kernels::testdata::{Rng, random_blocks};
+use lcut_kernels::testdata::{Rng, bench_blocks};
 
 fn main() {
     let args: Vec<usize> = std::env::args()
@@ -46,7 +46,7 @@ fn main() {
         if only.as_deref().is_some_and(|f| f != format.name()) {
             continue;
         }
-        let data = random_blocks(format, rows * cols / format.block_len(), &mut rng);
+        let data = bench_blocks(format, rows * cols / format.block_len(), &mut rng);
         let m = QuantMatrix::new(format, &data, rows, cols).expect("whole blocks");
         let mut out = vec![0f32; n * rows];
         let mut scratch = Vec::new();

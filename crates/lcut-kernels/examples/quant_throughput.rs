@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use lcut_kernels::isa::{ALL, Isa};
 use lcut_kernels::quant::{PackedMatrix, Q8Rows, QuantFormat, QuantMatrix, matvec_rows};
-use lcut_kernels::testdata::{Rng, random_blocks};
+use lcut_kernels::testdata::{Rng, bench_blocks};
 
 fn main() {
     let args: Vec<usize> = std::env::args()
@@ -38,11 +38,12 @@ fn main() {
         QuantFormat::Q8_0,
         QuantFormat::Q4K,
         QuantFormat::Q6K,
+        QuantFormat::Mxfp4,
     ] {
         if only.as_deref().is_some_and(|f| f != format.name()) {
             continue;
         }
-        let data = random_blocks(format, rows * cols / format.block_len(), &mut rng);
+        let data = bench_blocks(format, rows * cols / format.block_len(), &mut rng);
         let m = QuantMatrix::new(format, &data, rows, cols).expect("whole blocks");
         let packed = PackedMatrix::pack(&m, |r| r).expect("packs");
         for isa in ALL

@@ -114,6 +114,8 @@ fn exact_case(format: QuantFormat, rows: usize, cols: usize, rng: &mut Rng) -> (
                 // 6-bit scales and mins of at most 15
                 blk[4..16].iter_mut().for_each(|b| *b &= 0x0F);
             }
+            // 2^(e - 128) = d
+            QuantFormat::Mxfp4 => blk[0] = (128 + d.log2() as i32) as u8,
             QuantFormat::Q6K => {
                 put(blk, 208, d);
                 // 8-bit scales in -4..=4
@@ -331,13 +333,15 @@ fn the_tile_does_not_saturate_on_the_largest_values() {
             QuantFormat::Q8_0 => 2..34,
             QuantFormat::Q4K => 16..144,
             QuantFormat::Q6K => 0..192,
+            QuantFormat::Mxfp4 => 1..17,
         };
         for blk in data.chunks_exact_mut(format.block_bytes()) {
-            // Q8_0's largest magnitude is -128; the others' largest is all ones
-            let top = if format == QuantFormat::Q8_0 {
-                0x80
-            } else {
-                0xFF
+            // Q8_0's largest magnitude is -128; MXFP4's tile value (code
+            // value + 12) is largest at code 7 (+12); the others' all ones
+            let top = match format {
+                QuantFormat::Q8_0 => 0x80,
+                QuantFormat::Mxfp4 => 0x77,
+                _ => 0xFF,
             };
             blk[values.clone()].fill(top);
         }

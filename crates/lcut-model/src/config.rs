@@ -110,12 +110,6 @@ impl Arch {
         matches!(self, Arch::Gemma2 | Arch::Gemma3)
     }
 
-    /// Whether lcut reads this architecture's GGUF files (not yet
-    /// gpt-oss's, whose experts llama.cpp stores in MXFP4).
-    pub fn reads_gguf(&self) -> bool {
-        !matches!(self, Arch::GptOss)
-    }
-
     /// OLMo 2 or 3: norms after the blocks, whole-projection q/k norms.
     pub fn is_olmo(&self) -> bool {
         matches!(self, Arch::Olmo2 | Arch::Olmo3)

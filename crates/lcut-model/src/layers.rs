@@ -199,7 +199,7 @@ impl Mlp {
                 ld,
                 prefix,
                 ["gate_proj", "up_proj", "down_proj"],
-                (i, Packing::AtLoad),
+                (i, Packing::AtLoad, false),
             );
         }
         // Phi-3: gate and up in one matrix
@@ -215,16 +215,17 @@ impl Mlp {
 
     /// A gated MLP of inner width `inner` whose gate, up and down matrices
     /// are `prefix.{names}` (an expert: `gate_proj`... or Mixtral's `w1`,
-    /// `w3`, `w2`), packed `when`.
+    /// `w3`, `w2`), packed `when`, each with a bias where `bias` (gpt-oss's
+    /// experts in a GGUF file).
     pub(crate) fn load_named(
         ld: &Loader<'_>,
         prefix: &str,
         [gate, up, down]: [&str; 3],
-        (inner, when): (usize, Packing),
+        (inner, when, bias): (usize, Packing, bool),
     ) -> Result<Self> {
         let d = ld.cfg.hidden_size;
         let linear =
-            |name: &str, shape| ld.linear_packed(&format!("{prefix}.{name}"), shape, false, when);
+            |name: &str, shape| ld.linear_packed(&format!("{prefix}.{name}"), shape, bias, when);
         Ok(Self {
             gate_up: GateUp::Separate {
                 gate: linear(gate, (inner, d))?,
@@ -413,7 +414,7 @@ impl Experts {
         })?;
         let (block, router, names) = match cfg.arch {
             Arch::Mixtral => ("block_sparse_moe", "gate", ["w1", "w3", "w2"]),
-            Arch::GptOss => ("mlp", "router", ["", "", ""]),
+            Arch::GptOss => ("mlp", "router", ["gate_proj", "up_proj", "down_proj"]),
             _ => ("mlp", "gate", ["gate_proj", "up_proj", "down_proj"]),
         };
         let prefix = format!("{layer_prefix}.{block}");
@@ -423,12 +424,18 @@ impl Experts {
             cfg.hidden_size,
             e.bias,
         )?;
+        // gpt-oss's Hugging Face checkpoints stack the experts; its GGUF
+        // files hold them as the others' are (`ffn_gate_exps`... with biases)
+        let stacked = format!("{prefix}.experts.gate_up_proj");
         let experts = match cfg.arch {
-            Arch::GptOss => stacked_experts(ld, &format!("{prefix}.experts"), e)?,
+            Arch::GptOss if ld.files.contains(&stacked) => {
+                stacked_experts(ld, &format!("{prefix}.experts"), e)?
+            }
             _ => (0..e.num_experts)
                 .map(|i| {
                     let prefix = format!("{prefix}.experts.{i}");
-                    Mlp::load_named(ld, &prefix, names, (e.inner, Packing::OnFirstUse))
+                    let how = (e.inner, Packing::OnFirstUse, e.bias);
+                    Mlp::load_named(ld, &prefix, names, how)
                 })
                 .collect::<Result<Vec<_>>>()?,
         };

@@ -289,14 +289,20 @@ fn the_fused_step_equals_the_tensor_path_on_models_with_experts() -> Result<()> 
         ensure!(reason.is_none(), "{}: no fused step ({reason:?})", c.name);
         check_experts_case(&c, 1e-5)?;
     }
-    for name in lcut_testkit::MOE_GGUF_CASES {
-        let path = lcut_testkit::oracle_case(name).join("model.q8_0.gguf");
+    // gpt-oss's file with MXFP4 experts (its own files' kind) too
+    let files = lcut_testkit::MOE_GGUF_CASES
+        .into_iter()
+        .map(|name| (name, "model.q8_0.gguf"))
+        .chain([("moe/gptoss-gguf", "model.mxfp4.gguf")]);
+    for (name, file) in files {
+        let path = lcut_testkit::oracle_case(name).join(file);
         let mut c = common::models_of(&[name])?.remove(0);
         c.model = Decoder::load_as(&path, WeightMode::Quantized, &Device::Cpu)?;
-        c.name = if name.contains("mixtral") {
-            "Mixtral Q8_0 GGUF"
-        } else {
-            "Qwen3-MoE Q8_0 GGUF"
+        c.name = match (name, file) {
+            (_, "model.mxfp4.gguf") => "gpt-oss MXFP4 GGUF",
+            (n, _) if n.contains("mixtral") => "Mixtral Q8_0 GGUF",
+            (n, _) if n.contains("gptoss") => "gpt-oss Q8_0 GGUF",
+            _ => "Qwen3-MoE Q8_0 GGUF",
         };
         let reason = c.model.unfused_reason()?;
         ensure!(reason.is_none(), "{}: no fused step ({reason:?})", c.name);

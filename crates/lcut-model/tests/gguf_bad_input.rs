@@ -232,10 +232,6 @@ fn damaged_mixture_of_experts_files_are_named() {
         &err.to_string(),
         &[&shown(&path), "blk.2.ffn_down_exps.weight", "[8, 64, 32]"],
     );
-    // gpt-oss's files: MXFP4 experts lcut does not read yet, said by name
-    let (path, err, _d) = load(&with_string(&good(), "llama", "gpt-oss"));
-    assert!(matches!(err, ModelError::GgufExperts { .. }), "{err}");
-    assert_mentions(&err.to_string(), &[&shown(&path), "gpt-oss", "MXFP4"]);
     // routing lcut does not run: shared experts, another gating function
     for (key, says) in [
         ("qwen3moe.expert_shared_count", "shared experts"),
@@ -245,6 +241,78 @@ fn damaged_mixture_of_experts_files_are_named() {
         let (path, err, _d) = load(&b);
         assert!(matches!(err, ModelError::GgufExperts { .. }), "{err}");
         assert_mentions(&err.to_string(), &[&shown(&path), key, says]);
+    }
+}
+
+/// gpt-oss's own kind of file (MXFP4 experts, `moe/gptoss-gguf`).
+fn gptoss_good() -> Vec<u8> {
+    std::fs::read(oracle_case("moe/gptoss-gguf").join("model.mxfp4.gguf")).expect("fixture")
+}
+
+/// A gpt-oss file whose sinks, expert count or MXFP4 expert tensors
+/// disagree with the model is refused by name, in both weight modes.
+#[test]
+fn damaged_gpt_oss_files_are_named() {
+    let refused = |b: &[u8]| -> (PathBuf, Vec<ModelError>, tempfile::TempDir) {
+        let (dir, path) = write(b);
+        let errs = [WeightMode::Dense(DType::F32), WeightMode::Quantized]
+            .into_iter()
+            .map(|mode| {
+                Decoder::load_as(&path, mode, &Device::Cpu).expect_err("a damaged file is refused")
+            })
+            .collect();
+        (path, errs, dir)
+    };
+    // the file itself loads in both modes
+    let (_d, path) = write(&gptoss_good());
+    for mode in [WeightMode::Dense(DType::F32), WeightMode::Quantized] {
+        Decoder::load_as(&path, mode, &Device::Cpu).expect("the fixture loads");
+    }
+    // three sink logits for four heads (the tensor's one dimension)
+    let mut b = gptoss_good();
+    let at = after_string(&b, "blk.1.attn_sinks.weight") + 4;
+    put_u64(&mut b, at, 3);
+    let (path, errs, _d) = refused(&b);
+    for err in errs {
+        assert!(matches!(err, ModelError::TensorShape { .. }), "{err}");
+        assert_mentions(
+            &err.to_string(),
+            &[&shown(&path), "blk.1.attn_sinks.weight"],
+        );
+    }
+    // three experts declared, four stored
+    let mut b = gptoss_good();
+    let at = after_string(&b, "gpt-oss.expert_count") + 4;
+    put_u32(&mut b, at, 3);
+    let (path, errs, _d) = refused(&b);
+    for err in errs {
+        assert!(matches!(err, ModelError::TensorShape { .. }), "{err}");
+        // the router's bias [experts] is read first
+        assert_mentions(&err.to_string(), &[&shown(&path), "blk.0.ffn_gate_inp"]);
+    }
+    // MXFP4 rows of 48 values: not whole blocks of 32
+    let mut b = gptoss_good();
+    let at = after_string(&b, "blk.0.ffn_gate_exps.weight") + 4;
+    put_u64(&mut b, at, 48);
+    let (path, errs, _d) = refused(&b);
+    for err in errs {
+        assert!(matches!(err, ModelError::GgufMalformed { .. }), "{err}");
+        assert_mentions(
+            &err.to_string(),
+            &[&shown(&path), "blk.0.ffn_gate_exps.weight", "MXFP4"],
+        );
+    }
+    // an MXFP4 tensor of 400 experts: more blocks than the file holds
+    let mut b = gptoss_good();
+    let at = after_string(&b, "blk.3.ffn_down_exps.weight") + 4 + 2 * 8;
+    put_u64(&mut b, at, 400);
+    let (path, errs, _d) = refused(&b);
+    for err in errs {
+        assert!(matches!(err, ModelError::GgufTruncated { .. }), "{err}");
+        assert_mentions(
+            &err.to_string(),
+            &[&shown(&path), "blk.3.ffn_down_exps.weight"],
+        );
     }
 }
 

@@ -34,10 +34,23 @@ fn mutated_mixture_of_experts_gguf_files_never_panic() {
     mutate("moe/qwen3moe-sparse", 20261127);
 }
 
-/// `LCUT_MUTANTS` (default 10,000) mutants of `case`'s Q8_0 file from `seed`:
-/// none panics, and most are refused.
+/// A gpt-oss file with MXFP4 experts (llama.cpp's `gpt-oss`): the entries
+/// of its sinks, routers and MXFP4 expert tensors (types, dimensions,
+/// offsets) and, less often, their data damaged in turn.
+#[test]
+fn mutated_gpt_oss_mxfp4_gguf_files_never_panic() {
+    mutate_file("moe/gptoss-gguf", "model.mxfp4.gguf", 20261128);
+}
+
+/// [`mutate_file`] on `case`'s Q8_0 file.
 fn mutate(case: &str, seed: u64) {
-    let path = oracle_case(case).join("model.q8_0.gguf");
+    mutate_file(case, "model.q8_0.gguf", seed);
+}
+
+/// `LCUT_MUTANTS` (default 10,000) mutants of `case`'s `file` from `seed`:
+/// none panics, and most are refused.
+fn mutate_file(case: &str, file: &str, seed: u64) {
+    let path = oracle_case(case).join(file);
     let good = std::fs::read(&path).expect("fixture");
     let header_len = GgufHeader::parse(&good, &path).expect("valid").header_len;
     let count = std::env::var("LCUT_MUTANTS")

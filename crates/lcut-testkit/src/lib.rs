@@ -61,8 +61,12 @@ pub const MOE_CASES: [&str; 4] = [
 
 /// The mixture-of-experts cases llama.cpp's converter writes as GGUF
 /// (`model.f32.gguf`, `model.q8_0.gguf`): its `qwen3moe` has no dense
-/// layers, so `moe/qwen3moe-experts` has none.
-pub const MOE_GGUF_CASES: [&str; 2] = ["moe/qwen3moe-sparse", "moe/mixtral-top2"];
+/// layers, so `moe/qwen3moe-experts` has none; gpt-oss's as llama.cpp runs
+/// it (`moe/gptoss-gguf`, with `model.mxfp4.gguf` too), not
+/// `moe/gptoss-sinks`, whose SwiGLU limit and YaRN ramp llama.cpp's
+/// `gpt-oss` fixes otherwise.
+pub const MOE_GGUF_CASES: [&str; 3] =
+    ["moe/qwen3moe-sparse", "moe/mixtral-top2", "moe/gptoss-gguf"];
 
 /// The folder of reference case `name` (e.g. `llama-gqa`): a model folder
 /// (config.json, model.safetensors) with case.json and reference.safetensors.

@@ -14,17 +14,18 @@
 use std::arch::x86_64::{
     __m128i, __m256, __m256i, _mm_add_ps, _mm_add_ss, _mm_cvtph_ps, _mm_cvtsi32_si128,
     _mm_cvtss_f32, _mm_loadu_si128, _mm_movehdup_ps, _mm_movehl_ps, _mm_set1_epi16, _mm_shuffle_ps,
-    _mm_srli_epi16, _mm256_add_ps, _mm256_and_si256, _mm256_castps256_ps128, _mm256_cmpeq_epi8,
-    _mm256_cvtepi32_ps, _mm256_extractf128_ps, _mm256_fmadd_ps, _mm256_loadu_si256,
-    _mm256_madd_epi16, _mm256_maddubs_epi16, _mm256_or_si256, _mm256_set_m128i, _mm256_set1_epi8,
-    _mm256_set1_epi16, _mm256_set1_epi32, _mm256_set1_epi64x, _mm256_set1_ps, _mm256_setr_epi64x,
-    _mm256_setzero_ps, _mm256_shuffle_epi8, _mm256_sign_epi8, _mm256_slli_epi16, _mm256_srli_epi16,
-    _mm256_sub_epi32, _mm256_zextsi128_si256,
+    _mm_srli_epi16, _mm256_add_ps, _mm256_and_si256, _mm256_blendv_epi8, _mm256_castps256_ps128,
+    _mm256_castsi256_ps, _mm256_cmpeq_epi8, _mm256_cmpgt_epi32, _mm256_cvtepi32_ps,
+    _mm256_extractf128_ps, _mm256_fmadd_ps, _mm256_loadu_si256, _mm256_madd_epi16,
+    _mm256_maddubs_epi16, _mm256_or_si256, _mm256_set_m128i, _mm256_set1_epi8, _mm256_set1_epi16,
+    _mm256_set1_epi32, _mm256_set1_epi64x, _mm256_set1_ps, _mm256_setr_epi64x, _mm256_setzero_ps,
+    _mm256_shuffle_epi8, _mm256_sign_epi8, _mm256_slli_epi16, _mm256_slli_epi32, _mm256_sllv_epi32,
+    _mm256_srli_epi16, _mm256_sub_epi32, _mm256_zextsi128_si256,
 };
 
 use crate::isa::Isa;
 use crate::quant::acts::Q8Row;
-use crate::quant::format::{QK, QuantFormat, q4k_scale_min};
+use crate::quant::format::{KVALUES_MXFP4, QK, QuantFormat, e8m0_half, q4k_scale_min};
 
 /// Rows of `w` (`row_bytes` each) dot the activation rows `a` into `out`
 /// ([row][activation]); false, doing nothing, where the CPU lacks AVX2.
@@ -79,6 +80,7 @@ fn dot<const N: usize>(format: QuantFormat, row: &[u8], a: &[Q8Row<'_>; N]) -> [
         QuantFormat::Q8_0 => row32::<N, Q8_0>(row, a),
         QuantFormat::Q4K => row_q4k::<N>(row, a),
         QuantFormat::Q6K => row_q6k::<N>(row, a),
+        QuantFormat::Mxfp4 => row32::<N, MXFP4>(row, a),
     }
 }
 
@@ -88,6 +90,7 @@ const Q4_1: u8 = 1;
 const Q8_0: u8 = 2;
 const Q5_0: u8 = 3;
 const Q5_1: u8 = 4;
+const MXFP4: u8 = 5;
 
 /// Sum of the eight lanes.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -136,6 +139,26 @@ fn nibbles(bytes: &[u8]) -> __m256i {
     let packed = unsafe { _mm_loadu_si128(bytes.as_ptr().cast::<__m128i>()) };
     let both = _mm256_set_m128i(_mm_srli_epi16::<4>(packed), packed);
     _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
+}
+
+/// The 32 signed values of an MXFP4 block's 16 code bytes: each nibble
+/// looked up in the code table by a byte shuffle (ggml's way).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn mxfp4_bytes(bytes: &[u8]) -> __m256i {
+    let table = &KVALUES_MXFP4;
+    // SAFETY: the table is 16 readable bytes; unaligned load.
+    let table = unsafe { _mm_loadu_si128(table.as_ptr().cast::<__m128i>()) };
+    _mm256_shuffle_epi8(_mm256_set_m128i(table, table), nibbles(bytes))
+}
+
+/// Eight E8M0 exponents (one per i32 lane) as the blocks' scales,
+/// 2^(e - 128) lane by lane as [`e8m0_half`] builds it.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn e8m0_half8(e: __m256i) -> __m256 {
+    let normal = _mm256_slli_epi32::<23>(_mm256_sub_epi32(e, _mm256_set1_epi32(1)));
+    let subnormal = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
+    let small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+    _mm256_castsi256_ps(_mm256_blendv_epi8(normal, subnormal, small))
 }
 
 /// The fifth bits of a Q5 block's 32 values (the little-endian u32 at
@@ -216,6 +239,16 @@ fn block32<const N: usize, const KIND: u8>(
                 extra[r] += m * a[r].s[b];
             }
         }
+        MXFP4 => {
+            let w = mxfp4_bytes(&blk[1..17]);
+            let d = e8m0_half(blk[0]);
+            let abs = _mm256_sign_epi8(w, w);
+            for r in 0..N {
+                // signed x signed: |w| x (a with w's sign)
+                let p = dot_u8_i8(abs, _mm256_sign_epi8(acts(&a[r], b), w));
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[r].d[b]), p, acc[r]);
+            }
+        }
         _ => {
             let w = load32(&blk[2..34]);
             let (d, _) = f16_pair(blk, 0);
@@ -238,6 +271,7 @@ fn row32<const N: usize, const KIND: u8>(row: &[u8], a: &[Q8Row<'_>; N]) -> [f32
         Q4_1 => 20,
         Q5_0 => 22,
         Q5_1 => 24,
+        MXFP4 => 17,
         _ => 34,
     };
     let (mut acc0, mut acc1) = ([_mm256_setzero_ps(); N], [_mm256_setzero_ps(); N]);

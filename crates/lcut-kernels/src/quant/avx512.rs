@@ -10,21 +10,23 @@
 use std::arch::x86_64::{
     __m256i, __m512, __m512i, __mmask16, _mm_loadu_si128, _mm256_and_si256, _mm256_loadu_ps,
     _mm256_loadu_si256, _mm256_loadu2_m128i, _mm256_movm_epi8, _mm256_mul_ps, _mm256_or_si256,
-    _mm256_set_m128i, _mm256_set1_epi8, _mm256_set1_ps, _mm256_srli_epi16, _mm512_abs_epi8,
-    _mm512_add_epi32, _mm512_and_si512, _mm512_castsi256_si512, _mm512_cvtepi8_epi32,
-    _mm512_cvtepi32_epi16, _mm512_cvtepi32_ps, _mm512_cvtph_ps, _mm512_dpbusd_epi32,
-    _mm512_fmadd_ps, _mm512_fnmadd_ps, _mm512_inserti64x4, _mm512_loadu_si512,
-    _mm512_mask_i32gather_epi32, _mm512_mask_sub_epi8, _mm512_maskz_loadu_ps, _mm512_movepi8_mask,
-    _mm512_movm_epi8, _mm512_mul_ps, _mm512_or_si512, _mm512_permutexvar_ps, _mm512_reduce_add_ps,
-    _mm512_set1_epi8, _mm512_set1_epi32, _mm512_set1_ps, _mm512_setr_epi32, _mm512_setzero_ps,
-    _mm512_setzero_si512, _mm512_shuffle_i64x2, _mm512_srli_epi32, _mm512_sub_epi32,
-    _mm512_zextps256_ps512, _mm512_zextsi256_si512,
+    _mm256_set_m128i, _mm256_set1_epi8, _mm256_set1_ps, _mm256_shuffle_epi8, _mm256_srli_epi16,
+    _mm512_abs_epi8, _mm512_add_epi32, _mm512_and_si512, _mm512_broadcast_i32x4,
+    _mm512_castsi256_si512, _mm512_castsi512_ps, _mm512_castsi512_si256, _mm512_cmplt_epu32_mask,
+    _mm512_cvtepi8_epi32, _mm512_cvtepi32_epi16, _mm512_cvtepi32_ps, _mm512_cvtph_ps,
+    _mm512_dpbusd_epi32, _mm512_fmadd_ps, _mm512_fnmadd_ps, _mm512_inserti64x4, _mm512_loadu_si512,
+    _mm512_mask_blend_epi32, _mm512_mask_i32gather_epi32, _mm512_mask_sub_epi8,
+    _mm512_maskz_loadu_ps, _mm512_movepi8_mask, _mm512_movm_epi8, _mm512_mul_ps, _mm512_or_si512,
+    _mm512_permutexvar_ps, _mm512_reduce_add_ps, _mm512_set1_epi8, _mm512_set1_epi32,
+    _mm512_set1_ps, _mm512_setr_epi32, _mm512_setzero_ps, _mm512_setzero_si512,
+    _mm512_shuffle_epi8, _mm512_shuffle_i64x2, _mm512_slli_epi32, _mm512_sllv_epi32,
+    _mm512_srli_epi32, _mm512_sub_epi32, _mm512_zextps256_ps512, _mm512_zextsi256_si512,
 };
 
 use crate::isa::Isa;
 use crate::quant::acts::Q8Row;
 use crate::quant::avx2::q6k_half;
-use crate::quant::format::{QK, QuantFormat, q4k_scale_min};
+use crate::quant::format::{KVALUES_MXFP4, QK, QuantFormat, q4k_scale_min};
 
 /// Rows of `w` (`row_bytes` each) dot the activation rows `a` into `out`
 /// ([row][activation]); false, doing nothing, where the CPU lacks AVX-512
@@ -81,6 +83,7 @@ fn dot<const N: usize>(format: QuantFormat, row: &[u8], a: &[Q8Row<'_>; N]) -> [
         QuantFormat::Q8_0 => row32::<N, Q8_0>(row, a),
         QuantFormat::Q4K => row_q4k::<N>(row, a),
         QuantFormat::Q6K => row_q6k::<N>(row, a),
+        QuantFormat::Mxfp4 => row32::<N, MXFP4>(row, a),
     }
 }
 
@@ -90,6 +93,7 @@ const Q4_1: u8 = 1;
 const Q8_0: u8 = 2;
 const Q5_0: u8 = 3;
 const Q5_1: u8 = 4;
+const MXFP4: u8 = 5;
 
 /// Bytes per block of a 32-value format tag.
 const fn block_bytes(kind: u8) -> usize {
@@ -98,6 +102,7 @@ const fn block_bytes(kind: u8) -> usize {
         Q4_1 => 20,
         Q5_0 => 22,
         Q5_1 => 24,
+        MXFP4 => 17,
         _ => 34,
     }
 }
@@ -108,6 +113,7 @@ const fn nibble_offset(kind: u8) -> usize {
         Q4_0 => 2,
         Q4_1 => 4,
         Q5_0 => 6,
+        MXFP4 => 1,
         _ => 8,
     }
 }
@@ -170,6 +176,25 @@ fn gather_heads(group: &[u8], bytes: usize, count: usize) -> __m512i {
     }
 }
 
+/// MXFP4's code table in each 128-bit lane (for a byte shuffle).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn mxfp4_table() -> __m512i {
+    let table = &KVALUES_MXFP4;
+    // SAFETY: the table is 16 readable bytes; unaligned load.
+    let table = unsafe { _mm_loadu_si128(table.as_ptr().cast()) };
+    _mm512_broadcast_i32x4(table)
+}
+
+/// Sixteen E8M0 exponents (one per i32 lane) as the blocks' scales,
+/// 2^(e - 128) lane by lane as [`crate::quant::format::e8m0_half`] builds it.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) fn e8m0_half16(e: __m512i) -> __m512 {
+    let normal = _mm512_slli_epi32::<23>(_mm512_sub_epi32(e, _mm512_set1_epi32(1)));
+    let subnormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x0020_0000), e);
+    let small = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
+    _mm512_castsi512_ps(_mm512_mask_blend_epi32(small, normal, subnormal))
+}
+
 /// Two consecutive blocks' 64 weights as bytes, in activation order.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn pair<const KIND: u8>(two: &[u8]) -> __m512i {
@@ -197,6 +222,9 @@ fn pair<const KIND: u8>(two: &[u8]) -> __m512i {
                 let high = _mm512_and_si512(_mm512_movm_epi8(bits), _mm512_set1_epi8(0x10));
                 return _mm512_or_si512(z, high);
             }
+            if KIND == MXFP4 {
+                return _mm512_shuffle_epi8(mxfp4_table(), z);
+            }
             z
         }
     }
@@ -218,6 +246,9 @@ fn single<const KIND: u8>(blk: &[u8]) -> __m512i {
                 let high = _mm256_movm_epi8(fifth_bits_of(KIND, blk));
                 w = _mm256_or_si256(w, _mm256_and_si256(high, _mm256_set1_epi8(0x10)));
             }
+            if KIND == MXFP4 {
+                w = _mm256_shuffle_epi8(_mm512_castsi512_si256(mxfp4_table()), w);
+            }
             _mm512_zextsi256_si512(w)
         }
     }
@@ -229,7 +260,7 @@ fn prod<const KIND: u8>(w: __m512i, a: __m512i) -> __m512i {
     let zero = _mm512_setzero_si512();
     match KIND {
         // signed x signed: |w| x (a with w's sign)
-        Q8_0 => {
+        Q8_0 | MXFP4 => {
             let signed = _mm512_mask_sub_epi8(a, _mm512_movepi8_mask(w), zero, a);
             _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(w), signed)
         }
@@ -249,7 +280,11 @@ fn row32<const N: usize, const KIND: u8>(row: &[u8], a: &[Q8Row<'_>; N]) -> [f32
         let count = (blocks - g).min(16);
         let group = &row[g * bytes..(g + count) * bytes];
         let heads = gather_heads(group, bytes, count);
-        let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(heads));
+        let d = if KIND == MXFP4 {
+            e8m0_half16(_mm512_and_si512(heads, _mm512_set1_epi32(0xFF)))
+        } else {
+            _mm512_cvtph_ps(_mm512_cvtepi32_epi16(heads))
+        };
         let mut scale = [_mm512_setzero_ps(); N];
         for r in 0..N {
             scale[r] = _mm512_mul_ps(d, load_f32(&a[r].d[g..], count));

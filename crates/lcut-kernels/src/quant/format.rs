@@ -44,10 +44,12 @@ pub enum QuantFormat {
     Q4K,
     /// 6-bit values in super-blocks of 256 with 8-bit scales per 16.
     Q6K,
+    /// 4-bit E2M1 codes with one power-of-two exponent per 32 (gpt-oss's experts).
+    Mxfp4,
 }
 
 /// Every format, in ggml's type order.
-pub const FORMATS: [QuantFormat; 7] = [
+pub const FORMATS: [QuantFormat; 8] = [
     QuantFormat::Q4_0,
     QuantFormat::Q4_1,
     QuantFormat::Q5_0,
@@ -55,7 +57,11 @@ pub const FORMATS: [QuantFormat; 7] = [
     QuantFormat::Q8_0,
     QuantFormat::Q4K,
     QuantFormat::Q6K,
+    QuantFormat::Mxfp4,
 ];
+
+/// MXFP4's code values, doubled E2M1 (ggml's `kvalues_mxfp4`).
+pub const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
 /// Values per block of the 32-value formats (and per activation block).
 pub const QK: usize = 32;
@@ -66,7 +72,7 @@ impl QuantFormat {
     /// Values per block.
     pub const fn block_len(self) -> usize {
         match self {
-            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 => QK,
+            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::Mxfp4 => QK,
             Self::Q4K | Self::Q6K => QK_K,
         }
     }
@@ -81,17 +87,19 @@ impl QuantFormat {
             Self::Q8_0 => 34,
             Self::Q4K => 144,
             Self::Q6K => 210,
+            Self::Mxfp4 => 17,
         }
     }
 
     /// How many steps of unsigned-weight x signed-activation byte pairs
     /// (`maddubs`, each pair at most 2 x the largest weight x 128) can be
     /// added in 16 bits before they must widen: 8 for 4-bit weights, 4 for
-    /// 5-bit, 2 for Q6_K's 6-bit, 1 for Q8_0's 8-bit magnitudes.
+    /// 5-bit, 2 for Q6_K's 6-bit, 1 for Q8_0's 8-bit magnitudes; 4 for
+    /// MXFP4, whose values taken unsigned (code value + 12) reach 24.
     pub const fn i16_pair_steps(self) -> usize {
         match self {
             Self::Q4_0 | Self::Q4_1 | Self::Q4K => 8,
-            Self::Q5_0 | Self::Q5_1 => 4,
+            Self::Q5_0 | Self::Q5_1 | Self::Mxfp4 => 4,
             Self::Q6K => 2,
             Self::Q8_0 => 1,
         }
@@ -107,6 +115,7 @@ impl QuantFormat {
             Self::Q8_0 => "Q8_0",
             Self::Q4K => "Q4_K",
             Self::Q6K => "Q6_K",
+            Self::Mxfp4 => "MXFP4",
         }
     }
 
@@ -120,6 +129,7 @@ impl QuantFormat {
             Self::Q8_0 => 8,
             Self::Q4K => 12,
             Self::Q6K => 14,
+            Self::Mxfp4 => 39,
         }
     }
 
@@ -146,6 +156,36 @@ impl QuantFormat {
 #[inline(always)]
 pub(crate) fn f16_at(bytes: &[u8], at: usize) -> f32 {
     f16::from_bits(u16::from_le_bytes([bytes[at], bytes[at + 1]])).to_f32()
+}
+
+/// MXFP4's code values plus 12 (0..=24): unsigned, as the products that
+/// multiply unsigned weights take them, 12 x the activations' sum coming off.
+pub(crate) const MXFP4_PLUS12: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (KVALUES_MXFP4[i] + 12) as u8;
+        i += 1;
+    }
+    t
+};
+
+/// An MXFP4 block's scale from its E8M0 exponent byte: 2^(e - 128)
+/// exactly, as ggml's `ggml_e8m0_to_fp32_half` builds it (subnormal below
+/// e = 2).
+#[inline(always)]
+pub fn e8m0_half(e: u8) -> f32 {
+    if e < 2 {
+        f32::from_bits(0x0020_0000 << e)
+    } else {
+        f32::from_bits(u32::from(e - 1) << 23)
+    }
+}
+
+/// The 32 signed values (doubled E2M1) of an MXFP4 block's 16 code bytes.
+#[inline(always)]
+pub(crate) fn mxfp4_values(qs: &[u8]) -> [i8; QK] {
+    nibbles32(qs).map(|q| KVALUES_MXFP4[usize::from(q)])
 }
 
 /// Scale and minimum of sub-block `j` (0..8) of a Q4_K block from its 12
@@ -254,6 +294,12 @@ fn dequantize_block(format: QuantFormat, blk: &[u8], out: &mut [f32]) {
             for (i, (o, q)) in out.iter_mut().zip(values).enumerate() {
                 let sc = f32::from(blk[192 + i / 16] as i8);
                 *o = d * sc * (f32::from(q) - 32.0);
+            }
+        }
+        QuantFormat::Mxfp4 => {
+            let d = e8m0_half(blk[0]);
+            for (o, q) in out.iter_mut().zip(mxfp4_values(&blk[1..17])) {
+                *o = f32::from(q) * d;
             }
         }
     }

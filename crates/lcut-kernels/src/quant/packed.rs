@@ -17,6 +17,7 @@
 //!   nibbles as Q4_0 (176).
 //! - `Q5_1`: 8 scales, 8 minimums, fifth bits and nibbles as Q5_0 (192).
 //! - `Q8_0`: 8 scales, the signed bytes as 8 chunks (272).
+//! - `MXFP4`: 8 exponent bytes, the nibbles as Q4_0 (136).
 //! - `Q4_K`: 8 super-scales, 8 super-minimums, the 6-bit scales and minimums
 //!   unpacked to bytes (64 each, sub-block j's eight at 8j), the nibbles as
 //!   32 chunks: chunk c's low nibbles are sub-block 2(c/8), values
@@ -103,6 +104,12 @@ pub(crate) fn pack_block(format: QuantFormat, blocks: &[&[u8]; GROUP_ROWS], out:
         }
     }
     match format {
+        QuantFormat::Mxfp4 => {
+            for (r, b) in blocks.iter().enumerate() {
+                out[r] = b[0];
+            }
+            chunks(&mut out[GROUP_ROWS..], |r| &blocks[r][1..17], 16);
+        }
         QuantFormat::Q4K => {
             for (r, b) in blocks.iter().enumerate() {
                 out[2 * r..2 * r + 2].copy_from_slice(&b[0..2]);
@@ -183,6 +190,10 @@ pub(crate) fn unpack_block(format: QuantFormat, gblk: &[u8], lane: usize, out: &
         }
     };
     match format {
+        QuantFormat::Mxfp4 => {
+            out[0] = gblk[r];
+            unchunk(&mut out[1..17], &gblk[GROUP_ROWS..], 16);
+        }
         QuantFormat::Q4K => {
             out[0..2].copy_from_slice(&gblk[2 * r..2 * r + 2]);
             out[2..4].copy_from_slice(&gblk[16 + 2 * r..18 + 2 * r]);

@@ -19,16 +19,16 @@ use std::arch::x86_64::{
     _mm256_add_ps, _mm256_and_si256, _mm256_cmpeq_epi8, _mm256_cvtepi8_epi32, _mm256_cvtepi32_ps,
     _mm256_cvtepu8_epi32, _mm256_cvtph_ps, _mm256_fmadd_ps, _mm256_fnmadd_ps, _mm256_loadu_si256,
     _mm256_madd_epi16, _mm256_maddubs_epi16, _mm256_mul_ps, _mm256_mullo_epi32, _mm256_or_si256,
-    _mm256_set1_epi8, _mm256_set1_epi16, _mm256_set1_epi32, _mm256_set1_epi64x, _mm256_set1_ps,
-    _mm256_setr_epi64x, _mm256_setzero_ps, _mm256_setzero_si256, _mm256_shuffle_epi8,
-    _mm256_sign_epi8, _mm256_srli_epi16, _mm256_storeu_ps, _mm256_sub_epi32,
+    _mm256_set_m128i, _mm256_set1_epi8, _mm256_set1_epi16, _mm256_set1_epi32, _mm256_set1_epi64x,
+    _mm256_set1_ps, _mm256_setr_epi64x, _mm256_setzero_ps, _mm256_setzero_si256,
+    _mm256_shuffle_epi8, _mm256_sign_epi8, _mm256_srli_epi16, _mm256_storeu_ps, _mm256_sub_epi32,
 };
 
 use crate::isa::Isa;
 use crate::quant::MAX_BATCH;
 use crate::quant::acts::{Q8Row, Q8Super};
-use crate::quant::avx2::q6k_values;
-use crate::quant::format::QuantFormat;
+use crate::quant::avx2::{e8m0_half8, q6k_values};
+use crate::quant::format::{MXFP4_PLUS12, QuantFormat};
 use crate::quant::packed::{GROUP_ROWS, act_word, group_block_bytes};
 use crate::quant::prefetch;
 
@@ -87,6 +87,7 @@ fn dot<const N: usize>(format: QuantFormat, group: &[u8], a: &[Q8Row<'_>; N]) ->
         QuantFormat::Q8_0 => g32::<N, Q8_0>(group, a),
         QuantFormat::Q4K => g_q4k::<N>(group, a),
         QuantFormat::Q6K => g_q6k::<N>(group, a),
+        QuantFormat::Mxfp4 => g32::<N, MXFP4>(group, a),
     }
 }
 
@@ -96,6 +97,7 @@ const Q4_1: u8 = 1;
 const Q8_0: u8 = 2;
 const Q5_0: u8 = 3;
 const Q5_1: u8 = 4;
+const MXFP4: u8 = 5;
 
 const fn format_of(kind: u8) -> QuantFormat {
     match kind {
@@ -103,6 +105,7 @@ const fn format_of(kind: u8) -> QuantFormat {
         Q4_1 => QuantFormat::Q4_1,
         Q5_0 => QuantFormat::Q5_0,
         Q5_1 => QuantFormat::Q5_1,
+        MXFP4 => QuantFormat::Mxfp4,
         _ => QuantFormat::Q8_0,
     }
 }
@@ -189,6 +192,7 @@ fn weights32<const KIND: u8>(blk: &[u8]) -> [__m256i; 8] {
                 Q4_0 => 16,
                 Q4_1 => 32,
                 Q5_0 => 48,
+                MXFP4 => 8,
                 _ => 64,
             };
             let low = _mm256_set1_epi8(0x0F);
@@ -196,6 +200,16 @@ fn weights32<const KIND: u8>(blk: &[u8]) -> [__m256i; 8] {
                 let v = load32(&blk[qs + 32 * c..]);
                 w[c] = _mm256_and_si256(v, low);
                 w[c + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+            }
+            if KIND == MXFP4 {
+                // code value + 12 (unsigned); 12 x the activation sum comes off
+                let table = &MXFP4_PLUS12;
+                // SAFETY: the table is 16 readable bytes; unaligned load.
+                let table = unsafe { _mm_loadu_si128(table.as_ptr().cast::<__m128i>()) };
+                let table = _mm256_set_m128i(table, table);
+                for x in &mut w {
+                    *x = _mm256_shuffle_epi8(table, *x);
+                }
             }
             if KIND == Q5_0 || KIND == Q5_1 {
                 let bits = if KIND == Q5_0 { 16 } else { 32 };
@@ -224,7 +238,11 @@ fn g32<const N: usize, const KIND: u8>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m
     let distance = prefetch::distance();
     for (b, blk) in group.chunks_exact(gb).enumerate() {
         prefetch::ahead(blk, distance);
-        let d = f16x8(blk);
+        let d = if KIND == MXFP4 {
+            e8m0_half8(bytes8(blk, false))
+        } else {
+            f16x8(blk)
+        };
         let w = weights32::<KIND>(blk);
         let coef = match KIND {
             Q4_0 => _mm256_mul_ps(d, _mm256_set1_ps(-8.0)),
@@ -260,10 +278,15 @@ fn g32<const N: usize, const KIND: u8>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m
             }
         }
         for r in 0..N {
-            let isum = isum[r];
+            let mut isum = isum[r];
+            if KIND == MXFP4 {
+                // (v + 12) x summed: take 12 x (the block's activation sum) back
+                let s = i32::from(a[r].sum16[2 * b]) + i32::from(a[r].sum16[2 * b + 1]);
+                isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(12 * s));
+            }
             let scale = _mm256_mul_ps(d, _mm256_set1_ps(a[r].d[b]));
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[r]);
-            if KIND != Q8_0 {
+            if KIND != Q8_0 && KIND != MXFP4 {
                 extra[r] = _mm256_fmadd_ps(coef, _mm256_set1_ps(a[r].s[b]), extra[r]);
             }
         }

@@ -4,7 +4,7 @@
 
 use crate::quant::acts::Q8Row;
 use crate::quant::format::{
-    QK, QuantFormat, f16_at, nibbles32, q4k_scale_min, q6k_values, values5,
+    QK, QuantFormat, e8m0_half, f16_at, mxfp4_values, nibbles32, q4k_scale_min, q6k_values, values5,
 };
 
 /// Sum of products of unsigned and signed bytes.
@@ -64,6 +64,18 @@ pub(crate) fn dot_row(format: QuantFormat, row: &[u8], a: &Q8Row<'_>) -> f32 {
             .map(|(b, blk)| {
                 let p = isum_i8(&blk[2..34], &a.q[QK * b..QK * b + QK]);
                 f16_at(blk, 0) * a.d[b] * p as f32
+            })
+            .fold(0.0, |acc, v| acc + v),
+        QuantFormat::Mxfp4 => blocks
+            .enumerate()
+            .map(|(b, blk)| {
+                let w = mxfp4_values(&blk[1..17]);
+                let p: i32 = w
+                    .iter()
+                    .zip(&a.q[QK * b..QK * b + QK])
+                    .map(|(&x, &y)| i32::from(x) * i32::from(y))
+                    .sum();
+                e8m0_half(blk[0]) * a.d[b] * p as f32
             })
             .fold(0.0, |acc, v| acc + v),
         QuantFormat::Q4K => blocks

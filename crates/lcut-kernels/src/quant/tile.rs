@@ -32,7 +32,8 @@ use crate::isa::Isa;
 use crate::quant::acts::Q8Row;
 use crate::quant::aligned::AlignedBytes;
 use crate::quant::format::{
-    QK, QK_K, QuantFormat, f16_at, nibbles32, q4k_scale_min, q6k_values, values5,
+    MXFP4_PLUS12, QK, QK_K, QuantFormat, e8m0_half, f16_at, nibbles32, q4k_scale_min, q6k_values,
+    values5,
 };
 use crate::quant::packed::{GROUP_ROWS, group_block_bytes};
 use crate::quant::tile_amx::{AmxActs, Tiles};
@@ -236,6 +237,13 @@ fn for_each_block32(
                     let sc = [blk[192 + 2 * j] as i8, blk[193 + 2 * j] as i8];
                     f(8 * i + j, &v, BlockScale::Centered { d, sc });
                 }
+            }
+            QuantFormat::Mxfp4 => {
+                // unsigned as the tile takes them: code value + 12, the
+                // 12 scales taken back off as the offset
+                let d = e8m0_half(blk[0]);
+                let values = nibbles32(&blk[1..17]).map(|q| MXFP4_PLUS12[usize::from(q)]);
+                f(i, &values, BlockScale::Offset { d, e: -12.0 * d });
             }
             QuantFormat::Q8_0 => unreachable!("Q8_0 has no tile path (`supports`)"),
         }

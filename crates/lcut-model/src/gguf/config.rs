@@ -124,12 +124,6 @@ pub fn architecture(header: &GgufHeader, path: &Path) -> Result<(String, Arch)> 
     if name == "llama" && meta.opt_count(&experts_key)?.is_some_and(|n| n > 0) {
         return Ok((name.to_string(), Arch::Mixtral));
     }
-    if Arch::from_gguf_name(name).is_some_and(|a| !a.reads_gguf()) {
-        return Err(ModelError::GgufExperts {
-            path: path.to_path_buf(),
-            what: "architecture gpt-oss (MXFP4 expert weights, not yet read from GGUF; its Hugging Face folder is)".into(),
-        });
-    }
     // GGUF names the architectures as Hugging Face's model_type does
     // (llama.cpp writes Mistral checkpoints as `llama`), text-only Gemma 3 as `gemma3`
     Arch::from_gguf_name(name)
@@ -169,16 +163,35 @@ fn hf_config(m: &Meta<'_>, arch: Arch) -> Result<Value> {
     if arch == Arch::Olmo2 && c.contains_key("sliding_window") {
         olmo3_layers(m, layers, &mut c)?;
     }
-    if matches!(arch, Arch::Qwen3Moe | Arch::Mixtral) {
+    if arch == Arch::GptOss {
+        gpt_oss_layers(m, layers, &mut c)?;
+    }
+    if matches!(arch, Arch::Qwen3Moe | Arch::Mixtral | Arch::GptOss) {
         experts(m, arch, layers, &mut c)?;
     }
     vocabulary(m, &mut c)?;
     Ok(Value::Object(c))
 }
 
-/// The experts of llama.cpp's `qwen3moe` and Mixtral (`llama` with
-/// `expert_count`) files into `c`: the expert count and the experts a token
-/// runs, Qwen3-MoE's expert width (Mixtral's is `feed_forward_length`),
+/// gpt-oss as llama.cpp's `gpt-oss` runs it into `c`: sliding layers by
+/// `attention.sliding_window_pattern` (llama.cpp's period 2 when absent:
+/// the even layers slide), the clamped SwiGLU's limit 7 and alpha 1.702
+/// (constants in llama.cpp, no key in the file), YaRN's ramp truncated as
+/// llama.cpp's `ggml_rope_yarn_corr_dims` floors and ceils it (transformers'
+/// default; gpt-oss's own checkpoints say `truncate: false`).
+fn gpt_oss_layers(m: &Meta<'_>, layers: u64, c: &mut Map<String, Value>) -> Result<()> {
+    if c.contains_key("sliding_window") {
+        c.insert("layer_types".into(), layer_types(m, layers, 2)?);
+    }
+    c.insert("swiglu_limit".into(), json!(7.0));
+    c.insert("swiglu_alpha".into(), json!(1.702));
+    Ok(())
+}
+
+/// The experts of llama.cpp's `qwen3moe`, `gpt-oss` and Mixtral (`llama`
+/// with `expert_count`) files into `c`: the expert count and the experts a
+/// token runs, Qwen3-MoE's and gpt-oss's expert width (Mixtral's is
+/// `feed_forward_length`),
 /// renormalised top-k weights (`expert_weights_norm`, else llama.cpp's
 /// `true` for both), and the layers with neither a router
 /// (`blk.N.ffn_gate_inp.weight`) nor experts as dense ones (Qwen3-MoE's
@@ -193,11 +206,21 @@ fn experts(m: &Meta<'_>, arch: Arch, layers: u64, c: &mut Map<String, Value>) ->
         "num_experts_per_tok".into(),
         json!(m.count(&m.key("expert_used_count"))?),
     );
-    if arch == Arch::Qwen3Moe {
-        c.insert(
-            "moe_intermediate_size".into(),
-            json!(m.count(&m.key("expert_feed_forward_length"))?),
-        );
+    let width = |key: &str| -> Result<Value> { Ok(json!(m.count(&m.key(key))?)) };
+    match arch {
+        Arch::Qwen3Moe => {
+            c.insert(
+                "moe_intermediate_size".into(),
+                width("expert_feed_forward_length")?,
+            );
+        }
+        Arch::GptOss => {
+            c.insert(
+                "intermediate_size".into(),
+                width("expert_feed_forward_length")?,
+            );
+        }
+        _ => {}
     }
     let refused = |what: String| ModelError::GgufExperts {
         path: m.path.to_path_buf(),
@@ -207,9 +230,13 @@ fn experts(m: &Meta<'_>, arch: Arch, layers: u64, c: &mut Map<String, Value>) ->
     if let Some(n) = m.opt_count(&shared)?.filter(|&n| n > 0) {
         return Err(refused(format!("{shared} = {n} (shared experts)")));
     }
-    // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX
+    // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX (gpt-oss's graph
+    // fixes its own softmax over the top k, whatever the key says)
     let gating = m.key("expert_gating_func");
-    if let Some(g) = m.opt_count(&gating)?.filter(|&g| g != 1) {
+    if let Some(g) = m
+        .opt_count(&gating)?
+        .filter(|&g| g != 1 && arch != Arch::GptOss)
+    {
         return Err(refused(format!("{gating} = {g} (not softmax)")));
     }
     let scale = m.key("expert_weights_scale");
@@ -224,7 +251,7 @@ fn experts(m: &Meta<'_>, arch: Arch, layers: u64, c: &mut Map<String, Value>) ->
     };
     if arch == Arch::Qwen3Moe {
         c.insert("norm_topk_prob".into(), json!(normalize));
-    } else if !normalize {
+    } else if !normalize && arch == Arch::Mixtral {
         return Err(refused(format!(
             "{norm_key} = false (Mixtral renormalises its top-k weights)"
         )));

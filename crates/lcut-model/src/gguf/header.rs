@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::quantized::GgmlDType;
+use lcut_kernels::quant::QuantFormat;
 
 use crate::error::{ModelError, Result};
 
@@ -490,17 +491,23 @@ fn tensor_entry(
         })?;
     let shape: Vec<usize> = dims.iter().rev().map(|&d| d as usize).collect();
     let dtype = ggml_dtype(type_id);
-    let len = match dtype {
+    // candle's types, and those only lcut's kernels read (MXFP4)
+    let blocks = match (dtype, QuantFormat::from_ggml_type(type_id)) {
+        (Some(dt), _) => Some((dt.block_size(), dt.type_size(), format!("{dt:?}"))),
+        (None, Some(f)) => Some((f.block_len(), f.block_bytes(), f.name().to_string())),
+        (None, None) => None,
+    };
+    let len = match blocks {
         None => 0,
-        Some(dt) => {
-            let block = dt.block_size() as u64;
+        Some((block, bytes, type_name)) => {
+            let block = block as u64;
             if !dims[0].is_multiple_of(block) {
                 return Err(bad(format!(
-                    "its rows of {} values are not whole blocks of {block} ({dt:?})",
+                    "its rows of {} values are not whole blocks of {block} ({type_name})",
                     dims[0]
                 )));
             }
-            elems / block * dt.type_size() as u64
+            elems / block * bytes as u64
         }
     };
     let start = data_start

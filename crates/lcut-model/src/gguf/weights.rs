@@ -279,7 +279,7 @@ fn gguf_location(hf_name: &str) -> (String, Option<usize>) {
         ("model.norm.weight", "output_norm.weight"),
         ("lm_head.weight", "output.weight"),
     ];
-    const LAYER: [(&str, &str); 17] = [
+    const LAYER: [(&str, &str); 18] = [
         ("input_layernorm", "attn_norm"),
         ("self_attn.q_proj", "attn_q"),
         ("self_attn.k_proj", "attn_k"),
@@ -297,6 +297,7 @@ fn gguf_location(hf_name: &str) -> (String, Option<usize>) {
         ("post_attention_layernorm", "ffn_norm"),
         ("mlp.gate", "ffn_gate_inp"),
         ("block_sparse_moe.gate", "ffn_gate_inp"),
+        ("mlp.router", "ffn_gate_inp"),
     ];
     const EXPERT: [(&str, &str); 6] = [
         ("gate_proj", "ffn_gate_exps"),
@@ -316,6 +317,10 @@ fn gguf_location(hf_name: &str) -> (String, Option<usize>) {
     let Some((layer, rest)) = rest.split_once('.') else {
         return verbatim();
     };
+    // gpt-oss's sink logits, a parameter of the attention itself
+    if rest == "self_attn.sinks" {
+        return (format!("blk.{layer}.attn_sinks.weight"), None);
+    }
     let Some((module, param)) = rest.rsplit_once('.') else {
         return verbatim();
     };
@@ -336,9 +341,10 @@ fn gguf_location(hf_name: &str) -> (String, Option<usize>) {
 }
 
 /// A GGUF file as a source of Hugging Face-named tensors. Gemma 2/3 and
-/// OLMo 2/3 files name the norm after attention `post_attention_norm`; the
-/// decoder asks for it as `post_attention_layernorm`, which other
-/// architectures use for the norm before the MLP (`ffn_norm`).
+/// OLMo 2/3 files name the norm after attention `post_attention_norm`, and
+/// so do gpt-oss files the norm before the experts; the decoder asks for it
+/// as `post_attention_layernorm`, which other architectures use for the
+/// norm before the MLP (`ffn_norm`).
 pub struct GgufWeights {
     file: GgufFile,
     /// The layers have a norm after the attention.
@@ -348,7 +354,8 @@ pub struct GgufWeights {
 impl GgufWeights {
     /// Wrap an opened file.
     pub fn new(file: GgufFile) -> Self {
-        let norm_after_attention = file.config.norms.after();
+        let norm_after_attention =
+            file.config.norms.after() || file.config.arch == crate::config::Arch::GptOss;
         Self {
             file,
             norm_after_attention,
@@ -389,7 +396,8 @@ impl WeightSource for GgufWeights {
             .contains_key(&gguf_location(&name).0)
     }
 
-    /// Dequantize tensor `name` (shape checked) to `dtype` on `device`.
+    /// Dequantize tensor `name` (shape checked) to `dtype` on `device`:
+    /// by candle, or by lcut's kernels for the types only they read (MXFP4).
     fn load(
         &self,
         name: &str,
@@ -397,6 +405,22 @@ impl WeightSource for GgufWeights {
         dtype: DType,
         device: &Device,
     ) -> Result<Tensor> {
+        let hf = self.name(name);
+        let v = self.file.view(&hf, expected)?;
+        if v.dtype.is_none()
+            && let Some(format) = QuantFormat::from_ggml_type(v.type_id)
+        {
+            let mut values = vec![0f32; expected.iter().product()];
+            let bytes = &self.file.map[v.start..v.start + v.len];
+            lcut_kernels::quant::dequantize(format, bytes, &mut values).map_err(|e| {
+                ModelError::GgufMalformed {
+                    path: self.file.path.clone(),
+                    offset: v.start,
+                    reason: format!("tensor `{}`: {e}", v.name),
+                }
+            })?;
+            return Ok(Tensor::from_vec(values, expected, device)?.to_dtype(dtype)?);
+        }
         let q = self.quantized(name, expected, device)?;
         Ok(q.dequantize(device)?.to_dtype(dtype)?)
     }
@@ -423,7 +447,10 @@ impl WeightSource for GgufWeights {
         device: &Device,
     ) -> Result<Option<QTensor>> {
         let hf = self.name(name);
-        if self.file.view(&hf, expected)?.dtype == Some(GgmlDType::F32) {
+        let v = self.file.view(&hf, expected)?;
+        // a type candle does not hold (MXFP4) is read in place by the
+        // kernels on the CPU, or dequantized
+        if v.dtype == Some(GgmlDType::F32) || v.dtype.is_none() {
             return Ok(None);
         }
         self.quantized(name, expected, device).map(Some)
@@ -477,6 +504,19 @@ mod tests {
         assert_eq!(
             gguf_location("model.layers.0.block_sparse_moe.gate.weight"),
             ("blk.0.ffn_gate_inp.weight".into(), None)
+        );
+        // gpt-oss: the router and its bias, the sinks, an expert's bias
+        assert_eq!(
+            gguf_location("model.layers.1.mlp.router.bias"),
+            ("blk.1.ffn_gate_inp.bias".into(), None)
+        );
+        assert_eq!(
+            gguf_location("model.layers.1.self_attn.sinks"),
+            ("blk.1.attn_sinks.weight".into(), None)
+        );
+        assert_eq!(
+            gguf_location("model.layers.1.mlp.experts.2.up_proj.bias"),
+            ("blk.1.ffn_up_exps.bias".into(), Some(2))
         );
     }
 
