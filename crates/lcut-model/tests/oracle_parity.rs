@@ -13,11 +13,13 @@ use lcut_parity::{ReferenceCase, ReferencePolicy};
 use lcut_policy::{Policy, TokenPhases};
 
 const TOL: f32 = 1e-4;
-/// Every reference case: the dense ones and those with experts.
+/// Every reference case: the dense ones, those with experts and the newest
+/// layouts (Gemma 4).
 fn cases() -> impl Iterator<Item = &'static str> {
     lcut_testkit::ORACLE_CASES
         .into_iter()
         .chain(lcut_testkit::MOE_CASES)
+        .chain(lcut_testkit::LAYOUT_CASES)
 }
 
 use lcut_testkit::oracle_case as case_dir;
@@ -81,8 +83,12 @@ fn check_full_depth(c: &Case, label: &str) -> Result<()> {
         }
     }
     // transformers' Gemma-2 reference holds the lookup unscaled; Gemma 3's
-    // embed_tokens scales, as lcut's embeddings are
-    if cfg.embedding_scale.is_none() || cfg.arch == lcut_model::Arch::Gemma3 {
+    // and Gemma 4's embed_tokens scale, as lcut's embeddings are
+    let scaled_reference = matches!(
+        cfg.arch,
+        lcut_model::Arch::Gemma3 | lcut_model::Arch::Gemma4
+    );
+    if cfg.embedding_scale.is_none() || scaled_reference {
         let ours = Tensor::from_vec(probe.embeddings.clone(), (t, cfg.hidden_size), &Device::Cpu)?;
         assert_close(
             name,

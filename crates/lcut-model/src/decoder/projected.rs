@@ -127,7 +127,7 @@ impl Decoder {
         };
         let rotation = layer.rope.map(|r| {
             let (cos, sin) = &p.tables[r];
-            (&self.rope, cos, sin)
+            (self.rope_at(r), cos, sin)
         });
         layer.attn.kv(&x, rotation)
     }

@@ -3,7 +3,7 @@
 //! cut, and the policy takes the cut's decision in between from that
 //! layer's keys.
 
-use candle_core::{DType, Tensor};
+use candle_core::DType;
 use lcut_policy::HostKeys;
 
 use super::{ChunkOutput, Decoder, LogitRows};
@@ -20,8 +20,7 @@ impl Decoder {
     pub(super) fn staged_prefill(
         &self,
         seq: &mut Sequence,
-        hidden: Tensor,
-        present: Vec<usize>,
+        chunk: Pending,
         last: usize,
         rows: LogitRows,
         probe: &mut Option<&mut (dyn Probe + '_)>,
@@ -31,8 +30,8 @@ impl Decoder {
             .dynamic()
             .map_or(vec![], |d| d.stage_cuts().to_vec());
         let reaches_decode = last >= seq.phases().decode_start();
-        let (hidden, positions) = self.run_layers(seq, 0..cuts[0], hidden, present, None, probe)?;
-        seq.pending.push(Pending { hidden, positions });
+        let ran = self.run_layers(seq, 0..cuts[0], chunk, None, probe)?;
+        seq.pending.push(ran);
         if !reaches_decode {
             return Ok(ChunkOutput {
                 logits: None,
@@ -46,10 +45,9 @@ impl Decoder {
             let waiting = std::mem::take(&mut seq.pending);
             let mut carried = Vec::with_capacity(waiting.len());
             for chunk in waiting {
-                let (hidden, positions) =
-                    self.run_layers(seq, cut..end, chunk.hidden, chunk.positions, None, probe)?;
-                if !positions.is_empty() {
-                    carried.push(Pending { hidden, positions });
+                let ran = self.run_layers(seq, cut..end, chunk, None, probe)?;
+                if !ran.present.is_empty() {
+                    carried.push(ran);
                 }
             }
             seq.pending = carried;
@@ -58,8 +56,8 @@ impl Decoder {
         // the chunk that reached the decode phase is the last one; its
         // decode-phase tokens exist at every layer
         match done.pop() {
-            Some(chunk) if chunk.positions.last() == Some(&last) => {
-                self.logits(&chunk.hidden, &chunk.positions, last, rows)
+            Some(chunk) if chunk.present.last() == Some(&last) => {
+                self.logits(&chunk.hidden, &chunk.present, last, rows)
             }
             _ => Ok(ChunkOutput {
                 logits: None,

@@ -124,11 +124,20 @@ pub fn architecture(header: &GgufHeader, path: &Path) -> Result<(String, Arch)> 
     if name == "llama" && meta.opt_count(&experts_key)?.is_some_and(|n| n > 0) {
         return Ok((name.to_string(), Arch::Mixtral));
     }
-    if Arch::from_gguf_name(name).is_some_and(|a| !a.reads_gguf()) {
-        return Err(ModelError::GgufExperts {
-            path: path.to_path_buf(),
-            what: "architecture gpt-oss (MXFP4 expert weights, not yet read from GGUF; its Hugging Face folder is)".into(),
-        });
+    match Arch::from_gguf_name(name).and_then(|a| a.gguf_refusal().map(|why| (a, why))) {
+        Some((Arch::GptOss, why)) => {
+            return Err(ModelError::GgufExperts {
+                path: path.to_path_buf(),
+                what: why.into(),
+            });
+        }
+        Some((_, why)) => {
+            return Err(ModelError::GgufArchitecture {
+                path: path.to_path_buf(),
+                what: why.into(),
+            });
+        }
+        None => {}
     }
     // GGUF names the architectures as Hugging Face's model_type does
     // (llama.cpp writes Mistral checkpoints as `llama`), text-only Gemma 3 as `gemma3`
