@@ -1597,6 +1597,172 @@ mod tests {
         }
     }
 
+    /// A Gemma 4 config as transformers 5.24 saves it (the reference case
+    /// `layouts/gemma4-shared`): layers 4 and 5 read layers 3 and 2.
+    const GEMMA4: &str = r#""model_type": "gemma4_text", "vocab_size": 320, "hidden_size": 64,
+        "intermediate_size": 160, "num_hidden_layers": 6, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "attention_k_eq_v": true,
+        "sliding_window": 12, "num_kv_shared_layers": 2, "hidden_size_per_layer_input": 8,
+        "vocab_size_per_layer_input": 320, "final_logit_softcapping": 30.0,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention",
+          "sliding_attention", "sliding_attention", "full_attention"],
+        "per_layer_config": {"2": {"head_dim": 32, "num_key_value_heads": 1},
+                             "5": {"head_dim": 32, "num_key_value_heads": 1}},
+        "rope_parameters": {"full_attention": {"partial_rotary_factor": 0.25,
+            "rope_theta": 10000.0, "rope_type": "proportional"},
+          "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}}"#;
+
+    fn gemma4(extra: &str) -> Result<ModelConfig> {
+        parse(&format!("{{{GEMMA4}{extra}}}"))
+    }
+
+    #[test]
+    fn gemma4_reads_layer_shapes_sharing_and_its_ropes() {
+        let c = gemma4("").unwrap();
+        assert_eq!(c.arch, Arch::Gemma4);
+        let shapes: Vec<(usize, usize, bool, Option<usize>)> = c
+            .layer_attention
+            .iter()
+            .map(|a| (a.kv_heads, a.head_dim, a.values_from_keys, a.kv_source))
+            .collect();
+        assert_eq!(
+            shapes,
+            vec![
+                (2, 16, false, None),
+                (2, 16, false, None),
+                (1, 32, true, None),
+                (2, 16, false, None),
+                (2, 16, false, Some(3)),
+                (1, 32, true, Some(2)),
+            ]
+        );
+        assert!(c.layer_attention.iter().all(|a| a.value_norm));
+        assert_eq!(c.sliding_window[2], None);
+        assert_eq!(c.sliding_window[0], Some(12));
+        // the full layers' proportional RoPE: 4 of 16 pairs of a 32-wide head
+        assert_eq!(c.rope.rotary_dim, 32);
+        assert_eq!(
+            c.rope.scaling,
+            RopeScaling::Proportional {
+                factor: 1.0,
+                rotated_pairs: 4
+            }
+        );
+        let sliding = c.sliding_rope.unwrap();
+        assert_eq!(
+            (sliding.rotary_dim, sliding.scaling),
+            (16, RopeScaling::None)
+        );
+        assert_eq!(
+            c.per_layer_input,
+            Some(PerLayerInput {
+                width: 8,
+                vocab: 320
+            })
+        );
+        assert!(c.layer_scalars && !c.norm_weight_offset && c.qk_norm == QkNorm::PerHead);
+        assert_eq!((c.attn_scale, c.final_softcap), (1.0, Some(30.0)));
+        assert_eq!(c.embedding_scale, Some(8.0));
+        // the released checkpoints' keys: global_head_dim and
+        // num_global_key_value_heads instead of per_layer_config
+        let released = parse(&format!(
+            "{{{}, \"global_head_dim\": 32, \"num_global_key_value_heads\": 1}}",
+            GEMMA4.replace(
+                r#""per_layer_config": {"2": {"head_dim": 32, "num_key_value_heads": 1},
+                             "5": {"head_dim": 32, "num_key_value_heads": 1}},"#,
+                ""
+            )
+        ))
+        .unwrap();
+        assert_eq!(released.layer_attention, c.layer_attention);
+    }
+
+    #[test]
+    fn gemma4_inconsistent_fields_are_named() {
+        for (extra, field, says) in [
+            (
+                r#", "num_kv_shared_layers": 6"#,
+                "num_kv_shared_layers",
+                "fewer than",
+            ),
+            // five shared layers leave no full layer below layer 1
+            (
+                r#", "num_kv_shared_layers": 5"#,
+                "num_kv_shared_layers",
+                "full_attention",
+            ),
+            (
+                r#", "layer_types": ["full_attention"]"#,
+                "layer_types",
+                "6 layer types",
+            ),
+            (r#", "layer_types": 3"#, "layer_types", "6 layer types"),
+            (
+                r#", "per_layer_config": {"9": {"head_dim": 8}}"#,
+                "per_layer_config",
+                "below num_hidden_layers",
+            ),
+            (
+                r#", "per_layer_config": {"2": {"num_key_value_heads": 3}}"#,
+                "per_layer_config.2.num_key_value_heads",
+                "divisor",
+            ),
+            (
+                r#", "per_layer_config": {"2": {"head_dim": 32}, "5": {"head_dim": 64}}"#,
+                "per_layer_config",
+                "one head width",
+            ),
+            (
+                r#", "per_layer_config": {"3": {"head_dim": 8}}"#,
+                "per_layer_config",
+                "one head width",
+            ),
+            (r#", "sliding_window": 0"#, "sliding_window", "positive"),
+            (
+                r#", "vocab_size_per_layer_input": 100"#,
+                "vocab_size_per_layer_input",
+                "at least vocab_size",
+            ),
+            (
+                r#", "hidden_size_per_layer_input": 16777216"#,
+                "hidden_size_per_layer_input",
+                "num_hidden_layers",
+            ),
+            (
+                r#", "enable_moe_block": true"#,
+                "enable_moe_block",
+                "expert block",
+            ),
+            (
+                r#", "use_double_wide_mlp": true"#,
+                "use_double_wide_mlp",
+                "double-width",
+            ),
+            (
+                r#", "use_bidirectional_attention": "all""#,
+                "use_bidirectional_attention",
+                "causal",
+            ),
+            (
+                r#", "rope_parameters": {"full_attention": {"rope_type": "proportional", "partial_rotary_factor": 2}}"#,
+                "rope_parameters.full_attention.partial_rotary_factor",
+                "fraction",
+            ),
+            (
+                r#", "rope_parameters": {"sliding_attention": {"rope_type": "longrope"}}"#,
+                "rope_parameters.sliding_attention.rope_type",
+                "one of",
+            ),
+        ] {
+            let err = gemma4(extra).expect_err(extra);
+            let msg = err.to_string();
+            assert!(msg.contains(field) && msg.contains(says), "{extra}: {msg}");
+        }
+        // the multimodal wrapper is refused, pointing at gemma4_text
+        let err = parse(r#"{"model_type": "gemma4", "text_config": {}}"#).unwrap_err();
+        assert!(err.to_string().contains("gemma4_text"), "{err}");
+    }
+
     #[test]
     fn olmo_norms_follow_the_blocks_and_olmo3_slides() {
         let c = parse(&format!(

@@ -52,7 +52,7 @@ pub use press::{PRESSES, PressName, PressObservation, PressParams, PressRun};
 pub use projected::{ProjectedKv, ProjectedName};
 pub use record::{CutRecord, SlimTrace, StepRecord};
 pub use selection::{SlimSelection, StepTraffic};
-pub use shared_kv::KvSharing;
+pub use shared_kv::{KvSharing, LayerKvShape};
 pub use slim::{Budget, MAX_SLIM_CUTS, ScoreMode, SlimOptions, SlimParams, SlimSpec};
 pub use slim_run::SlimRun;
 pub use slim_score::{BlockSummaries, top_blocks};

@@ -30,6 +30,17 @@
 use crate::error::PolicyError;
 use crate::policy::{Policy, PolicyKind};
 use crate::visibility::Visibility;
+use crate::window::{LayerWindows, held_positions, window_of};
+
+/// One layer's K/V row: its K/V heads and head width (Gemma 4's layers
+/// differ).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerKvShape {
+    /// K/V heads.
+    pub kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+}
 
 /// Which layer's K/V each layer reads.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -139,6 +150,47 @@ impl KvSharing {
         }
     }
 
+    /// Bytes of K/V the caches hold under `rule` once `len` tokens have run,
+    /// for layers of `shapes` (one per layer) and `windows`, stored in
+    /// `dtype_bytes`: each storing layer's rows (those it or a layer that
+    /// reads it retains, within its window; per K/V head where the heads
+    /// keep different rows) times its own row's bytes, each stored tensor
+    /// once. The cost model of a model whose layers differ in shape or share
+    /// K/V (Gemma 4); on any other it is the uniform formula's count.
+    pub fn held_bytes(
+        &self,
+        rule: &dyn Visibility,
+        len: usize,
+        shapes: &[LayerKvShape],
+        windows: &LayerWindows,
+        dtype_bytes: usize,
+    ) -> u64 {
+        (0..self.num_layers())
+            .filter(|&l| self.stores(l))
+            .map(|l| {
+                let shape = shapes.get(l).copied().unwrap_or(LayerKvShape {
+                    kv_heads: 0,
+                    head_dim: 0,
+                });
+                let positions = held_positions(window_of(windows, l), len);
+                let rows = match self.heads_differ(rule, l) {
+                    true => (0..shape.kv_heads)
+                        .map(|h| {
+                            positions
+                                .clone()
+                                .filter(|&p| self.head_retains(rule, l, h, p))
+                                .count()
+                        })
+                        .sum(),
+                    false => {
+                        positions.filter(|&p| self.retains(rule, l, p)).count() * shape.kv_heads
+                    }
+                };
+                (rows * 2 * shape.head_dim * dtype_bytes) as u64
+            })
+            .sum()
+    }
+
     /// Whether the K/V heads of layer `src`'s cache keep different rows:
     /// those of any of its readers do.
     pub fn heads_differ(&self, rule: &dyn Visibility, src: usize) -> bool {
@@ -182,6 +234,37 @@ mod tests {
             assert!(err.contains("share K/V"), "{bad}: {err}");
             KvSharing::none(6).check(&p).expect(bad);
         }
+    }
+
+    #[test]
+    fn held_bytes_count_each_stored_tensor_once_at_its_own_width() {
+        let s = shared();
+        let narrow = LayerKvShape {
+            kv_heads: 2,
+            head_dim: 16,
+        };
+        let wide = LayerKvShape {
+            kv_heads: 1,
+            head_dim: 32,
+        };
+        let shapes = [narrow, narrow, wide, narrow, narrow, wide];
+        let windows = vec![Some(4), Some(4), None, Some(4), Some(4), None];
+        // 12 tokens, full model: sliding layers 0, 1, 3 hold 3 rows (a
+        // window of 4 once 12 have run), layer 2 all 12; layers 4, 5 nothing
+        let full = Policy::full(6).visibility(TokenPhases::all_decode());
+        let row = 2 * 16 * 2 * 4;
+        assert_eq!(
+            s.held_bytes(full.as_ref(), 12, &shapes, &windows, 4),
+            (3 * 3 * row + 12 * 2 * 32 * 4) as u64
+        );
+        // SPEED at 2 of 6 with BoS (prompt 0..10, decode from 10): layer 2
+        // (above the cut, read by layer 5 also above it) keeps BoS and the
+        // two decode-phase tokens
+        let low = speed(2);
+        let held = s.held_bytes(low.as_ref(), 12, &shapes, &windows, 4);
+        // layers 0, 1: 3 rows each; layer 3 (above the cut, window 4): the
+        // decode-phase rows 10, 11 in its window; layer 2: rows 0, 10, 11
+        assert_eq!(held, (2 * 3 * row + 2 * row + 3 * 2 * 32 * 4) as u64);
     }
 
     #[test]

@@ -112,6 +112,22 @@ pub(super) fn read(
             f.get("per_layer_config"),
         ));
     }
+    // a rotated pair is (i, i + D/2): a head of an odd or single value has none
+    let odd = (0..num_layers)
+        .find(|&l| attention[l].head_dim < 2 || !attention[l].head_dim.is_multiple_of(2));
+    if let Some(l) = odd {
+        let a = attention[l];
+        let field = match (overrides.contains_key(&l), full[l]) {
+            (true, _) => "per_layer_config",
+            (false, true) => "global_head_dim",
+            (false, false) => "head_dim",
+        };
+        return Err(f.err(
+            field,
+            &format!("even head widths of at least 2 (found {})", a.head_dim),
+            f.get(field),
+        ));
+    }
     share_kv(f, &full, &mut attention)?;
     let (full_rope, sliding_rope) = ropes(
         f,
@@ -123,7 +139,7 @@ pub(super) fn read(
         attention,
         full_rope,
         sliding_rope,
-        per_layer_input: per_layer_input(f, vocab_size)?,
+        per_layer_input: per_layer_input(f, vocab_size, num_layers)?,
     })
 }
 
@@ -215,13 +231,12 @@ fn full_layer_shape(
     Ok((kv, head_dim))
 }
 
+/// Per layer index, the K/V heads and head width `per_layer_config` sets.
+type Overrides = std::collections::BTreeMap<usize, (Option<usize>, Option<usize>)>;
+
 /// transformers 5's `per_layer_config`: per layer index, its
 /// `num_key_value_heads` and `head_dim` where they are not the type's.
-fn per_layer_config(
-    f: &Fields<'_>,
-    num_layers: usize,
-    num_heads: usize,
-) -> Result<std::collections::BTreeMap<usize, (Option<usize>, Option<usize>)>> {
+fn per_layer_config(f: &Fields<'_>, num_layers: usize, num_heads: usize) -> Result<Overrides> {
     let mut out = std::collections::BTreeMap::new();
     let Some(v) = f.get("per_layer_config") else {
         return Ok(out);
@@ -327,7 +342,11 @@ fn share_kv(f: &Fields<'_>, full: &[bool], attention: &mut [LayerAttention]) -> 
 /// The per-layer inputs: `hidden_size_per_layer_input` values per layer
 /// (default 256; 0 or null: none) from a table of
 /// `vocab_size_per_layer_input` rows, which must cover the vocabulary.
-fn per_layer_input(f: &Fields<'_>, vocab_size: usize) -> Result<Option<PerLayerInput>> {
+fn per_layer_input(
+    f: &Fields<'_>,
+    vocab_size: usize,
+    num_layers: usize,
+) -> Result<Option<PerLayerInput>> {
     let width = match f.map.get("hidden_size_per_layer_input") {
         None => DEFAULT_PER_LAYER_WIDTH,
         Some(Value::Null) => return Ok(None),
@@ -336,6 +355,17 @@ fn per_layer_input(f: &Fields<'_>, vocab_size: usize) -> Result<Option<PerLayerI
             Some(_) => f.positive("hidden_size_per_layer_input")?,
         },
     };
+    // one table row holds every layer's input
+    if width.saturating_mul(num_layers) > super::MAX_SIZE {
+        return Err(f.err(
+            "hidden_size_per_layer_input",
+            &format!(
+                "a width whose product with num_hidden_layers ({num_layers}) is at most {}",
+                super::MAX_SIZE
+            ),
+            f.get("hidden_size_per_layer_input"),
+        ));
+    }
     let vocab = match f.get("vocab_size_per_layer_input") {
         None => DEFAULT_PER_LAYER_VOCAB,
         Some(_) => f.positive("vocab_size_per_layer_input")?,

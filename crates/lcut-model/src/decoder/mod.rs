@@ -377,6 +377,29 @@ impl Decoder {
         &self.sharing
     }
 
+    /// Bytes of K/V a sequence under `rule` holds once `len` tokens have
+    /// run, counted layer by layer ([`KvSharing::held_bytes`]), for a model
+    /// whose layers differ in K/V shape or share K/V (Gemma 4); `None` for
+    /// the others, whose K/V the uniform formula ([`Decoder::kv_shape`])
+    /// counts.
+    pub fn layered_kv_bytes(&self, rule: &dyn lcut_policy::Visibility, len: usize) -> Option<u64> {
+        let shapes: Vec<lcut_policy::LayerKvShape> = self
+            .layers
+            .iter()
+            .map(|l| lcut_policy::LayerKvShape {
+                kv_heads: l.attn.num_kv_heads(),
+                head_dim: l.attn.head_dim(),
+            })
+            .collect();
+        let uniform = shapes.windows(2).all(|w| w[0] == w[1]);
+        if uniform && !self.sharing.any() {
+            return None;
+        }
+        let windows: Vec<Option<usize>> = self.layers.iter().map(|l| l.window).collect();
+        let bytes = self.kv_dtype.size_in_bytes();
+        Some(self.sharing.held_bytes(rule, len, &shapes, &windows, bytes))
+    }
+
     /// A new, empty sequence under `policy` with the given token phases.
     pub fn new_sequence(&self, policy: Policy, phases: TokenPhases) -> Result<Sequence> {
         if policy.num_layers() != self.cfg.num_layers {
@@ -397,8 +420,8 @@ impl Decoder {
                 },
             ));
         }
-        policy.check_phases(&phases)?;
         self.sharing.check(&policy)?;
+        policy.check_phases(&phases)?;
         let seq = Sequence::with_rule(policy, policy.visibility(phases), self.cache_shape());
         self.check_prompt_end(&seq)?;
         Ok(seq)
