@@ -377,6 +377,18 @@ impl Decoder {
         &self.sharing
     }
 
+    /// Bytes of K/V `policy` keeps for a sequence of `cost`'s phases on this
+    /// model: the uniform formula ([`lcut_policy::KvCost::bytes`]), or,
+    /// for a model whose layers differ in K/V shape or share K/V, the
+    /// layer-by-layer count ([`Decoder::layered_kv_bytes`]).
+    pub fn kv_bytes_for(&self, policy: &Policy, cost: &lcut_policy::KvCost) -> u64 {
+        let phases = TokenPhases::from_counts(cost.anchors, cost.prefill);
+        let len = cost.anchors + cost.prefill + cost.decode;
+        let rule = policy.visibility(phases);
+        self.layered_kv_bytes(rule.as_ref(), len)
+            .unwrap_or_else(|| cost.bytes(policy, &self.kv_shape(), &self.cfg.sliding_window))
+    }
+
     /// Bytes of K/V a sequence under `rule` holds once `len` tokens have
     /// run, counted layer by layer ([`KvSharing::held_bytes`]), for a model
     /// whose layers differ in K/V shape or share K/V (Gemma 4); `None` for
