@@ -69,7 +69,8 @@ impl Decoder {
     /// Hand the policy the keys of the layer below stage cut `cut` (on the
     /// host) to take stage `i`'s decision.
     fn decide_stage(&self, seq: &mut Sequence, i: usize, cut: usize) -> Result<()> {
-        let cfg = self.config();
+        // the layer below the cut, of its own K/V shape (Gemma 4's differ)
+        let attn = &self.layers[cut - 1].attn;
         let cache = &seq.caches()[cut - 1];
         let (positions, data) = match cache.kv()? {
             Some((k, _)) => (
@@ -79,8 +80,8 @@ impl Decoder {
             None => (vec![], vec![]),
         };
         let keys = HostKeys {
-            kv_heads: cfg.num_kv_heads,
-            head_dim: cfg.head_dim,
+            kv_heads: attn.num_kv_heads(),
+            head_dim: attn.head_dim(),
             positions: &positions,
             data: &data,
         };
