@@ -2,7 +2,8 @@
 
 - Hugging Face transformers' float32 runs of eleven dense reference cases
   (fixtures/oracle/*: reference.safetensors, case.json) and four with experts
-  (fixtures/oracle/moe/*: Qwen3-MoE twice, Mixtral, gpt-oss): logits at full depth
+  (fixtures/oracle/moe/*: Qwen3-MoE twice, Mixtral, gpt-oss) and one of the newest
+  layouts (fixtures/oracle/layouts/*: Gemma 4 with shared K/V): logits at full depth
   and under every SPEED / SelfOnly policy listed there, every layer's residual
   stream and attention, within 1e-4.
 - ``lcut forward``'s safetensors file for the same ids and policy: the same
@@ -21,7 +22,8 @@ from conftest import BUNDLED, ORACLE, SMOLLM2, missing, run_cli
 TOL = 1e-4
 DENSE = sorted(p.parent.name for p in ORACLE.glob("*/case.json"))
 EXPERTS = sorted(f"moe/{p.parent.name}" for p in (ORACLE / "moe").glob("*/case.json"))
-CASES = DENSE + EXPERTS
+LAYOUTS = sorted(f"layouts/{p.parent.name}" for p in (ORACLE / "layouts").glob("*/case.json"))
+CASES = DENSE + EXPERTS + LAYOUTS
 
 
 def policy_string(p: dict) -> str:
@@ -36,8 +38,8 @@ def max_abs(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
 
 
-def test_all_fifteen_reference_cases_are_here():
-    assert (len(DENSE), len(EXPERTS)) == (11, 4), CASES
+def test_all_sixteen_reference_cases_are_here():
+    assert (len(DENSE), len(EXPERTS), len(LAYOUTS)) == (11, 4, 1), CASES
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -104,3 +104,48 @@ fn bench_runs_a_press_on_the_global_layers_and_says_so() {
     assert_eq!(r["kv_bytes"].as_u64(), Some(bytes as u64), "{r}");
     assert_eq!(r["kv_bytes_formula"], r["kv_bytes"], "{r}");
 }
+
+/// `lcut bench` on Gemma 4 (the reference case `layouts/gemma4-shared`):
+/// layers 4 and 5 read the K/V of layers 3 and 2 and hold none, the full
+/// layer 2 stores one head of 32 and the sliding layers two of 16. The
+/// bytes held, worked out by hand, equal the layer-by-layer formula: a cut
+/// at 4 keeps everything the full model stores (the layers above it store
+/// nothing), a cut at 2 removes the prompt from layers 2 and 3.
+#[test]
+fn bench_counts_gemma4s_stored_kv_once_at_each_layers_width() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("bench.json");
+    let model = oracle_case("layouts/gemma4-shared");
+    #[rustfmt::skip]
+    let args = [
+        "bench", "--model", model.to_str().unwrap(), "--prompt-lengths", "64",
+        "--new-tokens", "4", "--policies", "speed:4+bos,speed:2+bos",
+        "--json", out.to_str().unwrap(),
+    ];
+    let run = lcut(&args);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let rows: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let rows = rows.as_array().unwrap();
+    let at = |policy: &str| {
+        rows.iter()
+            .find(|r| r["policy"] == policy)
+            .unwrap_or_else(|| panic!("no row {policy}"))
+    };
+    // f32 rows: 2 x 2 heads x 16 (sliding) = 2 x 1 head x 32 (full) = 256 B
+    let (row, window, tokens) = (256, 12, 64 + 3);
+    // three sliding layers hold window - 1 rows, the full layer all
+    let full = row * (3 * (window - 1) + tokens);
+    // above cut 2: layer 2 keeps BoS and the 4 decode-phase rows, layer 3
+    // (sliding) the 4 decode-phase rows in its window
+    let cut2 = row * (2 * (window - 1) + 5 + 4);
+    for (policy, bytes) in [("full", full), ("speed:4+bos", full), ("speed:2+bos", cut2)] {
+        let r = at(policy);
+        assert_eq!(r["kv_bytes"].as_u64(), Some(bytes as u64), "{r}");
+        assert_eq!(r["kv_bytes_formula"], r["kv_bytes"], "{r}");
+    }
+}

@@ -604,8 +604,21 @@ impl<'m> Generation<'m> {
         let vis = self.seq.visibility();
         let counts = vis.accounting();
         let windows = &self.model.config().sliding_window;
-        let formula =
-            per_head_row * counts.held_head_rows_windowed(cost.decode, kv_heads, windows) as u64;
+        // a model whose layers differ in K/V shape or share K/V (Gemma 4)
+        // is counted layer by layer
+        let len = vis.phases().decode_start() + cost.decode;
+        let layered = self.model.layered_kv_bytes(vis, len);
+        let formula = layered.unwrap_or_else(|| {
+            per_head_row * counts.held_head_rows_windowed(cost.decode, kv_heads, windows) as u64
+        });
+        let full_rule = Policy::full(policy.num_layers()).visibility(*vis.phases());
+        let kv_bytes_full = match layered {
+            Some(_) => self
+                .model
+                .layered_kv_bytes(full_rule.as_ref(), len)
+                .unwrap_or_default(),
+            None => cost.bytes(&Policy::full(policy.num_layers()), &shape, windows),
+        };
         let resident = per_head_row
             * counts.resident_head_rows_windowed(cost.decode, kv_heads, windows) as u64;
         let slim = vis.dynamic().and_then(|d| d.decision_trace(b));
@@ -625,7 +638,7 @@ impl<'m> Generation<'m> {
             },
             kv_bytes_held: self.seq.kv_bytes_held(),
             kv_bytes_formula: formula,
-            kv_bytes_full: cost.bytes(&Policy::full(policy.num_layers()), &shape, windows),
+            kv_bytes_full,
             kv_bytes_resident: resident,
             slim,
         }

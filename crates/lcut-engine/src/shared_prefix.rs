@@ -17,7 +17,8 @@
 //!   and the queries its first stage reads, and runs its stages itself.
 //!
 //! Any other policy (a custom family, SlimInfer on a model whose layers
-//! below its first cut slide) prefills on its own.
+//! below its first cut slide, SwiftKV and SlimInfer on a model with
+//! per-layer inputs) prefills on its own.
 
 use lcut_model::probes::PromptRecord;
 use lcut_model::{Decoder, Sequence};
@@ -115,7 +116,9 @@ impl SharedPrefix {
             )?));
         }
         let rule = policy.visibility(phases);
-        if (0..phases.decode_start()).any(|p| rule.kv_projected_at(p).is_some()) {
+        if !model.has_layer_inputs()
+            && (0..phases.decode_start()).any(|p| rule.kv_projected_at(p).is_some())
+        {
             return Ok(Some(model.projected_from(
                 &self.seq,
                 policy,
@@ -129,10 +132,11 @@ impl SharedPrefix {
 
 /// The first stage cut of a policy that prefills in stages (SlimInfer)
 /// whose first stage a full run can stand in for: none of the layers below
-/// it slides (the full run drops keys there that the stage decides from).
+/// it slides (the full run drops keys there that the stage decides from)
+/// and the model has no per-layer inputs (the run does not record them).
 fn staged_from_full(model: &Decoder, policy: &Policy) -> Option<usize> {
     let first = *policy.slim()?.cuts().first()?;
-    (first > 0 && !model.slides_below(first)).then_some(first)
+    (first > 0 && !model.slides_below(first) && !model.has_layer_inputs()).then_some(first)
 }
 
 /// The presses of `policies` one prompt run can observe for: each whose

@@ -450,3 +450,39 @@ fn a_4k_prompt_gives_a_bounded_trace() -> Result<()> {
     }
     Ok(())
 }
+
+/// The sweep on Gemma 4 (layers 4 and 5 read the K/V of layers 3 and 2):
+/// the cost columns count each stored tensor once, so a cut at 4 holds all
+/// the K/V the full model holds (the layers above it store none) and a cut
+/// at 2 far less; at full depth the sweep agrees with the full model.
+#[test]
+fn the_sweep_on_gemma4_counts_shared_layers_as_holding_nothing() -> Result<()> {
+    let session = Session::load(&oracle("layouts/gemma4-shared"), DType::F32, &Device::Cpu)?;
+    let opts = SweepOptions {
+        cuts: Some(vec![2, 4, 6]),
+        max_new_tokens: 4,
+        ..SweepOptions::default()
+    };
+    let result = sweep(
+        &session,
+        &id_prompts(2)?,
+        &opts,
+        &Thresholds::default(),
+        &mut |_| true,
+    )?;
+    let at = |c: usize| {
+        result
+            .points
+            .iter()
+            .find(|p| p.policy.to_string() == format!("speed:{c}+bos"))
+            .context("sweep point")
+    };
+    let (full, four, two) = (at(6)?, at(4)?, at(2)?);
+    ensure!(
+        full.top1_agreement == 1.0 && full.kv_ratio == 1.0,
+        "{full:?}"
+    );
+    ensure!(four.kv_ratio == 1.0, "{four:?}");
+    ensure!(two.kv_ratio < 0.01, "{two:?}");
+    Ok(())
+}

@@ -9,6 +9,7 @@ use serde_json::{Map, Value};
 use crate::error::{ModelError, Result};
 
 mod gemma3;
+mod gemma4;
 mod layer_ropes;
 
 /// The architectures lcut implements, by their `model_type`.
@@ -50,10 +51,18 @@ pub enum Arch {
     /// biases, YaRN, and experts with biases and a clamped SwiGLU routed by
     /// a softmax over the top-k router logits.
     GptOss,
+    /// Gemma 4, text only (`gemma4_text`, or the `text_config` of a
+    /// `gemma4` config): sliding and full layers with a head width and K/V
+    /// head count each, plain-`w` norms, attention scale 1, keys that are
+    /// the values on full layers (`attention_k_eq_v`) and their
+    /// proportional RoPE, per-layer inputs, a learned scalar per layer, and
+    /// the last layers reading an earlier layer's K/V
+    /// (`num_kv_shared_layers`).
+    Gemma4,
 }
 
 impl Arch {
-    const ALL: [(&'static str, Arch); 13] = [
+    const ALL: [(&'static str, Arch); 14] = [
         ("llama", Arch::Llama),
         ("mistral", Arch::Mistral),
         ("qwen2", Arch::Qwen2),
@@ -67,6 +76,7 @@ impl Arch {
         ("qwen3_moe", Arch::Qwen3Moe),
         ("mixtral", Arch::Mixtral),
         ("gpt_oss", Arch::GptOss),
+        ("gemma4_text", Arch::Gemma4),
     ];
 
     /// The `model_type` string of this architecture.
@@ -93,6 +103,7 @@ impl Arch {
             // with `llama.expert_count`
             Arch::Mixtral => "llama",
             Arch::GptOss => "gpt-oss",
+            Arch::Gemma4 => "gemma4",
             other => other.model_type(),
         }
     }
@@ -108,6 +119,23 @@ impl Arch {
     /// Gemma 2 or 3: scaled embeddings, (1 + w) norms, sandwich norms, GeGLU.
     pub fn is_gemma(&self) -> bool {
         matches!(self, Arch::Gemma2 | Arch::Gemma3)
+    }
+
+    /// Whether lcut reads this architecture's GGUF files (not yet Gemma
+    /// 4's).
+    pub fn reads_gguf(&self) -> bool {
+        self.gguf_refusal().is_none()
+    }
+
+    /// Why lcut does not read this architecture's GGUF files, where it
+    /// does not.
+    pub fn gguf_refusal(&self) -> Option<&'static str> {
+        match self {
+            Arch::Gemma4 => Some(
+                "architecture gemma4 (per-layer head widths, shared K/V and per-layer inputs are not yet read from GGUF; its Hugging Face folder is)",
+            ),
+            _ => None,
+        }
     }
 
     /// OLMo 2 or 3: norms after the blocks, whole-projection q/k norms.
@@ -192,6 +220,46 @@ pub enum RopeScaling {
         /// (transformers' `truncate`, default true).
         truncate: bool,
     },
+    /// Gemma 4's proportional RoPE on full layers: the frequencies of a
+    /// whole head (`rotary_dim` is the head width, so the pairs are `(i, i +
+    /// D/2)`), `theta^(-2i/D)` for the first `rotated_pairs` pairs and zero
+    /// (no rotation) past them, each divided by `factor`.
+    Proportional {
+        /// Divisor of every frequency.
+        factor: f64,
+        /// Pairs that rotate, from the first.
+        rotated_pairs: usize,
+    },
+}
+
+/// One layer's attention shape and where its K/V come from: the same for
+/// every layer of most models, per layer on Gemma 4.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct LayerAttention {
+    /// K/V heads.
+    pub kv_heads: usize,
+    /// Width of one head (queries, keys and values).
+    pub head_dim: usize,
+    /// The values are the keys' projection (no `v_proj`; Gemma 4's full
+    /// layers with `attention_k_eq_v`), normed but not rotated.
+    pub values_from_keys: bool,
+    /// The values pass an RMSNorm without a scale (Gemma 4).
+    pub value_norm: bool,
+    /// The earlier layer whose K/V this layer reads instead of storing its
+    /// own (Gemma 4's `num_kv_shared_layers`); `None`: its own.
+    pub kv_source: Option<usize>,
+}
+
+/// Gemma 4's per-layer inputs: each token gets `width` values per layer,
+/// (RMSNorm of a projection of its embedding + a row of a per-layer token
+/// table) / sqrt(2), which each layer applies after its MLP as a gated
+/// branch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PerLayerInput {
+    /// Values per layer (`hidden_size_per_layer_input`).
+    pub width: usize,
+    /// Rows of the per-layer token table (`vocab_size_per_layer_input`).
+    pub vocab: usize,
 }
 
 /// Where a layer's norms sit around its attention and MLP blocks.
@@ -346,6 +414,15 @@ pub struct ModelConfig {
     /// a column with no value, so a row's probabilities sum to less than
     /// one (gpt-oss).
     pub attention_sinks: bool,
+    /// Each layer's attention shape and K/V source (Gemma 4's differ by
+    /// layer; every other model's are `num_kv_heads` heads of `head_dim`,
+    /// its own K/V).
+    pub layer_attention: Vec<LayerAttention>,
+    /// Per-layer inputs, where the model has them (Gemma 4).
+    pub per_layer_input: Option<PerLayerInput>,
+    /// Each layer's output is multiplied by its learned `layer_scalar`
+    /// (Gemma 4).
+    pub layer_scalars: bool,
 }
 
 /// Largest width, head count, head width or vocabulary a config may claim
@@ -510,6 +587,13 @@ impl ModelConfig {
         if model_type == "gemma3" {
             return Err(gemma3::multimodal(path));
         }
+        if model_type == "gemma4" {
+            return Err(f.err(
+                "model_type",
+                "gemma4_text: this is Gemma 4 with its vision and audio towers (weights under model.language_model); lcut reads a text-only gemma4_text folder",
+                f.get("model_type"),
+            ));
+        }
         let arch =
             Arch::from_model_type(model_type).ok_or_else(|| ModelError::UnknownArchitecture {
                 path: PathBuf::from(path),
@@ -549,7 +633,23 @@ impl ModelConfig {
                 ));
             }
         };
+        let gemma4 = match arch {
+            Arch::Gemma4 => Some(gemma4::read(
+                f,
+                num_layers,
+                num_heads,
+                (num_kv_heads, head_dim),
+                f.positive("vocab_size")?,
+            )?),
+            _ => None,
+        };
         let (rope, sliding_rope) = match arch {
+            Arch::Gemma4 => {
+                let g = gemma4.as_ref().ok_or(ModelError::LayerProgram {
+                    what: "Gemma 4's layout before its RoPE",
+                })?;
+                (g.full_rope, Some(g.sliding_rope))
+            }
             Arch::Gemma3 => {
                 gemma3::refuse_bidirectional(f)?;
                 let (global, sliding) = layer_ropes::ropes(f, head_dim, &gemma3::ROPES)?;
@@ -575,12 +675,14 @@ impl ModelConfig {
                 .unwrap_or(256.0)
                 .powf(-0.5),
             (_, Some(s)) if is_gemma && s > 0.0 => s.powf(-0.5),
+            // the q/k norms carry the scale
+            (Arch::Gemma4, _) => 1.0,
             _ => (head_dim as f64).powf(-0.5),
         };
-        let default_tie = is_gemma || arch == Arch::SmolLM3;
+        let default_tie = is_gemma || matches!(arch, Arch::SmolLM3 | Arch::Gemma4);
         // transformers' defaults of each config class
         let default_positions = match arch {
-            Arch::Gemma3 => 131_072,
+            Arch::Gemma3 | Arch::Gemma4 => 131_072,
             Arch::SmolLM3 => 32_768,
             Arch::Olmo2 | Arch::Olmo3 => 2048,
             Arch::GptOss => 131_072,
@@ -592,6 +694,24 @@ impl ModelConfig {
             _ => 1e-6,
         };
         let (experts, sparse_layers) = read_experts(f, arch, num_layers)?;
+        let (sliding_window, layer_attention, per_layer_input) = match gemma4 {
+            Some(g) => (g.windows, g.attention, g.per_layer_input),
+            None => (
+                read_sliding_window(f, arch, num_layers)?,
+                vec![
+                    LayerAttention {
+                        kv_heads: num_kv_heads,
+                        head_dim,
+                        values_from_keys: false,
+                        value_norm: false,
+                        kv_source: None,
+                    };
+                    num_layers
+                ],
+                None,
+            ),
+        };
+        let sandwich = is_gemma || arch == Arch::Gemma4;
         Ok(Self {
             arch,
             vocab_size: f.positive("vocab_size")?,
@@ -609,7 +729,7 @@ impl ModelConfig {
             tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(default_tie),
             bos_token_id: f.token_ids("bos_token_id")?.first().copied(),
             eos_token_ids: f.token_ids("eos_token_id")?,
-            sliding_window: read_sliding_window(f, arch, num_layers)?,
+            sliding_window,
             sliding_rope,
             rotates: read_rotates(f, arch, num_layers)?,
             qkv_bias: match arch {
@@ -618,24 +738,24 @@ impl ModelConfig {
                 _ => f.opt_bool("attention_bias")?.unwrap_or(false),
             },
             qk_norm: match arch {
-                Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 => QkNorm::PerHead,
+                Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 | Arch::Gemma4 => QkNorm::PerHead,
                 Arch::Olmo2 | Arch::Olmo3 => QkNorm::Whole,
                 _ => QkNorm::None,
             },
             norm_weight_offset: is_gemma,
             norms: match arch {
-                _ if is_gemma => NormPlacement::Sandwich,
+                _ if sandwich => NormPlacement::Sandwich,
                 Arch::Olmo2 | Arch::Olmo3 => NormPlacement::Post,
                 _ => NormPlacement::Pre,
             },
-            embedding_scale: is_gemma.then(|| (hidden_size as f64).sqrt()),
+            embedding_scale: sandwich.then(|| (hidden_size as f64).sqrt()),
             // a cap of 0 would turn every score into NaN
             attn_softcap: if is_gemma {
                 f.opt_positive_f64("attn_logit_softcapping")?
             } else {
                 None
             },
-            final_softcap: if is_gemma {
+            final_softcap: if sandwich {
                 f.opt_positive_f64("final_logit_softcapping")?
             } else {
                 None
@@ -647,6 +767,9 @@ impl ModelConfig {
             experts,
             sparse_layers,
             attention_sinks: arch == Arch::GptOss,
+            layer_attention,
+            per_layer_input,
+            layer_scalars: arch == Arch::Gemma4,
         })
     }
 
@@ -837,7 +960,7 @@ fn read_activation(f: &Fields<'_>, arch: Arch) -> Result<Activation> {
         let alpha = f.opt_positive_f64("swiglu_alpha")?.unwrap_or(1.702) as f32;
         return Ok(Activation::ClampedSwiGlu { limit, alpha });
     }
-    let (field, default) = if arch.is_gemma() {
+    let (field, default) = if arch.is_gemma() || arch == Arch::Gemma4 {
         ("hidden_activation", "gelu_pytorch_tanh")
     } else {
         ("hidden_act", "silu")
@@ -1072,6 +1195,8 @@ fn read_sliding_window(
             Arch::Olmo3 => window.filter(|_| !(l + 1).is_multiple_of(4)),
             // transformers' default: sliding and full layers alternating
             Arch::GptOss => window.filter(|_| l.is_multiple_of(2)),
+            // Gemma 4's layer types are read with its layout (gemma4.rs)
+            Arch::Gemma4 => window.filter(|_| !(l + 1).is_multiple_of(6)),
         }
     };
     Ok((0..num_layers).map(per_layer).collect())
@@ -1467,6 +1592,172 @@ mod tests {
             let msg = err.to_string();
             assert!(msg.contains(field) && msg.contains(says), "{extra}: {msg}");
         }
+    }
+
+    /// A Gemma 4 config as transformers 5.24 saves it (the reference case
+    /// `layouts/gemma4-shared`): layers 4 and 5 read layers 3 and 2.
+    const GEMMA4: &str = r#""model_type": "gemma4_text", "vocab_size": 320, "hidden_size": 64,
+        "intermediate_size": 160, "num_hidden_layers": 6, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "attention_k_eq_v": true,
+        "sliding_window": 12, "num_kv_shared_layers": 2, "hidden_size_per_layer_input": 8,
+        "vocab_size_per_layer_input": 320, "final_logit_softcapping": 30.0,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention",
+          "sliding_attention", "sliding_attention", "full_attention"],
+        "per_layer_config": {"2": {"head_dim": 32, "num_key_value_heads": 1},
+                             "5": {"head_dim": 32, "num_key_value_heads": 1}},
+        "rope_parameters": {"full_attention": {"partial_rotary_factor": 0.25,
+            "rope_theta": 10000.0, "rope_type": "proportional"},
+          "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}}"#;
+
+    fn gemma4(extra: &str) -> Result<ModelConfig> {
+        parse(&format!("{{{GEMMA4}{extra}}}"))
+    }
+
+    #[test]
+    fn gemma4_reads_layer_shapes_sharing_and_its_ropes() {
+        let c = gemma4("").unwrap();
+        assert_eq!(c.arch, Arch::Gemma4);
+        let shapes: Vec<(usize, usize, bool, Option<usize>)> = c
+            .layer_attention
+            .iter()
+            .map(|a| (a.kv_heads, a.head_dim, a.values_from_keys, a.kv_source))
+            .collect();
+        assert_eq!(
+            shapes,
+            vec![
+                (2, 16, false, None),
+                (2, 16, false, None),
+                (1, 32, true, None),
+                (2, 16, false, None),
+                (2, 16, false, Some(3)),
+                (1, 32, true, Some(2)),
+            ]
+        );
+        assert!(c.layer_attention.iter().all(|a| a.value_norm));
+        assert_eq!(c.sliding_window[2], None);
+        assert_eq!(c.sliding_window[0], Some(12));
+        // the full layers' proportional RoPE: 4 of 16 pairs of a 32-wide head
+        assert_eq!(c.rope.rotary_dim, 32);
+        assert_eq!(
+            c.rope.scaling,
+            RopeScaling::Proportional {
+                factor: 1.0,
+                rotated_pairs: 4
+            }
+        );
+        let sliding = c.sliding_rope.unwrap();
+        assert_eq!(
+            (sliding.rotary_dim, sliding.scaling),
+            (16, RopeScaling::None)
+        );
+        assert_eq!(
+            c.per_layer_input,
+            Some(PerLayerInput {
+                width: 8,
+                vocab: 320
+            })
+        );
+        assert!(c.layer_scalars && !c.norm_weight_offset && c.qk_norm == QkNorm::PerHead);
+        assert_eq!((c.attn_scale, c.final_softcap), (1.0, Some(30.0)));
+        assert_eq!(c.embedding_scale, Some(8.0));
+        // the released checkpoints' keys: global_head_dim and
+        // num_global_key_value_heads instead of per_layer_config
+        let released = parse(&format!(
+            "{{{}, \"global_head_dim\": 32, \"num_global_key_value_heads\": 1}}",
+            GEMMA4.replace(
+                r#""per_layer_config": {"2": {"head_dim": 32, "num_key_value_heads": 1},
+                             "5": {"head_dim": 32, "num_key_value_heads": 1}},"#,
+                ""
+            )
+        ))
+        .unwrap();
+        assert_eq!(released.layer_attention, c.layer_attention);
+    }
+
+    #[test]
+    fn gemma4_inconsistent_fields_are_named() {
+        for (extra, field, says) in [
+            (
+                r#", "num_kv_shared_layers": 6"#,
+                "num_kv_shared_layers",
+                "fewer than",
+            ),
+            // five shared layers leave no full layer below layer 1
+            (
+                r#", "num_kv_shared_layers": 5"#,
+                "num_kv_shared_layers",
+                "full_attention",
+            ),
+            (
+                r#", "layer_types": ["full_attention"]"#,
+                "layer_types",
+                "6 layer types",
+            ),
+            (r#", "layer_types": 3"#, "layer_types", "6 layer types"),
+            (
+                r#", "per_layer_config": {"9": {"head_dim": 8}}"#,
+                "per_layer_config",
+                "below num_hidden_layers",
+            ),
+            (
+                r#", "per_layer_config": {"2": {"num_key_value_heads": 3}}"#,
+                "per_layer_config.2.num_key_value_heads",
+                "divisor",
+            ),
+            (
+                r#", "per_layer_config": {"2": {"head_dim": 32}, "5": {"head_dim": 64}}"#,
+                "per_layer_config",
+                "one head width",
+            ),
+            (
+                r#", "per_layer_config": {"3": {"head_dim": 8}}"#,
+                "per_layer_config",
+                "one head width",
+            ),
+            (r#", "sliding_window": 0"#, "sliding_window", "positive"),
+            (
+                r#", "vocab_size_per_layer_input": 100"#,
+                "vocab_size_per_layer_input",
+                "at least vocab_size",
+            ),
+            (
+                r#", "hidden_size_per_layer_input": 16777216"#,
+                "hidden_size_per_layer_input",
+                "num_hidden_layers",
+            ),
+            (
+                r#", "enable_moe_block": true"#,
+                "enable_moe_block",
+                "expert block",
+            ),
+            (
+                r#", "use_double_wide_mlp": true"#,
+                "use_double_wide_mlp",
+                "double-width",
+            ),
+            (
+                r#", "use_bidirectional_attention": "all""#,
+                "use_bidirectional_attention",
+                "causal",
+            ),
+            (
+                r#", "rope_parameters": {"full_attention": {"rope_type": "proportional", "partial_rotary_factor": 2}}"#,
+                "rope_parameters.full_attention.partial_rotary_factor",
+                "fraction",
+            ),
+            (
+                r#", "rope_parameters": {"sliding_attention": {"rope_type": "longrope"}}"#,
+                "rope_parameters.sliding_attention.rope_type",
+                "one of",
+            ),
+        ] {
+            let err = gemma4(extra).expect_err(extra);
+            let msg = err.to_string();
+            assert!(msg.contains(field) && msg.contains(says), "{extra}: {msg}");
+        }
+        // the multimodal wrapper is refused, pointing at gemma4_text
+        let err = parse(r#"{"model_type": "gemma4", "text_config": {}}"#).unwrap_err();
+        assert!(err.to_string().contains("gemma4_text"), "{err}");
     }
 
     #[test]

@@ -293,7 +293,15 @@ impl Mlp {
 
     /// The gated activation: the gate's activation times the up half.
     pub(crate) fn gated(&self, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
-        let act = match self.activation {
+        gated(self.activation, gate, up)
+    }
+}
+
+/// The gated activation under `activation`: the gate's activation times the
+/// up half (the MLP's; Gemma 4's per-layer input branch's too).
+pub(crate) fn gated(activation: Activation, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    {
+        let act = match activation {
             Activation::Silu => candle_nn::ops::silu(gate)?,
             Activation::GeluTanh => gate.gelu()?,
             Activation::ClampedSwiGlu { limit, alpha } => {
@@ -564,10 +572,9 @@ impl FeedForward {
 pub(crate) struct Qkv {
     /// Queries.
     pub q: Tensor,
-    /// Keys (one per K/V head).
-    pub k: Tensor,
-    /// Values (one per K/V head).
-    pub v: Tensor,
+    /// Keys and values (one per K/V head); `None` on a layer that reads
+    /// another layer's K/V (Gemma 4's shared layers).
+    pub kv: Option<(Tensor, Tensor)>,
 }
 
 /// The attention projections of one layer.
@@ -577,6 +584,8 @@ pub struct AttentionProj {
     o: Linear,
     q_norm: Option<RmsNorm>,
     k_norm: Option<RmsNorm>,
+    /// The unscaled RMSNorm of each value head (Gemma 4).
+    v_norm: Option<RmsNorm>,
     /// The q/k norms span the whole projection, not one head (OLMo 2/3).
     whole_norms: bool,
     /// Each query head's sink logit [heads] in f32 (gpt-oss).
@@ -588,8 +597,23 @@ pub struct AttentionProj {
 
 #[derive(Debug, Clone)]
 enum QkvProj {
-    Separate { q: Linear, k: Linear, v: Linear },
+    Separate {
+        q: Linear,
+        k: Linear,
+        v: Linear,
+    },
     Fused(Linear),
+    /// The values are the keys' projection, before the key norm and RoPE
+    /// (Gemma 4's full layers with `attention_k_eq_v`).
+    KeysAsValues {
+        q: Linear,
+        k: Linear,
+    },
+    /// Queries only: the layer reads another layer's K/V (Gemma 4's
+    /// shared layers store none of their own).
+    QueriesOnly {
+        q: Linear,
+    },
 }
 
 /// The attention's input matrices, as the model stores them.
@@ -598,6 +622,12 @@ pub(crate) enum QkvLinears<'a> {
     Separate(&'a Linear, &'a Linear, &'a Linear),
     /// One matrix: Q rows, then K, then V.
     Fused(&'a Linear),
+    /// Q and K; the values are the keys' projection (the fused step does
+    /// not read this layout).
+    KeysAsValues,
+    /// Q only: the K/V are another layer's (the fused step does not read
+    /// this layout).
+    QueriesOnly,
 }
 
 impl AttentionProj {
@@ -606,6 +636,8 @@ impl AttentionProj {
         match &self.qkv {
             QkvProj::Separate { q, k, v } => QkvLinears::Separate(q, k, v),
             QkvProj::Fused(lin) => QkvLinears::Fused(lin),
+            QkvProj::KeysAsValues { .. } => QkvLinears::KeysAsValues,
+            QkvProj::QueriesOnly { .. } => QkvLinears::QueriesOnly,
         }
     }
 
@@ -621,21 +653,34 @@ impl AttentionProj {
         (self.q_norm.as_ref(), self.k_norm.as_ref())
     }
 
-    pub(crate) fn load(ld: &Loader<'_>, prefix: &str) -> Result<Self> {
+    /// The attention of layer `layer` at `prefix`, of the shape and K/V
+    /// source the config gives that layer.
+    pub(crate) fn load(ld: &Loader<'_>, prefix: &str, layer: usize) -> Result<Self> {
         let c = ld.cfg;
-        let (h, kv, hd, d) = (c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size);
+        let shape = c.layer_attention.get(layer).copied().ok_or(
+            crate::error::ModelError::LayerProgram {
+                what: "the attention of a layer past the config's depth",
+            },
+        )?;
+        let (h, kv, hd, d) = (c.num_heads, shape.kv_heads, shape.head_dim, c.hidden_size);
+        let linear =
+            |name: &str, rows: usize| ld.linear(&format!("{prefix}.{name}"), rows, d, c.qkv_bias);
         let qkv = if c.fused_qkv {
-            QkvProj::Fused(ld.linear(
-                &format!("{prefix}.qkv_proj"),
-                (h + 2 * kv) * hd,
-                d,
-                c.qkv_bias,
-            )?)
+            QkvProj::Fused(linear("qkv_proj", (h + 2 * kv) * hd)?)
+        } else if shape.kv_source.is_some() {
+            QkvProj::QueriesOnly {
+                q: linear("q_proj", h * hd)?,
+            }
+        } else if shape.values_from_keys {
+            QkvProj::KeysAsValues {
+                q: linear("q_proj", h * hd)?,
+                k: linear("k_proj", kv * hd)?,
+            }
         } else {
             QkvProj::Separate {
-                q: ld.linear(&format!("{prefix}.q_proj"), h * hd, d, c.qkv_bias)?,
-                k: ld.linear(&format!("{prefix}.k_proj"), kv * hd, d, c.qkv_bias)?,
-                v: ld.linear(&format!("{prefix}.v_proj"), kv * hd, d, c.qkv_bias)?,
+                q: linear("q_proj", h * hd)?,
+                k: linear("k_proj", kv * hd)?,
+                v: linear("v_proj", kv * hd)?,
             }
         };
         let o_bias = ld.files.contains(&format!("{prefix}.o_proj.bias"));
@@ -647,14 +692,25 @@ impl AttentionProj {
             QkNorm::None => (None, None),
             QkNorm::PerHead | QkNorm::Whole => (
                 Some(ld.norm(&format!("{prefix}.q_norm"), q_width)?),
-                Some(ld.norm(&format!("{prefix}.k_norm"), k_width)?),
+                match shape.kv_source {
+                    Some(_) => None,
+                    None => Some(ld.norm(&format!("{prefix}.k_norm"), k_width)?),
+                },
             ),
+        };
+        let v_norm = match shape.value_norm && shape.kv_source.is_none() {
+            true => Some(RmsNorm {
+                weight: Tensor::ones(hd, ld.dtype, ld.device)?,
+                eps: c.rms_norm_eps as f32,
+            }),
+            false => None,
         };
         Ok(Self {
             qkv,
             o: ld.linear(&format!("{prefix}.o_proj"), d, h * hd, o_bias)?,
             q_norm,
             k_norm,
+            v_norm,
             whole_norms: c.qk_norm == QkNorm::Whole,
             sinks: match c.attention_sinks {
                 true => {
@@ -671,6 +727,16 @@ impl AttentionProj {
         })
     }
 
+    /// K/V heads of the layer.
+    pub(crate) fn num_kv_heads(&self) -> usize {
+        self.num_kv_heads
+    }
+
+    /// Width of one head of the layer.
+    pub(crate) fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
     /// Each query head's learned sink logit [heads] (f32), where the model
     /// has them: a column in every softmax with no value.
     pub fn sinks(&self) -> Option<&Tensor> {
@@ -682,6 +748,8 @@ impl AttentionProj {
         let mut out = match &self.qkv {
             QkvProj::Separate { q, k, v } => vec![q, k, v],
             QkvProj::Fused(lin) => vec![lin],
+            QkvProj::KeysAsValues { q, k } => vec![q, k],
+            QkvProj::QueriesOnly { q } => vec![q],
         };
         out.push(&self.o);
         out
@@ -692,6 +760,8 @@ impl AttentionProj {
         let mut out = match &mut self.qkv {
             QkvProj::Separate { q, k, v } => vec![("q_proj", q), ("k_proj", k), ("v_proj", v)],
             QkvProj::Fused(lin) => vec![("qkv_proj", lin)],
+            QkvProj::KeysAsValues { q, k } => vec![("q_proj", q), ("k_proj", k)],
+            QkvProj::QueriesOnly { q } => vec![("q_proj", q)],
         };
         out.push(("o_proj", &mut self.o));
         out
@@ -703,33 +773,78 @@ impl AttentionProj {
         self.q_norm.is_some() || self.k_norm.is_some()
     }
 
-    /// Project `x` [n, hidden] to queries, keys and values, heads first.
+    /// Project `x` [n, hidden] to queries, keys and values, heads first
+    /// (the values normed where the layer norms them; no keys nor values
+    /// on a layer that reads another layer's).
     pub(crate) fn project(&self, x: &Tensor) -> Result<Qkv> {
-        let (h, kv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let (q, k, v) = match &self.qkv {
-            QkvProj::Separate { q, k, v } => (q.forward(x)?, k.forward(x)?, v.forward(x)?),
+        let h = self.num_heads;
+        let q = match &self.qkv {
+            QkvProj::Separate { q, .. }
+            | QkvProj::KeysAsValues { q, .. }
+            | QkvProj::QueriesOnly { q } => q.forward(x)?,
             QkvProj::Fused(lin) => {
                 let all = lin.forward(x)?;
-                (
-                    all.narrow(1, 0, h * hd)?,
-                    all.narrow(1, h * hd, kv * hd)?,
-                    all.narrow(1, (h + kv) * hd, kv * hd)?,
-                )
+                let q = all.narrow(1, 0, h * self.head_dim)?;
+                let (k, v) = self.split_fused_kv(&all)?;
+                return Ok(Qkv {
+                    q: self.heads(q, h)?,
+                    kv: Some(self.kv_heads(k, v)?),
+                });
             }
         };
         Ok(Qkv {
             q: self.heads(q, h)?,
-            k: self.heads(k, kv)?,
-            v: self.heads(v, kv)?,
+            kv: self.project_kv(x)?,
         })
+    }
+
+    /// The K and V parts [n, kv * head_dim] of a fused projection's output.
+    fn split_fused_kv(&self, all: &Tensor) -> Result<(Tensor, Tensor)> {
+        let (h, kv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        Ok((
+            all.narrow(1, h * hd, kv * hd)?,
+            all.narrow(1, (h + kv) * hd, kv * hd)?,
+        ))
+    }
+
+    /// Keys and values [n, kv * head_dim] as heads, the values normed
+    /// where the layer norms them.
+    fn kv_heads(&self, k: Tensor, v: Tensor) -> Result<(Tensor, Tensor)> {
+        let kv = self.num_kv_heads;
+        let v = self.heads(v, kv)?;
+        let v = match &self.v_norm {
+            Some(norm) => norm.forward(&v)?,
+            None => v,
+        };
+        Ok((self.heads(k, kv)?, v))
+    }
+
+    /// The keys and values of `x` [n, hidden], heads first, before the key
+    /// norm and RoPE; `None` on a layer that reads another layer's.
+    fn project_kv(&self, x: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
+        let (k, v) = match &self.qkv {
+            QkvProj::Separate { k, v, .. } => (k.forward(x)?, v.forward(x)?),
+            QkvProj::Fused(lin) => self.split_fused_kv(&lin.forward(x)?)?,
+            QkvProj::KeysAsValues { k, .. } => {
+                let k = k.forward(x)?;
+                (k.clone(), k)
+            }
+            QkvProj::QueriesOnly { .. } => return Ok(None),
+        };
+        Ok(Some(self.kv_heads(k, v)?))
     }
 
     /// The query and key heads [heads, n, head_dim] normed by the layer's
     /// q/k norms (over each head's values, or over a row's every head).
-    pub(crate) fn norm_heads(&self, q: &Tensor, k: &Tensor) -> Result<(Tensor, Tensor)> {
+    pub(crate) fn norm_heads(
+        &self,
+        q: &Tensor,
+        k: Option<&Tensor>,
+    ) -> Result<(Tensor, Option<Tensor>)> {
         Ok((
             self.norm_projection(q, self.q_norm.as_ref())?,
-            self.norm_projection(k, self.k_norm.as_ref())?,
+            k.map(|k| self.norm_projection(k, self.k_norm.as_ref()))
+                .transpose()?,
         ))
     }
 
@@ -752,28 +867,23 @@ impl AttentionProj {
     /// each, heads first), with the k-norm and RoPE at `cos`/`sin` where the
     /// layer rotates (`rotation`): the K/V a token keeps at a layer it does
     /// not run (projected prompt K/V). A fused projection is computed whole
-    /// and its query part dropped.
+    /// and its query part dropped. A layer that reads another layer's K/V
+    /// has none of its own: refused.
     pub fn kv(
         &self,
         x: &Tensor,
         rotation: Option<(&Rope, &Tensor, &Tensor)>,
     ) -> Result<(Tensor, Tensor)> {
-        let (h, kv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let (k, v) = match &self.qkv {
-            QkvProj::Separate { k, v, .. } => (k.forward(x)?, v.forward(x)?),
-            QkvProj::Fused(lin) => {
-                let all = lin.forward(x)?;
-                (
-                    all.narrow(1, h * hd, kv * hd)?,
-                    all.narrow(1, (h + kv) * hd, kv * hd)?,
-                )
-            }
-        };
-        let mut k = self.norm_projection(&self.heads(k, kv)?, self.k_norm.as_ref())?;
+        let (k, v) = self
+            .project_kv(x)?
+            .ok_or(crate::error::ModelError::LayerProgram {
+                what: "projected K/V of a layer that reads another layer's K/V",
+            })?;
+        let mut k = self.norm_projection(&k, self.k_norm.as_ref())?;
         if let Some((rope, cos, sin)) = rotation {
             k = rope.apply(&k, cos, sin)?;
         }
-        Ok((k, self.heads(v, kv)?))
+        Ok((k, v))
     }
 
     /// [n, count * head_dim] as [count, n, head_dim], contiguous.

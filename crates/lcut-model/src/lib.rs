@@ -25,7 +25,9 @@ pub mod store;
 mod weights;
 
 pub use cache::LayerCache;
-pub use config::{Activation, Arch, ModelConfig, RopeConfig, RopeScaling};
+pub use config::{
+    Activation, Arch, LayerAttention, ModelConfig, PerLayerInput, RopeConfig, RopeScaling,
+};
 pub use decoder::{
     BatchSoftmax, ChunkOutput, Decoder, LogitRows, Unfused, WeightMode, argmax_rows,
     default_attention_block_elems,

@@ -159,38 +159,70 @@ impl fmt::Display for MemoryEstimate {
 /// Number of parameters of a model of this config.
 pub fn parameter_count(cfg: &ModelConfig) -> u64 {
     let (v, d, i) = (cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size);
-    let (h, kv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+    let h = cfg.num_heads;
     let norms = match cfg.norms {
         NormPlacement::Sandwich => 4 * d,
         NormPlacement::Pre | NormPlacement::Post => 2 * d,
     };
-    let qk_norms = match cfg.qk_norm {
-        QkNorm::None => 0,
-        QkNorm::PerHead => 2 * hd,
-        QkNorm::Whole => (h + kv) * hd,
+    // each layer's attention of its own shape; a layer that reads another
+    // layer's K/V has no K/V projections, one whose values are its keys no
+    // V projection
+    let attention = |a: &crate::config::LayerAttention| {
+        let (kv, hd) = (a.kv_heads, a.head_dim);
+        let kv_rows = match (a.kv_source, a.values_from_keys) {
+            (Some(_), _) => 0,
+            (None, true) => kv,
+            (None, false) => 2 * kv,
+        };
+        let shared = a.kv_source.is_some();
+        let qk_norms = match cfg.qk_norm {
+            QkNorm::None => 0,
+            QkNorm::PerHead if shared => hd,
+            QkNorm::PerHead => 2 * hd,
+            QkNorm::Whole => (h + kv) * hd,
+        };
+        let bias = if cfg.qkv_bias { (h + kv_rows) * hd } else { 0 };
+        d * (h + kv_rows) * hd + h * hd * d + norms + qk_norms + bias
     };
-    let bias = if cfg.qkv_bias { (h + 2 * kv) * hd } else { 0 };
-    let attention = d * (h + 2 * kv) * hd + h * hd * d + norms + qk_norms + bias;
     // a sparse layer: the router and every expert's gated MLP
     let mlp = |sparse: bool| match (sparse, cfg.experts) {
         (true, Some(e)) => e.num_experts * d + e.num_experts * 3 * d * e.inner,
         _ => 3 * d * i,
     };
+    // Gemma 4's per-layer inputs: each layer's gate, projection and norm,
+    // the table and the embedding's projection into every layer's input
+    // (and its learned scalar, one value a layer)
+    let scalar = usize::from(cfg.layer_scalars);
+    let (per_layer, per_model) = match cfg.per_layer_input {
+        Some(p) => (
+            2 * d * p.width + d + scalar,
+            p.vocab * cfg.num_layers * p.width + d * cfg.num_layers * p.width + p.width,
+        ),
+        None => (scalar, 0),
+    };
     let layers: usize = (0..cfg.num_layers)
-        .map(|l| attention + mlp(cfg.sparse_layers.get(l).copied().unwrap_or(false)))
+        .map(|l| {
+            let sparse = cfg.sparse_layers.get(l).copied().unwrap_or(false);
+            cfg.layer_attention.get(l).map_or(0, attention) + mlp(sparse) + per_layer
+        })
         .sum();
     let head = if cfg.tie_word_embeddings { 0 } else { v * d };
-    (v * d + layers + d + head) as u64
+    (v * d + layers + d + head + per_model) as u64
 }
 
 /// Bytes of the full model's K/V cache for `tokens` tokens stored in
-/// `kv_dtype`: 2 · K/V heads · head width · bytes per row, `tokens` rows at
-/// a layer that reads every earlier key and [`window_cache_rows`] at a
-/// sliding-window layer (Gemma 3: five layers in six).
+/// `kv_dtype`: 2 · K/V heads · head width · bytes per row of each layer
+/// that stores K/V (a layer that reads another layer's holds none, Gemma
+/// 4's shared layers), `tokens` rows at a layer that reads every earlier
+/// key and [`window_cache_rows`] at a sliding-window layer (Gemma 3: five
+/// layers in six).
 pub fn kv_cache_bytes(cfg: &ModelConfig, kv_dtype: DType, tokens: usize) -> u64 {
-    let row = cfg.kv_shape(kv_dtype).bytes_per_token_layer() as u64;
+    let bytes = kv_dtype.size_in_bytes() as u64;
     (0..cfg.num_layers)
-        .map(|l| {
+        .filter_map(|l| cfg.layer_attention.get(l).map(|a| (l, a)))
+        .filter(|(_, a)| a.kv_source.is_none())
+        .map(|(l, a)| {
+            let row = 2 * (a.kv_heads * a.head_dim) as u64 * bytes;
             let window = cfg.sliding_window.get(l).copied().flatten();
             window_cache_rows(window, tokens) as u64 * row
         })
@@ -230,7 +262,13 @@ pub fn estimate(
     // the dtype; the chunk's mask in f32 (zeros for the visible prefix and
     // the rest, then joined)
     let attention = block * (b + 4 + 4 + 4 + b) + 2 * n * keys * 4;
-    let qkv = (cfg.num_heads + 2 * cfg.num_kv_heads) as u64 * cfg.head_dim as u64;
+    // the widest layer's queries, keys and values (Gemma 4's full layers)
+    let qkv = cfg
+        .layer_attention
+        .iter()
+        .map(|a| (cfg.num_heads + 2 * a.kv_heads) as u64 * a.head_dim as u64)
+        .max()
+        .unwrap_or(0);
     let activations = n * (4 * d + 3 * i + 2 * qkv) * b + 2 * cfg.vocab_size as u64 * 4;
     MemoryEstimate {
         weights: parameter_count(cfg) * b,

@@ -24,6 +24,14 @@ pub fn inverse_frequencies(cfg: &RopeConfig) -> Vec<f64> {
         .collect();
     match cfg.scaling {
         RopeScaling::None => base,
+        RopeScaling::Proportional {
+            factor,
+            rotated_pairs,
+        } => base
+            .iter()
+            .enumerate()
+            .map(|(i, f)| if i < rotated_pairs { f / factor } else { 0.0 })
+            .collect(),
         RopeScaling::Linear { factor } => base.iter().map(|f| f / factor).collect(),
         RopeScaling::Llama3 {
             factor,

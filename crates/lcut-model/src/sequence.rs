@@ -4,19 +4,14 @@
 
 use std::sync::Arc;
 
-use candle_core::Tensor;
-use lcut_policy::{KvAccounting, Policy, PressRun, SlimRun, TokenPhases, Visibility};
+use lcut_policy::{KvAccounting, KvSharing, Policy, PressRun, SlimRun, TokenPhases, Visibility};
 
 use crate::cache::LayerCache;
 use crate::decoder::depth_mismatch;
 use crate::error::{ModelError, Result};
 
-/// Hidden states of one prefill chunk waiting for the next prefill stage.
-#[derive(Debug, Clone)]
-pub(crate) struct Pending {
-    pub(crate) hidden: Tensor,
-    pub(crate) positions: Vec<usize>,
-}
+/// The rows of one prefill chunk waiting for the next prefill stage.
+pub(crate) type Pending = crate::decoder::ChunkRows;
 
 /// The state of one sequence: its policy, visibility and layer caches.
 /// Not `Clone`: [`Sequence::fork`] copies the caches so that the copies
@@ -33,19 +28,23 @@ pub struct Sequence {
     pub(crate) pending: Vec<Pending>,
     /// The fused decode step's buffers, made at its first step and kept.
     pub(crate) step: Option<Box<crate::decoder::StepScratch>>,
-    /// The model's K/V heads (a layer's cache may hold rows per head).
-    pub(crate) kv_heads: usize,
+    /// Each layer's K/V heads (a layer's cache may hold rows per head).
+    pub(crate) kv_heads: Vec<usize>,
     /// Each layer's sliding window (a windowed layer holds at most its
     /// window of rows).
     pub(crate) windows: Vec<Option<usize>>,
+    /// Which layer's cache each layer reads (Gemma 4's shared layers hold
+    /// none of their own).
+    pub(crate) sharing: KvSharing,
 }
 
-/// What a sequence's caches need to know of the model: its K/V heads and
-/// each layer's sliding window.
+/// What a sequence's caches need to know of the model: each layer's K/V
+/// heads, sliding window and K/V source.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct CacheShape {
-    pub(crate) kv_heads: usize,
+    pub(crate) kv_heads: Vec<usize>,
     pub(crate) windows: Vec<Option<usize>>,
+    pub(crate) sharing: KvSharing,
 }
 
 /// A visibility rule `(layer, query, key) -> visible` given by a caller
@@ -123,6 +122,7 @@ impl Sequence {
             step: None,
             kv_heads: shape.kv_heads,
             windows: shape.windows,
+            sharing: shape.sharing,
         }
     }
 
@@ -243,13 +243,15 @@ impl Sequence {
             .iter()
             .enumerate()
             .map(|(l, c)| {
-                let per_head = rule.heads_differ(l);
-                let heads = self.kv_heads;
+                // a layer's cache serves every layer that reads it
+                let share = &self.sharing;
+                let per_head = share.heads_differ(rule.as_ref(), l);
+                let heads = self.kv_heads.get(l).copied().unwrap_or(0);
                 let mut c = c.filtered_by_head(heads, per_head, |h, p| {
-                    rule.token_exists(l, p)
+                    share.readers(l).any(|r| rule.token_exists(r, p))
                         || match per_head {
-                            true => rule.head_retains_kv(l, h, p),
-                            false => rule.retains_kv(l, p),
+                            true => share.head_retains(rule.as_ref(), l, h, p),
+                            false => share.retains(rule.as_ref(), l, p),
                         }
                 })?;
                 c.forget_checks();
@@ -263,8 +265,9 @@ impl Sequence {
             next_pos: self.next_pos,
             pending: Vec::new(),
             step: None,
-            kv_heads: self.kv_heads,
+            kv_heads: self.kv_heads.clone(),
             windows: self.windows.clone(),
+            sharing: self.sharing.clone(),
         })
     }
 
@@ -343,8 +346,9 @@ impl Sequence {
             next_pos: self.next_pos,
             pending: self.pending.clone(),
             step: None,
-            kv_heads: self.kv_heads,
+            kv_heads: self.kv_heads.clone(),
             windows: self.windows.clone(),
+            sharing: self.sharing.clone(),
         })
     }
 
@@ -354,6 +358,9 @@ impl Sequence {
     /// predict, never for the whole prompt).
     pub fn reserve(&mut self, total_len: usize) {
         for (layer, cache) in self.caches.iter_mut().enumerate() {
+            if !self.sharing.stores(layer) {
+                continue;
+            }
             let rows = self
                 .rule
                 .accounting()

@@ -125,6 +125,31 @@ fn decode_cases(names: &[&str], unfused: Option<lcut_model::Unfused>) -> Result<
     Ok(())
 }
 
+/// Gemma 4, whose layers differ in shape and share K/V, takes no fused
+/// step (`Unfused::Gemma4Layers`, by name): its sequences batched on the
+/// tensor path still get the logits each gets alone, under every policy
+/// that runs on shared K/V (SlimInfer is refused there).
+#[test]
+fn gemma4_sequences_decoded_together_equal_each_decoded_alone() -> Result<()> {
+    for &name in &lcut_testkit::LAYOUT_CASES {
+        let case = ReferenceCase::load(&oracle_case(name))?;
+        let model = case.model(DType::F32, &Device::Cpu)?;
+        let reason = model.unfused_reason()?;
+        ensure!(
+            reason == Some(lcut_model::Unfused::Gemma4Layers),
+            "{name}: {reason:?}"
+        );
+        let start = case.policies[0].decode_start;
+        let runs: Vec<_> = runs(model.config().num_layers, start)
+            .into_iter()
+            .filter(|(_, p)| !p.starts_with("slim"))
+            .collect();
+        ensure!(runs.len() >= 6, "{name}: {} runs", runs.len());
+        check(name, &model, &case.ids, &runs)?;
+    }
+    Ok(())
+}
+
 /// Models with experts decoded together on the fused step (Qwen3-MoE,
 /// Mixtral, gpt-oss with its sinks): each sequence still gets its own
 /// routing and the tokens it gets alone.

@@ -12,7 +12,9 @@ use std::time::Duration;
 use lcut_model::config::{MAX_LAYERS, MAX_SIZE};
 use lcut_model::{DType, Decoder, Device, ModelConfig};
 use lcut_testkit::alloc::{LargestAlloc, largest_allocation};
-use lcut_testkit::{MOE_CASES, MutantRun, ORACLE_CASES, json_mutants, mutant_count, oracle_case};
+use lcut_testkit::{
+    LAYOUT_CASES, MOE_CASES, MutantRun, ORACLE_CASES, json_mutants, mutant_count, oracle_case,
+};
 use serde_json::Value;
 
 #[global_allocator]
@@ -38,6 +40,27 @@ fn assert_consistent(cfg: &ModelConfig, doc: Option<&Value>) {
     }
     assert!(cfg.num_kv_heads > 0 && cfg.num_heads.is_multiple_of(cfg.num_kv_heads));
     assert_eq!(cfg.sliding_window.len(), cfg.num_layers);
+    // each layer's attention shape and K/V source (Gemma 4's differ)
+    assert_eq!(cfg.layer_attention.len(), cfg.num_layers);
+    for (l, a) in cfg.layer_attention.iter().enumerate() {
+        assert!(a.head_dim > 0 && a.head_dim <= MAX_SIZE, "layer {l}: {a:?}");
+        assert!(
+            a.kv_heads > 0 && cfg.num_heads.is_multiple_of(a.kv_heads),
+            "layer {l}: {a:?}"
+        );
+        if let Some(s) = a.kv_source {
+            let src = cfg.layer_attention[s];
+            assert!(s < l && src.kv_source.is_none(), "layer {l} reads {s}");
+            assert_eq!((src.kv_heads, src.head_dim), (a.kv_heads, a.head_dim));
+            assert_eq!(
+                cfg.sliding_window[s], cfg.sliding_window[l],
+                "layer {l} reads {s}"
+            );
+        }
+    }
+    if let Some(p) = cfg.per_layer_input {
+        assert!(p.width * cfg.num_layers <= MAX_SIZE && p.vocab >= cfg.vocab_size);
+    }
     assert_eq!(cfg.rotates.len(), cfg.num_layers);
     assert_eq!(cfg.sparse_layers.len(), cfg.num_layers);
     if let Some(e) = cfg.experts {
@@ -46,11 +69,20 @@ fn assert_consistent(cfg: &ModelConfig, doc: Option<&Value>) {
             "{e:?}"
         );
     }
-    let rope = &cfg.rope;
-    assert!(
-        rope.rotary_dim > 0 && rope.rotary_dim <= cfg.head_dim && rope.rotary_dim.is_multiple_of(2)
-    );
-    assert!(rope.theta.is_finite() && rope.theta > 0.0);
+    // each layer rotates within its own head (Gemma 4's full layers are
+    // wider than its sliding ones)
+    for l in 0..cfg.num_layers {
+        let rope = match (cfg.sliding_window[l], &cfg.sliding_rope) {
+            (Some(_), Some(sliding)) => sliding,
+            _ => &cfg.rope,
+        };
+        let head_dim = cfg.layer_attention[l].head_dim;
+        assert!(
+            rope.rotary_dim > 0 && rope.rotary_dim <= head_dim && rope.rotary_dim.is_multiple_of(2),
+            "layer {l}: {rope:?} on heads of {head_dim}"
+        );
+        assert!(rope.theta.is_finite() && rope.theta > 0.0);
+    }
     assert!(cfg.rms_norm_eps.is_finite());
     assert!(cfg.attn_scale.is_finite() && cfg.attn_scale > 0.0);
     for cap in [cfg.attn_softcap, cfg.final_softcap].into_iter().flatten() {
@@ -77,7 +109,11 @@ fn assert_consistent(cfg: &ModelConfig, doc: Option<&Value>) {
 
 #[test]
 fn mutated_configs_never_panic() {
-    let cases: Vec<&str> = ORACLE_CASES.into_iter().chain(MOE_CASES).collect();
+    let cases: Vec<&str> = ORACLE_CASES
+        .into_iter()
+        .chain(MOE_CASES)
+        .chain(LAYOUT_CASES)
+        .collect();
     let seeds: Vec<Vec<u8>> = cases
         .iter()
         .map(|c| std::fs::read(oracle_case(c).join("config.json")).expect("fixture"))

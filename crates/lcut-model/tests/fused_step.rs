@@ -311,6 +311,24 @@ fn the_fused_step_equals_the_tensor_path_on_models_with_experts() -> Result<()> 
     Ok(())
 }
 
+/// Gemma 4's layers differ in head width, share K/V and take per-layer
+/// inputs: the fused step refuses it by name and its decode steps take the
+/// tensor path (held to transformers by `oracle_parity`).
+#[test]
+fn gemma4_takes_the_tensor_path_by_name() -> Result<()> {
+    for c in common::models_of(&lcut_testkit::LAYOUT_CASES)? {
+        let reason = c.model.unfused_reason()?;
+        ensure!(
+            reason == Some(lcut_model::Unfused::Gemma4Layers),
+            "{}: {reason:?}",
+            c.name
+        );
+        let what = reason.map(|r| r.describe()).unwrap_or_default();
+        ensure!(what.contains("Gemma 4"), "{what}");
+    }
+    Ok(())
+}
+
 /// SmolLM2 on a real chat prompt (the reference case `factual`: 44 prompt
 /// tokens and its 16-token greedy answer, from `fixtures/real`).
 fn smollm2_case(model: Decoder) -> Result<Case> {

@@ -232,6 +232,13 @@ fn damaged_mixture_of_experts_files_are_named() {
         &err.to_string(),
         &[&shown(&path), "blk.2.ffn_down_exps.weight", "[8, 64, 32]"],
     );
+    // Gemma 4's files: read from their Hugging Face folder only, said by name
+    let (path, err, _d) = load(&with_string(&good(), "llama", "gemma4"));
+    assert!(matches!(err, ModelError::GgufArchitecture { .. }), "{err}");
+    assert_mentions(
+        &err.to_string(),
+        &[&shown(&path), "gemma4", "Hugging Face folder"],
+    );
     // routing lcut does not run: shared experts, another gating function
     for (key, says) in [
         ("qwen3moe.expert_shared_count", "shared experts"),

@@ -120,3 +120,29 @@ fn a_blocked_prefill_counts_no_score_matrix() -> anyhow::Result<()> {
     assert!(!prefill_is_blocked(&cpu, DType::F32, &[PolicyKind::Slim]));
     Ok(())
 }
+
+/// Gemma 4's layers differ: the full layers' wider heads and keys that are
+/// the values, the shared layers' missing K/V projections, the per-layer
+/// inputs. The count is the number of values in the reference case's
+/// weights, and the full model's K/V counts only the four layers that store
+/// (the two shared ones hold none).
+#[test]
+fn gemma4_counts_its_own_weights_and_only_stored_kv() -> anyhow::Result<()> {
+    let dir = lcut_testkit::oracle_case(lcut_testkit::LAYOUT_CASES[0]);
+    let cfg = ModelConfig::from_folder(&dir)?;
+    let bytes = std::fs::read(dir.join("model.safetensors"))?;
+    let file = safetensors::SafeTensors::deserialize(&bytes)?;
+    let written: usize = file
+        .tensors()
+        .iter()
+        .map(|(_, t)| t.shape().iter().product::<usize>())
+        .sum();
+    assert_eq!(parameter_count(&cfg), written as u64);
+    // f32, 40 tokens: sliding layers 0, 1, 3 (2 heads of 16, window 12 ->
+    // 24 rows) and full layer 2 (1 head of 32, 40 rows)
+    let sliding = 3 * 24 * 2 * 2 * 16 * 4;
+    let full = 40 * 2 * 32 * 4;
+    let kv = lcut_model::memory::kv_cache_bytes(&cfg, lcut_model::DType::F32, 40);
+    assert_eq!(kv, (sliding + full) as u64);
+    Ok(())
+}

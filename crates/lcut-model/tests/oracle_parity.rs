@@ -13,11 +13,13 @@ use lcut_parity::{ReferenceCase, ReferencePolicy};
 use lcut_policy::{Policy, TokenPhases};
 
 const TOL: f32 = 1e-4;
-/// Every reference case: the dense ones and those with experts.
+/// Every reference case: the dense ones, those with experts and the newest
+/// layouts (Gemma 4).
 fn cases() -> impl Iterator<Item = &'static str> {
     lcut_testkit::ORACLE_CASES
         .into_iter()
         .chain(lcut_testkit::MOE_CASES)
+        .chain(lcut_testkit::LAYOUT_CASES)
 }
 
 use lcut_testkit::oracle_case as case_dir;
@@ -81,8 +83,12 @@ fn check_full_depth(c: &Case, label: &str) -> Result<()> {
         }
     }
     // transformers' Gemma-2 reference holds the lookup unscaled; Gemma 3's
-    // embed_tokens scales, as lcut's embeddings are
-    if cfg.embedding_scale.is_none() || cfg.arch == lcut_model::Arch::Gemma3 {
+    // and Gemma 4's embed_tokens scale, as lcut's embeddings are
+    let scaled_reference = matches!(
+        cfg.arch,
+        lcut_model::Arch::Gemma3 | lcut_model::Arch::Gemma4
+    );
+    if cfg.embedding_scale.is_none() || scaled_reference {
         let ours = Tensor::from_vec(probe.embeddings.clone(), (t, cfg.hidden_size), &Device::Cpu)?;
         assert_close(
             name,
@@ -429,6 +435,96 @@ fn the_sinks_share_matches_transformers() -> Result<()> {
         }
         if name == "moe/gptoss-sinks" {
             ensure!(largest > 0.05, "{name}: the sinks took at most {largest}");
+        }
+    }
+    Ok(())
+}
+
+/// Gemma 4's shared layers (4 and 5 read layers 3 and 2) store no K/V: under
+/// SPEED at 4 of 6 the sources, below the cut, keep the whole prompt for
+/// their own queries, the readers above the cut hold nothing, and K/V held
+/// is what the four storing layers hold. Policies whose meaning on shared
+/// K/V is not defined are refused by name.
+#[test]
+fn gemma4_shared_layers_hold_no_kv_and_undefined_policies_are_refused() -> Result<()> {
+    for name in lcut_testkit::LAYOUT_CASES {
+        let c = load(name)?;
+        let sharing = c.model.kv_sharing();
+        ensure!(
+            (
+                sharing.source(4),
+                sharing.source(5),
+                sharing.stored_layers()
+            ) == (3, 2, 4),
+            "{name}: {sharing:?}"
+        );
+        let entry = c
+            .case
+            .policies
+            .iter()
+            .find(|p| p.key == "logits.speed.l4.bos")
+            .context("the cut-4 policy")?;
+        let (policy, phases) = policy_of(&c, entry)?;
+        let mut seq = c.model.new_sequence(policy, phases)?;
+        let s = phases.decode_start();
+        c.model
+            .forward(&mut seq, &c.ids[..s + 4], LogitRows::Last, None)?;
+        let caches = seq.caches();
+        ensure!(
+            caches[4].is_empty() && caches[5].is_empty(),
+            "{name}: a shared layer holds K/V"
+        );
+        // layer 2 (full, below the cut) keeps every token for its own queries
+        ensure!(
+            caches[2].len() == s + 4,
+            "{name}: layer 2 holds {}",
+            caches[2].len()
+        );
+        let stored: u64 = (0..4).map(|l| caches[l].bytes_held() as u64).sum();
+        ensure!(
+            seq.kv_bytes_held() == stored && stored > 0,
+            "{name}: K/V held"
+        );
+        for text in ["snapkv:0.5", "swiftkv:3", "slim:2@50%", "pop:3+bos"] {
+            let p = text.parse::<lcut_policy::PolicySpec>()?.resolve(6)?;
+            let phases = TokenPhases::new(c.ids.len(), s, p.anchor_len(None, s)?)?;
+            let err = c.model.new_sequence(p, phases).err().context(text)?;
+            ensure!(
+                err.to_string().contains("share K/V"),
+                "{name} {text}: {err}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Gemma 4 in chunks: the prompt in chunks of 5 (so that the sliding
+/// layers' window of 12 drops rows between chunks while the shared layers
+/// read their sources' caches), then the decode phase in chunks of 3, at
+/// full depth and under every reference policy, against transformers.
+#[test]
+fn gemma4_in_chunks_matches_transformers() -> Result<()> {
+    for name in lcut_testkit::LAYOUT_CASES {
+        let c = load(name)?;
+        for entry in &c.case.policies {
+            let (policy, phases) = policy_of(&c, entry)?;
+            let s = phases.decode_start();
+            let mut seq = c.model.new_sequence(policy, phases)?;
+            for chunk in c.ids[..s].chunks(5) {
+                c.model.forward(&mut seq, chunk, LogitRows::None, None)?;
+            }
+            let mut rows = Vec::new();
+            for chunk in c.ids[s..].chunks(3) {
+                let out = c.model.forward(&mut seq, chunk, LogitRows::All, None)?;
+                rows.push(out.logits.context("decode rows")?);
+            }
+            let ours = Tensor::cat(&rows, 0)?;
+            assert_close(
+                name,
+                &format!("{} in chunks", entry.key),
+                &ours,
+                &c.reference[&entry.key],
+            )?;
         }
     }
     Ok(())

@@ -24,6 +24,29 @@ pub enum PolicyError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A layer reads the K/V of a layer that is not an earlier one storing
+    /// its own.
+    #[error(
+        "layer {layer} reads the K/V of layer {from}, which is not an earlier layer storing its own"
+    )]
+    SharedKv {
+        /// The reading layer.
+        layer: usize,
+        /// The layer it names.
+        from: usize,
+    },
+    /// A policy whose meaning on a model with layers that share K/V is not
+    /// defined.
+    #[error(
+        "policy {policy} does not run on a model whose layers share K/V (Gemma 4's num_kv_shared_layers): {reason}; \
+         full, SPEED, SelfOnly and knockout bands do"
+    )]
+    SharedKvPolicy {
+        /// The policy.
+        policy: String,
+        /// Why.
+        reason: String,
+    },
     /// The cutoff is not in 1..=L.
     #[error(
         "L_cut {l_cut} is out of range for a model of {num_layers} layers (expected 1..={num_layers})"

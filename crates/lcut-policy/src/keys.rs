@@ -225,11 +225,15 @@ pub struct HeldRows<'a> {
 
 impl HeldRows<'_> {
     /// Whether the one query at `q` reads every held row before it: the
+    /// rows were kept by this layer's rule alone (not a cache shared with
+    /// other layers, kept for their rules too: [`crate::KvSharing`]), the
     /// rule shows a query there exactly what the layer keeps, and every
     /// held row before `q` was checked against that (the row at `q` is
     /// stored only where it is kept).
-    fn read_whole(&self, rule: &dyn Visibility, layer: usize, queries: &[usize]) -> bool {
-        matches!(queries, [q] if self.checked_below >= *q && rule.reads_what_it_keeps(layer, *q))
+    fn read_whole(&self, rule: &dyn Visibility, ask: &KeyQuery<'_>) -> bool {
+        matches!(ask.queries, [q] if ask.own_rows
+            && self.checked_below >= *q
+            && rule.reads_what_it_keeps(ask.layer, *q))
     }
 }
 
@@ -253,6 +257,11 @@ pub struct KeyQuery<'a> {
     pub queries: &'a [usize],
     /// The model's K/V heads.
     pub kv_heads: usize,
+    /// Whether the rows read are the layer's own cache, kept by its rule
+    /// alone ([`crate::KvSharing::kept_by_own_rule`]); otherwise (another
+    /// layer's K/V it reads, or its own shared with later layers) the rows
+    /// are filtered by `layer`'s rule row by row.
+    pub own_rows: bool,
 }
 
 /// The rows the queries of one group of K/V heads read.
@@ -340,7 +349,7 @@ impl GroupReads {
         held: &HeldRows<'_>,
     ) -> bool {
         let mut layer = LayerKeys::head(rule, ask.layer, head, ask.window);
-        if held.read_whole(rule, ask.layer, ask.queries) {
+        if held.read_whole(rule, ask) {
             layer = layer.reading_every_held_row();
         }
         let keys = held.positions;
@@ -417,6 +426,7 @@ mod tests {
             window: Some(3),
             queries: &[2, 4],
             kv_heads: 2,
+            own_rows: true,
         };
         let groups = planner.plan(rule.as_ref(), &ask, &rows);
         assert_eq!(groups.len(), 1);
@@ -485,6 +495,7 @@ mod tests {
             window: None,
             queries: &[7],
             kv_heads: 2,
+            own_rows: true,
         }
     }
 

@@ -59,6 +59,15 @@ pub const MOE_CASES: [&str; 4] = [
     "moe/gptoss-sinks",
 ];
 
+/// The transformers reference cases of the newest layouts, in
+/// `fixtures/oracle/layouts` (Gemma 4 with per-type head widths, keys that
+/// are the values, per-layer inputs and its last two layers reading earlier
+/// layers' K/V; names relative to `fixtures/oracle`): run by the tensor
+/// path's parity tests in f32. Apart from [`ORACLE_CASES`]: they take no
+/// fused step yet (`Unfused::Gemma4Layers`), have no GGUF (lcut does not
+/// read Gemma 4's) and no bf16, lens, SwiftKV or press references.
+pub const LAYOUT_CASES: [&str; 1] = ["layouts/gemma4-shared"];
+
 /// The mixture-of-experts cases llama.cpp's converter writes as GGUF
 /// (`model.f32.gguf`, `model.q8_0.gguf`): its `qwen3moe` has no dense
 /// layers, so `moe/qwen3moe-experts` has none; gpt-oss's as llama.cpp runs

@@ -227,7 +227,7 @@ fn speed_point(
     t: &Totals,
     opts: &SweepOptions,
     shape: &FlopShape,
-    kv_shape: &lcut_policy::KvShape,
+    model: &Decoder,
 ) -> SweepPoint {
     let layers = policy.num_layers();
     let full = Policy::full(layers);
@@ -238,9 +238,10 @@ fn speed_point(
         prefill: ctx - anchors - 1,
         decode: 1 + opts.max_new_tokens,
     };
-    // a windowed layer holds and reads at most its window (shape.windows)
-    let kv = cost.bytes(policy, kv_shape, &shape.windows);
-    let kv_full = cost.bytes(&full, kv_shape, &shape.windows);
+    // a windowed layer holds and reads at most its window; a layer that
+    // reads another's K/V holds none (Gemma 4)
+    let kv = model.kv_bytes_for(policy, &cost);
+    let kv_full = model.kv_bytes_for(&full, &cost);
     let phases = TokenPhases::raw_prompt(ctx, anchors).unwrap_or(TokenPhases::all_decode());
     let flops = policy_prefill_flops(shape, policy.visibility(phases).as_ref(), ctx);
     let flops_full = policy_prefill_flops(shape, full.visibility(phases).as_ref(), ctx);
@@ -384,14 +385,13 @@ pub fn sweep(
         tell(on_event, &DiagnoseEvent::PromptDone { index: i, total })?;
     }
     let shape = FlopShape::from(&model_identity(session)?);
-    let kv_shape = model.kv_shape();
     let points = run
         .policies
         .iter()
         .zip(&run.totals)
         .zip(&run.overlaps)
         .map(|((policy, t), o)| {
-            let mut point = speed_point(policy, t, opts, &shape, &kv_shape);
+            let mut point = speed_point(policy, t, opts, &shape, model);
             point.routing_overlap = o.mean();
             point
         })

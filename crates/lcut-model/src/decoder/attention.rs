@@ -53,15 +53,17 @@ impl Decoder {
             .and_then(|p| p.attention_from(l))
             .map(|from| present.partition_point(|&q| q < from))
             .filter(|&first| first < present.len());
+        let kv_heads = self.layers[l].attn.num_kv_heads();
         let ask = KeyQuery {
             layer: l,
             window,
             queries: present,
-            kv_heads: self.cfg.num_kv_heads,
+            kv_heads,
+            own_rows: self.sharing.kept_by_own_rule(l),
         };
         let groups = memo.reads.plan(seq.rule.as_ref(), &ask, cache);
         memo.masks.resize(groups.len(), (0, None));
-        let group_size = self.cfg.num_heads / self.cfg.num_kv_heads;
+        let group_size = self.cfg.num_heads / kv_heads;
         let mut outs = Vec::with_capacity(groups.len());
         for (g, kept) in groups.iter().zip(memo.masks.iter_mut()) {
             let (k, v) = self.group_keys(cache, g, l)?;
@@ -74,7 +76,7 @@ impl Decoder {
                 );
             }
             let (first_head, heads) = (g.heads.start * group_size, g.heads.len() * group_size);
-            let q = match g.heads.len() == self.cfg.num_kv_heads {
+            let q = match g.heads.len() == kv_heads {
                 true => q.clone(),
                 false => q.narrow(0, first_head, heads)?,
             };
@@ -112,7 +114,8 @@ impl Decoder {
         let (k, v) = cache
             .group_kv(g.rows)?
             .ok_or(ModelError::EmptyCache { layer: l })?;
-        let (k, v) = match cache.is_split() || g.heads.len() == self.cfg.num_kv_heads {
+        let all_heads = self.layers[l].attn.num_kv_heads();
+        let (k, v) = match cache.is_split() || g.heads.len() == all_heads {
             true => (k, v),
             false => (
                 k.narrow(0, g.heads.start, g.heads.len())?,

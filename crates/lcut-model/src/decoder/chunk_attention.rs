@@ -47,12 +47,13 @@ impl Decoder {
         seq: &Sequence,
         reads: &mut KeyPlanner,
     ) -> Result<Option<Tensor>> {
-        let kv_heads = self.cfg.num_kv_heads;
+        let kv_heads = self.layers[l].attn.num_kv_heads();
         let ask = KeyQuery {
             layer: l,
             window,
             queries: present,
             kv_heads,
+            own_rows: self.sharing.kept_by_own_rule(l),
         };
         let groups = reads.plan(seq.rule.as_ref(), &ask, cache);
         let sorted = groups

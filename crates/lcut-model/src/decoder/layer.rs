@@ -19,8 +19,10 @@
 //! executors' implementations of it; `docs/architecture.md` walks through
 //! one.
 
+use crate::config::Activation;
 use crate::error::{ModelError, Result};
 use crate::layers::{AttentionProj, FeedForward, Mlp, RmsNorm};
+use crate::linear::Linear;
 
 /// One decoder layer's weights and switches.
 #[derive(Debug, Clone)]
@@ -45,6 +47,28 @@ pub(super) struct Layer {
     /// [`super::Decoder::rope_tables`]. `None`: the layer does not rotate
     /// (SmolLM3's NoPE layers).
     pub(super) rope: Option<usize>,
+    /// The earlier layer whose K/V the layer reads instead of storing its
+    /// own (Gemma 4's shared layers); `None`: its own.
+    pub(super) kv_source: Option<usize>,
+    /// The branch that applies the layer's per-layer input (Gemma 4).
+    pub(super) layer_input: Option<LayerInputBranch>,
+    /// The learned scale of the layer's output (Gemma 4's `layer_scalar`).
+    pub(super) scalar: Option<f64>,
+}
+
+/// Gemma 4's per-layer input branch, after the MLP: `norm(projection(act(
+/// gate(h)) * input))` added into the residual stream `h`, where `input` is
+/// the token's input for this layer.
+#[derive(Debug, Clone)]
+pub(super) struct LayerInputBranch {
+    /// The residual stream into the input's width (`per_layer_input_gate`).
+    pub(super) gate: Linear,
+    /// The gated input back to the residual width (`per_layer_projection`).
+    pub(super) projection: Linear,
+    /// The norm on the branch (`post_per_layer_input_norm`).
+    pub(super) norm: RmsNorm,
+    /// The gate's activation (the MLP's).
+    pub(super) activation: Activation,
 }
 
 impl Layer {
@@ -145,7 +169,9 @@ pub(super) trait LayerExecutor {
     /// (keys older than the window of the first row dropped), then each
     /// query head's attention over the keys the key planner gives its row,
     /// into the attention's output; a probe sees the attention rows it asks
-    /// for.
+    /// for. A layer that reads another layer's K/V ([`Layer::kv_source`])
+    /// stores none and reads that layer's cache under its own visibility
+    /// rule (the rule of the layer that reads).
     fn attend(&mut self, at: LayerAt<'_>) -> Result<()>;
 
     /// The gate's activation times the up half: the gated activation.
@@ -158,6 +184,14 @@ pub(super) trait LayerExecutor {
 
     /// The branch added into the residual stream.
     fn join_branch(&mut self) -> Result<()>;
+
+    /// The layer's per-layer input branch from the residual stream into the
+    /// branch (Gemma 4): the gate's activation times each row's input for
+    /// this layer, projected and normed.
+    fn layer_input(&mut self, at: LayerAt<'_>) -> Result<()>;
+
+    /// The residual stream multiplied by the layer's learned scalar.
+    fn scale(&mut self, at: LayerAt<'_>) -> Result<()>;
 
     /// After the layer: a probe shown the residual stream, the policy told
     /// the layer is done.
@@ -199,6 +233,14 @@ pub(super) fn run_layer(index: usize, layer: &Layer, e: &mut impl LayerExecutor)
         e.norm(at, Norm::MlpOut)?;
     }
     e.join_branch()?;
+    // per-layer input (Gemma 4)
+    if layer.layer_input.is_some() {
+        e.layer_input(at)?;
+        e.join_branch()?;
+    }
+    if layer.scalar.is_some() {
+        e.scale(at)?;
+    }
     e.finish_layer(at)
 }
 

@@ -5,6 +5,8 @@ use std::path::Path;
 
 use candle_core::{DType, Device};
 
+use super::layer::LayerInputBranch;
+use super::layer_inputs::LayerInputs;
 use super::{Decoder, Layer, WeightMode, default_attention_block_elems};
 use crate::config::{ModelConfig, NormPlacement};
 use crate::error::{ModelError, Result};
@@ -14,6 +16,7 @@ use crate::layers::{AttentionProj, Experts, FeedForward, Loader, Mlp};
 use crate::rope::Rope;
 use crate::store::ModelFormat;
 use crate::weights::WeightSource;
+use lcut_policy::KvSharing;
 
 /// The tensor in which llama.cpp stores per-frequency RoPE divisors.
 const ROPE_FACTORS: &str = "rope_freqs.weight";
@@ -89,7 +92,7 @@ impl Decoder {
                 let (before, after) = (cfg.norms.before(), cfg.norms.after());
                 Ok(Layer {
                     input_norm: before.then(|| norm("input_layernorm")).transpose()?,
-                    attn: AttentionProj::load(&ld, &format!("{p}.self_attn"))?,
+                    attn: AttentionProj::load(&ld, &format!("{p}.self_attn"), l)?,
                     // the norm after the attention where the layer has one;
                     // the same name is Llama's norm before the MLP
                     attn_out_norm: after
@@ -111,6 +114,32 @@ impl Decoder {
                     rope: cfg.rotates[l].then_some(usize::from(
                         cfg.sliding_window[l].is_some() && cfg.sliding_rope.is_some(),
                     )),
+                    kv_source: cfg.layer_attention[l].kv_source,
+                    layer_input: cfg
+                        .per_layer_input
+                        .map(|input| -> Result<LayerInputBranch> {
+                            Ok(LayerInputBranch {
+                                gate: ld.linear(
+                                    &format!("{p}.per_layer_input_gate"),
+                                    input.width,
+                                    d,
+                                    false,
+                                )?,
+                                projection: ld.linear(
+                                    &format!("{p}.per_layer_projection"),
+                                    d,
+                                    input.width,
+                                    false,
+                                )?,
+                                norm: norm("post_per_layer_input_norm")?,
+                                activation: cfg.activation,
+                            })
+                        })
+                        .transpose()?,
+                    scalar: match cfg.layer_scalars {
+                        true => Some(layer_scalar(&ld, &p)?),
+                        false => None,
+                    },
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -151,6 +180,11 @@ impl Decoder {
             .map(|r| Rope::new(r, device))
             .transpose()?;
         let attention_block_elems = default_attention_block_elems(device);
+        let sharing = KvSharing::new(cfg.layer_attention.iter().map(|a| a.kv_source).collect())?;
+        let layer_inputs = cfg
+            .per_layer_input
+            .map(|input| LayerInputs::load(&ld, input, cfg.num_layers))
+            .transpose()?;
         Ok(Self {
             cfg,
             dtype,
@@ -166,6 +200,19 @@ impl Decoder {
             kv_dtype: dtype,
             step: std::sync::OnceLock::new(),
             fused_off: false,
+            sharing,
+            layer_inputs,
         })
     }
+}
+
+/// Layer `prefix`'s learned output scale (`layer_scalar`, one value).
+fn layer_scalar(ld: &Loader<'_>, prefix: &str) -> Result<f64> {
+    let t = ld.files.load(
+        &format!("{prefix}.layer_scalar"),
+        &[1],
+        DType::F32,
+        &Device::Cpu,
+    )?;
+    Ok(f64::from(t.to_vec1::<f32>()?[0]))
 }

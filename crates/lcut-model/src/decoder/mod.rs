@@ -14,6 +14,7 @@ mod attention;
 mod batch;
 mod chunk_attention;
 mod layer;
+mod layer_inputs;
 mod lens;
 mod load;
 mod pass;
@@ -25,12 +26,13 @@ mod step;
 mod step_model;
 mod train;
 
+pub(crate) use pass::ChunkRows;
 pub use reads::BatchSoftmax;
 pub use step::{StepScratch, Unfused};
 
 use candle_core::{D, DType, Device, Tensor};
 use lcut_policy::window::first_readable;
-use lcut_policy::{KvShape, Policy, PressObservation, PressRun, TokenPhases};
+use lcut_policy::{KvShape, KvSharing, Policy, PressObservation, PressRun, TokenPhases};
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
@@ -63,6 +65,10 @@ pub struct Decoder {
     step: std::sync::OnceLock<std::result::Result<step_model::StepModel, Unfused>>,
     /// Decode steps stay on the tensor path.
     fused_off: bool,
+    /// Which layer's K/V each layer reads (Gemma 4's shared layers).
+    sharing: KvSharing,
+    /// The per-layer inputs' weights, where the model has them (Gemma 4).
+    layer_inputs: Option<layer_inputs::LayerInputs>,
 }
 
 /// How a model's weights are held.
@@ -295,6 +301,15 @@ impl Decoder {
             .collect()
     }
 
+    /// The RoPE [`Layer::rope`] index `index` names: 0 the model's, 1 the
+    /// sliding layers' own where they have one.
+    pub(crate) fn rope_at(&self, index: usize) -> &Rope {
+        match (index, &self.sliding_rope) {
+            (1, Some(r)) => r,
+            _ => &self.rope,
+        }
+    }
+
     /// The host cos and sin of one position for each RoPE of the model,
     /// into `tables` (in [`Layer::rope`]'s order), as the fused step reads them.
     pub(crate) fn rope_tables_into(&self, position: usize, tables: &mut Vec<(Vec<f32>, Vec<f32>)>) {
@@ -350,9 +365,51 @@ impl Decoder {
     /// What a sequence's caches need to know of this model.
     fn cache_shape(&self) -> CacheShape {
         CacheShape {
-            kv_heads: self.cfg.num_kv_heads,
+            kv_heads: self.layers.iter().map(|l| l.attn.num_kv_heads()).collect(),
             windows: self.layers.iter().map(|l| l.window).collect(),
+            sharing: self.sharing.clone(),
         }
+    }
+
+    /// Which layer's K/V each layer reads: every layer its own, except
+    /// Gemma 4's shared layers.
+    pub fn kv_sharing(&self) -> &KvSharing {
+        &self.sharing
+    }
+
+    /// Bytes of K/V `policy` keeps for a sequence of `cost`'s phases on this
+    /// model: the uniform formula ([`lcut_policy::KvCost::bytes`]), or,
+    /// for a model whose layers differ in K/V shape or share K/V, the
+    /// layer-by-layer count ([`Decoder::layered_kv_bytes`]).
+    pub fn kv_bytes_for(&self, policy: &Policy, cost: &lcut_policy::KvCost) -> u64 {
+        let phases = TokenPhases::from_counts(cost.anchors, cost.prefill);
+        let len = cost.anchors + cost.prefill + cost.decode;
+        let rule = policy.visibility(phases);
+        self.layered_kv_bytes(rule.as_ref(), len)
+            .unwrap_or_else(|| cost.bytes(policy, &self.kv_shape(), &self.cfg.sliding_window))
+    }
+
+    /// Bytes of K/V a sequence under `rule` holds once `len` tokens have
+    /// run, counted layer by layer ([`KvSharing::held_bytes`]), for a model
+    /// whose layers differ in K/V shape or share K/V (Gemma 4); `None` for
+    /// the others, whose K/V the uniform formula ([`Decoder::kv_shape`])
+    /// counts.
+    pub fn layered_kv_bytes(&self, rule: &dyn lcut_policy::Visibility, len: usize) -> Option<u64> {
+        let shapes: Vec<lcut_policy::LayerKvShape> = self
+            .layers
+            .iter()
+            .map(|l| lcut_policy::LayerKvShape {
+                kv_heads: l.attn.num_kv_heads(),
+                head_dim: l.attn.head_dim(),
+            })
+            .collect();
+        let uniform = shapes.windows(2).all(|w| w[0] == w[1]);
+        if uniform && !self.sharing.any() {
+            return None;
+        }
+        let windows: Vec<Option<usize>> = self.layers.iter().map(|l| l.window).collect();
+        let bytes = self.kv_dtype.size_in_bytes();
+        Some(self.sharing.held_bytes(rule, len, &shapes, &windows, bytes))
     }
 
     /// A new, empty sequence under `policy` with the given token phases.
@@ -360,10 +417,12 @@ impl Decoder {
         if policy.num_layers() != self.cfg.num_layers {
             return Err(depth_mismatch(&policy, self.cfg.num_layers));
         }
-        let kv_heads = self.cfg.num_kv_heads;
+        let kv_heads_at = |l: usize| self.layers.get(l).map_or(0, |x| x.attn.num_kv_heads());
         if let Some(heads) = policy.heads()
-            && let Some(&(layer, kv_head)) = heads.set.pairs().iter().find(|p| p.1 >= kv_heads)
+            && let Some(&(layer, kv_head)) =
+                heads.set.pairs().iter().find(|p| p.1 >= kv_heads_at(p.0))
         {
+            let kv_heads = kv_heads_at(layer);
             return Err(ModelError::Policy(
                 lcut_policy::PolicyError::HeadOutOfRange {
                     path: policy.to_string(),
@@ -373,6 +432,7 @@ impl Decoder {
                 },
             ));
         }
+        self.sharing.check(&policy)?;
         policy.check_phases(&phases)?;
         let seq = Sequence::with_rule(policy, policy.visibility(phases), self.cache_shape());
         self.check_prompt_end(&seq)?;
@@ -476,20 +536,19 @@ impl Decoder {
             self.drop_unread(seq)?;
             return Ok(out);
         }
-        let (hidden, present) = self.embed(tokens, start, &mut probe)?;
+        let chunk = self.embed_rows(tokens, start, &mut probe)?;
         let last = start + n - 1;
         if seq.prefills_in_stages() {
-            let out = self.staged_prefill(seq, hidden, present, last, rows, &mut probe);
+            let out = self.staged_prefill(seq, chunk, last, rows, &mut probe);
             seq.next_pos = start + n;
             self.drop_unread(seq)?;
             return out;
         }
         let layers = 0..self.layers.len();
-        let (hidden, present) =
-            self.run_layers(seq, layers, hidden, present, Some(start), &mut probe)?;
+        let out = self.run_layers(seq, layers, chunk, Some(start), &mut probe)?;
         seq.next_pos = start + n;
         self.drop_unread(seq)?;
-        self.logits(&hidden, &present, last, rows)
+        self.logits(&out.hidden, &out.present, last, rows)
     }
 
     /// Drop the cache rows no later query of `seq` reads: rows older than a
@@ -506,17 +565,19 @@ impl Decoder {
         }
         let next = seq.next_pos;
         let decoding = next >= seq.rule.phases().decode_start() && !seq.awaits_prompt_end();
-        let kv_heads = self.cfg.num_kv_heads;
+        let share = &self.sharing;
         for (l, (cache, layer)) in seq.caches.iter_mut().zip(&self.layers).enumerate() {
             if let Some(w) = layer.window {
                 cache.drop_below(first_readable(w, next));
             }
             if decoding {
+                // a layer's cache keeps what any layer that reads it reads
                 let rule = seq.rule.as_ref();
-                let per_head = rule.heads_differ(l);
+                let per_head = share.heads_differ(rule, l);
+                let kv_heads = layer.attn.num_kv_heads();
                 cache.retain_checked(kv_heads, per_head, |h, p| match per_head {
-                    true => rule.head_retains_kv(l, h, p),
-                    false => rule.retains_kv(l, p),
+                    true => share.head_retains(rule, l, h, p),
+                    false => share.retains(rule, l, p),
                 })?;
             }
         }

@@ -58,6 +58,21 @@ pub(super) struct TensorRows<'a, 'p, 'q> {
     branch: Option<Tensor>,
     /// What the queries read.
     keys: Keys<'a, 'p, 'q>,
+    /// Each row's per-layer inputs [n, layers * width] (Gemma 4).
+    layer_inputs: Option<Tensor>,
+}
+
+/// A chunk's rows as they enter or leave a range of layers: the residual
+/// stream [n, hidden], the rows' positions, and their per-layer inputs [n,
+/// layers * width] where the model has them (Gemma 4).
+#[derive(Debug, Clone)]
+pub(crate) struct ChunkRows {
+    /// The residual stream.
+    pub(crate) hidden: Tensor,
+    /// The rows' positions.
+    pub(crate) present: Vec<usize>,
+    /// The rows' per-layer inputs.
+    pub(crate) layer_inputs: Option<Tensor>,
 }
 
 /// What the tensor executor's queries read.
@@ -105,18 +120,19 @@ pub(super) struct CacheRun<'a, 'p, 'q> {
 }
 
 impl<'a, 'p, 'q> TensorRows<'a, 'p, 'q> {
-    /// The rows `hidden` [n, hidden] at `present` (increasing), reading `keys`.
-    fn new(
-        dec: &'a Decoder,
-        hidden: Tensor,
-        present: Vec<usize>,
-        keys: Keys<'a, 'p, 'q>,
-    ) -> Result<Self> {
+    /// The rows of `rows` (positions increasing), reading `keys`.
+    fn new(dec: &'a Decoder, rows: ChunkRows, keys: Keys<'a, 'p, 'q>) -> Result<Self> {
+        let ChunkRows {
+            hidden,
+            present,
+            layer_inputs,
+        } = rows;
         Ok(Self {
             tables: dec.rope_tables(&present)?,
             dec,
             hidden,
             present,
+            layer_inputs,
             input: None,
             qkv: None,
             attn: None,
@@ -147,6 +163,9 @@ impl<'a, 'p, 'q> TensorRows<'a, 'p, 'q> {
         } else {
             let idx = Tensor::new(keep.as_slice(), &dec.device)?;
             self.hidden = self.hidden.index_select(&idx, 0)?;
+            if let Some(inputs) = &self.layer_inputs {
+                self.layer_inputs = Some(inputs.index_select(&idx, 0)?);
+            }
             self.present = keep.iter().map(|&i| present[i as usize]).collect();
             self.tables = dec.rope_tables(&self.present)?;
         }
@@ -163,6 +182,9 @@ impl<'a, 'p, 'q> TensorRows<'a, 'p, 'q> {
         let Some(p) = &run.projected else {
             return Ok(false);
         };
+        if self.dec.layers[l].kv_source.is_some() {
+            return Err(unwritten("projected K/V into a layer that reads another's"));
+        }
         let (k, v) = self.dec.projected_kv(&self.dec.layers[l], p)?;
         self.dec
             .store_kv(&mut run.seq.caches[l], (&k, &v), &p.positions)?;
@@ -181,28 +203,38 @@ impl CacheRun<'_, '_, '_> {
         qkv: Qkv,
     ) -> Result<Tensor> {
         let (l, layer) = (at.index, at.layer);
-        let own = ChunkKv {
-            k: qkv.k,
-            v: qkv.v,
-            positions: Cow::Borrowed(present),
-        };
-        let chunk = match &self.projected {
-            Some(p) => {
-                let (k, v) = dec.projected_kv(layer, p)?;
-                own.merged(&k, &v, &p.positions)?
-            }
-            None => own,
-        };
         let seq = &mut *self.seq;
-        if let Some(w) = layer.window
-            && seq.is_decided()
-        {
-            // keys older than the window of the chunk's first query are read
-            // by none of its queries nor any later one (a policy still to
-            // decide from a layer's keys sees them all first)
-            seq.caches[l].drop_below(first_readable(w, present[0]));
-        }
-        dec.store_kv(&mut seq.caches[l], (&chunk.k, &chunk.v), &chunk.positions)?;
+        // a layer that reads another layer's K/V stores none: it reads that
+        // layer's cache under its own rule (the key planner asks the rule at
+        // `l`)
+        let held = match (qkv.kv, layer.kv_source) {
+            (Some((k, v)), None) => {
+                let own = ChunkKv {
+                    k,
+                    v,
+                    positions: Cow::Borrowed(present),
+                };
+                let chunk = match &self.projected {
+                    Some(p) => {
+                        let (k, v) = dec.projected_kv(layer, p)?;
+                        own.merged(&k, &v, &p.positions)?
+                    }
+                    None => own,
+                };
+                if let Some(w) = layer.window
+                    && seq.is_decided()
+                {
+                    // keys older than the window of the chunk's first query are read
+                    // by none of its queries nor any later one (a policy still to
+                    // decide from a layer's keys sees them all first)
+                    seq.caches[l].drop_below(first_readable(w, present[0]));
+                }
+                dec.store_kv(&mut seq.caches[l], (&chunk.k, &chunk.v), &chunk.positions)?;
+                l
+            }
+            (None, Some(source)) if self.projected.is_none() => source,
+            _ => return Err(unwritten("the K/V of a layer that reads another's")),
+        };
         let wants_rows = self
             .probe
             .as_deref()
@@ -213,7 +245,7 @@ impl CacheRun<'_, '_, '_> {
                 l,
                 layer.window,
                 &qkv.q,
-                &seq.caches[l],
+                &seq.caches[held],
                 present,
                 seq,
                 &mut self.reads.reads,
@@ -221,7 +253,7 @@ impl CacheRun<'_, '_, '_> {
         {
             return Ok(attn);
         }
-        let cache = &seq.caches[l];
+        let cache = &seq.caches[held];
         dec.attend_layer(
             l,
             layer.window,
@@ -284,7 +316,12 @@ impl LayerExecutor for TensorRows<'_, '_, '_> {
 
     fn norm_heads(&mut self, at: LayerAt<'_>) -> Result<()> {
         let qkv = self.qkv.as_mut().ok_or(unwritten("the queries"))?;
-        (qkv.q, qkv.k) = at.layer.attn.norm_heads(&qkv.q, &qkv.k)?;
+        let k = qkv.kv.as_ref().map(|(k, _)| k);
+        let (q, k) = at.layer.attn.norm_heads(&qkv.q, k)?;
+        qkv.q = q;
+        if let (Some((kk, _)), Some(k)) = (qkv.kv.as_mut(), k) {
+            *kk = k;
+        }
         Ok(())
     }
 
@@ -292,9 +329,11 @@ impl LayerExecutor for TensorRows<'_, '_, '_> {
         let qkv = self.qkv.as_mut().ok_or(unwritten("the queries"))?;
         let rope_index = at.layer.rope.ok_or(unwritten("the layer's RoPE"))?;
         let (cos, sin) = &self.tables[rope_index];
-        let rope = &self.dec.rope;
+        let rope = self.dec.rope_at(rope_index);
         qkv.q = rope.apply(&qkv.q, cos, sin)?;
-        qkv.k = rope.apply(&qkv.k, cos, sin)?;
+        if let Some((k, _)) = qkv.kv.as_mut() {
+            *k = rope.apply(k, cos, sin)?;
+        }
         Ok(())
     }
 
@@ -350,13 +389,19 @@ impl LayerExecutor for TensorRows<'_, '_, '_> {
                     )?),
                 };
                 let sinks = at.layer.attn.sinks();
-                self.dec
-                    .attend(&qkv.q, &qkv.k, &qkv.v, Some(mask), sinks, None)?
-                    .0
+                let (k, v) = qkv
+                    .kv
+                    .as_ref()
+                    .ok_or(unwritten("a shared layer in training"))?;
+                self.dec.attend(&qkv.q, k, v, Some(mask), sinks, None)?.0
             }
             Keys::Batch { t, softmax } => {
-                let qkv = (&qkv.q, &qkv.k, &qkv.v);
-                self.dec.attend_batch(at.index, qkv, *t, *softmax)?
+                let (k, v) = qkv
+                    .kv
+                    .as_ref()
+                    .ok_or(unwritten("a shared layer in training"))?;
+                self.dec
+                    .attend_batch(at.index, (&qkv.q, k, v), *t, *softmax)?
             }
         };
         self.attn = Some(attn);
@@ -395,6 +440,36 @@ impl LayerExecutor for TensorRows<'_, '_, '_> {
         Ok(())
     }
 
+    fn layer_input(&mut self, at: LayerAt<'_>) -> Result<()> {
+        let branch = at
+            .layer
+            .layer_input
+            .as_ref()
+            .ok_or(unwritten("the layer's input branch"))?;
+        let inputs = self
+            .layer_inputs
+            .as_ref()
+            .ok_or(unwritten("the rows' per-layer inputs"))?;
+        let width = self
+            .dec
+            .layer_inputs
+            .as_ref()
+            .ok_or(unwritten("the model's per-layer inputs"))?
+            .width();
+        let input = inputs.narrow(1, at.index * width, width)?;
+        let gate = branch.gate.forward(&self.hidden)?;
+        let gated = crate::layers::gated(branch.activation, &gate, &input)?;
+        let out = branch.projection.forward(&gated)?;
+        self.branch = Some(branch.norm.forward(&out)?);
+        Ok(())
+    }
+
+    fn scale(&mut self, at: LayerAt<'_>) -> Result<()> {
+        let s = at.layer.scalar.ok_or(unwritten("the layer's scalar"))?;
+        self.hidden = (&self.hidden * s)?;
+        Ok(())
+    }
+
     fn finish_layer(&mut self, at: LayerAt<'_>) -> Result<()> {
         let Keys::Cache(run) = &mut self.keys else {
             return Ok(());
@@ -415,6 +490,22 @@ impl LayerExecutor for TensorRows<'_, '_, '_> {
 }
 
 impl Decoder {
+    /// The (scaled) embeddings of a chunk starting at `start`, its
+    /// positions and its per-layer inputs (Gemma 4).
+    pub(super) fn embed_rows(
+        &self,
+        tokens: &[u32],
+        start: usize,
+        probe: &mut Option<&mut (dyn Probe + '_)>,
+    ) -> Result<ChunkRows> {
+        let (hidden, present) = self.embed(tokens, start, probe)?;
+        Ok(ChunkRows {
+            layer_inputs: self.layer_inputs(tokens, &hidden)?,
+            hidden,
+            present,
+        })
+    }
+
     /// The (scaled) embeddings of a chunk starting at `start`, and its positions.
     pub(super) fn embed(
         &self,
@@ -450,11 +541,10 @@ impl Decoder {
         &self,
         seq: &mut Sequence,
         layers: std::ops::Range<usize>,
-        hidden: Tensor,
-        present: Vec<usize>,
+        rows: ChunkRows,
         step_from: Option<usize>,
         probe: &mut Option<&mut (dyn Probe + '_)>,
-    ) -> Result<(Tensor, Vec<usize>)> {
+    ) -> Result<ChunkRows> {
         let run = CacheRun {
             seq,
             probe,
@@ -462,7 +552,7 @@ impl Decoder {
             projected: None,
             step_from,
         };
-        let mut rows = TensorRows::new(self, hidden, present, Keys::Cache(run))?;
+        let mut rows = TensorRows::new(self, rows, Keys::Cache(run))?;
         for l in layers {
             rows.keep_existing(l)?;
             if rows.present.is_empty() {
@@ -473,7 +563,11 @@ impl Decoder {
             }
             run_layer(l, &self.layers[l], &mut rows)?;
         }
-        Ok((rows.hidden, rows.present))
+        Ok(ChunkRows {
+            hidden: rows.hidden,
+            present: rows.present,
+            layer_inputs: rows.layer_inputs,
+        })
     }
 
     /// The residual stream `hidden` [n, hidden] of rows at `positions`
@@ -487,7 +581,12 @@ impl Decoder {
         positions: Vec<usize>,
         keys: Keys<'_, '_, '_>,
     ) -> Result<Tensor> {
-        let mut rows = TensorRows::new(self, hidden, positions, keys)?;
+        let rows = ChunkRows {
+            hidden,
+            present: positions,
+            layer_inputs: None,
+        };
+        let mut rows = TensorRows::new(self, rows, keys)?;
         for l in layers {
             run_layer(l, &self.layers[l], &mut rows)?;
         }

@@ -10,7 +10,7 @@ use std::borrow::Cow;
 use candle_core::Tensor;
 use lcut_policy::{Policy, TokenPhases};
 
-use super::{Decoder, Layer};
+use super::{ChunkRows, Decoder, Layer};
 use crate::error::{ModelError, Result};
 use crate::probes::PromptRecord;
 use crate::sequence::Sequence;
@@ -129,7 +129,7 @@ impl Decoder {
         };
         let rotation = layer.rope.map(|r| {
             let (cos, sin) = &p.tables[r];
-            (&self.rope, cos, sin)
+            (self.rope_at(r), cos, sin)
         });
         layer.attn.kv(&x, rotation)
     }
@@ -155,6 +155,7 @@ impl Decoder {
         entering: &PromptRecord,
     ) -> Result<Sequence> {
         prefix.check_full_depth_prefix(&policy, &phases)?;
+        self.check_no_layer_inputs(&policy)?;
         let rule = policy.visibility(phases);
         let held = prefix.next_pos;
         let exit_of: Vec<Option<usize>> = (0..held).map(|p| rule.kv_projected_at(p)).collect();
@@ -193,8 +194,9 @@ impl Decoder {
             next_pos: held,
             pending: Vec::new(),
             step: None,
-            kv_heads: prefix.kv_heads,
+            kv_heads: prefix.kv_heads.clone(),
             windows: prefix.windows.clone(),
+            sharing: prefix.sharing.clone(),
         };
         let mut recorded = Vec::new();
         for (hidden, positions) in chunks {
@@ -210,14 +212,12 @@ impl Decoder {
             // precede the leaving ones and read none of them
             let (staying, at) = rows_where(&|p| seq.rule.token_exists(exit, p))?;
             if !at.is_empty() {
-                self.run_layers(
-                    &mut seq,
-                    exit..self.layers.len(),
-                    staying,
-                    at,
-                    None,
-                    &mut None,
-                )?;
+                let rows = ChunkRows {
+                    hidden: staying,
+                    present: at,
+                    layer_inputs: None,
+                };
+                self.run_layers(&mut seq, exit..self.layers.len(), rows, None, &mut None)?;
             }
             let (leaving, at) = rows_where(&|p| leaves_at(p) == Some(exit))?;
             if at.is_empty() {
@@ -245,5 +245,24 @@ impl Decoder {
             )));
         }
         Ok(seq)
+    }
+
+    /// Whether the model gives each layer an input of its own per token
+    /// (Gemma 4's per-layer inputs), which a [`PromptRecord`] does not
+    /// hold: a projected or staged policy cannot branch from a full run of
+    /// such a model.
+    pub fn has_layer_inputs(&self) -> bool {
+        self.layer_inputs.is_some()
+    }
+
+    /// Refuse to branch `policy` from a full run on a model with per-layer
+    /// inputs ([`Decoder::has_layer_inputs`]).
+    pub(super) fn check_no_layer_inputs(&self, policy: &Policy) -> Result<()> {
+        match self.has_layer_inputs() {
+            true => Err(ModelError::NotRestrictable {
+                policy: policy.to_string(),
+            }),
+            false => Ok(()),
+        }
     }
 }

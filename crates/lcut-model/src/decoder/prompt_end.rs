@@ -98,8 +98,8 @@ impl Decoder {
             };
             let kv = PromptKv {
                 keys: HostKeys {
-                    kv_heads: cfg.num_kv_heads,
-                    head_dim: cfg.head_dim,
+                    kv_heads: self.layers[l].attn.num_kv_heads(),
+                    head_dim: self.layers[l].attn.head_dim(),
                     positions: &positions,
                     data: &keys,
                 },
@@ -107,7 +107,7 @@ impl Decoder {
                 heads: cfg.num_heads,
                 // a layer without rotation: its keys are where they are
                 rope_inv_freq: match self.layers[l].rope {
-                    Some(_) => self.rope.host_frequencies(),
+                    Some(r) => self.rope_at(r).host_frequencies(),
                     None => &[],
                 },
             };

@@ -110,6 +110,7 @@ mod tests {
             window,
             queries,
             kv_heads: 2,
+            own_rows: true,
         };
         let g = &planner.plan(rule, &ask, cache)[0];
         let spans = (0..queries.len()).map(|i| g.spans.of(i).to_vec()).collect();

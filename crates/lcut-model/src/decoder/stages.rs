@@ -21,8 +21,7 @@ impl Decoder {
     pub(super) fn staged_prefill(
         &self,
         seq: &mut Sequence,
-        hidden: Tensor,
-        present: Vec<usize>,
+        chunk: Pending,
         last: usize,
         rows: LogitRows,
         probe: &mut Option<&mut (dyn Probe + '_)>,
@@ -32,8 +31,8 @@ impl Decoder {
             .dynamic()
             .map_or(vec![], |d| d.stage_cuts().to_vec());
         let reaches_decode = last >= seq.phases().decode_start();
-        let (hidden, positions) = self.run_layers(seq, 0..cuts[0], hidden, present, None, probe)?;
-        seq.pending.push(Pending { hidden, positions });
+        let ran = self.run_layers(seq, 0..cuts[0], chunk, None, probe)?;
+        seq.pending.push(ran);
         if !reaches_decode {
             return Ok(ChunkOutput {
                 logits: None,
@@ -47,10 +46,9 @@ impl Decoder {
             let waiting = std::mem::take(&mut seq.pending);
             let mut carried = Vec::with_capacity(waiting.len());
             for chunk in waiting {
-                let (hidden, positions) =
-                    self.run_layers(seq, cut..end, chunk.hidden, chunk.positions, None, probe)?;
-                if !positions.is_empty() {
-                    carried.push(Pending { hidden, positions });
+                let ran = self.run_layers(seq, cut..end, chunk, None, probe)?;
+                if !ran.present.is_empty() {
+                    carried.push(ran);
                 }
             }
             seq.pending = carried;
@@ -59,8 +57,8 @@ impl Decoder {
         // the chunk that reached the decode phase is the last one; its
         // decode-phase tokens exist at every layer
         match done.pop() {
-            Some(chunk) if chunk.positions.last() == Some(&last) => {
-                self.logits(&chunk.hidden, &chunk.positions, last, rows)
+            Some(chunk) if chunk.present.last() == Some(&last) => {
+                self.logits(&chunk.hidden, &chunk.present, last, rows)
             }
             _ => Ok(ChunkOutput {
                 logits: None,
@@ -72,7 +70,8 @@ impl Decoder {
     /// Hand the policy the keys of the layer below stage cut `cut` (on the
     /// host) to take stage `i`'s decision.
     fn decide_stage(&self, seq: &mut Sequence, i: usize, cut: usize) -> Result<()> {
-        let cfg = self.config();
+        // the layer below the cut, of its own K/V shape (Gemma 4's differ)
+        let attn = &self.layers[cut - 1].attn;
         let cache = &seq.caches()[cut - 1];
         let (positions, data) = match cache.kv()? {
             Some((k, _)) => (
@@ -82,8 +81,8 @@ impl Decoder {
             None => (vec![], vec![]),
         };
         let keys = HostKeys {
-            kv_heads: cfg.num_kv_heads,
-            head_dim: cfg.head_dim,
+            kv_heads: attn.num_kv_heads(),
+            head_dim: attn.head_dim(),
             positions: &positions,
             data: &data,
         };
@@ -120,6 +119,7 @@ impl Decoder {
         record: &PromptRecord,
     ) -> Result<Sequence> {
         prefix.check_full_depth_prefix(&policy, &phases)?;
+        self.check_no_layer_inputs(&policy)?;
         let refuse = || ModelError::NotRestrictable {
             policy: policy.to_string(),
         };
@@ -155,7 +155,8 @@ impl Decoder {
             recorded.extend_from_slice(&at);
             pending.push(Pending {
                 hidden,
-                positions: at,
+                present: at,
+                layer_inputs: None,
             });
         }
         if !recorded.iter().copied().eq(0..held) {
@@ -202,8 +203,9 @@ impl Decoder {
             next_pos: held,
             pending,
             step: None,
-            kv_heads: prefix.kv_heads,
+            kv_heads: prefix.kv_heads.clone(),
             windows: prefix.windows.clone(),
+            sharing: prefix.sharing.clone(),
         })
     }
 }

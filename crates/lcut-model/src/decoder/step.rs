@@ -301,6 +301,7 @@ impl Decoder {
             window,
             queries: &[pos],
             kv_heads: kv,
+            own_rows: true,
         };
         let cache = &seq.caches[l];
         let groups = s.reads.plan(seq.rule.as_ref(), &ask, cache);
@@ -693,6 +694,17 @@ impl LayerExecutor for HostRows<'_, '_, '_, '_, '_> {
 
     fn join_branch(&mut self) -> Result<()> {
         ops::add_in_place(&mut self.b.hidden, &self.b.out)?;
+        Ok(())
+    }
+
+    fn layer_input(&mut self, _at: LayerAt<'_>) -> Result<()> {
+        // a model with per-layer inputs has no step model (Unfused::Gemma4Layers)
+        Err(unwritten("a per-layer input on the fused step"))
+    }
+
+    fn scale(&mut self, at: LayerAt<'_>) -> Result<()> {
+        let s = at.layer.scalar.ok_or(unwritten("the layer's scalar"))? as f32;
+        self.b.hidden.iter_mut().for_each(|x| *x *= s);
         Ok(())
     }
 

@@ -34,6 +34,11 @@ pub enum Unfused {
     DenseStorage,
     /// The fused step was turned off ([`Decoder::set_fused_decode`]).
     TurnedOff,
+    /// The layers differ in head width or K/V heads, read another layer's
+    /// K/V, have keys that are the values, or take per-layer inputs
+    /// (Gemma 4): the step's buffers and kernels assume one attention shape
+    /// and a layer's own K/V.
+    Gemma4Layers,
 }
 
 impl Unfused {
@@ -45,6 +50,9 @@ impl Unfused {
             Self::CandleQuantized => "a matrix is in a ggml type only candle runs",
             Self::DenseStorage => "a dense matrix is not a contiguous CPU buffer",
             Self::TurnedOff => "the fused step was turned off",
+            Self::Gemma4Layers => {
+                "the layers differ in attention shape, share K/V or take per-layer inputs (Gemma 4)"
+            }
         }
     }
 }
@@ -222,12 +230,22 @@ impl StepModel {
         if !dec.device.is_cpu() {
             return Err(Skip::Unfused(Unfused::Device));
         }
+        let first = dec.cfg.layer_attention.first().copied();
+        let uniform = dec.cfg.layer_attention.iter().all(|a| {
+            Some(*a) == first && !a.values_from_keys && !a.value_norm && a.kv_source.is_none()
+        });
+        if !uniform || dec.cfg.per_layer_input.is_some() {
+            return Err(Skip::Unfused(Unfused::Gemma4Layers));
+        }
         let mut b = Builder { dense: Vec::new() };
         let mut layers = Vec::with_capacity(dec.layers.len());
         for layer in &dec.layers {
             let qkv = match layer.attn.qkv_linears() {
                 QkvLinears::Separate(q, k, v) => vec![b.linear(q)?, b.linear(k)?, b.linear(v)?],
                 QkvLinears::Fused(m) => vec![b.linear(m)?],
+                QkvLinears::KeysAsValues | QkvLinears::QueriesOnly => {
+                    return Err(Skip::Unfused(Unfused::Gemma4Layers));
+                }
             };
             let sinks = layer
                 .attn

@@ -149,8 +149,16 @@ impl Decoder {
         self.run_layers_uncached(layers, hidden, positions, keys)
     }
 
-    /// Refuse a range of layers past the model's depth.
+    /// Refuse a range of layers past the model's depth, and a model the
+    /// training passes do not run yet: one whose layers take per-layer
+    /// inputs or read another layer's K/V (Gemma 4).
     fn check_layers(&self, layers: &Range<usize>) -> Result<()> {
+        if self.layer_inputs.is_some() || self.sharing.any() {
+            return Err(refuse(
+                "a model whose layers take per-layer inputs or share K/V (Gemma 4): lcut does not train it yet"
+                    .into(),
+            ));
+        }
         match layers.end > self.cfg.num_layers {
             true => Err(refuse(format!(
                 "layers {layers:?} of a model of {}",

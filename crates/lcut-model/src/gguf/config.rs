@@ -124,6 +124,12 @@ pub fn architecture(header: &GgufHeader, path: &Path) -> Result<(String, Arch)> 
     if name == "llama" && meta.opt_count(&experts_key)?.is_some_and(|n| n > 0) {
         return Ok((name.to_string(), Arch::Mixtral));
     }
+    if let Some(why) = Arch::from_gguf_name(name).and_then(|a| a.gguf_refusal()) {
+        return Err(ModelError::GgufArchitecture {
+            path: path.to_path_buf(),
+            what: why.into(),
+        });
+    }
     // GGUF names the architectures as Hugging Face's model_type does
     // (llama.cpp writes Mistral checkpoints as `llama`), text-only Gemma 3 as `gemma3`
     Arch::from_gguf_name(name)
