@@ -173,10 +173,7 @@ impl Probe for LensProbe<'_> {
         positions: &[usize],
         hidden: &Tensor,
     ) -> Result<()> {
-        let index = match site {
-            ResidualSite::Embeddings => 0,
-            ResidualSite::Layer(l) => l + 1,
-        };
+        let index = site.entered_layer();
         let first = positions.partition_point(|&p| p < self.from);
         if first == positions.len() || index >= self.pending.len() {
             return Ok(());

@@ -17,6 +17,18 @@ pub enum ResidualSite {
     Layer(usize),
 }
 
+impl ResidualSite {
+    /// The layer the residual stream at this site enters (0 for the
+    /// embeddings, `l + 1` after layer `l`; the model's depth after the
+    /// last layer).
+    pub fn entered_layer(self) -> usize {
+        match self {
+            ResidualSite::Embeddings => 0,
+            ResidualSite::Layer(l) => l + 1,
+        }
+    }
+}
+
 /// Post-softmax attention of some queries at one layer.
 #[derive(Debug, Clone, Copy)]
 pub struct AttentionView<'a> {

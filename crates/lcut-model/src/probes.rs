@@ -390,19 +390,11 @@ impl PromptRecord {
     pub fn queries(&self, layer: usize) -> Option<(usize, &[QueryRows])> {
         self.queries.get(&layer).map(|(w, q)| (*w, q.as_slice()))
     }
-
-    /// The layer a snapshot at `site` enters.
-    fn entered(site: ResidualSite) -> usize {
-        match site {
-            ResidualSite::Embeddings => 0,
-            ResidualSite::Layer(l) => l + 1,
-        }
-    }
 }
 
 impl Probe for PromptRecord {
     fn wants_residual(&self, site: ResidualSite) -> bool {
-        self.entering.contains_key(&Self::entered(site))
+        self.entering.contains_key(&site.entered_layer())
     }
 
     fn on_residual(
@@ -411,7 +403,7 @@ impl Probe for PromptRecord {
         positions: &[usize],
         hidden: &Tensor,
     ) -> Result<()> {
-        if let Some(chunks) = self.entering.get_mut(&Self::entered(site)) {
+        if let Some(chunks) = self.entering.get_mut(&site.entered_layer()) {
             chunks.push((hidden.clone(), positions.to_vec()));
         }
         Ok(())
