@@ -1,8 +1,9 @@
 """Session.forward against an outside reference and against lcut's command line.
 
 - Hugging Face transformers' float32 runs of eleven dense reference cases
-  (fixtures/oracle/*: reference.safetensors, case.json) and four with experts
-  (fixtures/oracle/moe/*: Qwen3-MoE twice, Mixtral, gpt-oss) and one of the newest
+  (fixtures/oracle/*: reference.safetensors, case.json) and five with experts
+  (fixtures/oracle/moe/*: Qwen3-MoE twice, Mixtral, gpt-oss twice: its folder's settings
+  and the ones llama.cpp's GGUF files run with) and one of the newest
   layouts (fixtures/oracle/layouts/*: Gemma 4 with shared K/V): logits at full depth
   and under every SPEED / SelfOnly policy listed there, every layer's residual
   stream and attention, within 1e-4.
@@ -38,8 +39,8 @@ def max_abs(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
 
 
-def test_all_sixteen_reference_cases_are_here():
-    assert (len(DENSE), len(EXPERTS), len(LAYOUTS)) == (11, 4, 1), CASES
+def test_all_seventeen_reference_cases_are_here():
+    assert (len(DENSE), len(EXPERTS), len(LAYOUTS)) == (11, 5, 1), CASES
 
 
 @pytest.mark.parametrize("case", CASES)
