@@ -24,8 +24,8 @@ use lcut_model::probes::PromptRecord;
 use lcut_model::{Decoder, Sequence};
 use lcut_policy::{Policy, PressObservation, TokenPhases};
 
-use crate::error::Result;
-use crate::generate::run_prefix;
+use crate::error::{EngineError, Result};
+use crate::generate::prefill_before_decode_start;
 use crate::prompt::PreparedPrompt;
 
 /// A prompt's state before its decode start, run once at full depth, and
@@ -51,7 +51,20 @@ impl SharedPrefix {
         model: &Decoder,
         prompt: &PreparedPrompt,
         policies: &[Policy],
+        sizes: (usize, usize),
+    ) -> Result<Self> {
+        Self::run_with(model, prompt, policies, sizes, |_| true)
+    }
+
+    /// [`SharedPrefix::run`], told after each chunk how many prompt tokens
+    /// have run (`on_chunk` returns false to cancel:
+    /// [`EngineError::Cancelled`]).
+    pub(crate) fn run_with(
+        model: &Decoder,
+        prompt: &PreparedPrompt,
+        policies: &[Policy],
         (extra, chunk): (usize, usize),
+        on_chunk: impl FnMut(usize) -> bool,
     ) -> Result<Self> {
         let layers = model.config().num_layers;
         let presses = shared_presses(policies);
@@ -76,7 +89,18 @@ impl SharedPrefix {
                     .and_queries(window.map(|w| (first - 1, w)));
             }
         }
-        let seq = run_prefix(model, seq, prompt, (extra, chunk), Some(&mut record))?;
+        let mut seq = seq;
+        seq.reserve(prompt.len().saturating_add(extra));
+        if !prefill_before_decode_start(
+            model,
+            &mut seq,
+            prompt,
+            chunk,
+            Some(&mut record),
+            on_chunk,
+        )? {
+            return Err(EngineError::Cancelled);
+        }
         Ok(Self {
             seq,
             presses,
@@ -88,6 +112,13 @@ impl SharedPrefix {
     pub(crate) fn full(&self, prompt: &PreparedPrompt) -> Result<Sequence> {
         let full = Policy::full(self.seq.caches().len());
         Ok(self.seq.restricted(full, prompt.phases(&full)?)?)
+    }
+
+    /// The state of `policy`, one that [reuses a full
+    /// prefill](Policy::reuses_full_prefill), before the decode start of
+    /// `phases`: this run restricted to what it keeps.
+    pub(crate) fn restricted(&self, policy: Policy, phases: TokenPhases) -> Result<Sequence> {
+        Ok(self.seq.restricted(policy, phases)?)
     }
 
     /// `policy`'s own state before the decode start, taken from this run
@@ -102,7 +133,7 @@ impl SharedPrefix {
         phases: TokenPhases,
     ) -> Result<Option<Sequence>> {
         if policy.reuses_full_prefill() {
-            return Ok(Some(self.seq.restricted(policy, phases)?));
+            return self.restricted(policy, phases).map(Some);
         }
         if self.presses.contains(&policy) {
             return Ok(Some(self.seq.retargeted(policy)?));

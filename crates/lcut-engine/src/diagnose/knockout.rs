@@ -57,7 +57,7 @@ pub fn knockout_trace(
         max_new_tokens,
         ..SweepOptions::default()
     };
-    let forced = Forced::new(session, prompt, &opts, index, None, on_event)?;
+    let forced = Forced::new(session, prompt, &opts, (index, &[]), None, on_event)?;
     let mut out = KnockoutTrace {
         band,
         tokens: forced.continuation.len(),

@@ -17,6 +17,7 @@ use super::quality::{Totals, score};
 use crate::error::{EngineError, Result};
 use crate::generate::prefill_prefix;
 use crate::prompt::PreparedPrompt;
+use crate::shared_prefix::SharedPrefix;
 
 /// A policy on the comparison axis, with the SPEED point it is paired with.
 #[derive(Debug, Clone, PartialEq)]
@@ -148,13 +149,14 @@ pub(super) fn flop_shape(model: &Decoder) -> FlopShape {
     }
 }
 
-/// Run `prompt` under `policy` from scratch (prefill in chunks of `chunk`,
-/// the decode-phase prompt tokens as one chunk, then each token of
-/// `continuation` but the last one at a time) and add its measurement
-/// ([`add_forced`]) to `totals`.
+/// Run `prompt` under `policy` (its state before the decode start taken
+/// from `shared`, the prompt's full-depth run, where that serves it, else
+/// prefilled in chunks of `chunk`; the decode-phase prompt tokens as one
+/// chunk, then each token of `continuation` but the last one at a time)
+/// and add its measurement ([`add_forced`]) to `totals`.
 pub(super) fn measure(
     model: &Decoder,
-    prompt: &PreparedPrompt,
+    (prompt, shared): (&PreparedPrompt, &SharedPrefix),
     policy: Policy,
     continuation: &[u32],
     reference: (&Tensor, &PromptMassProbe),
@@ -164,7 +166,10 @@ pub(super) fn measure(
     if continuation.is_empty() {
         return Ok(());
     }
-    let mut seq = prefill_prefix(model, prompt, policy, continuation.len(), chunk)?;
+    let mut seq = match shared.branch(model, policy, prompt.phases(&policy)?)? {
+        Some(seq) => seq,
+        None => prefill_prefix(model, prompt, policy, continuation.len(), chunk)?,
+    };
     let logits = forced_logits(model, &mut seq, prompt, continuation, None)?;
     add_forced(
         model,

@@ -18,9 +18,10 @@ use super::quality::{Totals, score};
 use super::routing::{RoutingProbe, WithRouting, decode_step_positions};
 use super::{DiagnoseEvent, LabelledPrompt, model_identity, tell};
 use crate::error::{EngineError, Result};
-use crate::generate::{Generation, GenerationConfig, prefill_prefix};
+use crate::generate::{Generation, GenerationConfig};
 use crate::prompt::PreparedPrompt;
 use crate::session::Session;
+use crate::shared_prefix::SharedPrefix;
 
 /// Settings of a sweep.
 #[derive(Debug, Clone, PartialEq)]
@@ -93,38 +94,34 @@ fn full_continuation(
     session: &Session,
     prompt: &PreparedPrompt,
     opts: &SweepOptions,
-    index: usize,
+    (index, axis): (usize, &[Policy]),
     on_event: &mut dyn FnMut(&DiagnoseEvent) -> bool,
-) -> Result<(Vec<u32>, Sequence)> {
-    let layers = session.model.config().num_layers;
+) -> Result<(Vec<u32>, SharedPrefix)> {
     let config = GenerationConfig {
         prefill_chunk: opts.prefill_chunk,
         ..session.greedy_config(opts.max_new_tokens)
     };
-    let mut generation =
-        Generation::new(&session.model, prompt.clone(), Policy::full(layers), config)?;
-    let prefilled = generation.prefill_to_decode_start(|p| {
-        on_event(&DiagnoseEvent::Prefill {
-            index,
-            done: p.done,
-            total: p.total,
-        })
+    let total = prompt.decode_start;
+    let sizes = (opts.max_new_tokens, opts.prefill_chunk.max(1));
+    let shared = SharedPrefix::run_with(&session.model, prompt, axis, sizes, |done| {
+        on_event(&DiagnoseEvent::Prefill { index, done, total })
     })?;
-    if !prefilled {
-        return Err(EngineError::Cancelled);
-    }
-    let prefix = generation.sequence().fork()?;
-    Ok((generation.run(|_| true)?.tokens, prefix))
+    let full = shared.full(prompt)?;
+    let generation = Generation::from_prefix(&session.model, prompt.clone(), full, config)?;
+    Ok((generation.run(|_| true)?.tokens, shared))
 }
 
 /// One prompt teacher-forced on the full model's greedy continuation: the
-/// continuation, the full-depth prefix up to the decode start (which every
-/// policy that reuses the full prefill forks), the tokens fed after it and
-/// the full model's rows predicting the continuation.
+/// continuation, the full-depth run up to the decode start (which every
+/// policy that can branches from: SPEED and bands restricted, the policy
+/// axis's presses, SwiftKV and SlimInfer as [`SharedPrefix`] serves them),
+/// the tokens fed after it and the full model's rows predicting the
+/// continuation.
 pub(super) struct Forced {
     /// The full model's greedy continuation.
     pub(super) continuation: Vec<u32>,
-    prefix: Sequence,
+    /// The prompt's one full-depth run.
+    pub(super) shared: SharedPrefix,
     fed: Vec<u32>,
     first_row: usize,
     /// The full model's logits predicting each continuation token [n, V].
@@ -132,20 +129,22 @@ pub(super) struct Forced {
 }
 
 impl Forced {
-    /// Prefill `prompt` (index `index` of the run) at full depth, generate
-    /// its continuation and take the full model's rows, with `probe` (when
-    /// given) seeing the pass of the decode-phase tokens (where its decode
-    /// queries read the prompt, how they route).
+    /// Prefill `prompt` (index `index` of the run) at full depth for the
+    /// full model and the policies of `axis` that can branch from that run,
+    /// generate its continuation and take the full model's rows, with
+    /// `probe` (when given) seeing the pass of the decode-phase tokens
+    /// (where its decode queries read the prompt, how they route).
     pub(super) fn new(
         session: &Session,
         prompt: &PreparedPrompt,
         opts: &SweepOptions,
-        index: usize,
+        (index, axis): (usize, &[Policy]),
         probe: Option<&mut dyn Probe>,
         on_event: &mut dyn FnMut(&DiagnoseEvent) -> bool,
     ) -> Result<Self> {
-        let (continuation, prefix) = full_continuation(session, prompt, opts, index, on_event)?;
-        Self::on_prefix(&session.model, prompt, continuation, prefix, probe)
+        let (continuation, shared) =
+            full_continuation(session, prompt, opts, (index, axis), on_event)?;
+        Self::on_prefix(&session.model, prompt, continuation, shared, probe)
     }
 
     /// [`Forced::new`] on a continuation already known (a diagnostic run's
@@ -159,19 +158,18 @@ impl Forced {
         probe: Option<&mut dyn Probe>,
     ) -> Result<Self> {
         let model = &session.model;
-        let full = Policy::full(model.config().num_layers);
-        let prefix = prefill_prefix(model, prompt, full, continuation.len(), chunk)?;
-        Self::on_prefix(model, prompt, continuation, prefix, probe)
+        let shared = SharedPrefix::run(model, prompt, &[], (continuation.len(), chunk))?;
+        Self::on_prefix(model, prompt, continuation, shared, probe)
     }
 
     /// The full model's rows predicting `continuation`, its decode-phase
-    /// tokens run in one pass on a fork of `prefix` (the full-depth prompt
-    /// up to its decode start) with `probe` attached.
+    /// tokens run in one pass on the full model's state from `shared` (the
+    /// full-depth prompt up to its decode start) with `probe` attached.
     fn on_prefix(
         model: &Decoder,
         prompt: &PreparedPrompt,
         continuation: Vec<u32>,
-        prefix: Sequence,
+        shared: SharedPrefix,
         probe: Option<&mut dyn Probe>,
     ) -> Result<Self> {
         let s = prompt.decode_start;
@@ -179,11 +177,11 @@ impl Forced {
         fed.extend_from_slice(&continuation[..continuation.len().saturating_sub(1)]);
         // rows of `fed` that predict the continuation: positions P-1 .. P+n-2
         let first_row = prompt.len() - 1 - s;
-        let all = decode_logits(model, prefix.fork()?, &fed, probe)?;
+        let all = decode_logits(model, shared.full(prompt)?, &fed, probe)?;
         let reference = all.narrow(0, first_row, continuation.len())?;
         Ok(Self {
             continuation,
-            prefix,
+            shared,
             fed,
             first_row,
             reference,
@@ -215,7 +213,7 @@ impl Forced {
         policy: Policy,
         probe: Option<&mut dyn Probe>,
     ) -> Result<Totals> {
-        let seq = self.prefix.restricted(policy, prompt.phases(&policy)?)?;
+        let seq = self.shared.restricted(policy, prompt.phases(&policy)?)?;
         let logits = self.rows(decode_logits(model, seq, &self.fed, probe)?)?;
         score(&self.reference, &logits, &self.continuation)
     }
@@ -310,7 +308,14 @@ impl SweepRun<'_> {
             true => Some(&mut with),
             false => with.inner.take(),
         };
-        let forced = Forced::new(self.session, prompt, self.opts, i, probe, on_event)?;
+        let forced = Forced::new(
+            self.session,
+            prompt,
+            self.opts,
+            (i, &self.axis),
+            probe,
+            on_event,
+        )?;
         let positions = decode_step_positions(prompt, forced.continuation.len());
         let full = full_routing.trace(model.config(), &positions)?;
         for (k, policy) in self.policies.iter().enumerate() {
@@ -332,7 +337,7 @@ impl SweepRun<'_> {
         for (k, policy) in self.axis.iter().enumerate() {
             measure(
                 model,
-                prompt,
+                (prompt, &forced.shared),
                 *policy,
                 continuation,
                 (reference, &mass),
