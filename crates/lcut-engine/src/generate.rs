@@ -203,21 +203,20 @@ pub(crate) fn prefill_prefix(
 ) -> Result<Sequence> {
     let phases = prompt.phases(&policy)?;
     let seq = model.new_sequence(policy, phases)?;
-    run_prefix(model, seq, prompt, (extra, chunk), None)
+    run_prefix(model, seq, prompt, extra, chunk)
 }
 
 /// `seq` with room for `extra` tokens after `prompt`, holding the prompt's
-/// tokens before its decode start (run in chunks of `chunk`, `probe` seeing
-/// them).
-pub(crate) fn run_prefix(
+/// tokens before its decode start (run in chunks of `chunk`).
+fn run_prefix(
     model: &Decoder,
     mut seq: Sequence,
     prompt: &PreparedPrompt,
-    (extra, chunk): (usize, usize),
-    probe: Option<&mut (dyn Probe + '_)>,
+    extra: usize,
+    chunk: usize,
 ) -> Result<Sequence> {
     seq.reserve(prompt.len().saturating_add(extra));
-    prefill_before_decode_start(model, &mut seq, prompt, chunk, probe, |_| true)?;
+    prefill_before_decode_start(model, &mut seq, prompt, chunk, None, |_| true)?;
     Ok(seq)
 }
 

@@ -68,7 +68,7 @@ impl SharedPrefix {
     ) -> Result<Self> {
         let layers = model.config().num_layers;
         let presses = shared_presses(policies);
-        let seq = match presses.first() {
+        let mut seq = match presses.first() {
             Some(first) => model.new_press_prefix(&presses, prompt.phases(first)?)?,
             None => {
                 let full = Policy::full(layers);
@@ -79,8 +79,7 @@ impl SharedPrefix {
         for policy in policies {
             let rule = policy.visibility(prompt.phases(policy)?);
             // where projected policies' tokens leave
-            let exits = (0..prompt.decode_start).filter_map(|p| rule.kv_projected_at(p));
-            record = record.and_entering(exits);
+            record = record.and_entering(model.projected_exits(rule.as_ref(), prompt.decode_start));
             // what a staged policy's first stage reads
             if let Some(first) = staged_from_full(model, policy) {
                 let window = rule.dynamic().and_then(|d| d.query_window(first - 1));
@@ -89,7 +88,6 @@ impl SharedPrefix {
                     .and_queries(window.map(|w| (first - 1, w)));
             }
         }
-        let mut seq = seq;
         seq.reserve(prompt.len().saturating_add(extra));
         if !prefill_before_decode_start(
             model,
@@ -147,8 +145,9 @@ impl SharedPrefix {
             )?));
         }
         let rule = policy.visibility(phases);
-        if !model.has_layer_inputs()
-            && (0..phases.decode_start()).any(|p| rule.kv_projected_at(p).is_some())
+        if !model
+            .projected_exits(rule.as_ref(), phases.decode_start())
+            .is_empty()
         {
             return Ok(Some(model.projected_from(
                 &self.seq,

@@ -308,6 +308,42 @@ impl Sequence {
         Ok(())
     }
 
+    /// This full-depth prefix's state under `policy` and its `rule` in its
+    /// lower layers only: below layer `below`, the rows of the tokens that
+    /// exist there under the rule (the full run's, where the policy runs the
+    /// prompt as the full model does); from `below` up, nothing yet, for the
+    /// caller to fill as the policy's own prefill would
+    /// ([`Decoder::projected_from`](crate::Decoder::projected_from),
+    /// [`Decoder::staged_from`](crate::Decoder::staged_from)).
+    pub(crate) fn lower_layers_under(
+        &self,
+        policy: Policy,
+        rule: Box<dyn Visibility>,
+        below: usize,
+    ) -> Result<Sequence> {
+        let caches = self
+            .caches
+            .iter()
+            .enumerate()
+            .map(|(l, c)| {
+                let mut c = c.filtered(|p| l < below && rule.token_exists(l, p))?;
+                c.forget_checks();
+                Ok(c)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Sequence {
+            policy,
+            rule,
+            caches,
+            next_pos: self.next_pos,
+            pending: Vec::new(),
+            step: None,
+            kv_heads: self.kv_heads.clone(),
+            windows: self.windows.clone(),
+            sharing: self.sharing.clone(),
+        })
+    }
+
     /// An independent copy of this state (the caches' tokens copied), to
     /// continue it in two ways.
     pub fn fork(&self) -> Result<Sequence> {

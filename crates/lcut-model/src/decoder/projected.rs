@@ -8,7 +8,7 @@
 use std::borrow::Cow;
 
 use candle_core::Tensor;
-use lcut_policy::{Policy, TokenPhases};
+use lcut_policy::{Policy, TokenPhases, Visibility};
 
 use super::{ChunkRows, Decoder, Layer};
 use crate::error::{ModelError, Result};
@@ -160,9 +160,7 @@ impl Decoder {
         let held = prefix.next_pos;
         let exit_of: Vec<Option<usize>> = (0..held).map(|p| rule.kv_projected_at(p)).collect();
         let leaves_at = |p: usize| exit_of.get(p).copied().flatten();
-        let mut exits: Vec<usize> = (0..held).filter_map(leaves_at).collect();
-        exits.sort_unstable();
-        exits.dedup();
+        let exits = self.projected_exits(rule.as_ref(), held);
         let [exit] = exits[..] else {
             return Err(ModelError::NotRestrictable {
                 policy: policy.to_string(),
@@ -177,27 +175,7 @@ impl Decoder {
             .chunks(exit)
             .ok_or_else(|| missing("the prompt run did not record them".into()))?;
         // below the exit every prompt token exists: the full run's rows
-        let caches = prefix
-            .caches
-            .iter()
-            .enumerate()
-            .map(|(l, c)| {
-                let mut c = c.filtered(|p| l < exit && rule.token_exists(l, p))?;
-                c.forget_checks();
-                Ok(c)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let mut seq = Sequence {
-            policy,
-            rule,
-            caches,
-            next_pos: held,
-            pending: Vec::new(),
-            step: None,
-            kv_heads: prefix.kv_heads.clone(),
-            windows: prefix.windows.clone(),
-            sharing: prefix.sharing.clone(),
-        };
+        let mut seq = prefix.lower_layers_under(policy, rule, exit)?;
         let mut recorded = Vec::new();
         for (hidden, positions) in chunks {
             let rows_where = |keep: &dyn Fn(usize) -> bool| -> Result<(Tensor, Vec<usize>)> {
@@ -253,6 +231,22 @@ impl Decoder {
     /// such a model.
     pub fn has_layer_inputs(&self) -> bool {
         self.layer_inputs.is_some()
+    }
+
+    /// The layers, ascending, where `rule`'s first `prompt_len` tokens leave
+    /// the model with projected K/V (SwiftKV, POP) and a full run of the
+    /// prompt can serve them ([`Decoder::projected_from`]); none for a rule
+    /// without projected tokens or on a model with per-layer inputs.
+    pub fn projected_exits(&self, rule: &dyn Visibility, prompt_len: usize) -> Vec<usize> {
+        if self.has_layer_inputs() {
+            return Vec::new();
+        }
+        let mut exits: Vec<usize> = (0..prompt_len)
+            .filter_map(|p| rule.kv_projected_at(p))
+            .collect();
+        exits.sort_unstable();
+        exits.dedup();
+        exits
     }
 
     /// Refuse to branch `policy` from a full run on a model with per-layer

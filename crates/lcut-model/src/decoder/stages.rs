@@ -123,7 +123,7 @@ impl Decoder {
         let refuse = || ModelError::NotRestrictable {
             policy: policy.to_string(),
         };
-        let mut rule = policy.visibility(phases);
+        let rule = policy.visibility(phases);
         let first = rule
             .dynamic()
             .and_then(|d| d.stage_cuts().first().copied())
@@ -169,20 +169,12 @@ impl Decoder {
             ));
         }
         // below the first cut every prompt token exists: the full run's rows
-        let caches = prefix
-            .caches
-            .iter()
-            .enumerate()
-            .map(|(l, c)| {
-                let mut c = c.filtered(|p| l < first && rule.token_exists(l, p))?;
-                c.forget_checks();
-                Ok(c)
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let mut seq = prefix.lower_layers_under(policy, rule, first)?;
+        seq.pending = pending;
         // the latest queries the first stage reads, as the policy's own
         // prefill showed them chunk by chunk
         let below = first - 1;
-        if let Some(d) = rule.dynamic_mut()
+        if let Some(d) = seq.rule.dynamic_mut()
             && let Some(w) = d.query_window(below).filter(|&w| w > 0)
         {
             let rows = record
@@ -196,16 +188,6 @@ impl Decoder {
                 d.observe_queries(below, chunk.clone());
             }
         }
-        Ok(Sequence {
-            policy,
-            rule,
-            caches,
-            next_pos: held,
-            pending,
-            step: None,
-            kv_heads: prefix.kv_heads.clone(),
-            windows: prefix.windows.clone(),
-            sharing: prefix.sharing.clone(),
-        })
+        Ok(seq)
     }
 }
