@@ -182,6 +182,10 @@ fn run_suite(args: &EvalCommand, path: &Path) -> Result<Vec<SuiteEval>> {
     // a job array's log is no terminal: one line per item there instead
     let log_lines = !std::io::stderr().is_terminal();
     let mut done = 0;
+    let opts = SuiteEvalOptions {
+        memory_budget: crate::common::suite_memory_line(&session, &items, &opts)?,
+        ..opts
+    };
     let lists = suite::evaluate_suite(&session, base.as_ref(), &items, &opts, &mut |rs| {
         let marks: String = rs
             .iter()
@@ -200,6 +204,7 @@ fn run_suite(args: &EvalCommand, path: &Path) -> Result<Vec<SuiteEval>> {
         bar.inc(1);
     })?;
     bar.finish_and_clear();
+    crate::common::suite_memory_peak();
     Ok(names
         .into_iter()
         .zip(lists)

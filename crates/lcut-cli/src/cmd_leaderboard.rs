@@ -133,7 +133,8 @@ pub fn run(args: &EvalCommand, path: &Path, ratios: &str) -> Result<()> {
     bar.set_position(done.len() as u64);
     let log_lines = !std::io::stderr().is_terminal();
     let mut count = done.len();
-    let all = run_items(&session, &items, &header, done, &mut |rec| {
+    let budget = crate::common::suite_memory_line(&session, &items, &header.suite_options(None))?;
+    let all = run_items(&session, &items, (&header, budget), done, &mut |rec| {
         journal.append(rec)?;
         count += 1;
         let marks: String = rec
@@ -153,6 +154,7 @@ pub fn run(args: &EvalCommand, path: &Path, ratios: &str) -> Result<()> {
         Ok(true)
     })?;
     bar.finish_and_clear();
+    crate::common::suite_memory_peak();
     let run = LeaderboardRun {
         table: table::build_table(&header, &all),
         header,

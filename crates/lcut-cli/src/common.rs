@@ -158,6 +158,35 @@ pub fn ensure_fits(cfg: &lcut_model::ModelConfig, device: &Device, size: &RunSiz
     )
 }
 
+/// Say what the item of a suite run that holds the most holds beside the
+/// weights, what the run plans for and whether the item's policies run in
+/// groups; returns the memory the run goes by (the planned share of
+/// `LCUT_AVAILABLE_MEMORY` or of what the device has free; `None` when
+/// neither says).
+pub fn suite_memory_line(
+    session: &lcut_engine::Session,
+    items: &[lcut_engine::suite::SuiteItem],
+    opts: &lcut_engine::suite::SuiteEvalOptions,
+) -> Result<Option<u64>> {
+    let free = crate::memory_check::available(session.model.device())?;
+    let budget = free.map(lcut_engine::suite::planned_share);
+    if let Some(m) = lcut_engine::suite::largest_item_memory(session, items, opts)? {
+        eprintln!("{}", m.line("the largest item", budget));
+    }
+    Ok(budget)
+}
+
+/// Say what the process held at its peak (on hosts that report it), after
+/// a run that printed [`suite_memory_line`].
+pub fn suite_memory_peak() {
+    if let Some((_, peak)) = lcut_model::memory::resident_bytes() {
+        eprintln!(
+            "memory: peak resident {}",
+            lcut_model::memory::format_bytes(peak)
+        );
+    }
+}
+
 /// A model opened but not loaded: its config, the bytes its weights will
 /// take and its tokenizer are known, so a run can be sized (and refused)
 /// before the weights are read.

@@ -41,6 +41,18 @@ pub enum EngineError {
         /// The model's limit.
         max_positions: usize,
     },
+    /// An item's run does not fit the memory free even with its policies
+    /// run one group at a time.
+    #[error(
+        "an item's run needs about {need} beside the weights, more than the {free} free; \
+         run fewer or shorter items, or fewer policies"
+    )]
+    ItemOutOfMemory {
+        /// The least the item needs, and its parts.
+        need: String,
+        /// The memory free.
+        free: String,
+    },
     /// Some items of a suite cannot run under a policy (a prompt too long
     /// for the model, or too short for a press): found before any item runs.
     #[error("{what} cannot run {detail}; nothing was run")]

@@ -75,19 +75,7 @@ impl SharedPrefix {
                 model.new_sequence(full, prompt.phases(&full)?)?
             }
         };
-        let mut record = PromptRecord::default();
-        for policy in policies {
-            let rule = policy.visibility(prompt.phases(policy)?);
-            // where projected policies' tokens leave
-            record = record.and_entering(model.projected_exits(rule.as_ref(), prompt.decode_start));
-            // what a staged policy's first stage reads
-            if let Some(first) = staged_from_full(model, policy) {
-                let window = rule.dynamic().and_then(|d| d.query_window(first - 1));
-                record = record
-                    .and_entering([first])
-                    .and_queries(window.map(|w| (first - 1, w)));
-            }
-        }
+        let mut record = record_for(model, prompt, policies)?;
         seq.reserve(prompt.len().saturating_add(extra));
         if !prefill_before_decode_start(
             model,
@@ -104,6 +92,25 @@ impl SharedPrefix {
             presses,
             record,
         })
+    }
+
+    /// Bytes the run of `prompt` for `policies` records for the branches
+    /// (prefilled in chunks of `chunk`), beside its K/V.
+    pub(crate) fn record_bytes(
+        model: &Decoder,
+        prompt: &PreparedPrompt,
+        policies: &[Policy],
+        chunk: usize,
+    ) -> Result<u64> {
+        let cfg = model.config();
+        let tokens = prompt.decode_start;
+        let chunks = tokens.div_ceil(chunk.max(1));
+        let query_width = cfg.num_heads * cfg.head_dim;
+        Ok(record_for(model, prompt, policies)?.bytes_for(
+            tokens,
+            chunks,
+            (cfg.hidden_size, query_width),
+        ))
     }
 
     /// The full model's own state before `prompt`'s decode start.
@@ -158,6 +165,31 @@ impl SharedPrefix {
         }
         Ok(None)
     }
+}
+
+/// What a full run of `prompt` records for the policies of `policies`
+/// that branch from it: the hidden states entering the layers where
+/// projected policies' tokens leave and where staged policies' first
+/// stages end, and the queries those stages read.
+fn record_for(
+    model: &Decoder,
+    prompt: &PreparedPrompt,
+    policies: &[Policy],
+) -> Result<PromptRecord> {
+    let mut record = PromptRecord::default();
+    for policy in policies {
+        let rule = policy.visibility(prompt.phases(policy)?);
+        // where projected policies' tokens leave
+        record = record.and_entering(model.projected_exits(rule.as_ref(), prompt.decode_start));
+        // what a staged policy's first stage reads
+        if let Some(first) = staged_from_full(model, policy) {
+            let window = rule.dynamic().and_then(|d| d.query_window(first - 1));
+            record = record
+                .and_entering([first])
+                .and_queries(window.map(|w| (first - 1, w)));
+        }
+    }
+    Ok(record)
 }
 
 /// The first stage cut of a policy that prefills in stages (SlimInfer)

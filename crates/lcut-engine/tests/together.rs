@@ -115,3 +115,80 @@ fn a_generation_made_to_follow_another_records_its_choices() -> Result<()> {
     ensure!(pair[1].produced() == [first.token]);
     Ok(())
 }
+
+/// A suite run whose item does not fit the memory given runs its policies
+/// in groups, one after another from the same prompt run and the same full
+/// continuation: every family scores exactly as in one group (answers,
+/// agreement, KL, K/V held), and a budget below what one policy needs is
+/// refused by name before any item runs.
+#[test]
+fn an_item_split_into_groups_scores_as_in_one() -> Result<()> {
+    use lcut_engine::Session;
+    use lcut_engine::suite::{self, SuiteEvalOptions};
+    let root = lcut_engine::workspace_root();
+    let session = Session::load(
+        &root.join(lcut_engine::BUNDLED_MODEL),
+        DType::F32,
+        &Device::Cpu,
+    )?;
+    let prompts = std::fs::read_to_string(root.join("fixtures/prompts/copy.jsonl"))?;
+    let lines: Vec<String> = prompts
+        .lines()
+        .take(2)
+        .enumerate()
+        .map(|(k, line)| {
+            let v: serde_json::Value = serde_json::from_str(line)?;
+            let prompt = v["prompt"].as_str().context("a prompt")?;
+            let answer = prompt.split(['[', ']']).nth(1).context("a span")?.trim();
+            Ok(serde_json::json!({
+                "id": format!("c{k}"), "kind": "copy", "length": "short",
+                "prompt": prompt, "answer": answer, "scoring": "contains",
+            })
+            .to_string())
+        })
+        .collect::<Result<_>>()?;
+    let items = suite::parse_suite(&lines.join("\n"), std::path::Path::new("copy"))?;
+    let opts = SuiteEvalOptions {
+        policies: [
+            "full",
+            "speed:2+bos",
+            "snapkv:0.5+window:4",
+            "slim:2@50%+block:2+unit:1",
+            "swiftkv:2+bos",
+            "tova:0.5",
+            "speed:1",
+        ]
+        .map(String::from)
+        .to_vec(),
+        max_new_tokens: 6,
+        memory_budget: Some(u64::MAX),
+        ..SuiteEvalOptions::default()
+    };
+    let memory = suite::largest_item_memory(&session, &items, &opts)?.context("items")?;
+    let largest = memory.per_policy.iter().copied().max().unwrap_or(0);
+    let fixed = memory.prompt_run + memory.full_generation + memory.transient;
+    let run = |budget: u64| {
+        let opts = SuiteEvalOptions {
+            memory_budget: Some(budget),
+            ..opts.clone()
+        };
+        suite::evaluate_suite(&session, None, &items, &opts, &mut |_| {})
+    };
+    let whole = run(u64::MAX)?;
+    // room for the largest policy alone: groups of one or two
+    let tight = fixed + largest;
+    ensure!(memory.groups(Some(tight))?.len() >= 4, "{memory:?}");
+    let split = run(tight)?;
+    for (w, s) in whole.iter().flatten().zip(split.iter().flatten()) {
+        let (mut w, mut s) = (w.clone(), s.clone());
+        (w.seconds, s.seconds) = (0.0, 0.0);
+        ensure!(w == s, "{w:?}\nvs\n{s:?}");
+    }
+    ensure!(whole.iter().flatten().count() == 2 * opts.policies.len());
+    let err = run(tight - 1).err().context("refused")?.to_string();
+    ensure!(
+        err.contains("memory free") && err.contains("nothing was run"),
+        "{err}"
+    );
+    Ok(())
+}

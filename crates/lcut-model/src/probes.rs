@@ -385,6 +385,25 @@ impl PromptRecord {
         self.entering.get(&layer).map(Vec::as_slice)
     }
 
+    /// Bytes this record will hold once a prompt of `tokens` tokens has run
+    /// in `chunks` chunks through a model of `hidden` wide residual stream
+    /// and `query_width` wide queries (all heads), in f32: a state per
+    /// token per layer asked for, and each chunk's latest queries.
+    pub fn bytes_for(
+        &self,
+        tokens: usize,
+        chunks: usize,
+        (hidden, query_width): (usize, usize),
+    ) -> u64 {
+        let states = self.entering.len() * tokens * hidden;
+        let queries: usize = self
+            .queries
+            .values()
+            .map(|(window, _)| chunks * window.min(&tokens) * query_width)
+            .sum();
+        (4 * (states + queries)) as u64
+    }
+
     /// The chunks' latest queries recorded at `layer` and how many each
     /// chunk kept at most (`None` for a layer not asked for).
     pub fn queries(&self, layer: usize) -> Option<(usize, &[QueryRows])> {

@@ -94,6 +94,7 @@ fn table_unit(ctx: &Ctx, index: usize, policies: &[String]) -> Result<Vec<TableE
         item_budgets: false,
         shard: None,
         prefill_chunk: setup.settings.prefill_chunk,
+        memory_budget: None,
     };
     let mut out = Vec::new();
     let lists = evaluate_suite(

@@ -242,14 +242,32 @@ pub fn parse_ratios(text: &str) -> std::result::Result<Vec<f64>, LeaderboardErro
         .collect()
 }
 
+impl LeaderboardHeader {
+    /// The suite run this leaderboard run makes: every configuration's
+    /// policy over the items of its shard, with `memory_budget` as
+    /// [`SuiteEvalOptions::memory_budget`].
+    pub fn suite_options(&self, memory_budget: Option<u64>) -> SuiteEvalOptions {
+        SuiteEvalOptions {
+            policies: self.configs.iter().map(|c| c.policy.clone()).collect(),
+            max_new_tokens: self.max_new_tokens,
+            item_budgets: self.item_budgets,
+            shard: self.shard.map(|[i, n]| (i, n)),
+            prefill_chunk: self.prefill_chunk,
+            memory_budget,
+        }
+    }
+}
+
 /// Run the items of `header.shard` (all when unsharded) under every
 /// configuration of `header`, skipping those `done` holds (a resumed
 /// run's); `on_item` sees each new item as it finishes (to append it to
-/// the journal, or to show progress) and returns false to cancel.
+/// the journal, or to show progress) and returns false to cancel. An
+/// item's configurations run in groups that fit `memory_budget` bytes
+/// beside the weights (`None`: what the device has free as it begins).
 pub fn run_items(
     session: &Session,
     items: &[SuiteItem],
-    header: &LeaderboardHeader,
+    (header, memory_budget): (&LeaderboardHeader, Option<u64>),
     done: Vec<LeaderboardItem>,
     on_item: &mut dyn FnMut(&LeaderboardItem) -> Result<bool>,
 ) -> Result<Vec<LeaderboardItem>> {
@@ -258,13 +276,7 @@ pub fn run_items(
         .iter()
         .map(|c| resolve_policy(session, &c.policy))
         .collect::<Result<Vec<_>>>()?;
-    let opts = SuiteEvalOptions {
-        policies: header.configs.iter().map(|c| c.policy.clone()).collect(),
-        max_new_tokens: header.max_new_tokens,
-        item_budgets: header.item_budgets,
-        shard: header.shard.map(|[i, n]| (i, n)),
-        prefill_chunk: header.prefill_chunk,
-    };
+    let opts = header.suite_options(memory_budget);
     let timed = timing::timed_items(items, &header.timing);
     let indices = crate::diagnose::shard_indices(items.len(), opts.shard)?;
     crate::suite::check_items(session, items, &indices, &policies, &opts)?;

@@ -13,9 +13,13 @@
 
 use std::time::Instant;
 
+use candle_core::Tensor;
+use lcut_model::memory::available_bytes;
+use lcut_model::{Decoder, Sequence};
 use lcut_policy::{Policy, PolicySpec};
 
 use super::SuiteItem;
+use super::branch_memory::ItemMemory;
 use super::result::ItemResult;
 use crate::diagnose::{ForcedQuality, ForcedScore, forced_quality};
 use crate::error::{EngineError, Result};
@@ -40,6 +44,10 @@ pub struct SuiteEvalOptions {
     pub shard: Option<(usize, usize)>,
     /// Prompt tokens per prefill chunk.
     pub prefill_chunk: usize,
+    /// Bytes an item's run may hold beside the weights; its policies run
+    /// in groups that fit ([`ItemMemory::groups`]). `None`: what the
+    /// model's device has free as the item begins.
+    pub memory_budget: Option<u64>,
 }
 
 impl Default for SuiteEvalOptions {
@@ -50,11 +58,20 @@ impl Default for SuiteEvalOptions {
             item_budgets: false,
             shard: None,
             prefill_chunk: GenerationConfig::default().prefill_chunk,
+            memory_budget: None,
         }
     }
 }
 
 impl SuiteEvalOptions {
+    /// The bytes an item's run may hold: the budget given, else the
+    /// [planned share](super::planned_share) of what the session's device
+    /// has free now (`None` when it cannot say).
+    pub fn memory_budget_or_free(&self, session: &Session) -> Option<u64> {
+        self.memory_budget
+            .or_else(|| available_bytes(session.model.device()).map(super::planned_share))
+    }
+
     /// The new-token budget of `item` in this run.
     pub fn budget(&self, item: &SuiteItem) -> usize {
         let run = (!self.item_budgets).then_some(self.max_new_tokens);
@@ -156,7 +173,54 @@ pub(crate) fn check_items(
             policy.check_phases(&phases).err().map(EngineError::from)
         })?;
     }
-    Ok(())
+    let budget = opts.memory_budget_or_free(session);
+    refuse_any(
+        "the memory free",
+        items,
+        &prompts,
+        String::new(),
+        |i, prompt| {
+            item_memory(session, &items[i], prompt, policies, opts)
+                .and_then(|m| m.groups(budget))
+                .err()
+        },
+    )
+}
+
+/// What `item`'s run under `policies` holds beside the weights.
+fn item_memory(
+    session: &Session,
+    item: &SuiteItem,
+    prompt: &PreparedPrompt,
+    policies: &[Policy],
+    opts: &SuiteEvalOptions,
+) -> Result<ItemMemory> {
+    let sizes = (opts.budget(item), opts.prefill_chunk.max(1));
+    ItemMemory::of(&session.model, prompt, policies, sizes)
+}
+
+/// What the item of `opts.shard` that holds the most holds beside the
+/// weights under `opts.policies` (`None` for no items): for the memory line
+/// a run prints before it starts.
+pub fn largest_item_memory(
+    session: &Session,
+    items: &[SuiteItem],
+    opts: &SuiteEvalOptions,
+) -> Result<Option<ItemMemory>> {
+    let policies = opts
+        .policies
+        .iter()
+        .map(|p| resolve_policy(session, p))
+        .collect::<Result<Vec<_>>>()?;
+    let mut largest: Option<ItemMemory> = None;
+    for i in crate::diagnose::shard_indices(items.len(), opts.shard)? {
+        let prompt = items[i].prepare(session)?;
+        let m = item_memory(session, &items[i], &prompt, &policies, opts)?;
+        if largest.as_ref().is_none_or(|l| m.total() > l.total()) {
+            largest = Some(m);
+        }
+    }
+    Ok(largest)
 }
 
 /// The refusal of the items of `prompts` for which `why` gives a reason,
@@ -185,10 +249,12 @@ fn refuse_any(
     })
 }
 
-/// The full model's run of an item: its greedy continuation and its text.
+/// The full model's run of an item: its greedy continuation, its text,
+/// and the logits row of each of its tokens (the forced runs' reference).
 struct FullRun {
     output: GenerationOutput,
     text: String,
+    rows: Vec<Tensor>,
 }
 
 /// A policy's two runs of an item, from one state of the prompt before its
@@ -201,13 +267,81 @@ struct PolicyRuns<'m> {
     forced_score: ForcedScore,
 }
 
-/// One item: the reference's full greedy run, and per policy its own
+impl<'m> PolicyRuns<'m> {
+    /// The two runs from `prefix`, their first steps taken (a press or
+    /// SlimInfer decides there and lets go of its copy of the prompt's K/V
+    /// before the next policy's runs begin).
+    fn begin(
+        model: &'m Decoder,
+        prompt: &PreparedPrompt,
+        prefix: Sequence,
+        (own, full): (&GenerationConfig, &GenerationConfig),
+        reference: &FullRun,
+    ) -> Result<Self> {
+        let from = |seq, config: &GenerationConfig| {
+            Generation::from_prefix(model, prompt.clone(), seq, config.clone())
+        };
+        let mut runs = Self {
+            own: from(prefix.fork()?, own)?,
+            forced: from(prefix, full)?,
+            forced_score: ForcedScore::default(),
+        };
+        step_runs(&mut [&mut runs], reference, true)?;
+        Ok(runs)
+    }
+}
+
+/// Step `runs` side by side ([`Generation::step_together`]: one pass over
+/// the weights per token for all of them) until each has ended, or only
+/// once when `once`; each forced run takes the full run's token of its step
+/// and is scored against the full run's row.
+fn step_runs(runs: &mut [&mut PolicyRuns<'_>], full: &FullRun, once: bool) -> Result<()> {
+    loop {
+        let mut gens: Vec<&mut Generation<'_>> = Vec::with_capacity(2 * runs.len());
+        for r in runs.iter_mut() {
+            gens.push(&mut r.forced);
+            gens.push(&mut r.own);
+        }
+        // the index of the token each generation produces now
+        let next: Vec<usize> = gens.iter().map(|g| g.produced().len()).collect();
+        let continuation = &full.output.tokens;
+        let steps = Generation::step_together(&mut gens, |i, own| match i % 2 {
+            0 => continuation.get(next[i]).copied().unwrap_or(own),
+            _ => own,
+        })?;
+        if steps.iter().all(Option::is_none) {
+            return Ok(());
+        }
+        let mut steps = steps.into_iter();
+        for r in runs.iter_mut() {
+            if let Some(Some(step)) = steps.next() {
+                // a forced run stops where the full run does: its row is
+                // scored against the full row of the same step
+                let reference = full
+                    .rows
+                    .get(step.index)
+                    .ok_or(EngineError::MissingLogits {
+                        position: r.forced.sequence().len().saturating_sub(1),
+                    })?;
+                r.forced_score
+                    .add_row(reference, &step.logits, continuation[step.index])?;
+            }
+            steps.next();
+        }
+        if once {
+            return Ok(());
+        }
+    }
+}
+
+/// One item: the reference's full greedy run, then per policy its own
 /// greedy generation and the policy teacher-forced on the full run's
-/// continuation, all decoded side by side ([`Generation::step_together`]:
-/// one pass over the weights per token for all of them). The prompt runs
-/// once for the reference and every policy that branches from its run
-/// ([`SharedPrefix`]), and once for each other policy. Each result's
-/// seconds are the item's wall time.
+/// continuation, decoded side by side ([`Generation::step_together`]: one
+/// pass over the weights per token for all of them), in as few groups of
+/// policies as the memory free allows ([`ItemMemory::groups`]; the same
+/// results in any grouping). The prompt runs once for the reference and
+/// every policy that branches from its run ([`SharedPrefix`]), and once for
+/// each other policy. Each result's seconds are the item's wall time.
 pub(crate) fn evaluate_item(
     (session, base): (&Session, Option<&Session>),
     index: usize,
@@ -219,13 +353,14 @@ pub(crate) fn evaluate_item(
     let reference = base.unwrap_or(session);
     let prompt = item.prepare(session)?;
     let (max_new, chunk) = (opts.budget(item), opts.prefill_chunk.max(1));
+    let budget = opts.memory_budget_or_free(session);
+    let groups = item_memory(session, item, &prompt, policies, opts)?.groups(budget)?;
     // one prompt run serves the full model and every policy that can branch
     // from it; with an adapted model the reference is the base model's run
     let shared = match base {
         None => SharedPrefix::run(&session.model, &prompt, policies, (max_new, chunk))?,
         Some(_) => SharedPrefix::run(&reference.model, &prompt, &[], (max_new, chunk))?,
     };
-    let full_prefix = shared.full(&prompt)?;
     let own_config = GenerationConfig {
         prefill_chunk: chunk,
         ..session.greedy_config(max_new)
@@ -235,11 +370,32 @@ pub(crate) fn evaluate_item(
         prefill_chunk: chunk,
         ..reference.greedy_config(max_new)
     };
-    let mut runs = policies
-        .iter()
-        .map(|&policy| {
+    let full = {
+        let prefix = shared.full(&prompt)?;
+        let mut run = Generation::from_prefix(
+            &reference.model,
+            prompt.clone(),
+            prefix,
+            full_config.clone(),
+        )?;
+        let mut rows = Vec::new();
+        while let Some(step) = run.step(None)? {
+            rows.push(step.logits);
+        }
+        let output = run.output();
+        FullRun {
+            text: reference.generated_text(&output.tokens),
+            output,
+            rows,
+        }
+    };
+    let mut results = Vec::with_capacity(policies.len());
+    for group in groups {
+        let mut runs = Vec::with_capacity(group.len());
+        for &policy in &policies[group] {
             if base.is_none() && policy.is_full_depth() {
-                return Ok(None);
+                runs.push(None);
+                continue;
             }
             let branched = match base {
                 None => shared.branch(&session.model, policy, prompt.phases(&policy)?)?,
@@ -249,69 +405,25 @@ pub(crate) fn evaluate_item(
                 Some(seq) => seq,
                 None => prefill_prefix(&session.model, &prompt, policy, max_new, chunk)?,
             };
-            let from = |seq, config: &GenerationConfig| {
-                Generation::from_prefix(&session.model, prompt.clone(), seq, config.clone())
-            };
-            Ok(Some(PolicyRuns {
-                own: from(prefix.fork()?, &own_config)?,
-                forced: from(prefix, &full_config)?,
-                forced_score: ForcedScore::default(),
-            }))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let mut full =
-        Generation::from_prefix(&reference.model, prompt.clone(), full_prefix, full_config)?;
-    loop {
-        let mut gens: Vec<&mut Generation<'_>> = vec![&mut full];
-        for r in runs.iter_mut().flatten() {
-            gens.push(&mut r.forced);
-            gens.push(&mut r.own);
+            let configs = (&own_config, &full_config);
+            let begun = PolicyRuns::begin(&session.model, &prompt, prefix, configs, &full)?;
+            runs.push(Some(begun));
         }
-        // generation 0 is the full run; each forced run (odd) records its token
-        let mut full_token = 0;
-        let steps = Generation::step_together(&mut gens, |i, own| match i {
-            0 => {
-                full_token = own;
-                own
-            }
-            i if i % 2 == 1 => full_token,
-            _ => own,
-        })?;
-        if steps.iter().all(Option::is_none) {
-            break;
-        }
-        let mut steps = steps.into_iter();
-        let full_row = match steps.next() {
-            Some(Some(step)) => Some(step.logits),
-            _ => None,
-        };
-        for r in runs.iter_mut().flatten() {
-            if let Some(Some(step)) = steps.next() {
-                // a forced run stops where the full run does: its row is
-                // scored against the full row of the same step
-                let reference = full_row.as_ref().ok_or(EngineError::MissingLogits {
-                    position: r.forced.sequence().len().saturating_sub(1),
-                })?;
-                r.forced_score
-                    .add_row(reference, &step.logits, full_token)?;
-            }
-            steps.next();
+        step_runs(
+            &mut runs.iter_mut().flatten().collect::<Vec<_>>(),
+            &full,
+            false,
+        )?;
+        for r in &runs {
+            results.push(policy_result(session, &prompt, item, r.as_ref(), &full)?);
         }
     }
-    let output = full.output();
-    let full = FullRun {
-        text: reference.generated_text(&output.tokens),
-        output,
-    };
     let seconds = start.elapsed().as_secs_f64();
-    runs.iter()
-        .map(|r| {
-            let mut result = policy_result(session, &prompt, item, r.as_ref(), &full)?;
-            result.index = index;
-            result.seconds = seconds;
-            Ok(result)
-        })
-        .collect()
+    for r in &mut results {
+        r.index = index;
+        r.seconds = seconds;
+    }
+    Ok(results)
 }
 
 /// One policy on one item from its runs (none for a full-depth policy of

@@ -3,6 +3,7 @@
 //! project's own suite written from a seed ([`generate`]), and RULER-style
 //! long-context tasks sized in a model's own tokens ([`generate_ruler`]).
 
+mod branch_memory;
 mod cutoffs;
 mod eval;
 mod filler;
@@ -13,8 +14,11 @@ mod rng;
 mod ruler;
 mod score;
 
+pub use branch_memory::{ItemMemory, planned_share};
 pub use cutoffs::{CutoffEvalOptions, accuracy_by_cutoff, smallest_cut_within};
-pub use eval::{SuiteEvalOptions, evaluate_suite, evaluate_suite_until, resolve_policy};
+pub use eval::{
+    SuiteEvalOptions, evaluate_suite, evaluate_suite_until, largest_item_memory, resolve_policy,
+};
 pub(crate) use eval::{check_items, evaluate_item};
 pub use generate::{
     COMPLETION_SUITE, Form, SMOLLM2_SUITE, SMOLLM2_SUITE_SEED, generate, generate_in, to_jsonl,

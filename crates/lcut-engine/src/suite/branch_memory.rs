@@ -1,0 +1,202 @@
+//! What an item's generations hold in memory, and how an item whose
+//! policies do not fit at once is split into groups that do.
+//!
+//! An item of a suite run holds, besides the weights: the prompt's one
+//! full-depth run ([`SharedPrefix`](crate::shared_prefix::SharedPrefix))
+//! with what it recorded for the branches, the full model's generation and
+//! its logits rows (the forced runs' reference), and per policy two
+//! generations (its own greedy answer and the run teacher-forced on the
+//! full continuation), each holding the K/V its policy keeps. A policy that
+//! decides at the prompt's end (a press, SlimInfer) holds a whole copy of
+//! the prompt's K/V until its first step; the runs are begun one policy at
+//! a time, so that copy is counted once, for the largest.
+//!
+//! When the policies' generations do not fit beside the rest, they run in
+//! groups, one after another, from the same prompt run and the same full
+//! continuation: a generation's steps are the same bits whatever decodes
+//! beside it, so the results are those of one group.
+
+use std::ops::Range;
+
+use lcut_model::Decoder;
+use lcut_model::memory::format_bytes;
+use lcut_policy::{KvCost, Policy};
+
+use crate::error::{EngineError, Result};
+use crate::prompt::PreparedPrompt;
+use crate::shared_prefix::SharedPrefix;
+
+/// The part of the memory free that a run plans its items' groups for:
+/// nine tenths, the rest left to the allocator's slack (a SmolLM2 RULER-4K
+/// item under the whole leaderboard grid peaked at 4.3 GiB resident against
+/// an estimate of 3.9 GiB beside 0.1 GiB of weights and code).
+pub fn planned_share(free: u64) -> u64 {
+    free - free / 10
+}
+
+/// Bytes an item's run holds beyond the weights, by part.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ItemMemory {
+    /// The prompt's full-depth run and what it recorded for the branches.
+    pub prompt_run: u64,
+    /// The full model's generation and its logits rows.
+    pub full_generation: u64,
+    /// Per policy, its two generations at their longest (zero for a
+    /// full-depth policy of the session: its results are the full run's).
+    pub per_policy: Vec<u64>,
+    /// The most one policy holds while its runs begin (a whole copy of the
+    /// prompt's K/V per run, for a policy that decides at the prompt's end).
+    pub transient: u64,
+}
+
+impl ItemMemory {
+    /// The parts for `prompt` under `policies` on `model`, with `max_new`
+    /// new tokens and prefill chunks of `chunk`.
+    pub fn of(
+        model: &Decoder,
+        prompt: &PreparedPrompt,
+        policies: &[Policy],
+        (max_new, chunk): (usize, usize),
+    ) -> Result<Self> {
+        let cfg = model.config();
+        let full = Policy::full(cfg.num_layers);
+        let cost = |policy: &Policy| -> Result<KvCost> {
+            let phases = prompt.phases(policy)?;
+            Ok(KvCost {
+                anchors: phases.anchor_len(),
+                prefill: phases.prefill_len(),
+                decode: prompt.len() - prompt.decode_start + max_new,
+            })
+        };
+        let full_kv = model.kv_bytes_for(&full, &cost(&full)?);
+        let rows = (max_new * cfg.vocab_size * 4) as u64;
+        let record = SharedPrefix::record_bytes(model, prompt, policies, chunk)?;
+        let per_policy = policies
+            .iter()
+            .map(|p| match p.is_full_depth() {
+                true => Ok(0),
+                false => Ok(2 * model.kv_bytes_for(p, &cost(p)?)),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let decides_at_end = policies
+            .iter()
+            .any(|p| p.press().is_some() || p.slim().is_some());
+        Ok(Self {
+            prompt_run: full_kv + record,
+            full_generation: full_kv + rows,
+            per_policy,
+            transient: if decides_at_end { 2 * full_kv } else { 0 },
+        })
+    }
+
+    /// What the item holds at its peak when every policy runs in one group.
+    pub fn total(&self) -> u64 {
+        self.fixed() + self.per_policy.iter().sum::<u64>()
+    }
+
+    /// What the item holds whatever the grouping: the prompt's run, the
+    /// full generation and one policy's runs as they begin.
+    fn fixed(&self) -> u64 {
+        self.prompt_run + self.full_generation + self.transient
+    }
+
+    /// The policies' groups, consecutive ranges of their indices, each
+    /// holding at most what `budget` leaves beside the fixed part (one
+    /// group when there is no budget or everything fits). Refused, with the
+    /// figures, when even the largest policy alone does not fit.
+    pub fn groups(&self, budget: Option<u64>) -> Result<Vec<Range<usize>>> {
+        let all = 0..self.per_policy.len();
+        let Some(budget) = budget else {
+            return Ok(vec![all]);
+        };
+        if self.total() <= budget {
+            return Ok(vec![all]);
+        }
+        let largest = self.per_policy.iter().copied().max().unwrap_or(0);
+        let room = budget.checked_sub(self.fixed()).filter(|&r| r >= largest);
+        let Some(room) = room else {
+            return Err(EngineError::ItemOutOfMemory {
+                need: format!(
+                    "{} (the prompt's run {}, the full generation {}, a policy's runs \
+                     beginning {}, the largest policy's runs {})",
+                    format_bytes(self.fixed() + largest),
+                    format_bytes(self.prompt_run),
+                    format_bytes(self.full_generation),
+                    format_bytes(self.transient),
+                    format_bytes(largest)
+                ),
+                free: format_bytes(budget),
+            });
+        };
+        let mut groups = Vec::new();
+        let (mut start, mut held) = (0, 0);
+        for (i, &bytes) in self.per_policy.iter().enumerate() {
+            if held + bytes > room && i > start {
+                groups.push(start..i);
+                (start, held) = (i, 0);
+            }
+            held += bytes;
+        }
+        groups.push(start..self.per_policy.len());
+        Ok(groups)
+    }
+
+    /// One line for a run's log: the parts, and the groups `budget` makes.
+    pub fn line(&self, what: &str, budget: Option<u64>) -> String {
+        let policies = self.per_policy.iter().filter(|&&b| b > 0).count();
+        let free = budget.map_or("unknown".into(), format_bytes);
+        let groups = match self.groups(budget) {
+            Ok(g) if g.len() > 1 => format!("; the policies run in {} groups", g.len()),
+            Ok(_) => String::new(),
+            Err(_) => "; it does not fit".into(),
+        };
+        format!(
+            "memory: {what} holds about {} beside the weights (the prompt's run {}, the full \
+             generation {}, {policies} policies' generations {}); the run plans for {free}{groups}",
+            format_bytes(self.total()),
+            format_bytes(self.prompt_run),
+            format_bytes(self.full_generation),
+            format_bytes(self.per_policy.iter().sum::<u64>() + self.transient),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const M: u64 = 1 << 20;
+
+    fn memory(per_policy: &[u64]) -> ItemMemory {
+        ItemMemory {
+            prompt_run: 100 * M,
+            full_generation: 50 * M,
+            per_policy: per_policy.iter().map(|b| b * M).collect(),
+            transient: 10 * M,
+        }
+    }
+
+    /// Groups are consecutive, cover every policy once, and each fits the
+    /// room the budget leaves; no budget or enough of it is one group.
+    #[test]
+    fn policies_are_grouped_to_fit() {
+        let m = memory(&[40, 0, 30, 30, 40, 20]);
+        assert_eq!(m.total(), 320 * M);
+        assert_eq!(m.groups(None).unwrap(), vec![0..6]);
+        assert_eq!(m.groups(Some(320 * M)).unwrap(), vec![0..6]);
+        // 160 fixed, room 70
+        assert_eq!(m.groups(Some(230 * M)).unwrap(), vec![0..3, 3..5, 5..6]);
+        // room 40: the largest alone fits
+        assert_eq!(
+            m.groups(Some(200 * M)).unwrap(),
+            vec![0..2, 2..3, 3..4, 4..5, 5..6]
+        );
+        let err = m.groups(Some(199 * M)).unwrap_err().to_string();
+        assert!(
+            err.contains("200.0 MiB") && err.contains("199.0 MiB"),
+            "{err}"
+        );
+        assert!(m.line("an item", Some(230 * M)).contains("in 3 groups"));
+        assert!(m.line("an item", Some(199 * M)).contains("does not fit"));
+    }
+}
