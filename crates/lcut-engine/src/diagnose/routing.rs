@@ -185,8 +185,9 @@ pub fn decode_step_positions(prompt: &PreparedPrompt, generated: usize) -> Vec<u
 /// full model's, both teacher-forced on the same `generated` tokens: per
 /// sparse layer and step, `|chosen_policy ∩ chosen_full| / k`
 /// ([`lcut_diag::routing_overlap`]). The prompt up to its decode start is
-/// prefilled in chunks of `chunk` at full depth (and shared with a policy
-/// that reuses the full prefill, as the sweep does); the decode-phase
+/// prefilled in chunks of `chunk` at full depth once, and the policy takes
+/// its state from that run where it can (the shared prompt run: restricted,
+/// retargeted, projected or staged, as the sweep does); the decode-phase
 /// tokens then run in one pass, or one at a time for a policy that decides
 /// as it decodes. `None` for a model without experts.
 pub fn routing_overlap_of(
@@ -195,6 +196,18 @@ pub fn routing_overlap_of(
     generated: &[u32],
     policy: Policy,
     chunk: usize,
+) -> Result<Option<RoutingOverlap>> {
+    overlap_from(session, prompt, (generated, chunk), policy, true)
+}
+
+/// [`routing_overlap_of`], the policy taking its state from the shared
+/// prompt run when `branch` and it can, else from a prefill of its own.
+fn overlap_from(
+    session: &Session,
+    prompt: &PreparedPrompt,
+    (generated, chunk): (&[u32], usize),
+    policy: Policy,
+    branch: bool,
 ) -> Result<Option<RoutingOverlap>> {
     let model = &session.model;
     let cfg = model.config();
@@ -206,11 +219,20 @@ pub fn routing_overlap_of(
     let mut full = RoutingProbe::new(from);
     let mut under = RoutingProbe::new(from);
     if !generated.is_empty() {
-        let forced = Forced::given(session, prompt, generated.to_vec(), chunk, Some(&mut full))?;
+        let run = (generated.to_vec(), chunk);
+        let branches = if branch { vec![policy] } else { Vec::new() };
+        let forced = Forced::given(session, prompt, run, &branches, Some(&mut full))?;
         if policy.reuses_full_prefill() {
             forced.restricted_with(model, prompt, policy, Some(&mut under))?;
         } else {
-            let mut seq = prefill_prefix(model, prompt, policy, generated.len(), chunk)?;
+            let branched = match branch {
+                true => forced.branch(model, prompt, policy)?,
+                false => None,
+            };
+            let mut seq = match branched {
+                Some(seq) => seq,
+                None => prefill_prefix(model, prompt, policy, generated.len(), chunk)?,
+            };
             forced_logits(model, &mut seq, prompt, generated, Some(&mut under))?;
         }
     }
@@ -227,6 +249,36 @@ pub fn routing_overlap_of(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use candle_core::{DType, Device};
+
+    /// A press, SlimInfer and SwiftKV take their state from the shared
+    /// prompt run and route their decode steps exactly as from a prefill
+    /// of their own.
+    #[test]
+    fn a_branched_policy_routes_as_its_own_prefill() {
+        let case = lcut_testkit::oracle_case("moe/qwen3moe-experts");
+        let session = Session::load(&case, DType::F32, &Device::Cpu).unwrap();
+        let ids = lcut_testkit::oracle_ids("moe/qwen3moe-experts").unwrap();
+        let prompt = PreparedPrompt::from_ids(ids[..24].to_vec(), Some(21)).unwrap();
+        let generated = &ids[24..30];
+        for text in [
+            "snapkv:0.5+window:2",
+            "slim:2@50%+block:2+unit:1",
+            "swiftkv:2+bos",
+        ] {
+            let spec: lcut_policy::PolicySpec = text.parse().unwrap();
+            let policy = session.resolve_policy(&spec).unwrap();
+            let run = |branch| {
+                overlap_from(&session, &prompt, (generated, 8), policy, branch)
+                    .unwrap()
+                    .unwrap()
+            };
+            let (branched, alone) = (run(true), run(false));
+            assert_eq!(branched.overlap, alone.overlap, "{text}");
+            // the policy changed something: the test compares real routings
+            assert!(branched.overlap.data().iter().any(|&x| x < 1.0), "{text}");
+        }
+    }
 
     #[test]
     fn decode_steps_start_at_the_last_prompt_token() {

@@ -149,16 +149,17 @@ impl Forced {
 
     /// [`Forced::new`] on a continuation already known (a diagnostic run's
     /// greedy tokens): the prompt up to its decode start is prefilled at
-    /// full depth in chunks of `chunk`, nothing is generated.
+    /// full depth in chunks of `chunk`, for the full model and the policies
+    /// of `branches` that can branch from that run; nothing is generated.
     pub(super) fn given(
         session: &Session,
         prompt: &PreparedPrompt,
-        continuation: Vec<u32>,
-        chunk: usize,
+        (continuation, chunk): (Vec<u32>, usize),
+        branches: &[Policy],
         probe: Option<&mut dyn Probe>,
     ) -> Result<Self> {
         let model = &session.model;
-        let shared = SharedPrefix::run(model, prompt, &[], (continuation.len(), chunk))?;
+        let shared = SharedPrefix::run(model, prompt, branches, (continuation.len(), chunk))?;
         Self::on_prefix(model, prompt, continuation, shared, probe)
     }
 
@@ -186,6 +187,18 @@ impl Forced {
             first_row,
             reference,
         })
+    }
+
+    /// `policy`'s own state before the decode start, taken from the shared
+    /// prompt run (`None` where the run cannot serve it:
+    /// [`SharedPrefix::branch`]).
+    pub(super) fn branch(
+        &self,
+        model: &Decoder,
+        prompt: &PreparedPrompt,
+        policy: Policy,
+    ) -> Result<Option<Sequence>> {
+        self.shared.branch(model, policy, prompt.phases(&policy)?)
     }
 
     /// The rows of a run over `fed` that predict the continuation.
