@@ -64,7 +64,9 @@ pub struct TrainArgs {
     /// Layer layout: `llama`, `smollm3[:N]` (every N-th layer without RoPE,
     /// default 4), `olmo2` (norms after the blocks, whole-projection q/k
     /// norms), `olmo3[:W]` (OLMo 2's layer, three layers sliding over W
-    /// tokens then a full one). Ignored with `--init` (its config fixes it).
+    /// tokens then a full one), `mixtral[:E/K]` (each MLP a mixture of E
+    /// experts, each token reading its router's top K; default 8/2).
+    /// Ignored with `--init` (its config fixes it).
     #[arg(long, default_value = "llama")]
     pub layout: lcut_model::Layout,
     /// Tasks to train on (comma-separated).

@@ -495,17 +495,51 @@ impl Experts {
         self.rule
     }
 
+    /// The weights `routing` gives its rows' chosen experts [n, top_k],
+    /// recomputed from the router's logits of `x` with tensor ops, so that
+    /// a loss reaches the router through them (training): the softmax over
+    /// every expert at the chosen ones, renormalised where the rule does
+    /// (a softmax over the top-k logits is that renormalisation).
+    pub(crate) fn trainable_weights(&self, x: &Tensor, routing: &Routing) -> Result<Tensor> {
+        let logits = self.router.forward(x)?;
+        let shifted = logits.broadcast_sub(&logits.max_keepdim(1)?.detach())?;
+        let exp = shifted.exp()?;
+        let probs = exp.broadcast_div(&exp.sum_keepdim(1)?)?;
+        let k = self.rule.top_k;
+        let chosen: Vec<u32> = routing
+            .experts
+            .iter()
+            .flatten()
+            .map(|&e| e as u32)
+            .collect();
+        let idx = Tensor::from_vec(chosen, (routing.experts.len(), k), x.device())?;
+        let weights = probs.gather(&idx, 1)?;
+        if self.rule.normalize || self.rule.kind == RouterKind::TopKSoftmax {
+            return Ok(weights.broadcast_div(&weights.sum_keepdim(1)?)?);
+        }
+        Ok(weights)
+    }
+
     /// The block's output for rows `x` [n, hidden] routed by `routing`
     /// (theirs, from [`Self::route`]): each expert run once on the rows that
     /// chose it, its output scaled by their weights and added into theirs.
-    pub(crate) fn forward_routed(&self, x: &Tensor, routing: &Routing) -> Result<Tensor> {
+    /// The weights are `routing`'s, or `trainable` ([n, top_k], from
+    /// [`Self::trainable_weights`]) when given.
+    pub(crate) fn forward_routed(
+        &self,
+        x: &Tensor,
+        routing: &Routing,
+        trainable: Option<&Tensor>,
+    ) -> Result<Tensor> {
         let mut out = x.zeros_like()?;
+        let flat = trainable.map(Tensor::flatten_all).transpose()?;
         for (e, expert) in self.experts.iter().enumerate() {
-            let (mut rows, mut scale) = (Vec::new(), Vec::new());
+            let (mut rows, mut scale, mut slots) = (Vec::new(), Vec::new(), Vec::new());
             for (r, (chosen, w)) in routing.experts.iter().zip(&routing.weights).enumerate() {
                 if let Some(k) = chosen.iter().position(|&c| c == e) {
                     rows.push(r as u32);
                     scale.push(w[k]);
+                    slots.push((r * chosen.len() + k) as u32);
                 }
             }
             if rows.is_empty() {
@@ -513,7 +547,13 @@ impl Experts {
             }
             let n = rows.len();
             let idx = Tensor::from_vec(rows, n, x.device())?;
-            let scale = Tensor::from_vec(scale, (n, 1), x.device())?.to_dtype(x.dtype())?;
+            let scale = match &flat {
+                Some(flat) => {
+                    let slots = Tensor::from_vec(slots, n, x.device())?;
+                    flat.index_select(&slots, 0)?.reshape((n, 1))?
+                }
+                None => Tensor::from_vec(scale, (n, 1), x.device())?.to_dtype(x.dtype())?,
+            };
             let y = expert
                 .forward(&x.index_select(&idx, 0)?)?
                 .broadcast_mul(&scale)?;

@@ -35,13 +35,22 @@ pub enum Layout {
         /// OLMo 3's sliding window.
         window: Option<usize>,
     },
+    /// Mixtral: Llama's attention, each layer's MLP a mixture of `experts`
+    /// gated MLPs of which a token reads its router's top `top_k`.
+    Mixtral {
+        /// Experts per layer.
+        experts: usize,
+        /// Experts each token reads.
+        top_k: usize,
+    },
 }
 
 impl std::str::FromStr for Layout {
     type Err = String;
 
     /// `llama`, `smollm3` (NoPE every 4th layer) or `smollm3:N`, `olmo2`,
-    /// `olmo3` (window 4096, transformers' default) or `olmo3:W`.
+    /// `olmo3` (window 4096, transformers' default) or `olmo3:W`, `mixtral`
+    /// (the top 2 of 8 experts) or `mixtral:E/K`.
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         let (name, arg) = match s.split_once(':') {
             Some((n, a)) => (n, Some(a)),
@@ -65,8 +74,28 @@ impl std::str::FromStr for Layout {
             "olmo3" => Ok(Layout::Olmo {
                 window: Some(number("sliding window")?.unwrap_or(4096)),
             }),
+            "mixtral" => {
+                let (experts, top_k) = match arg {
+                    None => (8, 2),
+                    Some(a) => {
+                        let parsed = a
+                            .split_once('/')
+                            .and_then(|(e, k)| Some((e.parse().ok()?, k.parse().ok()?)));
+                        match parsed {
+                            Some((e, k)) if k > 0 && k <= e => (e, k),
+                            _ => {
+                                return Err(format!(
+                                    "{s:?}: after ':' give EXPERTS/TOP_K, 0 < TOP_K <= EXPERTS"
+                                ));
+                            }
+                        }
+                    }
+                };
+                Ok(Layout::Mixtral { experts, top_k })
+            }
             _ => Err(format!(
-                "{s:?} is not a layout: llama, smollm3[:NOPE_INTERVAL], olmo2, olmo3[:WINDOW]"
+                "{s:?} is not a layout: llama, smollm3[:NOPE_INTERVAL], olmo2, olmo3[:WINDOW], \
+                 mixtral[:EXPERTS/TOP_K]"
             )),
         }
     }
@@ -79,6 +108,7 @@ impl std::fmt::Display for Layout {
             Layout::Smollm3 { nope_interval } => write!(f, "smollm3:{nope_interval}"),
             Layout::Olmo { window: None } => f.write_str("olmo2"),
             Layout::Olmo { window: Some(w) } => write!(f, "olmo3:{w}"),
+            Layout::Mixtral { experts, top_k } => write!(f, "mixtral:{experts}/{top_k}"),
         }
     }
 }
@@ -195,6 +225,15 @@ impl LlamaShape {
                 self.num_kv_heads.to_string(),
             );
         }
+        if let Layout::Mixtral { experts, top_k } = self.layout
+            && !(experts <= MAX_SIZE && top_k > 0 && top_k <= experts)
+        {
+            return bad(
+                "layout",
+                format!("experts up to {MAX_SIZE} and a top-k in 1..=experts"),
+                format!("{experts} experts, top {top_k}"),
+            );
+        }
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
             return bad(
                 "rope_theta",
@@ -234,6 +273,10 @@ impl LlamaShape {
             Arch::Olmo2 => Layout::Olmo { window: None },
             Arch::Olmo3 => Layout::Olmo {
                 window: cfg.sliding_window.iter().flatten().next().copied(),
+            },
+            Arch::Mixtral => Layout::Mixtral {
+                experts: cfg.experts.map_or(0, |e| e.num_experts),
+                top_k: cfg.experts.map_or(0, |e| e.top_k),
             },
             _ => Layout::Llama,
         };
@@ -308,6 +351,13 @@ impl LlamaShape {
                     map.insert("layer_types".into(), json!(types));
                 }
             }
+            Layout::Mixtral { experts, top_k } => {
+                map.remove("mlp_bias");
+                map.insert("architectures".into(), json!(["MixtralForCausalLM"]));
+                map.insert("model_type".into(), json!("mixtral"));
+                map.insert("num_local_experts".into(), json!(experts));
+                map.insert("num_experts_per_tok".into(), json!(top_k));
+            }
         }
         config
     }
@@ -341,12 +391,27 @@ impl LlamaShape {
                 (format!("{p}.self_attn.k_proj.weight"), vec![kv * hd, d]),
                 (format!("{p}.self_attn.v_proj.weight"), vec![kv * hd, d]),
                 (format!("{p}.self_attn.o_proj.weight"), vec![d, h * hd]),
-                (format!("{p}.mlp.gate_proj.weight"), vec![i, d]),
-                (format!("{p}.mlp.up_proj.weight"), vec![i, d]),
-                (format!("{p}.mlp.down_proj.weight"), vec![d, i]),
             ]);
+            match self.layout {
+                Layout::Mixtral { experts, .. } => {
+                    let moe = format!("{p}.block_sparse_moe");
+                    out.push((format!("{moe}.gate.weight"), vec![experts, d]));
+                    for e in 0..experts {
+                        out.extend([
+                            (format!("{moe}.experts.{e}.w1.weight"), vec![i, d]),
+                            (format!("{moe}.experts.{e}.w2.weight"), vec![d, i]),
+                            (format!("{moe}.experts.{e}.w3.weight"), vec![i, d]),
+                        ]);
+                    }
+                }
+                _ => out.extend([
+                    (format!("{p}.mlp.gate_proj.weight"), vec![i, d]),
+                    (format!("{p}.mlp.up_proj.weight"), vec![i, d]),
+                    (format!("{p}.mlp.down_proj.weight"), vec![d, i]),
+                ]),
+            }
             let norms: &[(&str, usize)] = match self.layout {
-                Layout::Llama | Layout::Smollm3 { .. } => {
+                Layout::Llama | Layout::Smollm3 { .. } | Layout::Mixtral { .. } => {
                     &[("input_layernorm", d), ("post_attention_layernorm", d)]
                 }
                 Layout::Olmo { .. } => &[
@@ -454,6 +519,10 @@ mod tests {
             Layout::Smollm3 { nope_interval: 2 },
             Layout::Olmo { window: None },
             Layout::Olmo { window: Some(8) },
+            Layout::Mixtral {
+                experts: 4,
+                top_k: 2,
+            },
         ] {
             let s = LlamaShape { layout, ..shape() };
             let cfg = s.model_config(TOKENS).unwrap();
@@ -492,11 +561,31 @@ mod tests {
             ..shape()
         };
         assert_eq!(bad.validate().unwrap_err().field, "layout.nope_interval");
-        for text in ["llama", "smollm3:2", "olmo2", "olmo3:64"] {
+        let bad = LlamaShape {
+            layout: Layout::Mixtral {
+                experts: 2,
+                top_k: 3,
+            },
+            ..shape()
+        };
+        assert_eq!(bad.validate().unwrap_err().field, "layout");
+        for text in ["llama", "smollm3:2", "olmo2", "olmo3:64", "mixtral:4/2"] {
             let layout: Layout = text.parse().unwrap();
             assert_eq!(layout.to_string(), text);
         }
-        for text in ["olmo3:0", "smollm3:x", "llama:2", "gemma4"] {
+        assert_eq!(
+            "mixtral".parse::<Layout>().unwrap().to_string(),
+            "mixtral:8/2"
+        );
+        for text in [
+            "olmo3:0",
+            "smollm3:x",
+            "llama:2",
+            "gemma4",
+            "mixtral:4",
+            "mixtral:2/3",
+            "mixtral:4/0",
+        ] {
             assert!(text.parse::<Layout>().is_err(), "{text}");
         }
     }

@@ -548,6 +548,9 @@ impl ModelShape {
             Layout::Llama => Family::Llama,
             Layout::Smollm3 { .. } => Family::Smollm3,
             Layout::Olmo { .. } => Family::Olmo,
+            // refused by `validate_own`: a synthesized shape's experts are
+            // its `experts` field
+            Layout::Mixtral { .. } => Family::Mixtral,
         }
     }
 
@@ -598,6 +601,13 @@ impl ModelShape {
             && (hd == 0 || hd % 2 == 1 || hd > lcut_model::config::MAX_SIZE)
         {
             return bad("head_dim", "a positive even width".into(), hd.to_string());
+        }
+        if let Layout::Mixtral { .. } = self.sizes.layout {
+            return bad(
+                "sizes.layout",
+                "a layout without experts (a shape's experts are its `experts` field)".into(),
+                self.sizes.layout.to_string(),
+            );
         }
         let Some(e) = self.experts else {
             return Ok(());

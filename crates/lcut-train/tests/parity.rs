@@ -70,7 +70,8 @@ fn check(folder: &Path, policy_text: &str) -> Result<f32> {
 }
 
 /// A random checkpoint of every layout (Llama's; SmolLM3's layers without
-/// RoPE; OLMo's norms after the blocks, with and without sliding layers)
+/// RoPE; OLMo's norms after the blocks, with and without sliding layers;
+/// Mixtral's experts, the routing weights as the trainer computes them)
 /// gives, batched by the trainer, the logits the decoder gives each
 /// sequence alone, under every policy.
 #[test]
@@ -80,6 +81,10 @@ fn random_checkpoint_matches_the_decoder() -> Result<()> {
         lcut_model::Layout::Smollm3 { nope_interval: 2 },
         lcut_model::Layout::Olmo { window: None },
         lcut_model::Layout::Olmo { window: Some(6) },
+        lcut_model::Layout::Mixtral {
+            experts: 4,
+            top_k: 2,
+        },
     ] {
         random_checkpoint(layout)?;
     }

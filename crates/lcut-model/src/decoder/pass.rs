@@ -430,7 +430,12 @@ impl LayerExecutor for TensorRows<'_, '_, '_> {
                 routing: &routing,
             })?;
         }
-        self.branch = Some(experts.forward_routed(&x, &routing)?);
+        // training: the router learns through the weights
+        let trainable = match x.track_op() {
+            true => Some(experts.trainable_weights(&x, &routing)?),
+            false => None,
+        };
+        self.branch = Some(experts.forward_routed(&x, &routing, trainable.as_ref())?);
         Ok(())
     }
 
