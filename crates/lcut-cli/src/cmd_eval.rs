@@ -176,6 +176,12 @@ fn run_suite(args: &EvalCommand, path: &Path) -> Result<Vec<SuiteEval>> {
     if let Some(note) = crate::common::press_layers_note(&session.model, &resolved) {
         eprintln!("{note}");
     }
+    // an adapted model's policies each run their own prompt beside the base
+    if base.is_none()
+        && let Some(note) = crate::common::shared_run_note(&session, &items, &resolved)?
+    {
+        eprintln!("{note}");
+    }
     let names: Vec<String> = resolved.iter().map(ToString::to_string).collect();
     let todo = lcut_engine::diagnose::shard_indices(items.len(), shard)?.len();
     let bar = crate::common::count_bar(todo, "items");

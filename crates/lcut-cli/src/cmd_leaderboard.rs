@@ -121,6 +121,9 @@ pub fn run(args: &EvalCommand, path: &Path, ratios: &str) -> Result<()> {
     if let Some(note) = crate::common::press_layers_note(&session.model, &resolved) {
         eprintln!("{note}");
     }
+    if let Some(note) = crate::common::shared_run_note(&session, &items, &resolved)? {
+        eprintln!("{note}");
+    }
     let todo = lcut_engine::diagnose::shard_indices(items.len(), shard)?.len();
     if !done.is_empty() {
         eprintln!(

@@ -261,6 +261,36 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         .with_context(|| format!("writing {}", path.display()))
 }
 
+/// The line that names the policies among `policies` that run their own
+/// prompt in a run that shares one prompt run per item (`lcut eval`'s
+/// suite and grid), and why, as the first of `items` shows; `None` where
+/// every one branches from it (or there are no items).
+pub fn shared_run_note(
+    session: &lcut_engine::Session,
+    items: &[lcut_engine::suite::SuiteItem],
+    policies: &[lcut_policy::Policy],
+) -> Result<Option<String>> {
+    let Some(first) = items.first() else {
+        return Ok(None);
+    };
+    let prompt = first.prepare(session)?;
+    let routes = lcut_engine::routes(&session.model, &prompt, policies)?;
+    let apart: Vec<String> = policies
+        .iter()
+        .zip(routes)
+        .filter_map(|(p, r)| match r {
+            lcut_engine::Route::Alone(why) => Some(format!("{p} ({why})")),
+            _ => None,
+        })
+        .collect();
+    Ok((!apart.is_empty()).then(|| {
+        format!(
+            "run apart, each on its own prompt run per item (the others share one): {}",
+            apart.join("; ")
+        )
+    }))
+}
+
 /// The line that says which layers the presses among `policies` compress on
 /// `model` where some of its layers slide: those it leaves as the model
 /// holds them (kvpress's rule for Gemma 3); `None` where no press runs or

@@ -167,10 +167,13 @@ fn a_press_scores_the_same_beside_other_presses_as_alone() {
     let tmp = tempfile::tempdir().unwrap();
     let suite = write_suite(tmp.path());
     let dir = |name: &str| tmp.path().join(name);
-    let run = |policies: &str, out: &str| {
+    let run = |policies: &str, out: &str| -> String {
         std::fs::create_dir_all(dir(out)).unwrap();
         let json = dir(out).join("r.json");
-        ok(&copy_eval(&suite, policies, json.to_str().unwrap()), &[]);
+        let out = lcut(&copy_eval(&suite, policies, json.to_str().unwrap()), &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        stderr
     };
     // the second Expected Attention counts its statistics from another
     // position: it cannot share the run, and runs its own prompt
@@ -181,7 +184,16 @@ fn a_press_scores_the_same_beside_other_presses_as_alone() {
         "knorm:0.5",
         "expected:0.5+sink:3",
     ];
-    run(&format!("full,{}", presses.join(",")), "together");
+    let said = run(&format!("full,{}", presses.join(",")), "together");
+    // the one that runs apart is named, with why
+    let apart = said
+        .lines()
+        .find(|l| l.starts_with("run apart"))
+        .unwrap_or("");
+    assert!(
+        apart.contains("sink:3") && apart.contains("another span") && !apart.contains("tova"),
+        "{said}"
+    );
     for (k, press) in presses.iter().enumerate() {
         let alone = format!("alone{k}");
         run(&format!("full,{press}"), &alone);

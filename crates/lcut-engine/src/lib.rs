@@ -38,6 +38,7 @@ pub use generate::{
 pub use lcut_policy::SlimTrace;
 pub use prompt::PreparedPrompt;
 pub use session::Session;
+pub use shared_prefix::{Route, routes};
 pub use template::{ChatTemplate, Message};
 pub use text_prompt::{PromptTokenizer, SplitPrompt};
 pub use together::{TOGETHER, run_together};

@@ -137,33 +137,84 @@ impl SharedPrefix {
         policy: Policy,
         phases: TokenPhases,
     ) -> Result<Option<Sequence>> {
-        if policy.reuses_full_prefill() {
-            return self.restricted(policy, phases).map(Some);
-        }
-        if self.presses.contains(&policy) {
-            return Ok(Some(self.seq.retargeted(policy)?));
-        }
-        if staged_from_full(model, &policy).is_some() {
-            return Ok(Some(model.staged_from(
-                &self.seq,
-                policy,
-                phases,
-                &self.record,
-            )?));
-        }
-        let rule = policy.visibility(phases);
-        if !model
-            .projected_exits(rule.as_ref(), phases.decode_start())
-            .is_empty()
-        {
-            return Ok(Some(model.projected_from(
-                &self.seq,
-                policy,
-                phases,
-                &self.record,
-            )?));
-        }
-        Ok(None)
+        Ok(match route(model, &self.presses, &policy, phases) {
+            Route::Restricted => Some(self.restricted(policy, phases)?),
+            Route::Retargeted => Some(self.seq.retargeted(policy)?),
+            Route::Staged => Some(model.staged_from(&self.seq, policy, phases, &self.record)?),
+            Route::Projected => {
+                Some(model.projected_from(&self.seq, policy, phases, &self.record)?)
+            }
+            Route::Alone(_) => None,
+        })
+    }
+}
+
+/// How a policy takes its state before the decode start from a prompt run
+/// shared at full depth, or why it runs its own prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// The run's caches, restricted to the rows the policy keeps (the full
+    /// model, SPEED, kept heads, knockout bands).
+    Restricted,
+    /// The run retargeted to the press, which decides at the decode start.
+    Retargeted,
+    /// SlimInfer: the run's layers below its first cut, the recorded states
+    /// entering the cut and the queries its first stage reads.
+    Staged,
+    /// SwiftKV, POP: the run's lower layers, the upper K/V projected from the
+    /// recorded states entering the layer where the prompt leaves.
+    Projected,
+    /// The policy runs its own prompt, for the reason given.
+    Alone(&'static str),
+}
+
+/// How each of `policies` takes its state from one shared run of `prompt`
+/// on `model` (the run the suite, the leaderboard and the sweep make).
+pub fn routes(model: &Decoder, prompt: &PreparedPrompt, policies: &[Policy]) -> Result<Vec<Route>> {
+    let presses = shared_presses(policies);
+    policies
+        .iter()
+        .map(|p| Ok(route(model, &presses, p, prompt.phases(p)?)))
+        .collect()
+}
+
+/// How `policy` takes its state from a shared run that observed for
+/// `presses`.
+fn route(model: &Decoder, presses: &[Policy], policy: &Policy, phases: TokenPhases) -> Route {
+    if policy.reuses_full_prefill() {
+        return Route::Restricted;
+    }
+    if policy.press().is_some() {
+        return match presses.contains(policy) {
+            true => Route::Retargeted,
+            false => Route::Alone(
+                "its statistics cover another span of the prompt than the other presses' do",
+            ),
+        };
+    }
+    let per_layer_inputs =
+        "the model gives each layer an input of its own, which the shared run does not record";
+    if policy.slim().is_some() {
+        let first = policy.slim().and_then(|s| s.cuts().first().copied());
+        return match staged_from_full(model, policy) {
+            Some(_) => Route::Staged,
+            None if first == Some(0) => Route::Alone("its first stage begins at layer 0"),
+            None if model.has_layer_inputs() => Route::Alone(per_layer_inputs),
+            None => Route::Alone(
+                "a layer below its first cut slides: the shared run drops keys there that its \
+                 first stage decides from",
+            ),
+        };
+    }
+    let rule = policy.visibility(phases);
+    match model
+        .projected_exits(rule.as_ref(), phases.decode_start())
+        .len()
+    {
+        0 => Route::Alone("lcut takes no state of this family from a full run"),
+        _ if model.has_layer_inputs() => Route::Alone(per_layer_inputs),
+        1 => Route::Projected,
+        _ => Route::Alone("its prompt tokens leave the model at more than one layer"),
     }
 }
 
@@ -222,4 +273,53 @@ fn shared_presses(policies: &[Policy]) -> Vec<Policy> {
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lcut_model::{DType, Device};
+    use lcut_policy::PolicySpec;
+
+    fn routes_on(case: &str, policies: &[&str]) -> Vec<Route> {
+        let model = Decoder::load(&lcut_testkit::oracle_case(case), DType::F32, &Device::Cpu)
+            .expect("the reference model loads");
+        let layers = model.config().num_layers;
+        let policies: Vec<Policy> = policies
+            .iter()
+            .map(|p| p.parse::<PolicySpec>().unwrap().resolve(layers).unwrap())
+            .collect();
+        let prompt = PreparedPrompt::from_ids((1..30).collect(), Some(24)).unwrap();
+        routes(&model, &prompt, &policies).unwrap()
+    }
+
+    /// Each family takes its state from the shared run as it can; a press
+    /// whose statistics cover another span, and SlimInfer where a layer
+    /// below its first cut slides, run their own prompt and say why.
+    #[test]
+    fn each_policy_routes_as_the_shared_run_can_serve_it() {
+        let policies = [
+            "full",
+            "speed:2+bos",
+            "snapkv:0.5+window:4",
+            "expected:0.5+sink:2",
+            "expected:0.5+sink:3",
+            "slim:2@50%+block:2+unit:1",
+            "swiftkv:2+bos",
+        ];
+        let got = routes_on("llama-gqa", &policies);
+        use Route::*;
+        assert_eq!(got[..3], [Restricted, Restricted, Retargeted]);
+        assert_eq!(got[3], Retargeted);
+        assert!(
+            matches!(got[4], Alone(why) if why.contains("another span")),
+            "{got:?}"
+        );
+        assert_eq!(got[5..], [Staged, Projected]);
+        let sliding = routes_on("gemma3-sliding", &["slim:2@50%+block:2+unit:1"]);
+        assert!(
+            matches!(sliding[0], Alone(why) if why.contains("slides")),
+            "{sliding:?}"
+        );
+    }
 }
