@@ -682,6 +682,31 @@ fn bad_input_is_named() {
         "{err}"
     );
     assert!(!json.exists(), "a refused run wrote {json_s}");
+    // an item that does not fit the memory free even one policy at a time
+    let tiny = lcut(
+        &[
+            "eval",
+            "--model",
+            "fixtures/models/copy-full",
+            "--suite",
+            &suite,
+            "--policies",
+            "full,speed:2+bos",
+            "--json",
+            json_s,
+        ],
+        &[("LCUT_AVAILABLE_MEMORY", "1K")],
+    );
+    let err = String::from_utf8_lossy(&tiny.stderr);
+    assert!(!tiny.status.success());
+    assert!(
+        err.contains("memory: the largest item holds about")
+            && err.contains("the memory free cannot run 5 of the 5 item(s)")
+            && err.contains("an item's run needs about")
+            && err.contains("nothing was run"),
+        "{err}"
+    );
+    assert!(!json.exists(), "a refused run wrote {json_s}");
 }
 
 #[test]
