@@ -27,11 +27,13 @@ use crate::prompt::PreparedPrompt;
 use crate::shared_prefix::SharedPrefix;
 
 /// The part of the memory free that a run plans its items' groups for:
-/// nine tenths, the rest left to the allocator's slack (a SmolLM2 RULER-4K
-/// item under the whole leaderboard grid peaked at 4.3 GiB resident against
-/// an estimate of 3.9 GiB beside 0.1 GiB of weights and code).
+/// three quarters, the rest left to what the estimate leaves out (the
+/// allocator's slack, the decode steps' scratch). A RULER-4K item under the
+/// whole leaderboard grid peaked at 4.2 GiB resident on SmolLM2 (estimate
+/// 3.5 GiB beside 0.1 GiB of weights and code) and at 2.6 GiB on Gemma 3
+/// 270M (estimate 2.0 GiB beside 0.3 GiB).
 pub fn planned_share(free: u64) -> u64 {
-    free - free / 10
+    free / 4 * 3
 }
 
 /// Bytes an item's run holds beyond the weights, by part.
@@ -60,22 +62,34 @@ impl ItemMemory {
     ) -> Result<Self> {
         let cfg = model.config();
         let full = Policy::full(cfg.num_layers);
-        let cost = |policy: &Policy| -> Result<KvCost> {
+        let len = prompt.len() + max_new;
+        // the buffers a sequence of the policy allocates for the whole run
+        let kv = |policy: &Policy| -> Result<u64> {
+            let rule = policy.visibility(prompt.phases(policy)?);
+            Ok(model.kv_bytes_reserved(rule.as_ref(), len))
+        };
+        let full_kv = kv(&full)?;
+        // what a policy holds at the end, as a share of the full model's
+        let held = |policy: &Policy| -> Result<u64> {
             let phases = prompt.phases(policy)?;
-            Ok(KvCost {
+            let cost = KvCost {
                 anchors: phases.anchor_len(),
                 prefill: phases.prefill_len(),
-                decode: prompt.len() - prompt.decode_start + max_new,
-            })
+                decode: len - prompt.decode_start,
+            };
+            Ok(model.kv_bytes_for(policy, &cost))
         };
-        let full_kv = model.kv_bytes_for(&full, &cost(&full)?);
+        let full_held = held(&full)?.max(1);
         let rows = (max_new * cfg.vocab_size * 4) as u64;
         let record = SharedPrefix::record_bytes(model, prompt, policies, chunk)?;
         let per_policy = policies
             .iter()
-            .map(|p| match p.is_full_depth() {
-                true => Ok(0),
-                false => Ok(2 * model.kv_bytes_for(p, &cost(p)?)),
+            .map(|p| match (p.is_full_depth(), p.press()) {
+                (true, _) => Ok(0),
+                // a press makes room for the whole prompt until it decides,
+                // then keeps its share in buffers of that size
+                (false, Some(_)) => Ok(2 * full_kv * held(p)? / full_held),
+                (false, None) => Ok(2 * kv(p)?),
             })
             .collect::<Result<Vec<_>>>()?;
         let decides_at_end = policies

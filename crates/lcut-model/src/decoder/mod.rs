@@ -412,6 +412,26 @@ impl Decoder {
         Some(self.sharing.held_bytes(rule, len, &shapes, &windows, bytes))
     }
 
+    /// Bytes of the K/V buffers a sequence under `rule` makes room for to
+    /// run `len` tokens ([`Sequence::reserve`]'s rows): what its caches
+    /// allocate, which a sliding layer's make twice its window
+    /// ([`crate::memory::window_cache_rows`]) where the policy's count
+    /// ([`Decoder::kv_bytes_for`]) holds one window.
+    pub fn kv_bytes_reserved(&self, rule: &dyn lcut_policy::Visibility, len: usize) -> u64 {
+        let bytes = self.kv_dtype.size_in_bytes() as u64;
+        self.layers
+            .iter()
+            .enumerate()
+            .filter(|(l, _)| self.sharing.stores(*l))
+            .map(|(l, layer)| {
+                let rows = rule.accounting().kv_rows(l, 0, len);
+                let rows = crate::memory::window_cache_rows(layer.window, rows) as u64;
+                let row = 2 * (layer.attn.num_kv_heads() * layer.attn.head_dim()) as u64 * bytes;
+                rows * row
+            })
+            .sum()
+    }
+
     /// A new, empty sequence under `policy` with the given token phases.
     pub fn new_sequence(&self, policy: Policy, phases: TokenPhases) -> Result<Sequence> {
         if policy.num_layers() != self.cfg.num_layers {
