@@ -430,7 +430,7 @@ impl LayerExecutor for TensorRows<'_, '_, '_> {
                 routing: &routing,
             })?;
         }
-        self.branch = Some(experts.forward_routed(&x, &routing)?);
+        self.branch = Some(super::grouped::experts_forward(experts, &x, &routing)?);
         Ok(())
     }
 
