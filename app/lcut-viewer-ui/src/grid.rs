@@ -116,6 +116,9 @@ pub struct SelectionGrids {
     pub by_head: Grid,
     /// Per-layer attention on BoS.
     pub bos: Vec<f32>,
+    /// Per-layer attention on no key (a learned sink's share, gpt-oss);
+    /// `None` for a model without sinks.
+    pub sink: Option<Vec<f32>>,
 }
 
 impl SelectionGrids {
@@ -125,6 +128,7 @@ impl SelectionGrids {
             by_step: mean_over_heads(&t.prefill),
             by_head: mean_over_steps(&t.prefill),
             bos: mean_per_layer(&t.bos),
+            sink: t.sink.as_ref().map(mean_per_layer),
         }
     }
 
@@ -134,6 +138,7 @@ impl SelectionGrids {
             by_step: Grid::from_tensor(&c.prefill_by_step),
             by_head: Grid::from_tensor(&c.prefill_by_head),
             bos: c.bos.to_vec(),
+            sink: (!c.sink.is_empty()).then(|| c.sink.to_vec()),
         }
     }
 }

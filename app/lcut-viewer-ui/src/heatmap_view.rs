@@ -146,12 +146,17 @@ pub fn show_heatmaps(
     show_head_row(ui, loaded, &frame);
 }
 
-/// Row 1: BoS apart, then layer × decode step.
+/// Row 1: BoS apart (and a learned sink's share beside it, where the model
+/// has sinks), then layer × decode step.
 fn show_step_row(ui: &mut Ui, loaded: &mut LoadedReport, frame: &Frame) {
     let by_step = loaded.grids.by_step.clone();
     let bos = Grid::column(&loaded.grids.bos);
+    let sink = loaded.grids.sink.as_deref().map(Grid::column);
     let step_range = ValueRange::of(by_step.values.iter().copied(), frame.scale);
     let bos_range = ValueRange::of(bos.values.iter().copied(), frame.scale);
+    let sink_range = sink
+        .as_ref()
+        .map(|s| ValueRange::of(s.values.iter().copied(), frame.scale));
     ui.label(match loaded.prompt {
         Some(_) => "Decode-to-prefill attention mass, layer × decode step (mean over heads)",
         None => {
@@ -178,6 +183,18 @@ fn show_step_row(ui: &mut Ui, loaded: &mut LoadedReport, frame: &Frame) {
             let opts = opts("heatmap_bos", "BoS", bos_range);
             show_heatmap(ui, &mut loaded.caches.bos, &src, &opts);
         });
+        if let (Some(sink), Some(range)) = (&sink, sink_range) {
+            ui.vertical(|ui| {
+                ui.set_width(110.0);
+                let src = FixedGrid {
+                    grid: sink,
+                    x0: 0.0,
+                    hover: |l: usize, _c: usize, v: f32| format!("layer {l}\nsink share {v:.4}"),
+                };
+                let opts = opts("heatmap_sink", "sink", range);
+                show_heatmap(ui, &mut loaded.caches.sink, &src, &opts);
+            });
+        }
         ui.vertical(|ui| {
             let mut cache = std::mem::take(&mut loaded.caches.by_step);
             {
@@ -196,6 +213,10 @@ fn show_step_row(ui: &mut Ui, loaded: &mut LoadedReport, frame: &Frame) {
     ui.horizontal(|ui| {
         show_legend(ui, "BoS mass", &bos_range);
         ui.separator();
+        if let Some(range) = &sink_range {
+            show_legend(ui, "sink share (no key)", range);
+            ui.separator();
+        }
         show_legend(ui, "prefill mass", &step_range);
     });
 }

@@ -21,6 +21,8 @@ pub struct HeatmapCaches {
     pub by_head: HeatmapCache,
     /// BoS column.
     pub bos: HeatmapCache,
+    /// The sink's column (a model with attention sinks).
+    pub sink: HeatmapCache,
     /// Layer × expert load (a mixture-of-experts model's routing view).
     pub routing_load: HeatmapCache,
 }

@@ -82,6 +82,7 @@ pub fn metric_colour(name: &str) -> Color32 {
         "knockout_top1" => GREEN,
         "routing_entropy" => BLUE,
         "routing_overlap" => ORANGE,
+        "sink" => ORANGE,
         _ => Color32::LIGHT_GRAY,
     }
 }

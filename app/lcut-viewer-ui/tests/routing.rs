@@ -50,7 +50,7 @@ fn a_moe_report_offers_the_routing_view_and_a_dense_one_does_not() {
     let c = moe.curves.routing.as_ref().unwrap();
     // the sentence, the heatmap's and the plots' captions
     for text in [
-        "Routing (qwen3_moe: top 2 of 8 experts",
+        "Routing (gpt_oss: top 2 of 8 experts",
         "Expert load, layer × expert",
         "Per layer: the router's entropy / ln 8",
         "Sweep: mean top-k overlap",
@@ -82,4 +82,31 @@ fn a_moe_report_offers_the_routing_view_and_a_dense_one_does_not() {
     assert_ne!(h.state().view.tab, Tab::Routing);
     assert!(h.query_by_label("Routing").is_none());
     assert!(h.query_by_label("Heatmaps").is_some());
+}
+
+/// A report of a model with attention sinks (the synthetic one is gpt-oss)
+/// shows the sink's share per layer beside BoS's on the heatmaps; a dense
+/// model's report shows BoS alone.
+#[test]
+fn a_report_with_sinks_shows_the_sink_share_beside_bos() {
+    let dir = tempfile::tempdir().unwrap();
+    let moe = synthetic_moe_report(3, 6, 2, false).unwrap();
+    assert_eq!(moe.curves.sink.len(), 6);
+    let path = write_report(&moe, &dir.path().join("moe"), Format::Json).unwrap();
+    let mut h = harness();
+    drop_report(&mut h, path);
+    h.get_by_label("Heatmaps").click();
+    h.run_steps(3);
+    assert!(h.query_by_label_contains("sink share (no key)").is_some());
+    let caches = &h.state().loaded.as_ref().unwrap().caches;
+    assert!(caches.sink.rebuilds >= 1);
+    assert_eq!(caches.sink.texture_size(), Some([1, 6]));
+
+    let dense = synthetic_report(3, 6, 2, false).unwrap();
+    assert!(dense.curves.sink.is_empty());
+    let path = write_report(&dense, &dir.path().join("dense"), Format::Json).unwrap();
+    drop_report(&mut h, path);
+    h.run_steps(3);
+    assert!(h.query_by_label_contains("BoS mass").is_some());
+    assert!(h.query_by_label_contains("sink share (no key)").is_none());
 }

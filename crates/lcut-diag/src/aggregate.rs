@@ -75,6 +75,26 @@ fn mass_curve(traces: &[PromptTrace], l: usize, pick: fn(&PromptTrace) -> &Tenso
     over_prompts(&per_prompt, l)
 }
 
+/// The sink's share per layer where every trace holds it (a model with
+/// sinks), else empty.
+fn sink_curve(traces: &[PromptTrace], l: usize) -> Series {
+    let per_prompt: Option<Vec<Vec<f32>>> = traces
+        .iter()
+        .map(|t| {
+            let v = t.sink.as_ref()?.view();
+            Some(
+                (0..l)
+                    .map(|i| layer_means(v.index_axis(Axis(0), i)))
+                    .collect(),
+            )
+        })
+        .collect();
+    match per_prompt {
+        Some(p) if !p.is_empty() => over_prompts(&p, l),
+        _ => Series::default(),
+    }
+}
+
 fn weighted_entropy(traces: &[PromptTrace], l: usize) -> Series {
     let mut num = vec![0.0f64; l];
     let mut den = vec![0.0f64; l];
@@ -172,6 +192,7 @@ pub fn aggregate(traces: &[PromptTrace]) -> Result<LayerCurves, DiagError> {
         prefill,
         decode: mass_curve(traces, l, |t| &t.decode),
         self_mass: mass_curve(traces, l, |t| &t.self_mass),
+        sink: sink_curve(traces, l),
         entropy_head_mean: over_prompts(&entropy_per_prompt, l),
         entropy_weighted: weighted_entropy(traces, l),
         straightening_prompt: straighten(&curvature_prompt),

@@ -155,6 +155,7 @@ mod tests {
             prefill: s(prefill),
             decode: Series::nan(l),
             self_mass: Series::nan(l),
+            sink: Series::default(),
             entropy_head_mean: s(entropy.clone()),
             entropy_weighted: s(entropy),
             curvature_prompt: s(curvature.clone()),

@@ -273,10 +273,11 @@ pub fn synthetic_report(
     report_of(num_prompts, num_layers, num_heads, with_sweep, false)
 }
 
-/// [`synthetic_report`] of a mixture-of-experts model: 8 experts, 2 per
-/// token, routing at the layers of [`synthetic_sparse_layers`]
-/// ([`synthetic_routing`]), compared with SPEED+BoS at half the depth, and
-/// the sweep's points with a routing overlap.
+/// [`synthetic_report`] of a mixture-of-experts model with attention
+/// sinks (gpt-oss): 8 experts, 2 per token, routing at the layers of
+/// [`synthetic_sparse_layers`] ([`synthetic_routing`]), compared with
+/// SPEED+BoS at half the depth, the sweep's points with a routing overlap,
+/// and a sink that takes part of BoS's mass ([`with_sink`]).
 pub fn synthetic_moe_report(
     num_prompts: usize,
     num_layers: usize,
@@ -284,6 +285,30 @@ pub fn synthetic_moe_report(
     with_sweep: bool,
 ) -> Result<Report, DiagError> {
     report_of(num_prompts, num_layers, num_heads, with_sweep, true)
+}
+
+/// Give `tr` a learned sink's share: 0.4 of BoS's mass at every layer,
+/// step and head goes to no key (masses still sum to one; the prompt map's
+/// first bin loses the mean it moved).
+pub fn with_sink(tr: &mut PromptTrace) {
+    let mut sink = tr.bos.clone();
+    for (s, b) in sink.view_mut().iter_mut().zip(tr.bos.view_mut().iter_mut()) {
+        *s = 0.4 * *b;
+        *b -= *s;
+    }
+    for l in 0..tr.num_layers {
+        let lane = sink.view();
+        let lane = lane.index_axis(ndarray::Axis(0), l);
+        let moved = if lane.is_empty() {
+            0.0
+        } else {
+            lane.sum() / lane.len() as f32
+        };
+        if tr.num_bins() > 0 {
+            tr.prompt_attention.view_mut()[[l, 0]] -= moved;
+        }
+    }
+    tr.sink = Some(sink);
 }
 
 /// The synthetic report, dense or routed (`moe`).
@@ -297,7 +322,7 @@ fn report_of(
     let mut model = synthetic_model(num_layers, num_heads);
     let compared = format!("speed:{}+bos", (num_layers / 2).max(1));
     if moe {
-        model.arch = "qwen3_moe".into();
+        model.arch = "gpt_oss".into();
     }
     let mut settings = synthetic_settings();
     if moe {
@@ -310,6 +335,7 @@ fn report_of(
             if moe {
                 let routing = synthetic_routing(i, num_layers, steps, (8, 2), Some(&compared));
                 t.routing = Some(routing);
+                with_sink(&mut t);
             }
             t
         })

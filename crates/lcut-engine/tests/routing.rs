@@ -114,7 +114,39 @@ fn diagnose_reports_entropy_load_and_overlap_at_every_sparse_layer() -> Result<(
         let json = serde_json::to_string(&r)?;
         let back: Report = serde_json::from_str(&json)?;
         ensure!(back.curves.routing == r.curves.routing);
+        sink_shares(case, cfg.attention_sinks, &r)?;
+        ensure!(back.curves.sink == r.curves.sink);
     }
+    Ok(())
+}
+
+/// gpt-oss's traces hold each head's sink share at every layer and step,
+/// which with the five phase masses makes the whole softmax (1), and the
+/// curves its mean per layer; a model without sinks holds none.
+fn sink_shares(case: &str, sinks: bool, r: &Report) -> Result<()> {
+    if !sinks {
+        ensure!(
+            r.traces.iter().all(|t| t.sink.is_none()) && r.curves.sink.is_empty(),
+            "{case}: a sink's share without sinks"
+        );
+        return Ok(());
+    }
+    for t in &r.traces {
+        let sink = t.sink.as_ref().context("no sink share")?;
+        ensure!(
+            sink.data().iter().all(|&x| (0.0..=1.0).contains(&x))
+                && sink.data().iter().any(|&x| x > 1e-3),
+            "{case}: sink shares out of range or all zero"
+        );
+        let total = t.mass_totals();
+        ensure!(
+            total.iter().all(|&x| (x - 1.0).abs() < 1e-4),
+            "{case}: masses and sink do not sum to 1"
+        );
+    }
+    let l = r.curves.num_layers;
+    ensure!(r.curves.sink.len() == l, "{case}: {:?}", r.curves.sink);
+    ensure!(r.curves.sink.iter().all(|&x| x > 0.0 && x < 1.0), "{case}");
     Ok(())
 }
 
@@ -281,6 +313,7 @@ fn a_dense_model_has_no_routing_and_refuses_a_routing_policy() -> Result<()> {
     ensure!(r.curves.routing.is_none() && r.traces.iter().all(|t| t.routing.is_none()));
     let json = serde_json::to_string(&r)?;
     ensure!(!json.contains("routing"), "a dense report names no routing");
+    ensure!(!json.contains("\"sink\""), "a dense report names no sink");
     let swept = sweep(
         &s,
         &prompts,

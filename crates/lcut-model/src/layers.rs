@@ -187,11 +187,6 @@ impl Mlp {
         &self.down
     }
 
-    /// The gate's activation.
-    pub(crate) fn activation(&self) -> Activation {
-        self.activation
-    }
-
     pub(crate) fn load(ld: &Loader<'_>, prefix: &str) -> Result<Self> {
         let (d, i) = (ld.cfg.hidden_size, ld.cfg.intermediate_size);
         if !ld.cfg.fused_gate_up {
@@ -289,6 +284,16 @@ impl Mlp {
                 )
             }
         })
+    }
+
+    /// The kernels' form of the gated activation.
+    pub(crate) fn gate_activation(&self) -> lcut_kernels::ops::GateActivation {
+        use lcut_kernels::ops::GateActivation as G;
+        match self.activation {
+            Activation::Silu => G::Silu,
+            Activation::GeluTanh => G::GeluTanh,
+            Activation::ClampedSwiGlu { limit, alpha } => G::ClampedSwiGlu { limit, alpha },
+        }
     }
 
     /// The gated activation: the gate's activation times the up half.

@@ -18,7 +18,7 @@ use crate::mapped::MappedMatrix;
 /// product (candle's f32 GEMM) unless lcut's kernels have a chunk product
 /// for its format on this CPU (for a mapped matrix:
 /// [`crate::mapped::ProductPath::for_rows`]).
-const DEQUANTIZE_ROWS: usize = 32;
+pub(crate) const DEQUANTIZE_ROWS: usize = 32;
 
 /// Rows of `x` [.., in]: the product of every dimension but the last.
 fn rows(x: &Tensor) -> usize {

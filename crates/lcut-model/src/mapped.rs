@@ -287,26 +287,45 @@ impl MappedMatrix {
         if let Some(last) = out_dims.last_mut() {
             *last = self.rows;
         }
-        let path = ProductPath::for_rows(n, self.format, self.cols, dequantize_rows);
-        if path == ProductPath::Dequantized {
+        if ProductPath::for_rows(n, self.format, self.cols, dequantize_rows)
+            == ProductPath::Dequantized
+        {
             let w = Tensor::from_vec(self.dequantize()?, (self.rows, self.cols), &Device::Cpu)?;
             return Ok(x.broadcast_matmul(&w.t()?)?);
         }
         let xs = x.flatten_all()?.to_vec1::<f32>()?;
         let (mut y, mut scratch) = (vec![0f32; n * self.rows], Vec::new());
+        let mut input = ProductInput::new(&xs, n, self.cols);
+        self.product(&mut input, dequantize_rows, &mut y, &mut scratch)?;
+        Ok(Tensor::from_vec(y, out_dims, &Device::Cpu)?)
+    }
+
+    /// `x W^T` of `input`'s rows into `y` [n, rows] (Hugging Face row
+    /// order), by the rule of [`ProductPath::for_rows`]; the activations
+    /// are quantized once per kind for every matrix that reads `input`.
+    pub(crate) fn product(
+        &self,
+        input: &mut ProductInput<'_>,
+        dequantize_rows: usize,
+        y: &mut [f32],
+        scratch: &mut Vec<f32>,
+    ) -> Result<()> {
+        let n = input.n;
+        let path = ProductPath::for_rows(n, self.format, self.cols, dequantize_rows);
+        if path == ProductPath::Dequantized {
+            let w = Tensor::from_vec(self.dequantize()?, (self.rows, self.cols), &Device::Cpu)?;
+            let x = Tensor::from_slice(input.xs, (n, self.cols), &Device::Cpu)?;
+            let out = x.matmul(&w.t()?)?.flatten_all()?.to_vec1::<f32>()?;
+            y.copy_from_slice(&out);
+            return Ok(());
+        }
         let isa = Isa::detect();
         if path == ProductPath::Chunk && quant::takes_wide_activations(isa, self.format) {
-            let mut acts = Q16Rows::new();
-            acts.quantize(&xs, n, self.cols)?;
-            quant::matmul_wide(isa, &self.view(), &acts, &mut y, &mut scratch)?;
+            quant::matmul_wide(isa, &self.view(), input.wide()?, y, scratch)?;
+        } else if path == ProductPath::Batched {
+            quant::matvec(isa, &self.view(), input.narrow()?, y, scratch)?;
         } else {
-            let mut acts = Q8Rows::new();
-            acts.quantize(&xs, n, self.cols)?;
-            if path == ProductPath::Batched {
-                quant::matvec(isa, &self.view(), &acts, &mut y, &mut scratch)?;
-            } else {
-                quant::matmul(isa, &self.view(), &acts, &mut y, &mut scratch)?;
-            }
+            quant::matmul(isa, &self.view(), input.narrow()?, y, scratch)?;
         }
         if self.is_permuted() {
             let mut row = vec![0f32; self.rows];
@@ -315,7 +334,7 @@ impl MappedMatrix {
                 out.copy_from_slice(&row);
             }
         }
-        Ok(Tensor::from_vec(y, out_dims, &Device::Cpu)?)
+        Ok(())
     }
 
     /// Rows `ids` dequantized, [ids.len(), cols] (an embedding lookup).
@@ -326,5 +345,49 @@ impl MappedMatrix {
             v.dequantize_row(self.file_row(id as usize), row)?;
         }
         Ok(Tensor::from_vec(out, (ids.len(), self.cols), &Device::Cpu)?)
+    }
+}
+
+/// Activation rows [n, cols] in f32 and their quantized forms, each made
+/// on the first product that reads it, so that matrices reading the same
+/// rows (an MLP's gate and up) quantize them once.
+pub(crate) struct ProductInput<'a> {
+    xs: &'a [f32],
+    n: usize,
+    cols: usize,
+    narrow: Option<Q8Rows>,
+    wide: Option<Q16Rows>,
+}
+
+impl<'a> ProductInput<'a> {
+    /// The rows `xs` [n, cols].
+    pub(crate) fn new(xs: &'a [f32], n: usize, cols: usize) -> Self {
+        Self {
+            xs,
+            n,
+            cols,
+            narrow: None,
+            wide: None,
+        }
+    }
+
+    /// The rows quantized to 8 bits.
+    fn narrow(&mut self) -> Result<&Q8Rows> {
+        if self.narrow.is_none() {
+            let mut acts = Q8Rows::new();
+            acts.quantize(self.xs, self.n, self.cols)?;
+            self.narrow = Some(acts);
+        }
+        Ok(self.narrow.get_or_insert_with(Q8Rows::new))
+    }
+
+    /// The rows quantized to 16 bits.
+    fn wide(&mut self) -> Result<&Q16Rows> {
+        if self.wide.is_none() {
+            let mut acts = Q16Rows::new();
+            acts.quantize(self.xs, self.n, self.cols)?;
+            self.wide = Some(acts);
+        }
+        Ok(self.wide.get_or_insert_with(Q16Rows::new))
     }
 }

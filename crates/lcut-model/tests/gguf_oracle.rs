@@ -7,7 +7,7 @@
 //! Llama 3.1's `rope_freqs` are undone correctly.
 
 use anyhow::{Context, Result, ensure};
-use lcut_model::{DType, Decoder, Device, WeightMode, argmax_rows};
+use lcut_model::{DType, Decoder, Device, LogitRows, WeightMode, argmax_rows};
 use lcut_parity::{FULL_LOGITS, ReferenceCase, deviation};
 use lcut_testkit::oracle_case;
 
@@ -131,7 +131,10 @@ fn q8_0_dequantized_equals_transformers_on_the_same_file() -> Result<()> {
 /// dequantizes from the same file (`reference.mxfp4.safetensors`); kept
 /// quantized (the experts read in place as MXFP4 by the kernels), every
 /// policy stays within the quantized products' error of that dequantized
-/// path.
+/// path up to the one token whose router is a near-tie the 8-bit
+/// activations cross (SelfOnly at cut 3, position 32, layer 3: a margin of
+/// 0.0031 in the router's probabilities, where the activations move them
+/// by up to 0.0086 on the rows before it).
 #[test]
 fn mxfp4_experts_equal_transformers_on_the_same_file() -> Result<()> {
     let case = "moe/gptoss-gguf";
@@ -147,41 +150,162 @@ fn mxfp4_experts_equal_transformers_on_the_same_file() -> Result<()> {
     );
     let (_, quant) = load(case, "model.mxfp4.gguf", WeightMode::Quantized)?;
     let cfg = quant.config();
+    let top_k = cfg.experts.context("experts")?.top_k;
     let experts = 3 * cfg.experts.context("experts")?.num_experts * cfg.num_layers;
     ensure!(
         quant.mapped_matrices() >= experts,
         "{} matrices read in place, fewer than the {experts} experts",
         quant.mapped_matrices()
     );
-    let dense_pairs = reference.logit_pairs(&dense)?;
-    let quant_pairs = reference.logit_pairs(&quant)?;
-    ensure!(dense_pairs.len() > 1, "no policy logits");
-    // a router near-tie that the 8-bit activations tip runs other experts
-    // on a row (as in `routes`): measured on one policy of ten (0.18 of the
-    // logit scale; the others at most 0.019), so one policy may exceed the
-    // products' own bound, none its mean bound
-    let mut over = Vec::new();
-    for (dp, qp) in dense_pairs.iter().zip(&quant_pairs) {
-        let v = deviation(&qp.ours, &dp.ours)?;
-        let (max, mean) = (v.max_abs / v.scale, v.mean_abs / v.scale);
+    let dense_runs = routed_runs(&reference, &dense)?;
+    let quant_runs = routed_runs(&reference, &quant)?;
+    ensure!(dense_runs.len() > 1, "no policy logits");
+    // 8-bit activations move the router's probabilities a little; where a
+    // token's k-th and (k+1)-th experts are nearly tied, that sends the
+    // token to another expert and its logits move by far more than the
+    // products' error (as in `routes`). So each run is compared row by row
+    // up to the first token whose experts differ, and that token's router
+    // must be a near-tie: a margin below the largest change the 8-bit
+    // activations make to a router probability on the rows before it.
+    // The rows after it read a different history and are held to the mean
+    // bound only.
+    let mut flips = Vec::new();
+    for (d, q) in dense_runs.iter().zip(&quant_runs) {
+        let v = deviation(&q.logits, &d.logits)?;
+        let mean = v.mean_abs / v.scale;
         ensure!(
             mean <= QMATMUL_MEAN_REL,
             "{}: MXFP4 quantized vs dequantized mean {mean:.4} of the logit scale",
-            dp.key
+            d.key
         );
-        if max > QMATMUL_MAX_REL {
-            over.push(format!("{} (max {max:.4})", dp.key));
+        let flip = first_flip(d, q, top_k);
+        let before = flip.map_or(d.positions.len(), |(pos, _, _)| {
+            d.positions.partition_point(|&p| p < pos)
+        });
+        if before > 0 {
+            let rows = deviation(
+                &q.logits.narrow(0, 0, before)?,
+                &d.logits.narrow(0, 0, before)?,
+            )?;
+            let max = rows.max_abs / v.scale;
+            ensure!(
+                max <= QMATMUL_MAX_REL,
+                "{}: MXFP4 quantized vs dequantized max {max:.4} of the logit scale before {flip:?}",
+                d.key
+            );
+        }
+        if let Some((pos, layer, margin)) = flip {
+            let moved = router_shift(d, q, (pos, layer));
+            ensure!(
+                margin < moved,
+                "{}: position {pos} layer {layer} routes differently with a margin of {margin:e}, more than the {moved:e} the 8-bit activations move a router probability",
+                d.key
+            );
+            flips.push(format!(
+                "{} at {pos}/{layer}: {margin:.4} < {moved:.4}",
+                d.key
+            ));
         }
     }
-    ensure!(
-        over.len() <= 1
-            && !over
-                .iter()
-                .any(|k| k.starts_with(&format!("{FULL_LOGITS} "))),
-        "MXFP4 quantized vs dequantized beyond {QMATMUL_MAX_REL}: {}",
-        over.join(", ")
-    );
+    eprintln!("near-ties crossed (position/layer: margin < shift): {flips:?}");
     Ok(())
+}
+
+/// Records every token's routing at every layer of experts.
+#[derive(Default)]
+struct Routes {
+    /// (position, layer) -> (the router's probabilities, the chosen experts).
+    rows: std::collections::BTreeMap<(usize, usize), (Vec<f32>, Vec<usize>)>,
+}
+
+impl lcut_model::Probe for Routes {
+    fn wants_routing(&self, _layer: usize) -> bool {
+        true
+    }
+
+    fn on_routing(&mut self, view: lcut_model::RoutingView<'_>) -> lcut_model::Result<()> {
+        let r = view.routing;
+        for (i, &p) in view.positions.iter().enumerate() {
+            let row = (r.probs[i].clone(), r.experts[i].clone());
+            self.rows.insert((p, view.layer), row);
+        }
+        Ok(())
+    }
+}
+
+/// One of a case's runs (the full model, or a policy's decode rows), with
+/// the routing of every token.
+struct RoutedRun {
+    key: String,
+    /// The positions of the rows of `logits`.
+    positions: Vec<usize>,
+    logits: candle_core::Tensor,
+    routes: Routes,
+}
+
+/// The runs `ReferenceCase::logit_pairs` makes (the prompt in one chunk),
+/// each with its routing.
+fn routed_runs(reference: &ReferenceCase, model: &Decoder) -> Result<Vec<RoutedRun>> {
+    let mut routes = Routes::default();
+    let logits = model.teacher_forced_logits(&reference.ids, Some(&mut routes))?;
+    let mut runs = vec![RoutedRun {
+        key: FULL_LOGITS.to_string(),
+        positions: (0..reference.ids.len()).collect(),
+        logits,
+        routes,
+    }];
+    for policy in &reference.policies {
+        let (resolved, phases) = reference.resolve(policy, model.config().num_layers)?;
+        let s = phases.decode_start();
+        let mut seq = model.new_sequence(resolved, phases)?;
+        let mut routes = Routes::default();
+        let out = model.forward(&mut seq, &reference.ids, LogitRows::All, Some(&mut routes))?;
+        let first = out.positions.partition_point(|&p| p < s);
+        let logits = out.logits.context("no logits")?;
+        runs.push(RoutedRun {
+            key: policy.key.clone(),
+            positions: out.positions[first..].to_vec(),
+            logits: logits.narrow(0, first, out.positions.len() - first)?,
+            routes,
+        });
+    }
+    Ok(runs)
+}
+
+/// The first position (and there, the lowest layer) whose set of chosen
+/// experts differs between two runs of the same tokens, with the margin of
+/// `a`'s router there between its k-th and (k+1)-th probabilities.
+fn first_flip(a: &RoutedRun, b: &RoutedRun, top_k: usize) -> Option<(usize, usize, f32)> {
+    let set = |e: &[usize]| {
+        let mut e = e.to_vec();
+        e.sort_unstable();
+        e
+    };
+    a.routes
+        .rows
+        .iter()
+        .find_map(|(&(pos, layer), (probs, experts))| {
+            let (_, theirs) = b.routes.rows.get(&(pos, layer))?;
+            (set(theirs) != set(experts)).then(|| {
+                let mut sorted = probs.clone();
+                sorted.sort_by(|x, y| y.total_cmp(x));
+                (pos, layer, sorted[top_k - 1] - sorted[top_k])
+            })
+        })
+}
+
+/// The largest change of any router probability between two runs of the
+/// same tokens, over the rows routed before `flip` (position, layer).
+fn router_shift(a: &RoutedRun, b: &RoutedRun, flip: (usize, usize)) -> f32 {
+    let mut worst = 0f32;
+    for (key, (pa, _)) in a.routes.rows.range(..flip) {
+        if let Some((pb, _)) = b.routes.rows.get(key) {
+            for (x, y) in pa.iter().zip(pb) {
+                worst = worst.max((x - y).abs());
+            }
+        }
+    }
+    worst
 }
 
 /// Q8_0 against transformers' float32 logits of the original weights, every

@@ -4,8 +4,8 @@
 //! (`bos, anchor, prefill, decode, self, entropy_head_mean, entropy_weighted,
 //! tail_mass, curvature_prompt, curvature_generated, straightening_prompt,
 //! straightening_generated`, the logit lens's and the knockout's, and a
-//! mixture-of-experts model's `routing_entropy, routing_overlap`, empty for a
-//! run without them). A row reads each series at the table's row index:
+//! mixture-of-experts model's `routing_entropy, routing_overlap`, and a
+//! model with attention sinks' `sink`, empty for a run without them). A row reads each series at the table's row index:
 //! `tail_mass` is R(layer), the share dropped by a cut at this layer; curvature
 //! and straightening are those of the layer's output (index `layer + 1`;
 //! C_0 = curvature − straightening). Values are written at full `f32`

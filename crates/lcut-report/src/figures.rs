@@ -417,12 +417,13 @@ mod tests {
         let r = lcut_diag::synthetic::synthetic_moe_report(2, 4, 2, false).unwrap();
         let labels = sorted(LAYER_METRICS.iter().map(|m| m.label));
         assert_eq!(line_names(&r), labels);
-        // a dense model's report draws everything but the routing
+        // a dense model's report draws everything but the routing and the
+        // sink's share
         let dense = lcut_diag::synthetic::synthetic_report(2, 4, 2, false).unwrap();
         let labels = sorted(
             LAYER_METRICS
                 .iter()
-                .filter(|m| m.axis != MetricAxis::Routing)
+                .filter(|m| m.axis != MetricAxis::Routing && m.name != "sink")
                 .map(|m| m.label),
         );
         assert_eq!(line_names(&dense), labels);

@@ -220,11 +220,15 @@ mod tests {
             csv.lines()
                 .next()
                 .unwrap()
-                .ends_with("routing_entropy,routing_overlap")
+                .ends_with("routing_entropy,routing_overlap,sink")
         );
+        // its sinks' share: a column of the per-layer table and a line of
+        // the masses' chart
+        assert!(md.contains("| sink (no key) |") && html.contains("sink (no key)"));
         // the dense report says nothing of routing, its CSV cells stay empty
         let html = render(&dense, Format::Html).unwrap();
         assert!(!html.contains("How the experts route") && !html.contains("routing"));
+        assert!(!html.contains("sink (no key)"));
         let csv = render(&dense, Format::Csv).unwrap();
         assert!(csv.lines().skip(1).all(|l| l.ends_with(",,")));
     }

@@ -89,10 +89,10 @@ pub fn votes_table(r: &Report) -> Table {
 }
 
 /// Whether the per-layer table shows `m`: every metric, but a
-/// mixture-of-experts model's routing only where the report has it (a
-/// dense model's table is as it always was).
+/// mixture-of-experts model's routing and a learned sink's share only where
+/// the report has them (a dense model's table is as it always was).
 fn in_layer_table(m: &LayerMetric, c: &LayerCurves) -> bool {
-    m.axis != MetricAxis::Routing || m.present(c)
+    (m.axis != MetricAxis::Routing && m.name != "sink") || m.present(c)
 }
 
 /// The per-layer curves, one row per layer, one column per entry of
@@ -408,12 +408,12 @@ mod tests {
             assert!(t.rows.iter().all(|row| row.len() == t.headers.len()));
         }
         assert_eq!(layer_table(&r).rows.len(), 5);
-        // a dense model's table: every metric but the routing
+        // a dense model's table: every metric but the routing and the sink's share
         let mut labels = vec!["layer"];
         labels.extend(
             LAYER_METRICS
                 .iter()
-                .filter(|m| m.axis != MetricAxis::Routing)
+                .filter(|m| m.axis != MetricAxis::Routing && m.name != "sink")
                 .map(|m| m.label),
         );
         assert_eq!(layer_table(&r).headers, labels);

@@ -31,6 +31,11 @@ pub struct LayerCurves {
     pub decode: Series,
     /// Mean attention of queries on themselves per layer.
     pub self_mass: Series,
+    /// Mean attention on no key per layer: the learned sink's share
+    /// (gpt-oss); empty for a model without sinks (and in reports written
+    /// before it was recorded).
+    #[serde(default, skip_serializing_if = "no_values")]
+    pub sink: Series,
     /// Normalised conditional prefill entropy, mean over heads, steps, prompts
     /// (NaN entries skipped).
     pub entropy_head_mean: Series,
@@ -124,6 +129,7 @@ impl LayerCurves {
             prefill: e(),
             decode: e(),
             self_mass: e(),
+            sink: e(),
             entropy_head_mean: e(),
             entropy_weighted: e(),
             tail_mass: e(),
@@ -164,4 +170,9 @@ impl LayerCurves {
             top1_before_last,
         })
     }
+}
+
+/// Whether a series holds no value (an optional one left out of the JSON).
+fn no_values(s: &Series) -> bool {
+    s.0.is_empty()
 }

@@ -3,7 +3,7 @@
 //! [`LAYER_METRICS`] names each series of the aggregated curves (its CSV
 //! column, its JSON field, its label), the quantity it measures (which y axis
 //! and chart it shares), how it is indexed (per layer, per cut, per hidden
-//! state) and whether a run may leave it out (the logit lens, the knockout, a mixture-of-experts model's routing). The report's CSV, tables and figures, the report check and the
+//! state) and whether a run may leave it out (the logit lens, the knockout, a mixture-of-experts model's routing, a learned attention sink's share). The report's CSV, tables and figures, the report check and the
 //! viewer's curves all read this table, so a new metric is one more entry
 //! here (plus the field it reads).
 
@@ -366,6 +366,15 @@ pub const LAYER_METRICS: &[LayerMetric] = &[
         optional: true,
         get: |c| c.routing.as_ref().map_or(&NO_SERIES, |r| &r.overlap),
     },
+    LayerMetric {
+        name: "sink",
+        field: "sink",
+        label: "sink (no key)",
+        axis: MetricAxis::Mass,
+        indexing: Indexing::Layer,
+        optional: true,
+        get: |c| &c.sink,
+    },
 ];
 
 /// The series of a metric whose curves hold none (a dense model's routing).
@@ -400,7 +409,9 @@ mod tests {
 
     #[test]
     fn every_series_of_the_curves_is_in_the_table() {
-        let curves = LayerCurves::empty(0, 0);
+        // the sink's share is left out of a model's JSON without sinks
+        let mut curves = LayerCurves::empty(0, 0);
+        curves.sink = Series(vec![0.5]);
         let json = serde_json::to_value(&curves).unwrap();
         let mut series: Vec<&str> = json
             .as_object()

@@ -16,7 +16,8 @@
 //! and a comma, and 2304 for keys, punctuation, shapes and the scalar fields.
 //! Prompt length enters only through B (at most `max_prompt_bins`) and the
 //! prompt token strings. A mixture-of-experts model's routing adds
-//! [`routing_size_bound`].
+//! [`routing_size_bound`], a model with attention sinks `17*L*T*H + 128` for
+//! the sink's share (one more `[L, T, H]` tensor).
 //!
 //! In memory (heap and struct):
 //!
@@ -29,7 +30,7 @@
 //! ids, `[L + 1, T]`), an id and a position per step, N strings holding S
 //! bytes of text in all (24 bytes each for the `String` itself), and 1280
 //! for the struct and its vectors' headers; its routing adds
-//! [`routing_memory_bound`].
+//! [`routing_memory_bound`], the sink's share `4*L*T*H`.
 
 use crate::lens::LensTrace;
 use crate::routing::RoutingTrace;
@@ -131,10 +132,19 @@ impl PromptTrace {
             .fold((0, 0), |(b, n), s| (b + s.len(), n + 1))
     }
 
+    /// Floats of the sink's share, where the trace holds it.
+    fn sink_floats(&self) -> usize {
+        self.sink.as_ref().map_or(0, |s| s.data().len())
+    }
+
     /// [`trace_size_bound`] for this trace's sizes and strings, and
-    /// [`routing_size_bound`] for its routing.
+    /// [`routing_size_bound`] for its routing, and the sink's share.
     pub fn size_bound(&self) -> usize {
         let (bytes, count) = self.strings();
+        let sink = self
+            .sink
+            .as_ref()
+            .map_or(0, |_| 17 * self.sink_floats() + 128);
         let routing = self.routing.as_ref().map_or(0, |r| {
             let [s, t, k, p] = routing_sizes(r, str::len);
             routing_size_bound(s, t, k, p)
@@ -147,6 +157,7 @@ impl PromptTrace {
             bytes,
             count,
         ) + routing
+            + sink
     }
 
     /// The bytes this trace holds now: its struct, its arrays' elements,
@@ -160,7 +171,8 @@ impl PromptTrace {
             .iter()
             .chain([&&self.prefill_entropy])
             .map(|x| 4 * x.data().len())
-            .sum();
+            .sum::<usize>()
+            + 4 * self.sink_floats();
         std::mem::size_of::<Self>()
             + self.id.capacity()
             + strings(&self.prompt_tokens)
@@ -176,8 +188,8 @@ impl PromptTrace {
     }
 
     /// [`trace_memory_bound`] for this trace's sizes and strings (S the
-    /// strings' capacity, which may exceed their text's length), and
-    /// [`routing_memory_bound`] for its routing.
+    /// strings' capacity, which may exceed their text's length),
+    /// [`routing_memory_bound`] for its routing, and the sink's share.
     pub fn memory_bound(&self) -> usize {
         let (bytes, count) = std::iter::once(&self.id)
             .chain(&self.prompt_tokens)
@@ -196,6 +208,7 @@ impl PromptTrace {
             bytes,
             count,
         ) + routing
+            + 4 * self.sink_floats()
     }
 }
 
@@ -255,6 +268,7 @@ mod tests {
         lens.top_ids.fill(u32::MAX);
         tr.lens = Some(lens);
         tr.routing = Some(worst_routing(l, t));
+        tr.sink = Some(Tensor3::filled([l, t, h], WIDE));
         tr.generated = (0..t).map(|_| "\u{0}\u{0}".to_string()).collect();
         tr.generated_ids = vec![u32::MAX; t];
         tr.query_positions = (0..t).map(|k| usize::MAX - t + k).collect();

@@ -82,6 +82,11 @@ pub struct PromptTrace {
     pub self_mass: Tensor3,
     /// Raw conditional prefill entropy in nats (NaN where the prefill mass is 0).
     pub prefill_entropy: Tensor3,
+    /// Attention on no key: the learned sink's share of each head's softmax
+    /// (gpt-oss), beside BoS's and the prompt's; absent for a model without
+    /// sinks (and in reports written before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sink: Option<Tensor3>,
     /// `[num_layers, num_bins]`: attention mass that decode queries pay to each
     /// prompt bin (summed over the bin's positions), averaged over heads and steps.
     pub prompt_attention: Tensor2,
@@ -148,6 +153,7 @@ impl PromptTrace {
             decode: Tensor3::zeros(shape),
             self_mass: Tensor3::zeros(shape),
             prefill_entropy: Tensor3::filled(shape, f32::NAN),
+            sink: None,
             prompt_attention: Tensor2::zeros([num_layers, n_bins]),
             bin_edges: edges,
             curvature_prompt: Series::nan(num_layers + 1),
@@ -260,7 +266,7 @@ impl PromptTrace {
     }
 
     /// The shapes of the tensors and series against the header: the phase
-    /// masses [L, steps, H], bin edges from 0 to the prompt length, the
+    /// masses (the sink's too) [L, steps, H], bin edges from 0 to the prompt length, the
     /// prompt attention map [L, bins], the curvature series L + 1 long.
     fn check_shapes(&self) -> Result<(), String> {
         let (l, h, t) = (self.num_layers, self.num_heads, self.num_steps());
@@ -276,7 +282,8 @@ impl PromptTrace {
             .phase_tensors()
             .into_iter()
             .chain([&self.prefill_entropy]);
-        for (name, tensor) in names.iter().zip(tensors) {
+        let sink = self.sink.iter().map(|s| ("sink", s));
+        for (name, tensor) in names.into_iter().zip(tensors).chain(sink) {
             if tensor.shape() != [l, t, h] {
                 return Err(format!(
                     "`{name}` has shape {:?}, expected [num_layers, steps, num_heads] = {:?}",
@@ -327,11 +334,12 @@ impl PromptTrace {
         Ok(())
     }
 
-    /// Sum of the five phase masses at every (layer, step, head); 1 for a
-    /// complete attention row.
+    /// Sum of the five phase masses and the sink's share (where the trace
+    /// holds it) at every (layer, step, head); 1 for a complete attention
+    /// row.
     pub fn mass_totals(&self) -> Array3<f32> {
         let mut total = self.bos.to_array();
-        for t in &self.phase_tensors()[1..] {
+        for t in self.phase_tensors()[1..].iter().copied().chain(&self.sink) {
             Zip::from(&mut total)
                 .and(&t.view())
                 .for_each(|a, &b| *a += b);

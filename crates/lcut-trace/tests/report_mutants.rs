@@ -212,6 +212,10 @@ fn report(rng: &mut StdRng) -> Report {
         prefill: series(rng, l),
         decode: series(rng, l),
         self_mass: series(rng, l),
+        sink: match moe.as_ref() {
+            Some(_) => series(rng, l),
+            None => Series::default(),
+        },
         entropy_head_mean: series(rng, l),
         entropy_weighted: series(rng, l),
         tail_mass: series(rng, l + 1),

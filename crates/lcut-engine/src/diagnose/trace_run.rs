@@ -5,7 +5,7 @@
 
 use lcut_model::{Decoder, LensProbe, LensRecord};
 use lcut_policy::{Policy, TokenPhases};
-use lcut_trace::{LensTrace, PromptTrace, Series, TraceHeader};
+use lcut_trace::{LensTrace, PromptTrace, Series, Tensor3, TraceHeader};
 
 use super::{DeviceCurvature, DiagnoseOptions, DiagnosticProbe, LabelledPrompt, LensLogitsFile};
 use crate::error::{EngineError, Result};
@@ -81,6 +81,9 @@ impl TracedRun<'_> {
             file.write_i64(&format!("{name}.positions"), &positions)?;
         }
         trace.generated_ids = ids;
+        if cfg.attention_sinks {
+            trace.sink = Some(Tensor3::zeros([cfg.num_layers, n, heads]));
+        }
         record_masses(&mut trace, &probe, n)?;
         if let Some(routing) = probe.routing() {
             trace.routing = routing.trace(cfg, &trace.query_positions)?;
@@ -169,8 +172,9 @@ pub(super) fn traced_generation<'m>(
     Generation::new(model, prompt.clone(), policy, config)
 }
 
-/// Copy the probe's per-(layer, step, head) masses and entropies of the
-/// first `n` generated tokens into `trace`, and its layer x prompt-bin
+/// Copy the probe's per-(layer, step, head) masses (the sink's where
+/// `trace` holds them) and entropies of the first `n` generated tokens
+/// into `trace`, and its layer x prompt-bin
 /// attention map (mean over heads and steps).
 fn record_masses(trace: &mut PromptTrace, probe: &DiagnosticProbe<'_>, n: usize) -> Result<()> {
     let heads = trace.num_heads;
@@ -187,6 +191,9 @@ fn record_masses(trace: &mut PromptTrace, probe: &DiagnosticProbe<'_>, n: usize)
             trace.decode.view_mut()[at] = rec.decode[h];
             trace.self_mass.view_mut()[at] = rec.self_mass[h];
             trace.prefill_entropy.view_mut()[at] = rec.prefill_entropy[h];
+            if let Some(sink) = trace.sink.as_mut() {
+                sink.view_mut()[at] = rec.sink[h];
+            }
         }
     }
     let sums = probe.prompt_bin_sums(&trace.bin_edges)?;

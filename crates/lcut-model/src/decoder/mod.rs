@@ -13,6 +13,7 @@
 mod attention;
 mod batch;
 mod chunk_attention;
+mod grouped;
 mod layer;
 mod layer_inputs;
 mod lens;

@@ -430,12 +430,15 @@ impl LayerExecutor for TensorRows<'_, '_, '_> {
                 routing: &routing,
             })?;
         }
-        // training: the router learns through the weights
-        let trainable = match x.track_op() {
-            true => Some(experts.trainable_weights(&x, &routing)?),
-            false => None,
-        };
-        self.branch = Some(experts.forward_routed(&x, &routing, trainable.as_ref())?);
+        // training: the router learns through the weights (tensor ops);
+        // otherwise the chunk's rows grouped by expert where they can be
+        self.branch = Some(match x.track_op() {
+            true => {
+                let trainable = experts.trainable_weights(&x, &routing)?;
+                experts.forward_routed(&x, &routing, Some(&trainable))?
+            }
+            false => super::grouped::experts_forward(experts, &x, &routing)?,
+        });
         Ok(())
     }
 

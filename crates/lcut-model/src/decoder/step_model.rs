@@ -15,7 +15,6 @@ use lcut_kernels::product::Matrix;
 
 use super::Decoder;
 use super::layer::{Norm, Product};
-use crate::config::Activation;
 use crate::error::{ModelError, Result};
 use crate::layers::{FeedForward, GateUpLinears, Mlp, QkvLinears, RmsNorm, RouterRule};
 use crate::linear::Linear;
@@ -258,7 +257,7 @@ impl StepModel {
                     gate_up_of(&mut b, mlp)?,
                     Some(b.linear(mlp.down())?),
                     None,
-                    gate_activation(mlp),
+                    mlp.gate_activation(),
                 ),
                 FeedForward::Experts(e) => {
                     let experts = e
@@ -272,7 +271,7 @@ impl StepModel {
                         })
                         .collect::<std::result::Result<Vec<_>, Skip>>()?;
                     let activation = match e.experts().first() {
-                        Some(m) => gate_activation(m),
+                        Some(m) => m.gate_activation(),
                         None => GateActivation::Silu,
                     };
                     let experts = StepExperts {
@@ -315,17 +314,6 @@ fn gate_up_of(b: &mut Builder, mlp: &Mlp) -> std::result::Result<Vec<StepLinear>
         GateUpLinears::Separate(g, u) => vec![b.linear(g)?, b.linear(u)?],
         GateUpLinears::Fused(m) => vec![b.linear(m)?],
     })
-}
-
-/// The kernels' activation of a gated MLP.
-fn gate_activation(mlp: &Mlp) -> GateActivation {
-    match mlp.activation() {
-        Activation::Silu => GateActivation::Silu,
-        Activation::GeluTanh => GateActivation::GeluTanh,
-        Activation::ClampedSwiGlu { limit, alpha } => {
-            GateActivation::ClampedSwiGlu { limit, alpha }
-        }
-    }
 }
 
 /// Why building stopped: a rule that sends the model down the tensor
