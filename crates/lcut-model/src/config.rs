@@ -1859,6 +1859,140 @@ mod tests {
         assert!(err.to_string().contains("gemma4_text"), "{err}");
     }
 
+    /// A Qwen3.5 config as transformers 5.24 saves it (the reference case
+    /// `layouts/qwen35-hybrid`): layers 3 and 7 full, the others linear.
+    const QWEN35: &str = r#""model_type": "qwen3_5_text", "vocab_size": 320, "hidden_size": 32,
+        "intermediate_size": 64, "num_hidden_layers": 8, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+        "linear_value_head_dim": 8, "tie_word_embeddings": true,
+        "layer_types": ["linear_attention", "linear_attention", "linear_attention",
+          "full_attention", "linear_attention", "linear_attention", "linear_attention",
+          "full_attention"],
+        "rope_parameters": {"partial_rotary_factor": 0.25, "rope_theta": 10000.0,
+          "rope_type": "default"}"#;
+
+    fn qwen35(extra: &str) -> Result<ModelConfig> {
+        parse(&format!("{{{QWEN35}{extra}}}"))
+    }
+
+    #[test]
+    fn qwen35_reads_its_linear_layers_and_gated_full_layers() {
+        let c = qwen35("").unwrap();
+        assert_eq!(c.arch, Arch::Qwen35);
+        let la = c.linear_attention.clone().unwrap();
+        let linear: Vec<usize> = (0..8).filter(|&l| la.is_linear(l)).collect();
+        assert_eq!(linear, vec![0, 1, 2, 4, 5, 6]);
+        assert_eq!(
+            (
+                la.key_heads,
+                la.value_heads,
+                la.key_head_dim,
+                la.value_head_dim
+            ),
+            (2, 4, 16, 8)
+        );
+        assert_eq!(la.conv_channels(), 2 * 32 + 32);
+        assert_eq!(la.state_values(), 96 * 3 + 4 * 16 * 8);
+        // linear layers hold no K/V; full ones 2 heads of 16
+        let kv: Vec<usize> = c.layer_attention.iter().map(|a| a.kv_heads).collect();
+        assert_eq!(kv, vec![0, 0, 0, 2, 0, 0, 0, 2]);
+        assert!(c.attn_output_gate && c.norm_weight_offset && c.qk_norm == QkNorm::PerHead);
+        assert_eq!((c.rope.rotary_dim, c.rope.theta), (4, 10_000.0));
+        assert_eq!(c.sliding_window, vec![None; 8]);
+        // transformers' defaults: every fourth layer full, a quarter of the
+        // head rotating, the class's linear shapes
+        let d = parse(&format!(
+            r#"{{"model_type": "qwen3_5_text", {BASE}, "num_hidden_layers": 8, "head_dim": 32}}"#
+        ))
+        .unwrap();
+        let la = d.linear_attention.unwrap();
+        assert_eq!(
+            la.layers,
+            vec![true, true, true, false, true, true, true, false]
+        );
+        assert_eq!(
+            (
+                la.key_heads,
+                la.value_heads,
+                la.key_head_dim,
+                la.conv_kernel
+            ),
+            (16, 32, 128, 4)
+        );
+        assert_eq!(d.rope.rotary_dim, 8);
+        // every other architecture has none
+        let llama = parse(&format!(r#"{{"model_type":"llama", {BASE}}}"#)).unwrap();
+        assert!(llama.linear_attention.is_none() && !llama.attn_output_gate);
+    }
+
+    #[test]
+    fn qwen35_inconsistent_fields_are_named() {
+        for (extra, field, says) in [
+            (
+                r#", "layer_types": ["linear_attention", "full_attention"]"#,
+                "layer_types",
+                "8 layer types",
+            ),
+            (
+                r#", "layer_types": "hybrid""#,
+                "layer_types",
+                "8 layer types",
+            ),
+            (
+                r#", "layer_types": ["linear_attention", "linear_attention", "linear_attention",
+                    "sliding_attention", "linear_attention", "linear_attention",
+                    "linear_attention", "full_attention"]"#,
+                "layer_types",
+                "linear_attention or full_attention",
+            ),
+            (
+                r#", "linear_num_value_heads": 3"#,
+                "linear_num_value_heads",
+                "a multiple of linear_num_key_heads",
+            ),
+            (
+                r#", "linear_num_key_heads": 0"#,
+                "linear_num_key_heads",
+                "positive",
+            ),
+            (
+                r#", "linear_conv_kernel_dim": 0"#,
+                "linear_conv_kernel_dim",
+                "positive",
+            ),
+            (
+                r#", "linear_value_head_dim": "wide""#,
+                "linear_value_head_dim",
+                "positive",
+            ),
+            (
+                r#", "linear_key_head_dim": 16777216"#,
+                "linear_key_head_dim",
+                "heads x head width",
+            ),
+            (
+                r#", "rope_parameters": {"partial_rotary_factor": 3.0}"#,
+                "partial_rotary_factor",
+                "fraction",
+            ),
+        ] {
+            let err = qwen35(extra).expect_err(extra);
+            let msg = err.to_string();
+            assert!(msg.contains(field) && msg.contains(says), "{extra}: {msg}");
+        }
+        // the multimodal wrapper and the experts are refused, pointing at
+        // qwen3_5_text
+        for model_type in ["qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe"] {
+            let err = parse(&format!(r#"{{"model_type": "{model_type}", {BASE}}}"#)).unwrap_err();
+            let msg = err.to_string();
+            assert!(
+                msg.contains("qwen3_5_text") && msg.contains(model_type),
+                "{msg}"
+            );
+        }
+    }
+
     #[test]
     fn olmo_norms_follow_the_blocks_and_olmo3_slides() {
         let c = parse(&format!(

@@ -39,7 +39,7 @@ pub use files::{FolderFiles, ModelFiles};
 pub use layers::Routing;
 pub use lens::{LensProbe, LensRecord};
 pub use linear::{Embedding, Linear};
-pub use linear_attention::RecurrentState;
+pub use linear_attention::{LinearSplit, RecurrentState};
 pub use probe::{AttentionView, Probe, ResidualSite, RoutingView};
 pub use rope::{Rope, inverse_frequencies};
 pub use sequence::Sequence;

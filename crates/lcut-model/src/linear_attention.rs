@@ -96,6 +96,58 @@ pub struct RecurrentState {
     matrix: Vec<f32>,
     /// Tokens that have run through the layer.
     tokens: usize,
+    /// The state as the first token left it (its convolution inputs and
+    /// matrices): what a run whose only token before the decode phase at
+    /// this layer is that one (SPEED with BoS kept, above the cut) starts
+    /// from, so that a full run's state can be restricted to it.
+    first: Option<Box<(Vec<f32>, Vec<f32>)>>,
+    /// While a probe asks for the split of the decode phase's outputs: the
+    /// state's part that the state at the split's start left (moved by
+    /// each later token's transition alone), and the part the tokens since
+    /// wrote (from zero); they sum to `matrix`.
+    parts: Option<Box<(Vec<f32>, Vec<f32>)>>,
+}
+
+/// A linear layer's outputs split by where they come from: the rows at or
+/// after a position `s` (the decode start) that entered the state. The
+/// recurrence is linear in its state, `S_t = M_t S_(t-1) + beta_t k_t v_t^T`,
+/// so the state is the state at `s` moved by the later tokens' transitions
+/// `M_t` alone (what the prompt contributes) plus a state run from zero
+/// over the tokens from `s` on (what the decode phase contributes), and
+/// each row's output `S_t^T q_t` splits the same way. The convolution,
+/// whose window at the first decode-phase tokens still holds the last
+/// prompt tokens' inputs, is part of the tokens' queries, keys and values,
+/// not of the state. Outputs are before the gated norm.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LinearSplit {
+    /// Value heads.
+    pub value_heads: usize,
+    /// Width of a value head.
+    pub head_dim: usize,
+    /// The rows' positions, ascending.
+    pub positions: Vec<usize>,
+    /// What the state at the split's start contributes [rows, heads, d_v].
+    pub prompt: Vec<f32>,
+    /// What the rows from the split's start contribute [rows, heads, d_v].
+    pub decode: Vec<f32>,
+    /// The rows' outputs [rows, heads, d_v]: the two parts' sum.
+    pub output: Vec<f32>,
+}
+
+impl LinearSplit {
+    /// Per row and value head, the prompt's share of the output: `|p| /
+    /// (|p| + |d|)` of the two parts' L2 norms (0 where both are 0).
+    pub fn prompt_shares(&self) -> Vec<f32> {
+        let norm = |x: &[f32]| x.iter().map(|v| v * v).sum::<f32>().sqrt();
+        self.prompt
+            .chunks(self.head_dim.max(1))
+            .zip(self.decode.chunks(self.head_dim.max(1)))
+            .map(|(p, d)| {
+                let (p, d) = (norm(p), norm(d));
+                if p + d > 0.0 { p / (p + d) } else { 0.0 }
+            })
+            .collect()
+    }
 }
 
 impl RecurrentState {
@@ -105,11 +157,35 @@ impl RecurrentState {
             conv: vec![0.0; (shape.kernel - 1) * shape.channels()],
             matrix: vec![0.0; shape.value_heads * shape.dk * shape.dv],
             tokens: 0,
+            first: None,
+            parts: None,
+        }
+    }
+
+    /// The state after the first `tokens` tokens of this one, where it
+    /// knows it: none (`Ok(None)`: no token), the first alone, or all of
+    /// them; `Err(())` otherwise.
+    pub(crate) fn prefix(&self, tokens: usize) -> std::result::Result<Option<Self>, ()> {
+        match tokens {
+            0 => Ok(None),
+            t if t == self.tokens => Ok(Some(self.clone())),
+            1 => {
+                let (conv, matrix) = self.first.as_deref().ok_or(())?.clone();
+                Ok(Some(Self {
+                    conv,
+                    matrix,
+                    tokens: 1,
+                    first: self.first.clone(),
+                    parts: None,
+                }))
+            }
+            _ => Err(()),
         }
     }
 
     /// Bytes the state holds (f32): the same whatever the number of tokens
-    /// that entered it.
+    /// that entered it (the copy of the first token's state, kept for
+    /// restricting a full run, not counted).
     pub fn bytes(&self) -> usize {
         4 * (self.conv.len() + self.matrix.len())
     }
@@ -188,19 +264,23 @@ impl GatedDeltaNet {
         (self.shape.value_heads, self.shape.dv)
     }
 
-    /// The layer's output for rows `x` [n, hidden] (the normed residual
-    /// stream of `n` tokens in position order, following those `state`
-    /// has seen), as value heads first [value_heads, n, d_v], gated and
-    /// normed, ready for the output projection. A row whose `enters[i]`
-    /// holds moves `state` past it; one whose does not runs from the state
-    /// as it stands and leaves it as it was (SelfOnly's decode-phase
-    /// tokens above its cut).
+    /// The layer's output for rows `x` [n, hidden] at `positions` (the
+    /// normed residual stream of `n` tokens in position order, following
+    /// those `state` has seen), as value heads first [value_heads, n, d_v],
+    /// gated and normed, ready for the output projection. A row whose
+    /// `enters[i]` holds moves `state` past it; one whose does not runs from
+    /// the state as it stands and leaves it as it was (SelfOnly's
+    /// decode-phase tokens above its cut). With `split_from`, the rows at or
+    /// after that position that enter the state also get their output split
+    /// into what the state at that position contributes and what the rows
+    /// from it on do ([`LinearSplit`]).
     pub(crate) fn forward(
         &self,
         x: &Tensor,
-        enters: &[bool],
+        (positions, enters): (&[usize], &[bool]),
+        split_from: Option<usize>,
         state: &mut RecurrentState,
-    ) -> Result<Tensor> {
+    ) -> Result<(Tensor, Option<LinearSplit>)> {
         let n = x.dim(0)?;
         let host = |t: Tensor| -> Result<Vec<f32>> {
             Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
@@ -211,75 +291,116 @@ impl GatedDeltaNet {
         let (hv, dv) = (self.shape.value_heads, self.shape.dv);
         let mut out = vec![0.0f32; n * hv * dv];
         let c = self.shape.channels();
-        let mut row = vec![0.0f32; c];
-        let mut scratch = Vec::new();
+        if split_from.is_none() {
+            // a split runs only while it is asked for, from its first row
+            state.parts = None;
+        }
+        let mut split = split_from.map(|_| LinearSplit {
+            value_heads: hv,
+            head_dim: dv,
+            ..LinearSplit::default()
+        });
         for t in 0..n {
             let i = t * hv;
             let o = &mut out[i * dv..(i + hv) * dv];
             let input = &mixed[t * c..(t + 1) * c];
-            let heads = (&a[i..i + hv], &b[i..i + hv]);
-            match enters.get(t).copied().unwrap_or(true) {
-                true => self.step(input, heads, state, &mut row, o),
-                false => {
-                    scratch.clone_from(&state.matrix);
-                    let mut alone = RecurrentState {
-                        conv: state.conv.clone(),
-                        matrix: std::mem::take(&mut scratch),
-                        tokens: state.tokens,
-                    };
-                    self.step(input, heads, &mut alone, &mut row, o);
-                    scratch = alone.matrix;
-                }
+            let gates = (&a[i..i + hv], &b[i..i + hv]);
+            let pos = positions.get(t).copied().unwrap_or(usize::MAX);
+            if !enters.get(t).copied().unwrap_or(true) {
+                // from the state as it stands, which it leaves as it was
+                let row = self.convolve(input, &mut state.conv.clone());
+                self.recur(&row, gates, &mut state.matrix.clone(), true, o);
+                continue;
+            }
+            let row = self.convolve(input, &mut state.conv);
+            if let (Some(from), Some(rows)) = (split_from, split.as_mut())
+                && pos >= from
+            {
+                // the state's two parts: what it held when the split began,
+                // moved by each token's transition alone, and what the
+                // tokens from then on wrote, from zero
+                let matrix = &state.matrix;
+                let parts = state
+                    .parts
+                    .get_or_insert_with(|| Box::new((matrix.clone(), vec![0.0; matrix.len()])));
+                let mut prompt = vec![0.0; hv * dv];
+                let mut decode = vec![0.0; hv * dv];
+                self.recur(&row, gates, &mut parts.0, false, &mut prompt);
+                self.recur(&row, gates, &mut parts.1, true, &mut decode);
+                rows.positions.push(pos);
+                rows.prompt.extend_from_slice(&prompt);
+                rows.decode.extend_from_slice(&decode);
+                self.recur(&row, gates, &mut state.matrix, true, o);
+                rows.output.extend_from_slice(o);
+            } else {
+                self.recur(&row, gates, &mut state.matrix, true, o);
+            }
+            state.tokens += 1;
+            if state.tokens == 1 {
+                state.first = Some(Box::new((state.conv.clone(), state.matrix.clone())));
             }
         }
         let out = Tensor::from_vec(out, (n, hv, dv), x.device())?.to_dtype(x.dtype())?;
         let z = self.in_z.forward(x)?.reshape((n, hv, dv))?;
         let normed = candle_nn::ops::rms_norm(&out, &self.norm_weight, self.eps)?;
         let gated = (normed * candle_nn::ops::silu(&z)?)?;
-        Ok(gated.transpose(0, 1)?.contiguous()?)
+        Ok((gated.transpose(0, 1)?.contiguous()?, split))
     }
 
-    /// One token through the convolution and the recurrence: its projected
-    /// `input` [channels], its `a` and `b` [value_heads]; its output [value
-    /// heads, d_v] into `out` (before the gated norm), `state` moved past
-    /// it; `row` is scratch of `channels` values.
-    fn step(
-        &self,
-        input: &[f32],
-        (a, b): (&[f32], &[f32]),
-        state: &mut RecurrentState,
-        row: &mut [f32],
-        out: &mut [f32],
-    ) {
+    /// One token's queries, keys and values [channels] after the
+    /// convolution over the last kernel - 1 inputs held in `conv` and its
+    /// projected `input` (queries and keys L2-normed per head, queries
+    /// scaled by `1/sqrt(d_k)`); `conv` moves past it.
+    fn convolve(&self, input: &[f32], conv: &mut [f32]) -> Vec<f32> {
         let s = self.shape;
         let (c, k) = (s.channels(), s.kernel);
-        // the convolution over the last kernel - 1 inputs and this one
-        for (ch, r) in row.iter_mut().enumerate() {
-            let w = &self.conv[ch * k..(ch + 1) * k];
-            let past: f32 = (0..k - 1).map(|i| w[i] * state.conv[i * c + ch]).sum();
-            *r = silu(past + w[k - 1] * input[ch]);
-        }
+        let mut row: Vec<f32> = (0..c)
+            .map(|ch| {
+                let w = &self.conv[ch * k..(ch + 1) * k];
+                let past: f32 = (0..k - 1).map(|i| w[i] * conv[i * c + ch]).sum();
+                silu(past + w[k - 1] * input[ch])
+            })
+            .collect();
         if k > 1 {
-            state.conv.copy_within(c.., 0);
-            state.conv[(k - 2) * c..].copy_from_slice(input);
+            conv.copy_within(c.., 0);
+            conv[(k - 2) * c..].copy_from_slice(input);
         }
         let (q, rest) = row.split_at_mut(s.key_width());
-        let (keys, v) = rest.split_at_mut(s.key_width());
+        let keys = &mut rest[..s.key_width()];
         let q_scale = 1.0 / (s.dk as f32).sqrt();
         for h in 0..s.key_heads {
             l2_normalise(&mut q[h * s.dk..(h + 1) * s.dk], q_scale);
             l2_normalise(&mut keys[h * s.dk..(h + 1) * s.dk], 1.0);
         }
+        row
+    }
+
+    /// One token's convolved `row` [channels] through the recurrence of
+    /// every value head's `matrix` [value_heads, d_k, d_v], with its `a`
+    /// and `b` [value_heads] (`values`: false reads the values as zero, the
+    /// transition alone); its output [value_heads, d_v] into `out`.
+    fn recur(
+        &self,
+        row: &[f32],
+        (a, b): (&[f32], &[f32]),
+        matrix: &mut [f32],
+        values: bool,
+        out: &mut [f32],
+    ) {
+        let s = self.shape;
+        let (q, rest) = row.split_at(s.key_width());
+        let (keys, v) = rest.split_at(s.key_width());
         let group = s.value_heads / s.key_heads;
         let mut delta = vec![0.0f32; s.dv];
         for h in 0..s.value_heads {
             let decay = (-self.a_log[h].exp() * softplus(a[h] + self.dt_bias[h])).exp();
             let beta = sigmoid(b[h]);
             let kh = h / group;
-            let qh = &q[kh * s.dk..(kh + 1) * s.dk];
-            let kk = &keys[kh * s.dk..(kh + 1) * s.dk];
-            let vh = &v[h * s.dv..(h + 1) * s.dv];
-            let m = &mut state.matrix[h * s.dk * s.dv..(h + 1) * s.dk * s.dv];
+            let (qh, kk) = (
+                &q[kh * s.dk..(kh + 1) * s.dk],
+                &keys[kh * s.dk..(kh + 1) * s.dk],
+            );
+            let m = &mut matrix[h * s.dk * s.dv..(h + 1) * s.dk * s.dv];
             m.iter_mut().for_each(|x| *x *= decay);
             // what the state recalls for this key, then the delta rule
             delta.iter_mut().for_each(|x| *x = 0.0);
@@ -288,7 +409,9 @@ impl GatedDeltaNet {
                     *d += x * ki;
                 }
             }
+            let vh = &v[h * s.dv..(h + 1) * s.dv];
             for (d, &vj) in delta.iter_mut().zip(vh) {
+                let vj = if values { vj } else { 0.0 };
                 *d = (vj - *d) * beta;
             }
             let o = &mut out[h * s.dv..(h + 1) * s.dv];
@@ -301,6 +424,5 @@ impl GatedDeltaNet {
                 }
             }
         }
-        state.tokens += 1;
     }
 }

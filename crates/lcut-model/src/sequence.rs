@@ -249,7 +249,10 @@ impl Sequence {
     /// [reuses a full prefill](Policy::reuses_full_prefill): anchors are a
     /// prefix, so in both runs an anchor reads only anchors, and a layer's
     /// keys below the cutoff are the full model's. Used by sweeps over
-    /// cutoffs to reuse one prefill.
+    /// cutoffs to reuse one prefill. A linear-attention layer (Qwen3.5)
+    /// keeps the full run's state where every token ran it, and above the
+    /// cut the state after the anchors: none, or BoS's (the state keeps it);
+    /// other anchors there are refused ([`ModelError::NotRestrictable`]).
     pub fn restricted(&self, policy: Policy, phases: TokenPhases) -> Result<Sequence> {
         if !policy.reuses_full_prefill() {
             return Err(ModelError::NotRestrictable {
@@ -258,19 +261,31 @@ impl Sequence {
         }
         self.check_full_depth_prefix(&policy, &phases)?;
         let rule = policy.visibility(phases);
-        // a linear layer's state holds every token that ran it: a policy
-        // under which one of them does not exist there needs a state the
-        // full run never had
-        let recurrent_differs = self
+        // a linear layer's state holds every token that ran it: under the
+        // policy, the tokens that exist there (a prefix: every token below
+        // the cut, the anchors above) must have run it first in the full
+        // run, and the state after them be known (none, BoS alone, or all)
+        let recurrent = self
             .recurrent
             .iter()
             .enumerate()
-            .any(|(l, s)| s.is_some() && (0..self.next_pos).any(|p| !rule.token_exists(l, p)));
-        if recurrent_differs {
-            return Err(ModelError::NotRestrictable {
-                policy: policy.to_string(),
-            });
-        }
+            .map(|(l, state)| {
+                let Some(state) = state else {
+                    return Ok(None);
+                };
+                let kept = (0..self.next_pos)
+                    .take_while(|&p| rule.token_exists(l, p))
+                    .count();
+                let prefix = (kept..self.next_pos).all(|p| !rule.token_exists(l, p));
+                match prefix {
+                    true => state.prefix(kept).ok(),
+                    false => None,
+                }
+                .ok_or_else(|| ModelError::NotRestrictable {
+                    policy: policy.to_string(),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
         // rows of tokens that exist at a layer stay while the prompt runs
         // (its later queries read them); those the policy does not keep go
         // once the decode phase starts
@@ -304,7 +319,7 @@ impl Sequence {
             kv_heads: self.kv_heads.clone(),
             windows: self.windows.clone(),
             sharing: self.sharing.clone(),
-            recurrent: self.recurrent.clone(),
+            recurrent,
         })
     }
 

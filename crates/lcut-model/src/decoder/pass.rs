@@ -442,8 +442,15 @@ impl LayerExecutor for TensorRows<'_, '_, '_> {
         let enters: Vec<bool> = (self.present.iter())
             .map(|&p| RecurrentLayers::enters_state(rule, l, p))
             .collect();
+        let split_from = run.probe.as_deref().and_then(|p| p.linear_split_from(l));
         let state = run.seq.recurrent[l].get_or_insert_with(|| net.new_state());
-        self.attn = Some(net.forward(&x, &enters, state)?);
+        let (out, split) = net.forward(&x, (&self.present, &enters), split_from, state)?;
+        if let (Some(split), Some(p)) = (split, run.probe.as_deref_mut())
+            && !split.positions.is_empty()
+        {
+            p.on_linear_split(l, &split)?;
+        }
+        self.attn = Some(out);
         Ok(())
     }
 
