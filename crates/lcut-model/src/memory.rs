@@ -19,6 +19,10 @@ pub struct MemoryEstimate {
     pub weights: u64,
     /// K/V buffers (the policy's cost for the whole sequence).
     pub kv: u64,
+    /// The linear-attention layers' states (Qwen3.5; 0 for other
+    /// models): a fixed size per layer, whatever the sequence's length
+    /// ([`recurrent_state_bytes`]).
+    pub states: u64,
     /// One attention block's scores in their dtypes and the chunk's mask.
     pub attention: u64,
     /// A prefill chunk's other activations and the logits.
@@ -35,7 +39,13 @@ pub struct MemoryEstimate {
 impl MemoryEstimate {
     /// All parts together.
     pub fn total(&self) -> u64 {
-        self.weights + self.kv + self.attention + self.activations + self.records + self.process
+        self.weights
+            + self.kv
+            + self.states
+            + self.attention
+            + self.activations
+            + self.records
+            + self.process
     }
 
     /// The same without the weights (for a model already loaded).
@@ -146,6 +156,9 @@ impl fmt::Display for MemoryEstimate {
             x(self.attention),
             x(self.activations)
         )?;
+        if self.states > 0 {
+            write!(f, ", linear-attention states {:.2}", x(self.states))?;
+        }
         if self.records > 0 {
             write!(f, ", traces and probes {:.2}", x(self.records))?;
         }
@@ -306,6 +319,7 @@ pub fn estimate(
     MemoryEstimate {
         weights: parameter_count(cfg) * b,
         kv: kv_bytes,
+        states: recurrent_state_bytes(cfg),
         attention,
         activations,
         records: 0,
@@ -478,6 +492,7 @@ mod tests {
         let e = MemoryEstimate {
             weights: 2 * gib,
             kv: gib,
+            states: 0,
             attention: 0,
             activations: 0,
             records: 0,

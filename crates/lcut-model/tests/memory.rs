@@ -174,6 +174,17 @@ fn qwen35_counts_its_linear_layers_and_keeps_states_apart_from_kv() -> anyhow::R
         lcut_model::memory::recurrent_state_bytes(&cfg),
         state as u64
     );
+    // the memory line counts them apart from K/V
+    let line = estimate(&cfg, DType::F32, kv, 40, 40, 1 << 20);
+    assert_eq!((line.kv, line.states), (kv, state as u64));
+    assert!(
+        line.to_string().contains("linear-attention states"),
+        "{line}"
+    );
+    assert_eq!(
+        line.total(),
+        line.weights + kv + state as u64 + line.attention + line.activations
+    );
     let model = lcut_model::Decoder::load(&dir, lcut_model::DType::F32, &lcut_model::Device::Cpu)?;
     let mut seq = model.new_full_sequence();
     let ids: Vec<u32> = (1..=30).collect();
