@@ -261,6 +261,11 @@ impl Sequence {
         }
         self.check_full_depth_prefix(&policy, &phases)?;
         let rule = policy.visibility(phases);
+        // a policy whose meaning on a linear layer is not defined is refused
+        // as a new sequence of it would be
+        if self.recurrent.iter().any(Option::is_some) {
+            lcut_policy::RecurrentLayers::check_policy(&policy)?;
+        }
         // a linear layer's state holds every token that ran it: under the
         // policy, the tokens that exist there (a prefix: every token below
         // the cut, the anchors above) must have run it first in the full

@@ -620,6 +620,12 @@ fn qwen35_linear_layers_keep_states_only_of_the_tokens_that_run_them() -> Result
         let phases = TokenPhases::new(c.ids.len(), s, p.anchor_len(None, s)?)?;
         let err = c.model.new_sequence(p, phases).err().context(text)?;
         ensure!(err.to_string().contains("recurrent"), "{text}: {err}");
+        // nor does a full run serve a band (its prompt would stay in the
+        // state of the band's linear layers)
+        if p.reuses_full_prefill() {
+            let err = full.restricted(p, phases).err().context(text)?;
+            ensure!(err.to_string().contains("recurrent"), "{text}: {err}");
+        }
     }
     Ok(())
 }

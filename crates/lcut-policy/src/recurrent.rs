@@ -82,9 +82,15 @@ impl RecurrentLayers {
     /// there is not defined (module docs); every policy runs where no layer
     /// is recurrent.
     pub fn check(&self, policy: &Policy) -> Result<(), PolicyError> {
-        if !self.any() {
-            return Ok(());
+        match self.any() {
+            true => Self::check_policy(policy),
+            false => Ok(()),
         }
+    }
+
+    /// Refuse `policy` where its meaning on a recurrent layer is not
+    /// defined (module docs), for a model known to have one.
+    pub fn check_policy(policy: &Policy) -> Result<(), PolicyError> {
         let why = match policy.kind() {
             _ if policy.heads().is_some() => Some("a recurrent layer has no K/V heads to keep"),
             PolicyKind::Full | PolicyKind::Speed | PolicyKind::SelfOnly => None,
