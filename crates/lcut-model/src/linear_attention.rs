@@ -97,10 +97,13 @@ pub struct RecurrentState {
     /// Tokens that have run through the layer.
     tokens: usize,
     /// The state as the first token left it (its convolution inputs and
-    /// matrices): what a run whose only token before the decode phase at
-    /// this layer is that one (SPEED with BoS kept, above the cut) starts
-    /// from, so that a full run's state can be restricted to it.
+    /// matrices), kept by a full-depth run's state: what a run whose only
+    /// token before the decode phase at this layer is that one (SPEED with
+    /// BoS kept, above the cut) starts from, so that a full run's state can
+    /// be restricted to it.
     first: Option<Box<(Vec<f32>, Vec<f32>)>>,
+    /// Whether the state keeps `first`.
+    keeps_first: bool,
     /// While a probe asks for the split of the decode phase's outputs: the
     /// state's part that the state at the split's start left (moved by
     /// each later token's transition alone), and the part the tokens since
@@ -151,13 +154,15 @@ impl LinearSplit {
 }
 
 impl RecurrentState {
-    /// The empty state (no token has run) of a layer of `shape`.
-    fn new(shape: Shape) -> Self {
+    /// The empty state (no token has run) of a layer of `shape`, keeping
+    /// the first token's state where `keeps_first`.
+    fn new(shape: Shape, keeps_first: bool) -> Self {
         Self {
             conv: vec![0.0; (shape.kernel - 1) * shape.channels()],
             matrix: vec![0.0; shape.value_heads * shape.dk * shape.dv],
             tokens: 0,
             first: None,
+            keeps_first,
             parts: None,
         }
     }
@@ -168,14 +173,19 @@ impl RecurrentState {
     pub(crate) fn prefix(&self, tokens: usize) -> std::result::Result<Option<Self>, ()> {
         match tokens {
             0 => Ok(None),
-            t if t == self.tokens => Ok(Some(self.clone())),
+            t if t == self.tokens => Ok(Some(Self {
+                first: None,
+                keeps_first: false,
+                ..self.clone()
+            })),
             1 => {
                 let (conv, matrix) = self.first.as_deref().ok_or(())?.clone();
                 Ok(Some(Self {
                     conv,
                     matrix,
                     tokens: 1,
-                    first: self.first.clone(),
+                    first: None,
+                    keeps_first: false,
                     parts: None,
                 }))
             }
@@ -184,10 +194,12 @@ impl RecurrentState {
     }
 
     /// Bytes the state holds (f32): the same whatever the number of tokens
-    /// that entered it (the copy of the first token's state, kept for
-    /// restricting a full run, not counted).
+    /// that entered it, and twice that in a full-depth run's state once a
+    /// token has run (the first token's state, kept so that the run can be
+    /// restricted to SPEED with BoS).
     pub fn bytes(&self) -> usize {
-        4 * (self.conv.len() + self.matrix.len())
+        let first = self.first.as_ref().map_or(0, |f| f.0.len() + f.1.len());
+        4 * (self.conv.len() + self.matrix.len() + first)
     }
 
     /// Tokens that have run through the layer.
@@ -254,9 +266,10 @@ impl GatedDeltaNet {
         vec![&self.in_qkv, &self.in_z, &self.in_b, &self.in_a]
     }
 
-    /// The empty state of this layer.
-    pub(crate) fn new_state(&self) -> RecurrentState {
-        RecurrentState::new(self.shape)
+    /// The empty state of this layer, keeping the first token's state
+    /// where `keeps_first` (a full-depth run, which may be restricted).
+    pub(crate) fn new_state(&self, keeps_first: bool) -> RecurrentState {
+        RecurrentState::new(self.shape, keeps_first)
     }
 
     /// Value heads and their width: the shape of the layer's output.
@@ -336,7 +349,7 @@ impl GatedDeltaNet {
                 self.recur(&row, gates, &mut state.matrix, true, o);
             }
             state.tokens += 1;
-            if state.tokens == 1 {
+            if state.tokens == 1 && state.keeps_first {
                 state.first = Some(Box::new((state.conv.clone(), state.matrix.clone())));
             }
         }

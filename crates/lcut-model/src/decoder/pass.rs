@@ -443,7 +443,10 @@ impl LayerExecutor for TensorRows<'_, '_, '_> {
             .map(|&p| RecurrentLayers::enters_state(rule, l, p))
             .collect();
         let split_from = run.probe.as_deref().and_then(|p| p.linear_split_from(l));
-        let state = run.seq.recurrent[l].get_or_insert_with(|| net.new_state());
+        // a full-depth run keeps the first token's state, so that it can be
+        // restricted to a policy whose anchors are BoS
+        let keeps_first = run.seq.is_full_depth_prefix();
+        let state = run.seq.recurrent[l].get_or_insert_with(|| net.new_state(keeps_first));
         let (out, split) = net.forward(&x, (&self.present, &enters), split_from, state)?;
         if let (Some(split), Some(p)) = (split, run.probe.as_deref_mut())
             && !split.positions.is_empty()
