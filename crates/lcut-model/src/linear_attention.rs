@@ -169,13 +169,18 @@ impl RecurrentState {
 
     /// The state after the first `tokens` tokens of this one, where it
     /// knows it: none (`Ok(None)`: no token), the first alone, or all of
-    /// them; `Err(())` otherwise.
-    pub(crate) fn prefix(&self, tokens: usize) -> std::result::Result<Option<Self>, ()> {
+    /// them (keeping the first token's copy where `keeps_first`: a
+    /// full-depth run's); `Err(())` otherwise.
+    pub(crate) fn prefix(
+        &self,
+        tokens: usize,
+        keeps_first: bool,
+    ) -> std::result::Result<Option<Self>, ()> {
         match tokens {
             0 => Ok(None),
             t if t == self.tokens => Ok(Some(Self {
-                first: None,
-                keeps_first: false,
+                first: self.first.clone().filter(|_| keeps_first),
+                keeps_first: keeps_first && self.keeps_first,
                 ..self.clone()
             })),
             1 => {

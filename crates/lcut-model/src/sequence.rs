@@ -283,7 +283,7 @@ impl Sequence {
                     .count();
                 let prefix = (kept..self.next_pos).all(|p| !rule.token_exists(l, p));
                 match prefix {
-                    true => state.prefix(kept).ok(),
+                    true => state.prefix(kept, policy.is_full_depth()).ok(),
                     false => None,
                 }
                 .ok_or_else(|| ModelError::NotRestrictable {

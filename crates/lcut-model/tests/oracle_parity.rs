@@ -600,6 +600,9 @@ fn qwen35_linear_layers_keep_states_only_of_the_tokens_that_run_them() -> Result
     let restricted = full.restricted(policy, phases)?;
     ensure!(restricted.recurrent_state(5).map(|st| st.tokens()) == Some(1));
     ensure!(restricted.recurrent_state(2).map(|st| st.tokens()) == Some(s));
+    // the full run keeps each state's first-token copy, SPEED's branch none
+    ensure!(full.recurrent_bytes_held() == 2 * state);
+    ensure!(restricted.recurrent_bytes_held() == state);
     let prefix = "speed:5+prefix:3"
         .parse::<lcut_policy::PolicySpec>()?
         .resolve(8)?;
