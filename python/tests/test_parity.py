@@ -3,10 +3,11 @@
 - Hugging Face transformers' float32 runs of eleven dense reference cases
   (fixtures/oracle/*: reference.safetensors, case.json) and five with experts
   (fixtures/oracle/moe/*: Qwen3-MoE twice, Mixtral, gpt-oss twice: its folder's settings
-  and the ones llama.cpp's GGUF files run with) and one of the newest
-  layouts (fixtures/oracle/layouts/*: Gemma 4 with shared K/V): logits at full depth
-  and under every SPEED / SelfOnly policy listed there, every layer's residual
-  stream and attention, within 1e-4.
+  and the ones llama.cpp's GGUF files run with) and two of the newest
+  layouts (fixtures/oracle/layouts/*: Gemma 4 with shared K/V, Qwen3.5 with linear-attention
+  layers): logits at full depth and under every SPEED / SelfOnly policy listed there,
+  every layer's residual stream and the attention of every layer that has attention rows,
+  within 1e-4.
 - ``lcut forward``'s safetensors file for the same ids and policy: the same
   logits bit for bit in float32 (and the same records at full depth).
 """
@@ -39,8 +40,8 @@ def max_abs(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
 
 
-def test_all_seventeen_reference_cases_are_here():
-    assert (len(DENSE), len(EXPERTS), len(LAYOUTS)) == (11, 5, 1), CASES
+def test_all_eighteen_reference_cases_are_here():
+    assert (len(DENSE), len(EXPERTS), len(LAYOUTS)) == (11, 5, 2), CASES
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -56,6 +57,10 @@ def test_full_depth_matches_transformers(case):
     assert out.attention.shape == (layers, session.config.heads, len(ids), len(ids))
     for layer in range(layers):
         assert max_abs(out.layer_out[layer], ref[f"layer_out.{layer}"]) <= TOL, (case, layer)
+        if f"attn.{layer}" not in ref:
+            # a linear-attention layer (Qwen3.5) has no attention rows
+            assert not out.attention[layer].any(), (case, layer)
+            continue
         assert max_abs(out.attention[layer], ref[f"attn.{layer}"]) <= TOL, (case, layer)
     # transformers stores Gemma-2's unscaled lookup (Gemma 3's embed_tokens scales)
     if session.config.arch != "gemma2":

@@ -177,6 +177,7 @@ mod tests {
         let need = MemoryEstimate {
             weights: 10 << 20,
             kv: 0,
+            states: 0,
             attention: 0,
             activations: 0,
             records: 0,
@@ -211,6 +212,7 @@ mod tests {
         let need = MemoryEstimate {
             weights: 3 << 30,
             kv: 1 << 30,
+            states: 0,
             attention: 0,
             activations: 0,
             records: 1 << 20,

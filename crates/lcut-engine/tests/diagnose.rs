@@ -486,3 +486,41 @@ fn the_sweep_on_gemma4_counts_shared_layers_as_holding_nothing() -> Result<()> {
     ensure!(two.kv_ratio < 0.01, "{two:?}");
     Ok(())
 }
+
+/// The sweep on Qwen3.5 (layers 3 and 7 full, the others linear attention):
+/// each cut branches from one full-depth prompt run (the linear layers above
+/// the cut start from BoS's state), and its K/V columns count the full
+/// layers only: at the 128K reference length a cut at 5 holds half the
+/// full model's K/V (layer 7 keeps no prompt), a cut at 2 almost none; at
+/// full depth the sweep agrees with the full model.
+#[test]
+fn the_sweep_on_qwen35_branches_from_one_run_and_counts_full_layers_only() -> Result<()> {
+    let session = Session::load(&oracle("layouts/qwen35-hybrid"), DType::F32, &Device::Cpu)?;
+    let opts = SweepOptions {
+        cuts: Some(vec![2, 5, 8]),
+        max_new_tokens: 4,
+        ..SweepOptions::default()
+    };
+    let result = sweep(
+        &session,
+        &id_prompts(2)?,
+        &opts,
+        &Thresholds::default(),
+        &mut |_| true,
+    )?;
+    let at = |c: usize| {
+        result
+            .points
+            .iter()
+            .find(|p| p.policy.to_string() == format!("speed:{c}+bos"))
+            .context("sweep point")
+    };
+    let (full, five, two) = (at(8)?, at(5)?, at(2)?);
+    ensure!(
+        full.top1_agreement == 1.0 && full.kv_ratio == 1.0,
+        "{full:?}"
+    );
+    ensure!((five.kv_ratio - 0.5).abs() < 0.01, "{five:?}");
+    ensure!(two.kv_ratio < 0.01, "{two:?}");
+    Ok(())
+}

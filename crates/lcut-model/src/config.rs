@@ -11,6 +11,7 @@ use crate::error::{ModelError, Result};
 mod gemma3;
 mod gemma4;
 mod layer_ropes;
+mod qwen3_5;
 
 /// The architectures lcut implements, by their `model_type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -59,10 +60,16 @@ pub enum Arch {
     /// the last layers reading an earlier layer's K/V
     /// (`num_kv_shared_layers`).
     Gemma4,
+    /// Qwen3.5, text only (`qwen3_5_text`): three linear-attention layers
+    /// (Gated DeltaNet: a causal convolution, then a gated delta-rule
+    /// recurrence with a fixed-size state) for every full-attention layer;
+    /// full layers with an output gate, (1 + w) per-head q/k norms and a
+    /// rotation of a quarter of the head.
+    Qwen35,
 }
 
 impl Arch {
-    const ALL: [(&'static str, Arch); 14] = [
+    const ALL: [(&'static str, Arch); 15] = [
         ("llama", Arch::Llama),
         ("mistral", Arch::Mistral),
         ("qwen2", Arch::Qwen2),
@@ -77,6 +84,7 @@ impl Arch {
         ("mixtral", Arch::Mixtral),
         ("gpt_oss", Arch::GptOss),
         ("gemma4_text", Arch::Gemma4),
+        ("qwen3_5_text", Arch::Qwen35),
     ];
 
     /// The `model_type` string of this architecture.
@@ -104,6 +112,7 @@ impl Arch {
             Arch::Mixtral => "llama",
             Arch::GptOss => "gpt-oss",
             Arch::Gemma4 => "gemma4",
+            Arch::Qwen35 => "qwen35",
             other => other.model_type(),
         }
     }
@@ -133,6 +142,9 @@ impl Arch {
         match self {
             Arch::Gemma4 => Some(
                 "architecture gemma4 (per-layer head widths, shared K/V and per-layer inputs are not yet read from GGUF; its Hugging Face folder is)",
+            ),
+            Arch::Qwen35 => Some(
+                "architecture qwen35 (linear-attention layers are not yet read from GGUF; its Hugging Face folder is)",
             ),
             _ => None,
         }
@@ -236,7 +248,7 @@ pub enum RopeScaling {
 /// every layer of most models, per layer on Gemma 4.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct LayerAttention {
-    /// K/V heads.
+    /// K/V heads (0 on a layer without K/V: Qwen3.5's linear layers).
     pub kv_heads: usize,
     /// Width of one head (queries, keys and values).
     pub head_dim: usize,
@@ -248,6 +260,47 @@ pub struct LayerAttention {
     /// The earlier layer whose K/V this layer reads instead of storing its
     /// own (Gemma 4's `num_kv_shared_layers`); `None`: its own.
     pub kv_source: Option<usize>,
+}
+
+/// Qwen3.5's linear-attention layers (Gated DeltaNet): which layers they
+/// are and their shape. Each holds no K/V but a fixed-size state: the last
+/// `conv_kernel - 1` inputs of its convolution and, per value head, a
+/// `key_head_dim x value_head_dim` matrix.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LinearAttentionConfig {
+    /// Whether each layer is a linear-attention layer (the others are full
+    /// attention).
+    pub layers: Vec<bool>,
+    /// Query and key heads (`linear_num_key_heads`).
+    pub key_heads: usize,
+    /// Value heads (`linear_num_value_heads`), a multiple of the key heads:
+    /// each key head serves `value_heads / key_heads` value heads in turn.
+    pub value_heads: usize,
+    /// Width of a query or key head (`linear_key_head_dim`).
+    pub key_head_dim: usize,
+    /// Width of a value head (`linear_value_head_dim`).
+    pub value_head_dim: usize,
+    /// The causal convolution's kernel (`linear_conv_kernel_dim`).
+    pub conv_kernel: usize,
+}
+
+impl LinearAttentionConfig {
+    /// Channels of the convolution: queries, keys and values side by side.
+    pub fn conv_channels(&self) -> usize {
+        2 * self.key_heads * self.key_head_dim + self.value_heads * self.value_head_dim
+    }
+
+    /// Values of one linear layer's state: the convolution's last `kernel -
+    /// 1` inputs of every channel, and a key x value matrix per value head.
+    pub fn state_values(&self) -> usize {
+        self.conv_channels() * (self.conv_kernel - 1)
+            + self.value_heads * self.key_head_dim * self.value_head_dim
+    }
+
+    /// Whether layer `l` is a linear-attention layer.
+    pub fn is_linear(&self, l: usize) -> bool {
+        self.layers.get(l).copied().unwrap_or(false)
+    }
 }
 
 /// Gemma 4's per-layer inputs: each token gets `width` values per layer,
@@ -423,6 +476,12 @@ pub struct ModelConfig {
     /// Each layer's output is multiplied by its learned `layer_scalar`
     /// (Gemma 4).
     pub layer_scalars: bool,
+    /// The linear-attention layers, where the model has them (Qwen3.5).
+    pub linear_attention: Option<LinearAttentionConfig>,
+    /// The query projection also gives a gate per head; the attention's
+    /// output is multiplied by its sigmoid before the output projection
+    /// (Qwen3.5's full layers).
+    pub attn_output_gate: bool,
 }
 
 /// Largest width, head count, head width or vocabulary a config may claim
@@ -587,6 +646,9 @@ impl ModelConfig {
         if model_type == "gemma3" {
             return Err(gemma3::multimodal(path));
         }
+        if let Some(expected) = qwen3_5::refusal(model_type) {
+            return Err(f.err("model_type", expected, f.get("model_type")));
+        }
         if model_type == "gemma4" {
             return Err(f.err(
                 "model_type",
@@ -664,7 +726,12 @@ impl ModelConfig {
             {
                 (gpt_oss_rope(f, head_dim)?, None)
             }
+            Arch::Qwen35 => (qwen35_rope(f, head_dim)?, None),
             _ => (read_rope(f, head_dim, default_theta(arch))?, None),
+        };
+        let linear_attention = match arch {
+            Arch::Qwen35 => Some(qwen3_5::read(f, num_layers)?),
+            _ => None,
         };
         let is_gemma = arch.is_gemma();
         let activation = read_activation(f, arch)?;
@@ -683,7 +750,7 @@ impl ModelConfig {
         // transformers' defaults of each config class
         let default_positions = match arch {
             Arch::Gemma3 | Arch::Gemma4 => 131_072,
-            Arch::SmolLM3 => 32_768,
+            Arch::SmolLM3 | Arch::Qwen35 => 32_768,
             Arch::Olmo2 | Arch::Olmo3 => 2048,
             Arch::GptOss => 131_072,
             _ => 4096,
@@ -698,16 +765,19 @@ impl ModelConfig {
             Some(g) => (g.windows, g.attention, g.per_layer_input),
             None => (
                 read_sliding_window(f, arch, num_layers)?,
-                vec![
-                    LayerAttention {
-                        kv_heads: num_kv_heads,
+                (0..num_layers)
+                    .map(|l| LayerAttention {
+                        // a linear-attention layer holds no K/V
+                        kv_heads: match &linear_attention {
+                            Some(la) if la.is_linear(l) => 0,
+                            _ => num_kv_heads,
+                        },
                         head_dim,
                         values_from_keys: false,
                         value_norm: false,
                         kv_source: None,
-                    };
-                    num_layers
-                ],
+                    })
+                    .collect(),
                 None,
             ),
         };
@@ -738,11 +808,13 @@ impl ModelConfig {
                 _ => f.opt_bool("attention_bias")?.unwrap_or(false),
             },
             qk_norm: match arch {
-                Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 | Arch::Gemma4 => QkNorm::PerHead,
+                Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 | Arch::Gemma4 | Arch::Qwen35 => {
+                    QkNorm::PerHead
+                }
                 Arch::Olmo2 | Arch::Olmo3 => QkNorm::Whole,
                 _ => QkNorm::None,
             },
-            norm_weight_offset: is_gemma,
+            norm_weight_offset: is_gemma || arch == Arch::Qwen35,
             norms: match arch {
                 _ if sandwich => NormPlacement::Sandwich,
                 Arch::Olmo2 | Arch::Olmo3 => NormPlacement::Post,
@@ -770,6 +842,8 @@ impl ModelConfig {
             layer_attention,
             per_layer_input,
             layer_scalars: arch == Arch::Gemma4,
+            linear_attention,
+            attn_output_gate: arch == Arch::Qwen35,
         })
     }
 
@@ -788,6 +862,30 @@ impl ModelConfig {
     pub fn group_size(&self) -> usize {
         self.num_heads / self.num_kv_heads
     }
+}
+
+/// Qwen3.5's RoPE: read as any model's, but a quarter of the head rotates
+/// where the config names no `partial_rotary_factor` (transformers'
+/// default for the class). Text-only positions are the same on its three
+/// multimodal sections (`mrope_section`), so the rotation is the plain one.
+fn qwen35_rope(f: &Fields<'_>, head_dim: usize) -> Result<RopeConfig> {
+    let mut rope = read_rope(f, head_dim, default_theta(Arch::Qwen35))?;
+    let named = f.get("partial_rotary_factor").is_some()
+        || f.get("rope_parameters")
+            .or(f.get("rope_scaling"))
+            .and_then(|p| p.get("partial_rotary_factor"))
+            .is_some_and(|v| !v.is_null());
+    if !named {
+        rope.rotary_dim = ((head_dim as f64 * qwen3_5::DEFAULT_PARTIAL_ROTARY) as usize) & !1;
+        if rope.rotary_dim == 0 {
+            return Err(f.err(
+                "head_dim",
+                "a head of at least 8 values (a quarter of it rotates, in pairs)",
+                f.get("head_dim"),
+            ));
+        }
+    }
+    Ok(rope)
 }
 
 /// OLMo 3's RoPE defaults: every layer type at transformers' base 5e5
@@ -1133,7 +1231,8 @@ fn read_sliding_window(
     // OLMo 2 never slides; SmolLM3 only with `use_sliding_window`, whatever
     // its `layer_types` list
     let never = match arch {
-        Arch::Olmo2 => true,
+        // Qwen3.5's layer types are linear or full attention, none slides
+        Arch::Olmo2 | Arch::Qwen35 => true,
         Arch::SmolLM3 => !f.opt_bool("use_sliding_window")?.unwrap_or(false),
         _ => false,
     };
@@ -1190,7 +1289,7 @@ fn read_sliding_window(
             }
             // SmolLM3 slides only where `use_sliding_window` and its
             // `layer_types` say so (read above when listed)
-            Arch::Llama | Arch::SmolLM3 | Arch::Olmo2 => None,
+            Arch::Llama | Arch::SmolLM3 | Arch::Olmo2 | Arch::Qwen35 => None,
             // transformers' default: three sliding layers, then a full one
             Arch::Olmo3 => window.filter(|_| !(l + 1).is_multiple_of(4)),
             // transformers' default: sliding and full layers alternating
@@ -1758,6 +1857,140 @@ mod tests {
         // the multimodal wrapper is refused, pointing at gemma4_text
         let err = parse(r#"{"model_type": "gemma4", "text_config": {}}"#).unwrap_err();
         assert!(err.to_string().contains("gemma4_text"), "{err}");
+    }
+
+    /// A Qwen3.5 config as transformers 5.24 saves it (the reference case
+    /// `layouts/qwen35-hybrid`): layers 3 and 7 full, the others linear.
+    const QWEN35: &str = r#""model_type": "qwen3_5_text", "vocab_size": 320, "hidden_size": 32,
+        "intermediate_size": 64, "num_hidden_layers": 8, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+        "linear_value_head_dim": 8, "tie_word_embeddings": true,
+        "layer_types": ["linear_attention", "linear_attention", "linear_attention",
+          "full_attention", "linear_attention", "linear_attention", "linear_attention",
+          "full_attention"],
+        "rope_parameters": {"partial_rotary_factor": 0.25, "rope_theta": 10000.0,
+          "rope_type": "default"}"#;
+
+    fn qwen35(extra: &str) -> Result<ModelConfig> {
+        parse(&format!("{{{QWEN35}{extra}}}"))
+    }
+
+    #[test]
+    fn qwen35_reads_its_linear_layers_and_gated_full_layers() {
+        let c = qwen35("").unwrap();
+        assert_eq!(c.arch, Arch::Qwen35);
+        let la = c.linear_attention.clone().unwrap();
+        let linear: Vec<usize> = (0..8).filter(|&l| la.is_linear(l)).collect();
+        assert_eq!(linear, vec![0, 1, 2, 4, 5, 6]);
+        assert_eq!(
+            (
+                la.key_heads,
+                la.value_heads,
+                la.key_head_dim,
+                la.value_head_dim
+            ),
+            (2, 4, 16, 8)
+        );
+        assert_eq!(la.conv_channels(), 2 * 32 + 32);
+        assert_eq!(la.state_values(), 96 * 3 + 4 * 16 * 8);
+        // linear layers hold no K/V; full ones 2 heads of 16
+        let kv: Vec<usize> = c.layer_attention.iter().map(|a| a.kv_heads).collect();
+        assert_eq!(kv, vec![0, 0, 0, 2, 0, 0, 0, 2]);
+        assert!(c.attn_output_gate && c.norm_weight_offset && c.qk_norm == QkNorm::PerHead);
+        assert_eq!((c.rope.rotary_dim, c.rope.theta), (4, 10_000.0));
+        assert_eq!(c.sliding_window, vec![None; 8]);
+        // transformers' defaults: every fourth layer full, a quarter of the
+        // head rotating, the class's linear shapes
+        let d = parse(&format!(
+            r#"{{"model_type": "qwen3_5_text", {BASE}, "num_hidden_layers": 8, "head_dim": 32}}"#
+        ))
+        .unwrap();
+        let la = d.linear_attention.unwrap();
+        assert_eq!(
+            la.layers,
+            vec![true, true, true, false, true, true, true, false]
+        );
+        assert_eq!(
+            (
+                la.key_heads,
+                la.value_heads,
+                la.key_head_dim,
+                la.conv_kernel
+            ),
+            (16, 32, 128, 4)
+        );
+        assert_eq!(d.rope.rotary_dim, 8);
+        // every other architecture has none
+        let llama = parse(&format!(r#"{{"model_type":"llama", {BASE}}}"#)).unwrap();
+        assert!(llama.linear_attention.is_none() && !llama.attn_output_gate);
+    }
+
+    #[test]
+    fn qwen35_inconsistent_fields_are_named() {
+        for (extra, field, says) in [
+            (
+                r#", "layer_types": ["linear_attention", "full_attention"]"#,
+                "layer_types",
+                "8 layer types",
+            ),
+            (
+                r#", "layer_types": "hybrid""#,
+                "layer_types",
+                "8 layer types",
+            ),
+            (
+                r#", "layer_types": ["linear_attention", "linear_attention", "linear_attention",
+                    "sliding_attention", "linear_attention", "linear_attention",
+                    "linear_attention", "full_attention"]"#,
+                "layer_types",
+                "linear_attention or full_attention",
+            ),
+            (
+                r#", "linear_num_value_heads": 3"#,
+                "linear_num_value_heads",
+                "a multiple of linear_num_key_heads",
+            ),
+            (
+                r#", "linear_num_key_heads": 0"#,
+                "linear_num_key_heads",
+                "positive",
+            ),
+            (
+                r#", "linear_conv_kernel_dim": 0"#,
+                "linear_conv_kernel_dim",
+                "positive",
+            ),
+            (
+                r#", "linear_value_head_dim": "wide""#,
+                "linear_value_head_dim",
+                "positive",
+            ),
+            (
+                r#", "linear_key_head_dim": 16777216"#,
+                "linear_key_head_dim",
+                "heads x head width",
+            ),
+            (
+                r#", "rope_parameters": {"partial_rotary_factor": 3.0}"#,
+                "partial_rotary_factor",
+                "fraction",
+            ),
+        ] {
+            let err = qwen35(extra).expect_err(extra);
+            let msg = err.to_string();
+            assert!(msg.contains(field) && msg.contains(says), "{extra}: {msg}");
+        }
+        // the multimodal wrapper and the experts are refused, pointing at
+        // qwen3_5_text
+        for model_type in ["qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe"] {
+            let err = parse(&format!(r#"{{"model_type": "{model_type}", {BASE}}}"#)).unwrap_err();
+            let msg = err.to_string();
+            assert!(
+                msg.contains("qwen3_5_text") && msg.contains(model_type),
+                "{msg}"
+            );
+        }
     }
 
     #[test]

@@ -620,6 +620,9 @@ pub(crate) struct Qkv {
     /// Keys and values (one per K/V head); `None` on a layer that reads
     /// another layer's K/V (Gemma 4's shared layers).
     pub kv: Option<(Tensor, Tensor)>,
+    /// The output gate [n, heads * head_dim], before its sigmoid, where the
+    /// query projection gives one (Qwen3.5's full layers).
+    pub gate: Option<Tensor>,
 }
 
 /// The attention projections of one layer.
@@ -635,6 +638,9 @@ pub struct AttentionProj {
     whole_norms: bool,
     /// Each query head's sink logit [heads] in f32 (gpt-oss).
     sinks: Option<Tensor>,
+    /// The query projection gives each head's queries then its output gate
+    /// (Qwen3.5's full layers).
+    output_gate: bool,
     num_heads: usize,
     num_kv_heads: usize,
     head_dim: usize,
@@ -659,6 +665,10 @@ enum QkvProj {
     QueriesOnly {
         q: Linear,
     },
+    /// No queries, keys or values: a linear-attention layer (Qwen3.5), whose
+    /// input projections are its Gated DeltaNet's; only the output
+    /// projection is the attention's.
+    Recurrent,
 }
 
 /// The attention's input matrices, as the model stores them.
@@ -673,6 +683,9 @@ pub(crate) enum QkvLinears<'a> {
     /// Q only: the K/V are another layer's (the fused step does not read
     /// this layout).
     QueriesOnly,
+    /// None: a linear-attention layer (the fused step does not read this
+    /// layout).
+    Recurrent,
 }
 
 impl AttentionProj {
@@ -683,6 +696,7 @@ impl AttentionProj {
             QkvProj::Fused(lin) => QkvLinears::Fused(lin),
             QkvProj::KeysAsValues { .. } => QkvLinears::KeysAsValues,
             QkvProj::QueriesOnly { .. } => QkvLinears::QueriesOnly,
+            QkvProj::Recurrent => QkvLinears::Recurrent,
         }
     }
 
@@ -710,20 +724,25 @@ impl AttentionProj {
         let (h, kv, hd, d) = (c.num_heads, shape.kv_heads, shape.head_dim, c.hidden_size);
         let linear =
             |name: &str, rows: usize| ld.linear(&format!("{prefix}.{name}"), rows, d, c.qkv_bias);
+        // the query projection gives a head's queries, then its gate
+        let q_rows = match c.attn_output_gate {
+            true => 2 * h * hd,
+            false => h * hd,
+        };
         let qkv = if c.fused_qkv {
             QkvProj::Fused(linear("qkv_proj", (h + 2 * kv) * hd)?)
         } else if shape.kv_source.is_some() {
             QkvProj::QueriesOnly {
-                q: linear("q_proj", h * hd)?,
+                q: linear("q_proj", q_rows)?,
             }
         } else if shape.values_from_keys {
             QkvProj::KeysAsValues {
-                q: linear("q_proj", h * hd)?,
+                q: linear("q_proj", q_rows)?,
                 k: linear("k_proj", kv * hd)?,
             }
         } else {
             QkvProj::Separate {
-                q: linear("q_proj", h * hd)?,
+                q: linear("q_proj", q_rows)?,
                 k: linear("k_proj", kv * hd)?,
                 v: linear("v_proj", kv * hd)?,
             }
@@ -766,10 +785,41 @@ impl AttentionProj {
                 }
                 false => None,
             },
+            output_gate: c.attn_output_gate,
             num_heads: h,
             num_kv_heads: kv,
             head_dim: hd,
         })
+    }
+
+    /// The attention of a linear-attention layer (Qwen3.5): no queries,
+    /// keys or values, only the output projection `{prefix}.out_proj` from
+    /// `heads` value heads of `head_dim` values.
+    pub(crate) fn output_only(
+        ld: &Loader<'_>,
+        prefix: &str,
+        (heads, head_dim): (usize, usize),
+    ) -> Result<Self> {
+        let d = ld.cfg.hidden_size;
+        Ok(Self {
+            qkv: QkvProj::Recurrent,
+            o: ld.linear(&format!("{prefix}.out_proj"), d, heads * head_dim, false)?,
+            q_norm: None,
+            k_norm: None,
+            v_norm: None,
+            whole_norms: false,
+            sinks: None,
+            output_gate: false,
+            num_heads: heads,
+            num_kv_heads: 0,
+            head_dim,
+        })
+    }
+
+    /// Whether the attention's output is multiplied by the sigmoid of a gate
+    /// the query projection gives (Qwen3.5's full layers).
+    pub(crate) fn has_output_gate(&self) -> bool {
+        self.output_gate
     }
 
     /// K/V heads of the layer.
@@ -795,6 +845,7 @@ impl AttentionProj {
             QkvProj::Fused(lin) => vec![lin],
             QkvProj::KeysAsValues { q, k } => vec![q, k],
             QkvProj::QueriesOnly { q } => vec![q],
+            QkvProj::Recurrent => vec![],
         };
         out.push(&self.o);
         out
@@ -807,6 +858,8 @@ impl AttentionProj {
             QkvProj::Fused(lin) => vec![("qkv_proj", lin)],
             QkvProj::KeysAsValues { q, k } => vec![("q_proj", q), ("k_proj", k)],
             QkvProj::QueriesOnly { q } => vec![("q_proj", q)],
+            // a linear layer's matrices have other names: no adapter reaches them
+            QkvProj::Recurrent => return vec![],
         };
         out.push(("o_proj", &mut self.o));
         out
@@ -834,13 +887,40 @@ impl AttentionProj {
                 return Ok(Qkv {
                     q: self.heads(q, h)?,
                     kv: Some(self.kv_heads(k, v)?),
+                    gate: None,
                 });
             }
+            QkvProj::Recurrent => {
+                return Err(crate::error::ModelError::LayerProgram {
+                    what: "queries of a linear-attention layer",
+                });
+            }
+        };
+        let (q, gate) = match self.output_gate {
+            true => {
+                // per head: head_dim queries, then head_dim gate values
+                let n = q.dim(0)?;
+                let hd = self.head_dim;
+                let both = q.reshape((n, h, 2 * hd))?;
+                (
+                    both.narrow(2, 0, hd)?.reshape((n, h * hd))?,
+                    Some(both.narrow(2, hd, hd)?.reshape((n, h * hd))?),
+                )
+            }
+            false => (q, None),
         };
         Ok(Qkv {
             q: self.heads(q, h)?,
             kv: self.project_kv(x)?,
+            gate,
         })
+    }
+
+    /// The attention's output [heads, n, head_dim] times the sigmoid of the
+    /// gate [n, heads * head_dim] the query projection gave.
+    pub(crate) fn gated_output(&self, attn: &Tensor, gate: &Tensor) -> Result<Tensor> {
+        let gate = self.heads(gate.clone(), self.num_heads)?;
+        Ok((attn * candle_nn::ops::sigmoid(&gate)?)?)
     }
 
     /// The K and V parts [n, kv * head_dim] of a fused projection's output.
@@ -875,6 +955,11 @@ impl AttentionProj {
                 (k.clone(), k)
             }
             QkvProj::QueriesOnly { .. } => return Ok(None),
+            QkvProj::Recurrent => {
+                return Err(crate::error::ModelError::LayerProgram {
+                    what: "keys and values of a linear-attention layer",
+                });
+            }
         };
         Ok(Some(self.kv_heads(k, v)?))
     }

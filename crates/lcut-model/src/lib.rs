@@ -13,6 +13,7 @@ mod layers;
 pub mod lens;
 mod lens_stats;
 mod linear;
+mod linear_attention;
 pub mod lora;
 pub mod mapped;
 pub mod memory;
@@ -26,7 +27,8 @@ mod weights;
 
 pub use cache::LayerCache;
 pub use config::{
-    Activation, Arch, LayerAttention, ModelConfig, PerLayerInput, RopeConfig, RopeScaling,
+    Activation, Arch, LayerAttention, LinearAttentionConfig, ModelConfig, PerLayerInput,
+    RopeConfig, RopeScaling,
 };
 pub use decoder::{
     BatchSoftmax, ChunkOutput, Decoder, LogitRows, Unfused, WeightMode, argmax_rows,
@@ -37,6 +39,7 @@ pub use files::{FolderFiles, ModelFiles};
 pub use layers::Routing;
 pub use lens::{LensProbe, LensRecord};
 pub use linear::{Embedding, Linear};
+pub use linear_attention::{LinearSplit, RecurrentState};
 pub use probe::{AttentionView, Probe, ResidualSite, RoutingView};
 pub use rope::{Rope, inverse_frequencies};
 pub use sequence::Sequence;

@@ -19,6 +19,10 @@ pub struct MemoryEstimate {
     pub weights: u64,
     /// K/V buffers (the policy's cost for the whole sequence).
     pub kv: u64,
+    /// The linear-attention layers' states (Qwen3.5; 0 for other
+    /// models): a fixed size per layer, whatever the sequence's length
+    /// ([`recurrent_state_bytes`]).
+    pub states: u64,
     /// One attention block's scores in their dtypes and the chunk's mask.
     pub attention: u64,
     /// A prefill chunk's other activations and the logits.
@@ -35,7 +39,13 @@ pub struct MemoryEstimate {
 impl MemoryEstimate {
     /// All parts together.
     pub fn total(&self) -> u64 {
-        self.weights + self.kv + self.attention + self.activations + self.records + self.process
+        self.weights
+            + self.kv
+            + self.states
+            + self.attention
+            + self.activations
+            + self.records
+            + self.process
     }
 
     /// The same without the weights (for a model already loaded).
@@ -146,6 +156,9 @@ impl fmt::Display for MemoryEstimate {
             x(self.attention),
             x(self.activations)
         )?;
+        if self.states > 0 {
+            write!(f, ", linear-attention states {:.2}", x(self.states))?;
+        }
         if self.records > 0 {
             write!(f, ", traces and probes {:.2}", x(self.records))?;
         }
@@ -182,7 +195,23 @@ pub fn parameter_count(cfg: &ModelConfig) -> u64 {
             QkNorm::Whole => (h + kv) * hd,
         };
         let bias = if cfg.qkv_bias { (h + kv_rows) * hd } else { 0 };
-        d * (h + kv_rows) * hd + h * hd * d + norms + qk_norms + bias
+        // the query projection's gate rows (Qwen3.5's full layers)
+        let gate = if cfg.attn_output_gate { d * h * hd } else { 0 };
+        d * (h + kv_rows) * hd + h * hd * d + norms + qk_norms + bias + gate
+    };
+    // a linear-attention layer (Qwen3.5): its input projections (queries,
+    // keys and values; the gate z; b and a per value head), the
+    // convolution, the decay's A_log and dt_bias, the gated norm and the
+    // output projection
+    let linear = |la: &crate::config::LinearAttentionConfig| {
+        let (vh, values) = (la.value_heads, la.value_heads * la.value_head_dim);
+        let channels = la.conv_channels();
+        d * (channels + values + 2 * vh)
+            + channels * la.conv_kernel
+            + 2 * vh
+            + la.value_head_dim
+            + values * d
+            + norms
     };
     // a sparse layer: the router and every expert's gated MLP
     let mlp = |sparse: bool| match (sparse, cfg.experts) {
@@ -203,7 +232,11 @@ pub fn parameter_count(cfg: &ModelConfig) -> u64 {
     let layers: usize = (0..cfg.num_layers)
         .map(|l| {
             let sparse = cfg.sparse_layers.get(l).copied().unwrap_or(false);
-            cfg.layer_attention.get(l).map_or(0, attention) + mlp(sparse) + per_layer
+            let mixer = match &cfg.linear_attention {
+                Some(la) if la.is_linear(l) => linear(la),
+                _ => cfg.layer_attention.get(l).map_or(0, attention),
+            };
+            mixer + mlp(sparse) + per_layer
         })
         .sum();
     let head = if cfg.tie_word_embeddings { 0 } else { v * d };
@@ -213,9 +246,10 @@ pub fn parameter_count(cfg: &ModelConfig) -> u64 {
 /// Bytes of the full model's K/V cache for `tokens` tokens stored in
 /// `kv_dtype`: 2 · K/V heads · head width · bytes per row of each layer
 /// that stores K/V (a layer that reads another layer's holds none, Gemma
-/// 4's shared layers), `tokens` rows at a layer that reads every earlier
-/// key and [`window_cache_rows`] at a sliding-window layer (Gemma 3: five
-/// layers in six).
+/// 4's shared layers; a linear-attention layer none either, Qwen3.5's:
+/// [`recurrent_state_bytes`] counts its state), `tokens` rows at a layer
+/// that reads every earlier key and [`window_cache_rows`] at a
+/// sliding-window layer (Gemma 3: five layers in six).
 pub fn kv_cache_bytes(cfg: &ModelConfig, kv_dtype: DType, tokens: usize) -> u64 {
     let bytes = kv_dtype.size_in_bytes() as u64;
     (0..cfg.num_layers)
@@ -227,6 +261,18 @@ pub fn kv_cache_bytes(cfg: &ModelConfig, kv_dtype: DType, tokens: usize) -> u64 
             window_cache_rows(window, tokens) as u64 * row
         })
         .sum()
+}
+
+/// Bytes the linear-attention layers' states take once a token has run
+/// them (Qwen3.5; 0 for other models): per linear layer, the convolution's
+/// last `kernel - 1` inputs and a key x value matrix per value head, in
+/// f32, whatever the number of tokens (the same under every policy that
+/// runs a token there).
+pub fn recurrent_state_bytes(cfg: &ModelConfig) -> u64 {
+    cfg.linear_attention.as_ref().map_or(0, |la| {
+        let layers = la.layers.iter().filter(|&&l| l).count();
+        (layers * la.state_values() * 4) as u64
+    })
 }
 
 /// The rows a layer's cache makes room for when it is to take `rows` rows:
@@ -273,6 +319,7 @@ pub fn estimate(
     MemoryEstimate {
         weights: parameter_count(cfg) * b,
         kv: kv_bytes,
+        states: recurrent_state_bytes(cfg),
         attention,
         activations,
         records: 0,
@@ -445,6 +492,7 @@ mod tests {
         let e = MemoryEstimate {
             weights: 2 * gib,
             kv: gib,
+            states: 0,
             attention: 0,
             activations: 0,
             records: 0,

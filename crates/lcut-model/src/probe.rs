@@ -93,6 +93,25 @@ pub trait Probe {
         Ok(())
     }
 
+    /// The position from which the probe wants a linear-attention layer's
+    /// outputs (Qwen3.5) split into what the layer's state at that position
+    /// contributes and what the tokens from it on do; `None` (the default)
+    /// asks for none. The split starts at the first row it is asked for (a
+    /// probe attached from the decode start splits the prompt's share from
+    /// the decode phase's) and stops when a chunk runs without it.
+    fn linear_split_from(&self, _layer: usize) -> Option<usize> {
+        None
+    }
+
+    /// The split outputs of a chunk's rows at a linear-attention layer.
+    fn on_linear_split(
+        &mut self,
+        _layer: usize,
+        _split: &crate::linear_attention::LinearSplit,
+    ) -> Result<()> {
+        Ok(())
+    }
+
     /// Whether the probe wants the residual stream at `site`.
     fn wants_residual(&self, _site: ResidualSite) -> bool {
         false

@@ -9,6 +9,7 @@ use lcut_policy::{KvAccounting, KvSharing, Policy, PressRun, SlimRun, TokenPhase
 use crate::cache::LayerCache;
 use crate::decoder::depth_mismatch;
 use crate::error::{ModelError, Result};
+use crate::linear_attention::RecurrentState;
 
 /// The rows of one prefill chunk waiting for the next prefill stage.
 pub(crate) type Pending = crate::decoder::ChunkRows;
@@ -36,6 +37,10 @@ pub struct Sequence {
     /// Which layer's cache each layer reads (Gemma 4's shared layers hold
     /// none of their own).
     pub(crate) sharing: KvSharing,
+    /// Each linear-attention layer's state (Qwen3.5), beside the K/V
+    /// caches: `None` at an attention layer, and at a linear layer no
+    /// token has run yet.
+    pub(crate) recurrent: Vec<Option<RecurrentState>>,
 }
 
 /// What a sequence's caches need to know of the model: each layer's K/V
@@ -116,6 +121,7 @@ impl Sequence {
         Self {
             policy,
             caches: (0..rule.num_layers()).map(|_| LayerCache::new()).collect(),
+            recurrent: vec![None; rule.num_layers()],
             rule,
             next_pos: 0,
             pending: Vec::new(),
@@ -212,6 +218,23 @@ impl Sequence {
         self.caches.iter().map(|c| c.bytes_held() as u64).sum()
     }
 
+    /// Bytes the linear-attention layers' states hold (Qwen3.5): a fixed
+    /// size per layer that a token has run, whatever the sequence's length;
+    /// not K/V, so not in [`Sequence::kv_bytes_held`].
+    pub fn recurrent_bytes_held(&self) -> u64 {
+        self.recurrent
+            .iter()
+            .flatten()
+            .map(|s| s.bytes() as u64)
+            .sum()
+    }
+
+    /// Layer `layer`'s linear-attention state, where it is a linear layer
+    /// a token has run.
+    pub fn recurrent_state(&self, layer: usize) -> Option<&RecurrentState> {
+        self.recurrent.get(layer)?.as_ref()
+    }
+
     /// Bytes of K/V buffers allocated over all layers.
     pub fn kv_bytes_allocated(&self) -> u64 {
         self.caches.iter().map(|c| c.bytes_allocated() as u64).sum()
@@ -226,7 +249,10 @@ impl Sequence {
     /// [reuses a full prefill](Policy::reuses_full_prefill): anchors are a
     /// prefix, so in both runs an anchor reads only anchors, and a layer's
     /// keys below the cutoff are the full model's. Used by sweeps over
-    /// cutoffs to reuse one prefill.
+    /// cutoffs to reuse one prefill. A linear-attention layer (Qwen3.5)
+    /// keeps the full run's state where every token ran it, and above the
+    /// cut the state after the anchors: none, or BoS's (the state keeps it);
+    /// other anchors there are refused ([`ModelError::NotRestrictable`]).
     pub fn restricted(&self, policy: Policy, phases: TokenPhases) -> Result<Sequence> {
         if !policy.reuses_full_prefill() {
             return Err(ModelError::NotRestrictable {
@@ -235,6 +261,36 @@ impl Sequence {
         }
         self.check_full_depth_prefix(&policy, &phases)?;
         let rule = policy.visibility(phases);
+        // a policy whose meaning on a linear layer is not defined is refused
+        // as a new sequence of it would be
+        if self.recurrent.iter().any(Option::is_some) {
+            lcut_policy::RecurrentLayers::check_policy(&policy)?;
+        }
+        // a linear layer's state holds every token that ran it: under the
+        // policy, the tokens that exist there (a prefix: every token below
+        // the cut, the anchors above) must have run it first in the full
+        // run, and the state after them be known (none, BoS alone, or all)
+        let recurrent = self
+            .recurrent
+            .iter()
+            .enumerate()
+            .map(|(l, state)| {
+                let Some(state) = state else {
+                    return Ok(None);
+                };
+                let kept = (0..self.next_pos)
+                    .take_while(|&p| rule.token_exists(l, p))
+                    .count();
+                let prefix = (kept..self.next_pos).all(|p| !rule.token_exists(l, p));
+                match prefix {
+                    true => state.prefix(kept, policy.is_full_depth()).ok(),
+                    false => None,
+                }
+                .ok_or_else(|| ModelError::NotRestrictable {
+                    policy: policy.to_string(),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
         // rows of tokens that exist at a layer stay while the prompt runs
         // (its later queries read them); those the policy does not keep go
         // once the decode phase starts
@@ -268,6 +324,7 @@ impl Sequence {
             kv_heads: self.kv_heads.clone(),
             windows: self.windows.clone(),
             sharing: self.sharing.clone(),
+            recurrent,
         })
     }
 
@@ -331,6 +388,14 @@ impl Sequence {
                 Ok(c)
             })
             .collect::<Result<Vec<_>>>()?;
+        // a linear layer below `below` keeps the full run's state (every
+        // token ran it there); above, the caller's prefill runs it again
+        let recurrent = (0..self.recurrent.len())
+            .map(|l| match l < below {
+                true => self.recurrent[l].clone(),
+                false => None,
+            })
+            .collect();
         Ok(Sequence {
             policy,
             rule,
@@ -341,6 +406,7 @@ impl Sequence {
             kv_heads: self.kv_heads.clone(),
             windows: self.windows.clone(),
             sharing: self.sharing.clone(),
+            recurrent,
         })
     }
 
@@ -385,6 +451,7 @@ impl Sequence {
             kv_heads: self.kv_heads.clone(),
             windows: self.windows.clone(),
             sharing: self.sharing.clone(),
+            recurrent: self.recurrent.clone(),
         })
     }
 

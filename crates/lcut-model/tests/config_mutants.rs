@@ -44,8 +44,14 @@ fn assert_consistent(cfg: &ModelConfig, doc: Option<&Value>) {
     assert_eq!(cfg.layer_attention.len(), cfg.num_layers);
     for (l, a) in cfg.layer_attention.iter().enumerate() {
         assert!(a.head_dim > 0 && a.head_dim <= MAX_SIZE, "layer {l}: {a:?}");
+        // a linear-attention layer (Qwen3.5) holds no K/V
+        let linear = cfg
+            .linear_attention
+            .as_ref()
+            .is_some_and(|la| la.is_linear(l));
         assert!(
-            a.kv_heads > 0 && cfg.num_heads.is_multiple_of(a.kv_heads),
+            (linear && a.kv_heads == 0)
+                || (!linear && a.kv_heads > 0 && cfg.num_heads.is_multiple_of(a.kv_heads)),
             "layer {l}: {a:?}"
         );
         if let Some(s) = a.kv_source {
@@ -57,6 +63,22 @@ fn assert_consistent(cfg: &ModelConfig, doc: Option<&Value>) {
                 "layer {l} reads {s}"
             );
         }
+    }
+    if let Some(la) = &cfg.linear_attention {
+        assert_eq!(la.layers.len(), cfg.num_layers);
+        for n in [
+            la.key_heads,
+            la.value_heads,
+            la.key_head_dim,
+            la.value_head_dim,
+        ] {
+            assert!(n > 0 && n <= MAX_SIZE, "{la:?}");
+        }
+        assert!(la.value_heads.is_multiple_of(la.key_heads), "{la:?}");
+        assert!(
+            la.conv_kernel > 0 && la.conv_channels() <= 3 * MAX_SIZE,
+            "{la:?}"
+        );
     }
     if let Some(p) = cfg.per_layer_input {
         assert!(p.width * cfg.num_layers <= MAX_SIZE && p.vocab >= cfg.vocab_size);

@@ -312,19 +312,21 @@ fn the_fused_step_equals_the_tensor_path_on_models_with_experts() -> Result<()> 
 }
 
 /// Gemma 4's layers differ in head width, share K/V and take per-layer
-/// inputs: the fused step refuses it by name and its decode steps take the
-/// tensor path (held to transformers by `oracle_parity`).
+/// inputs; Qwen3.5's linear layers keep a recurrent state and its full
+/// layers gate their output: the fused step refuses each by name and their
+/// decode steps take the tensor path (held to transformers by
+/// `oracle_parity`).
 #[test]
-fn gemma4_takes_the_tensor_path_by_name() -> Result<()> {
+fn the_newest_layouts_take_the_tensor_path_by_name() -> Result<()> {
     for c in common::models_of(&lcut_testkit::LAYOUT_CASES)? {
         let reason = c.model.unfused_reason()?;
-        ensure!(
-            reason == Some(lcut_model::Unfused::Gemma4Layers),
-            "{}: {reason:?}",
-            c.name
-        );
+        let (expected, family) = match c.model.config().arch {
+            lcut_model::Arch::Qwen35 => (lcut_model::Unfused::LinearLayers, "Qwen3.5"),
+            _ => (lcut_model::Unfused::Gemma4Layers, "Gemma 4"),
+        };
+        ensure!(reason == Some(expected), "{}: {reason:?}", c.name);
         let what = reason.map(|r| r.describe()).unwrap_or_default();
-        ensure!(what.contains("Gemma 4"), "{what}");
+        ensure!(what.contains(family), "{what}");
     }
     Ok(())
 }

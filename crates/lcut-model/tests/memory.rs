@@ -128,7 +128,7 @@ fn a_blocked_prefill_counts_no_score_matrix() -> anyhow::Result<()> {
 /// (the two shared ones hold none).
 #[test]
 fn gemma4_counts_its_own_weights_and_only_stored_kv() -> anyhow::Result<()> {
-    let dir = lcut_testkit::oracle_case(lcut_testkit::LAYOUT_CASES[0]);
+    let dir = lcut_testkit::oracle_case(lcut_testkit::GEMMA4_CASE);
     let cfg = ModelConfig::from_folder(&dir)?;
     let bytes = std::fs::read(dir.join("model.safetensors"))?;
     let file = safetensors::SafeTensors::deserialize(&bytes)?;
@@ -144,5 +144,59 @@ fn gemma4_counts_its_own_weights_and_only_stored_kv() -> anyhow::Result<()> {
     let full = 40 * 2 * 32 * 4;
     let kv = lcut_model::memory::kv_cache_bytes(&cfg, lcut_model::DType::F32, 40);
     assert_eq!(kv, (sliding + full) as u64);
+    Ok(())
+}
+
+/// Qwen3.5's linear layers have their own projections, convolution and
+/// decay parameters and hold no K/V; its full layers' query projection
+/// carries the output gate. The count is the number of values in the
+/// reference case's weights; the full model's K/V counts the two full
+/// layers only, and a sequence's linear states take the fixed size the
+/// config gives, whatever the number of tokens (twice that in a full-depth
+/// run, which keeps the first token's state too).
+#[test]
+fn qwen35_counts_its_linear_layers_and_keeps_states_apart_from_kv() -> anyhow::Result<()> {
+    let dir = lcut_testkit::oracle_case(lcut_testkit::QWEN35_CASE);
+    let cfg = ModelConfig::from_folder(&dir)?;
+    let bytes = std::fs::read(dir.join("model.safetensors"))?;
+    let file = safetensors::SafeTensors::deserialize(&bytes)?;
+    let written: usize = file
+        .tensors()
+        .iter()
+        .map(|(_, t)| t.shape().iter().product::<usize>())
+        .sum();
+    assert_eq!(parameter_count(&cfg), written as u64);
+    // f32, 40 tokens: layers 3 and 7, 2 K/V heads of 16
+    let kv = lcut_model::memory::kv_cache_bytes(&cfg, lcut_model::DType::F32, 40);
+    assert_eq!(kv, 2 * 40 * 2 * 2 * 16 * 4);
+    // six linear layers: 96 channels x 3 inputs and 4 matrices of 16 x 8
+    let state = 6 * (96 * 3 + 4 * 16 * 8) * 4;
+    assert_eq!(
+        lcut_model::memory::recurrent_state_bytes(&cfg),
+        state as u64
+    );
+    // the memory line counts them apart from K/V
+    let line = estimate(&cfg, DType::F32, kv, 40, 40, 1 << 20);
+    assert_eq!((line.kv, line.states), (kv, state as u64));
+    assert!(
+        line.to_string().contains("linear-attention states"),
+        "{line}"
+    );
+    assert_eq!(
+        line.total(),
+        line.weights + kv + state as u64 + line.attention + line.activations
+    );
+    let model = lcut_model::Decoder::load(&dir, lcut_model::DType::F32, &lcut_model::Device::Cpu)?;
+    let mut seq = model.new_full_sequence();
+    let ids: Vec<u32> = (1..=30).collect();
+    model.forward(&mut seq, &ids[..20], lcut_model::LogitRows::None, None)?;
+    // a full-depth run also keeps each state as the first token left it (so
+    // that it can be restricted to SPEED with BoS): twice the state
+    assert_eq!(seq.recurrent_bytes_held(), 2 * state as u64);
+    assert_eq!(seq.kv_bytes_held(), 2 * 20 * 2 * 2 * 16 * 4);
+    model.forward(&mut seq, &ids[20..], lcut_model::LogitRows::None, None)?;
+    assert_eq!(seq.recurrent_bytes_held(), 2 * state as u64);
+    assert_eq!(seq.recurrent_state(0).map(|s| s.tokens()), Some(30));
+    assert!(seq.recurrent_state(3).is_none());
     Ok(())
 }

@@ -47,6 +47,18 @@ pub enum PolicyError {
         /// Why.
         reason: String,
     },
+    /// A policy whose meaning on a model with recurrent (linear-attention)
+    /// layers is not defined.
+    #[error(
+        "policy {policy} does not run on a model with recurrent layers (Qwen3.5's linear attention): {reason}; \
+         full, SPEED and SelfOnly do"
+    )]
+    RecurrentPolicy {
+        /// The policy.
+        policy: String,
+        /// Why.
+        reason: String,
+    },
     /// The cutoff is not in 1..=L.
     #[error(
         "L_cut {l_cut} is out of range for a model of {num_layers} layers (expected 1..={num_layers})"

@@ -25,6 +25,7 @@ mod press;
 mod projected;
 mod query_window;
 mod record;
+mod recurrent;
 mod selection;
 mod shared_kv;
 mod slim;
@@ -51,6 +52,7 @@ pub use policy::{Anchors, HeadExceptions, Policy, PolicyKind, PolicySpec, split_
 pub use press::{PRESSES, PressName, PressObservation, PressParams, PressRun};
 pub use projected::{ProjectedKv, ProjectedName};
 pub use record::{CutRecord, SlimTrace, StepRecord};
+pub use recurrent::RecurrentLayers;
 pub use selection::{SlimSelection, StepTraffic};
 pub use shared_kv::{KvSharing, LayerKvShape};
 pub use slim::{Budget, MAX_SLIM_CUTS, ScoreMode, SlimOptions, SlimParams, SlimSpec};

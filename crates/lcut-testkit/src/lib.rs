@@ -62,11 +62,20 @@ pub const MOE_CASES: [&str; 4] = [
 /// The transformers reference cases of the newest layouts, in
 /// `fixtures/oracle/layouts` (Gemma 4 with per-type head widths, keys that
 /// are the values, per-layer inputs and its last two layers reading earlier
-/// layers' K/V; names relative to `fixtures/oracle`): run by the tensor
-/// path's parity tests in f32. Apart from [`ORACLE_CASES`]: they take no
-/// fused step yet (`Unfused::Gemma4Layers`), have no GGUF (lcut does not
-/// read Gemma 4's) and no bf16, lens, SwiftKV or press references.
-pub const LAYOUT_CASES: [&str; 1] = ["layouts/gemma4-shared"];
+/// layers' K/V; Qwen3.5 with three linear-attention layers to each full
+/// one; names relative to `fixtures/oracle`): run by the tensor path's
+/// parity tests in f32. Apart from [`ORACLE_CASES`]: they take no fused
+/// step yet (`Unfused::Gemma4Layers`, `Unfused::LinearLayers`), have no
+/// GGUF (lcut does not read either's) and no bf16, lens, SwiftKV or press
+/// references.
+pub const LAYOUT_CASES: [&str; 2] = [GEMMA4_CASE, QWEN35_CASE];
+
+/// The Gemma 4 reference case (shared K/V, per-layer inputs).
+pub const GEMMA4_CASE: &str = "layouts/gemma4-shared";
+
+/// The Qwen3.5 reference case: eight layers, layers 3 and 7 full attention
+/// with an output gate, the others linear attention (Gated DeltaNet).
+pub const QWEN35_CASE: &str = "layouts/qwen35-hybrid";
 
 /// The mixture-of-experts cases llama.cpp's converter writes as GGUF
 /// (`model.f32.gguf`, `model.q8_0.gguf`): its `qwen3moe` has no dense

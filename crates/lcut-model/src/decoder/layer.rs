@@ -23,14 +23,19 @@ use crate::config::Activation;
 use crate::error::{ModelError, Result};
 use crate::layers::{AttentionProj, FeedForward, Mlp, RmsNorm};
 use crate::linear::Linear;
+use crate::linear_attention::GatedDeltaNet;
 
 /// One decoder layer's weights and switches.
 #[derive(Debug, Clone)]
 pub(super) struct Layer {
     /// The norm before the attention, where the layer has one (not OLMo).
     pub(super) input_norm: Option<RmsNorm>,
-    /// The Q/K/V and output projections, with the Q/K head norms.
+    /// The Q/K/V and output projections, with the Q/K head norms (of a
+    /// linear-attention layer, its output projection only).
     pub(super) attn: AttentionProj,
+    /// The layer's linear attention (Qwen3.5's Gated DeltaNet), which
+    /// takes the place of queries, keys and values; `None`: attention.
+    pub(super) linear: Option<GatedDeltaNet>,
     /// The norm on the attention output before the residual add (Gemma,
     /// OLMo).
     pub(super) attn_out_norm: Option<RmsNorm>,
@@ -174,6 +179,17 @@ pub(super) trait LayerExecutor {
     /// rule (the rule of the layer that reads).
     fn attend(&mut self, at: LayerAt<'_>) -> Result<()>;
 
+    /// The attention's output multiplied by the sigmoid of the gate the
+    /// query projection gave (Qwen3.5's full layers).
+    fn gate_output(&mut self, at: LayerAt<'_>) -> Result<()>;
+
+    /// The attention's input through the layer's linear attention (Gated
+    /// DeltaNet) into the attention's output: the rows continue the
+    /// sequence's recurrent state of this layer, which holds only the
+    /// tokens that ran the layer before them (a policy's tokens that do
+    /// not exist at the layer never enter it).
+    fn linear_attention(&mut self, at: LayerAt<'_>) -> Result<()>;
+
     /// The gate's activation times the up half: the gated activation.
     fn gate(&mut self, at: LayerAt<'_>) -> Result<()>;
 
@@ -204,16 +220,25 @@ pub(super) fn run_layer(index: usize, layer: &Layer, e: &mut impl LayerExecutor)
     let at = LayerAt { index, layer };
     // attention
     block_input(at, Norm::Attention, e)?;
-    e.product(at, Product::Qkv)?;
-    if layer.attn.has_head_norms() {
-        e.norm_heads(at)?;
+    match &layer.linear {
+        // linear attention (Qwen3.5): no queries, keys or values
+        Some(_) => e.linear_attention(at)?,
+        None => {
+            e.product(at, Product::Qkv)?;
+            if layer.attn.has_head_norms() {
+                e.norm_heads(at)?;
+            }
+            e.show_queries(at, Rotation::Before)?;
+            if layer.rope.is_some() {
+                e.rotate(at)?;
+            }
+            e.show_queries(at, Rotation::After)?;
+            e.attend(at)?;
+            if layer.attn.has_output_gate() {
+                e.gate_output(at)?;
+            }
+        }
     }
-    e.show_queries(at, Rotation::Before)?;
-    if layer.rope.is_some() {
-        e.rotate(at)?;
-    }
-    e.show_queries(at, Rotation::After)?;
-    e.attend(at)?;
     e.product(at, Product::AttentionOut)?;
     if layer.attn_out_norm.is_some() {
         e.norm(at, Norm::AttentionOut)?;

@@ -13,10 +13,11 @@ use crate::error::{ModelError, Result};
 use crate::files::ModelFiles;
 use crate::gguf::GgufWeights;
 use crate::layers::{AttentionProj, Experts, FeedForward, Loader, Mlp};
+use crate::linear_attention::GatedDeltaNet;
 use crate::rope::Rope;
 use crate::store::ModelFormat;
 use crate::weights::WeightSource;
-use lcut_policy::KvSharing;
+use lcut_policy::{KvSharing, RecurrentLayers};
 
 /// The tensor in which llama.cpp stores per-frequency RoPE divisors.
 const ROPE_FACTORS: &str = "rope_freqs.weight";
@@ -90,9 +91,26 @@ impl Decoder {
                 let p = format!("model.layers.{l}");
                 let norm = |name: &str| ld.norm(&format!("{p}.{name}"), d);
                 let (before, after) = (cfg.norms.before(), cfg.norms.after());
+                // a linear-attention layer (Qwen3.5): its Gated DeltaNet, and
+                // its output projection as the attention's
+                let linear = match &cfg.linear_attention {
+                    Some(la) if la.is_linear(l) => {
+                        Some(GatedDeltaNet::load(&ld, &format!("{p}.linear_attn"), la)?)
+                    }
+                    _ => None,
+                };
+                let attn = match &linear {
+                    Some(net) => AttentionProj::output_only(
+                        &ld,
+                        &format!("{p}.linear_attn"),
+                        net.output_heads(),
+                    )?,
+                    None => AttentionProj::load(&ld, &format!("{p}.self_attn"), l)?,
+                };
                 Ok(Layer {
                     input_norm: before.then(|| norm("input_layernorm")).transpose()?,
-                    attn: AttentionProj::load(&ld, &format!("{p}.self_attn"), l)?,
+                    attn,
+                    linear,
                     // the norm after the attention where the layer has one;
                     // the same name is Llama's norm before the MLP
                     attn_out_norm: after
@@ -181,6 +199,14 @@ impl Decoder {
             .transpose()?;
         let attention_block_elems = default_attention_block_elems(device);
         let sharing = KvSharing::new(cfg.layer_attention.iter().map(|a| a.kv_source).collect())?;
+        let recurrent = RecurrentLayers::new(
+            (0..cfg.num_layers)
+                .map(|l| match &cfg.linear_attention {
+                    Some(la) if la.is_linear(l) => la.state_values(),
+                    _ => 0,
+                })
+                .collect(),
+        );
         let layer_inputs = cfg
             .per_layer_input
             .map(|input| LayerInputs::load(&ld, input, cfg.num_layers))
@@ -202,6 +228,7 @@ impl Decoder {
             fused_off: false,
             sharing,
             layer_inputs,
+            recurrent,
         })
     }
 }

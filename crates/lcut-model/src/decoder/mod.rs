@@ -33,7 +33,9 @@ pub use step::{StepScratch, Unfused};
 
 use candle_core::{D, DType, Device, Tensor};
 use lcut_policy::window::first_readable;
-use lcut_policy::{KvShape, KvSharing, Policy, PressObservation, PressRun, TokenPhases};
+use lcut_policy::{
+    KvShape, KvSharing, Policy, PressObservation, PressRun, RecurrentLayers, TokenPhases,
+};
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
@@ -70,6 +72,8 @@ pub struct Decoder {
     sharing: KvSharing,
     /// The per-layer inputs' weights, where the model has them (Gemma 4).
     layer_inputs: Option<layer_inputs::LayerInputs>,
+    /// Which layers are recurrent (Qwen3.5's linear attention).
+    recurrent: RecurrentLayers,
 }
 
 /// How a model's weights are held.
@@ -167,7 +171,10 @@ impl Decoder {
     fn matrices(&self) -> impl Iterator<Item = &Linear> {
         self.layers
             .iter()
-            .flat_map(|l| l.attn.linears().into_iter().chain(l.mlp.linears()))
+            .flat_map(|l| {
+                let linear = l.linear.iter().flat_map(|net| net.linears());
+                linear.chain(l.attn.linears()).chain(l.mlp.linears())
+            })
             .chain(std::iter::once(&self.lm_head))
     }
 
@@ -187,6 +194,7 @@ impl Decoder {
                 l.attn
                     .linears()
                     .into_iter()
+                    .chain(l.linear.iter().flat_map(|net| net.linears()))
                     .map(Linear::bytes)
                     .sum::<usize>()
                     + l.mlp.token_bytes()
@@ -372,6 +380,12 @@ impl Decoder {
         }
     }
 
+    /// Which layers are recurrent (Qwen3.5's linear attention) and what
+    /// their states hold.
+    pub fn recurrent_layers(&self) -> &RecurrentLayers {
+        &self.recurrent
+    }
+
     /// Which layer's K/V each layer reads: every layer its own, except
     /// Gemma 4's shared layers.
     pub fn kv_sharing(&self) -> &KvSharing {
@@ -454,6 +468,7 @@ impl Decoder {
             ));
         }
         self.sharing.check(&policy)?;
+        self.recurrent.check(&policy)?;
         policy.check_phases(&phases)?;
         let seq = Sequence::with_rule(policy, policy.visibility(phases), self.cache_shape());
         self.check_prompt_end(&seq)?;

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
 
 use candle_core::{DType, Tensor};
+use lcut_policy::RecurrentLayers;
 use lcut_policy::window::{first_readable, in_window};
 
 use super::attention::LayerReads;
@@ -52,6 +53,9 @@ pub(super) struct TensorRows<'a, 'p, 'q> {
     qkv: Option<Qkv>,
     /// The attention's output [heads, n, head_dim].
     attn: Option<Tensor>,
+    /// The output gate the queries came with, until the attention's output
+    /// takes it (Qwen3.5's full layers).
+    attn_gate: Option<Tensor>,
     /// The MLP's gate and up halves.
     gate_up: Option<(Tensor, Tensor)>,
     /// A half's output before it joins the residual stream.
@@ -136,6 +140,7 @@ impl<'a, 'p, 'q> TensorRows<'a, 'p, 'q> {
             input: None,
             qkv: None,
             attn: None,
+            attn_gate: None,
             gate_up: None,
             branch: None,
             keys,
@@ -376,7 +381,8 @@ impl LayerExecutor for TensorRows<'_, '_, '_> {
     }
 
     fn attend(&mut self, at: LayerAt<'_>) -> Result<()> {
-        let qkv = self.qkv.take().ok_or(unwritten("the queries"))?;
+        let mut qkv = self.qkv.take().ok_or(unwritten("the queries"))?;
+        self.attn_gate = qkv.gate.take();
         let attn = match &mut self.keys {
             Keys::Cache(run) => run.attend(self.dec, at, &self.present, qkv)?,
             Keys::Mask { visible, masks } => {
@@ -405,6 +411,49 @@ impl LayerExecutor for TensorRows<'_, '_, '_> {
             }
         };
         self.attn = Some(attn);
+        Ok(())
+    }
+
+    fn gate_output(&mut self, at: LayerAt<'_>) -> Result<()> {
+        let attn = self
+            .attn
+            .take()
+            .ok_or(unwritten("the attention's output"))?;
+        let gate = self.attn_gate.take().ok_or(unwritten("the output gate"))?;
+        self.attn = Some(at.layer.attn.gated_output(&attn, &gate)?);
+        Ok(())
+    }
+
+    fn linear_attention(&mut self, at: LayerAt<'_>) -> Result<()> {
+        let net = at
+            .layer
+            .linear
+            .as_ref()
+            .ok_or(unwritten("the layer's linear attention"))?;
+        let x = self
+            .input
+            .take()
+            .ok_or(unwritten("the attention's input"))?;
+        let Keys::Cache(run) = &mut self.keys else {
+            return Err(unwritten("a linear-attention layer in training"));
+        };
+        let l = at.index;
+        let rule = run.seq.rule.as_ref();
+        let enters: Vec<bool> = (self.present.iter())
+            .map(|&p| RecurrentLayers::enters_state(rule, l, p))
+            .collect();
+        let split_from = run.probe.as_deref().and_then(|p| p.linear_split_from(l));
+        // a full-depth run keeps the first token's state, so that it can be
+        // restricted to a policy whose anchors are BoS
+        let keeps_first = run.seq.is_full_depth_prefix();
+        let state = run.seq.recurrent[l].get_or_insert_with(|| net.new_state(keeps_first));
+        let (out, split) = net.forward(&x, (&self.present, &enters), split_from, state)?;
+        if let (Some(split), Some(p)) = (split, run.probe.as_deref_mut())
+            && !split.positions.is_empty()
+        {
+            p.on_linear_split(l, &split)?;
+        }
+        self.attn = Some(out);
         Ok(())
     }
 

@@ -697,6 +697,16 @@ impl LayerExecutor for HostRows<'_, '_, '_, '_, '_> {
         Ok(())
     }
 
+    fn gate_output(&mut self, _at: LayerAt<'_>) -> Result<()> {
+        // a model with gated outputs has no step model (Unfused::LinearLayers)
+        Err(unwritten("an output gate on the fused step"))
+    }
+
+    fn linear_attention(&mut self, _at: LayerAt<'_>) -> Result<()> {
+        // a model with linear layers has no step model (Unfused::LinearLayers)
+        Err(unwritten("a linear-attention layer on the fused step"))
+    }
+
     fn layer_input(&mut self, _at: LayerAt<'_>) -> Result<()> {
         // a model with per-layer inputs has no step model (Unfused::Gemma4Layers)
         Err(unwritten("a per-layer input on the fused step"))

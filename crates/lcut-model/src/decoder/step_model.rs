@@ -38,6 +38,10 @@ pub enum Unfused {
     /// (Gemma 4): the step's buffers and kernels assume one attention shape
     /// and a layer's own K/V.
     Gemma4Layers,
+    /// Some layers are linear attention (Qwen3.5's Gated DeltaNet) or gate
+    /// their attention's output: the step has no recurrence, convolution
+    /// or output gate.
+    LinearLayers,
 }
 
 impl Unfused {
@@ -52,6 +56,7 @@ impl Unfused {
             Self::Gemma4Layers => {
                 "the layers differ in attention shape, share K/V or take per-layer inputs (Gemma 4)"
             }
+            Self::LinearLayers => "some layers are linear attention or gate their output (Qwen3.5)",
         }
     }
 }
@@ -229,6 +234,9 @@ impl StepModel {
         if !dec.device.is_cpu() {
             return Err(Skip::Unfused(Unfused::Device));
         }
+        if dec.cfg.linear_attention.is_some() || dec.cfg.attn_output_gate {
+            return Err(Skip::Unfused(Unfused::LinearLayers));
+        }
         let first = dec.cfg.layer_attention.first().copied();
         let uniform = dec.cfg.layer_attention.iter().all(|a| {
             Some(*a) == first && !a.values_from_keys && !a.value_norm && a.kv_source.is_none()
@@ -245,6 +253,7 @@ impl StepModel {
                 QkvLinears::KeysAsValues | QkvLinears::QueriesOnly => {
                     return Err(Skip::Unfused(Unfused::Gemma4Layers));
                 }
+                QkvLinears::Recurrent => return Err(Skip::Unfused(Unfused::LinearLayers)),
             };
             let sinks = layer
                 .attn

@@ -151,11 +151,17 @@ impl Decoder {
 
     /// Refuse a range of layers past the model's depth, and a model the
     /// training passes do not run yet: one whose layers take per-layer
-    /// inputs or read another layer's K/V (Gemma 4).
+    /// inputs or read another layer's K/V (Gemma 4), or recur (Qwen3.5).
     fn check_layers(&self, layers: &Range<usize>) -> Result<()> {
         if self.layer_inputs.is_some() || self.sharing.any() {
             return Err(refuse(
                 "a model whose layers take per-layer inputs or share K/V (Gemma 4): lcut does not train it yet"
+                    .into(),
+            ));
+        }
+        if self.recurrent.any() {
+            return Err(refuse(
+                "a model with linear-attention layers (Qwen3.5): lcut does not train it yet (the training passes run every row at once under a mask, which cannot take a token out of a recurrence)"
                     .into(),
             ));
         }

@@ -1,0 +1,446 @@
+//! Qwen3.5's linear-attention layer (Gated DeltaNet), as transformers 5.24
+//! computes it, and the fixed-size state a sequence keeps for each such
+//! layer beside its K/V cache.
+//!
+//! For each row, in position order: the input's projection to queries,
+//! keys and values passes a depthwise causal convolution (kernel `K`, over
+//! this row and the `K - 1` rows before it, then SiLU); queries and keys
+//! are L2-normalised per head and the queries scaled by `1/sqrt(d_k)`; each
+//! value head `h` (reading key head `h / (H_v / H_k)`) keeps a state `S`
+//! (`d_k x d_v`) that decays by `exp(g)`, `g = -exp(A_log) * softplus(a +
+//! dt_bias)`, and learns the row's value by the delta rule with rate
+//! `beta = sigmoid(b)`: `S <- e^g S; S <- S + k (beta (v - S^T k))^T`; the
+//! row's output is `S^T q`, then an RMSNorm per head (a plain `w` weight)
+//! times `silu(z)`. The recurrence runs token by token on the host in f32
+//! (transformers' chunked form is the same sum in another order), so a
+//! prompt in one chunk, in chunks, or one token at a time gives the same
+//! state. Which tokens run a layer and which enter its state is the
+//! policy's (`lcut_policy::RecurrentLayers`).
+
+use candle_core::{DType, Tensor};
+
+use crate::config::LinearAttentionConfig;
+use crate::error::Result;
+use crate::layers::Loader;
+use crate::linear::Linear;
+
+/// One linear-attention layer's weights.
+#[derive(Debug, Clone)]
+pub(crate) struct GatedDeltaNet {
+    /// Input into queries, keys and values side by side (`in_proj_qkv`).
+    in_qkv: Linear,
+    /// Input into the output gate (`in_proj_z`).
+    in_z: Linear,
+    /// Input into each value head's learning rate, before its sigmoid
+    /// (`in_proj_b`).
+    in_b: Linear,
+    /// Input into each value head's decay step (`in_proj_a`).
+    in_a: Linear,
+    /// The depthwise convolution's weights, `[channels, kernel]` row-major.
+    conv: Vec<f32>,
+    /// Each value head's log decay rate.
+    a_log: Vec<f32>,
+    /// Each value head's decay-step bias.
+    dt_bias: Vec<f32>,
+    /// The gated norm's weight [value_head_dim] (plain `w`).
+    norm_weight: Tensor,
+    /// The norm's epsilon.
+    eps: f32,
+    /// Heads, widths and kernel.
+    shape: Shape,
+}
+
+/// The sizes a linear layer computes with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Shape {
+    key_heads: usize,
+    value_heads: usize,
+    dk: usize,
+    dv: usize,
+    kernel: usize,
+}
+
+impl Shape {
+    fn of(c: &LinearAttentionConfig) -> Self {
+        Self {
+            key_heads: c.key_heads,
+            value_heads: c.value_heads,
+            dk: c.key_head_dim,
+            dv: c.value_head_dim,
+            kernel: c.conv_kernel,
+        }
+    }
+
+    fn key_width(&self) -> usize {
+        self.key_heads * self.dk
+    }
+
+    fn value_width(&self) -> usize {
+        self.value_heads * self.dv
+    }
+
+    fn channels(&self) -> usize {
+        2 * self.key_width() + self.value_width()
+    }
+}
+
+/// What a sequence keeps of one linear layer between chunks: the last
+/// `kernel - 1` convolution inputs and each value head's state matrix, in
+/// f32, and how many tokens have entered it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecurrentState {
+    /// The convolution's last inputs, oldest first, `[kernel - 1,
+    /// channels]` (zeros before the first token).
+    conv: Vec<f32>,
+    /// Each value head's `d_k x d_v` state, `[value_heads, d_k, d_v]`.
+    matrix: Vec<f32>,
+    /// Tokens that have run through the layer.
+    tokens: usize,
+    /// The state as the first token left it (its convolution inputs and
+    /// matrices), kept by a full-depth run's state: what a run whose only
+    /// token before the decode phase at this layer is that one (SPEED with
+    /// BoS kept, above the cut) starts from, so that a full run's state can
+    /// be restricted to it.
+    first: Option<Box<(Vec<f32>, Vec<f32>)>>,
+    /// Whether the state keeps `first`.
+    keeps_first: bool,
+    /// While a probe asks for the split of the decode phase's outputs: the
+    /// state's part that the state at the split's start left (moved by
+    /// each later token's transition alone), and the part the tokens since
+    /// wrote (from zero); they sum to `matrix`.
+    parts: Option<Box<(Vec<f32>, Vec<f32>)>>,
+}
+
+/// A linear layer's outputs split by where they come from: the rows at or
+/// after a position `s` (the decode start) that entered the state. The
+/// recurrence is linear in its state, `S_t = M_t S_(t-1) + beta_t k_t v_t^T`,
+/// so the state is the state at `s` moved by the later tokens' transitions
+/// `M_t` alone (what the prompt contributes) plus a state run from zero
+/// over the tokens from `s` on (what the decode phase contributes), and
+/// each row's output `S_t^T q_t` splits the same way. The convolution,
+/// whose window at the first decode-phase tokens still holds the last
+/// prompt tokens' inputs, is part of the tokens' queries, keys and values,
+/// not of the state. Outputs are before the gated norm.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LinearSplit {
+    /// Value heads.
+    pub value_heads: usize,
+    /// Width of a value head.
+    pub head_dim: usize,
+    /// The rows' positions, ascending.
+    pub positions: Vec<usize>,
+    /// What the state at the split's start contributes [rows, heads, d_v].
+    pub prompt: Vec<f32>,
+    /// What the rows from the split's start contribute [rows, heads, d_v].
+    pub decode: Vec<f32>,
+    /// The rows' outputs [rows, heads, d_v]: the two parts' sum.
+    pub output: Vec<f32>,
+}
+
+impl LinearSplit {
+    /// Per row and value head, the prompt's share of the output: `|p| /
+    /// (|p| + |d|)` of the two parts' L2 norms (0 where both are 0).
+    pub fn prompt_shares(&self) -> Vec<f32> {
+        let norm = |x: &[f32]| x.iter().map(|v| v * v).sum::<f32>().sqrt();
+        self.prompt
+            .chunks(self.head_dim.max(1))
+            .zip(self.decode.chunks(self.head_dim.max(1)))
+            .map(|(p, d)| {
+                let (p, d) = (norm(p), norm(d));
+                if p + d > 0.0 { p / (p + d) } else { 0.0 }
+            })
+            .collect()
+    }
+}
+
+impl RecurrentState {
+    /// The empty state (no token has run) of a layer of `shape`, keeping
+    /// the first token's state where `keeps_first`.
+    fn new(shape: Shape, keeps_first: bool) -> Self {
+        Self {
+            conv: vec![0.0; (shape.kernel - 1) * shape.channels()],
+            matrix: vec![0.0; shape.value_heads * shape.dk * shape.dv],
+            tokens: 0,
+            first: None,
+            keeps_first,
+            parts: None,
+        }
+    }
+
+    /// The state after the first `tokens` tokens of this one, where it
+    /// knows it: none (`Ok(None)`: no token), the first alone, or all of
+    /// them (keeping the first token's copy where `keeps_first`: a
+    /// full-depth run's); `Err(())` otherwise.
+    pub(crate) fn prefix(
+        &self,
+        tokens: usize,
+        keeps_first: bool,
+    ) -> std::result::Result<Option<Self>, ()> {
+        match tokens {
+            0 => Ok(None),
+            t if t == self.tokens => Ok(Some(Self {
+                first: self.first.clone().filter(|_| keeps_first),
+                keeps_first: keeps_first && self.keeps_first,
+                ..self.clone()
+            })),
+            1 => {
+                let (conv, matrix) = self.first.as_deref().ok_or(())?.clone();
+                Ok(Some(Self {
+                    conv,
+                    matrix,
+                    tokens: 1,
+                    first: None,
+                    keeps_first: false,
+                    parts: None,
+                }))
+            }
+            _ => Err(()),
+        }
+    }
+
+    /// Bytes the state holds (f32): the same whatever the number of tokens
+    /// that entered it, and twice that in a full-depth run's state once a
+    /// token has run (the first token's state, kept so that the run can be
+    /// restricted to SPEED with BoS).
+    pub fn bytes(&self) -> usize {
+        let first = self.first.as_ref().map_or(0, |f| f.0.len() + f.1.len());
+        4 * (self.conv.len() + self.matrix.len() + first)
+    }
+
+    /// Tokens that have run through the layer.
+    pub fn tokens(&self) -> usize {
+        self.tokens
+    }
+}
+
+fn softplus(x: f32) -> f32 {
+    // torch's softplus: linear past its threshold of 20
+    if x > 20.0 { x } else { x.exp().ln_1p() }
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+fn silu(x: f32) -> f32 {
+    x * sigmoid(x)
+}
+
+/// `x` scaled to unit L2 norm (transformers' `l2norm`, eps 1e-6 inside
+/// the root), then by `scale`.
+fn l2_normalise(x: &mut [f32], scale: f32) {
+    let sum: f32 = x.iter().map(|v| v * v).sum();
+    let inv = scale / (sum + 1e-6).sqrt();
+    x.iter_mut().for_each(|v| *v *= inv);
+}
+
+impl GatedDeltaNet {
+    /// The linear-attention layer at `prefix` (`model.layers.N.linear_attn`).
+    pub(crate) fn load(ld: &Loader<'_>, prefix: &str, c: &LinearAttentionConfig) -> Result<Self> {
+        let shape = Shape::of(c);
+        let d = ld.cfg.hidden_size;
+        let host = |name: &str, dims: &[usize]| -> Result<Vec<f32>> {
+            let t = ld.files.load(
+                &format!("{prefix}.{name}"),
+                dims,
+                DType::F32,
+                &candle_core::Device::Cpu,
+            )?;
+            Ok(t.flatten_all()?.to_vec1::<f32>()?)
+        };
+        let linear =
+            |name: &str, rows: usize| ld.linear(&format!("{prefix}.{name}"), rows, d, false);
+        Ok(Self {
+            in_qkv: linear("in_proj_qkv", shape.channels())?,
+            in_z: linear("in_proj_z", shape.value_width())?,
+            in_b: linear("in_proj_b", shape.value_heads)?,
+            in_a: linear("in_proj_a", shape.value_heads)?,
+            conv: host("conv1d.weight", &[shape.channels(), 1, shape.kernel])?,
+            a_log: host("A_log", &[shape.value_heads])?,
+            dt_bias: host("dt_bias", &[shape.value_heads])?,
+            // the gated norm's weight is plain `w`, unlike the model's other norms
+            norm_weight: ld.tensor(&format!("{prefix}.norm.weight"), &[shape.dv])?,
+            eps: ld.cfg.rms_norm_eps as f32,
+            shape,
+        })
+    }
+
+    /// The layer's matrices (its output projection is the layer's
+    /// attention output, held by its `AttentionProj`).
+    pub(crate) fn linears(&self) -> Vec<&Linear> {
+        vec![&self.in_qkv, &self.in_z, &self.in_b, &self.in_a]
+    }
+
+    /// The empty state of this layer, keeping the first token's state
+    /// where `keeps_first` (a full-depth run, which may be restricted).
+    pub(crate) fn new_state(&self, keeps_first: bool) -> RecurrentState {
+        RecurrentState::new(self.shape, keeps_first)
+    }
+
+    /// Value heads and their width: the shape of the layer's output.
+    pub(crate) fn output_heads(&self) -> (usize, usize) {
+        (self.shape.value_heads, self.shape.dv)
+    }
+
+    /// The layer's output for rows `x` [n, hidden] at `positions` (the
+    /// normed residual stream of `n` tokens in position order, following
+    /// those `state` has seen), as value heads first [value_heads, n, d_v],
+    /// gated and normed, ready for the output projection. A row whose
+    /// `enters[i]` holds moves `state` past it; one whose does not runs from
+    /// the state as it stands and leaves it as it was (SelfOnly's
+    /// decode-phase tokens above its cut). With `split_from`, the rows at or
+    /// after that position that enter the state also get their output split
+    /// into what the state at that position contributes and what the rows
+    /// from it on do ([`LinearSplit`]).
+    pub(crate) fn forward(
+        &self,
+        x: &Tensor,
+        (positions, enters): (&[usize], &[bool]),
+        split_from: Option<usize>,
+        state: &mut RecurrentState,
+    ) -> Result<(Tensor, Option<LinearSplit>)> {
+        let n = x.dim(0)?;
+        let host = |t: Tensor| -> Result<Vec<f32>> {
+            Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
+        };
+        let mixed = host(self.in_qkv.forward(x)?)?;
+        let a = host(self.in_a.forward(x)?)?;
+        let b = host(self.in_b.forward(x)?)?;
+        let (hv, dv) = (self.shape.value_heads, self.shape.dv);
+        let mut out = vec![0.0f32; n * hv * dv];
+        let c = self.shape.channels();
+        if split_from.is_none() {
+            // a split runs only while it is asked for, from its first row
+            state.parts = None;
+        }
+        let mut split = split_from.map(|_| LinearSplit {
+            value_heads: hv,
+            head_dim: dv,
+            ..LinearSplit::default()
+        });
+        for t in 0..n {
+            let i = t * hv;
+            let o = &mut out[i * dv..(i + hv) * dv];
+            let input = &mixed[t * c..(t + 1) * c];
+            let gates = (&a[i..i + hv], &b[i..i + hv]);
+            let pos = positions.get(t).copied().unwrap_or(usize::MAX);
+            if !enters.get(t).copied().unwrap_or(true) {
+                // from the state as it stands, which it leaves as it was
+                let row = self.convolve(input, &mut state.conv.clone());
+                self.recur(&row, gates, &mut state.matrix.clone(), true, o);
+                continue;
+            }
+            let row = self.convolve(input, &mut state.conv);
+            if let (Some(from), Some(rows)) = (split_from, split.as_mut())
+                && pos >= from
+            {
+                // the state's two parts: what it held when the split began,
+                // moved by each token's transition alone, and what the
+                // tokens from then on wrote, from zero
+                let matrix = &state.matrix;
+                let parts = state
+                    .parts
+                    .get_or_insert_with(|| Box::new((matrix.clone(), vec![0.0; matrix.len()])));
+                let mut prompt = vec![0.0; hv * dv];
+                let mut decode = vec![0.0; hv * dv];
+                self.recur(&row, gates, &mut parts.0, false, &mut prompt);
+                self.recur(&row, gates, &mut parts.1, true, &mut decode);
+                rows.positions.push(pos);
+                rows.prompt.extend_from_slice(&prompt);
+                rows.decode.extend_from_slice(&decode);
+                self.recur(&row, gates, &mut state.matrix, true, o);
+                rows.output.extend_from_slice(o);
+            } else {
+                self.recur(&row, gates, &mut state.matrix, true, o);
+            }
+            state.tokens += 1;
+            if state.tokens == 1 && state.keeps_first {
+                state.first = Some(Box::new((state.conv.clone(), state.matrix.clone())));
+            }
+        }
+        let out = Tensor::from_vec(out, (n, hv, dv), x.device())?.to_dtype(x.dtype())?;
+        let z = self.in_z.forward(x)?.reshape((n, hv, dv))?;
+        let normed = candle_nn::ops::rms_norm(&out, &self.norm_weight, self.eps)?;
+        let gated = (normed * candle_nn::ops::silu(&z)?)?;
+        Ok((gated.transpose(0, 1)?.contiguous()?, split))
+    }
+
+    /// One token's queries, keys and values [channels] after the
+    /// convolution over the last kernel - 1 inputs held in `conv` and its
+    /// projected `input` (queries and keys L2-normed per head, queries
+    /// scaled by `1/sqrt(d_k)`); `conv` moves past it.
+    fn convolve(&self, input: &[f32], conv: &mut [f32]) -> Vec<f32> {
+        let s = self.shape;
+        let (c, k) = (s.channels(), s.kernel);
+        let mut row: Vec<f32> = (0..c)
+            .map(|ch| {
+                let w = &self.conv[ch * k..(ch + 1) * k];
+                let past: f32 = (0..k - 1).map(|i| w[i] * conv[i * c + ch]).sum();
+                silu(past + w[k - 1] * input[ch])
+            })
+            .collect();
+        if k > 1 {
+            conv.copy_within(c.., 0);
+            conv[(k - 2) * c..].copy_from_slice(input);
+        }
+        let (q, rest) = row.split_at_mut(s.key_width());
+        let keys = &mut rest[..s.key_width()];
+        let q_scale = 1.0 / (s.dk as f32).sqrt();
+        for h in 0..s.key_heads {
+            l2_normalise(&mut q[h * s.dk..(h + 1) * s.dk], q_scale);
+            l2_normalise(&mut keys[h * s.dk..(h + 1) * s.dk], 1.0);
+        }
+        row
+    }
+
+    /// One token's convolved `row` [channels] through the recurrence of
+    /// every value head's `matrix` [value_heads, d_k, d_v], with its `a`
+    /// and `b` [value_heads] (`values`: false reads the values as zero, the
+    /// transition alone); its output [value_heads, d_v] into `out`.
+    fn recur(
+        &self,
+        row: &[f32],
+        (a, b): (&[f32], &[f32]),
+        matrix: &mut [f32],
+        values: bool,
+        out: &mut [f32],
+    ) {
+        let s = self.shape;
+        let (q, rest) = row.split_at(s.key_width());
+        let (keys, v) = rest.split_at(s.key_width());
+        let group = s.value_heads / s.key_heads;
+        let mut delta = vec![0.0f32; s.dv];
+        for h in 0..s.value_heads {
+            let decay = (-self.a_log[h].exp() * softplus(a[h] + self.dt_bias[h])).exp();
+            let beta = sigmoid(b[h]);
+            let kh = h / group;
+            let (qh, kk) = (
+                &q[kh * s.dk..(kh + 1) * s.dk],
+                &keys[kh * s.dk..(kh + 1) * s.dk],
+            );
+            let m = &mut matrix[h * s.dk * s.dv..(h + 1) * s.dk * s.dv];
+            m.iter_mut().for_each(|x| *x *= decay);
+            // what the state recalls for this key, then the delta rule
+            delta.iter_mut().for_each(|x| *x = 0.0);
+            for (i, &ki) in kk.iter().enumerate() {
+                for (d, &x) in delta.iter_mut().zip(&m[i * s.dv..(i + 1) * s.dv]) {
+                    *d += x * ki;
+                }
+            }
+            let vh = &v[h * s.dv..(h + 1) * s.dv];
+            for (d, &vj) in delta.iter_mut().zip(vh) {
+                let vj = if values { vj } else { 0.0 };
+                *d = (vj - *d) * beta;
+            }
+            let o = &mut out[h * s.dv..(h + 1) * s.dv];
+            o.iter_mut().for_each(|x| *x = 0.0);
+            for (i, (&ki, &qi)) in kk.iter().zip(qh).enumerate() {
+                let mrow = &mut m[i * s.dv..(i + 1) * s.dv];
+                for ((x, &d), oj) in mrow.iter_mut().zip(&delta).zip(o.iter_mut()) {
+                    *x += ki * d;
+                    *oj += *x * qi;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,209 @@
+//! Layers with a recurrence instead of attention (Qwen3.5's linear-attention
+//! layers, Gated DeltaNet): a layer that keeps no K/V but a fixed-size state
+//! every token it runs updates, and a short causal convolution over the
+//! tokens before it.
+//!
+//! What a policy means on such a layer, in one place:
+//!
+//! - **A recurrent layer runs over the tokens that exist there, in order.**
+//!   Masking cannot take a token out of a recurrence or a convolution, so a
+//!   token a policy hides at a layer must not run it: at or above SPEED's
+//!   cut a recurrent layer runs over the anchors and the decode-phase tokens
+//!   only (its convolution and state never see a prompt token), so the
+//!   prompt costs no compute there; below the cut it runs as the model does.
+//!   The token that exists at a layer ([`crate::Visibility::token_exists`])
+//!   is the one that runs it.
+//! - **A token enters the state the later tokens read where those read it**
+//!   ([`RecurrentLayers::enters_state`]): every token that exists there
+//!   under the full model and SPEED; under SelfOnly above the cut only the
+//!   anchors, and each decode-phase token runs the layer from the anchors'
+//!   state, alone, and leaves it as it was (its own output reads the anchors
+//!   and itself, as its attention would).
+//! - **State, not K/V**: a recurrent layer holds a fixed number of values
+//!   whatever the prompt's length (the convolution's last inputs and one
+//!   key x value matrix per value head), counted apart from K/V
+//!   ([`RecurrentLayers::state_bytes`]); K/V held counts the attention
+//!   layers only. SPEED saves prompt compute on a recurrent layer above the
+//!   cut but no memory: its state has the same size either way.
+//! - **Which policies run** ([`RecurrentLayers::check`]): the full model,
+//!   SPEED (with any anchors) and SelfOnly. Knockout bands (the prompt
+//!   would run a band's layers for its own rows but stay out of the decode
+//!   tokens' state: two recurrences), kept heads (a recurrent layer has no
+//!   K/V heads), SlimInfer and the presses (they choose a layer's K/V rows
+//!   from its keys or queries), SwiftKV/POP (they project K/V into a layer
+//!   a token leaves) and registered families (their rule is not known to be
+//!   one of the above) are refused by name.
+
+use crate::error::PolicyError;
+use crate::policy::{Policy, PolicyKind};
+use crate::visibility::Visibility;
+
+/// Which layers of a model are recurrent, and the values each one's state
+/// holds.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RecurrentLayers {
+    /// Per layer, the values of its state (0: an attention layer).
+    state_values: Vec<usize>,
+}
+
+impl RecurrentLayers {
+    /// No layer of `num_layers` is recurrent.
+    pub fn none(num_layers: usize) -> Self {
+        Self {
+            state_values: vec![0; num_layers],
+        }
+    }
+
+    /// Layer `l` is recurrent with a state of `state_values[l]` values
+    /// where that is positive.
+    pub fn new(state_values: Vec<usize>) -> Self {
+        Self { state_values }
+    }
+
+    /// Whether layer `l` is recurrent.
+    pub fn is_recurrent(&self, l: usize) -> bool {
+        self.state_values.get(l).is_some_and(|&v| v > 0)
+    }
+
+    /// Whether any layer is recurrent.
+    pub fn any(&self) -> bool {
+        self.state_values.iter().any(|&v| v > 0)
+    }
+
+    /// Whether the token at `pos`, running recurrent layer `l`, enters the
+    /// state that the later tokens there read: the next position's query
+    /// reads it (every existing token under the full model and SPEED; only
+    /// the anchors above SelfOnly's cut).
+    pub fn enters_state(rule: &dyn Visibility, l: usize, pos: usize) -> bool {
+        rule.key_visible(l, pos + 1, pos)
+    }
+
+    /// Refuse `policy` on a model with recurrent layers where its meaning
+    /// there is not defined (module docs); every policy runs where no layer
+    /// is recurrent.
+    pub fn check(&self, policy: &Policy) -> Result<(), PolicyError> {
+        match self.any() {
+            true => Self::check_policy(policy),
+            false => Ok(()),
+        }
+    }
+
+    /// Refuse `policy` where its meaning on a recurrent layer is not
+    /// defined (module docs), for a model known to have one.
+    pub fn check_policy(policy: &Policy) -> Result<(), PolicyError> {
+        let why = match policy.kind() {
+            _ if policy.heads().is_some() => Some("a recurrent layer has no K/V heads to keep"),
+            PolicyKind::Full | PolicyKind::Speed | PolicyKind::SelfOnly => None,
+            PolicyKind::Band { .. } => Some(
+                "the prompt would run a band's recurrent layers for its own rows yet stay out of the decode tokens' state",
+            ),
+            PolicyKind::Slim => Some("SlimInfer chooses a layer's K/V rows from its keys"),
+            PolicyKind::Projected(_) => Some("it projects K/V into layers a token leaves"),
+            PolicyKind::Press(_) => Some("a press chooses what each layer's K/V cache keeps"),
+            PolicyKind::Custom(_) => Some("a registered family's rule is not known to hold"),
+        };
+        match why {
+            None => Ok(()),
+            Some(reason) => Err(PolicyError::RecurrentPolicy {
+                policy: policy.to_string(),
+                reason: reason.into(),
+            }),
+        }
+    }
+
+    /// Bytes the recurrent layers' states hold once a token has run each
+    /// (f32 values, `4` bytes each): `tokens_at(l)` says whether any token
+    /// has run layer `l`.
+    pub fn state_bytes(&self, tokens_at: impl Fn(usize) -> bool) -> u64 {
+        self.state_values
+            .iter()
+            .enumerate()
+            .filter(|&(l, &v)| v > 0 && tokens_at(l))
+            .map(|(_, &v)| 4 * v as u64)
+            .sum()
+    }
+
+    /// Bytes the recurrent layers' states hold under `rule` once `len`
+    /// tokens have run: each recurrent layer where one of them exists.
+    pub fn held_bytes(&self, rule: &dyn Visibility, len: usize) -> u64 {
+        self.state_bytes(|l| (0..len).any(|p| rule.token_exists(l, p)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::TokenPhases;
+
+    fn parse(text: &str) -> Policy {
+        text.parse::<crate::PolicySpec>()
+            .unwrap()
+            .resolve(8)
+            .unwrap()
+    }
+
+    /// Qwen3.5's tiny layout: layers 3 and 7 attend, the others recur.
+    fn hybrid() -> RecurrentLayers {
+        RecurrentLayers::new(vec![10, 10, 10, 0, 10, 10, 10, 0])
+    }
+
+    #[test]
+    fn speed_and_selfonly_run_and_the_others_are_refused_by_name() {
+        let r = hybrid();
+        for ok in [
+            "full",
+            "speed:4+bos",
+            "speed:2",
+            "selfonly:5+bos",
+            "speed:3+system",
+        ] {
+            r.check(&parse(ok)).expect(ok);
+        }
+        for bad in [
+            "band:1..3",
+            "snapkv:0.5",
+            "swiftkv:3",
+            "slim:2@50%",
+            "knockout:2",
+        ] {
+            let p = parse(bad);
+            let err = r.check(&p).expect_err(bad).to_string();
+            assert!(
+                err.contains("recurrent") && err.contains(bad),
+                "{bad}: {err}"
+            );
+            RecurrentLayers::none(8).check(&p).expect(bad);
+        }
+    }
+
+    #[test]
+    fn which_tokens_enter_the_state() {
+        // 12 prompt tokens, the decode phase from 10, BoS kept
+        let phases = TokenPhases::new(12, 10, 1).unwrap();
+        let speed = parse("speed:4+bos").visibility(phases);
+        // below the cut every token; above, the anchors and the decode phase
+        assert!(RecurrentLayers::enters_state(speed.as_ref(), 2, 5));
+        assert!(RecurrentLayers::enters_state(speed.as_ref(), 5, 0));
+        assert!(RecurrentLayers::enters_state(speed.as_ref(), 5, 10));
+        assert!(!speed.token_exists(5, 5));
+        // above SelfOnly's cut a decode-phase token leaves the state as it was
+        let selfonly = parse("selfonly:4+bos").visibility(phases);
+        assert!(RecurrentLayers::enters_state(selfonly.as_ref(), 5, 0));
+        assert!(!RecurrentLayers::enters_state(selfonly.as_ref(), 5, 10));
+        assert!(RecurrentLayers::enters_state(selfonly.as_ref(), 2, 10));
+    }
+
+    #[test]
+    fn state_bytes_are_fixed_per_layer_that_ran() {
+        let r = hybrid();
+        let full = Policy::full(8).visibility(TokenPhases::all_decode());
+        assert_eq!(r.held_bytes(full.as_ref(), 1), 6 * 40);
+        assert_eq!(r.held_bytes(full.as_ref(), 100), 6 * 40);
+        assert_eq!(r.held_bytes(full.as_ref(), 0), 0);
+        // anchor-free SPEED before the decode phase: no token above the cut
+        let phases = TokenPhases::new(12, 10, 0).unwrap();
+        let speed = parse("speed:4").visibility(phases);
+        assert_eq!(r.held_bytes(speed.as_ref(), 10), 3 * 40);
+        assert_eq!(r.held_bytes(speed.as_ref(), 11), 6 * 40);
+    }
+}
