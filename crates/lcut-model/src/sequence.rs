@@ -314,18 +314,7 @@ impl Sequence {
                 Ok(c)
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Sequence {
-            policy,
-            rule,
-            caches,
-            next_pos: self.next_pos,
-            pending: Vec::new(),
-            step: None,
-            kv_heads: self.kv_heads.clone(),
-            windows: self.windows.clone(),
-            sharing: self.sharing.clone(),
-            recurrent,
-        })
+        Ok(self.successor(policy, rule, caches, recurrent))
     }
 
     /// Whether this state is a full-depth run of a prompt's tokens: the
@@ -396,18 +385,7 @@ impl Sequence {
                 false => None,
             })
             .collect();
-        Ok(Sequence {
-            policy,
-            rule,
-            caches,
-            next_pos: self.next_pos,
-            pending: Vec::new(),
-            step: None,
-            kv_heads: self.kv_heads.clone(),
-            windows: self.windows.clone(),
-            sharing: self.sharing.clone(),
-            recurrent,
-        })
+        Ok(self.successor(policy, rule, caches, recurrent))
     }
 
     /// An independent copy of this state (the caches' tokens copied), to
@@ -437,22 +415,38 @@ impl Sequence {
 
     /// An independent copy of this state under `policy` and its `rule`.
     fn copied_under(&self, policy: Policy, rule: Box<dyn Visibility>) -> Result<Sequence> {
-        Ok(Sequence {
+        let caches = self
+            .caches
+            .iter()
+            .map(LayerCache::fork)
+            .collect::<Result<Vec<_>>>()?;
+        let mut copy = self.successor(policy, rule, caches, self.recurrent.clone());
+        copy.pending = self.pending.clone();
+        Ok(copy)
+    }
+
+    /// A state of this prompt's tokens under `policy` and its `rule`, with
+    /// `caches` and `recurrent` states of its own, the model's shape and
+    /// this state's position, nothing pending and no step buffers.
+    fn successor(
+        &self,
+        policy: Policy,
+        rule: Box<dyn Visibility>,
+        caches: Vec<LayerCache>,
+        recurrent: Vec<Option<RecurrentState>>,
+    ) -> Sequence {
+        Sequence {
             policy,
             rule,
-            caches: self
-                .caches
-                .iter()
-                .map(LayerCache::fork)
-                .collect::<Result<Vec<_>>>()?,
+            caches,
             next_pos: self.next_pos,
-            pending: self.pending.clone(),
+            pending: Vec::new(),
             step: None,
             kv_heads: self.kv_heads.clone(),
             windows: self.windows.clone(),
             sharing: self.sharing.clone(),
-            recurrent: self.recurrent.clone(),
-        })
+            recurrent,
+        }
     }
 
     /// Reserve cache room for `total_len` tokens in all, each layer only for

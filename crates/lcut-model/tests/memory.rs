@@ -121,6 +121,18 @@ fn a_blocked_prefill_counts_no_score_matrix() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The number of values in a reference case's weights file.
+fn values_written(dir: &std::path::Path) -> anyhow::Result<u64> {
+    let bytes = std::fs::read(dir.join("model.safetensors"))?;
+    let file = safetensors::SafeTensors::deserialize(&bytes)?;
+    let written: usize = file
+        .tensors()
+        .iter()
+        .map(|(_, t)| t.shape().iter().product::<usize>())
+        .sum();
+    Ok(written as u64)
+}
+
 /// Gemma 4's layers differ: the full layers' wider heads and keys that are
 /// the values, the shared layers' missing K/V projections, the per-layer
 /// inputs. The count is the number of values in the reference case's
@@ -130,14 +142,7 @@ fn a_blocked_prefill_counts_no_score_matrix() -> anyhow::Result<()> {
 fn gemma4_counts_its_own_weights_and_only_stored_kv() -> anyhow::Result<()> {
     let dir = lcut_testkit::oracle_case(lcut_testkit::GEMMA4_CASE);
     let cfg = ModelConfig::from_folder(&dir)?;
-    let bytes = std::fs::read(dir.join("model.safetensors"))?;
-    let file = safetensors::SafeTensors::deserialize(&bytes)?;
-    let written: usize = file
-        .tensors()
-        .iter()
-        .map(|(_, t)| t.shape().iter().product::<usize>())
-        .sum();
-    assert_eq!(parameter_count(&cfg), written as u64);
+    assert_eq!(parameter_count(&cfg), values_written(&dir)?);
     // f32, 40 tokens: sliding layers 0, 1, 3 (2 heads of 16, window 12 ->
     // 24 rows) and full layer 2 (1 head of 32, 40 rows)
     let sliding = 3 * 24 * 2 * 2 * 16 * 4;
@@ -158,14 +163,7 @@ fn gemma4_counts_its_own_weights_and_only_stored_kv() -> anyhow::Result<()> {
 fn qwen35_counts_its_linear_layers_and_keeps_states_apart_from_kv() -> anyhow::Result<()> {
     let dir = lcut_testkit::oracle_case(lcut_testkit::QWEN35_CASE);
     let cfg = ModelConfig::from_folder(&dir)?;
-    let bytes = std::fs::read(dir.join("model.safetensors"))?;
-    let file = safetensors::SafeTensors::deserialize(&bytes)?;
-    let written: usize = file
-        .tensors()
-        .iter()
-        .map(|(_, t)| t.shape().iter().product::<usize>())
-        .sum();
-    assert_eq!(parameter_count(&cfg), written as u64);
+    assert_eq!(parameter_count(&cfg), values_written(&dir)?);
     // f32, 40 tokens: layers 3 and 7, 2 K/V heads of 16
     let kv = lcut_model::memory::kv_cache_bytes(&cfg, lcut_model::DType::F32, 40);
     assert_eq!(kv, 2 * 40 * 2 * 2 * 16 * 4);
