@@ -37,39 +37,120 @@ impl CostNumbers {
 
 /// The cost of SPEED at `l_cut` for `model` under `s` (`l_cut` clamped to `1..=L`).
 pub fn cost_numbers(model: &ModelIdentity, l_cut: usize, s: &CostSettings) -> CostNumbers {
+    let (kv_speed, kv_full) = kv_bytes(model, l_cut, s);
+    let (speed, full) = policies(model, l_cut, s);
+    let flop_shape = FlopShape::from(model);
+    let len = s.context_len.max(1);
+    let anchors = PromptSplit::raw(len, usize::from(s.keep_bos)).anchors;
+    let phases = TokenPhases::raw_prompt(len, anchors).unwrap_or(TokenPhases::all_decode());
+    let flops = |p: &Policy| policy_prefill_flops(&flop_shape, p.visibility(phases).as_ref(), len);
+    CostNumbers {
+        kv_speed,
+        kv_full,
+        flops_speed: flops(&speed),
+        flops_full: flops(&full),
+    }
+}
+
+/// SPEED at `l_cut` (clamped to `1..=L`) with the anchors `s` asks for, and
+/// the full model.
+fn policies(model: &ModelIdentity, l_cut: usize, s: &CostSettings) -> (Policy, Policy) {
     let layers = model.num_layers.max(1);
-    let l_cut = l_cut.clamp(1, layers);
-    let anchors = usize::from(s.keep_bos);
-    let split = PromptSplit::raw(s.context_len.max(1), anchors);
+    let anchors = if s.keep_bos {
+        Anchors::Bos
+    } else {
+        Anchors::None
+    };
+    let full = Policy::full(layers);
+    let speed =
+        Policy::new(PolicyKind::Speed, l_cut.clamp(1, layers), layers, anchors).unwrap_or(full);
+    (speed, full)
+}
+
+/// The K/V bytes SPEED at `l_cut` keeps under `s`, and the full model's.
+pub fn kv_bytes(model: &ModelIdentity, l_cut: usize, s: &CostSettings) -> (u64, u64) {
+    let split = PromptSplit::raw(s.context_len.max(1), usize::from(s.keep_bos));
     let kv = KvCost {
         anchors: split.anchors,
         prefill: split.prefill,
         decode: split.decode + s.new_tokens,
     };
     let shape = KvShape {
-        num_layers: layers,
+        num_layers: model.num_layers.max(1),
         num_kv_heads: model.num_kv_heads,
         head_dim: model.head_dim,
         dtype_bytes: s.dtype_bytes,
     };
-    let anchors_kind = if s.keep_bos {
-        Anchors::Bos
-    } else {
-        Anchors::None
-    };
-    let full = Policy::full(layers);
-    let speed = Policy::new(PolicyKind::Speed, l_cut, layers, anchors_kind).unwrap_or(full);
-    let flop_shape = FlopShape::from(model);
+    let (speed, full) = policies(model, l_cut, s);
     let windows = &model.sliding_window;
-    let len = s.context_len.max(1);
-    let phases = TokenPhases::raw_prompt(len, split.anchors).unwrap_or(TokenPhases::all_decode());
-    let flops = |p: &Policy| policy_prefill_flops(&flop_shape, p.visibility(phases).as_ref(), len);
-    CostNumbers {
-        kv_speed: kv.bytes(&speed, &shape, windows),
-        kv_full: kv.bytes(&full, &shape, windows),
-        flops_speed: flops(&speed),
-        flops_full: flops(&full),
+    (
+        kv.bytes(&speed, &shape, windows),
+        kv.bytes(&full, &shape, windows),
+    )
+}
+
+/// The panel's inputs, the key its numbers are kept under from one frame
+/// to the next: the prefill FLOPs walk every prompt position of every
+/// layer, too much to redo each frame at a 128K context.
+#[derive(Clone, Copy)]
+struct CostKey<'a> {
+    model: &'a ModelIdentity,
+    l_cut: usize,
+    settings: CostSettings,
+}
+
+impl std::hash::Hash for CostKey<'_> {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        let m = self.model;
+        (m.num_layers, m.num_heads, m.num_kv_heads, m.head_dim).hash(h);
+        (m.hidden_size, m.intermediate_size, m.vocab_size).hash(h);
+        m.sliding_window.hash(h);
+        self.l_cut.hash(h);
+        let s = self.settings;
+        (s.context_len, s.new_tokens, s.dtype_bytes, s.keep_bos).hash(h);
     }
+}
+
+/// Computes [`cost_numbers`] for egui's frame cache.
+#[derive(Default)]
+struct CostComputer;
+
+impl egui::cache::ComputerMut<CostKey<'_>, CostNumbers> for CostComputer {
+    fn compute(&mut self, key: CostKey<'_>) -> CostNumbers {
+        COMPUTED.with(|n| n.set(n.get() + 1));
+        cost_numbers(key.model, key.l_cut, &key.settings)
+    }
+}
+
+thread_local! {
+    /// The panel's computations on this thread (the UI's).
+    static COMPUTED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// How many times the panel has computed its numbers on this thread (the
+/// UI's): once per change of its inputs, not once per frame.
+pub fn cost_computations() -> usize {
+    COMPUTED.with(std::cell::Cell::get)
+}
+
+/// [`cost_numbers`], computed again only when an input changed since the
+/// last frame.
+fn cached_cost_numbers(
+    ctx: &egui::Context,
+    model: &ModelIdentity,
+    l_cut: usize,
+    s: &CostSettings,
+) -> CostNumbers {
+    let key = CostKey {
+        model,
+        l_cut,
+        settings: *s,
+    };
+    ctx.memory_mut(|m| {
+        *m.caches
+            .cache::<egui::cache::FrameCache<CostNumbers, CostComputer>>()
+            .get(key)
+    })
 }
 
 /// Longest context the cost panel offers for a model whose own limit is
@@ -111,7 +192,7 @@ pub fn show_cost_panel(
         ui.checkbox(&mut s.keep_bos, "keep BoS");
         ui.end_row();
     });
-    let c = cost_numbers(model, l_cut, s);
+    let c = cached_cost_numbers(ui.ctx(), model, l_cut, s);
     ui.separator();
     ui.label(format!(
         "SPEED at L_cut {} of {}:",

@@ -10,7 +10,7 @@ use egui_plot::{PlotUi, Polygon, VLine};
 use lcut_diag::{PromptShape, PromptSplit, kv_share};
 
 use crate::colormap::{ValueRange, show_legend};
-use crate::cost_panel::cost_numbers;
+use crate::cost_panel::kv_bytes;
 use crate::head_data::{HeadData, PickCost};
 use crate::head_picks::HeadPicks;
 use crate::heatmap::{FixedGrid, HeatmapOptions, show_heatmap_with};
@@ -139,7 +139,7 @@ fn bytes_at_context(
     kept: usize,
     s: &CostSettings,
 ) -> (u64, u64) {
-    let full = cost_numbers(&loaded.report.model, cut, s).kv_full;
+    let (_, full) = kv_bytes(&loaded.report.model, cut, s);
     let split = PromptSplit::raw(s.context_len.max(1), 1);
     let shape = PromptShape {
         anchors: split.anchors as f64,

@@ -638,6 +638,11 @@ fn the_cost_panel_starts_from_the_models_context_length() {
         )
     };
     assert_eq!(label_starting(&h, "KV bytes (full):"), kv_full(4096));
+    // The numbers are computed when an input changes, not on every frame
+    // (the prefill FLOPs walk every position of a 128K context).
+    let computed = lcut_viewer_ui::cost_panel::cost_computations();
+    h.run_steps(5);
+    assert_eq!(lcut_viewer_ui::cost_panel::cost_computations(), computed);
     // The control goes no further than the model takes.
     h.get_by_label("Context length")
         .set_value_accesskit(1_000_000.0);
@@ -647,6 +652,7 @@ fn the_cost_panel_starts_from_the_models_context_length() {
     h.run_steps(2);
     assert_eq!(h.state().cost.context_len, 1024);
     assert_eq!(label_starting(&h, "KV bytes (full):"), kv_full(1024));
+    assert!(lcut_viewer_ui::cost_panel::cost_computations() > computed);
 }
 
 /// The curves tab draws the logit lens beside the masses: a plot of the
