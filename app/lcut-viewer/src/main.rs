@@ -83,6 +83,14 @@ fn parse_size(s: &str) -> anyhow::Result<[f32; 2]> {
 }
 
 fn main() -> anyhow::Result<()> {
+    // the worker thread runs the engine: the same process settings as the
+    // `lcut` binary, made before any other thread starts
+    lcut_engine::heap::keep_freed_buffers();
+    // SAFETY: no other thread exists yet.
+    #[allow(unsafe_code)]
+    unsafe {
+        lcut_engine::threads::pin_thread_count()
+    };
     let args = Args::parse();
     let tab = match &args.screenshot_view {
         Some(name) => Some(parse_tab(name).ok_or_else(|| {

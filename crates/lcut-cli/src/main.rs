@@ -90,18 +90,6 @@ enum Command {
     Synth(cmd_synth::SynthArgs),
 }
 
-/// candle asks for its thread count on every CPU matmul, and without
-/// `RAYON_NUM_THREADS` that reads /proc/cpuinfo each time (tens of times per
-/// decode step). Fix the count once, before any thread starts.
-#[allow(unsafe_code)]
-fn pin_thread_count() {
-    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
-        let n = num_cpus::get_physical().max(1);
-        // SAFETY: called first thing in main, before any other thread exists.
-        unsafe { std::env::set_var("RAYON_NUM_THREADS", n.to_string()) };
-    }
-}
-
 /// Rust ignores SIGPIPE, so a write to a closed pipe (`lcut eval-merge ...
 /// | head -3`) made `println!` panic. Take the default action back, as other
 /// command-line tools do: the process ends quietly when its reader has gone.
@@ -130,7 +118,11 @@ fn main() -> anyhow::Result<()> {
     quiet_on_closed_pipe();
     // before any other thread allocates (see `lcut_engine::heap`)
     lcut_engine::heap::keep_freed_buffers();
-    pin_thread_count();
+    // SAFETY: no other thread exists yet.
+    #[allow(unsafe_code)]
+    unsafe {
+        lcut_engine::threads::pin_thread_count()
+    };
     let cli = Cli::parse_from(route_adapter_training(std::env::args_os().collect()));
     match &cli.command {
         Command::Diagnose(a) => cmd_diagnose::run(a),

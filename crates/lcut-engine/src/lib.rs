@@ -23,6 +23,7 @@ mod shared_prefix;
 pub mod suite;
 mod template;
 mod text_prompt;
+pub mod threads;
 mod together;
 mod tokenizer;
 
