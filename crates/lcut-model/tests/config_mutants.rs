@@ -136,47 +136,59 @@ fn mutated_configs_never_panic() {
         .chain(MOE_CASES)
         .chain(LAYOUT_CASES)
         .collect();
-    let seeds: Vec<Vec<u8>> = cases
-        .iter()
-        .map(|c| std::fs::read(oracle_case(c).join("config.json")).expect("fixture"))
-        .collect();
-    // every case's config (each architecture's fields) gets the full count
+    // every case's config (each architecture's fields) gets the full count;
+    // the cases are shared among the cores, each case in its own folder
     let per_seed = mutant_count(DEFAULT_MUTANTS);
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(cases.len());
+    std::thread::scope(|scope| {
+        for w in 0..workers {
+            let cases = &cases;
+            scope.spawn(move || {
+                for (c, case) in cases.iter().enumerate().skip(w).step_by(workers) {
+                    mutate_config(case, c * per_seed, per_seed);
+                }
+            });
+        }
+    });
+}
+
+/// `count` mutants of `case`'s config.json, numbered from `first`, each
+/// read from a folder with the case's weights (see the module doc).
+fn mutate_config(case: &str, first: usize, count: usize) {
+    let seed = std::fs::read(oracle_case(case).join("config.json")).expect("fixture");
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("config.json");
-    let mut run = MutantRun::new("config.json", SEED);
-    let mut i = 0;
-    for (case, seed) in cases.iter().zip(&seeds) {
-        std::fs::copy(
-            oracle_case(case).join("model.safetensors"),
-            dir.path().join("model.safetensors"),
-        )
-        .expect("weights");
-        for mutant in json_mutants(seed, SEED).take(per_seed) {
-            run.check(i, &mutant, |mutant| {
-                std::fs::write(&path, mutant).expect("write mutant");
-                let read = match ModelConfig::from_folder(dir.path()) {
-                    Ok(cfg) => {
-                        let doc: Option<Value> = serde_json::from_slice(mutant).ok();
-                        assert_consistent(&cfg, doc.as_ref());
-                        if i % 10 == 0
-                            && let Ok(model) = Decoder::load(dir.path(), DType::F32, &Device::Cpu)
-                        {
-                            let _ = model.teacher_forced_logits(&[1, 5, 9], None);
-                        }
-                        true
+    std::fs::copy(
+        oracle_case(case).join("model.safetensors"),
+        dir.path().join("model.safetensors"),
+    )
+    .expect("weights");
+    let mut run = MutantRun::new(&format!("{case}'s config.json"), SEED);
+    for (i, mutant) in (first..).zip(json_mutants(&seed, SEED).take(count)) {
+        run.check(i, &mutant, |mutant| {
+            std::fs::write(&path, mutant).expect("write mutant");
+            let read = match ModelConfig::from_folder(dir.path()) {
+                Ok(cfg) => {
+                    let doc: Option<Value> = serde_json::from_slice(mutant).ok();
+                    assert_consistent(&cfg, doc.as_ref());
+                    if i % 10 == 0
+                        && let Ok(model) = Decoder::load(dir.path(), DType::F32, &Device::Cpu)
+                    {
+                        let _ = model.teacher_forced_logits(&[1, 5, 9], None);
                     }
-                    Err(e) => {
-                        let msg = e.to_string();
-                        assert!(msg.contains("config.json"), "{case}: {msg}");
-                        false
-                    }
-                };
-                assert!(largest_allocation() <= ALLOC_BOUND);
-                read
-            });
-            i += 1;
-        }
+                    true
+                }
+                Err(e) => {
+                    let msg = e.to_string();
+                    assert!(msg.contains("config.json"), "{case}: {msg}");
+                    false
+                }
+            };
+            assert!(largest_allocation() <= ALLOC_BOUND);
+            read
+        });
     }
     run.finish(Duration::from_secs(5));
 }

@@ -462,8 +462,8 @@ const REAL_TOL: f32 = 1e-2;
 /// SmolLM2-135M-Instruct (when fetched; CI fetches it): the 128 largest
 /// logits kvpress gives each decode-phase row of the 275-token retrieval
 /// prompt under each press at its defaults, and the positions it kept, the
-/// prompt in one chunk, then the decode phase in one chunk and one token at
-/// a time. A position kept on one side only must tie the lowest kept score
+/// prompt in one chunk run once for every press (as `lcut eval` runs it),
+/// then each press's decode phase in one chunk and one token at a time. A position kept on one side only must tie the lowest kept score
 /// at float precision (a layer-0 key's norm is its token's: KNorm ties
 /// repeated tokens there, and rounding picks among them, in torch as in
 /// lcut); where one did, the logits are checked with kvpress's positions
@@ -502,18 +502,25 @@ fn real_presses_match_kvpress(label: &str, path: &Path, dir: &Path) -> Result<()
         .to_vec1()?;
     let (s, t) = (reference.decode_start, ids.len());
     let cfg = model.config();
+    // the prompt once for every press, as `lcut eval` runs it (each press's
+    // state from it is its own prefill's bit for bit: the oracle cases above)
+    let resolved: Vec<(Policy, TokenPhases)> = reference
+        .policies
+        .iter()
+        .map(|p| resolve(&model, &p.spec, t, s))
+        .collect::<Result<_>>()?;
+    let presses: Vec<Policy> = resolved.iter().map(|r| r.0).collect();
+    let mut shared = model.new_press_prefix(&presses, resolved[0].1)?;
+    model.forward(&mut shared, &ids[..s], LogitRows::None, None)?;
     let mut worst = 0f32;
     let mut ties_broken = Vec::new();
-    for p in &reference.policies {
+    for (p, &(policy, _)) in reference.policies.iter().zip(&resolved) {
         let key = format!("{case}.{}", p.key);
         let idx = reference.tensors[&format!("{key}.top_idx")].to_dtype(DType::U32)?;
         let val = &reference.tensors[&format!("{key}.top_val")];
         let kept = reference.kept(&format!("{case}.kept.{}", p.key))?;
-        // the prompt once, then the decode phase in one chunk and one token
-        // at a time
-        let resolved = resolve(&model, &p.spec, t, s)?;
-        let mut prompt = model.new_sequence(resolved.0, resolved.1)?;
-        model.forward(&mut prompt, &ids[..s], LogitRows::None, None)?;
+        // the decode phase in one chunk and one token at a time
+        let prompt = shared.retargeted(policy)?;
         for (how, ends) in [
             ("in one chunk", vec![t]),
             ("one token at a time", (s + 1..=t).collect()),
