@@ -75,13 +75,15 @@ fn suite_accuracy(
     if args.anchor_free {
         anchors.push(Anchors::None);
     }
-    let opts = CutoffEvalOptions {
+    let mut opts = CutoffEvalOptions {
         cuts: cuts.to_vec(),
         anchors,
         max_new_tokens: args.eval_max_new_tokens,
         prefill_chunk: lcut_engine::GenerationConfig::default().prefill_chunk,
         shard,
+        memory_budget: None,
     };
+    opts.memory_budget = crate::common::cutoff_memory_line(session, &items, &opts)?;
     let todo = shard_indices(items.len(), shard)?.len();
     let bar = progress_bar();
     bar.set_length(todo as u64);

@@ -168,12 +168,36 @@ pub fn suite_memory_line(
     items: &[lcut_engine::suite::SuiteItem],
     opts: &lcut_engine::suite::SuiteEvalOptions,
 ) -> Result<Option<u64>> {
-    let free = crate::memory_check::available(session.model.device())?;
-    let budget = free.map(lcut_engine::suite::planned_share);
+    let budget = planned_budget(session)?;
     if let Some(m) = lcut_engine::suite::largest_item_memory(session, items, opts)? {
         eprintln!("{}", m.line("the largest item", budget));
     }
     Ok(budget)
+}
+
+/// [`suite_memory_line`] for a cutoff sweep over a suite (`opts`' own
+/// budget is replaced by the one returned).
+pub fn cutoff_memory_line(
+    session: &lcut_engine::Session,
+    items: &[lcut_engine::suite::SuiteItem],
+    opts: &lcut_engine::suite::CutoffEvalOptions,
+) -> Result<Option<u64>> {
+    let budget = planned_budget(session)?;
+    let opts = lcut_engine::suite::CutoffEvalOptions {
+        memory_budget: budget,
+        ..opts.clone()
+    };
+    if let Some(m) = lcut_engine::suite::cutoff_memory(session, items, &opts)? {
+        eprintln!("{}", m.line("the largest item", budget));
+    }
+    Ok(budget)
+}
+
+/// The planned share of `LCUT_AVAILABLE_MEMORY` or of what the session's
+/// device has free (`None` when neither says).
+fn planned_budget(session: &lcut_engine::Session) -> Result<Option<u64>> {
+    let free = crate::memory_check::available(session.model.device())?;
+    Ok(free.map(lcut_engine::suite::planned_share))
 }
 
 /// Say what the process held at its peak (on hosts that report it), after

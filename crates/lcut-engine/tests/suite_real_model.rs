@@ -56,6 +56,7 @@ fn a_few_suite_items_under_full_and_speed() {
         max_new_tokens: 20,
         prefill_chunk: 512,
         shard: None,
+        memory_budget: None,
     };
     let by_cut = suite::accuracy_by_cutoff(&session, &items, &cut_opts, &mut |_, _| true).unwrap();
     let count = |rs: &[suite::ItemResult]| rs.iter().filter(|r| r.correct).count();

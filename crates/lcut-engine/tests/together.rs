@@ -131,23 +131,7 @@ fn an_item_split_into_groups_scores_as_in_one() -> Result<()> {
         DType::F32,
         &Device::Cpu,
     )?;
-    let prompts = std::fs::read_to_string(root.join("fixtures/prompts/copy.jsonl"))?;
-    let lines: Vec<String> = prompts
-        .lines()
-        .take(2)
-        .enumerate()
-        .map(|(k, line)| {
-            let v: serde_json::Value = serde_json::from_str(line)?;
-            let prompt = v["prompt"].as_str().context("a prompt")?;
-            let answer = prompt.split(['[', ']']).nth(1).context("a span")?.trim();
-            Ok(serde_json::json!({
-                "id": format!("c{k}"), "kind": "copy", "length": "short",
-                "prompt": prompt, "answer": answer, "scoring": "contains",
-            })
-            .to_string())
-        })
-        .collect::<Result<_>>()?;
-    let items = suite::parse_suite(&lines.join("\n"), std::path::Path::new("copy"))?;
+    let items = copy_items(2)?;
     let opts = SuiteEvalOptions {
         policies: [
             "full",
@@ -190,5 +174,78 @@ fn an_item_split_into_groups_scores_as_in_one() -> Result<()> {
         err.contains("memory free") && err.contains("nothing was run"),
         "{err}"
     );
+    Ok(())
+}
+
+/// The first `n` prompts of the bundled model's copy task as suite items
+/// (answer: the span to copy).
+fn copy_items(n: usize) -> Result<Vec<lcut_engine::suite::SuiteItem>> {
+    let root = lcut_engine::workspace_root();
+    let prompts = std::fs::read_to_string(root.join("fixtures/prompts/copy.jsonl"))?;
+    let lines: Vec<String> = prompts
+        .lines()
+        .take(n)
+        .enumerate()
+        .map(|(k, line)| {
+            let v: serde_json::Value = serde_json::from_str(line)?;
+            let prompt = v["prompt"].as_str().context("a prompt")?;
+            let answer = prompt.split(['[', ']']).nth(1).context("a span")?.trim();
+            Ok(serde_json::json!({
+                "id": format!("c{k}"), "kind": "copy", "length": "short",
+                "prompt": prompt, "answer": answer, "scoring": "contains",
+            })
+            .to_string())
+        })
+        .collect::<Result<_>>()?;
+    Ok(lcut_engine::suite::parse_suite(
+        &lines.join("\n"),
+        std::path::Path::new("copy"),
+    )?)
+}
+
+/// A cutoff sweep over a suite whose cutoffs do not fit the memory at once
+/// decodes them in groups from the same prompt run: the same accuracy at
+/// every cutoff and anchor setting as in one group, and a budget below one
+/// cutoff's answer is refused by name before any item runs.
+#[test]
+fn a_cutoff_sweep_split_into_groups_scores_as_in_one() -> Result<()> {
+    use lcut_engine::Session;
+    use lcut_engine::suite::{self, CutoffEvalOptions};
+    let root = lcut_engine::workspace_root();
+    let session = Session::load(
+        &root.join(lcut_engine::BUNDLED_MODEL),
+        DType::F32,
+        &Device::Cpu,
+    )?;
+    let items = copy_items(8)?;
+    let opts = CutoffEvalOptions {
+        cuts: vec![1, 2, 3, 4],
+        anchors: vec![lcut_policy::Anchors::Bos, lcut_policy::Anchors::None],
+        max_new_tokens: 8,
+        prefill_chunk: 16,
+        shard: None,
+        memory_budget: Some(u64::MAX),
+    };
+    let memory = suite::cutoff_memory(&session, &items, &opts)?.context("items")?;
+    let largest = memory.per_policy.iter().copied().max().unwrap_or(0);
+    let tight = memory.prompt_run + largest;
+    ensure!(memory.groups(Some(tight))?.len() >= 4, "{memory:?}");
+    let run = |budget: u64| {
+        let opts = CutoffEvalOptions {
+            memory_budget: Some(budget),
+            ..opts.clone()
+        };
+        suite::accuracy_by_cutoff(&session, &items, &opts, &mut |_, _| true)
+    };
+    let whole = run(u64::MAX)?;
+    ensure!(whole.len() == 8);
+    // the bundled model reads its prompt at the top layer: the points differ
+    ensure!(
+        whole.iter().any(|p| p.correct != whole[0].correct),
+        "{whole:?}"
+    );
+    ensure!(run(tight)? == whole);
+    let err = run(tight - 1).err().context("refused")?.to_string();
+    ensure!(err.contains("beside the weights, more than"), "{err}");
     Ok(())
 }

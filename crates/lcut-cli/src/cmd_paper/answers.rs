@@ -48,6 +48,7 @@ fn retrieval_unit(ctx: &Ctx, index: usize, cuts: &[usize]) -> Result<RetrievalUn
         max_new_tokens: ctx.setup.settings.sizes.answer_tokens,
         prefill_chunk: ctx.setup.settings.prefill_chunk,
         shard: None,
+        memory_budget: None,
     };
     let points = accuracy_by_cutoff(session, std::slice::from_ref(item), &opts, &mut |_, _| true)?;
     let prompt = item.prepare(session)?;

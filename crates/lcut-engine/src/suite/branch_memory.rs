@@ -36,6 +36,13 @@ pub fn planned_share(free: u64) -> u64 {
     free / 4 * 3
 }
 
+/// The K/V buffers a sequence of `prompt` under `policy` allocates for a
+/// run of `len` tokens.
+fn reserved(model: &Decoder, prompt: &PreparedPrompt, policy: &Policy, len: usize) -> Result<u64> {
+    let rule = policy.visibility(prompt.phases(policy)?);
+    Ok(model.kv_bytes_reserved(rule.as_ref(), len))
+}
+
 /// Bytes an item's run holds beyond the weights, by part.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ItemMemory {
@@ -63,11 +70,7 @@ impl ItemMemory {
         let cfg = model.config();
         let full = Policy::full(cfg.num_layers);
         let len = prompt.len() + max_new;
-        // the buffers a sequence of the policy allocates for the whole run
-        let kv = |policy: &Policy| -> Result<u64> {
-            let rule = policy.visibility(prompt.phases(policy)?);
-            Ok(model.kv_bytes_reserved(rule.as_ref(), len))
-        };
+        let kv = |policy: &Policy| reserved(model, prompt, policy, len);
         let full_kv = kv(&full)?;
         // what a policy holds at the end, as a share of the full model's
         let held = |policy: &Policy| -> Result<u64> {
@@ -100,6 +103,26 @@ impl ItemMemory {
             full_generation: full_kv + rows,
             per_policy,
             transient: if decides_at_end { 2 * full_kv } else { 0 },
+        })
+    }
+
+    /// The parts for `prompt` in a cutoff sweep ([`accuracy_by_cutoff`](super::accuracy_by_cutoff)):
+    /// one full-depth prompt run restricted for each of `policies`, each
+    /// with one greedy generation of up to `max_new` tokens, and no full
+    /// generation or press.
+    pub fn of_cutoffs(
+        model: &Decoder,
+        prompt: &PreparedPrompt,
+        policies: &[Policy],
+        max_new: usize,
+    ) -> Result<Self> {
+        let len = prompt.len() + max_new;
+        let kv = |policy: &Policy| reserved(model, prompt, policy, len);
+        Ok(Self {
+            prompt_run: kv(&Policy::full(model.config().num_layers))?,
+            full_generation: 0,
+            per_policy: policies.iter().map(kv).collect::<Result<_>>()?,
+            transient: 0,
         })
     }
 
@@ -164,12 +187,15 @@ impl ItemMemory {
             Ok(_) => String::new(),
             Err(_) => "; it does not fit".into(),
         };
+        let full = match self.full_generation {
+            0 => String::new(),
+            bytes => format!(", the full generation {}", format_bytes(bytes)),
+        };
         format!(
-            "memory: {what} holds about {} beside the weights (the prompt's run {}, the full \
-             generation {}, {policies} policies' generations {}); the run plans for {free}{groups}",
+            "memory: {what} holds about {} beside the weights (the prompt's run {}{full}, \
+             {policies} policies' generations {}); the run plans for {free}{groups}",
             format_bytes(self.total()),
             format_bytes(self.prompt_run),
-            format_bytes(self.full_generation),
             format_bytes(self.per_policy.iter().sum::<u64>() + self.transient),
         )
     }

@@ -1,13 +1,18 @@
 //! Training-free accuracy of SPEED at each cutoff on a suite: one full
 //! prefill per item up to the decode start, reused for every cutoff (the
 //! same states SPEED computes there), then each cutoff's own greedy answer,
-//! all of them decoded side by side, scored by the item's rule. What calibrates the recommender.
+//! decoded side by side in as few groups as the memory free allows (the same
+//! answers in any grouping), scored by the item's rule. What calibrates the
+//! recommender.
 
 use lcut_diag::accuracy_point;
 use lcut_policy::{Anchors, Policy, PolicyKind};
 use lcut_trace::{CutoffAccuracy, anchors_label};
 
+use lcut_model::memory::available_bytes;
+
 use super::SuiteItem;
+use super::branch_memory::{ItemMemory, planned_share};
 use crate::diagnose::shard_indices;
 use crate::error::{EngineError, Result};
 use crate::generate::{Generation, GenerationConfig, prefill_prefix};
@@ -27,6 +32,54 @@ pub struct CutoffEvalOptions {
     pub prefill_chunk: usize,
     /// Score shard `(i, n)` only: items i, i+n, ... (all when absent).
     pub shard: Option<(usize, usize)>,
+    /// Bytes an item's answers may hold beside the weights; `None`: the
+    /// [planned share](planned_share) of what the device has free.
+    pub memory_budget: Option<u64>,
+}
+
+impl CutoffEvalOptions {
+    /// The bytes an item's run may hold: the budget given, else the planned
+    /// share of what the session's device has free now (`None` when it
+    /// cannot say).
+    pub fn memory_budget_or_free(&self, session: &Session) -> Option<u64> {
+        self.memory_budget
+            .or_else(|| available_bytes(session.model.device()).map(planned_share))
+    }
+}
+
+/// SPEED at each of `opts.anchors` × `opts.cuts` (anchors outer).
+fn cutoff_policies(session: &Session, opts: &CutoffEvalOptions) -> Result<Vec<Policy>> {
+    let layers = session.model.config().num_layers;
+    Ok(opts
+        .anchors
+        .iter()
+        .flat_map(|&a| opts.cuts.iter().map(move |&c| (c, a)))
+        .map(|(c, a)| Policy::new(PolicyKind::Speed, c, layers, a))
+        .collect::<std::result::Result<Vec<_>, _>>()?)
+}
+
+/// What each item of `opts.shard` holds under `opts`'s cutoffs, the item
+/// that holds the most first checked: an item that does not fit one cutoff
+/// at a time is refused (with the figures) before any item runs. Returns
+/// the largest (`None` for no items).
+pub fn cutoff_memory(
+    session: &Session,
+    items: &[SuiteItem],
+    opts: &CutoffEvalOptions,
+) -> Result<Option<ItemMemory>> {
+    let policies = cutoff_policies(session, opts)?;
+    let mut largest: Option<ItemMemory> = None;
+    for k in shard_indices(items.len(), opts.shard)? {
+        let prompt = items[k].prepare(session)?;
+        let m = ItemMemory::of_cutoffs(&session.model, &prompt, &policies, opts.max_new_tokens)?;
+        if largest.as_ref().is_none_or(|l| m.total() > l.total()) {
+            largest = Some(m);
+        }
+    }
+    if let Some(m) = &largest {
+        m.groups(opts.memory_budget_or_free(session))?;
+    }
+    Ok(largest)
 }
 
 /// Accuracy of SPEED at each of `opts.anchors` × `opts.cuts` (anchors
@@ -40,40 +93,40 @@ pub fn accuracy_by_cutoff(
 ) -> Result<Vec<CutoffAccuracy>> {
     let model = &session.model;
     let layers = model.config().num_layers;
-    let policies = opts
-        .anchors
-        .iter()
-        .flat_map(|&a| opts.cuts.iter().map(move |&c| (c, a)))
-        .map(|(c, a)| Policy::new(PolicyKind::Speed, c, layers, a))
-        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let policies = cutoff_policies(session, opts)?;
+    cutoff_memory(session, items, opts)?;
+    let budget = opts.memory_budget_or_free(session);
     let mut correct = vec![0usize; policies.len()];
     let mine = shard_indices(items.len(), opts.shard)?;
     for (i, item) in mine.iter().map(|&k| &items[k]).enumerate() {
         let prompt = item.prepare(session)?;
         let (max_new, chunk) = (opts.max_new_tokens, opts.prefill_chunk.max(1));
+        let groups = ItemMemory::of_cutoffs(model, &prompt, &policies, max_new)?.groups(budget)?;
         let prefix = prefill_prefix(model, &prompt, Policy::full(layers), max_new, chunk)?;
         let config = GenerationConfig {
             prefill_chunk: chunk,
             ..session.greedy_config(max_new)
         };
-        let mut answers = policies
-            .iter()
-            .map(|policy| {
-                let seq = prefix.restricted(*policy, prompt.phases(policy)?)?;
-                Generation::from_prefix(model, prompt.clone(), seq, config.clone())
-            })
-            .collect::<Result<Vec<_>>>()?;
-        // every cutoff's answer decoded side by side
-        loop {
-            let mut gens: Vec<&mut Generation<'_>> = answers.iter_mut().collect();
-            let steps = Generation::step_together(&mut gens, |_, own| own)?;
-            if steps.iter().all(Option::is_none) {
-                break;
+        for group in groups {
+            let mut answers = policies[group.clone()]
+                .iter()
+                .map(|policy| {
+                    let seq = prefix.restricted(*policy, prompt.phases(policy)?)?;
+                    Generation::from_prefix(model, prompt.clone(), seq, config.clone())
+                })
+                .collect::<Result<Vec<_>>>()?;
+            // the group's answers decoded side by side
+            loop {
+                let mut gens: Vec<&mut Generation<'_>> = answers.iter_mut().collect();
+                let steps = Generation::step_together(&mut gens, |_, own| own)?;
+                if steps.iter().all(Option::is_none) {
+                    break;
+                }
             }
-        }
-        for (k, answer) in answers.iter().enumerate() {
-            let text = session.generated_text(answer.produced());
-            correct[k] += usize::from(item.is_correct(&text));
+            for (k, answer) in group.zip(&answers) {
+                let text = session.generated_text(answer.produced());
+                correct[k] += usize::from(item.is_correct(&text));
+            }
         }
         if !on_item(i + 1, mine.len()) {
             return Err(EngineError::Cancelled);

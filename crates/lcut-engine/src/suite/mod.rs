@@ -15,7 +15,7 @@ mod ruler;
 mod score;
 
 pub use branch_memory::{ItemMemory, planned_share};
-pub use cutoffs::{CutoffEvalOptions, accuracy_by_cutoff, smallest_cut_within};
+pub use cutoffs::{CutoffEvalOptions, accuracy_by_cutoff, cutoff_memory, smallest_cut_within};
 pub use eval::{
     SuiteEvalOptions, evaluate_suite, evaluate_suite_until, largest_item_memory, resolve_policy,
 };
