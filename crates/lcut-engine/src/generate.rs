@@ -321,6 +321,24 @@ impl<'m> Generation<'m> {
         }
     }
 
+    /// A second generation of the same prompt from this one's state once
+    /// its whole prompt has run and before it has produced a token, under
+    /// `config`: the prompt (a policy's decision at the decode start among
+    /// it) is not run again, and the copy's first step reads the same
+    /// logits. `None` before the prompt is done or once a token is out.
+    pub fn fork_prefilled(&self, config: GenerationConfig) -> Result<Option<Self>> {
+        if self.prefilled < self.prompt.len() || self.prompt_logits.is_none() {
+            return Ok(None);
+        }
+        check_fits(self.model, &self.prompt, &config)?;
+        let seq = self.seq.fork()?;
+        let mut copy =
+            Self::with_sequence(self.model, self.prompt.clone(), seq, self.prefilled, config);
+        copy.prompt_logits.clone_from(&self.prompt_logits);
+        copy.busy_s = self.busy_s;
+        Ok(Some(copy))
+    }
+
     /// Token phases of the prompt under this generation's policy.
     pub fn phases(&self) -> &TokenPhases {
         self.seq.phases()

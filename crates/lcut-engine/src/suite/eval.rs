@@ -270,7 +270,9 @@ struct PolicyRuns<'m> {
 impl<'m> PolicyRuns<'m> {
     /// The two runs from `prefix`, their first steps taken (a press or
     /// SlimInfer decides there and lets go of its copy of the prompt's K/V
-    /// before the next policy's runs begin).
+    /// before the next policy's runs begin). The rest of the prompt runs
+    /// once: both runs read the same tokens until the first is produced, so
+    /// the own run is a copy of the forced run's state at that point.
     fn begin(
         model: &'m Decoder,
         prompt: &PreparedPrompt,
@@ -278,12 +280,16 @@ impl<'m> PolicyRuns<'m> {
         (own, full): (&GenerationConfig, &GenerationConfig),
         reference: &FullRun,
     ) -> Result<Self> {
-        let from = |seq, config: &GenerationConfig| {
-            Generation::from_prefix(model, prompt.clone(), seq, config.clone())
-        };
+        let mut forced = Generation::from_prefix(model, prompt.clone(), prefix, full.clone())?;
+        forced.prefill_with(None, |_| true)?;
+        let own = forced
+            .fork_prefilled(own.clone())?
+            .ok_or(EngineError::MissingLogits {
+                position: prompt.len().saturating_sub(1),
+            })?;
         let mut runs = Self {
-            own: from(prefix.fork()?, own)?,
-            forced: from(prefix, full)?,
+            own,
+            forced,
             forced_score: ForcedScore::default(),
         };
         step_runs(&mut [&mut runs], reference, true)?;
