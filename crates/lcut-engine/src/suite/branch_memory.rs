@@ -8,8 +8,9 @@
 //! generations (its own greedy answer and the run teacher-forced on the
 //! full continuation), each holding the K/V its policy keeps. A policy that
 //! decides at the prompt's end (a press, SlimInfer) holds a whole copy of
-//! the prompt's K/V until its first step; the runs are begun one policy at
-//! a time, so that copy is counted once, for the largest.
+//! the prompt's K/V until it decides, in the one run that finishes the
+//! prompt (the other run is copied from it after); the runs are begun one
+//! policy at a time, so that copy is counted once.
 //!
 //! When the policies' generations do not fit beside the rest, they run in
 //! groups, one after another, from the same prompt run and the same full
@@ -54,7 +55,7 @@ pub struct ItemMemory {
     /// full-depth policy of the session: its results are the full run's).
     pub per_policy: Vec<u64>,
     /// The most one policy holds while its runs begin (a whole copy of the
-    /// prompt's K/V per run, for a policy that decides at the prompt's end).
+    /// prompt's K/V, for a policy that decides at the prompt's end).
     pub transient: u64,
 }
 
@@ -102,7 +103,7 @@ impl ItemMemory {
             prompt_run: full_kv + record,
             full_generation: full_kv + rows,
             per_policy,
-            transient: if decides_at_end { 2 * full_kv } else { 0 },
+            transient: if decides_at_end { full_kv } else { 0 },
         })
     }
 
