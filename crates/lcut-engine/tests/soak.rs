@@ -13,7 +13,7 @@
 //! to the cancelling step when cancelled, K/V bytes equal to the cost
 //! formula); a too-long prompt must be refused with `PromptTooLong`.
 //!
-//! [`DEFAULT_GENERATIONS`] (1,000) run by default, about 22 s in a debug
+//! [`DEFAULT_GENERATIONS`] (1,000) run by default, about 40 s in a debug
 //! build on 2 cores; `LCUT_SOAK=N` runs N. The figures (generations,
 //! seconds, resident memory after the warm-up and at the end, threads) are
 //! printed at the end.
