@@ -194,8 +194,9 @@ pub fn cutoff_memory_line(
 }
 
 /// The planned share of `LCUT_AVAILABLE_MEMORY` or of what the session's
-/// device has free (`None` when neither says).
-fn planned_budget(session: &lcut_engine::Session) -> Result<Option<u64>> {
+/// device has free (`None` when neither says): the memory a suite run's
+/// items plan their groups for.
+pub fn planned_budget(session: &lcut_engine::Session) -> Result<Option<u64>> {
     let free = crate::memory_check::available(session.model.device())?;
     Ok(free.map(lcut_engine::suite::planned_share))
 }

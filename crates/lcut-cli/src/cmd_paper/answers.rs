@@ -48,7 +48,7 @@ fn retrieval_unit(ctx: &Ctx, index: usize, cuts: &[usize]) -> Result<RetrievalUn
         max_new_tokens: ctx.setup.settings.sizes.answer_tokens,
         prefill_chunk: ctx.setup.settings.prefill_chunk,
         shard: None,
-        memory_budget: None,
+        memory_budget: ctx.setup.memory_budget,
     };
     let points = accuracy_by_cutoff(session, std::slice::from_ref(item), &opts, &mut |_, _| true)?;
     let prompt = item.prepare(session)?;
@@ -95,7 +95,7 @@ fn table_unit(ctx: &Ctx, index: usize, policies: &[String]) -> Result<Vec<TableE
         item_budgets: false,
         shard: None,
         prefill_chunk: setup.settings.prefill_chunk,
-        memory_budget: None,
+        memory_budget: setup.memory_budget,
     };
     let mut out = Vec::new();
     let lists = evaluate_suite(

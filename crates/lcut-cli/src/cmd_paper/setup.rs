@@ -46,6 +46,9 @@ pub struct Setup {
     pub settings: Settings,
     /// What the folder must match (the suite with the shard among it).
     pub manifest: Manifest,
+    /// The memory an item's policies plan their groups for (not a
+    /// setting: a run resumed on another machine plans for its own).
+    pub memory_budget: Option<u64>,
 }
 
 /// The sizes of the preset with the user's overrides.
@@ -216,6 +219,7 @@ impl Setup {
             suite,
             settings: serde_json::to_value(&settings)?,
         };
+        let memory_budget = crate::common::planned_budget(&session)?;
         Ok(Self {
             session,
             adapters,
@@ -223,6 +227,7 @@ impl Setup {
             shard,
             settings,
             manifest,
+            memory_budget,
         })
     }
 
