@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use candle_core::{DType, Device};
 use indicatif::{ProgressBar, ProgressStyle};
+use lcut_engine::suite::ItemMemory;
 use lcut_model::{ResolvedModel, StoreRoots, WeightMode};
 
 use crate::args::{DeviceArg, KvDtypeArg, WeightArg};
@@ -168,11 +169,9 @@ pub fn suite_memory_line(
     items: &[lcut_engine::suite::SuiteItem],
     opts: &lcut_engine::suite::SuiteEvalOptions,
 ) -> Result<Option<u64>> {
-    let budget = planned_budget(session)?;
-    if let Some(m) = lcut_engine::suite::largest_item_memory(session, items, opts)? {
-        eprintln!("{}", m.line("the largest item", budget));
-    }
-    Ok(budget)
+    memory_line(session, |_| {
+        lcut_engine::suite::largest_item_memory(session, items, opts)
+    })
 }
 
 /// [`suite_memory_line`] for a cutoff sweep over a suite (`opts`' own
@@ -182,12 +181,23 @@ pub fn cutoff_memory_line(
     items: &[lcut_engine::suite::SuiteItem],
     opts: &lcut_engine::suite::CutoffEvalOptions,
 ) -> Result<Option<u64>> {
+    memory_line(session, |budget| {
+        let opts = lcut_engine::suite::CutoffEvalOptions {
+            memory_budget: budget,
+            ..opts.clone()
+        };
+        lcut_engine::suite::cutoff_memory(session, items, &opts)
+    })
+}
+
+/// Print the line of the item `largest` finds for the planned budget, and
+/// return the budget.
+fn memory_line(
+    session: &lcut_engine::Session,
+    largest: impl FnOnce(Option<u64>) -> lcut_engine::Result<Option<ItemMemory>>,
+) -> Result<Option<u64>> {
     let budget = planned_budget(session)?;
-    let opts = lcut_engine::suite::CutoffEvalOptions {
-        memory_budget: budget,
-        ..opts.clone()
-    };
-    if let Some(m) = lcut_engine::suite::cutoff_memory(session, items, &opts)? {
+    if let Some(m) = largest(budget)? {
         eprintln!("{}", m.line("the largest item", budget));
     }
     Ok(budget)

@@ -123,14 +123,8 @@ fn a_generation_made_to_follow_another_records_its_choices() -> Result<()> {
 /// refused by name before any item runs.
 #[test]
 fn an_item_split_into_groups_scores_as_in_one() -> Result<()> {
-    use lcut_engine::Session;
     use lcut_engine::suite::{self, SuiteEvalOptions};
-    let root = lcut_engine::workspace_root();
-    let session = Session::load(
-        &root.join(lcut_engine::BUNDLED_MODEL),
-        DType::F32,
-        &Device::Cpu,
-    )?;
+    let session = bundled_session()?;
     let items = copy_items(2)?;
     let opts = SuiteEvalOptions {
         policies: [
@@ -177,6 +171,16 @@ fn an_item_split_into_groups_scores_as_in_one() -> Result<()> {
     Ok(())
 }
 
+/// The bundled copy model, in f32 on the CPU.
+fn bundled_session() -> Result<lcut_engine::Session> {
+    let root = lcut_engine::workspace_root();
+    Ok(lcut_engine::Session::load(
+        &root.join(lcut_engine::BUNDLED_MODEL),
+        DType::F32,
+        &Device::Cpu,
+    )?)
+}
+
 /// The first `n` prompts of the bundled model's copy task as suite items
 /// (answer: the span to copy).
 fn copy_items(n: usize) -> Result<Vec<lcut_engine::suite::SuiteItem>> {
@@ -209,14 +213,8 @@ fn copy_items(n: usize) -> Result<Vec<lcut_engine::suite::SuiteItem>> {
 /// cutoff's answer is refused by name before any item runs.
 #[test]
 fn a_cutoff_sweep_split_into_groups_scores_as_in_one() -> Result<()> {
-    use lcut_engine::Session;
     use lcut_engine::suite::{self, CutoffEvalOptions};
-    let root = lcut_engine::workspace_root();
-    let session = Session::load(
-        &root.join(lcut_engine::BUNDLED_MODEL),
-        DType::F32,
-        &Device::Cpu,
-    )?;
+    let session = bundled_session()?;
     let items = copy_items(8)?;
     let opts = CutoffEvalOptions {
         cuts: vec![1, 2, 3, 4],

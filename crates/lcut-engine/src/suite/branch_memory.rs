@@ -20,11 +20,12 @@
 use std::ops::Range;
 
 use lcut_model::Decoder;
-use lcut_model::memory::format_bytes;
+use lcut_model::memory::{available_bytes, format_bytes};
 use lcut_policy::{KvCost, Policy};
 
 use crate::error::{EngineError, Result};
 use crate::prompt::PreparedPrompt;
+use crate::session::Session;
 use crate::shared_prefix::SharedPrefix;
 
 /// The part of the memory free that a run plans its items' groups for:
@@ -35,6 +36,12 @@ use crate::shared_prefix::SharedPrefix;
 /// 270M (estimate 2.0 GiB beside 0.3 GiB).
 pub fn planned_share(free: u64) -> u64 {
     free / 4 * 3
+}
+
+/// The bytes an item's run may hold: `given`, else the planned share of
+/// what `session`'s device has free now (`None` when it cannot say).
+pub(crate) fn budget_or_free(given: Option<u64>, session: &Session) -> Option<u64> {
+    given.or_else(|| available_bytes(session.model.device()).map(planned_share))
 }
 
 /// The K/V buffers a sequence of `prompt` under `policy` allocates for a

@@ -9,10 +9,8 @@ use lcut_diag::accuracy_point;
 use lcut_policy::{Anchors, Policy, PolicyKind};
 use lcut_trace::{CutoffAccuracy, anchors_label};
 
-use lcut_model::memory::available_bytes;
-
 use super::SuiteItem;
-use super::branch_memory::{ItemMemory, planned_share};
+use super::branch_memory::{ItemMemory, budget_or_free};
 use crate::diagnose::shard_indices;
 use crate::error::{EngineError, Result};
 use crate::generate::{Generation, GenerationConfig, prefill_prefix};
@@ -33,7 +31,7 @@ pub struct CutoffEvalOptions {
     /// Score shard `(i, n)` only: items i, i+n, ... (all when absent).
     pub shard: Option<(usize, usize)>,
     /// Bytes an item's answers may hold beside the weights; `None`: the
-    /// [planned share](planned_share) of what the device has free.
+    /// [planned share](super::planned_share) of what the device has free.
     pub memory_budget: Option<u64>,
 }
 
@@ -42,8 +40,7 @@ impl CutoffEvalOptions {
     /// share of what the session's device has free now (`None` when it
     /// cannot say).
     pub fn memory_budget_or_free(&self, session: &Session) -> Option<u64> {
-        self.memory_budget
-            .or_else(|| available_bytes(session.model.device()).map(planned_share))
+        budget_or_free(self.memory_budget, session)
     }
 }
 

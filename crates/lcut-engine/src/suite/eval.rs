@@ -14,7 +14,6 @@
 use std::time::Instant;
 
 use candle_core::Tensor;
-use lcut_model::memory::available_bytes;
 use lcut_model::{Decoder, Sequence};
 use lcut_policy::{Policy, PolicySpec};
 
@@ -68,8 +67,7 @@ impl SuiteEvalOptions {
     /// [planned share](super::planned_share) of what the session's device
     /// has free now (`None` when it cannot say).
     pub fn memory_budget_or_free(&self, session: &Session) -> Option<u64> {
-        self.memory_budget
-            .or_else(|| available_bytes(session.model.device()).map(super::planned_share))
+        super::branch_memory::budget_or_free(self.memory_budget, session)
     }
 
     /// The new-token budget of `item` in this run.
