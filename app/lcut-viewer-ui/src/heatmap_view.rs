@@ -68,7 +68,12 @@ fn step_hover(loaded: &LoadedReport) -> impl Fn(usize, usize, f32) -> String + '
             .selected_trace()
             .and_then(|t| t.generated.get(k))
             .map_or(String::new(), |g| format!(" -> {g:?}"));
-        format!("layer {l}, decode step {k}{tok}\nprefill mass {v:.4}")
+        match loaded.report.curves.state_split_layers.contains(&l) {
+            true => format!(
+                "layer {l} (linear attention), decode step {k}{tok}\nprompt's share of the output {v:.4}"
+            ),
+            false => format!("layer {l}, decode step {k}{tok}\nprefill mass {v:.4}"),
+        }
     }
 }
 
@@ -210,6 +215,15 @@ fn show_step_row(ui: &mut Ui, loaded: &mut LoadedReport, frame: &Frame) {
             loaded.caches.by_step = cache;
         });
     });
+    let linear = &loaded.report.curves.state_split_layers;
+    if !linear.is_empty() {
+        let list: Vec<String> = linear.iter().map(usize::to_string).collect();
+        ui.label(format!(
+            "Layers {} are linear-attention layers: no attention rows, so their rows show the \
+             prompt's share of the layer's output (the state split), BoS included.",
+            list.join(", ")
+        ));
+    }
     ui.horizontal(|ui| {
         show_legend(ui, "BoS mass", &bos_range);
         ui.separator();

@@ -161,6 +161,16 @@ fn by_step(traces: &[PromptTrace], l: usize) -> Tensor2 {
     Tensor2::from_array(&out)
 }
 
+/// The layers whose masses some trace took from their state split (a
+/// linear-attention layer: no attention rows), ascending.
+fn state_split_layers(traces: &[PromptTrace]) -> Vec<usize> {
+    let layers: std::collections::BTreeSet<usize> = traces
+        .iter()
+        .flat_map(|t| t.state_split_layers.iter().copied())
+        .collect();
+    layers.into_iter().collect()
+}
+
 /// Aggregates traces (all with the same layer and head counts) into per-layer curves.
 pub fn aggregate(traces: &[PromptTrace]) -> Result<LayerCurves, DiagError> {
     let (l, h) = check_shapes(traces)?;
@@ -209,6 +219,7 @@ pub fn aggregate(traces: &[PromptTrace]) -> Result<LayerCurves, DiagError> {
         prefill_by_head: by_head(traces, l, h),
         prefill_by_step: by_step(traces, l),
         routing: routing_curves(traces)?,
+        state_split_layers: state_split_layers(traces),
     })
 }
 

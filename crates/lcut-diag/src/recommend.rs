@@ -126,6 +126,14 @@ pub fn recommend(curves: &LayerCurves, th: &Thresholds) -> Recommendation {
         th.plateau_eps,
         describe(votes.curvature_plateau, "the curvature curve has gaps")
     );
+    if !curves.state_split_layers.is_empty() {
+        let _ = writeln!(
+            text,
+            "- {} of {l} layers have no attention rows (linear attention): their prefill mass is \
+             the prompt's share of the layer's output (the state split), and they have no entropy.",
+            curves.state_split_layers.len()
+        );
+    }
     if cast.iter().all(Option::is_none) {
         text.push_str("No signal voted, so the full depth is kept.\n");
     }
@@ -172,6 +180,7 @@ mod tests {
             prefill_by_head: Tensor2::zeros([l, 1]),
             prefill_by_step: Tensor2::zeros([l, 0]),
             routing: None,
+            state_split_layers: Vec::new(),
         }
     }
 

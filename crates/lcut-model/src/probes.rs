@@ -7,6 +7,7 @@ use candle_core::{DType, Tensor};
 use lcut_policy::TokenPhases;
 
 use crate::error::Result;
+use crate::linear_attention::LinearSplit;
 use crate::probe::{AttentionView, Probe, ResidualSite};
 
 /// Records every layer's full attention [heads, T, T] and residual stream
@@ -111,6 +112,38 @@ pub struct QueryMasses {
     /// Entropy of the attention over prefill tokens, conditional on reading
     /// them (nats, not normalised); NaN where the prefill mass is 0.
     pub prefill_entropy: Vec<f32>,
+    /// Whether the layer has no attention rows (a linear-attention layer)
+    /// and these are its state split ([`LinearSplit::prompt_shares`]):
+    /// `prefill` holds the share of the query's output that the prompt's
+    /// state gives (BoS and anchors included), `decode` the share the
+    /// decode-phase tokens give (the query's own included); `bos`, `anchor`,
+    /// `self_mass` and `sink` are 0 and the entropy NaN.
+    pub state_split: bool,
+}
+
+/// Per-head values of a layer whose heads number `values.len()` as `heads`
+/// columns: with more value heads than columns, column `c` is the mean of
+/// the value heads `v` with `v * heads / values.len() == c` (a contiguous
+/// group, of equal size when one count divides the other); with fewer, it
+/// repeats value head `c * values.len() / heads`. A linear-attention layer's
+/// value heads (Qwen3.5) shown beside the attention layers' query heads.
+pub fn pool_heads(values: &[f32], heads: usize) -> Vec<f32> {
+    let n = values.len();
+    if n == 0 {
+        return vec![f32::NAN; heads];
+    }
+    (0..heads)
+        .map(|c| {
+            if n <= heads {
+                return values[c * n / heads];
+            }
+            let group: Vec<f32> = (0..n)
+                .filter(|&v| v * heads / n == c)
+                .map(|v| values[v])
+                .collect();
+            group.iter().sum::<f32>() / group.len().max(1) as f32
+        })
+        .collect()
 }
 
 /// Reduces each decode-phase query's attention to phase masses and the
@@ -120,6 +153,8 @@ pub struct QueryMasses {
 pub struct PhaseMassProbe {
     phases: TokenPhases,
     from: usize,
+    /// Query heads a linear layer's state split is recorded in, when asked.
+    split_heads: Option<usize>,
     /// One record per (layer, decode-phase query), in the order computed.
     pub records: Vec<QueryMasses>,
 }
@@ -131,8 +166,18 @@ impl PhaseMassProbe {
         Self {
             phases,
             from: phases.decode_start(),
+            split_heads: None,
             records: Vec::new(),
         }
+    }
+
+    /// Also record each linear-attention layer's state split (from the
+    /// decode start: the prompt's state against the decode-phase tokens') as
+    /// that layer's masses, its value heads pooled into `heads` columns
+    /// ([`pool_heads`]); see [`QueryMasses::state_split`].
+    pub fn with_state_split(mut self, heads: usize) -> Self {
+        self.split_heads = Some(heads);
+        self
     }
 
     /// Record only queries at `position` and later (e.g. the last prompt
@@ -215,6 +260,40 @@ impl Probe for PhaseMassProbe {
                 self_mass,
                 sink,
                 prefill_entropy: entropy,
+                state_split: false,
+            });
+        }
+        Ok(())
+    }
+
+    fn linear_split_from(&self, _layer: usize) -> Option<usize> {
+        self.split_heads.map(|_| self.phases.decode_start())
+    }
+
+    fn on_linear_split(&mut self, layer: usize, split: &LinearSplit) -> Result<()> {
+        let Some(heads) = self.split_heads else {
+            return Ok(());
+        };
+        let shares = split.prompt_shares();
+        let zeros = vec![0.0; heads];
+        for (row, &position) in split.positions.iter().enumerate() {
+            if position < self.from {
+                continue;
+            }
+            let v = split.value_heads;
+            let prompt = pool_heads(&shares[row * v..(row + 1) * v], heads);
+            let decode = prompt.iter().map(|p| 1.0 - p).collect();
+            self.records.push(QueryMasses {
+                layer,
+                position,
+                bos: zeros.clone(),
+                anchor: zeros.clone(),
+                prefill: prompt,
+                decode,
+                self_mass: zeros.clone(),
+                sink: zeros.clone(),
+                prefill_entropy: vec![f32::NAN; heads],
+                state_split: true,
             });
         }
         Ok(())
@@ -437,5 +516,21 @@ impl Probe for PromptRecord {
             chunks.push(rows);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod pool_tests {
+    use super::pool_heads;
+
+    #[test]
+    fn value_heads_pool_into_query_head_columns() {
+        // as many: unchanged; twice as many: pairs' means; fewer: repeated
+        assert_eq!(pool_heads(&[0.1, 0.2], 2), [0.1, 0.2]);
+        assert_eq!(pool_heads(&[0.0, 1.0, 0.5, 0.25], 2), [0.5, 0.375]);
+        assert_eq!(pool_heads(&[0.1, 0.2], 4), [0.1, 0.1, 0.2, 0.2]);
+        // three into two: the first two, then the last (every head counted once)
+        assert_eq!(pool_heads(&[1.0, 0.0, 0.5], 2), [0.5, 0.5]);
+        assert!(pool_heads(&[], 2).iter().all(|x| x.is_nan()));
     }
 }

@@ -11,7 +11,7 @@ use crate::routing::routing_sentence;
 use crate::svg::{escape, num};
 use crate::tables::{
     Table, accuracy_table, expected_accuracy_line, layer_table, model_table, policy_axis_table,
-    prompt_table, recall_table, sweep_table, votes_table,
+    prompt_table, recall_table, state_split_sentence, sweep_table, votes_table,
 };
 
 /// Options of the HTML export.
@@ -101,6 +101,9 @@ pub fn render_html(r: &Report, opts: &HtmlOptions) -> String {
         );
     }
     out.push_str("<h2>Per-layer curves</h2>");
+    if let Some(line) = state_split_sentence(r) {
+        let _ = write!(out, "<p>{}</p>", escape(&line));
+    }
     table(&mut out, &layer_table(r));
     if let Some(s) = &r.sweep {
         out.push_str("<h2>Sweep</h2>");

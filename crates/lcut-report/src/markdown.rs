@@ -10,7 +10,7 @@ use crate::routing::routing_sentence;
 use crate::svg::num;
 use crate::tables::{
     Table, accuracy_table, expected_accuracy_line, layer_table, model_table, policy_axis_table,
-    prompt_table, recall_table, sweep_table, votes_table,
+    prompt_table, recall_table, state_split_sentence, sweep_table, votes_table,
 };
 
 /// Escapes text for a Markdown table cell.
@@ -73,6 +73,9 @@ pub fn render_markdown(r: &Report) -> String {
         let _ = writeln!(out, "{line}\n");
     }
     out.push_str("## Per-layer curves\n\n");
+    if let Some(line) = state_split_sentence(r) {
+        let _ = writeln!(out, "{line}\n");
+    }
     table(&mut out, &layer_table(r));
     if let Some(s) = &r.sweep {
         let _ = writeln!(

@@ -108,12 +108,37 @@ pub fn layer_table(r: &Report) -> Table {
     headers.extend(shown.iter().map(|m| m.label.to_string()));
     let rows = (0..c.num_layers)
         .map(|l| {
-            let mut row = vec![l.to_string()];
+            let mut row = vec![match c.state_split_layers.contains(&l) {
+                true => format!("{l} (linear)"),
+                false => l.to_string(),
+            }];
             row.extend(shown.iter().map(|m| num(m.row_value(c, l), 4)));
             row
         })
         .collect();
     Table { headers, rows }
+}
+
+/// What a hybrid model's layers without attention rows show, for the
+/// per-layer table (marked "(linear)" there); `None` where every layer
+/// attends.
+pub fn state_split_sentence(r: &Report) -> Option<String> {
+    let layers = &r.curves.state_split_layers;
+    if layers.is_empty() {
+        return None;
+    }
+    let list: Vec<String> = layers.iter().map(usize::to_string).collect();
+    Some(format!(
+        "Layers {} ({} of {}) are linear-attention layers: they have no attention rows, so \
+         their prefill column is the prompt's share of the layer's output, |p| / (|p| + |d|) of \
+         the parts the prompt's state and the decode-phase tokens give (BoS included), their \
+         decode column the rest; BoS, anchor and self read 0 and the entropy is undefined. The \
+         tail-mass vote reads both measures; the selective-reading vote reads the attention \
+         layers only.",
+        list.join(", "),
+        layers.len(),
+        r.curves.num_layers
+    ))
 }
 
 /// The sweep's points, sorted by anchors and cut; with a mixture-of-experts
@@ -392,6 +417,31 @@ mod tests {
             .accuracy
             .retain(|p| !p.keeps_bos());
         assert_eq!(expected_accuracy_line(&r), None);
+    }
+
+    #[test]
+    fn a_hybrid_models_linear_layers_are_marked_and_explained() {
+        let mut r = lcut_diag::synthetic::synthetic_report(3, 5, 2, false).unwrap();
+        assert_eq!(state_split_sentence(&r), None);
+        assert!(
+            layer_table(&r)
+                .rows
+                .iter()
+                .all(|row| !row[0].contains("linear"))
+        );
+        r.curves.state_split_layers = vec![0, 1, 3];
+        let layers: Vec<String> = layer_table(&r)
+            .rows
+            .iter()
+            .map(|row| row[0].clone())
+            .collect();
+        assert_eq!(layers, ["0 (linear)", "1 (linear)", "2", "3 (linear)", "4"]);
+        let line = state_split_sentence(&r).unwrap();
+        assert!(line.starts_with("Layers 0, 1, 3 (3 of 5) are linear-attention layers"));
+        let md = crate::render_markdown(&r);
+        assert!(md.contains(&line) && md.contains("| 3 (linear) |"));
+        let html = crate::render_html(&r, &crate::HtmlOptions::default());
+        assert!(html.contains("are linear-attention layers") && html.contains("3 (linear)"));
     }
 
     #[test]

@@ -91,6 +91,13 @@ pub struct LayerCurves {
     /// absent for a dense model and in reports written before it was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub routing: Option<RoutingCurves>,
+    /// Layers without attention rows (Qwen3.5's linear-attention layers),
+    /// ascending, whose masses are their state split (see
+    /// [`crate::PromptTrace::state_split_layers`]): their prefill mass is
+    /// the prompt's share of the layer's output, their entropy NaN. Empty
+    /// where every layer attends.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub state_split_layers: Vec<usize>,
 }
 
 /// Where a run's answers form, read off its logit-lens curves.
@@ -147,6 +154,7 @@ impl LayerCurves {
             prefill_by_head: Tensor2::zeros([num_layers, num_heads]),
             prefill_by_step: Tensor2::zeros([num_layers, 0]),
             routing: None,
+            state_split_layers: Vec::new(),
         }
     }
 

@@ -247,6 +247,8 @@ impl Report {
                 .check(l)
                 .map_err(|msg| TraceError::invalid(context, msg))?;
         }
+        crate::trace::check_state_split_layers(&c.state_split_layers, l)
+            .map_err(|msg| TraceError::invalid(context, format!("curves: {msg}")))?;
         let r = &self.recommendation;
         if r.l_cut == 0 || r.l_cut > l {
             return Err(TraceError::invalid(

@@ -17,7 +17,8 @@
 //! Prompt length enters only through B (at most `max_prompt_bins`) and the
 //! prompt token strings. A mixture-of-experts model's routing adds
 //! [`routing_size_bound`], a model with attention sinks `17*L*T*H + 128` for
-//! the sink's share (one more `[L, T, H]` tensor).
+//! the sink's share (one more `[L, T, H]` tensor), a model with layers
+//! without attention rows `21*L + 64` for their indices.
 //!
 //! In memory (heap and struct):
 //!
@@ -30,7 +31,8 @@
 //! ids, `[L + 1, T]`), an id and a position per step, N strings holding S
 //! bytes of text in all (24 bytes each for the `String` itself), and 1280
 //! for the struct and its vectors' headers; its routing adds
-//! [`routing_memory_bound`], the sink's share `4*L*T*H`.
+//! [`routing_memory_bound`], the sink's share `4*L*T*H`, the indices of
+//! layers without attention rows 8 per entry held.
 
 use crate::lens::LensTrace;
 use crate::routing::RoutingTrace;
@@ -149,6 +151,10 @@ impl PromptTrace {
             let [s, t, k, p] = routing_sizes(r, str::len);
             routing_size_bound(s, t, k, p)
         });
+        let split = match self.state_split_layers.is_empty() {
+            true => 0,
+            false => 21 * self.state_split_layers.len() + 64,
+        };
         trace_size_bound(
             self.num_layers,
             self.num_heads,
@@ -158,6 +164,7 @@ impl PromptTrace {
             count,
         ) + routing
             + sink
+            + split
     }
 
     /// The bytes this trace holds now: its struct, its arrays' elements,
@@ -185,6 +192,7 @@ impl PromptTrace {
             + 4 * (self.curvature_prompt.0.capacity() + self.curvature_generated.0.capacity())
             + self.lens.as_ref().map_or(0, LensTrace::heap_bytes)
             + self.routing.as_ref().map_or(0, RoutingTrace::heap_bytes)
+            + 8 * self.state_split_layers.capacity()
     }
 
     /// [`trace_memory_bound`] for this trace's sizes and strings (S the
@@ -209,6 +217,7 @@ impl PromptTrace {
             count,
         ) + routing
             + 4 * self.sink_floats()
+            + 8 * self.state_split_layers.capacity()
     }
 }
 

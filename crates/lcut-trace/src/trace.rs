@@ -87,6 +87,15 @@ pub struct PromptTrace {
     /// sinks (and in reports written before it was recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sink: Option<Tensor3>,
+    /// Layers without attention rows (Qwen3.5's linear-attention layers),
+    /// ascending, whose masses are the layer's state split: `prefill` holds
+    /// the share of the query's output that the prompt's state gives (BoS
+    /// and anchors included), `decode` the share the decode-phase tokens
+    /// give (the query's own included); `bos`, `anchor` and `self_mass` are
+    /// 0, the entropy NaN, the prompt attention map 0. Empty where every
+    /// layer attends.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub state_split_layers: Vec<usize>,
     /// `[num_layers, num_bins]`: attention mass that decode queries pay to each
     /// prompt bin (summed over the bin's positions), averaged over heads and steps.
     pub prompt_attention: Tensor2,
@@ -119,6 +128,17 @@ pub fn normalised_entropy(raw: f32, n_prefill: usize) -> f32 {
     } else {
         (f64::from(raw) / (n_prefill as f64).ln()) as f32
     }
+}
+
+/// `state_split_layers` (of a trace or of curves) must rise strictly and
+/// name layers of a model of `num_layers`.
+pub(crate) fn check_state_split_layers(layers: &[usize], num_layers: usize) -> Result<(), String> {
+    if layers.iter().any(|&s| s >= num_layers) || layers.windows(2).any(|w| w[0] >= w[1]) {
+        return Err(format!(
+            "`state_split_layers` must rise strictly and name layers below `num_layers` {num_layers}"
+        ));
+    }
+    Ok(())
 }
 
 impl PromptTrace {
@@ -154,6 +174,7 @@ impl PromptTrace {
             self_mass: Tensor3::zeros(shape),
             prefill_entropy: Tensor3::filled(shape, f32::NAN),
             sink: None,
+            state_split_layers: Vec::new(),
             prompt_attention: Tensor2::zeros([num_layers, n_bins]),
             bin_edges: edges,
             curvature_prompt: Series::nan(num_layers + 1),
@@ -292,6 +313,7 @@ impl PromptTrace {
                 ));
             }
         }
+        check_state_split_layers(&self.state_split_layers, l)?;
         let e = &self.bin_edges;
         if e.first() != Some(&0)
             || e.last() != Some(&self.prompt_len)

@@ -142,6 +142,15 @@ fn routing(rng: &mut StdRng, m: &Moe, steps: usize) -> RoutingTrace {
     }
 }
 
+/// A random ascending set of layers below `l` (a hybrid model's layers
+/// without attention rows), empty half the time.
+fn split_layers(rng: &mut StdRng, l: usize) -> Vec<usize> {
+    match rng.random_bool(0.5) {
+        true => (0..l).filter(|_| rng.random_bool(0.5)).collect(),
+        false => Vec::new(),
+    }
+}
+
 /// A random valid trace of `l` layers and `h` heads, routed as `m` says.
 fn trace(rng: &mut StdRng, index: usize, l: usize, h: usize, m: Option<&Moe>) -> PromptTrace {
     let prompt_len = rng.random_range(2..40);
@@ -189,6 +198,7 @@ fn trace(rng: &mut StdRng, index: usize, l: usize, h: usize, m: Option<&Moe>) ->
         t.lens = Some(lens);
     }
     t.routing = m.map(|m| routing(rng, m, steps));
+    t.state_split_layers = split_layers(rng, l);
     t
 }
 
@@ -245,6 +255,7 @@ fn report(rng: &mut StdRng) -> Report {
             },
             policy: m.policy.clone(),
         }),
+        state_split_layers: split_layers(rng, l),
     };
     let vote = |rng: &mut StdRng| rng.random_bool(0.7).then(|| rng.random_range(0..=l));
     let recommendation = Recommendation {

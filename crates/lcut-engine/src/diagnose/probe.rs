@@ -55,6 +55,13 @@ impl<'m> DiagnosticProbe<'m> {
         self
     }
 
+    /// Also record each linear-attention layer's state split as its masses,
+    /// in `heads` columns (a model with linear layers: Qwen3.5).
+    pub fn with_state_split(mut self, heads: usize) -> Self {
+        self.masses = self.masses.with_state_split(heads);
+        self
+    }
+
     /// Also record the routing of every decode step (from the last prompt
     /// token on) at each layer of experts.
     pub fn with_routing(mut self) -> Self {
@@ -132,6 +139,18 @@ impl Probe for DiagnosticProbe<'_> {
     fn on_attention(&mut self, view: AttentionView<'_>) -> ProbeResult<()> {
         self.masses.on_attention(view)?;
         self.accumulate_prompt_attention(&view)
+    }
+
+    fn linear_split_from(&self, layer: usize) -> Option<usize> {
+        self.masses.linear_split_from(layer)
+    }
+
+    fn on_linear_split(
+        &mut self,
+        layer: usize,
+        split: &lcut_model::LinearSplit,
+    ) -> ProbeResult<()> {
+        self.masses.on_linear_split(layer, split)
     }
 
     fn wants_routing(&self, _layer: usize) -> bool {

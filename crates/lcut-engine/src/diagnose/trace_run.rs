@@ -126,6 +126,9 @@ impl TracedRun<'_> {
         if self.model.config().experts.is_some() {
             probe = probe.with_routing();
         }
+        if self.model.config().linear_attention.is_some() {
+            probe = probe.with_state_split(self.model.config().num_heads);
+        }
         if self.opts.lens {
             let lens = LensProbe::new(self.model, prompt.len() - 1);
             probe = probe.with_lens(match lens_file {
@@ -173,15 +176,20 @@ pub(super) fn traced_generation<'m>(
 }
 
 /// Copy the probe's per-(layer, step, head) masses (the sink's where
-/// `trace` holds them) and entropies of the first `n` generated tokens
+/// `trace` holds them; a linear layer's state split, listed in
+/// `state_split_layers`) and entropies of the first `n` generated tokens
 /// into `trace`, and its layer x prompt-bin
 /// attention map (mean over heads and steps).
 fn record_masses(trace: &mut PromptTrace, probe: &DiagnosticProbe<'_>, n: usize) -> Result<()> {
     let heads = trace.num_heads;
+    let mut split_layers = std::collections::BTreeSet::new();
     for rec in probe.records() {
         let k = rec.position - probe.first_step();
         if k >= n {
             continue;
+        }
+        if rec.state_split {
+            split_layers.insert(rec.layer);
         }
         for h in 0..heads {
             let at = [rec.layer, k, h];
@@ -196,6 +204,7 @@ fn record_masses(trace: &mut PromptTrace, probe: &DiagnosticProbe<'_>, n: usize)
             }
         }
     }
+    trace.state_split_layers = split_layers.into_iter().collect();
     let sums = probe.prompt_bin_sums(&trace.bin_edges)?;
     let scale = 1.0 / (heads * n.max(1)) as f32;
     for (l, row) in sums.iter().enumerate() {
