@@ -180,3 +180,29 @@ fn above_an_anchor_free_cut_a_linear_layer_reads_no_prompt() -> Result<()> {
     Ok(())
 }
 
+/// llama.cpp's file of the same model holds the value heads in another
+/// order (tiled); its report shows each head's share where the folder's
+/// does, so that the two read alike.
+#[test]
+fn the_gguf_file_reports_the_folders_shares_head_by_head() -> Result<()> {
+    let folder = Session::load(&oracle_case(QWEN35_CASE), DType::F32, &Device::Cpu)?;
+    let gguf = Session::load(
+        &oracle_case(QWEN35_CASE).join("model.f32.gguf"),
+        DType::F32,
+        &Device::Cpu,
+    )?;
+    let (a, b) = (diagnose(&folder, None)?, diagnose(&gguf, None)?);
+    ensure!(b.curves.state_split_layers == a.curves.state_split_layers);
+    for (x, y) in a.traces.iter().zip(&b.traces) {
+        ensure!(x.generated_ids == y.generated_ids);
+        let worst = x
+            .prefill
+            .data()
+            .iter()
+            .zip(y.prefill.data())
+            .map(|(p, q)| (p - q).abs())
+            .fold(0.0f32, f32::max);
+        ensure!(worst <= 1e-4, "{}: shares differ by {worst}", x.id);
+    }
+    Ok(())
+}

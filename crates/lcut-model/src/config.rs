@@ -143,9 +143,6 @@ impl Arch {
             Arch::Gemma4 => Some(
                 "architecture gemma4 (per-layer head widths, shared K/V and per-layer inputs are not yet read from GGUF; its Hugging Face folder is)",
             ),
-            Arch::Qwen35 => Some(
-                "architecture qwen35 (linear-attention layers are not yet read from GGUF; its Hugging Face folder is)",
-            ),
             _ => None,
         }
     }
@@ -274,7 +271,8 @@ pub struct LinearAttentionConfig {
     /// Query and key heads (`linear_num_key_heads`).
     pub key_heads: usize,
     /// Value heads (`linear_num_value_heads`), a multiple of the key heads:
-    /// each key head serves `value_heads / key_heads` value heads in turn.
+    /// each key head serves `value_heads / key_heads` value heads (which
+    /// ones: [`LinearAttentionConfig::value_heads_tiled`]).
     pub value_heads: usize,
     /// Width of a query or key head (`linear_key_head_dim`).
     pub key_head_dim: usize,
@@ -282,6 +280,12 @@ pub struct LinearAttentionConfig {
     pub value_head_dim: usize,
     /// The causal convolution's kernel (`linear_conv_kernel_dim`).
     pub conv_kernel: usize,
+    /// Whether the value heads come in llama.cpp's tiled order, value head
+    /// `h` reading key head `h % key_heads` (its converter reorders every
+    /// per-value-head weight so), rather than Hugging Face's grouped order,
+    /// `h / (value_heads / key_heads)`. A GGUF file's; the same layer
+    /// either way, its value heads numbered differently.
+    pub value_heads_tiled: bool,
 }
 
 impl LinearAttentionConfig {

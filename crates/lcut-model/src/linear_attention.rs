@@ -58,6 +58,9 @@ pub(crate) struct Shape {
     dk: usize,
     dv: usize,
     kernel: usize,
+    /// The value heads in llama.cpp's tiled order
+    /// ([`LinearAttentionConfig::value_heads_tiled`]).
+    tiled: bool,
 }
 
 impl Shape {
@@ -68,7 +71,32 @@ impl Shape {
             dk: c.key_head_dim,
             dv: c.value_head_dim,
             kernel: c.conv_kernel,
+            tiled: c.value_heads_tiled,
         }
+    }
+
+    /// The key head value head `h` reads, in the order the weights hold
+    /// the value heads.
+    fn key_head_of(&self, h: usize) -> usize {
+        match self.tiled {
+            true => h % self.key_heads,
+            false => h / (self.value_heads / self.key_heads),
+        }
+    }
+
+    /// One row's values per value head [value_heads, d_v] in Hugging
+    /// Face's grouped order of the value heads.
+    fn grouped(&self, row: &[f32]) -> Vec<f32> {
+        if !self.tiled {
+            return row.to_vec();
+        }
+        let (k, group, dv) = (self.key_heads, self.value_heads / self.key_heads, self.dv);
+        let mut out = vec![0.0; row.len()];
+        for (t, head) in row.chunks(dv).enumerate() {
+            let g = (t % k) * group + t / k;
+            out[g * dv..(g + 1) * dv].copy_from_slice(head);
+        }
+        out
     }
 
     fn key_width(&self) -> usize {
@@ -129,7 +157,9 @@ pub struct LinearSplit {
     pub head_dim: usize,
     /// The rows' positions, ascending.
     pub positions: Vec<usize>,
-    /// What the state at the split's start contributes [rows, heads, d_v].
+    /// What the state at the split's start contributes [rows, heads, d_v]
+    /// (value heads in Hugging Face's grouped order, whatever order the
+    /// weights hold them in).
     pub prompt: Vec<f32>,
     /// What the rows from the split's start contribute [rows, heads, d_v].
     pub decode: Vec<f32>,
@@ -346,10 +376,10 @@ impl GatedDeltaNet {
                 self.recur(&row, gates, &mut parts.0, false, &mut prompt);
                 self.recur(&row, gates, &mut parts.1, true, &mut decode);
                 rows.positions.push(pos);
-                rows.prompt.extend_from_slice(&prompt);
-                rows.decode.extend_from_slice(&decode);
+                rows.prompt.extend(self.shape.grouped(&prompt));
+                rows.decode.extend(self.shape.grouped(&decode));
                 self.recur(&row, gates, &mut state.matrix, true, o);
-                rows.output.extend_from_slice(o);
+                rows.output.extend(self.shape.grouped(o));
             } else {
                 self.recur(&row, gates, &mut state.matrix, true, o);
             }
@@ -408,12 +438,11 @@ impl GatedDeltaNet {
         let s = self.shape;
         let (q, rest) = row.split_at(s.key_width());
         let (keys, v) = rest.split_at(s.key_width());
-        let group = s.value_heads / s.key_heads;
         let mut delta = vec![0.0f32; s.dv];
         for h in 0..s.value_heads {
             let decay = (-self.a_log[h].exp() * softplus(a[h] + self.dt_bias[h])).exp();
             let beta = sigmoid(b[h]);
-            let kh = h / group;
+            let kh = s.key_head_of(h);
             let (qh, kk) = (
                 &q[kh * s.dk..(kh + 1) * s.dk],
                 &keys[kh * s.dk..(kh + 1) * s.dk],

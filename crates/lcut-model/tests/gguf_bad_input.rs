@@ -323,6 +323,67 @@ fn damaged_gpt_oss_files_are_named() {
     }
 }
 
+/// Qwen3.5 as llama.cpp's converter writes it (`qwen35`).
+fn qwen35_good() -> Vec<u8> {
+    std::fs::read(oracle_case(lcut_testkit::QWEN35_CASE).join("model.f32.gguf")).expect("fixture")
+}
+
+/// A Qwen3.5 file whose linear layers' sizes, layer flags or decay rates
+/// cannot be a model is refused by name.
+#[test]
+fn damaged_qwen35_files_are_named() {
+    Decoder::load_as(
+        &oracle_case(lcut_testkit::QWEN35_CASE).join("model.f32.gguf"),
+        WeightMode::Dense(DType::F32),
+        &Device::Cpu,
+    )
+    .expect("the fixture loads");
+    // an inner width of 30 over 4 value heads
+    let inner = "qwen35.ssm.inner_size";
+    let mut b = qwen35_good();
+    let at = after_string(&b, inner) + 4;
+    put_u32(&mut b, at, 30);
+    let (path, err, _d) = load(&b);
+    assert!(matches!(err, ModelError::GgufMetadata { .. }), "{err}");
+    assert_mentions(&err.to_string(), &[&shown(&path), inner, "multiple"]);
+    // 3 value heads for 2 key heads: each key head serves whole value heads
+    let rank = "qwen35.ssm.time_step_rank";
+    let mut b = qwen35_good();
+    let at = after_string(&b, rank) + 4;
+    put_u32(&mut b, at, 3);
+    let (path, err, _d) = load(&b);
+    assert_mentions(&err.to_string(), &[&shown(&path), "qwen35.ssm"]);
+    // a convolution kernel of zero
+    let kernel = "qwen35.ssm.conv_kernel";
+    let mut b = qwen35_good();
+    let at = after_string(&b, kernel) + 4;
+    put_u32(&mut b, at, 0);
+    let (path, err, _d) = load(&b);
+    assert!(matches!(err, ModelError::GgufMetadata { .. }), "{err}");
+    assert_mentions(&err.to_string(), &[&shown(&path), kernel, "positive"]);
+    // layer flags stored as bytes, not booleans (an array: type tag, then
+    // the element type: uint8 is 0, one byte each as bool's)
+    let flags = "qwen35.attention.recurrent_layers";
+    let mut b = qwen35_good();
+    let at = after_string(&b, flags) + 4;
+    put_u32(&mut b, at, 0);
+    let (path, err, _d) = load(&b);
+    assert!(matches!(err, ModelError::GgufMetadata { .. }), "{err}");
+    assert_mentions(&err.to_string(), &[&shown(&path), flags, "true or false"]);
+    // a decay rate -exp(A_log) that is not negative has no A_log
+    let mut b = qwen35_good();
+    let file = GgufFile::open(&oracle_case(lcut_testkit::QWEN35_CASE).join("model.f32.gguf"))
+        .expect("valid");
+    let t = &file.header().tensors["blk.1.ssm_a"];
+    b[t.start..t.start + 4].copy_from_slice(&0.5f32.to_le_bytes());
+    let (path, err, _d) = load(&b);
+    assert!(matches!(err, ModelError::GgufMalformed { .. }), "{err}");
+    assert_mentions(
+        &err.to_string(),
+        &[&shown(&path), "blk.1.ssm_a", "negative"],
+    );
+}
+
 #[test]
 fn missing_tensor_is_named() {
     let mut b = good();

@@ -42,6 +42,15 @@ fn mutated_gpt_oss_mxfp4_gguf_files_never_panic() {
     mutate_file("moe/gptoss-gguf", "model.mxfp4.gguf", 20261128);
 }
 
+/// A Qwen3.5 file (llama.cpp's `qwen35`): its recurrent-layer flags, the
+/// linear layers' head counts and widths, the convolution's kernel, the
+/// decay rates (a non-negative `ssm_a` has no logarithm) and the linear
+/// layers' tensors damaged in turn.
+#[test]
+fn mutated_qwen35_gguf_files_never_panic() {
+    mutate(lcut_testkit::QWEN35_CASE, 20261129);
+}
+
 /// [`mutate_file`] on `case`'s Q8_0 file.
 fn mutate(case: &str, seed: u64) {
     mutate_file(case, "model.q8_0.gguf", seed);

@@ -65,10 +65,15 @@ pub const MOE_CASES: [&str; 4] = [
 /// layers' K/V; Qwen3.5 with three linear-attention layers to each full
 /// one; names relative to `fixtures/oracle`): run by the tensor path's
 /// parity tests in f32. Apart from [`ORACLE_CASES`]: they take no fused
-/// step yet (`Unfused::Gemma4Layers`, `Unfused::LinearLayers`), have no
-/// GGUF (lcut does not read either's) and no bf16, lens, SwiftKV or press
-/// references.
+/// step yet (`Unfused::Gemma4Layers`, `Unfused::LinearLayers`), only
+/// Qwen3.5's has GGUF files ([`LAYOUT_GGUF_CASES`]; lcut does not read
+/// Gemma 4's), and they have no bf16, lens, SwiftKV or press references.
 pub const LAYOUT_CASES: [&str; 2] = [GEMMA4_CASE, QWEN35_CASE];
+
+/// The layout cases llama.cpp's converter writes as GGUF (`model.f32.gguf`,
+/// `model.q8_0.gguf`): Qwen3.5 as `qwen35`, its norms stored as 1 + w,
+/// its decay rates as -exp(A_log) and its value heads reordered.
+pub const LAYOUT_GGUF_CASES: [&str; 1] = [QWEN35_CASE];
 
 /// The Gemma 4 reference case (shared K/V, per-layer inputs).
 pub const GEMMA4_CASE: &str = "layouts/gemma4-shared";

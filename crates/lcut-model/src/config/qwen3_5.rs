@@ -84,6 +84,7 @@ pub(super) fn read(f: &Fields<'_>, num_layers: usize) -> Result<LinearAttentionC
         key_head_dim,
         value_head_dim,
         conv_kernel,
+        value_heads_tiled: false,
     })
 }
 

@@ -12,7 +12,7 @@ use crate::gguf::header::{GgufHeader, MetaValue};
 
 /// The GGUF metadata key each Hugging Face field is read from (`{a}` is the
 /// architecture), so that errors name the key the file actually has.
-const KEYS: [(&str, &str); 19] = [
+const KEYS: [(&str, &str); 24] = [
     ("num_hidden_layers", "{a}.block_count"),
     ("hidden_size", "{a}.embedding_length"),
     ("intermediate_size", "{a}.feed_forward_length"),
@@ -35,6 +35,11 @@ const KEYS: [(&str, &str); 19] = [
     ("num_experts", "{a}.expert_count"),
     ("num_experts_per_tok", "{a}.expert_used_count"),
     ("moe_intermediate_size", "{a}.expert_feed_forward_length"),
+    ("linear_num_key_heads", "{a}.ssm.group_count"),
+    ("linear_num_value_heads", "{a}.ssm.time_step_rank"),
+    ("linear_key_head_dim", "{a}.ssm.state_size"),
+    ("linear_value_head_dim", "{a}.ssm.inner_size"),
+    ("linear_conv_kernel_dim", "{a}.ssm.conv_kernel"),
 ];
 
 /// Reads typed metadata, naming the file and key in errors.
@@ -152,8 +157,13 @@ pub fn model_config(header: &GgufHeader, path: &Path) -> Result<ModelConfig> {
     let json = hf_config(&meta, arch)?;
     let mut cfg =
         ModelConfig::from_json_value(&json, path).map_err(|e| name_gguf_key(e, &arch_name))?;
-    // llama.cpp's converter stores Gemma's (1 + w) norm weights already offset
+    // llama.cpp's converter stores Gemma's and Qwen3.5's (1 + w) norm
+    // weights already offset
     cfg.norm_weight_offset = false;
+    // and Qwen3.5's value heads tiled (`_LinearAttentionVReorderBase`)
+    if let Some(la) = cfg.linear_attention.as_mut() {
+        la.value_heads_tiled = true;
+    }
     Ok(cfg)
 }
 
@@ -171,6 +181,9 @@ fn hf_config(m: &Meta<'_>, arch: Arch) -> Result<Value> {
     }
     if arch == Arch::GptOss {
         gpt_oss_layers(m, layers, &mut c)?;
+    }
+    if arch == Arch::Qwen35 {
+        qwen35_layers(m, layers, &mut c)?;
     }
     if matches!(arch, Arch::Qwen3Moe | Arch::Mixtral | Arch::GptOss) {
         experts(m, arch, layers, &mut c)?;
@@ -191,6 +204,79 @@ fn gpt_oss_layers(m: &Meta<'_>, layers: u64, c: &mut Map<String, Value>) -> Resu
     }
     c.insert("swiglu_limit".into(), json!(7.0));
     c.insert("swiglu_alpha".into(), json!(1.702));
+    Ok(())
+}
+
+/// Qwen3.5's linear-attention layers as llama.cpp's `qwen35` describes
+/// them into `c`: which layers are linear (`attention.recurrent_layers`,
+/// one flag per layer, else every `full_attention_interval`-th layer full,
+/// llama.cpp's 4 when absent), the convolution's kernel
+/// (`ssm.conv_kernel`), the key heads (`ssm.group_count`) and their width
+/// (`ssm.state_size`), the value heads (`ssm.time_step_rank`) and their
+/// width (`ssm.inner_size` over the value heads: llama.cpp's own graph
+/// takes the key width, which the released models share).
+fn qwen35_layers(m: &Meta<'_>, layers: u64, c: &mut Map<String, Value>) -> Result<()> {
+    let count = |suffix: &str| m.count(&m.key(suffix));
+    let value_heads = count("ssm.time_step_rank")?;
+    let inner_key = m.key("ssm.inner_size");
+    let inner = m.count(&inner_key)?;
+    if !inner.is_multiple_of(value_heads) {
+        return Err(m.err(
+            &inner_key,
+            &format!(
+                "a multiple of the value heads ({value_heads}, {})",
+                m.key("ssm.time_step_rank")
+            ),
+            m.get(&inner_key),
+        ));
+    }
+    c.insert("linear_num_value_heads".into(), json!(value_heads));
+    c.insert("linear_value_head_dim".into(), json!(inner / value_heads));
+    c.insert(
+        "linear_num_key_heads".into(),
+        json!(count("ssm.group_count")?),
+    );
+    c.insert(
+        "linear_key_head_dim".into(),
+        json!(count("ssm.state_size")?),
+    );
+    c.insert(
+        "linear_conv_kernel_dim".into(),
+        json!(count("ssm.conv_kernel")?),
+    );
+    let key = m.key("attention.recurrent_layers");
+    let linear: Vec<bool> = match m.get(&key) {
+        None => {
+            let interval = m.opt_count(&m.key("full_attention_interval"))?.unwrap_or(4);
+            if interval == 0 {
+                let key = m.key("full_attention_interval");
+                return Err(m.err(&key, "a positive interval", m.get(&key)));
+            }
+            (0..layers).map(|l| (l + 1) % interval != 0).collect()
+        }
+        Some(MetaValue::Array(flags)) if flags.len() as u64 == layers => flags
+            .iter()
+            .map(|f| match f {
+                MetaValue::Bool(b) => Ok(*b),
+                _ => Err(m.err(&key, "true or false per layer", m.get(&key))),
+            })
+            .collect::<Result<_>>()?,
+        Some(v) => {
+            return Err(m.err(
+                &key,
+                &format!("one flag per layer ({layers}, {})", m.key("block_count")),
+                Some(v),
+            ));
+        }
+    };
+    let types: Vec<&str> = linear
+        .iter()
+        .map(|&l| match l {
+            true => "linear_attention",
+            false => "full_attention",
+        })
+        .collect();
+    c.insert("layer_types".into(), json!(types));
     Ok(())
 }
 

@@ -105,7 +105,10 @@ impl GgufFile {
             found: e.shape.clone(),
         };
         let Some(expert) = expert else {
-            if e.shape != expected {
+            // llama.cpp's converter squeezes unit axes (Qwen3.5's
+            // convolution, [channels, 1, kernel] in Hugging Face's files):
+            // the same values in the same order
+            if squeezed(&e.shape) != squeezed(expected) {
                 return Err(shape_error(name, expected.to_vec()));
             }
             return Ok(TensorView {
@@ -191,6 +194,16 @@ impl GgufFile {
         }
     }
 }
+
+/// A shape without its unit axes.
+fn squeezed(shape: &[usize]) -> Vec<usize> {
+    shape.iter().copied().filter(|&d| d != 1).collect()
+}
+
+/// The Hugging Face name suffix of Qwen3.5's decay rates `A_log`, which
+/// llama.cpp's converter stores as `ssm_a = -exp(A_log)`: read back as
+/// `ln(-ssm_a)`, every entry of which must be negative and finite.
+const A_LOG: &str = ".linear_attn.A_log";
 
 /// Where one Hugging Face tensor's data lies in a GGUF file.
 struct TensorView {
@@ -279,7 +292,7 @@ fn gguf_location(hf_name: &str) -> (String, Option<usize>) {
         ("model.norm.weight", "output_norm.weight"),
         ("lm_head.weight", "output.weight"),
     ];
-    const LAYER: [(&str, &str); 18] = [
+    const LAYER: [(&str, &str); 25] = [
         ("input_layernorm", "attn_norm"),
         ("self_attn.q_proj", "attn_q"),
         ("self_attn.k_proj", "attn_k"),
@@ -298,6 +311,14 @@ fn gguf_location(hf_name: &str) -> (String, Option<usize>) {
         ("mlp.gate", "ffn_gate_inp"),
         ("block_sparse_moe.gate", "ffn_gate_inp"),
         ("mlp.router", "ffn_gate_inp"),
+        // Qwen3.5's linear-attention layers (`qwen35`)
+        ("linear_attn.in_proj_qkv", "attn_qkv"),
+        ("linear_attn.in_proj_z", "attn_gate"),
+        ("linear_attn.in_proj_b", "ssm_beta"),
+        ("linear_attn.in_proj_a", "ssm_alpha"),
+        ("linear_attn.conv1d", "ssm_conv1d"),
+        ("linear_attn.norm", "ssm_norm"),
+        ("linear_attn.out_proj", "ssm_out"),
     ];
     const EXPERT: [(&str, &str); 6] = [
         ("gate_proj", "ffn_gate_exps"),
@@ -317,9 +338,13 @@ fn gguf_location(hf_name: &str) -> (String, Option<usize>) {
     let Some((layer, rest)) = rest.split_once('.') else {
         return verbatim();
     };
-    // gpt-oss's sink logits, a parameter of the attention itself
-    if rest == "self_attn.sinks" {
-        return (format!("blk.{layer}.attn_sinks.weight"), None);
+    // parameters of a module itself: gpt-oss's sink logits, Qwen3.5's
+    // decay rates (stored as -exp(A_log): [`A_LOG`]) and step biases
+    match rest {
+        "self_attn.sinks" => return (format!("blk.{layer}.attn_sinks.weight"), None),
+        "linear_attn.A_log" => return (format!("blk.{layer}.ssm_a"), None),
+        "linear_attn.dt_bias" => return (format!("blk.{layer}.ssm_dt.bias"), None),
+        _ => {}
     }
     let Some((module, param)) = rest.rsplit_once('.') else {
         return verbatim();
@@ -342,7 +367,7 @@ fn gguf_location(hf_name: &str) -> (String, Option<usize>) {
 
 /// A GGUF file as a source of Hugging Face-named tensors. Gemma 2/3 and
 /// OLMo 2/3 files name the norm after attention `post_attention_norm`, and
-/// so do gpt-oss files the norm before the experts; the decoder asks for it
+/// so do gpt-oss and Qwen3.5 files the norm before the MLP; the decoder asks for it
 /// as `post_attention_layernorm`, which other architectures use for the
 /// norm before the MLP (`ffn_norm`).
 pub struct GgufWeights {
@@ -354,8 +379,9 @@ pub struct GgufWeights {
 impl GgufWeights {
     /// Wrap an opened file.
     pub fn new(file: GgufFile) -> Self {
+        use crate::config::Arch;
         let norm_after_attention =
-            file.config.norms.after() || file.config.arch == crate::config::Arch::GptOss;
+            file.config.norms.after() || matches!(file.config.arch, Arch::GptOss | Arch::Qwen35);
         Self {
             file,
             norm_after_attention,
@@ -397,7 +423,8 @@ impl WeightSource for GgufWeights {
     }
 
     /// Dequantize tensor `name` (shape checked) to `dtype` on `device`:
-    /// by candle, or by lcut's kernels for the types only they read (MXFP4).
+    /// by candle, or by lcut's kernels for the types only they read
+    /// (MXFP4); Qwen3.5's decay rates back from what the converter stored.
     fn load(
         &self,
         name: &str,
@@ -405,24 +432,26 @@ impl WeightSource for GgufWeights {
         dtype: DType,
         device: &Device,
     ) -> Result<Tensor> {
-        let hf = self.name(name);
-        let v = self.file.view(&hf, expected)?;
-        if v.dtype.is_none()
-            && let Some(format) = QuantFormat::from_ggml_type(v.type_id)
-        {
-            let mut values = vec![0f32; expected.iter().product()];
-            let bytes = &self.file.map[v.start..v.start + v.len];
-            lcut_kernels::quant::dequantize(format, bytes, &mut values).map_err(|e| {
-                ModelError::GgufMalformed {
-                    path: self.file.path.clone(),
-                    offset: v.start,
-                    reason: format!("tensor `{}`: {e}", v.name),
-                }
-            })?;
-            return Ok(Tensor::from_vec(values, expected, device)?.to_dtype(dtype)?);
+        let stored = self.load_stored(name, expected, dtype, device)?;
+        if !name.ends_with(A_LOG) {
+            return Ok(stored);
         }
-        let q = self.quantized(name, expected, device)?;
-        Ok(q.dequantize(device)?.to_dtype(dtype)?)
+        // ln(-ssm_a), from values that must be negative and finite
+        let values = stored
+            .to_dtype(DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        if let Some(bad) = values.iter().find(|x| !(x.is_finite() && **x < 0.0)) {
+            return Err(ModelError::GgufMalformed {
+                path: self.file.path.clone(),
+                offset: self.file.view(&self.name(name), expected)?.start,
+                reason: format!(
+                    "tensor `{}`: a decay rate -exp(A_log) must be negative and finite, found {bad}",
+                    gguf_name(name)
+                ),
+            });
+        }
+        Ok(stored.neg()?.log()?)
     }
 
     /// The matrix read in place, on the CPU, when the kernels read its type.
@@ -458,6 +487,35 @@ impl WeightSource for GgufWeights {
 }
 
 impl GgufWeights {
+    /// Tensor `name` as the file stores it (shape checked), dequantized to
+    /// `dtype` on `device`.
+    fn load_stored(
+        &self,
+        name: &str,
+        expected: &[usize],
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
+        let hf = self.name(name);
+        let v = self.file.view(&hf, expected)?;
+        if v.dtype.is_none()
+            && let Some(format) = QuantFormat::from_ggml_type(v.type_id)
+        {
+            let mut values = vec![0f32; expected.iter().product()];
+            let bytes = &self.file.map[v.start..v.start + v.len];
+            lcut_kernels::quant::dequantize(format, bytes, &mut values).map_err(|e| {
+                ModelError::GgufMalformed {
+                    path: self.file.path.clone(),
+                    offset: v.start,
+                    reason: format!("tensor `{}`: {e}", v.name),
+                }
+            })?;
+            return Ok(Tensor::from_vec(values, expected, device)?.to_dtype(dtype)?);
+        }
+        let q = self.quantized(name, expected, device)?;
+        Ok(q.dequantize(device)?.to_dtype(dtype)?)
+    }
+
     fn quantized(&self, name: &str, expected: &[usize], device: &Device) -> Result<QTensor> {
         let name = self.name(name);
         let (dtype, bytes) = self.file.raw(&name, expected)?;
