@@ -184,6 +184,12 @@ impl LinearSplit {
 }
 
 impl RecurrentState {
+    /// Forget the split's parts: a split runs only while it is asked for,
+    /// from its first row.
+    pub(crate) fn stop_split(&mut self) {
+        self.parts = None;
+    }
+
     /// The empty state (no token has run) of a layer of `shape`, keeping
     /// the first token's state where `keeps_first`.
     fn new(shape: Shape, keeps_first: bool) -> Self {
@@ -264,6 +270,18 @@ fn l2_normalise(x: &mut [f32], scale: f32) {
     x.iter_mut().for_each(|v| *v *= inv);
 }
 
+/// One row a linear layer runs: its projected queries, keys and values
+/// [channels] before the convolution, its decay steps `a` and learning
+/// rates `b` before their activations [value_heads], its position, and
+/// whether it enters the state.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LinearRow<'a> {
+    pub(crate) input: &'a [f32],
+    pub(crate) gates: (&'a [f32], &'a [f32]),
+    pub(crate) position: usize,
+    pub(crate) enters: bool,
+}
+
 impl GatedDeltaNet {
     /// The linear-attention layer at `prefix` (`model.layers.N.linear_attn`).
     pub(crate) fn load(ld: &Loader<'_>, prefix: &str, c: &LinearAttentionConfig) -> Result<Self> {
@@ -340,30 +358,64 @@ impl GatedDeltaNet {
         let mut out = vec![0.0f32; n * hv * dv];
         let c = self.shape.channels();
         if split_from.is_none() {
-            // a split runs only while it is asked for, from its first row
-            state.parts = None;
+            state.stop_split();
         }
-        let mut split = split_from.map(|_| LinearSplit {
-            value_heads: hv,
-            head_dim: dv,
-            ..LinearSplit::default()
-        });
+        let mut split = split_from.map(|_| self.empty_split());
         for t in 0..n {
             let i = t * hv;
-            let o = &mut out[i * dv..(i + hv) * dv];
-            let input = &mixed[t * c..(t + 1) * c];
-            let gates = (&a[i..i + hv], &b[i..i + hv]);
-            let pos = positions.get(t).copied().unwrap_or(usize::MAX);
-            if !enters.get(t).copied().unwrap_or(true) {
-                // from the state as it stands, which it leaves as it was
-                let row = self.convolve(input, &mut state.conv.clone());
-                self.recur(&row, gates, &mut state.matrix.clone(), true, o);
-                continue;
-            }
-            let row = self.convolve(input, &mut state.conv);
-            if let (Some(from), Some(rows)) = (split_from, split.as_mut())
-                && pos >= from
-            {
+            let row = LinearRow {
+                input: &mixed[t * c..(t + 1) * c],
+                gates: (&a[i..i + hv], &b[i..i + hv]),
+                position: positions.get(t).copied().unwrap_or(usize::MAX),
+                enters: enters.get(t).copied().unwrap_or(true),
+            };
+            self.step_row(
+                row,
+                split_from,
+                state,
+                &mut out[i * dv..(i + hv) * dv],
+                split.as_mut(),
+            );
+        }
+        let out = Tensor::from_vec(out, (n, hv, dv), x.device())?.to_dtype(x.dtype())?;
+        let z = self.in_z.forward(x)?.reshape((n, hv, dv))?;
+        let normed = candle_nn::ops::rms_norm(&out, &self.norm_weight, self.eps)?;
+        let gated = (normed * candle_nn::ops::silu(&z)?)?;
+        Ok((gated.transpose(0, 1)?.contiguous()?, split))
+    }
+
+    /// A split with no rows yet, of this layer's value heads.
+    pub(crate) fn empty_split(&self) -> LinearSplit {
+        LinearSplit {
+            value_heads: self.shape.value_heads,
+            head_dim: self.shape.dv,
+            ..LinearSplit::default()
+        }
+    }
+
+    /// One row through the convolution and the recurrence, its output
+    /// [value_heads, d_v] (before the gated norm) into `out`: a row that
+    /// enters moves `state` past it, one that does not runs from the state
+    /// as it stands and leaves it as it was. With `split_from` at or before
+    /// the row, a row that enters also adds its split to `split`.
+    pub(crate) fn step_row(
+        &self,
+        row: LinearRow<'_>,
+        split_from: Option<usize>,
+        state: &mut RecurrentState,
+        out: &mut [f32],
+        split: Option<&mut LinearSplit>,
+    ) {
+        let (hv, dv) = (self.shape.value_heads, self.shape.dv);
+        if !row.enters {
+            // from the state as it stands, which it leaves as it was
+            let qkv = self.convolve(row.input, &mut state.conv.clone());
+            self.recur(&qkv, row.gates, &mut state.matrix.clone(), true, out);
+            return;
+        }
+        let qkv = self.convolve(row.input, &mut state.conv);
+        match (split_from, split) {
+            (Some(from), Some(rows)) if row.position >= from => {
                 // the state's two parts: what it held when the split began,
                 // moved by each token's transition alone, and what the
                 // tokens from then on wrote, from zero
@@ -373,26 +425,51 @@ impl GatedDeltaNet {
                     .get_or_insert_with(|| Box::new((matrix.clone(), vec![0.0; matrix.len()])));
                 let mut prompt = vec![0.0; hv * dv];
                 let mut decode = vec![0.0; hv * dv];
-                self.recur(&row, gates, &mut parts.0, false, &mut prompt);
-                self.recur(&row, gates, &mut parts.1, true, &mut decode);
-                rows.positions.push(pos);
+                self.recur(&qkv, row.gates, &mut parts.0, false, &mut prompt);
+                self.recur(&qkv, row.gates, &mut parts.1, true, &mut decode);
+                rows.positions.push(row.position);
                 rows.prompt.extend(self.shape.grouped(&prompt));
                 rows.decode.extend(self.shape.grouped(&decode));
-                self.recur(&row, gates, &mut state.matrix, true, o);
-                rows.output.extend(self.shape.grouped(o));
-            } else {
-                self.recur(&row, gates, &mut state.matrix, true, o);
+                self.recur(&qkv, row.gates, &mut state.matrix, true, out);
+                rows.output.extend(self.shape.grouped(out));
             }
-            state.tokens += 1;
-            if state.tokens == 1 && state.keeps_first {
-                state.first = Some(Box::new((state.conv.clone(), state.matrix.clone())));
+            _ => self.recur(&qkv, row.gates, &mut state.matrix, true, out),
+        }
+        state.tokens += 1;
+        if state.tokens == 1 && state.keeps_first {
+            state.first = Some(Box::new((state.conv.clone(), state.matrix.clone())));
+        }
+    }
+
+    /// One row's output [value_heads, d_v] through the gated norm in place:
+    /// each head RMS-normed by the norm's weight, times `silu(z)` of the
+    /// row's gate `z` [value_heads * d_v] (the host form of what
+    /// [`GatedDeltaNet::forward`] does with tensors).
+    pub(crate) fn gate_row(&self, out: &mut [f32], z: &[f32], weight: &[f32]) {
+        for (head, zh) in out
+            .chunks_exact_mut(self.shape.dv)
+            .zip(z.chunks_exact(self.shape.dv))
+        {
+            let mean = head.iter().map(|x| x * x).sum::<f32>() / head.len() as f32;
+            let inv = 1.0 / (mean + self.eps).sqrt();
+            for ((x, &w), &g) in head.iter_mut().zip(weight).zip(zh) {
+                *x = *x * inv * w * silu(g);
             }
         }
-        let out = Tensor::from_vec(out, (n, hv, dv), x.device())?.to_dtype(x.dtype())?;
-        let z = self.in_z.forward(x)?.reshape((n, hv, dv))?;
-        let normed = candle_nn::ops::rms_norm(&out, &self.norm_weight, self.eps)?;
-        let gated = (normed * candle_nn::ops::silu(&z)?)?;
-        Ok((gated.transpose(0, 1)?.contiguous()?, split))
+    }
+
+    /// The gated norm's weight [d_v] on the host.
+    pub(crate) fn norm_weight(&self) -> Result<Vec<f32>> {
+        Ok(self.norm_weight.to_dtype(DType::F32)?.to_vec1::<f32>()?)
+    }
+
+    /// Channels of the projected input (queries, keys and values) and the
+    /// value heads' width in all: the widths of the rows the input
+    /// projections give ([`GatedDeltaNet::linears`]: channels, value width,
+    /// value heads, value heads).
+    pub(crate) fn input_widths(&self) -> [usize; 4] {
+        let s = self.shape;
+        [s.channels(), s.value_width(), s.value_heads, s.value_heads]
     }
 
     /// One token's queries, keys and values [channels] after the

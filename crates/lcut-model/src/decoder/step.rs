@@ -22,6 +22,7 @@ use lcut_kernels::attention::{
 use lcut_kernels::ops;
 use lcut_kernels::ops::GateActivation;
 use lcut_kernels::product::{Activations, matvec_concat};
+use lcut_policy::RecurrentLayers;
 use lcut_policy::keys::{KeyPlanner, KeyQuery};
 use lcut_policy::window::first_readable;
 
@@ -32,6 +33,7 @@ use super::{ChunkOutput, Decoder, LogitRows};
 use crate::cache::LayerCache;
 use crate::error::{ModelError, Result};
 use crate::layers::Routing;
+use crate::linear_attention::LinearRow;
 use crate::probe::{AttentionView, Probe, ResidualSite, RoutingView};
 use crate::sequence::Sequence;
 
@@ -55,6 +57,8 @@ struct RowBuffers {
     attn: Vec<f32>,
     out: Vec<f32>,
     gate_up: Vec<f32>,
+    /// Each row's output gate [heads * head_dim] (Qwen3.5's full layers).
+    gate: Vec<f32>,
     tmp: Vec<f32>,
     product: Vec<f32>,
     /// The experts' buffers: router logits, one expert's input rows, its
@@ -446,6 +450,25 @@ fn gated_rows(
     Ok(())
 }
 
+/// Each of the `n` Q/K/V rows in `qkv` whose query part holds, per head,
+/// `head_dim` queries then `head_dim` gate values (Qwen3.5's full layers)
+/// made a plain Q/K/V row, its gates [heads * head_dim] into `gates`.
+fn split_gates(qkv: &mut Vec<f32>, gates: &mut Vec<f32>, n: usize, (h, hd): (usize, usize)) {
+    let width = qkv.len() / n.max(1);
+    let rest = width - 2 * h * hd;
+    let mut rows = Vec::with_capacity(n * (h * hd + rest));
+    gates.clear();
+    for row in qkv.chunks_exact(width.max(1)) {
+        let (q, kv) = row.split_at(2 * h * hd);
+        for head in q.chunks_exact(2 * hd) {
+            rows.extend_from_slice(&head[..hd]);
+            gates.extend_from_slice(&head[hd..]);
+        }
+        rows.extend_from_slice(kv);
+    }
+    *qkv = rows;
+}
+
 /// The host executor of the layer program: one row per lane on host
 /// buffers, each product one call to lcut's kernels over every lane's row,
 /// each lane's attention over its own cache.
@@ -606,7 +629,12 @@ impl LayerExecutor for HostRows<'_, '_, '_, '_, '_> {
             n,
             (&mut b.acts, out),
             (&mut b.tmp, &mut b.product),
-        )
+        )?;
+        if product == Product::Qkv && layer.output_gate {
+            let cfg = &self.dec.cfg;
+            split_gates(&mut b.qkv, &mut b.gate, n, (cfg.num_heads, cfg.head_dim));
+        }
+        Ok(())
     }
 
     fn norm_heads(&mut self, at: LayerAt<'_>) -> Result<()> {
@@ -698,13 +726,80 @@ impl LayerExecutor for HostRows<'_, '_, '_, '_, '_> {
     }
 
     fn gate_output(&mut self, _at: LayerAt<'_>) -> Result<()> {
-        // a model with gated outputs has no step model (Unfused::LinearLayers)
-        Err(unwritten("an output gate on the fused step"))
+        let b = &mut *self.b;
+        if b.gate.len() != b.attn.len() {
+            return Err(unwritten("the output gate"));
+        }
+        for (x, &g) in b.attn.iter_mut().zip(&b.gate) {
+            *x *= 1.0 / (1.0 + (-g).exp());
+        }
+        Ok(())
     }
 
-    fn linear_attention(&mut self, _at: LayerAt<'_>) -> Result<()> {
-        // a model with linear layers has no step model (Unfused::LinearLayers)
-        Err(unwritten("a linear-attention layer on the fused step"))
+    /// Every lane's row through the input projections at once, then each
+    /// lane's row through the convolution and the recurrence of its own
+    /// state (a probe that asks gets the row's split), gated and normed
+    /// into the attention's output.
+    fn linear_attention(&mut self, at: LayerAt<'_>) -> Result<()> {
+        let l = at.index;
+        let net = at
+            .layer
+            .linear
+            .as_ref()
+            .ok_or(unwritten("the layer's linear attention"))?;
+        let (inputs, norm) = self.model.layers[l]
+            .linear
+            .as_ref()
+            .ok_or(unwritten("the step's linear attention"))?;
+        let n = self.lanes.len();
+        let b = &mut *self.b;
+        products(
+            inputs,
+            self.held,
+            n,
+            (&mut b.acts, &mut b.qkv),
+            (&mut b.tmp, &mut b.product),
+        )?;
+        let [c, zw, hv, _] = net.input_widths();
+        let width = c + zw + 2 * hv;
+        b.attn.clear();
+        b.attn.resize(n * zw, 0.0);
+        let split_from = self.probe.as_deref().and_then(|p| p.linear_split_from(l));
+        for ((lane, row), out) in self
+            .lanes
+            .iter_mut()
+            .zip(b.qkv.chunks_exact(width))
+            .zip(b.attn.chunks_exact_mut(zw))
+        {
+            let (input, rest) = row.split_at(c);
+            let (z, rest) = rest.split_at(zw);
+            let (beta, decay) = rest.split_at(hv);
+            let seq = &mut *lane.seq;
+            let enters = RecurrentLayers::enters_state(seq.rule.as_ref(), l, lane.pos);
+            let keeps_first = seq.is_full_depth_prefix();
+            if split_from.is_none()
+                && let Some(state) = seq.recurrent[l].as_mut()
+            {
+                // a split runs only while it is asked for
+                state.stop_split();
+            }
+            let state = seq.recurrent[l].get_or_insert_with(|| net.new_state(keeps_first));
+            let mut split = split_from.map(|_| net.empty_split());
+            let row = LinearRow {
+                input,
+                gates: (decay, beta),
+                position: lane.pos,
+                enters,
+            };
+            net.step_row(row, split_from, state, out, split.as_mut());
+            net.gate_row(out, z, norm);
+            if let (Some(split), Some(p)) = (split, self.probe.as_deref_mut())
+                && !split.positions.is_empty()
+            {
+                p.on_linear_split(l, &split)?;
+            }
+        }
+        Ok(())
     }
 
     fn layer_input(&mut self, _at: LayerAt<'_>) -> Result<()> {

@@ -38,10 +38,6 @@ pub enum Unfused {
     /// (Gemma 4): the step's buffers and kernels assume one attention shape
     /// and a layer's own K/V.
     Gemma4Layers,
-    /// Some layers are linear attention (Qwen3.5's Gated DeltaNet) or gate
-    /// their attention's output: the step has no recurrence, convolution
-    /// or output gate.
-    LinearLayers,
 }
 
 impl Unfused {
@@ -56,7 +52,6 @@ impl Unfused {
             Self::Gemma4Layers => {
                 "the layers differ in attention shape, share K/V or take per-layer inputs (Gemma 4)"
             }
-            Self::LinearLayers => "some layers are linear attention or gate their output (Qwen3.5)",
         }
     }
 }
@@ -136,8 +131,16 @@ impl StepLinear {
 #[derive(Debug, Clone)]
 pub(crate) struct StepLayer {
     pub(crate) input_norm: Option<Vec<f32>>,
-    /// Q, K, V (or one fused QKV matrix).
+    /// Q, K, V (or one fused QKV matrix); none on a linear-attention layer.
     pub(crate) qkv: Vec<StepLinear>,
+    /// Whether the query projection also gives each head's output gate
+    /// (Qwen3.5's full layers: per head, its queries then its gate).
+    pub(crate) output_gate: bool,
+    /// A linear-attention layer's input projections, their outputs side by
+    /// side (queries, keys and values; the output gate; the learning rates;
+    /// the decay steps), and its gated norm's weight; `None` on an
+    /// attention layer.
+    pub(crate) linear: Option<(Vec<StepLinear>, Vec<f32>)>,
     pub(crate) q_norm: Option<Vec<f32>>,
     pub(crate) k_norm: Option<Vec<f32>>,
     pub(crate) o: StepLinear,
@@ -234,12 +237,15 @@ impl StepModel {
         if !dec.device.is_cpu() {
             return Err(Skip::Unfused(Unfused::Device));
         }
-        if dec.cfg.linear_attention.is_some() || dec.cfg.attn_output_gate {
-            return Err(Skip::Unfused(Unfused::LinearLayers));
-        }
-        let first = dec.cfg.layer_attention.first().copied();
-        let uniform = dec.cfg.layer_attention.iter().all(|a| {
-            Some(*a) == first && !a.values_from_keys && !a.value_norm && a.kv_source.is_none()
+        // the attention layers' shape (a linear-attention layer has none)
+        let linear =
+            |l: usize| (dec.cfg.linear_attention.as_ref()).is_some_and(|la| la.is_linear(l));
+        let mut attention = (dec.cfg.layer_attention.iter().enumerate())
+            .filter(|&(l, _)| !linear(l))
+            .map(|(_, a)| a);
+        let first = attention.next().copied();
+        let uniform = first.into_iter().chain(attention.copied()).all(|a| {
+            Some(a) == first && !a.values_from_keys && !a.value_norm && a.kv_source.is_none()
         });
         if !uniform || dec.cfg.per_layer_input.is_some() {
             return Err(Skip::Unfused(Unfused::Gemma4Layers));
@@ -253,7 +259,17 @@ impl StepModel {
                 QkvLinears::KeysAsValues | QkvLinears::QueriesOnly => {
                     return Err(Skip::Unfused(Unfused::Gemma4Layers));
                 }
-                QkvLinears::Recurrent => return Err(Skip::Unfused(Unfused::LinearLayers)),
+                QkvLinears::Recurrent => Vec::new(),
+            };
+            let linear = match &layer.linear {
+                Some(net) => Some((
+                    net.linears()
+                        .into_iter()
+                        .map(|m| b.linear(m))
+                        .collect::<std::result::Result<Vec<_>, Skip>>()?,
+                    net.norm_weight()?,
+                )),
+                None => None,
             };
             let sinks = layer
                 .attn
@@ -295,6 +311,8 @@ impl StepModel {
             layers.push(StepLayer {
                 input_norm: layer.input_norm.as_ref().map(norm).transpose()?,
                 qkv,
+                output_gate: layer.attn.has_output_gate(),
+                linear,
                 q_norm: q_norm.map(norm).transpose()?,
                 k_norm: k_norm.map(norm).transpose()?,
                 o: b.linear(layer.attn.o())?,
