@@ -108,6 +108,11 @@ class Trace:
     num_layers: int
     num_heads: int
     num_steps: int
+    state_split_layers: List[int]
+    """Layers without attention rows (Qwen3.5's linear-attention layers): their
+    ``prefill_mass`` is the prompt's share of the layer's output (the state
+    split), ``decode_mass`` the rest, the other masses 0; empty where every
+    layer attends."""
     bos_mass: F32
     anchor_mass: F32
     prefill_mass: F32
@@ -190,6 +195,8 @@ class Report:
     sweep: Optional[Dict[str, Any]]
     prompts: List[str]
     traces: List[Trace]
+    state_split_layers: List[int]
+    """Layers whose curves come from their state split (see ``Trace``)."""
     curves: Dict[str, F32]
     """Per-layer series keyed by ``LAYER_METRICS`` name."""
     prefill_by_step: F32

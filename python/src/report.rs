@@ -169,6 +169,14 @@ impl Report {
             .collect()
     }
 
+    /// Layers without attention rows (Qwen3.5's linear-attention layers)
+    /// whose curves come from their state split (the prompt's share of the
+    /// layer's output); empty where every layer attends.
+    #[getter]
+    fn state_split_layers(&self) -> Vec<usize> {
+        self.report.curves.state_split_layers.clone()
+    }
+
     /// The aggregated per-layer curves, one float32 array per entry of
     /// ``lcut.LAYER_METRICS`` (keyed by its name; per-cut and
     /// per-hidden-state series have ``num_layers + 1`` entries).

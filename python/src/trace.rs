@@ -246,6 +246,15 @@ impl Trace {
         self.trace.num_heads
     }
 
+    /// Layers without attention rows (Qwen3.5's linear-attention layers)
+    /// whose masses are their state split: ``prefill_mass`` the prompt's
+    /// share of the layer's output, ``decode_mass`` the rest; empty where
+    /// every layer attends.
+    #[getter]
+    fn state_split_layers(&self) -> Vec<usize> {
+        self.trace.state_split_layers.clone()
+    }
+
     /// Number of decode steps.
     #[getter]
     fn num_steps(&self) -> usize {

@@ -57,6 +57,28 @@ def test_trace_arrays_are_layers_heads_steps_and_masses_sum_to_one(bundled):
     assert t.text == bundled.decode([i for i in t.ids if i not in bundled.config.eos_token_ids])
 
 
+def test_a_hybrid_models_linear_layers_report_their_state_split():
+    """Qwen3.5's linear-attention layers have no attention rows: their
+    masses are the prompt's share of the layer's output, listed by layer;
+    a model whose every layer attends lists none."""
+    case = FIXTURES / "oracle" / "layouts" / "qwen35-hybrid"
+    session = lcut.load(case)
+    ids = list(range(3, 23))
+    t = session.trace(ids, max_new_tokens=4, progress=False)
+    assert t.state_split_layers == [0, 1, 2, 4, 5, 6]
+    for layer in t.state_split_layers:
+        share = t.prefill_mass[layer]
+        assert np.all((share >= 0) & (share <= 1)) and share.max() > 0.01
+        assert np.allclose(share + t.decode_mass[layer], 1.0, atol=1e-6)
+        assert np.all(np.isnan(t.entropy_heads[layer]))
+
+
+def test_an_attention_only_model_has_no_state_split_layers(bundled):
+    assert bundled.trace(PROMPT, max_new_tokens=2, progress=False).state_split_layers == []
+    report = bundled.diagnose([PROMPT], max_new_tokens=2, progress=False)
+    assert report.state_split_layers == [] and report.traces[0].state_split_layers == []
+
+
 def test_the_lens_is_the_forward_lens_at_each_step(bundled):
     t = bundled.trace(PROMPT, max_new_tokens=5, progress=False, lens=True)
     L, steps = bundled.config.layers, t.num_steps
