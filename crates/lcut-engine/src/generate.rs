@@ -636,8 +636,11 @@ impl<'m> Generation<'m> {
                 .unwrap_or_default(),
             None => cost.bytes(&Policy::full(policy.num_layers()), &shape, windows),
         };
-        let resident = per_head_row
-            * counts.resident_head_rows_windowed(cost.decode, kv_heads, windows) as u64;
+        // a layered model's rows read are those it holds: SlimInfer, the one
+        // policy that reads fewer rows than it holds, is refused on them
+        let resident = layered.unwrap_or_else(|| {
+            per_head_row * counts.resident_head_rows_windowed(cost.decode, kv_heads, windows) as u64
+        });
         let slim = vis.dynamic().and_then(|d| d.decision_trace(b));
         GenerationOutput {
             policy: policy.to_string(),

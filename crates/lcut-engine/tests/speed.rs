@@ -175,6 +175,34 @@ fn kv_bytes_held_equal_the_cost_formula() -> Result<()> {
     Ok(())
 }
 
+/// On the layouts counted layer by layer (Gemma 4's shared K/V, Qwen3.5's
+/// layers without K/V) the K/V a decode step reads is the K/V held, and
+/// both are what the sequence holds: the bench's `res. x` column and the
+/// memory line count the full layers only.
+#[test]
+fn layered_layouts_read_the_kv_they_hold() -> Result<()> {
+    for case in [lcut_testkit::GEMMA4_CASE, lcut_testkit::QWEN35_CASE] {
+        let model = Decoder::load(&oracle(case), DType::F32, &Device::Cpu)?;
+        let layers = model.config().num_layers;
+        let ids = reference_ids(case)?;
+        let prompt = PreparedPrompt::from_ids(ids[..24].to_vec(), Some(21))?;
+        for text in ["full", "speed:4+bos", "speed:2"] {
+            let policy = text.parse::<PolicySpec>()?.resolve(layers)?;
+            let out = Generation::new(&model, prompt.clone(), policy, greedy(5))?.run(|_| true)?;
+            ensure!(
+                out.kv_bytes_resident == out.kv_bytes_formula
+                    && out.kv_bytes_formula == out.kv_bytes_held,
+                "{case} {text}: resident {}, formula {}, held {}",
+                out.kv_bytes_resident,
+                out.kv_bytes_formula,
+                out.kv_bytes_held
+            );
+            ensure!(out.kv_bytes_held <= out.kv_bytes_full, "{case} {text}");
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn prefill_tokens_never_exist_or_keep_kv_above_the_cutoff() -> Result<()> {
     let dir = tempfile::tempdir()?;
