@@ -452,21 +452,28 @@ fn gated_rows(
 
 /// Each of the `n` Q/K/V rows in `qkv` whose query part holds, per head,
 /// `head_dim` queries then `head_dim` gate values (Qwen3.5's full layers)
-/// made a plain Q/K/V row, its gates [heads * head_dim] into `gates`.
+/// made a plain Q/K/V row in place, its gates [heads * head_dim] into
+/// `gates` (both buffers kept for the next step).
 fn split_gates(qkv: &mut Vec<f32>, gates: &mut Vec<f32>, n: usize, (h, hd): (usize, usize)) {
     let width = qkv.len() / n.max(1);
-    let rest = width - 2 * h * hd;
-    let mut rows = Vec::with_capacity(n * (h * hd + rest));
+    let plain = width - h * hd;
     gates.clear();
-    for row in qkv.chunks_exact(width.max(1)) {
-        let (q, kv) = row.split_at(2 * h * hd);
-        for head in q.chunks_exact(2 * hd) {
-            rows.extend_from_slice(&head[..hd]);
-            gates.extend_from_slice(&head[hd..]);
+    // rows only shrink, so each value moves to a place already read
+    let mut to = 0;
+    for row in 0..n {
+        let from = row * width;
+        for head in 0..h {
+            let q = from + 2 * head * hd;
+            gates.extend_from_slice(&qkv[q + hd..q + 2 * hd]);
+            qkv.copy_within(q..q + hd, to);
+            to += hd;
         }
-        rows.extend_from_slice(kv);
+        let kv = from + 2 * h * hd;
+        qkv.copy_within(kv..from + width, to);
+        to += width - 2 * h * hd;
     }
-    *qkv = rows;
+    debug_assert_eq!(to, n * plain);
+    qkv.truncate(to);
 }
 
 /// The host executor of the layer program: one row per lane on host
