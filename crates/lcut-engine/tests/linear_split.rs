@@ -9,10 +9,12 @@
 //! prompt token entered the state), and the full layers keep their
 //! attention masses. The model is random: the numbers test the mechanics.
 
+mod common;
+
 use anyhow::{Context, Result, ensure};
 use candle_core::{DType, Device};
+use lcut_engine::Session;
 use lcut_engine::diagnose::{DiagnoseOptions, LabelledPrompt, diagnose_prepared};
-use lcut_engine::{PreparedPrompt, Session};
 use lcut_model::probes::pool_heads;
 use lcut_model::{LinearSplit, LogitRows, Probe};
 use lcut_testkit::{QWEN35_CASE, oracle_case, oracle_ids};
@@ -21,18 +23,7 @@ use lcut_trace::{PromptTrace, Report};
 /// Two prompts cut from the case's token ids, the decode phase starting
 /// three tokens before each prompt's end.
 fn prompts() -> Result<Vec<LabelledPrompt>> {
-    let ids = oracle_ids(QWEN35_CASE)?;
-    [14usize, 24]
-        .iter()
-        .enumerate()
-        .map(|(index, &p)| {
-            Ok(LabelledPrompt {
-                index,
-                id: format!("p{index}"),
-                prompt: PreparedPrompt::from_ids(ids[..p].to_vec(), Some(p - 3))?,
-            })
-        })
-        .collect()
+    common::prompts_from(&oracle_ids(QWEN35_CASE)?, &[14, 24])
 }
 
 fn diagnose(s: &Session, policy: Option<&str>) -> Result<Report> {

@@ -7,6 +7,8 @@
 //! diagnostics' overlap at that cut, and a dense model has no routing.
 //! The models are random: the numbers test the mechanics, not a finding.
 
+mod common;
+
 use anyhow::{Context, Result, ensure};
 use candle_core::{DType, Device, Tensor};
 use lcut_engine::diagnose::{
@@ -29,18 +31,7 @@ fn session(case: &str) -> Result<Session> {
 /// Two prompts cut from the case's token ids, the decode phase starting
 /// three tokens before each prompt's end.
 fn prompts(case: &str) -> Result<Vec<LabelledPrompt>> {
-    let ids = oracle_ids(case)?;
-    [14usize, 24]
-        .iter()
-        .enumerate()
-        .map(|(index, &p)| {
-            Ok(LabelledPrompt {
-                index,
-                id: format!("p{index}"),
-                prompt: PreparedPrompt::from_ids(ids[..p].to_vec(), Some(p - 3))?,
-            })
-        })
-        .collect()
+    common::prompts_from(&oracle_ids(case)?, &[14, 24])
 }
 
 fn diagnose(s: &Session, case: &str, routing_policy: Option<&str>) -> Result<Report> {

@@ -338,38 +338,28 @@ fn damaged_qwen35_files_are_named() {
         &Device::Cpu,
     )
     .expect("the fixture loads");
-    // an inner width of 30 over 4 value heads
-    let inner = "qwen35.ssm.inner_size";
-    let mut b = qwen35_good();
-    let at = after_string(&b, inner) + 4;
-    put_u32(&mut b, at, 30);
-    let (path, err, _d) = load(&b);
-    assert!(matches!(err, ModelError::GgufMetadata { .. }), "{err}");
-    assert_mentions(&err.to_string(), &[&shown(&path), inner, "multiple"]);
-    // 3 value heads for 2 key heads: each key head serves whole value heads
-    let rank = "qwen35.ssm.time_step_rank";
-    let mut b = qwen35_good();
-    let at = after_string(&b, rank) + 4;
-    put_u32(&mut b, at, 3);
-    let (path, err, _d) = load(&b);
-    assert_mentions(&err.to_string(), &[&shown(&path), "qwen35.ssm"]);
-    // a convolution kernel of zero
-    let kernel = "qwen35.ssm.conv_kernel";
-    let mut b = qwen35_good();
-    let at = after_string(&b, kernel) + 4;
-    put_u32(&mut b, at, 0);
-    let (path, err, _d) = load(&b);
-    assert!(matches!(err, ModelError::GgufMetadata { .. }), "{err}");
-    assert_mentions(&err.to_string(), &[&shown(&path), kernel, "positive"]);
-    // layer flags stored as bytes, not booleans (an array: type tag, then
-    // the element type: uint8 is 0, one byte each as bool's)
-    let flags = "qwen35.attention.recurrent_layers";
-    let mut b = qwen35_good();
-    let at = after_string(&b, flags) + 4;
-    put_u32(&mut b, at, 0);
-    let (path, err, _d) = load(&b);
-    assert!(matches!(err, ModelError::GgufMetadata { .. }), "{err}");
-    assert_mentions(&err.to_string(), &[&shown(&path), flags, "true or false"]);
+    // one value after each key (a scalar's, or an array's element type:
+    // uint8 is 0, one byte each as bool's)
+    for (key, value, says) in [
+        // an inner width of 30 over 4 value heads
+        ("qwen35.ssm.inner_size", 30, "multiple"),
+        // 3 value heads for 2 key heads: each key head serves whole value heads
+        ("qwen35.ssm.time_step_rank", 3, "multiple"),
+        // a convolution kernel of zero
+        ("qwen35.ssm.conv_kernel", 0, "positive"),
+        // layer flags stored as bytes, not booleans
+        ("qwen35.attention.recurrent_layers", 0, "true or false"),
+    ] {
+        let mut b = qwen35_good();
+        let at = after_string(&b, key) + 4;
+        put_u32(&mut b, at, value);
+        let (path, err, _d) = load(&b);
+        assert!(
+            matches!(err, ModelError::GgufMetadata { .. }),
+            "{key}: {err}"
+        );
+        assert_mentions(&err.to_string(), &[&shown(&path), key, says]);
+    }
     // a decay rate -exp(A_log) that is not negative has no A_log
     let mut b = qwen35_good();
     let file = GgufFile::open(&oracle_case(lcut_testkit::QWEN35_CASE).join("model.f32.gguf"))

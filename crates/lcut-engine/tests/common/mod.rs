@@ -1,5 +1,5 @@
-//! Prompts lcut-engine's lens and knockout tests share: an oracle case's
-//! token ids (from its `lens.safetensors`) and two prompts cut from them.
+//! Prompts lcut-engine's tests share: an oracle case's token ids (from its
+//! `lens.safetensors`) and prompts cut from a case's ids.
 
 #![allow(dead_code)] // each test binary uses its own part
 
@@ -19,8 +19,13 @@ pub fn ids(case: &str) -> Result<Vec<u32>> {
 /// Prompts of the case's first 12 and 20 ids, the decode phase starting
 /// 3 tokens before the end.
 pub fn prompts(case: &str) -> Result<Vec<LabelledPrompt>> {
-    let ids = ids(case)?;
-    [12usize, 20]
+    prompts_from(&ids(case)?, &[12, 20])
+}
+
+/// Prompts of the first `lengths[i]` of `ids`, the decode phase starting 3
+/// tokens before each one's end, ids `p0`, `p1`, ...
+pub fn prompts_from(ids: &[u32], lengths: &[usize]) -> Result<Vec<LabelledPrompt>> {
+    lengths
         .iter()
         .enumerate()
         .map(|(index, &p)| {
