@@ -6,7 +6,8 @@
 //! keys and values passes a depthwise causal convolution (kernel `K`, over
 //! this row and the `K - 1` rows before it, then SiLU); queries and keys
 //! are L2-normalised per head and the queries scaled by `1/sqrt(d_k)`; each
-//! value head `h` (reading key head `h / (H_v / H_k)`) keeps a state `S`
+//! value head `h` (reading key head `h / (H_v / H_k)`, or `h % H_k` in a
+//! GGUF file's tiled order) keeps a state `S`
 //! (`d_k x d_v`) that decays by `exp(g)`, `g = -exp(A_log) * softplus(a +
 //! dt_bias)`, and learns the row's value by the delta rule with rate
 //! `beta = sigmoid(b)`: `S <- e^g S; S <- S + k (beta (v - S^T k))^T`; the
@@ -184,9 +185,8 @@ impl LinearSplit {
 }
 
 impl RecurrentState {
-    /// Forget the split's parts: a split runs only while it is asked for,
-    /// from its first row.
-    pub(crate) fn stop_split(&mut self) {
+    /// Forget the split's parts.
+    fn stop_split(&mut self) {
         self.parts = None;
     }
 
@@ -357,9 +357,6 @@ impl GatedDeltaNet {
         let (hv, dv) = (self.shape.value_heads, self.shape.dv);
         let mut out = vec![0.0f32; n * hv * dv];
         let c = self.shape.channels();
-        if split_from.is_none() {
-            state.stop_split();
-        }
         let mut split = split_from.map(|_| self.empty_split());
         for t in 0..n {
             let i = t * hv;
@@ -397,7 +394,9 @@ impl GatedDeltaNet {
     /// [value_heads, d_v] (before the gated norm) into `out`: a row that
     /// enters moves `state` past it, one that does not runs from the state
     /// as it stands and leaves it as it was. With `split_from` at or before
-    /// the row, a row that enters also adds its split to `split`.
+    /// the row, a row that enters also adds its split to `split`; without
+    /// it, the state forgets a split that ran (a split runs only while it is
+    /// asked for, from its first row).
     pub(crate) fn step_row(
         &self,
         row: LinearRow<'_>,
@@ -407,6 +406,9 @@ impl GatedDeltaNet {
         split: Option<&mut LinearSplit>,
     ) {
         let (hv, dv) = (self.shape.value_heads, self.shape.dv);
+        if split_from.is_none() {
+            state.stop_split();
+        }
         if !row.enters {
             // from the state as it stands, which it leaves as it was
             let qkv = self.convolve(row.input, &mut state.conv.clone());

@@ -784,12 +784,6 @@ impl LayerExecutor for HostRows<'_, '_, '_, '_, '_> {
             let seq = &mut *lane.seq;
             let enters = RecurrentLayers::enters_state(seq.rule.as_ref(), l, lane.pos);
             let keeps_first = seq.is_full_depth_prefix();
-            if split_from.is_none()
-                && let Some(state) = seq.recurrent[l].as_mut()
-            {
-                // a split runs only while it is asked for
-                state.stop_split();
-            }
             let state = seq.recurrent[l].get_or_insert_with(|| net.new_state(keeps_first));
             let mut split = split_from.map(|_| net.empty_split());
             let row = LinearRow {
