@@ -130,23 +130,6 @@ impl Arch {
         matches!(self, Arch::Gemma2 | Arch::Gemma3)
     }
 
-    /// Whether lcut reads this architecture's GGUF files (not yet Gemma
-    /// 4's).
-    pub fn reads_gguf(&self) -> bool {
-        self.gguf_refusal().is_none()
-    }
-
-    /// Why lcut does not read this architecture's GGUF files, where it
-    /// does not.
-    pub fn gguf_refusal(&self) -> Option<&'static str> {
-        match self {
-            Arch::Gemma4 => Some(
-                "architecture gemma4 (per-layer head widths, shared K/V and per-layer inputs are not yet read from GGUF; its Hugging Face folder is)",
-            ),
-            _ => None,
-        }
-    }
-
     /// OLMo 2 or 3: norms after the blocks, whole-projection q/k norms.
     pub fn is_olmo(&self) -> bool {
         matches!(self, Arch::Olmo2 | Arch::Olmo3)

@@ -63,15 +63,6 @@ pub enum ModelError {
         /// The key and value lcut does not run.
         what: String,
     },
-    /// A GGUF file of an architecture lcut reads only from its Hugging Face
-    /// folder (Gemma 4).
-    #[error("{path}: a GGUF of {what}")]
-    GgufArchitecture {
-        /// The file.
-        path: PathBuf,
-        /// The architecture and why it is not read.
-        what: String,
-    },
     /// The config is Gemma 3 with a vision tower (`model_type` `gemma3`).
     #[error(
         "{path}: model_type \"gemma3\" is Gemma 3 with a vision tower, which lcut does not run; it reads text-only Gemma 3 (model_type \"gemma3_text\", e.g. gemma-3-270m or gemma-3-1b, or a llama.cpp GGUF of the language model){}",

@@ -232,13 +232,6 @@ fn damaged_mixture_of_experts_files_are_named() {
         &err.to_string(),
         &[&shown(&path), "blk.2.ffn_down_exps.weight", "[8, 64, 32]"],
     );
-    // Gemma 4's files: read from their Hugging Face folder only, said by name
-    let (path, err, _d) = load(&with_string(&good(), "llama", "gemma4"));
-    assert!(matches!(err, ModelError::GgufArchitecture { .. }), "{err}");
-    assert_mentions(
-        &err.to_string(),
-        &[&shown(&path), "gemma4", "Hugging Face folder"],
-    );
     // routing lcut does not run: shared experts, another gating function
     for (key, says) in [
         ("qwen3moe.expert_shared_count", "shared experts"),
@@ -371,6 +364,130 @@ fn damaged_qwen35_files_are_named() {
     assert_mentions(
         &err.to_string(),
         &[&shown(&path), "blk.1.ssm_a", "negative"],
+    );
+}
+
+/// Gemma 4 as llama.cpp's converter writes it (`gemma4`).
+fn gemma4_good() -> Vec<u8> {
+    std::fs::read(oracle_case(lcut_testkit::GEMMA4_CASE).join("model.f32.gguf")).expect("fixture")
+}
+
+/// A Gemma 4 file whose layer types, head widths, K/V sharing, per-layer
+/// inputs or rotation cannot be the model llama.cpp runs is refused by
+/// name, with the key or tensor that says so.
+#[test]
+fn damaged_gemma4_files_are_named() {
+    let path = oracle_case(lcut_testkit::GEMMA4_CASE).join("model.f32.gguf");
+    Decoder::load_as(&path, WeightMode::Dense(DType::F32), &Device::Cpu)
+        .expect("the fixture loads");
+    // a scalar key's value, 4 bytes after its type; an array's element
+    // `index` (one byte each for bools, four for uint32) after its element
+    // type and count
+    let scalar = |key: &str| after_string(&gemma4_good(), key) + 4;
+    let element = |key: &str, index: usize, width: usize| {
+        after_string(&gemma4_good(), key) + 4 + 4 + 8 + index * width
+    };
+    for (key, at, value, says) in [
+        // as many shared layers as layers: none left to hold K/V
+        (
+            "gemma4.attention.shared_kv_layers",
+            scalar("gemma4.attention.shared_kv_layers"),
+            6,
+            "fewer than",
+        ),
+        // five shared layers: the full layer 2 has no full layer below to read
+        (
+            "gemma4.attention.shared_kv_layers",
+            scalar("gemma4.attention.shared_kv_layers"),
+            5,
+            "full_attention",
+        ),
+        (
+            "gemma4.attention.sliding_window",
+            scalar("gemma4.attention.sliding_window"),
+            0,
+            "positive",
+        ),
+        // the last layer sliding: transformers' and llama.cpp's would differ
+        (
+            "gemma4.attention.sliding_window_pattern",
+            element("gemma4.attention.sliding_window_pattern", 5, 1),
+            1,
+            "full last layer",
+        ),
+        // keys wider than values, and an odd count of rotated values
+        (
+            "gemma4.attention.key_length_swa",
+            scalar("gemma4.attention.key_length_swa"),
+            15,
+            "as wide as its keys",
+        ),
+        (
+            "gemma4.rope.dimension_count_swa",
+            scalar("gemma4.rope.dimension_count_swa"),
+            15,
+            "even",
+        ),
+        (
+            "gemma4.attention.value_length",
+            scalar("gemma4.attention.value_length"),
+            16,
+            "as wide as its keys",
+        ),
+        (
+            "gemma4.rope.dimension_count",
+            scalar("gemma4.rope.dimension_count"),
+            16,
+            "whole head",
+        ),
+        // 3 K/V heads on layer 2 for 4 query heads
+        (
+            "gemma4.attention.head_count_kv",
+            element("gemma4.attention.head_count_kv", 2, 4),
+            3,
+            "divisor",
+        ),
+    ] {
+        let mut b = gemma4_good();
+        if key.ends_with("sliding_window_pattern") {
+            b[at] = value as u8;
+        } else {
+            put_u32(&mut b, at, value);
+        }
+        let (path, err, _d) = load(&b);
+        assert!(
+            matches!(err, ModelError::GgufMetadata { .. }),
+            "{key} = {value}: {err}"
+        );
+        assert_mentions(&err.to_string(), &[&shown(&path), key, says]);
+    }
+    let file = GgufFile::open(&path).expect("valid");
+    // a divisor for a rotated pair that differs from the others': not the
+    // proportional rotation
+    let t = &file.header().tensors["rope_freqs.weight"];
+    let mut b = gemma4_good();
+    b[t.start + 4..t.start + 8].copy_from_slice(&2.0f32.to_le_bytes());
+    let (path, err, _d) = load(&b);
+    assert!(matches!(err, ModelError::GgufMalformed { .. }), "{err}");
+    assert_mentions(
+        &err.to_string(),
+        &[&shown(&path), "rope_freqs.weight", "proportional"],
+    );
+    // no rope_freqs: which pairs the full layers rotate is unknown
+    let mut b = gemma4_good();
+    let at = after_string(&b, "rope_freqs.weight") - "freqs.weight".len();
+    b[at..at + 5].copy_from_slice(b"frexx");
+    let (path, err, _d) = load(&b);
+    assert!(matches!(err, ModelError::MissingTensor { .. }), "{err}");
+    assert_mentions(&err.to_string(), &[&shown(&path), "rope_freqs.weight"]);
+    // per-layer inputs 7 wide: the layers' gates are 8 wide
+    let mut b = gemma4_good();
+    put_u32(&mut b, scalar("gemma4.embedding_length_per_layer_input"), 7);
+    let (path, err, _d) = load(&b);
+    assert!(matches!(err, ModelError::TensorShape { .. }), "{err}");
+    assert_mentions(
+        &err.to_string(),
+        &[&shown(&path), "blk.0.inp_gate.weight", "[7, 64]"],
     );
 }
 

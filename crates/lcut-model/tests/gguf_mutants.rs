@@ -51,6 +51,14 @@ fn mutated_qwen35_gguf_files_never_panic() {
     mutate(lcut_testkit::QWEN35_CASE, 20261129);
 }
 
+/// A Gemma 4 file (llama.cpp's `gemma4`): its per-layer K/V head counts,
+/// head widths, shared-layer count, layer pattern, per-layer inputs and
+/// `rope_freqs` damaged in turn.
+#[test]
+fn mutated_gemma4_gguf_files_never_panic() {
+    mutate(lcut_testkit::GEMMA4_CASE, 20261130);
+}
+
 /// [`mutate_file`] on `case`'s Q8_0 file.
 fn mutate(case: &str, seed: u64) {
     mutate_file(case, "model.q8_0.gguf", seed);
@@ -74,7 +82,7 @@ fn mutate_file(case: &str, file: &str, seed: u64) {
             let Ok(header) = GgufHeader::parse(&bytes, Path::new("mutant.gguf")) else {
                 return (false, false);
             };
-            let config_ok = model_config(&header, Path::new("mutant.gguf")).is_ok();
+            let config_ok = model_config(&header, Path::new("mutant.gguf"), &bytes).is_ok();
             let mut model_ok = false;
             if i % 10 == 0 {
                 std::fs::write(&file, &bytes).expect("write mutant");

@@ -66,15 +66,17 @@ pub const MOE_CASES: [&str; 4] = [
 /// one; names relative to `fixtures/oracle`): run by the tensor path's
 /// parity tests in f32. Apart from [`ORACLE_CASES`]: Gemma 4's takes no
 /// fused step yet (`Unfused::Gemma4Layers`; Qwen3.5's does, checked in
-/// `fused_step.rs` under the policies the layout runs), only Qwen3.5's has
-/// GGUF files ([`LAYOUT_GGUF_CASES`]; lcut does not read Gemma 4's), and
-/// they have no bf16, lens, SwiftKV or press references.
+/// `fused_step.rs` under the policies the layout runs), both have GGUF
+/// files ([`LAYOUT_GGUF_CASES`]), and they have no bf16, lens, SwiftKV or
+/// press references.
 pub const LAYOUT_CASES: [&str; 2] = [GEMMA4_CASE, QWEN35_CASE];
 
 /// The layout cases llama.cpp's converter writes as GGUF (`model.f32.gguf`,
-/// `model.q8_0.gguf`): Qwen3.5 as `qwen35`, its norms stored as 1 + w,
-/// its decay rates as -exp(A_log) and its value heads reordered.
-pub const LAYOUT_GGUF_CASES: [&str; 1] = [QWEN35_CASE];
+/// `model.q8_0.gguf`): Gemma 4 as `gemma4` (per-layer K/V head counts, the
+/// shared layers without K/V tensors, the full layers' proportional RoPE
+/// as `rope_freqs`), Qwen3.5 as `qwen35` (its norms stored as 1 + w, its
+/// decay rates as -exp(A_log) and its value heads reordered).
+pub const LAYOUT_GGUF_CASES: [&str; 2] = [GEMMA4_CASE, QWEN35_CASE];
 
 /// The Gemma 4 reference case (shared K/V, per-layer inputs).
 pub const GEMMA4_CASE: &str = "layouts/gemma4-shared";

@@ -47,6 +47,9 @@ struct Meta<'a> {
     header: &'a GgufHeader,
     path: &'a Path,
     arch: &'a str,
+    /// The whole file, for the few tensors whose values describe the model
+    /// (Gemma 4's `rope_freqs`).
+    bytes: &'a [u8],
 }
 
 impl Meta<'_> {
@@ -120,6 +123,7 @@ pub fn architecture(header: &GgufHeader, path: &Path) -> Result<(String, Arch)> 
         header,
         path,
         arch: "",
+        bytes: &[],
     };
     let name = meta
         .opt_str("general.architecture")?
@@ -128,12 +132,6 @@ pub fn architecture(header: &GgufHeader, path: &Path) -> Result<(String, Arch)> 
     let experts_key = format!("{name}.expert_count");
     if name == "llama" && meta.opt_count(&experts_key)?.is_some_and(|n| n > 0) {
         return Ok((name.to_string(), Arch::Mixtral));
-    }
-    if let Some(why) = Arch::from_gguf_name(name).and_then(|a| a.gguf_refusal()) {
-        return Err(ModelError::GgufArchitecture {
-            path: path.to_path_buf(),
-            what: why.into(),
-        });
     }
     // GGUF names the architectures as Hugging Face's model_type does
     // (llama.cpp writes Mistral checkpoints as `llama`), text-only Gemma 3 as `gemma3`
@@ -146,13 +144,16 @@ pub fn architecture(header: &GgufHeader, path: &Path) -> Result<(String, Arch)> 
         })
 }
 
-/// The model configuration a GGUF file describes.
-pub fn model_config(header: &GgufHeader, path: &Path) -> Result<ModelConfig> {
+/// The model configuration a GGUF file describes: its metadata, and for
+/// Gemma 4 the values of `rope_freqs.weight` in `bytes` (the whole file,
+/// of which `header` is the parsed header).
+pub fn model_config(header: &GgufHeader, path: &Path, bytes: &[u8]) -> Result<ModelConfig> {
     let (arch_name, arch) = architecture(header, path)?;
     let meta = Meta {
         header,
         path,
         arch: &arch_name,
+        bytes,
     };
     let json = hf_config(&meta, arch)?;
     let mut cfg =
@@ -171,9 +172,12 @@ pub fn model_config(header: &GgufHeader, path: &Path) -> Result<ModelConfig> {
 fn hf_config(m: &Meta<'_>, arch: Arch) -> Result<Value> {
     let mut c = Map::new();
     c.insert("model_type".into(), json!(arch.model_type()));
-    let layers = sizes(m, &mut c)?;
+    let layers = sizes(m, arch, &mut c)?;
     if arch == Arch::Gemma3 {
         gemma3_layers(m, layers, &mut c)?;
+    }
+    if arch == Arch::Gemma4 {
+        gemma4_layers(m, layers, &mut c)?;
     }
     positions_and_attention(m, arch, layers, &mut c)?;
     if arch == Arch::Olmo2 && c.contains_key("sliding_window") {
@@ -376,8 +380,10 @@ fn experts(m: &Meta<'_>, arch: Arch, layers: u64, c: &mut Map<String, Value>) ->
 }
 
 /// The model's sizes (layers, widths, heads, head width, rotary share) into
-/// `c`; returns the layer count, refused above lcut's limit.
-fn sizes(m: &Meta<'_>, c: &mut Map<String, Value>) -> Result<u64> {
+/// `c`; returns the layer count, refused above lcut's limit. Gemma 4's K/V
+/// heads, head widths and rotation differ by layer type and are read by
+/// [`gemma4_layers`].
+fn sizes(m: &Meta<'_>, arch: Arch, c: &mut Map<String, Value>) -> Result<u64> {
     let layers = m.count(&m.key("block_count"))?;
     if layers > crate::config::MAX_LAYERS as u64 {
         // refused here: per-layer settings below are sized by it
@@ -397,6 +403,9 @@ fn sizes(m: &Meta<'_>, c: &mut Map<String, Value>) -> Result<u64> {
         json!(m.count(&m.key("feed_forward_length"))?),
     );
     c.insert("num_attention_heads".into(), json!(heads));
+    if arch == Arch::Gemma4 {
+        return Ok(layers);
+    }
     if let Some(kv) = m.opt_count(&m.key("attention.head_count_kv"))? {
         c.insert("num_key_value_heads".into(), json!(kv));
     }
@@ -534,6 +543,302 @@ fn gemma3_layers(m: &Meta<'_>, layers: u64, c: &mut Map<String, Value>) -> Resul
     Ok(())
 }
 
+/// Gemma 4 as llama.cpp's `gemma4` describes it, into `c` as a
+/// `gemma4_text` config:
+/// - which layers slide (`attention.sliding_window_pattern`, one flag per
+///   layer, which llama.cpp requires; the last layer must be full, as
+///   transformers makes it) and the window;
+/// - the sliding layers' head width (`attention.key_length_swa`) and the
+///   full layers' (`attention.key_length`), the K/V heads of each layer
+///   (`attention.head_count_kv`, one count or one per layer), as
+///   `per_layer_config` where a layer's count is not the sliding layers';
+/// - the layers that read another's K/V (`attention.shared_kv_layers`);
+/// - keys that are the values: full layers with K/V and no `attn_v`
+///   (llama.cpp takes the keys' projection where `attn_v` is absent);
+/// - the per-layer inputs (`embedding_length_per_layer_input`, 0: none;
+///   their table's rows from `per_layer_token_embd.weight`);
+/// - each layer type's RoPE: the sliding layers' base
+///   (`rope.freq_base_swa`, else the full layers') and rotated share
+///   (`rope.dimension_count_swa`); the full layers' base and their
+///   proportional rotation, which the converter writes as `rope_freqs`
+///   ([`proportional_pairs`]).
+///
+/// The expert block (a router, `blk.N.ffn_gate_inp`) is refused by name.
+fn gemma4_layers(m: &Meta<'_>, layers: u64, c: &mut Map<String, Value>) -> Result<()> {
+    c.insert("model_type".into(), json!("gemma4_text"));
+    let tensors = &m.header.tensors;
+    if let Some(l) =
+        (0..layers).find(|l| tensors.contains_key(&format!("blk.{l}.ffn_gate_inp.weight")))
+    {
+        return Err(ModelError::GgufExperts {
+            path: m.path.to_path_buf(),
+            what: format!(
+                "blk.{l}.ffn_gate_inp.weight (Gemma 4's expert block, which lcut does not run yet)"
+            ),
+        });
+    }
+    let window_key = m.key("attention.sliding_window");
+    match m.opt_count(&window_key)? {
+        Some(w) if w > 0 => {}
+        _ => {
+            return Err(m.err(
+                &window_key,
+                "a positive sliding window (Gemma 4's sliding layers read that many tokens)",
+                m.get(&window_key),
+            ));
+        }
+    }
+    let pattern_key = m.key("attention.sliding_window_pattern");
+    if m.get(&pattern_key).is_none() {
+        return Err(m.err(&pattern_key, "one flag per layer (true: sliding)", None));
+    }
+    let sliding = sliding_layers(m, layers, 1)?;
+    if sliding.last() == Some(&true) {
+        return Err(m.err(
+            &pattern_key,
+            "a full last layer (Gemma 4's last layer attends to every token)",
+            m.get(&pattern_key),
+        ));
+    }
+    let types: Vec<&str> = sliding
+        .iter()
+        .map(|&s| match s {
+            true => "sliding_attention",
+            false => "full_attention",
+        })
+        .collect();
+    c.insert("layer_types".into(), json!(types));
+
+    let full_dim = m.count(&m.key("attention.key_length"))?;
+    let sliding_dim = m.count(&m.key("attention.key_length_swa"))?;
+    for (k, v, dim) in [
+        ("attention.key_length", "attention.value_length", full_dim),
+        (
+            "attention.key_length_swa",
+            "attention.value_length_swa",
+            sliding_dim,
+        ),
+    ] {
+        let v_key = m.key(v);
+        if m.opt_count(&v_key)?.is_some_and(|x| x != dim) {
+            return Err(m.err(
+                &v_key,
+                &format!(
+                    "{} ({dim}): Gemma 4's values are as wide as its keys",
+                    m.key(k)
+                ),
+                m.get(&v_key),
+            ));
+        }
+    }
+    c.insert("head_dim".into(), json!(sliding_dim));
+    c.insert("global_head_dim".into(), json!(full_dim));
+
+    let kv = per_layer_counts(m, &m.key("attention.head_count_kv"), layers)?;
+    let first_sliding = sliding.iter().position(|&s| s).unwrap_or(0);
+    let sliding_kv = kv[first_sliding];
+    c.insert("num_key_value_heads".into(), json!(sliding_kv));
+    let mut per_layer = Map::new();
+    for l in 0..layers as usize {
+        let mut entry = Map::new();
+        if !sliding[l] {
+            entry.insert("head_dim".into(), json!(full_dim));
+        }
+        if kv[l] != sliding_kv {
+            entry.insert("num_key_value_heads".into(), json!(kv[l]));
+        }
+        if !entry.is_empty() {
+            per_layer.insert(l.to_string(), Value::Object(entry));
+        }
+    }
+    c.insert("per_layer_config".into(), Value::Object(per_layer));
+
+    let shared = m
+        .opt_count(&m.key("attention.shared_kv_layers"))?
+        .unwrap_or(0);
+    c.insert("num_kv_shared_layers".into(), json!(shared));
+    // keys as values: the full layers that hold K/V and have no value
+    // projection; all or none of them (transformers' one flag)
+    let owns_kv = |l: u64| l < layers.saturating_sub(shared);
+    let full_with_kv: Vec<u64> = (0..layers)
+        .filter(|&l| !sliding[l as usize] && owns_kv(l))
+        .collect();
+    let has_v = |l: &u64| tensors.contains_key(&format!("blk.{l}.attn_v.weight"));
+    let without_v = full_with_kv.iter().filter(|l| !has_v(l)).count();
+    if without_v != 0 && without_v != full_with_kv.len() {
+        let l = full_with_kv
+            .iter()
+            .find(|l| !has_v(l))
+            .copied()
+            .unwrap_or(0);
+        return Err(ModelError::MissingTensor {
+            folder: m.path.to_path_buf(),
+            name: format!(
+                "blk.{l}.attn_v.weight (other full layers have their own values: Gemma 4's keys are the values on every full layer or on none)"
+            ),
+        });
+    }
+    c.insert(
+        "attention_k_eq_v".into(),
+        json!(without_v != 0 && without_v == full_with_kv.len()),
+    );
+
+    let per_layer_key = m.key("embedding_length_per_layer_input");
+    let width = m
+        .opt_count(&per_layer_key)?
+        .ok_or_else(|| m.err(&per_layer_key, "a width (0: no per-layer inputs)", None))?;
+    if width == 0 {
+        c.insert("hidden_size_per_layer_input".into(), Value::Null);
+    } else {
+        c.insert("hidden_size_per_layer_input".into(), json!(width));
+        let name = "per_layer_token_embd.weight";
+        let rows = match tensors.get(name) {
+            Some(t) if t.shape.len() == 2 => t.shape[0],
+            _ => {
+                return Err(ModelError::MissingTensor {
+                    folder: m.path.to_path_buf(),
+                    name: format!(
+                        "{name} (the per-layer inputs' table, {per_layer_key} = {width})"
+                    ),
+                });
+            }
+        };
+        c.insert("vocab_size_per_layer_input".into(), json!(rows));
+    }
+
+    let full_theta = m.opt_f64(&m.key("rope.freq_base"))?.unwrap_or(10_000.0);
+    let sliding_theta = m
+        .opt_f64(&m.key("rope.freq_base_swa"))?
+        .unwrap_or(full_theta);
+    let rot_key = m.key("rope.dimension_count");
+    if let Some(r) = m.opt_count(&rot_key)?
+        && r != full_dim
+    {
+        return Err(m.err(
+            &rot_key,
+            &format!(
+                "{} ({full_dim}): the full layers rotate pairs across the whole head, rope_freqs saying which",
+                m.key("attention.key_length")
+            ),
+            m.get(&rot_key),
+        ));
+    }
+    let sliding_rot_key = m.key("rope.dimension_count_swa");
+    let sliding_rot = m.opt_count(&sliding_rot_key)?.unwrap_or(sliding_dim);
+    if sliding_rot > sliding_dim || !sliding_rot.is_multiple_of(2) {
+        return Err(m.err(
+            &sliding_rot_key,
+            &format!(
+                "an even count up to {} ({sliding_dim})",
+                m.key("attention.key_length_swa")
+            ),
+            m.get(&sliding_rot_key),
+        ));
+    }
+    let (pairs, factor) = proportional_pairs(m, full_dim)?;
+    c.insert(
+        "rope_parameters".into(),
+        json!({
+            "full_attention": {
+                "rope_type": "proportional",
+                "rope_theta": full_theta,
+                "factor": factor,
+                "partial_rotary_factor": (2 * pairs) as f64 / full_dim as f64,
+            },
+            "sliding_attention": {
+                "rope_type": "default",
+                "rope_theta": sliding_theta,
+                "partial_rotary_factor": sliding_rot as f64 / sliding_dim as f64,
+            },
+        }),
+    );
+    Ok(())
+}
+
+/// A count that may be stored once or per layer, as one value per layer.
+fn per_layer_counts(m: &Meta<'_>, key: &str, layers: u64) -> Result<Vec<u64>> {
+    let positive = |v: &MetaValue| v.as_u64().filter(|&n| n > 0);
+    match m.get(key) {
+        Some(MetaValue::Array(xs)) if xs.len() as u64 == layers => xs
+            .iter()
+            .map(|x| {
+                positive(x).ok_or_else(|| m.err(key, "a positive integer per layer", m.get(key)))
+            })
+            .collect(),
+        Some(MetaValue::Array(_)) => Err(m.err(
+            key,
+            &format!(
+                "one count, or one per layer ({layers}, {})",
+                m.key("block_count")
+            ),
+            m.get(key),
+        )),
+        Some(v) => match positive(v) {
+            Some(n) => Ok(vec![n; layers as usize]),
+            None => Err(m.err(key, "a positive integer", Some(v))),
+        },
+        None => Err(m.err(key, "a positive integer", None)),
+    }
+}
+
+/// Factors at or above this leave a pair unrotated: the converter writes
+/// 1e30 for the pairs Gemma 4's proportional RoPE does not turn.
+const UNROTATED_FACTOR: f32 = 1e20;
+
+/// Gemma 4's full layers' proportional RoPE from `rope_freqs.weight`, one
+/// frequency divisor per pair `(i, i + D/2)` of a head of `head_dim`
+/// values: the first `pairs` share one positive divisor (the rotation's
+/// `factor`), the rest are at least [`UNROTATED_FACTOR`] (not rotated).
+/// Returns `(pairs, factor)`; any other profile is refused, since lcut's
+/// rotation would not be llama.cpp's.
+fn proportional_pairs(m: &Meta<'_>, head_dim: u64) -> Result<(u64, f64)> {
+    let name = "rope_freqs.weight";
+    let Some(t) = m.header.tensors.get(name) else {
+        return Err(ModelError::MissingTensor {
+            folder: m.path.to_path_buf(),
+            name: format!("{name} (which pairs Gemma 4's full layers rotate)"),
+        });
+    };
+    let malformed = |reason: String| ModelError::GgufMalformed {
+        path: m.path.to_path_buf(),
+        offset: t.start,
+        reason: format!("tensor `{name}`: {reason}"),
+    };
+    let half = (head_dim / 2) as usize;
+    // ggml's type 0 is F32
+    if t.type_id != 0 || t.shape != [half] {
+        return Err(malformed(format!(
+            "expected {half} f32 values (half of {}, {head_dim}), found type {} of shape {:?}",
+            m.key("attention.key_length"),
+            crate::gguf::header::ggml_type_name(t.type_id),
+            t.shape
+        )));
+    }
+    let Some(bytes) = m.bytes.get(t.start..t.start + 4 * half) else {
+        return Err(malformed("its values lie past the end of the file".into()));
+    };
+    let factors: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let pairs = factors
+        .iter()
+        .position(|&f| f.partial_cmp(&UNROTATED_FACTOR) != Some(std::cmp::Ordering::Less))
+        .unwrap_or(half);
+    let factor = factors.first().copied().unwrap_or(1.0);
+    let rotated_ok = factors[..pairs]
+        .iter()
+        .all(|&f| f.is_finite() && f > 0.0 && f == factor);
+    let rest_ok = factors[pairs..].iter().all(|&f| f >= UNROTATED_FACTOR);
+    if !(rotated_ok && rest_ok) {
+        return Err(malformed(format!(
+            "expected one positive divisor for the rotated pairs, then {UNROTATED_FACTOR:e} or more for the others (Gemma 4's proportional rotation), found {factors:?}"
+        )));
+    }
+    let factor = if pairs == 0 { 1.0 } else { f64::from(factor) };
+    Ok((pairs as u64, factor))
+}
+
 /// OLMo 3's layers as llama.cpp reads an `olmo2` file with a sliding
 /// window into `c` (as an `olmo3` config): which layers slide
 /// (`attention.sliding_window_pattern`, llama.cpp's period 4 when absent);
@@ -654,6 +959,26 @@ fn rope_scaling(m: &Meta<'_>) -> Result<Option<Value>> {
     }
 }
 
+/// Gemma 4's Hugging Face fields whose GGUF keys differ from [`KEYS`]' (a
+/// field, or a field's sub-field such as `per_layer_config.2.head_dim`).
+const GEMMA4_KEYS: [(&str, &str); 9] = [
+    ("head_dim", "{a}.attention.key_length_swa"),
+    ("global_head_dim", "{a}.attention.key_length"),
+    ("num_key_value_heads", "{a}.attention.head_count_kv"),
+    ("num_global_key_value_heads", "{a}.attention.head_count_kv"),
+    ("per_layer_config", "{a}.attention.head_count_kv"),
+    ("num_kv_shared_layers", "{a}.attention.shared_kv_layers"),
+    (
+        "hidden_size_per_layer_input",
+        "{a}.embedding_length_per_layer_input",
+    ),
+    (
+        "vocab_size_per_layer_input",
+        "per_layer_token_embd.weight (rows)",
+    ),
+    ("layer_types", "{a}.attention.sliding_window_pattern"),
+];
+
 /// Rename a Hugging Face field in a config error to the GGUF key it came from.
 fn name_gguf_key(err: ModelError, arch: &str) -> ModelError {
     match err {
@@ -663,9 +988,20 @@ fn name_gguf_key(err: ModelError, arch: &str) -> ModelError {
             expected,
             found,
         } => {
-            let key = KEYS
+            let own: &[(&str, &str)] = match arch {
+                "gemma4" => &GEMMA4_KEYS,
+                _ => &[],
+            };
+            let is = |hf: &str| {
+                field == hf
+                    || field
+                        .strip_prefix(hf)
+                        .is_some_and(|rest| rest.starts_with('.'))
+            };
+            let key = own
                 .iter()
-                .find(|(hf, _)| field == *hf)
+                .chain(KEYS.iter())
+                .find(|(hf, _)| is(hf))
                 .map_or(field.clone(), |(_, k)| k.replace("{a}", arch));
             ModelError::GgufMetadata {
                 path,

@@ -50,7 +50,7 @@ impl GgufFile {
         })?;
         let map = Arc::new(map_file(&file, path)?);
         let header = GgufHeader::parse(&map, path)?;
-        let config = model_config(&header, path)?;
+        let config = model_config(&header, path, &map)?;
         let permuted_heads = config
             .arch
             .gguf_permutes_qk()
@@ -287,12 +287,25 @@ pub fn gguf_name(hf_name: &str) -> String {
 /// matrix (`mlp.experts.I.gate_proj`, Mixtral's `block_sparse_moe.experts.I.w1`),
 /// the expert's index in the 3-D tensor (`ffn_gate_exps`).
 fn gguf_location(hf_name: &str) -> (String, Option<usize>) {
-    const TOP: [(&str, &str); 3] = [
+    const TOP: [(&str, &str); 6] = [
         ("model.embed_tokens.weight", "token_embd.weight"),
         ("model.norm.weight", "output_norm.weight"),
         ("lm_head.weight", "output.weight"),
+        // Gemma 4's per-layer inputs
+        (
+            "model.embed_tokens_per_layer.weight",
+            "per_layer_token_embd.weight",
+        ),
+        (
+            "model.per_layer_model_projection.weight",
+            "per_layer_model_proj.weight",
+        ),
+        (
+            "model.per_layer_projection_norm.weight",
+            "per_layer_proj_norm.weight",
+        ),
     ];
-    const LAYER: [(&str, &str); 25] = [
+    const LAYER: [(&str, &str); 28] = [
         ("input_layernorm", "attn_norm"),
         ("self_attn.q_proj", "attn_q"),
         ("self_attn.k_proj", "attn_k"),
@@ -319,6 +332,10 @@ fn gguf_location(hf_name: &str) -> (String, Option<usize>) {
         ("linear_attn.conv1d", "ssm_conv1d"),
         ("linear_attn.norm", "ssm_norm"),
         ("linear_attn.out_proj", "ssm_out"),
+        // Gemma 4's per-layer inputs
+        ("per_layer_input_gate", "inp_gate"),
+        ("per_layer_projection", "proj"),
+        ("post_per_layer_input_norm", "post_norm"),
     ];
     const EXPERT: [(&str, &str); 6] = [
         ("gate_proj", "ffn_gate_exps"),
@@ -339,11 +356,14 @@ fn gguf_location(hf_name: &str) -> (String, Option<usize>) {
         return verbatim();
     };
     // parameters of a module itself: gpt-oss's sink logits, Qwen3.5's
-    // decay rates (stored as -exp(A_log): [`A_LOG`]) and step biases
+    // decay rates (stored as -exp(A_log): [`A_LOG`]) and step biases,
+    // Gemma 4's layer scalars
     match rest {
         "self_attn.sinks" => return (format!("blk.{layer}.attn_sinks.weight"), None),
         "linear_attn.A_log" => return (format!("blk.{layer}.ssm_a"), None),
         "linear_attn.dt_bias" => return (format!("blk.{layer}.ssm_dt.bias"), None),
+        // Gemma 4's scale of each layer's output
+        "layer_scalar" => return (format!("blk.{layer}.layer_output_scale.weight"), None),
         _ => {}
     }
     let Some((module, param)) = rest.rsplit_once('.') else {

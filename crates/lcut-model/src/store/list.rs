@@ -249,7 +249,7 @@ fn described(name: String, store: StoreKind, picked: &Picked) -> ListedModel {
             .as_deref()
             .is_some_and(|a| match picked.format {
                 ModelFormat::Folder => Arch::from_model_type(a).is_some(),
-                ModelFormat::Gguf => Arch::from_gguf_name(a).is_some_and(|a| a.reads_gguf()),
+                ModelFormat::Gguf => Arch::from_gguf_name(a).is_some(),
             }),
         architecture,
         layers,
