@@ -1,7 +1,8 @@
 //! A `tokenizers::Tokenizer` built from a GGUF file's `tokenizer.ggml.*`
 //! metadata: byte-level BPE (`gpt2`) with the pre-tokenizer that
-//! `tokenizer.ggml.pre` names, or a SentencePiece-style vocabulary with
-//! scores (`llama`), plus its special tokens and chat template.
+//! `tokenizer.ggml.pre` names, a SentencePiece-style vocabulary with
+//! scores (`llama`), or Gemma 4's BPE over "▁"-spelled text (`gemma4`),
+//! plus its special tokens and chat template.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -168,10 +169,13 @@ pub fn tokenizer_from_gguf(header: &GgufHeader, path: &Path) -> Result<GgufToken
             (gemma::gemma_bpe(&m, &spelled)?, false)
         }
         "llama" => (sentencepiece_bpe(&m, &tokens)?, false),
+        "gemma4" => (gemma::gemma4_bpe(&m, &tokens)?, false),
         other => {
             return Err(m.err(
                 "tokenizer.ggml.model",
-                format!("{other:?} is not supported (lcut reads gpt2 and llama vocabularies)"),
+                format!(
+                    "{other:?} is not supported (lcut reads gpt2, llama and gemma4 vocabularies)"
+                ),
             ));
         }
     };
@@ -188,6 +192,8 @@ pub fn tokenizer_from_gguf(header: &GgufHeader, path: &Path) -> Result<GgufToken
         // llama.cpp adds BoS to a SentencePiece vocabulary that does not say otherwise
         None => model == "llama",
     };
+    // and always to Gemma 4's, whatever the file says
+    let add_bos = add_bos || model == "gemma4";
     if let (true, Some(id)) = (add_bos, bos) {
         let text = tokens[id as usize].to_string();
         let key = "tokenizer.ggml.bos_token_id";

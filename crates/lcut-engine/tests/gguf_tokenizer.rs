@@ -99,3 +99,39 @@ fn mutated_tokenizer_metadata_never_panics() -> Result<()> {
     ensure!(tried > 100);
     Ok(())
 }
+
+/// Gemma 4's vocabulary (`tokenizer.ggml.model = gemma4`: BPE over
+/// "▁"-spelled text with merges, newline runs apart, byte tokens) tokenized
+/// as llama.cpp's own `llama-tokenize` does
+/// (`fixtures/oracle/gemma4-vocab/tokenize.jsonl`, made by
+/// `fixtures/oracle/gemma4_tokenize.py`), BoS added as llama.cpp always
+/// adds it to this vocabulary.
+#[test]
+fn gemma4_vocabulary_tokenizes_as_llama_cpp() -> Result<()> {
+    let dir = oracle_case("gemma4-vocab");
+    let path = dir.join("vocab.gguf");
+    let bytes = std::fs::read(&path)?;
+    let header = GgufHeader::parse(&bytes, &path)?;
+    let tok = TextTokenizer::from_gguf(&header, &path)?;
+    let text = std::fs::read_to_string(dir.join("tokenize.jsonl"))?;
+    let mut wrong = Vec::new();
+    let mut count = 0;
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let item: Value = serde_json::from_str(line)?;
+        let s = item["text"].as_str().context("text")?;
+        let expected: Vec<u32> = item["ids"]
+            .as_array()
+            .context("ids")?
+            .iter()
+            .filter_map(|x| x.as_u64().map(|n| n as u32))
+            .collect();
+        let ours = tok.encode_with_special_tokens(s)?;
+        if ours != expected {
+            wrong.push(format!("{s:?}: lcut {ours:?}, llama.cpp {expected:?}"));
+        }
+        count += 1;
+    }
+    ensure!(count >= 40, "only {count} strings");
+    ensure!(wrong.is_empty(), "{}", wrong.join("\n"));
+    Ok(())
+}
