@@ -288,17 +288,22 @@ impl Mlp {
 
     /// The kernels' form of the gated activation.
     pub(crate) fn gate_activation(&self) -> lcut_kernels::ops::GateActivation {
-        use lcut_kernels::ops::GateActivation as G;
-        match self.activation {
-            Activation::Silu => G::Silu,
-            Activation::GeluTanh => G::GeluTanh,
-            Activation::ClampedSwiGlu { limit, alpha } => G::ClampedSwiGlu { limit, alpha },
-        }
+        gate_activation(self.activation)
     }
 
     /// The gated activation: the gate's activation times the up half.
     pub(crate) fn gated(&self, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
         gated(self.activation, gate, up)
+    }
+}
+
+/// The host kernels' name of `activation`.
+pub(crate) fn gate_activation(activation: Activation) -> lcut_kernels::ops::GateActivation {
+    use lcut_kernels::ops::GateActivation as G;
+    match activation {
+        Activation::Silu => G::Silu,
+        Activation::GeluTanh => G::GeluTanh,
+        Activation::ClampedSwiGlu { limit, alpha } => G::ClampedSwiGlu { limit, alpha },
     }
 }
 
@@ -677,12 +682,11 @@ pub(crate) enum QkvLinears<'a> {
     Separate(&'a Linear, &'a Linear, &'a Linear),
     /// One matrix: Q rows, then K, then V.
     Fused(&'a Linear),
-    /// Q and K; the values are the keys' projection (the fused step does
-    /// not read this layout).
-    KeysAsValues,
-    /// Q only: the K/V are another layer's (the fused step does not read
-    /// this layout).
-    QueriesOnly,
+    /// Q and K; the values are the keys' projection (Gemma 4's full
+    /// layers with `attention_k_eq_v`).
+    KeysAsValues(&'a Linear, &'a Linear),
+    /// Q only: the K/V are another layer's (Gemma 4's shared layers).
+    QueriesOnly(&'a Linear),
     /// None: a linear-attention layer (the fused step does not read this
     /// layout).
     Recurrent,
@@ -694,8 +698,8 @@ impl AttentionProj {
         match &self.qkv {
             QkvProj::Separate { q, k, v } => QkvLinears::Separate(q, k, v),
             QkvProj::Fused(lin) => QkvLinears::Fused(lin),
-            QkvProj::KeysAsValues { .. } => QkvLinears::KeysAsValues,
-            QkvProj::QueriesOnly { .. } => QkvLinears::QueriesOnly,
+            QkvProj::KeysAsValues { q, k } => QkvLinears::KeysAsValues(q, k),
+            QkvProj::QueriesOnly { q } => QkvLinears::QueriesOnly(q),
             QkvProj::Recurrent => QkvLinears::Recurrent,
         }
     }
@@ -814,6 +818,12 @@ impl AttentionProj {
             num_kv_heads: 0,
             head_dim,
         })
+    }
+
+    /// Whether the layer's values go through an unscaled RMSNorm per head
+    /// (Gemma 4).
+    pub(crate) fn norms_values(&self) -> bool {
+        self.v_norm.is_some()
     }
 
     /// Whether the attention's output is multiplied by the sigmoid of a gate

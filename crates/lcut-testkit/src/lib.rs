@@ -64,11 +64,10 @@ pub const MOE_CASES: [&str; 4] = [
 /// are the values, per-layer inputs and its last two layers reading earlier
 /// layers' K/V; Qwen3.5 with three linear-attention layers to each full
 /// one; names relative to `fixtures/oracle`): run by the tensor path's
-/// parity tests in f32. Apart from [`ORACLE_CASES`]: Gemma 4's takes no
-/// fused step yet (`Unfused::Gemma4Layers`; Qwen3.5's does, checked in
-/// `fused_step.rs` under the policies the layout runs), both have GGUF
-/// files ([`LAYOUT_GGUF_CASES`]), and they have no bf16, lens, SwiftKV or
-/// press references.
+/// parity tests in f32. Apart from [`ORACLE_CASES`]: their fused steps
+/// are checked in `fused_step.rs` under the policies each layout runs, both
+/// have GGUF files ([`LAYOUT_GGUF_CASES`]), and they have no bf16, lens,
+/// SwiftKV or press references.
 pub const LAYOUT_CASES: [&str; 2] = [GEMMA4_CASE, QWEN35_CASE];
 
 /// The layout cases llama.cpp's converter writes as GGUF (`model.f32.gguf`,

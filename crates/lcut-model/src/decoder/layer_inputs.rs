@@ -51,6 +51,32 @@ impl LayerInputs {
     pub(super) fn width(&self) -> usize {
         self.width
     }
+
+    /// The embedding into every layer's input (the fused step reads it).
+    pub(super) fn projection(&self) -> &Linear {
+        &self.projection
+    }
+
+    /// The norm on each layer's projected input.
+    pub(super) fn norm(&self) -> &RmsNorm {
+        &self.norm
+    }
+
+    /// The table rows of `ids` times sqrt(width): [n, layers * width].
+    fn table_rows(&self, ids: &Tensor) -> Result<Tensor> {
+        Ok((self.table.lookup(ids)? * (self.width as f64).sqrt())?)
+    }
+
+    /// The table rows of `tokens` times sqrt(width), in f32 on the host,
+    /// one row of `layers * width` values per token after another (the
+    /// fused step adds them to its own projected rows).
+    pub(super) fn host_table_rows(&self, tokens: &[u32], out: &mut Vec<f32>) -> Result<()> {
+        let ids = Tensor::new(tokens, &candle_core::Device::Cpu)?;
+        let rows = self.table_rows(&ids)?.to_dtype(candle_core::DType::F32)?;
+        out.clear();
+        out.extend(rows.flatten_all()?.to_vec1::<f32>()?);
+        Ok(())
+    }
 }
 
 impl Decoder {
@@ -65,7 +91,7 @@ impl Decoder {
         };
         let n = tokens.len();
         let ids = Tensor::new(tokens, &self.device)?;
-        let table = (li.table.lookup(&ids)? * (li.width as f64).sqrt())?;
+        let table = li.table_rows(&ids)?;
         let projected =
             (li.projection.forward(embedded)? * (self.cfg.hidden_size as f64).powf(-0.5))?;
         let projected = li

@@ -601,23 +601,33 @@ impl Decoder {
         }
         let next = seq.next_pos;
         let decoding = next >= seq.rule.phases().decode_start() && !seq.awaits_prompt_end();
-        let share = &self.sharing;
         for (l, (cache, layer)) in seq.caches.iter_mut().zip(&self.layers).enumerate() {
             if let Some(w) = layer.window {
                 cache.drop_below(first_readable(w, next));
             }
             if decoding {
-                // a layer's cache keeps what any layer that reads it reads
-                let rule = seq.rule.as_ref();
-                let per_head = share.heads_differ(rule, l);
-                let kv_heads = layer.attn.num_kv_heads();
-                cache.retain_checked(kv_heads, per_head, |h, p| match per_head {
-                    true => share.head_retains(rule, l, h, p),
-                    false => share.retains(rule, l, p),
-                })?;
+                self.retain_kept(seq.rule.as_ref(), l, cache)?;
             }
         }
         Ok(())
+    }
+
+    /// Keep in layer `l`'s `cache` only the rows `rule` keeps for decoding
+    /// at a layer that reads it (per K/V head where the heads keep
+    /// different rows).
+    pub(crate) fn retain_kept(
+        &self,
+        rule: &dyn lcut_policy::Visibility,
+        l: usize,
+        cache: &mut crate::cache::LayerCache,
+    ) -> Result<()> {
+        let share = &self.sharing;
+        let per_head = share.heads_differ(rule, l);
+        let kv_heads = self.layers[l].attn.num_kv_heads();
+        cache.retain_checked(kv_heads, per_head, |h, p| match per_head {
+            true => share.head_retains(rule, l, h, p),
+            false => share.retains(rule, l, p),
+        })
     }
 
     /// Teacher forcing at full depth with a caller's visibility rule: every

@@ -59,6 +59,9 @@ struct RowBuffers {
     gate_up: Vec<f32>,
     /// Each row's output gate [heads * head_dim] (Qwen3.5's full layers).
     gate: Vec<f32>,
+    /// Each row's input to every layer [layers * width] (Gemma 4's
+    /// per-layer inputs), made once per pass.
+    layer_inputs: Vec<f32>,
     tmp: Vec<f32>,
     product: Vec<f32>,
     /// The experts' buffers: router logits, one expert's input rows, its
@@ -239,6 +242,7 @@ impl Decoder {
             self.rope_tables_into(lane.pos, &mut s.rope);
         }
         let held = model.hold();
+        self.step_layer_inputs(model, &held, tokens, b)?;
         let mut host = HostRows {
             dec: self,
             model,
@@ -253,6 +257,14 @@ impl Decoder {
         let HostRows { lanes, b, .. } = host;
         for lane in lanes.iter_mut() {
             lane.seq.next_pos = lane.pos + 1;
+            // the rows stored for the layers that read another's cache
+            // and kept by none of its readers
+            let seq = &mut *lane.seq;
+            for l in (0..self.layers.len()).filter(|&l| !self.sharing.kept_by_own_rule(l)) {
+                if self.sharing.stores(l) {
+                    self.retain_kept(seq.rule.as_ref(), l, &mut seq.caches[l])?;
+                }
+            }
         }
         match rows {
             LogitRows::None => Ok(None),
@@ -262,16 +274,20 @@ impl Decoder {
         }
     }
 
-    /// One lane's attention at layer `l` from its rotated Q/K/V row `qkv`:
-    /// its K/V into its cache where the policy keeps them, attention over
-    /// the rows its policy shows it into `attn` (one call per group of K/V
-    /// heads that hold the same rows under the same rule), and the probe's
-    /// view of it. `sinks` are the layer's sink logits, one per query head.
+    /// One lane's attention at layer `l` from its rotated Q/K/V row `qkv`
+    /// (of `kv` K/V heads of `hd` values): its K/V into its cache where the
+    /// policy keeps them (for every layer that reads that cache), attention
+    /// over the rows its policy shows it into `attn` (one call per group of
+    /// K/V heads that hold the same rows under the same rule), and the
+    /// probe's view of it. A layer that reads another's K/V (`source`:
+    /// `qkv` holds its queries only) stores none and reads that layer's
+    /// cache under its own rule, as the tensor path does. `sinks` are the
+    /// layer's sink logits, one per query head.
     #[allow(clippy::too_many_arguments)]
     fn attend_lane(
         &self,
-        l: usize,
-        window: Option<usize>,
+        (l, window, source): (usize, Option<usize>, Option<usize>),
+        (kv, hd): (usize, usize),
         sinks: Option<&[f32]>,
         lane: &mut Lane<'_>,
         qkv: &mut [f32],
@@ -279,35 +295,43 @@ impl Decoder {
         probe: &mut Option<&mut (dyn Probe + '_)>,
     ) -> Result<()> {
         let cfg = &self.cfg;
-        let (h, kv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let h = cfg.num_heads;
         let group_size = h / kv;
         let (seq, pos, s) = (&mut *lane.seq, lane.pos, &mut *lane.scratch);
         let (q, rest) = qkv.split_at(h * hd);
-        let (k, v) = rest.split_at(kv * hd);
-        if let Some(w) = window {
-            // keys older than this token's window are read by no later query
-            seq.caches[l].drop_below(first_readable(w, pos));
-        }
-        let rule = seq.rule.as_ref();
-        let keeps = |head: usize| rule.head_retains_kv(l, head, pos);
-        let stored: Vec<bool> = match rule.heads_differ(l) {
-            false => vec![rule.retains_kv(l, pos); kv],
-            true => (0..kv).map(keeps).collect(),
+        let own = match source {
+            Some(_) => None,
+            None => Some(rest.split_at(kv * hd)),
         };
-        if stored.iter().any(|&x| x) {
-            let kt = Tensor::from_slice(k, (kv, 1, hd), &Device::Cpu)?;
-            let vt = Tensor::from_slice(v, (kv, 1, hd), &Device::Cpu)?;
-            let cache = &mut seq.caches[l];
-            self.store_kv_by_head(cache, (&kt, &vt), &[pos], |head, _| stored[head])?;
+        if let Some((k, v)) = own {
+            if let Some(w) = window {
+                // keys older than this token's window are read by no later query
+                seq.caches[l].drop_below(first_readable(w, pos));
+            }
+            let (rule, share) = (seq.rule.as_ref(), &self.sharing);
+            let keeps = |head: usize| share.head_retains(rule, l, head, pos);
+            let stored: Vec<bool> = match (share.kept_by_own_rule(l), share.heads_differ(rule, l)) {
+                // a later layer of this pass reads the token here: stored,
+                // and dropped after the pass where no reader keeps it
+                (false, _) => vec![true; kv],
+                (true, false) => vec![share.retains(rule, l, pos); kv],
+                (true, true) => (0..kv).map(keeps).collect(),
+            };
+            if stored.iter().any(|&x| x) {
+                let kt = Tensor::from_slice(k, (kv, 1, hd), &Device::Cpu)?;
+                let vt = Tensor::from_slice(v, (kv, 1, hd), &Device::Cpu)?;
+                let cache = &mut seq.caches[l];
+                self.store_kv_by_head(cache, (&kt, &vt), &[pos], |head, _| stored[head])?;
+            }
         }
         let ask = KeyQuery {
             layer: l,
             window,
             queries: &[pos],
             kv_heads: kv,
-            own_rows: true,
+            own_rows: self.sharing.kept_by_own_rule(l),
         };
-        let cache = &seq.caches[l];
+        let cache = &seq.caches[source.unwrap_or(l)];
         let groups = s.reads.plan(seq.rule.as_ref(), &ask, cache);
         let wants = probe
             .as_deref()
@@ -315,15 +339,20 @@ impl Decoder {
             .is_some_and(|from| from <= pos);
         let mut seen: Vec<(Tensor, Vec<usize>)> = Vec::new();
         for g in groups {
-            let in_cache = cache.group_positions(g.rows).last() == Some(&pos);
+            // a shared layer reads only what its source's cache holds
+            let in_cache = cache.group_positions(g.rows).last() == Some(&pos) || own.is_none();
             let spans = g.spans.of(0);
             let keys = spans.iter().map(|r| r.len()).sum::<usize>() + usize::from(!in_cache);
             let qh = g.heads.start * group_size * hd..g.heads.end * group_size * hd;
             let kvh = g.heads.start * hd..g.heads.end * hd;
-            let current = (!in_cache).then_some(CurrentKv {
-                k: &k[kvh.clone()],
-                v: &v[kvh],
-            });
+            let current = match (in_cache, own) {
+                (false, Some((k, v))) => Some(CurrentKv {
+                    k: &k[kvh.clone()],
+                    v: &v[kvh],
+                }),
+                _ => None,
+            };
+            let reads_current = current.is_some();
             let heads = g.heads.len() * group_size;
             if wants {
                 s.probs.resize(heads * keys, 0.0);
@@ -352,7 +381,7 @@ impl Decoder {
                 for r in spans {
                     s.key_positions.extend_from_slice(&cached[r.clone()]);
                 }
-                if !in_cache {
+                if reads_current {
                     s.key_positions.push(pos);
                 }
                 let probs = Tensor::from_slice(&s.probs, (heads, 1, keys), &Device::Cpu)?;
@@ -372,6 +401,49 @@ impl Decoder {
                 key_positions: &key_positions,
                 probs: &probs,
             })?;
+        }
+        Ok(())
+    }
+
+    /// Every row's input to every layer (Gemma 4) into `b.layer_inputs`,
+    /// from its scaled embedding in `b.hidden`, as [`Decoder::layer_inputs`]
+    /// makes them: (RMSNorm of the projected embedding / sqrt(hidden), per
+    /// layer, + the token's table row * sqrt(width)) / sqrt(2); the
+    /// projection on lcut's kernels, so that a row's inputs do not depend
+    /// on the rows beside it.
+    fn step_layer_inputs(
+        &self,
+        model: &StepModel,
+        held: &Held<'_>,
+        tokens: &[u32],
+        b: &mut RowBuffers,
+    ) -> Result<()> {
+        b.layer_inputs.clear();
+        let (Some(li), Some(host)) = (&self.layer_inputs, &model.layer_inputs) else {
+            return Ok(());
+        };
+        let (n, d) = (tokens.len(), self.cfg.hidden_size);
+        b.acts.fill(n, d).copy_from_slice(&b.hidden);
+        products(
+            std::slice::from_ref(&host.projection),
+            held,
+            n,
+            (&mut b.acts, &mut b.layer_inputs),
+            (&mut b.tmp, &mut b.product),
+        )?;
+        let scale = (d as f32).powf(-0.5);
+        b.layer_inputs.iter_mut().for_each(|x| *x *= scale);
+        ops::rms_norm_in_place(
+            &mut b.layer_inputs,
+            &host.norm,
+            self.cfg.rms_norm_eps as f32,
+        )?;
+        li.host_table_rows(tokens, &mut b.tmp)?;
+        if b.tmp.len() != b.layer_inputs.len() || host.width == 0 {
+            return Err(unwritten("the per-layer inputs' table rows"));
+        }
+        for (x, t) in b.layer_inputs.iter_mut().zip(&b.tmp) {
+            *x = (*x + t) * std::f32::consts::FRAC_1_SQRT_2;
         }
         Ok(())
     }
@@ -476,6 +548,21 @@ fn split_gates(qkv: &mut Vec<f32>, gates: &mut Vec<f32>, n: usize, (h, hd): (usi
     qkv.truncate(to);
 }
 
+/// Each of the `n` rows of queries then keys in `qkv` (`q_width` and
+/// `k_width` values) widened in place to queries, keys, and the keys again
+/// as values (Gemma 4's full layers with `attention_k_eq_v`: the values
+/// are the keys' projection before the key norm).
+fn keys_as_values(qkv: &mut Vec<f32>, n: usize, q_width: usize, k_width: usize) {
+    let (from, to) = (q_width + k_width, q_width + 2 * k_width);
+    qkv.resize(n * to, 0.0);
+    // rows only grow, so the last row moves first into room not yet read
+    for row in (0..n).rev() {
+        qkv.copy_within(row * from..(row + 1) * from, row * to);
+        let k = row * to + q_width;
+        qkv.copy_within(k..k + k_width, k + k_width);
+    }
+}
+
 /// The host executor of the layer program: one row per lane on host
 /// buffers, each product one call to lcut's kernels over every lane's row,
 /// each lane's attention over its own cache.
@@ -489,12 +576,19 @@ struct HostRows<'a, 'h, 'l, 'p, 'q> {
 }
 
 impl<'l> HostRows<'_, '_, 'l, '_, '_> {
-    /// The query and key parts of each lane's Q/K/V row, and its lane.
+    /// The query and key parts of each lane's Q/K/V row at layer `l`, and
+    /// its lane (no keys on a layer that reads another's K/V).
     fn query_key_rows<'s>(
         &'s mut self,
+        l: usize,
     ) -> impl Iterator<Item = (&'s mut Lane<'l>, &'s mut [f32], &'s mut [f32])> + 's {
-        let cfg = &self.dec.cfg;
-        let (h, kv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let layer = &self.model.layers[l];
+        let h = self.dec.cfg.num_heads;
+        let hd = layer.head_dim;
+        let kv = match layer.kv_source {
+            Some(_) => 0,
+            None => layer.kv_heads,
+        };
         let width = self.b.qkv.len() / self.lanes.len().max(1);
         self.lanes
             .iter_mut()
@@ -637,9 +731,22 @@ impl LayerExecutor for HostRows<'_, '_, '_, '_, '_> {
             (&mut b.acts, out),
             (&mut b.tmp, &mut b.product),
         )?;
-        if product == Product::Qkv && layer.output_gate {
-            let cfg = &self.dec.cfg;
-            split_gates(&mut b.qkv, &mut b.gate, n, (cfg.num_heads, cfg.head_dim));
+        if product == Product::Qkv {
+            let (h, hd) = (self.dec.cfg.num_heads, layer.head_dim);
+            if layer.output_gate {
+                split_gates(&mut b.qkv, &mut b.gate, n, (h, hd));
+            }
+            let k_width = layer.kv_heads * hd;
+            if layer.values_from_keys {
+                keys_as_values(&mut b.qkv, n, h * hd, k_width);
+            }
+            if let (Some(ones), None) = (&layer.value_norm, layer.kv_source) {
+                let eps = self.dec.cfg.rms_norm_eps as f32;
+                let width = b.qkv.len() / n.max(1);
+                for row in b.qkv.chunks_exact_mut(width.max(1)) {
+                    ops::rms_norm_in_place(&mut row[h * hd + k_width..], ones, eps)?;
+                }
+            }
         }
         Ok(())
     }
@@ -648,7 +755,7 @@ impl LayerExecutor for HostRows<'_, '_, '_, '_, '_> {
         let layer = &self.model.layers[at.index];
         let eps = self.dec.cfg.rms_norm_eps as f32;
         let (q_norm, k_norm) = (layer.q_norm.as_deref(), layer.k_norm.as_deref());
-        for (_, q, k) in self.query_key_rows() {
+        for (_, q, k) in self.query_key_rows(at.index) {
             if let Some(w) = q_norm {
                 ops::rms_norm_in_place(q, w, eps)?;
             }
@@ -660,19 +767,21 @@ impl LayerExecutor for HostRows<'_, '_, '_, '_, '_> {
     }
 
     fn rotate(&mut self, at: LayerAt<'_>) -> Result<()> {
-        let hd = self.dec.cfg.head_dim;
+        let hd = self.model.layers[at.index].head_dim;
         let rope = at.layer.rope.ok_or(unwritten("the layer's RoPE"))?;
-        for (lane, q, k) in self.query_key_rows() {
+        for (lane, q, k) in self.query_key_rows(at.index) {
             let (cos, sin) = &lane.scratch.rope[rope];
             ops::rope_in_place(q, hd, cos, sin)?;
-            ops::rope_in_place(k, hd, cos, sin)?;
+            if !k.is_empty() {
+                ops::rope_in_place(k, hd, cos, sin)?;
+            }
         }
         Ok(())
     }
 
     fn show_queries(&mut self, at: LayerAt<'_>, when: Rotation) -> Result<()> {
         let (l, heads) = (at.index, self.dec.cfg.num_heads);
-        for (lane, q, _) in self.query_key_rows() {
+        for (lane, q, _) in self.query_key_rows(l) {
             let pos = lane.pos;
             let Some(d) = lane.seq.rule.dynamic_mut() else {
                 continue;
@@ -695,9 +804,10 @@ impl LayerExecutor for HostRows<'_, '_, '_, '_, '_> {
     }
 
     fn attend(&mut self, at: LayerAt<'_>) -> Result<()> {
-        let sinks = self.model.layers[at.index].sinks.as_deref();
-        let cfg = &self.dec.cfg;
-        let (h, hd, n) = (cfg.num_heads, cfg.head_dim, self.lanes.len());
+        let layer = &self.model.layers[at.index];
+        let sinks = layer.sinks.as_deref();
+        let (kv, hd, source) = (layer.kv_heads, layer.head_dim, layer.kv_source);
+        let (h, n) = (self.dec.cfg.num_heads, self.lanes.len());
         let b = &mut *self.b;
         let width = b.qkv.len() / n.max(1);
         b.attn.resize(n * h * hd, 0.0);
@@ -708,8 +818,8 @@ impl LayerExecutor for HostRows<'_, '_, '_, '_, '_> {
             .zip(b.attn.chunks_exact_mut(h * hd))
         {
             self.dec.attend_lane(
-                at.index,
-                at.layer.window,
+                (at.index, at.layer.window, source),
+                (kv, hd),
                 sinks,
                 lane,
                 row,
@@ -803,9 +913,54 @@ impl LayerExecutor for HostRows<'_, '_, '_, '_, '_> {
         Ok(())
     }
 
-    fn layer_input(&mut self, _at: LayerAt<'_>) -> Result<()> {
-        // a model with per-layer inputs has no step model (Unfused::Gemma4Layers)
-        Err(unwritten("a per-layer input on the fused step"))
+    /// Every lane's residual row through the branch's gate, its
+    /// activation times the row's input for this layer, through the
+    /// projection and the norm into the branch.
+    fn layer_input(&mut self, at: LayerAt<'_>) -> Result<()> {
+        let branch = self.model.layers[at.index]
+            .layer_input
+            .as_ref()
+            .ok_or(unwritten("the layer's input branch"))?;
+        let (n, d) = (self.lanes.len(), self.dec.cfg.hidden_size);
+        let eps = self.dec.cfg.rms_norm_eps as f32;
+        let held = self.held;
+        let b = &mut *self.b;
+        let all = b.layer_inputs.len() / n.max(1);
+        let width = branch.gate.rows;
+        if all < (at.index + 1) * width {
+            return Err(unwritten("the rows' per-layer inputs"));
+        }
+        b.acts.fill(n, d).copy_from_slice(&b.hidden);
+        products(
+            std::slice::from_ref(&branch.gate),
+            held,
+            n,
+            (&mut b.acts, &mut b.gate_up),
+            (&mut b.tmp, &mut b.product),
+        )?;
+        let gated = b.acts.fill(n, width);
+        for ((gate, inputs), out) in b
+            .gate_up
+            .chunks_exact_mut(width)
+            .zip(b.layer_inputs.chunks_exact(all))
+            .zip(gated.chunks_exact_mut(width))
+        {
+            ops::gate_in_place(
+                gate,
+                &inputs[at.index * width..(at.index + 1) * width],
+                branch.activation,
+            )?;
+            out.copy_from_slice(gate);
+        }
+        products(
+            std::slice::from_ref(&branch.projection),
+            held,
+            n,
+            (&mut b.acts, &mut b.out),
+            (&mut b.tmp, &mut b.product),
+        )?;
+        ops::rms_norm_in_place(&mut b.out, &branch.norm, eps)?;
+        Ok(())
     }
 
     fn scale(&mut self, at: LayerAt<'_>) -> Result<()> {

@@ -8,6 +8,7 @@
 //! not read, a LoRA adapter applied on the fly, or a dense tensor that is
 //! not a plain CPU buffer.
 
+use candle_core::quantized::QMatMul;
 use candle_core::{CpuStorage, DType, Storage, StorageRef, Tensor};
 use lcut_kernels::dense::{DenseMatrix, DenseWeights};
 use lcut_kernels::ops::GateActivation;
@@ -33,11 +34,6 @@ pub enum Unfused {
     DenseStorage,
     /// The fused step was turned off ([`Decoder::set_fused_decode`]).
     TurnedOff,
-    /// The layers differ in head width or K/V heads, read another layer's
-    /// K/V, have keys that are the values, or take per-layer inputs
-    /// (Gemma 4): the step's buffers and kernels assume one attention shape
-    /// and a layer's own K/V.
-    Gemma4Layers,
 }
 
 impl Unfused {
@@ -49,9 +45,6 @@ impl Unfused {
             Self::CandleQuantized => "a matrix is in a ggml type only candle runs",
             Self::DenseStorage => "a dense matrix is not a contiguous CPU buffer",
             Self::TurnedOff => "the fused step was turned off",
-            Self::Gemma4Layers => {
-                "the layers differ in attention shape, share K/V or take per-layer inputs (Gemma 4)"
-            }
         }
     }
 }
@@ -143,6 +136,22 @@ pub(crate) struct StepLayer {
     pub(crate) linear: Option<(Vec<StepLinear>, Vec<f32>)>,
     pub(crate) q_norm: Option<Vec<f32>>,
     pub(crate) k_norm: Option<Vec<f32>>,
+    /// The K/V heads and head width of the layer's attention (Gemma 4's
+    /// differ by layer type; a linear-attention layer's are its value
+    /// heads').
+    pub(crate) kv_heads: usize,
+    pub(crate) head_dim: usize,
+    /// The values are the keys' projection before its norm (`qkv` holds Q
+    /// and K only: Gemma 4's full layers with `attention_k_eq_v`).
+    pub(crate) values_from_keys: bool,
+    /// The unscaled RMSNorm of each value head (ones of `head_dim`), where
+    /// the layer norms its values (Gemma 4).
+    pub(crate) value_norm: Option<Vec<f32>>,
+    /// The layer whose cache this one reads, storing none (`qkv` holds Q
+    /// only: Gemma 4's shared layers); `None`: its own.
+    pub(crate) kv_source: Option<usize>,
+    /// The per-layer input branch (Gemma 4).
+    pub(crate) layer_input: Option<StepLayerInput>,
     pub(crate) o: StepLinear,
     pub(crate) attn_out_norm: Option<Vec<f32>>,
     pub(crate) mlp_in_norm: Option<Vec<f32>>,
@@ -181,6 +190,17 @@ impl StepLayer {
     }
 }
 
+/// Gemma 4's per-layer input branch as the step reads it: the residual
+/// stream through `gate` into the input's width, the gate's activation
+/// times the row's input for the layer, through `projection`, then `norm`.
+#[derive(Debug, Clone)]
+pub(crate) struct StepLayerInput {
+    pub(crate) gate: StepLinear,
+    pub(crate) projection: StepLinear,
+    pub(crate) norm: Vec<f32>,
+    pub(crate) activation: GateActivation,
+}
+
 /// One expert of the step: its gate and up matrices, and its down matrix.
 #[derive(Debug, Clone)]
 pub(crate) struct StepExpert {
@@ -197,10 +217,22 @@ pub(crate) struct StepExperts {
     pub(crate) rule: RouterRule,
 }
 
+/// Gemma 4's per-layer inputs as the step makes them: the scaled
+/// embeddings through `projection` into every layer's input, each layer's
+/// `width` values normed by `norm`.
+#[derive(Debug, Clone)]
+pub(crate) struct StepLayerInputs {
+    pub(crate) projection: StepLinear,
+    pub(crate) norm: Vec<f32>,
+    pub(crate) width: usize,
+}
+
 /// The whole model as the fused step reads it.
 #[derive(Debug, Clone)]
 pub(crate) struct StepModel {
     pub(crate) layers: Vec<StepLayer>,
+    /// The per-layer inputs' model-level weights, where the model has them.
+    pub(crate) layer_inputs: Option<StepLayerInputs>,
     pub(crate) final_norm: Vec<f32>,
     pub(crate) lm_head: StepLinear,
     /// The dense tensors, in slot order.
@@ -237,29 +269,25 @@ impl StepModel {
         if !dec.device.is_cpu() {
             return Err(Skip::Unfused(Unfused::Device));
         }
-        // the attention layers' shape (a linear-attention layer has none)
-        let linear =
-            |l: usize| (dec.cfg.linear_attention.as_ref()).is_some_and(|la| la.is_linear(l));
-        let mut attention = (dec.cfg.layer_attention.iter().enumerate())
-            .filter(|&(l, _)| !linear(l))
-            .map(|(_, a)| a);
-        let first = attention.next().copied();
-        let uniform = first.into_iter().chain(attention.copied()).all(|a| {
-            Some(a) == first && !a.values_from_keys && !a.value_norm && a.kv_source.is_none()
-        });
-        if !uniform || dec.cfg.per_layer_input.is_some() {
-            return Err(Skip::Unfused(Unfused::Gemma4Layers));
-        }
         let mut b = Builder { dense: Vec::new() };
         let mut layers = Vec::with_capacity(dec.layers.len());
         for layer in &dec.layers {
             let qkv = match layer.attn.qkv_linears() {
                 QkvLinears::Separate(q, k, v) => vec![b.linear(q)?, b.linear(k)?, b.linear(v)?],
                 QkvLinears::Fused(m) => vec![b.linear(m)?],
-                QkvLinears::KeysAsValues | QkvLinears::QueriesOnly => {
-                    return Err(Skip::Unfused(Unfused::Gemma4Layers));
-                }
+                QkvLinears::KeysAsValues(q, k) => vec![b.linear(q)?, b.linear(k)?],
+                QkvLinears::QueriesOnly(q) => vec![b.linear(q)?],
                 QkvLinears::Recurrent => Vec::new(),
+            };
+            let head_dim = layer.attn.head_dim();
+            let layer_input = match &layer.layer_input {
+                Some(branch) => Some(StepLayerInput {
+                    gate: b.linear(&branch.gate)?,
+                    projection: b.linear(&branch.projection)?,
+                    norm: norm(&branch.norm)?,
+                    activation: crate::layers::gate_activation(branch.activation),
+                }),
+                None => None,
             };
             let linear = match &layer.linear {
                 Some(net) => Some((
@@ -315,6 +343,12 @@ impl StepModel {
                 linear,
                 q_norm: q_norm.map(norm).transpose()?,
                 k_norm: k_norm.map(norm).transpose()?,
+                kv_heads: layer.attn.num_kv_heads(),
+                head_dim,
+                values_from_keys: matches!(layer.attn.qkv_linears(), QkvLinears::KeysAsValues(..)),
+                value_norm: layer.attn.norms_values().then(|| vec![1.0; head_dim]),
+                kv_source: layer.kv_source,
+                layer_input,
                 o: b.linear(layer.attn.o())?,
                 attn_out_norm: layer.attn_out_norm.as_ref().map(norm).transpose()?,
                 mlp_in_norm: layer.mlp_in_norm.as_ref().map(norm).transpose()?,
@@ -326,7 +360,16 @@ impl StepModel {
                 activation,
             });
         }
+        let layer_inputs = match &dec.layer_inputs {
+            Some(li) => Some(StepLayerInputs {
+                projection: b.linear(li.projection())?,
+                norm: norm(li.norm())?,
+                width: li.width(),
+            }),
+            None => None,
+        };
         Ok(Self {
+            layer_inputs,
             lm_head: b.linear(&dec.lm_head)?,
             layers,
             final_norm: norm(&dec.final_norm)?,
@@ -376,23 +419,13 @@ impl Builder {
                 matrix.dims().0,
                 bias.as_ref(),
             ),
-            Linear::Dense(l) => {
-                let w = l.weight();
-                let (rows, cols) = w.dims2()?;
-                let ok_dtype = matches!(w.dtype(), DType::F32 | DType::BF16 | DType::F16);
-                if !w.device().is_cpu() || !w.is_contiguous() || !ok_dtype {
-                    return Err(Skip::Unfused(Unfused::DenseStorage));
-                }
-                let offset = w.storage_and_layout().1.start_offset();
-                self.dense.push(w.clone());
-                let source = Source::Dense {
-                    slot: self.dense.len() - 1,
-                    offset,
-                    rows,
-                    cols,
-                };
-                (source, rows, l.bias())
-            }
+            Linear::Dense(l) => self.dense(l.weight(), l.bias())?,
+            // a float matrix of a GGUF (F32, F16, BF16), which candle
+            // holds dequantized
+            Linear::Quantized {
+                matmul: QMatMul::Tensor(w) | QMatMul::TensorF16(w),
+                bias,
+            } => self.dense(w, bias.as_ref())?,
             Linear::Quantized { .. } => return Err(Skip::Unfused(Unfused::CandleQuantized)),
             Linear::Adapted(_) => return Err(Skip::Unfused(Unfused::OnTheFlyLora)),
         };
@@ -400,6 +433,29 @@ impl Builder {
             .map(|b| b.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>())
             .transpose()?;
         Ok(StepLinear { source, rows, bias })
+    }
+
+    /// A dense matrix `w` [rows, cols] and its bias, borrowed through a new
+    /// slot, or why the kernels cannot read it in place.
+    fn dense<'t>(
+        &mut self,
+        w: &Tensor,
+        bias: Option<&'t Tensor>,
+    ) -> std::result::Result<(Source, usize, Option<&'t Tensor>), Skip> {
+        let (rows, cols) = w.dims2()?;
+        let ok_dtype = matches!(w.dtype(), DType::F32 | DType::BF16 | DType::F16);
+        if !w.device().is_cpu() || !w.is_contiguous() || !ok_dtype {
+            return Err(Skip::Unfused(Unfused::DenseStorage));
+        }
+        let offset = w.storage_and_layout().1.start_offset();
+        self.dense.push(w.clone());
+        let source = Source::Dense {
+            slot: self.dense.len() - 1,
+            offset,
+            rows,
+            cols,
+        };
+        Ok((source, rows, bias))
     }
 }
 
