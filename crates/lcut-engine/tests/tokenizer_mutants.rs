@@ -1,6 +1,8 @@
 //! Damaged tokenizers and chat templates by the thousand: JSON-aware mutants
 //! of the bundled model's `tokenizer.json` and `tokenizer_config.json`, and
-//! byte-level mutants of its Jinja chat template. Each must load (and then
+//! byte-level mutants of its Jinja chat template, and byte-level mutants of
+//! a Gemma 4 GGUF vocabulary (`tokenizer.ggml.model = gemma4`). Each must
+//! load (and then
 //! encode, decode and render) or be refused with an error naming the file,
 //! never panic; a template must stop within its fuel. No single allocation
 //! may pass [`ALLOC_BOUND`]. `LCUT_MUTANTS=N` runs more.
@@ -9,8 +11,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use lcut_engine::{ChatTemplate, Message, TextTokenizer};
+use lcut_model::gguf::GgufHeader;
 use lcut_testkit::alloc::{LargestAlloc, largest_allocation};
-use lcut_testkit::{MutantRun, json_mutants, mutant_count, mutants, workspace_root};
+use lcut_testkit::{MutantRun, json_mutants, mutant_count, mutants, oracle_case, workspace_root};
 
 #[global_allocator]
 static ALLOC: LargestAlloc = LargestAlloc;
@@ -164,4 +167,43 @@ fn an_endless_template_in_tokenizer_config_is_a_named_error_in_bounded_time() {
         .expect_err("runs out of fuel");
     assert!(err.contains("fuel"), "{err}");
     assert!(start.elapsed() < SLOWEST, "took {:?}", start.elapsed());
+}
+
+/// A Gemma 4 GGUF vocabulary (`fixtures/oracle/gemma4-vocab/vocab.gguf`:
+/// tokens, types, merges, special ids, all header) damaged byte by byte:
+/// its tokenizer is built and used, or refused with an error naming the
+/// file; never a panic.
+#[test]
+fn mutated_gemma4_gguf_vocabularies_never_panic() {
+    let path = oracle_case("gemma4-vocab").join("vocab.gguf");
+    let good = std::fs::read(&path).expect("fixture");
+    let shown = Path::new("vocab.gguf");
+    let mut run = MutantRun::new("gemma4 vocab.gguf", SEED + 2);
+    for (i, mutant) in mutants(&good, good.len(), SEED + 2)
+        .take(mutant_count(DEFAULT_MUTANTS))
+        .enumerate()
+    {
+        run.check(i, &mutant, |m| {
+            let Ok(header) = GgufHeader::parse(m, shown) else {
+                return false;
+            };
+            let loaded = match TextTokenizer::from_gguf(&header, shown) {
+                Ok(t) => {
+                    exercise(&t);
+                    true
+                }
+                Err(e) => {
+                    let msg = e.to_string();
+                    assert!(
+                        msg.contains("vocab.gguf"),
+                        "the error does not name the file: {msg}"
+                    );
+                    false
+                }
+            };
+            assert!(largest_allocation() <= ALLOC_BOUND);
+            loaded
+        });
+    }
+    run.finish(SLOWEST);
 }
