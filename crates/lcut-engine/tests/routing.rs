@@ -16,12 +16,12 @@ use lcut_engine::diagnose::{
 };
 use lcut_engine::{EngineError, PreparedPrompt, Session};
 use lcut_policy::PolicySpec;
-use lcut_testkit::{MOE_CASES, oracle_case, oracle_ids};
+use lcut_testkit::{ROUTED_CASES, oracle_case, oracle_ids};
 use lcut_trace::{Report, Thresholds};
 
-/// The MoE cases a model folder of which lcut loads (all of them).
+/// The cases whose layers route tokens to experts (lcut loads the folder of each).
 fn cases() -> impl Iterator<Item = &'static str> {
-    MOE_CASES.iter().copied()
+    ROUTED_CASES.iter().copied()
 }
 
 fn session(case: &str) -> Result<Session> {

@@ -66,10 +66,15 @@ pub enum Arch {
     /// full layers with an output gate, (1 + w) per-head q/k norms and a
     /// rotation of a quarter of the head.
     Qwen35,
+    /// Qwen3.5's mixture of experts, text only (`qwen3_5_moe_text`; GGUF's
+    /// `qwen35moe`): Qwen3.5's layers with every MLP the top-k of many
+    /// routed experts (renormalised) beside a shared expert scaled by the
+    /// sigmoid of its own gate.
+    Qwen35Moe,
 }
 
 impl Arch {
-    const ALL: [(&'static str, Arch); 15] = [
+    const ALL: [(&'static str, Arch); 16] = [
         ("llama", Arch::Llama),
         ("mistral", Arch::Mistral),
         ("qwen2", Arch::Qwen2),
@@ -85,6 +90,7 @@ impl Arch {
         ("gpt_oss", Arch::GptOss),
         ("gemma4_text", Arch::Gemma4),
         ("qwen3_5_text", Arch::Qwen35),
+        ("qwen3_5_moe_text", Arch::Qwen35Moe),
     ];
 
     /// The `model_type` string of this architecture.
@@ -113,6 +119,7 @@ impl Arch {
             Arch::GptOss => "gpt-oss",
             Arch::Gemma4 => "gemma4",
             Arch::Qwen35 => "qwen35",
+            Arch::Qwen35Moe => "qwen35moe",
             other => other.model_type(),
         }
     }
@@ -128,6 +135,12 @@ impl Arch {
     /// Gemma 2 or 3: scaled embeddings, (1 + w) norms, sandwich norms, GeGLU.
     pub fn is_gemma(&self) -> bool {
         matches!(self, Arch::Gemma2 | Arch::Gemma3)
+    }
+
+    /// Qwen3.5, dense or with experts: linear-attention layers beside full
+    /// ones, (1 + w) norms, gated full-attention outputs.
+    pub fn is_qwen35(&self) -> bool {
+        matches!(self, Arch::Qwen35 | Arch::Qwen35Moe)
     }
 
     /// OLMo 2 or 3: norms after the blocks, whole-projection q/k norms.
@@ -345,8 +358,12 @@ pub struct ExpertsConfig {
     /// Each expert's inner width.
     pub inner: usize,
     /// The chosen experts' probabilities are renormalised to sum to one
-    /// (Mixtral always; Qwen3-MoE with `norm_topk_prob`).
+    /// (Mixtral and Qwen3.5-MoE always; Qwen3-MoE with `norm_topk_prob`).
     pub normalize_top_k: bool,
+    /// The inner width of an expert every token runs beside the routed
+    /// ones, scaled by the sigmoid of its own gate (Qwen3.5-MoE's
+    /// `shared_expert_intermediate_size`); `None`: no shared expert.
+    pub shared_inner: Option<usize>,
 }
 
 /// How a router's logits become the weights of the experts a token runs.
@@ -713,12 +730,12 @@ impl ModelConfig {
             {
                 (gpt_oss_rope(f, head_dim)?, None)
             }
-            Arch::Qwen35 => (qwen35_rope(f, head_dim)?, None),
+            _ if arch.is_qwen35() => (qwen35_rope(f, head_dim)?, None),
             _ => (read_rope(f, head_dim, default_theta(arch))?, None),
         };
-        let linear_attention = match arch {
-            Arch::Qwen35 => Some(qwen3_5::read(f, num_layers)?),
-            _ => None,
+        let linear_attention = match arch.is_qwen35() {
+            true => Some(qwen3_5::read(f, num_layers)?),
+            false => None,
         };
         let is_gemma = arch.is_gemma();
         let activation = read_activation(f, arch)?;
@@ -737,7 +754,7 @@ impl ModelConfig {
         // transformers' defaults of each config class
         let default_positions = match arch {
             Arch::Gemma3 | Arch::Gemma4 => 131_072,
-            Arch::SmolLM3 | Arch::Qwen35 => 32_768,
+            Arch::SmolLM3 | Arch::Qwen35 | Arch::Qwen35Moe => 32_768,
             Arch::Olmo2 | Arch::Olmo3 => 2048,
             Arch::GptOss => 131_072,
             _ => 4096,
@@ -795,13 +812,16 @@ impl ModelConfig {
                 _ => f.opt_bool("attention_bias")?.unwrap_or(false),
             },
             qk_norm: match arch {
-                Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 | Arch::Gemma4 | Arch::Qwen35 => {
-                    QkNorm::PerHead
-                }
+                Arch::Qwen3
+                | Arch::Qwen3Moe
+                | Arch::Gemma3
+                | Arch::Gemma4
+                | Arch::Qwen35
+                | Arch::Qwen35Moe => QkNorm::PerHead,
                 Arch::Olmo2 | Arch::Olmo3 => QkNorm::Whole,
                 _ => QkNorm::None,
             },
-            norm_weight_offset: is_gemma || arch == Arch::Qwen35,
+            norm_weight_offset: is_gemma || arch.is_qwen35(),
             norms: match arch {
                 _ if sandwich => NormPlacement::Sandwich,
                 Arch::Olmo2 | Arch::Olmo3 => NormPlacement::Post,
@@ -830,7 +850,7 @@ impl ModelConfig {
             per_layer_input,
             layer_scalars: arch == Arch::Gemma4,
             linear_attention,
-            attn_output_gate: arch == Arch::Qwen35,
+            attn_output_gate: arch.is_qwen35(),
         })
     }
 
@@ -896,6 +916,7 @@ fn read_experts(
         Arch::Qwen3Moe => ("moe_intermediate_size", (128, 8)),
         Arch::Mixtral => ("intermediate_size", (8, 2)),
         Arch::GptOss => ("intermediate_size", (128, 4)),
+        Arch::Qwen35Moe => ("moe_intermediate_size", (256, 8)),
         _ => return Ok((None, vec![false; num_layers])),
     };
     // Qwen3-MoE's checkpoints say `num_experts`, transformers 5 writes the
@@ -921,7 +942,15 @@ fn read_experts(
     }
     let inner = match (arch, f.get(inner_field)) {
         (Arch::Qwen3Moe, None) => 768,
+        (Arch::Qwen35Moe, None) => 512,
         _ => f.positive(inner_field)?,
+    };
+    let shared_inner = match arch {
+        Arch::Qwen35Moe => Some(match f.get("shared_expert_intermediate_size") {
+            None => 512,
+            Some(_) => f.positive("shared_expert_intermediate_size")?,
+        }),
+        _ => None,
     };
     let experts = ExpertsConfig {
         router: match arch {
@@ -933,13 +962,14 @@ fn read_experts(
         top_k,
         inner,
         normalize_top_k: match arch {
-            Arch::Mixtral => true,
+            Arch::Mixtral | Arch::Qwen35Moe => true,
             // the softmax over the top k already sums to one
             Arch::GptOss => false,
             _ => f.opt_bool("norm_topk_prob")?.unwrap_or(false),
         },
+        shared_inner,
     };
-    if matches!(arch, Arch::Mixtral | Arch::GptOss) {
+    if matches!(arch, Arch::Mixtral | Arch::GptOss | Arch::Qwen35Moe) {
         return Ok((Some(experts), vec![true; num_layers]));
     }
     let step = match f.get("decoder_sparse_step") {
@@ -1219,7 +1249,7 @@ fn read_sliding_window(
     // its `layer_types` list
     let never = match arch {
         // Qwen3.5's layer types are linear or full attention, none slides
-        Arch::Olmo2 | Arch::Qwen35 => true,
+        Arch::Olmo2 | Arch::Qwen35 | Arch::Qwen35Moe => true,
         Arch::SmolLM3 => !f.opt_bool("use_sliding_window")?.unwrap_or(false),
         _ => false,
     };
@@ -1276,7 +1306,7 @@ fn read_sliding_window(
             }
             // SmolLM3 slides only where `use_sliding_window` and its
             // `layer_types` say so (read above when listed)
-            Arch::Llama | Arch::SmolLM3 | Arch::Olmo2 | Arch::Qwen35 => None,
+            Arch::Llama | Arch::SmolLM3 | Arch::Olmo2 | Arch::Qwen35 | Arch::Qwen35Moe => None,
             // transformers' default: three sliding layers, then a full one
             Arch::Olmo3 => window.filter(|_| !(l + 1).is_multiple_of(4)),
             // transformers' default: sliding and full layers alternating
@@ -1968,16 +1998,39 @@ mod tests {
             let msg = err.to_string();
             assert!(msg.contains(field) && msg.contains(says), "{extra}: {msg}");
         }
-        // the multimodal wrapper and the experts are refused, pointing at
-        // qwen3_5_text
-        for model_type in ["qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe"] {
+        // the multimodal wrappers are refused, pointing at their text-only
+        // model types
+        for (model_type, text) in [
+            ("qwen3_5", "qwen3_5_text"),
+            ("qwen3_5_moe", "qwen3_5_moe_text"),
+        ] {
             let err = parse(&format!(r#"{{"model_type": "{model_type}", {BASE}}}"#)).unwrap_err();
             let msg = err.to_string();
-            assert!(
-                msg.contains("qwen3_5_text") && msg.contains(model_type),
-                "{msg}"
-            );
+            assert!(msg.contains(text) && msg.contains(model_type), "{msg}");
         }
+        // the experts: every layer sparse, the top k renormalised, a shared
+        // expert of its own width
+        let c = parse(&format!(
+            r#"{{"model_type": "qwen3_5_moe_text", {BASE}, "head_dim": 8, "num_experts": 8,
+                "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+                "shared_expert_intermediate_size": 24}}"#
+        ))
+        .unwrap();
+        let e = c.experts.expect("experts");
+        assert_eq!(
+            (e.num_experts, e.top_k, e.inner, e.shared_inner),
+            (8, 2, 16, Some(24))
+        );
+        assert!(e.normalize_top_k && c.sparse_layers.iter().all(|&s| s));
+        assert!(c.linear_attention.is_some() && c.attn_output_gate);
+        let err = parse(&format!(
+            r#"{{"model_type": "qwen3_5_moe_text", {BASE}, "head_dim": 8, "shared_expert_intermediate_size": 0}}"#
+        ))
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("shared_expert_intermediate_size"),
+            "{err}"
+        );
     }
 
     #[test]

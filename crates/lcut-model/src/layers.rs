@@ -335,6 +335,27 @@ pub struct Experts {
     router: Linear,
     experts: Vec<Mlp>,
     rule: RouterRule,
+    /// The expert every token runs beside the routed ones (Qwen3.5-MoE).
+    shared: Option<Box<SharedExpert>>,
+}
+
+/// An expert every token runs beside the routed ones, its output scaled by
+/// the sigmoid of its own gate (Qwen3.5-MoE's `mlp.shared_expert` and
+/// `mlp.shared_expert_gate`).
+#[derive(Debug, Clone)]
+pub(crate) struct SharedExpert {
+    /// The gated MLP.
+    pub(crate) mlp: Mlp,
+    /// The gate: one logit per row [1, hidden].
+    pub(crate) gate: Linear,
+}
+
+impl SharedExpert {
+    /// The scaled output of rows `x` [n, hidden]: sigmoid(gate(x)) * mlp(x).
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let scale = candle_nn::ops::sigmoid(&self.gate.forward(x)?)?;
+        Ok(self.mlp.forward(x)?.broadcast_mul(&scale)?)
+    }
 }
 
 /// How a router's logits choose a token's experts and weigh them: the one
@@ -457,6 +478,23 @@ impl Experts {
                 })
                 .collect::<Result<Vec<_>>>()?,
         };
+        let shared = match e.shared_inner {
+            Some(inner) => Some(Box::new(SharedExpert {
+                mlp: Mlp::load_named(
+                    ld,
+                    &format!("{prefix}.shared_expert"),
+                    ["gate_proj", "up_proj", "down_proj"],
+                    (inner, Packing::AtLoad, false),
+                )?,
+                gate: ld.linear(
+                    &format!("{prefix}.shared_expert_gate"),
+                    1,
+                    cfg.hidden_size,
+                    false,
+                )?,
+            })),
+            None => None,
+        };
         Ok(Self {
             router,
             experts,
@@ -465,7 +503,14 @@ impl Experts {
                 top_k: e.top_k,
                 normalize: e.normalize_top_k,
             },
+            shared,
         })
+    }
+
+    /// The expert every token runs beside the routed ones, where the block
+    /// has one.
+    pub(crate) fn shared(&self) -> Option<&SharedExpert> {
+        self.shared.as_deref()
     }
 
     /// The routing of rows `x` [n, hidden] by the router's logits (in f32)
@@ -569,24 +614,36 @@ impl Experts {
                 .broadcast_mul(&scale)?;
             out = out.index_add(&idx, &y, 0)?;
         }
-        Ok(out)
+        match &self.shared {
+            Some(shared) => Ok((out + shared.forward(x)?)?),
+            None => Ok(out),
+        }
     }
 
-    /// Bytes one token reads: the router and `top_k` experts (the experts
-    /// are of one size).
+    /// Bytes one token reads: the router, `top_k` experts (the experts
+    /// are of one size) and the shared expert with its gate.
     pub fn token_bytes(&self) -> usize {
         let expert: usize = self
             .experts
             .first()
             .map_or(0, |m| m.linears().into_iter().map(Linear::bytes).sum());
-        self.router.bytes() + self.rule.top_k * expert
+        let shared: usize = self.shared_linears().map(Linear::bytes).sum();
+        self.router.bytes() + self.rule.top_k * expert + shared
     }
 
-    /// The router and every expert's linear layers.
+    /// The router, every expert's linear layers and the shared expert's.
     pub fn linears(&self) -> Vec<&Linear> {
         std::iter::once(&self.router)
             .chain(self.experts.iter().flat_map(|m| m.linears()))
+            .chain(self.shared_linears())
             .collect()
+    }
+
+    /// The shared expert's linear layers and its gate (none without one).
+    fn shared_linears(&self) -> impl Iterator<Item = &Linear> {
+        self.shared
+            .iter()
+            .flat_map(|s| s.mlp.linears().into_iter().chain(std::iter::once(&s.gate)))
     }
 }
 

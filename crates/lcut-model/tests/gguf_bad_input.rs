@@ -367,6 +367,56 @@ fn damaged_qwen35_files_are_named() {
     );
 }
 
+/// A Qwen3.5-MoE file (`qwen35moe`) whose shared expert or routing cannot
+/// be the model is refused by name.
+#[test]
+fn damaged_qwen35_moe_files_are_named() {
+    let path = oracle_case(lcut_testkit::QWEN35MOE_CASE).join("model.f32.gguf");
+    let good = || std::fs::read(&path).expect("fixture");
+    Decoder::load_as(&path, WeightMode::Dense(DType::F32), &Device::Cpu)
+        .expect("the fixture loads");
+    // the shared expert 25 wide: its tensors are 24
+    let mut b = good();
+    let at = after_string(&b, "qwen35moe.expert_shared_feed_forward_length") + 4;
+    put_u32(&mut b, at, 25);
+    let (p, err, _d) = load(&b);
+    assert!(matches!(err, ModelError::TensorShape { .. }), "{err}");
+    assert_mentions(
+        &err.to_string(),
+        &[&shown(&p), "blk.0.ffn_gate_shexp.weight", "25"],
+    );
+    // no width for the shared expert
+    let mut b = good();
+    let at = after_string(&b, "qwen35moe.expert_shared_feed_forward_length") - 6;
+    b[at..at + 6].copy_from_slice(b"lengxh");
+    let (p, err, _d) = load(&b);
+    assert!(matches!(err, ModelError::GgufMetadata { .. }), "{err}");
+    assert_mentions(
+        &err.to_string(),
+        &[&shown(&p), "qwen35moe.expert_shared_feed_forward_length"],
+    );
+    // the shared expert's gate missing
+    let mut b = good();
+    let at = after_string(&b, "blk.2.ffn_gate_inp_shexp.weight") - "shexp.weight".len();
+    b[at..at + 5].copy_from_slice(b"shexq");
+    let (p, err, _d) = load(&b);
+    assert!(matches!(err, ModelError::MissingTensor { .. }), "{err}");
+    assert_mentions(
+        &err.to_string(),
+        &[&shown(&p), "blk.2.ffn_gate_inp_shexp.weight"],
+    );
+    // nine experts a token, of eight
+    let mut b = good();
+    let at = after_string(&b, "qwen35moe.expert_used_count") + 4;
+    put_u32(&mut b, at, 9);
+    let (p, err, _d) = load(&b);
+    assert!(matches!(err, ModelError::GgufMetadata { .. }), "{err}");
+    assert_mentions(
+        &err.to_string(),
+        &[&shown(&p), "qwen35moe.expert_used_count"],
+    );
+}
+
 /// Gemma 4 as llama.cpp's converter writes it (`gemma4`).
 fn gemma4_good() -> Vec<u8> {
     std::fs::read(oracle_case(lcut_testkit::GEMMA4_CASE).join("model.f32.gguf")).expect("fixture")

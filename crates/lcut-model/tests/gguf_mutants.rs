@@ -59,6 +59,14 @@ fn mutated_gemma4_gguf_files_never_panic() {
     mutate(lcut_testkit::GEMMA4_CASE, 20261130);
 }
 
+/// A Qwen3.5-MoE file (llama.cpp's `qwen35moe`): its expert counts and
+/// widths, the shared expert's width, the routers, the 3-D expert tensors
+/// and the shared expert's tensors damaged in turn.
+#[test]
+fn mutated_qwen35_moe_gguf_files_never_panic() {
+    mutate(lcut_testkit::QWEN35MOE_CASE, 20261131);
+}
+
 /// [`mutate_file`] on `case`'s Q8_0 file.
 fn mutate(case: &str, seed: u64) {
     mutate_file(case, "model.q8_0.gguf", seed);

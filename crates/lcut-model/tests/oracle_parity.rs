@@ -391,7 +391,7 @@ fn check_routing(
 /// a time after the prompt (what the routing diagnostics record).
 #[test]
 fn routing_matches_transformers_full_depth_and_under_policies() -> Result<()> {
-    for name in lcut_testkit::MOE_CASES {
+    for name in lcut_testkit::ROUTED_CASES {
         let c = load(name)?;
         let mut full = RoutingRecorder::default();
         c.model.teacher_forced_logits(&c.ids, Some(&mut full))?;

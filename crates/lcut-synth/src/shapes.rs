@@ -1074,6 +1074,7 @@ mod tests {
                 top_k: 8,
                 inner: 768,
                 normalize_top_k: true,
+                shared_inner: None,
             })
         );
         assert_eq!(cfg.sparse_layers, vec![true; 48]);

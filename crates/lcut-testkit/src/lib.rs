@@ -63,19 +63,20 @@ pub const MOE_CASES: [&str; 4] = [
 /// `fixtures/oracle/layouts` (Gemma 4 with per-type head widths, keys that
 /// are the values, per-layer inputs and its last two layers reading earlier
 /// layers' K/V; Qwen3.5 with three linear-attention layers to each full
-/// one; names relative to `fixtures/oracle`): run by the tensor path's
+/// one, dense and with experts; names relative to `fixtures/oracle`): run by the tensor path's
 /// parity tests in f32. Apart from [`ORACLE_CASES`]: their fused steps
 /// are checked in `fused_step.rs` under the policies each layout runs, both
 /// have GGUF files ([`LAYOUT_GGUF_CASES`]), and they have no bf16, lens,
 /// SwiftKV or press references.
-pub const LAYOUT_CASES: [&str; 2] = [GEMMA4_CASE, QWEN35_CASE];
+pub const LAYOUT_CASES: [&str; 3] = [GEMMA4_CASE, QWEN35_CASE, QWEN35MOE_CASE];
 
 /// The layout cases llama.cpp's converter writes as GGUF (`model.f32.gguf`,
 /// `model.q8_0.gguf`): Gemma 4 as `gemma4` (per-layer K/V head counts, the
 /// shared layers without K/V tensors, the full layers' proportional RoPE
 /// as `rope_freqs`), Qwen3.5 as `qwen35` (its norms stored as 1 + w, its
-/// decay rates as -exp(A_log) and its value heads reordered).
-pub const LAYOUT_GGUF_CASES: [&str; 2] = [GEMMA4_CASE, QWEN35_CASE];
+/// decay rates as -exp(A_log) and its value heads reordered; Qwen3.5-MoE
+/// as `qwen35moe`, its experts stacked and its shared expert as `*_shexp`).
+pub const LAYOUT_GGUF_CASES: [&str; 3] = [GEMMA4_CASE, QWEN35_CASE, QWEN35MOE_CASE];
 
 /// The Gemma 4 reference case (shared K/V, per-layer inputs).
 pub const GEMMA4_CASE: &str = "layouts/gemma4-shared";
@@ -83,6 +84,20 @@ pub const GEMMA4_CASE: &str = "layouts/gemma4-shared";
 /// The Qwen3.5 reference case: eight layers, layers 3 and 7 full attention
 /// with an output gate, the others linear attention (Gated DeltaNet).
 pub const QWEN35_CASE: &str = "layouts/qwen35-hybrid";
+
+/// The Qwen3.5-MoE reference case: [`QWEN35_CASE`]'s layers, every MLP the
+/// top 2 of eight routed experts beside a shared expert with a sigmoid gate.
+pub const QWEN35MOE_CASE: &str = "layouts/qwen35moe-shared";
+
+/// Every reference case whose layers route tokens to experts: the
+/// [`MOE_CASES`] and Qwen3.5-MoE's (a layout case too).
+pub const ROUTED_CASES: [&str; 5] = [
+    MOE_CASES[0],
+    MOE_CASES[1],
+    MOE_CASES[2],
+    MOE_CASES[3],
+    QWEN35MOE_CASE,
+];
 
 /// The mixture-of-experts cases llama.cpp's converter writes as GGUF
 /// (`model.f32.gguf`, `model.q8_0.gguf`): its `qwen3moe` has no dense

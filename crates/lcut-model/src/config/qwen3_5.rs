@@ -4,8 +4,9 @@
 //! then a full one, `full_attention_interval`), the linear layers' head
 //! counts and widths and their convolution's kernel (`linear_*`), and the
 //! full layers' rotation of a quarter of the head by default
-//! (`partial_rotary_factor`). The multimodal wrapper (`qwen3_5`) and the
-//! mixture-of-experts variants are refused by name.
+//! (`partial_rotary_factor`). The same fields serve the mixture-of-experts
+//! variant (`qwen3_5_moe_text`, whose experts `read_experts` reads). The
+//! multimodal wrappers (`qwen3_5`, `qwen3_5_moe`) are refused by name.
 
 use super::{Fields, LinearAttentionConfig};
 use crate::error::Result;
@@ -25,8 +26,8 @@ pub(super) fn refusal(model_type: &str) -> Option<&'static str> {
         "qwen3_5" => Some(
             "qwen3_5_text: this is Qwen3.5 with its vision tower (weights under model.language_model); lcut reads a text-only qwen3_5_text folder",
         ),
-        "qwen3_5_moe_text" | "qwen3_5_moe" => Some(
-            "qwen3_5_text: lcut does not run Qwen3.5's experts (routed experts beside a shared expert with a sigmoid gate) yet; its dense models it does",
+        "qwen3_5_moe" => Some(
+            "qwen3_5_moe_text: this is Qwen3.5-MoE with its vision tower (weights under model.language_model); lcut reads a text-only qwen3_5_moe_text folder",
         ),
         _ => None,
     }

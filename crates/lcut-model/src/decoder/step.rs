@@ -699,6 +699,41 @@ impl LayerExecutor for HostRows<'_, '_, '_, '_, '_> {
                     .for_each(|(o, v)| *o += w * v);
             }
         }
+        // the shared expert on every row, scaled by the sigmoid of its gate
+        if let Some((expert, gate)) = &ex.shared {
+            products(
+                std::slice::from_ref(gate),
+                held,
+                n,
+                (&mut b.acts, &mut b.router),
+                (&mut b.tmp, &mut b.product),
+            )?;
+            products(
+                &expert.gate_up,
+                held,
+                n,
+                (&mut b.acts, &mut b.expert_gate_up),
+                (&mut b.tmp, &mut b.product),
+            )?;
+            let inner = b.expert_gate_up.len() / (2 * n).max(1);
+            gated_rows(&mut b.expert_gate_up, inner, activation, &mut b.expert_acts)?;
+            products(
+                std::slice::from_ref(&expert.down),
+                held,
+                n,
+                (&mut b.expert_acts, &mut b.expert_out),
+                (&mut b.tmp, &mut b.product),
+            )?;
+            for ((o, y), &g) in b
+                .out
+                .chunks_exact_mut(d)
+                .zip(b.expert_out.chunks_exact(d))
+                .zip(&b.router)
+            {
+                let scale = 1.0 / (1.0 + (-g).exp());
+                o.iter_mut().zip(y).for_each(|(o, v)| *o += scale * v);
+            }
+        }
         Ok(())
     }
 

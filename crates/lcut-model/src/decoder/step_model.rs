@@ -215,6 +215,8 @@ pub(crate) struct StepExperts {
     pub(crate) router: StepLinear,
     pub(crate) experts: Vec<StepExpert>,
     pub(crate) rule: RouterRule,
+    /// The expert every token runs, and its gate [1, hidden] (Qwen3.5-MoE).
+    pub(crate) shared: Option<(StepExpert, StepLinear)>,
 }
 
 /// Gemma 4's per-layer inputs as the step makes them: the scaled
@@ -327,10 +329,21 @@ impl StepModel {
                         Some(m) => m.gate_activation(),
                         None => GateActivation::Silu,
                     };
+                    let shared = match e.shared() {
+                        Some(s) => Some((
+                            StepExpert {
+                                gate_up: gate_up_of(&mut b, &s.mlp)?,
+                                down: b.linear(s.mlp.down())?,
+                            },
+                            b.linear(&s.gate)?,
+                        )),
+                        None => None,
+                    };
                     let experts = StepExperts {
                         router: b.linear(e.router())?,
                         experts,
                         rule: e.rule(),
+                        shared,
                     };
                     (Vec::new(), None, Some(experts), activation)
                 }

@@ -186,10 +186,13 @@ fn hf_config(m: &Meta<'_>, arch: Arch) -> Result<Value> {
     if arch == Arch::GptOss {
         gpt_oss_layers(m, layers, &mut c)?;
     }
-    if arch == Arch::Qwen35 {
+    if arch.is_qwen35() {
         qwen35_layers(m, layers, &mut c)?;
     }
-    if matches!(arch, Arch::Qwen3Moe | Arch::Mixtral | Arch::GptOss) {
+    if matches!(
+        arch,
+        Arch::Qwen3Moe | Arch::Mixtral | Arch::GptOss | Arch::Qwen35Moe
+    ) {
         experts(m, arch, layers, &mut c)?;
     }
     vocabulary(m, &mut c)?;
@@ -284,15 +287,16 @@ fn qwen35_layers(m: &Meta<'_>, layers: u64, c: &mut Map<String, Value>) -> Resul
     Ok(())
 }
 
-/// The experts of llama.cpp's `qwen3moe`, `gpt-oss` and Mixtral (`llama`
-/// with `expert_count`) files into `c`: the expert count and the experts a
-/// token runs, Qwen3-MoE's and gpt-oss's expert width (Mixtral's is
-/// `feed_forward_length`),
-/// renormalised top-k weights (`expert_weights_norm`, else llama.cpp's
-/// `true` for both), and the layers with neither a router
-/// (`blk.N.ffn_gate_inp.weight`) nor experts as dense ones (Qwen3-MoE's
-/// `mlp_only_layers`; every Mixtral layer has experts). Routing lcut does not run
-/// (shared experts, another gating function, scaled weights) is refused.
+/// The experts of llama.cpp's `qwen3moe`, `gpt-oss`, `qwen35moe` and
+/// Mixtral (`llama` with `expert_count`) files into `c`: the expert count
+/// and the experts a token runs, Qwen3-MoE's, gpt-oss's and Qwen3.5-MoE's
+/// expert width (Mixtral's is `feed_forward_length`), Qwen3.5-MoE's shared
+/// expert's (`expert_shared_feed_forward_length`), renormalised top-k
+/// weights (`expert_weights_norm`, else llama.cpp's `true`), and the layers
+/// with neither a router (`blk.N.ffn_gate_inp.weight`) nor experts as
+/// dense ones (Qwen3-MoE's `mlp_only_layers`; every layer of the others
+/// has experts). Routing lcut does not run (other shared experts, another
+/// gating function, scaled weights) is refused.
 fn experts(m: &Meta<'_>, arch: Arch, layers: u64, c: &mut Map<String, Value>) -> Result<()> {
     c.insert(
         "num_experts".into(),
@@ -316,14 +320,26 @@ fn experts(m: &Meta<'_>, arch: Arch, layers: u64, c: &mut Map<String, Value>) ->
                 width("expert_feed_forward_length")?,
             );
         }
+        Arch::Qwen35Moe => {
+            c.insert(
+                "moe_intermediate_size".into(),
+                width("expert_feed_forward_length")?,
+            );
+            c.insert(
+                "shared_expert_intermediate_size".into(),
+                width("expert_shared_feed_forward_length")?,
+            );
+        }
         _ => {}
     }
     let refused = |what: String| ModelError::GgufExperts {
         path: m.path.to_path_buf(),
         what,
     };
+    // Qwen3.5-MoE's one shared expert is read from its tensors
     let shared = m.key("expert_shared_count");
-    if let Some(n) = m.opt_count(&shared)?.filter(|&n| n > 0) {
+    let runs_shared = |n: u64| arch == Arch::Qwen35Moe && n == 1;
+    if let Some(n) = m.opt_count(&shared)?.filter(|&n| n > 0 && !runs_shared(n)) {
         return Err(refused(format!("{shared} = {n} (shared experts)")));
     }
     // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX (gpt-oss's graph
@@ -347,9 +363,10 @@ fn experts(m: &Meta<'_>, arch: Arch, layers: u64, c: &mut Map<String, Value>) ->
     };
     if arch == Arch::Qwen3Moe {
         c.insert("norm_topk_prob".into(), json!(normalize));
-    } else if !normalize && arch == Arch::Mixtral {
+    } else if !normalize && matches!(arch, Arch::Mixtral | Arch::Qwen35Moe) {
         return Err(refused(format!(
-            "{norm_key} = false (Mixtral renormalises its top-k weights)"
+            "{norm_key} = false ({} renormalises its top-k weights)",
+            arch.model_type()
         )));
     }
     // a layer without a router and without experts is a dense one

@@ -305,7 +305,7 @@ fn gguf_location(hf_name: &str) -> (String, Option<usize>) {
             "per_layer_proj_norm.weight",
         ),
     ];
-    const LAYER: [(&str, &str); 28] = [
+    const LAYER: [(&str, &str); 32] = [
         ("input_layernorm", "attn_norm"),
         ("self_attn.q_proj", "attn_q"),
         ("self_attn.k_proj", "attn_k"),
@@ -332,6 +332,11 @@ fn gguf_location(hf_name: &str) -> (String, Option<usize>) {
         ("linear_attn.conv1d", "ssm_conv1d"),
         ("linear_attn.norm", "ssm_norm"),
         ("linear_attn.out_proj", "ssm_out"),
+        // Qwen3.5-MoE's shared expert
+        ("mlp.shared_expert.gate_proj", "ffn_gate_shexp"),
+        ("mlp.shared_expert.up_proj", "ffn_up_shexp"),
+        ("mlp.shared_expert.down_proj", "ffn_down_shexp"),
+        ("mlp.shared_expert_gate", "ffn_gate_inp_shexp"),
         // Gemma 4's per-layer inputs
         ("per_layer_input_gate", "inp_gate"),
         ("per_layer_projection", "proj"),
@@ -400,8 +405,9 @@ impl GgufWeights {
     /// Wrap an opened file.
     pub fn new(file: GgufFile) -> Self {
         use crate::config::Arch;
-        let norm_after_attention =
-            file.config.norms.after() || matches!(file.config.arch, Arch::GptOss | Arch::Qwen35);
+        let norm_after_attention = file.config.norms.after()
+            || file.config.arch == Arch::GptOss
+            || file.config.arch.is_qwen35();
         Self {
             file,
             norm_after_attention,
