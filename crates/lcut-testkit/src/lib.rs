@@ -86,7 +86,7 @@ pub const GEMMA4_CASE: &str = "layouts/gemma4-shared";
 pub const QWEN35_CASE: &str = "layouts/qwen35-hybrid";
 
 /// The Qwen3.5-MoE reference case: [`QWEN35_CASE`]'s layers, every MLP the
-/// top 2 of eight routed experts beside a shared expert with a sigmoid gate.
+/// top 3 of eight routed experts beside a shared expert with a sigmoid gate.
 pub const QWEN35MOE_CASE: &str = "layouts/qwen35moe-shared";
 
 /// Every reference case whose layers route tokens to experts: the
