@@ -614,9 +614,16 @@ impl Experts {
                 .broadcast_mul(&scale)?;
             out = out.index_add(&idx, &y, 0)?;
         }
+        self.with_shared(x, out)
+    }
+
+    /// The routed experts' output `routed` for rows `x` with the shared
+    /// expert's added, where the block has one (every way of running the
+    /// routed experts ends here).
+    pub(crate) fn with_shared(&self, x: &Tensor, routed: Tensor) -> Result<Tensor> {
         match &self.shared {
-            Some(shared) => Ok((out + shared.forward(x)?)?),
-            None => Ok(out),
+            Some(shared) => Ok((routed + shared.forward(x)?)?),
+            None => Ok(routed),
         }
     }
 

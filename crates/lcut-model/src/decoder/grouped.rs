@@ -85,7 +85,7 @@ impl<'a> HostExpert<'a> {
 /// the CPU, [`Experts::forward_routed`] otherwise.
 pub(crate) fn experts_forward(experts: &Experts, x: &Tensor, routing: &Routing) -> Result<Tensor> {
     match grouped(experts, x, routing)? {
-        Some(out) => Ok(out),
+        Some(out) => experts.with_shared(x, out),
         None => experts.forward_routed(x, routing, None),
     }
 }
