@@ -364,6 +364,11 @@ pub struct ExpertsConfig {
     /// ones, scaled by the sigmoid of its own gate (Qwen3.5-MoE's
     /// `shared_expert_intermediate_size`); `None`: no shared expert.
     pub shared_inner: Option<usize>,
+    /// The experts run beside the layer's dense MLP rather than in its
+    /// place (Gemma 4's `enable_moe_block`): the router reads the residual
+    /// through an unweighted norm and a learned scale, each branch has its
+    /// own norms, and each expert's weight a learned scale.
+    pub beside_mlp: bool,
 }
 
 /// How a router's logits become the weights of the experts a token runs.
@@ -917,27 +922,35 @@ fn read_experts(
         Arch::Mixtral => ("intermediate_size", (8, 2)),
         Arch::GptOss => ("intermediate_size", (128, 4)),
         Arch::Qwen35Moe => ("moe_intermediate_size", (256, 8)),
+        // Gemma 4's config class has no defaults for its experts
+        Arch::Gemma4 if f.opt_bool("enable_moe_block")? == Some(true) => {
+            ("moe_intermediate_size", (0, 0))
+        }
         _ => return Ok((None, vec![false; num_layers])),
     };
     // Qwen3-MoE's checkpoints say `num_experts`, transformers 5 writes the
     // count under Mixtral's name `num_local_experts` for both
-    let count_field = match f.get("num_experts") {
-        Some(_) => "num_experts",
-        None => "num_local_experts",
+    let count_field = match (arch, f.get("num_experts")) {
+        (Arch::Gemma4, _) | (_, Some(_)) => "num_experts",
+        (_, None) => "num_local_experts",
+    };
+    let top_k_field = match arch {
+        Arch::Gemma4 => "top_k_experts",
+        _ => "num_experts_per_tok",
     };
     let count = |field: &str, default: usize| -> Result<usize> {
         match f.get(field) {
-            None => Ok(default),
-            Some(_) => f.positive(field),
+            None if default > 0 => Ok(default),
+            _ => f.positive(field),
         }
     };
     let num_experts = count(count_field, defaults.0)?;
-    let top_k = count("num_experts_per_tok", defaults.1)?;
+    let top_k = count(top_k_field, defaults.1)?;
     if top_k > num_experts {
         return Err(f.err(
-            "num_experts_per_tok",
+            top_k_field,
             &format!("at most the expert count ({count_field} = {num_experts})"),
-            f.get("num_experts_per_tok"),
+            f.get(top_k_field),
         ));
     }
     let inner = match (arch, f.get(inner_field)) {
@@ -962,14 +975,18 @@ fn read_experts(
         top_k,
         inner,
         normalize_top_k: match arch {
-            Arch::Mixtral | Arch::Qwen35Moe => true,
+            Arch::Mixtral | Arch::Qwen35Moe | Arch::Gemma4 => true,
             // the softmax over the top k already sums to one
             Arch::GptOss => false,
             _ => f.opt_bool("norm_topk_prob")?.unwrap_or(false),
         },
         shared_inner,
+        beside_mlp: arch == Arch::Gemma4,
     };
-    if matches!(arch, Arch::Mixtral | Arch::GptOss | Arch::Qwen35Moe) {
+    if matches!(
+        arch,
+        Arch::Mixtral | Arch::GptOss | Arch::Qwen35Moe | Arch::Gemma4
+    ) {
         return Ok((Some(experts), vec![true; num_layers]));
     }
     let step = match f.get("decoder_sparse_step") {
@@ -1842,9 +1859,10 @@ mod tests {
                 "num_hidden_layers",
             ),
             (
-                r#", "enable_moe_block": true"#,
-                "enable_moe_block",
-                "expert block",
+                // experts without their count
+                r#", "enable_moe_block": true, "top_k_experts": 2, "moe_intermediate_size": 8"#,
+                "num_experts",
+                "positive",
             ),
             (
                 r#", "use_double_wide_mlp": true"#,

@@ -337,6 +337,21 @@ pub struct Experts {
     rule: RouterRule,
     /// The expert every token runs beside the routed ones (Qwen3.5-MoE).
     shared: Option<Box<SharedExpert>>,
+    /// What a block beside the dense MLP reads and writes (Gemma 4).
+    beside: Option<Box<BesideNorms>>,
+}
+
+/// The norms of an experts block that runs beside the layer's dense MLP
+/// (Gemma 4): the router reads the residual stream through `router` (no
+/// weight; the learned scale and 1/sqrt(hidden) are folded into the
+/// router's matrix at load), the experts read it through `input`
+/// (`pre_feedforward_layernorm_2`), and their weighted sum leaves through
+/// `output` (`post_feedforward_layernorm_2`).
+#[derive(Debug, Clone)]
+pub(crate) struct BesideNorms {
+    pub(crate) router: RmsNorm,
+    pub(crate) input: RmsNorm,
+    pub(crate) output: RmsNorm,
 }
 
 /// An expert every token runs beside the routed ones, its output scaled by
@@ -360,7 +375,7 @@ impl SharedExpert {
 
 /// How a router's logits choose a token's experts and weigh them: the one
 /// rule the tensor path and the fused step both follow.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct RouterRule {
     /// Softmax then top-k, or top-k then softmax.
     kind: RouterKind,
@@ -368,6 +383,9 @@ pub(crate) struct RouterRule {
     top_k: usize,
     /// The top-k probabilities renormalised to sum to one.
     normalize: bool,
+    /// Each expert's learned scale of its weight, applied after the
+    /// renormalisation (Gemma 4's `per_expert_scale`).
+    scale: Option<std::sync::Arc<[f32]>>,
 }
 
 impl RouterRule {
@@ -389,6 +407,11 @@ impl RouterRule {
         if self.normalize || self.kind == RouterKind::TopKSoftmax {
             let sum: f32 = weights.iter().sum();
             weights.iter_mut().for_each(|v| *v /= sum);
+        }
+        if let Some(scale) = &self.scale {
+            for (w, &e) in weights.iter_mut().zip(&order) {
+                *w *= scale.get(e).copied().unwrap_or(1.0);
+            }
         }
         (probs, order, weights)
     }
@@ -451,6 +474,9 @@ impl Experts {
         let e = cfg.experts.ok_or(crate::error::ModelError::LayerProgram {
             what: "the experts of a model without experts",
         })?;
+        if e.beside_mlp {
+            return Self::load_beside(ld, layer_prefix, e);
+        }
         let (block, router, names) = match cfg.arch {
             Arch::Mixtral => ("block_sparse_moe", "gate", ["w1", "w3", "w2"]),
             Arch::GptOss => ("mlp", "router", ["gate_proj", "up_proj", "down_proj"]),
@@ -502,9 +528,83 @@ impl Experts {
                 kind: e.router,
                 top_k: e.top_k,
                 normalize: e.normalize_top_k,
+                scale: None,
             },
             shared,
+            beside: None,
         })
+    }
+
+    /// Gemma 4's experts of the layer at `prefix`, beside its dense MLP:
+    /// the router `router.proj` with its `router.scale` (and 1/sqrt(hidden))
+    /// folded in and its `router.per_expert_scale`, the experts stacked
+    /// (`experts.gate_up_proj` [experts, 2 inner, hidden], gate rows first;
+    /// `experts.down_proj` [experts, hidden, inner]), and the branch's
+    /// norms.
+    fn load_beside(ld: &Loader<'_>, prefix: &str, e: ExpertsConfig) -> Result<Self> {
+        let (n, d, i) = (e.num_experts, ld.cfg.hidden_size, e.inner);
+        let router = ld.linear(&format!("{prefix}.router.proj"), n, d, false)?;
+        let scale = ld.tensor(&format!("{prefix}.router.scale"), &[d])?;
+        let scale = (scale.to_dtype(DType::F32)? * (d as f64).powf(-0.5))?;
+        let (w, _) = crate::linear::dense_parts(&router)?;
+        let router = Linear::dense(
+            w.broadcast_mul(&scale.unsqueeze(0)?)?.to_dtype(ld.dtype)?,
+            None,
+        );
+        let per_expert = ld
+            .tensor(&format!("{prefix}.router.per_expert_scale"), &[n])?
+            .to_dtype(DType::F32)?
+            .to_vec1::<f32>()?;
+        let gate_up = ld.tensor(&format!("{prefix}.experts.gate_up_proj"), &[n, 2 * i, d])?;
+        let down = ld.tensor(&format!("{prefix}.experts.down_proj"), &[n, d, i])?;
+        let experts = (0..n)
+            .map(|x| {
+                let gate_up = gate_up.get(x)?;
+                let half = |part: usize| -> Result<Linear> {
+                    Ok(Linear::dense(
+                        gate_up.narrow(0, part * i, i)?.contiguous()?,
+                        None,
+                    ))
+                };
+                let down = Linear::dense(down.get(x)?.contiguous()?, None);
+                Ok(Mlp::from_parts(half(0)?, half(1)?, down, ld.cfg.activation))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let unweighted = RmsNorm {
+            weight: Tensor::ones(d, ld.dtype, ld.device)?,
+            eps: ld.cfg.rms_norm_eps as f32,
+        };
+        Ok(Self {
+            router,
+            experts,
+            rule: RouterRule {
+                kind: e.router,
+                top_k: e.top_k,
+                normalize: e.normalize_top_k,
+                scale: Some(per_expert.into()),
+            },
+            shared: None,
+            beside: Some(Box::new(BesideNorms {
+                router: unweighted,
+                input: ld.norm(&format!("{prefix}.pre_feedforward_layernorm_2"), d)?,
+                output: ld.norm(&format!("{prefix}.post_feedforward_layernorm_2"), d)?,
+            })),
+        })
+    }
+
+    /// The norms of a block beside the layer's dense MLP (Gemma 4).
+    pub(crate) fn beside(&self) -> Option<&BesideNorms> {
+        self.beside.as_deref()
+    }
+
+    /// What the router reads of rows `x`: `x` itself, or for a block beside
+    /// the dense MLP (whose `x` is the residual stream) `x` through the
+    /// router's unweighted norm.
+    fn router_input(&self, x: &Tensor) -> Result<Tensor> {
+        match &self.beside {
+            Some(b) => b.router.forward(x),
+            None => Ok(x.clone()),
+        }
     }
 
     /// The expert every token runs beside the routed ones, where the block
@@ -518,7 +618,7 @@ impl Experts {
     pub fn route(&self, x: &Tensor) -> Result<Routing> {
         let logits = self
             .router
-            .forward(x)?
+            .forward(&self.router_input(x)?)?
             .to_dtype(DType::F32)?
             .to_vec2::<f32>()?;
         let mut routing = Routing {
@@ -547,7 +647,7 @@ impl Experts {
 
     /// How the router chooses.
     pub(crate) fn rule(&self) -> RouterRule {
-        self.rule
+        self.rule.clone()
     }
 
     /// The weights `routing` gives its rows' chosen experts [n, top_k],
@@ -556,7 +656,7 @@ impl Experts {
     /// every expert at the chosen ones, renormalised where the rule does
     /// (a softmax over the top-k logits is that renormalisation).
     pub(crate) fn trainable_weights(&self, x: &Tensor, routing: &Routing) -> Result<Tensor> {
-        let logits = self.router.forward(x)?;
+        let logits = self.router.forward(&self.router_input(x)?)?;
         let shifted = logits.broadcast_sub(&logits.max_keepdim(1)?.detach())?;
         let exp = shifted.exp()?;
         let probs = exp.broadcast_div(&exp.sum_keepdim(1)?)?;
@@ -568,9 +668,21 @@ impl Experts {
             .map(|&e| e as u32)
             .collect();
         let idx = Tensor::from_vec(chosen, (routing.experts.len(), k), x.device())?;
-        let weights = probs.gather(&idx, 1)?;
+        let mut weights = probs.gather(&idx, 1)?;
         if self.rule.normalize || self.rule.kind == RouterKind::TopKSoftmax {
-            return Ok(weights.broadcast_div(&weights.sum_keepdim(1)?)?);
+            weights = weights.broadcast_div(&weights.sum_keepdim(1)?)?;
+        }
+        if let Some(scale) = &self.rule.scale {
+            // each chosen expert's learned scale, as `RouterRule::choose`
+            let chosen: Vec<f32> = routing
+                .experts
+                .iter()
+                .flatten()
+                .map(|&e| scale.get(e).copied().unwrap_or(1.0))
+                .collect();
+            let scale =
+                Tensor::from_vec(chosen, weights.shape(), x.device())?.to_dtype(weights.dtype())?;
+            weights = (weights * scale)?;
         }
         Ok(weights)
     }
@@ -654,13 +766,18 @@ impl Experts {
     }
 }
 
-/// A layer's feed-forward block: one gated MLP, or a mixture of experts.
+/// A layer's feed-forward block: one gated MLP, a mixture of experts, or
+/// both side by side.
 #[derive(Debug, Clone)]
 pub enum FeedForward {
     /// One gated MLP.
     Dense(Mlp),
     /// Experts behind a router.
     Experts(Experts),
+    /// A gated MLP and experts beside it on the same residual stream, each
+    /// branch normed, their sum the block's output (Gemma 4's
+    /// `enable_moe_block`).
+    DenseAndExperts(Mlp, Experts),
 }
 
 impl FeedForward {
@@ -669,6 +786,9 @@ impl FeedForward {
         match self {
             FeedForward::Dense(m) => m.linears(),
             FeedForward::Experts(e) => e.linears(),
+            FeedForward::DenseAndExperts(m, e) => {
+                m.linears().into_iter().chain(e.linears()).collect()
+            }
         }
     }
 
@@ -678,6 +798,9 @@ impl FeedForward {
         match self {
             FeedForward::Dense(m) => m.linears().into_iter().map(Linear::bytes).sum(),
             FeedForward::Experts(e) => e.token_bytes(),
+            FeedForward::DenseAndExperts(m, e) => {
+                m.linears().into_iter().map(Linear::bytes).sum::<usize>() + e.token_bytes()
+            }
         }
     }
 }

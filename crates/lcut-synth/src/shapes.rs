@@ -1075,6 +1075,7 @@ mod tests {
                 inner: 768,
                 normalize_top_k: true,
                 shared_inner: None,
+                beside_mlp: false,
             })
         );
         assert_eq!(cfg.sparse_layers, vec![true; 48]);

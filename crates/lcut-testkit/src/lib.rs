@@ -63,12 +63,13 @@ pub const MOE_CASES: [&str; 4] = [
 /// `fixtures/oracle/layouts` (Gemma 4 with per-type head widths, keys that
 /// are the values, per-layer inputs and its last two layers reading earlier
 /// layers' K/V; Qwen3.5 with three linear-attention layers to each full
-/// one, dense and with experts; names relative to `fixtures/oracle`): run by the tensor path's
+/// one, dense and with experts; Gemma 4 with experts beside its dense
+/// MLPs; names relative to `fixtures/oracle`): run by the tensor path's
 /// parity tests in f32. Apart from [`ORACLE_CASES`]: their fused steps
 /// are checked in `fused_step.rs` under the policies each layout runs, both
 /// have GGUF files ([`LAYOUT_GGUF_CASES`]), and they have no bf16, lens,
 /// SwiftKV or press references.
-pub const LAYOUT_CASES: [&str; 3] = [GEMMA4_CASE, QWEN35_CASE, QWEN35MOE_CASE];
+pub const LAYOUT_CASES: [&str; 4] = [GEMMA4_CASE, QWEN35_CASE, QWEN35MOE_CASE, GEMMA4MOE_CASE];
 
 /// The layout cases llama.cpp's converter writes as GGUF (`model.f32.gguf`,
 /// `model.q8_0.gguf`): Gemma 4 as `gemma4` (per-layer K/V head counts, the
@@ -81,6 +82,10 @@ pub const LAYOUT_GGUF_CASES: [&str; 3] = [GEMMA4_CASE, QWEN35_CASE, QWEN35MOE_CA
 /// The Gemma 4 reference case (shared K/V, per-layer inputs).
 pub const GEMMA4_CASE: &str = "layouts/gemma4-shared";
 
+/// The Gemma 4 mixture-of-experts reference case: each layer's dense MLP
+/// beside the top 2 of four experts, each branch with its own norms.
+pub const GEMMA4MOE_CASE: &str = "layouts/gemma4-moe";
+
 /// The Qwen3.5 reference case: eight layers, layers 3 and 7 full attention
 /// with an output gate, the others linear attention (Gated DeltaNet).
 pub const QWEN35_CASE: &str = "layouts/qwen35-hybrid";
@@ -90,13 +95,14 @@ pub const QWEN35_CASE: &str = "layouts/qwen35-hybrid";
 pub const QWEN35MOE_CASE: &str = "layouts/qwen35moe-shared";
 
 /// Every reference case whose layers route tokens to experts: the
-/// [`MOE_CASES`] and Qwen3.5-MoE's (a layout case too).
-pub const ROUTED_CASES: [&str; 5] = [
+/// [`MOE_CASES`], Qwen3.5-MoE's and Gemma 4's (layout cases too).
+pub const ROUTED_CASES: [&str; 6] = [
     MOE_CASES[0],
     MOE_CASES[1],
     MOE_CASES[2],
     MOE_CASES[3],
     QWEN35MOE_CASE,
+    GEMMA4MOE_CASE,
 ];
 
 /// The mixture-of-experts cases llama.cpp's converter writes as GGUF

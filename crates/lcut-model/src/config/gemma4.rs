@@ -7,9 +7,10 @@
 //! layers' proportional rotation), the keys that are the values on full
 //! layers (`attention_k_eq_v`), the per-layer inputs
 //! (`hidden_size_per_layer_input`), and which layers read another layer's
-//! K/V (`num_kv_shared_layers`). The variants lcut does not run yet are
-//! refused by name: the experts (`enable_moe_block`), the wider MLP of the
-//! shared layers (`use_double_wide_mlp`) and bidirectional attention.
+//! K/V (`num_kv_shared_layers`). Its experts (`enable_moe_block`) are read
+//! with the other families' (`read_experts`). The variants lcut does not
+//! run yet are refused by name: the wider MLP of the shared layers
+//! (`use_double_wide_mlp`) and bidirectional attention.
 
 use serde_json::{Map, Value};
 
@@ -145,13 +146,6 @@ pub(super) fn read(
 
 /// Refuse by name what lcut does not run of Gemma 4 yet.
 fn refuse_unrun(f: &Fields<'_>) -> Result<()> {
-    if f.opt_bool("enable_moe_block")? == Some(true) {
-        return Err(f.err(
-            "enable_moe_block",
-            "false: lcut does not run Gemma 4's expert block yet (its dense models it does)",
-            f.get("enable_moe_block"),
-        ));
-    }
     if f.opt_bool("use_double_wide_mlp")? == Some(true) {
         return Err(f.err(
             "use_double_wide_mlp",

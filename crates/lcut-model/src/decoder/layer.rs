@@ -45,6 +45,9 @@ pub(super) struct Layer {
     pub(super) mlp: FeedForward,
     /// The norm on the MLP output before the residual add (Gemma, OLMo).
     pub(super) mlp_out_norm: Option<RmsNorm>,
+    /// The norm on the dense MLP's own output where experts run beside it,
+    /// before the two are summed (Gemma 4's `post_feedforward_layernorm_1`).
+    pub(super) dense_out_norm: Option<RmsNorm>,
     /// The sliding window of keys a query reads, where the layer has one.
     pub(super) window: Option<usize>,
     /// Which RoPE the layer rotates by: 0 the model's, 1 the sliding
@@ -81,7 +84,7 @@ impl Layer {
     /// of experts.
     pub(super) fn dense_mlp(&self) -> Result<&Mlp> {
         match &self.mlp {
-            FeedForward::Dense(m) => Ok(m),
+            FeedForward::Dense(m) | FeedForward::DenseAndExperts(m, _) => Ok(m),
             FeedForward::Experts(_) => Err(ModelError::LayerProgram {
                 what: "a dense MLP step on a layer of experts",
             }),
@@ -95,6 +98,7 @@ impl Layer {
             Norm::AttentionOut => self.attn_out_norm.as_ref(),
             Norm::Mlp => self.mlp_in_norm.as_ref(),
             Norm::MlpOut => self.mlp_out_norm.as_ref(),
+            Norm::DenseOut => self.dense_out_norm.as_ref(),
         }
     }
 }
@@ -110,6 +114,9 @@ pub(super) enum Norm {
     Mlp,
     /// The MLP's output branch, in place (Gemma, OLMo).
     MlpOut,
+    /// The dense MLP's output branch, in place, where experts run beside it
+    /// (Gemma 4).
+    DenseOut,
 }
 
 /// A matrix product of the layer (bias included), by what it reads and
@@ -198,6 +205,13 @@ pub(super) trait LayerExecutor {
     /// summed with the router's weights.
     fn experts(&mut self, at: LayerAt<'_>) -> Result<()>;
 
+    /// The layer's experts beside its dense MLP (Gemma 4), added into the
+    /// branch (the dense MLP's normed output): the router reads the
+    /// residual stream through its own norm, the experts read it through
+    /// their input norm, and their weighted sum is normed by their output
+    /// norm.
+    fn experts_beside(&mut self, at: LayerAt<'_>) -> Result<()>;
+
     /// The branch added into the residual stream.
     fn join_branch(&mut self) -> Result<()>;
 
@@ -253,6 +267,13 @@ pub(super) fn run_layer(index: usize, layer: &Layer, e: &mut impl LayerExecutor)
             e.product(at, Product::Down)?;
         }
         FeedForward::Experts(_) => e.experts(at)?,
+        FeedForward::DenseAndExperts(..) => {
+            e.product(at, Product::GateUp)?;
+            e.gate(at)?;
+            e.product(at, Product::Down)?;
+            e.norm(at, Norm::DenseOut)?;
+            e.experts_beside(at)?;
+        }
     }
     if layer.mlp_out_norm.is_some() {
         e.norm(at, Norm::MlpOut)?;

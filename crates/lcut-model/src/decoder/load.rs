@@ -91,6 +91,8 @@ impl Decoder {
                 let p = format!("model.layers.{l}");
                 let norm = |name: &str| ld.norm(&format!("{p}.{name}"), d);
                 let (before, after) = (cfg.norms.before(), cfg.norms.after());
+                // experts beside the dense MLP (Gemma 4) rather than in its place
+                let beside = cfg.experts.is_some_and(|e| e.beside_mlp);
                 // a linear-attention layer (Qwen3.5): its Gated DeltaNet, and
                 // its output projection as the attention's
                 let linear = match &cfg.linear_attention {
@@ -121,13 +123,21 @@ impl Decoder {
                         NormPlacement::Sandwich => Some(norm("pre_feedforward_layernorm")?),
                         NormPlacement::Post => None,
                     },
-                    mlp: match cfg.sparse_layers.get(l) {
-                        Some(true) => FeedForward::Experts(Experts::load(&ld, &p)?),
+                    mlp: match (cfg.sparse_layers.get(l), beside) {
+                        (Some(true), false) => FeedForward::Experts(Experts::load(&ld, &p)?),
+                        (Some(true), true) => FeedForward::DenseAndExperts(
+                            Mlp::load(&ld, &format!("{p}.mlp"))?,
+                            Experts::load(&ld, &p)?,
+                        ),
                         _ => FeedForward::Dense(Mlp::load(&ld, &format!("{p}.mlp"))?),
                     },
                     mlp_out_norm: after
                         .then(|| norm("post_feedforward_layernorm"))
                         .transpose()?,
+                    dense_out_norm: match beside && cfg.sparse_layers.get(l) == Some(&true) {
+                        true => Some(norm("post_feedforward_layernorm_1")?),
+                        false => None,
+                    },
                     window: cfg.sliding_window[l],
                     rope: cfg.rotates[l].then_some(usize::from(
                         cfg.sliding_window[l].is_some() && cfg.sliding_rope.is_some(),

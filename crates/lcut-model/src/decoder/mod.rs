@@ -251,7 +251,7 @@ impl Decoder {
         let attn = attn.map(|(m, lin)| (format!("self_attn.{m}"), lin));
         // a layer of experts offers adapters its attention only
         let mlp = match &mut l.mlp {
-            FeedForward::Dense(m) => m.named_linears_mut(),
+            FeedForward::Dense(m) | FeedForward::DenseAndExperts(m, _) => m.named_linears_mut(),
             FeedForward::Experts(_) => vec![],
         };
         attn.chain(mlp.into_iter().map(|(m, lin)| (format!("mlp.{m}"), lin)))

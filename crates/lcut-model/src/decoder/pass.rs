@@ -21,7 +21,7 @@ use super::projected::{ChunkKv, Projected};
 use super::reads::BatchSoftmax;
 use super::{ChunkOutput, Decoder, LogitRows};
 use crate::error::Result;
-use crate::layers::{FeedForward, Qkv, swap_rows_heads};
+use crate::layers::{Experts, FeedForward, Qkv, Routing, swap_rows_heads};
 use crate::probe::{Probe, ResidualSite, RoutingView};
 use crate::sequence::Sequence;
 
@@ -272,12 +272,48 @@ impl CacheRun<'_, '_, '_> {
     }
 }
 
+impl TensorRows<'_, '_, '_> {
+    /// A probe that asks is shown the rows' routing at layer `at`.
+    fn show_routing(&mut self, at: LayerAt<'_>, routing: &Routing) -> Result<()> {
+        if let Keys::Cache(run) = &mut self.keys
+            && let Some(p) = run.probe.as_deref_mut()
+            && p.wants_routing(at.index)
+        {
+            p.on_routing(RoutingView {
+                layer: at.index,
+                positions: &self.present,
+                routing,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// The experts' weighted output for rows `x` routed by `routing` (the
+/// router having read `router_input`): in training the router learns
+/// through the weights (tensor ops); otherwise the rows grouped by expert
+/// where they can be.
+fn routed(
+    experts: &Experts,
+    router_input: &Tensor,
+    x: &Tensor,
+    routing: &Routing,
+) -> Result<Tensor> {
+    match x.track_op() {
+        true => {
+            let trainable = experts.trainable_weights(router_input, routing)?;
+            experts.forward_routed(x, routing, Some(&trainable))
+        }
+        false => super::grouped::experts_forward(experts, x, routing),
+    }
+}
+
 impl LayerExecutor for TensorRows<'_, '_, '_> {
     fn norm(&mut self, at: LayerAt<'_>, site: Norm) -> Result<()> {
         let norm = at.layer.norm(site).ok_or(unwritten("the norm"))?;
         match site {
             Norm::Attention | Norm::Mlp => self.input = Some(norm.forward(&self.hidden)?),
-            Norm::AttentionOut | Norm::MlpOut => {
+            Norm::AttentionOut | Norm::MlpOut | Norm::DenseOut => {
                 let branch = self.branch.take().ok_or(unwritten("the branch"))?;
                 self.branch = Some(norm.forward(&branch)?);
             }
@@ -469,25 +505,29 @@ impl LayerExecutor for TensorRows<'_, '_, '_> {
         };
         let x = self.input.take().ok_or(unwritten("the MLP's input"))?;
         let routing = experts.route(&x)?;
-        if let Keys::Cache(run) = &mut self.keys
-            && let Some(p) = run.probe.as_deref_mut()
-            && p.wants_routing(at.index)
-        {
-            p.on_routing(RoutingView {
-                layer: at.index,
-                positions: &self.present,
-                routing: &routing,
-            })?;
-        }
-        // training: the router learns through the weights (tensor ops);
-        // otherwise the chunk's rows grouped by expert where they can be
-        self.branch = Some(match x.track_op() {
-            true => {
-                let trainable = experts.trainable_weights(&x, &routing)?;
-                experts.forward_routed(&x, &routing, Some(&trainable))?
-            }
-            false => super::grouped::experts_forward(experts, &x, &routing)?,
-        });
+        self.show_routing(at, &routing)?;
+        self.branch = Some(routed(experts, &x, &x, &routing)?);
+        Ok(())
+    }
+
+    fn experts_beside(&mut self, at: LayerAt<'_>) -> Result<()> {
+        let FeedForward::DenseAndExperts(_, experts) = &at.layer.mlp else {
+            return Err(unwritten("the experts beside a dense MLP"));
+        };
+        let norms = experts
+            .beside()
+            .ok_or(unwritten("the norms of experts beside a dense MLP"))?;
+        let routing = experts.route(&self.hidden)?;
+        self.show_routing(at, &routing)?;
+        let x = norms.input.forward(&self.hidden)?;
+        let out = norms
+            .output
+            .forward(&routed(experts, &self.hidden, &x, &routing)?)?;
+        let dense = self
+            .branch
+            .take()
+            .ok_or(unwritten("the dense MLP's branch"))?;
+        self.branch = Some((dense + out)?);
         Ok(())
     }
 

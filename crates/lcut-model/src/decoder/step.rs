@@ -62,6 +62,8 @@ struct RowBuffers {
     /// Each row's input to every layer [layers * width] (Gemma 4's
     /// per-layer inputs), made once per pass.
     layer_inputs: Vec<f32>,
+    /// The dense MLP's branch while experts run beside it (Gemma 4).
+    dense_out: Vec<f32>,
     tmp: Vec<f32>,
     product: Vec<f32>,
     /// The experts' buffers: router logits, one expert's input rows, its
@@ -576,56 +578,14 @@ struct HostRows<'a, 'h, 'l, 'p, 'q> {
 }
 
 impl<'l> HostRows<'_, '_, 'l, '_, '_> {
-    /// The query and key parts of each lane's Q/K/V row at layer `l`, and
-    /// its lane (no keys on a layer that reads another's K/V).
-    fn query_key_rows<'s>(
-        &'s mut self,
-        l: usize,
-    ) -> impl Iterator<Item = (&'s mut Lane<'l>, &'s mut [f32], &'s mut [f32])> + 's {
-        let layer = &self.model.layers[l];
-        let h = self.dec.cfg.num_heads;
-        let hd = layer.head_dim;
-        let kv = match layer.kv_source {
-            Some(_) => 0,
-            None => layer.kv_heads,
-        };
-        let width = self.b.qkv.len() / self.lanes.len().max(1);
-        self.lanes
-            .iter_mut()
-            .zip(self.b.qkv.chunks_exact_mut(width.max(1)))
-            .map(move |(lane, row)| {
-                let (q, rest) = row.split_at_mut(h * hd);
-                (lane, q, &mut rest[..kv * hd])
-            })
-    }
-}
-
-impl LayerExecutor for HostRows<'_, '_, '_, '_, '_> {
-    fn norm(&mut self, at: LayerAt<'_>, site: Norm) -> Result<()> {
-        let w = self.model.layers[at.index]
-            .norm(site)
-            .ok_or(unwritten("the norm"))?;
-        let eps = self.dec.cfg.rms_norm_eps as f32;
-        let (n, d) = (self.lanes.len(), self.dec.cfg.hidden_size);
-        let b = &mut *self.b;
-        match site {
-            Norm::Attention | Norm::Mlp => ops::rms_norm(&b.hidden, w, eps, b.acts.fill(n, d))?,
-            Norm::AttentionOut | Norm::MlpOut => ops::rms_norm_in_place(&mut b.out, w, eps)?,
-        }
-        Ok(())
-    }
-
-    /// The router's logits for every lane's row, each row's experts chosen
-    /// by the model's rule, then each expert run once on the rows that
-    /// chose it (its matrices read once for all of them, the other
-    /// experts' not at all), its output weighed into theirs.
-    fn experts(&mut self, at: LayerAt<'_>) -> Result<()> {
+    /// Every lane's routing at layer `at` from the router's logits of the
+    /// rows in `b.acts` (a probe that asks is shown it).
+    fn route_rows(&mut self, at: LayerAt<'_>) -> Result<Routing> {
         let ex = self.model.layers[at.index]
             .experts
             .as_ref()
             .ok_or(unwritten("the experts (a dense layer)"))?;
-        let activation = self.model.layers[at.index].activation;
-        let (n, d) = (self.lanes.len(), self.dec.cfg.hidden_size);
+        let n = self.lanes.len();
         let held = self.held;
         let b = &mut *self.b;
         products(
@@ -657,6 +617,21 @@ impl LayerExecutor for HostRows<'_, '_, '_, '_, '_> {
                 routing: &routing,
             })?;
         }
+        Ok(routing)
+    }
+
+    /// The routed experts (and a shared expert) of layer `at` on the rows
+    /// in `b.acts` into `b.out`, each expert run once on the rows that chose
+    /// it.
+    fn run_routed(&mut self, at: LayerAt<'_>, routing: &Routing) -> Result<()> {
+        let ex = self.model.layers[at.index]
+            .experts
+            .as_ref()
+            .ok_or(unwritten("the experts (a dense layer)"))?;
+        let activation = self.model.layers[at.index].activation;
+        let (n, d) = (self.lanes.len(), self.dec.cfg.hidden_size);
+        let held = self.held;
+        let b = &mut *self.b;
         b.out.clear();
         b.out.resize(n * d, 0.0);
         for (e, expert) in ex.experts.iter().enumerate() {
@@ -734,6 +709,82 @@ impl LayerExecutor for HostRows<'_, '_, '_, '_, '_> {
                 o.iter_mut().zip(y).for_each(|(o, v)| *o += scale * v);
             }
         }
+        Ok(())
+    }
+
+    /// The query and key parts of each lane's Q/K/V row at layer `l`, and
+    /// its lane (no keys on a layer that reads another's K/V).
+    fn query_key_rows<'s>(
+        &'s mut self,
+        l: usize,
+    ) -> impl Iterator<Item = (&'s mut Lane<'l>, &'s mut [f32], &'s mut [f32])> + 's {
+        let layer = &self.model.layers[l];
+        let h = self.dec.cfg.num_heads;
+        let hd = layer.head_dim;
+        let kv = match layer.kv_source {
+            Some(_) => 0,
+            None => layer.kv_heads,
+        };
+        let width = self.b.qkv.len() / self.lanes.len().max(1);
+        self.lanes
+            .iter_mut()
+            .zip(self.b.qkv.chunks_exact_mut(width.max(1)))
+            .map(move |(lane, row)| {
+                let (q, rest) = row.split_at_mut(h * hd);
+                (lane, q, &mut rest[..kv * hd])
+            })
+    }
+}
+
+impl LayerExecutor for HostRows<'_, '_, '_, '_, '_> {
+    fn norm(&mut self, at: LayerAt<'_>, site: Norm) -> Result<()> {
+        let w = self.model.layers[at.index]
+            .norm(site)
+            .ok_or(unwritten("the norm"))?;
+        let eps = self.dec.cfg.rms_norm_eps as f32;
+        let (n, d) = (self.lanes.len(), self.dec.cfg.hidden_size);
+        let b = &mut *self.b;
+        match site {
+            Norm::Attention | Norm::Mlp => ops::rms_norm(&b.hidden, w, eps, b.acts.fill(n, d))?,
+            Norm::AttentionOut | Norm::MlpOut | Norm::DenseOut => {
+                ops::rms_norm_in_place(&mut b.out, w, eps)?
+            }
+        }
+        Ok(())
+    }
+
+    /// The router's logits for every lane's row (the MLP's input), each
+    /// row's experts chosen by the model's rule, then each expert run once
+    /// on the rows that chose it (its matrices read once for all of them,
+    /// the other experts' not at all), its output weighed into theirs.
+    fn experts(&mut self, at: LayerAt<'_>) -> Result<()> {
+        let routing = self.route_rows(at)?;
+        self.run_routed(at, &routing)
+    }
+
+    /// The router reads each row's residual through its unweighted norm,
+    /// the experts read it through their input norm; their sum, normed by
+    /// their output norm, is added to the dense MLP's branch.
+    fn experts_beside(&mut self, at: LayerAt<'_>) -> Result<()> {
+        let model = self.model;
+        let beside = model.layers[at.index]
+            .experts
+            .as_ref()
+            .and_then(|ex| ex.beside.as_ref())
+            .ok_or(unwritten("the norms of experts beside a dense MLP"))?;
+        let (n, d) = (self.lanes.len(), self.dec.cfg.hidden_size);
+        let eps = self.dec.cfg.rms_norm_eps as f32;
+        let b = &mut *self.b;
+        // the dense MLP's branch waits in `dense_out`
+        std::mem::swap(&mut b.out, &mut b.dense_out);
+        ops::rms_norm(&b.hidden, &beside.router, eps, b.acts.fill(n, d))?;
+        let routing = self.route_rows(at)?;
+        let b = &mut *self.b;
+        ops::rms_norm(&b.hidden, &beside.input, eps, b.acts.fill(n, d))?;
+        self.run_routed(at, &routing)?;
+        let b = &mut *self.b;
+        ops::rms_norm_in_place(&mut b.out, &beside.output, eps)?;
+        ops::add_in_place(&mut b.out, &b.dense_out)?;
         Ok(())
     }
 

@@ -17,7 +17,7 @@ use lcut_kernels::product::Matrix;
 use super::Decoder;
 use super::layer::{Norm, Product};
 use crate::error::{ModelError, Result};
-use crate::layers::{FeedForward, GateUpLinears, Mlp, QkvLinears, RmsNorm, RouterRule};
+use crate::layers::{Experts, FeedForward, GateUpLinears, Mlp, QkvLinears, RmsNorm, RouterRule};
 use crate::linear::Linear;
 use crate::mapped::MappedMatrix;
 
@@ -165,6 +165,8 @@ pub(crate) struct StepLayer {
     /// Each query head's sink logit, where the attention has them.
     pub(crate) sinks: Option<Vec<f32>>,
     pub(crate) mlp_out_norm: Option<Vec<f32>>,
+    /// The norm on the dense MLP's output where experts run beside it.
+    pub(crate) dense_out_norm: Option<Vec<f32>>,
     pub(crate) activation: GateActivation,
 }
 
@@ -176,6 +178,7 @@ impl StepLayer {
             Norm::AttentionOut => self.attn_out_norm.as_deref(),
             Norm::Mlp => self.mlp_in_norm.as_deref(),
             Norm::MlpOut => self.mlp_out_norm.as_deref(),
+            Norm::DenseOut => self.dense_out_norm.as_deref(),
         }
     }
 
@@ -217,6 +220,17 @@ pub(crate) struct StepExperts {
     pub(crate) rule: RouterRule,
     /// The expert every token runs, and its gate [1, hidden] (Qwen3.5-MoE).
     pub(crate) shared: Option<(StepExpert, StepLinear)>,
+    /// The norms of experts beside the dense MLP (Gemma 4).
+    pub(crate) beside: Option<StepBeside>,
+}
+
+/// The norms of experts beside the dense MLP as the step reads them: the
+/// router's input (unweighted: ones), the experts' input and their output.
+#[derive(Debug, Clone)]
+pub(crate) struct StepBeside {
+    pub(crate) router: Vec<f32>,
+    pub(crate) input: Vec<f32>,
+    pub(crate) output: Vec<f32>,
 }
 
 /// Gemma 4's per-layer inputs as the step makes them: the scaled
@@ -315,38 +329,18 @@ impl StepModel {
                     mlp.gate_activation(),
                 ),
                 FeedForward::Experts(e) => {
-                    let experts = e
-                        .experts()
-                        .iter()
-                        .map(|m| {
-                            Ok(StepExpert {
-                                gate_up: gate_up_of(&mut b, m)?,
-                                down: b.linear(m.down())?,
-                            })
-                        })
-                        .collect::<std::result::Result<Vec<_>, Skip>>()?;
                     let activation = match e.experts().first() {
                         Some(m) => m.gate_activation(),
                         None => GateActivation::Silu,
                     };
-                    let shared = match e.shared() {
-                        Some(s) => Some((
-                            StepExpert {
-                                gate_up: gate_up_of(&mut b, &s.mlp)?,
-                                down: b.linear(s.mlp.down())?,
-                            },
-                            b.linear(&s.gate)?,
-                        )),
-                        None => None,
-                    };
-                    let experts = StepExperts {
-                        router: b.linear(e.router())?,
-                        experts,
-                        rule: e.rule(),
-                        shared,
-                    };
-                    (Vec::new(), None, Some(experts), activation)
+                    (Vec::new(), None, Some(step_experts(&mut b, e)?), activation)
                 }
+                FeedForward::DenseAndExperts(mlp, e) => (
+                    gate_up_of(&mut b, mlp)?,
+                    Some(b.linear(mlp.down())?),
+                    Some(step_experts(&mut b, e)?),
+                    mlp.gate_activation(),
+                ),
             };
             let (q_norm, k_norm) = layer.attn.qk_norms();
             layers.push(StepLayer {
@@ -370,6 +364,7 @@ impl StepModel {
                 experts,
                 sinks,
                 mlp_out_norm: layer.mlp_out_norm.as_ref().map(norm).transpose()?,
+                dense_out_norm: layer.dense_out_norm.as_ref().map(norm).transpose()?,
                 activation,
             });
         }
@@ -389,6 +384,46 @@ impl StepModel {
             dense: b.dense,
         })
     }
+}
+
+/// A layer's experts as the step reads them: the router, every expert, a
+/// shared expert with its gate, the norms of a block beside the dense MLP.
+fn step_experts(b: &mut Builder, e: &Experts) -> std::result::Result<StepExperts, Skip> {
+    let experts = e
+        .experts()
+        .iter()
+        .map(|m| {
+            Ok(StepExpert {
+                gate_up: gate_up_of(b, m)?,
+                down: b.linear(m.down())?,
+            })
+        })
+        .collect::<std::result::Result<Vec<_>, Skip>>()?;
+    let shared = match e.shared() {
+        Some(s) => Some((
+            StepExpert {
+                gate_up: gate_up_of(b, &s.mlp)?,
+                down: b.linear(s.mlp.down())?,
+            },
+            b.linear(&s.gate)?,
+        )),
+        None => None,
+    };
+    let beside = match e.beside() {
+        Some(n) => Some(StepBeside {
+            router: norm(&n.router)?,
+            input: norm(&n.input)?,
+            output: norm(&n.output)?,
+        }),
+        None => None,
+    };
+    Ok(StepExperts {
+        router: b.linear(e.router())?,
+        experts,
+        rule: e.rule(),
+        shared,
+        beside,
+    })
 }
 
 /// The gate and up matrices of a gated MLP as the step reads them.

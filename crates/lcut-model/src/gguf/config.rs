@@ -590,7 +590,7 @@ fn gemma4_layers(m: &Meta<'_>, layers: u64, c: &mut Map<String, Value>) -> Resul
         return Err(ModelError::GgufExperts {
             path: m.path.to_path_buf(),
             what: format!(
-                "blk.{l}.ffn_gate_inp.weight (Gemma 4's expert block, which lcut does not run yet)"
+                "blk.{l}.ffn_gate_inp.weight (Gemma 4's expert block: lcut runs it from a Hugging Face folder, not yet from GGUF)"
             ),
         });
     }
