@@ -555,21 +555,20 @@ impl Experts {
             .tensor(&format!("{prefix}.router.per_expert_scale"), &[n])?
             .to_dtype(DType::F32)?
             .to_vec1::<f32>()?;
-        let gate_up = ld.tensor(&format!("{prefix}.experts.gate_up_proj"), &[n, 2 * i, d])?;
-        let down = ld.tensor(&format!("{prefix}.experts.down_proj"), &[n, d, i])?;
-        let experts = (0..n)
-            .map(|x| {
-                let gate_up = gate_up.get(x)?;
-                let half = |part: usize| -> Result<Linear> {
-                    Ok(Linear::dense(
-                        gate_up.narrow(0, part * i, i)?.contiguous()?,
-                        None,
-                    ))
-                };
-                let down = Linear::dense(down.get(x)?.contiguous()?, None);
-                Ok(Mlp::from_parts(half(0)?, half(1)?, down, ld.cfg.activation))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        // a GGUF kept quantized: each expert's matrices read in place (its
+        // gate and up halves of llama.cpp's fused `ffn_gate_up_exps`)
+        let one_by_one = format!("{prefix}.experts.0.gate_proj.weight");
+        let experts = if ld.quantized && ld.files.contains(&one_by_one) {
+            (0..n)
+                .map(|x| {
+                    let names = ["gate_proj", "up_proj", "down_proj"];
+                    let how = (i, Packing::OnFirstUse, false);
+                    Mlp::load_named(ld, &format!("{prefix}.experts.{x}"), names, how)
+                })
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            Self::stacked_beside(ld, prefix, (n, d, i))?
+        };
         let unweighted = RmsNorm {
             weight: Tensor::ones(d, ld.dtype, ld.device)?,
             eps: ld.cfg.rms_norm_eps as f32,
@@ -590,6 +589,31 @@ impl Experts {
                 output: ld.norm(&format!("{prefix}.post_feedforward_layernorm_2"), d)?,
             })),
         })
+    }
+
+    /// Gemma 4's stacked experts as dense matrices: `experts.gate_up_proj`
+    /// [experts, 2 inner, hidden] (each expert's gate rows first) and
+    /// `experts.down_proj` [experts, hidden, inner].
+    fn stacked_beside(
+        ld: &Loader<'_>,
+        prefix: &str,
+        (n, d, i): (usize, usize, usize),
+    ) -> Result<Vec<Mlp>> {
+        let gate_up = ld.tensor(&format!("{prefix}.experts.gate_up_proj"), &[n, 2 * i, d])?;
+        let down = ld.tensor(&format!("{prefix}.experts.down_proj"), &[n, d, i])?;
+        (0..n)
+            .map(|x| {
+                let gate_up = gate_up.get(x)?;
+                let half = |part: usize| -> Result<Linear> {
+                    Ok(Linear::dense(
+                        gate_up.narrow(0, part * i, i)?.contiguous()?,
+                        None,
+                    ))
+                };
+                let down = Linear::dense(down.get(x)?.contiguous()?, None);
+                Ok(Mlp::from_parts(half(0)?, half(1)?, down, ld.cfg.activation))
+            })
+            .collect()
     }
 
     /// The norms of a block beside the layer's dense MLP (Gemma 4).

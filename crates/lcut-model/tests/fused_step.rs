@@ -313,7 +313,7 @@ fn the_fused_step_equals_the_tensor_path_on_models_with_experts() -> Result<()> 
     // gpt-oss's file with MXFP4 experts (its own files' kind) too
     let files = lcut_testkit::MOE_GGUF_CASES
         .into_iter()
-        .chain([lcut_testkit::QWEN35MOE_CASE])
+        .chain([lcut_testkit::QWEN35MOE_CASE, lcut_testkit::GEMMA4MOE_CASE])
         .map(|name| (name, "model.q8_0.gguf"))
         .chain([("moe/gptoss-gguf", "model.mxfp4.gguf")]);
     for (name, file) in files {
@@ -325,6 +325,7 @@ fn the_fused_step_equals_the_tensor_path_on_models_with_experts() -> Result<()> 
             (n, _) if n.contains("mixtral") => "Mixtral Q8_0 GGUF",
             (n, _) if n.contains("gptoss") => "gpt-oss Q8_0 GGUF",
             (n, _) if n.contains("qwen35moe") => "Qwen3.5-MoE Q8_0 GGUF",
+            (n, _) if n.contains("gemma4") => "Gemma 4 MoE Q8_0 GGUF",
             _ => "Qwen3-MoE Q8_0 GGUF",
         };
         let reason = c.model.unfused_reason()?;

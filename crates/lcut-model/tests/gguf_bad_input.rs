@@ -417,6 +417,47 @@ fn damaged_qwen35_moe_files_are_named() {
     );
 }
 
+/// A Gemma 4 file with experts whose routers or counts cannot be the
+/// model is refused by name.
+#[test]
+fn damaged_gemma4_moe_files_are_named() {
+    let path = oracle_case(lcut_testkit::GEMMA4MOE_CASE).join("model.f32.gguf");
+    let good = || std::fs::read(&path).expect("fixture");
+    Decoder::load_as(&path, WeightMode::Dense(DType::F32), &Device::Cpu)
+        .expect("the fixture loads");
+    // five experts a token, of four
+    let mut b = good();
+    let at = after_string(&b, "gemma4.expert_used_count") + 4;
+    put_u32(&mut b, at, 5);
+    let (p, err, _d) = load(&b);
+    assert!(matches!(err, ModelError::GgufMetadata { .. }), "{err}");
+    assert_mentions(&err.to_string(), &[&shown(&p), "gemma4.expert_used_count"]);
+    // a router missing on one layer: the block is on every layer or none
+    let mut b = good();
+    let at = after_string(&b, "blk.3.ffn_gate_inp.weight") - "inp.weight".len();
+    b[at..at + 3].copy_from_slice(b"inq");
+    let (p, err, _d) = load(&b);
+    assert!(matches!(err, ModelError::MissingTensor { .. }), "{err}");
+    assert_mentions(
+        &err.to_string(),
+        &[
+            &shown(&p),
+            "blk.3.ffn_gate_inp.weight",
+            "every layer or none",
+        ],
+    );
+    // the fused experts of three experts' rows where the file counts four
+    let mut b = good();
+    let at = after_string(&b, "blk.1.ffn_gate_up_exps.weight") + 4 + 2 * 8;
+    put_u64(&mut b, at, 3);
+    let (p, err, _d) = load(&b);
+    assert!(matches!(err, ModelError::TensorShape { .. }), "{err}");
+    assert_mentions(
+        &err.to_string(),
+        &[&shown(&p), "blk.1.ffn_gate_up_exps.weight"],
+    );
+}
+
 /// Gemma 4 as llama.cpp's converter writes it (`gemma4`).
 fn gemma4_good() -> Vec<u8> {
     std::fs::read(oracle_case(lcut_testkit::GEMMA4_CASE).join("model.f32.gguf")).expect("fixture")

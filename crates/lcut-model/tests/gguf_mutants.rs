@@ -67,6 +67,14 @@ fn mutated_qwen35_moe_gguf_files_never_panic() {
     mutate(lcut_testkit::QWEN35MOE_CASE, 20261131);
 }
 
+/// A Gemma 4 file with experts beside its dense MLPs (`gemma4` with
+/// routers): the expert counts, the routers and their scales, the fused
+/// gate and up experts damaged in turn.
+#[test]
+fn mutated_gemma4_moe_gguf_files_never_panic() {
+    mutate(lcut_testkit::GEMMA4MOE_CASE, 20261132);
+}
+
 /// [`mutate_file`] on `case`'s Q8_0 file.
 fn mutate(case: &str, seed: u64) {
     mutate_file(case, "model.q8_0.gguf", seed);

@@ -35,7 +35,7 @@ const QMATMUL_MAX_REL: f32 = 0.05;
 const QMATMUL_MEAN_REL: f32 = 0.01;
 /// The cases whose Q8_0 file transformers runs faithfully (its GGUF loader,
 /// or for Mixtral the weights gguf-py dequantizes: `hf_gguf_logits.py`).
-const HF_GGUF_CASES: [&str; 9] = [
+const HF_GGUF_CASES: [&str; 10] = [
     "llama-gqa",
     "qwen2-bias",
     "phi3-fused",
@@ -45,6 +45,7 @@ const HF_GGUF_CASES: [&str; 9] = [
     lcut_testkit::QWEN35_CASE,
     lcut_testkit::GEMMA4_CASE,
     lcut_testkit::QWEN35MOE_CASE,
+    lcut_testkit::GEMMA4MOE_CASE,
 ];
 
 /// Whether a case routes its tokens to experts. Q8_0's rounding moves
@@ -56,7 +57,7 @@ const HF_GGUF_CASES: [&str; 9] = [
 /// (`q8_0_dequantized_equals_transformers_on_the_same_file`) and their
 /// quantized products to the dequantized path.
 fn routes(case: &str) -> bool {
-    case.starts_with("moe/") || case == lcut_testkit::QWEN35MOE_CASE
+    case.starts_with("moe/") || lcut_testkit::ROUTED_CASES.contains(&case)
 }
 
 /// Whether Q8_0 moves a case's logits by more than [`Q8_MAX_REL`] in
@@ -444,6 +445,24 @@ fn quantized_matrices_stay_quantized() -> Result<()> {
         );
         eprintln!("{case}: {} quantized matrices", q.quantized_matrices());
     }
+    Ok(())
+}
+
+/// Gemma 4's experts kept quantized are read in place, each expert's gate
+/// and up halves from llama.cpp's fused `ffn_gate_up_exps` (not
+/// dequantized, which a 26B-A4B file could not afford), and equal the same
+/// file dequantized (`q8_0_stays_within_its_quantization_error`).
+#[test]
+fn gemma4s_fused_expert_halves_are_read_in_place() -> Result<()> {
+    let path = oracle_case(lcut_testkit::GEMMA4MOE_CASE).join("model.q8_0.gguf");
+    let q = Decoder::load_as(&path, WeightMode::Quantized, &Device::Cpu)?;
+    let cfg = q.config();
+    let halves = 2 * cfg.experts.context("experts")?.num_experts * cfg.num_layers;
+    ensure!(
+        q.mapped_matrices() >= halves,
+        "{} matrices read in place, fewer than the {halves} gate and up halves",
+        q.mapped_matrices()
+    );
     Ok(())
 }
 

@@ -76,8 +76,9 @@ pub const LAYOUT_CASES: [&str; 4] = [GEMMA4_CASE, QWEN35_CASE, QWEN35MOE_CASE, G
 /// shared layers without K/V tensors, the full layers' proportional RoPE
 /// as `rope_freqs`), Qwen3.5 as `qwen35` (its norms stored as 1 + w, its
 /// decay rates as -exp(A_log) and its value heads reordered; Qwen3.5-MoE
-/// as `qwen35moe`, its experts stacked and its shared expert as `*_shexp`).
-pub const LAYOUT_GGUF_CASES: [&str; 3] = [GEMMA4_CASE, QWEN35_CASE, QWEN35MOE_CASE];
+/// as `qwen35moe`, its experts stacked and its shared expert as `*_shexp`;
+/// Gemma 4's experts as `ffn_gate_up_exps` with the router's scales).
+pub const LAYOUT_GGUF_CASES: [&str; 4] = [GEMMA4_CASE, QWEN35_CASE, QWEN35MOE_CASE, GEMMA4MOE_CASE];
 
 /// The Gemma 4 reference case (shared K/V, per-layer inputs).
 pub const GEMMA4_CASE: &str = "layouts/gemma4-shared";

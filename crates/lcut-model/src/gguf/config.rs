@@ -584,16 +584,7 @@ fn gemma3_layers(m: &Meta<'_>, layers: u64, c: &mut Map<String, Value>) -> Resul
 fn gemma4_layers(m: &Meta<'_>, layers: u64, c: &mut Map<String, Value>) -> Result<()> {
     c.insert("model_type".into(), json!("gemma4_text"));
     let tensors = &m.header.tensors;
-    if let Some(l) =
-        (0..layers).find(|l| tensors.contains_key(&format!("blk.{l}.ffn_gate_inp.weight")))
-    {
-        return Err(ModelError::GgufExperts {
-            path: m.path.to_path_buf(),
-            what: format!(
-                "blk.{l}.ffn_gate_inp.weight (Gemma 4's expert block: lcut runs it from a Hugging Face folder, not yet from GGUF)"
-            ),
-        });
-    }
+    gemma4_experts(m, layers, c)?;
     let window_key = m.key("attention.sliding_window");
     match m.opt_count(&window_key)? {
         Some(w) if w > 0 => {}
@@ -769,6 +760,39 @@ fn gemma4_layers(m: &Meta<'_>, layers: u64, c: &mut Map<String, Value>) -> Resul
             },
         }),
     );
+    Ok(())
+}
+
+/// Gemma 4's expert block beside each layer's dense MLP into `c`, where the
+/// layers have routers (`blk.N.ffn_gate_inp.weight`; every layer or none):
+/// the expert count, the experts a token runs and their width
+/// (`expert_count`, `expert_used_count`, `expert_feed_forward_length`).
+fn gemma4_experts(m: &Meta<'_>, layers: u64, c: &mut Map<String, Value>) -> Result<()> {
+    let routed = |l: u64| {
+        m.header
+            .tensors
+            .contains_key(&format!("blk.{l}.ffn_gate_inp.weight"))
+    };
+    let count = (0..layers).filter(|&l| routed(l)).count() as u64;
+    if count == 0 {
+        return Ok(());
+    }
+    if let Some(l) = (0..layers).find(|&l| !routed(l)) {
+        return Err(ModelError::MissingTensor {
+            folder: m.path.to_path_buf(),
+            name: format!(
+                "blk.{l}.ffn_gate_inp.weight (Gemma 4's expert block is on every layer or none; {count} of {layers} have a router)"
+            ),
+        });
+    }
+    c.insert("enable_moe_block".into(), json!(true));
+    for (hf, key) in [
+        ("num_experts", "expert_count"),
+        ("top_k_experts", "expert_used_count"),
+        ("moe_intermediate_size", "expert_feed_forward_length"),
+    ] {
+        c.insert(hf.into(), json!(m.count(&m.key(key))?));
+    }
     Ok(())
 }
 
@@ -978,7 +1002,7 @@ fn rope_scaling(m: &Meta<'_>) -> Result<Option<Value>> {
 
 /// Gemma 4's Hugging Face fields whose GGUF keys differ from [`KEYS`]' (a
 /// field, or a field's sub-field such as `per_layer_config.2.head_dim`).
-const GEMMA4_KEYS: [(&str, &str); 9] = [
+const GEMMA4_KEYS: [(&str, &str); 10] = [
     ("head_dim", "{a}.attention.key_length_swa"),
     ("global_head_dim", "{a}.attention.key_length"),
     ("num_key_value_heads", "{a}.attention.head_count_kv"),
@@ -994,6 +1018,7 @@ const GEMMA4_KEYS: [(&str, &str); 9] = [
         "per_layer_token_embd.weight (rows)",
     ),
     ("layer_types", "{a}.attention.sliding_window_pattern"),
+    ("top_k_experts", "{a}.expert_used_count"),
 ];
 
 /// Rename a Hugging Face field in a config error to the GGUF key it came from.

@@ -91,6 +91,9 @@ impl GgufFile {
     /// rows, columns], each expert's rows contiguous).
     fn view(&self, hf_name: &str, expected: &[usize]) -> Result<TensorView> {
         let (name, expert) = gguf_location(hf_name);
+        if let (Some(x), Some((fused, half))) = (expert, self.fused_half(&name)) {
+            return self.half_view(&fused, (x, half), expected);
+        }
         let Some(e) = self.header.tensors.get(&name) else {
             return Err(ModelError::MissingTensor {
                 folder: self.path.clone(),
@@ -132,6 +135,62 @@ impl GgufFile {
             type_id: e.type_id,
             dtype: e.dtype,
             start: e.start + expert * len,
+            len,
+        })
+    }
+
+    /// Where an expert's gate or up matrix (`blk.N.ffn_{gate,up}_exps`) lies
+    /// when the file holds neither but the two fused (`ffn_gate_up_exps`,
+    /// [experts, 2 inner, columns], each expert's gate rows then its up
+    /// rows: Gemma 4): the fused tensor's name and the half (0 gate, 1 up).
+    fn fused_half(&self, name: &str) -> Option<(String, usize)> {
+        if self.header.tensors.contains_key(name) {
+            return None;
+        }
+        let (half, part) = [(0, "ffn_gate_exps"), (1, "ffn_up_exps")]
+            .into_iter()
+            .find(|(_, p)| name.contains(p))?;
+        let fused = name.replace(part, "ffn_gate_up_exps");
+        self.header
+            .tensors
+            .contains_key(&fused)
+            .then_some((fused, half))
+    }
+
+    /// Expert `x`'s `half` (0 gate, 1 up) of the fused tensor `fused`,
+    /// checked against `expected` [inner, columns].
+    fn half_view(
+        &self,
+        fused: &str,
+        (x, half): (usize, usize),
+        expected: &[usize],
+    ) -> Result<TensorView> {
+        let e = &self.header.tensors[fused];
+        let count = self.config.experts.map_or(0, |c| c.num_experts);
+        let whole: Vec<usize> = match expected {
+            [rows, cols] => vec![count, 2 * rows, *cols],
+            _ => expected.to_vec(),
+        };
+        let name = format!(
+            "{fused} (expert {x}, {} rows)",
+            if half == 0 { "gate" } else { "up" }
+        );
+        if e.shape != whole || x >= count {
+            return Err(ModelError::TensorShape {
+                folder: self.path.clone(),
+                config: "the file's metadata",
+                name,
+                expected: whole,
+                found: e.shape.clone(),
+            });
+        }
+        // each expert's rows are contiguous, its gate rows then its up rows
+        let len = e.len / count / 2;
+        Ok(TensorView {
+            name,
+            type_id: e.type_id,
+            dtype: e.dtype,
+            start: e.start + (2 * x + half) * len,
             len,
         })
     }
@@ -305,7 +364,7 @@ fn gguf_location(hf_name: &str) -> (String, Option<usize>) {
             "per_layer_proj_norm.weight",
         ),
     ];
-    const LAYER: [(&str, &str); 32] = [
+    const LAYER: [(&str, &str); 36] = [
         ("input_layernorm", "attn_norm"),
         ("self_attn.q_proj", "attn_q"),
         ("self_attn.k_proj", "attn_k"),
@@ -337,6 +396,11 @@ fn gguf_location(hf_name: &str) -> (String, Option<usize>) {
         ("mlp.shared_expert.up_proj", "ffn_up_shexp"),
         ("mlp.shared_expert.down_proj", "ffn_down_shexp"),
         ("mlp.shared_expert_gate", "ffn_gate_inp_shexp"),
+        // Gemma 4's expert block beside the dense MLP
+        ("router.proj", "ffn_gate_inp"),
+        ("pre_feedforward_layernorm_2", "pre_ffw_norm_2"),
+        ("post_feedforward_layernorm_1", "post_ffw_norm_1"),
+        ("post_feedforward_layernorm_2", "post_ffw_norm_2"),
         // Gemma 4's per-layer inputs
         ("per_layer_input_gate", "inp_gate"),
         ("per_layer_projection", "proj"),
@@ -367,14 +431,19 @@ fn gguf_location(hf_name: &str) -> (String, Option<usize>) {
         "self_attn.sinks" => return (format!("blk.{layer}.attn_sinks.weight"), None),
         "linear_attn.A_log" => return (format!("blk.{layer}.ssm_a"), None),
         "linear_attn.dt_bias" => return (format!("blk.{layer}.ssm_dt.bias"), None),
-        // Gemma 4's scale of each layer's output
+        // Gemma 4's scale of each layer's output, its router's scales and
+        // its stacked experts
         "layer_scalar" => return (format!("blk.{layer}.layer_output_scale.weight"), None),
+        "router.scale" => return (format!("blk.{layer}.ffn_gate_inp.scale"), None),
+        "router.per_expert_scale" => return (format!("blk.{layer}.ffn_down_exps.scale"), None),
+        "experts.gate_up_proj" => return (format!("blk.{layer}.ffn_gate_up_exps.weight"), None),
+        "experts.down_proj" => return (format!("blk.{layer}.ffn_down_exps.weight"), None),
         _ => {}
     }
     let Some((module, param)) = rest.rsplit_once('.') else {
         return verbatim();
     };
-    let expert = ["mlp.experts.", "block_sparse_moe.experts."]
+    let expert = ["mlp.experts.", "block_sparse_moe.experts.", "experts."]
         .iter()
         .find_map(|p| module.strip_prefix(p))
         .and_then(|e| e.split_once('.'))
@@ -442,10 +511,9 @@ impl WeightSource for GgufWeights {
     /// Whether the file holds the tensor of this Hugging Face name.
     fn contains(&self, name: &str) -> bool {
         let name = self.name(name);
-        self.file
-            .header
-            .tensors
-            .contains_key(&gguf_location(&name).0)
+        let (gguf, expert) = gguf_location(&name);
+        self.file.header.tensors.contains_key(&gguf)
+            || (expert.is_some() && self.file.fused_half(&gguf).is_some())
     }
 
     /// Dequantize tensor `name` (shape checked) to `dtype` on `device`:
