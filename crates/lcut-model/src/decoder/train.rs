@@ -150,12 +150,16 @@ impl Decoder {
     }
 
     /// Refuse a range of layers past the model's depth, and a model the
-    /// training passes do not run yet: one whose layers take per-layer
-    /// inputs or read another layer's K/V (Gemma 4), or recur (Qwen3.5).
+    /// training passes do not run yet: Gemma 4 (per-layer inputs, shared
+    /// K/V, experts beside its MLPs; none of its variants is checked
+    /// against a reference trainer), or one whose layers recur (Qwen3.5).
     fn check_layers(&self, layers: &Range<usize>) -> Result<()> {
-        if self.layer_inputs.is_some() || self.sharing.any() {
+        if self.cfg.arch == crate::config::Arch::Gemma4
+            || self.layer_inputs.is_some()
+            || self.sharing.any()
+        {
             return Err(refuse(
-                "a model whose layers take per-layer inputs or share K/V (Gemma 4): lcut does not train it yet"
+                "Gemma 4 (layers that take per-layer inputs, share K/V or run experts beside their MLPs): lcut does not train it yet"
                     .into(),
             ));
         }
