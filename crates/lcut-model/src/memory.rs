@@ -213,9 +213,20 @@ pub fn parameter_count(cfg: &ModelConfig) -> u64 {
             + values * d
             + norms
     };
-    // a sparse layer: the router and every expert's gated MLP
+    // a sparse layer: the router and every expert's gated MLP, a shared
+    // expert and its one-row gate (Qwen3.5-MoE); experts beside the dense
+    // MLP (Gemma 4) add to it the router's scale, the per-expert scales and
+    // the branch's three norms
     let mlp = |sparse: bool| match (sparse, cfg.experts) {
-        (true, Some(e)) => e.num_experts * d + e.num_experts * 3 * d * e.inner,
+        (true, Some(e)) => {
+            let routed = e.num_experts * d + e.num_experts * 3 * d * e.inner;
+            let shared = e.shared_inner.map_or(0, |s| 3 * d * s + d);
+            let beside = match e.beside_mlp {
+                true => 3 * d * i + d + e.num_experts + 3 * d,
+                false => 0,
+            };
+            routed + shared + beside
+        }
         _ => 3 * d * i,
     };
     // Gemma 4's per-layer inputs: each layer's gate, projection and norm,

@@ -198,3 +198,16 @@ fn qwen35_counts_its_linear_layers_and_keeps_states_apart_from_kv() -> anyhow::R
     assert!(seq.recurrent_state(3).is_none());
     Ok(())
 }
+
+/// The two mixtures of experts of the newer layouts count every weight:
+/// Qwen3.5-MoE's shared expert and its gate beside the routed experts,
+/// Gemma 4's dense MLP, router scales and branch norms beside its experts.
+#[test]
+fn the_newer_mixtures_count_their_own_weights() -> anyhow::Result<()> {
+    for case in [lcut_testkit::QWEN35MOE_CASE, lcut_testkit::GEMMA4MOE_CASE] {
+        let dir = lcut_testkit::oracle_case(case);
+        let cfg = ModelConfig::from_folder(&dir)?;
+        assert_eq!(parameter_count(&cfg), values_written(&dir)?, "{case}");
+    }
+    Ok(())
+}
