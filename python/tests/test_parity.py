@@ -40,8 +40,8 @@ def max_abs(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
 
 
-def test_all_twenty_reference_cases_are_here():
-    assert (len(DENSE), len(EXPERTS), len(LAYOUTS)) == (11, 5, 4), CASES
+def test_all_twenty_one_reference_cases_are_here():
+    assert (len(DENSE), len(EXPERTS), len(LAYOUTS)) == (11, 5, 5), CASES
 
 
 @pytest.mark.parametrize("case", CASES)

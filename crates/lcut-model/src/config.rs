@@ -491,6 +491,20 @@ pub struct ModelConfig {
     /// output is multiplied by its sigmoid before the output projection
     /// (Qwen3.5's full layers).
     pub attn_output_gate: bool,
+    /// The layers whose dense MLP is twice `intermediate_size` wide
+    /// (Gemma 4's `use_double_wide_mlp`: the layers that read another
+    /// layer's K/V); empty for every other model.
+    pub double_wide_mlp: Vec<bool>,
+}
+
+impl ModelConfig {
+    /// The inner width of layer `l`'s dense MLP.
+    pub fn mlp_width(&self, l: usize) -> usize {
+        match self.double_wide_mlp.get(l) {
+            Some(true) => 2 * self.intermediate_size,
+            _ => self.intermediate_size,
+        }
+    }
 }
 
 /// Largest width, head count, head width or vocabulary a config may claim
@@ -770,6 +784,10 @@ impl ModelConfig {
             _ => 1e-6,
         };
         let (experts, sparse_layers) = read_experts(f, arch, num_layers)?;
+        let double_wide_mlp = match &gemma4 {
+            Some(g) => g.double_wide_mlp.clone(),
+            None => Vec::new(),
+        };
         let (sliding_window, layer_attention, per_layer_input) = match gemma4 {
             Some(g) => (g.windows, g.attention, g.per_layer_input),
             None => (
@@ -856,6 +874,7 @@ impl ModelConfig {
             layer_scalars: arch == Arch::Gemma4,
             linear_attention,
             attn_output_gate: arch.is_qwen35(),
+            double_wide_mlp,
         })
     }
 
@@ -1748,7 +1767,13 @@ mod tests {
 
     #[test]
     fn gemma4_reads_layer_shapes_sharing_and_its_ropes() {
+        // the shared layers' MLPs twice as wide where the config says so
+        let wide = gemma4(r#", "use_double_wide_mlp": true"#).unwrap();
+        let widths: Vec<usize> = (0..6).map(|l| wide.mlp_width(l)).collect();
+        let i = wide.intermediate_size;
+        assert_eq!(widths, vec![i, i, i, i, 2 * i, 2 * i]);
         let c = gemma4("").unwrap();
+        assert!((0..6).all(|l| c.mlp_width(l) == c.intermediate_size));
         assert_eq!(c.arch, Arch::Gemma4);
         let shapes: Vec<(usize, usize, bool, Option<usize>)> = c
             .layer_attention
@@ -1863,11 +1888,6 @@ mod tests {
                 r#", "enable_moe_block": true, "top_k_experts": 2, "moe_intermediate_size": 8"#,
                 "num_experts",
                 "positive",
-            ),
-            (
-                r#", "use_double_wide_mlp": true"#,
-                "use_double_wide_mlp",
-                "double-width",
             ),
             (
                 r#", "use_bidirectional_attention": "all""#,

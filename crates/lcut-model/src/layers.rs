@@ -187,8 +187,9 @@ impl Mlp {
         &self.down
     }
 
-    pub(crate) fn load(ld: &Loader<'_>, prefix: &str) -> Result<Self> {
-        let (d, i) = (ld.cfg.hidden_size, ld.cfg.intermediate_size);
+    /// The dense MLP at `prefix` of inner width `i`.
+    pub(crate) fn load(ld: &Loader<'_>, prefix: &str, i: usize) -> Result<Self> {
+        let d = ld.cfg.hidden_size;
         if !ld.cfg.fused_gate_up {
             return Self::load_named(
                 ld,

@@ -171,7 +171,7 @@ impl fmt::Display for MemoryEstimate {
 
 /// Number of parameters of a model of this config.
 pub fn parameter_count(cfg: &ModelConfig) -> u64 {
-    let (v, d, i) = (cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size);
+    let (v, d) = (cfg.vocab_size, cfg.hidden_size);
     let h = cfg.num_heads;
     let norms = match cfg.norms {
         NormPlacement::Sandwich => 4 * d,
@@ -217,17 +217,17 @@ pub fn parameter_count(cfg: &ModelConfig) -> u64 {
     // expert and its one-row gate (Qwen3.5-MoE); experts beside the dense
     // MLP (Gemma 4) add to it the router's scale, the per-expert scales and
     // the branch's three norms
-    let mlp = |sparse: bool| match (sparse, cfg.experts) {
+    let mlp = |l: usize, sparse: bool| match (sparse, cfg.experts) {
         (true, Some(e)) => {
             let routed = e.num_experts * d + e.num_experts * 3 * d * e.inner;
             let shared = e.shared_inner.map_or(0, |s| 3 * d * s + d);
             let beside = match e.beside_mlp {
-                true => 3 * d * i + d + e.num_experts + 3 * d,
+                true => 3 * d * cfg.mlp_width(l) + d + e.num_experts + 3 * d,
                 false => 0,
             };
             routed + shared + beside
         }
-        _ => 3 * d * i,
+        _ => 3 * d * cfg.mlp_width(l),
     };
     // Gemma 4's per-layer inputs: each layer's gate, projection and norm,
     // the table and the embedding's projection into every layer's input
@@ -247,7 +247,7 @@ pub fn parameter_count(cfg: &ModelConfig) -> u64 {
                 Some(la) if la.is_linear(l) => linear(la),
                 _ => cfg.layer_attention.get(l).map_or(0, attention),
             };
-            mixer + mlp(sparse) + per_layer
+            mixer + mlp(l, sparse) + per_layer
         })
         .sum();
     let head = if cfg.tie_word_embeddings { 0 } else { v * d };
@@ -312,7 +312,11 @@ pub fn estimate(
     let (h, d, i) = (
         cfg.num_heads as u64,
         cfg.hidden_size as u64,
-        cfg.intermediate_size as u64,
+        // the widest MLP (Gemma 4's shared layers' may be twice as wide)
+        (0..cfg.num_layers)
+            .map(|l| cfg.mlp_width(l))
+            .max()
+            .unwrap_or(cfg.intermediate_size) as u64,
     );
     let block = (h * n * keys).min(block_elems as u64);
     // scores in the dtype, in f32, masked, softmax (f32), probabilities in

@@ -458,6 +458,31 @@ fn damaged_gemma4_moe_files_are_named() {
     );
 }
 
+/// A Gemma 4 file whose per-layer MLP widths are not the shared layers'
+/// twice the others' is refused by name (llama.cpp's `use_double_wide_mlp`
+/// is the one profile lcut runs).
+#[test]
+fn gemma4_mlp_widths_other_than_double_wide_are_named() {
+    let path = oracle_case(lcut_testkit::GEMMA4WIDE_CASE).join("model.f32.gguf");
+    let file = GgufFile::open(&path).expect("the fixture loads");
+    assert_eq!(
+        (0..4)
+            .map(|l| file.config().mlp_width(l))
+            .collect::<Vec<_>>(),
+        vec![96, 96, 192, 192]
+    );
+    // layer 3's width 191: neither the others' nor twice theirs
+    let mut b = std::fs::read(&path).expect("fixture");
+    let at = after_string(&b, "gemma4.feed_forward_length") + 4 + 4 + 8 + 3 * 4;
+    put_u32(&mut b, at, 191);
+    let (p, err, _d) = load(&b);
+    assert!(matches!(err, ModelError::GgufMetadata { .. }), "{err}");
+    assert_mentions(
+        &err.to_string(),
+        &[&shown(&p), "gemma4.feed_forward_length", "twice"],
+    );
+}
+
 /// Gemma 4 as llama.cpp's converter writes it (`gemma4`).
 fn gemma4_good() -> Vec<u8> {
     std::fs::read(oracle_case(lcut_testkit::GEMMA4_CASE).join("model.f32.gguf")).expect("fixture")

@@ -75,6 +75,13 @@ fn mutated_gemma4_moe_gguf_files_never_panic() {
     mutate(lcut_testkit::GEMMA4MOE_CASE, 20261132);
 }
 
+/// A Gemma 4 file whose shared layers' MLPs are twice as wide (one
+/// `feed_forward_length` per layer) damaged in turn.
+#[test]
+fn mutated_gemma4_wide_gguf_files_never_panic() {
+    mutate(lcut_testkit::GEMMA4WIDE_CASE, 20261133);
+}
+
 /// [`mutate_file`] on `case`'s Q8_0 file.
 fn mutate(case: &str, seed: u64) {
     mutate_file(case, "model.q8_0.gguf", seed);

@@ -35,7 +35,7 @@ const QMATMUL_MAX_REL: f32 = 0.05;
 const QMATMUL_MEAN_REL: f32 = 0.01;
 /// The cases whose Q8_0 file transformers runs faithfully (its GGUF loader,
 /// or for Mixtral the weights gguf-py dequantizes: `hf_gguf_logits.py`).
-const HF_GGUF_CASES: [&str; 10] = [
+const HF_GGUF_CASES: [&str; 11] = [
     "llama-gqa",
     "qwen2-bias",
     "phi3-fused",
@@ -46,6 +46,7 @@ const HF_GGUF_CASES: [&str; 10] = [
     lcut_testkit::GEMMA4_CASE,
     lcut_testkit::QWEN35MOE_CASE,
     lcut_testkit::GEMMA4MOE_CASE,
+    lcut_testkit::GEMMA4WIDE_CASE,
 ];
 
 /// Whether a case routes its tokens to experts. Q8_0's rounding moves
@@ -69,7 +70,13 @@ fn routes(case: &str) -> bool {
 /// 1.0 of 3.35); and Gemma 4's, whose policy runs move by 0.228 in
 /// transformers (SPEED at cut 2 with BoS; 0.122 at full depth).
 fn held_to_its_own_q8_0(case: &str) -> bool {
-    routes(case) || [lcut_testkit::QWEN35_CASE, lcut_testkit::GEMMA4_CASE].contains(&case)
+    routes(case)
+        || [
+            lcut_testkit::QWEN35_CASE,
+            lcut_testkit::GEMMA4_CASE,
+            lcut_testkit::GEMMA4WIDE_CASE,
+        ]
+        .contains(&case)
 }
 
 fn load(case: &str, file: &str, mode: WeightMode) -> Result<(ReferenceCase, Decoder)> {

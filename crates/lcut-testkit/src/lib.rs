@@ -69,7 +69,13 @@ pub const MOE_CASES: [&str; 4] = [
 /// are checked in `fused_step.rs` under the policies each layout runs, both
 /// have GGUF files ([`LAYOUT_GGUF_CASES`]), and they have no bf16, lens,
 /// SwiftKV or press references.
-pub const LAYOUT_CASES: [&str; 4] = [GEMMA4_CASE, QWEN35_CASE, QWEN35MOE_CASE, GEMMA4MOE_CASE];
+pub const LAYOUT_CASES: [&str; 5] = [
+    GEMMA4_CASE,
+    QWEN35_CASE,
+    QWEN35MOE_CASE,
+    GEMMA4MOE_CASE,
+    GEMMA4WIDE_CASE,
+];
 
 /// The layout cases llama.cpp's converter writes as GGUF (`model.f32.gguf`,
 /// `model.q8_0.gguf`): Gemma 4 as `gemma4` (per-layer K/V head counts, the
@@ -78,10 +84,20 @@ pub const LAYOUT_CASES: [&str; 4] = [GEMMA4_CASE, QWEN35_CASE, QWEN35MOE_CASE, G
 /// decay rates as -exp(A_log) and its value heads reordered; Qwen3.5-MoE
 /// as `qwen35moe`, its experts stacked and its shared expert as `*_shexp`;
 /// Gemma 4's experts as `ffn_gate_up_exps` with the router's scales).
-pub const LAYOUT_GGUF_CASES: [&str; 4] = [GEMMA4_CASE, QWEN35_CASE, QWEN35MOE_CASE, GEMMA4MOE_CASE];
+pub const LAYOUT_GGUF_CASES: [&str; 5] = [
+    GEMMA4_CASE,
+    QWEN35_CASE,
+    QWEN35MOE_CASE,
+    GEMMA4MOE_CASE,
+    GEMMA4WIDE_CASE,
+];
 
 /// The Gemma 4 reference case (shared K/V, per-layer inputs).
 pub const GEMMA4_CASE: &str = "layouts/gemma4-shared";
+
+/// The Gemma 4 case whose shared layers' MLPs are twice as wide
+/// (`use_double_wide_mlp`; GGUF: one `feed_forward_length` per layer).
+pub const GEMMA4WIDE_CASE: &str = "layouts/gemma4-wide";
 
 /// The Gemma 4 mixture-of-experts reference case: each layer's dense MLP
 /// beside the top 2 of four experts, each branch with its own norms.

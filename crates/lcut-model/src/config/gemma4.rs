@@ -9,8 +9,9 @@
 //! (`hidden_size_per_layer_input`), and which layers read another layer's
 //! K/V (`num_kv_shared_layers`). Its experts (`enable_moe_block`) are read
 //! with the other families' (`read_experts`). The variants lcut does not
-//! run yet are refused by name: the wider MLP of the shared layers
-//! (`use_double_wide_mlp`) and bidirectional attention.
+//! run yet are refused by name: bidirectional attention. The shared layers'
+//! MLPs twice as wide (`use_double_wide_mlp`) are read as transformers runs
+//! them.
 
 use serde_json::{Map, Value};
 
@@ -40,6 +41,9 @@ pub(super) struct Layout {
     pub(super) sliding_rope: RopeConfig,
     /// The per-layer inputs, where the model has them.
     pub(super) per_layer_input: Option<PerLayerInput>,
+    /// The layers whose MLP is twice as wide (`use_double_wide_mlp`: the
+    /// layers that read another layer's K/V).
+    pub(super) double_wide_mlp: Vec<bool>,
 }
 
 /// Read the Gemma 4 fields of `f` for a model of `num_layers` layers of
@@ -135,7 +139,13 @@ pub(super) fn read(
         full_dims.first().copied().unwrap_or(full_shape.1),
         sliding_dims.first().copied().unwrap_or(head_dim),
     )?;
+    let double_wide = f.opt_bool("use_double_wide_mlp")?.unwrap_or(false);
+    let double_wide_mlp = attention
+        .iter()
+        .map(|a| double_wide && a.kv_source.is_some())
+        .collect();
     Ok(Layout {
+        double_wide_mlp,
         windows,
         attention,
         full_rope,
@@ -146,13 +156,6 @@ pub(super) fn read(
 
 /// Refuse by name what lcut does not run of Gemma 4 yet.
 fn refuse_unrun(f: &Fields<'_>) -> Result<()> {
-    if f.opt_bool("use_double_wide_mlp")? == Some(true) {
-        return Err(f.err(
-            "use_double_wide_mlp",
-            "false: lcut does not run the shared layers' double-width MLP yet",
-            f.get("use_double_wide_mlp"),
-        ));
-    }
     match f.opt_str("use_bidirectional_attention")? {
         // "vision" changes only image tokens' attention: text stays causal
         None | Some("vision") => Ok(()),

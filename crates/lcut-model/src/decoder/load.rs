@@ -126,10 +126,14 @@ impl Decoder {
                     mlp: match (cfg.sparse_layers.get(l), beside) {
                         (Some(true), false) => FeedForward::Experts(Experts::load(&ld, &p)?),
                         (Some(true), true) => FeedForward::DenseAndExperts(
-                            Mlp::load(&ld, &format!("{p}.mlp"))?,
+                            Mlp::load(&ld, &format!("{p}.mlp"), cfg.mlp_width(l))?,
                             Experts::load(&ld, &p)?,
                         ),
-                        _ => FeedForward::Dense(Mlp::load(&ld, &format!("{p}.mlp"))?),
+                        _ => FeedForward::Dense(Mlp::load(
+                            &ld,
+                            &format!("{p}.mlp"),
+                            cfg.mlp_width(l),
+                        )?),
                     },
                     mlp_out_norm: after
                         .then(|| norm("post_feedforward_layernorm"))

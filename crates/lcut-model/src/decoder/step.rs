@@ -918,7 +918,7 @@ impl LayerExecutor for HostRows<'_, '_, '_, '_, '_> {
 
     fn gate(&mut self, at: LayerAt<'_>) -> Result<()> {
         let layer = &self.model.layers[at.index];
-        let inner = self.dec.cfg.intermediate_size;
+        let inner = self.dec.cfg.mlp_width(at.index);
         let b = &mut *self.b;
         gated_rows(&mut b.gate_up, inner, layer.activation, &mut b.acts)
     }

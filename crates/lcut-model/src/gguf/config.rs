@@ -415,10 +415,13 @@ fn sizes(m: &Meta<'_>, arch: Arch, c: &mut Map<String, Value>) -> Result<u64> {
     let heads = m.count(&m.key("attention.head_count"))?;
     c.insert("num_hidden_layers".into(), json!(layers));
     c.insert("hidden_size".into(), json!(hidden));
-    c.insert(
-        "intermediate_size".into(),
-        json!(m.count(&m.key("feed_forward_length"))?),
-    );
+    // Gemma 4's may differ by layer (`gemma4_layers`)
+    if arch != Arch::Gemma4 {
+        c.insert(
+            "intermediate_size".into(),
+            json!(m.count(&m.key("feed_forward_length"))?),
+        );
+    }
     c.insert("num_attention_heads".into(), json!(heads));
     if arch == Arch::Gemma4 {
         return Ok(layers);
@@ -665,6 +668,7 @@ fn gemma4_layers(m: &Meta<'_>, layers: u64, c: &mut Map<String, Value>) -> Resul
         .opt_count(&m.key("attention.shared_kv_layers"))?
         .unwrap_or(0);
     c.insert("num_kv_shared_layers".into(), json!(shared));
+    mlp_widths(m, (layers, shared), c)?;
     // keys as values: the full layers that hold K/V and have no value
     // projection; all or none of them (transformers' one flag)
     let owns_kv = |l: u64| l < layers.saturating_sub(shared);
@@ -793,6 +797,47 @@ fn gemma4_experts(m: &Meta<'_>, layers: u64, c: &mut Map<String, Value>) -> Resu
     ] {
         c.insert(hf.into(), json!(m.count(&m.key(key))?));
     }
+    Ok(())
+}
+
+/// Gemma 4's MLP widths into `c`: `feed_forward_length` once, or one per
+/// layer where the `shared` last layers' are twice the others' (the
+/// converter's `use_double_wide_mlp`); any other profile is refused.
+fn mlp_widths(
+    m: &Meta<'_>,
+    (layers, shared): (u64, u64),
+    c: &mut Map<String, Value>,
+) -> Result<()> {
+    let key = m.key("feed_forward_length");
+    let widths = per_layer_counts(m, &key, layers)?;
+    if shared >= layers {
+        // no layer left to hold K/V: the config reader names the count
+        c.insert("intermediate_size".into(), json!(widths[0]));
+        return Ok(());
+    }
+    let first_shared = layers.saturating_sub(shared) as usize;
+    let base = widths[0];
+    let double = widths
+        .iter()
+        .enumerate()
+        .any(|(l, &w)| l >= first_shared && w != base);
+    let fits = widths.iter().enumerate().all(|(l, &w)| {
+        w == match (double, l >= first_shared) {
+            (true, true) => 2 * base,
+            _ => base,
+        }
+    });
+    if !fits {
+        return Err(m.err(
+            &key,
+            &format!(
+                "one width, or one per layer with the last {shared} (the layers that share K/V) twice the others'"
+            ),
+            m.get(&key),
+        ));
+    }
+    c.insert("intermediate_size".into(), json!(base));
+    c.insert("use_double_wide_mlp".into(), json!(double));
     Ok(())
 }
 
