@@ -259,8 +259,12 @@ impl Decoder {
         let HostRows { lanes, b, .. } = host;
         for lane in lanes.iter_mut() {
             lane.seq.next_pos = lane.pos + 1;
-            // the rows stored for the layers that read another's cache
-            // and kept by none of its readers
+            // the rows stored for the layers whose cache another layer
+            // reads and kept by none of its readers (no work on a model
+            // whose layers share nothing)
+            if !self.sharing.any() {
+                continue;
+            }
             let seq = &mut *lane.seq;
             for l in (0..self.layers.len()).filter(|&l| !self.sharing.kept_by_own_rule(l)) {
                 if self.sharing.stores(l) {
@@ -301,6 +305,8 @@ impl Decoder {
         let group_size = h / kv;
         let (seq, pos, s) = (&mut *lane.seq, lane.pos, &mut *lane.scratch);
         let (q, rest) = qkv.split_at(h * hd);
+        // whether this layer alone reads its cache (no other layer shares it)
+        let own_rule = self.sharing.kept_by_own_rule(l);
         let own = match source {
             Some(_) => None,
             None => Some(rest.split_at(kv * hd)),
@@ -312,7 +318,7 @@ impl Decoder {
             }
             let (rule, share) = (seq.rule.as_ref(), &self.sharing);
             let keeps = |head: usize| share.head_retains(rule, l, head, pos);
-            let stored: Vec<bool> = match (share.kept_by_own_rule(l), share.heads_differ(rule, l)) {
+            let stored: Vec<bool> = match (own_rule, share.heads_differ(rule, l)) {
                 // a later layer of this pass reads the token here: stored,
                 // and dropped after the pass where no reader keeps it
                 (false, _) => vec![true; kv],
@@ -331,7 +337,7 @@ impl Decoder {
             window,
             queries: &[pos],
             kv_heads: kv,
-            own_rows: self.sharing.kept_by_own_rule(l),
+            own_rows: own_rule,
         };
         let cache = &seq.caches[source.unwrap_or(l)];
         let groups = s.reads.plan(seq.rule.as_ref(), &ask, cache);
