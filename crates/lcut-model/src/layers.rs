@@ -104,6 +104,15 @@ impl Loader<'_> {
             eps: self.cfg.rms_norm_eps as f32,
         })
     }
+
+    /// An RMSNorm over `width` values with no learned weight (ones): Gemma
+    /// 4's value norm and its router's input norm.
+    pub fn unweighted_norm(&self, width: usize) -> Result<RmsNorm> {
+        Ok(RmsNorm {
+            weight: Tensor::ones(width, self.dtype, self.device)?,
+            eps: self.cfg.rms_norm_eps as f32,
+        })
+    }
 }
 
 /// When a matrix read in place from a GGUF file is packed into the kernels'
@@ -390,6 +399,17 @@ pub(crate) struct RouterRule {
 }
 
 impl RouterRule {
+    /// The rule `e` describes, each chosen expert's weight times its
+    /// entry of `scale` where the model learns one (Gemma 4).
+    fn of(e: &ExpertsConfig, scale: Option<std::sync::Arc<[f32]>>) -> Self {
+        Self {
+            kind: e.router,
+            top_k: e.top_k,
+            normalize: e.normalize_top_k,
+            scale,
+        }
+    }
+
     /// One row's routing from its router logits: the softmax over every
     /// expert; the `top_k` most probable (ties to the lower index, as
     /// torch's topk), their probabilities renormalised where the model
@@ -525,12 +545,7 @@ impl Experts {
         Ok(Self {
             router,
             experts,
-            rule: RouterRule {
-                kind: e.router,
-                top_k: e.top_k,
-                normalize: e.normalize_top_k,
-                scale: None,
-            },
+            rule: RouterRule::of(&e, None),
             shared,
             beside: None,
         })
@@ -570,22 +585,13 @@ impl Experts {
         } else {
             Self::stacked_beside(ld, prefix, (n, d, i))?
         };
-        let unweighted = RmsNorm {
-            weight: Tensor::ones(d, ld.dtype, ld.device)?,
-            eps: ld.cfg.rms_norm_eps as f32,
-        };
         Ok(Self {
             router,
             experts,
-            rule: RouterRule {
-                kind: e.router,
-                top_k: e.top_k,
-                normalize: e.normalize_top_k,
-                scale: Some(per_expert.into()),
-            },
+            rule: RouterRule::of(&e, Some(per_expert.into())),
             shared: None,
             beside: Some(Box::new(BesideNorms {
-                router: unweighted,
+                router: ld.unweighted_norm(d)?,
                 input: ld.norm(&format!("{prefix}.pre_feedforward_layernorm_2"), d)?,
                 output: ld.norm(&format!("{prefix}.post_feedforward_layernorm_2"), d)?,
             })),
@@ -979,10 +985,7 @@ impl AttentionProj {
             ),
         };
         let v_norm = match shape.value_norm && shape.kv_source.is_none() {
-            true => Some(RmsNorm {
-                weight: Tensor::ones(hd, ld.dtype, ld.device)?,
-                eps: c.rms_norm_eps as f32,
-            }),
+            true => Some(ld.unweighted_norm(hd)?),
             false => None,
         };
         Ok(Self {

@@ -527,6 +527,20 @@ fn vocabulary(m: &Meta<'_>, c: &mut Map<String, Value>) -> Result<()> {
     Ok(())
 }
 
+/// Refuse a file of `family` (whose sliding layers need one) without a
+/// positive `attention.sliding_window`.
+fn positive_window(m: &Meta<'_>, family: &str) -> Result<()> {
+    let key = m.key("attention.sliding_window");
+    match m.opt_count(&key)? {
+        Some(w) if w > 0 => Ok(()),
+        _ => Err(m.err(
+            &key,
+            &format!("a positive sliding window ({family}'s sliding layers read that many tokens)"),
+            m.get(&key),
+        )),
+    }
+}
+
 /// Gemma 3's layers as llama.cpp reads them into `c`: a positive sliding
 /// window; which layers slide (`attention.sliding_window_pattern`, a period
 /// or one flag per layer; llama.cpp's period 6 when absent); the sliding
@@ -534,17 +548,7 @@ fn vocabulary(m: &Meta<'_>, c: &mut Map<String, Value>) -> Result<()> {
 /// global layers' (`rope.freq_base`, else llama.cpp's 10000); and the query
 /// scale (1/sqrt(head_dim), 1/sqrt(hidden/heads) for the 62-layer 27B).
 fn gemma3_layers(m: &Meta<'_>, layers: u64, c: &mut Map<String, Value>) -> Result<()> {
-    let key = m.key("attention.sliding_window");
-    match m.opt_count(&key)? {
-        Some(w) if w > 0 => {}
-        _ => {
-            return Err(m.err(
-                &key,
-                "a positive sliding window (Gemma 3's sliding layers read that many tokens)",
-                m.get(&key),
-            ));
-        }
-    }
+    positive_window(m, "Gemma 3")?;
     c.insert("layer_types".into(), layer_types(m, layers, 6)?);
     let local = m.opt_f64(&m.key("rope.freq_base_swa"))?.unwrap_or(10_000.0);
     c.insert("rope_local_base_freq".into(), json!(local));
@@ -581,24 +585,15 @@ fn gemma3_layers(m: &Meta<'_>, layers: u64, c: &mut Map<String, Value>) -> Resul
 ///   (`rope.freq_base_swa`, else the full layers') and rotated share
 ///   (`rope.dimension_count_swa`); the full layers' base and their
 ///   proportional rotation, which the converter writes as `rope_freqs`
-///   ([`proportional_pairs`]).
-///
-/// The expert block (a router, `blk.N.ffn_gate_inp`) is refused by name.
+///   ([`proportional_pairs`]);
+/// - the expert block beside each dense MLP, where the layers have routers
+///   ([`gemma4_experts`]), and the shared layers' double-width MLPs
+///   ([`mlp_widths`]).
 fn gemma4_layers(m: &Meta<'_>, layers: u64, c: &mut Map<String, Value>) -> Result<()> {
     c.insert("model_type".into(), json!("gemma4_text"));
     let tensors = &m.header.tensors;
     gemma4_experts(m, layers, c)?;
-    let window_key = m.key("attention.sliding_window");
-    match m.opt_count(&window_key)? {
-        Some(w) if w > 0 => {}
-        _ => {
-            return Err(m.err(
-                &window_key,
-                "a positive sliding window (Gemma 4's sliding layers read that many tokens)",
-                m.get(&window_key),
-            ));
-        }
-    }
+    positive_window(m, "Gemma 4")?;
     let pattern_key = m.key("attention.sliding_window_pattern");
     if m.get(&pattern_key).is_none() {
         return Err(m.err(&pattern_key, "one flag per layer (true: sliding)", None));
