@@ -11,13 +11,15 @@ use lcut_model::gguf::{GgufFile, GgufHeader};
 use lcut_testkit::oracle_case;
 use serde_json::Value;
 
-#[test]
-fn sentencepiece_vocabulary_tokenizes_as_transformers() -> Result<()> {
-    let dir = oracle_case("llama-gqa");
-    let path = dir.join("model.f32.gguf");
-    let file = GgufFile::open(&path)?;
-    let tok = TextTokenizer::from_gguf(file.header(), &path)?;
-    let text = std::fs::read_to_string(dir.join("tokenize.jsonl"))?;
+/// Every `{"text", "ids"}` line of `jsonl` tokenized by `tok` (special
+/// tokens parsed) gives `reference`'s ids, on at least `min` strings.
+fn tokenizes_as(
+    tok: &TextTokenizer,
+    jsonl: &std::path::Path,
+    reference: &str,
+    min: usize,
+) -> Result<()> {
+    let text = std::fs::read_to_string(jsonl)?;
     let mut wrong = Vec::new();
     let mut count = 0;
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
@@ -31,12 +33,22 @@ fn sentencepiece_vocabulary_tokenizes_as_transformers() -> Result<()> {
             .collect();
         let ours = tok.encode_with_special_tokens(s)?;
         if ours != expected {
-            wrong.push(format!("{s:?}: lcut {ours:?}, transformers {expected:?}"));
+            wrong.push(format!("{s:?}: lcut {ours:?}, {reference} {expected:?}"));
         }
         count += 1;
     }
-    ensure!(count >= 30, "only {count} strings");
+    ensure!(count >= min, "only {count} strings");
     ensure!(wrong.is_empty(), "{}", wrong.join("\n"));
+    Ok(())
+}
+
+#[test]
+fn sentencepiece_vocabulary_tokenizes_as_transformers() -> Result<()> {
+    let dir = oracle_case("llama-gqa");
+    let path = dir.join("model.f32.gguf");
+    let file = GgufFile::open(&path)?;
+    let tok = TextTokenizer::from_gguf(file.header(), &path)?;
+    tokenizes_as(&tok, &dir.join("tokenize.jsonl"), "transformers", 30)?;
     ensure!(
         tok.bos_token.as_deref() == Some("<s>"),
         "BoS {:?}",
@@ -113,25 +125,5 @@ fn gemma4_vocabulary_tokenizes_as_llama_cpp() -> Result<()> {
     let bytes = std::fs::read(&path)?;
     let header = GgufHeader::parse(&bytes, &path)?;
     let tok = TextTokenizer::from_gguf(&header, &path)?;
-    let text = std::fs::read_to_string(dir.join("tokenize.jsonl"))?;
-    let mut wrong = Vec::new();
-    let mut count = 0;
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let item: Value = serde_json::from_str(line)?;
-        let s = item["text"].as_str().context("text")?;
-        let expected: Vec<u32> = item["ids"]
-            .as_array()
-            .context("ids")?
-            .iter()
-            .filter_map(|x| x.as_u64().map(|n| n as u32))
-            .collect();
-        let ours = tok.encode_with_special_tokens(s)?;
-        if ours != expected {
-            wrong.push(format!("{s:?}: lcut {ours:?}, llama.cpp {expected:?}"));
-        }
-        count += 1;
-    }
-    ensure!(count >= 40, "only {count} strings");
-    ensure!(wrong.is_empty(), "{}", wrong.join("\n"));
-    Ok(())
+    tokenizes_as(&tok, &dir.join("tokenize.jsonl"), "llama.cpp", 40)
 }
