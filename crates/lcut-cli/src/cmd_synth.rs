@@ -17,7 +17,9 @@ use lcut_synth::{Format, WriteOptions, shapes, write_model};
 pub struct SynthArgs {
     /// Shape: llama-3.2-1b, qwen2.5-1.5b, smollm3-3b (NoPE every 4th layer),
     /// olmo-3-7b (norms after the blocks, sliding layers, YaRN),
-    /// llama-3.1-8b, qwen3-30b-a3b (128 experts, 8 per token),
+    /// llama-3.1-8b, qwen3.5-9b (three linear-attention layers per full
+    /// one), qwen3-30b-a3b (128 experts, 8 per token), qwen3.5-35b-a3b
+    /// (Qwen3.5's layers, 256 experts, 8 per token, and a shared one),
     /// mixtral-8x7b (8 experts, 2 per token) or small.
     #[arg(long)]
     pub shape: String,

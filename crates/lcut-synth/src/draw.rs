@@ -53,14 +53,25 @@ pub const ROUTED_EMBEDDING_STD: f32 = 16.0;
 /// Standard deviation of the entries of a weight of `kind` with rows of
 /// `cols` values: [`STD`], but [`ROUTED_EMBEDDING_STD`] for a
 /// [`TensorKind::RoutedEmbedding`] and
-/// 1/sqrt(`cols`) for a [`TensorKind::Router`] (0 for a norm, drawn as
-/// ones).
+/// 1/sqrt(`cols`) for a [`TensorKind::Router`] and a
+/// [`TensorKind::Convolution`] (0 for the kinds drawn as constants or
+/// from their own law: norms, decay rates).
 pub fn std_of(kind: TensorKind, cols: usize) -> f32 {
     match kind {
         TensorKind::Matrix | TensorKind::Bias => STD,
         TensorKind::RoutedEmbedding => ROUTED_EMBEDDING_STD,
-        TensorKind::Router => 1.0 / (cols.max(1) as f32).sqrt(),
-        TensorKind::Norm => 0.0,
+        TensorKind::Router | TensorKind::Convolution => 1.0 / (cols.max(1) as f32).sqrt(),
+        TensorKind::Norm | TensorKind::OffsetNorm | TensorKind::DecayLog => 0.0,
+    }
+}
+
+/// The value every entry of a weight of `kind` takes, for the kinds drawn
+/// as constants: ones for a norm, zeros for a (1 + w) norm.
+fn constant_of(kind: TensorKind) -> Option<f32> {
+    match kind {
+        TensorKind::Norm => Some(1.0),
+        TensorKind::OffsetNorm => Some(0.0),
+        _ => None,
     }
 }
 
@@ -111,8 +122,8 @@ pub fn rows(seed: u64, name: &str, kind: TensorKind, cols: usize, rows: Range<us
 /// writer draws llama.cpp's permuted Q/K rows this way).
 pub fn rows_at(seed: u64, name: &str, kind: TensorKind, cols: usize, picked: &[usize]) -> Vec<f32> {
     let n = picked.len() * cols;
-    if kind == TensorKind::Norm {
-        return vec![1.0; n];
+    if let Some(value) = constant_of(kind) {
+        return vec![value; n];
     }
     let base = tensor_seed(seed, name);
     let mut out = vec![0f32; n];
@@ -123,7 +134,11 @@ pub fn rows_at(seed: u64, name: &str, kind: TensorKind, cols: usize, picked: &[u
             let mut rng =
                 StdRng::seed_from_u64(base ^ (r as u64).wrapping_mul(0xd6e8_feb8_6659_fd93));
             for x in row {
-                *x = rng.random_range(-a..a);
+                *x = match kind {
+                    // transformers' A_log: ln of a uniform draw in [1, 16)
+                    TensorKind::DecayLog => rng.random_range(1f32..16.0).ln(),
+                    _ => rng.random_range(-a..a),
+                };
             }
         });
     out
@@ -197,11 +212,11 @@ impl WeightSource for RandomWeights {
         device: &Device,
     ) -> Result<Tensor> {
         let kind = self.kind(name);
-        if kind == TensorKind::Norm {
-            return Ok(Tensor::ones(expected, dtype, device)?);
+        if let Some(value) = constant_of(kind) {
+            return Ok((Tensor::ones(expected, dtype, device)? * f64::from(value))?);
         }
         let cols = expected.last().copied().unwrap_or(1);
-        let t = if device.is_cuda() {
+        let t = if device.is_cuda() && kind != TensorKind::DecayLog {
             Tensor::randn(0f32, std_of(kind, cols), expected, device)?
         } else {
             let n_rows = expected.iter().product::<usize>() / cols.max(1);

@@ -33,6 +33,13 @@ pub enum Family {
     /// Mixtral: Llama's attention, a mixture of experts in place of every
     /// MLP.
     Mixtral,
+    /// Qwen3.5: linear-attention layers (Gated DeltaNet) with a full
+    /// attention layer every few ([`ModelShape::linear`]), the full layers'
+    /// queries carrying an output gate; (1 + w) norms.
+    Qwen35,
+    /// Qwen3.5-MoE: Qwen3.5's layers, every MLP a mixture of experts with a
+    /// shared expert beside them.
+    Qwen35Moe,
 }
 
 /// Which architecture's mixture of experts a shape has.
@@ -44,6 +51,14 @@ pub enum ExpertsKind {
     /// Mixtral's (`block_sparse_moe.gate`, `block_sparse_moe.experts.I.w1`
     /// to `w3`; the expert width is `intermediate_size`).
     Mixtral,
+    /// Qwen3.5-MoE's: Qwen3-MoE's names and renormalised top-k, plus a
+    /// shared expert of width `shared_inner` (`mlp.shared_expert`) that
+    /// every token runs, scaled by the sigmoid of its one-row gate
+    /// (`mlp.shared_expert_gate`).
+    Qwen35Moe {
+        /// The shared expert's inner width.
+        shared_inner: usize,
+    },
 }
 
 /// A mixture of experts in place of every layer's MLP: a router (a
@@ -78,6 +93,19 @@ pub enum TensorKind {
     /// deviation so that each token's own direction leads the residual
     /// stream the routers read ([`crate::draw`]); stored as a matrix.
     RoutedEmbedding,
+    /// An RMSNorm weight the model adds one to (`x * (1 + w)`, Qwen3.5's):
+    /// drawn as zeros, as transformers initialises it, so that it scales
+    /// by one; llama.cpp's converter stores `1 + w`.
+    OffsetNorm,
+    /// Qwen3.5's decay rates `A_log` (one per value head): drawn as
+    /// `ln(a)` with `a` uniform in [1, 16), as transformers initialises
+    /// them; llama.cpp's converter stores `-exp(A_log)`. Kept in f32.
+    DecayLog,
+    /// A depthwise convolution's kernel (Qwen3.5's `conv1d`, [channels, 1,
+    /// kernel]): drawn at 1/sqrt(kernel), as a convolution's default
+    /// initialisation bounds it; kept in f32 (llama.cpp never quantizes
+    /// `ssm_conv1d`).
+    Convolution,
 }
 
 /// One weight of a shape: its Hugging Face name, dimensions and kind.
@@ -113,6 +141,42 @@ impl TensorSpec {
     }
 }
 
+/// Qwen3.5's hybrid layers: every `full_interval`-th layer (counting from
+/// one) full attention, the others Gated DeltaNet linear attention with
+/// these head counts and widths, and the full layers rotating a
+/// `partial_rotary` share of their heads.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinearShape {
+    /// One full-attention layer in this many (`full_attention_interval`).
+    pub full_interval: usize,
+    /// Query and key heads of a linear layer (`linear_num_key_heads`).
+    pub key_heads: usize,
+    /// Width of one query or key head (`linear_key_head_dim`).
+    pub key_dim: usize,
+    /// Value heads of a linear layer (`linear_num_value_heads`), a multiple
+    /// of the key heads.
+    pub value_heads: usize,
+    /// Width of one value head (`linear_value_head_dim`).
+    pub value_dim: usize,
+    /// The causal convolution's kernel (`linear_conv_kernel_dim`).
+    pub conv_kernel: usize,
+    /// The share of a full layer's head that rotates
+    /// (`partial_rotary_factor`).
+    pub partial_rotary: f64,
+}
+
+impl LinearShape {
+    /// Whether layer `l` is a linear-attention layer.
+    pub fn is_linear(&self, l: usize) -> bool {
+        !(l + 1).is_multiple_of(self.full_interval.max(1))
+    }
+
+    /// The convolution's channels: queries, keys and values.
+    pub fn conv_channels(&self) -> usize {
+        2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+    }
+}
+
 /// A model's shape: sizes and layout, biases, RoPE scaling, tied head and
 /// special tokens; everything its `config.json` says besides the dtype.
 #[derive(Debug, Clone, PartialEq)]
@@ -138,18 +202,23 @@ pub struct ModelShape {
     /// quotient ([`ModelShape::head_dim`]).
     pub head_dim: Option<usize>,
     /// A mixture of experts in place of every layer's MLP (which makes the
-    /// shape Qwen3-MoE or Mixtral); `None`: a dense MLP.
+    /// shape Qwen3-MoE, Mixtral or Qwen3.5-MoE); `None`: a dense MLP.
     pub experts: Option<ExpertShape>,
+    /// Qwen3.5's linear-attention layers (which make the shape Qwen3.5 or
+    /// Qwen3.5-MoE); `None`: every layer attends.
+    pub linear: Option<LinearShape>,
 }
 
 /// The names [`named`] knows, in the order `lcut synth --help` lists them.
-pub const NAMES: [&str; 8] = [
+pub const NAMES: [&str; 10] = [
     "llama-3.2-1b",
     "qwen2.5-1.5b",
     "smollm3-3b",
     "olmo-3-7b",
     "llama-3.1-8b",
+    "qwen3.5-9b",
     "qwen3-30b-a3b",
+    "qwen3.5-35b-a3b",
     "mixtral-8x7b",
     "small",
 ];
@@ -261,6 +330,7 @@ pub fn llama_3_2_1b() -> ModelShape {
         tokens: LLAMA3_TOKENS,
         head_dim: None,
         experts: None,
+        linear: None,
     }
 }
 
@@ -292,6 +362,7 @@ pub fn qwen2_5_1_5b() -> ModelShape {
         },
         head_dim: None,
         experts: None,
+        linear: None,
     }
 }
 
@@ -318,6 +389,7 @@ pub fn llama_3_1_8b() -> ModelShape {
         tokens: LLAMA3_TOKENS,
         head_dim: None,
         experts: None,
+        linear: None,
     }
 }
 
@@ -353,6 +425,7 @@ pub fn smollm3_3b() -> ModelShape {
         },
         head_dim: None,
         experts: None,
+        linear: None,
     }
 }
 
@@ -390,6 +463,7 @@ pub fn olmo_3_7b() -> ModelShape {
         },
         head_dim: None,
         experts: None,
+        linear: None,
     }
 }
 
@@ -432,6 +506,7 @@ pub fn qwen3_30b_a3b() -> ModelShape {
             top_k: 8,
             inner: 768,
         }),
+        linear: None,
     }
 }
 
@@ -472,6 +547,101 @@ pub fn mixtral_8x7b() -> ModelShape {
             top_k: 2,
             inner: 14_336,
         }),
+        linear: None,
+    }
+}
+
+/// Qwen3.5's linear layers as both published sizes below have them: 16
+/// query/key heads and 32 value heads, all 128 wide, a kernel of 4, one
+/// full layer in four rotating a quarter of its 256-wide heads.
+const QWEN35_LINEAR: LinearShape = LinearShape {
+    full_interval: 4,
+    key_heads: 16,
+    key_dim: 128,
+    value_heads: 32,
+    value_dim: 128,
+    conv_kernel: 4,
+    partial_rotary: 0.25,
+};
+
+/// Qwen3.5's special tokens: BoS `<|endoftext|>` (248044, which its
+/// tokenizer does not put before a text), EoS `<|im_end|>` (248046).
+const QWEN35_TOKENS: SpecialTokens = SpecialTokens {
+    bos: 248_044,
+    eos: 248_046,
+    pad: None,
+};
+
+/// Qwen/Qwen3.5-9B's language model (`qwen3_5_text`): 32 layers, hidden
+/// 4096, three Gated DeltaNet layers then a full attention layer
+/// ([`QWEN35_LINEAR`]), the full layers' 16 heads (4 K/V) 256 wide with
+/// an output gate, MLP 12288, vocabulary 248320, untied head, RoPE base
+/// 10^7, RMSNorm eps 1e-6, 262144 positions. About 8.95e9 parameters
+/// (the checkpoint's "9B" adds its vision tower). These figures are from
+/// memory of the published model card and `config.json`, not read from a
+/// downloaded file; the parameter count agrees with the name.
+pub fn qwen3_5_9b() -> ModelShape {
+    ModelShape {
+        name: "qwen3.5-9b".into(),
+        sizes: LlamaShape {
+            vocab_size: 248_320,
+            hidden_size: 4096,
+            intermediate_size: 12_288,
+            num_layers: 32,
+            num_heads: 16,
+            num_kv_heads: 4,
+            rope_theta: 10_000_000.0,
+            rms_norm_eps: 1e-6,
+            max_position_embeddings: 262_144,
+            layout: Layout::Llama,
+        },
+        qkv_bias: false,
+        rope_scaling: RopeScaling::None,
+        tie_word_embeddings: false,
+        tokens: QWEN35_TOKENS,
+        head_dim: Some(256),
+        experts: None,
+        linear: Some(QWEN35_LINEAR),
+    }
+}
+
+/// Qwen/Qwen3.5-35B-A3B's language model (`qwen3_5_moe_text`): 40
+/// layers, hidden 2048, Qwen3.5's linear and full layers
+/// ([`QWEN35_LINEAR`]; the full layers' 16 heads, 2 K/V, 256 wide), and in
+/// every layer 256 experts of inner width 512, 8 run per token
+/// (renormalised), beside a shared expert of width 512; vocabulary
+/// 248320, untied head, RoPE base 10^7, RMSNorm eps 1e-6, 262144
+/// positions. About 34.7e9 parameters, 3.4e9 run per token. From memory
+/// of the published model card and `config.json`, as [`qwen3_5_9b`]; the
+/// counts agree with the name. The config's dense `intermediate_size` is
+/// used by no layer and given the experts' width.
+pub fn qwen3_5_35b_a3b() -> ModelShape {
+    ModelShape {
+        name: "qwen3.5-35b-a3b".into(),
+        sizes: LlamaShape {
+            vocab_size: 248_320,
+            hidden_size: 2048,
+            intermediate_size: 512,
+            num_layers: 40,
+            num_heads: 16,
+            num_kv_heads: 2,
+            rope_theta: 10_000_000.0,
+            rms_norm_eps: 1e-6,
+            max_position_embeddings: 262_144,
+            layout: Layout::Llama,
+        },
+        qkv_bias: false,
+        rope_scaling: RopeScaling::None,
+        tie_word_embeddings: false,
+        tokens: QWEN35_TOKENS,
+        head_dim: Some(256),
+        experts: Some(ExpertShape {
+            kind: ExpertsKind::Qwen35Moe { shared_inner: 512 },
+            num_experts: 256,
+            top_k: 8,
+            inner: 512,
+        }),
+        linear: Some(QWEN35_LINEAR),
     }
 }
 
@@ -501,6 +671,8 @@ pub fn named(name: &str) -> Result<ModelShape> {
         "smollm3-3b" => smollm3_3b(),
         "olmo-3-7b" => olmo_3_7b(),
         "qwen3-30b-a3b" => qwen3_30b_a3b(),
+        "qwen3.5-9b" => qwen3_5_9b(),
+        "qwen3.5-35b-a3b" => qwen3_5_35b_a3b(),
         "mixtral-8x7b" => mixtral_8x7b(),
         "small" => ModelShape::llama("small", small()),
         _ => {
@@ -531,17 +703,24 @@ impl ModelShape {
             },
             head_dim: None,
             experts: None,
+            linear: None,
         }
     }
 
-    /// The architecture family: the experts' where the shape has any
-    /// (Qwen3-MoE or Mixtral), else the layout's, Qwen2 for Llama's layout
-    /// with q/k/v biases.
+    /// The architecture family: Qwen3.5 or Qwen3.5-MoE where the shape has
+    /// linear layers, else the experts' where it has any (Qwen3-MoE or
+    /// Mixtral), else the layout's, Qwen2 for Llama's layout with q/k/v
+    /// biases.
     pub fn family(&self) -> Family {
-        match self.experts.map(|e| e.kind) {
-            Some(ExpertsKind::Qwen3Moe) => return Family::Qwen3Moe,
-            Some(ExpertsKind::Mixtral) => return Family::Mixtral,
-            None => {}
+        match (self.experts.map(|e| e.kind), self.linear) {
+            (Some(_), Some(_)) => return Family::Qwen35Moe,
+            (None, Some(_)) => return Family::Qwen35,
+            (Some(ExpertsKind::Qwen3Moe), None) => return Family::Qwen3Moe,
+            (Some(ExpertsKind::Mixtral), None) => return Family::Mixtral,
+            // refused by `validate_own`: Qwen3.5-MoE's experts need its
+            // linear layers
+            (Some(ExpertsKind::Qwen35Moe { .. }), None) => return Family::Qwen35Moe,
+            (None, None) => {}
         }
         match self.sizes.layout {
             Layout::Llama if self.qkv_bias => Family::Qwen2,
@@ -566,6 +745,8 @@ impl ModelShape {
             (Family::Olmo, _) => Arch::Olmo2,
             (Family::Qwen3Moe, _) => Arch::Qwen3Moe,
             (Family::Mixtral, _) => Arch::Mixtral,
+            (Family::Qwen35, _) => Arch::Qwen35,
+            (Family::Qwen35Moe, _) => Arch::Qwen35Moe,
         }
     }
 
@@ -609,9 +790,28 @@ impl ModelShape {
                 self.sizes.layout.to_string(),
             );
         }
+        if let Some(la) = self.linear {
+            self.validate_linear(la)?;
+        }
         let Some(e) = self.experts else {
             return Ok(());
         };
+        if matches!(e.kind, ExpertsKind::Qwen35Moe { .. }) != self.linear.is_some() {
+            return bad(
+                "experts.kind",
+                "Qwen3.5-MoE's experts exactly when the shape has linear layers".into(),
+                format!("{:?} with linear layers: {}", e.kind, self.linear.is_some()),
+            );
+        }
+        if let ExpertsKind::Qwen35Moe { shared_inner } = e.kind
+            && (shared_inner == 0 || shared_inner > lcut_model::config::MAX_SIZE)
+        {
+            return bad(
+                "experts.kind.shared_inner",
+                "a positive width".into(),
+                shared_inner.to_string(),
+            );
+        }
         if self.sizes.layout != Layout::Llama {
             return bad(
                 "sizes.layout",
@@ -660,6 +860,72 @@ impl ModelShape {
         Ok(())
     }
 
+    /// The checks of Qwen3.5's linear layers: on Llama's layout without
+    /// q/k/v biases, with a head width of their own for the full layers,
+    /// positive counts and widths, value heads a multiple of the key heads
+    /// and a rotated share that leaves a whole pair.
+    fn validate_linear(&self, la: LinearShape) -> Result<()> {
+        let bad = |field: &'static str, expected: &str, found: String| {
+            Err(SynthError::InvalidShape {
+                shape: self.name.clone(),
+                field,
+                expected: expected.into(),
+                found,
+            })
+        };
+        if self.sizes.layout != Layout::Llama || self.qkv_bias {
+            return bad(
+                "linear",
+                "Llama's layout without q/k/v biases (Qwen3.5's full layers)",
+                format!("{} with q/k/v biases: {}", self.sizes.layout, self.qkv_bias),
+            );
+        }
+        if self.head_dim.is_none() {
+            return bad(
+                "head_dim",
+                "a width of its own (Qwen3.5's config names it)",
+                "none".into(),
+            );
+        }
+        for (field, n) in [
+            ("linear.full_interval", la.full_interval),
+            ("linear.key_heads", la.key_heads),
+            ("linear.key_dim", la.key_dim),
+            ("linear.value_heads", la.value_heads),
+            ("linear.value_dim", la.value_dim),
+            ("linear.conv_kernel", la.conv_kernel),
+        ] {
+            if n == 0 || n > lcut_model::config::MAX_SIZE {
+                return bad(field, "a positive count or width", n.to_string());
+            }
+        }
+        if !la.value_heads.is_multiple_of(la.key_heads) {
+            return bad(
+                "linear.value_heads",
+                &format!("a multiple of the key heads ({})", la.key_heads),
+                la.value_heads.to_string(),
+            );
+        }
+        if !(la.partial_rotary > 0.0 && la.partial_rotary <= 1.0) || self.rotary_dim() < 2 {
+            return bad(
+                "linear.partial_rotary",
+                "a share in (0, 1] that rotates at least one pair",
+                la.partial_rotary.to_string(),
+            );
+        }
+        Ok(())
+    }
+
+    /// How many of a head's values rotate: all of them, or on Qwen3.5's
+    /// full layers the `partial_rotary` share, in whole pairs (llama.cpp's
+    /// `rope.dimension_count`).
+    pub fn rotary_dim(&self) -> usize {
+        match self.linear {
+            Some(la) => ((self.head_dim() as f64 * la.partial_rotary) as usize) & !1,
+            None => self.head_dim(),
+        }
+    }
+
     /// The same shape with `layers` layers (`llama-3.2-1b` with 32 layers
     /// is a 1B-wide model as deep as an 8B one); the name says so.
     pub fn with_layers(mut self, layers: usize) -> Self {
@@ -697,6 +963,9 @@ impl ModelShape {
         if let Some(e) = self.experts {
             experts_config(map, &self.sizes, e);
         }
+        if let Some(la) = self.linear {
+            self.qwen35_config(map, la);
+        }
         if self.family() == Family::Qwen2 {
             // Qwen2's config names no head width or bias switches (its
             // q/k/v always have biases), and keeps its window switched off
@@ -713,6 +982,42 @@ impl ModelShape {
             map.insert("max_window_layers".into(), json!(self.sizes.num_layers));
         }
         config
+    }
+
+    /// Qwen3.5's fields into `map` (which holds Llama's and the experts'),
+    /// as its text config names them: the model type, the layer types, the
+    /// linear layers' sizes, and the rotated share beside the base in
+    /// `rope_parameters`.
+    fn qwen35_config(&self, map: &mut Map<String, Value>, la: LinearShape) {
+        let (arch, model_type) = match self.experts {
+            Some(_) => ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text"),
+            None => ("Qwen3_5ForCausalLM", "qwen3_5_text"),
+        };
+        map.insert("architectures".into(), json!([arch]));
+        map.insert("model_type".into(), json!(model_type));
+        map.remove("mlp_bias");
+        map.remove("rope_theta");
+        let types: Vec<&str> = (0..self.sizes.num_layers)
+            .map(|l| match la.is_linear(l) {
+                true => "linear_attention",
+                false => "full_attention",
+            })
+            .collect();
+        map.insert("layer_types".into(), json!(types));
+        map.insert("full_attention_interval".into(), json!(la.full_interval));
+        map.insert("linear_num_key_heads".into(), json!(la.key_heads));
+        map.insert("linear_key_head_dim".into(), json!(la.key_dim));
+        map.insert("linear_num_value_heads".into(), json!(la.value_heads));
+        map.insert("linear_value_head_dim".into(), json!(la.value_dim));
+        map.insert("linear_conv_kernel_dim".into(), json!(la.conv_kernel));
+        map.insert(
+            "rope_parameters".into(),
+            json!({
+                "rope_type": "default",
+                "rope_theta": self.sizes.rope_theta,
+                "partial_rotary_factor": la.partial_rotary,
+            }),
+        );
     }
 
     /// The config's `rope_scaling` object: Llama 3's or YaRN's parameters
@@ -798,6 +1103,9 @@ impl ModelShape {
             .cloned()
             .map(spec)
             .collect();
+        if let Some(la) = self.linear {
+            return self.qwen35_tensors(la);
+        }
         let layers = match self.experts {
             Some(e) => (0..self.sizes.num_layers)
                 .flat_map(|l| self.expert_layer(l, e))
@@ -825,6 +1133,127 @@ impl ModelShape {
         out
     }
 
+    /// Every weight of a Qwen3.5 shape with linear layers `la`, each of its
+    /// kind: the embedding (routed where the shape has experts), each
+    /// layer's input norm, its mixer (a linear layer's projections,
+    /// convolution, step biases, decay rates, gated norm and output; a full
+    /// layer's gated queries, keys, values, output and q/k norms), its MLP
+    /// (dense, or the router, every expert and the shared expert with its
+    /// gate) and its norm before the MLP, then the final norm and the head.
+    /// Every norm but the linear layers' gated one is a
+    /// [`TensorKind::OffsetNorm`].
+    fn qwen35_tensors(&self, la: LinearShape) -> Vec<TensorSpec> {
+        let s = &self.sizes;
+        let (d, h, kv, hd) = (s.hidden_size, s.num_heads, s.num_kv_heads, self.head_dim());
+        let spec =
+            |name: String, dims: Vec<usize>, kind: TensorKind| TensorSpec { name, dims, kind };
+        let matrix = |name: String, dims: Vec<usize>| spec(name, dims, TensorKind::Matrix);
+        let embedding = match self.experts {
+            Some(_) => TensorKind::RoutedEmbedding,
+            None => TensorKind::Matrix,
+        };
+        let mut out = vec![spec(
+            "model.embed_tokens.weight".into(),
+            vec![s.vocab_size, d],
+            embedding,
+        )];
+        for l in 0..s.num_layers {
+            let p = format!("model.layers.{l}");
+            out.push(spec(
+                format!("{p}.input_layernorm.weight"),
+                vec![d],
+                TensorKind::OffsetNorm,
+            ));
+            if la.is_linear(l) {
+                let x = format!("{p}.linear_attn");
+                let (vh, values) = (la.value_heads, la.value_heads * la.value_dim);
+                out.extend([
+                    matrix(
+                        format!("{x}.in_proj_qkv.weight"),
+                        vec![la.conv_channels(), d],
+                    ),
+                    matrix(format!("{x}.in_proj_z.weight"), vec![values, d]),
+                    matrix(format!("{x}.in_proj_b.weight"), vec![vh, d]),
+                    matrix(format!("{x}.in_proj_a.weight"), vec![vh, d]),
+                    spec(
+                        format!("{x}.conv1d.weight"),
+                        vec![la.conv_channels(), 1, la.conv_kernel],
+                        TensorKind::Convolution,
+                    ),
+                    spec(format!("{x}.dt_bias"), vec![vh], TensorKind::Bias),
+                    spec(format!("{x}.A_log"), vec![vh], TensorKind::DecayLog),
+                    spec(
+                        format!("{x}.norm.weight"),
+                        vec![la.value_dim],
+                        TensorKind::Norm,
+                    ),
+                    matrix(format!("{x}.out_proj.weight"), vec![d, values]),
+                ]);
+            } else {
+                let x = format!("{p}.self_attn");
+                out.extend([
+                    // each head's queries, then its output gate
+                    matrix(format!("{x}.q_proj.weight"), vec![2 * h * hd, d]),
+                    matrix(format!("{x}.k_proj.weight"), vec![kv * hd, d]),
+                    matrix(format!("{x}.v_proj.weight"), vec![kv * hd, d]),
+                    matrix(format!("{x}.o_proj.weight"), vec![d, h * hd]),
+                    spec(
+                        format!("{x}.q_norm.weight"),
+                        vec![hd],
+                        TensorKind::OffsetNorm,
+                    ),
+                    spec(
+                        format!("{x}.k_norm.weight"),
+                        vec![hd],
+                        TensorKind::OffsetNorm,
+                    ),
+                ]);
+            }
+            let gated = |x: &str, inner: usize| {
+                [
+                    matrix(format!("{x}.gate_proj.weight"), vec![inner, d]),
+                    matrix(format!("{x}.up_proj.weight"), vec![inner, d]),
+                    matrix(format!("{x}.down_proj.weight"), vec![d, inner]),
+                ]
+            };
+            match self.experts {
+                Some(e) => {
+                    out.push(spec(
+                        format!("{p}.mlp.gate.weight"),
+                        vec![e.num_experts, d],
+                        TensorKind::Router,
+                    ));
+                    for i in 0..e.num_experts {
+                        out.extend(gated(&format!("{p}.mlp.experts.{i}"), e.inner));
+                    }
+                    if let ExpertsKind::Qwen35Moe { shared_inner } = e.kind {
+                        out.extend(gated(&format!("{p}.mlp.shared_expert"), shared_inner));
+                        out.push(spec(
+                            format!("{p}.mlp.shared_expert_gate.weight"),
+                            vec![1, d],
+                            TensorKind::Router,
+                        ));
+                    }
+                }
+                None => out.extend(gated(&format!("{p}.mlp"), s.intermediate_size)),
+            }
+            out.push(spec(
+                format!("{p}.post_attention_layernorm.weight"),
+                vec![d],
+                TensorKind::OffsetNorm,
+            ));
+        }
+        out.push(spec(
+            "model.norm.weight".into(),
+            vec![d],
+            TensorKind::OffsetNorm,
+        ));
+        if !self.tie_word_embeddings {
+            out.push(matrix("lm_head.weight".into(), vec![s.vocab_size, d]));
+        }
+        out
+    }
+
     /// Layer `l`'s weights of a shape with experts `e`, in the order
     /// transformers registers them: the attention's projections (of
     /// [`Self::head_dim`]-wide heads) and Qwen3's per-head q/k norms, the
@@ -841,7 +1270,8 @@ impl ModelShape {
             (format!("{p}.self_attn.o_proj.weight"), vec![d, h * hd]),
         ];
         let (block, [gate, up, down]) = match e.kind {
-            ExpertsKind::Qwen3Moe => {
+            // Qwen3.5-MoE's layers are listed by `qwen35_tensors`
+            ExpertsKind::Qwen3Moe | ExpertsKind::Qwen35Moe { .. } => {
                 out.extend([
                     (format!("{p}.self_attn.q_norm.weight"), vec![hd]),
                     (format!("{p}.self_attn.k_norm.weight"), vec![hd]),
@@ -892,10 +1322,11 @@ pub fn expert_index(name: &str) -> Option<usize> {
     rest.split('.').next()?.parse().ok()
 }
 
-/// The experts' fields of a Qwen3-MoE or Mixtral `config.json`, as the
-/// published configs name them, into `map` (which holds Llama's fields for
-/// `sizes`): Qwen3-MoE's every layer sparse with its top-k renormalised
-/// (the only routing llama.cpp's `qwen3moe` runs), Mixtral with no window.
+/// The experts' fields of a Qwen3-MoE, Mixtral or Qwen3.5-MoE
+/// `config.json`, as the published configs name them, into `map` (which
+/// holds Llama's fields for `sizes`): Qwen3-MoE's every layer sparse with
+/// its top-k renormalised (the only routing llama.cpp's `qwen3moe` runs),
+/// Mixtral with no window, Qwen3.5-MoE's shared expert.
 fn experts_config(map: &mut Map<String, Value>, sizes: &LlamaShape, e: ExpertShape) {
     map.remove("mlp_bias");
     map.insert("sliding_window".into(), Value::Null);
@@ -913,6 +1344,16 @@ fn experts_config(map: &mut Map<String, Value>, sizes: &LlamaShape, e: ExpertSha
             map.insert("router_aux_loss_coef".into(), json!(0.001));
             map.insert("use_sliding_window".into(), json!(false));
             map.insert("max_window_layers".into(), json!(sizes.num_layers));
+        }
+        ExpertsKind::Qwen35Moe { shared_inner } => {
+            // its model type and architecture are Qwen3.5's (`qwen35_config`)
+            map.insert("num_experts".into(), json!(e.num_experts));
+            map.insert("moe_intermediate_size".into(), json!(e.inner));
+            map.insert(
+                "shared_expert_intermediate_size".into(),
+                json!(shared_inner),
+            );
+            map.insert("router_aux_loss_coef".into(), json!(0.001));
         }
         ExpertsKind::Mixtral => {
             map.insert("architectures".into(), json!(["MixtralForCausalLM"]));

@@ -67,7 +67,9 @@ fn byte_level(text: &str) -> String {
 fn special_texts(shape: &ModelShape) -> Vec<(u32, String)> {
     let t = shape.tokens;
     let (bos, eos) = match (shape.family(), t.bos) {
-        (Family::Qwen2 | Family::Qwen3Moe, _) => ("<|endoftext|>", "<|im_end|>"),
+        (Family::Qwen2 | Family::Qwen3Moe | Family::Qwen35 | Family::Qwen35Moe, _) => {
+            ("<|endoftext|>", "<|im_end|>")
+        }
         (Family::Smollm3, _) => ("<|begin_of_text|>", "<|im_end|>"),
         (Family::Olmo, _) => ("<|endoftext|>", "<|endoftext|>"),
         (Family::Llama, 128_000) => ("<|begin_of_text|>", "<|end_of_text|>"),

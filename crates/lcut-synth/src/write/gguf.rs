@@ -7,9 +7,12 @@
 //! per-layer pattern, Qwen3-MoE (`qwen3moe`) and Mixtral (`llama` with an
 //! expert count) with each layer's experts as three 3-D tensors
 //! (`ffn_{gate,up,down}_exps`, [experts, rows, columns]) and the router
-//! (`ffn_gate_inp`) in f32, the synthetic tokenizer as `gpt2` BPE, norms
-//! and biases in f32, matrices in the format's type and the LM head (the
-//! embedding when tied) in Q6_K, as `llama-quantize` stores it.
+//! (`ffn_gate_inp`) in f32, Qwen3.5 (`qwen35`, `qwen35moe`) as its
+//! converter writes it ([`Stored`]: value heads in llama.cpp's tiled
+//! order, `1 + w` norms, `-exp(A_log)`, the convolution without its unit
+//! axis), the synthetic tokenizer as `gpt2` BPE, norms and biases in f32,
+//! matrices in the format's type and the LM head (the embedding when tied)
+//! in Q6_K, as `llama-quantize` stores it.
 
 use std::io::{BufWriter, Write};
 use std::path::Path;
@@ -30,14 +33,109 @@ use crate::vocab::Vocabulary;
 /// of one projection, or the RoPE factors.
 #[derive(Debug, Clone, PartialEq)]
 enum Source {
-    /// A weight; its rows in this order (llama.cpp's permuted Q/K).
-    Weight(TensorSpec, Option<usize>),
+    /// A weight, stored as llama.cpp's converter stores it.
+    Weight(TensorSpec, Stored),
     /// One projection of a layer's experts, expert 0 first: each expert's
     /// weight (Hugging Face name and draws its own) one after the other,
     /// as llama.cpp's 3-D `ffn_*_exps` tensors hold them.
     Experts(Vec<TensorSpec>),
     /// Llama 3's per-frequency divisors.
     RopeFactors(Vec<f32>),
+}
+
+/// How a weight's drawn values become the file's: the order llama.cpp
+/// keeps its rows and columns in and the converter's change of its values.
+#[derive(Debug, Clone, PartialEq, Default)]
+struct Stored {
+    /// File row `r` holds drawn row `rows[r]`; `None`: the drawn order.
+    rows: Option<Vec<usize>>,
+    /// File column `c` holds drawn column `cols[c]`; `None`: the drawn
+    /// order.
+    cols: Option<Vec<usize>>,
+    /// What the converter does to each value.
+    values: ValueChange,
+}
+
+/// What llama.cpp's converter does to each value of a weight.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+enum ValueChange {
+    /// Nothing.
+    #[default]
+    None,
+    /// Adds one: a (1 + w) norm stored as the factor it applies.
+    PlusOne,
+    /// `-exp(x)`: Qwen3.5's decay rates stored as `ssm_a`.
+    NegExp,
+}
+
+impl ValueChange {
+    fn apply(self, x: f32) -> f32 {
+        match self {
+            ValueChange::None => x,
+            ValueChange::PlusOne => 1.0 + x,
+            ValueChange::NegExp => -x.exp(),
+        }
+    }
+}
+
+/// The order llama.cpp's converter keeps Qwen3.5's value heads in
+/// (`_reorder_v_heads`): Hugging Face groups them by the key head they
+/// read (key head `k` serves value heads `k r .. k r + r`), llama.cpp
+/// tiles them (value head `t` reads key head `t % key_heads`). Position `p`
+/// of the `value_heads * width` tiled entries holds grouped entry
+/// `order[p]`.
+fn tiled_value_heads(key_heads: usize, value_heads: usize, width: usize) -> Vec<usize> {
+    let per_key = value_heads / key_heads.max(1);
+    (0..value_heads * width)
+        .map(|p| {
+            let (t, within) = (p / width, p % width);
+            let (k, j) = (t % key_heads, t / key_heads);
+            (k * per_key + j) * width + within
+        })
+        .collect()
+}
+
+/// How weight `t` of `shape` is stored ([`Stored`]): Llama's and
+/// SmolLM3's Q/K rows permuted; on Qwen3.5's linear layers the value
+/// heads tiled ([`tiled_value_heads`]) in the rows of the value and gate
+/// projections, the step inputs and the convolution, in the columns of the
+/// output projection and across the step biases and decay rates; (1 + w)
+/// norms stored with the one added, decay rates as `-exp(A_log)`.
+fn stored(shape: &ModelShape, t: &TensorSpec) -> Stored {
+    let values = match t.kind {
+        TensorKind::OffsetNorm => ValueChange::PlusOne,
+        TensorKind::DecayLog => ValueChange::NegExp,
+        _ => ValueChange::None,
+    };
+    let mut out = Stored {
+        rows: permuted_heads(shape, &t.name).map(|h| permuted_rows(t.rows(), h)),
+        cols: None,
+        values,
+    };
+    let Some(la) = shape.linear.filter(|la| la.value_heads != la.key_heads) else {
+        return out;
+    };
+    let Some(param) = t.name.split_once(".linear_attn.").map(|(_, param)| param) else {
+        return out;
+    };
+    let tiled = |width| tiled_value_heads(la.key_heads, la.value_heads, width);
+    // queries and keys first, then the values, in the fused projection
+    // and the convolution
+    let after_qk = |width| {
+        let qk = 2 * la.key_heads * la.key_dim;
+        (0..qk)
+            .chain(tiled(width).into_iter().map(|i| qk + i))
+            .collect()
+    };
+    match param {
+        "in_proj_qkv.weight" | "conv1d.weight" => out.rows = Some(after_qk(la.value_dim)),
+        "in_proj_z.weight" => out.rows = Some(tiled(la.value_dim)),
+        "in_proj_a.weight" | "in_proj_b.weight" => out.rows = Some(tiled(1)),
+        "out_proj.weight" => out.cols = Some(tiled(la.value_dim)),
+        "A_log" | "dt_bias" => out.cols = Some(tiled(1)),
+        _ => {}
+    }
+    out
 }
 
 /// The tensors of a GGUF file: header entries and where their data comes from.
@@ -83,12 +181,23 @@ pub fn ggml_type(shape: &ModelShape, format: Format, t: &TensorSpec) -> GgmlDTyp
         .then(|| eight_experts_type(&t.name))
         .flatten();
     match (t.kind, output, format, eight) {
-        (TensorKind::Norm | TensorKind::Bias | TensorKind::Router, ..) => GgmlDType::F32,
+        (
+            TensorKind::Norm
+            | TensorKind::OffsetNorm
+            | TensorKind::Bias
+            | TensorKind::Router
+            | TensorKind::DecayLog
+            | TensorKind::Convolution,
+            ..,
+        ) => GgmlDType::F32,
         (_, _, Format::GgufQ8_0, _) => GgmlDType::Q8_0,
         (_, true, ..) => GgmlDType::Q6K,
         (_, false, _, Some(ty)) => ty,
-        (_, false, Format::GgufQ4KM, _) if more_bits(shape.sizes.num_layers, &t.name) => {
-            GgmlDType::Q6K
+        (_, false, Format::GgufQ4KM, _) if more_bits_in(shape, &t.name) => GgmlDType::Q6K,
+        // llama.cpp's Q4_K_M gives a fused `attn_qkv` Q5_K (Qwen3.5's
+        // linear layers)
+        (_, false, Format::GgufQ4KM, _) if t.name.ends_with(".linear_attn.in_proj_qkv.weight") => {
+            GgmlDType::Q5K
         }
         (_, false, Format::GgufQ4K | Format::GgufQ4KM, _) => GgmlDType::Q4K,
         _ => GgmlDType::Q4_0,
@@ -134,6 +243,32 @@ pub fn more_bits(layers: usize, name: &str) -> bool {
     }
 }
 
+/// [`more_bits`] for a weight of `shape`: on Qwen3.5, whose V projections
+/// only its full layers have, llama.cpp counts a V projection's place
+/// among those layers.
+fn more_bits_in(shape: &ModelShape, name: &str) -> bool {
+    let Some(la) = shape
+        .linear
+        .filter(|_| name.ends_with(".self_attn.v_proj.weight"))
+    else {
+        return more_bits(shape.sizes.num_layers, name);
+    };
+    let full: Vec<usize> = (0..shape.sizes.num_layers)
+        .filter(|&l| !la.is_linear(l))
+        .collect();
+    let layer = name
+        .strip_prefix("model.layers.")
+        .and_then(|rest| rest.split('.').next())
+        .and_then(|i| i.parse::<usize>().ok());
+    match layer.and_then(|l| full.iter().position(|&f| f == l)) {
+        Some(i) => more_bits(
+            full.len(),
+            &format!("model.layers.{i}.self_attn.v_proj.weight"),
+        ),
+        None => false,
+    }
+}
+
 /// The heads whose rows llama.cpp permutes in this weight (a Q or K
 /// projection of an architecture whose converter permutes them: Llama and
 /// SmolLM3, not Qwen2 or OLMo), or `None`.
@@ -174,14 +309,16 @@ fn rope_factors(shape: &ModelShape) -> Option<Vec<f32>> {
 }
 
 /// llama.cpp's name of weight `hf_name` of `shape`: [`gguf_name`]'s, but
-/// OLMo's norm after attention is `post_attention_norm` (llama.cpp's
-/// `ATTN_POST_NORM`), where Llama's `post_attention_layernorm` is the norm
-/// before the MLP (`ffn_norm`).
+/// OLMo's norm after attention and Qwen3.5's norm before the MLP are
+/// `post_attention_norm` (llama.cpp's `ATTN_POST_NORM`), where Llama's
+/// `post_attention_layernorm` is the norm before the MLP (`ffn_norm`).
 pub fn tensor_name(shape: &ModelShape, hf_name: &str) -> String {
-    if shape.family() == Family::Olmo
-        && let Some(layer) = hf_name
-            .strip_prefix("model.layers.")
-            .and_then(|rest| rest.strip_suffix(".post_attention_layernorm.weight"))
+    if matches!(
+        shape.family(),
+        Family::Olmo | Family::Qwen35 | Family::Qwen35Moe
+    ) && let Some(layer) = hf_name
+        .strip_prefix("model.layers.")
+        .and_then(|rest| rest.strip_suffix(".post_attention_layernorm.weight"))
     {
         return format!("blk.{layer}.post_attention_norm.weight");
     }
@@ -282,14 +419,19 @@ fn plan_tensors(shape: &ModelShape, format: Format, tensors: Vec<TensorSpec>) ->
             }
             continue;
         }
+        // the converter squeezes the convolution's unit axis
+        let dims = match t.kind {
+            TensorKind::Convolution => t.dims.iter().copied().filter(|&d| d != 1).collect(),
+            _ => t.dims.clone(),
+        };
         infos.push(TensorInfo {
             name,
-            dims: t.dims.clone(),
+            dims,
             type_id: type_id(ty),
             bytes,
         });
-        let heads = permuted_heads(shape, &t.name);
-        sources.push(Source::Weight(t, heads));
+        let how = stored(shape, &t);
+        sources.push(Source::Weight(t, how));
     }
     Ok(GgufPlan { infos, sources })
 }
@@ -333,7 +475,9 @@ fn metadata(
     // Llama 3's (`smollm` is SmolLM 1/2's), OLMo 2/3's is DBRX's cl100k
     let pre = match shape.family() {
         Family::Llama | Family::Smollm3 | Family::Mixtral => "llama-bpe",
-        Family::Qwen2 | Family::Qwen3Moe => "qwen2",
+        // Qwen3.5's converter says `qwen35`, a split lcut's tokenizer does
+        // not know; the synthetic vocabulary splits as Qwen2's
+        Family::Qwen2 | Family::Qwen3Moe | Family::Qwen35 | Family::Qwen35Moe => "qwen2",
         Family::Olmo => "dbrx",
     };
     let mut meta = vec![
@@ -360,7 +504,7 @@ fn metadata(
             k("attention.layer_norm_rms_epsilon"),
             MetaValue::F32(s.rms_norm_eps as f32),
         ),
-        (k("rope.dimension_count"), u(shape.head_dim())),
+        (k("rope.dimension_count"), u(shape.rotary_dim())),
     ];
     if shape.family() == Family::Qwen3Moe || shape.head_dim.is_some() {
         // as the converter writes Qwen3's (whose head width is its own)
@@ -377,9 +521,33 @@ fn metadata(
             (k("expert_count"), u(e.num_experts)),
             (k("expert_used_count"), u(e.top_k)),
         ]);
-        if e.kind == ExpertsKind::Qwen3Moe {
-            meta.push((k("expert_feed_forward_length"), u(e.inner)));
+        match e.kind {
+            ExpertsKind::Qwen3Moe => meta.push((k("expert_feed_forward_length"), u(e.inner))),
+            ExpertsKind::Qwen35Moe { shared_inner } => meta.extend([
+                (k("expert_feed_forward_length"), u(e.inner)),
+                (k("expert_shared_feed_forward_length"), u(shared_inner)),
+            ]),
+            ExpertsKind::Mixtral => {}
         }
+    }
+    if let Some(la) = shape.linear {
+        // as the converter writes Qwen3.5: the linear layers' sizes, which
+        // layers are linear, and the multimodal RoPE sections its loader
+        // requires (the same rotation for text positions)
+        let recurrent = (0..s.num_layers).map(|l| la.is_linear(l)).collect();
+        meta.extend([
+            (k("ssm.conv_kernel"), u(la.conv_kernel)),
+            (k("ssm.state_size"), u(la.key_dim)),
+            (k("ssm.group_count"), u(la.key_heads)),
+            (k("ssm.time_step_rank"), u(la.value_heads)),
+            (k("ssm.inner_size"), u(la.value_heads * la.value_dim)),
+            (k("attention.recurrent_layers"), MetaValue::Bools(recurrent)),
+            (k("full_attention_interval"), u(la.full_interval)),
+            (
+                k("rope.dimension_sections"),
+                MetaValue::I32s(vec![11, 11, 10, 0]),
+            ),
+        ]);
     }
     if let Layout::Olmo { window: Some(w) } = s.layout {
         // as the converter writes OLMo 3: which layers slide, one flag per
@@ -485,14 +653,14 @@ pub fn write(
                 let bytes: Vec<u8> = f.iter().flat_map(|v| v.to_le_bytes()).collect();
                 emit(&bytes)?;
             }
-            Source::Weight(t, heads) => {
+            Source::Weight(t, how) => {
                 let ty = ggml_type(shape, format, t);
-                stream_weight(t, *heads, (ty, seed), &mut emit)?;
+                stream_weight(t, how, (ty, seed), &mut emit)?;
             }
             Source::Experts(slabs) => {
                 for t in slabs {
                     let ty = ggml_type(shape, format, t);
-                    stream_weight(t, None, (ty, seed), &mut emit)?;
+                    stream_weight(t, &Stored::default(), (ty, seed), &mut emit)?;
                 }
             }
         }
@@ -502,25 +670,32 @@ pub fn write(
     file.sync_all().map_err(io)
 }
 
-/// Draw weight `t` a slice of rows at a time (in llama.cpp's row order
-/// when `heads` is given), store each slice in `ty` and hand its bytes on.
+/// Draw weight `t` a slice of rows at a time, stored as `how` says (rows
+/// and columns in llama.cpp's order, values changed as its converter
+/// changes them), store each slice in `ty` and hand its bytes on.
 fn stream_weight(
     t: &TensorSpec,
-    heads: Option<usize>,
+    how: &Stored,
     (ty, seed): (GgmlDType, u64),
     emit: &mut dyn FnMut(&[u8]) -> Result<()>,
 ) -> Result<()> {
     let (rows, cols) = (t.rows(), t.cols());
-    let order: Vec<usize> = match heads {
-        Some(h) => permuted_rows(rows, h),
-        None => (0..rows).collect(),
-    };
+    let order: Vec<usize> = how.rows.clone().unwrap_or_else(|| (0..rows).collect());
     let quantize_err = |source| SynthError::Quantize {
         tensor: t.name.clone(),
         source,
     };
     for slice in order.chunks(rows_per_slice(cols)) {
-        let values = draw::rows_at(seed, &t.name, t.kind, cols, slice);
+        let mut values = draw::rows_at(seed, &t.name, t.kind, cols, slice);
+        if let Some(order) = &how.cols {
+            values = values
+                .chunks(cols)
+                .flat_map(|row| order.iter().map(|&c| row[c]))
+                .collect();
+        }
+        if how.values != ValueChange::None {
+            values.iter_mut().for_each(|x| *x = how.values.apply(*x));
+        }
         if ty == GgmlDType::F32 {
             let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
             emit(&bytes)?;
