@@ -3,21 +3,51 @@
 //! its blocks dequantize to gguf-py's values bit for bit (subnormal and
 //! overflowing exponents included), and their products on every level
 //! this CPU runs equal the f64 dot of gguf-py's values with the quantized
-//! activations.
+//! activations. Quantized by lcut (`quantize_mxfp4`, which `lcut synth`
+//! writes gpt-oss's experts with), values give gguf-py's blocks byte for
+//! byte (`fixtures/oracle/mxfp4_quantize.py`, equal to ggml's C
+//! `quantize_row_mxfp4_ref`).
 
 use lcut_kernels::isa::ALL;
-use lcut_kernels::quant::{Q8Rows, QuantFormat, QuantMatrix, dequantize, matmul, matvec_rows};
+use lcut_kernels::quant::{
+    Q8Rows, QuantFormat, QuantMatrix, dequantize, matmul, matvec_rows, quantize_mxfp4,
+};
 use lcut_kernels::testdata::{IsaChecks, Rng};
 
 const BLOCKS: &[u8] = include_bytes!("../../../fixtures/oracle/mxfp4/blocks.bin");
 const VALUES: &[u8] = include_bytes!("../../../fixtures/oracle/mxfp4/values.f32");
 
-/// gguf-py's values.
-fn reference() -> Vec<f32> {
-    VALUES
+const QUANTIZE_INPUT: &[u8] = include_bytes!("../../../fixtures/oracle/mxfp4/quantize_input.f32");
+const QUANTIZED: &[u8] = include_bytes!("../../../fixtures/oracle/mxfp4/quantize_blocks.bin");
+
+/// Little-endian f32s.
+fn floats(bytes: &[u8]) -> Vec<f32> {
+    bytes
         .chunks_exact(4)
         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         .collect()
+}
+
+/// gguf-py's values.
+fn reference() -> Vec<f32> {
+    floats(VALUES)
+}
+
+/// lcut's quantizer writes gguf-py's blocks byte for byte: scales from
+/// 1e-6 to 1e4, zeros, largest values at and just below a power of two,
+/// values halfway between codes (the first code wins), values past the
+/// largest code, subnormal values; a length that is not whole blocks, or
+/// a buffer of the wrong size, is refused.
+#[test]
+fn values_quantize_to_gguf_py_blocks() {
+    let values = floats(QUANTIZE_INPUT);
+    let mut got = vec![0u8; QUANTIZED.len()];
+    quantize_mxfp4(&values, &mut got).expect("whole blocks");
+    for (i, (g, w)) in got.chunks(17).zip(QUANTIZED.chunks(17)).enumerate() {
+        assert_eq!(g, w, "block {i}");
+    }
+    assert!(quantize_mxfp4(&values[..31], &mut got[..17]).is_err());
+    assert!(quantize_mxfp4(&values[..32], &mut got[..16]).is_err());
 }
 
 #[test]

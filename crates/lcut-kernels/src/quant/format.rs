@@ -323,3 +323,48 @@ pub fn dequantize(format: QuantFormat, bytes: &[u8], out: &mut [f32]) -> Result<
     }
     Ok(())
 }
+
+/// Quantize `values` (whole blocks of 32) to MXFP4 into `out` (17 bytes a
+/// block), as ggml's `quantize_row_mxfp4_ref` does: each block's E8M0
+/// exponent is `floor(log2(max |x|)) - 2 + 127` (0 for a block of zeros,
+/// wrapped to a byte as ggml's cast wraps it), its scale half of
+/// 2^(e - 127), and each value the
+/// first code of [`KVALUES_MXFP4`] nearest to it in that scale (values
+/// past 12 scales clip to the largest code). The values `i` and `i + 16`
+/// share code byte `i`, low nibble first, as the kernels read them.
+pub fn quantize_mxfp4(values: &[f32], out: &mut [u8]) -> Result<()> {
+    let blocks = values.len() / QK;
+    crate::error::check_len("MXFP4 values", blocks * QK, values.len())?;
+    let block_bytes = QuantFormat::Mxfp4.block_bytes();
+    crate::error::check_len("MXFP4 bytes", blocks * block_bytes, out.len())?;
+    let nearest = |x: f32, d: f32| -> u8 {
+        let mut best = (0u8, (f32::from(KVALUES_MXFP4[0]) * d - x).abs());
+        for (i, &k) in KVALUES_MXFP4.iter().enumerate().skip(1) {
+            let err = (f32::from(k) * d - x).abs();
+            if err < best.1 {
+                best = (i as u8, err);
+            }
+        }
+        best.0
+    };
+    for (xs, blk) in values
+        .chunks_exact(QK)
+        .zip(out.chunks_exact_mut(block_bytes))
+    {
+        let amax = xs.iter().fold(0f32, |m, x| m.max(x.abs()));
+        // ggml's cast of the exponent to a byte wraps below zero (a block
+        // under 2^-125 gets a scale near 2^124 and codes of zero): the same
+        // bytes here
+        let e = if amax > 0.0 {
+            (amax.log2().floor() - 2.0 + 127.0) as i32 as u8
+        } else {
+            0
+        };
+        let d = e8m0_half(e);
+        blk[0] = e;
+        for j in 0..QK / 2 {
+            blk[1 + j] = nearest(xs[j], d) | (nearest(xs[j + QK / 2], d) << 4);
+        }
+    }
+    Ok(())
+}

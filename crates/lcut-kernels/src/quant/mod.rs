@@ -39,7 +39,7 @@ use std::ops::Range;
 
 pub use acts::{Q8Row, Q8Rows, Q16Row, Q16Rows};
 pub use aligned::{HUGE_PAGES_VAR, huge_page_bytes, huge_pages_turned_off};
-pub use format::{FORMATS, QK, QK_K, QuantFormat, dequantize};
+pub use format::{FORMATS, QK, QK_K, QuantFormat, dequantize, quantize_mxfp4};
 pub use matmul::{has_tiled_path, matmul, matmul_wide, takes_wide_activations};
 pub use packed::{GROUP_ROWS, PackedMatrix};
 
