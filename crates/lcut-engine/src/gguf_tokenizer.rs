@@ -33,6 +33,11 @@ const GPT2_SPLIT: &str =
     r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 /// Llama 3's split (`llama-bpe`).
 const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// GPT-4o's o200k split (`gpt-4o`: gpt-oss): words with their case runs
+/// and a trailing contraction, numbers of up to three digits, symbols
+/// (with a trailing slash or newline run), newline runs, spaces; as the
+/// tokenizer.json llama.cpp takes it from has it.
+const GPT4O_SPLIT: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// Qwen2's split (`qwen2`): digits one by one.
 const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
@@ -45,6 +50,7 @@ fn pre_splits(pre: &str) -> Option<&'static [&'static str]> {
         "smollm" | "starcoder" | "refact" => &[r"\p{N}", GPT2_SPLIT],
         "llama-bpe" | "llama3" | "llama-v3" | "smaug-bpe" | "dbrx" => &[LLAMA3_SPLIT],
         "qwen2" | "deepseek-r1-qwen" => &[QWEN2_SPLIT],
+        "gpt-4o" => &[GPT4O_SPLIT],
         _ => return None,
     })
 }

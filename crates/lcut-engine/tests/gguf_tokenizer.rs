@@ -127,3 +127,19 @@ fn gemma4_vocabulary_tokenizes_as_llama_cpp() -> Result<()> {
     let tok = TextTokenizer::from_gguf(&header, &path)?;
     tokenizes_as(&tok, &dir.join("tokenize.jsonl"), "llama.cpp", 40)
 }
+
+/// A byte-level BPE vocabulary split as GPT-4o's o200k
+/// (`tokenizer.ggml.pre = gpt-4o`, gpt-oss's GGUF files) tokenized as
+/// llama.cpp's own `llama-tokenize` does
+/// (`fixtures/oracle/gpt4o-vocab/tokenize.jsonl`, made by
+/// `fixtures/oracle/gpt4o_tokenize.py`): case runs, contractions, numbers
+/// in threes, symbols with trailing slashes and newlines.
+#[test]
+fn gpt4o_vocabulary_tokenizes_as_llama_cpp() -> Result<()> {
+    let dir = oracle_case("gpt4o-vocab");
+    let path = dir.join("vocab.gguf");
+    let bytes = std::fs::read(&path)?;
+    let header = GgufHeader::parse(&bytes, &path)?;
+    let tok = TextTokenizer::from_gguf(&header, &path)?;
+    tokenizes_as(&tok, &dir.join("tokenize.jsonl"), "llama.cpp", 46)
+}
