@@ -195,9 +195,16 @@ pub fn parameter_count(cfg: &ModelConfig) -> u64 {
             QkNorm::Whole => (h + kv) * hd,
         };
         let bias = if cfg.qkv_bias { (h + kv_rows) * hd } else { 0 };
+        // gpt-oss's output bias and sink logits (one a head)
+        let out_bias = if cfg.arch == crate::config::Arch::GptOss {
+            d
+        } else {
+            0
+        };
+        let sinks = usize::from(cfg.attention_sinks) * h;
         // the query projection's gate rows (Qwen3.5's full layers)
         let gate = if cfg.attn_output_gate { d * h * hd } else { 0 };
-        d * (h + kv_rows) * hd + h * hd * d + norms + qk_norms + bias + gate
+        d * (h + kv_rows) * hd + h * hd * d + norms + qk_norms + bias + out_bias + sinks + gate
     };
     // a linear-attention layer (Qwen3.5): its input projections (queries,
     // keys and values; the gate z; b and a per value head), the
@@ -219,7 +226,12 @@ pub fn parameter_count(cfg: &ModelConfig) -> u64 {
     // the branch's three norms
     let mlp = |l: usize, sparse: bool| match (sparse, cfg.experts) {
         (true, Some(e)) => {
-            let routed = e.num_experts * d + e.num_experts * 3 * d * e.inner;
+            // gpt-oss's router bias and each expert's gate, up and down biases
+            let biases = match e.bias {
+                true => e.num_experts * (1 + 2 * e.inner + d),
+                false => 0,
+            };
+            let routed = e.num_experts * d + e.num_experts * 3 * d * e.inner + biases;
             let shared = e.shared_inner.map_or(0, |s| 3 * d * s + d);
             let beside = match e.beside_mlp {
                 true => 3 * d * cfg.mlp_width(l) + d + e.num_experts + 3 * d,
