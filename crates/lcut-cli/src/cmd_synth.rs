@@ -20,12 +20,15 @@ pub struct SynthArgs {
     /// llama-3.1-8b, qwen3.5-9b (three linear-attention layers per full
     /// one), qwen3-30b-a3b (128 experts, 8 per token), qwen3.5-35b-a3b
     /// (Qwen3.5's layers, 256 experts, 8 per token, and a shared one),
-    /// mixtral-8x7b (8 experts, 2 per token) or small.
+    /// gpt-oss-20b (32 experts, 4 per token, sinks, sliding layers; its
+    /// 2880-wide rows fit gguf-q8_0 and gguf-mxfp4), mixtral-8x7b (8
+    /// experts, 2 per token) or small.
     #[arg(long)]
     pub shape: String,
     /// Format: safetensors-bf16, safetensors-f32 (a model folder), gguf-q4_0,
-    /// gguf-q4_k, gguf-q4_k_m or gguf-q8_0 (a GGUF file; q4_k_m mixes Q4_K
-    /// and Q6_K as llama.cpp's Q4_K_M does).
+    /// gguf-q4_k, gguf-q4_k_m, gguf-q8_0 or gguf-mxfp4 (a GGUF file; q4_k_m
+    /// mixes Q4_K and Q6_K as llama.cpp's Q4_K_M does; mxfp4 keeps the
+    /// experts in MXFP4 and the rest in Q8_0, as gpt-oss's own files).
     #[arg(long, value_parser = parse_format)]
     pub format: Format,
     /// Where to write it (a path that does not exist yet).

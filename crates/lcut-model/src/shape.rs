@@ -172,6 +172,17 @@ impl LlamaShape {
     /// width into an even head width (RoPE rotates pairs), the K/V heads
     /// divide the query heads, and the constants are finite.
     pub fn validate(&self) -> std::result::Result<(), ShapeError> {
+        self.validate_heads_of(None)
+    }
+
+    /// [`Self::validate`] for a model whose heads are `head_dim` wide where
+    /// that is given (gpt-oss's 64 at width 2880 and 64 heads): the
+    /// hidden size need not split into the heads then; the caller checks
+    /// that width.
+    pub fn validate_heads_of(
+        &self,
+        head_dim: Option<usize>,
+    ) -> std::result::Result<(), ShapeError> {
         let bad = |field, expected: String, found: String| {
             Err(ShapeError {
                 field,
@@ -201,14 +212,14 @@ impl LlamaShape {
                 );
             }
         }
-        if !self.hidden_size.is_multiple_of(self.num_heads) {
+        if head_dim.is_none() && !self.hidden_size.is_multiple_of(self.num_heads) {
             return bad(
                 "num_heads",
                 format!("a divisor of hidden_size ({})", self.hidden_size),
                 self.num_heads.to_string(),
             );
         }
-        if !self.head_dim().is_multiple_of(2) {
+        if head_dim.is_none() && !self.head_dim().is_multiple_of(2) {
             return bad(
                 "num_heads",
                 format!(

@@ -40,6 +40,10 @@ pub enum Family {
     /// Qwen3.5-MoE: Qwen3.5's layers, every MLP a mixture of experts with a
     /// shared expert beside them.
     Qwen35Moe,
+    /// gpt-oss: attention with biases and a learned sink logit per head,
+    /// sliding and full layers alternating, YaRN, and a mixture of experts
+    /// (biased, clamped SwiGLU) in place of every MLP.
+    GptOss,
 }
 
 /// Which architecture's mixture of experts a shape has.
@@ -58,6 +62,18 @@ pub enum ExpertsKind {
     Qwen35Moe {
         /// The shared expert's inner width.
         shared_inner: usize,
+    },
+    /// gpt-oss's (`mlp.router` with a bias; every expert's gate and up
+    /// projections fused in `mlp.experts.gate_up_proj` [experts, hidden, 2
+    /// inner], gate and up columns alternating, the down projections in
+    /// `mlp.experts.down_proj` [experts, inner, hidden], each with a bias;
+    /// the expert width is `intermediate_size`). The family's attention
+    /// comes with it: q/k/v/o biases, a sink logit per head
+    /// (`self_attn.sinks`), and every other layer, the first included,
+    /// sliding over `sliding_window` tokens.
+    GptOss {
+        /// The sliding layers' window.
+        sliding_window: usize,
     },
 }
 
@@ -210,7 +226,7 @@ pub struct ModelShape {
 }
 
 /// The names [`named`] knows, in the order `lcut synth --help` lists them.
-pub const NAMES: [&str; 10] = [
+pub const NAMES: [&str; 11] = [
     "llama-3.2-1b",
     "qwen2.5-1.5b",
     "smollm3-3b",
@@ -219,6 +235,7 @@ pub const NAMES: [&str; 10] = [
     "qwen3.5-9b",
     "qwen3-30b-a3b",
     "qwen3.5-35b-a3b",
+    "gpt-oss-20b",
     "mixtral-8x7b",
     "small",
 ];
@@ -645,6 +662,56 @@ pub fn qwen3_5_35b_a3b() -> ModelShape {
     }
 }
 
+/// openai/gpt-oss-20b: 24 layers, hidden 2880, 64 heads (8 K/V) 64 wide
+/// with q/k/v/o biases and a sink logit each, layers alternating a
+/// 128-token window and full attention (the first slides), and in every
+/// layer 32 experts of inner width 2880, 4 run per token (softmax over
+/// the chosen logits), their SwiGLU clamped at 7; vocabulary 201088,
+/// untied head, RoPE base 150000 with YaRN (factor 32 over 4096 original
+/// positions), RMSNorm eps 1e-5, 131072 positions; BoS 199998
+/// (`<|startoftext|>`), EoS 200002 (`<|return|>`), pad 199999
+/// (`<|endoftext|>`). About 20.9e9 parameters; a token runs 4.2e9 of them
+/// (3.6e9 without the embedding, the count OpenAI gives). YaRN's ramp is
+/// truncated here, as llama.cpp always runs it (the published config says
+/// `truncate: false`), so that the folder and the GGUF file are one model.
+/// From memory of the published `config.json`; the counts agree with the
+/// model card.
+pub fn gpt_oss_20b() -> ModelShape {
+    ModelShape {
+        name: "gpt-oss-20b".into(),
+        sizes: LlamaShape {
+            vocab_size: 201_088,
+            hidden_size: 2880,
+            intermediate_size: 2880,
+            num_layers: 24,
+            num_heads: 64,
+            num_kv_heads: 8,
+            rope_theta: 150_000.0,
+            rms_norm_eps: 1e-5,
+            max_position_embeddings: 131_072,
+            layout: Layout::Llama,
+        },
+        qkv_bias: true,
+        rope_scaling: yarn_scaling(32.0, 4096.0),
+        tie_word_embeddings: false,
+        tokens: SpecialTokens {
+            bos: 199_998,
+            eos: 200_002,
+            pad: Some(199_999),
+        },
+        head_dim: Some(64),
+        experts: Some(ExpertShape {
+            kind: ExpertsKind::GptOss {
+                sliding_window: 128,
+            },
+            num_experts: 32,
+            top_k: 4,
+            inner: 2880,
+        }),
+        linear: None,
+    }
+}
+
 /// 8 layers, hidden 512, 8 heads, 2 KV heads, vocab 32000 (about 57M parameters).
 pub fn small() -> LlamaShape {
     LlamaShape {
@@ -673,6 +740,7 @@ pub fn named(name: &str) -> Result<ModelShape> {
         "qwen3-30b-a3b" => qwen3_30b_a3b(),
         "qwen3.5-9b" => qwen3_5_9b(),
         "qwen3.5-35b-a3b" => qwen3_5_35b_a3b(),
+        "gpt-oss-20b" => gpt_oss_20b(),
         "mixtral-8x7b" => mixtral_8x7b(),
         "small" => ModelShape::llama("small", small()),
         _ => {
@@ -717,6 +785,7 @@ impl ModelShape {
             (None, Some(_)) => return Family::Qwen35,
             (Some(ExpertsKind::Qwen3Moe), None) => return Family::Qwen3Moe,
             (Some(ExpertsKind::Mixtral), None) => return Family::Mixtral,
+            (Some(ExpertsKind::GptOss { .. }), None) => return Family::GptOss,
             // refused by `validate_own`: Qwen3.5-MoE's experts need its
             // linear layers
             (Some(ExpertsKind::Qwen35Moe { .. }), None) => return Family::Qwen35Moe,
@@ -747,12 +816,13 @@ impl ModelShape {
             (Family::Mixtral, _) => Arch::Mixtral,
             (Family::Qwen35, _) => Arch::Qwen35,
             (Family::Qwen35Moe, _) => Arch::Qwen35Moe,
+            (Family::GptOss, _) => Arch::GptOss,
         }
     }
 
     /// Whether the tokenizer puts BoS before a text, as the checkpoint's
-    /// does: Llama 3's and Mixtral's do; Qwen2's, Qwen3's, SmolLM3's and
-    /// OLMo's do not.
+    /// does: Llama 3's and Mixtral's do; Qwen2's, Qwen3's, Qwen3.5's,
+    /// SmolLM3's, OLMo's and gpt-oss's do not.
     pub fn adds_bos(&self) -> bool {
         matches!(self.family(), Family::Llama | Family::Mixtral)
     }
@@ -819,12 +889,29 @@ impl ModelShape {
                 self.sizes.layout.to_string(),
             );
         }
-        if self.qkv_bias {
+        let gpt_oss = matches!(e.kind, ExpertsKind::GptOss { .. });
+        if self.qkv_bias != gpt_oss {
             return bad(
                 "qkv_bias",
-                "false (neither Qwen3-MoE nor Mixtral has q/k/v biases)".into(),
-                "true".into(),
+                "true for gpt-oss (its attention has biases), false for the other experts' families".into(),
+                self.qkv_bias.to_string(),
             );
+        }
+        if let ExpertsKind::GptOss { sliding_window } = e.kind {
+            if sliding_window == 0 {
+                return bad(
+                    "experts.kind.sliding_window",
+                    "a positive window".into(),
+                    "0".into(),
+                );
+            }
+            if self.head_dim.is_none() {
+                return bad(
+                    "head_dim",
+                    "a width of its own (gpt-oss's config names it)".into(),
+                    "none".into(),
+                );
+            }
         }
         if e.num_experts == 0 || e.num_experts > lcut_model::config::MAX_SIZE {
             return bad(
@@ -1062,7 +1149,7 @@ impl ModelShape {
     /// `config.json` on disk; an invalid shape is refused by field.
     pub fn config(&self) -> Result<ModelConfig> {
         self.sizes
-            .validate()
+            .validate_heads_of(self.head_dim)
             .map_err(lcut_model::ModelError::from)?;
         self.validate_own()?;
         let text = self.config_json("float32").to_string();
@@ -1105,6 +1192,12 @@ impl ModelShape {
             .collect();
         if let Some(la) = self.linear {
             return self.qwen35_tensors(la);
+        }
+        if let Some(e) = self
+            .experts
+            .filter(|e| matches!(e.kind, ExpertsKind::GptOss { .. }))
+        {
+            return self.gpt_oss_tensors(e);
         }
         let layers = match self.experts {
             Some(e) => (0..self.sizes.num_layers)
@@ -1254,6 +1347,89 @@ impl ModelShape {
         out
     }
 
+    /// Every weight of a gpt-oss shape with experts `e`, each of its kind,
+    /// in the order transformers registers them: the embedding (routed),
+    /// each layer's input norm, attention (q/k/v/o with biases, the sinks),
+    /// router and its bias, the fused experts and their biases, and its
+    /// norm before the experts, then the final norm and the head.
+    fn gpt_oss_tensors(&self, e: ExpertShape) -> Vec<TensorSpec> {
+        let s = &self.sizes;
+        let (d, h, kv, hd) = (s.hidden_size, s.num_heads, s.num_kv_heads, self.head_dim());
+        let (n, inner) = (e.num_experts, e.inner);
+        let spec =
+            |name: String, dims: Vec<usize>, kind: TensorKind| TensorSpec { name, dims, kind };
+        let mut out = vec![spec(
+            "model.embed_tokens.weight".into(),
+            vec![s.vocab_size, d],
+            TensorKind::RoutedEmbedding,
+        )];
+        for l in 0..s.num_layers {
+            let p = format!("model.layers.{l}");
+            out.push(spec(
+                format!("{p}.input_layernorm.weight"),
+                vec![d],
+                TensorKind::Norm,
+            ));
+            for (proj, rows, cols) in [
+                ("q_proj", h * hd, d),
+                ("k_proj", kv * hd, d),
+                ("v_proj", kv * hd, d),
+                ("o_proj", d, h * hd),
+            ] {
+                let x = format!("{p}.self_attn.{proj}");
+                out.push(spec(
+                    format!("{x}.weight"),
+                    vec![rows, cols],
+                    TensorKind::Matrix,
+                ));
+                out.push(spec(format!("{x}.bias"), vec![rows], TensorKind::Bias));
+            }
+            out.extend([
+                spec(format!("{p}.self_attn.sinks"), vec![h], TensorKind::Bias),
+                spec(
+                    format!("{p}.mlp.router.weight"),
+                    vec![n, d],
+                    TensorKind::Router,
+                ),
+                spec(format!("{p}.mlp.router.bias"), vec![n], TensorKind::Bias),
+                spec(
+                    format!("{p}.mlp.experts.gate_up_proj"),
+                    vec![n, d, 2 * inner],
+                    TensorKind::Matrix,
+                ),
+                spec(
+                    format!("{p}.mlp.experts.gate_up_proj_bias"),
+                    vec![n, 2 * inner],
+                    TensorKind::Bias,
+                ),
+                spec(
+                    format!("{p}.mlp.experts.down_proj"),
+                    vec![n, inner, d],
+                    TensorKind::Matrix,
+                ),
+                spec(
+                    format!("{p}.mlp.experts.down_proj_bias"),
+                    vec![n, d],
+                    TensorKind::Bias,
+                ),
+                spec(
+                    format!("{p}.post_attention_layernorm.weight"),
+                    vec![d],
+                    TensorKind::Norm,
+                ),
+            ]);
+        }
+        out.push(spec("model.norm.weight".into(), vec![d], TensorKind::Norm));
+        if !self.tie_word_embeddings {
+            out.push(spec(
+                "lm_head.weight".into(),
+                vec![s.vocab_size, d],
+                TensorKind::Matrix,
+            ));
+        }
+        out
+    }
+
     /// Layer `l`'s weights of a shape with experts `e`, in the order
     /// transformers registers them: the attention's projections (of
     /// [`Self::head_dim`]-wide heads) and Qwen3's per-head q/k norms, the
@@ -1270,8 +1446,9 @@ impl ModelShape {
             (format!("{p}.self_attn.o_proj.weight"), vec![d, h * hd]),
         ];
         let (block, [gate, up, down]) = match e.kind {
-            // Qwen3.5-MoE's layers are listed by `qwen35_tensors`
-            ExpertsKind::Qwen3Moe | ExpertsKind::Qwen35Moe { .. } => {
+            // Qwen3.5-MoE's layers are listed by `qwen35_tensors`,
+            // gpt-oss's by `gpt_oss_tensors`
+            ExpertsKind::Qwen3Moe | ExpertsKind::Qwen35Moe { .. } | ExpertsKind::GptOss { .. } => {
                 out.extend([
                     (format!("{p}.self_attn.q_norm.weight"), vec![hd]),
                     (format!("{p}.self_attn.k_norm.weight"), vec![hd]),
@@ -1306,13 +1483,26 @@ impl ModelShape {
     /// size, the weights of `top_k` of them); the routers count, as
     /// they run on every token. [`Self::parameter_count`] without experts.
     pub fn active_parameter_count(&self) -> u64 {
-        let top_k = self.experts.map_or(usize::MAX, |e| e.top_k);
+        let (top_k, experts) = self
+            .experts
+            .map_or((usize::MAX, 1), |e| (e.top_k, e.num_experts));
         self.tensors()
             .iter()
             .filter(|t| expert_index(&t.name).is_none_or(|i| i < top_k))
-            .map(|t| t.len() as u64)
+            .map(|t| match is_fused_experts(&t.name) {
+                // every expert's weights in one tensor (gpt-oss)
+                true => (t.len() / experts * top_k) as u64,
+                false => t.len() as u64,
+            })
             .sum()
     }
+}
+
+/// Whether weight `name` holds every expert's copy of a projection or its
+/// bias in one tensor, experts first (gpt-oss's `mlp.experts.gate_up_proj`
+/// and the like).
+pub fn is_fused_experts(name: &str) -> bool {
+    name.contains(".mlp.experts.") && expert_index(name).is_none()
 }
 
 /// The index of the expert weight `name` (Hugging Face name,
@@ -1354,6 +1544,22 @@ fn experts_config(map: &mut Map<String, Value>, sizes: &LlamaShape, e: ExpertSha
                 json!(shared_inner),
             );
             map.insert("router_aux_loss_coef".into(), json!(0.001));
+        }
+        ExpertsKind::GptOss { sliding_window } => {
+            map.insert("architectures".into(), json!(["GptOssForCausalLM"]));
+            map.insert("model_type".into(), json!("gpt_oss"));
+            map.insert("num_local_experts".into(), json!(e.num_experts));
+            map.insert("intermediate_size".into(), json!(e.inner));
+            map.insert("sliding_window".into(), json!(sliding_window));
+            let types: Vec<&str> = (0..sizes.num_layers)
+                .map(|l| match l % 2 {
+                    0 => "sliding_attention",
+                    _ => "full_attention",
+                })
+                .collect();
+            map.insert("layer_types".into(), json!(types));
+            map.insert("swiglu_limit".into(), json!(7.0));
+            map.insert("router_aux_loss_coef".into(), json!(0.9));
         }
         ExpertsKind::Mixtral => {
             map.insert("architectures".into(), json!(["MixtralForCausalLM"]));
@@ -1656,6 +1862,9 @@ mod tests {
             ("llama-3.1-8b", Family::Llama, Arch::Llama),
             ("qwen3-30b-a3b", Family::Qwen3Moe, Arch::Qwen3Moe),
             ("mixtral-8x7b", Family::Mixtral, Arch::Mixtral),
+            ("qwen3.5-9b", Family::Qwen35, Arch::Qwen35),
+            ("qwen3.5-35b-a3b", Family::Qwen35Moe, Arch::Qwen35Moe),
+            ("gpt-oss-20b", Family::GptOss, Arch::GptOss),
             ("small", Family::Llama, Arch::Llama),
         ] {
             let shape = named(name).unwrap();

@@ -71,6 +71,7 @@ fn special_texts(shape: &ModelShape) -> Vec<(u32, String)> {
             ("<|endoftext|>", "<|im_end|>")
         }
         (Family::Smollm3, _) => ("<|begin_of_text|>", "<|im_end|>"),
+        (Family::GptOss, _) => ("<|startoftext|>", "<|return|>"),
         (Family::Olmo, _) => ("<|endoftext|>", "<|endoftext|>"),
         (Family::Llama, 128_000) => ("<|begin_of_text|>", "<|end_of_text|>"),
         (Family::Llama | Family::Mixtral, _) => ("<s>", "</s>"),

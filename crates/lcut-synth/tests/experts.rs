@@ -19,7 +19,7 @@ use lcut_model::config::QkNorm;
 use lcut_model::gguf::{GgufFile, GgufWeights};
 use lcut_model::{Arch, Decoder, ModelConfig, Probe, RoutingView, WeightMode, WeightSource};
 use lcut_synth::draw::RandomWeights;
-use lcut_synth::shapes::{self, ModelShape};
+use lcut_synth::shapes::{self, ModelShape, TensorKind};
 use lcut_synth::write::gguf::ggml_type;
 use lcut_synth::{Format, RandomModel, WriteOptions, write_model};
 
@@ -187,7 +187,11 @@ fn gguf_holds_each_experts_drawn_weights() {
                 let dense = drawn
                     .load(&t.name, &t.dims, DType::F32, &Device::Cpu)
                     .unwrap();
+                let mxfp4 = format == Format::GgufMxfp4
+                    && shapes::expert_index(&t.name).is_some()
+                    && t.kind == TensorKind::Matrix;
                 let want = match ggml_type(&shape, format, &t) {
+                    _ if mxfp4 => mxfp4_round_trip(&dense),
                     GgmlDType::F32 => dense,
                     ty => QTensor::quantize(&dense, ty)
                         .unwrap()
@@ -198,6 +202,18 @@ fn gguf_holds_each_experts_drawn_weights() {
             }
         }
     }
+}
+
+/// `dense` quantized to MXFP4 by lcut's kernels (held to gguf-py's blocks
+/// in `lcut-kernels`' tests) and read back.
+fn mxfp4_round_trip(dense: &Tensor) -> Tensor {
+    let values = dense.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let mut blocks = vec![0u8; values.len() / 32 * 17];
+    lcut_kernels::quant::quantize_mxfp4(&values, &mut blocks).unwrap();
+    let mut back = vec![0f32; values.len()];
+    lcut_kernels::quant::dequantize(lcut_kernels::quant::QuantFormat::Mxfp4, &blocks, &mut back)
+        .unwrap();
+    Tensor::from_vec(back, dense.shape(), &Device::Cpu).unwrap()
 }
 
 /// Every format loads as a decoder (dense, and from GGUF also with its

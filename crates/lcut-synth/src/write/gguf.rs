@@ -10,7 +10,10 @@
 //! (`ffn_gate_inp`) in f32, Qwen3.5 (`qwen35`, `qwen35moe`) as its
 //! converter writes it ([`Stored`]: value heads in llama.cpp's tiled
 //! order, `1 + w` norms, `-exp(A_log)`, the convolution without its unit
-//! axis), the synthetic tokenizer as `gpt2` BPE, norms and biases in f32,
+//! axis), gpt-oss (`gpt-oss`) with its fused experts split and turned as
+//! the converter turns them ([`FusedPart`]) and, in [`Format::GgufMxfp4`],
+//! quantized to MXFP4 as ggml's reference quantizer does, the synthetic
+//! tokenizer as `gpt2` BPE, norms and biases in f32,
 //! matrices in the format's type and the LM head (the embedding when tied)
 //! in Q6_K, as `llama-quantize` stores it.
 
@@ -41,6 +44,159 @@ enum Source {
     Experts(Vec<TensorSpec>),
     /// Llama 3's per-frequency divisors.
     RopeFactors(Vec<f32>),
+    /// One part of a tensor that holds every expert's weights (gpt-oss's
+    /// `mlp.experts.gate_up_proj` and the like), as llama.cpp stores it.
+    Fused(TensorSpec, FusedPart),
+}
+
+/// The GGUF tensors llama.cpp's converter makes of gpt-oss's fused expert
+/// tensors (from a float checkpoint): `gate_up_proj` [experts, hidden, 2
+/// inner] turned to [experts, inner, hidden] and split into its even
+/// (gate) and odd (up) rows, `down_proj` [experts, inner, hidden] turned
+/// to [experts, hidden, inner], `gate_up_proj_bias` split likewise, and
+/// `down_proj_bias` as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FusedPart {
+    /// The gate projections (`ffn_gate_exps.weight`).
+    Gate,
+    /// The up projections (`ffn_up_exps.weight`).
+    Up,
+    /// The down projections (`ffn_down_exps.weight`).
+    Down,
+    /// The gate projections' biases (`ffn_gate_exps.bias`).
+    GateBias,
+    /// The up projections' biases (`ffn_up_exps.bias`).
+    UpBias,
+    /// The tensor as it is (`down_proj_bias`: `ffn_down_exps.bias`).
+    Whole,
+}
+
+impl FusedPart {
+    /// The parts llama.cpp makes of fused tensor `name` (Hugging Face
+    /// name), with their GGUF names (layer `layer`) and dimensions, rows
+    /// first; `None` for a tensor that is not one of gpt-oss's fused ones.
+    fn of(name: &str, dims: &[usize]) -> Option<Vec<(String, Vec<usize>, FusedPart)>> {
+        let rest = name.strip_prefix("model.layers.")?;
+        let (layer, param) = rest.split_once(".mlp.experts.")?;
+        let blk = |t: &str| format!("blk.{layer}.{t}");
+        Some(match (param, dims) {
+            ("gate_up_proj", &[e, d, two_i]) => vec![
+                (
+                    blk("ffn_gate_exps.weight"),
+                    vec![e, two_i / 2, d],
+                    FusedPart::Gate,
+                ),
+                (
+                    blk("ffn_up_exps.weight"),
+                    vec![e, two_i / 2, d],
+                    FusedPart::Up,
+                ),
+            ],
+            ("down_proj", &[e, i, d]) => {
+                vec![(blk("ffn_down_exps.weight"), vec![e, d, i], FusedPart::Down)]
+            }
+            ("gate_up_proj_bias", &[e, two_i]) => vec![
+                (
+                    blk("ffn_gate_exps.bias"),
+                    vec![e, two_i / 2],
+                    FusedPart::GateBias,
+                ),
+                (
+                    blk("ffn_up_exps.bias"),
+                    vec![e, two_i / 2],
+                    FusedPart::UpBias,
+                ),
+            ],
+            ("down_proj_bias", &[e, d]) => {
+                vec![(blk("ffn_down_exps.bias"), vec![e, d], FusedPart::Whole)]
+            }
+            _ => return None,
+        })
+    }
+}
+
+/// The type a tensor is stored in: one candle writes, or MXFP4 (ggml type
+/// 39, 32 values in 17 bytes), which lcut's kernels quantize.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StoredType {
+    /// A type candle quantizes (or f32).
+    Ggml(GgmlDType),
+    /// MXFP4 (gpt-oss's experts).
+    Mxfp4,
+}
+
+impl StoredType {
+    fn block_size(self) -> usize {
+        match self {
+            StoredType::Ggml(t) => t.block_size(),
+            StoredType::Mxfp4 => 32,
+        }
+    }
+
+    fn type_id(self) -> u32 {
+        match self {
+            StoredType::Ggml(t) => type_id(t),
+            StoredType::Mxfp4 => 39,
+        }
+    }
+
+    fn bytes(self, n: usize) -> u64 {
+        match self {
+            StoredType::Ggml(t) => type_bytes(t, n),
+            StoredType::Mxfp4 => (n / 32 * 17) as u64,
+        }
+    }
+
+    fn name(self) -> String {
+        match self {
+            StoredType::Ggml(t) => format!("{t:?}"),
+            StoredType::Mxfp4 => "MXFP4".into(),
+        }
+    }
+
+    /// `values` (`rows` rows of `cols`) in this type's bytes.
+    fn encode(self, tensor: &str, values: Vec<f32>, rows: usize, cols: usize) -> Result<Vec<u8>> {
+        let quantize_err = |source| SynthError::Quantize {
+            tensor: tensor.to_string(),
+            source,
+        };
+        match self {
+            StoredType::Ggml(GgmlDType::F32) => {
+                Ok(values.iter().flat_map(|v| v.to_le_bytes()).collect())
+            }
+            StoredType::Ggml(ty) => {
+                let dense =
+                    Tensor::from_vec(values, (rows, cols), &Device::Cpu).map_err(quantize_err)?;
+                let q = QTensor::quantize(&dense, ty).map_err(quantize_err)?;
+                q.data().map(|d| d.to_vec()).map_err(quantize_err)
+            }
+            StoredType::Mxfp4 => {
+                use rayon::prelude::*;
+                let row_bytes = cols / 32 * 17;
+                let mut out = vec![0u8; rows * row_bytes];
+                out.par_chunks_mut(row_bytes.max(1))
+                    .zip(values.par_chunks(cols.max(1)))
+                    .try_for_each(|(o, v)| lcut_kernels::quant::quantize_mxfp4(v, o))
+                    .map_err(|e| SynthError::Quantize {
+                        tensor: tensor.to_string(),
+                        source: candle_core::Error::Msg(e.to_string()),
+                    })?;
+                Ok(out)
+            }
+        }
+    }
+}
+
+/// The type weight `t` of `shape` is stored in: MXFP4 for the experts'
+/// matrices in [`Format::GgufMxfp4`], else [`ggml_type`]'s.
+fn stored_type(shape: &ModelShape, format: Format, t: &TensorSpec) -> StoredType {
+    let expert =
+        crate::shapes::expert_index(&t.name).is_some() || crate::shapes::is_fused_experts(&t.name);
+    if format == Format::GgufMxfp4 && expert && t.kind == TensorKind::Matrix {
+        StoredType::Mxfp4
+    } else {
+        StoredType::Ggml(ggml_type(shape, format, t))
+    }
 }
 
 /// How a weight's drawn values become the file's: the order llama.cpp
@@ -190,7 +346,7 @@ pub fn ggml_type(shape: &ModelShape, format: Format, t: &TensorSpec) -> GgmlDTyp
             | TensorKind::Convolution,
             ..,
         ) => GgmlDType::F32,
-        (_, _, Format::GgufQ8_0, _) => GgmlDType::Q8_0,
+        (_, _, Format::GgufQ8_0 | Format::GgufMxfp4, _) => GgmlDType::Q8_0,
         (_, true, ..) => GgmlDType::Q6K,
         (_, false, _, Some(ty)) => ty,
         (_, false, Format::GgufQ4KM, _) if more_bits_in(shape, &t.name) => GgmlDType::Q6K,
@@ -309,13 +465,14 @@ fn rope_factors(shape: &ModelShape) -> Option<Vec<f32>> {
 }
 
 /// llama.cpp's name of weight `hf_name` of `shape`: [`gguf_name`]'s, but
-/// OLMo's norm after attention and Qwen3.5's norm before the MLP are
+/// OLMo's norm after attention and Qwen3.5's and gpt-oss's norm before the
+/// MLP are
 /// `post_attention_norm` (llama.cpp's `ATTN_POST_NORM`), where Llama's
 /// `post_attention_layernorm` is the norm before the MLP (`ffn_norm`).
 pub fn tensor_name(shape: &ModelShape, hf_name: &str) -> String {
     if matches!(
         shape.family(),
-        Family::Olmo | Family::Qwen35 | Family::Qwen35Moe
+        Family::Olmo | Family::Qwen35 | Family::Qwen35Moe | Family::GptOss
     ) && let Some(layer) = hf_name
         .strip_prefix("model.layers.")
         .and_then(|rest| rest.strip_suffix(".post_attention_layernorm.weight"))
@@ -370,26 +527,42 @@ fn plan_tensors(shape: &ModelShape, format: Format, tensors: Vec<TensorSpec>) ->
     }
     // each 3-D expert tensor's place in `infos`, by its GGUF name
     let mut stacks = std::collections::HashMap::new();
+    let fits = |t: &TensorSpec, cols: usize, ty: StoredType| match cols % ty.block_size() {
+        0 => Ok(()),
+        _ => Err(SynthError::BlockSize {
+            format: format.to_string(),
+            tensor: t.name.clone(),
+            cols,
+            block: ty.block_size(),
+            type_name: ty.name(),
+        }),
+    };
     for t in tensors {
-        let ty = ggml_type(shape, format, &t);
-        if t.cols() % ty.block_size() != 0 {
-            return Err(SynthError::BlockSize {
-                format: format.to_string(),
-                tensor: t.name.clone(),
-                cols: t.cols(),
-                block: ty.block_size(),
-                type_name: format!("{ty:?}"),
-            });
+        let ty = stored_type(shape, format, &t);
+        if let Some(parts) = FusedPart::of(&t.name, &t.dims) {
+            for (name, dims, part) in parts {
+                let cols = dims.last().copied().unwrap_or(1);
+                fits(&t, cols, ty)?;
+                infos.push(TensorInfo {
+                    name,
+                    bytes: ty.bytes(dims.iter().product()),
+                    dims,
+                    type_id: ty.type_id(),
+                });
+                sources.push(Source::Fused(t.clone(), part));
+            }
+            continue;
         }
+        fits(&t, t.cols(), ty)?;
         let name = tensor_name(shape, &t.name);
-        let bytes = type_bytes(ty, t.len());
+        let bytes = ty.bytes(t.len());
         if let Some(expert) = crate::shapes::expert_index(&t.name) {
             // one expert's matrix: a slab of the layer's 3-D tensor
             let at = *stacks.entry(name.clone()).or_insert_with(|| {
                 infos.push(TensorInfo {
                     name,
                     dims: [&[0], &t.dims[..]].concat(),
-                    type_id: type_id(ty),
+                    type_id: ty.type_id(),
                     bytes: 0,
                 });
                 sources.push(Source::Experts(vec![]));
@@ -427,7 +600,7 @@ fn plan_tensors(shape: &ModelShape, format: Format, tensors: Vec<TensorSpec>) ->
         infos.push(TensorInfo {
             name,
             dims,
-            type_id: type_id(ty),
+            type_id: ty.type_id(),
             bytes,
         });
         let how = stored(shape, &t);
@@ -455,6 +628,8 @@ fn file_type(format: Format) -> u32 {
         Format::GgufQ4K => 14,
         Format::GgufQ4KM => 15,
         Format::GgufQ8_0 => 7,
+        // LLAMA_FTYPE_MOSTLY_MXFP4_MOE
+        Format::GgufMxfp4 => 38,
         _ => 2,
     }
 }
@@ -479,6 +654,8 @@ fn metadata(
         // not know; the synthetic vocabulary splits as Qwen2's
         Family::Qwen2 | Family::Qwen3Moe | Family::Qwen35 | Family::Qwen35Moe => "qwen2",
         Family::Olmo => "dbrx",
+        // o200k's split, as gpt-oss's converter names it
+        Family::GptOss => "gpt-4o",
     };
     let mut meta = vec![
         ("general.architecture".into(), MetaValue::Str(a.into())),
@@ -526,6 +703,12 @@ fn metadata(
             ExpertsKind::Qwen35Moe { shared_inner } => meta.extend([
                 (k("expert_feed_forward_length"), u(e.inner)),
                 (k("expert_shared_feed_forward_length"), u(shared_inner)),
+            ]),
+            ExpertsKind::GptOss { sliding_window } => meta.extend([
+                (k("expert_feed_forward_length"), u(e.inner)),
+                // every other layer, the first included, slides: llama.cpp's
+                // period 2 when no pattern is written, as its converter writes
+                (k("attention.sliding_window"), u(sliding_window)),
             ]),
             ExpertsKind::Mixtral => {}
         }
@@ -654,14 +837,18 @@ pub fn write(
                 emit(&bytes)?;
             }
             Source::Weight(t, how) => {
-                let ty = ggml_type(shape, format, t);
+                let ty = stored_type(shape, format, t);
                 stream_weight(t, how, (ty, seed), &mut emit)?;
             }
             Source::Experts(slabs) => {
                 for t in slabs {
-                    let ty = ggml_type(shape, format, t);
+                    let ty = stored_type(shape, format, t);
                     stream_weight(t, &Stored::default(), (ty, seed), &mut emit)?;
                 }
+            }
+            Source::Fused(t, part) => {
+                let ty = stored_type(shape, format, t);
+                stream_fused(t, *part, (ty, seed), &mut emit)?;
             }
         }
         debug_assert_eq!(at, off + info.bytes);
@@ -676,15 +863,11 @@ pub fn write(
 fn stream_weight(
     t: &TensorSpec,
     how: &Stored,
-    (ty, seed): (GgmlDType, u64),
+    (ty, seed): (StoredType, u64),
     emit: &mut dyn FnMut(&[u8]) -> Result<()>,
 ) -> Result<()> {
     let (rows, cols) = (t.rows(), t.cols());
     let order: Vec<usize> = how.rows.clone().unwrap_or_else(|| (0..rows).collect());
-    let quantize_err = |source| SynthError::Quantize {
-        tensor: t.name.clone(),
-        source,
-    };
     for slice in order.chunks(rows_per_slice(cols)) {
         let mut values = draw::rows_at(seed, &t.name, t.kind, cols, slice);
         if let Some(order) = &how.cols {
@@ -696,15 +879,55 @@ fn stream_weight(
         if how.values != ValueChange::None {
             values.iter_mut().for_each(|x| *x = how.values.apply(*x));
         }
-        if ty == GgmlDType::F32 {
-            let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-            emit(&bytes)?;
-            continue;
+        emit(&ty.encode(&t.name, values, slice.len(), cols)?)?;
+    }
+    Ok(())
+}
+
+/// Write part `part` of gpt-oss's fused expert tensor `t` as llama.cpp
+/// stores it, one expert at a time: that expert's rows drawn, turned (and
+/// for the gate and up projections, their alternating rows taken), then
+/// stored in `ty`.
+fn stream_fused(
+    t: &TensorSpec,
+    part: FusedPart,
+    (ty, seed): (StoredType, u64),
+    emit: &mut dyn FnMut(&[u8]) -> Result<()>,
+) -> Result<()> {
+    let experts = t.dims[0];
+    let draw = |rows: std::ops::Range<usize>| draw::rows(seed, &t.name, t.kind, t.cols(), rows);
+    match part {
+        FusedPart::Gate | FusedPart::Up => {
+            // drawn [hidden, 2 inner] per expert; stored [inner, hidden]
+            let (d, two_i) = (t.dims[1], t.dims[2]);
+            let (inner, odd) = (two_i / 2, usize::from(part == FusedPart::Up));
+            for e in 0..experts {
+                let slab = draw(e * d..(e + 1) * d);
+                let turned = (0..inner * d)
+                    .map(|k| slab[(k % d) * two_i + 2 * (k / d) + odd])
+                    .collect();
+                emit(&ty.encode(&t.name, turned, inner, d)?)?;
+            }
         }
-        let dense =
-            Tensor::from_vec(values, (slice.len(), cols), &Device::Cpu).map_err(quantize_err)?;
-        let q = QTensor::quantize(&dense, ty).map_err(quantize_err)?;
-        emit(&q.data().map_err(quantize_err)?)?;
+        FusedPart::Down => {
+            // drawn [inner, hidden] per expert; stored [hidden, inner]
+            let (inner, d) = (t.dims[1], t.dims[2]);
+            for e in 0..experts {
+                let slab = draw(e * inner..(e + 1) * inner);
+                let turned = (0..d * inner)
+                    .map(|k| slab[(k % inner) * d + k / inner])
+                    .collect();
+                emit(&ty.encode(&t.name, turned, d, inner)?)?;
+            }
+        }
+        FusedPart::GateBias | FusedPart::UpBias => {
+            let two_i = t.dims[1];
+            let odd = usize::from(part == FusedPart::UpBias);
+            let all = draw(0..experts);
+            let picked = all.iter().skip(odd).step_by(2).copied().collect();
+            emit(&ty.encode(&t.name, picked, experts, two_i / 2)?)?;
+        }
+        FusedPart::Whole => stream_weight(t, &Stored::default(), (ty, seed), emit)?,
     }
     Ok(())
 }

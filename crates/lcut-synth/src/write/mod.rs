@@ -39,17 +39,22 @@ pub enum Format {
     /// A GGUF file, every matrix in Q8_0, the output matrix too (as
     /// llama.cpp's Q8_0 keeps it).
     GgufQ8_0,
+    /// A GGUF file as gpt-oss's own are: the experts in MXFP4, every other
+    /// matrix in Q8_0 (what llama.cpp's converter writes from gpt-oss's
+    /// checkpoint); a shape without experts is written as in Q8_0.
+    GgufMxfp4,
 }
 
 impl Format {
     /// Every format, in the order help lists them.
-    pub const ALL: [Format; 6] = [
+    pub const ALL: [Format; 7] = [
         Format::SafetensorsBf16,
         Format::SafetensorsF32,
         Format::GgufQ4_0,
         Format::GgufQ4K,
         Format::GgufQ4KM,
         Format::GgufQ8_0,
+        Format::GgufMxfp4,
     ];
 
     /// Its name on the command line.
@@ -61,6 +66,7 @@ impl Format {
             Format::GgufQ4K => "gguf-q4_k",
             Format::GgufQ4KM => "gguf-q4_k_m",
             Format::GgufQ8_0 => "gguf-q8_0",
+            Format::GgufMxfp4 => "gguf-mxfp4",
         }
     }
 
@@ -68,7 +74,11 @@ impl Format {
     pub fn is_gguf(self) -> bool {
         matches!(
             self,
-            Format::GgufQ4_0 | Format::GgufQ4K | Format::GgufQ4KM | Format::GgufQ8_0
+            Format::GgufQ4_0
+                | Format::GgufQ4K
+                | Format::GgufQ4KM
+                | Format::GgufQ8_0
+                | Format::GgufMxfp4
         )
     }
 }

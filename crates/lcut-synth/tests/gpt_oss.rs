@@ -1,0 +1,223 @@
+//! gpt-oss's shape (`gpt-oss-20b`, at test size) in every format: the
+//! folder is the drawn model exactly (its experts fused as transformers
+//! stores them); the GGUF files, written as llama.cpp's converter writes
+//! gpt-oss (experts split into gate, up and down and turned, sinks,
+//! biases, the norm before the experts as `post_attention_norm`) and in
+//! `gguf-mxfp4` with the experts in MXFP4, read back as the same model,
+//! dense and kept quantized; their keys, tensor names, types and ranks are
+//! those the converter gave the reference case; the full shape counts the
+//! parameters its name says and plans where its 2880-wide rows fit.
+
+#![allow(clippy::unwrap_used)] // test helpers unwrap like the tests do
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+use lcut_model::gguf::GgufFile;
+use lcut_model::{Arch, Decoder, WeightMode};
+use lcut_synth::shapes::{self, ModelShape};
+use lcut_synth::{Format, RandomModel, SynthError, WriteOptions, write_model};
+
+/// gpt-oss-20b's layout at test size: 4 layers (sliding, full, sliding,
+/// full) with a window of 8, width 256, 4 heads 64 wide (2 K/V), 4
+/// experts of width 256, 2 run per token.
+fn tiny_gpt_oss() -> ModelShape {
+    let mut s = shapes::gpt_oss_20b();
+    s.name = "tiny-gpt-oss".into();
+    s.sizes.vocab_size = 512;
+    s.sizes.hidden_size = 256;
+    s.sizes.intermediate_size = 256;
+    s.sizes.num_layers = 4;
+    s.sizes.num_heads = 4;
+    s.sizes.num_kv_heads = 2;
+    s.tokens.bos = 500;
+    s.tokens.eos = 501;
+    s.tokens.pad = Some(502);
+    s.experts = s.experts.map(|mut e| {
+        e.num_experts = 4;
+        e.top_k = 2;
+        e.inner = 256;
+        e.kind = shapes::ExpertsKind::GptOss { sliding_window: 8 };
+        e
+    });
+    s
+}
+
+fn write(shape: &ModelShape, format: Format, out: &Path, seed: u64) {
+    let opts = WriteOptions {
+        seed,
+        ..WriteOptions::default()
+    };
+    write_model(shape, format, out, &opts, &mut |_, _| {}).unwrap();
+}
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}
+
+fn max_abs(a: &Tensor) -> f32 {
+    a.abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}
+
+/// Every format loads as a decoder computing what the drawn model does
+/// over 20 tokens (past the window of 8): the f32 folder exactly, bf16
+/// and the GGUF files within their rounding, dense and kept quantized. An
+/// expert's gate read as its up projection, or a projection not turned,
+/// moves the logits by their whole size.
+#[test]
+fn every_format_is_the_drawn_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens: Vec<u32> = (0..20).map(|i| 3 + 37 * i % 490).collect();
+    let shape = tiny_gpt_oss();
+    let drawn = RandomModel {
+        shape: shape.clone(),
+        seed: 9,
+    }
+    .build(DType::F32, &Device::Cpu)
+    .unwrap();
+    let cfg = drawn.config().clone();
+    assert_eq!(cfg.arch, Arch::GptOss);
+    assert!(cfg.attention_sinks && cfg.qkv_bias);
+    assert_eq!(cfg.sliding_window, vec![Some(8), None, Some(8), None]);
+    let want = drawn.teacher_forced_logits(&tokens, None).unwrap();
+    for format in Format::ALL {
+        let ext = if format.is_gguf() { ".gguf" } else { "" };
+        let out = dir.path().join(format!("{}-{format}{ext}", shape.name));
+        write(&shape, format, &out, 9);
+        let modes: &[WeightMode] = if format.is_gguf() {
+            &[WeightMode::Dense(DType::F32), WeightMode::Quantized]
+        } else {
+            &[WeightMode::Dense(DType::F32)]
+        };
+        for &mode in modes {
+            let model = Decoder::load_as(&out, mode, &Device::Cpu).unwrap();
+            let read = model.config();
+            assert_eq!(
+                (read.arch, read.experts, read.sliding_window.clone()),
+                (cfg.arch, cfg.experts, cfg.sliding_window.clone()),
+                "{format}"
+            );
+            let logits = model.teacher_forced_logits(&tokens, None).unwrap();
+            let err = max_diff(&logits, &want) / max_abs(&want);
+            let bound = match format {
+                Format::SafetensorsF32 => 0.0,
+                Format::SafetensorsBf16 => 0.03,
+                Format::GgufQ8_0 => 0.05,
+                _ => 0.5,
+            };
+            assert!(
+                err <= bound,
+                "{format} ({}): relative error {err}",
+                mode.name()
+            );
+        }
+    }
+}
+
+/// The `gguf-mxfp4` file has the keys, tensor names, types and ranks
+/// llama.cpp's converter gave the reference case's MXFP4 file
+/// (`fixtures/oracle/moe/gptoss-gguf`): every `gpt-oss.*` key it wrote but
+/// YaRN's betas at their defaults (which the shape's config does not name
+/// either; ours add only the vocabulary size and the rotated width), and
+/// the same tensors in a layer and at the top: experts in MXFP4, the other
+/// matrices in Q8_0, norms, biases, sinks and the router in f32.
+#[test]
+fn the_mxfp4_file_matches_llama_cpps_converter() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/oracle/moe/gptoss-gguf");
+    let out = dir.path().join("tiny-gpt-oss.gguf");
+    write(&tiny_gpt_oss(), Format::GgufMxfp4, &out, 1);
+    let ours = GgufFile::open(&out).unwrap();
+    let theirs = GgufFile::open(&root.join("model.mxfp4.gguf")).unwrap();
+    let (ours, theirs) = (ours.header(), theirs.header());
+    assert_eq!(
+        ours.metadata["general.architecture"].as_str(),
+        Some("gpt-oss")
+    );
+    let keys = |h: &lcut_model::gguf::GgufHeader| -> Vec<String> {
+        h.metadata
+            .keys()
+            .filter(|k| k.starts_with("gpt-oss."))
+            .cloned()
+            .collect()
+    };
+    let (our_keys, their_keys) = (keys(ours), keys(theirs));
+    for k in their_keys.iter().filter(|k| !k.contains(".yarn_beta_")) {
+        assert!(our_keys.contains(k), "no {k}");
+    }
+    for k in our_keys.iter().filter(|k| !their_keys.contains(k)) {
+        assert!(
+            k.ends_with(".vocab_size") || k.ends_with(".rope.dimension_count"),
+            "{k} is not the converter's"
+        );
+    }
+    let layer0 = |h: &lcut_model::gguf::GgufHeader| -> BTreeMap<String, (u32, usize)> {
+        h.tensors
+            .iter()
+            .filter(|(n, _)| !n.starts_with("blk.") || n.starts_with("blk.0."))
+            .map(|(n, t)| (n.clone(), (t.type_id, t.shape.len())))
+            .collect()
+    };
+    assert_eq!(layer0(ours), layer0(theirs));
+    assert_eq!(ours.metadata["general.file_type"].as_u64(), Some(38));
+}
+
+/// The full shape counts the parameters its name says (20.9e9; a token
+/// runs 4.2e9, 3.6e9 without the embedding), exactly as lcut's memory line
+/// counts a model of its config; it plans in the formats its 2880-wide
+/// rows fit (Q8_0 and MXFP4's 32-value blocks) and is refused by name
+/// where they do not (the 256-value blocks of Q4_K, and of the Q6_K head
+/// the other formats take).
+#[test]
+fn the_full_shape_counts_its_parameters_and_plans_where_it_fits() {
+    let shape = shapes::gpt_oss_20b();
+    let cfg = shape.config().unwrap();
+    assert_eq!(
+        shape.parameter_count(),
+        lcut_model::memory::parameter_count(&cfg)
+    );
+    let near = |n: u64, want: f64| ((n as f64 - want) / want).abs() < 0.01;
+    assert!(
+        near(shape.parameter_count(), 20.91e9),
+        "{}",
+        shape.parameter_count()
+    );
+    assert!(
+        near(shape.active_parameter_count(), 4.19e9),
+        "{}",
+        shape.active_parameter_count()
+    );
+    for format in [Format::GgufQ8_0, Format::GgufMxfp4] {
+        let plan = lcut_synth::write::gguf::plan(&shape, format).unwrap();
+        assert!(plan.data_bytes() > 0, "{format}");
+    }
+    let mxfp4 = lcut_synth::write::gguf::plan(&shape, Format::GgufMxfp4)
+        .unwrap()
+        .data_bytes() as f64;
+    // the experts at 17 bytes per 32 values, the rest at Q8_0's 34
+    assert!((11.5e9..13.5e9).contains(&mxfp4), "{mxfp4}");
+    // Q4_0 too: its head is Q6_K, as llama-quantize keeps it
+    for format in [Format::GgufQ4_0, Format::GgufQ4K, Format::GgufQ4KM] {
+        match lcut_synth::write::gguf::plan(&shape, format) {
+            Err(SynthError::BlockSize { cols: 2880, .. }) => {}
+            other => panic!("{format}: {:?}", other.map(|p| p.data_bytes())),
+        }
+    }
+}
