@@ -33,11 +33,16 @@ const GPT2_SPLIT: &str =
     r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 /// Llama 3's split (`llama-bpe`).
 const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-/// GPT-4o's o200k split (`gpt-4o`: gpt-oss): words with their case runs
-/// and a trailing contraction, numbers of up to three digits, symbols
-/// (with a trailing slash or newline run), newline runs, spaces; as the
-/// tokenizer.json llama.cpp takes it from has it.
-const GPT4O_SPLIT: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Qwen3.5's split (`qwen35`): Qwen2's, with combining marks joined to
+/// the letters they follow and kept out of symbol runs.
+const QWEN35_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// GPT-4o's o200k split (`gpt-4o`: gpt-oss) as llama.cpp runs it: words
+/// with their case runs and a trailing contraction, numbers of up to three
+/// digits, symbols (with a trailing slash or newline run), newline runs,
+/// spaces. llama.cpp's form of the tokenizer.json pattern leaves out the
+/// combining marks (`\p{M}`) the original puts in words, so a decomposed
+/// accent is a symbol here as it is there.
+const GPT4O_SPLIT: &str = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// Qwen2's split (`qwen2`): digits one by one.
 const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
@@ -51,6 +56,7 @@ fn pre_splits(pre: &str) -> Option<&'static [&'static str]> {
         "llama-bpe" | "llama3" | "llama-v3" | "smaug-bpe" | "dbrx" => &[LLAMA3_SPLIT],
         "qwen2" | "deepseek-r1-qwen" => &[QWEN2_SPLIT],
         "gpt-4o" => &[GPT4O_SPLIT],
+        "qwen35" => &[QWEN35_SPLIT],
         _ => return None,
     })
 }

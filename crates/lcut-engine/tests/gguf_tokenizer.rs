@@ -128,18 +128,24 @@ fn gemma4_vocabulary_tokenizes_as_llama_cpp() -> Result<()> {
     tokenizes_as(&tok, &dir.join("tokenize.jsonl"), "llama.cpp", 40)
 }
 
-/// A byte-level BPE vocabulary split as GPT-4o's o200k
-/// (`tokenizer.ggml.pre = gpt-4o`, gpt-oss's GGUF files) tokenized as
-/// llama.cpp's own `llama-tokenize` does
-/// (`fixtures/oracle/gpt4o-vocab/tokenize.jsonl`, made by
-/// `fixtures/oracle/gpt4o_tokenize.py`): case runs, contractions, numbers
-/// in threes, symbols with trailing slashes and newlines.
+/// A byte-level BPE vocabulary under the splits llama.cpp's converter
+/// writes for the newer families, tokenized as llama.cpp's own
+/// `llama-tokenize` does (`fixtures/oracle/{gpt4o,qwen35}-vocab/tokenize.jsonl`,
+/// made by `fixtures/oracle/bpe_split_tokenize.py`): `gpt-4o` (gpt-oss:
+/// case runs, contractions, numbers in threes, symbols with trailing
+/// slashes and newlines) and `qwen35` (Qwen3.5: Qwen2's split with
+/// combining marks joined to their letters; a merge across a letter and its
+/// mark is taken, where Qwen2's split would not).
 #[test]
-fn gpt4o_vocabulary_tokenizes_as_llama_cpp() -> Result<()> {
-    let dir = oracle_case("gpt4o-vocab");
-    let path = dir.join("vocab.gguf");
-    let bytes = std::fs::read(&path)?;
-    let header = GgufHeader::parse(&bytes, &path)?;
-    let tok = TextTokenizer::from_gguf(&header, &path)?;
-    tokenizes_as(&tok, &dir.join("tokenize.jsonl"), "llama.cpp", 46)
+fn newer_bpe_splits_tokenize_as_llama_cpp() -> Result<()> {
+    for case in ["gpt4o-vocab", "qwen35-vocab"] {
+        let dir = oracle_case(case);
+        let path = dir.join("vocab.gguf");
+        let bytes = std::fs::read(&path)?;
+        let header = GgufHeader::parse(&bytes, &path)?;
+        let tok = TextTokenizer::from_gguf(&header, &path)?;
+        tokenizes_as(&tok, &dir.join("tokenize.jsonl"), "llama.cpp", 49)
+            .with_context(|| case.to_string())?;
+    }
+    Ok(())
 }

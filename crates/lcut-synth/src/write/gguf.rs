@@ -650,9 +650,9 @@ fn metadata(
     // Llama 3's (`smollm` is SmolLM 1/2's), OLMo 2/3's is DBRX's cl100k
     let pre = match shape.family() {
         Family::Llama | Family::Smollm3 | Family::Mixtral => "llama-bpe",
-        // Qwen3.5's converter says `qwen35`, a split lcut's tokenizer does
-        // not know; the synthetic vocabulary splits as Qwen2's
-        Family::Qwen2 | Family::Qwen3Moe | Family::Qwen35 | Family::Qwen35Moe => "qwen2",
+        Family::Qwen2 | Family::Qwen3Moe => "qwen2",
+        // Qwen2's split with combining marks joined to their letters
+        Family::Qwen35 | Family::Qwen35Moe => "qwen35",
         Family::Olmo => "dbrx",
         // o200k's split, as gpt-oss's converter names it
         Family::GptOss => "gpt-4o",
