@@ -325,11 +325,14 @@ fn type_bytes(t: GgmlDType, n: usize) -> u64 {
     (n / t.block_size() * t.type_size()) as u64
 }
 
-/// The type of each weight: f32 for norms, biases and routers, Q6_K for
-/// the output matrix (Q8_0 in a Q8_0 file, as llama.cpp keeps it), the
-/// format's type for the others (Q4_K_M: Q6_K for the V and down
-/// projections, experts' included, of the layers [`more_bits`] picks,
-/// and [`eight_experts_type`]'s choices for a model of 8 experts).
+/// The ggml type of each weight: f32 for norms (plain and 1 + w), biases,
+/// routers, decay rates and convolutions, Q6_K for the output matrix (Q8_0
+/// in a Q8_0 or MXFP4 file, as llama.cpp keeps it), the format's type for
+/// the others (Q4_K_M: Q6_K for the V and down projections, experts'
+/// included, of the layers [`more_bits`] picks, Q5_K for Qwen3.5's fused
+/// `attn_qkv`, and [`eight_experts_type`]'s choices for a model of 8
+/// experts; an MXFP4 file's non-expert matrices in Q8_0). An MXFP4 file's
+/// experts are MXFP4, which candle has no type for: see `stored_type`.
 pub fn ggml_type(shape: &ModelShape, format: Format, t: &TensorSpec) -> GgmlDType {
     let output = t.name == "lm_head.weight"
         || (shape.tie_word_embeddings && t.name == "model.embed_tokens.weight");
