@@ -11,7 +11,7 @@
 use std::path::Path;
 
 use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device};
 use lcut_model::gguf::{GgufFile, GgufWeights};
 use lcut_model::{
     Arch, Decoder, Layout, ModelConfig, ModelError, ModelFiles, RopeScaling, WeightFiles,
@@ -20,6 +20,9 @@ use lcut_model::{
 use lcut_synth::draw::RandomWeights;
 use lcut_synth::shapes::{self, ModelShape, TensorKind};
 use lcut_synth::{Format, SynthError, WriteOptions, write_model};
+
+mod common;
+use common::{every_format_computes, max_diff};
 
 /// Llama-3.2-1B's layout (tied head, Llama 3 RoPE scaling) at a size a
 /// test writes in milliseconds; widths are whole Q4_K/Q6_K blocks.
@@ -333,37 +336,8 @@ fn smollm3_and_olmo3_load_as_decoders_with_their_layout() {
                 assert!(!cfg.tie_word_embeddings);
             }
         };
-        for format in Format::ALL {
-            let ext = if format.is_gguf() { ".gguf" } else { "" };
-            let out = dir.path().join(format!("{}-{format}{ext}", shape.name));
-            write(&shape, format, &out, &opts(5));
-            let modes: &[WeightMode] = if format.is_gguf() {
-                &[WeightMode::Dense(DType::F32), WeightMode::Quantized]
-            } else {
-                &[WeightMode::Dense(DType::F32)]
-            };
-            for &mode in modes {
-                let model = Decoder::load_as(&out, mode, &Device::Cpu).unwrap();
-                check(model.config());
-                let logits = model.teacher_forced_logits(&tokens, None).unwrap();
-                let err = max_diff(&logits, &want) / max_abs(&want);
-                let bound = match format {
-                    Format::SafetensorsF32 => 0.0,
-                    Format::SafetensorsBf16 => 0.03,
-                    Format::GgufQ8_0 => 0.05,
-                    _ => 0.5,
-                };
-                assert!(
-                    err <= bound,
-                    "{} as {format} ({}): relative error {err}",
-                    shape.name,
-                    mode.name()
-                );
-            }
-            if !format.is_gguf() {
-                continue;
-            }
-            let file = GgufFile::open(&out).unwrap();
+        let gguf_header = |out: &Path| {
+            let file = GgufFile::open(out).unwrap();
             let meta = &file.header().metadata;
             let text = |k: &str| meta[k].as_str().unwrap().to_string();
             let olmo = shape.arch() == Arch::Olmo3;
@@ -407,7 +381,21 @@ fn smollm3_and_olmo3_load_as_decoders_with_their_layout() {
                 assert!(!meta.contains_key("olmo2.rope.scaling.yarn_attn_factor"));
                 assert_eq!(meta["tokenizer.ggml.padding_token_id"].as_u64(), Some(511));
             }
-        }
+        };
+        every_format_computes(
+            &shape,
+            5,
+            dir.path(),
+            (&tokens, &want),
+            0.5,
+            |_, out, mode, model| {
+                check(model.config());
+                // once per GGUF file, with its last decoder (kept quantized)
+                if mode == WeightMode::Quantized {
+                    gguf_header(out);
+                }
+            },
+        );
     }
 }
 
@@ -465,26 +453,6 @@ fn q4_k_m_gives_more_bits_to_llama_cpps_layers() {
     assert!(!more_bits(16, "model.layers.0.self_attn.k_proj.weight"));
     assert!(!more_bits(16, "model.layers.2.mlp.down_proj.weight"));
     assert!(!more_bits(16, "model.embed_tokens.weight"));
-}
-
-fn max_abs(a: &Tensor) -> f32 {
-    a.abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
-}
-
-fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
 }
 
 /// Unknown names, a path in the way, a folder that is not there and a

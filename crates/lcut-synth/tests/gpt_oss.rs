@@ -13,11 +13,14 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device};
+use lcut_model::Arch;
 use lcut_model::gguf::GgufFile;
-use lcut_model::{Arch, Decoder, WeightMode};
 use lcut_synth::shapes::{self, ModelShape};
-use lcut_synth::{Format, RandomModel, SynthError, WriteOptions, write_model};
+use lcut_synth::{Format, RandomModel, SynthError};
+
+mod common;
+use common::{every_format_computes, write};
 
 /// gpt-oss-20b's layout at test size: 4 layers (sliding, full, sliding,
 /// full) with a window of 8, width 256, 4 heads 64 wide (2 K/V), 4
@@ -44,38 +47,6 @@ fn tiny_gpt_oss() -> ModelShape {
     s
 }
 
-fn write(shape: &ModelShape, format: Format, out: &Path, seed: u64) {
-    let opts = WriteOptions {
-        seed,
-        ..WriteOptions::default()
-    };
-    write_model(shape, format, out, &opts, &mut |_, _| {}).unwrap();
-}
-
-fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
-}
-
-fn max_abs(a: &Tensor) -> f32 {
-    a.abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
-}
-
 /// Every format loads as a decoder computing what the drawn model does
 /// over 20 tokens (past the window of 8): the f32 folder exactly, bf16
 /// and the GGUF files within their rounding, dense and kept quantized. An
@@ -97,38 +68,22 @@ fn every_format_is_the_drawn_model() {
     assert!(cfg.attention_sinks && cfg.qkv_bias);
     assert_eq!(cfg.sliding_window, vec![Some(8), None, Some(8), None]);
     let want = drawn.teacher_forced_logits(&tokens, None).unwrap();
-    for format in Format::ALL {
-        let ext = if format.is_gguf() { ".gguf" } else { "" };
-        let out = dir.path().join(format!("{}-{format}{ext}", shape.name));
-        write(&shape, format, &out, 9);
-        let modes: &[WeightMode] = if format.is_gguf() {
-            &[WeightMode::Dense(DType::F32), WeightMode::Quantized]
-        } else {
-            &[WeightMode::Dense(DType::F32)]
-        };
-        for &mode in modes {
-            let model = Decoder::load_as(&out, mode, &Device::Cpu).unwrap();
+    let dir = dir.path();
+    every_format_computes(
+        &shape,
+        9,
+        dir,
+        (&tokens, &want),
+        0.5,
+        |format, _, _, model| {
             let read = model.config();
             assert_eq!(
                 (read.arch, read.experts, read.sliding_window.clone()),
                 (cfg.arch, cfg.experts, cfg.sliding_window.clone()),
                 "{format}"
             );
-            let logits = model.teacher_forced_logits(&tokens, None).unwrap();
-            let err = max_diff(&logits, &want) / max_abs(&want);
-            let bound = match format {
-                Format::SafetensorsF32 => 0.0,
-                Format::SafetensorsBf16 => 0.03,
-                Format::GgufQ8_0 => 0.05,
-                _ => 0.5,
-            };
-            assert!(
-                err <= bound,
-                "{format} ({}): relative error {err}",
-                mode.name()
-            );
-        }
-    }
+        },
+    );
 }
 
 /// The `gguf-mxfp4` file has the keys, tensor names, types and ranks

@@ -13,11 +13,14 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device};
 use lcut_model::gguf::GgufFile;
-use lcut_model::{Arch, Decoder, WeightMode};
+use lcut_model::{Arch, Decoder};
 use lcut_synth::shapes::{self, ExpertsKind, ModelShape};
 use lcut_synth::{Format, RandomModel, SynthError, WriteOptions, write_model};
+
+mod common;
+use common::{every_format_computes, write};
 
 /// Qwen3.5-9B's layout at test size: 4 layers (three linear, one full),
 /// width 256, two full-attention heads 128 wide (one K/V), linear layers
@@ -61,38 +64,6 @@ fn tiny_qwen35moe() -> ModelShape {
     s
 }
 
-fn write(shape: &ModelShape, format: Format, out: &Path, seed: u64) {
-    let opts = WriteOptions {
-        seed,
-        ..WriteOptions::default()
-    };
-    write_model(shape, format, out, &opts, &mut |_, _| {}).unwrap();
-}
-
-fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
-}
-
-fn max_abs(a: &Tensor) -> f32 {
-    a.abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
-}
-
 /// Every format loads as a decoder computing what the drawn model does:
 /// the f32 folder exactly, bf16 and the GGUF files within their rounding,
 /// dense and kept quantized. A value head read against the wrong key
@@ -115,47 +86,23 @@ fn every_format_is_the_drawn_model() {
         assert_eq!(la.layers, vec![true, true, true, false]);
         assert_eq!(cfg.rope.rotary_dim, 32);
         let want = drawn.teacher_forced_logits(&tokens, None).unwrap();
-        for format in Format::ALL {
-            let ext = if format.is_gguf() { ".gguf" } else { "" };
-            let out = dir.path().join(format!("{}-{format}{ext}", shape.name));
-            write(&shape, format, &out, 6);
-            let modes: &[WeightMode] = if format.is_gguf() {
-                &[WeightMode::Dense(DType::F32), WeightMode::Quantized]
-            } else {
-                &[WeightMode::Dense(DType::F32)]
-            };
-            for &mode in modes {
-                let model = Decoder::load_as(&out, mode, &Device::Cpu).unwrap();
-                let read = model.config();
-                assert_eq!(read.arch, cfg.arch, "{} as {format}", shape.name);
-                assert_eq!(read.experts, cfg.experts, "{} as {format}", shape.name);
-                let read_la = read.linear_attention.clone().unwrap();
-                assert_eq!(
-                    (read_la.layers, read_la.value_heads, read_la.key_heads),
-                    (la.layers.clone(), la.value_heads, la.key_heads)
-                );
-                assert_eq!(read.rope.rotary_dim, cfg.rope.rotary_dim);
-                let logits = model.teacher_forced_logits(&tokens, None).unwrap();
-                let err = max_diff(&logits, &want) / max_abs(&want);
-                // Q8_0 holds the layout: with its value heads left in
-                // Hugging Face's order the dense file is off by 1.4. The
-                // linear layers' gated norms and the q/k norms scale the
-                // random model's small outputs up to unit size, and 4-bit
-                // rounding with them: up to 0.9 on the dense shape
-                let bound = match format {
-                    Format::SafetensorsF32 => 0.0,
-                    Format::SafetensorsBf16 => 0.03,
-                    Format::GgufQ8_0 => 0.05,
-                    _ => 1.0,
-                };
-                assert!(
-                    err <= bound,
-                    "{} as {format} ({}): relative error {err}",
-                    shape.name,
-                    mode.name()
-                );
-            }
-        }
+        // Q8_0 holds the layout: with its value heads left in Hugging
+        // Face's order the dense file is off by 1.4. The linear layers'
+        // gated norms and the q/k norms scale the random model's small
+        // outputs up to unit size, and 4-bit rounding with them: up to 0.9
+        // on the dense shape
+        let checks = |format: Format, _: &Path, _, model: &Decoder| {
+            let read = model.config();
+            assert_eq!(read.arch, cfg.arch, "{} as {format}", shape.name);
+            assert_eq!(read.experts, cfg.experts, "{} as {format}", shape.name);
+            let read_la = read.linear_attention.clone().unwrap();
+            assert_eq!(
+                (read_la.layers, read_la.value_heads, read_la.key_heads),
+                (la.layers.clone(), la.value_heads, la.key_heads)
+            );
+            assert_eq!(read.rope.rotary_dim, cfg.rope.rotary_dim);
+        };
+        every_format_computes(&shape, 6, dir.path(), (&tokens, &want), 1.0, checks);
     }
 }
 
