@@ -580,15 +580,19 @@ fn recur_heads(
             }
         }
     };
-    let heads = matrix
-        .chunks_exact_mut(s.dk * s.dv)
-        .zip(out.chunks_exact_mut(s.dv))
-        .enumerate();
+    let per_head = s.dk * s.dv;
     if parallel {
-        let heads: Vec<_> = heads.collect();
-        heads.into_par_iter().for_each(|(h, (m, o))| head(h, m, o));
+        matrix
+            .par_chunks_exact_mut(per_head)
+            .zip(out.par_chunks_exact_mut(s.dv))
+            .enumerate()
+            .for_each(|(h, (m, o))| head(h, m, o));
     } else {
-        heads.for_each(|(h, (m, o))| head(h, m, o));
+        matrix
+            .chunks_exact_mut(per_head)
+            .zip(out.chunks_exact_mut(s.dv))
+            .enumerate()
+            .for_each(|(h, (m, o))| head(h, m, o));
     }
 }
 
