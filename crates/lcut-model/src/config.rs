@@ -157,6 +157,20 @@ impl Arch {
         )
     }
 
+    /// Whether llama.cpp's GGUF files of this architecture name a layer's
+    /// `post_attention_layernorm` `post_attention_norm`: the norm after
+    /// attention of Gemma's sandwich and OLMo's post-norm layers, and the
+    /// norm before the MLP of gpt-oss and Qwen3.5 (the other architectures'
+    /// norm before the MLP is `ffn_norm`).
+    pub fn gguf_post_attention_norm(&self) -> bool {
+        self.is_gemma()
+            || self.is_qwen35()
+            || matches!(
+                self,
+                Arch::Gemma4 | Arch::Olmo2 | Arch::Olmo3 | Arch::GptOss
+            )
+    }
+
     /// The `model_type`s lcut implements, comma-separated.
     pub(crate) fn supported() -> String {
         Self::ALL

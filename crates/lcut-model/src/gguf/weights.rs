@@ -473,10 +473,7 @@ pub struct GgufWeights {
 impl GgufWeights {
     /// Wrap an opened file.
     pub fn new(file: GgufFile) -> Self {
-        use crate::config::Arch;
-        let norm_after_attention = file.config.norms.after()
-            || file.config.arch == Arch::GptOss
-            || file.config.arch.is_qwen35();
+        let norm_after_attention = file.config.arch.gguf_post_attention_norm();
         Self {
             file,
             norm_after_attention,

@@ -473,12 +473,10 @@ fn rope_factors(shape: &ModelShape) -> Option<Vec<f32>> {
 /// `post_attention_norm` (llama.cpp's `ATTN_POST_NORM`), where Llama's
 /// `post_attention_layernorm` is the norm before the MLP (`ffn_norm`).
 pub fn tensor_name(shape: &ModelShape, hf_name: &str) -> String {
-    if matches!(
-        shape.family(),
-        Family::Olmo | Family::Qwen35 | Family::Qwen35Moe | Family::GptOss
-    ) && let Some(layer) = hf_name
-        .strip_prefix("model.layers.")
-        .and_then(|rest| rest.strip_suffix(".post_attention_layernorm.weight"))
+    if shape.arch().gguf_post_attention_norm()
+        && let Some(layer) = hf_name
+            .strip_prefix("model.layers.")
+            .and_then(|rest| rest.strip_suffix(".post_attention_layernorm.weight"))
     {
         return format!("blk.{layer}.post_attention_norm.weight");
     }
