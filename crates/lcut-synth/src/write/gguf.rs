@@ -154,21 +154,28 @@ impl StoredType {
         }
     }
 
-    /// `values` (`rows` rows of `cols`) in this type's bytes.
-    fn encode(self, tensor: &str, values: Vec<f32>, rows: usize, cols: usize) -> Result<Vec<u8>> {
+    /// `values` (`rows` rows of `cols`) in this type's bytes, handed to
+    /// `emit`.
+    fn emit(
+        self,
+        tensor: &str,
+        (values, rows, cols): (Vec<f32>, usize, usize),
+        emit: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
         let quantize_err = |source| SynthError::Quantize {
             tensor: tensor.to_string(),
             source,
         };
         match self {
             StoredType::Ggml(GgmlDType::F32) => {
-                Ok(values.iter().flat_map(|v| v.to_le_bytes()).collect())
+                let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+                emit(&bytes)
             }
             StoredType::Ggml(ty) => {
                 let dense =
                     Tensor::from_vec(values, (rows, cols), &Device::Cpu).map_err(quantize_err)?;
                 let q = QTensor::quantize(&dense, ty).map_err(quantize_err)?;
-                q.data().map(|d| d.to_vec()).map_err(quantize_err)
+                emit(&q.data().map_err(quantize_err)?)
             }
             StoredType::Mxfp4 => {
                 use rayon::prelude::*;
@@ -181,7 +188,7 @@ impl StoredType {
                         tensor: tensor.to_string(),
                         source: candle_core::Error::Msg(e.to_string()),
                     })?;
-                Ok(out)
+                emit(&out)
             }
         }
     }
@@ -880,7 +887,7 @@ fn stream_weight(
         if how.values != ValueChange::None {
             values.iter_mut().for_each(|x| *x = how.values.apply(*x));
         }
-        emit(&ty.encode(&t.name, values, slice.len(), cols)?)?;
+        ty.emit(&t.name, (values, slice.len(), cols), emit)?;
     }
     Ok(())
 }
@@ -907,7 +914,7 @@ fn stream_fused(
                 let turned = (0..inner * d)
                     .map(|k| slab[(k % d) * two_i + 2 * (k / d) + odd])
                     .collect();
-                emit(&ty.encode(&t.name, turned, inner, d)?)?;
+                ty.emit(&t.name, (turned, inner, d), emit)?;
             }
         }
         FusedPart::Down => {
@@ -918,7 +925,7 @@ fn stream_fused(
                 let turned = (0..d * inner)
                     .map(|k| slab[(k % inner) * d + k / inner])
                     .collect();
-                emit(&ty.encode(&t.name, turned, d, inner)?)?;
+                ty.emit(&t.name, (turned, d, inner), emit)?;
             }
         }
         FusedPart::GateBias | FusedPart::UpBias => {
@@ -926,7 +933,7 @@ fn stream_fused(
             let odd = usize::from(part == FusedPart::UpBias);
             let all = draw(0..experts);
             let picked = all.iter().skip(odd).step_by(2).copied().collect();
-            emit(&ty.encode(&t.name, picked, experts, two_i / 2)?)?;
+            ty.emit(&t.name, (picked, experts, two_i / 2), emit)?;
         }
         FusedPart::Whole => stream_weight(t, &Stored::default(), (ty, seed), emit)?,
     }
