@@ -834,11 +834,14 @@ impl ModelShape {
     }
 
     /// The shape's own checks beyond its sizes' ([`LlamaShape::validate`]):
-    /// a head width of its own is positive and even (RoPE rotates pairs);
-    /// experts sit on Llama's layout without q/k/v biases, run at least one
-    /// and at most all of at least one expert of positive width, and
-    /// Mixtral's width is the config's `intermediate_size` (its config has
-    /// no other field for it). Each refusal names the field.
+    /// a head width of its own is positive and even (RoPE rotates pairs),
+    /// and Qwen3.5 and gpt-oss have one; Qwen3.5's linear layers pass
+    /// [`Self::validate_linear`], and its experts come only with them;
+    /// experts sit on Llama's layout, with q/k/v biases exactly for gpt-oss
+    /// (whose window is positive), run at least one and at most all of at
+    /// least one expert of positive width, and Mixtral's width is the
+    /// config's `intermediate_size` (its config has no other field for
+    /// it). Each refusal names the field.
     fn validate_own(&self) -> Result<()> {
         let bad = |field: &'static str, expected: String, found: String| {
             Err(SynthError::InvalidShape {
@@ -858,6 +861,17 @@ impl ModelShape {
                 "sizes.layout",
                 "a layout without experts (a shape's experts are its `experts` field)".into(),
                 self.sizes.layout.to_string(),
+            );
+        }
+        let gpt_oss = matches!(
+            self.experts.map(|e| e.kind),
+            Some(ExpertsKind::GptOss { .. })
+        );
+        if (self.linear.is_some() || gpt_oss) && self.head_dim.is_none() {
+            return bad(
+                "head_dim",
+                "a width of its own (Qwen3.5's and gpt-oss's configs name it)".into(),
+                "none".into(),
             );
         }
         if let Some(la) = self.linear {
@@ -889,7 +903,6 @@ impl ModelShape {
                 self.sizes.layout.to_string(),
             );
         }
-        let gpt_oss = matches!(e.kind, ExpertsKind::GptOss { .. });
         if self.qkv_bias != gpt_oss {
             return bad(
                 "qkv_bias",
@@ -897,21 +910,12 @@ impl ModelShape {
                 self.qkv_bias.to_string(),
             );
         }
-        if let ExpertsKind::GptOss { sliding_window } = e.kind {
-            if sliding_window == 0 {
-                return bad(
-                    "experts.kind.sliding_window",
-                    "a positive window".into(),
-                    "0".into(),
-                );
-            }
-            if self.head_dim.is_none() {
-                return bad(
-                    "head_dim",
-                    "a width of its own (gpt-oss's config names it)".into(),
-                    "none".into(),
-                );
-            }
+        if let ExpertsKind::GptOss { sliding_window: 0 } = e.kind {
+            return bad(
+                "experts.kind.sliding_window",
+                "a positive window".into(),
+                "0".into(),
+            );
         }
         if e.num_experts == 0 || e.num_experts > lcut_model::config::MAX_SIZE {
             return bad(
@@ -948,8 +952,7 @@ impl ModelShape {
     }
 
     /// The checks of Qwen3.5's linear layers: on Llama's layout without
-    /// q/k/v biases, with a head width of their own for the full layers,
-    /// positive counts and widths, value heads a multiple of the key heads
+    /// q/k/v biases, positive counts and widths, value heads a multiple of the key heads
     /// and a rotated share that leaves a whole pair.
     fn validate_linear(&self, la: LinearShape) -> Result<()> {
         let bad = |field: &'static str, expected: &str, found: String| {
@@ -965,13 +968,6 @@ impl ModelShape {
                 "linear",
                 "Llama's layout without q/k/v biases (Qwen3.5's full layers)",
                 format!("{} with q/k/v biases: {}", self.sizes.layout, self.qkv_bias),
-            );
-        }
-        if self.head_dim.is_none() {
-            return bad(
-                "head_dim",
-                "a width of its own (Qwen3.5's config names it)",
-                "none".into(),
             );
         }
         for (field, n) in [
