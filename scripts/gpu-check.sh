@@ -7,18 +7,27 @@
 #
 #   scripts/gpu-check.sh [OUT_DIR] [STEP...]
 #
-# STEP is `parity`, `diagnose` (the bundled model's diagnostics on the GPU
-# against the CPU, f32, scripts/compare_reports.py) or `bench:LENGTHS` (e.g.
-# bench:1k,8k,32k); the default is `parity diagnose bench:1k,8k,32k,64k` (about
-# 5 minutes on an H200; `bench:128k` adds about 15, extrapolated). OUT_DIR
-# (default gpu-results) receives
-# log.txt, nvidia-smi.txt, parity-f32.json, parity-bf16.json and
-# bench-<lengths>.json.
+# STEP is `parity` (f32 and bf16; in bf16 `lcut parity` also holds the fused
+# attention kernel to the CPU's exact attention), `parity16` (bf16 next to the
+# CPU's bf16 transformers logits, and f16: the 16-bit paths the fused kernel
+# runs, without starting PyTorch), `diagnose` (the bundled
+# model's diagnostics on the GPU against the CPU, f32,
+# scripts/compare_reports.py), `bench:LENGTHS` (e.g. bench:1k,8k,32k) or
+# `baseline:LENGTHS` (the same with the fused attention turned off,
+# LCUT_FUSED_ATTENTION=0: the materialised attention, for a ratio in the
+# same call). The default is
+# `parity diagnose bench:1k,8k,32k baseline:8k bench:64k bench:128k`; each
+# bench step writes its own JSON, so a step cut short leaves the ones before.
+# OUT_DIR (default gpu-results) receives log.txt, nvidia-smi.txt,
+# gpu-memory.csv (the driver's memory in use, every 200 ms), parity-f32.json,
+# parity-bf16.json, bench-<lengths>.json and baseline-<lengths>.json.
 set -uo pipefail
 out=${1:-gpu-results}
 shift || true
 steps=("$@")
-if [ ${#steps[@]} -eq 0 ]; then steps=(parity diagnose "bench:1k,8k,32k,64k"); fi
+if [ ${#steps[@]} -eq 0 ]; then
+  steps=(parity diagnose "bench:1k,8k,32k" "baseline:8k" "bench:64k" "bench:128k")
+fi
 mkdir -p "$out"
 exec > >(tee -a "$out/log.txt") 2>&1
 
@@ -64,6 +73,11 @@ if LD_LIBRARY_PATH="$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ldd "$bin" | 
 fi
 
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1
+# the driver's view of the GPU's memory while the steps run
+nvidia-smi --query-gpu=timestamp,memory.used,memory.total,utilization.gpu \
+  --format=csv -lms 200 > "$out/gpu-memory.csv" 2>/dev/null &
+sampler=$!
+trap 'kill $sampler 2>/dev/null' EXIT
 status=0
 
 parity() {
@@ -86,6 +100,13 @@ parity() {
     --json "$out/parity-bf16.json" || status=1
 }
 
+parity16() {
+  echo "== parity on cuda in bf16 (transformers' bf16 logits from the CPU) and f16"
+  lcut parity --device cuda --dtype bf16 --transformers-logits fixtures/oracle/bf16 \
+    --json "$out/parity-bf16.json" || status=1
+  lcut parity --device cuda --dtype f16 --json "$out/parity-f16.json" || status=1
+}
+
 diagnose() {
   echo "== diagnose the bundled model on cuda and on the cpu (f32), then compare"
   lcut diagnose --device cpu --max-new-tokens 16 --out /tmp/lcut-diag-cpu >/dev/null &&
@@ -94,20 +115,27 @@ diagnose() {
       /tmp/lcut-diag-cuda/report.json 1e-3 || status=1
 }
 
+# bench NAME LENGTHS: the Llama-3.1-8B shape, full and SPEED 24/32, into NAME-<lengths>.json
 bench() {
-  echo "== bench at $1"
+  echo "== $1 at $2 ($(date -u +%T))"
   lcut bench --device cuda --dtype bf16 \
     --layers 32 --hidden 4096 --heads 32 --kv-heads 8 --intermediate 14336 --vocab 128256 \
-    --policies full,speed:24+bos --prompt-lengths "$1" --new-tokens 128 \
-    --prefill-chunk 2048 --json "$out/bench-${1//,/_}.json" || status=1
+    --policies full,speed:24+bos --prompt-lengths "$2" --new-tokens 128 \
+    --prefill-chunk 2048 --json "$out/$1-${2//,/_}.json" || status=1
 }
 
 for step in "${steps[@]}"; do
   case $step in
     parity) parity ;;
+    parity16) parity16 ;;
     diagnose) diagnose ;;
-    bench:*) bench "${step#bench:}" ;;
-    *) echo "unknown step $step (parity, diagnose, bench:LENGTHS)"; status=1 ;;
+    bench:*) bench bench "${step#bench:}" ;;
+    baseline:*)
+      export LCUT_FUSED_ATTENTION=0
+      bench baseline "${step#baseline:}"
+      unset LCUT_FUSED_ATTENTION
+      ;;
+    *) echo "unknown step $step (parity, parity16, diagnose, bench:LENGTHS, baseline:LENGTHS)"; status=1 ;;
   esac
 done
 exit $status

@@ -68,7 +68,9 @@ pub fn run(args: &ParityArgs) -> Result<()> {
         &args.dtype.to_string(),
         &tolerance,
     );
-    let pass = rows.iter().all(|r| r.pass);
+    let fused = lcut_model::check_fused_attention(&device, dtype)?;
+    print_fused(&fused);
+    let pass = rows.iter().all(|r| r.pass) && fused.iter().all(|c| c.pass);
     let report = ParityReport {
         device: args.device.to_string(),
         dtype: args.dtype.to_string(),
@@ -77,7 +79,11 @@ pub fn run(args: &ParityArgs) -> Result<()> {
         pass,
     };
     if let Some(path) = &args.json {
-        write_atomic(path, serde_json::to_string_pretty(&report)?.as_bytes())?;
+        let mut json = serde_json::to_value(&report)?;
+        if !fused.is_empty() {
+            json["fused_attention"] = serde_json::to_value(&fused)?;
+        }
+        write_atomic(path, serde_json::to_string_pretty(&json)?.as_bytes())?;
         eprintln!("wrote {}", path.display());
     }
     if !pass {
@@ -88,6 +94,30 @@ pub fn run(args: &ParityArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The fused attention kernel's own check, where the device runs it.
+fn print_fused(checks: &[lcut_model::FusedAttentionCheck]) {
+    if checks.is_empty() {
+        return;
+    }
+    println!(
+        "fused attention against the CPU's exact attention on the same inputs (max|d| over max|v| <= {:.2e}, log-sum-exp <= 1e-3)",
+        checks[0].bound
+    );
+    println!(
+        "{:<52} {:>11} {:>11} {:>5}",
+        "case", "max|d|", "lse max|d|", "ok"
+    );
+    for c in checks {
+        println!(
+            "{:<52} {:>11.3e} {:>11.3e} {:>5}",
+            c.case,
+            c.max_abs,
+            c.lse_max_abs,
+            if c.pass { "yes" } else { "NO" }
+        );
+    }
 }
 
 fn print_table(rows: &[ParityRow], device: &str, dtype: &str, tolerance: &Tolerance) {

@@ -230,3 +230,37 @@ mod tests {
         }
     }
 }
+
+/// A visibility to test attention under: which keys the query at `pos` reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Visibility {
+    /// Every key up to and including its own.
+    Causal,
+    /// The last `w` keys up to its own.
+    Window(usize),
+    /// A policy's anchors with gaps: key 0 (BoS), every third block of 8
+    /// keys before it, and its own.
+    Anchors,
+}
+
+impl Visibility {
+    /// The keys the query at `pos` reads, ascending and disjoint.
+    pub fn spans(self, pos: usize) -> Vec<std::ops::Range<usize>> {
+        match self {
+            Self::Causal => std::iter::once(0..pos + 1).collect(),
+            Self::Window(w) => std::iter::once((pos + 1).saturating_sub(w)..pos + 1).collect(),
+            Self::Anchors => {
+                let mut v: Vec<_> = std::iter::once(0..1).collect();
+                let mut r = 8;
+                while r + 8 <= pos {
+                    v.push(r..r + 8);
+                    r += 24;
+                }
+                if pos >= 1 && v.last().is_none_or(|l| l.end <= pos) {
+                    v.push(pos..pos + 1);
+                }
+                v
+            }
+        }
+    }
+}

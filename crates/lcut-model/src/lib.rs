@@ -31,8 +31,8 @@ pub use config::{
     RopeConfig, RopeScaling,
 };
 pub use decoder::{
-    BatchSoftmax, ChunkOutput, Decoder, LogitRows, Unfused, WeightMode, argmax_rows,
-    default_attention_block_elems,
+    BatchSoftmax, ChunkOutput, Decoder, FusedAttentionCheck, LogitRows, Unfused, WeightMode,
+    argmax_rows, check_fused_attention, default_attention_block_elems, fused_attention_runs,
 };
 pub use error::{ModelError, Result, ShapeError};
 pub use files::{FolderFiles, ModelFiles};

@@ -263,6 +263,7 @@ macro_rules! with_kv_slices {
 }
 
 mod chunk;
+pub mod tiled;
 
 pub use chunk::{QUERY_TILE, attend_chunk};
 /// The rows each query of a chunk reads, as the key planner

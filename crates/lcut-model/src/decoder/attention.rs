@@ -7,7 +7,9 @@
 use candle_core::{DType, Tensor};
 
 use super::Decoder;
+use super::flash::{FusedInputs, attend_fused, fused_attention_runs};
 use super::reads::BatchSoftmax;
+use lcut_kernels::attention::tiled::encode_reads;
 use lcut_policy::keys::{GroupReads, KeyPlanner, KeyQuery};
 
 use super::reads::{PartialMask, group_mask};
@@ -23,6 +25,9 @@ pub(super) struct LayerReads {
     pub(super) reads: KeyPlanner,
     /// Per group: the version of the reads a mask was built from, and the mask.
     masks: Vec<(u64, Option<Tensor>)>,
+    /// Per group: the version of the reads the fused kernel's encoding of
+    /// them was made from, and the encoding on the device.
+    fused_reads: Vec<(u64, Option<Tensor>)>,
 }
 
 /// One group's output [its query heads, n, head_dim], and its attention
@@ -63,18 +68,19 @@ impl Decoder {
         };
         let groups = memo.reads.plan(seq.rule.as_ref(), &ask, cache);
         memo.masks.resize(groups.len(), (0, None));
+        memo.fused_reads.resize(groups.len(), (0, None));
+        let fused = probs_from.is_none()
+            && fused_attention_runs(&self.device, q.dtype(), q.dim(2)?)
+            && groups.iter().all(|g| g.complete);
         let group_size = self.cfg.num_heads / kv_heads;
         let mut outs = Vec::with_capacity(groups.len());
-        for (g, kept) in groups.iter().zip(memo.masks.iter_mut()) {
+        for ((g, kept), encoded) in groups
+            .iter()
+            .zip(memo.masks.iter_mut())
+            .zip(memo.fused_reads.iter_mut())
+        {
             let (k, v) = self.group_keys(cache, g, l)?;
             let keys = cache.group_positions(g.rows);
-            if kept.0 != g.version {
-                let mask = group_mask(g, keys.len());
-                *kept = (
-                    g.version,
-                    self.mask_tensor(mask, present.len(), keys.len())?,
-                );
-            }
             let (first_head, heads) = (g.heads.start * group_size, g.heads.len() * group_size);
             let q = match g.heads.len() == kv_heads {
                 true => q.clone(),
@@ -85,6 +91,36 @@ impl Decoder {
                 .sinks()
                 .map(|s| s.narrow(0, first_head, heads))
                 .transpose()?;
+            if fused {
+                let reads = match encoded {
+                    (version, Some(t)) if *version == g.version => t.clone(),
+                    _ => {
+                        let reads = encode_reads(&g.spans)?;
+                        let len = reads.len();
+                        let t = Tensor::from_vec(reads, len, &self.device)?;
+                        *encoded = (g.version, Some(t.clone()));
+                        t
+                    }
+                };
+                let (out, _lse) = attend_fused(&FusedInputs {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    reads: &reads,
+                    sinks: sinks.as_ref(),
+                    scale: self.cfg.attn_scale as f32,
+                    softcap: self.cfg.attn_softcap.map(|c| c as f32),
+                })?;
+                outs.push(GroupOut { out, probs: None });
+                continue;
+            }
+            if kept.0 != g.version {
+                let mask = group_mask(g, keys.len());
+                *kept = (
+                    g.version,
+                    self.mask_tensor(mask, present.len(), keys.len())?,
+                );
+            }
             let (out, probs) =
                 self.attend(&q, &k, &v, kept.1.as_ref(), sinks.as_ref(), probs_from)?;
             outs.push(GroupOut {

@@ -13,6 +13,7 @@
 mod attention;
 mod batch;
 mod chunk_attention;
+mod flash;
 mod grouped;
 mod layer;
 mod layer_inputs;
@@ -27,6 +28,7 @@ mod step;
 mod step_model;
 mod train;
 
+pub use flash::{FusedAttentionCheck, check_fused_attention, fused_attention_runs};
 pub(crate) use pass::ChunkRows;
 pub use reads::BatchSoftmax;
 pub use step::{StepScratch, Unfused};
