@@ -298,6 +298,12 @@ fn bench_row(
         rounds.prefill_chunk,
         block,
     )
+    .for_prefill_path(
+        (model.device(), &[policy.kind()]),
+        model.config(),
+        model.dtype(),
+        (len + rounds.new_tokens, rounds.prefill_chunk),
+    )
     .with_weights(model.weight_bytes() as u64);
     Ok(BenchRow {
         policy: policy.to_string(),

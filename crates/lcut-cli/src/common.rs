@@ -142,7 +142,8 @@ pub fn ensure_fits(cfg: &lcut_model::ModelConfig, device: &Device, size: &RunSiz
         weights_loaded,
     } = *size;
     let kv = lcut_model::memory::kv_cache_bytes(cfg, kv_dtype, total_len);
-    let mut need = lcut_model::memory::estimate(cfg, dtype, kv, total_len, chunk, block);
+    let mut need = lcut_model::memory::estimate(cfg, dtype, kv, total_len, chunk, block)
+        .for_fused_attention(device, cfg, dtype, (total_len, chunk));
     if weights_loaded {
         need = need.without_weights();
     }

@@ -79,7 +79,9 @@ impl MemoryEstimate {
 
     /// The same for a run on `device` under policies of `kinds`: where its
     /// prefill chunks all run the blocked CPU kernel
-    /// ([`prefill_is_blocked`]), with the attention figure of
+    /// ([`prefill_is_blocked`]) or every layer's attention runs on the
+    /// fused CUDA kernel ([`crate::fused_attention_runs`]), neither holding
+    /// a score matrix, with the attention figure of
     /// [`MemoryEstimate::with_blocked_prefill`]; otherwise unchanged.
     pub fn for_prefill_path(
         self,
@@ -88,10 +90,27 @@ impl MemoryEstimate {
         dtype: DType,
         (total_len, chunk): (usize, usize),
     ) -> Self {
-        if prefill_is_blocked(device, dtype, kinds) {
+        if prefill_is_blocked(device, dtype, kinds) || attention_is_fused(device, dtype, cfg) {
             self.with_blocked_prefill(cfg, dtype, (total_len, chunk))
         } else {
             self
+        }
+    }
+
+    /// The same for a run on `device` whatever its policies: where every
+    /// layer's attention runs on the fused CUDA kernel
+    /// ([`attention_is_fused`]), with the attention figure of
+    /// [`MemoryEstimate::with_blocked_prefill`]; otherwise unchanged.
+    pub fn for_fused_attention(
+        self,
+        device: &Device,
+        cfg: &ModelConfig,
+        dtype: DType,
+        lens: (usize, usize),
+    ) -> Self {
+        match attention_is_fused(device, dtype, cfg) {
+            true => self.with_blocked_prefill(cfg, dtype, lens),
+            false => self,
         }
     }
 
@@ -352,6 +371,17 @@ pub fn estimate(
         records: 0,
         process: 0,
     }
+}
+
+/// Whether every layer of `cfg` attends on the fused CUDA kernel with
+/// activations of `dtype` on `device` ([`crate::fused_attention_runs`]):
+/// no score matrix is held (a probed decode row still is, one per head).
+pub fn attention_is_fused(device: &Device, dtype: DType, cfg: &ModelConfig) -> bool {
+    !cfg.layer_attention.is_empty()
+        && cfg
+            .layer_attention
+            .iter()
+            .all(|a| crate::fused_attention_runs(device, dtype, a.head_dim))
 }
 
 /// Whether every prefill chunk of a run on `device` with activations of
