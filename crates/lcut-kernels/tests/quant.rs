@@ -604,3 +604,39 @@ fn a_rows_products_do_not_depend_on_the_rows_beside_it() {
         }
     }
 }
+
+/// Packing in slabs (as a mapped matrix is, releasing each slab's pages
+/// once done) gives the same interleaved matrix as packing it whole, and
+/// tells its caller every row once, in order, slab by slab.
+#[test]
+fn packing_in_slabs_is_packing_whole() {
+    let mut rng = Rng::new(21);
+    for format in FORMATS {
+        let cols = widths(format)[0];
+        let rows = 83;
+        let data = random_blocks(format, rows * cols / format.block_len(), &mut rng);
+        let m = QuantMatrix::new(format, &data, rows, cols).expect("whole blocks");
+        let whole = PackedMatrix::pack(&m, |r| r).expect("packs");
+        for slab in [1, 8, 13, 64, 4096] {
+            let mut told = Vec::new();
+            let slabs = PackedMatrix::pack_in_slabs(&m, |r| r, slab, |done| told.push(done))
+                .expect("packs");
+            let covered: Vec<usize> = told.iter().flat_map(|r| r.clone()).collect();
+            assert_eq!(
+                covered,
+                (0..rows).collect::<Vec<_>>(),
+                "{format:?} slabs of {slab}"
+            );
+            assert!(
+                told.iter().all(|r| !r.is_empty()),
+                "{format:?}: an empty slab told"
+            );
+            let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
+            for r in 0..rows {
+                whole.view().dequantize_row(r, &mut a).expect("row");
+                slabs.view().dequantize_row(r, &mut b).expect("row");
+                assert_eq!(a, b, "{format:?} slabs of {slab}: row {r}");
+            }
+        }
+    }
+}

@@ -45,6 +45,11 @@ pub enum ProductPath {
 /// products scale worse across threads on the tile.
 pub const WIDE_TILE_MIN_COLS: usize = 2048;
 
+/// Rows a mapped matrix is packed in at a time before their pages of the
+/// mapping are released ([`MappedMatrix::pack`]): 8 MiB of a 2048-wide
+/// Q8_0 matrix, small beside a model and large enough for rayon's threads.
+pub const PACK_SLAB_ROWS: usize = 4096;
+
 /// Whether the chunk product of a `format` matrix of `cols` columns beats
 /// dequantizing it for candle's f32 GEMM on long chunks at `isa`. Measured
 /// on SmolLM2's Q4_1 matrices (2 threads, AVX-512 VNNI, perf samples of one
@@ -160,14 +165,35 @@ impl MappedMatrix {
     }
 
     /// Make the interleaved copy (rows split across rayon's threads) and
-    /// release the mapping's pages of the matrix; a no-op once packed.
+    /// release the mapping's pages of the matrix; a no-op once packed. A
+    /// matrix in the file's row order is packed in slabs of
+    /// [`PACK_SLAB_ROWS`] rows and each slab's pages released as it is
+    /// done, so that the mapped and the packed matrix are not both resident
+    /// (Gemma 3's tied 262k-row head: 170 MiB twice at its peak before).
     pub fn pack(&self) -> Result<()> {
         if self.is_packed() {
             return Ok(());
         }
-        let packed = PackedMatrix::pack(&self.mapped_view(), |r| self.file_row(r))?;
+        let view = self.mapped_view();
+        let row_bytes = view.bytes() / self.rows.max(1);
+        let packed = match self.file_rows {
+            // rows reordered within heads: released once, at the end
+            Some(_) => PackedMatrix::pack(&view, |r| self.file_row(r))?,
+            None => PackedMatrix::pack_in_slabs(
+                &view,
+                |r| r,
+                PACK_SLAB_ROWS,
+                |done| {
+                    crate::gguf::release_mapped(
+                        &self.map,
+                        self.start + done.start * row_bytes,
+                        done.len() * row_bytes,
+                    );
+                },
+            )?,
+        };
         let _ = self.packed.set(packed);
-        crate::gguf::release_mapped(&self.map, self.start, self.mapped_view().bytes());
+        crate::gguf::release_mapped(&self.map, self.start, view.bytes());
         Ok(())
     }
 

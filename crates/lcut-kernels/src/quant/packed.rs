@@ -269,6 +269,20 @@ impl PackedMatrix {
     /// `order(i)` of `m` (to put rows in another order on the way), the
     /// groups packed in parallel on rayon's threads.
     pub fn pack(m: &QuantMatrix<'_>, order: impl Fn(usize) -> usize + Sync) -> Result<Self> {
+        Self::pack_in_slabs(m, order, usize::MAX, |_| {})
+    }
+
+    /// [`Self::pack`] in slabs of `slab_rows` rows (rounded up to whole
+    /// groups), one after another, telling `done` each slab's rows once they
+    /// are packed: a caller reading `m` from a file mapping releases those
+    /// rows' pages as it goes, so that a large matrix is not held twice
+    /// (mapped and packed) at once.
+    pub fn pack_in_slabs(
+        m: &QuantMatrix<'_>,
+        order: impl Fn(usize) -> usize + Sync,
+        slab_rows: usize,
+        mut done: impl FnMut(std::ops::Range<usize>),
+    ) -> Result<Self> {
         let format = m.format();
         let (rows, cols) = (m.rows(), m.cols());
         let len = packed_len(format, rows, cols)?;
@@ -291,25 +305,35 @@ impl PackedMatrix {
         let blocks = cols / format.block_len();
         let (bb, gb) = (format.block_bytes(), group_block_bytes(format));
         let zero = vec![0u8; bb];
-        bytes
+        let group_len = (blocks * gb).max(1);
+        let slab_groups = slab_rows.div_ceil(GROUP_ROWS).max(1);
+        for (slab, part) in bytes
             .as_mut_slice()
-            .par_chunks_mut((blocks * gb).max(1))
+            .chunks_mut(group_len.saturating_mul(slab_groups))
             .enumerate()
-            .for_each(|(g, out)| {
-                for (b, out) in out.chunks_exact_mut(gb).enumerate() {
-                    let block = |lane: usize| -> &[u8] {
-                        let r = g * GROUP_ROWS + lane;
-                        if r < rows {
-                            let at = order(r) * m.row_bytes + b * bb;
-                            &raw[at..at + bb]
-                        } else {
-                            &zero
-                        }
-                    };
-                    let eight: [&[u8]; GROUP_ROWS] = std::array::from_fn(block);
-                    pack_block(format, &eight, out);
-                }
-            });
+        {
+            let first = slab.saturating_mul(slab_groups);
+            part.par_chunks_mut(group_len)
+                .enumerate()
+                .for_each(|(i, out)| {
+                    let g = first + i;
+                    for (b, out) in out.chunks_exact_mut(gb).enumerate() {
+                        let block = |lane: usize| -> &[u8] {
+                            let r = g * GROUP_ROWS + lane;
+                            if r < rows {
+                                let at = order(r) * m.row_bytes + b * bb;
+                                &raw[at..at + bb]
+                            } else {
+                                &zero
+                            }
+                        };
+                        let eight: [&[u8]; GROUP_ROWS] = std::array::from_fn(block);
+                        pack_block(format, &eight, out);
+                    }
+                });
+            let end = first.saturating_add(slab_groups).saturating_mul(GROUP_ROWS);
+            done((first * GROUP_ROWS).min(rows)..end.min(rows));
+        }
         Ok(Self {
             format,
             rows,
