@@ -48,6 +48,23 @@ pub fn keep_freed_buffers() -> bool {
     false
 }
 
+/// Hand the heap's free memory back to the kernel (glibc's `malloc_trim`),
+/// below [`HEAP_KEPT`] too: for after a one-off build whose transient
+/// buffers would otherwise stay resident for the whole run (a 262k-token
+/// GGUF vocabulary's tokenizer). Returns whether memory was released; does
+/// nothing (false) on other allocators and platforms.
+#[allow(unsafe_code)]
+pub fn release_free_memory() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: malloc_trim only returns free pages of the heap to the
+        // kernel; glibc takes its own lock.
+        unsafe { libc::malloc_trim(0) == 1 }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    false
+}
+
 // an 8B model's MLP output over a 512-token chunk (f32) fits the heap, and
 // both thresholds fit mallopt's int
 const _: () = assert!(HEAP_BUFFERS_UP_TO >= 14336 * 512 * 4);

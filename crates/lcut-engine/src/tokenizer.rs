@@ -103,6 +103,9 @@ impl TextTokenizer {
     /// The tokenizer a GGUF file describes in its `tokenizer.ggml.*` metadata.
     pub fn from_gguf(header: &GgufHeader, path: &Path) -> Result<Self> {
         let t = tokenizer_from_gguf(header, path)?;
+        // the build's transient merges and maps (over 100 MiB for a
+        // 262k-token vocabulary) would stay in the heap for the whole run
+        crate::heap::release_free_memory();
         Ok(Self {
             inner: t.tokenizer,
             config_path: path.to_path_buf(),
