@@ -510,6 +510,7 @@ fn read_bandwidth(model: &Decoder, device: &Device, label: &str) -> f64 {
     let weights_mb = model.decode_weight_bytes() as f64 / 1e6;
     if !device.is_cpu() {
         eprintln!("on {label}: a decode step reads {weights_mb:.1} MB of weights");
+        crate::memory_check::say_attention_path(model);
         return f64::NAN;
     }
     let threads = rayon::current_num_threads();

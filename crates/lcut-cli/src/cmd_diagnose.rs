@@ -214,6 +214,7 @@ pub fn load_inputs(args: &DiagnoseArgs, other: &[PolicyKind]) -> Result<Inputs> 
     let what = format!("{} prompt{plural} of at most {longest} tokens", lens.len());
     let need = check_before_loading(&what, &need, (&pending.device, pending.mode), args.force)?;
     let mut session = pending.load()?;
+    crate::memory_check::say_attention_path(&session.model);
     args.lora.apply_to_session(&mut session, &[])?;
     Ok(Inputs {
         session,

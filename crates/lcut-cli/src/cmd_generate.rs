@@ -226,6 +226,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let what = format!("{total} tokens");
     let need = check_before_loading(&what, &need, (&pending.device, pending.mode), args.force)?;
     let mut session = pending.load()?;
+    crate::memory_check::say_attention_path(&session.model);
     let run_policies: Vec<String> = std::iter::once(&args.policy)
         .chain(&args.compare)
         .map(ToString::to_string)

@@ -138,6 +138,23 @@ pub fn check_before_loading(
     }
 }
 
+/// On a GPU, say which attention the model's layers run: lcut's fused
+/// kernel, or the materialised scores and why not the kernel (a dtype or
+/// head width it does not take, `LCUT_FUSED_ATTENTION=0`). Nothing on the
+/// CPU, whose attention kernels take every layer.
+pub fn say_attention_path(model: &lcut_model::Decoder) {
+    if !model.device().is_cuda() {
+        return;
+    }
+    let why_not = model.config().layer_attention.iter().find_map(|a| {
+        lcut_model::fused_attention_refusal(model.device(), model.dtype(), a.head_dim)
+    });
+    match why_not {
+        None => eprintln!("attention: lcut's fused kernel in every layer"),
+        Some(why) => eprintln!("attention: materialised scores, not the fused kernel: {why}"),
+    }
+}
+
 /// Say what the process held at its peak beside the estimate (on hosts
 /// that report it). On a GPU the estimate is of the device's memory and
 /// the peak is the host process's, which holds the driver's context but

@@ -31,8 +31,9 @@ pub use config::{
     RopeConfig, RopeScaling,
 };
 pub use decoder::{
-    BatchSoftmax, ChunkOutput, Decoder, FusedAttentionCheck, LogitRows, Unfused, WeightMode,
-    argmax_rows, check_fused_attention, default_attention_block_elems, fused_attention_runs,
+    BatchSoftmax, ChunkOutput, Decoder, FUSED_ATTENTION_VAR, FusedAttentionCheck, LogitRows,
+    Unfused, WeightMode, argmax_rows, check_fused_attention, default_attention_block_elems,
+    fused_attention_refusal, fused_attention_runs,
 };
 pub use error::{ModelError, Result, ShapeError};
 pub use files::{FolderFiles, ModelFiles};

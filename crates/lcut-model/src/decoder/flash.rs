@@ -21,11 +21,53 @@ use crate::error::Result;
 /// every query reads a key): lcut built with `cuda`, a CUDA device, bf16
 /// or f16, a head dim of [`HEAD_DIMS`], and `LCUT_FUSED_ATTENTION` not `0`.
 pub fn fused_attention_runs(device: &Device, dtype: DType, head_dim: usize) -> bool {
-    cfg!(feature = "cuda")
-        && device.is_cuda()
-        && matches!(dtype, DType::BF16 | DType::F16)
-        && HEAD_DIMS.contains(&head_dim)
-        && std::env::var("LCUT_FUSED_ATTENTION").map_or(true, |v| v != "0")
+    fused_attention_refusal(device, dtype, head_dim).is_none()
+}
+
+/// The environment variable that, set to `0`, turns the fused kernel off.
+pub const FUSED_ATTENTION_VAR: &str = "LCUT_FUSED_ATTENTION";
+
+/// Why attention of `dtype` with heads of `head_dim` on `device` does not
+/// run on the fused kernel (the materialised path runs instead), or `None`
+/// when it does: what a GPU run tells its user.
+pub fn fused_attention_refusal(device: &Device, dtype: DType, head_dim: usize) -> Option<String> {
+    refusal(
+        (cfg!(feature = "cuda"), device.is_cuda()),
+        dtype,
+        head_dim,
+        std::env::var(FUSED_ATTENTION_VAR).is_ok_and(|v| v == "0"),
+    )
+}
+
+/// [`fused_attention_refusal`] from its facts: lcut built with `cuda`, the
+/// device a CUDA one, the activations' dtype, the head dim, the kernel
+/// turned off by [`FUSED_ATTENTION_VAR`].
+fn refusal(
+    (built, on_cuda): (bool, bool),
+    dtype: DType,
+    head_dim: usize,
+    turned_off: bool,
+) -> Option<String> {
+    if !on_cuda {
+        return Some("not a CUDA device".into());
+    }
+    if !built {
+        return Some("lcut was built without its CUDA kernels".into());
+    }
+    if turned_off {
+        return Some(format!("{FUSED_ATTENTION_VAR}=0"));
+    }
+    if !matches!(dtype, DType::BF16 | DType::F16) {
+        return Some(format!(
+            "{dtype:?} activations (the kernel takes bf16 or f16)"
+        ));
+    }
+    if !HEAD_DIMS.contains(&head_dim) {
+        return Some(format!(
+            "heads of width {head_dim} (the kernel is built for {HEAD_DIMS:?})"
+        ));
+    }
+    None
 }
 
 /// One call's inputs: queries [heads, n, head_dim], keys and values
@@ -300,6 +342,35 @@ mod gpu {
             ),
             wrap(CudaStorage::wrap_cuda_slice(lse, dev.clone()), &[heads, n]),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fused_kernel_is_refused_by_name() {
+        let runs = |dtype, hd, off| refusal((true, true), dtype, hd, off);
+        assert_eq!(runs(DType::BF16, 128, false), None);
+        assert_eq!(runs(DType::F16, 256, false), None);
+        let said = |r: Option<String>, what: &str| {
+            let r = r.expect("refused");
+            assert!(r.contains(what), "{r:?} should name {what:?}");
+        };
+        said(runs(DType::F32, 128, false), "F32");
+        said(runs(DType::BF16, 72, false), "width 72");
+        said(runs(DType::BF16, 128, true), "LCUT_FUSED_ATTENTION=0");
+        said(
+            refusal((false, true), DType::BF16, 128, false),
+            "without its CUDA kernels",
+        );
+        said(
+            refusal((true, false), DType::BF16, 128, false),
+            "not a CUDA device",
+        );
+        // the CPU never runs it, whatever the dtype
+        assert!(!fused_attention_runs(&Device::Cpu, DType::BF16, 128));
     }
 }
 

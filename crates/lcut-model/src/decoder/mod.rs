@@ -28,7 +28,10 @@ mod step;
 mod step_model;
 mod train;
 
-pub use flash::{FusedAttentionCheck, check_fused_attention, fused_attention_runs};
+pub use flash::{
+    FUSED_ATTENTION_VAR, FusedAttentionCheck, check_fused_attention, fused_attention_refusal,
+    fused_attention_runs,
+};
 pub(crate) use pass::ChunkRows;
 pub use reads::BatchSoftmax;
 pub use step::{StepScratch, Unfused};
