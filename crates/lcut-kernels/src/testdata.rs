@@ -264,3 +264,119 @@ impl Visibility {
         }
     }
 }
+
+/// A random attention problem for the attention kernels' tests and device
+/// checks: `heads` query heads over `kv_heads` K/V heads of `head_dim`
+/// values, the last `queries` of `keys` positions, each query reading the
+/// keys its [`Visibility`] gives, with Gemma's soft cap and gpt-oss's sinks
+/// where asked; [`AttentionCase::reference`] answers it in f64.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionCase {
+    /// Which keys each query reads.
+    pub kind: Visibility,
+    /// Query heads.
+    pub heads: usize,
+    /// K/V heads.
+    pub kv_heads: usize,
+    /// Values per head.
+    pub head_dim: usize,
+    /// Queries per head (the last of the positions).
+    pub queries: usize,
+    /// Keys held per K/V head.
+    pub keys: usize,
+    /// The soft cap, if any.
+    pub softcap: Option<f32>,
+    /// Whether the heads have sink logits.
+    pub sinks: bool,
+}
+
+impl AttentionCase {
+    /// A case without soft cap or sinks.
+    pub fn new(
+        kind: Visibility,
+        (heads, kv_heads): (usize, usize),
+        head_dim: usize,
+        queries: usize,
+        keys: usize,
+    ) -> Self {
+        Self {
+            kind,
+            heads,
+            kv_heads,
+            head_dim,
+            queries,
+            keys,
+            softcap: None,
+            sinks: false,
+        }
+    }
+
+    /// The keys query `i` reads (it sits at position `keys - queries + i`).
+    pub fn spans(&self, i: usize) -> Vec<std::ops::Range<usize>> {
+        self.kind.spans(self.keys - self.queries + i)
+    }
+
+    /// Every query's keys.
+    pub fn query_spans(&self) -> crate::attention::QuerySpans {
+        let mut spans = crate::attention::QuerySpans::new();
+        for i in 0..self.queries {
+            spans.push_query(self.spans(i));
+        }
+        spans
+    }
+
+    /// The attention of `q` [heads, queries, head_dim] over `k` and `v`
+    /// [kv_heads, capacity, head_dim] (`capacity` >= `keys` rows a head)
+    /// under `spec`, in f64: the output [heads, queries, head_dim] and each
+    /// row's log-sum-exp [heads, queries] (the sink included).
+    pub fn reference(
+        &self,
+        spec: &crate::attention::AttentionSpec<'_>,
+        (q, k, v): (&[f32], &[f32], &[f32]),
+        capacity: usize,
+    ) -> (Vec<f64>, Vec<f64>) {
+        let (n, hd, group) = (self.queries, self.head_dim, self.heads / self.kv_heads);
+        let mut out = vec![0.0; self.heads * n * hd];
+        let mut lse = vec![0.0; self.heads * n];
+        let at = |g: usize, t: usize| (g * capacity + t) * hd..(g * capacity + t + 1) * hd;
+        for h in 0..self.heads {
+            let g = h / group;
+            for i in 0..n {
+                let qh = &q[(h * n + i) * hd..(h * n + i + 1) * hd];
+                let rows: Vec<usize> = self.spans(i).into_iter().flatten().collect();
+                let scores: Vec<f64> = rows
+                    .iter()
+                    .map(|&t| {
+                        let dot = qh
+                            .iter()
+                            .zip(&k[at(g, t)])
+                            .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                            .sum::<f64>();
+                        let s = f64::from(spec.scale) * dot;
+                        spec.softcap
+                            .map_or(s, |c| f64::from(c) * (s / f64::from(c)).tanh())
+                    })
+                    .collect();
+                let sink = spec.sinks.map(|s| f64::from(s[h]));
+                let m = scores
+                    .iter()
+                    .copied()
+                    .chain(sink)
+                    .fold(f64::NEG_INFINITY, f64::max);
+                let total: f64 = scores
+                    .iter()
+                    .chain(sink.as_ref())
+                    .map(|s| (s - m).exp())
+                    .sum();
+                lse[h * n + i] = m + total.ln();
+                for (&t, s) in rows.iter().zip(&scores) {
+                    let p = (s - m).exp() / total;
+                    for (o, x) in out[(h * n + i) * hd..].iter_mut().zip(&v[at(g, t)]) {
+                        *o += p * f64::from(*x);
+                    }
+                }
+            }
+        }
+        (out, lse)
+    }
+}

@@ -314,35 +314,30 @@ __device__ __forceinline__ void combine_body(
     q, k, v, out, lse, part_o, part_ml, reads, sinks, n, keys, group, k_head_stride,           \
         k_row_stride, v_head_stride, v_row_stride, scale, softcap, has_sinks, splits
 
-#define FLASH_KERNEL(TY, NAME, HD)                                                            \
+#define FLASH_KERNEL(NAME, HD)                                                                \
     extern "C" __global__ void __launch_bounds__(THREADS)                                     \
         lcut_flash_##NAME##_##HD(FLASH_ARGS) { flash_body<T, HD>(FLASH_CALL); }
 
+// Every head dim of the host's `tiled::HEAD_DIMS`, and the merge, for the
+// 16-bit type T (defined around each use).
+#define FLASH_KERNELS(NAME)                                                                   \
+    FLASH_KERNEL(NAME, 16)                                                                    \
+    FLASH_KERNEL(NAME, 32)                                                                    \
+    FLASH_KERNEL(NAME, 64)                                                                    \
+    FLASH_KERNEL(NAME, 80)                                                                    \
+    FLASH_KERNEL(NAME, 96)                                                                    \
+    FLASH_KERNEL(NAME, 128)                                                                   \
+    FLASH_KERNEL(NAME, 256)                                                                   \
+    extern "C" __global__ void lcut_flash_combine_##NAME(                                     \
+        const float* part_o, const float* part_ml, const float* sinks, T* out, float* lse,    \
+        int n, int hd, int rows_total, int splits, int has_sinks) {                           \
+        combine_body<T>(part_o, part_ml, sinks, out, lse, n, hd, rows_total, splits,          \
+                        has_sinks);                                                           \
+    }
+
 #define T __nv_bfloat16
-FLASH_KERNEL(T, bf16, 16)
-FLASH_KERNEL(T, bf16, 32)
-FLASH_KERNEL(T, bf16, 64)
-FLASH_KERNEL(T, bf16, 80)
-FLASH_KERNEL(T, bf16, 96)
-FLASH_KERNEL(T, bf16, 128)
-FLASH_KERNEL(T, bf16, 256)
-extern "C" __global__ void lcut_flash_combine_bf16(
-    const float* part_o, const float* part_ml, const float* sinks, T* out, float* lse,
-    int n, int hd, int rows_total, int splits, int has_sinks) {
-    combine_body<T>(part_o, part_ml, sinks, out, lse, n, hd, rows_total, splits, has_sinks);
-}
+FLASH_KERNELS(bf16)
 #undef T
 #define T __half
-FLASH_KERNEL(T, f16, 16)
-FLASH_KERNEL(T, f16, 32)
-FLASH_KERNEL(T, f16, 64)
-FLASH_KERNEL(T, f16, 80)
-FLASH_KERNEL(T, f16, 96)
-FLASH_KERNEL(T, f16, 128)
-FLASH_KERNEL(T, f16, 256)
-extern "C" __global__ void lcut_flash_combine_f16(
-    const float* part_o, const float* part_ml, const float* sinks, T* out, float* lse,
-    int n, int hd, int rows_total, int splits, int has_sinks) {
-    combine_body<T>(part_o, part_ml, sinks, out, lse, n, hd, rows_total, splits, has_sinks);
-}
+FLASH_KERNELS(f16)
 #undef T

@@ -178,7 +178,11 @@ impl MappedMatrix {
         let row_bytes = view.bytes() / self.rows.max(1);
         let packed = match self.file_rows {
             // rows reordered within heads: released once, at the end
-            Some(_) => PackedMatrix::pack(&view, |r| self.file_row(r))?,
+            Some(_) => {
+                let packed = PackedMatrix::pack(&view, |r| self.file_row(r))?;
+                crate::gguf::release_mapped(&self.map, self.start, view.bytes());
+                packed
+            }
             None => PackedMatrix::pack_in_slabs(
                 &view,
                 |r| r,
@@ -193,7 +197,6 @@ impl MappedMatrix {
             )?,
         };
         let _ = self.packed.set(packed);
-        crate::gguf::release_mapped(&self.map, self.start, view.bytes());
         Ok(())
     }
 

@@ -90,10 +90,10 @@ impl MemoryEstimate {
         dtype: DType,
         (total_len, chunk): (usize, usize),
     ) -> Self {
-        if prefill_is_blocked(device, dtype, kinds) || attention_is_fused(device, dtype, cfg) {
+        if prefill_is_blocked(device, dtype, kinds) {
             self.with_blocked_prefill(cfg, dtype, (total_len, chunk))
         } else {
-            self
+            self.for_fused_attention(device, cfg, dtype, (total_len, chunk))
         }
     }
 

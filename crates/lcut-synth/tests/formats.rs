@@ -140,15 +140,10 @@ fn safetensors_hold_the_drawn_weights() {
                 let read = files.load(&t.name, &t.dims, dtype, &Device::Cpu).unwrap();
                 assert_eq!(read.dtype(), dtype, "{}", t.name);
                 let want = drawn.load(&t.name, &t.dims, dtype, &Device::Cpu).unwrap();
-                let diff = (read.to_dtype(DType::F32).unwrap()
-                    - want.to_dtype(DType::F32).unwrap())
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
+                let diff = max_diff(
+                    &read.to_dtype(DType::F32).unwrap(),
+                    &want.to_dtype(DType::F32).unwrap(),
+                );
                 assert_eq!(diff, 0.0, "{} in {format}", t.name);
             }
         }

@@ -93,6 +93,16 @@ impl Storage16 {
             Self::F16 => f16::from_f32(x).to_f32(),
         }
     }
+
+    /// One unit of this type's rounding (2^-8 for bf16, 2^-11 for f16): what
+    /// the fused kernel and its twin are held to, relative to the largest
+    /// value, since they round the probabilities and the output to it.
+    pub fn unit(self) -> f64 {
+        match self {
+            Self::Bf16 => 1.0 / 256.0,
+            Self::F16 => 1.0 / 2048.0,
+        }
+    }
 }
 
 /// The shapes of one [`attend_tiled`] call.

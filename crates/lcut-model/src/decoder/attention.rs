@@ -80,7 +80,6 @@ impl Decoder {
             .zip(memo.fused_reads.iter_mut())
         {
             let (k, v) = self.group_keys(cache, g, l)?;
-            let keys = cache.group_positions(g.rows);
             let (first_head, heads) = (g.heads.start * group_size, g.heads.len() * group_size);
             let q = match g.heads.len() == kv_heads {
                 true => q.clone(),
@@ -114,6 +113,7 @@ impl Decoder {
                 outs.push(GroupOut { out, probs: None });
                 continue;
             }
+            let keys = cache.group_positions(g.rows);
             if kept.0 != g.version {
                 let mask = group_mask(g, keys.len());
                 *kept = (

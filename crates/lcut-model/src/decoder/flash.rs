@@ -11,8 +11,8 @@
 //! Everything else takes the tensor path of `attention`.
 
 use candle_core::{DType, Device, Tensor};
-use lcut_kernels::attention::tiled::HEAD_DIMS;
-use lcut_kernels::testdata::Visibility;
+use lcut_kernels::attention::tiled::{HEAD_DIMS, Storage16};
+use lcut_kernels::testdata::AttentionCase;
 
 use crate::error::Result;
 
@@ -21,7 +21,9 @@ use crate::error::Result;
 /// every query reads a key): lcut built with `cuda`, a CUDA device, bf16
 /// or f16, a head dim of [`HEAD_DIMS`], and `LCUT_FUSED_ATTENTION` not `0`.
 pub fn fused_attention_runs(device: &Device, dtype: DType, head_dim: usize) -> bool {
-    fused_attention_refusal(device, dtype, head_dim).is_none()
+    // asked by every layer of every pass: the CPU answers before the
+    // environment is read or a reason is written
+    device.is_cuda() && fused_attention_refusal(device, dtype, head_dim).is_none()
 }
 
 /// The environment variable that, set to `0`, turns the fused kernel off.
@@ -398,7 +400,6 @@ pub struct FusedAttentionCheck {
 /// grouped heads, the soft cap, sinks and decode steps split over long
 /// caches. Empty where the kernel does not run (a CPU, f32).
 pub fn check_fused_attention(device: &Device, dtype: DType) -> Result<Vec<FusedAttentionCheck>> {
-    use lcut_kernels::attention::tiled::Storage16;
     use lcut_kernels::testdata::Visibility::{Anchors, Causal, Window};
     let storage = match dtype {
         DType::BF16 => Storage16::Bf16,
@@ -408,207 +409,127 @@ pub fn check_fused_attention(device: &Device, dtype: DType) -> Result<Vec<FusedA
     if !fused_attention_runs(device, dtype, 64) {
         return Ok(Vec::new());
     }
-    let mut cases: Vec<CheckCase> = HEAD_DIMS
+    let mut cases: Vec<AttentionCase> = HEAD_DIMS
         .iter()
-        .map(|&hd| CheckCase::new(Causal, (8, 2), hd, 200, 264))
+        .map(|&hd| AttentionCase::new(Causal, (8, 2), hd, 200, 264))
         .collect();
     cases.extend([
-        CheckCase::new(Window(128), (8, 2), 128, 300, 300),
-        CheckCase::new(Anchors, (8, 2), 128, 150, 400),
-        CheckCase::new(Causal, (4, 4), 64, 100, 100),
-        CheckCase {
+        AttentionCase::new(Window(128), (8, 2), 128, 300, 300),
+        AttentionCase::new(Anchors, (8, 2), 128, 150, 400),
+        AttentionCase::new(Causal, (4, 4), 64, 100, 100),
+        AttentionCase {
             softcap: Some(30.0),
-            ..CheckCase::new(Window(128), (4, 1), 256, 120, 200)
+            ..AttentionCase::new(Window(128), (4, 1), 256, 120, 200)
         },
-        CheckCase {
+        AttentionCase {
             sinks: true,
-            ..CheckCase::new(Window(128), (8, 2), 64, 130, 200)
+            ..AttentionCase::new(Window(128), (8, 2), 64, 130, 200)
         },
-        CheckCase::new(Causal, (32, 8), 128, 1, 40_000),
-        CheckCase {
+        AttentionCase::new(Causal, (32, 8), 128, 1, 40_000),
+        AttentionCase {
             sinks: true,
-            ..CheckCase::new(Anchors, (32, 8), 128, 1, 9_000)
+            ..AttentionCase::new(Anchors, (32, 8), 128, 1, 9_000)
         },
-        CheckCase::new(Causal, (8, 1), 256, 1, 3_000),
+        AttentionCase::new(Causal, (8, 1), 256, 1, 3_000),
     ]);
     cases
         .iter()
         .enumerate()
-        .map(|(i, c)| c.run(device, dtype, storage, 11 + i as u64))
+        .map(|(i, c)| check_case(c, (device, dtype), storage, 11 + i as u64))
         .collect()
 }
 
-/// One random configuration of [`check_fused_attention`].
-struct CheckCase {
-    kind: Visibility,
-    heads: usize,
-    kv_heads: usize,
-    hd: usize,
-    n: usize,
-    keys: usize,
-    softcap: Option<f32>,
-    sinks: bool,
-}
+/// One case of [`check_fused_attention`]: random inputs of `storage`
+/// through the fused kernel on `device` and through `attend_chunk` on the
+/// CPU, the log-sum-exp against the case's f64 reference.
+fn check_case(
+    c: &AttentionCase,
+    (device, dtype): (&Device, DType),
+    storage: Storage16,
+    seed: u64,
+) -> Result<FusedAttentionCheck> {
+    use lcut_kernels::attention::tiled::encode_reads;
+    use lcut_kernels::attention::{AttentionSpec, KvCache, KvData, KvLayout, attend_chunk};
+    use lcut_kernels::testdata::Rng;
+    let (heads, kv, hd, n, keys) = (c.heads, c.kv_heads, c.head_dim, c.queries, c.keys);
+    // the cache holds 16 rows more than are read, as a reserved cache does
+    let capacity = keys + 16;
+    let mut rng = Rng::new(seed);
+    let mut draw = |len: usize| -> Vec<f32> {
+        rng.normals(len, 1.0)
+            .into_iter()
+            .map(|x| storage.round(x))
+            .collect()
+    };
+    let q = draw(heads * n * hd);
+    let k = draw(kv * capacity * hd);
+    let v = draw(kv * capacity * hd);
+    let sinks: Vec<f32> = (0..heads).map(|h| (h % 5) as f32 * 0.7 - 1.0).collect();
+    let spec = AttentionSpec {
+        heads,
+        scale: 1.0 / (hd as f32).sqrt(),
+        softcap: c.softcap,
+        sinks: c.sinks.then_some(&sinks[..]),
+    };
+    let spans = c.query_spans();
+    let layout = KvLayout::head_major(kv, hd, capacity, keys);
+    let cache = KvCache::new(KvData::F32(&k), KvData::F32(&v), layout)?;
+    let mut want = vec![0f32; heads * n * hd];
+    attend_chunk(
+        lcut_kernels::Isa::detect(),
+        &spec,
+        &q,
+        &cache,
+        &spans,
+        &mut want,
+    )?;
+    let (_, want_lse) = c.reference(&spec, (&q, &k, &v), capacity);
 
-impl CheckCase {
-    fn new(
-        kind: Visibility,
-        (heads, kv_heads): (usize, usize),
-        hd: usize,
-        n: usize,
-        keys: usize,
-    ) -> Self {
-        Self {
-            kind,
+    let on_device = |x: &[f32], shape: &[usize]| -> Result<Tensor> {
+        Ok(Tensor::from_slice(x, shape, device)?.to_dtype(dtype)?)
+    };
+    let qt = on_device(&q, &[heads, n, hd])?;
+    let kt = on_device(&k, &[kv, capacity, hd])?.narrow(1, 0, keys)?;
+    let vt = on_device(&v, &[kv, capacity, hd])?.narrow(1, 0, keys)?;
+    let reads = encode_reads(&spans)?;
+    let reads = Tensor::from_vec(reads.clone(), reads.len(), device)?;
+    let sink_t = Tensor::from_slice(&sinks, heads, device)?;
+    let (out, lse) = attend_fused(&FusedInputs {
+        q: &qt,
+        k: &kt,
+        v: &vt,
+        reads: &reads,
+        sinks: c.sinks.then_some(&sink_t),
+        scale: spec.scale,
+        softcap: c.softcap,
+    })?;
+    let out = out.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    let lse = lse.flatten_all()?.to_vec1::<f32>()?;
+    let vmax = v.iter().fold(0f32, |a, x| a.max(x.abs())) as f64;
+    let max_abs = out
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| f64::from((a - b).abs()))
+        .fold(0.0, f64::max)
+        / vmax;
+    let lse_max_abs = lse
+        .iter()
+        .zip(&want_lse)
+        .map(|(a, b)| (f64::from(*a) - b).abs())
+        .fold(0.0, f64::max);
+    let bound = storage.unit();
+    Ok(FusedAttentionCheck {
+        case: format!(
+            "{:?} {}/{} heads hd {hd} n {n} keys {keys}{}{}",
+            c.kind,
             heads,
-            kv_heads,
-            hd,
-            n,
-            keys,
-            softcap: None,
-            sinks: false,
-        }
-    }
-
-    /// The keys query `i` reads (its position is `keys - n + i`).
-    fn spans(&self, i: usize) -> Vec<std::ops::Range<usize>> {
-        self.kind.spans(self.keys - self.n + i)
-    }
-
-    fn run(
-        &self,
-        device: &Device,
-        dtype: DType,
-        storage: lcut_kernels::attention::tiled::Storage16,
-        seed: u64,
-    ) -> Result<FusedAttentionCheck> {
-        use lcut_kernels::attention::tiled::encode_reads;
-        use lcut_kernels::attention::{
-            AttentionSpec, KvCache, KvData, KvLayout, QuerySpans, attend_chunk,
-        };
-        use lcut_kernels::testdata::Rng;
-        let (heads, kv, hd, n, keys) = (self.heads, self.kv_heads, self.hd, self.n, self.keys);
-        // the cache holds 16 rows more than are read, as a reserved cache does
-        let capacity = keys + 16;
-        let mut rng = Rng::new(seed);
-        let mut draw = |len: usize| -> Vec<f32> {
-            rng.normals(len, 1.0)
-                .into_iter()
-                .map(|x| storage.round(x))
-                .collect()
-        };
-        let q = draw(heads * n * hd);
-        let k = draw(kv * capacity * hd);
-        let v = draw(kv * capacity * hd);
-        let sinks: Vec<f32> = (0..heads).map(|h| (h % 5) as f32 * 0.7 - 1.0).collect();
-        let spec = AttentionSpec {
-            heads,
-            scale: 1.0 / (hd as f32).sqrt(),
-            softcap: self.softcap,
-            sinks: self.sinks.then_some(&sinks[..]),
-        };
-        let mut spans = QuerySpans::new();
-        for i in 0..n {
-            spans.push_query(self.spans(i));
-        }
-        let layout = KvLayout::head_major(kv, hd, capacity, keys);
-        let cache = KvCache::new(KvData::F32(&k), KvData::F32(&v), layout)?;
-        let mut want = vec![0f32; heads * n * hd];
-        attend_chunk(
-            lcut_kernels::Isa::detect(),
-            &spec,
-            &q,
-            &cache,
-            &spans,
-            &mut want,
-        )?;
-        let want_lse = self.log_sum_exp(&spec, &q, &k, capacity);
-
-        let on_device = |x: &[f32], shape: &[usize]| -> Result<Tensor> {
-            Ok(Tensor::from_slice(x, shape, device)?.to_dtype(dtype)?)
-        };
-        let qt = on_device(&q, &[heads, n, hd])?;
-        let kt = on_device(&k, &[kv, capacity, hd])?.narrow(1, 0, keys)?;
-        let vt = on_device(&v, &[kv, capacity, hd])?.narrow(1, 0, keys)?;
-        let reads = encode_reads(&spans)?;
-        let reads = Tensor::from_vec(reads.clone(), reads.len(), device)?;
-        let sink_t = Tensor::from_slice(&sinks, heads, device)?;
-        let (out, lse) = attend_fused(&FusedInputs {
-            q: &qt,
-            k: &kt,
-            v: &vt,
-            reads: &reads,
-            sinks: self.sinks.then_some(&sink_t),
-            scale: spec.scale,
-            softcap: self.softcap,
-        })?;
-        let out = out.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-        let lse = lse.flatten_all()?.to_vec1::<f32>()?;
-        let vmax = v.iter().fold(0f32, |a, x| a.max(x.abs())) as f64;
-        let max_abs = out
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| f64::from((a - b).abs()))
-            .fold(0.0, f64::max)
-            / vmax;
-        let lse_max_abs = lse
-            .iter()
-            .zip(&want_lse)
-            .map(|(a, b)| (f64::from(*a) - b).abs())
-            .fold(0.0, f64::max);
-        let bound = match storage {
-            lcut_kernels::attention::tiled::Storage16::Bf16 => 1.0 / 256.0,
-            lcut_kernels::attention::tiled::Storage16::F16 => 1.0 / 2048.0,
-        };
-        Ok(FusedAttentionCheck {
-            case: format!(
-                "{:?} {}/{} heads hd {hd} n {n} keys {keys}{}{}",
-                self.kind,
-                heads,
-                kv,
-                self.softcap.map_or(String::new(), |c| format!(" cap {c}")),
-                if self.sinks { " sinks" } else { "" }
-            ),
-            max_abs,
-            lse_max_abs,
-            bound,
-            pass: max_abs <= bound && lse_max_abs <= 1e-3,
-        })
-    }
-
-    /// Each row's log-sum-exp in f64 (sinks included).
-    fn log_sum_exp(
-        &self,
-        spec: &lcut_kernels::attention::AttentionSpec<'_>,
-        q: &[f32],
-        k: &[f32],
-        capacity: usize,
-    ) -> Vec<f64> {
-        let (n, hd, group) = (self.n, self.hd, self.heads / self.kv_heads);
-        let mut lse = Vec::with_capacity(self.heads * n);
-        for h in 0..self.heads {
-            for i in 0..n {
-                let qh = &q[(h * n + i) * hd..(h * n + i + 1) * hd];
-                let scores: Vec<f64> = self
-                    .spans(i)
-                    .into_iter()
-                    .flatten()
-                    .map(|t| {
-                        let at = ((h / group) * capacity + t) * hd;
-                        let s = f64::from(spec.scale)
-                            * qh.iter()
-                                .zip(&k[at..at + hd])
-                                .map(|(a, b)| f64::from(*a) * f64::from(*b))
-                                .sum::<f64>();
-                        spec.softcap
-                            .map_or(s, |c| f64::from(c) * (s / f64::from(c)).tanh())
-                    })
-                    .chain(spec.sinks.map(|s| f64::from(s[h])))
-                    .collect();
-                let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                lse.push(m + scores.iter().map(|s| (s - m).exp()).sum::<f64>().ln());
-            }
-        }
-        lse
-    }
+            kv,
+            c.softcap.map_or(String::new(), |cap| format!(" cap {cap}")),
+            if c.sinks { " sinks" } else { "" }
+        ),
+        max_abs,
+        lse_max_abs,
+        bound,
+        pass: max_abs <= bound && lse_max_abs <= 1e-3,
+    })
 }
