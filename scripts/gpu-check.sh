@@ -15,12 +15,20 @@
 # scripts/compare_reports.py), `bench:LENGTHS` (e.g. bench:1k,8k,32k) or
 # `baseline:LENGTHS` (the same with the fused attention turned off,
 # LCUT_FUSED_ATTENTION=0: the materialised attention, for a ratio in the
-# same call). The default is
+# same call), `families` (the mixture-of-experts and newest-layout reference
+# cases, fixtures/oracle/moe and fixtures/oracle/layouts, in f32 against
+# transformers; in bf16 and f16 their figures only, since routing near-ties
+# move those cases past the dense bounds on the CPU too, fixtures/oracle/README.md;
+# `families:f32` or `families:bf16,f16` for some of them)
+# or `synth:SHAPE:LAYERS:LENGTHS` (`lcut synth` writes SHAPE cut to LAYERS
+# layers in bf16, then the same bench on it: e.g. synth:qwen3-30b-a3b:8:1k,8k).
+# The default is
 # `parity diagnose bench:1k,8k,32k baseline:8k bench:64k bench:128k`; each
 # bench step writes its own JSON, so a step cut short leaves the ones before.
 # OUT_DIR (default gpu-results) receives log.txt, nvidia-smi.txt,
 # gpu-memory.csv (the driver's memory in use, every 200 ms), parity-f32.json,
-# parity-bf16.json, bench-<lengths>.json and baseline-<lengths>.json.
+# parity-bf16.json, bench-<lengths>.json, baseline-<lengths>.json,
+# families-<folder>-<dtype>.json and synth-<shape>-<layers>l-<lengths>.json.
 set -uo pipefail
 out=${1:-gpu-results}
 shift || true
@@ -124,10 +132,47 @@ bench() {
     --prefill-chunk 2048 --json "$out/$1-${2//,/_}.json" || status=1
 }
 
+# families DTYPE...: the family cases in each DTYPE (f32 passes or fails the step)
+families() {
+  local folder dtype
+  for dtype in "$@"; do
+    for folder in moe layouts; do
+      if [ "$dtype" = f32 ]; then
+        echo "== parity of fixtures/oracle/$folder on cuda in f32 ($(date -u +%T))"
+        lcut parity --device cuda --dtype f32 --cases "fixtures/oracle/$folder" \
+          --json "$out/families-$folder-f32.json" || status=1
+      else
+        echo "== figures of fixtures/oracle/$folder on cuda in $dtype (not a pass/fail step)"
+        lcut parity --device cuda --dtype "$dtype" --cases "fixtures/oracle/$folder" \
+          --json "$out/families-$folder-$dtype.json" || true
+      fi
+    done
+  done
+}
+
+# synth SHAPE LAYERS LENGTHS: a random-weight SHAPE of LAYERS layers in bf16, full and SPEED at 3/4
+synth() {
+  local dir=/tmp/lcut-synth-$1-$2
+  echo "== synth $1 with $2 layers ($(date -u +%T))"
+  rm -rf "$dir"
+  lcut synth --shape "$1" --layers "$2" --format safetensors-bf16 --out "$dir" || { status=1; return; }
+  echo "== bench $1 ($2 layers) at $3 ($(date -u +%T))"
+  lcut bench --device cuda --dtype bf16 --model "$dir" \
+    --policies full,speed:3/4+bos --prompt-lengths "$3" --new-tokens 64 \
+    --prefill-chunk 2048 --json "$out/synth-$1-$2l-${3//,/_}.json" || status=1
+  rm -rf "$dir"
+}
+
 for step in "${steps[@]}"; do
   case $step in
     parity) parity ;;
     parity16) parity16 ;;
+    families) families f32 bf16 f16 ;;
+    families:*) IFS=, read -r -a dtypes <<< "${step#families:}"; families "${dtypes[@]}" ;;
+    synth:*)
+      IFS=: read -r _ shape layers lengths <<< "$step"
+      synth "$shape" "$layers" "$lengths"
+      ;;
     diagnose) diagnose ;;
     bench:*) bench bench "${step#bench:}" ;;
     baseline:*)
@@ -135,7 +180,7 @@ for step in "${steps[@]}"; do
       bench baseline "${step#baseline:}"
       unset LCUT_FUSED_ATTENTION
       ;;
-    *) echo "unknown step $step (parity, parity16, diagnose, bench:LENGTHS, baseline:LENGTHS)"; status=1 ;;
+    *) echo "unknown step $step (parity, parity16, diagnose, families[:DTYPES], bench:LENGTHS, baseline:LENGTHS, synth:SHAPE:LAYERS:LENGTHS)"; status=1 ;;
   esac
 done
 exit $status

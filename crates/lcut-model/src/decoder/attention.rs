@@ -273,7 +273,10 @@ impl Decoder {
             false => candle_nn::ops::softmax_last_dim(&scores)?,
         };
         if sinks.is_some() {
-            probs = probs.narrow(2, 0, keys)?;
+            // without the sink's column; contiguous, since a CUDA matmul
+            // takes no strided operand (an f32 run's `to_dtype` below copies
+            // nothing)
+            probs = probs.narrow(2, 0, keys)?.contiguous()?;
         }
         let out = probs.to_dtype(self.dtype)?.matmul(v)?;
         Ok((
