@@ -111,7 +111,8 @@ pub fn run(args: &EvalCommand, path: &Path, ratios: &str) -> Result<()> {
             c.method, c.policy, c.note
         );
     }
-    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    // a new run's folder and journal are written with its first item, so a
+    // run refused before it leaves nothing in `out`
     let (mut journal, done) = Journal::open(&out.join(JOURNAL), &header)?;
     let resolved = header
         .configs

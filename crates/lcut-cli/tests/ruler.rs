@@ -294,6 +294,31 @@ fn ruler_suite_then_the_leaderboard_run() {
         &["other settings", "configs"],
     );
 
+    // a run refused before its first item leaves no folder and no journal
+    let refused = path("refused");
+    fails(
+        &[
+            "eval",
+            "--model",
+            MODEL,
+            "--suite",
+            &suite,
+            "--policies",
+            "full,speed+bos",
+            "--ratios",
+            "0.5",
+            "--max-new-tokens",
+            "100000",
+            "--out",
+            &refused,
+        ],
+        &["the model cannot run 6 of the 6 item(s)", "nothing was run"],
+    );
+    assert!(
+        !Path::new(&refused).exists(),
+        "a refused run wrote {refused}"
+    );
+
     // shards merge into the unsharded run
     let (s0, s1) = (path("s0"), path("s1"));
     run(&s0, &["--shard", "0/2"]);

@@ -83,20 +83,34 @@ pub fn read(path: &Path) -> Result<(LeaderboardHeader, Vec<LeaderboardItem>)> {
 /// An open journal, appending.
 pub struct Journal {
     path: PathBuf,
-    file: File,
+    state: JournalState,
+}
+
+/// Whether a journal's file exists yet.
+enum JournalState {
+    /// A new run's journal: its header line, written with the first item,
+    /// so that a run refused before any item leaves no journal behind.
+    Unstarted(String),
+    /// The file, open for appending.
+    Open(File),
 }
 
 impl Journal {
-    /// Open the journal at `path` for a run of `header`, or start one: the
+    /// Open the journal at `path` for a run of `header`, or prepare a new
+    /// one (written, with its folder, when the first item is appended): the
     /// items it already holds (in file order).
     pub fn open(path: &Path, header: &LeaderboardHeader) -> Result<(Self, Vec<LeaderboardItem>)> {
-        let err = |line: usize, reason: String| LeaderboardError::Journal {
-            path: path.to_path_buf(),
-            line,
-            reason,
-        };
         let Some(read) = read_lines(path)? else {
-            return Self::start(path, header).map(|j| (j, Vec::new()));
+            let line = serde_json::to_string(header).map_err(|e| LeaderboardError::Journal {
+                path: path.to_path_buf(),
+                line: 1,
+                reason: e.to_string(),
+            })?;
+            let journal = Self {
+                path: path.to_path_buf(),
+                state: JournalState::Unstarted(format!("{line}\n")),
+            };
+            return Ok((journal, Vec::new()));
         };
         if &read.header != header {
             return Err(LeaderboardError::OtherRun {
@@ -109,43 +123,27 @@ impl Journal {
             // rewrite without the cut line, atomically
             lcut_trace::write_atomic(path, kept.as_bytes())?;
         }
-        let file = OpenOptions::new()
+        let journal = Self {
+            path: path.to_path_buf(),
+            state: JournalState::Open(Self::append_to(path)?),
+        };
+        Ok((journal, read.items))
+    }
+
+    /// The file at `path`, open for appending.
+    fn append_to(path: &Path) -> Result<File> {
+        Ok(OpenOptions::new()
             .append(true)
             .open(path)
-            .map_err(|e| err(0, e.to_string()))?;
-        Ok((
-            Self {
+            .map_err(|e| LeaderboardError::Journal {
                 path: path.to_path_buf(),
-                file,
-            },
-            read.items,
-        ))
+                line: 0,
+                reason: e.to_string(),
+            })?)
     }
 
-    /// A new journal holding the header alone.
-    fn start(path: &Path, header: &LeaderboardHeader) -> Result<Self> {
-        let line = serde_json::to_string(header).map_err(|e| LeaderboardError::Journal {
-            path: path.to_path_buf(),
-            line: 1,
-            reason: e.to_string(),
-        })?;
-        lcut_trace::write_atomic(path, format!("{line}\n").as_bytes())?;
-        let file =
-            OpenOptions::new()
-                .append(true)
-                .open(path)
-                .map_err(|e| LeaderboardError::Journal {
-                    path: path.to_path_buf(),
-                    line: 0,
-                    reason: e.to_string(),
-                })?;
-        Ok(Self {
-            path: path.to_path_buf(),
-            file,
-        })
-    }
-
-    /// Append one finished item and flush it to the disk.
+    /// Append one finished item and flush it to the disk (a new journal's
+    /// first item is written with its header, in one atomic write).
     pub fn append(&mut self, item: &LeaderboardItem) -> Result<()> {
         let io = |e: std::io::Error| LeaderboardError::Journal {
             path: self.path.clone(),
@@ -157,10 +155,19 @@ impl Journal {
             line: 0,
             reason: e.to_string(),
         })?;
-        self.file
-            .write_all(format!("{line}\n").as_bytes())
-            .map_err(io)?;
-        self.file.sync_data().map_err(io)?;
+        match &mut self.state {
+            JournalState::Open(file) => {
+                file.write_all(format!("{line}\n").as_bytes()).map_err(io)?;
+                file.sync_data().map_err(io)?;
+            }
+            JournalState::Unstarted(header) => {
+                if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir).map_err(io)?;
+                }
+                lcut_trace::write_atomic(&self.path, format!("{header}{line}\n").as_bytes())?;
+                self.state = JournalState::Open(Self::append_to(&self.path)?);
+            }
+        }
         Ok(())
     }
 }
