@@ -62,7 +62,14 @@ fn quick_writes_every_part_resumes_and_refuses_other_settings() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("paper");
     let dir = out.to_str().unwrap();
-    let (stdout, _) = ok(&["paper", "--quick", "--out", dir]);
+    let (stdout, stderr) = ok(&["paper", "--quick", "--out", dir]);
+    // the scored parts say what their largest item holds before they run
+    for what in ["the largest retrieval item", "the table's largest item"] {
+        assert!(
+            stderr.contains(&format!("memory: {what} holds about")),
+            "{what}: {stderr}"
+        );
+    }
     for part in PaperPart::ALL {
         assert!(
             stdout.contains(&format!("{}. {part}: written", part.number())),

@@ -4,13 +4,17 @@
 //! `lcut eval --suite` runs them).
 
 use anyhow::Result;
-use lcut_engine::suite::{CutoffEvalOptions, SuiteEvalOptions, accuracy_by_cutoff, evaluate_suite};
+use lcut_engine::suite::{
+    CutoffEvalOptions, SuiteEvalOptions, SuiteItem, accuracy_by_cutoff, cutoff_memory,
+    evaluate_suite, largest_item_memory,
+};
 use lcut_policy::{Anchors, Policy};
 use lcut_trace::PaperPart;
 use serde_json::json;
 
 use super::parts::Ctx;
 use super::plan::{RETRIEVAL_KIND, compared_policies, retrieval_cuts};
+use super::setup::Setup;
 use super::store::PartFile;
 use super::units::{RetrievalUnit, TableEntry};
 
@@ -37,19 +41,83 @@ fn cut_name(cut: usize, layers: usize) -> String {
     }
 }
 
+/// How Figure 4 runs an item: SPEED+BoS at each of `cuts` from one full
+/// prefill.
+fn retrieval_options(setup: &Setup, cuts: &[usize]) -> CutoffEvalOptions {
+    CutoffEvalOptions {
+        cuts: cuts.to_vec(),
+        anchors: vec![Anchors::Bos],
+        max_new_tokens: setup.settings.sizes.answer_tokens,
+        prefill_chunk: setup.settings.prefill_chunk,
+        shard: None,
+        memory_budget: setup.memory_budget,
+    }
+}
+
+/// How the table runs an item under `policies`, as `lcut eval --suite`.
+fn table_options(setup: &Setup, policies: Vec<String>) -> SuiteEvalOptions {
+    SuiteEvalOptions {
+        policies,
+        max_new_tokens: setup.settings.sizes.answer_tokens,
+        item_budgets: false,
+        shard: None,
+        prefill_chunk: setup.settings.prefill_chunk,
+        memory_budget: setup.memory_budget,
+    }
+}
+
+/// Print, before the scored parts in `wanted` run, what their item that
+/// holds the most holds beside the weights and whether its policies run
+/// in groups (the lines `lcut eval` and `lcut sweep` print).
+pub fn memory_lines(ctx: &Ctx, wanted: &[PaperPart]) -> Result<()> {
+    let setup = ctx.setup;
+    let session = &setup.session;
+    let budget = setup.memory_budget;
+    let items = |indices: Vec<usize>| -> Vec<SuiteItem> {
+        indices
+            .into_iter()
+            .map(|i| setup.items[i].clone())
+            .collect()
+    };
+    if wanted.contains(&PaperPart::Retrieval) {
+        let retrieval = items(ctx.shard_of(&retrieval_indices(ctx))?);
+        let opts = retrieval_options(setup, &cuts(ctx));
+        if let Some(m) = cutoff_memory(session, &retrieval, &opts)? {
+            eprintln!("{}", m.line("the largest retrieval item", budget));
+        }
+    }
+    if wanted.contains(&PaperPart::Table) {
+        let all: Vec<usize> = (0..setup.items.len()).collect();
+        let table = items(ctx.shard_of(&all)?);
+        let opts = table_options(setup, compared_policy_names(ctx.cut));
+        if let Some(m) = largest_item_memory(session, &table, &opts)? {
+            eprintln!("{}", m.line("the table's largest item", budget));
+        }
+    }
+    Ok(())
+}
+
+/// The suite's retrieval items, in suite order.
+fn retrieval_indices(ctx: &Ctx) -> Vec<usize> {
+    (0..ctx.setup.items.len())
+        .filter(|&i| ctx.setup.items[i].kind == RETRIEVAL_KIND)
+        .collect()
+}
+
+/// The compared policies at `cut`, as written.
+fn compared_policy_names(cut: usize) -> Vec<String> {
+    compared_policies(cut)
+        .iter()
+        .map(ToString::to_string)
+        .collect()
+}
+
 /// One retrieval item's answers at every cut.
 fn retrieval_unit(ctx: &Ctx, index: usize, cuts: &[usize]) -> Result<RetrievalUnit> {
     let session = &ctx.setup.session;
     let item = &ctx.setup.items[index];
     let layers = session.model.config().num_layers;
-    let opts = CutoffEvalOptions {
-        cuts: cuts.to_vec(),
-        anchors: vec![Anchors::Bos],
-        max_new_tokens: ctx.setup.settings.sizes.answer_tokens,
-        prefill_chunk: ctx.setup.settings.prefill_chunk,
-        shard: None,
-        memory_budget: ctx.setup.memory_budget,
-    };
+    let opts = retrieval_options(ctx.setup, cuts);
     let points = accuracy_by_cutoff(session, std::slice::from_ref(item), &opts, &mut |_, _| true)?;
     let prompt = item.prepare(session)?;
     Ok(RetrievalUnit {
@@ -71,12 +139,9 @@ pub fn retrieval_part(ctx: &Ctx) -> Result<PartFile<RetrievalUnit>> {
         "anchors": "bos",
         "max_new_tokens": ctx.setup.settings.sizes.answer_tokens,
     });
-    let all: Vec<usize> = (0..ctx.setup.items.len())
-        .filter(|&i| ctx.setup.items[i].kind == RETRIEVAL_KIND)
-        .collect();
     ctx.run_units(
         (PaperPart::Retrieval, settings),
-        ctx.shard_of(&all)?,
+        ctx.shard_of(&retrieval_indices(ctx))?,
         &|i| ctx.item_id(i),
         &mut |index, progress| {
             progress.message(&ctx.item_id(index));
@@ -89,14 +154,7 @@ pub fn retrieval_part(ctx: &Ctx) -> Result<PartFile<RetrievalUnit>> {
 fn table_unit(ctx: &Ctx, index: usize, policies: &[String]) -> Result<Vec<TableEntry>> {
     let setup = ctx.setup;
     let items = std::slice::from_ref(&setup.items[index]);
-    let opts = |policies: Vec<String>| SuiteEvalOptions {
-        policies,
-        max_new_tokens: setup.settings.sizes.answer_tokens,
-        item_budgets: false,
-        shard: None,
-        prefill_chunk: setup.settings.prefill_chunk,
-        memory_budget: setup.memory_budget,
-    };
+    let opts = |policies: Vec<String>| table_options(setup, policies);
     let mut out = Vec::new();
     let lists = evaluate_suite(
         &setup.session,
@@ -140,10 +198,7 @@ fn table_unit(ctx: &Ctx, index: usize, policies: &[String]) -> Result<Vec<TableE
 
 /// Part `table`: every suite item (this shard's).
 pub fn table_part(ctx: &Ctx) -> Result<PartFile<Vec<TableEntry>>> {
-    let policies: Vec<String> = compared_policies(ctx.cut)
-        .iter()
-        .map(ToString::to_string)
-        .collect();
+    let policies = compared_policy_names(ctx.cut);
     let adapters: Vec<_> = ctx
         .setup
         .adapters

@@ -98,6 +98,7 @@ pub fn run(args: &PaperArgs) -> Result<()> {
     let (cut, source, _) = resolve_cut(&setup.settings, &full, layers)?;
     eprintln!("comparing at C = {cut} of {layers} ({source})");
     let ctx = Ctx { cut, ..placeholder };
+    answers::memory_lines(&ctx, &wanted)?;
     for part in RUN_ORDER
         .into_iter()
         .filter(|p| *p != PaperPart::Layers && wanted.contains(p))
