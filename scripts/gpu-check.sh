@@ -21,7 +21,8 @@
 # move those cases past the dense bounds on the CPU too, fixtures/oracle/README.md;
 # `families:f32` or `families:bf16,f16` for some of them)
 # or `synth:SHAPE:LAYERS:LENGTHS` (`lcut synth` writes SHAPE cut to LAYERS
-# layers in bf16, then the same bench on it: e.g. synth:qwen3-30b-a3b:8:1k,8k).
+# layers in bf16, kept in /tmp for later steps, then the same bench on it: e.g.
+# synth:qwen3-30b-a3b:8:1k,8k).
 # The default is
 # `parity diagnose bench:1k,8k,32k baseline:8k bench:64k bench:128k`; each
 # bench step writes its own JSON, so a step cut short leaves the ones before.
@@ -150,17 +151,20 @@ families() {
   done
 }
 
-# synth SHAPE LAYERS LENGTHS: a random-weight SHAPE of LAYERS layers in bf16, full and SPEED at 3/4
+# synth SHAPE LAYERS LENGTHS: a random-weight SHAPE of LAYERS layers in bf16, full and SPEED at
+# 3/4; the model is kept in /tmp for the next step or call that asks for it (another build's)
 synth() {
   local dir=/tmp/lcut-synth-$1-$2
-  echo "== synth $1 with $2 layers ($(date -u +%T))"
-  rm -rf "$dir"
-  lcut synth --shape "$1" --layers "$2" --format safetensors-bf16 --out "$dir" || { status=1; return; }
+  if [ ! -d "$dir" ]; then
+    echo "== synth $1 with $2 layers ($(date -u +%T))"
+    rm -rf "$dir.part"
+    lcut synth --shape "$1" --layers "$2" --format safetensors-bf16 --out "$dir.part" &&
+      mv "$dir.part" "$dir" || { status=1; return; }
+  fi
   echo "== bench $1 ($2 layers) at $3 ($(date -u +%T))"
   lcut bench --device cuda --dtype bf16 --model "$dir" \
     --policies full,speed:3/4+bos --prompt-lengths "$3" --new-tokens 64 \
     --prefill-chunk 2048 --json "$out/synth-$1-$2l-${3//,/_}.json" || status=1
-  rm -rf "$dir"
 }
 
 for step in "${steps[@]}"; do

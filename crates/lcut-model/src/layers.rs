@@ -729,35 +729,72 @@ impl Experts {
         routing: &Routing,
         trainable: Option<&Tensor>,
     ) -> Result<Tensor> {
-        let mut out = x.zeros_like()?;
-        let flat = trainable.map(Tensor::flatten_all).transpose()?;
-        for (e, expert) in self.experts.iter().enumerate() {
-            let (mut rows, mut scale, mut slots) = (Vec::new(), Vec::new(), Vec::new());
-            for (r, (chosen, w)) in routing.experts.iter().zip(&routing.weights).enumerate() {
-                if let Some(k) = chosen.iter().position(|&c| c == e) {
-                    rows.push(r as u32);
-                    scale.push(w[k]);
-                    slots.push((r * chosen.len() + k) as u32);
+        if let ([chosen], [weights], None) = (&routing.experts[..], &routing.weights[..], trainable)
+        {
+            return self.with_shared(x, self.forward_one_row(x, chosen, weights)?);
+        }
+        // every expert's rows (ascending), their weights and their slots in
+        // `trainable`, one expert after another: uploaded once, each expert
+        // reading its span
+        let mut by_expert: Vec<Vec<(u32, f32, u32)>> = vec![Vec::new(); self.experts.len()];
+        for (r, (chosen, w)) in routing.experts.iter().zip(&routing.weights).enumerate() {
+            for (k, &e) in chosen.iter().enumerate() {
+                if let Some(list) = by_expert.get_mut(e) {
+                    list.push((r as u32, w[k], (r * chosen.len() + k) as u32));
                 }
             }
-            if rows.is_empty() {
+        }
+        let all: Vec<(u32, f32, u32)> = by_expert.iter().flatten().copied().collect();
+        let total = all.len();
+        let rows = Tensor::from_vec(all.iter().map(|a| a.0).collect(), total, x.device())?;
+        let scales = match trainable {
+            Some(t) => {
+                let slots = Tensor::from_vec(all.iter().map(|a| a.2).collect(), total, x.device())?;
+                t.flatten_all()?.index_select(&slots, 0)?
+            }
+            None => Tensor::from_vec(all.iter().map(|a| a.1).collect(), total, x.device())?
+                .to_dtype(x.dtype())?,
+        };
+        let mut out = x.zeros_like()?;
+        let mut start = 0;
+        for (expert, list) in self.experts.iter().zip(&by_expert) {
+            let n = list.len();
+            if n == 0 {
                 continue;
             }
-            let n = rows.len();
-            let idx = Tensor::from_vec(rows, n, x.device())?;
-            let scale = match &flat {
-                Some(flat) => {
-                    let slots = Tensor::from_vec(slots, n, x.device())?;
-                    flat.index_select(&slots, 0)?.reshape((n, 1))?
-                }
-                None => Tensor::from_vec(scale, (n, 1), x.device())?.to_dtype(x.dtype())?,
-            };
+            let idx = rows.narrow(0, start, n)?;
+            let scale = scales.narrow(0, start, n)?.reshape((n, 1))?;
+            start += n;
             let y = expert
                 .forward(&x.index_select(&idx, 0)?)?
                 .broadcast_mul(&scale)?;
             out = out.index_add(&idx, &y, 0)?;
         }
         self.with_shared(x, out)
+    }
+
+    /// [`Self::forward_routed`] of one row (a decode step): the chosen
+    /// experts run on the row itself, each output scaled by a scalar and
+    /// summed in the experts' order, the same values and the same sums as
+    /// the gathered rows and index-adds of many rows, without the index and
+    /// weight tensors that a GPU would have to upload, each upload waiting
+    /// for the work queued before it.
+    fn forward_one_row(&self, x: &Tensor, chosen: &[usize], weights: &[f32]) -> Result<Tensor> {
+        let mut out: Option<Tensor> = None;
+        for (e, expert) in self.experts.iter().enumerate() {
+            let Some(k) = chosen.iter().position(|&c| c == e) else {
+                continue;
+            };
+            let y = expert.forward(x)?.affine(f64::from(weights[k]), 0.0)?;
+            out = Some(match out {
+                Some(sum) => (sum + y)?,
+                None => y,
+            });
+        }
+        Ok(match out {
+            Some(sum) => sum,
+            None => x.zeros_like()?,
+        })
     }
 
     /// The routed experts' output `routed` for rows `x` with the shared
