@@ -26,6 +26,14 @@
 //!
 //! Norms, RoPE, softmax and embeddings are left out (linear in `N`, small).
 //!
+//! Models whose layers differ (Gemma 4's sliding and full layers of other
+//! head widths and shared K/V, Qwen3.5's linear-attention layers, experts
+//! of which a token runs its top k) give each layer its own `W`, per-key
+//! attention cost and K/V projection ([`FlopShape::layers`], made by
+//! `lcut_model::memory::layer_flops`); the sums above then run layer by
+//! layer, and a layer that reads no key (a linear-attention layer) adds
+//! no attention term.
+//!
 //! A sliding-window layer (window `w`, [`FlopShape::windows`]) lets a query
 //! read only its last `w` keys: [`policy_prefill_flops`] counts its key
 //! visits within the window (`Σ_q min(q + 1, w)` for a layer every token
@@ -36,10 +44,10 @@
 use lcut_policy::Visibility;
 use lcut_policy::keys::LayerKeys;
 use lcut_policy::window::{causal_pairs, window_of};
-use lcut_trace::ModelIdentity;
+use lcut_trace::{LayerFlops, ModelIdentity};
 
 /// The model dimensions the FLOP model needs.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct FlopShape {
     /// Number of layers L.
     pub num_layers: usize,
@@ -57,6 +65,9 @@ pub struct FlopShape {
     pub vocab_size: usize,
     /// Each layer's sliding window (empty: no layer slides).
     pub windows: Vec<Option<usize>>,
+    /// Each layer's own coefficients, where the layers differ (empty: every
+    /// layer is the uniform shape above; see [`FlopShape::layer`]).
+    pub layers: Vec<LayerFlops>,
 }
 
 impl From<&ModelIdentity> for FlopShape {
@@ -70,6 +81,7 @@ impl From<&ModelIdentity> for FlopShape {
             intermediate_size: m.intermediate_size,
             vocab_size: m.vocab_size,
             windows: m.sliding_window.clone(),
+            layers: Vec::new(),
         }
     }
 }
@@ -119,6 +131,28 @@ impl FlopShape {
     fn attention(&self, key_visits: f64) -> f64 {
         4.0 * (self.num_heads * self.head_dim) as f64 * key_visits
     }
+
+    /// Layer `l`'s coefficients: its own where [`FlopShape::layers`] gives
+    /// them, else the uniform shape's.
+    pub fn layer(&self, l: usize) -> LayerFlops {
+        self.layers.get(l).copied().unwrap_or(LayerFlops {
+            token: self.token_layer_flops(),
+            per_key: 4.0 * (self.num_heads * self.head_dim) as f64,
+            kv_projection: self.kv_projection_flops(),
+        })
+    }
+
+    /// The FLOPs of layer `l` for `tokens` tokens present that read
+    /// `key_visits` keys in all.
+    fn layer_flops(&self, l: usize, tokens: f64, key_visits: f64) -> f64 {
+        let c = self.layer(l);
+        tokens * c.token + c.per_key * key_visits
+    }
+
+    /// The LM head's FLOPs for the last prompt token, `2·d·V`.
+    fn lm_head(&self) -> f64 {
+        2.0 * self.hidden_size as f64 * self.vocab_size as f64
+    }
 }
 
 /// Prefill FLOPs of a prompt under SPEED at `l_cut` (`l_cut >= L` is the full
@@ -133,27 +167,37 @@ pub fn prefill_flops(shape: &FlopShape, l_cut: usize, split: PromptSplit) -> f64
         split.decode as f64,
     );
     let n = a + p + d;
+    let full_visits = n * (n + 1.0) / 2.0;
+    let upper_visits = a * (a + 1.0) / 2.0 + d * a + d * (d + 1.0) / 2.0;
+    if !shape.layers.is_empty() {
+        // layers of their own shapes: each counted alone
+        let layers: f64 = (0..l)
+            .map(|k| match k < l_cut {
+                true => shape.layer_flops(k, n, full_visits),
+                false => shape.layer_flops(k, a + d, upper_visits),
+            })
+            .sum();
+        return layers + shape.lm_head();
+    }
     let w = shape.token_layer_flops();
-    let full_layer = n * w + shape.attention(n * (n + 1.0) / 2.0);
-    let upper_layer =
-        (a + d) * w + shape.attention(a * (a + 1.0) / 2.0 + d * a + d * (d + 1.0) / 2.0);
-    let lm_head = 2.0 * shape.hidden_size as f64 * shape.vocab_size as f64;
-    cut * full_layer + upper * upper_layer + lm_head
+    let full_layer = n * w + shape.attention(full_visits);
+    let upper_layer = (a + d) * w + shape.attention(upper_visits);
+    cut * full_layer + upper * upper_layer + shape.lm_head()
 }
 
 /// Prefill FLOPs when layer `l` runs `tokens_per_layer[l]` tokens, each
 /// reading every earlier token present there (SlimInfer's §4.5:
 /// `Σ_l [n_l·W + 2·H·h·n_l·(n_l + 1)] + 2·d·V`).
 pub fn layered_prefill_flops(shape: &FlopShape, tokens_per_layer: &[usize]) -> f64 {
-    let w = shape.token_layer_flops();
     let layers: f64 = tokens_per_layer
         .iter()
-        .map(|&n| {
+        .enumerate()
+        .map(|(l, &n)| {
             let n = n as f64;
-            n * w + shape.attention(n * (n + 1.0) / 2.0)
+            shape.layer_flops(l, n, n * (n + 1.0) / 2.0)
         })
         .sum();
-    layers + 2.0 * shape.hidden_size as f64 * shape.vocab_size as f64
+    layers + shape.lm_head()
 }
 
 /// Prefill FLOPs of the first `len` tokens of `vis`'s sequence under its
@@ -168,17 +212,17 @@ pub fn policy_prefill_flops(shape: &FlopShape, vis: &dyn Visibility, len: usize)
     let present = vis.accounting().present_per_layer(len);
     let layers: f64 = (0..vis.num_layers())
         .map(|l| {
-            present[l] as f64 * shape.token_layer_flops()
-                + shape.attention(key_visits(
-                    vis,
-                    window_of(&shape.windows, l),
-                    (l, present[l]),
-                    len,
-                ))
-                + shape.kv_projection_flops() * projected_at(vis, l, len)
+            // a layer that reads no key (a linear-attention layer) needs no count
+            let visits = if shape.layer(l).per_key > 0.0 {
+                key_visits(vis, window_of(&shape.windows, l), (l, present[l]), len)
+            } else {
+                0.0
+            };
+            shape.layer_flops(l, present[l] as f64, visits)
+                + shape.layer(l).kv_projection * projected_at(vis, l, len)
         })
         .sum();
-    layers + 2.0 * shape.hidden_size as f64 * shape.vocab_size as f64
+    layers + shape.lm_head()
 }
 
 /// Key visits of the prompt's queries at `layer`: for every token of the
@@ -255,6 +299,7 @@ pub(crate) mod tests {
         intermediate_size: 14336,
         vocab_size: 128_256,
         windows: Vec::new(),
+        layers: Vec::new(),
     };
 
     /// A 4-layer shape small enough to count FLOPs by hand.
@@ -268,6 +313,7 @@ pub(crate) mod tests {
             intermediate_size: 16,
             vocab_size: 10,
             windows: Vec::new(),
+            layers: Vec::new(),
         }
     }
 
@@ -420,6 +466,7 @@ pub(crate) mod tests {
         // prefill tokens and the last token (9 in all)
         let s = FlopShape {
             windows: vec![Some(3), Some(3), Some(3), None],
+            layers: Vec::new(),
             ..tiny()
         };
         let (w, lm_head) = (s.token_layer_flops(), 2.0 * 8.0 * 10.0);
@@ -440,6 +487,7 @@ pub(crate) mod tests {
         // without the windows every layer reads every earlier key
         let blind = FlopShape {
             windows: Vec::new(),
+            layers: Vec::new(),
             ..tiny()
         };
         assert_eq!(
@@ -461,6 +509,49 @@ pub(crate) mod tests {
         assert_eq!(
             slim_tokens_per_layer(4, &[1, 3], 7, 5, &[2, 1]),
             vec![7, 4, 4, 3]
+        );
+    }
+
+    /// Layers of their own shapes (a linear-attention layer that reads no
+    /// key, a wider layer) are each counted with their own coefficients:
+    /// per-layer coefficients equal to the uniform ones give the uniform
+    /// model, and changing one layer moves the count by that layer alone,
+    /// in the closed form, the layered form and the policy count.
+    #[test]
+    fn layers_of_their_own_shapes_are_counted_alone() {
+        use lcut_policy::{Anchors, Policy, PolicyKind, TokenPhases};
+        let mut s = tiny();
+        let split = PromptSplit {
+            anchors: 1,
+            prefill: 5,
+            decode: 2,
+        };
+        let uniform = prefill_flops(&s, 2, split);
+        s.layers = (0..4).map(|l| s.layer(l)).collect();
+        assert_eq!(prefill_flops(&s, 2, split), uniform);
+        // layer 1 a linear-attention layer: 500 a token, no key read; layer
+        // 3 twice as wide in its attention
+        s.layers[1] = LayerFlops {
+            token: 500.0,
+            per_key: 0.0,
+            kv_projection: 0.0,
+        };
+        s.layers[3].per_key *= 2.0;
+        // n = 8 below the cut (36 key visits), A + D = 3 above it (1 + 2 +
+        // 3 = 6 visits: the anchor reads itself, each decode token the
+        // anchor, the earlier ones and itself)
+        let moved = -(8.0 * 1152.0 + 32.0 * 36.0) + 8.0 * 500.0 + 32.0 * 6.0;
+        assert_eq!(prefill_flops(&s, 2, split), uniform + moved);
+        let full = layered_prefill_flops(&s, &[8; 4]);
+        let phases = TokenPhases::from_counts(1, 5);
+        let full_policy = Policy::full(4).visibility(phases);
+        assert_eq!(policy_prefill_flops(&s, full_policy.as_ref(), 8), full);
+        let speed = Policy::new(PolicyKind::Speed, 2, 4, Anchors::Bos)
+            .unwrap()
+            .visibility(phases);
+        assert_eq!(
+            policy_prefill_flops(&s, speed.as_ref(), 8),
+            prefill_flops(&s, 2, split)
         );
     }
 }

@@ -160,6 +160,7 @@ mod tests {
         // prefill tokens and the last prompt token, then 3 new tokens (2 fed)
         let s = FlopShape {
             windows: vec![Some(8), Some(8), Some(8), None],
+            layers: Vec::new(),
             ..shape()
         };
         let bytes = ByteSizes {
@@ -183,6 +184,7 @@ mod tests {
         let blind = |v: &dyn Visibility| {
             let s = FlopShape {
                 windows: Vec::new(),
+                layers: Vec::new(),
                 ..shape()
             };
             predict_cost(&s, bytes, v, 101, 3)

@@ -285,6 +285,95 @@ pub fn parameter_count(cfg: &ModelConfig) -> u64 {
     (v * d + layers + d + head + per_model) as u64
 }
 
+/// Each layer's coefficients in the prefill FLOP model (one multiply-add is
+/// 2 FLOPs), from the same per-layer shapes as [`parameter_count`] but
+/// counting what one token runs: with width `d`, `H` query heads, a
+/// layer's K/V heads `H_kv` and head width `h`,
+///
+/// - an attention layer: `2·d·H·h` (queries; twice that with Qwen3.5's
+///   output gate) + `2·d·r·h` (the `r` K/V rows it projects: 2·H_kv, H_kv
+///   where values are keys, 0 where it reads another layer's) + `2·H·h·d`
+///   (output); a query reads a key for `2·2·H·h`;
+/// - a linear-attention layer (Qwen3.5): its input and output projections,
+///   the convolution (`2·channels·kernel`) and the recurrence, `7·d_k·d_v`
+///   per value head (decay, the state read at the key, its update and its
+///   read at the query); it reads no key;
+/// - the MLP: `6·d·I` for a gated MLP of width `I` (the layer's own); a
+///   sparse layer's router `2·d·E`, its `k` chosen experts `k·6·d·I_e`, a
+///   shared expert and its gate, and the dense MLP beside (Gemma 4);
+/// - Gemma 4's per-layer input: its gate and projection, `4·d·p`.
+///
+/// Norms, RoPE, biases and softmax are left out, as in the uniform model;
+/// for a model whose layers are all one Llama-style shape every layer's
+/// coefficients are the uniform model's.
+pub fn layer_flops(cfg: &ModelConfig) -> Vec<lcut_trace::LayerFlops> {
+    let d = cfg.hidden_size as f64;
+    (0..cfg.num_layers)
+        .map(|l| {
+            let mixer = match &cfg.linear_attention {
+                Some(la) if la.is_linear(l) => {
+                    let values = (la.value_heads * la.value_head_dim) as f64;
+                    let channels = la.conv_channels() as f64;
+                    let inputs = channels + values + 2.0 * la.value_heads as f64;
+                    let state = (la.key_head_dim * la.value_head_dim) as f64;
+                    lcut_trace::LayerFlops {
+                        token: 2.0 * d * inputs
+                            + 2.0 * channels * la.conv_kernel as f64
+                            + 7.0 * state * la.value_heads as f64
+                            + 2.0 * values * d,
+                        per_key: 0.0,
+                        kv_projection: 0.0,
+                    }
+                }
+                _ => {
+                    let a = cfg.layer_attention.get(l);
+                    let hd = a.map_or(cfg.head_dim, |a| a.head_dim);
+                    let q = (cfg.num_heads * hd) as f64;
+                    let kv_rows = a.map_or(2 * cfg.num_kv_heads, |a| {
+                        match (a.kv_source, a.values_from_keys) {
+                            (Some(_), _) => 0,
+                            (None, true) => a.kv_heads,
+                            (None, false) => 2 * a.kv_heads,
+                        }
+                    });
+                    let kv = (kv_rows * hd) as f64;
+                    let gate = if cfg.attn_output_gate {
+                        2.0 * d * q
+                    } else {
+                        0.0
+                    };
+                    lcut_trace::LayerFlops {
+                        token: 2.0 * d * q + 2.0 * d * kv + 2.0 * q * d + gate,
+                        per_key: 4.0 * q,
+                        kv_projection: 2.0 * d * kv,
+                    }
+                }
+            };
+            let sparse = cfg.sparse_layers.get(l).copied().unwrap_or(false);
+            let mlp = match (sparse, cfg.experts) {
+                (true, Some(e)) => {
+                    let routed =
+                        2.0 * d * e.num_experts as f64 + e.top_k as f64 * 6.0 * d * e.inner as f64;
+                    let shared = e.shared_inner.map_or(0.0, |s| 6.0 * d * s as f64 + 2.0 * d);
+                    let beside = match e.beside_mlp {
+                        true => 6.0 * d * cfg.mlp_width(l) as f64,
+                        false => 0.0,
+                    };
+                    routed + shared + beside
+                }
+                _ => 6.0 * d * cfg.mlp_width(l) as f64,
+            };
+            let per_layer = cfg
+                .per_layer_input
+                .map_or(0.0, |p| 4.0 * d * p.width as f64);
+            lcut_trace::LayerFlops {
+                token: mixer.token + mlp + per_layer,
+                ..mixer
+            }
+        })
+        .collect()
+}
+
 /// Bytes of the full model's K/V cache for `tokens` tokens stored in
 /// `kv_dtype`: 2 · K/V heads · head width · bytes per row of each layer
 /// that stores K/V (a layer that reads another layer's holds none, Gemma

@@ -211,3 +211,79 @@ fn the_newer_mixtures_count_their_own_weights() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// The FLOP model's per-layer coefficients ([`lcut_model::memory::layer_flops`])
+/// against the weights transformers wrote for every reference case: a
+/// token's projection, MLP and expert FLOPs are twice the matrix entries
+/// it multiplies at that layer (every 2-D matrix, and of the experts'
+/// tensors the top-k's share; biases and norms left out, as the model
+/// leaves them), plus a linear layer's recurrence; a query reads a key for
+/// `2·2·H·h`, 0 on a layer without attention; a token's K/V projection is
+/// twice the K and V matrices' entries, 0 on a layer that stores none.
+#[test]
+fn layer_flops_count_the_matrices_each_token_multiplies() -> anyhow::Result<()> {
+    let cases = lcut_testkit::ORACLE_CASES
+        .iter()
+        .chain(&lcut_testkit::MOE_CASES)
+        .chain(&lcut_testkit::LAYOUT_CASES);
+    for &case in cases {
+        let dir = lcut_testkit::oracle_case(case);
+        let cfg = ModelConfig::from_folder(&dir)?;
+        let bytes = std::fs::read(dir.join("model.safetensors"))?;
+        let file = safetensors::SafeTensors::deserialize(&bytes)?;
+        let flops = lcut_model::memory::layer_flops(&cfg);
+        assert_eq!(flops.len(), cfg.num_layers, "{case}");
+        let share = cfg
+            .experts
+            .map_or(1.0, |e| e.top_k as f64 / e.num_experts as f64);
+        for (l, got) in flops.iter().enumerate() {
+            let prefix = format!("layers.{l}.");
+            let (mut token, mut kv, mut attends) = (0.0, 0.0, false);
+            for (name, t) in file.tensors() {
+                let Some(at) = name.find(&prefix) else {
+                    continue;
+                };
+                let local = &name[at + prefix.len()..];
+                let entries = t.shape().iter().product::<usize>() as f64;
+                if t.shape().len() < 2 || local.ends_with("bias") {
+                    continue;
+                }
+                let entries = if local.contains("experts.") {
+                    entries * share
+                } else {
+                    entries
+                };
+                token += 2.0 * entries;
+                if local.contains("self_attn.") {
+                    attends = true;
+                }
+                if local.starts_with("self_attn.k_proj") || local.starts_with("self_attn.v_proj") {
+                    kv += 2.0 * entries;
+                }
+                if local.contains("qkv_proj") {
+                    // Phi-3's fused projection: its rows past the queries'
+                    let q = (cfg.num_heads * cfg.head_dim) as f64;
+                    kv += 2.0 * entries * (1.0 - q / t.shape()[0] as f64);
+                }
+            }
+            let recurrence = match &cfg.linear_attention {
+                Some(la) if la.is_linear(l) => {
+                    (7 * la.key_head_dim * la.value_head_dim * la.value_heads) as f64
+                }
+                _ => 0.0,
+            };
+            assert_eq!(got.token, token + recurrence, "{case} layer {l}: token");
+            assert_eq!(got.kv_projection, kv, "{case} layer {l}: K/V projection");
+            let head_dim = cfg
+                .layer_attention
+                .get(l)
+                .map_or(cfg.head_dim, |a| a.head_dim);
+            let per_key = match attends {
+                true => (4 * cfg.num_heads * head_dim) as f64,
+                false => 0.0,
+            };
+            assert_eq!(got.per_key, per_key, "{case} layer {l}: per key");
+        }
+    }
+    Ok(())
+}

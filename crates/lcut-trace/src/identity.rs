@@ -40,6 +40,22 @@ pub struct ModelIdentity {
     pub adapter: Option<AdapterIdentity>,
 }
 
+/// One layer's coefficients in the prefill FLOP model (`lcut_diag`'s
+/// `flops`), for models whose layers differ (sliding and full layers of
+/// other head widths, linear-attention layers, experts, shared K/V). One
+/// multiply-add is 2 FLOPs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LayerFlops {
+    /// One token through the layer's projections, MLP or experts (the ones
+    /// it runs) and recurrence: what the layer costs per token present.
+    pub token: f64,
+    /// One query reading one key: scores and the weighted sum of values
+    /// (0 on a linear-attention layer, which reads a state instead).
+    pub per_key: f64,
+    /// Projecting one token's K and V (0 on a layer that stores none).
+    pub kv_projection: f64,
+}
+
 /// A LoRA adapter a run put into its model.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AdapterIdentity {

@@ -42,7 +42,7 @@ pub use bins::{bin_edges, bin_of, bin_sums};
 pub use curves::{Formation, LayerCurves};
 pub use error::TraceError;
 pub use floats::Series;
-pub use identity::{AdapterIdentity, ModelIdentity, hash_bytes, hash_parts};
+pub use identity::{AdapterIdentity, LayerFlops, ModelIdentity, hash_bytes, hash_parts};
 pub use io::{
     read_json, read_report_json, write_atomic, write_file_atomic, write_json, write_report_json,
 };

@@ -146,6 +146,7 @@ pub(super) fn flop_shape(model: &Decoder) -> FlopShape {
         intermediate_size: c.intermediate_size,
         vocab_size: c.vocab_size,
         windows: c.sliding_window.clone(),
+        layers: lcut_model::memory::layer_flops(c),
     }
 }
 

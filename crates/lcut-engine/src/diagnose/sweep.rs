@@ -16,7 +16,7 @@ use lcut_trace::{Sweep, SweepPoint, Thresholds};
 use super::policy_axis::{AxisPolicy, AxisTotals, measure};
 use super::quality::{Totals, score};
 use super::routing::{RoutingProbe, WithRouting, decode_step_positions};
-use super::{DiagnoseEvent, LabelledPrompt, model_identity, tell};
+use super::{DiagnoseEvent, LabelledPrompt, tell};
 use crate::error::{EngineError, Result};
 use crate::generate::{Generation, GenerationConfig};
 use crate::prompt::PreparedPrompt;
@@ -402,7 +402,7 @@ pub fn sweep(
         run.prompt(i, &lp.prompt, on_event)?;
         tell(on_event, &DiagnoseEvent::PromptDone { index: i, total })?;
     }
-    let shape = FlopShape::from(&model_identity(session)?);
+    let shape = super::policy_axis::flop_shape(model);
     let points = run
         .policies
         .iter()
