@@ -48,10 +48,9 @@ pub const ORACLE_CASES: [&str; 11] = [
 /// `fixtures/oracle/moe` (Qwen3-MoE with a dense layer among sparse ones,
 /// Qwen3-MoE as released, Mixtral, gpt-oss with its attention sinks; names
 /// relative to `fixtures/oracle`):
-/// run by the tensor path's parity tests in f32. Apart from
-/// [`ORACLE_CASES`]: lcut has no fused step for experts yet, and in bf16
-/// they are not held to the dense cases' bounds (`fixtures/oracle/README.md`
-/// says why).
+/// run by the parity tests in f32 (the fused step's in `fused_step.rs`).
+/// Apart from [`ORACLE_CASES`]: in bf16 they are not held to the dense
+/// cases' bounds (`fixtures/oracle/README.md` says why).
 pub const MOE_CASES: [&str; 4] = [
     "moe/qwen3moe-experts",
     "moe/qwen3moe-sparse",
