@@ -37,6 +37,7 @@ fn main() {
         QuantFormat::Q5_0,
         QuantFormat::Q8_0,
         QuantFormat::Q4K,
+        QuantFormat::Q5K,
         QuantFormat::Q6K,
         QuantFormat::Mxfp4,
     ] {

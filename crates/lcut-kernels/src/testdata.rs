@@ -95,6 +95,10 @@ pub fn random_blocks(format: QuantFormat, blocks: usize, rng: &mut Rng) -> Vec<u
                 put_f16(blk, 0, scale / 16.0);
                 put_f16(blk, 2, rng.uniform(0.0, 0.01));
             }
+            QuantFormat::Q5K => {
+                put_f16(blk, 0, scale / 32.0);
+                put_f16(blk, 2, rng.uniform(0.0, 0.01));
+            }
             QuantFormat::Q6K => put_f16(blk, 208, scale / 64.0),
             // exponents 2^-10..2^-4 (the codes reach 12), the smallest
             // (subnormal) where the others get a zero scale

@@ -108,7 +108,7 @@ fn exact_case(format: QuantFormat, rows: usize, cols: usize, rng: &mut Rng) -> (
                 put(blk, 0, d);
                 put(blk, 2, -d);
             }
-            QuantFormat::Q4K => {
+            QuantFormat::Q4K | QuantFormat::Q5K => {
                 put(blk, 0, d);
                 put(blk, 2, d);
                 // 6-bit scales and mins of at most 15
@@ -332,6 +332,8 @@ fn the_tile_does_not_saturate_on_the_largest_values() {
             QuantFormat::Q5_1 => 4..24,
             QuantFormat::Q8_0 => 2..34,
             QuantFormat::Q4K => 16..144,
+            // the fifth bits and the nibbles
+            QuantFormat::Q5K => 16..176,
             QuantFormat::Q6K => 0..192,
             QuantFormat::Mxfp4 => 1..17,
         };

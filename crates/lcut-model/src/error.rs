@@ -138,7 +138,7 @@ pub enum ModelError {
     },
     /// A tensor stored in a type candle cannot run.
     #[error(
-        "{path}: tensor `{tensor}` is stored as {type_name}, which lcut cannot load (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)"
+        "{path}: tensor `{tensor}` is stored as {type_name}, which lcut cannot load (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4)"
     )]
     UnsupportedQuantization {
         /// The file.

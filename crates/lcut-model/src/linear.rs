@@ -149,6 +149,7 @@ fn kernel_format(dtype: candle_core::quantized::GgmlDType) -> Option<QuantFormat
         G::Q5_1 => QuantFormat::Q5_1,
         G::Q8_0 => QuantFormat::Q8_0,
         G::Q4K => QuantFormat::Q4K,
+        G::Q5K => QuantFormat::Q5K,
         G::Q6K => QuantFormat::Q6K,
         _ => return None,
     })

@@ -6,7 +6,7 @@
 use std::fmt;
 
 use candle_core::{DType, Device};
-use lcut_kernels::quant::QuantFormat;
+use lcut_kernels::quant::{GROUP_ROWS, QuantFormat};
 
 use crate::config::{ModelConfig, NormPlacement, QkNorm};
 use crate::decoder::WeightMode;
@@ -494,8 +494,9 @@ pub fn prefill_is_blocked(
 
 /// Bytes a model's weights take once loaded from `files` in `mode`: a
 /// GGUF file's tensors as stored when its matrices stay quantized (the
-/// matrices packed at load take the same bytes but Q4_K's, 1/36 more for
-/// their unpacked sub-block scales: [`lcut_kernels::quant::packed`]),
+/// matrices packed at load take the same bytes but Q4_K's and Q5_K's, 32
+/// more per eight blocks for their unpacked sub-block scales, 1/36 and 1/44:
+/// [`lcut_kernels::quant::packed`]),
 /// parameters times the dtype's size otherwise; for a GGUF file also its
 /// header (metadata and tensor directory), whose mapped pages stay
 /// resident once parsed (Gemma 3's 262,144-token vocabulary makes it 6 MiB).
@@ -514,9 +515,15 @@ pub fn loaded_weight_bytes(files: &ModelFiles, mode: WeightMode) -> u64 {
                 tensors
                     .iter()
                     .map(|(name, t)| {
-                        let q4k = t.type_id == QuantFormat::Q4K.ggml_type() && t.shape.len() == 2;
-                        let packed = packs && q4k && !(untied && name == "token_embd.weight");
-                        let extra = if packed { t.len / 36 } else { 0 };
+                        // Q4_K and Q5_K: 32 bytes more per group block of eight
+                        let unpacked_scales = [QuantFormat::Q4K, QuantFormat::Q5K]
+                            .into_iter()
+                            .find(|f| f.ggml_type() == t.type_id && t.shape.len() == 2);
+                        let packed = packs && !(untied && name == "token_embd.weight");
+                        let extra = match unpacked_scales {
+                            Some(f) if packed => t.len / (GROUP_ROWS * f.block_bytes() / 32),
+                            _ => 0,
+                        };
                         (t.len + extra) as u64
                     })
                     .sum()

@@ -4,16 +4,19 @@
 //! its matrices in that type, loaded by lcut both ways: the quantized
 //! products (`--dtype q`; 24 rows, so single-chunk products run quantized,
 //! read in place from the mapped file by lcut's kernels for Q4_0, Q4_1,
-//! Q5_0, Q5_1, Q8_0, Q4_K and Q6_K and by candle for the others) must stay
-//! close to the dequantized path. (The dequantized path itself is
-//! held to transformers by the reference cases.)
+//! Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K and by candle for the others) must
+//! stay close to the dequantized path, and so must the decode steps after
+//! a prefill (keeping the quantized prefill's top-1 tokens): on the fused
+//! step for the kernels' types, on the tensor path (candle's products,
+//! `Unfused::CandleQuantized`) for the others. (The dequantized path itself
+//! is held to transformers by the reference cases.)
 
 use std::collections::HashMap;
 
 use anyhow::{Result, ensure};
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
-use lcut_model::{DType, Decoder, Device, Tensor, WeightMode};
+use lcut_model::{DType, Decoder, Device, LogitRows, Tensor, Unfused, WeightMode};
 use lcut_parity::deviation;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -99,6 +102,22 @@ fn logits(path: &std::path::Path, mode: WeightMode, ids: &[u32]) -> Result<Tenso
     Ok(model.teacher_forced_logits(ids, None)?)
 }
 
+/// Where the decode steps start: the tokens before it are one prefill chunk.
+const DECODE_START: usize = 8;
+
+/// The logits of the tokens from [`DECODE_START`] on, each decoded alone
+/// after the prompt before it (the fused step where the model has one).
+fn decoded_logits(model: &Decoder, ids: &[u32]) -> Result<Tensor> {
+    let mut seq = model.new_full_sequence();
+    model.forward(&mut seq, &ids[..DECODE_START], LogitRows::None, None)?;
+    let mut rows = Vec::new();
+    for i in DECODE_START..ids.len() {
+        let out = model.forward(&mut seq, &ids[i..=i], LogitRows::Last, None)?;
+        rows.push(out.logits.expect("a decode row"));
+    }
+    Ok(Tensor::cat(&rows, 0)?)
+}
+
 #[test]
 fn every_quantized_type_loads_both_ways() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -125,13 +144,20 @@ fn every_quantized_type_loads_both_ways() -> Result<()> {
             model.quantized_matrices() == LAYERS * 7 + 1,
             "{dtype:?} kept quantized"
         );
-        // the types lcut's kernels read stay in the mapped file, no copy
-        let kernel_types = !matches!(dtype, GgmlDType::Q2K | GgmlDType::Q3K | GgmlDType::Q5K);
+        // the types lcut's kernels read stay in the mapped file, no copy,
+        // and decode on the fused step
+        let kernel_types = !matches!(dtype, GgmlDType::Q2K | GgmlDType::Q3K);
         let mapped = if kernel_types { LAYERS * 7 + 1 } else { 0 };
         ensure!(
             model.mapped_matrices() == mapped,
             "{dtype:?}: {} matrices read in place, expected {mapped}",
             model.mapped_matrices()
+        );
+        let unfused = (!kernel_types).then_some(Unfused::CandleQuantized);
+        let reason = model.unfused_reason()?;
+        ensure!(
+            reason == unfused,
+            "{dtype:?}: decode path {reason:?}, expected {unfused:?}"
         );
         let quant = model.teacher_forced_logits(&ids, None)?;
         let d = deviation(&quant, &dense)?;
@@ -142,6 +168,28 @@ fn every_quantized_type_loads_both_ways() -> Result<()> {
             d.max_abs,
             d.scale,
             d.top1_agreement
+        );
+        // the decode steps: within the same bound of the dequantized
+        // logits, and keeping the quantized prefill's top-1 token (on this
+        // random model a few rows are near ties, which the weights' own
+        // rounding already flips against the dequantized ones)
+        let decoded = decoded_logits(&model, &ids)?;
+        let rows = ids.len() - DECODE_START;
+        let d = deviation(&decoded, &dense.narrow(0, DECODE_START, rows)?)?;
+        report.insert(format!("{dtype:?} decode"), d.max_abs / d.scale);
+        ensure!(
+            d.max_abs <= 0.05 * d.scale,
+            "{dtype:?} decode: quantized vs dequantized max {} (scale {})",
+            d.max_abs,
+            d.scale
+        );
+        let p = deviation(&decoded, &quant.narrow(0, DECODE_START, rows)?)?;
+        ensure!(
+            p.max_abs <= 0.05 * p.scale && p.top1_agreement >= 0.9,
+            "{dtype:?}: decode vs prefill max {} (scale {}), top-1 {}",
+            p.max_abs,
+            p.scale,
+            p.top1_agreement
         );
     }
     eprintln!("quantized vs dequantized, max |d| / scale: {report:?}");

@@ -11,13 +11,14 @@ use lcut_kernels::quant::{self, Q8Rows, QuantFormat, QuantMatrix};
 use lcut_kernels::testdata::Rng;
 
 /// Each ggml type and the kernels' format for it.
-const PAIRS: [(GgmlDType, QuantFormat); 7] = [
+const PAIRS: [(GgmlDType, QuantFormat); 8] = [
     (GgmlDType::Q4_0, QuantFormat::Q4_0),
     (GgmlDType::Q4_1, QuantFormat::Q4_1),
     (GgmlDType::Q5_0, QuantFormat::Q5_0),
     (GgmlDType::Q5_1, QuantFormat::Q5_1),
     (GgmlDType::Q8_0, QuantFormat::Q8_0),
     (GgmlDType::Q4K, QuantFormat::Q4K),
+    (GgmlDType::Q5K, QuantFormat::Q5K),
     (GgmlDType::Q6K, QuantFormat::Q6K),
 ];
 

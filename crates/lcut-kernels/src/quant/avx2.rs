@@ -78,7 +78,8 @@ fn dot<const N: usize>(format: QuantFormat, row: &[u8], a: &[Q8Row<'_>; N]) -> [
         QuantFormat::Q5_0 => row32::<N, Q5_0>(row, a),
         QuantFormat::Q5_1 => row32::<N, Q5_1>(row, a),
         QuantFormat::Q8_0 => row32::<N, Q8_0>(row, a),
-        QuantFormat::Q4K => row_q4k::<N>(row, a),
+        QuantFormat::Q4K => row_q4k::<N, false>(row, a),
+        QuantFormat::Q5K => row_q4k::<N, true>(row, a),
         QuantFormat::Q6K => row_q6k::<N>(row, a),
         QuantFormat::Mxfp4 => row32::<N, MXFP4>(row, a),
     }
@@ -292,12 +293,15 @@ fn row32<const N: usize, const KIND: u8>(row: &[u8], a: &[Q8Row<'_>; N]) -> [f32
 
 /// One row of Q4_K super-blocks: each 32 bytes of nibbles are two
 /// sub-blocks (low then high nibbles), each scaled by its 6-bit scale.
+/// `FIVE`: Q5_K, the same with each value's fifth bit from qh (bits 2i,
+/// 2i + 1 of its byte for the nibbles' pair i) put above its nibble.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn row_q4k<const N: usize>(row: &[u8], a: &[Q8Row<'_>; N]) -> [f32; N] {
+fn row_q4k<const N: usize, const FIVE: bool>(row: &[u8], a: &[Q8Row<'_>; N]) -> [f32; N] {
+    let (bytes, qs) = if FIVE { (176, 48) } else { (144, 16) };
     let (mut acc0, mut acc1) = ([_mm256_setzero_ps(); N], [_mm256_setzero_ps(); N]);
     let mut extra = [0f32; N];
-    let low = _mm256_set1_epi8(0x0F);
-    for (sb, blk) in row.chunks_exact(144).enumerate() {
+    let (low, fifth) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x10));
+    for (sb, blk) in row.chunks_exact(bytes).enumerate() {
         let (d, dmin) = f16_pair(blk, 0);
         let (mut sc, mut mins) = ([0f32; 8], [0f32; 8]);
         for j in 0..8 {
@@ -305,10 +309,23 @@ fn row_q4k<const N: usize>(row: &[u8], a: &[Q8Row<'_>; N]) -> [f32; N] {
             sc[j] = d * f32::from(s);
             mins[j] = dmin * f32::from(m);
         }
+        // Q5_K's fifth bits, shifted down two bits per pair: bits 0 and 1
+        // of each byte are the current pair's (16-bit shifts move bits
+        // across bytes only above them)
+        let mut qh = if FIVE {
+            load32(&blk[16..])
+        } else {
+            _mm256_set1_epi8(0)
+        };
         for i in 0..4 {
-            let q = load32(&blk[16 + 32 * i..]);
-            let lo = _mm256_and_si256(q, low);
-            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), low);
+            let q = load32(&blk[qs + 32 * i..]);
+            let mut lo = _mm256_and_si256(q, low);
+            let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), low);
+            if FIVE {
+                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16::<4>(qh), fifth));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16::<3>(qh), fifth));
+                qh = _mm256_srli_epi16::<2>(qh);
+            }
             let b = 8 * sb + 2 * i;
             for r in 0..N {
                 let p = dot_u8_i8(lo, acts(&a[r], b));

@@ -9,13 +9,13 @@
 
 use std::arch::x86_64::{
     __m256i, __m512, __m512i, __mmask16, _mm_loadu_si128, _mm256_and_si256, _mm256_loadu_ps,
-    _mm256_loadu_si256, _mm256_loadu2_m128i, _mm256_movm_epi8, _mm256_mul_ps, _mm256_or_si256,
-    _mm256_set_m128i, _mm256_set1_epi8, _mm256_set1_ps, _mm256_shuffle_epi8, _mm256_srli_epi16,
-    _mm512_abs_epi8, _mm512_add_epi32, _mm512_and_si512, _mm512_broadcast_i32x4,
-    _mm512_castsi256_si512, _mm512_castsi512_ps, _mm512_castsi512_si256, _mm512_cmplt_epu32_mask,
-    _mm512_cvtepi8_epi32, _mm512_cvtepi32_epi16, _mm512_cvtepi32_ps, _mm512_cvtph_ps,
-    _mm512_dpbusd_epi32, _mm512_fmadd_ps, _mm512_fnmadd_ps, _mm512_inserti64x4, _mm512_loadu_si512,
-    _mm512_mask_blend_epi32, _mm512_mask_i32gather_epi32, _mm512_mask_sub_epi8,
+    _mm256_loadu_si256, _mm256_loadu2_m128i, _mm256_mask_add_epi8, _mm256_movm_epi8, _mm256_mul_ps,
+    _mm256_or_si256, _mm256_set_m128i, _mm256_set1_epi8, _mm256_set1_ps, _mm256_shuffle_epi8,
+    _mm256_srli_epi16, _mm256_test_epi8_mask, _mm512_abs_epi8, _mm512_add_epi32, _mm512_and_si512,
+    _mm512_broadcast_i32x4, _mm512_castsi256_si512, _mm512_castsi512_ps, _mm512_castsi512_si256,
+    _mm512_cmplt_epu32_mask, _mm512_cvtepi8_epi32, _mm512_cvtepi32_epi16, _mm512_cvtepi32_ps,
+    _mm512_cvtph_ps, _mm512_dpbusd_epi32, _mm512_fmadd_ps, _mm512_fnmadd_ps, _mm512_inserti64x4,
+    _mm512_loadu_si512, _mm512_mask_blend_epi32, _mm512_mask_i32gather_epi32, _mm512_mask_sub_epi8,
     _mm512_maskz_loadu_ps, _mm512_movepi8_mask, _mm512_movm_epi8, _mm512_mul_ps, _mm512_or_si512,
     _mm512_permutexvar_ps, _mm512_reduce_add_ps, _mm512_set1_epi8, _mm512_set1_epi32,
     _mm512_set1_ps, _mm512_setr_epi32, _mm512_setzero_ps, _mm512_setzero_si512,
@@ -81,7 +81,8 @@ fn dot<const N: usize>(format: QuantFormat, row: &[u8], a: &[Q8Row<'_>; N]) -> [
         QuantFormat::Q5_0 => row32::<N, Q5_0>(row, a),
         QuantFormat::Q5_1 => row32::<N, Q5_1>(row, a),
         QuantFormat::Q8_0 => row32::<N, Q8_0>(row, a),
-        QuantFormat::Q4K => row_q4k::<N>(row, a),
+        QuantFormat::Q4K => row_q4k::<N, false>(row, a),
+        QuantFormat::Q5K => row_q4k::<N, true>(row, a),
         QuantFormat::Q6K => row_q6k::<N>(row, a),
         QuantFormat::Mxfp4 => row32::<N, MXFP4>(row, a),
     }
@@ -360,12 +361,14 @@ fn pair_step<const N: usize, const KIND: u8>(
 
 /// One row of Q4_K super-blocks: each 32 bytes of nibbles are two
 /// sub-blocks (low, high nibbles), which are two consecutive activation
-/// blocks: one 512-bit product per 32 bytes.
+/// blocks: one 512-bit product per 32 bytes. `FIVE`: Q5_K, the same with
+/// each value's fifth bit from qh put above its nibble.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn row_q4k<const N: usize>(row: &[u8], a: &[Q8Row<'_>; N]) -> [f32; N] {
+fn row_q4k<const N: usize, const FIVE: bool>(row: &[u8], a: &[Q8Row<'_>; N]) -> [f32; N] {
+    let bytes = if FIVE { 176 } else { 144 };
     let (mut acc0, mut acc1) = ([_mm512_setzero_ps(); N], [_mm512_setzero_ps(); N]);
     let mut extra = [_mm256_set1_ps(0.0); N];
-    for (sb, blk) in row.chunks_exact(144).enumerate() {
+    for (sb, blk) in row.chunks_exact(bytes).enumerate() {
         let (d, dmin) = (
             crate::quant::format::f16_at(blk, 0),
             crate::quant::format::f16_at(blk, 2),
@@ -389,8 +392,8 @@ fn row_q4k<const N: usize>(row: &[u8], a: &[Q8Row<'_>; N]) -> [f32; N] {
             extra[r] = std::arch::x86_64::_mm256_fnmadd_ps(mins, s, extra[r]);
         }
         for i in [0, 2] {
-            q4k_step::<N>(blk, sb, i, a, &scale, &mut acc0);
-            q4k_step::<N>(blk, sb, i + 1, a, &scale, &mut acc1);
+            q4k_step::<N, FIVE>(blk, sb, i, a, &scale, &mut acc0);
+            q4k_step::<N, FIVE>(blk, sb, i + 1, a, &scale, &mut acc1);
         }
     }
     let mut out = [0f32; N];
@@ -401,10 +404,11 @@ fn row_q4k<const N: usize>(row: &[u8], a: &[Q8Row<'_>; N]) -> [f32; N] {
     out
 }
 
-/// Bytes 32i..32i+32 of a Q4_K block's nibbles (sub-blocks 2i, 2i+1) into `acc`.
+/// Bytes 32i..32i+32 of a Q4_K block's nibbles (sub-blocks 2i, 2i+1) into
+/// `acc`; `FIVE`: of a Q5_K block, bits 2i and 2i + 1 of qh above them.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
-fn q4k_step<const N: usize>(
+fn q4k_step<const N: usize, const FIVE: bool>(
     blk: &[u8],
     sb: usize,
     i: usize,
@@ -414,11 +418,23 @@ fn q4k_step<const N: usize>(
 ) {
     let pair_lanes = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     let low = _mm256_set1_epi8(0x0F);
-    let q = &blk[16 + 32 * i..48 + 32 * i];
+    let qs = if FIVE { 48 } else { 16 };
+    let q = &blk[qs + 32 * i..qs + 32 + 32 * i];
     // SAFETY: `q` is 32 readable bytes (bounds-checked above).
     let q = unsafe { _mm256_loadu_si256(q.as_ptr().cast::<__m256i>()) };
-    let lo = _mm256_and_si256(q, low);
-    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), low);
+    let mut lo = _mm256_and_si256(q, low);
+    let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), low);
+    if FIVE {
+        let qh = &blk[16..48];
+        // SAFETY: `qh` is 32 readable bytes (bounds-checked above).
+        let qh = unsafe { _mm256_loadu_si256(qh.as_ptr().cast::<__m256i>()) };
+        // 16 added where bit 2i (2i + 1) of the value's qh byte is set
+        let sixteen = _mm256_set1_epi8(0x10);
+        let bit = |k: usize| _mm256_set1_epi8((1u8 << k) as i8);
+        let (b0, b1) = (bit(2 * i), bit(2 * i + 1));
+        lo = _mm256_mask_add_epi8(lo, _mm256_test_epi8_mask(qh, b0), lo, sixteen);
+        hi = _mm256_mask_add_epi8(hi, _mm256_test_epi8_mask(qh, b1), hi, sixteen);
+    }
     let w = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
     let idx = _mm512_add_epi32(pair_lanes, _mm512_set1_epi32(2 * i as i32));
     for r in 0..N {

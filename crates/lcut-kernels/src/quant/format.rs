@@ -17,6 +17,9 @@
 //!   6-bit (scale, min) pairs, 128 bytes of nibbles: bytes 32i..32i+32 hold
 //!   sub-block 2i in their low nibbles and 2i+1 in their high nibbles;
 //!   weight = d sc_j q - dmin m_j in sub-block j of 32.
+//! - `Q5_K` (176 / 256): d, dmin and the 12 scale bytes as Q4_K, 32 bytes of
+//!   fifth bits (qh), then the 128 bytes of nibbles as Q4_K; value l of
+//!   sub-block j adds 16 where bit j of qh[l] is set; weight as Q4_K's.
 //! - `Q6_K` (210 / 256): 128 bytes of low nibbles (ql), 64 bytes of high
 //!   bit pairs (qh), 16 signed 8-bit scales, super-scale d; in each half of
 //!   128 values (ql advancing 64 bytes, qh 32), value 32t + l (t < 4, l < 32)
@@ -42,6 +45,8 @@ pub enum QuantFormat {
     Q8_0,
     /// 4-bit values in super-blocks of 256 with 6-bit sub-block scales and mins.
     Q4K,
+    /// 5-bit values in super-blocks of 256, scales and mins as Q4_K.
+    Q5K,
     /// 6-bit values in super-blocks of 256 with 8-bit scales per 16.
     Q6K,
     /// 4-bit E2M1 codes with one power-of-two exponent per 32 (gpt-oss's experts).
@@ -49,13 +54,14 @@ pub enum QuantFormat {
 }
 
 /// Every format, in ggml's type order.
-pub const FORMATS: [QuantFormat; 8] = [
+pub const FORMATS: [QuantFormat; 9] = [
     QuantFormat::Q4_0,
     QuantFormat::Q4_1,
     QuantFormat::Q5_0,
     QuantFormat::Q5_1,
     QuantFormat::Q8_0,
     QuantFormat::Q4K,
+    QuantFormat::Q5K,
     QuantFormat::Q6K,
     QuantFormat::Mxfp4,
 ];
@@ -73,7 +79,7 @@ impl QuantFormat {
     pub const fn block_len(self) -> usize {
         match self {
             Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::Mxfp4 => QK,
-            Self::Q4K | Self::Q6K => QK_K,
+            Self::Q4K | Self::Q5K | Self::Q6K => QK_K,
         }
     }
 
@@ -86,6 +92,7 @@ impl QuantFormat {
             Self::Q5_1 => 24,
             Self::Q8_0 => 34,
             Self::Q4K => 144,
+            Self::Q5K => 176,
             Self::Q6K => 210,
             Self::Mxfp4 => 17,
         }
@@ -99,7 +106,7 @@ impl QuantFormat {
     pub const fn i16_pair_steps(self) -> usize {
         match self {
             Self::Q4_0 | Self::Q4_1 | Self::Q4K => 8,
-            Self::Q5_0 | Self::Q5_1 | Self::Mxfp4 => 4,
+            Self::Q5_0 | Self::Q5_1 | Self::Q5K | Self::Mxfp4 => 4,
             Self::Q6K => 2,
             Self::Q8_0 => 1,
         }
@@ -114,6 +121,7 @@ impl QuantFormat {
             Self::Q5_1 => "Q5_1",
             Self::Q8_0 => "Q8_0",
             Self::Q4K => "Q4_K",
+            Self::Q5K => "Q5_K",
             Self::Q6K => "Q6_K",
             Self::Mxfp4 => "MXFP4",
         }
@@ -128,6 +136,7 @@ impl QuantFormat {
             Self::Q5_1 => 7,
             Self::Q8_0 => 8,
             Self::Q4K => 12,
+            Self::Q5K => 13,
             Self::Q6K => 14,
             Self::Mxfp4 => 39,
         }
@@ -225,6 +234,23 @@ pub(crate) fn values5(qh: &[u8], qs: &[u8]) -> [u8; QK] {
     v
 }
 
+/// The 32 5-bit values of sub-block `j` (0..8) of a Q5_K block: nibbles
+/// of `qs[32 (j / 2)..]` (low for even `j`, high for odd), bit `j` of
+/// `qh[l]` above value l (ggml's `dequantize_row_q5_K`).
+#[inline(always)]
+pub(crate) fn q5k_values(qh: &[u8], qs: &[u8], j: usize) -> [u8; QK] {
+    let bytes = &qs[32 * (j / 2)..32 * (j / 2) + 32];
+    let qh = &qh[..QK];
+    std::array::from_fn(|l| {
+        let q = if j.is_multiple_of(2) {
+            bytes[l] & 0x0F
+        } else {
+            bytes[l] >> 4
+        };
+        q | (((qh[l] >> j) & 1) << 4)
+    })
+}
+
 /// The 256 6-bit values (0..=63, before the offset of 32) of a Q6_K block.
 pub(crate) fn q6k_values(blk: &[u8]) -> [u8; QK_K] {
     let mut v = [0u8; QK_K];
@@ -284,6 +310,17 @@ fn dequantize_block(format: QuantFormat, blk: &[u8], out: &mut [f32]) {
                 let bytes = &qs[32 * (j / 2)..32 * (j / 2) + 32];
                 for (o, &b) in sub.iter_mut().zip(bytes) {
                     let q = if j % 2 == 0 { b & 0x0F } else { b >> 4 };
+                    *o = dj * f32::from(q) - mj;
+                }
+            }
+        }
+        QuantFormat::Q5K => {
+            let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
+            let (scales, qh, qs) = (&blk[4..16], &blk[16..48], &blk[48..176]);
+            for (j, sub) in out.chunks_exact_mut(QK).enumerate() {
+                let (sc, m) = q4k_scale_min(scales, j);
+                let (dj, mj) = (d * f32::from(sc), dmin * f32::from(m));
+                for (o, q) in sub.iter_mut().zip(q5k_values(qh, qs, j)) {
                     *o = dj * f32::from(q) - mj;
                 }
             }

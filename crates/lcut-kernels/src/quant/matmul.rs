@@ -5,7 +5,7 @@
 //! activation rows (sized for the second level) passes over them, eight
 //! rows at a time through the same dot products as [`super::matvec_rows`],
 //! so every output equals that product's bit for bit; on AVX2 and AVX-512
-//! every format but Q8_0 (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K) instead runs
+//! every format but Q8_0 (Q4_0, Q4_1, Q5_0, Q5_1, MXFP4, Q4_K, Q5_K, Q6_K) instead runs
 //! a micro-kernel over sixteen unpacked weight rows at once (`tile`), equal
 //! to the batched product within rounding and the same bits on both levels.
 //! Q8_0's tile ([`matmul_wide`]) takes activations quantized to 16 bits.

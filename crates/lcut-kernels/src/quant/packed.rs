@@ -23,6 +23,14 @@
 //!   32 chunks: chunk c's low nibbles are sub-block 2(c/8), values
 //!   4(c mod 8)..+4, its high nibbles sub-block 2(c/8)+1 (1,184 bytes: 32
 //!   more than the eight blocks, 2.8%).
+//! - `Q5_K`: the scales and minimums as Q4_K (160 bytes), then for each
+//!   pair i of sub-blocks (2i, 2i+1), in the order a product reads them,
+//!   the pair's fifth bits as two 32-byte vectors and its eight chunks of
+//!   nibbles as Q4_K's chunks 8i..8i+8 (320 bytes a pair; 1,440 in all,
+//!   2.3% more than the eight blocks). Byte p of fifth-bit vector h (h < 2)
+//!   holds, for each m < 4, the fifth bit of byte p's low nibble in chunk
+//!   4h + m at bit m and of its high nibble at bit 4 + m: shifting the
+//!   vector right by m puts chunk 4h + m's bits at 0 and 4.
 //! - `Q6_K`: 8 super-scales, the 16 signed scales of each row (group g's
 //!   eight at 8g), then, in the order a product reads them, for each half
 //!   h of 128 values and each c < 8, three chunks: bytes 4c.. and 32 + 4c..
@@ -56,11 +64,20 @@ pub const GROUP_ROWS: usize = 8;
 /// Bytes of one group block of `format`: eight rows' blocks (and, for
 /// Q4_K, their scales and minimums unpacked).
 pub const fn group_block_bytes(format: QuantFormat) -> usize {
+    const {
+        assert!(Q5K_PAIR_AT + 4 * Q5K_PAIR_BYTES == GROUP_ROWS * 176 + 32);
+    }
     match format {
-        QuantFormat::Q4K => GROUP_ROWS * format.block_bytes() + 32,
+        QuantFormat::Q4K | QuantFormat::Q5K => GROUP_ROWS * format.block_bytes() + 32,
         _ => GROUP_ROWS * format.block_bytes(),
     }
 }
+
+/// Where a Q5_K group block's first pair of sub-blocks (fifth bits, then
+/// nibble chunks) starts.
+pub(crate) const Q5K_PAIR_AT: usize = 160;
+/// Bytes of one pair of a Q5_K group block: 64 of fifth bits, 256 of nibbles.
+pub(crate) const Q5K_PAIR_BYTES: usize = 64 + 256;
 
 /// Bytes of a `rows` x `cols` matrix of `format` in the interleaved layout.
 pub fn packed_len(format: QuantFormat, rows: usize, cols: usize) -> Result<usize> {
@@ -110,7 +127,7 @@ pub(crate) fn pack_block(format: QuantFormat, blocks: &[&[u8]; GROUP_ROWS], out:
             }
             chunks(&mut out[GROUP_ROWS..], |r| &blocks[r][1..17], 16);
         }
-        QuantFormat::Q4K => {
+        QuantFormat::Q4K | QuantFormat::Q5K => {
             for (r, b) in blocks.iter().enumerate() {
                 out[2 * r..2 * r + 2].copy_from_slice(&b[0..2]);
                 out[16 + 2 * r..18 + 2 * r].copy_from_slice(&b[2..4]);
@@ -120,7 +137,27 @@ pub(crate) fn pack_block(format: QuantFormat, blocks: &[&[u8]; GROUP_ROWS], out:
                     out[96 + 8 * j + r] = m;
                 }
             }
-            chunks(&mut out[160..], |r| &blocks[r][16..144], 128);
+            if format == QuantFormat::Q4K {
+                chunks(&mut out[160..], |r| &blocks[r][16..144], 128);
+                return;
+            }
+            for i in 0..4 {
+                let at = Q5K_PAIR_AT + Q5K_PAIR_BYTES * i;
+                for h in 0..2 {
+                    for p in 0..32 {
+                        let (r, j) = (p / 4, p % 4);
+                        let mut byte = 0u8;
+                        for m in 0..4 {
+                            let qh = blocks[r][16 + 4 * (4 * h + m) + j];
+                            byte |= ((qh >> (2 * i)) & 1) << m;
+                            byte |= ((qh >> (2 * i + 1)) & 1) << (4 + m);
+                        }
+                        out[at + 32 * h + p] = byte;
+                    }
+                }
+                let qs = 48 + 32 * i;
+                chunks(&mut out[at + 64..], |r| &blocks[r][qs..qs + 32], 32);
+            }
         }
         QuantFormat::Q6K => {
             for (r, b) in blocks.iter().enumerate() {
@@ -194,7 +231,7 @@ pub(crate) fn unpack_block(format: QuantFormat, gblk: &[u8], lane: usize, out: &
             out[0] = gblk[r];
             unchunk(&mut out[1..17], &gblk[GROUP_ROWS..], 16);
         }
-        QuantFormat::Q4K => {
+        QuantFormat::Q4K | QuantFormat::Q5K => {
             out[0..2].copy_from_slice(&gblk[2 * r..2 * r + 2]);
             out[2..4].copy_from_slice(&gblk[16 + 2 * r..18 + 2 * r]);
             let sc = |j: usize| gblk[32 + 8 * j + r];
@@ -204,7 +241,26 @@ pub(crate) fn unpack_block(format: QuantFormat, gblk: &[u8], lane: usize, out: &
                 out[8 + j] = m(j) | ((m(j + 4) >> 4) << 6);
                 out[12 + j] = (sc(j + 4) & 0x0F) | ((m(j + 4) & 0x0F) << 4);
             }
-            unchunk(&mut out[16..144], &gblk[160..], 128);
+            if format == QuantFormat::Q4K {
+                unchunk(&mut out[16..144], &gblk[160..], 128);
+                return;
+            }
+            out[16..48].fill(0);
+            for i in 0..4 {
+                let at = Q5K_PAIR_AT + Q5K_PAIR_BYTES * i;
+                for h in 0..2 {
+                    for j in 0..4 {
+                        let byte = gblk[at + 32 * h + 4 * r + j];
+                        for m in 0..4 {
+                            let qh = &mut out[16 + 4 * (4 * h + m) + j];
+                            *qh |= ((byte >> m) & 1) << (2 * i);
+                            *qh |= ((byte >> (4 + m)) & 1) << (2 * i + 1);
+                        }
+                    }
+                }
+                let qs = 48 + 32 * i;
+                unchunk(&mut out[qs..qs + 32], &gblk[at + 64..], 32);
+            }
         }
         QuantFormat::Q6K => {
             out[208..210].copy_from_slice(&gblk[2 * r..2 * r + 2]);

@@ -21,7 +21,8 @@ use std::arch::x86_64::{
     _mm256_madd_epi16, _mm256_maddubs_epi16, _mm256_mul_ps, _mm256_mullo_epi32, _mm256_or_si256,
     _mm256_set_m128i, _mm256_set1_epi8, _mm256_set1_epi16, _mm256_set1_epi32, _mm256_set1_epi64x,
     _mm256_set1_ps, _mm256_setr_epi64x, _mm256_setzero_ps, _mm256_setzero_si256,
-    _mm256_shuffle_epi8, _mm256_sign_epi8, _mm256_srli_epi16, _mm256_storeu_ps, _mm256_sub_epi32,
+    _mm256_shuffle_epi8, _mm256_sign_epi8, _mm256_slli_epi16, _mm256_srli_epi16, _mm256_storeu_ps,
+    _mm256_sub_epi32,
 };
 
 use crate::isa::Isa;
@@ -29,7 +30,7 @@ use crate::quant::MAX_BATCH;
 use crate::quant::acts::{Q8Row, Q8Super};
 use crate::quant::avx2::{e8m0_half8, q6k_values};
 use crate::quant::format::{MXFP4_PLUS12, QuantFormat};
-use crate::quant::packed::{GROUP_ROWS, act_word, group_block_bytes};
+use crate::quant::packed::{GROUP_ROWS, Q5K_PAIR_AT, Q5K_PAIR_BYTES, act_word, group_block_bytes};
 use crate::quant::prefetch;
 
 /// One group (eight rows, all its group blocks) dot the activation rows
@@ -44,10 +45,10 @@ pub(super) fn group(
     if !Isa::Avx2.available() {
         return false;
     }
-    // the sums an activation row keeps live: Q4_K four, Q6_K eight
+    // the sums an activation row keeps live: Q4_K four, Q5_K six, Q6_K eight
     let most = match format {
         QuantFormat::Q6K => 1,
-        QuantFormat::Q4K => 2,
+        QuantFormat::Q4K | QuantFormat::Q5K => 2,
         _ => 4,
     };
     let mut i = 0;
@@ -85,7 +86,8 @@ fn dot<const N: usize>(format: QuantFormat, group: &[u8], a: &[Q8Row<'_>; N]) ->
         QuantFormat::Q5_0 => g32::<N, Q5_0>(group, a),
         QuantFormat::Q5_1 => g32::<N, Q5_1>(group, a),
         QuantFormat::Q8_0 => g32::<N, Q8_0>(group, a),
-        QuantFormat::Q4K => g_q4k::<N>(group, a),
+        QuantFormat::Q4K => g_q4k::<N, false>(group, a),
+        QuantFormat::Q5K => g_q4k::<N, true>(group, a),
         QuantFormat::Q6K => g_q6k::<N>(group, a),
         QuantFormat::Mxfp4 => g32::<N, MXFP4>(group, a),
     }
@@ -302,13 +304,22 @@ fn g32<const N: usize, const KIND: u8>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m
 /// whose low and high nibbles are the two sub-blocks; each sub-block's row
 /// sums are scaled by super-scale x 6-bit scale x the activation block's
 /// scale, and super-minimum x 6-bit minimum x the block's scaled sum comes
-/// off.
+/// off. `FIVE`: Q5_K, the same with each chunk's fifth bits put above its
+/// nibbles (the pair's two fifth-bit vectors shifted down a bit a chunk),
+/// the 16-bit pair sums widened every four chunks instead of eight.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn g_q4k<const N: usize>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m256; N] {
+fn g_q4k<const N: usize, const FIVE: bool>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m256; N] {
+    let format = if FIVE {
+        QuantFormat::Q5K
+    } else {
+        QuantFormat::Q4K
+    };
     const { assert!(QuantFormat::Q4K.i16_pair_steps() == 8) };
-    let gb = group_block_bytes(QuantFormat::Q4K);
+    const { assert!(QuantFormat::Q5K.i16_pair_steps() == 4) };
+    let steps = format.i16_pair_steps();
+    let gb = group_block_bytes(format);
     let ones = _mm256_set1_epi16(1);
-    let low = _mm256_set1_epi8(0x0F);
+    let (low, fifth) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x10));
     let mut acc = [_mm256_setzero_ps(); N];
     let mut extra = [_mm256_setzero_ps(); N];
     let distance = prefetch::distance();
@@ -318,24 +329,41 @@ fn g_q4k<const N: usize>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m256; N] {
         let (d, dmin) = (f16x8(blk), f16x8(&blk[16..]));
         for i in 0..4 {
             let (j0, j1) = (2 * i, 2 * i + 1);
+            let (chunks, mut high) = if FIVE {
+                let at = Q5K_PAIR_AT + Q5K_PAIR_BYTES * i;
+                (at + 64, [load32(&blk[at..]), load32(&blk[at + 32..])])
+            } else {
+                (160 + 256 * i, [_mm256_setzero_si256(); 2])
+            };
             let mut s0 = [_mm256_setzero_si256(); N];
             let mut s1 = [_mm256_setzero_si256(); N];
+            let mut w0 = [_mm256_setzero_si256(); N];
+            let mut w1 = [_mm256_setzero_si256(); N];
             for k in 0..8 {
-                let v = load32(&blk[160 + 32 * (8 * i + k)..]);
-                let lo = _mm256_and_si256(v, low);
-                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+                let v = load32(&blk[chunks + 32 * k..]);
+                let mut lo = _mm256_and_si256(v, low);
+                let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+                if FIVE {
+                    let h = high[k / 4];
+                    lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16::<4>(h), fifth));
+                    hi = _mm256_or_si256(hi, _mm256_and_si256(h, fifth));
+                    high[k / 4] = _mm256_srli_epi16::<1>(h);
+                }
                 for r in 0..N {
                     let x0 = _mm256_set1_epi32(a[r].word(8 * j0 + k));
                     let x1 = _mm256_set1_epi32(a[r].word(8 * j1 + k));
-                    // 4-bit weights: the eight steps stay within an i16
-                    // (QuantFormat::i16_pair_steps), widened once below
+                    // the steps stay within an i16 (QuantFormat::i16_pair_steps)
                     s0[r] = _mm256_add_epi16(s0[r], _mm256_maddubs_epi16(lo, x0));
                     s1[r] = _mm256_add_epi16(s1[r], _mm256_maddubs_epi16(hi, x1));
                 }
-            }
-            for r in 0..N {
-                s0[r] = _mm256_madd_epi16(s0[r], ones);
-                s1[r] = _mm256_madd_epi16(s1[r], ones);
+                if (k + 1) % steps == 0 {
+                    for r in 0..N {
+                        w0[r] = _mm256_add_epi32(w0[r], _mm256_madd_epi16(s0[r], ones));
+                        w1[r] = _mm256_add_epi32(w1[r], _mm256_madd_epi16(s1[r], ones));
+                        s0[r] = _mm256_setzero_si256();
+                        s1[r] = _mm256_setzero_si256();
+                    }
+                }
             }
             let sc0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(bytes8(&blk[32 + 8 * j0..], false)));
             let sc1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(bytes8(&blk[32 + 8 * j1..], false)));
@@ -344,8 +372,8 @@ fn g_q4k<const N: usize>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m256; N] {
             for r in 0..N {
                 let x0 = _mm256_mul_ps(sc0, _mm256_set1_ps(a[r].d[j0]));
                 let x1 = _mm256_mul_ps(sc1, _mm256_set1_ps(a[r].d[j1]));
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0[r]), x0, acc[r]);
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1[r]), x1, acc[r]);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(w0[r]), x0, acc[r]);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(w1[r]), x1, acc[r]);
                 extra[r] = _mm256_fnmadd_ps(m0, _mm256_set1_ps(a[r].s[j0]), extra[r]);
                 extra[r] = _mm256_fnmadd_ps(m1, _mm256_set1_ps(a[r].s[j1]), extra[r]);
             }

@@ -12,9 +12,10 @@ use std::arch::x86_64::{
     __m128i, __m256, __m256i, _mm_loadl_epi64, _mm_loadu_si128, _mm256_add_epi32, _mm256_add_ps,
     _mm256_and_si256, _mm256_cvtepi8_epi32, _mm256_cvtepi32_ps, _mm256_cvtepu8_epi32,
     _mm256_cvtph_ps, _mm256_dpbusd_epi32, _mm256_fmadd_ps, _mm256_fnmadd_ps, _mm256_loadu_si256,
-    _mm256_movm_epi8, _mm256_mul_ps, _mm256_mullo_epi32, _mm256_or_si256, _mm256_set_m128i,
-    _mm256_set1_epi8, _mm256_set1_epi32, _mm256_set1_ps, _mm256_setzero_ps, _mm256_setzero_si256,
-    _mm256_shuffle_epi8, _mm256_srli_epi16, _mm256_storeu_ps, _mm256_sub_epi32, _mm256_xor_si256,
+    _mm256_mask_add_epi8, _mm256_movm_epi8, _mm256_mul_ps, _mm256_mullo_epi32, _mm256_or_si256,
+    _mm256_set_m128i, _mm256_set1_epi8, _mm256_set1_epi32, _mm256_set1_ps, _mm256_setzero_ps,
+    _mm256_setzero_si256, _mm256_shuffle_epi8, _mm256_srli_epi16, _mm256_storeu_ps,
+    _mm256_sub_epi32, _mm256_test_epi8_mask, _mm256_xor_si256,
 };
 
 use crate::isa::Isa;
@@ -22,7 +23,7 @@ use crate::quant::MAX_BATCH;
 use crate::quant::acts::{Q8Row, Q8Super};
 use crate::quant::avx2::{e8m0_half8, q6k_values};
 use crate::quant::format::{MXFP4_PLUS12, QuantFormat};
-use crate::quant::packed::{GROUP_ROWS, act_word, group_block_bytes};
+use crate::quant::packed::{GROUP_ROWS, Q5K_PAIR_AT, Q5K_PAIR_BYTES, act_word, group_block_bytes};
 use crate::quant::prefetch;
 
 /// One group (eight rows, all its group blocks) dot the activation rows
@@ -74,7 +75,8 @@ fn dot<const N: usize>(format: QuantFormat, group: &[u8], a: &[Q8Row<'_>; N]) ->
         QuantFormat::Q5_0 => g32::<N, Q5_0>(group, a),
         QuantFormat::Q5_1 => g32::<N, Q5_1>(group, a),
         QuantFormat::Q8_0 => g32::<N, Q8_0>(group, a),
-        QuantFormat::Q4K => g_q4k::<N>(group, a),
+        QuantFormat::Q4K => g_q4k::<N, false>(group, a),
+        QuantFormat::Q5K => g_q4k::<N, true>(group, a),
         QuantFormat::Q6K => g_q6k::<N>(group, a),
         QuantFormat::Mxfp4 => g32::<N, MXFP4>(group, a),
     }
@@ -244,11 +246,17 @@ fn g32<const N: usize, const KIND: u8>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m
 /// whose low and high nibbles are the two sub-blocks; each sub-block's row
 /// sums are scaled by super-scale x 6-bit scale x the activation block's
 /// scale, and super-minimum x 6-bit minimum x the block's scaled sum comes
-/// off.
+/// off. `FIVE`: Q5_K, the same with each chunk's fifth bits put above its
+/// nibbles (bit m and 4 + m of the pair's fifth-bit vector for its chunk
+/// 4h + m).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn g_q4k<const N: usize>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m256; N] {
-    let gb = group_block_bytes(QuantFormat::Q4K);
-    let low = _mm256_set1_epi8(0x0F);
+fn g_q4k<const N: usize, const FIVE: bool>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m256; N] {
+    let gb = group_block_bytes(if FIVE {
+        QuantFormat::Q5K
+    } else {
+        QuantFormat::Q4K
+    });
+    let (low, fifth) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x10));
     let mut acc = [_mm256_setzero_ps(); N];
     let mut extra = [_mm256_setzero_ps(); N];
     let distance = prefetch::distance();
@@ -260,10 +268,22 @@ fn g_q4k<const N: usize>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m256; N] {
             let (j0, j1) = (2 * i, 2 * i + 1);
             let mut s0 = [_mm256_setzero_si256(); N];
             let mut s1 = [_mm256_setzero_si256(); N];
+            let (chunks, high) = if FIVE {
+                let at = Q5K_PAIR_AT + Q5K_PAIR_BYTES * i;
+                (at + 64, [load32(&blk[at..]), load32(&blk[at + 32..])])
+            } else {
+                (160 + 256 * i, [_mm256_setzero_si256(); 2])
+            };
             for k in 0..8 {
-                let v = load32(&blk[160 + 32 * (8 * i + k)..]);
-                let lo = _mm256_and_si256(v, low);
-                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+                let v = load32(&blk[chunks + 32 * k..]);
+                let mut lo = _mm256_and_si256(v, low);
+                let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+                if FIVE {
+                    let (h, m) = (high[k / 4], k % 4);
+                    let bit = |b: usize| _mm256_set1_epi8((1u8 << b) as i8);
+                    lo = _mm256_mask_add_epi8(lo, _mm256_test_epi8_mask(h, bit(m)), lo, fifth);
+                    hi = _mm256_mask_add_epi8(hi, _mm256_test_epi8_mask(h, bit(4 + m)), hi, fifth);
+                }
                 for r in 0..N {
                     let x0 = _mm256_set1_epi32(a[r].word(8 * j0 + k));
                     let x1 = _mm256_set1_epi32(a[r].word(8 * j1 + k));

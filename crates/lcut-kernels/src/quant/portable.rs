@@ -4,7 +4,8 @@
 
 use crate::quant::acts::Q8Row;
 use crate::quant::format::{
-    QK, QuantFormat, e8m0_half, f16_at, mxfp4_values, nibbles32, q4k_scale_min, q6k_values, values5,
+    QK, QuantFormat, e8m0_half, f16_at, mxfp4_values, nibbles32, q4k_scale_min, q5k_values,
+    q6k_values, values5,
 };
 
 /// Sum of products of unsigned and signed bytes.
@@ -80,7 +81,11 @@ pub(crate) fn dot_row(format: QuantFormat, row: &[u8], a: &Q8Row<'_>) -> f32 {
             .fold(0.0, |acc, v| acc + v),
         QuantFormat::Q4K => blocks
             .enumerate()
-            .map(|(sb, blk)| dot_q4k(blk, a, 8 * sb))
+            .map(|(sb, blk)| dot_q4k(blk, a, 8 * sb, false))
+            .fold(0.0, |acc, v| acc + v),
+        QuantFormat::Q5K => blocks
+            .enumerate()
+            .map(|(sb, blk)| dot_q4k(blk, a, 8 * sb, true))
             .fold(0.0, |acc, v| acc + v),
         QuantFormat::Q6K => blocks
             .enumerate()
@@ -89,17 +94,22 @@ pub(crate) fn dot_row(format: QuantFormat, row: &[u8], a: &Q8Row<'_>) -> f32 {
     }
 }
 
-/// One Q4_K super-block dot activation blocks `first..first + 8`.
-fn dot_q4k(blk: &[u8], a: &Q8Row<'_>, first: usize) -> f32 {
+/// One Q4_K super-block (or, `five`, Q5_K: the same scales and minimums,
+/// the values' fifth bits from qh) dot activation blocks `first..first + 8`.
+fn dot_q4k(blk: &[u8], a: &Q8Row<'_>, first: usize, five: bool) -> f32 {
     let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
-    let (scales, qs) = (&blk[4..16], &blk[16..144]);
+    let scales = &blk[4..16];
     let mut sum = 0f32;
     for j in 0..8 {
         let (sc, m) = q4k_scale_min(scales, j);
-        let bytes = &qs[32 * (j / 2)..32 * (j / 2) + 32];
         let mut w = [0u8; QK];
-        for (w, &b) in w.iter_mut().zip(bytes) {
-            *w = if j % 2 == 0 { b & 0x0F } else { b >> 4 };
+        if five {
+            w = q5k_values(&blk[16..48], &blk[48..176], j);
+        } else {
+            let bytes = &blk[16 + 32 * (j / 2)..16 + 32 * (j / 2) + 32];
+            for (w, &b) in w.iter_mut().zip(bytes) {
+                *w = if j % 2 == 0 { b & 0x0F } else { b >> 4 };
+            }
         }
         let b = first + j;
         let p = isum_u8(&w, &a.q[QK * b..QK * b + QK]);

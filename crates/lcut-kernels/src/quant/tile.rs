@@ -1,7 +1,7 @@
 //! The chunk product's micro-kernel over sixteen unpacked weight rows, for
 //! every format whose weights are whole numbers per block of 32 values with
-//! an f32 scale: the 4- and 5-bit formats (Q4_0, Q4_1, Q5_0, Q5_1 and
-//! Q4_K's sub-blocks), weight `d · q + e` with q unsigned, and Q6_K, weight
+//! an f32 scale: the 4- and 5-bit formats (Q4_0, Q4_1, Q5_0, Q5_1, MXFP4
+//! and Q4_K's and Q5_K's sub-blocks), weight `d · q + e` with q unsigned, and Q6_K, weight
 //! `d · sc · (q - 32)` with a signed 8-bit scale `sc` per half block.
 //!
 //! Sixteen weight rows are unpacked once into bytes interleaved four at a
@@ -32,10 +32,10 @@ use crate::isa::Isa;
 use crate::quant::acts::Q8Row;
 use crate::quant::aligned::AlignedBytes;
 use crate::quant::format::{
-    MXFP4_PLUS12, QK, QK_K, QuantFormat, e8m0_half, f16_at, nibbles32, q4k_scale_min, q6k_values,
-    values5,
+    MXFP4_PLUS12, QK, QK_K, QuantFormat, e8m0_half, f16_at, nibbles32, q4k_scale_min, q5k_values,
+    q6k_values, values5,
 };
-use crate::quant::packed::{GROUP_ROWS, group_block_bytes};
+use crate::quant::packed::{GROUP_ROWS, Q5K_PAIR_AT, Q5K_PAIR_BYTES, group_block_bytes};
 use crate::quant::tile_amx::{AmxActs, Tiles};
 use crate::quant::{Layout, QuantMatrix};
 
@@ -210,18 +210,22 @@ fn for_each_block32(
                 };
                 f(i, &values, scale);
             }
-            QuantFormat::Q4K => {
+            QuantFormat::Q4K | QuantFormat::Q5K => {
                 let dmin = f16_at(blk, 2);
                 for j in 0..QK_K / QK {
                     let (sc, m) = q4k_scale_min(&blk[4..16], j);
-                    let bytes = &blk[16 + 32 * (j / 2)..16 + 32 * (j / 2) + 32];
-                    let values: [u8; QK] = std::array::from_fn(|l| {
-                        if j % 2 == 0 {
-                            bytes[l] & 0x0F
-                        } else {
-                            bytes[l] >> 4
-                        }
-                    });
+                    let values = if format == QuantFormat::Q5K {
+                        q5k_values(&blk[16..48], &blk[48..176], j)
+                    } else {
+                        let bytes = &blk[16 + 32 * (j / 2)..16 + 32 * (j / 2) + 32];
+                        std::array::from_fn(|l| {
+                            if j % 2 == 0 {
+                                bytes[l] & 0x0F
+                            } else {
+                                bytes[l] >> 4
+                            }
+                        })
+                    };
                     let scale = BlockScale::Offset {
                         d: d * f32::from(sc),
                         e: -(dmin * f32::from(m)),
@@ -318,10 +322,13 @@ impl Tile {
     /// where eight rows' four bytes already sit side by side as a tile's
     /// step holds them: no row is rebuilt in the file's layout first.
     /// Returns false, leaving the tile as it was, for a format or layout
-    /// this does not cover (Q4_0 and Q4_K interleaved are covered).
+    /// this does not cover (Q4_0, Q4_K and Q5_K interleaved are covered).
     pub(super) fn fill_interleaved(&mut self, m: &QuantMatrix<'_>, rows: Range<usize>) -> bool {
         let format = m.format;
-        let covered = matches!(format, QuantFormat::Q4_0 | QuantFormat::Q4K);
+        let covered = matches!(
+            format,
+            QuantFormat::Q4_0 | QuantFormat::Q4K | QuantFormat::Q5K
+        );
         if m.layout != Layout::Interleaved || !covered || !rows.start.is_multiple_of(GROUP_ROWS) {
             return false;
         }
@@ -341,7 +348,8 @@ impl Tile {
             for (i, gblk) in data.chunks_exact(gb).enumerate() {
                 match format {
                     QuantFormat::Q4_0 => self.put_q4_0(g, i, gblk),
-                    _ => self.put_q4k(g, i, gblk),
+                    QuantFormat::Q5K => self.put_q4k(g, i, gblk, true),
+                    _ => self.put_q4k(g, i, gblk, false),
                 }
             }
         }
@@ -349,17 +357,37 @@ impl Tile {
     }
 
     /// Step `k` of 32-value block `b` for the eight rows of group `g` of
-    /// the tile: the low (`high` false) or high nibbles of `chunk`.
+    /// the tile: the low (`high` false) or high nibbles of `chunk`, and
+    /// with `fifth` (`(bits, s)`: 32 bytes, a shift below 8) bit `s` of
+    /// each byte of `bits` above its nibble (Q5_K).
     #[inline(always)]
-    fn put_nibbles(&mut self, b: usize, k: usize, g: usize, chunk: &[u8], high: bool) {
+    fn put_nibbles(
+        &mut self,
+        b: usize,
+        k: usize,
+        g: usize,
+        chunk: &[u8],
+        high: bool,
+        fifth: Option<(&[u8], usize)>,
+    ) {
         const LOW: u64 = 0x0F0F_0F0F_0F0F_0F0F;
+        const ONE: u64 = 0x0101_0101_0101_0101;
         let at = b * BLOCK_BYTES + k * 64 + 4 * GROUP_ROWS * g;
         let to = &mut self.q.as_mut_slice()[at..at + 4 * GROUP_ROWS];
         // eight bytes at a time in a word: a nibble per byte needs no lane
         // shift the baseline instruction set lacks
-        for (to, from) in to.chunks_exact_mut(8).zip(chunk.chunks_exact(8)) {
+        for (n, (to, from)) in to
+            .chunks_exact_mut(8)
+            .zip(chunk.chunks_exact(8))
+            .enumerate()
+        {
             let w = u64::from_le_bytes(from.try_into().expect("eight bytes"));
-            let v = if high { (w >> 4) & LOW } else { w & LOW };
+            let mut v = if high { (w >> 4) & LOW } else { w & LOW };
+            if let Some((bits, s)) = fifth {
+                let h = u64::from_le_bytes(bits[8 * n..8 * n + 8].try_into().expect("eight bytes"));
+                // a shift below 8 brings each byte's bit s to its bit 0
+                v |= ((h >> s) & ONE) << 4;
+            }
             to.copy_from_slice(&v.to_le_bytes());
         }
     }
@@ -374,14 +402,14 @@ impl Tile {
         // values 4k..4k + 4 are the low nibbles of chunk k, values 16 + 4k..
         // the high ones
         for (c, chunk) in gblk[16..16 + 128].chunks_exact(32).enumerate() {
-            self.put_nibbles(i, c, g, chunk, false);
-            self.put_nibbles(i, c + 4, g, chunk, true);
+            self.put_nibbles(i, c, g, chunk, false, None);
+            self.put_nibbles(i, c + 4, g, chunk, true, None);
         }
     }
 
     /// Group block `i` (one Q4_K block of eight rows, eight sub-blocks of
-    /// 32) into group `g`.
-    fn put_q4k(&mut self, g: usize, i: usize, gblk: &[u8]) {
+    /// 32; `five`: one Q5_K block) into group `g`.
+    fn put_q4k(&mut self, g: usize, i: usize, gblk: &[u8], five: bool) {
         for r in 0..GROUP_ROWS {
             let (d, dmin) = (f16_at(gblk, 2 * r), f16_at(gblk, 16 + 2 * r));
             for j in 0..QK_K / QK {
@@ -393,10 +421,25 @@ impl Tile {
         }
         // sub-blocks 2p and 2p + 1 are the low and high nibbles of chunks
         // 8p..8p + 8, step k of both in chunk 8p + k
-        for (c, chunk) in gblk[160..160 + 1024].chunks_exact(32).enumerate() {
-            let (p, k) = (c / 8, c % 8);
-            self.put_nibbles(8 * i + 2 * p, k, g, chunk, false);
-            self.put_nibbles(8 * i + 2 * p + 1, k, g, chunk, true);
+        if !five {
+            for (c, chunk) in gblk[160..160 + 1024].chunks_exact(32).enumerate() {
+                let (p, k) = (c / 8, c % 8);
+                self.put_nibbles(8 * i + 2 * p, k, g, chunk, false, None);
+                self.put_nibbles(8 * i + 2 * p + 1, k, g, chunk, true, None);
+            }
+            return;
+        }
+        // Q5_K: each pair's fifth-bit vectors, then its eight chunks; chunk
+        // 4h + m's bits are bits m (low nibbles) and 4 + m (high) of vector h
+        for p in 0..4 {
+            let at = Q5K_PAIR_AT + Q5K_PAIR_BYTES * p;
+            let chunks = &gblk[at + 64..at + Q5K_PAIR_BYTES];
+            for (k, chunk) in chunks.chunks_exact(32).enumerate() {
+                let (h, m) = (k / 4, k % 4);
+                let bits = &gblk[at + 32 * h..at + 32 * h + 32];
+                self.put_nibbles(8 * i + 2 * p, k, g, chunk, false, Some((bits, m)));
+                self.put_nibbles(8 * i + 2 * p + 1, k, g, chunk, true, Some((bits, 4 + m)));
+            }
         }
     }
 

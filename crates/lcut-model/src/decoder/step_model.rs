@@ -28,7 +28,7 @@ pub enum Unfused {
     Device,
     /// A LoRA adapter is applied on the fly (`--lora-mode on-the-fly`).
     OnTheFlyLora,
-    /// A matrix is held in a ggml type only candle runs (Q2_K, Q3_K, Q5_K...).
+    /// A matrix is held in a ggml type only candle runs (Q2_K, Q3_K).
     CandleQuantized,
     /// A dense matrix is not a contiguous f32, bf16 or f16 CPU tensor.
     DenseStorage,
