@@ -233,6 +233,7 @@ mod tests {
             intermediate_size: 14336,
             vocab_size: 128_256,
             sliding_window: Vec::new(),
+            layer_flops: Vec::new(),
             adapter: None,
         };
         let c = cost_numbers(&model, 24, &CostSettings::default());

@@ -81,7 +81,7 @@ impl From<&ModelIdentity> for FlopShape {
             intermediate_size: m.intermediate_size,
             vocab_size: m.vocab_size,
             windows: m.sliding_window.clone(),
-            layers: Vec::new(),
+            layers: m.layer_flops.clone(),
         }
     }
 }
@@ -132,21 +132,41 @@ impl FlopShape {
         4.0 * (self.num_heads * self.head_dim) as f64 * key_visits
     }
 
-    /// Layer `l`'s coefficients: its own where [`FlopShape::layers`] gives
-    /// them, else the uniform shape's.
-    pub fn layer(&self, l: usize) -> LayerFlops {
-        self.layers.get(l).copied().unwrap_or(LayerFlops {
-            token: self.token_layer_flops(),
-            per_key: 4.0 * (self.num_heads * self.head_dim) as f64,
-            kv_projection: self.kv_projection_flops(),
-        })
+    /// Layer `l`'s coefficients (token, per key, K/V projection): its own
+    /// where [`FlopShape::layers`] gives them, else the uniform shape's.
+    pub fn layer(&self, l: usize) -> (f64, f64, f64) {
+        match self.layers.get(l) {
+            Some(c) => (c.token as f64, c.per_key as f64, c.kv_projection as f64),
+            None => (
+                self.token_layer_flops(),
+                4.0 * (self.num_heads * self.head_dim) as f64,
+                self.kv_projection_flops(),
+            ),
+        }
+    }
+
+    /// This shape with `layers` as its layers' own coefficients where any
+    /// of them differs from the uniform shape's, else with none (so that a
+    /// model of uniform layers keeps the closed forms and its records).
+    pub fn with_layers(self, layers: Vec<LayerFlops>) -> Self {
+        let differs = layers.len() != self.num_layers
+            || layers.iter().enumerate().any(|(l, c)| {
+                (c.token as f64, c.per_key as f64, c.kv_projection as f64) != self.layer(l)
+            });
+        match differs {
+            true => Self { layers, ..self },
+            false => Self {
+                layers: Vec::new(),
+                ..self
+            },
+        }
     }
 
     /// The FLOPs of layer `l` for `tokens` tokens present that read
     /// `key_visits` keys in all.
     fn layer_flops(&self, l: usize, tokens: f64, key_visits: f64) -> f64 {
-        let c = self.layer(l);
-        tokens * c.token + c.per_key * key_visits
+        let (token, per_key, _) = self.layer(l);
+        tokens * token + per_key * key_visits
     }
 
     /// The LM head's FLOPs for the last prompt token, `2·d·V`.
@@ -212,14 +232,15 @@ pub fn policy_prefill_flops(shape: &FlopShape, vis: &dyn Visibility, len: usize)
     let present = vis.accounting().present_per_layer(len);
     let layers: f64 = (0..vis.num_layers())
         .map(|l| {
+            let (_, per_key, kv_projection) = shape.layer(l);
             // a layer that reads no key (a linear-attention layer) needs no count
-            let visits = if shape.layer(l).per_key > 0.0 {
+            let visits = if per_key > 0.0 {
                 key_visits(vis, window_of(&shape.windows, l), (l, present[l]), len)
             } else {
                 0.0
             };
             shape.layer_flops(l, present[l] as f64, visits)
-                + shape.layer(l).kv_projection * projected_at(vis, l, len)
+                + kv_projection * projected_at(vis, l, len)
         })
         .sum();
     layers + shape.lm_head()
@@ -527,16 +548,28 @@ pub(crate) mod tests {
             decode: 2,
         };
         let uniform = prefill_flops(&s, 2, split);
-        s.layers = (0..4).map(|l| s.layer(l)).collect();
+        let same: Vec<LayerFlops> = (0..4)
+            .map(|_| LayerFlops {
+                token: 1152,
+                per_key: 32,
+                kv_projection: 128,
+            })
+            .collect();
+        // the uniform coefficients are no layers of their own
+        assert!(s.clone().with_layers(same.clone()).layers.is_empty());
+        s.layers = same.clone();
         assert_eq!(prefill_flops(&s, 2, split), uniform);
         // layer 1 a linear-attention layer: 500 a token, no key read; layer
         // 3 twice as wide in its attention
-        s.layers[1] = LayerFlops {
-            token: 500.0,
-            per_key: 0.0,
-            kv_projection: 0.0,
+        let mut layers = same;
+        layers[1] = LayerFlops {
+            token: 500,
+            per_key: 0,
+            kv_projection: 0,
         };
-        s.layers[3].per_key *= 2.0;
+        layers[3].per_key *= 2;
+        s = s.with_layers(layers);
+        assert_eq!(s.layers.len(), 4);
         // n = 8 below the cut (36 key visits), A + D = 3 above it (1 + 2 +
         // 3 = 6 visits: the anchor reads itself, each decode token the
         // anchor, the earlier ones and itself)

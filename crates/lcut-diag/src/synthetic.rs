@@ -28,6 +28,7 @@ pub fn synthetic_model(num_layers: usize, num_heads: usize) -> ModelIdentity {
         intermediate_size: 48 * num_heads,
         vocab_size: 1000,
         sliding_window: Vec::new(),
+        layer_flops: Vec::new(),
         adapter: None,
     }
 }

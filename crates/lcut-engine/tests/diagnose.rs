@@ -524,3 +524,25 @@ fn the_sweep_on_qwen35_branches_from_one_run_and_counts_full_layers_only() -> Re
     ensure!(two.kv_ratio < 0.01, "{two:?}");
     Ok(())
 }
+
+/// A report's model carries its layers' own FLOP coefficients where they
+/// differ (Qwen3.5's linear and full layers, a mixture's experts), so that
+/// a saved report predicts costs as the live run does, and none for a
+/// model of uniform layers (whose reports stay as they were).
+#[test]
+fn a_report_keeps_the_layers_own_flops_where_they_differ() -> Result<()> {
+    let uniform = Session::load(&oracle("llama-gqa"), DType::F32, &Device::Cpu)?;
+    ensure!(
+        lcut_engine::diagnose::model_identity(&uniform)?
+            .layer_flops
+            .is_empty()
+    );
+    for case in [lcut_testkit::QWEN35_CASE, "moe/mixtral-top2"] {
+        let session = Session::load(&oracle(case), DType::F32, &Device::Cpu)?;
+        let model = lcut_engine::diagnose::model_identity(&session)?;
+        let want = lcut_model::memory::layer_flops(session.model.config());
+        ensure!(model.layer_flops == want, "{case}: {:?}", model.layer_flops);
+        ensure!(want.len() == model.num_layers, "{case}");
+    }
+    Ok(())
+}

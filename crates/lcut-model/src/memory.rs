@@ -307,28 +307,28 @@ pub fn parameter_count(cfg: &ModelConfig) -> u64 {
 /// for a model whose layers are all one Llama-style shape every layer's
 /// coefficients are the uniform model's.
 pub fn layer_flops(cfg: &ModelConfig) -> Vec<lcut_trace::LayerFlops> {
-    let d = cfg.hidden_size as f64;
+    let d = cfg.hidden_size as u64;
     (0..cfg.num_layers)
         .map(|l| {
             let mixer = match &cfg.linear_attention {
                 Some(la) if la.is_linear(l) => {
-                    let values = (la.value_heads * la.value_head_dim) as f64;
-                    let channels = la.conv_channels() as f64;
-                    let inputs = channels + values + 2.0 * la.value_heads as f64;
-                    let state = (la.key_head_dim * la.value_head_dim) as f64;
+                    let values = (la.value_heads * la.value_head_dim) as u64;
+                    let channels = la.conv_channels() as u64;
+                    let inputs = channels + values + 2 * la.value_heads as u64;
+                    let state = (la.key_head_dim * la.value_head_dim) as u64;
                     lcut_trace::LayerFlops {
-                        token: 2.0 * d * inputs
-                            + 2.0 * channels * la.conv_kernel as f64
-                            + 7.0 * state * la.value_heads as f64
-                            + 2.0 * values * d,
-                        per_key: 0.0,
-                        kv_projection: 0.0,
+                        token: 2 * d * inputs
+                            + 2 * channels * la.conv_kernel as u64
+                            + 7 * state * la.value_heads as u64
+                            + 2 * values * d,
+                        per_key: 0,
+                        kv_projection: 0,
                     }
                 }
                 _ => {
                     let a = cfg.layer_attention.get(l);
                     let hd = a.map_or(cfg.head_dim, |a| a.head_dim);
-                    let q = (cfg.num_heads * hd) as f64;
+                    let q = (cfg.num_heads * hd) as u64;
                     let kv_rows = a.map_or(2 * cfg.num_kv_heads, |a| {
                         match (a.kv_source, a.values_from_keys) {
                             (Some(_), _) => 0,
@@ -336,16 +336,12 @@ pub fn layer_flops(cfg: &ModelConfig) -> Vec<lcut_trace::LayerFlops> {
                             (None, false) => 2 * a.kv_heads,
                         }
                     });
-                    let kv = (kv_rows * hd) as f64;
-                    let gate = if cfg.attn_output_gate {
-                        2.0 * d * q
-                    } else {
-                        0.0
-                    };
+                    let kv = (kv_rows * hd) as u64;
+                    let gate = if cfg.attn_output_gate { 2 * d * q } else { 0 };
                     lcut_trace::LayerFlops {
-                        token: 2.0 * d * q + 2.0 * d * kv + 2.0 * q * d + gate,
-                        per_key: 4.0 * q,
-                        kv_projection: 2.0 * d * kv,
+                        token: 2 * d * q + 2 * d * kv + 2 * q * d + gate,
+                        per_key: 4 * q,
+                        kv_projection: 2 * d * kv,
                     }
                 }
             };
@@ -353,19 +349,17 @@ pub fn layer_flops(cfg: &ModelConfig) -> Vec<lcut_trace::LayerFlops> {
             let mlp = match (sparse, cfg.experts) {
                 (true, Some(e)) => {
                     let routed =
-                        2.0 * d * e.num_experts as f64 + e.top_k as f64 * 6.0 * d * e.inner as f64;
-                    let shared = e.shared_inner.map_or(0.0, |s| 6.0 * d * s as f64 + 2.0 * d);
+                        2 * d * e.num_experts as u64 + e.top_k as u64 * 6 * d * e.inner as u64;
+                    let shared = e.shared_inner.map_or(0, |s| 6 * d * s as u64 + 2 * d);
                     let beside = match e.beside_mlp {
-                        true => 6.0 * d * cfg.mlp_width(l) as f64,
-                        false => 0.0,
+                        true => 6 * d * cfg.mlp_width(l) as u64,
+                        false => 0,
                     };
                     routed + shared + beside
                 }
-                _ => 6.0 * d * cfg.mlp_width(l) as f64,
+                _ => 6 * d * cfg.mlp_width(l) as u64,
             };
-            let per_layer = cfg
-                .per_layer_input
-                .map_or(0.0, |p| 4.0 * d * p.width as f64);
+            let per_layer = cfg.per_layer_input.map_or(0, |p| 4 * d * p.width as u64);
             lcut_trace::LayerFlops {
                 token: mixer.token + mlp + per_layer,
                 ..mixer

@@ -272,8 +272,15 @@ fn layer_flops_count_the_matrices_each_token_multiplies() -> anyhow::Result<()> 
                 }
                 _ => 0.0,
             };
-            assert_eq!(got.token, token + recurrence, "{case} layer {l}: token");
-            assert_eq!(got.kv_projection, kv, "{case} layer {l}: K/V projection");
+            assert_eq!(
+                got.token as f64,
+                token + recurrence,
+                "{case} layer {l}: token"
+            );
+            assert_eq!(
+                got.kv_projection as f64, kv,
+                "{case} layer {l}: K/V projection"
+            );
             let head_dim = cfg
                 .layer_attention
                 .get(l)
@@ -282,7 +289,7 @@ fn layer_flops_count_the_matrices_each_token_multiplies() -> anyhow::Result<()> 
                 true => (4 * cfg.num_heads * head_dim) as f64,
                 false => 0.0,
             };
-            assert_eq!(got.per_key, per_key, "{case} layer {l}: per key");
+            assert_eq!(got.per_key as f64, per_key, "{case} layer {l}: per key");
         }
     }
     Ok(())

@@ -35,6 +35,11 @@ pub struct ModelIdentity {
     /// earlier key (empty when no layer slides, or unknown).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sliding_window: Vec<Option<usize>>,
+    /// Each layer's FLOP-model coefficients where the layers differ from
+    /// one another or from the uniform shape the fields above give (empty:
+    /// they do not, or unknown); one per layer otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layer_flops: Vec<LayerFlops>,
     /// The LoRA adapter put into the model, when there was one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adapter: Option<AdapterIdentity>,
@@ -43,17 +48,17 @@ pub struct ModelIdentity {
 /// One layer's coefficients in the prefill FLOP model (`lcut_diag`'s
 /// `flops`), for models whose layers differ (sliding and full layers of
 /// other head widths, linear-attention layers, experts, shared K/V). One
-/// multiply-add is 2 FLOPs.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// multiply-add is 2 FLOPs; every coefficient is a whole number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LayerFlops {
     /// One token through the layer's projections, MLP or experts (the ones
     /// it runs) and recurrence: what the layer costs per token present.
-    pub token: f64,
+    pub token: u64,
     /// One query reading one key: scores and the weighted sum of values
     /// (0 on a linear-attention layer, which reads a state instead).
-    pub per_key: f64,
+    pub per_key: u64,
     /// Projecting one token's K and V (0 on a layer that stores none).
-    pub kv_projection: f64,
+    pub kv_projection: u64,
 }
 
 /// A LoRA adapter a run put into its model.
@@ -145,6 +150,7 @@ mod tests {
             intermediate_size: 64,
             vocab_size: 100,
             sliding_window: Vec::new(),
+            layer_flops: Vec::new(),
             adapter,
         }
     }

@@ -204,6 +204,13 @@ impl Report {
     /// the file for the message.
     pub fn validate(&self, context: &str) -> Result<(), TraceError> {
         let (l, h) = (self.model.num_layers, self.model.num_heads);
+        let per_layer = self.model.layer_flops.len();
+        if per_layer != 0 && per_layer != l {
+            return Err(TraceError::invalid(
+                context,
+                format!("`model.layer_flops` has {per_layer} entries, the model {l} layers"),
+            ));
+        }
         for t in &self.traces {
             t.validate(context)?;
             if t.num_layers != l || t.num_heads != h {

@@ -345,6 +345,16 @@ fn report(rng: &mut StdRng) -> Report {
             sliding_window: (0..l)
                 .map(|_| rng.random_bool(0.5).then(|| rng.random_range(1..4096)))
                 .collect(),
+            layer_flops: match rng.random_bool(0.5) {
+                true => (0..l)
+                    .map(|_| lcut_trace::LayerFlops {
+                        token: rng.random(),
+                        per_key: rng.random(),
+                        kv_projection: rng.random(),
+                    })
+                    .collect(),
+                false => Vec::new(),
+            },
             adapter: None,
         },
         settings: RunSettings {
@@ -530,4 +540,27 @@ fn huge_claimed_shapes_and_counts_are_refused_unallocated() {
         assert_names_file(&err, &path);
         assert!(largest_allocation() <= ALLOC_BOUND, "{what}");
     }
+}
+
+/// The model's per-layer FLOP coefficients are one per layer or none: a
+/// report with another count is refused by name, not read as a model whose
+/// upper layers fall back to the uniform shape.
+#[test]
+fn per_layer_flops_of_another_depth_are_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("report.json");
+    let mut r = report(&mut StdRng::seed_from_u64(SEED + 4));
+    let one = lcut_trace::LayerFlops {
+        token: 10,
+        per_key: 4,
+        kv_projection: 2,
+    };
+    r.model.layer_flops = vec![one; r.model.num_layers];
+    write_report_json(&path, &r).expect("write");
+    assert_eq!(read_report_json(&path).expect("read").model, r.model);
+    r.model.layer_flops.push(one);
+    std::fs::write(&path, serde_json::to_string(&r).expect("JSON")).expect("write");
+    let err = read_report_json(&path).expect_err("one entry too many");
+    assert_names_file(&err, &path);
+    assert!(err.to_string().contains("layer_flops"), "{err}");
 }

@@ -218,6 +218,7 @@ pub fn model_identity(session: &Session) -> Result<ModelIdentity> {
             true => cfg.sliding_window.clone(),
             false => Vec::new(),
         },
+        layer_flops: policy_axis::flop_shape(&session.model).layers,
         adapter: session.adapter.clone(),
     })
 }

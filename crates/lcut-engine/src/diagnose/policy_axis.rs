@@ -134,7 +134,9 @@ pub fn predicted_prefill_flops_ratio(
     policy_prefill_flops(&shape, vis, len) / policy_prefill_flops(&shape, full.as_ref(), len)
 }
 
-/// The FLOP model's shape of a decoder.
+/// The FLOP model's shape of a decoder: its layers' own coefficients where
+/// they differ from the uniform shape (Gemma 4, Qwen3.5, experts), none
+/// where every layer is that shape.
 pub(super) fn flop_shape(model: &Decoder) -> FlopShape {
     let c = model.config();
     FlopShape {
@@ -146,8 +148,9 @@ pub(super) fn flop_shape(model: &Decoder) -> FlopShape {
         intermediate_size: c.intermediate_size,
         vocab_size: c.vocab_size,
         windows: c.sliding_window.clone(),
-        layers: lcut_model::memory::layer_flops(c),
+        layers: Vec::new(),
     }
+    .with_layers(lcut_model::memory::layer_flops(c))
 }
 
 /// Run `prompt` under `policy` (its state before the decode start taken
