@@ -314,9 +314,9 @@ fn g_q4k<const N: usize, const FIVE: bool>(group: &[u8], a: &[Q8Row<'_>; N]) -> 
     } else {
         QuantFormat::Q4K
     };
+    // Q4_K's eight steps widen once after the chunks, Q5_K's also halfway
     const { assert!(QuantFormat::Q4K.i16_pair_steps() == 8) };
     const { assert!(QuantFormat::Q5K.i16_pair_steps() == 4) };
-    let steps = format.i16_pair_steps();
     let gb = group_block_bytes(format);
     let ones = _mm256_set1_epi16(1);
     let (low, fifth) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x10));
@@ -337,6 +337,8 @@ fn g_q4k<const N: usize, const FIVE: bool>(group: &[u8], a: &[Q8Row<'_>; N]) -> 
             };
             let mut s0 = [_mm256_setzero_si256(); N];
             let mut s1 = [_mm256_setzero_si256(); N];
+            // Q5_K's first four steps, widened (Q4_K keeps none here, so
+            // that its loop holds no more registers than its own sums)
             let mut w0 = [_mm256_setzero_si256(); N];
             let mut w1 = [_mm256_setzero_si256(); N];
             for k in 0..8 {
@@ -356,14 +358,24 @@ fn g_q4k<const N: usize, const FIVE: bool>(group: &[u8], a: &[Q8Row<'_>; N]) -> 
                     s0[r] = _mm256_add_epi16(s0[r], _mm256_maddubs_epi16(lo, x0));
                     s1[r] = _mm256_add_epi16(s1[r], _mm256_maddubs_epi16(hi, x1));
                 }
-                if (k + 1) % steps == 0 {
+                if FIVE && k == 3 {
                     for r in 0..N {
-                        w0[r] = _mm256_add_epi32(w0[r], _mm256_madd_epi16(s0[r], ones));
-                        w1[r] = _mm256_add_epi32(w1[r], _mm256_madd_epi16(s1[r], ones));
+                        w0[r] = _mm256_madd_epi16(s0[r], ones);
+                        w1[r] = _mm256_madd_epi16(s1[r], ones);
                         s0[r] = _mm256_setzero_si256();
                         s1[r] = _mm256_setzero_si256();
                     }
                 }
+            }
+            for r in 0..N {
+                let (t0, t1) = (
+                    _mm256_madd_epi16(s0[r], ones),
+                    _mm256_madd_epi16(s1[r], ones),
+                );
+                (w0[r], w1[r]) = match FIVE {
+                    true => (_mm256_add_epi32(w0[r], t0), _mm256_add_epi32(w1[r], t1)),
+                    false => (t0, t1),
+                };
             }
             let sc0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(bytes8(&blk[32 + 8 * j0..], false)));
             let sc1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(bytes8(&blk[32 + 8 * j1..], false)));
