@@ -61,6 +61,24 @@ fn put_f16(blk: &mut [u8], at: usize, v: f32) {
     blk[at..at + 2].copy_from_slice(&f16::from_f32(v).to_bits().to_le_bytes());
 }
 
+/// Little-endian f32s (a reference file's values).
+pub fn le_floats(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+/// A row of reference weights dot one quantized activation row, in f64
+/// (each term weight x value x its block's scale), and the sum of the
+/// terms' magnitudes (the scale of a product's rounding).
+pub fn dot_with_q8(w: &[f32], a: &crate::quant::Q8Row<'_>) -> (f64, f64) {
+    w.iter().enumerate().fold((0.0, 0.0), |(s, m), (j, &x)| {
+        let t = f64::from(x) * f64::from(a.q[j]) * f64::from(a.d[j / 32]);
+        (s + t, m + t.abs())
+    })
+}
+
 /// `blocks` random blocks of `format`: random payload bytes and finite
 /// scales, with every 8th block at an edge: payload all ones (largest
 /// values, most negative Q8 bytes), all zeros, or a zero scale.

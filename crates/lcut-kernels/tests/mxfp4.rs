@@ -12,7 +12,7 @@ use lcut_kernels::isa::ALL;
 use lcut_kernels::quant::{
     Q8Rows, QuantFormat, QuantMatrix, dequantize, matmul, matvec_rows, quantize_mxfp4,
 };
-use lcut_kernels::testdata::{IsaChecks, Rng};
+use lcut_kernels::testdata::{IsaChecks, Rng, dot_with_q8, le_floats};
 
 const BLOCKS: &[u8] = include_bytes!("../../../fixtures/oracle/mxfp4/blocks.bin");
 const VALUES: &[u8] = include_bytes!("../../../fixtures/oracle/mxfp4/values.f32");
@@ -20,17 +20,9 @@ const VALUES: &[u8] = include_bytes!("../../../fixtures/oracle/mxfp4/values.f32"
 const QUANTIZE_INPUT: &[u8] = include_bytes!("../../../fixtures/oracle/mxfp4/quantize_input.f32");
 const QUANTIZED: &[u8] = include_bytes!("../../../fixtures/oracle/mxfp4/quantize_blocks.bin");
 
-/// Little-endian f32s.
-fn floats(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
-}
-
 /// gguf-py's values.
 fn reference() -> Vec<f32> {
-    floats(VALUES)
+    le_floats(VALUES)
 }
 
 /// lcut's quantizer writes gguf-py's blocks byte for byte: scales from
@@ -40,7 +32,7 @@ fn reference() -> Vec<f32> {
 /// a buffer of the wrong size, is refused.
 #[test]
 fn values_quantize_to_gguf_py_blocks() {
-    let values = floats(QUANTIZE_INPUT);
+    let values = le_floats(QUANTIZE_INPUT);
     let mut got = vec![0u8; QUANTIZED.len()];
     quantize_mxfp4(&values, &mut got).expect("whole blocks");
     for (i, (g, w)) in got.chunks(17).zip(QUANTIZED.chunks(17)).enumerate() {
@@ -94,11 +86,7 @@ fn products_equal_the_dot_of_gguf_py_values() {
         matmul(isa, &m, &q, &mut chunk, &mut Vec::new()).expect("shapes");
         for r in 0..rows {
             for i in 0..n {
-                let a = q.row(i);
-                let (want, mag) = (0..cols).fold((0f64, 0f64), |(s, m), j| {
-                    let t = f64::from(w[r * cols + j]) * f64::from(a.q[j]) * f64::from(a.d[j / 32]);
-                    (s + t, m + t.abs())
-                });
+                let (want, mag) = dot_with_q8(&w[r * cols..(r + 1) * cols], &q.row(i));
                 for got in [out[r * n + i], chunk[i * rows + r]] {
                     assert!(
                         (f64::from(got) - want).abs() <= 1e-5 * mag + 1e-6,

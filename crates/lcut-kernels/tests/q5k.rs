@@ -10,17 +10,14 @@ use lcut_kernels::isa::ALL;
 use lcut_kernels::quant::{
     PackedMatrix, Q8Rows, QuantFormat, QuantMatrix, dequantize, matmul, matvec_rows,
 };
-use lcut_kernels::testdata::{IsaChecks, Rng};
+use lcut_kernels::testdata::{IsaChecks, Rng, dot_with_q8, le_floats};
 
 const BLOCKS: &[u8] = include_bytes!("../../../fixtures/oracle/q5k/blocks.bin");
 const VALUES: &[u8] = include_bytes!("../../../fixtures/oracle/q5k/values.f32");
 
 /// gguf-py's values.
 fn reference() -> Vec<f32> {
-    VALUES
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
+    le_floats(VALUES)
 }
 
 #[test]
@@ -78,12 +75,7 @@ fn products_equal_the_dot_of_gguf_py_values() {
             matmul(isa, &view, &q, &mut chunk, &mut Vec::new()).expect("shapes");
             for r in 0..rows {
                 for i in 0..n {
-                    let a = q.row(i);
-                    let (want, mag) = (0..cols).fold((0f64, 0f64), |(s, m), j| {
-                        let t =
-                            f64::from(w[r * cols + j]) * f64::from(a.q[j]) * f64::from(a.d[j / 32]);
-                        (s + t, m + t.abs())
-                    });
+                    let (want, mag) = dot_with_q8(&w[r * cols..(r + 1) * cols], &q.row(i));
                     for got in [out[r * n + i], chunk[i * rows + r]] {
                         assert!(
                             (f64::from(got) - want).abs() <= 1e-5 * mag + 1e-6,
