@@ -128,8 +128,13 @@ impl FlopShape {
         4.0 * self.hidden_size as f64 * (self.num_kv_heads * self.head_dim) as f64
     }
 
+    /// One query reading one key, `2·2·H·h`.
+    fn per_key_flops(&self) -> f64 {
+        4.0 * (self.num_heads * self.head_dim) as f64
+    }
+
     fn attention(&self, key_visits: f64) -> f64 {
-        4.0 * (self.num_heads * self.head_dim) as f64 * key_visits
+        self.per_key_flops() * key_visits
     }
 
     /// Layer `l`'s coefficients (token, per key, K/V projection): its own
@@ -139,7 +144,7 @@ impl FlopShape {
             Some(c) => (c.token as f64, c.per_key as f64, c.kv_projection as f64),
             None => (
                 self.token_layer_flops(),
-                4.0 * (self.num_heads * self.head_dim) as f64,
+                self.per_key_flops(),
                 self.kv_projection_flops(),
             ),
         }
@@ -232,15 +237,14 @@ pub fn policy_prefill_flops(shape: &FlopShape, vis: &dyn Visibility, len: usize)
     let present = vis.accounting().present_per_layer(len);
     let layers: f64 = (0..vis.num_layers())
         .map(|l| {
-            let (_, per_key, kv_projection) = shape.layer(l);
+            let (token, per_key, kv_projection) = shape.layer(l);
             // a layer that reads no key (a linear-attention layer) needs no count
             let visits = if per_key > 0.0 {
                 key_visits(vis, window_of(&shape.windows, l), (l, present[l]), len)
             } else {
                 0.0
             };
-            shape.layer_flops(l, present[l] as f64, visits)
-                + kv_projection * projected_at(vis, l, len)
+            present[l] as f64 * token + per_key * visits + kv_projection * projected_at(vis, l, len)
         })
         .sum();
     layers + shape.lm_head()

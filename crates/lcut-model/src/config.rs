@@ -269,6 +269,19 @@ pub struct LayerAttention {
     pub kv_source: Option<usize>,
 }
 
+impl LayerAttention {
+    /// Heads' worth of K and V rows the layer projects: none where it reads
+    /// another layer's K/V, the keys alone where its values are its keys,
+    /// else keys and values.
+    pub fn projected_kv_heads(&self) -> usize {
+        match (self.kv_source, self.values_from_keys) {
+            (Some(_), _) => 0,
+            (None, true) => self.kv_heads,
+            (None, false) => 2 * self.kv_heads,
+        }
+    }
+}
+
 /// Qwen3.5's linear-attention layers (Gated DeltaNet): which layers they
 /// are and their shape. Each holds no K/V but a fixed-size state: the last
 /// `conv_kernel - 1` inputs of its convolution and, per value head, a

@@ -8,7 +8,7 @@ use std::fmt;
 use candle_core::{DType, Device};
 use lcut_kernels::quant::{GROUP_ROWS, QuantFormat};
 
-use crate::config::{ModelConfig, NormPlacement, QkNorm};
+use crate::config::{LayerAttention, ModelConfig, NormPlacement, QkNorm};
 use crate::decoder::WeightMode;
 use crate::files::ModelFiles;
 
@@ -199,13 +199,9 @@ pub fn parameter_count(cfg: &ModelConfig) -> u64 {
     // each layer's attention of its own shape; a layer that reads another
     // layer's K/V has no K/V projections, one whose values are its keys no
     // V projection
-    let attention = |a: &crate::config::LayerAttention| {
+    let attention = |a: &LayerAttention| {
         let (kv, hd) = (a.kv_heads, a.head_dim);
-        let kv_rows = match (a.kv_source, a.values_from_keys) {
-            (Some(_), _) => 0,
-            (None, true) => kv,
-            (None, false) => 2 * kv,
-        };
+        let kv_rows = a.projected_kv_heads();
         let shared = a.kv_source.is_some();
         let qk_norms = match cfg.qk_norm {
             QkNorm::None => 0,
@@ -329,13 +325,8 @@ pub fn layer_flops(cfg: &ModelConfig) -> Vec<lcut_trace::LayerFlops> {
                     let a = cfg.layer_attention.get(l);
                     let hd = a.map_or(cfg.head_dim, |a| a.head_dim);
                     let q = (cfg.num_heads * hd) as u64;
-                    let kv_rows = a.map_or(2 * cfg.num_kv_heads, |a| {
-                        match (a.kv_source, a.values_from_keys) {
-                            (Some(_), _) => 0,
-                            (None, true) => a.kv_heads,
-                            (None, false) => 2 * a.kv_heads,
-                        }
-                    });
+                    let kv_rows =
+                        a.map_or(2 * cfg.num_kv_heads, LayerAttention::projected_kv_heads);
                     let kv = (kv_rows * hd) as u64;
                     let gate = if cfg.attn_output_gate { 2 * d * q } else { 0 };
                     lcut_trace::LayerFlops {
