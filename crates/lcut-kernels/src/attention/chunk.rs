@@ -12,7 +12,9 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use super::{AttentionSpec, BLOCK, BlockOps, KvCache, KvData, Rows, portable};
+use super::{
+    AttentionSpec, BLOCK, BlockOps, Gather, KvCache, KvData, Rows, Typed, mixed_types, portable,
+};
 use crate::error::{KernelError, Result, check_len};
 use crate::isa::Isa;
 use crate::simd::Element;
@@ -49,11 +51,11 @@ pub fn attend_chunk(
     for i in 0..n {
         let mut last = 0;
         for r in spans.of(i) {
-            if r.start < last || r.end > layout.len {
+            if r.start < last || r.end > cache.len() {
                 return Err(KernelError::Rows {
                     start: r.start,
                     end: r.end,
-                    len: layout.len,
+                    len: cache.len(),
                 });
             }
             last = r.end;
@@ -62,7 +64,7 @@ pub fn attend_chunk(
             return Err(KernelError::Rows {
                 start: 0,
                 end: 0,
-                len: layout.len,
+                len: cache.len(),
             });
         }
     }
@@ -75,7 +77,7 @@ pub fn attend_chunk(
         group: spec.heads / kv,
         spans,
     };
-    with_kv_slices!(isa, cache, |ops, k, v| run(&ops, &chunk, cache, k, v, out));
+    with_typed_cache!(isa, cache, |ops, typed| run(&ops, &chunk, &typed, out));
     Ok(())
 }
 
@@ -91,14 +93,7 @@ struct Chunk<'a> {
 }
 
 /// Every tile in parallel, then their outputs into place.
-fn run<T: Element, O: BlockOps<T>>(
-    ops: &O,
-    c: &Chunk<'_>,
-    cache: &KvCache<'_>,
-    k: &[T],
-    v: &[T],
-    out: &mut [f32],
-) {
+fn run<T: Element, O: BlockOps<T>>(ops: &O, c: &Chunk<'_>, cache: &Typed<'_, T>, out: &mut [f32]) {
     let tiles: Vec<Range<usize>> = (0..c.n)
         .step_by(QUERY_TILE)
         .map(|s| s..c.n.min(s + QUERY_TILE))
@@ -111,7 +106,7 @@ fn run<T: Element, O: BlockOps<T>>(
             let mut o = vec![0f32; t.len() * heads * hd];
             let mut state = TileState::new(t.len(), c.group, hd);
             for g in 0..c.kv {
-                tile(ops, c, cache, (k, v), g, t.clone(), &mut state, &mut o);
+                tile(ops, c, cache, g, t.clone(), &mut state, &mut o);
             }
             o
         })
@@ -152,15 +147,13 @@ impl TileState {
 fn tile<T: Element, O: BlockOps<T>>(
     ops: &O,
     c: &Chunk<'_>,
-    cache: &KvCache<'_>,
-    (k, v): (&[T], &[T]),
+    cache: &Typed<'_, T>,
     g: usize,
     t: Range<usize>,
     st: &mut TileState,
     o: &mut [f32],
 ) {
     let (group, hd, n) = (c.group, c.hd, c.n);
-    let lay = cache.layout;
     let gw = group * hd;
     for (i, qi) in t.clone().enumerate() {
         for gq in 0..group {
@@ -176,6 +169,7 @@ fn tile<T: Element, O: BlockOps<T>>(
     let hi = t.clone().map(|i| c.spans.of(i).last().map_or(0, |r| r.end));
     let hi = hi.max().unwrap_or(0);
     let mut cursor: Vec<usize> = vec![0; t.len()];
+    let mut gather = Gather::default();
     for b in (lo..hi).step_by(BLOCK) {
         let block = b..hi.min(b + BLOCK);
         for (i, qi) in t.clone().enumerate() {
@@ -186,14 +180,6 @@ fn tile<T: Element, O: BlockOps<T>>(
             let mut s = cursor[i];
             while s < spans.len() && spans[s].start < block.end {
                 let piece = spans[s].start.max(block.start)..spans[s].end.min(block.end);
-                let at = g * lay.head_stride + piece.start * lay.row_stride;
-                let end = at + (piece.len() - 1) * lay.row_stride + hd;
-                let rows = |data| Rows {
-                    data,
-                    stride: lay.row_stride,
-                    count: piece.len(),
-                    width: hd,
-                };
                 let state = QueryState {
                     q: &st.q[i * gw..(i + 1) * gw],
                     maxes: &mut st.maxes[i * group..(i + 1) * group],
@@ -201,13 +187,8 @@ fn tile<T: Element, O: BlockOps<T>>(
                     acc: &mut st.acc[i * gw..(i + 1) * gw],
                 };
                 let scores = &mut st.scores[..group * piece.len()];
-                step(
-                    ops,
-                    c,
-                    state,
-                    (rows(&k[at..end]), rows(&v[at..end])),
-                    scores,
-                );
+                let rows = cache.block(g, piece.start, piece.len(), &mut gather);
+                step(ops, c, state, rows, scores);
                 s += 1;
             }
         }

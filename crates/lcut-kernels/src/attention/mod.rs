@@ -52,8 +52,50 @@ impl KvData<'_> {
         }
     }
 
+    /// No values, of this data's type.
+    pub fn empty(&self) -> KvData<'static> {
+        match self {
+            Self::F32(_) => KvData::F32(&[]),
+            Self::F16(_) => KvData::F16(&[]),
+            Self::Bf16(_) => KvData::Bf16(&[]),
+        }
+    }
+
     fn same_type(&self, other: &KvData<'_>) -> bool {
         std::mem::discriminant(self) == std::mem::discriminant(other)
+    }
+}
+
+/// An element type a [`KvData`] may hold, to read one back as a slice.
+pub(crate) trait KvElement: Element {
+    /// The data as a slice of this type, when it holds this type.
+    fn slice<'a>(data: KvData<'a>) -> Option<&'a [Self]>;
+}
+
+impl KvElement for f32 {
+    fn slice<'a>(data: KvData<'a>) -> Option<&'a [Self]> {
+        match data {
+            KvData::F32(x) => Some(x),
+            _ => None,
+        }
+    }
+}
+
+impl KvElement for f16 {
+    fn slice<'a>(data: KvData<'a>) -> Option<&'a [Self]> {
+        match data {
+            KvData::F16(x) => Some(x),
+            _ => None,
+        }
+    }
+}
+
+impl KvElement for bf16 {
+    fn slice<'a>(data: KvData<'a>) -> Option<&'a [Self]> {
+        match data {
+            KvData::Bf16(x) => Some(x),
+            _ => None,
+        }
     }
 }
 
@@ -94,12 +136,32 @@ impl KvLayout {
     }
 }
 
-/// A layer's K/V cache: keys and values of one storage type in one layout.
+/// A layer's K/V cache: keys and values of one storage type in one layout
+/// (its own rows) and, where the cache shares rows with others, rows of
+/// another buffer picked by index, read before its own (see
+/// [`KvCache::with_shared`]).
 #[derive(Debug, Clone, Copy)]
 pub struct KvCache<'a> {
     k: KvData<'a>,
     v: KvData<'a>,
     layout: KvLayout,
+    shared: Option<SharedKv<'a>>,
+}
+
+/// Rows a cache reads from a buffer it shares with other caches (the
+/// prompt's rows of one run, read by every policy forked from it): keys and
+/// values in `layout` (whose `len` is the rows the buffer holds), and, for
+/// each of the cache's first rows, the buffer row it is.
+#[derive(Debug, Clone, Copy)]
+pub struct SharedKv<'a> {
+    /// Keys of the shared buffer.
+    pub k: KvData<'a>,
+    /// Values of the shared buffer.
+    pub v: KvData<'a>,
+    /// The shared buffer's layout.
+    pub layout: KvLayout,
+    /// The buffer row of each of the cache's first `rows.len()` rows.
+    pub rows: &'a [u32],
 }
 
 impl<'a> KvCache<'a> {
@@ -125,12 +187,173 @@ impl<'a> KvCache<'a> {
                 });
             }
         }
-        Ok(Self { k, v, layout })
+        Ok(Self {
+            k,
+            v,
+            layout,
+            shared: None,
+        })
     }
 
-    /// The layout.
+    /// This cache reading `shared`'s rows before its own: row i of the
+    /// cache is buffer row `shared.rows[i]` of the shared buffer for i below
+    /// `shared.rows.len()`, its own row `i - shared.rows.len()` after. The
+    /// arithmetic over a row does not depend on where it is stored, so a
+    /// cache that shares rows attends as one holding copies of them.
+    pub fn with_shared(self, shared: SharedKv<'a>) -> Result<Self> {
+        let (lay, own) = (shared.layout, self.layout);
+        if !shared.k.same_type(&self.k) || !shared.v.same_type(&self.v) {
+            return Err(KernelError::Heads(
+                "shared and own keys and values must be stored in the same type".into(),
+            ));
+        }
+        if (lay.kv_heads, lay.head_dim) != (own.kv_heads, own.head_dim) {
+            return Err(KernelError::Heads(format!(
+                "shared rows of {} K/V heads of {} values beside own rows of {} of {}",
+                lay.kv_heads, lay.head_dim, own.kv_heads, own.head_dim
+            )));
+        }
+        // the shared buffer covers its layout
+        Self::new(shared.k, shared.v, lay)?;
+        if let Some(&row) = shared.rows.iter().max()
+            && row as usize >= lay.len
+        {
+            return Err(KernelError::Rows {
+                start: row as usize,
+                end: row as usize + 1,
+                len: lay.len,
+            });
+        }
+        Ok(Self {
+            shared: Some(shared),
+            ..self
+        })
+    }
+
+    /// The layout of the cache's own rows.
     pub fn layout(&self) -> KvLayout {
         self.layout
+    }
+
+    /// Rows the cache holds: the shared rows it reads, then its own.
+    pub fn len(&self) -> usize {
+        self.shared.map_or(0, |s| s.rows.len()) + self.layout.len
+    }
+
+    /// True when the cache holds no row.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The cache as slices of its element type `T` (`None` when it holds
+    /// another type).
+    fn typed<T: KvElement>(&self) -> Option<Typed<'a, T>> {
+        let shared = match self.shared {
+            Some(s) => Some(TypedShared {
+                k: T::slice(s.k)?,
+                v: T::slice(s.v)?,
+                layout: s.layout,
+                rows: s.rows,
+            }),
+            None => None,
+        };
+        Some(Typed {
+            k: T::slice(self.k)?,
+            v: T::slice(self.v)?,
+            layout: self.layout,
+            shared,
+        })
+    }
+}
+
+/// A [`KvCache`] read as slices of its element type.
+#[derive(Clone, Copy)]
+pub(crate) struct Typed<'a, T> {
+    k: &'a [T],
+    v: &'a [T],
+    layout: KvLayout,
+    shared: Option<TypedShared<'a, T>>,
+}
+
+/// The shared rows of a [`Typed`] cache.
+#[derive(Clone, Copy)]
+struct TypedShared<'a, T> {
+    k: &'a [T],
+    v: &'a [T],
+    layout: KvLayout,
+    rows: &'a [u32],
+}
+
+/// Row tables of one block of gathered rows (rows that are not equally
+/// spaced in one buffer): kept between blocks so that a block allocates
+/// nothing.
+pub(crate) struct Gather<'a, T> {
+    keys: Vec<&'a [T]>,
+    values: Vec<&'a [T]>,
+}
+
+impl<T> Default for Gather<'_, T> {
+    fn default() -> Self {
+        Self {
+            keys: Vec::new(),
+            values: Vec::new(),
+        }
+    }
+}
+
+impl<'a, T: Element> Typed<'a, T> {
+    /// Keys and values of the `count` cache rows from `start` of K/V head
+    /// `g`: equally spaced rows of one buffer where they are the cache's own,
+    /// else gathered row by row into `gather`'s tables.
+    pub(crate) fn block<'t>(
+        &self,
+        g: usize,
+        start: usize,
+        count: usize,
+        gather: &'t mut Gather<'a, T>,
+    ) -> (Rows<'t, T>, Rows<'t, T>)
+    where
+        'a: 't,
+    {
+        let (lay, hd) = (self.layout, self.layout.head_dim);
+        let shared_rows = self.shared.map_or(0, |s| s.rows.len());
+        if start >= shared_rows {
+            let at = g * lay.head_stride + (start - shared_rows) * lay.row_stride;
+            let end = at + (count - 1) * lay.row_stride + hd;
+            let rows = |data| Rows {
+                data,
+                stride: lay.row_stride,
+                count,
+                width: hd,
+                gathered: &[],
+            };
+            return (rows(&self.k[at..end]), rows(&self.v[at..end]));
+        }
+        gather.keys.clear();
+        gather.values.clear();
+        for row in start..start + count {
+            let (k, v, at) = match self.shared {
+                Some(s) if row < shared_rows => {
+                    let sl = s.layout;
+                    let at = g * sl.head_stride + s.rows[row] as usize * sl.row_stride;
+                    (s.k, s.v, at)
+                }
+                _ => {
+                    let at = g * lay.head_stride + (row - shared_rows) * lay.row_stride;
+                    (self.k, self.v, at)
+                }
+            };
+            gather.keys.push(&k[at..at + hd]);
+            gather.values.push(&v[at..at + hd]);
+        }
+        let rows = |gathered: &'t [&'a [T]]| Rows {
+            data: &[],
+            stride: 0,
+            count,
+            width: hd,
+            gathered,
+        };
+        (rows(&gather.keys), rows(&gather.values))
     }
 }
 
@@ -196,13 +419,27 @@ pub struct AttentionScratch {
     scores: Vec<f32>,
 }
 
-/// `count` rows of `width` values, `stride` apart, starting at `data[0]`.
+/// `count` rows of `width` values, `stride` apart, starting at `data[0]`,
+/// or, where `gathered` is not empty, the rows it lists (rows of a shared
+/// buffer picked by index).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Rows<'a, T> {
     pub data: &'a [T],
     pub stride: usize,
     pub count: usize,
     pub width: usize,
+    pub gathered: &'a [&'a [T]],
+}
+
+impl<'a, T> Rows<'a, T> {
+    /// Row `j`'s `width` values.
+    #[inline(always)]
+    pub(crate) fn row(&self, j: usize) -> &'a [T] {
+        match self.gathered.is_empty() {
+            true => &self.data[j * self.stride..j * self.stride + self.width],
+            false => &self.gathered[j][..self.width],
+        }
+    }
 }
 
 /// The per-block steps each instruction-set level provides.
@@ -244,22 +481,32 @@ macro_rules! with_best_ops {
     }};
 }
 
-/// `$body` with `$ops` bound as by [`with_best_ops`] and `$k`, `$v` to the
-/// cache's keys and values as slices of their one element type; a cache
-/// whose keys and values differ in type returns an error from the caller.
-macro_rules! with_kv_slices {
-    ($isa:expr, $cache:expr, |$ops:ident, $k:ident, $v:ident| $body:expr) => {
-        match ($cache.k, $cache.v) {
-            (KvData::F32($k), KvData::F32($v)) => with_best_ops!($isa, |$ops| $body),
-            (KvData::F16($k), KvData::F16($v)) => with_best_ops!($isa, |$ops| $body),
-            (KvData::Bf16($k), KvData::Bf16($v)) => with_best_ops!($isa, |$ops| $body),
-            _ => {
-                return Err(KernelError::Heads(
-                    "keys and values must be stored in the same type".into(),
-                ));
+/// `$body` with `$ops` bound as by [`with_best_ops`] and `$cache` to the
+/// cache read as slices of its one element type ([`Typed`]); a cache whose
+/// keys and values differ in type returns an error from the caller.
+macro_rules! with_typed_cache {
+    ($isa:expr, $kv:expr, |$ops:ident, $cache:ident| $body:expr) => {
+        match ($kv.k, $kv.v) {
+            (KvData::F32(_), KvData::F32(_)) => {
+                let $cache = $kv.typed::<f32>().ok_or_else(mixed_types)?;
+                with_best_ops!($isa, |$ops| $body)
             }
+            (KvData::F16(_), KvData::F16(_)) => {
+                let $cache = $kv.typed::<half::f16>().ok_or_else(mixed_types)?;
+                with_best_ops!($isa, |$ops| $body)
+            }
+            (KvData::Bf16(_), KvData::Bf16(_)) => {
+                let $cache = $kv.typed::<half::bf16>().ok_or_else(mixed_types)?;
+                with_best_ops!($isa, |$ops| $body)
+            }
+            _ => return Err(mixed_types()),
         }
     };
+}
+
+/// The error of a cache whose keys and values are of different types.
+fn mixed_types() -> KernelError {
+    KernelError::Heads("keys and values must be stored in the same type".into())
 }
 
 mod chunk;
@@ -288,8 +535,8 @@ pub fn attend(
     scratch: &mut AttentionScratch,
 ) -> Result<()> {
     let call = Call::new(spec, q, cache, rows, current, out.len(), probs.as_deref())?;
-    with_kv_slices!(isa, cache, |ops, k, v| run(
-        &ops, &call, k, v, out, probs, scratch
+    with_typed_cache!(isa, cache, |ops, typed| run(
+        &ops, &call, &typed, out, probs, scratch
     ));
     Ok(())
 }
@@ -330,11 +577,11 @@ impl<'a> Call<'a> {
         spec.check_sinks()?;
         let mut last = 0;
         for r in rows {
-            if r.start < last || r.start > r.end || r.end > layout.len {
+            if r.start < last || r.start > r.end || r.end > cache.len() {
                 return Err(KernelError::Rows {
                     start: r.start,
                     end: r.end,
-                    len: layout.len,
+                    len: cache.len(),
                 });
             }
             last = r.end;
@@ -349,7 +596,7 @@ impl<'a> Call<'a> {
             return Err(KernelError::Rows {
                 start: 0,
                 end: 0,
-                len: layout.len,
+                len: cache.len(),
             });
         }
         if let Some(p) = probs {
@@ -389,8 +636,7 @@ fn part_bounds(total: usize, parallel: bool) -> Vec<Range<usize>> {
 fn run<T: Element, O: BlockOps<T>>(
     ops: &O,
     call: &Call<'_>,
-    k: &[T],
-    v: &[T],
+    cache: &Typed<'_, T>,
     out: &mut [f32],
     probs: Option<&mut [f32]>,
     scratch: &mut AttentionScratch,
@@ -405,7 +651,7 @@ fn run<T: Element, O: BlockOps<T>>(
         scratch.scores.resize(heads * call.total, 0.0);
     }
     let one = |range: Range<usize>, state: &mut [f32], scores: &mut [f32]| {
-        part(ops, call, k, v, range, state, scores);
+        part(ops, call, cache, range, state, scores);
     };
     match (parts.len(), want_probs) {
         (0, _) => {}
@@ -452,8 +698,7 @@ fn pieces(rows: &[Range<usize>], range: Range<usize>) -> impl Iterator<Item = (u
 fn part<T: Element, O: BlockOps<T>>(
     ops: &O,
     call: &Call<'_>,
-    k: &[T],
-    v: &[T],
+    cache: &Typed<'_, T>,
     range: Range<usize>,
     state: &mut [f32],
     scores: &mut [f32],
@@ -469,26 +714,12 @@ fn part<T: Element, O: BlockOps<T>>(
     acc.fill(0.0);
     let part_len = range.len();
     let mut done = 0;
+    let mut gather = Gather::default();
     for (first, count) in pieces(call.rows, range) {
         for start in (first..first + count).step_by(BLOCK) {
             let n = BLOCK.min(first + count - start);
             for g in 0..lay.kv_heads {
-                let at = g * lay.head_stride + start * lay.row_stride;
-                let end = at + (n - 1) * lay.row_stride + hd;
-                let (keys, values) = (
-                    Rows {
-                        data: &k[at..end],
-                        stride: lay.row_stride,
-                        count: n,
-                        width: hd,
-                    },
-                    Rows {
-                        data: &v[at..end],
-                        stride: lay.row_stride,
-                        count: n,
-                        width: hd,
-                    },
-                );
+                let (keys, values) = cache.block(g, start, n, &mut gather);
                 let qg = &call.q[g * group * hd..(g + 1) * group * hd];
                 let s = &mut block[..group * n];
                 ops.scores(qg, group, keys, call.spec.scale, s);

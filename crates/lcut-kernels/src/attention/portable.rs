@@ -12,7 +12,7 @@ impl<T: Element> BlockOps<T> for Ops {
     fn scores(&self, q: &[f32], groups: usize, keys: Rows<'_, T>, scale: f32, out: &mut [f32]) {
         let w = keys.width;
         for j in 0..keys.count {
-            let key = &keys.data[j * keys.stride..j * keys.stride + w];
+            let key = keys.row(j);
             for g in 0..groups {
                 let qg = &q[g * w..(g + 1) * w];
                 let dot: f32 = qg.iter().zip(key).map(|(a, b)| a * b.to_f32()).sum();
@@ -24,7 +24,7 @@ impl<T: Element> BlockOps<T> for Ops {
     fn accumulate(&self, p: &[f32], groups: usize, values: Rows<'_, T>, acc: &mut [f32]) {
         let w = values.width;
         for j in 0..values.count {
-            let value = &values.data[j * values.stride..j * values.stride + w];
+            let value = values.row(j);
             for g in 0..groups {
                 let pj = p[g * values.count + j];
                 let ag = &mut acc[g * w..(g + 1) * w];

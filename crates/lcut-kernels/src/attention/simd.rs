@@ -248,8 +248,7 @@ unsafe fn scores_hd<L: Level, T: Widen<L>, const G: usize, const CH: usize>(
         while j + 4 <= count {
             let mut acc = [[L::zero(); 4]; G];
             for k in 0..4 {
-                let at = (j + k) * keys.stride;
-                let row = &keys.data[at..at + w];
+                let row = keys.row(j + k);
                 for c in 0..CH {
                     let kv = T::widen(&row[lanes * c..]);
                     for g in 0..G {
@@ -269,8 +268,7 @@ unsafe fn scores_hd<L: Level, T: Widen<L>, const G: usize, const CH: usize>(
             j += 4;
         }
         while j < count {
-            let at = j * keys.stride;
-            let row = &keys.data[at..at + w];
+            let row = keys.row(j);
             let mut acc = [L::zero(); G];
             for c in 0..CH {
                 let kv = T::widen(&row[lanes * c..]);
@@ -304,7 +302,7 @@ unsafe fn scores_n<L: Level, T: Widen<L>, const G: usize>(
 ) {
     let w = keys.width;
     for j in 0..keys.count {
-        let key = &keys.data[j * keys.stride..j * keys.stride + w];
+        let key = keys.row(j);
         // SAFETY: passed on from the caller.
         unsafe {
             let mut acc = [L::zero(); G];
@@ -381,8 +379,8 @@ unsafe fn accumulate_n<L: Level, T: Widen<L>, const G: usize, const CH: usize>(
                     *x = L::load(acc, (g0 + g) * w + d + lanes * c);
                 }
             }
-            let rows = values.data.chunks(values.stride).take(count);
-            for (j, row) in rows.enumerate() {
+            for j in 0..count {
+                let row = values.row(j);
                 let row = &row[d..d + lanes * CH];
                 let mut v = [L::zero(); CH];
                 for (c, x) in v.iter_mut().enumerate() {
