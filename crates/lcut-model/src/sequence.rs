@@ -303,7 +303,7 @@ impl Sequence {
                 let share = &self.sharing;
                 let per_head = share.heads_differ(rule.as_ref(), l);
                 let heads = self.kv_heads.get(l).copied().unwrap_or(0);
-                let mut c = c.filtered_by_head(heads, per_head, |h, p| {
+                let mut c = c.branch_by_head(heads, per_head, |h, p| {
                     share.readers(l).any(|r| rule.token_exists(r, p))
                         || match per_head {
                             true => share.head_retains(rule.as_ref(), l, h, p),
@@ -372,7 +372,7 @@ impl Sequence {
             .iter()
             .enumerate()
             .map(|(l, c)| {
-                let mut c = c.filtered(|p| l < below && rule.token_exists(l, p))?;
+                let mut c = c.branch(|p| l < below && rule.token_exists(l, p))?;
                 c.forget_checks();
                 Ok(c)
             })
@@ -388,8 +388,10 @@ impl Sequence {
         Ok(self.successor(policy, rule, caches, recurrent))
     }
 
-    /// An independent copy of this state (the caches' tokens copied), to
-    /// continue it in two ways.
+    /// An independent copy of this state, to continue it in two ways: the
+    /// copy reads the rows held from this state's buffers rather than
+    /// copying them ([`LayerCache::fork`]), and neither ever changes a row
+    /// the other reads.
     pub fn fork(&self) -> Result<Sequence> {
         self.copied_under(self.policy, self.rule.clone())
     }

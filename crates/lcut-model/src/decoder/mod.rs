@@ -34,6 +34,8 @@ pub use flash::{
 };
 pub(crate) use pass::ChunkRows;
 pub use reads::BatchSoftmax;
+#[cfg(test)]
+pub(crate) use step::read_group_rows;
 pub use step::{StepScratch, Unfused};
 
 use candle_core::{D, DType, Device, Tensor};
@@ -438,16 +440,38 @@ impl Decoder {
     /// ([`crate::memory::window_cache_rows`]) where the policy's count
     /// ([`Decoder::kv_bytes_for`]) holds one window.
     pub fn kv_bytes_reserved(&self, rule: &dyn lcut_policy::Visibility, len: usize) -> u64 {
+        self.kv_bytes_by_layer(|l, window| {
+            crate::memory::window_cache_rows(window, rule.accounting().kv_rows(l, 0, len))
+        })
+    }
+
+    /// Bytes of the K/V buffers a sequence under `rule` allocates itself to
+    /// run `len` tokens when it branches from a run of its first
+    /// `prompt_len` tokens and reads the prompt rows it keeps from that
+    /// run's buffers ([`crate::memory::branch_cache_rows`]).
+    pub fn kv_bytes_branch_reserved(
+        &self,
+        rule: &dyn lcut_policy::Visibility,
+        prompt_len: usize,
+        len: usize,
+    ) -> u64 {
+        self.kv_bytes_by_layer(|l, window| {
+            let rows = |n| rule.accounting().kv_rows(l, 0, n);
+            crate::memory::branch_cache_rows(window, rows(prompt_len), rows(len))
+        })
+    }
+
+    /// Bytes of the K/V buffers of `rows(layer, window)` rows in each
+    /// layer that stores K/V.
+    fn kv_bytes_by_layer(&self, rows: impl Fn(usize, Option<usize>) -> usize) -> u64 {
         let bytes = self.kv_dtype.size_in_bytes() as u64;
         self.layers
             .iter()
             .enumerate()
             .filter(|(l, _)| self.sharing.stores(*l))
             .map(|(l, layer)| {
-                let rows = rule.accounting().kv_rows(l, 0, len);
-                let rows = crate::memory::window_cache_rows(layer.window, rows) as u64;
                 let row = 2 * (layer.attn.num_kv_heads() * layer.attn.head_dim()) as u64 * bytes;
-                rows * row
+                rows(l, layer.window) as u64 * row
             })
             .sum()
     }

@@ -17,7 +17,7 @@ use std::ops::Range;
 use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
 use lcut_kernels::Isa;
 use lcut_kernels::attention::{
-    AttentionScratch, AttentionSpec, CurrentKv, KvCache, KvData, KvLayout, attend,
+    AttentionScratch, AttentionSpec, CurrentKv, KvCache, KvData, KvLayout, SharedKv, attend,
 };
 use lcut_kernels::ops;
 use lcut_kernels::ops::GateActivation;
@@ -1117,7 +1117,8 @@ fn attend_cache(
 }
 
 /// `f` over the rows K/V heads `heads` hold in `cache`, as the kernels read
-/// them, in place, or over `None` when they hold nothing.
+/// them, in place (rows the cache reads from a shared buffer included), or
+/// over `None` when they hold nothing.
 pub(super) fn with_group_view<R>(
     cache: &LayerCache,
     heads: Range<usize>,
@@ -1126,34 +1127,114 @@ pub(super) fn with_group_view<R>(
     let Some(b) = cache.buffers(heads) else {
         return f(None);
     };
-    let (buffer_heads, capacity, hd) = b.k.dims3()?;
-    let (first, end) = b.heads;
+    let own_guards = b
+        .own
+        .map(|o| (o.k.storage_and_layout(), o.v.storage_and_layout()));
+    let shared_guards = b
+        .shared
+        .map(|s| (s.k.storage_and_layout(), s.v.storage_and_layout()));
+    let own = match (&b.own, &own_guards) {
+        (Some(o), Some(((kg, kl), (vg, vl)))) => {
+            let (buffer_heads, capacity, hd) = o.k.dims3()?;
+            let (first, end) = heads_of(o.heads, buffer_heads)?;
+            // the group's first head, from its first live row
+            let offset = first * capacity * hd + o.start * hd;
+            Some((
+                cpu_rows(kg, kl.start_offset() + offset)?,
+                cpu_rows(vg, vl.start_offset() + offset)?,
+                KvLayout::head_major(end - first, hd, capacity, o.len),
+            ))
+        }
+        _ => None,
+    };
+    let shared = match (&b.shared, &shared_guards) {
+        (Some(s), Some(((kg, kl), (vg, vl)))) => {
+            let (buffer_heads, capacity, hd) = s.k.dims3()?;
+            let (first, end) = heads_of(s.heads, buffer_heads)?;
+            let offset = first * capacity * hd;
+            Some(SharedKv {
+                k: cpu_rows(kg, kl.start_offset() + offset)?,
+                v: cpu_rows(vg, vl.start_offset() + offset)?,
+                layout: KvLayout::head_major(end - first, hd, capacity, capacity),
+                rows: s.rows,
+            })
+        }
+        _ => None,
+    };
+    let view = match (own, shared) {
+        (Some((k, v, layout)), None) => KvCache::new(k, v, layout)?,
+        (own, Some(shared)) => {
+            let (k, v, layout) = own.unwrap_or_else(|| {
+                let lay = shared.layout;
+                let none = KvLayout::head_major(lay.kv_heads, lay.head_dim, 0, 0);
+                (shared.k.empty(), shared.v.empty(), none)
+            });
+            KvCache::new(k, v, layout)?.with_shared(shared)?
+        }
+        (None, None) => return f(None),
+    };
+    f(Some(&view))
+}
+
+/// Heads `first..end` of a buffer of `buffer_heads`, checked.
+fn heads_of((first, end): (usize, usize), buffer_heads: usize) -> Result<(usize, usize)> {
     if end > buffer_heads || first >= end {
         return Err(ModelError::Kernel(lcut_kernels::KernelError::Heads(
             format!("K/V heads {first}..{end} of a cache of {buffer_heads}"),
         )));
     }
-    let layout = KvLayout::head_major(end - first, hd, capacity, b.len);
-    // the group's first head, from its first live row
-    let offset = first * capacity * hd + b.start * hd;
-    let (kg, kl) = b.k.storage_and_layout();
-    let (vg, vl) = b.v.storage_and_layout();
-    let (ko, vo) = (kl.start_offset() + offset, vl.start_offset() + offset);
-    let view = match (&*kg, &*vg) {
-        (Storage::Cpu(CpuStorage::F32(a)), Storage::Cpu(CpuStorage::F32(b))) => {
-            KvCache::new(KvData::F32(&a[ko..]), KvData::F32(&b[vo..]), layout)?
-        }
-        (Storage::Cpu(CpuStorage::F16(a)), Storage::Cpu(CpuStorage::F16(b))) => {
-            KvCache::new(KvData::F16(&a[ko..]), KvData::F16(&b[vo..]), layout)?
-        }
-        (Storage::Cpu(CpuStorage::BF16(a)), Storage::Cpu(CpuStorage::BF16(b))) => {
-            KvCache::new(KvData::Bf16(&a[ko..]), KvData::Bf16(&b[vo..]), layout)?
-        }
+    Ok((first, end))
+}
+
+/// A K/V buffer's values from element `offset`, as the kernels read them.
+fn cpu_rows(storage: &Storage, offset: usize) -> Result<KvData<'_>> {
+    Ok(match storage {
+        Storage::Cpu(CpuStorage::F32(a)) => KvData::F32(&a[offset..]),
+        Storage::Cpu(CpuStorage::F16(a)) => KvData::F16(&a[offset..]),
+        Storage::Cpu(CpuStorage::BF16(a)) => KvData::Bf16(&a[offset..]),
         _ => {
             return Err(ModelError::Kernel(lcut_kernels::KernelError::Heads(
                 "the K/V cache is not an f32, f16 or bf16 CPU buffer".into(),
             )));
         }
+    })
+}
+
+/// The rows K/V heads `heads` of `cache` hold, as the kernels read them:
+/// for each head, each row's keys (tests of the cache's buffers).
+#[cfg(test)]
+pub(crate) fn read_group_rows(cache: &LayerCache, heads: Range<usize>) -> anyhow::Result<Vec<f32>> {
+    use lcut_kernels::attention::QuerySpans;
+    let Ok(n) = with_group_view(cache, heads.clone(), |v| Ok(v.map_or(0, |v| v.len()))) else {
+        anyhow::bail!("no view");
     };
-    f(Some(&view))
+    let (kv, hd) = (heads.len(), 2);
+    let mut out = Vec::new();
+    // one query per row whose scores pick that row alone: an output equal to
+    // the row's value (keys equal values in these tests)
+    for r in 0..n {
+        let mut spans = QuerySpans::new();
+        spans.push_query(std::iter::once(r..r + 1));
+        let q = vec![0f32; kv * hd];
+        let mut o = vec![0f32; kv * hd];
+        let spec = AttentionSpec {
+            heads: kv,
+            scale: 1.0,
+            softcap: None,
+            sinks: None,
+        };
+        with_group_view(cache, heads.clone(), |v| {
+            let v = v.ok_or(ModelError::MissingLogits)?;
+            lcut_kernels::attention::attend_chunk(Isa::Portable, &spec, &q, v, &spans, &mut o)?;
+            Ok(())
+        })?;
+        out.push(o);
+    }
+    // [row][head][dim] -> [head][row][dim]
+    Ok((0..kv)
+        .flat_map(|h| {
+            out.iter()
+                .flat_map(move |o| o[h * hd..(h + 1) * hd].to_vec())
+        })
+        .collect())
 }
