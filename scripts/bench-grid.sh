@@ -18,7 +18,7 @@ P=full,speed+bos,slim,swiftkv+bos,streamingllm,snapkv,pyramidkv,knorm,tova,expec
 mkdir -p runs
 "$new" suite --ruler 4k --model "$M" --samples 1 --tasks niah_single_1 --out runs/bench-grid.jsonl >/dev/null
 export RAYON_NUM_THREADS=2 CANDLE_NUM_THREADS=2
-isa=$(grep -o -m1 -w 'avx512f\|avx2' /proc/cpuinfo || echo portable)
+isa=$(grep -q -w avx512f /proc/cpuinfo && echo avx512f || { grep -q -w avx2 /proc/cpuinfo && echo avx2; } || echo portable)
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-) ($isa)"
 timed() { # label command...
   local s e; s=$(date +%s.%N); "${@:2}" >/dev/null 2>&1; e=$(date +%s.%N)

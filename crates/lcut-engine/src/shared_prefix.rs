@@ -178,6 +178,30 @@ pub fn routes(model: &Decoder, prompt: &PreparedPrompt, policies: &[Policy]) -> 
         .collect()
 }
 
+/// The layers, from the bottom, whose prompt rows a branch of `policy`
+/// taken by `route` reads from the shared run (the branch computes the
+/// rest of its K/V itself): every layer for a restricted or retargeted
+/// branch, those below the first cut for a staged one, those below where
+/// the prompt leaves for a projected one, none for a policy that runs alone.
+pub(crate) fn layers_shared(
+    model: &Decoder,
+    prompt: &PreparedPrompt,
+    policy: &Policy,
+    route: Route,
+) -> Result<usize> {
+    let layers = model.config().num_layers;
+    Ok(match route {
+        Route::Restricted | Route::Retargeted => layers,
+        Route::Staged => staged_from_full(model, policy).unwrap_or(0),
+        Route::Projected => {
+            let rule = policy.visibility(prompt.phases(policy)?);
+            let exits = model.projected_exits(rule.as_ref(), prompt.decode_start);
+            exits.first().copied().unwrap_or(0)
+        }
+        Route::Alone(_) => 0,
+    })
+}
+
 /// How `policy` takes its state from a shared run that observed for
 /// `presses`.
 fn route(model: &Decoder, presses: &[Policy], policy: &Policy, phases: TokenPhases) -> Route {

@@ -224,6 +224,8 @@ impl Rows {
             return;
         }
         self.positions.drain(..n);
+        // the room asked for counted the rows dropped
+        self.reserved = self.reserved.saturating_sub(n);
         let ns = self.shared_len();
         if let Some(s) = &mut self.shared {
             s.rows.drain(..n.min(ns));

@@ -399,6 +399,15 @@ pub fn window_cache_rows(window: Option<usize>, rows: usize) -> usize {
     window.map_or(rows, |w| rows.min(2 * w))
 }
 
+/// Rows a layer's cache allocates itself in a branch that reads the
+/// `prompt_rows` it keeps of the prompt from the run it branched from
+/// ([`crate::LayerCache::fork`]) and holds `rows` in all at the end: room
+/// for the rows still to come ([`crate::Sequence::reserve`]), which on a
+/// sliding layer is at most twice its window ([`window_cache_rows`]).
+pub fn branch_cache_rows(window: Option<usize>, prompt_rows: usize, rows: usize) -> usize {
+    window_cache_rows(window, rows.saturating_sub(prompt_rows))
+}
+
 /// Peak memory of a generation of `total_len` tokens (prompt and new) of a
 /// model of `cfg` in `dtype`, prefilled in chunks of `chunk`, whose caches
 /// hold `kv_bytes` at the end, with attention blocks of at most
@@ -582,6 +591,25 @@ mod tests {
             let (now, peak) = resident_bytes().expect("a Linux process has a status");
             assert!(now > 0 && peak >= now);
         }
+    }
+
+    /// A branch allocates room for the rows it does not read from the run it
+    /// branched from: every decode-phase row on a full layer, at most twice
+    /// the window on a sliding one.
+    #[test]
+    fn a_branch_makes_room_for_the_rows_it_does_not_share() {
+        // a 4,000-token prompt, 128 new tokens
+        assert_eq!(branch_cache_rows(None, 4000, 4128), 128);
+        // SPEED above the cut: BoS shared, the new tokens its own
+        assert_eq!(branch_cache_rows(None, 1, 129), 128);
+        assert_eq!(branch_cache_rows(Some(512), 4000, 4128), 128);
+        // a long generation under a short window: room for two windows
+        assert_eq!(branch_cache_rows(Some(64), 100, 1100), 128);
+        // nothing shared: the room of a cache of its own
+        assert_eq!(
+            branch_cache_rows(Some(512), 0, 4128),
+            window_cache_rows(Some(512), 4128)
+        );
     }
 
     /// The memory line counts a sliding layer at the room its cache keeps,

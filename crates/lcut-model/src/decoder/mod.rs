@@ -447,17 +447,22 @@ impl Decoder {
 
     /// Bytes of the K/V buffers a sequence under `rule` allocates itself to
     /// run `len` tokens when it branches from a run of its first
-    /// `prompt_len` tokens and reads the prompt rows it keeps from that
-    /// run's buffers ([`crate::memory::branch_cache_rows`]).
+    /// `prompt_len` tokens and reads the prompt rows it keeps in the layers
+    /// below `shared_below` from that run's buffers
+    /// ([`crate::memory::branch_cache_rows`]); from `shared_below` up it
+    /// holds all of its rows itself.
     pub fn kv_bytes_branch_reserved(
         &self,
         rule: &dyn lcut_policy::Visibility,
-        prompt_len: usize,
-        len: usize,
+        (prompt_len, len): (usize, usize),
+        shared_below: usize,
     ) -> u64 {
         self.kv_bytes_by_layer(|l, window| {
             let rows = |n| rule.accounting().kv_rows(l, 0, n);
-            crate::memory::branch_cache_rows(window, rows(prompt_len), rows(len))
+            match l < shared_below {
+                true => crate::memory::branch_cache_rows(window, rows(prompt_len), rows(len)),
+                false => crate::memory::window_cache_rows(window, rows(len)),
+            }
         })
     }
 

@@ -1,0 +1,89 @@
+//! A branch of a prompt run (the full model's generation, SPEED, a kept
+//! prompt prefix) reads the prompt rows it keeps from the run's buffers and
+//! allocates only the rows it computes itself, as many as
+//! `Decoder::kv_bytes_branch_reserved` counts for the memory line: on full
+//! layers and sliding ones, on every reference case. The run it branched
+//! from goes on unchanged, and the branch holds what its policy keeps.
+
+mod common;
+
+use anyhow::{Result, ensure};
+use lcut_model::{DType, Decoder, Device, LogitRows, Sequence};
+use lcut_policy::{Policy, PolicySpec, TokenPhases};
+use lcut_testkit::{ORACLE_CASES, oracle_case};
+
+/// The ids of a reference case and its decode start.
+fn ids_of(name: &str) -> Result<(Vec<u32>, usize)> {
+    let dir = oracle_case(name);
+    let reference = candle_core::safetensors::load(dir.join("swiftkv.safetensors"), &Device::Cpu)?;
+    let ids: Vec<u32> = reference["input_ids"].to_dtype(DType::U32)?.to_vec1()?;
+    let s = reference["decode_start"].to_vec1::<i64>()?[0] as usize;
+    Ok((ids, s))
+}
+
+fn resolve(model: &Decoder, text: &str, ids: usize, s: usize) -> Result<(Policy, TokenPhases)> {
+    let policy = text
+        .parse::<PolicySpec>()?
+        .resolve(model.config().num_layers)?;
+    let anchors = policy.anchor_len(None, s)?;
+    Ok((policy, TokenPhases::new(ids, s, anchors)?))
+}
+
+fn allocated(seq: &Sequence) -> u64 {
+    seq.kv_bytes_allocated()
+}
+
+#[test]
+fn a_branch_allocates_the_rows_the_memory_line_counts() -> Result<()> {
+    for name in ORACLE_CASES {
+        let model = Decoder::load(&oracle_case(name), DType::F32, &Device::Cpu)?;
+        let (ids, s) = ids_of(name)?;
+        let t = ids.len();
+        let layers = model.config().num_layers;
+        let (full, phases) = resolve(&model, "full", t, s)?;
+        let mut run = model.new_sequence(full, phases)?;
+        run.reserve(t);
+        model.forward(&mut run, &ids[..s], LogitRows::None, None)?;
+        let (run_held, run_allocated) = (run.kv_bytes_held(), allocated(&run));
+        for text in ["full", "speed:2+bos", "speed:1"] {
+            let (policy, phases) = resolve(&model, text, t, s)?;
+            let mut branch = run.restricted(policy, phases)?;
+            ensure!(
+                allocated(&branch) == 0,
+                "{name} {text}: a branch copied {} bytes of the prompt",
+                allocated(&branch)
+            );
+            branch.reserve(t);
+            for i in s..t {
+                model.forward(&mut branch, &ids[i..i + 1], LogitRows::Last, None)?;
+            }
+            let rule = policy.visibility(phases);
+            let counted = model.kv_bytes_branch_reserved(rule.as_ref(), (s, t), layers);
+            ensure!(
+                allocated(&branch) == counted,
+                "{name} {text}: the branch allocated {} bytes, the memory line counts {counted}",
+                allocated(&branch)
+            );
+            // what the policy holds is what it would hold alone
+            let alone = model.kv_bytes_for(
+                &policy,
+                &lcut_policy::KvCost {
+                    anchors: phases.anchor_len(),
+                    prefill: phases.prefill_len(),
+                    decode: t - s,
+                },
+            );
+            let windowed = model.config().sliding_window.iter().any(Option::is_some);
+            ensure!(
+                windowed || branch.kv_bytes_held() == alone,
+                "{name} {text}: holds {} bytes, the policy keeps {alone}",
+                branch.kv_bytes_held()
+            );
+        }
+        ensure!(
+            (run.kv_bytes_held(), allocated(&run)) == (run_held, run_allocated),
+            "{name}: the run changed under its branches"
+        );
+    }
+    Ok(())
+}
