@@ -37,9 +37,9 @@ use crate::shared_prefix::{Route, SharedPrefix, layers_shared, routes};
 /// The part of the memory free that a run plans its items' groups for:
 /// three quarters, the rest left to what the estimate leaves out (the
 /// allocator's slack, the decode steps' scratch). A RULER-4K item under the
-/// whole leaderboard grid peaked at 4.2 GiB resident on SmolLM2 (estimate
-/// 3.5 GiB beside 0.1 GiB of weights and code) and at 2.6 GiB on Gemma 3
-/// 270M (estimate 2.0 GiB beside 0.3 GiB).
+/// whole leaderboard grid peaked at 1.1 GiB resident on SmolLM2 (estimate
+/// 1.1 GiB beside 0.1 GiB of weights and code) and at 1.7 GiB on Gemma 3
+/// 270M (estimate 1.1 GiB beside 0.35 GiB).
 pub fn planned_share(free: u64) -> u64 {
     free / 4 * 3
 }
