@@ -816,6 +816,16 @@ mod tests {
         // a fork of a branch reads the same buffer, and copies its own rows
         let again = press.fork()?;
         assert_eq!(read(&again, 0..2)?, read(&press, 0..2)?);
+        // the original growing past its room moves to a new buffer: the
+        // branches keep reading the rows they were given
+        let before = read(&again, 0..2)?;
+        for p in 6..20 {
+            let w = Tensor::full(p as f32, (2, 1, 2), &dev)?;
+            full.append(&w, &w, &[p])?;
+        }
+        assert_eq!(full.len(), 20);
+        assert_eq!(read(&again, 0..2)?, before);
+        assert_eq!(read(&heads, 1..2)?, vec![10., -10., 14., -14.]);
         Ok(())
     }
 
