@@ -232,6 +232,18 @@ fn shared_rows_attend_as_copies_in_f32() {
 }
 
 #[test]
+fn a_run_of_shared_rows_attends_as_copies() {
+    // a branch that keeps every prompt row but the first few, and one that
+    // keeps a run with one row missing inside a block
+    let mut rng = Rng::new(13);
+    let all = Case::new(&mut rng, 700, (3..700u32).collect(), 20);
+    same_bits::<f16>(&all, |x| KvData::F16(x), "a run");
+    let gap: Vec<u32> = (0..700u32).filter(|&r| r != 100).collect();
+    let holed = Case::new(&mut rng, 700, gap, 20);
+    same_bits::<f32>(&holed, |x| KvData::F32(x), "a run with a hole");
+}
+
+#[test]
 fn shared_rows_attend_as_copies_in_f16() {
     same_bits::<f16>(&long_case(), |x| KvData::F16(x), "f16");
 }

@@ -329,6 +329,29 @@ impl<'a, T: Element> Typed<'a, T> {
             };
             return (rows(&self.k[at..end]), rows(&self.v[at..end]));
         }
+        // shared rows one after another in their buffer (a branch that keeps
+        // a run of the prompt): equally spaced there
+        if let Some(s) = self.shared
+            && start + count <= shared_rows
+            && s.rows[start + count - 1] as usize == s.rows[start] as usize + count - 1
+        {
+            let sl = s.layout;
+            let at = g * sl.head_stride + s.rows[start] as usize * sl.row_stride;
+            let end = at + (count - 1) * sl.row_stride + hd;
+            let rows = |data| Rows {
+                data,
+                stride: sl.row_stride,
+                count,
+                width: hd,
+                gathered: &[],
+            };
+            if s.rows[start..start + count]
+                .windows(2)
+                .all(|w| w[1] == w[0] + 1)
+            {
+                return (rows(&s.k[at..end]), rows(&s.v[at..end]));
+            }
+        }
         gather.keys.clear();
         gather.values.clear();
         for row in start..start + count {
