@@ -509,7 +509,7 @@ impl LayerCache {
     /// A branch holding only the tokens whose position satisfies `keep`,
     /// reading them from this cache's buffers as [`LayerCache::fork`] does.
     pub fn branch(&self, keep: impl Fn(usize) -> bool) -> Result<Self> {
-        self.picked(1, false, true, |_, p| keep(p))
+        self.branch_by_head(1, false, |_, p| keep(p))
     }
 
     /// A copy holding, for each of the `kv_heads` heads, only the tokens for

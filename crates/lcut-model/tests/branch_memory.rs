@@ -8,18 +8,9 @@
 mod common;
 
 use anyhow::{Result, ensure};
-use lcut_model::{DType, Decoder, Device, LogitRows, Sequence};
+use common::{OracleModel, oracle_models};
+use lcut_model::{Decoder, LogitRows};
 use lcut_policy::{Policy, PolicySpec, TokenPhases};
-use lcut_testkit::{ORACLE_CASES, oracle_case};
-
-/// The ids of a reference case and its decode start.
-fn ids_of(name: &str) -> Result<(Vec<u32>, usize)> {
-    let dir = oracle_case(name);
-    let reference = candle_core::safetensors::load(dir.join("swiftkv.safetensors"), &Device::Cpu)?;
-    let ids: Vec<u32> = reference["input_ids"].to_dtype(DType::U32)?.to_vec1()?;
-    let s = reference["decode_start"].to_vec1::<i64>()?[0] as usize;
-    Ok((ids, s))
-}
 
 fn resolve(model: &Decoder, text: &str, ids: usize, s: usize) -> Result<(Policy, TokenPhases)> {
     let policy = text
@@ -29,29 +20,29 @@ fn resolve(model: &Decoder, text: &str, ids: usize, s: usize) -> Result<(Policy,
     Ok((policy, TokenPhases::new(ids, s, anchors)?))
 }
 
-fn allocated(seq: &Sequence) -> u64 {
-    seq.kv_bytes_allocated()
-}
-
 #[test]
 fn a_branch_allocates_the_rows_the_memory_line_counts() -> Result<()> {
-    for name in ORACLE_CASES {
-        let model = Decoder::load(&oracle_case(name), DType::F32, &Device::Cpu)?;
-        let (ids, s) = ids_of(name)?;
+    for OracleModel {
+        name,
+        model,
+        ids,
+        decode_start: s,
+    } in oracle_models()?
+    {
         let t = ids.len();
         let layers = model.config().num_layers;
         let (full, phases) = resolve(&model, "full", t, s)?;
         let mut run = model.new_sequence(full, phases)?;
         run.reserve(t);
         model.forward(&mut run, &ids[..s], LogitRows::None, None)?;
-        let (run_held, run_allocated) = (run.kv_bytes_held(), allocated(&run));
+        let (run_held, run_allocated) = (run.kv_bytes_held(), run.kv_bytes_allocated());
         for text in ["full", "speed:2+bos", "speed:1"] {
             let (policy, phases) = resolve(&model, text, t, s)?;
             let mut branch = run.restricted(policy, phases)?;
             ensure!(
-                allocated(&branch) == 0,
+                branch.kv_bytes_allocated() == 0,
                 "{name} {text}: a branch copied {} bytes of the prompt",
-                allocated(&branch)
+                branch.kv_bytes_allocated()
             );
             branch.reserve(t);
             for i in s..t {
@@ -60,9 +51,9 @@ fn a_branch_allocates_the_rows_the_memory_line_counts() -> Result<()> {
             let rule = policy.visibility(phases);
             let counted = model.kv_bytes_branch_reserved(rule.as_ref(), (s, t), layers);
             ensure!(
-                allocated(&branch) == counted,
+                branch.kv_bytes_allocated() == counted,
                 "{name} {text}: the branch allocated {} bytes, the memory line counts {counted}",
-                allocated(&branch)
+                branch.kv_bytes_allocated()
             );
             // what the policy holds is what it would hold alone
             let alone = model.kv_bytes_for(
@@ -81,7 +72,7 @@ fn a_branch_allocates_the_rows_the_memory_line_counts() -> Result<()> {
             );
         }
         ensure!(
-            (run.kv_bytes_held(), allocated(&run)) == (run_held, run_allocated),
+            (run.kv_bytes_held(), run.kv_bytes_allocated()) == (run_held, run_allocated),
             "{name}: the run changed under its branches"
         );
     }

@@ -151,17 +151,15 @@ impl ItemMemory {
         max_new: usize,
     ) -> Result<Self> {
         let len = prompt.len() + max_new;
-        let full = Policy::full(model.config().num_layers);
+        let cfg = model.config();
+        let full = Policy::full(cfg.num_layers);
+        let scratch = generation_scratch(cfg.vocab_size);
         Ok(Self {
             prompt_run: reserved(model, prompt, &full, len)?,
             full_generation: 0,
             per_policy: policies
                 .iter()
-                .map(|p| {
-                    let scratch = generation_scratch(model.config().vocab_size);
-                    let layers = model.config().num_layers;
-                    Ok(branch_rows(model, prompt, p, len, layers)? + scratch)
-                })
+                .map(|p| Ok(branch_rows(model, prompt, p, len, cfg.num_layers)? + scratch))
                 .collect::<Result<_>>()?,
             transient: 0,
         })

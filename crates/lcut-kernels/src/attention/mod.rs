@@ -317,40 +317,33 @@ impl<'a, T: Element> Typed<'a, T> {
     {
         let (lay, hd) = (self.layout, self.layout.head_dim);
         let shared_rows = self.shared.map_or(0, |s| s.rows.len());
-        if start >= shared_rows {
-            let at = g * lay.head_stride + (start - shared_rows) * lay.row_stride;
-            let end = at + (count - 1) * lay.row_stride + hd;
+        // `count` rows from element `at`, `stride` apart, of `k` and `v`
+        let spaced = |k: &'a [T], v: &'a [T], at: usize, stride: usize| {
+            let end = at + (count - 1) * stride + hd;
             let rows = |data| Rows {
                 data,
-                stride: lay.row_stride,
+                stride,
                 count,
                 width: hd,
                 gathered: &[],
             };
-            return (rows(&self.k[at..end]), rows(&self.v[at..end]));
+            (rows(&k[at..end]), rows(&v[at..end]))
+        };
+        if start >= shared_rows {
+            let at = g * lay.head_stride + (start - shared_rows) * lay.row_stride;
+            return spaced(self.k, self.v, at, lay.row_stride);
         }
         // shared rows one after another in their buffer (a branch that keeps
         // a run of the prompt): equally spaced there
         if let Some(s) = self.shared
             && start + count <= shared_rows
-            && s.rows[start + count - 1] as usize == s.rows[start] as usize + count - 1
+            && s.rows[start..start + count]
+                .windows(2)
+                .all(|w| w[1] == w[0] + 1)
         {
             let sl = s.layout;
             let at = g * sl.head_stride + s.rows[start] as usize * sl.row_stride;
-            let end = at + (count - 1) * sl.row_stride + hd;
-            let rows = |data| Rows {
-                data,
-                stride: sl.row_stride,
-                count,
-                width: hd,
-                gathered: &[],
-            };
-            if s.rows[start..start + count]
-                .windows(2)
-                .all(|w| w[1] == w[0] + 1)
-            {
-                return (rows(&s.k[at..end]), rows(&s.v[at..end]));
-            }
+            return spaced(s.k, s.v, at, sl.row_stride);
         }
         gather.keys.clear();
         gather.values.clear();
