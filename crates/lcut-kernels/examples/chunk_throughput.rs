@@ -9,13 +9,15 @@
 //!
 //! Defaults: 2048 x 2048 weights (a 1B model's attention output), 512
 //! activation rows (a prefill chunk), 3 runs. `FORMAT=Q4_K` runs one format,
-//! `ISA=avx512` one level.
+//! `ISA=avx512` one level, `PACKED=1` the interleaved copy a model's
+//! product reads (`PackedMatrix`) instead of the file's rows.
 
 use std::time::Instant;
 
 use lcut_kernels::isa::ALL;
 use lcut_kernels::quant::{
-    Q8Rows, Q16Rows, QuantMatrix, has_tiled_path, matmul, matmul_wide, takes_wide_activations,
+    PackedMatrix, Q8Rows, Q16Rows, QuantMatrix, has_tiled_path, matmul, matmul_wide,
+    takes_wide_activations,
 };
 use lcut_kernels::testdata::{Rng, bench_blocks};
 
@@ -30,13 +32,17 @@ fn main() {
     let runs = args.get(3).copied().unwrap_or(3);
     let only = std::env::var("FORMAT").ok();
     let only_isa = std::env::var("ISA").ok();
+    let packed = std::env::var("PACKED").is_ok_and(|p| p == "1");
     let mut rng = Rng::new(1);
     let x = rng.normals(n * cols, 1.0);
     let mut acts = Q8Rows::new();
     acts.quantize(&x, n, cols).expect("whole blocks");
     let mut wide = Q16Rows::new();
     wide.quantize(&x, n, cols).expect("whole blocks");
-    println!("{rows} x {cols} weights, {n} activation rows, fastest of {runs} runs, one thread");
+    let layout = if packed { "interleaved" } else { "file rows" };
+    println!(
+        "{rows} x {cols} weights ({layout}), {n} activation rows, fastest of {runs} runs, one thread"
+    );
     println!("{:<6} {:<8} {:<8} {:>8}", "format", "isa", "path", "GMAC/s");
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(1)
@@ -47,7 +53,9 @@ fn main() {
             continue;
         }
         let data = bench_blocks(format, rows * cols / format.block_len(), &mut rng);
-        let m = QuantMatrix::new(format, &data, rows, cols).expect("whole blocks");
+        let file = QuantMatrix::new(format, &data, rows, cols).expect("whole blocks");
+        let copy = packed.then(|| PackedMatrix::pack(&file, |r| r).expect("packs"));
+        let m = copy.as_ref().map_or(file, PackedMatrix::view);
         let mut out = vec![0f32; n * rows];
         let mut scratch = Vec::new();
         for isa in ALL

@@ -322,12 +322,17 @@ impl Tile {
     /// where eight rows' four bytes already sit side by side as a tile's
     /// step holds them: no row is rebuilt in the file's layout first.
     /// Returns false, leaving the tile as it was, for a format or layout
-    /// this does not cover (Q4_0, Q4_K and Q5_K interleaved are covered).
+    /// this does not cover (Q4_0, MXFP4, Q4_K, Q5_K and Q6_K interleaved
+    /// are covered).
     pub(super) fn fill_interleaved(&mut self, m: &QuantMatrix<'_>, rows: Range<usize>) -> bool {
         let format = m.format;
         let covered = matches!(
             format,
-            QuantFormat::Q4_0 | QuantFormat::Q4K | QuantFormat::Q5K
+            QuantFormat::Q4_0
+                | QuantFormat::Mxfp4
+                | QuantFormat::Q4K
+                | QuantFormat::Q5K
+                | QuantFormat::Q6K
         );
         if m.layout != Layout::Interleaved || !covered || !rows.start.is_multiple_of(GROUP_ROWS) {
             return false;
@@ -336,18 +341,28 @@ impl Tile {
         let blocks_per_row = m.cols / len;
         let blocks = blocks_per_row * (len / QK);
         self.rows = rows.len();
-        self.scaling = Scaling::Offset;
+        self.scaling = if format == QuantFormat::Q6K {
+            Scaling::Centered
+        } else {
+            Scaling::Offset
+        };
         self.i16_steps = format.i16_pair_steps();
         self.q.reset(blocks * BLOCK_BYTES);
         reset(&mut self.d, blocks * TILE);
-        reset(&mut self.e, blocks * TILE);
-        reset(&mut self.sc, 0);
+        let (offsets, scales) = match self.scaling {
+            Scaling::Offset => (blocks * TILE, 0),
+            Scaling::Centered => (0, blocks * 2 * TILE),
+        };
+        reset(&mut self.e, offsets);
+        reset(&mut self.sc, scales);
         let groups = rows.start / GROUP_ROWS..rows.end.div_ceil(GROUP_ROWS);
         for (g, group) in groups.enumerate() {
             let data = &m.data[group * blocks_per_row * gb..][..blocks_per_row * gb];
             for (i, gblk) in data.chunks_exact(gb).enumerate() {
                 match format {
                     QuantFormat::Q4_0 => self.put_q4_0(g, i, gblk),
+                    QuantFormat::Mxfp4 => self.put_mxfp4(g, i, gblk),
+                    QuantFormat::Q6K => self.put_q6k(g, i, gblk),
                     QuantFormat::Q5K => self.put_q4k(g, i, gblk, true),
                     _ => self.put_q4k(g, i, gblk, false),
                 }
@@ -407,6 +422,29 @@ impl Tile {
         }
     }
 
+    /// Group block `i` (one MXFP4 block of eight rows: their exponents, then
+    /// the codes laid out as Q4_0's nibbles) into group `g`, each code as
+    /// its value plus 12 and the 12 taken back off as the offset, as
+    /// [`Tile::fill`] takes the file's blocks.
+    fn put_mxfp4(&mut self, g: usize, i: usize, gblk: &[u8]) {
+        for (r, &exponent) in gblk[..GROUP_ROWS].iter().enumerate() {
+            let d = e8m0_half(exponent);
+            self.d[i * TILE + GROUP_ROWS * g + r] = d;
+            self.e[i * TILE + GROUP_ROWS * g + r] = -12.0 * d;
+        }
+        // values 4c..4c + 4 are the low codes of chunk c, values 16 + 4c..
+        // the high ones (Q4_0's order)
+        for (c, chunk) in gblk[GROUP_ROWS..GROUP_ROWS + 128]
+            .chunks_exact(32)
+            .enumerate()
+        {
+            let low = i * BLOCK_BYTES + c * 64 + 4 * GROUP_ROWS * g;
+            let high = low + 4 * 64;
+            let (head, tail) = self.q.as_mut_slice().split_at_mut(high);
+            mxfp4_codes(chunk, &mut head[low..low + 32], &mut tail[..32]);
+        }
+    }
+
     /// Group block `i` (one Q4_K block of eight rows, eight sub-blocks of
     /// 32; `five`: one Q5_K block) into group `g`.
     fn put_q4k(&mut self, g: usize, i: usize, gblk: &[u8], five: bool) {
@@ -439,6 +477,55 @@ impl Tile {
                 let bits = &gblk[at + 32 * h..at + 32 * h + 32];
                 self.put_nibbles(8 * i + 2 * p, k, g, chunk, false, Some((bits, m)));
                 self.put_nibbles(8 * i + 2 * p + 1, k, g, chunk, true, Some((bits, 4 + m)));
+            }
+        }
+    }
+
+    /// Group block `i` (one Q6_K block of eight rows) into group `g`: per
+    /// half h of 128 values and step c, the packed copy holds the low
+    /// nibbles of values 4c.. and 32 + 4c.. and their high bit pairs as
+    /// three chunks, which give step c of the half's four 32-value blocks
+    /// (the low and high nibbles of each, each with its pair of bits), as
+    /// [`crate::quant::format::q6k_values`] builds them from the file.
+    fn put_q6k(&mut self, g: usize, i: usize, gblk: &[u8]) {
+        const LOW: u64 = 0x0F0F_0F0F_0F0F_0F0F;
+        const PAIR: u64 = 0x0303_0303_0303_0303;
+        for r in 0..GROUP_ROWS {
+            let d = f16_at(gblk, 2 * r);
+            for j in 0..QK_K / QK {
+                let b = 8 * i + j;
+                self.d[b * TILE + GROUP_ROWS * g + r] = d;
+                for half in 0..2 {
+                    let sc = gblk[16 + 8 * (2 * j + half) + r] as i8;
+                    self.sc[(2 * b + half) * TILE + GROUP_ROWS * g + r] = i32::from(sc);
+                }
+            }
+        }
+        let word = |bytes: &[u8], n: usize| {
+            u64::from_le_bytes(bytes[8 * n..8 * n + 8].try_into().expect("eight bytes"))
+        };
+        for h in 0..2 {
+            for c in 0..8 {
+                let at = 144 + 96 * (8 * h + c);
+                let (a, b, bits) = (
+                    &gblk[at..at + 32],
+                    &gblk[at + 32..at + 64],
+                    &gblk[at + 64..at + 96],
+                );
+                for n in 0..4 {
+                    let (a, b, bits) = (word(a, n), word(b, n), word(bits, n));
+                    let values = [
+                        (a & LOW) | ((bits & PAIR) << 4),
+                        (b & LOW) | (((bits >> 2) & PAIR) << 4),
+                        ((a >> 4) & LOW) | (((bits >> 4) & PAIR) << 4),
+                        ((b >> 4) & LOW) | (((bits >> 6) & PAIR) << 4),
+                    ];
+                    for (j, v) in values.into_iter().enumerate() {
+                        let to = (8 * i + 4 * h + j) * BLOCK_BYTES + c * 64 + 4 * GROUP_ROWS * g;
+                        self.q.as_mut_slice()[to + 8 * n..to + 8 * n + 8]
+                            .copy_from_slice(&v.to_le_bytes());
+                    }
+                }
             }
         }
     }
@@ -493,8 +580,110 @@ impl Tile {
     }
 }
 
+/// MXFP4's codes as the tile takes them: the low and the high nibbles of
+/// the 32 bytes `chunk` through [`MXFP4_PLUS12`], into `low` and `high`
+/// (32 bytes each), one table shuffle per 32 codes. Every tile level runs
+/// AVX2 ([`level`]).
+fn mxfp4_codes(chunk: &[u8], low: &mut [u8], high: &mut [u8]) {
+    assert!(
+        chunk.len() == 32 && low.len() == 32 && high.len() == 32,
+        "MXFP4 codes go 32 bytes at a time"
+    );
+    assert!(Isa::Avx2.available(), "the tile needs AVX2");
+    // SAFETY: AVX2 runs here, and the three slices hold 32 bytes (asserted
+    // above).
+    unsafe { mxfp4_codes_avx2(chunk, low, high) }
+}
+
+/// [`mxfp4_codes`] on AVX2.
+///
+/// # Safety
+/// AVX2 is available and each slice holds at least 32 bytes.
+#[target_feature(enable = "avx2")]
+unsafe fn mxfp4_codes_avx2(chunk: &[u8], low: &mut [u8], high: &mut [u8]) {
+    use std::arch::x86_64::{
+        __m128i, __m256i, _mm_loadu_si128, _mm256_and_si256, _mm256_broadcastsi128_si256,
+        _mm256_loadu_si256, _mm256_set1_epi8, _mm256_shuffle_epi8, _mm256_srli_epi16,
+        _mm256_storeu_si256,
+    };
+    // SAFETY: the table is 16 bytes, the slices 32 (the caller's bounds).
+    unsafe {
+        let table =
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(MXFP4_PLUS12.as_ptr().cast::<__m128i>()));
+        let nibble = _mm256_set1_epi8(0x0F);
+        let v = _mm256_loadu_si256(chunk.as_ptr().cast::<__m256i>());
+        let lo = _mm256_shuffle_epi8(table, _mm256_and_si256(v, nibble));
+        let hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16::<4>(v), nibble));
+        _mm256_storeu_si256(low.as_mut_ptr().cast::<__m256i>(), lo);
+        _mm256_storeu_si256(high.as_mut_ptr().cast::<__m256i>(), hi);
+    }
+}
+
 /// `v` as `len` zeros, keeping its allocation.
 pub(super) fn reset<T: Default + Clone>(v: &mut Vec<T>, len: usize) {
     v.clear();
     v.resize(len, T::default());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::PackedMatrix;
+    use crate::testdata::{Rng, random_blocks};
+
+    /// A tile filled straight from the interleaved copy holds the same
+    /// bytes, scales and offsets as one filled from the file's rows, for
+    /// every format that has the direct fill, on whole and part-filled
+    /// groups: so the products read the same tile either way.
+    #[test]
+    fn filling_from_the_interleaved_copy_is_filling_from_the_rows() {
+        let mut rng = Rng::new(31);
+        for format in [
+            QuantFormat::Q4_0,
+            QuantFormat::Mxfp4,
+            QuantFormat::Q4K,
+            QuantFormat::Q5K,
+            QuantFormat::Q6K,
+        ] {
+            let (rows, cols) = (37, 2 * QK_K);
+            let data = random_blocks(format, rows * cols / format.block_len(), &mut rng);
+            let m = QuantMatrix::new(format, &data, rows, cols).expect("whole blocks");
+            let packed = PackedMatrix::pack(&m, |r| r).expect("packs");
+            let p = packed.view();
+            for first in (0..rows).step_by(TILE) {
+                let range = first..rows.min(first + TILE);
+                let (mut direct, mut from_rows) = (Tile::default(), Tile::default());
+                assert!(direct.fill_interleaved(&p, range.clone()), "{format:?}");
+                from_rows.fill(format, &m.rows_data(range.clone()), m.row_bytes);
+                assert_eq!(
+                    (direct.scaling, direct.i16_steps, direct.blocks()),
+                    (from_rows.scaling, from_rows.i16_steps, from_rows.blocks())
+                );
+                // lanes past the rows hold zeros in one and padding rows'
+                // zero codes in the other: compare the rows' own lanes
+                for b in 0..from_rows.blocks() {
+                    for r in 0..range.len() {
+                        let at = b * TILE + r;
+                        assert_eq!(direct.d[at].to_bits(), from_rows.d[at].to_bits());
+                        if from_rows.scaling == Scaling::Offset {
+                            assert_eq!(direct.e[at].to_bits(), from_rows.e[at].to_bits());
+                        } else {
+                            for half in [2 * b, 2 * b + 1] {
+                                let at = half * TILE + r;
+                                assert_eq!(direct.sc[at], from_rows.sc[at], "{format:?}");
+                            }
+                        }
+                        for k in 0..8 {
+                            let q = b * BLOCK_BYTES + k * 64 + 4 * r;
+                            assert_eq!(
+                                direct.q.as_slice()[q..q + 4],
+                                from_rows.q.as_slice()[q..q + 4],
+                                "{format:?} rows {range:?} block {b} step {k} row {r}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
