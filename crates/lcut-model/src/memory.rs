@@ -6,7 +6,7 @@
 use std::fmt;
 
 use candle_core::{DType, Device};
-use lcut_kernels::quant::{GROUP_ROWS, QuantFormat};
+use lcut_kernels::quant::QuantFormat;
 
 use crate::config::{LayerAttention, ModelConfig, NormPlacement, QkNorm};
 use crate::decoder::WeightMode;
@@ -487,13 +487,15 @@ pub fn prefill_is_blocked(
 }
 
 /// Bytes a model's weights take once loaded from `files` in `mode`: a
-/// GGUF file's tensors as stored when its matrices stay quantized (the
-/// matrices packed at load take the same bytes but Q4_K's and Q5_K's, 32
-/// more per eight blocks for their unpacked sub-block scales, 1/36 and 1/44:
-/// [`lcut_kernels::quant::packed`]),
-/// parameters times the dtype's size otherwise; for a GGUF file also its
-/// header (metadata and tensor directory), whose mapped pages stay
-/// resident once parsed (Gemma 3's 262,144-token vocabulary makes it 6 MiB).
+/// GGUF file's tensors as stored when its matrices stay quantized, the
+/// matrices packed at load at their interleaved size
+/// ([`lcut_kernels::quant::packed::packed_len`]: the file's bytes but Q4_K's and
+/// Q5_K's, 32 more per eight blocks for their unpacked sub-block scales,
+/// and rows filled to a multiple of eight); parameters times the dtype's
+/// size otherwise; for a GGUF file also its header (metadata and tensor
+/// directory), whose mapped pages stay resident once parsed (Gemma 3's
+/// 262,144-token vocabulary makes it 6 MiB). Experts (3-D tensors) are
+/// counted as stored: they are packed as tokens choose them.
 pub fn loaded_weight_bytes(files: &ModelFiles, mode: WeightMode) -> u64 {
     let header = match files {
         ModelFiles::Gguf(file) => file.header().header_len as u64,
@@ -509,16 +511,15 @@ pub fn loaded_weight_bytes(files: &ModelFiles, mode: WeightMode) -> u64 {
                 tensors
                     .iter()
                     .map(|(name, t)| {
-                        // Q4_K and Q5_K: 32 bytes more per group block of eight
-                        let unpacked_scales = [QuantFormat::Q4K, QuantFormat::Q5K]
-                            .into_iter()
-                            .find(|f| f.ggml_type() == t.type_id && t.shape.len() == 2);
                         let packed = packs && !(untied && name == "token_embd.weight");
-                        let extra = match unpacked_scales {
-                            Some(f) if packed => t.len / (GROUP_ROWS * f.block_bytes() / 32),
-                            _ => 0,
-                        };
-                        (t.len + extra) as u64
+                        let packed_len =
+                            match (QuantFormat::from_ggml_type(t.type_id), &t.shape[..]) {
+                                (Some(format), &[rows, cols]) if packed => {
+                                    lcut_kernels::quant::packed::packed_len(format, rows, cols).ok()
+                                }
+                                _ => None,
+                            };
+                        packed_len.unwrap_or(t.len) as u64
                     })
                     .sum()
             }
