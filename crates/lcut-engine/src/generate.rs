@@ -339,6 +339,37 @@ impl<'m> Generation<'m> {
         Ok(Some(copy))
     }
 
+    /// A second greedy generation from this one's state after its last
+    /// step, that chose `token` there instead of the token this one
+    /// recorded (a run teacher-forced on another's tokens, and the same
+    /// policy's own greedy run, are one run until their choices first
+    /// differ): nothing is run again, the copy's next step feeds `token`,
+    /// and it ends where [`Generation::step`] would have ended it on
+    /// `token` (a stop token, its budget). The copy reads the rows so far
+    /// from this one's buffers ([`Sequence::fork`]). `None` before a token
+    /// is out, and for a sampling generation, whose choices depend on its
+    /// sampler's state as well as on its logits.
+    pub fn fork_choosing(&self, token: u32) -> Result<Option<Self>> {
+        if self.produced.is_empty() || self.config.sampling != Sampling::Greedy {
+            return Ok(None);
+        }
+        let seq = self.seq.fork()?;
+        let mut copy = Self::with_sequence(
+            self.model,
+            self.prompt.clone(),
+            seq,
+            self.prefilled,
+            self.config.clone(),
+        );
+        copy.prompt_logits.clone_from(&self.prompt_logits);
+        copy.produced.clone_from(&self.produced);
+        copy.produced.pop();
+        copy.push_token(token);
+        copy.busy_s = self.busy_s;
+        copy.first_token_at = self.first_token_at;
+        Ok(Some(copy))
+    }
+
     /// Token phases of the prompt under this generation's policy.
     pub fn phases(&self) -> &TokenPhases {
         self.seq.phases()
@@ -450,19 +481,25 @@ impl<'m> Generation<'m> {
     fn record(&mut self, logits: Tensor, choose: impl FnOnce(u32) -> u32) -> Result<Step> {
         let started = Instant::now();
         let token = choose(self.sampler.sample(&logits)?);
-        self.produced.push(token);
+        self.push_token(token);
         self.busy_s += started.elapsed().as_secs_f64();
         self.first_token_at.get_or_insert(self.busy_s);
-        if self.config.stop_tokens.contains(&token) {
-            self.finish(StopReason::StopToken);
-        } else if self.produced.len() >= self.config.max_new_tokens {
-            self.finish(StopReason::MaxTokens);
-        }
         Ok(Step {
             index: self.produced.len() - 1,
             token,
             logits,
         })
+    }
+
+    /// Take `token` as the next produced token, and end the generation at
+    /// a stop token or its budget.
+    fn push_token(&mut self, token: u32) {
+        self.produced.push(token);
+        if self.config.stop_tokens.contains(&token) {
+            self.finish(StopReason::StopToken);
+        } else if self.produced.len() >= self.config.max_new_tokens {
+            self.finish(StopReason::MaxTokens);
+        }
     }
 
     fn finish(&mut self, reason: StopReason) {

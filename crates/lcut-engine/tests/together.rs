@@ -171,6 +171,64 @@ fn an_item_split_into_groups_scores_as_in_one() -> Result<()> {
     Ok(())
 }
 
+/// A policy's own run and its run teacher-forced on the full model's
+/// continuation are one run until the policy first chooses another token:
+/// every policy's answer in a suite run is still its greedy generation run
+/// alone, for policies that answer as the full model does (one run to the
+/// end), that leave it after a few tokens, and that leave it at once.
+#[test]
+fn each_policys_answer_is_its_greedy_generation_alone() -> Result<()> {
+    use lcut_engine::suite::{self, SuiteEvalOptions};
+    let session = bundled_session()?;
+    let items = copy_items(4)?;
+    let opts = SuiteEvalOptions {
+        policies: [
+            "full",
+            "speed:3+bos",
+            "speed:2+bos",
+            "speed:1",
+            "snapkv:0.5+window:4",
+            "slim:2@50%+block:2+unit:1",
+            "swiftkv:2+bos",
+            "tova:0.75",
+        ]
+        .map(String::from)
+        .to_vec(),
+        max_new_tokens: 8,
+        memory_budget: Some(u64::MAX),
+        ..SuiteEvalOptions::default()
+    };
+    let results = suite::evaluate_suite(&session, None, &items, &opts, &mut |_| {})?;
+    let (mut whole, mut parted) = (0, 0);
+    for (text, per_item) in opts.policies.iter().zip(&results) {
+        let policy = suite::resolve_policy(&session, text)?;
+        for (item, r) in items.iter().zip(per_item) {
+            let prompt = item.prepare(&session)?;
+            let alone = session.continue_greedy(
+                &prompt,
+                policy,
+                opts.budget(item),
+                opts.prefill_chunk,
+                |_| true,
+            )?;
+            let want = session.generated_text(&alone.tokens);
+            ensure!(
+                r.generation == want,
+                "{text} on {}: {:?} in the suite, {want:?} alone",
+                item.id,
+                r.generation
+            );
+            match r.agree == r.forced_tokens {
+                true => whole += 1,
+                false => parted += 1,
+            }
+        }
+    }
+    // both ways of running were taken
+    ensure!(whole > items.len() && parted > 0, "{whole} whole, {parted} parted");
+    Ok(())
+}
+
 /// The bundled copy model, in f32 on the CPU.
 fn bundled_session() -> Result<lcut_engine::Session> {
     let root = lcut_engine::workspace_root();

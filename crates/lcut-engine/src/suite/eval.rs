@@ -22,7 +22,9 @@ use super::branch_memory::ItemMemory;
 use super::result::ItemResult;
 use crate::diagnose::{ForcedQuality, ForcedScore, forced_quality};
 use crate::error::{EngineError, Result};
-use crate::generate::{Generation, GenerationConfig, GenerationOutput, check_fits, prefill_prefix};
+use crate::generate::{
+    Generation, GenerationConfig, GenerationOutput, Sampling, check_fits, prefill_prefix,
+};
 use crate::prompt::PreparedPrompt;
 use crate::session::Session;
 use crate::shared_prefix::SharedPrefix;
@@ -258,9 +260,14 @@ struct FullRun {
 /// A policy's two runs of an item, from one state of the prompt before its
 /// decode start: its own greedy generation, and the run teacher-forced on
 /// the full model's continuation (its rows scored against the full run's
-/// as they come).
+/// as they come). The two are one run until the policy's own choice first
+/// differs from the full model's token: only then is the own run forked
+/// off ([`Generation::fork_choosing`]), so a policy that answers as the
+/// full model does decodes once, not twice.
 struct PolicyRuns<'m> {
-    own: Generation<'m>,
+    /// The own run once it has left the forced one; `None` while the two
+    /// are one (its tokens are then the forced run's).
+    own: Option<Generation<'m>>,
     forced: Generation<'m>,
     forced_score: ForcedScore,
 }
@@ -269,8 +276,10 @@ impl<'m> PolicyRuns<'m> {
     /// The two runs from `prefix`, their first steps taken (a press or
     /// SlimInfer decides there and lets go of its copy of the prompt's K/V
     /// before the next policy's runs begin). The rest of the prompt runs
-    /// once: both runs read the same tokens until the first is produced, so
-    /// the own run is a copy of the forced run's state at that point.
+    /// once: both runs read the same tokens until the first is produced.
+    /// With settings that differ from the forced run's (an adapted model's
+    /// stop tokens), the own run is a copy of the forced run's state at
+    /// that point and goes its own way from the start.
     fn begin(
         model: &'m Decoder,
         prompt: &PreparedPrompt,
@@ -280,11 +289,14 @@ impl<'m> PolicyRuns<'m> {
     ) -> Result<Self> {
         let mut forced = Generation::from_prefix(model, prompt.clone(), prefix, full.clone())?;
         forced.prefill_with(None, |_| true)?;
-        let own = forced
-            .fork_prefilled(own.clone())?
-            .ok_or(EngineError::MissingLogits {
-                position: prompt.len().saturating_sub(1),
-            })?;
+        let own = match own == full && own.sampling == Sampling::Greedy {
+            true => None,
+            false => Some(forced.fork_prefilled(own.clone())?.ok_or(
+                EngineError::MissingLogits {
+                    position: prompt.len().saturating_sub(1),
+                },
+            )?),
+        };
         let mut runs = Self {
             own,
             forced,
@@ -293,44 +305,67 @@ impl<'m> PolicyRuns<'m> {
         step_runs(&mut [&mut runs], reference, true)?;
         Ok(runs)
     }
+
+    /// The policy's own greedy tokens so far.
+    fn own_tokens(&self) -> &[u32] {
+        self.own
+            .as_ref()
+            .map_or(self.forced.produced(), Generation::produced)
+    }
 }
 
 /// Step `runs` side by side ([`Generation::step_together`]: one pass over
 /// the weights per token for all of them) until each has ended, or only
 /// once when `once`; each forced run takes the full run's token of its step
-/// and is scored against the full run's row.
+/// and is scored against the full run's row, and an own run still one with
+/// its forced run is forked off where its choice differs.
 fn step_runs(runs: &mut [&mut PolicyRuns<'_>], full: &FullRun, once: bool) -> Result<()> {
+    let continuation = &full.output.tokens;
     loop {
         let mut gens: Vec<&mut Generation<'_>> = Vec::with_capacity(2 * runs.len());
+        // where each run's forced generation sits in `gens`
+        let mut forced_at = Vec::with_capacity(runs.len());
         for r in runs.iter_mut() {
+            forced_at.push(gens.len());
             gens.push(&mut r.forced);
-            gens.push(&mut r.own);
+            if let Some(own) = r.own.as_mut() {
+                gens.push(own);
+            }
         }
         // the index of the token each generation produces now
         let next: Vec<usize> = gens.iter().map(|g| g.produced().len()).collect();
-        let continuation = &full.output.tokens;
-        let steps = Generation::step_together(&mut gens, |i, own| match i % 2 {
-            0 => continuation.get(next[i]).copied().unwrap_or(own),
-            _ => own,
+        // each generation's own choice of this step
+        let mut chose = vec![None; gens.len()];
+        let steps = Generation::step_together(&mut gens, |i, own| {
+            chose[i] = Some(own);
+            match forced_at.binary_search(&i) {
+                Ok(_) => continuation.get(next[i]).copied().unwrap_or(own),
+                Err(_) => own,
+            }
         })?;
         if steps.iter().all(Option::is_none) {
             return Ok(());
         }
-        let mut steps = steps.into_iter();
-        for r in runs.iter_mut() {
-            if let Some(Some(step)) = steps.next() {
-                // a forced run stops where the full run does: its row is
-                // scored against the full row of the same step
-                let reference = full
-                    .rows
-                    .get(step.index)
-                    .ok_or(EngineError::MissingLogits {
-                        position: r.forced.sequence().len().saturating_sub(1),
-                    })?;
-                r.forced_score
-                    .add_row(reference, &step.logits, continuation[step.index])?;
+        for (r, &at) in runs.iter_mut().zip(&forced_at) {
+            let Some(step) = &steps[at] else { continue };
+            // a forced run stops where the full run does: its row is
+            // scored against the full row of the same step
+            let reference = full
+                .rows
+                .get(step.index)
+                .ok_or(EngineError::MissingLogits {
+                    position: r.forced.sequence().len().saturating_sub(1),
+                })?;
+            r.forced_score
+                .add_row(reference, &step.logits, continuation[step.index])?;
+            if let (None, Some(own)) = (&r.own, chose[at])
+                && own != step.token
+            {
+                let fork = r.forced.fork_choosing(own)?;
+                r.own = Some(fork.ok_or(EngineError::MissingLogits {
+                    position: r.forced.sequence().len().saturating_sub(1),
+                })?);
             }
-            steps.next();
         }
         if once {
             return Ok(());
@@ -459,7 +494,7 @@ fn policy_result(
                     continuation: continuation.len(),
                 });
             }
-            (session.generated_text(r.own.produced()), q)
+            (session.generated_text(r.own_tokens()), q)
         }
     };
     let graded = item.scoring.is_string_match();
