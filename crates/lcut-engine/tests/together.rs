@@ -225,7 +225,10 @@ fn each_policys_answer_is_its_greedy_generation_alone() -> Result<()> {
         }
     }
     // both ways of running were taken
-    ensure!(whole > items.len() && parted > 0, "{whole} whole, {parted} parted");
+    ensure!(
+        whole > items.len() && parted > 0,
+        "{whole} whole, {parted} parted"
+    );
     Ok(())
 }
 
