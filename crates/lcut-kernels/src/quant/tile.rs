@@ -278,10 +278,11 @@ pub(super) struct Tile {
 }
 
 impl Tile {
-    /// Unpack the rows `w` (`row_bytes` each, at most [`TILE`]) of `format`.
-    pub(super) fn fill(&mut self, format: QuantFormat, w: &[u8], row_bytes: usize) {
-        let blocks = row_bytes / format.block_bytes() * (format.block_len() / QK);
-        self.rows = w.len() / row_bytes;
+    /// Make the tile hold `rows` rows of `format` of `blocks` blocks of 32
+    /// values each, every value, scale and offset zero, the scaling and the
+    /// 16-bit step count the format's: what both fills start from.
+    fn start(&mut self, format: QuantFormat, rows: usize, blocks: usize) {
+        self.rows = rows;
         self.scaling = if format == QuantFormat::Q6K {
             Scaling::Centered
         } else {
@@ -296,6 +297,12 @@ impl Tile {
         };
         reset(&mut self.e, offsets);
         reset(&mut self.sc, scales);
+    }
+
+    /// Unpack the rows `w` (`row_bytes` each, at most [`TILE`]) of `format`.
+    pub(super) fn fill(&mut self, format: QuantFormat, w: &[u8], row_bytes: usize) {
+        let blocks = row_bytes / format.block_bytes() * (format.block_len() / QK);
+        self.start(format, w.len() / row_bytes, blocks);
         for (r, row) in w.chunks_exact(row_bytes).enumerate() {
             for_each_block32(format, row, |b, values, scale| {
                 match scale {
@@ -340,21 +347,7 @@ impl Tile {
         let (len, gb) = (format.block_len(), group_block_bytes(format));
         let blocks_per_row = m.cols / len;
         let blocks = blocks_per_row * (len / QK);
-        self.rows = rows.len();
-        self.scaling = if format == QuantFormat::Q6K {
-            Scaling::Centered
-        } else {
-            Scaling::Offset
-        };
-        self.i16_steps = format.i16_pair_steps();
-        self.q.reset(blocks * BLOCK_BYTES);
-        reset(&mut self.d, blocks * TILE);
-        let (offsets, scales) = match self.scaling {
-            Scaling::Offset => (blocks * TILE, 0),
-            Scaling::Centered => (0, blocks * 2 * TILE),
-        };
-        reset(&mut self.e, offsets);
-        reset(&mut self.sc, scales);
+        self.start(format, rows.len(), blocks);
         let groups = rows.start / GROUP_ROWS..rows.end.div_ceil(GROUP_ROWS);
         for (g, group) in groups.enumerate() {
             let data = &m.data[group * blocks_per_row * gb..][..blocks_per_row * gb];
