@@ -331,12 +331,7 @@ impl<'m> Generation<'m> {
             return Ok(None);
         }
         check_fits(self.model, &self.prompt, &config)?;
-        let seq = self.seq.fork()?;
-        let mut copy =
-            Self::with_sequence(self.model, self.prompt.clone(), seq, self.prefilled, config);
-        copy.prompt_logits.clone_from(&self.prompt_logits);
-        copy.busy_s = self.busy_s;
-        Ok(Some(copy))
+        self.fork_with(config).map(Some)
     }
 
     /// A second greedy generation from this one's state after its last
@@ -353,21 +348,24 @@ impl<'m> Generation<'m> {
         if self.produced.is_empty() || self.config.sampling != Sampling::Greedy {
             return Ok(None);
         }
-        let seq = self.seq.fork()?;
-        let mut copy = Self::with_sequence(
-            self.model,
-            self.prompt.clone(),
-            seq,
-            self.prefilled,
-            self.config.clone(),
-        );
-        copy.prompt_logits.clone_from(&self.prompt_logits);
+        let mut copy = self.fork_with(self.config.clone())?;
         copy.produced.clone_from(&self.produced);
         copy.produced.pop();
         copy.push_token(token);
-        copy.busy_s = self.busy_s;
         copy.first_token_at = self.first_token_at;
         Ok(Some(copy))
+    }
+
+    /// A copy of this generation's state under `config`, reading the rows
+    /// so far from this one's buffers ([`Sequence::fork`]): the prompt run,
+    /// its last logits and the time spent, nothing produced yet.
+    fn fork_with(&self, config: GenerationConfig) -> Result<Self> {
+        let seq = self.seq.fork()?;
+        let mut copy =
+            Self::with_sequence(self.model, self.prompt.clone(), seq, self.prefilled, config);
+        copy.prompt_logits.clone_from(&self.prompt_logits);
+        copy.busy_s = self.busy_s;
+        Ok(copy)
     }
 
     /// Token phases of the prompt under this generation's policy.
