@@ -65,7 +65,9 @@ pub struct TrainArgs {
     /// default 4), `olmo2` (norms after the blocks, whole-projection q/k
     /// norms), `olmo3[:W]` (OLMo 2's layer, three layers sliding over W
     /// tokens then a full one), `mixtral[:E/K]` (each MLP a mixture of E
-    /// experts, each token reading its router's top K; default 8/2).
+    /// experts, each token reading its router's top K; default 8/2),
+    /// `qwen35[:N]` (Qwen3.5: every N-th layer full attention with a gated
+    /// output, the others Gated DeltaNet linear attention; default 4).
     /// Ignored with `--init` (its config fixes it).
     #[arg(long, default_value = "llama")]
     pub layout: lcut_model::Layout,

@@ -92,15 +92,26 @@ impl Loader<'_> {
         self.files.load_quantized(name, shape, self.device)
     }
 
+    /// The RMSNorm at `name` over `width` values, its weight offset from
+    /// one where the model's norms are (1 + w).
     pub fn norm(&self, name: &str, width: usize) -> Result<RmsNorm> {
-        let w = self.tensor(&format!("{name}.weight"), &[width])?;
-        let w = if self.cfg.norm_weight_offset {
-            (w + 1.0)?
-        } else {
-            w
-        };
+        let norm = self.plain_norm(name, width)?;
+        Ok(match self.cfg.norm_weight_offset {
+            true => RmsNorm {
+                weight: (&norm.weight + 1.0)?,
+                offset_from: Some(norm.weight),
+                ..norm
+            },
+            false => norm,
+        })
+    }
+
+    /// The RMSNorm at `name` over `width` values whose weight is plain `w`
+    /// whatever the model's other norms are (Qwen3.5's gated norm).
+    pub fn plain_norm(&self, name: &str, width: usize) -> Result<RmsNorm> {
         Ok(RmsNorm {
-            weight: w,
+            weight: self.tensor(&format!("{name}.weight"), &[width])?,
+            offset_from: None,
             eps: self.cfg.rms_norm_eps as f32,
         })
     }
@@ -110,6 +121,7 @@ impl Loader<'_> {
     pub fn unweighted_norm(&self, width: usize) -> Result<RmsNorm> {
         Ok(RmsNorm {
             weight: Tensor::ones(width, self.dtype, self.device)?,
+            offset_from: None,
             eps: self.cfg.rms_norm_eps as f32,
         })
     }
@@ -129,6 +141,10 @@ pub(crate) enum Packing {
 #[derive(Debug, Clone)]
 pub struct RmsNorm {
     weight: Tensor,
+    /// A (1 + w) norm's `w` as the weights hold it: a training pass adds
+    /// the one at every call, so that it sees an optimizer's updates to `w`
+    /// (`weight` was made from it once, when the model loaded).
+    offset_from: Option<Tensor>,
     eps: f32,
 }
 
@@ -145,12 +161,16 @@ impl RmsNorm {
     /// every way, within rounding.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if x.track_op() || self.weight.track_op() {
-            if crate::grad_ops::takes(x) && crate::grad_ops::takes(&self.weight) {
-                return Ok(crate::grad_ops::rms_norm(x, &self.weight, self.eps)?);
+            let weight = match &self.offset_from {
+                Some(w) => (w + 1.0)?,
+                None => self.weight.clone(),
+            };
+            if crate::grad_ops::takes(x) && crate::grad_ops::takes(&weight) {
+                return Ok(crate::grad_ops::rms_norm(x, &weight, self.eps)?);
             }
             let var = x.sqr()?.mean_keepdim(D::Minus1)?;
             let normed = x.broadcast_div(&(var + f64::from(self.eps))?.sqrt()?)?;
-            return Ok(normed.broadcast_mul(&self.weight)?);
+            return Ok(normed.broadcast_mul(&weight)?);
         }
         Ok(candle_nn::ops::rms_norm(
             &x.contiguous()?,

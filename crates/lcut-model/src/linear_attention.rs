@@ -22,7 +22,10 @@ use candle_core::{DType, Tensor};
 
 use crate::config::LinearAttentionConfig;
 use crate::error::Result;
-use crate::layers::Loader;
+use std::sync::Arc;
+
+use crate::grad_ops;
+use crate::layers::{Loader, RmsNorm};
 use crate::linear::Linear;
 
 /// One linear-attention layer's weights.
@@ -43,12 +46,28 @@ pub(crate) struct GatedDeltaNet {
     a_log: Vec<f32>,
     /// Each value head's decay-step bias.
     dt_bias: Vec<f32>,
-    /// The gated norm's weight [value_head_dim] (plain `w`).
-    norm_weight: Tensor,
+    /// The convolution's weights, log decay rates and decay-step biases as
+    /// the weights gave them (tensors: what the training passes read, so
+    /// that gradients reach them). The host copies above are taken when the
+    /// layer loads, for the row-by-row inference path.
+    rates: Rates,
+    /// The gated norm (plain `w` weight [value_head_dim]).
+    norm: RmsNorm,
     /// The norm's epsilon.
     eps: f32,
     /// Heads, widths and kernel.
     shape: Shape,
+}
+
+/// A linear layer's weights that are not matrices, as tensors.
+#[derive(Debug, Clone)]
+struct Rates {
+    /// `[channels, 1, kernel]`.
+    conv: Tensor,
+    /// `[value_heads]`.
+    a_log: Tensor,
+    /// `[value_heads]`.
+    dt_bias: Tensor,
 }
 
 /// The sizes a linear layer computes with.
@@ -287,27 +306,28 @@ impl GatedDeltaNet {
     pub(crate) fn load(ld: &Loader<'_>, prefix: &str, c: &LinearAttentionConfig) -> Result<Self> {
         let shape = Shape::of(c);
         let d = ld.cfg.hidden_size;
-        let host = |name: &str, dims: &[usize]| -> Result<Vec<f32>> {
-            let t = ld.files.load(
-                &format!("{prefix}.{name}"),
-                dims,
-                DType::F32,
-                &candle_core::Device::Cpu,
-            )?;
-            Ok(t.flatten_all()?.to_vec1::<f32>()?)
+        let tensor = |name: &str, dims: &[usize]| ld.tensor(&format!("{prefix}.{name}"), dims);
+        let host = |t: &Tensor| -> Result<Vec<f32>> {
+            Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
         };
         let linear =
             |name: &str, rows: usize| ld.linear(&format!("{prefix}.{name}"), rows, d, false);
+        let rates = Rates {
+            conv: tensor("conv1d.weight", &[shape.channels(), 1, shape.kernel])?,
+            a_log: tensor("A_log", &[shape.value_heads])?,
+            dt_bias: tensor("dt_bias", &[shape.value_heads])?,
+        };
         Ok(Self {
             in_qkv: linear("in_proj_qkv", shape.channels())?,
             in_z: linear("in_proj_z", shape.value_width())?,
             in_b: linear("in_proj_b", shape.value_heads)?,
             in_a: linear("in_proj_a", shape.value_heads)?,
-            conv: host("conv1d.weight", &[shape.channels(), 1, shape.kernel])?,
-            a_log: host("A_log", &[shape.value_heads])?,
-            dt_bias: host("dt_bias", &[shape.value_heads])?,
+            conv: host(&rates.conv)?,
+            a_log: host(&rates.a_log)?,
+            dt_bias: host(&rates.dt_bias)?,
+            rates,
             // the gated norm's weight is plain `w`, unlike the model's other norms
-            norm_weight: ld.tensor(&format!("{prefix}.norm.weight"), &[shape.dv])?,
+            norm: ld.plain_norm(&format!("{prefix}.norm"), shape.dv)?,
             eps: ld.cfg.rms_norm_eps as f32,
             shape,
         })
@@ -375,10 +395,110 @@ impl GatedDeltaNet {
             );
         }
         let out = Tensor::from_vec(out, (n, hv, dv), x.device())?.to_dtype(x.dtype())?;
+        Ok((self.gated_heads(&out, x)?, split))
+    }
+
+    /// The outputs `out` [n, value_heads, d_v] of rows `x` [n, hidden]
+    /// through the gated norm (each head RMS-normed, times `silu(z)` of the
+    /// row's gate), value heads first [value_heads, n, d_v].
+    fn gated_heads(&self, out: &Tensor, x: &Tensor) -> Result<Tensor> {
+        let (n, hv, dv) = out.dims3()?;
         let z = self.in_z.forward(x)?.reshape((n, hv, dv))?;
-        let normed = candle_nn::ops::rms_norm(&out, &self.norm_weight, self.eps)?;
-        let gated = (normed * candle_nn::ops::silu(&z)?)?;
-        Ok((gated.transpose(0, 1)?.contiguous()?, split))
+        let gated = (self.norm.forward(out)? * candle_nn::ops::silu(&z)?)?;
+        Ok(gated.transpose(0, 1)?.contiguous()?)
+    }
+
+    /// The layer's output for `t` rows of each of several sequences, `x`
+    /// [b * t, hidden] (row `i * t + p` is sequence i's row p), in tensor
+    /// ops that gradients pass through (the training passes): each sequence
+    /// from an empty state, its row p entering the state where `enters[i *
+    /// t + p]` holds and otherwise running from the state as it stands (as
+    /// [`GatedDeltaNet::forward`] does), the convolution reading the last
+    /// `kernel - 1` rows that entered before it. Value heads first
+    /// [value_heads, b * t, d_v], as `forward` gives it, within rounding of
+    /// it (the sums run in another order).
+    pub(crate) fn forward_rows(&self, x: &Tensor, t: usize, enters: &[bool]) -> Result<Tensor> {
+        let s = self.shape;
+        let (n, (c, k)) = (x.dim(0)?, (s.channels(), s.kernel));
+        let (hv, dk, dv) = (s.value_heads, s.dk, s.dv);
+        if t == 0 || n % t != 0 || enters.len() != n {
+            return Err(crate::error::ModelError::TrainInput {
+                detail: format!(
+                    "{n} rows in sequences of {t} with {} entry flags for a linear layer",
+                    enters.len()
+                ),
+            });
+        }
+        let (b, dev) = (n / t, x.device());
+        // each row's convolution window, oldest first: the rows that
+        // entered before it (a zero row, index n, before its sequence's
+        // first), then the row itself
+        let mut window = Vec::with_capacity(n * k);
+        for seq in enters.chunks(t).enumerate() {
+            let mut entered: Vec<u32> = Vec::new();
+            for (p, &enters) in seq.1.iter().enumerate() {
+                let row = (seq.0 * t + p) as u32;
+                for back in (1..k).rev() {
+                    let past = entered.len().checked_sub(back);
+                    window.push(past.map_or(n as u32, |i| entered[i]));
+                }
+                window.push(row);
+                if enters {
+                    entered.push(row);
+                }
+            }
+        }
+        let mixed = self.in_qkv.forward(x)?;
+        let padded = Tensor::cat(&[&mixed, &mixed.zeros_like()?.narrow(0, 0, 1)?], 0)?;
+        let windows = padded
+            .index_select(&Tensor::new(window, dev)?, 0)?
+            .reshape((n, k, c))?;
+        let weights = self.rates.conv.reshape((c, k))?.t()?.unsqueeze(0)?;
+        let convolved = windows.broadcast_mul(&weights)?.sum(1)?.silu()?;
+        // queries and keys per key head, L2-normed, then read by each value head
+        let heads_of = |from: usize, scale: f64| -> Result<Tensor> {
+            let h = convolved
+                .narrow(1, from, s.key_width())?
+                .reshape((n, s.key_heads, dk))?;
+            let norm = (h.sqr()?.sum_keepdim(2)? + 1e-6)?.sqrt()?;
+            let h = (h.broadcast_div(&norm)? * scale)?;
+            let reads: Vec<u32> = (0..hv).map(|v| s.key_head_of(v) as u32).collect();
+            Ok(h.index_select(&Tensor::new(reads, dev)?, 1)?
+                .reshape((b, t, hv, dk))?)
+        };
+        let q = heads_of(0, 1.0 / (dk as f64).sqrt())?;
+        let keys = heads_of(s.key_width(), 1.0)?;
+        let v = convolved
+            .narrow(1, 2 * s.key_width(), s.value_width())?
+            .reshape((b, t, hv, dv))?;
+        // decay exp(-exp(A_log) softplus(a + dt_bias)), rate sigmoid(b)
+        let step = self.in_a.forward(x)?.broadcast_add(&self.rates.dt_bias)?;
+        let softplus = (step.relu()? + (step.abs()?.neg()?.exp()? + 1.0)?.log()?)?;
+        let decay = softplus
+            .broadcast_mul(&self.rates.a_log.exp()?)?
+            .neg()?
+            .exp()?
+            .reshape((b, t, hv, 1, 1))?;
+        let beta = (self.in_b.forward(x)?.neg()?.exp()? + 1.0)?
+            .recip()?
+            .reshape((b, t, hv, 1))?;
+        let rule = DeltaRule {
+            q: &q,
+            keys: &keys,
+            v: &v,
+            decay: &decay,
+            beta: &beta,
+            enters,
+        };
+        let out = match [x, &self.rates.conv].iter().all(|w| grad_ops::takes(w)) {
+            true => {
+                let qkv = Tensor::cat(&[&q, &keys, &v], 3)?;
+                let gates = Tensor::cat(&[&decay.reshape((b, t, hv, 1))?, &beta], 3)?;
+                grad_ops::delta_rule(&qkv, &gates, dk, Arc::new(enters.to_vec()))?
+            }
+            false => rule.composed()?,
+        };
+        self.gated_heads(&out.reshape((n, hv, dv))?, x)
     }
 
     /// A split with no rows yet, of this layer's value heads.
@@ -462,7 +582,7 @@ impl GatedDeltaNet {
 
     /// The gated norm's weight [d_v] on the host.
     pub(crate) fn norm_weight(&self) -> Result<Vec<f32>> {
-        Ok(self.norm_weight.to_dtype(DType::F32)?.to_vec1::<f32>()?)
+        Ok(self.norm.weight().to_dtype(DType::F32)?.to_vec1::<f32>()?)
     }
 
     /// Channels of the projected input (queries, keys and values) and the
@@ -527,6 +647,55 @@ impl GatedDeltaNet {
             (values, parallel),
             out,
         );
+    }
+}
+
+/// The gated delta rule's inputs for `b` sequences of `t` rows
+/// ([`GatedDeltaNet::forward_rows`]): queries and keys [b, t, value_heads,
+/// d_k] per value head (normed, the queries scaled), values [b, t,
+/// value_heads, d_v], decays [b, t, value_heads, 1, 1], rates [b, t,
+/// value_heads, 1], and whether each row enters its sequence's state.
+struct DeltaRule<'a> {
+    q: &'a Tensor,
+    keys: &'a Tensor,
+    v: &'a Tensor,
+    decay: &'a Tensor,
+    beta: &'a Tensor,
+    enters: &'a [bool],
+}
+
+impl DeltaRule<'_> {
+    /// The outputs [b, t, value_heads, d_v] in candle's basic ops, row by
+    /// row: where the fused op ([`grad_ops::delta_rule`]) cannot run (off
+    /// the CPU, not f32), and its reference in the tests.
+    fn composed(&self) -> Result<Tensor> {
+        let (b, t, hv, dk) = self.q.dims4()?;
+        let dv = self.v.dim(3)?;
+        let dev = self.q.device();
+        let flags = Tensor::from_iter(self.enters.iter().map(|&e| f32::from(u8::from(e))), dev)?
+            .to_dtype(self.q.dtype())?
+            .reshape((b, t, 1, 1, 1))?;
+        let mut state = Tensor::zeros((b, hv, dk, dv), self.q.dtype(), dev)?;
+        let mut outs = Vec::with_capacity(t);
+        for p in 0..t {
+            let at = |x: &Tensor| -> Result<Tensor> { Ok(x.narrow(1, p, 1)?.squeeze(1)?) };
+            let (kp, qp) = (at(self.keys)?.unsqueeze(3)?, at(self.q)?.unsqueeze(3)?);
+            let decayed = state.broadcast_mul(&at(self.decay)?)?;
+            let recalled = decayed.broadcast_mul(&kp)?.sum(2)?;
+            let delta = (at(self.v)? - recalled)?.broadcast_mul(&at(self.beta)?)?;
+            let moved = (decayed + kp.broadcast_mul(&delta.unsqueeze(2)?)?)?;
+            outs.push(moved.broadcast_mul(&qp)?.sum(2)?);
+            let entering: Vec<bool> = (0..b).map(|i| self.enters[i * t + p]).collect();
+            state = match (entering.iter().all(|&e| e), entering.iter().any(|&e| e)) {
+                (true, _) => moved,
+                (false, false) => state,
+                (false, true) => {
+                    let e = at(&flags)?;
+                    (moved.broadcast_mul(&e)? + state.broadcast_mul(&e.affine(-1.0, 1.0)?)?)?
+                }
+            };
+        }
+        Ok(Tensor::stack(&outs, 1)?)
     }
 }
 
@@ -599,6 +768,71 @@ fn recur_heads(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fused delta rule gives the composed ops' outputs and gradients
+    /// (queries, keys, values, decays, rates), two sequences whose rows
+    /// enter the state or not as SPEED's rows above a cut do.
+    #[test]
+    fn the_fused_delta_rule_matches_the_composed_ops_and_their_gradients() -> Result<()> {
+        use candle_core::Var;
+        use lcut_kernels::testdata::Rng;
+        use lcut_testkit::grads::{max_abs_diff, normal, probe_grads};
+        let mut rng = Rng::new(0xde17a);
+        let (b, t, hv, dk, dv) = (2, 7, 3, 4, 5);
+        let unit = |x: Tensor| -> Result<Tensor> {
+            let norm = (x.sqr()?.sum_keepdim(3)? + 1e-6)?.sqrt()?;
+            Ok(x.broadcast_div(&norm)?)
+        };
+        let q = Var::from_tensor(&unit(normal(&mut rng, 0.0, 1.0, &[b, t, hv, dk])?)?)?;
+        let keys = Var::from_tensor(&unit(normal(&mut rng, 0.0, 1.0, &[b, t, hv, dk])?)?)?;
+        let v = Var::from_tensor(&normal(&mut rng, 0.0, 1.0, &[b, t, hv, dv])?)?;
+        let decay = Var::from_tensor(
+            &(normal(&mut rng, 0.0, 1.0, &[b, t, hv, 1, 1])?.abs()? * -0.5)?.exp()?,
+        )?;
+        let beta = Var::from_tensor(&candle_nn::ops::sigmoid(&normal(
+            &mut rng,
+            0.0,
+            1.0,
+            &[b, t, hv, 1],
+        )?)?)?;
+        // sequence 0 runs every row; sequence 1 keeps BoS and its last three rows only
+        let enters: Vec<bool> = (0..b * t).map(|r| r <= t || r >= 2 * t - 3).collect();
+        let rule = DeltaRule {
+            q: &q,
+            keys: &keys,
+            v: &v,
+            decay: &decay,
+            beta: &beta,
+            enters: &enters,
+        };
+        let slow = rule.composed()?;
+        let qkv = Tensor::cat(&[q.as_tensor(), keys.as_tensor(), v.as_tensor()], 3)?;
+        let gates = Tensor::cat(&[&decay.reshape((b, t, hv, 1))?, beta.as_tensor()], 3)?;
+        let fused = grad_ops::delta_rule(&qkv, &gates, dk, Arc::new(enters.clone()))?;
+        let diff = max_abs_diff(&fused, &slow);
+        assert!(diff < 1e-5, "outputs differ by {diff}");
+        let probe = normal(&mut rng, 0.0, 1.0, &[b, t, hv, dv])?;
+        let (gf, gs) = (probe_grads(&fused, &probe)?, probe_grads(&slow, &probe)?);
+        for (name, var) in [
+            ("q", &q),
+            ("k", &keys),
+            ("v", &v),
+            ("decay", &decay),
+            ("beta", &beta),
+        ] {
+            let (a, b) = (
+                gf.get(var).expect("fused grad"),
+                gs.get(var).expect("composed grad"),
+            );
+            let diff = max_abs_diff(a, b);
+            assert!(diff < 1e-4, "{name}: gradients differ by {diff}");
+            assert!(
+                max_abs_diff(a, &a.zeros_like()?) > 0.0,
+                "{name}: no gradient"
+            );
+        }
+        Ok(())
+    }
 
     /// The heads run on rayon's threads give the bits they give on one
     /// thread: a real model's layer (16 key heads, 32 value heads of 128,

@@ -43,14 +43,28 @@ pub enum Layout {
         /// Experts each token reads.
         top_k: usize,
     },
+    /// Qwen3.5 (`qwen3_5_text`): every `full_interval`-th layer (counting
+    /// from 1) full attention with a gated output, per-head q/k norms and
+    /// RoPE on a quarter of each head; the others linear attention (Gated
+    /// DeltaNet, convolution kernel 4) with the full layers' heads (key
+    /// heads as many as the K/V heads, value heads as the query heads, both
+    /// of the head width); (1 + w) norms.
+    Qwen35 {
+        /// The interval of the full-attention layers (Qwen3.5's 4).
+        full_interval: usize,
+    },
 }
+
+/// The convolution kernel of [`Layout::Qwen35`]'s linear layers.
+const QWEN35_CONV_KERNEL: usize = 4;
 
 impl std::str::FromStr for Layout {
     type Err = String;
 
     /// `llama`, `smollm3` (NoPE every 4th layer) or `smollm3:N`, `olmo2`,
     /// `olmo3` (window 4096, transformers' default) or `olmo3:W`, `mixtral`
-    /// (the top 2 of 8 experts) or `mixtral:E/K`.
+    /// (the top 2 of 8 experts) or `mixtral:E/K`, `qwen35` (every 4th layer
+    /// full) or `qwen35:N`.
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         let (name, arg) = match s.split_once(':') {
             Some((n, a)) => (n, Some(a)),
@@ -93,9 +107,12 @@ impl std::str::FromStr for Layout {
                 };
                 Ok(Layout::Mixtral { experts, top_k })
             }
+            "qwen35" => Ok(Layout::Qwen35 {
+                full_interval: number("full-attention interval")?.unwrap_or(4),
+            }),
             _ => Err(format!(
                 "{s:?} is not a layout: llama, smollm3[:NOPE_INTERVAL], olmo2, olmo3[:WINDOW], \
-                 mixtral[:EXPERTS/TOP_K]"
+                 mixtral[:EXPERTS/TOP_K], qwen35[:FULL_INTERVAL]"
             )),
         }
     }
@@ -109,6 +126,7 @@ impl std::fmt::Display for Layout {
             Layout::Olmo { window: None } => f.write_str("olmo2"),
             Layout::Olmo { window: Some(w) } => write!(f, "olmo3:{w}"),
             Layout::Mixtral { experts, top_k } => write!(f, "mixtral:{experts}/{top_k}"),
+            Layout::Qwen35 { full_interval } => write!(f, "qwen35:{full_interval}"),
         }
     }
 }
@@ -118,6 +136,11 @@ impl Layout {
     /// names no layout, as it did before layouts existed).
     pub fn is_llama(&self) -> bool {
         *self == Layout::Llama
+    }
+
+    /// Whether layer `l` of this layout is a linear-attention layer.
+    pub fn is_linear(&self, l: usize) -> bool {
+        matches!(self, Layout::Qwen35 { full_interval } if !(l + 1).is_multiple_of(*full_interval))
     }
 }
 
@@ -270,6 +293,16 @@ impl LlamaShape {
                 "a positive window (tokens a query reads)".into(),
                 "0".into(),
             ),
+            Layout::Qwen35 { full_interval: 0 } => bad(
+                "layout.full_interval",
+                "a positive interval".into(),
+                "0".into(),
+            ),
+            Layout::Qwen35 { .. } if self.head_dim() < 8 => bad(
+                "num_heads",
+                "heads at least 8 wide (RoPE turns a quarter of each, in pairs)".into(),
+                format!("{} (head width {})", self.num_heads, self.head_dim()),
+            ),
             _ => Ok(()),
         }
     }
@@ -288,6 +321,11 @@ impl LlamaShape {
             Arch::Mixtral => Layout::Mixtral {
                 experts: cfg.experts.map_or(0, |e| e.num_experts),
                 top_k: cfg.experts.map_or(0, |e| e.top_k),
+            },
+            Arch::Qwen35 => Layout::Qwen35 {
+                full_interval: (cfg.linear_attention.as_ref())
+                    .and_then(|la| la.layers.iter().position(|&linear| !linear))
+                    .map_or(0, |l| l + 1),
             },
             _ => Layout::Llama,
         };
@@ -369,8 +407,48 @@ impl LlamaShape {
                 map.insert("num_local_experts".into(), json!(experts));
                 map.insert("num_experts_per_tok".into(), json!(top_k));
             }
+            Layout::Qwen35 { .. } => {
+                for stale in ["mlp_bias", "rope_theta"] {
+                    map.remove(stale);
+                }
+                map.insert("architectures".into(), json!(["Qwen3_5ForCausalLM"]));
+                map.insert("model_type".into(), json!("qwen3_5_text"));
+                let types: Vec<&str> = (0..self.num_layers)
+                    .map(|l| match self.layout.is_linear(l) {
+                        true => "linear_attention",
+                        false => "full_attention",
+                    })
+                    .collect();
+                map.insert("layer_types".into(), json!(types));
+                map.insert("linear_num_key_heads".into(), json!(self.num_kv_heads));
+                map.insert("linear_num_value_heads".into(), json!(self.num_heads));
+                map.insert("linear_key_head_dim".into(), json!(self.head_dim()));
+                map.insert("linear_value_head_dim".into(), json!(self.head_dim()));
+                map.insert("linear_conv_kernel_dim".into(), json!(QWEN35_CONV_KERNEL));
+                map.insert(
+                    "rope_parameters".into(),
+                    json!({
+                        "rope_type": "default",
+                        "rope_theta": self.rope_theta,
+                        "partial_rotary_factor": 0.25
+                    }),
+                );
+            }
         }
         config
+    }
+
+    /// The value every entry of a fresh model's one-dimensional weight
+    /// `name` starts at: a norm at its identity (1, or 0 where the layout's
+    /// norms are (1 + w), except Qwen3.5's plain gated norm), Qwen3.5's log
+    /// decay rates and decay-step biases at 0 (each linear layer's state
+    /// then keeps about half of itself from one token to the next).
+    pub fn vector_start(&self, name: &str) -> f32 {
+        let qwen35 = matches!(self.layout, Layout::Qwen35 { .. });
+        match qwen35 && !name.ends_with("linear_attn.norm.weight") {
+            true => 0.0,
+            false => 1.0,
+        }
     }
 
     /// The decoder config of a model of this shape naming `tokens`: the
@@ -385,8 +463,9 @@ impl LlamaShape {
     }
 
     /// Every weight's Hugging Face name and shape, in a fixed order
-    /// (embedding, final norm, LM head, then each layer's: attention, MLP,
-    /// norms, and the q/k norms of OLMo's layout).
+    /// (embedding, final norm, LM head, then each layer's: attention or
+    /// Qwen3.5's linear attention, MLP, norms, and the q/k norms of OLMo's
+    /// layout).
     pub fn weight_shapes(&self) -> Vec<(String, Vec<usize>)> {
         let (v, d, i) = (self.vocab_size, self.hidden_size, self.intermediate_size);
         let (h, kv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim());
@@ -397,12 +476,44 @@ impl LlamaShape {
         ];
         for l in 0..self.num_layers {
             let p = format!("model.layers.{l}");
-            out.extend([
-                (format!("{p}.self_attn.q_proj.weight"), vec![h * hd, d]),
-                (format!("{p}.self_attn.k_proj.weight"), vec![kv * hd, d]),
-                (format!("{p}.self_attn.v_proj.weight"), vec![kv * hd, d]),
-                (format!("{p}.self_attn.o_proj.weight"), vec![d, h * hd]),
-            ]);
+            match self.layout {
+                Layout::Qwen35 { .. } if self.layout.is_linear(l) => {
+                    // key heads as the K/V heads, value heads as the query heads
+                    let a = format!("{p}.linear_attn");
+                    let channels = 2 * kv * hd + h * hd;
+                    out.extend([
+                        (format!("{a}.in_proj_qkv.weight"), vec![channels, d]),
+                        (format!("{a}.in_proj_z.weight"), vec![h * hd, d]),
+                        (format!("{a}.in_proj_b.weight"), vec![h, d]),
+                        (format!("{a}.in_proj_a.weight"), vec![h, d]),
+                        (
+                            format!("{a}.conv1d.weight"),
+                            vec![channels, 1, QWEN35_CONV_KERNEL],
+                        ),
+                        (format!("{a}.A_log"), vec![h]),
+                        (format!("{a}.dt_bias"), vec![h]),
+                        (format!("{a}.norm.weight"), vec![hd]),
+                        (format!("{a}.out_proj.weight"), vec![d, h * hd]),
+                    ]);
+                }
+                _ => {
+                    // Qwen3.5's full layers project the output gate beside the queries
+                    let gated = matches!(self.layout, Layout::Qwen35 { .. });
+                    let q_rows = if gated { 2 * h * hd } else { h * hd };
+                    out.extend([
+                        (format!("{p}.self_attn.q_proj.weight"), vec![q_rows, d]),
+                        (format!("{p}.self_attn.k_proj.weight"), vec![kv * hd, d]),
+                        (format!("{p}.self_attn.v_proj.weight"), vec![kv * hd, d]),
+                        (format!("{p}.self_attn.o_proj.weight"), vec![d, h * hd]),
+                    ]);
+                    if gated {
+                        out.extend([
+                            (format!("{p}.self_attn.q_norm.weight"), vec![hd]),
+                            (format!("{p}.self_attn.k_norm.weight"), vec![hd]),
+                        ]);
+                    }
+                }
+            }
             match self.layout {
                 Layout::Mixtral { experts, .. } => {
                     let moe = format!("{p}.block_sparse_moe");
@@ -422,7 +533,10 @@ impl LlamaShape {
                 ]),
             }
             let norms: &[(&str, usize)] = match self.layout {
-                Layout::Llama | Layout::Smollm3 { .. } | Layout::Mixtral { .. } => {
+                Layout::Llama
+                | Layout::Smollm3 { .. }
+                | Layout::Mixtral { .. }
+                | Layout::Qwen35 { .. } => {
                     &[("input_layernorm", d), ("post_attention_layernorm", d)]
                 }
                 Layout::Olmo { .. } => &[

@@ -212,6 +212,20 @@ pub fn training_matrix(
     m
 }
 
+/// Which rows of sequences of `t` rows, given their visibility matrices
+/// stacked [b, t, t] (row-major, each as [`training_matrix`] gives it), a
+/// later row of the same sequence reads: the rows that enter a recurrent
+/// layer's state, since a state holds exactly what the later tokens read
+/// (every existing row under the full model and SPEED, only the anchors
+/// above SelfOnly's cut; [`crate::RecurrentLayers::enters_state`] asks the
+/// same of the rule). A sequence's last row is read by none.
+pub fn rows_read_later(visible: &[bool], t: usize) -> Vec<bool> {
+    visible
+        .chunks(t * t)
+        .flat_map(|m| (0..t).map(move |k| (k + 1..t).any(|q| m[q * t + k])))
+        .collect()
+}
+
 /// The rows one group of K/V heads holds, as the planner sees them.
 #[derive(Debug, Clone, Copy)]
 pub struct HeldRows<'a> {

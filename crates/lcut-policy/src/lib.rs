@@ -45,7 +45,7 @@ pub use heads::{
     FileModel, HeadChoice, HeadFile, HeadRanking, HeadSet, HeadSource, ModelDims, read_head_file,
     read_ranking,
 };
-pub use keys::{KeyPlanner, KeyQuery, LayerKeys, QuerySpans, training_matrix};
+pub use keys::{KeyPlanner, KeyQuery, LayerKeys, QuerySpans, rows_read_later, training_matrix};
 pub use layer_rule::{LayerRule, UpperReads};
 pub use phases::{Phase, PhaseError, TokenPhases};
 pub use policy::{Anchors, HeadExceptions, Policy, PolicyKind, PolicySpec, split_list};

@@ -797,8 +797,9 @@ impl ModelShape {
             Layout::Smollm3 { .. } => Family::Smollm3,
             Layout::Olmo { .. } => Family::Olmo,
             // refused by `validate_own`: a synthesized shape's experts are
-            // its `experts` field
+            // its `experts` field, its linear layers its `linear` field
             Layout::Mixtral { .. } => Family::Mixtral,
+            Layout::Qwen35 { .. } => Family::Qwen35,
         }
     }
 
@@ -856,10 +857,12 @@ impl ModelShape {
         {
             return bad("head_dim", "a positive even width".into(), hd.to_string());
         }
-        if let Layout::Mixtral { .. } = self.sizes.layout {
+        if let Layout::Mixtral { .. } | Layout::Qwen35 { .. } = self.sizes.layout {
             return bad(
                 "sizes.layout",
-                "a layout without experts (a shape's experts are its `experts` field)".into(),
+                "a layout without experts or linear layers (a shape's are its `experts` and \
+                 `linear` fields)"
+                    .into(),
                 self.sizes.layout.to_string(),
             );
         }

@@ -34,7 +34,9 @@ pub const TASK_TOKENS: lcut_model::SpecialTokens = lcut_model::SpecialTokens {
 };
 
 /// A fresh `VarMap` of a model of `shape`, initialised from `seed`:
-/// norms at one, matrices uniform with standard deviation `std` (output
+/// vectors at [`ModelShape::vector_start`] (norms at their identity),
+/// convolution taps uniform within ±1/sqrt(kernel), matrices uniform with
+/// standard deviation `std` (output
 /// projections scaled by 1/sqrt(2L), as in GPT-2). About 1/sqrt(hidden)
 /// (0.1 for hidden 128) shortens the plateau before the copy circuit forms;
 /// the customary 0.02 stalls these small models for hundreds of steps.
@@ -50,14 +52,19 @@ pub fn init_varmap(shape: &ModelShape, std: f32, seed: u64, device: &Device) -> 
         for (name, dims) in shape.weight_shapes() {
             let n: usize = dims.iter().product();
             let t = if dims.len() == 1 {
-                Tensor::ones(dims.as_slice(), DType::F32, device)?
+                Tensor::full(shape.vector_start(&name), dims.as_slice(), device)?
             } else {
-                let std = if name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight") {
-                    residual_std
+                let a = if name.ends_with("conv1d.weight") {
+                    // a convolution's taps as torch starts them: 1/sqrt(kernel)
+                    1.0 / (dims[dims.len() - 1] as f32).sqrt()
+                } else if ["o_proj.weight", "down_proj.weight", "out_proj.weight"]
+                    .iter()
+                    .any(|end| name.ends_with(end))
+                {
+                    residual_std * 3f32.sqrt()
                 } else {
-                    std
+                    std * 3f32.sqrt()
                 };
-                let a = std * 3f32.sqrt();
                 let vals: Vec<f32> = (0..n).map(|_| rng.random_range(-a..a)).collect();
                 Tensor::from_vec(vals, dims.as_slice(), device)?
             };
@@ -274,6 +281,10 @@ impl BatchSoftmax for BatchMasks {
     /// own backward on the CPU; composed candle ops elsewhere).
     fn softmax(&self, l: usize, scores: &Tensor) -> lcut_model::Result<Tensor> {
         Ok(self.for_layer(l).apply(scores)?)
+    }
+
+    fn visibility(&self, l: usize) -> &[bool] {
+        &self.for_layer(l).visible
     }
 }
 

@@ -649,31 +649,40 @@ mod tests {
 
     /// The gradients that reach every weight agree with finite differences
     /// of the loss, under the full mask and under a SPEED mask, on Llama's
-    /// layout and on Mixtral's (the router learns through the weights of
-    /// the experts it chose).
+    /// layout, on Mixtral's (the router learns through the weights of the
+    /// experts it chose) and on Qwen3.5's (a linear layer below a full one:
+    /// the convolution, decay rates and state reach every weight).
     #[test]
     fn gradients_match_finite_differences() -> Result<()> {
-        for layout in [
-            lcut_model::Layout::Llama,
-            lcut_model::Layout::Mixtral {
-                experts: 3,
-                top_k: 2,
-            },
+        for (layout, heads) in [
+            (lcut_model::Layout::Llama, (4, 2)),
+            (
+                lcut_model::Layout::Mixtral {
+                    experts: 3,
+                    top_k: 2,
+                },
+                (4, 2),
+            ),
+            // heads 8 wide: RoPE turns a quarter of each
+            (lcut_model::Layout::Qwen35 { full_interval: 2 }, (2, 1)),
         ] {
-            gradients_of(layout)?;
+            gradients_of(layout, heads)?;
         }
         Ok(())
     }
 
-    fn gradients_of(layout: lcut_model::Layout) -> Result<()> {
+    fn gradients_of(
+        layout: lcut_model::Layout,
+        (num_heads, num_kv_heads): (usize, usize),
+    ) -> Result<()> {
         let dev = Device::Cpu;
         let shape = ModelShape {
             vocab_size: vocab::VOCAB_SIZE,
             hidden_size: 16,
             intermediate_size: 24,
             num_layers: 2,
-            num_heads: 4,
-            num_kv_heads: 2,
+            num_heads,
+            num_kv_heads,
             rope_theta: 10000.0,
             rms_norm_eps: 1e-5,
             max_position_embeddings: 512,

@@ -470,10 +470,22 @@ impl LayerExecutor for TensorRows<'_, '_, '_> {
             .input
             .take()
             .ok_or(unwritten("the attention's input"))?;
-        let Keys::Cache(run) = &mut self.keys else {
-            return Err(unwritten("a linear-attention layer in training"));
-        };
         let l = at.index;
+        let run = match &mut self.keys {
+            Keys::Cache(run) => run,
+            // training: every row at once, a row entering the state where
+            // a later row of its sequence reads it
+            Keys::Mask { visible, .. } => {
+                let enters = lcut_policy::rows_read_later(visible, self.present.len());
+                self.attn = Some(net.forward_rows(&x, self.present.len(), &enters)?);
+                return Ok(());
+            }
+            Keys::Batch { t, softmax } => {
+                let enters = lcut_policy::rows_read_later(softmax.visibility(l), *t);
+                self.attn = Some(net.forward_rows(&x, *t, &enters)?);
+                return Ok(());
+            }
+        };
         let rule = run.seq.rule.as_ref();
         let enters: Vec<bool> = (self.present.iter())
             .map(|&p| RecurrentLayers::enters_state(rule, l, p))

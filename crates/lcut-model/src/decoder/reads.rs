@@ -15,6 +15,11 @@ pub trait BatchSoftmax {
     /// Softmax of `scores` [b, kv_heads, group, t, t] at `layer` over the
     /// keys each query reads, 0 at the others.
     fn softmax(&self, layer: usize, scores: &Tensor) -> Result<Tensor>;
+
+    /// Which keys each query reads at `layer`: the sequences' [t, t]
+    /// matrices stacked [b, t, t], row-major (as
+    /// [`lcut_policy::training_matrix`] gives each).
+    fn visibility(&self, layer: usize) -> &[bool];
 }
 
 impl HeldKeys for LayerCache {

@@ -4,7 +4,8 @@
 //! sliding window applied) for the LoRA trainer, with trainable LoRA pairs
 //! in its linear layers; `train_batch` runs a batch of sequences for the
 //! bundled task models' trainer. Gradients reach whatever carries them
-//! through candle's autograd.
+//! through candle's autograd. A linear-attention layer's recurrence runs
+//! row by row over each sequence in tensor ops.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -152,7 +153,9 @@ impl Decoder {
     /// Refuse a range of layers past the model's depth, and a model the
     /// training passes do not run yet: Gemma 4 (per-layer inputs, shared
     /// K/V, experts beside its MLPs; none of its variants is checked
-    /// against a reference trainer), or one whose layers recur (Qwen3.5).
+    /// against a reference trainer). A linear-attention layer (Qwen3.5)
+    /// runs its recurrence over each sequence's rows, a row entering the
+    /// state where a later row reads it.
     fn check_layers(&self, layers: &Range<usize>) -> Result<()> {
         if self.cfg.arch == crate::config::Arch::Gemma4
             || self.layer_inputs.is_some()
@@ -160,12 +163,6 @@ impl Decoder {
         {
             return Err(refuse(
                 "Gemma 4 (layers that take per-layer inputs, share K/V or run experts beside their MLPs): lcut does not train it yet"
-                    .into(),
-            ));
-        }
-        if self.recurrent.any() {
-            return Err(refuse(
-                "a model with linear-attention layers (Qwen3.5): lcut does not train it yet (the training passes run every row at once under a mask, which cannot take a token out of a recurrence)"
                     .into(),
             ));
         }
