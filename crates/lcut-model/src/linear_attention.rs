@@ -460,8 +460,10 @@ impl GatedDeltaNet {
             let h = convolved
                 .narrow(1, from, s.key_width())?
                 .reshape((n, s.key_heads, dk))?;
-            let norm = (h.sqr()?.sum_keepdim(2)? + 1e-6)?.sqrt()?;
-            let h = (h.broadcast_div(&norm)? * scale)?;
+            // scale / sqrt(sum of squares + 1e-6), then the product, as the
+            // inference path rounds it
+            let root = (h.sqr()?.sum_keepdim(2)? + 1e-6)?.sqrt()?;
+            let h = h.broadcast_mul(&(root.ones_like()? * scale)?.div(&root)?)?;
             let reads: Vec<u32> = (0..hv).map(|v| s.key_head_of(v) as u32).collect();
             Ok(h.index_select(&Tensor::new(reads, dev)?, 1)?
                 .reshape((b, t, hv, dk))?)

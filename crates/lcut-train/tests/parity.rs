@@ -24,6 +24,11 @@ fn models_dir() -> PathBuf {
 /// Compare every logit row that reaches the top layer, for a padded batch of
 /// three instances of different lengths.
 fn check(folder: &Path, policy_text: &str) -> Result<f32> {
+    check_within(folder, policy_text, TOL)
+}
+
+/// [`check`] within `tol`.
+fn check_within(folder: &Path, policy_text: &str, tol: f32) -> Result<f32> {
     let dev = Device::Cpu;
     let decoder = Decoder::load(folder, DType::F32, &dev)?;
     let shape = ModelShape::from_config(decoder.config());
@@ -60,7 +65,7 @@ fn check(folder: &Path, policy_text: &str) -> Result<f32> {
             .to_scalar::<f32>()?;
         let scale = reference.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?;
         ensure!(
-            diff <= TOL,
+            diff <= tol,
             "{}: {policy_text}: sequence {bi}: max |diff| {diff} (logits up to {scale})",
             folder.display()
         );
@@ -71,7 +76,9 @@ fn check(folder: &Path, policy_text: &str) -> Result<f32> {
 
 /// A random checkpoint of every layout (Llama's; SmolLM3's layers without
 /// RoPE; OLMo's norms after the blocks, with and without sliding layers;
-/// Mixtral's experts, the routing weights as the trainer computes them)
+/// Mixtral's experts, the routing weights as the trainer computes them;
+/// Qwen3.5's linear layers, their recurrence run over each padded
+/// sequence's rows)
 /// gives, batched by the trainer, the logits the decoder gives each
 /// sequence alone, under every policy.
 #[test]
@@ -85,6 +92,7 @@ fn random_checkpoint_matches_the_decoder() -> Result<()> {
             experts: 4,
             top_k: 2,
         },
+        lcut_model::Layout::Qwen35 { full_interval: 2 },
     ] {
         random_checkpoint(layout)?;
     }
@@ -138,7 +146,17 @@ fn random_checkpoint(layout: lcut_model::Layout) -> Result<()> {
         "speed:1+bos",
         "selfonly:2+bos",
     ] {
-        check(dir.path(), policy).with_context(|| format!("layout {layout}"))?;
+        // Qwen3.5's linear layers round otherwise in the two paths (the
+        // convolution, L2 norms and decay rates as tensors against the
+        // decoder's row-by-row loop), and their gated norm divides each
+        // head's output by its RMS: 1.2e-4 at most on this sharpened
+        // checkpoint (logits up to 15), where the other layouts stay under
+        // 5e-5; a slip in the recurrence moves logits by whole units
+        let tol = match layout {
+            lcut_model::Layout::Qwen35 { .. } => 2.0 * TOL,
+            _ => TOL,
+        };
+        check_within(dir.path(), policy, tol).with_context(|| format!("layout {layout}"))?;
     }
     Ok(())
 }
