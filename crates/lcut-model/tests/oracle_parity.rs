@@ -733,33 +733,6 @@ fn qwen35_decode_outputs_split_into_prompt_and_decode_parts() -> Result<()> {
     Ok(())
 }
 
-/// The training passes refuse Gemma 4 by name (per-layer inputs, shared
-/// K/V, experts beside its MLPs): none of its variants is checked against
-/// a reference trainer yet.
-#[test]
-fn training_refuses_gemma4_by_name() -> Result<()> {
-    let gemma4 = lcut_testkit::LAYOUT_CASES
-        .into_iter()
-        .filter(|name| name.contains("gemma4"));
-    for name in gemma4 {
-        let c = load(name)?;
-        let cfg = c.model.config();
-        let n = 4;
-        let hidden = Tensor::zeros((n, cfg.hidden_size), DType::F32, &Device::Cpu)?;
-        let positions: Vec<usize> = (0..n).collect();
-        let visible: Vec<bool> = (0..n * n).map(|i| i % n <= i / n).collect();
-        let err = c
-            .model
-            .train_rows(0..cfg.num_layers, hidden, &positions, &visible)
-            .expect_err("Gemma 4 must be refused");
-        ensure!(
-            err.to_string().contains("does not train it yet"),
-            "{name}: {err}"
-        );
-    }
-    Ok(())
-}
-
 /// The training passes (every row at once under a mask, the linear layers'
 /// recurrence in tensor ops) match transformers on Qwen3.5, dense and with
 /// experts: every layer's residual under the causal mask, from
@@ -775,7 +748,9 @@ fn training_passes_match_transformers_on_qwen35() -> Result<()> {
         let causal: Vec<bool> = (0..n * n).map(|i| i % n <= i / n).collect();
         let mut hidden = c.reference["embeddings"].clone();
         for l in 0..cfg.num_layers {
-            hidden = c.model.train_rows(l..l + 1, hidden, &positions, &causal)?;
+            hidden = c
+                .model
+                .train_rows(l..l + 1, hidden, None, &positions, &causal)?;
             let key = format!("layer_out.{l}");
             assert_close(
                 name,
@@ -791,7 +766,9 @@ fn training_passes_match_transformers_on_qwen35() -> Result<()> {
             let mut hidden = c.reference["embeddings"].clone();
             for l in 0..cfg.num_layers {
                 let visible = lcut_policy::training_matrix(rule.as_ref(), l, None, &positions);
-                hidden = c.model.train_rows(l..l + 1, hidden, &positions, &visible)?;
+                hidden = c
+                    .model
+                    .train_rows(l..l + 1, hidden, None, &positions, &visible)?;
             }
             let s = phases.decode_start();
             let logits = c.model.head_logits(&hidden.narrow(0, s, n - s)?)?;
@@ -800,4 +777,115 @@ fn training_passes_match_transformers_on_qwen35() -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The training passes match transformers on Gemma 4 (shared K/V, keys as
+/// values, per-layer inputs; with experts beside the MLPs; with wider MLPs
+/// in the shared layers): the residual after every layer under the causal
+/// mask (layers 0..=l in one call, so that a shared layer reads what its
+/// source computed in it), from transformers' embeddings and the per-layer
+/// inputs lcut makes of them, and each reference policy's decode-phase
+/// logits from the batched pass, each layer under the policy's training
+/// matrix. A range that starts above a shared layer's source is refused by
+/// name, and so are rows without their per-layer inputs.
+#[test]
+fn training_passes_match_transformers_on_gemma4() -> Result<()> {
+    let gemma4 = lcut_testkit::LAYOUT_CASES
+        .into_iter()
+        .filter(|name| name.contains("gemma4"));
+    for name in gemma4 {
+        let c = load(name)?;
+        let (cfg, n) = (c.model.config(), c.ids.len());
+        let positions: Vec<usize> = (0..n).collect();
+        let causal: Vec<bool> = (0..n * n).map(|i| i % n <= i / n).collect();
+        let embedded = c.reference["embeddings"].clone();
+        // the variants without per-layer inputs have none
+        let inputs = c.model.train_layer_inputs(&c.ids, &embedded)?;
+        let run = |layers: std::ops::Range<usize>, visible: &[bool]| {
+            c.model.train_rows(
+                layers,
+                embedded.clone(),
+                inputs.as_ref(),
+                &positions,
+                visible,
+            )
+        };
+        for l in 0..cfg.num_layers {
+            let key = format!("layer_out.{l}");
+            assert_close(
+                name,
+                &format!("training {key}"),
+                &run(0..l + 1, &causal)?,
+                &c.reference[&key],
+            )?;
+        }
+        ensure!(!c.case.policies.is_empty(), "{name}: no reference policies");
+        for entry in &c.case.policies {
+            let (policy, phases) = policy_of(&c, entry)?;
+            let rule = policy.visibility(phases);
+            // the batched pass takes each layer's mask (its window in it), so
+            // a shared layer above a cut reads its source's K/V below it in
+            // the same call
+            let masks = LayerMasks(
+                (0..cfg.num_layers)
+                    .map(|l| {
+                        let window = cfg.sliding_window[l];
+                        lcut_policy::training_matrix(rule.as_ref(), l, window, &positions)
+                    })
+                    .collect(),
+            );
+            let ids = Tensor::new(c.ids.as_slice(), &Device::Cpu)?.unsqueeze(0)?;
+            let hidden = c.model.train_batch(0..cfg.num_layers, &ids, &masks)?;
+            let s = phases.decode_start();
+            let logits = c.model.head_logits(&hidden.narrow(0, s, n - s)?)?;
+            let key = entry.key.as_str();
+            assert_close(name, &format!("training {key}"), &logits, &c.reference[key])?;
+        }
+        let hidden = Tensor::zeros((n, cfg.hidden_size), DType::F32, &Device::Cpu)?;
+        if inputs.is_some() {
+            let err = c
+                .model
+                .train_rows(0..1, hidden.clone(), None, &positions, &causal)
+                .expect_err("rows without their per-layer inputs");
+            ensure!(
+                err.to_string().contains("per-layer inputs"),
+                "{name}: {err}"
+            );
+        }
+        if let Some(shared) = (0..cfg.num_layers).find(|&l| c.model.kv_sharing().source(l) != l) {
+            let err = c
+                .model
+                .train_rows(
+                    shared..shared + 1,
+                    hidden,
+                    inputs.as_ref(),
+                    &positions,
+                    &causal,
+                )
+                .expect_err("a shared layer without its source");
+            ensure!(err.to_string().contains("did not run"), "{name}: {err}");
+        }
+    }
+    Ok(())
+}
+
+/// One sequence's masks per layer for the batched training pass: softmax
+/// over the keys each layer's matrix shows a query.
+struct LayerMasks(Vec<Vec<bool>>);
+
+impl lcut_model::BatchSoftmax for LayerMasks {
+    fn softmax(&self, layer: usize, scores: &Tensor) -> lcut_model::Result<Tensor> {
+        let t = scores.dim(4)?;
+        let additive: Vec<f32> = (self.0[layer].iter())
+            .map(|&v| if v { 0.0 } else { f32::NEG_INFINITY })
+            .collect();
+        let mask = Tensor::from_vec(additive, (1, 1, 1, t, t), scores.device())?;
+        Ok(candle_nn::ops::softmax_last_dim(
+            &scores.broadcast_add(&mask)?,
+        )?)
+    }
+
+    fn visibility(&self, layer: usize) -> &[bool] {
+        &self.0[layer]
+    }
 }

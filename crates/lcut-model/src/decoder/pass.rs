@@ -64,6 +64,10 @@ pub(super) struct TensorRows<'a, 'p, 'q> {
     keys: Keys<'a, 'p, 'q>,
     /// Each row's per-layer inputs [n, layers * width] (Gemma 4).
     layer_inputs: Option<Tensor>,
+    /// Training: each layer's keys and values [kv_heads, n, head_dim] so
+    /// far, for the layers that read another layer's (Gemma 4's shared
+    /// layers; the tensors the autograd graph holds anyway).
+    trained_kv: BTreeMap<usize, (Tensor, Tensor)>,
 }
 
 /// A chunk's rows as they enter or leave a range of layers: the residual
@@ -144,6 +148,7 @@ impl<'a, 'p, 'q> TensorRows<'a, 'p, 'q> {
             gate_up: None,
             branch: None,
             keys,
+            trained_kv: BTreeMap::new(),
         })
     }
 
@@ -273,6 +278,31 @@ impl CacheRun<'_, '_, '_> {
 }
 
 impl TensorRows<'_, '_, '_> {
+    /// Training: the keys and values layer `at` reads, its own `kv` (kept
+    /// for the layers that read it) or those its source layer computed from
+    /// the same rows, refused by name where that layer did not run here.
+    fn trained_kv(
+        &mut self,
+        at: LayerAt<'_>,
+        kv: Option<(Tensor, Tensor)>,
+    ) -> Result<(Tensor, Tensor)> {
+        match (kv, at.layer.kv_source) {
+            (Some(kv), _) => {
+                self.trained_kv.insert(at.index, kv.clone());
+                Ok(kv)
+            }
+            (None, Some(source)) => self.trained_kv.get(&source).cloned().ok_or_else(|| {
+                crate::error::ModelError::TrainInput {
+                    detail: format!(
+                        "layer {} reads layer {source}'s K/V, which this range of layers did not run",
+                        at.index
+                    ),
+                }
+            }),
+            (None, None) => Err(unwritten("the keys")),
+        }
+    }
+
     /// A probe that asks is shown the rows' routing at layer `at`.
     fn show_routing(&mut self, at: LayerAt<'_>, routing: &Routing) -> Result<()> {
         if let Keys::Cache(run) = &mut self.keys
@@ -419,6 +449,11 @@ impl LayerExecutor for TensorRows<'_, '_, '_> {
     fn attend(&mut self, at: LayerAt<'_>) -> Result<()> {
         let mut qkv = self.qkv.take().ok_or(unwritten("the queries"))?;
         self.attn_gate = qkv.gate.take();
+        if !matches!(self.keys, Keys::Cache(_)) {
+            // training: a layer that reads another's K/V reads what that
+            // layer computed from these rows
+            qkv.kv = Some(self.trained_kv(at, qkv.kv.take())?);
+        }
         let attn = match &mut self.keys {
             Keys::Cache(run) => run.attend(self.dec, at, &self.present, qkv)?,
             Keys::Mask { visible, masks } => {
@@ -431,17 +466,11 @@ impl LayerExecutor for TensorRows<'_, '_, '_> {
                     )?),
                 };
                 let sinks = at.layer.attn.sinks();
-                let (k, v) = qkv
-                    .kv
-                    .as_ref()
-                    .ok_or(unwritten("a shared layer in training"))?;
+                let (k, v) = qkv.kv.as_ref().ok_or(unwritten("the keys"))?;
                 self.dec.attend(&qkv.q, k, v, Some(mask), sinks, None)?.0
             }
             Keys::Batch { t, softmax } => {
-                let (k, v) = qkv
-                    .kv
-                    .as_ref()
-                    .ok_or(unwritten("a shared layer in training"))?;
+                let (k, v) = qkv.kv.as_ref().ok_or(unwritten("the keys"))?;
                 self.dec
                     .attend_batch(at.index, (&qkv.q, k, v), *t, *softmax)?
             }
@@ -679,22 +708,17 @@ impl Decoder {
         })
     }
 
-    /// The residual stream `hidden` [n, hidden] of rows at `positions`
-    /// through `layers` with no cache, each query reading what `keys` (a
-    /// training mask or batch) shows it: the training passes, their input
-    /// checked by [`Decoder::train_rows`] and [`Decoder::train_batch`].
+    /// The residual stream of `rows` (with their positions and per-layer
+    /// inputs) through `layers` with no cache, each query reading what
+    /// `keys` (a training mask or batch) shows it: the training passes,
+    /// their input checked by [`Decoder::train_rows`] and
+    /// [`Decoder::train_batch`].
     pub(super) fn run_layers_uncached(
         &self,
         layers: std::ops::Range<usize>,
-        hidden: Tensor,
-        positions: Vec<usize>,
+        rows: ChunkRows,
         keys: Keys<'_, '_, '_>,
     ) -> Result<Tensor> {
-        let rows = ChunkRows {
-            hidden,
-            present: positions,
-            layer_inputs: None,
-        };
         let mut rows = TensorRows::new(self, rows, keys)?;
         for l in layers {
             run_layer(l, &self.layers[l], &mut rows)?;

@@ -13,7 +13,7 @@ use std::ops::Range;
 use candle_core::Tensor;
 
 use super::Decoder;
-use super::pass::Keys;
+use super::pass::{ChunkRows, Keys};
 use super::reads::BatchSoftmax;
 use crate::error::{ModelError, Result};
 use crate::linear::{Linear, LoraLinear, linear_dims};
@@ -85,12 +85,16 @@ impl Decoder {
     /// (increasing) through `layers`, row q reading row k where
     /// `visible[q * n + k]` and, at a sliding layer, where k lies within
     /// the layer's window of q (`visible` as [`lcut_policy::training_matrix`]
-    /// gives it). Every row must read itself and no later row. Differentiable
-    /// with respect to the pairs of [`Decoder::with_trainable_lora`].
+    /// gives it). Every row must read itself and no later row. A model with
+    /// per-layer inputs (Gemma 4) needs the rows' `layer_inputs`
+    /// ([`Decoder::train_layer_inputs`]); a layer that reads another's K/V
+    /// reads what that layer computed in the same call. Differentiable with
+    /// respect to the pairs of [`Decoder::with_trainable_lora`].
     pub fn train_rows(
         &self,
         layers: Range<usize>,
         hidden: Tensor,
+        layer_inputs: Option<&Tensor>,
         positions: &[usize],
         visible: &[bool],
     ) -> Result<Tensor> {
@@ -122,7 +126,42 @@ impl Decoder {
             )));
         }
         self.check_layers(&layers)?;
-        self.run_layers_uncached(layers, hidden, positions.to_vec(), Keys::mask(visible))
+        let layer_inputs = match (&self.layer_inputs, layer_inputs) {
+            (Some(li), Some(given)) => {
+                let width = li.width() * self.cfg.num_layers;
+                if given.dims() != [n, width] {
+                    return Err(refuse(format!(
+                        "per-layer inputs {:?} for {n} rows of {width}",
+                        given.dims()
+                    )));
+                }
+                Some(given.clone())
+            }
+            (Some(_), None) => {
+                return Err(refuse(
+                    "a model with per-layer inputs (Gemma 4) trains with them: \
+                     Decoder::train_layer_inputs gives them"
+                        .into(),
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(refuse("per-layer inputs for a model without them".into()));
+            }
+            (None, None) => None,
+        };
+        let rows = ChunkRows {
+            hidden,
+            present: positions.to_vec(),
+            layer_inputs,
+        };
+        self.run_layers_uncached(layers, rows, Keys::mask(visible))
+    }
+
+    /// The per-layer inputs [n, layers * width] of `tokens` whose scaled
+    /// embeddings are `embedded` [n, hidden], for [`Decoder::train_rows`]:
+    /// `None` for a model without them (all but Gemma 4).
+    pub fn train_layer_inputs(&self, tokens: &[u32], embedded: &Tensor) -> Result<Option<Tensor>> {
+        self.layer_inputs(tokens, embedded)
     }
 
     /// The residual stream after `layers` of a batch of token sequences
@@ -144,28 +183,16 @@ impl Decoder {
         }
         self.check_layers(&layers)?;
         let tokens = ids.flatten_all()?.to_vec1::<u32>()?;
-        let (hidden, _) = self.embed(&tokens, 0, &mut None)?;
-        let positions: Vec<usize> = (0..b).flat_map(|_| 0..t).collect();
+        let mut rows = self.embed_rows(&tokens, 0, &mut None)?;
+        rows.present = (0..b).flat_map(|_| 0..t).collect();
         let keys = Keys::Batch { t, softmax };
-        self.run_layers_uncached(layers, hidden, positions, keys)
+        self.run_layers_uncached(layers, rows, keys)
     }
 
-    /// Refuse a range of layers past the model's depth, and a model the
-    /// training passes do not run yet: Gemma 4 (per-layer inputs, shared
-    /// K/V, experts beside its MLPs; none of its variants is checked
-    /// against a reference trainer). A linear-attention layer (Qwen3.5)
-    /// runs its recurrence over each sequence's rows, a row entering the
-    /// state where a later row reads it.
+    /// Refuse a range of layers past the model's depth. A linear-attention
+    /// layer (Qwen3.5) runs its recurrence over each sequence's rows, a row
+    /// entering the state where a later row reads it.
     fn check_layers(&self, layers: &Range<usize>) -> Result<()> {
-        if self.cfg.arch == crate::config::Arch::Gemma4
-            || self.layer_inputs.is_some()
-            || self.sharing.any()
-        {
-            return Err(refuse(
-                "Gemma 4 (layers that take per-layer inputs, share K/V or run experts beside their MLPs): lcut does not train it yet"
-                    .into(),
-            ));
-        }
         match layers.end > self.cfg.num_layers {
             true => Err(refuse(format!(
                 "layers {layers:?} of a model of {}",

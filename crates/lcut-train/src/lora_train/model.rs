@@ -196,7 +196,13 @@ impl UpperModel {
         let mut x = s.x.clone();
         match (&s.below, self.first < self.cut) {
             (Some(below), true) => {
-                x = model.train_rows(self.first..self.cut, x, &below.positions, &below.visible)?;
+                x = model.train_rows(
+                    self.first..self.cut,
+                    x,
+                    None,
+                    &below.positions,
+                    &below.visible,
+                )?;
                 x = x.index_select(&Tensor::new(below.kept.as_slice(), &Device::Cpu)?, 0)?;
             }
             (None, false) => {}
@@ -212,7 +218,7 @@ impl UpperModel {
                 });
             }
         }
-        x = model.train_rows(self.cut..layers, x, &s.positions, &s.visible)?;
+        x = model.train_rows(self.cut..layers, x, None, &s.positions, &s.visible)?;
         let idx = Tensor::new(s.loss_rows.as_slice(), &Device::Cpu)?;
         Ok(model.head_logits(&x.index_select(&idx, 0)?)?)
     }
