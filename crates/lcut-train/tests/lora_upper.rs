@@ -449,3 +449,23 @@ fn training_with_the_kl_term_ends_nearer_the_teacher() -> Result<()> {
     );
     Ok(())
 }
+
+/// The adapter trainer refuses Gemma 4's per-layer inputs and shared K/V by
+/// name (its sequences carry the residual stream alone, and its layers
+/// above the cut run apart from those below), before any work.
+#[test]
+fn the_adapter_trainer_refuses_gemma4_by_name() -> Result<()> {
+    for name in [lcut_testkit::GEMMA4_CASE, lcut_testkit::GEMMA4WIDE_CASE] {
+        let dir = lcut_testkit::oracle_case(name);
+        let cfg = ModelConfig::from_folder(&dir)?;
+        let err = match UpperModel::load_span(&cfg, &WeightFiles::open(&dir)?, 2, 2) {
+            Ok(_) => anyhow::bail!("{name}: the adapter trainer took Gemma 4"),
+            Err(e) => e.to_string(),
+        };
+        ensure!(
+            err.contains("per-layer inputs and shared K/V"),
+            "{name}: {err}"
+        );
+    }
+    Ok(())
+}

@@ -112,6 +112,15 @@ impl UpperModel {
                  the cut at most the model's {layers} layers"
             )));
         }
+        if decoder.config().per_layer_input.is_some() || decoder.kv_sharing().any() {
+            // the sequences carry the residual stream alone, and the layers
+            // above the cut run apart from those below
+            return Err(span_error(
+                "Gemma 4's per-layer inputs and shared K/V: the adapter trainer does not carry \
+                 them yet (the training passes run them: Decoder::train_rows)"
+                    .into(),
+            ));
+        }
         if decoder.dtype() != DType::F32 || !decoder.device().is_cpu() {
             return Err(span_error(format!(
                 "training runs on dense f32 weights on the CPU, not {:?} on {:?}",
