@@ -67,7 +67,10 @@ pub struct TrainArgs {
     /// tokens then a full one), `mixtral[:E/K]` (each MLP a mixture of E
     /// experts, each token reading its router's top K; default 8/2),
     /// `qwen35[:N]` (Qwen3.5: every N-th layer full attention with a gated
-    /// output, the others Gated DeltaNet linear attention; default 4).
+    /// output, the others Gated DeltaNet linear attention; default 4),
+    /// `gemma4[:W[/S]]` (Gemma 4: two layers sliding over W tokens then a
+    /// full one whose keys are its values, per-layer inputs, the last S
+    /// layers reading earlier layers' K/V; default 512/0).
     /// Ignored with `--init` (its config fixes it).
     #[arg(long, default_value = "llama")]
     pub layout: lcut_model::Layout,

@@ -53,7 +53,23 @@ pub enum Layout {
         /// The interval of the full-attention layers (Qwen3.5's 4).
         full_interval: usize,
     },
+    /// Gemma 4 (`gemma4_text`): two layers sliding over `window` tokens,
+    /// then a full one (the last layer full), the full layers' keys being
+    /// their values (`attention_k_eq_v`) and rotated over a quarter of each
+    /// head; per-layer inputs of [`GEMMA4_LAYER_INPUT`] values; the last
+    /// `shared` layers reading the K/V of the last unshared layer of their
+    /// type; sandwich norms, q/k/v norms, a layer scalar, GELU MLPs, tied
+    /// embeddings scaled by sqrt(hidden), logits soft-capped at 30.
+    Gemma4 {
+        /// The sliding layers' window.
+        window: usize,
+        /// Layers at the top that read an earlier layer's K/V.
+        shared: usize,
+    },
 }
+
+/// The per-layer input width of [`Layout::Gemma4`] (`hidden_size_per_layer_input`).
+pub const GEMMA4_LAYER_INPUT: usize = 16;
 
 /// The convolution kernel of [`Layout::Qwen35`]'s linear layers.
 const QWEN35_CONV_KERNEL: usize = 4;
@@ -64,7 +80,8 @@ impl std::str::FromStr for Layout {
     /// `llama`, `smollm3` (NoPE every 4th layer) or `smollm3:N`, `olmo2`,
     /// `olmo3` (window 4096, transformers' default) or `olmo3:W`, `mixtral`
     /// (the top 2 of 8 experts) or `mixtral:E/K`, `qwen35` (every 4th layer
-    /// full) or `qwen35:N`.
+    /// full) or `qwen35:N`, `gemma4` (window 512, no shared layers),
+    /// `gemma4:W` or `gemma4:W/S` (the last S layers shared).
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         let (name, arg) = match s.split_once(':') {
             Some((n, a)) => (n, Some(a)),
@@ -110,9 +127,24 @@ impl std::str::FromStr for Layout {
             "qwen35" => Ok(Layout::Qwen35 {
                 full_interval: number("full-attention interval")?.unwrap_or(4),
             }),
+            "gemma4" => {
+                let (window, shared) = match arg.map(|a| a.split_once('/')) {
+                    None => (Some(512), Some(0)),
+                    Some(None) => (arg.and_then(|a| a.parse().ok()), Some(0)),
+                    Some(Some((w, k))) => (w.parse().ok(), k.parse().ok()),
+                };
+                match (window, shared) {
+                    (Some(window), Some(shared)) if window > 0 => {
+                        Ok(Layout::Gemma4 { window, shared })
+                    }
+                    _ => Err(format!(
+                        "{s:?}: after ':' give WINDOW or WINDOW/SHARED, a positive window"
+                    )),
+                }
+            }
             _ => Err(format!(
                 "{s:?} is not a layout: llama, smollm3[:NOPE_INTERVAL], olmo2, olmo3[:WINDOW], \
-                 mixtral[:EXPERTS/TOP_K], qwen35[:FULL_INTERVAL]"
+                 mixtral[:EXPERTS/TOP_K], qwen35[:FULL_INTERVAL], gemma4[:WINDOW[/SHARED]]"
             )),
         }
     }
@@ -127,6 +159,7 @@ impl std::fmt::Display for Layout {
             Layout::Olmo { window: Some(w) } => write!(f, "olmo3:{w}"),
             Layout::Mixtral { experts, top_k } => write!(f, "mixtral:{experts}/{top_k}"),
             Layout::Qwen35 { full_interval } => write!(f, "qwen35:{full_interval}"),
+            Layout::Gemma4 { window, shared } => write!(f, "gemma4:{window}/{shared}"),
         }
     }
 }
@@ -141,6 +174,12 @@ impl Layout {
     /// Whether layer `l` of this layout is a linear-attention layer.
     pub fn is_linear(&self, l: usize) -> bool {
         matches!(self, Layout::Qwen35 { full_interval } if !(l + 1).is_multiple_of(*full_interval))
+    }
+
+    /// Whether layer `l` of `layers` is a full-attention layer of
+    /// [`Layout::Gemma4`] (every third, and the last).
+    fn gemma4_full(l: usize, layers: usize) -> bool {
+        (l + 1).is_multiple_of(3) || l + 1 == layers
     }
 }
 
@@ -298,7 +337,17 @@ impl LlamaShape {
                 "a positive interval".into(),
                 "0".into(),
             ),
-            Layout::Qwen35 { .. } if self.head_dim() < 8 => bad(
+            Layout::Gemma4 { window: 0, .. } => bad(
+                "layout.window",
+                "a positive window (tokens a query reads)".into(),
+                "0".into(),
+            ),
+            Layout::Gemma4 { shared, .. } if shared >= self.num_layers => bad(
+                "layout.shared",
+                format!("fewer than the {} layers", self.num_layers),
+                shared.to_string(),
+            ),
+            Layout::Qwen35 { .. } | Layout::Gemma4 { .. } if self.head_dim() < 8 => bad(
                 "num_heads",
                 "heads at least 8 wide (RoPE turns a quarter of each, in pairs)".into(),
                 format!("{} (head width {})", self.num_heads, self.head_dim()),
@@ -321,6 +370,18 @@ impl LlamaShape {
             Arch::Mixtral => Layout::Mixtral {
                 experts: cfg.experts.map_or(0, |e| e.num_experts),
                 top_k: cfg.experts.map_or(0, |e| e.top_k),
+            },
+            Arch::Gemma4 => Layout::Gemma4 {
+                window: cfg
+                    .sliding_window
+                    .iter()
+                    .flatten()
+                    .next()
+                    .copied()
+                    .unwrap_or(0),
+                shared: (cfg.layer_attention.iter())
+                    .filter(|a| a.kv_source.is_some())
+                    .count(),
             },
             Arch::Qwen35 => Layout::Qwen35 {
                 full_interval: (cfg.linear_attention.as_ref())
@@ -434,6 +495,47 @@ impl LlamaShape {
                     }),
                 );
             }
+            Layout::Gemma4 { window, shared } => {
+                for stale in ["mlp_bias", "rope_theta", "hidden_act"] {
+                    map.remove(stale);
+                }
+                let types: Vec<&str> = (0..self.num_layers)
+                    .map(|l| match Layout::gemma4_full(l, self.num_layers) {
+                        true => "full_attention",
+                        false => "sliding_attention",
+                    })
+                    .collect();
+                let fields = json!({
+                    "architectures": ["Gemma4ForCausalLM"],
+                    "model_type": "gemma4_text",
+                    "hidden_activation": "gelu_pytorch_tanh",
+                    "tie_word_embeddings": true,
+                    "layer_types": types,
+                    "sliding_window": window,
+                    "attention_k_eq_v": true,
+                    "global_head_dim": self.head_dim(),
+                    "num_global_key_value_heads": self.num_kv_heads,
+                    "hidden_size_per_layer_input": GEMMA4_LAYER_INPUT,
+                    "vocab_size_per_layer_input": self.vocab_size,
+                    "num_kv_shared_layers": shared,
+                    "final_logit_softcapping": 30.0,
+                    "enable_moe_block": false,
+                    "rope_parameters": {
+                        "full_attention": {
+                            "rope_type": "proportional",
+                            "rope_theta": self.rope_theta,
+                            "partial_rotary_factor": 0.25
+                        },
+                        "sliding_attention": {
+                            "rope_type": "default",
+                            "rope_theta": self.rope_theta
+                        }
+                    }
+                });
+                if let Value::Object(fields) = fields {
+                    map.extend(fields);
+                }
+            }
         }
         config
     }
@@ -478,11 +580,55 @@ impl LlamaShape {
         let mut out = vec![
             ("model.embed_tokens.weight".to_string(), vec![v, d]),
             ("model.norm.weight".to_string(), vec![d]),
-            ("lm_head.weight".to_string(), vec![v, d]),
         ];
+        if let Layout::Gemma4 { .. } = self.layout {
+            // tied embeddings; each token's inputs to every layer
+            let all = self.num_layers * GEMMA4_LAYER_INPUT;
+            out.extend([
+                (
+                    "model.embed_tokens_per_layer.weight".to_string(),
+                    vec![v, all],
+                ),
+                (
+                    "model.per_layer_model_projection.weight".to_string(),
+                    vec![all, d],
+                ),
+                (
+                    "model.per_layer_projection_norm.weight".to_string(),
+                    vec![GEMMA4_LAYER_INPUT],
+                ),
+            ]);
+        } else {
+            out.push(("lm_head.weight".to_string(), vec![v, d]));
+        }
         for l in 0..self.num_layers {
             let p = format!("model.layers.{l}");
             match self.layout {
+                Layout::Gemma4 { shared, .. } => {
+                    let a = format!("{p}.self_attn");
+                    out.extend([
+                        (format!("{a}.q_proj.weight"), vec![h * hd, d]),
+                        (format!("{a}.o_proj.weight"), vec![d, h * hd]),
+                        (format!("{a}.q_norm.weight"), vec![hd]),
+                    ]);
+                    // a shared layer reads another's K/V; a full layer's keys are its values
+                    if l < self.num_layers - shared {
+                        out.extend([
+                            (format!("{a}.k_proj.weight"), vec![kv * hd, d]),
+                            (format!("{a}.k_norm.weight"), vec![hd]),
+                        ]);
+                        if !Layout::gemma4_full(l, self.num_layers) {
+                            out.push((format!("{a}.v_proj.weight"), vec![kv * hd, d]));
+                        }
+                    }
+                    let g = GEMMA4_LAYER_INPUT;
+                    out.extend([
+                        (format!("{p}.layer_scalar"), vec![1]),
+                        (format!("{p}.per_layer_input_gate.weight"), vec![g, d]),
+                        (format!("{p}.per_layer_projection.weight"), vec![d, g]),
+                        (format!("{p}.post_per_layer_input_norm.weight"), vec![d]),
+                    ]);
+                }
                 Layout::Qwen35 { .. } if self.layout.is_linear(l) => {
                     // key heads as the K/V heads, value heads as the query heads
                     let a = format!("{p}.linear_attn");
@@ -550,6 +696,12 @@ impl LlamaShape {
                     ("post_feedforward_layernorm", d),
                     ("self_attn.q_norm", h * hd),
                     ("self_attn.k_norm", kv * hd),
+                ],
+                Layout::Gemma4 { .. } => &[
+                    ("input_layernorm", d),
+                    ("post_attention_layernorm", d),
+                    ("pre_feedforward_layernorm", d),
+                    ("post_feedforward_layernorm", d),
                 ],
             };
             out.extend(
@@ -656,6 +808,14 @@ mod tests {
             },
             Layout::Qwen35 { full_interval: 2 },
             Layout::Qwen35 { full_interval: 4 },
+            Layout::Gemma4 {
+                window: 8,
+                shared: 0,
+            },
+            Layout::Gemma4 {
+                window: 8,
+                shared: 1,
+            },
         ] {
             let s = LlamaShape { layout, ..shape() };
             let cfg = s.model_config(TOKENS).unwrap();
@@ -725,6 +885,7 @@ mod tests {
             "olmo3:64",
             "mixtral:4/2",
             "qwen35:3",
+            "gemma4:32/2",
         ] {
             let layout: Layout = text.parse().unwrap();
             assert_eq!(layout.to_string(), text);
@@ -734,16 +895,34 @@ mod tests {
             "mixtral:8/2"
         );
         assert_eq!("qwen35".parse::<Layout>().unwrap().to_string(), "qwen35:4");
+        assert_eq!(
+            "gemma4".parse::<Layout>().unwrap().to_string(),
+            "gemma4:512/0"
+        );
+        assert_eq!(
+            "gemma4:16".parse::<Layout>().unwrap().to_string(),
+            "gemma4:16/0"
+        );
+        let bad = LlamaShape {
+            layout: Layout::Gemma4 {
+                window: 8,
+                shared: 4,
+            },
+            ..shape()
+        };
+        assert_eq!(bad.validate().unwrap_err().field, "layout.shared");
         for text in [
             "olmo3:0",
             "smollm3:x",
             "llama:2",
-            "gemma4",
+            "gemma5",
             "mixtral:4",
             "mixtral:2/3",
             "mixtral:4/0",
             "qwen35:0",
             "qwen35:x",
+            "gemma4:0",
+            "gemma4:8/x",
         ] {
             assert!(text.parse::<Layout>().is_err(), "{text}");
         }

@@ -797,9 +797,11 @@ impl ModelShape {
             Layout::Smollm3 { .. } => Family::Smollm3,
             Layout::Olmo { .. } => Family::Olmo,
             // refused by `validate_own`: a synthesized shape's experts are
-            // its `experts` field, its linear layers its `linear` field
+            // its `experts` field, its linear layers its `linear` field, and
+            // it has no Gemma 4 family
             Layout::Mixtral { .. } => Family::Mixtral,
             Layout::Qwen35 { .. } => Family::Qwen35,
+            Layout::Gemma4 { .. } => Family::Llama,
         }
     }
 
@@ -857,11 +859,13 @@ impl ModelShape {
         {
             return bad("head_dim", "a positive even width".into(), hd.to_string());
         }
-        if let Layout::Mixtral { .. } | Layout::Qwen35 { .. } = self.sizes.layout {
+        if let Layout::Mixtral { .. } | Layout::Qwen35 { .. } | Layout::Gemma4 { .. } =
+            self.sizes.layout
+        {
             return bad(
                 "sizes.layout",
                 "a layout without experts or linear layers (a shape's are its `experts` and \
-                 `linear` fields)"
+                 `linear` fields), and not Gemma 4's (no shape of it yet)"
                     .into(),
                 self.sizes.layout.to_string(),
             );

@@ -78,7 +78,8 @@ fn check_within(folder: &Path, policy_text: &str, tol: f32) -> Result<f32> {
 /// RoPE; OLMo's norms after the blocks, with and without sliding layers;
 /// Mixtral's experts, the routing weights as the trainer computes them;
 /// Qwen3.5's linear layers, their recurrence run over each padded
-/// sequence's rows)
+/// sequence's rows; Gemma 4's per-layer inputs and a top layer reading the
+/// K/V of the one below)
 /// gives, batched by the trainer, the logits the decoder gives each
 /// sequence alone, under every policy.
 #[test]
@@ -93,6 +94,10 @@ fn random_checkpoint_matches_the_decoder() -> Result<()> {
             top_k: 2,
         },
         lcut_model::Layout::Qwen35 { full_interval: 2 },
+        lcut_model::Layout::Gemma4 {
+            window: 6,
+            shared: 1,
+        },
     ] {
         random_checkpoint(layout)?;
     }

@@ -61,7 +61,7 @@ pub(super) struct Layer {
     /// The branch that applies the layer's per-layer input (Gemma 4).
     pub(super) layer_input: Option<LayerInputBranch>,
     /// The learned scale of the layer's output (Gemma 4's `layer_scalar`).
-    pub(super) scalar: Option<f64>,
+    pub(super) scalar: Option<LayerScalar>,
 }
 
 /// Gemma 4's per-layer input branch, after the MLP: `norm(projection(act(
@@ -150,6 +150,18 @@ pub(super) struct LayerAt<'a> {
     pub(super) index: usize,
     /// Its weights.
     pub(super) layer: &'a Layer,
+}
+
+/// A layer's learned output scale: its value, and the weight it came from
+/// (a training pass multiplies by the weight, so that gradients reach it
+/// and the pass sees an optimizer's updates; the value was read once, when
+/// the model loaded).
+#[derive(Debug, Clone)]
+pub(super) struct LayerScalar {
+    /// The scale.
+    pub(super) value: f64,
+    /// The weight [1].
+    pub(super) weight: candle_core::Tensor,
 }
 
 /// The steps of a decoder layer, as one executor computes them on its rows

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use candle_core::{DType, Device};
 
-use super::layer::LayerInputBranch;
+use super::layer::{LayerInputBranch, LayerScalar};
 use super::layer_inputs::LayerInputs;
 use super::{Decoder, Layer, WeightMode, default_attention_block_elems};
 use crate::config::{ModelConfig, NormPlacement};
@@ -248,12 +248,8 @@ impl Decoder {
 }
 
 /// Layer `prefix`'s learned output scale (`layer_scalar`, one value).
-fn layer_scalar(ld: &Loader<'_>, prefix: &str) -> Result<f64> {
-    let t = ld.files.load(
-        &format!("{prefix}.layer_scalar"),
-        &[1],
-        DType::F32,
-        &Device::Cpu,
-    )?;
-    Ok(f64::from(t.to_vec1::<f32>()?[0]))
+fn layer_scalar(ld: &Loader<'_>, prefix: &str) -> Result<LayerScalar> {
+    let weight = ld.tensor(&format!("{prefix}.layer_scalar"), &[1])?;
+    let value = f64::from(weight.to_dtype(DType::F32)?.to_vec1::<f32>()?[0]);
+    Ok(LayerScalar { value, weight })
 }

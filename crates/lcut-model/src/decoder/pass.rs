@@ -603,8 +603,15 @@ impl LayerExecutor for TensorRows<'_, '_, '_> {
     }
 
     fn scale(&mut self, at: LayerAt<'_>) -> Result<()> {
-        let s = at.layer.scalar.ok_or(unwritten("the layer's scalar"))?;
-        self.hidden = (&self.hidden * s)?;
+        let s = at
+            .layer
+            .scalar
+            .as_ref()
+            .ok_or(unwritten("the layer's scalar"))?;
+        self.hidden = match self.hidden.track_op() || s.weight.track_op() {
+            true => self.hidden.broadcast_mul(&s.weight)?,
+            false => (&self.hidden * s.value)?,
+        };
         Ok(())
     }
 

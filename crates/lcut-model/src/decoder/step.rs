@@ -1056,7 +1056,12 @@ impl LayerExecutor for HostRows<'_, '_, '_, '_, '_> {
     }
 
     fn scale(&mut self, at: LayerAt<'_>) -> Result<()> {
-        let s = at.layer.scalar.ok_or(unwritten("the layer's scalar"))? as f32;
+        let s = at
+            .layer
+            .scalar
+            .as_ref()
+            .ok_or(unwritten("the layer's scalar"))?
+            .value as f32;
         self.b.hidden.iter_mut().for_each(|x| *x *= s);
         Ok(())
     }
