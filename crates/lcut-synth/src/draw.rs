@@ -61,15 +61,20 @@ pub fn std_of(kind: TensorKind, cols: usize) -> f32 {
         TensorKind::Matrix | TensorKind::Bias => STD,
         TensorKind::RoutedEmbedding => ROUTED_EMBEDDING_STD,
         TensorKind::Router | TensorKind::Convolution => 1.0 / (cols.max(1) as f32).sqrt(),
-        TensorKind::Norm | TensorKind::OffsetNorm | TensorKind::DecayLog => 0.0,
+        TensorKind::Norm
+        | TensorKind::OffsetNorm
+        | TensorKind::QkScaleNorm
+        | TensorKind::DecayLog => 0.0,
     }
 }
 
-/// The value every entry of a weight of `kind` takes, for the kinds drawn
-/// as constants: ones for a norm, zeros for a (1 + w) norm.
-fn constant_of(kind: TensorKind) -> Option<f32> {
+/// The value every entry of a weight of `kind` (`len` entries) takes, for
+/// the kinds drawn as constants: ones for a norm, zeros for a (1 + w) norm,
+/// `len`^(-1/4) for a q/k norm that carries the attention's scale.
+fn constant_of(kind: TensorKind, len: usize) -> Option<f32> {
     match kind {
         TensorKind::Norm => Some(1.0),
+        TensorKind::QkScaleNorm => Some((len.max(1) as f32).powf(-0.25)),
         TensorKind::OffsetNorm => Some(0.0),
         _ => None,
     }
@@ -122,7 +127,7 @@ pub fn rows(seed: u64, name: &str, kind: TensorKind, cols: usize, rows: Range<us
 /// writer draws llama.cpp's permuted Q/K rows this way).
 pub fn rows_at(seed: u64, name: &str, kind: TensorKind, cols: usize, picked: &[usize]) -> Vec<f32> {
     let n = picked.len() * cols;
-    if let Some(value) = constant_of(kind) {
+    if let Some(value) = constant_of(kind, cols) {
         return vec![value; n];
     }
     let base = tensor_seed(seed, name);
@@ -212,7 +217,7 @@ impl WeightSource for RandomWeights {
         device: &Device,
     ) -> Result<Tensor> {
         let kind = self.kind(name);
-        if let Some(value) = constant_of(kind) {
+        if let Some(value) = constant_of(kind, expected.last().copied().unwrap_or(1)) {
             return Ok((Tensor::ones(expected, dtype, device)? * f64::from(value))?);
         }
         let cols = expected.last().copied().unwrap_or(1);

@@ -44,6 +44,11 @@ pub enum Family {
     /// sliding and full layers alternating, YaRN, and a mixture of experts
     /// (biased, clamped SwiGLU) in place of every MLP.
     GptOss,
+    /// Gemma 4 (`gemma4_text`): sliding and full layers of their own head
+    /// widths, per-layer inputs, the top layers reading earlier layers'
+    /// K/V, sandwich norms, q/k/v norms, layer scalars
+    /// ([`ModelShape::gemma4`]).
+    Gemma4,
 }
 
 /// Which architecture's mixture of experts a shape has.
@@ -109,6 +114,14 @@ pub enum TensorKind {
     /// deviation so that each token's own direction leads the residual
     /// stream the routers read ([`crate::draw`]); stored as a matrix.
     RoutedEmbedding,
+    /// A query or key RMSNorm weight that carries the attention's scale
+    /// (Gemma 4's, whose attention scale is 1): drawn as `d`^(-1/4) for a
+    /// head of `d` values, so that a random model's scores are the dot
+    /// products over sqrt(d), as a trained model's norms make them. Drawn
+    /// as ones, the normed queries and keys give scores of spread sqrt(d)
+    /// and an attention so peaked that Q8_0's rounding moved the tiny
+    /// model's logits by 0.15 of the largest.
+    QkScaleNorm,
     /// An RMSNorm weight the model adds one to (`x * (1 + w)`, Qwen3.5's):
     /// drawn as zeros, as transformers initialises it, so that it scales
     /// by one; llama.cpp's converter stores `1 + w`.
@@ -193,6 +206,77 @@ impl LinearShape {
     }
 }
 
+/// Gemma 4's layers as its released text configs describe them: every
+/// `full_interval`-th layer (counting from one) and the last attend to
+/// every token with heads `full_head_dim` wide (`global_head_dim`), the
+/// others slide over `window` tokens with the shape's `head_dim`; the last
+/// `shared` layers store no K/V and read the last unshared layer of their
+/// type; every layer adds a per-layer input `layer_input` wide, made from
+/// its own token table (`embed_tokens_per_layer`) and a projection of the
+/// embedding. The sliding layers rotate whole heads at base
+/// `sliding_theta`, the full ones a quarter of each head, proportionally,
+/// at the shape's `rope_theta`. Values have their own projection (the
+/// released E2B's `attention_k_eq_v` is false), V is RMS-normed without a
+/// weight, and the logits are soft-capped at `softcap`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Gemma4Shape {
+    /// One full layer in this many, the last layer full besides.
+    pub full_interval: usize,
+    /// The sliding layers' window (`sliding_window`).
+    pub window: usize,
+    /// The full layers' head width (`global_head_dim`).
+    pub full_head_dim: usize,
+    /// Width of each layer's input (`hidden_size_per_layer_input`).
+    pub layer_input: usize,
+    /// Layers at the top that read an earlier layer's K/V
+    /// (`num_kv_shared_layers`).
+    pub shared: usize,
+    /// The shared layers' MLPs are twice `intermediate_size`
+    /// (`use_double_wide_mlp`).
+    pub double_wide_mlp: bool,
+    /// The sliding layers' RoPE base.
+    pub sliding_theta: f64,
+    /// The final logits' soft cap (`final_logit_softcapping`).
+    pub softcap: f64,
+}
+
+impl Gemma4Shape {
+    /// The share of a full layer's head that rotates (`partial_rotary_factor`).
+    pub const FULL_ROTARY: f64 = 0.25;
+
+    /// Whether layer `l` of `layers` is a full-attention layer.
+    pub fn is_full(&self, l: usize, layers: usize) -> bool {
+        (l + 1).is_multiple_of(self.full_interval.max(1)) || l + 1 == layers
+    }
+
+    /// Whether layer `l` of `layers` stores its own K/V.
+    pub fn owns_kv(&self, l: usize, layers: usize) -> bool {
+        l + self.shared < layers
+    }
+
+    /// Layer `l`'s MLP width, given the config's `intermediate_size`.
+    pub fn mlp_width(&self, l: usize, layers: usize, intermediate: usize) -> usize {
+        match self.double_wide_mlp && !self.owns_kv(l, layers) {
+            true => 2 * intermediate,
+            false => intermediate,
+        }
+    }
+
+    /// The shared layers of the shape cut to `layers` deep from `from`:
+    /// the same share of the depth, the unshared layers rounded up to end
+    /// on a full layer (each shared layer's source is below it), none
+    /// where the whole cut model is that deep. E2B's 20 of 35 stay 20;
+    /// at 10 layers, 5 (layers 0-4 hold K/V, the full layer 4 among them).
+    pub fn shared_at(&self, layers: usize, from: usize) -> usize {
+        if layers == from || self.shared == 0 {
+            return self.shared.min(layers.saturating_sub(1));
+        }
+        let unshared = (layers * (from - self.shared)).div_ceil(from.max(1));
+        let unshared = unshared.div_ceil(self.full_interval) * self.full_interval;
+        layers.saturating_sub(unshared.max(self.full_interval))
+    }
+}
+
 /// A model's shape: sizes and layout, biases, RoPE scaling, tied head and
 /// special tokens; everything its `config.json` says besides the dtype.
 #[derive(Debug, Clone, PartialEq)]
@@ -223,16 +307,20 @@ pub struct ModelShape {
     /// Qwen3.5's linear-attention layers (which make the shape Qwen3.5 or
     /// Qwen3.5-MoE); `None`: every layer attends.
     pub linear: Option<LinearShape>,
+    /// Gemma 4's layers (which make the shape Gemma 4); `None`: another
+    /// family's.
+    pub gemma4: Option<Gemma4Shape>,
 }
 
 /// The names [`named`] knows, in the order `lcut synth --help` lists them.
-pub const NAMES: [&str; 11] = [
+pub const NAMES: [&str; 12] = [
     "llama-3.2-1b",
     "qwen2.5-1.5b",
     "smollm3-3b",
     "olmo-3-7b",
     "llama-3.1-8b",
     "qwen3.5-9b",
+    "gemma-4-e2b",
     "qwen3-30b-a3b",
     "qwen3.5-35b-a3b",
     "gpt-oss-20b",
@@ -348,6 +436,7 @@ pub fn llama_3_2_1b() -> ModelShape {
         head_dim: None,
         experts: None,
         linear: None,
+        gemma4: None,
     }
 }
 
@@ -380,6 +469,7 @@ pub fn qwen2_5_1_5b() -> ModelShape {
         head_dim: None,
         experts: None,
         linear: None,
+        gemma4: None,
     }
 }
 
@@ -407,6 +497,7 @@ pub fn llama_3_1_8b() -> ModelShape {
         head_dim: None,
         experts: None,
         linear: None,
+        gemma4: None,
     }
 }
 
@@ -443,6 +534,7 @@ pub fn smollm3_3b() -> ModelShape {
         head_dim: None,
         experts: None,
         linear: None,
+        gemma4: None,
     }
 }
 
@@ -481,6 +573,7 @@ pub fn olmo_3_7b() -> ModelShape {
         head_dim: None,
         experts: None,
         linear: None,
+        gemma4: None,
     }
 }
 
@@ -524,6 +617,7 @@ pub fn qwen3_30b_a3b() -> ModelShape {
             inner: 768,
         }),
         linear: None,
+        gemma4: None,
     }
 }
 
@@ -565,6 +659,7 @@ pub fn mixtral_8x7b() -> ModelShape {
             inner: 14_336,
         }),
         linear: None,
+        gemma4: None,
     }
 }
 
@@ -619,6 +714,7 @@ pub fn qwen3_5_9b() -> ModelShape {
         head_dim: Some(256),
         experts: None,
         linear: Some(QWEN35_LINEAR),
+        gemma4: None,
     }
 }
 
@@ -659,6 +755,7 @@ pub fn qwen3_5_35b_a3b() -> ModelShape {
             inner: 512,
         }),
         linear: Some(QWEN35_LINEAR),
+        gemma4: None,
     }
 }
 
@@ -709,6 +806,59 @@ pub fn gpt_oss_20b() -> ModelShape {
             inner: 2880,
         }),
         linear: None,
+        gemma4: None,
+    }
+}
+
+/// google/gemma-4-E2B's language model (`gemma4_text`): 35 layers, hidden
+/// 1536, 8 heads and one K/V head, four layers sliding over 512 tokens
+/// with heads 256 wide then a full one with heads 512 wide (layers 4, 9,
+/// ..., 34), the last 20 layers reading the K/V of layers 13 (sliding) and
+/// 14 (full), their MLPs twice the others' 6144; per-layer inputs 256 wide
+/// from a 262144-row table; vocabulary 262144, tied head, RoPE base 10^4
+/// on the sliding layers and 10^6 (proportional, a quarter of each head)
+/// on the full ones, RMSNorm eps 1e-6, 131072 positions, logits capped at
+/// 30; BoS 2, EoS 1, pad 0. About 4.63e9 parameters, 2.28e9 without the
+/// per-layer table (the model card's "2.3B effective"; its 5.1B adds the
+/// vision and audio towers). From published text configs (several
+/// independent copies agree on every figure here), not from a downloaded
+/// file.
+pub fn gemma_4_e2b() -> ModelShape {
+    ModelShape {
+        name: "gemma-4-e2b".into(),
+        sizes: LlamaShape {
+            vocab_size: 262_144,
+            hidden_size: 1536,
+            intermediate_size: 6144,
+            num_layers: 35,
+            num_heads: 8,
+            num_kv_heads: 1,
+            rope_theta: 1_000_000.0,
+            rms_norm_eps: 1e-6,
+            max_position_embeddings: 131_072,
+            layout: Layout::Llama,
+        },
+        qkv_bias: false,
+        rope_scaling: RopeScaling::None,
+        tie_word_embeddings: true,
+        tokens: SpecialTokens {
+            bos: 2,
+            eos: 1,
+            pad: Some(0),
+        },
+        head_dim: Some(256),
+        experts: None,
+        linear: None,
+        gemma4: Some(Gemma4Shape {
+            full_interval: 5,
+            window: 512,
+            full_head_dim: 512,
+            layer_input: 256,
+            shared: 20,
+            double_wide_mlp: true,
+            sliding_theta: 10_000.0,
+            softcap: 30.0,
+        }),
     }
 }
 
@@ -740,6 +890,7 @@ pub fn named(name: &str) -> Result<ModelShape> {
         "qwen3-30b-a3b" => qwen3_30b_a3b(),
         "qwen3.5-9b" => qwen3_5_9b(),
         "qwen3.5-35b-a3b" => qwen3_5_35b_a3b(),
+        "gemma-4-e2b" => gemma_4_e2b(),
         "gpt-oss-20b" => gpt_oss_20b(),
         "mixtral-8x7b" => mixtral_8x7b(),
         "small" => ModelShape::llama("small", small()),
@@ -772,14 +923,18 @@ impl ModelShape {
             head_dim: None,
             experts: None,
             linear: None,
+            gemma4: None,
         }
     }
 
-    /// The architecture family: Qwen3.5 or Qwen3.5-MoE where the shape has
-    /// linear layers, else the experts' where it has any (Qwen3-MoE or
+    /// The architecture family: Gemma 4 where the shape has its layers,
+    /// Qwen3.5 or Qwen3.5-MoE where it has linear layers, else the experts' where it has any (Qwen3-MoE or
     /// Mixtral), else the layout's, Qwen2 for Llama's layout with q/k/v
     /// biases.
     pub fn family(&self) -> Family {
+        if self.gemma4.is_some() {
+            return Family::Gemma4;
+        }
         match (self.experts.map(|e| e.kind), self.linear) {
             (Some(_), Some(_)) => return Family::Qwen35Moe,
             (None, Some(_)) => return Family::Qwen35,
@@ -820,14 +975,18 @@ impl ModelShape {
             (Family::Qwen35, _) => Arch::Qwen35,
             (Family::Qwen35Moe, _) => Arch::Qwen35Moe,
             (Family::GptOss, _) => Arch::GptOss,
+            (Family::Gemma4, _) => Arch::Gemma4,
         }
     }
 
     /// Whether the tokenizer puts BoS before a text, as the checkpoint's
-    /// does: Llama 3's and Mixtral's do; Qwen2's, Qwen3's, Qwen3.5's,
+    /// does: Llama 3's, Mixtral's and Gemma 4's do; Qwen2's, Qwen3's, Qwen3.5's,
     /// SmolLM3's, OLMo's and gpt-oss's do not.
     pub fn adds_bos(&self) -> bool {
-        matches!(self.family(), Family::Llama | Family::Mixtral)
+        matches!(
+            self.family(),
+            Family::Llama | Family::Mixtral | Family::Gemma4
+        )
     }
 
     /// Width of one head: the shape's own where it names one, else
@@ -883,6 +1042,9 @@ impl ModelShape {
         }
         if let Some(la) = self.linear {
             self.validate_linear(la)?;
+        }
+        if let Some(g) = self.gemma4 {
+            self.validate_gemma4(g)?;
         }
         let Some(e) = self.experts else {
             return Ok(());
@@ -958,6 +1120,73 @@ impl ModelShape {
         Ok(())
     }
 
+    /// The checks of Gemma 4's layers: on Llama's layout with a head width
+    /// of its own, without q/k/v biases, experts or linear layers; positive
+    /// widths and interval, the full heads' width even, and at least one
+    /// layer holding K/V below the shared ones, of every type they read.
+    fn validate_gemma4(&self, g: Gemma4Shape) -> Result<()> {
+        let bad = |field: &'static str, expected: &str, found: String| {
+            Err(SynthError::InvalidShape {
+                shape: self.name.clone(),
+                field,
+                expected: expected.into(),
+                found,
+            })
+        };
+        if self.sizes.layout != Layout::Llama
+            || self.qkv_bias
+            || self.experts.is_some()
+            || self.linear.is_some()
+            || self.head_dim.is_none()
+        {
+            return bad(
+                "gemma4",
+                "Llama's layout with a head width of its own and no q/k/v biases, experts or linear layers",
+                format!(
+                    "{} with q/k/v biases: {}, experts: {}, linear layers: {}, head width: {:?}",
+                    self.sizes.layout,
+                    self.qkv_bias,
+                    self.experts.is_some(),
+                    self.linear.is_some(),
+                    self.head_dim
+                ),
+            );
+        }
+        for (field, n) in [
+            ("gemma4.full_interval", g.full_interval),
+            ("gemma4.window", g.window),
+            ("gemma4.layer_input", g.layer_input),
+        ] {
+            if n == 0 || n > lcut_model::config::MAX_SIZE {
+                return bad(field, "a positive count or width", n.to_string());
+            }
+        }
+        let fd = g.full_head_dim;
+        if fd == 0 || fd % 2 == 1 || fd > lcut_model::config::MAX_SIZE {
+            return bad(
+                "gemma4.full_head_dim",
+                "a positive even width",
+                fd.to_string(),
+            );
+        }
+        let layers = self.sizes.num_layers;
+        let sources_below = |full: bool| {
+            (0..layers)
+                .filter(|&l| !g.owns_kv(l, layers) && g.is_full(l, layers) == full)
+                .all(|_| {
+                    (0..layers).any(|src| g.owns_kv(src, layers) && g.is_full(src, layers) == full)
+                })
+        };
+        if g.shared >= layers || !sources_below(true) || !sources_below(false) {
+            return bad(
+                "gemma4.shared",
+                "fewer than the layers, leaving below them a layer of each type they read",
+                g.shared.to_string(),
+            );
+        }
+        Ok(())
+    }
+
     /// The checks of Qwen3.5's linear layers: on Llama's layout without
     /// q/k/v biases, positive counts and widths, value heads a multiple of the key heads
     /// and a rotated share that leaves a whole pair.
@@ -1018,8 +1247,13 @@ impl ModelShape {
 
     /// The same shape with `layers` layers (`llama-3.2-1b` with 32 layers
     /// is a 1B-wide model as deep as an 8B one); the name says so.
+    /// Gemma 4's shared layers keep their share of the depth
+    /// ([`Gemma4Shape::shared_at`]).
     pub fn with_layers(mut self, layers: usize) -> Self {
         if layers != self.sizes.num_layers {
+            if let Some(g) = &mut self.gemma4 {
+                g.shared = g.shared_at(layers, self.sizes.num_layers);
+            }
             self.name = format!("{}-{layers}l", self.name);
             self.sizes.num_layers = layers;
         }
@@ -1055,6 +1289,9 @@ impl ModelShape {
         }
         if let Some(la) = self.linear {
             self.qwen35_config(map, la);
+        }
+        if let Some(g) = self.gemma4 {
+            self.gemma4_config(map, g);
         }
         if self.family() == Family::Qwen2 {
             // Qwen2's config names no head width or bias switches (its
@@ -1108,6 +1345,53 @@ impl ModelShape {
                 "partial_rotary_factor": la.partial_rotary,
             }),
         );
+    }
+
+    /// Gemma 4's fields into `map` (which holds Llama's), as its released
+    /// text configs name them: the model type, the layer types and window,
+    /// the full layers' head width, the shared layers, the per-layer inputs,
+    /// each layer type's RoPE, the soft cap and the GELU MLPs.
+    fn gemma4_config(&self, map: &mut Map<String, Value>, g: Gemma4Shape) {
+        let s = &self.sizes;
+        map.insert("architectures".into(), json!(["Gemma4ForCausalLM"]));
+        map.insert("model_type".into(), json!("gemma4_text"));
+        for key in ["mlp_bias", "rope_theta", "hidden_act"] {
+            map.remove(key);
+        }
+        let types: Vec<&str> = (0..s.num_layers)
+            .map(|l| match g.is_full(l, s.num_layers) {
+                true => "full_attention",
+                false => "sliding_attention",
+            })
+            .collect();
+        let fields = json!({
+            "layer_types": types,
+            "sliding_window": g.window,
+            "global_head_dim": g.full_head_dim,
+            "num_global_key_value_heads": null,
+            "attention_k_eq_v": false,
+            "num_kv_shared_layers": g.shared,
+            "use_double_wide_mlp": g.double_wide_mlp,
+            "hidden_size_per_layer_input": g.layer_input,
+            "vocab_size_per_layer_input": s.vocab_size,
+            "final_logit_softcapping": g.softcap,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "enable_moe_block": false,
+            "rope_parameters": {
+                "full_attention": {
+                    "rope_type": "proportional",
+                    "rope_theta": s.rope_theta,
+                    "partial_rotary_factor": Gemma4Shape::FULL_ROTARY,
+                },
+                "sliding_attention": {
+                    "rope_type": "default",
+                    "rope_theta": g.sliding_theta,
+                },
+            },
+        });
+        if let Value::Object(fields) = fields {
+            map.extend(fields);
+        }
     }
 
     /// The config's `rope_scaling` object: Llama 3's or YaRN's parameters
@@ -1196,6 +1480,9 @@ impl ModelShape {
         if let Some(la) = self.linear {
             return self.qwen35_tensors(la);
         }
+        if let Some(g) = self.gemma4 {
+            return self.gemma4_tensors(g);
+        }
         if let Some(e) = self
             .experts
             .filter(|e| matches!(e.kind, ExpertsKind::GptOss { .. }))
@@ -1226,6 +1513,92 @@ impl ModelShape {
                 .filter(|(name, _)| name != EMBED && !(self.tie_word_embeddings && name == HEAD))
                 .map(spec),
         );
+        out
+    }
+
+    /// Every weight of a Gemma 4 shape with layers `g`, in transformers'
+    /// order: the embedding and the per-layer inputs' table, projection and
+    /// norm; each layer's input norm, queries, keys and values with their
+    /// norms (none in a shared layer; the q/k norms of kind
+    /// [`TensorKind::QkScaleNorm`]), output, MLP of the layer's width,
+    /// the sandwich norms, the layer scalar (drawn as a norm: one) and the
+    /// per-layer input's gate, projection and norm; the final norm (the
+    /// head is the embedding).
+    fn gemma4_tensors(&self, g: Gemma4Shape) -> Vec<TensorSpec> {
+        let s = &self.sizes;
+        let (v, d, h, kv, layers) = (
+            s.vocab_size,
+            s.hidden_size,
+            s.num_heads,
+            s.num_kv_heads,
+            s.num_layers,
+        );
+        let all = layers * g.layer_input;
+        let spec = |name: String, dims: Vec<usize>| TensorSpec {
+            kind: draw::kind_of(&name),
+            name,
+            dims,
+        };
+        let mut out = vec![
+            spec("model.embed_tokens.weight".into(), vec![v, d]),
+            spec("model.embed_tokens_per_layer.weight".into(), vec![v, all]),
+            spec(
+                "model.per_layer_model_projection.weight".into(),
+                vec![all, d],
+            ),
+            spec(
+                "model.per_layer_projection_norm.weight".into(),
+                vec![g.layer_input],
+            ),
+        ];
+        for l in 0..layers {
+            let p = format!("model.layers.{l}");
+            let a = format!("{p}.self_attn");
+            let hd = match g.is_full(l, layers) {
+                true => g.full_head_dim,
+                false => self.head_dim(),
+            };
+            let w = g.mlp_width(l, layers, s.intermediate_size);
+            out.push(spec(format!("{p}.input_layernorm.weight"), vec![d]));
+            out.push(spec(format!("{a}.q_proj.weight"), vec![h * hd, d]));
+            if g.owns_kv(l, layers) {
+                out.push(spec(format!("{a}.k_proj.weight"), vec![kv * hd, d]));
+                out.push(spec(format!("{a}.v_proj.weight"), vec![kv * hd, d]));
+            }
+            out.push(spec(format!("{a}.o_proj.weight"), vec![d, h * hd]));
+            let qk_norm = |name: String| TensorSpec {
+                name,
+                dims: vec![hd],
+                kind: TensorKind::QkScaleNorm,
+            };
+            out.push(qk_norm(format!("{a}.q_norm.weight")));
+            if g.owns_kv(l, layers) {
+                out.push(qk_norm(format!("{a}.k_norm.weight")));
+            }
+            out.extend([
+                spec(format!("{p}.mlp.gate_proj.weight"), vec![w, d]),
+                spec(format!("{p}.mlp.up_proj.weight"), vec![w, d]),
+                spec(format!("{p}.mlp.down_proj.weight"), vec![d, w]),
+                spec(format!("{p}.post_attention_layernorm.weight"), vec![d]),
+                spec(format!("{p}.pre_feedforward_layernorm.weight"), vec![d]),
+                spec(format!("{p}.post_feedforward_layernorm.weight"), vec![d]),
+                TensorSpec {
+                    name: format!("{p}.layer_scalar"),
+                    dims: vec![1],
+                    kind: TensorKind::Norm,
+                },
+                spec(
+                    format!("{p}.per_layer_input_gate.weight"),
+                    vec![g.layer_input, d],
+                ),
+                spec(
+                    format!("{p}.per_layer_projection.weight"),
+                    vec![d, g.layer_input],
+                ),
+                spec(format!("{p}.post_per_layer_input_norm.weight"), vec![d]),
+            ]);
+        }
+        out.push(spec("model.norm.weight".into(), vec![d]));
         out
     }
 

@@ -74,10 +74,15 @@ fn special_texts(shape: &ModelShape) -> Vec<(u32, String)> {
         (Family::GptOss, _) => ("<|startoftext|>", "<|return|>"),
         (Family::Olmo, _) => ("<|endoftext|>", "<|endoftext|>"),
         (Family::Llama, 128_000) => ("<|begin_of_text|>", "<|end_of_text|>"),
+        (Family::Gemma4, _) => ("<bos>", "<eos>"),
         (Family::Llama | Family::Mixtral, _) => ("<s>", "</s>"),
     };
     let mut out: Vec<(u32, String)> = vec![];
-    for (id, text) in [(Some(t.bos), bos), (Some(t.eos), eos), (t.pad, "<|pad|>")] {
+    let pad = match shape.family() {
+        Family::Gemma4 => "<pad>",
+        _ => "<|pad|>",
+    };
+    for (id, text) in [(Some(t.bos), bos), (Some(t.eos), eos), (t.pad, pad)] {
         if let Some(id) = id
             && !out.iter().any(|(i, _)| *i == id)
         {

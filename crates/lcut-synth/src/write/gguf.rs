@@ -29,7 +29,9 @@ use super::gguf_file::{MetaValue, TensorInfo, offsets, write_header};
 use super::{Format, Progress, rows_per_slice};
 use crate::draw;
 use crate::error::{Result, SynthError};
-use crate::shapes::{ExpertsKind, Family, ModelShape, TensorKind, TensorSpec, yarn_params};
+use crate::shapes::{
+    ExpertsKind, Family, Gemma4Shape, ModelShape, TensorKind, TensorSpec, yarn_params,
+};
 use crate::vocab::Vocabulary;
 
 /// What a GGUF tensor holds: a weight of the shape, every expert's copy
@@ -349,6 +351,7 @@ pub fn ggml_type(shape: &ModelShape, format: Format, t: &TensorSpec) -> GgmlDTyp
     match (t.kind, output, format, eight) {
         (
             TensorKind::Norm
+            | TensorKind::QkScaleNorm
             | TensorKind::OffsetNorm
             | TensorKind::Bias
             | TensorKind::Router
@@ -524,7 +527,7 @@ fn plan_tensors(shape: &ModelShape, format: Format, tensors: Vec<TensorSpec>) ->
     check_recordable(shape, format)?;
     let mut infos = Vec::new();
     let mut sources = Vec::new();
-    if let Some(f) = rope_factors(shape) {
+    if let Some(f) = rope_factors(shape).or_else(|| proportional_factors(shape)) {
         infos.push(TensorInfo {
             name: "rope_freqs.weight".into(),
             dims: vec![f.len()],
@@ -664,6 +667,10 @@ fn metadata(
         Family::Olmo => "dbrx",
         // o200k's split, as gpt-oss's converter names it
         Family::GptOss => "gpt-4o",
+        // the synthetic vocabulary's split is GPT-2's (its tokenizer.json
+        // runs ByteLevel's regex); a released Gemma 4 file has its own
+        // `gemma4` vocabulary
+        Family::Gemma4 => "default",
     };
     let mut meta = vec![
         ("general.architecture".into(), MetaValue::Str(a.into())),
@@ -691,7 +698,9 @@ fn metadata(
         ),
         (k("rope.dimension_count"), u(shape.rotary_dim())),
     ];
-    if shape.family() == Family::Qwen3Moe || shape.head_dim.is_some() {
+    if let Some(g) = shape.gemma4 {
+        gemma4_metadata(shape, g, &mut meta);
+    } else if shape.family() == Family::Qwen3Moe || shape.head_dim.is_some() {
         // as the converter writes Qwen3's (whose head width is its own)
         meta.extend([
             (k("attention.key_length"), u(shape.head_dim())),
@@ -809,6 +818,75 @@ fn metadata(
         MetaValue::Bool(shape.adds_bos()),
     ));
     Ok(meta)
+}
+
+/// Gemma 4's keys into `meta` (which holds the generic ones), as
+/// llama.cpp's converter writes them: one MLP width per layer where the
+/// shared layers' are doubled, the full layers' head width
+/// (`key_length`, and `rope.dimension_count`: their rotation spans the
+/// head, `rope_freqs` saying which pairs turn) and the sliding layers'
+/// (`key_length_swa`), the sliding layers' base, the window and which
+/// layers slide, the shared layers, the per-layer inputs' width and the
+/// soft cap.
+fn gemma4_metadata(shape: &ModelShape, g: Gemma4Shape, meta: &mut Vec<(String, MetaValue)>) {
+    let s = &shape.sizes;
+    let a = shape.arch().gguf_name();
+    let k = |suffix: &str| format!("{a}.{suffix}");
+    let u = |n: usize| MetaValue::U32(n as u32);
+    let widths = (0..s.num_layers)
+        .map(|l| g.mlp_width(l, s.num_layers, s.intermediate_size) as i32)
+        .collect();
+    let sliding = (0..s.num_layers)
+        .map(|l| !g.is_full(l, s.num_layers))
+        .collect();
+    let set = |meta: &mut Vec<(String, MetaValue)>, key: String, value: MetaValue| match meta
+        .iter_mut()
+        .find(|(k, _)| *k == key)
+    {
+        Some(entry) => entry.1 = value,
+        None => meta.push((key, value)),
+    };
+    set(meta, k("feed_forward_length"), MetaValue::I32s(widths));
+    set(meta, k("rope.dimension_count"), u(g.full_head_dim));
+    for (key, value) in [
+        (k("attention.key_length"), u(g.full_head_dim)),
+        (k("attention.value_length"), u(g.full_head_dim)),
+        (k("attention.key_length_swa"), u(shape.head_dim())),
+        (k("attention.value_length_swa"), u(shape.head_dim())),
+        (k("rope.dimension_count_swa"), u(shape.head_dim())),
+        (
+            k("rope.freq_base_swa"),
+            MetaValue::F32(g.sliding_theta as f32),
+        ),
+        (
+            k("final_logit_softcapping"),
+            MetaValue::F32(g.softcap as f32),
+        ),
+        (k("attention.sliding_window"), u(g.window)),
+        (
+            k("attention.sliding_window_pattern"),
+            MetaValue::Bools(sliding),
+        ),
+        (k("attention.shared_kv_layers"), u(g.shared)),
+        (k("embedding_length_per_layer_input"), u(g.layer_input)),
+    ] {
+        set(meta, key, value);
+    }
+}
+
+/// Gemma 4's `rope_freqs`, as the converter writes its full layers'
+/// proportional rotation: one divisor per pair `(i, i + D/2)` of a full
+/// head, 1 for the first quarter of the head's pairs and 1e30 (never
+/// turned) for the rest; `None` for another family.
+fn proportional_factors(shape: &ModelShape) -> Option<Vec<f32>> {
+    let g = shape.gemma4?;
+    let half = g.full_head_dim / 2;
+    let turned = (g.full_head_dim as f64 * Gemma4Shape::FULL_ROTARY) as usize / 2;
+    Some(
+        (0..half)
+            .map(|i| if i < turned { 1.0 } else { 1e30 })
+            .collect(),
+    )
 }
 
 /// Write the GGUF file of `shape` in `format` to `path` (a new file), the

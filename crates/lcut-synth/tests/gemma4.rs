@@ -1,0 +1,227 @@
+//! Gemma 4's shape (`gemma-4-e2b`, at test size) in every format: the
+//! folder is the drawn model exactly; the GGUF file, written as llama.cpp's
+//! converter writes Gemma 4 (per-layer MLP widths, both head widths, which
+//! layers slide, the shared layers, the full layers' proportional rotation
+//! as `rope_freqs`), reads back as the same model, dense and kept
+//! quantized; its keys, tensor names and ranks are those the converter gave
+//! the reference case; the full shape counts the parameters the model card
+//! gives, as lcut's memory line counts them, plans in every GGUF format,
+//! and keeps its shared layers' share when cut; bad layers are refused by
+//! field.
+
+#![allow(clippy::unwrap_used)] // test helpers unwrap like the tests do
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use candle_core::{DType, Device};
+use lcut_model::Arch;
+use lcut_model::gguf::GgufFile;
+use lcut_synth::shapes::{self, ModelShape};
+use lcut_synth::{Format, RandomModel, SynthError, WriteOptions, write_model};
+
+mod common;
+use common::{every_format_computes, write};
+
+/// Gemma 4 E2B's layout at test size, laid out as the reference case
+/// `layouts/gemma4-wide`: 4 layers, the second and the last full (heads
+/// 256 wide against the sliding layers' 128), the last two reading layers
+/// 0 and 1's K/V with MLPs twice the others' 256; width 256, two heads and
+/// one K/V head, per-layer inputs 256 wide, a window of 8 (the test's 14
+/// tokens slide past it).
+fn tiny_gemma4() -> ModelShape {
+    let mut s = shapes::gemma_4_e2b();
+    s.name = "tiny-gemma4".into();
+    s.sizes.vocab_size = 512;
+    s.sizes.hidden_size = 256;
+    s.sizes.intermediate_size = 256;
+    s.sizes.num_layers = 4;
+    s.sizes.num_heads = 2;
+    s.sizes.num_kv_heads = 1;
+    s.head_dim = Some(128);
+    s.gemma4 = s.gemma4.map(|mut g| {
+        g.full_interval = 2;
+        g.window = 8;
+        g.full_head_dim = 256;
+        g.shared = 2;
+        g
+    });
+    s
+}
+
+/// Every format loads as a decoder computing what the drawn model does:
+/// the f32 folder exactly, bf16 and the GGUF files within their rounding,
+/// dense and kept quantized, each reading the layers as drawn (which slide,
+/// their head widths, which read another's K/V, the MLP widths). A full
+/// layer rotating its whole head, a shared layer reading its own zeroed K/V
+/// or a sliding layer seeing every token would each move the logits by
+/// their whole size.
+#[test]
+fn every_format_is_the_drawn_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens: Vec<u32> = (0..14).map(|i| 3 + 37 * i % 490).collect();
+    let shape = tiny_gemma4();
+    let drawn = RandomModel {
+        shape: shape.clone(),
+        seed: 6,
+    }
+    .build(DType::F32, &Device::Cpu)
+    .unwrap();
+    let cfg = drawn.config().clone();
+    assert_eq!(cfg.arch, Arch::Gemma4);
+    assert_eq!(cfg.sliding_window, vec![Some(8), None, Some(8), None]);
+    let widths: Vec<usize> = cfg.layer_attention.iter().map(|a| a.head_dim).collect();
+    assert_eq!(widths, vec![128, 256, 128, 256]);
+    let sources: Vec<Option<usize>> = cfg.layer_attention.iter().map(|a| a.kv_source).collect();
+    assert_eq!(sources, vec![None, None, Some(0), Some(1)]);
+    assert_eq!(cfg.double_wide_mlp, vec![false, false, true, true]);
+    assert_eq!(cfg.per_layer_input.as_ref().map(|p| p.width), Some(256));
+    let want = drawn.teacher_forced_logits(&tokens, None).unwrap();
+    let checks = |format: Format, _: &Path, _, model: &lcut_model::Decoder| {
+        let read = model.config();
+        assert_eq!(read.arch, cfg.arch, "{format}");
+        assert_eq!(read.sliding_window, cfg.sliding_window, "{format}");
+        assert_eq!(read.layer_attention, cfg.layer_attention, "{format}");
+        assert_eq!(read.double_wide_mlp, cfg.double_wide_mlp, "{format}");
+        assert_eq!(read.per_layer_input, cfg.per_layer_input, "{format}");
+        assert_eq!(read.rope, cfg.rope, "{format}");
+        assert_eq!(read.sliding_rope, cfg.sliding_rope, "{format}");
+        assert_eq!(read.final_softcap, Some(30.0), "{format}");
+    };
+    every_format_computes(&shape, 6, dir.path(), (&tokens, &want), 0.4, checks);
+}
+
+/// The GGUF file has the keys, tensor names and ranks llama.cpp's converter
+/// gave the reference case in Q8_0 (`fixtures/oracle/layouts/gemma4-wide`):
+/// every `gemma4.*` key it wrote (ours add only the vocabulary size), and
+/// the same tensors in a sliding layer that holds K/V, a shared full layer
+/// and at the top, where the case's full layers have their own values (its
+/// keys are its values; E2B's are not). Types match where the case's rows
+/// fit Q8_0's blocks (its 8-wide per-layer projection is F16).
+#[test]
+fn gguf_files_match_llama_cpps_converter() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/oracle/layouts");
+    let shape = tiny_gemma4();
+    let out = dir.path().join("tiny-gemma4.gguf");
+    write(&shape, Format::GgufQ8_0, &out, 1);
+    let ours = GgufFile::open(&out).unwrap();
+    let theirs = GgufFile::open(&root.join("gemma4-wide/model.q8_0.gguf")).unwrap();
+    let (ours, theirs) = (ours.header(), theirs.header());
+    assert_eq!(
+        ours.metadata["general.architecture"].as_str(),
+        Some("gemma4")
+    );
+    let keys = |h: &lcut_model::gguf::GgufHeader| -> Vec<String> {
+        h.metadata
+            .keys()
+            .filter(|k| k.starts_with("gemma4."))
+            .cloned()
+            .collect()
+    };
+    let (our_keys, their_keys) = (keys(ours), keys(theirs));
+    for k in &their_keys {
+        assert!(our_keys.contains(k), "no {k}");
+    }
+    for k in our_keys.iter().filter(|k| !their_keys.contains(k)) {
+        assert!(k.ends_with(".vocab_size"), "{k} is not the converter's");
+    }
+    let picked = |h: &lcut_model::gguf::GgufHeader| -> BTreeMap<String, (Option<u32>, usize)> {
+        h.tensors
+            .iter()
+            .filter(|(n, _)| {
+                !n.starts_with("blk.") || n.starts_with("blk.0.") || n.starts_with("blk.3.")
+            })
+            .map(|(n, t)| {
+                // ggml's first dimension is the row's length
+                let fits = t.shape.last().is_some_and(|c| c % 32 == 0) || t.type_id == 0;
+                (n.clone(), (fits.then_some(t.type_id), t.shape.len()))
+            })
+            .collect()
+    };
+    let (mut ours, theirs) = (picked(ours), picked(theirs));
+    for (name, (ty, _)) in &theirs {
+        if ty.is_none()
+            && let Some(entry) = ours.get_mut(name)
+        {
+            entry.0 = None;
+        }
+    }
+    assert_eq!(ours, theirs);
+}
+
+/// The full shape counts the parameters of E2B's language model (4.63e9,
+/// 2.28e9 without the per-layer table: the model card's "2.3B effective"),
+/// exactly as lcut's memory line counts a model of its config, and plans
+/// in every GGUF format; cut to 10 layers it keeps two full layers (and a
+/// full last one), five of them shared, reading layers 3 and 4.
+#[test]
+fn the_full_shape_counts_its_parameters_and_keeps_its_layout_when_cut() {
+    let shape = shapes::gemma_4_e2b();
+    let cfg = shape.config().unwrap();
+    assert_eq!(
+        shape.parameter_count(),
+        lcut_model::memory::parameter_count(&cfg)
+    );
+    let near = |n: u64, want: f64| ((n as f64 - want) / want).abs() < 0.01;
+    assert!(near(shape.parameter_count(), 4.63e9));
+    let table = shape
+        .tensors()
+        .iter()
+        .find(|t| t.name == "model.embed_tokens_per_layer.weight")
+        .map(|t| t.len() as u64)
+        .unwrap();
+    assert!(near(shape.parameter_count() - table, 2.28e9));
+    for format in Format::ALL.into_iter().filter(|f| f.is_gguf()) {
+        let plan = lcut_synth::write::gguf::plan(&shape, format).unwrap();
+        assert!(plan.data_bytes() > 0, "{format}");
+    }
+    let sources: Vec<Option<usize>> = cfg.layer_attention.iter().map(|a| a.kv_source).collect();
+    assert_eq!(sources[14], None);
+    assert_eq!(sources[15], Some(13));
+    assert_eq!(sources[34], Some(14));
+    let cut = shape.clone().with_layers(10).config().unwrap();
+    let full: Vec<usize> = (0..10)
+        .filter(|&l| cut.sliding_window[l].is_none())
+        .collect();
+    assert_eq!(full, vec![4, 9]);
+    let sources: Vec<Option<usize>> = cut.layer_attention.iter().map(|a| a.kv_source).collect();
+    assert_eq!(
+        sources,
+        [vec![None; 5], vec![Some(3); 4], vec![Some(4)]].concat()
+    );
+    assert_eq!(cut.layer_attention[9].head_dim, 512);
+    assert_eq!(cut.layer_attention[8].head_dim, 256);
+}
+
+/// Layers a Gemma 4 model cannot have are refused by the field that is
+/// wrong, before anything is written.
+#[test]
+fn bad_gemma4_layers_are_refused_by_field() {
+    type Edit = fn(&mut ModelShape);
+    let cases: [(&str, Edit); 5] = [
+        ("gemma4.full_interval", |s| {
+            s.gemma4.as_mut().unwrap().full_interval = 0
+        }),
+        ("gemma4.full_head_dim", |s| {
+            s.gemma4.as_mut().unwrap().full_head_dim = 255
+        }),
+        ("gemma4.shared", |s| s.gemma4.as_mut().unwrap().shared = 4),
+        // the shared layers' full one would have no full layer below it
+        ("gemma4.shared", |s| s.gemma4.as_mut().unwrap().shared = 3),
+        ("gemma4", |s| s.head_dim = None),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    for (i, (field, edit)) in cases.into_iter().enumerate() {
+        let mut shape = tiny_gemma4();
+        edit(&mut shape);
+        match shape.config() {
+            Err(SynthError::InvalidShape { field: f, .. }) => assert_eq!(f, field),
+            other => panic!("{field}: {other:?}"),
+        }
+        let out = dir.path().join(format!("bad-{i}.gguf"));
+        let opts = WriteOptions::default();
+        assert!(write_model(&shape, Format::GgufQ8_0, &out, &opts, &mut |_, _| {}).is_err());
+        assert!(!out.exists(), "{field}: a refused shape left a file");
+    }
+}
