@@ -2,7 +2,9 @@
 //! caller-owned buffers: RMSNorm, RoPE, gated activations, residual adds,
 //! soft-caps. Each works on rows of a few hundred to a few thousand values,
 //! which the compiler vectorizes well enough; they cost little beside the
-//! products.
+//! products, except where libm runs once per value: the gated activations
+//! and the soft cap take the vectorized `exp` on AVX2 and AVX-512
+//! (`simd::elementwise`).
 
 use crate::error::{KernelError, Result, check_len};
 
@@ -103,9 +105,22 @@ pub enum GateActivation {
     },
 }
 
-/// `gate[i] = act(gate[i]) * up[i]`, in place.
+/// `gate[i] = act(gate[i]) * up[i]`, in place: on AVX2 and AVX-512 through
+/// the vectorized `exp` (the same bits on both, whatever the slice's
+/// length), else the portable form.
 pub fn gate_in_place(gate: &mut [f32], up: &[f32], act: GateActivation) -> Result<()> {
     check_len("gated MLP up", gate.len(), up.len())?;
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::elementwise::gate_in_place(gate, up, act) {
+        return Ok(());
+    }
+    portable_gate_in_place(gate, up, act);
+    Ok(())
+}
+
+/// [`gate_in_place`]'s portable form (libm's `exp` and `tanh`), on slices
+/// of the same length.
+pub(crate) fn portable_gate_in_place(gate: &mut [f32], up: &[f32], act: GateActivation) {
     match act {
         GateActivation::Silu => {
             for (g, &u) in gate.iter_mut().zip(up) {
@@ -128,7 +143,6 @@ pub fn gate_in_place(gate: &mut [f32], up: &[f32], act: GateActivation) -> Resul
             }
         }
     }
-    Ok(())
 }
 
 /// `acc[i] += x[i]`.
@@ -140,8 +154,22 @@ pub fn add_in_place(acc: &mut [f32], x: &[f32]) -> Result<()> {
     Ok(())
 }
 
-/// `x[i] = cap tanh(x[i] / cap)` (Gemma-2's logit soft-cap).
+/// `x[i] = cap tanh(x[i] / cap)` (Gemma-2's logit soft-cap): on AVX2 and
+/// AVX-512 through the vectorized `exp`, within a few ulps of the cap of
+/// the portable `tanh`, the same bits on both levels wherever a value sits.
 pub fn softcap_in_place(x: &mut [f32], cap: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::elementwise::softcap_in_place(x, cap) {
+        return;
+    }
+    portable_softcap_in_place(x, cap);
+}
+
+/// [`softcap_in_place`]'s portable form (libm's `tanh`): the attention
+/// kernels cap their scores with it on every level, as they cap the
+/// current token's score, so that a key's score is the same whether it
+/// comes from the cache or is the token's own.
+pub(crate) fn portable_softcap_in_place(x: &mut [f32], cap: f32) {
     for v in x {
         *v = cap * (*v / cap).tanh();
     }

@@ -226,7 +226,7 @@ fn step<T: Element, O: BlockOps<T>>(
     let (group, hd, cnt) = (c.group, c.hd, keys.count);
     ops.scores(st.q, group, keys, c.spec.scale, s);
     if let Some(cap) = c.spec.softcap {
-        crate::ops::softcap_in_place(s, cap);
+        crate::ops::portable_softcap_in_place(s, cap);
     }
     for gq in 0..group {
         let sh = &mut s[gq * cnt..(gq + 1) * cnt];

@@ -740,7 +740,7 @@ fn part<T: Element, O: BlockOps<T>>(
                 let s = &mut block[..group * n];
                 ops.scores(qg, group, keys, call.spec.scale, s);
                 if let Some(cap) = call.spec.softcap {
-                    crate::ops::softcap_in_place(s, cap);
+                    crate::ops::portable_softcap_in_place(s, cap);
                 }
                 for gq in 0..group {
                     let h = g * group + gq;

@@ -4,10 +4,11 @@ use std::arch::x86_64::{
     __m128, __m128i, __m256, _mm_add_ps, _mm_add_ss, _mm_cvtss_f32, _mm_loadu_si128,
     _mm_movehdup_ps, _mm_movehl_ps, _mm256_add_epi32, _mm256_add_ps, _mm256_castpd_ps,
     _mm256_castps_pd, _mm256_castps256_ps128, _mm256_castsi256_ps, _mm256_cvtepu16_epi32,
-    _mm256_cvtph_ps, _mm256_cvtps_epi32, _mm256_extractf128_ps, _mm256_fmadd_ps, _mm256_fnmadd_ps,
-    _mm256_loadu_ps, _mm256_max_ps, _mm256_min_ps, _mm256_mul_ps, _mm256_round_ps,
-    _mm256_set1_epi32, _mm256_set1_ps, _mm256_setzero_ps, _mm256_slli_epi32, _mm256_storeu_ps,
-    _mm256_sub_ps, _mm256_unpackhi_pd, _mm256_unpackhi_ps, _mm256_unpacklo_pd, _mm256_unpacklo_ps,
+    _mm256_cvtph_ps, _mm256_cvtps_epi32, _mm256_div_ps, _mm256_extractf128_ps, _mm256_fmadd_ps,
+    _mm256_fnmadd_ps, _mm256_loadu_ps, _mm256_max_ps, _mm256_min_ps, _mm256_mul_ps,
+    _mm256_round_ps, _mm256_set1_epi32, _mm256_set1_ps, _mm256_setzero_ps, _mm256_slli_epi32,
+    _mm256_storeu_ps, _mm256_sub_ps, _mm256_unpackhi_pd, _mm256_unpackhi_ps, _mm256_unpacklo_pd,
+    _mm256_unpacklo_ps,
 };
 
 use half::{bf16, f16};
@@ -56,6 +57,26 @@ impl Lanes for Avx2 {
     #[inline(always)]
     unsafe fn sub(a: __m256, b: __m256) -> __m256 {
         unsafe { _mm256_sub_ps(a, b) }
+    }
+
+    #[inline(always)]
+    unsafe fn mul(a: __m256, b: __m256) -> __m256 {
+        unsafe { _mm256_mul_ps(a, b) }
+    }
+
+    #[inline(always)]
+    unsafe fn div(a: __m256, b: __m256) -> __m256 {
+        unsafe { _mm256_div_ps(a, b) }
+    }
+
+    #[inline(always)]
+    unsafe fn min(a: __m256, b: __m256) -> __m256 {
+        unsafe { _mm256_min_ps(a, b) }
+    }
+
+    #[inline(always)]
+    unsafe fn max(a: __m256, b: __m256) -> __m256 {
+        unsafe { _mm256_max_ps(a, b) }
     }
 
     #[inline(always)]

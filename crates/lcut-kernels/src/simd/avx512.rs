@@ -5,10 +5,10 @@ use std::arch::x86_64::{
     __m128, __m256i, __m512, _mm_add_ps, _mm256_add_ps, _mm256_castpd_ps, _mm256_castps256_ps128,
     _mm256_extractf128_ps, _mm256_loadu_si256, _mm512_add_ps, _mm512_castpd_ps, _mm512_castps_pd,
     _mm512_castps512_ps256, _mm512_castsi512_ps, _mm512_cvtepu16_epi32, _mm512_cvtph_ps,
-    _mm512_extractf64x4_pd, _mm512_fmadd_ps, _mm512_fnmadd_ps, _mm512_loadu_ps, _mm512_max_ps,
-    _mm512_min_ps, _mm512_mul_ps, _mm512_reduce_add_ps, _mm512_roundscale_ps, _mm512_scalef_ps,
-    _mm512_set1_ps, _mm512_setzero_ps, _mm512_slli_epi32, _mm512_storeu_ps, _mm512_sub_ps,
-    _mm512_unpackhi_pd, _mm512_unpackhi_ps, _mm512_unpacklo_pd, _mm512_unpacklo_ps,
+    _mm512_div_ps, _mm512_extractf64x4_pd, _mm512_fmadd_ps, _mm512_fnmadd_ps, _mm512_loadu_ps,
+    _mm512_max_ps, _mm512_min_ps, _mm512_mul_ps, _mm512_reduce_add_ps, _mm512_roundscale_ps,
+    _mm512_scalef_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_slli_epi32, _mm512_storeu_ps,
+    _mm512_sub_ps, _mm512_unpackhi_pd, _mm512_unpackhi_ps, _mm512_unpacklo_pd, _mm512_unpacklo_ps,
 };
 
 use half::{bf16, f16};
@@ -57,6 +57,26 @@ impl Lanes for Avx512 {
     #[inline(always)]
     unsafe fn sub(a: __m512, b: __m512) -> __m512 {
         unsafe { _mm512_sub_ps(a, b) }
+    }
+
+    #[inline(always)]
+    unsafe fn mul(a: __m512, b: __m512) -> __m512 {
+        unsafe { _mm512_mul_ps(a, b) }
+    }
+
+    #[inline(always)]
+    unsafe fn div(a: __m512, b: __m512) -> __m512 {
+        unsafe { _mm512_div_ps(a, b) }
+    }
+
+    #[inline(always)]
+    unsafe fn min(a: __m512, b: __m512) -> __m512 {
+        unsafe { _mm512_min_ps(a, b) }
+    }
+
+    #[inline(always)]
+    unsafe fn max(a: __m512, b: __m512) -> __m512 {
+        unsafe { _mm512_max_ps(a, b) }
     }
 
     #[inline(always)]

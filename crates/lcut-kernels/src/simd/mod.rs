@@ -11,6 +11,8 @@
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod elementwise;
 
 use half::{bf16, f16};
 
@@ -89,6 +91,26 @@ pub(crate) trait Lanes: Copy + Send + Sync + 'static {
     /// # Safety
     /// As [`Lanes::zero`].
     unsafe fn sub(a: Self::V, b: Self::V) -> Self::V;
+    /// `a * b`.
+    ///
+    /// # Safety
+    /// As [`Lanes::zero`].
+    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
+    /// `a / b`.
+    ///
+    /// # Safety
+    /// As [`Lanes::zero`].
+    unsafe fn div(a: Self::V, b: Self::V) -> Self::V;
+    /// The smaller of `a` and `b` in each lane (`b` where either is NaN).
+    ///
+    /// # Safety
+    /// As [`Lanes::zero`].
+    unsafe fn min(a: Self::V, b: Self::V) -> Self::V;
+    /// The larger of `a` and `b` in each lane (`b` where either is NaN).
+    ///
+    /// # Safety
+    /// As [`Lanes::zero`].
+    unsafe fn max(a: Self::V, b: Self::V) -> Self::V;
     /// `a * b + c`, fused.
     ///
     /// # Safety
