@@ -820,9 +820,9 @@ pub fn gpt_oss_20b() -> ModelShape {
 /// on the full ones, RMSNorm eps 1e-6, 131072 positions, logits capped at
 /// 30; BoS 2, EoS 1, pad 0. About 4.63e9 parameters, 2.28e9 without the
 /// per-layer table (the model card's "2.3B effective"; its 5.1B adds the
-/// vision and audio towers). From published text configs (several
-/// independent copies agree on every figure here), not from a downloaded
-/// file.
+/// vision and audio towers). From published text configs, not from a
+/// downloaded file: four copies agree on every figure here, a fifth gives
+/// the MLP 8192 wide (docs/layouts.md).
 pub fn gemma_4_e2b() -> ModelShape {
     ModelShape {
         name: "gemma-4-e2b".into(),
