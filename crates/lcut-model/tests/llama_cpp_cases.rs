@@ -1,21 +1,25 @@
-//! The quantized path (`WeightMode::Quantized`) on mixture-of-experts GGUF
-//! files against llama.cpp on the same files: gpt-oss in Q8_0 and with its
-//! experts in MXFP4, Qwen3-MoE in Q8_0 (the reference cases' files, written
-//! by llama.cpp's converter; llama.cpp's logits in
-//! `llama_cpp.<file>.json` beside them, made by
-//! `fixtures/oracle/llama_cpp_case_logits.py` with libllama 11434, K/V in
-//! f32). On llama.cpp's 8 largest logits of each row from the decode
-//! start's predecessor on (13 rows), lcut's differ by at most `TOL` and on
-//! average by at most `MEAN_TOL`, and its argmax is llama.cpp's wherever
-//! llama.cpp's top two are `MARGIN` apart.
+//! The quantized path (`WeightMode::Quantized`) on mixture-of-experts and
+//! Gemma 4 GGUF files against llama.cpp on the same files: gpt-oss in Q8_0
+//! and with its experts in MXFP4, Qwen3-MoE in Q8_0, and Gemma 4's
+//! `gemma4-wide` in Q8_0 (per-layer inputs, both head widths, the
+//! proportional rotation, the top layers reading lower layers' K/V in the
+//! order E2B's file has them, all of which llama.cpp reads from the file's
+//! metadata alone). The files are the reference cases', written by
+//! llama.cpp's converter; llama.cpp's logits are in `llama_cpp.<file>.json`
+//! beside them, made by `fixtures/oracle/llama_cpp_case_logits.py` with
+//! libllama 11434, K/V in f32. On llama.cpp's 8 largest logits of each row
+//! from the decode start's predecessor on (13 rows), lcut's differ by at
+//! most `TOL` and on average by at most `MEAN_TOL`, and its argmax is
+//! llama.cpp's wherever llama.cpp's top two are `MARGIN` apart.
 //!
 //! Both engines round the activations to 8 bits before the integer
 //! products, in different orders; llama.cpp's own f16 and f32 caches
-//! differ by up to 0.065 on these rows. Measured: 0.059 (gpt-oss Q8_0),
-//! 0.29 (gpt-oss MXFP4, mean 0.043), 0.095 (Qwen3-MoE). A wrong expert,
-//! sink, bias or block scale moves the logits by whole units (a synthesized
-//! Qwen3.5 file with its value heads in the wrong order: 1.4 of the
-//! largest logit).
+//! differ by up to 0.065 on the MoE files' rows, 0.38 on Gemma 4's.
+//! Measured: 0.059 (gpt-oss Q8_0), 0.29 (gpt-oss MXFP4, mean 0.043), 0.095
+//! (Qwen3-MoE), 0.18 (Gemma 4, mean 0.032; llama.cpp against transformers
+//! on the same weights differs by as much). A wrong expert, sink, bias or
+//! block scale moves the logits by whole units (a synthesized Qwen3.5 file
+//! with its value heads in the wrong order: 1.4 of the largest logit).
 
 use anyhow::{Context, Result, ensure};
 use lcut_model::{Decoder, Device, WeightMode};
@@ -30,11 +34,12 @@ const MEAN_TOL: f32 = 0.1;
 const MARGIN: f32 = 0.1;
 
 #[test]
-fn moe_files_kept_quantized_match_llama_cpp() -> Result<()> {
+fn gguf_cases_kept_quantized_match_llama_cpp() -> Result<()> {
     for (case, file) in [
         ("moe/gptoss-gguf", "model.q8_0"),
         ("moe/gptoss-gguf", "model.mxfp4"),
         ("moe/qwen3moe-sparse", "model.q8_0"),
+        ("layouts/gemma4-wide", "model.q8_0"),
     ] {
         let dir = oracle_case(case);
         let what = format!("{case}/{file}");
