@@ -338,8 +338,16 @@ pub(crate) fn gate_activation(activation: Activation) -> lcut_kernels::ops::Gate
 }
 
 /// The gated activation under `activation`: the gate's activation times the
-/// up half (the MLP's; Gemma 4's per-layer input branch's too).
+/// up half (the MLP's; Gemma 4's per-layer input branch's too). f32 on the
+/// CPU where no gradient flows (prefill, the tensor path's experts), the
+/// kernels' vectorized form, as the decode step runs it (libm's `tanh` and
+/// `exp` once per value were a quarter of Gemma 4 E2B's prefill); candle's
+/// elsewhere, which training differentiates.
 pub(crate) fn gated(activation: Activation, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    let on_host = gate.device().is_cpu() && gate.dtype() == DType::F32 && up.dtype() == DType::F32;
+    if on_host && !gate.track_op() && !up.track_op() && gate.dims() == up.dims() {
+        return host_gated(gate_activation(activation), gate, up);
+    }
     {
         let act = match activation {
             Activation::Silu => candle_nn::ops::silu(gate)?,
@@ -354,6 +362,25 @@ pub(crate) fn gated(activation: Activation, gate: &Tensor, up: &Tensor) -> Resul
         };
         Ok((act * up)?)
     }
+}
+
+/// [`gated`] on the host: the kernels' gate over both halves' values, in
+/// slices of `HOST_GATE_SLICE` across the threads (the same bits wherever a
+/// value sits).
+fn host_gated(
+    act: lcut_kernels::ops::GateActivation,
+    gate: &Tensor,
+    up: &Tensor,
+) -> Result<Tensor> {
+    use rayon::prelude::*;
+    const HOST_GATE_SLICE: usize = 1 << 14;
+    let mut values = gate.flatten_all()?.to_vec1::<f32>()?;
+    let ups = up.flatten_all()?.to_vec1::<f32>()?;
+    values
+        .par_chunks_mut(HOST_GATE_SLICE)
+        .zip(ups.par_chunks(HOST_GATE_SLICE))
+        .try_for_each(|(g, u)| lcut_kernels::ops::gate_in_place(g, u, act))?;
+    Ok(Tensor::from_vec(values, gate.shape(), gate.device())?)
 }
 
 /// A mixture of experts in place of the MLP: the router's softmax over the

@@ -80,7 +80,10 @@ const ENTROPY_TOL: f32 = 5e-5;
 
 /// Every mass of two probe records within `tol` (they lie in [0, 1]) and
 /// the prompt entropy within [`ENTROPY_TOL`] relative to its size above 1,
-/// NaN where both are NaN.
+/// or within `tol` where that is looser (a file kept quantized, whose
+/// 8-bit product inputs move a whole step when rounding crosses a
+/// boundary: 1.5e-4 measured on Gemma 4's Q8_0 file, shared layer 5, at an
+/// entropy of 0.055), NaN where both are NaN.
 fn same_masses(what: &str, a: &[QueryMasses], b: &[QueryMasses], tol: f32) -> Result<()> {
     ensure!(
         a.len() == b.len(),
@@ -104,7 +107,7 @@ fn same_masses(what: &str, a: &[QueryMasses], b: &[QueryMasses], tol: f32) -> Re
                 "entropy",
                 &x.prefill_entropy,
                 &y.prefill_entropy,
-                ENTROPY_TOL,
+                ENTROPY_TOL.max(tol),
             ),
         ];
         for (name, u, v, bound) in fields {
