@@ -53,6 +53,15 @@ fn every_reference_case_passes_in_f32_and_bf16() {
             lcut_testkit::ORACLE_CASES.into_iter().collect();
         assert_eq!(cases, expected);
         assert!(rows.len() > expected.len() * 4);
+        // and each case's full model decoded a token at a time
+        for case in &expected {
+            let stepped =
+                |r: &&serde_json::Value| r["case"] == *case && r["logits"] == "logits.steps";
+            assert!(
+                rows.iter().any(|r| stepped(&r)),
+                "{case}: no row decoded a token at a time"
+            );
+        }
         if dtype == "bf16" {
             // bf16 is also compared with lcut itself on the CPU in f32, and
             // with how far transformers in bf16 is from its f32 logits

@@ -129,12 +129,14 @@ fn row(
         .transpose()?;
     let theirs = same_dtype
         .map(|(path, tensors)| {
+            let (key, first) = &pair.reference_rows;
             let t = tensors
-                .get(&pair.key)
+                .get(key)
                 .ok_or_else(|| ParityError::MissingLogits {
                     path: path.clone(),
-                    key: pair.key.clone(),
-                })?;
+                    key: key.clone(),
+                })?
+                .narrow(0, *first, pair.reference.dim(0)?)?;
             Ok::<_, ParityError>(deviation(&t.to_dtype(DType::F32)?, &pair.reference)?)
         })
         .transpose()?;

@@ -18,5 +18,5 @@ pub use deviation::{Deviation, deviation};
 pub use error::{ParityError, Result};
 pub use masked::{MaskedPolicy, MaskedReference};
 pub use press::{PressPolicy, PressReference};
-pub use reference::{FULL_LOGITS, LogitPair, ReferenceCase, ReferencePolicy};
+pub use reference::{FULL_LOGITS, LogitPair, ReferenceCase, ReferencePolicy, STEPPED_LOGITS};
 pub use tolerance::{SAME_DTYPE_FACTOR, Tolerance};

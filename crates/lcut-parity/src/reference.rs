@@ -15,6 +15,10 @@ use lcut_model::{Decoder, LogitRows, ModelError, Result};
 /// Key of the full-depth logits in `reference.safetensors`.
 pub const FULL_LOGITS: &str = "logits";
 
+/// Name of the full model's logits decoded one token at a time after a
+/// prefill (held to the rows of [`FULL_LOGITS`] from the decode start).
+pub const STEPPED_LOGITS: &str = "logits.steps";
+
 /// One policy transformers was run under (an entry of `case.json`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct ReferencePolicy {
@@ -53,12 +57,15 @@ pub struct ReferenceCase {
 /// Our logits for one reference tensor, both [rows, vocab] f32 on the CPU.
 #[derive(Debug, Clone)]
 pub struct LogitPair {
-    /// `logits` or a policy's key.
+    /// `logits`, a policy's key or [`STEPPED_LOGITS`].
     pub key: String,
     /// What the decoder computed.
     pub ours: Tensor,
     /// What transformers computed.
     pub reference: Tensor,
+    /// Where `reference` lies among transformers' tensors: its key and
+    /// first row (`logits` from the decode start for the stepped rows).
+    pub reference_rows: (String, usize),
 }
 
 impl ReferenceCase {
@@ -162,7 +169,18 @@ impl ReferenceCase {
                 .teacher_forced_logits(&self.ids, None)?
                 .to_device(&cpu)?,
             reference: self.tensors[FULL_LOGITS].clone(),
+            reference_rows: (FULL_LOGITS.to_string(), 0),
         }];
+        if let Some(start) = self.policies.first().map(|p| p.decode_start) {
+            let ours = self.stepped_logits(model, start)?.to_device(&cpu)?;
+            let reference = self.tensors[FULL_LOGITS].narrow(0, start, ours.dim(0)?)?;
+            pairs.push(LogitPair {
+                key: STEPPED_LOGITS.to_string(),
+                ours,
+                reference,
+                reference_rows: (FULL_LOGITS.to_string(), start),
+            });
+        }
         for policy in &self.policies {
             let (resolved, phases) = self.resolve(policy, model.config().num_layers)?;
             let s = phases.decode_start();
@@ -176,8 +194,29 @@ impl ReferenceCase {
                     .narrow(0, first, self.ids.len() - s)?
                     .to_device(&cpu)?,
                 reference: self.tensors[&policy.key].clone(),
+                reference_rows: (policy.key.clone(), 0),
             });
         }
         Ok(pairs)
+    }
+
+    /// The full model's logits of the tokens from `start` on, each decoded
+    /// alone after a prefill of those before it: the decode step's path
+    /// (one row a layer; on a GPU, the experts' stacked products).
+    fn stepped_logits(&self, model: &Decoder, start: usize) -> Result<Tensor> {
+        let (prompt, decoded) = match (self.ids.get(..start), self.ids.get(start..)) {
+            (Some(p), Some(d)) if !p.is_empty() && !d.is_empty() => (p, d),
+            _ => return Err(ModelError::EmptyInput),
+        };
+        let mut seq = model.new_full_sequence();
+        model.forward(&mut seq, prompt, LogitRows::None, None)?;
+        let rows = decoded
+            .iter()
+            .map(|&id| {
+                let out = model.forward(&mut seq, &[id], LogitRows::All, None)?;
+                out.logits.ok_or(ModelError::MissingLogits)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Tensor::cat(&rows, 0)?)
     }
 }
