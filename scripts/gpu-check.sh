@@ -22,14 +22,17 @@
 # `families:f32` or `families:bf16,f16` for some of them)
 # or `synth:SHAPE:LAYERS:LENGTHS` (`lcut synth` writes SHAPE cut to LAYERS
 # layers in bf16, kept in /tmp for later steps, then the same bench on it: e.g.
-# synth:qwen3-30b-a3b:8:1k,8k).
+# synth:qwen3-30b-a3b:8:1k,8k), or `unstacked:SHAPE:LAYERS:LENGTHS`, the same with the experts
+# unstacked (LCUT_STACKED_EXPERTS=0: each chosen expert runs its own kernels), for a ratio in
+# the same call.
 # The default is
 # `parity diagnose bench:1k,8k,32k baseline:8k bench:64k bench:128k`; each
 # bench step writes its own JSON, so a step cut short leaves the ones before.
 # OUT_DIR (default gpu-results) receives log.txt, nvidia-smi.txt,
 # gpu-memory.csv (the driver's memory in use, every 200 ms), parity-f32.json,
 # parity-bf16.json, bench-<lengths>.json, baseline-<lengths>.json,
-# families-<folder>-<dtype>.json and synth-<shape>-<layers>l-<lengths>.json.
+# families-<folder>-<dtype>.json, synth-<shape>-<layers>l-<lengths>.json and
+# unstacked-<shape>-<layers>l-<lengths>.json.
 set -uo pipefail
 out=${1:-gpu-results}
 shift || true
@@ -151,9 +154,12 @@ families() {
   done
 }
 
-# synth SHAPE LAYERS LENGTHS: a random-weight SHAPE of LAYERS layers in bf16, full and SPEED at
-# 3/4; the model is kept in /tmp for the next step or call that asks for it (another build's)
+# synth NAME SHAPE LAYERS LENGTHS: a random-weight SHAPE of LAYERS layers in bf16, full and SPEED
+# at 3/4, into NAME-<shape>-<layers>l-<lengths>.json; the model is kept in /tmp for the next step
+# or call that asks for it (another build's)
 synth() {
+  local name=$1
+  shift
   local dir=/tmp/lcut-synth-$1-$2
   if [ ! -d "$dir" ]; then
     echo "== synth $1 with $2 layers ($(date -u +%T))"
@@ -164,7 +170,7 @@ synth() {
   echo "== bench $1 ($2 layers) at $3 ($(date -u +%T))"
   lcut bench --device cuda --dtype bf16 --model "$dir" \
     --policies full,speed:3/4+bos --prompt-lengths "$3" --new-tokens 64 \
-    --prefill-chunk 2048 --json "$out/synth-$1-$2l-${3//,/_}.json" || status=1
+    --prefill-chunk 2048 --json "$out/$name-$1-$2l-${3//,/_}.json" || status=1
 }
 
 for step in "${steps[@]}"; do
@@ -175,7 +181,13 @@ for step in "${steps[@]}"; do
     families:*) IFS=, read -r -a dtypes <<< "${step#families:}"; families "${dtypes[@]}" ;;
     synth:*)
       IFS=: read -r _ shape layers lengths <<< "$step"
-      synth "$shape" "$layers" "$lengths"
+      synth synth "$shape" "$layers" "$lengths"
+      ;;
+    unstacked:*)
+      IFS=: read -r _ shape layers lengths <<< "$step"
+      export LCUT_STACKED_EXPERTS=0
+      synth unstacked "$shape" "$layers" "$lengths"
+      unset LCUT_STACKED_EXPERTS
       ;;
     diagnose) diagnose ;;
     bench:*) bench bench "${step#bench:}" ;;
@@ -184,7 +196,7 @@ for step in "${steps[@]}"; do
       bench baseline "${step#baseline:}"
       unset LCUT_FUSED_ATTENTION
       ;;
-    *) echo "unknown step $step (parity, parity16, diagnose, families[:DTYPES], bench:LENGTHS, baseline:LENGTHS, synth:SHAPE:LAYERS:LENGTHS)"; status=1 ;;
+    *) echo "unknown step $step (parity, parity16, diagnose, families[:DTYPES], bench:LENGTHS, baseline:LENGTHS, synth:SHAPE:LAYERS:LENGTHS, unstacked:SHAPE:LAYERS:LENGTHS)"; status=1 ;;
   esac
 done
 exit $status

@@ -37,7 +37,7 @@ pub use decoder::{
 };
 pub use error::{ModelError, Result, ShapeError};
 pub use files::{FolderFiles, ModelFiles};
-pub use layers::Routing;
+pub use layers::{Routing, STACKED_EXPERTS_VAR};
 pub use lens::{LensProbe, LensRecord};
 pub use linear::{Embedding, Linear};
 pub use linear_attention::{LinearSplit, RecurrentState};

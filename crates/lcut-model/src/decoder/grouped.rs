@@ -233,4 +233,53 @@ mod tests {
         }
         Ok(())
     }
+
+    /// The stacked experts (a GPU's) against each expert run on its own
+    /// rows, on every family's reference weights: Qwen3-MoE, Mixtral,
+    /// gpt-oss (biases, the clamped SwiGLU, stacked in its checkpoint),
+    /// Gemma 4 (experts beside the dense MLP, a learned scale per expert)
+    /// and Qwen3.5-MoE (a shared expert); one row (a decode step) and rows
+    /// whose choices just fit the experts. The sums run in another order,
+    /// so within 1e-5 of the largest output.
+    #[test]
+    fn stacked_experts_match_each_expert_run_alone() -> anyhow::Result<()> {
+        for case in [
+            "moe/qwen3moe-sparse",
+            "moe/mixtral-top2",
+            "moe/gptoss-sinks",
+            "layouts/gemma4-moe",
+            "layouts/qwen35moe-shared",
+        ] {
+            let path = lcut_testkit::oracle_case(case);
+            let dec = Decoder::load_as(&path, WeightMode::Dense(DType::F32), &Device::Cpu)?;
+            let mut rng = Rng::new(11);
+            let mut blocks = 0;
+            for layer in &dec.layers {
+                let (FeedForward::Experts(experts) | FeedForward::DenseAndExperts(_, experts)) =
+                    &layer.mlp
+                else {
+                    continue;
+                };
+                let stacked = experts.clone().stacked()?;
+                anyhow::ensure!(stacked.is_stacked(), "{case}: the experts were not stacked");
+                let d = dec.cfg.hidden_size;
+                let top_k = experts
+                    .route(&normal(&mut rng, 0.0, 1.0, &[1, d])?)?
+                    .experts[0]
+                    .len();
+                for rows in [1, experts.experts().len() / top_k] {
+                    let x = normal(&mut rng, 0.0, 1.0, &[rows, d])?;
+                    let routing = experts.route(&x)?;
+                    let theirs = experts.forward_routed(&x, &routing, None)?;
+                    let ours = stacked.forward_routed(&x, &routing, None)?;
+                    let scale = theirs.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?;
+                    let d = max_abs_diff(&ours, &theirs) / scale;
+                    anyhow::ensure!(d <= 1e-5, "{case}, {rows} rows: {d:e} of the largest");
+                }
+                blocks += 1;
+            }
+            anyhow::ensure!(blocks > 0, "{case}: no block of experts");
+        }
+        Ok(())
+    }
 }
