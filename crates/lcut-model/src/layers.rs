@@ -583,6 +583,16 @@ impl StackedLinear {
         Ok(Linear::dense(self.weight.get(e)?, bias))
     }
 
+    /// `x W^T (+ b)` of every expert's inputs [experts, rows, in] under its
+    /// own matrix: [experts, rows, out].
+    fn product_all(&self, input: &Tensor) -> Result<Tensor> {
+        let y = input.matmul(&self.weight.transpose(1, 2)?)?;
+        Ok(match &self.bias {
+            Some(b) => y.broadcast_add(&b.unsqueeze(1)?)?,
+            None => y,
+        })
+    }
+
     /// `x W^T (+ b)` of each input [m, 1, in] under the matrix of its
     /// expert in `experts` [m]: [m, 1, out].
     fn product(&self, experts: &Tensor, input: &Tensor) -> Result<Tensor> {
@@ -595,27 +605,58 @@ impl StackedLinear {
     }
 }
 
+/// How many times a batch's (row, expert) pairs the padded products may
+/// compute (each expert's rows padded to the busiest expert's count) before
+/// a chunk runs each expert alone instead.
+const PADDED_WASTE: usize = 2;
+
 impl StackedExperts {
-    /// The output of rows `x` [n, hidden] routed by `routing`: every
-    /// (row, chosen expert) pair's matrices gathered from the stacks, the
-    /// gate, up and down run as three batched products, each pair's output
-    /// weighted and added into its row. About ten kernels a block however
-    /// many experts run, where one kernel per expert per step made a GPU's
-    /// decode step wait on launches (it copies the chosen matrices, so it
-    /// is for a few rows: [`Experts::forward_routed`] runs it while the
-    /// pairs are no more than the experts).
-    fn forward(&self, activation: Activation, x: &Tensor, routing: &Routing) -> Result<Tensor> {
+    /// The output of rows `x` [n, hidden] routed by `routing` on the stacks,
+    /// or `None` where neither way fits (each expert then runs its own
+    /// kernels over its rows). Both run about ten kernels a block however
+    /// many experts run, where one kernel per expert made a GPU wait on
+    /// launches: while the (row, expert) pairs are no more than the experts
+    /// (a decode step), [`Self::gathered`]; else, while padding every
+    /// expert's rows to the busiest's costs at most [`PADDED_WASTE`] times
+    /// the pairs, [`Self::padded`].
+    fn forward(
+        &self,
+        activation: Activation,
+        x: &Tensor,
+        routing: &Routing,
+    ) -> Result<Option<Tensor>> {
+        let experts = self.gate.weight.dim(0)?;
+        let mut counts = vec![0usize; experts];
+        for &e in routing.experts.iter().flatten() {
+            *counts
+                .get_mut(e)
+                .ok_or(crate::error::ModelError::LayerProgram {
+                    what: "a routed expert past the layer's experts",
+                })? += 1;
+        }
+        let pairs: usize = counts.iter().sum();
+        let busiest = counts.iter().copied().max().unwrap_or(0);
+        if pairs <= experts {
+            return self.gathered(activation, x, routing).map(Some);
+        }
+        if experts * busiest > PADDED_WASTE * pairs {
+            return Ok(None);
+        }
+        self.padded(activation, x, routing, busiest).map(Some)
+    }
+
+    /// Every (row, chosen expert) pair's matrices gathered from the stacks,
+    /// the gate, up and down run as three batched products, each pair's
+    /// output weighted and added into its row. It copies the chosen
+    /// matrices, so it is for a few rows.
+    fn gathered(&self, activation: Activation, x: &Tensor, routing: &Routing) -> Result<Tensor> {
         let (n, d) = x.dims2()?;
         let mut indices = Vec::new();
         let mut rows = Vec::new();
         let mut weights = Vec::new();
         for (r, (chosen, w)) in routing.experts.iter().zip(&routing.weights).enumerate() {
             for (&e, &w) in chosen.iter().zip(w) {
-                indices.push(u32::try_from(e).map_err(|_| {
-                    crate::error::ModelError::LayerProgram {
-                        what: "an expert index past u32",
-                    }
-                })?);
+                indices.push(e as u32);
                 rows.push(r as u32);
                 weights.push(w);
             }
@@ -644,6 +685,47 @@ impl StackedExperts {
             1 => y.sum_keepdim(0)?,
             _ => x.zeros_like()?.index_add(&rows, &y, 0)?,
         })
+    }
+
+    /// Every expert over its rows at once: expert `e`'s rows (ascending)
+    /// fill slots `e * busiest..`, the rest of its slots pointing at a zero
+    /// row past `x`'s; the stacks' three products batched over the experts,
+    /// reading each expert's matrices once and copying none; each slot's
+    /// output weighted (zero for padding) and added into its row.
+    fn padded(
+        &self,
+        activation: Activation,
+        x: &Tensor,
+        routing: &Routing,
+        busiest: usize,
+    ) -> Result<Tensor> {
+        let (n, d) = x.dims2()?;
+        let experts = self.gate.weight.dim(0)?;
+        let slots = experts * busiest;
+        let mut rows = vec![n as u32; slots];
+        let mut weights = vec![0f32; slots];
+        let mut filled = vec![0usize; experts];
+        for (r, (chosen, w)) in routing.experts.iter().zip(&routing.weights).enumerate() {
+            for (&e, &w) in chosen.iter().zip(w) {
+                let slot = e * busiest + filled[e];
+                rows[slot] = r as u32;
+                weights[slot] = w;
+                filled[e] += 1;
+            }
+        }
+        let rows = Tensor::from_vec(rows, slots, x.device())?;
+        let weights = Tensor::from_vec(weights, (slots, 1), x.device())?.to_dtype(x.dtype())?;
+        let with_zero = Tensor::cat(&[x, &x.narrow(0, 0, 1)?.zeros_like()?], 0)?;
+        let inputs = with_zero
+            .index_select(&rows, 0)?
+            .reshape((experts, busiest, d))?;
+        let gate = self.gate.product_all(&inputs)?;
+        let up = self.up.product_all(&inputs)?;
+        let hidden = gated(activation, &gate, &up)?;
+        let y = self.down.product_all(&hidden)?.reshape((slots, d))?;
+        let y = y.broadcast_mul(&weights)?;
+        let out = with_zero.zeros_like()?.index_add(&rows, &y, 0)?;
+        Ok(out.narrow(0, 0, n)?)
     }
 }
 
@@ -962,15 +1044,10 @@ impl Experts {
         routing: &Routing,
         trainable: Option<&Tensor>,
     ) -> Result<Tensor> {
-        if let (Some(stacked), None) = (&self.stacked, trainable) {
-            let choices: usize = routing.experts.iter().map(Vec::len).sum();
-            if choices <= self.experts.len() {
-                let activation = self.experts.first().map(|m| m.activation);
-                let activation = activation.ok_or(crate::error::ModelError::LayerProgram {
-                    what: "a block of no experts",
-                })?;
-                return self.with_shared(x, stacked.forward(activation, x, routing)?);
-            }
+        if trainable.is_none()
+            && let Some(out) = self.stacked_output(x, routing)?
+        {
+            return self.with_shared(x, out);
         }
         if let ([chosen], [weights], None) = (&routing.experts[..], &routing.weights[..], trainable)
         {
@@ -1014,6 +1091,16 @@ impl Experts {
             out = out.index_add(&idx, &y, 0)?;
         }
         self.with_shared(x, out)
+    }
+
+    /// The routed experts' output of rows `x` on the stacked matrices (see
+    /// [`StackedExperts::forward`]), or `None` where they are not stacked or
+    /// the batch does not fit them.
+    pub(crate) fn stacked_output(&self, x: &Tensor, routing: &Routing) -> Result<Option<Tensor>> {
+        let (Some(stacked), Some(first)) = (&self.stacked, self.experts.first()) else {
+            return Ok(None);
+        };
+        stacked.forward(first.activation, x, routing)
     }
 
     /// [`Self::forward_routed`] of one row (a decode step): the chosen

@@ -239,8 +239,9 @@ mod tests {
     /// gpt-oss (biases, the clamped SwiGLU, stacked in its checkpoint),
     /// Gemma 4 (experts beside the dense MLP, a learned scale per expert)
     /// and Qwen3.5-MoE (a shared expert); one row (a decode step) and rows
-    /// whose choices just fit the experts. The sums run in another order,
-    /// so within 1e-5 of the largest output.
+    /// whose choices just fit the experts (the gathered products), and 32
+    /// times as many (the padded ones). The sums run in another order, so
+    /// within 1e-5 of the largest output.
     #[test]
     fn stacked_experts_match_each_expert_run_alone() -> anyhow::Result<()> {
         for case in [
@@ -267,11 +268,15 @@ mod tests {
                     .route(&normal(&mut rng, 0.0, 1.0, &[1, d])?)?
                     .experts[0]
                     .len();
-                for rows in [1, experts.experts().len() / top_k] {
+                let fit = experts.experts().len() / top_k;
+                for rows in [1, fit, 32 * fit] {
                     let x = normal(&mut rng, 0.0, 1.0, &[rows, d])?;
                     let routing = experts.route(&x)?;
                     let theirs = experts.forward_routed(&x, &routing, None)?;
-                    let ours = stacked.forward_routed(&x, &routing, None)?;
+                    let ours = stacked.stacked_output(&x, &routing)?.ok_or_else(|| {
+                        anyhow::anyhow!("{case}, {rows} rows: the stacks did not run")
+                    })?;
+                    let ours = stacked.with_shared(&x, ours)?;
                     let scale = theirs.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?;
                     let d = max_abs_diff(&ours, &theirs) / scale;
                     anyhow::ensure!(d <= 1e-5, "{case}, {rows} rows: {d:e} of the largest");
