@@ -885,10 +885,15 @@ impl Experts {
     /// [`STACKED_EXPERT_MAX_BYTES`] and [`STACKED_EXPERTS_VAR`] is not `0`.
     fn stacked_on(self, device: &Device) -> Result<Self> {
         let off = std::env::var(STACKED_EXPERTS_VAR).is_ok_and(|v| v == "0");
+        if device.is_cpu() || off {
+            // before any size is asked: a CPU's experts read in place are
+            // packed by the first question about their bytes
+            return Ok(self);
+        }
         let expert_bytes = self.experts.first().map_or(0, |m| {
             m.linears().into_iter().map(Linear::bytes).sum::<usize>()
         });
-        match device.is_cpu() || off || expert_bytes > STACKED_EXPERT_MAX_BYTES {
+        match expert_bytes > STACKED_EXPERT_MAX_BYTES {
             true => Ok(self),
             false => self.stacked(),
         }
