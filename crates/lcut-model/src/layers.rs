@@ -282,6 +282,11 @@ impl Mlp {
         self.down.forward(&self.gated(&gate, &up)?)
     }
 
+    /// Bytes of the MLP's matrices (and biases' where they count them).
+    pub fn bytes(&self) -> usize {
+        self.linears().into_iter().map(Linear::bytes).sum()
+    }
+
     /// The MLP's linear layers.
     pub fn linears(&self) -> Vec<&Linear> {
         let mut out = match &self.gate_up {
@@ -546,6 +551,8 @@ struct StackedExperts {
     gate: StackedLinear,
     up: StackedLinear,
     down: StackedLinear,
+    /// The experts' gated activation (all share it).
+    activation: Activation,
 }
 
 /// One matrix of every expert: weights [experts, out, in] and biases
@@ -594,14 +601,17 @@ impl StackedLinear {
     }
 
     /// `x W^T (+ b)` of each input [m, 1, in] under the matrix of its
-    /// expert in `experts` [m]: [m, 1, out].
+    /// expert in `experts` [m] (gathered from the stack): [m, 1, out].
     fn product(&self, experts: &Tensor, input: &Tensor) -> Result<Tensor> {
-        let w = self.weight.index_select(experts, 0)?;
-        let y = input.matmul(&w.transpose(1, 2)?)?;
-        Ok(match &self.bias {
-            Some(b) => y.broadcast_add(&b.index_select(experts, 0)?.unsqueeze(1)?)?,
-            None => y,
-        })
+        let gathered = Self {
+            weight: self.weight.index_select(experts, 0)?,
+            bias: self
+                .bias
+                .as_ref()
+                .map(|b| b.index_select(experts, 0))
+                .transpose()?,
+        };
+        gathered.product_all(input)
     }
 }
 
@@ -619,12 +629,7 @@ impl StackedExperts {
     /// (a decode step), [`Self::gathered`]; else, while padding every
     /// expert's rows to the busiest's costs at most [`PADDED_WASTE`] times
     /// the pairs, [`Self::padded`].
-    fn forward(
-        &self,
-        activation: Activation,
-        x: &Tensor,
-        routing: &Routing,
-    ) -> Result<Option<Tensor>> {
+    fn forward(&self, x: &Tensor, routing: &Routing) -> Result<Option<Tensor>> {
         let experts = self.gate.weight.dim(0)?;
         let mut counts = vec![0usize; experts];
         for &e in routing.experts.iter().flatten() {
@@ -637,19 +642,19 @@ impl StackedExperts {
         let pairs: usize = counts.iter().sum();
         let busiest = counts.iter().copied().max().unwrap_or(0);
         if pairs <= experts {
-            return self.gathered(activation, x, routing).map(Some);
+            return self.gathered(x, routing).map(Some);
         }
         if experts * busiest > PADDED_WASTE * pairs {
             return Ok(None);
         }
-        self.padded(activation, x, routing, busiest).map(Some)
+        self.padded(x, routing, busiest).map(Some)
     }
 
     /// Every (row, chosen expert) pair's matrices gathered from the stacks,
     /// the gate, up and down run as three batched products, each pair's
     /// output weighted and added into its row. It copies the chosen
     /// matrices, so it is for a few rows.
-    fn gathered(&self, activation: Activation, x: &Tensor, routing: &Routing) -> Result<Tensor> {
+    fn gathered(&self, x: &Tensor, routing: &Routing) -> Result<Tensor> {
         let (n, d) = x.dims2()?;
         let mut indices = Vec::new();
         let mut rows = Vec::new();
@@ -678,7 +683,7 @@ impl StackedExperts {
         .unsqueeze(1)?;
         let gate = self.gate.product(&experts, &inputs)?;
         let up = self.up.product(&experts, &inputs)?;
-        let hidden = gated(activation, &gate, &up)?;
+        let hidden = gated(self.activation, &gate, &up)?;
         let y = self.down.product(&experts, &hidden)?.squeeze(1)?;
         let y = y.broadcast_mul(&weights)?;
         Ok(match n {
@@ -692,13 +697,7 @@ impl StackedExperts {
     /// row past `x`'s; the stacks' three products batched over the experts,
     /// reading each expert's matrices once and copying none; each slot's
     /// output weighted (zero for padding) and added into its row.
-    fn padded(
-        &self,
-        activation: Activation,
-        x: &Tensor,
-        routing: &Routing,
-        busiest: usize,
-    ) -> Result<Tensor> {
+    fn padded(&self, x: &Tensor, routing: &Routing, busiest: usize) -> Result<Tensor> {
         let (n, d) = x.dims2()?;
         let experts = self.gate.weight.dim(0)?;
         let slots = experts * busiest;
@@ -721,7 +720,7 @@ impl StackedExperts {
             .reshape((experts, busiest, d))?;
         let gate = self.gate.product_all(&inputs)?;
         let up = self.up.product_all(&inputs)?;
-        let hidden = gated(activation, &gate, &up)?;
+        let hidden = gated(self.activation, &gate, &up)?;
         let y = self.down.product_all(&hidden)?.reshape((slots, d))?;
         let y = y.broadcast_mul(&weights)?;
         let out = with_zero.zeros_like()?.index_add(&rows, &y, 0)?;
@@ -890,10 +889,7 @@ impl Experts {
             // packed by the first question about their bytes
             return Ok(self);
         }
-        let expert_bytes = self.experts.first().map_or(0, |m| {
-            m.linears().into_iter().map(Linear::bytes).sum::<usize>()
-        });
-        match expert_bytes > STACKED_EXPERT_MAX_BYTES {
+        match self.experts.first().map_or(0, Mlp::bytes) > STACKED_EXPERT_MAX_BYTES {
             true => Ok(self),
             false => self.stacked(),
         }
@@ -933,7 +929,12 @@ impl Experts {
                 ))
             })
             .collect::<Result<Vec<_>>>()?;
-        self.stacked = Some(Box::new(StackedExperts { gate, up, down }));
+        self.stacked = Some(Box::new(StackedExperts {
+            gate,
+            up,
+            down,
+            activation,
+        }));
         Ok(self)
     }
 
@@ -1102,10 +1103,10 @@ impl Experts {
     /// [`StackedExperts::forward`]), or `None` where they are not stacked or
     /// the batch does not fit them.
     pub(crate) fn stacked_output(&self, x: &Tensor, routing: &Routing) -> Result<Option<Tensor>> {
-        let (Some(stacked), Some(first)) = (&self.stacked, self.experts.first()) else {
-            return Ok(None);
-        };
-        stacked.forward(first.activation, x, routing)
+        match &self.stacked {
+            Some(stacked) => stacked.forward(x, routing),
+            None => Ok(None),
+        }
     }
 
     /// [`Self::forward_routed`] of one row (a decode step): the chosen
@@ -1145,10 +1146,7 @@ impl Experts {
     /// Bytes one token reads: the router, `top_k` experts (the experts
     /// are of one size) and the shared expert with its gate.
     pub fn token_bytes(&self) -> usize {
-        let expert: usize = self
-            .experts
-            .first()
-            .map_or(0, |m| m.linears().into_iter().map(Linear::bytes).sum());
+        let expert = self.experts.first().map_or(0, Mlp::bytes);
         let shared: usize = self.shared_linears().map(Linear::bytes).sum();
         self.router.bytes() + self.rule.top_k * expert + shared
     }
@@ -1199,11 +1197,9 @@ impl FeedForward {
     /// experts it runs.
     pub fn token_bytes(&self) -> usize {
         match self {
-            FeedForward::Dense(m) => m.linears().into_iter().map(Linear::bytes).sum(),
+            FeedForward::Dense(m) => m.bytes(),
             FeedForward::Experts(e) => e.token_bytes(),
-            FeedForward::DenseAndExperts(m, e) => {
-                m.linears().into_iter().map(Linear::bytes).sum::<usize>() + e.token_bytes()
-            }
+            FeedForward::DenseAndExperts(m, e) => m.bytes() + e.token_bytes(),
         }
     }
 }
