@@ -9,10 +9,10 @@
 
 use candle_core::{Device, Tensor};
 use lcut_model::probes::RecordingProbe;
-use lcut_model::{Decoder, LogitRows, Probe};
+use lcut_model::{Decoder, Probe};
 use lcut_policy::{PolicyKind, PolicySpec};
 
-use crate::error::{EngineError, Result};
+use crate::error::Result;
 use crate::prompt::PreparedPrompt;
 
 /// Longest sequence whose attention [H, T, T] callers record by default:
@@ -181,30 +181,18 @@ fn attention_tensors(layers: Vec<Vec<f32>>, heads: usize, t: usize) -> Result<Ve
         .collect::<candle_core::Result<_>>()?)
 }
 
-/// The incremental path under `policy`: the prompt before its decode start
-/// as one chunk, then each decode-phase token alone; logits of the
-/// decode-phase positions.
+/// The incremental path under `policy` ([`Decoder::incremental_logits`]):
+/// the prompt before its decode start as one chunk, then each
+/// decode-phase token alone; logits of the decode-phase positions.
 fn incremental(
     model: &Decoder,
     prompt: &PreparedPrompt,
     policy: lcut_policy::Policy,
-    mut probe: Option<&mut RecordingProbe>,
+    probe: Option<&mut RecordingProbe>,
 ) -> Result<Tensor> {
     let phases = prompt.phases(&policy)?;
-    let (ids, s) = (&prompt.ids, phases.decode_start());
+    let s = phases.decode_start();
     let mut seq = model.new_sequence(policy, phases)?;
-    if s > 0 {
-        let p = probe.as_deref_mut().map(|p| p as &mut dyn Probe);
-        model.forward(&mut seq, &ids[..s], LogitRows::None, p)?;
-    }
-    let mut rows = Vec::with_capacity(ids.len() - s);
-    for i in s..ids.len() {
-        let p = probe.as_deref_mut().map(|p| p as &mut dyn Probe);
-        let out = model.forward(&mut seq, &ids[i..=i], LogitRows::Last, p)?;
-        rows.push(
-            out.logits
-                .ok_or(EngineError::MissingLogits { position: i })?,
-        );
-    }
-    Ok(Tensor::cat(&rows, 0)?)
+    let probe = probe.map(|p| p as &mut dyn Probe);
+    Ok(model.incremental_logits(&mut seq, &prompt.ids, s, probe)?)
 }

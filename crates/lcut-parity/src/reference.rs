@@ -172,7 +172,12 @@ impl ReferenceCase {
             reference_rows: (FULL_LOGITS.to_string(), 0),
         }];
         if let Some(start) = self.policies.first().map(|p| p.decode_start) {
-            let ours = self.stepped_logits(model, start)?.to_device(&cpu)?;
+            // the decode step's path (one row a layer; on a GPU, the
+            // experts' gathered products)
+            let mut seq = model.new_full_sequence();
+            let ours = model
+                .incremental_logits(&mut seq, &self.ids, start, None)?
+                .to_device(&cpu)?;
             let reference = self.tensors[FULL_LOGITS].narrow(0, start, ours.dim(0)?)?;
             pairs.push(LogitPair {
                 key: STEPPED_LOGITS.to_string(),
@@ -198,25 +203,5 @@ impl ReferenceCase {
             });
         }
         Ok(pairs)
-    }
-
-    /// The full model's logits of the tokens from `start` on, each decoded
-    /// alone after a prefill of those before it: the decode step's path
-    /// (one row a layer; on a GPU, the experts' stacked products).
-    fn stepped_logits(&self, model: &Decoder, start: usize) -> Result<Tensor> {
-        let (prompt, decoded) = match (self.ids.get(..start), self.ids.get(start..)) {
-            (Some(p), Some(d)) if !p.is_empty() && !d.is_empty() => (p, d),
-            _ => return Err(ModelError::EmptyInput),
-        };
-        let mut seq = model.new_full_sequence();
-        model.forward(&mut seq, prompt, LogitRows::None, None)?;
-        let rows = decoded
-            .iter()
-            .map(|&id| {
-                let out = model.forward(&mut seq, &[id], LogitRows::All, None)?;
-                out.logits.ok_or(ModelError::MissingLogits)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Tensor::cat(&rows, 0)?)
     }
 }

@@ -682,6 +682,35 @@ impl Decoder {
         out.logits.ok_or(ModelError::MissingLogits)
     }
 
+    /// The incremental path on `seq`: `tokens` before `start` as one chunk,
+    /// then each token from `start` on alone, as decoding feeds them; the
+    /// logits of those tokens [T - start, vocab].
+    pub fn incremental_logits(
+        &self,
+        seq: &mut Sequence,
+        tokens: &[u32],
+        start: usize,
+        mut probe: Option<&mut (dyn Probe + '_)>,
+    ) -> Result<Tensor> {
+        let prompt = tokens.get(..start).ok_or(ModelError::EmptyInput)?;
+        if !prompt.is_empty() {
+            self.forward(seq, prompt, LogitRows::None, probe.as_deref_mut())?;
+        }
+        let rows = tokens[start..]
+            .iter()
+            .map(|id| {
+                let out = self.forward(
+                    seq,
+                    std::slice::from_ref(id),
+                    LogitRows::Last,
+                    probe.as_deref_mut(),
+                )?;
+                out.logits.ok_or(ModelError::MissingLogits)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Tensor::cat(&rows, 0)?)
+    }
+
     /// Teacher forcing: run `tokens` as one chunk on a fresh full-depth
     /// sequence and return logits for every position [T, vocab].
     pub fn teacher_forced_logits(
