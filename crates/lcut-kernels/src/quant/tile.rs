@@ -329,13 +329,14 @@ impl Tile {
     /// where eight rows' four bytes already sit side by side as a tile's
     /// step holds them: no row is rebuilt in the file's layout first.
     /// Returns false, leaving the tile as it was, for a format or layout
-    /// this does not cover (Q4_0, MXFP4, Q4_K, Q5_K and Q6_K interleaved
-    /// are covered).
+    /// this does not cover (Q4_0, Q4_1, MXFP4, Q4_K, Q5_K and Q6_K
+    /// interleaved are covered).
     pub(super) fn fill_interleaved(&mut self, m: &QuantMatrix<'_>, rows: Range<usize>) -> bool {
         let format = m.format;
         let covered = matches!(
             format,
             QuantFormat::Q4_0
+                | QuantFormat::Q4_1
                 | QuantFormat::Mxfp4
                 | QuantFormat::Q4K
                 | QuantFormat::Q5K
@@ -353,7 +354,8 @@ impl Tile {
             let data = &m.data[group * blocks_per_row * gb..][..blocks_per_row * gb];
             for (i, gblk) in data.chunks_exact(gb).enumerate() {
                 match format {
-                    QuantFormat::Q4_0 => self.put_q4_0(g, i, gblk),
+                    QuantFormat::Q4_0 => self.put_32(g, i, gblk, None),
+                    QuantFormat::Q4_1 => self.put_32(g, i, gblk, Some(16)),
                     QuantFormat::Mxfp4 => self.put_mxfp4(g, i, gblk),
                     QuantFormat::Q6K => self.put_q6k(g, i, gblk),
                     QuantFormat::Q5K => self.put_q4k(g, i, gblk, true),
@@ -400,16 +402,21 @@ impl Tile {
         }
     }
 
-    /// Group block `i` (one Q4_0 block of eight rows) into group `g`.
-    fn put_q4_0(&mut self, g: usize, i: usize, gblk: &[u8]) {
+    /// Group block `i` (one Q4_0 block of eight rows; with `min_at`, where
+    /// the rows' minimums start: one Q4_1 block) into group `g`.
+    fn put_32(&mut self, g: usize, i: usize, gblk: &[u8], min_at: Option<usize>) {
         for r in 0..GROUP_ROWS {
             let d = f16_at(gblk, 2 * r);
             self.d[i * TILE + GROUP_ROWS * g + r] = d;
-            self.e[i * TILE + GROUP_ROWS * g + r] = -8.0 * d;
+            self.e[i * TILE + GROUP_ROWS * g + r] = match min_at {
+                Some(at) => f16_at(gblk, at + 2 * r),
+                None => -8.0 * d,
+            };
         }
-        // values 4k..4k + 4 are the low nibbles of chunk k, values 16 + 4k..
-        // the high ones
-        for (c, chunk) in gblk[16..16 + 128].chunks_exact(32).enumerate() {
+        // the quants follow the scales (and minimums); values 4k..4k + 4
+        // are the low nibbles of chunk k, values 16 + 4k.. the high ones
+        let qs = min_at.map_or(16, |at| at + 16);
+        for (c, chunk) in gblk[qs..qs + 128].chunks_exact(32).enumerate() {
             self.put_nibbles(i, c, g, chunk, false, None);
             self.put_nibbles(i, c + 4, g, chunk, true, None);
         }
@@ -633,6 +640,7 @@ mod tests {
         let mut rng = Rng::new(31);
         for format in [
             QuantFormat::Q4_0,
+            QuantFormat::Q4_1,
             QuantFormat::Mxfp4,
             QuantFormat::Q4K,
             QuantFormat::Q5K,
