@@ -277,6 +277,19 @@ pub enum ModelError {
         /// The policy asked for.
         policy: String,
     },
+    /// A pass cannot start above a policy's lower layers from a full run's
+    /// states ([`Decoder::forward_above`](crate::Decoder::forward_above)).
+    #[error(
+        "policy {policy} cannot start its pass at layer {layer} from the full run's states: {reason}"
+    )]
+    NotAbove {
+        /// The policy of the sequence.
+        policy: String,
+        /// The layer the pass was to start at.
+        layer: usize,
+        /// Why not.
+        reason: String,
+    },
     /// A full run's prompt cannot serve a policy whose tokens leave the
     /// model at a layer: it lacks the hidden states they leave with.
     #[error(

@@ -8,7 +8,7 @@ use lcut_policy::TokenPhases;
 
 use crate::error::Result;
 use crate::linear_attention::LinearSplit;
-use crate::probe::{AttentionView, Probe, ResidualSite};
+use crate::probe::{AttentionView, Probe, ResidualSite, RoutingView};
 
 /// Records every layer's full attention [heads, T, T] and residual stream
 /// [T, hidden] on the host. Meant for short sequences (parity checks,
@@ -458,6 +458,11 @@ impl PromptRecord {
         self
     }
 
+    /// Whether the record asks for nothing (no layer's states, no queries).
+    pub fn is_empty(&self) -> bool {
+        self.entering.is_empty() && self.queries.is_empty()
+    }
+
     /// The chunks recorded entering `layer` (`None` for a layer not asked
     /// for).
     pub fn chunks(&self, layer: usize) -> Option<&[(Tensor, Vec<usize>)]> {
@@ -516,6 +521,74 @@ impl Probe for PromptRecord {
             chunks.push(rows);
         }
         Ok(())
+    }
+}
+
+/// A pass's own probe (if any) with a [`PromptRecord`] beside it: the
+/// record takes the residual states it asks for (and nothing else: ask it
+/// for no queries), the probe everything it asks for, as if alone.
+pub struct RecordBeside<'a, 'p> {
+    /// The pass's own probe.
+    pub probe: Option<&'p mut (dyn Probe + 'p)>,
+    /// The record of residual states.
+    pub record: &'a mut PromptRecord,
+}
+
+impl Probe for RecordBeside<'_, '_> {
+    fn attention_from(&self, layer: usize) -> Option<usize> {
+        self.probe.as_ref().and_then(|p| p.attention_from(layer))
+    }
+
+    fn on_attention(&mut self, view: AttentionView<'_>) -> Result<()> {
+        self.probe.as_mut().map_or(Ok(()), |p| p.on_attention(view))
+    }
+
+    fn wants_routing(&self, layer: usize) -> bool {
+        self.probe.as_ref().is_some_and(|p| p.wants_routing(layer))
+    }
+
+    fn on_routing(&mut self, view: RoutingView<'_>) -> Result<()> {
+        self.probe.as_mut().map_or(Ok(()), |p| p.on_routing(view))
+    }
+
+    fn query_window(&self, layer: usize) -> Option<usize> {
+        self.probe.as_ref().and_then(|p| p.query_window(layer))
+    }
+
+    fn on_queries(&mut self, layer: usize, rows: Vec<Vec<f32>>) -> Result<()> {
+        self.probe
+            .as_mut()
+            .map_or(Ok(()), |p| p.on_queries(layer, rows))
+    }
+
+    fn linear_split_from(&self, layer: usize) -> Option<usize> {
+        self.probe.as_ref().and_then(|p| p.linear_split_from(layer))
+    }
+
+    fn on_linear_split(&mut self, layer: usize, split: &LinearSplit) -> Result<()> {
+        self.probe
+            .as_mut()
+            .map_or(Ok(()), |p| p.on_linear_split(layer, split))
+    }
+
+    fn wants_residual(&self, site: ResidualSite) -> bool {
+        self.record.wants_residual(site)
+            || self.probe.as_ref().is_some_and(|p| p.wants_residual(site))
+    }
+
+    fn on_residual(
+        &mut self,
+        site: ResidualSite,
+        positions: &[usize],
+        hidden: &Tensor,
+    ) -> Result<()> {
+        if self.record.wants_residual(site) {
+            self.record.on_residual(site, positions, hidden)?;
+        }
+        match self.probe.as_mut() {
+            Some(p) if p.wants_residual(site) => p.on_residual(site, positions, hidden),
+            _ => Ok(()),
+        }
     }
 }
 

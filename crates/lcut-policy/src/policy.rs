@@ -763,6 +763,25 @@ impl Policy {
         self.l_cut
     }
 
+    /// How many lower layers this policy runs exactly as the full model
+    /// does, for every token and every query: every token exists there and
+    /// every query reads every key the full model's would. A run under the
+    /// policy computes there what the full model's run of the same tokens
+    /// computes, so it may start above them from the full run's states
+    /// (the sweep's teacher-forced runs do). SPEED, SelfOnly and projected
+    /// K/V: the cut; a knockout band: the layers below it; the full model:
+    /// every layer; a policy that decides as it runs (SlimInfer, a press) or
+    /// a registered family: none.
+    pub fn full_depth_below(&self) -> usize {
+        let below = match self.rule {
+            Resolved::Full => self.num_layers,
+            Resolved::Speed { .. } | Resolved::SelfOnly | Resolved::Projected(_) => self.l_cut,
+            Resolved::Band { first, .. } => first,
+            Resolved::Slim(_) | Resolved::Press(_) | Resolved::Custom(_) => 0,
+        };
+        below.min(self.num_layers)
+    }
+
     /// Depth of the model the policy was resolved for.
     pub fn num_layers(&self) -> usize {
         self.num_layers
@@ -1181,5 +1200,41 @@ mod tests {
     fn cut_at_depth_is_full() {
         let p = Policy::new(PolicyKind::Speed, 4, 4, Anchors::None).unwrap();
         assert!(p.is_full_depth());
+    }
+
+    #[test]
+    fn full_depth_below_is_where_the_rule_first_parts_from_the_full_model() {
+        // 12 prompt tokens (decode phase from 8) and 4 generated
+        let phases = TokenPhases::new(12, 8, 1).unwrap();
+        let total = 16;
+        let as_full = |vis: &dyn Visibility, l: usize| {
+            (0..total).all(|q| vis.token_exists(l, q) && (0..=q).all(|k| vis.key_visible(l, q, k)))
+        };
+        let cases = [
+            ("full", 6),
+            ("speed:3+bos", 3),
+            ("speed:3", 3),
+            ("speed:6", 6),
+            ("selfonly:2", 2),
+            ("swiftkv:4+bos", 4),
+            ("band:2..3", 2),
+            ("knockout:5", 5),
+        ];
+        for (spec, below) in cases {
+            let p = parse(spec).resolve(6).unwrap();
+            assert_eq!(p.full_depth_below(), below, "{spec}");
+            let vis = p.visibility(phases);
+            assert!((0..below).all(|l| as_full(vis.as_ref(), l)), "{spec}");
+            // the first layer above is where the policy parts
+            assert!(below == 6 || !as_full(vis.as_ref(), below), "{spec}");
+        }
+        // a policy that decides as it runs claims no layer
+        for spec in ["slim:2@50%", "snapkv:0.5"] {
+            assert_eq!(
+                parse(spec).resolve(6).unwrap().full_depth_below(),
+                0,
+                "{spec}"
+            );
+        }
     }
 }

@@ -8,8 +8,10 @@
 //! `projected` keeps the K/V a policy projects for tokens that left below,
 //! `stages` is the staged prefill of a policy that decides at stage cuts,
 //! `prompt_end` the decision of a policy that decides once the prompt has
-//! run.
+//! run, `above` a pass that starts above the layers a policy runs as the
+//! full model does, from the full run's states.
 
+mod above;
 mod attention;
 mod batch;
 mod chunk_attention;
