@@ -196,10 +196,15 @@ pub fn load_inputs(args: &DiagnoseArgs, other: &[PolicyKind]) -> Result<Inputs> 
     let kv = kv_cache_bytes(pending.config(), pending.kv_dtype, total);
     let mut kinds = vec![opts.policy.map_or(PolicyKind::Full, |p| p.kind)];
     kinds.extend_from_slice(other);
+    let decode_phase = prepared
+        .iter()
+        .map(|p| p.prompt.len() - p.prompt.decode_start)
+        .max()
+        .unwrap_or(0);
     let need = diagnose_memory(
         pending.config(),
         (pending.dtype(), pending.weight_bytes()),
-        &lens,
+        (&lens, decode_phase),
         &opts,
         (chunk, block),
     )

@@ -10,7 +10,7 @@
 use lcut_policy::{Policy, PolicySpec};
 use lcut_trace::KnockoutTrace;
 
-use super::sweep::{Forced, SweepOptions};
+use super::sweep::{Forced, SweepOptions, full_depth_starts};
 use super::{DiagnoseEvent, tell};
 use crate::error::{EngineError, Result};
 use crate::prompt::PreparedPrompt;
@@ -57,7 +57,15 @@ pub fn knockout_trace(
         max_new_tokens,
         ..SweepOptions::default()
     };
-    let forced = Forced::new(session, prompt, &opts, (index, &[]), None, on_event)?;
+    let starts = full_depth_starts(&policies);
+    let forced = Forced::new(
+        session,
+        prompt,
+        &opts,
+        (index, &[], &starts),
+        None,
+        on_event,
+    )?;
     let mut out = KnockoutTrace {
         band,
         tokens: forced.continuation.len(),

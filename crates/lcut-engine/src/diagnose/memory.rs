@@ -13,6 +13,7 @@
 //! lens   <= 16·min(max(2^20, V), (L+1)·V) + 12·V + 8·(L+1)·d + 96·(L+1)·(T+1)   (+ 8·(L+1)·V kept)
 //! trace  <= 24·L·T·H + 4·L·B + 8·(B+1) + 8·(L+1) + 20·(L+1)·T + 12·T + 24·N + S + 1280
 //! routing <= 2·R·(T+1)·(128 + 8·k)     (probe; R layers of experts, k per token)
+//! entering <= 4·(L+1)·F·d               (F rows a teacher-forced pass feeds)
 //! ```
 //!
 //! (probe: the per-layer attention sums over prompt positions, the
@@ -25,7 +26,10 @@
 //! [`lcut_trace::trace_memory_bound`], N strings of S bytes in all, and for
 //! a mixture-of-experts model [`lcut_trace::routing_memory_bound`]; routing:
 //! a routed row's entropy, experts and map entry, for the run and, when it
-//! compares a policy, the full model beside it.)
+//! compares a policy, the full model beside it; entering: the full model's
+//! teacher-forced pass's states entering each layer a sweep's or a
+//! knockout's passes start from, F its decode-phase prompt tokens and
+//! continuation.)
 //! Nothing is L x H x P x T, nor L x V x T: attention rows are reduced to
 //! per-head masses and per-position sums, lens logits to four numbers per
 //! layer, as they are computed.
@@ -84,6 +88,13 @@ pub fn routing_probe_bound(cfg: &ModelConfig, steps: usize) -> u64 {
     routed_shape(cfg).map_or(0, |(r, k)| (2 * r * (steps + 1) * (128 + 8 * k)) as u64)
 }
 
+/// Upper bound on the states a full teacher-forced pass of `fed` rows
+/// records entering the layers the sweep's and the knockouts' passes start
+/// from (every layer and the logits' input at most, f32 or narrower).
+pub fn entering_record_bound(cfg: &ModelConfig, fed: usize) -> u64 {
+    (4 * (cfg.num_layers + 1) * fed * cfg.hidden_size) as u64
+}
+
 /// Upper bound on one prompt's trace in memory and on its JSON text.
 fn trace_bounds(cfg: &ModelConfig, prompt_len: usize, opts: &DiagnoseOptions) -> (u64, u64) {
     let (l, h, t) = (cfg.num_layers, cfg.num_heads, opts.max_new_tokens);
@@ -104,14 +115,15 @@ fn trace_bounds(cfg: &ModelConfig, prompt_len: usize, opts: &DiagnoseOptions) ->
     )
 }
 
-/// Peak memory of diagnosing prompts of `prompt_lens` tokens on a model of
-/// `cfg` whose weights take `weight_bytes` loaded, activations in `dtype`,
-/// prefill chunks of `chunk` tokens and attention blocks of at most
-/// `block_elems` scores.
+/// Peak memory of diagnosing prompts of `prompt_lens` tokens, of which at
+/// most `decode_phase` are decode-phase tokens, on a model of `cfg` whose
+/// weights take `weight_bytes` loaded, activations in `dtype`, prefill
+/// chunks of `chunk` tokens and attention blocks of at most `block_elems`
+/// scores.
 pub fn diagnose_memory(
     cfg: &ModelConfig,
     (dtype, weight_bytes): (DType, u64),
-    prompt_lens: &[usize],
+    (prompt_lens, decode_phase): (&[usize], usize),
     opts: &DiagnoseOptions,
     (chunk, block_elems): (usize, usize),
 ) -> MemoryEstimate {
@@ -129,6 +141,7 @@ pub fn diagnose_memory(
     let records = probe_buffer_bound(cfg, longest, opts.max_new_tokens, chunk)
         + lens_bound(cfg, opts.max_new_tokens, opts)
         + routing_probe_bound(cfg, opts.max_new_tokens)
+        + entering_record_bound(cfg, decode_phase + opts.max_new_tokens)
         + 2 * traces
         + 2 * json
         + (1 << 16);
@@ -160,13 +173,14 @@ mod tests {
         let cfg = deep_1b();
         let opts = DiagnoseOptions::default();
         let lens = [1000, 4000, 2000];
-        let e = diagnose_memory(&cfg, (DType::F32, 123), &lens, &opts, (512, 1 << 28));
+        let e = diagnose_memory(&cfg, (DType::F32, 123), (&lens, 8), &opts, (512, 1 << 28));
         assert_eq!(e.weights, 123);
         // 32 layers x (K and V) x 8 heads x 64 wide x 4 bytes, per token
         assert_eq!(e.kv, 32 * 2 * 8 * 64 * 4 * (4000 + 16));
         let one = |p| trace_bounds(&cfg, p, &opts);
         let traces: u64 = lens.iter().map(|&p| one(p).0).sum();
-        assert!(e.records > probe_buffer_bound(&cfg, 4000, 16, 512) + traces);
+        let entering = entering_record_bound(&cfg, 8 + 16);
+        assert!(e.records > probe_buffer_bound(&cfg, 4000, 16, 512) + entering + traces);
         assert_eq!(
             e.total(),
             e.weights + e.kv + e.attention + e.activations + e.records
@@ -183,8 +197,9 @@ mod tests {
             lens: true,
             ..DiagnoseOptions::default()
         };
-        let at =
-            |p: usize| diagnose_memory(&cfg, (DType::F32, 0), &[p], &opts, (512, 1 << 28)).records;
+        let at = |p: usize| {
+            diagnose_memory(&cfg, (DType::F32, 0), (&[p], 1), &opts, (512, 1 << 28)).records
+        };
         let per_token = (at(32_768) - at(16_384)) / 16_384;
         let full_rows = (cfg.num_layers * cfg.num_heads * opts.max_new_tokens * 4) as u64;
         assert!(per_token < 2048, "{per_token} bytes per prompt token");
@@ -196,7 +211,13 @@ mod tests {
         assert!(lens > 0 && lens < 40 << 20, "{lens}");
         assert!(at(32_768) - lens < 100 << 20, "{}", at(32_768));
         let without = DiagnoseOptions::default();
-        let bare = diagnose_memory(&cfg, (DType::F32, 0), &[32_768], &without, (512, 1 << 28));
+        let bare = diagnose_memory(
+            &cfg,
+            (DType::F32, 0),
+            (&[32_768], 1),
+            &without,
+            (512, 1 << 28),
+        );
         assert_eq!(at(32_768) - bare.records, lens);
     }
 }

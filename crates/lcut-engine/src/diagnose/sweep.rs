@@ -8,7 +8,7 @@
 
 use candle_core::Tensor;
 use lcut_diag::{FlopShape, OverlapTotals, finish_sweep, policy_prefill_flops};
-use lcut_model::probes::PromptMassProbe;
+use lcut_model::probes::{PromptMassProbe, PromptRecord, RecordBeside};
 use lcut_model::{Decoder, LogitRows, Probe, Sequence};
 use lcut_policy::{Anchors, KvCost, Policy, PolicyKind, TokenPhases};
 use lcut_trace::{Sweep, SweepPoint, Thresholds};
@@ -67,6 +67,15 @@ fn decode_logits(
     })
 }
 
+/// The layers `policies`' teacher-forced passes start from (each above
+/// the lower layers it runs as the full model does), ascending, once each.
+pub(super) fn full_depth_starts(policies: &[Policy]) -> Vec<usize> {
+    let mut starts: Vec<usize> = policies.iter().map(Policy::full_depth_below).collect();
+    starts.sort_unstable();
+    starts.dedup();
+    starts
+}
+
 /// The policies a sweep measures, in order.
 fn sweep_policies(num_layers: usize, opts: &SweepOptions) -> Result<Vec<Policy>> {
     let cuts = opts
@@ -115,8 +124,10 @@ fn full_continuation(
 /// continuation, the full-depth run up to the decode start (which every
 /// policy that can branches from: SPEED and bands restricted, the policy
 /// axis's presses, SwiftKV and SlimInfer as [`SharedPrefix`] serves them),
-/// the tokens fed after it and the full model's rows predicting the
-/// continuation.
+/// the tokens fed after it, the full model's rows predicting the
+/// continuation, and the states that pass left entering the layers a
+/// policy's pass starts from ([`Decoder::forward_above`]: below them every
+/// policy run here computes what the full model did).
 pub(super) struct Forced {
     /// The full model's greedy continuation.
     pub(super) continuation: Vec<u32>,
@@ -126,6 +137,8 @@ pub(super) struct Forced {
     first_row: usize,
     /// The full model's logits predicting each continuation token [n, V].
     pub(super) reference: Tensor,
+    /// The full pass's states entering each layer asked for.
+    entering: PromptRecord,
 }
 
 impl Forced {
@@ -133,18 +146,21 @@ impl Forced {
     /// full model and the policies of `axis` that can branch from that run,
     /// generate its continuation and take the full model's rows, with
     /// `probe` (when given) seeing the pass of the decode-phase tokens
-    /// (where its decode queries read the prompt, how they route).
+    /// (where its decode queries read the prompt, how they route) and the
+    /// states entering each layer of `starts` recorded (where the model
+    /// lets a pass start there: [`Decoder::runs_above`]).
     pub(super) fn new(
         session: &Session,
         prompt: &PreparedPrompt,
         opts: &SweepOptions,
-        (index, axis): (usize, &[Policy]),
+        (index, axis, starts): (usize, &[Policy], &[usize]),
         probe: Option<&mut dyn Probe>,
         on_event: &mut dyn FnMut(&DiagnoseEvent) -> bool,
     ) -> Result<Self> {
         let (continuation, shared) =
             full_continuation(session, prompt, opts, (index, axis), on_event)?;
-        Self::on_prefix(&session.model, prompt, continuation, shared, probe)
+        let model = &session.model;
+        Self::on_prefix(model, prompt, (continuation, shared), starts, probe)
     }
 
     /// [`Forced::new`] on a continuation already known (a diagnostic run's
@@ -160,17 +176,18 @@ impl Forced {
     ) -> Result<Self> {
         let model = &session.model;
         let shared = SharedPrefix::run(model, prompt, branches, (continuation.len(), chunk))?;
-        Self::on_prefix(model, prompt, continuation, shared, probe)
+        Self::on_prefix(model, prompt, (continuation, shared), &[], probe)
     }
 
     /// The full model's rows predicting `continuation`, its decode-phase
     /// tokens run in one pass on the full model's state from `shared` (the
-    /// full-depth prompt up to its decode start) with `probe` attached.
+    /// full-depth prompt up to its decode start) with `probe` attached and
+    /// the states entering `starts` recorded.
     fn on_prefix(
         model: &Decoder,
         prompt: &PreparedPrompt,
-        continuation: Vec<u32>,
-        shared: SharedPrefix,
+        (continuation, shared): (Vec<u32>, SharedPrefix),
+        starts: &[usize],
         probe: Option<&mut dyn Probe>,
     ) -> Result<Self> {
         let s = prompt.decode_start;
@@ -178,7 +195,21 @@ impl Forced {
         fed.extend_from_slice(&continuation[..continuation.len().saturating_sub(1)]);
         // rows of `fed` that predict the continuation: positions P-1 .. P+n-2
         let first_row = prompt.len() - 1 - s;
-        let all = decode_logits(model, shared.full(prompt)?, &fed, probe)?;
+        let starts = starts
+            .iter()
+            .filter(|&&l| model.runs_above(l, fed.len()).is_ok());
+        let mut entering = PromptRecord::entering(starts.copied());
+        let full = shared.full(prompt)?;
+        let all = match entering.is_empty() {
+            true => decode_logits(model, full, &fed, probe)?,
+            false => {
+                let mut beside = RecordBeside {
+                    probe,
+                    record: &mut entering,
+                };
+                decode_logits(model, full, &fed, Some(&mut beside))?
+            }
+        };
         let reference = all.narrow(0, first_row, continuation.len())?;
         Ok(Self {
             continuation,
@@ -186,6 +217,7 @@ impl Forced {
             fed,
             first_row,
             reference,
+            entering,
         })
     }
 
@@ -227,8 +259,19 @@ impl Forced {
         probe: Option<&mut dyn Probe>,
     ) -> Result<Totals> {
         let seq = self.shared.restricted(policy, prompt.phases(&policy)?)?;
-        let logits = self.rows(decode_logits(model, seq, &self.fed, probe)?)?;
-        score(&self.reference, &logits, &self.continuation)
+        // below the layers it runs as the full model does, the full pass's
+        // states (the same bits), unless a probe watches the whole pass
+        let from = policy.full_depth_below();
+        let logits = match (probe, self.entering.chunks(from).is_some()) {
+            (None, true) => model
+                .forward_above(seq, &self.fed, from, &self.entering, LogitRows::All)?
+                .logits
+                .ok_or(EngineError::MissingLogits {
+                    position: prompt.len() - 1,
+                })?,
+            (probe, _) => decode_logits(model, seq, &self.fed, probe)?,
+        };
+        score(&self.reference, &self.rows(logits)?, &self.continuation)
     }
 }
 
@@ -321,11 +364,17 @@ impl SweepRun<'_> {
             true => Some(&mut with),
             false => with.inner.take(),
         };
+        // every cutoff's pass starts above the layers it shares with the
+        // full model's, unless its routing is watched
+        let starts = match moe {
+            true => Vec::new(),
+            false => full_depth_starts(&self.policies),
+        };
         let forced = Forced::new(
             self.session,
             prompt,
             self.opts,
-            (i, &self.axis),
+            (i, &self.axis, &starts),
             probe,
             on_event,
         )?;
@@ -422,4 +471,52 @@ pub fn sweep(
         .map(|(a, t)| t.point(a))
         .collect();
     Ok(result)
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{DType, Device};
+
+    use super::*;
+
+    /// Every cutoff's teacher-forced pass (with BoS and without), started
+    /// above the layers it shares with the full model, scores exactly as
+    /// its whole pass: the sweep's numbers do not depend on where it starts.
+    #[test]
+    fn forced_passes_started_above_score_as_whole_passes() {
+        for case in ["llama-gqa", "gemma3-sliding"] {
+            let dir = lcut_testkit::oracle_case(case);
+            let session = Session::load(&dir, DType::F32, &Device::Cpu).unwrap();
+            let ids = lcut_testkit::oracle_ids(case).unwrap();
+            let prompt = PreparedPrompt::from_ids(ids[..24].to_vec(), Some(20)).unwrap();
+            let opts = SweepOptions {
+                max_new_tokens: 6,
+                anchor_free: true,
+                ..SweepOptions::default()
+            };
+            let policies = sweep_policies(session.model.config().num_layers, &opts).unwrap();
+            let starts = full_depth_starts(&policies);
+            let run = |starts: &[usize]| {
+                Forced::new(
+                    &session,
+                    &prompt,
+                    &opts,
+                    (0, &[], starts),
+                    None,
+                    &mut |_| true,
+                )
+                .unwrap()
+            };
+            let (above, whole) = (run(&starts), run(&[]));
+            assert!(!above.entering.is_empty() && whole.entering.is_empty());
+            for p in &policies {
+                let a = above.restricted(&session.model, &prompt, *p).unwrap();
+                let w = whole.restricted(&session.model, &prompt, *p).unwrap();
+                let bits =
+                    |t: Totals| (t.agree.to_bits(), t.kl.to_bits(), t.nll.to_bits(), t.tokens);
+                assert_eq!(bits(a), bits(w), "{case} {p}");
+                assert!(a.tokens > 0);
+            }
+        }
+    }
 }
