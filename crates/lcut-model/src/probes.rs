@@ -524,17 +524,19 @@ impl Probe for PromptRecord {
     }
 }
 
-/// A pass's own probe (if any) with a [`PromptRecord`] beside it: the
-/// record takes the residual states it asks for (and nothing else: ask it
-/// for no queries), the probe everything it asks for, as if alone.
-pub struct RecordBeside<'a, 'p> {
+/// A pass's own probe (if any) with a recorder beside it (a
+/// [`PromptRecord`], a routing recorder): the recorder takes the routing
+/// and the residual states it asks for, and nothing else (ask it for no
+/// attention, queries or linear splits); the probe everything it asks
+/// for, as if alone.
+pub struct Beside<'a, 'p> {
     /// The pass's own probe.
     pub probe: Option<&'p mut (dyn Probe + 'p)>,
-    /// The record of residual states.
-    pub record: &'a mut PromptRecord,
+    /// The recorder.
+    pub recorder: &'a mut dyn Probe,
 }
 
-impl Probe for RecordBeside<'_, '_> {
+impl Probe for Beside<'_, '_> {
     fn attention_from(&self, layer: usize) -> Option<usize> {
         self.probe.as_ref().and_then(|p| p.attention_from(layer))
     }
@@ -544,11 +546,20 @@ impl Probe for RecordBeside<'_, '_> {
     }
 
     fn wants_routing(&self, layer: usize) -> bool {
-        self.probe.as_ref().is_some_and(|p| p.wants_routing(layer))
+        self.recorder.wants_routing(layer)
+            || self.probe.as_ref().is_some_and(|p| p.wants_routing(layer))
     }
 
     fn on_routing(&mut self, view: RoutingView<'_>) -> Result<()> {
-        self.probe.as_mut().map_or(Ok(()), |p| p.on_routing(view))
+        if let Some(p) = self.probe.as_mut()
+            && p.wants_routing(view.layer)
+        {
+            p.on_routing(view)?;
+        }
+        match self.recorder.wants_routing(view.layer) {
+            true => self.recorder.on_routing(view),
+            false => Ok(()),
+        }
     }
 
     fn query_window(&self, layer: usize) -> Option<usize> {
@@ -572,7 +583,7 @@ impl Probe for RecordBeside<'_, '_> {
     }
 
     fn wants_residual(&self, site: ResidualSite) -> bool {
-        self.record.wants_residual(site)
+        self.recorder.wants_residual(site)
             || self.probe.as_ref().is_some_and(|p| p.wants_residual(site))
     }
 
@@ -582,8 +593,8 @@ impl Probe for RecordBeside<'_, '_> {
         positions: &[usize],
         hidden: &Tensor,
     ) -> Result<()> {
-        if self.record.wants_residual(site) {
-            self.record.on_residual(site, positions, hidden)?;
+        if self.recorder.wants_residual(site) {
+            self.recorder.on_residual(site, positions, hidden)?;
         }
         match self.probe.as_mut() {
             Some(p) if p.wants_residual(site) => p.on_residual(site, positions, hidden),

@@ -1,15 +1,14 @@
 //! Routing of a mixture-of-experts model's decode tokens, as the
 //! diagnostics record it: a probe that keeps each routed row's normalised
 //! entropy and chosen experts ([`RoutingProbe`], composed with any other
-//! probe by [`WithRouting`]), the routing of a run's decode steps as a
+//! probe by [`lcut_model::probes::Beside`]), the routing of a run's decode steps as a
 //! trace holds it, and a policy's top-k overlap with the full model,
 //! teacher-forced on the same tokens ([`routing_overlap_of`]). The
 //! statistics themselves are [`lcut_diag`]'s.
 
 use std::collections::HashMap;
 
-use candle_core::Tensor;
-use lcut_model::{AttentionView, ModelConfig, Probe, ResidualSite, RoutingView};
+use lcut_model::{ModelConfig, Probe, RoutingView};
 use lcut_policy::Policy;
 use lcut_trace::{RoutingOverlap, RoutingTrace, Tensor2};
 
@@ -118,58 +117,6 @@ impl Probe for RoutingProbe {
             self.rows.insert((view.layer, position), routed);
         }
         Ok(())
-    }
-}
-
-/// A probe (or none) with a [`RoutingProbe`] beside it: attention and the
-/// residual stream go to `inner` alone, routing to both (to `inner` where
-/// it asks).
-pub struct WithRouting<'a> {
-    /// The probe the pass would have had.
-    pub inner: Option<&'a mut (dyn Probe + 'a)>,
-    /// The routing recorder.
-    pub routing: &'a mut RoutingProbe,
-}
-
-impl Probe for WithRouting<'_> {
-    fn attention_from(&self, layer: usize) -> Option<usize> {
-        self.inner.as_ref().and_then(|p| p.attention_from(layer))
-    }
-
-    fn on_attention(&mut self, view: AttentionView<'_>) -> ProbeResult<()> {
-        match self.inner.as_mut() {
-            Some(p) => p.on_attention(view),
-            None => Ok(()),
-        }
-    }
-
-    fn wants_routing(&self, _layer: usize) -> bool {
-        true
-    }
-
-    fn on_routing(&mut self, view: RoutingView<'_>) -> ProbeResult<()> {
-        if let Some(p) = self.inner.as_mut()
-            && p.wants_routing(view.layer)
-        {
-            p.on_routing(view)?;
-        }
-        self.routing.on_routing(view)
-    }
-
-    fn wants_residual(&self, site: ResidualSite) -> bool {
-        self.inner.as_ref().is_some_and(|p| p.wants_residual(site))
-    }
-
-    fn on_residual(
-        &mut self,
-        site: ResidualSite,
-        positions: &[usize],
-        hidden: &Tensor,
-    ) -> ProbeResult<()> {
-        match self.inner.as_mut() {
-            Some(p) => p.on_residual(site, positions, hidden),
-            None => Ok(()),
-        }
     }
 }
 

@@ -8,14 +8,14 @@
 
 use candle_core::Tensor;
 use lcut_diag::{FlopShape, OverlapTotals, finish_sweep, policy_prefill_flops};
-use lcut_model::probes::{PromptMassProbe, PromptRecord, RecordBeside};
+use lcut_model::probes::{Beside, PromptMassProbe, PromptRecord};
 use lcut_model::{Decoder, LogitRows, Probe, Sequence};
 use lcut_policy::{Anchors, KvCost, Policy, PolicyKind, TokenPhases};
 use lcut_trace::{Sweep, SweepPoint, Thresholds};
 
 use super::policy_axis::{AxisPolicy, AxisTotals, measure};
 use super::quality::{Totals, score};
-use super::routing::{RoutingProbe, WithRouting, decode_step_positions};
+use super::routing::{RoutingProbe, decode_step_positions};
 use super::{DiagnoseEvent, LabelledPrompt, tell};
 use crate::error::{EngineError, Result};
 use crate::generate::{Generation, GenerationConfig};
@@ -203,9 +203,9 @@ impl Forced {
         let all = match entering.is_empty() {
             true => decode_logits(model, full, &fed, probe)?,
             false => {
-                let mut beside = RecordBeside {
+                let mut beside = Beside {
                     probe,
-                    record: &mut entering,
+                    recorder: &mut entering,
                 };
                 decode_logits(model, full, &fed, Some(&mut beside))?
             }
@@ -267,7 +267,7 @@ impl Forced {
                 .forward_above(seq, &self.fed, from, &self.entering, LogitRows::All)?
                 .logits
                 .ok_or(EngineError::MissingLogits {
-                    position: prompt.len() - 1,
+                    position: prompt.decode_start + self.fed.len() - 1,
                 })?,
             (probe, _) => decode_logits(model, seq, &self.fed, probe)?,
         };
@@ -356,13 +356,13 @@ impl SweepRun<'_> {
         let moe = model.config().experts.is_some();
         let from = prompt.len() - 1;
         let mut full_routing = RoutingProbe::new(from);
-        let mut with = WithRouting {
-            inner: (!self.axis.is_empty()).then_some(&mut mass as &mut dyn Probe),
-            routing: &mut full_routing,
+        let mut with = Beside {
+            probe: (!self.axis.is_empty()).then_some(&mut mass as &mut dyn Probe),
+            recorder: &mut full_routing,
         };
         let probe: Option<&mut dyn Probe> = match moe {
             true => Some(&mut with),
-            false => with.inner.take(),
+            false => with.probe.take(),
         };
         // every cutoff's pass starts above the layers it shares with the
         // full model's, unless its routing is watched
