@@ -69,7 +69,7 @@ fn both_ways(
     let whole = model.forward(&mut whole, &ids[s..], LogitRows::All, None)?;
     let from = policy.full_depth_below();
     let seq = prefix.restricted(policy, phases)?;
-    let above = model.forward_above(seq, &ids[s..], from, record, LogitRows::All)?;
+    let above = model.forward_above(seq, &ids[s..], from, record, LogitRows::All, None)?;
     let rows = |logits: Option<Tensor>| logits.context("rows asked for");
     Ok((rows(whole.logits)?, rows(above.logits)?))
 }
@@ -175,7 +175,7 @@ fn a_start_the_policy_or_the_model_does_not_allow_is_refused() -> Result<()> {
     let phases = TokenPhases::new(ids.len(), s, 1)?;
     let refused = |from: usize, tokens: &[u32], record: &PromptRecord| -> Result<String> {
         let seq = prefix.restricted(policy, phases)?;
-        match model.forward_above(seq, tokens, from, record, LogitRows::All) {
+        match model.forward_above(seq, tokens, from, record, LogitRows::All, None) {
             Err(e @ ModelError::NotAbove { .. }) => Ok(e.to_string()),
             other => anyhow::bail!("started at layer {from}: {:?}", other.map(|o| o.positions)),
         }

@@ -48,6 +48,23 @@ impl RoutingProbe {
         }
     }
 
+    /// A probe holding this one's rows at the layers below `layer`, and
+    /// recording from the same position on: for a pass that starts at
+    /// `layer` from the states this probe's pass had there, which routed
+    /// the tokens below it exactly as this pass did.
+    pub fn below(&self, layer: usize) -> Self {
+        let rows = self
+            .rows
+            .iter()
+            .filter(|((l, _), _)| *l < layer)
+            .map(|(k, r)| (*k, r.clone()))
+            .collect();
+        Self {
+            from: self.from,
+            rows,
+        }
+    }
+
     /// Rows recorded so far.
     pub fn len(&self) -> usize {
         self.rows.len()

@@ -260,16 +260,16 @@ impl Forced {
     ) -> Result<Totals> {
         let seq = self.shared.restricted(policy, prompt.phases(&policy)?)?;
         // below the layers it runs as the full model does, the full pass's
-        // states (the same bits), unless a probe watches the whole pass
+        // states (the same bits); `probe` sees only the layers run
         let from = policy.full_depth_below();
-        let logits = match (probe, self.entering.chunks(from).is_some()) {
-            (None, true) => model
-                .forward_above(seq, &self.fed, from, &self.entering, LogitRows::All)?
+        let logits = match self.entering.chunks(from).is_some() {
+            true => model
+                .forward_above(seq, &self.fed, from, &self.entering, LogitRows::All, probe)?
                 .logits
                 .ok_or(EngineError::MissingLogits {
                     position: prompt.decode_start + self.fed.len() - 1,
                 })?,
-            (probe, _) => decode_logits(model, seq, &self.fed, probe)?,
+            false => decode_logits(model, seq, &self.fed, probe)?,
         };
         score(&self.reference, &self.rows(logits)?, &self.continuation)
     }
@@ -365,11 +365,8 @@ impl SweepRun<'_> {
             false => with.probe.take(),
         };
         // every cutoff's pass starts above the layers it shares with the
-        // full model's, unless its routing is watched
-        let starts = match moe {
-            true => Vec::new(),
-            false => full_depth_starts(&self.policies),
-        };
+        // full model's
+        let starts = full_depth_starts(&self.policies);
         let forced = Forced::new(
             self.session,
             prompt,
@@ -381,7 +378,8 @@ impl SweepRun<'_> {
         let positions = decode_step_positions(prompt, forced.continuation.len());
         let full = full_routing.trace(model.config(), &positions)?;
         for (k, policy) in self.policies.iter().enumerate() {
-            let mut routing = RoutingProbe::new(from);
+            // below its start a pass routes as the full model's did
+            let mut routing = full_routing.below(policy.full_depth_below());
             let probe = full.is_some().then_some(&mut routing as &mut dyn Probe);
             let t = forced.restricted_with(model, prompt, *policy, probe)?;
             if let (Some(full), Some(under)) = (&full, routing.trace(model.config(), &positions)?) {
@@ -481,12 +479,18 @@ mod tests {
 
     /// Every cutoff's teacher-forced pass (with BoS and without), started
     /// above the layers it shares with the full model, scores exactly as
-    /// its whole pass: the sweep's numbers do not depend on where it starts.
+    /// its whole pass, and on a mixture-of-experts model routes its decode
+    /// steps as the whole pass does (the layers below its start taken from
+    /// the full pass's routing): the sweep's numbers do not depend on where
+    /// it starts.
     #[test]
     fn forced_passes_started_above_score_as_whole_passes() {
-        for case in ["llama-gqa", "gemma3-sliding"] {
+        let cases = ["llama-gqa", "gemma3-sliding"];
+        let moe_cases = ["moe/qwen3moe-sparse", "moe/gptoss-sinks"];
+        for case in cases.into_iter().chain(moe_cases) {
             let dir = lcut_testkit::oracle_case(case);
             let session = Session::load(&dir, DType::F32, &Device::Cpu).unwrap();
+            let cfg = session.model.config();
             let ids = lcut_testkit::oracle_ids(case).unwrap();
             let prompt = PreparedPrompt::from_ids(ids[..24].to_vec(), Some(20)).unwrap();
             let opts = SweepOptions {
@@ -494,28 +498,44 @@ mod tests {
                 anchor_free: true,
                 ..SweepOptions::default()
             };
-            let policies = sweep_policies(session.model.config().num_layers, &opts).unwrap();
+            let policies = sweep_policies(cfg.num_layers, &opts).unwrap();
             let starts = full_depth_starts(&policies);
-            let run = |starts: &[usize]| {
+            let from = prompt.len() - 1;
+            let mut full_routing = RoutingProbe::new(from);
+            let run = |starts: &[usize], probe: Option<&mut dyn Probe>| {
                 Forced::new(
                     &session,
                     &prompt,
                     &opts,
                     (0, &[], starts),
-                    None,
+                    probe,
                     &mut |_| true,
                 )
                 .unwrap()
             };
-            let (above, whole) = (run(&starts), run(&[]));
+            let above = run(&starts, Some(&mut full_routing));
+            let whole = run(&[], None);
             assert!(!above.entering.is_empty() && whole.entering.is_empty());
+            let positions = decode_step_positions(&prompt, above.continuation.len());
+            assert_eq!(
+                full_routing.trace(cfg, &positions).unwrap().is_some(),
+                moe_cases.contains(&case)
+            );
             for p in &policies {
-                let a = above.restricted(&session.model, &prompt, *p).unwrap();
-                let w = whole.restricted(&session.model, &prompt, *p).unwrap();
+                let mut routed_above = full_routing.below(p.full_depth_below());
+                let mut routed_whole = RoutingProbe::new(from);
+                let a = above
+                    .restricted_with(&session.model, &prompt, *p, Some(&mut routed_above))
+                    .unwrap();
+                let w = whole
+                    .restricted_with(&session.model, &prompt, *p, Some(&mut routed_whole))
+                    .unwrap();
                 let bits =
                     |t: Totals| (t.agree.to_bits(), t.kl.to_bits(), t.nll.to_bits(), t.tokens);
                 assert_eq!(bits(a), bits(w), "{case} {p}");
                 assert!(a.tokens > 0);
+                let trace = |r: &RoutingProbe| r.trace(cfg, &positions).unwrap();
+                assert_eq!(trace(&routed_above), trace(&routed_whole), "{case} {p}");
             }
         }
     }

@@ -13,6 +13,7 @@ use candle_core::Tensor;
 use super::pass::ChunkRows;
 use super::{ChunkOutput, Decoder, LogitRows};
 use crate::error::{ModelError, Result};
+use crate::probe::Probe;
 use crate::probes::PromptRecord;
 use crate::sequence::Sequence;
 
@@ -21,8 +22,10 @@ impl Decoder {
     /// run of the prompt before them), run from layer `from` up from the
     /// states `entering` recorded entering `from` in the full model's pass
     /// over the same `tokens` from the same prompt state: `seq`'s logits of
-    /// `rows`, as [`Decoder::forward`] gives them. The sequence is taken:
-    /// its layers below `from` never see `tokens`, so it cannot go on.
+    /// `rows`, as [`Decoder::forward`] gives them, with `probe` (when given)
+    /// seeing the layers from `from` up as it would see them in the whole
+    /// pass. The sequence is taken: its layers below `from` never see
+    /// `tokens`, so it cannot go on.
     ///
     /// Refused (the caller runs the whole pass instead) where the layers
     /// below `from` are not the full model's under `seq`'s policy, where a
@@ -38,6 +41,7 @@ impl Decoder {
         from: usize,
         entering: &PromptRecord,
         rows: LogitRows,
+        mut probe: Option<&mut dyn Probe>,
     ) -> Result<ChunkOutput> {
         self.check_next(&seq, tokens)?;
         let policy = *seq.policy();
@@ -73,7 +77,7 @@ impl Decoder {
             from..self.layers.len(),
             chunk,
             Some(start),
-            &mut None,
+            &mut probe,
         )?;
         self.logits(&out.hidden, &out.present, start + tokens.len() - 1, rows)
     }
