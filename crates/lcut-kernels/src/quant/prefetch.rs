@@ -15,16 +15,22 @@
 //! each of those files, so it is the one default; an earlier run found
 //! `prefetcht0` (into L1) gaining less at that distance. On AMD Zen 4 a 2 KiB
 //! `prefetcht0` in the Q6_K product had slowed it a little (from DRAM, one
-//! thread), and no AMD CPU has been measured with this one, so the default
-//! is on for Intel CPUs only; `LCUT_PREFETCH` (bytes, 0 for none) sets the
-//! distance on any CPU.
+//! thread). On an AMD EPYC of Zen 3 (family 25, model 1: a 2-vCPU virtual
+//! machine, AVX2 only) this one made decode faster too, interleaved, 2
+//! threads: SmolLM2-135M Q4_1 in all 6 rounds (1.09-1.48x), the
+//! Llama-3.2-1B shape in Q4_K_M in 6 of 8 (0.92-1.18x, medians 49.1 and
+//! 45.7 ms; `docs/performance-decode.md`). So the default is on for Intel
+//! CPUs and for EPYCs of Zen 3 (family 25, models 0-15), the AMD CPUs that
+//! were measured; `LCUT_PREFETCH` (bytes, 0 for none) sets the distance on
+//! any CPU.
 
 #![allow(unsafe_code)]
 
 use std::sync::OnceLock;
 
-/// The distance used on Intel CPUs when `LCUT_PREFETCH` is not set.
-pub const INTEL_DISTANCE: usize = 4096;
+/// The distance used on the CPUs that prefetch by default
+/// ([`prefetches_by_default`]) when `LCUT_PREFETCH` is not set.
+pub const DEFAULT_DISTANCE: usize = 4096;
 
 /// How many bytes ahead of the block being read the products ask for the
 /// weights (0: they do not); decided once per process.
@@ -32,7 +38,7 @@ pub fn distance() -> usize {
     static CHOSEN: OnceLock<usize> = OnceLock::new();
     *CHOSEN.get_or_init(|| {
         let set = std::env::var("LCUT_PREFETCH").ok();
-        let (bytes, ignored) = chosen(set.as_deref(), is_intel());
+        let (bytes, ignored) = chosen(set.as_deref(), this_cpu_prefetches());
         if let Some(value) = ignored {
             eprintln!(
                 "LCUT_PREFETCH={value:?} is not a number of bytes: prefetching {bytes} B ahead"
@@ -42,11 +48,11 @@ pub fn distance() -> usize {
     })
 }
 
-/// The distance for `LCUT_PREFETCH`'s value `set` on an Intel CPU or not,
-/// and the value when it was set but is not a number of bytes (the default
-/// then holds).
-fn chosen(set: Option<&str>, intel: bool) -> (usize, Option<String>) {
-    let default = if intel { INTEL_DISTANCE } else { 0 };
+/// The distance for `LCUT_PREFETCH`'s value `set` on a CPU that prefetches
+/// by default or not, and the value when it was set but is not a number of
+/// bytes (the default then holds).
+fn chosen(set: Option<&str>, by_default: bool) -> (usize, Option<String>) {
+    let default = if by_default { DEFAULT_DISTANCE } else { 0 };
     match set.map(str::trim) {
         None | Some("") => (default, None),
         Some(value) => match value.parse() {
@@ -56,8 +62,20 @@ fn chosen(set: Option<&str>, intel: bool) -> (usize, Option<String>) {
     }
 }
 
-/// Whether the CPU's vendor string is Intel's.
-fn is_intel() -> bool {
+/// Whether a CPU of this `vendor` string, display `family` and `model`
+/// (CPUID leaf 1, the extended fields added in) prefetches by default: every
+/// Intel CPU, and AMD's family 25 models 0-15 (Zen 3 EPYCs), the AMD CPUs on
+/// which the prefetch was measured faster (the module's note).
+fn prefetches_by_default(vendor: &[u8; 12], family: u32, model: u32) -> bool {
+    match vendor {
+        b"GenuineIntel" => true,
+        b"AuthenticAMD" => family == 0x19 && model < 0x10,
+        _ => false,
+    }
+}
+
+/// [`prefetches_by_default`] for the CPU this runs on.
+fn this_cpu_prefetches() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         let id = std::arch::x86_64::__cpuid(0);
@@ -65,7 +83,20 @@ fn is_intel() -> bool {
         vendor[..4].copy_from_slice(&id.ebx.to_le_bytes());
         vendor[4..8].copy_from_slice(&id.edx.to_le_bytes());
         vendor[8..].copy_from_slice(&id.ecx.to_le_bytes());
-        &vendor == b"GenuineIntel"
+        let eax = std::arch::x86_64::__cpuid(1).eax;
+        let (base_family, ext_family) = ((eax >> 8) & 0xf, (eax >> 20) & 0xff);
+        let (base_model, ext_model) = ((eax >> 4) & 0xf, (eax >> 16) & 0xf);
+        // the extended fields count where the base family is 15 (and, for
+        // the model, 6 on Intel)
+        let family = match base_family {
+            0xf => base_family + ext_family,
+            f => f,
+        };
+        let model = match base_family {
+            0x6 | 0xf => (ext_model << 4) | base_model,
+            _ => base_model,
+        };
+        prefetches_by_default(&vendor, family, model)
     }
     #[cfg(not(target_arch = "x86_64"))]
     false
@@ -113,16 +144,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_variable_sets_the_distance_and_intel_gets_the_default() {
-        assert_eq!(chosen(None, true), (INTEL_DISTANCE, None));
+    fn the_variable_sets_the_distance_and_the_measured_cpus_get_the_default() {
+        assert_eq!(chosen(None, true), (DEFAULT_DISTANCE, None));
         assert_eq!(chosen(None, false), (0, None));
         assert_eq!(chosen(Some("0"), true), (0, None));
         assert_eq!(chosen(Some(" 4096 "), false), (4096, None));
         assert_eq!(chosen(Some(""), false), (0, None));
         assert_eq!(
             chosen(Some("2k"), true),
-            (INTEL_DISTANCE, Some("2k".to_string()))
+            (DEFAULT_DISTANCE, Some("2k".to_string()))
         );
+        // Intel, Zen 3 EPYC (family 25, model 1) on; Zen 4 (family 25,
+        // model 17), Zen 2 (family 23) and other vendors off
+        assert!(prefetches_by_default(b"GenuineIntel", 6, 0x8f));
+        assert!(prefetches_by_default(b"AuthenticAMD", 0x19, 0x01));
+        assert!(!prefetches_by_default(b"AuthenticAMD", 0x19, 0x11));
+        assert!(!prefetches_by_default(b"AuthenticAMD", 0x17, 0x31));
+        assert!(!prefetches_by_default(b"HygonGenuine", 0x18, 0x01));
     }
 
     #[test]
