@@ -83,23 +83,28 @@ fn this_cpu_prefetches() -> bool {
         vendor[..4].copy_from_slice(&id.ebx.to_le_bytes());
         vendor[4..8].copy_from_slice(&id.edx.to_le_bytes());
         vendor[8..].copy_from_slice(&id.ecx.to_le_bytes());
-        let eax = std::arch::x86_64::__cpuid(1).eax;
-        let (base_family, ext_family) = ((eax >> 8) & 0xf, (eax >> 20) & 0xff);
-        let (base_model, ext_model) = ((eax >> 4) & 0xf, (eax >> 16) & 0xf);
-        // the extended fields count where the base family is 15 (and, for
-        // the model, 6 on Intel)
-        let family = match base_family {
-            0xf => base_family + ext_family,
-            f => f,
-        };
-        let model = match base_family {
-            0x6 | 0xf => (ext_model << 4) | base_model,
-            _ => base_model,
-        };
+        let (family, model) = family_and_model(std::arch::x86_64::__cpuid(1).eax);
         prefetches_by_default(&vendor, family, model)
     }
     #[cfg(not(target_arch = "x86_64"))]
     false
+}
+
+/// The display family and model of CPUID leaf 1's `eax`: the extended
+/// fields count where the base family is 15 (and, for the model, 6).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn family_and_model(eax: u32) -> (u32, u32) {
+    let (base_family, ext_family) = ((eax >> 8) & 0xf, (eax >> 20) & 0xff);
+    let (base_model, ext_model) = ((eax >> 4) & 0xf, (eax >> 16) & 0xf);
+    let family = match base_family {
+        0xf => base_family + ext_family,
+        f => f,
+    };
+    let model = match base_family {
+        0x6 | 0xf => (ext_model << 4) | base_model,
+        _ => base_model,
+    };
+    (family, model)
 }
 
 /// Ask for the cache lines that start within the block `distance` bytes
@@ -161,6 +166,16 @@ mod tests {
         assert!(!prefetches_by_default(b"AuthenticAMD", 0x19, 0x11));
         assert!(!prefetches_by_default(b"AuthenticAMD", 0x17, 0x31));
         assert!(!prefetches_by_default(b"HygonGenuine", 0x18, 0x01));
+    }
+
+    #[test]
+    fn cpuid_signatures_give_their_family_and_model() {
+        // EPYC 7763 (Zen 3), EPYC 9654 (Zen 4), Xeon of Sapphire Rapids,
+        // and a family-5 Pentium, whose extended fields do not count
+        assert_eq!(family_and_model(0x00a0_0f11), (0x19, 0x01));
+        assert_eq!(family_and_model(0x00a1_0f11), (0x19, 0x11));
+        assert_eq!(family_and_model(0x0008_06f8), (6, 0x8f));
+        assert_eq!(family_and_model(0x00f1_0543), (5, 4));
     }
 
     #[test]
