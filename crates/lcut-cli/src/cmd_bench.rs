@@ -195,7 +195,10 @@ fn describe(args: &BenchArgs) {
 
 /// One short untimed generation per policy before measuring: the first use
 /// of each kernel loads it (and on a GPU compiles its PTX for the device),
-/// which would otherwise land in the first measured TTFT.
+/// which would otherwise land in the first measured TTFT. A mixture's
+/// experts, packed when a token first reads them, are all packed first
+/// (llama.cpp's warm-up reads every expert too), or a short run would time
+/// the packing of the experts its few tokens happen to choose.
 pub fn warm_up(
     model: &Decoder,
     policies: &[Policy],
@@ -203,6 +206,12 @@ pub fn warm_up(
     prefill_chunk: usize,
     bos: u32,
 ) -> Result<()> {
+    let packed = model.pack_deferred()?;
+    if packed > 0 {
+        eprintln!(
+            "packed {packed} expert matrices before timing (they pack on first use otherwise)"
+        );
+    }
     let len = lengths.iter().copied().min().unwrap_or(64).clamp(8, 256);
     let prompt =
         PreparedPrompt::from_ids(random_prompt(len, model.config().vocab_size, bos, 0), None)?;

@@ -250,9 +250,25 @@ impl MappedMatrix {
         (self.rows, self.cols)
     }
 
-    /// Bytes a product reads.
+    /// Bytes a product reads: the interleaved copy's where the matrix is
+    /// packed or will be on its first product, else the mapping's. Asking
+    /// does not pack it (a model's byte count leaves unread experts alone).
     pub fn bytes(&self) -> usize {
+        if self.pack_on_use && !self.is_packed() {
+            return quant::packed::packed_len(self.format, self.rows, self.cols)
+                .unwrap_or_else(|_| self.mapped_view().bytes());
+        }
         self.view().bytes()
+    }
+
+    /// Pack now a matrix left to be packed on its first product; whether
+    /// this call packed it.
+    pub fn pack_if_deferred(&self) -> Result<bool> {
+        if !self.pack_on_use || self.is_packed() {
+            return Ok(false);
+        }
+        self.pack()?;
+        Ok(true)
     }
 
     /// The row of [`MappedMatrix::view`] that holds Hugging Face row `r`

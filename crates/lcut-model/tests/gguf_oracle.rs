@@ -542,19 +542,48 @@ fn experts_are_packed_when_a_token_first_reads_them() -> Result<()> {
         ensure!(model.packed_matrices() == 0);
         return Ok(());
     }
+    // counting the bytes a step reads packs nothing
+    let (step_bytes, all_bytes) = (model.decode_weight_bytes(), model.weight_bytes());
     ensure!(
         model.packed_matrices() == others,
-        "{} packed at load, expected {others} (no expert)",
+        "{} packed at load and after counting bytes, expected {others} (no expert)",
         model.packed_matrices()
     );
     let tokens = [1u32, 57, 200];
-    model.teacher_forced_logits(&tokens, None)?;
+    let first_use = model.teacher_forced_logits(&tokens, None)?;
     let experts_packed = model.packed_matrices() - others;
     let most = 3 * e.top_k * tokens.len() * cfg.num_layers;
     ensure!(
         experts_packed > 0 && experts_packed <= most && experts_packed < expert_matrices,
         "{experts_packed} expert matrices packed after {} tokens (at most {most} of {expert_matrices})",
         tokens.len()
+    );
+    // a benchmark's warm-up packs the rest: every expert, the same logits,
+    // the same byte counts
+    let packed_now = model.pack_deferred()?;
+    ensure!(
+        packed_now == expert_matrices - experts_packed
+            && model.packed_matrices() == others + expert_matrices,
+        "pack_deferred packed {packed_now}, leaving {} of {} packed",
+        model.packed_matrices(),
+        others + expert_matrices
+    );
+    ensure!(
+        model.pack_deferred()? == 0,
+        "a second pack_deferred packed again"
+    );
+    let all_packed = model.teacher_forced_logits(&tokens, None)?;
+    let diff = (first_use - all_packed)?
+        .abs()?
+        .max_all()?
+        .to_scalar::<f32>()?;
+    ensure!(
+        diff == 0.0,
+        "logits moved by {diff} once every expert was packed"
+    );
+    ensure!(
+        (model.decode_weight_bytes(), model.weight_bytes()) == (step_bytes, all_bytes),
+        "byte counts changed by packing"
     );
     Ok(())
 }

@@ -248,6 +248,23 @@ impl Decoder {
             .count()
     }
 
+    /// Pack now every matrix left to be packed when a token first reads it
+    /// (a mixture's experts); how many this call packed. A benchmark calls
+    /// it before timing, as llama.cpp's warm-up reads every expert, so that
+    /// no measured step pays for packing. Resident memory then holds every
+    /// expert, as it does once enough tokens have run.
+    pub fn pack_deferred(&self) -> Result<usize> {
+        let mut packed = 0;
+        for lin in self.matrices() {
+            if let Linear::Mapped { matrix, .. } = lin
+                && matrix.pack_if_deferred()?
+            {
+                packed += 1;
+            }
+        }
+        Ok(packed)
+    }
+
     /// Layer `layer`'s linear layers by module path (`self_attn.q_proj`),
     /// for adapters.
     pub(crate) fn layer_linears_mut(&mut self, layer: usize) -> Vec<(String, &mut Linear)> {
