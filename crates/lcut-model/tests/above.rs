@@ -3,10 +3,11 @@
 //! teacher-forced runs of every cutoff do): from the states the full
 //! model's pass over the same tokens recorded entering that layer, the
 //! logits must be the bits of the policy's own whole pass, on every
-//! reference case that can (dense, mixture-of-experts, Qwen3.5's linear
-//! layers, sliding windows), in f32, with the quantized products of Q8_0
-//! files and on the real SmolLM2 file; and a start the policy or the model
-//! does not allow is refused, not run.
+//! reference case (dense, mixture-of-experts, Qwen3.5's linear layers,
+//! sliding windows, Gemma 4's per-layer inputs and layers that read a lower
+//! layer's K/V), in f32, with the quantized products of Q8_0 files and on
+//! the real SmolLM2 file; and a start the policy does not allow, or one
+//! the full run did not record the states for, is refused, not run.
 
 mod common;
 
@@ -16,7 +17,8 @@ use lcut_model::probes::PromptRecord;
 use lcut_model::{Decoder, Device, LogitRows, ModelError, Sequence, Tensor, WeightMode};
 use lcut_policy::{Policy, PolicySpec, TokenPhases};
 use lcut_testkit::{
-    GEMMA4_CASE, MOE_CASES, ORACLE_CASES, QWEN35_CASE, oracle_case, oracle_ids, real_model,
+    GEMMA4_CASE, GEMMA4MOE_CASE, GEMMA4WIDE_CASE, MOE_CASES, ORACLE_CASES, QWEN35_CASE,
+    oracle_case, oracle_ids, real_model,
 };
 
 /// The full model's state after `ids[..s]` (the prompt up to its decode
@@ -110,7 +112,7 @@ fn check_model(name: &str, model: &Decoder, ids: &[u32], s: usize) -> Result<()>
 fn a_pass_started_above_the_shared_layers_is_the_policys_whole_pass_in_f32() -> Result<()> {
     let mut names: Vec<&'static str> = ORACLE_CASES.to_vec();
     names.extend(MOE_CASES);
-    names.push(QWEN35_CASE);
+    names.extend([QWEN35_CASE, GEMMA4_CASE, GEMMA4WIDE_CASE, GEMMA4MOE_CASE]);
     for OracleModel {
         name,
         model,
@@ -125,7 +127,7 @@ fn a_pass_started_above_the_shared_layers_is_the_policys_whole_pass_in_f32() -> 
 
 #[test]
 fn a_pass_started_above_is_the_whole_pass_with_quantized_products() -> Result<()> {
-    for name in ["llama-gqa", "gemma3-sliding", QWEN35_CASE] {
+    for name in ["llama-gqa", "gemma3-sliding", QWEN35_CASE, GEMMA4_CASE] {
         let dir = oracle_case(name);
         let model = Decoder::load_as(
             &dir.join("model.q8_0.gguf"),
@@ -192,9 +194,41 @@ fn a_start_the_policy_or_the_model_does_not_allow_is_refused() -> Result<()> {
     refused(2, &ids[s..], &PromptRecord::entering([1]))?;
     // nor for these tokens (the record's rows are for all of them)
     refused(2, &ids[s..ids.len() - 1], &record)?;
-    // Gemma 4: per-layer inputs and layers reading lower layers' K/V
-    let gemma4 = models_of(&[GEMMA4_CASE])?.remove(0);
-    let reason = gemma4.model.runs_above(1, 4).unwrap_err();
-    ensure!(reason.contains("own input"), "{reason}");
+    Ok(())
+}
+
+/// Gemma 4's last layers read the K/V of lower layers: a pass started above
+/// those needs the states entering them too, and without them is refused
+/// by the layer's name rather than run on K/V the cache lacks.
+#[test]
+fn a_start_above_a_layer_whose_kv_is_read_needs_its_state() -> Result<()> {
+    let case = models_of(&[GEMMA4_CASE])?.remove(0);
+    let (model, ids, s) = (&case.model, &case.ids, case.decode_start);
+    let layers = model.config().num_layers;
+    // layers 4 and 5 read layers 3 and 2
+    ensure!(model.entering_layers_above(layers - 2) == [layers - 2, 2, 3]);
+    ensure!(model.entering_layers_above(3) == [3, 2]);
+    ensure!(model.entering_layers_above(2) == [2]);
+    let (prefix, _, _) = full_run(model, ids, s)?;
+    let policy = "speed:4+bos".parse::<PolicySpec>()?.resolve(layers)?;
+    let phases = TokenPhases::new(ids.len(), s, 1)?;
+    let mut record = PromptRecord::entering([4, 3]);
+    model.forward(
+        &mut prefix.fork()?,
+        &ids[s..],
+        LogitRows::None,
+        Some(&mut record),
+    )?;
+    let seq = prefix.restricted(policy, phases)?;
+    match model.forward_above(seq, &ids[s..], 4, &record, LogitRows::All, None) {
+        Err(e @ ModelError::NotAbove { .. }) => {
+            let msg = e.to_string();
+            ensure!(msg.contains("entering layer 2"), "{msg}");
+        }
+        other => anyhow::bail!(
+            "ran without layer 2's state: {:?}",
+            other.map(|o| o.positions)
+        ),
+    }
     Ok(())
 }

@@ -195,10 +195,13 @@ impl Forced {
         fed.extend_from_slice(&continuation[..continuation.len().saturating_sub(1)]);
         // rows of `fed` that predict the continuation: positions P-1 .. P+n-2
         let first_row = prompt.len() - 1 - s;
-        let starts = starts
+        // each start's state, and those of the lower layers whose K/V the
+        // layers above it read
+        let recorded = starts
             .iter()
-            .filter(|&&l| model.runs_above(l, fed.len()).is_ok());
-        let mut entering = PromptRecord::entering(starts.copied());
+            .filter(|&&l| model.runs_above(l, fed.len()).is_ok())
+            .flat_map(|&l| model.entering_layers_above(l));
+        let mut entering = PromptRecord::entering(recorded);
         let full = shared.full(prompt)?;
         let all = match entering.is_empty() {
             true => decode_logits(model, full, &fed, probe)?,
@@ -262,7 +265,11 @@ impl Forced {
         // below the layers it runs as the full model does, the full pass's
         // states (the same bits); `probe` sees only the layers run
         let from = policy.full_depth_below();
-        let logits = match self.entering.chunks(from).is_some() {
+        let recorded = model
+            .entering_layers_above(from)
+            .into_iter()
+            .all(|l| self.entering.chunks(l).is_some());
+        let logits = match recorded {
             true => model
                 .forward_above(seq, &self.fed, from, &self.entering, LogitRows::All, probe)?
                 .logits
@@ -485,8 +492,12 @@ mod tests {
     /// it starts.
     #[test]
     fn forced_passes_started_above_score_as_whole_passes() {
-        let cases = ["llama-gqa", "gemma3-sliding"];
-        let moe_cases = ["moe/qwen3moe-sparse", "moe/gptoss-sinks"];
+        let cases = ["llama-gqa", "gemma3-sliding", lcut_testkit::GEMMA4_CASE];
+        let moe_cases = [
+            "moe/qwen3moe-sparse",
+            "moe/gptoss-sinks",
+            lcut_testkit::GEMMA4MOE_CASE,
+        ];
         for case in cases.into_iter().chain(moe_cases) {
             let dir = lcut_testkit::oracle_case(case);
             let session = Session::load(&dir, DType::F32, &Device::Cpu).unwrap();

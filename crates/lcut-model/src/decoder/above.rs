@@ -6,11 +6,17 @@
 //! ([`Policy::full_depth_below`](lcut_policy::Policy::full_depth_below)),
 //! so the logits are the same bits as the policy's whole pass; the sweep's
 //! teacher-forced runs of every cutoff share the full run's lower layers
-//! this way instead of running them again per cutoff.
+//! this way instead of running them again per cutoff. On a model whose
+//! upper layers read a lower layer's K/V (Gemma 4's shared layers), that
+//! lower layer's K/V of the tokens are projected from the states the full
+//! run recorded entering it, as its own pass stores them; a model that
+//! gives each layer an input of its own per token (Gemma 4's per-layer
+//! inputs) has those made from the tokens, as the whole pass makes them.
 
 use candle_core::Tensor;
 
 use super::pass::ChunkRows;
+use super::projected::Projected;
 use super::{ChunkOutput, Decoder, LogitRows};
 use crate::error::{ModelError, Result};
 use crate::probe::Probe;
@@ -27,13 +33,15 @@ impl Decoder {
     /// pass. The sequence is taken: its layers below `from` never see
     /// `tokens`, so it cannot go on.
     ///
+    /// `entering` must hold the tokens' states entering every layer of
+    /// [`Decoder::entering_layers_above`]`(from)`: `from` and each lower
+    /// layer whose K/V a layer from `from` up reads.
+    ///
     /// Refused (the caller runs the whole pass instead) where the layers
-    /// below `from` are not the full model's under `seq`'s policy, where a
-    /// layer from `from` up reads K/V a layer below writes or the model
-    /// gives each layer its own per-token input (Gemma 4), for a policy that
-    /// decides as it runs (SlimInfer, a press), for a single token (a pass
-    /// of one token takes the decode step, not the chunk's path), and where
-    /// `entering` lacks the tokens' states at `from`.
+    /// below `from` are not the full model's under `seq`'s policy, for a
+    /// policy that decides as it runs (SlimInfer, a press), for a single
+    /// token (a pass of one token takes the decode step, not the chunk's
+    /// path), and where `entering` lacks one of those states.
     pub fn forward_above(
         &self,
         mut seq: Sequence,
@@ -64,13 +72,32 @@ impl Decoder {
         }
         let start = seq.next_pos;
         let present: Vec<usize> = (start..start + tokens.len()).collect();
-        let hidden = entered(entering, from, &present).ok_or_else(|| {
-            refuse("the full run did not record these tokens' states there".into())
-        })?;
+        let unrecorded = |layer: usize| {
+            refuse(format!(
+                "the full run did not record these tokens' states entering layer {layer}"
+            ))
+        };
+        let states = self
+            .entering_layers_above(from)
+            .into_iter()
+            .map(|l| entered(entering, l, &present).ok_or_else(|| unrecorded(l)))
+            .collect::<Result<Vec<_>>>()?;
+        let (hidden, sources) = states.split_first().ok_or_else(|| unrecorded(from))?;
+        // the K/V the lower layers read from above store of these tokens in
+        // the whole pass, before any layer from `from` up reads them
+        for (&source, state) in self.sources_below(from).iter().zip(sources) {
+            let projected = Projected::at(self, state.clone(), present.clone())?;
+            let (k, v) = self.projected_kv(&self.layers[source], &projected)?;
+            self.store_layer_kv(&mut seq, source, (&k, &v), (&present, start))?;
+        }
+        let layer_inputs = match self.has_layer_inputs() {
+            true => self.embed_rows(tokens, start, &mut None)?.layer_inputs,
+            false => None,
+        };
         let chunk = ChunkRows {
-            hidden,
+            hidden: hidden.clone(),
             present,
-            layer_inputs: None,
+            layer_inputs,
         };
         let out = self.run_layers(
             &mut seq,
@@ -94,13 +121,30 @@ impl Decoder {
         if tokens < 2 {
             return Err("one token takes the decode step".into());
         }
-        if self.has_layer_inputs() {
-            return Err("the model gives every layer its own input".into());
-        }
-        match (from..layers).find(|&l| self.layers[l].kv_source.is_some_and(|s| s < from)) {
-            Some(l) => Err(format!("layer {l} reads a lower layer's K/V")),
-            None => Ok(()),
-        }
+        Ok(())
+    }
+
+    /// The layers whose entering states a pass started at `from` reads
+    /// ([`Decoder::forward_above`]): `from` first, then, ascending, each
+    /// layer below it whose K/V a layer from `from` up reads.
+    pub fn entering_layers_above(&self, from: usize) -> Vec<usize> {
+        std::iter::once(from)
+            .chain(self.sources_below(from))
+            .collect()
+    }
+
+    /// The layers below `from`, ascending, whose K/V a layer from `from` up
+    /// reads.
+    fn sources_below(&self, from: usize) -> Vec<usize> {
+        let mut sources: Vec<usize> = self
+            .layers
+            .iter()
+            .skip(from)
+            .filter_map(|l| l.kv_source.filter(|&s| s < from))
+            .collect();
+        sources.sort_unstable();
+        sources.dedup();
+        sources
     }
 }
 

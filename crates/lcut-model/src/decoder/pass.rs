@@ -231,15 +231,8 @@ impl CacheRun<'_, '_, '_> {
                     }
                     None => own,
                 };
-                if let Some(w) = layer.window
-                    && seq.is_decided()
-                {
-                    // keys older than the window of the chunk's first query are read
-                    // by none of its queries nor any later one (a policy still to
-                    // decide from a layer's keys sees them all first)
-                    seq.caches[l].drop_below(first_readable(w, present[0]));
-                }
-                dec.store_kv(&mut seq.caches[l], (&chunk.k, &chunk.v), &chunk.positions)?;
+                let at = (chunk.positions.as_ref(), present[0]);
+                dec.store_layer_kv(seq, l, (&chunk.k, &chunk.v), at)?;
                 l
             }
             (None, Some(source)) if self.projected.is_none() => source,
@@ -274,6 +267,29 @@ impl CacheRun<'_, '_, '_> {
             &mut self.reads,
             self.probe,
         )
+    }
+}
+
+impl Decoder {
+    /// A chunk's keys and values at `positions` (ascending) into layer
+    /// `l`'s cache of `seq`, the chunk's first query at `first_query`. On a
+    /// sliding layer of a policy that has decided, keys older than that
+    /// query's window are dropped first: none of the chunk's queries nor
+    /// any later one reads them (a policy still to decide from a layer's
+    /// keys sees them all first).
+    pub(super) fn store_layer_kv(
+        &self,
+        seq: &mut Sequence,
+        l: usize,
+        (k, v): (&Tensor, &Tensor),
+        (positions, first_query): (&[usize], usize),
+    ) -> Result<()> {
+        if let Some(w) = self.layers[l].window
+            && seq.is_decided()
+        {
+            seq.caches[l].drop_below(first_readable(w, first_query));
+        }
+        self.store_kv(&mut seq.caches[l], (k, v), positions)
     }
 }
 

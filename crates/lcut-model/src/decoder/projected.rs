@@ -33,6 +33,17 @@ pub(super) struct ChunkKv<'a> {
     pub(super) positions: Cow<'a, [usize]>,
 }
 
+impl Projected {
+    /// The tokens at `positions` (ascending) leaving with `hidden`.
+    pub(super) fn at(dec: &Decoder, hidden: Tensor, positions: Vec<usize>) -> Result<Self> {
+        Ok(Self {
+            hidden,
+            tables: dec.rope_tables(&positions)?,
+            positions,
+        })
+    }
+}
+
 impl ChunkKv<'_> {
     /// These keys and values together with `k`, `v` at `positions`, in
     /// position order (the cache appends in ascending order: a chunk's
@@ -201,11 +212,7 @@ impl Decoder {
             if at.is_empty() {
                 continue;
             }
-            let leaving = Projected {
-                hidden: leaving,
-                tables: self.rope_tables(&at)?,
-                positions: at,
-            };
+            let leaving = Projected::at(self, leaving, at)?;
             for (l, layer) in self.layers.iter().enumerate().skip(exit) {
                 let (k, v) = self.projected_kv(layer, &leaving)?;
                 self.store_kv(&mut seq.caches[l], (&k, &v), &leaving.positions)?;
