@@ -218,9 +218,7 @@ impl MappedMatrix {
     /// matrix packed on first use is packed here the first time (left in
     /// the mapping if that fails).
     pub fn view(&self) -> QuantMatrix<'_> {
-        if self.pack_on_use && !self.is_packed() {
-            let _ = self.pack();
-        }
+        let _ = self.pack_if_deferred();
         match self.packed.get() {
             Some(p) => p.view(),
             None => self.mapped_view(),

@@ -77,16 +77,12 @@ impl Decoder {
                 "the full run did not record these tokens' states entering layer {layer}"
             ))
         };
-        let states = self
-            .entering_layers_above(from)
-            .into_iter()
-            .map(|l| entered(entering, l, &present).ok_or_else(|| unrecorded(l)))
-            .collect::<Result<Vec<_>>>()?;
-        let (hidden, sources) = states.split_first().ok_or_else(|| unrecorded(from))?;
+        let state = |l: usize| entered(entering, l, &present).ok_or_else(|| unrecorded(l));
+        let hidden = state(from)?;
         // the K/V the lower layers read from above store of these tokens in
         // the whole pass, before any layer from `from` up reads them
-        for (&source, state) in self.sources_below(from).iter().zip(sources) {
-            let projected = Projected::at(self, state.clone(), present.clone())?;
+        for source in self.sources_below(from) {
+            let projected = Projected::at(self, state(source)?, present.clone())?;
             let (k, v) = self.projected_kv(&self.layers[source], &projected)?;
             self.store_layer_kv(&mut seq, source, (&k, &v), (&present, start))?;
         }
@@ -95,7 +91,7 @@ impl Decoder {
             false => None,
         };
         let chunk = ChunkRows {
-            hidden: hidden.clone(),
+            hidden,
             present,
             layer_inputs,
         };
