@@ -89,7 +89,8 @@ class Trace:
 
     Mass arrays are ``[layers, heads, steps]`` (lcut's files store
     ``[layers, steps, heads]``; the API puts heads first so that ``a[l, h]`` is
-    one head's curve over the steps). The five masses sum to 1.
+    one head's curve over the steps). The five masses sum to 1, with
+    ``sink_mass`` where the model has learned sinks (gpt-oss).
     """
 
     id: str
@@ -120,6 +121,12 @@ class Trace:
     the decode start (what SPEED drops above the cut)."""
     decode_mass: F32
     self_mass: F32
+    sink_mass: Optional[F32]
+    """[layers, heads, steps]: attention on no key, the learned sink's share of
+    each head's softmax (gpt-oss); None for a model without sinks."""
+    routing: Optional["Routing"]
+    """How a mixture-of-experts model routed each decode step; None for a dense
+    model."""
     entropy_heads: F32
     """[layers, heads, steps]: normalised conditional prompt entropy (NaN where
     the prefill mass is 0)."""
@@ -175,6 +182,27 @@ class Generation:
     """[steps]: KL(other || this), nats; NaN once the continuations differ."""
     agreement_rate: Optional[float]
 
+class Routing:
+    """How a mixture-of-experts model routed one prompt's decode steps. Row ``i``
+    of every array is sparse layer ``layers[i]``."""
+
+    num_experts: int
+    top_k: int
+    layers: List[int]
+    """The sparse layers, ascending."""
+    num_steps: int
+    entropy: F32
+    """[sparse layers, steps]: router entropy / ln(num_experts) (0 = one expert, 1 = uniform)."""
+    experts: npt.NDArray[np.uint32]
+    """[sparse layers, steps, top_k]: the experts each step runs, most probable first."""
+    load: F32
+    """[sparse layers, num_experts]: each expert's share of the top-k slots (rows sum to 1)."""
+    overlap: Optional[F32]
+    """[sparse layers, steps]: the share of the full model's top-k experts the policy's
+    routing keeps on the same tokens; None for a full-depth trace."""
+    policy: Optional[str]
+    """The policy ``overlap`` compares with the full model."""
+
 class Report:
     """A diagnostic report (``Session.diagnose``; ``lcut diagnose --out DIR``)."""
 
@@ -199,6 +227,10 @@ class Report:
     """Layers whose curves come from their state split (see ``Trace``)."""
     curves: Dict[str, F32]
     """Per-layer series keyed by ``LAYER_METRICS`` name."""
+    routing: Optional[Dict[str, Any]]
+    """Routing over every prompt's decode steps (``num_experts``, ``top_k``,
+    ``sparse_layers``, ``tokens``, ``entropy`` [layers], ``load`` [layers,
+    num_experts], ``overlap`` [layers] or None, ``policy``); None for a dense model."""
     prefill_by_step: F32
     """[layers, steps]: prefill mass per decode step, mean over prompts and heads."""
     prefill_by_head: F32

@@ -19,6 +19,7 @@ mod inputs;
 mod load;
 mod progress;
 mod report;
+mod routing;
 mod session;
 mod table;
 mod trace;
@@ -33,6 +34,7 @@ fn _lcut(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<config::ModelConfig>()?;
     m.add_class::<forward::Forward>()?;
     m.add_class::<trace::Trace>()?;
+    m.add_class::<routing::Routing>()?;
     m.add_class::<generate::Generation>()?;
     m.add_class::<report::Report>()?;
     m.add("LAYER_METRICS", table::metric_names())?;

@@ -189,6 +189,38 @@ impl Report {
         Ok(d)
     }
 
+    /// The routing over every prompt's decode steps (a mixture-of-experts
+    /// model), or None for a dense model: a dict of ``num_experts``,
+    /// ``top_k``, ``sparse_layers``, ``tokens`` (decode tokens routed),
+    /// ``entropy`` (float32 [layers]: mean normalised router entropy, NaN at
+    /// dense layers), ``load`` (float32 [layers, num_experts]: each expert's
+    /// share of the top-k slots; rows of sparse layers sum to 1), ``overlap``
+    /// (float32 [layers]: the mean top-k overlap of ``policy``'s routing
+    /// with the full model's, or None) and ``policy``.
+    #[getter]
+    fn routing<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(r) = &self.report.curves.routing else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        d.set_item("num_experts", r.num_experts)?;
+        d.set_item("top_k", r.top_k)?;
+        d.set_item("sparse_layers", r.sparse_layers.clone())?;
+        d.set_item("tokens", r.tokens)?;
+        d.set_item("entropy", series_array(py, &r.entropy.0)?)?;
+        d.set_item(
+            "load",
+            f32_array(py, r.load.data().to_vec(), &r.load.shape())?,
+        )?;
+        let overlap = match r.overlap.0.is_empty() {
+            true => None,
+            false => Some(series_array(py, &r.overlap.0)?),
+        };
+        d.set_item("overlap", overlap)?;
+        d.set_item("policy", r.policy.clone())?;
+        Ok(Some(d))
+    }
+
     /// float32 [layers, steps]: prefill mass per layer and decode step,
     /// mean over prompts (that reached the step) and heads.
     #[getter]

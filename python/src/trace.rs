@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use lcut_engine::PreparedPrompt;
 use lcut_engine::diagnose::{
-    DiagnoseOptions, LabelledPrompt, PromptProgress, attention_row, trace_prompt_under,
+    DiagnoseOptions, LabelledPrompt, PromptProgress, attention_row, routing_overlap_of,
+    trace_prompt_under,
 };
 use lcut_policy::Policy;
 use lcut_trace::{LayerCurves, PromptTrace};
@@ -16,6 +17,7 @@ use crate::arrays::{f32_array, layers_heads_steps, series_array};
 use crate::errors::{ErrorKind, detached, engine_err, lcut_error};
 use crate::inputs::{PromptArg, budget, index, policy, prepare};
 use crate::progress::Progress;
+use crate::routing::Routing;
 use crate::table::layer_table;
 
 /// What a trace needs to run its generation again (for attention rows).
@@ -37,7 +39,8 @@ struct Replay {
 /// head mean at each step.) Step ``k`` is the query at
 /// ``query_positions[k]``, whose output is ``ids[k]``; step 0 is the last
 /// prompt token. The five masses (bos, anchor, prefill, decode, self) sum
-/// to 1 at every (layer, head, step).
+/// to 1 at every (layer, head, step), with the learned sink's share
+/// (``sink_mass``, gpt-oss) where the model has sinks.
 #[pyclass(module = "lcut", name = "Trace", frozen)]
 pub struct Trace {
     trace: PromptTrace,
@@ -130,7 +133,19 @@ pub fn run(
         )
         .map_err(engine_err)
     });
-    let trace = bar.finish(py, result)?;
+    let mut trace = bar.finish(py, result)?;
+    if !resolved.is_full_depth() && trace.routing.is_some() {
+        // how far the policy's routing of its own tokens departs from the
+        // full model's, as `diagnose --policy` records it
+        let chunk = lcut_engine::GenerationConfig::default().prefill_chunk;
+        let overlap = detached(py, || {
+            routing_overlap_of(session, &prompt, &trace.generated_ids, resolved, chunk)
+                .map_err(engine_err)
+        })?;
+        if let Some(routing) = trace.routing.as_mut() {
+            routing.overlap = overlap;
+        }
+    }
     let curves = lcut_diag::aggregate(std::slice::from_ref(&trace))
         .map_err(|e| lcut_error(ErrorKind::Other, e.to_string()))?;
     Ok(Trace {
@@ -290,6 +305,26 @@ impl Trace {
     #[getter]
     fn self_mass(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         layers_heads_steps(py, &self.trace.self_mass)
+    }
+
+    /// float32 [layers, heads, steps]: attention on no key, the learned
+    /// sink's share of each head's softmax (gpt-oss); None for a model
+    /// without sinks.
+    #[getter]
+    fn sink_mass(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        self.trace
+            .sink
+            .as_ref()
+            .map(|t| layers_heads_steps(py, t))
+            .transpose()
+    }
+
+    /// How a mixture-of-experts model routed each decode step at its sparse
+    /// layers (under a policy, beside the full model's routing of the same
+    /// tokens); None for a dense model.
+    #[getter]
+    fn routing(&self) -> Option<Routing> {
+        self.trace.routing.clone().map(Routing::new)
     }
 
     /// float32 [layers, heads, steps]: entropy of the attention over the

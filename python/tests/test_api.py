@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import lcut
-from conftest import BUNDLED, FIXTURES, REPO, run_cli
+from conftest import BUNDLED, FIXTURES, ORACLE, REPO, run_cli
 
 PROMPT = "copy : with by [ castle eagle horse cake ] by that are for as was by for on in"
 
@@ -311,3 +311,63 @@ def test_a_report_trace_has_no_attention_rows(bundled):
     t = bundled.diagnose([PROMPT], max_new_tokens=2, progress=False).traces[0]
     with pytest.raises(lcut.LcutError, match="Session.trace"):
         t.attention(0, 0)
+
+
+def test_a_mixture_of_experts_trace_shows_each_steps_routing():
+    """Qwen3-MoE (8 experts, 3 a token, every layer sparse): the routing of
+    every decode step at every sparse layer, its entropy and each expert's
+    load; under SPEED, how far the policy's routing departs from the full
+    model's; the same routing in a diagnostic report's trace."""
+    case = ORACLE / "moe" / "qwen3moe-sparse"
+    cfg = json.loads((case / "config.json").read_text())
+    E, k, L = cfg["num_local_experts"], cfg["num_experts_per_tok"], cfg["num_hidden_layers"]
+    session = lcut.load(case / "model.f32.gguf")  # the folder's model, with a tokenizer
+    text = "hello world the cat sat on the mat"
+    t = session.trace(text, max_new_tokens=5, chat=False, progress=False)
+    r = t.routing
+    assert isinstance(r, lcut.Routing) and t.sink_mass is None
+    assert (r.num_experts, r.top_k, r.layers, r.num_steps) == (E, k, list(range(L)), t.num_steps)
+    steps = t.num_steps
+    assert r.experts.shape == (L, steps, k) and r.experts.dtype == np.uint32
+    assert r.experts.max() < E
+    # a step's k experts are distinct
+    assert all(len(set(r.experts[l, s])) == k for l in range(L) for s in range(steps))
+    assert r.entropy.shape == (L, steps) and np.all((r.entropy >= 0) & (r.entropy <= 1))
+    assert r.load.shape == (L, E) and np.allclose(r.load.sum(axis=1), 1.0, atol=1e-6)
+    counts = np.stack([np.bincount(r.experts[l].ravel(), minlength=E) for l in range(L)])
+    assert np.allclose(r.load, counts / (steps * k), atol=1e-6)
+    assert r.overlap is None and r.policy is None
+    # under SPEED the policy's routing is set beside the full model's
+    cut = session.trace(text, max_new_tokens=5, chat=False, progress=False, policy="speed:2+bos")
+    o = cut.routing.overlap
+    assert cut.routing.policy == "speed:2+bos"
+    assert o.shape == (L, cut.num_steps) and np.all((o >= 0) & (o <= 1))
+    # below the cut a decode token reads what the full model's does: the same experts
+    assert np.all(o[:2] == 1.0)
+    # a diagnostic report's traces hold the same routing, and its summary the load
+    report = session.diagnose([text], max_new_tokens=5, chat=False, progress=False)
+    assert np.array_equal(report.traces[0].routing.experts, r.experts)
+    summary = report.routing
+    assert (summary["num_experts"], summary["top_k"], summary["sparse_layers"]) == (E, k, list(range(L)))
+    assert summary["tokens"] == steps and np.allclose(summary["load"], r.load, atol=1e-6)
+    assert summary["entropy"].shape == (L,) and summary["overlap"] is None
+
+
+def test_learned_sinks_take_their_share_beside_the_masses():
+    """gpt-oss: each head's softmax holds a learned sink (no key); its share
+    and the five masses sum to 1 at every layer, head and step."""
+    case = ORACLE / "moe" / "gptoss-sinks"
+    session = lcut.load(case)
+    t = session.trace(list(range(3, 23)), max_new_tokens=4, progress=False)
+    L, H = session.config.layers, session.config.heads
+    sink = t.sink_mass
+    assert sink.shape == (L, H, t.num_steps) and np.all((sink > 0) & (sink < 1))
+    total = t.bos_mass + t.anchor_mass + t.prefill_mass + t.decode_mass + t.self_mass + sink
+    assert np.allclose(total, 1.0, atol=1e-5)
+    assert t.routing is not None and t.routing.num_experts == 4
+
+
+def test_a_dense_model_has_no_routing_and_no_sinks(bundled):
+    t = bundled.trace(PROMPT, max_new_tokens=2, progress=False)
+    assert t.routing is None and t.sink_mass is None
+    assert bundled.diagnose([PROMPT], max_new_tokens=2, progress=False).routing is None

@@ -134,7 +134,7 @@ def test_help_reads_well():
     sig = inspect.signature(lcut.Session.generate)
     assert sig.parameters["policy"].default == "speed:3/4+bos"
     assert sig.parameters["compare"].default is None
-    for cls in [lcut.Session, lcut.Trace, lcut.Report, lcut.Generation, lcut.Forward, lcut.ModelConfig]:
+    for cls in [lcut.Session, lcut.Trace, lcut.Routing, lcut.Report, lcut.Generation, lcut.Forward, lcut.ModelConfig]:
         assert cls.__doc__ and len(cls.__doc__) > 40, cls
         for name, member in vars(cls).items():
             if not name.startswith("_"):
@@ -170,7 +170,7 @@ def test_the_stubs_declare_every_public_name():
 
     public = {n for n in dir(_lcut) if not n.startswith("_")} | {"__version__"}
     assert public <= stubs[""], public - stubs[""]
-    for cls in [lcut.Session, lcut.Trace, lcut.Report, lcut.Generation, lcut.Forward, lcut.ModelConfig]:
+    for cls in [lcut.Session, lcut.Trace, lcut.Routing, lcut.Report, lcut.Generation, lcut.Forward, lcut.ModelConfig]:
         members = {n for n in dir(cls) if not n.startswith("_")}
         assert members <= stubs[cls.__name__], (cls.__name__, members - stubs[cls.__name__])
 
