@@ -83,6 +83,16 @@ class Forward:
     """[layers + 1, len(ids)]: the logit lens (row 0 the embeddings, row l + 1
     the output of layer l): log-probability of the token the last layer ranks
     first at each position. None unless ``lens=True``."""
+    sparse_layers: Optional[List[int]]
+    """A mixture-of-experts model's sparse layers (the routing arrays' first axis); None for a dense model."""
+    router_probs: Optional[F32]
+    """[sparse layers, len(ids), num_experts]: the router's probability of each expert
+    (NaN where a policy keeps the token out of the layer)."""
+    experts: Optional[npt.NDArray[np.int64]]
+    """[sparse layers, len(ids), top_k]: the experts each token runs, most probable first
+    (-1 where the token is kept out)."""
+    expert_weights: Optional[F32]
+    """[sparse layers, len(ids), top_k]: their weights in the layer's output (NaN where kept out)."""
 
 class Trace:
     """One prompt's greedy run seen by the diagnostic probe.
@@ -261,6 +271,7 @@ class Session:
         residuals: bool = True,
         attention: bool = True,
         lens: bool = False,
+        routing: bool = True,
     ) -> Forward: ...
     def trace(
         self,

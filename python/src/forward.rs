@@ -5,7 +5,10 @@ use lcut_engine::PreparedPrompt;
 use lcut_engine::forward::{ForwardOptions, MAX_RECORDED_ATTENTION, forward};
 use pyo3::prelude::*;
 
-use crate::arrays::{stacked_array, tensor_array};
+use lcut_model::probes::RoutingRecord;
+use numpy::{PyArray1, PyArrayMethods};
+
+use crate::arrays::{f32_array, stacked_array, tensor_array};
 use crate::errors::{candle_err, detached, engine_err, invalid};
 use crate::inputs::{index, policy, token_ids};
 
@@ -49,6 +52,24 @@ pub struct Forward {
     /// policy keeps the position out of a layer.
     #[pyo3(get)]
     pub lens_logprob: Option<Py<PyAny>>,
+    /// The sparse layers of a mixture-of-experts model (the routing
+    /// arrays' first axis), or None.
+    #[pyo3(get)]
+    pub sparse_layers: Option<Vec<usize>>,
+    /// float32 [sparse layers, len(ids), num_experts]: the router's
+    /// probability of each expert for each token, or None. NaN where a
+    /// policy keeps the token out of the layer.
+    #[pyo3(get)]
+    pub router_probs: Option<Py<PyAny>>,
+    /// int64 [sparse layers, len(ids), top_k]: the experts each token runs,
+    /// most probable first, or None; -1 where a policy keeps the token out
+    /// of the layer.
+    #[pyo3(get)]
+    pub experts: Option<Py<PyAny>>,
+    /// float32 [sparse layers, len(ids), top_k]: the chosen experts' weights
+    /// in the layer's output, or None; NaN where the token is kept out.
+    #[pyo3(get)]
+    pub expert_weights: Option<Py<PyAny>>,
 }
 
 #[pymethods]
@@ -78,6 +99,8 @@ pub struct ForwardArgs {
     pub attention: bool,
     /// Compute the logit lens.
     pub lens: bool,
+    /// Record a mixture's routing.
+    pub routing: bool,
 }
 
 /// Run `args` on `session`.
@@ -102,6 +125,7 @@ pub fn run(py: Python<'_>, session: &lcut_engine::Session, args: ForwardArgs) ->
         residuals: args.residuals,
         attention: args.attention,
         lens: args.lens,
+        routing: args.routing,
     };
     let record = detached(py, || {
         forward(&session.model, &prompt, &spec, opts).map_err(engine_err)
@@ -119,7 +143,29 @@ pub fn run(py: Python<'_>, session: &lcut_engine::Session, args: ForwardArgs) ->
             stacked_array(py, ts).map(Some)
         }
     };
+    let routing = record.routing.as_ref();
+    let shape =
+        |width: fn(&RoutingRecord) -> usize| routing.map(|r| [r.layers.len(), r.tokens, width(r)]);
+    let router_probs = match (routing, shape(|r| r.num_experts)) {
+        (Some(r), Some(s)) => Some(f32_array(py, r.probs.clone(), &s)?),
+        _ => None,
+    };
+    let experts = match (routing, shape(|r| r.top_k)) {
+        (Some(r), Some(s)) => {
+            let flat = PyArray1::from_vec(py, r.experts.clone());
+            Some(flat.reshape(s)?.into_any().unbind())
+        }
+        _ => None,
+    };
+    let expert_weights = match (routing, shape(|r| r.top_k)) {
+        (Some(r), Some(s)) => Some(f32_array(py, r.weights.clone(), &s)?),
+        _ => None,
+    };
     Ok(Forward {
+        sparse_layers: routing.map(|r| r.layers.clone()),
+        router_probs,
+        experts,
+        expert_weights,
         logits: tensor_array(py, &logits)?,
         decode_start: s,
         policy: resolved.to_string(),

@@ -198,6 +198,9 @@ impl Session {
     ///     attention: record each layer's attention [heads, T, T] (at most
     ///         2048 tokens).
     ///     lens: the logit lens, ``lens_logprob`` [layers + 1, len(ids)].
+    ///     routing: a mixture-of-experts model's routing of every token at
+    ///         every sparse layer (``router_probs``, ``experts``,
+    ///         ``expert_weights``; None for a dense model).
     ///
     /// Returns:
     ///     A ``Forward`` with ``logits`` float32 [len(ids) - decode_start, vocab].
@@ -205,7 +208,7 @@ impl Session {
     /// Raises:
     ///     lcut.InvalidInputError: (a ValueError) for ids outside the
     ///         vocabulary, a bad policy or decode_start.
-    #[pyo3(signature = (ids, policy = "full", decode_start = None, residuals = true, attention = true, lens = false))]
+    #[pyo3(signature = (ids, policy = "full", decode_start = None, residuals = true, attention = true, lens = false, routing = true))]
     #[allow(clippy::too_many_arguments)]
     fn forward(
         &self,
@@ -216,6 +219,7 @@ impl Session {
         residuals: bool,
         attention: bool,
         lens: bool,
+        routing: bool,
     ) -> PyResult<Forward> {
         let args = ForwardArgs {
             ids,
@@ -224,6 +228,7 @@ impl Session {
             residuals,
             attention,
             lens,
+            routing,
         };
         crate::forward::run(py, &self.inner, args)
     }

@@ -7,7 +7,8 @@
   layouts (fixtures/oracle/layouts/*: Gemma 4 with shared K/V, Qwen3.5 with linear-attention
   layers): logits at full depth and under every SPEED / SelfOnly policy listed there,
   every layer's residual stream and the attention of every layer that has attention rows,
-  within 1e-4.
+  within 1e-4; a mixture's routing of every token (router probabilities
+  within 1e-5, the experts each token runs).
 - ``lcut forward``'s safetensors file for the same ids and policy: the same
   logits bit for bit in float32 (and the same records at full depth).
 """
@@ -83,6 +84,46 @@ def test_every_listed_policy_matches_transformers(case):
         assert max_abs(out.logits, want) <= TOL, (case, p["key"])
 
 
+ROUTED = [c for c in CASES if "router.0.probs" in load_file(str(ORACLE / c / "reference.safetensors"))]
+
+
+def test_every_routed_case_is_checked():
+    assert len(ROUTED) == 7, ROUTED
+
+
+@pytest.mark.parametrize("case", ROUTED)
+def test_routing_matches_transformers(case):
+    """A mixture's router probabilities, experts and weights for every token
+    at full depth, and the decode tokens' under every listed policy."""
+    spec = json.loads((ORACLE / case / "case.json").read_text())
+    ref = load_file(str(ORACLE / case / "reference.safetensors"))
+    session = lcut.load(ORACLE / case)
+    ids = ref["input_ids"].tolist()
+    out = session.forward(ids, decode_start=0, residuals=False, attention=False)
+    assert out.sparse_layers and out.router_probs.shape[:2] == (len(out.sparse_layers), len(ids))
+    for i, layer in enumerate(out.sparse_layers):
+        assert max_abs(out.router_probs[i], ref[f"router.{layer}.probs"]) <= 1e-5, (case, layer)
+        assert np.array_equal(out.experts[i], ref[f"router.{layer}.experts"]), (case, layer)
+        assert max_abs(out.expert_weights[i], ref[f"router.{layer}.weights"]) <= 1e-5, (case, layer)
+    for p in spec["policies"]:
+        s = p["decode_start"]
+        out = session.forward(ids, policy=policy_string(p), decode_start=s, residuals=False, attention=False)
+        key = p["key"].removeprefix("logits.")
+        for i, layer in enumerate(out.sparse_layers):
+            want = ref[f"router.{key}.{layer}.probs"]
+            assert max_abs(out.router_probs[i, s:], want) <= 1e-5, (case, key, layer)
+            assert np.array_equal(out.experts[i, s:], ref[f"router.{key}.{layer}.experts"]), (case, key)
+            # a prompt token kept out of the layer has no routing there
+            kept_out = layer >= p["l_cut"]
+            assert np.all((out.experts[i, 1:s] < 0) == kept_out), (case, key, layer)
+            assert np.all(np.isnan(out.router_probs[i, 1:s]) == kept_out), (case, key, layer)
+
+
+def test_a_dense_model_has_no_routing(bundled):
+    out = bundled.forward([1, 5, 9, 12], residuals=False, attention=False)
+    assert out.sparse_layers is None and out.router_probs is None and out.experts is None
+
+
 def test_a_lora_adapter_gives_peft_logits():
     ref = load_file(str(ORACLE / "lora" / "reference.safetensors"))
     session = lcut.load(ORACLE / "llama-gqa", lora=ORACLE / "lora" / "adapter")
@@ -120,6 +161,8 @@ def cli_forward(lcut_bin, tmp_path, model, ids, policy, decode_start, *extra):
         (ORACLE / "qwen3-qknorm", "full"),
         (ORACLE / "gemma2-softcap", "speed:4"),
         (ORACLE / "mistral-window", "speed:1/2+bos"),
+        (ORACLE / "moe" / "qwen3moe-sparse", "full"),
+        (ORACLE / "moe" / "gptoss-sinks", "speed:3+bos"),
     ],
 )
 def test_logits_equal_lcut_forward_bit_for_bit(lcut_bin, tmp_path, model, policy):
@@ -142,6 +185,13 @@ def test_logits_equal_lcut_forward_bit_for_bit(lcut_bin, tmp_path, model, policy
             assert np.array_equal(ours.attention[layer], file[f"attn.{layer}"])
     else:
         assert int(file["decode_start"][0]) == s == ours.decode_start
+    # a mixture's routing of the rows the logits hold, as transformers' files name it
+    first = 0 if policy == "full" else s
+    for i, layer in enumerate(ours.sparse_layers or []):
+        assert np.array_equal(file[f"router.{layer}.probs"], ours.router_probs[i, first:], equal_nan=True)
+        assert np.array_equal(file[f"router.{layer}.experts"], ours.experts[i, first:])
+        assert np.array_equal(file[f"router.{layer}.weights"], ours.expert_weights[i, first:], equal_nan=True)
+    assert any(k.startswith("router.") for k in file) == (ours.sparse_layers is not None)
 
 
 def test_smollm2_quantized_logits_equal_lcut_forward(lcut_bin, tmp_path, smollm2):

@@ -1,6 +1,6 @@
 //! `lcut forward`: run one sequence and write logits, residuals,
-//! attention and (`--lens`) the logit lens to safetensors in the reference
-//! layout.
+//! attention, (`--lens`) the logit lens and a mixture-of-experts model's
+//! routing to safetensors in the reference layout.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -94,6 +94,7 @@ pub fn run(args: &ForwardArgs) -> Result<()> {
         residuals: full,
         attention: record_attention,
         lens: args.lens,
+        routing: true,
     };
     let record = forward(&session.model, &prompt, &args.policy, opts)?;
     let policy = session.resolve_policy(&args.policy)?;
@@ -104,6 +105,23 @@ pub fn run(args: &ForwardArgs) -> Result<()> {
     tensors.insert("logits".into(), record.logits);
     if let Some(lens) = record.lens_logprob {
         tensors.insert("lens_logprob".into(), lens);
+    }
+    // a mixture's routing of the rows the logits hold, as transformers'
+    // reference files name it
+    if let Some(r) = &record.routing {
+        let n = t - record.first_row;
+        for (i, &layer) in r.layers.iter().enumerate() {
+            let (probs, experts, weights) = r.layer_rows(i, record.first_row..t);
+            let (e, k) = (r.num_experts, r.top_k);
+            tensors.insert(
+                format!("router.{layer}.probs"),
+                Tensor::from_vec(probs, (n, e), &cpu)?,
+            );
+            let experts = Tensor::from_vec(experts, (n, k), &cpu)?;
+            tensors.insert(format!("router.{layer}.experts"), experts);
+            let weights = Tensor::from_vec(weights, (n, k), &cpu)?;
+            tensors.insert(format!("router.{layer}.weights"), weights);
+        }
     }
     if record.full_depth {
         if let Some(embeddings) = record.embeddings {

@@ -8,7 +8,7 @@
 //! by one, with logits for the decode-phase positions.
 
 use candle_core::{Device, Tensor};
-use lcut_model::probes::RecordingProbe;
+use lcut_model::probes::{RecordingProbe, RoutingRecord};
 use lcut_model::{Decoder, Probe};
 use lcut_policy::{PolicyKind, PolicySpec};
 
@@ -28,6 +28,9 @@ pub struct ForwardOptions {
     pub attention: bool,
     /// The logit lens: `lens_logprob` [L + 1, T].
     pub lens: bool,
+    /// Every token's routing at every sparse layer (a mixture-of-experts
+    /// model; nothing for a dense one).
+    pub routing: bool,
 }
 
 /// The result of [`forward`]; every tensor is f32 on the CPU.
@@ -57,6 +60,10 @@ pub struct ForwardRecord {
     /// the position out of that layer (and everywhere for a position that
     /// does not reach the last layer).
     pub lens_logprob: Option<Tensor>,
+    /// Every token's routing at every sparse layer, when asked and the
+    /// model has experts; a token the policy keeps out of a layer has none
+    /// there (NaN, -1).
+    pub routing: Option<RoutingRecord>,
 }
 
 /// Run `prompt` under `spec` (resolved against the model's depth) and
@@ -78,18 +85,21 @@ pub fn forward(
         let mut p = RecordingProbe::new(cfg.num_layers, heads, cfg.hidden_size, t);
         // tokens a policy keeps out of a layer never get a row there
         p.layer_out.iter_mut().for_each(|row| row.fill(f32::NAN));
-        p
+        match opts.routing {
+            true => p.with_routing(cfg),
+            false => p,
+        }
     };
     let full_depth = policy.is_full_depth() && spec.kind == PolicyKind::Full;
     let residuals = opts.residuals || opts.lens;
     let (logits, first_row, probe, attention_probe) = if full_depth {
         let heads = if opts.attention { cfg.num_heads } else { 0 };
-        let mut probe = (residuals || opts.attention).then(|| recorder(heads));
+        let mut probe = (residuals || opts.attention || opts.routing).then(|| recorder(heads));
         let p = probe.as_mut().map(|p| p as &mut dyn Probe);
         let logits = model.teacher_forced_logits(ids, p)?;
         (logits, 0, probe, None)
     } else {
-        let mut probe = residuals.then(|| recorder(0));
+        let mut probe = (residuals || opts.routing).then(|| recorder(0));
         let logits = incremental(model, prompt, policy, probe.as_mut())?;
         let mut attention = opts.attention.then(|| recorder(cfg.num_heads));
         if attention.is_some() {
@@ -107,8 +117,10 @@ pub fn forward(
         layer_out: Vec::new(),
         attention: Vec::new(),
         lens_logprob: None,
+        routing: None,
     };
-    if let Some(probe) = probe {
+    if let Some(mut probe) = probe {
+        record.routing = probe.routing.take();
         if opts.lens {
             let sites: Vec<&[f32]> = std::iter::once(probe.embeddings.as_slice())
                 .chain(probe.layer_out.iter().map(Vec::as_slice))

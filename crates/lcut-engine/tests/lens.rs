@@ -20,6 +20,7 @@ const LENS_ONLY: ForwardOptions = ForwardOptions {
     residuals: false,
     attention: false,
     lens: true,
+    routing: false,
 };
 
 use common::{ids, prompts};

@@ -154,6 +154,7 @@ fn forward_lens_equals_transformers() -> Result<()> {
         residuals: false,
         attention: false,
         lens: true,
+        routing: false,
     };
     let prompt = PreparedPrompt::from_ids(c.ids.clone(), None)?;
     let got = forward(&session.model, &prompt, &PolicySpec::full(), opts)?;

@@ -25,6 +25,89 @@ pub struct RecordingProbe {
     pub embeddings: Vec<f32>,
     /// Per layer, the residual stream after it [T, hidden].
     pub layer_out: Vec<Vec<f32>>,
+    /// Every token's routing at every sparse layer, when asked
+    /// ([`RecordingProbe::with_routing`]).
+    pub routing: Option<RoutingRecord>,
+}
+
+/// The router's choice for every token of a sequence at every sparse layer
+/// of a mixture-of-experts model, as a recording run saw it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoutingRecord {
+    /// The sparse layers, ascending: the arrays' first axis.
+    pub layers: Vec<usize>,
+    /// Experts in each sparse layer (`E`).
+    pub num_experts: usize,
+    /// Experts each token runs (`k`).
+    pub top_k: usize,
+    /// Tokens of the sequence (`T`).
+    pub tokens: usize,
+    /// [layers, T, E]: the router's probability of each expert (its
+    /// softmax); NaN for a token that did not reach the layer.
+    pub probs: Vec<f32>,
+    /// [layers, T, k]: the experts each token runs, most probable first;
+    /// -1 for a token that did not reach the layer.
+    pub experts: Vec<i64>,
+    /// [layers, T, k]: their weights in the layer's output (renormalised
+    /// where the model does); NaN for a token that did not reach the layer.
+    pub weights: Vec<f32>,
+}
+
+impl RoutingRecord {
+    /// An empty record of `tokens` tokens for the sparse layers of `cfg`
+    /// (`None` for a dense model).
+    pub fn for_model(cfg: &crate::ModelConfig, tokens: usize) -> Option<Self> {
+        let e = cfg.experts.as_ref()?;
+        let layers: Vec<usize> = (0..cfg.num_layers)
+            .filter(|&l| cfg.sparse_layers.get(l).copied().unwrap_or(false))
+            .collect();
+        let n = layers.len() * tokens;
+        Some(Self {
+            num_experts: e.num_experts,
+            top_k: e.top_k,
+            tokens,
+            probs: vec![f32::NAN; n * e.num_experts],
+            experts: vec![-1; n * e.top_k],
+            weights: vec![f32::NAN; n * e.top_k],
+            layers,
+        })
+    }
+
+    /// Sparse layer `layers[i]`'s rows of the tokens at `positions`: the
+    /// probabilities [n, E], the experts [n, k] and their weights [n, k].
+    pub fn layer_rows(
+        &self,
+        i: usize,
+        positions: std::ops::Range<usize>,
+    ) -> (Vec<f32>, Vec<i64>, Vec<f32>) {
+        let (t, e, k) = (self.tokens, self.num_experts, self.top_k);
+        let (lo, hi) = (i * t + positions.start, i * t + positions.end);
+        (
+            self.probs[lo * e..hi * e].to_vec(),
+            self.experts[lo * k..hi * k].to_vec(),
+            self.weights[lo * k..hi * k].to_vec(),
+        )
+    }
+
+    /// Record one chunk's routing at one layer (positions past `tokens`,
+    /// and layers that are not sparse, are left out).
+    fn record(&mut self, view: &RoutingView<'_>) {
+        let Some(row) = self.layers.iter().position(|&l| l == view.layer) else {
+            return;
+        };
+        let (t, e, k) = (self.tokens, self.num_experts, self.top_k);
+        let r = view.routing;
+        for (i, &p) in view.positions.iter().enumerate().filter(|&(_, &p)| p < t) {
+            let at = row * t + p;
+            let probs = &r.probs[i];
+            self.probs[at * e..at * e + probs.len().min(e)]
+                .copy_from_slice(&probs[..probs.len().min(e)]);
+            for (j, (&x, &w)) in r.experts[i].iter().zip(&r.weights[i]).take(k).enumerate() {
+                self.experts[at * k + j] = x as i64;
+                self.weights[at * k + j] = w;
+            }
+        }
+    }
 }
 
 impl RecordingProbe {
@@ -37,7 +120,15 @@ impl RecordingProbe {
             attention: vec![vec![0.0; num_heads * total_len * total_len]; num_layers],
             embeddings: vec![0.0; total_len * hidden_size],
             layer_out: vec![vec![0.0; total_len * hidden_size]; num_layers],
+            routing: None,
         }
+    }
+
+    /// This recorder keeping every token's routing too (a mixture-of-experts
+    /// model's; nothing for a dense `cfg`).
+    pub fn with_routing(mut self, cfg: &crate::ModelConfig) -> Self {
+        self.routing = RoutingRecord::for_model(cfg, self.total_len);
+        self
     }
 }
 
@@ -64,6 +155,19 @@ impl Probe for RecordingProbe {
 
     fn wants_residual(&self, _site: ResidualSite) -> bool {
         true
+    }
+
+    fn wants_routing(&self, layer: usize) -> bool {
+        self.routing
+            .as_ref()
+            .is_some_and(|r| r.layers.contains(&layer))
+    }
+
+    fn on_routing(&mut self, view: RoutingView<'_>) -> Result<()> {
+        if let Some(r) = self.routing.as_mut() {
+            r.record(&view);
+        }
+        Ok(())
     }
 
     fn on_residual(
