@@ -73,7 +73,8 @@ impl RoutingRecord {
         })
     }
 
-    /// Sparse layer `layers[i]`'s rows of the tokens at `positions`: the
+    /// Sparse layer `layers[i]`'s rows of the tokens at `positions` (`i`
+    /// below `layers.len()`, `positions` within `0..tokens`): the
     /// probabilities [n, E], the experts [n, k] and their weights [n, k].
     pub fn layer_rows(
         &self,
