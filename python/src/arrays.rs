@@ -3,13 +3,18 @@
 
 use candle_core::Tensor;
 use lcut_trace::Tensor3;
-use numpy::{PyArray1, PyArrayMethods};
+use numpy::{Element, PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
 
 use crate::errors::candle_err;
 
 /// `data` (row-major) as a float32 array of `shape`.
 pub fn f32_array(py: Python<'_>, data: Vec<f32>, shape: &[usize]) -> PyResult<Py<PyAny>> {
+    array(py, data, shape)
+}
+
+/// `data` (row-major) as an array of `shape` of its element type.
+pub fn array<T: Element>(py: Python<'_>, data: Vec<T>, shape: &[usize]) -> PyResult<Py<PyAny>> {
     let flat = PyArray1::from_vec(py, data);
     Ok(flat.reshape(shape)?.into_any().unbind())
 }

@@ -5,10 +5,7 @@ use lcut_engine::PreparedPrompt;
 use lcut_engine::forward::{ForwardOptions, MAX_RECORDED_ATTENTION, forward};
 use pyo3::prelude::*;
 
-use lcut_model::probes::RoutingRecord;
-use numpy::{PyArray1, PyArrayMethods};
-
-use crate::arrays::{f32_array, stacked_array, tensor_array};
+use crate::arrays::{array, f32_array, stacked_array, tensor_array};
 use crate::errors::{candle_err, detached, engine_err, invalid};
 use crate::inputs::{index, policy, token_ids};
 
@@ -127,7 +124,7 @@ pub fn run(py: Python<'_>, session: &lcut_engine::Session, args: ForwardArgs) ->
         lens: args.lens,
         routing: args.routing,
     };
-    let record = detached(py, || {
+    let mut record = detached(py, || {
         forward(&session.model, &prompt, &spec, opts).map_err(engine_err)
     })?;
     let s = prompt.decode_start;
@@ -143,26 +140,20 @@ pub fn run(py: Python<'_>, session: &lcut_engine::Session, args: ForwardArgs) ->
             stacked_array(py, ts).map(Some)
         }
     };
-    let routing = record.routing.as_ref();
-    let shape =
-        |width: fn(&RoutingRecord) -> usize| routing.map(|r| [r.layers.len(), r.tokens, width(r)]);
-    let router_probs = match (routing, shape(|r| r.num_experts)) {
-        (Some(r), Some(s)) => Some(f32_array(py, r.probs.clone(), &s)?),
-        _ => None,
-    };
-    let experts = match (routing, shape(|r| r.top_k)) {
-        (Some(r), Some(s)) => {
-            let flat = PyArray1::from_vec(py, r.experts.clone());
-            Some(flat.reshape(s)?.into_any().unbind())
+    let (sparse_layers, router_probs, experts, expert_weights) = match record.routing.take() {
+        Some(r) => {
+            let (layers, t) = (r.layers.len(), r.tokens);
+            (
+                Some(r.layers),
+                Some(f32_array(py, r.probs, &[layers, t, r.num_experts])?),
+                Some(array(py, r.experts, &[layers, t, r.top_k])?),
+                Some(f32_array(py, r.weights, &[layers, t, r.top_k])?),
+            )
         }
-        _ => None,
-    };
-    let expert_weights = match (routing, shape(|r| r.top_k)) {
-        (Some(r), Some(s)) => Some(f32_array(py, r.weights.clone(), &s)?),
-        _ => None,
+        None => (None, None, None, None),
     };
     Ok(Forward {
-        sparse_layers: routing.map(|r| r.layers.clone()),
+        sparse_layers,
         router_probs,
         experts,
         expert_weights,

@@ -2,10 +2,9 @@
 //! at its sparse layers, as numpy arrays.
 
 use lcut_trace::RoutingTrace;
-use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
 
-use crate::arrays::f32_array;
+use crate::arrays::{array, f32_array};
 
 /// How a mixture-of-experts model routed one prompt's decode steps.
 ///
@@ -68,8 +67,7 @@ impl Routing {
             self.routing.num_steps(),
             self.routing.top_k,
         ];
-        let flat = PyArray1::from_vec(py, self.routing.experts.clone());
-        Ok(flat.reshape(shape)?.into_any().unbind())
+        array(py, self.routing.experts.clone(), &shape)
     }
 
     /// float32 [sparse layers, num_experts]: the share of the steps' top-k
