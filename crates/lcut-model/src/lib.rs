@@ -32,8 +32,8 @@ pub use config::{
 };
 pub use decoder::{
     BatchSoftmax, ChunkOutput, Decoder, FUSED_ATTENTION_VAR, FusedAttentionCheck, LogitRows,
-    Unfused, WeightMode, argmax_rows, check_fused_attention, default_attention_block_elems,
-    fused_attention_refusal, fused_attention_runs,
+    TrainKv, Unfused, WeightMode, argmax_rows, check_fused_attention,
+    default_attention_block_elems, fused_attention_refusal, fused_attention_runs,
 };
 pub use error::{ModelError, Result, ShapeError};
 pub use files::{FolderFiles, ModelFiles};

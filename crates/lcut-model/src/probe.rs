@@ -9,7 +9,7 @@ use candle_core::Tensor;
 use crate::error::Result;
 
 /// Where a residual-stream snapshot is taken.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum ResidualSite {
     /// The (scaled) embeddings entering layer 0.
     Embeddings,
@@ -25,6 +25,15 @@ impl ResidualSite {
         match self {
             ResidualSite::Embeddings => 0,
             ResidualSite::Layer(l) => l + 1,
+        }
+    }
+
+    /// The site whose residual stream enters layer `l` (the inverse of
+    /// [`ResidualSite::entered_layer`]).
+    pub fn entering(l: usize) -> Self {
+        match l {
+            0 => ResidualSite::Embeddings,
+            l => ResidualSite::Layer(l - 1),
         }
     }
 }

@@ -218,3 +218,52 @@ fn malformed_config_and_missing_files() -> Result<()> {
     );
     Ok(())
 }
+
+/// On Gemma 4, whose layers differ (the shared layers 4 and 5 have no keys
+/// or values of their own, the full layers 2 and 5 no values apart from the
+/// keys, and wider heads), a pair is checked against its own layer: a pair
+/// for a projection that layer lacks names the layer, and an adapter of
+/// `k_proj` on every layer needs pairs only where a layer has one.
+#[test]
+fn gemma4_pairs_are_checked_layer_by_layer() -> Result<()> {
+    let model = Decoder::load(
+        &oracle_case(lcut_testkit::GEMMA4_CASE),
+        DType::F32,
+        &Device::Cpu,
+    )?;
+    // k_proj: [32, 64] on the sliding layers (2 K/V heads of 16), [32, 64]
+    // on the full ones (1 of 32); none on the shared layers 4 and 5
+    let k_pairs = |layers: &[usize]| -> Result<Pairs> {
+        layers
+            .iter()
+            .map(|&l| Ok(((l, "self_attn.k_proj".to_string()), pair(4, 32, 64)?)))
+            .collect()
+    };
+    let cfg = LoraConfig::new(4, 16.0, &["k_proj"]);
+    let fine = write(&cfg, &k_pairs(&[0, 1, 2, 3])?)?;
+    model.clone().with_lora(fine.path(), LoraMode::OnTheFly)?;
+    let shared = write(&cfg, &k_pairs(&[0, 1, 2, 3, 4])?)?;
+    let msg = match model.clone().with_lora(shared.path(), LoraMode::OnTheFly) {
+        Ok(_) => bail!("a k_proj pair on the shared layer 4 was accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert_mentions(
+        &msg,
+        &[
+            &tensor_name(4, "self_attn.k_proj", "A"),
+            "layer 4 has no linear layer `self_attn.k_proj`",
+        ],
+    );
+    // a full layer's values are its keys: no v_proj there
+    let v = LoraConfig::new(4, 16.0, &["v_proj"]);
+    let pairs: Pairs = [0, 1, 2]
+        .iter()
+        .map(|&l| Ok(((l, "self_attn.v_proj".to_string()), pair(4, 32, 64)?)))
+        .collect::<Result<_>>()?;
+    let msg = match model.with_lora(write(&v, &pairs)?.path(), LoraMode::Merge) {
+        Ok(_) => bail!("a v_proj pair on the full layer 2 was accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert_mentions(&msg, &["layer 2 has no linear layer `self_attn.v_proj`"]);
+    Ok(())
+}

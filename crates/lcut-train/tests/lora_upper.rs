@@ -8,7 +8,7 @@
 //! applied by the engine under the same policy, gives the trainer's logits,
 //! on Llama and on Gemma 3.
 use anyhow::{Result, ensure};
-use candle_core::{D, Device, Tensor};
+use candle_core::{D, DType, Device, Tensor};
 use lcut_model::lora::{LoraConfig, LoraMode, write_adapter};
 use lcut_model::{Decoder, LogitRows};
 use lcut_model::{ModelConfig, WeightFiles};
@@ -16,7 +16,7 @@ use lcut_parity::ReferenceCase;
 use lcut_policy::{PolicySpec, TokenPhases};
 use lcut_train::lora_train::{
     BelowCut, CheckpointState, LoraTrainOptions, LoraVars, TeacherTopK, TrainSeq, UpperModel,
-    topk_kl, train_lora,
+    frozen_rows, topk_kl, train_lora,
 };
 
 const CUT: usize = 4;
@@ -36,6 +36,10 @@ fn oracle_seq(
     let mut cfg = ModelConfig::from_folder(&dir)?;
     edit(&mut cfg);
     let model = UpperModel::load_span(&cfg, &WeightFiles::open(&dir)?, first, CUT)?;
+    // what the frozen layers give besides the residual stream: Gemma 4's
+    // per-layer inputs and the K/V of frozen layers a trained one reads
+    let frozen = Decoder::from_weights(cfg, &WeightFiles::open(&dir)?, DType::F32, &Device::Cpu)?;
+    let frozen = frozen_rows(&frozen, &case.ids, first)?;
     let s = case.policies[0].decode_start;
     let t = case.ids.len();
     let positions: Vec<usize> = std::iter::once(0).chain(s..t).collect();
@@ -71,6 +75,8 @@ fn oracle_seq(
         loss_rows,
         targets,
         teacher: None,
+        layer_inputs: frozen.layer_inputs,
+        source_kv: frozen.source_kv,
     };
     Ok((model, seq, want))
 }
@@ -450,21 +456,110 @@ fn training_with_the_kl_term_ends_nearer_the_teacher() -> Result<()> {
     Ok(())
 }
 
-/// The adapter trainer refuses Gemma 4's per-layer inputs and shared K/V by
-/// name (its sequences carry the residual stream alone, and its layers
-/// above the cut run apart from those below), before any work.
+/// The six-layer Gemma 4 reference cases: per-layer inputs and wider full
+/// layers whose keys are their values; in the first the last two layers
+/// read layers 3's and 2's K/V (sliding and full), the second adds experts
+/// and shares none. (The wide case has four layers: a cut of 4 is its full
+/// depth.)
+const GEMMA4_CASES: [&str; 2] = [lcut_testkit::GEMMA4_CASE, lcut_testkit::GEMMA4MOE_CASE];
+
+/// Gemma 4 trains as it runs: from every first layer up to the cut, a zero
+/// adapter gives transformers' SPEED+BoS logits, with the per-layer inputs
+/// carried and the shared layers above the cut reading their sources' K/V
+/// (computed by the trained layers below the cut, or by the frozen ones
+/// beneath the first trained layer), and the frozen layers' residual stream
+/// is transformers' too.
 #[test]
-fn the_adapter_trainer_refuses_gemma4_by_name() -> Result<()> {
-    for name in [lcut_testkit::GEMMA4_CASE, lcut_testkit::GEMMA4WIDE_CASE] {
-        let dir = lcut_testkit::oracle_case(name);
-        let cfg = ModelConfig::from_folder(&dir)?;
-        let err = match UpperModel::load_span(&cfg, &WeightFiles::open(&dir)?, 2, 2) {
-            Ok(_) => anyhow::bail!("{name}: the adapter trainer took Gemma 4"),
+fn gemma4_trains_on_transformers_logits() -> Result<()> {
+    for name in GEMMA4_CASES {
+        let case = ReferenceCase::load(&lcut_testkit::oracle_case(name))?;
+        for first in 1..=CUT {
+            let (model, mut s, want) = oracle_seq(name, first, |_| {})?;
+            let lora = model.init_lora(&[first, 5], &["q_proj", "o_proj"], 4, 8.0, 3)?;
+            let d = max_diff(&model.logits(&s, &lora)?, &want)?;
+            ensure!(
+                d <= 1e-4,
+                "{name} from layer {first}: differs from transformers' SPEED+BoS logits by {d:e}"
+            );
+            // the frozen layers the shared ones read: 2 and 3 from the cut,
+            // 2 from layer 3, none below
+            let sources: Vec<usize> = s.source_kv.keys().copied().collect();
+            let shares = name == lcut_testkit::GEMMA4_CASE;
+            let expected: &[usize] = match (shares, first) {
+                (true, 4) => &[2, 3],
+                (true, 3) => &[2],
+                _ => &[],
+            };
+            ensure!(
+                sources == expected,
+                "{name} from {first}: sources {sources:?}"
+            );
+            // lcut's own frozen pass is transformers' residual stream
+            let dir = lcut_testkit::oracle_case(name);
+            let dec = Decoder::load(&dir, DType::F32, &Device::Cpu)?;
+            let hidden = frozen_rows(&dec, &case.ids, first)?.hidden;
+            let d = max_diff(&hidden, &case.tensors[&format!("layer_out.{}", first - 1)])?;
+            ensure!(
+                d <= 1e-4,
+                "{name}: the frozen layers' stream differs by {d:e}"
+            );
+            // without the sources' K/V a shared layer has nothing to read
+            if shares && first == CUT {
+                s.source_kv.clear();
+                let err = match model.logits(&s, &lora) {
+                    Ok(_) => anyhow::bail!("{name}: a shared layer ran without its source's K/V"),
+                    Err(e) => e.to_string(),
+                };
+                ensure!(err.contains("reads layer"), "{name}: {err}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An adapter trained on Gemma 4's layout below and above the cut runs in
+/// the engine as trained; keys and values are adapted only on the layers
+/// that have them (not the shared layers, not a full layer's values), and
+/// a projection none of the chosen layers has is refused by name.
+#[test]
+fn gemma4_adapter_runs_as_trained_and_missing_projections_are_named() -> Result<()> {
+    let all = [
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    ];
+    trained_runs_in_the_engine_as_trained(lcut_testkit::GEMMA4_CASE, &all)?;
+    let (model, _, _) = oracle_seq(lcut_testkit::GEMMA4_CASE, 2, |_| {})?;
+    // as PEFT does, k and v are adapted where a layer has them
+    let lora = model.init_lora(&[2, 3, 4, 5], &["k_proj", "v_proj"], 4, 8.0, 3)?;
+    let sites: Vec<(usize, &str)> = lora.vars.keys().map(|(l, m)| (*l, m.as_str())).collect();
+    let want = [
+        (2, "self_attn.k_proj"),
+        (3, "self_attn.k_proj"),
+        (3, "self_attn.v_proj"),
+    ];
+    ensure!(sites == want, "adapted {sites:?}");
+    let absent = lora.absent(&[2, 3, 4, 5], &["k_proj", "v_proj"]);
+    let expected = vec![
+        ("k_proj".to_string(), vec![4, 5]),
+        ("v_proj".to_string(), vec![2, 4, 5]),
+    ];
+    ensure!(absent == expected, "said absent: {absent:?}");
+    // a projection none of the layers has is refused by name
+    for (layers, module) in [(&[4, 5][..], "k_proj"), (&[2, 5][..], "v_proj")] {
+        let err = match model.init_lora(layers, &[module], 4, 8.0, 3) {
+            Ok(_) => anyhow::bail!("{module} on layers {layers:?} was accepted"),
             Err(e) => e.to_string(),
         };
         ensure!(
-            err.contains("per-layer inputs and shared K/V"),
-            "{name}: {err}"
+            err.contains(&format!(
+                "no projection {module} to adapt in layers {layers:?}"
+            )),
+            "{err}"
         );
     }
     Ok(())

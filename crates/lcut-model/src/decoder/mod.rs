@@ -29,6 +29,7 @@ mod stages;
 mod step;
 mod step_model;
 mod train;
+pub use train::TrainKv;
 
 pub use flash::{
     FUSED_ATTENTION_VAR, FusedAttentionCheck, check_fused_attention, fused_attention_refusal,

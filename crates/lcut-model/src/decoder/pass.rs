@@ -19,6 +19,7 @@ use super::chunk_attention::ChunkKernel;
 use super::layer::{LayerAt, LayerExecutor, Norm, Product, Rotation, run_layer, unwritten};
 use super::projected::{ChunkKv, Projected};
 use super::reads::BatchSoftmax;
+use super::train::TrainKv;
 use super::{ChunkOutput, Decoder, LogitRows};
 use crate::error::Result;
 use crate::layers::{Experts, FeedForward, Qkv, Routing, swap_rows_heads};
@@ -65,9 +66,10 @@ pub(super) struct TensorRows<'a, 'p, 'q> {
     /// Each row's per-layer inputs [n, layers * width] (Gemma 4).
     layer_inputs: Option<Tensor>,
     /// Training: each layer's keys and values [kv_heads, n, head_dim] so
-    /// far, for the layers that read another layer's (Gemma 4's shared
-    /// layers; the tensors the autograd graph holds anyway).
-    trained_kv: BTreeMap<usize, (Tensor, Tensor)>,
+    /// far (and those given for layers below the range), for the layers
+    /// that read another layer's (Gemma 4's shared layers; the tensors the
+    /// autograd graph holds anyway).
+    trained_kv: TrainKv,
 }
 
 /// A chunk's rows as they enter or leave a range of layers: the residual
@@ -310,7 +312,8 @@ impl TensorRows<'_, '_, '_> {
             (None, Some(source)) => self.trained_kv.get(&source).cloned().ok_or_else(|| {
                 crate::error::ModelError::TrainInput {
                     detail: format!(
-                        "layer {} reads layer {source}'s K/V, which this range of layers did not run",
+                        "layer {} reads layer {source}'s K/V, which this range of layers did not run \
+                         and which was not given",
                         at.index
                     ),
                 }
@@ -741,11 +744,14 @@ impl Decoder {
         layers: std::ops::Range<usize>,
         rows: ChunkRows,
         keys: Keys<'_, '_, '_>,
+        kv: &mut TrainKv,
     ) -> Result<Tensor> {
         let mut rows = TensorRows::new(self, rows, keys)?;
+        rows.trained_kv = std::mem::take(kv);
         for l in layers {
             run_layer(l, &self.layers[l], &mut rows)?;
         }
+        *kv = rows.trained_kv;
         Ok(rows.hidden)
     }
 

@@ -24,12 +24,24 @@ fn refuse(detail: String) -> ModelError {
     ModelError::TrainInput { detail }
 }
 
+/// Keys and values [kv_heads, rows, head_dim] of a training call's rows,
+/// by layer: given, those of layers below the call that a layer of it
+/// reads (Gemma 4's shared K/V); returned, every layer's the call ran.
+pub type TrainKv = BTreeMap<usize, (Tensor, Tensor)>;
+
 impl Decoder {
     /// The module paths (`self_attn.q_proj`, `mlp.down_proj`, ...) of a
     /// layer's linear layers and their (out, in), as adapters name them.
     pub fn linear_modules(&self) -> Result<Vec<(String, (usize, usize))>> {
+        self.layer_linear_modules(0)
+    }
+
+    /// [`Decoder::linear_modules`] of layer `layer`: layers differ where a
+    /// model's do (Gemma 4's shared layers have no keys or values of their
+    /// own, its full layers no values apart from the keys, and wider heads).
+    pub fn layer_linear_modules(&self, layer: usize) -> Result<Vec<(String, (usize, usize))>> {
         let mut copy = self.clone();
-        copy.layer_linears_mut(0)
+        copy.layer_linears_mut(layer)
             .into_iter()
             .map(|(m, lin)| Ok((m, linear_dims(lin)?)))
             .collect()
@@ -98,7 +110,34 @@ impl Decoder {
         positions: &[usize],
         visible: &[bool],
     ) -> Result<Tensor> {
+        let mut kv = TrainKv::new();
+        self.train_rows_with_kv(layers, hidden, layer_inputs, positions, visible, &mut kv)
+    }
+
+    /// [`Decoder::train_rows`] where a layer of `layers` may read the K/V
+    /// of a layer below them: `kv` gives those layers' keys and values of
+    /// the same rows ([`TrainKv`]), and holds every layer's the call ran
+    /// when it returns, for a later call over rows kept from these (the
+    /// layers above a cut, run apart from those below it).
+    pub fn train_rows_with_kv(
+        &self,
+        layers: Range<usize>,
+        hidden: Tensor,
+        layer_inputs: Option<&Tensor>,
+        positions: &[usize],
+        visible: &[bool],
+        kv: &mut TrainKv,
+    ) -> Result<Tensor> {
         let n = positions.len();
+        for (layer, (k, v)) in kv.iter() {
+            if k.dim(1)? != n || v.dim(1)? != n {
+                return Err(refuse(format!(
+                    "layer {layer}'s given keys {:?} and values {:?} are not of the {n} rows",
+                    k.dims(),
+                    v.dims()
+                )));
+            }
+        }
         if hidden.dims() != [n, self.cfg.hidden_size] {
             return Err(refuse(format!(
                 "hidden states {:?} for {n} positions of width {}",
@@ -154,7 +193,27 @@ impl Decoder {
             present: positions.to_vec(),
             layer_inputs,
         };
-        self.run_layers_uncached(layers, rows, Keys::mask(visible))
+        self.run_layers_uncached(layers, rows, Keys::mask(visible), kv)
+    }
+
+    /// Keys and values [kv_heads, n, head_dim] that layer `layer` computes
+    /// for rows at `positions` entering it with `hidden` [n, hidden] (and
+    /// their `layer_inputs`, as [`Decoder::train_rows`] takes them): a
+    /// row's keys and values depend on its own state and position alone.
+    pub fn train_kv(
+        &self,
+        layer: usize,
+        hidden: Tensor,
+        layer_inputs: Option<&Tensor>,
+        positions: &[usize],
+    ) -> Result<(Tensor, Tensor)> {
+        let n = positions.len();
+        let causal: Vec<bool> = (0..n * n).map(|i| i % n <= i / n).collect();
+        let mut kv = TrainKv::new();
+        let range = layer..layer + 1;
+        self.train_rows_with_kv(range, hidden, layer_inputs, positions, &causal, &mut kv)?;
+        kv.remove(&layer)
+            .ok_or_else(|| refuse(format!("layer {layer} stores no keys or values of its own")))
     }
 
     /// The per-layer inputs [n, layers * width] of `tokens` whose scaled
@@ -186,7 +245,7 @@ impl Decoder {
         let mut rows = self.embed_rows(&tokens, 0, &mut None)?;
         rows.present = (0..b).flat_map(|_| 0..t).collect();
         let keys = Keys::Batch { t, softmax };
-        self.run_layers_uncached(layers, rows, keys)
+        self.run_layers_uncached(layers, rows, keys, &mut TrainKv::new())
     }
 
     /// Refuse a range of layers past the model's depth. A linear-attention

@@ -82,18 +82,32 @@ impl Decoder {
         Ok(())
     }
 
-    /// The adapter's pairs by site, each checked against the model.
+    /// The adapter's pairs by site, each checked against the layer it is
+    /// for (layers may differ in what they project and how wide: Gemma 4's
+    /// shared layers have no keys or values, its full layers no values apart
+    /// from the keys); every adapted layer needs a pair for each targeted
+    /// projection it has.
     fn checked_sites<'a>(
         &mut self,
         adapter: &'a LoraAdapter,
     ) -> Result<BTreeMap<Site, &'a LoraPair>> {
         let layers = self.config().num_layers;
-        let dims: Vec<(String, (usize, usize))> = self
-            .layer_linears_mut(0)
-            .into_iter()
-            .map(|(m, lin)| Ok((m, linear_dims(lin)?)))
+        let dims: Vec<Vec<(String, (usize, usize))>> = (0..layers)
+            .map(|l| {
+                self.layer_linears_mut(l)
+                    .into_iter()
+                    .map(|(m, lin)| Ok((m, linear_dims(lin)?)))
+                    .collect::<Result<_>>()
+            })
             .collect::<Result<_>>()?;
-        let targets = resolve_targets(adapter, &dims)?;
+        // every projection some layer has, in the order the layers name them
+        let mut modules: Vec<String> = vec![];
+        for (m, _) in dims.iter().flatten() {
+            if !modules.contains(m) {
+                modules.push(m.clone());
+            }
+        }
+        let targets = resolve_targets(adapter, &modules)?;
         let path = adapter.weights_path();
         for ((layer, module), pair) in &adapter.pairs {
             let name = tensor_name(*layer, module, "A");
@@ -107,10 +121,12 @@ impl Decoder {
                 }
                 .into());
             }
-            let Some((_, (out, inp))) = targets.iter().find(|(m, _)| m == module) else {
-                let why = match dims.iter().any(|(m, _)| m == module) {
-                    true => format!("`{module}` is not in target_modules"),
-                    false => format!("the model has no linear layer `{module}`"),
+            let here = dims[*layer].iter().find(|(m, _)| m == module);
+            let (true, Some((_, (out, inp)))) = (targets.contains(module), here) else {
+                let why = match (modules.contains(module), here) {
+                    (false, _) => format!("the model has no linear layer `{module}`"),
+                    (true, None) => format!("layer {layer} has no linear layer `{module}`"),
+                    (true, Some(_)) => format!("`{module}` is not in target_modules"),
                 };
                 return Err(LoraError::UnexpectedTensor { path, name, why }.into());
             };
@@ -133,7 +149,8 @@ impl Decoder {
         }
         let mut sites = BTreeMap::new();
         for l in (0..layers).filter(|&l| adapter.config.adapts_layer(l)) {
-            for (module, _) in &targets {
+            let has = |module: &String| dims[l].iter().any(|(m, _)| m == module);
+            for module in targets.iter().filter(|m| has(m)) {
                 let site = (l, module.clone());
                 let Some(pair) = adapter.pairs.get(&site) else {
                     return Err(LoraError::MissingTensor {
@@ -150,19 +167,16 @@ impl Decoder {
     }
 }
 
-/// The model's modules (with (out, in)) that the config's targets name.
-fn resolve_targets(
-    adapter: &LoraAdapter,
-    dims: &[(String, (usize, usize))],
-) -> Result<Vec<(String, (usize, usize))>> {
+/// The model's modules (every layer's together) that the config's targets name.
+fn resolve_targets(adapter: &LoraAdapter, modules: &[String]) -> Result<Vec<String>> {
     let names = match &adapter.config.targets {
-        Targets::AllLinear => return Ok(dims.to_vec()),
+        Targets::AllLinear => return Ok(modules.to_vec()),
         Targets::Modules(names) => names,
     };
     let last = |m: &str| m.rsplit('.').next().unwrap_or(m).to_string();
     for name in names {
-        if !dims.iter().any(|(m, _)| last(m) == *name || m == name) {
-            let known: Vec<String> = dims.iter().map(|(m, _)| last(m)).collect();
+        if !modules.iter().any(|m| last(m) == *name || m == name) {
+            let known: Vec<String> = modules.iter().map(|m| last(m)).collect();
             return Err(LoraError::UnknownTarget {
                 path: config_path(&adapter.folder),
                 module: name.clone(),
@@ -171,9 +185,9 @@ fn resolve_targets(
             .into());
         }
     }
-    Ok(dims
+    Ok(modules
         .iter()
-        .filter(|(m, _)| names.iter().any(|n| last(m) == *n || m == n))
+        .filter(|m| names.iter().any(|n| last(m) == *n || *m == n))
         .cloned()
         .collect())
 }

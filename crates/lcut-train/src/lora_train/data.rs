@@ -7,32 +7,49 @@
 
 use candle_core::Tensor;
 use lcut_engine::Session;
-use lcut_model::{LogitRows, Probe, ResidualSite};
+use std::collections::BTreeMap;
+
+use lcut_model::{Decoder, LogitRows, Probe, ResidualSite, TrainKv};
 use lcut_policy::{Policy, TokenPhases, Visibility, training_matrix};
 
+use super::model::frozen_sources;
 use super::options::DataOptions;
 use super::progress::Progress;
 use super::seq::{BelowCut, TeacherTopK, TrainSeq};
 use super::teacher::{self, TeacherRecord, TeacherSettings};
 use crate::error::{Result, refuse};
 
-/// Captures the residual stream after one layer.
+/// Captures the residual stream at some sites, every token's rows in order.
 struct Capture {
-    site: ResidualSite,
-    rows: Vec<Tensor>,
+    rows: BTreeMap<ResidualSite, Vec<Tensor>>,
+}
+
+impl Capture {
+    fn at(sites: impl IntoIterator<Item = ResidualSite>) -> Self {
+        Self {
+            rows: sites.into_iter().map(|s| (s, vec![])).collect(),
+        }
+    }
+
+    /// The rows captured at `site` [tokens, hidden], in f32.
+    fn hidden(&self, site: ResidualSite) -> Result<Tensor> {
+        Ok(Tensor::cat(&self.rows[&site], 0)?.to_dtype(candle_core::DType::F32)?)
+    }
 }
 
 impl Probe for Capture {
     fn wants_residual(&self, site: ResidualSite) -> bool {
-        site == self.site
+        self.rows.contains_key(&site)
     }
     fn on_residual(
         &mut self,
-        _: ResidualSite,
+        site: ResidualSite,
         _: &[usize],
         hidden: &Tensor,
     ) -> lcut_model::Result<()> {
-        self.rows.push(hidden.clone());
+        if let Some(rows) = self.rows.get_mut(&site) {
+            rows.push(hidden.clone());
+        }
         Ok(())
     }
 }
@@ -146,16 +163,11 @@ fn sequence(
     let anchors = policy.anchor_len(prompt.system_len, prompt.decode_start)?;
     let phases = TokenPhases::new(ids.len(), prompt.decode_start, anchors)?;
     let rule = policy.visibility(phases);
-    let mut probe = Capture {
-        site: match first {
-            0 => ResidualSite::Embeddings,
-            l => ResidualSite::Layer(l - 1),
-        },
-        rows: vec![],
-    };
-    let mut seq = model.new_full_sequence();
-    model.forward(&mut seq, &ids, LogitRows::None, Some(&mut probe))?;
-    let hidden = Tensor::cat(&probe.rows, 0)?.to_dtype(candle_core::DType::F32)?;
+    let FrozenRows {
+        hidden,
+        layer_inputs,
+        source_kv,
+    } = frozen_rows(model, &ids, first)?;
     let positions: Vec<usize> = (0..ids.len())
         .filter(|&p| rule.token_exists(cut, p))
         .collect();
@@ -187,6 +199,53 @@ fn sequence(
         loss_rows,
         targets,
         teacher,
+        layer_inputs,
+        source_kv,
+    })
+}
+
+/// What the frozen layers beneath the trained ones give a sequence: every
+/// token's residual stream entering the first trained layer, its per-layer
+/// inputs (Gemma 4) and the keys and values of the frozen layers whose K/V
+/// a trained layer reads ([`TrainSeq`] takes these).
+pub struct FrozenRows {
+    /// The residual stream entering layer `first` [tokens, hidden], f32.
+    pub hidden: Tensor,
+    /// The per-layer inputs [tokens, layers * width], where the model has them.
+    pub layer_inputs: Option<Tensor>,
+    /// Keys and values [kv_heads, tokens, head_dim] by frozen source layer.
+    pub source_kv: TrainKv,
+}
+
+/// [`FrozenRows`] of the tokens `ids` for training layers `first..` of
+/// `model` (dense f32, as training loads it): one full-depth pass that
+/// records the residual stream entering `first` and each frozen source
+/// layer (and the embeddings, for the per-layer inputs), then each source
+/// layer's keys and values from the state entering it.
+pub fn frozen_rows(model: &Decoder, ids: &[u32], first: usize) -> Result<FrozenRows> {
+    let sources = frozen_sources(model, first);
+    let per_layer = model.config().per_layer_input.is_some();
+    let sites = std::iter::once(ResidualSite::entering(first))
+        .chain(per_layer.then_some(ResidualSite::Embeddings))
+        .chain(sources.iter().map(|&l| ResidualSite::entering(l)));
+    let mut probe = Capture::at(sites);
+    let mut seq = model.new_full_sequence();
+    model.forward(&mut seq, ids, LogitRows::None, Some(&mut probe))?;
+    let layer_inputs = match per_layer {
+        true => model.train_layer_inputs(ids, &probe.hidden(ResidualSite::Embeddings)?)?,
+        false => None,
+    };
+    let every: Vec<usize> = (0..ids.len()).collect();
+    let mut source_kv = TrainKv::new();
+    for l in sources {
+        let entering = probe.hidden(ResidualSite::entering(l))?;
+        let kv = model.train_kv(l, entering, layer_inputs.as_ref(), &every)?;
+        source_kv.insert(l, kv);
+    }
+    Ok(FrozenRows {
+        hidden: probe.hidden(ResidualSite::entering(first))?,
+        layer_inputs,
+        source_kv,
     })
 }
 

@@ -51,6 +51,13 @@ pub fn train_adapter(job: &AdapterJob, progress: &mut dyn Progress) -> Result<Ch
     ));
     let short: Vec<&str> = plan.modules.iter().map(|m| m.as_str()).collect();
     let lora = upper.init_lora(&plan.adapt, &short, job.rank, job.alpha, job.train.seed)?;
+    for (module, layers) in lora.absent(&plan.adapt, &short) {
+        progress.note(&format!(
+            "{module}: not adapted on layers {layers:?}, which have none (Gemma 4's shared \
+             layers read another layer's keys and values, its full layers' values are \
+             their keys)"
+        ));
+    }
     let config = adapter_config(job, &plan, fingerprint);
     let ckpt = job.out.join("checkpoint");
     progress.start("steps", job.train.steps);

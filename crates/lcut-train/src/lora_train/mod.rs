@@ -19,7 +19,7 @@ pub mod run;
 pub mod seq;
 pub mod teacher;
 
-pub use data::{TrainingData, training_data};
+pub use data::{FrozenRows, TrainingData, frozen_rows, training_data};
 pub use job::train_adapter;
 pub use model::{LoraVars, MODULES, UpperModel};
 pub use options::{AdapterJob, DataOptions, LayerSpan, adapted_layers, projection_names};

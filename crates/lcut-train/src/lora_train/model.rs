@@ -2,8 +2,8 @@
 //! LoRA pairs on chosen projections and the base weights frozen: the
 //! model's own tensor path ([`Decoder::train_rows`]), so that every
 //! architecture lcut reads (q/k norms, biases, fused projections, sandwich
-//! norms, soft-caps, sliding windows, Gemma 3's two RoPE bases) trains as it
-//! runs. Below the cut every token of a sequence runs (causal attention);
+//! norms, soft-caps, sliding windows, Gemma 3's two RoPE bases, Gemma 4's
+//! per-layer inputs and shared K/V) trains as it runs. Below the cut every token of a sequence runs (causal attention);
 //! under a SPEED policy only the anchors and the decode-phase tokens exist
 //! from the cut up, so there a sequence runs on those rows alone, at their
 //! original positions. The residual stream entering the first layer comes
@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use candle_core::{DType, Device, Tensor, Var};
 use lcut_model::lora::{LoraPair, Site};
-use lcut_model::{Decoder, ModelConfig, WeightSource};
+use lcut_model::{Decoder, ModelConfig, TrainKv, WeightSource};
 
 use super::seq::TrainSeq;
 use crate::error::{Result, TrainError};
@@ -46,6 +46,25 @@ impl LoraVars {
         self.vars
             .values()
             .flat_map(|(a, b)| [a.clone(), b.clone()])
+            .collect()
+    }
+
+    /// Which of `modules` (as [`UpperModel::init_lora`] took them) have no
+    /// pair on some of `layers`, with those layers: the projections those
+    /// layers do not have.
+    pub fn absent(&self, layers: &[usize], modules: &[&str]) -> Vec<(String, Vec<usize>)> {
+        let short = |path: &str| path.rsplit('.').next().unwrap_or(path).to_string();
+        let has = |l: usize, m: &str| {
+            self.vars
+                .keys()
+                .any(|(at, path)| *at == l && (short(path) == m || path == m))
+        };
+        modules
+            .iter()
+            .filter_map(|m| {
+                let missing: Vec<usize> = layers.iter().copied().filter(|&l| !has(l, m)).collect();
+                (!missing.is_empty()).then(|| (m.to_string(), missing))
+            })
             .collect()
     }
 
@@ -112,15 +131,6 @@ impl UpperModel {
                  the cut at most the model's {layers} layers"
             )));
         }
-        if decoder.config().per_layer_input.is_some() || decoder.kv_sharing().any() {
-            // the sequences carry the residual stream alone, and the layers
-            // above the cut run apart from those below
-            return Err(span_error(
-                "Gemma 4's per-layer inputs and shared K/V: the adapter trainer does not carry \
-                 them yet (the training passes run them: Decoder::train_rows)"
-                    .into(),
-            ));
-        }
         if decoder.dtype() != DType::F32 || !decoder.device().is_cpu() {
             return Err(span_error(format!(
                 "training runs on dense f32 weights on the CPU, not {:?} on {:?}",
@@ -140,10 +150,20 @@ impl UpperModel {
         self.first
     }
 
+    /// The frozen layers beneath the first trained one whose K/V a trained
+    /// layer reads (Gemma 4's shared K/V): a sequence carries their keys and
+    /// values ([`TrainSeq::source_kv`]).
+    pub fn frozen_sources(&self) -> Vec<usize> {
+        frozen_sources(&self.decoder, self.first)
+    }
+
     /// New pairs of rank `r` on `modules` (`q_proj`, `gate_up_proj`, ...)
     /// of `layers`: A small random (seeded), B zero, so training starts
-    /// from the base model. A layer below the first trained one, or a
-    /// projection this model does not have, is refused by name.
+    /// from the base model. As PEFT targets modules, a projection is adapted
+    /// on each of `layers` that has it (Gemma 4's shared layers have no keys
+    /// or values, its full layers no values: [`LoraVars::absent`] names what
+    /// was left out); a layer below the first trained one, or projections
+    /// none of `layers` has, are refused by name.
     pub fn init_lora(
         &self,
         layers: &[usize],
@@ -153,9 +173,10 @@ impl UpperModel {
         seed: u64,
     ) -> Result<LoraVars> {
         let dev = Device::Cpu;
-        let linears = self.decoder.linear_modules()?;
         let mut rng = crate::lora_train::optim::SplitMix(seed);
         let mut vars = BTreeMap::new();
+        let mut known: Vec<String> = vec![];
+        let short = |path: &str| path.rsplit('.').next().unwrap_or(path).to_string();
         for &l in layers {
             if l < self.first || l >= self.decoder.config().num_layers {
                 return Err(span_error(format!(
@@ -164,28 +185,35 @@ impl UpperModel {
                     self.decoder.config().num_layers
                 )));
             }
+            // layers differ in what they project and how wide (Gemma 4)
+            let linears = self.decoder.layer_linear_modules(l)?;
+            for (path, _) in &linears {
+                if !known.contains(&short(path)) {
+                    known.push(short(path));
+                }
+            }
             for m in modules {
                 let site = linears
                     .iter()
-                    .find(|(path, _)| path.rsplit('.').next() == Some(m) || path == m);
-                let Some((path, (out, inp))) = site else {
-                    let known: Vec<&str> = linears
-                        .iter()
-                        .filter_map(|(p, _)| p.rsplit('.').next())
-                        .collect();
-                    return Err(span_error(format!(
-                        "this model has no projection {m} to adapt (it has: {})",
-                        known.join(", ")
-                    )));
+                    .find(|(path, _)| short(path) == *m || path == m);
+                let Some((path, (out, inp))) = site.cloned() else {
+                    continue;
                 };
-                let bound = 1.0 / (*inp as f64).sqrt();
+                let bound = 1.0 / (inp as f64).sqrt();
                 let a: Vec<f32> = (0..r * inp)
                     .map(|_| ((rng.next_f64() * 2.0 - 1.0) * bound) as f32)
                     .collect();
-                let a = Var::from_tensor(&Tensor::from_vec(a, (r, *inp), &dev)?)?;
-                let b = Var::from_tensor(&Tensor::zeros((*out, r), DType::F32, &dev)?)?;
-                vars.insert((l, path.clone()), (a, b));
+                let a = Var::from_tensor(&Tensor::from_vec(a, (r, inp), &dev)?)?;
+                let b = Var::from_tensor(&Tensor::zeros((out, r), DType::F32, &dev)?)?;
+                vars.insert((l, path), (a, b));
             }
+        }
+        if vars.is_empty() {
+            return Err(span_error(format!(
+                "no projection {} to adapt in layers {layers:?} (they have: {})",
+                modules.join(", "),
+                known.join(", ")
+            )));
         }
         Ok(LoraVars {
             vars,
@@ -203,16 +231,27 @@ impl UpperModel {
             .with_trainable_lora(&lora.tensors(), lora.scale)?;
         let layers = model.config().num_layers;
         let mut x = s.x.clone();
+        // the rows of `x`: every token below the cut, else those at the cut
+        let x_rows: Vec<u32> = match &s.below {
+            Some(below) => below.positions.iter().map(|&p| p as u32).collect(),
+            None => s.positions.iter().map(|&p| p as u32).collect(),
+        };
+        let mut inputs = select_rows(s.layer_inputs.as_ref(), &x_rows)?;
+        let mut kv = select_kv(&s.source_kv, &x_rows)?;
         match (&s.below, self.first < self.cut) {
             (Some(below), true) => {
-                x = model.train_rows(
+                x = model.train_rows_with_kv(
                     self.first..self.cut,
                     x,
-                    None,
+                    inputs.as_ref(),
                     &below.positions,
                     &below.visible,
+                    &mut kv,
                 )?;
+                // the rows that go on past the cut, and their K/V below it
                 x = x.index_select(&Tensor::new(below.kept.as_slice(), &Device::Cpu)?, 0)?;
+                inputs = select_rows(inputs.as_ref(), &below.kept)?;
+                kv = select_kv(&kv, &below.kept)?;
             }
             (None, false) => {}
             (below, _) => {
@@ -227,8 +266,42 @@ impl UpperModel {
                 });
             }
         }
-        x = model.train_rows(self.cut..layers, x, None, &s.positions, &s.visible)?;
+        x = model.train_rows_with_kv(
+            self.cut..layers,
+            x,
+            inputs.as_ref(),
+            &s.positions,
+            &s.visible,
+            &mut kv,
+        )?;
         let idx = Tensor::new(s.loss_rows.as_slice(), &Device::Cpu)?;
         Ok(model.head_logits(&x.index_select(&idx, 0)?)?)
     }
+}
+
+/// The layers below `first` whose K/V a layer from `first` on reads.
+pub(crate) fn frozen_sources(decoder: &Decoder, first: usize) -> Vec<usize> {
+    let sharing = decoder.kv_sharing();
+    let sources: std::collections::BTreeSet<usize> = (first..sharing.num_layers())
+        .map(|l| sharing.source(l))
+        .filter(|&s| s < first)
+        .collect();
+    sources.into_iter().collect()
+}
+
+/// Rows `rows` (dimension 0) of `t`, where there is one.
+fn select_rows(t: Option<&Tensor>, rows: &[u32]) -> Result<Option<Tensor>> {
+    let idx = Tensor::new(rows, &Device::Cpu)?;
+    Ok(match t {
+        Some(t) => Some(t.index_select(&idx, 0)?),
+        None => None,
+    })
+}
+
+/// Rows `rows` of each layer's keys and values [kv_heads, rows, head_dim].
+fn select_kv(kv: &TrainKv, rows: &[u32]) -> Result<TrainKv> {
+    let idx = Tensor::new(rows, &Device::Cpu)?;
+    kv.iter()
+        .map(|(&l, (k, v))| Ok((l, (k.index_select(&idx, 1)?, v.index_select(&idx, 1)?))))
+        .collect()
 }

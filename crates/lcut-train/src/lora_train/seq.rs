@@ -3,6 +3,7 @@
 //! and the targets.
 
 use candle_core::Tensor;
+use lcut_model::TrainKv;
 
 /// One training sequence (a clone shares the tensors).
 #[derive(Clone)]
@@ -23,6 +24,13 @@ pub struct TrainSeq {
     pub targets: Vec<u32>,
     /// The teacher's distribution at each loss row, cut to its top k.
     pub teacher: Option<TeacherTopK>,
+    /// Every token's per-layer inputs [tokens, layers * width], row p for
+    /// position p, for a model that has them (Gemma 4).
+    pub layer_inputs: Option<Tensor>,
+    /// Keys and values [kv_heads, tokens, head_dim] of every token, by
+    /// layer, of the frozen layers beneath the trained ones whose K/V a
+    /// trained layer reads (Gemma 4's shared layers); empty for the others.
+    pub source_kv: TrainKv,
 }
 
 /// The rows of a sequence in the trained layers below the cut (every token

@@ -156,13 +156,17 @@ pub fn make(
 }
 
 /// The first `settings.prompts` candidate prompts of at most
-/// `settings.max_prompt_tokens` tokens, named by seed and item; refused
+/// `settings.max_prompt_tokens` tokens (fewer where the model's positions
+/// leave less room beside the new tokens), named by seed and item; refused
 /// when 64 generator seeds do not hold that many.
 fn choose_prompts(
     session: &Session,
     settings: &TeacherSettings,
     exclude: &PromptSet,
 ) -> Result<Vec<(String, SuiteItem, PreparedPrompt)>> {
+    let positions = session.model.config().max_position_embeddings;
+    let room = positions.saturating_sub(settings.max_new_tokens);
+    let longest = settings.max_prompt_tokens.min(room);
     let mut chosen = Vec::with_capacity(settings.prompts);
     for seed in settings.prompt_seed..settings.prompt_seed + 64 {
         for item in candidate_items(seed, exclude) {
@@ -170,16 +174,22 @@ fn choose_prompts(
                 return Ok(chosen);
             }
             let prompt = session.prepare_text(&item.prompt, item.system.as_deref(), true)?;
-            if prompt.ids.len() <= settings.max_prompt_tokens {
+            if prompt.ids.len() <= longest {
                 chosen.push((format!("seed{seed}/{}", item.id), item, prompt));
             }
         }
     }
     if chosen.len() < settings.prompts {
+        let why = match longest < settings.max_prompt_tokens {
+            true => format!(
+                " (the model's {positions} positions less the {} new tokens)",
+                settings.max_new_tokens
+            ),
+            false => String::new(),
+        };
         refuse!(
-            "only {} prompts of at most {} tokens in 64 generator seeds; ask for fewer",
+            "only {} prompts of at most {longest} tokens{why} in 64 generator seeds; ask for fewer",
             chosen.len(),
-            settings.max_prompt_tokens
         );
     }
     Ok(chosen)
