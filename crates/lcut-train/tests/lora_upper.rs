@@ -31,11 +31,21 @@ fn oracle_seq(
     first: usize,
     edit: impl FnOnce(&mut ModelConfig),
 ) -> Result<(UpperModel, TrainSeq, Tensor)> {
+    oracle_seq_at(name, first, CUT, edit)
+}
+
+/// [`oracle_seq`] at the cut `cut` (a case has references at some cuts).
+fn oracle_seq_at(
+    name: &str,
+    first: usize,
+    cut: usize,
+    edit: impl FnOnce(&mut ModelConfig),
+) -> Result<(UpperModel, TrainSeq, Tensor)> {
     let dir = lcut_testkit::oracle_case(name);
     let case = ReferenceCase::load(&dir)?;
     let mut cfg = ModelConfig::from_folder(&dir)?;
     edit(&mut cfg);
-    let model = UpperModel::load_span(&cfg, &WeightFiles::open(&dir)?, first, CUT)?;
+    let model = UpperModel::load_span(&cfg, &WeightFiles::open(&dir)?, first, cut)?;
     // what the frozen layers give besides the residual stream: Gemma 4's
     // per-layer inputs and the K/V of frozen layers a trained one reads
     let frozen = Decoder::from_weights(cfg, &WeightFiles::open(&dir)?, DType::F32, &Device::Cpu)?;
@@ -51,9 +61,9 @@ fn oracle_seq(
         .iter()
         .map(|&r| case.ids[(positions[r as usize] + 1).min(t - 1)])
         .collect();
-    let (x, below) = match first < CUT {
+    let (x, below) = match first < cut {
         false => {
-            let x = case.tensors[&format!("layer_out.{}", CUT - 1)]
+            let x = case.tensors[&format!("layer_out.{}", cut - 1)]
                 .index_select(&Tensor::new(idx.as_slice(), &Device::Cpu)?, 0)?;
             (x, None)
         }
@@ -66,7 +76,7 @@ fn oracle_seq(
             }),
         ),
     };
-    let want = case.tensors["logits.speed.l4.bos"].clone();
+    let want = case.tensors[&format!("logits.speed.l{cut}.bos")].clone();
     let seq = TrainSeq {
         x,
         below,
@@ -561,6 +571,34 @@ fn gemma4_adapter_runs_as_trained_and_missing_projections_are_named() -> Result<
             )),
             "{err}"
         );
+    }
+    Ok(())
+}
+
+/// The mixtures (Qwen3-MoE, Mixtral, gpt-oss's sinks: an adapter on their
+/// attention) and Qwen3.5's hybrid layers (linear-attention layers below
+/// and above the cut, the one above running over the anchors and decode
+/// rows alone) train as they run: a zero adapter gives transformers'
+/// SPEED+BoS logits from the cut and from below it.
+#[test]
+fn mixtures_and_hybrid_layers_train_on_transformers_logits() -> Result<()> {
+    let mut cases: Vec<(&str, usize, usize)> = lcut_testkit::MOE_CASES
+        .iter()
+        .map(|&name| (name, CUT, 5))
+        .collect();
+    // Qwen3.5's references cut at 5; layers 3 and 7 are its full layers
+    cases.push((lcut_testkit::QWEN35_CASE, 5, 7));
+    cases.push((lcut_testkit::QWEN35MOE_CASE, 5, 7));
+    for (name, cut, top) in cases {
+        for first in [2, cut] {
+            let (model, s, want) = oracle_seq_at(name, first, cut, |_| {})?;
+            let lora = model.init_lora(&[first, top], &["q_proj", "o_proj"], 4, 8.0, 3)?;
+            let d = max_diff(&model.logits(&s, &lora)?, &want)?;
+            ensure!(
+                d <= 1e-4,
+                "{name} from layer {first}: differs from transformers' SPEED+BoS logits by {d:e}"
+            );
+        }
     }
     Ok(())
 }

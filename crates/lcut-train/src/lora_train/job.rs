@@ -53,9 +53,9 @@ pub fn train_adapter(job: &AdapterJob, progress: &mut dyn Progress) -> Result<Ch
     let lora = upper.init_lora(&plan.adapt, &short, job.rank, job.alpha, job.train.seed)?;
     for (module, layers) in lora.absent(&plan.adapt, &short) {
         progress.note(&format!(
-            "{module}: not adapted on layers {layers:?}, which have none (Gemma 4's shared \
-             layers read another layer's keys and values, its full layers' values are \
-             their keys)"
+            "{module}: not adapted on layers {layers:?}, which have no {module} of their own \
+             (Gemma 4's shared layers read another layer's keys and values, its full layers' \
+             values are their keys; Qwen3.5's linear-attention layers project otherwise)"
         ));
     }
     let config = adapter_config(job, &plan, fingerprint);

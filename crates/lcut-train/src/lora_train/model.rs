@@ -302,6 +302,9 @@ fn select_rows(t: Option<&Tensor>, rows: &[u32]) -> Result<Option<Tensor>> {
 fn select_kv(kv: &TrainKv, rows: &[u32]) -> Result<TrainKv> {
     let idx = Tensor::new(rows, &Device::Cpu)?;
     kv.iter()
-        .map(|(&l, (k, v))| Ok((l, (k.index_select(&idx, 1)?, v.index_select(&idx, 1)?))))
+        .map(|(&l, (k, v))| {
+            let rows = |t: &Tensor| t.contiguous()?.index_select(&idx, 1);
+            Ok((l, (rows(k)?, rows(v)?)))
+        })
         .collect()
 }
