@@ -14,8 +14,8 @@ use anyhow::{Context, Result};
 use lcut_diag::{PairSettings, PairedScores, ShardItems};
 use lcut_engine::leaderboard::journal::{self, Journal};
 use lcut_engine::leaderboard::{
-    LeaderboardHeader, LeaderboardItem, LeaderboardRun, PromptRows, TimingSettings, parse_ratios,
-    plan, run_items, split_methods, table,
+    LeaderboardHeader, LeaderboardItem, LeaderboardRun, PromptRows, TimingSettings,
+    leave_out_refused, left_out_lines, parse_ratios, plan, run_items, split_methods, table,
 };
 use lcut_engine::suite;
 use lcut_trace::LeaderboardPairs;
@@ -78,6 +78,12 @@ pub fn run(args: &EvalCommand, path: &Path, ratios: &str) -> Result<()> {
             &PromptRows::windowed(&windows, layers, n),
         )?;
     }
+    // a method this model's layout refuses (a press on Gemma 4's shared
+    // K/V, on Qwen3.5's recurrent layers) is left out, and said
+    let (configs, left_out) = leave_out_refused(&session, configs)?;
+    for line in left_out_lines(&left_out) {
+        eprintln!("{line}");
+    }
     let shard = args
         .shard
         .as_deref()
@@ -103,6 +109,7 @@ pub fn run(args: &EvalCommand, path: &Path, ratios: &str) -> Result<()> {
             tasks: args.timing_tasks.clone(),
         },
         shard: shard.map(|(i, n)| [i, n]),
+        left_out,
     };
     for c in &header.configs {
         let ratio = c.ratio.map_or_else(|| "-".into(), |r| r.to_string());
@@ -341,6 +348,9 @@ fn print_summary(run: &LeaderboardRun, pairs: &LeaderboardPairs, dir: &Path) {
                 n => format!(", {n} without a shared item"),
             }
         );
+    }
+    for line in left_out_lines(&run.header.left_out) {
+        println!("{line}");
     }
     println!(
         "wrote {}, leaderboard.csv, leaderboard.html and {PAIRS} (.csv) in {}",

@@ -56,6 +56,12 @@ pub enum LeaderboardError {
     /// No methods besides the reference.
     #[error("--ratios needs at least one method besides full in --policies")]
     NoMethods,
+    /// Every method asked for is one this model's layout does not run.
+    #[error("no method of --policies runs on this model besides full: {reasons}")]
+    NoneRunsHere {
+        /// Each method left out and why.
+        reasons: String,
+    },
     /// A journal line that cannot be read.
     #[error("leaderboard journal {path}, line {line}: {reason}")]
     Journal {
@@ -112,6 +118,80 @@ pub struct LeaderboardHeader {
     /// The shard `[i, n]` run, absent for the whole suite.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<[usize; 2]>,
+    /// The configurations asked for that this model's layout does not run
+    /// ([`leave_out_refused`]), not in `configs`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left_out: Vec<LeftOut>,
+}
+
+/// A configuration asked for that the model's layout refuses (a press on a
+/// model whose layers share K/V or hold a recurrent state), left out of a
+/// run rather than failing it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LeftOut {
+    /// The method as written in `--policies`.
+    pub method: String,
+    /// The ratio it was mapped from, if any.
+    pub ratio: Option<f64>,
+    /// The policy it resolved to.
+    pub policy: String,
+    /// Why the model does not run it.
+    pub reason: String,
+}
+
+/// One line per method left out of a run: its ratios, and the refusal of
+/// its first configuration (they differ only in the policy they name).
+pub fn left_out_lines(left_out: &[LeftOut]) -> Vec<String> {
+    let mut lines: Vec<(&str, Vec<String>, &str)> = vec![];
+    for l in left_out {
+        let at = l.ratio.map_or_else(|| l.policy.clone(), |r| r.to_string());
+        match lines.iter_mut().find(|(m, _, _)| *m == l.method) {
+            Some((_, ratios, _)) => ratios.push(at),
+            None => lines.push((&l.method, vec![at], &l.reason)),
+        }
+    }
+    lines
+        .into_iter()
+        .map(|(method, ratios, why)| {
+            format!(
+                "left out on this model: {method} at {}: {why}",
+                ratios.join(", ")
+            )
+        })
+        .collect()
+}
+
+/// `configs` split into those `session`'s model runs and those its layout
+/// refuses ([`lcut_model::Decoder::check_layout`]), each with the refusal;
+/// refused as a whole when nothing but the full model would be left.
+pub fn leave_out_refused(
+    session: &Session,
+    configs: Vec<LeaderboardConfig>,
+) -> Result<(Vec<LeaderboardConfig>, Vec<LeftOut>)> {
+    let (mut kept, mut left_out) = (vec![], vec![]);
+    for c in configs {
+        let policy = resolve_policy(session, &c.policy)?;
+        match session.model.check_layout(&policy) {
+            Ok(()) => kept.push(c),
+            Err(e) => left_out.push(LeftOut {
+                method: c.method,
+                ratio: c.ratio,
+                policy: c.policy,
+                reason: e.to_string(),
+            }),
+        }
+    }
+    if kept.len() < 2 && !left_out.is_empty() {
+        let reasons: Vec<String> = left_out
+            .iter()
+            .map(|l| format!("{} ({})", l.policy, l.reason))
+            .collect();
+        return Err(LeaderboardError::NoneRunsHere {
+            reasons: reasons.join("; "),
+        }
+        .into());
+    }
+    Ok((kept, left_out))
 }
 
 /// One item of a leaderboard run, every configuration's result.
@@ -452,5 +532,63 @@ mod tests {
             parse_ratios("0.5,1"),
             Err(LeaderboardError::RatioOutOfRange { .. })
         ));
+    }
+
+    /// On Gemma 4 (layers reading others' K/V) and Qwen3.5 (recurrent
+    /// layers) the grid keeps the full model and SPEED and leaves out the
+    /// presses, SlimInfer and SwiftKV, each with the layout's reason; a
+    /// dense model keeps everything; a grid of nothing that runs is refused.
+    #[test]
+    fn a_layout_leaves_out_what_it_does_not_run() -> Result<()> {
+        let methods = split_methods("speed+bos,slim,swiftkv+bos,snapkv,tova");
+        for (case, why) in [
+            (lcut_testkit::GEMMA4_CASE, "share K/V"),
+            (lcut_testkit::QWEN35_CASE, "recurrent"),
+            ("llama-gqa", ""),
+        ] {
+            let dir = lcut_testkit::oracle_case(case);
+            let session = Session::load(&dir, candle_core::DType::F32, &candle_core::Device::Cpu)?;
+            let layers = session.model.config().num_layers;
+            let configs = plan(&methods, &[0.5, 0.75], &PromptRows::uniform(layers))?;
+            let (kept, left_out) = leave_out_refused(&session, configs)?;
+            let kept: Vec<&str> = kept.iter().map(|c| c.family.as_str()).collect();
+            if why.is_empty() {
+                assert_eq!(kept.len(), 11, "{case}: {kept:?}");
+                assert!(left_out.is_empty(), "{case}");
+                continue;
+            }
+            assert_eq!(kept, ["full", "speed", "speed"], "{case}");
+            let families: Vec<&str> = left_out.iter().map(|l| l.method.as_str()).collect();
+            assert_eq!(
+                families,
+                [
+                    "slim",
+                    "slim",
+                    "swiftkv+bos",
+                    "swiftkv+bos",
+                    "snapkv",
+                    "snapkv",
+                    "tova",
+                    "tova"
+                ],
+                "{case}"
+            );
+            assert!(left_out.iter().all(|l| l.reason.contains(why)), "{case}");
+            let lines = left_out_lines(&left_out);
+            assert_eq!(lines.len(), 4, "{case}: {lines:?}");
+            assert!(lines[2].starts_with("left out on this model: snapkv at 0.5, 0.75: "));
+            let presses = plan(
+                &split_methods("snapkv,tova"),
+                &[0.5],
+                &PromptRows::uniform(layers),
+            )?;
+            assert!(matches!(
+                leave_out_refused(&session, presses),
+                Err(EngineError::Leaderboard(
+                    LeaderboardError::NoneRunsHere { .. }
+                ))
+            ));
+        }
+        Ok(())
     }
 }

@@ -89,7 +89,10 @@ pub fn build_table(header: &LeaderboardHeader, items: &[LeaderboardItem]) -> Lea
                 t.new_tokens,
                 t.rounds
             ),
-        ],
+        ]
+        .into_iter()
+        .chain(super::left_out_lines(&header.left_out))
+        .collect(),
     }
 }
 

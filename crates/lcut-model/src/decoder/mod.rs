@@ -521,12 +521,22 @@ impl Decoder {
                 },
             ));
         }
-        self.sharing.check(&policy)?;
-        self.recurrent.check(&policy)?;
+        self.check_layout(&policy)?;
         policy.check_phases(&phases)?;
         let seq = Sequence::with_rule(policy, policy.visibility(phases), self.cache_shape());
         self.check_prompt_end(&seq)?;
         Ok(seq)
+    }
+
+    /// Refuse `policy` where this model's layout gives it no meaning:
+    /// layers that read another layer's K/V (Gemma 4) or hold a recurrent
+    /// state instead of K/V (Qwen3.5) take the full model, SPEED and
+    /// SelfOnly (and, sharing K/V, knockout bands), and refuse the rest by
+    /// name ([`KvSharing::check`], [`lcut_policy::RecurrentLayers::check`]).
+    pub fn check_layout(&self, policy: &Policy) -> Result<()> {
+        self.sharing.check(policy)?;
+        self.recurrent.check(policy)?;
+        Ok(())
     }
 
     /// A new sequence whose prompt run serves every press of `presses`
