@@ -231,3 +231,95 @@ fn shards_merge_into_the_unsharded_run() {
     let err = fails(&["paper-merge", &path("s0"), "--out", &path("bad")]);
     assert!(err.contains("1 of 2 shards"), "{err}");
 }
+
+/// On a Gemma 4 layout (a task model of the trainer's `gemma4:32/1`, its
+/// last layer reading layer 2's K/V), `lcut paper` runs every part and
+/// leaves out SwiftKV, whose projected K/V has no meaning in a layer that
+/// stores none, saying so; `lcut eval --ratios` leaves out the presses the
+/// same way and runs the rest (each had stopped at the first refused
+/// policy, the paper after four of its six parts).
+#[test]
+fn on_gemma4_what_its_layout_refuses_is_left_out_and_said() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("gemma4");
+    let model_arg = model.to_str().unwrap();
+    ok(&[
+        "train",
+        "--layout",
+        "gemma4:32/1",
+        "--out",
+        model_arg,
+        "--seed",
+        "1",
+        "--steps",
+        "1",
+        "--warmup",
+        "1",
+        "--batch-size",
+        "4",
+    ]);
+    let paper = tmp.path().join("paper");
+    let paper_arg = paper.to_str().unwrap();
+    let suite = "fixtures/suites/copy.jsonl";
+    let (_, stderr) = ok(&[
+        "paper", "--model", model_arg, "--suite", suite, "--quick", "--cut", "3", "--out",
+        paper_arg,
+    ]);
+    assert!(
+        stderr.contains("left out on this model: swiftkv:3:")
+            && stderr.contains("left out on this model: swiftkv:3+bos:")
+            && stderr.contains("share K/V"),
+        "{stderr}"
+    );
+    let r = report(&paper);
+    for part in PaperPart::ALL {
+        assert!(
+            r.record(part).is_some_and(|p| p.written),
+            "{part:?} not written"
+        );
+    }
+    let md = std::fs::read_to_string(paper.join("paper.md")).unwrap();
+    assert!(md.contains("selfonly:3+bos") && !md.contains("swiftkv"));
+    let eval = tmp.path().join("eval");
+    let (stdout, stderr) = ok(&[
+        "eval",
+        "--model",
+        model_arg,
+        "--suite",
+        suite,
+        "--policies",
+        "full,speed+bos,snapkv",
+        "--ratios",
+        "0.5",
+        "--timing-items",
+        "0",
+        "--out",
+        eval.to_str().unwrap(),
+    ]);
+    let said = "left out on this model: snapkv at 0.5: policy snapkv:0.5 does not run";
+    assert!(
+        stderr.contains(said) && stdout.contains(said),
+        "{stderr}\n{stdout}"
+    );
+    let run = std::fs::read_to_string(eval.join("leaderboard.json")).unwrap();
+    assert!(run.contains("\"left_out\"") && run.contains("speed:"));
+    // nothing but the full model left: refused, naming why
+    let err = fails(&[
+        "eval",
+        "--model",
+        model_arg,
+        "--suite",
+        suite,
+        "--policies",
+        "full,snapkv,tova",
+        "--ratios",
+        "0.5",
+        "--out",
+        tmp.path().join("none").to_str().unwrap(),
+    ]);
+    assert!(
+        err.contains("no method of --policies runs on this model besides full"),
+        "{err}"
+    );
+    assert!(!tmp.path().join("none").exists());
+}

@@ -13,7 +13,7 @@ use lcut_trace::PaperPart;
 use serde_json::json;
 
 use super::parts::Ctx;
-use super::plan::{RETRIEVAL_KIND, compared_policies, retrieval_cuts};
+use super::plan::{RETRIEVAL_KIND, retrieval_cuts};
 use super::setup::Setup;
 use super::store::PartFile;
 use super::units::{RetrievalUnit, TableEntry};
@@ -89,7 +89,7 @@ pub fn memory_lines(ctx: &Ctx, wanted: &[PaperPart]) -> Result<()> {
     if wanted.contains(&PaperPart::Table) {
         let all: Vec<usize> = (0..setup.items.len()).collect();
         let table = items(ctx.shard_of(&all)?);
-        let opts = table_options(setup, compared_policy_names(ctx.cut));
+        let opts = table_options(setup, ctx.compared_names());
         if let Some(m) = largest_item_memory(session, &table, &opts)? {
             eprintln!("{}", m.line("the table's largest item", budget));
         }
@@ -101,14 +101,6 @@ pub fn memory_lines(ctx: &Ctx, wanted: &[PaperPart]) -> Result<()> {
 fn retrieval_indices(ctx: &Ctx) -> Vec<usize> {
     (0..ctx.setup.items.len())
         .filter(|&i| ctx.setup.items[i].kind == RETRIEVAL_KIND)
-        .collect()
-}
-
-/// The compared policies at `cut`, as written.
-fn compared_policy_names(cut: usize) -> Vec<String> {
-    compared_policies(cut)
-        .iter()
-        .map(ToString::to_string)
         .collect()
 }
 
@@ -198,7 +190,7 @@ fn table_unit(ctx: &Ctx, index: usize, policies: &[String]) -> Result<Vec<TableE
 
 /// Part `table`: every suite item (this shard's).
 pub fn table_part(ctx: &Ctx) -> Result<PartFile<Vec<TableEntry>>> {
-    let policies = compared_policy_names(ctx.cut);
+    let policies = ctx.compared_names();
     let adapters: Vec<_> = ctx
         .setup
         .adapters

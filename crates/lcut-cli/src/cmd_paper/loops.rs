@@ -9,7 +9,6 @@ use lcut_trace::PaperPart;
 use serde_json::json;
 
 use super::parts::Ctx;
-use super::plan::compared_policies;
 use super::store::PartFile;
 use super::units::LoopEntry;
 
@@ -51,10 +50,7 @@ fn loop_unit(ctx: &Ctx, index: usize, policies: &[String]) -> Result<Vec<LoopEnt
 
 /// Part `loops`: the spread items (this shard's) under every compared policy.
 pub fn loops_part(ctx: &Ctx) -> Result<PartFile<Vec<LoopEntry>>> {
-    let policies: Vec<String> = compared_policies(ctx.cut)
-        .iter()
-        .map(ToString::to_string)
-        .collect();
+    let policies = ctx.compared_names();
     let sizes = &ctx.setup.settings.sizes;
     let settings = json!({
         "policies": policies,

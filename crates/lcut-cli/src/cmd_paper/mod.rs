@@ -98,6 +98,9 @@ pub fn run(args: &PaperArgs) -> Result<()> {
     let (cut, source, _) = resolve_cut(&setup.settings, &full, layers)?;
     eprintln!("comparing at C = {cut} of {layers} ({source})");
     let ctx = Ctx { cut, ..placeholder };
+    for (spec, why) in ctx.compared().1 {
+        eprintln!("left out on this model: {spec}: {why}");
+    }
     answers::memory_lines(&ctx, &wanted)?;
     for part in RUN_ORDER
         .into_iter()

@@ -10,7 +10,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use super::plan::{missing_for, spread_by_kind};
+use lcut_policy::PolicySpec;
+
+use super::plan::{compared_policies, missing_for, spread_by_kind};
 use super::progress::PartProgress;
 use super::setup::Setup;
 use super::store::{PartFile, PartPlan, run_part};
@@ -39,6 +41,29 @@ impl Ctx<'_> {
     pub fn spread_items(&self) -> Result<Vec<usize>> {
         let per_kind = self.setup.settings.sizes.items_per_kind;
         self.shard_of(&spread_by_kind(&self.setup.kinds(), per_kind))
+    }
+
+    /// The compared policies at the cut ([`compared_policies`]) that the
+    /// model's layout runs, and those it leaves out with the reason (SwiftKV
+    /// projects K/V into layers that, on Gemma 4, store none and, on
+    /// Qwen3.5, hold a recurrent state).
+    pub fn compared(&self) -> (Vec<PolicySpec>, Vec<(PolicySpec, String)>) {
+        let model = &self.setup.session.model;
+        let layers = model.config().num_layers;
+        let (mut kept, mut left_out) = (vec![], vec![]);
+        for spec in compared_policies(self.cut) {
+            // a cut out of range was refused at setup, naming the policy
+            match spec.resolve(layers).map(|p| model.check_layout(&p)) {
+                Ok(Err(e)) => left_out.push((spec, e.to_string())),
+                _ => kept.push(spec),
+            }
+        }
+        (kept, left_out)
+    }
+
+    /// The compared policies the model runs, as written.
+    pub fn compared_names(&self) -> Vec<String> {
+        self.compared().0.iter().map(ToString::to_string).collect()
     }
 
     /// Why `part` is skipped on this suite, if it is.

@@ -13,7 +13,7 @@ use lcut_trace::{PaperPart, TimingPoint};
 use serde_json::json;
 
 use super::parts::Ctx;
-use super::plan::{compared_policies, timing_lengths};
+use super::plan::timing_lengths;
 use super::store::PartFile;
 
 use crate::cmd_bench::{
@@ -93,7 +93,9 @@ pub fn timing_part(ctx: &Ctx) -> Result<PartFile<Vec<TimingPoint>>> {
     let s = &ctx.setup.settings;
     let layers = ctx.setup.session.model.config().num_layers;
     let lengths = timing_lengths(s.max_len, s.sizes.timing_new_tokens);
-    let policies = compared_policies(ctx.cut)
+    let policies = ctx
+        .compared()
+        .0
         .iter()
         .map(|p| p.resolve(layers))
         .collect::<Result<Vec<Policy>, _>>()?;
