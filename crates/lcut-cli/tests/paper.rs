@@ -237,7 +237,8 @@ fn shards_merge_into_the_unsharded_run() {
 /// leaves out SwiftKV, whose projected K/V has no meaning in a layer that
 /// stores none, saying so; `lcut eval --ratios` leaves out the presses the
 /// same way and runs the rest (each had stopped at the first refused
-/// policy, the paper after four of its six parts).
+/// policy, the paper after four of its six parts); and `lcut train-lora`
+/// trains an adapter on it.
 #[test]
 fn on_gemma4_what_its_layout_refuses_is_left_out_and_said() {
     let tmp = tempfile::tempdir().unwrap();
@@ -322,4 +323,25 @@ fn on_gemma4_what_its_layout_refuses_is_left_out_and_said() {
         "{err}"
     );
     assert!(!tmp.path().join("none").exists());
+    // and an adapter trains on it (the shared layer 3 above the cut reads
+    // layer 2's K/V; it has no keys or values of its own to adapt)
+    let adapter = tmp.path().join("adapter");
+    let (_, stderr) = ok(&[
+        "train-lora",
+        "--model",
+        model_arg,
+        "--policy",
+        "speed:3+bos",
+        "--prompts",
+        "4",
+        "--steps",
+        "2",
+        "--out",
+        adapter.to_str().unwrap(),
+    ]);
+    assert!(
+        stderr.contains("k_proj: not adapted on layers [3]")
+            && adapter.join("adapter_model.safetensors").exists(),
+        "{stderr}"
+    );
 }
