@@ -308,6 +308,14 @@ pub fn run(args: &DiagnoseArgs) -> Result<()> {
         .map(read_served_prompts)
         .transpose()?;
     let inputs = load_inputs(args, &[])?;
+    if args.kv_budget.is_some() {
+        // a budget's plans keep K/V heads: refused here on a layout that
+        // gives them no meaning, before the diagnosis runs
+        inputs
+            .session
+            .model
+            .check_kept_heads("kept K/V heads (--kv-budget)")?;
+    }
     let opts = options(args, inputs.file.clone())?;
     let served_shape = served
         .map(|s| {

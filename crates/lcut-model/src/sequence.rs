@@ -261,8 +261,9 @@ impl Sequence {
         }
         self.check_full_depth_prefix(&policy, &phases)?;
         let rule = policy.visibility(phases);
-        // a policy whose meaning on a linear layer is not defined is refused
-        // as a new sequence of it would be
+        // a policy whose meaning on a shared or linear layer is not defined
+        // is refused as a new sequence of it would be
+        self.sharing.check(&policy)?;
         if self.recurrent.iter().any(Option::is_some) {
             lcut_policy::RecurrentLayers::check_policy(&policy)?;
         }

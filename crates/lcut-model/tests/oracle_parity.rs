@@ -514,6 +514,23 @@ fn gemma4_shared_layers_hold_no_kv_and_undefined_policies_are_refused() -> Resul
                 "{name} {text}: {err}"
             );
         }
+        // kept heads (SPEED's rule, which reuses a full prefill) are refused
+        // restricted from a full run's prefix too, as the sweep and a K/V
+        // budget's check take them, not only as a new sequence
+        let dir = tempfile::tempdir()?;
+        let file = dir.path().join("heads.json");
+        std::fs::write(&file, "[[4, 0]]")?;
+        let spec: lcut_policy::PolicySpec =
+            format!("speed:4+bos+heads:{}", file.display()).parse()?;
+        let heads = spec.resolve(6)?;
+        let mut full = c.model.new_full_sequence();
+        c.model
+            .forward(&mut full, &c.ids[..s], LogitRows::None, None)?;
+        let phases = TokenPhases::new(c.ids.len(), s, 1)?;
+        let err = full.restricted(heads, phases).err().context("restricted")?;
+        ensure!(err.to_string().contains("share K/V"), "{name}: {err}");
+        let err = c.model.check_kept_heads("--kv-budget").unwrap_err();
+        ensure!(err.to_string().contains("--kv-budget"), "{name}: {err}");
     }
     Ok(())
 }

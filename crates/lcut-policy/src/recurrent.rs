@@ -88,11 +88,26 @@ impl RecurrentLayers {
         }
     }
 
+    /// Why kept K/V heads are refused on a model with recurrent layers.
+    pub const HEADS_REASON: &'static str = "a recurrent layer has no K/V heads to keep";
+
+    /// Refuse kept K/V heads (a K/V budget's plans) on a model with
+    /// recurrent layers, before any plan is made; `what` names the request.
+    pub fn check_kept_heads(&self, what: &str) -> Result<(), PolicyError> {
+        match self.any() {
+            true => Err(PolicyError::RecurrentPolicy {
+                policy: what.into(),
+                reason: Self::HEADS_REASON.into(),
+            }),
+            false => Ok(()),
+        }
+    }
+
     /// Refuse `policy` where its meaning on a recurrent layer is not
     /// defined (module docs), for a model known to have one.
     pub fn check_policy(policy: &Policy) -> Result<(), PolicyError> {
         let why = match policy.kind() {
-            _ if policy.heads().is_some() => Some("a recurrent layer has no K/V heads to keep"),
+            _ if policy.heads().is_some() => Some(Self::HEADS_REASON),
             PolicyKind::Full | PolicyKind::Speed | PolicyKind::SelfOnly => None,
             PolicyKind::Band { .. } => Some(
                 "the prompt would run a band's recurrent layers for its own rows yet stay out of the decode tokens' state",
@@ -174,6 +189,10 @@ mod tests {
             );
             RecurrentLayers::none(8).check(&p).expect(bad);
         }
+        // a K/V budget's kept heads are refused before any plan is made
+        let err = r.check_kept_heads("--kv-budget").unwrap_err().to_string();
+        assert!(err.contains("--kv-budget") && err.contains(RecurrentLayers::HEADS_REASON));
+        RecurrentLayers::none(8).check_kept_heads("--kv-budget").unwrap();
     }
 
     #[test]

@@ -125,6 +125,21 @@ impl KvSharing {
             .any(|l| rule.head_retains_kv(l, kv_head, pos))
     }
 
+    /// Why kept K/V heads are refused on a model whose layers share K/V.
+    pub const HEADS_REASON: &'static str = "it keeps K/V heads per layer";
+
+    /// Refuse kept K/V heads (a K/V budget's plans) on a model whose layers
+    /// share K/V, before any plan is made; `what` names the request.
+    pub fn check_kept_heads(&self, what: &str) -> Result<(), PolicyError> {
+        match self.any() {
+            true => Err(PolicyError::SharedKvPolicy {
+                policy: what.into(),
+                reason: Self::HEADS_REASON.into(),
+            }),
+            false => Ok(()),
+        }
+    }
+
     /// Refuse `policy` on a model whose layers share K/V where its meaning
     /// there is not defined (module docs); every policy runs where no layer
     /// shares.
@@ -133,7 +148,7 @@ impl KvSharing {
             return Ok(());
         }
         let why = match policy.kind() {
-            _ if policy.heads().is_some() => Some("it keeps K/V heads per layer"),
+            _ if policy.heads().is_some() => Some(Self::HEADS_REASON),
             PolicyKind::Full | PolicyKind::Speed | PolicyKind::SelfOnly => None,
             PolicyKind::Band { .. } => None,
             PolicyKind::Slim => Some("SlimInfer decides at its cuts from one layer's keys"),

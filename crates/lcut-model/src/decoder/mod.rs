@@ -539,6 +539,15 @@ impl Decoder {
         Ok(())
     }
 
+    /// Refuse kept K/V heads (a K/V budget's plans, `what` naming the
+    /// request) where the layout gives them no meaning, before any work:
+    /// layers that share K/V or hold a recurrent state.
+    pub fn check_kept_heads(&self, what: &str) -> Result<()> {
+        self.sharing.check_kept_heads(what)?;
+        self.recurrent.check_kept_heads(what)?;
+        Ok(())
+    }
+
     /// A new sequence whose prompt run serves every press of `presses`
     /// (kvpress's presses, which decide at the prompt's end): it runs as the
     /// first of them but observes what all of them read of the prompt's
