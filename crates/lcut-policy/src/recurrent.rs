@@ -192,7 +192,9 @@ mod tests {
         // a K/V budget's kept heads are refused before any plan is made
         let err = r.check_kept_heads("--kv-budget").unwrap_err().to_string();
         assert!(err.contains("--kv-budget") && err.contains(RecurrentLayers::HEADS_REASON));
-        RecurrentLayers::none(8).check_kept_heads("--kv-budget").unwrap();
+        RecurrentLayers::none(8)
+            .check_kept_heads("--kv-budget")
+            .unwrap();
     }
 
     #[test]

@@ -3,8 +3,9 @@
 //! model's own tensor path ([`Decoder::train_rows`]), so that every
 //! architecture lcut reads (q/k norms, biases, fused projections, sandwich
 //! norms, soft-caps, sliding windows, Gemma 3's two RoPE bases, Gemma 4's
-//! per-layer inputs and shared K/V) trains as it runs. Below the cut every token of a sequence runs (causal attention);
-//! under a SPEED policy only the anchors and the decode-phase tokens exist
+//! per-layer inputs and shared K/V) trains as it runs. Below the cut every
+//! token of a sequence runs (causal attention); under a SPEED policy only
+//! the anchors and the decode-phase tokens exist
 //! from the cut up, so there a sequence runs on those rows alone, at their
 //! original positions. The residual stream entering the first layer comes
 //! from the frozen layers beneath it.
@@ -53,7 +54,6 @@ impl LoraVars {
     /// pair on some of `layers`, with those layers: the projections those
     /// layers do not have.
     pub fn absent(&self, layers: &[usize], modules: &[&str]) -> Vec<(String, Vec<usize>)> {
-        let short = |path: &str| path.rsplit('.').next().unwrap_or(path).to_string();
         let has = |l: usize, m: &str| {
             self.vars
                 .keys()
@@ -150,13 +150,6 @@ impl UpperModel {
         self.first
     }
 
-    /// The frozen layers beneath the first trained one whose K/V a trained
-    /// layer reads (Gemma 4's shared K/V): a sequence carries their keys and
-    /// values ([`TrainSeq::source_kv`]).
-    pub fn frozen_sources(&self) -> Vec<usize> {
-        frozen_sources(&self.decoder, self.first)
-    }
-
     /// New pairs of rank `r` on `modules` (`q_proj`, `gate_up_proj`, ...)
     /// of `layers`: A small random (seeded), B zero, so training starts
     /// from the base model. As PEFT targets modules, a projection is adapted
@@ -176,7 +169,6 @@ impl UpperModel {
         let mut rng = crate::lora_train::optim::SplitMix(seed);
         let mut vars = BTreeMap::new();
         let mut known: Vec<String> = vec![];
-        let short = |path: &str| path.rsplit('.').next().unwrap_or(path).to_string();
         for &l in layers {
             if l < self.first || l >= self.decoder.config().num_layers {
                 return Err(span_error(format!(
@@ -279,7 +271,13 @@ impl UpperModel {
     }
 }
 
-/// The layers below `first` whose K/V a layer from `first` on reads.
+/// A module's last name (`q_proj` of `self_attn.q_proj`), as modules are asked for.
+fn short(path: &str) -> String {
+    path.rsplit('.').next().unwrap_or(path).to_string()
+}
+
+/// The layers below `first` whose K/V a layer from `first` on reads (a
+/// training sequence carries their keys and values: [`TrainSeq::source_kv`]).
 pub(crate) fn frozen_sources(decoder: &Decoder, first: usize) -> Vec<usize> {
     let sharing = decoder.kv_sharing();
     let sources: std::collections::BTreeSet<usize> = (first..sharing.num_layers())
