@@ -237,8 +237,8 @@ fn shards_merge_into_the_unsharded_run() {
 /// leaves out SwiftKV, whose projected K/V has no meaning in a layer that
 /// stores none, saying so; `lcut eval --ratios` leaves out the presses the
 /// same way and runs the rest (each had stopped at the first refused
-/// policy, the paper after four of its six parts); and `lcut train-lora`
-/// trains an adapter on it.
+/// policy, the paper after four of its six parts); a K/V budget's kept
+/// heads are refused by name; and `lcut train-lora` trains an adapter on it.
 #[test]
 fn on_gemma4_what_its_layout_refuses_is_left_out_and_said() {
     let tmp = tempfile::tempdir().unwrap();
@@ -323,6 +323,44 @@ fn on_gemma4_what_its_layout_refuses_is_left_out_and_said() {
         "{err}"
     );
     assert!(!tmp.path().join("none").exists());
+    // a K/V budget's plans keep K/V heads, which the shared layer 3 does not
+    // have: refused by name, from the model before the diagnosis and from a
+    // report, with no head file written
+    let diag = tmp.path().join("diag");
+    let diag_arg = diag.to_str().unwrap();
+    let prompts = "fixtures/prompts/copy.jsonl";
+    let err = fails(&[
+        "diagnose",
+        "--model",
+        model_arg,
+        "--prompts",
+        prompts,
+        "--max-new-tokens",
+        "4",
+        "--kv-budget",
+        "0.5",
+        "--out",
+        diag_arg,
+    ]);
+    assert!(
+        err.contains("kept K/V heads (--kv-budget)") && err.contains("share K/V"),
+        "{err}"
+    );
+    assert!(!diag.join("report.json").exists());
+    ok(&[
+        "diagnose",
+        "--model",
+        model_arg,
+        "--prompts",
+        prompts,
+        "--max-new-tokens",
+        "4",
+        "--out",
+        diag_arg,
+    ]);
+    let err = fails(&["recommend", diag_arg, "--kv-budget", "0.5"]);
+    assert!(err.contains("layer 3 stores no K/V of its own"), "{err}");
+    assert!(!diag.join("heads-kv0.5.json").exists());
     // and an adapter trains on it (the shared layer 3 above the cut reads
     // layer 2's K/V; it has no keys or values of its own to adapt)
     let adapter = tmp.path().join("adapter");

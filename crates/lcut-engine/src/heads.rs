@@ -14,7 +14,7 @@ use lcut_policy::{FileModel, HeadFile, HeadRanking, ModelDims, Policy, PolicySpe
 use lcut_trace::{ModelIdentity, Report, write_json};
 use serde::Serialize;
 
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use crate::serve_shape::BudgetShape;
 use crate::session::Session;
 
@@ -105,6 +105,11 @@ impl HeadAdvice {
         at: BudgetShape,
         prefill_layers: Option<usize>,
     ) -> Result<Self> {
+        if let Some(why) = report.model.kept_heads_refusal() {
+            return Err(EngineError::HeadCheck(format!(
+                "a K/V budget's plans keep K/V heads, and {why}"
+            )));
+        }
         let masses = report_masses(report)?;
         let plan = plan_for_budgets(&masses, &at.shape(), budget, prefill_layers)?;
         Self::for_plan(report, budget, plan, at)

@@ -77,6 +77,19 @@ pub struct AdapterIdentity {
 }
 
 impl ModelIdentity {
+    /// Why kept (layer, K/V head) plans have no meaning on this model, if
+    /// they have none: a layer that stores no K/V of its own (Gemma 4's
+    /// shared layers read another layer's; Qwen3.5's linear-attention layers
+    /// hold a recurrent state), as [`ModelIdentity::layer_flops`] records it.
+    pub fn kept_heads_refusal(&self) -> Option<String> {
+        let l = self.layer_flops.iter().position(|f| f.kv_projection == 0)?;
+        Some(format!(
+            "layer {l} stores no K/V of its own (it reads another layer's, as Gemma 4's shared \
+             layers do, or holds a recurrent state, as Qwen3.5's linear-attention layers do), \
+             so the model has no K/V heads there to keep"
+        ))
+    }
+
     /// The model as a head file or a ranking names it (its config hash,
     /// depth and K/V heads), so that a file made for another model is refused.
     pub fn file_model(&self) -> lcut_policy::FileModel {
@@ -190,5 +203,24 @@ mod tests {
             ..base.clone()
         };
         assert!(!base.same_model(&without));
+    }
+
+    /// Kept heads are refused where a layer stores no K/V of its own, named
+    /// by its index, and allowed where every layer does (or the report does
+    /// not say: uniform layers).
+    #[test]
+    fn a_layer_without_its_own_kv_refuses_kept_heads() {
+        let layer = |kv_projection| LayerFlops {
+            token: 10,
+            per_key: 4,
+            kv_projection,
+        };
+        let mut m = identity(None);
+        assert_eq!(m.kept_heads_refusal(), None);
+        m.layer_flops = vec![layer(6), layer(6)];
+        assert_eq!(m.kept_heads_refusal(), None);
+        m.layer_flops = vec![layer(6), layer(0)];
+        let why = m.kept_heads_refusal().expect("layer 1 stores none");
+        assert!(why.starts_with("layer 1 stores no K/V of its own"), "{why}");
     }
 }
