@@ -14,6 +14,7 @@ use candle_core::Tensor;
 
 use super::Decoder;
 use super::pass::{ChunkRows, Keys};
+use super::projected::Projected;
 use super::reads::BatchSoftmax;
 use crate::error::{ModelError, Result};
 use crate::linear::{Linear, LoraLinear, linear_dims};
@@ -197,23 +198,25 @@ impl Decoder {
     }
 
     /// Keys and values [kv_heads, n, head_dim] that layer `layer` computes
-    /// for rows at `positions` entering it with `hidden` [n, hidden] (and
-    /// their `layer_inputs`, as [`Decoder::train_rows`] takes them): a
-    /// row's keys and values depend on its own state and position alone.
+    /// for rows at `positions` entering it with `hidden` [n, hidden]: its
+    /// input norm, K/V projections, k-norm and RoPE, as `forward_above`
+    /// projects a source layer's K/V from a recorded state (a row's keys
+    /// and values depend on its own state and position alone). Refused for
+    /// a layer that stores none.
     pub fn train_kv(
         &self,
         layer: usize,
         hidden: Tensor,
-        layer_inputs: Option<&Tensor>,
         positions: &[usize],
     ) -> Result<(Tensor, Tensor)> {
-        let n = positions.len();
-        let causal: Vec<bool> = (0..n * n).map(|i| i % n <= i / n).collect();
-        let mut kv = TrainKv::new();
-        let range = layer..layer + 1;
-        self.train_rows_with_kv(range, hidden, layer_inputs, positions, &causal, &mut kv)?;
-        kv.remove(&layer)
-            .ok_or_else(|| refuse(format!("layer {layer} stores no keys or values of its own")))
+        let at = self.layers.get(layer).ok_or_else(|| {
+            refuse(format!(
+                "layer {layer} of a model of {}",
+                self.cfg.num_layers
+            ))
+        })?;
+        let rows = Projected::at(self, hidden, positions.to_vec())?;
+        self.projected_kv(at, &rows)
     }
 
     /// The per-layer inputs [n, layers * width] of `tokens` whose scaled

@@ -239,7 +239,7 @@ pub fn frozen_rows(model: &Decoder, ids: &[u32], first: usize) -> Result<FrozenR
     let mut source_kv = TrainKv::new();
     for l in sources {
         let entering = probe.hidden(ResidualSite::entering(l))?;
-        let kv = model.train_kv(l, entering, layer_inputs.as_ref(), &every)?;
+        let kv = model.train_kv(l, entering, &every)?;
         source_kv.insert(l, kv);
     }
     Ok(FrozenRows {
