@@ -119,6 +119,19 @@ fn max_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
         .to_scalar::<f32>()?)
 }
 
+/// How far `model`'s logits on `s` with a fresh adapter (B = 0: the base
+/// model) on `sites` of `layers` are from transformers' `want`.
+fn zero_adapter_gap(
+    model: &UpperModel,
+    s: &TrainSeq,
+    want: &Tensor,
+    layers: &[usize],
+    sites: &[&str],
+) -> Result<f32> {
+    let lora = model.init_lora(layers, sites, 4, 8.0, 3)?;
+    max_diff(&model.logits(s, &lora)?, want)
+}
+
 /// 20 steps of one sequence at a constant learning rate.
 fn options(checkpoint_every: usize, kd_weight: f64) -> LoraTrainOptions {
     LoraTrainOptions {
@@ -137,8 +150,7 @@ fn options(checkpoint_every: usize, kd_weight: f64) -> LoraTrainOptions {
 #[test]
 fn zero_adapter_upper_layers_give_transformers_speed_logits() -> Result<()> {
     let (upper, s, want) = case()?;
-    let lora = upper.init_lora(&[4, 5], &["q_proj", "v_proj"], 4, 8.0, 3)?;
-    let d = max_diff(&upper.logits(&s, &lora)?, &want)?;
+    let d = zero_adapter_gap(&upper, &s, &want, &[4, 5], &["q_proj", "v_proj"])?;
     ensure!(
         d <= 1e-4,
         "upper layers differ from transformers' SPEED+BoS logits by {d:e}"
@@ -150,8 +162,7 @@ fn zero_adapter_upper_layers_give_transformers_speed_logits() -> Result<()> {
 fn zero_adapter_from_below_the_cut_gives_transformers_speed_logits() -> Result<()> {
     for first in [1, 2, 3] {
         let (model, s, want) = case_from(first)?;
-        let lora = model.init_lora(&[first, 5], &["q_proj", "v_proj"], 4, 8.0, 3)?;
-        let d = max_diff(&model.logits(&s, &lora)?, &want)?;
+        let d = zero_adapter_gap(&model, &s, &want, &[first, 5], &["q_proj", "v_proj"])?;
         ensure!(
             d <= 1e-4,
             "from layer {first}: differs from transformers' SPEED+BoS logits by {d:e}"
@@ -169,8 +180,7 @@ fn every_architecture_trains_on_transformers_logits() -> Result<()> {
     for name in lcut_testkit::ORACLE_CASES {
         for first in [2, CUT] {
             let (model, s, want) = oracle_seq(name, first, |_| {})?;
-            let lora = model.init_lora(&[first, 5], attention_sites(name), 4, 8.0, 3)?;
-            let d = max_diff(&model.logits(&s, &lora)?, &want)?;
+            let d = zero_adapter_gap(&model, &s, &want, &[first, 5], attention_sites(name))?;
             ensure!(
                 d <= 1e-4,
                 "{name} from layer {first}: differs from transformers' SPEED+BoS logits by {d:e}"
@@ -193,8 +203,7 @@ fn a_window_blind_trainer_misses_transformers_logits() -> Result<()> {
                     *w = 1 << 20;
                 }
             })?;
-            let lora = model.init_lora(&[5], &["q_proj"], 4, 8.0, 3)?;
-            let d = max_diff(&model.logits(&s, &lora)?, &want)?;
+            let d = zero_adapter_gap(&model, &s, &want, &[5], &["q_proj"])?;
             ensure!(
                 d > 1e-2,
                 "{name} from layer {first}: the windows change nothing here ({d:e})"
@@ -257,16 +266,7 @@ fn trained_runs_in_the_engine_as_trained(name: &str, sites: &[&str]) -> Result<L
 /// projection, runs in the engine as trained, windows included.
 #[test]
 fn gemma3_trains_with_its_windows_and_runs_as_trained() -> Result<()> {
-    let all = [
-        "q_proj",
-        "k_proj",
-        "v_proj",
-        "o_proj",
-        "gate_proj",
-        "up_proj",
-        "down_proj",
-    ];
-    trained_runs_in_the_engine_as_trained("gemma3-sliding", &all)?;
+    trained_runs_in_the_engine_as_trained("gemma3-sliding", &ALL_SITES)?;
     Ok(())
 }
 
@@ -321,6 +321,17 @@ fn adapter_trained_below_the_cut_runs_in_the_engine_as_trained() -> Result<()> {
 
 /// The four attention projections every training test adapts.
 const SITES: [&str; 4] = ["q_proj", "k_proj", "v_proj", "o_proj"];
+
+/// Every projection of a dense layer with separate q, k, v and gate, up.
+const ALL_SITES: [&str; 7] = [
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+];
 
 /// A fresh rank-4 adapter on layers 4 and 5, always from the same seed.
 fn fresh_adapter(upper: &UpperModel) -> Result<LoraVars> {
@@ -485,8 +496,7 @@ fn gemma4_trains_on_transformers_logits() -> Result<()> {
         let case = ReferenceCase::load(&lcut_testkit::oracle_case(name))?;
         for first in 1..=CUT {
             let (model, mut s, want) = oracle_seq(name, first, |_| {})?;
-            let lora = model.init_lora(&[first, 5], &["q_proj", "o_proj"], 4, 8.0, 3)?;
-            let d = max_diff(&model.logits(&s, &lora)?, &want)?;
+            let d = zero_adapter_gap(&model, &s, &want, &[first, 5], &["q_proj", "o_proj"])?;
             ensure!(
                 d <= 1e-4,
                 "{name} from layer {first}: differs from transformers' SPEED+BoS logits by {d:e}"
@@ -516,6 +526,7 @@ fn gemma4_trains_on_transformers_logits() -> Result<()> {
             // without the sources' K/V a shared layer has nothing to read
             if shares && first == CUT {
                 s.source_kv.clear();
+                let lora = model.init_lora(&[first], &["q_proj"], 4, 8.0, 3)?;
                 let err = match model.logits(&s, &lora) {
                     Ok(_) => anyhow::bail!("{name}: a shared layer ran without its source's K/V"),
                     Err(e) => e.to_string(),
@@ -533,16 +544,7 @@ fn gemma4_trains_on_transformers_logits() -> Result<()> {
 /// a projection none of the chosen layers has is refused by name.
 #[test]
 fn gemma4_adapter_runs_as_trained_and_missing_projections_are_named() -> Result<()> {
-    let all = [
-        "q_proj",
-        "k_proj",
-        "v_proj",
-        "o_proj",
-        "gate_proj",
-        "up_proj",
-        "down_proj",
-    ];
-    trained_runs_in_the_engine_as_trained(lcut_testkit::GEMMA4_CASE, &all)?;
+    trained_runs_in_the_engine_as_trained(lcut_testkit::GEMMA4_CASE, &ALL_SITES)?;
     let (model, _, _) = oracle_seq(lcut_testkit::GEMMA4_CASE, 2, |_| {})?;
     // as PEFT does, k and v are adapted where a layer has them
     let lora = model.init_lora(&[2, 3, 4, 5], &["k_proj", "v_proj"], 4, 8.0, 3)?;
@@ -592,8 +594,7 @@ fn mixtures_and_hybrid_layers_train_on_transformers_logits() -> Result<()> {
     for (name, cut, top) in cases {
         for first in [2, cut] {
             let (model, s, want) = oracle_seq_at(name, first, cut, |_| {})?;
-            let lora = model.init_lora(&[first, top], &["q_proj", "o_proj"], 4, 8.0, 3)?;
-            let d = max_diff(&model.logits(&s, &lora)?, &want)?;
+            let d = zero_adapter_gap(&model, &s, &want, &[first, top], &["q_proj", "o_proj"])?;
             ensure!(
                 d <= 1e-4,
                 "{name} from layer {first}: differs from transformers' SPEED+BoS logits by {d:e}"
