@@ -282,54 +282,49 @@ fn on_gemma4_what_its_layout_refuses_is_left_out_and_said() {
     let md = std::fs::read_to_string(paper.join("paper.md")).unwrap();
     assert!(md.contains("selfonly:3+bos") && !md.contains("swiftkv"));
     let eval = tmp.path().join("eval");
-    let (stdout, stderr) = ok(&[
+    let eval_arg = eval.to_str().unwrap();
+    // the leaderboard at ratio 0.5, its policies and folder to follow
+    let grid = [
         "eval",
         "--model",
         model_arg,
         "--suite",
         suite,
-        "--policies",
-        "full,speed+bos,snapkv",
         "--ratios",
         "0.5",
         "--timing-items",
         "0",
-        "--out",
-        eval.to_str().unwrap(),
-    ]);
+    ];
+    let three = ["--policies", "full,speed+bos,snapkv", "--out", eval_arg];
+    let (stdout, stderr) = ok(&[&grid[..], &three].concat());
     let said = "left out on this model: snapkv at 0.5: policy snapkv:0.5 does not run";
     assert!(
         stderr.contains(said) && stdout.contains(said),
         "{stderr}\n{stdout}"
     );
-    let run = std::fs::read_to_string(eval.join("leaderboard.json")).unwrap();
-    assert!(run.contains("\"left_out\"") && run.contains("speed:"));
+    let written = std::fs::read_to_string(eval.join("leaderboard.json")).unwrap();
+    assert!(written.contains("\"left_out\"") && written.contains("speed:"));
     // nothing but the full model left: refused, naming why
-    let err = fails(&[
-        "eval",
-        "--model",
-        model_arg,
-        "--suite",
-        suite,
+    let none = tmp.path().join("none");
+    let presses = [
         "--policies",
         "full,snapkv,tova",
-        "--ratios",
-        "0.5",
         "--out",
-        tmp.path().join("none").to_str().unwrap(),
-    ]);
+        none.to_str().unwrap(),
+    ];
+    let err = fails(&[&grid[..], &presses].concat());
     assert!(
         err.contains("no method of --policies runs on this model besides full"),
         "{err}"
     );
-    assert!(!tmp.path().join("none").exists());
+    assert!(!none.exists());
     // a K/V budget's plans keep K/V heads, which the shared layer 3 does not
     // have: refused by name, from the model before the diagnosis and from a
     // report, with no head file written
     let diag = tmp.path().join("diag");
     let diag_arg = diag.to_str().unwrap();
     let prompts = "fixtures/prompts/copy.jsonl";
-    let err = fails(&[
+    let diagnose = [
         "diagnose",
         "--model",
         model_arg,
@@ -337,27 +332,16 @@ fn on_gemma4_what_its_layout_refuses_is_left_out_and_said() {
         prompts,
         "--max-new-tokens",
         "4",
-        "--kv-budget",
-        "0.5",
         "--out",
         diag_arg,
-    ]);
+    ];
+    let err = fails(&[&diagnose[..], &["--kv-budget", "0.5"]].concat());
     assert!(
         err.contains("kept K/V heads (--kv-budget)") && err.contains("share K/V"),
         "{err}"
     );
     assert!(!diag.join("report.json").exists());
-    ok(&[
-        "diagnose",
-        "--model",
-        model_arg,
-        "--prompts",
-        prompts,
-        "--max-new-tokens",
-        "4",
-        "--out",
-        diag_arg,
-    ]);
+    ok(&diagnose);
     let err = fails(&["recommend", diag_arg, "--kv-budget", "0.5"]);
     assert!(err.contains("layer 3 stores no K/V of its own"), "{err}");
     assert!(!diag.join("heads-kv0.5.json").exists());
