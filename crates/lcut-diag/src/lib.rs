@@ -74,7 +74,9 @@ pub use paired::{
     paired_bootstrap, ratio_groups,
 };
 pub use predict::{ByteSizes, PredictedCost, predict_cost};
-pub use recommend::{recommend, vote_curvature_plateau, vote_selective_band, vote_tail_mass};
+pub use recommend::{
+    recommend, same_kv_cuts, vote_curvature_plateau, vote_selective_band, vote_tail_mass,
+};
 pub use repetition::{
     LOOP_MAX_PERIOD, LOOP_MIN_REPEATS, RepeatedSuffix, ends_in_loop, repeated_suffix,
 };

@@ -46,7 +46,7 @@ pub fn build_report(
         });
     }
     let curves = aggregate(&traces)?;
-    let recommendation = recommend(&curves, &settings.thresholds);
+    let recommendation = recommend(&curves, &settings.thresholds, &model.stores_kv());
     let report = Report {
         schema_version: SCHEMA_VERSION,
         tool_version: tool_version.to_string(),

@@ -15,6 +15,11 @@
 //! votes there are 28, 24 and 30, and the maximum (30, the earlier rule) was
 //! 4 layers too deep while the median (28) is within 2. One signal that keeps
 //! voting for full depth (the curvature plateau there) no longer decides.
+//!
+//! On a model where some layers store no K/V of their own (Gemma 4's shared
+//! layers, Qwen3.5's linear-attention layers) several cuts hold the same
+//! prompt K/V; the explanation names that range ([`same_kv_cuts`]), and says
+//! so when the cut saves no K/V at all.
 
 use lcut_trace::{LayerCurves, Recommendation, Thresholds, Votes};
 use std::fmt::Write;
@@ -68,8 +73,81 @@ fn median_vote(votes: &[Option<usize>]) -> Option<usize> {
     cast.get(cast.len() / 2).copied()
 }
 
-/// Recommends L_cut from aggregated curves (see the module doc for the rule).
-pub fn recommend(curves: &LayerCurves, th: &Thresholds) -> Recommendation {
+/// The cuts that hold the same prompt K/V as `cut`, lowest and highest:
+/// SPEED at cut `c` keeps the prompt's K/V in the layers below `c` that
+/// store their own (`stores_kv`, one per layer), so every cut between the
+/// last such layer below `cut` (exclusive) and the first at or above it
+/// (inclusive, as a cut) keeps the same ones. Cuts run from 1 to the depth;
+/// an empty `stores_kv` means every layer stores its own (the range is `cut`
+/// alone).
+pub fn same_kv_cuts(stores_kv: &[bool], cut: usize) -> (usize, usize) {
+    let l = stores_kv.len();
+    if l == 0 {
+        return (cut, cut);
+    }
+    let cut = cut.clamp(1, l);
+    let below = stores_kv[..cut]
+        .iter()
+        .rposition(|&s| s)
+        .map_or(1, |i| i + 1);
+    let above = stores_kv[cut..]
+        .iter()
+        .position(|&s| s)
+        .map_or(l, |j| cut + j);
+    (below, above)
+}
+
+/// Layer indices in words: `layer 3`, `layers 3, 7 and 11`.
+fn layer_list(layers: &[usize]) -> String {
+    let names: Vec<String> = layers.iter().map(ToString::to_string).collect();
+    match names.split_last() {
+        None => String::new(),
+        Some((last, [])) => format!("layer {last}"),
+        Some((last, rest)) => format!("layers {} and {last}", rest.join(", ")),
+    }
+}
+
+/// What the cut holds on a layout where some layers store no K/V of their
+/// own: the cuts that hold the same prompt K/V, and whether any is saved
+/// (`None` when `cut` is the only cut holding its K/V).
+fn same_kv_sentence(stores_kv: &[bool], cut: usize) -> Option<String> {
+    let (lo, hi) = same_kv_cuts(stores_kv, cut);
+    if lo == hi {
+        return None;
+    }
+    let l = stores_kv.len();
+    let storing: Vec<usize> = (0..l).filter(|&i| stores_kv[i]).collect();
+    let kept: Vec<usize> = storing.iter().copied().filter(|&i| i < cut).collect();
+    let held = match kept.len() {
+        0 => "none of the prompt's K/V".to_string(),
+        n if n == storing.len() => format!("all of the prompt's K/V ({})", layer_list(&kept)),
+        _ => format!(
+            "the prompt's K/V of {} ({} of the {} layers that store K/V)",
+            layer_list(&kept),
+            kept.len(),
+            storing.len()
+        ),
+    };
+    let mut text = format!(
+        "- K/V on this layout: {} of {l} layers store K/V of their own (the others read another \
+         layer's or hold a recurrent state), so every cut from {lo} to {hi} holds {held}, as \
+         L_cut {cut} does; within that range a cut changes the prompt's compute, not its memory.",
+        storing.len()
+    );
+    if kept.len() == storing.len() && cut < l {
+        text.push_str(
+            " No layer from the cut up stores K/V, so this cut saves no K/V memory against the \
+             full model: it saves the prompt's compute above the cut and the decode steps' \
+             reading of the prompt there.",
+        );
+    }
+    Some(text)
+}
+
+/// Recommends L_cut from aggregated curves (see the module doc for the
+/// rule); `stores_kv` says which layers store K/V of their own (empty:
+/// every layer), for the explanation's K/V line.
+pub fn recommend(curves: &LayerCurves, th: &Thresholds, stores_kv: &[bool]) -> Recommendation {
     let l = curves.num_layers;
     let tail = tail_mass(&curves.prefill);
     let (plateau_curve, span) = if curves.curvature_prompt.iter().all(|c| c.is_finite()) {
@@ -133,6 +211,9 @@ pub fn recommend(curves: &LayerCurves, th: &Thresholds) -> Recommendation {
              the prompt's share of the layer's output (the state split), and they have no entropy.",
             curves.state_split_layers.len()
         );
+    }
+    if let Some(line) = same_kv_sentence(stores_kv, l_cut) {
+        let _ = writeln!(text, "{line}");
     }
     if cast.iter().all(Option::is_none) {
         text.push_str("No signal voted, so the full depth is kept.\n");
@@ -225,7 +306,7 @@ mod tests {
             vec![0.9, 0.4, 0.5, 0.7, 0.8],
             vec![2.0, 1.8, 1.5, 1.45, 1.44, 1.445],
         );
-        let r = recommend(&c, &Thresholds::default());
+        let r = recommend(&c, &Thresholds::default(), &[]);
         assert_eq!(
             r.votes,
             Votes {
@@ -266,10 +347,78 @@ mod tests {
         assert_eq!(median_vote(&[None, None, None]), None);
     }
 
+    /// Qwen3.5's pattern (layers 3 and 7 of 8 hold K/V) and Gemma 4 E2B's
+    /// (layers 0-14 of 35 hold it, the last 20 read theirs): the cuts that
+    /// keep the same layers' prompt K/V.
+    #[test]
+    fn cuts_between_storing_layers_hold_the_same_kv() {
+        let hybrid: Vec<bool> = (0..8).map(|l| l % 4 == 3).collect();
+        assert_eq!(same_kv_cuts(&hybrid, 1), (1, 3));
+        assert_eq!(same_kv_cuts(&hybrid, 3), (1, 3));
+        assert_eq!(same_kv_cuts(&hybrid, 4), (4, 7));
+        assert_eq!(same_kv_cuts(&hybrid, 6), (4, 7));
+        assert_eq!(same_kv_cuts(&hybrid, 8), (8, 8));
+        let shared: Vec<bool> = (0..35).map(|l| l < 15).collect();
+        assert_eq!(same_kv_cuts(&shared, 10), (10, 10));
+        assert_eq!(same_kv_cuts(&shared, 15), (15, 35));
+        assert_eq!(same_kv_cuts(&shared, 28), (15, 35));
+        // every layer its own (or the report does not say): the cut alone
+        assert_eq!(same_kv_cuts(&[true; 6], 4), (4, 4));
+        assert_eq!(same_kv_cuts(&[], 4), (4, 4));
+    }
+
+    /// The explanation names the range on a hybrid layout, says that a cut
+    /// above every storing layer saves no K/V, and says nothing of it where
+    /// every layer stores its own.
+    #[test]
+    fn the_explanation_says_which_cuts_hold_the_same_kv() {
+        let c = curves(
+            // R = [1, .55, .25, .09, .03, 0]: the votes 4, 3, 3 as above
+            vec![0.45, 0.3, 0.16, 0.06, 0.03],
+            vec![0.9, 0.4, 0.5, 0.7, 0.8],
+            vec![2.0, 1.8, 1.5, 1.45, 1.44, 1.445],
+        );
+        let th = Thresholds::default();
+        let hybrid = [false, true, false, false, true];
+        let r = recommend(&c, &th, &hybrid);
+        assert_eq!(r.l_cut, 3);
+        assert!(
+            r.explanation.contains(
+                "2 of 5 layers store K/V of their own (the others read another layer's or hold a \
+                 recurrent state), so every cut from 2 to 4 holds the prompt's K/V of layer 1 (1 \
+                 of the 2 layers that store K/V), as L_cut 3 does"
+            ),
+            "{}",
+            r.explanation
+        );
+        assert!(!r.explanation.contains("saves no K/V"), "{}", r.explanation);
+        let shared = [true, true, false, false, false];
+        let r = recommend(&c, &th, &shared);
+        assert!(
+            r.explanation
+                .contains("every cut from 2 to 5 holds all of the prompt's K/V (layers 0 and 1)"),
+            "{}",
+            r.explanation
+        );
+        assert!(
+            r.explanation.contains("saves no K/V memory"),
+            "{}",
+            r.explanation
+        );
+        for uniform in [&[][..], &[true; 5][..]] {
+            let r = recommend(&c, &th, uniform);
+            assert!(
+                !r.explanation.contains("K/V on this layout"),
+                "{}",
+                r.explanation
+            );
+        }
+    }
+
     #[test]
     fn no_votes_keep_full_depth() {
         let c = curves(vec![f32::NAN; 4], vec![f32::NAN; 4], vec![f32::NAN; 5]);
-        let r = recommend(&c, &Thresholds::default());
+        let r = recommend(&c, &Thresholds::default(), &[]);
         assert_eq!(r.l_cut, 4);
         assert!(r.explanation.contains("full depth"), "{}", r.explanation);
     }

@@ -143,6 +143,19 @@ fn a_linear_layers_masses_are_its_state_split_and_the_report_says_so() -> Result
         "{}",
         r.recommendation.explanation
     );
+    // only the two full layers store K/V, so the cuts between them hold
+    // the same prompt K/V, and the recommendation names them
+    let stores = r.model.stores_kv();
+    ensure!(stores == (0..8).map(|l| l == 3 || l == 7).collect::<Vec<_>>());
+    let (lo, hi) = lcut_diag::same_kv_cuts(&stores, r.recommendation.l_cut);
+    let line = "2 of 8 layers store K/V of their own";
+    ensure!(
+        r.recommendation.explanation.contains(&line) == (lo < hi)
+            && (lo < hi) == (r.recommendation.l_cut < 8),
+        "cut {} ({lo} to {hi}):\n{}",
+        r.recommendation.l_cut,
+        r.recommendation.explanation
+    );
     let back: Report = serde_json::from_str(&serde_json::to_string(&r)?)?;
     ensure!(back.curves.state_split_layers == linear);
     ensure!(back.traces[0].state_split_layers == linear);

@@ -82,12 +82,24 @@ impl ModelIdentity {
     /// shared layers read another layer's; Qwen3.5's linear-attention layers
     /// hold a recurrent state), as [`ModelIdentity::layer_flops`] records it.
     pub fn kept_heads_refusal(&self) -> Option<String> {
-        let l = self.layer_flops.iter().position(|f| f.kv_projection == 0)?;
+        let l = self.stores_kv().iter().position(|&stores| !stores)?;
         Some(format!(
             "layer {l} stores no K/V of its own (it reads another layer's, as Gemma 4's shared \
              layers do, or holds a recurrent state, as Qwen3.5's linear-attention layers do), \
              so the model has no K/V heads there to keep"
         ))
+    }
+
+    /// Whether each layer stores K/V of its own, from
+    /// [`ModelIdentity::layer_flops`] (a layer that projects none reads
+    /// another layer's or holds a recurrent state); empty when the report
+    /// does not say, which is when every layer is of one uniform shape and
+    /// stores its own.
+    pub fn stores_kv(&self) -> Vec<bool> {
+        self.layer_flops
+            .iter()
+            .map(|f| f.kv_projection > 0)
+            .collect()
     }
 
     /// The model as a head file or a ranking names it (its config hash,

@@ -223,7 +223,7 @@ pub fn resolve_cut(
         None
     } else {
         let traces: Vec<PromptTrace> = full_traces.iter().map(|u| u.trace.clone()).collect();
-        Some(recommend(&aggregate(&traces)?, &Thresholds::default()).l_cut)
+        Some(recommend(&aggregate(&traces)?, &Thresholds::default(), &[]).l_cut)
     };
     if let Some(c) = settings.cut {
         return Ok((c, "--cut".into(), recommended));
