@@ -150,7 +150,7 @@ fn a_linear_layers_masses_are_its_state_split_and_the_report_says_so() -> Result
     let (lo, hi) = lcut_diag::same_kv_cuts(&stores, r.recommendation.l_cut);
     let line = "2 of 8 layers store K/V of their own";
     ensure!(
-        r.recommendation.explanation.contains(&line) == (lo < hi)
+        r.recommendation.explanation.contains(line) == (lo < hi)
             && (lo < hi) == (r.recommendation.l_cut < 8),
         "cut {} ({lo} to {hi}):\n{}",
         r.recommendation.l_cut,
