@@ -3,11 +3,12 @@
 //! against it), agreement with the first policy and the KL divergence of the
 //! next-token distributions, with progress through the prompts and a cancel.
 
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 use lcut_model::Decoder;
 use lcut_policy::Policy;
 use serde::{Deserialize, Serialize};
 
+use crate::diagnose::{RowScratch, score_row};
 use crate::error::Result;
 use crate::generate::{Generation, GenerationConfig, GenerationOutput, PrefillProgress};
 use crate::prompt::PreparedPrompt;
@@ -74,19 +75,10 @@ pub enum LockstepEvent<'a, 'm> {
 
 /// KL(p || q) between the softmax distributions of two logit vectors.
 pub fn kl_divergence(p_logits: &Tensor, q_logits: &Tensor) -> Result<f32> {
-    let lp = log_softmax_rows(&p_logits.flatten_all()?.unsqueeze(0)?)?;
-    let lq = log_softmax_rows(&q_logits.flatten_all()?.unsqueeze(0)?)?;
-    let p = lp.exp()?;
-    Ok((p * (lp - lq)?)?.sum_all()?.to_scalar::<f32>()?.max(0.0))
-}
-
-/// Row-wise log-softmax of logits [rows, vocab], in f32.
-pub(crate) fn log_softmax_rows(x: &Tensor) -> Result<Tensor> {
-    let x = x.to_dtype(candle_core::DType::F32)?;
-    let max = x.max_keepdim(1)?;
-    let shifted = x.broadcast_sub(&max)?;
-    let lse = shifted.exp()?.sum_keepdim(1)?.log()?;
-    Ok(shifted.broadcast_sub(&lse)?)
+    let p: Vec<f32> = p_logits.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+    let q: Vec<f32> = q_logits.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+    let row = score_row(&p, &q, 0, &mut RowScratch::default())?;
+    Ok(row.kl as f32)
 }
 
 /// Several generations of one prompt run in lockstep, the first one the

@@ -34,6 +34,7 @@ pub use lens_file::LensLogitsFile;
 pub use policy_axis::{AxisPolicy, equal_kv_pairs, predicted_prefill_flops_ratio};
 pub use probe::DiagnosticProbe;
 pub use prompts::{BUNDLED_PROMPTS, PromptSpec, read_prompt_set, shard_indices};
+pub(crate) use quality::{RowScratch, score_row};
 pub use routing::{RoutingProbe, decode_step_positions, routing_overlap_of};
 pub use sweep::{SweepOptions, sweep};
 pub(crate) use teacher::{ForcedQuality, ForcedScore, forced_quality};

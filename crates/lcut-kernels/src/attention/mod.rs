@@ -525,6 +525,13 @@ fn mixed_types() -> KernelError {
     KernelError::Heads("keys and values must be stored in the same type".into())
 }
 
+/// `x[i] = e^(x[i] - m)` in place, returning their sum: the attention's
+/// vectorized `exp` at the best level `isa` allows on this CPU, for a
+/// softmax over a row the caller owns (a vocabulary's logits).
+pub fn exp_sum(isa: Isa, x: &mut [f32], m: f32) -> f32 {
+    with_best_ops!(isa, |ops| BlockOps::<f32>::exp_sum(&ops, x, m))
+}
+
 mod chunk;
 pub mod tiled;
 
