@@ -24,12 +24,7 @@ impl ForcedScore {
     /// predict `target`, against `reference`, the full model's row that
     /// chose it.
     pub fn add_row(&mut self, reference: &Tensor, row: &Tensor, target: u32) -> Result<()> {
-        let two_d = |t: &Tensor| match t.rank() {
-            1 => t.unsqueeze(0),
-            _ => Ok(t.clone()),
-        };
-        self.0
-            .add(score(&two_d(reference)?, &two_d(row)?, &[target])?);
+        self.0.add(score(reference, row, &[target])?);
         Ok(())
     }
 
