@@ -448,3 +448,45 @@ fn bad_shapes_and_rows_are_errors() {
     let k16: Vec<f16> = case.k.iter().map(|&v| f16::from_f32(v)).collect();
     assert!(KvCache::new(KvData::F16(&k16), KvData::F32(&case.v), case.layout).is_err());
 }
+
+/// A cache long enough to be split into parts gives the same output and
+/// probabilities, bit for bit, on one thread and on several: where the
+/// parts begin depends on the cache alone, so a run resumed on another
+/// thread count (a leaderboard shard on one, a user's check on all) decodes
+/// the same tokens.
+#[test]
+fn a_split_cache_gives_the_same_bits_on_any_number_of_threads() {
+    let mut rng = Rng::new(25);
+    let mut sinks = Case::new(&mut rng, 8, 2, 64, 1500, false, &[0..1, 9..1500], true);
+    sinks.sinks = Some((0..8).map(|h| 0.5 * h as f32).collect());
+    let cases = [
+        Case::new(&mut rng, 9, 3, 64, 4100, false, &[0..1, 3..4100], true),
+        Case::new(&mut rng, 8, 2, 128, 1100, true, &[0..1100], false),
+        Case::new(&mut rng, 4, 4, 32, 513, false, &[0..513], true),
+        sinks,
+    ];
+    for (c, case) in cases.iter().enumerate() {
+        let on = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .expect("a thread pool");
+            let f16s: Vec<f16> = case.k.iter().map(|&v| f16::from_f32(v)).collect();
+            let v16: Vec<f16> = case.v.iter().map(|&v| f16::from_f32(v)).collect();
+            pool.install(|| {
+                (
+                    case.run(Isa::detect(), KvData::F32, &case.k, &case.v),
+                    case.run(Isa::detect(), KvData::F16, &f16s, &v16),
+                )
+            })
+        };
+        let one = on(1);
+        for threads in [2, 3, 7] {
+            assert!(
+                on(threads) == one,
+                "case {c} ({} keys): {threads} threads change the bits of one thread's",
+                case.keys()
+            );
+        }
+    }
+}

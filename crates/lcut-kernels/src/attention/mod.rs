@@ -3,10 +3,13 @@
 //! keep only some positions visible), with keys and values stored as f32,
 //! f16 or bf16.
 //!
-//! The rows are split across rayon's threads by length; each part keeps a
-//! running maximum, sum and weighted value sum per head (an online, or
-//! streaming, softmax) over blocks of rows, so that a long cache is read
-//! once, at memory speed; the parts are then merged. When asked, the
+//! A long cache's rows are split into parts by length, and the parts run on
+//! rayon's threads; each part keeps a running maximum, sum and weighted
+//! value sum per head (an online, or streaming, softmax) over blocks of
+//! rows, so that a long cache is read once, at memory speed; the parts are
+//! then merged in order. Where the parts begin depends on the number of
+//! rows alone, never on the number of threads, so one thread and many give
+//! the same bits. When asked, the
 //! softmax probabilities come out too, exactly normalised, one row per head
 //! ([heads, keys]): the raw scores are kept per part and normalised once
 //! the global maximum and sum are known. [`attend_chunk`] attends the
@@ -29,8 +32,14 @@ use crate::simd::Element;
 /// Rows per block of the streaming softmax.
 const BLOCK: usize = 64;
 
-/// Fewest rows per thread: shorter caches are attended on the calling thread.
-pub const ROWS_PER_THREAD: usize = 256;
+/// Fewest rows per part: caches shorter than two parts are attended in one
+/// part, on the calling thread.
+pub const ROWS_PER_PART: usize = 256;
+
+/// Most parts a cache is split into (so that the merge and the parts'
+/// scratch stay small beside the rows at 128K keys), enough for as many
+/// threads.
+const MAX_PARTS: usize = 64;
 
 /// One layer's keys or values, in one storage type.
 #[derive(Debug, Clone, Copy)]
@@ -648,11 +657,22 @@ impl<'a> Call<'a> {
     }
 }
 
-/// Where part `p` of the cache rows starts and ends (virtual key indices:
-/// the rows of every range, in order).
-fn part_bounds(total: usize, parallel: bool) -> Vec<Range<usize>> {
-    let parallel = parallel && total >= 2 * ROWS_PER_THREAD;
-    crate::par::parts(total, BLOCK, parallel)
+/// Where each part of `total` cache rows starts and ends (virtual key
+/// indices: the rows of every range, in order): one part per
+/// [`ROWS_PER_PART`] rows, at most [`MAX_PARTS`], each a whole number of
+/// blocks but the last. A function of `total` alone: the thread count
+/// decides only which thread runs a part, so the merged sums, and the bits,
+/// are the same on any number of threads.
+fn part_bounds(total: usize) -> Vec<Range<usize>> {
+    if total == 0 {
+        return Vec::new();
+    }
+    let parts = (total / ROWS_PER_PART).clamp(1, MAX_PARTS);
+    let per = total.div_ceil(parts).div_ceil(BLOCK) * BLOCK;
+    (0..total)
+        .step_by(per)
+        .map(|s| s..(s + per).min(total))
+        .collect()
 }
 
 /// The call with block steps `ops`: parts in parallel, then the merge.
@@ -664,7 +684,7 @@ fn run<T: Element, O: BlockOps<T>>(
     probs: Option<&mut [f32]>,
     scratch: &mut AttentionScratch,
 ) {
-    let parts = part_bounds(call.total, true);
+    let parts = part_bounds(call.total);
     let state_len = call.state_len();
     let heads = call.spec.heads;
     scratch.state.resize(parts.len().max(1) * state_len, 0.0);
@@ -852,6 +872,29 @@ fn merge<T: Element, O: BlockOps<T>>(
                 row[keys - 1] = self_p;
             }
             row.iter_mut().for_each(|x| *x *= inv);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_cover_every_row_once_in_whole_blocks() {
+        assert!(part_bounds(0).is_empty());
+        for total in [1, 63, 511, 512, 700, 4099, 65_536, 131_072 + 5] {
+            let p = part_bounds(total);
+            assert_eq!(p.first().map(|r| r.start), Some(0), "{total}");
+            assert_eq!(p.last().map(|r| r.end), Some(total), "{total}");
+            for w in p.windows(2) {
+                assert_eq!(w[0].end, w[1].start);
+                assert_eq!(w[0].len() % BLOCK, 0, "{total}");
+            }
+            assert!(p.iter().all(|r| !r.is_empty()), "{total}");
+            assert!(p.len() <= MAX_PARTS, "{total}");
+            // short caches stay whole; long ones are split
+            assert_eq!(p.len() == 1, total < 2 * ROWS_PER_PART, "{total}");
         }
     }
 }
