@@ -1,4 +1,5 @@
-//! A sequence's logits do not depend on how many threads run it. SmolLM2's
+//! A sequence's logits do not depend on how many threads run it. Every
+//! reference case (f32) from its decode start, and SmolLM2's
 //! and Gemma 3's GGUFs (`--dtype q`, an f16 cache) are prefilled with a
 //! prompt long enough that a decode step's attention splits its cache into
 //! parts, then decoded greedily, on one thread and on two: the same
@@ -8,8 +9,9 @@
 
 use anyhow::{Context, Result, ensure};
 use lcut_model::{DType, Decoder, Device, LogitRows, WeightMode, argmax_rows};
+use lcut_parity::ReferenceCase;
 use lcut_policy::{PolicySpec, TokenPhases};
-use lcut_testkit::{real_gemma3, real_model};
+use lcut_testkit::{LAYOUT_CASES, MOE_CASES, ORACLE_CASES, oracle_case, real_gemma3, real_model};
 
 /// Prompt tokens: more than two of the attention kernel's parts of rows.
 const PROMPT: usize = 700;
@@ -53,16 +55,22 @@ fn decode_on(threads: usize, model: &Decoder, ids: &[u32], policy: &str) -> Resu
 /// The GGUF at `path`, quantized with an f16 cache, on one thread and on
 /// two: the same logits bit for bit. (The kernel's own test takes more
 /// thread counts.)
-fn check(name: &str, path: &std::path::Path) -> Result<()> {
+fn check_gguf(name: &str, path: &std::path::Path) -> Result<()> {
     let mut model = Decoder::load_as(path, WeightMode::Quantized, &Device::Cpu)?;
     model.set_kv_dtype(DType::F16)?;
     let ids: Vec<u32> = (0..PROMPT as u32)
         .map(|i| 2 + (i * 7919) % 20_000)
         .collect();
-    let cut = model.config().num_layers / 2;
+    check(name, &model, &ids)
+}
+
+/// `model` decoding after `ids` on one thread and on two: the same logits
+/// bit for bit, under the full model and SPEED with BoS at half depth.
+fn check(name: &str, model: &Decoder, ids: &[u32]) -> Result<()> {
+    let cut = (model.config().num_layers / 2).max(1);
     for policy in ["full".to_string(), format!("speed:{cut}+bos")] {
-        let one = decode_on(1, &model, &ids, &policy)?;
-        let two = decode_on(2, &model, &ids, &policy)?;
+        let one = decode_on(1, model, ids, &policy)?;
+        let two = decode_on(2, model, ids, &policy)?;
         for (step, (a, b)) in one.iter().zip(&two).enumerate() {
             let differ = a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits());
             let count = differ.count();
@@ -79,7 +87,7 @@ fn check(name: &str, path: &std::path::Path) -> Result<()> {
 #[test]
 fn smollm2_decodes_the_same_bits_on_any_number_of_threads() -> Result<()> {
     match real_model() {
-        Some(path) => check("SmolLM2 Q4_1", &path),
+        Some(path) => check_gguf("SmolLM2 Q4_1", &path),
         None => Ok(()),
     }
 }
@@ -87,7 +95,21 @@ fn smollm2_decodes_the_same_bits_on_any_number_of_threads() -> Result<()> {
 #[test]
 fn gemma3_decodes_the_same_bits_on_any_number_of_threads() -> Result<()> {
     match real_gemma3() {
-        Some(path) => check("Gemma 3 Q4_K_M", &path),
+        Some(path) => check_gguf("Gemma 3 Q4_K_M", &path),
         None => Ok(()),
     }
+}
+
+/// Every reference architecture, layout and family with experts (f32, the
+/// dense kernels, the linear layers' recurrence, the experts' products,
+/// gpt-oss's sinks), decoding from its case's decode start.
+#[test]
+fn every_reference_case_decodes_the_same_bits_on_any_number_of_threads() -> Result<()> {
+    for name in ORACLE_CASES.iter().chain(&LAYOUT_CASES).chain(&MOE_CASES) {
+        let case = ReferenceCase::load(&oracle_case(name))?;
+        let model = case.model(DType::F32, &Device::Cpu)?;
+        let start = case.policies[0].decode_start;
+        check(name, &model, &case.ids[..=start])?;
+    }
+    Ok(())
 }
