@@ -139,6 +139,12 @@ pub fn run(args: &EvalCommand, path: &Path, ratios: &str) -> Result<()> {
             done.len(),
             out.join(JOURNAL).display()
         );
+        let current = lcut_engine::made_by::MadeBy::current();
+        if let Some(note) =
+            lcut_engine::made_by::resume_note(done.iter().map(|d| d.made_by.as_ref()), &current)
+        {
+            eprintln!("{note}");
+        }
     }
     let bar = crate::common::count_bar(todo, "items");
     bar.set_position(done.len() as u64);

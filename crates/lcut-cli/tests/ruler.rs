@@ -265,6 +265,66 @@ fn ruler_suite_then_the_leaderboard_run() {
     assert!(String::from_utf8_lossy(&rerun.stderr).contains("resuming: 6 of 6"));
     let after = std::fs::read_to_string(Path::new(&whole).join("items.jsonl")).unwrap();
     assert_eq!(after, journal);
+    // every item names the build and instruction-set level that made it,
+    // one for all, so the table has no note of several
+    let items: Vec<serde_json::Value> = journal
+        .lines()
+        .skip(1)
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let made = &items[0]["made_by"];
+    assert!(
+        made["build"]
+            .as_str()
+            .is_some_and(|b| b.starts_with("lcut "))
+            && made["isa"].as_str().is_some(),
+        "{made}"
+    );
+    assert!(items.iter().all(|i| &i["made_by"] == made));
+    assert!(!String::from_utf8_lossy(&rerun.stderr).contains("another build"));
+    assert!(!r.table.notes.iter().any(|n| n.starts_with("Made by")));
+    // a journal one of whose items another build made: the resume says so,
+    // and so does the table
+    let mut edited = journal.lines().map(str::to_string).collect::<Vec<_>>();
+    let mut first: serde_json::Value = serde_json::from_str(&edited[1]).unwrap();
+    first["made_by"]["build"] = "lcut 0.0.0 0123456789abcdef".into();
+    edited[1] = first.to_string();
+    std::fs::write(
+        Path::new(&whole).join("items.jsonl"),
+        edited.join("\n") + "\n",
+    )
+    .unwrap();
+    let mixed = lcut(&[
+        "eval",
+        "--model",
+        MODEL,
+        "--suite",
+        &suite,
+        "--policies",
+        "full,speed+bos,slim+block:16,swiftkv",
+        "--ratios",
+        "0.25,0.75",
+        "--max-new-tokens",
+        "4",
+        "--timing-tokens",
+        "3",
+        "--out",
+        &whole,
+    ]);
+    assert!(mixed.status.success());
+    let said = String::from_utf8_lossy(&mixed.stderr);
+    assert!(
+        said.contains("1 of the 6 items already journaled were made by another build"),
+        "{said}"
+    );
+    let notes = read_run(Path::new(&whole)).table.notes;
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.starts_with("Made by 2 builds") && n.contains("1 by lcut 0.0.0")),
+        "{notes:?}"
+    );
+    std::fs::write(Path::new(&whole).join("items.jsonl"), &journal).unwrap();
     // ... and an interrupted one: a cut last line is dropped and redone
     let lines: Vec<&str> = journal.lines().collect();
     let cut = format!(

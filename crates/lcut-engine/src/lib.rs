@@ -15,6 +15,7 @@ pub mod head_check;
 pub mod heads;
 pub mod heap;
 pub mod leaderboard;
+pub mod made_by;
 mod prompt;
 pub mod serve_shape;
 mod session;

@@ -216,6 +216,10 @@ pub struct LeaderboardItem {
     /// Every configuration's timing, when the item was timed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub timing: Vec<ItemTiming>,
+    /// The build and instruction-set level that ran the item (absent in
+    /// journals written before items recorded it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub made_by: Option<crate::made_by::MadeBy>,
 }
 
 /// What `lcut eval --ratios` writes: the setting, every item and the table.
@@ -362,6 +366,7 @@ pub fn run_items(
     crate::suite::check_items(session, items, &indices, &policies, &opts)?;
     let mut out = done;
     let kv_dtype = session.model.kv_dtype();
+    let made_by = crate::made_by::MadeBy::current();
     for index in indices {
         if out.iter().any(|d| d.index == index) {
             continue;
@@ -388,6 +393,7 @@ pub fn run_items(
             context_kv_bytes: context_kv_bytes(session, kv_dtype, prompt.decode_start),
             results,
             timing,
+            made_by: Some(made_by.clone()),
         };
         if !on_item(&record)? {
             return Err(EngineError::Cancelled);

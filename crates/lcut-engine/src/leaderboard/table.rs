@@ -92,6 +92,9 @@ pub fn build_table(header: &LeaderboardHeader, items: &[LeaderboardItem]) -> Lea
         ]
         .into_iter()
         .chain(super::left_out_lines(&header.left_out))
+        .chain(crate::made_by::mixed_note(
+            items.iter().map(|i| i.made_by.as_ref()),
+        ))
         .collect(),
     }
 }
