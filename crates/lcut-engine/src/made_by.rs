@@ -186,7 +186,10 @@ pub fn resume_note<'a>(
     }
     (other > 0).then(|| {
         format!(
-            "{other} of the {all} items already journaled were made by another build or              instruction-set level than this one ({current}), or by one that did not record              itself: the table will say so; such an item rerun now could differ by a token              where two were nearly tied"
+            "{other} of the {all} items already journaled were made by another build or \
+             instruction-set level than this one ({current}), or by one that did not record \
+             itself: the table will say so; such an item rerun now could differ by a token \
+             where two were nearly tied"
         )
     })
 }
@@ -259,5 +262,6 @@ mod tests {
         let note = resume_note([Some(&here), Some(&other), None].into_iter(), &here).unwrap();
         assert!(note.starts_with("2 of the 3 items"), "{note}");
         assert!(note.contains(&here.to_string()), "{note}");
+        assert!(!note.contains("  "), "{note}");
     }
 }
