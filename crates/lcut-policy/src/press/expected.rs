@@ -58,12 +58,15 @@ impl QueryStats {
             if self.outer.is_empty() {
                 continue;
             }
+            // the upper triangle only (b >= a): the matrix is symmetric,
+            // and `qa * qb` is `qb * qa` to the bit, so [`Self::outer`]
+            // mirrors it into the sums the whole square would hold
             for h in 0..heads {
                 let q = &row[h * d..(h + 1) * d];
                 let o = &mut self.outer[h * d * d..(h + 1) * d * d];
                 for a in 0..d {
                     let qa = f64::from(q[a]);
-                    for b in 0..d {
+                    for b in a..d {
                         o[a * d + b] += qa * f64::from(q[b]);
                     }
                 }
@@ -74,6 +77,20 @@ impl QueryStats {
     /// Rows summed.
     pub(super) fn rows(&self) -> usize {
         self.rows
+    }
+
+    /// Query head `h`'s sum of outer products, `[d][d]` row-major, with
+    /// `d` its head width (none summed: empty).
+    fn outer(&self, h: usize, d: usize) -> Vec<f64> {
+        let Some(upper) = self.outer.get(h * d * d..(h + 1) * d * d) else {
+            return Vec::new();
+        };
+        (0..d * d)
+            .map(|x| {
+                let (a, b) = (x / d, x % d);
+                upper[a.min(b) * d + a.max(b)]
+            })
+            .collect()
     }
 }
 
@@ -135,7 +152,7 @@ pub(super) fn scores(p: &PressParams, kv: &PromptKv<'_>, stats: &QueryStats) -> 
             let mu_r = rotate(&mu);
             // C' = R C R^T, C = outer / rows - mu mu^T
             let cov_r = (!stats.outer.is_empty() && p.covariance).then(|| {
-                let o = &stats.outer[h * d * d..(h + 1) * d * d];
+                let o = stats.outer(h, d);
                 let c: Vec<f64> = (0..d * d)
                     .map(|x| o[x] / rows - mu[x / d] * mu[x % d])
                     .collect();
@@ -196,6 +213,39 @@ mod tests {
     use super::super::PressName;
     use super::*;
     use crate::visibility::HostKeys;
+
+    /// The upper triangle summed and mirrored is, bit for bit, the whole
+    /// square summed row by row.
+    #[test]
+    fn the_outer_sums_are_the_whole_squares() {
+        let (heads, d, n) = (2, 5, 7);
+        let rows: Vec<f32> = (0..n * heads * d)
+            .map(|i| ((i * 37 % 23) as f32 - 11.0) / 3.0 + 1e-3 * i as f32)
+            .collect();
+        let positions: Vec<usize> = (0..n).collect();
+        let mut stats = QueryStats::default();
+        stats.push(&positions, &rows, (1, n), (heads, true));
+        assert_eq!(stats.rows(), n - 1);
+        for h in 0..heads {
+            let mut want = vec![0f64; d * d];
+            for row in rows.chunks_exact(heads * d).skip(1) {
+                let q = &row[h * d..(h + 1) * d];
+                for a in 0..d {
+                    for b in 0..d {
+                        want[a * d + b] += f64::from(q[a]) * f64::from(q[b]);
+                    }
+                }
+            }
+            let got = stats.outer(h, d);
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(x, y)| x.to_bits() == y.to_bits()),
+                "head {h}: {got:?} vs {want:?}"
+            );
+        }
+        assert!(QueryStats::default().outer(0, d).is_empty());
+    }
 
     #[test]
     fn the_average_rotation_of_one_position_is_rope_itself() {
