@@ -358,6 +358,11 @@ fn print_summary(run: &LeaderboardRun, pairs: &LeaderboardPairs, dir: &Path) {
     for line in left_out_lines(&run.header.left_out) {
         println!("{line}");
     }
+    if let Some(note) =
+        lcut_engine::made_by::mixed_note(run.items.iter().map(|i| i.made_by.as_ref()))
+    {
+        println!("{note}");
+    }
     println!(
         "wrote {}, leaderboard.csv, leaderboard.html and {PAIRS} (.csv) in {}",
         RESULT,

@@ -282,6 +282,7 @@ fn ruler_suite_then_the_leaderboard_run() {
     );
     assert!(items.iter().all(|i| &i["made_by"] == made));
     assert!(!String::from_utf8_lossy(&rerun.stderr).contains("another build"));
+    assert!(!String::from_utf8_lossy(&rerun.stdout).contains("Made by"));
     assert!(!r.table.notes.iter().any(|n| n.starts_with("Made by")));
     // a journal one of whose items another build made: the resume says so,
     // and so does the table
@@ -317,6 +318,8 @@ fn ruler_suite_then_the_leaderboard_run() {
         said.contains("1 of the 6 items already journaled were made by another build"),
         "{said}"
     );
+    let printed = String::from_utf8_lossy(&mixed.stdout);
+    assert!(printed.contains("Made by 2 builds"), "{printed}");
     let notes = read_run(Path::new(&whole)).table.notes;
     assert!(
         notes
