@@ -157,6 +157,33 @@ fn shards_merge_into_the_unsharded_run() {
         &[],
     );
     assert!(!err.status.success());
+    // a result names the build and level that ran it; shards from two
+    // builds merge, and the merged result names both and says so
+    let whole = read(&tmp.path().join("all.full.json"));
+    assert_eq!(whole.made_by.len(), 1);
+    assert!(
+        whole.made_by[0].build.starts_with("lcut "),
+        "{:?}",
+        whole.made_by
+    );
+    let mut other = read(&tmp.path().join("s1.full.json"));
+    other.made_by[0].build = "lcut 0.0.0 0123456789abcdef".into();
+    std::fs::write(out("s1-other.json"), serde_json::to_string(&other).unwrap()).unwrap();
+    let mixed = out("m-other.json");
+    let stdout = ok(
+        &[
+            "eval-merge",
+            &out("s0.full.json"),
+            &out("s1-other.json"),
+            "--out",
+            &mixed,
+        ],
+        &[],
+    );
+    assert!(stdout.contains("Made by 2 builds"), "{stdout}");
+    let merged = read(Path::new(&mixed));
+    assert_eq!(merged.made_by.len(), 2);
+    assert_eq!(merged.items, whole.items);
 }
 
 /// kvpress's presses share one prompt run per item: a press scores the

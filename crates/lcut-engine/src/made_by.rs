@@ -172,6 +172,22 @@ pub fn mixed_note<'a>(made_by: impl Iterator<Item = Option<&'a MadeBy>>) -> Opti
     ))
 }
 
+/// A line naming the builds and levels of `made_by` when there are several
+/// (a result merged from shards that ran on other builds or CPUs); `None`
+/// for one or none.
+pub fn several_note(made_by: &[MadeBy]) -> Option<String> {
+    (made_by.len() > 1).then(|| {
+        let names: Vec<String> = made_by.iter().map(MadeBy::to_string).collect();
+        format!(
+            "Made by {} builds or instruction-set levels: {}. Shards of one run give its \
+             result exactly only from one; another rounds differently, which can change a \
+             token where two were nearly tied.",
+            made_by.len(),
+            names.join("; ")
+        )
+    })
+}
+
 /// Said when a run resumes a journal some of whose items `made_by` did not
 /// make: how many, and what that means for the table. `None` when this
 /// build and level made them all.
@@ -249,6 +265,24 @@ mod tests {
             note.contains("1 by a build that did not record itself"),
             "{note}"
         );
+    }
+
+    #[test]
+    fn several_builds_of_a_merged_result_are_named() {
+        let a = MadeBy::current();
+        let b = MadeBy {
+            isa: "portable".into(),
+            ..a.clone()
+        };
+        assert_eq!(several_note(&[]), None);
+        assert_eq!(several_note(std::slice::from_ref(&a)), None);
+        let note = several_note(&[a.clone(), b.clone()]).unwrap();
+        assert!(note.starts_with("Made by 2 builds"), "{note}");
+        assert!(
+            note.contains(&a.to_string()) && note.contains(&b.to_string()),
+            "{note}"
+        );
+        assert!(!note.contains("  "), "{note}");
     }
 
     #[test]

@@ -220,6 +220,11 @@ pub struct SuiteEval {
     /// The shard `[i, n]` run, absent for the whole suite.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<[usize; 2]>,
+    /// The build and instruction-set level that ran the items (merged
+    /// shards: each of theirs once; absent in results written before runs
+    /// recorded it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub made_by: Vec<crate::made_by::MadeBy>,
     /// Sum of the items' wall times, seconds (over merged shards too).
     pub seconds: f64,
     /// `all`, each kind, each length of multi-length kinds.
@@ -245,6 +250,7 @@ impl SuiteEval {
             self.suite_items,
             self.seconds
         )];
+        lines.extend(crate::made_by::several_note(&self.made_by));
         for g in &self.scores {
             let score = match (g.score, g.score_ci95) {
                 (Some(s), Some([lo, hi])) => format!(" score={s:.3} [{lo:.3}, {hi:.3}]"),
@@ -305,8 +311,12 @@ pub fn merge_evals(parts: &[SuiteEval]) -> Result<SuiteEval> {
             first.suite_items
         )));
     }
+    let mut made_by: Vec<_> = parts.iter().flat_map(|p| p.made_by.clone()).collect();
+    made_by.sort();
+    made_by.dedup();
     Ok(SuiteEval {
         shard: None,
+        made_by,
         seconds: parts.iter().map(|p| p.seconds).sum(),
         scores: summarize(&items),
         items,
@@ -401,6 +411,7 @@ mod tests {
             max_new_tokens: 8,
             item_budgets: false,
             shard,
+            made_by: Vec::new(),
             seconds: items.iter().map(|r| r.seconds).sum(),
             scores: summarize(&items),
             items,
