@@ -58,19 +58,32 @@ fn build() -> &'static str {
 }
 
 /// The file mapped at the address of this function's code: the binary or
-/// shared library lcut-engine is linked into.
+/// shared library lcut-engine is linked into. Opened through
+/// `/proc/self/map_files`, which reaches the mapped file itself even when
+/// its path has since been replaced (a rebuild while a run goes on); by its
+/// path where that is not readable, and not at all when the path is gone.
 fn own_file() -> Option<PathBuf> {
     let here = own_file as *const () as usize;
     let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
     maps.lines().find_map(|line| {
-        let mut fields = line.split_whitespace();
-        let (lo, hi) = fields.next()?.split_once('-')?;
+        // range, perms, offset, device, inode, then the path (which may
+        // hold spaces)
+        let mut fields = line.splitn(6, ' ');
+        let range = fields.next()?;
+        let (lo, hi) = range.split_once('-')?;
         let (lo, hi) = (
             usize::from_str_radix(lo, 16).ok()?,
             usize::from_str_radix(hi, 16).ok()?,
         );
-        let path = fields.nth(4)?;
-        (lo <= here && here < hi && path.starts_with('/')).then(|| PathBuf::from(path))
+        let path = fields.nth(4)?.trim_start();
+        if !(lo <= here && here < hi && path.starts_with('/')) {
+            return None;
+        }
+        let mapped = PathBuf::from(format!("/proc/self/map_files/{range}"));
+        if std::fs::File::open(&mapped).is_ok() {
+            return Some(mapped);
+        }
+        (!path.ends_with(" (deleted)")).then(|| PathBuf::from(path))
     })
 }
 
