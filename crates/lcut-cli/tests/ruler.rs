@@ -53,6 +53,28 @@ fn read_pairs(dir: &Path) -> LeaderboardPairs {
 }
 
 /// The run in `dir`, wall times zeroed (they differ from run to run).
+/// The test's leaderboard run of `suite` into `out`: four methods at two
+/// ratios, short answers and timings.
+fn leaderboard_args<'a>(suite: &'a str, out: &'a str) -> Vec<&'a str> {
+    vec![
+        "eval",
+        "--model",
+        MODEL,
+        "--suite",
+        suite,
+        "--policies",
+        "full,speed+bos,slim+block:16,swiftkv",
+        "--ratios",
+        "0.25,0.75",
+        "--max-new-tokens",
+        "4",
+        "--timing-tokens",
+        "3",
+        "--out",
+        out,
+    ]
+}
+
 fn read_run(dir: &Path) -> LeaderboardRun {
     let text = std::fs::read_to_string(dir.join("leaderboard.json")).unwrap();
     let mut run: LeaderboardRun = serde_json::from_str(&text).unwrap();
@@ -137,23 +159,7 @@ fn ruler_suite_then_the_leaderboard_run() {
     );
 
     let run = |out: &str, extra: &[&str]| {
-        let mut a = vec![
-            "eval",
-            "--model",
-            MODEL,
-            "--suite",
-            &suite,
-            "--policies",
-            "full,speed+bos,slim+block:16,swiftkv",
-            "--ratios",
-            "0.25,0.75",
-            "--max-new-tokens",
-            "4",
-            "--timing-tokens",
-            "3",
-            "--out",
-            out,
-        ];
+        let mut a = leaderboard_args(&suite, out);
         a.extend_from_slice(extra);
         ok(&a)
     };
@@ -244,23 +250,7 @@ fn ruler_suite_then_the_leaderboard_run() {
 
     // a rerun resumes: every item is in the journal, nothing runs again
     let journal = std::fs::read_to_string(Path::new(&whole).join("items.jsonl")).unwrap();
-    let rerun = lcut(&[
-        "eval",
-        "--model",
-        MODEL,
-        "--suite",
-        &suite,
-        "--policies",
-        "full,speed+bos,slim+block:16,swiftkv",
-        "--ratios",
-        "0.25,0.75",
-        "--max-new-tokens",
-        "4",
-        "--timing-tokens",
-        "3",
-        "--out",
-        &whole,
-    ]);
+    let rerun = lcut(&leaderboard_args(&suite, &whole));
     assert!(rerun.status.success());
     assert!(String::from_utf8_lossy(&rerun.stderr).contains("resuming: 6 of 6"));
     let after = std::fs::read_to_string(Path::new(&whole).join("items.jsonl")).unwrap();
@@ -295,23 +285,7 @@ fn ruler_suite_then_the_leaderboard_run() {
         edited.join("\n") + "\n",
     )
     .unwrap();
-    let mixed = lcut(&[
-        "eval",
-        "--model",
-        MODEL,
-        "--suite",
-        &suite,
-        "--policies",
-        "full,speed+bos,slim+block:16,swiftkv",
-        "--ratios",
-        "0.25,0.75",
-        "--max-new-tokens",
-        "4",
-        "--timing-tokens",
-        "3",
-        "--out",
-        &whole,
-    ]);
+    let mixed = lcut(&leaderboard_args(&suite, &whole));
     assert!(mixed.status.success());
     let said = String::from_utf8_lossy(&mixed.stderr);
     assert!(
