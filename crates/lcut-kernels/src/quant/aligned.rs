@@ -99,6 +99,23 @@ impl AlignedBytes {
         }
     }
 
+    /// `len` bytes of no particular value (zeros or what an earlier use
+    /// left), keeping the allocation where it is large enough: for a buffer
+    /// about to be written end to end, where [`AlignedBytes::reset`]'s
+    /// zeroing would be wasted work.
+    pub fn resize(&mut self, len: usize) {
+        match &mut self.storage {
+            Storage::Lines(lines) => {
+                lines.resize(len.div_ceil(64), Line([0; 64]));
+                self.len = len;
+            }
+            #[cfg(target_os = "linux")]
+            Storage::Huge(map) if len <= map.capacity() => self.len = len,
+            #[cfg(target_os = "linux")]
+            Storage::Huge(_) => *self = Self::for_weights(len),
+        }
+    }
+
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
         let start = match &self.storage {

@@ -279,9 +279,11 @@ pub(super) struct Tile {
 
 impl Tile {
     /// Make the tile hold `rows` rows of `format` of `blocks` blocks of 32
-    /// values each, every value, scale and offset zero, the scaling and the
-    /// 16-bit step count the format's: what both fills start from.
-    fn start(&mut self, format: QuantFormat, rows: usize, blocks: usize) {
+    /// values each, the scaling and the 16-bit step count the format's:
+    /// what both fills start from. Every value, scale and offset is zero,
+    /// unless `every_lane_written` says the fill writes all [`TILE`] lanes
+    /// of every block itself (then they keep whatever they held).
+    fn start(&mut self, format: QuantFormat, rows: usize, blocks: usize, every_lane_written: bool) {
         self.rows = rows;
         self.scaling = if format == QuantFormat::Q6K {
             Scaling::Centered
@@ -289,20 +291,27 @@ impl Tile {
             Scaling::Offset
         };
         self.i16_steps = format.i16_pair_steps();
-        self.q.reset(blocks * BLOCK_BYTES);
-        reset(&mut self.d, blocks * TILE);
         let (offsets, scales) = match self.scaling {
             Scaling::Offset => (blocks * TILE, 0),
             Scaling::Centered => (0, blocks * 2 * TILE),
         };
-        reset(&mut self.e, offsets);
-        reset(&mut self.sc, scales);
+        if every_lane_written {
+            self.q.resize(blocks * BLOCK_BYTES);
+            self.d.resize(blocks * TILE, 0.0);
+            self.e.resize(offsets, 0.0);
+            self.sc.resize(scales, 0);
+        } else {
+            self.q.reset(blocks * BLOCK_BYTES);
+            reset(&mut self.d, blocks * TILE);
+            reset(&mut self.e, offsets);
+            reset(&mut self.sc, scales);
+        }
     }
 
     /// Unpack the rows `w` (`row_bytes` each, at most [`TILE`]) of `format`.
     pub(super) fn fill(&mut self, format: QuantFormat, w: &[u8], row_bytes: usize) {
         let blocks = row_bytes / format.block_bytes() * (format.block_len() / QK);
-        self.start(format, w.len() / row_bytes, blocks);
+        self.start(format, w.len() / row_bytes, blocks, false);
         for (r, row) in w.chunks_exact(row_bytes).enumerate() {
             for_each_block32(format, row, |b, values, scale| {
                 match scale {
@@ -348,7 +357,9 @@ impl Tile {
         let (len, gb) = (format.block_len(), group_block_bytes(format));
         let blocks_per_row = m.cols / len;
         let blocks = blocks_per_row * (len / QK);
-        self.start(format, rows.len(), blocks);
+        // two whole groups of eight rows write every lane (the group blocks
+        // give each of their rows every value and scale)
+        self.start(format, rows.len(), blocks, rows.len() == TILE);
         let groups = rows.start / GROUP_ROWS..rows.end.div_ceil(GROUP_ROWS);
         for (g, group) in groups.enumerate() {
             let data = &m.data[group * blocks_per_row * gb..][..blocks_per_row * gb];
@@ -448,23 +459,13 @@ impl Tile {
     /// Group block `i` (one Q4_K block of eight rows, eight sub-blocks of
     /// 32; `five`: one Q5_K block) into group `g`.
     fn put_q4k(&mut self, g: usize, i: usize, gblk: &[u8], five: bool) {
-        for r in 0..GROUP_ROWS {
-            let (d, dmin) = (f16_at(gblk, 2 * r), f16_at(gblk, 16 + 2 * r));
-            for j in 0..QK_K / QK {
-                let (sc, m) = (gblk[32 + 8 * j + r], gblk[96 + 8 * j + r]);
-                let at = (8 * i + j) * TILE + GROUP_ROWS * g + r;
-                self.d[at] = d * f32::from(sc);
-                self.e[at] = -(dmin * f32::from(m));
-            }
-        }
-        // sub-blocks 2p and 2p + 1 are the low and high nibbles of chunks
-        // 8p..8p + 8, step k of both in chunk 8p + k
+        assert!(Isa::Avx2.available(), "the tile needs AVX2");
+        // SAFETY: AVX2 and F16C run here (asserted above: the tile's level
+        // implies both).
+        unsafe { q4k_scales_avx2(&mut self.d, &mut self.e, g, i, gblk) };
         if !five {
-            for (c, chunk) in gblk[160..160 + 1024].chunks_exact(32).enumerate() {
-                let (p, k) = (c / 8, c % 8);
-                self.put_nibbles(8 * i + 2 * p, k, g, chunk, false, None);
-                self.put_nibbles(8 * i + 2 * p + 1, k, g, chunk, true, None);
-            }
+            // SAFETY: as above.
+            unsafe { q4k_nibbles_avx2(self.q.as_mut_slice(), g, i, &gblk[160..160 + 1024]) };
             return;
         }
         // Q5_K: each pair's fifth-bit vectors, then its eight chunks; chunk
@@ -573,9 +574,7 @@ impl Tile {
                 super::tile_avx512::group(self, group, sums)
             });
         } else {
-            by_groups(a, self.rows, o, stride, |group, sums| {
-                super::tile_avx2::group(self, group, sums)
-            });
+            super::tile_avx2::product(self, a, o, stride, self.rows);
         }
     }
 }
@@ -619,6 +618,74 @@ unsafe fn mxfp4_codes_avx2(chunk: &[u8], low: &mut [u8], high: &mut [u8]) {
     }
 }
 
+/// Q4_K's and Q5_K's scales of group block `i` (eight rows' `d` and
+/// `dmin` in f16, then each 32-value sub-block's eight 6-bit scales and
+/// minimums, unpacked to bytes) into group `g` of the tile's scales `d` and
+/// offsets `e`: lane r of sub-block j takes `d_r · sc` and `-(dmin_r · m)`,
+/// eight rows in one register, the same products as one row at a time.
+#[target_feature(enable = "avx2,f16c")]
+fn q4k_scales_avx2(d: &mut [f32], e: &mut [f32], g: usize, i: usize, gblk: &[u8]) {
+    use std::arch::x86_64::{
+        __m128i, _mm_loadl_epi64, _mm_loadu_si128, _mm256_cvtepi32_ps, _mm256_cvtepu8_epi32,
+        _mm256_cvtph_ps, _mm256_mul_ps, _mm256_set1_ps, _mm256_storeu_ps, _mm256_xor_ps,
+    };
+    let (scales, minimums) = (&gblk[..16], &gblk[16..32]);
+    // SAFETY: both are 16 readable bytes (sliced above); unaligned loads.
+    let (dv, mv) = unsafe {
+        (
+            _mm256_cvtph_ps(_mm_loadu_si128(scales.as_ptr().cast::<__m128i>())),
+            _mm256_cvtph_ps(_mm_loadu_si128(minimums.as_ptr().cast::<__m128i>())),
+        )
+    };
+    let sign = _mm256_set1_ps(-0.0);
+    let bytes8 = |at: usize| {
+        let b = &gblk[at..at + GROUP_ROWS];
+        // SAFETY: `b` is 8 readable bytes (sliced above); unaligned load.
+        let v = unsafe { _mm_loadl_epi64(b.as_ptr().cast::<__m128i>()) };
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v))
+    };
+    for j in 0..QK_K / QK {
+        let at = (8 * i + j) * TILE + GROUP_ROWS * g;
+        let (to_d, to_e) = (&mut d[at..at + GROUP_ROWS], &mut e[at..at + GROUP_ROWS]);
+        let (sc, m) = (bytes8(32 + 8 * j), bytes8(96 + 8 * j));
+        // SAFETY: both are 8 writable f32 (sliced above); unaligned stores.
+        unsafe {
+            _mm256_storeu_ps(to_d.as_mut_ptr(), _mm256_mul_ps(dv, sc));
+            _mm256_storeu_ps(to_e.as_mut_ptr(), _mm256_xor_ps(_mm256_mul_ps(mv, m), sign));
+        }
+    }
+}
+
+/// Q4_K's values of group block `i` (`quants`: 32 chunks of 32 bytes,
+/// eight rows' four bytes side by side) into group `g` of the tile's values
+/// `q`: sub-blocks 2p and 2p + 1 are the low and high nibbles of chunks
+/// 8p..8p + 8, step k of both in chunk 8p + k.
+#[target_feature(enable = "avx2")]
+fn q4k_nibbles_avx2(q: &mut [u8], g: usize, i: usize, quants: &[u8]) {
+    use std::arch::x86_64::{
+        __m256i, _mm256_and_si256, _mm256_loadu_si256, _mm256_set1_epi8, _mm256_srli_epi16,
+        _mm256_storeu_si256,
+    };
+    let nibble = _mm256_set1_epi8(0x0F);
+    for (c, chunk) in quants.chunks_exact(32).enumerate() {
+        let (p, k) = (c / 8, c % 8);
+        let low = (8 * i + 2 * p) * BLOCK_BYTES + k * 64 + 4 * GROUP_ROWS * g;
+        let high = low + BLOCK_BYTES;
+        // SAFETY: `chunk` is 32 readable bytes (`chunks_exact`); unaligned load.
+        let v = unsafe { _mm256_loadu_si256(chunk.as_ptr().cast::<__m256i>()) };
+        let (lo, hi) = (
+            _mm256_and_si256(v, nibble),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(v), nibble),
+        );
+        let to = &mut q[low..low + 32];
+        // SAFETY: `to` is 32 writable bytes (sliced above); unaligned store.
+        unsafe { _mm256_storeu_si256(to.as_mut_ptr().cast::<__m256i>(), lo) };
+        let to = &mut q[high..high + 32];
+        // SAFETY: as above.
+        unsafe { _mm256_storeu_si256(to.as_mut_ptr().cast::<__m256i>(), hi) };
+    }
+}
+
 /// `v` as `len` zeros, keeping its allocation.
 pub(super) fn reset<T: Default + Clone>(v: &mut Vec<T>, len: usize) {
     v.clear();
@@ -629,7 +696,94 @@ pub(super) fn reset<T: Default + Clone>(v: &mut Vec<T>, len: usize) {
 mod tests {
     use super::*;
     use crate::quant::PackedMatrix;
+    use crate::quant::acts::Q8Rows;
     use crate::testdata::{Rng, random_blocks};
+
+    /// What the tile's product of weight row `r` and activation row `a`
+    /// is defined as, one block after another: the block's integer sum
+    /// (Q6_K: each half's, centred and scaled), then in f32 `acc +=
+    /// sum · (d_w · d_a)` and, with an offset, `acc += e_w · s_a`, each a
+    /// fused multiply-add.
+    fn defining_sum(t: &Tile, a: &Q8Row<'_>, r: usize) -> f32 {
+        let mut acc = 0f32;
+        for b in 0..t.blocks() {
+            let sum = |steps: Range<usize>| -> i32 {
+                steps
+                    .flat_map(|k| (0..4).map(move |j| (k, j)))
+                    .map(|(k, j)| {
+                        let w = t.q.as_slice()[b * BLOCK_BYTES + k * 64 + 4 * r + j];
+                        i32::from(w) * i32::from(a.q[QK * b + 4 * k + j])
+                    })
+                    .sum()
+            };
+            let isum = match t.scaling {
+                Scaling::Offset => sum(0..8),
+                Scaling::Centered => (0..2)
+                    .map(|h| {
+                        let centered = sum(4 * h..4 * h + 4) - 32 * i32::from(a.sum16[2 * b + h]);
+                        t.sc[(2 * b + h) * TILE + r] * centered
+                    })
+                    .sum(),
+            };
+            acc = (isum as f32).mul_add(t.d[b * TILE + r] * a.d[b], acc);
+            if t.scaling == Scaling::Offset {
+                acc = t.e[b * TILE + r].mul_add(a.s[b], acc);
+            }
+        }
+        acc
+    }
+
+    /// The tile's product on this CPU's level is its defining sum bit for
+    /// bit, for every format, on rows of several chunks of blocks and a part
+    /// chunk, every count of activation rows in a last group, whole and part
+    /// tiles: however a level orders its loads and passes, each lane sums
+    /// its blocks in order (and so every level gives the same bits, on a
+    /// machine that has only one of them too).
+    #[test]
+    fn the_tile_product_is_its_defining_sum_bit_for_bit() {
+        let Some(level) = level(Isa::detect()) else {
+            return;
+        };
+        let mut rng = Rng::new(41);
+        for format in [
+            QuantFormat::Q4_0,
+            QuantFormat::Q4_1,
+            QuantFormat::Q5_0,
+            QuantFormat::Q5_1,
+            QuantFormat::Mxfp4,
+            QuantFormat::Q4K,
+            QuantFormat::Q5K,
+            QuantFormat::Q6K,
+        ] {
+            let (rows, cols) = (21, 2048 + 256);
+            let data = random_blocks(format, rows * cols / format.block_len(), &mut rng);
+            let m = QuantMatrix::new(format, &data, rows, cols).expect("whole blocks");
+            for n in [1, 2, 3, 4, 6, 9] {
+                let x = rng.normals(n * cols, 1.0);
+                let mut acts = Q8Rows::new();
+                acts.quantize(&x, n, cols).expect("whole blocks");
+                let a: Vec<Q8Row<'_>> = (0..n).map(|i| acts.row(i)).collect();
+                for first in (0..rows).step_by(TILE) {
+                    let range = first..rows.min(first + TILE);
+                    let mut t = Tile::default();
+                    t.fill(format, &m.rows_data(range.clone()), m.row_bytes);
+                    let mut got = vec![f32::NAN; n * range.len()];
+                    t.product(level, &a, None, &mut got, range.len());
+                    for (i, row) in a.iter().enumerate() {
+                        for r in 0..range.len() {
+                            let want = defining_sum(&t, row, r);
+                            assert_eq!(
+                                got[i * range.len() + r].to_bits(),
+                                want.to_bits(),
+                                "{format:?} {} rows {range:?} act {i} of {n} row {r}",
+                                level.name()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     /// A tile filled straight from the interleaved copy holds the same
     /// bytes, scales and offsets as one filled from the file's rows, for
@@ -651,9 +805,13 @@ mod tests {
             let m = QuantMatrix::new(format, &data, rows, cols).expect("whole blocks");
             let packed = PackedMatrix::pack(&m, |r| r).expect("packs");
             let p = packed.view();
+            // one tile for every fill, left full of other values after each:
+            // a whole tile's fill, which does not zero it first, must write
+            // every lane itself
+            let mut direct = Tile::default();
             for first in (0..rows).step_by(TILE) {
                 let range = first..rows.min(first + TILE);
-                let (mut direct, mut from_rows) = (Tile::default(), Tile::default());
+                let mut from_rows = Tile::default();
                 assert!(direct.fill_interleaved(&p, range.clone()), "{format:?}");
                 from_rows.fill(format, &m.rows_data(range.clone()), m.row_bytes);
                 assert_eq!(
@@ -684,6 +842,10 @@ mod tests {
                         }
                     }
                 }
+                direct.q.as_mut_slice().fill(0xA5);
+                direct.d.fill(f32::NAN);
+                direct.e.fill(f32::NAN);
+                direct.sc.fill(-7);
             }
         }
     }
