@@ -90,7 +90,7 @@ pub fn run(
                 max_new_tokens: args.max_new_tokens,
                 item_budgets: false,
                 shard: None,
-                made_by: vec![lcut_engine::made_by::MadeBy::current()],
+                made_by: vec![lcut_engine::made_by::current()],
                 seconds: results.iter().map(|r| r.seconds).sum(),
                 scores: summarize(&results),
                 items: results,

@@ -225,7 +225,7 @@ fn run_suite(args: &EvalCommand, path: &Path) -> Result<Vec<SuiteEval>> {
             max_new_tokens: opts.max_new_tokens,
             item_budgets: opts.item_budgets,
             shard: shard.map(|(i, n)| [i, n]),
-            made_by: vec![lcut_engine::made_by::MadeBy::current()],
+            made_by: vec![lcut_engine::made_by::current()],
             seconds: results.iter().map(|r| r.seconds).sum(),
             scores: suite::summarize(&results),
             items: results,

@@ -139,7 +139,7 @@ pub fn run(args: &EvalCommand, path: &Path, ratios: &str) -> Result<()> {
             done.len(),
             out.join(JOURNAL).display()
         );
-        let current = lcut_engine::made_by::MadeBy::current();
+        let current = lcut_engine::made_by::current();
         if let Some(note) =
             lcut_engine::made_by::resume_note(done.iter().map(|d| d.made_by.as_ref()), &current)
         {

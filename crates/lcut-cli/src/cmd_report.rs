@@ -42,7 +42,8 @@ pub struct MergeArgs {
     out: PathBuf,
 }
 
-/// Run `lcut merge`.
+/// Run `lcut merge`; says so when the shards' sweeps were made by several
+/// builds or instruction-set levels.
 pub fn merge(args: &MergeArgs) -> Result<()> {
     let shards = args
         .shards
@@ -55,6 +56,15 @@ pub fn merge(args: &MergeArgs) -> Result<()> {
     let path = args.out.join("report.json");
     write_report_json(&path, &merged)?;
     print_summary(&merged);
+    // shards' sweeps from several builds or levels: the merged one need not
+    // be the unsharded sweep's bits
+    if let Some(note) = merged
+        .sweep
+        .as_ref()
+        .and_then(|s| lcut_trace::made_by::several_note(&s.made_by))
+    {
+        println!("{note}");
+    }
     println!("wrote {} ({} prompts)", path.display(), merged.traces.len());
     Ok(())
 }

@@ -5,7 +5,8 @@
 //! compared with its base (and named in the result and in a diagnose
 //! report), sweep's suite accuracy sharded and merged by `lcut merge`
 //! (anchor-free beside BoS), sweep points of prompt shards merged into
-//! the unsharded ones, and the bundled task evaluation without
+//! the unsharded ones (each sweep naming its build, a merge of several
+//! builds' shards naming each), and the bundled task evaluation without
 //! `--suite` as before.
 
 #![allow(clippy::unwrap_used)] // test helpers unwrap like the tests do
@@ -554,6 +555,18 @@ fn assert_close(got: &serde_json::Value, want: &serde_json::Value, what: &str) {
     }
 }
 
+/// What a record made by the `lcut` binary under test names as its
+/// `made_by`: the binary's version and build ID, and the level its kernels
+/// run at here (as `LCUT_ISA` may cap it, for this process as for it).
+fn running_build() -> serde_json::Value {
+    let binary = Path::new(env!("CARGO_BIN_EXE_lcut"));
+    let id = lcut_engine::made_by::gnu_build_id(binary).expect("the linker writes a build ID");
+    serde_json::json!({
+        "build": format!("lcut {} {}", env!("CARGO_PKG_VERSION"), &id[..16]),
+        "isa": lcut_kernels::Isa::detect().name(),
+    })
+}
+
 #[test]
 fn sharded_sweep_points_merge_into_the_unsharded_ones() {
     let tmp = tempfile::tempdir().unwrap();
@@ -624,6 +637,56 @@ fn sharded_sweep_points_merge_into_the_unsharded_ones() {
     }
     assert_eq!(merged["knee"], whole["knee"]);
     assert_eq!(merged["context_len"], whole["context_len"]);
+    // every sweep names the build and level that ran it, the `lcut` binary
+    // at this machine's level, and so does a merge of shards of one build,
+    // without a note of several
+    let running = running_build();
+    for sweep in [&whole, &s0, &s1, &merged] {
+        assert_eq!(sweep["made_by"], serde_json::json!([running]));
+    }
+    assert!(!String::from_utf8_lossy(&done.stdout).contains("Made by"));
+    // a shard another build made: the merge names both, says so, and
+    // pools the same points
+    let mut other = read_report(&dir("s1"));
+    let another =
+        serde_json::json!({"build": "lcut 0.0.0 0123456789abcdef", "isa": running["isa"]});
+    other["sweep"]["made_by"] = serde_json::json!([another]);
+    std::fs::write(dir("s1").join("report.json"), other.to_string()).unwrap();
+    let mixed = merge(["s0", "s1"], "mixed");
+    let said = String::from_utf8_lossy(&mixed.stdout);
+    assert!(
+        mixed.status.success()
+            && said.contains(
+                "Made by 2 builds or instruction-set levels: lcut 0.0.0 0123456789abcdef on "
+            ),
+        "{said}"
+    );
+    assert!(
+        said.contains(&format!(
+            "{} on {}",
+            running["build"].as_str().unwrap(),
+            running["isa"].as_str().unwrap()
+        )),
+        "{said}"
+    );
+    let mixed = read_report(&dir("mixed"))["sweep"].clone();
+    assert_eq!(mixed["made_by"], serde_json::json!([another, running]));
+    for key in ["points", "policies", "knee", "context_len"] {
+        assert_eq!(mixed[key], merged[key], "{key}");
+    }
+    // a shard written before sweeps recorded their builds merges too, and
+    // the merge names the builds that did record themselves
+    other["sweep"].as_object_mut().unwrap().remove("made_by");
+    std::fs::write(dir("s1").join("report.json"), other.to_string()).unwrap();
+    let unnamed = merge(["s0", "s1"], "unnamed");
+    assert!(
+        unnamed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&unnamed.stderr)
+    );
+    let unnamed = read_report(&dir("unnamed"))["sweep"].clone();
+    assert_eq!(unnamed["made_by"], serde_json::json!([running]));
+    assert_eq!(unnamed["points"], merged["points"]);
     // a shard written before sweeps recorded their counts: a named error
     let mut old = read_report(&dir("s1"));
     for p in old["sweep"]["points"].as_array_mut().unwrap() {

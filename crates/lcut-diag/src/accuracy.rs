@@ -171,6 +171,7 @@ mod tests {
                 shard,
             }),
             prompt_shard: None,
+            made_by: Vec::new(),
         }
     }
 

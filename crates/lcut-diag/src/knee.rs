@@ -44,6 +44,7 @@ pub fn finish_sweep(context_len: usize, points: Vec<SweepPoint>, th: &Thresholds
         accuracy: Vec::new(),
         suite: None,
         prompt_shard: None,
+        made_by: Vec::new(),
     }
 }
 

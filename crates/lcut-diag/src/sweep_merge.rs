@@ -4,21 +4,26 @@
 //! (prompt-free, at the context length) must agree, the
 //! comparison axis is pooled by [`merge_policy_points`], and the knee is
 //! recomputed from the merged points by [`finish_sweep`], as the
-//! unsharded sweep computes it.
+//! unsharded sweep computes it. The merged sweep names every build and
+//! instruction-set level that made one of its shards (`made_by`): shards
+//! need not share one, but only shards that do give the unsharded sweep's
+//! bits.
 
 use lcut_trace::floats::same_float;
-use lcut_trace::{Sweep, SweepPoint, Thresholds};
+use lcut_trace::{Sweep, SweepPoint, Thresholds, made_by};
 
 use crate::error::DiagError;
 use crate::knee::finish_sweep;
 use crate::policy_merge::merge_policy_points;
 use crate::pooled::{Pooled, merge_by_position};
 
-/// The sweep without its suite accuracy: what unsharded sweeps must share.
+/// The sweep without its suite accuracy and the builds that made it: what
+/// unsharded sweeps must share.
 pub(crate) fn teacher_forced(s: &Sweep) -> Sweep {
     Sweep {
         accuracy: Vec::new(),
         suite: None,
+        made_by: Vec::new(),
         ..s.clone()
     }
 }
@@ -115,11 +120,22 @@ pub fn merge_sweep_points(shards: &[&[SweepPoint]]) -> Result<Vec<SweepPoint>, D
 }
 
 /// The teacher-forced sweep of shard reports' sweeps, without suite
-/// accuracy. Sweeps that record no prompt shard must be the same (one
-/// sweep of all the prompts, or older reports) and are kept; sweeps of
-/// prompt shards must cover them once and are pooled point by point,
-/// with the knee recomputed from the merged points with `th`.
+/// accuracy, made by each build and level that made one of them (sorted,
+/// each once). Sweeps that record no prompt shard must be the same apart
+/// from their builds (one sweep of all the prompts, or older reports) and
+/// are kept; sweeps of prompt shards must cover them once and are pooled
+/// point by point, with the knee recomputed from the merged points with
+/// `th`.
 pub fn merge_teacher_forced(sweeps: &[&Sweep], th: &Thresholds) -> Result<Sweep, DiagError> {
+    let merged = pool_teacher_forced(sweeps, th)?;
+    Ok(Sweep {
+        made_by: made_by::union(sweeps.iter().map(|s| s.made_by.as_slice())),
+        ..merged
+    })
+}
+
+/// [`merge_teacher_forced`] but for the builds that made the sweeps.
+fn pool_teacher_forced(sweeps: &[&Sweep], th: &Thresholds) -> Result<Sweep, DiagError> {
     let first = sweeps.first().ok_or(DiagError::Empty("merging sweeps"))?;
     if sweeps.iter().all(|s| s.prompt_shard.is_none()) {
         let base = teacher_forced(first);
@@ -215,6 +231,39 @@ mod tests {
         assert_eq!(m.knee, Some(2));
         let strict = merge_teacher_forced(&[&a, &b], &Thresholds::default()).unwrap();
         assert_eq!(strict.knee, Some(4));
+    }
+
+    #[test]
+    fn shards_of_other_builds_merge_and_name_each_once() {
+        let by = |isa: &str| lcut_trace::MadeBy {
+            build: "lcut 0.1.0 0123456789abcdef".into(),
+            isa: isa.into(),
+        };
+        let th = Thresholds::default();
+        let mut a = sweep(Some([0, 2]), vec![point(2, 0.5, 1.0, Some(2))]);
+        let mut b = sweep(Some([1, 2]), vec![point(2, 1.0, 0.1, Some(10))]);
+        let unnamed = merge_teacher_forced(&[&a, &b], &th).unwrap();
+        assert!(unnamed.made_by.is_empty(), "shards written before it was");
+        a.made_by = vec![by("avx512")];
+        b.made_by = vec![by("avx2")];
+        let m = merge_teacher_forced(&[&a, &b], &th).unwrap();
+        assert_eq!(m.made_by, vec![by("avx2"), by("avx512")]);
+        let points_alike = Sweep {
+            made_by: Vec::new(),
+            ..m.clone()
+        };
+        assert_eq!(points_alike, unnamed, "the builds change nothing else");
+        b.made_by = vec![by("avx512"), by("avx2")];
+        let again = merge_teacher_forced(&[&b, &a], &th).unwrap();
+        assert_eq!(again.made_by, m.made_by, "each once, sorted");
+        // sweeps of all the prompts alike but for their builds are one sweep
+        let mut o1 = sweep(None, vec![point(2, 0.5, 1.0, None)]);
+        let mut o2 = o1.clone();
+        o1.made_by = vec![by("avx2")];
+        o2.made_by = vec![by("portable")];
+        let kept = merge_teacher_forced(&[&o2, &o1], &th).unwrap();
+        assert_eq!(kept.made_by, vec![by("avx2"), by("portable")]);
+        assert_eq!((kept.points, kept.knee), (o1.points, o1.knee));
     }
 
     #[test]

@@ -13,6 +13,9 @@
 //! A [`PaperReport`] holds what `lcut paper` found for one model: the SPEED
 //! paper's six parts, each with the command and settings that made it.
 //! Trace size is bounded independently of prompt length (see [`trace_size_bound`]).
+//! A [`MadeBy`] names the build and instruction-set level that made a
+//! record (a sweep, a suite result, a leaderboard item), and [`made_by`]
+//! the notes that say when a merged one had several.
 //!
 //! This crate does not depend on candle.
 
@@ -28,6 +31,7 @@ mod io;
 mod knockout;
 mod leaderboard;
 mod lens;
+pub mod made_by;
 mod metrics;
 mod paper;
 mod report;
@@ -52,6 +56,7 @@ pub use leaderboard::{
     PairTest, PairVerdict,
 };
 pub use lens::LensTrace;
+pub use made_by::MadeBy;
 pub use metrics::{Indexing, LAYER_METRICS, LayerMetric, MetricAxis};
 pub use paper::{
     CategoryCurves, CategoryRow, LengthAccuracy, LoopRow, PAPER_SCHEMA_VERSION, PaperPart,

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use crate::curves::LayerCurves;
 use crate::error::TraceError;
 use crate::identity::ModelIdentity;
+use crate::made_by::MadeBy;
 use crate::metrics::LAYER_METRICS;
 use crate::settings::RunSettings;
 use crate::sweep_point::SweepPoint;
@@ -67,6 +68,12 @@ pub struct Sweep {
     /// and in reports written before it was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_shard: Option<[usize; 2]>,
+    /// The builds and instruction-set levels that measured it: the one that
+    /// ran a sweep, each shard's (sorted, each once) in a merged one; empty
+    /// in reports written before it was recorded. Shards merge into the
+    /// unsharded sweep bit for bit only when one made them all.
+    #[serde(default)]
+    pub made_by: Vec<MadeBy>,
 }
 
 /// Which task suite, and which shard of its items, a sweep's accuracy
@@ -264,5 +271,45 @@ impl Report {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sweep(made_by: Vec<MadeBy>) -> Sweep {
+        Sweep {
+            context_len: 4096,
+            points: Vec::new(),
+            knee: Some(3),
+            policies: Vec::new(),
+            accuracy: Vec::new(),
+            suite: None,
+            prompt_shard: Some([1, 2]),
+            made_by,
+        }
+    }
+
+    #[test]
+    fn a_sweep_names_its_builds_and_one_written_before_reads_with_none() {
+        let made_by = vec![MadeBy {
+            build: "lcut 0.1.0 0123456789abcdef".into(),
+            isa: "avx2".into(),
+        }];
+        let new = sweep(made_by);
+        let mut json = serde_json::to_value(&new).unwrap();
+        assert_eq!(
+            json["made_by"],
+            serde_json::json!([{"build": "lcut 0.1.0 0123456789abcdef", "isa": "avx2"}])
+        );
+        assert_eq!(serde_json::from_value::<Sweep>(json.clone()).unwrap(), new);
+        // a sweep.json (or a report's sweep) written before the field was
+        json.as_object_mut().unwrap().remove("made_by");
+        let old: Sweep = serde_json::from_value(json.clone()).unwrap();
+        assert_eq!(old, sweep(Vec::new()));
+        json["made_by"] = "lcut 0.1.0".into();
+        let err = serde_json::from_value::<Sweep>(json).unwrap_err();
+        assert!(err.to_string().contains("expected a sequence"), "{err}");
     }
 }

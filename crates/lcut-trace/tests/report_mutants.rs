@@ -326,6 +326,12 @@ fn report(rng: &mut StdRng) -> Report {
             shard: rng.random_bool(0.5).then_some([0, 2]),
         }),
         prompt_shard: rng.random_bool(0.5).then_some([1, 3]),
+        made_by: (0..rng.random_range(0..3))
+            .map(|_| lcut_trace::MadeBy {
+                build: text(rng),
+                isa: text(rng),
+            })
+            .collect(),
     });
     Report {
         schema_version: SCHEMA_VERSION,

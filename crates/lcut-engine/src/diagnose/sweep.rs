@@ -417,7 +417,8 @@ impl SweepRun<'_> {
     }
 }
 
-/// Run the sweep over `prompts`; `on_event` returns false to cancel.
+/// Run the sweep over `prompts`; `on_event` returns false to cancel. The
+/// sweep names this build and its kernels' level (`made_by`).
 pub fn sweep(
     session: &Session,
     prompts: &[LabelledPrompt],
@@ -475,6 +476,7 @@ pub fn sweep(
         .zip(&run.axis_totals)
         .map(|(a, t)| t.point(a))
         .collect();
+    result.made_by = vec![crate::made_by::current()];
     Ok(result)
 }
 

@@ -366,7 +366,7 @@ pub fn run_items(
     crate::suite::check_items(session, items, &indices, &policies, &opts)?;
     let mut out = done;
     let kv_dtype = session.model.kv_dtype();
-    let made_by = crate::made_by::MadeBy::current();
+    let made_by = crate::made_by::current();
     for index in indices {
         if out.iter().any(|d| d.index == index) {
             continue;

@@ -311,12 +311,9 @@ pub fn merge_evals(parts: &[SuiteEval]) -> Result<SuiteEval> {
             first.suite_items
         )));
     }
-    let mut made_by: Vec<_> = parts.iter().flat_map(|p| p.made_by.clone()).collect();
-    made_by.sort();
-    made_by.dedup();
     Ok(SuiteEval {
         shard: None,
-        made_by,
+        made_by: crate::made_by::union(parts.iter().map(|p| p.made_by.as_slice())),
         seconds: parts.iter().map(|p| p.seconds).sum(),
         scores: summarize(&items),
         items,
