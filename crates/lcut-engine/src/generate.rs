@@ -109,7 +109,7 @@ pub struct Step {
     pub index: usize,
     /// The token.
     pub token: u32,
-    /// The logits it was chosen from [vocab], f32.
+    /// The logits it was chosen from `[vocab]`, f32.
     pub logits: Tensor,
 }
 

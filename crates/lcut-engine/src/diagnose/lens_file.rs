@@ -116,7 +116,7 @@ impl LensLogitsFile {
         Ok(())
     }
 
-    /// Write `values` as the i64 tensor `name` [len].
+    /// Write `values` as the i64 tensor `name` `[len]`.
     pub fn write_i64(&mut self, name: &str, values: &[i64]) -> Result<()> {
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         self.append(&bytes)?;
