@@ -159,7 +159,7 @@ fn dpbusd(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
 /// The bits of `bits` as bytes: byte k is 0x10 where bit k is set.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn bits_to_bytes(bits: u32) -> __m256i {
+pub(super) fn bits_to_bytes(bits: u32) -> __m256i {
     // byte k gets the word's byte k / 8, then keeps bit k mod 8
     let spread = _mm256_shuffle_epi8(
         _mm256_set1_epi32(bits as i32),

@@ -338,14 +338,16 @@ impl Tile {
     /// where eight rows' four bytes already sit side by side as a tile's
     /// step holds them: no row is rebuilt in the file's layout first.
     /// Returns false, leaving the tile as it was, for a format or layout
-    /// this does not cover (Q4_0, Q4_1, MXFP4, Q4_K, Q5_K and Q6_K
-    /// interleaved are covered).
+    /// this does not cover (Q4_0, Q4_1, Q5_0, Q5_1, MXFP4, Q4_K, Q5_K and
+    /// Q6_K interleaved are covered).
     pub(super) fn fill_interleaved(&mut self, m: &QuantMatrix<'_>, rows: Range<usize>) -> bool {
         let format = m.format;
         let covered = matches!(
             format,
             QuantFormat::Q4_0
                 | QuantFormat::Q4_1
+                | QuantFormat::Q5_0
+                | QuantFormat::Q5_1
                 | QuantFormat::Mxfp4
                 | QuantFormat::Q4K
                 | QuantFormat::Q5K
@@ -365,8 +367,10 @@ impl Tile {
             let data = &m.data[group * blocks_per_row * gb..][..blocks_per_row * gb];
             for (i, gblk) in data.chunks_exact(gb).enumerate() {
                 match format {
-                    QuantFormat::Q4_0 => self.put_32(g, i, gblk, None),
-                    QuantFormat::Q4_1 => self.put_32(g, i, gblk, Some(16)),
+                    QuantFormat::Q4_0
+                    | QuantFormat::Q4_1
+                    | QuantFormat::Q5_0
+                    | QuantFormat::Q5_1 => self.put_32(format, g, i, gblk),
                     QuantFormat::Mxfp4 => self.put_mxfp4(g, i, gblk),
                     QuantFormat::Q6K => self.put_q6k(g, i, gblk),
                     QuantFormat::Q5K => self.put_q4k(g, i, gblk, true),
@@ -413,24 +417,31 @@ impl Tile {
         }
     }
 
-    /// Group block `i` (one Q4_0 block of eight rows; with `min_at`, where
-    /// the rows' minimums start: one Q4_1 block) into group `g`.
-    fn put_32(&mut self, g: usize, i: usize, gblk: &[u8], min_at: Option<usize>) {
+    /// Group block `i` (one block of eight rows of `format`: Q4_0, Q4_1,
+    /// Q5_0 or Q5_1, laid out as `packed`'s module docs say) into group
+    /// `g`: each row's scale, and its offset (`-8 d`, `-16 d` or the
+    /// minimum), then the values with AVX2.
+    fn put_32(&mut self, format: QuantFormat, g: usize, i: usize, gblk: &[u8]) {
+        let (min_at, fifth_at, qs) = match format {
+            QuantFormat::Q4_0 => (None, None, 16),
+            QuantFormat::Q4_1 => (Some(16), None, 32),
+            QuantFormat::Q5_0 => (None, Some(16), 48),
+            _ => (Some(16), Some(32), 64),
+        };
+        let zero_offset = if fifth_at.is_some() { -16.0 } else { -8.0 };
         for r in 0..GROUP_ROWS {
             let d = f16_at(gblk, 2 * r);
             self.d[i * TILE + GROUP_ROWS * g + r] = d;
             self.e[i * TILE + GROUP_ROWS * g + r] = match min_at {
                 Some(at) => f16_at(gblk, at + 2 * r),
-                None => -8.0 * d,
+                None => zero_offset * d,
             };
         }
-        // the quants follow the scales (and minimums); values 4k..4k + 4
-        // are the low nibbles of chunk k, values 16 + 4k.. the high ones
-        let qs = min_at.map_or(16, |at| at + 16);
-        for (c, chunk) in gblk[qs..qs + 128].chunks_exact(32).enumerate() {
-            self.put_nibbles(i, c, g, chunk, false, None);
-            self.put_nibbles(i, c + 4, g, chunk, true, None);
-        }
+        let fifth = fifth_at.map(|at| &gblk[at..at + 32]);
+        assert!(Isa::Avx2.available(), "the tile needs AVX2, FMA and F16C");
+        // SAFETY: AVX2, FMA and F16C run here (asserted above: the tile's
+        // level implies all three).
+        unsafe { values32_avx2(self.q.as_mut_slice(), g, i, &gblk[qs..qs + 128], fifth) };
     }
 
     /// Group block `i` (one MXFP4 block of eight rows: their exponents, then
@@ -656,6 +667,45 @@ fn q4k_scales_avx2(d: &mut [f32], e: &mut [f32], g: usize, i: usize, gblk: &[u8]
     }
 }
 
+/// The values of 32-value group block `i` (`quants`: four chunks of 32
+/// bytes, eight rows' four bytes side by side; chunk c's low nibbles are
+/// step c, its high nibbles step c + 4) into group `g` of the tile's values
+/// `q`, with `fifth` (Q5_0, Q5_1: eight words, word 2c's bit 4r + j the
+/// fifth bit of chunk c's low value j of row r, word 2c + 1 of the high
+/// one) put above the nibbles.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn values32_avx2(q: &mut [u8], g: usize, i: usize, quants: &[u8], fifth: Option<&[u8]>) {
+    use super::packed_avx2::bits_to_bytes;
+    use std::arch::x86_64::{
+        __m256i, _mm256_and_si256, _mm256_loadu_si256, _mm256_or_si256, _mm256_set1_epi8,
+        _mm256_srli_epi16, _mm256_storeu_si256,
+    };
+    let nibble = _mm256_set1_epi8(0x0F);
+    let word = |bits: &[u8], n: usize| {
+        u32::from_le_bytes(bits[4 * n..4 * n + 4].try_into().expect("four bytes"))
+    };
+    for (c, chunk) in quants.chunks_exact(32).enumerate() {
+        // SAFETY: `chunk` is 32 readable bytes (`chunks_exact`); unaligned load.
+        let v = unsafe { _mm256_loadu_si256(chunk.as_ptr().cast::<__m256i>()) };
+        let (mut lo, mut hi) = (
+            _mm256_and_si256(v, nibble),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(v), nibble),
+        );
+        if let Some(bits) = fifth {
+            lo = _mm256_or_si256(lo, bits_to_bytes(word(bits, 2 * c)));
+            hi = _mm256_or_si256(hi, bits_to_bytes(word(bits, 2 * c + 1)));
+        }
+        let low = i * BLOCK_BYTES + c * 64 + 4 * GROUP_ROWS * g;
+        let high = low + 4 * 64;
+        let to = &mut q[low..low + 32];
+        // SAFETY: `to` is 32 writable bytes (sliced above); unaligned store.
+        unsafe { _mm256_storeu_si256(to.as_mut_ptr().cast::<__m256i>(), lo) };
+        let to = &mut q[high..high + 32];
+        // SAFETY: as above.
+        unsafe { _mm256_storeu_si256(to.as_mut_ptr().cast::<__m256i>(), hi) };
+    }
+}
+
 /// Q4_K's values of group block `i` (`quants`: 32 chunks of 32 bytes,
 /// eight rows' four bytes side by side) into group `g` of the tile's values
 /// `q`: sub-blocks 2p and 2p + 1 are the low and high nibbles of chunks
@@ -795,6 +845,8 @@ mod tests {
         for format in [
             QuantFormat::Q4_0,
             QuantFormat::Q4_1,
+            QuantFormat::Q5_0,
+            QuantFormat::Q5_1,
             QuantFormat::Mxfp4,
             QuantFormat::Q4K,
             QuantFormat::Q5K,
