@@ -11,7 +11,7 @@ use crate::routing::routing_sentence;
 use crate::svg::{escape, num};
 use crate::tables::{
     Table, accuracy_table, expected_accuracy_line, layer_table, model_table, policy_axis_table,
-    prompt_table, recall_table, state_split_sentence, sweep_table, votes_table,
+    prompt_table, recall_table, state_split_sentence, sweep_made_by_line, sweep_table, votes_table,
 };
 
 /// Options of the HTML export.
@@ -75,6 +75,9 @@ pub fn render_html(r: &Report, opts: &HtmlOptions) -> String {
             escape(&knee),
             rec.l_cut
         );
+        if let Some(line) = sweep_made_by_line(s) {
+            let _ = write!(out, "<p>{}</p>", escape(&line));
+        }
     }
     if let Some(line) = report_formation_sentence(r) {
         out.push_str("<h2>Where the answer forms</h2>");

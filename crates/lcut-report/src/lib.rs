@@ -151,6 +151,41 @@ mod tests {
         assert_eq!(names, 4, "no temporary files left behind");
     }
 
+    /// The markdown and HTML reports say which build measured the sweep,
+    /// and name each when its shards were measured by several; a sweep
+    /// that recorded none gets no line.
+    #[test]
+    fn a_sweep_names_the_builds_that_measured_it() {
+        let by = |isa: &str| lcut_trace::MadeBy {
+            build: "lcut 0.1.0 0123456789abcdef".into(),
+            isa: isa.into(),
+        };
+        let mut r = report();
+        let sweep = r.sweep.as_mut().expect("the synthetic report has a sweep");
+        sweep.made_by = vec![by("avx2")];
+        let one = "Measured by lcut 0.1.0 0123456789abcdef on avx2.";
+        for f in [Format::Md, Format::Html] {
+            assert!(render(&r, f).unwrap().contains(one), "{f}");
+        }
+        r.sweep.as_mut().unwrap().made_by = vec![by("avx2"), by("avx512")];
+        for f in [Format::Md, Format::Html] {
+            let text = render(&r, f).unwrap();
+            assert!(
+                text.contains("Made by 2 builds or instruction-set levels"),
+                "{f}"
+            );
+            assert!(!text.contains("Measured by"), "{f}");
+        }
+        r.sweep.as_mut().unwrap().made_by.clear();
+        for f in [Format::Md, Format::Html] {
+            let text = render(&r, f).unwrap();
+            assert!(
+                !text.contains("Measured by") && !text.contains("Made by"),
+                "{f}"
+            );
+        }
+    }
+
     #[test]
     fn json_loads_back_equal() {
         let dir = tempfile::tempdir().unwrap();

@@ -10,7 +10,7 @@ use crate::routing::routing_sentence;
 use crate::svg::num;
 use crate::tables::{
     Table, accuracy_table, expected_accuracy_line, layer_table, model_table, policy_axis_table,
-    prompt_table, recall_table, state_split_sentence, sweep_table, votes_table,
+    prompt_table, recall_table, state_split_sentence, sweep_made_by_line, sweep_table, votes_table,
 };
 
 /// Escapes text for a Markdown table cell.
@@ -85,6 +85,9 @@ pub fn render_markdown(r: &Report) -> String {
             s.knee
                 .map_or_else(|| "none".to_string(), |k| format!("L_cut = {k}"))
         );
+        if let Some(line) = sweep_made_by_line(s) {
+            let _ = writeln!(out, "{line}\n");
+        }
         table(&mut out, &sweep_table(s));
         if let Some(t) = policy_axis_table(s) {
             out.push_str("## Other policies on the same prompts\n\n");

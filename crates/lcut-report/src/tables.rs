@@ -141,6 +141,17 @@ pub fn state_split_sentence(r: &Report) -> Option<String> {
     ))
 }
 
+/// Which build and instruction-set level measured the sweep (each, when
+/// its shards were measured by several); none for a sweep written before
+/// sweeps recorded it.
+pub(crate) fn sweep_made_by_line(s: &Sweep) -> Option<String> {
+    match s.made_by.as_slice() {
+        [] => None,
+        [one] => Some(format!("Measured by {one}.")),
+        several => lcut_trace::made_by::several_note(several),
+    }
+}
+
 /// The sweep's points, sorted by anchors and cut; with a mixture-of-experts
 /// model's routing overlap per point when the sweep has it.
 pub fn sweep_table(s: &Sweep) -> Table {
