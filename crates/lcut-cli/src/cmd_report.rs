@@ -42,8 +42,8 @@ pub struct MergeArgs {
     out: PathBuf,
 }
 
-/// Run `lcut merge`; says so when the shards' sweeps were made by several
-/// builds or instruction-set levels.
+/// Run `lcut merge`; says so when the shards (their traces or their
+/// sweeps) were made by several builds or instruction-set levels.
 pub fn merge(args: &MergeArgs) -> Result<()> {
     let shards = args
         .shards
@@ -56,13 +56,12 @@ pub fn merge(args: &MergeArgs) -> Result<()> {
     let path = args.out.join("report.json");
     write_report_json(&path, &merged)?;
     print_summary(&merged);
-    // shards' sweeps from several builds or levels: the merged one need not
-    // be the unsharded sweep's bits
-    if let Some(note) = merged
-        .sweep
-        .as_ref()
-        .and_then(|s| lcut_trace::made_by::several_note(&s.made_by))
-    {
+    // shards from several builds or levels: the merged report need not be
+    // the unsharded run's bits
+    let sweep_made_by = merged.sweep.as_ref().map(|s| s.made_by.as_slice());
+    let made_by =
+        lcut_trace::made_by::union([merged.made_by.as_slice()].into_iter().chain(sweep_made_by));
+    if let Some(note) = lcut_trace::made_by::several_note(&made_by) {
         println!("{note}");
     }
     println!("wrote {} ({} prompts)", path.display(), merged.traces.len());

@@ -108,6 +108,32 @@ fn sharded_diagnose_merges_into_the_whole() {
     let whole = lcut_trace::read_report_json(&tmp.path().join("whole/report.json")).unwrap();
     let merged = lcut_trace::read_report_json(&tmp.path().join("merged/report.json")).unwrap();
     assert_eq!(merged, whole);
+    // the report names the build and level that measured it, the merge each
+    // shard's: one here, so no note
+    assert_eq!(whole.made_by.len(), 1, "{:?}", whole.made_by);
+    assert!(whole.made_by[0].build.starts_with("lcut "));
+    // a shard edited to another level merges into the same traces, naming both
+    let s1 = tmp.path().join("s1/report.json");
+    let mut other = lcut_trace::read_report_json(&s1).unwrap();
+    other.made_by[0].isa = "portable".into();
+    lcut_trace::write_report_json(&s1, &other).unwrap();
+    let stdout = lcut(
+        &["merge", &dir("s1"), &dir("s0"), "--out", &dir("mixed")],
+        &repo,
+    );
+    assert!(
+        stdout.contains("Made by 2 builds or instruction-set levels"),
+        "{stdout}"
+    );
+    let mixed = lcut_trace::read_report_json(&tmp.path().join("mixed/report.json")).unwrap();
+    assert_eq!(mixed.made_by.len(), 2);
+    assert_eq!(
+        lcut_trace::Report {
+            made_by: whole.made_by.clone(),
+            ..mixed
+        },
+        whole
+    );
 }
 
 /// `diagnose --knockout --knockout-band 2` writes the knockout curve (one

@@ -7,7 +7,7 @@
 //! each of their means is over).
 
 use lcut_trace::{
-    ModelIdentity, PromptTrace, Report, RunSettings, SCHEMA_VERSION, Sweep, Thresholds,
+    ModelIdentity, PromptTrace, Report, RunSettings, SCHEMA_VERSION, Sweep, Thresholds, made_by,
 };
 
 use crate::accuracy::merge_suite_accuracy;
@@ -56,6 +56,7 @@ pub fn build_report(
         curves,
         recommendation,
         sweep,
+        made_by: Vec::new(),
     };
     report.validate("built report")?;
     Ok(report)
@@ -111,7 +112,8 @@ fn merge_sweeps(shards: &[Report], th: &Thresholds) -> Result<Option<Sweep>, Dia
 }
 
 /// Merges shard reports of one run (same schema, tool version, model apart from
-/// its path, and settings apart from `shard`) into the unsharded report.
+/// its path, and settings apart from `shard`) into the unsharded report,
+/// made by every build and level that made one of the shards.
 /// Sweeps of prompt shards are pooled point by point (their knee
 /// recomputed), a sweep of all the prompts must be the same in every
 /// shard that has one, and suite accuracy is summed over suite shards.
@@ -145,8 +147,12 @@ pub fn merge(shards: Vec<Report>) -> Result<Report, DiagError> {
     let tool_version = first.tool_version.clone();
     let model = first.model.clone();
     let settings = first.settings.without_shard();
+    let made_by = made_by::union(shards.iter().map(|r| r.made_by.as_slice()));
     let traces = shards.into_iter().flat_map(|r| r.traces).collect();
-    build_report(&tool_version, model, settings, traces, sweep)
+    Ok(Report {
+        made_by,
+        ..build_report(&tool_version, model, settings, traces, sweep)?
+    })
 }
 
 #[cfg(test)]
@@ -190,6 +196,31 @@ mod tests {
         }
         // A shard alone does not equal the whole (the test can fail).
         assert_ne!(shard_reports(&all, 2)[0].curves, whole.curves);
+    }
+
+    #[test]
+    fn a_merge_names_each_shard_s_build_once() {
+        let by = |isa: &str| lcut_trace::MadeBy {
+            build: "lcut 0.1.0 0123456789abcdef".into(),
+            isa: isa.into(),
+        };
+        let all = traces(6);
+        let mut shards = shard_reports(&all, 3);
+        shards[0].made_by = vec![by("avx512")];
+        shards[1].made_by = vec![by("avx2")];
+        shards[2].made_by = vec![by("avx512")];
+        let merged = merge(shards).unwrap();
+        assert_eq!(merged.made_by, vec![by("avx2"), by("avx512")]);
+        let unnamed = merge(shard_reports(&all, 3)).unwrap();
+        assert!(unnamed.made_by.is_empty(), "shards written before it was");
+        assert_eq!(
+            Report {
+                made_by: Vec::new(),
+                ..merged
+            },
+            unnamed,
+            "the builds change nothing else"
+        );
     }
 
     #[test]

@@ -10,8 +10,8 @@ use crate::lens::{lens_prompt_table, report_formation_sentence};
 use crate::routing::routing_sentence;
 use crate::svg::{escape, num};
 use crate::tables::{
-    Table, accuracy_table, expected_accuracy_line, layer_table, model_table, policy_axis_table,
-    prompt_table, recall_table, state_split_sentence, sweep_made_by_line, sweep_table, votes_table,
+    Table, accuracy_table, expected_accuracy_line, layer_table, made_by_line, model_table,
+    policy_axis_table, prompt_table, recall_table, state_split_sentence, sweep_table, votes_table,
 };
 
 /// Options of the HTML export.
@@ -64,6 +64,9 @@ pub fn render_html(r: &Report, opts: &HtmlOptions) -> String {
         l = rec.num_layers,
         drop = num(100.0 * rec.tail_mass_dropped, 2)
     );
+    if let Some(line) = made_by_line(&r.made_by) {
+        let _ = write!(out, "<p>{}</p>", escape(&line));
+    }
     out.push_str("<h2>Recommendation</h2>");
     let _ = write!(out, "<pre>{}</pre>", escape(&rec.explanation));
     table(&mut out, &votes_table(r));
@@ -75,7 +78,7 @@ pub fn render_html(r: &Report, opts: &HtmlOptions) -> String {
             escape(&knee),
             rec.l_cut
         );
-        if let Some(line) = sweep_made_by_line(s) {
+        if let Some(line) = made_by_line(&s.made_by) {
             let _ = write!(out, "<p>{}</p>", escape(&line));
         }
     }

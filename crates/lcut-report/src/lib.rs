@@ -151,9 +151,9 @@ mod tests {
         assert_eq!(names, 4, "no temporary files left behind");
     }
 
-    /// The markdown and HTML reports say which build measured the sweep,
-    /// and name each when its shards were measured by several; a sweep
-    /// that recorded none gets no line.
+    /// The markdown and HTML reports say which build measured the sweep
+    /// and the diagnosis, and name each when their shards were measured by
+    /// several; what recorded none gets no line.
     #[test]
     fn a_sweep_names_the_builds_that_measured_it() {
         let by = |isa: &str| lcut_trace::MadeBy {
@@ -183,6 +183,14 @@ mod tests {
                 !text.contains("Measured by") && !text.contains("Made by"),
                 "{f}"
             );
+        }
+        // the diagnosis' own traces, apart from its sweep's
+        r.made_by = vec![by("avx512")];
+        let own = "Measured by lcut 0.1.0 0123456789abcdef on avx512.";
+        for f in [Format::Md, Format::Html] {
+            let text = render(&r, f).unwrap();
+            assert_eq!(text.matches("Measured by").count(), 1, "{f}");
+            assert!(text.contains(own), "{f}");
         }
     }
 

@@ -9,8 +9,8 @@ use crate::lens::{lens_prompt_table, report_formation_sentence};
 use crate::routing::routing_sentence;
 use crate::svg::num;
 use crate::tables::{
-    Table, accuracy_table, expected_accuracy_line, layer_table, model_table, policy_axis_table,
-    prompt_table, recall_table, state_split_sentence, sweep_made_by_line, sweep_table, votes_table,
+    Table, accuracy_table, expected_accuracy_line, layer_table, made_by_line, model_table,
+    policy_axis_table, prompt_table, recall_table, state_split_sentence, sweep_table, votes_table,
 };
 
 /// Escapes text for a Markdown table cell.
@@ -51,6 +51,9 @@ pub fn render_markdown(r: &Report) -> String {
         rec.num_layers,
         num(100.0 * rec.tail_mass_dropped, 2)
     );
+    if let Some(line) = made_by_line(&r.made_by) {
+        let _ = writeln!(out, "{line}\n");
+    }
     out.push_str("## Recommendation\n\n");
     for line in rec.explanation.lines() {
         let _ = writeln!(out, "{line}");
@@ -85,7 +88,7 @@ pub fn render_markdown(r: &Report) -> String {
             s.knee
                 .map_or_else(|| "none".to_string(), |k| format!("L_cut = {k}"))
         );
-        if let Some(line) = sweep_made_by_line(s) {
+        if let Some(line) = made_by_line(&s.made_by) {
             let _ = writeln!(out, "{line}\n");
         }
         table(&mut out, &sweep_table(s));

@@ -1,6 +1,8 @@
 //! The report's tables as rows of text, shared by the HTML and Markdown writers.
 
-use lcut_trace::{LAYER_METRICS, LayerCurves, LayerMetric, MetricAxis, PromptTrace, Report, Sweep};
+use lcut_trace::{
+    LAYER_METRICS, LayerCurves, LayerMetric, MadeBy, MetricAxis, PromptTrace, Report, Sweep,
+};
 
 use crate::svg::num;
 
@@ -141,11 +143,11 @@ pub fn state_split_sentence(r: &Report) -> Option<String> {
     ))
 }
 
-/// Which build and instruction-set level measured the sweep (each, when
-/// its shards were measured by several); none for a sweep written before
-/// sweeps recorded it.
-pub(crate) fn sweep_made_by_line(s: &Sweep) -> Option<String> {
-    match s.made_by.as_slice() {
+/// Which build and instruction-set level measured a diagnosis or a sweep
+/// (each, when its shards were measured by several); none for one written
+/// before they recorded it.
+pub(crate) fn made_by_line(made_by: &[MadeBy]) -> Option<String> {
+    match made_by {
         [] => None,
         [one] => Some(format!("Measured by {one}.")),
         several => lcut_trace::made_by::several_note(several),

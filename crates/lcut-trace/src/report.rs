@@ -204,6 +204,11 @@ pub struct Report {
     pub recommendation: Recommendation,
     /// The empirical sweep, when one was run.
     pub sweep: Option<Sweep>,
+    /// The builds and instruction-set levels that measured the traces:
+    /// one for a run, each shard's for a merge (sorted, each once); none
+    /// in a report written before reports recorded it.
+    #[serde(default)]
+    pub made_by: Vec<MadeBy>,
 }
 
 impl Report {

@@ -383,6 +383,12 @@ fn report(rng: &mut StdRng) -> Report {
         curves,
         recommendation,
         sweep,
+        made_by: (0..rng.random_range(0..3))
+            .map(|_| lcut_trace::MadeBy {
+                build: text(rng),
+                isa: text(rng),
+            })
+            .collect(),
     }
 }
 

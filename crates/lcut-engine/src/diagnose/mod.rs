@@ -322,13 +322,17 @@ pub fn diagnose_prepared(
         chat_template_used: opts.use_chat_template && session.has_chat_template(),
         max_prompt_bins: opts.max_prompt_bins,
     };
-    Ok(lcut_diag::build_report(
+    let report = lcut_diag::build_report(
         &tool_version(),
         model_identity(session)?,
         settings,
         traces,
         None,
-    )?)
+    )?;
+    Ok(Report {
+        made_by: vec![crate::made_by::current()],
+        ..report
+    })
 }
 
 /// Measure the knockout of every prompt into its trace, telling
