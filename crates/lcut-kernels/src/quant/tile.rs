@@ -470,9 +470,9 @@ impl Tile {
     /// Group block `i` (one Q4_K block of eight rows, eight sub-blocks of
     /// 32; `five`: one Q5_K block) into group `g`.
     fn put_q4k(&mut self, g: usize, i: usize, gblk: &[u8], five: bool) {
-        assert!(Isa::Avx2.available(), "the tile needs AVX2");
-        // SAFETY: AVX2 and F16C run here (asserted above: the tile's level
-        // implies both).
+        assert!(Isa::Avx2.available(), "the tile needs AVX2, FMA and F16C");
+        // SAFETY: AVX2, FMA and F16C run here (asserted above: the tile's
+        // level implies all three).
         unsafe { q4k_scales_avx2(&mut self.d, &mut self.e, g, i, gblk) };
         if !five {
             // SAFETY: as above.
@@ -667,6 +667,38 @@ fn q4k_scales_avx2(d: &mut [f32], e: &mut [f32], g: usize, i: usize, gblk: &[u8]
     }
 }
 
+/// The 32 bytes `chunk` (eight rows' four values side by side) into the
+/// tile's values `q`: its low nibbles at `low`, its high nibbles at `high`,
+/// with `fifth` (the words of the low and of the high values' fifth bits,
+/// bit k for byte k) put above the nibbles.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn put_chunk(q: &mut [u8], low: usize, high: usize, chunk: &[u8], fifth: Option<(u32, u32)>) {
+    use super::packed_avx2::bits_to_bytes;
+    use std::arch::x86_64::{
+        __m256i, _mm256_and_si256, _mm256_loadu_si256, _mm256_or_si256, _mm256_set1_epi8,
+        _mm256_srli_epi16, _mm256_storeu_si256,
+    };
+    let nibble = _mm256_set1_epi8(0x0F);
+    let chunk = &chunk[..32];
+    // SAFETY: `chunk` is 32 readable bytes (sliced above); unaligned load.
+    let v = unsafe { _mm256_loadu_si256(chunk.as_ptr().cast::<__m256i>()) };
+    let (mut lo, mut hi) = (
+        _mm256_and_si256(v, nibble),
+        _mm256_and_si256(_mm256_srli_epi16::<4>(v), nibble),
+    );
+    if let Some((low_bits, high_bits)) = fifth {
+        lo = _mm256_or_si256(lo, bits_to_bytes(low_bits));
+        hi = _mm256_or_si256(hi, bits_to_bytes(high_bits));
+    }
+    let to = &mut q[low..low + 32];
+    // SAFETY: `to` is 32 writable bytes (sliced above); unaligned store.
+    unsafe { _mm256_storeu_si256(to.as_mut_ptr().cast::<__m256i>(), lo) };
+    let to = &mut q[high..high + 32];
+    // SAFETY: as above.
+    unsafe { _mm256_storeu_si256(to.as_mut_ptr().cast::<__m256i>(), hi) };
+}
+
 /// The values of 32-value group block `i` (`quants`: four chunks of 32
 /// bytes, eight rows' four bytes side by side; chunk c's low nibbles are
 /// step c, its high nibbles step c + 4) into group `g` of the tile's values
@@ -675,34 +707,13 @@ fn q4k_scales_avx2(d: &mut [f32], e: &mut [f32], g: usize, i: usize, gblk: &[u8]
 /// one) put above the nibbles.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn values32_avx2(q: &mut [u8], g: usize, i: usize, quants: &[u8], fifth: Option<&[u8]>) {
-    use super::packed_avx2::bits_to_bytes;
-    use std::arch::x86_64::{
-        __m256i, _mm256_and_si256, _mm256_loadu_si256, _mm256_or_si256, _mm256_set1_epi8,
-        _mm256_srli_epi16, _mm256_storeu_si256,
-    };
-    let nibble = _mm256_set1_epi8(0x0F);
-    let word = |bits: &[u8], n: usize| {
-        u32::from_le_bytes(bits[4 * n..4 * n + 4].try_into().expect("four bytes"))
-    };
+    let words: Option<[u32; 8]> = fifth.map(|bits| {
+        std::array::from_fn(|n| u32::from_le_bytes([0, 1, 2, 3].map(|b| bits[4 * n + b])))
+    });
     for (c, chunk) in quants.chunks_exact(32).enumerate() {
-        // SAFETY: `chunk` is 32 readable bytes (`chunks_exact`); unaligned load.
-        let v = unsafe { _mm256_loadu_si256(chunk.as_ptr().cast::<__m256i>()) };
-        let (mut lo, mut hi) = (
-            _mm256_and_si256(v, nibble),
-            _mm256_and_si256(_mm256_srli_epi16::<4>(v), nibble),
-        );
-        if let Some(bits) = fifth {
-            lo = _mm256_or_si256(lo, bits_to_bytes(word(bits, 2 * c)));
-            hi = _mm256_or_si256(hi, bits_to_bytes(word(bits, 2 * c + 1)));
-        }
         let low = i * BLOCK_BYTES + c * 64 + 4 * GROUP_ROWS * g;
-        let high = low + 4 * 64;
-        let to = &mut q[low..low + 32];
-        // SAFETY: `to` is 32 writable bytes (sliced above); unaligned store.
-        unsafe { _mm256_storeu_si256(to.as_mut_ptr().cast::<__m256i>(), lo) };
-        let to = &mut q[high..high + 32];
-        // SAFETY: as above.
-        unsafe { _mm256_storeu_si256(to.as_mut_ptr().cast::<__m256i>(), hi) };
+        let bits = words.map(|w| (w[2 * c], w[2 * c + 1]));
+        put_chunk(q, low, low + 4 * 64, chunk, bits);
     }
 }
 
@@ -710,29 +721,12 @@ fn values32_avx2(q: &mut [u8], g: usize, i: usize, quants: &[u8], fifth: Option<
 /// eight rows' four bytes side by side) into group `g` of the tile's values
 /// `q`: sub-blocks 2p and 2p + 1 are the low and high nibbles of chunks
 /// 8p..8p + 8, step k of both in chunk 8p + k.
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn q4k_nibbles_avx2(q: &mut [u8], g: usize, i: usize, quants: &[u8]) {
-    use std::arch::x86_64::{
-        __m256i, _mm256_and_si256, _mm256_loadu_si256, _mm256_set1_epi8, _mm256_srli_epi16,
-        _mm256_storeu_si256,
-    };
-    let nibble = _mm256_set1_epi8(0x0F);
     for (c, chunk) in quants.chunks_exact(32).enumerate() {
         let (p, k) = (c / 8, c % 8);
         let low = (8 * i + 2 * p) * BLOCK_BYTES + k * 64 + 4 * GROUP_ROWS * g;
-        let high = low + BLOCK_BYTES;
-        // SAFETY: `chunk` is 32 readable bytes (`chunks_exact`); unaligned load.
-        let v = unsafe { _mm256_loadu_si256(chunk.as_ptr().cast::<__m256i>()) };
-        let (lo, hi) = (
-            _mm256_and_si256(v, nibble),
-            _mm256_and_si256(_mm256_srli_epi16::<4>(v), nibble),
-        );
-        let to = &mut q[low..low + 32];
-        // SAFETY: `to` is 32 writable bytes (sliced above); unaligned store.
-        unsafe { _mm256_storeu_si256(to.as_mut_ptr().cast::<__m256i>(), lo) };
-        let to = &mut q[high..high + 32];
-        // SAFETY: as above.
-        unsafe { _mm256_storeu_si256(to.as_mut_ptr().cast::<__m256i>(), hi) };
+        put_chunk(q, low, low + BLOCK_BYTES, chunk, None);
     }
 }
 
@@ -745,9 +739,15 @@ pub(super) fn reset<T: Default + Clone>(v: &mut Vec<T>, len: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::PackedMatrix;
     use crate::quant::acts::Q8Rows;
+    use crate::quant::{FORMATS, PackedMatrix};
     use crate::testdata::{Rng, random_blocks};
+
+    /// Every format the tile takes (all but Q8_0, as [`supports`] says),
+    /// each of which also fills from the interleaved copy directly.
+    fn tile_formats() -> impl Iterator<Item = QuantFormat> {
+        FORMATS.into_iter().filter(|&f| f != QuantFormat::Q8_0)
+    }
 
     /// What the tile's product of weight row `r` and activation row `a`
     /// is defined as, one block after another: the block's integer sum
@@ -798,16 +798,7 @@ mod tests {
             .filter(|&isa| level(isa) == Some(isa))
             .collect();
         let mut rng = Rng::new(41);
-        for format in [
-            QuantFormat::Q4_0,
-            QuantFormat::Q4_1,
-            QuantFormat::Q5_0,
-            QuantFormat::Q5_1,
-            QuantFormat::Mxfp4,
-            QuantFormat::Q4K,
-            QuantFormat::Q5K,
-            QuantFormat::Q6K,
-        ] {
+        for format in tile_formats() {
             let (rows, cols) = (21, 2048 + 256);
             let data = random_blocks(format, rows * cols / format.block_len(), &mut rng);
             let m = QuantMatrix::new(format, &data, rows, cols).expect("whole blocks");
@@ -847,16 +838,7 @@ mod tests {
     #[test]
     fn filling_from_the_interleaved_copy_is_filling_from_the_rows() {
         let mut rng = Rng::new(31);
-        for format in [
-            QuantFormat::Q4_0,
-            QuantFormat::Q4_1,
-            QuantFormat::Q5_0,
-            QuantFormat::Q5_1,
-            QuantFormat::Mxfp4,
-            QuantFormat::Q4K,
-            QuantFormat::Q5K,
-            QuantFormat::Q6K,
-        ] {
+        for format in tile_formats() {
             let (rows, cols) = (37, 2 * QK_K);
             let data = random_blocks(format, rows * cols / format.block_len(), &mut rng);
             let m = QuantMatrix::new(format, &data, rows, cols).expect("whole blocks");
