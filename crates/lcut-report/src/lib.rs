@@ -155,7 +155,7 @@ mod tests {
     /// and the diagnosis, and name each when their shards were measured by
     /// several; what recorded none gets no line.
     #[test]
-    fn a_sweep_names_the_builds_that_measured_it() {
+    fn a_report_names_the_builds_that_measured_it() {
         let by = |isa: &str| lcut_trace::MadeBy {
             build: "lcut 0.1.0 0123456789abcdef".into(),
             isa: isa.into(),
