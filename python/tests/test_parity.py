@@ -3,9 +3,9 @@
 - Hugging Face transformers' float32 runs of eleven dense reference cases
   (fixtures/oracle/*: reference.safetensors, case.json) and five with experts
   (fixtures/oracle/moe/*: Qwen3-MoE twice, Mixtral, gpt-oss twice: its folder's settings
-  and the ones llama.cpp's GGUF files run with) and two of the newest
-  layouts (fixtures/oracle/layouts/*: Gemma 4 with shared K/V, Qwen3.5 with linear-attention
-  layers): logits at full depth and under every SPEED / SelfOnly policy listed there,
+  and the ones llama.cpp's GGUF files run with) and eight of the newest
+  layouts (fixtures/oracle/layouts/*: Gemma 4 and Qwen3.5, dense and with experts, and the
+  three as published, inside their multimodal wrappers): logits at full depth and under every SPEED / SelfOnly policy listed there,
   every layer's residual stream and the attention of every layer that has attention rows,
   within 1e-4; a mixture's routing of every token (router probabilities
   within 1e-5, the experts each token runs).
@@ -41,8 +41,8 @@ def max_abs(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
 
 
-def test_all_twenty_one_reference_cases_are_here():
-    assert (len(DENSE), len(EXPERTS), len(LAYOUTS)) == (11, 5, 5), CASES
+def test_all_twenty_four_reference_cases_are_here():
+    assert (len(DENSE), len(EXPERTS), len(LAYOUTS)) == (11, 5, 8), CASES
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -11,6 +11,8 @@ use crate::error::{ModelError, Result};
 mod gemma3;
 mod gemma4;
 mod layer_ropes;
+mod multimodal;
+pub(crate) use multimodal::decoder_model_type;
 mod qwen3_5;
 
 /// The architectures lcut implements, by their `model_type`.
@@ -696,15 +698,10 @@ impl ModelConfig {
         if model_type == "gemma3" {
             return Err(gemma3::multimodal(path));
         }
-        if let Some(expected) = qwen3_5::refusal(model_type) {
-            return Err(f.err("model_type", expected, f.get("model_type")));
-        }
-        if model_type == "gemma4" {
-            return Err(f.err(
-                "model_type",
-                "gemma4_text: this is Gemma 4 with its vision and audio towers (weights under model.language_model); lcut reads a text-only gemma4_text folder",
-                f.get("model_type"),
-            ));
+        if let Some(wrapper) = multimodal::wrapper(model_type) {
+            let text = multimodal::text_config(&f, wrapper)?;
+            return Self::from_json_value(&Value::Object(text), path)
+                .map_err(multimodal::inside_text_config);
         }
         let arch =
             Arch::from_model_type(model_type).ok_or_else(|| ModelError::UnknownArchitecture {
@@ -1936,9 +1933,10 @@ mod tests {
             let msg = err.to_string();
             assert!(msg.contains(field) && msg.contains(says), "{extra}: {msg}");
         }
-        // the multimodal wrapper is refused, pointing at gemma4_text
+        // the multimodal wrapper's text decoder is read; an empty one names
+        // its first missing field inside text_config
         let err = parse(r#"{"model_type": "gemma4", "text_config": {}}"#).unwrap_err();
-        assert!(err.to_string().contains("gemma4_text"), "{err}");
+        assert!(err.to_string().contains("text_config.hidden_size"), "{err}");
     }
 
     /// A Qwen3.5 config as transformers 5.24 saves it (the reference case
@@ -1956,6 +1954,68 @@ mod tests {
 
     fn qwen35(extra: &str) -> Result<ModelConfig> {
         parse(&format!("{{{QWEN35}{extra}}}"))
+    }
+
+    /// Qwen3.5's published folder: the wrapper (`qwen3_5`) around
+    /// [`QWEN35`]'s decoder, whose `tie_word_embeddings` is `text_tie`, and
+    /// the wrapper's own fields `top`.
+    fn qwen35_wrapped(text_tie: bool, top: &str) -> Result<ModelConfig> {
+        parse(&format!(
+            r#"{{"model_type": "qwen3_5", "vision_config": {{"depth": 1}}{top},
+                "text_config": {{{QWEN35}, "tie_word_embeddings": {text_tie}}}}}"#
+        ))
+    }
+
+    #[test]
+    fn a_multimodal_wrapper_is_read_as_its_text_decoder() {
+        let text = qwen35("").unwrap();
+        // the LM head is tied by the wrapper's field, as transformers ties
+        // it: Qwen3.5's wrapper unties by default, whatever the text says
+        let c = qwen35_wrapped(true, "").unwrap();
+        assert_eq!(c.arch, text.arch);
+        assert_eq!(c.num_layers, text.num_layers);
+        assert_eq!(c.linear_attention.as_ref().map(|l| l.value_heads), Some(4));
+        assert!(!c.tie_word_embeddings);
+        let c = qwen35_wrapped(false, r#", "tie_word_embeddings": true"#).unwrap();
+        assert!(c.tie_word_embeddings);
+        // Gemma 4's wrapper ties by default
+        let gemma4 = parse(&format!(
+            r#"{{"model_type": "gemma4", "text_config": {{{BASE}, "model_type": "gemma4_text",
+                "tie_word_embeddings": false}}}}"#
+        ))
+        .unwrap();
+        assert!(gemma4.arch == Arch::Gemma4 && gemma4.tie_word_embeddings);
+        // the wrapper's BoS and EoS where the text config names none
+        let c = qwen35_wrapped(true, r#", "bos_token_id": 5, "eos_token_id": [6, 7]"#).unwrap();
+        assert_eq!(
+            (c.bos_token_id, c.eos_token_ids.clone()),
+            (Some(5), vec![6, 7])
+        );
+        // a text config of another family, and a wrong field inside the text
+        // config, are named where they are
+        let err = parse(&format!(
+            r#"{{"model_type": "qwen3_5", "text_config": {{{BASE}, "model_type": "llama"}}}}"#
+        ))
+        .unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("text_config.model_type") && msg.contains("qwen3_5_text"),
+            "{msg}"
+        );
+        let err = parse(&format!(
+            r#"{{"model_type": "qwen3_5", "text_config": {{{QWEN35}, "num_hidden_layers": 0}}}}"#
+        ))
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("text_config.num_hidden_layers"),
+            "{err}"
+        );
+        let err = qwen35_wrapped(true, r#", "tie_word_embeddings": "yes""#).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("tie_word_embeddings") && !msg.contains("text_config."),
+            "{msg}"
+        );
     }
 
     #[test]
@@ -2063,15 +2123,18 @@ mod tests {
             let msg = err.to_string();
             assert!(msg.contains(field) && msg.contains(says), "{extra}: {msg}");
         }
-        // the multimodal wrappers are refused, pointing at their text-only
-        // model types
+        // a multimodal wrapper without its text decoder's config is refused,
+        // naming what it should hold
         for (model_type, text) in [
             ("qwen3_5", "qwen3_5_text"),
             ("qwen3_5_moe", "qwen3_5_moe_text"),
         ] {
             let err = parse(&format!(r#"{{"model_type": "{model_type}", {BASE}}}"#)).unwrap_err();
             let msg = err.to_string();
-            assert!(msg.contains(text) && msg.contains(model_type), "{msg}");
+            assert!(
+                msg.contains("text_config") && msg.contains(text) && msg.contains(model_type),
+                "{msg}"
+            );
         }
         // the experts: every layer sparse, the top k renormalised, a shared
         // expert of its own width

@@ -1,6 +1,12 @@
 //! Memory-mapped safetensors weights (one file or a sharded index) with
 //! named errors for missing tensors and wrong shapes.
 //!
+//! A multimodal checkpoint (Gemma 4's and Qwen3.5's published folders)
+//! keeps its text decoder under `model.language_model.`: its tensors are
+//! read under the decoder's own names (`model.layers.0...`), beside the
+//! LM head, and the towers' tensors (vision, audio, multi-token
+//! prediction) are not read.
+//!
 //! Every file is mapped, never read whole. A tensor is copied out of the
 //! mapping once, in its stored dtype (a bf16 checkpoint loaded as bf16 is
 //! never widened to f32), and the mapped pages it came from are handed
@@ -57,8 +63,22 @@ pub struct WeightFiles {
     folder: PathBuf,
     paths: Vec<PathBuf>,
     files: Vec<MappedFile>,
-    owner: HashMap<String, usize>,
+    /// Each tensor the decoder may ask for, by the name it asks with, and
+    /// where it is stored.
+    owner: HashMap<String, Stored>,
 }
+
+/// Where a tensor is stored: its file and its name in that file (a
+/// multimodal checkpoint's decoder tensors are stored under
+/// [`TEXT_DECODER_PREFIX`]).
+struct Stored {
+    file: usize,
+    name: String,
+}
+
+/// Where a multimodal checkpoint (Gemma 4's, Qwen3.5's) keeps its text
+/// decoder's tensors, in place of `model.`.
+pub const TEXT_DECODER_PREFIX: &str = "model.language_model.";
 
 /// One safetensors file, memory-mapped, its header parsed once.
 struct MappedFile {
@@ -151,6 +171,7 @@ impl WeightFiles {
                 });
             }
         }
+        let owner = decoder_names(owner, &shards.paths)?;
         Ok(Self {
             folder: folder.to_path_buf(),
             paths: shards.paths,
@@ -165,14 +186,13 @@ impl WeightFiles {
     }
 
     fn info(&self, name: &str) -> Result<&TensorInfo> {
-        let file = &self.files[self.index_of(name)?];
-        Ok(&file.tensors[name])
+        let stored = self.stored(name)?;
+        Ok(&self.files[stored.file].tensors[&stored.name])
     }
 
-    fn index_of(&self, name: &str) -> Result<usize> {
+    fn stored(&self, name: &str) -> Result<&Stored> {
         self.owner
             .get(name)
-            .copied()
             .ok_or_else(|| ModelError::MissingTensor {
                 folder: self.folder.clone(),
                 name: name.to_string(),
@@ -184,7 +204,7 @@ impl WeightFiles {
     /// otherwise be converted to floats and load as silently wrong weights.
     fn stored_float(&self, name: &str) -> Result<DType> {
         use safetensors::Dtype;
-        let i = self.index_of(name)?;
+        let i = self.stored(name)?.file;
         match self.info(name)?.dtype {
             Dtype::F16 => Ok(DType::F16),
             Dtype::BF16 => Ok(DType::BF16),
@@ -231,10 +251,53 @@ impl WeightSource for WeightFiles {
                 found,
             });
         }
-        let stored = self.stored_float(name)?;
-        let file = &self.files[self.index_of(name)?];
-        Ok(file.load(name, stored, device)?.to_dtype(dtype)?)
+        let stored_dtype = self.stored_float(name)?;
+        let stored = self.stored(name)?;
+        let file = &self.files[stored.file];
+        Ok(file
+            .load(&stored.name, stored_dtype, device)?
+            .to_dtype(dtype)?)
     }
+}
+
+/// The names the decoder asks for, from each stored tensor's file: the
+/// stored names themselves, or, where the checkpoint is multimodal (some
+/// tensor under [`TEXT_DECODER_PREFIX`]), the text decoder's tensors under
+/// `model.` and the LM head, without the towers'. A checkpoint holding a
+/// decoder tensor under both names is refused (which would it run?).
+fn decoder_names(
+    owner: HashMap<String, usize>,
+    paths: &[PathBuf],
+) -> Result<HashMap<String, Stored>> {
+    let multimodal = owner.keys().any(|n| n.starts_with(TEXT_DECODER_PREFIX));
+    let mut names = HashMap::with_capacity(owner.len());
+    for (stored, file) in owner {
+        let name = match stored.strip_prefix(TEXT_DECODER_PREFIX) {
+            Some(rest) => format!("model.{rest}"),
+            None if !multimodal || stored == "lm_head.weight" => stored.clone(),
+            None if stored.starts_with("model.") && is_decoder_name(&stored) => {
+                return Err(ModelError::Safetensors {
+                    path: paths[file].clone(),
+                    reason: format!(
+                        "tensor `{stored}` is a text decoder's, but this multimodal checkpoint \
+                         keeps its decoder under `{TEXT_DECODER_PREFIX}`: the folder mixes two layouts"
+                    ),
+                });
+            }
+            None => continue,
+        };
+        names.insert(name, Stored { file, name: stored });
+    }
+    Ok(names)
+}
+
+/// Whether a stored name outside [`TEXT_DECODER_PREFIX`] is one a text
+/// decoder's would be (its layers, embeddings or final norm), not a
+/// tower's.
+fn is_decoder_name(name: &str) -> bool {
+    ["model.layers.", "model.embed_tokens", "model.norm."]
+        .iter()
+        .any(|p| name.starts_with(p))
 }
 
 /// The weight files of a folder, and which shard the index names for each
@@ -358,4 +421,70 @@ fn truncation(path: &Path) -> Option<String> {
     (needed > len).then(|| {
         format!("the file is {len} bytes long but its tensors need {needed} bytes: it is truncated")
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names_of(stored: &[&str]) -> Result<Vec<(String, String)>> {
+        let owner = stored.iter().map(|n| (n.to_string(), 0)).collect();
+        let mut names: Vec<(String, String)> =
+            decoder_names(owner, &[PathBuf::from("m/model.safetensors")])?
+                .into_iter()
+                .map(|(name, s)| (name, s.name))
+                .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    #[test]
+    fn a_multimodal_checkpoint_is_read_as_its_text_decoder() {
+        let pair = |a: &str, b: &str| (a.to_string(), b.to_string());
+        // a text-only checkpoint is read by its own names
+        assert_eq!(
+            names_of(&["model.norm.weight", "lm_head.weight"]).unwrap(),
+            vec![
+                pair("lm_head.weight", "lm_head.weight"),
+                pair("model.norm.weight", "model.norm.weight")
+            ]
+        );
+        // a wrapper's decoder under its own names, the LM head kept, the
+        // towers and the multi-token prediction layers not read
+        assert_eq!(
+            names_of(&[
+                "model.language_model.layers.0.mlp.up_proj.weight",
+                "model.language_model.embed_tokens.weight",
+                "model.vision_tower.encoder.layers.0.mlp.up_proj.weight",
+                "model.visual.blocks.0.attn.qkv.weight",
+                "model.embed_vision.embedding_projection.weight",
+                "mtp.layers.0.mlp.up_proj.weight",
+                "lm_head.weight",
+            ])
+            .unwrap(),
+            vec![
+                pair("lm_head.weight", "lm_head.weight"),
+                pair(
+                    "model.embed_tokens.weight",
+                    "model.language_model.embed_tokens.weight"
+                ),
+                pair(
+                    "model.layers.0.mlp.up_proj.weight",
+                    "model.language_model.layers.0.mlp.up_proj.weight"
+                ),
+            ]
+        );
+        // a decoder tensor outside the wrapper's prefix too: which to run?
+        let err = names_of(&[
+            "model.language_model.norm.weight",
+            "model.layers.0.mlp.up_proj.weight",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("model.layers.0.mlp.up_proj.weight")
+                && err.contains("model.language_model."),
+            "{err}"
+        );
+    }
 }

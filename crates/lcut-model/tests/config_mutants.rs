@@ -13,7 +13,8 @@ use lcut_model::config::{MAX_LAYERS, MAX_SIZE};
 use lcut_model::{DType, Decoder, Device, ModelConfig};
 use lcut_testkit::alloc::{LargestAlloc, largest_allocation};
 use lcut_testkit::{
-    LAYOUT_CASES, MOE_CASES, MutantRun, ORACLE_CASES, json_mutants, mutant_count, oracle_case,
+    LAYOUT_CASES, MOE_CASES, MutantRun, ORACLE_CASES, WRAPPED_CASES, json_mutants, mutant_count,
+    oracle_case,
 };
 use serde_json::Value;
 
@@ -110,7 +111,16 @@ fn assert_consistent(cfg: &ModelConfig, doc: Option<&Value>) {
     for cap in [cfg.attn_softcap, cfg.final_softcap].into_iter().flatten() {
         assert!(cap.is_finite() && cap > 0.0, "softcap {cap}");
     }
-    let Some(doc) = doc else { return };
+    let Some(wrapper) = doc else { return };
+    // a multimodal wrapper's decoder is its text_config, and its BoS the
+    // text config's, else the wrapper's
+    let multimodal = ["gemma4", "qwen3_5", "qwen3_5_moe"]
+        .iter()
+        .any(|t| wrapper.get("model_type").and_then(Value::as_str) == Some(t));
+    let doc = match multimodal {
+        true => &wrapper["text_config"],
+        false => wrapper,
+    };
     for (field, got) in [
         ("vocab_size", cfg.vocab_size),
         ("hidden_size", cfg.hidden_size),
@@ -119,7 +129,9 @@ fn assert_consistent(cfg: &ModelConfig, doc: Option<&Value>) {
     ] {
         assert_eq!(doc[field].as_u64(), Some(got as u64), "`{field}`");
     }
-    if let Some(bos) = doc.get("bos_token_id").filter(|v| !v.is_null()) {
+    let named = |d: &'_ Value| d.get("bos_token_id").filter(|v| !v.is_null()).cloned();
+    let bos = named(doc).or_else(|| named(wrapper).filter(|_| multimodal));
+    if let Some(bos) = &bos {
         let first = bos.as_array().map_or(Some(bos), |a| a.first());
         assert_eq!(
             first.and_then(Value::as_u64),
@@ -135,6 +147,7 @@ fn mutated_configs_never_panic() {
         .into_iter()
         .chain(MOE_CASES)
         .chain(LAYOUT_CASES)
+        .chain(WRAPPED_CASES)
         .collect();
     // every case's config (each architecture's fields) gets the full count;
     // the cases are shared among the cores, each case in its own folder

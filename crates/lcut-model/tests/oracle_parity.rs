@@ -14,12 +14,13 @@ use lcut_policy::{Policy, TokenPhases};
 
 const TOL: f32 = 1e-4;
 /// Every reference case: the dense ones, those with experts and the newest
-/// layouts (Gemma 4, Qwen3.5).
+/// layouts (Gemma 4, Qwen3.5), bare and inside their multimodal wrappers.
 fn cases() -> impl Iterator<Item = &'static str> {
     lcut_testkit::ORACLE_CASES
         .into_iter()
         .chain(lcut_testkit::MOE_CASES)
         .chain(lcut_testkit::LAYOUT_CASES)
+        .chain(lcut_testkit::WRAPPED_CASES)
 }
 
 use lcut_testkit::oracle_case as case_dir;

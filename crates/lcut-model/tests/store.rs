@@ -727,3 +727,49 @@ fn gemma3_resolves_by_name_from_both_stores() {
     .expect_err("the vision model is refused");
     assert!(matches!(err, ModelError::MultimodalGemma3 { .. }), "{err}");
 }
+
+/// Gemma 4 and Qwen3.5 as published (their multimodal wrappers) in a hub
+/// snapshot: listed as supported under their decoder's architecture and
+/// layer count, and run as transformers runs the wrapper on text.
+#[test]
+fn multimodal_wrappers_are_listed_and_run_as_their_decoders() {
+    let s = Stores::new();
+    let mut names = vec![];
+    for (case, name) in [
+        ("layouts/gemma4-vision", "google/gemma-4-tiny"),
+        ("layouts/qwen35-vision", "Qwen/Qwen3.5-tiny"),
+    ] {
+        let dir = oracle_case(case);
+        let folder = [
+            ("config.json", dir.join("config.json")),
+            ("model.safetensors", dir.join("model.safetensors")),
+        ];
+        s.snapshot(name, MAIN, &files(&folder));
+        s.set_ref(name, "main", MAIN);
+        names.push((name, dir));
+    }
+    let listing = list_models(&s.roots());
+    for ((name, dir), (arch, layers)) in names.iter().zip([("gemma4_text", 4), ("qwen3_5_text", 8)])
+    {
+        let m = listed(&listing.models, name);
+        assert_eq!(
+            (m.architecture.as_deref(), m.layers),
+            (Some(arch), Some(layers)),
+            "{name}"
+        );
+        assert!(m.supported && m.problem.is_none(), "{name}: {m:?}");
+        let resolved = s.resolve(name).expect("resolves");
+        let decoder = Decoder::load_format(
+            &resolved.path,
+            resolved.format,
+            WeightMode::Dense(DType::F32),
+            &Device::Cpu,
+        )
+        .expect("loads");
+        let reference = ReferenceCase::load(dir).expect("reference case");
+        for pair in reference.logit_pairs(&decoder).expect("logits") {
+            let d = deviation(&pair.ours, &pair.reference).expect("deviation");
+            assert!(d.max_abs <= 1e-4, "{name} {}: {:e}", pair.key, d.max_abs);
+        }
+    }
+}

@@ -6,7 +6,8 @@
 //! full layers' rotation of a quarter of the head by default
 //! (`partial_rotary_factor`). The same fields serve the mixture-of-experts
 //! variant (`qwen3_5_moe_text`, whose experts `read_experts` reads). The
-//! multimodal wrappers (`qwen3_5`, `qwen3_5_moe`) are refused by name.
+//! multimodal wrappers (`qwen3_5`, `qwen3_5_moe`) are read through their
+//! `text_config` (`multimodal`).
 
 use super::{Fields, LinearAttentionConfig};
 use crate::error::Result;
@@ -19,19 +20,6 @@ const DEFAULT_HEAD_DIM: usize = 128;
 const DEFAULT_KERNEL: usize = 4;
 /// transformers' default share of the head that rotates on full layers.
 pub(super) const DEFAULT_PARTIAL_ROTARY: f64 = 0.25;
-
-/// The `model_type`s of Qwen3.5 that lcut does not read, and why.
-pub(super) fn refusal(model_type: &str) -> Option<&'static str> {
-    match model_type {
-        "qwen3_5" => Some(
-            "qwen3_5_text: this is Qwen3.5 with its vision tower (weights under model.language_model); lcut reads a text-only qwen3_5_text folder",
-        ),
-        "qwen3_5_moe" => Some(
-            "qwen3_5_moe_text: this is Qwen3.5-MoE with its vision tower (weights under model.language_model); lcut reads a text-only qwen3_5_moe_text folder",
-        ),
-        _ => None,
-    }
-}
 
 /// Read the linear-attention fields of `f` for a model of `num_layers`
 /// layers.

@@ -276,8 +276,10 @@ fn folder_size(dir: &Path) -> u64 {
 
 type Summary = Result<(Option<String>, Option<usize>), String>;
 
-/// `model_type` and `num_hidden_layers` of a folder's `config.json`
-/// (or of its `text_config`, for multimodal checkpoints).
+/// `model_type` and `num_hidden_layers` of the decoder a folder's
+/// `config.json` describes (a multimodal checkpoint's `text_config`, where
+/// lcut reads its decoder; else the file's own, or its `text_config`'s
+/// layers).
 fn folder_summary(dir: &Path) -> Summary {
     let path = dir.join("config.json");
     let text = std::fs::read_to_string(&path)
@@ -290,7 +292,7 @@ fn folder_summary(dir: &Path) -> Summary {
             .or_else(|| value.get("text_config").and_then(|t| t.get(key)))
             .cloned()
     };
-    let arch = field("model_type").and_then(|v| v.as_str().map(str::to_string));
+    let arch = crate::config::decoder_model_type(&value).map(str::to_string);
     let layers = field("num_hidden_layers")
         .and_then(|v| v.as_u64())
         .and_then(|n| usize::try_from(n).ok());
