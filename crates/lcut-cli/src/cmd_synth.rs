@@ -19,7 +19,9 @@ pub struct SynthArgs {
     /// olmo-3-7b (norms after the blocks, sliding layers, YaRN),
     /// llama-3.1-8b, qwen3.5-9b (three linear-attention layers per full
     /// one), gemma-4-e2b (four sliding layers per full one, per-layer
-    /// inputs, the top 20 layers reading earlier layers' K/V), qwen3-30b-a3b (128 experts, 8 per token), qwen3.5-35b-a3b
+    /// inputs, the top 20 layers reading earlier layers' K/V), gemma-4-e4b
+    /// (five sliding layers per full one, per-layer inputs, the top 18
+    /// reading earlier layers' K/V), qwen3-30b-a3b (128 experts, 8 per token), qwen3.5-35b-a3b
     /// (Qwen3.5's layers, 256 experts, 8 per token, and a shared one),
     /// gpt-oss-20b (32 experts, 4 per token, sinks, sliding layers; its
     /// 2880-wide rows fit gguf-q8_0 and gguf-mxfp4), mixtral-8x7b (8

@@ -313,7 +313,7 @@ pub struct ModelShape {
 }
 
 /// The names [`named`] knows, in the order `lcut synth --help` lists them.
-pub const NAMES: [&str; 12] = [
+pub const NAMES: [&str; 13] = [
     "llama-3.2-1b",
     "qwen2.5-1.5b",
     "smollm3-3b",
@@ -321,6 +321,7 @@ pub const NAMES: [&str; 12] = [
     "llama-3.1-8b",
     "qwen3.5-9b",
     "gemma-4-e2b",
+    "gemma-4-e4b",
     "qwen3-30b-a3b",
     "qwen3.5-35b-a3b",
     "gpt-oss-20b",
@@ -862,6 +863,56 @@ pub fn gemma_4_e2b() -> ModelShape {
     }
 }
 
+/// google/gemma-4-E4B's language model (`gemma4_text`): 42 layers, hidden
+/// 2560, 8 heads and two K/V heads, five layers sliding over 512 tokens
+/// with heads 256 wide then a full one with heads 512 wide (layers 5, 11,
+/// ..., 41), the last 18 layers reading the K/V of layers 22 (sliding) and
+/// 23 (full), every MLP 10240 wide (no double-wide MLPs); per-layer inputs
+/// 256 wide from a 262144-row table; vocabulary 262144, tied head, RoPE
+/// base 10^4 on the sliding layers and 10^6 (proportional, a quarter of
+/// each head) on the full ones, RMSNorm eps 1e-6, 131072 positions, logits
+/// capped at 30; BoS 2, EoS 1, pad 0. From published text configs, not
+/// from a downloaded file: four independent copies agree on every figure
+/// here (docs/layouts.md).
+pub fn gemma_4_e4b() -> ModelShape {
+    ModelShape {
+        name: "gemma-4-e4b".into(),
+        sizes: LlamaShape {
+            vocab_size: 262_144,
+            hidden_size: 2560,
+            intermediate_size: 10_240,
+            num_layers: 42,
+            num_heads: 8,
+            num_kv_heads: 2,
+            rope_theta: 1_000_000.0,
+            rms_norm_eps: 1e-6,
+            max_position_embeddings: 131_072,
+            layout: Layout::Llama,
+        },
+        qkv_bias: false,
+        rope_scaling: RopeScaling::None,
+        tie_word_embeddings: true,
+        tokens: SpecialTokens {
+            bos: 2,
+            eos: 1,
+            pad: Some(0),
+        },
+        head_dim: Some(256),
+        experts: None,
+        linear: None,
+        gemma4: Some(Gemma4Shape {
+            full_interval: 6,
+            window: 512,
+            full_head_dim: 512,
+            layer_input: 256,
+            shared: 18,
+            double_wide_mlp: false,
+            sliding_theta: 10_000.0,
+            softcap: 30.0,
+        }),
+    }
+}
+
 /// 8 layers, hidden 512, 8 heads, 2 KV heads, vocab 32000 (about 57M parameters).
 pub fn small() -> LlamaShape {
     LlamaShape {
@@ -891,6 +942,7 @@ pub fn named(name: &str) -> Result<ModelShape> {
         "qwen3.5-9b" => qwen3_5_9b(),
         "qwen3.5-35b-a3b" => qwen3_5_35b_a3b(),
         "gemma-4-e2b" => gemma_4_e2b(),
+        "gemma-4-e4b" => gemma_4_e4b(),
         "gpt-oss-20b" => gpt_oss_20b(),
         "mixtral-8x7b" => mixtral_8x7b(),
         "small" => ModelShape::llama("small", small()),

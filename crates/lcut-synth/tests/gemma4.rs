@@ -194,6 +194,59 @@ fn the_full_shape_counts_its_parameters_and_keeps_its_layout_when_cut() {
     assert_eq!(cut.layer_attention[8].head_dim, 256);
 }
 
+/// E4B's shape: its 42 layers keep K/V in the lower 24, the shared 18
+/// reading layer 22 (sliding) or 23 (full); full layers at 5, 11, ..., 41
+/// with heads 512 wide and two K/V heads like the sliding ones; every MLP
+/// 10240 wide; 7.46e9 weights (counted by hand from the published
+/// figures, and as lcut's memory line counts a model of its config), planned
+/// in every GGUF format. Cut to 18 layers it keeps one full
+/// layer in six and about the shared layers' share (the top 6 reading
+/// layers 10 and 11).
+#[test]
+fn e4b_keeps_its_layout_counts_its_parameters_and_cuts() {
+    let shape = shapes::named("gemma-4-e4b").unwrap();
+    let cfg = shape.config().unwrap();
+    assert_eq!(
+        shape.parameter_count(),
+        lcut_model::memory::parameter_count(&cfg)
+    );
+    // 7.46e9 weights, 4.64e9 without the per-layer inputs' table
+    let table = 262_144 * 42 * 256;
+    assert_eq!(shape.parameter_count(), 7_463_013_418);
+    assert_eq!(shape.parameter_count() - table, 4_644_441_130);
+    let full: Vec<usize> = (0..42)
+        .filter(|&l| cfg.sliding_window[l].is_none())
+        .collect();
+    assert_eq!(full, vec![5, 11, 17, 23, 29, 35, 41]);
+    assert!(cfg.sliding_window.iter().flatten().all(|&w| w == 512));
+    let sources: Vec<Option<usize>> = cfg.layer_attention.iter().map(|a| a.kv_source).collect();
+    assert!(sources[..24].iter().all(Option::is_none));
+    assert_eq!(sources[24], Some(22));
+    assert_eq!(sources[29], Some(23));
+    assert_eq!(sources[41], Some(23));
+    assert!(
+        cfg.layer_attention.iter().enumerate().all(
+            |(l, a)| a.kv_heads == 2 && a.head_dim == if full.contains(&l) { 512 } else { 256 }
+        )
+    );
+    assert!((0..42).all(|l| cfg.mlp_width(l) == 10_240));
+    assert_eq!(cfg.per_layer_input.map(|p| p.width), Some(256));
+    for format in Format::ALL.into_iter().filter(|f| f.is_gguf()) {
+        let plan = lcut_synth::write::gguf::plan(&shape, format).unwrap();
+        assert!(plan.data_bytes() > 0, "{format}");
+    }
+    let cut = shape.with_layers(18).config().unwrap();
+    let full: Vec<usize> = (0..18)
+        .filter(|&l| cut.sliding_window[l].is_none())
+        .collect();
+    assert_eq!(full, vec![5, 11, 17]);
+    let sources: Vec<Option<usize>> = cut.layer_attention.iter().map(|a| a.kv_source).collect();
+    assert_eq!(
+        sources,
+        [vec![None; 12], vec![Some(10); 5], vec![Some(11)]].concat()
+    );
+}
+
 /// Layers a Gemma 4 model cannot have are refused by the field that is
 /// wrong, before anything is written.
 #[test]
