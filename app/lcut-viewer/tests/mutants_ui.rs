@@ -122,7 +122,7 @@ fn show_every_view(h: &mut Harness<'_, ViewerState>) {
 
 #[test]
 fn mutated_reports_open_or_show_their_error() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = lcut_testkit::mutant_dir();
     let report = lcut_diag::synthetic::synthetic_report(3, 6, 2, true).unwrap();
     let good = lcut_report::write_report(&report, dir.path(), lcut_report::Format::Json).unwrap();
     let seed = std::fs::read(&good).unwrap();
@@ -182,7 +182,7 @@ fn model_mutants(file: &str, good: &[u8]) -> Vec<Vec<u8>> {
 
 #[test]
 fn mutated_model_folders_open_or_show_their_error() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = lcut_testkit::mutant_dir();
     let folder = model_copy(dir.path());
     let shown = folder.display().to_string();
     let mut h = harness();

@@ -33,7 +33,7 @@ fn mutated_prompt_sets_never_panic() {
         .collect();
     let mut bytes = mutants(&good, good.len(), SEED);
     let mut rng = StdRng::seed_from_u64(SEED);
-    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = lcut_testkit::mutant_dir();
     let path = dir.path().join("prompts.jsonl");
     let mut run = MutantRun::new("prompt set", SEED);
     for i in 0..mutant_count(DEFAULT_MUTANTS) {
@@ -78,7 +78,7 @@ fn mutated_prompt_sets_never_panic() {
 
 #[test]
 fn duplicate_prompt_ids_are_refused_naming_the_line() {
-    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = lcut_testkit::mutant_dir();
     let path = dir.path().join("p.jsonl");
     std::fs::write(
         &path,

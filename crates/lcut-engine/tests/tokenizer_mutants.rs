@@ -32,7 +32,7 @@ fn bundled() -> std::path::PathBuf {
 
 /// A folder with the bundled tokenizer files.
 fn folder() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = lcut_testkit::mutant_dir();
     for name in ["tokenizer.json", "tokenizer_config.json"] {
         std::fs::copy(bundled().join(name), dir.path().join(name)).expect("copy");
     }

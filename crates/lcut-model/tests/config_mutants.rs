@@ -171,7 +171,7 @@ fn mutated_configs_never_panic() {
 /// read from a folder with the case's weights (see the module doc).
 fn mutate_config(case: &str, first: usize, count: usize) {
     let seed = std::fs::read(oracle_case(case).join("config.json")).expect("fixture");
-    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = lcut_testkit::mutant_dir();
     let path = dir.path().join("config.json");
     std::fs::copy(
         oracle_case(case).join("model.safetensors"),

@@ -97,7 +97,7 @@ fn mutate_file(case: &str, file: &str, seed: u64) {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(DEFAULT_MUTANTS);
-    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = lcut_testkit::mutant_dir();
     let file = dir.path().join("mutant.gguf");
     let (mut parsed, mut loaded, mut refused) = (0, 0, 0);
     for (i, bytes) in mutants(&good, header_len, seed).take(count).enumerate() {

@@ -82,7 +82,7 @@ fn seed(name: &'static str, folder: &Path, model: &Decoder) -> Seed {
 fn seeds(model: &Decoder) -> (Vec<Seed>, tempfile::TempDir) {
     let peft_dir = oracle_case("lora").join("adapter");
     let peft = seed("peft adapter", &peft_dir, model);
-    let written = tempfile::tempdir().expect("temp dir");
+    let written = lcut_testkit::mutant_dir();
     let mut config = peft.adapter.config.clone();
     config.targets = Targets::AllLinear;
     config.use_rslora = false;
@@ -180,7 +180,7 @@ fn run_mutants(
 ) {
     let model = base();
     let (seeds, _written) = seeds(&model);
-    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = lcut_testkit::mutant_dir();
     let count = mutant_count(DEFAULT_MUTANTS);
     let per_seed = count.div_ceil(seeds.len());
     let mut run = MutantRun::new(file, SEED);

@@ -39,7 +39,7 @@ fn seed_weights() -> Vec<u8> {
 
 /// A model folder with the seed's config and no weights yet.
 fn folder() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = lcut_testkit::mutant_dir();
     std::fs::copy(
         oracle_case(CASE).join("config.json"),
         dir.path().join("config.json"),

@@ -219,6 +219,21 @@ pub fn copy_model(case: &str, dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// A temporary folder for a mutation test's files, in memory where the
+/// system has a tmpfs at `/dev/shm`, else the usual temporary folder. A
+/// disk file system writes back each mutant that overwrites the file before
+/// it (ext4's `auto_da_alloc` on a truncated and rewritten file): the config
+/// mutants waited on the disk for 96% of their time (9.5 s against 0.4 s for
+/// 300 of each case's).
+pub fn mutant_dir() -> TempDir {
+    let shm = Path::new("/dev/shm");
+    let in_memory = shm
+        .is_dir()
+        .then(|| tempfile::tempdir_in(shm).ok())
+        .flatten();
+    in_memory.unwrap_or_else(|| tempfile::tempdir().expect("a temporary folder"))
+}
+
 /// A temporary folder holding the model of reference case `case`, for tests
 /// that break it.
 pub fn model_copy(case: &str) -> io::Result<TempDir> {

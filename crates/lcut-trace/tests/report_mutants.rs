@@ -401,7 +401,7 @@ fn same<T: serde::Serialize>(a: &T, b: &T) -> bool {
 
 #[test]
 fn reports_survive_a_write_and_read_unchanged() {
-    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = lcut_testkit::mutant_dir();
     let path = dir.path().join("report.json");
     let mut rng = StdRng::seed_from_u64(SEED);
     for i in 0..500 {
@@ -437,7 +437,7 @@ fn assert_names_file(err: &TraceError, path: &Path) {
 #[test]
 fn mutated_reports_never_panic() {
     let seed = serde_json::to_vec(&report(&mut StdRng::seed_from_u64(SEED + 1))).expect("JSON");
-    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = lcut_testkit::mutant_dir();
     let path = dir.path().join("report.json");
     let count = mutant_count(DEFAULT_MUTANTS);
     let mut run = MutantRun::new("report.json", SEED);
@@ -480,7 +480,7 @@ fn mutated_traces_never_panic() {
         policy: Some("speed:2+bos".into()),
     };
     let seed = serde_json::to_vec(&trace(&mut rng, 3, 3, 2, Some(&m))).expect("JSON");
-    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = lcut_testkit::mutant_dir();
     let path = dir.path().join("trace.json");
     let count = mutant_count(DEFAULT_MUTANTS);
     let mut run = MutantRun::new("trace", SEED);
@@ -515,7 +515,7 @@ fn mutated_traces_never_panic() {
 
 #[test]
 fn huge_claimed_shapes_and_counts_are_refused_unallocated() {
-    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = lcut_testkit::mutant_dir();
     let path = dir.path().join("report.json");
     let good = report(&mut StdRng::seed_from_u64(SEED + 3));
     let doc = serde_json::to_value(&good).expect("JSON");
@@ -559,7 +559,7 @@ fn huge_claimed_shapes_and_counts_are_refused_unallocated() {
 /// upper layers fall back to the uniform shape.
 #[test]
 fn per_layer_flops_of_another_depth_are_refused() {
-    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = lcut_testkit::mutant_dir();
     let path = dir.path().join("report.json");
     let mut r = report(&mut StdRng::seed_from_u64(SEED + 4));
     let one = lcut_trace::LayerFlops {
