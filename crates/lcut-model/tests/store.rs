@@ -704,18 +704,7 @@ fn gemma3_resolves_by_name_from_both_stores() {
         let m = listed(&listing.models, name);
         assert_eq!(m.architecture.as_deref(), Some(arch), "{name}");
         assert!(m.supported && m.problem.is_none(), "{name}: {m:?}");
-        let resolved = s.resolve(name).expect("resolves");
-        let decoder = Decoder::load_format(
-            &resolved.path,
-            resolved.format,
-            WeightMode::Dense(DType::F32),
-            &Device::Cpu,
-        )
-        .expect("loads");
-        for pair in reference.logit_pairs(&decoder).expect("logits") {
-            let d = deviation(&pair.ours, &pair.reference).expect("deviation");
-            assert!(d.max_abs <= 1e-4, "{name} {}: {:e}", pair.key, d.max_abs);
-        }
+        runs_as_reference(&s, name, &reference);
     }
     let vision = listed(&listing.models, "google/gemma-3-vision");
     assert!(!vision.supported, "{vision:?}");
@@ -758,18 +747,23 @@ fn multimodal_wrappers_are_listed_and_run_as_their_decoders() {
             "{name}"
         );
         assert!(m.supported && m.problem.is_none(), "{name}: {m:?}");
-        let resolved = s.resolve(name).expect("resolves");
-        let decoder = Decoder::load_format(
-            &resolved.path,
-            resolved.format,
-            WeightMode::Dense(DType::F32),
-            &Device::Cpu,
-        )
-        .expect("loads");
-        let reference = ReferenceCase::load(dir).expect("reference case");
-        for pair in reference.logit_pairs(&decoder).expect("logits") {
-            let d = deviation(&pair.ours, &pair.reference).expect("deviation");
-            assert!(d.max_abs <= 1e-4, "{name} {}: {:e}", pair.key, d.max_abs);
-        }
+        runs_as_reference(&s, name, &ReferenceCase::load(dir).expect("reference case"));
+    }
+}
+
+/// Model `name` resolves in `s`, loads in f32 and gives `reference`'s
+/// logits (full depth and every policy) within 1e-4.
+fn runs_as_reference(s: &Stores, name: &str, reference: &ReferenceCase) {
+    let resolved = s.resolve(name).expect("resolves");
+    let decoder = Decoder::load_format(
+        &resolved.path,
+        resolved.format,
+        WeightMode::Dense(DType::F32),
+        &Device::Cpu,
+    )
+    .expect("loads");
+    for pair in reference.logit_pairs(&decoder).expect("logits") {
+        let d = deviation(&pair.ours, &pair.reference).expect("deviation");
+        assert!(d.max_abs <= 1e-4, "{name} {}: {:e}", pair.key, d.max_abs);
     }
 }
