@@ -275,7 +275,7 @@ fn decoder_names(
         let name = match stored.strip_prefix(TEXT_DECODER_PREFIX) {
             Some(rest) => format!("model.{rest}"),
             None if !multimodal || stored == "lm_head.weight" => stored.clone(),
-            None if stored.starts_with("model.") && is_decoder_name(&stored) => {
+            None if is_decoder_name(&stored) => {
                 return Err(ModelError::Safetensors {
                     path: paths[file].clone(),
                     reason: format!(
