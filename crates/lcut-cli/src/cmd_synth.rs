@@ -21,17 +21,20 @@ pub struct SynthArgs {
     /// one), gemma-4-e2b (four sliding layers per full one, per-layer
     /// inputs, the top 20 layers reading earlier layers' K/V), gemma-4-e4b
     /// (five sliding layers per full one, per-layer inputs, the top 18
-    /// reading earlier layers' K/V), qwen3-30b-a3b (128 experts, 8 per token), qwen3.5-35b-a3b
+    /// reading earlier layers' K/V), gemma-4-26b-a4b (five sliding layers
+    /// per full one whose keys are its values, 128 experts, 8 per token,
+    /// beside every MLP), qwen3-30b-a3b (128 experts, 8 per token), qwen3.5-35b-a3b
     /// (Qwen3.5's layers, 256 experts, 8 per token, and a shared one),
-    /// gpt-oss-20b (32 experts, 4 per token, sinks, sliding layers; its
-    /// 2880-wide rows fit gguf-q8_0 and gguf-mxfp4), mixtral-8x7b (8
-    /// experts, 2 per token) or small.
+    /// gpt-oss-20b (32 experts, 4 per token, sinks, sliding layers),
+    /// mixtral-8x7b (8 experts, 2 per token) or small.
     #[arg(long)]
     pub shape: String,
     /// Format: safetensors-bf16, safetensors-f32 (a model folder), gguf-q4_0,
     /// gguf-q4_k, gguf-q4_k_m, gguf-q8_0 or gguf-mxfp4 (a GGUF file; q4_k_m
-    /// mixes Q4_K and Q6_K as llama.cpp's Q4_K_M does; mxfp4 keeps the
-    /// experts in MXFP4 and the rest in Q8_0, as gpt-oss's own files).
+    /// mixes Q4_K and Q6_K as llama.cpp's Q4_K_M does; rows that are not
+    /// whole 256-value blocks take Q5_0, Q5_1 or Q8_0 in their place, as
+    /// llama.cpp's quantizer gives them; mxfp4 keeps the experts in MXFP4
+    /// and the rest in Q8_0, as gpt-oss's own files).
     #[arg(long, value_parser = parse_format)]
     pub format: Format,
     /// Where to write it (a path that does not exist yet).

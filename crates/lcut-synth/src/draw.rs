@@ -50,17 +50,26 @@ pub const STD: f32 = 0.02;
 /// ([`TensorKind::RoutedEmbedding`]; see the module's notes).
 pub const ROUTED_EMBEDDING_STD: f32 = 16.0;
 
+/// Standard deviation of a [`TensorKind::ScaledRouter`]'s entries (Gemma
+/// 4's router; see its notes).
+pub const SCALED_ROUTER_STD: f32 = 16.0;
+
 /// Standard deviation of the entries of a weight of `kind` with rows of
 /// `cols` values: [`STD`], but [`ROUTED_EMBEDDING_STD`] for a
-/// [`TensorKind::RoutedEmbedding`] and
+/// [`TensorKind::RoutedEmbedding`] (over sqrt(`cols`) for a
+/// [`TensorKind::ScaledRoutedEmbedding`]),
 /// 1/sqrt(`cols`) for a [`TensorKind::Router`] and a
-/// [`TensorKind::Convolution`] (0 for the kinds drawn as constants or
-/// from their own law: norms, decay rates).
+/// [`TensorKind::Convolution`], [`SCALED_ROUTER_STD`] for a
+/// [`TensorKind::ScaledRouter`] (0
+/// for the kinds drawn as constants or from their own law: norms, decay
+/// rates).
 pub fn std_of(kind: TensorKind, cols: usize) -> f32 {
     match kind {
         TensorKind::Matrix | TensorKind::Bias => STD,
         TensorKind::RoutedEmbedding => ROUTED_EMBEDDING_STD,
+        TensorKind::ScaledRoutedEmbedding => ROUTED_EMBEDDING_STD / (cols.max(1) as f32).sqrt(),
         TensorKind::Router | TensorKind::Convolution => 1.0 / (cols.max(1) as f32).sqrt(),
+        TensorKind::ScaledRouter => SCALED_ROUTER_STD,
         TensorKind::Norm
         | TensorKind::OffsetNorm
         | TensorKind::QkScaleNorm

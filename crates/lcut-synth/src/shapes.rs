@@ -80,6 +80,17 @@ pub enum ExpertsKind {
         /// The sliding layers' window.
         sliding_window: usize,
     },
+    /// Gemma 4's (`enable_moe_block`), beside every layer's dense MLP and
+    /// summed with it: a router (`router.proj`, of kind
+    /// [`TensorKind::ScaledRouter`]) reading an unweighted RMS norm of the
+    /// residual times `router.scale` and 1/sqrt(hidden), the chosen weights
+    /// renormalised and scaled by `router.per_expert_scale`; every
+    /// expert's gate and up projections stacked in `experts.gate_up_proj`
+    /// [experts, 2 inner, hidden] (gate rows first), the down projections
+    /// in `experts.down_proj` [experts, hidden, inner]; the branch's own
+    /// norms (`pre_feedforward_layernorm_2`, `post_feedforward_layernorm_1`
+    /// and `_2`). Only with Gemma 4's layers ([`ModelShape::gemma4`]).
+    Gemma4,
 }
 
 /// A mixture of experts in place of every layer's MLP: a router (a
@@ -114,6 +125,27 @@ pub enum TensorKind {
     /// deviation so that each token's own direction leads the residual
     /// stream the routers read ([`crate::draw`]); stored as a matrix.
     RoutedEmbedding,
+    /// The token embedding of a Gemma 4 shape with experts, which the
+    /// model multiplies by sqrt(hidden) as it reads it: drawn at
+    /// [`crate::draw::ROUTED_EMBEDDING_STD`] over sqrt(hidden), so that the
+    /// residual stream starts as large as a [`TensorKind::RoutedEmbedding`]
+    /// starts it. As the tied head, it then gives logits of spread about 16:
+    /// a routed embedding's draw gave 16 sqrt(hidden), which the soft cap
+    /// flattened, and which a Q8_0 file's rounding moved by 0.07 of the
+    /// largest logit at width 64 and 0.15 at 256 (measured); stored as a
+    /// matrix.
+    ScaledRoutedEmbedding,
+    /// Gemma 4's router (`router.proj`), whose input is RMS-normed and
+    /// divided by sqrt(hidden) by the model itself: drawn at standard
+    /// deviation 16 ([`crate::draw::SCALED_ROUTER_STD`]), so that its
+    /// logits spread by about 16 and near ties between experts are rare.
+    /// Each expert's output passes the branch's norm, so a token that takes
+    /// another expert under a format's rounding moves its logits by its
+    /// whole share: at spread 1 (a [`TensorKind::Router`]'s, scaled) bf16
+    /// changed one token's experts in 64 over 6 layers and moved the logits
+    /// by 0.02-0.04 of the largest, at 4 still 0.036, at 16 by 0.005
+    /// (measured on the test shape); kept in f32 in every GGUF file.
+    ScaledRouter,
     /// A query or key RMSNorm weight that carries the attention's scale
     /// (Gemma 4's, whose attention scale is 1): drawn as `d`^(-1/4) for a
     /// head of `d` values, so that a random model's scores are the dot
@@ -215,9 +247,11 @@ impl LinearShape {
 /// its own token table (`embed_tokens_per_layer`) and a projection of the
 /// embedding. The sliding layers rotate whole heads at base
 /// `sliding_theta`, the full ones a quarter of each head, proportionally,
-/// at the shape's `rope_theta`. Values have their own projection (the
-/// released E2B's `attention_k_eq_v` is false), V is RMS-normed without a
-/// weight, and the logits are soft-capped at `softcap`.
+/// at the shape's `rope_theta`. The full layers have `full_kv_heads` K/V
+/// heads and, where `keys_are_values`, no value projection (their values
+/// are their keys before the key norm and rotation); V is RMS-normed
+/// without a weight, and the logits are soft-capped at `softcap`. A shape
+/// without per-layer inputs has `layer_input` 0.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Gemma4Shape {
     /// One full layer in this many, the last layer full besides.
@@ -226,7 +260,14 @@ pub struct Gemma4Shape {
     pub window: usize,
     /// The full layers' head width (`global_head_dim`).
     pub full_head_dim: usize,
-    /// Width of each layer's input (`hidden_size_per_layer_input`).
+    /// The full layers' K/V heads (`num_global_key_value_heads`, which the
+    /// config names only where `keys_are_values`; else the shape's
+    /// `num_kv_heads`).
+    pub full_kv_heads: usize,
+    /// The full layers' keys are their values (`attention_k_eq_v`).
+    pub keys_are_values: bool,
+    /// Width of each layer's input (`hidden_size_per_layer_input`; 0: the
+    /// model has none).
     pub layer_input: usize,
     /// Layers at the top that read an earlier layer's K/V
     /// (`num_kv_shared_layers`).
@@ -252,6 +293,20 @@ impl Gemma4Shape {
     /// Whether layer `l` of `layers` stores its own K/V.
     pub fn owns_kv(&self, l: usize, layers: usize) -> bool {
         l + self.shared < layers
+    }
+
+    /// Whether layer `l` of `layers` has a value projection: it stores its
+    /// own K/V, and is not a full layer whose keys are its values.
+    pub fn has_values(&self, l: usize, layers: usize) -> bool {
+        self.owns_kv(l, layers) && !(self.keys_are_values && self.is_full(l, layers))
+    }
+
+    /// Layer `l`'s K/V heads, given the sliding layers' `kv_heads`.
+    pub fn kv_heads(&self, l: usize, layers: usize, kv_heads: usize) -> usize {
+        match self.is_full(l, layers) {
+            true => self.full_kv_heads,
+            false => kv_heads,
+        }
     }
 
     /// Layer `l`'s MLP width, given the config's `intermediate_size`.
@@ -313,7 +368,7 @@ pub struct ModelShape {
 }
 
 /// The names [`named`] knows, in the order `lcut synth --help` lists them.
-pub const NAMES: [&str; 13] = [
+pub const NAMES: [&str; 14] = [
     "llama-3.2-1b",
     "qwen2.5-1.5b",
     "smollm3-3b",
@@ -322,6 +377,7 @@ pub const NAMES: [&str; 13] = [
     "qwen3.5-9b",
     "gemma-4-e2b",
     "gemma-4-e4b",
+    "gemma-4-26b-a4b",
     "qwen3-30b-a3b",
     "qwen3.5-35b-a3b",
     "gpt-oss-20b",
@@ -854,6 +910,8 @@ pub fn gemma_4_e2b() -> ModelShape {
             full_interval: 5,
             window: 512,
             full_head_dim: 512,
+            full_kv_heads: 1,
+            keys_are_values: false,
             layer_input: 256,
             shared: 20,
             double_wide_mlp: true,
@@ -904,8 +962,69 @@ pub fn gemma_4_e4b() -> ModelShape {
             full_interval: 6,
             window: 512,
             full_head_dim: 512,
+            full_kv_heads: 2,
+            keys_are_values: false,
             layer_input: 256,
             shared: 18,
+            double_wide_mlp: false,
+            sliding_theta: 10_000.0,
+            softcap: 30.0,
+        }),
+    }
+}
+
+/// google/gemma-4-26B-A4B's language model (`gemma4_text` with
+/// `enable_moe_block`): 30 layers, hidden 2816, 16 heads; five layers
+/// sliding over 1024 tokens with 8 K/V heads 256 wide, then a full one
+/// (layers 5, 11, ..., 29) with 2 K/V heads 512 wide whose keys are its
+/// values; in every layer a dense MLP 2112 wide beside 128 experts of
+/// width 704, 8 run per token; no per-layer inputs and no shared K/V;
+/// vocabulary 262144, tied head, RoPE base 10^4 on the sliding layers and
+/// 10^6 (proportional, a quarter of each head) on the full ones, RMSNorm
+/// eps 1e-6, 262144 positions, logits capped at 30; BoS 2, EoS 1, pad 0.
+/// About 25.2e9 parameters, 3.8e9 run per token (the model card's "26B
+/// A4B" counts the vision tower too). From published text configs, not
+/// from a downloaded file: two independent copies agree on every figure
+/// here, a third differs on two (docs/layouts.md).
+pub fn gemma_4_26b_a4b() -> ModelShape {
+    ModelShape {
+        name: "gemma-4-26b-a4b".into(),
+        sizes: LlamaShape {
+            vocab_size: 262_144,
+            hidden_size: 2816,
+            intermediate_size: 2112,
+            num_layers: 30,
+            num_heads: 16,
+            num_kv_heads: 8,
+            rope_theta: 1_000_000.0,
+            rms_norm_eps: 1e-6,
+            max_position_embeddings: 262_144,
+            layout: Layout::Llama,
+        },
+        qkv_bias: false,
+        rope_scaling: RopeScaling::None,
+        tie_word_embeddings: true,
+        tokens: SpecialTokens {
+            bos: 2,
+            eos: 1,
+            pad: Some(0),
+        },
+        head_dim: Some(256),
+        experts: Some(ExpertShape {
+            kind: ExpertsKind::Gemma4,
+            num_experts: 128,
+            top_k: 8,
+            inner: 704,
+        }),
+        linear: None,
+        gemma4: Some(Gemma4Shape {
+            full_interval: 6,
+            window: 1024,
+            full_head_dim: 512,
+            full_kv_heads: 2,
+            keys_are_values: true,
+            layer_input: 0,
+            shared: 0,
             double_wide_mlp: false,
             sliding_theta: 10_000.0,
             softcap: 30.0,
@@ -943,6 +1062,7 @@ pub fn named(name: &str) -> Result<ModelShape> {
         "qwen3.5-35b-a3b" => qwen3_5_35b_a3b(),
         "gemma-4-e2b" => gemma_4_e2b(),
         "gemma-4-e4b" => gemma_4_e4b(),
+        "gemma-4-26b-a4b" => gemma_4_26b_a4b(),
         "gpt-oss-20b" => gpt_oss_20b(),
         "mixtral-8x7b" => mixtral_8x7b(),
         "small" => ModelShape::llama("small", small()),
@@ -993,6 +1113,8 @@ impl ModelShape {
             (Some(ExpertsKind::Qwen3Moe), None) => return Family::Qwen3Moe,
             (Some(ExpertsKind::Mixtral), None) => return Family::Mixtral,
             (Some(ExpertsKind::GptOss { .. }), None) => return Family::GptOss,
+            // refused by `validate_own`: Gemma 4's experts need its layers
+            (Some(ExpertsKind::Gemma4), None) => return Family::Gemma4,
             // refused by `validate_own`: Qwen3.5-MoE's experts need its
             // linear layers
             (Some(ExpertsKind::Qwen35Moe { .. }), None) => return Family::Qwen35Moe,
@@ -1101,6 +1223,17 @@ impl ModelShape {
         let Some(e) = self.experts else {
             return Ok(());
         };
+        if (e.kind == ExpertsKind::Gemma4) != self.gemma4.is_some() {
+            return bad(
+                "experts.kind",
+                "Gemma 4's experts exactly when the shape has Gemma 4's layers".into(),
+                format!(
+                    "{:?} with Gemma 4's layers: {}",
+                    e.kind,
+                    self.gemma4.is_some()
+                ),
+            );
+        }
         if matches!(e.kind, ExpertsKind::Qwen35Moe { .. }) != self.linear.is_some() {
             return bad(
                 "experts.kind",
@@ -1173,9 +1306,13 @@ impl ModelShape {
     }
 
     /// The checks of Gemma 4's layers: on Llama's layout with a head width
-    /// of its own, without q/k/v biases, experts or linear layers; positive
-    /// widths and interval, the full heads' width even, and at least one
-    /// layer holding K/V below the shared ones, of every type they read.
+    /// of its own, without q/k/v biases or linear layers, any experts
+    /// Gemma 4's (checked with the others' by [`Self::validate_own`]);
+    /// positive widths and interval (the per-layer inputs' may be 0), the
+    /// full heads' width even, their K/V heads dividing the heads and, where
+    /// their keys are not their values, the sliding layers' count (the
+    /// config has no other field for it); and at least one layer holding
+    /// K/V below the shared ones, of every type they read.
     fn validate_gemma4(&self, g: Gemma4Shape) -> Result<()> {
         let bad = |field: &'static str, expected: &str, found: String| {
             Err(SynthError::InvalidShape {
@@ -1187,18 +1324,16 @@ impl ModelShape {
         };
         if self.sizes.layout != Layout::Llama
             || self.qkv_bias
-            || self.experts.is_some()
             || self.linear.is_some()
             || self.head_dim.is_none()
         {
             return bad(
                 "gemma4",
-                "Llama's layout with a head width of its own and no q/k/v biases, experts or linear layers",
+                "Llama's layout with a head width of its own and no q/k/v biases or linear layers",
                 format!(
-                    "{} with q/k/v biases: {}, experts: {}, linear layers: {}, head width: {:?}",
+                    "{} with q/k/v biases: {}, linear layers: {}, head width: {:?}",
                     self.sizes.layout,
                     self.qkv_bias,
-                    self.experts.is_some(),
                     self.linear.is_some(),
                     self.head_dim
                 ),
@@ -1207,11 +1342,32 @@ impl ModelShape {
         for (field, n) in [
             ("gemma4.full_interval", g.full_interval),
             ("gemma4.window", g.window),
-            ("gemma4.layer_input", g.layer_input),
+            ("gemma4.full_kv_heads", g.full_kv_heads),
         ] {
             if n == 0 || n > lcut_model::config::MAX_SIZE {
                 return bad(field, "a positive count or width", n.to_string());
             }
+        }
+        if g.layer_input > lcut_model::config::MAX_SIZE {
+            return bad(
+                "gemma4.layer_input",
+                "a width (0: no per-layer inputs)",
+                g.layer_input.to_string(),
+            );
+        }
+        let heads = self.sizes.num_heads;
+        if !heads.is_multiple_of(g.full_kv_heads)
+            || (!g.keys_are_values && g.full_kv_heads != self.sizes.num_kv_heads)
+        {
+            return bad(
+                "gemma4.full_kv_heads",
+                &format!(
+                    "a divisor of the {heads} heads, and the sliding layers' {} unless the \
+                     full layers' keys are their values",
+                    self.sizes.num_kv_heads
+                ),
+                g.full_kv_heads.to_string(),
+            );
         }
         let fd = g.full_head_dim;
         if fd == 0 || fd % 2 == 1 || fd > lcut_model::config::MAX_SIZE {
@@ -1287,6 +1443,18 @@ impl ModelShape {
         Ok(())
     }
 
+    /// Whether layer `l` has a value projection (`v_proj`): not on
+    /// Qwen3.5's linear layers, nor on Gemma 4's shared layers and full
+    /// layers whose keys are their values.
+    pub fn has_value_projection(&self, l: usize) -> bool {
+        let layers = self.sizes.num_layers;
+        match (self.linear, self.gemma4) {
+            (Some(la), _) => !la.is_linear(l),
+            (None, Some(g)) => g.has_values(l, layers),
+            (None, None) => true,
+        }
+    }
+
     /// How many of a head's values rotate: all of them, or on Qwen3.5's
     /// full layers the `partial_rotary` share, in whole pairs (llama.cpp's
     /// `rope.dimension_count`).
@@ -1336,7 +1504,8 @@ impl ModelShape {
         if self.head_dim.is_some() {
             map.insert("head_dim".into(), json!(self.head_dim()));
         }
-        if let Some(e) = self.experts {
+        // Gemma 4's experts are written with its layers (`gemma4_config`)
+        if let Some(e) = self.experts.filter(|e| e.kind != ExpertsKind::Gemma4) {
             experts_config(map, &self.sizes, e);
         }
         if let Some(la) = self.linear {
@@ -1401,8 +1570,10 @@ impl ModelShape {
 
     /// Gemma 4's fields into `map` (which holds Llama's), as its released
     /// text configs name them: the model type, the layer types and window,
-    /// the full layers' head width, the shared layers, the per-layer inputs,
-    /// each layer type's RoPE, the soft cap and the GELU MLPs.
+    /// the full layers' head width, K/V heads (named only where their keys
+    /// are their values, as transformers reads them only then) and keys,
+    /// the shared layers, the per-layer inputs, each layer type's RoPE, the
+    /// soft cap, the GELU MLPs and the experts beside them.
     fn gemma4_config(&self, map: &mut Map<String, Value>, g: Gemma4Shape) {
         let s = &self.sizes;
         map.insert("architectures".into(), json!(["Gemma4ForCausalLM"]));
@@ -1420,15 +1591,18 @@ impl ModelShape {
             "layer_types": types,
             "sliding_window": g.window,
             "global_head_dim": g.full_head_dim,
-            "num_global_key_value_heads": null,
-            "attention_k_eq_v": false,
+            "num_global_key_value_heads": g.keys_are_values.then_some(g.full_kv_heads),
+            "attention_k_eq_v": g.keys_are_values,
             "num_kv_shared_layers": g.shared,
             "use_double_wide_mlp": g.double_wide_mlp,
             "hidden_size_per_layer_input": g.layer_input,
             "vocab_size_per_layer_input": s.vocab_size,
             "final_logit_softcapping": g.softcap,
             "hidden_activation": "gelu_pytorch_tanh",
-            "enable_moe_block": false,
+            "enable_moe_block": self.experts.is_some(),
+            "num_experts": self.experts.map(|e| e.num_experts),
+            "top_k_experts": self.experts.map(|e| e.top_k),
+            "moe_intermediate_size": self.experts.map(|e| e.inner),
             "rope_parameters": {
                 "full_attention": {
                     "rope_type": "proportional",
@@ -1569,13 +1743,18 @@ impl ModelShape {
     }
 
     /// Every weight of a Gemma 4 shape with layers `g`, in transformers'
-    /// order: the embedding and the per-layer inputs' table, projection and
-    /// norm; each layer's input norm, queries, keys and values with their
-    /// norms (none in a shared layer; the q/k norms of kind
+    /// order: the embedding (a [`TensorKind::ScaledRoutedEmbedding`] where
+    /// the shape has experts) and, where
+    /// the shape has per-layer inputs, their table, projection and norm;
+    /// each layer's input norm, queries, keys and values with their norms
+    /// (no keys or values in a shared layer, no values in a full layer
+    /// whose keys are its values; the q/k norms of kind
     /// [`TensorKind::QkScaleNorm`]), output, MLP of the layer's width,
-    /// the sandwich norms, the layer scalar (drawn as a norm: one) and the
-    /// per-layer input's gate, projection and norm; the final norm (the
-    /// head is the embedding).
+    /// the sandwich norms, the layer scalar (drawn as a norm: one), the
+    /// per-layer input's gate, projection and norm, and the experts beside
+    /// the MLP ([`ExpertsKind::Gemma4`]: the router and its two scales,
+    /// drawn as norms, the stacked experts and the branch's three norms);
+    /// the final norm (the head is the embedding).
     fn gemma4_tensors(&self, g: Gemma4Shape) -> Vec<TensorSpec> {
         let s = &self.sizes;
         let (v, d, h, kv, layers) = (
@@ -1591,18 +1770,30 @@ impl ModelShape {
             name,
             dims,
         };
-        let mut out = vec![
-            spec("model.embed_tokens.weight".into(), vec![v, d]),
-            spec("model.embed_tokens_per_layer.weight".into(), vec![v, all]),
-            spec(
-                "model.per_layer_model_projection.weight".into(),
-                vec![all, d],
-            ),
-            spec(
-                "model.per_layer_projection_norm.weight".into(),
-                vec![g.layer_input],
-            ),
-        ];
+        let of_kind =
+            |name: String, dims: Vec<usize>, kind: TensorKind| TensorSpec { name, dims, kind };
+        let embedding = match self.experts {
+            Some(_) => TensorKind::ScaledRoutedEmbedding,
+            None => TensorKind::Matrix,
+        };
+        let mut out = vec![of_kind(
+            "model.embed_tokens.weight".into(),
+            vec![v, d],
+            embedding,
+        )];
+        if g.layer_input > 0 {
+            out.extend([
+                spec("model.embed_tokens_per_layer.weight".into(), vec![v, all]),
+                spec(
+                    "model.per_layer_model_projection.weight".into(),
+                    vec![all, d],
+                ),
+                spec(
+                    "model.per_layer_projection_norm.weight".into(),
+                    vec![g.layer_input],
+                ),
+            ]);
+        }
         for l in 0..layers {
             let p = format!("model.layers.{l}");
             let a = format!("{p}.self_attn");
@@ -1610,11 +1801,14 @@ impl ModelShape {
                 true => g.full_head_dim,
                 false => self.head_dim(),
             };
+            let kv = g.kv_heads(l, layers, kv);
             let w = g.mlp_width(l, layers, s.intermediate_size);
             out.push(spec(format!("{p}.input_layernorm.weight"), vec![d]));
             out.push(spec(format!("{a}.q_proj.weight"), vec![h * hd, d]));
             if g.owns_kv(l, layers) {
                 out.push(spec(format!("{a}.k_proj.weight"), vec![kv * hd, d]));
+            }
+            if g.has_values(l, layers) {
                 out.push(spec(format!("{a}.v_proj.weight"), vec![kv * hd, d]));
             }
             out.push(spec(format!("{a}.o_proj.weight"), vec![d, h * hd]));
@@ -1634,21 +1828,48 @@ impl ModelShape {
                 spec(format!("{p}.post_attention_layernorm.weight"), vec![d]),
                 spec(format!("{p}.pre_feedforward_layernorm.weight"), vec![d]),
                 spec(format!("{p}.post_feedforward_layernorm.weight"), vec![d]),
-                TensorSpec {
-                    name: format!("{p}.layer_scalar"),
-                    dims: vec![1],
-                    kind: TensorKind::Norm,
-                },
-                spec(
-                    format!("{p}.per_layer_input_gate.weight"),
-                    vec![g.layer_input, d],
-                ),
-                spec(
-                    format!("{p}.per_layer_projection.weight"),
-                    vec![d, g.layer_input],
-                ),
-                spec(format!("{p}.post_per_layer_input_norm.weight"), vec![d]),
+                of_kind(format!("{p}.layer_scalar"), vec![1], TensorKind::Norm),
             ]);
+            if g.layer_input > 0 {
+                out.extend([
+                    spec(
+                        format!("{p}.per_layer_input_gate.weight"),
+                        vec![g.layer_input, d],
+                    ),
+                    spec(
+                        format!("{p}.per_layer_projection.weight"),
+                        vec![d, g.layer_input],
+                    ),
+                    spec(format!("{p}.post_per_layer_input_norm.weight"), vec![d]),
+                ]);
+            }
+            if let Some(e) = self.experts {
+                let (n, i) = (e.num_experts, e.inner);
+                out.extend([
+                    of_kind(
+                        format!("{p}.router.proj.weight"),
+                        vec![n, d],
+                        TensorKind::ScaledRouter,
+                    ),
+                    of_kind(format!("{p}.router.scale"), vec![d], TensorKind::Norm),
+                    of_kind(
+                        format!("{p}.router.per_expert_scale"),
+                        vec![n],
+                        TensorKind::Norm,
+                    ),
+                    spec(format!("{p}.experts.gate_up_proj"), vec![n, 2 * i, d]),
+                    spec(format!("{p}.experts.down_proj"), vec![n, d, i]),
+                ]);
+                // named past `norm.weight`, which `draw::kind_of` goes by
+                out.extend(
+                    [
+                        "pre_feedforward_layernorm_2",
+                        "post_feedforward_layernorm_1",
+                        "post_feedforward_layernorm_2",
+                    ]
+                    .map(|norm| of_kind(format!("{p}.{norm}.weight"), vec![d], TensorKind::Norm)),
+                );
+            }
         }
         out.push(spec("model.norm.weight".into(), vec![d]));
         out
@@ -1875,8 +2096,11 @@ impl ModelShape {
         ];
         let (block, [gate, up, down]) = match e.kind {
             // Qwen3.5-MoE's layers are listed by `qwen35_tensors`,
-            // gpt-oss's by `gpt_oss_tensors`
-            ExpertsKind::Qwen3Moe | ExpertsKind::Qwen35Moe { .. } | ExpertsKind::GptOss { .. } => {
+            // gpt-oss's by `gpt_oss_tensors`, Gemma 4's by `gemma4_tensors`
+            ExpertsKind::Qwen3Moe
+            | ExpertsKind::Qwen35Moe { .. }
+            | ExpertsKind::GptOss { .. }
+            | ExpertsKind::Gemma4 => {
                 out.extend([
                     (format!("{p}.self_attn.q_norm.weight"), vec![hd]),
                     (format!("{p}.self_attn.k_norm.weight"), vec![hd]),
@@ -1928,9 +2152,9 @@ impl ModelShape {
 
 /// Whether weight `name` holds every expert's copy of a projection or its
 /// bias in one tensor, experts first (gpt-oss's `mlp.experts.gate_up_proj`
-/// and the like).
+/// and the like, Gemma 4's `experts.gate_up_proj` and `experts.down_proj`).
 pub fn is_fused_experts(name: &str) -> bool {
-    name.contains(".mlp.experts.") && expert_index(name).is_none()
+    name.contains(".experts.") && expert_index(name).is_none()
 }
 
 /// The index of the expert weight `name` (Hugging Face name,
@@ -1989,6 +2213,8 @@ fn experts_config(map: &mut Map<String, Value>, sizes: &LlamaShape, e: ExpertSha
             map.insert("swiglu_limit".into(), json!(7.0));
             map.insert("router_aux_loss_coef".into(), json!(0.9));
         }
+        // written with Gemma 4's layers (`gemma4_config`)
+        ExpertsKind::Gemma4 => {}
         ExpertsKind::Mixtral => {
             map.insert("architectures".into(), json!(["MixtralForCausalLM"]));
             map.insert("model_type".into(), json!("mixtral"));

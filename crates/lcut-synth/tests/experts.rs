@@ -1,5 +1,5 @@
-//! The mixtures of experts (Qwen3-30B-A3B's and Mixtral-8x7B's shapes, at
-//! test size) in every format: the GGUF file holds each expert's drawn
+//! The mixtures of experts (Qwen3-30B-A3B's, Mixtral-8x7B's and Gemma 4
+//! 26B-A4B's shapes, at test size) in every format: the GGUF file holds each expert's drawn
 //! weights quantized in llama.cpp's 3-D tensors, under the keys, names,
 //! types and dimensions llama.cpp's own converter gives them (held to the
 //! files it wrote for the reference cases); every format loads as a
@@ -24,7 +24,7 @@ use lcut_synth::write::gguf::ggml_type;
 use lcut_synth::{Format, RandomModel};
 
 mod common;
-use common::{every_format_computes, max_diff, write};
+use common::{every_format_computes, matches_converter, max_diff, write};
 
 /// Qwen3-30B-A3B's layout at test size: 4 layers, width 256, 4 heads
 /// 128 wide (twice 256 / 4, as the real model's are twice 2048 / 32), 2
@@ -44,6 +44,38 @@ fn tiny_qwen3moe() -> ModelShape {
         e.num_experts = 8;
         e.top_k = 3;
         e.inner = 256;
+        e
+    });
+    s
+}
+
+/// Gemma 4 26B-A4B's layout at test size, laid out as the reference case
+/// `layouts/gemma4-moe`: 6 layers, the third and the sixth full (heads 32
+/// wide against the sliding layers' 16, one K/V head against two, their
+/// keys their values), a window of 12; width 64, 4 heads, a dense MLP 160
+/// wide beside 4 experts of width 32 (the case's are 16, which Q8_0's
+/// blocks of 32 do not fit), 2 run per token; no per-layer inputs.
+fn tiny_gemma4moe() -> ModelShape {
+    let mut s = shapes::gemma_4_26b_a4b();
+    s.name = "tiny-gemma4moe".into();
+    s.sizes.vocab_size = 512;
+    s.sizes.hidden_size = 64;
+    s.sizes.intermediate_size = 160;
+    s.sizes.num_layers = 6;
+    s.sizes.num_heads = 4;
+    s.sizes.num_kv_heads = 2;
+    s.head_dim = Some(16);
+    s.gemma4 = s.gemma4.map(|mut g| {
+        g.full_interval = 3;
+        g.window = 12;
+        g.full_head_dim = 32;
+        g.full_kv_heads = 1;
+        g
+    });
+    s.experts = s.experts.map(|mut e| {
+        e.num_experts = 4;
+        e.top_k = 2;
+        e.inner = 32;
         e
     });
     s
@@ -200,7 +232,12 @@ fn mxfp4_round_trip(dense: &Tensor) -> Tensor {
 fn every_format_loads_and_routes_tokens_apart() {
     let dir = tempfile::tempdir().unwrap();
     let ids = tokens(64);
-    for (shape, most) in [(tiny_qwen3moe(), 0.75), (tiny_mixtral(), 0.5)] {
+    for (shape, most) in [
+        (tiny_qwen3moe(), 0.75),
+        (tiny_mixtral(), 0.5),
+        (tiny_gemma4moe(), 0.75),
+    ] {
+        let layers = shape.sizes.num_layers;
         let drawn = RandomModel {
             shape: shape.clone(),
             seed: 5,
@@ -209,7 +246,7 @@ fn every_format_loads_and_routes_tokens_apart() {
         .unwrap();
         let want = drawn.teacher_forced_logits(&ids, None).unwrap();
         let experts = shape.experts.unwrap().num_experts;
-        assert_spread(&shape.name, &route(&drawn, &ids), 4, experts, most);
+        assert_spread(&shape.name, &route(&drawn, &ids), layers, experts, most);
         every_format_computes(
             &shape,
             5,
@@ -219,7 +256,7 @@ fn every_format_loads_and_routes_tokens_apart() {
             |format, _, mode, model| {
                 let what = format!("{} as {format} ({})", shape.name, mode.name());
                 assert_eq!(model.config().arch, shape.arch(), "{what}");
-                assert_spread(&what, &route(model, &ids), 4, experts, most);
+                assert_spread(&what, &route(model, &ids), layers, experts, most);
             },
         );
     }
@@ -316,6 +353,45 @@ fn gguf_files_match_llama_cpps_converter() {
             assert_eq!((down[0], down[1]), (experts, hidden), "{case}");
             assert_eq!(h.tensors["blk.0.ffn_gate_inp.weight"].type_id, 0);
         }
+    }
+}
+
+/// Gemma 4's experts beside its MLP, written as llama.cpp's converter
+/// wrote the reference case `layouts/gemma4-moe` in Q8_0
+/// ([`common::matches_converter`]: its keys, and the tensors of a sliding
+/// layer and of a full layer whose keys are its values, which has no
+/// `attn_v`): the stacked `ffn_gate_up_exps` and `ffn_down_exps`, the
+/// router in f32 with its two scales, the branch's norms, one K/V head
+/// count per layer. Read back, the folder and the file are the shape: two
+/// K/V heads on the sliding layers and one on the full ones, whose values
+/// are their keys, the experts beside every MLP.
+#[test]
+fn gemma4s_experts_match_llama_cpps_converter() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/oracle/layouts");
+    let shape = tiny_gemma4moe();
+    let out = dir.path().join("tiny-gemma4moe.gguf");
+    write(&shape, Format::GgufQ8_0, &out, 1);
+    let theirs = root.join("gemma4-moe/model.q8_0.gguf");
+    matches_converter(&out, &theirs, "gemma4", &["blk.0.", "blk.2."]);
+    let folder = dir.path().join("tiny-gemma4moe");
+    write(&shape, Format::SafetensorsF32, &folder, 1);
+    for path in [&out, &folder] {
+        let cfg = Decoder::load(path, DType::F32, &Device::Cpu)
+            .unwrap()
+            .config()
+            .clone();
+        let kv: Vec<(usize, usize, bool)> = cfg
+            .layer_attention
+            .iter()
+            .map(|a| (a.kv_heads, a.head_dim, a.values_from_keys))
+            .collect();
+        let (sliding, full) = ((2, 16, false), (1, 32, true));
+        assert_eq!(kv, [sliding, sliding, full, sliding, sliding, full]);
+        let e = cfg.experts.unwrap();
+        assert_eq!((e.num_experts, e.top_k, e.inner), (4, 2, 32));
+        assert!(e.beside_mlp);
+        assert!(cfg.per_layer_input.is_none());
     }
 }
 

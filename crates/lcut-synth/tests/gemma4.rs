@@ -11,17 +11,15 @@
 
 #![allow(clippy::unwrap_used)] // test helpers unwrap like the tests do
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use candle_core::{DType, Device};
 use lcut_model::Arch;
-use lcut_model::gguf::GgufFile;
 use lcut_synth::shapes::{self, ModelShape};
 use lcut_synth::{Format, RandomModel, SynthError, WriteOptions, write_model};
 
 mod common;
-use common::{every_format_computes, write};
+use common::{every_format_computes, matches_converter, write};
 
 /// Gemma 4 E2B's layout at test size, laid out as the reference case
 /// `layouts/gemma4-wide`: 4 layers, the second and the last full (heads
@@ -92,12 +90,12 @@ fn every_format_is_the_drawn_model() {
 }
 
 /// The GGUF file has the keys, tensor names and ranks llama.cpp's converter
-/// gave the reference case in Q8_0 (`fixtures/oracle/layouts/gemma4-wide`):
-/// every `gemma4.*` key it wrote (ours add only the vocabulary size), and
-/// the same tensors in a sliding layer that holds K/V, a shared full layer
-/// and at the top, where the case's full layers have their own values (its
-/// keys are its values; E2B's are not). Types match where the case's rows
-/// fit Q8_0's blocks (its 8-wide per-layer projection is F16).
+/// gave the reference case in Q8_0 (`fixtures/oracle/layouts/gemma4-wide`,
+/// [`common::matches_converter`]) in a sliding layer that holds K/V, a
+/// shared full layer and at the top, where the case's full layers have
+/// their own values (its keys are its values; E2B's are not). Types match
+/// where the case's rows fit Q8_0's blocks (its 8-wide per-layer projection
+/// is F16).
 #[test]
 fn gguf_files_match_llama_cpps_converter() {
     let dir = tempfile::tempdir().unwrap();
@@ -105,49 +103,8 @@ fn gguf_files_match_llama_cpps_converter() {
     let shape = tiny_gemma4();
     let out = dir.path().join("tiny-gemma4.gguf");
     write(&shape, Format::GgufQ8_0, &out, 1);
-    let ours = GgufFile::open(&out).unwrap();
-    let theirs = GgufFile::open(&root.join("gemma4-wide/model.q8_0.gguf")).unwrap();
-    let (ours, theirs) = (ours.header(), theirs.header());
-    assert_eq!(
-        ours.metadata["general.architecture"].as_str(),
-        Some("gemma4")
-    );
-    let keys = |h: &lcut_model::gguf::GgufHeader| -> Vec<String> {
-        h.metadata
-            .keys()
-            .filter(|k| k.starts_with("gemma4."))
-            .cloned()
-            .collect()
-    };
-    let (our_keys, their_keys) = (keys(ours), keys(theirs));
-    for k in &their_keys {
-        assert!(our_keys.contains(k), "no {k}");
-    }
-    for k in our_keys.iter().filter(|k| !their_keys.contains(k)) {
-        assert!(k.ends_with(".vocab_size"), "{k} is not the converter's");
-    }
-    let picked = |h: &lcut_model::gguf::GgufHeader| -> BTreeMap<String, (Option<u32>, usize)> {
-        h.tensors
-            .iter()
-            .filter(|(n, _)| {
-                !n.starts_with("blk.") || n.starts_with("blk.0.") || n.starts_with("blk.3.")
-            })
-            .map(|(n, t)| {
-                // ggml's first dimension is the row's length
-                let fits = t.shape.last().is_some_and(|c| c % 32 == 0) || t.type_id == 0;
-                (n.clone(), (fits.then_some(t.type_id), t.shape.len()))
-            })
-            .collect()
-    };
-    let (mut ours, theirs) = (picked(ours), picked(theirs));
-    for (name, (ty, _)) in &theirs {
-        if ty.is_none()
-            && let Some(entry) = ours.get_mut(name)
-        {
-            entry.0 = None;
-        }
-    }
-    assert_eq!(ours, theirs);
+    let theirs = root.join("gemma4-wide/model.q8_0.gguf");
+    matches_converter(&out, &theirs, "gemma4", &["blk.0.", "blk.3."]);
 }
 
 /// The full shape counts the parameters of E2B's language model (4.63e9,
@@ -247,12 +204,103 @@ fn e4b_keeps_its_layout_counts_its_parameters_and_cuts() {
     );
 }
 
+/// 26B-A4B's shape: 30 layers, full ones at 5, 11, ..., 29 with two K/V
+/// heads 512 wide whose keys are their values (no value projection), the
+/// sliding ones with eight 256 wide over 1024 tokens; a dense MLP 2112
+/// wide beside 128 experts of width 704, 8 run per token; 25.2e9 weights
+/// and 3.8e9 run per token (counted by hand from the published figures,
+/// and as lcut's memory line counts a model of its config). Every GGUF
+/// format plans, the rows that are not whole K-quant blocks (2112, 704)
+/// in llama.cpp's types of 32-value blocks. Cut to 12 layers it keeps the
+/// full layers 5 and 11.
+#[test]
+fn the_26b_a4b_keeps_its_experts_and_full_layers_counts_its_parameters_and_cuts() {
+    let shape = shapes::named("gemma-4-26b-a4b").unwrap();
+    let cfg = shape.config().unwrap();
+    assert_eq!(
+        shape.parameter_count(),
+        lcut_model::memory::parameter_count(&cfg)
+    );
+    assert_eq!(shape.parameter_count(), 25_233_141_790);
+    assert_eq!(shape.active_parameter_count(), 3_822_530_590);
+    let full: Vec<usize> = (0..30)
+        .filter(|&l| cfg.sliding_window[l].is_none())
+        .collect();
+    assert_eq!(full, vec![5, 11, 17, 23, 29]);
+    assert!(cfg.sliding_window.iter().flatten().all(|&w| w == 1024));
+    for (l, a) in cfg.layer_attention.iter().enumerate() {
+        let want = match full.contains(&l) {
+            true => (2, 512, true),
+            false => (8, 256, false),
+        };
+        assert_eq!((a.kv_heads, a.head_dim, a.values_from_keys), want, "{l}");
+        assert_eq!(a.kv_source, None);
+    }
+    assert!(cfg.per_layer_input.is_none());
+    let e = cfg.experts.unwrap();
+    assert_eq!((e.num_experts, e.top_k, e.inner), (128, 8, 704));
+    assert!(e.beside_mlp);
+    assert!((0..30).all(|l| cfg.mlp_width(l) == 2112));
+    let tensors = shape.tensors();
+    assert!(
+        !tensors
+            .iter()
+            .any(|t| t.name == "model.layers.5.self_attn.v_proj.weight")
+    );
+    for format in Format::ALL.into_iter().filter(|f| f.is_gguf()) {
+        let plan = lcut_synth::write::gguf::plan(&shape, format).unwrap();
+        assert!(plan.data_bytes() > 0, "{format}");
+    }
+    let type_of = |name: &str, format| {
+        let t = tensors.iter().find(|t| t.name == name).unwrap();
+        lcut_synth::write::gguf::ggml_type(&shape, format, t)
+    };
+    use candle_core::quantized::GgmlDType;
+    for (name, q4k, q4km) in [
+        // layer 0 is among llama.cpp's "more bits" layers: Q6_K, then Q8_0
+        (
+            "model.layers.0.mlp.down_proj.weight",
+            GgmlDType::Q5_0,
+            GgmlDType::Q8_0,
+        ),
+        (
+            "model.layers.0.experts.down_proj",
+            GgmlDType::Q5_0,
+            GgmlDType::Q8_0,
+        ),
+        (
+            "model.layers.4.experts.down_proj",
+            GgmlDType::Q5_0,
+            GgmlDType::Q5_0,
+        ),
+        (
+            "model.layers.4.experts.gate_up_proj",
+            GgmlDType::Q4K,
+            GgmlDType::Q4K,
+        ),
+        (
+            "model.layers.4.router.proj.weight",
+            GgmlDType::F32,
+            GgmlDType::F32,
+        ),
+    ] {
+        assert_eq!(type_of(name, Format::GgufQ4K), q4k, "{name}");
+        assert_eq!(type_of(name, Format::GgufQ4KM), q4km, "{name}");
+    }
+    let cut = shape.with_layers(12).config().unwrap();
+    let full: Vec<usize> = (0..12)
+        .filter(|&l| cut.sliding_window[l].is_none())
+        .collect();
+    assert_eq!(full, vec![5, 11]);
+    assert_eq!(cut.experts, cfg.experts);
+}
+
 /// Layers a Gemma 4 model cannot have are refused by the field that is
 /// wrong, before anything is written.
 #[test]
 fn bad_gemma4_layers_are_refused_by_field() {
     type Edit = fn(&mut ModelShape);
-    let cases: [(&str, Edit); 5] = [
+    let cases: [(&str, Edit); 8] = [
         ("gemma4.full_interval", |s| {
             s.gemma4.as_mut().unwrap().full_interval = 0
         }),
@@ -263,6 +311,18 @@ fn bad_gemma4_layers_are_refused_by_field() {
         // the shared layers' full one would have no full layer below it
         ("gemma4.shared", |s| s.gemma4.as_mut().unwrap().shared = 3),
         ("gemma4", |s| s.head_dim = None),
+        // the config names the full layers' own count only with K = V
+        ("gemma4.full_kv_heads", |s| {
+            s.gemma4.as_mut().unwrap().full_kv_heads = 2
+        }),
+        ("gemma4.full_kv_heads", |s| {
+            let g = s.gemma4.as_mut().unwrap();
+            g.keys_are_values = true;
+            g.full_kv_heads = 3;
+        }),
+        ("experts.kind", |s| {
+            s.experts = shapes::qwen3_30b_a3b().experts
+        }),
     ];
     let dir = tempfile::tempdir().unwrap();
     for (i, (field, edit)) in cases.into_iter().enumerate() {

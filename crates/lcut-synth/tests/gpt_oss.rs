@@ -17,7 +17,7 @@ use candle_core::{DType, Device};
 use lcut_model::Arch;
 use lcut_model::gguf::GgufFile;
 use lcut_synth::shapes::{self, ModelShape};
-use lcut_synth::{Format, RandomModel, SynthError};
+use lcut_synth::{Format, RandomModel};
 
 mod common;
 use common::{every_format_computes, write};
@@ -136,12 +136,12 @@ fn the_mxfp4_file_matches_llama_cpps_converter() {
 
 /// The full shape counts the parameters its name says (20.9e9; a token
 /// runs 4.2e9, 3.6e9 without the embedding), exactly as lcut's memory line
-/// counts a model of its config; it plans in the formats its 2880-wide
-/// rows fit (Q8_0 and MXFP4's 32-value blocks) and is refused by name
-/// where they do not (the 256-value blocks of Q4_K, and of the Q6_K head
-/// the other formats take).
+/// counts a model of its config; it plans in every GGUF format, its
+/// 2880-wide rows in types of 32-value blocks where a format's 256-value
+/// blocks do not fit them, as llama.cpp's quantizer stores them (Q4_K as
+/// Q5_0, the Q6_K head as Q8_0).
 #[test]
-fn the_full_shape_counts_its_parameters_and_plans_where_it_fits() {
+fn the_full_shape_counts_its_parameters_and_plans_in_every_format() {
     let shape = shapes::gpt_oss_20b();
     let cfg = shape.config().unwrap();
     assert_eq!(
@@ -168,11 +168,21 @@ fn the_full_shape_counts_its_parameters_and_plans_where_it_fits() {
         .data_bytes() as f64;
     // the experts at 17 bytes per 32 values, the rest at Q8_0's 34
     assert!((11.5e9..13.5e9).contains(&mxfp4), "{mxfp4}");
-    // Q4_0 too: its head is Q6_K, as llama-quantize keeps it
-    for format in [Format::GgufQ4_0, Format::GgufQ4K, Format::GgufQ4KM] {
-        match lcut_synth::write::gguf::plan(&shape, format) {
-            Err(SynthError::BlockSize { cols: 2880, .. }) => {}
-            other => panic!("{format}: {:?}", other.map(|p| p.data_bytes())),
-        }
+    let q4k = lcut_synth::write::gguf::plan(&shape, Format::GgufQ4K)
+        .unwrap()
+        .data_bytes() as f64;
+    // the matrices at Q5_0's 22 bytes per 32 values, the head at Q8_0's
+    // 34 (the others are small and f32)
+    assert!((14.0e9..15.5e9).contains(&q4k), "{q4k}");
+    for format in [Format::GgufQ4_0, Format::GgufQ4KM] {
+        let plan = lcut_synth::write::gguf::plan(&shape, format).unwrap();
+        assert!(plan.data_bytes() > 0, "{format}");
     }
+    let head = shape
+        .tensors()
+        .into_iter()
+        .find(|t| t.name == "lm_head.weight")
+        .unwrap();
+    let head_type = lcut_synth::write::gguf::ggml_type(&shape, Format::GgufQ4_0, &head);
+    assert_eq!(head_type, candle_core::quantized::GgmlDType::Q8_0);
 }

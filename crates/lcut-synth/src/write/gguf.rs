@@ -321,6 +321,8 @@ fn type_id(t: GgmlDType) -> u32 {
     match t {
         GgmlDType::F32 => 0,
         GgmlDType::Q4_0 => 2,
+        GgmlDType::Q5_0 => 6,
+        GgmlDType::Q5_1 => 7,
         GgmlDType::Q8_0 => 8,
         GgmlDType::Q4K => 12,
         GgmlDType::Q5K => 13,
@@ -340,21 +342,24 @@ fn type_bytes(t: GgmlDType, n: usize) -> u64 {
 /// the others (Q4_K_M: Q6_K for the V and down projections, experts'
 /// included, of the layers [`more_bits`] picks, Q5_K for Qwen3.5's fused
 /// `attn_qkv`, and [`eight_experts_type`]'s choices for a model of 8
-/// experts; an MXFP4 file's non-expert matrices in Q8_0). An MXFP4 file's
-/// experts are MXFP4, which candle has no type for: see `stored_type`.
+/// experts; an MXFP4 file's non-expert matrices in Q8_0), each in the
+/// type [`fitting_rows`] gives where its rows are not whole blocks of it.
+/// An MXFP4 file's experts are MXFP4, which candle has no type for: see
+/// `stored_type`.
 pub fn ggml_type(shape: &ModelShape, format: Format, t: &TensorSpec) -> GgmlDType {
     let output = t.name == "lm_head.weight"
         || (shape.tie_word_embeddings && t.name == "model.embed_tokens.weight");
     let eight = (format == Format::GgufQ4KM && shape.experts.is_some_and(|e| e.num_experts == 8))
         .then(|| eight_experts_type(&t.name))
         .flatten();
-    match (t.kind, output, format, eight) {
+    let ty = match (t.kind, output, format, eight) {
         (
             TensorKind::Norm
             | TensorKind::QkScaleNorm
             | TensorKind::OffsetNorm
             | TensorKind::Bias
             | TensorKind::Router
+            | TensorKind::ScaledRouter
             | TensorKind::DecayLog
             | TensorKind::Convolution,
             ..,
@@ -370,6 +375,26 @@ pub fn ggml_type(shape: &ModelShape, format: Format, t: &TensorSpec) -> GgmlDTyp
         }
         (_, false, Format::GgufQ4K | Format::GgufQ4KM, _) => GgmlDType::Q4K,
         _ => GgmlDType::Q4_0,
+    };
+    fitting_rows(ty, t.cols())
+}
+
+/// The type llama.cpp's quantizer stores a tensor meant for `ty` in when
+/// its rows of `cols` values are not whole blocks of `ty`
+/// (`convert_incompatible_tensor`): a K-quant's 256-value blocks give way
+/// to a type of 32-value blocks, Q4_K to Q5_0, Q5_K to Q5_1 and Q6_K to
+/// Q8_0 (Gemma 3 270M's 640-wide rows, gpt-oss's 2880, Gemma 4
+/// 26B-A4B's 2112 and 704); any other type stays (a row that is not whole
+/// blocks of it either is refused when the file is planned).
+pub fn fitting_rows(ty: GgmlDType, cols: usize) -> GgmlDType {
+    if cols.is_multiple_of(ty.block_size()) {
+        return ty;
+    }
+    match ty {
+        GgmlDType::Q4K => GgmlDType::Q5_0,
+        GgmlDType::Q5K => GgmlDType::Q5_1,
+        GgmlDType::Q6K => GgmlDType::Q8_0,
+        other => other,
     }
 }
 
@@ -390,12 +415,13 @@ pub fn eight_experts_type(name: &str) -> Option<GgmlDType> {
 
 /// Whether llama.cpp's Q4_K_M keeps tensor `name` (Hugging Face name) of
 /// a model of `layers` layers in Q6_K: the V and down projections (a
-/// layer's experts' down projections too, llama.cpp's `ffn_down_exps`)
-/// of the first and last eighth of the layers and of every third layer
-/// between (llama.cpp's `use_more_bits`).
+/// layer's experts' down projections too, llama.cpp's `ffn_down_exps`,
+/// Gemma 4's stacked ones included) of the first and last eighth of the
+/// layers and of every third layer between (llama.cpp's `use_more_bits`).
 pub fn more_bits(layers: usize, name: &str) -> bool {
-    let expert_down = crate::shapes::expert_index(name).is_some()
-        && (name.ends_with(".down_proj.weight") || name.ends_with(".w2.weight"));
+    let expert_down = (crate::shapes::expert_index(name).is_some()
+        && (name.ends_with(".down_proj.weight") || name.ends_with(".w2.weight")))
+        || name.ends_with(".experts.down_proj");
     let projection = name.ends_with(".self_attn.v_proj.weight")
         || name.ends_with(".mlp.down_proj.weight")
         || expert_down;
@@ -412,26 +438,25 @@ pub fn more_bits(layers: usize, name: &str) -> bool {
     }
 }
 
-/// [`more_bits`] for a weight of `shape`: on Qwen3.5, whose V projections
-/// only its full layers have, llama.cpp counts a V projection's place
-/// among those layers.
+/// [`more_bits`] for a weight of `shape`: llama.cpp counts a V
+/// projection's place among the V projections the file holds, which on
+/// Qwen3.5 (only its full layers have one) and Gemma 4 (none in a shared
+/// layer or a full layer whose keys are its values) are fewer than the
+/// layers.
 fn more_bits_in(shape: &ModelShape, name: &str) -> bool {
-    let Some(la) = shape
-        .linear
-        .filter(|_| name.ends_with(".self_attn.v_proj.weight"))
-    else {
+    if !name.ends_with(".self_attn.v_proj.weight") {
         return more_bits(shape.sizes.num_layers, name);
-    };
-    let full: Vec<usize> = (0..shape.sizes.num_layers)
-        .filter(|&l| !la.is_linear(l))
+    }
+    let with_values: Vec<usize> = (0..shape.sizes.num_layers)
+        .filter(|&l| shape.has_value_projection(l))
         .collect();
     let layer = name
         .strip_prefix("model.layers.")
         .and_then(|rest| rest.split('.').next())
         .and_then(|i| i.parse::<usize>().ok());
-    match layer.and_then(|l| full.iter().position(|&f| f == l)) {
+    match layer.and_then(|l| with_values.iter().position(|&v| v == l)) {
         Some(i) => more_bits(
-            full.len(),
+            with_values.len(),
             &format!("model.layers.{i}.self_attn.v_proj.weight"),
         ),
         None => false,
@@ -716,7 +741,9 @@ fn metadata(
             (k("expert_used_count"), u(e.top_k)),
         ]);
         match e.kind {
-            ExpertsKind::Qwen3Moe => meta.push((k("expert_feed_forward_length"), u(e.inner))),
+            ExpertsKind::Qwen3Moe | ExpertsKind::Gemma4 => {
+                meta.push((k("expert_feed_forward_length"), u(e.inner)))
+            }
             ExpertsKind::Qwen35Moe { shared_inner } => meta.extend([
                 (k("expert_feed_forward_length"), u(e.inner)),
                 (k("expert_shared_feed_forward_length"), u(shared_inner)),
@@ -822,7 +849,9 @@ fn metadata(
 
 /// Gemma 4's keys into `meta` (which holds the generic ones), as
 /// llama.cpp's converter writes them: one MLP width per layer where the
-/// shared layers' are doubled, the full layers' head width
+/// shared layers' are doubled, one K/V head count per layer where the
+/// config names the full layers' (their keys being their values), the
+/// full layers' head width
 /// (`key_length`, and `rope.dimension_count`: their rotation spans the
 /// head, `rope_freqs` saying which pairs turn) and the sliding layers'
 /// (`key_length_swa`), the sliding layers' base, the window and which
@@ -833,9 +862,6 @@ fn gemma4_metadata(shape: &ModelShape, g: Gemma4Shape, meta: &mut Vec<(String, M
     let a = shape.arch().gguf_name();
     let k = |suffix: &str| format!("{a}.{suffix}");
     let u = |n: usize| MetaValue::U32(n as u32);
-    let widths = (0..s.num_layers)
-        .map(|l| g.mlp_width(l, s.num_layers, s.intermediate_size) as i32)
-        .collect();
     let sliding = (0..s.num_layers)
         .map(|l| !g.is_full(l, s.num_layers))
         .collect();
@@ -846,7 +872,22 @@ fn gemma4_metadata(shape: &ModelShape, g: Gemma4Shape, meta: &mut Vec<(String, M
         Some(entry) => entry.1 = value,
         None => meta.push((key, value)),
     };
-    set(meta, k("feed_forward_length"), MetaValue::I32s(widths));
+    if g.double_wide_mlp {
+        let widths = (0..s.num_layers)
+            .map(|l| g.mlp_width(l, s.num_layers, s.intermediate_size) as i32)
+            .collect();
+        set(meta, k("feed_forward_length"), MetaValue::I32s(widths));
+    }
+    if g.keys_are_values {
+        let kv_heads = (0..s.num_layers)
+            .map(|l| g.kv_heads(l, s.num_layers, s.num_kv_heads) as i32)
+            .collect();
+        set(
+            meta,
+            k("attention.head_count_kv"),
+            MetaValue::I32s(kv_heads),
+        );
+    }
     set(meta, k("rope.dimension_count"), u(g.full_head_dim));
     for (key, value) in [
         (k("attention.key_length"), u(g.full_head_dim)),

@@ -4,9 +4,11 @@
 //! binary uses a part of it.
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
+use lcut_model::gguf::{GgufFile, GgufHeader};
 use lcut_model::{Decoder, WeightMode};
 use lcut_synth::shapes::ModelShape;
 use lcut_synth::{Format, WriteOptions, write_model};
@@ -94,4 +96,53 @@ pub fn every_format_computes(
 pub fn path_in(dir: &Path, shape: &ModelShape, format: Format) -> PathBuf {
     let ext = if format.is_gguf() { ".gguf" } else { "" };
     dir.join(format!("{}-{format}{ext}", shape.name))
+}
+
+/// Our GGUF file `ours` has the keys, tensor names and ranks llama.cpp's
+/// converter gave the reference case `theirs` of architecture `arch`:
+/// every `{arch}.*` key it wrote (ours add only the vocabulary size), and
+/// the same tensors at the top and in the layers named by `layers`
+/// (`blk.0.`), each of the same rank and, where the case's rows fit
+/// Q8_0's blocks of 32 (or it kept them in f32), of the same type (the
+/// converter stores a row of another length in F16, which a shape drawn
+/// wider does not need).
+pub fn matches_converter(ours: &Path, theirs: &Path, arch: &str, layers: &[&str]) {
+    let ours = GgufFile::open(ours).unwrap();
+    let theirs = GgufFile::open(theirs).unwrap();
+    let (ours, theirs) = (ours.header(), theirs.header());
+    assert_eq!(ours.metadata["general.architecture"].as_str(), Some(arch));
+    let keys = |h: &GgufHeader| -> Vec<String> {
+        h.metadata
+            .keys()
+            .filter(|k| k.starts_with(&format!("{arch}.")))
+            .cloned()
+            .collect()
+    };
+    let (our_keys, their_keys) = (keys(ours), keys(theirs));
+    for k in &their_keys {
+        assert!(our_keys.contains(k), "no {k}");
+    }
+    for k in our_keys.iter().filter(|k| !their_keys.contains(k)) {
+        assert!(k.ends_with(".vocab_size"), "{k} is not the converter's");
+    }
+    let picked = |h: &GgufHeader| -> BTreeMap<String, (Option<u32>, usize)> {
+        h.tensors
+            .iter()
+            .filter(|(n, _)| !n.starts_with("blk.") || layers.iter().any(|l| n.starts_with(l)))
+            .map(|(n, t)| {
+                // ggml's first dimension is the row's length
+                let fits = t.shape.last().is_some_and(|c| c % 32 == 0) || t.type_id == 0;
+                (n.clone(), (fits.then_some(t.type_id), t.shape.len()))
+            })
+            .collect()
+    };
+    let (mut ours, theirs) = (picked(ours), picked(theirs));
+    for (name, (ty, _)) in &theirs {
+        if ty.is_none()
+            && let Some(entry) = ours.get_mut(name)
+        {
+            entry.0 = None;
+        }
+    }
+    assert_eq!(ours, theirs);
 }
