@@ -133,6 +133,19 @@ fn the_full_shape_counts_its_parameters_and_keeps_its_layout_when_cut() {
         let plan = lcut_synth::write::gguf::plan(&shape, format).unwrap();
         assert!(plan.data_bytes() > 0, "{format}");
     }
+    // Q4_K_M's extra bits go by a V projection's place among the 15 the
+    // file holds (the shared layers have none), as llama.cpp counts them:
+    // the first, the last two and every third between
+    let tensors = shape.tensors();
+    let v_type = |l: usize| {
+        let name = format!("model.layers.{l}.self_attn.v_proj.weight");
+        let t = tensors.iter().find(|t| t.name == name).unwrap();
+        lcut_synth::write::gguf::ggml_type(&shape, Format::GgufQ4KM, t)
+    };
+    let more: Vec<usize> = (0..15)
+        .filter(|&l| v_type(l) == candle_core::quantized::GgmlDType::Q6K)
+        .collect();
+    assert_eq!(more, vec![0, 3, 6, 9, 12, 13, 14]);
     let sources: Vec<Option<usize>> = cfg.layer_attention.iter().map(|a| a.kv_source).collect();
     assert_eq!(sources[14], None);
     assert_eq!(sources[15], Some(13));
