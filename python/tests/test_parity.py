@@ -41,8 +41,8 @@ def max_abs(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
 
 
-def test_all_twenty_four_reference_cases_are_here():
-    assert (len(DENSE), len(EXPERTS), len(LAYOUTS)) == (11, 5, 8), CASES
+def test_all_twenty_five_reference_cases_are_here():
+    assert (len(DENSE), len(EXPERTS), len(LAYOUTS)) == (11, 5, 9), CASES
 
 
 @pytest.mark.parametrize("case", CASES)

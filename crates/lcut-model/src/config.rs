@@ -15,6 +15,9 @@ mod multimodal;
 pub(crate) use multimodal::decoder_model_type;
 mod qwen3_5;
 
+/// transformers' `Gemma3TextConfig` defaults a Gemma 3 config may leave out.
+pub use gemma3::TEXT_CLASS_DEFAULTS as GEMMA3_TEXT_CLASS_DEFAULTS;
+
 /// The architectures lcut implements, by their `model_type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Arch {
@@ -695,9 +698,6 @@ impl ModelConfig {
         let model_type = f
             .opt_str("model_type")?
             .ok_or_else(|| f.err("model_type", "an architecture name", None))?;
-        if model_type == "gemma3" {
-            return Err(gemma3::multimodal(path));
-        }
         if let Some(wrapper) = multimodal::wrapper(model_type) {
             let text = multimodal::text_config(&f, wrapper)?;
             return Self::from_json_value(&Value::Object(text), path)
@@ -709,6 +709,10 @@ impl ModelConfig {
                 model_type: model_type.to_string(),
                 supported: Arch::supported(),
             })?;
+        if arch == Arch::Gemma3 {
+            let map = gemma3::with_class_defaults(map);
+            return Self::build(&Fields { path, map: &map }, arch);
+        }
         Self::build(&f, arch)
     }
 
@@ -1388,6 +1392,9 @@ mod tests {
 
     const BASE: &str = r#""vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
         "num_hidden_layers": 2, "num_attention_heads": 2"#;
+    /// BASE's heads for Gemma 3, whose class defaults (4 K/V heads 256
+    /// wide) do not fit its 2 heads of 4.
+    const GEMMA3_HEADS: &str = r#""num_key_value_heads": 2, "head_dim": 4"#;
 
     #[test]
     fn reads_both_rope_styles() {
@@ -1487,7 +1494,7 @@ mod tests {
         // Gemma 3 4B's keys: a period instead of layer types, linear scaling
         // on global layers only
         let c = parse(&format!(
-            r#"{{"model_type":"gemma3_text", {BASE}, "num_hidden_layers": 7,
+            r#"{{"model_type":"gemma3_text", {BASE}, {GEMMA3_HEADS}, "num_hidden_layers": 7,
             "sliding_window": 4, "sliding_window_pattern": 3, "rope_theta": 1000000.0,
             "rope_scaling": {{"rope_type": "linear", "factor": 8.0}}, "query_pre_attn_scalar": 9}}"#
         ))
@@ -1499,7 +1506,10 @@ mod tests {
         assert_eq!((local.theta, local.scaling), (1e4, RopeScaling::None));
         assert_eq!(c.attn_scale, 1.0 / 3.0);
         // transformers' defaults: period 6, window 4096, bases 1e6 and 1e4, scalar 256
-        let d = parse(&format!(r#"{{"model_type":"gemma3_text", {BASE}}}"#)).unwrap();
+        let d = parse(&format!(
+            r#"{{"model_type":"gemma3_text", {BASE}, {GEMMA3_HEADS}}}"#
+        ))
+        .unwrap();
         assert_eq!(d.sliding_window, vec![Some(4096), Some(4096)]);
         assert_eq!((d.rope.theta, d.sliding_rope.unwrap().theta), (1e6, 1e4));
         assert_eq!(d.attn_scale, 1.0 / 16.0);
@@ -1508,7 +1518,7 @@ mod tests {
     #[test]
     fn gemma3_reads_rope_parameters_per_layer_type() {
         let c = parse(&format!(
-            r#"{{"model_type":"gemma3_text", {BASE}, "sliding_window": 4,
+            r#"{{"model_type":"gemma3_text", {BASE}, {GEMMA3_HEADS}, "sliding_window": 4,
             "layer_types": ["sliding_attention", "full_attention"],
             "rope_parameters": {{"full_attention": {{"rope_type": "linear", "factor": 4.0,
               "rope_theta": 500000.0}}, "sliding_attention": {{"rope_type": "default",
@@ -1520,7 +1530,7 @@ mod tests {
         assert_eq!(c.rope.scaling, RopeScaling::Linear { factor: 4.0 });
         assert_eq!(c.sliding_rope.unwrap().theta, 20000.0);
         let err = parse(&format!(
-            r#"{{"model_type":"gemma3_text", {BASE}, "rope_parameters":
+            r#"{{"model_type":"gemma3_text", {BASE}, {GEMMA3_HEADS}, "rope_parameters":
             {{"full_attention": {{"rope_type": "longrope", "factor": 4.0}}}}}}"#
         ))
         .unwrap_err();
@@ -1548,7 +1558,7 @@ mod tests {
             ),
         ] {
             let err = parse(&format!(
-                r#"{{"model_type":"gemma3_text", {BASE}, {extra}}}"#
+                r#"{{"model_type":"gemma3_text", {BASE}, {GEMMA3_HEADS}, {extra}}}"#
             ))
             .expect_err(extra);
             assert!(err.to_string().contains(field), "{extra}: {err}");
@@ -1556,35 +1566,51 @@ mod tests {
     }
 
     #[test]
-    fn multimodal_gemma3_is_refused_by_name_pointing_at_text_weights() {
-        let dir = std::env::temp_dir().join(format!("lcut-gemma3-mm-{}", std::process::id()));
-        std::fs::create_dir_all(dir.join("text")).unwrap();
-        let config = r#"{"model_type": "gemma3", "text_config": {"model_type": "gemma3_text"},
-            "vision_config": {"model_type": "siglip_vision_model"}}"#;
-        std::fs::write(dir.join("config.json"), config).unwrap();
-        let err = ModelConfig::from_folder(&dir).unwrap_err();
-        let msg = err.to_string();
-        assert!(matches!(err, ModelError::MultimodalGemma3 { .. }), "{msg}");
-        assert!(
-            msg.contains("vision") && msg.contains("gemma3_text"),
-            "{msg}"
+    fn a_published_multimodal_gemma3_config_is_read_with_the_class_defaults() {
+        // google/gemma-3-4b-it's config.json in the shape it was published
+        // (transformers 4.50): the text config names only what differs from
+        // Gemma3TextConfig's defaults
+        let text = r#""hidden_size": 2560, "intermediate_size": 10240,
+            "model_type": "gemma3_text", "num_hidden_layers": 34,
+            "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024"#;
+        let config = format!(
+            r#"{{"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+            "boi_token_index": 255999, "eoi_token_index": 256000, "eos_token_id": [1, 106],
+            "image_token_index": 262144, "mm_tokens_per_image": 256, "text_config": {{{text}}},
+            "vision_config": {{"hidden_size": 1152, "image_size": 896,
+                "model_type": "siglip_vision_model", "num_hidden_layers": 27, "patch_size": 14}}}}"#
         );
-        assert!(!msg.contains("beside it"), "{msg}");
-        std::fs::write(dir.join("gemma-3-4b-it-Q4_K_M.gguf"), b"").unwrap();
-        std::fs::write(dir.join("mmproj-gemma-3-4b-it-f16.gguf"), b"").unwrap();
-        std::fs::write(
-            dir.join("text/config.json"),
-            r#"{"model_type": "gemma3_text"}"#,
-        )
+        let c = parse(&config).unwrap();
+        assert_eq!(c.arch, Arch::Gemma3);
+        let sizes = (
+            c.vocab_size,
+            c.hidden_size,
+            c.intermediate_size,
+            c.num_layers,
+        );
+        assert_eq!(sizes, (262_208, 2560, 10_240, 34));
+        let heads = (c.num_heads, c.num_kv_heads, c.head_dim);
+        assert_eq!(heads, (8, 4, 256));
+        assert_eq!(c.attn_scale, 256f64.powf(-0.5));
+        assert!(c.tie_word_embeddings);
+        // the wrapper's EoS list, the text class's BoS
+        assert_eq!(
+            (c.bos_token_id, c.eos_token_ids.clone()),
+            (Some(2), vec![1, 106])
+        );
+        let full: Vec<usize> = (0..34).filter(|&l| c.sliding_window[l].is_none()).collect();
+        assert_eq!(full, vec![5, 11, 17, 23, 29]);
+        assert_eq!(c.sliding_window[0], Some(1024));
+        // a text-only config leaving a field out means the class default too
+        // (not lcut's generic one: as many K/V heads as heads, hidden / heads)
+        let c = parse(&format!(r#"{{{text}}}"#)).unwrap();
+        assert_eq!((c.num_heads, c.num_kv_heads, c.head_dim), (8, 4, 256));
+        // a field the file names is the file's
+        let c = parse(&format!(
+            r#"{{{text}, "num_key_value_heads": 2, "head_dim": 64}}"#
+        ))
         .unwrap();
-        let msg = ModelConfig::from_folder(&dir).unwrap_err().to_string();
-        let text = dir.join("text").display().to_string();
-        let _ = std::fs::remove_dir_all(&dir);
-        assert!(
-            msg.contains("gemma-3-4b-it-Q4_K_M.gguf") && msg.contains(&text),
-            "{msg}"
-        );
-        assert!(!msg.contains("mmproj"), "{msg}");
+        assert_eq!((c.num_kv_heads, c.head_dim), (2, 64));
     }
 
     #[test]

@@ -63,17 +63,6 @@ pub enum ModelError {
         /// The key and value lcut does not run.
         what: String,
     },
-    /// The config is Gemma 3 with a vision tower (`model_type` `gemma3`).
-    #[error(
-        "{path}: model_type \"gemma3\" is Gemma 3 with a vision tower, which lcut does not run; it reads text-only Gemma 3 (model_type \"gemma3_text\", e.g. gemma-3-270m or gemma-3-1b, or a llama.cpp GGUF of the language model){}",
-        text_only_hint(text_only)
-    )]
-    MultimodalGemma3 {
-        /// The config file.
-        path: PathBuf,
-        /// Text-only weights found beside it (GGUF files, `gemma3_text` folders).
-        text_only: Vec<String>,
-    },
     /// A safetensors file cannot be opened or is damaged (e.g. truncated).
     #[error("{path} is not a readable safetensors file: {reason}")]
     Safetensors {
@@ -348,14 +337,5 @@ pub struct ShapeError {
 impl From<crate::lora::LoraError> for ModelError {
     fn from(e: crate::lora::LoraError) -> Self {
         Self::Lora(Box::new(e))
-    }
-}
-
-/// The end of [`ModelError::MultimodalGemma3`]'s message: the text-only
-/// weights found beside the config, if any.
-fn text_only_hint(found: &[String]) -> String {
-    match found {
-        [] => String::new(),
-        _ => format!("; text-only weights beside it: {}", found.join(", ")),
     }
 }

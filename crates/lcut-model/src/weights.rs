@@ -2,10 +2,11 @@
 //! named errors for missing tensors and wrong shapes.
 //!
 //! A multimodal checkpoint (Gemma 4's and Qwen3.5's published folders)
-//! keeps its text decoder under `model.language_model.`: its tensors are
-//! read under the decoder's own names (`model.layers.0...`), beside the
-//! LM head, and the towers' tensors (vision, audio, multi-token
-//! prediction) are not read.
+//! keeps its text decoder under `model.language_model.`, or as Gemma 3's
+//! were published under `language_model.model.`: its tensors are read
+//! under the decoder's own names (`model.layers.0...`), beside the LM
+//! head, and the towers' tensors (vision, audio, multi-token prediction)
+//! are not read.
 //!
 //! Every file is mapped, never read whole. A tensor is copied out of the
 //! mapping once, in its stored dtype (a bf16 checkpoint loaded as bf16 is
@@ -70,15 +71,20 @@ pub struct WeightFiles {
 
 /// Where a tensor is stored: its file and its name in that file (a
 /// multimodal checkpoint's decoder tensors are stored under
-/// [`TEXT_DECODER_PREFIX`]).
+/// [`TEXT_DECODER_PREFIXES`]).
 struct Stored {
     file: usize,
     name: String,
 }
 
-/// Where a multimodal checkpoint (Gemma 4's, Qwen3.5's) keeps its text
-/// decoder's tensors, in place of `model.`.
-pub const TEXT_DECODER_PREFIX: &str = "model.language_model.";
+/// Where a multimodal checkpoint keeps its text decoder's tensors, in
+/// place of `model.`: transformers 5's layout (Gemma 4's, Qwen3.5's), and
+/// transformers 4's, in which Gemma 3's were published (and which
+/// transformers 5 still writes for them).
+pub const TEXT_DECODER_PREFIXES: [&str; 2] = ["model.language_model.", "language_model.model."];
+
+/// Where transformers 4's multimodal layout keeps an untied LM head.
+const WRAPPED_HEAD: &str = "language_model.lm_head.weight";
 
 /// One safetensors file, memory-mapped, its header parsed once.
 struct MappedFile {
@@ -262,42 +268,63 @@ impl WeightSource for WeightFiles {
 
 /// The names the decoder asks for, from each stored tensor's file: the
 /// stored names themselves, or, where the checkpoint is multimodal (some
-/// tensor under [`TEXT_DECODER_PREFIX`]), the text decoder's tensors under
-/// `model.` and the LM head, without the towers'. A checkpoint holding a
-/// decoder tensor under both names is refused (which would it run?).
+/// tensor under one of [`TEXT_DECODER_PREFIXES`]), the text decoder's
+/// tensors under `model.` and the LM head (`lm_head.weight`, or
+/// transformers 4's `language_model.lm_head.weight`), without the towers'.
+/// A checkpoint holding decoder tensors under two of those names, or two
+/// heads, is refused (which would it run?).
 fn decoder_names(
     owner: HashMap<String, usize>,
     paths: &[PathBuf],
 ) -> Result<HashMap<String, Stored>> {
-    let multimodal = owner.keys().any(|n| n.starts_with(TEXT_DECODER_PREFIX));
+    let Some(prefix) = TEXT_DECODER_PREFIXES
+        .into_iter()
+        .find(|p| owner.keys().any(|n| n.starts_with(p)))
+    else {
+        let names = owner
+            .into_iter()
+            .map(|(name, file)| (name.clone(), Stored { file, name }))
+            .collect();
+        return Ok(names);
+    };
+    let mixed = |stored: &str, file: usize| ModelError::Safetensors {
+        path: paths[file].clone(),
+        reason: format!(
+            "tensor `{stored}` is a text decoder's, but this multimodal checkpoint keeps its \
+             decoder under `{prefix}`: the folder mixes two layouts"
+        ),
+    };
     let mut names = HashMap::with_capacity(owner.len());
     for (stored, file) in owner {
-        let name = match stored.strip_prefix(TEXT_DECODER_PREFIX) {
+        let name = match stored.strip_prefix(prefix) {
             Some(rest) => format!("model.{rest}"),
-            None if !multimodal || stored == "lm_head.weight" => stored.clone(),
-            None if is_decoder_name(&stored) => {
-                return Err(ModelError::Safetensors {
-                    path: paths[file].clone(),
-                    reason: format!(
-                        "tensor `{stored}` is a text decoder's, but this multimodal checkpoint \
-                         keeps its decoder under `{TEXT_DECODER_PREFIX}`: the folder mixes two layouts"
-                    ),
-                });
-            }
+            None if stored == "lm_head.weight" || stored == WRAPPED_HEAD => "lm_head.weight".into(),
+            None if is_decoder_name(&stored) => return Err(mixed(&stored, file)),
             None => continue,
         };
+        if names.contains_key(&name) {
+            return Err(mixed(&stored, file));
+        }
         names.insert(name, Stored { file, name: stored });
     }
     Ok(names)
 }
 
-/// Whether a stored name outside [`TEXT_DECODER_PREFIX`] is one a text
-/// decoder's would be (its layers, embeddings or final norm), not a
-/// tower's.
+/// Whether a stored name outside the checkpoint's text-decoder prefix is
+/// one a text decoder's would be (its layers, embeddings, final norm or
+/// Gemma 4's per-layer inputs, under `model.` or another of
+/// [`TEXT_DECODER_PREFIXES`]), not a tower's.
 fn is_decoder_name(name: &str) -> bool {
-    ["model.layers.", "model.embed_tokens", "model.norm."]
-        .iter()
-        .any(|p| name.starts_with(p))
+    ["model."]
+        .into_iter()
+        .chain(TEXT_DECODER_PREFIXES)
+        .any(|prefix| {
+            name.strip_prefix(prefix).is_some_and(|rest| {
+                ["layers.", "embed_tokens", "norm.", "per_layer_"]
+                    .iter()
+                    .any(|p| rest.starts_with(p))
+            })
+        })
 }
 
 /// The weight files of a folder, and which shard the index names for each
@@ -486,5 +513,52 @@ mod tests {
                 && err.contains("model.language_model."),
             "{err}"
         );
+        // transformers 4's layout (Gemma 3's published folders), its untied
+        // head under the language model
+        assert_eq!(
+            names_of(&[
+                "language_model.model.norm.weight",
+                "language_model.lm_head.weight",
+                "vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight",
+                "multi_modal_projector.mm_input_projection_weight",
+            ])
+            .unwrap(),
+            vec![
+                pair("lm_head.weight", "language_model.lm_head.weight"),
+                pair("model.norm.weight", "language_model.model.norm.weight"),
+            ]
+        );
+        // the two layouts, a per-layer input outside the wrapper, or two
+        // heads: refused by the tensor
+        for (names, culprit) in [
+            (
+                &[
+                    "model.language_model.norm.weight",
+                    "language_model.model.layers.0.x",
+                ][..],
+                "language_model.model.layers.0.x",
+            ),
+            (
+                &[
+                    "model.language_model.norm.weight",
+                    "model.per_layer_model_projection.weight",
+                ],
+                "model.per_layer_model_projection.weight",
+            ),
+            (
+                &[
+                    "language_model.model.norm.weight",
+                    "language_model.lm_head.weight",
+                    "lm_head.weight",
+                ],
+                "lm_head.weight",
+            ),
+        ] {
+            let err = names_of(names).unwrap_err().to_string();
+            assert!(
+                err.contains(culprit) && err.contains("two layouts"),
+                "{err}"
+            );
+        }
     }
 }

@@ -114,12 +114,21 @@ fn assert_consistent(cfg: &ModelConfig, doc: Option<&Value>) {
     let Some(wrapper) = doc else { return };
     // a multimodal wrapper's decoder is its text_config, and its BoS the
     // text config's, else the wrapper's
-    let multimodal = ["gemma4", "qwen3_5", "qwen3_5_moe"]
+    let model_type = wrapper.get("model_type").and_then(Value::as_str);
+    let multimodal = ["gemma3", "gemma4", "qwen3_5", "qwen3_5_moe"]
         .iter()
-        .any(|t| wrapper.get("model_type").and_then(Value::as_str) == Some(t));
+        .any(|t| model_type == Some(t));
     let doc = match multimodal {
         true => &wrapper["text_config"],
         false => wrapper,
+    };
+    // a Gemma 3 config leaves out what its class defaults
+    let gemma3 = matches!(model_type, Some("gemma3" | "gemma3_text"));
+    let class_default = |field: &str| {
+        lcut_model::config::GEMMA3_TEXT_CLASS_DEFAULTS
+            .iter()
+            .find(|(f, _)| *f == field && gemma3)
+            .map(|(_, v)| *v)
     };
     for (field, got) in [
         ("vocab_size", cfg.vocab_size),
@@ -127,7 +136,11 @@ fn assert_consistent(cfg: &ModelConfig, doc: Option<&Value>) {
         ("num_hidden_layers", cfg.num_layers),
         ("num_attention_heads", cfg.num_heads),
     ] {
-        assert_eq!(doc[field].as_u64(), Some(got as u64), "`{field}`");
+        let said = match doc.get(field) {
+            None => class_default(field),
+            Some(v) => v.as_u64(),
+        };
+        assert_eq!(said, Some(got as u64), "`{field}`");
     }
     let named = |d: &'_ Value| d.get("bos_token_id").filter(|v| !v.is_null()).cloned();
     let bos = named(doc).or_else(|| named(wrapper).filter(|_| multimodal));

@@ -684,15 +684,6 @@ fn gemma3_resolves_by_name_from_both_stores() {
     s.set_ref("google/gemma-3-tiny", "main", MAIN);
     s.snapshot("org/gemma-3-tiny-GGUF", MAIN, &[("tiny-F32.gguf", &f32)]);
     s.set_ref("org/gemma-3-tiny-GGUF", "main", MAIN);
-    let vision = tempfile::tempdir().expect("dir");
-    let mm = vision.path().join("config.json");
-    std::fs::write(
-        &mm,
-        r#"{"model_type": "gemma3", "text_config": {"num_hidden_layers": 6}}"#,
-    )
-    .expect("config");
-    s.snapshot("google/gemma-3-vision", MAIN, &[("config.json", &mm)]);
-    s.set_ref("google/gemma-3-vision", "main", MAIN);
 
     let listing = list_models(&s.roots());
     let reference = ReferenceCase::load(&case).expect("reference case");
@@ -706,25 +697,19 @@ fn gemma3_resolves_by_name_from_both_stores() {
         assert!(m.supported && m.problem.is_none(), "{name}: {m:?}");
         runs_as_reference(&s, name, &reference);
     }
-    let vision = listed(&listing.models, "google/gemma-3-vision");
-    assert!(!vision.supported, "{vision:?}");
-    let err = Decoder::load(
-        &s.resolve("google/gemma-3-vision").expect("resolves").path,
-        DType::F32,
-        &Device::Cpu,
-    )
-    .expect_err("the vision model is refused");
-    assert!(matches!(err, ModelError::MultimodalGemma3 { .. }), "{err}");
 }
 
-/// Gemma 4 and Qwen3.5 as published (their multimodal wrappers) in a hub
-/// snapshot: listed as supported under their decoder's architecture and
-/// layer count, and run as transformers runs the wrapper on text.
+/// Gemma 3 (transformers 4's layout, its text config mostly class
+/// defaults), Gemma 4 and Qwen3.5 as published (their multimodal wrappers)
+/// in a hub snapshot: listed as supported under their decoder's
+/// architecture and layer count, and run as transformers runs the wrapper
+/// on text.
 #[test]
 fn multimodal_wrappers_are_listed_and_run_as_their_decoders() {
     let s = Stores::new();
     let mut names = vec![];
     for (case, name) in [
+        ("layouts/gemma3-vision", "google/gemma-3-tiny-it"),
         ("layouts/gemma4-vision", "google/gemma-4-tiny"),
         ("layouts/qwen35-vision", "Qwen/Qwen3.5-tiny"),
     ] {
@@ -738,8 +723,8 @@ fn multimodal_wrappers_are_listed_and_run_as_their_decoders() {
         names.push((name, dir));
     }
     let listing = list_models(&s.roots());
-    for ((name, dir), (arch, layers)) in names.iter().zip([("gemma4_text", 4), ("qwen3_5_text", 8)])
-    {
+    let decoders = [("gemma3_text", 6), ("gemma4_text", 4), ("qwen3_5_text", 8)];
+    for ((name, dir), (arch, layers)) in names.iter().zip(decoders) {
         let m = listed(&listing.models, name);
         assert_eq!(
             (m.architecture.as_deref(), m.layers),

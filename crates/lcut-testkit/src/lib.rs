@@ -76,15 +76,18 @@ pub const LAYOUT_CASES: [&str; 5] = [
     GEMMA4WIDE_CASE,
 ];
 
-/// The multimodal reference cases, in `fixtures/oracle/layouts`: Gemma 4's
-/// and Qwen3.5's decoders (dense and with experts) inside transformers'
-/// `*ForConditionalGeneration` wrappers beside a tiny vision tower, as the
-/// published folders hold them (`text_config`, weights under
-/// `model.language_model.`), run on text alone. Qwen3.5's wrappers untie
-/// the LM head their text configs tie, as transformers does. Run by the
-/// parity tests in f32 with [`LAYOUT_CASES`]; they have no GGUF files
-/// (llama.cpp's converter writes a wrapper's decoder as the text model's).
-pub const WRAPPED_CASES: [&str; 3] = [
+/// The multimodal reference cases, in `fixtures/oracle/layouts`: Gemma 3's,
+/// Gemma 4's and Qwen3.5's decoders (dense and with experts) inside
+/// transformers' `*ForConditionalGeneration` wrappers beside a tiny vision
+/// tower, as the published folders hold them (`text_config`, weights under
+/// `model.language_model.`; Gemma 3's under `language_model.model.`, its
+/// text config naming only what differs from the class defaults), run on
+/// text alone. Qwen3.5's wrappers untie the LM head their text configs tie,
+/// as transformers does. Run by the parity tests in f32 with
+/// [`LAYOUT_CASES`]; they have no GGUF files (llama.cpp's converter writes a
+/// wrapper's decoder as the text model's).
+pub const WRAPPED_CASES: [&str; 4] = [
+    "layouts/gemma3-vision",
     "layouts/gemma4-vision",
     "layouts/qwen35-vision",
     "layouts/qwen35moe-vision",

@@ -1,16 +1,47 @@
-//! What a Gemma 3 config says beyond Gemma-2's rules: which layers slide
-//! (`layer_types`, or the older `sliding_window_pattern`), the RoPE
-//! defaults of each layer type (read by `layer_ropes.rs`), and the
-//! variants lcut refuses by name: the multimodal `gemma3` and a
+//! What a Gemma 3 config says beyond Gemma-2's rules: the fields it may
+//! leave to transformers' class defaults (as the published multimodal
+//! Gemma 3 configs do), which layers slide (`layer_types`, or the older
+//! `sliding_window_pattern`), the RoPE defaults of each layer type (read
+//! by `layer_ropes.rs`), and the variant lcut refuses by name: a
 //! bidirectional encoder (EmbeddingGemma).
 
-use std::path::{Path, PathBuf};
-
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::Fields;
 use super::layer_ropes::RopeDefaults;
-use crate::error::{ModelError, Result};
+use crate::error::Result;
+
+/// transformers' `Gemma3TextConfig` defaults (5.24, as 4.50's) of the
+/// fields where lcut's generic reading would differ or require the field:
+/// a `gemma3_text` config that omits one means this value. The published
+/// multimodal Gemma 3 configs name little more than the sizes that differ
+/// (gemma-3-4b's `text_config`: its width, MLP, depth, window and RoPE
+/// scaling), leaving its 8 heads, 4 K/V heads 256 wide and 262,208 tokens
+/// here. The other fields' defaults (RMSNorm eps, positions, window, the
+/// query scale, the RoPE bases, the tie) are read where lcut reads them.
+pub const TEXT_CLASS_DEFAULTS: [(&str, u64); 10] = [
+    ("vocab_size", 262_208),
+    ("hidden_size", 2304),
+    ("intermediate_size", 9216),
+    ("num_hidden_layers", 26),
+    ("num_attention_heads", 8),
+    ("num_key_value_heads", 4),
+    ("head_dim", 256),
+    ("bos_token_id", 2),
+    ("eos_token_id", 1),
+    ("pad_token_id", 0),
+];
+
+/// `map` (a `gemma3_text` config) with [`TEXT_CLASS_DEFAULTS`] for the
+/// fields it does not name (a `null` counts as named: it is read, and
+/// refused where a size is required).
+pub(super) fn with_class_defaults(map: &Map<String, Value>) -> Map<String, Value> {
+    let mut out = map.clone();
+    for (field, value) in TEXT_CLASS_DEFAULTS {
+        out.entry(field).or_insert_with(|| Value::from(value));
+    }
+    out
+}
 
 /// transformers' default period: five sliding layers, then a global one.
 const DEFAULT_PATTERN: usize = 6;
@@ -56,53 +87,4 @@ pub(super) fn refuse_bidirectional(f: &Fields<'_>) -> Result<()> {
         )),
         _ => Ok(()),
     }
-}
-
-/// The error for a multimodal Gemma 3 config (`model_type` `gemma3`, text
-/// and vision towers) at `path`, naming the text-only weights beside it.
-pub(super) fn multimodal(path: &Path) -> ModelError {
-    let folder = path.parent().unwrap_or(Path::new("."));
-    ModelError::MultimodalGemma3 {
-        path: path.to_path_buf(),
-        text_only: text_only_beside(folder)
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect(),
-    }
-}
-
-/// Text-only weights in `folder`: GGUF files other than a vision
-/// projector (`mmproj`), and sub-folders whose config is `gemma3_text`.
-fn text_only_beside(folder: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(folder) else {
-        return vec![];
-    };
-    let mut found: Vec<PathBuf> = entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| is_text_gguf(p) || is_text_folder(p))
-        .collect();
-    found.sort();
-    found
-}
-
-fn is_text_gguf(p: &Path) -> bool {
-    let name = p
-        .file_name()
-        .map(|n| n.to_string_lossy().to_lowercase())
-        .unwrap_or_default();
-    p.is_file() && name.ends_with(".gguf") && !name.contains("mmproj")
-}
-
-fn is_text_folder(p: &Path) -> bool {
-    let Ok(text) = std::fs::read_to_string(p.join("config.json")) else {
-        return false;
-    };
-    serde_json::from_str::<Value>(&text)
-        .ok()
-        .and_then(|v| {
-            v.get("model_type")
-                .and_then(Value::as_str)
-                .map(str::to_string)
-        })
-        .is_some_and(|t| t == "gemma3_text")
 }

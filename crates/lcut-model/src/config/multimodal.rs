@@ -1,9 +1,11 @@
-//! The multimodal wrappers whose text decoder lcut reads, as Gemma 4's and
-//! Qwen3.5's published folders hold them (`gemma4`, `qwen3_5`,
-//! `qwen3_5_moe`: transformers' `*ForConditionalGeneration`): the decoder
-//! is the wrapper's `text_config`, its weights sit under
-//! `model.language_model.` (read by [`crate::weights::WeightFiles`]), and
-//! the towers (vision, audio) are not read. On text alone the wrapper
+//! The multimodal wrappers whose text decoder lcut reads, as Gemma 3's,
+//! Gemma 4's and Qwen3.5's published folders hold them (`gemma3`,
+//! `gemma4`, `qwen3_5`, `qwen3_5_moe`: transformers'
+//! `*ForConditionalGeneration`): the decoder is the wrapper's
+//! `text_config` (Gemma 3's leaving most fields to the class defaults), its
+//! weights sit under `model.language_model.`, or `language_model.model.`
+//! as Gemma 3's were published (read by [`crate::weights::WeightFiles`]),
+//! and the towers (vision, audio) are not read. On text alone the wrapper
 //! computes what its text decoder does (transformers 5.24: the placeholder
 //! tokens of images, video and audio are the only ones it treats
 //! otherwise).
@@ -28,7 +30,12 @@ pub(super) struct Wrapper {
     ties_by_default: bool,
 }
 
-const WRAPPERS: [Wrapper; 3] = [
+const WRAPPERS: [Wrapper; 4] = [
+    Wrapper {
+        model_type: "gemma3",
+        text_type: "gemma3_text",
+        ties_by_default: true,
+    },
     Wrapper {
         model_type: "gemma4",
         text_type: "gemma4_text",
