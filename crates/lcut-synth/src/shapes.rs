@@ -131,9 +131,7 @@ pub enum TensorKind {
     /// residual stream starts as large as a [`TensorKind::RoutedEmbedding`]
     /// starts it. As the tied head, it then gives logits of spread about 16:
     /// a routed embedding's draw gave 16 sqrt(hidden), which the soft cap
-    /// flattened, and which a Q8_0 file's rounding moved by 0.07 of the
-    /// largest logit at width 64 and 0.15 at 256 (measured); stored as a
-    /// matrix.
+    /// flattens (docs/layouts.md measures both draws); stored as a matrix.
     ScaledRoutedEmbedding,
     /// Gemma 4's router (`router.proj`), whose input is RMS-normed and
     /// divided by sqrt(hidden) by the model itself: drawn at standard
