@@ -206,3 +206,25 @@ fn missing_and_inconsistent_keys_are_named() -> Result<()> {
     }
     Ok(())
 }
+
+/// A key the file leaves out means what llama.cpp makes of it, not what a
+/// Hugging Face config's class default would (transformers' Gemma 3 has 4
+/// K/V heads and BoS 2 by default): no K/V head count is as many as the
+/// heads, no BoS is none.
+#[test]
+fn a_missing_key_is_llama_cpps_default_not_the_config_class_default() -> Result<()> {
+    let cfg = config_of(|m| {
+        // 8 heads, not the class default's 4 K/V heads
+        set(m, "gemma3.attention.head_count", Value::U32(8));
+        remove(m, "gemma3.attention.head_count_kv");
+        remove(m, "tokenizer.ggml.bos_token_id");
+    })?
+    .map_err(|(p, e)| anyhow::anyhow!("{p}: {e}"))?;
+    ensure!(
+        cfg.num_kv_heads == cfg.num_heads,
+        "{} K/V heads",
+        cfg.num_kv_heads
+    );
+    ensure!(cfg.bos_token_id.is_none(), "BoS {:?}", cfg.bos_token_id);
+    Ok(())
+}

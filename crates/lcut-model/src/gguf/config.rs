@@ -426,9 +426,11 @@ fn sizes(m: &Meta<'_>, arch: Arch, c: &mut Map<String, Value>) -> Result<u64> {
     if arch == Arch::Gemma4 {
         return Ok(layers);
     }
-    if let Some(kv) = m.opt_count(&m.key("attention.head_count_kv"))? {
-        c.insert("num_key_value_heads".into(), json!(kv));
-    }
+    // written even where the file has no key, as llama.cpp reads it (as
+    // many K/V heads as heads): a config that left it out would take Gemma
+    // 3's class default (`GEMMA3_TEXT_CLASS_DEFAULTS`)
+    let kv = m.opt_count(&m.key("attention.head_count_kv"))?;
+    c.insert("num_key_value_heads".into(), json!(kv.unwrap_or(heads)));
     let head_dim = match m.opt_count(&m.key("attention.key_length"))? {
         Some(h) => h,
         None => hidden / heads,
@@ -510,9 +512,9 @@ fn vocabulary(m: &Meta<'_>, c: &mut Map<String, Value>) -> Result<()> {
         "attention_bias".into(),
         json!(tensors.contains_key("blk.0.attn_q.bias")),
     );
-    if let Some(bos) = m.opt_count("tokenizer.ggml.bos_token_id")? {
-        c.insert("bos_token_id".into(), json!(bos));
-    }
+    // null where the file names none: no BoS, not a class default's
+    let bos = m.opt_count("tokenizer.ggml.bos_token_id")?;
+    c.insert("bos_token_id".into(), json!(bos));
     let eos: Vec<u64> = ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"]
         .iter()
         .filter_map(|k| m.opt_count(k).transpose())
