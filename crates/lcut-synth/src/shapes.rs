@@ -865,6 +865,14 @@ pub fn gpt_oss_20b() -> ModelShape {
     }
 }
 
+/// Gemma 4's special tokens: BoS `<bos>` (2), EoS `<eos>` (1), pad `<pad>`
+/// (0).
+const GEMMA4_TOKENS: SpecialTokens = SpecialTokens {
+    bos: 2,
+    eos: 1,
+    pad: Some(0),
+};
+
 /// google/gemma-4-E2B's language model (`gemma4_text`): 35 layers, hidden
 /// 1536, 8 heads and one K/V head, four layers sliding over 512 tokens
 /// with heads 256 wide then a full one with heads 512 wide (layers 4, 9,
@@ -896,11 +904,7 @@ pub fn gemma_4_e2b() -> ModelShape {
         qkv_bias: false,
         rope_scaling: RopeScaling::None,
         tie_word_embeddings: true,
-        tokens: SpecialTokens {
-            bos: 2,
-            eos: 1,
-            pad: Some(0),
-        },
+        tokens: GEMMA4_TOKENS,
         head_dim: Some(256),
         experts: None,
         linear: None,
@@ -948,11 +952,7 @@ pub fn gemma_4_e4b() -> ModelShape {
         qkv_bias: false,
         rope_scaling: RopeScaling::None,
         tie_word_embeddings: true,
-        tokens: SpecialTokens {
-            bos: 2,
-            eos: 1,
-            pad: Some(0),
-        },
+        tokens: GEMMA4_TOKENS,
         head_dim: Some(256),
         experts: None,
         linear: None,
@@ -1002,11 +1002,7 @@ pub fn gemma_4_26b_a4b() -> ModelShape {
         qkv_bias: false,
         rope_scaling: RopeScaling::None,
         tie_word_embeddings: true,
-        tokens: SpecialTokens {
-            bos: 2,
-            eos: 1,
-            pad: Some(0),
-        },
+        tokens: GEMMA4_TOKENS,
         head_dim: Some(256),
         experts: Some(ExpertShape {
             kind: ExpertsKind::Gemma4,

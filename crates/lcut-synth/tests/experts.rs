@@ -300,45 +300,13 @@ fn gguf_files_match_llama_cpps_converter() {
     ] {
         let out = dir.path().join(format!("{}.gguf", shape.name));
         write(&shape, Format::GgufQ8_0, &out, 1);
+        let reference = root.join(case).join("model.q8_0.gguf");
+        // Qwen3-MoE's files add the rotated width
+        matches_converter(&out, &reference, &["blk.0."], &[".rope.dimension_count"]);
         let ours = GgufFile::open(&out).unwrap();
-        let theirs = GgufFile::open(&root.join(case).join("model.q8_0.gguf")).unwrap();
+        let theirs = GgufFile::open(&reference).unwrap();
         let (ours, theirs) = (ours.header(), theirs.header());
         let arch = theirs.metadata["general.architecture"].as_str().unwrap();
-        assert_eq!(
-            ours.metadata["general.architecture"].as_str(),
-            Some(arch),
-            "{case}"
-        );
-        let keys = |h: &lcut_model::gguf::GgufHeader| -> Vec<String> {
-            h.metadata
-                .keys()
-                .filter(|k| k.starts_with(&format!("{arch}.")))
-                .cloned()
-                .collect()
-        };
-        let (our_keys, their_keys) = (keys(ours), keys(theirs));
-        for k in &their_keys {
-            assert!(our_keys.contains(k), "{case}: no {k}");
-        }
-        let extra: Vec<&String> = our_keys
-            .iter()
-            .filter(|k| !their_keys.contains(k))
-            .collect();
-        for k in extra {
-            assert!(
-                k.ends_with(".vocab_size") || k.ends_with(".rope.dimension_count"),
-                "{case}: {k} is not the converter's"
-            );
-        }
-        // blk.0's tensors and the top-level ones, by name, type and rank
-        let layer0 = |h: &lcut_model::gguf::GgufHeader| -> BTreeMap<String, (u32, usize)> {
-            h.tensors
-                .iter()
-                .filter(|(n, _)| !n.starts_with("blk.") || n.starts_with("blk.0."))
-                .map(|(n, t)| (n.clone(), (t.type_id, t.shape.len())))
-                .collect()
-        };
-        assert_eq!(layer0(ours), layer0(theirs), "{case}");
         for h in [ours, theirs] {
             let m = &h.metadata;
             let count = |k: &str| m[&format!("{arch}.{k}")].as_u64().unwrap() as usize;
@@ -373,7 +341,7 @@ fn gemma4s_experts_match_llama_cpps_converter() {
     let out = dir.path().join("tiny-gemma4moe.gguf");
     write(&shape, Format::GgufQ8_0, &out, 1);
     let theirs = root.join("gemma4-moe/model.q8_0.gguf");
-    matches_converter(&out, &theirs, "gemma4", &["blk.0.", "blk.2."]);
+    matches_converter(&out, &theirs, &["blk.0.", "blk.2."], &[]);
     let folder = dir.path().join("tiny-gemma4moe");
     write(&shape, Format::SafetensorsF32, &folder, 1);
     for path in [&out, &folder] {
