@@ -238,45 +238,53 @@ fn speed_policies_match_transformers_teacher_forced_and_incremental() -> Result<
 #[test]
 fn speed_from_a_reused_full_prefill_matches_transformers() -> Result<()> {
     for name in cases() {
-        let c = load(name)?;
-        let s = 28;
-        let mut full = c.model.new_full_sequence();
-        c.model
-            .forward(&mut full, &c.ids[..s], LogitRows::None, None)?;
-        for entry in &c.case.policies {
-            let key = entry.key.as_str();
-            let (policy, phases) = policy_of(&c, entry)?;
-            let mut seq = full.restricted(policy, phases)?;
-            let out = c
-                .model
-                .forward(&mut seq, &c.ids[s..], LogitRows::All, None)?;
-            let first = out
-                .positions
-                .iter()
-                .position(|&p| p == s)
-                .context("decode rows")?;
-            let rows = out
-                .logits
-                .context("logits")?
-                .narrow(0, first, c.ids.len() - s)?;
-            assert_close(
-                c.name,
-                &format!("{key} from reused prefill"),
-                &rows,
-                &c.reference[key],
-            )?;
-            // upper layers hold no prefill token
-            for (l, cache) in seq.caches().iter().enumerate() {
-                let upper = !policy.is_full_depth() && l >= policy.l_cut();
-                ensure!(
-                    !upper
-                        || cache
-                            .positions()
-                            .iter()
-                            .all(|&p| p < phases.anchor_len() || p >= s),
-                    "{name} {key}: layer {l} keeps a prefill token"
-                );
-            }
+        check_reused_prefill(&load(name)?)?;
+    }
+    Ok(())
+}
+
+/// Every reference policy restricted from one full prefill of the first 28
+/// tokens, its rows from there on against transformers'; no layer above a
+/// cut keeps a prefill token.
+fn check_reused_prefill(c: &Case) -> Result<()> {
+    let name = c.name;
+    let s = 28;
+    let mut full = c.model.new_full_sequence();
+    c.model
+        .forward(&mut full, &c.ids[..s], LogitRows::None, None)?;
+    for entry in &c.case.policies {
+        let key = entry.key.as_str();
+        let (policy, phases) = policy_of(c, entry)?;
+        let mut seq = full.restricted(policy, phases)?;
+        let out = c
+            .model
+            .forward(&mut seq, &c.ids[s..], LogitRows::All, None)?;
+        let first = out
+            .positions
+            .iter()
+            .position(|&p| p == s)
+            .context("decode rows")?;
+        let rows = out
+            .logits
+            .context("logits")?
+            .narrow(0, first, c.ids.len() - s)?;
+        assert_close(
+            c.name,
+            &format!("{key} from reused prefill"),
+            &rows,
+            &c.reference[key],
+        )?;
+        // upper layers hold no prefill token
+        for (l, cache) in seq.caches().iter().enumerate() {
+            let upper = !policy.is_full_depth() && l >= policy.l_cut();
+            ensure!(
+                !upper
+                    || cache
+                        .positions()
+                        .iter()
+                        .all(|&p| p < phases.anchor_len() || p >= s),
+                "{name} {key}: layer {l} keeps a prefill token"
+            );
         }
     }
     Ok(())
@@ -545,26 +553,69 @@ fn gemma4_shared_layers_hold_no_kv_and_undefined_policies_are_refused() -> Resul
 #[test]
 fn layouts_in_chunks_match_transformers() -> Result<()> {
     for name in lcut_testkit::LAYOUT_CASES {
-        let c = load(name)?;
-        for entry in &c.case.policies {
-            let (policy, phases) = policy_of(&c, entry)?;
-            let s = phases.decode_start();
-            let mut seq = c.model.new_sequence(policy, phases)?;
-            for chunk in c.ids[..s].chunks(5) {
-                c.model.forward(&mut seq, chunk, LogitRows::None, None)?;
-            }
-            let mut rows = Vec::new();
-            for chunk in c.ids[s..].chunks(3) {
-                let out = c.model.forward(&mut seq, chunk, LogitRows::All, None)?;
-                rows.push(out.logits.context("decode rows")?);
-            }
-            let ours = Tensor::cat(&rows, 0)?;
-            assert_close(
-                name,
-                &format!("{} in chunks", entry.key),
-                &ours,
-                &c.reference[&entry.key],
-            )?;
+        check_in_chunks(&load(name)?, "")?;
+    }
+    Ok(())
+}
+
+/// The prompt in chunks of 5, then the decode phase in chunks of 3, at
+/// full depth and under every reference policy, against transformers.
+fn check_in_chunks(c: &Case, label: &str) -> Result<()> {
+    for entry in &c.case.policies {
+        let (policy, phases) = policy_of(c, entry)?;
+        let s = phases.decode_start();
+        let mut seq = c.model.new_sequence(policy, phases)?;
+        for chunk in c.ids[..s].chunks(5) {
+            c.model.forward(&mut seq, chunk, LogitRows::None, None)?;
+        }
+        let mut rows = Vec::new();
+        for chunk in c.ids[s..].chunks(3) {
+            let out = c.model.forward(&mut seq, chunk, LogitRows::All, None)?;
+            rows.push(out.logits.context("decode rows")?);
+        }
+        let ours = Tensor::cat(&rows, 0)?;
+        assert_close(
+            c.name,
+            &format!("{label}{} in chunks", entry.key),
+            &ours,
+            &c.reference[&entry.key],
+        )?;
+    }
+    Ok(())
+}
+
+/// Qwen3.5's linear layers in transformers' chunked form (the default off
+/// the CPU), in chunks of 4, 8 and 64 rows, so that the cases' prompts span
+/// one chunk and several: logits, every layer's residual and every
+/// reference policy against transformers, teacher-forced, in chunks and
+/// restricted from a reused full prefill (whose linear layers keep the
+/// first token's state, run by row, before the chunks); and the logits
+/// within 1e-5 of the largest of the row-by-row form's.
+#[test]
+fn qwen35_linear_layers_in_chunked_form_match_transformers() -> Result<()> {
+    let qwen35 = [
+        lcut_testkit::QWEN35_CASE,
+        lcut_testkit::QWEN35MOE_CASE,
+        "layouts/qwen35-vision",
+    ];
+    for name in qwen35 {
+        let by_row = load(name)?;
+        let reference = by_row.model.teacher_forced_logits(&by_row.ids, None)?;
+        let largest = reference.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?;
+        for chunk in [4, 8, 64] {
+            let mut c = load(name)?;
+            c.model.set_linear_chunk(Some(chunk));
+            let label = format!("chunks of {chunk}: ");
+            check_full_depth(&c, &label)?;
+            check_teacher_forced_policies(&c, &label)?;
+            check_in_chunks(&c, &label)?;
+            check_reused_prefill(&c)?;
+            let ours = c.model.teacher_forced_logits(&c.ids, None)?;
+            let diff = common::max_abs_diff(&ours, &reference)? / largest;
+            ensure!(
+                diff <= 1e-5,
+                "{name}: {label}logits differ from the row-by-row form's by {diff:e} of the largest"
+            );
         }
     }
     Ok(())

@@ -177,6 +177,18 @@ impl Decoder {
         self.attention_block_elems
     }
 
+    /// How the linear-attention layers (Qwen3.5's Gated DeltaNet) run a
+    /// prompt's rows: in transformers' chunked form with chunks of `chunk`
+    /// rows (a power of two; 64 is transformers'), or row by row on the
+    /// host with `None`. The default is row by row on the CPU and chunks of
+    /// 64 on other devices. The two agree within rounding; decode steps and
+    /// the probes' prompt/decode split run row by row either way.
+    pub fn set_linear_chunk(&mut self, chunk: Option<usize>) {
+        for net in self.layers.iter_mut().filter_map(|l| l.linear.as_mut()) {
+            net.set_chunk(chunk);
+        }
+    }
+
     /// Every projection, router and expert of every layer, then the LM head.
     fn matrices(&self) -> impl Iterator<Item = &Linear> {
         self.layers

@@ -12,11 +12,14 @@
 //! dt_bias)`, and learns the row's value by the delta rule with rate
 //! `beta = sigmoid(b)`: `S <- e^g S; S <- S + k (beta (v - S^T k))^T`; the
 //! row's output is `S^T q`, then an RMSNorm per head (a plain `w` weight)
-//! times `silu(z)`. The recurrence runs token by token on the host in f32
-//! (transformers' chunked form is the same sum in another order), so a
-//! prompt in one chunk, in chunks, or one token at a time gives the same
-//! state. Which tokens run a layer and which enter its state is the
-//! policy's (`lcut_policy::RecurrentLayers`).
+//! times `silu(z)`. On the CPU the recurrence runs token by token on the
+//! host in f32, so a prompt in one chunk, in chunks, or one token at a time
+//! gives the same state. On other devices a prompt's rows take
+//! transformers' chunked form ([`chunked`]: the same sum in another order,
+//! as tensor ops), a row at a time where the row-by-row form is needed
+//! (a split, rows that do not enter, the first row of a state that keeps
+//! it). Which tokens run a layer and which enter its state is the policy's
+//! (`lcut_policy::RecurrentLayers`).
 
 use candle_core::{DType, Tensor};
 
@@ -27,6 +30,8 @@ use std::sync::Arc;
 use crate::grad_ops;
 use crate::layers::{Loader, RmsNorm};
 use crate::linear::Linear;
+
+mod chunked;
 
 /// One linear-attention layer's weights.
 #[derive(Debug, Clone)]
@@ -57,6 +62,9 @@ pub(crate) struct GatedDeltaNet {
     eps: f32,
     /// Heads, widths and kernel.
     shape: Shape,
+    /// Rows in a chunk of the chunked form, or `None` for the row-by-row
+    /// form on the host (the CPU's; see [`GatedDeltaNet::set_chunk`]).
+    chunk: Option<usize>,
 }
 
 /// A linear layer's weights that are not matrices, as tensors.
@@ -330,7 +338,18 @@ impl GatedDeltaNet {
             norm: ld.plain_norm(&format!("{prefix}.norm"), shape.dv)?,
             eps: ld.cfg.rms_norm_eps as f32,
             shape,
+            chunk: chunked::chunk_for(ld.device),
         })
+    }
+
+    /// Run a prompt's rows in the chunked form with chunks of `chunk` rows
+    /// (a power of two), or row by row on the host (`None`). The default is
+    /// the row-by-row form on the CPU, where it costs a few percent of a
+    /// prefill, and chunks of [`chunked::CHUNK`] elsewhere, where the
+    /// row-by-row form would take every row to the host; `LCUT_LINEAR_CHUNK`
+    /// sets it as the model loads ([`chunked::chunk_for`]).
+    pub(crate) fn set_chunk(&mut self, chunk: Option<usize>) {
+        self.chunk = chunk.filter(|c| c.is_power_of_two());
     }
 
     /// The layer's matrices (its output projection is the layer's
@@ -368,34 +387,126 @@ impl GatedDeltaNet {
         state: &mut RecurrentState,
     ) -> Result<(Tensor, Option<LinearSplit>)> {
         let n = x.dim(0)?;
-        let host = |t: Tensor| -> Result<Vec<f32>> {
-            Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
+        // the rows the host runs one by one: all of them, or, in the
+        // chunked form, the first row of a state that keeps it (and a lone
+        // row after it: a decode step)
+        let by_row = match self.chunk {
+            Some(_) if split_from.is_none() && enters.iter().all(|&e| e) => {
+                let first = usize::from(state.tokens == 0 && state.keeps_first);
+                if n - first.min(n) >= 2 { first } else { n }
+            }
+            _ => n,
         };
-        let mixed = host(self.in_qkv.forward(x)?)?;
-        let a = host(self.in_a.forward(x)?)?;
-        let b = host(self.in_b.forward(x)?)?;
-        let (hv, dv) = (self.shape.value_heads, self.shape.dv);
-        let mut out = vec![0.0f32; n * hv * dv];
-        let c = self.shape.channels();
+        let mixed = self.in_qkv.forward(x)?.to_dtype(DType::F32)?;
+        let a = self.in_a.forward(x)?.to_dtype(DType::F32)?;
+        let b = self.in_b.forward(x)?.to_dtype(DType::F32)?;
         let mut split = split_from.map(|_| self.empty_split());
-        for t in 0..n {
-            let i = t * hv;
-            let row = LinearRow {
-                input: &mixed[t * c..(t + 1) * c],
-                gates: (&a[i..i + hv], &b[i..i + hv]),
-                position: positions.get(t).copied().unwrap_or(usize::MAX),
-                enters: enters.get(t).copied().unwrap_or(true),
+        let mut outs = Vec::with_capacity(2);
+        if by_row > 0 {
+            let host = |t: &Tensor| -> Result<Vec<f32>> {
+                Ok(t.narrow(0, 0, by_row)?.flatten_all()?.to_vec1::<f32>()?)
             };
-            self.step_row(
-                row,
-                split_from,
-                state,
-                &mut out[i * dv..(i + hv) * dv],
-                split.as_mut(),
-            );
+            let (mixed, a, b) = (host(&mixed)?, host(&a)?, host(&b)?);
+            let (hv, dv) = (self.shape.value_heads, self.shape.dv);
+            let mut out = vec![0.0f32; by_row * hv * dv];
+            let c = self.shape.channels();
+            for t in 0..by_row {
+                let i = t * hv;
+                let row = LinearRow {
+                    input: &mixed[t * c..(t + 1) * c],
+                    gates: (&a[i..i + hv], &b[i..i + hv]),
+                    position: positions.get(t).copied().unwrap_or(usize::MAX),
+                    enters: enters.get(t).copied().unwrap_or(true),
+                };
+                self.step_row(
+                    row,
+                    split_from,
+                    state,
+                    &mut out[i * dv..(i + hv) * dv],
+                    split.as_mut(),
+                );
+            }
+            outs.push(Tensor::from_vec(out, (by_row, hv, dv), x.device())?);
         }
-        let out = Tensor::from_vec(out, (n, hv, dv), x.device())?.to_dtype(x.dtype())?;
+        if let (Some(chunk), true) = (self.chunk, by_row < n) {
+            // a run shorter than a chunk takes the smallest chunk that holds it
+            let chunk = chunk.min((n - by_row).next_power_of_two());
+            let rest = |t: &Tensor| -> Result<Tensor> { Ok(t.narrow(0, by_row, n - by_row)?) };
+            outs.push(self.rows_in_chunks(
+                (&rest(&mixed)?, &rest(&a)?, &rest(&b)?),
+                state,
+                chunk,
+            )?);
+        }
+        let out = Tensor::cat(&outs, 0)?.to_dtype(x.dtype())?;
         Ok((self.gated_heads(&out, x)?, split))
+    }
+
+    /// Rows that all enter `state`, given by their projections (`mixed`
+    /// [m, channels], `a` and `b` [m, value_heads], f32), through the
+    /// convolution and the delta rule in chunks of `chunk` rows: their
+    /// outputs [m, value_heads, d_v] before the gated norm, on the rows'
+    /// device, and `state` moved past them.
+    fn rows_in_chunks(
+        &self,
+        (mixed, a, b): (&Tensor, &Tensor, &Tensor),
+        state: &mut RecurrentState,
+        chunk: usize,
+    ) -> Result<Tensor> {
+        let s = self.shape;
+        let (m, dev) = (mixed.dim(0)?, mixed.device());
+        let (c, k) = (s.channels(), s.kernel);
+        let (hv, dk, dv) = (s.value_heads, s.dk, s.dv);
+        // the convolution over the state's last inputs, then these rows
+        let past = Tensor::from_slice(&state.conv, (k - 1, c), dev)?;
+        let inputs = Tensor::cat(&[&past, mixed], 0)?;
+        let weights = self.rates.conv.to_dtype(DType::F32)?.reshape((c, k))?;
+        let mut convolved = inputs
+            .narrow(0, 0, m)?
+            .broadcast_mul(&weights.narrow(1, 0, 1)?.t()?)?;
+        for j in 1..k {
+            let tap = weights.narrow(1, j, 1)?.t()?;
+            convolved = (convolved + inputs.narrow(0, j, m)?.broadcast_mul(&tap)?)?;
+        }
+        let convolved = convolved.silu()?;
+        let kept = inputs.narrow(0, m, k - 1)?;
+        state.conv = kept.flatten_all()?.to_vec1::<f32>()?;
+        // queries and keys per key head, L2-normed (as `l2_normalise`), then
+        // read by each value head; everything value heads first
+        let reads: Vec<u32> = (0..hv).map(|v| s.key_head_of(v) as u32).collect();
+        let reads = Tensor::new(reads, dev)?;
+        let heads_of = |from: usize, scale: f64| -> Result<Tensor> {
+            let h = convolved
+                .narrow(1, from, s.key_width())?
+                .reshape((m, s.key_heads, dk))?;
+            let root = (h.sqr()?.sum_keepdim(2)? + 1e-6)?.sqrt()?;
+            let h = (h.broadcast_div(&root)? * scale)?;
+            Ok(h.index_select(&reads, 1)?.transpose(0, 1)?.contiguous()?)
+        };
+        let v = convolved
+            .narrow(1, 2 * s.key_width(), s.value_width())?
+            .reshape((m, hv, dv))?
+            .transpose(0, 1)?
+            .contiguous()?;
+        // log decay -exp(A_log) softplus(a + dt_bias), rate sigmoid(b)
+        let step = a.broadcast_add(&self.rates.dt_bias.to_dtype(DType::F32)?)?;
+        let softplus = (step.relu()? + (step.abs()?.neg()?.exp()? + 1.0)?.log()?)?;
+        let g = softplus
+            .broadcast_mul(&self.rates.a_log.to_dtype(DType::F32)?.exp()?)?
+            .neg()?;
+        let beta = (b.neg()?.exp()? + 1.0)?.recip()?;
+        let rows = chunked::DeltaRows {
+            q: heads_of(0, 1.0 / (dk as f64).sqrt())?,
+            k: heads_of(s.key_width(), 1.0)?,
+            v,
+            g: g.t()?.contiguous()?,
+            beta: beta.t()?.contiguous()?,
+        };
+        let start = Tensor::from_slice(&state.matrix, (hv, dk, dv), dev)?;
+        let (out, end) = chunked::delta_rule_in_chunks(&rows, &start, chunk)?;
+        state.matrix = end.flatten_all()?.to_vec1::<f32>()?;
+        state.tokens += m;
+        Ok(out.transpose(0, 1)?.contiguous()?)
     }
 
     /// The outputs `out` [n, value_heads, d_v] of rows `x` [n, hidden]
