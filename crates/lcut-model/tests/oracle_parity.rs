@@ -807,11 +807,18 @@ fn qwen35_decode_outputs_split_into_prompt_and_decode_parts() -> Result<()> {
 /// experts: every layer's residual under the causal mask, from
 /// transformers' embeddings, and each reference policy's decode-phase
 /// logits with each layer's rows under the policy's training matrix (above
-/// a cut a linear layer's state holds only the rows a later row reads).
+/// a cut a linear layer's state holds only the rows a later row reads);
+/// row by row and in the chunked form (which the rows take where every row
+/// enters the state).
 #[test]
 fn training_passes_match_transformers_on_qwen35() -> Result<()> {
-    for name in [lcut_testkit::QWEN35_CASE, lcut_testkit::QWEN35MOE_CASE] {
-        let c = load(name)?;
+    let chunks = [None, Some(4), Some(64)];
+    let cases = [lcut_testkit::QWEN35_CASE, lcut_testkit::QWEN35MOE_CASE];
+    for (name, chunk) in cases.into_iter().flat_map(|n| chunks.map(|c| (n, c))) {
+        let mut c = load(name)?;
+        c.model.set_linear_chunk(chunk);
+        let name = format!("{name} (chunks of {chunk:?})");
+        let name = name.as_str();
         let (cfg, n) = (c.model.config(), c.ids.len());
         let positions: Vec<usize> = (0..n).collect();
         let causal: Vec<bool> = (0..n * n).map(|i| i % n <= i / n).collect();

@@ -587,14 +587,37 @@ impl GatedDeltaNet {
         // decay exp(-exp(A_log) softplus(a + dt_bias)), rate sigmoid(b)
         let step = self.in_a.forward(x)?.broadcast_add(&self.rates.dt_bias)?;
         let softplus = (step.relu()? + (step.abs()?.neg()?.exp()? + 1.0)?.log()?)?;
-        let decay = softplus
-            .broadcast_mul(&self.rates.a_log.exp()?)?
-            .neg()?
-            .exp()?
-            .reshape((b, t, hv, 1, 1))?;
+        let log_decay = softplus.broadcast_mul(&self.rates.a_log.exp()?)?.neg()?;
+        let decay = log_decay.exp()?.reshape((b, t, hv, 1, 1))?;
         let beta = (self.in_b.forward(x)?.neg()?.exp()? + 1.0)?
             .recip()?
             .reshape((b, t, hv, 1))?;
+        // a sequence's last row reads the state it would leave, whether it
+        // enters or not, and no row reads that state after it
+        let all_enter = enters.chunks(t).all(|seq| seq[..t - 1].iter().all(|&e| e));
+        if let (Some(chunk), true) = (self.chunk, all_enter) {
+            // each sequence's rows in chunks, the sequences and value heads
+            // as one batch, from empty states
+            let heads_first = |x: &Tensor, width: usize| -> Result<Tensor> {
+                Ok(x.reshape((b, t, hv, width))?
+                    .transpose(1, 2)?
+                    .reshape((b * hv, t, width))?
+                    .to_dtype(DType::F32)?
+                    .contiguous()?)
+            };
+            let rows = chunked::DeltaRows {
+                q: heads_first(&q, dk)?,
+                k: heads_first(&keys, dk)?,
+                v: heads_first(&v, dv)?,
+                g: heads_first(&log_decay, 1)?.squeeze(2)?,
+                beta: heads_first(&beta, 1)?.squeeze(2)?,
+            };
+            let start = Tensor::zeros((b * hv, dk, dv), DType::F32, dev)?;
+            let chunk = chunk.min(t.next_power_of_two());
+            let (out, _) = chunked::delta_rule_in_chunks(&rows, &start, chunk)?;
+            let out = out.reshape((b, hv, t, dv))?.transpose(1, 2)?;
+            return self.gated_heads(&out.reshape((n, hv, dv))?.to_dtype(x.dtype())?, x);
+        }
         let rule = DeltaRule {
             q: &q,
             keys: &keys,
@@ -881,6 +904,84 @@ fn recur_heads(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The chunked form gives the composed ops' outputs and gradients
+    /// (queries, keys, values, log decays, rates) when every row enters: 11
+    /// rows in chunks of 4 (three chunks, the last padded) and in one chunk
+    /// of 16.
+    #[test]
+    fn the_chunked_delta_rule_matches_the_composed_ops_and_their_gradients() -> Result<()> {
+        use candle_core::Var;
+        use lcut_kernels::testdata::Rng;
+        use lcut_testkit::grads::{max_abs_diff, normal, probe_grads};
+        let mut rng = Rng::new(0xc4a2);
+        let (t, hv, dk, dv) = (11, 3, 4, 5);
+        let unit = |x: Tensor| -> Result<Tensor> {
+            let norm = (x.sqr()?.sum_keepdim(3)? + 1e-6)?.sqrt()?;
+            Ok(x.broadcast_div(&norm)?)
+        };
+        let q = Var::from_tensor(&unit(normal(&mut rng, 0.0, 1.0, &[1, t, hv, dk])?)?)?;
+        let keys = Var::from_tensor(&unit(normal(&mut rng, 0.0, 1.0, &[1, t, hv, dk])?)?)?;
+        let v = Var::from_tensor(&normal(&mut rng, 0.0, 1.0, &[1, t, hv, dv])?)?;
+        let g = Var::from_tensor(&(normal(&mut rng, 0.0, 1.0, &[1, t, hv])?.abs()? * -0.5)?)?;
+        let beta = Var::from_tensor(&candle_nn::ops::sigmoid(&normal(
+            &mut rng,
+            0.0,
+            1.0,
+            &[1, t, hv],
+        )?)?)?;
+        let enters = vec![true; t];
+        let decay = g.exp()?.reshape((1, t, hv, 1, 1))?;
+        let rates = beta.reshape((1, t, hv, 1))?;
+        let rule = DeltaRule {
+            q: &q,
+            keys: &keys,
+            v: &v,
+            decay: &decay,
+            beta: &rates,
+            enters: &enters,
+        };
+        let composed = rule.composed()?;
+        let heads_first = |x: &Tensor| -> Result<Tensor> {
+            let x = x.squeeze(0)?.transpose(0, 1)?;
+            Ok(x.contiguous()?)
+        };
+        let rows = chunked::DeltaRows {
+            q: heads_first(&q)?,
+            k: heads_first(&keys)?,
+            v: heads_first(&v)?,
+            g: heads_first(&g)?,
+            beta: heads_first(&beta)?,
+        };
+        let start = Tensor::zeros((hv, dk, dv), DType::F32, &candle_core::Device::Cpu)?;
+        let probe = normal(&mut rng, 0.0, 1.0, &[1, t, hv, dv])?;
+        let grads_of_composed = probe_grads(&composed, &probe)?;
+        for chunk in [4, 16] {
+            let (out, _) = chunked::delta_rule_in_chunks(&rows, &start, chunk)?;
+            let out = out.transpose(0, 1)?.unsqueeze(0)?;
+            let diff = max_abs_diff(&out, &composed);
+            assert!(diff < 1e-5, "chunks of {chunk}: outputs differ by {diff}");
+            let grads = probe_grads(&out, &probe)?;
+            for (name, var) in [
+                ("q", &q),
+                ("k", &keys),
+                ("v", &v),
+                ("g", &g),
+                ("beta", &beta),
+            ] {
+                let (a, b) = (
+                    grads.get(var).expect("chunked grad"),
+                    grads_of_composed.get(var).expect("composed grad"),
+                );
+                let diff = max_abs_diff(a, b);
+                assert!(
+                    diff < 1e-4,
+                    "chunks of {chunk}: d/d{name} differs by {diff}"
+                );
+            }
+        }
+        Ok(())
+    }
 
     /// The fused delta rule gives the composed ops' outputs and gradients
     /// (queries, keys, values, decays, rates), two sequences whose rows
