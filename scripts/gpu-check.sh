@@ -24,7 +24,9 @@
 # layers in bf16, kept in /tmp for later steps, then the same bench on it: e.g.
 # synth:qwen3-30b-a3b:8:1k,8k), or `unstacked:SHAPE:LAYERS:LENGTHS`, the same with the experts
 # unstacked (LCUT_STACKED_EXPERTS=0: each chosen expert runs its own kernels), for a ratio in
-# the same call.
+# the same call, or `rowwise:SHAPE:LAYERS:LENGTHS`, the same with Qwen3.5's linear layers
+# run row by row on the host (LCUT_LINEAR_CHUNK=0) instead of in chunks on the GPU, for a
+# ratio in the same call.
 # The default is
 # `parity diagnose bench:1k,8k,32k baseline:8k bench:64k bench:128k`; each
 # bench step writes its own JSON, so a step cut short leaves the ones before.
@@ -32,7 +34,7 @@
 # gpu-memory.csv (the driver's memory in use, every 200 ms), parity-f32.json,
 # parity-bf16.json, bench-<lengths>.json, baseline-<lengths>.json,
 # families-<folder>-<dtype>.json, synth-<shape>-<layers>l-<lengths>.json and
-# unstacked-<shape>-<layers>l-<lengths>.json.
+# unstacked-<shape>-<layers>l-<lengths>.json and rowwise-<shape>-<layers>l-<lengths>.json.
 set -uo pipefail
 out=${1:-gpu-results}
 shift || true
@@ -189,6 +191,12 @@ for step in "${steps[@]}"; do
       synth unstacked "$shape" "$layers" "$lengths"
       unset LCUT_STACKED_EXPERTS
       ;;
+    rowwise:*)
+      IFS=: read -r _ shape layers lengths <<< "$step"
+      export LCUT_LINEAR_CHUNK=0
+      synth rowwise "$shape" "$layers" "$lengths"
+      unset LCUT_LINEAR_CHUNK
+      ;;
     diagnose) diagnose ;;
     bench:*) bench bench "${step#bench:}" ;;
     baseline:*)
@@ -196,7 +204,7 @@ for step in "${steps[@]}"; do
       bench baseline "${step#baseline:}"
       unset LCUT_FUSED_ATTENTION
       ;;
-    *) echo "unknown step $step (parity, parity16, diagnose, families[:DTYPES], bench:LENGTHS, baseline:LENGTHS, synth:SHAPE:LAYERS:LENGTHS, unstacked:SHAPE:LAYERS:LENGTHS)"; status=1 ;;
+    *) echo "unknown step $step (parity, parity16, diagnose, families[:DTYPES], bench:LENGTHS, baseline:LENGTHS, synth:SHAPE:LAYERS:LENGTHS, unstacked:SHAPE:LAYERS:LENGTHS, rowwise:SHAPE:LAYERS:LENGTHS)"; status=1 ;;
   esac
 done
 exit $status
