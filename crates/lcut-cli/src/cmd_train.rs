@@ -68,9 +68,10 @@ pub struct TrainArgs {
     /// experts, each token reading its router's top K; default 8/2),
     /// `qwen35[:N]` (Qwen3.5: every N-th layer full attention with a gated
     /// output, the others Gated DeltaNet linear attention; default 4),
-    /// `gemma4[:W[/S]]` (Gemma 4: two layers sliding over W tokens then a
-    /// full one whose keys are its values, per-layer inputs, the last S
-    /// layers reading earlier layers' K/V; default 512/0).
+    /// `gemma4[:W[/S[/E/K]]]` (Gemma 4: two layers sliding over W tokens
+    /// then a full one whose keys are its values, per-layer inputs, the last
+    /// S layers reading earlier layers' K/V, and with E/K every MLP beside
+    /// E experts half as wide of which each token reads K; default 512/0).
     /// Ignored with `--init` (its config fixes it).
     #[arg(long, default_value = "llama")]
     pub layout: lcut_model::Layout,

@@ -410,14 +410,43 @@ pub struct Experts {
 /// The norms of an experts block that runs beside the layer's dense MLP
 /// (Gemma 4): the router reads the residual stream through `router` (no
 /// weight; the learned scale and 1/sqrt(hidden) are folded into the
-/// router's matrix at load), the experts read it through `input`
-/// (`pre_feedforward_layernorm_2`), and their weighted sum leaves through
-/// `output` (`post_feedforward_layernorm_2`).
+/// router's matrix: [`BesideNorms::router_matrix`]), the experts read it
+/// through `input` (`pre_feedforward_layernorm_2`), and their weighted sum
+/// leaves through `output` (`post_feedforward_layernorm_2`). Each chosen
+/// expert's weight is scaled by its entry of `expert_scale`
+/// (`router.per_expert_scale`).
 #[derive(Debug, Clone)]
 pub(crate) struct BesideNorms {
     pub(crate) router: RmsNorm,
     pub(crate) input: RmsNorm,
     pub(crate) output: RmsNorm,
+    /// `router.proj` dense, as the weights gave it.
+    proj: Tensor,
+    /// `router.scale` [hidden] in f32, as the weights gave it.
+    scale: Tensor,
+    /// `router.per_expert_scale` [experts] in f32, as the weights gave it
+    /// (the router rule holds a host copy).
+    pub(crate) expert_scale: Tensor,
+    /// The model's dtype, the folded matrix's.
+    dtype: DType,
+}
+
+impl BesideNorms {
+    /// The router's matrix with its scale and 1/sqrt(hidden) folded into
+    /// each column, in the model's dtype. The tensor path folds it from
+    /// the weights at each call (a few thousand products), not once as the
+    /// model loads, so that a trainer's updates to `router.proj` and
+    /// `router.scale` reach the forward and its gradients reach them; the
+    /// same arithmetic each time, so the same bits as the fold the fused
+    /// step reads.
+    pub(crate) fn router_matrix(&self) -> Result<Tensor> {
+        let root = (self.scale.elem_count() as f64).powf(-0.5);
+        let scale = (&self.scale * root)?;
+        Ok(self
+            .proj
+            .broadcast_mul(&scale.unsqueeze(0)?)?
+            .to_dtype(self.dtype)?)
+    }
 }
 
 /// An expert every token runs beside the routed ones, its output scaled by
@@ -813,18 +842,18 @@ impl Experts {
     /// norms.
     fn load_beside(ld: &Loader<'_>, prefix: &str, e: ExpertsConfig) -> Result<Self> {
         let (n, d, i) = (e.num_experts, ld.cfg.hidden_size, e.inner);
+        // dense (a GGUF's router is read dequantized), its scales folded
+        // in for the fused step and inference; the tensor path folds them
+        // at each call from the weights themselves
         let router = ld.linear(&format!("{prefix}.router.proj"), n, d, false)?;
-        let scale = ld.tensor(&format!("{prefix}.router.scale"), &[d])?;
-        let scale = (scale.to_dtype(DType::F32)? * (d as f64).powf(-0.5))?;
-        let (w, _) = crate::linear::dense_parts(&router)?;
-        let router = Linear::dense(
-            w.broadcast_mul(&scale.unsqueeze(0)?)?.to_dtype(ld.dtype)?,
-            None,
-        );
-        let per_expert = ld
+        let (proj, _) = crate::linear::dense_parts(&router)?;
+        let scale = ld
+            .tensor(&format!("{prefix}.router.scale"), &[d])?
+            .to_dtype(DType::F32)?;
+        let expert_scale = ld
             .tensor(&format!("{prefix}.router.per_expert_scale"), &[n])?
-            .to_dtype(DType::F32)?
-            .to_vec1::<f32>()?;
+            .to_dtype(DType::F32)?;
+        let per_expert = expert_scale.to_vec1::<f32>()?;
         // a GGUF kept quantized: each expert's matrices read in place (its
         // gate and up halves of llama.cpp's fused `ffn_gate_up_exps`)
         let one_by_one = format!("{prefix}.experts.0.gate_proj.weight");
@@ -839,16 +868,21 @@ impl Experts {
         } else {
             Self::stacked_beside(ld, prefix, (n, d, i))?
         };
+        let beside = BesideNorms {
+            router: ld.unweighted_norm(d)?,
+            input: ld.norm(&format!("{prefix}.pre_feedforward_layernorm_2"), d)?,
+            output: ld.norm(&format!("{prefix}.post_feedforward_layernorm_2"), d)?,
+            proj,
+            scale,
+            expert_scale,
+            dtype: ld.dtype,
+        };
         Self {
-            router,
+            router: Linear::dense(beside.router_matrix()?, None),
             experts,
             rule: RouterRule::of(&e, Some(per_expert.into())),
             shared: None,
-            beside: Some(Box::new(BesideNorms {
-                router: ld.unweighted_norm(d)?,
-                input: ld.norm(&format!("{prefix}.pre_feedforward_layernorm_2"), d)?,
-                output: ld.norm(&format!("{prefix}.post_feedforward_layernorm_2"), d)?,
-            })),
+            beside: Some(Box::new(beside)),
             stacked: None,
         }
         .stacked_on(ld.device)
@@ -949,6 +983,17 @@ impl Experts {
         self.beside.as_deref()
     }
 
+    /// The router's logits of rows `x` [n, experts]: a block beside the
+    /// dense MLP folds its router's scales from the weights first
+    /// ([`BesideNorms::router_matrix`]).
+    fn router_logits(&self, x: &Tensor) -> Result<Tensor> {
+        let input = self.router_input(x)?;
+        match &self.beside {
+            Some(b) => Linear::dense(b.router_matrix()?, None).forward(&input),
+            None => self.router.forward(&input),
+        }
+    }
+
     /// What the router reads of rows `x`: `x` itself, or for a block beside
     /// the dense MLP (whose `x` is the residual stream) `x` through the
     /// router's unweighted norm.
@@ -969,8 +1014,7 @@ impl Experts {
     /// and [`RouterRule::choose`].
     pub fn route(&self, x: &Tensor) -> Result<Routing> {
         let logits = self
-            .router
-            .forward(&self.router_input(x)?)?
+            .router_logits(x)?
             .to_dtype(DType::F32)?
             .to_vec2::<f32>()?;
         let mut routing = Routing {
@@ -1008,7 +1052,7 @@ impl Experts {
     /// every expert at the chosen ones, renormalised where the rule does
     /// (a softmax over the top-k logits is that renormalisation).
     pub(crate) fn trainable_weights(&self, x: &Tensor, routing: &Routing) -> Result<Tensor> {
-        let logits = self.router.forward(&self.router_input(x)?)?;
+        let logits = self.router_logits(x)?;
         let shifted = logits.broadcast_sub(&logits.max_keepdim(1)?.detach())?;
         let exp = shifted.exp()?;
         let probs = exp.broadcast_div(&exp.sum_keepdim(1)?)?;
@@ -1024,16 +1068,14 @@ impl Experts {
         if self.rule.normalize || self.rule.kind == RouterKind::TopKSoftmax {
             weights = weights.broadcast_div(&weights.sum_keepdim(1)?)?;
         }
-        if let Some(scale) = &self.rule.scale {
+        if let Some(beside) = &self.beside {
             // each chosen expert's learned scale, as `RouterRule::choose`
-            let chosen: Vec<f32> = routing
-                .experts
-                .iter()
-                .flatten()
-                .map(|&e| scale.get(e).copied().unwrap_or(1.0))
-                .collect();
-            let scale =
-                Tensor::from_vec(chosen, weights.shape(), x.device())?.to_dtype(weights.dtype())?;
+            // applies it, read from the weight itself
+            let scale = beside
+                .expert_scale
+                .to_dtype(weights.dtype())?
+                .index_select(&idx.flatten_all()?, 0)?
+                .reshape(weights.shape())?;
             weights = (weights * scale)?;
         }
         Ok(weights)

@@ -59,12 +59,18 @@ pub enum Layout {
     /// head; per-layer inputs of [`GEMMA4_LAYER_INPUT`] values; the last
     /// `shared` layers reading the K/V of the last unshared layer of their
     /// type; sandwich norms, q/k/v norms, a layer scalar, GELU MLPs, tied
-    /// embeddings scaled by sqrt(hidden), logits soft-capped at 30.
+    /// embeddings scaled by sqrt(hidden), logits soft-capped at 30; with
+    /// `experts`, every MLP beside a mixture of experts half as wide, as
+    /// Gemma 4 26B-A4B's (`enable_moe_block`).
     Gemma4 {
         /// The sliding layers' window.
         window: usize,
         /// Layers at the top that read an earlier layer's K/V.
         shared: usize,
+        /// Experts per layer and experts each token reads, beside each
+        /// layer's MLP.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        experts: Option<(usize, usize)>,
     },
 }
 
@@ -81,7 +87,8 @@ impl std::str::FromStr for Layout {
     /// `olmo3` (window 4096, transformers' default) or `olmo3:W`, `mixtral`
     /// (the top 2 of 8 experts) or `mixtral:E/K`, `qwen35` (every 4th layer
     /// full) or `qwen35:N`, `gemma4` (window 512, no shared layers),
-    /// `gemma4:W` or `gemma4:W/S` (the last S layers shared).
+    /// `gemma4:W` or `gemma4:W/S` (the last S layers shared), or
+    /// `gemma4:W/S/E/K` (E experts beside every MLP, each token reading K).
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         let (name, arg) = match s.split_once(':') {
             Some((n, a)) => (n, Some(a)),
@@ -128,23 +135,35 @@ impl std::str::FromStr for Layout {
                 full_interval: number("full-attention interval")?.unwrap_or(4),
             }),
             "gemma4" => {
-                let (window, shared) = match arg.map(|a| a.split_once('/')) {
-                    None => (Some(512), Some(0)),
-                    Some(None) => (arg.and_then(|a| a.parse().ok()), Some(0)),
-                    Some(Some((w, k))) => (w.parse().ok(), k.parse().ok()),
+                let fields: Vec<Option<usize>> =
+                    arg.map_or(vec![], |a| a.split('/').map(|x| x.parse().ok()).collect());
+                let (window, shared, experts) = match fields[..] {
+                    [] => (Some(512), Some(0), Some(None)),
+                    [w] => (w, Some(0), Some(None)),
+                    [w, k] => (w, k, Some(None)),
+                    [w, k, Some(e), Some(top)] if top > 0 && top <= e => {
+                        (w, k, Some(Some((e, top))))
+                    }
+                    _ => (None, None, None),
                 };
-                match (window, shared) {
-                    (Some(window), Some(shared)) if window > 0 => {
-                        Ok(Layout::Gemma4 { window, shared })
+                match (window, shared, experts) {
+                    (Some(window), Some(shared), Some(experts)) if window > 0 => {
+                        Ok(Layout::Gemma4 {
+                            window,
+                            shared,
+                            experts,
+                        })
                     }
                     _ => Err(format!(
-                        "{s:?}: after ':' give WINDOW or WINDOW/SHARED, a positive window"
+                        "{s:?}: after ':' give WINDOW, WINDOW/SHARED or WINDOW/SHARED/EXPERTS/TOP_K, \
+                         a positive window and 0 < TOP_K <= EXPERTS"
                     )),
                 }
             }
             _ => Err(format!(
                 "{s:?} is not a layout: llama, smollm3[:NOPE_INTERVAL], olmo2, olmo3[:WINDOW], \
-                 mixtral[:EXPERTS/TOP_K], qwen35[:FULL_INTERVAL], gemma4[:WINDOW[/SHARED]]"
+                 mixtral[:EXPERTS/TOP_K], qwen35[:FULL_INTERVAL], \
+                 gemma4[:WINDOW[/SHARED[/EXPERTS/TOP_K]]]"
             )),
         }
     }
@@ -159,7 +178,16 @@ impl std::fmt::Display for Layout {
             Layout::Olmo { window: Some(w) } => write!(f, "olmo3:{w}"),
             Layout::Mixtral { experts, top_k } => write!(f, "mixtral:{experts}/{top_k}"),
             Layout::Qwen35 { full_interval } => write!(f, "qwen35:{full_interval}"),
-            Layout::Gemma4 { window, shared } => write!(f, "gemma4:{window}/{shared}"),
+            Layout::Gemma4 {
+                window,
+                shared,
+                experts: None,
+            } => write!(f, "gemma4:{window}/{shared}"),
+            Layout::Gemma4 {
+                window,
+                shared,
+                experts: Some((e, k)),
+            } => write!(f, "gemma4:{window}/{shared}/{e}/{k}"),
         }
     }
 }
@@ -298,7 +326,12 @@ impl LlamaShape {
                 self.num_kv_heads.to_string(),
             );
         }
-        if let Layout::Mixtral { experts, top_k } = self.layout
+        let mixture = match self.layout {
+            Layout::Mixtral { experts, top_k } => Some((experts, top_k)),
+            Layout::Gemma4 { experts, .. } => experts,
+            _ => None,
+        };
+        if let Some((experts, top_k)) = mixture
             && !(experts <= MAX_SIZE && top_k > 0 && top_k <= experts)
         {
             return bad(
@@ -382,6 +415,7 @@ impl LlamaShape {
                 shared: (cfg.layer_attention.iter())
                     .filter(|a| a.kv_source.is_some())
                     .count(),
+                experts: cfg.experts.map(|e| (e.num_experts, e.top_k)),
             },
             Arch::Qwen35 => Layout::Qwen35 {
                 full_interval: (cfg.linear_attention.as_ref())
@@ -495,7 +529,11 @@ impl LlamaShape {
                     }),
                 );
             }
-            Layout::Gemma4 { window, shared } => {
+            Layout::Gemma4 {
+                window,
+                shared,
+                experts,
+            } => {
                 for stale in ["mlp_bias", "rope_theta", "hidden_act"] {
                     map.remove(stale);
                 }
@@ -535,9 +573,21 @@ impl LlamaShape {
                 if let Value::Object(fields) = fields {
                     map.extend(fields);
                 }
+                if let Some((e, k)) = experts {
+                    map.insert("enable_moe_block".into(), json!(true));
+                    map.insert("num_experts".into(), json!(e));
+                    map.insert("top_k_experts".into(), json!(k));
+                    map.insert("moe_intermediate_size".into(), json!(self.expert_width()));
+                }
             }
         }
         config
+    }
+
+    /// The inner width of each expert of [`Layout::Gemma4`]'s mixture: half
+    /// the MLP's (at least one).
+    fn expert_width(&self) -> usize {
+        (self.intermediate_size / 2).max(1)
     }
 
     /// The value every entry of a fresh model's one-dimensional weight
@@ -684,6 +734,25 @@ impl LlamaShape {
                     (format!("{p}.mlp.down_proj.weight"), vec![d, i]),
                 ]),
             }
+            if let Layout::Gemma4 {
+                experts: Some((e, _)),
+                ..
+            } = self.layout
+            {
+                // the router with its two scales, the experts stacked, and
+                // the norms of the two branches
+                let w = self.expert_width();
+                out.extend([
+                    (format!("{p}.router.proj.weight"), vec![e, d]),
+                    (format!("{p}.router.scale"), vec![d]),
+                    (format!("{p}.router.per_expert_scale"), vec![e]),
+                    (format!("{p}.experts.gate_up_proj"), vec![e, 2 * w, d]),
+                    (format!("{p}.experts.down_proj"), vec![e, d, w]),
+                    (format!("{p}.post_feedforward_layernorm_1.weight"), vec![d]),
+                    (format!("{p}.pre_feedforward_layernorm_2.weight"), vec![d]),
+                    (format!("{p}.post_feedforward_layernorm_2.weight"), vec![d]),
+                ]);
+            }
             let norms: &[(&str, usize)] = match self.layout {
                 Layout::Llama
                 | Layout::Smollm3 { .. }
@@ -811,10 +880,17 @@ mod tests {
             Layout::Gemma4 {
                 window: 8,
                 shared: 0,
+                experts: None,
             },
             Layout::Gemma4 {
                 window: 8,
                 shared: 1,
+                experts: None,
+            },
+            Layout::Gemma4 {
+                window: 8,
+                shared: 1,
+                experts: Some((4, 2)),
             },
         ] {
             let s = LlamaShape { layout, ..shape() };
@@ -886,6 +962,7 @@ mod tests {
             "mixtral:4/2",
             "qwen35:3",
             "gemma4:32/2",
+            "gemma4:32/1/4/2",
         ] {
             let layout: Layout = text.parse().unwrap();
             assert_eq!(layout.to_string(), text);
@@ -907,10 +984,20 @@ mod tests {
             layout: Layout::Gemma4 {
                 window: 8,
                 shared: 4,
+                experts: None,
             },
             ..shape()
         };
         assert_eq!(bad.validate().unwrap_err().field, "layout.shared");
+        let bad = LlamaShape {
+            layout: Layout::Gemma4 {
+                window: 8,
+                shared: 0,
+                experts: Some((MAX_SIZE + 1, 2)),
+            },
+            ..shape()
+        };
+        assert_eq!(bad.validate().unwrap_err().field, "layout");
         for text in [
             "olmo3:0",
             "smollm3:x",
@@ -923,6 +1010,10 @@ mod tests {
             "qwen35:x",
             "gemma4:0",
             "gemma4:8/x",
+            "gemma4:8/0/4",
+            "gemma4:8/0/2/3",
+            "gemma4:8/0/4/0",
+            "gemma4:8/0/4/2/1",
         ] {
             assert!(text.parse::<Layout>().is_err(), "{text}");
         }

@@ -671,6 +671,15 @@ mod tests {
                 lcut_model::Layout::Gemma4 {
                     window: 8,
                     shared: 0,
+                    experts: None,
+                },
+                (2, 1),
+            ),
+            (
+                lcut_model::Layout::Gemma4 {
+                    window: 8,
+                    shared: 0,
+                    experts: Some((3, 2)),
                 },
                 (2, 1),
             ),

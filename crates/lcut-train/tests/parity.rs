@@ -79,7 +79,7 @@ fn check_within(folder: &Path, policy_text: &str, tol: f32) -> Result<f32> {
 /// Mixtral's experts, the routing weights as the trainer computes them;
 /// Qwen3.5's linear layers, their recurrence run over each padded
 /// sequence's rows; Gemma 4's per-layer inputs and a top layer reading the
-/// K/V of the one below)
+/// K/V of the one below, with and without experts beside its MLPs)
 /// gives, batched by the trainer, the logits the decoder gives each
 /// sequence alone, under every policy.
 #[test]
@@ -97,6 +97,12 @@ fn random_checkpoint_matches_the_decoder() -> Result<()> {
         lcut_model::Layout::Gemma4 {
             window: 6,
             shared: 1,
+            experts: None,
+        },
+        lcut_model::Layout::Gemma4 {
+            window: 6,
+            shared: 1,
+            experts: Some((4, 2)),
         },
     ] {
         random_checkpoint(layout)?;
@@ -124,14 +130,15 @@ fn random_checkpoint(layout: lcut_model::Layout) -> Result<()> {
     // Sharpen the weights so that attention is far from uniform and the
     // logits far from zero: a layout or mask slip then shows.
     // in name order: the map's own order changes from run to run
-    let vars: Vec<candle_core::Var> = {
+    let vars: Vec<(String, candle_core::Var)> = {
         let data = varmap.data().lock().expect("weight map");
-        let mut named: Vec<_> = data.iter().collect();
-        named.sort_by(|a, b| a.0.cmp(b.0));
-        named.into_iter().map(|(_, v)| v.clone()).collect()
+        let mut named: Vec<_> = data.iter().map(|(n, v)| (n.clone(), v.clone())).collect();
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        named
     };
-    for var in vars {
-        if var.rank() == 2 {
+    for (name, var) in vars {
+        // matrices, and Gemma 4's experts stacked as [experts, rows, columns]
+        if var.rank() == 2 || name.contains(".experts.") {
             let sharper = (var.as_tensor() * 12.0)?;
             var.set(&sharper)?;
         } else {
