@@ -453,6 +453,8 @@ impl GatedDeltaNet {
         state: &mut RecurrentState,
         chunk: usize,
     ) -> Result<Tensor> {
+        // no split runs here (as a row without one forgets it)
+        state.stop_split();
         let s = self.shape;
         let (m, dev) = (mixed.dim(0)?, mixed.device());
         let (c, k) = (s.channels(), s.kernel);
