@@ -473,7 +473,7 @@ mod tests {
     use super::*;
     use candle_core::Var;
     use lcut_kernels::testdata::Rng;
-    use lcut_testkit::grads::{max_abs_diff as max_diff, normal, probe_grads as grads};
+    use lcut_testkit::grads::{grad_diff, max_abs_diff as max_diff, normal, probe_grads as grads};
 
     #[test]
     fn fused_ops_match_composed_ops_and_their_gradients() -> candle_core::Result<()> {
@@ -487,11 +487,8 @@ mod tests {
         assert!(max_diff(&fused, &slow) < 1e-5);
         let (gf, gs) = (grads(&fused, &probe)?, grads(&slow, &probe)?);
         for v in [&x, &w] {
-            let (a, b) = (
-                gf.get(v).expect("fused grad"),
-                gs.get(v).expect("slow grad"),
-            );
-            assert!(max_diff(a, b) < 1e-4, "rms-norm grad {}", max_diff(a, b));
+            let diff = grad_diff(&gf, &gs, v);
+            assert!(diff < 1e-4, "rms-norm grad {diff}");
         }
         // RoPE over [heads, n, head_dim] with tables [n, head_dim / 2]
         let x = Var::from_tensor(&normal(&mut rng, 0.0, 1.0, &[3, 5, 8])?)?;
@@ -502,11 +499,7 @@ mod tests {
         let slow = candle_nn::rotary_emb::rope_slow(&x.unsqueeze(0)?, &cos, &sin)?.squeeze(0)?;
         assert!(max_diff(&fused, &slow) < 1e-5);
         let (gf, gs) = (grads(&fused, &probe)?, grads(&slow, &probe)?);
-        let (a, b) = (
-            gf.get(&x).expect("fused grad"),
-            gs.get(&x).expect("slow grad"),
-        );
-        assert!(max_diff(a, b) < 1e-5);
+        assert!(grad_diff(&gf, &gs, &x) < 1e-5);
         Ok(())
     }
 }

@@ -1,6 +1,7 @@
 //! Holding an op with its own backward to the same function composed of
 //! candle's ops: fixed draws of roughly normal values, the largest
-//! difference between two tensors, and the gradients of a fixed probe.
+//! difference between two tensors, the gradients of a fixed probe, and
+//! how far two sets of gradients lie apart at one variable.
 
 use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor};
@@ -30,4 +31,13 @@ pub fn normal(rng: &mut Rng, mean: f32, std: f32, shape: &[usize]) -> candle_cor
 /// when the loss weighs its values by `probe`.
 pub fn probe_grads(out: &Tensor, probe: &Tensor) -> candle_core::Result<GradStore> {
     (out * probe)?.sum_all()?.backward()
+}
+
+/// The largest difference between the gradients `ours` and `reference`
+/// hold for `var` (panics where either holds none: a gradient that does
+/// not reach the variable fails the test).
+pub fn grad_diff(ours: &GradStore, reference: &GradStore, var: &Tensor) -> f32 {
+    let ours = ours.get(var).expect("a gradient in ours");
+    let reference = reference.get(var).expect("a gradient in the reference");
+    max_abs_diff(ours, reference)
 }

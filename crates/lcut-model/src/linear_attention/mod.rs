@@ -906,6 +906,17 @@ fn recur_heads(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use candle_core::Var;
+    use lcut_kernels::testdata::Rng;
+    use lcut_testkit::grads::{grad_diff, max_abs_diff, normal, probe_grads};
+
+    /// Fixed draws of `shape` L2-normed over its last dimension (queries
+    /// and keys as the layer normalises them).
+    fn unit_rows(rng: &mut Rng, shape: &[usize]) -> Result<Tensor> {
+        let x = normal(rng, 0.0, 1.0, shape)?;
+        let norm = (x.sqr()?.sum_keepdim(shape.len() - 1)? + 1e-6)?.sqrt()?;
+        Ok(x.broadcast_div(&norm)?)
+    }
 
     /// The chunked form gives the composed ops' outputs and gradients
     /// (queries, keys, values, log decays, rates) when every row enters: 11
@@ -913,17 +924,10 @@ mod tests {
     /// of 16.
     #[test]
     fn the_chunked_delta_rule_matches_the_composed_ops_and_their_gradients() -> Result<()> {
-        use candle_core::Var;
-        use lcut_kernels::testdata::Rng;
-        use lcut_testkit::grads::{max_abs_diff, normal, probe_grads};
         let mut rng = Rng::new(0xc4a2);
         let (t, hv, dk, dv) = (11, 3, 4, 5);
-        let unit = |x: Tensor| -> Result<Tensor> {
-            let norm = (x.sqr()?.sum_keepdim(3)? + 1e-6)?.sqrt()?;
-            Ok(x.broadcast_div(&norm)?)
-        };
-        let q = Var::from_tensor(&unit(normal(&mut rng, 0.0, 1.0, &[1, t, hv, dk])?)?)?;
-        let keys = Var::from_tensor(&unit(normal(&mut rng, 0.0, 1.0, &[1, t, hv, dk])?)?)?;
+        let q = Var::from_tensor(&unit_rows(&mut rng, &[1, t, hv, dk])?)?;
+        let keys = Var::from_tensor(&unit_rows(&mut rng, &[1, t, hv, dk])?)?;
         let v = Var::from_tensor(&normal(&mut rng, 0.0, 1.0, &[1, t, hv, dv])?)?;
         let g = Var::from_tensor(&(normal(&mut rng, 0.0, 1.0, &[1, t, hv])?.abs()? * -0.5)?)?;
         let beta = Var::from_tensor(&candle_nn::ops::sigmoid(&normal(
@@ -971,11 +975,7 @@ mod tests {
                 ("g", &g),
                 ("beta", &beta),
             ] {
-                let (a, b) = (
-                    grads.get(var).expect("chunked grad"),
-                    grads_of_composed.get(var).expect("composed grad"),
-                );
-                let diff = max_abs_diff(a, b);
+                let diff = grad_diff(&grads, &grads_of_composed, var);
                 assert!(
                     diff < 1e-4,
                     "chunks of {chunk}: d/d{name} differs by {diff}"
@@ -990,17 +990,10 @@ mod tests {
     /// enter the state or not as SPEED's rows above a cut do.
     #[test]
     fn the_fused_delta_rule_matches_the_composed_ops_and_their_gradients() -> Result<()> {
-        use candle_core::Var;
-        use lcut_kernels::testdata::Rng;
-        use lcut_testkit::grads::{max_abs_diff, normal, probe_grads};
         let mut rng = Rng::new(0xde17a);
         let (b, t, hv, dk, dv) = (2, 7, 3, 4, 5);
-        let unit = |x: Tensor| -> Result<Tensor> {
-            let norm = (x.sqr()?.sum_keepdim(3)? + 1e-6)?.sqrt()?;
-            Ok(x.broadcast_div(&norm)?)
-        };
-        let q = Var::from_tensor(&unit(normal(&mut rng, 0.0, 1.0, &[b, t, hv, dk])?)?)?;
-        let keys = Var::from_tensor(&unit(normal(&mut rng, 0.0, 1.0, &[b, t, hv, dk])?)?)?;
+        let q = Var::from_tensor(&unit_rows(&mut rng, &[b, t, hv, dk])?)?;
+        let keys = Var::from_tensor(&unit_rows(&mut rng, &[b, t, hv, dk])?)?;
         let v = Var::from_tensor(&normal(&mut rng, 0.0, 1.0, &[b, t, hv, dv])?)?;
         let decay = Var::from_tensor(
             &(normal(&mut rng, 0.0, 1.0, &[b, t, hv, 1, 1])?.abs()? * -0.5)?.exp()?,
@@ -1036,12 +1029,9 @@ mod tests {
             ("decay", &decay),
             ("beta", &beta),
         ] {
-            let (a, b) = (
-                gf.get(var).expect("fused grad"),
-                gs.get(var).expect("composed grad"),
-            );
-            let diff = max_abs_diff(a, b);
+            let diff = grad_diff(&gf, &gs, var);
             assert!(diff < 1e-4, "{name}: gradients differ by {diff}");
+            let a = gf.get(var).expect("fused grad");
             assert!(
                 max_abs_diff(a, &a.zeros_like()?) > 0.0,
                 "{name}: no gradient"
