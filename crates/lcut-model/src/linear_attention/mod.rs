@@ -442,6 +442,50 @@ impl GatedDeltaNet {
         Ok((self.gated_heads(&out, x)?, split))
     }
 
+    /// The delta rule's inputs of `n` rows from their convolved projections
+    /// `convolved` [n, channels] and their decay steps `a` and rates `b`
+    /// before their activations [n, value_heads]: queries and keys
+    /// [n, value_heads, d_k] (each value head's key head's, L2-normed as
+    /// `l2_normalise` rounds it, the queries scaled by 1/sqrt(d_k)), values
+    /// [n, value_heads, d_v], log decays `-exp(A_log) softplus(a +
+    /// dt_bias)` and rates `sigmoid(b)` [n, value_heads]; in tensor ops that
+    /// gradients pass through.
+    fn delta_inputs(&self, convolved: &Tensor, a: &Tensor, b: &Tensor) -> Result<[Tensor; 5]> {
+        let s = self.shape;
+        let (n, dev) = (convolved.dim(0)?, convolved.device());
+        let reads: Vec<u32> = (0..s.value_heads)
+            .map(|v| s.key_head_of(v) as u32)
+            .collect();
+        let reads = Tensor::new(reads, dev)?;
+        let heads_of = |from: usize, scale: f64| -> Result<Tensor> {
+            let h = convolved
+                .narrow(1, from, s.key_width())?
+                .reshape((n, s.key_heads, s.dk))?;
+            // scale / sqrt(sum of squares + 1e-6), then the product, as the
+            // row-by-row path rounds it
+            let root = (h.sqr()?.sum_keepdim(2)? + 1e-6)?.sqrt()?;
+            let h = h.broadcast_mul(&(root.ones_like()? * scale)?.div(&root)?)?;
+            Ok(h.index_select(&reads, 1)?)
+        };
+        let v = convolved
+            .narrow(1, 2 * s.key_width(), s.value_width())?
+            .reshape((n, s.value_heads, s.dv))?;
+        let rate = |t: &Tensor| t.to_dtype(a.dtype());
+        let step = a.broadcast_add(&rate(&self.rates.dt_bias)?)?;
+        let softplus = (step.relu()? + (step.abs()?.neg()?.exp()? + 1.0)?.log()?)?;
+        let log_decay = softplus
+            .broadcast_mul(&rate(&self.rates.a_log)?.exp()?)?
+            .neg()?;
+        let beta = (b.neg()?.exp()? + 1.0)?.recip()?;
+        Ok([
+            heads_of(0, 1.0 / (s.dk as f64).sqrt())?,
+            heads_of(s.key_width(), 1.0)?,
+            v,
+            log_decay,
+            beta,
+        ])
+    }
+
     /// Rows that all enter `state`, given by their projections (`mixed`
     /// [m, channels], `a` and `b` [m, value_heads], f32), through the
     /// convolution and the delta rule in chunks of `chunk` rows: their
@@ -473,36 +517,15 @@ impl GatedDeltaNet {
         let convolved = convolved.silu()?;
         let kept = inputs.narrow(0, m, k - 1)?;
         state.conv = kept.flatten_all()?.to_vec1::<f32>()?;
-        // queries and keys per key head, L2-normed (as `l2_normalise`), then
-        // read by each value head; everything value heads first
-        let reads: Vec<u32> = (0..hv).map(|v| s.key_head_of(v) as u32).collect();
-        let reads = Tensor::new(reads, dev)?;
-        let heads_of = |from: usize, scale: f64| -> Result<Tensor> {
-            let h = convolved
-                .narrow(1, from, s.key_width())?
-                .reshape((m, s.key_heads, dk))?;
-            let root = (h.sqr()?.sum_keepdim(2)? + 1e-6)?.sqrt()?;
-            let h = (h.broadcast_div(&root)? * scale)?;
-            Ok(h.index_select(&reads, 1)?.transpose(0, 1)?.contiguous()?)
-        };
-        let v = convolved
-            .narrow(1, 2 * s.key_width(), s.value_width())?
-            .reshape((m, hv, dv))?
-            .transpose(0, 1)?
-            .contiguous()?;
-        // log decay -exp(A_log) softplus(a + dt_bias), rate sigmoid(b)
-        let step = a.broadcast_add(&self.rates.dt_bias.to_dtype(DType::F32)?)?;
-        let softplus = (step.relu()? + (step.abs()?.neg()?.exp()? + 1.0)?.log()?)?;
-        let g = softplus
-            .broadcast_mul(&self.rates.a_log.to_dtype(DType::F32)?.exp()?)?
-            .neg()?;
-        let beta = (b.neg()?.exp()? + 1.0)?.recip()?;
+        // everything value heads first
+        let [q, k, v, g, beta] = self.delta_inputs(&convolved, a, b)?;
+        let heads_first = |x: Tensor| -> Result<Tensor> { Ok(x.transpose(0, 1)?.contiguous()?) };
         let rows = chunked::DeltaRows {
-            q: heads_of(0, 1.0 / (dk as f64).sqrt())?,
-            k: heads_of(s.key_width(), 1.0)?,
-            v,
-            g: g.t()?.contiguous()?,
-            beta: beta.t()?.contiguous()?,
+            q: heads_first(q)?,
+            k: heads_first(k)?,
+            v: heads_first(v)?,
+            g: heads_first(g)?,
+            beta: heads_first(beta)?,
         };
         let start = Tensor::from_slice(&state.matrix, (hv, dk, dv), dev)?;
         let (out, end) = chunked::delta_rule_in_chunks(&rows, &start, chunk)?;
@@ -568,32 +591,13 @@ impl GatedDeltaNet {
             .reshape((n, k, c))?;
         let weights = self.rates.conv.reshape((c, k))?.t()?.unsqueeze(0)?;
         let convolved = windows.broadcast_mul(&weights)?.sum(1)?.silu()?;
-        // queries and keys per key head, L2-normed, then read by each value head
-        let heads_of = |from: usize, scale: f64| -> Result<Tensor> {
-            let h = convolved
-                .narrow(1, from, s.key_width())?
-                .reshape((n, s.key_heads, dk))?;
-            // scale / sqrt(sum of squares + 1e-6), then the product, as the
-            // inference path rounds it
-            let root = (h.sqr()?.sum_keepdim(2)? + 1e-6)?.sqrt()?;
-            let h = h.broadcast_mul(&(root.ones_like()? * scale)?.div(&root)?)?;
-            let reads: Vec<u32> = (0..hv).map(|v| s.key_head_of(v) as u32).collect();
-            Ok(h.index_select(&Tensor::new(reads, dev)?, 1)?
-                .reshape((b, t, hv, dk))?)
-        };
-        let q = heads_of(0, 1.0 / (dk as f64).sqrt())?;
-        let keys = heads_of(s.key_width(), 1.0)?;
-        let v = convolved
-            .narrow(1, 2 * s.key_width(), s.value_width())?
-            .reshape((b, t, hv, dv))?;
-        // decay exp(-exp(A_log) softplus(a + dt_bias)), rate sigmoid(b)
-        let step = self.in_a.forward(x)?.broadcast_add(&self.rates.dt_bias)?;
-        let softplus = (step.relu()? + (step.abs()?.neg()?.exp()? + 1.0)?.log()?)?;
-        let log_decay = softplus.broadcast_mul(&self.rates.a_log.exp()?)?.neg()?;
+        let (a, rates) = (self.in_a.forward(x)?, self.in_b.forward(x)?);
+        let [q, keys, v, log_decay, beta] = self.delta_inputs(&convolved, &a, &rates)?;
+        let q = q.reshape((b, t, hv, dk))?;
+        let keys = keys.reshape((b, t, hv, dk))?;
+        let v = v.reshape((b, t, hv, dv))?;
         let decay = log_decay.exp()?.reshape((b, t, hv, 1, 1))?;
-        let beta = (self.in_b.forward(x)?.neg()?.exp()? + 1.0)?
-            .recip()?
-            .reshape((b, t, hv, 1))?;
+        let beta = beta.reshape((b, t, hv, 1))?;
         // a sequence's last row reads the state it would leave, whether it
         // enters or not, and no row reads that state after it
         let all_enter = enters.chunks(t).all(|seq| seq[..t - 1].iter().all(|&e| e));
