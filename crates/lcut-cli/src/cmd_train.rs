@@ -66,8 +66,10 @@ pub struct TrainArgs {
     /// norms), `olmo3[:W]` (OLMo 2's layer, three layers sliding over W
     /// tokens then a full one), `mixtral[:E/K]` (each MLP a mixture of E
     /// experts, each token reading its router's top K; default 8/2),
-    /// `qwen35[:N]` (Qwen3.5: every N-th layer full attention with a gated
-    /// output, the others Gated DeltaNet linear attention; default 4),
+    /// `qwen35[:N[/E/K]]` (Qwen3.5: every N-th layer full attention with a
+    /// gated output, the others Gated DeltaNet linear attention; default 4;
+    /// with E/K Qwen3.5-MoE: every MLP E experts half as wide of which each
+    /// token reads K, and a shared expert),
     /// `gemma4[:W[/S[/E/K]]]` (Gemma 4: two layers sliding over W tokens
     /// then a full one whose keys are its values, per-layer inputs, the last
     /// S layers reading earlier layers' K/V, and with E/K every MLP beside

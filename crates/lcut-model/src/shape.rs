@@ -48,10 +48,17 @@ pub enum Layout {
     /// RoPE on a quarter of each head; the others linear attention (Gated
     /// DeltaNet, convolution kernel 4) with the full layers' heads (key
     /// heads as many as the K/V heads, value heads as the query heads, both
-    /// of the head width); (1 + w) norms.
+    /// of the head width); (1 + w) norms. With `experts`, Qwen3.5-MoE
+    /// (`qwen3_5_moe_text`): every MLP a mixture of experts half as wide,
+    /// each token reading its router's top k, beside a shared expert of the
+    /// same width scaled by the sigmoid of its own gate.
     Qwen35 {
         /// The interval of the full-attention layers (Qwen3.5's 4).
         full_interval: usize,
+        /// Experts per layer and experts each token reads, in place of
+        /// each layer's MLP.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        experts: Option<(usize, usize)>,
     },
     /// Gemma 4 (`gemma4_text`): two layers sliding over `window` tokens,
     /// then a full one (the last layer full), the full layers' keys being
@@ -86,7 +93,8 @@ impl std::str::FromStr for Layout {
     /// `llama`, `smollm3` (NoPE every 4th layer) or `smollm3:N`, `olmo2`,
     /// `olmo3` (window 4096, transformers' default) or `olmo3:W`, `mixtral`
     /// (the top 2 of 8 experts) or `mixtral:E/K`, `qwen35` (every 4th layer
-    /// full) or `qwen35:N`, `gemma4` (window 512, no shared layers),
+    /// full), `qwen35:N` or `qwen35:N/E/K` (Qwen3.5-MoE: E experts and a
+    /// shared one, each token reading K), `gemma4` (window 512, no shared layers),
     /// `gemma4:W` or `gemma4:W/S` (the last S layers shared), or
     /// `gemma4:W/S/E/K` (E experts beside every MLP, each token reading K).
     fn from_str(s: &str) -> std::result::Result<Self, String> {
@@ -131,9 +139,28 @@ impl std::str::FromStr for Layout {
                 };
                 Ok(Layout::Mixtral { experts, top_k })
             }
-            "qwen35" => Ok(Layout::Qwen35 {
-                full_interval: number("full-attention interval")?.unwrap_or(4),
-            }),
+            "qwen35" => {
+                let fields: Vec<Option<usize>> =
+                    arg.map_or(vec![], |a| a.split('/').map(|x| x.parse().ok()).collect());
+                let (full_interval, experts) = match fields[..] {
+                    [] => (Some(4), Some(None)),
+                    [n] => (n, Some(None)),
+                    [n, Some(e), Some(top)] if top > 0 && top <= e => (n, Some(Some((e, top)))),
+                    _ => (None, None),
+                };
+                match (full_interval, experts) {
+                    (Some(full_interval), Some(experts)) if full_interval > 0 => {
+                        Ok(Layout::Qwen35 {
+                            full_interval,
+                            experts,
+                        })
+                    }
+                    _ => Err(format!(
+                        "{s:?}: after ':' give FULL_INTERVAL or FULL_INTERVAL/EXPERTS/TOP_K, \
+                         a positive interval and 0 < TOP_K <= EXPERTS"
+                    )),
+                }
+            }
             "gemma4" => {
                 let fields: Vec<Option<usize>> =
                     arg.map_or(vec![], |a| a.split('/').map(|x| x.parse().ok()).collect());
@@ -162,7 +189,7 @@ impl std::str::FromStr for Layout {
             }
             _ => Err(format!(
                 "{s:?} is not a layout: llama, smollm3[:NOPE_INTERVAL], olmo2, olmo3[:WINDOW], \
-                 mixtral[:EXPERTS/TOP_K], qwen35[:FULL_INTERVAL], \
+                 mixtral[:EXPERTS/TOP_K], qwen35[:FULL_INTERVAL[/EXPERTS/TOP_K]], \
                  gemma4[:WINDOW[/SHARED[/EXPERTS/TOP_K]]]"
             )),
         }
@@ -177,7 +204,14 @@ impl std::fmt::Display for Layout {
             Layout::Olmo { window: None } => f.write_str("olmo2"),
             Layout::Olmo { window: Some(w) } => write!(f, "olmo3:{w}"),
             Layout::Mixtral { experts, top_k } => write!(f, "mixtral:{experts}/{top_k}"),
-            Layout::Qwen35 { full_interval } => write!(f, "qwen35:{full_interval}"),
+            Layout::Qwen35 {
+                full_interval,
+                experts: None,
+            } => write!(f, "qwen35:{full_interval}"),
+            Layout::Qwen35 {
+                full_interval,
+                experts: Some((e, k)),
+            } => write!(f, "qwen35:{full_interval}/{e}/{k}"),
             Layout::Gemma4 {
                 window,
                 shared,
@@ -201,7 +235,7 @@ impl Layout {
 
     /// Whether layer `l` of this layout is a linear-attention layer.
     pub fn is_linear(&self, l: usize) -> bool {
-        matches!(self, Layout::Qwen35 { full_interval } if !(l + 1).is_multiple_of(*full_interval))
+        matches!(self, Layout::Qwen35 { full_interval, .. } if !(l + 1).is_multiple_of(*full_interval))
     }
 
     /// Whether layer `l` of `layers` is a full-attention layer of
@@ -328,7 +362,7 @@ impl LlamaShape {
         }
         let mixture = match self.layout {
             Layout::Mixtral { experts, top_k } => Some((experts, top_k)),
-            Layout::Gemma4 { experts, .. } => experts,
+            Layout::Gemma4 { experts, .. } | Layout::Qwen35 { experts, .. } => experts,
             _ => None,
         };
         if let Some((experts, top_k)) = mixture
@@ -365,7 +399,9 @@ impl LlamaShape {
                 "a positive window (tokens a query reads)".into(),
                 "0".into(),
             ),
-            Layout::Qwen35 { full_interval: 0 } => bad(
+            Layout::Qwen35 {
+                full_interval: 0, ..
+            } => bad(
                 "layout.full_interval",
                 "a positive interval".into(),
                 "0".into(),
@@ -417,10 +453,11 @@ impl LlamaShape {
                     .count(),
                 experts: cfg.experts.map(|e| (e.num_experts, e.top_k)),
             },
-            Arch::Qwen35 => Layout::Qwen35 {
+            Arch::Qwen35 | Arch::Qwen35Moe => Layout::Qwen35 {
                 full_interval: (cfg.linear_attention.as_ref())
                     .and_then(|la| la.layers.iter().position(|&linear| !linear))
                     .map_or(0, |l| l + 1),
+                experts: cfg.experts.map(|e| (e.num_experts, e.top_k)),
             },
             _ => Layout::Llama,
         };
@@ -502,12 +539,23 @@ impl LlamaShape {
                 map.insert("num_local_experts".into(), json!(experts));
                 map.insert("num_experts_per_tok".into(), json!(top_k));
             }
-            Layout::Qwen35 { .. } => {
+            Layout::Qwen35 { experts, .. } => {
                 for stale in ["mlp_bias", "rope_theta"] {
                     map.remove(stale);
                 }
                 map.insert("architectures".into(), json!(["Qwen3_5ForCausalLM"]));
                 map.insert("model_type".into(), json!("qwen3_5_text"));
+                if let Some((e, k)) = experts {
+                    map.insert("architectures".into(), json!(["Qwen3_5MoeForCausalLM"]));
+                    map.insert("model_type".into(), json!("qwen3_5_moe_text"));
+                    map.insert("num_experts".into(), json!(e));
+                    map.insert("num_experts_per_tok".into(), json!(k));
+                    map.insert("moe_intermediate_size".into(), json!(self.expert_width()));
+                    map.insert(
+                        "shared_expert_intermediate_size".into(),
+                        json!(self.expert_width()),
+                    );
+                }
                 let types: Vec<&str> = (0..self.num_layers)
                     .map(|l| match self.layout.is_linear(l) {
                         true => "linear_attention",
@@ -584,8 +632,9 @@ impl LlamaShape {
         config
     }
 
-    /// The inner width of each expert of [`Layout::Gemma4`]'s mixture: half
-    /// the MLP's (at least one).
+    /// The inner width of each expert of [`Layout::Gemma4`]'s and
+    /// [`Layout::Qwen35`]'s mixtures (and of Qwen3.5-MoE's shared expert):
+    /// half the MLP's (at least one).
     fn expert_width(&self) -> usize {
         (self.intermediate_size / 2).max(1)
     }
@@ -727,6 +776,24 @@ impl LlamaShape {
                             (format!("{moe}.experts.{e}.w3.weight"), vec![i, d]),
                         ]);
                     }
+                }
+                Layout::Qwen35 {
+                    experts: Some((e, _)),
+                    ..
+                } => {
+                    // the router, the experts, the shared expert and its gate
+                    let w = self.expert_width();
+                    let mlp = format!("{p}.mlp");
+                    out.push((format!("{mlp}.gate.weight"), vec![e, d]));
+                    let experts = (0..e).map(|e| format!("{mlp}.experts.{e}"));
+                    for x in experts.chain([format!("{mlp}.shared_expert")]) {
+                        out.extend([
+                            (format!("{x}.gate_proj.weight"), vec![w, d]),
+                            (format!("{x}.up_proj.weight"), vec![w, d]),
+                            (format!("{x}.down_proj.weight"), vec![d, w]),
+                        ]);
+                    }
+                    out.push((format!("{mlp}.shared_expert_gate.weight"), vec![1, d]));
                 }
                 _ => out.extend([
                     (format!("{p}.mlp.gate_proj.weight"), vec![i, d]),
@@ -875,8 +942,18 @@ mod tests {
                 experts: 4,
                 top_k: 2,
             },
-            Layout::Qwen35 { full_interval: 2 },
-            Layout::Qwen35 { full_interval: 4 },
+            Layout::Qwen35 {
+                full_interval: 2,
+                experts: None,
+            },
+            Layout::Qwen35 {
+                full_interval: 4,
+                experts: None,
+            },
+            Layout::Qwen35 {
+                full_interval: 2,
+                experts: Some((4, 2)),
+            },
             Layout::Gemma4 {
                 window: 8,
                 shared: 0,
@@ -939,19 +1016,31 @@ mod tests {
         };
         assert_eq!(bad.validate().unwrap_err().field, "layout");
         let bad = LlamaShape {
-            layout: Layout::Qwen35 { full_interval: 0 },
+            layout: Layout::Qwen35 {
+                full_interval: 0,
+                experts: None,
+            },
             ..shape()
         };
         assert_eq!(bad.validate().unwrap_err().field, "layout.full_interval");
         // RoPE turns a quarter of each head, in pairs
         let bad = LlamaShape {
-            layout: Layout::Qwen35 { full_interval: 4 },
+            layout: Layout::Qwen35 {
+                full_interval: 4,
+                experts: None,
+            },
             num_heads: 32,
             ..shape()
         };
         assert_eq!(bad.validate().unwrap_err().field, "num_heads");
         let linear: Vec<bool> = (0..8)
-            .map(|l| Layout::Qwen35 { full_interval: 4 }.is_linear(l))
+            .map(|l| {
+                Layout::Qwen35 {
+                    full_interval: 4,
+                    experts: None,
+                }
+                .is_linear(l)
+            })
             .collect();
         assert_eq!(linear, [true, true, true, false, true, true, true, false]);
         for text in [
@@ -961,6 +1050,7 @@ mod tests {
             "olmo3:64",
             "mixtral:4/2",
             "qwen35:3",
+            "qwen35:4/8/2",
             "gemma4:32/2",
             "gemma4:32/1/4/2",
         ] {
@@ -1008,6 +1098,9 @@ mod tests {
             "mixtral:4/0",
             "qwen35:0",
             "qwen35:x",
+            "qwen35:4/8",
+            "qwen35:4/2/3",
+            "qwen35:0/8/2",
             "gemma4:0",
             "gemma4:8/x",
             "gemma4:8/0/4",

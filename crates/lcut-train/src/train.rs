@@ -651,7 +651,8 @@ mod tests {
     /// of the loss, under the full mask and under a SPEED mask, on Llama's
     /// layout, on Mixtral's (the router learns through the weights of the
     /// experts it chose), on Qwen3.5's (a linear layer below a full one:
-    /// the convolution, decay rates and state reach every weight) and on
+    /// the convolution, decay rates and state reach every weight; with
+    /// experts, the shared expert and its gate too) and on
     /// Gemma 4's (a sliding layer below a full one whose keys are its
     /// values, per-layer inputs, layer scalars, tied embeddings).
     #[test]
@@ -666,7 +667,20 @@ mod tests {
                 (4, 2),
             ),
             // heads 8 wide: RoPE turns a quarter of each
-            (lcut_model::Layout::Qwen35 { full_interval: 2 }, (2, 1)),
+            (
+                lcut_model::Layout::Qwen35 {
+                    full_interval: 2,
+                    experts: None,
+                },
+                (2, 1),
+            ),
+            (
+                lcut_model::Layout::Qwen35 {
+                    full_interval: 2,
+                    experts: Some((3, 2)),
+                },
+                (2, 1),
+            ),
             (
                 lcut_model::Layout::Gemma4 {
                     window: 8,

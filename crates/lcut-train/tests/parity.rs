@@ -93,7 +93,14 @@ fn random_checkpoint_matches_the_decoder() -> Result<()> {
             experts: 4,
             top_k: 2,
         },
-        lcut_model::Layout::Qwen35 { full_interval: 2 },
+        lcut_model::Layout::Qwen35 {
+            full_interval: 2,
+            experts: None,
+        },
+        lcut_model::Layout::Qwen35 {
+            full_interval: 2,
+            experts: Some((4, 2)),
+        },
         lcut_model::Layout::Gemma4 {
             window: 6,
             shared: 1,
@@ -163,9 +170,14 @@ fn random_checkpoint(layout: lcut_model::Layout) -> Result<()> {
         // decoder's row-by-row loop), and their gated norm divides each
         // head's output by its RMS: 1.2e-4 at most on this sharpened
         // checkpoint (logits up to 15), where the other layouts stay under
-        // 5e-5; a slip in the recurrence moves logits by whole units
+        // 5e-5; a slip in the recurrence moves logits by whole units. With
+        // experts (sharpened as the other matrices) the full-depth run's
+        // rounding grows to 3.2e-4 (logits up to 16), as much with every
+        // expert chosen as with the top 2 of 4, so it is not a routing flip;
+        // every other policy stays under 5e-5
         let tol = match layout {
-            lcut_model::Layout::Qwen35 { .. } => 2.0 * TOL,
+            lcut_model::Layout::Qwen35 { experts: None, .. } => 2.0 * TOL,
+            lcut_model::Layout::Qwen35 { .. } => 4.0 * TOL,
             _ => TOL,
         };
         check_within(dir.path(), policy, tol).with_context(|| format!("layout {layout}"))?;
