@@ -543,11 +543,13 @@ impl LlamaShape {
                 for stale in ["mlp_bias", "rope_theta"] {
                     map.remove(stale);
                 }
-                map.insert("architectures".into(), json!(["Qwen3_5ForCausalLM"]));
-                map.insert("model_type".into(), json!("qwen3_5_text"));
+                let (architecture, model_type) = match experts {
+                    None => ("Qwen3_5ForCausalLM", "qwen3_5_text"),
+                    Some(_) => ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text"),
+                };
+                map.insert("architectures".into(), json!([architecture]));
+                map.insert("model_type".into(), json!(model_type));
                 if let Some((e, k)) = experts {
-                    map.insert("architectures".into(), json!(["Qwen3_5MoeForCausalLM"]));
-                    map.insert("model_type".into(), json!("qwen3_5_moe_text"));
                     map.insert("num_experts".into(), json!(e));
                     map.insert("num_experts_per_tok".into(), json!(k));
                     map.insert("moe_intermediate_size".into(), json!(self.expert_width()));
