@@ -249,7 +249,11 @@ pub fn diagnose_prepared(
 ) -> Result<Report> {
     let total = prompts.len();
     if let Some(band) = opts.knockout {
-        knockout_policies(session.model.config().num_layers, band)?;
+        // a band the model cannot hold, or whose meaning its layout does
+        // not define (recurrent layers), is refused before the first prompt
+        for policy in knockout_policies(session.model.config().num_layers, band)? {
+            session.model.check_layout(&policy)?;
+        }
     }
     let compared = routing_comparison(session, opts)?;
     let mut traces = Vec::with_capacity(total);
