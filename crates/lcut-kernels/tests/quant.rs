@@ -316,11 +316,14 @@ fn the_chunk_product_equals_the_batched_one_and_the_reference() {
 }
 
 /// Every weight at its format's largest value and every activation at 127
-/// or -127: the AVX2 tile's 16-bit sums at their worst case still give the
-/// portable path's exact bits (a saturated sum would not).
+/// or -127: the AVX2 tile's and the interleaved products' 16-bit sums at
+/// their worst case still give the portable path's exact bits (a saturated
+/// sum would not).
 #[test]
-fn the_tile_does_not_saturate_on_the_largest_values() {
-    let mut checks = IsaChecks::new("quant::the_tile_does_not_saturate_on_the_largest_values");
+fn the_tile_and_the_interleaved_products_do_not_saturate_on_the_largest_values() {
+    let mut checks = IsaChecks::new(
+        "quant::the_tile_and_the_interleaved_products_do_not_saturate_on_the_largest_values",
+    );
     let mut rng = Rng::new(9);
     for format in FORMATS {
         let (rows, cols) = (19, widths(format)[1]);
@@ -348,6 +351,7 @@ fn the_tile_does_not_saturate_on_the_largest_values() {
             blk[values.clone()].fill(top);
         }
         let m = QuantMatrix::new(format, &data, rows, cols).expect("whole blocks");
+        let packed = PackedMatrix::pack(&m, |r| r).expect("packs");
         for sign in [1.0f32, -1.0] {
             let n = 5;
             let x = vec![127.0 * sign; n * cols];
@@ -367,6 +371,9 @@ fn the_tile_does_not_saturate_on_the_largest_values() {
                         assert_eq!(c, w, "{} {} row {r} act {i}", isa.name(), format.name());
                     }
                 }
+                let mut got = vec![0f32; rows * n];
+                matvec_rows(isa, &packed.view(), &q, 0..rows, &mut got).expect("shapes");
+                assert_eq!(got, want, "{} {} interleaved", isa.name(), format.name());
             }
         }
     }

@@ -362,11 +362,12 @@ pub(super) fn q6k_half(blk: &[u8], half: usize) -> [__m256i; 4] {
 /// nibble `t / 2` (low, then high) of byte `k` of `ql0` (`t` even) or
 /// `ql1` (`t` odd), below bits `2t, 2t + 1` of byte `k` of `qh`. Each
 /// high pair is shifted to bits 4-5 and masked there (the 16-bit shifts
-/// carry bits across bytes only outside that mask). The row product and
-/// both interleaved products unpack through this one function.
+/// carry bits across bytes only outside that mask). The row product
+/// unpacks through this function; the interleaved products read another
+/// layout (`packed_avx2::q6k_packed_values`).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) fn q6k_values(ql0: __m256i, ql1: __m256i, qh: __m256i) -> [__m256i; 4] {
+fn q6k_values(ql0: __m256i, ql1: __m256i, qh: __m256i) -> [__m256i; 4] {
     let (low, pair) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
     let value = |nibbles: __m256i, high: __m256i| {
         _mm256_or_si256(_mm256_and_si256(nibbles, low), _mm256_and_si256(high, pair))

@@ -33,11 +33,17 @@
 //!   vector right by m puts chunk 4h + m's bits at 0 and 4.
 //! - `Q6_K`: 8 super-scales, the 16 signed scales of each row (group g's
 //!   eight at 8g), then, in the order a product reads them, for each half
-//!   h of 128 values and each c < 8, three chunks: bytes 4c.. and 32 + 4c..
-//!   of the half's 64 bytes of low nibbles and bytes 4c.. of its 32 bytes
-//!   of high bit pairs (1,680). Reading in order matters here: the same
-//!   bytes in three separate runs were read at a tenth of the speed from
-//!   memory (the prefetchers did not follow the jumps between them).
+//!   h of 128 values and each c < 8, one *step* of three chunks X, Y, Z
+//!   holding values 4c..4c+4 of each of the half's four blocks of 32
+//!   (block t's value at byte 4r + j of its chunk is the half's value
+//!   32t + 4c + j of row r): X holds block 0's six bits and block 2's top
+//!   two above them, Y block 1's and block 3's top two, Z the low nibbles
+//!   of blocks 2 (low) and 3 (high) (1,680 bytes, as many as the eight
+//!   blocks). A product unpacks a step's four vectors in 11 operations
+//!   ([`q6k_unpack_words`]); the file's split into low nibbles and high
+//!   bit pairs took 17. Reading in order matters here: the same bytes in
+//!   three separate runs were read at a tenth of the speed from memory
+//!   (the prefetchers did not follow the jumps between them).
 //!
 //! A matrix whose rows are not a multiple of eight gets zero rows (scales
 //! of zero) to fill its last group; their outputs are never returned.
@@ -108,6 +114,52 @@ const fn raw32(format: QuantFormat) -> (Option<usize>, Option<usize>, usize) {
     }
 }
 
+/// Where step `c` of half `h` of a Q6_K block (values 4c..4c+4 of the
+/// half's four blocks of 32) starts in the file's block, as three runs of
+/// four bytes: the low nibbles of blocks 0 (low) and 2 (high), those of
+/// blocks 1 and 3, and the four blocks' high bit pairs (bits 2t, 2t + 1).
+const fn q6k_step_bytes(h: usize, c: usize) -> [usize; 3] {
+    [64 * h + 4 * c, 64 * h + 32 + 4 * c, 128 + 32 * h + 4 * c]
+}
+
+/// One byte place of a Q6_K step, from the file's three bytes there (see
+/// [`q6k_step_bytes`]) to the packed layout's X, Y and Z.
+pub(crate) const fn q6k_pack_step([a, b, bits]: [u8; 3]) -> [u8; 3] {
+    [
+        (a & 0x0F) | ((bits & 3) << 4) | (((bits >> 4) & 3) << 6),
+        (b & 0x0F) | (((bits >> 2) & 3) << 4) | ((bits >> 6) << 6),
+        (a >> 4) | (b & 0xF0),
+    ]
+}
+
+/// The inverse of [`q6k_pack_step`]: the file's three bytes of one place.
+pub(crate) const fn q6k_unpack_step([x, y, z]: [u8; 3]) -> [u8; 3] {
+    [
+        (x & 0x0F) | (z << 4),
+        (y & 0x0F) | (z & 0xF0),
+        ((x >> 4) & 3) | (((y >> 4) & 3) << 2) | ((x >> 6) << 4) | ((y >> 6) << 6),
+    ]
+}
+
+/// The 6-bit values (0..=63) of the half's four blocks at eight byte
+/// places of a packed Q6_K step, from its chunks X, Y and Z read as
+/// little-endian words: byte k of word t is block t's value at place k.
+/// The products do the same on 32 bytes at once: two masks for blocks 0
+/// and 1, and for blocks 2 and 3 the top pair shifted down to bits 4-5
+/// beside Z's nibble (the word's shifts carry bits across bytes only
+/// outside the masks).
+pub(crate) const fn q6k_unpack_words(x: u64, y: u64, z: u64) -> [u64; 4] {
+    const SIX: u64 = 0x3F3F_3F3F_3F3F_3F3F;
+    const TOP: u64 = 0x3030_3030_3030_3030;
+    const LOW: u64 = 0x0F0F_0F0F_0F0F_0F0F;
+    [
+        x & SIX,
+        y & SIX,
+        ((x >> 2) & TOP) | (z & LOW),
+        ((y >> 2) & TOP) | ((z >> 4) & LOW),
+    ]
+}
+
 /// Interleave the eight blocks `blocks` (one per row, at the same block
 /// position) into the group block `out`.
 pub(crate) fn pack_block(format: QuantFormat, blocks: &[&[u8]; GROUP_ROWS], out: &mut [u8]) {
@@ -167,19 +219,17 @@ pub(crate) fn pack_block(format: QuantFormat, blocks: &[&[u8]; GROUP_ROWS], out:
                 }
             }
             // in the order a product reads them: for each half h and each
-            // four values l = 4c..4c+4, the low nibbles of values l and
-            // l + 32 (and, high nibbles, l + 64 and l + 96) and their high
-            // bit pairs
+            // step c, the step's chunks X, Y and Z
             for h in 0..2 {
                 for c in 0..8 {
                     let at = 144 + 96 * (8 * h + c);
-                    for (k, from) in [64 * h + 4 * c, 64 * h + 32 + 4 * c, 128 + 32 * h + 4 * c]
-                        .into_iter()
-                        .enumerate()
-                    {
-                        for (r, b) in blocks.iter().enumerate() {
-                            let to = at + 32 * k + 4 * r;
-                            out[to..to + 4].copy_from_slice(&b[from..from + 4]);
+                    let file = q6k_step_bytes(h, c);
+                    for (r, b) in blocks.iter().enumerate() {
+                        for j in 0..4 {
+                            let step = q6k_pack_step(file.map(|from| b[from + j]));
+                            for (k, byte) in step.into_iter().enumerate() {
+                                out[at + 32 * k + 4 * r + j] = byte;
+                            }
                         }
                     }
                 }
@@ -270,12 +320,12 @@ pub(crate) fn unpack_block(format: QuantFormat, gblk: &[u8], lane: usize, out: &
             for h in 0..2 {
                 for c in 0..8 {
                     let at = 144 + 96 * (8 * h + c);
-                    for (k, to) in [64 * h + 4 * c, 64 * h + 32 + 4 * c, 128 + 32 * h + 4 * c]
-                        .into_iter()
-                        .enumerate()
-                    {
-                        let from = at + 32 * k + 4 * r;
-                        out[to..to + 4].copy_from_slice(&gblk[from..from + 4]);
+                    let file = q6k_step_bytes(h, c);
+                    for j in 0..4 {
+                        let step = [0, 1, 2].map(|k| gblk[at + 32 * k + 4 * r + j]);
+                        for (to, byte) in file.into_iter().zip(q6k_unpack_step(step)) {
+                            out[to + j] = byte;
+                        }
                     }
                 }
             }
@@ -575,6 +625,32 @@ mod tests {
                     assert_eq!(got, want_f, "{} row {r}", format.name());
                 }
             }
+        }
+    }
+
+    /// Every byte triple of the file's Q6_K step packs and unpacks back,
+    /// and the packed bytes unpack to the values the file's bytes decode
+    /// to ([`crate::quant::format::q6k_values`]'s rule), at every byte
+    /// place of a word.
+    #[test]
+    fn q6k_steps_pack_every_triple_back_and_unpack_to_the_file_values() {
+        for n in 0..1u32 << 24 {
+            let [a, b, bits, _] = n.to_le_bytes();
+            let step = q6k_pack_step([a, b, bits]);
+            assert_eq!(q6k_unpack_step(step), [a, b, bits]);
+            let want = [
+                (a & 0x0F) | ((bits & 3) << 4),
+                (b & 0x0F) | (((bits >> 2) & 3) << 4),
+                (a >> 4) | (((bits >> 4) & 3) << 4),
+                (b >> 4) | (((bits >> 6) & 3) << 4),
+            ];
+            // a different triple's bytes beside it, so that bits the
+            // shifts carry across bytes must be masked off
+            let place = 8 * (n as usize % 8);
+            let other = |k: usize| u64::from(step[(k + 1) % 3] ^ 0xFF) * 0x0101_0101_0101_0101;
+            let word = |k: usize| (other(k) & !(0xFF << place)) | (u64::from(step[k]) << place);
+            let got = q6k_unpack_words(word(0), word(1), word(2)).map(|w| (w >> place) as u8);
+            assert_eq!(got, want, "triple {a:#x} {b:#x} {bits:#x}");
         }
     }
 }

@@ -21,9 +21,10 @@ use std::arch::x86_64::{
 use crate::isa::Isa;
 use crate::quant::MAX_BATCH;
 use crate::quant::acts::{Q8Row, Q8Super};
-use crate::quant::avx2::{e8m0_half8, q6k_values};
+use crate::quant::avx2::e8m0_half8;
 use crate::quant::format::{MXFP4_PLUS12, QuantFormat};
 use crate::quant::packed::{GROUP_ROWS, Q5K_PAIR_AT, Q5K_PAIR_BYTES, act_word, group_block_bytes};
+use crate::quant::packed_avx2::q6k_packed_values;
 use crate::quant::prefetch;
 
 /// One group (eight rows, all its group blocks) dot the activation rows
@@ -313,11 +314,11 @@ fn g_q4k<const N: usize, const FIVE: bool>(group: &[u8], a: &[Q8Row<'_>; N]) -> 
 }
 
 /// Eight rows of Q6_K: for each half of 128 values and each half of a
-/// block's 32 (a group of 16 per block), four chunks of low nibbles and
-/// high bit pairs make the four blocks' 6-bit values; each group's row
-/// sums less 32 x the activations' sum over those 16 values (exact, in
-/// integers) are multiplied by the group's 8-bit scales, and scaled by the
-/// super-scale times the activation block's scale.
+/// block's 32 (a group of 16 per block), four steps of three chunks make
+/// the four blocks' 6-bit values; each group's row sums less 32 x the
+/// activations' sum over those 16 values (exact, in integers) are
+/// multiplied by the group's 8-bit scales, and scaled by the super-scale
+/// times the activation block's scale.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn g_q6k<const N: usize>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m256; N] {
     let gb = group_block_bytes(QuantFormat::Q6K);
@@ -333,12 +334,11 @@ fn g_q6k<const N: usize>(group: &[u8], a: &[Q8Row<'_>; N]) -> [__m256; N] {
                 let mut isum = [[_mm256_setzero_si256(); N]; 4];
                 for c in 4 * half..4 * half + 4 {
                     let at = 144 + 96 * (8 * h + c);
-                    let (ql0, ql1, qh) = (
+                    let q = q6k_packed_values(
                         load32(&blk[at..]),
                         load32(&blk[at + 32..]),
                         load32(&blk[at + 64..]),
                     );
-                    let q = q6k_values(ql0, ql1, qh);
                     for (t, q) in q.iter().enumerate() {
                         let b = 4 * h + t;
                         for r in 0..N {

@@ -35,7 +35,9 @@ use crate::quant::format::{
     MXFP4_PLUS12, QK, QK_K, QuantFormat, e8m0_half, f16_at, nibbles32, q4k_scale_min, q5k_values,
     q6k_values, values5,
 };
-use crate::quant::packed::{GROUP_ROWS, Q5K_PAIR_AT, Q5K_PAIR_BYTES, group_block_bytes};
+use crate::quant::packed::{
+    GROUP_ROWS, Q5K_PAIR_AT, Q5K_PAIR_BYTES, group_block_bytes, q6k_unpack_words,
+};
 use crate::quant::tile_amx::{AmxActs, Tiles};
 use crate::quant::{Layout, QuantMatrix};
 
@@ -494,14 +496,9 @@ impl Tile {
     }
 
     /// Group block `i` (one Q6_K block of eight rows) into group `g`: per
-    /// half h of 128 values and step c, the packed copy holds the low
-    /// nibbles of values 4c.. and 32 + 4c.. and their high bit pairs as
-    /// three chunks, which give step c of the half's four 32-value blocks
-    /// (the low and high nibbles of each, each with its pair of bits), as
-    /// [`crate::quant::format::q6k_values`] builds them from the file.
+    /// half h of 128 values and step c, the packed copy's three chunks give
+    /// step c of the half's four 32-value blocks ([`q6k_unpack_words`]).
     fn put_q6k(&mut self, g: usize, i: usize, gblk: &[u8]) {
-        const LOW: u64 = 0x0F0F_0F0F_0F0F_0F0F;
-        const PAIR: u64 = 0x0303_0303_0303_0303;
         for r in 0..GROUP_ROWS {
             let d = f16_at(gblk, 2 * r);
             for j in 0..QK_K / QK {
@@ -519,19 +516,13 @@ impl Tile {
         for h in 0..2 {
             for c in 0..8 {
                 let at = 144 + 96 * (8 * h + c);
-                let (a, b, bits) = (
+                let (x, y, z) = (
                     &gblk[at..at + 32],
                     &gblk[at + 32..at + 64],
                     &gblk[at + 64..at + 96],
                 );
                 for n in 0..4 {
-                    let (a, b, bits) = (word(a, n), word(b, n), word(bits, n));
-                    let values = [
-                        (a & LOW) | ((bits & PAIR) << 4),
-                        (b & LOW) | (((bits >> 2) & PAIR) << 4),
-                        ((a >> 4) & LOW) | (((bits >> 4) & PAIR) << 4),
-                        ((b >> 4) & LOW) | (((bits >> 6) & PAIR) << 4),
-                    ];
+                    let values = q6k_unpack_words(word(x, n), word(y, n), word(z, n));
                     for (j, v) in values.into_iter().enumerate() {
                         let to = (8 * i + 4 * h + j) * BLOCK_BYTES + c * 64 + 4 * GROUP_ROWS * g;
                         self.q.as_mut_slice()[to + 8 * n..to + 8 * n + 8]
