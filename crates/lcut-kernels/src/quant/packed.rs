@@ -114,6 +114,11 @@ const fn raw32(format: QuantFormat) -> (Option<usize>, Option<usize>, usize) {
     }
 }
 
+/// The little-endian u32 at `bytes[at..at + 4]`.
+pub(crate) fn word(bytes: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+}
+
 /// Where step `c` of half `h` of a Q6_K block (values 4c..4c+4 of the
 /// half's four blocks of 32) starts in the file's block, as three runs of
 /// four bytes: the low nibbles of blocks 0 (low) and 2 (high), those of
@@ -122,22 +127,31 @@ const fn q6k_step_bytes(h: usize, c: usize) -> [usize; 3] {
     [64 * h + 4 * c, 64 * h + 32 + 4 * c, 128 + 32 * h + 4 * c]
 }
 
-/// One byte place of a Q6_K step, from the file's three bytes there (see
-/// [`q6k_step_bytes`]) to the packed layout's X, Y and Z.
-pub(crate) const fn q6k_pack_step([a, b, bits]: [u8; 3]) -> [u8; 3] {
+/// Four byte places of a Q6_K step at once (little-endian words of four
+/// bytes), from the file's three runs there (see [`q6k_step_bytes`]) to
+/// the packed layout's X, Y and Z. The masks come before every left shift
+/// and after every right one, so no bits cross between byte places.
+pub(crate) const fn q6k_pack_step([a, b, bits]: [u32; 3]) -> [u32; 3] {
+    const LOW: u32 = 0x0F0F_0F0F;
+    const PAIR: u32 = 0x0303_0303;
     [
-        (a & 0x0F) | ((bits & 3) << 4) | (((bits >> 4) & 3) << 6),
-        (b & 0x0F) | (((bits >> 2) & 3) << 4) | ((bits >> 6) << 6),
-        (a >> 4) | (b & 0xF0),
+        (a & LOW) | ((bits & PAIR) << 4) | (((bits >> 4) & PAIR) << 6),
+        (b & LOW) | (((bits >> 2) & PAIR) << 4) | (((bits >> 6) & PAIR) << 6),
+        ((a >> 4) & LOW) | (b & !LOW),
     ]
 }
 
-/// The inverse of [`q6k_pack_step`]: the file's three bytes of one place.
-pub(crate) const fn q6k_unpack_step([x, y, z]: [u8; 3]) -> [u8; 3] {
+/// The inverse of [`q6k_pack_step`]: the file's three runs of four bytes.
+pub(crate) const fn q6k_unpack_step([x, y, z]: [u32; 3]) -> [u32; 3] {
+    const LOW: u32 = 0x0F0F_0F0F;
+    const PAIR: u32 = 0x0303_0303;
     [
-        (x & 0x0F) | (z << 4),
-        (y & 0x0F) | (z & 0xF0),
-        ((x >> 4) & 3) | (((y >> 4) & 3) << 2) | ((x >> 6) << 4) | ((y >> 6) << 6),
+        (x & LOW) | ((z & LOW) << 4),
+        (y & LOW) | (z & !LOW),
+        ((x >> 4) & PAIR)
+            | (((y >> 4) & PAIR) << 2)
+            | (((x >> 6) & PAIR) << 4)
+            | (((y >> 6) & PAIR) << 6),
     ]
 }
 
@@ -225,11 +239,10 @@ pub(crate) fn pack_block(format: QuantFormat, blocks: &[&[u8]; GROUP_ROWS], out:
                     let at = 144 + 96 * (8 * h + c);
                     let file = q6k_step_bytes(h, c);
                     for (r, b) in blocks.iter().enumerate() {
-                        for j in 0..4 {
-                            let step = q6k_pack_step(file.map(|from| b[from + j]));
-                            for (k, byte) in step.into_iter().enumerate() {
-                                out[at + 32 * k + 4 * r + j] = byte;
-                            }
+                        let step = q6k_pack_step(file.map(|from| word(b, from)));
+                        for (k, w) in step.into_iter().enumerate() {
+                            let to = at + 32 * k + 4 * r;
+                            out[to..to + 4].copy_from_slice(&w.to_le_bytes());
                         }
                     }
                 }
@@ -321,11 +334,9 @@ pub(crate) fn unpack_block(format: QuantFormat, gblk: &[u8], lane: usize, out: &
                 for c in 0..8 {
                     let at = 144 + 96 * (8 * h + c);
                     let file = q6k_step_bytes(h, c);
-                    for j in 0..4 {
-                        let step = [0, 1, 2].map(|k| gblk[at + 32 * k + 4 * r + j]);
-                        for (to, byte) in file.into_iter().zip(q6k_unpack_step(step)) {
-                            out[to + j] = byte;
-                        }
+                    let step = [0, 1, 2].map(|k| word(gblk, at + 32 * k + 4 * r));
+                    for (to, w) in file.into_iter().zip(q6k_unpack_step(step)) {
+                        out[to..to + 4].copy_from_slice(&w.to_le_bytes());
                     }
                 }
             }
@@ -338,19 +349,12 @@ pub(crate) fn unpack_block(format: QuantFormat, gblk: &[u8], lane: usize, out: &
                 out[raw..raw + 2].copy_from_slice(&gblk[at + 2 * r..at + 2 * r + 2]);
             }
             if let (Some(at), Some(raw)) = (bits_at, raw_bits) {
-                let word = |i: usize| {
-                    u32::from_le_bytes([
-                        gblk[at + 4 * i],
-                        gblk[at + 4 * i + 1],
-                        gblk[at + 4 * i + 2],
-                        gblk[at + 4 * i + 3],
-                    ])
-                };
+                let bits = |i: usize| word(gblk, at + 4 * i);
                 let mut high = 0u32;
                 for c in 0..4 {
                     for j in 0..4 {
-                        high |= ((word(2 * c) >> (4 * r + j)) & 1) << (4 * c + j);
-                        high |= ((word(2 * c + 1) >> (4 * r + j)) & 1) << (16 + 4 * c + j);
+                        high |= ((bits(2 * c) >> (4 * r + j)) & 1) << (4 * c + j);
+                        high |= ((bits(2 * c + 1) >> (4 * r + j)) & 1) << (16 + 4 * c + j);
                     }
                 }
                 out[raw..raw + 4].copy_from_slice(&high.to_le_bytes());
@@ -628,16 +632,25 @@ mod tests {
         }
     }
 
-    /// Every byte triple of the file's Q6_K step packs and unpacks back,
-    /// and the packed bytes unpack to the values the file's bytes decode
-    /// to ([`crate::quant::format::q6k_values`]'s rule), at every byte
-    /// place of a word.
+    /// Every byte triple of the file's Q6_K step packs and unpacks back at
+    /// every byte place of a word, whatever its neighbours hold, and the
+    /// packed bytes unpack to the values the file's bytes decode to
+    /// ([`crate::quant::format::q6k_values`]'s rule) beside any others.
     #[test]
     fn q6k_steps_pack_every_triple_back_and_unpack_to_the_file_values() {
         for n in 0..1u32 << 24 {
             let [a, b, bits, _] = n.to_le_bytes();
-            let step = q6k_pack_step([a, b, bits]);
-            assert_eq!(q6k_unpack_step(step), [a, b, bits]);
+            // the triple at one byte place of the words, its neighbours'
+            // bytes all ones, so that bits crossing places would show
+            let place = 8 * (n % 4);
+            let at_place = |v: u8| !(0xFF << place) | (u32::from(v) << place);
+            let words = q6k_pack_step([a, b, bits].map(at_place));
+            assert_eq!(q6k_unpack_step(words), [a, b, bits].map(at_place));
+            let step = words.map(|w| (w >> place) as u8);
+            assert_eq!(
+                step,
+                q6k_pack_step([a, b, bits].map(u32::from)).map(|w| w as u8)
+            );
             let want = [
                 (a & 0x0F) | ((bits & 3) << 4),
                 (b & 0x0F) | (((bits >> 2) & 3) << 4),
@@ -646,10 +659,10 @@ mod tests {
             ];
             // a different triple's bytes beside it, so that bits the
             // shifts carry across bytes must be masked off
-            let place = 8 * (n as usize % 8);
+            let shift = 8 * (n as usize % 8);
             let other = |k: usize| u64::from(step[(k + 1) % 3] ^ 0xFF) * 0x0101_0101_0101_0101;
-            let word = |k: usize| (other(k) & !(0xFF << place)) | (u64::from(step[k]) << place);
-            let got = q6k_unpack_words(word(0), word(1), word(2)).map(|w| (w >> place) as u8);
+            let chunk = |k: usize| (other(k) & !(0xFF << shift)) | (u64::from(step[k]) << shift);
+            let got = q6k_unpack_words(chunk(0), chunk(1), chunk(2)).map(|w| (w >> shift) as u8);
             assert_eq!(got, want, "triple {a:#x} {b:#x} {bits:#x}");
         }
     }

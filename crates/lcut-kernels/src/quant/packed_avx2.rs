@@ -30,7 +30,9 @@ use crate::quant::MAX_BATCH;
 use crate::quant::acts::{Q8Row, Q8Super};
 use crate::quant::avx2::e8m0_half8;
 use crate::quant::format::{MXFP4_PLUS12, QuantFormat};
-use crate::quant::packed::{GROUP_ROWS, Q5K_PAIR_AT, Q5K_PAIR_BYTES, act_word, group_block_bytes};
+use crate::quant::packed::{
+    GROUP_ROWS, Q5K_PAIR_AT, Q5K_PAIR_BYTES, act_word, group_block_bytes, word,
+};
 use crate::quant::prefetch;
 
 /// One group (eight rows, all its group blocks) dot the activation rows
@@ -139,11 +141,6 @@ fn bytes8(bytes: &[u8], signed: bool) -> __m256i {
     } else {
         _mm256_cvtepu8_epi32(v)
     }
-}
-
-/// The little-endian u32 at `bytes[at..at + 4]`.
-fn word(bytes: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
 }
 
 /// `acc` plus, in each i32 lane, the four products of the unsigned bytes
