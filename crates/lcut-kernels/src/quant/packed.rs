@@ -131,7 +131,7 @@ const fn q6k_step_bytes(h: usize, c: usize) -> [usize; 3] {
 /// bytes), from the file's three runs there (see [`q6k_step_bytes`]) to
 /// the packed layout's X, Y and Z. The masks come before every left shift
 /// and after every right one, so no bits cross between byte places.
-pub(crate) const fn q6k_pack_step([a, b, bits]: [u32; 3]) -> [u32; 3] {
+const fn q6k_pack_step([a, b, bits]: [u32; 3]) -> [u32; 3] {
     const LOW: u32 = 0x0F0F_0F0F;
     const PAIR: u32 = 0x0303_0303;
     [
@@ -142,7 +142,7 @@ pub(crate) const fn q6k_pack_step([a, b, bits]: [u32; 3]) -> [u32; 3] {
 }
 
 /// The inverse of [`q6k_pack_step`]: the file's three runs of four bytes.
-pub(crate) const fn q6k_unpack_step([x, y, z]: [u32; 3]) -> [u32; 3] {
+const fn q6k_unpack_step([x, y, z]: [u32; 3]) -> [u32; 3] {
     const LOW: u32 = 0x0F0F_0F0F;
     const PAIR: u32 = 0x0303_0303;
     [
@@ -634,36 +634,46 @@ mod tests {
 
     /// Every byte triple of the file's Q6_K step packs and unpacks back at
     /// every byte place of a word, whatever its neighbours hold, and the
-    /// packed bytes unpack to the values the file's bytes decode to
-    /// ([`crate::quant::format::q6k_values`]'s rule) beside any others.
+    /// packed bytes unpack, beside any others, to the values the file's
+    /// decoder ([`crate::quant::format::q6k_values`]) reads from them.
     #[test]
     fn q6k_steps_pack_every_triple_back_and_unpack_to_the_file_values() {
-        for n in 0..1u32 << 24 {
-            let [a, b, bits, _] = n.to_le_bytes();
-            // the triple at one byte place of the words, its neighbours'
-            // bytes all ones, so that bits crossing places would show
-            let place = 8 * (n % 4);
-            let at_place = |v: u8| !(0xFF << place) | (u32::from(v) << place);
-            let words = q6k_pack_step([a, b, bits].map(at_place));
-            assert_eq!(q6k_unpack_step(words), [a, b, bits].map(at_place));
-            let step = words.map(|w| (w >> place) as u8);
-            assert_eq!(
-                step,
-                q6k_pack_step([a, b, bits].map(u32::from)).map(|w| w as u8)
-            );
-            let want = [
-                (a & 0x0F) | ((bits & 3) << 4),
-                (b & 0x0F) | (((bits >> 2) & 3) << 4),
-                (a >> 4) | (((bits >> 4) & 3) << 4),
-                (b >> 4) | (((bits >> 6) & 3) << 4),
-            ];
-            // a different triple's bytes beside it, so that bits the
-            // shifts carry across bytes must be masked off
-            let shift = 8 * (n as usize % 8);
-            let other = |k: usize| u64::from(step[(k + 1) % 3] ^ 0xFF) * 0x0101_0101_0101_0101;
-            let chunk = |k: usize| (other(k) & !(0xFF << shift)) | (u64::from(step[k]) << shift);
-            let got = q6k_unpack_words(chunk(0), chunk(1), chunk(2)).map(|w| (w >> shift) as u8);
-            assert_eq!(got, want, "triple {a:#x} {b:#x} {bits:#x}");
+        use crate::quant::format::q6k_values;
+        // 32 triples a block: triple l at its place l of the first half
+        // (low nibbles at l and 32 + l, high bit pairs at 128 + l)
+        for first in (0..1u32 << 24).step_by(32) {
+            let mut blk = [0u8; 210];
+            for l in 0..32 {
+                let [a, b, bits, _] = (first + l as u32).to_le_bytes();
+                (blk[l], blk[32 + l], blk[128 + l]) = (a, b, bits);
+            }
+            let values = q6k_values(&blk);
+            for l in 0..32 {
+                let n = first + l as u32;
+                let [a, b, bits, _] = n.to_le_bytes();
+                // the triple at one byte place of the words, its
+                // neighbours' bytes all ones, so that bits crossing places
+                // would show
+                let place = 8 * (n % 4);
+                let at_place = |v: u8| !(0xFF << place) | (u32::from(v) << place);
+                let words = q6k_pack_step([a, b, bits].map(at_place));
+                assert_eq!(q6k_unpack_step(words), [a, b, bits].map(at_place));
+                let step = words.map(|w| (w >> place) as u8);
+                assert_eq!(
+                    step,
+                    q6k_pack_step([a, b, bits].map(u32::from)).map(|w| w as u8)
+                );
+                let want = [0, 32, 64, 96].map(|t| values[t + l]);
+                // a different triple's bytes beside it, so that bits the
+                // shifts carry across bytes must be masked off
+                let shift = 8 * (n as usize % 8);
+                let other = |k: usize| u64::from(step[(k + 1) % 3] ^ 0xFF) * 0x0101_0101_0101_0101;
+                let chunk =
+                    |k: usize| (other(k) & !(0xFF << shift)) | (u64::from(step[k]) << shift);
+                let got =
+                    q6k_unpack_words(chunk(0), chunk(1), chunk(2)).map(|w| (w >> shift) as u8);
+                assert_eq!(got, want, "triple {a:#x} {b:#x} {bits:#x}");
+            }
         }
     }
 }
