@@ -229,6 +229,44 @@ impl Sequence {
             .sum()
     }
 
+    /// Whether this sequence's linear layers keep each state as the first
+    /// token left it: a full-depth prefix (which a sweep may restrict to
+    /// SPEED with BoS) or a knockout band, whose decode phase reads the
+    /// anchors' state at the band's linear layers
+    /// ([`RecurrentLayers::keeps_first_state`](lcut_policy::RecurrentLayers::keeps_first_state)).
+    pub(crate) fn keeps_first_states(&self) -> bool {
+        self.is_full_depth_prefix() || lcut_policy::RecurrentLayers::keeps_first_state(&self.policy)
+    }
+
+    /// Before the token at `pos` runs linear layer `layer`: where `pos` is
+    /// the decode start and the decode phase there reads only the anchors'
+    /// state although the prompt ran the layer (a knockout band's layer,
+    /// [`RecurrentLayers::decode_reads_anchors`](lcut_policy::RecurrentLayers::decode_reads_anchors)),
+    /// set the state back to the anchors': none, or BoS's, which the state
+    /// keeps. Other anchors are refused ([`ModelError::NotRestrictable`]).
+    pub(crate) fn enter_decode_phase(&mut self, layer: usize, pos: usize) -> Result<()> {
+        if pos != self.rule.phases().decode_start() {
+            return Ok(());
+        }
+        let Some(anchors) =
+            lcut_policy::RecurrentLayers::decode_reads_anchors(self.rule.as_ref(), layer)
+        else {
+            return Ok(());
+        };
+        let Some(state) = &self.recurrent[layer] else {
+            return Ok(());
+        };
+        if state.tokens() > anchors {
+            self.recurrent[layer] =
+                state
+                    .prefix(anchors, false)
+                    .map_err(|()| ModelError::NotRestrictable {
+                        policy: self.policy.to_string(),
+                    })?;
+        }
+        Ok(())
+    }
+
     /// Layer `layer`'s linear-attention state, where it is a linear layer
     /// a token has run.
     pub fn recurrent_state(&self, layer: usize) -> Option<&RecurrentState> {
@@ -283,8 +321,9 @@ impl Sequence {
                     .take_while(|&p| rule.token_exists(l, p))
                     .count();
                 let prefix = (kept..self.next_pos).all(|p| !rule.token_exists(l, p));
+                let keeps_first = lcut_policy::RecurrentLayers::keeps_first_state(&policy);
                 match prefix {
-                    true => state.prefix(kept, policy.is_full_depth()).ok(),
+                    true => state.prefix(kept, keeps_first).ok(),
                     false => None,
                 }
                 .ok_or_else(|| ModelError::NotRestrictable {

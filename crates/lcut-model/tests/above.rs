@@ -37,8 +37,7 @@ fn full_run(model: &Decoder, ids: &[u32], s: usize) -> Result<(Sequence, Tensor,
 
 /// Every policy that reuses the full prefill a sweep or a knockout runs on
 /// `model`: SPEED at every cut with and without BoS, SelfOnly, and
-/// knockout bands (not on a model with linear-attention layers, which
-/// refuses them).
+/// knockout bands.
 fn policies(model: &Decoder) -> Vec<String> {
     let layers = model.config().num_layers;
     let mut specs = Vec::new();
@@ -47,10 +46,8 @@ fn policies(model: &Decoder) -> Vec<String> {
         specs.push(format!("speed:{c}"));
     }
     specs.push(format!("selfonly:{}", layers / 2));
-    if !model.recurrent_layers().any() {
-        specs.push("knockout:0".into());
-        specs.push(format!("band:1..{}", layers - 1));
-    }
+    specs.push("knockout:0".into());
+    specs.push(format!("band:1..{}", layers - 1));
     specs
 }
 

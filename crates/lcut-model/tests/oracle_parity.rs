@@ -681,22 +681,91 @@ fn qwen35_linear_layers_keep_states_only_of_the_tokens_that_run_them() -> Result
         matches!(err, lcut_model::ModelError::NotRestrictable { .. }),
         "{err}"
     );
-    for text in [
-        "snapkv:0.5",
-        "swiftkv:3",
-        "slim:2@50%",
-        "band:1..3",
-        "knockout:4",
-    ] {
+    for text in ["snapkv:0.5", "swiftkv:3", "slim:2@50%"] {
         let p = text.parse::<lcut_policy::PolicySpec>()?.resolve(8)?;
         let phases = TokenPhases::new(c.ids.len(), s, p.anchor_len(None, s)?)?;
         let err = c.model.new_sequence(p, phases).err().context(text)?;
         ensure!(err.to_string().contains("recurrent"), "{text}: {err}");
-        // nor does a full run serve a band (its prompt would stay in the
-        // state of the band's linear layers)
         if p.reuses_full_prefill() {
             let err = full.restricted(p, phases).err().context(text)?;
             ensure!(err.to_string().contains("recurrent"), "{text}: {err}");
+        }
+    }
+    Ok(())
+}
+
+/// Knockout bands on Qwen3.5's layers against transformers
+/// (`fixtures/oracle/band_reference.py`): the prompt runs a band's linear
+/// layers for its own rows, and the decode phase reads there the state of
+/// BoS and of itself alone. Teacher-forced in one pass, one token at a time
+/// after the prompt (the fused step), restricted from a full prefill (as
+/// `diagnose --knockout` runs them) and in the chunked form, with and
+/// without experts; and the state a band's linear layer holds after the
+/// decode start is BoS's and the decode phase's.
+#[test]
+fn knockout_bands_on_linear_layers_match_transformers() -> Result<()> {
+    for name in [lcut_testkit::QWEN35_CASE, lcut_testkit::QWEN35MOE_CASE] {
+        let bands =
+            candle_core::safetensors::load(case_dir(name).join("bands.safetensors"), &Device::Cpu)?;
+        ensure!(bands.len() == 5, "{name}: {} bands", bands.len());
+        for chunk in [None, Some(4)] {
+            let mut c = load(name)?;
+            c.model.set_linear_chunk(chunk);
+            let (t, s) = (c.ids.len(), 28);
+            let mut full = c.model.new_full_sequence();
+            c.model
+                .forward(&mut full, &c.ids[..s], LogitRows::None, None)?;
+            for (key, reference) in &bands {
+                let mut layers = key.trim_start_matches("logits.band.").split('.');
+                let mut layer =
+                    || -> Result<usize> { Ok(layers.next().context("layer")?.parse()?) };
+                let (first, last) = (layer()?, layer()?);
+                let text = match first == last {
+                    true => format!("knockout:{first}"),
+                    false => format!("band:{first}..{last}"),
+                };
+                let label = format!("{text} (linear chunk {chunk:?})");
+                let policy = text.parse::<lcut_policy::PolicySpec>()?.resolve(8)?;
+                let phases = TokenPhases::new(t, s, 1)?;
+                let decode_rows = |out: lcut_model::ChunkOutput| -> Result<Tensor> {
+                    let at = out.positions.iter().position(|&p| p == s).context("rows")?;
+                    Ok(out.logits.context("logits")?.narrow(0, at, t - s)?)
+                };
+
+                // teacher-forced in one pass
+                let mut seq = c.model.new_sequence(policy, phases)?;
+                let out = c.model.forward(&mut seq, &c.ids, LogitRows::All, None)?;
+                assert_close(name, &label, &decode_rows(out)?, reference)?;
+
+                // the prompt, then one token at a time
+                let mut seq = c.model.new_sequence(policy, phases)?;
+                c.model
+                    .forward(&mut seq, &c.ids[..s], LogitRows::None, None)?;
+                for i in s..t {
+                    let out = c
+                        .model
+                        .forward(&mut seq, &c.ids[i..=i], LogitRows::Last, None)?;
+                    let row = out.logits.context("decode logits")?;
+                    let at = format!("{label} incremental at {i}");
+                    assert_close(name, &at, &row, &reference.narrow(0, i - s, 1)?)?;
+                }
+                // a band's linear layer holds BoS and the decode phase
+                for l in (first..=last).filter(|&l| c.model.recurrent_layers().is_recurrent(l)) {
+                    let tokens = seq.recurrent_state(l).map(|st| st.tokens());
+                    ensure!(
+                        tokens == Some(1 + t - s),
+                        "{label}: layer {l} holds {tokens:?}"
+                    );
+                }
+
+                // restricted from the full prefill
+                let mut seq = full.restricted(policy, phases)?;
+                let out = c
+                    .model
+                    .forward(&mut seq, &c.ids[s..], LogitRows::All, None)?;
+                let label = format!("{label} from a reused prefill");
+                assert_close(name, &label, &decode_rows(out)?, reference)?;
+            }
         }
     }
     Ok(())

@@ -25,14 +25,22 @@
 //!   ([`RecurrentLayers::state_bytes`]); K/V held counts the attention
 //!   layers only. SPEED saves prompt compute on a recurrent layer above the
 //!   cut but no memory: its state has the same size either way.
+//! - **The decode phase reads the state of the tokens its queries see**
+//!   ([`RecurrentLayers::decode_reads_anchors`]): where the first
+//!   decode-phase query sees only the anchors of a prompt that ran the layer
+//!   (a knockout band's recurrent layer: the prompt runs it for its own rows,
+//!   as its attention layers' prompt rows read the whole prompt), the state
+//!   the prompt left is set back to the anchors' at the decode start, so the
+//!   prompt stays out of the decode tokens' state as it stays out of their
+//!   attention. Two recurrences, one after the other: the prompt's, then the
+//!   anchors' and the decode phase's. A run that may set a state back keeps
+//!   the state as the first token left it ([`RecurrentLayers::keeps_first_state`]).
 //! - **Which policies run** ([`RecurrentLayers::check`]): the full model,
-//!   SPEED (with any anchors) and SelfOnly. Knockout bands (the prompt
-//!   would run a band's layers for its own rows but stay out of the decode
-//!   tokens' state: two recurrences), kept heads (a recurrent layer has no
-//!   K/V heads), SlimInfer and the presses (they choose a layer's K/V rows
-//!   from its keys or queries), SwiftKV/POP (they project K/V into a layer
-//!   a token leaves) and registered families (their rule is not known to be
-//!   one of the above) are refused by name.
+//!   SPEED (with any anchors), SelfOnly and knockout bands. Kept heads (a
+//!   recurrent layer has no K/V heads), SlimInfer and the presses (they
+//!   choose a layer's K/V rows from its keys or queries), SwiftKV/POP (they
+//!   project K/V into a layer a token leaves) and registered families (their
+//!   rule is not known to be one of the above) are refused by name.
 
 use crate::error::PolicyError;
 use crate::policy::{Policy, PolicyKind};
@@ -76,6 +84,40 @@ impl RecurrentLayers {
     /// the anchors above SelfOnly's cut).
     pub fn enters_state(rule: &dyn Visibility, l: usize, pos: usize) -> bool {
         rule.key_visible(l, pos + 1, pos)
+            // the prompt's last token at a band's layer: the decode phase
+            // reads the anchors' state there whatever the prompt left, and a
+            // prompt whose tokens all enter runs in chunks
+            || (pos + 1 == rule.phases().decode_start()
+                && Self::decode_reads_anchors(rule, l).is_some())
+    }
+
+    /// Where the decode phase at recurrent layer `l` reads the state of the
+    /// prompt's anchors only although the prompt ran the layer: `Some(n)`,
+    /// the first decode-phase query seeing the first `n` tokens and no
+    /// later prompt token while the prompt's last token ran the layer (a
+    /// knockout band's layer: the state the prompt left is set back to the
+    /// anchors' at the decode start); `None` where the decode phase reads the
+    /// state as the prompt left it (the full model; SPEED and SelfOnly, whose
+    /// prompt does not run a layer it hides).
+    pub fn decode_reads_anchors(rule: &dyn Visibility, l: usize) -> Option<usize> {
+        let start = rule.phases().decode_start();
+        let last = start.checked_sub(1)?;
+        if !rule.token_exists(l, last) || rule.key_visible(l, start, last) {
+            return None;
+        }
+        Some(
+            (0..start)
+                .take_while(|&p| rule.key_visible(l, start, p))
+                .count(),
+        )
+    }
+
+    /// Whether a run of `policy` keeps each recurrent layer's state as the
+    /// first token left it: a full-depth run (which a sweep may restrict to
+    /// SPEED with BoS) and a knockout band (whose decode phase reads BoS's
+    /// state at the band's layers, [`RecurrentLayers::decode_reads_anchors`]).
+    pub fn keeps_first_state(policy: &Policy) -> bool {
+        policy.is_full_depth() || matches!(policy.kind(), PolicyKind::Band { .. })
     }
 
     /// Refuse `policy` on a model with recurrent layers where its meaning
@@ -108,10 +150,10 @@ impl RecurrentLayers {
     pub fn check_policy(policy: &Policy) -> Result<(), PolicyError> {
         let why = match policy.kind() {
             _ if policy.heads().is_some() => Some(Self::HEADS_REASON),
-            PolicyKind::Full | PolicyKind::Speed | PolicyKind::SelfOnly => None,
-            PolicyKind::Band { .. } => Some(
-                "the prompt would run a band's recurrent layers for its own rows yet stay out of the decode tokens' state",
-            ),
+            PolicyKind::Full
+            | PolicyKind::Speed
+            | PolicyKind::SelfOnly
+            | PolicyKind::Band { .. } => None,
             PolicyKind::Slim => Some("SlimInfer chooses a layer's K/V rows from its keys"),
             PolicyKind::Projected(_) => Some("it projects K/V into layers a token leaves"),
             PolicyKind::Press(_) => Some("a press chooses what each layer's K/V cache keeps"),
@@ -171,16 +213,12 @@ mod tests {
             "speed:2",
             "selfonly:5+bos",
             "speed:3+system",
+            "band:1..3",
+            "knockout:2",
         ] {
             r.check(&parse(ok)).expect(ok);
         }
-        for bad in [
-            "band:1..3",
-            "snapkv:0.5",
-            "swiftkv:3",
-            "slim:2@50%",
-            "knockout:2",
-        ] {
+        for bad in ["snapkv:0.5", "swiftkv:3", "slim:2@50%"] {
             let p = parse(bad);
             let err = r.check(&p).expect_err(bad).to_string();
             assert!(
@@ -212,6 +250,39 @@ mod tests {
         assert!(RecurrentLayers::enters_state(selfonly.as_ref(), 5, 0));
         assert!(!RecurrentLayers::enters_state(selfonly.as_ref(), 5, 10));
         assert!(RecurrentLayers::enters_state(selfonly.as_ref(), 2, 10));
+    }
+
+    #[test]
+    fn a_band_s_decode_phase_reads_the_anchors_state_and_the_others_what_the_prompt_left() {
+        // 12 prompt tokens, the decode phase from 10, BoS kept
+        let phases = TokenPhases::new(12, 10, 1).unwrap();
+        let reads = |text: &str, l: usize| {
+            RecurrentLayers::decode_reads_anchors(parse(text).visibility(phases).as_ref(), l)
+        };
+        // in the band BoS alone; below and above it, the whole prompt
+        assert_eq!(reads("band:2..4", 3), Some(1));
+        assert_eq!(reads("knockout:5", 5), Some(1));
+        assert_eq!(reads("band:2..4", 1), None);
+        assert_eq!(reads("band:2..4", 5), None);
+        // no anchor: the state starts from zero
+        let bare = TokenPhases::new(12, 10, 0).unwrap();
+        let band = parse("band:2..4").visibility(bare);
+        assert_eq!(
+            RecurrentLayers::decode_reads_anchors(band.as_ref(), 3),
+            Some(0)
+        );
+        // SPEED and SelfOnly's prompt never ran a layer it hides; full reads it all
+        for other in ["full", "speed:4+bos", "speed:4", "selfonly:4+bos"] {
+            for l in 0..8 {
+                assert_eq!(reads(other, l), None, "{other} at {l}");
+            }
+        }
+        // no prompt, nothing to set back
+        let all = parse("band:2..4").visibility(TokenPhases::all_decode());
+        assert_eq!(RecurrentLayers::decode_reads_anchors(all.as_ref(), 3), None);
+        assert!(RecurrentLayers::keeps_first_state(&parse("band:2..4")));
+        assert!(RecurrentLayers::keeps_first_state(&parse("full")));
+        assert!(!RecurrentLayers::keeps_first_state(&parse("speed:4+bos")));
     }
 
     #[test]

@@ -542,8 +542,8 @@ impl Decoder {
 
     /// Refuse `policy` where this model's layout gives it no meaning:
     /// layers that read another layer's K/V (Gemma 4) or hold a recurrent
-    /// state instead of K/V (Qwen3.5) take the full model, SPEED and
-    /// SelfOnly (and, sharing K/V, knockout bands), and refuse the rest by
+    /// state instead of K/V (Qwen3.5) take the full model, SPEED, SelfOnly
+    /// and knockout bands, and refuse the rest by
     /// name ([`KvSharing::check`], [`lcut_policy::RecurrentLayers::check`]).
     pub fn check_layout(&self, policy: &Policy) -> Result<()> {
         self.sharing.check(policy)?;

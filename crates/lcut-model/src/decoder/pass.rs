@@ -541,15 +541,34 @@ impl LayerExecutor for TensorRows<'_, '_, '_> {
         let split_from = run.probe.as_deref().and_then(|p| p.linear_split_from(l));
         // a full-depth run keeps the first token's state, so that it can be
         // restricted to a policy whose anchors are BoS
-        let keeps_first = run.seq.is_full_depth_prefix();
-        let state = run.seq.recurrent[l].get_or_insert_with(|| net.new_state(keeps_first));
-        let (out, split) = net.forward(&x, (&self.present, &enters), split_from, state)?;
-        if let (Some(split), Some(p)) = (split, run.probe.as_deref_mut())
-            && !split.positions.is_empty()
-        {
-            p.on_linear_split(l, &split)?;
+        let keeps_first = run.seq.keeps_first_states();
+        // the rows before the decode start, then those from it on, which may
+        // read the anchors' state alone (a knockout band's layer)
+        let start = rule.phases().decode_start();
+        let at = self.present.partition_point(|&p| p < start);
+        let mut outs = Vec::with_capacity(2);
+        for rows in [0..at, at..self.present.len()] {
+            if rows.is_empty() {
+                continue;
+            }
+            run.seq.enter_decode_phase(l, self.present[rows.start])?;
+            let state = run.seq.recurrent[l].get_or_insert_with(|| net.new_state(keeps_first));
+            let x = x.narrow(0, rows.start, rows.len())?;
+            let (out, split) = net.forward(
+                &x,
+                (&self.present[rows.clone()], &enters[rows]),
+                split_from,
+                state,
+            )?;
+            if let (Some(split), Some(p)) = (split, run.probe.as_deref_mut())
+                && !split.positions.is_empty()
+            {
+                p.on_linear_split(l, &split)?;
+            }
+            outs.push(out);
         }
-        self.attn = Some(out);
+        // value heads first: the rows are the second dimension
+        self.attn = Some(Tensor::cat(&outs, 1)?);
         Ok(())
     }
 

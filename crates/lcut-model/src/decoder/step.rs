@@ -984,8 +984,9 @@ impl LayerExecutor for HostRows<'_, '_, '_, '_, '_> {
             let (z, rest) = rest.split_at(zw);
             let (beta, decay) = rest.split_at(hv);
             let seq = &mut *lane.seq;
+            seq.enter_decode_phase(l, lane.pos)?;
             let enters = RecurrentLayers::enters_state(seq.rule.as_ref(), l, lane.pos);
-            let keeps_first = seq.is_full_depth_prefix();
+            let keeps_first = seq.keeps_first_states();
             let state = seq.recurrent[l].get_or_insert_with(|| net.new_state(keeps_first));
             let mut split = split_from.map(|_| net.empty_split());
             let row = LinearRow {
