@@ -288,9 +288,11 @@ impl Sequence {
     /// prefix, so in both runs an anchor reads only anchors, and a layer's
     /// keys below the cutoff are the full model's. Used by sweeps over
     /// cutoffs to reuse one prefill. A linear-attention layer (Qwen3.5)
-    /// keeps the full run's state where every token ran it, and above the
-    /// cut the state after the anchors: none, or BoS's (the state keeps it);
-    /// other anchors there are refused ([`ModelError::NotRestrictable`]).
+    /// keeps the full run's state where every token ran it (a knockout
+    /// band's layer too, with BoS's state beside it: the decode phase reads
+    /// that one at the decode start), and above the cut the
+    /// state after the anchors: none, or BoS's (the state keeps it); other
+    /// anchors there are refused ([`ModelError::NotRestrictable`]).
     pub fn restricted(&self, policy: Policy, phases: TokenPhases) -> Result<Sequence> {
         if !policy.reuses_full_prefill() {
             return Err(ModelError::NotRestrictable {

@@ -542,10 +542,14 @@ impl LayerExecutor for TensorRows<'_, '_, '_> {
         // a full-depth run keeps the first token's state, so that it can be
         // restricted to a policy whose anchors are BoS
         let keeps_first = run.seq.keeps_first_states();
-        // the rows before the decode start, then those from it on, which may
-        // read the anchors' state alone (a knockout band's layer)
+        // where the decode phase reads the anchors' state alone (a knockout
+        // band's layer), the rows before the decode start, then those from it
+        // on; otherwise all in one run, whose products are those of one call
         let start = rule.phases().decode_start();
-        let at = self.present.partition_point(|&p| p < start);
+        let at = match RecurrentLayers::decode_reads_anchors(rule, l) {
+            Some(_) => self.present.partition_point(|&p| p < start),
+            None => 0,
+        };
         let mut outs = Vec::with_capacity(2);
         for rows in [0..at, at..self.present.len()] {
             if rows.is_empty() {
