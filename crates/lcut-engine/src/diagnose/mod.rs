@@ -250,7 +250,7 @@ pub fn diagnose_prepared(
     let total = prompts.len();
     if let Some(band) = opts.knockout {
         // a band the model cannot hold, or whose meaning its layout does
-        // not define (recurrent layers), is refused before the first prompt
+        // not define, is refused before the first prompt
         for policy in knockout_policies(session.model.config().num_layers, band)? {
             session.model.check_layout(&policy)?;
         }
