@@ -540,7 +540,8 @@ impl LayerExecutor for TensorRows<'_, '_, '_> {
             .collect();
         let split_from = run.probe.as_deref().and_then(|p| p.linear_split_from(l));
         // a full-depth run keeps the first token's state, so that it can be
-        // restricted to a policy whose anchors are BoS
+        // restricted to a policy whose anchors are BoS; a band's, so that its
+        // decode phase can start from it
         let keeps_first = run.seq.keeps_first_states();
         // where the decode phase reads the anchors' state alone (a knockout
         // band's layer), the rows before the decode start, then those from it
